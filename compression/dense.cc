@@ -1,0 +1,50 @@
+#include "compression/dense.h"
+
+#include <algorithm>
+
+#include "core/half.h"
+
+namespace starling::compression {
+
+std::string DenseCompressor::name() const {
+  switch (format_) {
+    case DenseFormat::kF32: return "none";
+    case DenseFormat::kF16: return "fp16";
+    case DenseFormat::kBF16: return "bf16";
+  }
+  return "none";
+}
+
+std::vector<Payload> DenseCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
+                                                          ClientState& /*state*/,
+                                                          const RoundContext& /*ctx*/) const {
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    auto v = layout.slice(std::span<const float>(acc), t);
+    switch (format_) {
+      case DenseFormat::kF32:
+        out.emplace_back(DenseF32{{v.begin(), v.end()}});
+        break;
+      case DenseFormat::kF16: {
+        DenseF16 d;
+        d.values.resize(v.size());
+        for (size_t i = 0; i < v.size(); ++i) d.values[i] = floatToHalf(std::clamp(v[i], -kHalfMax, kHalfMax));
+        out.emplace_back(std::move(d));
+        break;
+      }
+      case DenseFormat::kBF16: {
+        DenseBF16 d;
+        d.values.resize(v.size());
+        // Finite floats near FLT_MAX would round up to bf16 inf: clamp to the largest finite bf16.
+        constexpr float kBf16Max = 0x1.fep127f;
+        for (size_t i = 0; i < v.size(); ++i) d.values[i] = floatToBf16(std::clamp(v[i], -kBf16Max, kBf16Max));
+        out.emplace_back(std::move(d));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace starling::compression

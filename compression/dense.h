@@ -1,0 +1,25 @@
+#pragma once
+// Dense codecs: "none" (f32 as is), "fp16" (IEEE binary16, values clamped to +-65504), "bf16".
+// Stateless; the rounding error is not fed back.
+#include "compression/compressor.h"
+
+namespace starling::compression {
+
+enum class DenseFormat { kF32, kF16, kBF16 };
+
+class DenseCompressor final : public Compressor {
+ public:
+  explicit DenseCompressor(DenseFormat format) : format_(format) {}
+  std::string name() const override;
+  std::string spec() const override { return name(); }
+  bool usesErrorFeedback() const override { return false; }
+
+ protected:
+  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
+                                           const RoundContext& ctx) const override;
+
+ private:
+  DenseFormat format_;
+};
+
+}  // namespace starling::compression

@@ -1,0 +1,84 @@
+#include "compression/quantize.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "compression/bitpack.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace starling::compression {
+
+std::string SignCompressor::spec() const { return std::string("sign:ef=") + (opt_.error_feedback ? "true" : "false"); }
+
+std::vector<Payload> SignCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
+                                                         ClientState& /*state*/, const RoundContext& /*ctx*/) const {
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    auto v = layout.slice(acc, t);
+    const size_t n = v.size();
+    double l1 = 0.0;
+    for (float x : v) l1 += std::fabs(x);
+    Sign s;
+    s.scale = static_cast<float>(l1 / static_cast<double>(n));
+    s.bits.assign(packedBytes(n, 1), 0);
+    for (size_t i = 0; i < n; ++i) {
+      const bool neg = v[i] < 0.0f;
+      s.bits[i >> 3] |= static_cast<uint8_t>(neg) << (i & 7);
+      if (opt_.error_feedback) v[i] -= neg ? -s.scale : s.scale;
+    }
+    out.emplace_back(std::move(s));
+  }
+  return out;
+}
+
+void QsgdOptions::validate() const {
+  if (levels == 0 || levels > 0xffffu) STARLING_THROW(ConfigError, "qsgd: levels must be in [1, 65535], got ", levels);
+}
+
+QsgdCompressor::QsgdCompressor(QsgdOptions o) : opt_(o) { opt_.validate(); }
+
+std::string QsgdCompressor::spec() const {
+  std::ostringstream os;
+  os << "qsgd:levels=" << opt_.levels << ",ef=" << (opt_.error_feedback ? "true" : "false");
+  return os.str();
+}
+
+std::vector<Payload> QsgdCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
+                                                         ClientState& /*state*/, const RoundContext& ctx) const {
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  const uint32_t s = opt_.levels;
+  const uint32_t bits = 1 + qsgdLevelBits(s);
+  for (size_t t = 0; t < layout.size(); ++t) {
+    auto v = layout.slice(acc, t);
+    const size_t n = v.size();
+    double sq = 0.0;
+    for (float x : v) sq += static_cast<double>(x) * x;
+    Qsgd q;
+    q.s = s;
+    q.norm = static_cast<float>(std::sqrt(sq));
+    RngStream rng(StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kQsgd, t});
+    BitWriter w(q.packed, n, bits);
+    const double scale = q.norm > 0.0f ? static_cast<double>(s) / q.norm : 0.0;
+    const float unit = q.norm / static_cast<float>(s);
+    for (size_t i = 0; i < n; ++i) {
+      const double r = std::fabs(v[i]) * scale;
+      auto level = static_cast<uint32_t>(r);
+      if (level < s && rng.uniform() < r - level) ++level;
+      if (level > s) level = s;
+      const bool neg = v[i] < 0.0f;
+      w.put((level << 1) | static_cast<uint32_t>(neg), bits);
+      if (opt_.error_feedback) {
+        const float sent = unit * static_cast<float>(level);
+        v[i] -= neg ? -sent : sent;
+      }
+    }
+    w.flush();
+    out.emplace_back(std::move(q));
+  }
+  return out;
+}
+
+}  // namespace starling::compression

@@ -1,0 +1,53 @@
+#pragma once
+// Quantizers.
+//   sign  EF-SignSGD (Karimireddy et al. 2019): per tensor, p = input + residual, send the sign
+//         bits of p and scale = ||p||_1 / numel; residual = p - scale * sign(p). 1 bit per value.
+//   qsgd  QSGD (Alistarh et al. 2017): per tensor, norm = ||v||_2, level_i = floor(s|v_i|/norm)
+//         rounded up with probability s|v_i|/norm - floor(.), drawn from the client's seeded
+//         stream, so E[decoded] = v. 1 + ceil(log2(s+1)) bits per value plus the norm. Error
+//         feedback is off by default (the estimate is unbiased) and may be turned on.
+#include "compression/compressor.h"
+
+namespace starling::compression {
+
+struct SignOptions {
+  bool error_feedback = true;
+};
+
+struct QsgdOptions {
+  uint32_t levels = 16;  // s, in [1, 65535]
+  bool error_feedback = false;
+  void validate() const;
+};
+
+class SignCompressor final : public Compressor {
+ public:
+  explicit SignCompressor(SignOptions o) : opt_(o) {}
+  std::string name() const override { return "sign"; }
+  std::string spec() const override;
+  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+
+ protected:
+  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
+                                           const RoundContext& ctx) const override;
+
+ private:
+  SignOptions opt_;
+};
+
+class QsgdCompressor final : public Compressor {
+ public:
+  explicit QsgdCompressor(QsgdOptions o);
+  std::string name() const override { return "qsgd"; }
+  std::string spec() const override;
+  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+
+ protected:
+  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
+                                           const RoundContext& ctx) const override;
+
+ private:
+  QsgdOptions opt_;
+};
+
+}  // namespace starling::compression

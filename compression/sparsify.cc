@@ -1,0 +1,160 @@
+#include "compression/sparsify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <unordered_set>
+
+#include "compression/topk_select.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace starling::compression {
+namespace {
+
+void checkDensity(double d, const char* who) {
+  if (!(d > 0.0 && d <= 1.0)) STARLING_THROW(ConfigError, who, ": density must be in (0, 1], got ", d);
+}
+
+// Sends acc[idx] and, with EF, leaves acc as the new residual (sent positions zeroed).
+Sparse gather(std::span<float> acc, std::vector<uint32_t> idx, bool ef) {
+  Sparse s;
+  s.values.resize(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    s.values[i] = acc[idx[i]];
+    if (ef) acc[idx[i]] = 0.0f;
+  }
+  s.indices = std::move(idx);
+  return s;
+}
+
+std::string efText(bool ef) { return ef ? "true" : "false"; }
+
+}  // namespace
+
+void TopKOptions::validate() const { checkDensity(density, "topk"); }
+void RandomSparsifyOptions::validate() const { checkDensity(density, "randk/randblock"); }
+
+TopKCompressor::TopKCompressor(TopKOptions o) : opt_(o) { opt_.validate(); }
+
+std::string TopKCompressor::spec() const {
+  std::ostringstream os;
+  os << "topk:density=" << opt_.density << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
+     << ",ef=" << efText(opt_.error_feedback);
+  return os.str();
+}
+
+std::vector<Payload> TopKCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
+                                                         ClientState& /*state*/, const RoundContext& ctx) const {
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  std::vector<uint32_t> idx;
+  if (opt_.scope == TopKOptions::Scope::kLayer) {
+    for (size_t t = 0; t < layout.size(); ++t) {
+      auto v = layout.slice(acc, t);
+      selectTopK(v, countForDensity(opt_.density, v.size()), idx, ctx.run_seed ^ ctx.round);
+      out.emplace_back(gather(v, idx, opt_.error_feedback));
+    }
+    return out;
+  }
+  // Global scope: one exact selection over the flat buffer, split per tensor (indices ascending,
+  // so each tensor's share is a contiguous run).
+  selectTopK(acc, countForDensity(opt_.density, acc.size()), idx, ctx.run_seed ^ ctx.round);
+  size_t pos = 0;
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const TensorSpec& spec = layout[t];
+    const size_t end = spec.offset + spec.numel;
+    std::vector<uint32_t> local;
+    while (pos < idx.size() && idx[pos] < end) local.push_back(static_cast<uint32_t>(idx[pos++] - spec.offset));
+    out.emplace_back(gather(layout.slice(acc, t), std::move(local), opt_.error_feedback));
+  }
+  return out;
+}
+
+std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round, uint64_t client,
+                                    uint64_t sub) {
+  RngStream rng(StreamKey{run_seed, round, client, StreamPurpose::kRandK, sub});
+  std::vector<uint32_t> idx;
+  idx.reserve(k);
+  if (k * 16 <= n) {
+    // Floyd: k draws, each adds exactly one new element.
+    std::unordered_set<uint32_t> seen;
+    seen.reserve(k * 2);
+    for (size_t j = n - k; j < n; ++j) {
+      const auto t = static_cast<uint32_t>(rng.below(j + 1));
+      const uint32_t pick = seen.insert(t).second ? t : static_cast<uint32_t>(j);
+      if (pick != t) seen.insert(pick);
+      idx.push_back(pick);
+    }
+    std::sort(idx.begin(), idx.end());
+  } else {
+    // Selection sampling (Knuth's Algorithm S): one pass, already ascending.
+    size_t needed = k;
+    for (size_t i = 0; i < n && needed > 0; ++i) {
+      if (rng.below(n - i) < needed) {
+        idx.push_back(static_cast<uint32_t>(i));
+        --needed;
+      }
+    }
+  }
+  return idx;
+}
+
+RandKCompressor::RandKCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.validate(); }
+
+std::string RandKCompressor::spec() const {
+  std::ostringstream os;
+  os << "randk:density=" << opt_.density << ",ef=" << efText(opt_.error_feedback);
+  return os.str();
+}
+
+std::vector<Payload> RandKCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
+                                                          ClientState& /*state*/, const RoundContext& ctx) const {
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    auto v = layout.slice(acc, t);
+    auto idx = sampleIndices(v.size(), countForDensity(opt_.density, v.size()), ctx.run_seed, ctx.round,
+                             ctx.client_id, t);
+    out.emplace_back(gather(v, std::move(idx), opt_.error_feedback));
+  }
+  return out;
+}
+
+RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.validate(); }
+
+std::string RandBlockCompressor::spec() const {
+  std::ostringstream os;
+  os << "randblock:density=" << opt_.density << ",ef=" << efText(opt_.error_feedback);
+  return os.str();
+}
+
+uint32_t RandBlockCompressor::blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel) {
+  RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kRandBlock, tensor_index});
+  return static_cast<uint32_t>(rng.below(numel));
+}
+
+std::vector<Payload> RandBlockCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
+                                                              ClientState& /*state*/, const RoundContext& ctx) const {
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    auto v = layout.slice(acc, t);
+    const size_t n = v.size();
+    const size_t len = countForDensity(opt_.density, n);
+    RandBlock b;
+    b.offset = blockOffset(ctx.run_seed, ctx.round, t, n);
+    b.values.resize(len);
+    const size_t first = std::min(len, n - b.offset);
+    std::copy_n(v.begin() + b.offset, first, b.values.begin());
+    std::copy_n(v.begin(), len - first, b.values.begin() + static_cast<ptrdiff_t>(first));
+    if (opt_.error_feedback) {
+      std::fill_n(v.begin() + b.offset, first, 0.0f);
+      std::fill_n(v.begin(), len - first, 0.0f);
+    }
+    out.emplace_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace starling::compression

@@ -1,0 +1,82 @@
+#pragma once
+// Sparsifying compressors, all with optional error feedback (residual = input + old residual -
+// what was sent, so nothing is lost, only delayed):
+//   topk      exact k largest magnitudes per tensor (scope=layer) or over the whole flat buffer
+//             (scope=global); sends u32 indices + f32 values.
+//   randk     k uniformly random positions per tensor from the client's own seeded stream;
+//             sends indices + values.
+//   randblock one contiguous block of k values per tensor (wrapping at the end), at an offset
+//             drawn from the round's stream shared by every client, so no indices travel and a
+//             server adds all clients' blocks at the same place (Eghlidi & Jaggi).
+#include "compression/compressor.h"
+
+namespace starling::compression {
+
+struct TopKOptions {
+  enum class Scope { kLayer, kGlobal };
+  double density = 0.01;  // k = round(density * numel), at least 1
+  Scope scope = Scope::kLayer;
+  bool error_feedback = true;
+  void validate() const;
+};
+
+struct RandomSparsifyOptions {
+  double density = 0.01;
+  bool error_feedback = true;
+  void validate() const;
+};
+
+class TopKCompressor final : public Compressor {
+ public:
+  explicit TopKCompressor(TopKOptions o);
+  std::string name() const override { return "topk"; }
+  std::string spec() const override;
+  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+
+ protected:
+  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
+                                           const RoundContext& ctx) const override;
+
+ private:
+  TopKOptions opt_;
+};
+
+class RandKCompressor final : public Compressor {
+ public:
+  explicit RandKCompressor(RandomSparsifyOptions o);
+  std::string name() const override { return "randk"; }
+  std::string spec() const override;
+  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+
+ protected:
+  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
+                                           const RoundContext& ctx) const override;
+
+ private:
+  RandomSparsifyOptions opt_;
+};
+
+class RandBlockCompressor final : public Compressor {
+ public:
+  explicit RandBlockCompressor(RandomSparsifyOptions o);
+  std::string name() const override { return "randblock"; }
+  std::string spec() const override;
+  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+
+  // The block offset of tensor `tensor_index` in `round`: the same for every client.
+  static uint32_t blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel);
+
+ protected:
+  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
+                                           const RoundContext& ctx) const override;
+
+ private:
+  RandomSparsifyOptions opt_;
+};
+
+// Random k distinct indices of [0, n), ascending (Floyd's algorithm for small k, selection
+// sampling otherwise).
+std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t seed_a, uint64_t seed_b, uint64_t client,
+                                    uint64_t sub);
+
+}  // namespace starling::compression
