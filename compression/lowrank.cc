@@ -59,14 +59,17 @@ bool lowRankCompressible(const TensorSpec& t, uint32_t rank, double min_rate) {
 void orthogonalize(float* data, size_t rows, size_t rank) {
   FactorMap m(data, static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(rank));
   if (rank <= 2) {
+    // Modified Gram-Schmidt. A column left with a tiny fraction of its own norm after removing
+    // the earlier ones is dependent on them: zero it rather than normalise round-off noise.
+    float original[2];
+    for (Eigen::Index c = 0; c < m.cols(); ++c) original[c] = m.col(c).norm();
     for (Eigen::Index c = 0; c < m.cols(); ++c) {
       const float norm = m.col(c).norm();
-      if (norm > 1e-30f) {
-        m.col(c) /= norm;
-      } else {
+      if (norm <= 1e-30f || norm <= original[c] * 1e-5f) {
         m.col(c).setZero();
         continue;
       }
+      m.col(c) /= norm;
       for (Eigen::Index d = c + 1; d < m.cols(); ++d) m.col(d) -= m.col(c).dot(m.col(d)) * m.col(c);
     }
     return;
@@ -77,9 +80,10 @@ void orthogonalize(float* data, size_t rows, size_t rank) {
   // A zero column of the input gives an arbitrary unit column in Q; keep the contract that a
   // dependent column stays zero by checking R's diagonal.
   const auto& r = qr.matrixQR();
-  const float scale = std::max(1e-30f, r.diagonal().cwiseAbs().maxCoeff());
-  for (Eigen::Index c = 0; c < q.cols(); ++c)
-    if (std::fabs(r(c, c)) <= scale * 1e-6f) q.col(c).setZero();
+  for (Eigen::Index c = 0; c < q.cols(); ++c) {
+    const float original = a.col(c).norm();
+    if (std::fabs(r(c, c)) <= 1e-30f || std::fabs(r(c, c)) <= original * 1e-5f) q.col(c).setZero();
+  }
   m = q;
 }
 

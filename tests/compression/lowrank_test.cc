@@ -1,0 +1,225 @@
+#include <catch2/catch.hpp>
+
+#include <Eigen/Dense>
+
+#include "compression/lowrank.h"
+#include "compression/registry.h"
+#include "test_util.h"
+
+using namespace starling;
+using namespace starling::compression;
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+namespace {
+
+ParamLayout matrixLayout(int64_t rows, int64_t cols) {
+  ParamLayout l;
+  l.add("w", {rows, cols});
+  l.add("b", {rows});
+  return l;
+}
+
+// U diag(s) V^T with random orthonormal U, V and the given singular values.
+std::vector<float> matrixWithSpectrum(size_t rows, size_t cols, const std::vector<float>& s, uint64_t seed) {
+  auto a = testing::randomVector(rows * s.size(), seed);
+  auto b = testing::randomVector(cols * s.size(), seed + 1);
+  orthogonalize(a.data(), rows, s.size());
+  orthogonalize(b.data(), cols, s.size());
+  Eigen::Map<RowMatrix> u(a.data(), rows, s.size()), v(b.data(), cols, s.size());
+  Eigen::VectorXf sv = Eigen::Map<const Eigen::VectorXf>(s.data(), s.size());
+  RowMatrix m = u * sv.asDiagonal() * v.transpose();
+  return std::vector<float>(m.data(), m.data() + m.size());
+}
+
+}  // namespace
+
+TEST_CASE("orthogonalize gives orthonormal columns (Gram-Schmidt and QR)", "[compression]") {
+  for (size_t r : {1, 2, 3, 4, 8}) {
+    auto m = testing::randomVector(200 * r, r);
+    orthogonalize(m.data(), 200, r);
+    Eigen::Map<RowMatrix> a(m.data(), 200, r);
+    RowMatrix g = a.transpose() * a;
+    INFO("rank " << r);
+    CHECK((g - RowMatrix::Identity(r, r)).cwiseAbs().maxCoeff() < 1e-5f);
+  }
+  // A dependent column stays zero instead of becoming noise or NaN.
+  for (size_t r : {2, 4}) {
+    auto m = testing::randomVector(50 * r, 9);
+    for (size_t i = 0; i < 50; ++i) m[i * r + 1] = 2 * m[i * r];
+    orthogonalize(m.data(), 50, r);
+    Eigen::Map<RowMatrix> a(m.data(), 50, r);
+    CHECK(a.col(1).norm() < 1e-3f);
+    CHECK(a.col(0).norm() == Approx(1.0f).epsilon(1e-5));
+    CHECK(a.allFinite());
+  }
+}
+
+TEST_CASE("powersgd recovers an exactly rank-r matrix", "[compression]") {
+  for (uint32_t r : {1u, 2u, 4u}) {
+    const ParamLayout layout = matrixLayout(96, 80);
+    std::vector<float> update(layout.numel(), 0.0f);
+    auto m = matrixWithSpectrum(96, 80, std::vector<float>(r, 3.0f), 100 + r);
+    std::copy(m.begin(), m.end(), update.begin());
+    auto c = makeCompressor("powersgd:rank=" + std::to_string(r));
+    ClientState st = c->initialState(layout);
+    auto p = c->compress(layout, update, st, RoundContext{5, 0, 1});
+    REQUIRE(std::holds_alternative<LowRank>(p[0]));
+    REQUIRE(std::holds_alternative<DenseF32>(p[1]));  // 1-D tensors go dense
+    auto back = testing::densify(layout, p);
+    INFO("rank " << r);
+    CHECK(testing::maxAbsDiff(back, update) < 1e-4);
+    CHECK(testing::norm2(st.residual) < 1e-3);
+    const auto& lr = std::get<LowRank>(p[0]);
+    Eigen::Map<const RowMatrix> pm(lr.p.data(), 96, r);
+    CHECK((pm.transpose() * pm - RowMatrix::Identity(r, r)).cwiseAbs().maxCoeff() < 1e-5f);
+  }
+}
+
+TEST_CASE("powersgd power iteration converges under warm start", "[compression]") {
+  const ParamLayout layout = matrixLayout(120, 100);
+  const std::vector<float> spectrum = {10, 6, 3, 1, 0.5f, 0.25f};
+  std::vector<float> update(layout.numel(), 0.0f);
+  auto m = matrixWithSpectrum(120, 100, spectrum, 7);
+  std::copy(m.begin(), m.end(), update.begin());
+  const double optimal = std::sqrt(1.0 + 0.25 + 0.0625);  // best rank-3 error: tail of the spectrum
+  auto c = makeCompressor("powersgd:rank=3,ef=false");
+  ClientState st = c->initialState(layout);
+  double first = 0, last = 0;
+  for (int it = 0; it < 40; ++it) {
+    auto back = testing::densify(layout, c->compress(layout, update, st, RoundContext{1, static_cast<uint64_t>(it), 1}));
+    for (size_t i = 0; i < back.size(); ++i) back[i] -= update[i];
+    const double err = testing::norm2(back);
+    if (it == 0) first = err;
+    last = err;
+  }
+  CHECK(last <= optimal * 1.001);
+  CHECK(first > last);
+  // Without warm start every round restarts from the same seeded Q: no progress.
+  auto cold = makeCompressor("powersgd:rank=3,ef=false,warm_start=false");
+  ClientState cs = cold->initialState(layout);
+  std::vector<float> b1, b2;
+  b1 = testing::densify(layout, cold->compress(layout, update, cs, RoundContext{1, 0, 1}));
+  b2 = testing::densify(layout, cold->compress(layout, update, cs, RoundContext{1, 1, 1}));
+  CHECK(b1 == b2);
+}
+
+TEST_CASE("powersgd error feedback invariant", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  auto c = makeCompressor("powersgd:rank=2");
+  ClientState st = c->initialState(layout);
+  for (uint64_t round = 0; round < 3; ++round) {
+    auto u = testing::randomVector(layout.numel(), round);
+    std::vector<float> expect(u.size());
+    for (size_t i = 0; i < u.size(); ++i) expect[i] = u[i] + st.residual[i];
+    auto sent = testing::densify(layout, c->compress(layout, u, st, RoundContext{1, round, 1}));
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] += st.residual[i];
+    CHECK(testing::maxAbsDiff(sent, expect) < 1e-4);
+  }
+}
+
+TEST_CASE("only matrices that compress enough are low-rank", "[compression]") {
+  ParamLayout l;
+  l.add("big", {64, 64});    // (64+64)*4*2 = 1024 < 4096
+  l.add("thin", {4, 64});    // r=4: (68)*4*2 = 544 > 256
+  l.add("vec", {1000});
+  l.add("conv", {16, 3, 3, 3});  // 16 x 27: (43)*4*2 = 344 < 432
+  CHECK(lowRankCompressible(l[0], 4, 2.0));
+  CHECK_FALSE(lowRankCompressible(l[1], 4, 2.0));
+  CHECK_FALSE(lowRankCompressible(l[2], 4, 2.0));
+  CHECK(lowRankCompressible(l[3], 4, 2.0));
+  CHECK_FALSE(lowRankCompressible(l[3], 4, 4.0));
+  auto shared = initialSharedFactors(l, LowRankOptions{}, 1);
+  CHECK(shared.factors[0].size() == 64 * 4);
+  CHECK(shared.factors[1].empty());
+  CHECK(shared.factors[2].empty());
+  CHECK(shared.factors[3].size() == 27 * 4);
+}
+
+TEST_CASE("acpsgd sends one factor against the shared one, with error feedback", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  LowRankOptions o;
+  o.rank = 2;
+  auto c = makeCompressor("acpsgd:rank=2");
+  const SharedFactors q0 = initialSharedFactors(layout, o, 77);
+  // Identical seeded factors wherever they are made.
+  CHECK(initialSharedFactors(layout, o, 77).factors == q0.factors);
+  CHECK(initialSharedFactors(layout, o, 78).factors != q0.factors);
+
+  ClientState st = c->initialState(layout);
+  auto u = testing::randomVector(layout.numel(), 5);
+  auto p = c->compress(layout, u, st, RoundContext{77, 0, 1, &q0});
+  const size_t fc1 = *layout.find("fc1.weight");
+  const auto& lr = std::get<LowRank>(p[fc1]);
+  CHECK(lr.q.empty());
+  CHECK(lr.p.size() == 64 * 2);
+  // P = M Q-hat, exactly
+  auto m = layout.matrix(std::span<const float>(u), fc1);
+  Eigen::Map<const RowMatrix> q(q0.factors[fc1].data(), 256, 2);
+  RowMatrix want = m * q;
+  CHECK((Eigen::Map<const RowMatrix>(lr.p.data(), 64, 2) - want).cwiseAbs().maxCoeff() < 1e-4f);
+  // EF invariant with the shared factor expanding the one-factor payload.
+  auto sent = testing::densify(layout, p, &q0);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] += st.residual[i];
+  CHECK(testing::maxAbsDiff(sent, u) < 1e-4);
+
+  // The other side: fixed P.
+  SharedFactors p0;
+  p0.fixed = SharedFactors::Side::kP;
+  p0.factors.resize(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t)
+    if (!q0.factors[t].empty()) {
+      p0.factors[t] = testing::randomVector(layout[t].rows() * 2, t);
+      orthogonalize(p0.factors[t].data(), layout[t].rows(), 2);
+    }
+  const auto before = st.residual;
+  auto p2 = c->compress(layout, u, st, RoundContext{77, 1, 1, &p0});
+  CHECK(std::get<LowRank>(p2[fc1]).p.empty());
+  CHECK(std::get<LowRank>(p2[fc1]).q.size() == 256 * 2);
+  auto sent2 = testing::densify(layout, p2, &p0);
+  for (size_t i = 0; i < sent2.size(); ++i) sent2[i] += st.residual[i] - before[i];
+  CHECK(testing::maxAbsDiff(sent2, u) < 1e-4);
+}
+
+TEST_CASE("acpsgd refuses a round without matching shared factors", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  auto c = makeCompressor("acpsgd:rank=2");
+  ClientState st = c->initialState(layout);
+  auto u = testing::randomVector(layout.numel(), 5);
+  CHECK_THROWS_WITH(c->compress(layout, u, st, RoundContext{}), Catch::Contains("no shared factors"));
+  LowRankOptions o;
+  o.rank = 3;
+  auto wrong = initialSharedFactors(layout, o, 1);
+  CHECK_THROWS_WITH(c->compress(layout, u, st, RoundContext{1, 0, 0, &wrong}), Catch::Contains("expected"));
+  CHECK(testing::norm2(st.residual) == 0.0);  // untouched
+}
+
+TEST_CASE("two-phase powersgd with one client equals the local form", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  PowerSgdCompressor c(LowRankOptions{2, 2.0, true, true});
+  const auto u = testing::randomVector(layout.numel(), 3);
+  ClientState local = c.initialState(layout);
+  const auto ref = testing::densify(layout, c.compress(layout, u, local, RoundContext{9, 0, 1}));
+
+  ClientState st = c.initialState(layout);
+  const SharedFactors q = initialSharedFactors(layout, c.options(), 9);
+  auto phase_p = c.compressPhaseP(layout, u, st, RoundContext{9, 0, 1, &q});
+  CHECK_THROWS_WITH(c.compressPhaseP(layout, u, st, RoundContext{9, 0, 1, &q}), Catch::Contains("twice"));
+  SharedFactors phat;
+  phat.fixed = SharedFactors::Side::kP;
+  phat.factors.resize(layout.size());
+  std::vector<float> total(layout.numel(), 0.0f);
+  for (size_t t = 0; t < layout.size(); ++t) {
+    if (auto* lr = std::get_if<LowRank>(&phase_p[t])) {
+      phat.factors[t] = lr->p;
+      orthogonalize(phat.factors[t].data(), lr->rows, lr->rank);
+    } else {
+      accumulatePayload(phase_p[t], layout[t], layout.slice(std::span<float>(total), t), 1.0f);
+    }
+  }
+  auto phase_q = c.compressPhaseQ(layout, st, RoundContext{9, 0, 1, &phat});
+  for (size_t t = 0; t < layout.size(); ++t)
+    accumulatePayload(phase_q[t], layout[t], layout.slice(std::span<float>(total), t), 1.0f, &phat, t);
+  CHECK(testing::maxAbsDiff(total, ref) < 1e-4);
+  CHECK(testing::maxAbsDiff(st.residual, local.residual) < 1e-4);
+  CHECK_THROWS_WITH(c.compressPhaseQ(layout, st, RoundContext{9, 0, 1, &phat}), Catch::Contains("without phase P"));
+}

@@ -1,0 +1,151 @@
+#include <catch2/catch.hpp>
+
+#include <set>
+
+#include "compression/dense.h"
+#include "compression/quantize.h"
+#include "compression/registry.h"
+#include "compression/sparsify.h"
+#include "compression/topk_select.h"
+#include "test_util.h"
+
+using namespace starling;
+using namespace starling::compression;
+
+namespace {
+
+// Error-feedback invariant: decoded(sent) + new residual == update + old residual, up to float
+// rounding relative to the largest magnitude (rel_tol = 0: exactly).
+void checkErrorFeedback(const std::string& spec, double rel_tol) {
+  auto c = makeCompressor(spec);
+  const ParamLayout layout = testing::smallCnnLayout();
+  ClientState st = c->initialState(layout);
+  REQUIRE(c->usesErrorFeedback());
+  const SharedFactors* shared = nullptr;
+  for (uint64_t round = 0; round < 4; ++round) {
+    const auto update = testing::randomVector(layout.numel(), 100 + round);
+    std::vector<float> expect(layout.numel());
+    for (size_t i = 0; i < expect.size(); ++i) expect[i] = update[i] + st.residual[i];
+    auto payloads = c->compress(layout, update, st, RoundContext{1, round, 5, shared});
+    REQUIRE(payloads.size() == layout.size());
+    for (size_t t = 0; t < layout.size(); ++t) validatePayload(payloads[t], layout[t], shared, t);
+    auto sent = testing::densify(layout, payloads, shared);
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] += st.residual[i];
+    double scale = 0;
+    for (float x : expect) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+    INFO(spec << " round " << round);
+    CHECK(testing::maxAbsDiff(sent, expect) <= rel_tol * scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("error-feedback invariant holds for every sparsifier and quantizer", "[compression]") {
+  // Sparsifiers send values exactly, so the invariant is exact.
+  checkErrorFeedback("topk:density=0.05", 0.0);
+  checkErrorFeedback("topk:density=0.01,scope=global", 0.0);
+  checkErrorFeedback("randk:density=0.05", 0.0);
+  checkErrorFeedback("randblock:density=0.05", 0.0);
+  checkErrorFeedback("sign", 1e-6);
+  checkErrorFeedback("qsgd:levels=4,ef=true", 1e-6);
+}
+
+TEST_CASE("topk sends the k largest per tensor, or globally", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  const auto update = testing::randomVector(layout.numel(), 7);
+  SECTION("layer scope") {
+    auto c = makeCompressor("topk:density=0.1,ef=false");
+    ClientState st = c->initialState(layout);
+    auto p = c->compress(layout, update, st, {});
+    for (size_t t = 0; t < layout.size(); ++t) {
+      const auto& s = std::get<Sparse>(p[t]);
+      const auto v = layout.slice(std::span<const float>(update), t);
+      CHECK(s.indices == selectTopKBySort(v, countForDensity(0.1, v.size())));
+    }
+  }
+  SECTION("global scope") {
+    auto c = makeCompressor("topk:density=0.02,scope=global,ef=false");
+    ClientState st = c->initialState(layout);
+    auto p = c->compress(layout, update, st, {});
+    std::set<size_t> got;
+    for (size_t t = 0; t < layout.size(); ++t)
+      for (uint32_t i : std::get<Sparse>(p[t]).indices) got.insert(layout[t].offset + i);
+    const auto ref = selectTopKBySort(update, countForDensity(0.02, update.size()));
+    CHECK(got == std::set<size_t>(ref.begin(), ref.end()));
+  }
+}
+
+TEST_CASE("randblock picks the same block for every client of a round", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  auto c = makeCompressor("randblock:density=0.1");
+  std::vector<std::vector<uint32_t>> offsets;
+  for (uint64_t client : {1, 2, 99}) {
+    ClientState st = c->initialState(layout);
+    auto p = c->compress(layout, testing::randomVector(layout.numel(), client), st, RoundContext{42, 3, client});
+    std::vector<uint32_t> o;
+    for (auto& x : p) o.push_back(std::get<RandBlock>(x).offset);
+    offsets.push_back(o);
+  }
+  CHECK(offsets[0] == offsets[1]);
+  CHECK(offsets[0] == offsets[2]);
+  // Another round moves the blocks.
+  ClientState st = c->initialState(layout);
+  auto p = c->compress(layout, testing::randomVector(layout.numel(), 1), st, RoundContext{42, 4, 1});
+  std::vector<uint32_t> o;
+  for (auto& x : p) o.push_back(std::get<RandBlock>(x).offset);
+  CHECK(o != offsets[0]);
+}
+
+TEST_CASE("randk draws distinct sorted indices, per client", "[compression]") {
+  for (size_t k : {size_t{10}, size_t{400}}) {  // Floyd and selection sampling paths
+    auto a = sampleIndices(1000, k, 1, 2, 3, 0);
+    auto b = sampleIndices(1000, k, 1, 2, 4, 0);
+    REQUIRE(a.size() == k);
+    CHECK(std::is_sorted(a.begin(), a.end()));
+    CHECK(std::adjacent_find(a.begin(), a.end()) == a.end());
+    CHECK(a.back() < 1000u);
+    CHECK(a != b);
+    CHECK(a == sampleIndices(1000, k, 1, 2, 3, 0));
+  }
+  // Every position is reachable and roughly uniform.
+  std::vector<int> hits(100);
+  for (uint64_t r = 0; r < 2000; ++r)
+    for (uint32_t i : sampleIndices(100, 5, 9, r, 1, 0)) ++hits[i];
+  for (int h : hits) CHECK((h > 50 && h < 170));  // expectation 100
+}
+
+TEST_CASE("compressors reject bad input and leave the state untouched", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  auto c = makeCompressor("topk:density=0.1");
+  ClientState st = c->initialState(layout);
+  auto update = testing::randomVector(layout.numel(), 1);
+  c->compress(layout, update, st, {});
+  const auto before = st.residual;
+  update[77] = std::nanf("");
+  CHECK_THROWS_WITH(c->compress(layout, update, st, {}), Catch::Contains("value 77 is not finite"));
+  CHECK(st.residual == before);
+  std::vector<float> short_update(10);
+  CHECK_THROWS_AS(c->compress(layout, short_update, st, {}), InvalidArgument);
+  ParamLayout other;
+  other.add("x", {static_cast<int64_t>(layout.numel())});
+  CHECK_THROWS_WITH(c->compress(other, testing::randomVector(other.numel(), 1), st, {}),
+                    Catch::Contains("another model"));
+}
+
+TEST_CASE("dense codecs round-trip within their precision", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  auto update = testing::randomVector(layout.numel(), 2);
+  update[3] = 1e6f;  // beyond fp16 range: clamped, never inf
+  for (auto [spec, rel] : {std::pair{"none", 0.0}, {"fp16", 1.0 / 1024}, {"bf16", 1.0 / 128}}) {
+    auto c = makeCompressor(spec);
+    ClientState st = c->initialState(layout);
+    auto p = c->compress(layout, update, st, {});
+    for (size_t t = 0; t < layout.size(); ++t) REQUIRE_NOTHROW(validatePayload(p[t], layout[t]));
+    auto back = testing::densify(layout, p);
+    for (size_t i = 0; i < back.size(); ++i) {
+      if (i == 3) continue;
+      REQUIRE(std::fabs(back[i] - update[i]) <= std::fabs(update[i]) * rel + 1e-7);
+    }
+    if (std::string(spec) == "fp16") CHECK(back[3] == 65504.0f);
+  }
+}

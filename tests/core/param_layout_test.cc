@@ -1,0 +1,69 @@
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+#include "core/param_layout.h"
+
+using namespace starling;
+
+TEST_CASE("layout assigns contiguous offsets in order", "[core]") {
+  ParamLayout l;
+  CHECK(l.add("a", {3, 4}) == 0);
+  CHECK(l.add("b", {5}) == 1);
+  CHECK(l.add("s", {}) == 2);
+  CHECK(l.numel() == 12 + 5 + 1);
+  CHECK(l[0].offset == 0);
+  CHECK(l[1].offset == 12);
+  CHECK(l[2].offset == 17);
+  CHECK(l[0].rows() == 3);
+  CHECK(l[0].cols() == 4);
+  CHECK(l[1].rows() == 5);
+  CHECK(l[1].cols() == 1);
+  CHECK(l[2].numel == 1);
+  CHECK(l.find("b") == 1u);
+  CHECK_FALSE(l.find("zz").has_value());
+}
+
+TEST_CASE("layout maps views over the flat buffer", "[core]") {
+  ParamLayout l;
+  l.add("w", {2, 3});
+  l.add("b", {2});
+  std::vector<float> buf(8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  auto m = l.matrix(std::span<float>(buf), 0);
+  CHECK(m(1, 2) == 5.0f);  // row-major
+  auto b = l.slice(std::span<float>(buf), 1);
+  CHECK(b[0] == 6.0f);
+  b[1] = 42.0f;
+  CHECK(buf[7] == 42.0f);
+  std::vector<float> wrong(7);
+  CHECK_THROWS_AS(l.slice(std::span<float>(wrong), 0), InvalidArgument);
+  CHECK_THROWS_AS(l.tensor(2), InvalidArgument);
+}
+
+TEST_CASE("layout rejects bad tensors with clear errors", "[core]") {
+  ParamLayout l;
+  l.add("a", {2});
+  CHECK_THROWS_WITH(l.add("a", {3}), Catch::Contains("duplicate tensor name 'a'"));
+  CHECK_THROWS_WITH(l.add("", {3}), Catch::Contains("empty name"));
+  CHECK_THROWS_WITH(l.add("z", {3, 0}), Catch::Contains("non-positive dimension"));
+  CHECK_THROWS_WITH(l.add("n", {-1}), Catch::Contains("non-positive dimension"));
+  CHECK_THROWS_WITH(l.add("big", {1 << 20, 1 << 20}), Catch::Contains("more than"));
+  CHECK(l.size() == 1);  // nothing half-added
+}
+
+TEST_CASE("fingerprint depends on names, shapes and order only", "[core]") {
+  auto make = [](std::vector<std::pair<std::string, std::vector<int64_t>>> ts) {
+    ParamLayout l;
+    for (auto& [n, s] : ts) l.add(n, s);
+    return l.fingerprint();
+  };
+  const auto base = make({{"w", {4, 3}}, {"b", {4}}});
+  CHECK(base == make({{"w", {4, 3}}, {"b", {4}}}));
+  CHECK(base != make({{"w", {3, 4}}, {"b", {4}}}));   // same numel, other shape
+  CHECK(base != make({{"w", {12}}, {"b", {4}}}));      // same numel, other rank
+  CHECK(base != make({{"b", {4}}, {"w", {4, 3}}}));   // order
+  CHECK(base != make({{"W", {4, 3}}, {"b", {4}}}));   // name
+  CHECK(base != make({{"w", {4, 3}}}));               // prefix
+  CHECK(make({{"ab", {1}}, {"c", {1}}}) != make({{"a", {1}}, {"bc", {1}}}));  // name boundaries
+  CHECK(make({}) != base);
+}

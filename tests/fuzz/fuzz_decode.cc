@@ -1,0 +1,23 @@
+// libFuzzer target for the update decoder: any byte string must either decode into an update that
+// passed every check or throw DecodeError. Anything else (a crash, a sanitizer report, another
+// exception) is a bug. Build: make fuzz (clang, -fsanitize=fuzzer,address,undefined).
+#include <cstdint>
+#include <cstdlib>
+
+#include "fuzz/fuzz_layout.h"
+#include "protocol/codec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const starling::ParamLayout layout = starling::fuzz::layout();
+  static const starling::compression::SharedFactors shared = starling::fuzz::shared();
+  try {
+    auto u = starling::protocol::decodeUpdate({data, size}, layout, &shared);
+    // A decoded update must be safe to aggregate.
+    std::vector<float> out(layout.numel(), 0.0f);
+    for (size_t t = 0; t < layout.size(); ++t)
+      starling::compression::accumulatePayload(u.tensors[t], layout[t], layout.slice(std::span<float>(out), t), 1.0f,
+                                               &shared, t);
+  } catch (const starling::protocol::DecodeError&) {
+  }
+  return 0;
+}
