@@ -9,14 +9,11 @@
 #include <vector>
 
 #include "compression/compressor.h"
+#include "core/options.h"
 
 namespace starling::compression {
 
-struct CompressorSpec {
-  std::string name;
-  std::vector<std::pair<std::string, std::string>> options;
-  static CompressorSpec parse(std::string_view text);
-};
+using CompressorSpec = Spec;
 
 struct CompressorInfo {
   std::string name;

@@ -35,7 +35,8 @@ TEST_CASE("spec options are typed and checked", "[compression]") {
   CHECK(makeCompressor(" qsgd : levels = 4 ")->spec() == "qsgd:levels=4,ef=false");
   CHECK_THROWS_WITH(makeCompressor("zip"), Catch::Contains("unknown compressor 'zip'") && Catch::Contains("topk"));
   CHECK_THROWS_WITH(makeCompressor("topk:densty=0.1"), Catch::Contains("unknown option 'densty'"));
-  CHECK_THROWS_WITH(makeCompressor("topk:density=abc"), Catch::Contains("not a number"));
+  CHECK_THROWS_WITH(makeCompressor("topk:density=abc"), Catch::Contains("not a finite number"));
+  CHECK_THROWS_WITH(makeCompressor("powersgd:min_rate=inf"), Catch::Contains("not a finite number"));
   CHECK_THROWS_WITH(makeCompressor("topk:density=0"), Catch::Contains("density must be in (0, 1]"));
   CHECK_THROWS_WITH(makeCompressor("topk:density=1.5"), Catch::Contains("density must be in (0, 1]"));
   CHECK_THROWS_WITH(makeCompressor("topk:scope=row"), Catch::Contains("must be one of: global, layer"));
