@@ -135,7 +135,7 @@ TEST_CASE("only matrices that compress enough are low-rank", "[compression]") {
   CHECK(shared.factors[3].size() == 27 * 4);
 }
 
-TEST_CASE("acpsgd sends one factor against the shared one, with error feedback", "[compression]") {
+TEST_CASE("acpsgd sends one factor against the shared one and with error feedback", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   LowRankOptions o;
   o.rank = 2;

@@ -20,7 +20,7 @@ TEST_CASE("sign sends mean magnitude times the signs", "[compression]") {
   CHECK(st.residual == std::vector<float>{-1, 0, 1, -2, -2});
 }
 
-TEST_CASE("QSGD is unbiased (fixed seed, many rounds)", "[compression]") {
+TEST_CASE("QSGD is unbiased (fixed seed and many rounds)", "[compression]") {
   ParamLayout layout;
   layout.add("w", {64});
   const auto v = testing::randomVector(64, 11);

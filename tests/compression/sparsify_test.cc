@@ -50,7 +50,7 @@ TEST_CASE("error-feedback invariant holds for every sparsifier and quantizer", "
   checkErrorFeedback("qsgd:levels=4,ef=true", 1e-6);
 }
 
-TEST_CASE("topk sends the k largest per tensor, or globally", "[compression]") {
+TEST_CASE("topk sends the k largest per tensor or globally", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 7);
   SECTION("layer scope") {
@@ -96,7 +96,7 @@ TEST_CASE("randblock picks the same block for every client of a round", "[compre
   CHECK(o != offsets[0]);
 }
 
-TEST_CASE("randk draws distinct sorted indices, per client", "[compression]") {
+TEST_CASE("randk draws distinct sorted indices and per client", "[compression]") {
   for (size_t k : {size_t{10}, size_t{400}}) {  // Floyd and selection sampling paths
     auto a = sampleIndices(1000, k, 1, 2, 3, 0);
     auto b = sampleIndices(1000, k, 1, 2, 4, 0);

@@ -18,7 +18,7 @@ TEST_CASE("top-k selects exactly the set a full sort selects", "[compression]") 
   }
 }
 
-TEST_CASE("top-k breaks ties by index, whatever the sampling seed", "[compression]") {
+TEST_CASE("top-k breaks ties by index and whatever the sampling seed", "[compression]") {
   // Few distinct magnitudes: many ties at the k-th value, and both signs.
   const size_t n = 100000;
   auto x = testing::randomVector(n, 3);

@@ -15,7 +15,7 @@ TEST_CASE("every finite half survives float and back", "[core]") {
   }
 }
 
-TEST_CASE("floatToHalf picks the nearest half, ties to even", "[core]") {
+TEST_CASE("floatToHalf picks the nearest half and ties to even", "[core]") {
   RngStream r(StreamKey{5, 0, 0, StreamPurpose::kTest, 0});
   for (int i = 0; i < 200000; ++i) {
     // magnitudes from subnormal to near the top of the range

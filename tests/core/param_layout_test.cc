@@ -51,7 +51,7 @@ TEST_CASE("layout rejects bad tensors with clear errors", "[core]") {
   CHECK(l.size() == 1);  // nothing half-added
 }
 
-TEST_CASE("fingerprint depends on names, shapes and order only", "[core]") {
+TEST_CASE("fingerprint depends on names and shapes and order only", "[core]") {
   auto make = [](std::vector<std::pair<std::string, std::vector<int64_t>>> ts) {
     ParamLayout l;
     for (auto& [n, s] : ts) l.add(n, s);

@@ -60,7 +60,7 @@ TEST_CASE("normal() has mean 0 and variance 1", "[core]") {
   CHECK(std::fabs(var - 1.0) < 0.02);
 }
 
-TEST_CASE("uniform() stays in [0, 1)", "[core]") {
+TEST_CASE("uniform() stays in the half-open unit interval", "[core]") {
   RngStream r(StreamKey{3, 0, 0, StreamPurpose::kTest, 0});
   double lo = 1, hi = 0;
   for (int i = 0; i < 100000; ++i) {
