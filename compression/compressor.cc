@@ -132,8 +132,8 @@ std::vector<Payload> Compressor::compress(const ParamLayout& layout, std::span<c
     for (size_t i = 0; i < update.size(); ++i) r[i] += update[i];
     return compressAccumulated(layout, state.residual, state, ctx);
   }
-  std::vector<float> scratch(update.begin(), update.end());
-  return compressAccumulated(layout, scratch, state, ctx);
+  // No EF: compressors only read `acc` (see compressAccumulated's contract), so no copy is made.
+  return compressAccumulated(layout, std::span<float>(const_cast<float*>(update.data()), update.size()), state, ctx);
 }
 
 }  // namespace starling::compression

@@ -59,9 +59,10 @@ class Compressor {
                                 const RoundContext& ctx) const;
 
  protected:
-  // `acc` is the vector to compress: update + residual with EF (and then it *is* the residual
-  // buffer, which the implementation turns into the new residual in place), or a scratch copy of
-  // the update without EF.
+  // `acc` is the vector to compress. With EF it is update + residual and *is* the residual
+  // buffer, which the implementation turns into the new residual in place. Without EF it is the
+  // caller's update itself and must not be written (contract: implementations write `acc` only
+  // when usesErrorFeedback()).
   virtual std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc,
                                                    ClientState& state, const RoundContext& ctx) const = 0;
   virtual void initState(const ParamLayout& /*layout*/, ClientState& /*state*/) const {}

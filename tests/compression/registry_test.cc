@@ -50,3 +50,19 @@ TEST_CASE("spec options are typed and checked", "[compression]") {
   CHECK_THROWS_WITH(makeCompressor("none:x=1"), Catch::Contains("accepted: none"));
   CHECK_THROWS_AS(makeCompressor(""), ConfigError);
 }
+
+TEST_CASE("without error feedback a compressor never writes the caller's update", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  const SharedFactors shared = initialSharedFactors(layout, LowRankOptions{}, 1);
+  for (const char* spec : {"none", "fp16", "bf16", "topk:ef=false", "topk:ef=false,scope=global", "randk:ef=false",
+                           "randblock:ef=false", "sign:ef=false", "qsgd", "powersgd:ef=false", "acpsgd:ef=false"}) {
+    auto c = makeCompressor(spec);
+    REQUIRE_FALSE(c->usesErrorFeedback());
+    std::vector<float> update = testing::randomVector(layout.numel(), 3);
+    const std::vector<float> copy = update;
+    ClientState st = c->initialState(layout);
+    c->compress(layout, update, st, RoundContext{1, 0, 1, &shared});
+    INFO(spec);
+    CHECK(update == copy);
+  }
+}

@@ -1,0 +1,98 @@
+#include <cstring>
+
+#include "aggregation/partial.h"
+#include "bench/bench_common.h"
+#include "compression/topk_select.h"
+
+namespace starling::bench {
+namespace cz = starling::compression;
+namespace ag = starling::aggregation;
+
+namespace {
+
+constexpr size_t kClients = 1000;
+constexpr size_t kDistinct = 16;  // distinct updates cycled through (64 MB of dense data: past the caches)
+
+ParamLayout flat(size_t n) {
+  ParamLayout l;
+  l.add("w", {static_cast<int64_t>(n)});
+  return l;
+}
+
+std::vector<cz::Update> denseUpdates(const ParamLayout& l) {
+  std::vector<cz::Update> out;
+  const auto& x = input(l.numel() * kDistinct);
+  for (size_t i = 0; i < kDistinct; ++i) {
+    cz::Update u;
+    u.layout_fingerprint = l.fingerprint();
+    u.num_examples = 1;
+    u.tensors = {cz::DenseF32{std::vector<float>(x.begin() + i * l.numel(), x.begin() + (i + 1) * l.numel())}};
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+// Sparse updates with `nnz` entries each (the top-k of a seeded vector), for a model of n floats.
+std::vector<cz::Update> sparseUpdates(const ParamLayout& l, size_t nnz) {
+  std::vector<cz::Update> out;
+  const auto& x = input(l.numel());
+  for (size_t i = 0; i < kDistinct; ++i) {
+    cz::Sparse s;
+    cz::selectTopK(std::span<const float>(x).subspan(0, l.numel()), nnz, s.indices, i);
+    // Spread each update's support differently: rotate indices (kept sorted).
+    for (auto& idx : s.indices) idx = static_cast<uint32_t>((idx + i * 7919) % l.numel());
+    std::sort(s.indices.begin(), s.indices.end());
+    s.values.assign(s.indices.size(), 0.5f);
+    cz::Update u;
+    u.layout_fingerprint = l.fingerprint();
+    u.num_examples = 1;
+    u.tensors = {std::move(s)};
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+void registerAccumulate(const std::string& name, ParamLayout layout, std::vector<cz::Update> (*make)(const ParamLayout&),
+                        bool validate) {
+  benchmark::RegisterBenchmark(name.c_str(), [layout, make, validate](benchmark::State& st) {
+    const auto updates = make(layout);
+    ag::PartialAggregate agg(layout);
+    size_t payload = 0;
+    for (const auto& u : updates) payload += cz::payloadDataBytes(u.tensors[0]);
+    for (auto _ : st) {
+      agg.reset();
+      for (size_t c = 0; c < kClients; ++c) {
+        if (validate) agg.add(updates[c % kDistinct], 1.0);
+        else agg.addValidated(updates[c % kDistinct], 1.0);
+      }
+      benchmark::DoNotOptimize(agg.denseSum().data());
+    }
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(kClients * payload / kDistinct));
+  });
+}
+
+}  // namespace
+
+void registerAggregationBenchmarks() {
+  const ParamLayout m1 = flat(1000000);
+  registerAccumulate("accumulate/dense/1000x1M", m1, denseUpdates, false);
+  registerAccumulate("accumulate/dense_validated/1000x1M", m1, denseUpdates, true);
+  benchmark::RegisterBenchmark("memcpy_ref/1000x1M", [](benchmark::State& st) {
+    const auto& x = input(1000000 * kDistinct);
+    std::vector<float> dst(1000000);
+    for (auto _ : st) {
+      for (size_t c = 0; c < kClients; ++c) {
+        std::memcpy(dst.data(), x.data() + (c % kDistinct) * 1000000, 1000000 * sizeof(float));
+        benchmark::ClobberMemory();
+      }
+      benchmark::DoNotOptimize(dst.data());
+    }
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(kClients * 4000000));
+  });
+  // Top-k 1% of a 1M model = 10,000 non-zeros per update, accumulated into a 1M and a 25M model.
+  auto sparse10k = [](const ParamLayout& l) { return sparseUpdates(l, 10000); };
+  registerAccumulate("accumulate/topk0.01_nnz10000/1000x1M", m1, +sparse10k, false);
+  registerAccumulate("accumulate/topk0.01_nnz10000/1000x25M", flat(25000000), +sparse10k, false);
+}
+
+}  // namespace starling::bench

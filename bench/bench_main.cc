@@ -1,0 +1,119 @@
+// starling-bench: Google Benchmark over compression and aggregation, with the references each
+// target is compared against measured in the same run (memcpy of the same bytes, torch::topk on the
+// same input, the two Eigen matrix products of PowerSGD). After the run it prints the ratios to
+// stderr (stdout stays valid JSON with --benchmark_format=json) and, with --ratios_out=FILE, writes
+// them as JSON. docs/performance.md records them.
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "bench/bench_common.h"
+
+namespace {
+
+// Forwards to the chosen display reporter and keeps each run's real time (ns per iteration).
+class Recorder : public benchmark::BenchmarkReporter {
+ public:
+  explicit Recorder(std::unique_ptr<benchmark::BenchmarkReporter> inner) : inner_(std::move(inner)) {}
+  bool ReportContext(const Context& c) override { return inner_->ReportContext(c); }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& r : runs)
+      if (!r.error_occurred) times_[r.benchmark_name()] = r.GetAdjustedRealTime() * multiplier(r.time_unit);
+    inner_->ReportRuns(runs);
+  }
+  void Finalize() override { inner_->Finalize(); }
+  const std::map<std::string, double>& times() const { return times_; }
+
+ private:
+  static double multiplier(benchmark::TimeUnit u) {
+    switch (u) {
+      case benchmark::kNanosecond: return 1;
+      case benchmark::kMicrosecond: return 1e3;
+      case benchmark::kMillisecond: return 1e6;
+      case benchmark::kSecond: return 1e9;
+    }
+    return 1;
+  }
+  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
+  std::map<std::string, double> times_;
+};
+
+struct Ratio {
+  std::string name, numerator, denominator, target;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  std::string ratios_out;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--benchmark_format=json") == 0) json = true;
+    if (std::strncmp(argv[i], "--ratios_out=", 13) == 0) {
+      ratios_out = argv[i] + 13;
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+
+  starling::bench::registerCompressionBenchmarks();
+  starling::bench::registerAggregationBenchmarks();
+#ifdef STARLING_BENCH_TORCH
+  starling::bench::registerTorchReferences();
+#endif
+  std::unique_ptr<benchmark::BenchmarkReporter> display;
+  if (json) display = std::make_unique<benchmark::JSONReporter>();
+  else display = std::make_unique<benchmark::ConsoleReporter>();
+  Recorder rec(std::move(display));
+  benchmark::RunSpecifiedBenchmarks(&rec);
+
+  // ratio = time(numerator) / time(denominator); "speedup" style ratios put the reference first.
+  std::vector<Ratio> ratios;
+  for (const char* sz : {"1M", "25M"}) {
+    for (const char* d : {"0.001", "0.01"}) {
+      const std::string s = std::string(sz) + "/density:" + d;
+      ratios.push_back({std::string("topk_speedup_vs_torch/") + s, "torch_topk/" + s, "topk_select/" + s, ">= 15"});
+      ratios.push_back({std::string("topk_speed_vs_memcpy/") + s, std::string("memcpy/") + sz, "topk_select/" + s, ">= 0.33"});
+      ratios.push_back({std::string("randblock_speed_vs_memcpy/") + s, std::string("memcpy/") + sz, "compress/randblock/" + s, ">= 0.5"});
+      ratios.push_back({std::string("randblock_select_speed_vs_memcpy/") + s, std::string("memcpy/") + sz,
+                        "randblock_select/" + s, ">= 0.5"});
+    }
+  }
+  ratios.push_back({"powersgd_time_vs_two_matmuls/4096x6144/rank:4", "compress/powersgd/4096x6144/rank:4",
+                    "two_matmuls/4096x6144/rank:4", "<= 1.5"});
+  ratios.push_back({"accumulate_dense_speed_vs_memcpy/1000x1M", "memcpy_ref/1000x1M", "accumulate/dense/1000x1M", ">= 0.5"});
+  ratios.push_back({"accumulate_topk1%_25M_vs_1M_model", "accumulate/topk0.01_nnz10000/1000x25M",
+                    "accumulate/topk0.01_nnz10000/1000x1M", "~= 1 (cost follows non-zeros, not model size)"});
+
+  std::ostringstream js;
+  js << "{\n  \"ratios\": [\n";
+  bool first = true;
+  std::cerr << "\nratios (measured in this run):\n";
+  for (const auto& r : ratios) {
+    auto a = rec.times().find(r.numerator), b = rec.times().find(r.denominator);
+    if (a == rec.times().end() || b == rec.times().end()) continue;  // filtered out or no torch
+    const double v = a->second / b->second;
+    std::cerr << "  " << r.name << " = " << v << "   (target " << r.target << ")\n";
+    js << (first ? "" : ",\n") << "    {\"name\": \"" << r.name << "\", \"value\": " << v << ", \"target\": \"" << r.target
+       << "\", \"numerator\": \"" << r.numerator << "\", \"denominator\": \"" << r.denominator << "\"}";
+    first = false;
+  }
+  js << "\n  ]\n}\n";
+  if (!ratios_out.empty()) {
+    std::ofstream f(ratios_out);
+    f << js.str();
+    if (!f) {
+      std::cerr << "cannot write " << ratios_out << "\n";
+      return 1;
+    }
+  }
+  benchmark::Shutdown();
+  return 0;
+}
