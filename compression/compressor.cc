@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/finite.h"
 
 namespace starling::compression {
 namespace {
@@ -118,10 +119,7 @@ std::vector<Payload> Compressor::compress(const ParamLayout& layout, std::span<c
   const bool ef = usesErrorFeedback();
   STARLING_CHECK_ARG(!ef || state.residual.size() == layout.numel(), name(), ": client state residual has ",
                      state.residual.size(), " floats, expected ", layout.numel());
-  // One pass: check finiteness (x*0 is NaN iff x is not finite).
-  float probe = 0.0f;
-  for (float x : update) probe += x * 0.0f;
-  if (probe != 0.0f) {
+  if (!allFinite(update)) {
     for (size_t i = 0; i < update.size(); ++i)
       STARLING_CHECK_ARG(std::isfinite(update[i]), name(), ": update value ", i, " is not finite (", update[i], ")");
   }

@@ -6,6 +6,7 @@
 #include <Eigen/QR>
 
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/rng.h"
 
 namespace starling::compression {
@@ -166,8 +167,9 @@ std::vector<Payload> PowerSgdCompressor::compressPhaseP(const ParamLayout& layou
                      "powersgd phase P: client state belongs to another model");
   STARLING_CHECK_ARG(state.pending_phase == 0, "powersgd: phase P called twice without phase Q");
   checkSharedFactors(layout, opt_, ctx.shared, SharedFactors::Side::kQ, "powersgd phase P");
-  for (size_t i = 0; i < update.size(); ++i)
-    STARLING_CHECK_ARG(std::isfinite(update[i]), "powersgd: update value ", i, " is not finite");
+  if (!allFinite(update))
+    for (size_t i = 0; i < update.size(); ++i)
+      STARLING_CHECK_ARG(std::isfinite(update[i]), "powersgd: update value ", i, " is not finite");
   float* acc = state.residual.data();
   for (size_t i = 0; i < update.size(); ++i) acc[i] = opt_.error_feedback ? acc[i] + update[i] : update[i];
   std::span<float> accs(state.residual);

@@ -3,17 +3,12 @@
 #include <cmath>
 
 #include "compression/bitpack.h"
+#include "core/finite.h"
 #include "core/half.h"
+#include "core/overloaded.h"
 
 namespace starling::compression {
 namespace {
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 [[noreturn]] void fail(PayloadErrc code, const TensorSpec& t, const std::string& what) {
   throw PayloadError(code, "payload for tensor '" + t.name + "' " + describeShape(t.shape) + ": " + what);
@@ -26,10 +21,7 @@ void requireSize(size_t got, size_t want, const TensorSpec& t, const char* field
 }
 
 void requireFinite(std::span<const float> v, const TensorSpec& t, const char* field) {
-  // Sum of x*0 is NaN iff some x is NaN or inf: one branch-free pass.
-  float probe = 0.0f;
-  for (float x : v) probe += x * 0.0f;
-  if (probe != 0.0f) {
+  if (!allFinite(v)) {
     for (size_t i = 0; i < v.size(); ++i)
       if (!std::isfinite(v[i]))
         fail(PayloadErrc::kNonFinite, t, std::string(field) + "[" + std::to_string(i) + "] is not finite");

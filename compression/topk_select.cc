@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "core/error.h"
@@ -10,49 +12,70 @@
 namespace starling::compression {
 namespace {
 
-constexpr size_t kBlock = 16;
+constexpr size_t kBlock = 32;
 
-// Collects indices with |x| >= thr into cand (sized cap + kBlock); returns cap + 1 as soon as
-// more than cap were found. Writes are branch-free inside a block that holds a candidate; a block
-// starts with c <= cap, so its writes stay below cap + kBlock.
-size_t collect(std::span<const float> x, float thr, std::vector<uint32_t>& cand, size_t cap) {
+// A candidate: its magnitude and index. Candidates are collected in index order.
+struct Cand {
+  float a;
+  uint32_t i;
+};
+
+// The total order: larger magnitude first, then lower index.
+inline bool before(const Cand& x, const Cand& y) { return x.a > y.a || (x.a == y.a && x.i < y.i); }
+
+// Collects (|x|, index) for |x| >= thr into `out` (room for cap + kBlock); returns cap + 1 as
+// soon as more than cap were found. A block is skipped unless the integer max of its magnitude
+// bits reaches thr's bits (for non-negative floats the integer order is the float order, and the
+// integer max vectorises); inside a block that may hold a candidate the float test decides
+// (NaN never passes it) and writes are branch-free. A block starts with c <= cap, so its writes
+// stay below cap + kBlock.
+size_t collect(std::span<const float> x, float thr, Cand* out, size_t cap) {
   const size_t n = x.size();
   const float* p = x.data();
-  uint32_t* out = cand.data();
+  uint32_t thr_bits;
+  std::memcpy(&thr_bits, &thr, 4);
   size_t c = 0;
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    int any = 0;
-    for (size_t j = 0; j < kBlock; ++j) any |= std::fabs(p[i + j]) >= thr;
-    if (!any) continue;
+    uint32_t m = 0;
     for (size_t j = 0; j < kBlock; ++j) {
-      out[c] = static_cast<uint32_t>(i + j);
-      c += std::fabs(p[i + j]) >= thr;
+      uint32_t u;
+      std::memcpy(&u, p + i + j, 4);
+      u &= 0x7fffffffu;
+      m = u > m ? u : m;
+    }
+    if (m < thr_bits) continue;
+    for (size_t j = 0; j < kBlock; ++j) {
+      const float a = std::fabs(p[i + j]);
+      out[c] = Cand{a, static_cast<uint32_t>(i + j)};
+      c += a >= thr;
     }
     if (c > cap) return cap + 1;
   }
   for (; i < n; ++i) {
-    if (std::fabs(p[i]) >= thr) {
+    const float a = std::fabs(p[i]);
+    if (a >= thr) {
       if (c >= cap) return cap + 1;
-      out[c++] = static_cast<uint32_t>(i);
+      out[c++] = Cand{a, static_cast<uint32_t>(i)};
     }
   }
   return c;
 }
 
-struct ByMagnitude {
-  const float* x;
-  bool operator()(uint32_t a, uint32_t b) const {
-    const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-    return fa > fb || (fa == fb && a < b);
+// Keeps the first k of `cand` (index-ordered, c >= k) under the total order, as ascending
+// indices: find the k-th candidate on a copy, then filter in index order. No sort of the result.
+void finish(const Cand* cand, size_t c, size_t k, std::vector<uint32_t>& out) {
+  out.resize(k);
+  if (c == k) {
+    for (size_t j = 0; j < k; ++j) out[j] = cand[j].i;
+    return;
   }
-};
-
-void finish(std::span<const float> x, std::vector<uint32_t>& cand, size_t k, std::vector<uint32_t>& out) {
-  ByMagnitude cmp{x.data()};
-  if (cand.size() > k) std::nth_element(cand.begin(), cand.begin() + static_cast<ptrdiff_t>(k), cand.end(), cmp);
-  out.assign(cand.begin(), cand.begin() + static_cast<ptrdiff_t>(k));
-  std::sort(out.begin(), out.end());
+  std::vector<Cand> work(cand, cand + c);
+  std::nth_element(work.begin(), work.begin() + static_cast<ptrdiff_t>(k - 1), work.end(), before);
+  const Cand kth = work[k - 1];
+  size_t o = 0;
+  for (size_t j = 0; j < c; ++j)
+    if (!before(kth, cand[j])) out[o++] = cand[j].i;  // cand[j] is kth or comes before it
 }
 
 }  // namespace
@@ -60,7 +83,9 @@ void finish(std::span<const float> x, std::vector<uint32_t>& cand, size_t k, std
 std::vector<uint32_t> selectTopKBySort(std::span<const float> x, size_t k) {
   std::vector<uint32_t> idx(x.size());
   std::iota(idx.begin(), idx.end(), 0u);
-  std::sort(idx.begin(), idx.end(), ByMagnitude{x.data()});
+  std::sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) {
+    return before(Cand{std::fabs(x[a]), a}, Cand{std::fabs(x[b]), b});
+  });
   idx.resize(std::min(k, idx.size()));
   std::sort(idx.begin(), idx.end());
   return idx;
@@ -83,42 +108,43 @@ void selectTopK(std::span<const float> x, size_t k, std::vector<uint32_t>& out, 
     out.clear();
     return;
   }
-  std::vector<uint32_t> cand;
-  // Small or dense selections: the sampling machinery does not pay off.
-  if (n <= 4096 || k > n / 8) {
-    cand.resize(n);
-    std::iota(cand.begin(), cand.end(), 0u);
-    st.passes = 1;
+  auto everything = [&] {
+    std::vector<Cand> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = Cand{std::fabs(x[i]), static_cast<uint32_t>(i)};
+    ++st.passes;
     st.candidates = n;
     st.fallback = true;
-    finish(x, cand, k, out);
-    return;
-  }
+    finish(all.data(), n, k, out);
+  };
+  // Small or dense selections: the sampling machinery does not pay off.
+  if (n <= 4096 || k > n / 8) return everything();
 
-  // Sample so that about 64 sampled values lie above the true k-th magnitude.
+  // A strided sample of at most n/128 values, aiming at 32 sampled values above the true k-th
+  // magnitude (fewer when n/128 is the limit; the count error is then larger but still bounded
+  // by the rank margin below).
   const double q = static_cast<double>(k) / static_cast<double>(n);
-  const size_t s = std::min(n, std::max<size_t>(2048, static_cast<size_t>(std::ceil(64.0 / q))));
+  const size_t s = std::min(std::max<size_t>(1024, n / 128), std::max<size_t>(1024, static_cast<size_t>(std::ceil(32.0 / q))));
   const size_t stride = n / s;
   RngStream rng(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTopkSample, n});
   const size_t start = static_cast<size_t>(rng.below(stride));
   std::vector<float> sample(s);
   for (size_t i = 0; i < s; ++i) sample[i] = std::fabs(x[start + i * stride]);
 
-  // Aim at ~1.25k candidates plus three standard deviations of the sample's count error.
+  // Aim at ~1.25k candidates plus four standard deviations of the sample's count error.
   const double expected = q * static_cast<double>(s);
-  double rank = expected * 1.25 + 3.0 * std::sqrt(expected) + 1.0;
+  double rank = expected * 1.25 + 4.0 * std::sqrt(expected) + 1.0;
   const size_t cap = 3 * k + 4096;
-  cand.resize(cap + kBlock);
+  // Uninitialised on purpose: collect() writes before it reads.
+  std::unique_ptr<Cand[]> cand(new Cand[cap + kBlock]);
   for (int attempt = 0; attempt < 6; ++attempt) {
     const size_t r = std::min(s, static_cast<size_t>(rank));
     std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(r - 1), sample.end(), std::greater<float>());
     const float thr = sample[r - 1];
-    const size_t c = collect(x, thr, cand, cap);
+    const size_t c = collect(x, thr, cand.get(), cap);
     ++st.passes;
     if (c >= k && c <= cap) {
-      cand.resize(c);
       st.candidates = c;
-      finish(x, cand, k, out);
+      finish(cand.get(), c, k, out);
       return;
     }
     if (c < k) {
@@ -129,12 +155,7 @@ void selectTopK(std::span<const float> x, size_t k, std::vector<uint32_t>& out, 
       rank = std::max(expected + 1.0, rank * 0.6);
     }
   }
-  cand.resize(n);
-  std::iota(cand.begin(), cand.end(), 0u);
-  ++st.passes;
-  st.candidates = n;
-  st.fallback = true;
-  finish(x, cand, k, out);
+  everything();
 }
 
 }  // namespace starling::compression

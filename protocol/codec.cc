@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/overloaded.h"
 #include "protocol/starling_generated.h"
 
 namespace starling::protocol {
@@ -35,13 +36,6 @@ const char* decodeErrcName(DecodeErrc c) {
 }
 
 namespace {
-
-template <class... Ts>
-struct Overloaded : Ts... {
-  using Ts::operator()...;
-};
-template <class... Ts>
-Overloaded(Ts...) -> Overloaded<Ts...>;
 
 [[noreturn]] void fail(DecodeErrc code, const std::string& msg) { throw DecodeError(code, msg); }
 
