@@ -63,10 +63,16 @@ void PartialAggregate::checkUpdate(const Update& u, double weight) const {
                      u.tensors.size(), " tensors, the model has ", layout_.size());
   // A tensor with a shared factor this round is aggregated in factor space only, so it must
   // arrive as exactly one factor of the right size (which keeps exportDense exact).
+  // Conversely a one-factor payload needs a factor sum to go into: O(1) per tensor, so that
+  // addValidated stays memory-safe even if its caller validated against other shared factors.
   for (size_t t = 0; t < layout_.size(); ++t) {
-    if (factor_sums_[t].empty()) continue;
     const auto* lr = std::get_if<cz::LowRank>(&u.tensors[t]);
     const bool one = lr && (lr->p.empty() != lr->q.empty());
+    if (factor_sums_[t].empty()) {
+      STARLING_CHECK_ARG(!one, "aggregation: tensor '", layout_[t].name, "' from client ", u.client_id,
+                         " is one low-rank factor, but this round has no shared factor for it");
+      continue;
+    }
     STARLING_CHECK_ARG(one && (lr->p.empty() ? lr->q.size() : lr->p.size()) == factor_sums_[t].size(),
                        "aggregation: tensor '", layout_[t].name, "' from client ", u.client_id,
                        " must be one low-rank factor against this round's shared factor, got ",

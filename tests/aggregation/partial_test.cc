@@ -186,6 +186,13 @@ TEST_CASE("partials of different rounds' shared factors do not merge", "[aggrega
   u.layout_fingerprint = layout.fingerprint();
   for (size_t t = 0; t < layout.size(); ++t) u.tensors.push_back(DenseF32{std::vector<float>(layout[t].numel, 1.0f)});
   CHECK_THROWS_WITH(pa.add(u, 1.0), Catch::Contains("must be one low-rank factor"));
+  // And a one-factor payload is refused where the round has no shared factor, even by the
+  // unvalidated path.
+  PartialAggregate plain(layout);
+  const size_t fc1 = *layout.find("fc1.weight");
+  u.tensors[fc1] = LowRank{64, 256, 4, std::vector<float>(64 * 4, 1.0f), {}};
+  CHECK_THROWS_WITH(plain.addValidated(u, 1.0), Catch::Contains("no shared factor for it"));
+  CHECK(plain.count() == 0);
 }
 
 TEST_CASE("streaming FedAvg holds a constant number of buffers", "[aggregation]") {
