@@ -39,15 +39,9 @@ class FedAvgAggregator final : public Aggregator {
       agg_.add(u, weight);
       return;
     }
-    const ParamLayout& layout = agg_.layout();
-    STARLING_CHECK_ARG(u.tensors.size() == layout.size(), "fedavg: update carries ", u.tensors.size(),
-                       " tensors, the model has ", layout.size());
-    for (size_t t = 0; t < layout.size(); ++t) cz::validatePayload(u.tensors[t], layout[t], &agg_.shared(), t);
-    std::fill(scratch_.begin(), scratch_.end(), 0.0f);
-    for (size_t t = 0; t < layout.size(); ++t)
-      cz::accumulatePayload(u.tensors[t], layout[t], layout.slice(std::span<float>(scratch_), t), 1.0f, &agg_.shared(), t);
-    const double scale = clipUpdate(scratch_, opt_.clip_norm);
-    agg_.addScaled(u, weight, scale);
+    agg_.validate(u, weight);
+    cz::densifyUpdate(agg_.layout(), u.tensors, scratch_, &agg_.shared());
+    agg_.addValidated(u, weight, clipUpdate(scratch_, opt_.clip_norm));
   }
 
  private:
@@ -91,14 +85,9 @@ class RobustAggregator final : public Aggregator {
 
  protected:
   void doAdd(const Update& u, double weight) override {
-    STARLING_CHECK_ARG(u.layout_fingerprint == layout_.fingerprint(), opt_.rule, ": update from client ", u.client_id,
-                       " is for another model");
-    STARLING_CHECK_ARG(u.tensors.size() == layout_.size(), opt_.rule, ": update carries ", u.tensors.size(),
-                       " tensors, the model has ", layout_.size());
-    for (size_t t = 0; t < layout_.size(); ++t) cz::validatePayload(u.tensors[t], layout_[t], &shared_, t);
-    std::vector<float> dense(layout_.numel(), 0.0f);
-    for (size_t t = 0; t < layout_.size(); ++t)
-      cz::accumulatePayload(u.tensors[t], layout_[t], layout_.slice(std::span<float>(dense), t), 1.0f, &shared_, t);
+    cz::validateUpdate(layout_, u, &shared_);
+    std::vector<float> dense(layout_.numel());
+    cz::densifyUpdate(layout_, u.tensors, dense, &shared_);
     if (opt_.clip_norm > 0) clipUpdate(dense, opt_.clip_norm);
     updates_.push_back(std::move(dense));
     weights_.push_back(weight);

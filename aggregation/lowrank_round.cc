@@ -49,14 +49,15 @@ void PowerSgdRound::addPhaseQ(const Update& u, double weight) {
 
 std::vector<float> PowerSgdRound::finish(SharedFactors* next_q) const {
   STARLING_CHECK_ARG(q_agg_ && !q_agg_->empty(), "powersgd round: no update arrived in phase Q");
-  // Dense tensors were complete after phase P; factored ones come from phase Q.
-  std::vector<float> out = p_agg_.mean();  // factored slots: (sum w P) Q^T / W, replaced below
-  std::vector<float> q_mean = q_agg_->mean();
+  // Factored tensors come from phase Q (whose dense slots are all zero: those tensors sent
+  // nothing in phase Q); the dense tensors were complete after phase P.
+  std::vector<float> out = q_agg_->mean();
+  const auto p_sum = p_agg_.denseSum();
+  const double inv_p = 1.0 / p_agg_.totalWeight();
   for (size_t t = 0; t < layout_.size(); ++t) {
-    if (q_agg_->factorSum(t).empty()) continue;
-    auto dst = layout_.slice(std::span<float>(out), t);
-    auto src = layout_.slice(std::span<const float>(q_mean), t);
-    std::copy(src.begin(), src.end(), dst.begin());
+    if (!q_agg_->factorSum(t).empty()) continue;
+    const TensorSpec& spec = layout_[t];
+    for (size_t i = spec.offset; i < spec.offset + spec.numel; ++i) out[i] = static_cast<float>(p_sum[i] * inv_p);
   }
   if (next_q) {
     next_q->fixed = SharedFactors::Side::kQ;

@@ -56,11 +56,7 @@ PartialAggregate::PartialAggregate(const ParamLayout& layout, const SharedFactor
 
 void PartialAggregate::checkUpdate(const Update& u, double weight) const {
   checkWeight(weight);
-  STARLING_CHECK_ARG(u.layout_fingerprint == layout_.fingerprint(), "aggregation: update from client ", u.client_id,
-                     " is for another model (fingerprint ", u.layout_fingerprint, ", expected ", layout_.fingerprint(),
-                     ")");
-  STARLING_CHECK_ARG(u.tensors.size() == layout_.size(), "aggregation: update from client ", u.client_id, " carries ",
-                     u.tensors.size(), " tensors, the model has ", layout_.size());
+  cz::checkUpdateHeader(layout_, u);
   // A tensor with a shared factor this round is aggregated in factor space only, so it must
   // arrive as exactly one factor of the right size (which keeps exportDense exact).
   // Conversely a one-factor payload needs a factor sum to go into: O(1) per tensor, so that
@@ -80,7 +76,27 @@ void PartialAggregate::checkUpdate(const Update& u, double weight) const {
   }
 }
 
-void PartialAggregate::add(const Update& u, double weight) { addScaled(u, weight, 1.0); }
+void PartialAggregate::validate(const Update& u, double weight) const {
+  checkUpdate(u, weight);
+  cz::validateUpdate(layout_, u, &shared_);
+}
+
+void PartialAggregate::checkScale(double scale) {
+  STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0, "aggregation: scale must be in (0, 1], got ",
+                     scale);
+}
+
+void PartialAggregate::add(const Update& u, double weight, double scale) {
+  checkScale(scale);
+  validate(u, weight);
+  addChecked(u, weight, scale);
+}
+
+void PartialAggregate::addValidated(const Update& u, double weight, double scale) {
+  checkScale(scale);
+  checkUpdate(u, weight);
+  addChecked(u, weight, scale);
+}
 
 void PartialAggregate::accumulate(const Payload& p, size_t t, float w) {
   if (const auto* lr = std::get_if<cz::LowRank>(&p); lr && (lr->p.empty() != lr->q.empty())) {
@@ -91,19 +107,6 @@ void PartialAggregate::accumulate(const Payload& p, size_t t, float w) {
     return;
   }
   cz::accumulatePayload(p, layout_[t], layout_.slice(std::span<float>(sum_), t), w, &shared_, t);
-}
-
-void PartialAggregate::addScaled(const Update& u, double weight, double scale) {
-  STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0, "aggregation: scale must be in (0, 1], got ",
-                     scale);
-  checkUpdate(u, weight);
-  for (size_t t = 0; t < layout_.size(); ++t) cz::validatePayload(u.tensors[t], layout_[t], &shared_, t);
-  addChecked(u, weight, scale);
-}
-
-void PartialAggregate::addValidated(const Update& u, double weight) {
-  checkUpdate(u, weight);
-  addChecked(u, weight, 1.0);
 }
 
 void PartialAggregate::addChecked(const Update& u, double weight, double scale) {

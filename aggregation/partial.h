@@ -48,16 +48,17 @@ class PartialAggregate {
   // low-rank payloads; a factor-sum buffer is allocated for each tensor that has one.
   explicit PartialAggregate(const ParamLayout& layout, const SharedFactors* shared = nullptr);
 
-  // Adds an update with weight w (finite, > 0). Checks the fingerprint, the tensor count and
-  // every payload (validatePayload); throws InvalidArgument (PayloadError for a bad payload)
-  // and leaves the aggregate unchanged on any of them.
-  void add(const Update& u, double weight);
-  // The same for an update that already passed protocol::decodeUpdate or validatePayload for
-  // this layout: only O(1) checks per tensor.
-  void addValidated(const Update& u, double weight);
-  // Adds scale * update with weight `weight` (the total weight grows by `weight` alone): how a
-  // clipped update (scale = min(1, C / ||u||)) enters the mean. Validates like add().
-  void addScaled(const Update& u, double weight, double scale);
+  // Checks what add() checks without adding: the weight, the fingerprint, the tensor count,
+  // every payload (validatePayload) and the round's factored tensors. Throws InvalidArgument
+  // (PayloadError for a bad payload).
+  void validate(const Update& u, double weight) const;
+  // Adds scale * update with weight w (finite, > 0); the total weight grows by w alone, which is
+  // how a clipped update (scale = min(1, C / ||u||)) enters the mean. Validates first and leaves
+  // the aggregate unchanged on any error.
+  void add(const Update& u, double weight, double scale = 1.0);
+  // The same for an update that already passed validate(), protocol::decodeUpdate or
+  // validatePayload for this layout: only O(1) checks per tensor.
+  void addValidated(const Update& u, double weight, double scale = 1.0);
 
   // Adds everything `other` holds. Throws InvalidArgument if it is for another model or round.
   void merge(const PartialAggregate& other);
@@ -100,6 +101,7 @@ class PartialAggregate {
   void checkUpdate(const Update& u, double weight) const;
   void accumulate(const Payload& p, size_t t, float weight);
   void addChecked(const Update& u, double weight, double scale);
+  static void checkScale(double scale);
   ParamLayout layout_;
   SharedFactors shared_;
   uint64_t shared_tag_ = 0;

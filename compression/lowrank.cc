@@ -122,6 +122,11 @@ PowerSgdCompressor::PowerSgdCompressor(LowRankOptions o) : opt_(o) { opt_.valida
 
 std::string PowerSgdCompressor::spec() const { return optionText("powersgd", opt_, true); }
 
+void PowerSgdCompressor::checkRound(const ParamLayout& /*layout*/, const ClientState& state,
+                                    const RoundContext& /*ctx*/) const {
+  STARLING_CHECK_ARG(state.pending_phase == 0, "powersgd: compress() called between phase P and phase Q");
+}
+
 void PowerSgdCompressor::initState(const ParamLayout& layout, ClientState& state) const {
   state.factors.assign(layout.size(), {});
   // The two-phase form keeps M between the phases in the residual buffer, EF or not.
@@ -130,7 +135,6 @@ void PowerSgdCompressor::initState(const ParamLayout& layout, ClientState& state
 
 std::vector<Payload> PowerSgdCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
                                                              ClientState& state, const RoundContext& ctx) const {
-  STARLING_CHECK_ARG(state.pending_phase == 0, "powersgd: compress() called between phase P and phase Q");
   if (state.factors.size() != layout.size()) state.factors.assign(layout.size(), {});
   std::vector<Payload> out;
   out.reserve(layout.size());

@@ -60,6 +60,7 @@ class PowerSgdCompressor final : public Compressor {
   std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
                                            const RoundContext& ctx) const override;
   void initState(const ParamLayout& layout, ClientState& state) const override;
+  void checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const override;
 
  private:
   LowRankOptions opt_;

@@ -163,6 +163,18 @@ void validatePayload(const Payload& payload, const TensorSpec& t, const SharedFa
       payload);
 }
 
+void checkUpdateHeader(const ParamLayout& layout, const Update& u) {
+  STARLING_CHECK_ARG(u.layout_fingerprint == layout.fingerprint(), "update from client ", u.client_id,
+                     " is for another model (fingerprint ", u.layout_fingerprint, ", expected ", layout.fingerprint(), ")");
+  STARLING_CHECK_ARG(u.tensors.size() == layout.size(), "update from client ", u.client_id, " carries ",
+                     u.tensors.size(), " tensors, the model has ", layout.size());
+}
+
+void validateUpdate(const ParamLayout& layout, const Update& u, const SharedFactors* shared) {
+  checkUpdateHeader(layout, u);
+  for (size_t t = 0; t < layout.size(); ++t) validatePayload(u.tensors[t], layout[t], shared, t);
+}
+
 void accumulatePayload(const Payload& payload, const TensorSpec& t, std::span<float> out, float weight,
                        const SharedFactors* shared, size_t tensor_index) {
   STARLING_ENFORCE(out.size() == t.numel, "accumulate: out has ", out.size(), " floats, tensor ", t.numel);
@@ -218,10 +230,12 @@ void accumulatePayload(const Payload& payload, const TensorSpec& t, std::span<fl
       payload);
 }
 
-void decodePayload(const Payload& p, const TensorSpec& t, std::span<float> out, const SharedFactors* shared,
-                   size_t tensor_index) {
+void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors, std::span<float> out,
+                   const SharedFactors* shared) {
+  STARLING_CHECK_ARG(tensors.size() == layout.size(), "densify: ", tensors.size(), " payloads for ", layout.size(),
+                     " tensors");
   std::fill(out.begin(), out.end(), 0.0f);
-  accumulatePayload(p, t, out, 1.0f, shared, tensor_index);
+  for (size_t t = 0; t < layout.size(); ++t) accumulatePayload(tensors[t], layout[t], layout.slice(out, t), 1.0f, shared, t);
 }
 
 size_t payloadDataBytes(const Payload& payload) {

@@ -116,16 +116,22 @@ class PayloadError : public InvalidArgument {
 void validatePayload(const Payload& p, const TensorSpec& t, const SharedFactors* shared = nullptr,
                      size_t tensor_index = 0);
 
+// Checks an update against the layout: the fingerprint and one payload per tensor (O(1)), then,
+// for validateUpdate, every payload (validatePayload). Throws InvalidArgument naming the client.
+void checkUpdateHeader(const ParamLayout& layout, const Update& u);
+void validateUpdate(const ParamLayout& layout, const Update& u, const SharedFactors* shared = nullptr);
+
 // out[j] += weight * decoded(p)[j] for the tensor's numel positions, without materialising the
 // decoded tensor. A one-factor low-rank payload uses `shared` for the other factor. The payload
 // must have passed validatePayload for this tensor.
 void accumulatePayload(const Payload& p, const TensorSpec& t, std::span<float> out, float weight,
                        const SharedFactors* shared = nullptr, size_t tensor_index = 0);
 
-// Decodes a payload into a dense tensor (out is overwritten). For tests and tools; the
-// aggregation path uses accumulatePayload.
-void decodePayload(const Payload& p, const TensorSpec& t, std::span<float> out,
-                   const SharedFactors* shared = nullptr, size_t tensor_index = 0);
+// Decodes a whole update's payloads (one per layout tensor, already validated) into `out`
+// (layout.numel() floats, overwritten). For the paths that need an update dense: clipping,
+// robust rules, tools and tests.
+void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors, std::span<float> out,
+                   const SharedFactors* shared = nullptr);
 
 // Exact size of the payload's data on the wire, in bytes, excluding framing. protocol/ reports
 // the framed size of a whole message.

@@ -60,8 +60,6 @@ class ParamLayout {
   RowMatrixMap matrix(std::span<float> flat, size_t i) const;
   ConstRowMatrixMap matrix(std::span<const float> flat, size_t i) const;
 
-  bool operator==(const ParamLayout& o) const { return fingerprint_ == o.fingerprint_ && numel_ == o.numel_; }
-
  private:
   void checkBuffer(size_t n) const;
   std::vector<TensorSpec> tensors_;

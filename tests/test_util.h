@@ -30,9 +30,8 @@ inline std::vector<float> randomVector(size_t n, uint64_t seed, double scale = 1
 // Dense sum of all tensors' payloads, in layout order.
 inline std::vector<float> densify(const ParamLayout& layout, const std::vector<compression::Payload>& payloads,
                                   const compression::SharedFactors* shared = nullptr) {
-  std::vector<float> out(layout.numel(), 0.0f);
-  for (size_t t = 0; t < layout.size(); ++t)
-    compression::accumulatePayload(payloads[t], layout[t], layout.slice(std::span<float>(out), t), 1.0f, shared, t);
+  std::vector<float> out(layout.numel());
+  compression::densifyUpdate(layout, payloads, out, shared);
   return out;
 }
 

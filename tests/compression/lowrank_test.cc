@@ -223,3 +223,16 @@ TEST_CASE("two-phase powersgd with one client equals the local form", "[compress
   CHECK(testing::maxAbsDiff(st.residual, local.residual) < 1e-4);
   CHECK_THROWS_WITH(c.compressPhaseQ(layout, st, RoundContext{9, 0, 1, &phat}), Catch::Contains("without phase P"));
 }
+
+TEST_CASE("compress between the two PowerSGD phases is refused and leaves the state intact", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  PowerSgdCompressor c(LowRankOptions{2, 2.0, true, true});
+  const SharedFactors q = initialSharedFactors(layout, c.options(), 9);
+  ClientState st = c.initialState(layout);
+  const auto u = testing::randomVector(layout.numel(), 3);
+  c.compressPhaseP(layout, u, st, RoundContext{9, 0, 1, &q});
+  const auto between = st.residual;
+  CHECK_THROWS_WITH(c.compress(layout, u, st, RoundContext{9, 0, 1}), Catch::Contains("between phase P and phase Q"));
+  CHECK(st.residual == between);
+  CHECK(st.pending_phase == 1);
+}

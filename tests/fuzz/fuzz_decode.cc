@@ -13,10 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto u = starling::protocol::decodeUpdate({data, size}, layout, &shared);
     // A decoded update must be safe to aggregate.
-    std::vector<float> out(layout.numel(), 0.0f);
-    for (size_t t = 0; t < layout.size(); ++t)
-      starling::compression::accumulatePayload(u.tensors[t], layout[t], layout.slice(std::span<float>(out), t), 1.0f,
-                                               &shared, t);
+    std::vector<float> out(layout.numel());
+    starling::compression::densifyUpdate(layout, u.tensors, out, &shared);
   } catch (const starling::protocol::DecodeError&) {
   }
   return 0;
