@@ -67,3 +67,34 @@ TEST_CASE("fingerprint depends on names and shapes and order only", "[core]") {
   CHECK(make({{"ab", {1}}, {"c", {1}}}) != make({{"a", {1}}, {"bc", {1}}}));  // name boundaries
   CHECK(make({}) != base);
 }
+
+// Golden fingerprints: a silent change of the hash (or of what it covers) fails here. The values
+// were computed by an independent implementation (a Python script written for this purpose, not
+// part of the repository) of 64-bit FNV-1a (offset basis 0xcbf29ce484222325, prime 0x100000001b3)
+// over the records docs/update-model.md documents: per tensor, u64 little-endian name length, the
+// name's bytes, u64 little-endian rank, each dimension as u64 little-endian.
+TEST_CASE("layout fingerprints match independently computed golden values", "[core]") {
+  ParamLayout cnn;  // tests/test_util.h's smallCnnLayout(), spelled out so that this test owns it
+  cnn.add("conv1.weight", {16, 1, 5, 5});
+  cnn.add("conv1.bias", {16});
+  cnn.add("fc1.weight", {64, 256});
+  cnn.add("fc1.bias", {64});
+  cnn.add("fc2.weight", {10, 64});
+  cnn.add("fc2.bias", {10});
+  CHECK(cnn.fingerprint() == 0x04d9cf73bb16122dull);
+
+  ParamLayout one;
+  one.add("w", {3, 4});
+  CHECK(one.fingerprint() == 0x2a3da6ce7bc4c56cull);
+
+  ParamLayout scalar;
+  scalar.add("s", {});
+  CHECK(scalar.fingerprint() == 0x5d520aabfffe66f5ull);
+
+  ParamLayout fuzz;  // tests/fuzz/fuzz_layout.h's model
+  fuzz.add("w", {8, 12});
+  fuzz.add("b", {8});
+  CHECK(fuzz.fingerprint() == 0x916a1118591efa2dull);
+
+  CHECK(ParamLayout().fingerprint() == 0xcbf29ce484222325ull);  // the empty layout: the basis
+}

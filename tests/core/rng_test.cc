@@ -76,3 +76,27 @@ TEST_CASE("uniform() stays in the half-open unit interval", "[core]") {
   CHECK(lo < 1e-3);
   CHECK(hi > 1 - 1e-3);
 }
+
+// Golden draws: a silent change of the generator or of how the key is folded fails here. The values
+// were computed by an independent implementation (a Python script written for this purpose, not
+// part of the repository) of SplitMix64 (gamma 0x9e3779b97f4a7c15) folding the key fields
+// (run_seed, round, client_id, purpose, sub) into the state x = 0x5374726c696e6721 as core/rng.h
+// documents (x ^= field; h = splitmix64(x); x ^= h, for each field; then four splitmix64(x) draws
+// seed xoshiro256**), and of xoshiro256** (result = rotl(s1 * 5, 7) * 9).
+TEST_CASE("a stream's first draws match independently computed golden values", "[core]") {
+  RngStream a(StreamKey{7, 3, 11, StreamPurpose::kQsgd, 2});
+  CHECK(a.next() == 0x4edf97d0b74f99bdull);
+  CHECK(a.next() == 0x8fd888345f6a692eull);
+  CHECK(a.next() == 0x480d4a34fe9541adull);
+  CHECK(a.next() == 0xe3dfcc2f18efa935ull);
+
+  RngStream b(StreamKey{});  // seed 0, round 0, kAnyClient, kTest, sub 0
+  CHECK(b.next() == 0xa1522f2ca8d0eb8dull);
+  CHECK(b.next() == 0x085132665e82bef7ull);
+  CHECK(b.next() == 0xc003654cd3cf4dd2ull);
+  CHECK(b.next() == 0x64bfcd61a52a60c6ull);
+
+  // uniform() is the top 53 bits of a draw.
+  RngStream c(StreamKey{7, 3, 11, StreamPurpose::kQsgd, 2});
+  CHECK(c.uniform() == static_cast<double>(0x4edf97d0b74f99bdull >> 11) * 0x1.0p-53);
+}

@@ -1,0 +1,66 @@
+#pragma once
+// InputError: untrusted input (bytes from the network, an update, a partial aggregate) that is
+// not acceptable. One error-code enum covers every layer that judges input (the decoder, payload
+// validation, the round's bounds and bookkeeping), so a server can log, count and answer each
+// fault precisely whichever layer caught it. An InputError never leaves partial results behind:
+// the object that threw is as it was before the call.
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+
+namespace starling {
+
+enum class Errc : uint8_t {
+  // framing and structure (protocol/)
+  kTruncated,             // fewer bytes than the size prefix (or the prefix itself) announces
+  kTrailingBytes,         // more bytes than the size prefix announces
+  kTooLarge,              // over the configured maximum message size
+  kBadIdentifier,         // not a Starling message (file identifier is not "STRL")
+  kMalformed,             // the FlatBuffers verifier rejected the structure (offsets, depth, tables)
+  kUnsupportedVersion,    // schema_version differs from the one this build speaks
+  kUnexpectedMessage,     // the body is absent or not the message type asked for
+  kUnknownEncoding,       // a tensor's payload type is absent or unknown to this build
+  kMissingField,          // a required vector or table is absent
+  kSharedData,            // tables or vectors referenced more than once, or overlapping
+  kBadMetric,             // too many metrics, a bad or repeated name, a non-finite value
+  // the update against the model (compression/ payload validation)
+  kFingerprintMismatch,   // the update describes another model
+  kTensorCountMismatch,   // not one payload per layout tensor
+  kSizeMismatch,          // a count or byte length disagrees with the tensor (a size that lies)
+  kIndexOutOfRange,       // sparse index or block offset >= numel
+  kIndexOrder,            // sparse indices not strictly increasing (duplicates or unsorted)
+  kShapeMismatch,         // low-rank shape or rank does not fit the tensor
+  kNonFinite,             // NaN or inf in a value, scale or norm, or a negative scale or norm
+  kLevelOutOfRange,       // QSGD level above s, or s out of range
+  kMissingSharedFactor,   // one-factor low-rank payload without a matching shared factor
+  kBadPadding,            // non-zero bits after the last packed element
+  // the update against the round (aggregation/ bounds and bookkeeping)
+  kValueTooLarge,         // a decoded value (or a low-rank product, scale or norm) over the bound
+  kNormTooLarge,          // the update's L2 norm over the bound
+  kBadWeight,             // zero examples where the rule weights by them, or over the cap
+  kWrongRound,            // the update is for another round or phase (late or replayed)
+  kDuplicate,             // a second update from the same client in one phase
+  kUnexpectedEncoding,    // an encoding this round's compressor never sends for that tensor
+  kRoundMismatch,         // a round-determined field (random-block offset, length) differs
+};
+
+const char* errcName(Errc c);
+
+class InputError : public InvalidArgument {
+ public:
+  InputError(Errc code, const std::string& msg)
+      : InvalidArgument(std::string(errcName(code)) + ": " + msg), code_(code) {}
+  Errc code() const { return code_; }
+
+ private:
+  Errc code_;
+};
+
+// Throws InputError(code, concatenation of args).
+template <class... A>
+[[noreturn]] void failInput(Errc code, A&&... args) {
+  throw InputError(code, detail::concat(std::forward<A>(args)...));
+}
+
+}  // namespace starling
