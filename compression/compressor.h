@@ -1,18 +1,39 @@
 #pragma once
 // Compressor: turns one client's model update (a flat buffer in layout order) into one Payload
-// per tensor, reading and updating the client's ClientState (error-feedback residual, warm-start
-// factors). A compressor object holds only its options: it is immutable after construction and
-// may be shared by any number of threads, each compressing with its own ClientState.
+// per tensor, and says what a round of it looks like so that every party (clients, edge
+// aggregators, the root, simulator workers) can run it generically.
 //
-// Decoding is not the compressor's business: every Payload is self-describing and
-// accumulatePayload() (payload.h) adds any of them into a dense accumulator.
+// A compressor object holds only its options: it is immutable after construction and may be
+// shared by any number of threads, each compressing with its own ClientState (tested).
+//
+// Two client entry points, with the contract in their types:
+//   compress(layout, update, ctx) const          read-only: compresses the update as it is; no
+//                                                error feedback, no state, writes nothing.
+//   compressWithFeedback(layout, update, state, ctx)
+//                                                in place: adds the client's residual, compresses,
+//                                                keeps what was not sent as the new residual and
+//                                                any other state the compressor carries (PowerSGD's
+//                                                pending phase and factors). Strong guarantee: on
+//                                                any throw, `state` is exactly as before (tested for
+//                                                every compressor).
+// And the round's structure, derived from the spec alone:
+//   phases()            1, or 2 for PowerSGD (P then Q inside one round)
+//   initialShared()     the factors shared in phase 0 of the first round (low-rank ones)
+//   factorsAreUpdate()  whether a phase's one-factor payloads are part of the update (PowerSGD's
+//                       phase-P factors only shape P-hat)
+//   nextShared()        the next phase's (or round's) shared factors from this phase's factor sums
+//   checkReceived()     what a receiver accepts for a tensor: the encoding this compressor sends
+//                       and the fields the round fixes (random-block offset and length)
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "compression/payload.h"
+#include "core/client_state.h"
 #include "core/param_layout.h"
 
 namespace starling::compression {
@@ -21,23 +42,57 @@ namespace starling::compression {
 struct RoundContext {
   uint64_t run_seed = 0;
   uint64_t round = 0;
+  uint32_t phase = 0;
   uint64_t client_id = 0;
-  // The round's shared low-rank factors: required by acpsgd, ignored by the others.
+  // This phase's shared low-rank factors: required by acpsgd and two-phase powersgd.
   const SharedFactors* shared = nullptr;
 };
 
-// What must survive between the rounds a client takes part in. Plain data, serializable, so the
-// simulator can keep hundreds of thousands of them in a bounded store that spills to disk.
-struct ClientState {
-  uint64_t layout_fingerprint = 0;
-  std::vector<float> residual;               // error feedback, layout-sized; empty without EF
-  std::vector<std::vector<float>> factors;   // per-tensor warm-start factors (local PowerSGD)
-  uint8_t pending_phase = 0;                 // two-phase PowerSGD: 1 between phase P and phase Q
+// What every party of a round phase is told before it starts (sent to clients with their task,
+// to edge aggregators with the phase): the seed, round and phase, and the phase's shared
+// factors (null when the compressor shares none).
+struct PhaseBroadcast {
+  uint64_t run_seed = 0;
+  uint64_t round = 0;
+  uint32_t phase = 0;
+  std::shared_ptr<const SharedFactors> shared;
+  RoundContext context(uint64_t client_id) const { return {run_seed, round, phase, client_id, shared.get()}; }
+};
 
-  size_t memoryBytes() const;
-  std::vector<uint8_t> serialize() const;
-  // Throws IoError on a truncated or corrupt blob.
-  static ClientState deserialize(std::span<const uint8_t> bytes);
+// The error-feedback residual, layout-sized (component kResidualComponent). Two-phase PowerSGD
+// also keeps its accumulated matrix here between phase P and phase Q.
+inline constexpr std::string_view kResidualComponent = "compression.residual";
+
+class ResidualState final : public StateComponent {
+ public:
+  std::vector<float> values;
+  uint32_t version() const override { return 1; }
+  void save(ByteWriter& w) const override { w.floats(values); }
+  void load(ByteReader& r, uint32_t version) override;
+  size_t memoryBytes() const override { return values.capacity() * sizeof(float); }
+};
+
+// Components built while compressing, installed into the ClientState only once compression has
+// succeeded (ClientState::commit is all-or-nothing).
+class StagedState {
+ public:
+  template <class T>
+  T& stage(std::string name) {
+    auto p = std::make_unique<T>();
+    T& ref = *p;
+    items_.emplace_back(std::move(name), std::move(p));
+    return ref;
+  }
+  std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>>& items() { return items_; }
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items_;
+};
+
+// Scratch a caller may keep across calls (one per thread) so compressWithFeedback allocates no
+// model-sized buffer: after a call it holds the previous residual's storage.
+struct Workspace {
+  std::vector<float> acc;
 };
 
 class Compressor {
@@ -50,26 +105,47 @@ class Compressor {
   virtual std::string spec() const = 0;
   virtual bool usesErrorFeedback() const = 0;
 
-  // A fresh state for one client of `layout`.
-  ClientState initialState(const ParamLayout& layout) const;
+  // ---- the round's structure ----
+  virtual uint32_t phases() const { return 1; }
+  virtual SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const;
+  virtual bool factorsAreUpdate(uint32_t /*phase*/) const { return true; }
+  // `factor_sums[t]` is sum_i w_i F_i for each tensor with a shared factor this phase (empty
+  // otherwise) and `total_weight` is sum_i w_i. `ctx` names the phase that just ended.
+  virtual SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
+                                   std::span<const std::span<const float>> factor_sums, double total_weight) const;
+  // Throws InputError (kUnexpectedEncoding or kRoundMismatch) if tensor `t` of a received
+  // update is not what this compressor sends in `ctx`'s round and phase. Validation of the
+  // payload against the tensor (validatePayload) is separate.
+  virtual void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const = 0;
 
-  // Compresses `update` (layout.numel() floats, all finite). Throws InvalidArgument on a size or
-  // fingerprint mismatch or a non-finite value; on a throw the state is unchanged.
-  std::vector<Payload> compress(const ParamLayout& layout, std::span<const float> update, ClientState& state,
-                                const RoundContext& ctx) const;
+  // ---- the client side ----
+  // Read-only: `update` (layout.numel() finite floats) compressed as it is, in phase 0; no state,
+  // no error feedback. Two-phase compressors use their one-phase form. Throws InvalidArgument.
+  std::vector<Payload> compress(const ParamLayout& layout, std::span<const float> update, const RoundContext& ctx) const;
+
+  // In place with error feedback, for phase ctx.phase: phase 0 takes the client's update (finite,
+  // layout-sized); later phases take an empty span and continue from the state. `state` must be
+  // bound to this layout (ClientState(layout.fingerprint())). Throws InvalidArgument on a size,
+  // fingerprint, finiteness, phase or shared-factor problem; on any throw `state` is unchanged.
+  std::vector<Payload> compressWithFeedback(const ParamLayout& layout, std::span<const float> update,
+                                            ClientState& state, const RoundContext& ctx,
+                                            Workspace* workspace = nullptr) const;
 
  protected:
-  // `acc` is the vector to compress. With EF it is update + residual and *is* the residual
-  // buffer, which the implementation turns into the new residual in place. Without EF it is the
-  // caller's update itself and must not be written (contract: implementations write `acc` only
-  // when usesErrorFeedback()).
-  virtual std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                   ClientState& state, const RoundContext& ctx) const = 0;
-  virtual void initState(const ParamLayout& /*layout*/, ClientState& /*state*/) const {}
-  // Throws InvalidArgument if the state or round context cannot serve this compressor (missing
-  // shared factors, a phase out of order). Called before the state is touched.
+  // The algorithm. `input` is what to compress. `residual` is empty when the call keeps no
+  // residual; otherwise it is the same memory as `input` (a workspace, never the caller's
+  // buffer) and the implementation turns it into what must be kept, in place. Reads `state`
+  // only; any other state change goes into `staged`. Phases >= 1 get the kept buffer as input.
+  virtual std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                                      std::span<float> residual, const ClientState& state, const RoundContext& ctx,
+                                      StagedState& staged) const = 0;
+  // Throws InvalidArgument if the state or round context cannot serve this call (missing shared
+  // factors, a phase out of order). Called before anything changes.
   virtual void checkRound(const ParamLayout& /*layout*/, const ClientState& /*state*/,
                           const RoundContext& /*ctx*/) const {}
+
+  // Helper for checkReceived implementations.
+  [[noreturn]] void unexpected(const ParamLayout& layout, size_t t, const PayloadView& p, const char* want) const;
 };
 
 // k for a density over n elements: round(density * n), at least 1, at most n.

@@ -15,13 +15,21 @@ std::string DenseCompressor::name() const {
   return "none";
 }
 
-std::vector<Payload> DenseCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                          ClientState& /*state*/,
-                                                          const RoundContext& /*ctx*/) const {
+void DenseCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                    const RoundContext& /*ctx*/) const {
+  const bool ok = (format_ == DenseFormat::kF32 && std::holds_alternative<DenseF32View>(p)) ||
+                  (format_ == DenseFormat::kF16 && std::holds_alternative<DenseF16View>(p)) ||
+                  (format_ == DenseFormat::kBF16 && std::holds_alternative<DenseBF16View>(p));
+  if (!ok) unexpected(layout, t, p, format_ == DenseFormat::kF32 ? "dense_f32" : format_ == DenseFormat::kF16 ? "dense_f16" : "dense_bf16");
+}
+
+std::vector<Payload> DenseCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                             std::span<float> /*residual*/, const ClientState& /*state*/,
+                                             const RoundContext& /*ctx*/, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
-    auto v = layout.slice(std::span<const float>(acc), t);
+    auto v = layout.slice(input, t);
     switch (format_) {
       case DenseFormat::kF32:
         out.emplace_back(DenseF32{{v.begin(), v.end()}});

@@ -13,10 +13,11 @@ class DenseCompressor final : public Compressor {
   std::string name() const override;
   std::string spec() const override { return name(); }
   bool usesErrorFeedback() const override { return false; }
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   DenseFormat format_;

@@ -16,26 +16,68 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 using FactorMap = Eigen::Map<RowMatrix>;
 using ConstFactorMap = Eigen::Map<const RowMatrix>;
 
-std::string optionText(const char* name, const LowRankOptions& o, bool with_warm) {
+std::string optionText(const char* name, const LowRankOptions& o, bool powersgd) {
   std::ostringstream os;
   os << name << ":rank=" << o.rank << ",min_rate=" << o.min_compression_rate
      << ",ef=" << (o.error_feedback ? "true" : "false");
-  if (with_warm) os << ",warm_start=" << (o.warm_start ? "true" : "false");
+  if (powersgd)
+    os << ",mode=" << (o.two_phase ? "two_phase" : "local") << ",warm_start=" << (o.warm_start ? "true" : "false");
   return os.str();
 }
 
-DenseF32 denseAndClear(std::span<float> v, bool clear) {
+// Sends the tensor whole; a kept buffer has nothing left of it.
+DenseF32 denseAndClear(std::span<const float> v, std::span<float> kept) {
   DenseF32 d{{v.begin(), v.end()}};
-  if (clear) std::fill(v.begin(), v.end(), 0.0f);
+  std::fill(kept.begin(), kept.end(), 0.0f);
   return d;
 }
 
-std::vector<float> seededFactor(uint64_t run_seed, size_t tensor_index, size_t dim, uint32_t r) {
-  RngStream rng(StreamKey{run_seed, 0, kAnyClient, StreamPurpose::kLowRankInit, tensor_index});
+std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> buf, size_t t) {
+  return buf.empty() ? buf : layout.slice(buf, t);
+}
+
+// An orthonormal dim x r factor from the stream (run_seed, round, kLowRankInit, tensor): round 0
+// is the initial factor; later rounds re-seed columns an aggregate left zero.
+std::vector<float> seededFactor(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t dim, uint32_t r) {
+  RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kLowRankInit, tensor_index});
   std::vector<float> f(dim * r);
   for (float& x : f) x = static_cast<float>(rng.normal());
   orthogonalize(f.data(), dim, r);
   return f;
+}
+
+// Replaces the (numerically) zero columns of a dim x r factor by seeded ones, then
+// re-orthogonalizes if `orthonormal`. Every party computes the same result.
+void reseedZeroColumns(std::vector<float>& f, size_t dim, uint32_t r, bool orthonormal, uint64_t run_seed,
+                       uint64_t round, size_t t) {
+  FactorMap m(f.data(), static_cast<Eigen::Index>(dim), r);
+  bool any = false;
+  for (Eigen::Index c = 0; c < m.cols(); ++c) any |= !(m.col(c).norm() > 1e-30f);
+  if (!any) return;
+  // Round numbers are offset so these streams never coincide with the initial factor's.
+  const auto seeded = seededFactor(run_seed, round + 1, t, dim, r);
+  ConstFactorMap s(seeded.data(), static_cast<Eigen::Index>(dim), r);
+  for (Eigen::Index c = 0; c < m.cols(); ++c)
+    if (!(m.col(c).norm() > 1e-30f)) m.col(c) = s.col(c);
+  if (orthonormal) orthogonalize(f.data(), dim, r);
+}
+
+// Orthogonalized factor sums as the opposite side's shared factors.
+SharedFactors orthogonalizedSums(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
+                                 std::span<const std::span<const float>> sums) {
+  const bool was_q = current.fixed == SharedFactors::Side::kQ;
+  SharedFactors next;
+  next.fixed = was_q ? SharedFactors::Side::kP : SharedFactors::Side::kQ;
+  next.factors.resize(layout.size());
+  for (size_t t = 0; t < layout.size() && t < sums.size(); ++t) {
+    if (sums[t].empty()) continue;
+    const size_t dim = was_q ? layout[t].rows() : layout[t].cols();
+    const auto r = static_cast<uint32_t>(sums[t].size() / dim);
+    next.factors[t].assign(sums[t].begin(), sums[t].end());
+    orthogonalize(next.factors[t].data(), dim, r);
+    reseedZeroColumns(next.factors[t], dim, r, true, ctx.run_seed, ctx.round, t);
+  }
+  return next;
 }
 
 }  // namespace
@@ -95,7 +137,7 @@ SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptio
   s.factors.resize(layout.size());
   for (size_t t = 0; t < layout.size(); ++t)
     if (lowRankCompressible(layout[t], o.rank, o.min_compression_rate))
-      s.factors[t] = seededFactor(run_seed, t, layout[t].cols(), effectiveRank(layout[t], o.rank));
+      s.factors[t] = seededFactor(run_seed, 0, t, layout[t].cols(), effectiveRank(layout[t], o.rank));
   return s;
 }
 
@@ -118,94 +160,161 @@ void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o, cons
 
 // ---------------------------------------------------------------- PowerSGD
 
+void PowerSgdState::save(ByteWriter& w) const {
+  w.u8(pending_phase);
+  w.u64(factors.size());
+  for (const auto& f : factors) w.floats(f);
+}
+
+void PowerSgdState::load(ByteReader& r, uint32_t version) {
+  if (version != 1) r.fail("powersgd state version ", version, " not supported");
+  pending_phase = r.u8();
+  if (pending_phase > 1) r.fail("pending phase ", int{pending_phase});
+  const uint64_t n = r.u64();
+  if (n > r.remaining() / 8) r.fail("claims ", n, " factors");
+  factors.resize(n);
+  for (auto& f : factors) r.floats(f);
+}
+
+size_t PowerSgdState::memoryBytes() const {
+  size_t b = 0;
+  for (const auto& f : factors) b += f.capacity() * sizeof(float);
+  return b;
+}
+
 PowerSgdCompressor::PowerSgdCompressor(LowRankOptions o) : opt_(o) { opt_.validate(); }
 
 std::string PowerSgdCompressor::spec() const { return optionText("powersgd", opt_, true); }
 
-void PowerSgdCompressor::checkRound(const ParamLayout& /*layout*/, const ClientState& state,
-                                    const RoundContext& /*ctx*/) const {
-  STARLING_CHECK_ARG(state.pending_phase == 0, "powersgd: compress() called between phase P and phase Q");
+SharedFactors PowerSgdCompressor::initialShared(const ParamLayout& layout, uint64_t run_seed) const {
+  if (!opt_.two_phase) return Compressor::initialShared(layout, run_seed);
+  return initialSharedFactors(layout, opt_, run_seed);
 }
 
-void PowerSgdCompressor::initState(const ParamLayout& layout, ClientState& state) const {
-  state.factors.assign(layout.size(), {});
-  // The two-phase form keeps M between the phases in the residual buffer, EF or not.
-  if (state.residual.empty()) state.residual.assign(layout.numel(), 0.0f);
+SharedFactors PowerSgdCompressor::nextShared(const ParamLayout& layout, const RoundContext& ctx,
+                                             const SharedFactors& current,
+                                             std::span<const std::span<const float>> sums, double total_weight) const {
+  if (!opt_.two_phase) return Compressor::initialShared(layout, ctx.run_seed);
+  if (ctx.phase == 0) return orthogonalizedSums(layout, ctx, current, sums);  // P-hat
+  // After phase Q: the next round's Q is the mean Q (warm start), not orthogonalized.
+  STARLING_CHECK_ARG(total_weight > 0 && std::isfinite(total_weight), "powersgd: phase Q ended with total weight ",
+                     total_weight);
+  SharedFactors next;
+  next.fixed = SharedFactors::Side::kQ;
+  next.factors.resize(layout.size());
+  const auto inv = static_cast<float>(1.0 / total_weight);
+  for (size_t t = 0; t < layout.size() && t < sums.size(); ++t) {
+    if (sums[t].empty()) continue;
+    next.factors[t].resize(sums[t].size());
+    for (size_t i = 0; i < sums[t].size(); ++i) next.factors[t][i] = sums[t][i] * inv;
+    const size_t dim = layout[t].cols();
+    reseedZeroColumns(next.factors[t], dim, static_cast<uint32_t>(sums[t].size() / dim), false, ctx.run_seed,
+                      ctx.round, t);
+  }
+  return next;
 }
 
-std::vector<Payload> PowerSgdCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                             ClientState& state, const RoundContext& ctx) const {
-  if (state.factors.size() != layout.size()) state.factors.assign(layout.size(), {});
+void PowerSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                       const RoundContext& ctx) const {
+  const TensorSpec& spec = layout[t];
+  if (!lowRankCompressible(spec, opt_.rank, opt_.min_compression_rate)) {
+    // Dense tensors travel whole in the first phase and as nothing in the second.
+    if (opt_.two_phase && ctx.phase == 1) {
+      const auto* s = std::get_if<SparseView>(&p);
+      if (!s || !s->indices.empty()) unexpected(layout, t, p, "an empty sparse payload in phase Q for a dense tensor");
+    } else if (!std::holds_alternative<DenseF32View>(p)) {
+      unexpected(layout, t, p, "dense_f32 for a tensor too small to factor");
+    }
+    return;
+  }
+  const auto* l = std::get_if<LowRankView>(&p);
+  if (!l) unexpected(layout, t, p, "lowrank");
+  const uint32_t r = effectiveRank(spec, opt_.rank);
+  const bool want_p = !opt_.two_phase || ctx.phase == 0, want_q = !opt_.two_phase || ctx.phase == 1;
+  if (l->rank != r || l->p.empty() == want_p || l->q.empty() == want_q)
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", spec.name, "' carries rank ", l->rank,
+              l->p.empty() ? "" : " P", l->q.empty() ? "" : " Q", "; ", this->spec(), " sends rank ", r,
+              want_p ? " P" : "", want_q ? " Q" : "", " in phase ", ctx.phase);
+}
+
+void PowerSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const {
+  if (!opt_.two_phase) return;
+  const auto* ps = state.find<PowerSgdState>(kPowerSgdComponent);
+  if (ctx.phase == 0) {
+    checkSharedFactors(layout, opt_, ctx.shared, SharedFactors::Side::kQ, "powersgd phase P");
+    return;
+  }
+  STARLING_CHECK_ARG(ps && ps->pending_phase == 1, "powersgd: phase Q without phase P");
+  checkSharedFactors(layout, opt_, ctx.shared, SharedFactors::Side::kP, "powersgd phase Q");
+}
+
+std::vector<Payload> PowerSgdCompressor::encodeLocal(const ParamLayout& layout, std::span<const float> input,
+                                                     std::span<float> residual, const ClientState& state,
+                                                     const RoundContext& ctx, StagedState& staged) const {
+  // A state without warm factors (a new client, or the read-only entry's empty state) uses the
+  // seeded Q.
+  const auto* ps = state.find<PowerSgdState>(kPowerSgdComponent);
+  PowerSgdState* next = opt_.warm_start ? &staged.stage<PowerSgdState>(std::string(kPowerSgdComponent)) : nullptr;
+  if (next) next->factors.resize(layout.size());
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
     if (!lowRankCompressible(spec, opt_.rank, opt_.min_compression_rate)) {
-      out.emplace_back(denseAndClear(layout.slice(acc, t), opt_.error_feedback));
+      out.emplace_back(denseAndClear(layout.slice(input, t), sliceOrEmpty(layout, residual, t)));
       continue;
     }
     const uint32_t r = effectiveRank(spec, opt_.rank);
-    auto m = layout.matrix(acc, t);
+    auto m = layout.matrix(input, t);
     LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
-    std::vector<float>& warm = state.factors[t];
-    if (!opt_.warm_start || warm.size() != spec.cols() * r) warm = seededFactor(ctx.run_seed, t, spec.cols(), r);
+    const bool warm = opt_.warm_start && ps && t < ps->factors.size() && ps->factors[t].size() == spec.cols() * r;
+    const std::vector<float> seeded = warm ? std::vector<float>{} : seededFactor(ctx.run_seed, 0, t, spec.cols(), r);
+    const std::vector<float>& q0 = warm ? ps->factors[t] : seeded;
     l.p.resize(spec.rows() * r);
     FactorMap p(l.p.data(), spec.rows(), r);
-    p.noalias() = m * ConstFactorMap(warm.data(), spec.cols(), r);
+    p.noalias() = m * ConstFactorMap(q0.data(), spec.cols(), r);
     orthogonalize(l.p.data(), spec.rows(), r);
     l.q.resize(spec.cols() * r);
     FactorMap q(l.q.data(), spec.cols(), r);
     q.noalias() = m.transpose() * p;
-    if (opt_.error_feedback) m.noalias() -= p * q.transpose();
-    if (opt_.warm_start) warm = l.q;
-    out.emplace_back(std::move(l));
-  }
-  return out;
-}
-
-std::vector<Payload> PowerSgdCompressor::compressPhaseP(const ParamLayout& layout, std::span<const float> update,
-                                                        ClientState& state, const RoundContext& ctx) const {
-  STARLING_CHECK_ARG(update.size() == layout.numel(), "powersgd phase P: update has ", update.size(),
-                     " floats, the layout needs ", layout.numel());
-  STARLING_CHECK_ARG(state.layout_fingerprint == layout.fingerprint() && state.residual.size() == layout.numel(),
-                     "powersgd phase P: client state belongs to another model");
-  STARLING_CHECK_ARG(state.pending_phase == 0, "powersgd: phase P called twice without phase Q");
-  checkSharedFactors(layout, opt_, ctx.shared, SharedFactors::Side::kQ, "powersgd phase P");
-  if (!allFinite(update))
-    for (size_t i = 0; i < update.size(); ++i)
-      STARLING_CHECK_ARG(std::isfinite(update[i]), "powersgd: update value ", i, " is not finite");
-  float* acc = state.residual.data();
-  for (size_t i = 0; i < update.size(); ++i) acc[i] = opt_.error_feedback ? acc[i] + update[i] : update[i];
-  std::span<float> accs(state.residual);
-  std::vector<Payload> out;
-  out.reserve(layout.size());
-  for (size_t t = 0; t < layout.size(); ++t) {
-    const TensorSpec& spec = layout[t];
-    const auto& qf = ctx.shared->factors[t];
-    if (qf.empty()) {
-      out.emplace_back(denseAndClear(layout.slice(accs, t), true));
-      continue;
+    if (!residual.empty()) {
+      auto res = layout.matrix(residual, t);
+      if (opt_.error_feedback) res.noalias() -= p * q.transpose();
+      else res.setZero();
     }
-    const uint32_t r = effectiveRank(spec, opt_.rank);
-    LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
-    l.p.resize(spec.rows() * r);
-    FactorMap(l.p.data(), spec.rows(), r).noalias() =
-        layout.matrix(accs, t) * ConstFactorMap(qf.data(), spec.cols(), r);
+    if (next) next->factors[t] = l.q;
     out.emplace_back(std::move(l));
   }
-  state.pending_phase = 1;
   return out;
 }
 
-std::vector<Payload> PowerSgdCompressor::compressPhaseQ(const ParamLayout& layout, ClientState& state,
-                                                        const RoundContext& ctx) const {
-  STARLING_CHECK_ARG(state.pending_phase == 1, "powersgd: phase Q called without phase P");
-  STARLING_CHECK_ARG(state.layout_fingerprint == layout.fingerprint() && state.residual.size() == layout.numel(),
-                     "powersgd phase Q: client state belongs to another model");
-  checkSharedFactors(layout, opt_, ctx.shared, SharedFactors::Side::kP, "powersgd phase Q");
-  std::span<float> accs(state.residual);
+std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                                std::span<float> residual, const ClientState& state,
+                                                const RoundContext& ctx, StagedState& staged) const {
+  if (!opt_.two_phase || residual.empty()) return encodeLocal(layout, input, residual, state, ctx, staged);
   std::vector<Payload> out;
   out.reserve(layout.size());
+  auto& next = staged.stage<PowerSgdState>(std::string(kPowerSgdComponent));
+  if (ctx.phase == 0) {
+    // Phase P: P_i = M_i Q; M_i stays in the kept buffer for phase Q; dense tensors go whole.
+    for (size_t t = 0; t < layout.size(); ++t) {
+      const TensorSpec& spec = layout[t];
+      const auto& qf = ctx.shared->factors[t];
+      if (qf.empty()) {
+        out.emplace_back(denseAndClear(layout.slice(input, t), layout.slice(residual, t)));
+        continue;
+      }
+      const uint32_t r = effectiveRank(spec, opt_.rank);
+      LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
+      l.p.resize(spec.rows() * r);
+      FactorMap(l.p.data(), spec.rows(), r).noalias() =
+          layout.matrix(input, t) * ConstFactorMap(qf.data(), spec.cols(), r);
+      out.emplace_back(std::move(l));
+    }
+    next.pending_phase = 1;
+    return out;
+  }
+  // Phase Q: Q_i = M_i^T P-hat; what is kept becomes the residual (EF) or nothing.
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
     const auto& pf = ctx.shared->factors[t];
@@ -214,20 +323,17 @@ std::vector<Payload> PowerSgdCompressor::compressPhaseQ(const ParamLayout& layou
       continue;
     }
     const uint32_t r = effectiveRank(spec, opt_.rank);
-    auto m = layout.matrix(accs, t);
+    auto m = layout.matrix(residual, t);  // the same memory as input
     ConstFactorMap p(pf.data(), spec.rows(), r);
     LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
     l.q.resize(spec.cols() * r);
     FactorMap q(l.q.data(), spec.cols(), r);
     q.noalias() = m.transpose() * p;
-    if (opt_.error_feedback) {
-      m.noalias() -= p * q.transpose();
-    } else {
-      m.setZero();
-    }
+    if (opt_.error_feedback) m.noalias() -= p * q.transpose();
+    else m.setZero();
     out.emplace_back(std::move(l));
   }
-  state.pending_phase = 0;
+  next.pending_phase = 0;
   return out;
 }
 
@@ -237,14 +343,42 @@ AcpSgdCompressor::AcpSgdCompressor(LowRankOptions o) : opt_(o) { opt_.validate()
 
 std::string AcpSgdCompressor::spec() const { return optionText("acpsgd", opt_, false); }
 
+SharedFactors AcpSgdCompressor::initialShared(const ParamLayout& layout, uint64_t run_seed) const {
+  return initialSharedFactors(layout, opt_, run_seed);
+}
+
+SharedFactors AcpSgdCompressor::nextShared(const ParamLayout& layout, const RoundContext& ctx,
+                                           const SharedFactors& current,
+                                           std::span<const std::span<const float>> sums, double /*total_weight*/) const {
+  return orthogonalizedSums(layout, ctx, current, sums);
+}
+
+void AcpSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                     const RoundContext& ctx) const {
+  const TensorSpec& spec = layout[t];
+  if (!lowRankCompressible(spec, opt_.rank, opt_.min_compression_rate)) {
+    if (!std::holds_alternative<DenseF32View>(p)) unexpected(layout, t, p, "dense_f32 for a tensor too small to factor");
+    return;
+  }
+  const auto* l = std::get_if<LowRankView>(&p);
+  if (!l) unexpected(layout, t, p, "lowrank");
+  const bool fixed_q = !ctx.shared || ctx.shared->fixed == SharedFactors::Side::kQ;
+  const uint32_t r = effectiveRank(spec, opt_.rank);
+  if (l->rank != r || !l->oneFactor() || l->p.empty() == fixed_q)
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", spec.name, "' carries rank ", l->rank,
+              l->p.empty() ? "" : " P", l->q.empty() ? "" : " Q", "; this round of ", this->spec(), " sends rank ", r,
+              fixed_q ? " P only" : " Q only");
+}
+
 void AcpSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& /*state*/,
                                   const RoundContext& ctx) const {
   STARLING_CHECK_ARG(ctx.shared != nullptr, "acpsgd: the round context carries no shared factors");
   checkSharedFactors(layout, opt_, ctx.shared, ctx.shared->fixed, "acpsgd");
 }
 
-std::vector<Payload> AcpSgdCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                           ClientState& /*state*/, const RoundContext& ctx) const {
+std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                              std::span<float> residual, const ClientState& /*state*/,
+                                              const RoundContext& ctx, StagedState& /*staged*/) const {
   const SharedFactors& shared = *ctx.shared;
   const bool fixed_q = shared.fixed == SharedFactors::Side::kQ;
   std::vector<Payload> out;
@@ -253,24 +387,24 @@ std::vector<Payload> AcpSgdCompressor::compressAccumulated(const ParamLayout& la
     const TensorSpec& spec = layout[t];
     const auto& f = shared.factors[t];
     if (f.empty()) {
-      out.emplace_back(denseAndClear(layout.slice(acc, t), opt_.error_feedback));
+      out.emplace_back(denseAndClear(layout.slice(input, t), sliceOrEmpty(layout, residual, t)));
       continue;
     }
     const uint32_t r = effectiveRank(spec, opt_.rank);
-    auto m = layout.matrix(acc, t);
+    auto m = layout.matrix(input, t);
     LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
     if (fixed_q) {
       ConstFactorMap q(f.data(), spec.cols(), r);
       l.p.resize(spec.rows() * r);
       FactorMap p(l.p.data(), spec.rows(), r);
       p.noalias() = m * q;
-      if (opt_.error_feedback) m.noalias() -= p * q.transpose();
+      if (!residual.empty()) layout.matrix(residual, t).noalias() -= p * q.transpose();
     } else {
       ConstFactorMap p(f.data(), spec.rows(), r);
       l.q.resize(spec.cols() * r);
       FactorMap q(l.q.data(), spec.cols(), r);
       q.noalias() = m.transpose() * p;
-      if (opt_.error_feedback) m.noalias() -= p * q.transpose();
+      if (!residual.empty()) layout.matrix(residual, t).noalias() -= p * q.transpose();
     }
     out.emplace_back(std::move(l));
   }

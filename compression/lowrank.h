@@ -3,20 +3,24 @@
 // r = min(rank, rows, cols). A tensor is compressed only if (rows + cols) * r * min_rate <
 // rows * cols (1-D tensors never are); the others travel dense and exact.
 //
-//   powersgd (Vogels et al. 2019), client-local form, compress():
-//     P = M Q; orthogonalize(P); Q = M^T P; residual = M - P Q^T; send P and Q.
-//     Q is warm-started from this client's previous Q (state.factors), or seeded identically on
-//     every client at first use. Each client's P differs, so a receiver densifies P Q^T.
-//   powersgd, aggregator-driven two-phase form (compressPhaseP / compressPhaseQ):
-//     phase P: send P_i = M_i Q with the round's shared Q; the aggregator sums and orthogonalizes
-//     them into P-hat; phase Q: send Q_i = M_i^T P-hat, residual_i = M_i - P-hat Q_i^T; the
-//     aggregate is P-hat (sum_i w_i Q_i)^T / W and sum Q / W warm-starts the next round.
+//   powersgd (Vogels et al. 2019), mode=two_phase (the default): two phases inside one round.
+//     phase P: with the round's shared Q, send P_i = M_i Q (dense tensors go whole); the
+//              aggregator sums and orthogonalizes them into P-hat (nextShared).
+//     phase Q: with the shared P-hat, send Q_i = M_i^T P-hat; residual_i = M_i - P-hat Q_i^T. The
+//              update is P-hat (sum_i w_i Q_i)^T / W; sum_i w_i Q_i / W warm-starts the next round.
+//     M_i is kept in the client's residual buffer between the phases (EF or not). A client that
+//     missed phase Q starts the next round with M_i as its residual (EF) or drops it (no EF).
+//   powersgd, mode=local: one phase, both factors: P = M Q; orthogonalize(P); Q = M^T P;
+//     residual = M - P Q^T; send P and Q. Q warm-starts from this client's previous Q (state) or
+//     the seeded factor. Each client's P differs, so a receiver densifies P Q^T.
 //   acpsgd (Zhang, Shi et al., ICDCS'23): one factor per round. With the round's shared
 //     orthonormal Q-hat: send P_i = M_i Q-hat; with shared P-hat: send Q_i = M_i^T P-hat;
 //     residual_i = M_i - (what was sent, expanded with the shared factor). The aggregator
 //     orthogonalizes the summed factor; it becomes the next round's shared (fixed) side.
 // M includes the residual when error feedback is on. Orthogonalization is Gram-Schmidt for
-// r <= 2 and Householder QR above.
+// r <= 2 and Householder QR above. A shared factor column that the aggregate leaves zero (a zero
+// update) is replaced by a column seeded from (run seed, round, tensor), identically everywhere,
+// so the subspace never collapses.
 #include "compression/compressor.h"
 
 namespace starling::compression {
@@ -25,7 +29,8 @@ struct LowRankOptions {
   uint32_t rank = 4;
   double min_compression_rate = 2.0;
   bool error_feedback = true;
-  bool warm_start = true;  // powersgd client-local form only
+  bool warm_start = true;  // powersgd mode=local only
+  bool two_phase = true;   // powersgd only: mode=two_phase (true) or mode=local
   void validate() const;
 };
 
@@ -40,6 +45,19 @@ void orthogonalize(float* data, size_t rows, size_t rank);
 // tensor, drawn from (run_seed, kLowRankInit, tensor index) only.
 SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptions& o, uint64_t run_seed);
 
+// Two-phase PowerSGD's and local PowerSGD's per-client state (component kPowerSgdComponent):
+// the warm-start Q per tensor (local mode) and whether phase Q is due.
+inline constexpr std::string_view kPowerSgdComponent = "compression.powersgd";
+class PowerSgdState final : public StateComponent {
+ public:
+  std::vector<std::vector<float>> factors;
+  uint8_t pending_phase = 0;
+  uint32_t version() const override { return 1; }
+  void save(ByteWriter& w) const override;
+  void load(ByteReader& r, uint32_t version) override;
+  size_t memoryBytes() const override;
+};
+
 class PowerSgdCompressor final : public Compressor {
  public:
   explicit PowerSgdCompressor(LowRankOptions o);
@@ -48,21 +66,21 @@ class PowerSgdCompressor final : public Compressor {
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
   const LowRankOptions& options() const { return opt_; }
 
-  // Two-phase form. Phase P needs ctx.shared with side kQ (the round's Q); it returns a P-only
-  // LowRank payload per compressed tensor and the final DenseF32 payload for the others. Phase Q
-  // needs ctx.shared with side kP (the orthogonalized P-hat) and returns a Q-only payload per
-  // compressed tensor and an empty Sparse payload (nothing more to send) for the others.
-  std::vector<Payload> compressPhaseP(const ParamLayout& layout, std::span<const float> update, ClientState& state,
-                                      const RoundContext& ctx) const;
-  std::vector<Payload> compressPhaseQ(const ParamLayout& layout, ClientState& state, const RoundContext& ctx) const;
+  uint32_t phases() const override { return opt_.two_phase ? 2 : 1; }
+  SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;
+  bool factorsAreUpdate(uint32_t phase) const override { return !opt_.two_phase || phase == 1; }
+  SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
+                           std::span<const std::span<const float>> factor_sums, double total_weight) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
-  void initState(const ParamLayout& layout, ClientState& state) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
   void checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const override;
 
  private:
+  std::vector<Payload> encodeLocal(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                                   const ClientState& state, const RoundContext& ctx, StagedState& staged) const;
   LowRankOptions opt_;
 };
 
@@ -74,9 +92,14 @@ class AcpSgdCompressor final : public Compressor {
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
   const LowRankOptions& options() const { return opt_; }
 
+  SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;
+  SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
+                           std::span<const std::span<const float>> factor_sums, double total_weight) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
   void checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const override;
 
  private:

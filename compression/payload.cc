@@ -1,77 +1,161 @@
 #include "compression/payload.h"
 
+#include <array>
 #include <cmath>
+#include <cstring>
 
 #include "compression/bitpack.h"
-#include "core/finite.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 
 namespace starling::compression {
 namespace {
 
-[[noreturn]] void fail(PayloadErrc code, const TensorSpec& t, const std::string& what) {
-  throw PayloadError(code, "payload for tensor '" + t.name + "' " + describeShape(t.shape) + ": " + what);
+[[noreturn]] void fail(Errc code, const TensorSpec& t, size_t index, const std::string& what) {
+  failInput(code, "tensor ", index, " '", t.name, "' ", describeShape(t.shape), ": ", what);
 }
 
-void requireSize(size_t got, size_t want, const TensorSpec& t, const char* field) {
+void requireSize(size_t got, size_t want, const TensorSpec& t, size_t ti, const char* field) {
   if (got != want)
-    fail(PayloadErrc::kSizeMismatch, t,
-         std::string(field) + " has " + std::to_string(got) + " entries, expected " + std::to_string(want));
+    fail(Errc::kSizeMismatch, t, ti, std::string(field) + " has " + std::to_string(got) + " entries, expected " +
+                                        std::to_string(want));
 }
 
-void requireFinite(std::span<const float> v, const TensorSpec& t, const char* field) {
-  if (!allFinite(v)) {
-    for (size_t i = 0; i < v.size(); ++i)
-      if (!std::isfinite(v[i]))
-        fail(PayloadErrc::kNonFinite, t, std::string(field) + "[" + std::to_string(i) + "] is not finite");
+// One pass over floats: the largest magnitude's bit pattern (NaN and inf compare above every
+// finite value, so `max_bits < 0x7f800000` is "all finite") and the sum of squares. Eight
+// independent lanes let the compiler vectorise both reductions; the float lanes are flushed into
+// a double every block so the sum stays accurate over millions of values.
+struct FloatScan {
+  uint32_t max_bits = 0;
+  double sq = 0.0;
+};
+FloatScan scanFloats(std::span<const float> v) {
+  FloatScan s;
+  const float* p = v.data();
+  const size_t n = v.size();
+  size_t i = 0;
+  constexpr size_t kLanes = 8, kBlock = 2048;
+  while (i + kLanes <= n) {
+    uint32_t mb[kLanes] = {};
+    float ss[kLanes] = {};
+    const size_t end = std::min(n - (n - i) % kLanes, i + kBlock);
+    for (; i < end; i += kLanes) {
+      for (size_t j = 0; j < kLanes; ++j) {
+        uint32_t u;
+        std::memcpy(&u, p + i + j, 4);
+        u &= 0x7fffffffu;
+        mb[j] = u > mb[j] ? u : mb[j];
+        ss[j] += p[i + j] * p[i + j];
+      }
+    }
+    for (size_t j = 0; j < kLanes; ++j) {
+      s.max_bits = std::max(s.max_bits, mb[j]);
+      s.sq += ss[j];
+    }
   }
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, p + i, 4);
+    s.max_bits = std::max(s.max_bits, u & 0x7fffffffu);
+    s.sq += static_cast<double>(p[i]) * p[i];
+  }
+  return s;
 }
 
-void requireFiniteScalar(float x, const TensorSpec& t, const char* field) {
-  if (!std::isfinite(x) || x < 0.0f)
-    fail(PayloadErrc::kNonFinite, t, std::string(field) + " must be finite and >= 0");
+// Checks every value is finite and returns the stats of the values as decoded.
+PayloadStats requireFinite(std::span<const float> v, const TensorSpec& t, size_t ti, const char* field) {
+  const FloatScan s = scanFloats(v);
+  if (s.max_bits >= 0x7f800000u) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i])) fail(Errc::kNonFinite, t, ti, std::string(field) + "[" + std::to_string(i) + "] is not finite");
+  }
+  return {std::fabs(static_cast<double>(bitsFloat(s.max_bits))), s.sq};
 }
 
-void requirePadding(const std::vector<uint8_t>& bytes, size_t used_bits, const TensorSpec& t) {
+// 16-bit dense values: an all-ones exponent (`exp_mask`) is inf or NaN.
+template <class Decode>
+PayloadStats halfStats(std::span<const uint16_t> v, const TensorSpec& t, size_t ti, const char* kind, uint16_t exp_mask,
+                       Decode decode) {
+  requireSize(v.size(), t.numel, t, ti, (std::string(kind) + " values").c_str());
+  PayloadStats s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if ((v[i] & exp_mask) == exp_mask)
+      fail(Errc::kNonFinite, t, ti, std::string(kind) + " value[" + std::to_string(i) + "] is not finite");
+    const double x = decode(v[i]);
+    s.max_abs = std::max(s.max_abs, std::fabs(x));
+    s.sq_norm += x * x;
+  }
+  return s;
+}
+
+void requireScalar(float x, const TensorSpec& t, size_t ti, const char* field) {
+  if (!std::isfinite(x) || x < 0.0f) fail(Errc::kNonFinite, t, ti, std::string(field) + " must be finite and >= 0");
+}
+
+void requirePadding(std::span<const uint8_t> bytes, size_t used_bits, const TensorSpec& t, size_t ti) {
   if (bytes.empty() || used_bits % 8 == 0) return;
   const uint8_t mask = static_cast<uint8_t>(0xffu << (used_bits % 8));
-  if (bytes.back() & mask) fail(PayloadErrc::kBadPadding, t, "non-zero padding bits after the last element");
+  if (bytes.back() & mask) fail(Errc::kBadPadding, t, ti, "non-zero padding bits after the last element");
 }
 
-// The matrix the shared factor of `shared` forms for tensor i, or a failure.
-const std::vector<float>& sharedFactor(const SharedFactors* shared, SharedFactors::Side want,
-                                       const TensorSpec& t, size_t tensor_index, size_t rows, uint32_t rank) {
-  if (!shared || shared->fixed != want || tensor_index >= shared->factors.size() ||
-      shared->factors[tensor_index].size() != rows * rank)
-    fail(PayloadErrc::kMissingSharedFactor, t,
+// The shared factor the other side of a one-factor payload uses, or a failure.
+std::span<const float> sharedFactor(const SharedFactors* shared, SharedFactors::Side want, const TensorSpec& t,
+                                    size_t ti, size_t rows, uint32_t rank) {
+  if (!shared || shared->fixed != want || ti >= shared->factors.size() || shared->factors[ti].size() != rows * rank)
+    fail(Errc::kMissingSharedFactor, t, ti,
          std::string("carries one low-rank factor, but no shared ") + (want == SharedFactors::Side::kQ ? "Q" : "P") +
              " factor of rank " + std::to_string(rank) + " is known for it");
-  return shared->factors[tensor_index];
+  return shared->factors[ti];
+}
+
+// Row norms and Gram matrix of a row-major rows x r factor, in double. Ranks up to 16 use an
+// inline buffer, so validating a low-rank payload allocates nothing.
+struct FactorStats {
+  double max_row_norm = 0.0;
+  size_t r = 0;
+  std::array<double, 256> small{};
+  std::vector<double> large;
+  double* gram() { return r * r <= small.size() ? small.data() : large.data(); }
+  const double* gram() const { return r * r <= small.size() ? small.data() : large.data(); }
+};
+FactorStats factorStats(std::span<const float> f, size_t rows, size_t r) {
+  FactorStats s;
+  s.r = r;
+  if (r * r > s.small.size()) s.large.assign(r * r, 0.0);
+  double* g = s.gram();
+  double max_sq = 0.0;
+  for (size_t i = 0; i < rows; ++i) {
+    const float* row = f.data() + i * r;
+    double sq = 0.0;
+    for (size_t a = 0; a < r; ++a) {
+      const double x = row[a];
+      sq += x * x;
+      for (size_t b = a; b < r; ++b) g[a * r + b] += x * row[b];
+    }
+    max_sq = std::max(max_sq, sq);
+  }
+  for (size_t a = 0; a < r; ++a)
+    for (size_t b = 0; b < a; ++b) g[a * r + b] = g[b * r + a];
+  s.max_row_norm = std::sqrt(max_sq);
+  return s;
+}
+
+// ||P Q^T||_F^2 = trace((P^T P)(Q^T Q)); the Gram matrices are symmetric.
+double productSqNorm(const FactorStats& p, const FactorStats& q) {
+  double s = 0.0;
+  const double *gp = p.gram(), *gq = q.gram();
+  for (size_t i = 0; i < p.r * p.r; ++i) s += gp[i] * gq[i];
+  return std::max(s, 0.0);
 }
 
 using ConstFactor = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
 }  // namespace
 
-const char* payloadErrcName(PayloadErrc c) {
-  switch (c) {
-    case PayloadErrc::kSizeMismatch: return "size mismatch";
-    case PayloadErrc::kIndexOutOfRange: return "index out of range";
-    case PayloadErrc::kIndexOrder: return "indices not strictly increasing";
-    case PayloadErrc::kShapeMismatch: return "shape mismatch";
-    case PayloadErrc::kNonFinite: return "non-finite value";
-    case PayloadErrc::kLevelOutOfRange: return "level out of range";
-    case PayloadErrc::kMissingSharedFactor: return "missing shared factor";
-    case PayloadErrc::kBadPadding: return "bad padding";
-  }
-  return "unknown";
-}
-
-const char* encodingName(const Payload& p) {
+const char* encodingName(size_t index) {
   static constexpr const char* kNames[] = {"dense_f32", "dense_f16", "dense_bf16", "sparse",
                                            "randblock", "lowrank",   "sign",       "qsgd"};
-  return kNames[p.index()];
+  return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
 uint32_t qsgdLevelBits(uint32_t s) {
@@ -80,145 +164,229 @@ uint32_t qsgdLevelBits(uint32_t s) {
   return bits;
 }
 
-void validatePayload(const Payload& payload, const TensorSpec& t, const SharedFactors* shared,
-                     size_t tensor_index) {
+PayloadView view(const Payload& p) {
+  return std::visit(Overloaded{
+                        [](const DenseF32& d) -> PayloadView { return DenseF32View{d.values}; },
+                        [](const DenseF16& d) -> PayloadView { return DenseF16View{d.values}; },
+                        [](const DenseBF16& d) -> PayloadView { return DenseBF16View{d.values}; },
+                        [](const Sparse& s) -> PayloadView { return SparseView{s.indices, s.values}; },
+                        [](const RandBlock& b) -> PayloadView { return RandBlockView{b.offset, b.values}; },
+                        [](const LowRank& l) -> PayloadView { return LowRankView{l.rows, l.cols, l.rank, l.p, l.q}; },
+                        [](const Sign& s) -> PayloadView { return SignView{s.scale, s.bits}; },
+                        [](const Qsgd& q) -> PayloadView { return QsgdView{q.norm, q.s, q.packed}; },
+                    },
+                    p);
+}
+
+Payload toOwned(const PayloadView& v) {
+  auto vec = [](auto s) { return std::vector<typename decltype(s)::value_type>(s.begin(), s.end()); };
+  return std::visit(Overloaded{
+                        [&](const DenseF32View& d) -> Payload { return DenseF32{vec(d.values)}; },
+                        [&](const DenseF16View& d) -> Payload { return DenseF16{vec(d.values)}; },
+                        [&](const DenseBF16View& d) -> Payload { return DenseBF16{vec(d.values)}; },
+                        [&](const SparseView& s) -> Payload { return Sparse{vec(s.indices), vec(s.values)}; },
+                        [&](const RandBlockView& b) -> Payload { return RandBlock{b.offset, vec(b.values)}; },
+                        [&](const LowRankView& l) -> Payload { return LowRank{l.rows, l.cols, l.rank, vec(l.p), vec(l.q)}; },
+                        [&](const SignView& s) -> Payload { return Sign{s.scale, vec(s.bits)}; },
+                        [&](const QsgdView& q) -> Payload { return Qsgd{q.norm, q.s, vec(q.packed)}; },
+                    },
+                    v);
+}
+
+UpdateView view(const Update& u) {
+  UpdateView v;
+  v.header = u.header;
+  v.tensors.reserve(u.tensors.size());
+  for (const auto& p : u.tensors) v.tensors.push_back(view(p));
+  v.metrics.reserve(u.metrics.size());
+  for (const auto& m : u.metrics) v.metrics.push_back({m.name, m.value});
+  return v;
+}
+
+Update toOwned(const UpdateView& v) {
+  Update u;
+  u.header = v.header;
+  u.tensors.reserve(v.tensors.size());
+  for (const auto& p : v.tensors) u.tensors.push_back(toOwned(p));
+  for (const auto& m : v.metrics) u.metrics.push_back({std::string(m.name), m.value});
+  return u;
+}
+
+PartialView view(const PartialMessage& m) {
+  PartialView v;
+  v.header = m.header;
+  v.tensors.reserve(m.tensors.size());
+  for (const auto& p : m.tensors) v.tensors.push_back(view(p));
+  for (const auto& x : m.metrics) v.metrics.push_back({x.name, x.weighted_sum, x.weight});
+  return v;
+}
+
+bool SharedFactors::any() const {
+  for (const auto& f : factors)
+    if (!f.empty()) return true;
+  return false;
+}
+
+uint64_t sharedFactorsTag(const SharedFactors& s) {
+  uint64_t h = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(s.fixed);
+  for (const auto& f : s.factors) {
+    h = (h ^ f.size()) * 0x100000001b3ull;
+    for (float x : f) h = (h ^ floatBits(x)) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, const SharedFactors* shared,
+                             size_t ti) {
   const size_t n = t.numel;
-  std::visit(
+  return std::visit(
       Overloaded{
-          [&](const DenseF32& d) {
-            requireSize(d.values.size(), n, t, "dense values");
-            requireFinite(d.values, t, "dense value");
+          [&](const DenseF32View& d) {
+            requireSize(d.values.size(), n, t, ti, "dense values");
+            return requireFinite(d.values, t, ti, "dense value");
           },
-          [&](const DenseF16& d) {
-            requireSize(d.values.size(), n, t, "fp16 values");
-            for (size_t i = 0; i < n; ++i)
-              if ((d.values[i] & 0x7c00u) == 0x7c00u)
-                fail(PayloadErrc::kNonFinite, t, "fp16 value[" + std::to_string(i) + "] is not finite");
+          [&](const DenseF16View& d) {
+            return halfStats(d.values, t, ti, "fp16", 0x7c00u, [](uint16_t h) { return halfToFloat(h); });
           },
-          [&](const DenseBF16& d) {
-            requireSize(d.values.size(), n, t, "bf16 values");
-            for (size_t i = 0; i < n; ++i)
-              if ((d.values[i] & 0x7f80u) == 0x7f80u)
-                fail(PayloadErrc::kNonFinite, t, "bf16 value[" + std::to_string(i) + "] is not finite");
+          [&](const DenseBF16View& d) {
+            return halfStats(d.values, t, ti, "bf16", 0x7f80u, [](uint16_t h) { return bf16ToFloat(h); });
           },
-          [&](const Sparse& s) {
-            requireSize(s.values.size(), s.indices.size(), t, "sparse values (vs indices)");
-            if (s.indices.size() > n)
-              fail(PayloadErrc::kSizeMismatch, t, "sparse payload has more entries than the tensor");
+          [&](const SparseView& s) {
+            requireSize(s.values.size(), s.indices.size(), t, ti, "sparse values (vs indices)");
+            if (s.indices.size() > n) fail(Errc::kSizeMismatch, t, ti, "sparse payload has more entries than the tensor");
             for (size_t i = 0; i < s.indices.size(); ++i) {
               if (s.indices[i] >= n)
-                fail(PayloadErrc::kIndexOutOfRange, t,
+                fail(Errc::kIndexOutOfRange, t, ti,
                      "sparse index " + std::to_string(s.indices[i]) + " >= numel " + std::to_string(n));
               if (i > 0 && s.indices[i] <= s.indices[i - 1])
-                fail(PayloadErrc::kIndexOrder, t,
+                fail(Errc::kIndexOrder, t, ti,
                      "sparse index " + std::to_string(s.indices[i]) + " at position " + std::to_string(i) +
                          " does not exceed the previous one (duplicate or unsorted)");
             }
-            requireFinite(s.values, t, "sparse value");
+            return requireFinite(s.values, t, ti, "sparse value");
           },
-          [&](const RandBlock& b) {
+          [&](const RandBlockView& b) {
             if (b.values.empty() || b.values.size() > n)
-              fail(PayloadErrc::kSizeMismatch, t,
+              fail(Errc::kSizeMismatch, t, ti,
                    "random block of " + std::to_string(b.values.size()) + " values for numel " + std::to_string(n));
-            if (b.offset >= n)
-              fail(PayloadErrc::kIndexOutOfRange, t, "block offset " + std::to_string(b.offset) + " >= numel");
-            requireFinite(b.values, t, "block value");
+            if (b.offset >= n) fail(Errc::kIndexOutOfRange, t, ti, "block offset " + std::to_string(b.offset) + " >= numel");
+            return requireFinite(b.values, t, ti, "block value");
           },
-          [&](const LowRank& l) {
+          [&](const LowRankView& l) {
             if (l.rows != t.rows() || l.cols != t.cols() || l.rank == 0 || l.rank > std::min(l.rows, l.cols))
-              fail(PayloadErrc::kShapeMismatch, t,
+              fail(Errc::kShapeMismatch, t, ti,
                    "low-rank " + std::to_string(l.rows) + "x" + std::to_string(l.cols) + " rank " +
                        std::to_string(l.rank) + " does not fit the matrix view " + std::to_string(t.rows()) + "x" +
                        std::to_string(t.cols()));
-            if (l.p.empty() && l.q.empty()) fail(PayloadErrc::kSizeMismatch, t, "low-rank payload has no factor");
-            if (!l.p.empty()) requireSize(l.p.size(), size_t{l.rows} * l.rank, t, "P factor");
-            if (!l.q.empty()) requireSize(l.q.size(), size_t{l.cols} * l.rank, t, "Q factor");
-            if (l.q.empty()) sharedFactor(shared, SharedFactors::Side::kQ, t, tensor_index, l.cols, l.rank);
-            if (l.p.empty()) sharedFactor(shared, SharedFactors::Side::kP, t, tensor_index, l.rows, l.rank);
-            requireFinite(l.p, t, "P value");
-            requireFinite(l.q, t, "Q value");
+            if (l.p.empty() && l.q.empty()) fail(Errc::kSizeMismatch, t, ti, "low-rank payload has no factor");
+            if (!l.p.empty()) requireSize(l.p.size(), size_t{l.rows} * l.rank, t, ti, "P factor");
+            if (!l.q.empty()) requireSize(l.q.size(), size_t{l.cols} * l.rank, t, ti, "Q factor");
+            const auto pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, ti, l.rows, l.rank) : l.p;
+            const auto qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, ti, l.cols, l.rank) : l.q;
+            requireFinite(l.p, t, ti, "P value");
+            requireFinite(l.q, t, ti, "Q value");
+            // Every entry of P Q^T is a dot product of a row of P and a row of Q (Cauchy-Schwarz).
+            const FactorStats ps = factorStats(pv, l.rows, l.rank), qs = factorStats(qv, l.cols, l.rank);
+            return PayloadStats{ps.max_row_norm * qs.max_row_norm, productSqNorm(ps, qs)};
           },
-          [&](const Sign& s) {
-            requireSize(s.bits.size(), packedBytes(n, 1), t, "sign bytes");
-            requireFiniteScalar(s.scale, t, "sign scale");
-            requirePadding(s.bits, n, t);
+          [&](const SignView& s) {
+            requireSize(s.bits.size(), packedBytes(n, 1), t, ti, "sign bytes");
+            requireScalar(s.scale, t, ti, "sign scale");
+            requirePadding(s.bits, n, t, ti);
+            const double sc = s.scale;
+            return PayloadStats{sc, sc * sc * static_cast<double>(n)};
           },
-          [&](const Qsgd& q) {
+          [&](const QsgdView& q) {
             if (q.s == 0 || q.s > 0xffffu)
-              fail(PayloadErrc::kLevelOutOfRange, t, "QSGD s=" + std::to_string(q.s) + " outside [1, 65535]");
+              fail(Errc::kLevelOutOfRange, t, ti, "QSGD s=" + std::to_string(q.s) + " outside [1, 65535]");
             const uint32_t bits = 1 + qsgdLevelBits(q.s);
-            requireSize(q.packed.size(), packedBytes(n, bits), t, "QSGD bytes");
-            requireFiniteScalar(q.norm, t, "QSGD norm");
-            requirePadding(q.packed, n * bits, t);
+            requireSize(q.packed.size(), packedBytes(n, bits), t, ti, "QSGD bytes");
+            requireScalar(q.norm, t, ti, "QSGD norm");
+            requirePadding(q.packed, n * bits, t, ti);
             BitReader r(q.packed.data());
+            uint32_t max_level = 0;
+            double sq_levels = 0.0;
             for (size_t i = 0; i < n; ++i) {
               const uint32_t level = r.get(bits) >> 1;
               if (level > q.s)
-                fail(PayloadErrc::kLevelOutOfRange, t,
+                fail(Errc::kLevelOutOfRange, t, ti,
                      "QSGD level " + std::to_string(level) + " at " + std::to_string(i) + " exceeds s=" +
                          std::to_string(q.s));
+              max_level = std::max(max_level, level);
+              sq_levels += static_cast<double>(level) * level;
             }
+            const double unit = static_cast<double>(q.norm) / q.s;
+            return PayloadStats{unit * max_level, unit * unit * sq_levels, q.norm};
           },
       },
       payload);
 }
 
-void checkUpdateHeader(const ParamLayout& layout, const Update& u) {
-  STARLING_CHECK_ARG(u.layout_fingerprint == layout.fingerprint(), "update from client ", u.client_id,
-                     " is for another model (fingerprint ", u.layout_fingerprint, ", expected ", layout.fingerprint(), ")");
-  STARLING_CHECK_ARG(u.tensors.size() == layout.size(), "update from client ", u.client_id, " carries ",
-                     u.tensors.size(), " tensors, the model has ", layout.size());
+void checkUpdateHeader(const ParamLayout& layout, const UpdateHeader& h, size_t tensors) {
+  if (h.layout_fingerprint != layout.fingerprint())
+    failInput(Errc::kFingerprintMismatch, "update from client ", h.client_id, " is for model fingerprint ",
+              h.layout_fingerprint, ", expected ", layout.fingerprint());
+  if (tensors != layout.size())
+    failInput(Errc::kTensorCountMismatch, "update from client ", h.client_id, " carries ", tensors,
+              " tensors, the model has ", layout.size());
 }
 
-void validateUpdate(const ParamLayout& layout, const Update& u, const SharedFactors* shared) {
-  checkUpdateHeader(layout, u);
-  for (size_t t = 0; t < layout.size(); ++t) validatePayload(u.tensors[t], layout[t], shared, t);
+PayloadStats validateUpdate(const ParamLayout& layout, const UpdateView& u, const SharedFactors* shared) {
+  checkUpdateHeader(layout, u.header, u.tensors.size());
+  PayloadStats total;
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const PayloadStats s = validatePayload(u.tensors[t], layout[t], shared, t);
+    total.max_abs = std::max(total.max_abs, s.max_abs);
+    total.sq_norm += s.sq_norm;
+  }
+  return total;
 }
 
-void accumulatePayload(const Payload& payload, const TensorSpec& t, std::span<float> out, float weight,
-                       const SharedFactors* shared, size_t tensor_index) {
+void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::span<float> out, float weight,
+                       const SharedFactors* shared, size_t ti) {
   STARLING_ENFORCE(out.size() == t.numel, "accumulate: out has ", out.size(), " floats, tensor ", t.numel);
   float* o = out.data();
   const size_t n = t.numel;
   std::visit(
       Overloaded{
-          [&](const DenseF32& d) {
+          [&](const DenseF32View& d) {
             const float* v = d.values.data();
             for (size_t i = 0; i < n; ++i) o[i] += weight * v[i];
           },
-          [&](const DenseF16& d) {
+          [&](const DenseF16View& d) {
             for (size_t i = 0; i < n; ++i) o[i] += weight * halfToFloat(d.values[i]);
           },
-          [&](const DenseBF16& d) {
+          [&](const DenseBF16View& d) {
             for (size_t i = 0; i < n; ++i) o[i] += weight * bf16ToFloat(d.values[i]);
           },
-          [&](const Sparse& s) {
+          [&](const SparseView& s) {
             const size_t k = s.indices.size();
-            for (size_t i = 0; i < k; ++i) o[s.indices[i]] += weight * s.values[i];
+            const uint32_t* idx = s.indices.data();
+            const float* v = s.values.data();
+            for (size_t i = 0; i < k; ++i) o[idx[i]] += weight * v[i];
           },
-          [&](const RandBlock& b) {
+          [&](const RandBlockView& b) {
             const size_t len = b.values.size();
             const size_t first = std::min(len, n - b.offset);
             for (size_t i = 0; i < first; ++i) o[b.offset + i] += weight * b.values[i];
             for (size_t i = first; i < len; ++i) o[i - first] += weight * b.values[i];
           },
-          [&](const LowRank& l) {
+          [&](const LowRankView& l) {
             RowMatrixMap m(o, l.rows, l.cols);
-            const auto& pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, tensor_index, l.rows, l.rank)
-                                         : l.p;
-            const auto& qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, tensor_index, l.cols, l.rank)
-                                         : l.q;
+            const auto pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, ti, l.rows, l.rank) : l.p;
+            const auto qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, ti, l.cols, l.rank) : l.q;
             ConstFactor p(pv.data(), l.rows, l.rank);
             ConstFactor q(qv.data(), l.cols, l.rank);
             m.noalias() += weight * (p * q.transpose());
           },
-          [&](const Sign& s) {
+          [&](const SignView& s) {
             const float pos = weight * s.scale;
             for (size_t i = 0; i < n; ++i) o[i] += ((s.bits[i >> 3] >> (i & 7)) & 1u) ? -pos : pos;
           },
-          [&](const Qsgd& q) {
+          [&](const QsgdView& q) {
             const uint32_t bits = 1 + qsgdLevelBits(q.s);
-            const float unit = weight * q.norm / static_cast<float>(q.s);
+            // In double: weight * norm may exceed float's range even when every level is small.
+            const auto unit = static_cast<float>(static_cast<double>(weight) * q.norm / q.s);
             BitReader r(q.packed.data());
             for (size_t i = 0; i < n; ++i) {
               const uint32_t field = r.get(bits);
@@ -230,24 +398,34 @@ void accumulatePayload(const Payload& payload, const TensorSpec& t, std::span<fl
       payload);
 }
 
-void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors, std::span<float> out,
+void densifyUpdate(const ParamLayout& layout, std::span<const PayloadView> tensors, std::span<float> out,
                    const SharedFactors* shared) {
   STARLING_CHECK_ARG(tensors.size() == layout.size(), "densify: ", tensors.size(), " payloads for ", layout.size(),
                      " tensors");
+  STARLING_CHECK_ARG(out.size() == layout.numel(), "densify: out has ", out.size(), " floats, the layout needs ",
+                     layout.numel());
   std::fill(out.begin(), out.end(), 0.0f);
   for (size_t t = 0; t < layout.size(); ++t) accumulatePayload(tensors[t], layout[t], layout.slice(out, t), 1.0f, shared, t);
 }
 
-size_t payloadDataBytes(const Payload& payload) {
+void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors, std::span<float> out,
+                   const SharedFactors* shared) {
+  std::vector<PayloadView> views;
+  views.reserve(tensors.size());
+  for (const auto& p : tensors) views.push_back(view(p));
+  densifyUpdate(layout, views, out, shared);
+}
+
+size_t payloadDataBytes(const PayloadView& payload) {
   return std::visit(Overloaded{
-                        [](const DenseF32& d) { return d.values.size() * 4; },
-                        [](const DenseF16& d) { return d.values.size() * 2; },
-                        [](const DenseBF16& d) { return d.values.size() * 2; },
-                        [](const Sparse& s) { return s.indices.size() * 4 + s.values.size() * 4; },
-                        [](const RandBlock& b) { return 4 + b.values.size() * 4; },
-                        [](const LowRank& l) { return 12 + (l.p.size() + l.q.size()) * 4; },
-                        [](const Sign& s) { return 4 + s.bits.size(); },
-                        [](const Qsgd& q) { return 8 + q.packed.size(); },
+                        [](const DenseF32View& d) { return d.values.size() * 4; },
+                        [](const DenseF16View& d) { return d.values.size() * 2; },
+                        [](const DenseBF16View& d) { return d.values.size() * 2; },
+                        [](const SparseView& s) { return s.indices.size() * 4 + s.values.size() * 4; },
+                        [](const RandBlockView& b) { return 4 + b.values.size() * 4; },
+                        [](const LowRankView& l) { return 12 + (l.p.size() + l.q.size()) * 4; },
+                        [](const SignView& s) { return 4 + s.bits.size(); },
+                        [](const QsgdView& q) { return 8 + q.packed.size(); },
                     },
                     payload);
 }

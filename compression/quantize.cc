@@ -11,12 +11,19 @@ namespace starling::compression {
 
 std::string SignCompressor::spec() const { return std::string("sign:ef=") + (opt_.error_feedback ? "true" : "false"); }
 
-std::vector<Payload> SignCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                         ClientState& /*state*/, const RoundContext& /*ctx*/) const {
+void SignCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                   const RoundContext& /*ctx*/) const {
+  if (!std::holds_alternative<SignView>(p)) unexpected(layout, t, p, "sign");
+}
+
+std::vector<Payload> SignCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                            std::span<float> residual, const ClientState& /*state*/,
+                                            const RoundContext& /*ctx*/, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
-    auto v = layout.slice(acc, t);
+    auto v = layout.slice(input, t);
+    auto res = residual.empty() ? residual : layout.slice(residual, t);
     const size_t n = v.size();
     // Eigen's blocked reduction vectorises (a plain double sum would be one serial chain).
     const double l1 = ConstVectorMap(v.data(), static_cast<Eigen::Index>(n)).cwiseAbs().sum();
@@ -26,7 +33,7 @@ std::vector<Payload> SignCompressor::compressAccumulated(const ParamLayout& layo
     for (size_t i = 0; i < n; ++i) {
       const bool neg = v[i] < 0.0f;
       s.bits[i >> 3] |= static_cast<uint8_t>(neg) << (i & 7);
-      if (opt_.error_feedback) v[i] -= neg ? -s.scale : s.scale;
+      if (!res.empty()) res[i] = v[i] - (neg ? -s.scale : s.scale);
     }
     out.emplace_back(std::move(s));
   }
@@ -45,14 +52,25 @@ std::string QsgdCompressor::spec() const {
   return os.str();
 }
 
-std::vector<Payload> QsgdCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                         ClientState& /*state*/, const RoundContext& ctx) const {
+void QsgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                   const RoundContext& /*ctx*/) const {
+  const auto* q = std::get_if<QsgdView>(&p);
+  if (!q) unexpected(layout, t, p, "qsgd");
+  if (q->s != opt_.levels)
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' uses s=", q->s, ", ", spec(), " sends s=",
+              opt_.levels);
+}
+
+std::vector<Payload> QsgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                            std::span<float> residual, const ClientState& /*state*/,
+                                            const RoundContext& ctx, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   const uint32_t s = opt_.levels;
   const uint32_t bits = 1 + qsgdLevelBits(s);
   for (size_t t = 0; t < layout.size(); ++t) {
-    auto v = layout.slice(acc, t);
+    auto v = layout.slice(input, t);
+    auto res = residual.empty() ? residual : layout.slice(residual, t);
     const size_t n = v.size();
     Qsgd q;
     q.s = s;
@@ -68,9 +86,9 @@ std::vector<Payload> QsgdCompressor::compressAccumulated(const ParamLayout& layo
       if (level > s) level = s;
       const bool neg = v[i] < 0.0f;
       w.put((level << 1) | static_cast<uint32_t>(neg), bits);
-      if (opt_.error_feedback) {
+      if (!res.empty()) {
         const float sent = unit * static_cast<float>(level);
-        v[i] -= neg ? -sent : sent;
+        res[i] = v[i] - (neg ? -sent : sent);
       }
     }
     w.flush();

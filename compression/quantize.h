@@ -26,10 +26,11 @@ class SignCompressor final : public Compressor {
   std::string name() const override { return "sign"; }
   std::string spec() const override;
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   SignOptions opt_;
@@ -41,10 +42,11 @@ class QsgdCompressor final : public Compressor {
   std::string name() const override { return "qsgd"; }
   std::string spec() const override;
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   QsgdOptions opt_;

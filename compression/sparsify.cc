@@ -16,16 +16,19 @@ void checkDensity(double d, const char* who) {
   if (!(d > 0.0 && d <= 1.0)) STARLING_THROW(ConfigError, who, ": density must be in (0, 1], got ", d);
 }
 
-// Sends acc[idx] and, with EF, leaves acc as the new residual (sent positions zeroed).
-Sparse gather(std::span<float> acc, std::vector<uint32_t> idx, bool ef) {
+// Sends input[idx]; a kept residual (the same memory as input) has the sent positions zeroed.
+Sparse gather(std::span<const float> input, std::span<float> residual, std::vector<uint32_t> idx) {
   Sparse s;
   s.values.resize(idx.size());
-  for (size_t i = 0; i < idx.size(); ++i) {
-    s.values[i] = acc[idx[i]];
-    if (ef) acc[idx[i]] = 0.0f;
-  }
+  for (size_t i = 0; i < idx.size(); ++i) s.values[i] = input[idx[i]];
+  if (!residual.empty())
+    for (uint32_t i : idx) residual[i] = 0.0f;
   s.indices = std::move(idx);
   return s;
+}
+
+std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> residual, size_t t) {
+  return residual.empty() ? residual : layout.slice(residual, t);
 }
 
 std::string efText(bool ef) { return ef ? "true" : "false"; }
@@ -44,29 +47,42 @@ std::string TopKCompressor::spec() const {
   return os.str();
 }
 
-std::vector<Payload> TopKCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                         ClientState& /*state*/, const RoundContext& ctx) const {
+void TopKCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                   const RoundContext& /*ctx*/) const {
+  const auto* s = std::get_if<SparseView>(&p);
+  if (!s) unexpected(layout, t, p, "sparse");
+  // Layer scope sends exactly k per tensor; global scope splits one k over the tensors.
+  const size_t k = opt_.scope == TopKOptions::Scope::kLayer ? countForDensity(opt_.density, layout[t].numel)
+                                                            : countForDensity(opt_.density, layout.numel());
+  if (opt_.scope == TopKOptions::Scope::kLayer ? s->indices.size() != k : s->indices.size() > k)
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ", s->indices.size(),
+              " top-k entries, ", spec(), " sends ", opt_.scope == TopKOptions::Scope::kLayer ? "" : "at most ", k);
+}
+
+std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                            std::span<float> residual, const ClientState& /*state*/,
+                                            const RoundContext& ctx, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   std::vector<uint32_t> idx;
   if (opt_.scope == TopKOptions::Scope::kLayer) {
     for (size_t t = 0; t < layout.size(); ++t) {
-      auto v = layout.slice(acc, t);
+      auto v = layout.slice(input, t);
       selectTopK(v, countForDensity(opt_.density, v.size()), idx, ctx.run_seed ^ ctx.round);
-      out.emplace_back(gather(v, idx, opt_.error_feedback));
+      out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), idx));
     }
     return out;
   }
   // Global scope: one exact selection over the flat buffer, split per tensor (indices ascending,
   // so each tensor's share is a contiguous run).
-  selectTopK(acc, countForDensity(opt_.density, acc.size()), idx, ctx.run_seed ^ ctx.round);
+  selectTopK(input, countForDensity(opt_.density, input.size()), idx, ctx.run_seed ^ ctx.round);
   size_t pos = 0;
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
     const size_t end = spec.offset + spec.numel;
     std::vector<uint32_t> local;
     while (pos < idx.size() && idx[pos] < end) local.push_back(static_cast<uint32_t>(idx[pos++] - spec.offset));
-    out.emplace_back(gather(layout.slice(acc, t), std::move(local), opt_.error_feedback));
+    out.emplace_back(gather(layout.slice(input, t), sliceOrEmpty(layout, residual, t), std::move(local)));
   }
   return out;
 }
@@ -108,15 +124,26 @@ std::string RandKCompressor::spec() const {
   return os.str();
 }
 
-std::vector<Payload> RandKCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                          ClientState& /*state*/, const RoundContext& ctx) const {
+void RandKCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                    const RoundContext& /*ctx*/) const {
+  const auto* s = std::get_if<SparseView>(&p);
+  if (!s) unexpected(layout, t, p, "sparse");
+  const size_t k = countForDensity(opt_.density, layout[t].numel);
+  if (s->indices.size() != k)
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ", s->indices.size(),
+              " random-k entries, ", spec(), " sends ", k);
+}
+
+std::vector<Payload> RandKCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                             std::span<float> residual, const ClientState& /*state*/,
+                                             const RoundContext& ctx, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
-    auto v = layout.slice(acc, t);
+    auto v = layout.slice(input, t);
     auto idx = sampleIndices(v.size(), countForDensity(opt_.density, v.size()), ctx.run_seed, ctx.round,
                              ctx.client_id, t);
-    out.emplace_back(gather(v, std::move(idx), opt_.error_feedback));
+    out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), std::move(idx)));
   }
   return out;
 }
@@ -134,12 +161,25 @@ uint32_t RandBlockCompressor::blockOffset(uint64_t run_seed, uint64_t round, siz
   return static_cast<uint32_t>(rng.below(numel));
 }
 
-std::vector<Payload> RandBlockCompressor::compressAccumulated(const ParamLayout& layout, std::span<float> acc,
-                                                              ClientState& /*state*/, const RoundContext& ctx) const {
+void RandBlockCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                                        const RoundContext& ctx) const {
+  const auto* b = std::get_if<RandBlockView>(&p);
+  if (!b) unexpected(layout, t, p, "randblock");
+  const size_t n = layout[t].numel;
+  const uint32_t want = blockOffset(ctx.run_seed, ctx.round, t, n);
+  if (b->offset != want || b->values.size() != countForDensity(opt_.density, n))
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries a block of ", b->values.size(),
+              " values at offset ", b->offset, "; round ", ctx.round, " fixes ", countForDensity(opt_.density, n),
+              " values at offset ", want);
+}
+
+std::vector<Payload> RandBlockCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+                                                 std::span<float> residual, const ClientState& /*state*/,
+                                                 const RoundContext& ctx, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
-    auto v = layout.slice(acc, t);
+    auto v = layout.slice(input, t);
     const size_t n = v.size();
     const size_t len = countForDensity(opt_.density, n);
     RandBlock b;
@@ -148,9 +188,10 @@ std::vector<Payload> RandBlockCompressor::compressAccumulated(const ParamLayout&
     const size_t first = std::min(len, n - b.offset);
     std::copy_n(v.begin() + b.offset, first, b.values.begin());
     std::copy_n(v.begin(), len - first, b.values.begin() + static_cast<ptrdiff_t>(first));
-    if (opt_.error_feedback) {
-      std::fill_n(v.begin() + b.offset, first, 0.0f);
-      std::fill_n(v.begin(), len - first, 0.0f);
+    if (!residual.empty()) {
+      auto r = layout.slice(residual, t);
+      std::fill_n(r.begin() + b.offset, first, 0.0f);
+      std::fill_n(r.begin(), len - first, 0.0f);
     }
     out.emplace_back(std::move(b));
   }

@@ -32,10 +32,11 @@ class TopKCompressor final : public Compressor {
   std::string name() const override { return "topk"; }
   std::string spec() const override;
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   TopKOptions opt_;
@@ -47,10 +48,11 @@ class RandKCompressor final : public Compressor {
   std::string name() const override { return "randk"; }
   std::string spec() const override;
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   RandomSparsifyOptions opt_;
@@ -62,21 +64,22 @@ class RandBlockCompressor final : public Compressor {
   std::string name() const override { return "randblock"; }
   std::string spec() const override;
   bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
   // The block offset of tensor `tensor_index` in `round`: the same for every client.
   static uint32_t blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel);
 
  protected:
-  std::vector<Payload> compressAccumulated(const ParamLayout& layout, std::span<float> acc, ClientState& state,
-                                           const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   RandomSparsifyOptions opt_;
 };
 
-// Random k distinct indices of [0, n), ascending (Floyd's algorithm for small k, selection
-// sampling otherwise).
-std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t seed_a, uint64_t seed_b, uint64_t client,
+// Random k distinct indices of [0, n), ascending, from the stream (run_seed, round, client,
+// kRandK, sub): Floyd's algorithm for small k, selection sampling otherwise.
+std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round, uint64_t client,
                                     uint64_t sub);
 
 }  // namespace starling::compression

@@ -1,250 +1,365 @@
 #include "protocol/codec.h"
 
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cmath>
 #include <cstring>
-#include <memory>
 
 #include "core/overloaded.h"
 #include "protocol/starling_generated.h"
+
+// Views read FlatBuffers' little-endian scalars in place.
+static_assert(std::endian::native == std::endian::little, "the zero-copy decoder needs a little-endian host");
 
 namespace starling::protocol {
 namespace fb = starling::wire;
 namespace cz = starling::compression;
 
-const char* decodeErrcName(DecodeErrc c) {
-  switch (c) {
-    case DecodeErrc::kTruncated: return "truncated";
-    case DecodeErrc::kTrailingBytes: return "trailing bytes";
-    case DecodeErrc::kTooLarge: return "too large";
-    case DecodeErrc::kBadIdentifier: return "bad identifier";
-    case DecodeErrc::kMalformed: return "malformed";
-    case DecodeErrc::kUnsupportedVersion: return "unsupported version";
-    case DecodeErrc::kUnexpectedMessage: return "unexpected message";
-    case DecodeErrc::kUnknownEncoding: return "unknown encoding";
-    case DecodeErrc::kMissingField: return "missing field";
-    case DecodeErrc::kFingerprintMismatch: return "fingerprint mismatch";
-    case DecodeErrc::kTensorCountMismatch: return "tensor count mismatch";
-    case DecodeErrc::kSizeMismatch: return "size mismatch";
-    case DecodeErrc::kIndexOutOfRange: return "index out of range";
-    case DecodeErrc::kDuplicateIndex: return "duplicate or unsorted index";
-    case DecodeErrc::kShapeMismatch: return "shape mismatch";
-    case DecodeErrc::kNonFinite: return "non-finite value";
-    case DecodeErrc::kLevelOutOfRange: return "level out of range";
-    case DecodeErrc::kMissingSharedFactor: return "missing shared factor";
-    case DecodeErrc::kBadPadding: return "bad padding";
-  }
-  return "unknown";
-}
-
 namespace {
 
-[[noreturn]] void fail(DecodeErrc code, const std::string& msg) { throw DecodeError(code, msg); }
-
-DecodeErrc fromPayloadErrc(cz::PayloadErrc c) {
-  switch (c) {
-    case cz::PayloadErrc::kSizeMismatch: return DecodeErrc::kSizeMismatch;
-    case cz::PayloadErrc::kIndexOutOfRange: return DecodeErrc::kIndexOutOfRange;
-    case cz::PayloadErrc::kIndexOrder: return DecodeErrc::kDuplicateIndex;
-    case cz::PayloadErrc::kShapeMismatch: return DecodeErrc::kShapeMismatch;
-    case cz::PayloadErrc::kNonFinite: return DecodeErrc::kNonFinite;
-    case cz::PayloadErrc::kLevelOutOfRange: return DecodeErrc::kLevelOutOfRange;
-    case cz::PayloadErrc::kMissingSharedFactor: return DecodeErrc::kMissingSharedFactor;
-    case cz::PayloadErrc::kBadPadding: return DecodeErrc::kBadPadding;
-  }
-  return DecodeErrc::kMalformed;
+template <class T>
+std::span<const T> spanOf(const flatbuffers::Vector<T>* v) {
+  return v ? std::span<const T>(v->data(), v->size()) : std::span<const T>();
 }
 
-flatbuffers::Offset<fb::Tensor> encodeTensor(flatbuffers::FlatBufferBuilder& b, const cz::Payload& p) {
+// ---------------------------------------------------------------- encoding
+
+template <class T>
+flatbuffers::Offset<flatbuffers::Vector<T>> vec(flatbuffers::FlatBufferBuilder& b, std::span<const T> s) {
+  return b.CreateVector(s.data(), s.size());
+}
+
+flatbuffers::Offset<fb::Tensor> encodeTensor(flatbuffers::FlatBufferBuilder& b, const cz::PayloadView& p) {
   return std::visit(
       Overloaded{
-          [&](const cz::DenseF32& d) {
-            return fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, b.CreateVector(d.values)).Union());
+          [&](const cz::DenseF32View& d) {
+            return fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, vec(b, d.values)).Union());
           },
-          [&](const cz::DenseF16& d) {
-            return fb::CreateTensor(b, fb::Payload::DenseF16, fb::CreateDenseF16(b, b.CreateVector(d.values)).Union());
+          [&](const cz::DenseF16View& d) {
+            return fb::CreateTensor(b, fb::Payload::DenseF16, fb::CreateDenseF16(b, vec(b, d.values)).Union());
           },
-          [&](const cz::DenseBF16& d) {
-            return fb::CreateTensor(b, fb::Payload::DenseBF16,
-                                    fb::CreateDenseBF16(b, b.CreateVector(d.values)).Union());
+          [&](const cz::DenseBF16View& d) {
+            return fb::CreateTensor(b, fb::Payload::DenseBF16, fb::CreateDenseBF16(b, vec(b, d.values)).Union());
           },
-          [&](const cz::Sparse& s) {
-            auto idx = b.CreateVector(s.indices);
-            auto val = b.CreateVector(s.values);
+          [&](const cz::SparseView& s) {
+            auto idx = vec(b, s.indices);
+            auto val = vec(b, s.values);
             return fb::CreateTensor(b, fb::Payload::Sparse, fb::CreateSparse(b, idx, val).Union());
           },
-          [&](const cz::RandBlock& r) {
-            auto val = b.CreateVector(r.values);
+          [&](const cz::RandBlockView& r) {
+            auto val = vec(b, r.values);
             return fb::CreateTensor(b, fb::Payload::RandBlock, fb::CreateRandBlock(b, r.offset, val).Union());
           },
-          [&](const cz::LowRank& l) {
+          [&](const cz::LowRankView& l) {
             flatbuffers::Offset<flatbuffers::Vector<float>> p_off, q_off;
-            if (!l.p.empty()) p_off = b.CreateVector(l.p);
-            if (!l.q.empty()) q_off = b.CreateVector(l.q);
+            if (!l.p.empty()) p_off = vec(b, l.p);
+            if (!l.q.empty()) q_off = vec(b, l.q);
             return fb::CreateTensor(b, fb::Payload::LowRank,
                                     fb::CreateLowRank(b, l.rows, l.cols, l.rank, p_off, q_off).Union());
           },
-          [&](const cz::Sign& s) {
-            auto bits = b.CreateVector(s.bits);
+          [&](const cz::SignView& s) {
+            auto bits = vec(b, s.bits);
             return fb::CreateTensor(b, fb::Payload::Sign, fb::CreateSign(b, s.scale, bits).Union());
           },
-          [&](const cz::Qsgd& q) {
-            auto packed = b.CreateVector(q.packed);
+          [&](const cz::QsgdView& q) {
+            auto packed = vec(b, q.packed);
             return fb::CreateTensor(b, fb::Payload::Qsgd, fb::CreateQsgd(b, q.norm, q.s, packed).Union());
           },
       },
       p);
 }
 
-template <class T>
-std::vector<T> copyOut(const flatbuffers::Vector<T>* v, const char* what, size_t tensor) {
-  if (!v) fail(DecodeErrc::kMissingField, "tensor " + std::to_string(tensor) + ": " + what + " is absent");
-  return std::vector<T>(v->begin(), v->end());
+size_t estimate(std::span<const cz::PayloadView> tensors) {
+  size_t e = 256;
+  for (const auto& p : tensors) e += cz::payloadDataBytes(p) + 32;
+  return e;
 }
 
-cz::Payload decodeTensor(const fb::Tensor* t, size_t i) {
-  if (!t) fail(DecodeErrc::kMissingField, "tensor " + std::to_string(i) + " is null");
-  // The verifier accepts a union whose type is set but whose table is absent.
-  if (t->payload_type() != fb::Payload::NONE && !t->payload())
-    fail(DecodeErrc::kMissingField, "tensor " + std::to_string(i) + " names an encoding but carries no payload");
-  switch (t->payload_type()) {
-    case fb::Payload::DenseF32: {
-      auto* d = t->payload_as_DenseF32();
-      return cz::DenseF32{copyOut(d->values(), "dense values", i)};
-    }
-    case fb::Payload::DenseF16:
-      return cz::DenseF16{copyOut(t->payload_as_DenseF16()->values(), "fp16 values", i)};
-    case fb::Payload::DenseBF16:
-      return cz::DenseBF16{copyOut(t->payload_as_DenseBF16()->values(), "bf16 values", i)};
-    case fb::Payload::Sparse: {
-      auto* s = t->payload_as_Sparse();
-      return cz::Sparse{copyOut(s->indices(), "sparse indices", i), copyOut(s->values(), "sparse values", i)};
-    }
-    case fb::Payload::RandBlock: {
-      auto* r = t->payload_as_RandBlock();
-      return cz::RandBlock{r->offset(), copyOut(r->values(), "block values", i)};
-    }
-    case fb::Payload::LowRank: {
-      auto* l = t->payload_as_LowRank();
-      cz::LowRank out{l->rows(), l->cols(), l->rank(), {}, {}};
-      if (l->p()) out.p.assign(l->p()->begin(), l->p()->end());
-      if (l->q()) out.q.assign(l->q()->begin(), l->q()->end());
-      return out;
-    }
-    case fb::Payload::Sign: {
-      auto* s = t->payload_as_Sign();
-      return cz::Sign{s->scale(), copyOut(s->bits(), "sign bits", i)};
-    }
-    case fb::Payload::Qsgd: {
-      auto* q = t->payload_as_Qsgd();
-      return cz::Qsgd{q->norm(), q->s(), copyOut(q->packed(), "QSGD levels", i)};
-    }
-    default:
-      fail(DecodeErrc::kUnknownEncoding, "tensor " + std::to_string(i) + " has payload type " +
-                                             std::to_string(static_cast<int>(t->payload_type())) +
-                                             ", unknown to this build");
-  }
-}
-
-// Checks framing, identifier, structure and version; returns the verified message.
-const fb::Message* verifyMessage(std::span<const uint8_t> bytes, const DecodeOptions& o,
-                                 std::unique_ptr<uint64_t[]>& aligned) {
-  if (bytes.size() > o.max_bytes)
-    fail(DecodeErrc::kTooLarge, std::to_string(bytes.size()) + " bytes exceed the limit of " + std::to_string(o.max_bytes));
-  if (bytes.size() < 4) fail(DecodeErrc::kTruncated, "only " + std::to_string(bytes.size()) + " bytes, no size prefix");
-  uint32_t declared = 0;
-  for (int i = 0; i < 4; ++i) declared |= static_cast<uint32_t>(bytes[i]) << (8 * i);
-  const size_t body = bytes.size() - 4;
-  if (declared > body)
-    fail(DecodeErrc::kTruncated, "size prefix announces " + std::to_string(declared) + " bytes, " +
-                                     std::to_string(body) + " arrived");
-  if (declared < body)
-    fail(DecodeErrc::kTrailingBytes, std::to_string(body - declared) + " bytes after the announced " +
-                                         std::to_string(declared));
-  if (body < 8) fail(DecodeErrc::kTruncated, "message body of " + std::to_string(body) + " bytes is too short");
-  if (std::memcmp(bytes.data() + 8, fb::MessageIdentifier(), 4) != 0)
-    fail(DecodeErrc::kBadIdentifier, "file identifier is not \"STRL\": not a Starling message");
-  const uint8_t* data = bytes.data();
-  if (reinterpret_cast<uintptr_t>(data) % 8 != 0) {  // FlatBuffers reads scalars in place: realign
-    aligned.reset(new uint64_t[(bytes.size() + 7) / 8]);
-    std::memcpy(aligned.get(), data, bytes.size());
-    data = reinterpret_cast<const uint8_t*>(aligned.get());
-  }
-  flatbuffers::Verifier verifier(data, bytes.size(), /*max_depth=*/16, /*max_tables=*/4'000'000);
-  if (!fb::VerifySizePrefixedMessageBuffer(verifier))
-    fail(DecodeErrc::kMalformed, "the FlatBuffers verifier rejected the buffer (corrupt offsets or lengths)");
-  const fb::Message* msg = fb::GetSizePrefixedMessage(data);
-  if (msg->schema_version() != kSchemaVersion)
-    fail(DecodeErrc::kUnsupportedVersion, "schema version " + std::to_string(msg->schema_version()) +
-                                              ", this build speaks " + std::to_string(kSchemaVersion));
-  return msg;
-}
-
-cz::Update decodeStructure(const fb::Message* msg) {
-  if (msg->body_type() != fb::Body::Update || !msg->body_as_Update())
-    fail(DecodeErrc::kUnexpectedMessage, "expected an Update, got body type " +
-                                             std::to_string(static_cast<int>(msg->body_type())));
-  const fb::Update* u = msg->body_as_Update();
-  cz::Update out;
-  out.layout_fingerprint = u->layout_fingerprint();
-  out.round = u->round();
-  out.client_id = u->client_id();
-  out.num_examples = u->num_examples();
-  if (!u->tensors()) fail(DecodeErrc::kMissingField, "update has no tensor list");
-  out.tensors.reserve(u->tensors()->size());
-  for (flatbuffers::uoffset_t i = 0; i < u->tensors()->size(); ++i)
-    out.tensors.push_back(decodeTensor(u->tensors()->Get(i), i));
-  if (u->metrics()) {
-    for (flatbuffers::uoffset_t i = 0; i < u->metrics()->size(); ++i) {
-      const fb::Metric* m = u->metrics()->Get(i);
-      if (!m || !m->name()) fail(DecodeErrc::kMissingField, "metric " + std::to_string(i) + " has no name");
-      out.metrics.push_back({m->name()->str(), m->value()});
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-std::vector<uint8_t> encodeUpdate(const cz::Update& update) {
-  size_t estimate = 256;
-  for (const auto& p : update.tensors) estimate += cz::payloadDataBytes(p) + 32;
-  flatbuffers::FlatBufferBuilder b(estimate);
-  std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
-  tensors.reserve(update.tensors.size());
-  for (const auto& p : update.tensors) tensors.push_back(encodeTensor(b, p));
-  std::vector<flatbuffers::Offset<fb::Metric>> metrics;
-  for (const auto& m : update.metrics) metrics.push_back(fb::CreateMetric(b, b.CreateString(m.name), m.value));
-  auto tv = b.CreateVector(tensors);
-  auto mv = b.CreateVector(metrics);
-  auto u = fb::CreateUpdate(b, update.layout_fingerprint, update.round, update.client_id, update.num_examples, tv, mv);
-  auto msg = fb::CreateMessage(b, kSchemaVersion, fb::Body::Update, u.Union());
+std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type, flatbuffers::Offset<void> body) {
+  auto msg = fb::CreateMessage(b, kSchemaVersion, type, body);
   fb::FinishSizePrefixedMessageBuffer(b, msg);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
 
-size_t encodedSize(const cz::Update& update) { return encodeUpdate(update).size(); }
+std::vector<flatbuffers::Offset<fb::Tensor>> encodeTensors(flatbuffers::FlatBufferBuilder& b,
+                                                            std::span<const cz::PayloadView> tensors) {
+  std::vector<flatbuffers::Offset<fb::Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& p : tensors) out.push_back(encodeTensor(b, p));
+  return out;
+}
 
-cz::Update decodeUpdateUnchecked(std::span<const uint8_t> bytes, const DecodeOptions& options) {
-  std::unique_ptr<uint64_t[]> aligned;
-  return decodeStructure(verifyMessage(bytes, options, aligned));
+// ---------------------------------------------------------------- decoding
+
+[[noreturn]] void fail(Errc code, const std::string& msg) { throw InputError(code, msg); }
+
+}  // namespace
+
+void DecodeLimits::validate() const {
+  if (max_bytes < 64 || max_bytes > (size_t{2} << 30) - 1)
+    STARLING_THROW(ConfigError, "decode limits: max_bytes must be in [64, 2^31), got ", max_bytes);
+  if (max_metrics > 4096) STARLING_THROW(ConfigError, "decode limits: max_metrics must be <= 4096, got ", max_metrics);
+  if (max_metric_name == 0 || max_metric_name > 1024)
+    STARLING_THROW(ConfigError, "decode limits: max_metric_name must be in [1, 1024], got ", max_metric_name);
+}
+
+std::vector<uint8_t> encodeUpdate(const cz::UpdateView& u) {
+  flatbuffers::FlatBufferBuilder b(estimate(u.tensors));
+  auto tensors = encodeTensors(b, u.tensors);
+  std::vector<flatbuffers::Offset<fb::Metric>> metrics;
+  for (const auto& m : u.metrics)
+    metrics.push_back(fb::CreateMetric(b, b.CreateString(m.name.data(), m.name.size()), m.value));
+  auto tv = b.CreateVector(tensors);
+  auto mv = b.CreateVector(metrics);
+  const auto& h = u.header;
+  auto body = fb::CreateUpdate(b, h.layout_fingerprint, h.round, h.client_id, h.num_examples, tv, mv, h.phase);
+  return finish(b, fb::Body::Update, body.Union());
+}
+
+size_t encodedSize(const cz::UpdateView& u) { return encodeUpdate(u).size(); }
+
+std::vector<uint8_t> encodePartial(const cz::PartialView& m) {
+  flatbuffers::FlatBufferBuilder b(estimate(m.tensors));
+  auto tensors = encodeTensors(b, m.tensors);
+  std::vector<flatbuffers::Offset<fb::MetricSum>> metrics;
+  for (const auto& x : m.metrics)
+    metrics.push_back(fb::CreateMetricSum(b, b.CreateString(x.name.data(), x.name.size()), x.weighted_sum, x.weight));
+  auto tv = b.CreateVector(tensors);
+  auto mv = b.CreateVector(metrics);
+  const auto& h = m.header;
+  auto body = fb::CreatePartialAggregate(b, h.layout_fingerprint, h.round, h.phase, h.shared_tag, h.count,
+                                         h.total_weight, tv, mv);
+  return finish(b, fb::Body::PartialAggregate, body.Union());
+}
+
+Decoder::Decoder(const ParamLayout& layout, DecodeLimits limits) : layout_(layout), limits_(limits) {
+  limits_.validate();
+}
+
+const void* Decoder::verify(std::span<const uint8_t> bytes) {
+  if (bytes.size() > limits_.max_bytes)
+    fail(Errc::kTooLarge, std::to_string(bytes.size()) + " bytes exceed the limit of " + std::to_string(limits_.max_bytes));
+  if (bytes.size() < 4) fail(Errc::kTruncated, "only " + std::to_string(bytes.size()) + " bytes, no size prefix");
+  uint32_t declared = 0;
+  for (int i = 0; i < 4; ++i) declared |= static_cast<uint32_t>(bytes[i]) << (8 * i);
+  const size_t body = bytes.size() - 4;
+  if (declared > body)
+    fail(Errc::kTruncated, "size prefix announces " + std::to_string(declared) + " bytes, " + std::to_string(body) + " arrived");
+  if (declared < body)
+    fail(Errc::kTrailingBytes, std::to_string(body - declared) + " bytes after the announced " + std::to_string(declared));
+  if (body < 8) fail(Errc::kTruncated, "message body of " + std::to_string(body) + " bytes is too short");
+  if (std::memcmp(bytes.data() + 8, fb::MessageIdentifier(), 4) != 0)
+    fail(Errc::kBadIdentifier, "file identifier is not \"STRL\": not a Starling message");
+  const uint8_t* data = bytes.data();
+  if (reinterpret_cast<uintptr_t>(data) % 8 != 0) {
+    // FlatBuffers reads scalars in place and our views are typed spans: realign (a ZeroMQ frame
+    // need not be 8-byte aligned). The only copy the decoder ever makes.
+    aligned_.resize((bytes.size() + 7) / 8);
+    std::memcpy(aligned_.data(), data, bytes.size());
+    data = reinterpret_cast<const uint8_t*>(aligned_.data());
+    realigned_bytes_ += bytes.size();
+  }
+  // Table budget: an honest message has a root, a body, two tables per tensor and one per metric.
+  // Twice that leaves room for a message with a few tensors too many to reach the count check.
+  const size_t max_tables = 2 * (4 + 2 * layout_.size() + limits_.max_metrics);
+  flatbuffers::Verifier verifier(data, bytes.size(), /*max_depth=*/16, static_cast<flatbuffers::uoffset_t>(max_tables));
+  if (!fb::VerifySizePrefixedMessageBuffer(verifier))
+    fail(Errc::kMalformed, "the FlatBuffers verifier rejected the buffer (corrupt offsets or lengths, or over " +
+                               std::to_string(max_tables) + " tables)");
+  const fb::Message* msg = fb::GetSizePrefixedMessage(data);
+  if (msg->schema_version() != kSchemaVersion)
+    fail(Errc::kUnsupportedVersion, "schema version " + std::to_string(msg->schema_version()) + ", this build speaks " +
+                                        std::to_string(kSchemaVersion));
+  regions_.clear();
+  return msg;
+}
+
+namespace {
+
+const char* bodyName(fb::Body b) {
+  const char* n = fb::EnumNameBody(b);
+  return n && *n ? n : "unknown";
+}
+
+// The tensors of an Update or PartialAggregate as views, with every field present. Collects the
+// byte regions the views cover for the sharing check.
+template <class Region>
+void decodeTensors(const flatbuffers::Vector<flatbuffers::Offset<fb::Tensor>>* tensors, size_t expected,
+                   std::vector<cz::PayloadView>& out, std::vector<Region>& regions) {
+  if (!tensors) fail(Errc::kMissingField, "the message has no tensor list");
+  // The count is checked before any per-tensor work.
+  if (tensors->size() != expected)
+    fail(Errc::kTensorCountMismatch,
+         "the message carries " + std::to_string(tensors->size()) + " tensors, the model has " + std::to_string(expected));
+  out.clear();
+  auto note = [&](auto s) {
+    if (!s.empty()) {
+      const auto* b = reinterpret_cast<const uint8_t*>(s.data());
+      regions.push_back(Region{b, b + s.size_bytes()});
+    }
+  };
+  for (flatbuffers::uoffset_t i = 0; i < tensors->size(); ++i) {
+    const fb::Tensor* t = tensors->Get(i);
+    auto where = [&] { return "tensor " + std::to_string(i); };
+    if (!t) fail(Errc::kMissingField, where() + " is null");
+    // The verifier accepts a union whose type is set but whose table is absent.
+    if (t->payload_type() != fb::Payload::NONE && !t->payload())
+      fail(Errc::kMissingField, where() + " names an encoding but carries no payload");
+    auto need = [&](const auto* v, const char* what) {
+      if (!v) fail(Errc::kMissingField, where() + ": " + what + " is absent");
+      note(spanOf(v));
+      return spanOf(v);
+    };
+    switch (t->payload_type()) {
+      case fb::Payload::DenseF32:
+        out.push_back(cz::DenseF32View{need(t->payload_as_DenseF32()->values(), "dense values")});
+        break;
+      case fb::Payload::DenseF16:
+        out.push_back(cz::DenseF16View{need(t->payload_as_DenseF16()->values(), "fp16 values")});
+        break;
+      case fb::Payload::DenseBF16:
+        out.push_back(cz::DenseBF16View{need(t->payload_as_DenseBF16()->values(), "bf16 values")});
+        break;
+      case fb::Payload::Sparse: {
+        const auto* s = t->payload_as_Sparse();
+        auto idx = need(s->indices(), "sparse indices");
+        out.push_back(cz::SparseView{idx, need(s->values(), "sparse values")});
+        break;
+      }
+      case fb::Payload::RandBlock: {
+        const auto* r = t->payload_as_RandBlock();
+        out.push_back(cz::RandBlockView{r->offset(), need(r->values(), "block values")});
+        break;
+      }
+      case fb::Payload::LowRank: {
+        const auto* l = t->payload_as_LowRank();
+        note(spanOf(l->p()));
+        note(spanOf(l->q()));
+        out.push_back(cz::LowRankView{l->rows(), l->cols(), l->rank(), spanOf(l->p()), spanOf(l->q())});
+        break;
+      }
+      case fb::Payload::Sign: {
+        const auto* s = t->payload_as_Sign();
+        out.push_back(cz::SignView{s->scale(), need(s->bits(), "sign bits")});
+        break;
+      }
+      case fb::Payload::Qsgd: {
+        const auto* q = t->payload_as_Qsgd();
+        out.push_back(cz::QsgdView{q->norm(), q->s(), need(q->packed(), "QSGD levels")});
+        break;
+      }
+      default:
+        fail(Errc::kUnknownEncoding, where() + " has payload type " + std::to_string(static_cast<int>(t->payload_type())) +
+                                         ", unknown to this build");
+    }
+  }
+}
+
+// A metric name: 1..max bytes of letters, digits and "_.-/".
+std::string_view metricName(const flatbuffers::String* s, size_t i, size_t max_len) {
+  if (!s) fail(Errc::kMissingField, "metric " + std::to_string(i) + " has no name");
+  const std::string_view n(s->c_str(), s->size());
+  if (n.empty() || n.size() > max_len)
+    fail(Errc::kBadMetric, "metric " + std::to_string(i) + " has a name of " + std::to_string(n.size()) +
+                               " bytes (1 to " + std::to_string(max_len) + " allowed)");
+  for (char c : n)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' || c == '/'))
+      fail(Errc::kBadMetric, "metric " + std::to_string(i) + " has a name with a character outside [A-Za-z0-9_.-/]");
+  return n;
+}
+
+template <class Views>
+void checkUniqueNames(const Views& metrics) {
+  for (size_t i = 0; i < metrics.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (metrics[i].name == metrics[j].name)
+        fail(Errc::kBadMetric, "metric '" + std::string(metrics[i].name) + "' appears twice");
+}
+
+void requireFiniteMetric(double v, std::string_view name) {
+  if (!std::isfinite(v)) fail(Errc::kBadMetric, "metric '" + std::string(name) + "' is not finite");
+}
+
+// The metrics of an Update (Metric tables) or a PartialAggregate (MetricSum tables) as views:
+// bounded in number, checked names, unique, finite values (`make` builds a view and checks its
+// values). Their bytes join the regions of the sharing check.
+template <class Table, class View, class Region, class Make>
+void decodeMetrics(const flatbuffers::Vector<flatbuffers::Offset<Table>>* ms, const DecodeLimits& limits,
+                   std::vector<View>& out, std::vector<Region>& regions, Make make) {
+  out.clear();
+  if (!ms) return;
+  if (ms->size() > limits.max_metrics)
+    fail(Errc::kBadMetric, std::to_string(ms->size()) + " metrics, at most " + std::to_string(limits.max_metrics));
+  for (flatbuffers::uoffset_t i = 0; i < ms->size(); ++i) {
+    const Table* m = ms->Get(i);
+    if (!m) fail(Errc::kMissingField, "metric " + std::to_string(i) + " is null");
+    const std::string_view name = metricName(m->name(), i, limits.max_metric_name);
+    out.push_back(make(*m, name));
+    const auto* b = reinterpret_cast<const uint8_t*>(name.data());
+    regions.push_back(Region{b, b + name.size()});
+  }
+  checkUniqueNames(out);
+}
+
+}  // namespace
+
+void Decoder::checkRegions() {
+  // Linear cost whatever the message claims: no two views may share or overlap bytes. (Honest
+  // encoders never share; a hostile one could point every tensor at one big vector.)
+  std::sort(regions_.begin(), regions_.end(), [](const Region& a, const Region& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < regions_.size(); ++i)
+    if (regions_[i].begin < regions_[i - 1].end)
+      fail(Errc::kSharedData, "two fields of the message share or overlap bytes");
+}
+
+const cz::UpdateView& Decoder::decodeUpdate(std::span<const uint8_t> bytes) {
+  const auto* msg = static_cast<const fb::Message*>(verify(bytes));
+  if (msg->body_type() != fb::Body::Update || !msg->body_as_Update())
+    fail(Errc::kUnexpectedMessage, std::string("expected an Update, got ") + bodyName(msg->body_type()));
+  const fb::Update* u = msg->body_as_Update();
+  cz::UpdateView& out = update_;
+  out.header = {u->layout_fingerprint(), u->round(), u->phase(), u->client_id(), u->num_examples()};
+  if (out.header.layout_fingerprint != layout_.fingerprint())
+    fail(Errc::kFingerprintMismatch, "update from client " + std::to_string(out.header.client_id) +
+                                         " is for model fingerprint " + std::to_string(out.header.layout_fingerprint) +
+                                         ", expected " + std::to_string(layout_.fingerprint()));
+  decodeTensors(u->tensors(), layout_.size(), out.tensors, regions_);
+  decodeMetrics(u->metrics(), limits_, out.metrics, regions_, [](const fb::Metric& m, std::string_view name) {
+    requireFiniteMetric(m.value(), name);
+    return cz::MetricView{name, m.value()};
+  });
+  checkRegions();
+  return out;
+}
+
+const cz::PartialView& Decoder::decodePartial(std::span<const uint8_t> bytes) {
+  const auto* msg = static_cast<const fb::Message*>(verify(bytes));
+  if (msg->body_type() != fb::Body::PartialAggregate || !msg->body_as_PartialAggregate())
+    fail(Errc::kUnexpectedMessage, std::string("expected a PartialAggregate, got ") + bodyName(msg->body_type()));
+  const fb::PartialAggregate* p = msg->body_as_PartialAggregate();
+  cz::PartialView& out = partial_;
+  out.header = {p->layout_fingerprint(), p->round(), p->phase(), p->shared_tag(), p->count(), p->total_weight()};
+  if (out.header.layout_fingerprint != layout_.fingerprint())
+    fail(Errc::kFingerprintMismatch, "partial aggregate is for model fingerprint " +
+                                         std::to_string(out.header.layout_fingerprint) + ", expected " +
+                                         std::to_string(layout_.fingerprint()));
+  decodeTensors(p->tensors(), layout_.size(), out.tensors, regions_);
+  decodeMetrics(p->metrics(), limits_, out.metrics, regions_, [](const fb::MetricSum& m, std::string_view name) {
+    requireFiniteMetric(m.weighted_sum(), name);
+    requireFiniteMetric(m.weight(), name);
+    return cz::MetricSumView{name, m.weighted_sum(), m.weight()};
+  });
+  checkRegions();
+  return out;
 }
 
 cz::Update decodeUpdate(std::span<const uint8_t> bytes, const ParamLayout& layout, const cz::SharedFactors* shared,
-                        const DecodeOptions& options) {
-  cz::Update u = decodeUpdateUnchecked(bytes, options);
-  if (u.layout_fingerprint != layout.fingerprint())
-    fail(DecodeErrc::kFingerprintMismatch, "update is for model fingerprint " + std::to_string(u.layout_fingerprint) +
-                                               ", expected " + std::to_string(layout.fingerprint()));
-  if (u.tensors.size() != layout.size())
-    fail(DecodeErrc::kTensorCountMismatch, "update carries " + std::to_string(u.tensors.size()) +
-                                               " tensors, the model has " + std::to_string(layout.size()));
-  for (size_t i = 0; i < u.tensors.size(); ++i) {
-    try {
-      cz::validatePayload(u.tensors[i], layout[i], shared, i);
-    } catch (const cz::PayloadError& e) {
-      fail(fromPayloadErrc(e.code()), e.what());
-    }
-  }
-  return u;
+                        const DecodeLimits& limits) {
+  Decoder d(layout, limits);
+  const cz::UpdateView& v = d.decodeUpdate(bytes);
+  cz::validateUpdate(layout, v, shared);
+  return cz::toOwned(v);
 }
 
 }  // namespace starling::protocol

@@ -60,15 +60,15 @@ TEST_CASE("powersgd recovers an exactly rank-r matrix", "[compression]") {
     std::vector<float> update(layout.numel(), 0.0f);
     auto m = matrixWithSpectrum(96, 80, std::vector<float>(r, 3.0f), 100 + r);
     std::copy(m.begin(), m.end(), update.begin());
-    auto c = makeCompressor("powersgd:rank=" + std::to_string(r));
-    ClientState st = c->initialState(layout);
-    auto p = c->compress(layout, update, st, RoundContext{5, 0, 1});
+    auto c = makeCompressor("powersgd:mode=local,rank=" + std::to_string(r));
+    ClientState st = ClientState(layout.fingerprint());
+    auto p = c->compressWithFeedback(layout, update, st, RoundContext{5, 0, 0, 1});
     REQUIRE(std::holds_alternative<LowRank>(p[0]));
     REQUIRE(std::holds_alternative<DenseF32>(p[1]));  // 1-D tensors go dense
     auto back = testing::densify(layout, p);
     INFO("rank " << r);
     CHECK(testing::maxAbsDiff(back, update) < 1e-4);
-    CHECK(testing::norm2(st.residual) < 1e-3);
+    CHECK(testing::norm2(testing::residualOf(st, layout.numel())) < 1e-3);
     const auto& lr = std::get<LowRank>(p[0]);
     Eigen::Map<const RowMatrix> pm(lr.p.data(), 96, r);
     CHECK((pm.transpose() * pm - RowMatrix::Identity(r, r)).cwiseAbs().maxCoeff() < 1e-5f);
@@ -82,11 +82,11 @@ TEST_CASE("powersgd power iteration converges under warm start", "[compression]"
   auto m = matrixWithSpectrum(120, 100, spectrum, 7);
   std::copy(m.begin(), m.end(), update.begin());
   const double optimal = std::sqrt(1.0 + 0.25 + 0.0625);  // best rank-3 error: tail of the spectrum
-  auto c = makeCompressor("powersgd:rank=3,ef=false");
-  ClientState st = c->initialState(layout);
+  auto c = makeCompressor("powersgd:rank=3,ef=false,mode=local");
+  ClientState st = ClientState(layout.fingerprint());
   double first = 0, last = 0;
   for (int it = 0; it < 40; ++it) {
-    auto back = testing::densify(layout, c->compress(layout, update, st, RoundContext{1, static_cast<uint64_t>(it), 1}));
+    auto back = testing::densify(layout, c->compressWithFeedback(layout, update, st, RoundContext{1, static_cast<uint64_t>(it), 0, 1}));
     for (size_t i = 0; i < back.size(); ++i) back[i] -= update[i];
     const double err = testing::norm2(back);
     if (it == 0) first = err;
@@ -95,24 +95,26 @@ TEST_CASE("powersgd power iteration converges under warm start", "[compression]"
   CHECK(last <= optimal * 1.001);
   CHECK(first > last);
   // Without warm start every round restarts from the same seeded Q: no progress.
-  auto cold = makeCompressor("powersgd:rank=3,ef=false,warm_start=false");
-  ClientState cs = cold->initialState(layout);
+  auto cold = makeCompressor("powersgd:rank=3,ef=false,mode=local,warm_start=false");
+  ClientState cs = ClientState(layout.fingerprint());
   std::vector<float> b1, b2;
-  b1 = testing::densify(layout, cold->compress(layout, update, cs, RoundContext{1, 0, 1}));
-  b2 = testing::densify(layout, cold->compress(layout, update, cs, RoundContext{1, 1, 1}));
+  b1 = testing::densify(layout, cold->compressWithFeedback(layout, update, cs, RoundContext{1, 0, 0, 1}));
+  b2 = testing::densify(layout, cold->compressWithFeedback(layout, update, cs, RoundContext{1, 1, 0, 1}));
   CHECK(b1 == b2);
 }
 
-TEST_CASE("powersgd error feedback invariant", "[compression]") {
+TEST_CASE("local powersgd error feedback invariant", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  auto c = makeCompressor("powersgd:rank=2");
-  ClientState st = c->initialState(layout);
+  auto c = makeCompressor("powersgd:rank=2,mode=local");
+  ClientState st = ClientState(layout.fingerprint());
   for (uint64_t round = 0; round < 3; ++round) {
     auto u = testing::randomVector(layout.numel(), round);
+    const auto old = testing::residualOf(st, layout.numel());
     std::vector<float> expect(u.size());
-    for (size_t i = 0; i < u.size(); ++i) expect[i] = u[i] + st.residual[i];
-    auto sent = testing::densify(layout, c->compress(layout, u, st, RoundContext{1, round, 1}));
-    for (size_t i = 0; i < sent.size(); ++i) sent[i] += st.residual[i];
+    for (size_t i = 0; i < u.size(); ++i) expect[i] = u[i] + old[i];
+    auto sent = testing::densify(layout, c->compressWithFeedback(layout, u, st, RoundContext{1, round, 0, 1}));
+    const auto res = testing::residualOf(st, layout.numel());
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] += res[i];
     CHECK(testing::maxAbsDiff(sent, expect) < 1e-4);
   }
 }
@@ -145,9 +147,9 @@ TEST_CASE("acpsgd sends one factor against the shared one and with error feedbac
   CHECK(initialSharedFactors(layout, o, 77).factors == q0.factors);
   CHECK(initialSharedFactors(layout, o, 78).factors != q0.factors);
 
-  ClientState st = c->initialState(layout);
+  ClientState st = ClientState(layout.fingerprint());
   auto u = testing::randomVector(layout.numel(), 5);
-  auto p = c->compress(layout, u, st, RoundContext{77, 0, 1, &q0});
+  auto p = c->compressWithFeedback(layout, u, st, RoundContext{77, 0, 0, 1, &q0});
   const size_t fc1 = *layout.find("fc1.weight");
   const auto& lr = std::get<LowRank>(p[fc1]);
   CHECK(lr.q.empty());
@@ -159,7 +161,8 @@ TEST_CASE("acpsgd sends one factor against the shared one and with error feedbac
   CHECK((Eigen::Map<const RowMatrix>(lr.p.data(), 64, 2) - want).cwiseAbs().maxCoeff() < 1e-4f);
   // EF invariant with the shared factor expanding the one-factor payload.
   auto sent = testing::densify(layout, p, &q0);
-  for (size_t i = 0; i < sent.size(); ++i) sent[i] += st.residual[i];
+  const auto res = testing::residualOf(st, layout.numel());
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] += res[i];
   CHECK(testing::maxAbsDiff(sent, u) < 1e-4);
 
   // The other side: fixed P.
@@ -171,68 +174,128 @@ TEST_CASE("acpsgd sends one factor against the shared one and with error feedbac
       p0.factors[t] = testing::randomVector(layout[t].rows() * 2, t);
       orthogonalize(p0.factors[t].data(), layout[t].rows(), 2);
     }
-  const auto before = st.residual;
-  auto p2 = c->compress(layout, u, st, RoundContext{77, 1, 1, &p0});
+  const auto before = res;
+  auto p2 = c->compressWithFeedback(layout, u, st, RoundContext{77, 1, 0, 1, &p0});
   CHECK(std::get<LowRank>(p2[fc1]).p.empty());
   CHECK(std::get<LowRank>(p2[fc1]).q.size() == 256 * 2);
   auto sent2 = testing::densify(layout, p2, &p0);
-  for (size_t i = 0; i < sent2.size(); ++i) sent2[i] += st.residual[i] - before[i];
+  const auto res2 = testing::residualOf(st, layout.numel());
+  for (size_t i = 0; i < sent2.size(); ++i) sent2[i] += res2[i] - before[i];
   CHECK(testing::maxAbsDiff(sent2, u) < 1e-4);
 }
 
 TEST_CASE("acpsgd refuses a round without matching shared factors", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   auto c = makeCompressor("acpsgd:rank=2");
-  ClientState st = c->initialState(layout);
+  ClientState st = ClientState(layout.fingerprint());
   auto u = testing::randomVector(layout.numel(), 5);
-  CHECK_THROWS_WITH(c->compress(layout, u, st, RoundContext{}), Catch::Contains("no shared factors"));
+  CHECK_THROWS_WITH(c->compressWithFeedback(layout, u, st, RoundContext{}), Catch::Contains("no shared factors"));
   LowRankOptions o;
   o.rank = 3;
   auto wrong = initialSharedFactors(layout, o, 1);
-  CHECK_THROWS_WITH(c->compress(layout, u, st, RoundContext{1, 0, 0, &wrong}), Catch::Contains("expected"));
-  CHECK(testing::norm2(st.residual) == 0.0);  // untouched
+  CHECK_THROWS_WITH(c->compressWithFeedback(layout, u, st, RoundContext{1, 0, 0, 0, &wrong}), Catch::Contains("expected"));
+  CHECK(st.size() == 0);  // untouched: no component was created
 }
 
 TEST_CASE("two-phase powersgd with one client equals the local form", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  PowerSgdCompressor c(LowRankOptions{2, 2.0, true, true});
+  LowRankOptions o;
+  o.rank = 2;
+  o.two_phase = false;
+  PowerSgdCompressor local_c(o);
+  o.two_phase = true;
+  PowerSgdCompressor c(o);
+  REQUIRE(c.phases() == 2);
+  REQUIRE(local_c.phases() == 1);
   const auto u = testing::randomVector(layout.numel(), 3);
-  ClientState local = c.initialState(layout);
-  const auto ref = testing::densify(layout, c.compress(layout, u, local, RoundContext{9, 0, 1}));
+  ClientState local = ClientState(layout.fingerprint());
+  const auto ref = testing::densify(layout, local_c.compressWithFeedback(layout, u, local, RoundContext{9, 0, 0, 1}));
 
-  ClientState st = c.initialState(layout);
-  const SharedFactors q = initialSharedFactors(layout, c.options(), 9);
-  auto phase_p = c.compressPhaseP(layout, u, st, RoundContext{9, 0, 1, &q});
-  CHECK_THROWS_WITH(c.compressPhaseP(layout, u, st, RoundContext{9, 0, 1, &q}), Catch::Contains("twice"));
+  ClientState st = ClientState(layout.fingerprint());
+  const SharedFactors q = c.initialShared(layout, 9);
+  // The local form's seeded Q is the two-phase form's initial shared Q.
+  CHECK(q.factors == initialSharedFactors(layout, o, 9).factors);
+  auto phase_p = c.compressWithFeedback(layout, u, st, RoundContext{9, 0, 0, 1, &q});
+  CHECK_FALSE(c.factorsAreUpdate(0));
+  CHECK(c.factorsAreUpdate(1));
+  // P-hat by hand: the orthogonalized P of the only client.
   SharedFactors phat;
   phat.fixed = SharedFactors::Side::kP;
   phat.factors.resize(layout.size());
+  std::vector<std::vector<float>> sums(layout.size());
   std::vector<float> total(layout.numel(), 0.0f);
   for (size_t t = 0; t < layout.size(); ++t) {
     if (auto* lr = std::get_if<LowRank>(&phase_p[t])) {
+      CHECK(lr->q.empty());
+      sums[t] = lr->p;
       phat.factors[t] = lr->p;
       orthogonalize(phat.factors[t].data(), lr->rows, lr->rank);
     } else {
-      accumulatePayload(phase_p[t], layout[t], layout.slice(std::span<float>(total), t), 1.0f);
+      accumulatePayload(view(phase_p[t]), layout[t], layout.slice(std::span<float>(total), t), 1.0f);
     }
   }
-  auto phase_q = c.compressPhaseQ(layout, st, RoundContext{9, 0, 1, &phat});
+  std::vector<std::span<const float>> sum_views(sums.begin(), sums.end());
+  const SharedFactors next = c.nextShared(layout, RoundContext{9, 0, 0, 0, &q}, q, sum_views, 1.0);
+  CHECK(next.fixed == SharedFactors::Side::kP);
+  REQUIRE(next.factors.size() == layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    REQUIRE(next.factors[t].size() == phat.factors[t].size());
+    CHECK(testing::maxAbsDiff(next.factors[t], phat.factors[t]) < 1e-6);
+  }
+  auto phase_q = c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &next});
   for (size_t t = 0; t < layout.size(); ++t)
-    accumulatePayload(phase_q[t], layout[t], layout.slice(std::span<float>(total), t), 1.0f, &phat, t);
+    accumulatePayload(view(phase_q[t]), layout[t], layout.slice(std::span<float>(total), t), 1.0f, &next, t);
   CHECK(testing::maxAbsDiff(total, ref) < 1e-4);
-  CHECK(testing::maxAbsDiff(st.residual, local.residual) < 1e-4);
-  CHECK_THROWS_WITH(c.compressPhaseQ(layout, st, RoundContext{9, 0, 1, &phat}), Catch::Contains("without phase P"));
+  CHECK(testing::maxAbsDiff(testing::residualOf(st, layout.numel()), testing::residualOf(local, layout.numel())) < 1e-4);
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &next}),
+                    Catch::Contains("without phase P"));
 }
 
-TEST_CASE("compress between the two PowerSGD phases is refused and leaves the state intact", "[compression]") {
+TEST_CASE("between the two PowerSGD phases a wrong call is refused and leaves the state intact", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  PowerSgdCompressor c(LowRankOptions{2, 2.0, true, true});
-  const SharedFactors q = initialSharedFactors(layout, c.options(), 9);
-  ClientState st = c.initialState(layout);
+  PowerSgdCompressor c(LowRankOptions{2, 2.0, true, true, true});
+  const SharedFactors q = c.initialShared(layout, 9);
+  ClientState st = ClientState(layout.fingerprint());
   const auto u = testing::randomVector(layout.numel(), 3);
-  c.compressPhaseP(layout, u, st, RoundContext{9, 0, 1, &q});
-  const auto between = st.residual;
-  CHECK_THROWS_WITH(c.compress(layout, u, st, RoundContext{9, 0, 1}), Catch::Contains("between phase P and phase Q"));
-  CHECK(st.residual == between);
-  CHECK(st.pending_phase == 1);
+  c.compressWithFeedback(layout, u, st, RoundContext{9, 0, 0, 1, &q});
+  REQUIRE(st.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
+  const auto between = testing::stateBytes(st);
+  // Phase Q continues from the state: it takes no update.
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, u, st, RoundContext{9, 0, 1, 1, &q}), Catch::Contains("takes no update"));
+  // Phase Q needs P-hat, not the round's Q.
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &q}), Catch::Contains("wrong side"));
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1}), Catch::Contains("needs the shared P"));
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 2, 1}), Catch::Contains("does not exist"));
+  CHECK(testing::stateBytes(st) == between);
+  CHECK(st.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
+}
+
+TEST_CASE("a two-phase client that missed phase Q carries its whole matrix into the next round", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  for (bool ef : {true, false}) {
+    PowerSgdCompressor c(LowRankOptions{2, 2.0, ef, true, true});
+    const SharedFactors q = c.initialShared(layout, 4);
+    ClientState st = ClientState(layout.fingerprint());
+    const auto u1 = testing::randomVector(layout.numel(), 1), u2 = testing::randomVector(layout.numel(), 2);
+    c.compressWithFeedback(layout, u1, st, RoundContext{4, 0, 0, 1, &q});
+    // Phase P of the next round (the client never ran phase Q): M = u1 + u2 with EF, u2 without.
+    auto p = c.compressWithFeedback(layout, u2, st, RoundContext{4, 1, 0, 1, &q});
+    std::vector<float> m(layout.numel());
+    for (size_t i = 0; i < m.size(); ++i) m[i] = ef ? u1[i] + u2[i] : u2[i];
+    const size_t fc1 = *layout.find("fc1.weight");
+    Eigen::Map<const RowMatrix> qm(q.factors[fc1].data(), 256, 2);
+    const RowMatrix want = layout.matrix(std::span<const float>(m), fc1) * qm;
+    INFO("ef " << ef);
+    CHECK((Eigen::Map<const RowMatrix>(std::get<LowRank>(p[fc1]).p.data(), 64, 2) - want).cwiseAbs().maxCoeff() < 1e-4f);
+    // The kept buffer holds M on low-rank tensors and nothing on the dense ones (sent whole).
+    const auto kept = testing::residualOf(st, layout.numel());
+    for (size_t t = 0; t < layout.size(); ++t) {
+      const auto k = layout.slice(std::span<const float>(kept), t);
+      const auto mt = layout.slice(std::span<const float>(m), t);
+      if (std::holds_alternative<LowRank>(p[t]))
+        CHECK(std::equal(k.begin(), k.end(), mt.begin()));
+      else
+        CHECK(std::all_of(k.begin(), k.end(), [](float x) { return x == 0.0f; }));
+    }
+  }
 }

@@ -7,26 +7,42 @@
 using namespace starling;
 using namespace starling::compression;
 
-TEST_CASE("every catalogued compressor builds by name and compresses", "[compression]") {
+TEST_CASE("every registered compressor builds by name and compresses", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 1);
-  REQUIRE(compressorCatalog().size() == 10);
-  for (const auto& info : compressorCatalog()) {
-    auto c = makeCompressor(info.name);
-    CHECK(c->name() == info.name);
+  REQUIRE(compressors().entries().size() == 10);
+  CHECK(compressors().names() == "none, fp16, bf16, topk, randk, randblock, sign, qsgd, powersgd, acpsgd");
+  for (const auto& e : compressors().entries()) {
+    INFO(e.name);
+    CHECK_FALSE(e.summary.empty());
+    auto c = makeCompressor(e.name);
+    CHECK(c->name() == e.name);
     // The canonical spec parses back to an equivalent compressor.
     CHECK(makeCompressor(c->spec())->spec() == c->spec());
-    ClientState st = c->initialState(layout);
-    SharedFactors shared;
-    RoundContext ctx{1, 0, 1};
-    if (info.name == "acpsgd") {
-      shared = initialSharedFactors(layout, LowRankOptions{}, 1);
-      ctx.shared = &shared;
-    }
-    auto p = c->compress(layout, update, st, ctx);
+    ClientState st = ClientState(layout.fingerprint());
+    // The round's shared factors come from the compressor itself: no compressor names here.
+    const SharedFactors shared = c->initialShared(layout, 1);
+    REQUIRE(shared.factors.size() == layout.size());
+    CHECK(shared.any() == (e.name == "powersgd" || e.name == "acpsgd"));
+    auto p = c->compressWithFeedback(layout, update, st, RoundContext{1, 0, 0, 1, &shared});
     REQUIRE(p.size() == layout.size());
-    for (size_t t = 0; t < layout.size(); ++t) CHECK_NOTHROW(validatePayload(p[t], layout[t], &shared, t));
+    for (size_t t = 0; t < layout.size(); ++t) CHECK_NOTHROW(validatePayload(view(p[t]), layout[t], &shared, t));
+    // Options that a spec accepts are listed in the entry's options text.
+    const auto pos = c->spec().find(':');
+    if (pos != std::string::npos) {
+      std::string rest = c->spec().substr(pos + 1);
+      for (size_t start = 0; start < rest.size();) {
+        const size_t comma = rest.find(',', start), eq = rest.find('=', start);
+        const std::string key = rest.substr(start, eq - start);
+        CHECK(e.options.find(key + "=") != std::string::npos);
+        start = comma == std::string::npos ? rest.size() : comma + 1;
+      }
+    } else {
+      CHECK(e.options.empty());
+    }
   }
+  CHECK(makeCompressor("powersgd")->phases() == 2);
+  CHECK(makeCompressor("powersgd:mode=local")->phases() == 1);
 }
 
 TEST_CASE("spec options are typed and checked", "[compression]") {
@@ -47,21 +63,24 @@ TEST_CASE("spec options are typed and checked", "[compression]") {
   CHECK_THROWS_WITH(makeCompressor("qsgd:levels=-3"), Catch::Contains("non-negative integer"));
   CHECK_THROWS_WITH(makeCompressor("powersgd:rank=0"), Catch::Contains("rank must be >= 1"));
   CHECK_THROWS_WITH(makeCompressor("powersgd:min_rate=0.5"), Catch::Contains("min_rate"));
+  CHECK_THROWS_WITH(makeCompressor("powersgd:mode=fast"), Catch::Contains("must be one of: local, two_phase"));
+  CHECK_THROWS_WITH(makeCompressor("acpsgd:mode=local"), Catch::Contains("unknown option 'mode'"));
   CHECK_THROWS_WITH(makeCompressor("none:x=1"), Catch::Contains("accepted: none"));
   CHECK_THROWS_AS(makeCompressor(""), ConfigError);
 }
 
 TEST_CASE("without error feedback a compressor never writes the caller's update", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  const SharedFactors shared = initialSharedFactors(layout, LowRankOptions{}, 1);
   for (const char* spec : {"none", "fp16", "bf16", "topk:ef=false", "topk:ef=false,scope=global", "randk:ef=false",
-                           "randblock:ef=false", "sign:ef=false", "qsgd", "powersgd:ef=false", "acpsgd:ef=false"}) {
+                           "randblock:ef=false", "sign:ef=false", "qsgd", "powersgd:ef=false",
+                           "powersgd:ef=false,mode=local", "acpsgd:ef=false"}) {
     auto c = makeCompressor(spec);
     REQUIRE_FALSE(c->usesErrorFeedback());
     std::vector<float> update = testing::randomVector(layout.numel(), 3);
     const std::vector<float> copy = update;
-    ClientState st = c->initialState(layout);
-    c->compress(layout, update, st, RoundContext{1, 0, 1, &shared});
+    ClientState st = ClientState(layout.fingerprint());
+    const SharedFactors round_shared = c->initialShared(layout, 1);
+    c->compressWithFeedback(layout, update, st, RoundContext{1, 0, 0, 1, &round_shared});
     INFO(spec);
     CHECK(update == copy);
   }

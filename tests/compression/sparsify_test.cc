@@ -19,18 +19,20 @@ namespace {
 void checkErrorFeedback(const std::string& spec, double rel_tol) {
   auto c = makeCompressor(spec);
   const ParamLayout layout = testing::smallCnnLayout();
-  ClientState st = c->initialState(layout);
+  ClientState st = ClientState(layout.fingerprint());
   REQUIRE(c->usesErrorFeedback());
   const SharedFactors* shared = nullptr;
   for (uint64_t round = 0; round < 4; ++round) {
     const auto update = testing::randomVector(layout.numel(), 100 + round);
+    const auto old = testing::residualOf(st, layout.numel());
     std::vector<float> expect(layout.numel());
-    for (size_t i = 0; i < expect.size(); ++i) expect[i] = update[i] + st.residual[i];
-    auto payloads = c->compress(layout, update, st, RoundContext{1, round, 5, shared});
+    for (size_t i = 0; i < expect.size(); ++i) expect[i] = update[i] + old[i];
+    auto payloads = c->compressWithFeedback(layout, update, st, RoundContext{1, round, 0, 5, shared});
     REQUIRE(payloads.size() == layout.size());
-    for (size_t t = 0; t < layout.size(); ++t) validatePayload(payloads[t], layout[t], shared, t);
+    for (size_t t = 0; t < layout.size(); ++t) validatePayload(view(payloads[t]), layout[t], shared, t);
     auto sent = testing::densify(layout, payloads, shared);
-    for (size_t i = 0; i < sent.size(); ++i) sent[i] += st.residual[i];
+    const auto res = testing::residualOf(st, layout.numel());
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] += res[i];
     double scale = 0;
     for (float x : expect) scale = std::max(scale, std::fabs(static_cast<double>(x)));
     INFO(spec << " round " << round);
@@ -55,8 +57,7 @@ TEST_CASE("topk sends the k largest per tensor or globally", "[compression]") {
   const auto update = testing::randomVector(layout.numel(), 7);
   SECTION("layer scope") {
     auto c = makeCompressor("topk:density=0.1,ef=false");
-    ClientState st = c->initialState(layout);
-    auto p = c->compress(layout, update, st, {});
+    auto p = c->compress(layout, update, {});
     for (size_t t = 0; t < layout.size(); ++t) {
       const auto& s = std::get<Sparse>(p[t]);
       const auto v = layout.slice(std::span<const float>(update), t);
@@ -65,8 +66,7 @@ TEST_CASE("topk sends the k largest per tensor or globally", "[compression]") {
   }
   SECTION("global scope") {
     auto c = makeCompressor("topk:density=0.02,scope=global,ef=false");
-    ClientState st = c->initialState(layout);
-    auto p = c->compress(layout, update, st, {});
+    auto p = c->compress(layout, update, {});
     std::set<size_t> got;
     for (size_t t = 0; t < layout.size(); ++t)
       for (uint32_t i : std::get<Sparse>(p[t]).indices) got.insert(layout[t].offset + i);
@@ -80,8 +80,8 @@ TEST_CASE("randblock picks the same block for every client of a round", "[compre
   auto c = makeCompressor("randblock:density=0.1");
   std::vector<std::vector<uint32_t>> offsets;
   for (uint64_t client : {1, 2, 99}) {
-    ClientState st = c->initialState(layout);
-    auto p = c->compress(layout, testing::randomVector(layout.numel(), client), st, RoundContext{42, 3, client});
+    ClientState st = ClientState(layout.fingerprint());
+    auto p = c->compressWithFeedback(layout, testing::randomVector(layout.numel(), client), st, RoundContext{42, 3, 0, client});
     std::vector<uint32_t> o;
     for (auto& x : p) o.push_back(std::get<RandBlock>(x).offset);
     offsets.push_back(o);
@@ -89,8 +89,8 @@ TEST_CASE("randblock picks the same block for every client of a round", "[compre
   CHECK(offsets[0] == offsets[1]);
   CHECK(offsets[0] == offsets[2]);
   // Another round moves the blocks.
-  ClientState st = c->initialState(layout);
-  auto p = c->compress(layout, testing::randomVector(layout.numel(), 1), st, RoundContext{42, 4, 1});
+  ClientState st = ClientState(layout.fingerprint());
+  auto p = c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), st, RoundContext{42, 4, 0, 1});
   std::vector<uint32_t> o;
   for (auto& x : p) o.push_back(std::get<RandBlock>(x).offset);
   CHECK(o != offsets[0]);
@@ -117,19 +117,20 @@ TEST_CASE("randk draws distinct sorted indices and per client", "[compression]")
 TEST_CASE("compressors reject bad input and leave the state untouched", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   auto c = makeCompressor("topk:density=0.1");
-  ClientState st = c->initialState(layout);
+  ClientState st = ClientState(layout.fingerprint());
   auto update = testing::randomVector(layout.numel(), 1);
-  c->compress(layout, update, st, {});
-  const auto before = st.residual;
+  c->compressWithFeedback(layout, update, st, {});
+  const auto before = testing::stateBytes(st);
   update[77] = std::nanf("");
-  CHECK_THROWS_WITH(c->compress(layout, update, st, {}), Catch::Contains("value 77 is not finite"));
-  CHECK(st.residual == before);
+  CHECK_THROWS_WITH(c->compressWithFeedback(layout, update, st, {}), Catch::Contains("value 77 is not finite"));
+  CHECK(testing::stateBytes(st) == before);
   std::vector<float> short_update(10);
-  CHECK_THROWS_AS(c->compress(layout, short_update, st, {}), InvalidArgument);
+  CHECK_THROWS_AS(c->compressWithFeedback(layout, short_update, st, {}), InvalidArgument);
   ParamLayout other;
   other.add("x", {static_cast<int64_t>(layout.numel())});
-  CHECK_THROWS_WITH(c->compress(other, testing::randomVector(other.numel(), 1), st, {}),
+  CHECK_THROWS_WITH(c->compressWithFeedback(other, testing::randomVector(other.numel(), 1), st, {}),
                     Catch::Contains("another model"));
+  CHECK(testing::stateBytes(st) == before);
 }
 
 TEST_CASE("dense codecs round-trip within their precision", "[compression]") {
@@ -138,9 +139,8 @@ TEST_CASE("dense codecs round-trip within their precision", "[compression]") {
   update[3] = 1e6f;  // beyond fp16 range: clamped, never inf
   for (auto [spec, rel] : {std::pair{"none", 0.0}, {"fp16", 1.0 / 1024}, {"bf16", 1.0 / 128}}) {
     auto c = makeCompressor(spec);
-    ClientState st = c->initialState(layout);
-    auto p = c->compress(layout, update, st, {});
-    for (size_t t = 0; t < layout.size(); ++t) REQUIRE_NOTHROW(validatePayload(p[t], layout[t]));
+    auto p = c->compress(layout, update, {});
+    for (size_t t = 0; t < layout.size(); ++t) REQUIRE_NOTHROW(validatePayload(view(p[t]), layout[t]));
     auto back = testing::densify(layout, p);
     for (size_t i = 0; i < back.size(); ++i) {
       if (i == 3) continue;

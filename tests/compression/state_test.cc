@@ -1,45 +1,201 @@
+// Client state as components (core/client_state.h) with the components compression/ owns: the
+// residual, PowerSGD's pending phase and factors, and a component compression/ knows nothing of.
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <map>
+
+#include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "test_util.h"
 
 using namespace starling;
 using namespace starling::compression;
 
-TEST_CASE("client state serializes losslessly and resumes identically", "[compression]") {
-  const ParamLayout layout = testing::smallCnnLayout();
-  for (const char* spec : {"topk:density=0.05", "powersgd:rank=2"}) {
-    auto c = makeCompressor(spec);
-    ClientState a = c->initialState(layout);
-    c->compress(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{1, 0, 1});
-    ClientState b = ClientState::deserialize(a.serialize());
-    CHECK(b.residual == a.residual);
-    CHECK(b.factors == a.factors);
-    CHECK(b.layout_fingerprint == a.layout_fingerprint);
-    // The restored state continues exactly like the original.
-    const auto u = testing::randomVector(layout.numel(), 2);
-    auto pa = testing::densify(layout, c->compress(layout, u, a, RoundContext{1, 1, 1}));
-    auto pb = testing::densify(layout, c->compress(layout, u, b, RoundContext{1, 1, 1}));
-    CHECK(pa == pb);
+namespace {
+
+// A client algorithm's own state (think SCAFFOLD's control variate), unknown to compression/.
+constexpr const char* kForeign = "algo.control";
+struct ControlVariate final : StateComponent {
+  std::vector<float> c;
+  uint64_t steps = 0;
+  uint32_t version() const override { return 7; }
+  void save(ByteWriter& w) const override {
+    w.u64(steps);
+    w.floats(c);
+  }
+  void load(ByteReader& r, uint32_t v) override {
+    if (v != 7) r.fail("control variate version ", v);
+    steps = r.u64();
+    r.floats(c);
+  }
+  size_t memoryBytes() const override { return c.capacity() * 4; }
+};
+
+// name -> (version, bytes) of a serialized state, read with the documented format.
+std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> components(const std::vector<uint8_t>& blob) {
+  ByteReader r(blob, "test");
+  REQUIRE(r.u32() == 0x53434c53u);
+  REQUIRE(r.u32() == 2u);
+  r.u64();
+  const uint32_t n = r.u32();
+  std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string name = r.str(64);
+    const uint32_t v = r.u32();
+    const auto bytes = r.view(r.u64());
+    out[name] = {v, {bytes.begin(), bytes.end()}};
+  }
+  r.finish();
+  return out;
+}
+
+struct TwoPhase {
+  ParamLayout layout = testing::smallCnnLayout();
+  std::unique_ptr<Compressor> c = makeCompressor("powersgd:rank=2");
+  SharedFactors q = c->initialShared(layout, 11);
+  std::vector<float> update = testing::randomVector(layout.numel(), 5);
+
+  // P-hat for one client's phase-P payloads.
+  SharedFactors phat(const std::vector<Payload>& phase_p) const {
+    std::vector<std::span<const float>> sums(layout.size());
+    for (size_t t = 0; t < layout.size(); ++t)
+      if (const auto* l = std::get_if<LowRank>(&phase_p[t])) sums[t] = l->p;
+    return c->nextShared(layout, RoundContext{11, 0, 0, 0, &q}, q, sums, 1.0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a state stopped between PowerSGD's phases resumes exactly, and foreign components pass through",
+          "[compression]") {
+  TwoPhase f;
+  const ParamLayout& layout = f.layout;
+  ClientState a(layout.fingerprint());
+  // Round 0 complete, so the residual is not trivial; then phase P of round 1.
+  {
+    auto p = f.c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{11, 0, 0, 3, &f.q});
+    const SharedFactors ph = f.phat(p);
+    f.c->compressWithFeedback(layout, {}, a, RoundContext{11, 0, 1, 3, &ph});
+  }
+  auto& cv = a.get<ControlVariate>(kForeign);
+  cv.c = {1.5f, -2.0f, 3.25f};
+  cv.steps = 42;
+  const auto phase_p = f.c->compressWithFeedback(layout, f.update, a, RoundContext{11, 1, 0, 3, &f.q});
+  const SharedFactors ph = f.phat(phase_p);
+  REQUIRE(a.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
+  CHECK(a.names() == std::vector<std::string>{std::string(kForeign), std::string(kPowerSgdComponent),
+                                              std::string(kResidualComponent)});
+
+  std::vector<uint8_t> blob;
+  a.saveTo(blob);
+  const auto stored = components(blob);
+  REQUIRE(stored.size() == 3);
+  CHECK(stored.at(kForeign).first == 7u);
+  CHECK(stored.at(std::string(kResidualComponent)).first == 1u);
+  // The pending phase is the first byte of PowerSGD's component.
+  CHECK(stored.at(std::string(kPowerSgdComponent)).second.at(0) == 1);
+
+  // What the original does next: phase Q of round 1.
+  ClientState original = a.copy();
+  const auto want = f.c->compressWithFeedback(layout, {}, original, RoundContext{11, 1, 1, 3, &ph});
+  const auto want_bytes = testing::stateBytes(original);
+
+  SECTION("into a fresh state") {
+    ClientState b;
+    b.loadFrom(blob);
+    CHECK(b.layoutFingerprint() == layout.fingerprint());
+    CHECK(testing::stateBytes(b) == blob);
+    const auto got = f.c->compressWithFeedback(layout, {}, b, RoundContext{11, 1, 1, 3, &ph});
+    CHECK(testing::samePayloads(got, want));
+    CHECK(testing::stateBytes(b) == want_bytes);
+    // The component compression/ never asked for went through untouched, byte for byte.
+    CHECK(components(testing::stateBytes(b)).at(kForeign) == stored.at(kForeign));
+    // And the program that owns it reads it back.
+    const auto* back = b.find<ControlVariate>(kForeign);
+    REQUIRE(back != nullptr);
+    CHECK(back->c == std::vector<float>{1.5f, -2.0f, 3.25f});
+    CHECK(back->steps == 42u);
+  }
+  SECTION("into a state reused from another client") {
+    // A simulator worker's state: another client's components of other sizes, another round.
+    ClientState b(layout.fingerprint());
+    auto other = makeCompressor("powersgd:rank=2,mode=local");
+    other->compressWithFeedback(layout, testing::randomVector(layout.numel(), 9), b, RoundContext{11, 0, 0, 8});
+    b.get<ResidualState>(kResidualComponent).values.reserve(layout.numel() + 100);
+    const ResidualState* residual_obj = b.find<ResidualState>(kResidualComponent);
+    const float* residual_buf = residual_obj->values.data();
+    REQUIRE(b.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 0);
+    b.loadFrom(blob);
+    // Parsed into the component objects it already held, reusing their buffers.
+    CHECK(b.find<ResidualState>(kResidualComponent) == residual_obj);
+    CHECK(b.find<ResidualState>(kResidualComponent)->values.data() == residual_buf);
+    CHECK(b.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
+    CHECK(testing::stateBytes(b) == blob);
+    const auto got = f.c->compressWithFeedback(layout, {}, b, RoundContext{11, 1, 1, 3, &ph});
+    CHECK(testing::samePayloads(got, want));
+    CHECK(testing::stateBytes(b) == want_bytes);
+    CHECK(components(testing::stateBytes(b)).at(kForeign) == stored.at(kForeign));
+  }
+  SECTION("without the PowerSGD component phase Q is refused") {
+    ClientState b;
+    b.loadFrom(blob);
+    b.erase(kPowerSgdComponent);
+    const auto before = testing::stateBytes(b);
+    CHECK_THROWS_WITH(f.c->compressWithFeedback(layout, {}, b, RoundContext{11, 1, 1, 3, &ph}),
+                      Catch::Contains("phase Q without phase P"));
+    CHECK(testing::stateBytes(b) == before);
   }
 }
 
-TEST_CASE("corrupt client state blobs are rejected", "[compression]") {
+TEST_CASE("a one-phase state round-trips and continues identically", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  for (const char* spec : {"topk:density=0.05", "powersgd:rank=2,mode=local", "sign", "randblock"}) {
+    INFO(spec);
+    auto c = makeCompressor(spec);
+    ClientState a(layout.fingerprint());
+    c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{1, 0, 0, 1});
+    ClientState b;
+    b.loadFrom(testing::stateBytes(a));
+    CHECK(b.layoutFingerprint() == a.layoutFingerprint());
+    CHECK(b.names() == a.names());
+    CHECK(testing::residualOf(b, layout.numel()) == testing::residualOf(a, layout.numel()));
+    const auto u = testing::randomVector(layout.numel(), 2);
+    auto pa = c->compressWithFeedback(layout, u, a, RoundContext{1, 1, 0, 1});
+    auto pb = c->compressWithFeedback(layout, u, b, RoundContext{1, 1, 0, 1});
+    CHECK(testing::samePayloads(pa, pb));
+    CHECK(testing::stateBytes(a) == testing::stateBytes(b));
+  }
+}
+
+TEST_CASE("saveTo reuses the caller's buffer", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   auto c = makeCompressor("topk");
-  auto blob = c->initialState(layout).serialize();
-  CHECK_THROWS_WITH(ClientState::deserialize(std::span(blob).first(blob.size() - 1)), Catch::Contains("truncated"));
-  auto bad = blob;
-  bad[0] ^= 0xff;
-  CHECK_THROWS_WITH(ClientState::deserialize(bad), Catch::Contains("bad magic"));
-  bad = blob;
-  bad[4] = 9;
-  CHECK_THROWS_WITH(ClientState::deserialize(bad), Catch::Contains("version 9"));
-  bad = blob;
-  bad[17] = 0xff;  // residual count: high byte of the u64 after magic, version, fingerprint, phase
-  bad[24] = 0x7f;
-  CHECK_THROWS_AS(ClientState::deserialize(bad), IoError);
-  bad = blob;
-  bad.push_back(0);
-  CHECK_THROWS_WITH(ClientState::deserialize(bad), Catch::Contains("trailing"));
+  ClientState a(layout.fingerprint());
+  c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{1, 0, 0, 1});
+  std::vector<uint8_t> buf;
+  buf.reserve(4 * layout.numel() + 4096);
+  buf.assign(17, 0xee);  // old contents are replaced, not appended to
+  const uint8_t* data = buf.data();
+  const size_t cap = buf.capacity();
+  a.saveTo(buf);
+  CHECK(buf.data() == data);
+  CHECK(buf.capacity() == cap);
+  CHECK(buf == testing::stateBytes(a));
+  REQUIRE(buf.size() > 4);
+  CHECK(std::vector<uint8_t>(buf.begin(), buf.begin() + 4) == std::vector<uint8_t>{0x53, 0x4c, 0x43, 0x53});
+  // The residual component is a u64 count and the floats, little-endian.
+  const auto res = components(buf).at(std::string(kResidualComponent)).second;
+  const auto values = testing::residualOf(a, layout.numel());
+  REQUIRE(res.size() == 8 + 4 * values.size());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{res[i]} << (8 * i);
+  CHECK(n == values.size());
+  bool same = true;
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t bits = 0;
+    for (int k = 0; k < 4; ++k) bits |= uint32_t{res[8 + 4 * i + k]} << (8 * k);
+    same = same && bits == std::bit_cast<uint32_t>(values[i]);
+  }
+  CHECK(same);
 }

@@ -32,10 +32,10 @@ inline std::vector<compression::Update> seedUpdates() {
   for (size_t i = 0; i < b.size(); ++i) b[i] = 0.5f * static_cast<float>(i);
   auto make = [&](cz::Payload pw) {
     cz::Update u;
-    u.layout_fingerprint = l.fingerprint();
-    u.round = 3;
-    u.client_id = 7;
-    u.num_examples = 60;
+    u.header.layout_fingerprint = l.fingerprint();
+    u.header.round = 3;
+    u.header.client_id = 7;
+    u.header.num_examples = 60;
     u.tensors = {std::move(pw), cz::DenseF32{b}};
     u.metrics = {{"loss", 0.25}};
     return u;

@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <cstring>
+
 #include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "fuzz/fuzz_layout.h"
@@ -11,27 +14,53 @@ using namespace starling::compression;
 using namespace starling::protocol;
 
 namespace {
-bool samePayload(const Payload& a, const Payload& b) {
-  if (a.index() != b.index()) return false;
-  return std::visit(
-      [&](const auto& x) {
-        using T = std::decay_t<decltype(x)>;
-        const T& y = std::get<T>(b);
-        if constexpr (std::is_same_v<T, DenseF32> || std::is_same_v<T, DenseF16> || std::is_same_v<T, DenseBF16>)
-          return x.values == y.values;
-        else if constexpr (std::is_same_v<T, Sparse>)
-          return x.indices == y.indices && x.values == y.values;
-        else if constexpr (std::is_same_v<T, RandBlock>)
-          return x.offset == y.offset && x.values == y.values;
-        else if constexpr (std::is_same_v<T, LowRank>)
-          return x.rows == y.rows && x.cols == y.cols && x.rank == y.rank && x.p == y.p && x.q == y.q;
-        else if constexpr (std::is_same_v<T, Sign>)
-          return x.scale == y.scale && x.bits == y.bits;
-        else
-          return x.norm == y.norm && x.s == y.s && x.packed == y.packed;
+
+// Every byte range a payload view points at.
+std::vector<std::span<const uint8_t>> spansOf(const PayloadView& p) {
+  std::vector<std::span<const uint8_t>> out;
+  auto add = [&](auto s) {
+    if (!s.empty()) out.push_back({reinterpret_cast<const uint8_t*>(s.data()), s.size_bytes()});
+  };
+  std::visit(
+      [&](const auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, SparseView>) {
+          add(v.indices);
+          add(v.values);
+        } else if constexpr (std::is_same_v<T, LowRankView>) {
+          add(v.p);
+          add(v.q);
+        } else if constexpr (std::is_same_v<T, SignView>) {
+          add(v.bits);
+        } else if constexpr (std::is_same_v<T, QsgdView>) {
+          add(v.packed);
+        } else {
+          add(v.values);
+        }
       },
-      a);
+      p);
+  return out;
 }
+
+bool inside(std::span<const uint8_t> s, std::span<const uint8_t> buf) {
+  return s.data() >= buf.data() && s.data() + s.size() <= buf.data() + buf.size();
+}
+
+PartialMessage samplePartial() {
+  PartialMessage m;
+  m.header.layout_fingerprint = fuzz::layout().fingerprint();
+  m.header.round = 3;
+  m.header.phase = 1;
+  m.header.shared_tag = 0x1122334455667788ull;
+  m.header.count = 5;
+  m.header.total_weight = 12.5;
+  std::vector<float> q(24);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.125f * static_cast<float>(i) - 1.0f;
+  m.tensors = {LowRank{8, 12, 2, {}, q}, Sparse{{2, 7}, {1.5f, -2.0f}}};
+  m.metrics = {{"loss", 3.0, 12.5}, {"accuracy", 6.25, 10.0}};
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("every encoding round-trips through the wire", "[protocol]") {
@@ -42,12 +71,13 @@ TEST_CASE("every encoding round-trips through the wire", "[protocol]") {
     CHECK(encodedSize(u) == bytes.size());
     const Update back = decodeUpdate(bytes, layout, &shared);
     INFO(encodingName(u.tensors[0]));
-    CHECK(back.layout_fingerprint == u.layout_fingerprint);
-    CHECK(back.round == u.round);
-    CHECK(back.client_id == u.client_id);
-    CHECK(back.num_examples == u.num_examples);
+    CHECK(back.header.layout_fingerprint == u.header.layout_fingerprint);
+    CHECK(back.header.round == u.header.round);
+    CHECK(back.header.phase == u.header.phase);
+    CHECK(back.header.client_id == u.header.client_id);
+    CHECK(back.header.num_examples == u.header.num_examples);
     REQUIRE(back.tensors.size() == u.tensors.size());
-    for (size_t t = 0; t < u.tensors.size(); ++t) CHECK(samePayload(back.tensors[t], u.tensors[t]));
+    CHECK(testing::samePayloads(back.tensors, u.tensors));
     REQUIRE(back.metrics.size() == 1);
     CHECK(back.metrics[0].name == "loss");
     CHECK(back.metrics[0].value == 0.25);
@@ -56,28 +86,84 @@ TEST_CASE("every encoding round-trips through the wire", "[protocol]") {
   }
 }
 
-TEST_CASE("every compressor's output round-trips and reports its exact size", "[protocol]") {
+TEST_CASE("the phase travels, and phase 0 costs no bytes", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  const SharedFactors shared = fuzz::shared();
+  Update u = fuzz::seedUpdates()[0];
+  const auto phase0 = encodeUpdate(u);
+  u.header.phase = 1;
+  const auto phase1 = encodeUpdate(u);
+  CHECK(decodeUpdate(phase1, layout, &shared).header.phase == 1u);
+  CHECK(decodeUpdate(phase0, layout, &shared).header.phase == 0u);
+  // A field at its default is not written (old readers and old messages stay compatible).
+  CHECK(phase1.size() > phase0.size());
+}
+
+TEST_CASE("every compressor's output round-trips in every phase and reports its exact size", "[protocol]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 1);
-  for (const auto& info : compressorCatalog()) {
-    auto c = makeCompressor(info.name);
-    ClientState st = c->initialState(layout);
-    SharedFactors shared = initialSharedFactors(layout, LowRankOptions{}, 1);
-    Update u;
-    u.layout_fingerprint = layout.fingerprint();
-    u.num_examples = 10;
-    u.tensors = c->compress(layout, update, st, RoundContext{1, 0, 1, &shared});
-    const auto bytes = encodeUpdate(u);
-    const Update back = decodeUpdate(bytes, layout, &shared);
-    size_t data = 0;
-    for (size_t t = 0; t < layout.size(); ++t) {
-      CHECK(samePayload(back.tensors[t], u.tensors[t]));
-      data += payloadDataBytes(u.tensors[t]);
+  for (const auto& spec : testing::allCompressorSpecs()) {
+    auto c = makeCompressor(spec);
+    ClientState st(layout.fingerprint());
+    SharedFactors shared = c->initialShared(layout, 1);
+    for (uint32_t phase = 0; phase < c->phases(); ++phase) {
+      INFO(spec << " phase " << phase);
+      Update u;
+      u.header.layout_fingerprint = layout.fingerprint();
+      u.header.phase = phase;
+      u.header.num_examples = 10;
+      const RoundContext ctx{1, 0, phase, 1, &shared};
+      u.tensors = c->compressWithFeedback(layout, phase == 0 ? std::span<const float>(update) : std::span<const float>(),
+                                          st, ctx);
+      const auto bytes = encodeUpdate(u);
+      CHECK(encodedSize(u) == bytes.size());
+      const Update back = decodeUpdate(bytes, layout, &shared);
+      CHECK(back.header.phase == phase);
+      CHECK(testing::samePayloads(back.tensors, u.tensors));
+      size_t data = 0;
+      for (const auto& p : u.tensors) data += payloadDataBytes(p);
+      // Framing overhead is small and bounded: a few dozen bytes per tensor.
+      CHECK(bytes.size() >= data);
+      CHECK(bytes.size() <= data + 64 + 48 * layout.size());
+      // The next phase's shared factors, from this (only) client's factors.
+      std::vector<std::span<const float>> sums(layout.size());
+      for (size_t t = 0; t < layout.size(); ++t)
+        if (const auto* l = std::get_if<LowRank>(&u.tensors[t]); l && shared.any() && !shared.factors[t].empty())
+          sums[t] = l->p.empty() ? std::span<const float>(l->q) : std::span<const float>(l->p);
+      shared = c->nextShared(layout, ctx, shared, sums, 1.0);
     }
-    INFO(info.name << ": " << bytes.size() << " bytes on the wire, " << data << " bytes of data");
-    // Framing overhead is small and bounded: a few dozen bytes per tensor.
-    CHECK(bytes.size() >= data);
-    CHECK(bytes.size() <= data + 64 + 48 * layout.size());
+  }
+}
+
+TEST_CASE("the decoder yields views into the verified buffer and copies only a misaligned one", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  Decoder d(layout);
+  for (const Update& u : fuzz::seedUpdates()) {
+    INFO(encodingName(u.tensors[0]));
+    const auto bytes = encodeUpdate(u);
+    REQUIRE(reinterpret_cast<uintptr_t>(bytes.data()) % 8 == 0);
+    uint64_t realigned = d.realignedBytes();
+    const UpdateView& v = d.decodeUpdate(bytes);
+    CHECK(d.realignedBytes() == realigned);
+    REQUIRE(v.tensors.size() == u.tensors.size());
+    for (size_t t = 0; t < v.tensors.size(); ++t) {
+      for (auto s : spansOf(v.tensors[t])) CHECK(inside(s, bytes));
+      CHECK(testing::samePayload(toOwned(v.tensors[t]), u.tensors[t]));
+    }
+    REQUIRE(v.metrics.size() == 1);
+    CHECK(inside({reinterpret_cast<const uint8_t*>(v.metrics[0].name.data()), v.metrics[0].name.size()}, bytes));
+
+    // The same message one byte off: decoded from the decoder's own aligned copy.
+    std::vector<uint8_t> shifted(bytes.size() + 1);
+    std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+    const auto off = std::span<const uint8_t>(shifted).subspan(1);
+    const UpdateView& w = d.decodeUpdate(off);
+    realigned += bytes.size();
+    CHECK(d.realignedBytes() == realigned);
+    for (size_t t = 0; t < w.tensors.size(); ++t) {
+      for (auto s : spansOf(w.tensors[t])) CHECK_FALSE(inside(s, off));
+      CHECK(testing::samePayload(toOwned(w.tensors[t]), u.tensors[t]));
+    }
   }
 }
 
@@ -88,4 +174,94 @@ TEST_CASE("a misaligned buffer decodes the same", "[protocol]") {
   std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
   const Update u = decodeUpdate(std::span(shifted).subspan(1), layout);
   CHECK(std::get<DenseF32>(u.tensors[0]).values == std::get<DenseF32>(fuzz::seedUpdates()[0].tensors[0]).values);
+}
+
+TEST_CASE("a partial aggregate round-trips, and each decode entry refuses the other message", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  const PartialMessage m = samplePartial();
+  const auto bytes = encodePartial(m);
+  Decoder d(layout);
+  const PartialView& v = d.decodePartial(bytes);
+  CHECK(v.header.layout_fingerprint == m.header.layout_fingerprint);
+  CHECK(v.header.round == 3u);
+  CHECK(v.header.phase == 1u);
+  CHECK(v.header.shared_tag == 0x1122334455667788ull);
+  CHECK(v.header.count == 5u);
+  CHECK(v.header.total_weight == 12.5);
+  REQUIRE(v.tensors.size() == 2);
+  for (size_t t = 0; t < 2; ++t) {
+    CHECK(testing::samePayload(toOwned(v.tensors[t]), m.tensors[t]));
+    for (auto s : spansOf(v.tensors[t])) CHECK(inside(s, bytes));
+  }
+  REQUIRE(v.metrics.size() == 2);
+  CHECK(v.metrics[0].name == "loss");
+  CHECK(v.metrics[0].weighted_sum == 3.0);
+  CHECK(v.metrics[0].weight == 12.5);
+  CHECK(v.metrics[1].name == "accuracy");
+  CHECK(v.metrics[1].weighted_sum == 6.25);
+  CHECK(v.metrics[1].weight == 10.0);
+  CHECK(encodePartial(v) == bytes);  // deterministic
+
+  const auto update = encodeUpdate(fuzz::seedUpdates()[0]);
+  CHECK(testing::errcOf([&] { d.decodePartial(update); }) == errcName(Errc::kUnexpectedMessage));
+  CHECK(testing::errcOf([&] { d.decodeUpdate(bytes); }) == errcName(Errc::kUnexpectedMessage));
+  CHECK(testing::errcOf([&] { decodeUpdate(bytes, layout); }) == errcName(Errc::kUnexpectedMessage));
+  // The decoder still works after refusing.
+  CHECK(d.decodeUpdate(update).tensors.size() == 2);
+  CHECK(d.decodePartial(bytes).header.count == 5u);
+}
+
+TEST_CASE("decode limits are checked", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  DecodeLimits l;
+  CHECK_NOTHROW(l.validate());
+  l.max_bytes = 10;
+  CHECK_THROWS_AS(Decoder(layout, l), ConfigError);
+  l = {};
+  l.max_metric_name = 0;
+  CHECK_THROWS_AS(Decoder(layout, l), ConfigError);
+  l = {};
+  l.max_metrics = 100000;
+  CHECK_THROWS_AS(Decoder(layout, l), ConfigError);
+}
+
+// Golden encodings: a silent wire-format change fails here. Each value is the size and the 64-bit
+// FNV-1a of encodeUpdate(seed) for the nine seeds of fuzz::seedUpdates() (one per encoding) and of
+// encodePartial(samplePartial()). The bytes were checked by hand once (2026, flatc 2.0.8) against the
+// schema with
+//   flatc --json --strict-json --raw-binary --size-prefixed -o /tmp/x protocol/starling.fbs -- seed.bin
+// and every field of the JSON compared equal to what fuzz_layout.h / samplePartial() put in:
+// schema_version 1, body_type Update (PartialAggregate), layout_fingerprint 0x916a1118591efa2d,
+// round, client id, examples (phase absent: 0 is the default and is not written), each tensor's
+// payload type and every value, the metric(s). The hashes were then taken from those same files.
+TEST_CASE("golden bytes of one message per encoding", "[protocol]") {
+  struct Golden {
+    size_t size;
+    uint64_t hash;
+  };
+  const Golden want[] = {
+      {648, 0x20d9a6368624c668ull},  // dense_f32
+      {456, 0x940b38ef052197a0ull},  // dense_f16
+      {456, 0xe1799f54711c2093ull},  // dense_bf16
+      {304, 0x87592f1d6e9c4e84ull},  // sparse
+      {304, 0xfbceae3db3c9bd8cull},  // randblock
+      {448, 0xd103b70436f522cbull},  // lowrank, P and Q
+      {352, 0x60809bd3969efd3bull},  // lowrank, P only
+      {288, 0x45fd5a0a027aa303ull},  // sign
+      {312, 0x53c2152daf0fc1c0ull},  // qsgd
+  };
+  const Golden want_partial = {440, 0x93c8df3ca46fa381ull};
+  const auto seeds = fuzz::seedUpdates();
+  REQUIRE(seeds.size() == std::size(want));
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    const auto bytes = encodeUpdate(seeds[i]);
+    INFO("seed " << i << " (" << encodingName(seeds[i].tensors[0]) << "): " << bytes.size() << " bytes, fnv1a 0x"
+                 << std::hex << testing::fnv1a(bytes));
+    CHECK(bytes.size() == want[i].size);
+    CHECK(testing::fnv1a(bytes) == want[i].hash);
+  }
+  const auto partial = encodePartial(samplePartial());
+  INFO("partial: " << partial.size() << " bytes, fnv1a 0x" << std::hex << testing::fnv1a(partial));
+  CHECK(partial.size() == want_partial.size);
+  CHECK(testing::fnv1a(partial) == want_partial.hash);
 }

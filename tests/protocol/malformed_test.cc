@@ -1,16 +1,34 @@
+// The attacker's tests of the decoder: one case per check of protocol/codec.cc (and of the payload
+// validation decodeUpdate() runs), each rejected with its own starling::Errc, plus shared tables,
+// metrics, messages that claim far more than they carry, and partial aggregates. Allocation is
+// counted with a replaced global operator new (this binary only holds the protocol tests).
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <new>
 
 #include "fuzz/fuzz_layout.h"
 #include "protocol/codec.h"
 #include "protocol/starling_generated.h"
+#include "test_util.h"
+
+#include "counting_new.h"
+
+namespace {
+auto& g_bytes = starling::testing::alloc::bytes;
+}  // namespace
 
 using namespace starling;
 using namespace starling::compression;
 using namespace starling::protocol;
 namespace fb = starling::wire;
+using Builder = flatbuffers::FlatBufferBuilder;
+using TensorOff = flatbuffers::Offset<fb::Tensor>;
+using MetricsOff = flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Metric>>>;
 
 namespace {
 
@@ -22,31 +40,61 @@ Update withTensor0(Payload p) {
   return u;
 }
 
-std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, flatbuffers::Offset<fb::Message> m) {
+std::vector<uint8_t> finish(Builder& b, flatbuffers::Offset<fb::Message> m) {
   fb::FinishSizePrefixedMessageBuffer(b, m);
   return {b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize()};
 }
 
-// A message whose first tensor is built by `tensor`, the second a valid dense bias.
-std::vector<uint8_t> rawMessage(uint16_t version,
-                                const std::function<flatbuffers::Offset<fb::Tensor>(flatbuffers::FlatBufferBuilder&)>& tensor) {
-  flatbuffers::FlatBufferBuilder b;
-  auto t0 = tensor(b);
-  auto t1 = fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, b.CreateVector(std::vector<float>(8, 1.0f))).Union());
-  std::vector<flatbuffers::Offset<fb::Tensor>> ts = {t0, t1};
-  auto u = fb::CreateUpdate(b, fuzz::layout().fingerprint(), 0, 0, 1, b.CreateVector(ts));
+std::vector<uint8_t> updateMessage(Builder& b, const std::vector<TensorOff>& ts, MetricsOff metrics = 0,
+                                   uint16_t version = kSchemaVersion) {
+  auto u = fb::CreateUpdate(b, fuzz::layout().fingerprint(), 0, 0, 1, b.CreateVector(ts), metrics);
   return finish(b, fb::CreateMessage(b, version, fb::Body::Update, u.Union()));
 }
 
-flatbuffers::Offset<fb::Tensor> denseW(flatbuffers::FlatBufferBuilder& b) {
-  return fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, b.CreateVector(std::vector<float>(96, 1.0f))).Union());
+TensorOff denseTensor(Builder& b, size_t n) {
+  return fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, b.CreateVector(std::vector<float>(n, 1.0f))).Union());
+}
+
+// A message whose first tensor is built by `tensor`, the second a valid dense bias.
+std::vector<uint8_t> rawMessage(uint16_t version, const std::function<TensorOff(Builder&)>& tensor) {
+  Builder b;
+  auto t0 = tensor(b);
+  auto t1 = denseTensor(b, 8);
+  return updateMessage(b, {t0, t1}, 0, version);
+}
+
+TensorOff denseW(Builder& b) { return denseTensor(b, 96); }
+
+// A valid update with these metrics (names as raw bytes, so any byte can be tried).
+std::vector<uint8_t> withMetrics(const std::vector<std::pair<std::string, double>>& metrics) {
+  Builder b;
+  auto t0 = denseW(b);
+  auto t1 = denseTensor(b, 8);
+  std::vector<flatbuffers::Offset<fb::Metric>> ms;
+  for (const auto& [name, value] : metrics) ms.push_back(fb::CreateMetric(b, b.CreateString(name), value));
+  return updateMessage(b, {t0, t1}, b.CreateVector(ms));
 }
 
 struct Case {
   const char* name;
   std::function<std::vector<uint8_t>()> bytes;
-  DecodeErrc expect;
+  Errc expect;
 };
+
+void runCases(const std::vector<Case>& cases, const SharedFactors* shared = nullptr) {
+  const ParamLayout layout = fuzz::layout();
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const auto bytes = c.bytes();
+    try {
+      decodeUpdate(bytes, layout, shared);
+      FAIL("accepted: " << c.name);
+    } catch (const InputError& e) {
+      CHECK(errcName(e.code()) == std::string(errcName(c.expect)));
+      CHECK(std::string(e.what()).find(errcName(c.expect)) != std::string::npos);
+    }
+  }
+}
 
 }  // namespace
 
@@ -54,34 +102,58 @@ TEST_CASE("each malformed buffer is rejected with its own error", "[protocol]") 
   const ParamLayout layout = fuzz::layout();
   const auto good = encodeUpdate(valid());
   REQUIRE_NOTHROW(decodeUpdate(good, layout));
-  std::vector<float> nan_w(96, 1.0f);
-  nan_w[40] = std::nanf("");
-  std::vector<uint16_t> inf_half(96, 0x3c00);
-  inf_half[3] = 0x7c00;
 
-  const std::vector<Case> cases = {
-      {"empty", [] { return std::vector<uint8_t>{}; }, DecodeErrc::kTruncated},
-      {"cut in the size prefix", [&] { return std::vector<uint8_t>(good.begin(), good.begin() + 3); }, DecodeErrc::kTruncated},
-      {"last byte missing", [&] { return std::vector<uint8_t>(good.begin(), good.end() - 1); }, DecodeErrc::kTruncated},
-      {"half missing", [&] { return std::vector<uint8_t>(good.begin(), good.begin() + good.size() / 2); }, DecodeErrc::kTruncated},
-      {"trailing garbage", [&] { auto b = good; b.push_back(0); return b; }, DecodeErrc::kTrailingBytes},
-      {"size prefix only", [] { return std::vector<uint8_t>{4, 0, 0, 0, 1, 2, 3, 4}; }, DecodeErrc::kTruncated},
-      {"wrong identifier", [&] { auto b = good; std::memcpy(b.data() + 8, "XXXX", 4); return b; }, DecodeErrc::kBadIdentifier},
-      {"root offset past the end", [&] { auto b = good; b[4] = 0xf0; b[5] = 0xff; return b; }, DecodeErrc::kMalformed},
-      {"future schema version", [] { return rawMessage(kSchemaVersion + 1, denseW); }, DecodeErrc::kUnsupportedVersion},
+  runCases({
+      // framing
+      {"empty", [] { return std::vector<uint8_t>{}; }, Errc::kTruncated},
+      {"cut in the size prefix", [&] { return std::vector<uint8_t>(good.begin(), good.begin() + 3); }, Errc::kTruncated},
+      {"last byte missing", [&] { return std::vector<uint8_t>(good.begin(), good.end() - 1); }, Errc::kTruncated},
+      {"half missing", [&] { return std::vector<uint8_t>(good.begin(), good.begin() + good.size() / 2); }, Errc::kTruncated},
+      {"trailing garbage", [&] { auto b = good; b.push_back(0); return b; }, Errc::kTrailingBytes},
+      {"size prefix only", [] { return std::vector<uint8_t>{4, 0, 0, 0, 1, 2, 3, 4}; }, Errc::kTruncated},
+      {"wrong identifier", [&] { auto b = good; std::memcpy(b.data() + 8, "XXXX", 4); return b; }, Errc::kBadIdentifier},
+      // structure
+      {"root offset past the end", [&] { auto b = good; b[4] = 0xf0; b[5] = 0xff; return b; }, Errc::kMalformed},
+      {"future schema version", [] { return rawMessage(kSchemaVersion + 1, denseW); }, Errc::kUnsupportedVersion},
       {"no body",
        [] {
-         flatbuffers::FlatBufferBuilder b;
+         Builder b;
          return finish(b, fb::CreateMessage(b, kSchemaVersion));
        },
-       DecodeErrc::kUnexpectedMessage},
+       Errc::kUnexpectedMessage},
+      {"body type named, table absent",
+       [] {
+         Builder b;
+         return finish(b, fb::CreateMessage(b, kSchemaVersion, fb::Body::Update));
+       },
+       Errc::kUnexpectedMessage},
+      {"a partial aggregate where an update is expected",
+       [] {
+         PartialMessage m;
+         m.header.layout_fingerprint = fuzz::layout().fingerprint();
+         m.tensors = valid().tensors;
+         return encodePartial(m);
+       },
+       Errc::kUnexpectedMessage},
+      {"other model", [] { Update u = valid(); u.header.layout_fingerprint ^= 1; return encodeUpdate(u); }, Errc::kFingerprintMismatch},
+      {"no tensor list",
+       [] {
+         Builder b;
+         auto u = fb::CreateUpdate(b, fuzz::layout().fingerprint(), 0, 0, 1);
+         return finish(b, fb::CreateMessage(b, kSchemaVersion, fb::Body::Update, u.Union()));
+       },
+       Errc::kMissingField},
+      {"a tensor short", [] { Update u = valid(); u.tensors.pop_back(); return encodeUpdate(u); }, Errc::kTensorCountMismatch},
+      {"a tensor too many", [] { Update u = valid(); u.tensors.push_back(DenseF32{std::vector<float>(8)}); return encodeUpdate(u); }, Errc::kTensorCountMismatch},
       {"unknown encoding",
        [] {
          return rawMessage(kSchemaVersion, [](auto& b) {
            return fb::CreateTensor(b, static_cast<fb::Payload>(77), fb::CreateDenseF32(b).Union());
          });
        },
-       DecodeErrc::kUnknownEncoding},
+       Errc::kUnknownEncoding},
+      {"encoding absent", [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b); }); },
+       Errc::kUnknownEncoding},
       {"encoding named, table absent",
        [] {
          return rawMessage(kSchemaVersion, [](auto& b) {
@@ -90,9 +162,16 @@ TEST_CASE("each malformed buffer is rejected with its own error", "[protocol]") 
            return tb.Finish();
          });
        },
-       DecodeErrc::kMissingField},
-      {"encoding absent", [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b); }); },
-       DecodeErrc::kUnknownEncoding},
+       Errc::kMissingField},
+      {"dense f32 without values",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b).Union()); }); },
+       Errc::kMissingField},
+      {"dense f16 without values",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::DenseF16, fb::CreateDenseF16(b).Union()); }); },
+       Errc::kMissingField},
+      {"dense bf16 without values",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::DenseBF16, fb::CreateDenseBF16(b).Union()); }); },
+       Errc::kMissingField},
       {"sparse without values",
        [] {
          return rawMessage(kSchemaVersion, [](auto& b) {
@@ -100,36 +179,67 @@ TEST_CASE("each malformed buffer is rejected with its own error", "[protocol]") 
            return fb::CreateTensor(b, fb::Payload::Sparse, fb::CreateSparse(b, idx).Union());
          });
        },
-       DecodeErrc::kMissingField},
-      {"other model", [] { Update u = valid(); u.layout_fingerprint ^= 1; return encodeUpdate(u); }, DecodeErrc::kFingerprintMismatch},
-      {"a tensor short", [] { Update u = valid(); u.tensors.pop_back(); return encodeUpdate(u); }, DecodeErrc::kTensorCountMismatch},
-      {"dense size lies", [] { return encodeUpdate(withTensor0(DenseF32{std::vector<float>(95, 1.0f)})); }, DecodeErrc::kSizeMismatch},
-      {"sparse values vs indices", [] { return encodeUpdate(withTensor0(Sparse{{1, 2}, {1.0f}})); }, DecodeErrc::kSizeMismatch},
-      {"sign bytes lie", [] { return encodeUpdate(withTensor0(Sign{1.0f, std::vector<uint8_t>(13, 0)})); }, DecodeErrc::kSizeMismatch},
-      {"sparse index out of range", [] { return encodeUpdate(withTensor0(Sparse{{1, 96}, {1.0f, 1.0f}})); }, DecodeErrc::kIndexOutOfRange},
-      {"block offset out of range", [] { return encodeUpdate(withTensor0(RandBlock{96, {1.0f}})); }, DecodeErrc::kIndexOutOfRange},
-      {"duplicate index", [] { return encodeUpdate(withTensor0(Sparse{{3, 3}, {1.0f, 1.0f}})); }, DecodeErrc::kDuplicateIndex},
-      {"unsorted indices", [] { return encodeUpdate(withTensor0(Sparse{{5, 3}, {1.0f, 1.0f}})); }, DecodeErrc::kDuplicateIndex},
-      {"low-rank shape", [] { return encodeUpdate(withTensor0(LowRank{12, 8, 2, std::vector<float>(24), std::vector<float>(16)})); }, DecodeErrc::kShapeMismatch},
-      {"low-rank rank too big", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 9, std::vector<float>(72), std::vector<float>(108)})); }, DecodeErrc::kShapeMismatch},
-      {"NaN value", [&] { return encodeUpdate(withTensor0(DenseF32{nan_w})); }, DecodeErrc::kNonFinite},
-      {"inf half", [&] { return encodeUpdate(withTensor0(DenseF16{inf_half})); }, DecodeErrc::kNonFinite},
-      {"negative sign scale", [] { return encodeUpdate(withTensor0(Sign{-1.0f, std::vector<uint8_t>(12, 0)})); }, DecodeErrc::kNonFinite},
-      {"QSGD level above s", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 2, std::vector<uint8_t>(36, 0xff)})); }, DecodeErrc::kLevelOutOfRange},
-      {"QSGD s = 0", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 0, std::vector<uint8_t>(24, 0)})); }, DecodeErrc::kLevelOutOfRange},
-      {"one factor, no shared factor", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 2, std::vector<float>(16), {}})); }, DecodeErrc::kMissingSharedFactor},
-  };
-  for (const Case& c : cases) {
-    INFO(c.name);
-    const auto bytes = c.bytes();
-    try {
-      decodeUpdate(bytes, layout);
-      FAIL("accepted: " << c.name);
-    } catch (const DecodeError& e) {
-      CHECK(e.code() == c.expect);
-      CHECK(std::string(e.what()).find(decodeErrcName(c.expect)) != std::string::npos);
-    }
-  }
+       Errc::kMissingField},
+      {"sparse without indices",
+       [] {
+         return rawMessage(kSchemaVersion, [](auto& b) {
+           auto val = b.CreateVector(std::vector<float>{1, 2});
+           return fb::CreateTensor(b, fb::Payload::Sparse, fb::CreateSparse(b, 0, val).Union());
+         });
+       },
+       Errc::kMissingField},
+      {"random block without values",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::RandBlock, fb::CreateRandBlock(b, 3).Union()); }); },
+       Errc::kMissingField},
+      {"sign without bits",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::Sign, fb::CreateSign(b, 1.0f).Union()); }); },
+       Errc::kMissingField},
+      {"QSGD without levels",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::Qsgd, fb::CreateQsgd(b, 1.0f, 4).Union()); }); },
+       Errc::kMissingField},
+      // payloads against the layout (validatePayload)
+      {"dense size lies", [] { return encodeUpdate(withTensor0(DenseF32{std::vector<float>(95, 1.0f)})); }, Errc::kSizeMismatch},
+      {"fp16 size lies", [] { return encodeUpdate(withTensor0(DenseF16{std::vector<uint16_t>(97, 0)})); }, Errc::kSizeMismatch},
+      {"bf16 size lies", [] { return encodeUpdate(withTensor0(DenseBF16{std::vector<uint16_t>(1, 0)})); }, Errc::kSizeMismatch},
+      {"sparse values vs indices", [] { return encodeUpdate(withTensor0(Sparse{{1, 2}, {1.0f}})); }, Errc::kSizeMismatch},
+      {"sign bytes lie", [] { return encodeUpdate(withTensor0(Sign{1.0f, std::vector<uint8_t>(13, 0)})); }, Errc::kSizeMismatch},
+      {"QSGD bytes lie", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 3, std::vector<uint8_t>(35, 0)})); }, Errc::kSizeMismatch},
+      {"empty random block", [] { return encodeUpdate(withTensor0(RandBlock{3, {}})); }, Errc::kSizeMismatch},
+      {"random block longer than the tensor", [] { return encodeUpdate(withTensor0(RandBlock{3, std::vector<float>(97, 1.0f)})); }, Errc::kSizeMismatch},
+      {"low-rank without factors", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 2, {}, {}})); }, Errc::kSizeMismatch},
+      {"low-rank P size lies", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 2, std::vector<float>(15), std::vector<float>(24)})); }, Errc::kSizeMismatch},
+      {"sparse index out of range", [] { return encodeUpdate(withTensor0(Sparse{{1, 96}, {1.0f, 1.0f}})); }, Errc::kIndexOutOfRange},
+      {"block offset out of range", [] { return encodeUpdate(withTensor0(RandBlock{96, {1.0f}})); }, Errc::kIndexOutOfRange},
+      {"duplicate index", [] { return encodeUpdate(withTensor0(Sparse{{3, 3}, {1.0f, 1.0f}})); }, Errc::kIndexOrder},
+      {"unsorted indices", [] { return encodeUpdate(withTensor0(Sparse{{5, 3}, {1.0f, 1.0f}})); }, Errc::kIndexOrder},
+      {"low-rank shape", [] { return encodeUpdate(withTensor0(LowRank{12, 8, 2, std::vector<float>(24), std::vector<float>(16)})); }, Errc::kShapeMismatch},
+      {"low-rank rank too big", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 9, std::vector<float>(72), std::vector<float>(108)})); }, Errc::kShapeMismatch},
+      {"low-rank rank 0", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 0, {}, {}})); }, Errc::kShapeMismatch},
+      {"NaN value", [] { std::vector<float> w(96, 1.0f); w[40] = std::nanf(""); return encodeUpdate(withTensor0(DenseF32{w})); }, Errc::kNonFinite},
+      {"inf half", [] { std::vector<uint16_t> h(96, 0x3c00); h[3] = 0x7c00; return encodeUpdate(withTensor0(DenseF16{h})); }, Errc::kNonFinite},
+      {"NaN bf16", [] { std::vector<uint16_t> h(96, 0x3f80); h[95] = 0x7fc0; return encodeUpdate(withTensor0(DenseBF16{h})); }, Errc::kNonFinite},
+      {"inf sparse value", [] { return encodeUpdate(withTensor0(Sparse{{1, 2}, {1.0f, INFINITY}})); }, Errc::kNonFinite},
+      {"NaN block value", [] { return encodeUpdate(withTensor0(RandBlock{3, {std::nanf("")}})); }, Errc::kNonFinite},
+      {"inf in a low-rank factor", [] { std::vector<float> q(24, 1.0f); q[23] = -INFINITY; return encodeUpdate(withTensor0(LowRank{8, 12, 2, std::vector<float>(16), q})); }, Errc::kNonFinite},
+      {"negative sign scale", [] { return encodeUpdate(withTensor0(Sign{-1.0f, std::vector<uint8_t>(12, 0)})); }, Errc::kNonFinite},
+      {"NaN sign scale", [] { return encodeUpdate(withTensor0(Sign{std::nanf(""), std::vector<uint8_t>(12, 0)})); }, Errc::kNonFinite},
+      {"inf QSGD norm", [] { return encodeUpdate(withTensor0(Qsgd{INFINITY, 3, std::vector<uint8_t>(36, 0)})); }, Errc::kNonFinite},
+      {"QSGD level above s", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 2, std::vector<uint8_t>(36, 0xff)})); }, Errc::kLevelOutOfRange},
+      {"QSGD s = 0", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 0, std::vector<uint8_t>(24, 0)})); }, Errc::kLevelOutOfRange},
+      {"QSGD s > 65535", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 65536, std::vector<uint8_t>(216, 0)})); }, Errc::kLevelOutOfRange},
+      {"one factor, no shared factor", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 2, std::vector<float>(16), {}})); }, Errc::kMissingSharedFactor},
+  });
+}
+
+TEST_CASE("a one-factor payload needs a shared factor of its side and rank", "[protocol]") {
+  const SharedFactors q = fuzz::shared();  // side Q, rank 2
+  REQUIRE_NOTHROW(decodeUpdate(encodeUpdate(withTensor0(LowRank{8, 12, 2, std::vector<float>(16), {}})), fuzz::layout(), &q));
+  runCases(
+      {
+          {"Q only, shared Q", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 2, {}, std::vector<float>(24)})); }, Errc::kMissingSharedFactor},
+          {"P only, another rank", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 1, std::vector<float>(8), {}})); }, Errc::kMissingSharedFactor},
+      },
+      &q);
 }
 
 TEST_CASE("non-zero padding after packed bits is rejected", "[protocol]") {
@@ -139,28 +249,197 @@ TEST_CASE("non-zero padding after packed bits is rejected", "[protocol]") {
     return l;
   }();
   Update u;
-  u.layout_fingerprint = layout.fingerprint();
+  u.header.layout_fingerprint = layout.fingerprint();
   u.tensors = {Sign{1.0f, {0x00, 0x04}}};  // bit 10 lies past the 10 values
-  try {
-    decodeUpdate(encodeUpdate(u), layout);
-    FAIL("accepted");
-  } catch (const DecodeError& e) {
-    CHECK(e.code() == DecodeErrc::kBadPadding);
-  }
+  CHECK(testing::errcOf([&] { decodeUpdate(encodeUpdate(u), layout); }) == errcName(Errc::kBadPadding));
   u.tensors = {Sign{1.0f, {0xff, 0x03}}};
+  CHECK_NOTHROW(decodeUpdate(encodeUpdate(u), layout));
+  // QSGD s=1: 2 bits per value, 20 bits in 3 bytes; bits 20..23 are padding.
+  u.tensors = {Qsgd{1.0f, 1, {0x00, 0x00, 0x10}}};
+  CHECK(testing::errcOf([&] { decodeUpdate(encodeUpdate(u), layout); }) == errcName(Errc::kBadPadding));
+  u.tensors = {Qsgd{1.0f, 1, {0x00, 0x00, 0x08}}};
   CHECK_NOTHROW(decodeUpdate(encodeUpdate(u), layout));
 }
 
 TEST_CASE("oversized buffers are refused before parsing", "[protocol]") {
   const auto good = encodeUpdate(valid());
-  DecodeOptions o;
+  DecodeLimits o;
   o.max_bytes = good.size() - 1;
-  try {
-    decodeUpdate(good, fuzz::layout(), nullptr, o);
-    FAIL("accepted");
-  } catch (const DecodeError& e) {
-    CHECK(e.code() == DecodeErrc::kTooLarge);
+  CHECK(testing::errcOf([&] { decodeUpdate(good, fuzz::layout(), nullptr, o); }) == errcName(Errc::kTooLarge));
+  o.max_bytes = good.size();
+  CHECK_NOTHROW(decodeUpdate(good, fuzz::layout(), nullptr, o));
+}
+
+TEST_CASE("tables or vectors referenced twice are refused", "[protocol]") {
+  runCases({
+      {"both tensors are one Tensor table",
+       [] {
+         Builder b;
+         auto t = denseW(b);
+         return updateMessage(b, {t, t});
+       },
+       Errc::kSharedData},
+      {"two payload tables share one vector",
+       [] {
+         Builder b;
+         auto v = b.CreateVector(std::vector<float>(96, 1.0f));
+         auto t0 = fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, v).Union());
+         auto t1 = fb::CreateTensor(b, fb::Payload::DenseF32, fb::CreateDenseF32(b, v).Union());
+         return updateMessage(b, {t0, t1});
+       },
+       Errc::kSharedData},
+      {"sparse indices and values are one vector",
+       [] {
+         return rawMessage(kSchemaVersion, [](auto& b) {
+           auto idx = b.CreateVector(std::vector<uint32_t>{1, 2, 3});
+           const flatbuffers::Offset<flatbuffers::Vector<float>> same(idx.o);
+           return fb::CreateTensor(b, fb::Payload::Sparse, fb::CreateSparse(b, idx, same).Union());
+         });
+       },
+       Errc::kSharedData},
+      {"low-rank P and Q are one vector",
+       [] {
+         return rawMessage(kSchemaVersion, [](auto& b) {
+           auto p = b.CreateVector(std::vector<float>(24, 0.5f));
+           return fb::CreateTensor(b, fb::Payload::LowRank, fb::CreateLowRank(b, 8, 12, 2, p, p).Union());
+         });
+       },
+       Errc::kSharedData},
+  });
+}
+
+TEST_CASE("metrics are bounded in number and name, unique and finite", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  const DecodeLimits limits;
+  std::vector<std::pair<std::string, double>> many;
+  for (size_t i = 0; i < limits.max_metrics; ++i) many.push_back({std::string(1, 'm').append(std::to_string(i)), 1.0});
+  REQUIRE_NOTHROW(decodeUpdate(withMetrics(many), layout));
+  REQUIRE_NOTHROW(decodeUpdate(withMetrics({{std::string(limits.max_metric_name, 'a'), 1.0}}), layout));
+  REQUIRE_NOTHROW(decodeUpdate(withMetrics({{"Az09_.-/x", -3.5}}), layout));
+  auto too_many = many;
+  too_many.push_back({"one_more", 1.0});
+  runCases({
+      {"one metric too many", [&] { return withMetrics(too_many); }, Errc::kBadMetric},
+      {"a name too long", [&] { return withMetrics({{std::string(limits.max_metric_name + 1, 'a'), 1.0}}); }, Errc::kBadMetric},
+      {"an empty name", [] { return withMetrics({{"", 1.0}}); }, Errc::kBadMetric},
+      {"a space in a name", [] { return withMetrics({{"train loss", 1.0}}); }, Errc::kBadMetric},
+      {"a newline in a name", [] { return withMetrics({{"loss\n", 1.0}}); }, Errc::kBadMetric},
+      {"a non-ASCII name", [] { return withMetrics({{"verlust\xc3\xa9", 1.0}}); }, Errc::kBadMetric},
+      {"a repeated name", [] { return withMetrics({{"loss", 1.0}, {"acc", 0.5}, {"loss", 2.0}}); }, Errc::kBadMetric},
+      {"a NaN value", [] { return withMetrics({{"loss", std::nan("")}}); }, Errc::kBadMetric},
+      {"an infinite value", [] { return withMetrics({{"loss", -INFINITY}}); }, Errc::kBadMetric},
+      {"a metric without a name",
+       [] {
+         Builder b;
+         auto t0 = denseW(b);
+         auto t1 = denseTensor(b, 8);
+         std::vector<flatbuffers::Offset<fb::Metric>> ms = {fb::CreateMetric(b, 0, 1.0)};
+         return updateMessage(b, {t0, t1}, b.CreateVector(ms));
+       },
+       Errc::kMissingField},
+      {"two metrics are one Metric table",
+       [] {
+         Builder b;
+         auto t0 = denseW(b);
+         auto t1 = denseTensor(b, 8);
+         auto m = fb::CreateMetric(b, b.CreateString("loss"), 1.0);
+         return updateMessage(b, {t0, t1}, b.CreateVector(std::vector<flatbuffers::Offset<fb::Metric>>{m, m}));
+       },
+       Errc::kBadMetric},
+  });
+}
+
+TEST_CASE("a message claiming far more than it carries is refused before per-tensor work", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  Decoder d(layout);
+  // One 4 MB table referenced by every tensor: copying per reference would cost 4 MB each.
+  auto build = [](size_t tensors) {
+    Builder b(size_t{5} << 20);
+    auto t = denseTensor(b, size_t{1} << 20);
+    return updateMessage(b, std::vector<TensorOff>(tensors, t));
+  };
+  for (size_t tensors : {size_t{3}, size_t{30}, size_t{10000}}) {
+    INFO(tensors << " tensors");
+    const auto bytes = build(tensors);
+    REQUIRE(reinterpret_cast<uintptr_t>(bytes.data()) % 8 == 0);
+    const long before = g_bytes.load();
+    const std::string got = testing::errcOf([&] { d.decodeUpdate(bytes); });
+    const long allocated = g_bytes.load() - before;
+    CHECK((got == errcName(Errc::kTensorCountMismatch) || got == errcName(Errc::kMalformed)));
+    // Nothing proportional to the message, let alone to what it claims (the error text is all).
+    CHECK(allocated < 64 * 1024);
   }
+  // Many metrics pointing at one long name: refused by count or by the verifier's table budget.
+  for (size_t metrics : {size_t{33}, size_t{12000}}) {
+    INFO(metrics << " metrics");
+    Builder b(size_t{1} << 20);
+    auto t0 = denseW(b);
+    auto t1 = denseTensor(b, 8);
+    auto name = b.CreateString(std::string(200000, 'a'));
+    std::vector<flatbuffers::Offset<fb::Metric>> ms;
+    for (size_t i = 0; i < metrics; ++i) ms.push_back(fb::CreateMetric(b, name, 1.0));
+    const auto bytes = updateMessage(b, {t0, t1}, b.CreateVector(ms));
+    const long before = g_bytes.load();
+    const std::string got = testing::errcOf([&] { d.decodeUpdate(bytes); });
+    const long allocated = g_bytes.load() - before;
+    CHECK((got == errcName(Errc::kBadMetric) || got == errcName(Errc::kMalformed)));
+    CHECK(allocated < 64 * 1024);
+  }
+}
+
+TEST_CASE("decoding an honest message allocates nothing per message once the decoder is warm", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  Decoder d(layout);
+  std::vector<std::vector<uint8_t>> msgs;
+  for (const auto& u : fuzz::seedUpdates()) msgs.push_back(encodeUpdate(u));
+  for (const auto& m : msgs) d.decodeUpdate(m);  // warm
+  const long before = g_bytes.load();
+  size_t tensors = 0;
+  for (int rep = 0; rep < 10; ++rep)
+    for (const auto& m : msgs) tensors += d.decodeUpdate(m).tensors.size();
+  CHECK(g_bytes.load() == before);
+  CHECK(tensors == 10 * msgs.size() * 2);
+}
+
+TEST_CASE("malformed partial aggregates are refused", "[protocol]") {
+  const ParamLayout layout = fuzz::layout();
+  PartialMessage good;
+  good.header.layout_fingerprint = layout.fingerprint();
+  good.header.count = 2;
+  good.header.total_weight = 3.0;
+  good.tensors = valid().tensors;
+  good.metrics = {{"loss", 1.0, 3.0}};
+  Decoder d(layout);
+  REQUIRE(d.decodePartial(encodePartial(good)).header.count == 2u);
+  auto with = [&](auto change) {
+    PartialMessage m = good;
+    change(m);
+    return encodePartial(m);
+  };
+  const std::vector<std::pair<std::vector<uint8_t>, Errc>> cases = {
+      {with([](PartialMessage& m) { m.header.layout_fingerprint ^= 1; }), Errc::kFingerprintMismatch},
+      {with([](PartialMessage& m) { m.tensors.pop_back(); }), Errc::kTensorCountMismatch},
+      {with([](PartialMessage& m) { m.metrics[0].weighted_sum = std::nan(""); }), Errc::kBadMetric},
+      {with([](PartialMessage& m) { m.metrics[0].weight = INFINITY; }), Errc::kBadMetric},
+      {with([](PartialMessage& m) { m.metrics.push_back(m.metrics[0]); }), Errc::kBadMetric},
+      {with([](PartialMessage& m) { m.metrics[0].name = "bad name"; }), Errc::kBadMetric},
+      {with([](PartialMessage& m) {
+         m.metrics.clear();
+         for (int i = 0; i < 33; ++i) m.metrics.push_back({std::string(1, 'm').append(std::to_string(i)), 1.0, 1.0});
+       }),
+       Errc::kBadMetric},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO("case " << i);
+    CHECK(testing::errcOf([&] { d.decodePartial(cases[i].first); }) == errcName(cases[i].second));
+  }
+  // A partial aggregate whose two tensors are one table.
+  Builder b;
+  auto t = denseW(b);
+  auto tv = b.CreateVector(std::vector<TensorOff>{t, t});
+  auto body = fb::CreatePartialAggregate(b, layout.fingerprint(), 0, 0, 0, 2, 3.0, tv);
+  const auto shared = finish(b, fb::CreateMessage(b, kSchemaVersion, fb::Body::PartialAggregate, body.Union()));
+  CHECK(testing::errcOf([&] { d.decodePartial(shared); }) == errcName(Errc::kSharedData));
 }
 
 TEST_CASE("every single-byte corruption is either rejected or decodes to a checked update", "[protocol]") {
@@ -177,7 +456,7 @@ TEST_CASE("every single-byte corruption is either rejected or decodes to a check
           std::vector<float> out(layout.numel());
           densifyUpdate(layout, d.tensors, out, &shared);
           for (float x : out) REQUIRE(std::isfinite(x));
-        } catch (const DecodeError&) {
+        } catch (const InputError&) {
         }
       }
     }
