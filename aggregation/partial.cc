@@ -1,11 +1,12 @@
 #include "aggregation/partial.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "compression/compressor.h"
 #include "compression/topk_select.h"
 #include "core/error.h"
+#include "core/half.h"
+#include "core/overloaded.h"
 
 namespace starling::aggregation {
 namespace cz = starling::compression;
@@ -14,224 +15,269 @@ namespace {
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using ConstFactorMap = Eigen::Map<const RowMatrix>;
 
-void checkWeight(double w) {
-  STARLING_CHECK_ARG(std::isfinite(w) && w > 0.0, "aggregation: weight must be finite and > 0, got ", w);
+uint64_t mix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  return h;
 }
 }  // namespace
 
-uint64_t sharedFactorsTag(const SharedFactors& s) {
-  uint64_t h = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(s.fixed);
-  for (const auto& f : s.factors) {
-    h = (h ^ f.size()) * 0x100000001b3ull;
-    for (float x : f) {
-      uint32_t u;
-      std::memcpy(&u, &x, 4);
-      h = (h ^ u) * 0x100000001b3ull;
-    }
+AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint64_t round, uint32_t phase,
+                                 std::shared_ptr<const SharedFactors> shared, std::vector<std::string> metric_names)
+    : model_(std::move(model)), round_(round), phase_(phase), shared_(std::move(shared)),
+      metric_names_(std::move(metric_names)) {
+  STARLING_CHECK_ARG(model_ != nullptr, "aggregate layout: no model layout");
+  const ParamLayout& m = *model_;
+  if (!shared_) {
+    auto none = std::make_shared<SharedFactors>();
+    none->factors.resize(m.size());
+    shared_ = std::move(none);
   }
-  return h;
-}
-
-PartialAggregate::PartialAggregate(const ParamLayout& layout, const SharedFactors* shared)
-    : layout_(layout), sum_(layout.numel(), 0.0f), factor_sums_(layout.size()) {
-  if (shared) {
-    STARLING_CHECK_ARG(shared->factors.size() == layout.size(), "aggregation: shared factors cover ",
-                       shared->factors.size(), " tensors, the layout has ", layout.size());
-    shared_ = *shared;
-    for (size_t t = 0; t < layout.size(); ++t) {
-      const auto& f = shared_.factors[t];
-      if (f.empty()) continue;
-      const TensorSpec& spec = layout[t];
-      const size_t fixed_dim = shared_.fixed == SharedFactors::Side::kQ ? spec.cols() : spec.rows();
-      const size_t other_dim = shared_.fixed == SharedFactors::Side::kQ ? spec.rows() : spec.cols();
-      STARLING_CHECK_ARG(f.size() % fixed_dim == 0, "aggregation: shared factor of '", spec.name, "' has ",
-                         f.size(), " floats, not a multiple of ", fixed_dim);
-      factor_sums_[t].assign(other_dim * (f.size() / fixed_dim), 0.0f);
-    }
-  } else {
-    shared_.factors.resize(layout.size());
+  STARLING_CHECK_ARG(shared_->factors.size() == m.size(), "aggregate layout: shared factors cover ",
+                     shared_->factors.size(), " tensors, the model has ", m.size());
+  for (size_t i = 0; i < metric_names_.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      STARLING_CHECK_ARG(metric_names_[i] != metric_names_[j], "aggregate layout: metric '", metric_names_[i],
+                         "' declared twice");
+  size_t off = m.numel();
+  factor_offset_.assign(m.size(), 0);
+  factor_size_.assign(m.size(), 0);
+  for (size_t t = 0; t < m.size(); ++t) {
+    const auto& f = shared_->factors[t];
+    if (f.empty()) continue;
+    const TensorSpec& spec = m[t];
+    const bool fixed_q = shared_->fixed == SharedFactors::Side::kQ;
+    const size_t fixed_dim = fixed_q ? spec.cols() : spec.rows();
+    const size_t other_dim = fixed_q ? spec.rows() : spec.cols();
+    STARLING_CHECK_ARG(f.size() % fixed_dim == 0 && f.size() / fixed_dim >= 1 &&
+                           f.size() / fixed_dim <= std::min(spec.rows(), spec.cols()),
+                       "aggregate layout: shared factor of '", spec.name, "' has ", f.size(),
+                       " floats, not a factor of rank <= min(rows, cols) over ", fixed_dim);
+    factor_offset_[t] = off;
+    factor_size_[t] = other_dim * (f.size() / fixed_dim);
+    off += factor_size_[t];
   }
-  shared_tag_ = sharedFactorsTag(shared_);
-}
-
-void PartialAggregate::checkUpdate(const Update& u, double weight) const {
-  checkWeight(weight);
-  cz::checkUpdateHeader(layout_, u);
-  // A tensor with a shared factor this round is aggregated in factor space only, so it must
-  // arrive as exactly one factor of the right size (which keeps exportDense exact).
-  // Conversely a one-factor payload needs a factor sum to go into: O(1) per tensor, so that
-  // addValidated stays memory-safe even if its caller validated against other shared factors.
-  for (size_t t = 0; t < layout_.size(); ++t) {
-    const auto* lr = std::get_if<cz::LowRank>(&u.tensors[t]);
-    const bool one = lr && (lr->p.empty() != lr->q.empty());
-    if (factor_sums_[t].empty()) {
-      STARLING_CHECK_ARG(!one, "aggregation: tensor '", layout_[t].name, "' from client ", u.client_id,
-                         " is one low-rank factor, but this round has no shared factor for it");
-      continue;
-    }
-    STARLING_CHECK_ARG(one && (lr->p.empty() ? lr->q.size() : lr->p.size()) == factor_sums_[t].size(),
-                       "aggregation: tensor '", layout_[t].name, "' from client ", u.client_id,
-                       " must be one low-rank factor against this round's shared factor, got ",
-                       cz::encodingName(u.tensors[t]));
+  metric_offset_ = off;
+  size_ = off + 2 * metric_names_.size() + 2;
+  shared_tag_ = cz::sharedFactorsTag(*shared_);
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = mix(h, m.fingerprint());
+  h = mix(h, round_);
+  h = mix(h, phase_);
+  h = mix(h, shared_tag_);
+  for (const auto& n : metric_names_) {
+    h = mix(h, n.size());
+    for (char c : n) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
   }
+  tag_ = h;
 }
 
-void PartialAggregate::validate(const Update& u, double weight) const {
-  checkUpdate(u, weight);
-  cz::validateUpdate(layout_, u, &shared_);
+std::optional<size_t> AggregateLayout::metricIndex(std::string_view name) const {
+  for (size_t i = 0; i < metric_names_.size(); ++i)
+    if (metric_names_[i] == name) return i;
+  return std::nullopt;
 }
 
-void PartialAggregate::checkScale(double scale) {
+PartialAggregate::PartialAggregate(std::shared_ptr<const AggregateLayout> layout) : layout_(std::move(layout)) {
+  STARLING_CHECK_ARG(layout_ != nullptr, "partial aggregate: no layout");
+  buf_.assign(layout_->size(), 0.0f);
+}
+
+std::vector<std::span<const float>> PartialAggregate::factorSums() const {
+  std::vector<std::span<const float>> out(layout_->model().size());
+  for (size_t t = 0; t < out.size(); ++t) out[t] = factorSum(t);
+  return out;
+}
+
+void PartialAggregate::addValidated(const UpdateView& u, double weight, double scale) {
+  const AggregateLayout& L = *layout_;
+  const ParamLayout& m = L.model();
+  STARLING_CHECK_ARG(std::isfinite(weight) && weight > 0.0, "aggregation: weight must be finite and > 0, got ", weight);
   STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0, "aggregation: scale must be in (0, 1], got ",
                      scale);
-}
-
-void PartialAggregate::add(const Update& u, double weight, double scale) {
-  checkScale(scale);
-  validate(u, weight);
-  addChecked(u, weight, scale);
-}
-
-void PartialAggregate::addValidated(const Update& u, double weight, double scale) {
-  checkScale(scale);
-  checkUpdate(u, weight);
-  addChecked(u, weight, scale);
-}
-
-void PartialAggregate::accumulate(const Payload& p, size_t t, float w) {
-  if (const auto* lr = std::get_if<cz::LowRank>(&p); lr && (lr->p.empty() != lr->q.empty())) {
-    // One factor: add in factor space (checkUpdate / merge checked side and size).
-    const auto& f = lr->p.empty() ? lr->q : lr->p;
-    float* s = factor_sums_[t].data();
-    for (size_t i = 0; i < f.size(); ++i) s[i] += w * f[i];
-    return;
+  STARLING_CHECK_ARG(u.tensors.size() == m.size(), "aggregation: update carries ", u.tensors.size(),
+                     " tensors, the model has ", m.size());
+  // A tensor with a factor slot is aggregated in factor space only, so it must arrive as exactly
+  // one factor of the slot's size; a one-factor payload needs a slot to go into.
+  for (size_t t = 0; t < m.size(); ++t) {
+    const auto* lr = std::get_if<cz::LowRankView>(&u.tensors[t]);
+    const bool one = lr && lr->oneFactor();
+    if (!L.hasFactorSlot(t)) {
+      STARLING_CHECK_ARG(!one, "aggregation: tensor '", m[t].name, "' from client ", u.header.client_id,
+                         " is one low-rank factor, but this phase has no shared factor for it");
+      continue;
+    }
+    STARLING_CHECK_ARG(one && (lr->p.empty() ? lr->q.size() : lr->p.size()) == L.factorSize(t) &&
+                           lr->p.empty() == (L.shared().fixed == SharedFactors::Side::kP),
+                       "aggregation: tensor '", m[t].name, "' from client ", u.header.client_id,
+                       " must be one low-rank factor against this phase's shared factor, got ",
+                       cz::encodingName(u.tensors[t]));
   }
-  cz::accumulatePayload(p, layout_[t], layout_.slice(std::span<float>(sum_), t), w, &shared_, t);
+  addTensors(u.tensors, static_cast<float>(weight * scale));
+  for (const auto& metric : u.metrics) {
+    if (auto i = L.metricIndex(metric.name)) {
+      buf_[L.metricOffset(*i)] += static_cast<float>(weight * metric.value);
+      buf_[L.metricOffset(*i) + 1] += static_cast<float>(weight);
+    }
+  }
+  buf_[L.weightOffset()] += static_cast<float>(weight);
+  buf_[L.countOffset()] += 1.0f;
 }
 
-void PartialAggregate::addChecked(const Update& u, double weight, double scale) {
-  const float w = static_cast<float>(weight * scale);
-  for (size_t t = 0; t < layout_.size(); ++t) accumulate(u.tensors[t], t, w);
-  total_weight_ += weight;
-  ++count_;
-  for (const auto& m : u.metrics)
-    if (std::isfinite(m.value)) metric_sums_[m.name] += weight * m.value;
+void PartialAggregate::addTensors(std::span<const PayloadView> tensors, float w) {
+  const AggregateLayout& L = *layout_;
+  const ParamLayout& m = L.model();
+  std::span<float> sum(buf_.data(), m.numel());
+  for (size_t t = 0; t < m.size(); ++t) {
+    if (L.hasFactorSlot(t)) {  // a one-factor payload, checked by the caller: add in factor space
+      const auto& lr = std::get<cz::LowRankView>(tensors[t]);
+      const auto f = lr.p.empty() ? lr.q : lr.p;
+      float* s = buf_.data() + L.factorOffset(t);
+      for (size_t i = 0; i < f.size(); ++i) s[i] += w * f[i];
+      continue;
+    }
+    cz::accumulatePayload(tensors[t], m[t], m.slice(sum, t), w, &L.shared(), t);
+  }
 }
 
 void PartialAggregate::merge(const PartialAggregate& other) {
-  STARLING_CHECK_ARG(other.layout_.fingerprint() == layout_.fingerprint(),
-                     "aggregation: cannot merge partial aggregates of different models");
-  STARLING_CHECK_ARG(other.shared_tag_ == shared_tag_,
-                     "aggregation: cannot merge partial aggregates made with different shared factors (rounds)");
-  for (size_t i = 0; i < sum_.size(); ++i) sum_[i] += other.sum_[i];
-  for (size_t t = 0; t < factor_sums_.size(); ++t)
-    for (size_t i = 0; i < factor_sums_[t].size(); ++i) factor_sums_[t][i] += other.factor_sums_[t][i];
-  total_weight_ += other.total_weight_;
-  count_ += other.count_;
-  for (const auto& [k, v] : other.metric_sums_) metric_sums_[k] += v;
+  STARLING_CHECK_ARG(other.layout_ == layout_ || other.layout_->tag() == layout_->tag(),
+                     "aggregation: cannot merge partial aggregates of another model, round, phase, shared factors or "
+                     "metric set");
+  const float* o = other.buf_.data();
+  float* b = buf_.data();
+  for (size_t i = 0; i < buf_.size(); ++i) b[i] += o[i];
 }
 
-void PartialAggregate::merge(const AggregateSummary& s) {
-  STARLING_CHECK_ARG(s.layout_fingerprint == layout_.fingerprint(), "aggregation: summary is for another model");
-  STARLING_CHECK_ARG(s.shared_tag == shared_tag_, "aggregation: summary was made with other shared factors");
-  STARLING_CHECK_ARG(s.sum.size() == layout_.size(), "aggregation: summary carries ", s.sum.size(),
-                     " tensors, the model has ", layout_.size());
-  STARLING_CHECK_ARG(std::isfinite(s.total_weight) && s.total_weight >= 0.0 && (s.count > 0) == (s.total_weight > 0.0),
-                     "aggregation: summary has total weight ", s.total_weight, " for ", s.count, " updates");
-  for (size_t t = 0; t < layout_.size(); ++t) {
-    cz::validatePayload(s.sum[t], layout_[t], &shared_, t);
-    const auto* lr = std::get_if<cz::LowRank>(&s.sum[t]);
-    const bool one = lr && (lr->p.empty() != lr->q.empty());
-    STARLING_CHECK_ARG(one == !factor_sums_[t].empty(), "aggregation: summary tensor '", layout_[t].name,
-                       "' does not match this round's factored tensors");
+void PartialAggregate::mergeValidated(const PartialView& p) {
+  const AggregateLayout& L = *layout_;
+  const ParamLayout& m = L.model();
+  STARLING_CHECK_ARG(p.tensors.size() == m.size(), "aggregation: partial carries ", p.tensors.size(),
+                     " tensors, the model has ", m.size());
+  for (size_t t = 0; t < m.size(); ++t) {
+    const auto* lr = std::get_if<cz::LowRankView>(&p.tensors[t]);
+    if (L.hasFactorSlot(t))
+      STARLING_CHECK_ARG(lr && lr->oneFactor() && (lr->p.empty() ? lr->q.size() : lr->p.size()) == L.factorSize(t),
+                         "aggregation: partial's tensor '", m[t].name, "' must be its factor sum");
+    else
+      STARLING_CHECK_ARG(!lr, "aggregation: partial's tensor '", m[t].name, "' must be a dense or sparse sum");
   }
-  for (size_t t = 0; t < layout_.size(); ++t) accumulate(s.sum[t], t, 1.0f);
-  total_weight_ += s.total_weight;
-  count_ += s.count;
-  for (const auto& [k, v] : s.metric_sums) metric_sums_[k] += v;
+  addTensors(p.tensors, 1.0f);
+  for (const auto& metric : p.metrics) {
+    if (auto i = L.metricIndex(metric.name)) {
+      buf_[L.metricOffset(*i)] += static_cast<float>(metric.weighted_sum);
+      buf_[L.metricOffset(*i) + 1] += static_cast<float>(metric.weight);
+    }
+  }
+  buf_[L.weightOffset()] += static_cast<float>(p.header.total_weight);
+  buf_[L.countOffset()] += static_cast<float>(p.header.count);
 }
 
-void PartialAggregate::meanInto(std::span<float> out) const {
-  STARLING_CHECK_ARG(count_ > 0, "aggregation: the round has no updates to average");
-  STARLING_CHECK_ARG(out.size() == sum_.size(), "aggregation: output has ", out.size(), " floats, expected ",
-                     sum_.size());
-  const float inv = static_cast<float>(1.0 / total_weight_);
-  for (size_t i = 0; i < sum_.size(); ++i) out[i] = sum_[i] * inv;
-  for (size_t t = 0; t < layout_.size(); ++t) {
-    if (factor_sums_[t].empty()) continue;
-    const TensorSpec& spec = layout_[t];
-    const auto& f = shared_.factors[t];
-    auto m = layout_.matrix(out, t);
-    if (shared_.fixed == SharedFactors::Side::kQ) {
-      const Eigen::Index r = static_cast<Eigen::Index>(f.size() / spec.cols());
-      m.noalias() += inv * (ConstFactorMap(factor_sums_[t].data(), spec.rows(), r) *
-                            ConstFactorMap(f.data(), spec.cols(), r).transpose());
+void PartialAggregate::meanInto(std::span<float> out, bool with_factors, bool add) const {
+  const AggregateLayout& L = *layout_;
+  const ParamLayout& m = L.model();
+  STARLING_CHECK_ARG(count() > 0 && totalWeight() > 0, "aggregation: the phase has no updates to average");
+  STARLING_CHECK_ARG(out.size() == m.numel(), "aggregation: output has ", out.size(), " floats, expected ", m.numel());
+  const auto inv = static_cast<float>(1.0 / totalWeight());
+  const float* s = buf_.data();
+  if (add)
+    for (size_t i = 0; i < out.size(); ++i) out[i] += s[i] * inv;
+  else
+    for (size_t i = 0; i < out.size(); ++i) out[i] = s[i] * inv;
+  if (!with_factors) return;
+  const SharedFactors& shared = L.shared();
+  for (size_t t = 0; t < m.size(); ++t) {
+    if (!L.hasFactorSlot(t)) continue;
+    const TensorSpec& spec = m[t];
+    const auto& f = shared.factors[t];
+    auto mat = m.matrix(out, t);
+    const float* fs = buf_.data() + L.factorOffset(t);
+    if (shared.fixed == SharedFactors::Side::kQ) {
+      const auto r = static_cast<Eigen::Index>(f.size() / spec.cols());
+      mat.noalias() += inv * (ConstFactorMap(fs, spec.rows(), r) * ConstFactorMap(f.data(), spec.cols(), r).transpose());
     } else {
-      const Eigen::Index r = static_cast<Eigen::Index>(f.size() / spec.rows());
-      m.noalias() += inv * (ConstFactorMap(f.data(), spec.rows(), r) *
-                            ConstFactorMap(factor_sums_[t].data(), spec.cols(), r).transpose());
+      const auto r = static_cast<Eigen::Index>(f.size() / spec.rows());
+      mat.noalias() += inv * (ConstFactorMap(f.data(), spec.rows(), r) * ConstFactorMap(fs, spec.cols(), r).transpose());
     }
   }
 }
 
-std::vector<float> PartialAggregate::mean() const {
-  std::vector<float> out(sum_.size());
-  meanInto(out);
+std::vector<float> PartialAggregate::mean(bool with_factors) const {
+  std::vector<float> out(layout_->numel());
+  meanInto(out, with_factors);
   return out;
 }
 
 std::map<std::string, double> PartialAggregate::metricMeans() const {
   std::map<std::string, double> out;
-  if (total_weight_ <= 0.0) return out;
-  for (const auto& [k, v] : metric_sums_) out[k] = v / total_weight_;
+  const AggregateLayout& L = *layout_;
+  for (size_t i = 0; i < L.metricNames().size(); ++i) {
+    const double w = buf_[L.metricOffset(i) + 1];
+    if (w > 0) out[L.metricNames()[i]] = buf_[L.metricOffset(i)] / w;
+  }
   return out;
 }
 
+PartialMessage PartialAggregate::exportHeader() const {
+  const AggregateLayout& L = *layout_;
+  PartialMessage msg;
+  msg.header = {L.model().fingerprint(), L.round(), L.phase(), L.sharedTag(), count(), totalWeight()};
+  for (size_t i = 0; i < L.metricNames().size(); ++i) {
+    const double w = buf_[L.metricOffset(i) + 1];
+    if (w > 0) msg.metrics.push_back({L.metricNames()[i], buf_[L.metricOffset(i)], w});
+  }
+  msg.tensors.reserve(L.model().size());
+  return msg;
+}
+
 namespace {
-cz::Payload factorPayload(const TensorSpec& spec, const SharedFactors& shared, const std::vector<float>& fsum) {
+cz::Payload factorPayload(const TensorSpec& spec, const SharedFactors& shared, std::span<const float> fsum) {
   cz::LowRank l;
   l.rows = static_cast<uint32_t>(spec.rows());
   l.cols = static_cast<uint32_t>(spec.cols());
   if (shared.fixed == SharedFactors::Side::kQ) {
     l.rank = static_cast<uint32_t>(fsum.size() / spec.rows());
-    l.p = fsum;
+    l.p.assign(fsum.begin(), fsum.end());
   } else {
     l.rank = static_cast<uint32_t>(fsum.size() / spec.cols());
-    l.q = fsum;
+    l.q.assign(fsum.begin(), fsum.end());
   }
   return l;
 }
 }  // namespace
 
-AggregateSummary PartialAggregate::exportDense() const {
-  AggregateSummary s{layout_.fingerprint(), shared_tag_, {}, total_weight_, count_, metric_sums_};
-  s.sum.reserve(layout_.size());
-  for (size_t t = 0; t < layout_.size(); ++t) {
-    auto v = layout_.slice(std::span<const float>(sum_), t);
-    s.sum.emplace_back(cz::DenseF32{{v.begin(), v.end()}});
-  }
-  // A tensor with a shared factor only ever receives factors (checkUpdate), so its dense slot is
-  // zero and the factor sum alone describes it.
-  for (size_t t = 0; t < layout_.size(); ++t)
-    if (!factor_sums_[t].empty()) s.sum[t] = factorPayload(layout_[t], shared_, factor_sums_[t]);
-  return s;
-}
-
-AggregateSummary PartialAggregate::exportSparse(double density, std::vector<float>& residual) const {
-  STARLING_CHECK_ARG(density > 0.0 && density <= 1.0, "aggregation: export density must be in (0, 1], got ", density);
-  if (residual.empty()) residual.assign(sum_.size(), 0.0f);
-  STARLING_CHECK_ARG(residual.size() == sum_.size(), "aggregation: residual has ", residual.size(),
-                     " floats, expected ", sum_.size());
-  AggregateSummary s{layout_.fingerprint(), shared_tag_, {}, total_weight_, count_, metric_sums_};
-  s.sum.reserve(layout_.size());
-  std::vector<uint32_t> idx;
-  for (size_t t = 0; t < layout_.size(); ++t) {
-    if (!factor_sums_[t].empty()) {
-      s.sum.push_back(factorPayload(layout_[t], shared_, factor_sums_[t]));
+PartialMessage PartialAggregate::exportDense() const {
+  const AggregateLayout& L = *layout_;
+  const ParamLayout& m = L.model();
+  PartialMessage msg = exportHeader();
+  const auto sum = denseSum();
+  for (size_t t = 0; t < m.size(); ++t) {
+    if (L.hasFactorSlot(t)) {
+      msg.tensors.push_back(factorPayload(m[t], L.shared(), factorSum(t)));
       continue;
     }
-    auto r = layout_.slice(std::span<float>(residual), t);
-    auto v = layout_.slice(std::span<const float>(sum_), t);
+    auto v = m.slice(sum, t);
+    msg.tensors.emplace_back(cz::DenseF32{{v.begin(), v.end()}});
+  }
+  return msg;
+}
+
+PartialMessage PartialAggregate::exportSparse(double density, std::vector<float>& residual) const {
+  STARLING_CHECK_ARG(density > 0.0 && density <= 1.0, "aggregation: export density must be in (0, 1], got ", density);
+  const AggregateLayout& L = *layout_;
+  const ParamLayout& m = L.model();
+  if (residual.empty()) residual.assign(m.numel(), 0.0f);
+  STARLING_CHECK_ARG(residual.size() == m.numel(), "aggregation: residual has ", residual.size(), " floats, expected ",
+                     m.numel());
+  PartialMessage msg = exportHeader();
+  const auto sum = denseSum();
+  std::vector<uint32_t> idx;
+  for (size_t t = 0; t < m.size(); ++t) {
+    if (L.hasFactorSlot(t)) {
+      msg.tensors.push_back(factorPayload(m[t], L.shared(), factorSum(t)));
+      continue;
+    }
+    auto r = m.slice(std::span<float>(residual), t);
+    auto v = m.slice(sum, t);
     for (size_t i = 0; i < r.size(); ++i) r[i] += v[i];
     cz::selectTopK(r, cz::countForDensity(density, r.size()), idx);
     cz::Sparse sp;
@@ -241,29 +287,11 @@ AggregateSummary PartialAggregate::exportSparse(double density, std::vector<floa
       sp.values[i] = r[idx[i]];
       r[idx[i]] = 0.0f;
     }
-    s.sum.emplace_back(std::move(sp));
+    msg.tensors.emplace_back(std::move(sp));
   }
-  return s;
+  return msg;
 }
 
-size_t PartialAggregate::bufferCount() const {
-  size_t n = 1;
-  for (const auto& f : factor_sums_) n += !f.empty();
-  return n;
-}
-
-size_t PartialAggregate::bufferBytes() const {
-  size_t b = sum_.capacity() * sizeof(float);
-  for (const auto& f : factor_sums_) b += f.capacity() * sizeof(float);
-  return b;
-}
-
-void PartialAggregate::reset() {
-  std::fill(sum_.begin(), sum_.end(), 0.0f);
-  for (auto& f : factor_sums_) std::fill(f.begin(), f.end(), 0.0f);
-  total_weight_ = 0.0;
-  count_ = 0;
-  metric_sums_.clear();
-}
+void PartialAggregate::reset() { std::fill(buf_.begin(), buf_.end(), 0.0f); }
 
 }  // namespace starling::aggregation

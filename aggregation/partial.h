@@ -1,23 +1,33 @@
 #pragma once
-// PartialAggregate: the streaming weighted sum at the heart of every aggregation in Starling.
+// PartialAggregate: the streaming weighted sum at the heart of every aggregation in Starling,
+// kept in ONE contiguous float buffer so that a collective (Gloo, NCCL) can all-reduce or
+// reduce-scatter it in place, with no pack or unpack:
 //
-//   sum = sum_i w_i * update_i,   W = sum_i w_i,   n = count,   metrics: sum_i w_i * m_i
+//   [ dense sum (numel) | factor sums (per tensor with a shared factor) | metric slots
+//     (weighted sum, weight) per declared metric | total weight | count ]
 //
-// Updates are added one at a time straight from their encoded payloads (dense adds, sparse
-// scatter-adds, a random block adds its block, sign/QSGD add decoded values, a two-factor
-// low-rank payload adds P Q^T). A one-factor low-rank payload (PowerSGD phases, ACP-SGD) adds in
-// factor space: its factor goes into a per-tensor factor sum, expanded with the round's shared
-// factor only once, in mean(). All buffers are allocated at construction; add() allocates
-// nothing, so memory is O(model) whatever the number of clients.
+//   sum = sum_i w_i * update_i,   W = sum_i w_i,   n = count,   metric: sum_i w_i m_i and sum_i w_i
 //
-// Partial aggregates merge associatively and commutatively (exactly in real arithmetic; float
-// rounding differs by summation order), which is what makes edge aggregators and a simulator
-// worker's local aggregation exact: merge(a, b) holds the same sums as adding a's and b's
-// updates into one aggregate.
+// Updates are added straight from their payload views (dense adds, sparse scatter-adds, a random
+// block adds its block, sign/QSGD add decoded values, a two-factor low-rank payload adds P Q^T). A
+// one-factor low-rank payload adds in factor space into its tensor's factor-sum slot, expanded
+// with the shared factor only once, in meanInto(). Adding allocates nothing (tested by counting
+// operator new), so memory is O(model) whatever the number of clients.
+//
+// What the buffer means is an AggregateLayout, built once per round phase and shared (never
+// copied) by every partial of that phase: the model's layout, the phase's shared factors, the
+// declared metric names, and the slot offsets. Partials of one layout merge associatively and
+// commutatively by adding buffers (exactly in real arithmetic; float rounding depends on the
+// order), which is what makes edge aggregators and a simulator worker's local aggregation exact.
+//
+// Float counts and weights are exact up to 2^24; beyond that they carry float's relative error,
+// as the sums themselves do.
 //
 // Not thread-safe: one thread adds to one aggregate; threads aggregate into their own and merge.
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,92 +37,112 @@
 
 namespace starling::aggregation {
 
+using compression::PartialMessage;
+using compression::PartialView;
 using compression::Payload;
+using compression::PayloadView;
 using compression::SharedFactors;
-using compression::Update;
+using compression::UpdateView;
 
-// A partial aggregate in transit (edge aggregator -> root): the weighted sum as payloads (dense,
-// or sparse after re-sparsification), with its total weight, count and weighted metric sums.
-struct AggregateSummary {
-  uint64_t layout_fingerprint = 0;
-  uint64_t shared_tag = 0;
-  std::vector<Payload> sum;  // one per tensor; factor sums ride as one-factor LowRank payloads
-  double total_weight = 0.0;
-  uint64_t count = 0;
-  std::map<std::string, double> metric_sums;
+class AggregateLayout {
+ public:
+  // `shared` may be null (no shared factors this phase).
+  AggregateLayout(std::shared_ptr<const ParamLayout> model, uint64_t round, uint32_t phase,
+                  std::shared_ptr<const SharedFactors> shared, std::vector<std::string> metric_names);
+
+  const ParamLayout& model() const { return *model_; }
+  const std::shared_ptr<const ParamLayout>& modelPtr() const { return model_; }
+  uint64_t round() const { return round_; }
+  uint32_t phase() const { return phase_; }
+  const SharedFactors& shared() const { return *shared_; }
+  const std::shared_ptr<const SharedFactors>& sharedPtr() const { return shared_; }
+  uint64_t sharedTag() const { return shared_tag_; }
+  // Identity of the layout: model fingerprint, round, phase, shared factors, metric names. Two
+  // partials merge only if their tags agree.
+  uint64_t tag() const { return tag_; }
+
+  size_t size() const { return size_; }  // floats in the buffer
+  size_t numel() const { return model_->numel(); }
+  // Factor-sum slot of tensor t: empty (size 0) if the tensor has no shared factor this phase.
+  size_t factorOffset(size_t t) const { return factor_offset_[t]; }
+  size_t factorSize(size_t t) const { return factor_size_[t]; }
+  bool hasFactorSlot(size_t t) const { return factor_size_[t] != 0; }
+  const std::vector<std::string>& metricNames() const { return metric_names_; }
+  std::optional<size_t> metricIndex(std::string_view name) const;
+  size_t metricOffset(size_t i) const { return metric_offset_ + 2 * i; }
+  size_t weightOffset() const { return size_ - 2; }
+  size_t countOffset() const { return size_ - 1; }
+
+ private:
+  std::shared_ptr<const ParamLayout> model_;
+  uint64_t round_;
+  uint32_t phase_;
+  std::shared_ptr<const SharedFactors> shared_;
+  uint64_t shared_tag_ = 0;
+  uint64_t tag_ = 0;
+  std::vector<size_t> factor_offset_, factor_size_;
+  std::vector<std::string> metric_names_;
+  size_t metric_offset_ = 0;
+  size_t size_ = 0;
 };
 
 class PartialAggregate {
  public:
-  // `shared` (copied) is the round's shared low-rank factors, if any update will carry one-factor
-  // low-rank payloads; a factor-sum buffer is allocated for each tensor that has one.
-  explicit PartialAggregate(const ParamLayout& layout, const SharedFactors* shared = nullptr);
+  explicit PartialAggregate(std::shared_ptr<const AggregateLayout> layout);
 
-  // Checks what add() checks without adding: the weight, the fingerprint, the tensor count,
-  // every payload (validatePayload) and the round's factored tensors. Throws InvalidArgument
-  // (PayloadError for a bad payload).
-  void validate(const Update& u, double weight) const;
-  // Adds scale * update with weight w (finite, > 0); the total weight grows by w alone, which is
-  // how a clipped update (scale = min(1, C / ||u||)) enters the mean. Validates first and leaves
-  // the aggregate unchanged on any error.
-  void add(const Update& u, double weight, double scale = 1.0);
-  // The same for an update that already passed validate(), protocol::decodeUpdate or
-  // validatePayload for this layout: only O(1) checks per tensor.
-  void addValidated(const Update& u, double weight, double scale = 1.0);
+  const AggregateLayout& layout() const { return *layout_; }
+  const std::shared_ptr<const AggregateLayout>& layoutPtr() const { return layout_; }
 
-  // Adds everything `other` holds. Throws InvalidArgument if it is for another model or round.
+  // The whole state, for a collective to reduce in place.
+  std::span<float> buffer() { return buf_; }
+  std::span<const float> buffer() const { return buf_; }
+
+  double totalWeight() const { return buf_[layout_->weightOffset()]; }
+  uint64_t count() const { return static_cast<uint64_t>(buf_[layout_->countOffset()]); }
+  bool empty() const { return count() == 0; }
+  std::span<const float> denseSum() const { return std::span<const float>(buf_).first(layout_->numel()); }
+  std::span<const float> factorSum(size_t t) const {
+    return std::span<const float>(buf_).subspan(layout_->factorOffset(t), layout_->factorSize(t));
+  }
+  // Per tensor, the factor sum (empty where the tensor has no shared factor).
+  std::vector<std::span<const float>> factorSums() const;
+
+  // Adds scale * update with weight w: the sums grow by w * scale * update, the total weight by
+  // w alone (how a clipped update, scale = min(1, C / ||u||), enters the mean). The update must
+  // have passed validation for this phase (the round does it); this only re-checks, in O(1) per
+  // tensor, what memory safety needs (tensor count, factor slots), and throws InvalidArgument
+  // before changing anything if that fails.
+  void addValidated(const UpdateView& u, double weight, double scale = 1.0);
+
+  // Adds everything `other` holds. Throws InvalidArgument if it has another layout tag.
   void merge(const PartialAggregate& other);
-  void merge(const AggregateSummary& summary);
+  // Adds a received partial aggregate (already validated against this layout by the round).
+  void mergeValidated(const PartialView& p);
 
-  double totalWeight() const { return total_weight_; }
-  uint64_t count() const { return count_; }
-  bool empty() const { return count_ == 0; }
-  const ParamLayout& layout() const { return layout_; }
-
-  // The dense part of the weighted sum (excluding factor sums).
-  std::span<const float> denseSum() const { return sum_; }
-  // sum_i w_i * factor_i for tensor t (rows x r for a shared Q, cols x r for a shared P); empty
-  // if the tensor has no shared factor.
-  std::span<const float> factorSum(size_t t) const { return factor_sums_[t]; }
-  const SharedFactors& shared() const { return shared_; }
-  uint64_t sharedTag() const { return shared_tag_; }
-
-  // The weighted mean update sum / W (factor sums expanded with the shared factors). Throws
-  // InvalidArgument when empty.
-  std::vector<float> mean() const;
-  void meanInto(std::span<float> out) const;
-  // Weighted means of the reported metrics.
+  // mean of the dense part; with `with_factors`, plus the factor sums expanded with the shared
+  // factors; all divided by W. `out` (numel floats) is overwritten, or added to with `add`.
+  // Throws InvalidArgument when empty.
+  void meanInto(std::span<float> out, bool with_factors = true, bool add = false) const;
+  std::vector<float> mean(bool with_factors = true) const;
+  // Weighted means of the declared metrics that some update reported.
   std::map<std::string, double> metricMeans() const;
 
-  // Exports the partial aggregate for sending upstream. exportDense() is exact. exportSparse()
-  // keeps the top `density` fraction per tensor of (dense sum + residual) and stores the rest in
-  // `residual` (layout-sized; zeros on first use), so nothing is lost across rounds: exported +
-  // new residual == sum + old residual. Factor sums always travel whole.
-  AggregateSummary exportDense() const;
-  AggregateSummary exportSparse(double density, std::vector<float>& residual) const;
+  // The partial for sending upstream. exportDense() is exact. exportSparse() keeps the top
+  // `density` fraction per tensor of (dense sum + residual) and stores the rest in `residual`
+  // (numel floats; zeros on first use): exported + new residual == sum + old residual. Factor
+  // sums always travel whole, as one-factor LowRank payloads.
+  PartialMessage exportDense() const;
+  PartialMessage exportSparse(double density, std::vector<float>& residual) const;
 
-  // Buffers and bytes this aggregate holds (constant after construction).
-  size_t bufferCount() const;
-  size_t bufferBytes() const;
-
+  size_t bufferBytes() const { return buf_.capacity() * sizeof(float); }
   void reset();
 
  private:
-  void checkUpdate(const Update& u, double weight) const;
-  void accumulate(const Payload& p, size_t t, float weight);
-  void addChecked(const Update& u, double weight, double scale);
-  static void checkScale(double scale);
-  ParamLayout layout_;
-  SharedFactors shared_;
-  uint64_t shared_tag_ = 0;
-  std::vector<float> sum_;
-  std::vector<std::vector<float>> factor_sums_;
-  double total_weight_ = 0.0;
-  uint64_t count_ = 0;
-  std::map<std::string, double> metric_sums_;
+  PartialMessage exportHeader() const;
+  // Adds w * each tensor; tensors with a factor slot must be one-factor payloads of its size.
+  void addTensors(std::span<const PayloadView> tensors, float w);
+  std::shared_ptr<const AggregateLayout> layout_;
+  std::vector<float> buf_;
 };
-
-// A hash of the shared factors, so partials of different rounds are never merged.
-uint64_t sharedFactorsTag(const SharedFactors& s);
 
 }  // namespace starling::aggregation

@@ -41,7 +41,12 @@ std::vector<double> scoresOf(const DenseUpdates& u, const std::vector<size_t>& i
   const size_t k = static_cast<size_t>(std::max<long long>(1, kk));
   std::vector<std::vector<double>> dist(n, std::vector<double>(n, 0.0));
   for (size_t i = 0; i < n; ++i)
-    for (size_t j = i + 1; j < n; ++j) dist[i][j] = dist[j][i] = squaredDistance(u[ids[i]], u[ids[j]]);
+    for (size_t j = i + 1; j < n; ++j) {
+      // A NaN distance would compare false with everything and tie in the sort: count it as
+      // infinitely far instead (callers reject non-finite updates before, this is defence in depth).
+      const double d = squaredDistance(u[ids[i]], u[ids[j]]);
+      dist[i][j] = dist[j][i] = std::isnan(d) ? INFINITY : d;
+    }
   std::vector<double> scores(n);
   for (size_t i = 0; i < n; ++i) {
     std::vector<double> others;

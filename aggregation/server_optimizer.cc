@@ -19,8 +19,8 @@ Rule ruleOf(const std::string& name) {
   if (name == "fedadagrad") return Rule::kAdagrad;
   if (name == "fedadam") return Rule::kAdam;
   if (name == "fedyogi") return Rule::kYogi;
-  STARLING_THROW(ConfigError, "unknown server optimizer '", name,
-                 "' (registered: fedavg, fedavgm, fedadagrad, fedadam, fedyogi)");
+  serverOptimizers().entry(name);  // throws the registry's "unknown server optimizer" error
+  STARLING_THROW(InternalError, "server optimizer '", name, "' is registered but has no rule");
 }
 
 class Optimizer final : public ServerOptimizer {
@@ -71,6 +71,21 @@ class Optimizer final : public ServerOptimizer {
 };
 
 constexpr uint32_t kMagic = 0x5354534f;  // "OSTS"
+constexpr uint32_t kStateVersion = 2;
+
+ServerOptimizerOptions readOptions(OptionReader& r, std::string name) {
+  ServerOptimizerOptions o;
+  o.name = std::move(name);
+  o.eta = r.number("eta", o.eta);
+  o.eta_l = r.number("eta_l", o.eta_l);
+  if (o.name != "fedavg") o.beta1 = r.number("beta1", o.beta1);
+  if (o.name != "fedavg" && o.name != "fedavgm") {
+    o.beta2 = r.number("beta2", o.beta2);
+    o.tau = r.number("tau", o.tau);
+  }
+  o.validate();
+  return o;
+}
 
 }  // namespace
 
@@ -84,22 +99,6 @@ void ServerOptimizerOptions::validate() const {
   if (!(beta1 >= 0 && beta1 < 1)) bad("beta1 must be in [0, 1)", beta1);
   if (!(beta2 >= 0 && beta2 < 1)) bad("beta2 must be in [0, 1)", beta2);
   if (!(std::isfinite(tau) && tau > 0)) bad("tau must be finite and > 0", tau);
-}
-
-ServerOptimizerOptions ServerOptimizerOptions::parse(std::string_view text) {
-  const Spec spec = Spec::parse(text, "server optimizer");
-  ServerOptimizerOptions o;
-  o.name = spec.name;
-  ruleOf(o.name);
-  OptionReader r(spec, "server optimizer");
-  o.eta = r.number("eta", o.eta);
-  o.eta_l = r.number("eta_l", o.eta_l);
-  o.beta1 = r.number("beta1", o.beta1);
-  o.beta2 = r.number("beta2", o.beta2);
-  o.tau = r.number("tau", o.tau);
-  r.finish("eta, eta_l, beta1, beta2, tau");
-  o.validate();
-  return o;
 }
 
 std::string ServerOptimizerOptions::spec() const {
@@ -122,59 +121,54 @@ void ServerOptimizer::step(std::span<float> model, std::span<const float> delta)
   ++steps_;
 }
 
-std::vector<uint8_t> ServerOptimizer::saveState() const {
-  std::vector<uint8_t> out;
-  auto put = [&](const void* p, size_t n) {
-    const size_t at = out.size();
-    out.resize(at + n);
-    if (n) std::memcpy(out.data() + at, p, n);
-  };
-  const uint32_t magic = kMagic;
-  const uint64_t name_len = opt_.name.size(), numel = numel_, nm = m_.size(), nv = v_.size();
-  put(&magic, 4);
-  put(&name_len, 8);
-  put(opt_.name.data(), name_len);
-  put(&numel, 8);
-  put(&steps_, 8);
-  put(&nm, 8);
-  put(m_.data(), nm * 4);
-  put(&nv, 8);
-  put(v_.data(), nv * 4);
-  return out;
+void ServerOptimizer::saveState(ByteWriter& w) const {
+  w.u32(kMagic);
+  w.u32(kStateVersion);
+  w.str(opt_.name);
+  w.u64(numel_);
+  w.u64(steps_);
+  w.floats(m_);
+  w.floats(v_);
 }
 
-void ServerOptimizer::loadState(std::span<const uint8_t> b) {
-  size_t pos = 0;
-  auto get = [&](void* p, size_t n) {
-    if (n > b.size() - pos) STARLING_THROW(IoError, "server optimizer state: truncated at byte ", pos);
-    if (n) std::memcpy(p, b.data() + pos, n);
-    pos += n;
-  };
-  uint32_t magic = 0;
-  uint64_t name_len = 0, numel = 0, steps = 0, nm = 0, nv = 0;
-  get(&magic, 4);
-  if (magic != kMagic) STARLING_THROW(IoError, "server optimizer state: bad magic");
-  get(&name_len, 8);
-  if (name_len > 64) STARLING_THROW(IoError, "server optimizer state: name length ", name_len);
-  std::string name(name_len, '\0');
-  get(name.data(), name_len);
-  if (name != opt_.name)
-    STARLING_THROW(IoError, "server optimizer state is for '", name, "', this optimizer is '", opt_.name, "'");
-  get(&numel, 8);
-  if (numel != numel_) STARLING_THROW(IoError, "server optimizer state is for ", numel, " parameters, not ", numel_);
-  get(&steps, 8);
-  get(&nm, 8);
-  if (nm != m_.size()) STARLING_THROW(IoError, "server optimizer state: momentum has ", nm, " values");
-  std::vector<float> m(nm), v;
-  get(m.data(), nm * 4);
-  get(&nv, 8);
-  if (nv != v_.size()) STARLING_THROW(IoError, "server optimizer state: second moment has ", nv, " values");
-  v.resize(nv);
-  get(v.data(), nv * 4);
-  if (pos != b.size()) STARLING_THROW(IoError, "server optimizer state: trailing bytes");
+void ServerOptimizer::loadState(ByteReader& r) {
+  if (r.u32() != kMagic) r.fail("bad magic (not a server optimizer state)");
+  const uint32_t version = r.u32();
+  if (version != kStateVersion) r.fail("version ", version, " not supported (this build reads ", kStateVersion, ")");
+  const std::string name = r.str(64);
+  if (name != opt_.name) r.fail("state is for '", name, "', this optimizer is '", opt_.name, "'");
+  const uint64_t numel = r.u64();
+  if (numel != numel_) r.fail("state is for ", numel, " parameters, not ", numel_);
+  const uint64_t steps = r.u64();
+  std::vector<float> m, v;
+  r.floats(m);
+  if (m.size() != m_.size()) r.fail("momentum has ", m.size(), " values, expected ", m_.size());
+  r.floats(v);
+  if (v.size() != v_.size()) r.fail("second moment has ", v.size(), " values, expected ", v_.size());
   steps_ = steps;
-  m_ = std::move(m);
-  v_ = std::move(v);
+  m_.swap(m);
+  v_.swap(v);
+}
+
+const ServerOptimizerRegistry& serverOptimizers() {
+  auto entry = [](const char* name, const char* summary, const char* options) {
+    return ServerOptimizerRegistry::Entry{
+        name, summary, options, [n = std::string(name)](OptionReader& r, size_t numel) -> std::unique_ptr<ServerOptimizer> {
+          return std::make_unique<Optimizer>(readOptions(r, n), numel);
+        }};
+  };
+  static const ServerOptimizerRegistry kRegistry(
+      "server optimizer",
+      {
+          entry("fedavg", "x += eta * delta (eta = 1: plain FedAvg)", "eta=1, eta_l=0.1"),
+          entry("fedavgm", "server momentum: m = beta1 m + delta; x += eta m", "eta=1, beta1=0.9, eta_l=0.1"),
+          entry("fedadagrad", "adaptive (Reddi et al.): v += delta^2", "eta=1, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=0.1"),
+          entry("fedadam", "adaptive (Reddi et al.): v = beta2 v + (1-beta2) delta^2",
+                "eta=1, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=0.1"),
+          entry("fedyogi", "adaptive (Reddi et al.): v -= (1-beta2) delta^2 sign(v - delta^2)",
+                "eta=1, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=0.1"),
+      });
+  return kRegistry;
 }
 
 std::unique_ptr<ServerOptimizer> makeServerOptimizer(const ServerOptimizerOptions& o, size_t numel) {
@@ -182,7 +176,7 @@ std::unique_ptr<ServerOptimizer> makeServerOptimizer(const ServerOptimizerOption
 }
 
 std::unique_ptr<ServerOptimizer> makeServerOptimizer(std::string_view spec, size_t numel) {
-  return makeServerOptimizer(ServerOptimizerOptions::parse(spec), numel);
+  return serverOptimizers().make(spec, numel);
 }
 
 }  // namespace starling::aggregation

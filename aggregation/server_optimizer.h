@@ -17,6 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/bytes.h"
+#include "core/registry.h"
+
 namespace starling::aggregation {
 
 struct ServerOptimizerOptions {
@@ -27,8 +30,6 @@ struct ServerOptimizerOptions {
   double beta2 = 0.99;
   double tau = 1e-3;    // adaptivity; v starts at tau^2
   void validate() const;
-  // "fedadam:eta=0.01,tau=0.001" etc.
-  static ServerOptimizerOptions parse(std::string_view spec);
   std::string spec() const;
 };
 
@@ -42,9 +43,11 @@ class ServerOptimizer {
   // model is untouched then).
   void step(std::span<float> model, std::span<const float> delta);
 
-  std::vector<uint8_t> saveState() const;
-  // Throws IoError on a corrupt blob or one from another optimizer or model size.
-  void loadState(std::span<const uint8_t> bytes);
+  // Little-endian, versioned (core/bytes.h), for checkpoints.
+  void saveState(ByteWriter& w) const;
+  // Throws IoError on corrupt bytes or a state from another optimizer or model size; on a throw
+  // the optimizer is unchanged.
+  void loadState(ByteReader& r);
 
  protected:
   ServerOptimizer(ServerOptimizerOptions o, size_t numel);
@@ -55,6 +58,9 @@ class ServerOptimizer {
   std::vector<float> m_, v_;  // empty when the rule does not use them
 };
 
+// "fedavg", "fedadam:eta=0.01,tau=0.001", ... (registry: names and options for --help).
+using ServerOptimizerRegistry = Registry<ServerOptimizer, size_t>;
+const ServerOptimizerRegistry& serverOptimizers();
 std::unique_ptr<ServerOptimizer> makeServerOptimizer(const ServerOptimizerOptions& o, size_t numel);
 std::unique_ptr<ServerOptimizer> makeServerOptimizer(std::string_view spec, size_t numel);
 

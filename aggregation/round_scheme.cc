@@ -1,0 +1,365 @@
+#include "aggregation/round_scheme.h"
+
+#include <cmath>
+#include <sstream>
+#include <unordered_map>
+
+#include "compression/registry.h"
+#include "core/error.h"
+#include "core/finite.h"
+
+namespace starling::aggregation {
+namespace cz = starling::compression;
+
+// ---------------------------------------------------------------- carry, completion
+
+void RoundCarry::save(ByteWriter& w) const {
+  w.u8(static_cast<uint8_t>(shared.fixed));
+  w.u64(shared.factors.size());
+  for (const auto& f : shared.factors) w.floats(f);
+}
+
+RoundCarry RoundCarry::load(ByteReader& r, const ParamLayout& layout) {
+  RoundCarry c;
+  const uint8_t side = r.u8();
+  if (side > 1) r.fail("shared factor side ", int{side});
+  c.shared.fixed = static_cast<cz::SharedFactors::Side>(side);
+  const uint64_t n = r.u64();
+  if (n != 0 && n != layout.size()) r.fail("shared factors for ", n, " tensors, the model has ", layout.size());
+  c.shared.factors.resize(layout.size());
+  for (uint64_t t = 0; t < n; ++t) {
+    r.floats(c.shared.factors[t]);
+    const auto& f = c.shared.factors[t];
+    if (f.size() > layout[t].numel) r.fail("shared factor of tensor ", t, " has ", f.size(), " floats");
+    if (!allFinite(f)) r.fail("shared factor of tensor ", t, " is not finite");
+  }
+  return c;
+}
+
+void CompletionPolicy::validate() const {
+  if (min_results == 0) STARLING_THROW(ConfigError, "completion policy: min_results must be >= 1");
+  if (!(min_completion_rate >= 0 && min_completion_rate <= 1))
+    STARLING_THROW(ConfigError, "completion policy: min_completion_rate must be in [0, 1], got ", min_completion_rate);
+}
+
+RoundDecision decideRound(const CompletionPolicy& p, uint64_t results, uint64_t failures) {
+  p.validate();
+  std::ostringstream why;
+  if (results < p.min_results) {
+    why << "round skipped: " << results << " results, at least " << p.min_results << " required";
+    return {false, why.str()};
+  }
+  const double rate = static_cast<double>(results) / static_cast<double>(results + failures);
+  if (rate < p.min_completion_rate) {
+    why << "round skipped: completion rate " << rate << " (" << results << " of " << results + failures
+        << ") below the required " << p.min_completion_rate;
+    return {false, why.str()};
+  }
+  return {true, ""};
+}
+
+// ---------------------------------------------------------------- robust store
+
+// The root's dense copy of every client's update (robust rules only): the parts of each phase
+// that belong to the update, summed per client.
+struct PhaseAggregator::RobustStore {
+  struct Entry {
+    std::vector<float> dense;
+    double weight = 0.0;
+    uint32_t phases = 0;  // bit p set once the client's phase-p update arrived
+  };
+  std::unordered_map<uint64_t, Entry> clients;
+};
+
+// ---------------------------------------------------------------- phase aggregator
+
+PhaseAggregator::PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, RobustStore* robust,
+                                 const std::unordered_set<uint64_t>* allowed)
+    : scheme_(scheme),
+      broadcast_(std::move(b)),
+      ctx_(broadcast_.context(0)),
+      partial_(scheme.aggregateLayout(broadcast_)),
+      robust_(robust),
+      allowed_(allowed) {}
+
+void PhaseAggregator::reject(const InputError& e) {
+  ++rejected_;
+  ++by_code_[static_cast<size_t>(e.code())];
+  throw e;
+}
+
+void PhaseAggregator::add(const cz::UpdateView& u, const ClientLimits& limits) {
+  try {
+    addChecked(u, limits);
+  } catch (const InputError& e) {
+    reject(e);
+  }
+  ++accepted_;
+}
+
+void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& limits) {
+  const ParamLayout& layout = scheme_.layout();
+  const ValidationBounds& bounds = scheme_.opt_.bounds;
+  const auto& h = u.header;
+  if (h.round != broadcast_.round || h.phase != broadcast_.phase)
+    failInput(Errc::kWrongRound, "update from client ", h.client_id, " is for round ", h.round, " phase ", h.phase,
+              "; this is round ", broadcast_.round, " phase ", broadcast_.phase);
+  cz::checkUpdateHeader(layout, h, u.tensors.size());
+  if (seen_.count(h.client_id))
+    failInput(Errc::kDuplicate, "client ", h.client_id, " already sent its update for round ", h.round, " phase ",
+              h.phase);
+  if (allowed_ && !allowed_->count(h.client_id))
+    failInput(Errc::kWrongRound, "client ", h.client_id, " sent phase ", h.phase, " without the earlier phase");
+
+  // The weight a client may claim.
+  const uint64_t cap = limits.max_examples ? std::min(limits.max_examples, bounds.max_examples) : bounds.max_examples;
+  if (h.num_examples > cap)
+    failInput(Errc::kBadWeight, "client ", h.client_id, " claims ", h.num_examples, " examples, at most ", cap,
+              limits.max_examples ? " (what the server knows of it)" : " (the round's bound)");
+  const bool by_examples = scheme_.rule_->weightsByExamples();
+  if (by_examples && h.num_examples == 0)
+    failInput(Errc::kBadWeight, "client ", h.client_id, " reports 0 examples, and ", scheme_.rule_->name(),
+              " weights updates by examples");
+  const double weight = by_examples ? static_cast<double>(h.num_examples) : 1.0;
+
+  // What the compressor sends, then every payload, then the bounds.
+  const cz::SharedFactors* shared = broadcast_.shared.get();
+  double sq_norm = 0.0;
+  for (size_t t = 0; t < layout.size(); ++t) {
+    scheme_.compressor_->checkReceived(layout, t, u.tensors[t], ctx_);
+    const cz::PayloadStats s = cz::validatePayload(u.tensors[t], layout[t], shared, t);
+    if (s.max_abs > bounds.max_abs_value)
+      failInput(Errc::kValueTooLarge, "client ", h.client_id, ": tensor ", t, " '", layout[t].name,
+                "' has a decoded magnitude up to ", s.max_abs, ", the bound is ", bounds.max_abs_value);
+    if (s.declared_norm > bounds.max_update_norm)
+      failInput(Errc::kNormTooLarge, "client ", h.client_id, ": tensor ", t, " '", layout[t].name, "' states a norm of ",
+                s.declared_norm, ", the bound is ", bounds.max_update_norm);
+    sq_norm += s.sq_norm;
+  }
+  const double norm = std::sqrt(sq_norm);
+  if (!(norm <= bounds.max_update_norm))
+    failInput(Errc::kNormTooLarge, "client ", h.client_id, ": update norm ", norm, " exceeds the bound ",
+              bounds.max_update_norm);
+  for (const auto& m : u.metrics)
+    if (!(std::fabs(m.value) <= bounds.max_metric_abs))
+      failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name, "' = ", m.value, " exceeds the bound ",
+                bounds.max_metric_abs);
+  const double clip = scheme_.rule_->clipNorm();
+  const double scale = (clip > 0 && norm > clip) ? clip / norm : 1.0;
+
+  // Everything that allocates happens before the aggregate changes.
+  seen_.insert(h.client_id);
+  bool created = false;
+  try {
+    if (robust_) {
+      auto [it, inserted] = robust_->clients.try_emplace(h.client_id);
+      created = inserted;
+      auto& e = it->second;
+      if (e.dense.empty()) e.dense.assign(layout.numel(), 0.0f);
+      const bool factors_count = scheme_.compressor_->factorsAreUpdate(h.phase);
+      for (size_t t = 0; t < layout.size(); ++t) {
+        const auto* lr = std::get_if<cz::LowRankView>(&u.tensors[t]);
+        if (lr && lr->oneFactor() && !factors_count) continue;  // a probe, not part of the update
+        cz::accumulatePayload(u.tensors[t], layout[t], layout.slice(std::span<float>(e.dense), t),
+                              static_cast<float>(scale), shared, t);
+      }
+      e.weight = weight;
+      e.phases |= 1u << h.phase;
+    }
+    partial_.addValidated(u, weight, scale);
+  } catch (...) {
+    seen_.erase(h.client_id);
+    if (created) robust_->clients.erase(h.client_id);
+    throw;
+  }
+}
+
+void PhaseAggregator::merge(const cz::PartialView& p, uint64_t source) {
+  STARLING_CHECK_ARG(scheme_.rule_->streaming(), "aggregation rule ", scheme_.rule_->name(),
+                     " needs every update at the root and cannot merge partial aggregates (no edge aggregators)");
+  try {
+    mergeChecked(p, source);
+  } catch (const InputError& e) {
+    reject(e);
+  }
+}
+
+void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
+  const ParamLayout& layout = scheme_.layout();
+  const ValidationBounds& bounds = scheme_.opt_.bounds;
+  const AggregateLayout& L = partial_.layout();
+  const auto& h = p.header;
+  if (h.layout_fingerprint != layout.fingerprint())
+    failInput(Errc::kFingerprintMismatch, "partial from ", source, " is for another model");
+  if (h.round != broadcast_.round || h.phase != broadcast_.phase)
+    failInput(Errc::kWrongRound, "partial from ", source, " is for round ", h.round, " phase ", h.phase, "; this is round ",
+              broadcast_.round, " phase ", broadcast_.phase);
+  if (h.shared_tag != L.sharedTag())
+    failInput(Errc::kRoundMismatch, "partial from ", source, " was made with other shared factors");
+  if (p.tensors.size() != layout.size())
+    failInput(Errc::kTensorCountMismatch, "partial from ", source, " carries ", p.tensors.size(), " tensors");
+  if (sources_.count(source)) failInput(Errc::kDuplicate, "partial from ", source, " already merged in this phase");
+  if (h.count == 0 || h.count > bounds.max_partial_count)
+    failInput(Errc::kBadWeight, "partial from ", source, " claims ", h.count, " updates (1 to ", bounds.max_partial_count,
+              " allowed)");
+  const double per = scheme_.rule_->weightsByExamples() ? static_cast<double>(bounds.max_examples) : 1.0;
+  const double max_weight = static_cast<double>(h.count) * per;
+  // Every update weighs at least 1 (1 example, or uniform weight 1); the float sums carry a
+  // relative error of about 1e-7, hence the slack.
+  const double min_weight = static_cast<double>(h.count) * (1 - 1e-5);
+  if (!(std::isfinite(h.total_weight) && h.total_weight >= min_weight && h.total_weight <= max_weight))
+    failInput(Errc::kBadWeight, "partial from ", source, " claims total weight ", h.total_weight, " for ", h.count,
+              " updates (between ", min_weight, " and ", max_weight, ")");
+  // Each summed value is at most (count * cap) * max_abs_value in magnitude (a re-sparsified
+  // export may carry dropped mass from earlier rounds, so the bound is not tighter).
+  const double value_bound = max_weight * bounds.max_abs_value;
+  const cz::SharedFactors* shared = &L.shared();
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const auto& v = p.tensors[t];
+    const auto* lr = std::get_if<cz::LowRankView>(&v);
+    if (L.hasFactorSlot(t)) {
+      if (!lr || !lr->oneFactor())
+        failInput(Errc::kUnexpectedEncoding, "partial from ", source, ": tensor ", t, " must be its factor sum");
+    } else if (!std::holds_alternative<cz::DenseF32View>(v) && !std::holds_alternative<cz::SparseView>(v)) {
+      failInput(Errc::kUnexpectedEncoding, "partial from ", source, ": tensor ", t, " arrived as ", cz::encodingName(v),
+                ", a partial sum is dense_f32 or sparse");
+    }
+    const cz::PayloadStats s = cz::validatePayload(v, layout[t], shared, t);
+    if (lr && (lr->p.empty() ? lr->q.size() : lr->p.size()) != L.factorSize(t))
+      failInput(Errc::kShapeMismatch, "partial from ", source, ": factor sum of tensor ", t, " has the wrong size");
+    if (s.max_abs > value_bound)
+      failInput(Errc::kValueTooLarge, "partial from ", source, ": tensor ", t, " has a magnitude up to ", s.max_abs,
+                ", more than ", h.count, " updates can sum to (", value_bound, ")");
+  }
+  for (const auto& m : p.metrics)
+    if (!(m.weight >= 0 && m.weight <= h.total_weight * (1 + 1e-6) &&
+          std::fabs(m.weighted_sum) <= m.weight * bounds.max_metric_abs * (1 + 1e-6)))
+      failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name, "' sums ", m.weighted_sum,
+                " over weight ", m.weight, ", outside the bounds");
+  sources_.insert(source);
+  partial_.mergeValidated(p);
+  ++accepted_;
+}
+
+void PhaseAggregator::merge(const PartialAggregate& p) {
+  STARLING_CHECK_ARG(scheme_.rule_->streaming(), "aggregation rule ", scheme_.rule_->name(),
+                     " cannot merge partial aggregates");
+  partial_.merge(p);
+}
+
+// ---------------------------------------------------------------- scheme
+
+RoundScheme::RoundScheme(std::shared_ptr<const ParamLayout> layout, RoundSchemeOptions options)
+    : layout_(std::move(layout)), opt_(std::move(options)) {
+  STARLING_CHECK_ARG(layout_ != nullptr && !layout_->empty(), "round scheme: the model layout is empty");
+  opt_.bounds.validate();
+  for (size_t i = 0; i < opt_.metrics.size(); ++i) {
+    const auto& n = opt_.metrics[i];
+    if (n.empty() || n.size() > 64) STARLING_THROW(ConfigError, "round scheme: metric name '", n, "' must have 1 to 64 characters");
+    for (size_t j = 0; j < i; ++j)
+      if (opt_.metrics[j] == n) STARLING_THROW(ConfigError, "round scheme: metric '", n, "' declared twice");
+  }
+  compressor_ = cz::makeCompressor(opt_.compressor);
+  rule_ = makeRule(opt_.rule);
+}
+
+RoundScheme::~RoundScheme() = default;
+
+RoundCarry RoundScheme::initialCarry() const { return RoundCarry{compressor_->initialShared(*layout_, opt_.run_seed)}; }
+
+std::shared_ptr<const AggregateLayout> RoundScheme::aggregateLayout(const PhaseBroadcast& b) const {
+  return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, opt_.metrics);
+}
+
+std::unique_ptr<PhaseAggregator> RoundScheme::phaseAggregator(const PhaseBroadcast& b) const {
+  STARLING_CHECK_ARG(rule_->streaming(), "aggregation rule ", rule_->name(),
+                     " needs every update at the root: it cannot run at an edge aggregator or simulator worker");
+  STARLING_CHECK_ARG(b.phase < phases(), "round scheme: phase ", b.phase, " does not exist (", phases(), " per round)");
+  return std::unique_ptr<PhaseAggregator>(new PhaseAggregator(*this, b, nullptr, nullptr));
+}
+
+std::unique_ptr<Round> RoundScheme::begin(uint64_t round, const RoundCarry& carry) const {
+  return std::unique_ptr<Round>(new Round(*this, round, carry));
+}
+
+// ---------------------------------------------------------------- round
+
+Round::Round(const RoundScheme& scheme, uint64_t number, const RoundCarry& carry) : scheme_(scheme), number_(number) {
+  if (!scheme.rule().streaming()) robust_ = std::make_unique<PhaseAggregator::RobustStore>();
+  PhaseBroadcast b{scheme.options().run_seed, number, 0, nullptr};
+  if (carry.shared.any()) b.shared = std::make_shared<const cz::SharedFactors>(carry.shared);
+  phases_.push_back(std::unique_ptr<PhaseAggregator>(new PhaseAggregator(scheme, b, robust_.get(), nullptr)));
+}
+
+Round::~Round() = default;
+
+void Round::nextPhase() {
+  STARLING_CHECK_ARG(!lastPhase(), "round ", number_, ": phase ", phase(), " is the last");
+  PhaseAggregator& cur = current();
+  STARLING_CHECK_ARG(!cur.partial().empty(), "round ", number_, " phase ", phase(), ": no update arrived");
+  const AggregateLayout& L = cur.partial().layout();
+  const auto sums = cur.partial().factorSums();
+  cz::RoundContext ctx = cur.broadcast().context(0);
+  PhaseBroadcast b{cur.broadcast().run_seed, number_, phase() + 1, nullptr};
+  cz::SharedFactors next =
+      scheme_.compressor().nextShared(scheme_.layout(), ctx, L.shared(), sums, cur.partial().totalWeight());
+  if (next.any()) b.shared = std::make_shared<const cz::SharedFactors>(std::move(next));
+  phases_.push_back(
+      std::unique_ptr<PhaseAggregator>(new PhaseAggregator(scheme_, std::move(b), robust_.get(), &cur.clients())));
+}
+
+RoundResult Round::finish() {
+  STARLING_CHECK_ARG(lastPhase(), "round ", number_, ": finish() in phase ", phase(), " of ", scheme_.phases());
+  const ParamLayout& layout = scheme_.layout();
+  const cz::Compressor& comp = scheme_.compressor();
+  RoundResult res;
+  for (const auto& p : phases_) {
+    STARLING_CHECK_ARG(!p->partial().empty(), "round ", number_, " phase ", p->broadcast().phase, ": no update arrived");
+    res.rejected += p->rejected();
+  }
+  res.delta.assign(layout.numel(), 0.0f);
+  if (robust_) {
+    // Only clients that delivered every phase have a whole update.
+    const uint32_t all = (1u << scheme_.phases()) - 1;
+    std::vector<uint64_t> ids;
+    for (const auto& [id, e] : robust_->clients)
+      if (e.phases == all) ids.push_back(id);
+    std::sort(ids.begin(), ids.end());  // the rules' tie-breaks follow input order: make it stable
+    DenseUpdates updates;
+    std::vector<double> weights;
+    for (uint64_t id : ids) {
+      auto& e = robust_->clients[id];
+      updates.push_back(std::move(e.dense));
+      weights.push_back(e.weight);
+    }
+    STARLING_CHECK_ARG(!updates.empty(), "round ", number_, ": no client delivered every phase");
+    res.delta = scheme_.rule().combine(updates, weights);
+  } else {
+    for (const auto& p : phases_)
+      p->partial().meanInto(res.delta, comp.factorsAreUpdate(p->broadcast().phase), /*add=*/true);
+  }
+  // Metrics: every phase's declared metrics, weighted.
+  std::map<std::string, std::pair<double, double>> acc;
+  for (const auto& p : phases_) {
+    const AggregateLayout& L = p->partial().layout();
+    const auto buf = p->partial().buffer();
+    for (size_t i = 0; i < L.metricNames().size(); ++i) {
+      auto& a = acc[L.metricNames()[i]];
+      a.first += buf[L.metricOffset(i)];
+      a.second += buf[L.metricOffset(i) + 1];
+    }
+  }
+  for (const auto& [k, v] : acc)
+    if (v.second > 0) res.metrics[k] = v.first / v.second;
+  PhaseAggregator& last = current();
+  res.count = last.partial().count();
+  res.total_weight = last.partial().totalWeight();
+  const auto sums = last.partial().factorSums();
+  res.next.shared = comp.nextShared(layout, last.broadcast().context(0), last.partial().layout().shared(), sums,
+                                    res.total_weight);
+  if (res.next.shared.factors.empty()) res.next.shared.factors.resize(layout.size());
+  STARLING_ENFORCE(allFinite(res.delta), "round ", number_, ": the aggregate is not finite despite the bounds");
+  return res;
+}
+
+}  // namespace starling::aggregation

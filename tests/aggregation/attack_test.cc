@@ -1,0 +1,285 @@
+// The attacker's tests: every hostile update from issue #6 (updates whose every value is finite but
+// whose aggregate is not, lies about weight and round, replays, a poisoned partial aggregate)
+// is refused with its own code, the aggregate is left exactly as it was, and the round still
+// finishes with a finite result.
+#include <catch2/catch.hpp>
+
+#include <cfloat>
+#include <cstring>
+
+#include "aggregation/round_scheme.h"
+#include "compression/bitpack.h"
+#include "compression/lowrank.h"
+#include "compression/registry.h"
+#include "core/finite.h"
+#include "protocol/codec.h"
+#include "test_util.h"
+
+using namespace starling;
+using namespace starling::aggregation;
+using namespace starling::compression;
+
+namespace {
+
+struct Setup {
+  std::shared_ptr<const ParamLayout> layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
+  std::unique_ptr<RoundScheme> scheme;
+  std::unique_ptr<Round> round;
+  explicit Setup(const std::string& compressor, const std::string& rule = "fedavg") {
+    RoundSchemeOptions o;
+    o.compressor = compressor;
+    o.rule = rule;
+    o.run_seed = 3;
+    scheme = std::make_unique<RoundScheme>(layout, o);
+    round = scheme->begin(1, scheme->initialCarry());
+  }
+  // An honest update of client c for the current phase.
+  Update honest(uint64_t c, uint64_t examples = 20) {
+    ClientState st(layout->fingerprint());
+    Update u;
+    u.header = {layout->fingerprint(), round->number(), round->phase(), c, examples};
+    u.tensors = scheme->compressor().compressWithFeedback(*layout, testing::randomVector(layout->numel(), c, 0.1), st,
+                                                          round->broadcast().context(c));
+    return u;
+  }
+  std::vector<float> buffer() const {
+    const auto b = round->current().partial().buffer();
+    return {b.begin(), b.end()};
+  }
+};
+
+// Adds `u` (through the wire) and returns the code it was rejected with; fails the test if accepted.
+Errc rejectedWith(Setup& s, const Update& u) {
+  const auto before = s.buffer();
+  const auto bytes = protocol::encodeUpdate(u);
+  protocol::Decoder dec(*s.layout);
+  try {
+    s.round->current().add(dec.decodeUpdate(bytes));
+  } catch (const InputError& e) {
+    CHECK(s.buffer() == before);  // nothing changed
+    return e.code();
+  }
+  FAIL("the hostile update was accepted");
+  return Errc::kMalformed;
+}
+
+// Index of the first tensor the scheme factors (fc1.weight in the small CNN).
+size_t factored(const Setup& s) {
+  const auto shared = s.round->broadcast().shared;
+  for (size_t t = 0; t < s.layout->size(); ++t)
+    if (shared && !shared->factors[t].empty()) return t;
+  return *s.layout->find("fc1.weight");
+}
+
+void finishesFinite(Setup& s, size_t honest_clients) {
+  for (uint64_t c = 100; c < 100 + honest_clients; ++c) s.round->current().add(view(s.honest(c)));
+  const RoundResult r = s.round->finish();
+  CHECK(allFinite(r.delta));
+  CHECK(testing::norm2(r.delta) > 0);
+  CHECK(r.count == s.round->current().accepted());
+  CHECK(r.count >= honest_clients);
+}
+
+}  // namespace
+
+TEST_CASE("attack: a low-rank payload whose product overflows", "[aggregation][attack]") {
+  Setup s("powersgd:mode=local");
+  Update u = s.honest(1);
+  const size_t t = factored(s);
+  auto& lr = std::get<LowRank>(u.tensors[t]);
+  std::fill(lr.p.begin(), lr.p.end(), 1e20f);  // every value finite, P Q^T is not
+  std::fill(lr.q.begin(), lr.q.end(), 1e20f);
+  CHECK(rejectedWith(s, u) == Errc::kValueTooLarge);
+  // One factor against the round's orthonormal shared factor, as ACP-SGD sends it.
+  Setup a("acpsgd");
+  Update v = a.honest(1);
+  auto& one = std::get<LowRank>(v.tensors[factored(a)]);
+  std::fill(one.p.begin(), one.p.end(), 3e38f);
+  CHECK(rejectedWith(a, v) == Errc::kValueTooLarge);
+  finishesFinite(s, 3);
+  finishesFinite(a, 3);
+}
+
+TEST_CASE("attack: QSGD with a huge norm and every level zero", "[aggregation][attack]") {
+  // weight * norm / s overflowed float and 0 * inf gave NaN; the decoded update is zero, so
+  // clipping never saw it. The stated norm is bounded now.
+  Setup s("qsgd");
+  Update u = s.honest(1, 2);
+  for (auto& p : u.tensors) {
+    auto& q = std::get<Qsgd>(p);
+    q.norm = 3e38f;
+    std::fill(q.packed.begin(), q.packed.end(), 0);
+  }
+  CHECK(rejectedWith(s, u) == Errc::kNormTooLarge);
+  finishesFinite(s, 2);
+}
+
+TEST_CASE("attack: sign with a huge scale; dense values near FLT_MAX", "[aggregation][attack]") {
+  Setup s("sign");
+  Update u = s.honest(1);
+  std::get<Sign>(u.tensors[0]).scale = 3e38f;
+  CHECK(rejectedWith(s, u) == Errc::kValueTooLarge);
+  finishesFinite(s, 2);
+  Setup d("none");
+  Update v = d.honest(1, 2);
+  std::get<DenseF32>(v.tensors[2]).values[7] = 3e38f;
+  CHECK(rejectedWith(d, v) == Errc::kValueTooLarge);
+  // Many moderate values: each within the value bound, the norm beyond its bound.
+  Update w = d.honest(2, 2);
+  for (auto& x : std::get<DenseF32>(w.tensors[2]).values) x = 9000.0f;
+  CHECK(rejectedWith(d, w) == Errc::kNormTooLarge);
+  finishesFinite(d, 2);
+}
+
+TEST_CASE("attack: a client claiming 2^64 - 1 examples, or more than it registered", "[aggregation][attack]") {
+  for (const char* rule : {"fedavg", "fedavg:clip=1", "median"}) {
+    INFO(rule);
+    Setup s("none", rule);
+    Update u = s.honest(1, ~0ull);
+    std::get<DenseF32>(u.tensors[0]).values[0] = 1e20f;
+    CHECK(rejectedWith(s, u) == Errc::kBadWeight);
+    Update honest_values = s.honest(2, ~0ull);
+    CHECK(rejectedWith(s, honest_values) == Errc::kBadWeight);
+    // What the server knows of a client caps it further.
+    Update v = s.honest(3, 500);
+    try {
+      s.round->current().add(view(v), ClientLimits{100});
+      FAIL("accepted a claim above the client's registration");
+    } catch (const InputError& e) {
+      CHECK(e.code() == Errc::kBadWeight);
+    }
+    CHECK_NOTHROW(s.round->current().add(view(s.honest(4, 100)), ClientLimits{100}));
+    finishesFinite(s, 3);
+  }
+}
+
+TEST_CASE("attack: a random block at another offset", "[aggregation][attack]") {
+  Setup s("randblock:density=0.1");
+  Update u = s.honest(1);
+  auto& b = std::get<RandBlock>(u.tensors[2]);
+  b.offset = (b.offset + 1) % static_cast<uint32_t>((*s.layout)[2].numel);
+  CHECK(rejectedWith(s, u) == Errc::kRoundMismatch);
+  Update v = s.honest(2);
+  std::get<RandBlock>(v.tensors[2]).values.push_back(0.5f);  // longer than the round's block
+  CHECK(rejectedWith(s, v) == Errc::kRoundMismatch);
+  finishesFinite(s, 2);
+}
+
+TEST_CASE("attack: replays, duplicates, late updates and phase skipping", "[aggregation][attack]") {
+  Setup s("powersgd");
+  const PhaseBroadcast phase_p = s.round->broadcast();
+  ClientState stranger_state(s.layout->fingerprint());  // trains phase P but never sends it
+  s.scheme->compressor().compressWithFeedback(*s.layout, testing::randomVector(s.layout->numel(), 9, 0.1),
+                                              stranger_state, phase_p.context(9));
+  const Update u = s.honest(1);
+  s.round->current().add(view(u));
+  CHECK(rejectedWith(s, u) == Errc::kDuplicate);  // the same update again
+  Update late = s.honest(2);
+  late.header.round = 0;  // last round's
+  CHECK(rejectedWith(s, late) == Errc::kWrongRound);
+  Update ahead = s.honest(3);
+  ahead.header.phase = 1;
+  CHECK(rejectedWith(s, ahead) == Errc::kWrongRound);
+  s.round->current().add(view(s.honest(4)));
+  s.round->nextPhase();
+  // Phase Q: only clients that took part in phase P.
+  Update stranger;
+  stranger.header = {s.layout->fingerprint(), 1, 1, 9, 20};
+  stranger.tensors =
+      s.scheme->compressor().compressWithFeedback(*s.layout, {}, stranger_state, s.round->broadcast().context(9));
+  CHECK(rejectedWith(s, stranger) == Errc::kWrongRound);
+  CHECK(s.round->current().rejected(Errc::kWrongRound) == 1);
+}
+
+TEST_CASE("attack: an encoding the round's compressor never sends", "[aggregation][attack]") {
+  Setup s("topk:density=0.05");
+  Update u = s.honest(1);
+  u.tensors[2] = DenseF32{std::vector<float>((*s.layout)[2].numel, 0.01f)};  // dense, 20x the bytes
+  CHECK(rejectedWith(s, u) == Errc::kUnexpectedEncoding);
+  Update v = s.honest(2);
+  auto& sp = std::get<Sparse>(v.tensors[2]);
+  sp.indices.pop_back();
+  sp.values.pop_back();
+  CHECK(rejectedWith(s, v) == Errc::kRoundMismatch);  // not the k the spec fixes
+  finishesFinite(s, 2);
+}
+
+TEST_CASE("attack: metrics that lie", "[aggregation][attack]") {
+  Setup s("none");
+  Update u = s.honest(1);
+  u.metrics = {{"train_loss", 1e300}};
+  CHECK(rejectedWith(s, u) == Errc::kBadMetric);
+  finishesFinite(s, 1);
+}
+
+TEST_CASE("attack: a partial aggregate that lies about its weight or values", "[aggregation][attack]") {
+  Setup s("topk:density=0.05");
+  auto edge = s.scheme->phaseAggregator(s.round->broadcast());
+  for (uint64_t c = 0; c < 3; ++c) edge->add(view(s.honest(c)));
+  const PartialMessage good = edge->partial().exportDense();
+  protocol::Decoder dec(*s.layout);
+  auto merge = [&](const PartialMessage& m, uint64_t source) -> Errc {
+    const auto before = s.buffer();
+    const auto bytes = protocol::encodePartial(m);
+    try {
+      s.round->current().merge(dec.decodePartial(bytes), source);
+    } catch (const InputError& e) {
+      CHECK(s.buffer() == before);
+      return e.code();
+    }
+    FAIL("the hostile partial was accepted");
+    return Errc::kMalformed;
+  };
+  // Found by the fuzzer: a weight so small it rounds to 0 in the float aggregate left a round
+  // that could never finish. Every update weighs at least 1, so W >= count.
+  for (double w : {1e39, 1e300, -1.0, 0.0, 1e-50, 2.0}) {
+    PartialMessage m = good;
+    m.header.total_weight = w;
+    CHECK(merge(m, 7) == Errc::kBadWeight);
+  }
+  PartialMessage many = good;
+  many.header.count = ~0ull;
+  CHECK(merge(many, 7) == Errc::kBadWeight);
+  PartialMessage big = good;
+  std::get<DenseF32>(big.tensors[2]).values[0] = 3e38f;
+  CHECK(merge(big, 7) == Errc::kValueTooLarge);
+  PartialMessage stale = good;
+  stale.header.round = 0;
+  CHECK(merge(stale, 7) == Errc::kWrongRound);
+  PartialMessage metric = good;
+  metric.metrics = {{"train_loss", 1e30, 1.0}};
+  CHECK(merge(metric, 7) == Errc::kBadMetric);
+  // The honest partial merges once; a replay is refused.
+  const auto bytes = protocol::encodePartial(good);
+  s.round->current().merge(dec.decodePartial(bytes), 7);
+  CHECK(merge(good, 7) == Errc::kDuplicate);
+  const RoundResult r = s.round->finish();
+  CHECK(allFinite(r.delta));
+  CHECK(r.count == 3);
+}
+
+TEST_CASE("attack: Krum with colluding attackers cannot select a non-finite update", "[aggregation][attack]") {
+  // Through the round: the attackers' overflowing low-rank updates never get in.
+  Setup s("powersgd:mode=local", "krum:f=2");
+  for (uint64_t c = 0; c < 7; ++c) {
+    Update u = s.honest(c);
+    if (c < 2) {
+      auto& lr = std::get<LowRank>(u.tensors[factored(s)]);
+      std::fill(lr.p.begin(), lr.p.end(), 1e20f);
+      std::fill(lr.q.begin(), lr.q.end(), 1e20f);
+      CHECK(rejectedWith(s, u) == Errc::kValueTooLarge);
+    } else {
+      s.round->current().add(view(u));
+    }
+  }
+  // 5 honest updates are too few for f = 2: the round fails cleanly rather than picking garbage.
+  CHECK_THROWS_WITH(s.round->finish(), Catch::Contains("needs at least 2f+3"));
+  // Called directly on raw dense updates, the rule refuses non-finite input, and NaN distances
+  // (inf - inf) never tie with honest scores.
+  DenseUpdates u = {{0, 0}, {0.1f, 0}, {0, 0.1f}, {0.1f, 0.1f}, {0.05f, 0.05f}, {INFINITY, 0}, {INFINITY, 0}};
+  std::vector<double> w(u.size(), 1.0);
+  CHECK_THROWS_WITH(makeRule("krum:f=2")->combine(u, w), Catch::Contains("non-finite"));
+  const auto scores = krumScores(u, 2);
+  for (size_t i = 0; i < 5; ++i) CHECK(scores[i] < scores[5]);
+  CHECK(krumSelect(u, 2, 1)[0] < 5);
+}
