@@ -1,0 +1,73 @@
+#pragma once
+// EigenModel: a small differentiable classifier written with Eigen (no LibTorch), evaluated on a
+// batch of rows. EigenTrainer (client/eigen_trainer.h) turns any EigenModel into a Trainer with
+// minibatch SGD, so a new Eigen model only writes its forward and backward pass.
+//
+// Models hold their sizes and scratch buffers, never parameters: every call reads a flat buffer
+// laid out by layout(). Not thread-safe (scratch); one model per thread.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/param_layout.h"
+
+namespace starling::client {
+
+struct BatchStats {
+  double loss_sum = 0;  // sum over the batch of the cross-entropy -log softmax(logits)[label]
+  size_t correct = 0;   // examples whose arg-max logit (lowest index on ties) is the label
+};
+
+class EigenModel {
+ public:
+  virtual ~EigenModel() = default;
+  virtual std::string name() const = 0;
+  virtual std::string spec() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  virtual size_t features() const = 0;
+  virtual uint32_t classes() const = 0;
+
+  // Writes initial parameters, a pure function of the seed.
+  virtual void initParameters(std::span<float> params, uint64_t seed) const = 0;
+
+  // Forward pass on x [batch, features()] with labels y (batch of them, each < classes()).
+  // When grad is non-empty (layout().numel() floats) it receives the gradient of the MEAN loss
+  // over the batch with respect to params (overwritten, not accumulated).
+  // Throws InvalidArgument for mismatched sizes; labels are the caller's to check.
+  virtual BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
+                                     std::span<const uint8_t> y, std::span<float> grad) = 0;
+};
+
+// Softmax regression: logits = x W^T + b with W = "fc.weight" [classes, features] and
+// b = "fc.bias" [classes]. Initial parameters are zero (the loss is convex; any start works).
+std::unique_ptr<EigenModel> makeSoftmaxModel(size_t features, uint32_t classes);
+
+// One hidden ReLU layer: logits = relu(x W1^T + b1) W2^T + b2 with "fc1.weight" [hidden,
+// features], "fc1.bias" [hidden], "fc2.weight" [classes, hidden], "fc2.bias" [classes].
+// Initial weights: He-uniform for fc1 (it feeds a ReLU), Glorot-uniform for fc2, biases zero;
+// uniform draws only, so initialisation is bit-exact on every machine.
+std::unique_ptr<EigenModel> makeMlpModel(size_t features, uint32_t classes, uint32_t hidden);
+
+namespace detail {
+
+// Grows buf to rows * cols floats if needed (never shrinks: no allocation once warmed up) and
+// maps its front as a rows x cols row-major matrix.
+RowMatrixMap scratchMatrix(std::vector<float>& buf, size_t rows, size_t cols);
+
+// Turns logits [batch, classes] into d(mean loss)/d(logits) = (softmax - onehot) / batch in
+// place when want_grad, and returns the batch's loss sum and correct count. Numerically stable
+// (log-sum-exp with the row maximum subtracted).
+BatchStats softmaxCrossEntropy(RowMatrixMap logits, std::span<const uint8_t> y, bool want_grad);
+
+// The size checks every model shares (InvalidArgument).
+void checkBatch(const EigenModel& m, std::span<const float> params, const ConstRowMatrixMap& x,
+                std::span<const uint8_t> y, std::span<float> grad);
+
+// Writes a uniform [-limit, limit) draw into each value, from the stream (seed, tensor index).
+void fillUniform(std::span<float> values, double limit, uint64_t seed, size_t tensor_index);
+
+}  // namespace detail
+}  // namespace starling::client

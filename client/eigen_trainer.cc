@@ -1,0 +1,109 @@
+#include "client/eigen_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/finite.h"
+#include "data/sampling.h"
+
+namespace starling::client {
+namespace {
+
+constexpr size_t kEvalBatch = 256;  // evaluation batch: bounds scratch, not the result
+
+}  // namespace
+
+EigenTrainer::EigenTrainer(std::unique_ptr<EigenModel> model) : model_(std::move(model)) {
+  STARLING_CHECK_ARG(model_ != nullptr, "EigenTrainer: no model");
+}
+
+void EigenTrainer::checkParams(size_t n) const {
+  STARLING_CHECK_ARG(n == layout().numel(), spec(), ": params has ", n,
+                     " floats, the model's layout has ", layout().numel());
+}
+
+void EigenTrainer::initParameters(std::span<float> params, uint64_t seed) const {
+  checkParams(params.size());
+  model_->initParameters(params, seed);
+}
+
+std::pair<ConstRowMatrixMap, std::span<const uint8_t>> EigenTrainer::gather(
+    const data::Dataset& d, std::span<const size_t> order) {
+  const size_t f = d.features(), n = order.size();
+  if (x_.size() < n * f) x_.resize(n * f);
+  if (y_.size() < n) y_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(x_.data() + i * f, d.images.data() + order[i] * f, f * sizeof(float));
+    y_[i] = d.labels[order[i]];
+  }
+  return {ConstRowMatrixMap(x_.data(), static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(f)),
+          std::span<const uint8_t>(y_.data(), n)};
+}
+
+FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
+                            RngStream& rng) {
+  cfg.check();
+  checkParams(params.size());
+  checkDataView(data, features(), classes());
+  const data::Dataset& d = *data.dataset;
+
+  backup_.assign(params.begin(), params.end());
+  grad_.resize(params.size());
+  order_.assign(data.indices.begin(), data.indices.end());
+  const auto diverged = [&](const std::string& what) {
+    std::copy(backup_.begin(), backup_.end(), params.begin());
+    STARLING_THROW(DivergenceError, spec(), ": training diverged: ", what, " (learning rate ",
+                   cfg.lr, " too high for this model and data?); the parameters were restored");
+  };
+
+  double loss_sum = 0;
+  size_t correct = 0, seen = 0;
+  VectorMap p(params.data(), static_cast<Eigen::Index>(params.size()));
+  const ConstVectorMap g(grad_.data(), static_cast<Eigen::Index>(grad_.size()));
+  const float lr = static_cast<float>(cfg.lr);
+  for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
+    data::shuffleInPlace(std::span<size_t>(order_), rng);
+    for (size_t start = 0; start < order_.size(); start += cfg.batch_size) {
+      const size_t n = std::min<size_t>(cfg.batch_size, order_.size() - start);
+      const auto [x, y] = gather(d, std::span<const size_t>(order_).subspan(start, n));
+      const BatchStats st = model_->forwardBackward(params, x, y, grad_);
+      if (!std::isfinite(st.loss_sum))
+        diverged(::starling::detail::concat("the loss is ", st.loss_sum, " at epoch ", epoch + 1,
+                                            ", examples ", start, "..", start + n - 1));
+      loss_sum += st.loss_sum;
+      correct += st.correct;
+      seen += n;
+      p.noalias() -= lr * g;
+    }
+  }
+  if (!allFinite(params)) diverged("a parameter is not finite after the last step");
+
+  FitResult r;
+  r.num_examples = data.size();
+  r.metrics = {{"train_loss", loss_sum / static_cast<double>(seen)},
+               {"train_accuracy", static_cast<double>(correct) / static_cast<double>(seen)}};
+  return r;
+}
+
+EvalResult EigenTrainer::evaluate(std::span<const float> params, const DataView& data) {
+  checkParams(params.size());
+  checkDataView(data, features(), classes());
+  double loss_sum = 0;
+  size_t correct = 0;
+  for (size_t start = 0; start < data.indices.size(); start += kEvalBatch) {
+    const size_t n = std::min(kEvalBatch, data.indices.size() - start);
+    const auto [x, y] = gather(*data.dataset, data.indices.subspan(start, n));
+    const BatchStats st = model_->forwardBackward(params, x, y, {});
+    loss_sum += st.loss_sum;
+    correct += st.correct;
+  }
+  EvalResult r;
+  r.num_examples = data.size();
+  r.loss = loss_sum / static_cast<double>(data.size());
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(data.size());
+  return r;
+}
+
+}  // namespace starling::client

@@ -1,0 +1,51 @@
+#pragma once
+// EigenTrainer: the Trainer of every EigenModel, by plain minibatch SGD.
+//
+// fit(): per epoch, a Fisher-Yates shuffle of the view's indices drawn from the caller's stream,
+// then steps over consecutive batches of cfg.batch_size (the last one may be smaller):
+// params -= lr * d(mean batch loss)/d(params). The loss of each batch is checked before its step;
+// a non-finite loss, or non-finite parameters at the end, restore params and throw
+// DivergenceError. evaluate(): forward passes in fixed batches, no randomness.
+//
+// Scratch (the batch, the gradient, a copy of params for the rollback) grows to the largest size
+// seen and is reused: after the first client, the trainer's own buffers allocate nothing per
+// batch. (Eigen's matrix products may still take a temporary blocking workspace from malloc for
+// large operands, about one per batch for the MLP at Fashion-MNIST size: cheap next to the
+// product itself.)
+#include <memory>
+
+#include "client/eigen_model.h"
+#include "client/trainer.h"
+
+namespace starling::client {
+
+class EigenTrainer final : public Trainer {
+ public:
+  explicit EigenTrainer(std::unique_ptr<EigenModel> model);
+
+  std::string name() const override { return model_->name(); }
+  std::string spec() const override { return model_->spec(); }
+  const ParamLayout& layout() const override { return model_->layout(); }
+  size_t features() const override { return model_->features(); }
+  uint32_t classes() const override { return model_->classes(); }
+
+  void initParameters(std::span<float> params, uint64_t seed) const override;
+  FitResult fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
+                RngStream& rng) override;
+  EvalResult evaluate(std::span<const float> params, const DataView& data) override;
+
+  EigenModel& model() { return *model_; }
+
+ private:
+  // Copies the examples order[begin, end) into the batch scratch; returns x and y.
+  std::pair<ConstRowMatrixMap, std::span<const uint8_t>> gather(const data::Dataset& d,
+                                                                std::span<const size_t> order);
+  void checkParams(size_t n) const;
+
+  std::unique_ptr<EigenModel> model_;
+  std::vector<float> x_, grad_, backup_;
+  std::vector<uint8_t> y_;
+  std::vector<size_t> order_;
+};
+
+}  // namespace starling::client

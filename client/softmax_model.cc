@@ -1,0 +1,60 @@
+// Softmax regression: logits = x W^T + b.
+#include <algorithm>
+
+#include "client/eigen_model.h"
+#include "core/error.h"
+
+namespace starling::client {
+namespace {
+
+class SoftmaxModel final : public EigenModel {
+ public:
+  SoftmaxModel(size_t features, uint32_t classes) : features_(features), classes_(classes) {
+    layout_.add("fc.weight", {static_cast<int64_t>(classes), static_cast<int64_t>(features)});
+    layout_.add("fc.bias", {static_cast<int64_t>(classes)});
+  }
+
+  std::string name() const override { return "softmax"; }
+  std::string spec() const override { return "softmax"; }
+  const ParamLayout& layout() const override { return layout_; }
+  size_t features() const override { return features_; }
+  uint32_t classes() const override { return classes_; }
+
+  void initParameters(std::span<float> params, uint64_t /*seed*/) const override {
+    STARLING_CHECK_ARG(params.size() == layout_.numel(), spec(), ": params has ", params.size(),
+                       " floats, the layout ", layout_.numel());
+    std::fill(params.begin(), params.end(), 0.0f);
+  }
+
+  BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
+                             std::span<const uint8_t> y, std::span<float> grad) override {
+    detail::checkBatch(*this, params, x, y, grad);
+    const ConstRowMatrixMap w = layout_.matrix(params, 0);
+    const ConstVectorMap b(params.data() + layout_[1].offset, classes_);
+    RowMatrixMap logits = detail::scratchMatrix(logits_, static_cast<size_t>(x.rows()), classes_);
+    logits.noalias() = x * w.transpose();
+    logits.rowwise() += b.transpose();
+    const BatchStats st = detail::softmaxCrossEntropy(logits, y, !grad.empty());
+    if (!grad.empty()) {  // logits now holds d(mean loss)/d(logits)
+      layout_.matrix(grad, 0).noalias() = logits.transpose() * x;
+      VectorMap(grad.data() + layout_[1].offset, classes_) = logits.colwise().sum().transpose();
+    }
+    return st;
+  }
+
+ private:
+  size_t features_;
+  uint32_t classes_;
+  ParamLayout layout_;
+  std::vector<float> logits_;  // scratch [batch, classes]
+};
+
+}  // namespace
+
+std::unique_ptr<EigenModel> makeSoftmaxModel(size_t features, uint32_t classes) {
+  STARLING_CHECK_ARG(features >= 1, "softmax: the data has 0 features");
+  STARLING_CHECK_ARG(classes >= 2, "softmax: a classifier needs at least 2 classes, got ", classes);
+  return std::make_unique<SoftmaxModel>(features, classes);
+}
+
+}  // namespace starling::client

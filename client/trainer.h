@@ -1,0 +1,119 @@
+#pragma once
+// Trainer: local training of one model on one client's data, the part of a federated client that
+// knows the model. The simulator and the deployed client both drive a Trainer; the Eigen trainers
+// here (softmax regression, a one-hidden-layer MLP) need no LibTorch, and a LibTorch trainer
+// implements the same interface later.
+//
+// Contract shared by every implementation:
+// - The model's parameters are one flat float buffer read through layout(); the trainer holds no
+//   parameters itself. fit() trains the buffer it is given in place (the caller passes a copy of
+//   the global model), evaluate() only reads it.
+// - A trainer holds options and scratch buffers but no per-client state, so one object (the
+//   simulator's model replica) serves many clients one after another.
+// - Not thread-safe: use one trainer per thread.
+// - Every random draw comes from the RngStream the caller passes (or from the seed of
+//   initParameters), so a run is reproduced from its seeds whatever the scheduling.
+// - Arguments are checked before anything is touched: a bad FitConfig is a ConfigError; an empty
+//   view, an index or label out of range, data of the wrong width, a params span of the wrong
+//   size are InvalidArgument. If training diverges (a non-finite loss or parameter), fit() throws
+//   DivergenceError (an Error) and restores params to what they were on entry.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "core/metric.h"
+#include "core/param_layout.h"
+#include "core/registry.h"
+#include "core/rng.h"
+#include "data/idx.h"
+
+namespace starling::client {
+
+// Thrown by fit() when training diverges: the loss or a parameter became NaN or infinite
+// (usually a learning rate too high for the data). params are restored before it is thrown.
+class DivergenceError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The examples a client owns: indices into a data set that outlives the view. Indices may repeat
+// (sampling with replacement) and need not be sorted.
+struct DataView {
+  const data::Dataset* dataset = nullptr;
+  std::span<const size_t> indices;
+
+  size_t size() const { return indices.size(); }
+};
+
+// Local training hyperparameters; checked by check() (ConfigError naming the bad value).
+struct FitConfig {
+  uint32_t epochs = 1;  // passes over the client's examples, >= 1
+  uint32_t batch_size =
+      32;           // examples per SGD step (the last step of an epoch may have fewer), >= 1
+  double lr = 0.1;  // SGD step size, > 0 and finite as a float
+
+  void check() const;
+};
+
+struct FitResult {
+  // The client's number of examples (the view's size): the weight FedAvg gives its update. Not
+  // multiplied by the epochs.
+  uint64_t num_examples = 0;
+  // At least "train_loss": the mean cross-entropy over every example seen during fit, each taken
+  // with the parameters before the step that used it (as training loss is usually reported).
+  // The Eigen trainers also report "train_accuracy", measured the same way.
+  std::vector<Metric> metrics;
+};
+
+struct EvalResult {
+  uint64_t num_examples = 0;
+  double loss = 0;      // mean cross-entropy
+  double accuracy = 0;  // fraction of examples whose arg-max class is the label (ties: lowest)
+};
+
+class Trainer {
+ public:
+  virtual ~Trainer() = default;
+
+  virtual std::string name() const = 0;
+  // The full spec with every option, e.g. "mlp:hidden=128".
+  virtual std::string spec() const = 0;
+  // The parameters' names and shapes; params spans must have layout().numel() floats.
+  virtual const ParamLayout& layout() const = 0;
+  // Input width and number of classes the model was built for.
+  virtual size_t features() const = 0;
+  virtual uint32_t classes() const = 0;
+
+  // Writes initial parameters, a pure function of the seed (every party that starts from the
+  // same seed gets the same model).
+  virtual void initParameters(std::span<float> params, uint64_t seed) const = 0;
+
+  // Trains params in place on the view's examples; draws the shuffling from rng.
+  virtual FitResult fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
+                        RngStream& rng) = 0;
+
+  // Loss and accuracy of params on the view's examples. Deterministic; draws nothing.
+  virtual EvalResult evaluate(std::span<const float> params, const DataView& data) = 0;
+};
+
+// Checks the shared preconditions of fit/evaluate for a model of `features` inputs and `classes`
+// classes (InvalidArgument with the offending value): a dataset is set and consistent, the view
+// is non-empty, every index is in range, every label of the view is < classes.
+void checkDataView(const DataView& data, size_t features, uint32_t classes);
+
+// Registry of trainers; factories take (features, classes) of the data. Entries:
+//   softmax              softmax regression, "fc.weight" [classes, features] + "fc.bias" [classes]
+//   mlp:hidden=128       one ReLU hidden layer: "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
+using TrainerRegistry = Registry<Trainer, size_t, uint32_t>;
+const TrainerRegistry& trainers();
+
+// makeTrainer("mlp:hidden=64", 784, 10). ConfigError for a bad spec; InvalidArgument for
+// features 0, classes < 2 or a model too large for a ParamLayout.
+std::unique_ptr<Trainer> makeTrainer(std::string_view spec, size_t features, uint32_t classes);
+
+}  // namespace starling::client

@@ -1,0 +1,257 @@
+#include "data/partition.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/sampling.h"
+
+namespace starling::data {
+namespace {
+
+// The n-th of `parts` near-equal consecutive pieces of [0, total): the first total % parts
+// pieces are one longer. No product of large numbers, so no overflow.
+std::pair<size_t, size_t> piece(size_t total, size_t parts, size_t n) {
+  const size_t base = total / parts, extra = total % parts;
+  const size_t begin = n * base + std::min(n, extra);
+  return {begin, begin + base + (n < extra ? 1 : 0)};
+}
+
+// Example indices of each class, ascending.
+std::vector<std::vector<size_t>> byClass(std::span<const uint8_t> labels, uint32_t num_classes) {
+  std::vector<std::vector<size_t>> out(num_classes);
+  for (size_t i = 0; i < labels.size(); ++i) out[labels[i]].push_back(i);
+  return out;
+}
+
+StreamKey partitionStreamKey(uint64_t seed) {
+  return StreamKey{seed, 0, kAnyClient, StreamPurpose::kDataPartition, 0};
+}
+
+std::string formatNumber(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+class IidPartitioner final : public Partitioner {
+ public:
+  std::string name() const override { return "iid"; }
+  std::string spec() const override { return "iid"; }
+
+ protected:
+  Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients,
+                   uint64_t seed) const override {
+    RngStream rng(partitionStreamKey(seed));
+    std::vector<size_t> order(labels.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    shuffleInPlace(std::span<size_t>(order), rng);
+    Partition shards(clients);
+    for (size_t k = 0; k < clients; ++k) {
+      const auto [b, e] = piece(order.size(), clients, k);
+      shards[k].assign(order.begin() + static_cast<std::ptrdiff_t>(b),
+                       order.begin() + static_cast<std::ptrdiff_t>(e));
+    }
+    return shards;
+  }
+};
+
+struct DirichletOptions {
+  double alpha = 0.5;
+  uint32_t min_size = 0;
+  bool balance = false;
+};
+
+class DirichletPartitioner final : public Partitioner {
+ public:
+  // Resampling for min_size stops after this many draws of the whole split.
+  static constexpr int kMaxAttempts = 1000;
+
+  explicit DirichletPartitioner(const DirichletOptions& o) : o_(o) {
+    if (!(o_.alpha > 0) || !std::isfinite(o_.alpha))
+      STARLING_THROW(
+          ConfigError, "partitioner 'dirichlet': alpha=", o_.alpha,
+          " must be a finite number > 0 (small = strong label skew, large = close to iid)");
+  }
+  std::string name() const override { return "dirichlet"; }
+  std::string spec() const override {
+    return "dirichlet:alpha=" + formatNumber(o_.alpha) +
+           ",min_size=" + std::to_string(o_.min_size) +
+           ",balance=" + (o_.balance ? "true" : "false");
+  }
+
+ protected:
+  Partition assign(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                   uint64_t seed) const override {
+    const size_t n = labels.size();
+    if (o_.min_size > n / clients)
+      STARLING_THROW(ConfigError, spec(), ": ", clients,
+                     " clients with at least min_size=", o_.min_size,
+                     " examples each need more than the ", n, " examples there are");
+    const auto classes = byClass(labels, num_classes);
+    RngStream rng(partitionStreamKey(seed));
+    std::vector<double> p(clients);
+    std::vector<size_t> idx;
+    for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
+      Partition shards(clients);
+      for (const auto& members : classes) {
+        if (members.empty()) continue;
+        idx = members;
+        shuffleInPlace(std::span<size_t>(idx), rng);
+        sampleDirichlet(rng, o_.alpha, std::span<double>(p));
+        // NIID-Bench's balance rule: a client already holding n / clients examples takes no more.
+        if (o_.balance) capFullClients(shards, n, p);
+        // Cut the shuffled class at the cumulative proportions; the last client takes the rest.
+        double cum = 0;
+        size_t start = 0;
+        const double m = static_cast<double>(idx.size());
+        for (size_t k = 0; k < clients; ++k) {
+          cum += p[k];
+          size_t end =
+              k + 1 == clients ? idx.size() : std::min(idx.size(), static_cast<size_t>(cum * m));
+          end = std::max(end, start);
+          shards[k].insert(shards[k].end(), idx.begin() + static_cast<std::ptrdiff_t>(start),
+                           idx.begin() + static_cast<std::ptrdiff_t>(end));
+          start = end;
+        }
+      }
+      const bool ok = std::all_of(shards.begin(), shards.end(), [&](const std::vector<size_t>& s) {
+        return s.size() >= o_.min_size;
+      });
+      if (ok) return shards;
+    }
+    STARLING_THROW(ConfigError, spec(), ": no draw in ", kMaxAttempts, " gave every one of the ",
+                   clients, " clients at least min_size=", o_.min_size,
+                   " examples; raise alpha, lower min_size or use fewer clients");
+  }
+
+ private:
+  static void capFullClients(const Partition& shards, size_t n, std::vector<double>& p) {
+    double total = 0;
+    for (size_t k = 0; k < p.size(); ++k) {
+      // size >= n / clients (real division) is size >= ceil(n / clients) in integers.
+      if (shards[k].size() >= (n + p.size() - 1) / p.size()) p[k] = 0;
+      total += p[k];
+    }
+    // Not every client can be full while examples remain; keep the draw if rounding says so.
+    if (total > 0)
+      for (double& x : p) x /= total;
+  }
+
+  DirichletOptions o_;
+};
+
+class ShardsPartitioner final : public Partitioner {
+ public:
+  explicit ShardsPartitioner(uint32_t per_client) : per_client_(per_client) {
+    if (per_client_ == 0)
+      STARLING_THROW(ConfigError, "partitioner 'shards': per_client=0 must be at least 1");
+  }
+  std::string name() const override { return "shards"; }
+  std::string spec() const override { return "shards:per_client=" + std::to_string(per_client_); }
+
+ protected:
+  Partition assign(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                   uint64_t seed) const override {
+    const size_t n = labels.size();
+    if (per_client_ > n / clients)
+      STARLING_THROW(ConfigError, spec(), ": ", clients, " clients x ", per_client_,
+                     " shards need at least one example per shard, but there are only ", n,
+                     " examples");
+    const size_t num_shards = clients * per_client_;
+    RngStream rng(partitionStreamKey(seed));
+    // Sorted by label; within a class in random order, so the split does not depend on the
+    // order of the file.
+    std::vector<size_t> order;
+    order.reserve(n);
+    for (auto& members : byClass(labels, num_classes)) {
+      shuffleInPlace(std::span<size_t>(members), rng);
+      order.insert(order.end(), members.begin(), members.end());
+    }
+    std::vector<size_t> shard_ids(num_shards);
+    std::iota(shard_ids.begin(), shard_ids.end(), size_t{0});
+    shuffleInPlace(std::span<size_t>(shard_ids), rng);
+    Partition shards(clients);
+    for (size_t k = 0; k < clients; ++k)
+      for (size_t j = 0; j < per_client_; ++j) {
+        const auto [b, e] = piece(n, num_shards, shard_ids[k * per_client_ + j]);
+        shards[k].insert(shards[k].end(), order.begin() + static_cast<std::ptrdiff_t>(b),
+                         order.begin() + static_cast<std::ptrdiff_t>(e));
+      }
+    return shards;
+  }
+
+ private:
+  uint32_t per_client_;
+};
+
+}  // namespace
+
+Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                             uint64_t seed) const {
+  if (clients == 0)
+    STARLING_THROW(ConfigError, spec(), ": cannot split a data set among 0 clients");
+  if (clients > labels.size())
+    STARLING_THROW(ConfigError, spec(), ": ", clients, " clients but only ", labels.size(),
+                   " examples; use at most one client per example");
+  STARLING_CHECK_ARG(num_classes >= 1 && num_classes <= 256, spec(), ": num_classes ", num_classes,
+                     " is not in [1, 256]");
+  for (size_t i = 0; i < labels.size(); ++i)
+    STARLING_CHECK_ARG(labels[i] < num_classes, spec(), ": label ", int{labels[i]}, " of example ",
+                       i, " is not below num_classes ", num_classes);
+  Partition shards = assign(labels, num_classes, clients, seed);
+  STARLING_ENFORCE(shards.size() == clients, spec(), " returned ", shards.size(), " shards for ",
+                   clients, " clients");
+  size_t total = 0;
+  for (auto& s : shards) {
+    std::sort(s.begin(), s.end());
+    total += s.size();
+  }
+  STARLING_ENFORCE(total == labels.size(), spec(), " assigned ", total, " of ", labels.size(),
+                   " examples");
+  return shards;
+}
+
+const Registry<Partitioner>& partitioners() {
+  using Entry = Registry<Partitioner>::Entry;
+  static const Registry<Partitioner> registry(
+      "partitioner",
+      {
+          Entry{"iid", "shuffle, then deal equal shards (sizes differ by at most 1)", "",
+                [](OptionReader&) -> std::unique_ptr<Partitioner> {
+                  return std::make_unique<IidPartitioner>();
+                }},
+          Entry{"dirichlet",
+                "label skew: each class is split among the clients in Dirichlet(alpha) proportions",
+                "alpha=0.5 (concentration, > 0; small = strong skew), min_size=0 (redraw until "
+                "every client "
+                "has this many examples), balance=false (NIID-Bench: a client with n/clients "
+                "examples takes "
+                "no more)",
+                [](OptionReader& r) -> std::unique_ptr<Partitioner> {
+                  DirichletOptions o;
+                  o.alpha = r.number("alpha", o.alpha);
+                  o.min_size = r.count("min_size", o.min_size);
+                  o.balance = r.flag("balance", o.balance);
+                  return std::make_unique<DirichletPartitioner>(o);
+                }},
+          Entry{"shards",
+                "pathological non-iid (McMahan et al. 2017): sort by label, cut clients*per_client "
+                "equal "
+                "shards, deal per_client random shards to each client",
+                "per_client=2 (shards per client, >= 1)",
+                [](OptionReader& r) -> std::unique_ptr<Partitioner> {
+                  return std::make_unique<ShardsPartitioner>(r.count("per_client", 2));
+                }},
+      });
+  return registry;
+}
+
+std::unique_ptr<Partitioner> makePartitioner(std::string_view spec) {
+  return partitioners().make(spec);
+}
+
+}  // namespace starling::data

@@ -1,0 +1,60 @@
+#pragma once
+// Partitioners split a labelled data set among simulated clients: which example indices each
+// client owns. Picked at run time by spec from a registry:
+//
+//   iid                          shuffle, then deal equal shards (sizes differ by at most 1)
+//   dirichlet:alpha=0.5          per class, Dirichlet(alpha) proportions over the clients
+//   shards:per_client=2          McMahan et al.'s pathological split: label-sorted shards
+//
+// docs/data-and-training.md gives the exact definitions. Every result is a pure function of
+// (labels, num_classes, clients, seed, options): randomness comes only from the RngStream
+// {seed, round 0, kAnyClient, kDataPartition} and is drawn by Starling's own code (no
+// std::shuffle or std::*_distribution, whose algorithms differ between standard libraries).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/registry.h"
+
+namespace starling::data {
+
+// shards[k] = the indices of the examples client k owns, ascending.
+using Partition = std::vector<std::vector<size_t>>;
+
+// A rule that splits a data set among clients. Immutable once built (options only), so one
+// object may be used from many threads.
+class Partitioner {
+ public:
+  virtual ~Partitioner() = default;
+  virtual std::string name() const = 0;
+  // The full spec with every option, e.g. "dirichlet:alpha=0.5,min_size=0,balance=false".
+  virtual std::string spec() const = 0;
+
+  // Splits examples 0 .. labels.size() - 1 among `clients` clients.
+  // Guarantees: exactly `clients` shards; the shards are disjoint and together hold every index
+  // once; each shard is sorted ascending. (Whether a shard may be empty depends on the rule:
+  // never for iid and shards; for dirichlet unless min_size >= 1.)
+  // Throws ConfigError for 0 clients, more clients than examples, or a split the options make
+  // impossible; InvalidArgument for num_classes 0 or > 256 or a label >= num_classes.
+  Partition split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                  uint64_t seed) const;
+
+ protected:
+  // The rule itself, called by split() with checked arguments. It may return shards in any
+  // order within each shard; split() sorts them.
+  virtual Partition assign(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                           uint64_t seed) const = 0;
+};
+
+// The registered partitioners (iid, dirichlet, shards).
+const Registry<Partitioner>& partitioners();
+
+// makePartitioner("dirichlet:alpha=0.1"). Throws ConfigError for an unknown name, an unknown
+// option or a bad value.
+std::unique_ptr<Partitioner> makePartitioner(std::string_view spec);
+
+}  // namespace starling::data

@@ -1,0 +1,265 @@
+#include "client/trainer.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "check_throws.h"
+#include "client/synthetic.h"
+#include "core/error.h"
+
+using namespace starling;
+using namespace starling::client;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const Metric* findMetric(const FitResult& r, const std::string& name) {
+  for (const auto& m : r.metrics)
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+RngStream trainingStream(uint64_t client) {
+  return RngStream(StreamKey{1, 1, client, StreamPurpose::kTraining, 0});
+}
+
+}  // namespace
+
+TEST_CASE("trainers lay out their parameters by name and shape", "[client]") {
+  const auto softmax = makeTrainer("softmax", 784, 10);
+  REQUIRE(softmax->layout().size() == 2);
+  CHECK(softmax->layout()[0].name == "fc.weight");
+  CHECK(softmax->layout()[0].shape == std::vector<int64_t>{10, 784});
+  CHECK(softmax->layout()[1].name == "fc.bias");
+  CHECK(softmax->layout()[1].shape == std::vector<int64_t>{10});
+  CHECK(softmax->layout().numel() == 7850);
+
+  const auto mlp = makeTrainer("mlp:hidden=32", 784, 10);
+  REQUIRE(mlp->layout().size() == 4);
+  CHECK(mlp->layout()[0].name == "fc1.weight");
+  CHECK(mlp->layout()[0].shape == std::vector<int64_t>{32, 784});
+  CHECK(mlp->layout()[1].name == "fc1.bias");
+  CHECK(mlp->layout()[2].name == "fc2.weight");
+  CHECK(mlp->layout()[2].shape == std::vector<int64_t>{10, 32});
+  CHECK(mlp->layout()[3].name == "fc2.bias");
+  CHECK(mlp->spec() == "mlp:hidden=32");
+  CHECK(makeTrainer("mlp", 4, 2)->spec() == "mlp:hidden=128");
+  CHECK(trainers().names() == "softmax, mlp");
+}
+
+TEST_CASE("initial parameters are a function of the seed, with He and Glorot scales", "[client]") {
+  const size_t features = 400;
+  const auto mlp = makeTrainer("mlp:hidden=100", features, 10);
+  const ParamLayout& l = mlp->layout();
+  std::vector<float> a(l.numel()), b(l.numel()), c(l.numel());
+  mlp->initParameters(a, 7);
+  mlp->initParameters(b, 7);
+  mlp->initParameters(c, 8);
+  CHECK(a == b);
+  CHECK(a != c);
+  const auto variance = [](std::span<const float> v) {
+    double s = 0;
+    for (float x : v) s += static_cast<double>(x) * x;
+    return s / static_cast<double>(v.size());
+  };
+  // He: variance 2 / fan_in; Glorot: 2 / (fan_in + fan_out). 40000 and 1000 draws.
+  CHECK(variance(l.slice(std::span<const float>(a), 0)) == Approx(2.0 / features).epsilon(0.03));
+  CHECK(variance(l.slice(std::span<const float>(a), 2)) == Approx(2.0 / 110).epsilon(0.15));
+  for (float x : l.slice(std::span<const float>(a), 1)) CHECK(x == 0.0f);
+  for (float x : l.slice(std::span<const float>(a), 3)) CHECK(x == 0.0f);
+
+  const auto softmax = makeTrainer("softmax", features, 10);
+  std::vector<float> s(softmax->layout().numel(), 1.0f);
+  softmax->initParameters(s, 7);
+  for (float x : s) REQUIRE(x == 0.0f);
+}
+
+TEST_CASE("training lowers the loss on separable data", "[client]") {
+  const data::Dataset d = testing::separableData(300, 4, 3, 1);
+  const auto idx = testing::allIndices(d);
+  const DataView view{&d, idx};
+  for (const char* spec : {"softmax", "mlp:hidden=16"}) {
+    INFO(spec);
+    auto t = makeTrainer(spec, 4, 3);
+    std::vector<float> params(t->layout().numel());
+    t->initParameters(params, 3);
+    const EvalResult before = t->evaluate(params, view);
+    RngStream rng = trainingStream(0);
+    const FitResult fit =
+        t->fit(params, view, FitConfig{.epochs = 5, .batch_size = 16, .lr = 0.2}, rng);
+    const EvalResult after = t->evaluate(params, view);
+    CHECK(fit.num_examples == 300);  // the client's examples, not examples x epochs
+    REQUIRE(findMetric(fit, "train_loss") != nullptr);
+    CHECK(std::isfinite(findMetric(fit, "train_loss")->value));
+    CHECK(after.num_examples == 300);
+    CHECK(after.loss < 0.3 * before.loss);
+    CHECK(after.accuracy > 0.95);
+    // The training loss averages over the run, starting from the initial model: it lies between.
+    CHECK(findMetric(fit, "train_loss")->value < before.loss);
+    CHECK(findMetric(fit, "train_loss")->value > after.loss);
+  }
+}
+
+TEST_CASE("train_loss is measured before each step", "[client]") {
+  // Zero parameters give uniform predictions, loss log(classes) for every example; one epoch of
+  // one batch takes a single step after measuring it.
+  const data::Dataset d = testing::gaussianData(20, 3, 4, 2);
+  const auto idx = testing::allIndices(d);
+  auto t = makeTrainer("softmax", 3, 4);
+  std::vector<float> params(t->layout().numel(), 0.0f);
+  RngStream rng = trainingStream(0);
+  const FitResult r =
+      t->fit(params, DataView{&d, idx}, FitConfig{.epochs = 1, .batch_size = 20, .lr = 0.1}, rng);
+  CHECK(findMetric(r, "train_loss")->value == Approx(std::log(4.0)));
+}
+
+TEST_CASE("evaluate counts accuracy and loss on a hand-made case", "[client]") {
+  // Two features; fc.weight rows (1, 0), (0, 1), (0, 0): logits (x0, x1, 0).
+  data::Dataset d;
+  d.rows = 1;
+  d.cols = 2;
+  d.num_classes = 3;
+  d.images = {5, 0, /**/ 0, 5, /**/ 5, 0, /**/ 0, 0};
+  d.labels = {0, 1, 2, 0};  // right, right, wrong, and a three-way tie that goes to class 0: right
+  auto t = makeTrainer("softmax", 2, 3);
+  const std::vector<float> params{1, 0, 0, 1, 0, 0, /*bias*/ 0, 0, 0};
+  const std::vector<size_t> all{0, 1, 2, 3};
+  const EvalResult r = t->evaluate(params, DataView{&d, all});
+  CHECK(r.num_examples == 4);
+  CHECK(r.accuracy == 0.75);
+  const double lse = std::log(std::exp(5.0) + 2.0);
+  CHECK(r.loss == Approx(((lse - 5) + (lse - 5) + lse + std::log(3.0)) / 4).epsilon(1e-6));
+
+  // A view may repeat and reorder examples: it is the multiset that counts.
+  const std::vector<size_t> some{2, 2, 0};
+  const EvalResult s = t->evaluate(params, DataView{&d, some});
+  CHECK(s.num_examples == 3);
+  CHECK(s.accuracy == Approx(1.0 / 3));
+}
+
+TEST_CASE("fit with a full batch is one gradient step", "[client]") {
+  // The documented update rule: params -= lr * d(mean batch loss)/d(params).
+  const data::Dataset d = testing::gaussianData(12, 3, 3, 3);
+  const auto idx = testing::allIndices(d);
+  auto t = makeTrainer("softmax", 3, 3);
+  std::vector<float> params(t->layout().numel(), 0.0f);
+  // At zero parameters the gradient is closed-form: dW[c] = mean_i (1/3 - [y_i = c]) x_i.
+  std::vector<float> expect(params.size(), 0.0f);
+  const double lr = 0.5;
+  for (size_t i = 0; i < d.size(); ++i)
+    for (size_t c = 0; c < 3; ++c) {
+      const double dz = (1.0 / 3 - (d.labels[i] == c ? 1.0 : 0.0)) / 12;
+      for (size_t f = 0; f < 3; ++f)
+        expect[c * 3 + f] -= static_cast<float>(lr * dz * d.images[i * 3 + f]);
+      expect[9 + c] -= static_cast<float>(lr * dz);
+    }
+  RngStream rng = trainingStream(0);
+  t->fit(params, DataView{&d, idx}, FitConfig{.epochs = 1, .batch_size = 100, .lr = lr}, rng);
+  for (size_t i = 0; i < params.size(); ++i) CHECK(params[i] == Approx(expect[i]).margin(1e-6));
+}
+
+TEST_CASE("fit is reproducible from its stream and keeps no per-client state", "[client]") {
+  const data::Dataset d = testing::gaussianData(200, 6, 4, 4);
+  std::vector<size_t> a_idx, b_idx;
+  for (size_t i = 0; i < d.size(); ++i) (i % 3 ? a_idx : b_idx).push_back(i);
+  auto t = makeTrainer("mlp:hidden=8", 6, 4);
+  std::vector<float> global(t->layout().numel());
+  t->initParameters(global, 1);
+  const FitConfig cfg{.epochs = 2, .batch_size = 8, .lr = 0.05};
+  const auto train = [&](const std::vector<size_t>& idx, uint64_t client) {
+    std::vector<float> p = global;
+    RngStream rng = trainingStream(client);
+    t->fit(p, DataView{&d, idx}, cfg, rng);
+    return p;
+  };
+  const auto a1 = train(a_idx, 0);
+  const auto b = train(b_idx, 1);
+  const auto a2 = train(a_idx, 0);  // same trainer object, after another client
+  CHECK(a1 == a2);
+  CHECK(a1 != b);
+  // Another stream shuffles differently.
+  CHECK(train(a_idx, 5) != a1);
+  // A fresh trainer gives the same bits.
+  auto fresh = makeTrainer("mlp:hidden=8", 6, 4);
+  std::vector<float> p = global;
+  RngStream rng = trainingStream(0);
+  fresh->fit(p, DataView{&d, a_idx}, cfg, rng);
+  CHECK(p == a1);
+}
+
+TEST_CASE("bad configurations, views and buffers are rejected before training", "[client]") {
+  const data::Dataset d = testing::gaussianData(10, 3, 3, 5);
+  const auto idx = testing::allIndices(d);
+  const DataView view{&d, idx};
+  auto t = makeTrainer("softmax", 3, 3);
+  std::vector<float> params(t->layout().numel(), 0.25f);
+  const std::vector<float> before = params;
+  RngStream rng = trainingStream(0);
+  const auto fit = [&](const FitConfig& c, const DataView& v) { return t->fit(params, v, c, rng); };
+
+  CHECK_THROWS_MATCHING(fit(FitConfig{.epochs = 0}, view), ConfigError, Contains("epochs=0"));
+  CHECK_THROWS_MATCHING(fit(FitConfig{.batch_size = 0}, view), ConfigError,
+                        Contains("batch_size=0"));
+  for (double lr : {0.0, -0.1, std::nan(""), double{INFINITY}, 1e300}) {
+    INFO("lr " << lr);
+    CHECK_THROWS_MATCHING(fit(FitConfig{.lr = lr}, view), ConfigError, Contains("learning rate"));
+  }
+
+  CHECK_THROWS_MATCHING(fit(FitConfig{}, DataView{&d, {}}), InvalidArgument,
+                        Contains("no examples"));
+  CHECK_THROWS_MATCHING(fit(FitConfig{}, DataView{nullptr, idx}), InvalidArgument,
+                        Contains("no dataset"));
+  const std::vector<size_t> out_of_range{0, 10};
+  CHECK_THROWS_MATCHING(fit(FitConfig{}, DataView{&d, out_of_range}), InvalidArgument,
+                        Contains("index 10 is out of range for a dataset of 10"));
+  CHECK_THROWS_MATCHING(t->evaluate(params, DataView{&d, out_of_range}), InvalidArgument,
+                        Contains("index 10"));
+  CHECK_THROWS_MATCHING(t->evaluate(params, DataView{&d, {}}), InvalidArgument,
+                        Contains("no examples"));
+  const data::Dataset wide = testing::gaussianData(10, 4, 3, 5);
+  CHECK_THROWS_MATCHING(fit(FitConfig{}, DataView{&wide, idx}), InvalidArgument,
+                        Contains("4 features"));
+  const data::Dataset many =
+      testing::gaussianData(10, 3, 5, 5);  // labels up to 4, model has 3 classes
+  CHECK_THROWS_MATCHING(fit(FitConfig{}, DataView{&many, idx}), InvalidArgument,
+                        Contains("the model has 3 classes"));
+  data::Dataset broken = d;
+  broken.images.pop_back();
+  CHECK_THROWS_MATCHING(fit(FitConfig{}, DataView{&broken, idx}), InvalidArgument,
+                        Contains("pixel values"));
+
+  std::vector<float> short_params(5);
+  CHECK_THROWS_MATCHING(t->fit(short_params, view, FitConfig{}, rng), InvalidArgument,
+                        Contains("params has 5"));
+  CHECK_THROWS_MATCHING(t->evaluate(short_params, view), InvalidArgument, Contains("params has 5"));
+  CHECK_THROWS_MATCHING(t->initParameters(short_params, 1), InvalidArgument,
+                        Contains("params has 5"));
+  CHECK(params == before);  // nothing was touched
+}
+
+TEST_CASE("a diverging fit throws and restores the parameters", "[client]") {
+  // Inputs of 1e30: the first step moves the weights by ~1e29 and the next logits overflow.
+  data::Dataset d = testing::gaussianData(8, 3, 3, 6);
+  for (float& x : d.images) x *= 1e30f;
+  const auto idx = testing::allIndices(d);
+  auto t = makeTrainer("softmax", 3, 3);
+  std::vector<float> params(t->layout().numel(), 0.0f);
+  const std::vector<float> before = params;
+  RngStream rng = trainingStream(0);
+  CHECK_THROWS_MATCHING(
+      t->fit(params, DataView{&d, idx}, FitConfig{.epochs = 1, .batch_size = 2, .lr = 0.1}, rng),
+      DivergenceError, Contains("diverged") && Contains("learning rate 0.1"));
+  CHECK(params == before);
+}
+
+TEST_CASE("trainer specs and model sizes are checked", "[client]") {
+  CHECK_THROWS_MATCHING(makeTrainer("mlp:hidden=0", 4, 3), ConfigError, Contains("hidden=0"));
+  CHECK_THROWS_MATCHING(makeTrainer("mlp:depth=2", 4, 3), ConfigError,
+                        Contains("unknown option 'depth'"));
+  CHECK_THROWS_MATCHING(makeTrainer("cnn", 4, 3), ConfigError, Contains("softmax, mlp"));
+  CHECK_THROWS_MATCHING(makeTrainer("softmax", 4, 1), InvalidArgument,
+                        Contains("at least 2 classes"));
+  CHECK_THROWS_MATCHING(makeTrainer("softmax", 0, 3), InvalidArgument, Contains("0 features"));
+  // A weight matrix past what a ParamLayout holds (u32 indices on the wire).
+  CHECK_THROWS_AS(makeTrainer("mlp:hidden=100000", 100000, 10), InvalidArgument);
+}

@@ -1,0 +1,230 @@
+#include "data/idx.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "check_throws.h"
+#include "core/error.h"
+#include "data/idx_files.h"
+
+using namespace starling;
+using namespace starling::data;
+using Catch::Matchers::Contains;
+using starling::testing::TempDir;
+
+namespace {
+
+// 5 images of 3x4 whose pixels cover 0 and 255; labels use classes 0..3.
+struct SmallSet {
+  uint32_t n = 5, rows = 3, cols = 4;
+  std::vector<uint8_t> pixels, labels{0, 3, 1, 3, 0};
+  SmallSet() {
+    for (uint32_t i = 0; i < n * rows * cols; ++i)
+      pixels.push_back(static_cast<uint8_t>((i * 37) % 256));
+    pixels[0] = 0;
+    pixels[1] = 255;
+  }
+  std::vector<uint8_t> imageBytes() const { return testing::imageFileBytes(n, rows, cols, pixels); }
+  std::vector<uint8_t> labelBytes() const { return testing::labelFileBytes(n, labels); }
+};
+
+void checkMatches(const Dataset& d, const SmallSet& s) {
+  REQUIRE(d.size() == s.n);
+  CHECK(d.rows == s.rows);
+  CHECK(d.cols == s.cols);
+  CHECK(d.features() == s.rows * s.cols);
+  REQUIRE(d.images.size() == s.pixels.size());
+  for (size_t i = 0; i < s.pixels.size(); ++i)
+    REQUIRE(d.images[i] == static_cast<float>(s.pixels[i]) / 255.0f);
+  CHECK(d.images[0] == 0.0f);
+  CHECK(d.images[1] == 1.0f);
+  CHECK(d.labels == s.labels);
+}
+
+// Loads images/labels written from the given bytes (plain files) and returns the error message.
+std::string loadError(const std::vector<uint8_t>& images, const std::vector<uint8_t>& labels,
+                      bool gzip_images = false) {
+  TempDir dir;
+  const std::string ip = dir.file(gzip_images ? "img.gz" : "img"), lp = dir.file("lbl");
+  gzip_images ? testing::writeGzip(ip, images) : testing::writePlain(ip, images);
+  testing::writePlain(lp, labels);
+  try {
+    loadIdx(ip, lp);
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  FAIL("loadIdx accepted a malformed file");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("IDX files round trip, plain and gzip", "[data]") {
+  const SmallSet s;
+  TempDir dir;
+  testing::writePlain(dir.file("img"), s.imageBytes());
+  testing::writePlain(dir.file("lbl"), s.labelBytes());
+  testing::writeGzip(dir.file("img.gz"), s.imageBytes());
+  testing::writeGzip(dir.file("lbl.gz"), s.labelBytes());
+  // The format is told by content, not by the file name.
+  testing::writeGzip(dir.file("img-gz-without-suffix"), s.imageBytes());
+
+  for (const auto& [ip, lp] :
+       std::vector<std::pair<std::string, std::string>>{{"img", "lbl"},
+                                                        {"img.gz", "lbl.gz"},
+                                                        {"img.gz", "lbl"},
+                                                        {"img-gz-without-suffix", "lbl.gz"}}) {
+    INFO(ip << " + " << lp);
+    const Dataset d = loadIdx(dir.file(ip), dir.file(lp));
+    checkMatches(d, s);
+    CHECK(d.num_classes == 4);  // largest label + 1
+  }
+}
+
+TEST_CASE("a known number of classes is kept and enforced", "[data]") {
+  const SmallSet s;
+  TempDir dir;
+  testing::writePlain(dir.file("img"), s.imageBytes());
+  testing::writePlain(dir.file("lbl"), s.labelBytes());
+  CHECK(loadIdx(dir.file("img"), dir.file("lbl"), IdxOptions{.num_classes = 10}).num_classes == 10);
+  CHECK_THROWS_MATCHING(loadIdx(dir.file("img"), dir.file("lbl"), IdxOptions{.num_classes = 3}),
+                        IoError, Contains("label 3 of example 1") && Contains(dir.file("lbl")));
+  CHECK_THROWS_AS(loadIdx(dir.file("img"), dir.file("lbl"), IdxOptions{.num_classes = 257}),
+                  InvalidArgument);
+}
+
+TEST_CASE("malformed IDX files are rejected with the problem named", "[data]") {
+  const SmallSet s;
+  const auto img = s.imageBytes(), lbl = s.labelBytes();
+
+  SECTION("wrong magic") {
+    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x00000804), lbl),
+               Contains("wrong magic number 0x00000804") && Contains("expected 0x00000803"));
+    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x00000d03), lbl),
+               Contains("wrong magic"));
+    CHECK_THAT(loadError(img, testing::labelFileBytes(s.n, s.labels, 0x00000803)),
+               Contains("wrong magic") && Contains("this is an image file"));
+    CHECK_THAT(loadError(lbl, img), Contains("wrong magic") && Contains("this is a label file"));
+  }
+  SECTION("shorter than the header") {
+    CHECK_THAT(loadError({0, 0, 8, 3, 0, 0}, lbl), Contains("truncated") && Contains("header"));
+    CHECK_THAT(loadError({}, lbl), Contains("truncated"));
+  }
+  SECTION("header announces more than the file holds") {
+    auto cut = img;
+    cut.pop_back();
+    CHECK_THAT(loadError(cut, lbl), Contains("truncated") && Contains("5 images") &&
+                                        Contains("needs 60 bytes") && Contains("only 59 remain"));
+    CHECK_THAT(loadError(img, testing::labelFileBytes(s.n, {0, 1, 2})),
+               Contains("truncated") && Contains("5 labels"));
+  }
+  SECTION("header announces less than the file holds") {
+    auto more = img;
+    more.insert(more.end(), 7, 0);
+    CHECK_THAT(loadError(more, lbl),
+               Contains("7 bytes follow") && Contains("does not match the file size"));
+    CHECK_THAT(loadError(img, testing::labelFileBytes(s.n, {0, 1, 2, 1, 0, 1})),
+               Contains("1 bytes follow"));
+  }
+  SECTION("image and label counts differ") {
+    CHECK_THAT(loadError(img, testing::labelFileBytes(4, {0, 1, 2, 1})),
+               Contains("announces 5 images but") && Contains("announces 4 labels"));
+  }
+  SECTION("empty or zero-sized images") {
+    CHECK_THAT(loadError(testing::imageFileBytes(0, 3, 4, {}), testing::labelFileBytes(0, {})),
+               Contains("0 images"));
+    CHECK_THAT(loadError(testing::imageFileBytes(5, 0, 4, {}), lbl),
+               Contains("images of 0x4 pixels"));
+  }
+  SECTION("hostile dimensions are refused before anything is read") {
+    // rows * cols = (2^32 - 1)^2 and n * rows * cols overflows 64 bits.
+    CHECK_THAT(loadError(testing::imageFileBytes(0xffffffffu, 0xffffffffu, 0xffffffffu, {}), lbl),
+               Contains("more than the limit"));
+    // Each image is plausible, the count is not: 2^32 - 1 images of 28x28.
+    CHECK_THAT(loadError(testing::imageFileBytes(0xffffffffu, 28, 28, {}),
+                         testing::labelFileBytes(0xffffffffu, {})),
+               Contains("4294967295 images of 28x28") && Contains("more than the limit"));
+  }
+  SECTION("a lying header inside a gzip stream") {
+    CHECK_THAT(loadError(testing::imageFileBytes(60000, 28, 28, s.pixels),
+                         testing::labelFileBytes(60000, s.labels), true),
+               Contains("truncated") && Contains("60000 images"));
+  }
+}
+
+TEST_CASE("damaged gzip streams are rejected", "[data]") {
+  const SmallSet s;
+  TempDir dir;
+  const auto gz = testing::gzipBytes(s.imageBytes());
+  testing::writePlain(dir.file("lbl"), s.labelBytes());
+
+  // Cut inside the compressed data and just before the trailer (CRC, size).
+  for (size_t keep : {gz.size() / 2, gz.size() - 4}) {
+    INFO("kept " << keep << " of " << gz.size() << " bytes");
+    testing::writePlain(dir.file("img.gz"),
+                        std::vector<uint8_t>(gz.begin(), gz.begin() + static_cast<long>(keep)));
+    CHECK_THROWS_MATCHING(
+        loadIdx(dir.file("img.gz"), dir.file("lbl")), IoError,
+        Contains(dir.file("img.gz")) && (Contains("truncated") || Contains("gzip")));
+  }
+  // A flipped bit in the deflate data: the stream no longer decodes or fails its CRC.
+  auto bad = gz;
+  bad[gz.size() - 12] ^= 0x10;
+  testing::writePlain(dir.file("img.gz"), bad);
+  CHECK_THROWS_MATCHING(loadIdx(dir.file("img.gz"), dir.file("lbl")), IoError, Contains("gzip"));
+  // The CRC itself corrupted: the data decodes but does not check.
+  bad = gz;
+  bad[gz.size() - 8] ^= 0xff;
+  testing::writePlain(dir.file("img.gz"), bad);
+  CHECK_THROWS_MATCHING(loadIdx(dir.file("img.gz"), dir.file("lbl")), IoError,
+                        Contains("corrupt gzip stream") && Contains("incorrect data check"));
+}
+
+TEST_CASE("missing files say what is missing", "[data]") {
+  TempDir dir;
+  const SmallSet s;
+  testing::writePlain(dir.file("lbl"), s.labelBytes());
+  CHECK_THROWS_MATCHING(loadIdx(dir.file("nope"), dir.file("lbl")), IoError,
+                        Contains(dir.file("nope")) && Contains("no such file"));
+  CHECK_THROWS_MATCHING(loadIdx(dir.path().string(), dir.file("lbl")), IoError,
+                        Contains("is a directory"));
+
+  CHECK_THROWS_MATCHING(loadFashionMnist(dir.file("no-such-folder"), "train"), IoError,
+                        Contains("Fashion-MNIST not found") && Contains("dataset-fashion-mnist") &&
+                            Contains("--data-dir") && Contains("train-images-idx3-ubyte.gz"));
+  CHECK_THROWS_MATCHING(loadFashionMnist(dir.path().string(), "t10k"), IoError,
+                        Contains("t10k-images-idx3-ubyte.gz does not exist"));
+  CHECK_THROWS_AS(loadFashionMnist(dir.path().string(), "validation"), InvalidArgument);
+}
+
+TEST_CASE("Fashion-MNIST files unpacked without .gz are found too", "[data]") {
+  TempDir dir;
+  std::vector<uint8_t> pixels(2 * 28 * 28, 7);
+  testing::writePlain(dir.file("t10k-images-idx3-ubyte"),
+                      testing::imageFileBytes(2, 28, 28, pixels));
+  testing::writeGzip(dir.file("t10k-labels-idx1-ubyte.gz"), testing::labelFileBytes(2, {9, 0}));
+  const Dataset d = loadFashionMnist(dir.path().string(), "t10k");
+  CHECK(d.size() == 2);
+  CHECK(d.num_classes == 10);
+}
+
+TEST_CASE("the installed Fashion-MNIST test split loads", "[data]") {
+  if (!std::filesystem::exists(kDefaultFashionMnistDir)) {
+    WARN("skipped: " << kDefaultFashionMnistDir
+                     << " is absent (Debian package dataset-fashion-mnist)");
+    return;
+  }
+  const Dataset d = loadFashionMnist(kDefaultFashionMnistDir, "t10k");
+  CHECK(d.size() == 10000);
+  CHECK(d.rows == 28);
+  CHECK(d.cols == 28);
+  CHECK(d.num_classes == 10);
+  CHECK(d.images.size() == 10000u * 784u);
+  const auto [lo, hi] = std::minmax_element(d.images.begin(), d.images.end());
+  CHECK(*lo == 0.0f);
+  CHECK(*hi == 1.0f);
+  std::vector<size_t> count(10);
+  for (uint8_t y : d.labels) ++count.at(y);
+  for (size_t c : count) CHECK(c == 1000);  // the test split is balanced
+}

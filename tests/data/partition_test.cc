@@ -1,0 +1,192 @@
+#include "data/partition.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "check_throws.h"
+#include "core/rng.h"
+#include "data/stats.h"
+
+using namespace starling;
+using namespace starling::data;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// n labels of `classes` classes in a seeded random order, every class about equally frequent.
+std::vector<uint8_t> randomLabels(size_t n, uint32_t classes, uint64_t seed) {
+  RngStream r(StreamKey{seed, 0, 0, StreamPurpose::kTest, 0});
+  std::vector<uint8_t> y(n);
+  for (size_t i = 0; i < n; ++i) y[i] = static_cast<uint8_t>(i % classes);
+  for (size_t i = n; i > 1; --i) std::swap(y[i - 1], y[r.below(i)]);
+  return y;
+}
+
+// Every index in [0, n) exactly once over all shards, each shard ascending.
+bool isSortedDisjointCover(const Partition& p, size_t n) {
+  std::vector<int> seen(n, 0);
+  for (const auto& shard : p) {
+    if (!std::is_sorted(shard.begin(), shard.end())) return false;
+    for (size_t i : shard) {
+      if (i >= n || seen[i]++) return false;
+    }
+  }
+  return std::all_of(seen.begin(), seen.end(), [](int s) { return s == 1; });
+}
+
+double meanClassesHeld(const std::vector<uint8_t>& y, uint32_t classes, const Partition& p) {
+  return partitionStats(y, classes, p).meanClassesHeld();
+}
+
+}  // namespace
+
+TEST_CASE("every partitioner yields a disjoint cover, reproducible from its seed", "[data]") {
+  const auto y = randomLabels(1000, 10, 1);
+  for (const char* spec : {"iid", "dirichlet", "dirichlet:alpha=0.1,min_size=5",
+                           "dirichlet:alpha=1,balance=true", "shards", "shards:per_client=3"}) {
+    INFO(spec);
+    const auto part = makePartitioner(spec);
+    for (size_t clients : {1, 7, 20}) {
+      INFO(clients << " clients");
+      const Partition a = part->split(y, 10, clients, 42);
+      REQUIRE(a.size() == clients);
+      CHECK(isSortedDisjointCover(a, y.size()));
+      CHECK(a == part->split(y, 10, clients, 42));
+      if (clients > 1) CHECK(a != part->split(y, 10, clients, 43));
+    }
+  }
+}
+
+TEST_CASE("iid shards differ in size by at most one", "[data]") {
+  const auto y = randomLabels(1003, 10, 2);
+  const auto iid = makePartitioner("iid");
+  for (size_t clients : {1, 10, 17, 1003}) {
+    const Partition p = iid->split(y, 10, clients, 5);
+    const auto [lo, hi] = std::minmax_element(
+        p.begin(), p.end(), [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    CHECK(hi->size() - lo->size() <= 1);
+    CHECK(lo->size() >= 1);
+  }
+  // And each shard looks like the whole: with 100 examples per client, all 10 classes appear.
+  CHECK(meanClassesHeld(y, 10, iid->split(y, 10, 10, 5)) == 10.0);
+}
+
+TEST_CASE("Dirichlet label skew grows as alpha shrinks", "[data]") {
+  const auto y = randomLabels(5000, 10, 3);
+  double skewed = 0, flat = 0;
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    skewed +=
+        meanClassesHeld(y, 10, makePartitioner("dirichlet:alpha=0.05")->split(y, 10, 20, seed));
+    flat += meanClassesHeld(y, 10, makePartitioner("dirichlet:alpha=100")->split(y, 10, 20, seed));
+  }
+  skewed /= 5;
+  flat /= 5;
+  CHECK(skewed < 4.0);  // about 2 classes per client
+  CHECK(flat > 9.9);    // nearly every class everywhere
+
+  // The limit alpha -> 0: each class goes (nearly) whole to one client. Drawn in log space, so
+  // even alpha = 1e-4 gives proportions, not 0/0.
+  const Partition p = makePartitioner("dirichlet:alpha=0.0001")->split(y, 10, 20, 9);
+  REQUIRE(isSortedDisjointCover(p, y.size()));
+  const auto st = partitionStats(y, 10, p);
+  for (uint32_t c = 0; c < 10; ++c) {
+    size_t top = 0;
+    for (const auto& h : st.histograms) top = std::max(top, h[c]);
+    CHECK(top >= 495);  // of 500
+  }
+}
+
+TEST_CASE("Dirichlet min_size redraws until every client has enough, or says it cannot", "[data]") {
+  const auto y = randomLabels(2000, 10, 4);
+  const Partition p = makePartitioner("dirichlet:alpha=0.1,min_size=20")->split(y, 10, 20, 1);
+  CHECK(isSortedDisjointCover(p, y.size()));
+  for (const auto& s : p) CHECK(s.size() >= 20);
+  // Without the option, the same alpha leaves some client short.
+  const Partition q = makePartitioner("dirichlet:alpha=0.1")->split(y, 10, 20, 1);
+  CHECK(std::any_of(q.begin(), q.end(), [](const auto& s) { return s.size() < 20; }));
+
+  // More than there is: refused at once.
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet:min_size=101")->split(y, 10, 20, 1), ConfigError,
+                        Contains("min_size=101") && Contains("2000 examples"));
+  // Possible in principle (exactly 10 each) but hopeless with alpha = 0.01: bounded, then refused.
+  const auto small = randomLabels(100, 10, 5);
+  CHECK_THROWS_MATCHING(
+      makePartitioner("dirichlet:alpha=0.01,min_size=10")->split(small, 10, 10, 1), ConfigError,
+      Contains("no draw in 1000") && Contains("raise alpha"));
+}
+
+TEST_CASE("Dirichlet balance keeps shards from growing past n / clients", "[data]") {
+  const auto y = randomLabels(2000, 10, 6);
+  size_t plain_max = 0, balanced_max = 0;
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    for (const auto& s : makePartitioner("dirichlet:alpha=0.3")->split(y, 10, 10, seed))
+      plain_max = std::max(plain_max, s.size());
+    for (const auto& s :
+         makePartitioner("dirichlet:alpha=0.3,balance=true")->split(y, 10, 10, seed))
+      balanced_max = std::max(balanced_max, s.size());
+  }
+  CHECK(balanced_max < plain_max);
+}
+
+TEST_CASE("shards gives each client at most 2 * per_client classes", "[data]") {
+  // 10 classes of 200: shards of 50 never straddle more than two classes.
+  const auto y = randomLabels(2000, 10, 7);
+  for (uint32_t per_client : {1u, 2u, 3u, 4u}) {  // 3: shards of 66 or 67 that straddle classes
+    INFO("per_client " << per_client);
+    const auto part = makePartitioner("shards:per_client=" + std::to_string(per_client));
+    const Partition p = part->split(y, 10, 10, 3);
+    const auto st = partitionStats(y, 10, p);
+    const size_t shard_lo = 2000 / (10 * per_client),
+                 shard_hi = (2000 + 10 * per_client - 1) / (10 * per_client);
+    for (size_t k = 0; k < p.size(); ++k) {
+      CHECK(st.classes_held[k] <= 2 * per_client);
+      CHECK(p[k].size() >= per_client * shard_lo);  // per_client near-equal shards
+      CHECK(p[k].size() <= per_client * shard_hi);
+    }
+  }
+  // Far more skewed than iid on the same data.
+  CHECK(meanClassesHeld(y, 10, makePartitioner("shards")->split(y, 10, 100, 1)) <= 2.0);
+  CHECK(meanClassesHeld(y, 10, makePartitioner("iid")->split(y, 10, 100, 1)) > 8.0);
+}
+
+TEST_CASE("partitioner arguments and options are checked", "[data]") {
+  const auto y = randomLabels(50, 5, 8);
+  const auto iid = makePartitioner("iid");
+  CHECK_THROWS_MATCHING(iid->split(y, 5, 0, 1), ConfigError, Contains("0 clients"));
+  CHECK_THROWS_MATCHING(iid->split(y, 5, 51, 1), ConfigError,
+                        Contains("51 clients but only 50 examples"));
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet")->split(y, 5, 51, 1), ConfigError,
+                        Contains("51 clients"));
+  CHECK_THROWS_MATCHING(iid->split(y, 4, 5, 1), InvalidArgument,
+                        Contains("not below num_classes 4"));
+  CHECK_THROWS_AS(iid->split(y, 0, 5, 1), InvalidArgument);
+  CHECK_THROWS_MATCHING(makePartitioner("shards:per_client=2")->split(y, 5, 26, 1), ConfigError,
+                        Contains("only 50 examples"));
+
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet:alpha=0"), ConfigError, Contains("alpha=0"));
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet:alpha=-1"), ConfigError, Contains("> 0"));
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet:alpha=nan"), ConfigError, Contains("finite"));
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet:alpha=inf"), ConfigError, Contains("finite"));
+  CHECK_THROWS_MATCHING(makePartitioner("dirichlet:beta=1"), ConfigError,
+                        Contains("unknown option 'beta'"));
+  CHECK_THROWS_MATCHING(makePartitioner("shards:per_client=0"), ConfigError,
+                        Contains("per_client=0"));
+  CHECK_THROWS_MATCHING(makePartitioner("iid:alpha=1"), ConfigError, Contains("unknown option"));
+  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError, Contains("iid, dirichlet, shards"));
+}
+
+TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
+  const auto y = randomLabels(300, 3, 9);
+  for (const char* spec :
+       {"iid", "dirichlet:alpha=0.3", "dirichlet:alpha=0.125,min_size=2,balance=true",
+        "shards:per_client=3"}) {
+    const auto a = makePartitioner(spec);
+    const auto b = makePartitioner(a->spec());
+    CHECK(b->spec() == a->spec());
+    CHECK(a->split(y, 3, 5, 1) == b->split(y, 3, 5, 1));
+  }
+  CHECK(makePartitioner("dirichlet:alpha=0.3")->spec() ==
+        "dirichlet:alpha=0.3,min_size=0,balance=false");
+  CHECK(partitioners().names() == "iid, dirichlet, shards");
+}
