@@ -3,6 +3,7 @@
 #include "aggregation/partial.h"
 #include "bench/bench_common.h"
 #include "compression/topk_select.h"
+#include "protocol/codec.h"
 
 namespace starling::bench {
 namespace cz = starling::compression;
@@ -19,13 +20,22 @@ ParamLayout flat(size_t n) {
   return l;
 }
 
+std::shared_ptr<const ag::AggregateLayout> aggLayout(const ParamLayout& l) {
+  return std::make_shared<const ag::AggregateLayout>(std::make_shared<const ParamLayout>(l), 1, 0, nullptr,
+                                                     std::vector<std::string>{});
+}
+
+cz::Update header(const ParamLayout& l, size_t i) {
+  cz::Update u;
+  u.header = {l.fingerprint(), 1, 0, i, 1};
+  return u;
+}
+
 std::vector<cz::Update> denseUpdates(const ParamLayout& l) {
   std::vector<cz::Update> out;
   const auto& x = input(l.numel() * kDistinct);
   for (size_t i = 0; i < kDistinct; ++i) {
-    cz::Update u;
-    u.layout_fingerprint = l.fingerprint();
-    u.num_examples = 1;
+    cz::Update u = header(l, i);
     u.tensors = {cz::DenseF32{std::vector<float>(x.begin() + i * l.numel(), x.begin() + (i + 1) * l.numel())}};
     out.push_back(std::move(u));
   }
@@ -43,20 +53,23 @@ std::vector<cz::Update> sparseUpdates(const ParamLayout& l, size_t nnz) {
     for (auto& idx : s.indices) idx = static_cast<uint32_t>((idx + i * 7919) % l.numel());
     std::sort(s.indices.begin(), s.indices.end());
     s.values.assign(s.indices.size(), 0.5f);
-    cz::Update u;
-    u.layout_fingerprint = l.fingerprint();
-    u.num_examples = 1;
+    cz::Update u = header(l, i);
     u.tensors = {std::move(s)};
     out.push_back(std::move(u));
   }
   return out;
 }
 
+std::vector<cz::Update> topk1pct(const ParamLayout& l) { return sparseUpdates(l, l.numel() / 100); }
+
+// Accumulation alone: views of owned updates, already validated.
 void registerAccumulate(const std::string& name, ParamLayout layout, std::vector<cz::Update> (*make)(const ParamLayout&),
                         bool validate) {
   benchmark::RegisterBenchmark(name.c_str(), [layout, make, validate](benchmark::State& st) {
     const auto updates = make(layout);
-    ag::PartialAggregate agg(layout);
+    std::vector<cz::UpdateView> views;
+    for (const auto& u : updates) views.push_back(cz::view(u));
+    ag::PartialAggregate agg(aggLayout(layout));
     size_t payload = 0;
     for (const auto& u : updates) payload += cz::payloadDataBytes(u.tensors[0]);
     for (auto _ : st) {
@@ -64,12 +77,62 @@ void registerAccumulate(const std::string& name, ParamLayout layout, std::vector
       agg.reset();
       st.ResumeTiming();
       for (size_t c = 0; c < kClients; ++c) {
-        if (validate) agg.add(updates[c % kDistinct], 1.0);
-        else agg.addValidated(updates[c % kDistinct], 1.0);
+        const auto& v = views[c % kDistinct];
+        if (validate) cz::validateUpdate(layout, v);
+        agg.addValidated(v, 1.0);
       }
-      benchmark::DoNotOptimize(agg.denseSum().data());
+      benchmark::DoNotOptimize(agg.buffer().data());
     }
     st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(kClients * payload / kDistinct));
+  });
+}
+
+// What a server does with 1,000 received messages, from bytes to the aggregate:
+//   copy:      decode into owned vectors (a copy of every payload), validate, accumulate
+//   zerocopy:  decode into views over the bytes, validate (one read), accumulate (one read)
+//   memcpy:    the reference, a memcpy of the same bytes
+enum class Path { kCopy, kZeroCopy, kMemcpy };
+
+void registerIngest(const std::string& name, ParamLayout layout, std::vector<cz::Update> (*make)(const ParamLayout&),
+                    Path path) {
+  benchmark::RegisterBenchmark(name.c_str(), [layout, make, path](benchmark::State& st) {
+    std::vector<std::vector<uint8_t>> wire;
+    for (const auto& u : make(layout)) wire.push_back(protocol::encodeUpdate(u));
+    size_t bytes = 0;
+    for (const auto& w : wire) bytes = std::max(bytes, w.size());
+    std::vector<uint8_t> dst(bytes);
+    protocol::Decoder dec(layout);
+    ag::PartialAggregate agg(aggLayout(layout));
+    for (auto _ : st) {
+      st.PauseTiming();
+      agg.reset();
+      st.ResumeTiming();
+      for (size_t c = 0; c < kClients; ++c) {
+        const auto& w = wire[c % kDistinct];
+        switch (path) {
+          case Path::kCopy: {
+            const cz::Update u = protocol::decodeUpdate(w, layout);
+            agg.addValidated(cz::view(u), 1.0);
+            break;
+          }
+          case Path::kZeroCopy: {
+            const cz::UpdateView& v = dec.decodeUpdate(w);
+            cz::validateUpdate(layout, v);
+            agg.addValidated(v, 1.0);
+            break;
+          }
+          case Path::kMemcpy:
+            std::memcpy(dst.data(), w.data(), w.size());
+            benchmark::ClobberMemory();
+            break;
+        }
+      }
+      benchmark::DoNotOptimize(agg.buffer().data());
+      benchmark::DoNotOptimize(dst.data());
+    }
+    size_t total = 0;
+    for (size_t c = 0; c < kClients; ++c) total += wire[c % kDistinct].size();
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(total));
   });
 }
 
@@ -98,6 +161,13 @@ void registerAggregationBenchmarks() {
   registerAccumulate("accumulate/sparse_nnz10000/1000x1M", m1, +sparse10k, false);
   registerAccumulate("accumulate/sparse_nnz10000/1000x25M", flat(25000000), +sparse10k, false);
   registerAccumulate("accumulate/sparse_nnz100000/1000x25M", flat(25000000), +sparse100k, false);
+
+  for (auto [kind, make] : {std::pair{"dense", &denseUpdates}, std::pair{"topk1pct", &topk1pct}}) {
+    const std::string suffix = std::string(kind) + "/1000x1M";
+    registerIngest("ingest/copy/" + suffix, m1, make, Path::kCopy);
+    registerIngest("ingest/zerocopy/" + suffix, m1, make, Path::kZeroCopy);
+    registerIngest("ingest/memcpy/" + suffix, m1, make, Path::kMemcpy);
+  }
 }
 
 }  // namespace starling::bench

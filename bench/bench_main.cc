@@ -91,6 +91,13 @@ int main(int argc, char** argv) {
   ratios.push_back({"accumulate_dense_speed_vs_memcpy/1000x1M", "memcpy_ref/1000x1M", "accumulate/dense/1000x1M", ">= 0.5"});
   ratios.push_back({"accumulate_sparse_nnz100k_vs_nnz10k/1000x25M", "accumulate/sparse_nnz100000/1000x25M",
                     "accumulate/sparse_nnz10000/1000x25M", "~= 10 (cost follows non-zeros)"});
+  for (const char* kind : {"dense", "topk1pct"}) {
+    const std::string k = kind;
+    ratios.push_back({"ingest_zerocopy_speedup_vs_copy/" + k + "/1000x1M", "ingest/copy/" + k + "/1000x1M",
+                      "ingest/zerocopy/" + k + "/1000x1M", "> 1 (the zero-copy path beats the copying one)"});
+    ratios.push_back({"ingest_zerocopy_speed_vs_memcpy/" + k + "/1000x1M", "ingest/memcpy/" + k + "/1000x1M",
+                      "ingest/zerocopy/" + k + "/1000x1M", "no target: decode + validate + accumulate vs one memcpy"});
+  }
   ratios.push_back({"accumulate_sparse_25M_vs_1M_model/nnz10000", "accumulate/sparse_nnz10000/1000x25M",
                     "accumulate/sparse_nnz10000/1000x1M", "no target: same work, cache misses in the larger model"});
 

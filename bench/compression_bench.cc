@@ -52,17 +52,19 @@ ParamLayout matrixLayout(size_t n) {
   return l;
 }
 
+// Compression through the client's entry point (in place, error feedback, a reused workspace).
 void registerCompress(const std::string& name, const std::string& spec, const ParamLayout& layout) {
   benchmark::RegisterBenchmark(name.c_str(), [spec, layout](benchmark::State& st) {
     auto c = cz::makeCompressor(spec);
     const auto& x = input(layout.numel());
-    cz::ClientState state = c->initialState(layout);
-    cz::SharedFactors shared;
-    if (spec.rfind("acpsgd", 0) == 0) shared = cz::initialSharedFactors(layout, cz::LowRankOptions{}, 1);
+    ClientState state(layout.fingerprint());
+    cz::Workspace ws;
+    const cz::SharedFactors shared = c->initialShared(layout, 1);
     uint64_t round = 0;
     size_t bytes = 0;
     for (auto _ : st) {
-      auto p = c->compress(layout, x, state, cz::RoundContext{1, round++, 1, &shared});
+      auto p = c->compressWithFeedback(layout, x, state, cz::RoundContext{1, round++, 0, 1, shared.any() ? &shared : nullptr},
+                                       &ws);
       bytes = 0;
       for (const auto& q : p) bytes += cz::payloadDataBytes(q);
       benchmark::DoNotOptimize(p.data());
@@ -97,14 +99,17 @@ void registerCompressionBenchmarks() {
       registerCompress("randblock_select/" + suffix, std::string("randblock:ef=false,density=") + d, layout);
       registerCompress("compress/topk_global/" + suffix, std::string("topk:scope=global,density=") + d, layout);
     }
-    for (const char* c : {"none", "fp16", "bf16", "sign", "qsgd", "powersgd", "acpsgd"})
+    for (const char* c : {"none", "fp16", "bf16", "sign", "qsgd", "acpsgd"})
       registerCompress(std::string("compress/") + c + "/" + sizeName(n), c, layout);
+    // PowerSGD's client-local form: both factors from one client (the two-phase form splits the
+    // same two products over the round's two phases).
+    registerCompress("compress/powersgd/" + sizeName(n), "powersgd:mode=local", layout);
   }
 
   // PowerSGD rank 4 on 4096 x 6144 against its two matrix products (Eigen, same shapes).
   ParamLayout big;
   big.add("w", {4096, 6144});
-  registerCompress("compress/powersgd/4096x6144/rank:4", "powersgd:rank=4", big);
+  registerCompress("compress/powersgd/4096x6144/rank:4", "powersgd:rank=4,mode=local", big);
   benchmark::RegisterBenchmark("two_matmuls/4096x6144/rank:4", [](benchmark::State& st) {
     using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     const auto& x = input(size_t{4096} * 6144);

@@ -1,6 +1,10 @@
 #include "compression/compressor.h"
 
 #include <cmath>
+#include <cstdint>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/finite.h"
@@ -15,6 +19,24 @@ void checkUpdate(const Compressor& c, const ParamLayout& layout, std::span<const
     for (size_t i = 0; i < update.size(); ++i)
       STARLING_CHECK_ARG(std::isfinite(update[i]), c.name(), ": update value ", i, " is not finite (", update[i], ")");
   }
+}
+
+// a = r + u. A model far larger than the caches is written with non-temporal stores: the
+// workspace is a second buffer (what keeps the strong guarantee), and ordinary stores would first
+// read each of its cache lines from memory (write-allocate), a third more traffic than forming
+// the sum in place.
+void addInto(float* a, const float* r, const float* u, size_t n) {
+  size_t i = 0;
+#if defined(__AVX__)
+  constexpr size_t kStreamBytes = size_t{16} << 20;
+  if (n * sizeof(float) >= kStreamBytes) {
+    for (; i < n && reinterpret_cast<uintptr_t>(a + i) % 32 != 0; ++i) a[i] = r[i] + u[i];
+    for (; i + 8 <= n; i += 8)
+      _mm256_stream_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(u + i)));
+    _mm_sfence();
+  }
+#endif
+  for (; i < n; ++i) a[i] = r[i] + u[i];
 }
 
 }  // namespace
@@ -95,7 +117,7 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
     std::copy(kept->values.begin(), kept->values.end(), a);
   } else if (kept && usesErrorFeedback()) {
     const float* r = kept->values.data();
-    for (size_t i = 0; i < n; ++i) a[i] = r[i] + update[i];
+    addInto(a, r, update.data(), n);
   } else {
     std::copy(update.begin(), update.end(), a);
   }
