@@ -17,6 +17,8 @@ void ValidationBounds::validate() const {
   positive("max_metric_abs", max_metric_abs);
   if (max_examples == 0) STARLING_THROW(ConfigError, "validation bounds: max_examples must be >= 1");
   if (max_partial_count == 0) STARLING_THROW(ConfigError, "validation bounds: max_partial_count must be >= 1");
+  if (!(std::isfinite(max_partial_slack) && max_partial_slack >= 1 && max_partial_slack <= 1e6))
+    STARLING_THROW(ConfigError, "validation bounds: max_partial_slack must be in [1, 1e6], got ", max_partial_slack);
   // Each weighted term is at most max_examples * max_abs_value; float sums of ~1e8 of them must
   // stay below FLT_MAX (3.4e38).
   const double term = static_cast<double>(max_examples) * max_abs_value;

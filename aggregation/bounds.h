@@ -8,6 +8,12 @@
 // max_update_norm, and it claims 1..max_examples examples (and no more than the server knows of
 // that client, ClientLimits). Since weight * value <= max_examples * max_abs_value <= 1e30 (checked
 // at configuration), a float sum of 10^8 such terms stays finite.
+//
+// What the bounds guarantee is a finite aggregate and a cap on each client's pull: a client of
+// weight w_i moves the mean by at most (w_i / W) * max_update_norm. Whether that is "dominating"
+// depends on the honest updates' scale, which the bounds do not know: to keep one client from
+// outweighing the others, set max_update_norm near the honest scale or clip (rule option clip=),
+// and pass what the server knows of each client's data (ClientLimits).
 #include <cstdint>
 #include <string>
 
@@ -19,6 +25,10 @@ struct ValidationBounds {
   uint64_t max_examples = 10'000'000;  // the weight cap: examples one client may claim
   double max_metric_abs = 1e9;    // largest |metric value|
   uint64_t max_partial_count = 100'000'000;  // updates one partial aggregate may claim to hold
+  // A re-sparsified partial (exportSparse with the edge's own residual) may carry mass its edge
+  // dropped in earlier rounds: its values and norm may exceed total weight x bound by this factor.
+  // Dense partials and factor sums get no slack.
+  double max_partial_slack = 8.0;
   // ConfigError naming the field on a non-finite, non-positive or overflow-prone value.
   void validate() const;
   std::string describe() const;

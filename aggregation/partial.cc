@@ -38,7 +38,7 @@ AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint6
     for (size_t j = 0; j < i; ++j)
       STARLING_CHECK_ARG(metric_names_[i] != metric_names_[j], "aggregate layout: metric '", metric_names_[i],
                          "' declared twice");
-  size_t off = m.numel();
+  size_t off = 2 + 2 * metric_names_.size();  // weight, count, metric slots
   factor_offset_.assign(m.size(), 0);
   factor_size_.assign(m.size(), 0);
   for (size_t t = 0; t < m.size(); ++t) {
@@ -56,8 +56,8 @@ AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint6
     factor_size_[t] = other_dim * (f.size() / fixed_dim);
     off += factor_size_[t];
   }
-  metric_offset_ = off;
-  size_ = off + 2 * metric_names_.size() + 2;
+  dense_offset_ = off;
+  size_ = off + m.numel();
   shared_tag_ = cz::sharedFactorsTag(*shared_);
   uint64_t h = 0xcbf29ce484222325ull;
   h = mix(h, m.fingerprint());
@@ -126,7 +126,7 @@ void PartialAggregate::addValidated(const UpdateView& u, double weight, double s
 void PartialAggregate::addTensors(std::span<const PayloadView> tensors, float w) {
   const AggregateLayout& L = *layout_;
   const ParamLayout& m = L.model();
-  std::span<float> sum(buf_.data(), m.numel());
+  std::span<float> sum(buf_.data() + L.denseOffset(), m.numel());
   for (size_t t = 0; t < m.size(); ++t) {
     if (L.hasFactorSlot(t)) {  // a one-factor payload, checked by the caller: add in factor space
       const auto& lr = std::get<cz::LowRankView>(tensors[t]);
@@ -178,7 +178,7 @@ void PartialAggregate::meanInto(std::span<float> out, bool with_factors, bool ad
   STARLING_CHECK_ARG(count() > 0 && totalWeight() > 0, "aggregation: the phase has no updates to average");
   STARLING_CHECK_ARG(out.size() == m.numel(), "aggregation: output has ", out.size(), " floats, expected ", m.numel());
   const auto inv = static_cast<float>(1.0 / totalWeight());
-  const float* s = buf_.data();
+  const float* s = buf_.data() + L.denseOffset();
   if (add)
     for (size_t i = 0; i < out.size(); ++i) out[i] += s[i] * inv;
   else

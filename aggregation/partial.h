@@ -3,8 +3,11 @@
 // kept in ONE contiguous float buffer so that a collective (Gloo, NCCL) can all-reduce or
 // reduce-scatter it in place, with no pack or unpack:
 //
-//   [ dense sum (numel) | factor sums (per tensor with a shared factor) | metric slots
-//     (weighted sum, weight) per declared metric | total weight | count ]
+//   [ total weight | count | metric slots (weighted sum, weight) per declared metric |
+//     factor sums (per tensor with a shared factor) | dense sum (numel) ]
+//
+// The small head (everything before the dense sum) comes first, so a collective can all-reduce
+// the head and reduce-scatter the dense sum in shards (the simulator's sharded server step).
 //
 //   sum = sum_i w_i * update_i,   W = sum_i w_i,   n = count,   metric: sum_i w_i m_i and sum_i w_i
 //
@@ -63,15 +66,18 @@ class AggregateLayout {
 
   size_t size() const { return size_; }  // floats in the buffer
   size_t numel() const { return model_->numel(); }
+  // The head (weight, count, metric slots, factor sums) is [0, denseOffset()); the dense sum is
+  // [denseOffset(), size()).
+  size_t denseOffset() const { return dense_offset_; }
   // Factor-sum slot of tensor t: empty (size 0) if the tensor has no shared factor this phase.
   size_t factorOffset(size_t t) const { return factor_offset_[t]; }
   size_t factorSize(size_t t) const { return factor_size_[t]; }
   bool hasFactorSlot(size_t t) const { return factor_size_[t] != 0; }
   const std::vector<std::string>& metricNames() const { return metric_names_; }
   std::optional<size_t> metricIndex(std::string_view name) const;
-  size_t metricOffset(size_t i) const { return metric_offset_ + 2 * i; }
-  size_t weightOffset() const { return size_ - 2; }
-  size_t countOffset() const { return size_ - 1; }
+  size_t metricOffset(size_t i) const { return 2 + 2 * i; }
+  size_t weightOffset() const { return 0; }
+  size_t countOffset() const { return 1; }
 
  private:
   std::shared_ptr<const ParamLayout> model_;
@@ -82,7 +88,7 @@ class AggregateLayout {
   uint64_t tag_ = 0;
   std::vector<size_t> factor_offset_, factor_size_;
   std::vector<std::string> metric_names_;
-  size_t metric_offset_ = 0;
+  size_t dense_offset_ = 0;
   size_t size_ = 0;
 };
 
@@ -100,7 +106,9 @@ class PartialAggregate {
   double totalWeight() const { return buf_[layout_->weightOffset()]; }
   uint64_t count() const { return static_cast<uint64_t>(buf_[layout_->countOffset()]); }
   bool empty() const { return count() == 0; }
-  std::span<const float> denseSum() const { return std::span<const float>(buf_).first(layout_->numel()); }
+  std::span<const float> denseSum() const {
+    return std::span<const float>(buf_).subspan(layout_->denseOffset(), layout_->numel());
+  }
   std::span<const float> factorSum(size_t t) const {
     return std::span<const float>(buf_).subspan(layout_->factorOffset(t), layout_->factorSize(t));
   }

@@ -73,6 +73,19 @@ struct PhaseAggregator::RobustStore {
 
 // ---------------------------------------------------------------- phase aggregator
 
+namespace {
+
+// An update or partial for an earlier round or phase is late (or replayed); one for a round or
+// phase that has not started is wrong. Servers count them apart.
+void checkRoundAndPhase(uint64_t round, uint32_t phase, const PhaseBroadcast& b, const char* what, uint64_t who) {
+  if (round == b.round && phase == b.phase) return;
+  const bool late = round < b.round || (round == b.round && phase < b.phase);
+  failInput(late ? Errc::kLate : Errc::kWrongRound, what, " ", who, " is for round ", round, " phase ", phase,
+            "; this is round ", b.round, " phase ", b.phase);
+}
+
+}  // namespace
+
 PhaseAggregator::PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, RobustStore* robust,
                                  const std::unordered_set<uint64_t>* allowed)
     : scheme_(scheme),
@@ -101,9 +114,7 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
   const ParamLayout& layout = scheme_.layout();
   const ValidationBounds& bounds = scheme_.opt_.bounds;
   const auto& h = u.header;
-  if (h.round != broadcast_.round || h.phase != broadcast_.phase)
-    failInput(Errc::kWrongRound, "update from client ", h.client_id, " is for round ", h.round, " phase ", h.phase,
-              "; this is round ", broadcast_.round, " phase ", broadcast_.phase);
+  checkRoundAndPhase(h.round, h.phase, broadcast_, "update from client", h.client_id);
   cz::checkUpdateHeader(layout, h, u.tensors.size());
   if (seen_.count(h.client_id))
     failInput(Errc::kDuplicate, "client ", h.client_id, " already sent its update for round ", h.round, " phase ",
@@ -124,9 +135,11 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
 
   // What the compressor sends, then every payload, then the bounds.
   const cz::SharedFactors* shared = broadcast_.shared.get();
+  cz::RoundContext ctx = ctx_;
+  ctx.client_id = h.client_id;
   double sq_norm = 0.0;
   for (size_t t = 0; t < layout.size(); ++t) {
-    scheme_.compressor_->checkReceived(layout, t, u.tensors[t], ctx_);
+    scheme_.compressor_->checkReceived(layout, t, u.tensors[t], ctx);
     const cz::PayloadStats s = cz::validatePayload(u.tensors[t], layout[t], shared, t);
     if (s.max_abs > bounds.max_abs_value)
       failInput(Errc::kValueTooLarge, "client ", h.client_id, ": tensor ", t, " '", layout[t].name,
@@ -191,9 +204,7 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
   const auto& h = p.header;
   if (h.layout_fingerprint != layout.fingerprint())
     failInput(Errc::kFingerprintMismatch, "partial from ", source, " is for another model");
-  if (h.round != broadcast_.round || h.phase != broadcast_.phase)
-    failInput(Errc::kWrongRound, "partial from ", source, " is for round ", h.round, " phase ", h.phase, "; this is round ",
-              broadcast_.round, " phase ", broadcast_.phase);
+  checkRoundAndPhase(h.round, h.phase, broadcast_, "partial from", source);
   if (h.shared_tag != L.sharedTag())
     failInput(Errc::kRoundMismatch, "partial from ", source, " was made with other shared factors");
   if (p.tensors.size() != layout.size())
@@ -210,9 +221,16 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
   if (!(std::isfinite(h.total_weight) && h.total_weight >= min_weight && h.total_weight <= max_weight))
     failInput(Errc::kBadWeight, "partial from ", source, " claims total weight ", h.total_weight, " for ", h.count,
               " updates (between ", min_weight, " and ", max_weight, ")");
-  // Each summed value is at most (count * cap) * max_abs_value in magnitude (a re-sparsified
-  // export may carry dropped mass from earlier rounds, so the bound is not tighter).
-  const double value_bound = max_weight * bounds.max_abs_value;
+  // A sum of updates each within the bounds is within W times them: |sum_i w_i v_i| <= W * bound
+  // and ||sum_i w_i u_i|| <= W * norm bound (for factor sums through the same Cauchy-Schwarz bound
+  // as single updates). A re-sparsified export may add mass its edge dropped in earlier rounds:
+  // sparse partials get max_partial_slack.
+  bool sparse = false;
+  for (const auto& v : p.tensors) sparse |= std::holds_alternative<cz::SparseView>(v);
+  const double slack = (sparse ? bounds.max_partial_slack : 1.0) * (1 + 1e-5);
+  const double value_bound = h.total_weight * bounds.max_abs_value * slack;
+  const double norm_bound = h.total_weight * bounds.max_update_norm * slack;
+  double sq_norm = 0.0;
   const cz::SharedFactors* shared = &L.shared();
   for (size_t t = 0; t < layout.size(); ++t) {
     const auto& v = p.tensors[t];
@@ -229,8 +247,12 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
       failInput(Errc::kShapeMismatch, "partial from ", source, ": factor sum of tensor ", t, " has the wrong size");
     if (s.max_abs > value_bound)
       failInput(Errc::kValueTooLarge, "partial from ", source, ": tensor ", t, " has a magnitude up to ", s.max_abs,
-                ", more than ", h.count, " updates can sum to (", value_bound, ")");
+                ", more than updates of total weight ", h.total_weight, " can sum to (", value_bound, ")");
+    sq_norm += s.sq_norm;
   }
+  if (!(std::sqrt(sq_norm) <= norm_bound))
+    failInput(Errc::kNormTooLarge, "partial from ", source, ": norm ", std::sqrt(sq_norm),
+              ", more than updates of total weight ", h.total_weight, " can sum to (", norm_bound, ")");
   for (const auto& m : p.metrics)
     if (!(m.weight >= 0 && m.weight <= h.total_weight * (1 + 1e-6) &&
           std::fabs(m.weighted_sum) <= m.weight * bounds.max_metric_abs * (1 + 1e-6)))
@@ -271,14 +293,39 @@ std::shared_ptr<const AggregateLayout> RoundScheme::aggregateLayout(const PhaseB
   return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, opt_.metrics);
 }
 
-std::unique_ptr<PhaseAggregator> RoundScheme::phaseAggregator(const PhaseBroadcast& b) const {
+std::unique_ptr<PhaseAggregator> RoundScheme::phaseAggregator(const PhaseBroadcast& b,
+                                                              const PhaseAggregator* previous) const {
   STARLING_CHECK_ARG(rule_->streaming(), "aggregation rule ", rule_->name(),
                      " needs every update at the root: it cannot run at an edge aggregator or simulator worker");
   STARLING_CHECK_ARG(b.phase < phases(), "round scheme: phase ", b.phase, " does not exist (", phases(), " per round)");
-  return std::unique_ptr<PhaseAggregator>(new PhaseAggregator(*this, b, nullptr, nullptr));
+  STARLING_CHECK_ARG(!previous || (previous->broadcast().round == b.round && previous->broadcast().phase + 1 == b.phase),
+                     "round scheme: the previous aggregator is not of the phase before round ", b.round, " phase ",
+                     b.phase);
+  return std::unique_ptr<PhaseAggregator>(
+      new PhaseAggregator(*this, b, nullptr, previous ? &previous->clients() : nullptr));
+}
+
+void RoundScheme::checkCarry(const RoundCarry& carry) const {
+  const cz::SharedFactors want = compressor_->initialShared(*layout_, opt_.run_seed);
+  const auto& got = carry.shared;
+  const bool none = !got.any();
+  STARLING_CHECK_ARG(none == !want.any(), "round carry: ", none ? "no shared factors, but " : "shared factors, but ",
+                     compressor_->spec(), none ? " shares factors" : " shares none");
+  if (none) return;
+  STARLING_CHECK_ARG(got.factors.size() == layout_->size(), "round carry: factors for ", got.factors.size(),
+                     " tensors, the model has ", layout_->size());
+  for (size_t t = 0; t < layout_->size(); ++t) {
+    const TensorSpec& spec = (*layout_)[t];
+    const size_t rank = want.factors[t].empty() ? 0 : want.factors[t].size() / spec.cols();  // initial side is Q
+    const size_t dim = got.fixed == cz::SharedFactors::Side::kQ ? spec.cols() : spec.rows();
+    STARLING_CHECK_ARG(got.factors[t].size() == rank * dim, "round carry: the factor of tensor '", spec.name, "' has ",
+                       got.factors[t].size(), " floats, ", compressor_->spec(), " shares ", rank * dim);
+    STARLING_CHECK_ARG(allFinite(got.factors[t]), "round carry: the factor of tensor '", spec.name, "' is not finite");
+  }
 }
 
 std::unique_ptr<Round> RoundScheme::begin(uint64_t round, const RoundCarry& carry) const {
+  checkCarry(carry);
   return std::unique_ptr<Round>(new Round(*this, round, carry));
 }
 
@@ -357,7 +404,6 @@ RoundResult Round::finish() {
   const auto sums = last.partial().factorSums();
   res.next.shared = comp.nextShared(layout, last.broadcast().context(0), last.partial().layout().shared(), sums,
                                     res.total_weight);
-  if (res.next.shared.factors.empty()) res.next.shared.factors.resize(layout.size());
   STARLING_ENFORCE(allFinite(res.delta), "round ", number_, ": the aggregate is not finite despite the bounds");
   return res;
 }

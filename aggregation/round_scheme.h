@@ -89,7 +89,7 @@ class Round;
 
 // One phase of one round at one aggregation point (root, edge aggregator, simulator worker).
 // Validates and adds client updates, merges children's partials, and keeps per-error-code
-// rejection counts. Not thread-safe.
+// rejection counts. It refers to its RoundScheme, which must outlive it. Not thread-safe.
 class PhaseAggregator {
  public:
   const PhaseBroadcast& broadcast() const { return broadcast_; }
@@ -109,9 +109,11 @@ class PhaseAggregator {
   // Merges an in-process partial of the same phase (a simulator worker's): trusted.
   void merge(const PartialAggregate& p);
 
-  uint64_t accepted() const { return accepted_; }
+  uint64_t accepted() const { return accepted_; }  // updates and partials
   uint64_t rejected() const { return rejected_; }
   uint64_t rejected(Errc code) const { return by_code_[static_cast<size_t>(code)]; }
+  // The updates a phase aggregated: count and weight of its partial (merged partials included).
+  uint64_t count() const { return partial_.count(); }
   bool hasClient(uint64_t client_id) const { return seen_.count(client_id) != 0; }
   const std::unordered_set<uint64_t>& clients() const { return seen_; }
 
@@ -133,7 +135,7 @@ class PhaseAggregator {
   const std::unordered_set<uint64_t>* allowed_;
   std::unordered_set<uint64_t> seen_, sources_;
   uint64_t accepted_ = 0, rejected_ = 0;
-  std::array<uint64_t, 64> by_code_{};
+  std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> by_code_{};
 };
 
 class RoundScheme {
@@ -152,9 +154,16 @@ class RoundScheme {
   RoundCarry initialCarry() const;
   // The root's (or a flat driver's) round `round`, starting at phase 0 with `carry`'s factors.
   std::unique_ptr<Round> begin(uint64_t round, const RoundCarry& carry) const;
-  // An aggregation point below the root for the phase `b` announces (edge aggregator, simulator
-  // worker). Throws InvalidArgument for a robust rule (it cannot be decomposed).
-  std::unique_ptr<PhaseAggregator> phaseAggregator(const PhaseBroadcast& b) const;
+  // An aggregation point below the root for the phase `b` announces (an edge aggregator). With
+  // `previous` (this point's aggregator of the phase before), only the clients it accepted may
+  // send this phase. Throws InvalidArgument for a robust rule (it cannot be decomposed).
+  // A simulator worker rather keeps a Round of its own on every rank (see Round).
+  std::unique_ptr<PhaseAggregator> phaseAggregator(const PhaseBroadcast& b,
+                                                   const PhaseAggregator* previous = nullptr) const;
+  // Throws InvalidArgument unless `carry`'s shared factors are what this scheme's compressor
+  // shares in a first phase (a factor of the right rank and side per compressed tensor, finite).
+  // begin() checks it; a driver loading a checkpoint can check it first.
+  void checkCarry(const RoundCarry& carry) const;
   // The aggregate layout of a phase, as every party builds it from the broadcast.
   std::shared_ptr<const AggregateLayout> aggregateLayout(const PhaseBroadcast& b) const;
 
@@ -166,7 +175,16 @@ class RoundScheme {
   std::unique_ptr<AggregationRule> rule_;
 };
 
-// The root's view of one round: its phases in order, then the result.
+// The root's view of one round: its phases in order, then the result. It refers to its
+// RoundScheme, which must outlive it. A round is not checkpointed mid-way: a restarted root
+// reruns it from the carry it began with (a PowerSGD client left between its phases starts the
+// rerun with its kept matrix as residual, docs/compression.md).
+//
+// A simulator runs one Round per rank, identically: every rank begins the round with the same
+// carry, adds its own clients to current(), all-reduces current().partial().buffer() in place
+// (after which every rank holds the whole phase's aggregate), then calls nextPhase() / finish(),
+// which are pure functions of that buffer and the scheme, so every rank derives the same next
+// broadcast and result. (A client must stay on one rank for all phases of a round.)
 class Round {
  public:
   ~Round();
@@ -176,13 +194,17 @@ class Round {
   const PhaseBroadcast& broadcast() const { return current().broadcast(); }
   PhaseAggregator& current() { return *phases_.back(); }
   const PhaseAggregator& current() const { return *phases_.back(); }
+  // Every phase so far, for logs and metrics (accepted clients, per-code rejections).
+  size_t phasesStarted() const { return phases_.size(); }
+  const PhaseAggregator& phaseAt(size_t p) const { return *phases_.at(p); }
 
   // Ends the current phase, which must not be the last, and starts the next with the shared
   // factors the compressor derives from this phase's sums. Only clients of this phase may send
   // in the next. Throws InvalidArgument if no update arrived.
   void nextPhase();
-  // After the last phase: the mean delta and the next round's carry. Throws InvalidArgument if a
-  // phase had no update, or the robust rule's precondition fails; the round can then be dropped.
+  // After the last phase: the mean delta and the next round's carry. Call it once. Throws
+  // InvalidArgument if a phase had no update, or the robust rule's precondition fails; the round
+  // is then dropped (the driver keeps the carry it began with).
   RoundResult finish();
 
  private:

@@ -2,41 +2,69 @@
 
 #include <cmath>
 #include <cstdint>
-#if defined(__AVX__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/half.h"
 
 namespace starling::compression {
 namespace {
 
+const uint32_t kMaxInputBits = floatBits(kMaxCompressMagnitude);
+
+uint32_t absBits(float x) { return floatBits(x) & 0x7fffffffu; }
+
+// Throws naming the first value of `v` above kMaxCompressMagnitude or not finite.
+[[noreturn]] void tooLarge(const Compressor& c, std::span<const float> v, const char* what) {
+  for (size_t i = 0; i < v.size(); ++i)
+    STARLING_CHECK_ARG(absBits(v[i]) <= kMaxInputBits, c.name(), ": ", what, " value ", i, " (", v[i],
+                       ") is not finite or exceeds ", kMaxCompressMagnitude, what[0] == 'r' ? " (diverged?)" : "");
+  STARLING_THROW(InternalError, c.name(), ": a value over the bound was not found again");
+}
+
 void checkUpdate(const Compressor& c, const ParamLayout& layout, std::span<const float> update) {
   STARLING_CHECK_ARG(update.size() == layout.numel(), c.name(), ": update has ", update.size(),
                      " floats, the layout needs ", layout.numel());
-  if (!allFinite(update)) {
-    for (size_t i = 0; i < update.size(); ++i)
-      STARLING_CHECK_ARG(std::isfinite(update[i]), c.name(), ": update value ", i, " is not finite (", update[i], ")");
-  }
+  uint32_t worst = 0;
+  for (float x : update) worst = std::max(worst, absBits(x));  // vectorises: an integer max
+  if (worst > kMaxInputBits) tooLarge(c, update, "update");
 }
 
-// a = r + u. A model far larger than the caches is written with non-temporal stores: the
-// workspace is a second buffer (what keeps the strong guarantee), and ordinary stores would first
-// read each of its cache lines from memory (write-allocate), a third more traffic than forming
-// the sum in place.
-void addInto(float* a, const float* r, const float* u, size_t n) {
+// a = r + u; returns the largest |a| as bits (NaN and inf compare above every finite value). A
+// model far larger than the caches is written with non-temporal stores: the workspace is a second
+// buffer (what keeps the strong guarantee), and ordinary stores would first read each of its
+// cache lines from memory (write-allocate), a third more traffic than forming the sum in place.
+uint32_t addInto(float* a, const float* r, const float* u, size_t n) {
   size_t i = 0;
-#if defined(__AVX__)
+  uint32_t worst = 0;
+#if defined(__AVX2__)
   constexpr size_t kStreamBytes = size_t{16} << 20;
   if (n * sizeof(float) >= kStreamBytes) {
-    for (; i < n && reinterpret_cast<uintptr_t>(a + i) % 32 != 0; ++i) a[i] = r[i] + u[i];
-    for (; i + 8 <= n; i += 8)
-      _mm256_stream_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(u + i)));
+    for (; i < n && reinterpret_cast<uintptr_t>(a + i) % 32 != 0; ++i) {
+      a[i] = r[i] + u[i];
+      worst = std::max(worst, absBits(a[i]));
+    }
+    const __m256i mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m = _mm256_setzero_si256();
+    for (; i + 8 <= n; i += 8) {
+      const __m256 s = _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(u + i));
+      _mm256_stream_ps(a + i, s);
+      m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(s), mask));
+    }
     _mm_sfence();
+    alignas(32) uint32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+    for (uint32_t l : lanes) worst = std::max(worst, l);
   }
 #endif
-  for (; i < n; ++i) a[i] = r[i] + u[i];
+  for (; i < n; ++i) {
+    a[i] = r[i] + u[i];
+    worst = std::max(worst, absBits(a[i]));
+  }
+  return worst;
 }
 
 }  // namespace
@@ -117,7 +145,8 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
     std::copy(kept->values.begin(), kept->values.end(), a);
   } else if (kept && usesErrorFeedback()) {
     const float* r = kept->values.data();
-    addInto(a, r, update.data(), n);
+    // Bounded inputs keep every compressor's arithmetic finite (compressor.h).
+    if (addInto(a, r, update.data(), n) > kMaxInputBits) tooLarge(*this, acc, "residual + update");
   } else {
     std::copy(update.begin(), update.end(), a);
   }

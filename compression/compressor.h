@@ -119,14 +119,15 @@ class Compressor {
   virtual void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const = 0;
 
   // ---- the client side ----
-  // Read-only: `update` (layout.numel() finite floats) compressed as it is, in phase 0; no state,
+  // Read-only: `update` (layout.numel() floats, each |x| <= kMaxCompressMagnitude) compressed as it is, in phase 0; no state,
   // no error feedback. Two-phase compressors use their one-phase form. Throws InvalidArgument.
   std::vector<Payload> compress(const ParamLayout& layout, std::span<const float> update, const RoundContext& ctx) const;
 
-  // In place with error feedback, for phase ctx.phase: phase 0 takes the client's update (finite,
-  // layout-sized); later phases take an empty span and continue from the state. `state` must be
-  // bound to this layout (ClientState(layout.fingerprint())). Throws InvalidArgument on a size,
-  // fingerprint, finiteness, phase or shared-factor problem; on any throw `state` is unchanged.
+  // In place with error feedback, for phase ctx.phase: phase 0 takes the client's update
+  // (layout-sized, each |x| <= kMaxCompressMagnitude, as is residual + update); later phases take an
+  // empty span and continue from the state. `state` must be bound to this layout
+  // (ClientState(layout.fingerprint())). Throws InvalidArgument on a size, fingerprint, magnitude,
+  // phase or shared-factor problem; on any throw `state` is unchanged.
   std::vector<Payload> compressWithFeedback(const ParamLayout& layout, std::span<const float> update,
                                             ClientState& state, const RoundContext& ctx,
                                             Workspace* workspace = nullptr) const;
@@ -147,6 +148,12 @@ class Compressor {
   // Helper for checkReceived implementations.
   [[noreturn]] void unexpected(const ParamLayout& layout, size_t t, const PayloadView& p, const char* want) const;
 };
+
+// The largest |value| a compressor accepts in an update, and in residual + update. Within it,
+// every compressor's arithmetic stays finite (low-rank products over dimensions up to 2^32
+// included, and the residual left after it), so a client can never send, or keep, a non-finite
+// value; a client whose training diverges past it gets InvalidArgument and its state unchanged.
+inline constexpr float kMaxCompressMagnitude = 1e30f;
 
 // k for a density over n elements: round(density * n), at least 1, at most n.
 size_t countForDensity(double density, size_t n);

@@ -101,33 +101,34 @@ bool lowRankCompressible(const TensorSpec& t, uint32_t rank, double min_rate) {
 
 void orthogonalize(float* data, size_t rows, size_t rank) {
   FactorMap m(data, static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(rank));
+  // In double: a float column norm overflows once entries pass about 1e19, and inputs may reach
+  // kMaxCompressMagnitude; the factor is rows x rank, small next to the products that made it.
+  Eigen::MatrixXd a = m.cast<double>();
+  Eigen::VectorXd original(a.cols());
+  for (Eigen::Index c = 0; c < a.cols(); ++c) original(c) = a.col(c).norm();
   if (rank <= 2) {
     // Modified Gram-Schmidt. A column left with a tiny fraction of its own norm after removing
     // the earlier ones is dependent on them: zero it rather than normalise round-off noise.
-    float original[2];
-    for (Eigen::Index c = 0; c < m.cols(); ++c) original[c] = m.col(c).norm();
-    for (Eigen::Index c = 0; c < m.cols(); ++c) {
-      const float norm = m.col(c).norm();
-      if (norm <= 1e-30f || norm <= original[c] * 1e-5f) {
-        m.col(c).setZero();
+    for (Eigen::Index c = 0; c < a.cols(); ++c) {
+      const double norm = a.col(c).norm();
+      if (norm <= 1e-30 || norm <= original(c) * 1e-5) {
+        a.col(c).setZero();
         continue;
       }
-      m.col(c) /= norm;
-      for (Eigen::Index d = c + 1; d < m.cols(); ++d) m.col(d) -= m.col(c).dot(m.col(d)) * m.col(c);
+      a.col(c) /= norm;
+      for (Eigen::Index d = c + 1; d < a.cols(); ++d) a.col(d) -= a.col(c).dot(a.col(d)) * a.col(c);
     }
+    m = a.cast<float>();
     return;
   }
-  Eigen::MatrixXf a = m;
-  Eigen::HouseholderQR<Eigen::MatrixXf> qr(a);
-  Eigen::MatrixXf q = qr.householderQ() * Eigen::MatrixXf::Identity(a.rows(), a.cols());
+  Eigen::HouseholderQR<Eigen::MatrixXd> qr(a);
+  Eigen::MatrixXd q = qr.householderQ() * Eigen::MatrixXd::Identity(a.rows(), a.cols());
   // A zero column of the input gives an arbitrary unit column in Q; keep the contract that a
   // dependent column stays zero by checking R's diagonal.
   const auto& r = qr.matrixQR();
-  for (Eigen::Index c = 0; c < q.cols(); ++c) {
-    const float original = a.col(c).norm();
-    if (std::fabs(r(c, c)) <= 1e-30f || std::fabs(r(c, c)) <= original * 1e-5f) q.col(c).setZero();
-  }
-  m = q;
+  for (Eigen::Index c = 0; c < q.cols(); ++c)
+    if (std::fabs(r(c, c)) <= 1e-30 || std::fabs(r(c, c)) <= original(c) * 1e-5) q.col(c).setZero();
+  m = q.cast<float>();
 }
 
 SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptions& o, uint64_t run_seed) {
@@ -196,20 +197,24 @@ SharedFactors PowerSgdCompressor::nextShared(const ParamLayout& layout, const Ro
                                              std::span<const std::span<const float>> sums, double total_weight) const {
   if (!opt_.two_phase) return Compressor::initialShared(layout, ctx.run_seed);
   if (ctx.phase == 0) return orthogonalizedSums(layout, ctx, current, sums);  // P-hat
-  // After phase Q: the next round's Q is the mean Q (warm start), not orthogonalized.
+  // After phase Q: the next round's Q warm-starts from the mean Q, orthonormalized. Vogels et al.
+  // carry the mean itself; its scale, though, multiplies into every phase-P factor of the next
+  // round (P_i = M_i Q), so an unnormalized Q that grew (correlated updates, or one client's large
+  // but bounded Q) would push honest phase-P factors past the round's bounds and stall training.
+  // Orthonormalizing Q = Q' R changes P_i = M_i Q' R by the triangular R on the right only, so
+  // P-hat = orth(sum P_i) spans the same columns and the round's update is the same.
   STARLING_CHECK_ARG(total_weight > 0 && std::isfinite(total_weight), "powersgd: phase Q ended with total weight ",
                      total_weight);
   SharedFactors next;
   next.fixed = SharedFactors::Side::kQ;
   next.factors.resize(layout.size());
-  const auto inv = static_cast<float>(1.0 / total_weight);
   for (size_t t = 0; t < layout.size() && t < sums.size(); ++t) {
     if (sums[t].empty()) continue;
-    next.factors[t].resize(sums[t].size());
-    for (size_t i = 0; i < sums[t].size(); ++i) next.factors[t][i] = sums[t][i] * inv;
+    next.factors[t].assign(sums[t].begin(), sums[t].end());  // the 1/W scale vanishes in orthonormalization
     const size_t dim = layout[t].cols();
-    reseedZeroColumns(next.factors[t], dim, static_cast<uint32_t>(sums[t].size() / dim), false, ctx.run_seed,
-                      ctx.round, t);
+    const auto r = static_cast<uint32_t>(sums[t].size() / dim);
+    orthogonalize(next.factors[t].data(), dim, r);
+    reseedZeroColumns(next.factors[t], dim, r, true, ctx.run_seed, ctx.round, t);
   }
   return next;
 }

@@ -7,7 +7,9 @@
 //     phase P: with the round's shared Q, send P_i = M_i Q (dense tensors go whole); the
 //              aggregator sums and orthogonalizes them into P-hat (nextShared).
 //     phase Q: with the shared P-hat, send Q_i = M_i^T P-hat; residual_i = M_i - P-hat Q_i^T. The
-//              update is P-hat (sum_i w_i Q_i)^T / W; sum_i w_i Q_i / W warm-starts the next round.
+//              update is P-hat (sum_i w_i Q_i)^T / W; orth(sum_i w_i Q_i) warm-starts the next round
+//              (orthonormalized, unlike Vogels et al., so that its scale cannot grow and push honest
+//              phase-P factors past the round's bounds; P-hat, and so the update, is unchanged).
 //     M_i is kept in the client's residual buffer between the phases (EF or not). A client that
 //     missed phase Q starts the next round with M_i as its residual (EF) or drops it (no EF).
 //   powersgd, mode=local: one phase, both factors: P = M Q; orthogonalize(P); Q = M^T P;

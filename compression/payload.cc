@@ -254,14 +254,21 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
           [&](const SparseView& s) {
             requireSize(s.values.size(), s.indices.size(), t, ti, "sparse values (vs indices)");
             if (s.indices.size() > n) fail(Errc::kSizeMismatch, t, ti, "sparse payload has more entries than the tensor");
-            for (size_t i = 0; i < s.indices.size(); ++i) {
-              if (s.indices[i] >= n)
-                fail(Errc::kIndexOutOfRange, t, ti,
-                     "sparse index " + std::to_string(s.indices[i]) + " >= numel " + std::to_string(n));
-              if (i > 0 && s.indices[i] <= s.indices[i - 1])
-                fail(Errc::kIndexOrder, t, ti,
-                     "sparse index " + std::to_string(s.indices[i]) + " at position " + std::to_string(i) +
-                         " does not exceed the previous one (duplicate or unsorted)");
+            // Strictly increasing and the last below n means every index is in range. One
+            // branch-free pass (it vectorises); the failing position is looked up only on failure.
+            const uint32_t* idx = s.indices.data();
+            const size_t k = s.indices.size();
+            bool ordered = true;
+            for (size_t i = 1; i < k; ++i) ordered &= idx[i] > idx[i - 1];
+            if (!ordered || (k > 0 && idx[k - 1] >= n)) {
+              for (size_t i = 0; i < k; ++i) {
+                if (i > 0 && idx[i] <= idx[i - 1])
+                  fail(Errc::kIndexOrder, t, ti,
+                       "sparse index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
+                           " does not exceed the previous one (duplicate or unsorted)");
+                if (idx[i] >= n)
+                  fail(Errc::kIndexOutOfRange, t, ti, "sparse index " + std::to_string(idx[i]) + " >= numel " + std::to_string(n));
+              }
             }
             return requireFinite(s.values, t, ti, "sparse value");
           },

@@ -74,7 +74,8 @@ std::vector<Payload> QsgdCompressor::encode(const ParamLayout& layout, std::span
     const size_t n = v.size();
     Qsgd q;
     q.s = s;
-    q.norm = ConstVectorMap(v.data(), static_cast<Eigen::Index>(n)).norm();
+    // In double: a float sum of squares overflows for values near 1e19 (inputs may reach 1e30).
+    q.norm = static_cast<float>(ConstVectorMap(v.data(), static_cast<Eigen::Index>(n)).cast<double>().norm());
     RngStream rng(StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kQsgd, t});
     BitWriter w(q.packed, n, bits);
     const double scale = q.norm > 0.0f ? static_cast<double>(s) / q.norm : 0.0;

@@ -32,6 +32,7 @@ const char* errcName(Errc c) {
     case Errc::kDuplicate: return "duplicate update";
     case Errc::kUnexpectedEncoding: return "unexpected encoding";
     case Errc::kRoundMismatch: return "round mismatch";
+    case Errc::kLate: return "late";
   }
   return "unknown";
 }

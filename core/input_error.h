@@ -39,11 +39,14 @@ enum class Errc : uint8_t {
   kValueTooLarge,         // a decoded value (or a low-rank product, scale or norm) over the bound
   kNormTooLarge,          // the update's L2 norm over the bound
   kBadWeight,             // zero examples where the rule weights by them, or over the cap
-  kWrongRound,            // the update is for another round or phase (late or replayed)
+  kWrongRound,            // the update is for a round or phase that has not started (or never will)
   kDuplicate,             // a second update from the same client in one phase
   kUnexpectedEncoding,    // an encoding this round's compressor never sends for that tensor
   kRoundMismatch,         // a round-determined field (random-block offset, length) differs
+  kLate,                  // the update is for an earlier round or phase: late, or replayed
 };
+// The last code: per-code counters are sized by it (update when adding a code).
+inline constexpr Errc kLastErrc = Errc::kLate;
 
 const char* errcName(Errc c);
 

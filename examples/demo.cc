@@ -65,6 +65,12 @@ std::vector<uint64_t> sampleClients(size_t n, double fraction, uint64_t seed, ui
 
 int run(const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Every spec and bound is checked before the data set is read, so a typo fails at once.
+  cz::makeCompressor(o.compressor);
+  ag::makeRule(o.aggregator);
+  ag::makeServerOptimizer(o.server_opt, 1);
+  data::makePartitioner(o.partition);
+  o.bounds.validate();
   std::printf("starling-demo: loading Fashion-MNIST from %s\n", o.data_dir.c_str());
   const data::Dataset train = data::loadFashionMnist(o.data_dir, "train");
   const data::Dataset test = data::loadFashionMnist(o.data_dir, "t10k");
@@ -130,7 +136,8 @@ int run(const Options& o) {
         const std::vector<uint8_t> wire = protocol::encodeUpdate(res.update);  // what a client sends
         round_bytes += wire.size();
         try {
-          round->current().add(decoder.decodeUpdate(wire));  // what the server does with it
+          // What the server does with it; it knows each client's data size from registration.
+          round->current().add(decoder.decodeUpdate(wire), ag::ClientLimits{shards[c].size()});
           accepted.push_back(c);
         } catch (const InputError& e) {
           ++rejected;

@@ -99,9 +99,10 @@ std::vector<flatbuffers::Offset<fb::Tensor>> encodeTensors(flatbuffers::FlatBuff
 void DecodeLimits::validate() const {
   if (max_bytes < 64 || max_bytes > (size_t{2} << 30) - 1)
     STARLING_THROW(ConfigError, "decode limits: max_bytes must be in [64, 2^31), got ", max_bytes);
-  if (max_metrics > 4096) STARLING_THROW(ConfigError, "decode limits: max_metrics must be <= 4096, got ", max_metrics);
-  if (max_metric_name == 0 || max_metric_name > 1024)
-    STARLING_THROW(ConfigError, "decode limits: max_metric_name must be in [1, 1024], got ", max_metric_name);
+  // The uniqueness check compares names pairwise: these caps keep it to ~8M byte compares.
+  if (max_metrics > 256) STARLING_THROW(ConfigError, "decode limits: max_metrics must be <= 256, got ", max_metrics);
+  if (max_metric_name == 0 || max_metric_name > 256)
+    STARLING_THROW(ConfigError, "decode limits: max_metric_name must be in [1, 256], got ", max_metric_name);
 }
 
 std::vector<uint8_t> encodeUpdate(const cz::UpdateView& u) {

@@ -176,11 +176,12 @@ TEST_CASE("attack: replays, duplicates, late updates and phase skipping", "[aggr
   CHECK(rejectedWith(s, u) == Errc::kDuplicate);  // the same update again
   Update late = s.honest(2);
   late.header.round = 0;  // last round's
-  CHECK(rejectedWith(s, late) == Errc::kWrongRound);
+  CHECK(rejectedWith(s, late) == Errc::kLate);
   Update ahead = s.honest(3);
   ahead.header.phase = 1;
   CHECK(rejectedWith(s, ahead) == Errc::kWrongRound);
   s.round->current().add(view(s.honest(4)));
+  const Update slow = s.honest(5);  // a phase-P update that will arrive after phase P ended
   s.round->nextPhase();
   // Phase Q: only clients that took part in phase P.
   Update stranger;
@@ -189,6 +190,14 @@ TEST_CASE("attack: replays, duplicates, late updates and phase skipping", "[aggr
       s.scheme->compressor().compressWithFeedback(*s.layout, {}, stranger_state, s.round->broadcast().context(9));
   CHECK(rejectedWith(s, stranger) == Errc::kWrongRound);
   CHECK(s.round->current().rejected(Errc::kWrongRound) == 1);
+  // A phase-P update arriving after the round moved on to phase Q is late, not bogus.
+  CHECK(rejectedWith(s, slow) == Errc::kLate);
+  // The root's per-phase record stays readable after the phase ended.
+  REQUIRE(s.round->phasesStarted() == 2);
+  CHECK(s.round->phaseAt(0).accepted() == 2);
+  CHECK(s.round->phaseAt(0).rejected(Errc::kDuplicate) == 1);
+  CHECK(s.round->phaseAt(0).rejected(Errc::kLate) == 1);
+  CHECK(s.round->phaseAt(1).rejected(Errc::kLate) == 1);
 }
 
 TEST_CASE("attack: an encoding the round's compressor never sends", "[aggregation][attack]") {
@@ -245,7 +254,20 @@ TEST_CASE("attack: a partial aggregate that lies about its weight or values", "[
   CHECK(merge(big, 7) == Errc::kValueTooLarge);
   PartialMessage stale = good;
   stale.header.round = 0;
-  CHECK(merge(stale, 7) == Errc::kWrongRound);
+  CHECK(merge(stale, 7) == Errc::kLate);
+  // A partial is bounded by its total weight, not by its count times the weight cap: one update's
+  // worth of weight cannot carry a sum of a thousand maximal updates.
+  PartialMessage heavy = good;
+  heavy.header.count = 1;
+  heavy.header.total_weight = 1;
+  for (size_t t = 0; t < s.layout->size(); ++t)
+    heavy.tensors[t] = DenseF32{std::vector<float>((*s.layout)[t].numel, 9000.0f)};
+  CHECK(merge(heavy, 8) == Errc::kNormTooLarge);  // each value within 1 x 1e4, the norm is not
+  std::get<DenseF32>(heavy.tensors[2]).values.assign((*s.layout)[2].numel, 0.0f);
+  std::get<DenseF32>(heavy.tensors[0]).values.assign((*s.layout)[0].numel, 0.0f);
+  std::get<DenseF32>(heavy.tensors[4]).values.assign((*s.layout)[4].numel, 0.0f);
+  std::get<DenseF32>(heavy.tensors[1]).values[0] = 2e4f;  // twice what weight 1 can carry
+  CHECK(merge(heavy, 8) == Errc::kValueTooLarge);
   PartialMessage metric = good;
   metric.metrics = {{"train_loss", 1e30, 1.0}};
   CHECK(merge(metric, 7) == Errc::kBadMetric);
@@ -282,4 +304,71 @@ TEST_CASE("attack: Krum with colluding attackers cannot select a non-finite upda
   const auto scores = krumScores(u, 2);
   for (size_t i = 0; i < 5; ++i) CHECK(scores[i] < scores[5]);
   CHECK(krumSelect(u, 2, 1)[0] < 5);
+}
+
+TEST_CASE("attack: one client's large but bounded phase-Q factor cannot stall later rounds", "[aggregation][attack]") {
+  // Reported in review: Q filled with 3000 passes every bound in phase Q; an unnormalized mean Q
+  // then made every honest phase-P factor of every later round exceed the value bound.
+  const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
+  RoundSchemeOptions o;
+  o.compressor = "powersgd:rank=2";
+  o.run_seed = 3;
+  const RoundScheme scheme(layout, o);
+  constexpr uint64_t kHonest = 20, kAttacker = kHonest;
+  std::vector<ClientState> states;
+  for (uint64_t c = 0; c <= kAttacker; ++c) states.emplace_back(layout->fingerprint());
+  RoundCarry carry = scheme.initialCarry();
+  for (uint64_t r = 1; r <= 3; ++r) {
+    auto round = scheme.begin(r, carry);
+    for (;;) {
+      const PhaseBroadcast& b = round->broadcast();
+      for (uint64_t c = 0; c <= kAttacker; ++c) {
+        if (c == kAttacker && r > 1) continue;  // the attacker leaves after round 1
+        Update u;
+        u.header = {layout->fingerprint(), r, b.phase, c, 20};
+        const auto upd = b.phase == 0 ? testing::randomVector(layout->numel(), 100 * r + c, 0.1) : std::vector<float>{};
+        u.tensors = scheme.compressor().compressWithFeedback(*layout, upd, states[c], b.context(c));
+        if (c == kAttacker && b.phase == 1)
+          for (auto& p : u.tensors)
+            if (auto* lr = std::get_if<LowRank>(&p)) std::fill(lr->q.begin(), lr->q.end(), 3000.0f);
+        INFO("round " << r << " phase " << b.phase << " client " << c);
+        if (c == kAttacker) {
+          try {
+            round->current().add(view(u));
+          } catch (const InputError&) {
+          }
+        } else {
+          CHECK_NOTHROW(round->current().add(view(u)));  // honest clients always get in
+        }
+      }
+      if (round->lastPhase()) break;
+      round->nextPhase();
+    }
+    const RoundResult res = round->finish();
+    CHECK(allFinite(res.delta));
+    carry = res.next;
+  }
+}
+
+TEST_CASE("attack: a client cannot send or keep non-finite values from finite but huge inputs", "[compression][attack]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  for (const char* spec : {"qsgd", "powersgd:mode=local", "topk", "sign", "acpsgd"}) {
+    auto c = makeCompressor(spec);
+    const SharedFactors q = c->initialShared(layout, 1);
+    const RoundContext ctx{1, 1, 0, 1, q.any() ? &q : nullptr};
+    ClientState st(layout.fingerprint());
+    INFO(spec);
+    // 1e20 per value is within the compressor's input bound: every payload is finite.
+    const std::vector<float> big(layout.numel(), 1e20f);
+    const auto p = c->compressWithFeedback(layout, big, st, ctx);
+    for (size_t t = 0; t < layout.size(); ++t) CHECK_NOTHROW(validatePayload(view(p[t]), layout[t], q.any() ? &q : nullptr, t));
+    // Beyond the bound, or a residual that would pass it, is refused and the state is unchanged.
+    const std::vector<float> huge(layout.numel(), 2e38f);
+    std::vector<uint8_t> before;
+    st.saveTo(before);
+    CHECK_THROWS_WITH(c->compressWithFeedback(layout, huge, st, ctx), Catch::Contains("exceeds"));
+    std::vector<uint8_t> after;
+    st.saveTo(after);
+    CHECK(before == after);
+  }
 }

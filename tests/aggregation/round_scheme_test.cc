@@ -212,7 +212,8 @@ TEST_CASE("ACP-SGD alternates its shared side and carries the orthogonalized fac
   }
 }
 
-TEST_CASE("two-phase PowerSGD: P-hat from phase P, the mean Q carried to the next round", "[aggregation]") {
+TEST_CASE("two-phase PowerSGD: P-hat from phase P, the orthonormalized mean Q carried to the next round",
+          "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   Federation f(layout, options("powersgd:rank=2"), 5, 0);
   REQUIRE(f.scheme().phases() == 2);
@@ -235,7 +236,8 @@ TEST_CASE("two-phase PowerSGD: P-hat from phase P, the mean Q carried to the nex
       CHECK(testing::maxAbsDiff(ref, p_hat.factors[t]) < 1e-4);
       std::vector<float> mean_q(q_sums[t].size());
       for (size_t i = 0; i < mean_q.size(); ++i) mean_q[i] = static_cast<float>(q_sums[t][i] / w1);
-      CHECK(testing::maxAbsDiff(mean_q, res.next.shared.factors[t]) < 1e-5);
+      orthogonalize(mean_q.data(), (*layout)[t].cols(), mean_q.size() / (*layout)[t].cols());
+      CHECK(testing::maxAbsDiff(mean_q, res.next.shared.factors[t]) < 1e-4);
     }
     previous_next = std::make_shared<const SharedFactors>(res.next.shared);
   }
@@ -419,4 +421,83 @@ TEST_CASE("completion policy counts results against failures", "[aggregation]") 
   CHECK_THAT(decideRound(p, 2, 0).reason, Catch::Contains("at least 3 required"));
   p.min_completion_rate = 1.5;
   CHECK_THROWS_AS(decideRound(p, 1, 0), ConfigError);
+}
+
+TEST_CASE("PowerSGD's carried Q cannot grow until honest phase-P factors exceed the bounds", "[aggregation]") {
+  // Correlated updates of about 1 per entry: an unnormalized mean Q grew round after round until
+  // honest phase-P factors (P_i = M_i Q) broke the value bound and every later round stalled.
+  const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
+  RoundSchemeOptions o = options("powersgd:rank=2");
+  const RoundScheme scheme(layout, o);
+  std::vector<ClientState> states;
+  for (int c = 0; c < 5; ++c) states.emplace_back(layout->fingerprint());
+  RoundCarry carry = scheme.initialCarry();
+  for (uint64_t r = 1; r <= 12; ++r) {
+    auto round = scheme.begin(r, carry);
+    for (;;) {
+      const PhaseBroadcast& b = round->broadcast();
+      for (uint64_t c = 0; c < 5; ++c) {
+        std::vector<float> u;
+        if (b.phase == 0) u.assign(layout->numel(), 1.0f + 0.01f * static_cast<float>(c));
+        Update up;
+        up.header = {layout->fingerprint(), r, b.phase, c, 20};
+        up.tensors = scheme.compressor().compressWithFeedback(*layout, u, states[c], b.context(c));
+        INFO("round " << r << " phase " << b.phase << " client " << c);
+        CHECK_NOTHROW(round->current().add(view(up)));
+      }
+      if (round->lastPhase()) break;
+      round->nextPhase();
+    }
+    carry = round->finish().next;
+    for (const auto& f : carry.shared.factors)
+      for (float x : f) CHECK(std::fabs(x) <= 1.0f + 1e-5f);  // orthonormal columns
+  }
+}
+
+TEST_CASE("a round checks the carry it starts from", "[aggregation]") {
+  const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
+  Federation acp(layout, options("acpsgd:rank=2"), 3, 0);
+  const RoundCarry c = acp.runRound(1).next;
+  const RoundScheme none(layout, options("none"));
+  CHECK_THROWS_WITH(none.begin(2, c), Catch::Contains("shares none"));
+  const RoundScheme other_rank(layout, options("acpsgd:rank=4"));
+  CHECK_THROWS_WITH(other_rank.begin(2, c), Catch::Contains("floats"));
+  RoundCarry bad = c;
+  for (auto& f : bad.shared.factors)
+    if (!f.empty()) f[0] = NAN;
+  const RoundScheme same(layout, options("acpsgd:rank=2"));
+  CHECK_THROWS_WITH(same.begin(2, bad), Catch::Contains("not finite"));
+  CHECK_NOTHROW(same.begin(2, c));
+  CHECK_THROWS_WITH(same.begin(2, RoundCarry{}), Catch::Contains("no shared factors"));
+}
+
+TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phase P", "[aggregation]") {
+  const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
+  const RoundScheme scheme(layout, options("powersgd:rank=2"));
+  auto round = scheme.begin(1, scheme.initialCarry());
+  auto p_edge = scheme.phaseAggregator(round->broadcast());
+  std::vector<ClientState> states;
+  for (uint64_t c = 0; c < 3; ++c) {
+    states.emplace_back(layout->fingerprint());
+    Update u;
+    u.header = {layout->fingerprint(), 1, 0, c, 10};
+    u.tensors = scheme.compressor().compressWithFeedback(*layout, testing::randomVector(layout->numel(), c, 0.1),
+                                                         states[c], round->broadcast().context(c));
+    if (c < 2) p_edge->add(view(u));  // client 2 trains phase P but its update never arrives
+  }
+  round->current().merge(view(p_edge->partial().exportDense()), 1);
+  round->nextPhase();
+  auto q_edge = scheme.phaseAggregator(round->broadcast(), p_edge.get());
+  for (uint64_t c = 0; c < 3; ++c) {
+    Update u;
+    u.header = {layout->fingerprint(), 1, 1, c, 10};
+    u.tensors = scheme.compressor().compressWithFeedback(*layout, {}, states[c], round->broadcast().context(c));
+    if (c < 2) {
+      CHECK_NOTHROW(q_edge->add(view(u)));
+    } else {
+      CHECK_THROWS_AS(q_edge->add(view(u)), InputError);
+      CHECK(q_edge->rejected(Errc::kWrongRound) == 1);
+    }
+  }
+  CHECK_THROWS_WITH(scheme.phaseAggregator(round->broadcast(), q_edge.get()), Catch::Contains("not of the phase before"));
 }
