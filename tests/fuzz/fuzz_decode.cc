@@ -39,7 +39,7 @@ const std::vector<std::vector<uint8_t>>& seeds() {
 }
 
 constexpr float kFloats[] = {INFINITY, -INFINITY, NAN, FLT_MAX, -FLT_MAX, 3e38f, 1e20f, 1e-45f, 0.0f, -0.0f,
-                             65504.0f, 1e4f, 1.0001e4f, 1.0f};
+                             65504.0f, 1e4f, 1.0001e4f, 3000.0f, 30.0f, 1.0f};
 constexpr uint64_t kCounts[] = {0, 1, 2, 59, 61, 96, 10'000'000, 10'000'001, 1ull << 32, ~0ull, ~0ull - 1};
 
 float pickFloat(RngStream& r) { return kFloats[r.below(std::size(kFloats))]; }

@@ -57,18 +57,54 @@ inline void requireFinite(std::span<const float> v, const char* what) {
   if (!allFinite(v)) bug(what);
 }
 
-// Finishes `round` (one more phase first for a two-phase scheme) and checks every output.
-inline void finishFinite(aggregation::Round& round) {
-  requireFinite(round.current().partial().buffer(), "an accepted input made the aggregate non-finite");
-  if (!round.lastPhase()) {
-    round.nextPhase();
-    if (round.broadcast().shared)
-      for (const auto& f : round.broadcast().shared->factors) requireFinite(f, "non-finite P-hat");
-    return;
+// An honest client that takes part in rounds opened after the fuzzer's input was accepted.
+struct HonestClient {
+  uint64_t id;
+  ClientState state;
+  compression::Update next(const aggregation::RoundScheme& scheme, const compression::PhaseBroadcast& b) {
+    const ParamLayout& l = scheme.layout();
+    std::vector<float> update;
+    if (b.phase == 0) {
+      update.resize(l.numel());
+      for (size_t i = 0; i < update.size(); ++i) update[i] = 0.01f * static_cast<float>(static_cast<int>(i % 7) - 3);
+    }
+    compression::Update u;
+    u.header = {l.fingerprint(), b.round, b.phase, id, 60};
+    u.tensors = scheme.compressor().compressWithFeedback(l, update, state, b.context(id));
+    return u;
   }
-  const aggregation::RoundResult r = round.finish();
-  requireFinite(r.delta, "an accepted input gave a non-finite delta");
-  for (const auto& f : r.next.shared.factors) requireFinite(f, "non-finite next shared factors");
+};
+
+// After an accepted input in `round`: an honest client still gets into every remaining phase of
+// this round and every phase of the next one, every aggregate stays finite, and both rounds
+// finish with a finite delta and finite shared factors. (A refused honest update or a round that
+// cannot finish is a denial of service: the harness aborts on it like on a non-finite value.)
+// `honest` has taken part in the phases before the current one.
+inline void honestRoundsStillWork(const aggregation::RoundScheme& scheme, std::unique_ptr<aggregation::Round> round,
+                                  HonestClient honest) {
+  for (int r = 0; r < 2; ++r) {
+    for (;;) {
+      try {
+        round->current().add(compression::view(honest.next(scheme, round->broadcast())));
+      } catch (const InputError&) {
+        bug("an honest client was refused after an accepted input");
+      }
+      requireFinite(round->current().partial().buffer(), "an accepted input made the aggregate non-finite");
+      if (round->lastPhase()) break;
+      round->nextPhase();
+      if (round->broadcast().shared)
+        for (const auto& f : round->broadcast().shared->factors) requireFinite(f, "non-finite P-hat");
+    }
+    aggregation::RoundResult res;
+    try {
+      res = round->finish();
+    } catch (const InvalidArgument&) {
+      bug("a round with an accepted input could not finish");
+    }
+    requireFinite(res.delta, "an accepted input gave a non-finite delta");
+    for (const auto& f : res.next.shared.factors) requireFinite(f, "non-finite next shared factors");
+    if (r == 0) round = scheme.begin(round->number() + 1, res.next);
+  }
 }
 
 // Returns how many schemes accepted the input (0 = rejected everywhere).
@@ -76,8 +112,19 @@ inline int checkInput(Harness& h, std::span<const uint8_t> bytes) {
   int accepted = 0;
   try {
     const compression::UpdateView& u = h.decoder.decodeUpdate(bytes);
+    const uint64_t id = u.header.client_id, twin = id ^ 1, honest_id = twin + 2;  // three distinct ids
     for (const auto& scheme : h.schemes) {
+      // The input is offered at the phase it names (phase Q of a two-phase scheme included): the
+      // phases before it are played by honest clients under its id, its twin's and the honest one's.
+      if (u.header.phase >= scheme->phases()) continue;
       auto round = scheme->begin(kRound, scheme->initialCarry());
+      HonestClient honest{honest_id, ClientState(scheme->layout().fingerprint())};
+      HonestClient self{id, ClientState(scheme->layout().fingerprint())};
+      HonestClient other{twin, ClientState(scheme->layout().fingerprint())};
+      while (round->phase() < u.header.phase) {
+        for (HonestClient* c : {&honest, &self, &other}) round->current().add(compression::view(c->next(*scheme, round->broadcast())));
+        round->nextPhase();
+      }
       try {
         round->current().add(u);
       } catch (const InputError&) {
@@ -86,14 +133,14 @@ inline int checkInput(Harness& h, std::span<const uint8_t> bytes) {
       ++accepted;
       // The largest weight the bounds allow, added once more on top: still finite.
       compression::UpdateView heavy = u;
-      heavy.header.client_id ^= 1;
+      heavy.header.client_id = twin;
       heavy.header.num_examples = scheme->options().bounds.max_examples;
       try {
         round->current().add(heavy);
       } catch (const InputError&) {
         bug("an update accepted once was refused with another weight and client id");
       }
-      finishFinite(*round);
+      honestRoundsStillWork(*scheme, std::move(round), std::move(honest));
     }
     return accepted;
   } catch (const InputError& e) {
@@ -107,7 +154,7 @@ inline int checkInput(Harness& h, std::span<const uint8_t> bytes) {
     } catch (const InputError&) {
       return 0;
     }
-    finishFinite(*round);
+    honestRoundsStillWork(*h.schemes[0], std::move(round), HonestClient{1, ClientState(h.layout->fingerprint())});
     return 1;
   } catch (const InputError&) {
     return 0;
@@ -133,6 +180,15 @@ inline std::vector<std::vector<uint8_t>> schemeSeeds(Harness& h) {
     u.tensors = scheme->compressor().compressWithFeedback(*h.layout, update, st, round->broadcast().context(7));
     u.metrics = {{"loss", 0.25}};
     out.push_back(protocol::encodeUpdate(u));
+    if (scheme->phases() > 1) {  // and its phase-Q update, against the P-hat of that round
+      round->current().add(compression::view(u));
+      round->nextPhase();
+      compression::Update q;
+      q.header = {h.layout->fingerprint(), kRound, 1, 7, 60};
+      q.tensors = scheme->compressor().compressWithFeedback(*h.layout, {}, st, round->broadcast().context(7));
+      out.push_back(protocol::encodeUpdate(q));
+      continue;
+    }
     if (scheme.get() == h.schemes.front().get()) {
       round->current().add(compression::view(u));
       out.push_back(protocol::encodePartial(round->current().partial().exportDense()));
