@@ -90,7 +90,6 @@ PhaseAggregator::PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, Ro
                                  const std::unordered_set<uint64_t>* allowed)
     : scheme_(scheme),
       broadcast_(std::move(b)),
-      ctx_(broadcast_.context(0)),
       partial_(scheme.aggregateLayout(broadcast_)),
       robust_(robust),
       allowed_(allowed) {}
@@ -135,8 +134,7 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
 
   // What the compressor sends, then every payload, then the bounds.
   const cz::SharedFactors* shared = broadcast_.shared.get();
-  cz::RoundContext ctx = ctx_;
-  ctx.client_id = h.client_id;
+  const cz::RoundContext ctx = broadcast_.context(h.client_id);
   double sq_norm = 0.0;
   for (size_t t = 0; t < layout.size(); ++t) {
     scheme_.compressor_->checkReceived(layout, t, u.tensors[t], ctx);

@@ -129,7 +129,6 @@ class PhaseAggregator {
 
   const RoundScheme& scheme_;
   PhaseBroadcast broadcast_;
-  compression::RoundContext ctx_;
   PartialAggregate partial_;
   RobustStore* robust_;
   const std::unordered_set<uint64_t>* allowed_;

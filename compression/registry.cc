@@ -20,6 +20,13 @@ LowRankOptions readLowRank(OptionReader& r, bool powersgd) {
   return o;
 }
 
+RandomSparsifyOptions readRandomSparsify(OptionReader& r) {
+  RandomSparsifyOptions o;
+  o.density = r.number("density", o.density);
+  o.error_feedback = r.flag("ef", o.error_feedback);
+  return o;
+}
+
 }  // namespace
 
 const CompressorRegistry& compressors() {
@@ -43,19 +50,9 @@ const CompressorRegistry& compressors() {
              return std::make_unique<TopKCompressor>(o);
            }},
           {"randk", "k random positions per tensor with error feedback; index + value each", "density=0.01, ef=true",
-           [](OptionReader& r) {
-             RandomSparsifyOptions o;
-             o.density = r.number("density", o.density);
-             o.error_feedback = r.flag("ef", o.error_feedback);
-             return std::make_unique<RandKCompressor>(o);
-           }},
+           [](OptionReader& r) { return std::make_unique<RandKCompressor>(readRandomSparsify(r)); }},
           {"randblock", "one random contiguous block per tensor, shared offset, no indices", "density=0.01, ef=true",
-           [](OptionReader& r) {
-             RandomSparsifyOptions o;
-             o.density = r.number("density", o.density);
-             o.error_feedback = r.flag("ef", o.error_feedback);
-             return std::make_unique<RandBlockCompressor>(o);
-           }},
+           [](OptionReader& r) { return std::make_unique<RandBlockCompressor>(readRandomSparsify(r)); }},
           {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", "ef=true",
            [](OptionReader& r) {
              SignOptions o;
