@@ -126,6 +126,7 @@ struct UpdateHeader {
   uint32_t phase = 0;
   uint64_t client_id = 0;
   uint64_t num_examples = 0;
+  uint64_t nonce = 0;  // the deployment's task nonce (replay protection); 0 in process
 };
 
 // One client's update of one phase of one round, owning its data (what a client builds).
@@ -164,6 +165,7 @@ struct PartialHeader {
   uint64_t shared_tag = 0;
   uint64_t count = 0;
   double total_weight = 0.0;
+  uint64_t nonce = 0;  // the deployment's task nonce; 0 in process
 };
 
 struct MetricSum {

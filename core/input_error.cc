@@ -33,6 +33,11 @@ const char* errcName(Errc c) {
     case Errc::kUnexpectedEncoding: return "unexpected encoding";
     case Errc::kRoundMismatch: return "round mismatch";
     case Errc::kLate: return "late";
+    case Errc::kBadNonce: return "bad nonce";
+    case Errc::kWrongSender: return "wrong sender";
+    case Errc::kNotRegistered: return "not registered";
+    case Errc::kRateLimited: return "rate limited";
+    case Errc::kBadChunk: return "bad chunk";
   }
   return "unknown";
 }

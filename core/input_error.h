@@ -44,9 +44,15 @@ enum class Errc : uint8_t {
   kUnexpectedEncoding,    // an encoding this round's compressor never sends for that tensor
   kRoundMismatch,         // a round-determined field (random-block offset, length) differs
   kLate,                  // the update is for an earlier round or phase: late, or replayed
+  // the message against the deployment's session (server/)
+  kBadNonce,              // not the nonce of the task this sender was given: replayed or forged
+  kWrongSender,           // the sender is not who the message claims, or was given no such task
+  kNotRegistered,         // a message other than Register from a peer the server does not know
+  kRateLimited,           // the sender exceeded its message rate; dropped unread
+  kBadChunk,              // a chunk out of order, of a wrong size, or over the reassembly bound
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kLate;
+inline constexpr Errc kLastErrc = Errc::kBadChunk;
 
 const char* errcName(Errc c);
 

@@ -8,6 +8,7 @@
 
 #include "core/overloaded.h"
 #include "protocol/starling_generated.h"
+#include "protocol/verify.h"
 
 // Views read FlatBuffers' little-endian scalars in place.
 static_assert(std::endian::native == std::endian::little, "the zero-copy decoder needs a little-endian host");
@@ -82,13 +83,6 @@ std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type, fl
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
 
-std::vector<flatbuffers::Offset<fb::Tensor>> encodeTensors(flatbuffers::FlatBufferBuilder& b,
-                                                            std::span<const cz::PayloadView> tensors) {
-  std::vector<flatbuffers::Offset<fb::Tensor>> out;
-  out.reserve(tensors.size());
-  for (const auto& p : tensors) out.push_back(encodeTensor(b, p));
-  return out;
-}
 
 // ---------------------------------------------------------------- decoding
 
@@ -107,14 +101,14 @@ void DecodeLimits::validate() const {
 
 std::vector<uint8_t> encodeUpdate(const cz::UpdateView& u) {
   flatbuffers::FlatBufferBuilder b(estimate(u.tensors));
-  auto tensors = encodeTensors(b, u.tensors);
+  auto tensors = detail::encodeTensors(b, u.tensors);
   std::vector<flatbuffers::Offset<fb::Metric>> metrics;
   for (const auto& m : u.metrics)
     metrics.push_back(fb::CreateMetric(b, b.CreateString(m.name.data(), m.name.size()), m.value));
   auto tv = b.CreateVector(tensors);
   auto mv = b.CreateVector(metrics);
   const auto& h = u.header;
-  auto body = fb::CreateUpdate(b, h.layout_fingerprint, h.round, h.client_id, h.num_examples, tv, mv, h.phase);
+  auto body = fb::CreateUpdate(b, h.layout_fingerprint, h.round, h.client_id, h.num_examples, tv, mv, h.phase, h.nonce);
   return finish(b, fb::Body::Update, body.Union());
 }
 
@@ -122,7 +116,7 @@ size_t encodedSize(const cz::UpdateView& u) { return encodeUpdate(u).size(); }
 
 std::vector<uint8_t> encodePartial(const cz::PartialView& m) {
   flatbuffers::FlatBufferBuilder b(estimate(m.tensors));
-  auto tensors = encodeTensors(b, m.tensors);
+  auto tensors = detail::encodeTensors(b, m.tensors);
   std::vector<flatbuffers::Offset<fb::MetricSum>> metrics;
   for (const auto& x : m.metrics)
     metrics.push_back(fb::CreateMetricSum(b, b.CreateString(x.name.data(), x.name.size()), x.weighted_sum, x.weight));
@@ -130,7 +124,7 @@ std::vector<uint8_t> encodePartial(const cz::PartialView& m) {
   auto mv = b.CreateVector(metrics);
   const auto& h = m.header;
   auto body = fb::CreatePartialAggregate(b, h.layout_fingerprint, h.round, h.phase, h.shared_tag, h.count,
-                                         h.total_weight, tv, mv);
+                                         h.total_weight, tv, mv, h.nonce);
   return finish(b, fb::Body::PartialAggregate, body.Union());
 }
 
@@ -138,9 +132,20 @@ Decoder::Decoder(const ParamLayout& layout, DecodeLimits limits) : layout_(layou
   limits_.validate();
 }
 
-const void* Decoder::verify(std::span<const uint8_t> bytes) {
-  if (bytes.size() > limits_.max_bytes)
-    fail(Errc::kTooLarge, std::to_string(bytes.size()) + " bytes exceed the limit of " + std::to_string(limits_.max_bytes));
+namespace detail {
+
+std::vector<flatbuffers::Offset<fb::Tensor>> encodeTensors(flatbuffers::FlatBufferBuilder& b,
+                                                            std::span<const cz::PayloadView> tensors) {
+  std::vector<flatbuffers::Offset<fb::Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& p : tensors) out.push_back(encodeTensor(b, p));
+  return out;
+}
+
+const wire::Message* verifyMessage(std::span<const uint8_t> bytes, size_t max_bytes, size_t max_tables,
+                                   std::vector<uint64_t>& aligned, uint64_t* realigned) {
+  if (bytes.size() > max_bytes)
+    fail(Errc::kTooLarge, std::to_string(bytes.size()) + " bytes exceed the limit of " + std::to_string(max_bytes));
   if (bytes.size() < 4) fail(Errc::kTruncated, "only " + std::to_string(bytes.size()) + " bytes, no size prefix");
   uint32_t declared = 0;
   for (int i = 0; i < 4; ++i) declared |= static_cast<uint32_t>(bytes[i]) << (8 * i);
@@ -156,14 +161,11 @@ const void* Decoder::verify(std::span<const uint8_t> bytes) {
   if (reinterpret_cast<uintptr_t>(data) % 8 != 0) {
     // FlatBuffers reads scalars in place and our views are typed spans: realign (a ZeroMQ frame
     // need not be 8-byte aligned). The only copy the decoder ever makes.
-    aligned_.resize((bytes.size() + 7) / 8);
-    std::memcpy(aligned_.data(), data, bytes.size());
-    data = reinterpret_cast<const uint8_t*>(aligned_.data());
-    realigned_bytes_ += bytes.size();
+    aligned.resize((bytes.size() + 7) / 8);
+    std::memcpy(aligned.data(), data, bytes.size());
+    data = reinterpret_cast<const uint8_t*>(aligned.data());
+    if (realigned) *realigned += bytes.size();
   }
-  // Table budget: an honest message has a root, a body, two tables per tensor and one per metric.
-  // Twice that leaves room for a message with a few tensors too many to reach the count check.
-  const size_t max_tables = 2 * (4 + 2 * layout_.size() + limits_.max_metrics);
   flatbuffers::Verifier verifier(data, bytes.size(), /*max_depth=*/16, static_cast<flatbuffers::uoffset_t>(max_tables));
   if (!fb::VerifySizePrefixedMessageBuffer(verifier))
     fail(Errc::kMalformed, "the FlatBuffers verifier rejected the buffer (corrupt offsets or lengths, or over " +
@@ -172,16 +174,28 @@ const void* Decoder::verify(std::span<const uint8_t> bytes) {
   if (msg->schema_version() != kSchemaVersion)
     fail(Errc::kUnsupportedVersion, "schema version " + std::to_string(msg->schema_version()) + ", this build speaks " +
                                         std::to_string(kSchemaVersion));
+  return msg;
+}
+
+const char* bodyName(fb::Body b) {
+  const char* n = fb::EnumNameBody(b);
+  return n && *n ? n : "unknown";
+}
+
+}  // namespace detail
+
+const void* Decoder::verify(std::span<const uint8_t> bytes) {
+  // Table budget: an honest message has a root, a body, two tables per tensor and one per metric.
+  // Twice that leaves room for a message with a few tensors too many to reach the count check.
+  const size_t max_tables = 2 * (4 + 2 * layout_.size() + limits_.max_metrics);
+  const fb::Message* msg = detail::verifyMessage(bytes, limits_.max_bytes, max_tables, aligned_, &realigned_bytes_);
   regions_.clear();
   return msg;
 }
 
 namespace {
 
-const char* bodyName(fb::Body b) {
-  const char* n = fb::EnumNameBody(b);
-  return n && *n ? n : "unknown";
-}
+using detail::bodyName;
 
 // The tensors of an Update or PartialAggregate as views, with every field present. Collects the
 // byte regions the views cover for the sharing check.
@@ -320,7 +334,7 @@ const cz::UpdateView& Decoder::decodeUpdate(std::span<const uint8_t> bytes) {
     fail(Errc::kUnexpectedMessage, std::string("expected an Update, got ") + bodyName(msg->body_type()));
   const fb::Update* u = msg->body_as_Update();
   cz::UpdateView& out = update_;
-  out.header = {u->layout_fingerprint(), u->round(), u->phase(), u->client_id(), u->num_examples()};
+  out.header = {u->layout_fingerprint(), u->round(), u->phase(), u->client_id(), u->num_examples(), u->nonce()};
   if (out.header.layout_fingerprint != layout_.fingerprint())
     fail(Errc::kFingerprintMismatch, "update from client " + std::to_string(out.header.client_id) +
                                          " is for model fingerprint " + std::to_string(out.header.layout_fingerprint) +
@@ -340,7 +354,8 @@ const cz::PartialView& Decoder::decodePartial(std::span<const uint8_t> bytes) {
     fail(Errc::kUnexpectedMessage, std::string("expected a PartialAggregate, got ") + bodyName(msg->body_type()));
   const fb::PartialAggregate* p = msg->body_as_PartialAggregate();
   cz::PartialView& out = partial_;
-  out.header = {p->layout_fingerprint(), p->round(), p->phase(), p->shared_tag(), p->count(), p->total_weight()};
+  out.header = {p->layout_fingerprint(), p->round(), p->phase(), p->shared_tag(), p->count(), p->total_weight(),
+                p->nonce()};
   if (out.header.layout_fingerprint != layout_.fingerprint())
     fail(Errc::kFingerprintMismatch, "partial aggregate is for model fingerprint " +
                                          std::to_string(out.header.layout_fingerprint) + ", expected " +

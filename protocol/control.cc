@@ -1,0 +1,377 @@
+#include "protocol/control.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/overloaded.h"
+#include "protocol/codec.h"
+#include "protocol/starling_generated.h"
+#include "protocol/verify.h"
+
+namespace starling::protocol {
+namespace fb = starling::wire;
+namespace cz = starling::compression;
+
+static_assert(static_cast<int>(MessageKind::kUpdate) == static_cast<int>(fb::Body::Update));
+static_assert(static_cast<int>(MessageKind::kPartial) == static_cast<int>(fb::Body::PartialAggregate));
+static_assert(static_cast<int>(MessageKind::kChunk) == static_cast<int>(fb::Body::Chunk));
+static_assert(static_cast<int>(MessageKind::kShutdown) == static_cast<int>(fb::Body::Shutdown));
+
+namespace {
+
+constexpr size_t kMaxCapabilities = 16;
+constexpr size_t kMaxCapability = 32;
+constexpr size_t kMaxText = 1024;
+constexpr size_t kMaxTaskMetrics = 64;
+constexpr size_t kMaxSpec = 512;
+
+[[noreturn]] void fail(Errc code, const std::string& msg) { throw InputError(code, msg); }
+
+std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type, flatbuffers::Offset<void> body) {
+  auto msg = fb::CreateMessage(b, kSchemaVersion, type, body);
+  fb::FinishSizePrefixedMessageBuffer(b, msg);
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+// Verifies and returns the body of the expected type. Control messages are a handful of tables
+// (a Task: root, body, fit, two per tensor, one per shared factor).
+template <class T>
+const T* body(std::span<const uint8_t> bytes, size_t max_bytes, fb::Body expected, size_t max_tables,
+              std::vector<uint64_t>& aligned) {
+  const fb::Message* m = detail::verifyMessage(bytes, max_bytes, max_tables, aligned);
+  if (m->body_type() != expected || !m->body())
+    fail(Errc::kUnexpectedMessage, std::string("expected ") + detail::bodyName(expected) + ", got " +
+                                       detail::bodyName(m->body_type()));
+  return static_cast<const T*>(m->body());
+}
+
+std::string text(const flatbuffers::String* s, size_t max_len, const char* what) {
+  if (!s) return {};
+  if (s->size() > max_len)
+    fail(Errc::kSizeMismatch, std::string(what) + " of " + std::to_string(s->size()) + " bytes (at most " +
+                                  std::to_string(max_len) + ")");
+  std::string out(s->c_str(), s->size());
+  for (char c : out)
+    if (!std::isprint(static_cast<unsigned char>(c)))
+      fail(Errc::kMissingField, std::string(what) + " has a non-printable byte");
+  return out;
+}
+
+std::vector<std::string> texts(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v, size_t max_n,
+                               size_t max_len, const char* what) {
+  std::vector<std::string> out;
+  if (!v) return out;
+  if (v->size() > max_n)
+    fail(Errc::kSizeMismatch, std::to_string(v->size()) + " " + what + " (at most " + std::to_string(max_n) + ")");
+  for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
+    std::string s = text(v->Get(i), max_len, what);
+    if (s.empty()) fail(Errc::kMissingField, std::string("an empty entry in ") + what);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> strings(
+    flatbuffers::FlatBufferBuilder& b, const std::vector<std::string>& v) {
+  std::vector<flatbuffers::Offset<flatbuffers::String>> offs;
+  offs.reserve(v.size());
+  for (const auto& s : v) offs.push_back(b.CreateString(s));
+  return b.CreateVector(offs);
+}
+
+uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint16_t u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+}  // namespace
+
+const char* kindName(MessageKind k) { return detail::bodyName(static_cast<fb::Body>(k)); }
+
+std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
+  // [size prefix u32][root offset u32][identifier 4 bytes] ... ; the root table starts with an
+  // soffset to its vtable: [vtable size u16][object size u16][schema_version][body_type][body].
+  const size_t n = bytes.size();
+  if (n < 12 || std::memcmp(bytes.data() + 8, fb::MessageIdentifier(), 4) != 0) return std::nullopt;
+  const uint8_t* p = bytes.data();
+  const uint64_t root = 4 + static_cast<uint64_t>(u32(p + 4));
+  if (root + 4 > n) return std::nullopt;
+  int32_t soff;
+  std::memcpy(&soff, p + root, 4);
+  const int64_t vt = static_cast<int64_t>(root) - soff;
+  if (vt < 4 || vt + 4 > static_cast<int64_t>(n)) return std::nullopt;
+  const uint16_t vt_size = u16(p + vt);
+  const uint16_t obj_size = u16(p + vt + 2);
+  constexpr uint16_t kBodyTypeSlot = 6;  // fb::Message::VT_BODY_TYPE
+  if (vt_size < kBodyTypeSlot + 2 || vt + kBodyTypeSlot + 2 > static_cast<int64_t>(n)) return std::nullopt;
+  const uint16_t field = u16(p + vt + kBodyTypeSlot);
+  if (field == 0 || field >= obj_size || root + field >= n) return std::nullopt;
+  const uint8_t type = p[root + field];
+  if (type < static_cast<uint8_t>(MessageKind::kUpdate) || type > static_cast<uint8_t>(MessageKind::kChunk))
+    return std::nullopt;
+  return static_cast<MessageKind>(type);
+}
+
+// ---------------------------------------------------------------- encoding
+
+std::vector<uint8_t> encode(const RegisterMsg& m) {
+  flatbuffers::FlatBufferBuilder b(256);
+  auto caps = strings(b, m.capabilities);
+  auto body = fb::CreateRegister(b, m.client_id, static_cast<fb::Role>(m.role), m.layout_fingerprint, m.num_examples,
+                                 m.eval_examples, m.model_version, caps);
+  return finish(b, fb::Body::Register, body.Union());
+}
+
+std::vector<uint8_t> encode(const WelcomeMsg& m) {
+  flatbuffers::FlatBufferBuilder b(128);
+  auto body = fb::CreateWelcome(b, m.client_id, m.session, m.heartbeat_ms, m.max_message_bytes, m.chunk_bytes);
+  return finish(b, fb::Body::Welcome, body.Union());
+}
+
+std::vector<uint8_t> encode(const HeartbeatMsg& m) {
+  flatbuffers::FlatBufferBuilder b(96);
+  auto body = fb::CreateHeartbeat(b, m.client_id, m.session, m.round);
+  return finish(b, fb::Body::Heartbeat, body.Union());
+}
+
+std::vector<uint8_t> encode(const EvaluationMsg& m) {
+  flatbuffers::FlatBufferBuilder b(128);
+  auto body = fb::CreateEvaluation(b, m.client_id, m.round, m.nonce, m.num_examples, m.loss, m.accuracy);
+  return finish(b, fb::Body::Evaluation, body.Union());
+}
+
+std::vector<uint8_t> encode(const RejectMsg& m) {
+  flatbuffers::FlatBufferBuilder b(256);
+  auto msg = b.CreateString(m.message.substr(0, kMaxText));
+  auto body = fb::CreateReject(b, static_cast<fb::RejectKind>(m.kind), m.code, m.round, m.nonce, msg);
+  return finish(b, fb::Body::Reject, body.Union());
+}
+
+std::vector<uint8_t> encode(const ShutdownMsg& m) {
+  flatbuffers::FlatBufferBuilder b(128);
+  auto reason = b.CreateString(m.reason.substr(0, kMaxText));
+  auto body = fb::CreateShutdown(b, m.round, reason);
+  return finish(b, fb::Body::Shutdown, body.Union());
+}
+
+std::vector<uint8_t> encodeChunk(const ChunkMsg& m) {
+  flatbuffers::FlatBufferBuilder b(m.data.size() + 128);
+  auto data = b.CreateVector(m.data.data(), m.data.size());
+  auto body = fb::CreateChunk(b, m.transfer, m.index, m.count, m.total_bytes, data);
+  return finish(b, fb::Body::Chunk, body.Union());
+}
+
+std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadView> model) {
+  size_t est = 512;
+  for (const auto& p : model) est += cz::payloadDataBytes(p) + 32;
+  for (const auto& f : h.shared.factors) est += f.size() * sizeof(float) + 16;
+  flatbuffers::FlatBufferBuilder b(est);
+  auto tensors = detail::encodeTensors(b, model);  // exactly as an update's tensors
+  std::vector<flatbuffers::Offset<fb::SharedFactor>> shared;
+  for (const auto& f : h.shared.factors) shared.push_back(fb::CreateSharedFactor(b, b.CreateVector(f)));
+  auto tv = b.CreateVector(tensors);
+  auto sv = b.CreateVector(shared);
+  auto spec = b.CreateString(h.compressor);
+  auto metrics = strings(b, h.metrics);
+  auto fit = fb::CreateFitSettings(b, h.fit.epochs, h.fit.batch_size, h.fit.lr);
+  auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce, h.run_seed, spec,
+                             h.model_version, h.base_version, tv, static_cast<uint8_t>(h.shared.fixed), sv, fit,
+                             h.deadline_ms, metrics);
+  return finish(b, fb::Body::Task, body.Union());
+}
+
+void setTaskNonce(std::span<uint8_t> bytes, uint64_t nonce) {
+  STARLING_CHECK_ARG(peekKind(bytes) == MessageKind::kTask, "setTaskNonce: not an encoded Task");
+  auto* msg = fb::GetMutableSizePrefixedMessage(bytes.data());
+  auto* task = static_cast<fb::Task*>(msg->mutable_body());
+  STARLING_CHECK_ARG(task && task->mutate_nonce(nonce), "setTaskNonce: the task was encoded without a nonce");
+}
+
+// ---------------------------------------------------------------- decoding
+
+RegisterMsg decodeRegister(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* r = body<fb::Register>(bytes, limits.max_bytes, fb::Body::Register, 8, aligned);
+  RegisterMsg m;
+  m.client_id = r->client_id();
+  if (r->role() != fb::Role::Client && r->role() != fb::Role::Aggregator)
+    fail(Errc::kMissingField, "unknown role " + std::to_string(static_cast<int>(r->role())));
+  m.role = static_cast<Role>(r->role());
+  m.layout_fingerprint = r->layout_fingerprint();
+  m.num_examples = r->num_examples();
+  m.eval_examples = r->eval_examples();
+  m.model_version = r->model_version();
+  m.capabilities = texts(r->capabilities(), kMaxCapabilities, kMaxCapability, "capabilities");
+  return m;
+}
+
+WelcomeMsg decodeWelcome(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* w = body<fb::Welcome>(bytes, limits.max_bytes, fb::Body::Welcome, 8, aligned);
+  WelcomeMsg m{w->client_id(), w->session(), w->heartbeat_ms(), w->max_message_bytes(), w->chunk_bytes()};
+  if (m.heartbeat_ms == 0 || m.chunk_bytes == 0 || m.max_message_bytes == 0)
+    fail(Errc::kMissingField, "welcome without heartbeat, chunk size or message bound");
+  return m;
+}
+
+HeartbeatMsg decodeHeartbeat(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* h = body<fb::Heartbeat>(bytes, limits.max_bytes, fb::Body::Heartbeat, 8, aligned);
+  return HeartbeatMsg{h->client_id(), h->session(), h->round()};
+}
+
+EvaluationMsg decodeEvaluation(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* e = body<fb::Evaluation>(bytes, limits.max_bytes, fb::Body::Evaluation, 8, aligned);
+  EvaluationMsg m{e->client_id(), e->round(), e->nonce(), e->num_examples(), e->loss(), e->accuracy()};
+  if (!std::isfinite(m.loss) || m.loss < 0 || !(m.accuracy >= 0.0 && m.accuracy <= 1.0))
+    fail(Errc::kNonFinite, "evaluation with loss " + std::to_string(m.loss) + " and accuracy " +
+                               std::to_string(m.accuracy) + " (loss finite and >= 0, accuracy in [0, 1])");
+  return m;
+}
+
+RejectMsg decodeReject(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* r = body<fb::Reject>(bytes, limits.max_bytes, fb::Body::Reject, 8, aligned);
+  RejectMsg m;
+  m.kind = static_cast<RejectKind>(r->kind());
+  if (m.kind != RejectKind::kRefused && m.kind != RejectKind::kNotRegistered && m.kind != RejectKind::kBusy)
+    fail(Errc::kMissingField, "unknown reject kind");
+  m.code = r->code();
+  m.round = r->round();
+  m.nonce = r->nonce();
+  m.message = text(r->message(), kMaxText, "reject message");
+  return m;
+}
+
+ShutdownMsg decodeShutdown(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* f = body<fb::Shutdown>(bytes, limits.max_bytes, fb::Body::Shutdown, 8, aligned);
+  return ShutdownMsg{f->round(), text(f->reason(), kMaxText, "shutdown reason")};
+}
+
+ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes) {
+  std::vector<uint64_t> aligned;
+  const auto* c = body<fb::Chunk>(bytes, max_chunk_bytes + 256, fb::Body::Chunk, 8, aligned);
+  if (!aligned.empty())
+    fail(Errc::kBadChunk, "chunk frame is not 8-byte aligned");  // data would point into scratch
+  ChunkMsg m{c->transfer(), c->index(), c->count(), c->total_bytes(), {}};
+  if (!c->data() || c->data()->size() == 0) fail(Errc::kBadChunk, "chunk without data");
+  if (c->data()->size() > max_chunk_bytes)
+    fail(Errc::kBadChunk, "chunk of " + std::to_string(c->data()->size()) + " bytes, at most " +
+                              std::to_string(max_chunk_bytes));
+  if (m.count == 0 || m.index >= m.count || m.total_bytes == 0)
+    fail(Errc::kBadChunk, "chunk " + std::to_string(m.index) + " of " + std::to_string(m.count) + ", " +
+                              std::to_string(m.total_bytes) + " bytes in all");
+  m.data = std::span<const uint8_t>(c->data()->data(), c->data()->size());
+  return m;
+}
+
+TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const size_t max_tables = 8 + 3 * layout.size();
+  const auto* t = body<fb::Task>(bytes, limits.max_bytes, fb::Body::Task, max_tables, aligned);
+  TaskMsg m;
+  if (t->kind() != fb::TaskKind::Fit && t->kind() != fb::TaskKind::Evaluate)
+    fail(Errc::kMissingField, "unknown task kind");
+  m.kind = static_cast<TaskKind>(t->kind());
+  m.round = t->round();
+  m.phase = t->phase();
+  m.nonce = t->nonce();
+  m.run_seed = t->run_seed();
+  m.compressor = text(t->compressor(), kMaxSpec, "compressor spec");
+  m.model_version = t->model_version();
+  m.base_version = t->base_version();
+  m.deadline_ms = t->deadline_ms();
+  m.metrics = texts(t->metrics(), kMaxTaskMetrics, 64, "metric names");
+  if (const auto* f = t->fit()) m.fit = FitSettings{f->epochs(), f->batch_size(), f->lr()};
+  if (m.nonce == 0) fail(Errc::kMissingField, "task without a nonce");
+  if (m.kind == TaskKind::kFit && (m.fit.epochs == 0 || m.fit.batch_size == 0 || !(m.fit.lr > 0) ||
+                                   !std::isfinite(m.fit.lr)))
+    fail(Errc::kMissingField, "task with a bad fit config");
+  // The model: whole (dense f32 / f16) or, against a base version, sparse new values.
+  const auto* tensors = t->model();
+  const size_t n = tensors ? tensors->size() : 0;
+  if (n != 0 && n != layout.size())
+    fail(Errc::kTensorCountMismatch, "task carries " + std::to_string(n) + " model tensors, the model has " +
+                                         std::to_string(layout.size()));
+  if (n != 0) {
+    // A client copies its task's model once per round: owned payloads, each validated.
+    for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
+      const fb::Tensor* ft = tensors->Get(i);
+      const TensorSpec& spec = layout.tensors()[i];
+      cz::Payload p;
+      if (!ft) fail(Errc::kMissingField, "model tensor " + std::to_string(i) + " is null");
+      if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF32 && ft->payload_as_DenseF32() &&
+          ft->payload_as_DenseF32()->values()) {
+        const auto* v = ft->payload_as_DenseF32()->values();
+        p = cz::DenseF32{std::vector<float>(v->begin(), v->end())};
+      } else if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF16 && ft->payload_as_DenseF16() &&
+                 ft->payload_as_DenseF16()->values()) {
+        const auto* v = ft->payload_as_DenseF16()->values();
+        p = cz::DenseF16{std::vector<uint16_t>(v->begin(), v->end())};
+      } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Sparse && ft->payload_as_Sparse() &&
+                 ft->payload_as_Sparse()->indices() && ft->payload_as_Sparse()->values()) {
+        const auto* s = ft->payload_as_Sparse();
+        p = cz::Sparse{std::vector<uint32_t>(s->indices()->begin(), s->indices()->end()),
+                       std::vector<float>(s->values()->begin(), s->values()->end())};
+      } else {
+        fail(Errc::kUnexpectedEncoding, "model tensor " + std::to_string(i) + " is not " +
+                                            (m.base_version == 0 ? "dense f32 or f16" : "sparse (a delta)"));
+      }
+      cz::validatePayload(cz::view(p), spec, nullptr, i);
+      m.model.push_back(std::move(p));
+    }
+  }
+  m.shared.fixed = t->shared_side() == 1 ? cz::SharedFactors::Side::kP : cz::SharedFactors::Side::kQ;
+  if (t->shared_side() > 1) fail(Errc::kMissingField, "unknown shared side");
+  if (const auto* sh = t->shared(); sh && sh->size() != 0) {
+    if (sh->size() != layout.size())
+      fail(Errc::kTensorCountMismatch, "task shares " + std::to_string(sh->size()) + " factors, the model has " +
+                                           std::to_string(layout.size()) + " tensors");
+    for (flatbuffers::uoffset_t i = 0; i < sh->size(); ++i) {
+      const fb::SharedFactor* f = sh->Get(i);
+      std::vector<float> vals;
+      if (f && f->values()) vals.assign(f->values()->begin(), f->values()->end());
+      if (vals.size() > layout.tensors()[i].numel)
+        fail(Errc::kShapeMismatch, "shared factor " + std::to_string(i) + " is larger than its tensor");
+      for (float x : vals)
+        if (!std::isfinite(x)) fail(Errc::kNonFinite, "shared factor " + std::to_string(i) + " is not finite");
+      m.shared.factors.push_back(std::move(vals));
+    }
+  }
+  return m;
+}
+
+void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
+                const std::vector<cz::Payload>& tensors, std::span<float> model) {
+  STARLING_CHECK_ARG(tensors.size() == layout.size() && model.size() == layout.numel(), "task model does not fit the layout");
+  STARLING_CHECK_ARG(base_version == 0 || base_version == held, "task model is a delta against version ", base_version,
+                     ", this client holds ", held);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = layout.tensors()[i];
+    float* dst = model.data() + t.offset;
+    std::visit(Overloaded{
+                   [&](const cz::DenseF32& d) { std::memcpy(dst, d.values.data(), t.numel * sizeof(float)); },
+                   [&](const cz::DenseF16& d) {
+                     for (size_t j = 0; j < t.numel; ++j) dst[j] = halfToFloat(d.values[j]);
+                   },
+                   [&](const cz::Sparse& s) {
+                     for (size_t j = 0; j < s.indices.size(); ++j) dst[s.indices[j]] = s.values[j];
+                   },
+                   [&](const auto&) { STARLING_THROW(InvalidArgument, "task model tensor ", i, " has an unexpected encoding"); },
+               },
+               tensors[i]);
+  }
+}
+
+}  // namespace starling::protocol

@@ -1,0 +1,165 @@
+#pragma once
+// The deployment's control messages (docs/protocol.md): Register, Welcome, Heartbeat, Task,
+// Evaluation, Reject, Shutdown and Chunk, next to the Update and PartialAggregate of codec.h.
+//
+// peekKind() tells what a message is without verifying it (a few bounds-checked reads), so a
+// receiver can route it; every decode*() then verifies the whole buffer (size prefix, identifier,
+// FlatBuffers Verifier with a table budget, schema version, body type) and checks its fields, and
+// throws InputError with its own code on any failure, never returning a partial result. Decoded
+// control messages are small owned structs; decodeTask copies the model (a client decodes one
+// task per phase).
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "compression/payload.h"
+#include "core/input_error.h"
+#include "core/param_layout.h"
+
+namespace starling::protocol {
+
+// Matches the Body union of starling.fbs.
+enum class MessageKind : uint8_t {
+  kUpdate = 1,
+  kPartial = 2,
+  kRegister = 3,
+  kWelcome = 4,
+  kHeartbeat = 5,
+  kTask = 6,
+  kEvaluation = 7,
+  kReject = 8,
+  kShutdown = 9,
+  kChunk = 10,
+};
+const char* kindName(MessageKind k);
+
+// The body type of a size-prefixed Starling message, or nullopt when the bytes are too short,
+// do not carry the identifier, or the root table's type field lies outside the buffer. Not a
+// verification: decode the message before reading anything else.
+std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes);
+
+enum class Role : uint8_t { kClient = 0, kAggregator = 1 };
+
+struct RegisterMsg {
+  uint64_t client_id = 0;
+  Role role = Role::kClient;
+  uint64_t layout_fingerprint = 0;
+  uint64_t num_examples = 0;
+  uint64_t eval_examples = 0;
+  uint64_t model_version = 0;
+  std::vector<std::string> capabilities;  // at most 16, each 1..32 printable bytes
+};
+
+struct WelcomeMsg {
+  uint64_t client_id = 0;
+  uint64_t session = 0;
+  uint32_t heartbeat_ms = 0;
+  uint64_t max_message_bytes = 0;
+  uint64_t chunk_bytes = 0;
+};
+
+struct HeartbeatMsg {
+  uint64_t client_id = 0;
+  uint64_t session = 0;
+  uint64_t round = 0;
+};
+
+enum class TaskKind : uint8_t { kFit = 0, kEvaluate = 1 };
+
+struct FitSettings {
+  uint32_t epochs = 1;
+  uint32_t batch_size = 32;
+  float lr = 0.05f;
+};
+
+struct TaskMsg {
+  TaskKind kind = TaskKind::kFit;
+  uint64_t round = 0;
+  uint32_t phase = 0;
+  uint64_t nonce = 0;
+  uint64_t run_seed = 0;
+  std::string compressor;
+  uint64_t model_version = 0;
+  uint64_t base_version = 0;  // 0: `model` is whole (dense f32 or f16 per tensor)
+  std::vector<compression::Payload> model;  // empty in phases > 0
+  compression::SharedFactors shared;         // factors empty when the compressor shares none
+  FitSettings fit;
+  uint32_t deadline_ms = 0;
+  std::vector<std::string> metrics;
+};
+
+struct EvaluationMsg {
+  uint64_t client_id = 0;
+  uint64_t round = 0;
+  uint64_t nonce = 0;
+  uint64_t num_examples = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;
+};
+
+enum class RejectKind : uint8_t { kRefused = 0, kNotRegistered = 1, kBusy = 2 };
+
+struct RejectMsg {
+  RejectKind kind = RejectKind::kRefused;
+  uint32_t code = 0;  // Errc
+  uint64_t round = 0;
+  uint64_t nonce = 0;
+  std::string message;  // at most 1024 bytes
+};
+
+struct ShutdownMsg {
+  uint64_t round = 0;
+  std::string reason;
+};
+
+struct ChunkMsg {
+  uint64_t transfer = 0;
+  uint32_t index = 0;
+  uint32_t count = 0;
+  uint64_t total_bytes = 0;
+  std::span<const uint8_t> data;  // a view: into the caller's bytes (encode) or the message (decode)
+};
+
+std::vector<uint8_t> encode(const RegisterMsg& m);
+std::vector<uint8_t> encode(const WelcomeMsg& m);
+std::vector<uint8_t> encode(const HeartbeatMsg& m);
+std::vector<uint8_t> encode(const EvaluationMsg& m);
+std::vector<uint8_t> encode(const RejectMsg& m);
+std::vector<uint8_t> encode(const ShutdownMsg& m);
+std::vector<uint8_t> encodeChunk(const ChunkMsg& m);
+// The task with `model` given as views (the server encodes one buffer per phase and patches the
+// nonce per client with setTaskNonce instead of encoding again).
+std::vector<uint8_t> encodeTask(const TaskMsg& header, std::span<const compression::PayloadView> model);
+// Rewrites the nonce of an encoded task in place (the task must have been encoded with a non-zero
+// nonce, so the field is present). Throws InvalidArgument otherwise.
+void setTaskNonce(std::span<uint8_t> task_bytes, uint64_t nonce);
+
+// Limits for control messages. `max_bytes` bounds any message; a Task's model is checked against
+// `layout` (decodeTask).
+struct ControlLimits {
+  size_t max_bytes = size_t{1} << 30;
+};
+
+RegisterMsg decodeRegister(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+WelcomeMsg decodeWelcome(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+HeartbeatMsg decodeHeartbeat(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+EvaluationMsg decodeEvaluation(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+RejectMsg decodeReject(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+ShutdownMsg decodeShutdown(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+// Checks that each model payload is DenseF32, DenseF16 (whole model) or Sparse (against a base
+// version) and valid for its tensor (compression::validatePayload: sizes, index order, finite
+// values), and each shared factor is empty or a positive multiple of the tensor's rows or cols.
+TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits = {});
+// `data` views into `bytes`. Checks index < count, total_bytes > 0, data non-empty and at most
+// `max_chunk_bytes`.
+ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes);
+
+// Applies a task's model to `model` (which holds version `held`): whole models (dense f32 or
+// f16) overwrite it, deltas patch the coordinates that changed. Throws InvalidArgument if a
+// delta's base is not `held` or the sizes do not fit (decodeTask validated the payloads).
+void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
+                const std::vector<compression::Payload>& tensors, std::span<float> model);
+
+}  // namespace starling::protocol

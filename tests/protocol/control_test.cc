@@ -1,0 +1,223 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/half.h"
+#include "fuzz/fuzz_layout.h"
+#include "protocol/codec.h"
+#include "protocol/control.h"
+#include "test_util.h"
+
+using namespace starling;
+using namespace starling::protocol;
+using namespace starling::testing;
+namespace cz = starling::compression;
+
+namespace {
+
+TaskMsg sampleTask() {
+  TaskMsg t;
+  t.kind = TaskKind::kFit;
+  t.round = 7;
+  t.phase = 1;
+  t.nonce = 0xfeedfacecafebeefull;
+  t.run_seed = 42;
+  t.compressor = "powersgd:rank=2";
+  t.model_version = 9;
+  t.fit = FitSettings{2, 16, 0.25f};
+  t.deadline_ms = 1234;
+  t.metrics = {"train_loss", "train_accuracy"};
+  t.shared = fuzz::shared();
+  return t;
+}
+
+std::vector<cz::Payload> denseModel(const ParamLayout& l, uint64_t seed) {
+  std::vector<cz::Payload> out;
+  for (const auto& t : l.tensors()) out.push_back(cz::DenseF32{randomVector(t.numel, seed + t.offset)});
+  return out;
+}
+
+std::vector<cz::PayloadView> views(const std::vector<cz::Payload>& ps) {
+  std::vector<cz::PayloadView> v;
+  for (const auto& p : ps) v.push_back(cz::view(p));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("control messages round-trip and peekKind names them", "[protocol]") {
+  RegisterMsg r{5, Role::kAggregator, 0xabcull, 600, 100, 3, {"fp16", "delta"}};
+  const auto rb = encode(r);
+  CHECK(peekKind(rb) == MessageKind::kRegister);
+  const RegisterMsg r2 = decodeRegister(rb);
+  CHECK(r2.client_id == 5);
+  CHECK(r2.role == Role::kAggregator);
+  CHECK(r2.layout_fingerprint == 0xabcull);
+  CHECK(r2.num_examples == 600);
+  CHECK(r2.eval_examples == 100);
+  CHECK(r2.model_version == 3);
+  CHECK(r2.capabilities == std::vector<std::string>{"fp16", "delta"});
+
+  const auto wb = encode(WelcomeMsg{5, 77, 250, 1 << 20, 4096});
+  CHECK(peekKind(wb) == MessageKind::kWelcome);
+  const WelcomeMsg w = decodeWelcome(wb);
+  CHECK((w.client_id == 5 && w.session == 77 && w.heartbeat_ms == 250 && w.max_message_bytes == (1 << 20) &&
+         w.chunk_bytes == 4096));
+
+  const auto hb = encode(HeartbeatMsg{5, 77, 12});
+  CHECK(peekKind(hb) == MessageKind::kHeartbeat);
+  const HeartbeatMsg h = decodeHeartbeat(hb);
+  CHECK((h.client_id == 5 && h.session == 77 && h.round == 12));
+
+  const auto eb = encode(EvaluationMsg{5, 12, 99, 100, 0.5, 0.875});
+  CHECK(peekKind(eb) == MessageKind::kEvaluation);
+  const EvaluationMsg e = decodeEvaluation(eb);
+  CHECK((e.client_id == 5 && e.round == 12 && e.nonce == 99 && e.num_examples == 100 && e.loss == 0.5 &&
+         e.accuracy == 0.875));
+
+  const auto jb = encode(RejectMsg{RejectKind::kNotRegistered, 51, 3, 4, "who are you"});
+  CHECK(peekKind(jb) == MessageKind::kReject);
+  const RejectMsg j = decodeReject(jb);
+  CHECK((j.kind == RejectKind::kNotRegistered && j.code == 51 && j.round == 3 && j.nonce == 4 && j.message == "who are you"));
+
+  const auto sb = encode(ShutdownMsg{8, "done"});
+  CHECK(peekKind(sb) == MessageKind::kShutdown);
+  CHECK(decodeShutdown(sb).reason == "done");
+
+  const std::vector<uint8_t> data{1, 2, 3, 4, 5};
+  const auto cb = encodeChunk(ChunkMsg{11, 2, 3, 4101, data});
+  CHECK(peekKind(cb) == MessageKind::kChunk);
+  const ChunkMsg c = decodeChunk(cb, 4096);
+  CHECK((c.transfer == 11 && c.index == 2 && c.count == 3 && c.total_bytes == 4101));
+  CHECK(std::vector<uint8_t>(c.data.begin(), c.data.end()) == data);
+}
+
+TEST_CASE("a decoder refuses another message type, truncation and lies", "[protocol]") {
+  const auto hb = encode(HeartbeatMsg{1, 2, 3});
+  CHECK(errcOf([&] { decodeRegister(hb); }) == errcName(Errc::kUnexpectedMessage));
+  std::vector<uint8_t> cut(hb.begin(), hb.end() - 3);
+  CHECK(errcOf([&] { decodeHeartbeat(cut); }) == errcName(Errc::kTruncated));
+  CHECK(errcOf([&] { decodeHeartbeat(hb, ControlLimits{16}); }) == errcName(Errc::kTooLarge));
+  // A negative or NaN loss, an accuracy above 1.
+  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, -1.0, 0.5})); }) == errcName(Errc::kNonFinite));
+  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, std::nan(""), 0.5})); }) ==
+        errcName(Errc::kNonFinite));
+  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 0.1, 1.5})); }) == errcName(Errc::kNonFinite));
+  // Chunks: index past count, count 0, data over the chunk size.
+  const std::vector<uint8_t> data(100, 7);
+  CHECK(errcOf([&] { decodeChunk(encodeChunk(ChunkMsg{1, 3, 3, 300, data}), 4096); }) == errcName(Errc::kBadChunk));
+  CHECK(errcOf([&] { decodeChunk(encodeChunk(ChunkMsg{1, 0, 0, 300, data}), 4096); }) == errcName(Errc::kBadChunk));
+  CHECK(errcOf([&] { decodeChunk(encodeChunk(ChunkMsg{1, 0, 2, 300, data}), 64); }) != "no error");
+  // Too many capabilities.
+  RegisterMsg r;
+  r.capabilities.assign(17, "x");
+  CHECK(errcOf([&] { decodeRegister(encode(r)); }) == errcName(Errc::kSizeMismatch));
+}
+
+TEST_CASE("peekKind never reads outside the bytes and refuses garbage", "[protocol]") {
+  std::mt19937_64 rng(7);
+  const auto good = encode(RegisterMsg{1, Role::kClient, 2, 3, 4, 5, {}});
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> b = good;
+    if (i % 2) b.resize(rng() % (good.size() + 1));
+    for (int k = 0; k < 3; ++k)
+      if (!b.empty()) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+    const auto k = peekKind(b);  // must not crash or read out of bounds (ASan build checks it)
+    if (k) CHECK(static_cast<int>(*k) >= 1);
+  }
+  std::vector<uint8_t> tiny{1, 2, 3};
+  CHECK(!peekKind(tiny).has_value());
+}
+
+TEST_CASE("a task round-trips with its model and shared factors; the nonce is patched in place", "[protocol]") {
+  const ParamLayout l = fuzz::layout();
+  TaskMsg t = sampleTask();
+  const auto model = denseModel(l, 3);
+  std::vector<uint8_t> bytes = encodeTask(t, views(model));
+  CHECK(peekKind(bytes) == MessageKind::kTask);
+  TaskMsg d = decodeTask(bytes, l);
+  CHECK(d.round == 7);
+  CHECK(d.phase == 1);
+  CHECK(d.nonce == t.nonce);
+  CHECK(d.compressor == t.compressor);
+  CHECK(d.model_version == 9);
+  CHECK(d.fit.epochs == 2);
+  CHECK(d.fit.batch_size == 16);
+  CHECK(d.fit.lr == 0.25f);
+  CHECK(d.deadline_ms == 1234);
+  CHECK(d.metrics == t.metrics);
+  CHECK(samePayloads(d.model, model));
+  REQUIRE(d.shared.factors.size() == t.shared.factors.size());
+  for (size_t i = 0; i < t.shared.factors.size(); ++i) CHECK(sameBits(d.shared.factors[i], t.shared.factors[i]));
+  CHECK(d.shared.fixed == t.shared.fixed);
+
+  const size_t size_before = bytes.size();
+  setTaskNonce(bytes, 12345);
+  CHECK(bytes.size() == size_before);
+  CHECK(decodeTask(bytes, l).nonce == 12345);
+  // A task without a nonce cannot be patched (the field is absent) and is refused by clients.
+  t.nonce = 0;
+  std::vector<uint8_t> no_nonce = encodeTask(t, {});
+  CHECK_THROWS_AS(setTaskNonce(no_nonce, 5), InvalidArgument);
+  CHECK(errcOf([&] { decodeTask(no_nonce, l); }) == errcName(Errc::kMissingField));
+}
+
+TEST_CASE("decodeTask refuses a model that does not fit, is not finite, or is the wrong kind", "[protocol]") {
+  const ParamLayout l = fuzz::layout();
+  TaskMsg t = sampleTask();
+  t.shared = {};
+  auto model = denseModel(l, 1);
+  // One tensor too few.
+  std::vector<cz::Payload> short_model(model.begin(), model.end() - 1);
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(short_model)), l); }) == errcName(Errc::kTensorCountMismatch));
+  // A NaN in the model.
+  auto nan_model = model;
+  std::get<cz::DenseF32>(nan_model[1]).values[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(nan_model)), l); }) == errcName(Errc::kNonFinite));
+  // A wrong size.
+  auto long_model = model;
+  std::get<cz::DenseF32>(long_model[1]).values.push_back(1.0f);
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(long_model)), l); }) == errcName(Errc::kSizeMismatch));
+  // Sparse values without a base version, and a dense model claiming one.
+  std::vector<cz::Payload> sparse{cz::Sparse{{1}, {2.0f}}, cz::Sparse{{0}, {1.0f}}};
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(sparse)), l); }) == errcName(Errc::kUnexpectedEncoding));
+  t.base_version = 4;
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) == errcName(Errc::kUnexpectedEncoding));
+  CHECK(decodeTask(encodeTask(t, views(sparse)), l).base_version == 4);
+  // Unsorted delta indices.
+  std::vector<cz::Payload> unsorted{cz::Sparse{{5, 1}, {2.0f, 1.0f}}, cz::Sparse{{0}, {1.0f}}};
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(unsorted)), l); }) == errcName(Errc::kIndexOrder));
+  // A shared factor larger than its tensor, or not finite.
+  t.base_version = 0;
+  t.shared.factors = {std::vector<float>(97, 1.0f), {}};
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) == errcName(Errc::kShapeMismatch));
+  t.shared.factors = {std::vector<float>(24, std::numeric_limits<float>::infinity()), {}};
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) == errcName(Errc::kNonFinite));
+}
+
+TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong base is refused", "[protocol]") {
+  const ParamLayout l = fuzz::layout();
+  std::vector<float> model(l.numel(), 0.0f);
+  const auto dense = denseModel(l, 9);
+  applyModel(l, 0, 0, dense, model);
+  CHECK(sameBits(model, densify(l, dense)));
+  std::vector<cz::Payload> half;
+  for (const auto& p : dense) {
+    cz::DenseF16 h;
+    for (float x : std::get<cz::DenseF32>(p).values) h.values.push_back(floatToHalf(x));
+    half.push_back(h);
+  }
+  applyModel(l, 3, 0, half, model);
+  CHECK(maxAbsDiff(model, densify(l, dense)) < 1e-2);
+  std::vector<float> before = model;
+  const std::vector<cz::Payload> delta{cz::Sparse{{0, 95}, {1.5f, -2.5f}}, cz::Sparse{{7}, {0.25f}}};
+  applyModel(l, 5, 5, delta, model);
+  before[0] = 1.5f;
+  before[95] = -2.5f;
+  before[96 + 7] = 0.25f;
+  CHECK(sameBits(model, before));
+  CHECK_THROWS_AS(applyModel(l, 4, 5, delta, model), InvalidArgument);
+}
