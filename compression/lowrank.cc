@@ -145,7 +145,14 @@ SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptio
 void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o, const SharedFactors* shared,
                         SharedFactors::Side side, const char* who) {
   const char* side_name = side == SharedFactors::Side::kQ ? "Q" : "P";
-  STARLING_CHECK_ARG(shared != nullptr, who, ": this round needs the shared ", side_name, " factors");
+  if (shared == nullptr) {
+    // A model with no tensor worth factoring shares nothing (RoundScheme broadcasts no factors).
+    for (size_t t = 0; t < layout.size(); ++t)
+      STARLING_CHECK_ARG(!lowRankCompressible(layout[t], o.rank, o.min_compression_rate), who,
+                         ": the round context carries no shared factors; this round needs the shared ", side_name,
+                         " factors");
+    return;
+  }
   STARLING_CHECK_ARG(shared->fixed == side, who, ": shared factors hold the wrong side (expected ", side_name, ")");
   STARLING_CHECK_ARG(shared->factors.size() == layout.size(), who, ": shared factors cover ", shared->factors.size(),
                      " tensors, the layout has ", layout.size());
@@ -300,11 +307,14 @@ std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::
   std::vector<Payload> out;
   out.reserve(layout.size());
   auto& next = staged.stage<PowerSgdState>(std::string(kPowerSgdComponent));
+  // No shared factors: the model has no tensor worth factoring (checkSharedFactors allowed it).
+  static const std::vector<float> kNoFactor;
+  auto factor = [&](size_t t) -> const std::vector<float>& { return ctx.shared ? ctx.shared->factors[t] : kNoFactor; };
   if (ctx.phase == 0) {
     // Phase P: P_i = M_i Q; M_i stays in the kept buffer for phase Q; dense tensors go whole.
     for (size_t t = 0; t < layout.size(); ++t) {
       const TensorSpec& spec = layout[t];
-      const auto& qf = ctx.shared->factors[t];
+      const auto& qf = factor(t);
       if (qf.empty()) {
         out.emplace_back(denseAndClear(layout.slice(input, t), layout.slice(residual, t)));
         continue;
@@ -322,7 +332,7 @@ std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::
   // Phase Q: Q_i = M_i^T P-hat; what is kept becomes the residual (EF) or nothing.
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
-    const auto& pf = ctx.shared->factors[t];
+    const auto& pf = factor(t);
     if (pf.empty()) {
       out.emplace_back(Sparse{});  // sent whole in phase P
       continue;
@@ -377,20 +387,22 @@ void AcpSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const 
 
 void AcpSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& /*state*/,
                                   const RoundContext& ctx) const {
-  STARLING_CHECK_ARG(ctx.shared != nullptr, "acpsgd: the round context carries no shared factors");
-  checkSharedFactors(layout, opt_, ctx.shared, ctx.shared->fixed, "acpsgd");
+  // Without shared factors only a model with no tensor worth factoring passes.
+  checkSharedFactors(layout, opt_, ctx.shared, ctx.shared ? ctx.shared->fixed : SharedFactors::Side::kQ, "acpsgd");
 }
 
 std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
                                               std::span<float> residual, const ClientState& /*state*/,
                                               const RoundContext& ctx, StagedState& /*staged*/) const {
-  const SharedFactors& shared = *ctx.shared;
+  static const SharedFactors kNone;
+  const SharedFactors& shared = ctx.shared ? *ctx.shared : kNone;  // none: nothing is factored
   const bool fixed_q = shared.fixed == SharedFactors::Side::kQ;
   std::vector<Payload> out;
   out.reserve(layout.size());
+  static const std::vector<float> kNoFactor;
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
-    const auto& f = shared.factors[t];
+    const auto& f = shared.factors.empty() ? kNoFactor : shared.factors[t];
     if (f.empty()) {
       out.emplace_back(denseAndClear(layout.slice(input, t), sliceOrEmpty(layout, residual, t)));
       continue;
