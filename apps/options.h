@@ -1,0 +1,48 @@
+#pragma once
+// Configuration for Starling's programs: every option has one dotted key ("round.deadline_ms")
+// that is both its TOML key (`[round] deadline_ms = 60000` in the --config file) and its
+// command-line flag (`--round.deadline_ms 60000`), which wins over the file. Unknown keys, values
+// of the wrong type and values out of range are ConfigErrors naming the key (and the file).
+// --help lists every key with its default and explanation.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace starling::apps {
+
+class Options {
+ public:
+  // `description` is the --help header.
+  explicit Options(std::string program, std::string description);
+  ~Options();
+
+  void add(const std::string& key, std::string* v, const std::string& help);
+  void add(const std::string& key, bool* v, const std::string& help);
+  void add(const std::string& key, double* v, const std::string& help, double lo, double hi);
+  void add(const std::string& key, float* v, const std::string& help, double lo, double hi);
+  // uint64_t is size_t on the LP64 targets we build for.
+  void add(const std::string& key, uint64_t* v, const std::string& help, uint64_t lo, uint64_t hi);
+  void add(const std::string& key, uint32_t* v, const std::string& help, uint64_t lo, uint64_t hi);
+  void add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi);
+  void add(const std::string& key, std::vector<std::string>* v, const std::string& help);
+
+  // Parses the command line, then the --config file for keys the command line did not set.
+  // Returns an exit code to return with (0 after --help), or -1 to go on. Prints errors.
+  int parse(int argc, char** argv);
+  const std::string& configFile() const { return config_file_; }
+
+ private:
+  struct Entry;
+  std::string program_;
+  std::unique_ptr<CLI::App> app_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::string config_file_;
+};
+
+}  // namespace starling::apps

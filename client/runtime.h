@@ -1,0 +1,74 @@
+#pragma once
+// The deployed client: one client of a federation over ZeroMQ (a DEALER, transport::ClientSocket).
+// It registers, answers tasks with the shared client algorithm (client/algorithm.h: train ->
+// delta -> compress with its own error-feedback state -> Update), answers evaluation tasks,
+// heartbeats while it trains, and re-registers whenever the server says it does not know it or
+// went silent (a restarted server, a dropped connection; ZeroMQ itself reconnects with backoff).
+//
+// Durability: with a state file, the client writes (atomically) its compressor state and the
+// update it is about to send, with that task's nonce, before sending. A client killed and
+// restarted therefore keeps its error-feedback residual, and when the server hands it the same
+// task again (it does so for a client that re-registers mid-phase) it sends the same update
+// instead of training again: nothing is lost or counted twice.
+//
+// Threading: run() owns the socket on the calling thread; training runs on a second thread so
+// that heartbeats keep flowing, and is joined before the next message is handled.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "client/trainer.h"
+#include "compression/compressor.h"
+#include "core/client_state.h"
+#include "transport/socket.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace starling::client {
+
+struct RuntimeConfig {
+  std::string server = "tcp://127.0.0.1:7700";
+  uint64_t client_id = 0;
+  transport::SecurityConfig security;
+  transport::TransportLimits limits;
+  std::string state_file;              // empty: state lives in memory only
+  uint32_t register_retry_ms = 1000;   // resend Register when no Welcome came in this long
+  uint32_t server_silence_ms = 15000;  // re-register when the server was silent this long
+  uint32_t delay_ms = 0;               // sleep this long before answering a fit task (simulates a slow device)
+  void validate() const;
+};
+
+struct RuntimeStats {
+  uint64_t tasks = 0, updates_sent = 0, evaluations_sent = 0, resent = 0;
+  uint64_t rejects = 0, registrations = 0;
+  uint64_t uplink_bytes = 0, downlink_bytes = 0;
+  uint64_t last_round = 0;
+};
+
+class ClientRuntime {
+ public:
+  // `trainer`, `train` and `eval` (may be empty) must outlive the runtime.
+  ClientRuntime(transport::Context& ctx, RuntimeConfig config, Trainer& trainer, DataView train, DataView eval,
+                std::shared_ptr<spdlog::logger> log);
+  ~ClientRuntime();
+
+  // Serves the federation until the server sends Shutdown (returns true) or `stop` becomes true
+  // (returns false). Throws IoError if the state file cannot be written.
+  bool run(const std::atomic<bool>& stop);
+
+  const RuntimeStats& stats() const { return stats_; }
+  const ClientState& state() const { return state_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  RuntimeStats stats_;
+  ClientState state_;
+};
+
+}  // namespace starling::client

@@ -1,0 +1,224 @@
+#include "server/aggregator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+
+#include "core/error.h"
+#include "protocol/control.h"
+
+namespace starling::server {
+namespace ag = starling::aggregation;
+namespace pr = starling::protocol;
+namespace cz = starling::compression;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+void AggregatorConfig::validate() const {
+  if (upstream.empty()) STARLING_THROW(ConfigError, "an aggregator needs an upstream endpoint (--server.upstream)");
+  security.validate(/*server_side=*/false);
+  limits.validate();
+  bounds.validate();
+  if (!(resparsify_density >= 0.0 && resparsify_density <= 1.0))
+    STARLING_THROW(ConfigError, "aggregator.resparsify_density must be in [0, 1], got ", resparsify_density);
+  if (min_clients == 0) STARLING_THROW(ConfigError, "aggregator.min_clients must be at least 1");
+  if (!(deadline_share > 0.0 && deadline_share < 1.0))
+    STARLING_THROW(ConfigError, "aggregator.deadline_share must be in (0, 1), got ", deadline_share);
+}
+
+struct EdgeAggregator::Impl {
+  AggregatorConfig config;
+  ZmqFleet& fleet;
+  std::shared_ptr<const ParamLayout> layout;
+  std::shared_ptr<spdlog::logger> log;
+  transport::ClientSocket up;
+  std::map<std::string, std::unique_ptr<ag::RoundScheme>> schemes;
+  std::unique_ptr<ModelStore> model;
+  std::vector<float> held;  // the model as received from upstream
+  uint64_t held_version = 0;
+  std::unique_ptr<ag::PhaseAggregator> previous;  // this point's aggregator of the phase before
+  uint64_t previous_round = 0;
+  std::vector<float> residual;  // what re-sparsification dropped, sent in later rounds
+  uint64_t partials = 0;
+  // upstream session
+  bool registered = false;
+  uint64_t session = 0, registered_examples = 0, registered_eval = 0;
+  uint32_t heartbeat_ms = 1000;
+  Clock::time_point last_register{}, last_heartbeat{}, last_heard = Clock::now();
+
+  Impl(transport::Context& ctx, AggregatorConfig c, ZmqFleet& f, std::shared_ptr<const ParamLayout> l,
+       std::shared_ptr<spdlog::logger> lg)
+      : config((c.validate(), std::move(c))),
+        fleet(f),
+        layout(std::move(l)),
+        log(lg ? std::move(lg) : spdlog::default_logger()),
+        up(ctx, config.upstream, config.security, config.limits, "aggregator-" + std::to_string(config.id)),
+        held(layout->numel()) {}
+
+  void registerUp() {
+    pr::RegisterMsg m;
+    m.client_id = config.id;
+    m.role = pr::Role::kAggregator;
+    m.layout_fingerprint = layout->fingerprint();
+    m.num_examples = fleet.totalExamples();
+    m.eval_examples = fleet.totalEvalExamples();
+    m.model_version = held_version;
+    registered_examples = m.num_examples;
+    registered_eval = m.eval_examples;
+    registered = false;
+    last_register = Clock::now();
+    // Nothing to offer before enough clients registered; upkeep() retries.
+    if (m.num_examples > 0 && fleet.available().size() >= config.min_clients) up.send(pr::encode(m));
+  }
+
+  // Upstream upkeep, on every turn of the fleet's loops and of run().
+  void upkeep() {
+    const auto now = Clock::now();
+    if (!registered && now - last_register > milliseconds(config.register_retry_ms)) registerUp();
+    if (registered && (fleet.totalExamples() != registered_examples || fleet.totalEvalExamples() != registered_eval ||
+                       now - last_heard > milliseconds(config.upstream_silence_ms))) {
+      last_heard = now;
+      registerUp();
+    }
+    if (registered && now - last_heartbeat > milliseconds(heartbeat_ms)) {
+      up.send(pr::encode(pr::HeartbeatMsg{config.id, session, previous_round}));
+      last_heartbeat = now;
+    }
+  }
+
+  ag::RoundScheme& scheme(const std::string& compressor) {
+    auto it = schemes.find(compressor);
+    if (it == schemes.end()) {
+      ag::RoundSchemeOptions o;
+      o.compressor = compressor;
+      o.rule = config.rule;
+      o.bounds = config.bounds;
+      o.metrics = config.metrics;
+      it = schemes.emplace(compressor, std::make_unique<ag::RoundScheme>(layout, o)).first;
+    }
+    return *it->second;
+  }
+
+  void onTask(std::span<const uint8_t> bytes) {
+    pr::TaskMsg t = pr::decodeTask(bytes, *layout, pr::ControlLimits{config.limits.max_message_bytes});
+    if (!t.model.empty()) {
+      pr::applyModel(*layout, held_version, t.base_version, t.model, held);
+      held_version = t.model_version;
+      if (!model || model->version() >= held_version)
+        model = std::make_unique<ModelStore>(layout, config.downlink == Downlink::kDelta ? 4 : 0);
+      model->set(held, held_version);
+    }
+    if (!model) failInput(Errc::kMissingField, "a phase-", t.phase, " task before any model");
+    if (t.kind == pr::TaskKind::kEvaluate) {
+      evaluate(t);
+      return;
+    }
+    ag::RoundScheme& s = scheme(t.compressor);
+    auto shared = t.shared.factors.empty() ? nullptr : std::make_shared<const cz::SharedFactors>(std::move(t.shared));
+    const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared};
+    const bool continues = t.phase > 0 && previous && previous_round == t.round &&
+                           previous->broadcast().phase + 1 == t.phase;
+    auto agg = s.phaseAggregator(b, continues ? previous.get() : nullptr);
+    std::vector<ClientInfo> participants;
+    for (const ClientInfo& c : fleet.available())
+      if (t.phase == 0 || (continues && previous->hasClient(c.id))) participants.push_back(c);
+    pr::TaskMsg header = t;
+    header.model.clear();
+    header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);
+    log->info("round {} phase {}: relaying to {} clients", t.round, t.phase, participants.size());
+    const PhaseReport rep =
+        fleet.runPhase(PhaseTask{b, header, *model, config.downlink}, participants, participants.size(), *agg);
+    if (agg->count() == 0) {
+      log->warn("round {} phase {}: no update from the subtree; nothing sent up", t.round, t.phase);
+    } else {
+      cz::PartialMessage p = config.resparsify_density > 0 ? agg->partial().exportSparse(config.resparsify_density, residual)
+                                                           : agg->partial().exportDense();
+      p.header.nonce = t.nonce;
+      up.send(pr::encodePartial(p));
+      ++partials;
+      log->info("round {} phase {}: sent the partial of {} updates ({} failed, {} refused)", t.round, t.phase,
+                agg->count(), rep.failed.size(), agg->rejected());
+    }
+    previous = std::move(agg);
+    previous_round = t.round;
+  }
+
+  // Federated evaluation of the subtree: relayed down, answered up as one examples-weighted mean.
+  void evaluate(const pr::TaskMsg& t) {
+    std::vector<ClientInfo> participants;
+    for (const ClientInfo& c : fleet.available())
+      if (c.eval_examples > 0) participants.push_back(c);
+    pr::TaskMsg header = t;
+    header.model.clear();
+    header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);
+    const cz::PhaseBroadcast none{t.run_seed, t.round, 0, nullptr};
+    const EvalReport ev = fleet.evaluate(PhaseTask{none, header, *model, config.downlink}, participants);
+    if (ev.examples == 0) return;
+    up.send(pr::encode(pr::EvaluationMsg{config.id, t.round, t.nonce, ev.examples, ev.loss, ev.accuracy}));
+  }
+
+  bool handleUp(const transport::Received& r) {
+    if (r.error) {
+      log->warn("upstream: {}", r.error->what());
+      return false;
+    }
+    last_heard = Clock::now();
+    const auto kind = pr::peekKind(r.bytes());
+    try {
+      if (!kind) failInput(Errc::kMalformed, "not a Starling message");
+      switch (*kind) {
+        case pr::MessageKind::kWelcome: {
+          const auto w = pr::decodeWelcome(r.bytes());
+          registered = true;
+          session = w.session;
+          heartbeat_ms = w.heartbeat_ms;
+          log->info("registered upstream as aggregator {} ({} examples)", config.id, registered_examples);
+          break;
+        }
+        case pr::MessageKind::kHeartbeat:
+          if (registered && pr::decodeHeartbeat(r.bytes()).session != session) registerUp();
+          break;
+        case pr::MessageKind::kTask: onTask(r.bytes()); break;
+        case pr::MessageKind::kReject: {
+          const auto j = pr::decodeReject(r.bytes());
+          if (j.kind == pr::RejectKind::kNotRegistered) registerUp();
+          else log->warn("upstream refused a message: {}", j.message);
+          break;
+        }
+        case pr::MessageKind::kShutdown: {
+          const auto f = pr::decodeShutdown(r.bytes());
+          fleet.finish(f.reason);
+          return true;
+        }
+        default: failInput(Errc::kUnexpectedMessage, "upstream may not send ", pr::kindName(*kind));
+      }
+    } catch (const InputError& e) {
+      log->warn("ignored a message from upstream: {}", e.what());
+    } catch (const InvalidArgument& e) {
+      log->error("task dropped: {}", e.what());
+    }
+    return false;
+  }
+};
+
+EdgeAggregator::EdgeAggregator(transport::Context& ctx, AggregatorConfig config, ZmqFleet& fleet,
+                               std::shared_ptr<const ParamLayout> layout, std::shared_ptr<spdlog::logger> log)
+    : impl_(std::make_unique<Impl>(ctx, std::move(config), fleet, std::move(layout), std::move(log))) {
+  fleet.setIdleHook([this] { impl_->upkeep(); });
+}
+
+EdgeAggregator::~EdgeAggregator() { impl_->fleet.setIdleHook({}); }
+
+uint64_t EdgeAggregator::partialsSent() const { return impl_->partials; }
+
+bool EdgeAggregator::run(const std::atomic<bool>& stop) {
+  Impl& s = *impl_;
+  while (!stop.load()) {
+    s.fleet.service(milliseconds(20));  // clients' registrations and heartbeats (calls upkeep)
+    while (auto r = s.up.receive(milliseconds(0)))
+      if (s.handleUp(*r)) return true;
+  }
+  return false;
+}
+
+}  // namespace starling::server

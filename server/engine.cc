@@ -1,0 +1,269 @@
+#include "server/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/bytes.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/rng.h"
+#include "data/sampling.h"
+
+namespace starling::server {
+namespace ag = starling::aggregation;
+
+namespace {
+constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
+constexpr uint32_t kCheckpointVersion = 1;
+
+size_t ceilFraction(double f, size_t n) {
+  return static_cast<size_t>(std::ceil(f * static_cast<double>(n) - 1e-9));
+}
+
+void jsonNumber(std::ostringstream& o, const char* key, double v) {
+  o << ",\"" << key << "\":";
+  if (std::isfinite(v)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+    o << buf;
+  } else {
+    o << "null";
+  }
+}
+}  // namespace
+
+void SamplingConfig::validate() const {
+  if (!(fraction > 0.0 && fraction <= 1.0)) STARLING_THROW(ConfigError, "sampling.fraction must be in (0, 1], got ", fraction);
+  if (min_clients == 0) STARLING_THROW(ConfigError, "sampling.min_clients must be at least 1");
+  if (min_available < min_clients)
+    STARLING_THROW(ConfigError, "sampling.min_available (", min_available, ") must be at least sampling.min_clients (",
+                   min_clients, ")");
+  if (!(overcommit >= 1.0 && overcommit <= 10.0))
+    STARLING_THROW(ConfigError, "sampling.overcommit must be in [1, 10], got ", overcommit);
+  if (wait_ms == 0) STARLING_THROW(ConfigError, "sampling.wait_ms must be positive");
+}
+
+void EngineConfig::validate() const {
+  if (rounds == 0 || rounds > 10'000'000) STARLING_THROW(ConfigError, "rounds must be in [1, 10^7], got ", rounds);
+  sampling.validate();
+  completion.validate();
+  scheme.bounds.validate();
+  if (fit.epochs == 0 || fit.epochs > 1000) STARLING_THROW(ConfigError, "fit.epochs must be in [1, 1000], got ", fit.epochs);
+  if (fit.batch_size == 0) STARLING_THROW(ConfigError, "fit.batch_size must be positive");
+  if (!(fit.lr > 0.0f && fit.lr <= 100.0f)) STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
+  if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
+  if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
+}
+
+std::string RoundRecord::json() const {
+  std::ostringstream o;
+  o << "{\"round\":" << round << ",\"applied\":" << (applied ? "true" : "false");
+  if (!reason.empty()) {
+    o << ",\"reason\":\"";
+    for (char c : reason) o << (c == '"' || c == '\\' ? '\'' : (static_cast<unsigned char>(c) < 0x20 ? ' ' : c));
+    o << '"';
+  }
+  o << ",\"clients_selected\":" << clients_selected << ",\"clients_completed\":" << clients_completed
+    << ",\"clients_failed\":" << clients_failed << ",\"updates_rejected\":" << updates_rejected
+    << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
+    << ",\"model_version\":" << model_version;
+  if (train_loss) jsonNumber(o, "train_loss", *train_loss);
+  if (test_accuracy) jsonNumber(o, "test_accuracy", *test_accuracy);
+  if (test_loss) jsonNumber(o, "test_loss", *test_loss);
+  jsonNumber(o, "wall_seconds", wall_seconds);
+  o << '}';
+  return o.str();
+}
+
+RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config, std::vector<float> initial)
+    : layout_(std::move(layout)),
+      config_((config.validate(), std::move(config))),
+      scheme_(layout_, config_.scheme),
+      optimizer_(ag::makeServerOptimizer(config_.server_opt, layout_->numel())),
+      model_(layout_, config_.downlink == Downlink::kDelta ? config_.delta_history : 0),
+      carry_(scheme_.initialCarry()) {
+  STARLING_CHECK_ARG(initial.size() == layout_->numel(), "initial model of ", initial.size(), " values, the layout has ",
+                     layout_->numel());
+  model_.set(std::move(initial), 1);
+  if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
+    loadCheckpoint();
+    resumed_ = true;
+  }
+}
+
+RoundEngine::~RoundEngine() = default;
+
+void RoundEngine::saveCheckpoint() const {
+  if (config_.checkpoint.empty()) return;
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u32(kCheckpointMagic);
+  w.u32(kCheckpointVersion);
+  w.u64(layout_->fingerprint());
+  w.u64(next_round_);
+  w.u64(model_.version());
+  w.floats(model_.current());
+  optimizer_->saveState(w);
+  carry_.save(w);
+  writeFileAtomic(config_.checkpoint, bytes);
+}
+
+void RoundEngine::loadCheckpoint() {
+  const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
+  ByteReader r(bytes, "checkpoint " + config_.checkpoint);
+  if (r.u32() != kCheckpointMagic) r.fail("not a Starling checkpoint");
+  if (const uint32_t v = r.u32(); v != kCheckpointVersion) r.fail("checkpoint format version ", v, " is not ", kCheckpointVersion);
+  if (r.u64() != layout_->fingerprint()) r.fail("the checkpoint is of another model (layout fingerprint differs)");
+  const uint64_t next = r.u64();
+  const uint64_t version = r.u64();
+  std::vector<float> model;
+  r.floats(model);
+  if (model.size() != layout_->numel()) r.fail("model of ", model.size(), " values, the layout has ", layout_->numel());
+  for (float x : model)
+    if (!std::isfinite(x)) r.fail("the model holds a non-finite value");
+  auto opt = ag::makeServerOptimizer(config_.server_opt, layout_->numel());
+  opt->loadState(r);
+  ag::RoundCarry carry = ag::RoundCarry::load(r, *layout_);
+  r.finish();
+  try {
+    scheme_.checkCarry(carry);
+  } catch (const InvalidArgument& e) {
+    r.fail("the checkpoint's round carry does not fit this compressor: ", e.what());
+  }
+  if (next == 0 || version == 0) r.fail("round ", next, " / model version ", version, " out of range");
+  next_round_ = next;
+  model_.set(std::move(model), version);
+  optimizer_ = std::move(opt);
+  carry_ = std::move(carry);
+}
+
+std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& available, uint64_t round,
+                                            size_t* target) const {
+  std::vector<ClientInfo> pool = available;
+  std::sort(pool.begin(), pool.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+  const auto& s = config_.sampling;
+  const size_t n = pool.size();
+  *target = std::min(n, std::max(s.min_clients, ceilFraction(s.fraction, n)));
+  const size_t chosen = std::min(n, ceilFraction(s.overcommit, *target));
+  // Sampling is a pure function of (seed, round): the round number is the RNG position.
+  RngStream rng(StreamKey{config_.scheme.run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});
+  data::shuffleInPlace(std::span<ClientInfo>(pool), rng);
+  pool.resize(chosen);
+  std::sort(pool.begin(), pool.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+  return pool;
+}
+
+RoundRecord RoundEngine::runRound(Fleet& fleet) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RoundRecord rec;
+  rec.round = next_round_;
+  rec.model_version = model_.version();
+  auto finishRecord = [&] {
+    rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++next_round_;
+    saveCheckpoint();
+    if (!config_.metrics.empty()) {
+      std::ofstream out(config_.metrics, std::ios::app);
+      out << rec.json() << '\n';
+      if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
+    }
+    return rec;
+  };
+
+  const auto& s = config_.sampling;
+  const std::vector<ClientInfo> available =
+      fleet.waitForClients(s.min_available, std::chrono::milliseconds(s.wait_ms));
+  if (available.size() < s.min_available) {
+    rec.reason = "only " + std::to_string(available.size()) + " clients available, " + std::to_string(s.min_available) +
+                 " needed";
+    return finishRecord();
+  }
+  size_t target = 0;
+  std::vector<ClientInfo> active = sample(available, rec.round, &target);
+  rec.clients_selected = active.size();
+
+  protocol::TaskMsg header;
+  header.kind = protocol::TaskKind::kFit;
+  header.round = rec.round;
+  header.run_seed = config_.scheme.run_seed;
+  header.compressor = scheme_.compressor().spec();
+  header.model_version = model_.version();
+  header.fit = config_.fit;
+  header.deadline_ms = config_.round_deadline_ms;
+  header.metrics = config_.scheme.metrics;
+
+  auto round = scheme_.begin(rec.round, carry_);
+  std::set<uint64_t> failed;
+  for (;;) {
+    header.phase = round->phase();
+    const PhaseTask task{round->broadcast(), header, model_, config_.downlink};
+    const size_t want = round->phase() == 0 ? target : active.size();
+    PhaseReport rep = fleet.runPhase(task, active, want, round->current());
+    rec.uplink_bytes += rep.uplink_bytes;
+    rec.downlink_bytes += rep.downlink_bytes;
+    failed.insert(rep.failed.begin(), rep.failed.end());
+    if (round->lastPhase() || rep.completed.empty()) break;
+    round->nextPhase();
+    std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
+    std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
+  }
+  for (size_t p = 0; p < round->phasesStarted(); ++p) rec.updates_rejected += round->phaseAt(p).rejected();
+  rec.clients_failed = failed.size();
+
+  ag::RoundResult result;
+  try {
+    result = round->finish();
+  } catch (const InvalidArgument& e) {
+    rec.reason = e.what();
+    return finishRecord();
+  }
+  rec.clients_completed = result.count;
+  if (auto it = result.metrics.find("train_loss"); it != result.metrics.end()) rec.train_loss = it->second;
+  const ag::RoundDecision d = ag::decideRound(config_.completion, result.count, rec.clients_selected - std::min<uint64_t>(result.count, rec.clients_selected));
+  if (!d.apply) {
+    rec.reason = d.reason;
+    return finishRecord();
+  }
+  std::vector<float> next(model_.current().begin(), model_.current().end());
+  optimizer_->step(next, result.delta);
+  model_.set(std::move(next), model_.version() + 1);
+  carry_ = std::move(result.next);
+  rec.applied = true;
+  rec.model_version = model_.version();
+
+  if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) {
+    std::vector<ClientInfo> evaluators;
+    for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0)))
+      if (c.eval_examples > 0) evaluators.push_back(c);
+    if (!evaluators.empty()) {
+      protocol::TaskMsg eh = header;
+      eh.kind = protocol::TaskKind::kEvaluate;
+      eh.phase = 0;
+      eh.model_version = model_.version();
+      const compression::PhaseBroadcast none{config_.scheme.run_seed, rec.round, 0, nullptr};
+      const EvalReport ev = fleet.evaluate(PhaseTask{none, eh, model_, config_.downlink}, evaluators);
+      rec.downlink_bytes += ev.downlink_bytes;
+      rec.uplink_bytes += ev.uplink_bytes;
+      if (ev.examples > 0) {
+        rec.test_accuracy = ev.accuracy;
+        rec.test_loss = ev.loss;
+      }
+    }
+  }
+  return finishRecord();
+}
+
+void RoundEngine::run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress) {
+  while (!done()) {
+    const RoundRecord rec = runRound(fleet);
+    if (progress) progress(rec);
+  }
+  fleet.finish("all " + std::to_string(config_.rounds) + " rounds done");
+}
+
+}  // namespace starling::server

@@ -1,0 +1,158 @@
+#pragma once
+// The round engine: sampling, task configuration, completion, the server optimizer step,
+// checkpoints and per-round metrics, written once against the Fleet seam ("deliver tasks,
+// receive updates"). The ZeroMQ server (server/zmq_fleet.h) is one Fleet; an in-process fleet
+// (tests) and the simulator are others. The engine drives the generic round loop of
+// aggregation/round_scheme.h and never names a compressor:
+//
+//   wait for clients -> sample -> for each phase: fleet.runPhase(task, sampled, agg)
+//   -> round.finish() -> completion policy -> optimizer step -> checkpoint -> metrics line
+//   -> (every eval_every rounds) fleet.evaluate()
+//
+// Durability: after every round (applied or skipped) the engine writes its checkpoint atomically
+// (core/file_io.h): the global model and its version, the next round number, the server
+// optimizer's state and the round carry (PowerSGD's shared Q). Sampling is a pure function of
+// (seed, round), so the round number is the sampling RNG's position. A restarted engine loads
+// the checkpoint and resumes at the first round not completed; the round in flight at a crash is
+// run again from the carry it began with.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "aggregation/round_scheme.h"
+#include "aggregation/server_optimizer.h"
+#include "protocol/control.h"
+#include "server/model_store.h"
+
+namespace starling::server {
+
+struct ClientInfo {
+  uint64_t id = 0;
+  protocol::Role role = protocol::Role::kClient;
+  uint64_t num_examples = 0;   // registered training examples: the cap on the weight it claims
+  uint64_t eval_examples = 0;
+  uint64_t model_version = 0;  // the model version it holds, for the delta downlink
+};
+
+struct SamplingConfig {
+  double fraction = 1.0;        // of the available clients, per round
+  size_t min_clients = 1;       // results a round needs (and the fewest clients sampled)
+  size_t min_available = 1;     // wait until this many clients are registered
+  double overcommit = 1.0;      // sample this many times the target; close at the target
+  uint32_t wait_ms = 60000;     // how long to wait for min_available before giving up the round
+  void validate() const;
+};
+
+struct EngineConfig {
+  uint64_t rounds = 10;
+  aggregation::RoundSchemeOptions scheme;  // compressor, rule, run seed, bounds, metrics
+  std::string server_opt = "fedavg";
+  SamplingConfig sampling;
+  aggregation::CompletionPolicy completion;
+  protocol::FitSettings fit;
+  uint32_t round_deadline_ms = 60000;  // per phase
+  uint32_t eval_every = 0;             // federated evaluation every N rounds (0: never)
+  Downlink downlink = Downlink::kDense;
+  size_t delta_history = 4;            // model versions kept for the delta downlink
+  std::string checkpoint;              // file; empty: no checkpoints
+  std::string metrics;                 // JSON Lines file; empty: none
+  void validate() const;               // ConfigError naming the key
+};
+
+// What the engine asks of a fleet for one phase: the broadcast and the task header (everything
+// but the model and the nonce, which the fleet fills per client).
+struct PhaseTask {
+  const compression::PhaseBroadcast& broadcast;
+  protocol::TaskMsg header;
+  const ModelStore& model;
+  Downlink downlink;
+};
+
+struct PhaseReport {
+  std::vector<uint64_t> completed;  // clients whose update (or partial) was accepted
+  std::vector<uint64_t> failed;     // clients that did not deliver in time, went silent, or were refused
+  uint64_t uplink_bytes = 0;
+  uint64_t downlink_bytes = 0;
+};
+
+struct EvalReport {
+  uint64_t clients = 0;
+  uint64_t examples = 0;
+  double loss = 0.0;      // weighted by examples
+  double accuracy = 0.0;  // weighted by examples
+  uint64_t uplink_bytes = 0;
+  uint64_t downlink_bytes = 0;
+};
+
+// The seam between the round engine and whatever reaches the clients.
+class Fleet {
+ public:
+  virtual ~Fleet() = default;
+  // The clients available now, after waiting up to `timeout` until there are at least `min`.
+  virtual std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout) = 0;
+  // Delivers the phase's task to `participants` and adds what comes back to `agg` as it streams
+  // in (never holding one update per client), until `target` results were accepted, every
+  // participant answered or failed, or the task's deadline passed.
+  virtual PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
+                               aggregation::PhaseAggregator& agg) = 0;
+  // Federated evaluation of the current model on the participants' held-out data.
+  virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
+  // The federation is over: tell the clients.
+  virtual void finish(const std::string& reason) = 0;
+};
+
+struct RoundRecord {
+  uint64_t round = 0;
+  bool applied = false;
+  std::string reason;  // why the round was not applied
+  uint64_t clients_selected = 0, clients_completed = 0, clients_failed = 0, updates_rejected = 0;
+  uint64_t uplink_bytes = 0, downlink_bytes = 0;
+  std::optional<double> train_loss;
+  std::optional<double> test_accuracy, test_loss;
+  uint64_t model_version = 0;
+  double wall_seconds = 0.0;
+  std::string json() const;  // one JSON object, no newline
+};
+
+class RoundEngine {
+ public:
+  // `initial` is the model to start from when there is no checkpoint to resume. Throws
+  // ConfigError for a bad configuration and IoError for an unreadable checkpoint (a corrupt
+  // checkpoint is never silently replaced by a fresh start).
+  RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config, std::vector<float> initial);
+  ~RoundEngine();
+
+  bool resumed() const { return resumed_; }
+  uint64_t nextRound() const { return next_round_; }
+  bool done() const { return next_round_ > config_.rounds; }
+  const ModelStore& model() const { return model_; }
+  const aggregation::RoundScheme& scheme() const { return scheme_; }
+  const EngineConfig& config() const { return config_; }
+
+  // Runs round nextRound(). A round without enough clients, or one the completion policy
+  // refuses, is recorded as not applied; the round number advances either way.
+  RoundRecord runRound(Fleet& fleet);
+  // Rounds until done(), calling `progress` after each; then fleet.finish().
+  void run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
+
+ private:
+  void saveCheckpoint() const;
+  void loadCheckpoint();
+  std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round, size_t* target) const;
+
+  std::shared_ptr<const ParamLayout> layout_;
+  EngineConfig config_;
+  aggregation::RoundScheme scheme_;
+  std::unique_ptr<aggregation::ServerOptimizer> optimizer_;
+  ModelStore model_;
+  aggregation::RoundCarry carry_;
+  uint64_t next_round_ = 1;
+  bool resumed_ = false;
+};
+
+}  // namespace starling::server

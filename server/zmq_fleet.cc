@@ -1,0 +1,389 @@
+#include "server/zmq_fleet.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <random>
+
+#include "core/error.h"
+
+namespace starling::server {
+namespace ag = starling::aggregation;
+namespace pr = starling::protocol;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct ZmqFleet::Phase {
+  const PhaseTask* task = nullptr;
+  ag::PhaseAggregator* agg = nullptr;
+  PhaseReport* report = nullptr;
+  EvalReport* eval = nullptr;
+  size_t accepted = 0;
+  std::unordered_map<uint64_t, std::vector<uint8_t>> encoded;  // task bytes by the version a client holds
+  std::mt19937_64* rng = nullptr;
+};
+
+namespace {
+uint64_t randomNonZero(std::mt19937_64& rng) {
+  uint64_t v = 0;
+  while (v == 0) v = rng();
+  return v;
+}
+std::mt19937_64 seededRng() {
+  std::random_device rd;
+  std::seed_seq seq{rd(), rd(), rd(), rd()};
+  return std::mt19937_64(seq);
+}
+}  // namespace
+
+void FleetConfig::validate() const {
+  security.validate(/*server_side=*/true);
+  limits.validate();
+  if (heartbeat_ms < 10) STARLING_THROW(ConfigError, "heartbeat_ms must be at least 10, got ", heartbeat_ms);
+  if (silence_ms <= heartbeat_ms)
+    STARLING_THROW(ConfigError, "silence_ms (", silence_ms, ") must exceed heartbeat_ms (", heartbeat_ms, ")");
+  if (max_examples == 0) STARLING_THROW(ConfigError, "max_examples must be positive");
+}
+
+ZmqFleet::ZmqFleet(transport::Context& ctx, FleetConfig config, std::shared_ptr<const ParamLayout> layout,
+                   std::shared_ptr<spdlog::logger> log)
+    : config_((config.validate(), std::move(config))),
+      layout_(std::move(layout)),
+      log_(log ? std::move(log) : spdlog::default_logger()),
+      socket_(ctx, config_.bind, config_.security, config_.limits),
+      decoder_(*layout_, pr::DecodeLimits{config_.limits.max_message_bytes, 32, 64}) {
+  auto rng = seededRng();
+  session_ = randomNonZero(rng);
+}
+
+ZmqFleet::~ZmqFleet() = default;
+
+std::string ZmqFleet::endpoint() const { return socket_.endpoint(); }
+
+uint64_t ZmqFleet::refusedTotal() const {
+  uint64_t n = 0;
+  for (uint64_t c : refused_) n += c;
+  return n;
+}
+
+std::vector<ClientInfo> ZmqFleet::available() const {
+  std::vector<ClientInfo> out;
+  const auto cutoff = Clock::now() - milliseconds(config_.silence_ms);
+  for (const auto& [id, p] : clients_)
+    if (p.last_seen >= cutoff) out.push_back(p.info);
+  std::sort(out.begin(), out.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+uint64_t ZmqFleet::totalExamples() const {
+  uint64_t n = 0;
+  for (const auto& c : available()) n += c.num_examples;
+  return n;
+}
+
+uint64_t ZmqFleet::totalEvalExamples() const {
+  uint64_t n = 0;
+  for (const auto& c : available()) n += c.eval_examples;
+  return n;
+}
+
+void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round, uint64_t nonce) {
+  ++refused_[static_cast<size_t>(code)];
+  log_->warn("refused a message: {}", what);
+  if (routing.empty()) return;
+  pr::RejectMsg m;
+  m.kind = code == Errc::kNotRegistered ? pr::RejectKind::kNotRegistered : pr::RejectKind::kRefused;
+  m.code = static_cast<uint32_t>(code);
+  m.round = round;
+  m.nonce = nonce;
+  m.message = what;
+  socket_.send(routing, pr::encode(m));
+}
+
+ZmqFleet::Peer* ZmqFleet::peerOf(const transport::Received& r) {
+  auto it = by_routing_.find(r.peer);
+  if (it == by_routing_.end()) return nullptr;
+  auto c = clients_.find(it->second);
+  if (c == clients_.end() || c->second.routing != r.peer) return nullptr;
+  // Under CURVE the connection's key decides who speaks: a peer that took over another's routing
+  // id (ROUTER_HANDOVER) with its own key is not that client.
+  if (r.authenticated_id && *r.authenticated_id != c->second.info.id) return nullptr;
+  return &c->second;
+}
+
+void ZmqFleet::handle(const transport::Received& r) {
+  if (r.error) {
+    refuse("", r.error->code(), "from peer: " + std::string(r.error->what()));
+    return;
+  }
+  const auto bytes = r.bytes();
+  const auto kind = pr::peekKind(bytes);
+  if (!kind) {
+    refuse(r.peer, Errc::kMalformed, "not a Starling message (" + std::to_string(bytes.size()) + " bytes)");
+    return;
+  }
+  if (*kind == pr::MessageKind::kRegister) {
+    handleRegister(r);
+    return;
+  }
+  Peer* peer = peerOf(r);
+  if (!peer) {
+    refuse(r.peer, Errc::kNotRegistered, std::string(pr::kindName(*kind)) + " from a peer that has not registered");
+    return;
+  }
+  peer->last_seen = Clock::now();
+  try {
+    switch (*kind) {
+      case pr::MessageKind::kHeartbeat: {
+        const auto h = pr::decodeHeartbeat(bytes);
+        if (h.client_id != peer->info.id) failInput(Errc::kWrongSender, "heartbeat names client ", h.client_id);
+        socket_.send(peer->routing, pr::encode(pr::HeartbeatMsg{peer->info.id, session_,
+                                                                phase_ ? phase_->task->header.round : 0}));
+        return;
+      }
+      case pr::MessageKind::kUpdate: handleUpdate(r, *peer, false); return;
+      case pr::MessageKind::kPartial: handleUpdate(r, *peer, true); return;
+      case pr::MessageKind::kEvaluation: handleEvaluation(r, *peer); return;
+      default: failInput(Errc::kUnexpectedMessage, "a client may not send ", pr::kindName(*kind));
+    }
+  } catch (const InputError& e) {
+    refuse(peer->routing, e.code(), "client " + std::to_string(peer->info.id) + ": " + e.what());
+  }
+}
+
+void ZmqFleet::handleRegister(const transport::Received& r) {
+  pr::RegisterMsg m;
+  try {
+    m = pr::decodeRegister(r.bytes());
+    if (m.layout_fingerprint != layout_->fingerprint())
+      failInput(Errc::kFingerprintMismatch, "client ", m.client_id, " trains another model (fingerprint ",
+                m.layout_fingerprint, ", the server's is ", layout_->fingerprint(), ")");
+    if (r.authenticated_id && *r.authenticated_id != m.client_id)
+      failInput(Errc::kWrongSender, "a peer whose key is listed as client ", *r.authenticated_id,
+                " registered as client ", m.client_id);
+    if (m.num_examples == 0 || m.num_examples > config_.max_examples)
+      failInput(Errc::kBadWeight, "client ", m.client_id, " registers ", m.num_examples, " examples (1 to ",
+                config_.max_examples, " allowed)");
+  } catch (const InputError& e) {
+    refuse(r.peer, e.code(), std::string("registration refused: ") + e.what());
+    return;
+  }
+  auto [it, fresh] = clients_.try_emplace(m.client_id);
+  Peer& p = it->second;
+  if (!fresh && p.routing != r.peer) by_routing_.erase(p.routing);  // reconnected under a new routing id
+  p.routing = r.peer;
+  p.info = ClientInfo{m.client_id, m.role, m.num_examples, m.eval_examples, m.model_version};
+  p.last_seen = Clock::now();
+  by_routing_[r.peer] = m.client_id;
+  log_->info("{} {} registered ({} examples{})", m.role == pr::Role::kAggregator ? "aggregator" : "client", m.client_id,
+             m.num_examples, fresh ? "" : ", again");
+  socket_.send(r.peer, pr::encode(pr::WelcomeMsg{m.client_id, session_, config_.heartbeat_ms,
+                                                 config_.limits.max_message_bytes, config_.limits.chunk_bytes}));
+  // A client that restarted in the middle of its task gets the task again and carries on.
+  if (auto pend = pending_.find(m.client_id); pend != pending_.end() && phase_ && !pend->second.evaluate)
+    sendTask(p, pend->second.nonce);
+}
+
+bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
+  Phase& ph = *phase_;
+  const PhaseTask& t = *ph.task;
+  const uint64_t held = t.header.phase == 0 ? peer.info.model_version : 0;
+  auto it = ph.encoded.find(held);
+  if (it == ph.encoded.end()) {
+    pr::TaskMsg h = t.header;
+    h.nonce = 1;  // present in the buffer, patched per client
+    if (t.broadcast.shared) h.shared = *t.broadcast.shared;
+    std::vector<uint8_t> bytes;
+    if (t.header.phase == 0) {
+      const EncodedModel m = t.model.encodeFor(held, t.downlink);
+      h.base_version = m.base_version;
+      std::vector<compression::PayloadView> views;
+      for (const auto& p : m.tensors) views.push_back(compression::view(p));
+      bytes = pr::encodeTask(h, views);
+    } else {
+      bytes = pr::encodeTask(h, {});
+    }
+    it = ph.encoded.emplace(held, std::move(bytes)).first;
+  }
+  std::vector<uint8_t> msg = it->second;
+  pr::setTaskNonce(msg, nonce);
+  const bool ok = socket_.send(peer.routing, msg);
+  if (ok) {
+    if (ph.report) ph.report->downlink_bytes += msg.size();
+    if (ph.eval) ph.eval->downlink_bytes += msg.size();
+  }
+  return ok;
+}
+
+void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool partial) {
+  const uint64_t id = peer.info.id;
+  auto pend = pending_.find(id);
+  const bool open = phase_ && phase_->agg && pend != pending_.end() && !pend->second.evaluate;
+  const auto bytes = r.bytes();
+  // The nonce tells a late answer to a closed task from a replay or a forgery.
+  auto checkNonce = [&](uint64_t nonce) {
+    if (auto ex = expired_.find(id); ex != expired_.end() && ex->second == nonce)
+      failInput(Errc::kLate, "an answer to a task whose phase already closed");
+    if (!open) failInput(Errc::kWrongSender, "an update without a task");
+    if (nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an update with another task's nonce");
+  };
+  uint64_t nonce = 0;
+  if (partial) {
+    if (peer.info.role != pr::Role::kAggregator) failInput(Errc::kWrongSender, "a partial aggregate from a client");
+    const compression::PartialView& v = decoder_.decodePartial(bytes);
+    nonce = v.header.nonce;
+    checkNonce(nonce);
+    if (v.header.total_weight > static_cast<double>(peer.info.num_examples) || v.header.count > peer.info.num_examples)
+      failInput(Errc::kBadWeight, "a partial of weight ", v.header.total_weight, " over ", v.header.count,
+                " updates; the aggregator registered ", peer.info.num_examples, " examples");
+    phase_->agg->merge(v, id);
+  } else {
+    const compression::UpdateView& v = decoder_.decodeUpdate(bytes);
+    nonce = v.header.nonce;
+    if (v.header.client_id != id) failInput(Errc::kWrongSender, "an update claiming to be client ", v.header.client_id);
+    checkNonce(nonce);
+    phase_->agg->add(v, ag::ClientLimits{peer.info.num_examples});
+  }
+  phase_->report->uplink_bytes += bytes.size();
+  phase_->report->completed.push_back(id);
+  ++phase_->accepted;
+  expired_[id] = nonce;
+  pending_.erase(pend);
+}
+
+void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
+  const uint64_t id = peer.info.id;
+  auto pend = pending_.find(id);
+  if (!phase_ || !phase_->eval || pend == pending_.end() || !pend->second.evaluate)
+    failInput(expired_.count(id) ? Errc::kLate : Errc::kWrongSender, "an evaluation without an evaluation task");
+  const pr::EvaluationMsg e = pr::decodeEvaluation(r.bytes());
+  if (e.client_id != id) failInput(Errc::kWrongSender, "an evaluation claiming to be client ", e.client_id);
+  if (e.nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an evaluation with another task's nonce");
+  if (e.num_examples == 0 || e.num_examples > std::max<uint64_t>(peer.info.eval_examples, 1))
+    failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ", peer.info.eval_examples, " registered");
+  EvalReport& ev = *phase_->eval;
+  const double w = static_cast<double>(e.num_examples), total = static_cast<double>(ev.examples) + w;
+  ev.loss += (e.loss - ev.loss) * w / total;
+  ev.accuracy += (e.accuracy - ev.accuracy) * w / total;
+  ev.examples += e.num_examples;
+  ++ev.clients;
+  ev.uplink_bytes += r.bytes().size();
+  expired_[id] = e.nonce;
+  pending_.erase(pend);
+  ++phase_->accepted;
+}
+
+void ZmqFleet::expireSilent() {
+  const auto cutoff = Clock::now() - milliseconds(config_.silence_ms);
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    auto c = clients_.find(it->first);
+    if (c == clients_.end() || c->second.last_seen < cutoff) {
+      log_->warn("client {} went silent; failed for this phase", it->first);
+      if (phase_ && phase_->report) phase_->report->failed.push_back(it->first);
+      expired_[it->first] = it->second.nonce;
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Forget clients silent for long (they re-register when they come back).
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (it->second.last_seen < cutoff - milliseconds(10 * config_.silence_ms) && !pending_.count(it->first)) {
+      by_routing_.erase(it->second.routing);
+      it = clients_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void ZmqFleet::poll(milliseconds timeout) {
+  if (auto r = socket_.receive(std::clamp(timeout, milliseconds(0), milliseconds(100)))) handle(*r);
+  if (idle_) idle_();
+}
+
+void ZmqFleet::service(milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  do {
+    poll(std::chrono::duration_cast<milliseconds>(until - Clock::now()));
+  } while (Clock::now() < until);
+}
+
+std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    auto avail = available();
+    if (avail.size() >= min || Clock::now() >= until) return avail;
+    poll(milliseconds(50));
+  }
+}
+
+PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
+                               ag::PhaseAggregator& agg) {
+  PhaseReport report;
+  auto rng = seededRng();
+  Phase ph;
+  ph.task = &task;
+  ph.agg = &agg;
+  ph.report = &report;
+  phase_ = &ph;
+  pending_.clear();
+  struct Reset {
+    ZmqFleet* f;
+    ~Reset() {
+      f->phase_ = nullptr;
+      for (const auto& [id, p] : f->pending_) f->expired_[id] = p.nonce;
+      f->pending_.clear();
+    }
+  } reset{this};
+  for (const ClientInfo& c : participants) {
+    auto it = clients_.find(c.id);
+    const uint64_t nonce = randomNonZero(rng);
+    if (it == clients_.end() || !sendTask(it->second, nonce)) {
+      report.failed.push_back(c.id);
+      continue;
+    }
+    pending_[c.id] = Pending{nonce, false};
+  }
+  const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
+  while (!pending_.empty() && ph.accepted < target && Clock::now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+    expireSilent();
+  }
+  for (const auto& [id, p] : pending_) {
+    report.failed.push_back(id);
+    log_->info("client {} did not deliver round {} phase {} in time", id, task.header.round, task.header.phase);
+  }
+  return report;
+}
+
+EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) {
+  EvalReport ev;
+  auto rng = seededRng();
+  Phase ph;
+  ph.task = &task;
+  ph.eval = &ev;
+  phase_ = &ph;
+  pending_.clear();
+  for (const ClientInfo& c : participants) {
+    auto it = clients_.find(c.id);
+    const uint64_t nonce = randomNonZero(rng);
+    if (it != clients_.end() && sendTask(it->second, nonce)) pending_[c.id] = Pending{nonce, true};
+  }
+  const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
+  while (!pending_.empty() && Clock::now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+    expireSilent();
+  }
+  for (const auto& [id, p] : pending_) expired_[id] = p.nonce;
+  pending_.clear();
+  phase_ = nullptr;
+  return ev;
+}
+
+void ZmqFleet::finish(const std::string& reason) {
+  for (const auto& [id, p] : clients_) socket_.send(p.routing, pr::encode(pr::ShutdownMsg{0, reason}));
+  log_->info("federation finished: {}", reason);
+}
+
+}  // namespace starling::server

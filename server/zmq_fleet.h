@@ -1,0 +1,110 @@
+#pragma once
+// The ZeroMQ fleet: the round engine's Fleet over a ROUTER socket (transport::ServerSocket),
+// serving clients and edge aggregators. One thread owns it and its socket: every method runs on
+// the caller's thread, and no other thread may call it. Everything a peer sends is handled on
+// that thread in arrival order; nothing is held per client beyond its registry entry and, during
+// a phase, its pending task (nonce). See docs/protocol.md for the state machine.
+//
+// Every message is checked before use: the transport bounds size, chunks and rate; then the kind,
+// the FlatBuffers Verifier, the sender (its CURVE-authenticated id must be the id it registered
+// and the id the message claims), the task nonce (an update replayed from an earlier round or
+// from another client is refused), and the round's own checks (PhaseAggregator: fingerprint,
+// shapes, index ranges, finite values, norm and weight bounds, the weight capped by the examples
+// the client registered). A refused message is counted per error code, logged, and answered with
+// a Reject; it never changes the aggregate.
+#include <array>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "protocol/codec.h"
+#include "server/engine.h"
+#include "transport/socket.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace starling::server {
+
+struct FleetConfig {
+  std::string bind = "tcp://127.0.0.1:7700";
+  transport::SecurityConfig security;
+  transport::TransportLimits limits;
+  uint32_t heartbeat_ms = 1000;  // clients send a Heartbeat this often (told in the Welcome)
+  uint32_t silence_ms = 5000;    // a client silent this long is failed for the phase and unlisted
+  uint64_t max_examples = 10'000'000;  // the most training examples a client may register
+  void validate() const;
+};
+
+class ZmqFleet final : public Fleet {
+ public:
+  ZmqFleet(transport::Context& ctx, FleetConfig config, std::shared_ptr<const ParamLayout> layout,
+           std::shared_ptr<spdlog::logger> log);
+  ~ZmqFleet() override;
+
+  std::string endpoint() const;
+  uint64_t session() const { return session_; }
+
+  std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout) override;
+  PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
+                       aggregation::PhaseAggregator& agg) override;
+  EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) override;
+  void finish(const std::string& reason) override;
+
+  // Called on every turn of the fleet's receive loops (about every 100 ms at most), on the
+  // owning thread: an aggregator heartbeats its upstream from here while a phase runs.
+  void setIdleHook(std::function<void()> hook) { idle_ = std::move(hook); }
+
+  // Serves registrations and heartbeats for `timeout` outside a phase.
+  void service(std::chrono::milliseconds timeout);
+  // Clients heard from within silence_ms, by id.
+  std::vector<ClientInfo> available() const;
+  // The sum of the registered clients' training examples (an aggregator registers this upstream).
+  uint64_t totalExamples() const;
+  uint64_t totalEvalExamples() const;
+
+  // Messages refused, by error code (core/input_error.h), for logs, metrics and tests.
+  uint64_t refused(Errc code) const { return refused_[static_cast<size_t>(code)]; }
+  uint64_t refusedTotal() const;
+
+ private:
+  struct Peer {
+    std::string routing;
+    ClientInfo info;
+    std::chrono::steady_clock::time_point last_seen;
+  };
+  struct Pending {
+    uint64_t nonce = 0;
+    bool evaluate = false;
+  };
+  struct Phase;  // the state of the phase being run
+
+  void handle(const transport::Received& r);
+  void handleRegister(const transport::Received& r);
+  void handleUpdate(const transport::Received& r, Peer& peer, bool partial);
+  void handleEvaluation(const transport::Received& r, Peer& peer);
+  void refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round = 0, uint64_t nonce = 0);
+  bool sendTask(Peer& peer, uint64_t nonce);
+  void expireSilent();
+  Peer* peerOf(const transport::Received& r);
+  void poll(std::chrono::milliseconds timeout);
+
+  FleetConfig config_;
+  std::shared_ptr<const ParamLayout> layout_;
+  std::shared_ptr<spdlog::logger> log_;
+  transport::ServerSocket socket_;
+  protocol::Decoder decoder_;
+  uint64_t session_;
+  std::unordered_map<uint64_t, Peer> clients_;
+  std::unordered_map<std::string, uint64_t> by_routing_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::unordered_map<uint64_t, uint64_t> expired_;  // client -> nonce of its last closed task (late, not forged)
+  Phase* phase_ = nullptr;
+  std::function<void()> idle_;
+  std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> refused_{};
+};
+
+}  // namespace starling::server

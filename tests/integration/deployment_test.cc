@@ -1,0 +1,277 @@
+// A deployed federation in real processes on 127.0.0.1 (starling-server, starling-client,
+// starling-keygen; CURVE on), on Fashion-MNIST with the softmax model. Each test bounds its own
+// time and kills only the processes it started, by pid.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "compression/compressor.h"
+#include "core/client_state.h"
+#include "integration/federation.h"
+
+using namespace starling;
+using namespace starling::testing;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+namespace {
+
+std::vector<std::string> metricLines(Federation& f) { return readLines(f.path("metrics.jsonl")); }
+
+// Waits until the metrics file has `n` rounds, or fails the test with every log.
+void awaitRounds(Federation& f, size_t n, seconds timeout) {
+  const bool ok = waitFor([&] { return metricLines(f).size() >= n; }, timeout);
+  if (!ok) FAIL("no " << n << " rounds in time; logs:\n" << f.allLogs());
+}
+
+// Builds root + 2 aggregators (ids 100, 101) + 8 clients (0-3 under 100, 4-7 under 101), or
+// root + 8 clients when flat.
+void startTree(Federation& f, bool flat, int root_port, const std::vector<std::string>& root_args) {
+  f.clientKeys(0, 8);
+  f.namedKey("agg-100", 100);
+  f.namedKey("agg-101", 101);
+  std::vector<std::string> all_clients;
+  for (int i = 0; i < 8; ++i) all_clients.push_back("client-" + std::to_string(i));
+  if (flat) {
+    f.root("root", root_port, f.allowList("allow-root", all_clients), root_args);
+    for (uint64_t c = 0; c < 8; ++c) f.client(c, root_port, "server", 8);
+    return;
+  }
+  f.root("root", root_port, f.allowList("allow-root", {"agg-100", "agg-101"}), root_args);
+  const int p100 = freePort(), p101 = freePort();
+  f.aggregator(100, p100, root_port, f.allowList("allow-100", {"client-0", "client-1", "client-2", "client-3"}),
+               {"--aggregator.min_clients", "4"});
+  f.aggregator(101, p101, root_port, f.allowList("allow-101", {"client-4", "client-5", "client-6", "client-7"}),
+               {"--aggregator.min_clients", "4"});
+  for (uint64_t c = 0; c < 8; ++c) f.client(c, c < 4 ? p100 : p101, c < 4 ? "agg-100" : "agg-101", 8);
+}
+
+}  // namespace
+
+TEST_CASE("root, two aggregators and eight clients train for three rounds with accuracy rising",
+          "[integration][server]") {
+  Federation f("tree");
+  const int port = freePort();
+  startTree(f, false, port,
+            {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--eval.every", "1",
+             "--compression.compressor", "topk:density=0.05", "--state.metrics", f.path("metrics.jsonl"),
+             "--state.checkpoint", f.path("ck.bin"), "--round.deadline_ms", "30000"});
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 3);
+  double prev = 0.0;
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "8");  // updates aggregated, through two partials
+    CHECK(field(l, "updates_rejected") == "0");
+    const double acc = std::stod(field(l, "test_accuracy"));
+    CHECK(acc > prev);
+    prev = acc;
+  }
+  CHECK(prev > 0.5);
+  // Every process ends on its own when the root finishes: aggregators relay the Shutdown.
+  for (const std::string name : {"agg-100", "agg-101", "client-0", "client-7"}) CHECK(f.proc(name).wait(seconds(20)) == 0);
+  CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 3);
+}
+
+TEST_CASE("hierarchical aggregation equals flat aggregation of the same updates", "[integration][server]") {
+  std::vector<float> tree_model, flat_model;
+  for (bool flat : {false, true}) {
+    Federation f(flat ? "flat" : "tree1");
+    const int port = freePort();
+    startTree(f, flat, port,
+              {"--train.rounds", "1", "--sampling.min_available", flat ? "8" : "2", "--sampling.min_clients",
+               flat ? "8" : "2", "--compression.compressor", "topk:density=0.05", "--state.checkpoint",
+               f.path("ck.bin"), "--state.metrics", f.path("metrics.jsonl")});
+    const int rc = f.proc("root").wait(seconds(120));
+    INFO(f.allLogs());
+    REQUIRE(rc == 0);
+    const Checkpoint ck = readCheckpoint(f.path("ck.bin"));
+    CHECK(ck.next_round == 2);
+    (flat ? flat_model : tree_model) = ck.model;
+  }
+  REQUIRE(tree_model.size() == flat_model.size());
+  double max_diff = 0.0, max_abs = 0.0;
+  for (size_t i = 0; i < tree_model.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(tree_model[i]) - flat_model[i]));
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(flat_model[i])));
+  }
+  // Same updates, summed in another order (float): equal up to rounding.
+  CHECK(max_abs > 0.0);
+  CHECK(max_diff <= 1e-5 * max_abs);
+}
+
+TEST_CASE("a client killed mid-round: the round completes with the rest", "[integration][server]") {
+  Federation f("killclient");
+  f.clientKeys(0, 4);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
+         {"--train.rounds", "3", "--sampling.min_available", "3", "--sampling.min_clients", "3", "--state.metrics",
+          f.path("metrics.jsonl"), "--round.deadline_ms", "30000"});
+  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
+  f.client(3, port, "server", 4, {"--client.delay_ms", "4000"});  // slow: still training when killed
+  const bool training = waitFor([&] { return f.log("client-3").find("round 2 phase 0: training") != std::string::npos; },
+                                seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(training);
+  f.proc("client-3").signal(SIGKILL);
+  const int rc = f.proc("root").wait(seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 3);
+  CHECK(field(lines[1], "applied") == "true");
+  CHECK(field(lines[1], "clients_failed") == "1");
+  CHECK(field(lines[1], "clients_completed") == "3");
+  CHECK(field(lines[2], "applied") == "true");
+}
+
+TEST_CASE("the root killed with SIGKILL and restarted loses no completed round; clients carry on",
+          "[integration][server]") {
+  Federation f("killroot");
+  f.clientKeys(0, 3);
+  const int port = freePort();
+  const std::string allow = f.allowList("allow", {"client-0", "client-1", "client-2"});
+  const std::vector<std::string> args{"--train.rounds", "6", "--sampling.min_available", "3", "--sampling.min_clients",
+                                      "3", "--state.metrics", f.path("metrics.jsonl"), "--state.checkpoint",
+                                      f.path("ck.bin"), "--compression.compressor", "topk:density=0.1"};
+  f.root("root", port, allow, args);
+  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 3, {"--client.delay_ms", "300"});
+  awaitRounds(f, 2, seconds(60));
+  f.proc("root").signal(SIGKILL);
+  REQUIRE(f.proc("root").wait(seconds(10)) == 128 + SIGKILL);
+  const Checkpoint at_kill = readCheckpoint(f.path("ck.bin"));
+  const size_t done_at_kill = metricLines(f).size();
+  CHECK(at_kill.next_round == done_at_kill + 1);
+  f.root("root", port, allow, args);  // same command, same checkpoint
+  const int rc = f.proc("root").wait(seconds(90));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  CHECK(f.log("root").find("resumed from") != std::string::npos);
+  std::set<std::string> rounds;
+  for (const auto& l : metricLines(f)) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(rounds.insert(field(l, "round")).second);  // no round twice
+  }
+  CHECK(rounds == std::set<std::string>{"1", "2", "3", "4", "5", "6"});
+  // The clients re-registered on their own and finished with the federation.
+  for (uint64_t c = 0; c < 3; ++c) {
+    CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(20)) == 0);
+    CHECK(countOf(f.log("client-" + std::to_string(c)), "registered (session") >= 2);
+  }
+}
+
+TEST_CASE("a restarted client keeps its error-feedback residual", "[integration][client]") {
+  Federation f("restartclient");
+  f.clientKeys(0, 2);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
+         {"--train.rounds", "5", "--sampling.min_available", "1", "--sampling.min_clients", "1", "--state.metrics",
+          f.path("metrics.jsonl"), "--compression.compressor", "topk:density=0.01"});
+  f.client(0, port, "server", 2);
+  const std::string state = f.path("client-1.state");
+  f.client(1, port, "server", 2, {"--state.file", state, "--client.delay_ms", "200"});
+  awaitRounds(f, 2, seconds(60));
+  f.proc("client-1").signal(SIGKILL);
+  f.proc("client-1").wait(seconds(10));
+  // The residual the file holds at the kill (written before each upload).
+  const auto bytes = readFile(state, uint64_t{1} << 30);
+  ByteReader r(bytes, state);
+  r.u32();
+  r.u32();
+  r.u64();
+  r.u64();
+  r.view(r.u64());
+  ClientState s;
+  s.loadFrom(r.view(r.u64()));
+  double sq = 0.0;
+  const auto* res = s.find<compression::ResidualState>(compression::kResidualComponent);
+  REQUIRE(res != nullptr);
+  for (float x : res->values) sq += static_cast<double>(x) * x;
+  REQUIRE(sq > 0.0);  // top-k 1% keeps almost all of the update as residual
+  f.client(1, port, "server", 2, {"--state.file", state, "--client.delay_ms", "200"});
+  const bool restored = waitFor([&] { return f.log("client-1").find("residual norm") != std::string::npos; }, seconds(30));
+  INFO(f.allLogs());
+  REQUIRE(restored);
+  const std::string log = f.log("client-1");
+  const size_t p = log.find("residual norm ") + std::string("residual norm ").size();
+  const double norm = std::stod(log.substr(p));
+  CHECK(norm == Approx(std::sqrt(sq)).epsilon(1e-6));
+  REQUIRE(f.proc("root").wait(seconds(60)) == 0);
+  CHECK(countOf(f.log("client-1"), "phase 0: training") >= 3);  // it took part again after the restart
+}
+
+TEST_CASE("a client whose key is not admitted is refused", "[integration][server]") {
+  Federation f("refused");
+  f.clientKeys(0, 2);  // client-1's key is not on the allow-list
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0"}),
+         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--sampling.wait_ms",
+          "3000", "--state.metrics", f.path("metrics.jsonl")});
+  f.client(0, port, "server", 2);
+  f.client(1, port, "server", 2);
+  const int rc = f.proc("root").wait(seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 1);
+  CHECK(field(lines[0], "applied") == "false");  // only one client could join
+  CHECK(f.log("root").find("client 1 registered") == std::string::npos);
+  CHECK(f.log("client-1").find("registered (session") == std::string::npos);
+  CHECK(f.log("root").find("client 0 registered") != std::string::npos);
+}
+
+TEST_CASE("a straggler past the deadline is dropped from the round and its late update refused",
+          "[integration][server]") {
+  Federation f("straggler");
+  f.clientKeys(0, 3);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2"}),
+         {"--train.rounds", "2", "--sampling.min_available", "3", "--sampling.min_clients", "2", "--round.deadline_ms",
+          "2000", "--state.metrics", f.path("metrics.jsonl")});
+  f.client(0, port, "server", 3);
+  f.client(1, port, "server", 3);
+  f.client(2, port, "server", 3, {"--client.delay_ms", "3500"});
+  const int rc = f.proc("root").wait(seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 2);
+  CHECK(field(lines[0], "applied") == "true");
+  CHECK(field(lines[0], "clients_completed") == "2");
+  CHECK(field(lines[0], "clients_failed") == "1");
+  // Its round-1 update arrives during round 2 and is refused as late.
+  CHECK(f.log("root").find("late:") != std::string::npos);
+}
+
+TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for that round", "[integration][server]") {
+  Federation f("killagg");
+  f.clientKeys(0, 4);
+  f.namedKey("agg-100", 100);
+  f.namedKey("agg-101", 101);
+  const int port = freePort(), p100 = freePort(), p101 = freePort();
+  f.root("root", port, f.allowList("allow-root", {"agg-100", "agg-101"}),
+         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--sampling.wait_ms",
+          "4000", "--round.deadline_ms", "20000", "--state.metrics", f.path("metrics.jsonl")});
+  f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1"}), {"--aggregator.min_clients", "2"});
+  f.aggregator(101, p101, port, f.allowList("allow-101", {"client-2", "client-3"}), {"--aggregator.min_clients", "2"});
+  f.client(0, p100, "agg-100", 4);
+  f.client(1, p100, "agg-100", 4);
+  f.client(2, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
+  f.client(3, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
+  const bool relaying = waitFor([&] { return f.log("agg-101").find("round 1 phase 0: relaying") != std::string::npos; },
+                                seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(relaying);
+  f.proc("agg-101").signal(SIGKILL);
+  const int rc = f.proc("root").wait(seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 2);
+  CHECK(field(lines[0], "applied") == "true");
+  CHECK(field(lines[0], "clients_completed") == "2");  // agg-100's two clients
+  CHECK(field(lines[0], "clients_failed") == "1");     // agg-101
+}

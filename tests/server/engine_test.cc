@@ -1,0 +1,239 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "client/synthetic.h"
+#include "core/file_io.h"
+#include "data/partition.h"
+#include "server/engine.h"
+#include "server/inproc_fleet.h"
+#include "test_util.h"
+
+using namespace starling;
+using namespace starling::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("starling-engine-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+struct World {
+  data::Dataset train = separableData(1200, 12, 4, 5);
+  std::unique_ptr<client::Trainer> trainer = client::makeTrainer("softmax", 12, 4);
+  std::shared_ptr<const ParamLayout> layout = std::make_shared<const ParamLayout>(trainer->layout());
+
+  std::vector<std::vector<size_t>> shards(size_t n) const {
+    return data::makePartitioner("iid")->split(train.labels, train.num_classes, n, 3);
+  }
+  std::vector<float> init() const {
+    std::vector<float> p(layout->numel());
+    trainer->initParameters(p, 1);
+    return p;
+  }
+  server::EngineConfig config(const std::string& compressor, uint64_t rounds) const {
+    server::EngineConfig c;
+    c.rounds = rounds;
+    c.scheme.compressor = compressor;
+    c.scheme.run_seed = 11;
+    c.fit = protocol::FitSettings{1, 16, 0.1f};
+    c.sampling.fraction = 0.5;
+    c.sampling.min_available = 1;
+    return c;
+  }
+  double accuracy(std::span<const float> params) {
+    const auto idx = allIndices(train);
+    return trainer->evaluate(params, client::DataView{&train, idx}).accuracy;
+  }
+};
+
+std::vector<float> modelOf(const server::RoundEngine& e) {
+  return std::vector<float>(e.model().current().begin(), e.model().current().end());
+}
+
+}  // namespace
+
+TEST_CASE("the engine trains through the real codecs, for one- and two-phase compressors", "[server]") {
+  for (const std::string spec : {"none", "topk:density=0.2", "powersgd:rank=2", "acpsgd:rank=2", "qsgd:levels=16"}) {
+    CAPTURE(spec);
+    World w;
+    InProcFleet fleet(*w.trainer, w.train, w.shards(8));
+    server::RoundEngine engine(w.layout, w.config(spec, 8), w.init());
+    const double before = w.accuracy(engine.model().current());
+    std::vector<server::RoundRecord> recs;
+    engine.run(fleet, [&](const server::RoundRecord& r) { recs.push_back(r); });
+    REQUIRE(recs.size() == 8);
+    CHECK(fleet.finished());
+    for (const auto& r : recs) {
+      CHECK(r.applied);
+      CHECK(r.clients_selected == 4);  // half of 8
+      CHECK(r.clients_completed == 4);
+      CHECK(r.uplink_bytes > 0);
+      CHECK(r.train_loss.has_value());
+    }
+    CHECK(engine.model().version() == 9);
+    CHECK(w.accuracy(engine.model().current()) > before + 0.2);
+  }
+}
+
+TEST_CASE("a resumed engine equals an uninterrupted one, also after a crash mid-round", "[server]") {
+  for (const std::string spec : {"topk:density=0.2", "powersgd:rank=2"}) {
+    CAPTURE(spec);
+    World w;
+    TempDir dir;
+    // Uninterrupted: 6 rounds.
+    InProcFleet ref_fleet(*w.trainer, w.train, w.shards(6));
+    server::RoundEngine ref(w.layout, w.config(spec, 6), w.init());
+    ref.run(ref_fleet);
+
+    auto cfg = w.config(spec, 6);
+    cfg.checkpoint = (dir.path / "ck.bin").string();
+    cfg.metrics = (dir.path / "m.jsonl").string();
+    InProcFleet fleet(*w.trainer, w.train, w.shards(6));
+    {
+      server::RoundEngine first(w.layout, cfg, w.init());
+      CHECK_FALSE(first.resumed());
+      fleet.crash_at_round = 4;
+      first.runRound(fleet);
+      first.runRound(fleet);
+      first.runRound(fleet);
+      CHECK_THROWS(first.runRound(fleet));  // round 4 never completes: the process "dies"
+    }
+    fleet.crash_at_round.reset();
+    server::RoundEngine second(w.layout, cfg, std::vector<float>(w.layout->numel(), 0.0f));
+    CHECK(second.resumed());
+    CHECK(second.nextRound() == 4);
+    CHECK(second.model().version() == 4);
+    second.run(fleet);
+    // Clients kept their error-feedback state in memory (as deployed clients keep it on disk).
+    CHECK(sameBits(modelOf(second), modelOf(ref)));
+    // One metrics line per completed round, each a JSON object with the documented fields.
+    std::ifstream in(cfg.metrics);
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      ++lines;
+      for (const char* key : {"\"round\":", "\"clients_selected\":", "\"clients_completed\":", "\"clients_failed\":",
+                              "\"updates_rejected\":", "\"uplink_bytes\":", "\"downlink_bytes\":", "\"train_loss\":",
+                              "\"wall_seconds\":"})
+        CHECK(line.find(key) != std::string::npos);
+      CHECK(line.front() == '{');
+      CHECK(line.back() == '}');
+    }
+    CHECK(lines == 6);
+  }
+}
+
+TEST_CASE("a corrupt or foreign checkpoint is an error, never a silent fresh start", "[server]") {
+  World w;
+  TempDir dir;
+  auto cfg = w.config("none", 3);
+  cfg.checkpoint = (dir.path / "ck.bin").string();
+  {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    server::RoundEngine e(w.layout, cfg, w.init());
+    e.runRound(fleet);
+  }
+  std::vector<uint8_t> bytes = readFile(cfg.checkpoint, 1 << 20);
+  auto corrupt = bytes;
+  corrupt[bytes.size() / 2] ^= 0xff;  // a flipped byte inside the model values may still parse...
+  corrupt.resize(bytes.size() - 3);   // ...but a truncated file never does
+  writeFileAtomic(cfg.checkpoint, corrupt);
+  CHECK_THROWS_AS(server::RoundEngine(w.layout, cfg, w.init()), IoError);
+  // Another model's checkpoint.
+  writeFileAtomic(cfg.checkpoint, bytes);
+  auto other = client::makeTrainer("mlp:hidden=8", 12, 4);
+  auto other_layout = std::make_shared<const ParamLayout>(other->layout());
+  CHECK_THROWS_AS(server::RoundEngine(other_layout, cfg, std::vector<float>(other_layout->numel())), IoError);
+}
+
+TEST_CASE("a round without enough results is not applied and the model stays", "[server]") {
+  World w;
+  InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+  auto cfg = w.config("topk:density=0.2", 2);
+  cfg.sampling.fraction = 1.0;
+  cfg.sampling.min_clients = 3;
+  cfg.sampling.min_available = 3;
+  cfg.completion.min_results = 3;
+  server::RoundEngine e(w.layout, cfg, w.init());
+  fleet.silent = {0, 1};
+  const auto before = modelOf(e);
+  const server::RoundRecord r = e.runRound(fleet);
+  CHECK_FALSE(r.applied);
+  CHECK(r.clients_failed == 2);
+  CHECK(r.clients_completed == 2);
+  CHECK_FALSE(r.reason.empty());
+  CHECK(sameBits(modelOf(e), before));
+  CHECK(e.nextRound() == 2);
+  fleet.silent.clear();
+  CHECK(e.runRound(fleet).applied);
+}
+
+TEST_CASE("over-commitment samples more clients and closes the phase at the target", "[server]") {
+  World w;
+  InProcFleet fleet(*w.trainer, w.train, w.shards(10));
+  auto cfg = w.config("none", 1);
+  cfg.sampling.fraction = 0.3;
+  cfg.sampling.overcommit = 2.0;
+  server::RoundEngine e(w.layout, cfg, w.init());
+  const auto r = e.runRound(fleet);
+  CHECK(r.clients_selected == 6);   // 2 x ceil(0.3 x 10)
+  CHECK(r.clients_completed == 3);  // closed at the target
+  CHECK(fleet.tasks_sent == 3);
+}
+
+TEST_CASE("downlink encodings: fp16 halves the bytes, a delta is exact and smaller for sparse changes", "[server]") {
+  World w;
+  server::ModelStore store(w.layout, 4);
+  std::vector<float> v1 = w.init();
+  store.set(v1, 1);
+  std::vector<float> v2 = v1;
+  for (size_t i = 0; i < v2.size(); i += 10) v2[i] += 0.5f;  // 10% of the coordinates change
+  store.set(v2, 2);
+  const server::EncodedModel dense = store.encodeFor(0, server::Downlink::kDelta);
+  CHECK(dense.base_version == 0);  // a client with nothing gets the whole model
+  const server::EncodedModel delta = store.encodeFor(1, server::Downlink::kDelta);
+  CHECK(delta.base_version == 1);
+  std::vector<float> client = v1;
+  protocol::applyModel(*w.layout, 1, delta.base_version, delta.tensors, client);
+  CHECK(sameBits(client, v2));  // bit-exact
+  auto bytesOf = [](const server::EncodedModel& m) {
+    size_t n = 0;
+    for (const auto& p : m.tensors) n += compression::payloadDataBytes(compression::view(p));
+    return n;
+  };
+  CHECK(bytesOf(delta) * 4 < bytesOf(dense));
+  const server::EncodedModel half = store.encodeFor(0, server::Downlink::kFp16);
+  CHECK(bytesOf(half) * 2 == bytesOf(dense));
+  // An unknown version, or one whose delta would not be smaller, gets the dense model.
+  CHECK(store.encodeFor(99, server::Downlink::kDelta).base_version == 0);
+  std::vector<float> v3 = v2;
+  for (auto& x : v3) x += 1.0f;
+  store.set(v3, 3);
+  CHECK(store.encodeFor(2, server::Downlink::kDelta).base_version == 0);
+}
+
+TEST_CASE("engine configuration errors name the key", "[server]") {
+  World w;
+  auto cfg = w.config("none", 1);
+  cfg.sampling.fraction = 1.5;
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()), Catch::Contains("sampling.fraction"));
+  cfg = w.config("none", 1);
+  cfg.sampling.min_available = 1;
+  cfg.sampling.min_clients = 2;
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()), Catch::Contains("sampling.min_available"));
+  cfg = w.config("none", 1);
+  cfg.fit.lr = 0.0f;
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()), Catch::Contains("fit.lr"));
+  cfg = w.config("bogus", 1);
+  CHECK_THROWS_AS(server::RoundEngine(w.layout, cfg, w.init()), ConfigError);
+  CHECK_THROWS_AS(server::parseDownlink("zip"), ConfigError);
+}

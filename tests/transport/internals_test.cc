@@ -1,0 +1,78 @@
+// The rate limiter and the reassembler on a synthetic clock: token arithmetic, the peer maps stay
+// bounded, and every path out of a transfer (done, refused, abandoned, expired) gives its
+// reservation back.
+#include <catch2/catch.hpp>
+
+#include "transport/rate_limiter.h"
+#include "transport/reassembly.h"
+#include "transport_util.h"
+
+using namespace starling;
+using namespace starling::transport::detail;
+using namespace std::chrono_literals;
+
+TEST_CASE("token bucket: burst, refill, report throttling, and idle peers are forgotten",
+          "[transport]") {
+  RateLimiter rl(/*rate=*/10, /*burst=*/5);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) CHECK(rl.allow("a", t0));
+  CHECK_FALSE(rl.allow("a", t0));
+  CHECK(rl.allow("b", t0));  // another peer has its own bucket
+  CHECK_FALSE(rl.allow("a", t0 + 50ms));
+  CHECK(rl.allow("a", t0 + 100ms));  // one token per 100 ms
+  CHECK_FALSE(rl.allow("a", t0 + 100ms));
+  CHECK(rl.reportDue("a", t0));
+  CHECK_FALSE(rl.reportDue("a", t0 + 999ms));
+  CHECK(rl.reportDue("a", t0 + 1001ms));
+
+  for (int i = 0; i < 10000; ++i) rl.allow("peer-" + std::to_string(i), t0 + 2s);
+  CHECK(rl.peers() == 10002);
+  rl.expire(t0 + 2s + 1600ms);  // refill time 0.5 s + 1 s
+  CHECK(rl.peers() == 0);
+  CHECK(rl.allow("a", t0 + 3s));  // a forgotten peer starts with a full bucket again
+}
+
+TEST_CASE("reassembly releases its reservation on every path", "[transport]") {
+  Reassembler re(/*max_message=*/1000, /*max_total=*/1500, /*timeout=*/1s);
+  const auto t0 = Clock::now();
+  const auto d = starling::transport::testing::pattern(400, 1);
+  const auto chunk = [](uint64_t transfer, uint32_t index, uint32_t count, uint64_t total,
+                        std::span<const uint8_t> data) {
+    return protocol::ChunkMsg{transfer, index, count, total, data};
+  };
+  auto r = re.add("a", chunk(1, 0, 3, 1000, d), t0);
+  CHECK_FALSE(r.error);
+  CHECK(re.reservedBytes() == 1000);
+  r = re.add("b", chunk(1, 0, 2, 600, d), t0);  // 1000 + 600 > 1500
+  REQUIRE(r.error);
+  CHECK(r.error->code() == Errc::kBadChunk);
+  CHECK(re.reservedBytes() == 1000);
+  r = re.add("b", chunk(2, 0, 2, 500, d), t0);  // fits
+  CHECK_FALSE(r.error);
+  CHECK(re.reservedBytes() == 1500);
+
+  r = re.add("a", chunk(1, 1, 3, 1000, d), t0);
+  r = re.add("a", chunk(1, 2, 3, 1000, std::span(d).first(200)), t0);
+  REQUIRE(r.complete);
+  CHECK(r.size == 1000);
+  CHECK(std::equal(d.begin(), d.end(), r.complete.get() + 400));
+  CHECK(re.reservedBytes() == 500);
+
+  r = re.add("b", chunk(7, 0, 1, 300, std::span(d).first(300)), t0);  // abandons transfer 2
+  REQUIRE(r.abandoned);
+  REQUIRE(r.complete);  // a one-chunk transfer completes at once
+  CHECK(re.reservedBytes() == 0);
+
+  re.add("c", chunk(1, 0, 3, 1000, d), t0);
+  CHECK(re.abort("c"));
+  CHECK(re.reservedBytes() == 0);
+  CHECK(re.add("c", chunk(1, 1, 3, 1000, d), t0).ignored);  // the rest of an aborted transfer
+
+  re.add("d", chunk(1, 0, 3, 1000, d), t0);
+  CHECK(re.expire(t0 + 500ms).empty());
+  const auto expired = re.expire(t0 + 2s);
+  REQUIRE(expired.size() == 1);
+  CHECK(expired[0].first == "d");
+  CHECK(re.reservedBytes() == 0);
+  CHECK(re.peers() == 0);  // idle peers are forgotten too
+}

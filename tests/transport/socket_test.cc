@@ -1,0 +1,188 @@
+// ServerSocket / ClientSocket over real TCP on 127.0.0.1: CURVE admission through the ZAP
+// handler, insecure mode, ROUTER_HANDOVER, sends to gone peers, many contexts in one process.
+#include <catch2/catch.hpp>
+
+#include "transport_util.h"
+
+using namespace starling;
+using namespace starling::transport;
+using namespace starling::transport::testing;
+
+namespace {
+// Waits (bounded) until the context has refused at least one handshake.
+bool waitRefused(const Context& ctx, std::chrono::milliseconds timeout = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (ctx.zapRefused() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  return ctx.zapRefused() > 0;
+}
+}  // namespace
+
+TEST_CASE("an admitted CURVE client talks to the server under its allow-list id", "[transport]") {
+  const Keys keys(2);
+  Context server_ctx, client_ctx;
+  ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  REQUIRE(server.endpoint().rfind("tcp://127.0.0.1:", 0) == 0);
+  ClientSocket client(client_ctx, server.endpoint(), keys.clientSide(keys.clients[1]), testLimits(),
+                      "client-b");
+
+  const auto hello = pattern(100, 1);
+  REQUIRE(client.send(hello));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(toVec(r->bytes()) == hello);
+  CHECK(r->authenticated_id == 101u);
+  CHECK(r->peer == "client-b");
+  CHECK(server_ctx.zapAdmitted() >= 1);
+  CHECK(server_ctx.zapRefused() == 0);
+
+  const auto reply = pattern(5000, 2);
+  REQUIRE(server.send(r->peer, reply));
+  auto back = receiveMessage(client);
+  REQUIRE(back);
+  CHECK(toVec(back->bytes()) == reply);
+  CHECK_FALSE(back->authenticated_id);
+  CHECK(server.stats().messages_in == 1);
+  CHECK(server.stats().messages_out == 1);
+}
+
+TEST_CASE("a client whose key is not on the allow-list gets nothing through", "[transport]") {
+  const Keys keys(1);
+  Context server_ctx, client_ctx;
+  ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  const CurveKeyPair stranger = generateKeyPair();
+  ClientSocket intruder(client_ctx, server.endpoint(), keys.clientSide(stranger), testLimits(),
+                        "intruder");
+  REQUIRE(intruder.send(pattern(64, 3)));  // queued; never delivered
+  CHECK_FALSE(server.receive(1500ms));
+  CHECK(waitRefused(server_ctx));
+  CHECK(server_ctx.zapAdmitted() == 0);
+
+  // The server still admits its client.
+  ClientSocket client(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(),
+                      "ok");
+  REQUIRE(client.send(pattern(64, 4)));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(r->authenticated_id == 100u);
+  CHECK(r->peer == "ok");
+}
+
+TEST_CASE("a client with the wrong server public key gets nothing through", "[transport]") {
+  const Keys keys(1);
+  Context server_ctx, client_ctx;
+  ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  SecurityConfig wrong = keys.clientSide(keys.clients[0]);  // an admitted client key...
+  wrong.server_public_key = generateKeyPair().public_key;   // ...but it expects another server
+  ClientSocket client(client_ctx, server.endpoint(), wrong, testLimits(), "lost");
+  REQUIRE(client.send(pattern(64, 5)));
+  CHECK_FALSE(server.receive(1500ms));
+  CHECK(server_ctx.zapAdmitted() == 0);
+
+  SECTION("and an insecure client does not reach a CURVE server either") {
+    ClientSocket plain(client_ctx, server.endpoint(), insecure(), testLimits(), "plain");
+    REQUIRE(plain.send(pattern(64, 6)));
+    CHECK_FALSE(server.receive(1000ms));
+  }
+}
+
+TEST_CASE("insecure mode works and gives no authenticated id", "[transport]") {
+  Context ctx;
+  ServerSocket server(ctx, kAnyPort, insecure(), testLimits());
+  ClientSocket client(ctx, server.endpoint(), insecure(), testLimits(), "plain");
+  REQUIRE(client.send(pattern(10, 7)));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(toVec(r->bytes()) == pattern(10, 7));
+  CHECK_FALSE(r->authenticated_id);
+  CHECK(r->peer == "plain");
+  REQUIRE(server.send("plain", pattern(20, 8)));
+  auto back = receiveMessage(client);
+  REQUIRE(back);
+  CHECK(toVec(back->bytes()) == pattern(20, 8));
+}
+
+TEST_CASE("sending to an unknown or gone peer returns false at once", "[transport]") {
+  Context ctx;
+  ServerSocket server(ctx, kAnyPort, insecure(), testLimits());
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(server.send("nobody", pattern(10, 9)));
+  CHECK_FALSE(server.send("nobody", pattern(50000, 9)));  // a chunked send fails at its first chunk
+  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  CHECK(server.stats().send_failed == 2);
+  {
+    ClientSocket client(ctx, server.endpoint(), insecure(), testLimits(), "brief");
+    REQUIRE(client.send(pattern(10, 10)));
+    REQUIRE(receiveMessage(server));
+    CHECK(server.send("brief", pattern(10, 11)));
+  }
+  // Once the connection is gone (closed by the client), sends fail instead of queueing.
+  bool failed = false;
+  for (int i = 0; i < 200 && !failed; ++i) {
+    failed = !server.send("brief", pattern(10, 12));
+    if (!failed) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(failed);
+}
+
+TEST_CASE("a restarted client with the same routing id takes over (ROUTER_HANDOVER)",
+          "[transport]") {
+  const Keys keys(1);
+  Context server_ctx;
+  ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  {
+    Context client_ctx;
+    ClientSocket first(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]),
+                       testLimits(), "edge-1");
+    REQUIRE(first.send(pattern(30, 13)));
+    auto r = receiveMessage(server);
+    REQUIRE(r);
+    CHECK(r->peer == "edge-1");
+  }  // the first client is gone (socket and context destroyed: as if its process died)
+  Context client_ctx;
+  ClientSocket second(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(),
+                      "edge-1");
+  REQUIRE(second.send(pattern(40, 14)));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(r->peer == "edge-1");
+  CHECK(r->authenticated_id == 100u);
+  CHECK(toVec(r->bytes()) == pattern(40, 14));
+  REQUIRE(server.send("edge-1", pattern(50, 15)));
+  auto back = receiveMessage(second);
+  REQUIRE(back);
+  CHECK(toVec(back->bytes()) == pattern(50, 15));
+}
+
+TEST_CASE("two servers and their clients live in one process on separate contexts", "[transport]") {
+  const Keys keys_a(1), keys_b(1);
+  Context ctx_a, ctx_b, ctx_clients;
+  ServerSocket a(ctx_a, kAnyPort, keys_a.serverSide(), testLimits());
+  ServerSocket b(ctx_b, kAnyPort, keys_b.serverSide(), testLimits());
+  // Two CURVE servers on one context keep their allow-lists apart too (one ZAP domain each).
+  const Keys keys_c(1);
+  ServerSocket c(ctx_a, kAnyPort, keys_c.serverSide(), testLimits());
+
+  ClientSocket to_a(ctx_clients, a.endpoint(), keys_a.clientSide(keys_a.clients[0]), testLimits(),
+                    "x");
+  ClientSocket to_b(ctx_clients, b.endpoint(), keys_b.clientSide(keys_b.clients[0]), testLimits(),
+                    "x");
+  ClientSocket to_c(ctx_clients, c.endpoint(), keys_c.clientSide(keys_c.clients[0]), testLimits(),
+                    "x");
+  // keys_a's client, correctly expecting server c's key, is not on c's list.
+  ClientSocket a_to_c(ctx_clients, c.endpoint(), keys_c.clientSide(keys_a.clients[0]), testLimits(),
+                      "y");
+  REQUIRE(to_a.send(pattern(8, 1)));
+  REQUIRE(to_b.send(pattern(8, 2)));
+  REQUIRE(to_c.send(pattern(8, 3)));
+  REQUIRE(a_to_c.send(pattern(8, 4)));
+  for (auto [server, seed] : {std::pair{&a, 1u}, {&b, 2u}, {&c, 3u}}) {
+    auto r = receiveMessage(*server);
+    REQUIRE(r);
+    CHECK(toVec(r->bytes()) == pattern(8, seed));
+    CHECK(r->authenticated_id == 100u);
+  }
+  CHECK_FALSE(c.receive(1000ms));
+  CHECK(waitRefused(ctx_a));
+  CHECK(ctx_b.zapRefused() == 0);
+}

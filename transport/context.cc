@@ -1,0 +1,138 @@
+#include "transport/context.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <zmq_addon.hpp>
+
+#include "core/error.h"
+#include "transport/context_impl.h"
+#include "transport/keys.h"
+
+namespace starling::transport {
+
+namespace {
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+constexpr const char* kStopEndpoint = "inproc://starling.zap.stop";  // inproc names are per context
+}  // namespace
+
+Context::Context(int io_threads) : impl_(std::make_unique<Impl>(io_threads)) {}
+
+Context::~Context() {
+  if (const int n = impl_->live_sockets.load(); n != 0) {
+    std::fprintf(
+        stderr,
+        "starling::transport::Context destroyed while %d of its sockets are open: destroy sockets "
+        "before their Context (ZeroMQ would hang here)\n",
+        n);
+    std::abort();
+  }
+  impl_->stopZap();
+}
+
+uint64_t Context::zapRefused() const { return impl_->refused.load(); }
+uint64_t Context::zapAdmitted() const { return impl_->admitted.load(); }
+
+std::string Context::Impl::registerDomain(std::shared_ptr<const AllowList> allow) {
+  STARLING_ENFORCE(allow != nullptr);
+  std::lock_guard lock(mu_);
+  if (!zap_.joinable()) {
+    // Shared with the thread: set_value() may still touch the shared state after get() returned.
+    auto bound = std::make_shared<std::promise<void>>();
+    auto ready = bound->get_future();
+    zap_ = std::thread([this, bound] { zapLoop(bound.get()); });
+    try {
+      ready.get();  // the REP socket is bound (or binding failed) before any CURVE socket binds
+    } catch (...) {
+      zap_.join();
+      throw;
+    }
+    stop_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
+    stop_->set(zmq::sockopt::linger, 0);
+    stop_->connect(kStopEndpoint);
+  }
+  std::string domain = "starling." + std::to_string(++next_domain_);
+  domains_.emplace(domain, std::move(allow));
+  return domain;
+}
+
+void Context::Impl::unregisterDomain(const std::string& domain) {
+  std::lock_guard lock(mu_);
+  domains_.erase(domain);
+}
+
+std::shared_ptr<const AllowList> Context::Impl::lookup(const std::string& domain) {
+  std::lock_guard lock(mu_);
+  const auto it = domains_.find(domain);
+  return it == domains_.end() ? nullptr : it->second;
+}
+
+void Context::Impl::stopZap() {
+  if (!zap_.joinable()) return;
+  stop_->send(zmq::str_buffer("stop"),
+              zmq::send_flags::none);  // PAIR is connected: queued, never lost
+  zap_.join();
+  stop_.reset();
+}
+
+// Owns the REP socket at kZapEndpoint and a PAIR at kStopEndpoint. Any exception while handling
+// one request is answered with status 500 and the loop goes on: if this thread ended, libzmq
+// would admit every client.
+void Context::Impl::zapLoop(std::promise<void>* bound) {
+  std::optional<zmq::socket_t> rep, stop;
+  try {
+    rep.emplace(ctx, zmq::socket_type::rep);
+    rep->set(zmq::sockopt::linger, 0);
+    rep->bind(kZapEndpoint);
+    stop.emplace(ctx, zmq::socket_type::pair);
+    stop->set(zmq::sockopt::linger, 0);
+    stop->bind(kStopEndpoint);
+  } catch (const zmq::error_t& e) {
+    bound->set_exception(
+        std::make_exception_ptr(IoError(std::string("cannot bind the ZAP handler: ") + e.what())));
+    return;
+  }
+  bound->set_value();
+  std::vector<zmq::pollitem_t> items = {{rep->handle(), 0, ZMQ_POLLIN, 0},
+                                        {stop->handle(), 0, ZMQ_POLLIN, 0}};
+  for (;;) {
+    try {
+      zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
+    } catch (const zmq::error_t&) {
+      continue;  // EINTR
+    }
+    if (items[1].revents & ZMQ_POLLIN) break;
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
+    std::vector<zmq::message_t> req;
+    std::string request_id, status = "400", text = "not allowed", user;
+    try {
+      (void)zmq::recv_multipart(*rep, std::back_inserter(req));
+      // version, request id, domain, address, routing id, mechanism, credentials...
+      if (req.size() >= 2) request_id = req[1].to_string();
+      if (req.size() == 7 && req[0].to_string_view() == "1.0" &&
+          req[5].to_string_view() == "CURVE") {
+        const auto allow = lookup(req[2].to_string());
+        const auto id = allow ? allow->find(req[6].to_string_view()) : std::nullopt;
+        if (id) {
+          status = "200";
+          text = "OK";
+          user = std::to_string(*id);
+        }
+      }
+    } catch (...) {
+      status = "500";
+      text = "internal error";
+    }
+    (status == "200" ? admitted : refused).fetch_add(1);
+    try {
+      std::vector<zmq::const_buffer> reply = {zmq::str_buffer("1.0"), zmq::buffer(request_id),
+                                              zmq::buffer(status),    zmq::buffer(text),
+                                              zmq::buffer(user),      zmq::const_buffer()};
+      zmq::send_multipart(*rep, reply);
+    } catch (...) {
+      // A REP socket that failed to reply is stuck; nothing sane is left but to keep polling.
+    }
+  }
+}
+
+}  // namespace starling::transport

@@ -1,0 +1,41 @@
+#pragma once
+// Internal to transport/: what a Context holds (see context.h for the contract).
+#include <atomic>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <zmq.hpp>
+
+#include "transport/context.h"
+
+namespace starling::transport {
+
+struct Context::Impl {
+  explicit Impl(int io_threads) : ctx(io_threads) {}
+
+  // Starts the ZAP thread (bound before this returns) if it is not running, and registers `allow`
+  // under a fresh ZAP domain, which it returns. Thread-safe.
+  std::string registerDomain(std::shared_ptr<const AllowList> allow);
+  void unregisterDomain(const std::string& domain);
+  // The list of a domain, or null. Thread-safe (the ZAP thread calls it).
+  std::shared_ptr<const AllowList> lookup(const std::string& domain);
+  void stopZap();
+
+  zmq::context_t ctx;
+  std::atomic<uint64_t> refused{0}, admitted{0};
+  std::atomic<int> live_sockets{0};  // ServerSocket/ClientSocket objects not yet destroyed
+
+ private:
+  void zapLoop(std::promise<void>* bound);
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const AllowList>> domains_;  // guarded by mu_
+  uint64_t next_domain_ = 0;                                         // guarded by mu_
+  std::thread zap_;                                                  // started under mu_
+  std::unique_ptr<zmq::socket_t>
+      stop_;  // PAIR to the ZAP thread; used under mu_ / in the destructor
+};
+
+}  // namespace starling::transport

@@ -1,0 +1,91 @@
+#pragma once
+// CURVE key pairs, Starling's key files and the server's allow-list.
+//
+// Key files are small UTF-8 text files, one `name = value` per line; blank lines and lines whose
+// first non-blank character is `#` are comments. Names:
+//   id         = 7                                            (decimal uint64, optional)
+//   public-key = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"   (Z85, 40 characters, quoted)
+//   secret-key = "JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6"   (Z85, only in NAME.key_secret)
+// A name may appear once; any other name, a missing `=`, an unquoted key, text after the value or
+// a key that is not valid Z85 is a ConfigError naming the file and the line.
+//
+//   NAME.key         public key (+ id): safe to share. A client's goes into the server's
+//                    allow-list folder; the server's is given to clients (--server-key).
+//   NAME.key_secret  public key + secret key (+ id), mode 0600: stays with its owner.
+//
+// Both are written atomically (temp file, fsync, rename or link, fsync of the folder), so a crash
+// leaves either the old file or the new one, never a torn one.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace starling::transport {
+
+struct CurveKeyPair {
+  std::string public_key;  // Z85, 40 characters
+  std::string secret_key;  // Z85, 40 characters
+};
+
+// A fresh key pair from libsodium's CSPRNG (zmq_curve_keypair). Throws IoError if libzmq was built
+// without CURVE.
+CurveKeyPair generateKeyPair();
+
+// The Z85 public key that belongs to a Z85 secret key (zmq_curve_public); ConfigError if invalid.
+std::string publicKeyOf(std::string_view z85_secret_key);
+
+// True for a 40-character string that decodes as Z85.
+bool isZ85Key(std::string_view s);
+
+// What one key file holds. `secret_key` is present for NAME.key_secret files only.
+struct KeyFile {
+  std::optional<uint64_t> id;
+  std::string public_key;
+  std::optional<std::string> secret_key;
+};
+
+// Reads and checks a key file (format above): public-key is required; when secret-key is present
+// it must be the secret of public-key. ConfigError (file and line) on malformed content, IoError
+// when the file cannot be read.
+KeyFile loadKeyFile(const std::filesystem::path& path);
+// A NAME.key_secret file's pair; ConfigError when it holds no secret key.
+CurveKeyPair loadKeyPair(const std::filesystem::path& key_secret_path);
+// Any key file's public key (NAME.key or NAME.key_secret).
+std::string loadPublicKey(const std::filesystem::path& key_path);
+
+// Writes dir/NAME.key and dir/NAME.key_secret (creating dir if needed). Refuses (ConfigError)
+// when either exists unless `force`, before writing anything. NAME is 1..100 characters of
+// [A-Za-z0-9._-] not starting with '.'. IoError on a failed write.
+void writeKeyFiles(const std::filesystem::path& dir, std::string_view name,
+                   const CurveKeyPair& pair, std::optional<uint64_t> id, bool force);
+
+// The client public keys a server admits, each under its 64-bit client id (which the ZAP handler
+// hands to the server socket as the peer's authenticated id). Immutable once built; concurrent
+// const calls are safe (the ZAP thread reads it while the server's thread owns the socket).
+class AllowList {
+ public:
+  // `path` is either a folder, whose every `*.key` file (not `*.key_secret`) is one client and
+  // must carry an `id`, or a file of lines `<id> <Z85 public key>` (`#` comments and blank lines
+  // allowed). A duplicate key or id is a ConfigError naming both places; so is an empty list.
+  static AllowList load(const std::filesystem::path& path);
+
+  // Adds one client; `origin` (e.g. "clients/a.key" or "allow.txt:3") names it in errors.
+  // ConfigError on an invalid key or a duplicate key or id.
+  void add(uint64_t id, std::string_view z85_public_key, std::string origin);
+
+  // The id of a public key given as Z85 (40 characters) or binary (32 bytes); nullopt otherwise.
+  std::optional<uint64_t> find(std::string_view z85_or_binary32) const;
+  size_t size() const { return by_key_.size(); }
+
+ private:
+  struct Entry {
+    uint64_t id;
+    std::string origin;
+  };
+  std::unordered_map<std::string, Entry> by_key_;        // binary 32-byte key -> entry
+  std::unordered_map<uint64_t, std::string> id_origin_;  // id -> where it was listed
+};
+
+}  // namespace starling::transport

@@ -1,0 +1,167 @@
+#include "transport/socket.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "transport/context_impl.h"
+#include "transport/socket_core.h"
+
+namespace starling::transport {
+
+Received Received::message(std::string peer, std::optional<uint64_t> id,
+                           std::shared_ptr<const void> owner, std::span<const uint8_t> bytes) {
+  Received r;
+  r.peer = std::move(peer);
+  r.authenticated_id = id;
+  r.owner_ = std::move(owner);
+  r.bytes_ = bytes;
+  return r;
+}
+
+Received Received::failure(std::string peer, std::optional<uint64_t> id, InputError error) {
+  Received r;
+  r.peer = std::move(peer);
+  r.authenticated_id = id;
+  r.error = std::move(error);
+  return r;
+}
+
+void SecurityConfig::validate(bool server_side) const {
+  if (insecure) return;
+  const char* side = server_side ? "server" : "client";
+  if (!isZ85Key(own.public_key) || !isZ85Key(own.secret_key))
+    STARLING_THROW(ConfigError, "CURVE ", side,
+                   ": its own key pair is missing or not Z85 (40 characters each); ",
+                   "load it from a NAME.key_secret file, or run insecure");
+  if (publicKeyOf(own.secret_key) != own.public_key)
+    STARLING_THROW(ConfigError, "CURVE ", side,
+                   ": the public key does not belong to the secret key");
+  if (server_side && (!allow || allow->size() == 0))
+    STARLING_THROW(ConfigError, "CURVE server: no allow-list (the client keys it admits)");
+  if (!server_side && !isZ85Key(server_public_key))
+    STARLING_THROW(ConfigError,
+                   "CURVE client: the server's public key is missing or not Z85 (40 characters)");
+}
+
+void TransportLimits::validate() const {
+  const auto bad = [](auto&&... what) {
+    STARLING_THROW(ConfigError, "transport limits: ", what...);
+  };
+  if (chunk_bytes < 64 || chunk_bytes > (size_t{1} << 30))
+    bad("chunk_bytes = ", chunk_bytes, " (64 .. 2^30)");
+  if (max_message_bytes == 0) bad("max_message_bytes must be > 0");
+  if (max_message_bytes > (uint64_t{1} << 50))
+    bad("max_message_bytes = ", max_message_bytes, " (at most 2^50)");
+  if (max_reassembly_bytes < max_message_bytes)
+    bad("max_reassembly_bytes = ", max_reassembly_bytes,
+        " is below max_message_bytes = ", max_message_bytes,
+        ": a message that large could never be reassembled");
+  if (!std::isfinite(max_messages_per_second) || max_messages_per_second <= 0)
+    bad("max_messages_per_second = ", max_messages_per_second, " (must be finite and > 0)");
+  if (!std::isfinite(burst) || burst < 1) bad("burst = ", burst, " (must be finite and >= 1)");
+  if (heartbeat_ivl_ms <= 0) bad("heartbeat_ivl_ms = ", heartbeat_ivl_ms, " (must be > 0)");
+  if (heartbeat_timeout_ms < heartbeat_ivl_ms)
+    bad("heartbeat_timeout_ms = ", heartbeat_timeout_ms,
+        " is below heartbeat_ivl_ms = ", heartbeat_ivl_ms);
+  if (heartbeat_timeout_ms > 3600 * 1000)
+    bad("heartbeat_timeout_ms = ", heartbeat_timeout_ms, " (at most 1 h)");
+  if (reconnect_ivl_ms <= 0) bad("reconnect_ivl_ms = ", reconnect_ivl_ms, " (must be > 0)");
+  if (reconnect_ivl_max_ms < reconnect_ivl_ms)
+    bad("reconnect_ivl_max_ms = ", reconnect_ivl_max_ms,
+        " is below reconnect_ivl_ms = ", reconnect_ivl_ms);
+  if (send_hwm < 0 || recv_hwm < 0)
+    bad("send_hwm = ", send_hwm, ", recv_hwm = ", recv_hwm, " (0 = unbounded)");
+  if (linger_ms < 0)
+    bad("linger_ms = ", linger_ms, " (must be >= 0: -1 would make shutdown wait forever)");
+  if (send_timeout_ms < 0) bad("send_timeout_ms = ", send_timeout_ms, " (must be >= 0)");
+}
+
+// ---------------------------------------------------------------- ServerSocket
+
+ServerSocket::ServerSocket(Context& context, const std::string& bind_endpoint,
+                           SecurityConfig security, TransportLimits limits)
+    : context_(context) {
+  limits.validate();
+  security.validate(/*server_side=*/true);
+  core_ = std::make_unique<detail::SocketCore>(context.impl().ctx, /*router=*/true, limits);
+  context.impl().live_sockets.fetch_add(1);
+  try {
+    core_->applyCommonOptions(security, true);
+    core_->sock.set(zmq::sockopt::router_handover, true);
+    core_->sock.set(zmq::sockopt::router_mandatory, true);
+    if (!security.insecure) {
+      zap_domain_ = context.impl().registerDomain(security.allow);  // the handler is bound first
+      core_->sock.set(zmq::sockopt::zap_domain, zap_domain_);
+    }
+    core_->sock.bind(bind_endpoint);
+  } catch (const zmq::error_t& e) {
+    release();  // the destructor will not run: give back what was taken
+    STARLING_THROW(IoError, "cannot bind ", bind_endpoint, ": ", e.what());
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+ServerSocket::~ServerSocket() { release(); }
+
+void ServerSocket::release() {
+  if (!core_) return;
+  core_.reset();  // closes the socket (linger applies)
+  if (!zap_domain_.empty()) context_.impl().unregisterDomain(zap_domain_);
+  context_.impl().live_sockets.fetch_sub(1);
+}
+
+std::string ServerSocket::endpoint() const { return core_->sock.get(zmq::sockopt::last_endpoint); }
+std::optional<Received> ServerSocket::receive(std::chrono::milliseconds timeout) {
+  return core_->receive(timeout);
+}
+bool ServerSocket::send(const std::string& peer, std::span<const uint8_t> bytes) {
+  return core_->send(peer, bytes);
+}
+const TransportStats& ServerSocket::stats() const { return core_->stats; }
+const TransportLimits& ServerSocket::limits() const { return core_->limits; }
+
+// ---------------------------------------------------------------- ClientSocket
+
+ClientSocket::ClientSocket(Context& context, const std::string& connect_endpoint,
+                           SecurityConfig security, TransportLimits limits, std::string routing_id)
+    : context_(context) {
+  limits.validate();
+  security.validate(/*server_side=*/false);
+  if (routing_id.size() > 255 || (!routing_id.empty() && routing_id[0] == '\0'))
+    STARLING_THROW(ConfigError, "routing id must be 1..255 bytes not starting with a zero byte (",
+                   routing_id.size(), " bytes given)");
+  core_ = std::make_unique<detail::SocketCore>(context.impl().ctx, /*router=*/false, limits);
+  context.impl().live_sockets.fetch_add(1);
+  try {
+    core_->applyCommonOptions(security, false);
+    core_->sock.set(zmq::sockopt::reconnect_ivl, limits.reconnect_ivl_ms);
+    core_->sock.set(zmq::sockopt::reconnect_ivl_max, limits.reconnect_ivl_max_ms);
+    if (!routing_id.empty()) core_->sock.set(zmq::sockopt::routing_id, routing_id);
+    core_->sock.connect(connect_endpoint);
+  } catch (const zmq::error_t& e) {
+    release();
+    STARLING_THROW(IoError, "cannot connect to ", connect_endpoint, ": ", e.what());
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+ClientSocket::~ClientSocket() { release(); }
+
+void ClientSocket::release() {
+  if (!core_) return;
+  core_.reset();
+  context_.impl().live_sockets.fetch_sub(1);
+}
+
+std::optional<Received> ClientSocket::receive(std::chrono::milliseconds timeout) {
+  return core_->receive(timeout);
+}
+bool ClientSocket::send(std::span<const uint8_t> bytes) { return core_->send({}, bytes); }
+const TransportStats& ClientSocket::stats() const { return core_->stats; }
+const TransportLimits& ClientSocket::limits() const { return core_->limits; }
+
+}  // namespace starling::transport

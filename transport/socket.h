@@ -1,0 +1,182 @@
+#pragma once
+// Starling's two ZeroMQ sockets: ServerSocket (ROUTER, bound) and ClientSocket (DEALER, connects).
+// Every ZeroMQ socket option in Starling is set here, nowhere above transport/.
+//
+// Security: CURVE (CurveZMQ) unless SecurityConfig::insecure. The server admits a client iff its
+// public key is on the AllowList (ZAP, see context.h), and every message it receives carries the
+// id that key is listed under (Received::authenticated_id).
+//
+// Framing: a message of at most chunk_bytes travels as one frame. A larger one travels as Chunk
+// messages (protocol/control.h: transfer, index, count, total_bytes, data), one frame each; the
+// receiver reassembles it within the limits (TransportLimits) and delivers it as one Received.
+// Sizes are 64-bit: a message of tens of GB can be sent as chunks, memory bounded by the limits.
+//
+// Faults are values: receive() never throws for anything a peer sent. A chunk out of order, of a
+// wrong size, or over a limit drops that peer's transfer, frees its memory and yields a Received
+// whose `error` is set (Errc::kBadChunk, kTooLarge, or the decoder's code); the same for a single
+// frame over max_message_bytes (a frame far over it, above ZMQ_MAXMSGSIZE, makes libzmq drop the
+// connection and is never seen). Later chunks of a transfer already refused are dropped silently.
+//
+// Threading: one thread owns each socket object (construct, send, receive, destroy). Other threads
+// hand work to that thread through a queue or an inproc socket. The Context must outlive it.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "core/input_error.h"
+#include "transport/context.h"
+#include "transport/keys.h"
+
+namespace starling::transport {
+
+struct SecurityConfig {
+  bool insecure = false;          // plain TCP, no authentication: tests and trusted networks only
+  CurveKeyPair own;               // this side's key pair
+  std::string server_public_key;  // client side: the server's Z85 public key
+  std::shared_ptr<const AllowList> allow;  // server side: the admitted clients
+  // ConfigError with a clear message unless insecure or the keys this side needs are valid Z85
+  // (own, plus allow on a server or server_public_key on a client) and own is a matching pair.
+  void validate(bool server_side) const;
+};
+
+struct TransportLimits {
+  // Messages larger than this travel as chunks of this size.
+  size_t chunk_bytes = size_t{1} << 20;
+  // The largest message accepted, one frame or reassembled.
+  size_t max_message_bytes = size_t{1} << 30;
+  // All peers' partial transfers together (each reserves its whole total_bytes at its chunk 0).
+  size_t max_reassembly_bytes = size_t{2} << 30;
+  // Per-peer token bucket, server side; a chunk counts as a message.
+  double max_messages_per_second = 1000;
+  double burst = 200;
+  // ZMQ heartbeats (PING/PONG, ZMQ_HEARTBEAT_IVL/TIMEOUT/TTL) on both sides.
+  int heartbeat_ivl_ms = 1000, heartbeat_timeout_ms = 5000;
+  // Client: reconnect backoff, doubling from the first to the second.
+  int reconnect_ivl_ms = 100, reconnect_ivl_max_ms = 5000;
+  // Frames queued per peer (0 = unbounded).
+  int send_hwm = 1000, recv_hwm = 1000;
+  // Pending output kept after close.
+  int linger_ms = 0;
+  // The longest send() waits for queue space between two chunks of one message.
+  int send_timeout_ms = 5000;
+
+  // ConfigError naming the bad field and value. Also requires max_reassembly_bytes >=
+  // max_message_bytes (a message that can never be reassembled is a configuration mistake).
+  void validate() const;
+  // A peer's partial transfer is dropped after this long without a chunk (4 x heartbeat timeout).
+  std::chrono::milliseconds transferTimeout() const {
+    return std::chrono::milliseconds(4LL * heartbeat_timeout_ms);
+  }
+};
+
+// One received message or one refusal. bytes() is always 8-byte aligned (FlatBuffers reads in
+// place). A single frame is held as the zmq message libzmq delivered, without a copy, when its
+// data is 8-aligned: true for every frame that gets its own malloc'd block, i.e. any frame that
+// does not fit into what is left of libzmq's 8 KiB receive batch buffer (so every large one).
+// Frames libzmq decodes inside that shared buffer (zero-copy receive) start at arbitrary offsets
+// -- measured with libzmq 4.3.4 on x86_64: 33, 100, 1000 and 4000-byte frames at 5, 6, 3 and 4
+// mod 8 -- so the common "over 33 bytes means aligned" rule does not hold; those frames (at most
+// 8 KiB each) are copied into an aligned buffer (TransportStats::realigned_bytes). A reassembled
+// message is its own buffer. Copies of a Received share the bytes (read-only).
+class Received {
+ public:
+  std::string peer;                          // server: the client's routing id; client: ""
+  std::optional<uint64_t> authenticated_id;  // server under CURVE: the allow-list id; else nullopt
+  std::optional<InputError> error;           // set (and bytes() empty) when the message was refused
+
+  std::span<const uint8_t> bytes() const { return bytes_; }
+  bool ok() const { return !error.has_value(); }
+
+  static Received message(std::string peer, std::optional<uint64_t> id,
+                          std::shared_ptr<const void> owner, std::span<const uint8_t> bytes);
+  static Received failure(std::string peer, std::optional<uint64_t> id, InputError error);
+
+ private:
+  std::shared_ptr<const void> owner_;  // a zmq::message_t or an owned buffer
+  std::span<const uint8_t> bytes_;
+};
+
+struct TransportStats {
+  // Delivered messages (a reassembled one counts once) and their bytes.
+  uint64_t messages_in = 0, bytes_in = 0;
+  // Messages handed to ZeroMQ (a chunked one counts once) and their bytes.
+  uint64_t messages_out = 0, bytes_out = 0;
+  uint64_t chunks_in = 0, chunks_out = 0;
+  // Frames dropped unread by the rate limiter.
+  uint64_t refused_rate = 0;
+  // Single frames or transfers over max_message_bytes.
+  uint64_t refused_size = 0;
+  // Transfers dropped for a chunk violation or a timeout, and multi-frame messages.
+  uint64_t refused_chunk = 0;
+  // Later chunks of a refused transfer, dropped silently.
+  uint64_t ignored_chunks = 0;
+  // send() calls that returned false.
+  uint64_t send_failed = 0;
+  // Bytes copied because libzmq's data was not 8-aligned (frames of at most 8 KiB).
+  uint64_t realigned_bytes = 0;
+};
+
+namespace detail {
+class SocketCore;
+}
+
+// ROUTER, bound. ROUTER_HANDOVER: a client reconnecting with the same routing id takes over its
+// old connection. Sending to an unknown or gone peer, or one whose queue is full, returns false
+// at once (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket) drops a
+// frame before any decoding or reassembly, and reports it as an Errc::kRateLimited Received at
+// most once per second per peer. One thread owns it (see the top of this file).
+class ServerSocket {
+ public:
+  ServerSocket(Context& context, const std::string& bind_endpoint, SecurityConfig security,
+               TransportLimits limits = {});
+  ~ServerSocket();
+  ServerSocket(const ServerSocket&) = delete;
+  ServerSocket& operator=(const ServerSocket&) = delete;
+
+  // The bound endpoint as ZeroMQ reports it (e.g. tcp://127.0.0.1:41234 after binding port *).
+  std::string endpoint() const;
+  // The next message or refusal, waiting at most `timeout`; nullopt when none came in time.
+  std::optional<Received> receive(std::chrono::milliseconds timeout);
+  // Queues `bytes` for `peer` (a routing id from Received::peer). Never waits before the first
+  // frame; between chunks of a large message waits at most send_timeout_ms for queue space.
+  // False if the peer is unknown or gone, its queue is full, or a chunked send was cut short.
+  bool send(const std::string& peer, std::span<const uint8_t> bytes);
+  const TransportStats& stats() const;
+  const TransportLimits& limits() const;
+
+ private:
+  void release();
+  Context& context_;
+  std::string zap_domain_;
+  std::unique_ptr<detail::SocketCore> core_;
+};
+
+// DEALER, connects (ZeroMQ reconnects on its own, backing off exponentially from
+// reconnect_ivl_ms to reconnect_ivl_max_ms; heartbeats detect a dead server). Messages sent
+// before the connection is up are queued (up to send_hwm). `routing_id` (1..255 bytes, not
+// starting with a zero byte; empty: ZeroMQ picks one) lets a restarted client take over its old
+// connection on the server. One thread owns it (see the top of this file).
+class ClientSocket {
+ public:
+  ClientSocket(Context& context, const std::string& connect_endpoint, SecurityConfig security,
+               TransportLimits limits = {}, std::string routing_id = {});
+  ~ClientSocket();
+  ClientSocket(const ClientSocket&) = delete;
+  ClientSocket& operator=(const ClientSocket&) = delete;
+
+  std::optional<Received> receive(std::chrono::milliseconds timeout);
+  // Queues `bytes` for the server; false if the queue is full or a chunked send was cut short.
+  bool send(std::span<const uint8_t> bytes);
+  const TransportStats& stats() const;
+  const TransportLimits& limits() const;
+
+ private:
+  void release();
+  Context& context_;
+  std::unique_ptr<detail::SocketCore> core_;
+};
+
+}  // namespace starling::transport

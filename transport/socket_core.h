@@ -1,0 +1,56 @@
+#pragma once
+// Internal to transport/: what ServerSocket and ClientSocket share: the zmq socket and its
+// options, framing (single frames and chunks), reassembly, rate limiting, stats. Owned by the
+// thread that owns the public socket object.
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <zmq.hpp>
+
+#include "transport/rate_limiter.h"
+#include "transport/reassembly.h"
+#include "transport/socket.h"
+
+namespace starling::transport::detail {
+
+class SocketCore {
+ public:
+  // `router`: frames carry the peer's routing id first; rate limiting applies.
+  SocketCore(zmq::context_t& ctx, bool router, const TransportLimits& limits);
+
+  // Options common to both sides (limits, heartbeats, CURVE keys except the server's ZAP domain).
+  void applyCommonOptions(const SecurityConfig& security, bool server_side);
+
+  std::optional<Received> receive(std::chrono::milliseconds timeout);
+  // `peer` is used by a ROUTER only.
+  bool send(const std::string& peer, std::span<const uint8_t> bytes);
+
+  zmq::socket_t sock;
+  TransportLimits limits;
+  TransportStats stats;
+
+ private:
+  // Reads one message if one is ready (no wait); false when none was. May queue Received.
+  bool readOne(Clock::time_point now);
+  void onFrame(const std::string& peer, zmq::message_t&& msg, Clock::time_point now);
+  void onChunk(const std::string& peer, std::optional<uint64_t> id, std::span<const uint8_t> bytes,
+               Clock::time_point now);
+  void fail(const std::string& peer, std::optional<uint64_t> id, InputError e);
+  void housekeeping(Clock::time_point now);
+  // Sends one frame (with the routing frame before it on a ROUTER). Waits for queue space until
+  // `deadline` (none: no wait). False when the peer is unknown or gone or time ran out.
+  bool sendFrame(const std::string& peer, zmq::message_t&& frame,
+                 std::optional<Clock::time_point> deadline);
+
+  bool router_;
+  Reassembler reasm_;
+  RateLimiter rate_;
+  std::deque<Received> ready_;
+  std::vector<uint64_t> scratch_;  // an aligned copy of a misaligned chunk frame
+  uint64_t next_transfer_;
+  Clock::time_point last_expire_{};
+};
+
+}  // namespace starling::transport::detail
