@@ -98,8 +98,9 @@ int runServer(Config& c) {
     const server::RoundRecord r = engine.runRound(fleet);
     std::string acc = r.test_accuracy ? fmt::format("  test accuracy {:5.1f}%", 100 * *r.test_accuracy) : "";
     if (r.applied)
-      log->info("round {:4}/{}  {} of {} clients  loss {:.4f}{}  up {:.1f} KB  down {:.1f} KB  {:.2f} s", r.round,
-                c.engine.rounds, r.clients_completed, r.clients_selected, r.train_loss.value_or(0.0), acc,
+      log->info("round {:4}/{}  {} updates from {} of {} sampled  loss {:.4f}{}  up {:.1f} KB  down {:.1f} KB  {:.2f} s",
+                r.round, c.engine.rounds, r.clients_completed, r.clients_selected - r.clients_failed, r.clients_selected,
+                r.train_loss.value_or(0.0), acc,
                 r.uplink_bytes / 1024.0, r.downlink_bytes / 1024.0, r.wall_seconds);
     else
       log->warn("round {:4}/{}  not applied: {}", r.round, c.engine.rounds, r.reason);
