@@ -155,6 +155,13 @@ struct ClientRuntime::Impl {
       return;
     }
     if (!t.model.empty()) {
+      if (t.base_version != 0 && t.base_version != held_version) {
+        // The server thinks we hold another version (we restarted, or dropped a task): tell it.
+        log->warn("client {}: a model delta against version {}, but this client holds {}; registering again",
+                  config.client_id, t.base_version, held_version);
+        registerNow(stats);
+        return;
+      }
       pr::applyModel(layout, held_version, t.base_version, t.model, model);
       held_version = t.model_version;
     }

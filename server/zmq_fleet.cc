@@ -208,6 +208,9 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   std::vector<uint8_t> msg = it->second;
   pr::setTaskNonce(msg, nonce);
   const bool ok = socket_.send(peer.routing, msg);
+  // The client now holds this version (a client that could not apply it registers again and says
+  // which version it holds), so the next delta is against it.
+  if (ok && t.header.phase == 0) peer.info.model_version = t.header.model_version;
   if (ok) {
     if (ph.report) ph.report->downlink_bytes += msg.size();
     if (ph.eval) ph.eval->downlink_bytes += msg.size();

@@ -237,3 +237,20 @@ TEST_CASE("engine configuration errors name the key", "[server]") {
   CHECK_THROWS_AS(server::RoundEngine(w.layout, cfg, w.init()), ConfigError);
   CHECK_THROWS_AS(server::parseDownlink("zip"), ConfigError);
 }
+
+TEST_CASE("a delta downlink gives the clients the same models for fewer bytes", "[server]") {
+  World w;
+  std::vector<float> models[2];
+  uint64_t down[2] = {0, 0};
+  for (int delta = 0; delta < 2; ++delta) {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    auto cfg = w.config("topk:density=0.02", 6);
+    cfg.sampling.fraction = 1.0;
+    cfg.downlink = delta ? server::Downlink::kDelta : server::Downlink::kDense;
+    server::RoundEngine e(w.layout, cfg, w.init());
+    e.run(fleet, [&](const server::RoundRecord& r) { down[delta] += r.downlink_bytes; });
+    models[delta] = modelOf(e);
+  }
+  CHECK(sameBits(models[0], models[1]));  // the deltas are exact
+  CHECK(down[1] < down[0]);
+}
