@@ -34,6 +34,7 @@ struct Config {
   std::string downlink = "dense";
   double resparsify = 0.0;
   size_t agg_min_clients = 1;
+  std::vector<std::string> aggregator_ids;
   std::string log_level = "info";
 };
 
@@ -62,6 +63,17 @@ int runServer(Config& c) {
   fc.heartbeat_ms = c.heartbeat_ms;
   fc.silence_ms = c.silence_ms;
   fc.max_examples = c.engine.scheme.bounds.max_examples;
+  for (const auto& s : c.aggregator_ids) {
+    size_t used = 0;
+    uint64_t id = 0;
+    try {
+      id = std::stoull(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != s.size()) STARLING_THROW(ConfigError, "security.aggregator_ids: '", s, "' is not an id");
+    fc.aggregator_ids.insert(id);
+  }
   server::ZmqFleet fleet(ctx, fc, layout, log);
   log->info("listening on {} | model {} ({} parameters, fingerprint {:x})", fleet.endpoint(), trainer->spec(),
             layout->numel(), layout->fingerprint());
@@ -124,6 +136,8 @@ int main(int argc, char** argv) {
   o.add("server.upstream", &c.upstream, "aggregator: the upstream server's endpoint, e.g. tcp://10.0.0.1:7700");
   o.add("server.id", &c.id, "aggregator: its id upstream (its key's id on the upstream's allow-list)", 0, ~0ull);
   c.net.add(o);
+  o.add("security.aggregator_ids", &c.aggregator_ids,
+        "ids that may register as edge aggregators (their partials weigh many clients); others are clients only");
   o.add("net.heartbeat_ms", &c.heartbeat_ms, "clients send a heartbeat this often", 10, 600000);
   o.add("net.silence_ms", &c.silence_ms, "a client silent this long fails its task and is unlisted", 20, 3600000);
   o.add("model.spec", &c.model, "model spec:" + client::trainers().help());

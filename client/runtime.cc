@@ -137,9 +137,20 @@ struct ClientRuntime::Impl {
     last_heartbeat = Clock::now();
   }
 
+  // A server names the compressor in each task; a few are kept (a hostile server cannot grow
+  // this without bound), and a spec this build does not know is refused input.
   const cz::Compressor& compressor(const std::string& spec) {
     auto it = compressors.find(spec);
-    if (it == compressors.end()) it = compressors.emplace(spec, cz::makeCompressor(spec)).first;
+    if (it == compressors.end()) {
+      std::unique_ptr<cz::Compressor> c;
+      try {
+        c = cz::makeCompressor(spec);
+      } catch (const ConfigError& e) {
+        failInput(Errc::kMissingField, "the task's compressor: ", e.what());
+      }
+      if (compressors.size() >= 4) compressors.clear();
+      it = compressors.emplace(spec, std::move(c)).first;
+    }
     return *it->second;
   }
 
@@ -268,6 +279,8 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
     } catch (const DivergenceError& e) {
       s.log->error("client {}: training diverged, task dropped: {}", s.config.client_id, e.what());
     } catch (const InvalidArgument& e) {
+      s.log->error("client {}: task dropped: {}", s.config.client_id, e.what());
+    } catch (const ConfigError& e) {
       s.log->error("client {}: task dropped: {}", s.config.client_id, e.what());
     }
   }

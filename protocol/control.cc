@@ -295,9 +295,12 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
   m.metrics = texts(t->metrics(), kMaxTaskMetrics, 64, "metric names");
   if (const auto* f = t->fit()) m.fit = FitSettings{f->epochs(), f->batch_size(), f->lr()};
   if (m.nonce == 0) fail(Errc::kMissingField, "task without a nonce");
-  if (m.kind == TaskKind::kFit && (m.fit.epochs == 0 || m.fit.batch_size == 0 || !(m.fit.lr > 0) ||
-                                   !std::isfinite(m.fit.lr)))
-    fail(Errc::kMissingField, "task with a bad fit config");
+  // Bounded like the server's own configuration, so a hostile server cannot make a client train
+  // forever.
+  if (m.kind == TaskKind::kFit && (m.fit.epochs == 0 || m.fit.epochs > 1000 || m.fit.batch_size == 0 ||
+                                   m.fit.batch_size > (1u << 20) || !(m.fit.lr > 0) || !(m.fit.lr <= 100)))
+    fail(Errc::kMissingField, "task with a bad fit config (epochs " + std::to_string(m.fit.epochs) + ", batch " +
+                                  std::to_string(m.fit.batch_size) + ", lr " + std::to_string(m.fit.lr) + ")");
   // The model: whole (dense f32 / f16) or, against a base version, sparse new values.
   const auto* tensors = t->model();
   const size_t n = tensors ? tensors->size() : 0;

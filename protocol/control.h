@@ -150,7 +150,9 @@ RejectMsg decodeReject(std::span<const uint8_t> bytes, const ControlLimits& limi
 ShutdownMsg decodeShutdown(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
 // Checks that each model payload is DenseF32, DenseF16 (whole model) or Sparse (against a base
 // version) and valid for its tensor (compression::validatePayload: sizes, index order, finite
-// values), and each shared factor is empty or a positive multiple of the tensor's rows or cols.
+// values), each shared factor finite and no larger than its tensor (the compressor checks the
+// exact shapes before it uses them), and the fit settings within the bounds a server may set
+// (epochs <= 1000, batch <= 2^20, 0 < lr <= 100).
 TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits = {});
 // `data` views into `bytes`. Checks index < count, total_bytes > 0, data non-empty and at most
 // `max_chunk_bytes`.

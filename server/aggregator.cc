@@ -86,6 +86,8 @@ struct EdgeAggregator::Impl {
     }
   }
 
+  // Upstream names the compressor in each task; a few schemes are kept (their memory grows with
+  // the model), and a spec this build does not know is refused input.
   ag::RoundScheme& scheme(const std::string& compressor) {
     auto it = schemes.find(compressor);
     if (it == schemes.end()) {
@@ -94,7 +96,17 @@ struct EdgeAggregator::Impl {
       o.rule = config.rule;
       o.bounds = config.bounds;
       o.metrics = config.metrics;
-      it = schemes.emplace(compressor, std::make_unique<ag::RoundScheme>(layout, o)).first;
+      std::unique_ptr<ag::RoundScheme> s;
+      try {
+        s = std::make_unique<ag::RoundScheme>(layout, o);
+      } catch (const ConfigError& e) {
+        failInput(Errc::kMissingField, "the task's compressor: ", e.what());
+      }
+      if (schemes.size() >= 4) {
+        previous.reset();  // refers to a scheme about to go
+        schemes.clear();
+      }
+      it = schemes.emplace(compressor, std::move(s)).first;
     }
     return *it->second;
   }
@@ -195,6 +207,8 @@ struct EdgeAggregator::Impl {
     } catch (const InputError& e) {
       log->warn("ignored a message from upstream: {}", e.what());
     } catch (const InvalidArgument& e) {
+      log->error("task dropped: {}", e.what());
+    } catch (const ConfigError& e) {
       log->error("task dropped: {}", e.what());
     }
     return false;

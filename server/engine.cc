@@ -204,6 +204,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     const PhaseTask task{round->broadcast(), header, model_, config_.downlink};
     const size_t want = round->phase() == 0 ? target : active.size();
     PhaseReport rep = fleet.runPhase(task, active, want, round->current());
+    rec.updates_rejected += std::max(rep.refused, round->current().rejected());
     rec.uplink_bytes += rep.uplink_bytes;
     rec.downlink_bytes += rep.downlink_bytes;
     failed.insert(rep.failed.begin(), rep.failed.end());
@@ -212,7 +213,6 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
     std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
   }
-  for (size_t p = 0; p < round->phasesStarted(); ++p) rec.updates_rejected += round->phaseAt(p).rejected();
   rec.clients_failed = failed.size();
 
   ag::RoundResult result;

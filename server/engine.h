@@ -78,6 +78,7 @@ struct PhaseReport {
   std::vector<uint64_t> failed;     // clients that did not deliver in time, went silent, or were refused
   uint64_t uplink_bytes = 0;
   uint64_t downlink_bytes = 0;
+  uint64_t refused = 0;  // messages the fleet refused during the phase (the aggregator's refusals included)
 };
 
 struct EvalReport {

@@ -75,15 +75,19 @@ std::vector<ClientInfo> ZmqFleet::available() const {
   return out;
 }
 
+namespace {
+uint64_t saturatingAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+}  // namespace
+
 uint64_t ZmqFleet::totalExamples() const {
   uint64_t n = 0;
-  for (const auto& c : available()) n += c.num_examples;
+  for (const auto& c : available()) n = saturatingAdd(n, c.num_examples);
   return n;
 }
 
 uint64_t ZmqFleet::totalEvalExamples() const {
   uint64_t n = 0;
-  for (const auto& c : available()) n += c.eval_examples;
+  for (const auto& c : available()) n = saturatingAdd(n, c.eval_examples);
   return n;
 }
 
@@ -148,6 +152,10 @@ void ZmqFleet::handle(const transport::Received& r) {
     }
   } catch (const InputError& e) {
     refuse(peer->routing, e.code(), "client " + std::to_string(peer->info.id) + ": " + e.what());
+  } catch (const InvalidArgument& e) {
+    // What the round cannot take at all (a partial aggregate under a robust rule, ...): refused
+    // like any bad input; never let one peer's message end the server.
+    refuse(peer->routing, Errc::kUnexpectedMessage, "client " + std::to_string(peer->info.id) + ": " + e.what());
   }
 }
 
@@ -161,9 +169,11 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
     if (r.authenticated_id && *r.authenticated_id != m.client_id)
       failInput(Errc::kWrongSender, "a peer whose key is listed as client ", *r.authenticated_id,
                 " registered as client ", m.client_id);
-    if (m.num_examples == 0 || m.num_examples > config_.max_examples)
-      failInput(Errc::kBadWeight, "client ", m.client_id, " registers ", m.num_examples, " examples (1 to ",
-                config_.max_examples, " allowed)");
+    if (m.num_examples == 0 || m.num_examples > config_.max_examples || m.eval_examples > config_.max_examples)
+      failInput(Errc::kBadWeight, "client ", m.client_id, " registers ", m.num_examples, " training and ",
+                m.eval_examples, " evaluation examples (1 to ", config_.max_examples, " allowed)");
+    if (m.role == pr::Role::kAggregator && !config_.aggregator_ids.count(m.client_id))
+      failInput(Errc::kWrongSender, "client ", m.client_id, " registers as an aggregator but is not listed as one");
   } catch (const InputError& e) {
     refuse(r.peer, e.code(), std::string("registration refused: ") + e.what());
     return;
@@ -232,20 +242,21 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   };
   uint64_t nonce = 0;
   if (partial) {
-    if (peer.info.role != pr::Role::kAggregator) failInput(Errc::kWrongSender, "a partial aggregate from a client");
     const compression::PartialView& v = decoder_.decodePartial(bytes);
     nonce = v.header.nonce;
     checkNonce(nonce);
-    if (v.header.total_weight > static_cast<double>(peer.info.num_examples) || v.header.count > peer.info.num_examples)
+    if (pend->second.role != pr::Role::kAggregator) failInput(Errc::kWrongSender, "a partial aggregate from a client");
+    const uint64_t cap = pend->second.num_examples;
+    if (v.header.total_weight > static_cast<double>(cap) || v.header.count > cap)
       failInput(Errc::kBadWeight, "a partial of weight ", v.header.total_weight, " over ", v.header.count,
-                " updates; the aggregator registered ", peer.info.num_examples, " examples");
+                " updates; the aggregator registered ", cap, " examples");
     phase_->agg->merge(v, id);
   } else {
     const compression::UpdateView& v = decoder_.decodeUpdate(bytes);
     nonce = v.header.nonce;
     if (v.header.client_id != id) failInput(Errc::kWrongSender, "an update claiming to be client ", v.header.client_id);
     checkNonce(nonce);
-    phase_->agg->add(v, ag::ClientLimits{peer.info.num_examples});
+    phase_->agg->add(v, ag::ClientLimits{pend->second.num_examples});
   }
   phase_->report->uplink_bytes += bytes.size();
   phase_->report->completed.push_back(id);
@@ -262,13 +273,14 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
   const pr::EvaluationMsg e = pr::decodeEvaluation(r.bytes());
   if (e.client_id != id) failInput(Errc::kWrongSender, "an evaluation claiming to be client ", e.client_id);
   if (e.nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an evaluation with another task's nonce");
-  if (e.num_examples == 0 || e.num_examples > std::max<uint64_t>(peer.info.eval_examples, 1))
-    failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ", peer.info.eval_examples, " registered");
+  if (e.num_examples == 0 || e.num_examples > std::max<uint64_t>(pend->second.eval_examples, 1))
+    failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ", pend->second.eval_examples,
+              " registered");
   EvalReport& ev = *phase_->eval;
   const double w = static_cast<double>(e.num_examples), total = static_cast<double>(ev.examples) + w;
   ev.loss += (e.loss - ev.loss) * w / total;
   ev.accuracy += (e.accuracy - ev.accuracy) * w / total;
-  ev.examples += e.num_examples;
+  ev.examples = saturatingAdd(ev.examples, e.num_examples);
   ++ev.clients;
   ev.uplink_bytes += r.bytes().size();
   expired_[id] = e.nonce;
@@ -346,13 +358,16 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
       report.failed.push_back(c.id);
       continue;
     }
-    pending_[c.id] = Pending{nonce, false};
+    pending_[c.id] = Pending{nonce, false, it->second.info.num_examples, it->second.info.eval_examples,
+                             it->second.info.role};
   }
+  const uint64_t refused_before = refusedTotal();
   const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
   while (!pending_.empty() && ph.accepted < target && Clock::now() < deadline) {
     poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     expireSilent();
   }
+  report.refused = refusedTotal() - refused_before;
   for (const auto& [id, p] : pending_) {
     report.failed.push_back(id);
     log_->info("client {} did not deliver round {} phase {} in time", id, task.header.round, task.header.phase);
@@ -371,7 +386,9 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
   for (const ClientInfo& c : participants) {
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
-    if (it != clients_.end() && sendTask(it->second, nonce)) pending_[c.id] = Pending{nonce, true};
+    if (it != clients_.end() && sendTask(it->second, nonce))
+      pending_[c.id] = Pending{nonce, true, it->second.info.num_examples, it->second.info.eval_examples,
+                               it->second.info.role};
   }
   const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
   while (!pending_.empty() && Clock::now() < deadline) {

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -35,7 +36,10 @@ struct FleetConfig {
   transport::TransportLimits limits;
   uint32_t heartbeat_ms = 1000;  // clients send a Heartbeat this often (told in the Welcome)
   uint32_t silence_ms = 5000;    // a client silent this long is failed for the phase and unlisted
-  uint64_t max_examples = 10'000'000;  // the most training examples a client may register
+  uint64_t max_examples = 10'000'000;  // the most training (and evaluation) examples a peer may register
+  // The ids that may register as edge aggregators (their partial aggregates carry the weight of
+  // many clients); every other id may only be a client.
+  std::set<uint64_t> aggregator_ids;
   void validate() const;
 };
 
@@ -76,9 +80,13 @@ class ZmqFleet final : public Fleet {
     ClientInfo info;
     std::chrono::steady_clock::time_point last_seen;
   };
+  // A task in flight, with the sender's caps frozen when it was sent (registering again mid-task
+  // cannot raise them).
   struct Pending {
     uint64_t nonce = 0;
     bool evaluate = false;
+    uint64_t num_examples = 0, eval_examples = 0;
+    protocol::Role role = protocol::Role::kClient;
   };
   struct Phase;  // the state of the phase being run
 

@@ -13,7 +13,7 @@ std::string str(uint64_t v) { return std::to_string(v); }
 
 void Reassembler::drop(Peer& p) {
   if (!p.t) return;
-  reserved_ -= p.t->total;
+  reserved_ -= p.t->filled;
   p.t.reset();
 }
 
@@ -43,12 +43,9 @@ Reassembler::Outcome Reassembler::start(Peer& p, const protocol::ChunkMsg& c) {
                            " bytes in chunks of " + str(s) + " need " + str(want_count));
     return out;
   }
-  if (c.total_bytes > max_total_ - reserved_) {
-    out.error = refuse(p, c.transfer, Errc::kBadChunk,
-                       tid + str(c.total_bytes) + " bytes do not fit in the reassembly budget (" +
-                           str(max_total_ - reserved_) + " of " + str(max_total_) + " bytes free)");
-    return out;
-  }
+  // The budget counts bytes that arrived, not bytes announced: a transfer that announces a
+  // gigabyte and sends one byte holds one byte of it (the buffer below is only address space until
+  // chunks land in it), so idle announcements cannot lock honest uploads out.
   Transfer t{c.transfer, c.total_bytes, s, 0, c.count, 0, nullptr};
   try {
     t.buf =
@@ -58,7 +55,6 @@ Reassembler::Outcome Reassembler::start(Peer& p, const protocol::ChunkMsg& c) {
                        tid + "cannot allocate " + str(c.total_bytes) + " bytes");
     return out;
   }
-  reserved_ += c.total_bytes;
   p.t = std::move(t);
   return out;
 }
@@ -106,8 +102,15 @@ Reassembler::Outcome Reassembler::add(const std::string& peer, const protocol::C
     out.error = refuse(p, c.transfer, Errc::kBadChunk, "transfer " + str(c.transfer) + ": " + bad);
     return out;
   }
+  if (c.data.size() > max_total_ - reserved_) {
+    out.error = refuse(p, c.transfer, Errc::kBadChunk,
+                       "transfer " + str(c.transfer) + ": chunk " + str(c.index) + " does not fit in the reassembly budget (" +
+                           str(max_total_ - reserved_) + " of " + str(max_total_) + " bytes free)");
+    return out;
+  }
   std::memcpy(t.buf.get() + t.chunk * c.index, c.data.data(), c.data.size());
   t.filled += c.data.size();
+  reserved_ += c.data.size();
   if (++t.next == t.count) {
     out.size = t.total;
     out.complete = std::shared_ptr<uint8_t[]>(t.buf.release());

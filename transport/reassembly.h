@@ -5,7 +5,8 @@
 // of that transfer id are then ignored without another error):
 // - index 0 starts a transfer; it abandons (error) any transfer the peer had in progress;
 // - total_bytes <= max_message (kTooLarge); the peer's reservation of total_bytes must fit in
-//   max_total together with every other peer's (kBadChunk), reserved whole at index 0;
+//   max_total together with every other peer's (kBadChunk), counted as chunks arrive (an
+//   announced total costs nothing until its bytes do);
 // - chunk 0's data size S is the sender's chunk size: count must equal ceil(total / S), every
 //   chunk but the last carries exactly S bytes, and the last completes exactly total_bytes;
 // - later chunks: same transfer id, index == the next expected, same count and total (kBadChunk).

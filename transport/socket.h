@@ -125,7 +125,8 @@ class SocketCore;
 
 // ROUTER, bound. ROUTER_HANDOVER: a client reconnecting with the same routing id takes over its
 // old connection. Sending to an unknown or gone peer, or one whose queue is full, returns false
-// at once (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket) drops a
+// at once (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket; under
+// CURVE per authenticated key, so a key opening many connections shares one rate) drops a
 // frame before any decoding or reassembly, and reports it as an Errc::kRateLimited Received at
 // most once per second per peer. One thread owns it (see the top of this file).
 class ServerSocket {

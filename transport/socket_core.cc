@@ -126,10 +126,14 @@ bool SocketCore::readOne(Clock::time_point now) {
     (void)sock.recv(extra, zmq::recv_flags::none);
     more = extra.more();
   }
-  if (router_ && !rate_.allow(peer, now)) {
+  // The bucket belongs to the authenticated key when there is one (one key opening many
+  // connections shares one rate), to the connection's routing id otherwise.
+  const auto uid = router_ ? userId(payload) : std::optional<uint64_t>{};
+  const std::string bucket = uid ? "key:" + std::to_string(*uid) : peer;
+  if (router_ && !rate_.allow(bucket, now)) {
     ++stats.refused_rate;
-    if (rate_.reportDue(peer, now))
-      fail(peer, userId(payload),
+    if (rate_.reportDue(bucket, now))
+      fail(peer, uid,
            InputError(Errc::kRateLimited, "over " + std::to_string(limits.max_messages_per_second) +
                                               " messages/s (burst " + std::to_string(limits.burst) +
                                               "): dropped unread"));

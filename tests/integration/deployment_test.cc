@@ -37,7 +37,9 @@ void startTree(Federation& f, bool flat, int root_port, const std::vector<std::s
     for (uint64_t c = 0; c < 8; ++c) f.client(c, root_port, "server", 8);
     return;
   }
-  f.root("root", root_port, f.allowList("allow-root", {"agg-100", "agg-101"}), root_args);
+  std::vector<std::string> args = root_args;
+  args.insert(args.end(), {"--security.aggregator_ids", "100,101"});
+  f.root("root", root_port, f.allowList("allow-root", {"agg-100", "agg-101"}), args);
   const int p100 = freePort(), p101 = freePort();
   f.aggregator(100, p100, root_port, f.allowList("allow-100", {"client-0", "client-1", "client-2", "client-3"}),
                {"--aggregator.min_clients", "4"});
@@ -254,7 +256,8 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   const int port = freePort(), p100 = freePort(), p101 = freePort();
   f.root("root", port, f.allowList("allow-root", {"agg-100", "agg-101"}),
          {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--sampling.wait_ms",
-          "4000", "--round.deadline_ms", "20000", "--state.metrics", f.path("metrics.jsonl")});
+          "4000", "--round.deadline_ms", "20000", "--state.metrics", f.path("metrics.jsonl"),
+          "--security.aggregator_ids", "100,101"});
   f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1"}), {"--aggregator.min_clients", "2"});
   f.aggregator(101, p101, port, f.allowList("allow-101", {"client-2", "client-3"}), {"--aggregator.min_clients", "2"});
   f.client(0, p100, "agg-100", 4);

@@ -93,9 +93,15 @@ TEST_CASE("received bytes are 8-byte aligned whatever their size", "[transport]"
       CHECK(reinterpret_cast<uintptr_t>(r->bytes().data()) % 8 == 0);
     }
     // Single frames (chunk_bytes 1 MiB): only those that fit libzmq's receive batch buffer may
-    // come unaligned and be copied; a large message never is.
+    // come unaligned and be copied; a large message never is. (How libzmq batches frames depends
+    // on how the bytes arrive: under qemu-user, slow and bursty, it also batches larger frames, so
+    // the arm64 build only checks alignment above.)
     INFO("realigned bytes: " << server.stats().realigned_bytes);
+#ifndef STARLING_TEST_EMULATED
     if (chunk_bytes > 300000) CHECK(server.stats().realigned_bytes <= small_bytes);
+#else
+    (void)small_bytes;
+#endif
   }
 }
 
@@ -180,7 +186,7 @@ TEST_CASE("forged chunk sequences are refused and the server keeps serving", "[t
   honestClientGetsThrough(ctx, server, 33);
 }
 
-TEST_CASE("max_reassembly_bytes bounds all peers' partial transfers together", "[transport]") {
+TEST_CASE("max_reassembly_bytes bounds the bytes all peers' partial transfers hold together", "[transport]") {
   Context ctx;
   TransportLimits limits = testLimits();
   limits.max_message_bytes = 40000;
@@ -190,35 +196,58 @@ TEST_CASE("max_reassembly_bytes bounds all peers' partial transfers together", "
   const auto chunk = pattern(4096, 41);
   const uint64_t total_a = 30000, total_b = 35000;
   const uint32_t count_a = (total_a + 4095) / 4096, count_b = (total_b + 4095) / 4096;
-
-  a.chunk(1, 0, count_a, total_a, chunk);
-  a.send(bytesOf("ping"));  // once the server sees the ping, a's chunk 0 (sent before) is in
+  auto piece = [&](uint64_t total, uint32_t i) {
+    return std::span(chunk).first(std::min<uint64_t>(4096, total - uint64_t{i} * 4096));
+  };
+  // a holds all but its last chunk: 7 x 4096 = 28672 bytes.
+  for (uint32_t i = 0; i + 1 < count_a; ++i) a.chunk(1, i, count_a, total_a, piece(total_a, i));
+  a.send(bytesOf("ping"));  // once the server sees the ping, a's chunks (sent before) are in
   auto ping = receiveMessage(server);
   REQUIRE(ping);
   CHECK(ping->peer == "a");
-  b.chunk(1, 0, count_b, total_b, chunk);  // 30000 + 35000 > 60000
+  // b's chunks fit until 28672 + 8 x 4096 > 60000: its eighth chunk is refused, the rest ignored.
+  for (uint32_t i = 0; i < count_b; ++i) b.chunk(1, i, count_b, total_b, piece(total_b, i));
   auto err = receiveError(server);
   CHECK(codeOf(err) == Errc::kBadChunk);
   CHECK(err->peer == "b");
+  CHECK(std::string(err->error->what()).find("budget") != std::string::npos);
 
-  // a finishes; its reservation is released and b's transfer now fits.
-  std::vector<uint8_t> whole_a;
-  for (uint32_t i = 0; i < count_a; ++i) {
-    const size_t n = std::min<uint64_t>(4096, total_a - uint64_t{i} * 4096);
-    if (i > 0) a.chunk(1, i, count_a, total_a, std::span(chunk).first(n));
-    whole_a.insert(whole_a.end(), chunk.begin(), chunk.begin() + static_cast<long>(n));
-  }
+  // a finishes; b's transfer, sent again, now fits.
+  a.chunk(1, count_a - 1, count_a, total_a, piece(total_a, count_a - 1));
   auto done_a = receiveMessage(server);
   REQUIRE(done_a);
-  CHECK(toVec(done_a->bytes()) == whole_a);
-  for (uint32_t i = 0; i < count_b; ++i) {
-    const size_t n = std::min<uint64_t>(4096, total_b - uint64_t{i} * 4096);
-    b.chunk(2, i, count_b, total_b, std::span(chunk).first(n));
-  }
+  CHECK(done_a->bytes().size() == total_a);
+  for (uint32_t i = 0; i < count_b; ++i) b.chunk(2, i, count_b, total_b, piece(total_b, i));
   auto done_b = receiveMessage(server);
   REQUIRE(done_b);
   CHECK(done_b->peer == "b");
   CHECK(done_b->bytes().size() == total_b);
+}
+
+TEST_CASE("announcing huge transfers without sending them does not lock honest uploads out", "[transport]") {
+  Context ctx;
+  TransportLimits limits = testLimits();
+  limits.max_message_bytes = 40000;
+  limits.max_reassembly_bytes = 40000;  // exactly one maximal message
+  ServerSocket server(ctx, kAnyPort, insecure(), limits);
+  // Three connections each announce a maximal transfer and send one chunk of it.
+  std::vector<std::unique_ptr<RawDealer>> squatters;
+  for (int i = 0; i < 3; ++i) {
+    squatters.push_back(std::make_unique<RawDealer>(server.endpoint(), "squatter-" + std::to_string(i)));
+    squatters.back()->chunk(1, 0, 10, 40000, pattern(4096, 70 + i));
+    squatters.back()->send(bytesOf("ping"));  // the ping comes after the chunk: the chunk is in
+    auto ping = receiveMessage(server);
+    REQUIRE(ping);
+    CHECK(ping->peer == "squatter-" + std::to_string(i));
+  }
+  // An honest client's chunked message of 24000 bytes still fits (12288 of 40000 bytes held).
+  ClientSocket client(ctx, server.endpoint(), insecure(), limits, "honest");
+  const auto msg = pattern(24000, 77);
+  REQUIRE(client.send(msg));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(r->peer == "honest");
+  CHECK(toVec(r->bytes()) == msg);
 }
 
 TEST_CASE("a single frame over max_message_bytes is refused", "[transport]") {
@@ -259,5 +288,5 @@ TEST_CASE("a transfer whose sender went silent is freed after the timeout", "[tr
   CHECK(codeOf(err) == Errc::kBadChunk);
   CHECK(err->peer == "quitter");
   CHECK(std::string(err->error->what()).find("timed out") != std::string::npos);
-  honestClientGetsThrough(ctx, server, 62);  // needs the budget the quitter held
+  honestClientGetsThrough(ctx, server, 62);
 }
