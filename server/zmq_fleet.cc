@@ -235,7 +235,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   const auto bytes = r.bytes();
   // The nonce tells a late answer to a closed task from a replay or a forgery.
   auto checkNonce = [&](uint64_t nonce) {
-    if (auto ex = expired_.find(id); ex != expired_.end() && ex->second == nonce)
+    if (auto ex = expired_.find(id); ex != expired_.end() && ex->second.has(nonce))
       failInput(Errc::kLate, "an answer to a task whose phase already closed");
     if (!open) failInput(Errc::kWrongSender, "an update without a task");
     if (nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an update with another task's nonce");
@@ -261,7 +261,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   phase_->report->uplink_bytes += bytes.size();
   phase_->report->completed.push_back(id);
   ++phase_->accepted;
-  expired_[id] = nonce;
+  expired_[id].add(nonce);
   pending_.erase(pend);
 }
 
@@ -283,7 +283,7 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
   ev.examples = saturatingAdd(ev.examples, e.num_examples);
   ++ev.clients;
   ev.uplink_bytes += r.bytes().size();
-  expired_[id] = e.nonce;
+  expired_[id].add(e.nonce);
   pending_.erase(pend);
   ++phase_->accepted;
 }
@@ -295,7 +295,7 @@ void ZmqFleet::expireSilent() {
     if (c == clients_.end() || c->second.last_seen < cutoff) {
       log_->warn("client {} went silent; failed for this phase", it->first);
       if (phase_ && phase_->report) phase_->report->failed.push_back(it->first);
-      expired_[it->first] = it->second.nonce;
+      expired_[it->first].add(it->second.nonce);
       it = pending_.erase(it);
     } else {
       ++it;
@@ -347,7 +347,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
     ZmqFleet* f;
     ~Reset() {
       f->phase_ = nullptr;
-      for (const auto& [id, p] : f->pending_) f->expired_[id] = p.nonce;
+      for (const auto& [id, p] : f->pending_) f->expired_[id].add(p.nonce);
       f->pending_.clear();
     }
   } reset{this};
@@ -395,7 +395,7 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
     poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     expireSilent();
   }
-  for (const auto& [id, p] : pending_) expired_[id] = p.nonce;
+  for (const auto& [id, p] : pending_) expired_[id].add(p.nonce);
   pending_.clear();
   phase_ = nullptr;
   return ev;

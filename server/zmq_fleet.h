@@ -12,6 +12,7 @@
 // shapes, index ranges, finite values, norm and weight bounds, the weight capped by the examples
 // the client registered). A refused message is counted per error code, logged, and answered with
 // a Reject; it never changes the aggregate.
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <functional>
@@ -109,7 +110,15 @@ class ZmqFleet final : public Fleet {
   std::unordered_map<uint64_t, Peer> clients_;
   std::unordered_map<std::string, uint64_t> by_routing_;
   std::unordered_map<uint64_t, Pending> pending_;
-  std::unordered_map<uint64_t, uint64_t> expired_;  // client -> nonce of its last closed task (late, not forged)
+  // Client -> the nonces of its last few closed tasks: an answer carrying one is late, not forged
+  // (a slow straggler may answer a task several rounds old).
+  struct Expired {
+    std::array<uint64_t, 4> nonces{};
+    size_t next = 0;
+    void add(uint64_t n) { nonces[next++ % nonces.size()] = n; }
+    bool has(uint64_t n) const { return n != 0 && std::find(nonces.begin(), nonces.end(), n) != nonces.end(); }
+  };
+  std::unordered_map<uint64_t, Expired> expired_;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
   std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> refused_{};
