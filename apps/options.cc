@@ -53,7 +53,7 @@ Options::~Options() = default;
 void Options::add(const std::string& key, std::string* v, const std::string& help) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str();
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   e->fromToml = [v](const toml::node& n, const std::string& where) {
     if (!n.is_string()) badType(where, "a string");
     *v = std::string(*n.value<std::string>());
@@ -64,7 +64,7 @@ void Options::add(const std::string& key, std::string* v, const std::string& hel
 void Options::add(const std::string& key, bool* v, const std::string& help) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help + " (true/false)")->capture_default_str();
+  e->option = app_->add_option("--" + key, *v, help + " (true/false)")->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   e->fromToml = [v](const toml::node& n, const std::string& where) {
     if (!n.is_boolean()) badType(where, "true or false");
     *v = *n.value<bool>();
@@ -75,7 +75,7 @@ void Options::add(const std::string& key, bool* v, const std::string& help) {
 void Options::add(const std::string& key, double* v, const std::string& help, double lo, double hi) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->check(CLI::Range(lo, hi));
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
   e->fromToml = [v, lo, hi](const toml::node& n, const std::string& where) {
     if (!n.is_number()) badType(where, "a number");
     const double x = *n.value<double>();
@@ -88,7 +88,7 @@ void Options::add(const std::string& key, double* v, const std::string& help, do
 void Options::add(const std::string& key, float* v, const std::string& help, double lo, double hi) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->check(CLI::Range(lo, hi));
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
   e->fromToml = [v, lo, hi](const toml::node& n, const std::string& where) {
     if (!n.is_number()) badType(where, "a number");
     const double x = *n.value<double>();
@@ -114,7 +114,7 @@ std::function<void(const toml::node&, const std::string&)> integerFromToml(T* v,
 void Options::add(const std::string& key, uint64_t* v, const std::string& help, uint64_t lo, uint64_t hi) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->check(CLI::Range(lo, hi));
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
   e->fromToml = integerFromToml(v, lo, hi);
   entries_.push_back(std::move(e));
 }
@@ -122,7 +122,7 @@ void Options::add(const std::string& key, uint64_t* v, const std::string& help, 
 void Options::add(const std::string& key, uint32_t* v, const std::string& help, uint64_t lo, uint64_t hi) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->check(CLI::Range(lo, hi));
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
   e->fromToml = integerFromToml(v, lo, hi);
   entries_.push_back(std::move(e));
 }
@@ -130,7 +130,7 @@ void Options::add(const std::string& key, uint32_t* v, const std::string& help, 
 void Options::add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->check(CLI::Range(lo, hi));
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
   e->fromToml = [v, lo, hi](const toml::node& n, const std::string& where) {
     if (!n.is_integer()) badType(where, "an integer");
     const int64_t x = *n.value<int64_t>();

@@ -1,7 +1,8 @@
 #pragma once
 // Configuration for Starling's programs: every option has one dotted key ("round.deadline_ms")
 // that is both its TOML key (`[round] deadline_ms = 60000` in the --config file) and its
-// command-line flag (`--round.deadline_ms 60000`), which wins over the file. Unknown keys, values
+// command-line flag (`--round.deadline_ms 60000`), which wins over the file (given twice, the
+// last one wins, so a script can append overrides). Unknown keys, values
 // of the wrong type and values out of range are ConfigErrors naming the key (and the file).
 // --help lists every key with its default and explanation.
 #include <cstdint>

@@ -1,0 +1,58 @@
+// The arm64 client (build-arm64/bin/starling-client, cross-built by `make test`) under
+// qemu-aarch64 -L / against the native root server on 127.0.0.1, CURVE on, for two rounds beside a
+// native client. This binary has its own main: when the arm64 client or qemu-aarch64 is missing
+// (STARLING_SKIP_ARM64=1, no cross packages), it exits 77 and ctest reports "Skipped".
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "integration/federation.h"
+
+using namespace starling::testing;
+using std::chrono::seconds;
+
+namespace {
+const std::string kArm64Client = STARLING_ARM64_CLIENT;
+const std::string kQemu = STARLING_QEMU_AARCH64;
+}  // namespace
+
+TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native server", "[integration][arm64]") {
+  Federation f("arm64");
+  f.clientKeys(0, 2);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
+         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--round.deadline_ms",
+          "120000", "--net.silence_ms", "20000", "--state.metrics", f.path("metrics.jsonl"),
+          "--compression.compressor", "topk:density=0.05"});
+  f.client(0, port, "server", 2);
+  // The same command line as a native client, run by the emulator with the multiarch libc.
+  f.start("client-1", {kQemu, "-L", "/", kArm64Client, "--client.server", Federation::endpoint(port), "--client.id", "1",
+                       "--security.key", f.keys() + "/client-1.key_secret", "--security.server_key",
+                       f.keys() + "/server.key", "--data.num_clients", "2", "--state.file", f.path("client-1.state")});
+  const int rc = f.proc("root").wait(seconds(300));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = readLines(f.path("metrics.jsonl"));
+  REQUIRE(lines.size() == 2);
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "2");  // the native and the arm64 client
+  }
+  CHECK(f.proc("client-1").wait(seconds(30)) == 0);
+  CHECK(countOf(f.log("client-1"), "phase 0: training") == 2);
+  CHECK(std::filesystem::exists(f.path("client-1.state")));
+}
+
+int main(int argc, char** argv) {
+  Catch::Session session;
+  if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  const Catch::ConfigData& c = session.configData();
+  const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
+  if (!listing && (kQemu.empty() || !std::filesystem::exists(kQemu) || !std::filesystem::exists(kArm64Client))) {
+    std::printf("no arm64 client (%s) or no qemu-aarch64 (%s): skipped\n", kArm64Client.c_str(), kQemu.c_str());
+    return 77;
+  }
+  return session.run();
+}
