@@ -279,3 +279,27 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   CHECK(field(lines[0], "clients_completed") == "2");  // agg-100's two clients
   CHECK(field(lines[0], "clients_failed") == "1");     // agg-101
 }
+
+TEST_CASE("two-phase PowerSGD and ACP-SGD run through aggregators in real processes", "[integration][server]") {
+  for (const std::string spec : {"powersgd:rank=2", "acpsgd:rank=2"}) {
+    CAPTURE(spec);
+    Federation f("lowrank");
+    const int port = freePort();
+    startTree(f, false, port,
+              {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+               "--compression.compressor", spec, "--state.metrics", f.path("metrics.jsonl"), "--eval.every", "3"});
+    const int rc = f.proc("root").wait(seconds(120));
+    INFO(f.allLogs());
+    REQUIRE(rc == 0);
+    const auto lines = metricLines(f);
+    REQUIRE(lines.size() == 3);
+    for (const auto& l : lines) {
+      CHECK(field(l, "applied") == "true");
+      CHECK(field(l, "clients_completed") == "8");
+      CHECK(field(l, "updates_rejected") == "0");
+    }
+    CHECK(std::stod(field(lines[2], "test_accuracy")) > 0.4);
+    // PowerSGD: P then Q inside each round, both relayed by each aggregator.
+    if (spec.rfind("powersgd", 0) == 0) CHECK(countOf(f.log("agg-100"), "phase 1: relaying") == 3);
+  }
+}

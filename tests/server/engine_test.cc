@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -253,4 +254,36 @@ TEST_CASE("a delta downlink gives the clients the same models for fewer bytes", 
   }
   CHECK(sameBits(models[0], models[1]));  // the deltas are exact
   CHECK(down[1] < down[0]);
+}
+
+TEST_CASE("every compressor and every aggregation rule runs through the engine and the codecs", "[server]") {
+  // A model with a tensor worth factoring (low-rank compressors factor fc.weight [4 x 40]).
+  data::Dataset train = separableData(1600, 40, 4, 8);
+  auto trainer = client::makeTrainer("softmax", 40, 4);
+  auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  auto shards = data::makePartitioner("iid")->split(train.labels, train.num_classes, 11, 3);
+  std::vector<float> init(layout->numel());
+  trainer->initParameters(init, 1);
+  auto run = [&](const std::string& compressor, const std::string& rule) {
+    CAPTURE(compressor, rule);
+    InProcFleet fleet(*trainer, train, shards);
+    server::EngineConfig c;
+    c.rounds = 3;
+    c.scheme.compressor = compressor;
+    c.scheme.rule = rule;
+    c.scheme.run_seed = 5;
+    c.fit = protocol::FitSettings{1, 16, 0.1f};
+    server::RoundEngine e(layout, c, init);
+    int applied = 0;
+    e.run(fleet, [&](const server::RoundRecord& r) {
+      applied += r.applied;
+      CHECK(r.updates_rejected == 0);
+    });
+    CHECK(applied == 3);
+    for (float x : e.model().current()) REQUIRE(std::isfinite(x));
+    CHECK(!sameBits(std::vector<float>(e.model().current().begin(), e.model().current().end()), init));
+  };
+  for (const auto& spec : allCompressorSpecs()) run(spec, "fedavg");
+  for (const std::string rule : {"median", "trimmed_mean", "krum:f=1", "multikrum:f=1", "bulyan:f=1", "fedavg:clip=1"})
+    run("topk:density=0.3", rule);
 }

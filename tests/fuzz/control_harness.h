@@ -1,0 +1,480 @@
+#pragma once
+// What the control-message fuzzer (fuzz_control.cc) checks for every input, shared with the corpus
+// replay in the normal suite (corpus_control_test.cc), and the valid encodings the seed corpus
+// tests/fuzz/corpus_control is made of (make_control_seeds.cc writes them).
+//
+// An input goes to peekKind and then to the decoder of the kind it names (a Task against
+// fuzz::layout() and against the softmax 784x10 model's layout). Whatever decodes must hold what
+// protocol/control.h promises, checked here field by field:
+// - every decoder but the one peekKind names refuses the bytes (routing agrees with decoding; see
+//   checkControl for bytes peekKind refuses);
+// - Register/Reject/Shutdown text bounded and printable, enums known, Welcome's bounds non-zero;
+// - an Evaluation finite, loss >= 0 and accuracy in [0, 1];
+// - a Chunk's data non-empty, within max_chunk_bytes, and lying inside the input; index < count;
+// - a Task: nonce set, fit settings within epochs <= 1000, batch <= 2^20, 0 < lr <= 100, the model
+//   empty or one payload per tensor, dense f32/f16 of exactly numel (whole) or strictly increasing
+//   in-range sparse (delta), every value and shared factor finite and no larger than its tensor;
+//   applyModel then applies it (for a delta, only onto its own base version: any other version is
+//   refused with InvalidArgument and nothing else) and leaves the model finite with exactly the
+//   coordinates the task carries;
+// - memory linear in the input: what a decoder copies out is no larger than the input;
+// - the same bytes one byte off alignment decode to the same message (a Chunk is refused instead:
+//   it is read in place), and a bound one byte short of the input refuses them;
+// - encoding the decoded message and decoding that again gives the same encoding.
+// Anything else (another exception, a sanitizer report, a broken property) aborts.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "core/overloaded.h"
+#include "core/param_layout.h"
+#include "fuzz/fuzz_layout.h"
+#include "protocol/control.h"
+
+namespace starling::fuzz::control {
+
+namespace pr = starling::protocol;
+namespace cz = starling::compression;
+
+[[noreturn]] inline void bug(const std::string& what) {
+  std::fprintf(stderr, "control fuzz harness: %s\n", what.c_str());
+  std::abort();
+}
+inline void require(bool ok, const char* what) {
+  if (!ok) bug(what);
+}
+
+// The model of the client example: softmax regression on MNIST (fc.weight [10, 784], fc.bias [10]).
+inline ParamLayout softmaxLayout() {
+  ParamLayout l;
+  l.add("fc.weight", {10, 784});
+  l.add("fc.bias", {10});
+  return l;
+}
+
+struct Layouts {
+  ParamLayout small = fuzz::layout();
+  ParamLayout softmax = softmaxLayout();
+};
+inline const Layouts& layouts() {
+  static const Layouts l;
+  return l;
+}
+
+// Chunk bounds: the transport's (a chunk may be as large as a message) and a small one.
+inline constexpr size_t kChunkBounds[] = {size_t{1} << 20, 64};
+
+inline bool printable(const std::string& s, size_t min_len, size_t max_len) {
+  if (s.size() < min_len || s.size() > max_len) return false;
+  for (char c : s)
+    if (c < 0x20 || c > 0x7e) return false;
+  return true;
+}
+
+inline bool finite(float x) { return std::isfinite(x); }
+
+// Bytes a decoded task owns (payload values, factors, strings): bounded by the input's size.
+inline size_t ownedBytes(const pr::TaskMsg& t) {
+  size_t n = t.compressor.size();
+  for (const auto& m : t.metrics) n += m.size();
+  for (const auto& p : t.model) n += cz::payloadDataBytes(p);
+  for (const auto& f : t.shared.factors) n += f.size() * sizeof(float);
+  return n;
+}
+
+inline std::vector<uint8_t> encodeTaskMsg(const pr::TaskMsg& t) {
+  std::vector<cz::PayloadView> views;
+  for (const auto& p : t.model) views.push_back(cz::view(p));
+  return pr::encodeTask(t, views);
+}
+
+// The same bytes at an address one byte past 8-byte alignment.
+struct Misaligned {
+  std::vector<uint64_t> storage;
+  std::span<const uint8_t> bytes;
+  explicit Misaligned(std::span<const uint8_t> in) : storage(in.size() / 8 + 2) {
+    auto* p = reinterpret_cast<uint8_t*>(storage.data()) + 1;
+    if (!in.empty()) std::memcpy(p, in.data(), in.size());
+    bytes = {p, in.size()};
+  }
+};
+
+// Decodes with `decode` (a callable taking bytes and returning the message, encoded again with
+// `encode`), then: one byte off alignment it decodes to the same message, one byte short of its
+// bound it is refused, and the encoding of what it gave decodes to the same encoding.
+template <class Decode, class Encode>
+inline void checkCommon(std::span<const uint8_t> bytes, Decode decode, Encode encode, const char* what) {
+  const auto first = encode(decode(bytes, bytes.size()));
+  const Misaligned m(bytes);
+  try {
+    if (encode(decode(m.bytes, bytes.size())) != first) bug(std::string(what) + ": misaligned bytes decode differently");
+  } catch (const InputError&) {
+    bug(std::string(what) + ": misaligned bytes refused");
+  }
+  try {
+    decode(bytes, bytes.size() - 1);
+    bug(std::string(what) + ": decoded with a bound below its size");
+  } catch (const InputError&) {
+  }
+  try {
+    if (encode(decode(first, first.size())) != first) bug(std::string(what) + ": encode/decode round trip changed it");
+  } catch (const InputError&) {
+    bug(std::string(what) + ": its own encoding is refused");
+  }
+}
+
+inline void checkRegister(const pr::RegisterMsg& m, size_t input) {
+  require(m.role == pr::Role::kClient || m.role == pr::Role::kAggregator, "register: unknown role");
+  require(m.capabilities.size() <= 16, "register: more than 16 capabilities");
+  size_t n = 0;
+  for (const auto& c : m.capabilities) {
+    require(printable(c, 1, 32), "register: a capability empty, longer than 32 or not printable");
+    n += c.size();
+  }
+  require(n <= input, "register: more capability bytes than input bytes");
+}
+
+inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, size_t input) {
+  require(t.nonce != 0, "task: nonce 0");
+  require(t.kind == pr::TaskKind::kFit || t.kind == pr::TaskKind::kEvaluate, "task: unknown kind");
+  if (t.kind == pr::TaskKind::kFit) {
+    require(t.fit.epochs >= 1 && t.fit.epochs <= 1000, "task: epochs outside [1, 1000]");
+    require(t.fit.batch_size >= 1 && t.fit.batch_size <= (1u << 20), "task: batch outside [1, 2^20]");
+    require(t.fit.lr > 0 && t.fit.lr <= 100 && finite(t.fit.lr), "task: lr outside (0, 100]");
+  }
+  require(printable(t.compressor, 0, 512), "task: compressor spec longer than 512 or not printable");
+  require(t.metrics.size() <= 64, "task: more than 64 metrics");
+  for (const auto& m : t.metrics) require(printable(m, 1, 64), "task: a metric name empty, long or not printable");
+  require(t.model.empty() || t.model.size() == layout.size(), "task: model tensor count differs from the layout");
+  for (size_t i = 0; i < t.model.size(); ++i) {
+    const size_t n = layout.tensors()[i].numel;
+    std::visit(Overloaded{
+                   [&](const cz::DenseF32& d) {
+                     require(t.base_version == 0, "task: dense f32 in a delta");
+                     require(d.values.size() == n, "task: dense f32 size differs from its tensor");
+                     for (float x : d.values) require(finite(x), "task: non-finite dense f32 value");
+                   },
+                   [&](const cz::DenseF16& d) {
+                     require(t.base_version == 0, "task: dense f16 in a delta");
+                     require(d.values.size() == n, "task: dense f16 size differs from its tensor");
+                     for (uint16_t h : d.values) require(finite(halfToFloat(h)), "task: non-finite dense f16 value");
+                   },
+                   [&](const cz::Sparse& s) {
+                     require(t.base_version != 0, "task: sparse in a whole model");
+                     require(s.indices.size() == s.values.size() && s.indices.size() <= n, "task: sparse sizes");
+                     for (size_t j = 0; j < s.indices.size(); ++j) {
+                       require(s.indices[j] < n, "task: sparse index out of range");
+                       require(j == 0 || s.indices[j] > s.indices[j - 1], "task: sparse indices not increasing");
+                       require(finite(s.values[j]), "task: non-finite sparse value");
+                     }
+                   },
+                   [&](const auto&) { bug("task: a model payload neither dense f32/f16 nor sparse"); },
+               },
+               t.model[i]);
+  }
+  require(t.shared.factors.empty() || t.shared.factors.size() == layout.size(), "task: shared factor count");
+  for (size_t i = 0; i < t.shared.factors.size(); ++i) {
+    require(t.shared.factors[i].size() <= layout.tensors()[i].numel, "task: shared factor larger than its tensor");
+    for (float x : t.shared.factors[i]) require(finite(x), "task: non-finite shared factor");
+  }
+  require(ownedBytes(t) <= input, "task: decoded into more bytes than the input holds");
+}
+
+// applyModel onto a model of 0.5s: applies onto the task's own base (any version for a whole
+// model), gives exactly the task's values, and refuses a delta onto another version.
+inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
+  if (t.model.empty()) return;  // a client applies no model then
+  std::vector<float> model(layout.numel(), 0.5f);
+  const uint64_t held = t.base_version != 0 ? t.base_version : 12345;
+  try {
+    pr::applyModel(layout, held, t.base_version, t.model, model);
+  } catch (const std::exception& e) {
+    bug(std::string("task: applyModel refused a decoded model: ") + e.what());
+  }
+  std::vector<float> want(layout.numel(), 0.5f);
+  for (size_t i = 0; i < t.model.size(); ++i) {
+    float* dst = want.data() + layout.tensors()[i].offset;
+    std::visit(Overloaded{
+                   [&](const cz::DenseF32& d) { std::copy(d.values.begin(), d.values.end(), dst); },
+                   [&](const cz::DenseF16& d) {
+                     for (size_t j = 0; j < d.values.size(); ++j) dst[j] = halfToFloat(d.values[j]);
+                   },
+                   [&](const cz::Sparse& s) {
+                     for (size_t j = 0; j < s.indices.size(); ++j) dst[s.indices[j]] = s.values[j];
+                   },
+                   [&](const auto&) {},
+               },
+               t.model[i]);
+  }
+  for (size_t j = 0; j < model.size(); ++j) {
+    require(finite(model[j]), "task: applyModel left a non-finite value");
+    require(model[j] == want[j], "task: applyModel wrote other values than the task carries");
+  }
+  if (t.base_version != 0) {
+    try {
+      pr::applyModel(layout, t.base_version ^ 1, t.base_version, t.model, model);
+      bug("task: a delta applied onto another version than its base");
+    } catch (const InvalidArgument&) {
+    } catch (const std::exception& e) {
+      bug(std::string("task: a delta onto another version failed with something else than InvalidArgument: ") +
+          e.what());
+    }
+  }
+}
+
+inline bool checkTask(std::span<const uint8_t> bytes, const ParamLayout& layout) {
+  pr::TaskMsg t;
+  try {
+    t = pr::decodeTask(bytes, layout);
+  } catch (const InputError&) {
+    return false;
+  }
+  checkTaskFields(t, layout, bytes.size());
+  checkApply(t, layout);
+  checkCommon(
+      bytes, [&](std::span<const uint8_t> b, size_t max) { return pr::decodeTask(b, layout, pr::ControlLimits{max}); },
+      [](const pr::TaskMsg& m) { return encodeTaskMsg(m); }, "task");
+  return true;
+}
+
+inline bool checkChunk(std::span<const uint8_t> bytes, size_t max_chunk) {
+  pr::ChunkMsg c;
+  try {
+    c = pr::decodeChunk(bytes, max_chunk);
+  } catch (const InputError&) {
+    return false;
+  }
+  require(!c.data.empty() && c.data.size() <= max_chunk, "chunk: data empty or above its bound");
+  require(c.data.data() >= bytes.data() && c.data.data() + c.data.size() <= bytes.data() + bytes.size(),
+          "chunk: data outside the input");
+  require(c.count > 0 && c.index < c.count && c.total_bytes > 0, "chunk: index, count or total out of range");
+  const Misaligned m(bytes);
+  try {
+    pr::decodeChunk(m.bytes, max_chunk);
+    bug("chunk: misaligned bytes decoded (they would be read in place)");
+  } catch (const InputError& e) {
+    require(e.code() == Errc::kBadChunk, "chunk: misaligned bytes refused with another code than kBadChunk");
+  }
+  const auto again = pr::encodeChunk(c);
+  try {
+    const pr::ChunkMsg d = pr::decodeChunk(again, max_chunk);
+    require(d.transfer == c.transfer && d.index == c.index && d.count == c.count && d.total_bytes == c.total_bytes &&
+                d.data.size() == c.data.size() && std::memcmp(d.data.data(), c.data.data(), c.data.size()) == 0,
+            "chunk: encode/decode round trip changed it");
+  } catch (const InputError&) {
+    bug("chunk: its own encoding is refused");
+  }
+  return true;
+}
+
+// Every decoder that is not the one for `kind` (nullopt: every decoder) refuses `bytes`.
+inline void othersRefuse(std::span<const uint8_t> bytes, std::optional<pr::MessageKind> kind) {
+  using K = pr::MessageKind;
+  auto refuses = [&](K k, auto decode) {
+    if (kind == k) return;
+    try {
+      decode();
+    } catch (const InputError&) {
+      return;
+    }
+    bug(std::string("a ") + pr::kindName(k) + " decoded from bytes peekKind routes elsewhere");
+  };
+  refuses(K::kRegister, [&] { pr::decodeRegister(bytes); });
+  refuses(K::kWelcome, [&] { pr::decodeWelcome(bytes); });
+  refuses(K::kHeartbeat, [&] { pr::decodeHeartbeat(bytes); });
+  refuses(K::kEvaluation, [&] { pr::decodeEvaluation(bytes); });
+  refuses(K::kReject, [&] { pr::decodeReject(bytes); });
+  refuses(K::kShutdown, [&] { pr::decodeShutdown(bytes); });
+  refuses(K::kChunk, [&] { pr::decodeChunk(bytes, kChunkBounds[0]); });
+  refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().small); });
+  refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().softmax); });
+}
+
+// Decodes `bytes` as `kind` and checks what decodes; false when refused.
+inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
+  using K = pr::MessageKind;
+  const size_t n = bytes.size();
+  auto common = [&](auto decode, auto encode, const char* what) {
+    try {
+      decode(bytes, n);
+    } catch (const InputError&) {
+      return false;
+    }
+    checkCommon(bytes, decode, encode, what);
+    return true;
+  };
+  auto limits = [](size_t max) { return pr::ControlLimits{max}; };
+  bool ok = false;
+  switch (kind) {
+    case K::kRegister:
+      ok = common([&](auto b, size_t max) { return pr::decodeRegister(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "register");
+      if (ok) checkRegister(pr::decodeRegister(bytes), n);
+      break;
+    case K::kWelcome:
+      ok = common([&](auto b, size_t max) { return pr::decodeWelcome(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "welcome");
+      if (ok) {
+        const auto w = pr::decodeWelcome(bytes);
+        require(w.heartbeat_ms != 0 && w.chunk_bytes != 0 && w.max_message_bytes != 0, "welcome: a zero bound");
+      }
+      break;
+    case K::kHeartbeat:
+      ok = common([&](auto b, size_t max) { return pr::decodeHeartbeat(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "heartbeat");
+      break;
+    case K::kEvaluation:
+      ok = common([&](auto b, size_t max) { return pr::decodeEvaluation(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "evaluation");
+      if (ok) {
+        const auto e = pr::decodeEvaluation(bytes);
+        require(std::isfinite(e.loss) && e.loss >= 0, "evaluation: loss non-finite or negative");
+        require(std::isfinite(e.accuracy) && e.accuracy >= 0 && e.accuracy <= 1, "evaluation: accuracy outside [0, 1]");
+      }
+      break;
+    case K::kReject:
+      ok = common([&](auto b, size_t max) { return pr::decodeReject(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "reject");
+      if (ok) {
+        const auto r = pr::decodeReject(bytes);
+        require(r.kind == pr::RejectKind::kRefused || r.kind == pr::RejectKind::kNotRegistered ||
+                    r.kind == pr::RejectKind::kBusy,
+                "reject: unknown kind");
+        require(printable(r.message, 0, 1024), "reject: message longer than 1024 or not printable");
+      }
+      break;
+    case K::kShutdown:
+      ok = common([&](auto b, size_t max) { return pr::decodeShutdown(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "shutdown");
+      if (ok) require(printable(pr::decodeShutdown(bytes).reason, 0, 1024), "shutdown: reason long or not printable");
+      break;
+    case K::kChunk:
+      for (size_t max : kChunkBounds) ok |= checkChunk(bytes, max);
+      break;
+    case K::kTask:
+      ok |= checkTask(bytes, layouts().small);
+      ok |= checkTask(bytes, layouts().softmax);
+      break;
+    case K::kUpdate:
+    case K::kPartial:
+      break;
+  }
+  return ok;
+}
+
+inline constexpr pr::MessageKind kControlKinds[] = {
+    pr::MessageKind::kRegister, pr::MessageKind::kWelcome, pr::MessageKind::kHeartbeat, pr::MessageKind::kTask,
+    pr::MessageKind::kEvaluation, pr::MessageKind::kReject, pr::MessageKind::kShutdown, pr::MessageKind::kChunk};
+
+// Returns the kind that decoded (nullopt: refused, or an Update/PartialAggregate, which are
+// fuzz_decode.cc's). The bytes are read where they are; callers pass 8-byte aligned bytes, as the
+// transport does.
+//
+// When peekKind names a kind, no other decoder accepts the bytes. peekKind may refuse bytes that
+// a decoder accepts: it also requires the body type field to lie within the root table's declared
+// inline size, which the FlatBuffers Verifier does not check. A receiver drops such a message as
+// unknown before decoding it, so that is harmless; the harness then still checks that at most one
+// decoder accepts the bytes and that what it decodes holds every property.
+inline std::optional<pr::MessageKind> checkControl(std::span<const uint8_t> bytes) {
+  const std::optional<pr::MessageKind> routed = pr::peekKind(bytes);
+  if (routed) {
+    othersRefuse(bytes, routed);
+    return checkKind(bytes, *routed) ? routed : std::nullopt;
+  }
+  std::optional<pr::MessageKind> found;
+  for (pr::MessageKind k : kControlKinds)
+    if (checkKind(bytes, k)) {
+      if (found) bug(std::string("both a ") + pr::kindName(*found) + " and a " + pr::kindName(k) + " decoded from the same bytes");
+      found = k;
+    }
+  return found;
+}
+
+// ---------------------------------------------------------------- seeds
+
+struct Seed {
+  std::string name;
+  std::vector<uint8_t> bytes;
+};
+
+// One valid encoding of each control message (several for a Task: each model encoding, with and
+// without shared factors, against both layouts; the first and the last chunk of a transfer).
+inline std::vector<Seed> controlSeeds() {
+  std::vector<Seed> out;
+  out.push_back({"register", pr::encode(pr::RegisterMsg{7, pr::Role::kClient, 0x1234, 60, 10, 2, {"fp16", "delta"}})});
+  out.push_back({"register-aggregator", pr::encode(pr::RegisterMsg{9, pr::Role::kAggregator, 0x1234, 600, 100, 0, {}})});
+  out.push_back({"welcome", pr::encode(pr::WelcomeMsg{7, 99, 500, 1u << 26, 1u << 20})});
+  out.push_back({"heartbeat", pr::encode(pr::HeartbeatMsg{7, 99, 3})});
+  out.push_back({"evaluation", pr::encode(pr::EvaluationMsg{7, 3, 41, 60, 0.25, 0.875})});
+  out.push_back({"reject", pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, 4, 3, 41, "stale round"})});
+  out.push_back({"reject-busy", pr::encode(pr::RejectMsg{pr::RejectKind::kBusy, 0, 0, 0, ""})});
+  out.push_back({"shutdown", pr::encode(pr::ShutdownMsg{12, "training finished"})});
+  std::vector<uint8_t> payload(200);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 37 + 1);
+  out.push_back({"chunk-first", pr::encodeChunk(pr::ChunkMsg{5, 0, 4, 200, {payload.data(), 64}})});
+  out.push_back({"chunk-last", pr::encodeChunk(pr::ChunkMsg{5, 3, 4, 200, {payload.data() + 192, 8}})});
+
+  auto task = [](pr::TaskKind kind, uint64_t base) {
+    pr::TaskMsg t;
+    t.kind = kind;
+    t.round = 3;
+    t.phase = 0;
+    t.nonce = 41;
+    t.run_seed = 1;
+    t.compressor = "topk:density=0.1";
+    t.model_version = base + 1;
+    t.base_version = base;
+    t.fit = pr::FitSettings{2, 16, 0.05f};
+    t.deadline_ms = 30000;
+    t.metrics = {"loss", "accuracy"};
+    return t;
+  };
+  const ParamLayout& soft = layouts().softmax;
+  {
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
+    std::vector<float> w(96), b(8);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(static_cast<int>(i % 9) - 4);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * static_cast<float>(i);
+    t.model = {cz::DenseF32{w}, cz::DenseF32{b}};
+    out.push_back({"task-fit-f32", encodeTaskMsg(t)});
+    t.model = {cz::DenseF16{std::vector<uint16_t>(96, 0x3c00)}, cz::DenseF32{b}};
+    out.push_back({"task-fit-f16", encodeTaskMsg(t)});
+  }
+  {
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 4);
+    t.model = {cz::Sparse{{1, 5, 90}, {1.0f, -2.0f, 3.0f}}, cz::Sparse{{0, 7}, {0.5f, -0.5f}}};
+    out.push_back({"task-fit-delta", encodeTaskMsg(t)});
+  }
+  {  // PowerSGD's phase 1: no model, the shared factors (Q-hat of "w", none for "b")
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
+    t.phase = 1;
+    t.compressor = "powersgd:rank=2,min_rate=1";
+    t.shared = fuzz::shared();
+    out.push_back({"task-fit-shared", encodeTaskMsg(t)});
+  }
+  {
+    pr::TaskMsg t = task(pr::TaskKind::kEvaluate, 0);
+    t.fit = {};
+    out.push_back({"task-evaluate", encodeTaskMsg(t)});
+  }
+  {  // the softmax model: whole in f16 (fc.weight) and f32 (fc.bias), and a delta against it
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
+    std::vector<uint16_t> w(soft.tensors()[0].numel);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = floatToHalf(0.001f * static_cast<float>(static_cast<int>(i % 11) - 5));
+    t.model = {cz::DenseF16{w}, cz::DenseF32{std::vector<float>(10, 0.1f)}};
+    out.push_back({"task-softmax-f16", encodeTaskMsg(t)});
+    pr::TaskMsg d = task(pr::TaskKind::kFit, 6);
+    d.model = {cz::Sparse{{0, 783, 784, 7839}, {0.25f, -0.25f, 1.0f, -1.0f}}, cz::Sparse{{9}, {0.125f}}};
+    out.push_back({"task-softmax-delta", encodeTaskMsg(d)});
+  }
+  return out;
+}
+
+}  // namespace starling::fuzz::control
