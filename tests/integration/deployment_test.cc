@@ -130,7 +130,7 @@ TEST_CASE("a client killed mid-round: the round completes with the rest", "[inte
   CHECK(field(lines[2], "applied") == "true");
 }
 
-TEST_CASE("the root killed with SIGKILL and restarted loses no completed round; clients carry on",
+TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, and clients carry on",
           "[integration][server]") {
   Federation f("killroot");
   f.clientKeys(0, 3);
