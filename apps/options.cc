@@ -11,11 +11,15 @@
 
 namespace starling::apps {
 
+// Sets an option's value from the config file; throws ConfigError naming the key.
+struct Options::FromToml {
+  std::function<void(const toml::node&, const std::string& where)> set;
+};
+
 struct Options::Entry {
   std::string key;
   CLI::Option* option = nullptr;
-  // Sets the value from the config file; throws ConfigError naming the key.
-  std::function<void(const toml::node&, const std::string& where)> fromToml;
+  FromToml fromToml;
 };
 
 namespace {
@@ -50,101 +54,80 @@ Options::Options(std::string program, std::string description)
 
 Options::~Options() = default;
 
-void Options::add(const std::string& key, std::string* v, const std::string& help) {
+// Registers `--key` (given twice, the last wins) and how the config file sets it.
+template <class T>
+CLI::Option* Options::option(const std::string& key, T* v, const std::string& help, FromToml from_toml) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  e->fromToml = [v](const toml::node& n, const std::string& where) {
-    if (!n.is_string()) badType(where, "a string");
-    *v = std::string(*n.value<std::string>());
-  };
+  e->option = app_->add_option("--" + key, *v, help)->capture_default_str();
+  e->fromToml = std::move(from_toml);
   entries_.push_back(std::move(e));
-}
-
-void Options::add(const std::string& key, bool* v, const std::string& help) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help + " (true/false)")->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  e->fromToml = [v](const toml::node& n, const std::string& where) {
-    if (!n.is_boolean()) badType(where, "true or false");
-    *v = *n.value<bool>();
-  };
-  entries_.push_back(std::move(e));
-}
-
-void Options::add(const std::string& key, double* v, const std::string& help, double lo, double hi) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
-  e->fromToml = [v, lo, hi](const toml::node& n, const std::string& where) {
-    if (!n.is_number()) badType(where, "a number");
-    const double x = *n.value<double>();
-    checkRange(where, x, lo, hi);
-    *v = x;
-  };
-  entries_.push_back(std::move(e));
-}
-
-void Options::add(const std::string& key, float* v, const std::string& help, double lo, double hi) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
-  e->fromToml = [v, lo, hi](const toml::node& n, const std::string& where) {
-    if (!n.is_number()) badType(where, "a number");
-    const double x = *n.value<double>();
-    checkRange(where, x, lo, hi);
-    *v = static_cast<float>(x);
-  };
-  entries_.push_back(std::move(e));
+  return entries_.back()->option;
 }
 
 namespace {
-template <class T>
-std::function<void(const toml::node&, const std::string&)> integerFromToml(T* v, uint64_t lo, uint64_t hi) {
+
+// A number from the file, checked against [lo, hi] (integers also non-negative for unsigned T).
+template <class T, class Wide>
+std::function<void(const toml::node&, const std::string&)> numberFromToml(T* v, Wide lo, Wide hi) {
   return [v, lo, hi](const toml::node& n, const std::string& where) {
-    if (!n.is_integer()) badType(where, "an integer");
-    const int64_t x = *n.value<int64_t>();
-    if (x < 0) STARLING_THROW(ConfigError, where, " = ", x, " must not be negative");
-    checkRange(where, static_cast<uint64_t>(x), lo, hi);
-    *v = static_cast<T>(x);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!n.is_number()) badType(where, "a number");
+      const double x = *n.value<double>();
+      checkRange(where, x, static_cast<double>(lo), static_cast<double>(hi));
+      *v = static_cast<T>(x);
+    } else {
+      if (!n.is_integer()) badType(where, "an integer");
+      const int64_t x = *n.value<int64_t>();
+      if constexpr (std::is_unsigned_v<T>) {
+        if (x < 0) STARLING_THROW(ConfigError, where, " = ", x, " must not be negative");
+        checkRange(where, static_cast<uint64_t>(x), static_cast<uint64_t>(lo), static_cast<uint64_t>(hi));
+      } else {
+        checkRange(where, x, static_cast<int64_t>(lo), static_cast<int64_t>(hi));
+      }
+      *v = static_cast<T>(x);
+    }
   };
 }
+
 }  // namespace
 
+void Options::add(const std::string& key, std::string* v, const std::string& help) {
+  option(key, v, help, {[v](const toml::node& n, const std::string& where) {
+    if (!n.is_string()) badType(where, "a string");
+    *v = std::string(*n.value<std::string>());
+  }})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+void Options::add(const std::string& key, bool* v, const std::string& help) {
+  option(key, v, help + " (true/false)", {[v](const toml::node& n, const std::string& where) {
+    if (!n.is_boolean()) badType(where, "true or false");
+    *v = *n.value<bool>();
+  }})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+void Options::add(const std::string& key, double* v, const std::string& help, double lo, double hi) {
+  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+}
+
+void Options::add(const std::string& key, float* v, const std::string& help, double lo, double hi) {
+  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+}
+
 void Options::add(const std::string& key, uint64_t* v, const std::string& help, uint64_t lo, uint64_t hi) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
-  e->fromToml = integerFromToml(v, lo, hi);
-  entries_.push_back(std::move(e));
+  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
 }
 
 void Options::add(const std::string& key, uint32_t* v, const std::string& help, uint64_t lo, uint64_t hi) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
-  e->fromToml = integerFromToml(v, lo, hi);
-  entries_.push_back(std::move(e));
+  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
 }
 
 void Options::add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
-  e->fromToml = [v, lo, hi](const toml::node& n, const std::string& where) {
-    if (!n.is_integer()) badType(where, "an integer");
-    const int64_t x = *n.value<int64_t>();
-    checkRange(where, x, lo, hi);
-    *v = static_cast<int>(x);
-  };
-  entries_.push_back(std::move(e));
+  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
 }
 
 void Options::add(const std::string& key, std::vector<std::string>* v, const std::string& help) {
-  auto e = std::make_unique<Entry>();
-  e->key = key;
-  e->option = app_->add_option("--" + key, *v, help)->capture_default_str()->delimiter(',');
-  e->fromToml = [v](const toml::node& n, const std::string& where) {
+  option(key, v, help, {[v](const toml::node& n, const std::string& where) {
     const auto* arr = n.as_array();
     if (!arr) badType(where, "an array of strings");
     v->clear();
@@ -152,8 +135,7 @@ void Options::add(const std::string& key, std::vector<std::string>* v, const std
       if (!x.is_string()) badType(where, "an array of strings");
       v->push_back(std::string(*x.value<std::string>()));
     }
-  };
-  entries_.push_back(std::move(e));
+  }})->delimiter(',');
 }
 
 int Options::parse(int argc, char** argv) {
@@ -179,7 +161,7 @@ int Options::parse(int argc, char** argv) {
         if (e->key == key) entry = e.get();
       if (!entry) STARLING_THROW(ConfigError, config_file_, ": unknown key '", key, "' (", program_, " --help lists them)");
       if (entry->option->count() > 0) continue;  // the command line wins
-      entry->fromToml(*node, config_file_ + ": key '" + key + "'");
+      entry->fromToml.set(*node, config_file_ + ": key '" + key + "'");
     }
   } catch (const starling::Error& e) {
     std::fprintf(stderr, "%s: %s\n", program_.c_str(), e.what());

@@ -13,7 +13,9 @@
 
 namespace CLI {
 class App;
+class Option;
 }
+
 
 namespace starling::apps {
 
@@ -40,6 +42,9 @@ class Options {
 
  private:
   struct Entry;
+  struct FromToml;  // how the config file sets an option (toml++ stays out of this header)
+  template <class T>
+  CLI::Option* option(const std::string& key, T* v, const std::string& help, FromToml from_toml);
   std::string program_;
   std::unique_ptr<CLI::App> app_;
   std::vector<std::unique_ptr<Entry>> entries_;
