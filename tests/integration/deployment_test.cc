@@ -330,3 +330,38 @@ TEST_CASE("aggregators re-sparsify their partials (gTop-k) and keep the rest as 
   CHECK(uplink[1] < 0.5 * uplink[0]);
   CHECK(accuracy[1] > 0.4);  // what it dropped comes back in later rounds: it still learns
 }
+
+TEST_CASE("three levels: an aggregator under an aggregator", "[integration][server]") {
+  Federation f("three-levels");
+  f.clientKeys(0, 4);
+  f.namedKey("agg-100", 100);
+  f.namedKey("agg-200", 200);
+  const int port = freePort(), p100 = freePort(), p200 = freePort();
+  f.root("root", port, f.allowList("allow-root", {"agg-100"}),
+         {"--train.rounds", "2", "--sampling.min_available", "1", "--sampling.min_clients", "1", "--state.metrics",
+          f.path("metrics.jsonl"), "--security.aggregator_ids", "100", "--compression.compressor", "topk:density=0.05"});
+  // agg-100 serves clients 0, 1 and agg-200; agg-200 serves clients 2, 3.
+  f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1", "agg-200"}),
+               {"--aggregator.min_clients", "3", "--security.aggregator_ids", "200"});
+  const std::string name200 = "agg-200";
+  f.start(name200, {binDir() + "/starling-server", "--server.role", "aggregator", "--server.id", "200",
+                    "--server.bind", Federation::endpoint(p200), "--server.upstream", Federation::endpoint(p100),
+                    "--security.key", f.keys() + "/agg-200.key_secret", "--security.server_key",
+                    f.keys() + "/agg-100.key", "--security.clients", f.allowList("allow-200", {"client-2", "client-3"}),
+                    "--aggregator.min_clients", "2", "--net.heartbeat_ms", "200", "--net.silence_ms", "1500"});
+  f.client(0, p100, "agg-100", 4);
+  f.client(1, p100, "agg-100", 4);
+  f.client(2, p200, "agg-200", 4);
+  f.client(3, p200, "agg-200", 4);
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 2);
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "4");  // two direct clients + two through agg-200
+  }
+  CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 2);
+  CHECK(f.proc("agg-200").wait(seconds(20)) == 0);  // the Shutdown travelled down two levels
+}
