@@ -2,7 +2,7 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 
-.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench fuzz clean
+.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench fuzz fuzz-configure fuzz-control fuzz-reassembly clean
 
 all: build
 
@@ -56,15 +56,33 @@ bench: build
 # Runs the server-path fuzzer (decode, validate, aggregate) for FUZZ_SECONDS (default 60) over
 # tests/fuzz/corpus, under memory limits: decoding must cost memory linear in the message, so a
 # malloc over FUZZ_MALLOC_MB or an RSS over FUZZ_RSS_MB is a finding.
+# `make fuzz-control` runs the control-message fuzzer (peekKind and every decoder of
+# protocol/control.h: Register, Welcome, Heartbeat, Task against two layouts, Evaluation, Reject,
+# Shutdown, Chunk) over tests/fuzz/corpus_control, and `make fuzz-reassembly` the transport's
+# reassembly of chunked messages over tests/fuzz/corpus_reassembly, the same way (their corpora
+# are replayed by `make test`: test_fuzz_control). What libFuzzer finds goes to
+# $(FUZZ_BUILD_DIR)/corpus*; a crash is written to the current folder (crash-<sha1>): add it to
+# the target's corpus folder once fixed.
 FUZZ_SECONDS ?= 60
 FUZZ_RSS_MB ?= 2048
 FUZZ_MALLOC_MB ?= 256
-fuzz: bootstrap
-	@if [ ! -f build-fuzz/build.ninja ]; then cmake --preset fuzz; fi
-	cmake --build build-fuzz -j $(JOBS) --target starling-fuzz-decode
-	mkdir -p build-fuzz/corpus
-	build-fuzz/bin/starling-fuzz-decode -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=$(FUZZ_RSS_MB) \
-	  -malloc_limit_mb=$(FUZZ_MALLOC_MB) build-fuzz/corpus tests/fuzz/corpus
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_FLAGS = -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=$(FUZZ_RSS_MB) -malloc_limit_mb=$(FUZZ_MALLOC_MB)
+fuzz-configure: bootstrap
+	@if [ ! -f $(FUZZ_BUILD_DIR)/build.ninja ]; then cmake --preset fuzz -B $(FUZZ_BUILD_DIR); fi
+fuzz: fuzz-configure
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target starling-fuzz-decode
+	mkdir -p $(FUZZ_BUILD_DIR)/corpus
+	$(FUZZ_BUILD_DIR)/bin/starling-fuzz-decode $(FUZZ_FLAGS) $(FUZZ_BUILD_DIR)/corpus tests/fuzz/corpus
+fuzz-control: fuzz-configure
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target starling-fuzz-control
+	mkdir -p $(FUZZ_BUILD_DIR)/corpus_control
+	$(FUZZ_BUILD_DIR)/bin/starling-fuzz-control $(FUZZ_FLAGS) $(FUZZ_BUILD_DIR)/corpus_control tests/fuzz/corpus_control
+fuzz-reassembly: fuzz-configure
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target starling-fuzz-reassembly
+	mkdir -p $(FUZZ_BUILD_DIR)/corpus_reassembly
+	$(FUZZ_BUILD_DIR)/bin/starling-fuzz-reassembly $(FUZZ_FLAGS) $(FUZZ_BUILD_DIR)/corpus_reassembly \
+	  tests/fuzz/corpus_reassembly
 
 clean:
 	rm -rf $(BUILD_DIR) build-debug build-fuzz build-arm64
