@@ -11,41 +11,10 @@
 #include <sstream>
 
 #include "bench/bench_common.h"
+#include "bench/ratios.h"
 
-namespace {
-
-// Forwards to the chosen display reporter and keeps each run's real time (ns per iteration).
-class Recorder : public benchmark::BenchmarkReporter {
- public:
-  explicit Recorder(std::unique_ptr<benchmark::BenchmarkReporter> inner) : inner_(std::move(inner)) {}
-  bool ReportContext(const Context& c) override { return inner_->ReportContext(c); }
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& r : runs)
-      if (!r.error_occurred) times_[r.benchmark_name()] = r.GetAdjustedRealTime() * multiplier(r.time_unit);
-    inner_->ReportRuns(runs);
-  }
-  void Finalize() override { inner_->Finalize(); }
-  const std::map<std::string, double>& times() const { return times_; }
-
- private:
-  static double multiplier(benchmark::TimeUnit u) {
-    switch (u) {
-      case benchmark::kNanosecond: return 1;
-      case benchmark::kMicrosecond: return 1e3;
-      case benchmark::kMillisecond: return 1e6;
-      case benchmark::kSecond: return 1e9;
-    }
-    return 1;
-  }
-  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
-  std::map<std::string, double> times_;
-};
-
-struct Ratio {
-  std::string name, numerator, denominator, target;
-};
-
-}  // namespace
+using starling::bench::Ratio;
+using starling::bench::Recorder;
 
 int main(int argc, char** argv) {
   bool json = false;
@@ -101,28 +70,7 @@ int main(int argc, char** argv) {
   ratios.push_back({"accumulate_sparse_25M_vs_1M_model/nnz10000", "accumulate/sparse_nnz10000/1000x25M",
                     "accumulate/sparse_nnz10000/1000x1M", "no target: same work, cache misses in the larger model"});
 
-  std::ostringstream js;
-  js << "{\n  \"ratios\": [\n";
-  bool first = true;
-  std::cerr << "\nratios (measured in this run):\n";
-  for (const auto& r : ratios) {
-    auto a = rec.times().find(r.numerator), b = rec.times().find(r.denominator);
-    if (a == rec.times().end() || b == rec.times().end()) continue;  // filtered out or no torch
-    const double v = a->second / b->second;
-    std::cerr << "  " << r.name << " = " << v << "   (target " << r.target << ")\n";
-    js << (first ? "" : ",\n") << "    {\"name\": \"" << r.name << "\", \"value\": " << v << ", \"target\": \"" << r.target
-       << "\", \"numerator\": \"" << r.numerator << "\", \"denominator\": \"" << r.denominator << "\"}";
-    first = false;
-  }
-  js << "\n  ]\n}\n";
-  if (!ratios_out.empty()) {
-    std::ofstream f(ratios_out);
-    f << js.str();
-    if (!f) {
-      std::cerr << "cannot write " << ratios_out << "\n";
-      return 1;
-    }
-  }
+  if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;
 }
