@@ -21,6 +21,7 @@ struct NetOptions {
   std::string server_key;  // client (and aggregator upstream): the server's NAME.key
   uint64_t chunk_bytes = uint64_t{1} << 20;
   uint64_t max_message_bytes = uint64_t{1} << 30;
+  uint64_t max_reassembly_bytes = uint64_t{1} << 30;
   double rate = 1000, burst = 200;
 
   void add(Options& o) {
@@ -31,6 +32,9 @@ struct NetOptions {
     o.add("security.server_key", &server_key, "client / aggregator: the upstream server's public key file NAME.key");
     o.add("net.chunk_bytes", &chunk_bytes, "messages larger than this travel in chunks", 4096, uint64_t{1} << 30);
     o.add("net.max_message_bytes", &max_message_bytes, "largest message accepted", 1024, (uint64_t{2} << 30) - 1);
+    o.add("net.max_reassembly_bytes", &max_reassembly_bytes,
+          "memory for chunked uploads in flight, all peers together; beyond it peers are told to send again later",
+          1024, uint64_t{1} << 40);
     o.add("net.rate", &rate, "messages per second a peer may send before it is rate-limited", 1, 1e7);
     o.add("net.burst", &burst, "messages a peer may send in a burst", 1, 1e7);
   }
@@ -38,7 +42,7 @@ struct NetOptions {
     transport::TransportLimits l;
     l.chunk_bytes = chunk_bytes;
     l.max_message_bytes = max_message_bytes;
-    l.max_reassembly_bytes = std::max<size_t>(l.max_reassembly_bytes, max_message_bytes);
+    l.max_reassembly_bytes = max_reassembly_bytes;
     l.max_messages_per_second = rate;
     l.burst = burst;
     return l;

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <cstdlib>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "client/algorithm.h"
@@ -52,6 +54,9 @@ struct ClientRuntime::Impl {
   uint64_t session = 0;
   uint32_t heartbeat_ms = 1000;
   Clock::time_point last_register{}, last_heard = Clock::now(), last_heartbeat{};
+  // A Reject(Busy) for the pending update: send it again at `resend_at`, backing off.
+  std::optional<Clock::time_point> resend_at;
+  milliseconds busy_backoff{200};
 
   Impl(transport::Context& ctx, RuntimeConfig c, Trainer& t, DataView tr, DataView ev, std::shared_ptr<spdlog::logger> l)
       : config((c.validate(), std::move(c))),
@@ -227,6 +232,11 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
       s.registerNow(stats_);
     }
     s.heartbeatIfDue(stats_);
+    if (s.resend_at && Clock::now() >= *s.resend_at) {
+      s.resend_at.reset();
+      s.send(s.pending, stats_);
+      ++stats_.resent;
+    }
     auto r = s.socket.receive(milliseconds(50));
     if (!r) continue;
     if (r->error) {
@@ -236,6 +246,7 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
     s.last_heard = Clock::now();
     stats_.downlink_bytes += r->bytes().size();
     const auto kind = pr::peekKind(r->bytes());
+    if (kind != pr::MessageKind::kReject) s.busy_backoff = milliseconds(200);
     try {
       if (!kind) failInput(Errc::kMalformed, "not a Starling message");
       switch (*kind) {
@@ -262,6 +273,15 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
           ++stats_.rejects;
           if (j.kind == pr::RejectKind::kNotRegistered) {
             s.registerNow(stats_);
+          } else if (j.kind == pr::RejectKind::kBusy) {
+            // Nothing was wrong with the upload: send it again after a randomized backoff.
+            if (!s.pending.empty() && !s.resend_at) {
+              const auto wait = s.busy_backoff + milliseconds(std::rand() % (s.busy_backoff.count() + 1));
+              s.resend_at = Clock::now() + wait;
+              s.busy_backoff = std::min(s.busy_backoff * 2, milliseconds(5000));
+              s.log->info("client {}: the server is busy; sending the update again in {} ms", s.config.client_id,
+                          wait.count());
+            }
           } else {
             s.log->warn("client {}: the server refused a message: {}", s.config.client_id, j.message);
           }

@@ -38,6 +38,7 @@ const char* errcName(Errc c) {
     case Errc::kNotRegistered: return "not registered";
     case Errc::kRateLimited: return "rate limited";
     case Errc::kBadChunk: return "bad chunk";
+    case Errc::kBusy: return "busy";
   }
   return "unknown";
 }

@@ -49,10 +49,11 @@ enum class Errc : uint8_t {
   kWrongSender,           // the sender is not who the message claims, or was given no such task
   kNotRegistered,         // a message other than Register from a peer the server does not know
   kRateLimited,           // the sender exceeded its message rate; dropped unread
-  kBadChunk,              // a chunk out of order, of a wrong size, or over the reassembly bound
+  kBadChunk,              // a chunk out of order, of a wrong size, or inconsistent with its transfer
+  kBusy,                  // the receiver's memory bound for uploads is reached: send again later
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kBadChunk;
+inline constexpr Errc kLastErrc = Errc::kBusy;
 
 const char* errcName(Errc c);
 

@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "protocol/control.h"
@@ -39,6 +41,9 @@ struct EdgeAggregator::Impl {
   std::unique_ptr<ag::PhaseAggregator> previous;  // this point's aggregator of the phase before
   uint64_t previous_round = 0;
   std::vector<float> residual;  // what re-sparsification dropped, sent in later rounds
+  std::vector<uint8_t> last_partial;  // resent when upstream answers Reject(Busy)
+  std::optional<Clock::time_point> resend_at;
+  milliseconds busy_backoff{200};
   uint64_t partials = 0;
   // upstream session
   bool registered = false;
@@ -79,6 +84,10 @@ struct EdgeAggregator::Impl {
                        now - last_heard > milliseconds(config.upstream_silence_ms))) {
       last_heard = now;
       registerUp();
+    }
+    if (resend_at && now >= *resend_at) {
+      resend_at.reset();
+      up.send(last_partial);
     }
     if (registered && now - last_heartbeat > milliseconds(heartbeat_ms)) {
       up.send(pr::encode(pr::HeartbeatMsg{config.id, session, previous_round}));
@@ -146,7 +155,8 @@ struct EdgeAggregator::Impl {
       cz::PartialMessage p = config.resparsify_density > 0 ? agg->partial().exportSparse(config.resparsify_density, residual)
                                                            : agg->partial().exportDense();
       p.header.nonce = t.nonce;
-      up.send(pr::encodePartial(p));
+      last_partial = pr::encodePartial(p);
+      up.send(last_partial);
       ++partials;
       log->info("round {} phase {}: sent the partial of {} updates ({} failed, {} refused)", t.round, t.phase,
                 agg->count(), rep.failed.size(), agg->rejected());
@@ -193,8 +203,16 @@ struct EdgeAggregator::Impl {
         case pr::MessageKind::kTask: onTask(r.bytes()); break;
         case pr::MessageKind::kReject: {
           const auto j = pr::decodeReject(r.bytes());
-          if (j.kind == pr::RejectKind::kNotRegistered) registerUp();
-          else log->warn("upstream refused a message: {}", j.message);
+          if (j.kind == pr::RejectKind::kNotRegistered) {
+            registerUp();
+          } else if (j.kind == pr::RejectKind::kBusy) {
+            if (!last_partial.empty() && !resend_at) {
+              resend_at = Clock::now() + busy_backoff + milliseconds(std::rand() % (busy_backoff.count() + 1));
+              busy_backoff = std::min(busy_backoff * 2, milliseconds(5000));
+            }
+          } else {
+            log->warn("upstream refused a message: {}", j.message);
+          }
           break;
         }
         case pr::MessageKind::kShutdown: {

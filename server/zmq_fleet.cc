@@ -117,6 +117,18 @@ ZmqFleet::Peer* ZmqFleet::peerOf(const transport::Received& r) {
 
 void ZmqFleet::handle(const transport::Received& r) {
   if (r.error) {
+    // The transport refused a message before it was whole. A peer that is only too early (the
+    // reassembly budget is full) is told to send again; the others are counted and logged.
+    const bool busy = r.error->code() == Errc::kBusy;
+    if (busy) {
+      ++refused_[static_cast<size_t>(Errc::kBusy)];
+      pr::RejectMsg m;
+      m.kind = pr::RejectKind::kBusy;
+      m.code = static_cast<uint32_t>(Errc::kBusy);
+      m.message = "the server's upload memory is full: send again shortly";
+      socket_.send(r.peer, pr::encode(m));
+      return;
+    }
     refuse("", r.error->code(), "from peer: " + std::string(r.error->what()));
     return;
   }

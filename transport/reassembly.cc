@@ -14,6 +14,7 @@ std::string str(uint64_t v) { return std::to_string(v); }
 void Reassembler::drop(Peer& p) {
   if (!p.t) return;
   reserved_ -= p.t->filled;
+  pool_->give(std::move(p.t->buf));
   p.t.reset();
 }
 
@@ -46,10 +47,9 @@ Reassembler::Outcome Reassembler::start(Peer& p, const protocol::ChunkMsg& c) {
   // The budget counts bytes that arrived, not bytes announced: a transfer that announces a
   // gigabyte and sends one byte holds one byte of it (the buffer below is only address space until
   // chunks land in it), so idle announcements cannot lock honest uploads out.
-  Transfer t{c.transfer, c.total_bytes, s, 0, c.count, 0, nullptr};
+  Transfer t{c.transfer, c.total_bytes, s, 0, c.count, 0, {}};
   try {
-    t.buf =
-        std::make_unique_for_overwrite<uint8_t[]>(c.total_bytes);  // pages commit as chunks land
+    t.buf = pool_->take(c.total_bytes);  // a new buffer's pages commit as chunks land
   } catch (const std::bad_alloc&) {
     out.error = refuse(p, c.transfer, Errc::kTooLarge,
                        tid + "cannot allocate " + str(c.total_bytes) + " bytes");
@@ -103,17 +103,17 @@ Reassembler::Outcome Reassembler::add(const std::string& peer, const protocol::C
     return out;
   }
   if (c.data.size() > max_total_ - reserved_) {
-    out.error = refuse(p, c.transfer, Errc::kBadChunk,
+    out.error = refuse(p, c.transfer, Errc::kBusy,
                        "transfer " + str(c.transfer) + ": chunk " + str(c.index) + " does not fit in the reassembly budget (" +
                            str(max_total_ - reserved_) + " of " + str(max_total_) + " bytes free)");
     return out;
   }
-  std::memcpy(t.buf.get() + t.chunk * c.index, c.data.data(), c.data.size());
+  std::memcpy(t.buf.data.get() + t.chunk * c.index, c.data.data(), c.data.size());
   t.filled += c.data.size();
   reserved_ += c.data.size();
   if (++t.next == t.count) {
     out.size = t.total;
-    out.complete = std::shared_ptr<uint8_t[]>(t.buf.release());
+    out.complete = pool_->share(std::move(t.buf));
     drop(p);
   }
   return out;

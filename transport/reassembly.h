@@ -5,8 +5,9 @@
 // of that transfer id are then ignored without another error):
 // - index 0 starts a transfer; it abandons (error) any transfer the peer had in progress;
 // - total_bytes <= max_message (kTooLarge); the peer's reservation of total_bytes must fit in
-//   max_total together with every other peer's (kBadChunk), counted as chunks arrive (an
-//   announced total costs nothing until its bytes do);
+//   max_total together with every other peer's, counted as chunks arrive (an announced total
+//   costs nothing until its bytes do); over it, the transfer is refused with kBusy (send again
+//   later: nothing was wrong with it);
 // - chunk 0's data size S is the sender's chunk size: count must equal ceil(total / S), every
 //   chunk but the last carries exactly S bytes, and the last completes exactly total_bytes;
 // - later chunks: same transfer id, index == the next expected, same count and total (kBadChunk).
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "core/input_error.h"
+#include "transport/buffer_pool.h"
 #include "protocol/control.h"
 
 namespace starling::transport::detail {
@@ -30,8 +32,12 @@ using Clock = std::chrono::steady_clock;
 
 class Reassembler {
  public:
+  // Buffers come from, and go back to, a pool that keeps up to a quarter of `max_total`.
   Reassembler(uint64_t max_message, uint64_t max_total, Clock::duration timeout)
-      : max_message_(max_message), max_total_(max_total), timeout_(timeout) {}
+      : max_message_(max_message),
+        max_total_(max_total),
+        timeout_(timeout),
+        pool_(std::make_shared<BufferPool>(max_total / 4)) {}
 
   struct Outcome {
     std::optional<InputError> abandoned;  // a transfer in progress that this chunk's start ended
@@ -48,13 +54,14 @@ class Reassembler {
   std::vector<std::pair<std::string, InputError>> expire(Clock::time_point now);
 
   uint64_t reservedBytes() const { return reserved_; }
+  const BufferPool& pool() const { return *pool_; }
   size_t peers() const { return peers_.size(); }
 
  private:
   struct Transfer {
     uint64_t id = 0, total = 0, chunk = 0, filled = 0;
     uint32_t count = 0, next = 0;
-    std::unique_ptr<uint8_t[]> buf;
+    Buffer buf;
   };
   struct Peer {
     std::optional<Transfer> t;
@@ -70,6 +77,7 @@ class Reassembler {
   Clock::duration timeout_;
   uint64_t reserved_ = 0;
   std::unordered_map<std::string, Peer> peers_;
+  std::shared_ptr<BufferPool> pool_;
 };
 
 }  // namespace starling::transport::detail

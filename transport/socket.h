@@ -13,7 +13,8 @@
 //
 // Faults are values: receive() never throws for anything a peer sent. A chunk out of order, of a
 // wrong size, or over a limit drops that peer's transfer, frees its memory and yields a Received
-// whose `error` is set (Errc::kBadChunk, kTooLarge, or the decoder's code); the same for a single
+// whose `error` is set (Errc::kBadChunk, kTooLarge, or the decoder's code; kBusy when the
+// reassembly budget is full: nothing was wrong, send again later); the same for a single
 // frame over max_message_bytes (a frame far over it, above ZMQ_MAXMSGSIZE, makes libzmq drop the
 // connection and is never seen). Later chunks of a transfer already refused are dropped silently.
 //
@@ -111,6 +112,7 @@ struct TransportStats {
   uint64_t refused_size = 0;
   // Transfers dropped for a chunk violation or a timeout, and multi-frame messages.
   uint64_t refused_chunk = 0;
+  uint64_t refused_busy = 0;  // transfers refused because the reassembly budget was full (kBusy: send again)
   // Later chunks of a refused transfer, dropped silently.
   uint64_t ignored_chunks = 0;
   // send() calls that returned false.

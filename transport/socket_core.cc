@@ -207,7 +207,8 @@ void SocketCore::onChunk(const std::string& peer, std::optional<uint64_t> id,
     fail(peer, id, std::move(*out.abandoned));
   }
   if (out.error) {
-    ++(out.error->code() == Errc::kTooLarge ? stats.refused_size : stats.refused_chunk);
+    const Errc code = out.error->code();
+    ++(code == Errc::kTooLarge ? stats.refused_size : code == Errc::kBusy ? stats.refused_busy : stats.refused_chunk);
     fail(peer, id, std::move(*out.error));
   }
   if (out.ignored) ++stats.ignored_chunks;

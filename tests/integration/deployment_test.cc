@@ -365,3 +365,30 @@ TEST_CASE("three levels: an aggregator under an aggregator", "[integration][serv
   CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 2);
   CHECK(f.proc("agg-200").wait(seconds(20)) == 0);  // the Shutdown travelled down two levels
 }
+
+TEST_CASE("a server at its upload memory bound tells clients to send again, and loses no update",
+          "[integration][server]") {
+  Federation f("busy");
+  f.clientKeys(0, 8);
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; ++i) names.push_back("client-" + std::to_string(i));
+  const int port = freePort();
+  // A dense softmax update is 31 KB: in 4 KiB chunks, and room for about one in flight at a time.
+  f.root("root", port, f.allowList("allow", names),
+         {"--train.rounds", "2", "--sampling.min_available", "8", "--sampling.min_clients", "8",
+          "--compression.compressor", "none", "--net.max_message_bytes", "40000", "--net.max_reassembly_bytes",
+          "40000", "--round.deadline_ms", "60000", "--state.metrics", f.path("metrics.jsonl")});
+  for (uint64_t c = 0; c < 8; ++c) f.client(c, port, "server", 8, {"--net.chunk_bytes", "4096"});
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 2);
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "8");  // every update made it, some on a second try
+  }
+  size_t resends = 0;
+  for (uint64_t c = 0; c < 8; ++c) resends += countOf(f.log("client-" + std::to_string(c)), "the server is busy");
+  CHECK(resends > 0);  // the bound was actually hit
+}

@@ -208,9 +208,10 @@ TEST_CASE("max_reassembly_bytes bounds the bytes all peers' partial transfers ho
   // b's chunks fit until 28672 + 8 x 4096 > 60000: its eighth chunk is refused, the rest ignored.
   for (uint32_t i = 0; i < count_b; ++i) b.chunk(1, i, count_b, total_b, piece(total_b, i));
   auto err = receiveError(server);
-  CHECK(codeOf(err) == Errc::kBadChunk);
+  CHECK(codeOf(err) == Errc::kBusy);
   CHECK(err->peer == "b");
   CHECK(std::string(err->error->what()).find("budget") != std::string::npos);
+  CHECK(server.stats().refused_busy == 1);
 
   // a finishes; b's transfer, sent again, now fits.
   a.chunk(1, count_a - 1, count_a, total_a, piece(total_a, count_a - 1));
