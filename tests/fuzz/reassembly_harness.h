@@ -125,7 +125,7 @@ class Run {
         case kEncoded: {
           const auto raw = r.bytes(r.u16() % 512);
           std::vector<uint64_t> aligned(raw.size() / 8 + 1);
-          std::memcpy(aligned.data(), raw.data(), raw.size());
+          if (!raw.empty()) std::memcpy(aligned.data(), raw.data(), raw.size());
           deliver(peer, {reinterpret_cast<const uint8_t*>(aligned.data()), raw.size()});
           break;
         }
