@@ -1,0 +1,137 @@
+#include "simulator/device_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace starling::simulator {
+
+void DeviceDistributions::validate() const {
+  if (!(speed_median > 0) || !std::isfinite(speed_median))
+    STARLING_THROW(ConfigError, "devices.speed_median must be positive, got ", speed_median);
+  if (!(bandwidth_median > 0) || !std::isfinite(bandwidth_median))
+    STARLING_THROW(ConfigError, "devices.bandwidth_median must be positive, got ", bandwidth_median);
+  if (!(speed_sigma >= 0 && speed_sigma <= 5)) STARLING_THROW(ConfigError, "devices.speed_sigma must be in [0, 5], got ", speed_sigma);
+  if (!(bandwidth_sigma >= 0 && bandwidth_sigma <= 5))
+    STARLING_THROW(ConfigError, "devices.bandwidth_sigma must be in [0, 5], got ", bandwidth_sigma);
+  if (!(availability > 0 && availability <= 1))
+    STARLING_THROW(ConfigError, "devices.availability must be in (0, 1], got ", availability);
+}
+
+DevicePopulation DevicePopulation::sample(size_t n, const DeviceDistributions& d, uint64_t seed) {
+  d.validate();
+  DevicePopulation p;
+  p.devices_.resize(n);
+  for (size_t c = 0; c < n; ++c) {
+    // One stream per client: a population of n + 1 clients extends, never reshuffles, one of n.
+    RngStream rng(StreamKey{seed, 0, c, StreamPurpose::kClientSampling, 2});
+    DeviceProfile& dev = p.devices_[c];
+    dev.speed = d.speed_median * std::exp(d.speed_sigma * rng.normal());
+    dev.bandwidth = d.bandwidth_median * std::exp(d.bandwidth_sigma * rng.normal());
+    dev.availability = d.availability;
+  }
+  return p;
+}
+
+DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {
+  std::ifstream in(path);
+  if (!in) STARLING_THROW(IoError, "cannot open the device trace ", path);
+  DevicePopulation p;
+  p.devices_.resize(n);
+  std::vector<bool> seen(n, false);
+  std::string line;
+  size_t lineno = 0, rows = 0;
+  bool header = false;
+  auto bad = [&](const std::string& what) -> ConfigError {
+    return ConfigError(path + ":" + std::to_string(lineno) + ": " + what);
+  };
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    if (!header) {  // the first line that is not a comment
+      if (line != "client,speed,bandwidth,availability")
+        throw bad("the header must be 'client,speed,bandwidth,availability', got '" + line + "'");
+      header = true;
+      continue;
+    }
+    std::stringstream ss(line);
+    std::string f[4];
+    for (int i = 0; i < 4; ++i)
+      if (!std::getline(ss, f[i], ',')) throw bad("expected 4 comma-separated fields");
+    std::string extra;
+    if (std::getline(ss, extra, ',')) throw bad("more than 4 fields");
+    size_t used = 0;
+    uint64_t id = 0;
+    double speed = 0, bw = 0, av = 0;
+    try {
+      id = std::stoull(f[0], &used);
+      if (used != f[0].size()) throw std::invalid_argument("id");
+      speed = std::stod(f[1]);
+      bw = std::stod(f[2]);
+      av = std::stod(f[3]);
+    } catch (const std::exception&) {
+      throw bad("not a number in '" + line + "'");
+    }
+    if (id >= n) throw bad("client " + std::to_string(id) + " is not below the " + std::to_string(n) + " clients");
+    if (seen[id]) throw bad("client " + std::to_string(id) + " appears twice");
+    if (!(speed > 0) || !std::isfinite(speed)) throw bad("speed must be positive");
+    if (!(bw > 0) || !std::isfinite(bw)) throw bad("bandwidth must be positive");
+    if (!(av >= 0 && av <= 1)) throw bad("availability must be in [0, 1]");
+    seen[id] = true;
+    p.devices_[id] = DeviceProfile{speed, bw, av};
+    ++rows;
+  }
+  if (rows != n) {
+    const auto missing = std::find(seen.begin(), seen.end(), false) - seen.begin();
+    STARLING_THROW(ConfigError, path, ": ", rows, " clients, the simulation has ", n, " (client ", missing, " is missing)");
+  }
+  return p;
+}
+
+bool DevicePopulation::available(uint64_t client, uint64_t round, uint64_t seed) const {
+  const double a = devices_.at(client).availability;
+  if (a >= 1.0) return true;
+  if (a <= 0.0) return false;
+  RngStream rng(StreamKey{seed, round, client, StreamPurpose::kClientSampling, 1});
+  return rng.uniform() < a;
+}
+
+ClientTiming timeClient(const DeviceProfile& d, uint64_t client_id, uint64_t examples, uint32_t epochs,
+                        double reference_seconds_per_example, uint64_t downlink_bytes, uint64_t uplink_bytes) {
+  ClientTiming t;
+  t.client_id = client_id;
+  t.compute_seconds =
+      static_cast<double>(examples) * static_cast<double>(epochs) * reference_seconds_per_example / d.speed;
+  t.transfer_seconds = static_cast<double>(downlink_bytes + uplink_bytes) / d.bandwidth;
+  return t;
+}
+
+RoundTiming simulateRound(std::span<const ClientTiming> clients, size_t target, double deadline_seconds) {
+  std::vector<const ClientTiming*> order;
+  for (const auto& c : clients) order.push_back(&c);
+  std::sort(order.begin(), order.end(), [](const ClientTiming* a, const ClientTiming* b) {
+    if (a->total() != b->total()) return a->total() < b->total();
+    return a->client_id < b->client_id;
+  });
+  RoundTiming r;
+  for (const ClientTiming* c : order) {
+    const bool in_time = deadline_seconds <= 0 || c->total() <= deadline_seconds;
+    if (in_time && r.accepted.size() < target) {
+      r.accepted.push_back(c->client_id);
+      r.seconds = c->total();
+    } else {
+      r.dropped.push_back(c->client_id);
+    }
+  }
+  // With nobody accepted, the round still took until the deadline (or the slowest client).
+  if (r.accepted.empty() && !order.empty())
+    r.seconds = deadline_seconds > 0 ? deadline_seconds : order.back()->total();
+  return r;
+}
+
+}  // namespace starling::simulator

@@ -1,0 +1,158 @@
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "simulator/device_model.h"
+#include "simulator/scheduler.h"
+
+using namespace starling;
+using namespace starling::simulator;
+
+namespace {
+
+// The makespan the workers would really see: each worker's true seconds per example.
+double trueMakespan(const Assignment& a, const std::vector<double>& spe, const std::map<uint64_t, uint64_t>& examples,
+                    uint32_t epochs) {
+  double worst = 0;
+  for (size_t w = 0; w < a.per_worker.size(); ++w) {
+    double t = 0;
+    for (uint64_t c : a.per_worker[w]) t += spe[w] * static_cast<double>(examples.at(c)) * epochs;
+    worst = std::max(worst, t);
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("every job is assigned exactly once, deterministically", "[simulator]") {
+  std::vector<ClientJob> jobs;
+  for (uint64_t c = 0; c < 37; ++c) jobs.push_back({c * 3 + 1, 50 + (c * 7919) % 400});
+  CostModel cost(4);
+  for (auto policy : {SchedulePolicy::kLpt, SchedulePolicy::kRoundRobin}) {
+    const Assignment a = schedule(jobs, cost, 2, policy);
+    const Assignment b = schedule(jobs, cost, 2, policy);
+    CHECK(a.per_worker == b.per_worker);
+    std::multiset<uint64_t> seen;
+    for (const auto& w : a.per_worker) seen.insert(w.begin(), w.end());
+    CHECK(seen.size() == jobs.size());
+    for (const auto& j : jobs) CHECK(seen.count(j.client_id) == 1);
+  }
+  CHECK_THROWS_AS(parseSchedulePolicy("fifo"), ConfigError);
+  CHECK(parseSchedulePolicy("lpt") == SchedulePolicy::kLpt);
+}
+
+TEST_CASE("LPT's makespan beats round-robin on a skewed workload", "[simulator]") {
+  // Quantity skew: a few clients hold most examples (a Zipf-like pool), two workers, one slower.
+  RngStream rng(StreamKey{7, 0, 0, StreamPurpose::kTest, 0});
+  std::vector<ClientJob> jobs;
+  std::map<uint64_t, uint64_t> examples;
+  for (uint64_t c = 0; c < 40; ++c) {
+    const uint64_t n = 20 + static_cast<uint64_t>(3000.0 / static_cast<double>(1 + rng.below(40)));
+    jobs.push_back({c, n});
+    examples[c] = n;
+  }
+  const std::vector<double> spe = {1e-4, 2e-4};  // worker 1 is half as fast
+  CostModel cost(2);
+  // The cost model learns each worker's speed from one observed job.
+  cost.observe(0, 1000, 1, 0.1);
+  cost.observe(1, 1000, 1, 0.2);
+  CHECK(cost.secondsPerExample(1) == Approx(2e-4));
+  const double lpt = trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kLpt), spe, examples, 1);
+  const double rr = trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kRoundRobin), spe, examples, 1);
+  CHECK(lpt < rr);
+  // And LPT is close to the ideal split of the total work between the two speeds.
+  double work = 0;
+  for (const auto& j : jobs) work += static_cast<double>(j.examples);
+  const double ideal = work / (1 / spe[0] + 1 / spe[1]);
+  const uint64_t biggest = std::max_element(jobs.begin(), jobs.end(), [](auto& a, auto& b) { return a.examples < b.examples; })->examples;
+  CHECK(lpt <= ideal + spe[1] * static_cast<double>(biggest));
+}
+
+TEST_CASE("the cost model smooths observations and ignores nonsense", "[simulator]") {
+  CostModel c(2, 1e-3, 0.5);
+  CHECK(c.estimate(0, 100, 2) == Approx(0.2));
+  c.observe(0, 100, 1, 0.01);  // first observation replaces the prior
+  CHECK(c.secondsPerExample(0) == Approx(1e-4));
+  c.observe(0, 100, 1, 0.03);  // then an average
+  CHECK(c.secondsPerExample(0) == Approx(2e-4));
+  c.observe(0, 0, 1, 5.0);
+  c.observe(0, 100, 1, -1.0);
+  c.observe(0, 100, 1, std::nan(""));
+  CHECK(c.secondsPerExample(0) == Approx(2e-4));
+  CHECK(c.secondsPerExample(1) == Approx(1e-3));
+  CHECK_THROWS_AS(CostModel(0), InvalidArgument);
+}
+
+TEST_CASE("a simulated round lasts until its last accepted client; the deadline drops stragglers", "[simulator]") {
+  const DeviceProfile fast{2.0, 1e6, 1.0}, slow{0.5, 1e5, 1.0};
+  const ClientTiming a = timeClient(fast, 1, 1000, 2, 1e-3, 100'000, 50'000);
+  CHECK(a.compute_seconds == Approx(1.0));   // 1000 x 2 x 1e-3 / 2
+  CHECK(a.transfer_seconds == Approx(0.15));  // 150 kB at 1 MB/s
+  const ClientTiming b = timeClient(slow, 2, 1000, 2, 1e-3, 100'000, 50'000);
+  CHECK(b.total() == Approx(4.0 + 1.5));
+  const ClientTiming c = timeClient(fast, 3, 500, 2, 1e-3, 100'000, 50'000);
+  const std::vector<ClientTiming> all{a, b, c};
+  RoundTiming r = simulateRound(all, 3, 0);
+  CHECK(r.accepted == std::vector<uint64_t>{3, 1, 2});
+  CHECK(r.seconds == Approx(5.5));
+  r = simulateRound(all, 3, 2.0);  // the slow client misses the deadline
+  CHECK(r.accepted == std::vector<uint64_t>{3, 1});
+  CHECK(r.dropped == std::vector<uint64_t>{2});
+  CHECK(r.seconds == Approx(1.15));
+  r = simulateRound(all, 1, 0);  // over-commitment: the fastest one is enough
+  CHECK(r.accepted == std::vector<uint64_t>{3});
+  CHECK(r.dropped.size() == 2);
+  r = simulateRound(all, 3, 0.1);  // nobody in time: the round took the deadline
+  CHECK(r.accepted.empty());
+  CHECK(r.seconds == Approx(0.1));
+}
+
+TEST_CASE("device populations: sampled deterministically, or read from a trace with clear errors", "[simulator]") {
+  DeviceDistributions d;
+  d.speed_sigma = 0.5;
+  d.bandwidth_sigma = 1.0;
+  d.availability = 0.3;
+  const auto p = DevicePopulation::sample(200, d, 9);
+  const auto q = DevicePopulation::sample(201, d, 9);
+  for (uint64_t c = 0; c < 200; ++c) {
+    CHECK(p[c].speed == q[c].speed);  // one more client changes nobody else
+    CHECK(p[c].speed > 0);
+  }
+  size_t avail = 0;
+  for (uint64_t c = 0; c < 200; ++c) avail += p.available(c, 5, 9);
+  CHECK(avail > 30);
+  CHECK(avail < 90);  // about 30% of 200
+  CHECK(p.available(3, 5, 9) == p.available(3, 5, 9));
+  d.availability = 0;
+  CHECK_THROWS_AS(DevicePopulation::sample(3, d, 1), ConfigError);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("starling-trace-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream((dir / name).string()) << text;
+    return (dir / name).string();
+  };
+  const auto good = write("good.csv", "# a trace\nclient,speed,bandwidth,availability\n1,0.5,1e6,1\n0,2,5e5,0\n");
+  const auto t = DevicePopulation::fromCsv(good, 2);
+  CHECK(t[1].speed == 0.5);
+  CHECK(t[0].bandwidth == 5e5);
+  CHECK_FALSE(t.available(0, 1, 1));
+  CHECK(t.available(1, 1, 1));
+  CHECK_THROWS_WITH(DevicePopulation::fromCsv(good, 3), Catch::Contains("client 2 is missing"));
+  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("dup.csv", "client,speed,bandwidth,availability\n0,1,1,1\n0,1,1,1\n"), 2),
+                    Catch::Contains("appears twice"));
+  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("neg.csv", "client,speed,bandwidth,availability\n0,-1,1,1\n"), 1),
+                    Catch::Contains(":2: speed must be positive"));
+  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("hdr.csv", "id,speed\n0,1\n"), 1), Catch::Contains("header"));
+  CHECK_THROWS_AS(DevicePopulation::fromCsv((dir / "none.csv").string(), 1), IoError);
+  std::filesystem::remove_all(dir);
+}
