@@ -99,6 +99,11 @@ std::string OptionReader::choice(const std::string& key, const std::string& def,
   return *v;
 }
 
+std::string OptionReader::text(const std::string& key, const std::string& def) {
+  auto v = take(key);
+  return v ? *v : def;
+}
+
 void OptionReader::finish(const std::string& accepted) {
   if (values_.empty()) return;
   STARLING_THROW(ConfigError, prefix_, ": unknown option '", values_.front().first,

@@ -26,6 +26,8 @@ class OptionReader {
   uint32_t count(const std::string& key, uint32_t def);
   bool flag(const std::string& key, bool def);
   std::string choice(const std::string& key, const std::string& def, const std::set<std::string>& allowed);
+  // A free-form value (a file path), trimmed; it cannot contain ',' (the option separator).
+  std::string text(const std::string& key, const std::string& def);
   // Throws on any key not read; `accepted` lists the keys in the message.
   void finish(const std::string& accepted);
 

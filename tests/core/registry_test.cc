@@ -89,3 +89,12 @@ TEST_CASE("a registry refuses a name registered twice", "[core]") {
   CHECK_THROWS_AS(ShapeRegistry("shape", {{"a", "", "", make}, {"a", "", "", make}}), InternalError);
   CHECK_NOTHROW(ShapeRegistry("shape", {{"a", "", "", make}, {"b", "", "", make}}));
 }
+
+TEST_CASE("text options keep a free-form value such as a path", "[core]") {
+  const Spec s = Spec::parse("torchscript:path=/tmp/a:b=c.pt, input=flat", "model");
+  OptionReader r(s, "model");
+  CHECK(r.text("path", "") == "/tmp/a:b=c.pt");  // ':' and '=' after the key are part of the value
+  CHECK(r.text("missing", "dflt") == "dflt");
+  CHECK(r.choice("input", "image", {"image", "flat"}) == "flat");
+  CHECK_NOTHROW(r.finish(""));
+}

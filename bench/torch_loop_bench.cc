@@ -1,0 +1,227 @@
+// starling-torch-loop-bench: the LibTorch trainer's cost over a bare LibTorch training loop of the
+// same model on the same data, measured in the same run (issue 8: at most ~10% over the bare loop).
+// docs/performance.md, section "LibTorch trainer (issue 8)", records the figures with the command.
+//
+//   cnn_fit/bare_loop   a plain single-threaded LibTorch loop as a C++ user writes it: torch::nn
+//                       modules (McMahan et al.'s CNN), torch::optim::SGD, a randperm per epoch,
+//                       index_select batches, zero_grad / forward / cross_entropy / backward /
+//                       step. No metrics.
+//   cnn_fit/trainer     Trainer::fit of torch_trainer's "cnn" on the same examples (flat buffer
+//                       in and out, Starling's shuffle, train_loss and train_accuracy per batch).
+//   cnn_fit/paired      both, alternating epoch by epoch and timed separately (counters bare_ms,
+//                       trainer_ms, trainer_over_bare): robust to the load of a shared machine
+//                       drifting between the two benchmarks above.
+//
+// One iteration is one epoch over 600 Fashion-MNIST-sized examples (28x28x1, 10 classes), batch
+// 32, lr 0.05: the first 600 of Fashion-MNIST's training split when the Debian package is
+// installed, random images otherwise. Both run with --threads (default 1) LibTorch threads; the
+// counter samples_per_s is examples per second of wall time.
+//
+//   starling-torch-loop-bench [--threads=N] [--ratios_out=FILE] [Google Benchmark flags]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench/ratios.h"
+#include "core/rng.h"
+#include "data/idx.h"
+#include "torch_trainer/threads.h"
+#include "torch_trainer/torch_trainer.h"
+
+namespace {
+
+using namespace starling;
+
+constexpr size_t kSamples = 600;
+constexpr int64_t kBatch = 32;
+constexpr double kLr = 0.05;
+
+data::Dataset benchData() {
+  data::Dataset d;
+  try {
+    d = data::loadFashionMnist(data::kDefaultFashionMnistDir, "train");
+    d.images.resize(kSamples * d.features());
+    d.labels.resize(kSamples);
+    std::cerr << "data: the first " << kSamples << " examples of Fashion-MNIST (train)\n";
+    return d;
+  } catch (const std::exception& e) {
+    std::cerr << "data: random 28x28 images (" << e.what() << ")\n";
+  }
+  RngStream r(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
+  d.rows = d.cols = 28;
+  d.num_classes = 10;
+  for (size_t i = 0; i < kSamples * 784; ++i) d.images.push_back(r.uniformFloat());
+  for (size_t i = 0; i < kSamples; ++i) d.labels.push_back(static_cast<uint8_t>(r.below(10)));
+  return d;
+}
+
+const data::Dataset& benchDataOnce() {
+  static const data::Dataset d = benchData();
+  return d;
+}
+
+struct BareCnn : torch::nn::Module {
+  torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 32, 5).padding(2)};
+  torch::nn::Conv2d conv2{torch::nn::Conv2dOptions(32, 64, 5).padding(2)};
+  torch::nn::Linear fc1{64 * 7 * 7, 512}, fc2{512, 10};
+  BareCnn() {
+    register_module("conv1", conv1);
+    register_module("conv2", conv2);
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    return fc2(torch::relu(fc1(x.flatten(1))));
+  }
+};
+
+// The bare loop's state: the data as tensors, the model, the optimizer.
+struct Bare {
+  const data::Dataset& d = benchDataOnce();
+  const int64_t n = static_cast<int64_t>(d.size());
+  torch::Tensor x =
+      torch::from_blob(const_cast<float*>(d.images.data()), {n, 1, 28, 28}, torch::kFloat32)
+          .clone();
+  torch::Tensor y =
+      torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {n}, torch::kUInt8).to(torch::kInt64);
+  std::shared_ptr<BareCnn> model = seeded();
+  torch::optim::SGD opt{model->parameters(), torch::optim::SGDOptions(kLr)};
+
+  static std::shared_ptr<BareCnn> seeded() {
+    torch::manual_seed(
+        1);  // the bare loop initialises with LibTorch's global generator, as users do
+    return std::make_shared<BareCnn>();
+  }
+  void epoch() {
+    const torch::Tensor perm = torch::randperm(n, torch::kInt64);
+    for (int64_t start = 0; start < n; start += kBatch) {
+      const torch::Tensor idx = perm.narrow(0, start, std::min(kBatch, n - start));
+      opt.zero_grad();
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(
+          model->forward(x.index_select(0, idx)), y.index_select(0, idx));
+      loss.backward();
+      opt.step();
+    }
+  }
+};
+
+// The trainer's state: one model replica serving "clients" that all start from the global model.
+struct Fit {
+  const data::Dataset& d = benchDataOnce();
+  std::vector<size_t> idx = allIndices();
+  std::unique_ptr<client::Trainer> trainer = torch_trainer::makeTorchTrainer("cnn", d);
+  std::vector<float> global = initial(*trainer), params;
+  const client::FitConfig cfg{.epochs = 1, .batch_size = static_cast<uint32_t>(kBatch), .lr = kLr};
+  uint64_t round = 0;
+
+  std::vector<size_t> allIndices() const {
+    std::vector<size_t> v(d.size());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i;
+    return v;
+  }
+  static std::vector<float> initial(const client::Trainer& t) {
+    std::vector<float> g(t.layout().numel());
+    t.initParameters(g, 1);
+    return g;
+  }
+  void epoch() {
+    params = global;  // a client starts from the global model (the copy is part of a client's cost)
+    RngStream rng(StreamKey{1, round++, 0, StreamPurpose::kTraining, 0});
+    benchmark::DoNotOptimize(trainer->fit(params, client::DataView{&d, idx}, cfg, rng));
+  }
+};
+
+void setRate(benchmark::State& st) {
+  st.counters["samples_per_s"] = benchmark::Counter(static_cast<double>(st.iterations()) * kSamples,
+                                                    benchmark::Counter::kIsRate);
+}
+
+void bareLoop(benchmark::State& st) {
+  Bare b;
+  for (auto _ : st) b.epoch();
+  setRate(st);
+}
+
+void trainerFit(benchmark::State& st) {
+  Fit f;
+  for (auto _ : st) f.epoch();
+  setRate(st);
+}
+
+// Both, alternating epoch by epoch, each timed on its own: slow changes of the machine's load
+// (other jobs on a shared machine) hit both alike. Counters: milliseconds per epoch of each (wall
+// time) and their ratio.
+void paired(benchmark::State& st) {
+  Bare b;
+  Fit f;
+  double bare_s = 0, fit_s = 0;
+  using Clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    const auto t0 = Clock::now();
+    b.epoch();
+    const auto t1 = Clock::now();
+    f.epoch();
+    const auto t2 = Clock::now();
+    bare_s += std::chrono::duration<double>(t1 - t0).count();
+    fit_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const auto iters = static_cast<double>(st.iterations());
+  st.counters["bare_ms"] = 1e3 * bare_s / iters;
+  st.counters["trainer_ms"] = 1e3 * fit_s / iters;
+  st.counters["trainer_over_bare"] = fit_s / bare_s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  std::string ratios_out;
+  int threads = 1;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--benchmark_format=json") json = true;
+    if (a.rfind("--ratios_out=", 0) == 0) {
+      ratios_out = a.substr(13);
+      continue;
+    }
+    if (a.rfind("--threads=", 0) == 0) {
+      threads = std::stoi(a.substr(10));
+      continue;
+    }
+    args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  starling::torch_trainer::setThreads(threads);
+  benchDataOnce();
+  benchmark::RegisterBenchmark("cnn_fit/bare_loop", bareLoop)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("cnn_fit/trainer", trainerFit)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("cnn_fit/paired", paired)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+
+  std::unique_ptr<benchmark::BenchmarkReporter> display;
+  if (json)
+    display = std::make_unique<benchmark::JSONReporter>();
+  else
+    display = std::make_unique<benchmark::ConsoleReporter>();
+  starling::bench::Recorder rec(std::move(display));
+  benchmark::RunSpecifiedBenchmarks(&rec);
+  const std::vector<starling::bench::Ratio> ratios = {{"trainer_time_over_bare_loop/cnn",
+                                                       "cnn_fit/trainer", "cnn_fit/bare_loop",
+                                                       "<= 1.10 (issue 8)"}};
+  if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
+  benchmark::Shutdown();
+  return 0;
+}
