@@ -18,6 +18,8 @@ PACKAGES=(
   libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev
   # simulator / split (LibTorch 1.13 CPU, a fast BLAS for it, Gloo for c10d)
   libtorch-dev libopenblas0-pthread libgloo-dev
+  # simulator: the client-state store's spill (an embedded key-value store; docs/architecture.md)
+  liblmdb-dev
   # tests and benchmarks
   catch2 libbenchmark-dev
   # data

@@ -75,6 +75,8 @@ std::string RoundRecord::json() const {
   if (train_loss) jsonNumber(o, "train_loss", *train_loss);
   if (test_accuracy) jsonNumber(o, "test_accuracy", *test_accuracy);
   if (test_loss) jsonNumber(o, "test_loss", *test_loss);
+  if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
+  if (makespan_seconds) jsonNumber(o, "makespan_seconds", *makespan_seconds);
   jsonNumber(o, "wall_seconds", wall_seconds);
   o << '}';
   return o.str();
@@ -99,7 +101,7 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
 RoundEngine::~RoundEngine() = default;
 
 void RoundEngine::saveCheckpoint() const {
-  if (config_.checkpoint.empty()) return;
+  if (config_.checkpoint.empty() || !config_.write_files) return;
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
   w.u32(kCheckpointMagic);
@@ -166,8 +168,9 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   auto finishRecord = [&] {
     rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++next_round_;
+    fleet.checkpoint();
     saveCheckpoint();
-    if (!config_.metrics.empty()) {
+    if (!config_.metrics.empty() && config_.write_files) {
       std::ofstream out(config_.metrics, std::ios::app);
       out << rec.json() << '\n';
       if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
@@ -177,7 +180,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 
   const auto& s = config_.sampling;
   const std::vector<ClientInfo> available =
-      fleet.waitForClients(s.min_available, std::chrono::milliseconds(s.wait_ms));
+      fleet.waitForClients(s.min_available, std::chrono::milliseconds(s.wait_ms), rec.round);
   if (available.size() < s.min_available) {
     rec.reason = "only " + std::to_string(available.size()) + " clients available, " + std::to_string(s.min_available) +
                  " needed";
@@ -207,6 +210,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     rec.updates_rejected += std::max(rep.refused, round->current().rejected());
     rec.uplink_bytes += rep.uplink_bytes;
     rec.downlink_bytes += rep.downlink_bytes;
+    if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
+    if (rep.makespan_seconds) rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
     failed.insert(rep.failed.begin(), rep.failed.end());
     if (round->lastPhase() || rep.completed.empty()) break;
     round->nextPhase();
@@ -238,7 +243,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 
   if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) {
     std::vector<ClientInfo> evaluators;
-    for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0)))
+    for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0), rec.round))
       if (c.eval_examples > 0) evaluators.push_back(c);
     if (!evaluators.empty()) {
       protocol::TaskMsg eh = header;

@@ -61,6 +61,9 @@ struct EngineConfig {
   size_t delta_history = 4;            // model versions kept for the delta downlink
   std::string checkpoint;              // file; empty: no checkpoints
   std::string metrics;                 // JSON Lines file; empty: none
+  // False on every simulator worker but the first: it resumes from the checkpoint like the others
+  // but writes neither the checkpoint nor the metrics.
+  bool write_files = true;
   void validate() const;               // ConfigError naming the key
 };
 
@@ -79,6 +82,9 @@ struct PhaseReport {
   uint64_t uplink_bytes = 0;
   uint64_t downlink_bytes = 0;
   uint64_t refused = 0;  // messages the fleet refused during the phase (the aggregator's refusals included)
+  // A simulated fleet's clock: the phase's simulated duration and its workers' makespan (wall
+  // seconds of the busiest worker); nullopt for a real fleet.
+  std::optional<double> sim_seconds, makespan_seconds;
 };
 
 struct EvalReport {
@@ -94,8 +100,9 @@ struct EvalReport {
 class Fleet {
  public:
   virtual ~Fleet() = default;
-  // The clients available now, after waiting up to `timeout` until there are at least `min`.
-  virtual std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout) = 0;
+  // The clients available for round `round` now, after waiting up to `timeout` until there are at
+  // least `min` (a simulated fleet also applies its devices' availability in that round).
+  virtual std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout, uint64_t round) = 0;
   // Delivers the phase's task to `participants` and adds what comes back to `agg` as it streams
   // in (never holding one update per client), until `target` results were accepted, every
   // participant answered or failed, or the task's deadline passed.
@@ -105,6 +112,9 @@ class Fleet {
   virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
   // The federation is over: tell the clients.
   virtual void finish(const std::string& reason) = 0;
+  // Called before the engine writes its checkpoint after a round: a fleet that keeps client state
+  // (the simulator's store) makes it durable here.
+  virtual void checkpoint() {}
 };
 
 struct RoundRecord {
@@ -115,6 +125,7 @@ struct RoundRecord {
   uint64_t uplink_bytes = 0, downlink_bytes = 0;
   std::optional<double> train_loss;
   std::optional<double> test_accuracy, test_loss;
+  std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
   uint64_t model_version = 0;
   double wall_seconds = 0.0;
   std::string json() const;  // one JSON object, no newline

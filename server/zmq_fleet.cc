@@ -336,7 +336,7 @@ void ZmqFleet::service(milliseconds timeout) {
   } while (Clock::now() < until);
 }
 
-std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout) {
+std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout, uint64_t /*round*/) {
   const auto until = Clock::now() + timeout;
   for (;;) {
     auto avail = available();

@@ -53,7 +53,7 @@ class ZmqFleet final : public Fleet {
   std::string endpoint() const;
   uint64_t session() const { return session_; }
 
-  std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout) override;
+  std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout, uint64_t round = 0) override;
   PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
                        aggregation::PhaseAggregator& agg) override;
   EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) override;

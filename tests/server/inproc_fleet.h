@@ -40,7 +40,7 @@ class InProcFleet final : public server::Fleet {
   std::optional<uint64_t> crash_at_round;
   uint64_t tasks_sent = 0;
 
-  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds) override {
+  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds, uint64_t) override {
     std::vector<server::ClientInfo> out;
     for (const auto& c : clients_)
       out.push_back(server::ClientInfo{c.id, protocol::Role::kClient, c.shard.size(), c.shard.size(), c.held});

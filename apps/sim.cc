@@ -1,0 +1,269 @@
+// starling-sim: a federated training of many simulated clients on few workers, in the style of
+// FedML Parrot (simulator/sim_fleet.h): W worker processes, each training its share of every
+// round's clients one after another on one model replica, aggregating them locally, then all
+// workers aggregating globally through c10d (Gloo on CPU). The round loop is the server's
+// RoundEngine; docs/simulation.md explains the configuration and the launch modes.
+//
+// Launch: `starling-sim --config FILE --sim.workers W` starts W-1 more processes of itself on this
+// machine; under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or srun
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) each process is one worker and --sim.workers is
+// ignored.
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "aggregation/rule.h"
+#include "aggregation/server_optimizer.h"
+#include "apps/options.h"
+#include "client/trainer.h"
+#include "compression/registry.h"
+#include "core/error.h"
+#include "data/idx.h"
+#include "data/partition.h"
+#include "data/stats.h"
+#include "server/engine.h"
+#include "simulator/collectives.h"
+#include "simulator/launch.h"
+#include "simulator/sim_fleet.h"
+#include "simulator/state_store.h"
+#include "torch_trainer/threads.h"
+#include "torch_trainer/torch_trainer.h"
+
+extern char** environ;
+
+using namespace starling;
+namespace sim = starling::simulator;
+
+namespace {
+
+struct Config {
+  uint64_t workers = 2;
+  std::string backend = "gloo";
+  int threads = 1;
+  std::string data_dir = data::kDefaultFashionMnistDir;
+  uint64_t num_clients = 100;
+  std::string partition = "dirichlet:alpha=0.5";
+  std::string model = "cnn";
+  uint64_t seed = 1;
+  uint64_t clients_per_round = 10;
+  server::EngineConfig engine;
+  std::string schedule = "lpt";
+  double reference_spe = 1e-3;
+  double deadline_seconds = 0;
+  std::string trace;
+  sim::DeviceDistributions devices;
+  uint64_t state_memory = uint64_t{256} << 20;
+  std::string state_dir;
+  bool stats = false;
+};
+
+// Spawns workers 1..W-1 as copies of this process (same arguments) with the launcher variables
+// set; they die with this process (PR_SET_PDEATHSIG).
+std::vector<pid_t> spawnWorkers(int argc, char** argv, int workers, int port) {
+  std::vector<pid_t> pids;
+  for (int r = 1; r < workers; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) STARLING_THROW(IoError, "cannot start worker ", r);
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      for (const std::string& kv : sim::spawnEnvironment(sim::LaunchInfo{r, workers, r, "127.0.0.1", port, "spawned"})) {
+        const auto eq = kv.find('=');
+        setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+      }
+      std::vector<char*> args(argv, argv + argc);
+      args.push_back(nullptr);
+      execv("/proc/self/exe", args.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+// A port free on 127.0.0.1 now, the kernel's pick (rank 0 binds the rendezvous store on it next).
+int freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    STARLING_THROW(IoError, "cannot find a free port on 127.0.0.1 for the workers' rendezvous");
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string eta(double seconds) {
+  char buf[32];
+  const int s = static_cast<int>(seconds);
+  std::snprintf(buf, sizeof buf, "%d:%02d", s / 60, s % 60);
+  return buf;
+}
+
+int runSim(int argc, char** argv, Config& c) {
+  // Every spec and value is checked before data is loaded or a worker started.
+  compression::makeCompressor(c.engine.scheme.compressor);
+  aggregation::makeRule(c.engine.scheme.rule);
+  aggregation::makeServerOptimizer(c.engine.server_opt, 1);
+  data::makePartitioner(c.partition);
+  const sim::SchedulePolicy policy = sim::parseSchedulePolicy(c.schedule);
+  c.devices.validate();
+  STARLING_CHECK_ARG(c.clients_per_round >= 1 && c.clients_per_round <= c.num_clients, "sampling.clients_per_round (",
+                     c.clients_per_round, ") must be in [1, data.num_clients = ", c.num_clients, "]");
+  c.engine.scheme.run_seed = c.seed;
+  c.engine.sampling.fraction = static_cast<double>(c.clients_per_round) / static_cast<double>(c.num_clients);
+  c.engine.sampling.min_clients = 1;
+  c.engine.sampling.min_available = 1;
+  c.engine.completion.min_results = 1;
+  c.engine.validate();
+
+  sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
+  std::vector<pid_t> children;
+  if (launch.world_size == 1 && c.workers > 1) {
+    const int port = freePort();
+    children = spawnWorkers(argc, argv, static_cast<int>(c.workers), port);
+    launch = sim::LaunchInfo{0, static_cast<int>(c.workers), 0, "127.0.0.1", port, "spawned"};
+  }
+  const bool lead = launch.rank == 0;
+  torch_trainer::setThreads(c.threads);
+
+  const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
+  const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
+  sim::SimClients clients;
+  clients.train = &train;
+  clients.shards = data::makePartitioner(c.partition)->split(train.labels, train.num_classes, c.num_clients, c.seed);
+  clients.devices = c.trace.empty() ? sim::DevicePopulation::sample(c.num_clients, c.devices, c.seed)
+                                    : sim::DevicePopulation::fromCsv(c.trace, c.num_clients);
+  auto trainer = torch_trainer::makeTorchTrainer(c.model, train);
+  const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  if (lead) {
+    std::printf("starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d worker%s (%s, %s)\n",
+                trainer->spec().c_str(), layout->numel(), static_cast<unsigned long long>(c.num_clients),
+                c.partition.c_str(), static_cast<unsigned long long>(c.clients_per_round),
+                c.engine.scheme.compressor.c_str(), c.engine.scheme.rule.c_str(), launch.world_size,
+                launch.world_size == 1 ? "" : "s", c.backend.c_str(), launch.source.c_str());
+    if (c.stats)
+      std::printf("%s\n", data::summary(data::partitionStats(train.labels, train.num_classes, clients.shards)).c_str());
+    std::fflush(stdout);
+  }
+
+  auto coll = launch.world_size == 1 ? sim::makeLocal() : sim::makeCollectives(c.backend, launch);
+  sim::StateStoreOptions so;
+  so.memory_bytes = c.state_memory;
+  if (!c.state_dir.empty()) so.spill_dir = c.state_dir + "/worker-" + std::to_string(launch.rank);
+  sim::ClientStateStore store(so, layout->fingerprint());
+  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed};
+  sim::SimFleet fleet(fc, clients, *trainer, store, *coll, &test);
+
+  std::vector<float> init(layout->numel());
+  trainer->initParameters(init, c.seed);
+  server::EngineConfig ec = c.engine;
+  ec.write_files = lead;
+  server::RoundEngine engine(layout, ec, std::move(init));
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDOUT_FILENO);
+  const uint64_t first = engine.nextRound();
+  if (lead && engine.resumed()) std::printf("resumed at round %llu\n", static_cast<unsigned long long>(first));
+  std::optional<double> last_acc;
+  while (!engine.done()) {
+    const server::RoundRecord r = engine.runRound(fleet);
+    if (!lead) continue;
+    if (r.test_accuracy) last_acc = r.test_accuracy;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double per_round = elapsed / static_cast<double>(r.round - first + 1);
+    const double left = per_round * static_cast<double>(c.engine.rounds - r.round);
+    char acc[32] = "";
+    if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
+    std::printf("%sround %4llu/%llu%s  loss %.4f  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA %s%s",
+                tty ? "\r" : "", static_cast<unsigned long long>(r.round),
+                static_cast<unsigned long long>(c.engine.rounds), acc, r.train_loss.value_or(0.0),
+                r.clients_completed ? static_cast<double>(r.uplink_bytes) / 1024.0 / static_cast<double>(r.clients_completed) : 0.0,
+                r.makespan_seconds.value_or(0.0), r.sim_seconds.value_or(0.0), eta(left).c_str(),
+                tty ? "" : "\n");
+    if (tty && r.test_accuracy) std::printf("\n");
+    std::fflush(stdout);
+  }
+  if (lead) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on this worker\n",
+                static_cast<unsigned long long>(c.engine.rounds - first + 1), secs,
+                last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
+                static_cast<unsigned long long>(fleet.clientsTrained()));
+  }
+  for (pid_t p : children) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      std::fprintf(stderr, "starling-sim: worker %d failed\n", p);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  c.engine.rounds = 50;
+  c.engine.scheme.compressor = "topk:density=0.01";
+  c.engine.scheme.metrics = {"train_loss"};
+  c.engine.fit = protocol::FitSettings{1, 32, 0.05f};
+  c.engine.eval_every = 5;
+  c.engine.round_deadline_ms = 3'600'000;
+  apps::Options o("starling-sim",
+                  "starling-sim: federated training of many simulated clients on few worker processes\n"
+                  "(FedML Parrot style: sequential training per worker, local then global aggregation over c10d).\n"
+                  "Every key can be set in a TOML file (--config) or on the command line (which wins).\n"
+                  "docs/simulation.md explains the configuration, the launch modes and the outputs.");
+  o.add("sim.workers", &c.workers, "worker processes to start on this machine (ignored under torchrun or srun)", 1, 256);
+  o.add("sim.backend", &c.backend, "collectives: gloo (CPU) or nccl (GPU builds)");
+  o.add("sim.threads", &c.threads, "LibTorch threads per worker", 1, 256);
+  o.add("sim.schedule", &c.schedule, "assigning clients to workers: lpt (by estimated cost) or round_robin");
+  o.add("sim.reference_seconds_per_example", &c.reference_spe,
+        "the simulated clock's reference device: seconds per example at speed 1", 1e-9, 1e3);
+  o.add("data.dir", &c.data_dir, "folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist)");
+  o.add("data.num_clients", &c.num_clients, "clients in the pool", 1, 10'000'000);
+  o.add("data.partition", &c.partition, "how the data set is split:" + data::partitioners().help());
+  o.add("data.stats", &c.stats, "print per-client data statistics at start");
+  o.add("model.spec", &c.model, "LibTorch model:" + torch_trainer::torchTrainers().help());
+  o.add("model.seed", &c.seed, "run seed: split, initial model, sampling, compression, devices", 0, ~0ull);
+  o.add("train.rounds", &c.engine.rounds, "federated rounds", 1, 10'000'000);
+  o.add("train.epochs", &c.engine.fit.epochs, "local epochs per round", 1, 1000);
+  o.add("train.batch_size", &c.engine.fit.batch_size, "local minibatch size", 1, 1u << 20);
+  o.add("train.lr", &c.engine.fit.lr, "client learning rate", 1e-7, 100);
+  o.add("sampling.clients_per_round", &c.clients_per_round, "clients sampled each round", 1, 10'000'000);
+  o.add("sampling.overcommit", &c.engine.sampling.overcommit, "sample this many times more; the fastest are kept", 1, 10);
+  o.add("compression.compressor", &c.engine.scheme.compressor, "compressor spec:" + compression::compressors().help());
+  o.add("aggregation.rule", &c.engine.scheme.rule, "aggregation rule (streaming rules across workers):" + aggregation::aggregationRules().help());
+  o.add("aggregation.server_opt", &c.engine.server_opt, "server optimizer:" + aggregation::serverOptimizers().help());
+  o.add("devices.trace", &c.trace, "CSV client,speed,bandwidth,availability (instead of the distributions below)");
+  o.add("devices.speed_median", &c.devices.speed_median, "median relative compute speed", 1e-6, 1e6);
+  o.add("devices.speed_sigma", &c.devices.speed_sigma, "log-normal sigma of the speed", 0, 5);
+  o.add("devices.bandwidth_median", &c.devices.bandwidth_median, "median bandwidth, bytes/s", 1, 1e12);
+  o.add("devices.bandwidth_sigma", &c.devices.bandwidth_sigma, "log-normal sigma of the bandwidth", 0, 5);
+  o.add("devices.availability", &c.devices.availability, "probability a client can be sampled in a round", 1e-6, 1);
+  o.add("round.deadline_seconds", &c.deadline_seconds, "simulated deadline dropping stragglers (0: none)", 0, 1e9);
+  o.add("eval.every", &c.engine.eval_every, "test-set evaluation every N rounds (0: never)", 0, 1u << 30);
+  o.add("state.memory_bytes", &c.state_memory, "client-state memory per worker before spilling to LMDB", 1 << 20,
+        uint64_t{1} << 40);
+  o.add("state.dir", &c.state_dir, "folder for spilled client states (default: a temporary folder)");
+  o.add("state.checkpoint", &c.engine.checkpoint, "checkpoint file, written after every round; resumed from at start");
+  o.add("state.metrics", &c.engine.metrics, "per-round metrics, JSON Lines (appended)");
+  if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
+  try {
+    return runSim(argc, argv, c);
+  } catch (const starling::Error& e) {
+    std::fprintf(stderr, "starling-sim: %s\n", e.what());
+    return 2;
+  }
+}

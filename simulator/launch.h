@@ -1,0 +1,75 @@
+#pragma once
+// Where this simulator process sits among its peers: rank, world size, local rank and the address
+// of the rendezvous store (a c10d TCPStore that rank 0 hosts), read from the environment the way
+// existing launchers set it, so that torchrun or srun can start `starling-sim` on several machines
+// and `starling-sim --workers W` can start W processes on this one.
+//
+// Precedence (the first that applies wins):
+//   1. torchrun: RANK and WORLD_SIZE (both, or neither), LOCAL_RANK (default 0), MASTER_ADDR and
+//      MASTER_PORT (required when WORLD_SIZE > 1). torchrun inside a SLURM allocation
+//      (`srun torchrun ...`) sets both families; RANK is then the global rank and SLURM_PROCID is
+//      the node's task, so torchrun's variables win. With STARLING_SPAWNED=1 as well (what
+//      spawnEnvironment() adds) the source is "spawned" instead of "torchrun".
+//   2. srun: SLURM_PROCID and SLURM_NTASKS (both, or neither), SLURM_LOCALID (default 0).
+//      MASTER_PORT is required when SLURM_NTASKS > 1 (srun sets no port); MASTER_ADDR defaults to
+//      SLURM_LAUNCH_NODE_IPADDR, the node srun was started from, which is where rank 0 runs when
+//      srun is started from the first node of the allocation (an sbatch script is) with the default
+//      block distribution; otherwise export MASTER_ADDR to rank 0's node.
+//   3. neither: a single process, rank 0 of 1 ("single").
+//
+// Every inconsistent value is a ConfigError naming the variable and the value: a non-numeric or
+// out-of-range number, RANK >= WORLD_SIZE, a missing partner variable, a missing master address or
+// port for a world of several processes.
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace starling::simulator {
+
+struct LaunchInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0 for a single process, which hosts no store
+  std::string source = "single";  // "torchrun", "slurm", "spawned", "single"
+};
+
+// Looks a variable up; nullopt when it is not set. An empty value counts as set (and is invalid
+// for every numeric variable).
+using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+// Parses the variables above through `env`. Throws ConfigError (see the header comment).
+LaunchInfo parseLaunchInfo(const EnvLookup& env);
+// The same from this process's environment (::getenv).
+LaunchInfo launchInfoFromEnvironment();
+
+// "NAME=value" entries that make parseLaunchInfo() return `info` with source "spawned" in a child
+// process: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and STARLING_SPAWNED=1. A spawner
+// appends them to the child's environment (after removing any SLURM_* or torchrun variables it
+// inherited, which these override anyway by precedence).
+std::vector<std::string> spawnEnvironment(const LaunchInfo& info);
+
+// `starling-sim --workers W` on one machine (and the tests and benchmarks of the collectives):
+// starts W copies of `program` with `args` (argv[0] is `program`), rank r with this process's
+// environment minus every launcher variable (torchrun's, SLURM_*, STARLING_SPAWNED) plus
+// spawnEnvironment({r, W, r, "127.0.0.1", port, "spawned"}). With `stderr_paths` (one per rank),
+// rank r's stderr goes to that file. Returns the children's process ids, in rank order. IoError if
+// a spawn fails (the ranks already started are killed and reaped first).
+std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
+                                 int world_size, int port,
+                                 const std::vector<std::string>& stderr_paths = {});
+
+// Waits for the processes until `deadline` from now; those still running then are killed with
+// SIGKILL (by their pid) and reaped. Returns, per process, its exit status, or -signal if a signal
+// ended it (-9 for the ones killed here).
+std::vector<int> waitRanks(const std::vector<int>& pids, std::chrono::milliseconds deadline);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and released): for a local
+// rendezvous. A race with another process taking it is possible, and then the rendezvous fails.
+int freeLoopbackPort();
+
+}  // namespace starling::simulator

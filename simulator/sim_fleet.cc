@@ -1,0 +1,243 @@
+#include "simulator/sim_fleet.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "client/algorithm.h"
+#include "compression/registry.h"
+#include "core/error.h"
+#include "protocol/codec.h"
+#include "protocol/control.h"
+
+namespace starling::simulator {
+namespace cz = starling::compression;
+namespace pr = starling::protocol;
+using Clock = std::chrono::steady_clock;
+
+SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer, ClientStateStore& store,
+                   Collectives& collectives, const data::Dataset* test)
+    : config_(config),
+      clients_(clients),
+      trainer_(trainer),
+      store_(store),
+      coll_(collectives),
+      test_(test),
+      cost_(collectives.size(), config.reference_seconds_per_example),
+      state_(trainer.layout().fingerprint()) {
+  STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
+  STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(), " shards but ",
+                     clients.devices.size(), " devices");
+}
+
+const cz::Compressor& SimFleet::compressor(const std::string& spec) {
+  auto& c = compressors_[spec];
+  if (!c) c = cz::makeCompressor(spec);
+  return *c;
+}
+
+std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::milliseconds, uint64_t round) {
+  std::vector<server::ClientInfo> out;
+  for (uint64_t c = 0; c < clients_.shards.size(); ++c) {
+    const uint64_t n = clients_.shards[c].size();
+    if (n == 0 || !clients_.devices.available(c, round, config_.seed)) continue;
+    // eval_examples > 0 lets the engine ask for an evaluation; this fleet evaluates centrally.
+    out.push_back(server::ClientInfo{c, pr::Role::kClient, n, n, 0});
+  }
+  return out;
+}
+
+void SimFleet::allReduceCounts(std::vector<uint64_t>& counts) {
+  // Each count as four 16-bit pieces: a float sums up to 2^24 exactly, so up to 256 workers.
+  std::vector<float> pieces(counts.size() * 4);
+  for (size_t i = 0; i < counts.size(); ++i)
+    for (size_t k = 0; k < 4; ++k) pieces[4 * i + k] = static_cast<float>((counts[i] >> (16 * k)) & 0xffff);
+  coll_.allReduceSum(pieces);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    counts[i] = 0;
+    for (size_t k = 0; k < 4; ++k) counts[i] += static_cast<uint64_t>(pieces[4 * i + k]) << (16 * k);
+  }
+}
+
+server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
+                                       size_t target, aggregation::PhaseAggregator& agg) {
+  server::PhaseReport rep;
+  const ParamLayout& layout = trainer_.layout();
+  const pr::TaskMsg& h = task.header;
+  const cz::Compressor& comp = compressor(h.compressor);
+
+  // The exact wire sizes of this phase's task and of an update (no compressor's size depends on
+  // the values: top-k sends k, low-rank its factors, quantizers their bits).
+  pr::TaskMsg th = h;
+  th.nonce = 1;
+  if (task.broadcast.shared) th.shared = *task.broadcast.shared;
+  std::vector<cz::Payload> model_payloads;
+  if (h.phase == 0) model_payloads = task.model.encodeFor(0, task.downlink).tensors;
+  std::vector<cz::PayloadView> views;
+  for (const auto& p : model_payloads) views.push_back(cz::view(p));
+  const uint64_t down_bytes = pr::encodeTask(th, views).size();
+  uint64_t up_bytes = 0;
+  {
+    cz::Update u;
+    u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
+    const std::vector<float> zeros(h.phase == 0 ? layout.numel() : 0);
+    u.tensors = h.phase == 0 ? comp.compress(layout, zeros, task.broadcast.context(0))
+                             : std::vector<cz::Payload>{};
+    for (const auto& m : h.metrics) u.metrics.push_back(Metric{m, 0.0});
+    up_bytes = h.phase == 0 ? pr::encodedSize(u) : 0;
+  }
+
+  // 1. The simulated clock decides who is accepted (phase 0), 2. the scheduler who trains them.
+  std::set<uint64_t> failed;
+  if (h.phase == 0 || assignment_round_ != h.round) {
+    std::vector<ClientTiming> timings;
+    for (const auto& c : participants)
+      timings.push_back(timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
+                                   config_.reference_seconds_per_example, down_bytes, up_bytes));
+    const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
+    failed.insert(rt.dropped.begin(), rt.dropped.end());
+    rep.sim_seconds = rt.seconds;
+    std::vector<ClientJob> jobs;
+    for (uint64_t id : rt.accepted) jobs.push_back(ClientJob{id, clients_.shards[id].size()});
+    std::sort(jobs.begin(), jobs.end(), [](const ClientJob& a, const ClientJob& b) { return a.client_id < b.client_id; });
+    assignment_ = schedule(jobs, cost_, h.fit.epochs, config_.schedule);
+    assignment_round_ = h.round;
+    migrateStates();
+  } else {
+    double longest = 0.0;  // a later phase is one more exchange of factors
+    for (const auto& c : participants)
+      longest = std::max(longest, static_cast<double>(down_bytes) / clients_.devices[c.id].bandwidth);
+    rep.sim_seconds = longest;
+  }
+
+  // 3. This worker's share, one client after another on the one model replica.
+  std::set<uint64_t> in_phase;
+  for (const auto& c : participants) in_phase.insert(c.id);
+  const int rank = coll_.rank(), workers = coll_.size();
+  client::ClientAlgorithm algorithm(comp, trainer_, client::FitConfig{h.fit.epochs, h.fit.batch_size, h.fit.lr});
+  const std::span<const float> global = task.model.current();
+  std::vector<uint64_t> mine;
+  for (uint64_t id : assignment_.per_worker.at(static_cast<size_t>(rank)))
+    if (in_phase.count(id)) mine.push_back(id);
+  // Counters summed over the workers: per participant 1 = completed, 2 = failed; then bytes up;
+  // then per worker the work (examples x epochs) and the microseconds it trained.
+  const size_t np = participants.size();
+  std::vector<uint64_t> counts(np + 1 + 2 * static_cast<size_t>(workers), 0);
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < np; ++i) index[participants[i].id] = i;
+  uint64_t work = 0;
+  const auto t_start = Clock::now();
+  for (uint64_t id : mine) {
+    const client::DataView data{clients_.train, clients_.shards[id]};
+    store_.load(id, state_);
+    try {
+      client::PhaseResult res = algorithm.runPhase(task.broadcast, id, global, data, state_);
+      counts[np] += pr::encodedSize(res.update);
+      agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
+      store_.store(id, state_);
+      counts[index[id]] = 1;
+      if (h.phase == 0) work += data.size() * h.fit.epochs;
+      ++trained_;
+    } catch (const InvalidArgument&) {  // a refused update, or a compressor's refusal
+      counts[index[id]] = 2;
+    } catch (const client::DivergenceError&) {
+      counts[index[id]] = 2;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  counts[np + 1 + 2 * static_cast<size_t>(rank)] = work;
+  counts[np + 2 + 2 * static_cast<size_t>(rank)] = static_cast<uint64_t>(seconds * 1e6);
+
+  // 4. Global aggregation: every worker ends with the whole phase.
+  coll_.allReduceSum(agg.partial().buffer());
+  allReduceCounts(counts);
+  for (size_t i = 0; i < np; ++i) {
+    if (counts[i] == 1) rep.completed.push_back(participants[i].id);
+    else if (counts[i] == 2) failed.insert(participants[i].id);
+  }
+  rep.failed.assign(failed.begin(), failed.end());
+  rep.uplink_bytes = counts[np];
+  rep.downlink_bytes = down_bytes * (np - std::min(np, failed.size()));
+  double makespan = 0.0;
+  for (int w = 0; w < workers; ++w) {
+    const uint64_t wk = counts[np + 1 + 2 * static_cast<size_t>(w)];
+    const double sec = static_cast<double>(counts[np + 2 + 2 * static_cast<size_t>(w)]) * 1e-6;
+    makespan = std::max(makespan, sec);
+    if (h.phase == 0) cost_.observe(w, wk, 1, sec);  // identical on every worker
+  }
+  rep.makespan_seconds = makespan;
+  return rep;
+}
+
+void SimFleet::migrateStates() {
+  struct Move {
+    uint64_t client;
+    int from, to;
+  };
+  std::vector<Move> moves;
+  for (size_t w = 0; w < assignment_.per_worker.size(); ++w)
+    for (uint64_t id : assignment_.per_worker[w]) {
+      auto it = home_.find(id);
+      if (it != home_.end() && it->second != static_cast<int>(w)) moves.push_back(Move{id, it->second, static_cast<int>(w)});
+      home_[id] = static_cast<int>(w);
+    }
+  if (moves.empty() || coll_.size() == 1) return;  // the same decision on every worker
+  const int rank = coll_.rank();
+  std::vector<std::vector<uint8_t>> blobs(moves.size());
+  std::vector<uint64_t> sizes(moves.size(), 0);
+  for (size_t i = 0; i < moves.size(); ++i)
+    if (moves[i].from == rank) {
+      store_.load(moves[i].client, state_);
+      if (state_.size() != 0) state_.saveTo(blobs[i]);
+      sizes[i] = blobs[i].size();
+    }
+  allReduceCounts(sizes);
+  // Two bytes per float (exact), each state at its own offset; zeros elsewhere add nothing.
+  std::vector<size_t> offset(moves.size() + 1, 0);
+  for (size_t i = 0; i < moves.size(); ++i) offset[i + 1] = offset[i] + (sizes[i] + 1) / 2;
+  std::vector<float> buf(offset.back(), 0.0f);
+  for (size_t i = 0; i < moves.size(); ++i)
+    for (size_t b = 0; b < blobs[i].size(); b += 2) {
+      const uint32_t lo = blobs[i][b], hi = b + 1 < blobs[i].size() ? blobs[i][b + 1] : 0;
+      buf[offset[i] + b / 2] = static_cast<float>(lo | (hi << 8));
+    }
+  coll_.allReduceSum(buf);
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (moves[i].to != rank) continue;
+    std::vector<uint8_t> bytes(sizes[i]);
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      const auto v = static_cast<uint32_t>(buf[offset[i] + b / 2]);
+      bytes[b] = static_cast<uint8_t>(b % 2 == 0 ? v & 0xff : v >> 8);
+    }
+    ClientState s(trainer_.layout().fingerprint());
+    if (!bytes.empty()) s.loadFrom(bytes);
+    store_.store(moves[i].client, s);  // an empty state erases a stale copy
+  }
+}
+
+server::EvalReport SimFleet::evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo>) {
+  server::EvalReport ev;
+  if (!test_ || test_->size() == 0) return ev;
+  const size_t n = test_->size(), workers = static_cast<size_t>(coll_.size()), rank = static_cast<size_t>(coll_.rank());
+  const size_t lo = n * rank / workers, hi = n * (rank + 1) / workers;
+  std::vector<size_t> idx(hi - lo);
+  std::iota(idx.begin(), idx.end(), lo);
+  std::vector<float> sums(3, 0.0f);
+  if (!idx.empty()) {
+    const client::EvalResult r = trainer_.evaluate(task.model.current(), client::DataView{test_, idx});
+    sums = {static_cast<float>(r.loss * static_cast<double>(r.num_examples)),
+            static_cast<float>(std::llround(r.accuracy * static_cast<double>(r.num_examples))),
+            static_cast<float>(r.num_examples)};
+  }
+  coll_.allReduceSum(sums);
+  ev.examples = static_cast<uint64_t>(sums[2]);
+  ev.clients = ev.examples ? 1 : 0;
+  if (ev.examples) {
+    ev.loss = sums[0] / sums[2];
+    ev.accuracy = sums[1] / sums[2];
+  }
+  return ev;
+}
+
+}  // namespace starling::simulator

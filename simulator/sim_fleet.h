@@ -1,0 +1,96 @@
+#pragma once
+// The simulator's Fleet (server/engine.h): many simulated clients trained one after another on
+// this worker's one model replica, in the style of FedML Parrot. Every worker process runs the
+// same RoundEngine with its own SimFleet; the engine samples the same clients on every worker
+// (sampling is a function of the seed and the round), and for each phase the fleet:
+//
+//   1. times every sampled client on the simulated clock (device speed and bandwidth, the exact
+//      wire sizes of its task and update) and accepts the fastest `target` within the deadline
+//      (over-commitment and stragglers, FedScale's semantics); stragglers do not train;
+//   2. assigns the accepted clients to workers, longest job first by a cost model every worker
+//      holds identically (scheduler.h), and keeps that assignment for the round's later phases
+//      (a client stays on one worker: its PowerSGD phase Q needs its phase-P state); a client's
+//      state lives in the store of the worker that trained it last, and moves to its new worker
+//      (one all-reduce of the serialized states) when the scheduler assigns it elsewhere;
+//   3. trains its own share one client after another with the shared client algorithm (state from
+//      the bounded client-state store), adding each compressed update straight into the phase's
+//      partial aggregate (local aggregation);
+//   4. all-reduces the aggregate's one flat buffer, so that every worker holds the whole phase
+//      (global aggregation), and all-reduces its counters (who completed, bytes, seconds) so that
+//      every worker reports the same.
+//
+// Afterwards the engine's nextPhase()/finish() are pure functions of that buffer: every worker
+// derives the same next broadcast and model. Only streaming rules work across workers (a robust
+// rule needs every update in one place). Not thread-safe: one per worker process.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "client/trainer.h"
+#include "compression/compressor.h"
+#include "server/engine.h"
+#include "simulator/collectives.h"
+#include "simulator/device_model.h"
+#include "simulator/scheduler.h"
+#include "simulator/state_store.h"
+
+namespace starling::simulator {
+
+struct SimFleetConfig {
+  SchedulePolicy schedule = SchedulePolicy::kLpt;
+  double reference_seconds_per_example = 1e-3;  // the simulated clock's reference device
+  double deadline_seconds = 0.0;                // simulated; <= 0: none
+  uint64_t seed = 1;
+};
+
+// The simulated population: data shards and devices (identical on every worker).
+struct SimClients {
+  const data::Dataset* train = nullptr;
+  std::vector<std::vector<size_t>> shards;  // per client id
+  DevicePopulation devices;
+};
+
+class SimFleet final : public server::Fleet {
+ public:
+  // Everything referenced must outlive the fleet. `test` (may be null) is what evaluate() uses.
+  SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer, ClientStateStore& store,
+           Collectives& collectives, const data::Dataset* test);
+
+  std::vector<server::ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout, uint64_t round) override;
+  server::PhaseReport runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
+                               size_t target, aggregation::PhaseAggregator& agg) override;
+  // Central evaluation of the task's model on the test set, split among the workers.
+  server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> participants) override;
+  void finish(const std::string&) override {}
+  // Makes every client state durable (before the engine writes its checkpoint).
+  void checkpoint() override { store_.flush(); }
+
+  const CostModel& cost() const { return cost_; }
+  // Clients this worker trained so far (all phases).
+  uint64_t clientsTrained() const { return trained_; }
+
+ private:
+  const compression::Compressor& compressor(const std::string& spec);
+  // Sums `counts` over the workers exactly (16-bit pieces in floats).
+  void allReduceCounts(std::vector<uint64_t>& counts);
+  // Moves the state of every client assigned to another worker than the one holding its state
+  // (its home) to its new worker, through one all-reduce of the serialized states.
+  void migrateStates();
+
+  SimFleetConfig config_;
+  const SimClients& clients_;
+  client::Trainer& trainer_;
+  ClientStateStore& store_;
+  Collectives& coll_;
+  const data::Dataset* test_;
+  CostModel cost_;
+  std::map<std::string, std::unique_ptr<compression::Compressor>> compressors_;
+  Assignment assignment_;      // this round's, kept across its phases
+  std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
+  uint64_t assignment_round_ = 0;
+  ClientState state_;          // reused for every client
+  uint64_t trained_ = 0;
+};
+
+}  // namespace starling::simulator
