@@ -159,7 +159,12 @@ int runSim(int argc, char** argv, Config& c) {
   auto coll = launch.world_size == 1 ? sim::makeLocal() : sim::makeCollectives(c.backend, launch);
   sim::StateStoreOptions so;
   so.memory_bytes = c.state_memory;
-  if (!c.state_dir.empty()) so.spill_dir = c.state_dir + "/worker-" + std::to_string(launch.rank);
+  if (!c.state_dir.empty()) {
+    // A resumed run reopens the states its workers flushed at the checkpoint.
+    so.spill_dir = c.state_dir + "/worker-" + std::to_string(launch.rank);
+    so.resume = !c.engine.checkpoint.empty() && std::filesystem::exists(c.engine.checkpoint) &&
+                std::filesystem::exists(so.spill_dir);
+  }
   sim::ClientStateStore store(so, layout->fingerprint());
   sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed};
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, &test);
