@@ -192,7 +192,14 @@ TEST_CASE("state store: memory stays under the bound with 20k clients", "[simula
   CHECK(stats.clients == 20000);
   CHECK(stats.memory_bytes <= kBound);
   CHECK(stats.spilled_bytes > 70u << 20);  // ~80 MB went to disk ...
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed memory in quarantine, so RSS says nothing about the store there;
+  // the accounted bound above still holds.
+  (void)rss1;
+  (void)rss0;
+#else
   CHECK(rss1 < rss0 + kBound + (8u << 20));  // ... and the process did not grow with it
+#endif
 }
 
 TEST_CASE("state store: the least recently used states spill first", "[simulator]") {
