@@ -166,7 +166,8 @@ int runSim(int argc, char** argv, Config& c) {
                 std::filesystem::exists(so.spill_dir);
   }
   sim::ClientStateStore store(so, layout->fingerprint());
-  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed};
+  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}};
+  if (!c.state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, &test);
 
   std::vector<float> init(layout->numel());

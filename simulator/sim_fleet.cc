@@ -1,13 +1,16 @@
 #include "simulator/sim_fleet.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <numeric>
 #include <set>
 
 #include "client/algorithm.h"
 #include "compression/registry.h"
+#include "core/bytes.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "protocol/codec.h"
 #include "protocol/control.h"
 
@@ -29,6 +32,20 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(), " shards but ",
                      clients.devices.size(), " devices");
+  if (!config_.homes_file.empty() && std::filesystem::exists(config_.homes_file)) {
+    const std::vector<uint8_t> bytes = readFile(config_.homes_file, uint64_t{1} << 32);
+    ByteReader r(bytes, config_.homes_file);
+    const uint64_t n = r.u64();
+    if (n > r.remaining() / 12) r.fail("claims ", n, " clients");
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t id = r.u64();
+      const uint32_t w = r.u32();
+      if (w >= static_cast<uint32_t>(collectives.size()))
+        r.fail("client ", id, " is at worker ", w, " of ", collectives.size(), " (resume with as many workers)");
+      home_[id] = static_cast<int>(w);
+    }
+    r.finish();
+  }
 }
 
 const cz::Compressor& SimFleet::compressor(const std::string& spec) {
@@ -168,6 +185,19 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   }
   rep.makespan_seconds = makespan;
   return rep;
+}
+
+void SimFleet::checkpoint() {
+  store_.flush();
+  if (config_.homes_file.empty()) return;
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u64(home_.size());
+  for (const auto& [id, worker] : home_) {
+    w.u64(id);
+    w.u32(static_cast<uint32_t>(worker));
+  }
+  writeFileAtomic(config_.homes_file, bytes);
 }
 
 void SimFleet::migrateStates() {

@@ -42,6 +42,9 @@ struct SimFleetConfig {
   double reference_seconds_per_example = 1e-3;  // the simulated clock's reference device
   double deadline_seconds = 0.0;                // simulated; <= 0: none
   uint64_t seed = 1;
+  // Where this worker keeps, with its spilled states, which worker holds each client's state (so
+  // that a resumed run moves states as the uninterrupted one would). Empty: nowhere.
+  std::string homes_file;
 };
 
 // The simulated population: data shards and devices (identical on every worker).
@@ -63,8 +66,8 @@ class SimFleet final : public server::Fleet {
   // Central evaluation of the task's model on the test set, split among the workers.
   server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> participants) override;
   void finish(const std::string&) override {}
-  // Makes every client state durable (before the engine writes its checkpoint).
-  void checkpoint() override { store_.flush(); }
+  // Makes every client state durable, and where it is (before the engine writes its checkpoint).
+  void checkpoint() override;
 
   const CostModel& cost() const { return cost_; }
   // Clients this worker trained so far (all phases).
