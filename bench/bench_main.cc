@@ -17,31 +17,16 @@ using starling::bench::Ratio;
 using starling::bench::Recorder;
 
 int main(int argc, char** argv) {
-  bool json = false;
-  std::string ratios_out;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--benchmark_format=json") == 0) json = true;
-    if (std::strncmp(argv[i], "--ratios_out=", 13) == 0) {
-      ratios_out = argv[i] + 13;
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  starling::bench::CommandLine cl;
+  if (!starling::bench::initBenchmarks(argc, argv, cl)) return 1;
 
   starling::bench::registerCompressionBenchmarks();
   starling::bench::registerAggregationBenchmarks();
 #ifdef STARLING_BENCH_TORCH
   starling::bench::registerTorchReferences();
 #endif
-  std::unique_ptr<benchmark::BenchmarkReporter> display;
-  if (json) display = std::make_unique<benchmark::JSONReporter>();
-  else display = std::make_unique<benchmark::ConsoleReporter>();
-  Recorder rec(std::move(display));
-  benchmark::RunSpecifiedBenchmarks(&rec);
+  const auto rec_ptr = starling::bench::runBenchmarks(cl.json);
+  const Recorder& rec = *rec_ptr;
 
   // ratio = time(numerator) / time(denominator); "speedup" style ratios put the reference first.
   std::vector<Ratio> ratios;
@@ -70,7 +55,7 @@ int main(int argc, char** argv) {
   ratios.push_back({"accumulate_sparse_25M_vs_1M_model/nnz10000", "accumulate/sparse_nnz10000/1000x25M",
                     "accumulate/sparse_nnz10000/1000x1M", "no target: same work, cache misses in the larger model"});
 
-  if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
+  if (!starling::bench::reportRatios(rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;
 }

@@ -712,44 +712,26 @@ int memoryOut(const std::string& out, bool dense_task) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
-  std::string ratios_out;
+  starling::bench::CommandLine cl;
   int iterations = 5;
   size_t memory_one = 0;
   std::string memory_out;
   bool dense_task = false;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--benchmark_format=json") json = true;
-    if (a.rfind("--ratios_out=", 0) == 0) {
-      ratios_out = a.substr(13);
-      continue;
-    }
-    if (a.rfind("--clients=", 0) == 0) {
-      g_clients = std::stoul(a.substr(10));
-      continue;
-    }
-    if (a.rfind("--deploy_iterations=", 0) == 0) {
-      iterations = std::stoi(a.substr(20));
-      continue;
-    }
-    if (a.rfind("--memory_one=", 0) == 0) memory_one = std::stoul(a.substr(13));
-    if (a.rfind("--memory_out=", 0) == 0) memory_out = a.substr(13);
-    if (a == "--memory_task=dense") dense_task = true;
-    args.push_back(argv[i]);
-  }
+  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
+    if (a.rfind("--clients=", 0) == 0) g_clients = std::stoul(a.substr(10));
+    else if (a.rfind("--deploy_iterations=", 0) == 0) iterations = std::stoi(a.substr(20));
+    else if (a.rfind("--memory_one=", 0) == 0) memory_one = std::stoul(a.substr(13));
+    else if (a.rfind("--memory_out=", 0) == 0) memory_out = a.substr(13);
+    else if (a == "--memory_task=dense") dense_task = true;
+    else return false;
+    return true;
+  });
   if (memory_one) return memoryOne(memory_one, dense_task);
   if (!memory_out.empty()) return memoryOut(memory_out, dense_task);
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  if (!ok) return 1;
   registerAll(iterations);
-  std::unique_ptr<benchmark::BenchmarkReporter> display;
-  if (json) display = std::make_unique<benchmark::JSONReporter>();
-  else display = std::make_unique<benchmark::ConsoleReporter>();
-  starling::bench::Recorder rec(std::move(display));
-  benchmark::RunSpecifiedBenchmarks(&rec);
+  const auto rec_ptr = starling::bench::runBenchmarks(cl.json);
+  const starling::bench::Recorder& rec = *rec_ptr;
 
   std::vector<starling::bench::Ratio> ratios;
   const std::string c = std::to_string(g_clients) + "c";
@@ -766,7 +748,7 @@ int main(int argc, char** argv) {
     ratios.push_back({"round_time_over_raw_transfers_1MiB_frames/" + s, "round/engine/" + s, "round/raw1m/" + s,
                       "no target: round overhead = value - 1"});
   }
-  if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
+  if (!starling::bench::reportRatios(rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;
 }

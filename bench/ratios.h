@@ -1,5 +1,5 @@
 #pragma once
-// What starling-bench and starling-deploy-bench share: a reporter that keeps each benchmark's real
+// What Starling's bench binaries share: their command line (initBenchmarks, runBenchmarks), a reporter that keeps each benchmark's real
 // time while forwarding to the display reporter, and the ratios computed from those times (printed
 // to stderr, written as JSON with --ratios_out=FILE). A ratio is time(numerator) /
 // time(denominator) of two benchmarks of the same run; with --benchmark_repetitions the median of
@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -86,6 +87,43 @@ inline bool reportRatios(const Recorder& rec, const std::vector<Ratio>& ratios, 
     return false;
   }
   return true;
+}
+
+// What every Starling bench binary takes besides Google Benchmark's own flags.
+struct CommandLine {
+  bool json = false;       // --benchmark_format=json: the display reporter writes JSON
+  std::string ratios_out;  // --ratios_out=FILE
+};
+
+// Reads --ratios_out=FILE (taken out) and --benchmark_format=json; `own` sees every other argument
+// first and returns true for one of the binary's own flags it consumed. Initializes Google
+// Benchmark with the rest. False (after printing why) on an argument nobody knows.
+inline bool initBenchmarks(int argc, char** argv, CommandLine& cl,
+                           const std::function<bool(const std::string&)>& own = {}) {
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--benchmark_format=json") cl.json = true;
+    if (a.rfind("--ratios_out=", 0) == 0) {
+      cl.ratios_out = a.substr(13);
+      continue;
+    }
+    if (i > 0 && own && own(a)) continue;
+    args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  return !benchmark::ReportUnrecognizedArguments(n, args.data());
+}
+
+// Runs every registered benchmark, displayed on the console or as JSON, and keeps their times.
+inline std::unique_ptr<Recorder> runBenchmarks(bool json) {
+  std::unique_ptr<benchmark::BenchmarkReporter> display;
+  if (json) display = std::make_unique<benchmark::JSONReporter>();
+  else display = std::make_unique<benchmark::ConsoleReporter>();
+  auto rec = std::make_unique<Recorder>(std::move(display));
+  benchmark::RunSpecifiedBenchmarks(rec.get());
+  return rec;
 }
 
 }  // namespace starling::bench

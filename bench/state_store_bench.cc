@@ -178,20 +178,8 @@ void BM_RefMemcpy(benchmark::State& st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
-  std::string ratios_out;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--benchmark_format=json") == 0) json = true;
-    if (std::strncmp(argv[i], "--ratios_out=", 13) == 0) {
-      ratios_out = argv[i] + 13;
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  starling::bench::CommandLine cl;
+  if (!starling::bench::initBenchmarks(argc, argv, cl)) return 1;
   // Named in full (the ratios find benchmarks by name); a fixed iteration count: one pass over the
   // 100,000 clients' shuffle.
   benchmark::RegisterBenchmark("store_visit/clients:1000", BM_StoreVisit, 1000, false)
@@ -203,13 +191,7 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("ref_unordered_map/clients:100000", BM_RefUnorderedMap, 100000)
       ->Iterations(100000)->Unit(benchmark::kMicrosecond)->UseRealTime();
   benchmark::RegisterBenchmark("ref_memcpy", BM_RefMemcpy)->Iterations(100000)->Unit(benchmark::kMicrosecond)->UseRealTime();
-  std::unique_ptr<benchmark::BenchmarkReporter> display;
-  if (json)
-    display = std::make_unique<benchmark::JSONReporter>();
-  else
-    display = std::make_unique<benchmark::ConsoleReporter>();
-  starling::bench::Recorder rec(std::move(display));
-  benchmark::RunSpecifiedBenchmarks(&rec);
+  const auto rec = starling::bench::runBenchmarks(cl.json);
   const std::string ref_map = "ref_unordered_map/clients:100000";
   const std::string ref_cpy = "ref_memcpy";
   const std::vector<starling::bench::Ratio> ratios = {
@@ -220,5 +202,5 @@ int main(int argc, char** argv) {
       {"unordered_map_vs_memcpy", ref_map, ref_cpy, "report"},
   };
   benchmark::Shutdown();
-  return starling::bench::reportRatios(rec, ratios, ratios_out) ? 0 : 1;
+  return starling::bench::reportRatios(*rec, ratios, cl.ratios_out) ? 0 : 1;
 }

@@ -179,26 +179,14 @@ void paired(benchmark::State& st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
-  std::string ratios_out;
+  starling::bench::CommandLine cl;
   int threads = 1;
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--benchmark_format=json") json = true;
-    if (a.rfind("--ratios_out=", 0) == 0) {
-      ratios_out = a.substr(13);
-      continue;
-    }
-    if (a.rfind("--threads=", 0) == 0) {
-      threads = std::stoi(a.substr(10));
-      continue;
-    }
-    args.push_back(argv[i]);
-  }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
+    if (a.rfind("--threads=", 0) != 0) return false;
+    threads = std::stoi(a.substr(10));
+    return true;
+  });
+  if (!ok) return 1;
   starling::torch_trainer::setThreads(threads);
   benchDataOnce();
   benchmark::RegisterBenchmark("cnn_fit/bare_loop", bareLoop)
@@ -211,17 +199,11 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 
-  std::unique_ptr<benchmark::BenchmarkReporter> display;
-  if (json)
-    display = std::make_unique<benchmark::JSONReporter>();
-  else
-    display = std::make_unique<benchmark::ConsoleReporter>();
-  starling::bench::Recorder rec(std::move(display));
-  benchmark::RunSpecifiedBenchmarks(&rec);
+  const auto rec = starling::bench::runBenchmarks(cl.json);
   const std::vector<starling::bench::Ratio> ratios = {{"trainer_time_over_bare_loop/cnn",
                                                        "cnn_fit/trainer", "cnn_fit/bare_loop",
                                                        "<= 1.10 (issue 8)"}};
-  if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
+  if (!starling::bench::reportRatios(*rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;
 }
