@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <csignal>
 #include <cstring>
 
@@ -119,4 +120,20 @@ TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted 
     scale = std::max(scale, std::fabs(static_cast<double>(a.model[i])));
   }
   CHECK(diff <= 1e-5 * scale);
+}
+
+TEST_CASE("every configuration in examples/sim runs", "[simulator][integration]") {
+  TempDir dir("simexamples");
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(STARLING_SOURCE_DIR) + "/examples/sim")) {
+    if (entry.path().extension() != ".toml") continue;
+    CAPTURE(entry.path().string());
+    // One round and a small pool keep it short; everything else is the file's.
+    Proc p({binDir() + "/starling-sim", "--config", entry.path().string(), "--train.rounds", "1", "--data.num_clients",
+            "20", "--sampling.clients_per_round", "2", "--eval.every", "1"},
+           dir / "example.log");
+    const int rc = p.wait(seconds(300));
+    INFO(readText(dir / "example.log"));
+    CHECK(rc == 0);
+    CHECK(readText(dir / "example.log").find("final test accuracy") != std::string::npos);
+  }
 }
