@@ -24,6 +24,8 @@ PACKAGES=(
   catch2 libbenchmark-dev
   # data
   dataset-fashion-mnist
+  # tools/plot_runs.py
+  python3-matplotlib
 )
 
 # The arm64 edge build: the cross toolchain, qemu-user to run its programs here, and the arm64 copy
