@@ -188,6 +188,62 @@ class ShardsPartitioner final : public Partitioner {
   uint32_t per_client_;
 };
 
+// Quantity skew (NIID-Bench's "quantity-based label-iid"): client sizes in Dirichlet(alpha)
+// proportions, each client at least min_size examples, the examples themselves shuffled (labels
+// iid).
+class QuantityPartitioner final : public Partitioner {
+ public:
+  QuantityPartitioner(double alpha, uint32_t min_size) : alpha_(alpha), min_size_(min_size) {
+    if (!(alpha > 0) || !std::isfinite(alpha))
+      STARLING_THROW(ConfigError, "quantity: alpha must be positive, got ", alpha);
+  }
+  std::string name() const override { return "quantity"; }
+  std::string spec() const override {
+    return "quantity:alpha=" + formatNumber(alpha_) + ",min_size=" + std::to_string(min_size_);
+  }
+
+ protected:
+  Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients, uint64_t seed) const override {
+    const size_t n = labels.size();
+    if (uint64_t{min_size_} * clients > n)
+      STARLING_THROW(ConfigError, spec(), ": ", clients, " clients of at least ", min_size_, " examples need ",
+                     uint64_t{min_size_} * clients, ", the data set has ", n);
+    RngStream rng(partitionStreamKey(seed));
+    std::vector<double> p(clients);
+    sampleDirichlet(rng, alpha_, p);
+    // Sizes: min_size each, the rest in the drawn proportions (largest remainders get the last
+    // few examples, so the sizes add up exactly).
+    const size_t rest = n - size_t{min_size_} * clients;
+    std::vector<size_t> size(clients, min_size_);
+    std::vector<std::pair<double, size_t>> frac(clients);
+    size_t given = 0;
+    for (size_t k = 0; k < clients; ++k) {
+      const double want = p[k] * static_cast<double>(rest);
+      const auto whole = static_cast<size_t>(std::floor(want));
+      size[k] += whole;
+      given += whole;
+      frac[k] = {want - static_cast<double>(whole), k};
+    }
+    std::sort(frac.begin(), frac.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    for (size_t i = 0; given < rest; ++i, ++given) ++size[frac[i % clients].second];
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), size_t{0});
+    shuffleInPlace(std::span<size_t>(order), rng);
+    Partition shards(clients);
+    size_t at = 0;
+    for (size_t k = 0; k < clients; ++k) {
+      shards[k].assign(order.begin() + static_cast<std::ptrdiff_t>(at),
+                       order.begin() + static_cast<std::ptrdiff_t>(at + size[k]));
+      at += size[k];
+    }
+    return shards;
+  }
+
+ private:
+  double alpha_;
+  uint32_t min_size_;
+};
+
 }  // namespace
 
 Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
@@ -237,6 +293,13 @@ const Registry<Partitioner>& partitioners() {
                   o.min_size = r.count("min_size", o.min_size);
                   o.balance = r.flag("balance", o.balance);
                   return std::make_unique<DirichletPartitioner>(o);
+                }},
+          Entry{"quantity",
+                "quantity skew: client sizes in Dirichlet(alpha) proportions, labels iid",
+                "alpha=0.5 (concentration, > 0; small = strong skew), min_size=1 (examples every client gets)",
+                [](OptionReader& r) -> std::unique_ptr<Partitioner> {
+                  const double alpha = r.number("alpha", 0.5);
+                  return std::make_unique<QuantityPartitioner>(alpha, r.count("min_size", 1));
                 }},
           Entry{"shards",
                 "pathological non-iid (McMahan et al. 2017): sort by label, cut clients*per_client "

@@ -44,7 +44,8 @@ double meanClassesHeld(const std::vector<uint8_t>& y, uint32_t classes, const Pa
 TEST_CASE("every partitioner yields a disjoint cover, reproducible from its seed", "[data]") {
   const auto y = randomLabels(1000, 10, 1);
   for (const char* spec : {"iid", "dirichlet", "dirichlet:alpha=0.1,min_size=5",
-                           "dirichlet:alpha=1,balance=true", "shards", "shards:per_client=3"}) {
+                           "dirichlet:alpha=1,balance=true", "shards", "shards:per_client=3", "quantity",
+                           "quantity:alpha=0.2,min_size=10"}) {
     INFO(spec);
     const auto part = makePartitioner(spec);
     for (size_t clients : {1, 7, 20}) {
@@ -173,7 +174,7 @@ TEST_CASE("partitioner arguments and options are checked", "[data]") {
   CHECK_THROWS_MATCHING(makePartitioner("shards:per_client=0"), ConfigError,
                         Contains("per_client=0"));
   CHECK_THROWS_MATCHING(makePartitioner("iid:alpha=1"), ConfigError, Contains("unknown option"));
-  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError, Contains("iid, dirichlet, shards"));
+  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError, Contains("iid, dirichlet, quantity, shards"));
 }
 
 TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
@@ -188,5 +189,27 @@ TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
   }
   CHECK(makePartitioner("dirichlet:alpha=0.3")->spec() ==
         "dirichlet:alpha=0.3,min_size=0,balance=false");
-  CHECK(partitioners().names() == "iid, dirichlet, shards");
+  CHECK(partitioners().names() == "iid, dirichlet, quantity, shards");
+}
+
+TEST_CASE("quantity skew: sizes spread as alpha shrinks, every client gets min_size, labels stay mixed", "[data]") {
+  const auto y = randomLabels(6000, 10, 3);
+  auto spread = [&](const char* spec) {
+    const Partition p = makePartitioner(spec)->split(y, 10, 30, 5);
+    size_t lo = y.size(), hi = 0;
+    for (const auto& s : p) {
+      lo = std::min(lo, s.size());
+      hi = std::max(hi, s.size());
+    }
+    return std::make_pair(lo, hi);
+  };
+  const auto [lo_skew, hi_skew] = spread("quantity:alpha=0.1,min_size=20");
+  const auto [lo_flat, hi_flat] = spread("quantity:alpha=100,min_size=20");
+  CHECK(lo_skew >= 20);
+  CHECK(hi_skew - lo_skew > 4 * (hi_flat - lo_flat));
+  // Labels iid: a client of many examples holds (almost) every class.
+  const Partition p = makePartitioner("quantity:alpha=100")->split(y, 10, 30, 5);
+  CHECK(meanClassesHeld(y, 10, p) > 9.5);
+  CHECK_THROWS_AS(makePartitioner("quantity:alpha=0"), ConfigError);
+  CHECK_THROWS_WITH(makePartitioner("quantity:min_size=300")->split(y, 10, 30, 5), Contains("need 9000"));
 }
