@@ -127,6 +127,11 @@ int runSim(int argc, char** argv, Config& c) {
   c.engine.validate();
 
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
+  const uint64_t world = launch.world_size > 1 ? static_cast<uint64_t>(launch.world_size) : c.workers;
+  // A robust rule needs every update in one place: across workers only streaming rules add up.
+  if (world > 1 && !aggregation::makeRule(c.engine.scheme.rule)->streaming())
+    STARLING_THROW(ConfigError, "aggregation.rule = '", c.engine.scheme.rule, "' is not a streaming rule and cannot be split among ",
+                   world, " workers; use sim.workers = 1 or a streaming rule (fedavg)");
   std::vector<pid_t> children;
   if (launch.world_size == 1 && c.workers > 1) {
     const int port = freePort();

@@ -175,7 +175,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   }
   rep.failed.assign(failed.begin(), failed.end());
   rep.uplink_bytes = counts[np];
-  rep.downlink_bytes = down_bytes * (np - std::min(np, failed.size()));
+  rep.downlink_bytes = down_bytes * np;  // stragglers downloaded their task too
   double makespan = 0.0;
   for (int w = 0; w < workers; ++w) {
     const uint64_t wk = counts[np + 1 + 2 * static_cast<size_t>(w)];

@@ -85,6 +85,12 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
   Proc q({binDir() + "/starling-sim", "--model.spec", "transformer"}, dir / "bad2.log");
   CHECK(q.wait(seconds(60)) == 2);
   CHECK(readText(dir / "bad2.log").find("transformer") != std::string::npos);
+  // A robust rule cannot be split among workers (it needs every update in one place).
+  Proc r({binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+          "--sim.workers", "2", "--aggregation.rule", "median"},
+         dir / "bad3.log");
+  CHECK(r.wait(seconds(120)) == 2);
+  CHECK(readText(dir / "bad3.log").find("not a streaming rule") != std::string::npos);
 }
 
 TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted one", "[simulator][integration]") {
