@@ -428,10 +428,8 @@ size_t taskBytes(const sv::ModelStore& store, uint64_t held, sv::Downlink d, con
   h.model_version = store.version();
   h.deadline_ms = 60000;
   h.metrics = {"train_loss"};
-  const sv::EncodedModel m = store.encodeFor(held, d);
-  std::vector<cz::PayloadView> v;
-  for (const auto& p : m.tensors) v.push_back(cz::view(p));
-  return pr::encodeTask(h, v).size();
+  const cz::PhaseBroadcast b{0, 1, 0, nullptr};
+  return sv::encodeTask(sv::PhaseTask{b, h, store, d}, held).size();
 }
 
 void ingestFleet(benchmark::State& st, bool insecure, Kind kind) {

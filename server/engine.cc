@@ -37,6 +37,19 @@ void jsonNumber(std::ostringstream& o, const char* key, double v) {
 }
 }  // namespace
 
+std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t nonce) {
+  protocol::TaskMsg h = task.header;
+  h.nonce = nonce;
+  if (task.broadcast.shared) h.shared = *task.broadcast.shared;
+  if (task.header.phase != 0) return protocol::encodeTask(h, {});
+  const EncodedModel m = task.model.encodeFor(held, task.downlink);
+  h.base_version = m.base_version;
+  std::vector<compression::PayloadView> views;
+  views.reserve(m.tensors.size());
+  for (const auto& p : m.tensors) views.push_back(compression::view(p));
+  return protocol::encodeTask(h, views);
+}
+
 void SamplingConfig::validate() const {
   if (!(fraction > 0.0 && fraction <= 1.0)) STARLING_THROW(ConfigError, "sampling.fraction must be in (0, 1], got ", fraction);
   if (min_clients == 0) STARLING_THROW(ConfigError, "sampling.min_clients must be at least 1");

@@ -76,6 +76,12 @@ struct PhaseTask {
   Downlink downlink;
 };
 
+// The wire bytes of `task` for a client that holds model version `held` (0: none), with `nonce`
+// (non-zero, so that setTaskNonce can patch it): phase 0 carries the model in the task's downlink
+// encoding (dense, fp16, or a delta against `held`), later phases the shared factors only. Every
+// fleet encodes its tasks with this.
+std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t nonce = 1);
+
 struct PhaseReport {
   std::vector<uint64_t> completed;  // clients whose update (or partial) was accepted
   std::vector<uint64_t> failed;     // clients that did not deliver in time, went silent, or were refused

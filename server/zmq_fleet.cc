@@ -212,20 +212,8 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   const uint64_t held = t.header.phase == 0 ? peer.info.model_version : 0;
   auto it = ph.encoded.find(held);
   if (it == ph.encoded.end()) {
-    pr::TaskMsg h = t.header;
-    h.nonce = 1;  // present in the buffer, patched per client
-    if (t.broadcast.shared) h.shared = *t.broadcast.shared;
-    std::vector<uint8_t> bytes;
-    if (t.header.phase == 0) {
-      const EncodedModel m = t.model.encodeFor(held, t.downlink);
-      h.base_version = m.base_version;
-      std::vector<compression::PayloadView> views;
-      for (const auto& p : m.tensors) views.push_back(compression::view(p));
-      bytes = pr::encodeTask(h, views);
-    } else {
-      bytes = pr::encodeTask(h, {});
-    }
-    it = ph.encoded.emplace(held, std::move(bytes)).first;
+    // One encoding per version held; the nonce is patched per client.
+    it = ph.encoded.emplace(held, encodeTask(t, held)).first;
   }
   std::vector<uint8_t> msg = it->second;
   pr::setTaskNonce(msg, nonce);

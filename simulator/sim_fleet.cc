@@ -86,14 +86,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
 
   // The exact wire sizes of this phase's task and of an update (no compressor's size depends on
   // the values: top-k sends k, low-rank its factors, quantizers their bits).
-  pr::TaskMsg th = h;
-  th.nonce = 1;
-  if (task.broadcast.shared) th.shared = *task.broadcast.shared;
-  std::vector<cz::Payload> model_payloads;
-  if (h.phase == 0) model_payloads = task.model.encodeFor(0, task.downlink).tensors;
-  std::vector<cz::PayloadView> views;
-  for (const auto& p : model_payloads) views.push_back(cz::view(p));
-  const uint64_t down_bytes = pr::encodeTask(th, views).size();
+  const uint64_t down_bytes = server::encodeTask(task, 0).size();
   uint64_t up_bytes = 0;
   {
     cz::Update u;

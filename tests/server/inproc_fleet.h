@@ -98,15 +98,7 @@ class InProcFleet final : public server::Fleet {
 
  private:
   std::vector<uint8_t> encodeFor(const server::PhaseTask& task, const Client& c) const {
-    protocol::TaskMsg h = task.header;
-    h.nonce = 1;
-    if (task.broadcast.shared) h.shared = *task.broadcast.shared;
-    if (task.header.phase != 0) return protocol::encodeTask(h, {});
-    const server::EncodedModel m = task.model.encodeFor(c.held, task.downlink);
-    h.base_version = m.base_version;
-    std::vector<compression::PayloadView> v;
-    for (const auto& p : m.tensors) v.push_back(compression::view(p));
-    return protocol::encodeTask(h, v);
+    return server::encodeTask(task, c.held);
   }
 
   // What a deployed client does with a task (client/runtime.cc, without the socket).
