@@ -215,7 +215,9 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
     // One encoding per version held; the nonce is patched per client.
     it = ph.encoded.emplace(held, encodeTask(t, held)).first;
   }
-  std::vector<uint8_t> msg = it->second;
+  // Patched in place: send() copies the bytes into ZeroMQ's messages before it returns, so the
+  // cached buffer serves every client without a model-sized copy each.
+  std::vector<uint8_t>& msg = it->second;
   pr::setTaskNonce(msg, nonce);
   const bool ok = socket_.send(peer.routing, msg);
   // The client now holds this version (a client that could not apply it registers again and says
