@@ -148,10 +148,13 @@ std::vector<uint8_t> zeroPartial(const pr::TaskMsg& task) {
   return pr::encodePartial(p);
 }
 
-std::vector<std::string> rootArgs(Federation& f, const std::string& min_available, std::vector<std::string> extra = {}) {
+// `deadline_ms` bounds a phase; honest clients must make it even on a loaded CI machine under ASan
+// (a 3 s deadline once dropped one there), and a phase with the silent attacker lasts all of it.
+std::vector<std::string> rootArgs(Federation& f, const std::string& min_available, const std::string& deadline_ms,
+                                  std::vector<std::string> extra = {}) {
   std::vector<std::string> a{"--train.rounds", "3", "--sampling.fraction", "1.0", "--sampling.min_available",
                              min_available, "--sampling.min_clients", "3", "--sampling.wait_ms", "30000",
-                             "--round.deadline_ms", "3000", "--compression.compressor", "topk:density=0.05",
+                             "--round.deadline_ms", deadline_ms, "--compression.compressor", "topk:density=0.05",
                              "--net.max_message_bytes", "2000000", "--state.checkpoint", f.path("ck.bin"),
                              "--state.metrics", f.path("metrics.jsonl")};
   for (auto& x : extra) a.push_back(x);
@@ -187,7 +190,8 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
     Federation f("hostile-base");
     f.clientKeys(0, 4);
     const int port = freePort();
-    f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}), rootArgs(f, "3"));
+    f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
+           rootArgs(f, "3", "60000"));  // everyone answers: the phase closes then, not at the deadline
     for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
     const int rc = f.proc("root").wait(seconds(40));
     INFO(f.allLogs());
@@ -202,7 +206,7 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   f.clientKeys(0, 4);  // client-3's key is admitted: the attacker's
   const int port = freePort();
   // min_available 4: round 1 starts once the attacker registered, so it is sampled every round.
-  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}), rootArgs(f, "4"));
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}), rootArgs(f, "4", "10000"));
   for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
 
   const ParamLayout& layout = serverLayout();
@@ -308,10 +312,10 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   // 14. A PartialAggregate from a client, with its task's nonce.
   CHECK(a.expectReject(zeroPartial(task), Errc::kWrongSender));
   const auto attack_time = Clock::now() - t_attack;
-  CHECK(attack_time < milliseconds(2500));  // every attack of round 1 landed inside its phase
+  CHECK(attack_time < milliseconds(9000));  // every attack of round 1 landed inside its phase (10 s)
 
   // 15. Round 2: its honest-looking round-1 update, replayed.
-  const bool tasked2 = a.pump(seconds(15), [&](pr::MessageKind k) {
+  const bool tasked2 = a.pump(seconds(30), [&](pr::MessageKind k) {
     return k == pr::MessageKind::kTask && a.tasks.back().round == 2;
   });
   INFO(f.allLogs());
@@ -320,7 +324,7 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   CHECK(a.expectReject(enc(honestUpdate(task, kAttackerId, 100)), Errc::kLate));
 
   // It stays connected, heartbeating, answering nothing, until the federation ends.
-  awaitShutdown(a, f.proc("root"), seconds(30));
+  awaitShutdown(a, f.proc("root"), seconds(60));
   const int rc = f.proc("root").wait(seconds(10));
   const std::string log = f.log("root");
   INFO(f.allLogs());
@@ -369,7 +373,7 @@ TEST_CASE("a client registered as an aggregator cannot bring down a robust-rule 
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2"}),
          {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--sampling.wait_ms",
-          "30000", "--round.deadline_ms", "3000", "--aggregation.rule", "median", "--compression.compressor",
+          "30000", "--round.deadline_ms", "10000", "--aggregation.rule", "median", "--compression.compressor",
           "topk:density=0.05", "--state.metrics", f.path("metrics.jsonl")});
   for (uint64_t c = 0; c < 2; ++c) f.client(c, port, "server", 3);
 
@@ -385,7 +389,7 @@ TEST_CASE("a client registered as an aggregator cannot bring down a robust-rule 
   // Refused at registration (one fix) or welcomed: then it gets a task and sends its partial.
   if (a.session() != 0 && a.pump(seconds(30), [](pr::MessageKind k) { return k == pr::MessageKind::kTask; }))
     a.send(zeroPartial(a.tasks.back()));
-  awaitShutdown(a, f.proc("root"), seconds(30));
+  awaitShutdown(a, f.proc("root"), seconds(45));
   const int rc = f.proc("root").wait(seconds(10));
   INFO(f.allLogs());
   CHECK(rc == 0);  // not "starling-server: aggregation rule median ... cannot merge partial aggregates" (rc 2)
