@@ -56,6 +56,8 @@ struct Config {
   uint64_t clients_per_round = 10;
   server::EngineConfig engine;
   std::string schedule = "lpt";
+  bool sharded_step = true;
+  uint64_t bucket_bytes = uint64_t{16} << 20;
   double reference_spe = 1e-3;
   double deadline_seconds = 0;
   std::string trace;
@@ -161,7 +163,10 @@ int runSim(int argc, char** argv, Config& c) {
     std::fflush(stdout);
   }
 
-  auto coll = launch.world_size == 1 ? sim::makeLocal() : sim::makeCollectives(c.backend, launch);
+  sim::CollectiveOptions co;
+  co.bucket_bytes = c.bucket_bytes;
+  auto coll = launch.world_size == 1 ? sim::makeLocal() : sim::makeCollectives(c.backend, launch, co);
+  const bool sharded = c.sharded_step && launch.world_size > 1;
   sim::StateStoreOptions so;
   so.memory_bytes = c.state_memory;
   if (!c.state_dir.empty()) {
@@ -171,7 +176,7 @@ int runSim(int argc, char** argv, Config& c) {
                 std::filesystem::exists(so.spill_dir);
   }
   sim::ClientStateStore store(so, layout->fingerprint());
-  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}};
+  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded};
   if (!c.state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, &test);
 
@@ -179,6 +184,13 @@ int runSim(int argc, char** argv, Config& c) {
   trainer->initParameters(init, c.seed);
   server::EngineConfig ec = c.engine;
   ec.write_files = lead;
+  if (sharded) {
+    ec.shard_rank = static_cast<uint32_t>(launch.rank);
+    ec.shard_count = static_cast<uint32_t>(launch.world_size);
+    if (!ec.checkpoint.empty())
+      ec.optimizer_shard_file = ec.checkpoint + ".optimizer-" + std::to_string(launch.rank) + "-of-" +
+                                std::to_string(launch.world_size);
+  }
   server::RoundEngine engine(layout, ec, std::move(init));
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = isatty(STDOUT_FILENO);
@@ -240,6 +252,10 @@ int main(int argc, char** argv) {
   o.add("sim.backend", &c.backend, "collectives: gloo (CPU) or nccl (GPU builds)");
   o.add("sim.threads", &c.threads, "LibTorch threads per worker", 1, 256);
   o.add("sim.schedule", &c.schedule, "assigning clients to workers: lpt (by estimated cost) or round_robin");
+  o.add("sim.sharded_step", &c.sharded_step,
+        "global aggregation as reduce-scatter, server optimizer on each worker's shard, all-gather (else all-reduce "
+        "and every worker steps the whole model)");
+  o.add("sim.bucket_bytes", &c.bucket_bytes, "largest single collective, bytes", 1024, uint64_t{1} << 34);
   o.add("sim.reference_seconds_per_example", &c.reference_spe,
         "the simulated clock's reference device: seconds per example at speed 1", 1e-9, 1e3);
   o.add("data.dir", &c.data_dir, "folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist)");

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/rng.h"
+#include "core/shard.h"
 #include "data/sampling.h"
 
 namespace starling::server {
@@ -19,7 +20,11 @@ namespace ag = starling::aggregation;
 
 namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
-constexpr uint32_t kCheckpointVersion = 1;
+// Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
+// inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
+constexpr uint32_t kCheckpointVersion = 2;
+constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
+constexpr uint32_t kShardFileVersion = 1;
 
 size_t ceilFraction(double f, size_t n) {
   return static_cast<size_t>(std::ceil(f * static_cast<double>(n) - 1e-9));
@@ -71,6 +76,10 @@ void EngineConfig::validate() const {
   if (!(fit.lr > 0.0f && fit.lr <= 100.0f)) STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
   if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
   if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
+  if (shard_count == 0 || shard_rank >= shard_count)
+    STARLING_THROW(ConfigError, "optimizer shard ", shard_rank, " of ", shard_count, " does not exist");
+  if (shard_count > 1 && !checkpoint.empty() && optimizer_shard_file.empty())
+    STARLING_THROW(ConfigError, "a sharded server step with a checkpoint needs an optimizer shard file");
 }
 
 std::string RoundRecord::json() const {
@@ -99,11 +108,13 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
     : layout_(std::move(layout)),
       config_((config.validate(), std::move(config))),
       scheme_(layout_, config_.scheme),
-      optimizer_(ag::makeServerOptimizer(config_.server_opt, layout_->numel())),
       model_(layout_, config_.downlink == Downlink::kDelta ? config_.delta_history : 0),
       carry_(scheme_.initialCarry()) {
   STARLING_CHECK_ARG(initial.size() == layout_->numel(), "initial model of ", initial.size(), " values, the layout has ",
                      layout_->numel());
+  std::tie(shard_begin_, shard_end_) =
+      shardRange(layout_->numel(), static_cast<int>(config_.shard_rank), static_cast<int>(config_.shard_count));
+  optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
   if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
     loadCheckpoint();
@@ -123,16 +134,79 @@ void RoundEngine::saveCheckpoint() const {
   w.u64(next_round_);
   w.u64(model_.version());
   w.floats(model_.current());
-  optimizer_->saveState(w);
+  w.u32(config_.shard_count);
+  if (config_.shard_count == 1) optimizer_->saveState(w);
   carry_.save(w);
   writeFileAtomic(config_.checkpoint, bytes);
+}
+
+// The optimizer shard file: magic, version, model fingerprint, shard rank and count, then one or
+// two entries (next round, optimizer state), the newest last.
+void RoundEngine::saveOptimizerShard() {
+  if (config_.shard_count == 1 || config_.checkpoint.empty()) return;
+  std::vector<uint8_t> entry;
+  {
+    ByteWriter e(entry);
+    e.u64(next_round_);
+    optimizer_->saveState(e);
+  }
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u32(kShardFileMagic);
+  w.u32(kShardFileVersion);
+  w.u64(layout_->fingerprint());
+  w.u32(config_.shard_rank);
+  w.u32(config_.shard_count);
+  w.u32(previous_shard_entry_.empty() ? 1 : 2);
+  if (!previous_shard_entry_.empty()) w.bytes(previous_shard_entry_.data(), previous_shard_entry_.size());
+  w.bytes(entry.data(), entry.size());
+  writeFileAtomic(config_.optimizer_shard_file, bytes);
+  previous_shard_entry_ = std::move(entry);
+}
+
+void RoundEngine::loadOptimizerShard(uint64_t next_round) {
+  const std::string& path = config_.optimizer_shard_file;
+  if (!std::filesystem::exists(path))
+    STARLING_THROW(IoError, "the checkpoint ", config_.checkpoint, " has its server optimizer in shards, and shard ",
+                   config_.shard_rank, "'s file ", path, " is missing");
+  const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
+  ByteReader r(bytes, "optimizer shard file " + path);
+  if (r.u32() != kShardFileMagic) r.fail("not a Starling optimizer shard file");
+  if (const uint32_t v = r.u32(); v != kShardFileVersion) r.fail("format version ", v, " is not ", kShardFileVersion);
+  if (r.u64() != layout_->fingerprint()) r.fail("the shard is of another model (layout fingerprint differs)");
+  const uint32_t rank = r.u32(), count = r.u32();
+  if (rank != config_.shard_rank || count != config_.shard_count)
+    r.fail("it is shard ", rank, " of ", count, ", this worker steps shard ", config_.shard_rank, " of ",
+           config_.shard_count);
+  const uint32_t entries = r.u32();
+  if (entries == 0 || entries > 2) r.fail(entries, " entries (1 or 2 expected)");
+  std::vector<uint64_t> rounds;
+  for (uint32_t i = 0; i < entries; ++i) {
+    const size_t begin = r.position();
+    const uint64_t next = r.u64();
+    auto opt = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
+    opt->loadState(r);
+    rounds.push_back(next);
+    if (next == next_round) {
+      optimizer_ = std::move(opt);
+      previous_shard_entry_.assign(bytes.begin() + static_cast<std::ptrdiff_t>(begin),
+                                   bytes.begin() + static_cast<std::ptrdiff_t>(r.position()));
+    }
+  }
+  r.finish();
+  if (std::find(rounds.begin(), rounds.end(), next_round) == rounds.end())
+    r.fail("it holds the optimizer before round ", rounds.back(), (rounds.size() == 2 ? " and before round " : ""),
+           (rounds.size() == 2 ? std::to_string(rounds.front()) : std::string()), ", the checkpoint resumes at round ",
+           next_round);
 }
 
 void RoundEngine::loadCheckpoint() {
   const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
   ByteReader r(bytes, "checkpoint " + config_.checkpoint);
   if (r.u32() != kCheckpointMagic) r.fail("not a Starling checkpoint");
-  if (const uint32_t v = r.u32(); v != kCheckpointVersion) r.fail("checkpoint format version ", v, " is not ", kCheckpointVersion);
+  const uint32_t format = r.u32();
+  if (format != 1 && format != kCheckpointVersion)
+    r.fail("checkpoint format version ", format, " is not 1 or ", kCheckpointVersion);
   if (r.u64() != layout_->fingerprint()) r.fail("the checkpoint is of another model (layout fingerprint differs)");
   const uint64_t next = r.u64();
   const uint64_t version = r.u64();
@@ -141,8 +215,15 @@ void RoundEngine::loadCheckpoint() {
   if (model.size() != layout_->numel()) r.fail("model of ", model.size(), " values, the layout has ", layout_->numel());
   for (float x : model)
     if (!std::isfinite(x)) r.fail("the model holds a non-finite value");
-  auto opt = ag::makeServerOptimizer(config_.server_opt, layout_->numel());
-  opt->loadState(r);
+  const uint32_t shards = format == 1 ? 1 : r.u32();
+  if (shards != config_.shard_count)
+    r.fail("its server optimizer is in ", shards, " shard(s), this run steps it in ", config_.shard_count,
+           " (resume with as many workers and the same sharded-step setting)");
+  std::unique_ptr<ag::ServerOptimizer> opt;
+  if (shards == 1) {
+    opt = ag::makeServerOptimizer(config_.server_opt, layout_->numel());
+    opt->loadState(r);
+  }
   ag::RoundCarry carry = ag::RoundCarry::load(r, *layout_);
   r.finish();
   try {
@@ -153,7 +234,8 @@ void RoundEngine::loadCheckpoint() {
   if (next == 0 || version == 0) r.fail("round ", next, " / model version ", version, " out of range");
   next_round_ = next;
   model_.set(std::move(model), version);
-  optimizer_ = std::move(opt);
+  if (opt) optimizer_ = std::move(opt);
+  else loadOptimizerShard(next);
   carry_ = std::move(carry);
 }
 
@@ -181,6 +263,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   auto finishRecord = [&] {
     rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++next_round_;
+    saveOptimizerShard();
     fleet.checkpoint();
     saveCheckpoint();
     if (!config_.metrics.empty() && config_.write_files) {
@@ -248,7 +331,10 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return finishRecord();
   }
   std::vector<float> next(model_.current().begin(), model_.current().end());
-  optimizer_->step(next, result.delta);
+  const size_t shard_n = shard_end_ - shard_begin_;
+  optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
+                   std::span<const float>(result.delta).subspan(shard_begin_, shard_n));
+  if (config_.shard_count > 1) fleet.gatherModel(next);
   model_.set(std::move(next), model_.version() + 1);
   carry_ = std::move(result.next);
   rec.applied = true;

@@ -64,6 +64,16 @@ struct EngineConfig {
   // False on every simulator worker but the first: it resumes from the checkpoint like the others
   // but writes neither the checkpoint nor the metrics.
   bool write_files = true;
+  // The simulator's sharded server step (DeAR's decoupling): with shard_count > 1 this engine is
+  // one of shard_count workers that each step only their shard of the model
+  // (shardRange(numel, shard_rank, shard_count), core/shard.h), so the server optimizer's state
+  // (FedAdam's moments) is that shard's alone; the fleet must have reduced that shard of the last
+  // phase's dense sum and gathers the stepped model (Fleet::gatherModel). The optimizer shard's
+  // state is then kept in `optimizer_shard_file` (required), not in the checkpoint, holding the
+  // last two rounds' states, so that it matches the checkpoint even when a crash came between
+  // this worker's write and the checkpoint's.
+  uint32_t shard_rank = 0, shard_count = 1;
+  std::string optimizer_shard_file;
   void validate() const;               // ConfigError naming the key
 };
 
@@ -119,8 +129,12 @@ class Fleet {
   // The federation is over: tell the clients.
   virtual void finish(const std::string& reason) = 0;
   // Called before the engine writes its checkpoint after a round: a fleet that keeps client state
-  // (the simulator's store) makes it durable here.
+  // (the simulator's store) makes it durable here. A fleet of several workers returns only when
+  // every worker has (so the checkpoint never runs ahead of a worker's state).
   virtual void checkpoint() {}
+  // After a sharded server step (EngineConfig::shard_count > 1) `model` holds the new values in
+  // this worker's shard only: the fleet gathers every worker's shard into it.
+  virtual void gatherModel(std::span<float> /*model*/) {}
 };
 
 struct RoundRecord {
@@ -161,12 +175,16 @@ class RoundEngine {
  private:
   void saveCheckpoint() const;
   void loadCheckpoint();
+  void saveOptimizerShard();
+  void loadOptimizerShard(uint64_t next_round);
   std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round, size_t* target) const;
 
   std::shared_ptr<const ParamLayout> layout_;
   EngineConfig config_;
   aggregation::RoundScheme scheme_;
-  std::unique_ptr<aggregation::ServerOptimizer> optimizer_;
+  std::unique_ptr<aggregation::ServerOptimizer> optimizer_;  // of this engine's shard (the whole model unsharded)
+  size_t shard_begin_ = 0, shard_end_ = 0;
+  std::vector<uint8_t> previous_shard_entry_;  // the optimizer shard file's older entry
   ModelStore model_;
   aggregation::RoundCarry carry_;
   uint64_t next_round_ = 1;

@@ -1,6 +1,7 @@
 #include "simulator/collectives.h"
 
 #include "core/error.h"
+#include "core/shard.h"
 #include "simulator/nccl_collectives.h"
 
 namespace starling::simulator {
@@ -33,12 +34,7 @@ void CollectiveOptions::validate() const {
 Collectives::~Collectives() = default;
 
 std::pair<size_t, size_t> Collectives::shardRange(size_t n, int rank, int size) {
-  STARLING_CHECK_ARG(size > 0 && rank >= 0 && rank < size, "shardRange: rank ", rank,
-                     " is not in a group of size ", size);
-  const size_t w = static_cast<size_t>(size), r = static_cast<size_t>(rank);
-  const size_t base = n / w, extra = n % w;
-  const size_t begin = r * base + std::min(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
+  return starling::shardRange(n, rank, size);
 }
 
 std::unique_ptr<Collectives> makeLocal() { return std::make_unique<LocalCollectives>(); }

@@ -13,9 +13,10 @@
 //
 // Buckets (MG-WFBP's merging). The buffer is already one flat tensor, so there is nothing small to
 // merge: the merging is done by construction. What the bucket size bounds instead is each
-// collective's working memory (Gloo's ring keeps about one bucket in flight, our reduce-scatter a
-// receive buffer of bucket_bytes / W, NCCL a device staging buffer of bucket_bytes), and it is the
-// unit a later version can pipeline (bucket k on the wire while bucket k+1 is summed). A buffer
+// collective's working memory (Gloo's ring keeps about one bucket in flight, our Gloo reduce-scatter
+// a receive buffer of 2 (W-1)/W buckets, NCCL a device staging buffer of bucket_bytes), and it is
+// the unit of pipelining (Gloo's reduce-scatter and all-gather keep two buckets on the wire: bucket
+// k+1 travels while bucket k is summed). A buffer
 // larger than a bucket goes as several collectives of at most bucket_bytes each; for reduce-scatter
 // and all-gather a bucket holds one slice of every rank's shard (W slices of bucket_bytes / W), so
 // shards stay contiguous whatever the bucket size.
@@ -94,10 +95,13 @@ std::unique_ptr<Collectives> makeLocal();
 // the rendezvous fails or times out. Built only with LibTorch; elsewhere it throws ConfigError.
 //
 // All-reduce is c10d's (Gloo's ring), in place on the caller's memory (torch::from_blob views, no
-// copy). Reduce-scatter and all-gather are rings of c10d send/recv: ProcessGroupGloo in LibTorch
-// 1.13 throws "does not support reduce_scatter", and its allgather needs equal shards. Per rank
-// and bucket the ring sends (W-1)/W of the bucket in each of the two, so reduce-scatter +
-// all-gather move the same bytes as one ring all-reduce (2 (W-1)/W of the buffer per rank).
+// copy). Reduce-scatter and all-gather are c10d send/recv to every peer at once (ProcessGroupGloo
+// in LibTorch 1.13 throws "does not support reduce_scatter", and its allgather needs equal
+// shards): per bucket, rank r sends each peer j the slice of j's shard (reduce-scatter) or its own
+// slice (all-gather), and receives the peers' slices of its shard (added in rank order) or theirs
+// (into place). Per rank and bucket that is (W-1)/W of the bucket sent in each of the two, so
+// reduce-scatter + all-gather move the same bytes as one ring all-reduce (2 (W-1)/W of the buffer
+// per rank), in one round trip per bucket rather than a ring's W-1 dependent steps.
 std::unique_ptr<Collectives> makeGloo(const LaunchInfo& info, const CollectiveOptions& options = {});
 
 // By name: "local" (requires info.world_size == 1), "gloo", "nccl" (simulator/nccl_collectives.h).

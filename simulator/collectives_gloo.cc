@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 
 #include "core/error.h"
@@ -88,37 +89,74 @@ class GlooCollectives final : public Collectives {
     });
   }
 
-  // Ring reduce-scatter per bucket: at step s rank r sends its partial sum of slice r - s - 1 to
-  // r + 1 and adds what r - 1 sends of slice r - s - 2; after W - 1 steps slice r holds all W
-  // contributions. Each rank sends (W - 1) slices of a bucket, i.e. (W - 1)/W of the buffer.
+  // Reduce-scatter per bucket, every peer at once: rank r sends slice j of bucket k to rank j and
+  // receives slice r of bucket k from every peer, then adds what came in rank order. Per rank and
+  // bucket it sends (W-1)/W of the bucket, as a ring would, in one round trip instead of W-1
+  // dependent steps; kInFlight buckets are on the wire at once (bucket k+1 travels while bucket k
+  // is summed), so the receive scratch is kInFlight * (W-1)/W of a bucket.
   void reduceScatterSum(std::span<float> buf) override {
     guarded("reduceScatterSum", buf.size(), [&] {
       const ShardBuckets sb(buf.size(), size_, bucket_floats_);
-      scratch_.resize(std::min(sb.chunk, sb.shards[0].second - sb.shards[0].first));
-      for (size_t k = 0; k < sb.count; ++k) {
-        for (int s = 0; s + 1 < size_; ++s) {
-          const auto [sb0, se0] = sb.slice(k, wrap(rank_ - s - 1));
-          const auto [rb0, re0] = sb.slice(k, wrap(rank_ - s - 2));
-          exchange(buf.data() + sb0, se0 - sb0, scratch_.data(), re0 - rb0);
-          float* dst = buf.data() + rb0;
-          const float* src = scratch_.data();
-          for (size_t i = 0, m = re0 - rb0; i < m; ++i) dst[i] += src[i];
+      const size_t longest = sb.shards[0].second - sb.shards[0].first;
+      const size_t slot = std::min(sb.chunk, longest);  // floats per peer and bucket, at most
+      const size_t peers = static_cast<size_t>(size_ - 1);
+      scratch_.resize(kInFlight * peers * slot);
+      const uint32_t base = takeTags(sb.count);
+      std::deque<Bucket> flight;
+      auto complete = [&] {
+        Bucket& b = flight.front();
+        waitAll(b);
+        const auto [lo, hi] = sb.slice(b.k, rank_);
+        float* dst = buf.data() + lo;
+        for (size_t p = 0; p < peers; ++p) {
+          const float* src = scratch_.data() + ((b.k % kInFlight) * peers + p) * slot;
+          for (size_t i = 0, m = hi - lo; i < m; ++i) dst[i] += src[i];
         }
+        flight.pop_front();
+      };
+      for (size_t k = 0; k < sb.count; ++k) {
+        if (flight.size() == kInFlight) complete();
+        Bucket b{k, {}};
+        const auto [lo, hi] = sb.slice(k, rank_);
+        for (size_t p = 0; p < peers; ++p) {
+          const int j = wrap(rank_ + 1 + static_cast<int>(p));
+          const int tag = tagAt(base, k);
+          if (hi > lo) b.works.push_back(recv(scratch_.data() + ((k % kInFlight) * peers + p) * slot, hi - lo, j, tag));
+          const auto [slo, shi] = sb.slice(k, j);
+          if (shi > slo) b.works.push_back(send(buf.data() + slo, shi - slo, j, tag));
+        }
+        flight.push_back(std::move(b));
       }
+      while (!flight.empty()) complete();
     });
   }
 
-  // Ring all-gather per bucket: at step s rank r forwards slice r - s to r + 1 and receives slice
-  // r - s - 1 from r - 1 straight into place.
+  // All-gather per bucket, every peer at once: rank r sends its slice of bucket k to every peer and
+  // receives each peer's slice straight into place; kInFlight buckets on the wire at once.
   void allGather(std::span<float> buf) override {
     guarded("allGather", buf.size(), [&] {
       const ShardBuckets sb(buf.size(), size_, bucket_floats_);
+      const uint32_t base = takeTags(sb.count);
+      std::deque<Bucket> flight;
       for (size_t k = 0; k < sb.count; ++k) {
-        for (int s = 0; s + 1 < size_; ++s) {
-          const auto [sb0, se0] = sb.slice(k, wrap(rank_ - s));
-          const auto [rb0, re0] = sb.slice(k, wrap(rank_ - s - 1));
-          exchange(buf.data() + sb0, se0 - sb0, buf.data() + rb0, re0 - rb0);
+        if (flight.size() == kInFlight) {
+          waitAll(flight.front());
+          flight.pop_front();
         }
+        Bucket b{k, {}};
+        const auto [lo, hi] = sb.slice(k, rank_);
+        for (int p = 1; p < size_; ++p) {
+          const int j = wrap(rank_ + p);
+          const int tag = tagAt(base, k);
+          const auto [rlo, rhi] = sb.slice(k, j);
+          if (rhi > rlo) b.works.push_back(recv(buf.data() + rlo, rhi - rlo, j, tag));
+          if (hi > lo) b.works.push_back(send(buf.data() + lo, hi - lo, j, tag));
+        }
+        flight.push_back(std::move(b));
+      }
+      while (!flight.empty()) {
+        waitAll(flight.front());
+        flight.pop_front();
       }
     });
   }
@@ -130,25 +168,33 @@ class GlooCollectives final : public Collectives {
  private:
   int wrap(int r) const { return ((r % size_) + size_) % size_; }
 
-  // Sends `send_n` floats at `send` to rank + 1 and receives `recv_n` floats from rank - 1 into
-  // `recv`, both posted before waiting on either. The tag advances on
-  // every rank in step, also when both counts are zero (then nothing is posted: the peers compute
-  // the same counts, so they skip the same messages).
-  void exchange(float* send, size_t send_n, float* recv, size_t recv_n) {
-    const int tag = static_cast<int>(tag_);
-    tag_ = (tag_ + 1) & 0x7fffffffu;
-    c10::intrusive_ptr<c10d::Work> ws, wr;
-    std::vector<at::Tensor> st, rt;
-    if (recv_n > 0) {
-      rt.push_back(view(recv, recv_n));
-      wr = pg_->recv(rt, wrap(rank_ - 1), tag);
-    }
-    if (send_n > 0) {
-      st.push_back(view(send, send_n));
-      ws = pg_->send(st, wrap(rank_ + 1), tag);
-    }
-    if (wr && !wr->wait(opt_.timeout)) STARLING_THROW(IoError, "receive from rank ", wrap(rank_ - 1), " timed out");
-    if (ws && !ws->wait(opt_.timeout)) STARLING_THROW(IoError, "send to rank ", wrap(rank_ + 1), " timed out");
+  static constexpr size_t kInFlight = 2;  // buckets on the wire at once
+
+  struct Bucket {
+    size_t k;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
+
+  // A collective's tags: `n` consecutive ones (mod 2^31), the same on every rank because every
+  // rank makes the same calls in the same order. A peer pair's messages of one bucket share a tag.
+  uint32_t takeTags(size_t n) {
+    const uint32_t base = tag_;
+    tag_ = static_cast<uint32_t>((tag_ + n) & 0x7fffffffu);
+    return base;
+  }
+  static int tagAt(uint32_t base, size_t k) { return static_cast<int>((base + k) & 0x7fffffffu); }
+
+  c10::intrusive_ptr<c10d::Work> send(float* p, size_t n, int peer, int tag) {
+    std::vector<at::Tensor> t{view(p, n)};
+    return pg_->send(t, peer, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(float* p, size_t n, int peer, int tag) {
+    std::vector<at::Tensor> t{view(p, n)};
+    return pg_->recv(t, peer, tag);
+  }
+  void waitAll(Bucket& b) {
+    for (auto& w : b.works)
+      if (!w->wait(opt_.timeout)) STARLING_THROW(IoError, "a send or receive of bucket ", b.k, " timed out");
   }
 
   template <class F>

@@ -159,8 +159,20 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   counts[np + 1 + 2 * static_cast<size_t>(rank)] = work;
   counts[np + 2 + 2 * static_cast<size_t>(rank)] = static_cast<uint64_t>(seconds * 1e6);
 
-  // 4. Global aggregation: every worker ends with the whole phase.
-  coll_.allReduceSum(agg.partial().buffer());
+  // 4. Global aggregation: every worker ends with the whole phase, or, in the last phase of a
+  // sharded step, with the head whole and its shard of the dense sum.
+  const std::span<float> buf = agg.partial().buffer();
+  if (config_.sharded_step && workers > 1 && h.phase + 1 == comp.phases()) {
+    const size_t head = agg.partial().layout().denseOffset();
+    coll_.allReduceSum(buf.first(head));
+    const std::span<float> dense = buf.subspan(head);
+    coll_.reduceScatterSum(dense);
+    const auto [lo, hi] = coll_.shard(dense.size());
+    std::fill(dense.begin(), dense.begin() + static_cast<std::ptrdiff_t>(lo), 0.0f);
+    std::fill(dense.begin() + static_cast<std::ptrdiff_t>(hi), dense.end(), 0.0f);
+  } else {
+    coll_.allReduceSum(buf);
+  }
   allReduceCounts(counts);
   for (size_t i = 0; i < np; ++i) {
     if (counts[i] == 1) rep.completed.push_back(participants[i].id);
@@ -180,8 +192,17 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   return rep;
 }
 
+void SimFleet::gatherModel(std::span<float> model) {
+  if (config_.sharded_step) coll_.allGather(model);
+}
+
 void SimFleet::checkpoint() {
   store_.flush();
+  writeHomes();
+  coll_.barrier();  // every worker's states (and optimizer shard) are durable before the checkpoint
+}
+
+void SimFleet::writeHomes() const {
   if (config_.homes_file.empty()) return;
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);

@@ -17,10 +17,13 @@
 //      partial aggregate (local aggregation);
 //   4. all-reduces the aggregate's one flat buffer, so that every worker holds the whole phase
 //      (global aggregation), and all-reduces its counters (who completed, bytes, seconds) so that
-//      every worker reports the same.
+//      every worker reports the same. With the sharded step, the round's last phase instead
+//      all-reduces the buffer's small head and reduce-scatters its dense sum: each worker holds
+//      its shard of the sum (zeros elsewhere), the engine steps the server optimizer on that shard
+//      only, and gatherModel() all-gathers the new model (DeAR's decoupling).
 //
 // Afterwards the engine's nextPhase()/finish() are pure functions of that buffer: every worker
-// derives the same next broadcast and model. Only streaming rules work across workers (a robust
+// derives the same next broadcast and model (with the sharded step, the same shard of it). Only streaming rules work across workers (a robust
 // rule needs every update in one place). Not thread-safe: one per worker process.
 #include <chrono>
 #include <map>
@@ -45,6 +48,10 @@ struct SimFleetConfig {
   // Where this worker keeps, with its spilled states, which worker holds each client's state (so
   // that a resumed run moves states as the uninterrupted one would). Empty: nowhere.
   std::string homes_file;
+  // The sharded server step (server::EngineConfig::shard_count = workers): the last phase's dense
+  // sum is reduce-scattered (its small head all-reduced) instead of all-reduced, and the engine's
+  // stepped shards are all-gathered. Off: one all-reduce, and every worker steps the whole model.
+  bool sharded_step = false;
 };
 
 // The simulated population: data shards and devices (identical on every worker).
@@ -68,6 +75,7 @@ class SimFleet final : public server::Fleet {
   void finish(const std::string&) override {}
   // Makes every client state durable, and where it is (before the engine writes its checkpoint).
   void checkpoint() override;
+  void gatherModel(std::span<float> model) override;
 
   const CostModel& cost() const { return cost_; }
   // Clients this worker trained so far (all phases).
@@ -80,6 +88,7 @@ class SimFleet final : public server::Fleet {
   // Moves the state of every client assigned to another worker than the one holding its state
   // (its home) to its new worker, through one all-reduce of the serialized states.
   void migrateStates();
+  void writeHomes() const;
 
   SimFleetConfig config_;
   const SimClients& clients_;
