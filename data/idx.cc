@@ -1,23 +1,24 @@
 #include "data/idx.h"
 
-#include <zlib.h>
-
 #include <algorithm>
-#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <memory>
+#include <tuple>
 
 #include "core/error.h"
+#include "data/gz_file.h"
 
 namespace starling::data {
 namespace {
 
-constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned bytes, 3 dimensions
-constexpr uint32_t kLabelsMagic = 0x00000801;  // unsigned bytes, 1 dimension
-constexpr size_t kChunk = size_t{1} << 16;     // read granularity: memory follows real bytes
+using detail::GzFile;
+using detail::kReadChunk;
+
+constexpr uint8_t kUByte = 0x08, kSByte = 0x09, kInt16 = 0x0B, kInt32 = 0x0C, kFloat32 = 0x0D,
+                  kFloat64 = 0x0E;
 
 std::string hex32(uint32_t v) {
   char buf[16];
@@ -29,107 +30,84 @@ uint32_t be32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
 
-// One open IDX file, gzip or plain: zlib reads a file without a gzip header transparently.
-// Every failure is an IoError that starts with the path.
-class IdxFile {
- public:
-  explicit IdxFile(std::string path) : path_(std::move(path)), f_(nullptr, gzclose) {
-    std::error_code ec;
-    const auto st = std::filesystem::status(path_, ec);
-    if (!std::filesystem::exists(st)) STARLING_THROW(IoError, path_, ": no such file");
-    if (std::filesystem::is_directory(st))
-      STARLING_THROW(IoError, path_, ": is a directory, not an IDX file");
-    errno = 0;
-    f_.reset(gzopen(path_.c_str(), "rb"));
-    if (!f_)
-      STARLING_THROW(IoError, path_,
-                     ": cannot open: ", errno ? std::strerror(errno) : "out of memory");
-    gzbuffer(f_.get(), 1u << 17);  // fewer, larger reads; must precede the first read
+uint64_t be64(const uint8_t* p) { return (uint64_t{be32(p)} << 32) | be32(p + 4); }
+
+// Bytes per value of an IDX type code; 0 for a code that is none.
+size_t typeSize(uint8_t type) {
+  switch (type) {
+    case kUByte:
+    case kSByte: return 1;
+    case kInt16: return 2;
+    case kInt32:
+    case kFloat32: return 4;
+    case kFloat64: return 8;
+    default: return 0;
   }
+}
 
-  const std::string& path() const { return path_; }
-
-  // Reads up to n bytes; fewer only at the end of the data. A corrupt gzip stream throws; a
-  // gzip stream cut short reads as an early end here and is reported by endState().
-  size_t read(uint8_t* dst, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-      const unsigned want = static_cast<unsigned>(std::min<size_t>(n - got, kChunk));
-      const int r = gzread(f_.get(), dst + got, want);
-      if (r < 0) {
-        int errnum = 0;
-        const char* msg = gzerror(f_.get(), &errnum);
-        if (errnum == Z_ERRNO)
-          STARLING_THROW(IoError, path_, ": read failed: ", std::strerror(errno));
-        STARLING_THROW(IoError, path_, ": corrupt gzip stream (zlib: ", zlibMessage(msg), ")");
-      }
-      got += static_cast<size_t>(r);
-      offset_ += static_cast<uint64_t>(r);
-      if (static_cast<unsigned>(r) < want) break;
-    }
-    return got;
+std::string dimsText(const std::vector<uint64_t>& dims) {
+  std::string s;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += 'x';
+    s += std::to_string(dims[i]);
   }
+  return s;
+}
 
-  // Why the data ended: "" after a complete file, otherwise the reason (a gzip stream without
-  // its end, which zlib reports as Z_BUF_ERROR rather than as a read error).
-  std::string endState() {
-    int errnum = 0;
-    const char* msg = gzerror(f_.get(), &errnum);
-    if (errnum == Z_BUF_ERROR)
-      return "the gzip stream is truncated (zlib: " + zlibMessage(msg) + ")";
-    return {};
-  }
-
-  // Reads exactly n bytes or throws, naming `what` was being read.
-  void readExactly(uint8_t* dst, size_t n, const std::string& what) {
-    const size_t got = read(dst, n);
-    if (got < n) truncated(got, n, what);
-  }
-
-  [[noreturn]] void truncated(uint64_t got, uint64_t need, const std::string& what) {
-    const std::string why = endState();
-    STARLING_THROW(IoError, path_, ": truncated: reading ", what, " needs ", need,
-                   " bytes but only ", got, " remain (the data ends at byte ", offset_, ")",
-                   why.empty() ? "" : "; ", why, "; the header does not match the file size");
-  }
-
-  // Checks that nothing follows the data the header announced.
-  void expectEnd(uint64_t announced) {
-    uint8_t probe[kChunk];
-    uint64_t extra = 0;
-    // Count what follows, up to a bound: a gzip bomb must not keep us here.
-    for (size_t got; extra < (uint64_t{1} << 24) && (got = read(probe, sizeof probe)) > 0;)
-      extra += got;
-    if (extra > 0)
-      STARLING_THROW(
-          IoError, path_, ": ", extra >= (uint64_t{1} << 24) ? "at least " : "", extra,
-          " bytes follow the ", announced,
-          " bytes of data the header announces (the header does not match the file size)");
-    const std::string why = endState();
-    if (!why.empty()) STARLING_THROW(IoError, path_, ": ", why);
-  }
-
- private:
-  // gzerror() prefixes the path, which our messages already start with.
-  std::string zlibMessage(const char* msg) const {
-    std::string m = msg ? msg : "unknown error";
-    const std::string prefix = path_ + ": ";
-    if (m.compare(0, prefix.size(), prefix) == 0) m.erase(0, prefix.size());
-    return m;
-  }
-
-  std::string path_;
-  std::unique_ptr<gzFile_s, int (*)(gzFile)> f_;
-  uint64_t offset_ = 0;  // bytes read so far (after decompression)
+struct Header {
+  uint8_t type = 0;
+  size_t value_size = 0;
+  std::vector<uint64_t> dims;  // dims[0] = examples
 };
+
+constexpr const char* kFormatHint =
+    "an IDX file starts with two zero bytes, a type code (0x08 unsigned byte, 0x09 signed byte, "
+    "0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64) and the number of dimensions";
+
+// Reads and checks the magic number and the sizes. The magic number is read on its own, so a
+// short file of the wrong kind is named as such.
+Header readHeader(GzFile& f, bool labels) {
+  uint8_t m[4];
+  f.readExactly(m, 4, "the IDX magic number");
+  const uint32_t magic = be32(m);
+  Header h;
+  h.type = m[2];
+  h.value_size = typeSize(h.type);
+  const uint32_t nd = m[3];
+  const char* kind = labels ? "a label file (1 dimension, integers)"
+                            : "a features file (2 or more dimensions: examples x features)";
+  if (m[0] != 0 || m[1] != 0 || h.value_size == 0 || nd == 0) {
+    std::string hint;
+    if ((magic >> 16) == 0x1f8b) hint = "; this looks like a gzip stream that is itself gzip-compressed";
+    STARLING_THROW(IoError, f.path(), ": wrong magic number ", hex32(magic), ", expected ", kind,
+                   ": ", kFormatHint, hint);
+  }
+  if (labels && nd != 1)
+    STARLING_THROW(IoError, f.path(), ": wrong magic number ", hex32(magic), " (", nd,
+                   " dimensions), expected ", kind, "; this is an image file, not a label file");
+  if (labels && (h.type == kFloat32 || h.type == kFloat64))
+    STARLING_THROW(IoError, f.path(), ": wrong magic number ", hex32(magic),
+                   " (floating-point values), expected ", kind);
+  if (!labels && nd == 1)
+    STARLING_THROW(IoError, f.path(), ": wrong magic number ", hex32(magic),
+                   " (1 dimension), expected ", kind,
+                   "; this is a label file (store one feature per example as n x 1)");
+  if (nd > kMaxIdxDims)
+    STARLING_THROW(IoError, f.path(), ": the header announces ", nd,
+                   " dimensions, more than the limit of ", kMaxIdxDims);
+  uint8_t sizes[4 * kMaxIdxDims];
+  f.readExactly(sizes, 4 * nd, labels ? "the rest of the IDX label header" : "the rest of the IDX image header");
+  for (uint32_t i = 0; i < nd; ++i) h.dims.push_back(be32(sizes + 4 * i));
+  return h;
+}
 
 // Reads exactly n bytes (n already checked against the limits) into a vector that grows only as
 // bytes arrive, so a header that lies about n costs no memory.
-std::vector<uint8_t> readBody(IdxFile& f, uint64_t n, const std::string& what) {
+std::vector<uint8_t> readBody(GzFile& f, uint64_t n, const std::string& what) {
   std::vector<uint8_t> out;
   while (out.size() < n) {
     const size_t old = out.size();
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, n - old));
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kReadChunk, n - old));
     out.resize(old + want);
     const size_t got = f.read(out.data() + old, want);
     if (got < want) f.truncated(old + got, n, what);
@@ -137,17 +115,38 @@ std::vector<uint8_t> readBody(IdxFile& f, uint64_t n, const std::string& what) {
   return out;
 }
 
-void checkMagic(const IdxFile& f, uint32_t magic, uint32_t expected) {
-  if (magic == expected) return;
-  const char* kind = expected == kImagesMagic ? "an IDX image file (unsigned bytes, 3 dimensions)"
-                                              : "an IDX label file (unsigned bytes, 1 dimension)";
-  std::string hint;
-  if (magic == kImagesMagic) hint = "; this is an image file";
-  if (magic == kLabelsMagic) hint = "; this is a label file";
-  if ((magic >> 16) == 0x1f8b)
-    hint = "; this looks like a gzip stream that is itself gzip-compressed";
-  STARLING_THROW(IoError, f.path(), ": wrong magic number ", hex32(magic), ", expected ",
-                 hex32(expected), " for ", kind, hint);
+// Value i of a body of the given type, as a double (exact for every type but float64).
+double valueAt(const std::vector<uint8_t>& raw, uint8_t type, size_t i) {
+  switch (type) {
+    case kUByte: return raw[i];
+    case kSByte: return static_cast<int8_t>(raw[i]);
+    case kInt16: return static_cast<int16_t>((uint16_t{raw[2 * i]} << 8) | raw[2 * i + 1]);
+    case kInt32: return static_cast<int32_t>(be32(&raw[4 * i]));
+    case kFloat32: {
+      const uint32_t bits = be32(&raw[4 * i]);
+      float v;
+      std::memcpy(&v, &bits, sizeof v);
+      return v;
+    }
+    default: {
+      const uint64_t bits = be64(&raw[8 * i]);
+      double v;
+      std::memcpy(&v, &bits, sizeof v);
+      return v;
+    }
+  }
+}
+
+// rows x cols of an example of the given dimensions (docs of Dataset::shape).
+std::pair<size_t, size_t> imageShape(const std::vector<size_t>& shape) {
+  std::vector<size_t> kept;
+  size_t all = 1;
+  for (size_t d : shape) {
+    all *= d;
+    if (d != 1) kept.push_back(d);
+  }
+  if (kept.size() == 2) return {kept[0], kept[1]};
+  return {1, all};
 }
 
 }  // namespace
@@ -158,60 +157,75 @@ Dataset loadIdx(const std::string& images_path, const std::string& labels_path,
                      " is more than 256 (labels are bytes)");
   STARLING_CHECK_ARG(options.max_pixels <= kMaxIdxPixels, "loadIdx: max_pixels ",
                      options.max_pixels, " is over the limit ", kMaxIdxPixels);
-  IdxFile img(images_path), lbl(labels_path);
+  GzFile img(images_path), lbl(labels_path);
 
   // Both headers first: every size is checked before any body byte is read.
-  // The magic number is read on its own, so a short file of the wrong kind is named as such.
-  uint8_t ih[16], lh[8];
-  img.readExactly(ih, 4, "the IDX magic number");
-  checkMagic(img, be32(ih), kImagesMagic);
-  img.readExactly(ih + 4, sizeof ih - 4, "the rest of the IDX image header");
-  lbl.readExactly(lh, 4, "the IDX magic number");
-  checkMagic(lbl, be32(lh), kLabelsMagic);
-  lbl.readExactly(lh + 4, sizeof lh - 4, "the rest of the IDX label header");
-
-  const uint64_t n = be32(ih + 4), rows = be32(ih + 8), cols = be32(ih + 12),
-                 n_labels = be32(lh + 4);
+  const Header ih = readHeader(img, false);
+  const Header lh = readHeader(lbl, true);
+  const uint64_t n = ih.dims[0], n_labels = lh.dims[0];
+  const std::vector<uint64_t> example(ih.dims.begin() + 1, ih.dims.end());
   if (n == 0) STARLING_THROW(IoError, images_path, ": the header announces 0 images");
-  if (rows == 0 || cols == 0)
-    STARLING_THROW(IoError, images_path, ": the header announces images of ", rows, "x", cols,
-                   " pixels");
-  // rows, cols < 2^32, so rows * cols cannot overflow 64 bits; n * features is checked by division.
-  const uint64_t features = rows * cols;
-  if (features > kMaxIdxFeatures)
-    STARLING_THROW(IoError, images_path, ": the header announces images of ", rows, "x", cols,
-                   " = ", features, " pixels, more than the limit of ", kMaxIdxFeatures);
+  // Each size is < 2^32 and the product is checked against the limit after every factor, so it
+  // cannot overflow 64 bits; n * features is checked by division.
+  uint64_t features = 1;
+  for (uint64_t d : example) {
+    if (d == 0)
+      STARLING_THROW(IoError, images_path, ": the header announces images of ", dimsText(example),
+                     " pixels");
+    features *= d;
+    if (features > kMaxIdxFeatures)
+      STARLING_THROW(IoError, images_path, ": the header announces images of ", dimsText(example),
+                     ", more than the limit of ", kMaxIdxFeatures, " values each");
+  }
   if (n > options.max_pixels / features)
-    STARLING_THROW(IoError, images_path, ": the header announces ", n, " images of ", rows, "x",
-                   cols, ", more than the limit of ", options.max_pixels, " pixels in all");
-  const uint64_t pixels = n * features;
-  if (pixels > std::numeric_limits<size_t>::max() / sizeof(float))
-    STARLING_THROW(IoError, images_path, ": ", pixels,
-                   " pixels do not fit this machine's address space");
+    STARLING_THROW(IoError, images_path, ": the header announces ", n, " images of ",
+                   dimsText(example), ", more than the limit of ", options.max_pixels,
+                   " values in all");
+  const uint64_t values = n * features;
+  if (values > std::numeric_limits<size_t>::max() / 8)
+    STARLING_THROW(IoError, images_path, ": ", values,
+                   " values do not fit this machine's address space");
   if (n_labels != n)
     STARLING_THROW(IoError, images_path, " announces ", n, " images but ", labels_path,
                    " announces ", n_labels, " labels");
 
-  const std::vector<uint8_t> raw = readBody(img, pixels, std::to_string(n) + " images");
-  img.expectEnd(pixels);
-  Dataset d;
-  d.labels = readBody(lbl, n, std::to_string(n) + " labels");
-  lbl.expectEnd(n);
+  const std::vector<uint8_t> raw =
+      readBody(img, values * ih.value_size, std::to_string(n) + " images");
+  img.expectEnd(values * ih.value_size);
+  const std::vector<uint8_t> raw_labels =
+      readBody(lbl, n * lh.value_size, std::to_string(n) + " labels");
+  lbl.expectEnd(n * lh.value_size);
 
-  const uint8_t top = *std::max_element(d.labels.begin(), d.labels.end());
-  if (options.num_classes != 0 && top >= options.num_classes) {
-    const size_t at =
-        static_cast<size_t>(std::find_if(d.labels.begin(), d.labels.end(),
-                                         [&](uint8_t y) { return y >= options.num_classes; }) -
-                            d.labels.begin());
-    STARLING_THROW(IoError, labels_path, ": label ", int{d.labels[at]}, " of example ", at,
-                   " is not below the number of classes, ", options.num_classes);
+  Dataset d;
+  d.labels.resize(static_cast<size_t>(n));
+  for (size_t i = 0; i < d.labels.size(); ++i) {
+    const auto y = static_cast<int64_t>(valueAt(raw_labels, lh.type, i));  // integers: exact
+    if (y < 0)
+      STARLING_THROW(IoError, labels_path, ": label ", y, " of example ", i, " is negative");
+    if (options.num_classes != 0 && y >= options.num_classes)
+      STARLING_THROW(IoError, labels_path, ": label ", y, " of example ", i,
+                     " is not below the number of classes, ", options.num_classes);
+    if (y > 255)
+      STARLING_THROW(IoError, labels_path, ": label ", y, " of example ", i,
+                     " is above 255 (labels are bytes: at most 256 classes)");
+    d.labels[i] = static_cast<uint8_t>(y);
   }
+  const uint8_t top = *std::max_element(d.labels.begin(), d.labels.end());
   d.num_classes = options.num_classes != 0 ? options.num_classes : uint32_t{top} + 1;
-  d.rows = static_cast<size_t>(rows);
-  d.cols = static_cast<size_t>(cols);
-  d.images.resize(static_cast<size_t>(pixels));  // now backed by bytes really read
-  for (size_t i = 0; i < d.images.size(); ++i) d.images[i] = static_cast<float>(raw[i]) / 255.0f;
+  d.shape.assign(example.begin(), example.end());
+  std::tie(d.rows, d.cols) = imageShape(d.shape);
+  d.images.resize(static_cast<size_t>(values));  // now backed by bytes really read
+  if (ih.type == kUByte) {
+    for (size_t i = 0; i < d.images.size(); ++i) d.images[i] = static_cast<float>(raw[i]) / 255.0f;
+  } else {
+    for (size_t i = 0; i < d.images.size(); ++i) {
+      const double v = valueAt(raw, ih.type, i);
+      if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
+        STARLING_THROW(IoError, images_path, ": value ", v, " (example ", i / features,
+                       ", feature ", i % features, ") is not a finite float");
+      d.images[i] = static_cast<float>(v);
+    }
+  }
   return d;
 }
 
@@ -234,7 +248,7 @@ Dataset loadFashionMnist(const std::string& dir, const std::string& split) {
   const std::string images = find(split + "-images-idx3-ubyte");
   const std::string labels = find(split + "-labels-idx1-ubyte");
   Dataset d = loadIdx(images, labels, IdxOptions{.num_classes = 10});
-  if (d.rows != 28 || d.cols != 28)
+  if (d.rows != 28 || d.cols != 28 || d.shape.size() != 2)
     STARLING_THROW(IoError, images, ": Fashion-MNIST images are 28x28, this file holds ", d.rows,
                    "x", d.cols);
   return d;

@@ -1,15 +1,23 @@
 #pragma once
-// Labelled image data sets in the IDX format (LeCun's MNIST files, Fashion-MNIST): an image file
-// (magic 0x00000803: unsigned bytes, 3 dimensions n x rows x cols) and a label file (magic
-// 0x00000801: unsigned bytes, n labels). Either file may be gzip-compressed or plain; the loader
-// tells them apart by content, not by name.
+// Labelled data sets in the IDX format (LeCun's MNIST files, Fashion-MNIST, and any array the
+// same way): a features file and a label file, each a big-endian header (magic 0x0000TTDD: two
+// zero bytes, a type code TT and the number of dimensions DD, then DD sizes as u32) followed by the
+// values, row-major.
+//   features file: 2 or more dimensions, n x d1 x d2 ...; example i is the d1*d2*... values after
+//                  the first i of them. Types 0x08 unsigned byte (scaled by 1/255 into [0, 1], as
+//                  for MNIST pixels), 0x09 signed byte, 0x0B int16, 0x0C int32, 0x0D float32,
+//                  0x0E float64 (taken as they are; floats must be finite and fit a float).
+//   label file:    1 dimension, n; an integer type (0x08, 0x09, 0x0B, 0x0C) with values 0..255.
+// Fashion-MNIST's files are 0x00000803 (unsigned bytes, n x 28 x 28) and 0x00000801.
+// Either file may be gzip-compressed or plain; the loader tells them apart by content, not by
+// name.
 //
 // Files are input a user points the program at, so they are checked like any other untrusted
 // input: every fault is an IoError naming the file and the problem (missing, corrupt or
-// truncated gzip, wrong magic, a header whose sizes disagree with the bytes that follow, image
-// and label counts that differ, a label out of range, dimensions past the limits below). Memory
-// grows only with bytes actually read, never with what a header claims, so a lying header costs
-// no more memory than the file really holds.
+// truncated gzip, wrong magic, a header whose sizes disagree with the bytes that follow, example
+// and label counts that differ, a label out of range, a non-finite value, dimensions past the
+// limits below). Memory grows only with bytes actually read, never with what a header claims, so
+// a lying header costs no more memory than the file really holds.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -20,16 +28,22 @@ namespace starling::data {
 inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
 // Limits on what a header may announce; past them a file is rejected before anything is read.
-inline constexpr uint64_t kMaxIdxFeatures = uint64_t{1} << 24;  // rows * cols (4096 x 4096)
-inline constexpr uint64_t kMaxIdxPixels = uint64_t{1} << 31;    // n * rows * cols (8 GiB as floats)
+inline constexpr uint64_t kMaxIdxFeatures = uint64_t{1} << 24;  // values per example (4096 x 4096)
+inline constexpr uint64_t kMaxIdxPixels = uint64_t{1} << 31;    // values in all (8 GiB as floats)
+inline constexpr uint32_t kMaxIdxDims = 8;                      // dimensions of a file, n included
 
-// A labelled image set held in memory. Example i has the features images[i * features(), ...
-// (i + 1) * features()) (row-major rows x cols pixels) and the label labels[i] < num_classes.
+// A labelled data set held in memory. Example i has the features images[i * features(), ...
+// (i + 1) * features()) (row-major rows x cols "pixels") and the label labels[i] < num_classes.
+// Models that need an image (the CNN) read rows x cols; the others only features().
 struct Dataset {
-  size_t rows = 0, cols = 0;    // each image is rows x cols
-  std::vector<float> images;    // size() * features() values, pixel / 255, in [0, 1]
+  size_t rows = 0, cols = 0;    // each example is rows x cols values
+  std::vector<float> images;    // size() * features() values (unsigned-byte IDX: pixel / 255)
   std::vector<uint8_t> labels;  // size() values, each < num_classes
   uint32_t num_classes = 0;     // at most 256
+  // Each example's dimensions as its file stores them (IDX: d1 x d2 ...; CSV: the feature count),
+  // for messages; empty for a data set made in code. rows x cols is this shape with dimensions of
+  // size 1 dropped when two remain, and 1 x features() otherwise.
+  std::vector<size_t> shape;
 
   size_t size() const { return labels.size(); }
   size_t features() const { return rows * cols; }
@@ -40,11 +54,11 @@ struct IdxOptions {
   // have (10 for Fashion-MNIST): a label >= it is an IoError, and num_classes is this value even
   // when the file happens to lack the highest classes (a small test split). At most 256.
   uint32_t num_classes = 0;
-  // Largest n * rows * cols accepted, <= kMaxIdxPixels.
+  // Largest number of values (n * features) accepted, <= kMaxIdxPixels.
   uint64_t max_pixels = kMaxIdxPixels;
 };
 
-// Loads an image file and its label file (each gzip or plain). The header of each file must
+// Loads a features file and its label file (each gzip or plain). The header of each file must
 // match its size exactly and both must hold the same, non-zero number of examples.
 // Throws IoError (with the path) for a bad file, InvalidArgument for bad options.
 Dataset loadIdx(const std::string& images_path, const std::string& labels_path,

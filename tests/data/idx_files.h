@@ -4,6 +4,8 @@
 #include <zlib.h>
 
 #include <atomic>
+#include <bit>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +60,29 @@ inline std::vector<uint8_t> labelFileBytes(uint32_t n, const std::vector<uint8_t
   putBe32(out, magic);
   putBe32(out, n);
   out.insert(out.end(), labels.begin(), labels.end());
+  return out;
+}
+
+// The bytes of any IDX file: magic, one u32 per dimension, then the body as given.
+inline std::vector<uint8_t> idxFileBytes(uint32_t magic, const std::vector<uint32_t>& dims,
+                                         const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> out;
+  putBe32(out, magic);
+  for (uint32_t d : dims) putBe32(out, d);
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+// Values as the big-endian bytes IDX stores (int16_t, int32_t, float, double, int8_t).
+template <class T>
+std::vector<uint8_t> bigEndianBytes(const std::vector<T>& values) {
+  std::vector<uint8_t> out;
+  for (T v : values) {
+    uint8_t b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));
+    for (size_t i = 0; i < sizeof(T); ++i)
+      out.push_back(std::endian::native == std::endian::little ? b[sizeof(T) - 1 - i] : b[i]);
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <limits>
 
 #include "check_throws.h"
 #include "core/error.h"
@@ -99,13 +100,21 @@ TEST_CASE("malformed IDX files are rejected with the problem named", "[data]") {
   const auto img = s.imageBytes(), lbl = s.labelBytes();
 
   SECTION("wrong magic") {
-    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x00000804), lbl),
-               Contains("wrong magic number 0x00000804") && Contains("expected 0x00000803"));
-    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x00000d03), lbl),
+    // Type code 0x0a is no IDX type, and the first two bytes must be zero.
+    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x00000a03), lbl),
+               Contains("wrong magic number 0x00000a03") && Contains("type code"));
+    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x01000803), lbl),
+               Contains("wrong magic number 0x01000803"));
+    CHECK_THAT(loadError(testing::imageFileBytes(s.n, s.rows, s.cols, s.pixels, 0x00000800), lbl),
                Contains("wrong magic"));
     CHECK_THAT(loadError(img, testing::labelFileBytes(s.n, s.labels, 0x00000803)),
                Contains("wrong magic") && Contains("this is an image file"));
     CHECK_THAT(loadError(lbl, img), Contains("wrong magic") && Contains("this is a label file"));
+    // Labels must be integers.
+    CHECK_THAT(loadError(img, testing::labelFileBytes(s.n, s.labels, 0x00000d01)),
+               Contains("wrong magic number 0x00000d01") && Contains("floating-point"));
+    // A gzip stream compressed twice starts with gzip's own magic after one decompression.
+    CHECK_THAT(loadError(testing::gzipBytes(img), lbl, true), Contains("gzip-compressed"));
   }
   SECTION("shorter than the header") {
     CHECK_THAT(loadError({0, 0, 8, 3, 0, 0}, lbl), Contains("truncated") && Contains("header"));
@@ -151,6 +160,100 @@ TEST_CASE("malformed IDX files are rejected with the problem named", "[data]") {
                          testing::labelFileBytes(60000, s.labels), true),
                Contains("truncated") && Contains("60000 images"));
   }
+}
+
+TEST_CASE("IDX features of any type and shape load as floats", "[data]") {
+  TempDir dir;
+  const std::vector<uint8_t> labels{2, 0, 1};
+  testing::writePlain(dir.file("lbl"), testing::labelFileBytes(3, labels));
+  const auto load = [&](uint32_t magic, const std::vector<uint32_t>& dims,
+                        const std::vector<uint8_t>& body) {
+    testing::writeGzip(dir.file("x.gz"), testing::idxFileBytes(magic, dims, body));
+    return loadIdx(dir.file("x.gz"), dir.file("lbl"));
+  };
+  SECTION("float32, 3 examples of 2 features (n x features)") {
+    const std::vector<float> v{0.5f, -1.25f, 3e10f, -0.0f, 1e-20f, 7.0f};
+    const Dataset d = load(0x00000d02, {3, 2}, testing::bigEndianBytes(v));
+    CHECK(d.images == v);  // taken as they are, not scaled
+    CHECK(d.rows == 1);
+    CHECK(d.cols == 2);
+    CHECK(d.shape == std::vector<size_t>{2});
+    CHECK(d.labels == labels);
+    CHECK(d.num_classes == 3);
+  }
+  SECTION("float64, int32, int16 and signed bytes") {
+    const std::vector<double> f64{1.5, -2.0, 1e30, 0.25, -7.0, 8.0};
+    CHECK(load(0x00000e02, {3, 2}, testing::bigEndianBytes(f64)).images ==
+          std::vector<float>(f64.begin(), f64.end()));
+    const std::vector<int32_t> i32{-100000, 5, 16777216, 0, -1, 2};
+    CHECK(load(0x00000c02, {3, 2}, testing::bigEndianBytes(i32)).images ==
+          std::vector<float>(i32.begin(), i32.end()));
+    const std::vector<int16_t> i16{-32768, 32767, 0, -1, 1, 300};
+    CHECK(load(0x00000b02, {3, 2}, testing::bigEndianBytes(i16)).images ==
+          std::vector<float>(i16.begin(), i16.end()));
+    const std::vector<int8_t> i8{-128, 127, 0, -1, 1, 3};
+    CHECK(load(0x00000902, {3, 2}, testing::bigEndianBytes(i8)).images ==
+          std::vector<float>(i8.begin(), i8.end()));
+  }
+  SECTION("dimensions of size 1 are dropped to find the image; more than two dimensions are flat") {
+    std::vector<uint8_t> px(3 * 2 * 5);
+    for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i * 8);
+    const Dataset chw = load(0x00000804, {3, 1, 2, 5}, px);  // n x 1 channel x 2 x 5
+    CHECK(chw.rows == 2);
+    CHECK(chw.cols == 5);
+    CHECK(chw.shape == std::vector<size_t>{1, 2, 5});
+    CHECK(chw.images[9] == 72.0f / 255.0f);  // unsigned bytes are pixels: / 255
+    const Dataset hwc = load(0x00000804, {3, 2, 5, 1}, px);
+    CHECK(hwc.rows == 2);
+    CHECK(hwc.cols == 5);
+    const Dataset rgb = load(0x00000804, {3, 5, 1, 2}, px);
+    CHECK(rgb.rows == 5);
+    CHECK(rgb.cols == 2);
+    std::vector<uint8_t> px3(3 * 24, 9);
+    const Dataset cube = load(0x00000804, {3, 2, 3, 4}, px3);
+    CHECK(cube.rows == 1);
+    CHECK(cube.cols == 24);
+    CHECK(cube.features() == 24);
+    CHECK(cube.shape == std::vector<size_t>{2, 3, 4});
+  }
+  SECTION("non-finite or out-of-range values are refused") {
+    const std::vector<float> nan{1.0f, std::numeric_limits<float>::quiet_NaN(), 0, 0, 0, 0};
+    CHECK_THROWS_MATCHING(load(0x00000d02, {3, 2}, testing::bigEndianBytes(nan)), IoError,
+                          Contains("x.gz") && Contains("example 0, feature 1") &&
+                              Contains("not a finite float"));
+    const std::vector<double> big{0, 0, 0, 0, 0, 1e300};
+    CHECK_THROWS_MATCHING(load(0x00000e02, {3, 2}, testing::bigEndianBytes(big)), IoError,
+                          Contains("example 2, feature 1"));
+  }
+  SECTION("the body's size follows the type") {
+    const std::vector<float> two{1.0f, 2.0f};
+    CHECK_THROWS_MATCHING(load(0x00000d02, {3, 2}, testing::bigEndianBytes(two)), IoError,
+                          Contains("truncated") && Contains("needs 24 bytes"));
+  }
+  SECTION("too many dimensions") {
+    CHECK_THROWS_MATCHING(load(0x00000809, {3, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 2, 3}), IoError,
+                          Contains("9 dimensions") && Contains("limit"));
+  }
+}
+
+TEST_CASE("IDX labels of wider integer types are checked against 0..255", "[data]") {
+  const SmallSet s;
+  TempDir dir;
+  testing::writePlain(dir.file("img"), s.imageBytes());
+  const auto labels = [&](uint32_t magic, const std::vector<uint8_t>& body) {
+    testing::writePlain(dir.file("lbl"), testing::idxFileBytes(magic, {s.n}, body));
+    return loadIdx(dir.file("img"), dir.file("lbl"));
+  };
+  const std::vector<int32_t> ok{0, 3, 255, 3, 0};
+  const Dataset d = labels(0x00000c01, testing::bigEndianBytes(ok));
+  CHECK(d.labels == std::vector<uint8_t>{0, 3, 255, 3, 0});
+  CHECK(d.num_classes == 256);
+  CHECK_THROWS_MATCHING(labels(0x00000c01, testing::bigEndianBytes(std::vector<int32_t>{0, 1, 256, 1, 0})),
+                        IoError, Contains("label 256 of example 2") && Contains("above 255"));
+  CHECK_THROWS_MATCHING(labels(0x00000b01, testing::bigEndianBytes(std::vector<int16_t>{0, 1, 2, -3, 0})),
+                        IoError, Contains("label -3 of example 3 is negative"));
+  CHECK_THROWS_MATCHING(labels(0x00000901, testing::bigEndianBytes(std::vector<int8_t>{0, -1, 2, 3, 0})),
+                        IoError, Contains("label -1 of example 1 is negative") && Contains(dir.file("lbl")));
 }
 
 TEST_CASE("damaged gzip streams are rejected", "[data]") {

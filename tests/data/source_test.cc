@@ -1,0 +1,165 @@
+#include "data/source.h"
+
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "check_throws.h"
+#include "core/error.h"
+#include "data/idx_files.h"
+
+using namespace starling;
+using namespace starling::data;
+using Catch::Matchers::Contains;
+using starling::testing::TempDir;
+
+namespace {
+
+void writeText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// An IDX pair of n examples of rows x cols unsigned bytes, labels as given.
+void writeIdxPair(const TempDir& dir, const std::string& images, const std::string& labels,
+                  uint32_t rows, uint32_t cols, const std::vector<uint8_t>& y) {
+  const auto n = static_cast<uint32_t>(y.size());
+  std::vector<uint8_t> px(n * rows * cols);
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>(i % 251);
+  testing::writeGzip(dir.file(images), testing::imageFileBytes(n, rows, cols, px));
+  testing::writePlain(dir.file(labels), testing::labelFileBytes(n, y));
+}
+
+DataSource idxSource(const TempDir& dir) {
+  DataSource s;
+  s.dir = dir.path().string();
+  s.train = "tr-x.gz";
+  s.train_labels = "tr-y";
+  s.test = "te-x.gz";
+  s.test_labels = "te-y";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the data source loads IDX and CSV splits with classes and features from the data", "[data]") {
+  TempDir dir;
+  SECTION("idx") {
+    writeIdxPair(dir, "tr-x.gz", "tr-y", 4, 6, {0, 1, 2, 1});
+    writeIdxPair(dir, "te-x.gz", "te-y", 4, 6, {4, 0});  // the test split has a class train lacks
+    const LoadedData d = loadData(idxSource(dir));
+    CHECK(d.train.size() == 4);
+    REQUIRE(d.test);
+    CHECK(d.test->size() == 2);
+    CHECK(d.train.rows == 4);
+    CHECK(d.train.cols == 6);
+    CHECK(d.train.num_classes == 5);  // the largest label of either split + 1
+    CHECK(d.test->num_classes == 5);
+    CHECK(d.train_path == dir.file("tr-x.gz"));
+    CHECK(describe(d.train) == "4 examples of 4x6 (24 features), 5 classes");
+  }
+  SECTION("csv, absolute names, no test set") {
+    writeText(dir.file("train.csv"), "label,a,b,c,d\n3,1,2,3,4\n1,5,6,7,8\n");
+    DataSource s;
+    s.format = "csv";
+    s.dir = "/nonexistent";  // absolute names do not use it
+    s.train = dir.file("train.csv");
+    s.test = "";
+    const LoadedData d = loadData(s);
+    CHECK_FALSE(d.test);
+    CHECK(d.train.num_classes == 4);
+    CHECK(d.train.features() == 4);
+    CHECK(describe(d.train) == "2 examples of 4 (flat) (4 features), 4 classes");
+    // Viewed as an image for a CNN.
+    s.shape = "2x2";
+    const LoadedData img = loadData(s);
+    CHECK(img.train.rows == 2);
+    CHECK(img.train.cols == 2);
+    s.shape = "3x2";
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError,
+                          Contains("data.shape = '3x2' is 6 values") && Contains("have 4 features") &&
+                              Contains(dir.file("train.csv")));
+  }
+  SECTION("a given number of classes is kept") {
+    writeIdxPair(dir, "tr-x.gz", "tr-y", 2, 2, {0, 1});
+    writeIdxPair(dir, "te-x.gz", "te-y", 2, 2, {1});
+    DataSource s = idxSource(dir);
+    s.num_classes = 10;
+    CHECK(loadData(s).train.num_classes == 10);
+    s.num_classes = 1;
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError, Contains("data.num_classes = 1"));
+    s.num_classes = 2;
+    writeIdxPair(dir, "te-x.gz", "te-y", 2, 2, {1, 2});
+    CHECK_THROWS_MATCHING(loadData(s), IoError,
+                          Contains("data.test_labels: " + dir.file("te-y")) &&
+                              Contains("label 2 of example 1 is not below the number of classes, 2"));
+  }
+}
+
+TEST_CASE("data source errors name the key and the file", "[data]") {
+  TempDir dir;
+  writeIdxPair(dir, "tr-x.gz", "tr-y", 3, 3, {0, 1, 1});
+  writeIdxPair(dir, "te-x.gz", "te-y", 3, 3, {1});
+  DataSource s = idxSource(dir);
+  SECTION("missing files") {
+    s.train_labels = "nope";
+    CHECK_THROWS_MATCHING(loadData(s), IoError,
+                          Contains("data.train_labels = 'nope'") && Contains(dir.file("nope")) &&
+                              Contains("no such file"));
+    s = idxSource(dir);
+    s.test = "missing.gz";
+    CHECK_THROWS_MATCHING(loadData(s), IoError, Contains("data.test = 'missing.gz'"));
+    s = idxSource(dir);
+    s.dir = dir.file("no-such-folder");
+    CHECK_THROWS_MATCHING(loadData(s), IoError,
+                          Contains("data.train = 'tr-x.gz'") && Contains("is not a folder"));
+    // The defaults are Fashion-MNIST's: the message says where to get it.
+    DataSource fm;
+    fm.dir = dir.file("no-such-folder");
+    CHECK_THROWS_MATCHING(loadData(fm), IoError, Contains("dataset-fashion-mnist") && Contains("data.format"));
+  }
+  SECTION("an unpacked copy is found for a .gz name") {
+    testing::writePlain(dir.file("plain-x"), testing::imageFileBytes(1, 3, 3, std::vector<uint8_t>(9, 1)));
+    s.test = "plain-x.gz";
+    s.test_labels = "te-y";
+    CHECK(loadData(s).test_path == dir.file("plain-x"));
+  }
+  SECTION("a bad file: the loader's message behind the right key") {
+    testing::writePlain(dir.file("bad-y"), testing::labelFileBytes(3, {0, 1}));  // one label short
+    s.train_labels = "bad-y";
+    CHECK_THROWS_MATCHING(loadData(s), IoError,
+                          Contains("data.train_labels: " + dir.file("bad-y")) && Contains("truncated"));
+    s = idxSource(dir);
+    testing::writePlain(dir.file("bad-x"), testing::imageFileBytes(3, 3, 3, {}, 0x00000f03));
+    s.train = "bad-x";
+    CHECK_THROWS_MATCHING(loadData(s), IoError,
+                          Contains("data.train: " + dir.file("bad-x")) && Contains("wrong magic"));
+  }
+  SECTION("splits with different feature counts") {
+    writeIdxPair(dir, "te-x.gz", "te-y", 3, 4, {1});
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError,
+                          Contains("data.test (" + dir.file("te-x.gz") + ") holds 1 examples of 3x4") &&
+                              Contains("data.train (" + dir.file("tr-x.gz")) && Contains("must agree"));
+  }
+  SECTION("bad values") {
+    s.format = "parquet";
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError, Contains("data.format = 'parquet'"));
+    s = idxSource(dir);
+    s.shape = "28by28";
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError, Contains("data.shape = '28by28'"));
+    s.shape = "0x9";
+    CHECK_THROWS_AS(loadData(s), ConfigError);
+    s = idxSource(dir);
+    s.train = "";
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError, Contains("data.train is empty"));
+    s = idxSource(dir);
+    s.test_labels = "";
+    CHECK_THROWS_MATCHING(loadData(s), ConfigError, Contains("data.test_labels is empty"));
+  }
+  SECTION("a CSV with a bad cell") {
+    writeText(dir.file("t.csv"), "1,2\n0,x\n");
+    s.format = "csv";
+    s.train = "t.csv";
+    s.test = "";
+    CHECK_THROWS_MATCHING(loadData(s), IoError,
+                          Contains("data.train: " + dir.file("t.csv") + ": line 2, column 2"));
+  }
+}
