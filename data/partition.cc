@@ -244,15 +244,47 @@ class QuantityPartitioner final : public Partitioner {
   uint32_t min_size_;
 };
 
+// A pool larger than the data set: client k draws `size` examples uniformly with replacement from
+// its own stream {seed, round 0, client k, kDataPartition}, so its data depend only on the seed
+// and k (not on the pool size), and any client's shard can be drawn alone.
+class SampledPartitioner final : public Partitioner {
+ public:
+  explicit SampledPartitioner(uint32_t size) : size_(size) {
+    if (size_ == 0)
+      STARLING_THROW(ConfigError,
+                     "partitioner 'sampled': size=N is required (examples each client draws, >= 1)");
+  }
+  std::string name() const override { return "sampled"; }
+  std::string spec() const override { return "sampled:size=" + std::to_string(size_); }
+  bool withReplacement() const override { return true; }
+
+ protected:
+  Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients,
+                   uint64_t seed) const override {
+    Partition shards(clients);
+    for (size_t k = 0; k < clients; ++k) {
+      RngStream rng(StreamKey{seed, 0, k, StreamPurpose::kDataPartition, 0});
+      shards[k].resize(size_);
+      for (size_t& i : shards[k]) i = static_cast<size_t>(rng.below(labels.size()));
+    }
+    return shards;
+  }
+
+ private:
+  uint32_t size_;
+};
+
 }  // namespace
 
 Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
                              uint64_t seed) const {
   if (clients == 0)
     STARLING_THROW(ConfigError, spec(), ": cannot split a data set among 0 clients");
-  if (clients > labels.size())
+  if (labels.empty()) STARLING_THROW(ConfigError, spec(), ": the data set has no examples");
+  if (clients > labels.size() && !withReplacement())
     STARLING_THROW(ConfigError, spec(), ": ", clients, " clients but only ", labels.size(),
-                   " examples; use at most one client per example");
+                   " examples; use at most one client per example, or a pool drawn with "
+                   "replacement (sampled:size=N)");
   STARLING_CHECK_ARG(num_classes >= 1 && num_classes <= 256, spec(), ": num_classes ", num_classes,
                      " is not in [1, 256]");
   for (size_t i = 0; i < labels.size(); ++i)
@@ -265,9 +297,11 @@ Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_class
   for (auto& s : shards) {
     std::sort(s.begin(), s.end());
     total += s.size();
+    STARLING_ENFORCE(s.empty() || s.back() < labels.size(), spec(), " assigned example ", s.back(),
+                     " of ", labels.size());
   }
-  STARLING_ENFORCE(total == labels.size(), spec(), " assigned ", total, " of ", labels.size(),
-                   " examples");
+  STARLING_ENFORCE(withReplacement() || total == labels.size(), spec(), " assigned ", total,
+                   " of ", labels.size(), " examples");
   return shards;
 }
 
@@ -308,6 +342,13 @@ const Registry<Partitioner>& partitioners() {
                 "per_client=2 (shards per client, >= 1)",
                 [](OptionReader& r) -> std::unique_ptr<Partitioner> {
                   return std::make_unique<ShardsPartitioner>(r.count("per_client", 2));
+                }},
+          Entry{"sampled",
+                "a pool larger than the data set: each client draws size examples uniformly with "
+                "replacement (from its own seeded stream; labels iid)",
+                "size=N (required: examples per client, >= 1)",
+                [](OptionReader& r) -> std::unique_ptr<Partitioner> {
+                  return std::make_unique<SampledPartitioner>(r.count("size", 0));
                 }},
       });
   return registry;

@@ -5,6 +5,9 @@
 //   iid                          shuffle, then deal equal shards (sizes differ by at most 1)
 //   dirichlet:alpha=0.5          per class, Dirichlet(alpha) proportions over the clients
 //   shards:per_client=2          McMahan et al.'s pathological split: label-sorted shards
+//   quantity:alpha=0.5           client sizes in Dirichlet(alpha) proportions, labels iid
+//   sampled:size=600             each client draws `size` examples with replacement: a pool of
+//                                clients larger than the data set
 //
 // docs/data-and-training.md gives the exact definitions. Every result is a pure function of
 // (labels, num_classes, clients, seed, options): randomness comes only from the RngStream
@@ -34,12 +37,18 @@ class Partitioner {
   // The full spec with every option, e.g. "dirichlet:alpha=0.5,min_size=0,balance=false".
   virtual std::string spec() const = 0;
 
+  // True for a rule that draws with replacement (sampled): its shards may repeat an index and
+  // overlap, need not cover the data set, and there may be more clients than examples.
+  virtual bool withReplacement() const { return false; }
+
   // Splits examples 0 .. labels.size() - 1 among `clients` clients.
-  // Guarantees: exactly `clients` shards; the shards are disjoint and together hold every index
-  // once; each shard is sorted ascending. (Whether a shard may be empty depends on the rule:
-  // never for iid and shards; for dirichlet unless min_size >= 1.)
-  // Throws ConfigError for 0 clients, more clients than examples, or a split the options make
-  // impossible; InvalidArgument for num_classes 0 or > 256 or a label >= num_classes.
+  // Guarantees: exactly `clients` shards, each sorted ascending, every index below labels.size().
+  // Unless withReplacement(): the shards are disjoint and together hold every index once.
+  // (Whether a shard may be empty depends on the rule: never for iid, shards and sampled; for
+  // dirichlet unless min_size >= 1.)
+  // Throws ConfigError for 0 clients, more clients than examples (unless withReplacement()), or a
+  // split the options make impossible; InvalidArgument for num_classes 0 or > 256 or a label >=
+  // num_classes.
   Partition split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
                   uint64_t seed) const;
 
@@ -50,7 +59,7 @@ class Partitioner {
                            uint64_t seed) const = 0;
 };
 
-// The registered partitioners (iid, dirichlet, shards).
+// The registered partitioners (iid, dirichlet, quantity, shards, sampled).
 const Registry<Partitioner>& partitioners();
 
 // makePartitioner("dirichlet:alpha=0.1"). Throws ConfigError for an unknown name, an unknown

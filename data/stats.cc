@@ -1,7 +1,10 @@
 #include "data/stats.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "core/error.h"
@@ -33,6 +36,35 @@ double PartitionStats::meanClassesHeld() const {
   if (classes_held.empty()) return 0;
   const double sum = std::accumulate(classes_held.begin(), classes_held.end(), 0.0);
   return sum / static_cast<double>(classes_held.size());
+}
+
+std::vector<size_t> PartitionStats::pooledHistogram() const {
+  std::vector<size_t> h(num_classes, 0);
+  for (const auto& hk : histograms)
+    for (size_t c = 0; c < hk.size() && c < h.size(); ++c) h[c] += hk[c];
+  return h;
+}
+
+namespace {
+
+// Client k's total variation distance to the pooled histogram of n_all examples; NaN without
+// examples.
+double skewAgainst(const PartitionStats& st, size_t k, const std::vector<size_t>& pooled,
+                   double n_all) {
+  if (st.sizes[k] == 0) return std::numeric_limits<double>::quiet_NaN();
+  const double n_k = static_cast<double>(st.sizes[k]);
+  double tv = 0;
+  for (size_t c = 0; c < st.num_classes; ++c)
+    tv += std::fabs(static_cast<double>(st.histograms[k][c]) / n_k -
+                    static_cast<double>(pooled[c]) / n_all);
+  return tv / 2;
+}
+
+}  // namespace
+
+double PartitionStats::labelSkew(size_t k) const {
+  STARLING_CHECK_ARG(k < clients(), "labelSkew: client ", k, " of only ", clients());
+  return skewAgainst(*this, k, pooledHistogram(), static_cast<double>(total()));
 }
 
 PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_classes,
@@ -71,6 +103,31 @@ std::string summary(const PartitionStats& st) {
       st.clients(), st.total(), st.minSize(), med, st.maxSize(), st.meanClassesHeld(),
       st.num_classes);
   return buf;
+}
+
+void writeStatsCsv(const PartitionStats& st, std::ostream& out) {
+  out << "client,examples,classes_held,label_skew";
+  for (uint32_t c = 0; c < st.num_classes; ++c) out << ",class_" << c;
+  out << '\n';
+  const std::vector<size_t> pooled = st.pooledHistogram();
+  const double n_all = static_cast<double>(st.total());
+  char skew[32];
+  for (size_t k = 0; k < st.clients(); ++k) {
+    const double tv = skewAgainst(st, k, pooled, n_all);
+    skew[0] = '\0';
+    if (!std::isnan(tv)) std::snprintf(skew, sizeof skew, "%.6f", tv);
+    out << k << ',' << st.sizes[k] << ',' << st.classes_held[k] << ',' << skew;
+    for (size_t h : st.histograms[k]) out << ',' << h;
+    out << '\n';
+  }
+}
+
+void writeStatsCsv(const PartitionStats& st, const std::string& path) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) STARLING_THROW(IoError, path, ": cannot write the per-client statistics");
+  writeStatsCsv(st, out);
+  out.flush();
+  if (!out) STARLING_THROW(IoError, path, ": writing the per-client statistics failed");
 }
 
 }  // namespace starling::data

@@ -1,8 +1,9 @@
 #pragma once
-// What a partition looks like: per-client label histograms and a one-line summary a program
-// prints before training ("how skewed is this split?").
+// What a partition looks like: per-client label histograms, a one-line summary a program prints
+// before training ("how skewed is this split?"), and a CSV file of every client's statistics.
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +25,12 @@ struct PartitionStats {
   size_t maxSize() const;
   double medianSize() const;  // the mean of the two middle sizes when the count is even
   double meanClassesHeld() const;
+  // Examples of each class over all clients together (an example held twice counts twice).
+  std::vector<size_t> pooledHistogram() const;
+  // Client k's label skew: the total variation distance between its label distribution and the
+  // pooled one, 0.5 * sum_c |h_k[c] / n_k - H[c] / N|, in [0, 1] (0: the same mix as the whole
+  // partition; near 1: classes the others hardly have). NaN for a client without examples.
+  double labelSkew(size_t k) const;
 };
 
 // Histograms of `shards` (indices into labels). Throws InvalidArgument for an empty partition,
@@ -35,5 +42,13 @@ PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_clas
 // One line, e.g. "10 clients, 60000 examples; per client: 5212 / 6004 / 6953 examples
 // (min / median / max), 3.4 of 10 classes on average".
 std::string summary(const PartitionStats& stats);
+
+// Every client's statistics as CSV, one line per client after a header:
+//   client,examples,classes_held,label_skew,class_0,...,class_{C-1}
+// (label_skew as labelSkew(), empty for a client without examples; class_c: its examples of
+// class c).
+void writeStatsCsv(const PartitionStats& stats, std::ostream& out);
+// The same into a file (replaced); IoError naming the path when it cannot be written.
+void writeStatsCsv(const PartitionStats& stats, const std::string& path);
 
 }  // namespace starling::data

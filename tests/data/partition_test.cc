@@ -174,14 +174,14 @@ TEST_CASE("partitioner arguments and options are checked", "[data]") {
   CHECK_THROWS_MATCHING(makePartitioner("shards:per_client=0"), ConfigError,
                         Contains("per_client=0"));
   CHECK_THROWS_MATCHING(makePartitioner("iid:alpha=1"), ConfigError, Contains("unknown option"));
-  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError, Contains("iid, dirichlet, quantity, shards"));
+  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError, Contains("iid, dirichlet, quantity, shards, sampled"));
 }
 
 TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
   const auto y = randomLabels(300, 3, 9);
   for (const char* spec :
        {"iid", "dirichlet:alpha=0.3", "dirichlet:alpha=0.125,min_size=2,balance=true",
-        "shards:per_client=3"}) {
+        "shards:per_client=3", "sampled:size=7"}) {
     const auto a = makePartitioner(spec);
     const auto b = makePartitioner(a->spec());
     CHECK(b->spec() == a->spec());
@@ -189,7 +189,7 @@ TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
   }
   CHECK(makePartitioner("dirichlet:alpha=0.3")->spec() ==
         "dirichlet:alpha=0.3,min_size=0,balance=false");
-  CHECK(partitioners().names() == "iid, dirichlet, quantity, shards");
+  CHECK(partitioners().names() == "iid, dirichlet, quantity, shards, sampled");
 }
 
 TEST_CASE("quantity skew: sizes spread as alpha shrinks, every client gets min_size, labels stay mixed", "[data]") {
@@ -212,4 +212,68 @@ TEST_CASE("quantity skew: sizes spread as alpha shrinks, every client gets min_s
   CHECK(meanClassesHeld(y, 10, p) > 9.5);
   CHECK_THROWS_AS(makePartitioner("quantity:alpha=0"), ConfigError);
   CHECK_THROWS_WITH(makePartitioner("quantity:min_size=300")->split(y, 10, 30, 5), Contains("need 9000"));
+}
+
+TEST_CASE("sampled: a pool larger than the data set, each client drawing size examples with replacement", "[data]") {
+  const uint32_t classes = 5;
+  const auto y = randomLabels(200, classes, 11);
+  const auto part = makePartitioner("sampled:size=40");
+  CHECK(part->withReplacement());
+  CHECK_FALSE(makePartitioner("iid")->withReplacement());
+  const size_t clients = 2000;  // ten times more clients than examples
+  const Partition a = part->split(y, classes, clients, 7);
+  REQUIRE(a.size() == clients);
+  std::vector<size_t> drawn(y.size(), 0);
+  bool repeats = false;
+  for (const auto& s : a) {
+    REQUIRE(s.size() == 40);
+    CHECK(std::is_sorted(s.begin(), s.end()));
+    for (size_t i = 0; i < s.size(); ++i) {
+      REQUIRE(s[i] < y.size());
+      ++drawn[s[i]];
+      if (i > 0 && s[i] == s[i - 1]) repeats = true;
+    }
+  }
+  CHECK(repeats);  // with replacement: 40 draws of 200 repeat one in about 98% of the clients
+  // Deterministic from the seed; another seed gives other draws.
+  CHECK(a == part->split(y, classes, clients, 7));
+  CHECK(a != part->split(y, classes, clients, 8));
+  // A client's draws depend on the seed and its id only, not on the pool size.
+  const Partition small = part->split(y, classes, 10, 7);
+  for (size_t k = 0; k < 10; ++k) CHECK(small[k] == a[k]);
+  // Uniform over the examples: 80,000 draws of 200 examples, 400 expected each (sd 20).
+  const auto [lo, hi] = std::minmax_element(drawn.begin(), drawn.end());
+  CHECK(*lo > 300);
+  CHECK(*hi < 500);
+  // So the label mix of the pool follows the data set's, and each client's is a sample of it.
+  const PartitionStats st = partitionStats(y, classes, a);
+  const auto pooled = st.pooledHistogram();
+  std::vector<size_t> data_counts(classes, 0);
+  for (uint8_t c : y) ++data_counts[c];
+  double mean_skew = 0;
+  for (uint32_t c = 0; c < classes; ++c) {
+    const double expected = static_cast<double>(data_counts[c]) / y.size();
+    CHECK(static_cast<double>(pooled[c]) / st.total() == Approx(expected).margin(0.01));
+  }
+  for (size_t k = 0; k < clients; ++k) mean_skew += st.labelSkew(k) / clients;
+  // 40 draws of 5 classes: a client's distance to the pool is sampling noise (about 0.1), far
+  // from the 0.8 of a one-class client.
+  CHECK(mean_skew < 0.2);
+  CHECK(meanClassesHeld(y, classes, a) > 4.5);
+}
+
+TEST_CASE("sampled: options and arguments are checked", "[data]") {
+  CHECK_THROWS_MATCHING(makePartitioner("sampled"), ConfigError, Contains("size=N is required"));
+  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=0"), ConfigError, Contains("size=N is required"));
+  CHECK_THROWS_AS(makePartitioner("sampled:size=-3"), ConfigError);
+  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=4,alpha=1"), ConfigError, Contains("unknown option"));
+  const auto part = makePartitioner("sampled:size=3");
+  CHECK(part->spec() == "sampled:size=3");
+  const std::vector<uint8_t> y{0, 1, 1};
+  CHECK_THROWS_MATCHING(part->split(y, 2, 0, 1), ConfigError, Contains("0 clients"));
+  CHECK_THROWS_MATCHING(part->split({}, 2, 4, 1), ConfigError, Contains("no examples"));
+  CHECK_THROWS_AS(part->split(y, 1, 4, 1), InvalidArgument);  // label 1 of 1 class
+  // One example: every draw is it.
+  const Partition one = part->split(std::vector<uint8_t>{0}, 1, 5, 1);
+  for (const auto& s : one) CHECK(s == std::vector<size_t>{0, 0, 0});
 }
