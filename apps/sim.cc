@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "data/idx.h"
 #include "data/partition.h"
+#include "data/source.h"
 #include "data/stats.h"
 #include "server/engine.h"
 #include "simulator/collectives.h"
@@ -48,7 +49,7 @@ struct Config {
   uint64_t workers = 2;
   std::string backend = "gloo";
   int threads = 1;
-  std::string data_dir = data::kDefaultFashionMnistDir;
+  data::DataSource data;  // the data.* keys (format, files, classes, shape)
   uint64_t num_clients = 100;
   std::string partition = "dirichlet:alpha=0.5";
   std::string model = "cnn";
@@ -65,6 +66,7 @@ struct Config {
   uint64_t state_memory = uint64_t{256} << 20;
   std::string state_dir;
   bool stats = false;
+  std::string stats_file;
 };
 
 // Spawns workers 1..W-1 as copies of this process (same arguments) with the launcher variables
@@ -117,6 +119,7 @@ int runSim(int argc, char** argv, Config& c) {
   aggregation::makeRule(c.engine.scheme.rule);
   aggregation::makeServerOptimizer(c.engine.server_opt, 1);
   data::makePartitioner(c.partition);
+  c.data.validate();
   const sim::SchedulePolicy policy = sim::parseSchedulePolicy(c.schedule);
   c.devices.validate();
   STARLING_CHECK_ARG(c.clients_per_round >= 1 && c.clients_per_round <= c.num_clients, "sampling.clients_per_round (",
@@ -143,14 +146,24 @@ int runSim(int argc, char** argv, Config& c) {
   const bool lead = launch.rank == 0;
   torch_trainer::setThreads(c.threads);
 
-  const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
-  const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
+  const data::LoadedData loaded = data::loadData(c.data);
+  const data::Dataset& train = loaded.train;
+  const data::Dataset* test = loaded.test ? &*loaded.test : nullptr;  // none: no evaluation
   sim::SimClients clients;
   clients.train = &train;
   clients.shards = data::makePartitioner(c.partition)->split(train.labels, train.num_classes, c.num_clients, c.seed);
   clients.devices = c.trace.empty() ? sim::DevicePopulation::sample(c.num_clients, c.devices, c.seed)
                                     : sim::DevicePopulation::fromCsv(c.trace, c.num_clients);
-  auto trainer = torch_trainer::makeTorchTrainer(c.model, train);
+  std::unique_ptr<client::Trainer> trainer;
+  try {
+    trainer = torch_trainer::makeTorchTrainer(c.model, train);
+  } catch (const InvalidArgument& e) {  // the model does not fit the data's shape or classes
+    STARLING_THROW(ConfigError, "model.spec = '", c.model, "' does not fit data.train (", loaded.train_path, ": ",
+                   data::describe(train), "): ", e.what(),
+                   train.rows == 1 ? " (the examples are flat: data.shape = ROWSxCOLS views them as images; logreg and mlp "
+                                     "take any shape)"
+                                   : "");
+  }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
   if (lead) {
     std::printf("starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d worker%s (%s, %s)\n",
@@ -158,8 +171,13 @@ int runSim(int argc, char** argv, Config& c) {
                 c.partition.c_str(), static_cast<unsigned long long>(c.clients_per_round),
                 c.engine.scheme.compressor.c_str(), c.engine.scheme.rule.c_str(), launch.world_size,
                 launch.world_size == 1 ? "" : "s", c.backend.c_str(), launch.source.c_str());
-    if (c.stats)
-      std::printf("%s\n", data::summary(data::partitionStats(train.labels, train.num_classes, clients.shards)).c_str());
+    std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(), loaded.train_path.c_str(),
+                test ? (data::describe(*test) + " (" + loaded.test_path + ")").c_str() : "none");
+    if (c.stats || !c.stats_file.empty()) {
+      const data::PartitionStats st = data::partitionStats(train.labels, train.num_classes, clients.shards);
+      if (c.stats) std::printf("%s\n", data::summary(st).c_str());
+      if (!c.stats_file.empty()) data::writeStatsCsv(st, c.stats_file);
+    }
     std::fflush(stdout);
   }
 
@@ -178,7 +196,7 @@ int runSim(int argc, char** argv, Config& c) {
   sim::ClientStateStore store(so, layout->fingerprint());
   sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded};
   if (!c.state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
-  sim::SimFleet fleet(fc, clients, *trainer, store, *coll, &test);
+  sim::SimFleet fleet(fc, clients, *trainer, store, *coll, test);
 
   std::vector<float> init(layout->numel());
   trainer->initParameters(init, c.seed);
@@ -258,10 +276,25 @@ int main(int argc, char** argv) {
   o.add("sim.bucket_bytes", &c.bucket_bytes, "largest single collective, bytes", 1024, uint64_t{1} << 34);
   o.add("sim.reference_seconds_per_example", &c.reference_spe,
         "the simulated clock's reference device: seconds per example at speed 1", 1e-9, 1e3);
-  o.add("data.dir", &c.data_dir, "folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist)");
+  o.add("data.format", &c.data.format,
+        "idx (a features file and a label file per split) or csv (one file per split: label,feature1,...). "
+        "docs/simulation.md, section Data, gives both formats");
+  o.add("data.dir", &c.data.dir, "folder of the data files (relative names below are taken in it); the default holds "
+        "Fashion-MNIST (Debian package dataset-fashion-mnist)");
+  o.add("data.train", &c.data.train, "training split: the IDX features file (2+ dimensions: examples x d1 x ...; "
+        "unsigned bytes are scaled by 1/255, other types taken as they are), or the CSV file; gzip or plain");
+  o.add("data.train_labels", &c.data.train_labels, "idx only: the training labels file (1 dimension, integers 0..255)");
+  o.add("data.test", &c.data.test, "test split for evaluation, as data.train (empty: no test set, no accuracy)");
+  o.add("data.test_labels", &c.data.test_labels, "idx only: the test labels file");
+  o.add("data.num_classes", &c.data.num_classes, "classes (0: the largest label in the data + 1; else labels must be below it)",
+        0, 256);
+  o.add("data.shape", &c.data.shape, "view each example as an image ROWSxCOLS, e.g. 28x28 (for the cnn on flat "
+        "CSV rows; must multiply to the feature count). Empty: IDX files give the image shape, CSV rows are flat");
   o.add("data.num_clients", &c.num_clients, "clients in the pool", 1, 10'000'000);
   o.add("data.partition", &c.partition, "how the data set is split:" + data::partitioners().help());
-  o.add("data.stats", &c.stats, "print per-client data statistics at start");
+  o.add("data.stats", &c.stats, "print a summary of the per-client data statistics at start");
+  o.add("data.stats_file", &c.stats_file, "write every client's statistics to this CSV file at start "
+        "(client,examples,classes_held,label_skew,class_0,...)");
   o.add("model.spec", &c.model, "LibTorch model:" + torch_trainer::torchTrainers().help());
   o.add("model.seed", &c.seed, "run seed: split, initial model, sampling, compression, devices", 0, ~0ull);
   o.add("train.rounds", &c.engine.rounds, "federated rounds", 1, 10'000'000);

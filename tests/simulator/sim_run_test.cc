@@ -244,3 +244,98 @@ TEST_CASE("a sharded run resumes its optimizer shards, also when a crash left th
   CHECK(readText(dir / "bad3.log").find("cut.ckpt.optimizer-1-of-2") != std::string::npos);
   CHECK(readText(dir / "bad3.log").find("missing") != std::string::npos);
 }
+
+TEST_CASE("clients unavailable per their trace are never sampled", "[simulator][integration]") {
+  TempDir dir("simtrace");
+  // 20 clients; only 0..4 are ever available in the first trace, all of them in the second.
+  const auto trace = [&](const std::string& name, bool only_five) {
+    std::ofstream f(dir / name);
+    f << "client,speed,bandwidth,availability\n";
+    for (int k = 0; k < 20; ++k) f << k << ",1,1000000," << (only_five && k >= 5 ? 0 : 1) << "\n";
+    return dir / name;
+  };
+  const auto run = [&](const std::string& tag, const std::string& trace_file) {
+    Proc p({binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+            "--sim.workers", "1", "--train.rounds", "4", "--eval.every", "0", "--sampling.clients_per_round", "10",
+            "--devices.trace", trace_file, "--state.metrics", dir / (tag + ".jsonl")},
+           dir / (tag + ".log"));
+    const int rc = p.wait(seconds(300));
+    INFO(readText(dir / (tag + ".log")));
+    REQUIRE(rc == 0);
+    const auto lines = readLines(dir / (tag + ".jsonl"));
+    REQUIRE(lines.size() == 4);
+    return lines;
+  };
+  // The control: with everyone available, 10 clients are sampled every round (so the check below
+  // can see a trace that is ignored).
+  for (const auto& line : run("all", trace("all.csv", false))) CHECK(std::stoi(field(line, "clients_selected")) == 10);
+  for (const auto& line : run("five", trace("five.csv", true))) {
+    INFO(line);
+    const int selected = std::stoi(field(line, "clients_selected"));
+    CHECK(selected >= 1);
+    CHECK(selected <= 5);
+    CHECK(std::stoi(field(line, "clients_completed")) <= 5);
+  }
+}
+
+TEST_CASE("a simulation on the user's own CSV data, with every client's statistics in a file", "[simulator][integration]") {
+  TempDir dir("simcsv");
+  // 3 classes of 8 features; class y shifts features y, y + 3 and y + 6.
+  std::vector<size_t> class_count(3, 0);
+  const auto write = [&](const std::string& name, int n, bool count) {
+    std::ofstream f(dir / name);
+    f << "label,f0,f1,f2,f3,f4,f5,f6,f7\n";
+    for (int i = 0; i < n; ++i) {
+      const int y = (i * 7) % 3;
+      if (count) ++class_count[y];
+      f << y;
+      for (int j = 0; j < 8; ++j) f << "," << ((j % 3 == y) ? 1.0 : 0.0) + 0.1 * ((i * 13 + j * 5) % 11 - 5);
+      f << "\n";
+    }
+  };
+  write("train.csv", 300, true);
+  write("test.csv", 60, false);
+  const auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a{binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+                               "--sim.workers", "1", "--train.rounds", "2", "--data.format", "csv", "--data.dir", dir.path.string(),
+                               "--data.train", "train.csv", "--data.test", "test.csv"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  Proc ok(args({"--data.stats_file", dir / "stats.csv", "--state.metrics", dir / "m.jsonl"}), dir / "ok.log");
+  const int rc = ok.wait(seconds(300));
+  INFO(readText(dir / "ok.log"));
+  REQUIRE(rc == 0);
+  CHECK(readText(dir / "ok.log").find("300 examples of 8 features, 3 classes") != std::string::npos);
+  const auto metrics = readLines(dir / "m.jsonl");
+  REQUIRE(metrics.size() == 2);
+  CHECK(!field(metrics[1], "test_accuracy").empty());
+  // stats.csv: a header and one line per client (quick.toml: 20, iid) whose counts add up to the data.
+  const auto stats = readLines(dir / "stats.csv");
+  REQUIRE(stats.size() == 21);
+  CHECK(stats[0] == "client,examples,classes_held,label_skew,class_0,class_1,class_2");
+  std::vector<size_t> per_class(3, 0);
+  size_t examples = 0;
+  for (size_t k = 1; k < stats.size(); ++k) {
+    std::vector<std::string> cells;
+    std::stringstream ss(stats[k]);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    REQUIRE(cells.size() == 7);
+    CHECK(cells[0] == std::to_string(k - 1));
+    examples += std::stoul(cells[1]);
+    for (size_t c = 0; c < 3; ++c) per_class[c] += std::stoul(cells[4 + c]);
+  }
+  CHECK(examples == 300);
+  CHECK(per_class == class_count);
+
+  // Errors name the key and the file, and start no training.
+  Proc missing(args({"--data.train", "nope.csv"}), dir / "missing.log");
+  CHECK(missing.wait(seconds(60)) == 2);
+  CHECK(readText(dir / "missing.log").find("data.train = 'nope.csv'") != std::string::npos);
+  Proc cnn(args({"--model.spec", "cnn"}), dir / "cnn.log");
+  CHECK(cnn.wait(seconds(60)) == 2);
+  const std::string cnn_log = readText(dir / "cnn.log");
+  INFO(cnn_log);
+  CHECK(cnn_log.find("model.spec = 'cnn' does not fit data.train") != std::string::npos);
+  CHECK(cnn_log.find("data.shape") != std::string::npos);
+}
