@@ -119,20 +119,18 @@ LoadedData loadData(const DataSource& s) {
 
 std::string describe(const Dataset& d) {
   const std::string image = std::to_string(d.rows) + "x" + std::to_string(d.cols);
+  const std::string features = std::to_string(d.features()) + " features";
   std::string shape;
   for (size_t i = 0; i < d.shape.size(); ++i) {
     if (i) shape += 'x';
     shape += std::to_string(d.shape[i]);
   }
   std::string s = std::to_string(d.size()) + " examples of ";
-  if (shape.empty() || shape == image)
-    s += image;
-  else if (d.rows == 1)
-    s += shape + " (flat)";
+  if (d.rows == 1)
+    s += d.shape.size() > 1 ? shape + " (flat: " + features + ")" : features;
   else
-    s += shape + " (as " + image + ")";
-  return s + " (" + std::to_string(d.features()) + " features), " + std::to_string(d.num_classes) +
-         " classes";
+    s += (shape.empty() || shape == image ? image : shape + " as " + image) + " (" + features + ")";
+  return s + ", " + std::to_string(d.num_classes) + " classes";
 }
 
 }  // namespace starling::data

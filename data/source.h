@@ -46,7 +46,8 @@ struct LoadedData {
 
 LoadedData loadData(const DataSource& source);
 
-// "60000 examples of 28x28 (784 features), 10 classes".
+// For messages: "60000 examples of 28x28 (784 features), 10 classes", "600 examples of 16
+// features, 3 classes", "50000 examples of 3x32x32 (flat: 3072 features), 10 classes".
 std::string describe(const Dataset& d);
 
 }  // namespace starling::data

@@ -67,12 +67,19 @@ TEST_CASE("the data source loads IDX and CSV splits with classes and features fr
     CHECK_FALSE(d.test);
     CHECK(d.train.num_classes == 4);
     CHECK(d.train.features() == 4);
-    CHECK(describe(d.train) == "2 examples of 4 (flat) (4 features), 4 classes");
+    CHECK(describe(d.train) == "2 examples of 4 features, 4 classes");
     // Viewed as an image for a CNN.
     s.shape = "2x2";
     const LoadedData img = loadData(s);
     CHECK(img.train.rows == 2);
     CHECK(img.train.cols == 2);
+    CHECK(describe(img.train) == "2 examples of 4 as 2x2 (4 features), 4 classes");
+    Dataset cube;  // a 3-dimensional example is flat
+    cube.rows = 1;
+    cube.cols = 3072;
+    cube.shape = {3, 32, 32};
+    cube.num_classes = 10;
+    CHECK(describe(cube) == "0 examples of 3x32x32 (flat: 3072 features), 10 classes");
     s.shape = "3x2";
     CHECK_THROWS_MATCHING(loadData(s), ConfigError,
                           Contains("data.shape = '3x2' is 6 values") && Contains("have 4 features") &&
