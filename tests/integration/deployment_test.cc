@@ -175,8 +175,10 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   f.clientKeys(0, 2);
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
-         {"--train.rounds", "5", "--sampling.min_available", "1", "--sampling.min_clients", "1", "--state.metrics",
+         {"--train.rounds", "5", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--state.metrics",
           f.path("metrics.jsonl"), "--compression.compressor", "topk:density=0.01"});
+  // min_available 2: after the kill the root waits for the restarted client before its next round
+  // (on a loaded machine client-0 alone could otherwise finish every round before it is back).
   f.client(0, port, "server", 2);
   const std::string state = f.path("client-1.state");
   f.client(1, port, "server", 2, {"--state.file", state, "--client.delay_ms", "200"});
