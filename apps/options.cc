@@ -142,7 +142,10 @@ int Options::parse(int argc, char** argv) {
   try {
     app_->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app_->exit(e);
+    // CLI11 prints the message; every bad command line exits 2, like a bad configuration file
+    // (CLI11's own codes, e.g. 105 for a value out of range, would differ by the kind of mistake).
+    const int rc = app_->exit(e);
+    return rc == 0 ? 0 : 2;
   }
   if (config_file_.empty()) return -1;
   try {

@@ -36,7 +36,8 @@ class Options {
   void add(const std::string& key, std::vector<std::string>* v, const std::string& help);
 
   // Parses the command line, then the --config file for keys the command line did not set.
-  // Returns an exit code to return with (0 after --help), or -1 to go on. Prints errors.
+  // Returns an exit code to return with (0 after --help, 2 for a bad command line or file), or -1
+  // to go on. Prints errors.
   int parse(int argc, char** argv);
   const std::string& configFile() const { return config_file_; }
 
