@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   o.add("train.epochs", &c.engine.fit.epochs, "local epochs per round", 1, 1000);
   o.add("train.batch_size", &c.engine.fit.batch_size, "local minibatch size", 1, 1u << 20);
   o.add("train.lr", &c.engine.fit.lr, "client learning rate", 1e-7, 100);
+  o.add("train.prox_mu", &c.engine.fit.prox_mu, "FedProx's proximal term mu (0: FedAvg's local SGD)", 0, 1e4);
   o.add("compression.compressor", &c.engine.scheme.compressor, "compressor spec:" + compression::compressors().help());
   o.add("aggregation.rule", &c.engine.scheme.rule, "aggregation rule spec:" + aggregation::aggregationRules().help());
   o.add("aggregation.server_opt", &c.engine.server_opt, "server optimizer spec:" + aggregation::serverOptimizers().help());

@@ -58,6 +58,7 @@ struct Config {
   server::EngineConfig engine;
   std::string schedule = "lpt";
   bool sharded_step = true;
+  bool scaffold = false;
   uint64_t bucket_bytes = uint64_t{16} << 20;
   double reference_spe = 1e-3;
   double deadline_seconds = 0;
@@ -194,7 +195,7 @@ int runSim(int argc, char** argv, Config& c) {
                 std::filesystem::exists(so.spill_dir);
   }
   sim::ClientStateStore store(so, layout->fingerprint());
-  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded};
+  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded, c.scaffold};
   if (!c.state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, test);
 
@@ -301,6 +302,10 @@ int main(int argc, char** argv) {
   o.add("train.epochs", &c.engine.fit.epochs, "local epochs per round", 1, 1000);
   o.add("train.batch_size", &c.engine.fit.batch_size, "local minibatch size", 1, 1u << 20);
   o.add("train.lr", &c.engine.fit.lr, "client learning rate", 1e-7, 100);
+  o.add("train.prox_mu", &c.engine.fit.prox_mu, "FedProx's proximal term mu (0: FedAvg's local SGD)", 0, 1e4);
+  o.add("train.scaffold", &c.scaffold,
+        "SCAFFOLD: clients correct their steps by the server's minus their own control variate (kept in the state "
+        "store); doubles the uplink and the downlink");
   o.add("sampling.clients_per_round", &c.clients_per_round, "clients sampled each round", 1, 10'000'000);
   o.add("sampling.overcommit", &c.engine.sampling.overcommit, "sample this many times more; the fastest are kept", 1, 10);
   o.add("compression.compressor", &c.engine.scheme.compressor, "compressor spec:" + compression::compressors().help());

@@ -1,6 +1,9 @@
 #include "client/algorithm.h"
 
+#include <cmath>
+
 #include "core/error.h"
+#include "core/finite.h"
 
 namespace starling::client {
 
@@ -9,8 +12,16 @@ ClientAlgorithm::ClientAlgorithm(const compression::Compressor& compressor, Trai
   config_.check();
 }
 
+void ControlVariateState::load(ByteReader& r, uint32_t version) {
+  if (version != 1) r.fail("SCAFFOLD control variate version ", version, " is not 1");
+  r.floats(values);
+  for (float v : values)
+    if (!std::isfinite(v)) r.fail("SCAFFOLD control variate holds a non-finite value");
+}
+
 PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint64_t client_id,
-                                      std::span<const float> global, const DataView& data, ClientState& state) {
+                                      std::span<const float> global, const DataView& data, ClientState& state,
+                                      std::span<const float> server_control) {
   const ParamLayout& layout = trainer_.layout();
   PhaseResult out;
   auto& h = out.update.header;
@@ -26,11 +37,41 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   }
   STARLING_CHECK_ARG(global.size() == layout.numel(), "client ", client_id, ": global model has ", global.size(),
                      " floats, the model needs ", layout.numel());
+  FitConfig cfg = config_;
+  if (cfg.prox_mu > 0) cfg.prox_anchor = global;
+  const bool scaffold = !server_control.empty();
+  const ControlVariateState* ci = nullptr;
+  if (scaffold) {
+    STARLING_CHECK_ARG(server_control.size() == layout.numel(), "client ", client_id, ": the server control variate has ",
+                       server_control.size(), " floats, the model needs ", layout.numel());
+    ci = state.find<ControlVariateState>(kControlVariate);
+    if (ci && ci->values.size() != layout.numel())
+      STARLING_THROW(InvalidArgument, "client ", client_id, ": its SCAFFOLD control variate has ", ci->values.size(),
+                     " floats, the model needs ", layout.numel());
+    correction_.resize(layout.numel());
+    for (size_t i = 0; i < correction_.size(); ++i) correction_[i] = server_control[i] - (ci ? ci->values[i] : 0.0f);
+    cfg.correction = correction_;
+  }
   params_.assign(global.begin(), global.end());
   RngStream rng(StreamKey{b.run_seed, b.round, client_id, StreamPurpose::kTraining, 0});
-  out.fit = trainer_.fit(params_, data, config_, rng);
+  out.fit = trainer_.fit(params_, data, cfg, rng);
   for (size_t i = 0; i < params_.size(); ++i) params_[i] -= global[i];  // the update: trained - global
+  std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> staged;
+  if (scaffold) {
+    // c_i+ - c_i = -c + (global - trained) / (K lr) = -c - update / (K lr)
+    const double inv = 1.0 / (static_cast<double>(cfg.steps(data.size())) * cfg.lr);
+    out.control_delta.resize(layout.numel());
+    auto next = std::make_unique<ControlVariateState>();
+    next->values.resize(layout.numel());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      out.control_delta[i] = static_cast<float>(-static_cast<double>(server_control[i]) - params_[i] * inv);
+      next->values[i] = (ci ? ci->values[i] : 0.0f) + out.control_delta[i];
+    }
+    STARLING_CHECK_ARG(allFinite(next->values), "client ", client_id, ": its SCAFFOLD control variate is not finite");
+    staged.emplace_back(kControlVariate, std::move(next));
+  }
   out.update.tensors = compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_);
+  if (!staged.empty()) state.commit(staged);
   out.update.metrics = out.fit.metrics;
   h.num_examples = out.fit.num_examples;
   return out;

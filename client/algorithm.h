@@ -24,7 +24,22 @@ namespace starling::client {
 struct PhaseResult {
   compression::Update update;  // what the client sends
   FitResult fit;               // phase 0 only: examples and training metrics
+  // SCAFFOLD only (phase 0 with a server control variate): the change of this client's control
+  // variate, c_i+ - c_i, numel floats; what the server averages into its own (sent dense).
+  std::vector<float> control_delta;
 };
+
+// SCAFFOLD's client control variate c_i (Karimireddy et al., "SCAFFOLD: Stochastic Controlled
+// Averaging for Federated Learning", ICML 2020), kept in the ClientState under kControlVariate.
+class ControlVariateState final : public StateComponent {
+ public:
+  std::vector<float> values;
+  uint32_t version() const override { return 1; }
+  void save(ByteWriter& w) const override { w.floats(values); }
+  void load(ByteReader& r, uint32_t version) override;
+  size_t memoryBytes() const override { return values.capacity() * sizeof(float); }
+};
+inline constexpr const char* kControlVariate = "scaffold.control";
 
 class ClientAlgorithm {
  public:
@@ -32,9 +47,16 @@ class ClientAlgorithm {
   ClientAlgorithm(const compression::Compressor& compressor, Trainer& trainer, FitConfig config);
 
   // The client's part of phase b.phase. `global` is the model the round started from (used in
-  // phase 0). `state` must be bound to the trainer's layout. On a throw, `state` is unchanged.
+  // phase 0, and FedProx's anchor when the config's prox_mu > 0). `state` must be bound to the
+  // trainer's layout. On a throw, `state` is unchanged.
+  //
+  // SCAFFOLD (option II of the paper) when `server_control` (the server's control variate c,
+  // numel floats) is given: every step's gradient is corrected by c - c_i (c_i from `state`, zeros
+  // at first), and after the K = FitConfig::steps(examples) local steps of learning rate lr
+  //   c_i+ = c_i - c + (global - trained) / (K lr),
+  // stored in `state`; result.control_delta = c_i+ - c_i. With c = c_i = 0 the training is FedAvg's.
   PhaseResult runPhase(const compression::PhaseBroadcast& b, uint64_t client_id, std::span<const float> global,
-                       const DataView& data, ClientState& state);
+                       const DataView& data, ClientState& state, std::span<const float> server_control = {});
 
   const FitConfig& config() const { return config_; }
 
@@ -42,7 +64,7 @@ class ClientAlgorithm {
   const compression::Compressor& compressor_;
   Trainer& trainer_;
   FitConfig config_;
-  std::vector<float> params_;
+  std::vector<float> params_, correction_;
   compression::Workspace workspace_;
 };
 

@@ -46,6 +46,7 @@ FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const
                             RngStream& rng) {
   cfg.check();
   checkParams(params.size());
+  checkGradientTerms(cfg, params.size());
   checkDataView(data, features(), classes());
   const data::Dataset& d = *data.dataset;
 
@@ -63,6 +64,11 @@ FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const
   VectorMap p(params.data(), static_cast<Eigen::Index>(params.size()));
   const ConstVectorMap g(grad_.data(), static_cast<Eigen::Index>(grad_.size()));
   const float lr = static_cast<float>(cfg.lr);
+  const auto mu = static_cast<float>(cfg.prox_mu);
+  const auto n_params = static_cast<Eigen::Index>(params.size());
+  const ConstVectorMap anchor(cfg.prox_mu > 0 ? cfg.prox_anchor.data() : params.data(), n_params);
+  const ConstVectorMap corr(cfg.correction.empty() ? params.data() : cfg.correction.data(), n_params);
+  VectorMap gm(grad_.data(), n_params);
   for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
     data::shuffleInPlace(std::span<size_t>(order_), rng);
     for (size_t start = 0; start < order_.size(); start += cfg.batch_size) {
@@ -75,6 +81,8 @@ FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const
       loss_sum += st.loss_sum;
       correct += st.correct;
       seen += n;
+      if (mu > 0) gm.noalias() += mu * (p - anchor);  // FedProx
+      if (!cfg.correction.empty()) gm += corr;         // SCAFFOLD
       p.noalias() -= lr * g;
     }
   }

@@ -191,7 +191,8 @@ struct ClientRuntime::Impl {
     log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round, t.phase, train.size());
     if (config.delay_ms) withHeartbeats([&] { std::this_thread::sleep_for(milliseconds(config.delay_ms)); }, stats);
     const cz::Compressor& comp = compressor(t.compressor);
-    const FitConfig fit{t.fit.epochs, t.fit.batch_size, t.fit.lr};
+    FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
+    fit.prox_mu = t.fit.prox_mu;
     fit.check();
     auto shared = std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};

@@ -16,6 +16,20 @@ void FitConfig::check() const {
   if (!std::isfinite(lr) || lr <= 0 || lr > std::numeric_limits<float>::max())
     STARLING_THROW(ConfigError, "fit: learning rate lr=", lr,
                    " must be a finite number > 0 (and a finite float)");
+  if (!(prox_mu >= 0 && prox_mu <= 1e4))
+    STARLING_THROW(ConfigError, "fit: proximal term prox_mu=", prox_mu, " must be in [0, 10000]");
+}
+
+uint64_t FitConfig::steps(size_t examples) const {
+  return static_cast<uint64_t>(epochs) * ((examples + batch_size - 1) / batch_size);
+}
+
+void checkGradientTerms(const FitConfig& cfg, size_t numel) {
+  if (cfg.prox_mu > 0)
+    STARLING_CHECK_ARG(cfg.prox_anchor.size() == numel, "fit: the proximal anchor has ", cfg.prox_anchor.size(),
+                       " floats, the model ", numel);
+  STARLING_CHECK_ARG(cfg.correction.empty() || cfg.correction.size() == numel, "fit: the SCAFFOLD correction has ",
+                     cfg.correction.size(), " floats, the model ", numel);
 }
 
 void checkDataView(const DataView& data, size_t features, uint32_t classes) {

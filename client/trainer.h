@@ -56,9 +56,24 @@ struct FitConfig {
   uint32_t batch_size =
       32;           // examples per SGD step (the last step of an epoch may have fewer), >= 1
   double lr = 0.1;  // SGD step size, > 0 and finite as a float
+  // Extra terms of every SGD step's gradient (both off by default):
+  // - FedProx (Li et al., MLSys 2020): the proximal term mu/2 ||w - anchor||^2 adds
+  //   prox_mu (w - prox_anchor); the anchor is the round's global model. prox_mu in [0, 1e4].
+  // - SCAFFOLD (Karimireddy et al., ICML 2020): adds `correction` = c - c_i, the server's control
+  //   variate minus the client's. Empty: none.
+  // The spans are the caller's (ClientAlgorithm sets them per client); a trainer checks that they
+  // have layout().numel() floats (InvalidArgument) and applies them to every trained parameter.
+  double prox_mu = 0.0;
+  std::span<const float> prox_anchor{};
+  std::span<const float> correction{};
 
   void check() const;
+  // Steps of one fit over `examples` examples: epochs x ceil(examples / batch_size).
+  uint64_t steps(size_t examples) const;
 };
+
+// Checks the extra gradient terms of `cfg` against a model of `numel` parameters.
+void checkGradientTerms(const FitConfig& cfg, size_t numel);
 
 struct FitResult {
   // The client's number of examples (the view's size): the weight FedAvg gives its update. Not

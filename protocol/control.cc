@@ -182,7 +182,7 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   auto sv = b.CreateVector(shared);
   auto spec = b.CreateString(h.compressor);
   auto metrics = strings(b, h.metrics);
-  auto fit = fb::CreateFitSettings(b, h.fit.epochs, h.fit.batch_size, h.fit.lr);
+  auto fit = fb::CreateFitSettings(b, h.fit.epochs, h.fit.batch_size, h.fit.lr, h.fit.prox_mu);
   auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce, h.run_seed, spec,
                              h.model_version, h.base_version, tv, static_cast<uint8_t>(h.shared.fixed), sv, fit,
                              h.deadline_ms, metrics);
@@ -293,14 +293,16 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
   m.base_version = t->base_version();
   m.deadline_ms = t->deadline_ms();
   m.metrics = texts(t->metrics(), kMaxTaskMetrics, 64, "metric names");
-  if (const auto* f = t->fit()) m.fit = FitSettings{f->epochs(), f->batch_size(), f->lr()};
+  if (const auto* f = t->fit()) m.fit = FitSettings{f->epochs(), f->batch_size(), f->lr(), f->prox_mu()};
   if (m.nonce == 0) fail(Errc::kMissingField, "task without a nonce");
   // Bounded like the server's own configuration, so a hostile server cannot make a client train
   // forever.
   if (m.kind == TaskKind::kFit && (m.fit.epochs == 0 || m.fit.epochs > 1000 || m.fit.batch_size == 0 ||
-                                   m.fit.batch_size > (1u << 20) || !(m.fit.lr > 0) || !(m.fit.lr <= 100)))
+                                   m.fit.batch_size > (1u << 20) || !(m.fit.lr > 0) || !(m.fit.lr <= 100) ||
+                                   !(m.fit.prox_mu >= 0) || !(m.fit.prox_mu <= 1e4)))
     fail(Errc::kMissingField, "task with a bad fit config (epochs " + std::to_string(m.fit.epochs) + ", batch " +
-                                  std::to_string(m.fit.batch_size) + ", lr " + std::to_string(m.fit.lr) + ")");
+                                  std::to_string(m.fit.batch_size) + ", lr " + std::to_string(m.fit.lr) +
+                                  ", prox_mu " + std::to_string(m.fit.prox_mu) + ")");
   // The model: whole (dense f32 / f16) or, against a base version, sparse new values.
   const auto* tensors = t->model();
   const size_t n = tensors ? tensors->size() : 0;

@@ -72,6 +72,7 @@ struct FitSettings {
   uint32_t epochs = 1;
   uint32_t batch_size = 32;
   float lr = 0.05f;
+  float prox_mu = 0.0f;  // FedProx's mu, in [0, 1e4]; 0: plain local SGD
 };
 
 struct TaskMsg {

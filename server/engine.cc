@@ -74,6 +74,8 @@ void EngineConfig::validate() const {
   if (fit.epochs == 0 || fit.epochs > 1000) STARLING_THROW(ConfigError, "fit.epochs must be in [1, 1000], got ", fit.epochs);
   if (fit.batch_size == 0) STARLING_THROW(ConfigError, "fit.batch_size must be positive");
   if (!(fit.lr > 0.0f && fit.lr <= 100.0f)) STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
+  if (!(fit.prox_mu >= 0.0f && fit.prox_mu <= 1e4f))
+    STARLING_THROW(ConfigError, "train.prox_mu must be in [0, 10000], got ", fit.prox_mu);
   if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
   if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
   if (shard_count == 0 || shard_rank >= shard_count)
@@ -137,6 +139,8 @@ void RoundEngine::saveCheckpoint() const {
   w.u32(config_.shard_count);
   if (config_.shard_count == 1) optimizer_->saveState(w);
   carry_.save(w);
+  w.u64(fleet_state_.size());
+  if (!fleet_state_.empty()) w.bytes(fleet_state_.data(), fleet_state_.size());
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -225,6 +229,13 @@ void RoundEngine::loadCheckpoint() {
     opt->loadState(r);
   }
   ag::RoundCarry carry = ag::RoundCarry::load(r, *layout_);
+  std::vector<uint8_t> fleet_state;
+  if (format >= 2) {
+    const uint64_t n = r.u64();
+    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, bytes.size())));
+    if (v.size() != n) r.fail("fleet state of ", n, " bytes is truncated");
+    fleet_state.assign(v.begin(), v.end());
+  }
   r.finish();
   try {
     scheme_.checkCarry(carry);
@@ -237,6 +248,8 @@ void RoundEngine::loadCheckpoint() {
   if (opt) optimizer_ = std::move(opt);
   else loadOptimizerShard(next);
   carry_ = std::move(carry);
+  fleet_state_ = std::move(fleet_state);
+  fleet_state_pending_ = true;
 }
 
 std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& available, uint64_t round,
@@ -263,6 +276,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   auto finishRecord = [&] {
     rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++next_round_;
+    fleet.endRound(rec.round, rec.applied);
+    fleet_state_ = fleet.saveState();
     saveOptimizerShard();
     fleet.checkpoint();
     saveCheckpoint();
@@ -274,6 +289,10 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return rec;
   };
 
+  if (fleet_state_pending_) {
+    fleet.restoreState(fleet_state_);
+    fleet_state_pending_ = false;
+  }
   const auto& s = config_.sampling;
   const std::vector<ClientInfo> available =
       fleet.waitForClients(s.min_available, std::chrono::milliseconds(s.wait_ms), rec.round);

@@ -135,6 +135,14 @@ class Fleet {
   // After a sharded server step (EngineConfig::shard_count > 1) `model` holds the new values in
   // this worker's shard only: the fleet gathers every worker's shard into it.
   virtual void gatherModel(std::span<float> /*model*/) {}
+  // The end of round `round`, applied or not, before checkpoint() (the simulator applies
+  // SCAFFOLD's server control-variate update here, for applied rounds only).
+  virtual void endRound(uint64_t /*round*/, bool /*applied*/) {}
+  // Server-side state of the fleet's own that the checkpoint keeps (the simulator's SCAFFOLD
+  // control variate), the same on every worker; empty: none. restoreState() gets it back once,
+  // before the first round after a resume.
+  virtual std::vector<uint8_t> saveState() const { return {}; }
+  virtual void restoreState(std::span<const uint8_t> /*bytes*/) {}
 };
 
 struct RoundRecord {
@@ -185,6 +193,8 @@ class RoundEngine {
   std::unique_ptr<aggregation::ServerOptimizer> optimizer_;  // of this engine's shard (the whole model unsharded)
   size_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<uint8_t> previous_shard_entry_;  // the optimizer shard file's older entry
+  std::vector<uint8_t> fleet_state_;           // Fleet::saveState() at the last checkpoint
+  bool fleet_state_pending_ = false;            // loaded from a checkpoint, not yet restored
   ModelStore model_;
   aggregation::RoundCarry carry_;
   uint64_t next_round_ = 1;

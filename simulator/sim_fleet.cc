@@ -32,6 +32,7 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(), " shards but ",
                      clients.devices.size(), " devices");
+  if (config_.scaffold) control_.assign(trainer.layout().numel(), 0.0f);
   if (!config_.homes_file.empty() && std::filesystem::exists(config_.homes_file)) {
     const std::vector<uint8_t> bytes = readFile(config_.homes_file, uint64_t{1} << 32);
     ByteReader r(bytes, config_.homes_file);
@@ -86,8 +87,18 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
 
   // The exact wire sizes of this phase's task and of an update (no compressor's size depends on
   // the values: top-k sends k, low-rank its factors, quantizers their bits).
-  const uint64_t down_bytes = server::encodeTask(task, 0).size();
+  uint64_t down_bytes = server::encodeTask(task, 0).size();
   uint64_t up_bytes = 0;
+  const bool scaffold = config_.scaffold && h.phase == 0;
+  if (scaffold) {
+    // c down and the client's control delta up, each as a dense message of the model's size.
+    cz::Update u;
+    u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
+    for (size_t t = 0; t < layout.size(); ++t) u.tensors.push_back(cz::DenseF32{std::vector<float>(layout[t].numel, 0.0f)});
+    control_bytes_ = pr::encodedSize(u);
+    down_bytes += control_bytes_;
+    control_sum_.assign(layout.numel(), 0.0f);
+  }
   {
     cz::Update u;
     u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
@@ -96,6 +107,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
                              : std::vector<cz::Payload>{};
     for (const auto& m : h.metrics) u.metrics.push_back(Metric{m, 0.0});
     up_bytes = h.phase == 0 ? pr::encodedSize(u) : 0;
+    if (scaffold) up_bytes += control_bytes_;
   }
 
   // 1. The simulated clock decides who is accepted (phase 0), 2. the scheduler who trains them.
@@ -125,7 +137,9 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   std::set<uint64_t> in_phase;
   for (const auto& c : participants) in_phase.insert(c.id);
   const int rank = coll_.rank(), workers = coll_.size();
-  client::ClientAlgorithm algorithm(comp, trainer_, client::FitConfig{h.fit.epochs, h.fit.batch_size, h.fit.lr});
+  client::FitConfig fit{.epochs = h.fit.epochs, .batch_size = h.fit.batch_size, .lr = h.fit.lr};
+  fit.prox_mu = h.fit.prox_mu;
+  client::ClientAlgorithm algorithm(comp, trainer_, fit);
   const std::span<const float> global = task.model.current();
   std::vector<uint64_t> mine;
   for (uint64_t id : assignment_.per_worker.at(static_cast<size_t>(rank)))
@@ -142,9 +156,13 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     const client::DataView data{clients_.train, clients_.shards[id]};
     store_.load(id, state_);
     try {
-      client::PhaseResult res = algorithm.runPhase(task.broadcast, id, global, data, state_);
-      counts[np] += pr::encodedSize(res.update);
+      client::PhaseResult res =
+          algorithm.runPhase(task.broadcast, id, global, data, state_, scaffold ? std::span<const float>(control_)
+                                                                                : std::span<const float>());
+      counts[np] += pr::encodedSize(res.update) + (scaffold ? control_bytes_ : 0);
       agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
+      if (scaffold)
+        for (size_t i = 0; i < control_sum_.size(); ++i) control_sum_[i] += res.control_delta[i];
       store_.store(id, state_);
       counts[index[id]] = 1;
       if (h.phase == 0) work += data.size() * h.fit.epochs;
@@ -174,6 +192,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     coll_.allReduceSum(buf);
   }
   allReduceCounts(counts);
+  if (scaffold) coll_.allReduceSum(control_sum_);
   for (size_t i = 0; i < np; ++i) {
     if (counts[i] == 1) rep.completed.push_back(participants[i].id);
     else if (counts[i] == 2) failed.insert(participants[i].id);
@@ -194,6 +213,46 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
 
 void SimFleet::gatherModel(std::span<float> model) {
   if (config_.sharded_step) coll_.allGather(model);
+}
+
+void SimFleet::endRound(uint64_t, bool applied) {
+  if (!config_.scaffold || control_sum_.empty()) return;
+  // c += (1/N) sum over the participants of (c_i+ - c_i), N = the clients in the pool.
+  if (applied) {
+    const auto inv = static_cast<float>(1.0 / static_cast<double>(clients_.shards.size()));
+    for (size_t i = 0; i < control_.size(); ++i) control_[i] += control_sum_[i] * inv;
+  }
+  control_sum_.clear();
+}
+
+std::vector<uint8_t> SimFleet::saveState() const {
+  std::vector<uint8_t> bytes;
+  if (!config_.scaffold) return bytes;
+  ByteWriter w(bytes);
+  w.u32(1);  // version
+  w.floats(control_);
+  return bytes;
+}
+
+void SimFleet::restoreState(std::span<const uint8_t> bytes) {
+  if (!config_.scaffold) {
+    if (!bytes.empty())
+      STARLING_THROW(IoError, "the checkpoint holds SCAFFOLD's server control variate, and this run is not SCAFFOLD "
+                     "(train.scaffold = false): resume with the same algorithm");
+    return;
+  }
+  if (bytes.empty())
+    STARLING_THROW(IoError, "the checkpoint has no SCAFFOLD server control variate (it was not a SCAFFOLD run): resume "
+                   "with the same algorithm");
+  ByteReader r(bytes, "SCAFFOLD state in the checkpoint");
+  if (const uint32_t v = r.u32(); v != 1) r.fail("version ", v, " is not 1");
+  std::vector<float> c;
+  r.floats(c);
+  r.finish();
+  if (c.size() != trainer_.layout().numel()) r.fail(c.size(), " floats, the model has ", trainer_.layout().numel());
+  for (float x : c)
+    if (!std::isfinite(x)) r.fail("a non-finite value");
+  control_ = std::move(c);
 }
 
 void SimFleet::checkpoint() {

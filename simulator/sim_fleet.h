@@ -52,6 +52,12 @@ struct SimFleetConfig {
   // sum is reduce-scattered (its small head all-reduced) instead of all-reduced, and the engine's
   // stepped shards are all-gathered. Off: one all-reduce, and every worker steps the whole model.
   bool sharded_step = false;
+  // SCAFFOLD (client/algorithm.h): the server's control variate c lives here (the same on every
+  // worker, saved with the engine's checkpoint); each client corrects its steps by c - c_i, its
+  // c_i lives in the state store, and after an applied round c += (1/N) sum of the participants'
+  // control deltas (N = the pool). The control deltas travel dense, beside the updates, and c
+  // beside the task: both are counted in the uplink and downlink bytes.
+  bool scaffold = false;
 };
 
 // The simulated population: data shards and devices (identical on every worker).
@@ -76,6 +82,11 @@ class SimFleet final : public server::Fleet {
   // Makes every client state durable, and where it is (before the engine writes its checkpoint).
   void checkpoint() override;
   void gatherModel(std::span<float> model) override;
+  void endRound(uint64_t round, bool applied) override;
+  std::vector<uint8_t> saveState() const override;
+  void restoreState(std::span<const uint8_t> bytes) override;
+  // SCAFFOLD's server control variate (empty unless config.scaffold).
+  const std::vector<float>& serverControl() const { return control_; }
 
   const CostModel& cost() const { return cost_; }
   // Clients this worker trained so far (all phases).
@@ -102,6 +113,8 @@ class SimFleet final : public server::Fleet {
   std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
   uint64_t assignment_round_ = 0;
   ClientState state_;          // reused for every client
+  std::vector<float> control_, control_sum_;  // SCAFFOLD: c, and this round's summed control deltas
+  uint64_t control_bytes_ = 0;                // a dense model-sized message: c down, a delta up
   uint64_t trained_ = 0;
 };
 

@@ -189,6 +189,7 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
                             RngStream& rng) {
   cfg.check();
   checkParams(params.size());
+  client::checkGradientTerms(cfg, params.size());
   checkData(data);
   const data::Dataset& d = *data.dataset;
   load(params);  // params stay untouched until the copy back: a divergence needs no rollback
@@ -205,6 +206,14 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
     if (!velocity_.defined()) velocity_ = torch::empty_like(grad_);
     velocity_.zero_();
   }
+  // FedProx's anchor and SCAFFOLD's correction, over the trained parameters (the prefix of the
+  // flat buffer; running statistics after it are not trained). Views of the caller's memory.
+  const auto prefix = static_cast<int64_t>(param_numel_);
+  const auto mu = static_cast<float>(cfg.prox_mu);
+  torch::Tensor anchor, correction;
+  if (mu > 0) anchor = torch::from_blob(const_cast<float*>(cfg.prox_anchor.data()), {prefix}, torch::kFloat32);
+  if (!cfg.correction.empty())
+    correction = torch::from_blob(const_cast<float*>(cfg.correction.data()), {prefix}, torch::kFloat32);
   double loss_sum = 0;
   int64_t correct = 0;
   size_t seen = 0;
@@ -225,6 +234,8 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
       seen += n;
       loss.backward();
       torch::NoGradGuard no_grad;
+      if (mu > 0) grad_.add_(step_params, mu).add_(anchor, -mu);  // FedProx: + mu (w - anchor)
+      if (correction.defined()) grad_.add_(correction);  // SCAFFOLD
       if (momentum_ > 0) {
         velocity_.mul_(momentum_).add_(grad_);
         step_params.add_(velocity_, -cfg.lr);

@@ -263,3 +263,71 @@ TEST_CASE("trainer specs and model sizes are checked", "[client]") {
   // A weight matrix past what a ParamLayout holds (u32 indices on the wire).
   CHECK_THROWS_AS(makeTrainer("mlp:hidden=100000", 100000, 10), InvalidArgument);
 }
+
+// One step over the whole batch makes the extra gradient terms exact to check: with the data's
+// gradient g at the start p0, plain SGD gives p0 - lr g, FedProx p0 - lr (g + mu (p0 - anchor)),
+// SCAFFOLD p0 - lr (g + correction).
+TEST_CASE("FedProx's proximal term and SCAFFOLD's correction enter every step's gradient", "[client]") {
+  const data::Dataset d = testing::gaussianData(40, 5, 3, 11);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  for (const char* spec : {"softmax", "mlp:hidden=6"}) {
+    INFO(spec);
+    auto t = makeTrainer(spec, 5, 3);
+    const size_t n = t->layout().numel();
+    std::vector<float> p0(n), anchor(n), corr(n);
+    t->initParameters(p0, 3);
+    for (size_t i = 0; i < n; ++i) {
+      anchor[i] = p0[i] + 0.5f * std::sin(0.3f * static_cast<float>(i));
+      corr[i] = 0.25f * std::cos(0.7f * static_cast<float>(i));
+    }
+    const double lr = 0.1, mu = 0.8;
+    const auto fit = [&](FitConfig cfg) {
+      std::vector<float> p = p0;
+      RngStream rng = trainingStream(0);
+      t->fit(p, DataView{&d, idx}, cfg, rng);
+      return p;
+    };
+    const FitConfig one{.epochs = 1, .batch_size = 40, .lr = lr};
+    const auto plain = fit(one);
+    FitConfig prox = one;
+    prox.prox_mu = mu;
+    prox.prox_anchor = anchor;
+    FitConfig scaffold = one;
+    scaffold.correction = corr;
+    const auto with_prox = fit(prox), with_corr = fit(scaffold);
+    for (size_t i = 0; i < n; ++i) {
+      CHECK(with_prox[i] - plain[i] == Approx(-lr * mu * (p0[i] - anchor[i])).margin(1e-6));
+      CHECK(with_corr[i] - plain[i] == Approx(-lr * corr[i]).margin(1e-6));
+    }
+    // Over many steps the proximal term keeps the model nearer its anchor.
+    const auto dist = [&](const std::vector<float>& p) {
+      double s = 0;
+      for (size_t i = 0; i < n; ++i) s += (p[i] - p0[i]) * (p[i] - p0[i]);
+      return std::sqrt(s);
+    };
+    const FitConfig many{.epochs = 5, .batch_size = 4, .lr = lr};
+    FitConfig many_prox = many;
+    many_prox.prox_mu = 2.0;
+    many_prox.prox_anchor = p0;
+    CHECK(dist(fit(many_prox)) < 0.8 * dist(fit(many)));
+    // mu = 0 is plain SGD whatever the anchor.
+    FitConfig zero = one;
+    zero.prox_anchor = anchor;
+    CHECK(fit(zero) == plain);
+
+    // Bad terms are refused before anything is touched.
+    FitConfig bad = one;
+    bad.prox_mu = 1.0;  // no anchor
+    std::vector<float> p = p0;
+    RngStream rng = trainingStream(0);
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument, Contains("proximal anchor"));
+    bad = one;
+    bad.correction = std::span<const float>(corr).first(n - 1);
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument, Contains("SCAFFOLD correction"));
+    bad = one;
+    bad.prox_mu = -1;
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), ConfigError, Contains("prox_mu"));
+    CHECK(p == p0);
+  }
+}

@@ -5,7 +5,9 @@
 #include <limits>
 #include <random>
 
+#include "check_throws.h"
 #include "core/half.h"
+#include "core/input_error.h"
 #include "fuzz/fuzz_layout.h"
 #include "protocol/codec.h"
 #include "protocol/control.h"
@@ -14,6 +16,7 @@
 using namespace starling;
 using namespace starling::protocol;
 using namespace starling::testing;
+using Catch::Matchers::Contains;
 namespace cz = starling::compression;
 
 namespace {
@@ -27,7 +30,7 @@ TaskMsg sampleTask() {
   t.run_seed = 42;
   t.compressor = "powersgd:rank=2";
   t.model_version = 9;
-  t.fit = FitSettings{2, 16, 0.25f};
+  t.fit = FitSettings{2, 16, 0.25f, 0.125f};
   t.deadline_ms = 1234;
   t.metrics = {"train_loss", "train_accuracy"};
   t.shared = fuzz::shared();
@@ -147,6 +150,7 @@ TEST_CASE("a task round-trips with its model and shared factors; the nonce is pa
   CHECK(d.fit.epochs == 2);
   CHECK(d.fit.batch_size == 16);
   CHECK(d.fit.lr == 0.25f);
+  CHECK(d.fit.prox_mu == 0.125f);
   CHECK(d.deadline_ms == 1234);
   CHECK(d.metrics == t.metrics);
   CHECK(samePayloads(d.model, model));
@@ -220,4 +224,19 @@ TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong bas
   before[96 + 7] = 0.25f;
   CHECK(sameBits(model, before));
   CHECK_THROWS_AS(applyModel(l, 4, 5, delta, model), InvalidArgument);
+}
+
+TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps blow up", "[protocol]") {
+  const ParamLayout l = fuzz::layout();
+  const auto model = denseModel(l, 3);
+  for (float mu : {-1.0f, 1e4f * 1.5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    TaskMsg t = sampleTask();
+    t.phase = 0;
+    t.fit.prox_mu = mu;
+    CAPTURE(mu);
+    CHECK_THROWS_MATCHING(decodeTask(encodeTask(t, views(model)), l), InputError, Contains("prox_mu"));
+  }
+  TaskMsg t = sampleTask();
+  t.fit.prox_mu = 1e4f;
+  CHECK(decodeTask(encodeTask(t, views(model)), l).fit.prox_mu == 1e4f);
 }

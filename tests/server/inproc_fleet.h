@@ -112,7 +112,9 @@ class InProcFleet final : public server::Fleet {
     if (!comp) comp = compression::makeCompressor(t.compressor);
     auto shared = std::make_shared<const compression::SharedFactors>(std::move(t.shared));
     const compression::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
-    client::ClientAlgorithm alg(*comp, trainer_, client::FitConfig{t.fit.epochs, t.fit.batch_size, t.fit.lr});
+    client::FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
+    fit.prox_mu = t.fit.prox_mu;
+    client::ClientAlgorithm alg(*comp, trainer_, fit);
     client::PhaseResult res = alg.runPhase(b, c.id, c.model, client::DataView{&train_, c.shard}, c.state);
     res.update.header.nonce = t.nonce;
     return protocol::encodeUpdate(res.update);

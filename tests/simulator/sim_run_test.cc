@@ -339,3 +339,80 @@ TEST_CASE("a simulation on the user's own CSV data, with every client's statisti
   CHECK(cnn_log.find("model.spec = 'cnn' does not fit data.train") != std::string::npos);
   CHECK(cnn_log.find("data.shape") != std::string::npos);
 }
+
+namespace {
+
+std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {
+  a.insert(a.end(), more);
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings", "[simulator][integration]") {
+  TempDir dir("simalgo");
+  // One client in the pool: after its first round SCAFFOLD's c equals that client's c_i, so its
+  // correction c - c_i is exactly zero and every round is FedAvg's, bit for bit.
+  const auto one = [&](const std::string& tag, std::initializer_list<std::string> more) {
+    return with(simArgs(dir, tag, 1, 3), more);
+  };
+  const std::initializer_list<std::string> pool1 = {"--data.num_clients", "1", "--sampling.clients_per_round", "1",
+                                                    "--compression.compressor", "none", "--data.partition", "iid"};
+  Proc fedavg(with(one("fedavg", {}), pool1), dir / "fedavg.log");
+  REQUIRE(fedavg.wait(seconds(300)) == 0);
+  Proc scaffold(with(with(one("scaffold", {}), pool1), {"--train.scaffold", "true"}), dir / "scaffold.log");
+  const int rc = scaffold.wait(seconds(300));
+  INFO(readText(dir / "scaffold.log"));
+  REQUIRE(rc == 0);
+  CHECK(readCheckpoint(dir / "fedavg.ckpt").model == readCheckpoint(dir / "scaffold.ckpt").model);
+  // SCAFFOLD's control variates travel beside the updates: c down and a control delta up, each
+  // the size of the model.
+  const auto fa = readLines(dir / "fedavg.jsonl"), sc = readLines(dir / "scaffold.jsonl");
+  REQUIRE(sc.size() == 3);
+  CHECK(std::stoull(field(sc[0], "uplink_bytes")) > std::stoull(field(fa[0], "uplink_bytes")) + 4 * 7850);
+  CHECK(std::stoull(field(sc[0], "downlink_bytes")) > std::stoull(field(fa[0], "downlink_bytes")) + 4 * 7850);
+
+  // FedProx with mu = 0 is FedAvg; with mu > 0 the model moves less from where it starts.
+  Proc prox0(with(one("prox0", {}), {"--train.prox_mu", "0"}), dir / "prox0.log");
+  REQUIRE(prox0.wait(seconds(300)) == 0);
+  Proc base(one("base", {}), dir / "base.log");
+  REQUIRE(base.wait(seconds(300)) == 0);
+  CHECK(readCheckpoint(dir / "prox0.ckpt").model == readCheckpoint(dir / "base.ckpt").model);
+  Proc prox(with(one("prox", {}), {"--train.prox_mu", "5"}), dir / "prox.log");
+  REQUIRE(prox.wait(seconds(300)) == 0);
+  CHECK(readCheckpoint(dir / "prox.ckpt").model != readCheckpoint(dir / "base.ckpt").model);
+  // A bad mu names the key.
+  Proc bad(with(one("bad", {}), {"--train.prox_mu", "-1"}), dir / "bad.log");
+  CHECK(bad.wait(seconds(60)) == 2);
+  CHECK(readText(dir / "bad.log").find("train.prox_mu") != std::string::npos);
+}
+
+TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted one", "[simulator][integration]") {
+  TempDir dir("simscaffold");
+  // Two workers (the sharded step), states spilled to a kept folder: c is in the checkpoint, each
+  // c_i in the store of the worker that trained that client last.
+  auto args = [&](const std::string& tag, int rounds) {
+    return with(simArgs(dir, tag, 2, rounds),
+                {"--train.scaffold", "true", "--compression.compressor", "none", "--data.partition",
+                 "dirichlet:alpha=0.3", "--state.dir", dir / (tag + "-states"), "--state.memory_bytes", "1048576"});
+  };
+  Proc ref(args("ref", 4), dir / "ref.log");
+  REQUIRE(ref.wait(seconds(300)) == 0);
+  Proc first(args("cut", 2), dir / "cut.log");
+  REQUIRE(first.wait(seconds(300)) == 0);
+  Proc second(args("cut", 4), dir / "cut.log");
+  const int rc = second.wait(seconds(300));
+  INFO(readText(dir / "cut.log"));
+  REQUIRE(rc == 0);
+  CHECK(readText(dir / "cut.log").find("resumed at round 3") != std::string::npos);
+  const auto [diff, scale] = modelDiff(dir / "ref.ckpt", dir / "cut.ckpt");
+  CHECK(scale > 0.01);
+  CHECK(diff <= 1e-5 * scale);
+  // Without SCAFFOLD the same checkpoint cannot be continued silently.
+  auto plain = simArgs(dir, "cut", 2, 6);
+  Proc wrong(with(plain, {"--compression.compressor", "none", "--data.partition", "dirichlet:alpha=0.3", "--state.dir",
+                          dir / "cut-states"}),
+             dir / "wrong.log");
+  CHECK(wrong.wait(seconds(120)) != 0);
+  CHECK(readText(dir / "wrong.log").find("SCAFFOLD") != std::string::npos);
+}

@@ -307,3 +307,58 @@ TEST_CASE("LibTorch trainer specs, shapes and views are checked", "[torch_traine
   std::vector<float> lp(logreg->layout().numel(), 0.0f);
   CHECK(logreg->evaluate(lp, DataView{&wide, idx}).num_examples == 10);
 }
+
+// One step over the whole batch: FedProx adds -lr mu (p0 - anchor), SCAFFOLD -lr correction, to
+// every trained parameter; BatchNorm's running statistics (after the parameters in the layout) are
+// not trained and move as in plain SGD.
+TEST_CASE("LibTorch fit adds FedProx's and SCAFFOLD's gradient terms to the trained parameters",
+          "[torch_trainer]") {
+  const data::Dataset d = testing::blobImages(24, 12, 12, 3, 6);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  for (const char* spec : {"logreg", "resnet"}) {
+    INFO(spec);
+    auto t = makeTorchTrainer(spec, d);
+    const ParamLayout& l = t->layout();
+    const size_t n = l.numel();
+    std::vector<bool> trained(n, true);
+    for (size_t k = 0; k < l.size(); ++k)
+      if (l[k].name.find("running_") != std::string::npos)
+        for (size_t i = 0; i < l[k].numel; ++i) trained[l[k].offset + i] = false;
+    std::vector<float> p0(n), anchor(n), corr(n);
+    t->initParameters(p0, 3);
+    for (size_t i = 0; i < n; ++i) {
+      anchor[i] = p0[i] + 0.5f * std::sin(0.3f * static_cast<float>(i));
+      corr[i] = 0.25f * std::cos(0.7f * static_cast<float>(i));
+    }
+    const double lr = 0.05, mu = 0.8;
+    const auto fit = [&](FitConfig cfg) {
+      std::vector<float> p = p0;
+      RngStream rng = trainingStream(0);
+      t->fit(p, DataView{&d, idx}, cfg, rng);
+      return p;
+    };
+    const FitConfig one{.epochs = 1, .batch_size = 24, .lr = lr};
+    const auto plain = fit(one);
+    FitConfig prox = one;
+    prox.prox_mu = mu;
+    prox.prox_anchor = anchor;
+    FitConfig scaffold = one;
+    scaffold.correction = corr;
+    const auto with_prox = fit(prox), with_corr = fit(scaffold);
+    size_t checked = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double want_prox = trained[i] ? -lr * mu * (p0[i] - anchor[i]) : 0.0;
+      const double want_corr = trained[i] ? -lr * corr[i] : 0.0;
+      CHECK(with_prox[i] - plain[i] == Approx(want_prox).margin(2e-6));
+      CHECK(with_corr[i] - plain[i] == Approx(want_corr).margin(2e-6));
+      checked += trained[i] ? 0 : 1;
+    }
+    CHECK((std::string(spec) == "resnet") == (checked > 0));  // the ResNet has running statistics
+    FitConfig bad = one;
+    bad.correction = std::span<const float>(corr).first(n - 1);
+    std::vector<float> p = p0;
+    RngStream rng = trainingStream(0);
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument, Contains("SCAFFOLD correction"));
+  }
+}
