@@ -145,6 +145,12 @@ void ServerOptimizer::loadState(ByteReader& r) {
   if (m.size() != m_.size()) r.fail("momentum has ", m.size(), " values, expected ", m_.size());
   r.floats(v);
   if (v.size() != v_.size()) r.fail("second moment has ", v.size(), " values, expected ", v_.size());
+  // A state no step could have produced (a corrupt or edited file) would make the model
+  // non-finite at the next step: refused here. Every rule keeps v >= 0 (it starts at tau^2).
+  for (float x : m)
+    if (!std::isfinite(x)) r.fail("momentum holds a non-finite value");
+  for (float x : v)
+    if (!(std::isfinite(x) && x >= 0.0f)) r.fail("second moment holds a negative or non-finite value (", x, ")");
   steps_ = steps;
   m_.swap(m);
   v_.swap(v);

@@ -166,6 +166,15 @@ int runSim(int argc, char** argv, Config& c) {
                                    : "");
   }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  // SCAFFOLD's c_i+ = c_i - c + (x - y) / (K lr) takes the K steps to be plain SGD steps of lr:
+  // with momentum it would overestimate c_i by up to 1 / (1 - momentum).
+  if (c.scaffold) {
+    const std::string spec = trainer->spec();
+    const size_t at = spec.find("momentum=");
+    if (at != std::string::npos && std::strtod(spec.c_str() + at + 9, nullptr) != 0.0)
+      STARLING_THROW(ConfigError, "train.scaffold needs plain local SGD, and model.spec = '", spec,
+                     "' uses momentum (set momentum=0)");
+  }
   if (lead) {
     std::printf("starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d worker%s (%s, %s)\n",
                 trainer->spec().c_str(), layout->numel(), static_cast<unsigned long long>(c.num_clients),
@@ -188,6 +197,9 @@ int runSim(int argc, char** argv, Config& c) {
   const bool sharded = c.sharded_step && launch.world_size > 1;
   sim::StateStoreOptions so;
   so.memory_bytes = c.state_memory;
+  // With a checkpoint the client states must survive a crash too (error-feedback residuals,
+  // SCAFFOLD's c_i): they are kept beside it unless state.dir says where.
+  if (c.state_dir.empty() && !c.engine.checkpoint.empty()) c.state_dir = c.engine.checkpoint + ".states";
   if (!c.state_dir.empty()) {
     // A resumed run reopens the states its workers flushed at the checkpoint.
     so.spill_dir = c.state_dir + "/worker-" + std::to_string(launch.rank);
@@ -321,7 +333,8 @@ int main(int argc, char** argv) {
   o.add("eval.every", &c.engine.eval_every, "test-set evaluation every N rounds (0: never)", 0, 1u << 30);
   o.add("state.memory_bytes", &c.state_memory, "client-state memory per worker before spilling to LMDB", 1 << 20,
         uint64_t{1} << 40);
-  o.add("state.dir", &c.state_dir, "folder for spilled client states (default: a temporary folder)");
+  o.add("state.dir", &c.state_dir,
+        "folder for spilled client states (default: CHECKPOINT.states with state.checkpoint, else a temporary folder)");
   o.add("state.checkpoint", &c.engine.checkpoint, "checkpoint file, written after every round; resumed from at start");
   o.add("state.metrics", &c.engine.metrics, "per-round metrics, JSON Lines (appended)");
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;

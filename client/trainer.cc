@@ -18,6 +18,10 @@ void FitConfig::check() const {
                    " must be a finite number > 0 (and a finite float)");
   if (!(prox_mu >= 0 && prox_mu <= 1e4))
     STARLING_THROW(ConfigError, "fit: proximal term prox_mu=", prox_mu, " must be in [0, 10000]");
+  // The proximal term alone scales w - anchor by (1 - lr mu) each step: it diverges from 2 on.
+  if (lr * prox_mu >= 2)
+    STARLING_THROW(ConfigError, "fit: lr x prox_mu = ", lr * prox_mu, " must be below 2 (lr ", lr, ", prox_mu ", prox_mu,
+                   "), or every step moves the model further from the global one");
 }
 
 uint64_t FitConfig::steps(size_t examples) const {

@@ -299,7 +299,8 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
   // forever.
   if (m.kind == TaskKind::kFit && (m.fit.epochs == 0 || m.fit.epochs > 1000 || m.fit.batch_size == 0 ||
                                    m.fit.batch_size > (1u << 20) || !(m.fit.lr > 0) || !(m.fit.lr <= 100) ||
-                                   !(m.fit.prox_mu >= 0) || !(m.fit.prox_mu <= 1e4)))
+                                   !(m.fit.prox_mu >= 0) || !(m.fit.prox_mu <= 1e4) ||
+                                   !(static_cast<double>(m.fit.lr) * m.fit.prox_mu < 2.0)))
     fail(Errc::kMissingField, "task with a bad fit config (epochs " + std::to_string(m.fit.epochs) + ", batch " +
                                   std::to_string(m.fit.batch_size) + ", lr " + std::to_string(m.fit.lr) +
                                   ", prox_mu " + std::to_string(m.fit.prox_mu) + ")");

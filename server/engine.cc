@@ -11,6 +11,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/finite.h"
 #include "core/rng.h"
 #include "core/shard.h"
 #include "data/sampling.h"
@@ -76,6 +77,9 @@ void EngineConfig::validate() const {
   if (!(fit.lr > 0.0f && fit.lr <= 100.0f)) STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
   if (!(fit.prox_mu >= 0.0f && fit.prox_mu <= 1e4f))
     STARLING_THROW(ConfigError, "train.prox_mu must be in [0, 10000], got ", fit.prox_mu);
+  if (static_cast<double>(fit.lr) * fit.prox_mu >= 2.0)
+    STARLING_THROW(ConfigError, "train.lr x train.prox_mu = ", static_cast<double>(fit.lr) * fit.prox_mu,
+                   " must be below 2: the proximal term would make every client diverge");
   if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
   if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
   if (shard_count == 0 || shard_rank >= shard_count)
@@ -289,6 +293,12 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return rec;
   };
 
+  if (!fleet_checked_) {
+    if (fleet.stepShards() != config_.shard_count)
+      STARLING_THROW(ConfigError, "the engine steps the server optimizer in ", config_.shard_count,
+                     " shard(s) and its fleet reduces and gathers ", fleet.stepShards());
+    fleet_checked_ = true;
+  }
   if (fleet_state_pending_) {
     fleet.restoreState(fleet_state_);
     fleet_state_pending_ = false;
@@ -354,6 +364,11 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
                    std::span<const float>(result.delta).subspan(shard_begin_, shard_n));
   if (config_.shard_count > 1) fleet.gatherModel(next);
+  // The step is checked on the gathered model, so every worker of a sharded step decides alike.
+  if (!allFinite(next)) {
+    rec.reason = "the server optimizer's step made the model non-finite; the round is not applied";
+    return finishRecord();
+  }
   model_.set(std::move(next), model_.version() + 1);
   carry_ = std::move(result.next);
   rec.applied = true;

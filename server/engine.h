@@ -132,8 +132,13 @@ class Fleet {
   // (the simulator's store) makes it durable here. A fleet of several workers returns only when
   // every worker has (so the checkpoint never runs ahead of a worker's state).
   virtual void checkpoint() {}
+  // How many workers share the server step (EngineConfig::shard_count must agree; the engine
+  // checks it before its first round): 1 unless the fleet reduce-scatters the last phase's dense
+  // sum and gathers the stepped model.
+  virtual uint32_t stepShards() const { return 1; }
   // After a sharded server step (EngineConfig::shard_count > 1) `model` holds the new values in
-  // this worker's shard only: the fleet gathers every worker's shard into it.
+  // this worker's shard only: the fleet gathers every worker's shard into it. Only an element-wise
+  // server optimizer can be sharded this way (every one in aggregation/server_optimizer.h is).
   virtual void gatherModel(std::span<float> /*model*/) {}
   // The end of round `round`, applied or not, before checkpoint() (the simulator applies
   // SCAFFOLD's server control-variate update here, for applied rounds only).
@@ -195,6 +200,7 @@ class RoundEngine {
   std::vector<uint8_t> previous_shard_entry_;  // the optimizer shard file's older entry
   std::vector<uint8_t> fleet_state_;           // Fleet::saveState() at the last checkpoint
   bool fleet_state_pending_ = false;            // loaded from a checkpoint, not yet restored
+  bool fleet_checked_ = false;                  // stepShards() agreed with shard_count
   ModelStore model_;
   aggregation::RoundCarry carry_;
   uint64_t next_round_ = 1;

@@ -98,7 +98,8 @@ std::unique_ptr<Collectives> makeLocal();
 // copy). Reduce-scatter and all-gather are c10d send/recv to every peer at once (ProcessGroupGloo
 // in LibTorch 1.13 throws "does not support reduce_scatter", and its allgather needs equal
 // shards): per bucket, rank r sends each peer j the slice of j's shard (reduce-scatter) or its own
-// slice (all-gather), and receives the peers' slices of its shard (added in rank order) or theirs
+// slice (all-gather), and receives the peers' slices of its shard (added onto its own in the order
+// r+1, r+2, ... mod W) or theirs
 // (into place). Per rank and bucket that is (W-1)/W of the bucket sent in each of the two, so
 // reduce-scatter + all-gather move the same bytes as one ring all-reduce (2 (W-1)/W of the buffer
 // per rank), in one round trip per bucket rather than a ring's W-1 dependent steps.

@@ -90,7 +90,8 @@ class GlooCollectives final : public Collectives {
   }
 
   // Reduce-scatter per bucket, every peer at once: rank r sends slice j of bucket k to rank j and
-  // receives slice r of bucket k from every peer, then adds what came in rank order. Per rank and
+  // receives slice r of bucket k from every peer, then adds what came from r+1, r+2, ... (mod W) in
+  // that order onto its own. Per rank and
   // bucket it sends (W-1)/W of the bucket, as a ring would, in one round trip instead of W-1
   // dependent steps; kInFlight buckets are on the wire at once (bucket k+1 travels while bucket k
   // is summed), so the receive scratch is kInFlight * (W-1)/W of a bucket.

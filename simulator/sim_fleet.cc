@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <set>
 
@@ -154,7 +155,14 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   const auto t_start = Clock::now();
   for (uint64_t id : mine) {
     const client::DataView data{clients_.train, clients_.shards[id]};
-    store_.load(id, state_);
+    try {
+      store_.load(id, state_);
+    } catch (const IoError& e) {  // its stored state does not read back: it fails this round
+      std::fprintf(stderr, "starling-sim: client %llu fails round %llu: %s\n", static_cast<unsigned long long>(id),
+                   static_cast<unsigned long long>(h.round), e.what());
+      counts[index[id]] = 2;
+      continue;
+    }
     try {
       client::PhaseResult res =
           algorithm.runPhase(task.broadcast, id, global, data, state_, scaffold ? std::span<const float>(control_)
@@ -211,48 +219,55 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   return rep;
 }
 
-void SimFleet::gatherModel(std::span<float> model) {
-  if (config_.sharded_step) coll_.allGather(model);
+uint32_t SimFleet::stepShards() const {
+  return config_.sharded_step ? static_cast<uint32_t>(coll_.size()) : 1;
 }
 
-void SimFleet::endRound(uint64_t, bool applied) {
+void SimFleet::gatherModel(std::span<float> model) {
+  STARLING_ENFORCE(config_.sharded_step, "gatherModel without the sharded step");
+  coll_.allGather(model);
+}
+
+void SimFleet::endRound(uint64_t, bool) {
   if (!config_.scaffold || control_sum_.empty()) return;
-  // c += (1/N) sum over the participants of (c_i+ - c_i), N = the clients in the pool.
-  if (applied) {
-    const auto inv = static_cast<float>(1.0 / static_cast<double>(clients_.shards.size()));
-    for (size_t i = 0; i < control_.size(); ++i) control_[i] += control_sum_[i] * inv;
-  }
+  // c += (1/N) sum over the participants of (c_i+ - c_i), N = the clients in the pool. Applied
+  // or not: the participants kept their c_i+, and c stays the mean of every c_i.
+  const auto inv = static_cast<float>(1.0 / static_cast<double>(clients_.shards.size()));
+  for (size_t i = 0; i < control_.size(); ++i) control_[i] += control_sum_[i] * inv;
   control_sum_.clear();
 }
 
+// The fleet's part of the checkpoint: version 1 | u32 workers | u8 SCAFFOLD | (SCAFFOLD) c.
 std::vector<uint8_t> SimFleet::saveState() const {
   std::vector<uint8_t> bytes;
-  if (!config_.scaffold) return bytes;
   ByteWriter w(bytes);
-  w.u32(1);  // version
-  w.floats(control_);
+  w.u32(1);
+  w.u32(static_cast<uint32_t>(coll_.size()));
+  w.u8(config_.scaffold ? 1 : 0);
+  if (config_.scaffold) w.floats(control_);
   return bytes;
 }
 
 void SimFleet::restoreState(std::span<const uint8_t> bytes) {
-  if (!config_.scaffold) {
-    if (!bytes.empty())
-      STARLING_THROW(IoError, "the checkpoint holds SCAFFOLD's server control variate, and this run is not SCAFFOLD "
-                     "(train.scaffold = false): resume with the same algorithm");
-    return;
-  }
-  if (bytes.empty())
-    STARLING_THROW(IoError, "the checkpoint has no SCAFFOLD server control variate (it was not a SCAFFOLD run): resume "
-                   "with the same algorithm");
-  ByteReader r(bytes, "SCAFFOLD state in the checkpoint");
+  ByteReader r(bytes, "the simulator's state in the checkpoint");
   if (const uint32_t v = r.u32(); v != 1) r.fail("version ", v, " is not 1");
-  std::vector<float> c;
-  r.floats(c);
+  // Clients' states are where the run's workers left them (homes): the same workers must go on.
+  if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
+    r.fail("the run had ", w, " worker(s), this one has ", coll_.size(), ": resume with as many workers");
+  const bool scaffold = r.u8() != 0;
+  if (scaffold != config_.scaffold)
+    r.fail(scaffold ? "the run was SCAFFOLD and this one is not" : "this run is SCAFFOLD and the checkpointed one was not",
+           ": resume with the same train.scaffold");
+  if (scaffold) {
+    std::vector<float> c;
+    r.floats(c);
+    if (c.size() != trainer_.layout().numel())
+      r.fail("SCAFFOLD's control variate has ", c.size(), " floats, the model has ", trainer_.layout().numel());
+    for (float x : c)
+      if (!std::isfinite(x)) r.fail("SCAFFOLD's control variate holds a non-finite value");
+    control_ = std::move(c);
+  }
   r.finish();
-  if (c.size() != trainer_.layout().numel()) r.fail(c.size(), " floats, the model has ", trainer_.layout().numel());
-  for (float x : c)
-    if (!std::isfinite(x)) r.fail("a non-finite value");
-  control_ = std::move(c);
 }
 
 void SimFleet::checkpoint() {

@@ -54,8 +54,8 @@ struct SimFleetConfig {
   bool sharded_step = false;
   // SCAFFOLD (client/algorithm.h): the server's control variate c lives here (the same on every
   // worker, saved with the engine's checkpoint); each client corrects its steps by c - c_i, its
-  // c_i lives in the state store, and after an applied round c += (1/N) sum of the participants'
-  // control deltas (N = the pool). The control deltas travel dense, beside the updates, and c
+  // c_i lives in the state store, and after each round c += (1/N) sum of the participants'
+  // control deltas (N = the pool), so that c stays the mean of every c_i. The control deltas travel dense, beside the updates, and c
   // beside the task: both are counted in the uplink and downlink bytes.
   bool scaffold = false;
 };
@@ -81,6 +81,7 @@ class SimFleet final : public server::Fleet {
   void finish(const std::string&) override {}
   // Makes every client state durable, and where it is (before the engine writes its checkpoint).
   void checkpoint() override;
+  uint32_t stepShards() const override;
   void gatherModel(std::span<float> model) override;
   void endRound(uint64_t round, bool applied) override;
   std::vector<uint8_t> saveState() const override;

@@ -1,4 +1,7 @@
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "aggregation/server_optimizer.h"
 #include "core/error.h"
@@ -78,7 +81,7 @@ TEST_CASE("optimizer state survives a checkpoint", "[aggregation]") {
   std::vector<float> xc = {1, 2, 3};
   c->step(xc, std::vector<float>{0.1f, 0.1f, 0.1f});
   auto wrong = save(*adam);
-  wrong[wrong.size() - 1] ^= 0xff;  // still parses: a valid state of another run
+  wrong[wrong.size() - 4] ^= 0xff;  // the last float's low mantissa byte: a valid state of another run
   CHECK_NOTHROW(load(*c, wrong));
   CHECK_THROWS_AS(load(*c, std::span(blob)), IoError);
   CHECK(save(*c) == wrong);
@@ -100,4 +103,28 @@ TEST_CASE("server optimizer configuration and input are checked", "[aggregation]
   CHECK(x == std::vector<float>{1, 1});
   CHECK(opt->steps() == 0);
   CHECK_THROWS_AS(opt->step(x, std::vector<float>{1}), InvalidArgument);
+}
+
+// A state no step could produce (an edited or corrupt checkpoint) is refused at load, before it
+// can make the model non-finite at the next step; the optimizer keeps its own state.
+TEST_CASE("a server optimizer state with non-finite or negative moments is refused", "[aggregation]") {
+  auto opt = makeServerOptimizer("fedadam:eta=0.1", 3);
+  std::vector<float> x{1, 2, 3};
+  opt->step(x, std::vector<float>{0.5f, -0.5f, 0.25f});
+  const std::vector<uint8_t> good = save(*opt);
+  // The tail is: m (u64 count, 3 floats), then v (u64 count, 3 floats).
+  const size_t v_last = good.size() - 4, m_last = good.size() - 12 - 8 - 4;
+  const auto patched = [&](size_t at, float value) {
+    std::vector<uint8_t> b = good;
+    std::memcpy(b.data() + at, &value, 4);
+    return b;
+  };
+  auto fresh = makeServerOptimizer("fedadam:eta=0.1", 3);
+  const std::vector<uint8_t> before = save(*fresh);
+  CHECK_THROWS_AS(load(*fresh, patched(m_last, std::nanf(""))), IoError);
+  CHECK_THROWS_AS(load(*fresh, patched(v_last, std::numeric_limits<float>::infinity())), IoError);
+  CHECK_THROWS_AS(load(*fresh, patched(v_last, -1.0f)), IoError);
+  CHECK(save(*fresh) == before);
+  load(*fresh, good);  // the untouched state loads
+  CHECK(save(*fresh) == good);
 }

@@ -82,11 +82,16 @@ TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral
   for (size_t i = 0; i < n; ++i) CHECK(ci2->values[i] == Approx(ci_before[i] + second.control_delta[i]).margin(1e-6));
   CHECK(u2 != u1);
 
-  // A server control variate of the wrong size is refused and the state stays as it was.
+  // A server control variate of the wrong size, or one so large that training diverges, is
+  // refused and the state (residual, control variate) stays as it was.
   std::vector<uint8_t> before, after;
   s.saveTo(before);
   CHECK_THROWS_MATCHING(alg.runPhase(b, 3, global, view, s, std::span<const float>(c).first(n - 1)), InvalidArgument,
                         Contains("server control variate"));
+  s.saveTo(after);
+  CHECK(before == after);
+  const std::vector<float> huge(n, 3e37f);
+  CHECK_THROWS_AS(alg.runPhase(b, 3, global, view, s, huge), Error);
   s.saveTo(after);
   CHECK(before == after);
 }

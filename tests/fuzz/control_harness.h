@@ -12,7 +12,7 @@
 // - an Evaluation finite, loss >= 0 and accuracy in [0, 1];
 // - a Chunk's data non-empty, within max_chunk_bytes, and lying inside the input; index < count;
 // - a Task: nonce set, fit settings within epochs <= 1000, batch <= 2^20, 0 < lr <= 100,
-//   0 <= prox_mu <= 1e4, the model
+//   0 <= prox_mu <= 1e4 with lr x prox_mu < 2, the model
 //   empty or one payload per tensor, dense f32/f16 of exactly numel (whole) or strictly increasing
 //   in-range sparse (delta), every value and shared factor finite and no larger than its tensor;
 //   applyModel then applies it (for a delta, only onto its own base version: any other version is
@@ -150,6 +150,7 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
     require(t.fit.batch_size >= 1 && t.fit.batch_size <= (1u << 20), "task: batch outside [1, 2^20]");
     require(t.fit.lr > 0 && t.fit.lr <= 100 && finite(t.fit.lr), "task: lr outside (0, 100]");
     require(t.fit.prox_mu >= 0 && t.fit.prox_mu <= 1e4, "task: prox_mu outside [0, 1e4]");
+    require(static_cast<double>(t.fit.lr) * t.fit.prox_mu < 2.0, "task: lr x prox_mu not below 2");
   }
   require(printable(t.compressor, 0, 512), "task: compressor spec longer than 512 or not printable");
   require(t.metrics.size() <= 64, "task: more than 64 metrics");

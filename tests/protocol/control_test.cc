@@ -229,7 +229,8 @@ TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong bas
 TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps blow up", "[protocol]") {
   const ParamLayout l = fuzz::layout();
   const auto model = denseModel(l, 3);
-  for (float mu : {-1.0f, 1e4f * 1.5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+  // lr 0.25 (sampleTask): the proximal term diverges once lr x mu reaches 2, i.e. mu = 8.
+  for (float mu : {-1.0f, 8.0f, 100.0f, 1e4f * 1.5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
     TaskMsg t = sampleTask();
     t.phase = 0;
     t.fit.prox_mu = mu;
@@ -237,6 +238,9 @@ TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps
     CHECK_THROWS_MATCHING(decodeTask(encodeTask(t, views(model)), l), InputError, Contains("prox_mu"));
   }
   TaskMsg t = sampleTask();
+  t.fit.prox_mu = 7.5f;
+  CHECK(decodeTask(encodeTask(t, views(model)), l).fit.prox_mu == 7.5f);
+  t.fit.lr = 1e-4f;
   t.fit.prox_mu = 1e4f;
   CHECK(decodeTask(encodeTask(t, views(model)), l).fit.prox_mu == 1e4f);
 }

@@ -408,6 +408,22 @@ TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted on
   const auto [diff, scale] = modelDiff(dir / "ref.ckpt", dir / "cut.ckpt");
   CHECK(scale > 0.01);
   CHECK(diff <= 1e-5 * scale);
+  // Without a state.dir the states are kept beside the checkpoint: the same exact resume.
+  auto beside = [&](const std::string& tag, int rounds) {
+    return with(simArgs(dir, tag, 2, rounds), {"--train.scaffold", "true", "--compression.compressor", "none",
+                                               "--data.partition", "dirichlet:alpha=0.3"});
+  };
+  Proc b1(beside("beside", 2), dir / "beside.log");
+  REQUIRE(b1.wait(seconds(300)) == 0);
+  CHECK(std::filesystem::exists(dir / "beside.ckpt.states"));
+  Proc b2(beside("beside", 4), dir / "beside.log");
+  REQUIRE(b2.wait(seconds(300)) == 0);
+  const auto [diff2, scale2] = modelDiff(dir / "ref.ckpt", dir / "beside.ckpt");
+  CHECK(diff2 <= 1e-5 * scale2);
+  // SCAFFOLD with momentum is refused (its control-variate update assumes plain SGD).
+  Proc momentum(with(beside("momentum", 1), {"--model.spec", "logreg:momentum=0.9"}), dir / "momentum.log");
+  CHECK(momentum.wait(seconds(120)) == 2);
+  CHECK(readText(dir / "momentum.log").find("momentum") != std::string::npos);
   // Without SCAFFOLD the same checkpoint cannot be continued silently.
   auto plain = simArgs(dir, "cut", 2, 6);
   Proc wrong(with(plain, {"--compression.compressor", "none", "--data.partition", "dirichlet:alpha=0.3", "--state.dir",
@@ -415,4 +431,19 @@ TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted on
              dir / "wrong.log");
   CHECK(wrong.wait(seconds(120)) != 0);
   CHECK(readText(dir / "wrong.log").find("SCAFFOLD") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint resumes only with as many workers, sharded step or not", "[simulator][integration]") {
+  TempDir dir("simworkers");
+  for (const char* sharded : {"false", "true"}) {
+    CAPTURE(sharded);
+    const std::string tag = std::string("w") + sharded;
+    Proc two(with(simArgs(dir, tag, 2, 2), {"--sim.sharded_step", sharded}), dir / (tag + ".log"));
+    REQUIRE(two.wait(seconds(300)) == 0);
+    const auto before = starling::readFile(dir / (tag + ".ckpt"), uint64_t{1} << 30);
+    Proc three(with(simArgs(dir, tag, 3, 4), {"--sim.sharded_step", sharded}), dir / (tag + "-3.log"));
+    CHECK(three.wait(seconds(120)) == 2);
+    CHECK(readText(dir / (tag + "-3.log")).find("as many workers") != std::string::npos);
+    CHECK(starling::readFile(dir / (tag + ".ckpt"), uint64_t{1} << 30) == before);  // untouched
+  }
 }
