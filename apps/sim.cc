@@ -126,7 +126,8 @@ int runSim(int argc, char** argv, Config& c) {
   STARLING_CHECK_ARG(c.clients_per_round >= 1 && c.clients_per_round <= c.num_clients, "sampling.clients_per_round (",
                      c.clients_per_round, ") must be in [1, data.num_clients = ", c.num_clients, "]");
   c.engine.scheme.run_seed = c.seed;
-  c.engine.sampling.fraction = static_cast<double>(c.clients_per_round) / static_cast<double>(c.num_clients);
+  // FedScale's semantics: this many per round, or every available client if fewer are available.
+  c.engine.sampling.clients_per_round = c.clients_per_round;
   c.engine.sampling.min_clients = 1;
   c.engine.sampling.min_available = 1;
   c.engine.completion.min_results = 1;
@@ -209,6 +210,7 @@ int runSim(int argc, char** argv, Config& c) {
   sim::ClientStateStore store(so, layout->fingerprint());
   sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded, c.scaffold};
   if (!c.state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
+  fc.durable_states = !c.engine.checkpoint.empty();
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, test);
 
   std::vector<float> init(layout->numel());
@@ -248,10 +250,12 @@ int runSim(int argc, char** argv, Config& c) {
   }
   if (lead) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on this worker\n",
+    std::printf("\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on this worker; "
+                "%llu client states moved between workers\n",
                 static_cast<unsigned long long>(c.engine.rounds - first + 1), secs,
                 last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
-                static_cast<unsigned long long>(fleet.clientsTrained()));
+                static_cast<unsigned long long>(fleet.clientsTrained()),
+                static_cast<unsigned long long>(fleet.statesMigrated()));
   }
   for (pid_t p : children) {
     int st = 0;

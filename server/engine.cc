@@ -262,7 +262,8 @@ std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& avail
   std::sort(pool.begin(), pool.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
   const auto& s = config_.sampling;
   const size_t n = pool.size();
-  *target = std::min(n, std::max(s.min_clients, ceilFraction(s.fraction, n)));
+  const size_t wanted = s.clients_per_round > 0 ? s.clients_per_round : ceilFraction(s.fraction, n);
+  *target = std::min(n, std::max(s.min_clients, wanted));
   const size_t chosen = std::min(n, ceilFraction(s.overcommit, *target));
   // Sampling is a pure function of (seed, round): the round number is the RNG position.
   RngStream rng(StreamKey{config_.scheme.run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});

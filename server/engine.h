@@ -41,6 +41,7 @@ struct ClientInfo {
 
 struct SamplingConfig {
   double fraction = 1.0;        // of the available clients, per round
+  size_t clients_per_round = 0;  // instead of `fraction` when > 0: this many, or all available if fewer
   size_t min_clients = 1;       // results a round needs (and the fewest clients sampled)
   size_t min_available = 1;     // wait until this many clients are registered
   double overcommit = 1.0;      // sample this many times the target; close at the target

@@ -271,7 +271,7 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
 }
 
 void SimFleet::checkpoint() {
-  store_.flush();
+  if (config_.durable_states) store_.flush();
   writeHomes();
   coll_.barrier();  // every worker's states (and optimizer shard) are durable before the checkpoint
 }
@@ -301,37 +301,64 @@ void SimFleet::migrateStates() {
       home_[id] = static_cast<int>(w);
     }
   if (moves.empty() || coll_.size() == 1) return;  // the same decision on every worker
+  migrated_ += moves.size();
   const int rank = coll_.rank();
-  std::vector<std::vector<uint8_t>> blobs(moves.size());
+  // Every state's size first (one small all-reduce), so that every worker cuts the same batches.
   std::vector<uint64_t> sizes(moves.size(), 0);
+  std::vector<uint8_t> blob;
   for (size_t i = 0; i < moves.size(); ++i)
     if (moves[i].from == rank) {
       store_.load(moves[i].client, state_);
-      if (state_.size() != 0) state_.saveTo(blobs[i]);
-      sizes[i] = blobs[i].size();
+      if (state_.size() != 0) state_.saveTo(blob);
+      sizes[i] = state_.size() != 0 ? blob.size() : 0;
     }
   allReduceCounts(sizes);
-  // Two bytes per float (exact), each state at its own offset; zeros elsewhere add nothing.
-  std::vector<size_t> offset(moves.size() + 1, 0);
-  for (size_t i = 0; i < moves.size(); ++i) offset[i + 1] = offset[i] + (sizes[i] + 1) / 2;
-  std::vector<float> buf(offset.back(), 0.0f);
-  for (size_t i = 0; i < moves.size(); ++i)
-    for (size_t b = 0; b < blobs[i].size(); b += 2) {
-      const uint32_t lo = blobs[i][b], hi = b + 1 < blobs[i].size() ? blobs[i][b + 1] : 0;
-      buf[offset[i] + b / 2] = static_cast<float>(lo | (hi << 8));
+  // Then the states, in batches of at most kMigrationBatchBytes (one state at least): the
+  // all-reduce buffer, not the number of clients moving, bounds this worker's extra memory. Three
+  // bytes per float (an integer below 2^24, exact in a float), each state at its own offset, zeros
+  // elsewhere, so the sum is exactly the sender's bytes.
+  constexpr uint64_t kMigrationBatchBytes = uint64_t{32} << 20;
+  std::vector<float> buf;
+  for (size_t begin = 0; begin < moves.size();) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    while (end < moves.size() && (end == begin || bytes + sizes[end] <= kMigrationBatchBytes)) bytes += sizes[end++];
+    std::vector<size_t> offset(end - begin + 1, 0);
+    for (size_t i = begin; i < end; ++i) offset[i - begin + 1] = offset[i - begin] + (sizes[i] + 2) / 3;
+    buf.assign(offset.back(), 0.0f);
+    for (size_t i = begin; i < end; ++i) {
+      if (moves[i].from != rank || sizes[i] == 0) continue;
+      store_.load(moves[i].client, state_);
+      state_.saveTo(blob);
+      STARLING_ENFORCE(blob.size() == sizes[i], "client ", moves[i].client, "'s state changed size while moving");
+      float* out = buf.data() + offset[i - begin];
+      for (size_t b = 0; b < blob.size(); b += 3) {
+        uint32_t v = blob[b];
+        if (b + 1 < blob.size()) v |= static_cast<uint32_t>(blob[b + 1]) << 8;
+        if (b + 2 < blob.size()) v |= static_cast<uint32_t>(blob[b + 2]) << 16;
+        out[b / 3] = static_cast<float>(v);
+      }
     }
-  coll_.allReduceSum(buf);
-  for (size_t i = 0; i < moves.size(); ++i) {
-    if (moves[i].to != rank) continue;
-    std::vector<uint8_t> bytes(sizes[i]);
-    for (size_t b = 0; b < bytes.size(); ++b) {
-      const auto v = static_cast<uint32_t>(buf[offset[i] + b / 2]);
-      bytes[b] = static_cast<uint8_t>(b % 2 == 0 ? v & 0xff : v >> 8);
+    coll_.allReduceSum(buf);
+    for (size_t i = begin; i < end; ++i) {
+      if (moves[i].from == rank) {
+        store_.store(moves[i].client, ClientState(trainer_.layout().fingerprint()));  // the sender keeps no copy
+        continue;
+      }
+      if (moves[i].to != rank) continue;
+      blob.resize(sizes[i]);
+      const float* in = buf.data() + offset[i - begin];
+      for (size_t b = 0; b < blob.size(); ++b) {
+        const auto v = static_cast<uint32_t>(in[b / 3]);
+        blob[b] = static_cast<uint8_t>(v >> (8 * (b % 3)));
+      }
+      ClientState st(trainer_.layout().fingerprint());
+      if (!blob.empty()) st.loadFrom(blob);
+      store_.store(moves[i].client, st);  // an empty state erases a stale copy
     }
-    ClientState s(trainer_.layout().fingerprint());
-    if (!bytes.empty()) s.loadFrom(bytes);
-    store_.store(moves[i].client, s);  // an empty state erases a stale copy
+    begin = end;
   }
+  buf = {};
 }
 
 server::EvalReport SimFleet::evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo>) {

@@ -58,6 +58,9 @@ struct SimFleetConfig {
   // control deltas (N = the pool), so that c stays the mean of every c_i. The control deltas travel dense, beside the updates, and c
   // beside the task: both are counted in the uplink and downlink bytes.
   bool scaffold = false;
+  // checkpoint() flushes the state store (a checkpointed run's states must survive a crash). Off
+  // for a run without a checkpoint: its states stay in memory up to the bound between rounds.
+  bool durable_states = true;
 };
 
 // The simulated population: data shards and devices (identical on every worker).
@@ -92,13 +95,16 @@ class SimFleet final : public server::Fleet {
   const CostModel& cost() const { return cost_; }
   // Clients this worker trained so far (all phases).
   uint64_t clientsTrained() const { return trained_; }
+  // Client states moved between workers so far (the same count on every worker).
+  uint64_t statesMigrated() const { return migrated_; }
 
  private:
   const compression::Compressor& compressor(const std::string& spec);
   // Sums `counts` over the workers exactly (16-bit pieces in floats).
   void allReduceCounts(std::vector<uint64_t>& counts);
   // Moves the state of every client assigned to another worker than the one holding its state
-  // (its home) to its new worker, through one all-reduce of the serialized states.
+  // (its home) to its new worker, through all-reduces of the serialized states in bounded batches;
+  // the old home drops its copy.
   void migrateStates();
   void writeHomes() const;
 
@@ -116,7 +122,7 @@ class SimFleet final : public server::Fleet {
   ClientState state_;          // reused for every client
   std::vector<float> control_, control_sum_;  // SCAFFOLD: c, and this round's summed control deltas
   uint64_t control_bytes_ = 0;                // a dense model-sized message: c down, a delta up
-  uint64_t trained_ = 0;
+  uint64_t trained_ = 0, migrated_ = 0;
 };
 
 }  // namespace starling::simulator
