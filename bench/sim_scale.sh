@@ -8,8 +8,9 @@
 # 1 - 0.9^ROUNDS of the pool (99.5% for 50 rounds) has a residual in the store by the end. Each
 # client holds SIZE examples drawn with replacement (data.partition = sampled:size=SIZE), so any
 # pool fits the data set. Three runs per pool and worker count:
-#   kept  state.dir set (a folder under STATE_ROOT that a resumed run reopens: the store keeps an
-#         undo table of the checkpoint's versions); the number of states in it at the end
+#   kept  state.dir and state.checkpoint set (a folder under STATE_ROOT that a resumed run
+#         reopens, flushed after every round: the store keeps an undo table of the checkpoint's
+#         versions); the number of states in it at the end
 #         (mdb_stat from Debian's lmdb-utils, when installed) and its size are recorded, then it is
 #         deleted
 #   temp  no state.dir: each store spills to a fresh temporary folder it removes at exit
@@ -104,7 +105,8 @@ for pool in $pools; do
       state=""
       if [[ $mode != temp ]]; then
         state=$(mktemp -d "$state_root/starling-scale-XXXXXX")
-        args+=(--state.dir "$state")
+        # With a checkpoint: the store is flushed after every round (a run without one never is).
+        args+=(--state.dir "$state" --state.checkpoint "$state/checkpoint.bin")
       fi
       echo "sim_scale.sh: $tag ($rounds rounds of $cpr clients${state:+, state in $state})" >&2
       port=$(free_port)
