@@ -143,7 +143,7 @@ int runRank(std::vector<char*> args, const std::vector<int>& ports) {
       ratios.push_back({name("decoupled_over_allreduce_with_step", sz, mib), name("rs_step_ag", sz, mib),
                         name("allreduce_step", sz, mib), "<= 1.0 (issue 8: costs no more)"});
       ratios.push_back({name("rs_ag_over_allreduce", sz, mib), name("rs_ag", sz, mib), name("allreduce", sz, mib),
-                        "no target: same bytes on the wire, Gloo ring vs c10d send/recv ring"});
+                        "no target: same bytes on the wire, Gloo ring all-reduce vs c10d send/recv to every peer"});
     }
   }
   if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
