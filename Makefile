@@ -2,7 +2,7 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 
-.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench fuzz fuzz-configure fuzz-control fuzz-reassembly clean
+.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz fuzz-configure fuzz-control fuzz-reassembly clean
 
 all: build
 
@@ -55,6 +55,17 @@ demo: build
 
 bench: build
 	$(BUILD_DIR)/bin/starling-bench --benchmark_format=json --benchmark_out=$(BUILD_DIR)/bench.json
+
+# Issue 8, "Speed": starling-sim (2 workers) against a plain PyTorch FedAvg loop, the bare LibTorch
+# loop and two concurrent ones, 3 interleaved repetitions (about 10 min; docs/performance.md). Its
+# own Release build in $(SPEED_BUILD_DIR). Needs Debian's python3-torch, which the bootstrap does
+# not install (apt-get install python3-torch); the script says so when it is missing.
+SPEED_BUILD_DIR ?= build-speed
+bench-speed:
+	@if [ ! -f $(SPEED_BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(SPEED_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTARLING_CUDA=OFF; fi
+	cmake --build $(SPEED_BUILD_DIR) -j $(JOBS) --target starling-sim starling-torch-loop-bench
+	/usr/bin/python3 bench/speed_vs_python.py --build-dir $(SPEED_BUILD_DIR) --out $(SPEED_BUILD_DIR)/speed_vs_python.json
 
 # Runs the server-path fuzzer (decode, validate, aggregate) for FUZZ_SECONDS (default 60) over
 # tests/fuzz/corpus, under memory limits: decoding must cost memory linear in the message, so a
