@@ -29,6 +29,23 @@ std::string field(const std::string& json, const std::string& key) {
   return json.substr(p + k.size(), e - p - k.size());
 }
 
+// Largest |a - b| over the two checkpoints' models, and the largest |a|.
+std::pair<double, double> modelDiff(const std::string& a_path, const std::string& b_path) {
+  const Checkpoint a = readCheckpoint(a_path), b = readCheckpoint(b_path);
+  REQUIRE(a.model.size() == b.model.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.model.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a.model[i]) - b.model[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a.model[i])));
+  }
+  return {diff, scale};
+}
+
+std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {
+  a.insert(a.end(), more);
+  return a;
+}
+
 }  // namespace
 
 TEST_CASE("one worker and two workers give the same run for the same seed", "[simulator][integration]") {
@@ -50,13 +67,7 @@ TEST_CASE("one worker and two workers give the same run for the same seed", "[si
     CHECK(std::stod(field(a[i], "train_loss")) == Approx(std::stod(field(b[i], "train_loss"))).epsilon(1e-5));
     CHECK(std::stod(field(a[i], "test_accuracy")) == Approx(std::stod(field(b[i], "test_accuracy"))).margin(2e-3));
   }
-  const Checkpoint ca = readCheckpoint(dir / "w1.ckpt"), cb = readCheckpoint(dir / "w2.ckpt");
-  REQUIRE(ca.model.size() == cb.model.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < ca.model.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(ca.model[i]) - cb.model[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(ca.model[i])));
-  }
+  const auto [diff, scale] = modelDiff(dir / "w1.ckpt", dir / "w2.ckpt");
   CHECK(diff <= 1e-4 * scale);
 }
 
@@ -113,18 +124,12 @@ TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted 
   INFO(readText(dir / "cut.log"));
   REQUIRE(rc == 0);
   CHECK(readText(dir / "cut.log").find("resumed at round") != std::string::npos);
-  const Checkpoint a = readCheckpoint(dir / "ref.ckpt"), b = readCheckpoint(dir / "cut.ckpt");
-  CHECK(a.next_round == 6);
-  CHECK(b.next_round == 6);
-  REQUIRE(a.model.size() == b.model.size());
+  CHECK(readCheckpoint(dir / "ref.ckpt").next_round == 6);
+  CHECK(readCheckpoint(dir / "cut.ckpt").next_round == 6);
   // The same clients with the same states (the store reopens at its last flush, taken with the
   // checkpoint, and each state is where the uninterrupted run had it): the same model up to the
   // order of float sums (which clients share a worker follows measured times).
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.model.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a.model[i]) - b.model[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a.model[i])));
-  }
+  const auto [diff, scale] = modelDiff(dir / "ref.ckpt", dir / "cut.ckpt");
   CHECK(diff <= 1e-5 * scale);
 }
 
@@ -145,18 +150,6 @@ TEST_CASE("every configuration in examples/sim runs", "[simulator][integration]"
 }
 
 namespace {
-
-// Largest |a - b| over the two checkpoints' models, and the largest |a|.
-std::pair<double, double> modelDiff(const std::string& a_path, const std::string& b_path) {
-  const Checkpoint a = readCheckpoint(a_path), b = readCheckpoint(b_path);
-  REQUIRE(a.model.size() == b.model.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.model.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a.model[i]) - b.model[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a.model[i])));
-  }
-  return {diff, scale};
-}
 
 // quick.toml with FedAdam (its moments are the state the sharded step splits) and dense updates
 // (no client state, so that a resumed run can equal an uninterrupted one without a state.dir).
@@ -339,14 +332,6 @@ TEST_CASE("a simulation on the user's own CSV data, with every client's statisti
   CHECK(cnn_log.find("data.shape") != std::string::npos);
 }
 
-namespace {
-
-std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {
-  a.insert(a.end(), more);
-  return a;
-}
-
-}  // namespace
 
 TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings", "[simulator][integration]") {
   TempDir dir("simalgo");
