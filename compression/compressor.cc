@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -69,9 +70,42 @@ uint32_t addInto(float* a, const float* r, const float* u, size_t n) {
 
 }  // namespace
 
+void ResidualState::save(ByteWriter& w) const {
+  w.floats(values);
+  w.u64(round);
+}
+
 void ResidualState::load(ByteReader& r, uint32_t version) {
-  if (version != 1) r.fail("residual version ", version, " not supported");
+  if (version != 1 && version != 2) r.fail("residual version ", version, " not supported");
   r.floats(values);
+  round = version >= 2 ? r.u64() : 0;
+}
+
+void ErrorFeedback::validate(const std::string& who) const {
+  if (!(decay > 0.0 && decay <= 1.0))
+    STARLING_THROW(ConfigError, who, ": ef_decay must be in (0, 1], got ", decay);
+  if (!(preview >= 0.0 && preview <= 1.0))
+    STARLING_THROW(ConfigError, who, ": ef_preview must be in [0, 1], got ", preview);
+}
+
+std::string ErrorFeedback::specText() const {
+  if (!on) return ",ef=false";
+  std::ostringstream os;
+  os << ",ef=true,ef_decay=" << decay << ",ef_preview=" << preview << ",ef_max_age=" << max_age;
+  return os.str();
+}
+
+const ErrorFeedback& Compressor::feedback() const {
+  static const ErrorFeedback kOff;
+  return kOff;
+}
+
+const ResidualState* Compressor::liveResidual(const ClientState& state, uint64_t round) const {
+  const ErrorFeedback& ef = feedback();
+  if (!ef.on) return nullptr;
+  const ResidualState* r = state.find<ResidualState>(kResidualComponent);
+  if (!r || ef.max_age == 0 || r->round == 0 || round <= r->round) return r;
+  return round - r->round > ef.max_age ? nullptr : r;
 }
 
 size_t countForDensity(double density, size_t n) {
@@ -112,7 +146,7 @@ std::vector<Payload> Compressor::compress(const ParamLayout& layout, std::span<c
 
 std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout, std::span<const float> update,
                                                       ClientState& state, const RoundContext& ctx,
-                                                      Workspace* workspace) const {
+                                                      Workspace* workspace, FeedbackStats* stats) const {
   STARLING_CHECK_ARG(state.layoutFingerprint() == layout.fingerprint(), name(),
                      ": client state belongs to another model (fingerprint ", state.layoutFingerprint(), " vs ",
                      layout.fingerprint(), ")");
@@ -140,17 +174,42 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
   acc.resize(layout.numel());  // may throw: nothing has changed yet
   const size_t n = acc.size();
   float* a = acc.data();
+  // Phase 0 adds the residual when it is live (error feedback on, not older than ef_max_age).
+  const ResidualState* live = ctx.phase == 0 ? liveResidual(state, ctx.round) : nullptr;
   if (ctx.phase > 0) {
     STARLING_CHECK_ARG(kept != nullptr, name(), ": phase ", ctx.phase, " without a kept buffer from phase 0");
     std::copy(kept->values.begin(), kept->values.end(), a);
-  } else if (kept && usesErrorFeedback()) {
-    const float* r = kept->values.data();
+  } else if (live) {
+    const float* r = live->values.data();
     // Bounded inputs keep every compressor's arithmetic finite (compressor.h).
     if (addInto(a, r, update.data(), n) > kMaxInputBits) tooLarge(*this, acc, "residual + update");
   } else {
     std::copy(update.begin(), update.end(), a);
   }
   std::vector<Payload> out = encode(layout, acc, acc, state, ctx, staged);
+  const bool last_phase = ctx.phase + 1 == phases();
+  if (stats && ctx.phase == 0 && phases() == 1) {
+    // sent = update + old residual - what is kept, before any decay.
+    // In float, as acc was formed: a coordinate left unsent gives exactly 0.
+    double l2 = 0, s2 = 0, f2 = 0, k2 = 0;
+    const float* r = live ? live->values.data() : nullptr;
+    const double alpha = usesErrorFeedback() ? feedback().preview : 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const float sent = (r ? r[i] + update[i] : update[i]) - a[i];
+      const double moved = update[i] + (r ? alpha * r[i] : 0.0);
+      l2 += moved * moved;
+      s2 += static_cast<double>(sent) * sent;
+      if (sent != 0.0f) f2 += moved * moved;
+      k2 += static_cast<double>(a[i]) * a[i];
+    }
+    const double decay = usesErrorFeedback() ? feedback().decay : 1.0;
+    *stats = FeedbackStats{std::sqrt(l2), std::sqrt(s2), std::sqrt(f2), decay * std::sqrt(k2),
+                           live && live->round != 0 && ctx.round > live->round ? ctx.round - live->round : 0};
+  }
+  if (usesErrorFeedback() && last_phase && feedback().decay != 1.0) {
+    const float d = static_cast<float>(feedback().decay);
+    for (size_t i = 0; i < n; ++i) a[i] *= d;
+  }
 
   // Commit: all or nothing. New components are installed first (the only step that can throw);
   // an existing residual then swaps buffers with the workspace, which cannot throw.
@@ -158,9 +217,13 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
   if (!target) {
     auto& r = staged.stage<ResidualState>(std::string(kResidualComponent));
     r.values.swap(acc);
+    r.round = ctx.round;
   }
   state.commit(staged.items());
-  if (target) target->values.swap(acc);
+  if (target) {
+    target->values.swap(acc);
+    target->round = ctx.round;
+  }
   return out;
 }
 

@@ -59,17 +59,58 @@ struct PhaseBroadcast {
   RoundContext context(uint64_t client_id) const { return {run_seed, round, phase, client_id, shared.get()}; }
 };
 
-// The error-feedback residual, layout-sized (component kResidualComponent). Two-phase PowerSGD
-// also keeps its accumulated matrix here between phase P and phase Q.
+// The error-feedback residual, layout-sized (component kResidualComponent), and the round in
+// which it was last written (0: unknown, a version-1 state). Two-phase PowerSGD also keeps its
+// accumulated matrix here between phase P and phase Q.
 inline constexpr std::string_view kResidualComponent = "compression.residual";
 
 class ResidualState final : public StateComponent {
  public:
   std::vector<float> values;
-  uint32_t version() const override { return 1; }
-  void save(ByteWriter& w) const override { w.floats(values); }
+  uint64_t round = 0;
+  uint32_t version() const override { return 2; }
+  void save(ByteWriter& w) const override;
   void load(ByteReader& r, uint32_t version) override;
   size_t memoryBytes() const override { return values.capacity() * sizeof(float); }
+};
+
+// Error feedback and its variants for federated rounds (docs/compression.md, "Compression in
+// federated rounds"). Plain error feedback (on, decay 1, preview 0, max_age 0) compresses
+// acc = update + residual and keeps residual = acc - sent. The spec keys, for every compressor
+// that has error feedback:
+//   ef=true|false   error feedback on or off
+//   ef_decay=B      the residual kept is B (acc - sent), 0 < B <= 1 (SparseLoCo's decayed
+//                   accumulator): a coordinate that waits can carry at most 1/(1-B) displacements
+//   ef_preview=A    the client starts local training from global + A residual, 0 <= A <= 1
+//                   (step-ahead EF, SA-PEF; local-model persistence, CSER): with A = 1 what it
+//                   sends is its local model's distance from the global one, so a coordinate that
+//                   waited arrives as one displacement instead of one per round waited
+//   ef_max_age=R    a residual last written more than R rounds ago is dropped (0: kept forever),
+//                   the stale-residual policy for clients that take part rarely
+struct ErrorFeedback {
+  bool on = false;
+  double decay = 1.0;
+  double preview = 0.0;
+  uint32_t max_age = 0;
+  void validate(const std::string& who) const;  // ConfigError naming the key
+  // ",ef=true,ef_decay=...,ef_preview=...,ef_max_age=..." (only ",ef=false" when off).
+  std::string specText() const;
+};
+
+// What compressWithFeedback measured about one call (phase 0 of a one-phase compressor with
+// error feedback), the diagnostics of docs/compression.md. "Local" is the client's displacement
+// from the global model, update + ef_preview x residual, for a caller that trained from
+// global + ef_preview x residual as ClientAlgorithm does (the update alone without preview).
+struct FeedbackStats {
+  double local_norm = 0;      // ||local||
+  double sent_norm = 0;       // ||sent||, sent = update + residual - kept (before decay)
+  double local_on_sent = 0;   // ||local restricted to the coordinates where sent != 0||
+  double residual_norm = 0;   // ||residual kept||
+  uint64_t residual_age = 0;  // rounds since the residual it started from was written (0: none)
+  // sent_norm / local_on_sent: how many of its own displacements a client sends at once. About 1
+  // when it sends where its model is; about the rounds a coordinate waited under plain EF with a
+  // shared support (the overshoot of docs/compression.md).
+  double gain() const { return local_on_sent > 0 ? sent_norm / local_on_sent : 0.0; }
 };
 
 // Components built while compressing, installed into the ClientState only once compression has
@@ -103,7 +144,12 @@ class Compressor {
   virtual std::string name() const = 0;
   // Canonical spec with every option, e.g. "topk:density=0.01,scope=layer,ef=true".
   virtual std::string spec() const = 0;
-  virtual bool usesErrorFeedback() const = 0;
+  // The error-feedback options (off for compressors without it).
+  virtual const ErrorFeedback& feedback() const;
+  bool usesErrorFeedback() const { return feedback().on; }
+  // The residual this state carries into round `round`: null when there is none, error feedback
+  // is off, or it is older than ef_max_age rounds (it is then dropped by the next call).
+  const ResidualState* liveResidual(const ClientState& state, uint64_t round) const;
 
   // ---- the round's structure ----
   virtual uint32_t phases() const { return 1; }
@@ -128,9 +174,11 @@ class Compressor {
   // empty span and continue from the state. `state` must be bound to this layout
   // (ClientState(layout.fingerprint())). Throws InvalidArgument on a size, fingerprint, magnitude,
   // phase or shared-factor problem; on any throw `state` is unchanged.
+  // With ef_decay < 1 the kept residual is scaled after the round's last phase; the residual
+  // records ctx.round. `stats`, when given, receives the diagnostics (one extra pass).
   std::vector<Payload> compressWithFeedback(const ParamLayout& layout, std::span<const float> update,
                                             ClientState& state, const RoundContext& ctx,
-                                            Workspace* workspace = nullptr) const;
+                                            Workspace* workspace = nullptr, FeedbackStats* stats = nullptr) const;
 
  protected:
   // The algorithm. `input` is what to compress. `residual` is empty when the call keeps no

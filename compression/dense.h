@@ -12,7 +12,6 @@ class DenseCompressor final : public Compressor {
   explicit DenseCompressor(DenseFormat format) : format_(format) {}
   std::string name() const override;
   std::string spec() const override { return name(); }
-  bool usesErrorFeedback() const override { return false; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:

@@ -19,7 +19,7 @@ using ConstFactorMap = Eigen::Map<const RowMatrix>;
 std::string optionText(const char* name, const LowRankOptions& o, bool powersgd) {
   std::ostringstream os;
   os << name << ":rank=" << o.rank << ",min_rate=" << o.min_compression_rate
-     << ",ef=" << (o.error_feedback ? "true" : "false");
+     << o.ef.specText();
   if (powersgd)
     os << ",mode=" << (o.two_phase ? "two_phase" : "local") << ",warm_start=" << (o.warm_start ? "true" : "false");
   return os.str();
@@ -86,6 +86,7 @@ void LowRankOptions::validate() const {
   if (rank == 0) STARLING_THROW(ConfigError, "low-rank: rank must be >= 1");
   if (!(min_compression_rate >= 1.0) || !std::isfinite(min_compression_rate))
     STARLING_THROW(ConfigError, "low-rank: min_rate must be a finite number >= 1, got ", min_compression_rate);
+  ef.validate("low-rank");
 }
 
 uint32_t effectiveRank(const TensorSpec& t, uint32_t rank) {
@@ -291,7 +292,7 @@ std::vector<Payload> PowerSgdCompressor::encodeLocal(const ParamLayout& layout, 
     q.noalias() = m.transpose() * p;
     if (!residual.empty()) {
       auto res = layout.matrix(residual, t);
-      if (opt_.error_feedback) res.noalias() -= p * q.transpose();
+      if (opt_.ef.on) res.noalias() -= p * q.transpose();
       else res.setZero();
     }
     if (next) next->factors[t] = l.q;
@@ -344,7 +345,7 @@ std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::
     l.q.resize(spec.cols() * r);
     FactorMap q(l.q.data(), spec.cols(), r);
     q.noalias() = m.transpose() * p;
-    if (opt_.error_feedback) m.noalias() -= p * q.transpose();
+    if (opt_.ef.on) m.noalias() -= p * q.transpose();
     else m.setZero();
     out.emplace_back(std::move(l));
   }

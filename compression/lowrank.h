@@ -30,7 +30,7 @@ namespace starling::compression {
 struct LowRankOptions {
   uint32_t rank = 4;
   double min_compression_rate = 2.0;
-  bool error_feedback = true;
+  ErrorFeedback ef{.on = true};
   bool warm_start = true;  // powersgd mode=local only
   bool two_phase = true;   // powersgd only: mode=two_phase (true) or mode=local
   void validate() const;
@@ -65,7 +65,7 @@ class PowerSgdCompressor final : public Compressor {
   explicit PowerSgdCompressor(LowRankOptions o);
   std::string name() const override { return "powersgd"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }
 
   uint32_t phases() const override { return opt_.two_phase ? 2 : 1; }
@@ -91,7 +91,7 @@ class AcpSgdCompressor final : public Compressor {
   explicit AcpSgdCompressor(LowRankOptions o);
   std::string name() const override { return "acpsgd"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }
 
   SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;

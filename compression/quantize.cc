@@ -9,7 +9,7 @@
 
 namespace starling::compression {
 
-std::string SignCompressor::spec() const { return std::string("sign:ef=") + (opt_.error_feedback ? "true" : "false"); }
+std::string SignCompressor::spec() const { return "sign:" + opt_.ef.specText().substr(1); }
 
 void SignCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
                                    const RoundContext& /*ctx*/) const {
@@ -42,13 +42,14 @@ std::vector<Payload> SignCompressor::encode(const ParamLayout& layout, std::span
 
 void QsgdOptions::validate() const {
   if (levels == 0 || levels > 0xffffu) STARLING_THROW(ConfigError, "qsgd: levels must be in [1, 65535], got ", levels);
+  ef.validate("qsgd");
 }
 
 QsgdCompressor::QsgdCompressor(QsgdOptions o) : opt_(o) { opt_.validate(); }
 
 std::string QsgdCompressor::spec() const {
   std::ostringstream os;
-  os << "qsgd:levels=" << opt_.levels << ",ef=" << (opt_.error_feedback ? "true" : "false");
+  os << "qsgd:levels=" << opt_.levels << opt_.ef.specText();
   return os.str();
 }
 

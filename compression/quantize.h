@@ -11,21 +11,21 @@
 namespace starling::compression {
 
 struct SignOptions {
-  bool error_feedback = true;
+  ErrorFeedback ef{.on = true};
 };
 
 struct QsgdOptions {
   uint32_t levels = 16;  // s, in [1, 65535]
-  bool error_feedback = false;
+  ErrorFeedback ef{.on = false};
   void validate() const;
 };
 
 class SignCompressor final : public Compressor {
  public:
-  explicit SignCompressor(SignOptions o) : opt_(o) {}
+  explicit SignCompressor(SignOptions o) : opt_(o) { opt_.ef.validate("sign"); }
   std::string name() const override { return "sign"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
@@ -41,7 +41,7 @@ class QsgdCompressor final : public Compressor {
   explicit QsgdCompressor(QsgdOptions o);
   std::string name() const override { return "qsgd"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:

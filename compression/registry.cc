@@ -5,14 +5,47 @@
 #include "compression/quantize.h"
 #include "compression/sparsify.h"
 
+#include <sstream>
+
 namespace starling::compression {
 namespace {
 
-LowRankOptions readLowRank(OptionReader& r, bool powersgd) {
+// Defaults that differ from the option structs' (docs/compression.md, "Compression in federated
+// rounds", measured with bench/ef_study.py): random-k, random-block and the low-rank compressors
+// train from the global model plus their residual (step-ahead EF); top-k and sign keep plain EF.
+RandomSparsifyOptions aheadSparsifyDefaults() {
+  RandomSparsifyOptions o;
+  o.ef.preview = 1.0;
+  return o;
+}
+LowRankOptions aheadLowRankDefaults() {
   LowRankOptions o;
+  o.ef.preview = 1.0;
+  return o;
+}
+
+// The error-feedback keys every compressor with error feedback accepts (compressor.h).
+ErrorFeedback readFeedback(OptionReader& r, ErrorFeedback d) {
+  d.on = r.flag("ef", d.on);
+  d.decay = r.number("ef_decay", d.decay);
+  d.preview = r.number("ef_preview", d.preview);
+  d.max_age = r.count("ef_max_age", d.max_age);
+  return d;
+}
+// The help text of those keys with a compressor's defaults.
+std::string feedbackHelp(const ErrorFeedback& d) {
+  std::ostringstream os;
+  os << "ef=" << (d.on ? "true" : "false") << ", ef_decay=" << d.decay << " (residual kept x this), ef_preview="
+     << d.preview << " (train from global + this x residual), ef_max_age=" << d.max_age
+     << " (drop a residual older than this many rounds; 0: never)";
+  return os.str();
+}
+
+LowRankOptions readLowRank(OptionReader& r, bool powersgd) {
+  LowRankOptions o = aheadLowRankDefaults();
   o.rank = r.count("rank", o.rank);
   o.min_compression_rate = r.number("min_rate", o.min_compression_rate);
-  o.error_feedback = r.flag("ef", o.error_feedback);
+  o.ef = readFeedback(r, o.ef);
   if (powersgd) {
     o.two_phase = r.choice("mode", "two_phase", {"two_phase", "local"}) == "two_phase";
     o.warm_start = r.flag("warm_start", o.warm_start);
@@ -20,10 +53,9 @@ LowRankOptions readLowRank(OptionReader& r, bool powersgd) {
   return o;
 }
 
-RandomSparsifyOptions readRandomSparsify(OptionReader& r) {
-  RandomSparsifyOptions o;
+RandomSparsifyOptions readRandomSparsify(OptionReader& r, RandomSparsifyOptions o) {
   o.density = r.number("density", o.density);
-  o.error_feedback = r.flag("ef", o.error_feedback);
+  o.ef = readFeedback(r, o.ef);
   return o;
 }
 
@@ -40,39 +72,41 @@ const CompressorRegistry& compressors() {
           {"bf16", "dense bfloat16, 2 bytes/value", "",
            [](OptionReader&) { return std::make_unique<DenseCompressor>(DenseFormat::kBF16); }},
           {"topk", "exact top-k magnitudes with error feedback; u32 index + f32 value each",
-           "density=0.01 (fraction kept), scope=layer|global, ef=true",
+           "density=0.01 (fraction kept), scope=layer|global, " + feedbackHelp(TopKOptions{}.ef),
            [](OptionReader& r) {
              TopKOptions o;
              o.density = r.number("density", o.density);
              o.scope = r.choice("scope", "layer", {"layer", "global"}) == "layer" ? TopKOptions::Scope::kLayer
                                                                                 : TopKOptions::Scope::kGlobal;
-             o.error_feedback = r.flag("ef", o.error_feedback);
+             o.ef = readFeedback(r, o.ef);
              return std::make_unique<TopKCompressor>(o);
            }},
-          {"randk", "k random positions per tensor with error feedback; index + value each", "density=0.01, ef=true",
-           [](OptionReader& r) { return std::make_unique<RandKCompressor>(readRandomSparsify(r)); }},
-          {"randblock", "one random contiguous block per tensor, shared offset, no indices", "density=0.01, ef=true",
-           [](OptionReader& r) { return std::make_unique<RandBlockCompressor>(readRandomSparsify(r)); }},
-          {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", "ef=true",
+          {"randk", "k random positions per tensor with error feedback; index + value each",
+           "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
+           [](OptionReader& r) { return std::make_unique<RandKCompressor>(readRandomSparsify(r, aheadSparsifyDefaults())); }},
+          {"randblock", "one random contiguous block per tensor, shared offset, no indices",
+           "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
+           [](OptionReader& r) { return std::make_unique<RandBlockCompressor>(readRandomSparsify(r, aheadSparsifyDefaults())); }},
+          {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", feedbackHelp(SignOptions{}.ef),
            [](OptionReader& r) {
              SignOptions o;
-             o.error_feedback = r.flag("ef", o.error_feedback);
+             o.ef = readFeedback(r, o.ef);
              return std::make_unique<SignCompressor>(o);
            }},
-          {"qsgd", "QSGD: unbiased stochastic levels, 1+log2(s+1) bits per value", "levels=16 (s), ef=false",
+          {"qsgd", "QSGD: unbiased stochastic levels, 1+log2(s+1) bits per value", "levels=16 (s), " + feedbackHelp(QsgdOptions{}.ef),
            [](OptionReader& r) {
              QsgdOptions o;
              o.levels = r.count("levels", o.levels);
-             o.error_feedback = r.flag("ef", o.error_feedback);
+             o.ef = readFeedback(r, o.ef);
              return std::make_unique<QsgdCompressor>(o);
            }},
           {"powersgd",
            "PowerSGD rank-r factors: two phases per round against shared factors (mode=two_phase), or P and Q "
            "from each client (mode=local)",
-           "rank=4, min_rate=2, ef=true, mode=two_phase|local, warm_start=true (local mode)",
+           "rank=4, min_rate=2, mode=two_phase|local, warm_start=true (local mode), " + feedbackHelp(aheadLowRankDefaults().ef),
            [](OptionReader& r) { return std::make_unique<PowerSgdCompressor>(readLowRank(r, true)); }},
           {"acpsgd", "ACP-SGD: one low-rank factor per round against the round's shared factor",
-           "rank=4, min_rate=2, ef=true",
+           "rank=4, min_rate=2, " + feedbackHelp(aheadLowRankDefaults().ef),
            [](OptionReader& r) { return std::make_unique<AcpSgdCompressor>(readLowRank(r, false)); }},
       });
   return kRegistry;

@@ -31,19 +31,23 @@ std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> residu
   return residual.empty() ? residual : layout.slice(residual, t);
 }
 
-std::string efText(bool ef) { return ef ? "true" : "false"; }
-
 }  // namespace
 
-void TopKOptions::validate() const { checkDensity(density, "topk"); }
-void RandomSparsifyOptions::validate() const { checkDensity(density, "randk/randblock"); }
+void TopKOptions::validate() const {
+  checkDensity(density, "topk");
+  ef.validate("topk");
+}
+void RandomSparsifyOptions::validate() const {
+  checkDensity(density, "randk/randblock");
+  ef.validate("randk/randblock");
+}
 
 TopKCompressor::TopKCompressor(TopKOptions o) : opt_(o) { opt_.validate(); }
 
 std::string TopKCompressor::spec() const {
   std::ostringstream os;
   os << "topk:density=" << opt_.density << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
-     << ",ef=" << efText(opt_.error_feedback);
+     << opt_.ef.specText();
   return os.str();
 }
 
@@ -120,7 +124,7 @@ RandKCompressor::RandKCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.valid
 
 std::string RandKCompressor::spec() const {
   std::ostringstream os;
-  os << "randk:density=" << opt_.density << ",ef=" << efText(opt_.error_feedback);
+  os << "randk:density=" << opt_.density << opt_.ef.specText();
   return os.str();
 }
 
@@ -152,7 +156,7 @@ RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { op
 
 std::string RandBlockCompressor::spec() const {
   std::ostringstream os;
-  os << "randblock:density=" << opt_.density << ",ef=" << efText(opt_.error_feedback);
+  os << "randblock:density=" << opt_.density << opt_.ef.specText();
   return os.str();
 }
 

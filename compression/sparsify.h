@@ -16,13 +16,13 @@ struct TopKOptions {
   enum class Scope { kLayer, kGlobal };
   double density = 0.01;  // k = round(density * numel), at least 1
   Scope scope = Scope::kLayer;
-  bool error_feedback = true;
+  ErrorFeedback ef{.on = true};
   void validate() const;
 };
 
 struct RandomSparsifyOptions {
   double density = 0.01;
-  bool error_feedback = true;
+  ErrorFeedback ef{.on = true};
   void validate() const;
 };
 
@@ -31,7 +31,7 @@ class TopKCompressor final : public Compressor {
   explicit TopKCompressor(TopKOptions o);
   std::string name() const override { return "topk"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
@@ -47,7 +47,7 @@ class RandKCompressor final : public Compressor {
   explicit RandKCompressor(RandomSparsifyOptions o);
   std::string name() const override { return "randk"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
  protected:
@@ -63,7 +63,7 @@ class RandBlockCompressor final : public Compressor {
   explicit RandBlockCompressor(RandomSparsifyOptions o);
   std::string name() const override { return "randblock"; }
   std::string spec() const override;
-  bool usesErrorFeedback() const override { return opt_.error_feedback; }
+  const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
   // The block offset of tensor `tensor_index` in `round`: the same for every client.

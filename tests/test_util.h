@@ -142,8 +142,13 @@ inline std::vector<std::string> allCompressorSpecs() {
     if (e.options.find("ef=true") != std::string::npos) specs.push_back(e.name + ":ef=false");
     if (e.options.find("ef=false") != std::string::npos) specs.push_back(e.name + ":ef=true");
   }
+  // Error feedback's variants (compressor.h): a decayed residual, step-ahead training, a bounded
+  // residual age, on one-phase and two-phase compressors.
   for (const char* s : {"topk:scope=global", "topk:scope=global,ef=false", "powersgd:mode=local",
-                        "powersgd:mode=local,ef=false", "powersgd:mode=local,warm_start=false"})
+                        "powersgd:mode=local,ef=false", "powersgd:mode=local,warm_start=false",
+                        "randblock:ef_decay=0.5,ef_preview=0", "topk:ef_decay=0.75,ef_max_age=2",
+                        "acpsgd:ef_decay=0.5,ef_preview=1", "powersgd:ef_decay=0.5", "sign:ef_decay=0.9",
+                        "qsgd:ef=true,ef_decay=0.5,ef_max_age=1"})
     specs.emplace_back(s);
   return specs;
 }

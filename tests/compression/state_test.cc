@@ -92,7 +92,7 @@ TEST_CASE("a state stopped between PowerSGD's phases resumes exactly, and foreig
   const auto stored = components(blob);
   REQUIRE(stored.size() == 3);
   CHECK(stored.at(kForeign).first == 7u);
-  CHECK(stored.at(std::string(kResidualComponent)).first == 1u);
+  CHECK(stored.at(std::string(kResidualComponent)).first == 2u);
   // The pending phase is the first byte of PowerSGD's component.
   CHECK(stored.at(std::string(kPowerSgdComponent)).second.at(0) == 1);
 
@@ -184,10 +184,14 @@ TEST_CASE("saveTo reuses the caller's buffer", "[compression]") {
   CHECK(buf == testing::stateBytes(a));
   REQUIRE(buf.size() > 4);
   CHECK(std::vector<uint8_t>(buf.begin(), buf.begin() + 4) == std::vector<uint8_t>{0x53, 0x4c, 0x43, 0x53});
-  // The residual component is a u64 count and the floats, little-endian.
+  // The residual component (version 2) is a u64 count, the floats and the u64 round it was
+  // written in, little-endian.
   const auto res = components(buf).at(std::string(kResidualComponent)).second;
   const auto values = testing::residualOf(a, layout.numel());
-  REQUIRE(res.size() == 8 + 4 * values.size());
+  REQUIRE(res.size() == 8 + 4 * values.size() + 8);
+  uint64_t written = 0;
+  for (int i = 0; i < 8; ++i) written |= uint64_t{res[8 + 4 * values.size() + i]} << (8 * i);
+  CHECK(written == a.find<ResidualState>(kResidualComponent)->round);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t{res[i]} << (8 * i);
   CHECK(n == values.size());
@@ -198,4 +202,113 @@ TEST_CASE("saveTo reuses the caller's buffer", "[compression]") {
     same = same && bits == std::bit_cast<uint32_t>(values[i]);
   }
   CHECK(same);
+}
+
+// Error feedback in federated rounds (compressor.h, ErrorFeedback): the residual's round and the
+// stale-residual policy ef_max_age.
+TEST_CASE("a residual records its round and one older than ef_max_age is dropped, not added", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  const size_t n = layout.numel();
+  const auto c = makeCompressor("topk:density=0.1,ef_max_age=3");
+  const auto u1 = testing::randomVector(n, 21), u2 = testing::randomVector(n, 22);
+  for (const uint64_t next : {4ull, 5ull, 9ull}) {
+    INFO("the client comes back in round " << next);
+    ClientState st(layout.fingerprint());
+    c->compressWithFeedback(layout, u1, st, RoundContext{7, 1, 0, 3});
+    const auto r1 = testing::residualOf(st, n);
+    REQUIRE(st.find<ResidualState>(kResidualComponent)->round == 1);
+    REQUIRE(testing::maxAbs(r1) > 0);
+    const bool live = next - 1 <= 3;
+    CHECK((c->liveResidual(st, next) != nullptr) == live);
+    const auto sent = testing::densify(layout, c->compressWithFeedback(layout, u2, st, RoundContext{7, next, 0, 3}));
+    const auto r2 = testing::residualOf(st, n);
+    CHECK(st.find<ResidualState>(kResidualComponent)->round == next);
+    // What was compressed: the update plus the old residual when live, the update alone when stale.
+    std::vector<float> total(n), want(n);
+    for (size_t i = 0; i < n; ++i) {
+      total[i] = sent[i] + r2[i];
+      want[i] = u2[i] + (live ? r1[i] : 0.0f);
+    }
+    CHECK(testing::maxAbsDiff(total, want) == 0.0);
+  }
+  // ef_max_age = 0 keeps a residual forever.
+  const auto forever = makeCompressor("topk:density=0.1");
+  ClientState st(layout.fingerprint());
+  forever->compressWithFeedback(layout, u1, st, RoundContext{7, 1, 0, 3});
+  CHECK(forever->liveResidual(st, 1000000) != nullptr);
+  // Without error feedback there is no live residual at all.
+  CHECK(makeCompressor("topk:ef=false")->liveResidual(st, 2) == nullptr);
+}
+
+TEST_CASE("the residual's round survives a save and a version-1 residual loads as of unknown age", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  const auto c = makeCompressor("randblock:density=0.1,ef_max_age=2");
+  ClientState st(layout.fingerprint());
+  c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 3), st, RoundContext{7, 12, 0, 3});
+  ClientState back(layout.fingerprint());
+  back.loadFrom(testing::stateBytes(st));
+  REQUIRE(back.find<ResidualState>(kResidualComponent) != nullptr);
+  CHECK(back.find<ResidualState>(kResidualComponent)->round == 12);
+  CHECK(back.find<ResidualState>(kResidualComponent)->values == st.find<ResidualState>(kResidualComponent)->values);
+  // The version-1 layout (floats only), as states written before the round was recorded.
+  ResidualState old;
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.floats(std::vector<float>{1, 2, 3});
+  ByteReader r(bytes, "test");
+  old.load(r, 1);
+  CHECK(old.round == 0);
+  CHECK(old.values == std::vector<float>{1, 2, 3});
+  ByteReader bad(bytes, "test");
+  CHECK_THROWS(old.load(bad, 3));
+}
+
+TEST_CASE("error feedback's options are checked and appear in the canonical spec", "[compression]") {
+  CHECK(makeCompressor("randk:ef_decay=0.5,ef_preview=1,ef_max_age=7")->spec() ==
+        "randk:density=0.01,ef=true,ef_decay=0.5,ef_preview=1,ef_max_age=7");
+  CHECK(makeCompressor("topk:ef=false")->spec() == "topk:density=0.01,scope=layer,ef=false");
+  for (const char* bad : {"topk:ef_decay=0", "topk:ef_decay=1.5", "randk:ef_decay=-1", "acpsgd:ef_preview=2",
+                          "sign:ef_preview=-0.1", "qsgd:ef_max_age=-1", "randblock:ef_decay=nan"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(makeCompressor(bad), ConfigError);
+  }
+  CHECK_THROWS_AS(makeCompressor("none:ef_decay=0.5"), ConfigError);  // dense has no error feedback
+}
+
+TEST_CASE("the diagnostics: what was sent against the fresh update on the same coordinates", "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  const size_t n = layout.numel();
+  const auto c = makeCompressor("randblock:density=0.25,ef_preview=0");
+  ClientState st(layout.fingerprint());
+  // The same update every round: a coordinate that waited A rounds is sent as A updates (plain EF).
+  const auto u = testing::randomVector(n, 4);
+  FeedbackStats s;
+  std::vector<float> r_before(n, 0.0f);
+  for (uint64_t round = 1; round <= 4; ++round) {
+    INFO("round " << round);
+    const auto sent = testing::densify(layout, c->compressWithFeedback(layout, u, st, RoundContext{7, round, 0, 3},
+                                                                       nullptr, &s));
+    double s2 = 0, f2 = 0, u2 = 0;
+    for (size_t i = 0; i < n; ++i) {
+      u2 += double(u[i]) * u[i];
+      s2 += double(sent[i]) * sent[i];
+      if (sent[i] != 0.0f) f2 += double(u[i]) * u[i];
+    }
+    CHECK(s.local_norm == Approx(std::sqrt(u2)).epsilon(1e-9));
+    CHECK(s.sent_norm == Approx(std::sqrt(s2)).epsilon(1e-9));
+    CHECK(s.local_on_sent == Approx(std::sqrt(f2)).epsilon(1e-9));
+    CHECK(s.residual_norm == Approx(testing::norm2(testing::residualOf(st, n))).epsilon(1e-9));
+    CHECK(s.residual_age == (round == 1 ? 0u : 1u));
+    if (round == 1) CHECK(s.gain() == Approx(1.0));  // nothing waited yet
+    else CHECK(s.gain() > 1.0);                       // waiting coordinates arrive at once
+  }
+  // With ef_preview = 1 the local displacement includes the residual: a client whose update is
+  // zero, whose model is where its residual says, sends exactly its own displacement (gain 1).
+  const auto ahead = makeCompressor("randblock:density=0.25,ef_preview=1");
+  ClientState st2(layout.fingerprint());
+  ahead->compressWithFeedback(layout, u, st2, RoundContext{7, 1, 0, 3});
+  const std::vector<float> zero(n, 0.0f);
+  ahead->compressWithFeedback(layout, zero, st2, RoundContext{7, 2, 0, 3}, nullptr, &s);
+  CHECK(s.gain() == Approx(1.0));
+  CHECK(s.local_norm > 0.0);
 }
