@@ -52,10 +52,19 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     for (size_t i = 0; i < correction_.size(); ++i) correction_[i] = server_control[i] - (ci ? ci->values[i] : 0.0f);
     cfg.correction = correction_;
   }
-  params_.assign(global.begin(), global.end());
+  // Step-ahead error feedback (ef_preview = a): training starts from global + a residual, and the
+  // update is the displacement from that start; compressWithFeedback then adds the residual.
+  const compression::ErrorFeedback& ef = compressor_.feedback();
+  const compression::ResidualState* preview =
+      ef.preview > 0 ? compressor_.liveResidual(state, b.round) : nullptr;
+  if (preview && preview->values.size() != layout.numel()) preview = nullptr;  // compressWithFeedback refuses it
+  const auto alpha = static_cast<float>(ef.preview);
+  const auto start = [&](size_t i) { return preview ? global[i] + alpha * preview->values[i] : global[i]; };
+  params_.resize(layout.numel());
+  for (size_t i = 0; i < params_.size(); ++i) params_[i] = start(i);
   RngStream rng(StreamKey{b.run_seed, b.round, client_id, StreamPurpose::kTraining, 0});
   out.fit = trainer_.fit(params_, data, cfg, rng);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i] -= global[i];  // the update: trained - global
+  for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start(i);  // the update: trained - start
   std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> staged;
   if (scaffold) {
     // c_i+ - c_i = -c + (global - trained) / (K lr) = -c - update / (K lr)
@@ -70,9 +79,18 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     STARLING_CHECK_ARG(allFinite(next->values), "client ", client_id, ": its SCAFFOLD control variate is not finite");
     staged.emplace_back(kControlVariate, std::move(next));
   }
-  out.update.tensors = compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_);
+  compression::FeedbackStats stats;
+  out.update.tensors = compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_,
+                                                        compressor_.usesErrorFeedback() ? &stats : nullptr);
   if (!staged.empty()) state.commit(staged);
   out.update.metrics = out.fit.metrics;
+  if (compressor_.usesErrorFeedback() && compressor_.phases() == 1) {
+    // The diagnostics of docs/compression.md, averaged by the server when declared.
+    if (stats.local_on_sent > 0) out.update.metrics.push_back({"ef_gain", stats.gain()});
+    if (stats.local_norm > 0)
+      out.update.metrics.push_back({"ef_residual_ratio", stats.residual_norm / stats.local_norm});
+    out.update.metrics.push_back({"ef_residual_age", static_cast<double>(stats.residual_age)});
+  }
   h.num_examples = out.fit.num_examples;
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include "check_throws.h"
 #include "client/synthetic.h"
+#include "test_util.h"
 #include "compression/registry.h"
 
 using namespace starling;
@@ -120,4 +121,86 @@ TEST_CASE("FedProx: the algorithm anchors the proximal term at the round's globa
   CHECK(n0 > 0);
   CHECK(n1 < n0);  // the further from the global model, the stronger the pull back
   CHECK(n5 < n1);
+}
+
+// Step-ahead error feedback (ef_preview = a, compression/compressor.h): the client trains from
+// global + a residual, and what it compresses is its displacement from that start plus the
+// residual, so with a = 1 it sends its local model's distance from the global one.
+TEST_CASE("ef_preview: local training starts from the global model plus the residual", "[client]") {
+  const data::Dataset d = testing::gaussianData(40, 5, 3, 6);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const DataView view{&d, idx};
+  auto t = makeTrainer("softmax", 5, 3);
+  const ParamLayout& l = t->layout();
+  const size_t n = l.numel();
+  std::vector<float> global(n);
+  t->initParameters(global, 3);
+  const FitConfig cfg{.epochs = 2, .batch_size = 8, .lr = 0.2};
+  for (const double alpha : {0.0, 0.5, 1.0}) {
+    INFO("ef_preview " << alpha);
+    const auto comp = compression::makeCompressor("randblock:density=0.25,ef_preview=" + std::to_string(alpha));
+    REQUIRE(comp->feedback().preview == alpha);
+    ClientAlgorithm alg(*comp, *t, cfg);
+    ClientState s(l.fingerprint());
+    alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, view, s);  // leaves a residual
+    const std::vector<float> r = testing::residualOf(s, n);
+    REQUIRE(testing::maxAbs(r) > 0);
+    const PhaseResult res = alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, view, s);
+    const std::vector<float> sent = testing::densify(l, res.update.tensors);
+    const std::vector<float> kept = testing::residualOf(s, n);
+    // By hand: the same stream, from global + alpha r.
+    std::vector<float> p(n), start(n);
+    for (size_t i = 0; i < n; ++i) start[i] = p[i] = global[i] + static_cast<float>(alpha) * r[i];
+    RngStream rng(StreamKey{7, 2, 2, StreamPurpose::kTraining, 0});
+    t->fit(p, view, cfg, rng);
+    std::vector<float> got(n), want(n);
+    for (size_t i = 0; i < n; ++i) {
+      got[i] = sent[i] + kept[i];
+      want[i] = (p[i] - start[i]) + r[i];
+    }
+    CHECK(testing::maxAbsDiff(got, want) <= 1e-6);
+  }
+  // A residual older than ef_max_age is neither previewed nor added.
+  const auto comp = compression::makeCompressor("randblock:density=0.25,ef_preview=1,ef_max_age=2");
+  ClientAlgorithm alg(*comp, *t, cfg);
+  ClientState s(l.fingerprint());
+  alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, view, s);
+  const PhaseResult res = alg.runPhase(compression::PhaseBroadcast{7, 9, 0, nullptr}, 2, global, view, s);
+  ClientState fresh(l.fingerprint());
+  const PhaseResult clean = alg.runPhase(compression::PhaseBroadcast{7, 9, 0, nullptr}, 2, global, view, fresh);
+  CHECK(testing::densify(l, res.update.tensors) == testing::densify(l, clean.update.tensors));
+  CHECK(testing::residualOf(s, n) == testing::residualOf(fresh, n));
+}
+
+TEST_CASE("the algorithm reports error feedback's diagnostics with the update", "[client]") {
+  const data::Dataset d = testing::gaussianData(40, 5, 3, 6);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  auto t = makeTrainer("softmax", 5, 3);
+  const ParamLayout& l = t->layout();
+  std::vector<float> global(l.numel());
+  t->initParameters(global, 3);
+  const auto metric = [](const PhaseResult& r, const char* name) {
+    for (const auto& m : r.update.metrics)
+      if (m.name == name) return m.value;
+    return -1.0;
+  };
+  const auto plain = compression::makeCompressor("randblock:density=0.25,ef_preview=0");
+  ClientAlgorithm alg(*plain, *t, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.2});
+  ClientState s(l.fingerprint());
+  const PhaseResult r1 = alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  CHECK(metric(r1, "ef_gain") == Approx(1.0));  // nothing waited: what is sent is the fresh update
+  CHECK(metric(r1, "ef_residual_ratio") > 0.0);
+  CHECK(metric(r1, "ef_residual_ratio") < 1.0);
+  CHECK(metric(r1, "ef_residual_age") == 0.0);
+  const PhaseResult r3 = alg.runPhase(compression::PhaseBroadcast{7, 3, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  CHECK(metric(r3, "ef_residual_age") == 2.0);
+  CHECK(metric(r1, "train_loss") >= 0.0);
+  // Without error feedback, none.
+  const auto off = compression::makeCompressor("randblock:density=0.25,ef=false");
+  ClientAlgorithm alg_off(*off, *t, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.2});
+  ClientState s2(l.fingerprint());
+  const PhaseResult r0 = alg_off.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, DataView{&d, idx}, s2);
+  CHECK(metric(r0, "ef_gain") == -1.0);
 }
