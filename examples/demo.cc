@@ -47,6 +47,7 @@ struct Options {
   std::string server_opt = "fedavg";
   std::string partition = "iid";
   uint64_t seed = 1;
+  bool diagnostics = false;
   ag::ValidationBounds bounds;
 };
 
@@ -61,6 +62,12 @@ std::vector<uint64_t> sampleClients(size_t n, double fraction, uint64_t seed, ui
   ids.resize(std::max<size_t>(m, 1));
   std::sort(ids.begin(), ids.end());
   return ids;
+}
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
 }
 
 int run(const Options& o) {
@@ -85,6 +92,8 @@ int run(const Options& o) {
   so.run_seed = o.seed;
   so.bounds = o.bounds;
   so.metrics = {"train_loss", "train_accuracy"};
+  // Error feedback's diagnostics travel only when asked for: they cost bytes on the uplink.
+  if (o.diagnostics) so.metrics.insert(so.metrics.end(), {"ef_gain", "ef_residual_ratio", "ef_residual_age"});
   const ag::RoundScheme scheme(layout, so);
   auto server_opt = ag::makeServerOptimizer(o.server_opt, layout->numel());
 
@@ -133,6 +142,9 @@ int run(const Options& o) {
       for (uint64_t c : active) {
         const client::DataView view{&train, shards[c]};
         client::PhaseResult res = algorithm.runPhase(b, c, global, view, states[c]);
+        std::erase_if(res.update.metrics, [&](const Metric& m) {  // what a client sends: the declared ones
+          return std::find(so.metrics.begin(), so.metrics.end(), m.name) == so.metrics.end();
+        });
         const std::vector<uint8_t> wire = protocol::encodeUpdate(res.update);  // what a client sends
         round_bytes += wire.size();
         try {
@@ -163,10 +175,15 @@ int run(const Options& o) {
     total_updates += sampled.size();
     acc = trainer->evaluate(global, test_view).accuracy;
     const double per_client = static_cast<double>(round_bytes) / static_cast<double>(sampled.size());
-    std::printf("round %4llu/%zu  train loss %.4f  test accuracy %5.1f%%  uplink %7.1f KB/client (dense %.1f KB, %.1fx less)%s\n",
+    // Error feedback's diagnostics (docs/compression.md): what was sent against the fresh update on
+    // the same coordinates, and the residual kept against the update.
+    std::string ef;
+    if (result.metrics.count("ef_gain"))
+      ef = "  EF gain " + fmt(result.metrics["ef_gain"]) + ", residual/update " + fmt(result.metrics["ef_residual_ratio"]);
+    std::printf("round %4llu/%zu  train loss %.4f  test accuracy %5.1f%%  uplink %7.1f KB/client (dense %.1f KB, %.1fx less)%s%s\n",
                 static_cast<unsigned long long>(r), o.rounds, result.metrics["train_loss"], 100 * acc,
                 per_client / 1024.0, static_cast<double>(dense_bytes) / 1024.0,
-                static_cast<double>(dense_bytes) / per_client,
+                static_cast<double>(dense_bytes) / per_client, ef.c_str(),
                 rejected ? (" [" + std::to_string(rejected) + " rejected]").c_str() : "");
     std::fflush(stdout);
   }
@@ -205,6 +222,9 @@ int main(int argc, char** argv) {
   app.add_option("--partition", o.partition, "how the training set is split among clients:" + data::partitioners().help())
       ->capture_default_str();
   app.add_option("--seed", o.seed, "run seed (data split, initial model, sampling, compression)")->capture_default_str();
+  app.add_flag("--diagnostics", o.diagnostics,
+               "clients also report error feedback's diagnostics (docs/compression.md), printed per round: the EF gain "
+               "(what was sent against the fresh update on the same coordinates) and residual/update");
   app.add_option("--max-abs", o.bounds.max_abs_value, "reject an update with a decoded |value| above this")
       ->capture_default_str();
   app.add_option("--max-norm", o.bounds.max_update_norm, "reject an update with an L2 norm above this")
