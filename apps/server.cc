@@ -168,8 +168,12 @@ int main(int argc, char** argv) {
   o.add("round.deadline_ms", &c.engine.round_deadline_ms, "how long a phase waits for updates", 10, 86400000);
   o.add("round.min_completion_rate", &c.min_completion_rate, "fraction of sampled clients that must deliver", 0, 1);
   o.add("eval.every", &c.engine.eval_every, "federated evaluation every N rounds (0: never)", 0, 1u << 30);
-  o.add("downlink.mode", &c.downlink, "how tasks carry the model: dense, fp16, or delta (changes since the client's version)");
-  o.add("downlink.history", &c.engine.delta_history, "model versions kept for delta downlinks", 1, 64);
+  o.add("downlink.mode", &c.downlink,
+        "how tasks carry the model: dense, fp16, delta (changes since the client's version) or topk (lossy: only the "
+        "downlink.density largest changes, the rest kept as the server's error feedback)");
+  o.add("downlink.density", &c.engine.downlink_density, "topk downlink: fraction of the model refreshed per round",
+        1e-6, 1);
+  o.add("downlink.history", &c.engine.delta_history, "model versions kept for delta and topk downlinks", 1, 64);
   o.add("state.checkpoint", &c.engine.checkpoint, "checkpoint file, written atomically after every round; resumed from at start");
   o.add("state.metrics", &c.engine.metrics, "per-round metrics, JSON Lines (appended)");
   o.add("log.level", &c.log_level, "trace, debug, info, warn, error");

@@ -63,6 +63,7 @@ struct Config {
   double reference_spe = 1e-3;
   double deadline_seconds = 0;
   std::string trace;
+  std::string downlink = "dense";
   sim::DeviceDistributions devices;
   uint64_t state_memory = uint64_t{256} << 20;
   std::string state_dir;
@@ -131,6 +132,7 @@ int runSim(int argc, char** argv, Config& c) {
   c.engine.sampling.min_clients = 1;
   c.engine.sampling.min_available = 1;
   c.engine.completion.min_results = 1;
+  c.engine.downlink = server::parseDownlink(c.downlink);
   c.engine.validate();
 
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
@@ -334,6 +336,13 @@ int main(int argc, char** argv) {
   o.add("devices.bandwidth_sigma", &c.devices.bandwidth_sigma, "log-normal sigma of the bandwidth", 0, 5);
   o.add("devices.availability", &c.devices.availability, "probability a client can be sampled in a round", 1e-6, 1);
   o.add("round.deadline_seconds", &c.deadline_seconds, "simulated deadline dropping stragglers (0: none)", 0, 1e9);
+  o.add("downlink.mode", &c.downlink,
+        "how tasks carry the model: dense, fp16, delta (the changes since the version a client holds) or topk "
+        "(lossy: only the downlink.density largest changes, the rest kept as the server's error feedback)");
+  o.add("downlink.density", &c.engine.downlink_density, "topk downlink: fraction of the model refreshed per round",
+        1e-6, 1);
+  o.add("downlink.history", &c.engine.delta_history, "model versions kept for delta and topk downlinks (a client "
+        "holding an older one gets the whole model)", 1, 64);
   o.add("eval.every", &c.engine.eval_every, "test-set evaluation every N rounds (0: never)", 0, 1u << 30);
   o.add("state.memory_bytes", &c.state_memory, "client-state memory per worker before spilling to LMDB", 1 << 20,
         uint64_t{1} << 40);

@@ -126,7 +126,8 @@ struct EdgeAggregator::Impl {
       pr::applyModel(*layout, held_version, t.base_version, t.model, held);
       held_version = t.model_version;
       if (!model || model->version() >= held_version)
-        model = std::make_unique<ModelStore>(layout, config.downlink == Downlink::kDelta ? 4 : 0);
+        model = std::make_unique<ModelStore>(  // relays the broadcast model as it is: topk is a delta here
+            layout, config.downlink == Downlink::kDelta || config.downlink == Downlink::kTopK ? 4 : 0);
       model->set(held, held_version);
     }
     if (!model) failInput(Errc::kMissingField, "a phase-", t.phase, " task before any model");

@@ -23,7 +23,7 @@ namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
 // Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
 // inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
-constexpr uint32_t kCheckpointVersion = 2;
+constexpr uint32_t kCheckpointVersion = 3;
 constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
 constexpr uint32_t kShardFileVersion = 1;
 
@@ -82,6 +82,8 @@ void EngineConfig::validate() const {
                    " must be below 2: the proximal term would make every client diverge");
   if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
   if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
+  if (!(downlink_density > 0.0 && downlink_density <= 1.0))
+    STARLING_THROW(ConfigError, "downlink.density must be in (0, 1], got ", downlink_density);
   if (shard_count == 0 || shard_rank >= shard_count)
     STARLING_THROW(ConfigError, "optimizer shard ", shard_rank, " of ", shard_count, " does not exist");
   if (shard_count > 1 && !checkpoint.empty() && optimizer_shard_file.empty())
@@ -114,7 +116,9 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
     : layout_(std::move(layout)),
       config_((config.validate(), std::move(config))),
       scheme_(layout_, config_.scheme),
-      model_(layout_, config_.downlink == Downlink::kDelta ? config_.delta_history : 0),
+      model_(layout_,
+             config_.downlink == Downlink::kDelta || config_.downlink == Downlink::kTopK ? config_.delta_history : 0,
+             config_.downlink == Downlink::kTopK ? config_.downlink_density : 0.0),
       carry_(scheme_.initialCarry()) {
   STARLING_CHECK_ARG(initial.size() == layout_->numel(), "initial model of ", initial.size(), " values, the layout has ",
                      layout_->numel());
@@ -139,12 +143,14 @@ void RoundEngine::saveCheckpoint() const {
   w.u64(layout_->fingerprint());
   w.u64(next_round_);
   w.u64(model_.version());
-  w.floats(model_.current());
+  w.floats(model_.server());
   w.u32(config_.shard_count);
   if (config_.shard_count == 1) optimizer_->saveState(w);
   carry_.save(w);
   w.u64(fleet_state_.size());
   if (!fleet_state_.empty()) w.bytes(fleet_state_.data(), fleet_state_.size());
+  // Format 3: the broadcast model of a lossy downlink (count 0 otherwise).
+  w.floats(model_.lossy() ? model_.current() : std::span<const float>());
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -213,8 +219,8 @@ void RoundEngine::loadCheckpoint() {
   ByteReader r(bytes, "checkpoint " + config_.checkpoint);
   if (r.u32() != kCheckpointMagic) r.fail("not a Starling checkpoint");
   const uint32_t format = r.u32();
-  if (format != 1 && format != kCheckpointVersion)
-    r.fail("checkpoint format version ", format, " is not 1 or ", kCheckpointVersion);
+  if (format < 1 || format > kCheckpointVersion)
+    r.fail("checkpoint format version ", format, " is not 1 to ", kCheckpointVersion);
   if (r.u64() != layout_->fingerprint()) r.fail("the checkpoint is of another model (layout fingerprint differs)");
   const uint64_t next = r.u64();
   const uint64_t version = r.u64();
@@ -240,7 +246,14 @@ void RoundEngine::loadCheckpoint() {
     if (v.size() != n) r.fail("fleet state of ", n, " bytes is truncated");
     fleet_state.assign(v.begin(), v.end());
   }
+  std::vector<float> broadcast;
+  if (format >= 3) r.floats(broadcast);
   r.finish();
+  if (!broadcast.empty() && (!model_.lossy() || broadcast.size() != model.size()))
+    r.fail("it holds a broadcast model of ", broadcast.size(), " values for a ",
+           model_.lossy() ? "lossy" : "lossless", " downlink of a ", model.size(), "-value model");
+  for (float x : broadcast)
+    if (!std::isfinite(x)) r.fail("the broadcast model holds a non-finite value");
   try {
     scheme_.checkCarry(carry);
   } catch (const InvalidArgument& e) {
@@ -248,7 +261,7 @@ void RoundEngine::loadCheckpoint() {
   }
   if (next == 0 || version == 0) r.fail("round ", next, " / model version ", version, " out of range");
   next_round_ = next;
-  model_.set(std::move(model), version);
+  model_.set(std::move(model), version, std::move(broadcast));
   if (opt) optimizer_ = std::move(opt);
   else loadOptimizerShard(next);
   carry_ = std::move(carry);
@@ -360,7 +373,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     rec.reason = d.reason;
     return finishRecord();
   }
-  std::vector<float> next(model_.current().begin(), model_.current().end());
+  std::vector<float> next(model_.server().begin(), model_.server().end());
   const size_t shard_n = shard_end_ - shard_begin_;
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
                    std::span<const float>(result.delta).subspan(shard_begin_, shard_n));

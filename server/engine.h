@@ -59,7 +59,8 @@ struct EngineConfig {
   uint32_t round_deadline_ms = 60000;  // per phase
   uint32_t eval_every = 0;             // federated evaluation every N rounds (0: never)
   Downlink downlink = Downlink::kDense;
-  size_t delta_history = 4;            // model versions kept for the delta downlink
+  size_t delta_history = 4;            // model versions kept for the delta and topk downlinks
+  double downlink_density = 0.01;      // topk downlink: fraction of the model refreshed per version
   std::string checkpoint;              // file; empty: no checkpoints
   std::string metrics;                 // JSON Lines file; empty: none
   // False on every simulator worker but the first: it resumes from the checkpoint like the others

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "compression/compressor.h"
+#include "compression/topk_select.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/overloaded.h"
@@ -13,7 +15,8 @@ Downlink parseDownlink(std::string_view s) {
   if (s == "dense") return Downlink::kDense;
   if (s == "fp16") return Downlink::kFp16;
   if (s == "delta") return Downlink::kDelta;
-  STARLING_THROW(ConfigError, "downlink must be dense, fp16 or delta, got '", s, "'");
+  if (s == "topk") return Downlink::kTopK;
+  STARLING_THROW(ConfigError, "downlink must be dense, fp16, delta or topk, got '", s, "'");
 }
 
 const char* downlinkName(Downlink d) {
@@ -21,21 +24,41 @@ const char* downlinkName(Downlink d) {
     case Downlink::kDense: return "dense";
     case Downlink::kFp16: return "fp16";
     case Downlink::kDelta: return "delta";
+    case Downlink::kTopK: return "topk";
   }
   return "?";
 }
 
-ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history)
-    : layout_(std::move(layout)), history_(history) {
+ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history, double topk_density)
+    : layout_(std::move(layout)), history_(history), density_(topk_density) {
+  STARLING_CHECK_ARG(density_ >= 0.0 && density_ <= 1.0, "downlink density must be in (0, 1], got ", density_);
   versions_.push_back(Version{0, std::vector<float>(layout_->numel())});
 }
 
-void ModelStore::set(std::vector<float> model, uint64_t version) {
+void ModelStore::set(std::vector<float> model, uint64_t version, std::vector<float> broadcast) {
   STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(), " values, layout has ", layout_->numel());
-  STARLING_CHECK_ARG(version > versions_.back().version || versions_.size() == 1, "model version ", version,
+  STARLING_CHECK_ARG(broadcast.empty() || (lossy() && broadcast.size() == model.size()),
+                     "a broadcast model is only given to a lossy store, and of the model's size");
+  const bool first = versions_.size() == 1 && versions_.back().version == 0;
+  STARLING_CHECK_ARG(version > versions_.back().version || first, "model version ", version,
                      " does not follow ", versions_.back().version);
-  if (history_ == 0 || (versions_.size() == 1 && versions_.back().version == 0)) versions_.clear();
-  versions_.push_back(Version{version, std::move(model)});
+  std::vector<float> next;
+  if (!lossy()) {
+    next = std::move(model);
+  } else if (!broadcast.empty() || first) {
+    next = broadcast.empty() ? model : std::move(broadcast);
+    server_ = std::move(model);
+  } else {
+    // x-hat refreshed where it is furthest from x: the residual x - x-hat, top-k over the model.
+    server_ = std::move(model);
+    next = versions_.back().values;
+    std::vector<float> residual(server_.size());
+    for (size_t i = 0; i < residual.size(); ++i) residual[i] = server_[i] - next[i];
+    compression::selectTopK(residual, compression::countForDensity(density_, residual.size()), picked_, version);
+    for (uint32_t i : picked_) next[i] = server_[i];
+  }
+  if (history_ == 0 || first) versions_.clear();
+  versions_.push_back(Version{version, std::move(next)});
   while (versions_.size() > history_ + 1) versions_.pop_front();
 }
 
@@ -43,7 +66,7 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
   EncodedModel out;
   const auto& cur = versions_.back().values;
   const auto& tensors = layout_->tensors();
-  if (mode == Downlink::kDelta && held != 0 && held != versions_.back().version) {
+  if ((mode == Downlink::kDelta || mode == Downlink::kTopK) && held != 0 && held != versions_.back().version) {
     for (const auto& v : versions_) {
       if (v.version != held) continue;
       // Changed coordinates with their new values: 8 bytes each, so worth it below half changed.

@@ -111,13 +111,28 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     if (scaffold) up_bytes += control_bytes_;
   }
 
+  // A delta or top-k downlink depends on the version each client holds (0: none yet): its own
+  // task's size. Every participant downloads its task, stragglers included, and then holds it.
+  const bool per_client = h.phase == 0 && (task.downlink == server::Downlink::kDelta ||
+                                           task.downlink == server::Downlink::kTopK);
+  std::vector<uint64_t> down(participants.size(), down_bytes);
+  if (per_client) {
+    for (size_t i = 0; i < participants.size(); ++i) {
+      const auto it = held_.find(participants[i].id);
+      down[i] = server::encodeTask(task, it == held_.end() ? 0 : it->second).size() + (scaffold ? control_bytes_ : 0);
+    }
+    for (const auto& c : participants) held_[c.id] = h.model_version;
+  }
+
   // 1. The simulated clock decides who is accepted (phase 0), 2. the scheduler who trains them.
   std::set<uint64_t> failed;
   if (h.phase == 0 || assignment_round_ != h.round) {
     std::vector<ClientTiming> timings;
-    for (const auto& c : participants)
+    for (size_t i = 0; i < participants.size(); ++i) {
+      const auto& c = participants[i];
       timings.push_back(timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
-                                   config_.reference_seconds_per_example, down_bytes, up_bytes));
+                                   config_.reference_seconds_per_example, down[i], up_bytes));
+    }
     const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
     failed.insert(rt.dropped.begin(), rt.dropped.end());
     rep.sim_seconds = rt.seconds;
@@ -207,7 +222,8 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   }
   rep.failed.assign(failed.begin(), failed.end());
   rep.uplink_bytes = counts[np];
-  rep.downlink_bytes = down_bytes * np;  // stragglers downloaded their task too
+  rep.downlink_bytes = 0;  // stragglers downloaded their task too
+  for (uint64_t b : down) rep.downlink_bytes += b;
   double makespan = 0.0;
   for (int w = 0; w < workers; ++w) {
     const uint64_t wk = counts[np + 1 + 2 * static_cast<size_t>(w)];
@@ -237,20 +253,27 @@ void SimFleet::endRound(uint64_t, bool) {
   control_sum_.clear();
 }
 
-// The fleet's part of the checkpoint: version 1 | u32 workers | u8 SCAFFOLD | (SCAFFOLD) c.
+// The fleet's part of the checkpoint: version 2 | u32 workers | u8 SCAFFOLD | (SCAFFOLD) c |
+// u64 count, then (client, model version held) pairs (version 2; what delta downlinks cost).
 std::vector<uint8_t> SimFleet::saveState() const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(1);
+  w.u32(2);
   w.u32(static_cast<uint32_t>(coll_.size()));
   w.u8(config_.scaffold ? 1 : 0);
   if (config_.scaffold) w.floats(control_);
+  w.u64(held_.size());
+  for (const auto& [id, v] : held_) {
+    w.u64(id);
+    w.u64(v);
+  }
   return bytes;
 }
 
 void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   ByteReader r(bytes, "the simulator's state in the checkpoint");
-  if (const uint32_t v = r.u32(); v != 1) r.fail("version ", v, " is not 1");
+  const uint32_t version = r.u32();
+  if (version != 1 && version != 2) r.fail("version ", version, " is not 1 or 2");
   // Clients' states are where the run's workers left them (homes): the same workers must go on.
   if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
     r.fail("the run had ", w, " worker(s), this one has ", coll_.size(), ": resume with as many workers");
@@ -266,6 +289,15 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
     for (float x : c)
       if (!std::isfinite(x)) r.fail("SCAFFOLD's control variate holds a non-finite value");
     control_ = std::move(c);
+  }
+  held_.clear();
+  if (version >= 2) {
+    const uint64_t n = r.u64();
+    if (n > r.remaining() / 16) r.fail("claims ", n, " held model versions, only ", r.remaining(), " bytes left");
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t id = r.u64();
+      held_[id] = r.u64();
+    }
   }
   r.finish();
 }

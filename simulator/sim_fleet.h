@@ -118,6 +118,7 @@ class SimFleet final : public server::Fleet {
   std::map<std::string, std::unique_ptr<compression::Compressor>> compressors_;
   Assignment assignment_;      // this round's, kept across its phases
   std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
+  std::map<uint64_t, uint64_t> held_;  // the model version each client last downloaded (same everywhere)
   uint64_t assignment_round_ = 0;
   ClientState state_;          // reused for every client
   std::vector<float> control_, control_sum_;  // SCAFFOLD: c, and this round's summed control deltas

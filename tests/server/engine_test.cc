@@ -287,3 +287,98 @@ TEST_CASE("every compressor and every aggregation rule runs through the engine a
   for (const std::string rule : {"median", "trimmed_mean", "krum:f=1", "multikrum:f=1", "bulyan:f=1", "fedavg:clip=1"})
     run("topk:density=0.3", rule);
 }
+
+// The lossy downlink (model_store.h): top-k of x - x-hat with the server's error feedback.
+TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothing, only delays", "[server]") {
+  World w;
+  const size_t n = w.layout->numel();
+  server::ModelStore store(w.layout, 8, 0.1);
+  const size_t k = compression::countForDensity(0.1, n);
+  const std::vector<float> v1 = w.init();
+  store.set(v1, 1);
+  CHECK(sameBits(store.current(), v1));  // the first model is broadcast whole
+  std::vector<float> x = v1;
+  for (size_t i = 0; i < n; ++i) x[i] += 0.01f * static_cast<float>((i * 7919) % 101);  // every coordinate moves
+  store.set(x, 2);
+  CHECK(sameBits(store.server(), x));
+  // Exactly k coordinates took x's values, and they are the k largest |x - v1|.
+  std::vector<size_t> changed;
+  double smallest_taken = 1e30, largest_left = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double gap = std::fabs(double(x[i]) - v1[i]);
+    if (store.current()[i] != v1[i]) {
+      changed.push_back(i);
+      CHECK(store.current()[i] == x[i]);
+      smallest_taken = std::min(smallest_taken, gap);
+    } else {
+      largest_left = std::max(largest_left, gap);
+    }
+  }
+  CHECK(changed.size() == k);
+  CHECK(smallest_taken >= largest_left);
+  // A client holding version 1 gets a delta of those k coordinates; applied, it holds x-hat.
+  const server::EncodedModel d = store.encodeFor(1, server::Downlink::kTopK);
+  CHECK(d.base_version == 1);
+  std::vector<float> client = v1;
+  protocol::applyModel(*w.layout, 1, d.base_version, d.tensors, client);
+  CHECK(sameBits(client, std::vector<float>(store.current().begin(), store.current().end())));
+  size_t delta_bytes = 0;
+  for (const auto& p : d.tensors) delta_bytes += compression::payloadDataBytes(compression::view(p));
+  CHECK(delta_bytes == 8 * k);  // an index and a value per refreshed coordinate, against 4 n dense
+  // The server's model standing still, x-hat reaches it after ceil(1 / density) versions.
+  for (uint64_t v = 3; v <= 12; ++v) store.set(x, v);
+  CHECK(sameBits(store.current(), x));
+  // A client holding a version older than the history, or none, gets the whole broadcast model.
+  CHECK(store.encodeFor(1, server::Downlink::kTopK).base_version == 0);
+  CHECK(store.encodeFor(0, server::Downlink::kTopK).base_version == 0);
+  CHECK_THROWS_AS(server::ModelStore(w.layout, 4, 1.5), InvalidArgument);
+  CHECK(server::parseDownlink("topk") == server::Downlink::kTopK);
+}
+
+TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and resumes exactly", "[server]") {
+  World w;
+  TempDir dir;
+  uint64_t down[2] = {0, 0};
+  double acc[2] = {0, 0};
+  std::vector<float> models[2];
+  for (int lossy = 0; lossy < 2; ++lossy) {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    // Dense updates: the model changes everywhere each round, so only a lossy downlink is small.
+    auto cfg = w.config("none", 8);
+    cfg.sampling.fraction = 1.0;
+    cfg.downlink = lossy ? server::Downlink::kTopK : server::Downlink::kDelta;
+    cfg.downlink_density = 0.05;
+    server::RoundEngine e(w.layout, cfg, w.init());
+    e.run(fleet, [&](const server::RoundRecord& r) { down[lossy] += r.downlink_bytes; });
+    acc[lossy] = w.accuracy(e.model().current());
+    models[lossy] = modelOf(e);
+    if (lossy) CHECK_FALSE(sameBits(e.model().current(), e.model().server()));  // x-hat lags x
+  }
+  CAPTURE(acc[0], acc[1], down[0], down[1]);
+  CHECK(down[1] < down[0]);  // tasks of this 52-value model are mostly header: the payloads are checked above
+  CHECK(acc[1] > w.accuracy(w.init()) + 0.2);  // the broadcast model learns
+  CHECK(acc[1] > acc[0] - 0.1);
+
+  // Crash after round 4 and resume: the broadcast model comes back from the checkpoint.
+  auto cfg = w.config("none", 8);
+  cfg.sampling.fraction = 1.0;
+  cfg.downlink = server::Downlink::kTopK;
+  cfg.downlink_density = 0.05;
+  cfg.checkpoint = (dir.path / "ck.bin").string();
+  InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+  {
+    server::RoundEngine first(w.layout, cfg, w.init());
+    fleet.crash_at_round = 5;
+    for (int r = 0; r < 4; ++r) first.runRound(fleet);
+    CHECK_THROWS(first.runRound(fleet));
+  }
+  fleet.crash_at_round.reset();
+  server::RoundEngine second(w.layout, cfg, w.init());
+  REQUIRE(second.resumed());
+  second.run(fleet);
+  CHECK(sameBits(modelOf(second), models[1]));
+  // A lossless run refuses a checkpoint that holds a broadcast model.
+  auto plain = cfg;
+  plain.downlink = server::Downlink::kDelta;
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, plain, w.init()), Catch::Contains("broadcast model"));
+}
