@@ -32,6 +32,7 @@ struct Config {
   server::EngineConfig engine;
   double min_completion_rate = 0.0;
   std::string downlink = "dense";
+  bool diagnostics = false;
   double resparsify = 0.0;
   size_t agg_min_clients = 1;
   std::vector<std::string> aggregator_ids;
@@ -49,6 +50,8 @@ int runServer(Config& c) {
   aggregation::makeRule(c.engine.scheme.rule);
   aggregation::makeServerOptimizer(c.engine.server_opt, 1);
   c.engine.downlink = server::parseDownlink(c.downlink);
+  if (c.diagnostics)
+    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"}) c.engine.scheme.metrics.push_back(m);
   c.engine.scheme.run_seed = c.seed;
   c.engine.completion.min_results = c.engine.sampling.min_clients;
   c.engine.completion.min_completion_rate = c.min_completion_rate;
@@ -168,6 +171,9 @@ int main(int argc, char** argv) {
   o.add("round.deadline_ms", &c.engine.round_deadline_ms, "how long a phase waits for updates", 10, 86400000);
   o.add("round.min_completion_rate", &c.min_completion_rate, "fraction of sampled clients that must deliver", 0, 1);
   o.add("eval.every", &c.engine.eval_every, "federated evaluation every N rounds (0: never)", 0, 1u << 30);
+  o.add("compression.diagnostics", &c.diagnostics,
+        "clients also report error feedback's diagnostics (docs/compression.md): ef_gain, ef_residual_ratio and "
+        "ef_residual_age, averaged per round into the metrics file");
   o.add("downlink.mode", &c.downlink,
         "how tasks carry the model: dense, fp16, delta (changes since the client's version) or topk (lossy: only the "
         "downlink.density largest changes, the rest kept as the server's error feedback)");

@@ -64,6 +64,7 @@ struct Config {
   double deadline_seconds = 0;
   std::string trace;
   std::string downlink = "dense";
+  bool diagnostics = false;
   sim::DeviceDistributions devices;
   uint64_t state_memory = uint64_t{256} << 20;
   std::string state_dir;
@@ -133,6 +134,8 @@ int runSim(int argc, char** argv, Config& c) {
   c.engine.sampling.min_available = 1;
   c.engine.completion.min_results = 1;
   c.engine.downlink = server::parseDownlink(c.downlink);
+  if (c.diagnostics)
+    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"}) c.engine.scheme.metrics.push_back(m);
   c.engine.validate();
 
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
@@ -239,11 +242,12 @@ int runSim(int argc, char** argv, Config& c) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double per_round = elapsed / static_cast<double>(r.round - first + 1);
     const double left = per_round * static_cast<double>(c.engine.rounds - r.round);
-    char acc[32] = "";
+    char acc[32] = "", ef[48] = "";
     if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
-    std::printf("%sround %4llu/%llu%s  loss %.4f  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA %s%s",
+    if (auto g = r.metrics.find("ef_gain"); g != r.metrics.end()) std::snprintf(ef, sizeof ef, "  EF gain %.2f", g->second);
+    std::printf("%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA %s%s",
                 tty ? "\r" : "", static_cast<unsigned long long>(r.round),
-                static_cast<unsigned long long>(c.engine.rounds), acc, r.train_loss.value_or(0.0),
+                static_cast<unsigned long long>(c.engine.rounds), acc, r.train_loss.value_or(0.0), ef,
                 r.clients_completed ? static_cast<double>(r.uplink_bytes) / 1024.0 / static_cast<double>(r.clients_completed) : 0.0,
                 r.makespan_seconds.value_or(0.0), r.sim_seconds.value_or(0.0), eta(left).c_str(),
                 tty ? "" : "\n");
@@ -327,6 +331,9 @@ int main(int argc, char** argv) {
   o.add("sampling.clients_per_round", &c.clients_per_round, "clients sampled each round", 1, 10'000'000);
   o.add("sampling.overcommit", &c.engine.sampling.overcommit, "sample this many times more; the fastest are kept", 1, 10);
   o.add("compression.compressor", &c.engine.scheme.compressor, "compressor spec:" + compression::compressors().help());
+  o.add("compression.diagnostics", &c.diagnostics,
+        "clients also report error feedback's diagnostics (docs/compression.md): ef_gain, ef_residual_ratio and "
+        "ef_residual_age, averaged per round into the metrics file (a few bytes more per update)");
   o.add("aggregation.rule", &c.engine.scheme.rule, "aggregation rule (streaming rules across workers):" + aggregation::aggregationRules().help());
   o.add("aggregation.server_opt", &c.engine.server_opt, "server optimizer:" + aggregation::serverOptimizers().help());
   o.add("devices.trace", &c.trace, "CSV client,speed,bandwidth,availability (instead of the distributions below)");

@@ -103,6 +103,12 @@ std::string RoundRecord::json() const {
     << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
     << ",\"model_version\":" << model_version;
   if (train_loss) jsonNumber(o, "train_loss", *train_loss);
+  for (const auto& [name, value] : metrics) {  // declared by the configuration; quotes are made harmless
+    std::string key = name;
+    for (char& ch : key)
+      if (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20) ch = '_';
+    jsonNumber(o, key.c_str(), value);
+  }
   if (test_accuracy) jsonNumber(o, "test_accuracy", *test_accuracy);
   if (test_loss) jsonNumber(o, "test_loss", *test_loss);
   if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
@@ -368,6 +374,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   }
   rec.clients_completed = result.count;
   if (auto it = result.metrics.find("train_loss"); it != result.metrics.end()) rec.train_loss = it->second;
+  for (const auto& [name, value] : result.metrics)
+    if (name != "train_loss") rec.metrics[name] = value;
   const ag::RoundDecision d = ag::decideRound(config_.completion, result.count, rec.clients_selected - std::min<uint64_t>(result.count, rec.clients_selected));
   if (!d.apply) {
     rec.reason = d.reason;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -159,6 +160,7 @@ struct RoundRecord {
   uint64_t clients_selected = 0, clients_completed = 0, clients_failed = 0, updates_rejected = 0;
   uint64_t uplink_bytes = 0, downlink_bytes = 0;
   std::optional<double> train_loss;
+  std::map<std::string, double> metrics;  // the other declared metrics (weighted means), e.g. ef_gain
   std::optional<double> test_accuracy, test_loss;
   std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
   uint64_t model_version = 0;

@@ -182,6 +182,10 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
       client::PhaseResult res =
           algorithm.runPhase(task.broadcast, id, global, data, state_, scaffold ? std::span<const float>(control_)
                                                                                 : std::span<const float>());
+      // What a deployed client sends: only the metrics the server declared (client/runtime.cc).
+      std::erase_if(res.update.metrics, [&](const Metric& m) {
+        return std::find(h.metrics.begin(), h.metrics.end(), m.name) == h.metrics.end();
+      });
       counts[np] += pr::encodedSize(res.update) + (scaffold ? control_bytes_ : 0);
       agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
       if (scaffold)

@@ -382,3 +382,22 @@ TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and 
   plain.downlink = server::Downlink::kDelta;
   CHECK_THROWS_WITH(server::RoundEngine(w.layout, plain, w.init()), Catch::Contains("broadcast model"));
 }
+
+TEST_CASE("declared metrics beyond train_loss reach the round record and its JSON line", "[server]") {
+  World w;
+  InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+  auto cfg = w.config("randblock:density=0.25,ef_preview=0", 3);
+  cfg.sampling.fraction = 1.0;
+  cfg.scheme.metrics = {"train_loss", "ef_gain", "ef_residual_age"};
+  server::RoundEngine e(w.layout, cfg, w.init());
+  std::vector<server::RoundRecord> recs;
+  e.run(fleet, [&](const server::RoundRecord& r) { recs.push_back(r); });
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[0].metrics.at("ef_gain") == Approx(1.0));  // nothing waited in round 1
+  CHECK(recs[0].metrics.at("ef_residual_age") == 0.0);
+  CHECK(recs[1].metrics.at("ef_residual_age") == 1.0);  // every client took part in round 1
+  CHECK(recs[2].metrics.at("ef_gain") > 1.0);           // plain EF: waiting coordinates arrive at once
+  CHECK(recs[2].metrics.count("ef_residual_ratio") == 0);  // not declared
+  CHECK(recs[2].json().find("\"ef_gain\":") != std::string::npos);
+  CHECK(recs[2].json().find("ef_residual_ratio") == std::string::npos);
+}
