@@ -126,6 +126,7 @@ int run(const Options& o) {
   }();
 
   ag::RoundCarry carry = scheme.initialCarry();
+  std::vector<uint64_t> last_change(o.diagnostics ? layout->numel() : 0, 0);  // round 0: the initial model
   size_t total_bytes = 0, total_updates = 0, skipped = 0;
   double acc = trainer->evaluate(global, test_view).accuracy;
   std::printf("round %4d/%zu  test accuracy %5.1f%%\n", 0, o.rounds, 100 * acc);
@@ -170,6 +171,17 @@ int run(const Options& o) {
       continue;
     }
     server_opt->step(global, result.delta);
+    // How many rounds each coordinate the round changed had waited since its previous change.
+    double waited = 0;
+    size_t changed = 0;
+    if (o.diagnostics) {
+      for (size_t i = 0; i < result.delta.size(); ++i)
+        if (result.delta[i] != 0.0f) {
+          waited += static_cast<double>(r - last_change[i]);
+          last_change[i] = r;
+          ++changed;
+        }
+    }
     carry = std::move(result.next);
     total_bytes += round_bytes;
     total_updates += sampled.size();
@@ -180,6 +192,9 @@ int run(const Options& o) {
     std::string ef;
     if (result.metrics.count("ef_gain"))
       ef = "  EF gain " + fmt(result.metrics["ef_gain"]) + ", residual/update " + fmt(result.metrics["ef_residual_ratio"]);
+    if (o.diagnostics && changed > 0)
+      ef += ", " + fmt(100.0 * static_cast<double>(changed) / static_cast<double>(result.delta.size())) +
+            "% of the model changed after waiting " + fmt(waited / static_cast<double>(changed)) + " rounds";
     std::printf("round %4llu/%zu  train loss %.4f  test accuracy %5.1f%%  uplink %7.1f KB/client (dense %.1f KB, %.1fx less)%s%s\n",
                 static_cast<unsigned long long>(r), o.rounds, result.metrics["train_loss"], 100 * acc,
                 per_client / 1024.0, static_cast<double>(dense_bytes) / 1024.0,
@@ -224,7 +239,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "run seed (data split, initial model, sampling, compression)")->capture_default_str();
   app.add_flag("--diagnostics", o.diagnostics,
                "clients also report error feedback's diagnostics (docs/compression.md), printed per round: the EF gain "
-               "(what was sent against the fresh update on the same coordinates) and residual/update");
+               "(what was sent against the client's own displacement on the same coordinates), residual/update, and how many "
+               "rounds the coordinates the round changed had waited");
   app.add_option("--max-abs", o.bounds.max_abs_value, "reject an update with a decoded |value| above this")
       ->capture_default_str();
   app.add_option("--max-norm", o.bounds.max_update_norm, "reject an update with an L2 norm above this")
