@@ -85,8 +85,13 @@ const CompressorRegistry& compressors() {
            "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
            [](OptionReader& r) { return std::make_unique<RandKCompressor>(readRandomSparsify(r, aheadSparsifyDefaults())); }},
           {"randblock", "one random contiguous block per tensor, shared offset, no indices",
-           "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
-           [](OptionReader& r) { return std::make_unique<RandBlockCompressor>(readRandomSparsify(r, aheadSparsifyDefaults())); }},
+           "density=0.01, offset=shared|client (one block offset per round, or per client), " +
+               feedbackHelp(aheadSparsifyDefaults().ef),
+           [](OptionReader& r) {
+             RandomSparsifyOptions o = readRandomSparsify(r, aheadSparsifyDefaults());
+             o.per_client_offset = r.choice("offset", "shared", {"shared", "client"}) == "client";
+             return std::make_unique<RandBlockCompressor>(o);
+           }},
           {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", feedbackHelp(SignOptions{}.ef),
            [](OptionReader& r) {
              SignOptions o;

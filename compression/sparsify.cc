@@ -156,8 +156,15 @@ RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { op
 
 std::string RandBlockCompressor::spec() const {
   std::ostringstream os;
-  os << "randblock:density=" << opt_.density << opt_.ef.specText();
+  os << "randblock:density=" << opt_.density << ",offset=" << (opt_.per_client_offset ? "client" : "shared")
+     << opt_.ef.specText();
   return os.str();
+}
+
+uint32_t RandBlockCompressor::offsetFor(const RoundContext& ctx, size_t tensor_index, size_t numel) const {
+  if (!opt_.per_client_offset) return blockOffset(ctx.run_seed, ctx.round, tensor_index, numel);
+  RngStream rng(StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kRandBlock, tensor_index});
+  return static_cast<uint32_t>(rng.below(numel));
 }
 
 uint32_t RandBlockCompressor::blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel) {
@@ -170,7 +177,7 @@ void RandBlockCompressor::checkReceived(const ParamLayout& layout, size_t t, con
   const auto* b = std::get_if<RandBlockView>(&p);
   if (!b) unexpected(layout, t, p, "randblock");
   const size_t n = layout[t].numel;
-  const uint32_t want = blockOffset(ctx.run_seed, ctx.round, t, n);
+  const uint32_t want = offsetFor(ctx, t, n);
   if (b->offset != want || b->values.size() != countForDensity(opt_.density, n))
     failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries a block of ", b->values.size(),
               " values at offset ", b->offset, "; round ", ctx.round, " fixes ", countForDensity(opt_.density, n),
@@ -187,7 +194,7 @@ std::vector<Payload> RandBlockCompressor::encode(const ParamLayout& layout, std:
     const size_t n = v.size();
     const size_t len = countForDensity(opt_.density, n);
     RandBlock b;
-    b.offset = blockOffset(ctx.run_seed, ctx.round, t, n);
+    b.offset = offsetFor(ctx, t, n);
     b.values.resize(len);
     const size_t first = std::min(len, n - b.offset);
     std::copy_n(v.begin() + b.offset, first, b.values.begin());

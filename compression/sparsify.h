@@ -7,7 +7,8 @@
 //             sends indices + values.
 //   randblock one contiguous block of k values per tensor (wrapping at the end), at an offset
 //             drawn from the round's stream shared by every client, so no indices travel and a
-//             server adds all clients' blocks at the same place (Eghlidi & Jaggi).
+//             server adds all clients' blocks at the same place (Eghlidi & Jaggi); offset=client
+//             draws it from the client's own stream instead.
 #include "compression/compressor.h"
 
 namespace starling::compression {
@@ -23,6 +24,11 @@ struct TopKOptions {
 struct RandomSparsifyOptions {
   double density = 0.01;
   ErrorFeedback ef{.on = true};
+  // randblock only: one block offset per round shared by every client (the default, Eghlidi &
+  // Jaggi: a server adds every block at one place and an edge aggregator's partial stays k
+  // values), or one per client (offset=client: the round's blocks cover about clients x density of
+  // each tensor, as rand-k's positions do, still without indices).
+  bool per_client_offset = false;
   void validate() const;
 };
 
@@ -66,8 +72,10 @@ class RandBlockCompressor final : public Compressor {
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
-  // The block offset of tensor `tensor_index` in `round`: the same for every client.
+  // The block offset of tensor `tensor_index` in `round`: the same for every client, or, with
+  // offset=client, `client`'s own (the client argument is ignored for a shared offset).
   static uint32_t blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel);
+  uint32_t offsetFor(const RoundContext& ctx, size_t tensor_index, size_t numel) const;
 
  protected:
   std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,

@@ -148,7 +148,7 @@ inline std::vector<std::string> allCompressorSpecs() {
                         "powersgd:mode=local,ef=false", "powersgd:mode=local,warm_start=false",
                         "randblock:ef_decay=0.5,ef_preview=0", "topk:ef_decay=0.75,ef_max_age=2",
                         "acpsgd:ef_decay=0.5,ef_preview=1", "powersgd:ef_decay=0.5", "sign:ef_decay=0.9",
-                        "qsgd:ef=true,ef_decay=0.5,ef_max_age=1"})
+                        "qsgd:ef=true,ef_decay=0.5,ef_max_age=1", "randblock:offset=client"})
     specs.emplace_back(s);
   return specs;
 }

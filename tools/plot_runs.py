@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Plots Starling runs: test accuracy against the round, and against the cumulative uplink bytes.
+"""Plots Starling runs: test accuracy against the round, and against the cumulative bytes.
 
     tools/plot_runs.py --out runs.png dense=runs/dense.jsonl topk=runs/topk.jsonl
+    tools/plot_runs.py --bytes total --out runs.png ...   (uplink + downlink)
 
 Each argument is a metrics file (JSON Lines, one object per round, as starling-sim and
 starling-server write with state.metrics), optionally labelled LABEL=FILE. Rounds without
@@ -18,7 +19,7 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def load(path):
+def load(path, with_downlink=False):
     rounds, acc, uplink = [], [], []
     total = 0
     try:
@@ -34,6 +35,8 @@ def load(path):
                 if "round" not in rec:
                     sys.exit(f"plot_runs: {path}:{lineno}: no 'round' field")
                 total += int(rec.get("uplink_bytes", 0))
+                if with_downlink:
+                    total += int(rec.get("downlink_bytes", 0))
                 if rec.get("test_accuracy") is not None:
                     rounds.append(int(rec["round"]))
                     acc.append(100.0 * float(rec["test_accuracy"]))
@@ -50,16 +53,18 @@ def main():
     p.add_argument("runs", nargs="+", help="metrics files, LABEL=FILE or FILE")
     p.add_argument("--out", required=True, help="the PNG to write")
     p.add_argument("--title", default="", help="a title above both plots")
+    p.add_argument("--bytes", choices=["uplink", "total"], default="uplink",
+                   help="the right plot's x axis: cumulative uplink, or uplink + downlink")
     a = p.parse_args()
     fig, (by_round, by_bytes) = plt.subplots(1, 2, figsize=(11, 4.2))
     for run in a.runs:
         label, _, path = run.rpartition("=")
         label = label or path
-        rounds, acc, uplink = load(path)
+        rounds, acc, uplink = load(path, a.bytes == "total")
         by_round.plot(rounds, acc, marker="o", markersize=3, label=label)
         by_bytes.plot(uplink, acc, marker="o", markersize=3, label=label)
     by_round.set_xlabel("round")
-    by_bytes.set_xlabel("cumulative uplink (MB)")
+    by_bytes.set_xlabel("cumulative uplink (MB)" if a.bytes == "uplink" else "cumulative uplink + downlink (MB)")
     by_bytes.set_xscale("log")
     for ax in (by_round, by_bytes):
         ax.set_ylabel("test accuracy (%)")

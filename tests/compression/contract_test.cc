@@ -518,6 +518,31 @@ TEST_CASE("checkReceived refuses the fields a round fixes", "[compression]") {
         CHECK(code(*c, t, p[t], next) == mismatch);
     }
   }
+  SECTION("randblock with offset=client: each client's own offset, another client's refused") {
+    auto shared = makeCompressor("randblock:density=0.05");
+    auto own = makeCompressor("randblock:density=0.05,offset=client");
+    size_t differ = 0, tensors = 0;
+    for (uint64_t client : {1u, 2u, 3u}) {
+      RoundContext mine = ctx;
+      mine.client_id = client;
+      const auto p = own->compress(layout, u, mine);
+      for (size_t t = 0; t < layout.size(); ++t) {
+        INFO("client " << client << ", tensor " << t);
+        CHECK(code(*own, t, p[t], mine) == ok);
+        const auto& b = std::get<RandBlock>(p[t]);
+        ++tensors;
+        if (b.offset != RandBlockCompressor::blockOffset(kSeed, 4, t, layout[t].numel)) {
+          ++differ;
+          CHECK(code(*shared, t, p[t], mine) == mismatch);  // not the round's shared block
+        }
+        RoundContext other = mine;
+        other.client_id = client + 10;
+        const auto q = own->compress(layout, u, other);
+        if (std::get<RandBlock>(q[t]).offset != b.offset) CHECK(code(*own, t, p[t], other) == mismatch);
+      }
+    }
+    CHECK(differ * 2 > tensors);  // per-client offsets are not the shared one
+  }
   SECTION("qsgd: the compressor's s") {
     auto c4 = makeCompressor("qsgd:levels=4");
     auto c16 = makeCompressor("qsgd:levels=16");
