@@ -27,6 +27,7 @@ runs=(
   "dense|none|"
   "randblock5|randblock:density=0.05|"
   "randblock5-plain|randblock:density=0.05,ef_preview=0|"
+  "randblock5-client|randblock:density=0.05,offset=client|"
   "acpsgd4|acpsgd:rank=4|"
   "acpsgd4-plain|acpsgd:rank=4,ef_preview=0|"
   "topk1|topk:density=0.01|"
