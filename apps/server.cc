@@ -51,7 +51,9 @@ int runServer(Config& c) {
   aggregation::makeServerOptimizer(c.engine.server_opt, 1);
   c.engine.downlink = server::parseDownlink(c.downlink);
   if (c.diagnostics)
-    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"}) c.engine.scheme.metrics.push_back(m);
+    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"})
+      if (std::find(c.engine.scheme.metrics.begin(), c.engine.scheme.metrics.end(), m) == c.engine.scheme.metrics.end())
+        c.engine.scheme.metrics.push_back(m);
   c.engine.scheme.run_seed = c.seed;
   c.engine.completion.min_results = c.engine.sampling.min_clients;
   c.engine.completion.min_completion_rate = c.min_completion_rate;

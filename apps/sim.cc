@@ -135,7 +135,9 @@ int runSim(int argc, char** argv, Config& c) {
   c.engine.completion.min_results = 1;
   c.engine.downlink = server::parseDownlink(c.downlink);
   if (c.diagnostics)
-    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"}) c.engine.scheme.metrics.push_back(m);
+    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"})
+      if (std::find(c.engine.scheme.metrics.begin(), c.engine.scheme.metrics.end(), m) == c.engine.scheme.metrics.end())
+        c.engine.scheme.metrics.push_back(m);
   c.engine.validate();
 
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();

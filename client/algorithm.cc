@@ -38,7 +38,6 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   STARLING_CHECK_ARG(global.size() == layout.numel(), "client ", client_id, ": global model has ", global.size(),
                      " floats, the model needs ", layout.numel());
   FitConfig cfg = config_;
-  if (cfg.prox_mu > 0) cfg.prox_anchor = global;
   const bool scaffold = !server_control.empty();
   const ControlVariateState* ci = nullptr;
   if (scaffold) {
@@ -58,16 +57,24 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   const compression::ResidualState* preview =
       ef.preview > 0 ? compressor_.liveResidual(state, b.round) : nullptr;
   if (preview && preview->values.size() != layout.numel()) preview = nullptr;  // compressWithFeedback refuses it
-  const auto alpha = static_cast<float>(ef.preview);
-  const auto start = [&](size_t i) { return preview ? global[i] + alpha * preview->values[i] : global[i]; };
-  params_.resize(layout.numel());
-  for (size_t i = 0; i < params_.size(); ++i) params_[i] = start(i);
+  std::span<const float> start = global;
+  if (preview) {
+    const auto alpha = static_cast<float>(ef.preview);
+    start_.resize(layout.numel());
+    for (size_t i = 0; i < start_.size(); ++i) start_[i] = global[i] + alpha * preview->values[i];
+    start = start_;
+  }
+  // FedProx's anchor is the start point: with step-ahead EF, a pull toward the global model would
+  // wear the residual away, and error feedback would no longer lose nothing.
+  if (cfg.prox_mu > 0) cfg.prox_anchor = start;
+  params_.assign(start.begin(), start.end());
   RngStream rng(StreamKey{b.run_seed, b.round, client_id, StreamPurpose::kTraining, 0});
   out.fit = trainer_.fit(params_, data, cfg, rng);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start(i);  // the update: trained - start
+  for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start[i];  // the update: trained - start
   std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> staged;
   if (scaffold) {
-    // c_i+ - c_i = -c + (global - trained) / (K lr) = -c - update / (K lr)
+    // c_i+ - c_i = -c + (start - trained) / (K lr) = -c - update / (K lr): the displacement of the
+    // K steps, from the global model, or from the step-ahead start.
     const double inv = 1.0 / (static_cast<double>(cfg.steps(data.size())) * cfg.lr);
     out.control_delta.resize(layout.numel());
     auto next = std::make_unique<ControlVariateState>();
@@ -86,10 +93,13 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   out.update.metrics = out.fit.metrics;
   if (compressor_.usesErrorFeedback() && compressor_.phases() == 1) {
     // The diagnostics of docs/compression.md, averaged by the server when declared.
-    if (stats.local_on_sent > 0) out.update.metrics.push_back({"ef_gain", stats.gain()});
+    // Capped well inside the server's metric bound (bounds.max_metric_abs), so that a diagnostic can
+    // never get an update refused: a client whose displacement is tiny but whose residual is not.
+    constexpr double kCap = 1e6;
+    if (stats.local_on_sent > 0) out.update.metrics.push_back({"ef_gain", std::min(stats.gain(), kCap)});
     if (stats.local_norm > 0)
-      out.update.metrics.push_back({"ef_residual_ratio", stats.residual_norm / stats.local_norm});
-    out.update.metrics.push_back({"ef_residual_age", static_cast<double>(stats.residual_age)});
+      out.update.metrics.push_back({"ef_residual_ratio", std::min(stats.residual_norm / stats.local_norm, kCap)});
+    out.update.metrics.push_back({"ef_residual_age", std::min(static_cast<double>(stats.residual_age), kCap)});
   }
   h.num_examples = out.fit.num_examples;
   return out;

@@ -47,8 +47,10 @@ class ClientAlgorithm {
   ClientAlgorithm(const compression::Compressor& compressor, Trainer& trainer, FitConfig config);
 
   // The client's part of phase b.phase. `global` is the model the round started from (used in
-  // phase 0, and FedProx's anchor when the config's prox_mu > 0). `state` must be bound to the
-  // trainer's layout. On a throw, `state` is unchanged.
+  // phase 0). Training starts from global + ef_preview x residual (step-ahead error feedback,
+  // compression/compressor.h; the global model itself without it), which is also FedProx's anchor
+  // when the config's prox_mu > 0. `state` must be bound to the trainer's layout. On a throw,
+  // `state` is unchanged.
   //
   // SCAFFOLD (option II of the paper) when `server_control` (the server's control variate c,
   // numel floats) is given: every step's gradient is corrected by c - c_i (c_i from `state`, zeros
@@ -64,7 +66,7 @@ class ClientAlgorithm {
   const compression::Compressor& compressor_;
   Trainer& trainer_;
   FitConfig config_;
-  std::vector<float> params_, correction_;
+  std::vector<float> params_, correction_, start_;
   compression::Workspace workspace_;
 };
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <sstream>
+#include <charconv>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -78,21 +78,37 @@ void ResidualState::save(ByteWriter& w) const {
 void ResidualState::load(ByteReader& r, uint32_t version) {
   if (version != 1 && version != 2) r.fail("residual version ", version, " not supported");
   r.floats(values);
+  // What a compressor keeps is always within its input bound (compressor.h); anything else is a
+  // corrupt or foreign state, refused here rather than after a round of training.
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!(std::fabs(values[i]) <= kMaxCompressMagnitude))
+      r.fail("error-feedback residual value ", i, " (", values[i], ") is not finite or exceeds ", kMaxCompressMagnitude);
   round = version >= 2 ? r.u64() : 0;
 }
 
 void ErrorFeedback::validate(const std::string& who) const {
-  if (!(decay > 0.0 && decay <= 1.0))
-    STARLING_THROW(ConfigError, who, ": ef_decay must be in (0, 1], got ", decay);
+  if (!(decay >= 1e-6 && decay <= 1.0))
+    STARLING_THROW(ConfigError, who, ": ef_decay must be in [1e-6, 1], got ", decay);
   if (!(preview >= 0.0 && preview <= 1.0))
     STARLING_THROW(ConfigError, who, ": ef_preview must be in [0, 1], got ", preview);
+  if (!on && (decay != 1.0 || preview != 0.0 || max_age != 0))
+    STARLING_THROW(ConfigError, who, ": ef_decay, ef_preview and ef_max_age need ef=true");
 }
+
+namespace {
+// The shortest text that reads back as the same double: the canonical spec is what travels to
+// deployed clients, so it must not round (default stream precision keeps 6 digits).
+std::string exact(double v) {
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+}  // namespace
 
 std::string ErrorFeedback::specText() const {
   if (!on) return ",ef=false";
-  std::ostringstream os;
-  os << ",ef=true,ef_decay=" << decay << ",ef_preview=" << preview << ",ef_max_age=" << max_age;
-  return os.str();
+  return ",ef=true,ef_decay=" + exact(decay) + ",ef_preview=" + exact(preview) +
+         ",ef_max_age=" + std::to_string(max_age);
 }
 
 const ErrorFeedback& Compressor::feedback() const {
@@ -104,7 +120,10 @@ const ResidualState* Compressor::liveResidual(const ClientState& state, uint64_t
   const ErrorFeedback& ef = feedback();
   if (!ef.on) return nullptr;
   const ResidualState* r = state.find<ResidualState>(kResidualComponent);
-  if (!r || ef.max_age == 0 || r->round == 0 || round <= r->round) return r;
+  if (!r || ef.max_age == 0 || r->round == 0 || round == r->round) return r;
+  // Written in a later round than this one: a state from another run (rounds restart at 1) or a
+  // server that went back. Its age is unknown, so a bounded age does not keep it.
+  if (round < r->round) return nullptr;
   return round - r->round > ef.max_age ? nullptr : r;
 }
 

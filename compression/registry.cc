@@ -27,6 +27,7 @@ LowRankOptions aheadLowRankDefaults() {
 // The error-feedback keys every compressor with error feedback accepts (compressor.h).
 ErrorFeedback readFeedback(OptionReader& r, ErrorFeedback d) {
   d.on = r.flag("ef", d.on);
+  if (!d.on) d = ErrorFeedback{};  // off: no variant applies (validate() refuses one given with ef=false)
   d.decay = r.number("ef_decay", d.decay);
   d.preview = r.number("ef_preview", d.preview);
   d.max_age = r.count("ef_max_age", d.max_age);

@@ -1,6 +1,7 @@
 #include "server/engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -82,6 +83,16 @@ void EngineConfig::validate() const {
                    " must be below 2: the proximal term would make every client diverge");
   if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
   if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
+  // Declared metrics become keys of the metrics file's JSON lines: plain names, none of the fixed keys.
+  for (const auto& m : scheme.metrics) {
+    for (char ch : m)
+      if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-'))
+        STARLING_THROW(ConfigError, "metric name '", m, "' may hold only letters, digits, '_', '.' and '-'");
+    for (const char* fixed : {"round", "applied", "reason", "clients_selected", "clients_completed", "clients_failed",
+                              "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
+                              "test_loss", "sim_seconds", "makespan_seconds", "wall_seconds"})
+      if (m == fixed) STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
+  }
   if (!(downlink_density > 0.0 && downlink_density <= 1.0))
     STARLING_THROW(ConfigError, "downlink.density must be in (0, 1], got ", downlink_density);
   if (shard_count == 0 || shard_rank >= shard_count)
@@ -103,12 +114,7 @@ std::string RoundRecord::json() const {
     << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
     << ",\"model_version\":" << model_version;
   if (train_loss) jsonNumber(o, "train_loss", *train_loss);
-  for (const auto& [name, value] : metrics) {  // declared by the configuration; quotes are made harmless
-    std::string key = name;
-    for (char& ch : key)
-      if (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20) ch = '_';
-    jsonNumber(o, key.c_str(), value);
-  }
+  for (const auto& [name, value] : metrics) jsonNumber(o, name.c_str(), value);  // names checked by validate()
   if (test_accuracy) jsonNumber(o, "test_accuracy", *test_accuracy);
   if (test_loss) jsonNumber(o, "test_loss", *test_loss);
   if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
@@ -267,7 +273,7 @@ void RoundEngine::loadCheckpoint() {
   }
   if (next == 0 || version == 0) r.fail("round ", next, " / model version ", version, " out of range");
   next_round_ = next;
-  model_.set(std::move(model), version, std::move(broadcast));
+  model_.reset(std::move(model), version, std::move(broadcast));
   if (opt) optimizer_ = std::move(opt);
   else loadOptimizerShard(next);
   carry_ = std::move(carry);

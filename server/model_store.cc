@@ -35,19 +35,15 @@ ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history
   versions_.push_back(Version{0, std::vector<float>(layout_->numel())});
 }
 
-void ModelStore::set(std::vector<float> model, uint64_t version, std::vector<float> broadcast) {
+void ModelStore::set(std::vector<float> model, uint64_t version) {
   STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(), " values, layout has ", layout_->numel());
-  STARLING_CHECK_ARG(broadcast.empty() || (lossy() && broadcast.size() == model.size()),
-                     "a broadcast model is only given to a lossy store, and of the model's size");
   const bool first = versions_.size() == 1 && versions_.back().version == 0;
-  STARLING_CHECK_ARG(version > versions_.back().version || first, "model version ", version,
-                     " does not follow ", versions_.back().version);
+  if (first) return reset(std::move(model), version);
+  STARLING_CHECK_ARG(version > versions_.back().version, "model version ", version, " does not follow ",
+                     versions_.back().version);
   std::vector<float> next;
   if (!lossy()) {
     next = std::move(model);
-  } else if (!broadcast.empty() || first) {
-    next = broadcast.empty() ? model : std::move(broadcast);
-    server_ = std::move(model);
   } else {
     // x-hat refreshed where it is furthest from x: the residual x - x-hat, top-k over the model.
     server_ = std::move(model);
@@ -57,16 +53,32 @@ void ModelStore::set(std::vector<float> model, uint64_t version, std::vector<flo
     compression::selectTopK(residual, compression::countForDensity(density_, residual.size()), picked_, version);
     for (uint32_t i : picked_) next[i] = server_[i];
   }
-  if (history_ == 0 || first) versions_.clear();
+  if (history_ == 0) versions_.clear();
   versions_.push_back(Version{version, std::move(next)});
   while (versions_.size() > history_ + 1) versions_.pop_front();
+}
+
+void ModelStore::reset(std::vector<float> model, uint64_t version, std::vector<float> broadcast) {
+  STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(), " values, layout has ", layout_->numel());
+  STARLING_CHECK_ARG(version > 0, "model version 0 is reserved for 'none'");
+  STARLING_CHECK_ARG(broadcast.empty() || (lossy() && broadcast.size() == model.size()),
+                     "a broadcast model is only given to a lossy store, and of the model's size");
+  versions_.clear();
+  if (lossy()) {
+    versions_.push_back(Version{version, broadcast.empty() ? model : std::move(broadcast)});
+    server_ = std::move(model);
+  } else {
+    versions_.push_back(Version{version, std::move(model)});
+  }
 }
 
 EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
   EncodedModel out;
   const auto& cur = versions_.back().values;
   const auto& tensors = layout_->tensors();
-  if ((mode == Downlink::kDelta || mode == Downlink::kTopK) && held != 0 && held != versions_.back().version) {
+  // A client that holds the current version gets an empty delta (an evaluation task, a round that
+  // was not applied), not the whole model.
+  if ((mode == Downlink::kDelta || mode == Downlink::kTopK) && held != 0) {
     for (const auto& v : versions_) {
       if (v.version != held) continue;
       // Changed coordinates with their new values: 8 bytes each, so worth it below half changed.

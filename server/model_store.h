@@ -46,9 +46,13 @@ class ModelStore {
   uint64_t version() const { return versions_.back().version; }
   bool lossy() const { return density_ > 0.0; }
   // Installs `model` as the server's model of `version` (> the current one, or the first). The
-  // first model, and a lossy store's model given with a `broadcast` (a checkpoint's), are
-  // broadcast as they are; later lossy versions refresh the top-k coordinates of x - x-hat.
-  void set(std::vector<float> model, uint64_t version, std::vector<float> broadcast = {});
+  // first model is broadcast as it is; later lossy versions refresh the top-k coordinates of
+  // x - x-hat.
+  void set(std::vector<float> model, uint64_t version);
+  // Starts over from a checkpoint: the server's model of `version` (> 0), the history cleared,
+  // and for a lossy store the broadcast model (`broadcast`; the model itself when a checkpoint
+  // holds none, from a lossless run or an older format).
+  void reset(std::vector<float> model, uint64_t version, std::vector<float> broadcast = {});
 
   // What a task carries for a client that holds `held` (0: nothing).
   EncodedModel encodeFor(uint64_t held, Downlink mode) const;

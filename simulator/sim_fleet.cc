@@ -117,9 +117,13 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
                                            task.downlink == server::Downlink::kTopK);
   std::vector<uint64_t> down(participants.size(), down_bytes);
   if (per_client) {
+    std::map<uint64_t, uint64_t> size_for;  // one encoding per version held, as ZmqFleet caches them
     for (size_t i = 0; i < participants.size(); ++i) {
       const auto it = held_.find(participants[i].id);
-      down[i] = server::encodeTask(task, it == held_.end() ? 0 : it->second).size() + (scaffold ? control_bytes_ : 0);
+      const uint64_t v = it == held_.end() ? 0 : it->second;
+      auto [pos, fresh] = size_for.try_emplace(v, 0);
+      if (fresh) pos->second = server::encodeTask(task, v).size();
+      down[i] = pos->second + (scaffold ? control_bytes_ : 0);
     }
     for (const auto& c : participants) held_[c.id] = h.model_version;
   }
@@ -285,25 +289,27 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   if (scaffold != config_.scaffold)
     r.fail(scaffold ? "the run was SCAFFOLD and this one is not" : "this run is SCAFFOLD and the checkpointed one was not",
            ": resume with the same train.scaffold");
+  std::vector<float> c;
   if (scaffold) {
-    std::vector<float> c;
     r.floats(c);
     if (c.size() != trainer_.layout().numel())
       r.fail("SCAFFOLD's control variate has ", c.size(), " floats, the model has ", trainer_.layout().numel());
     for (float x : c)
       if (!std::isfinite(x)) r.fail("SCAFFOLD's control variate holds a non-finite value");
-    control_ = std::move(c);
   }
-  held_.clear();
+  std::map<uint64_t, uint64_t> held;
   if (version >= 2) {
     const uint64_t n = r.u64();
     if (n > r.remaining() / 16) r.fail("claims ", n, " held model versions, only ", r.remaining(), " bytes left");
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t id = r.u64();
-      held_[id] = r.u64();
+      held[id] = r.u64();
     }
   }
   r.finish();
+  // Only a state read whole changes the fleet.
+  if (scaffold) control_ = std::move(c);
+  held_ = std::move(held);
 }
 
 void SimFleet::checkpoint() {

@@ -204,3 +204,65 @@ TEST_CASE("the algorithm reports error feedback's diagnostics with the update", 
   const PhaseResult r0 = alg_off.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, DataView{&d, idx}, s2);
   CHECK(metric(r0, "ef_gain") == -1.0);
 }
+
+TEST_CASE("with step-ahead EF, FedProx anchors at the start point and the residual is not worn away", "[client]") {
+  // Zero-gradient data for the weights: every example is all-zero features, labels balanced, so
+  // only the bias moves; the residual on the weights must come back whole in sent + kept.
+  data::Dataset d = testing::gaussianData(30, 5, 3, 6);
+  std::fill(d.images.begin(), d.images.end(), 0.0f);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  auto t = makeTrainer("softmax", 5, 3);
+  const ParamLayout& l = t->layout();
+  const size_t n = l.numel();
+  std::vector<float> global(n);
+  t->initParameters(global, 3);
+  FitConfig cfg{.epochs = 2, .batch_size = 10, .lr = 0.1};
+  cfg.prox_mu = 1.0f;
+  const auto comp = compression::makeCompressor("randblock:density=0.25,ef_preview=1");
+  ClientAlgorithm alg(*comp, *t, cfg);
+  ClientState s(l.fingerprint());
+  // A residual on the weights, as if left by an earlier round.
+  auto res = std::make_unique<compression::ResidualState>();
+  res->values.assign(n, 0.0f);
+  const size_t weights = l[0].numel;
+  for (size_t i = 0; i < weights; ++i) res->values[i] = 0.01f * static_cast<float>(i % 7);
+  res->round = 1;
+  const std::vector<float> r = res->values;
+  std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
+  items.emplace_back(std::string(compression::kResidualComponent), std::move(res));
+  s.commit(items);
+  const PhaseResult out = alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  const auto sent = testing::densify(l, out.update.tensors);
+  const auto kept = testing::residualOf(s, n);
+  double worst = 0;
+  for (size_t i = 0; i < weights; ++i) worst = std::max(worst, std::fabs(double(sent[i]) + kept[i] - r[i]));
+  CHECK(worst <= 1e-6);  // anchored at global, the pull would have removed part of r
+}
+
+TEST_CASE("the diagnostics are capped so that they can never get an update refused", "[client]") {
+  const data::Dataset d = testing::gaussianData(20, 5, 3, 6);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  auto t = makeTrainer("softmax", 5, 3);
+  const ParamLayout& l = t->layout();
+  std::vector<float> global(l.numel());
+  t->initParameters(global, 3);
+  const auto comp = compression::makeCompressor("randblock:density=0.25,ef_preview=0");
+  ClientAlgorithm alg(*comp, *t, FitConfig{.epochs = 1, .batch_size = 20, .lr = 1e-6});
+  ClientState s(l.fingerprint());
+  auto res = std::make_unique<compression::ResidualState>();
+  res->values.assign(l.numel(), 1e20f);  // a large residual, a displacement of about 1e-7
+  res->round = 1;
+  std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
+  items.emplace_back(std::string(compression::kResidualComponent), std::move(res));
+  s.commit(items);
+  const PhaseResult out = alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  size_t seen = 0;
+  for (const auto& m : out.update.metrics)
+    if (m.name.rfind("ef_", 0) == 0) {
+      ++seen;
+      CHECK(m.value <= 1e6);  // the server refuses a metric above bounds.max_metric_abs (1e9)
+    }
+  CHECK(seen == 3);
+}

@@ -253,7 +253,7 @@ TEST_CASE("two-phase powersgd with one client equals the local form", "[compress
 
 TEST_CASE("between the two PowerSGD phases a wrong call is refused and leaves the state intact", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  PowerSgdCompressor c(LowRankOptions{2, 2.0, true, true, true});
+  PowerSgdCompressor c(LowRankOptions{.rank = 2, .min_compression_rate = 2.0, .ef = {.on = true}, .warm_start = true, .two_phase = true});
   const SharedFactors q = c.initialShared(layout, 9);
   ClientState st = ClientState(layout.fingerprint());
   const auto u = testing::randomVector(layout.numel(), 3);
@@ -273,7 +273,7 @@ TEST_CASE("between the two PowerSGD phases a wrong call is refused and leaves th
 TEST_CASE("a two-phase client that missed phase Q carries its whole matrix into the next round", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   for (bool ef : {true, false}) {
-    PowerSgdCompressor c(LowRankOptions{2, 2.0, ef, true, true});
+    PowerSgdCompressor c(LowRankOptions{.rank = 2, .min_compression_rate = 2.0, .ef = {.on = ef}, .warm_start = true, .two_phase = true});
     const SharedFactors q = c.initialShared(layout, 4);
     ClientState st = ClientState(layout.fingerprint());
     const auto u1 = testing::randomVector(layout.numel(), 1), u2 = testing::randomVector(layout.numel(), 2);

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <bit>
+#include <limits>
 #include <map>
 
 #include "compression/lowrank.h"
@@ -311,4 +312,37 @@ TEST_CASE("the diagnostics: what was sent against the fresh update on the same c
   ahead->compressWithFeedback(layout, zero, st2, RoundContext{7, 2, 0, 3}, nullptr, &s);
   CHECK(s.gain() == Approx(1.0));
   CHECK(s.local_norm > 0.0);
+}
+
+TEST_CASE("a residual from the future is stale under a bounded age, and a corrupt residual is refused on load",
+          "[compression]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  const auto bounded = makeCompressor("topk:density=0.1,ef_max_age=3");
+  const auto forever = makeCompressor("topk:density=0.1");
+  ClientState st(layout.fingerprint());
+  bounded->compressWithFeedback(layout, testing::randomVector(layout.numel(), 8), st, RoundContext{7, 500, 0, 3});
+  CHECK(bounded->liveResidual(st, 500) != nullptr);
+  CHECK(bounded->liveResidual(st, 1) == nullptr);  // another run's state: its age is unknown
+  CHECK(forever->liveResidual(st, 1) != nullptr);  // no bound: kept
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 2e30f}) {
+    INFO(bad);
+    std::vector<uint8_t> bytes;
+    ByteWriter w(bytes);
+    w.floats(std::vector<float>{1.0f, bad, 3.0f});
+    w.u64(4);
+    ResidualState r;
+    ByteReader in(bytes, "test");
+    CHECK_THROWS_WITH(r.load(in, 2), Catch::Contains("residual value 1"));
+  }
+}
+
+TEST_CASE("error feedback's keys need ef=true, and the canonical spec keeps every digit", "[compression]") {
+  CHECK_THROWS_WITH(makeCompressor("topk:ef=false,ef_decay=0.5"), Catch::Contains("need ef=true"));
+  CHECK_THROWS_WITH(makeCompressor("randk:ef=false,ef_preview=1"), Catch::Contains("need ef=true"));
+  CHECK_THROWS_AS(makeCompressor("topk:ef_decay=1e-300"), ConfigError);
+  // randblock's own default (ef_preview=1) does not count as given: ef=false turns EF off cleanly.
+  CHECK(makeCompressor("randblock:ef=false")->spec() == "randblock:density=0.01,offset=shared,ef=false");
+  const auto c = makeCompressor("topk:ef_decay=0.12345678901234");
+  CHECK(c->spec().find("ef_decay=0.12345678901234,") != std::string::npos);
+  CHECK(makeCompressor(c->spec())->spec() == c->spec());  // reads back as the same compressor
 }

@@ -401,3 +401,91 @@ TEST_CASE("declared metrics beyond train_loss reach the round record and its JSO
   CHECK(recs[2].json().find("\"ef_gain\":") != std::string::npos);
   CHECK(recs[2].json().find("ef_residual_ratio") == std::string::npos);
 }
+
+// Found by review: a checkpoint at model version 1 (round 1 not applied) must resume, and a
+// lossless checkpoint resumed with a top-k downlink starts x-hat at the server's model.
+TEST_CASE("resume from a checkpoint at version 1 and a lossless checkpoint resumed as top-k", "[server]") {
+  World w;
+  TempDir dir;
+  auto cfg = w.config("none", 3);
+  cfg.checkpoint = (dir.path / "ck.bin").string();
+  cfg.sampling.min_available = 50;  // more than the fleet: round 1 waits, then is not applied
+  cfg.sampling.wait_ms = 20;
+  {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    server::RoundEngine e(w.layout, cfg, w.init());
+    const auto rec = e.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK(e.model().version() == 1);
+  }
+  REQUIRE(fs::exists(cfg.checkpoint));
+  cfg.sampling.min_available = 1;
+  std::vector<float> resumed_model;
+  {
+    server::RoundEngine again(w.layout, cfg, std::vector<float>(w.layout->numel(), 0.0f));
+    REQUIRE(again.resumed());
+    CHECK(again.model().version() == 1);
+    CHECK(sameBits(modelOf(again), w.init()));
+  }
+  // Two lossless rounds, then the same checkpoint resumed with a top-k downlink.
+  {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    server::RoundEngine e(w.layout, cfg, w.init());
+    e.runRound(fleet);
+    e.runRound(fleet);
+    resumed_model = modelOf(e);
+  }
+  auto lossy = cfg;
+  lossy.downlink = server::Downlink::kTopK;
+  lossy.downlink_density = 0.05;
+  server::RoundEngine e(w.layout, lossy, w.init());
+  REQUIRE(e.resumed());
+  CHECK(sameBits(std::vector<float>(e.model().current().begin(), e.model().current().end()), resumed_model));
+  CHECK(sameBits(std::vector<float>(e.model().server().begin(), e.model().server().end()), resumed_model));
+}
+
+TEST_CASE("a client holding the current version gets an empty delta, so evaluation costs no model", "[server]") {
+  World w;
+  server::ModelStore store(w.layout, 4, 0.1);
+  store.set(w.init(), 1);
+  auto x = w.init();
+  for (auto& v : x) v += 0.25f;
+  store.set(x, 2);
+  for (const auto mode : {server::Downlink::kTopK, server::Downlink::kDelta}) {
+    const server::EncodedModel same = store.encodeFor(2, mode);
+    CHECK(same.base_version == 2);
+    size_t coords = 0;
+    for (const auto& p : same.tensors) coords += std::get<compression::Sparse>(p).indices.size();
+    CHECK(coords == 0);
+  }
+  // Through the engine: what federated evaluation every round adds to the downlink is less with
+  // top-k (an empty delta per task) than with the dense downlink (the whole model per task).
+  uint64_t down[2][2] = {{0, 0}, {0, 0}};  // [topk][eval]
+  for (int topk = 0; topk < 2; ++topk)
+    for (int eval = 0; eval < 2; ++eval) {
+      InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+      auto cfg = w.config("none", 4);
+      cfg.sampling.fraction = 1.0;
+      cfg.downlink = topk ? server::Downlink::kTopK : server::Downlink::kDense;
+      cfg.downlink_density = 0.05;
+      cfg.eval_every = eval ? 1 : 0;
+      server::RoundEngine e(w.layout, cfg, w.init());
+      e.run(fleet, [&](const server::RoundRecord& r) { down[topk][eval] += r.downlink_bytes; });
+    }
+  const uint64_t eval_dense = down[0][1] - down[0][0], eval_topk = down[1][1] - down[1][0];
+  CAPTURE(eval_dense, eval_topk);
+  // 16 evaluation tasks: each saves the model's 4 x 52 bytes, less two empty sparse tensors.
+  CHECK(eval_topk + 16 * 100 < eval_dense);
+}
+
+TEST_CASE("metric names that would break or repeat a key of the metrics file are refused", "[server]") {
+  World w;
+  for (const char* bad : {"round", "wall_seconds", "a\"b", "x y", "tab\t"}) {
+    auto cfg = w.config("none", 1);
+    cfg.scheme.metrics = {"train_loss", bad};
+    CHECK_THROWS_AS(server::RoundEngine(w.layout, cfg, w.init()), ConfigError);
+  }
+  auto cfg = w.config("none", 1);
+  cfg.scheme.metrics = {"train_loss", "ef_gain", "my.metric-2"};
+  CHECK_NOTHROW(server::RoundEngine(w.layout, cfg, w.init()));
+}

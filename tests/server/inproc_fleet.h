@@ -78,6 +78,7 @@ class InProcFleet final : public server::Fleet {
     for (const auto& info : participants) {
       Client& c = clients_.at(info.id);
       const auto bytes = encodeFor(task, c);
+      ev.downlink_bytes += bytes.size();
       const protocol::TaskMsg t = protocol::decodeTask(bytes, trainer_.layout());
       protocol::applyModel(trainer_.layout(), c.held, t.base_version, t.model, c.model);
       c.held = t.model_version;
