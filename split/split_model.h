@@ -1,0 +1,78 @@
+#pragma once
+// A model cut in two for split fine-tuning (issue 10): the edge device runs the bottom part on its
+// private data and sends the activations at the cut; the cloud runs the top part and the loss and
+// sends back the gradient of the loss with respect to those activations; the edge finishes the
+// backward pass through the bottom. This header includes no LibTorch (split_model.cc does).
+//
+// The whole model is a torch_trainer model (same tensor names, same layout order, same
+// initialization for a seed), so a split run starts from exactly the parameters an unsplit run
+// would, and its bottom and top parameters are the whole layout cut at a tensor boundary.
+//
+// Cut points of the CNN (torch_trainer "cnn": conv1 5x5x32, pool, conv2 5x5x64, pool, fc1 512,
+// fc2): "conv1" (after the first pooling: 32 x rows/2 x cols/2 values per example), "conv2"
+// (after the second: 64 x rows/4 x cols/4), "fc1" (after fc1's ReLU: 512).
+//
+// One object holds the scratch of the last edge forward pass (for its backward); not thread-safe.
+// An edge process and a cloud process each build their own.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/param_layout.h"
+
+namespace starling::split {
+
+class SplitModel {
+ public:
+  // `model` a model with cut points (cutPoints()), `cut` one of them; images rows x cols, one
+  // channel, `classes` classes. ConfigError for an unknown model or cut.
+  SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes);
+  ~SplitModel();
+  SplitModel(const SplitModel&) = delete;
+  SplitModel& operator=(const SplitModel&) = delete;
+
+  static std::vector<std::string> cutPoints(const std::string& model);
+
+  const ParamLayout& full() const;    // the whole model, as torch_trainer lays it out
+  const ParamLayout& bottom() const;  // the edge's tensors (a prefix of full())
+  const ParamLayout& top() const;     // the cloud's tensors (the rest)
+  size_t activationSize() const;      // values per example at the cut
+  size_t features() const;            // rows x cols
+  uint32_t classes() const;
+  std::string describe() const;       // "cnn cut at conv2: 3136 values per example"
+
+  // The whole model's initial parameters for `seed` (torch_trainer's rule), bottom then top.
+  std::vector<float> initParameters(uint64_t seed) const;
+
+  // Edge: the bottom's forward pass on `x` (n examples x features()), returning n x
+  // activationSize() activations; keeps what edgeBackward needs.
+  std::vector<float> edgeForward(std::span<const float> bottom_params, std::span<const float> x, size_t n);
+  // Edge: from d(loss)/d(activations) of the last edgeForward (n x activationSize()), the gradient
+  // of the bottom's parameters (bottom().numel()). InvalidArgument without a forward pass or with
+  // a gradient of another size.
+  std::vector<float> edgeBackward(std::span<const float> grad_activations);
+
+  // Cloud: the top's forward pass on activations (n x activationSize()) with the mean
+  // cross-entropy loss against `labels`, and its backward pass.
+  struct CloudResult {
+    double loss = 0;                   // mean over the batch
+    size_t correct = 0;                // arg-max predictions equal to the label
+    std::vector<float> grad_top;       // top().numel()
+    std::vector<float> grad_activations;  // n x activationSize()
+  };
+  CloudResult cloudStep(std::span<const float> top_params, std::span<const float> activations,
+                        std::span<const uint8_t> labels, size_t n);
+
+  // Both parts without gradients: the mean loss and the number correct on n examples.
+  CloudResult evaluate(std::span<const float> bottom_params, std::span<const float> top_params, std::span<const float> x,
+                       std::span<const uint8_t> labels, size_t n);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace starling::split

@@ -1,0 +1,90 @@
+// split/split_model.h: a cut model computes what the whole model computes. One uncompressed
+// split SGD step (edge forward, cloud step, edge backward) equals one full-batch step of the
+// unsplit torch_trainer model from the same parameters; bad shapes are refused.
+#include "split/split_model.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "check_throws.h"
+#include "client/synthetic.h"
+#include "torch_trainer/torch_trainer.h"
+
+using namespace starling;
+using namespace starling::split;
+
+namespace {
+
+data::Dataset images(size_t n, uint64_t seed) {
+  data::Dataset d = testing::gaussianData(n, 8 * 8, 4, seed);
+  d.rows = 8;
+  d.cols = 8;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
+  const data::Dataset d = images(24, 3);
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const float lr = 0.05f;
+  for (const auto& cut : SplitModel::cutPoints("cnn")) {
+    INFO("cut " << cut);
+    SplitModel sm("cnn", cut, 8, 8, 4);
+    const auto init = sm.initParameters(7);
+    REQUIRE(init.size() == sm.bottom().numel() + sm.top().numel());
+    // Unsplit: one full-batch SGD step of the torch_trainer model.
+    auto whole = torch_trainer::makeTorchTrainer("cnn", 8, 8, 4);
+    REQUIRE(whole->layout().numel() == init.size());
+    std::vector<float> ref = init;
+    RngStream rng(StreamKey{1, 1, 1, StreamPurpose::kTraining, 0});
+    whole->fit(ref, client::DataView{&d, idx}, client::FitConfig{.epochs = 1, .batch_size = 24, .lr = lr}, rng);
+    // Split: edge forward, cloud step, edge backward, then the same SGD step on each part.
+    const size_t nb = sm.bottom().numel();
+    std::vector<float> bottom(init.begin(), init.begin() + static_cast<std::ptrdiff_t>(nb));
+    std::vector<float> top(init.begin() + static_cast<std::ptrdiff_t>(nb), init.end());
+    const auto act = sm.edgeForward(bottom, d.images, d.size());
+    REQUIRE(act.size() == d.size() * sm.activationSize());
+    const auto cloud = sm.cloudStep(top, act, d.labels, d.size());
+    const auto gb = sm.edgeBackward(cloud.grad_activations);
+    for (size_t i = 0; i < bottom.size(); ++i) bottom[i] -= lr * gb[i];
+    for (size_t i = 0; i < top.size(); ++i) top[i] -= lr * cloud.grad_top[i];
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const float got = i < nb ? bottom[i] : top[i - nb];
+      worst = std::max(worst, std::fabs(double(got) - ref[i]));
+      scale = std::max(scale, std::fabs(double(ref[i]) - init[i]));
+    }
+    CAPTURE(worst, scale);
+    CHECK(scale > 0);             // the step moved the model
+    CHECK(worst <= 1e-4 * scale);  // float rounding only (measured: about 2e-6 of the step)
+    CHECK(cloud.loss > 0);
+  }
+}
+
+TEST_CASE("cut points, sizes and bad shapes are checked", "[split]") {
+  CHECK(SplitModel::cutPoints("cnn") == std::vector<std::string>{"conv1", "conv2", "fc1"});
+  CHECK_THROWS_AS(SplitModel("cnn", "fc9", 28, 28, 10), ConfigError);
+  CHECK_THROWS_AS(SplitModel("mlp", "fc1", 28, 28, 10), ConfigError);
+  SplitModel sm("cnn", "conv2", 28, 28, 10);
+  CHECK(sm.activationSize() == 64 * 7 * 7);
+  CHECK(SplitModel("cnn", "conv1", 28, 28, 10).activationSize() == 32 * 14 * 14);
+  CHECK(SplitModel("cnn", "fc1", 28, 28, 10).activationSize() == 512);
+  CHECK(sm.bottom().size() == 4);
+  CHECK(sm.top().size() == 4);
+  const auto p = sm.initParameters(1);
+  const std::vector<float> bottom(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(sm.bottom().numel()));
+  const std::vector<float> top(p.begin() + static_cast<std::ptrdiff_t>(sm.bottom().numel()), p.end());
+  CHECK_THROWS_AS(sm.edgeBackward(std::vector<float>(10)), InvalidArgument);  // no forward pass yet
+  const std::vector<float> x(2 * 784, 0.5f);
+  CHECK_THROWS_AS(sm.edgeForward(top, x, 2), InvalidArgument);               // the wrong part
+  CHECK_THROWS_AS(sm.edgeForward(bottom, x, 3), InvalidArgument);            // inputs for 2
+  const auto act = sm.edgeForward(bottom, x, 2);
+  CHECK_THROWS_AS(sm.edgeBackward(std::vector<float>(act.size() - 1)), InvalidArgument);
+  const std::vector<uint8_t> labels{1, 2}, bad{1, 10};
+  CHECK_THROWS_AS(sm.cloudStep(top, std::vector<float>(act.size() + 1), labels, 2), InvalidArgument);
+  CHECK_THROWS_AS(sm.cloudStep(top, act, bad, 2), InvalidArgument);
+  CHECK_NOTHROW(sm.cloudStep(top, act, labels, 2));
+}
