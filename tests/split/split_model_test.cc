@@ -2,6 +2,7 @@
 // split SGD step (edge forward, cloud step, edge backward) equals one full-batch step of the
 // unsplit torch_trainer model from the same parameters; bad shapes are refused.
 #include "split/split_model.h"
+#include "split/trainer.h"
 
 #include <catch2/catch.hpp>
 
@@ -87,4 +88,60 @@ TEST_CASE("cut points, sizes and bad shapes are checked", "[split]") {
   CHECK_THROWS_AS(sm.cloudStep(top, std::vector<float>(act.size() + 1), labels, 2), InvalidArgument);
   CHECK_THROWS_AS(sm.cloudStep(top, act, bad, 2), InvalidArgument);
   CHECK_NOTHROW(sm.cloudStep(top, act, labels, 2));
+}
+
+TEST_CASE("in-process split training: the loss falls, compressed activations cost fewer bytes", "[split]") {
+  // A learnable task: 4 classes of 8x8 images, each class a bright quadrant plus noise.
+  data::Dataset d;
+  d.rows = d.cols = 8;
+  d.num_classes = 4;
+  RngStream rng(StreamKey{5, 0, 0, StreamPurpose::kTest, 0});
+  for (size_t i = 0; i < 128; ++i) {
+    const uint8_t label = static_cast<uint8_t>(i % 4);
+    d.labels.push_back(label);
+    for (size_t r = 0; r < 8; ++r)
+      for (size_t c = 0; c < 8; ++c) {
+        const bool lit = (r < 4) == (label < 2) && (c < 4) == (label % 2 == 0);
+        d.images.push_back((lit ? 1.0f : 0.0f) + 0.2f * static_cast<float>(rng.normal()));
+      }
+  }
+  std::vector<size_t> idx(d.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  SplitModel sm("cnn", "conv2", 8, 8, 4);
+  uint64_t up_bytes[2] = {0, 0};
+  for (int compressed = 0; compressed < 2; ++compressed) {
+    INFO("compressed " << compressed);
+    SplitTrainConfig cfg;
+    cfg.batch_size = 16;
+    cfg.lr = 0.05;
+    if (compressed) {
+      cfg.up = "lowrank:rank=4";
+      cfg.down = "int8";
+    }
+    InProcessSplit run(sm, cfg, sm.initParameters(3));
+    const auto before = run.evaluate(d, idx);
+    EpochRecord last;
+    for (int e = 0; e < 4; ++e) {
+      last = run.runEpoch(d, idx, &d, idx);
+      up_bytes[compressed] += last.uplink_bytes;
+    }
+    CAPTURE(before.first, last.test_loss, last.test_accuracy);
+    CHECK(last.test_loss < before.first);
+    CHECK(last.test_accuracy > 0.5);
+    CHECK(last.steps == 8);
+    CHECK(last.downlink_bytes > 0);
+    CHECK(last.json().find("\"uplink_bytes\":") != std::string::npos);
+  }
+  // Rank 4 of a 16 x 256 activation matrix: 4 x (16 + 256) values instead of 16 x 256.
+  CHECK(up_bytes[1] * 3 < up_bytes[0]);
+  // A frozen bottom sends nothing down.
+  SplitTrainConfig frozen;
+  frozen.train_bottom = false;
+  InProcessSplit run(sm, frozen, sm.initParameters(3));
+  const auto rec = run.runEpoch(d, idx, nullptr, {});
+  CHECK(rec.downlink_bytes == 0);
+  CHECK(std::equal(run.bottom().begin(), run.bottom().end(), sm.initParameters(3).begin()));
+  SplitTrainConfig bad;
+  bad.up = "zip";
+  CHECK_THROWS_AS(InProcessSplit(sm, bad, sm.initParameters(3)), ConfigError);
 }
