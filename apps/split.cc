@@ -1,0 +1,211 @@
+// starling-split: split fine-tuning between an edge device and the cloud (docs/split.md).
+//
+//   --role pretrain   trains the whole model on the public part of Fashion-MNIST and writes its
+//                     parameters to split.pretrained (the project's own pre-trained checkpoint)
+//   --role inproc     fine-tunes it split at split.cut on the private part, edge and cloud in one
+//                     process: every activation and gradient goes through its codec's encoding,
+//                     and the bytes that would cross are counted per epoch
+//
+// Public and private parts (data.shift): "classes" (public: classes 0-4, private: classes 5-9,
+// both splits), "noise" (public: the clean images, private: the same task with Gaussian noise of
+// data.noise added) or "rotate" (private: the images turned 90 degrees).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "apps/options.h"
+#include "core/bytes.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/rng.h"
+#include "data/idx.h"
+#include "split/trainer.h"
+#include "torch_trainer/threads.h"
+#include "torch_trainer/torch_trainer.h"
+
+using namespace starling;
+
+namespace {
+
+constexpr uint32_t kMagic = 0x53504c54;  // "TLPS" little-endian: a pre-trained checkpoint
+constexpr uint32_t kVersion = 1;
+
+struct Config {
+  std::string role = "inproc";
+  std::string data_dir = data::kDefaultFashionMnistDir;
+  std::string shift = "classes";
+  double noise = 0.5;
+  uint64_t max_train = 0, max_test = 0;
+  std::string model = "cnn";
+  std::string cut = "conv2";
+  uint64_t seed = 1;
+  std::string pretrained = "split-pretrained.bin";
+  uint32_t pretrain_epochs = 1;
+  uint32_t epochs = 3;
+  split::SplitTrainConfig train;
+  std::string metrics;
+  int threads = 2;
+};
+
+// The examples of `d` in the public (private = false) or private part, at most `max` (0: all).
+std::vector<size_t> part(const data::Dataset& d, const Config& c, bool priv, uint64_t max) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (c.shift == "classes" && (d.labels[i] >= 5) != priv) continue;
+    idx.push_back(i);
+    if (max && idx.size() == max) break;
+  }
+  return idx;
+}
+
+// The private part's distribution shift applied to a copy of the data set.
+data::Dataset shifted(const data::Dataset& d, const Config& c, uint64_t stream) {
+  data::Dataset s = d;
+  if (c.shift == "noise") {
+    RngStream rng(StreamKey{c.seed, stream, kAnyClient, StreamPurpose::kDataPartition, 1});
+    for (float& x : s.images) x += static_cast<float>(c.noise * rng.normal());
+  } else if (c.shift == "rotate") {
+    const size_t r = d.rows, k = d.cols, f = d.features();
+    STARLING_CHECK_ARG(r == k, "data.shift rotate needs square images, got ", r, "x", k);
+    for (size_t e = 0; e < d.size(); ++e)
+      for (size_t i = 0; i < r; ++i)
+        for (size_t j = 0; j < k; ++j) s.images[e * f + j * r + (r - 1 - i)] = d.images[e * f + i * k + j];
+  }
+  return s;
+}
+
+void savePretrained(const std::string& path, const ParamLayout& layout, std::span<const float> p) {
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u32(kMagic);
+  w.u32(kVersion);
+  w.u64(layout.fingerprint());
+  w.floats(p);
+  writeFileAtomic(path, bytes);
+}
+
+std::vector<float> loadPretrained(const std::string& path, const ParamLayout& layout) {
+  if (!std::filesystem::exists(path))
+    STARLING_THROW(IoError, "split.pretrained '", path, "' does not exist: write it first with --role pretrain");
+  const auto bytes = readFile(path, uint64_t{4} << 30);
+  ByteReader r(bytes, "pre-trained checkpoint " + path);
+  if (r.u32() != kMagic) r.fail("not a Starling pre-trained checkpoint");
+  if (const uint32_t v = r.u32(); v != kVersion) r.fail("version ", v, " is not ", kVersion);
+  if (r.u64() != layout.fingerprint()) r.fail("it is of another model (layout fingerprint differs)");
+  std::vector<float> p;
+  r.floats(p);
+  r.finish();
+  if (p.size() != layout.numel()) r.fail(p.size(), " parameters, the model has ", layout.numel());
+  for (float x : p)
+    if (!std::isfinite(x)) r.fail("a parameter is not finite");
+  return p;
+}
+
+int run(Config& c) {
+  if (c.role != "pretrain" && c.role != "inproc")
+    STARLING_THROW(ConfigError, "role must be pretrain or inproc, got '", c.role, "' (edge and cloud over ZeroMQ ",
+                   "are not built yet)");
+  if (c.shift != "classes" && c.shift != "noise" && c.shift != "rotate")
+    STARLING_THROW(ConfigError, "data.shift must be classes, noise or rotate, got '", c.shift, "'");
+  c.train.validate();
+  split::SplitModel sm(c.model, c.cut, 28, 28, 10);
+  torch_trainer::setThreads(c.threads);
+  std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
+  const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
+  const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
+
+  if (c.role == "pretrain") {
+    const auto idx = part(train, c, false, c.max_train);
+    const auto test_idx = part(test, c, false, c.max_test);
+    auto whole = torch_trainer::makeTorchTrainer(c.model, train);
+    std::vector<float> p = sm.initParameters(c.seed);
+    std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n", c.model.c_str(),
+                c.shift.c_str(), idx.size(), c.pretrain_epochs);
+    for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
+      RngStream rng(StreamKey{c.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
+      const client::FitConfig fit{.epochs = 1, .batch_size = c.train.batch_size, .lr = c.train.lr};
+      const auto r = whole->fit(p, client::DataView{&train, idx}, fit, rng);
+      const auto ev = whole->evaluate(p, client::DataView{&test, test_idx});
+      std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e, c.pretrain_epochs,
+                  r.metrics.empty() ? 0.0 : r.metrics[0].value, 100 * ev.accuracy);
+      std::fflush(stdout);
+    }
+    savePretrained(c.pretrained, sm.full(), p);
+    std::printf("wrote %s\n", c.pretrained.c_str());
+    return 0;
+  }
+
+  // Fine-tuning, split, on the private part.
+  const std::vector<float> p = loadPretrained(c.pretrained, sm.full());
+  const data::Dataset priv_train = shifted(train, c, 1), priv_test = shifted(test, c, 2);
+  const auto idx = part(priv_train, c, true, c.max_train);
+  const auto test_idx = part(priv_test, c, true, c.max_test);
+  split::InProcessSplit run(sm, c.train, p);
+  std::printf("%s\nfine-tuning split on the private part (%s): %zu examples, %u epoch(s), up %s, down %s%s\n",
+              sm.describe().c_str(), c.shift.c_str(), idx.size(), c.epochs, c.train.up.c_str(), c.train.down.c_str(),
+              c.train.train_bottom ? "" : ", bottom frozen");
+  const auto [l0, a0] = run.evaluate(priv_test, test_idx);
+  std::printf("epoch 0  private test accuracy %.1f%% (the pre-trained model)\n", 100 * a0);
+  (void)l0;
+  std::ofstream metrics;
+  if (!c.metrics.empty()) {
+    metrics.open(c.metrics, std::ios::app);
+    if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.metrics, "'");
+  }
+  uint64_t up = 0, down = 0;
+  for (uint32_t e = 1; e <= c.epochs; ++e) {
+    const split::EpochRecord rec = run.runEpoch(priv_train, idx, &priv_test, test_idx);
+    up += rec.uplink_bytes;
+    down += rec.downlink_bytes;
+    std::printf("epoch %u/%u  train loss %.4f  private test accuracy %.1f%%  up %.2f MB  down %.2f MB  %.1f s\n", e,
+                c.epochs, rec.train_loss, 100 * rec.test_accuracy, rec.uplink_bytes / 1e6, rec.downlink_bytes / 1e6,
+                rec.wall_seconds);
+    std::fflush(stdout);
+    if (metrics) metrics << rec.json() << '\n' << std::flush;
+  }
+  std::printf("\ntraffic: %.2f MB up, %.2f MB down, %.2f MB in all\n", up / 1e6, down / 1e6, (up + down) / 1e6);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  apps::Options o("starling-split",
+                  "starling-split: split fine-tuning between an edge device and the cloud, with compressed activations\n"
+                  "going up and compressed gradients coming down (docs/split.md). --role pretrain writes the\n"
+                  "pre-trained model; --role inproc fine-tunes it split, edge and cloud in one process, counting the\n"
+                  "exact bytes that would cross. Every key can be set in a TOML file (--config) or on the command line.");
+  o.add("role", &c.role, "pretrain or inproc");
+  o.add("data.dir", &c.data_dir, "Fashion-MNIST's folder (Debian package dataset-fashion-mnist)");
+  o.add("data.shift", &c.shift,
+        "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian noise added) or "
+        "rotate (private: turned 90 degrees)");
+  o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
+  o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)", 0, 1u << 30);
+  o.add("data.max_test", &c.max_test, "at most this many test examples of the part (0: all)", 0, 1u << 30);
+  o.add("model.spec", &c.model, "the model (with cut points): cnn");
+  o.add("model.seed", &c.seed, "initialization, shuffling and noise seed", 0, ~0ull);
+  o.add("split.cut", &c.cut, "where the model is cut: conv1, conv2 or fc1");
+  o.add("split.up", &c.train.up, "activation codec, edge to cloud:" + split::activationCodecs().help());
+  o.add("split.down", &c.train.down, "gradient codec, cloud to edge (the same codecs)");
+  o.add("split.train_bottom", &c.train.train_bottom, "fine-tune the edge's part too (false: only the cloud's)");
+  o.add("split.pretrained", &c.pretrained, "the pre-trained model: written by --role pretrain, read by --role inproc");
+  o.add("pretrain.epochs", &c.pretrain_epochs, "epochs of pre-training", 1, 1000);
+  o.add("train.epochs", &c.epochs, "epochs of split fine-tuning", 1, 100000);
+  o.add("train.batch_size", &c.train.batch_size, "minibatch size (pre-training and fine-tuning)", 1, 1u << 20);
+  o.add("train.lr", &c.train.lr, "SGD learning rate (pre-training and fine-tuning)", 1e-7, 100);
+  o.add("state.metrics", &c.metrics, "per-epoch metrics, JSON Lines (appended; tools/plot_runs.py draws them)");
+  o.add("sim.threads", &c.threads, "LibTorch threads", 1, 256);
+  if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
+  try {
+    return run(c);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "starling-split: %s\n", e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "starling-split: %s\n", e.what());
+    return 1;
+  }
+}
