@@ -39,6 +39,7 @@ struct Config {
   uint64_t max_train = 0, max_test = 0;
   std::string model = "cnn";
   std::string cut = "conv2";
+  uint32_t weight_rank = 0;
   uint64_t seed = 1;
   std::string pretrained = "split-pretrained.bin";
   uint32_t pretrain_epochs = 1;
@@ -109,7 +110,7 @@ int run(Config& c) {
   if (c.shift != "classes" && c.shift != "noise" && c.shift != "rotate")
     STARLING_THROW(ConfigError, "data.shift must be classes, noise or rotate, got '", c.shift, "'");
   c.train.validate();
-  split::SplitModel sm(c.model, c.cut, 28, 28, 10);
+  split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank);
   torch_trainer::setThreads(c.threads);
   std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
   const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
@@ -188,6 +189,9 @@ int main(int argc, char** argv) {
   o.add("model.spec", &c.model, "the model (with cut points): cnn");
   o.add("model.seed", &c.seed, "initialization, shuffling and noise seed", 0, ~0ull);
   o.add("split.cut", &c.cut, "where the model is cut: conv1, conv2 or fc1");
+  o.add("split.weight_rank", &c.weight_rank,
+        "the paper's weight-side cut: the projection after the cut (fc1 after conv2, fc2 after fc1) is split by "
+        "truncated SVD, S_r V_r^T on the edge and U_r in the cloud, so r values per example cross (0: off)", 0, 1u << 20);
   o.add("split.up", &c.train.up, "activation codec, edge to cloud:" + split::activationCodecs().help());
   o.add("split.down", &c.train.down, "gradient codec, cloud to edge (the same codecs)");
   o.add("split.train_bottom", &c.train.train_bottom, "fine-tune the edge's part too (false: only the cloud's)");

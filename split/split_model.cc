@@ -56,6 +56,7 @@ struct SplitModel::Impl {
   size_t rows = 0, cols = 0;
   uint32_t classes = 0;
   int cut_stage = 0;  // stages [0, cut_stage] run on the edge
+  uint32_t rank = 0;  // weight-side cut: the next stage's projection split at this rank
   std::unique_ptr<client::Trainer> whole;
   ParamLayout bottom, top;
   size_t act = 0;
@@ -72,16 +73,25 @@ struct SplitModel::Impl {
   torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const {
     torch::Tensor h = x;
     for (int s = 0; s <= cut_stage; ++s) h = cnnStage(s, h, p[2 * s], p[2 * s + 1]);
-    return h.flatten(1);
+    h = h.flatten(1);
+    if (rank) h = torch::linear(h, p[2 * static_cast<size_t>(cut_stage + 1)]);  // S_r V_r^T
+    return h;
   }
   // Top stages from the flat activations a [n, act].
   torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const {
     torch::Tensor h = a;
-    if (cut_stage == 0) h = a.view({a.size(0), 32, static_cast<int64_t>(rows / 2), static_cast<int64_t>(cols / 2)});
-    for (int s = cut_stage + 1; s < 4; ++s) {
-      const size_t i = 2 * static_cast<size_t>(s - cut_stage - 1);
-      h = cnnStage(s, h, p[i], p[i + 1]);
+    int first = cut_stage + 1;
+    size_t i = 0;
+    if (rank) {
+      // U_r and the projection's bias finish the layer that was split (fc1 has its ReLU).
+      h = torch::linear(h, p[0], p[1]);
+      if (first == 2) h = torch::relu(h);
+      ++first;
+      i = 2;
+    } else if (cut_stage == 0) {
+      h = a.view({a.size(0), 32, static_cast<int64_t>(rows / 2), static_cast<int64_t>(cols / 2)});
     }
+    for (int s = first; s < 4; ++s, i += 2) h = cnnStage(s, h, p[i], p[i + 1]);
     return h;
   }
 };
@@ -91,7 +101,8 @@ std::vector<std::string> SplitModel::cutPoints(const std::string& model) {
   STARLING_THROW(ConfigError, "split: model '", model, "' has no cut points (models with cut points: cnn)");
 }
 
-SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes)
+SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
+                       uint32_t weight_rank)
     : impl_(std::make_unique<Impl>()) {
   const auto cuts = cutPoints(model);
   const auto it = std::find(cuts.begin(), cuts.end(), cut);
@@ -113,8 +124,26 @@ SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t 
   const ParamLayout& full = m.whole->layout();
   STARLING_ENFORCE(full.size() == 8, "split: the cnn's layout has ", full.size(), " tensors, 8 expected");
   const size_t split_at = 2 * static_cast<size_t>(m.cut_stage + 1);
-  for (size_t i = 0; i < full.size(); ++i) (i < split_at ? m.bottom : m.top).add(full[i].name, full[i].shape);
   m.act = m.cut_stage == 0 ? 32 * (rows / 2) * (cols / 2) : m.cut_stage == 1 ? 64 * (rows / 4) * (cols / 4) : 512;
+  if (weight_rank == 0) {
+    for (size_t i = 0; i < full.size(); ++i) (i < split_at ? m.bottom : m.top).add(full[i].name, full[i].shape);
+    return;
+  }
+  // The weight-side cut: the projection right after the cut is linear for conv2 (fc1) and fc1 (fc2).
+  if (m.cut_stage == 0)
+    STARLING_THROW(ConfigError, "split: a weight-side cut needs a linear layer after the cut; after conv1 comes conv2 ",
+                   "(cut at conv2 or fc1)");
+  const auto& w = full[split_at];  // the projection's weight, out x in
+  const auto out = static_cast<uint32_t>(w.shape[0]), in = static_cast<uint32_t>(w.shape[1]);
+  if (weight_rank > std::min(out, in))
+    STARLING_THROW(ConfigError, "split: weight rank ", weight_rank, " exceeds ", w.name, "'s ", out, " x ", in);
+  m.rank = weight_rank;
+  const std::string layer = w.name.substr(0, w.name.find('.'));
+  for (size_t i = 0; i < split_at; ++i) m.bottom.add(full[i].name, full[i].shape);
+  m.bottom.add(layer + ".svd_v", {static_cast<int64_t>(weight_rank), static_cast<int64_t>(in)});
+  m.top.add(layer + ".svd_u", {static_cast<int64_t>(out), static_cast<int64_t>(weight_rank)});
+  for (size_t i = split_at + 1; i < full.size(); ++i) m.top.add(full[i].name, full[i].shape);
+  m.act = weight_rank;
 }
 
 SplitModel::~SplitModel() = default;
@@ -126,7 +155,35 @@ size_t SplitModel::activationSize() const { return impl_->act; }
 size_t SplitModel::features() const { return impl_->rows * impl_->cols; }
 uint32_t SplitModel::classes() const { return impl_->classes; }
 
+std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std::span<const float> whole) const {
+  const Impl& m = *impl_;
+  const ParamLayout& f = full();
+  STARLING_CHECK_ARG(whole.size() == f.numel(), "split: ", whole.size(), " parameters, the model has ", f.numel());
+  const size_t split_at = 2 * static_cast<size_t>(m.cut_stage + 1);
+  const size_t prefix = f[split_at - 1].offset + f[split_at - 1].numel;
+  std::vector<float> bottom(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(prefix));
+  if (!m.rank) return {std::move(bottom), std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(prefix), whole.end())};
+  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r.
+  const auto& ws = f[split_at];
+  torch::NoGradGuard no_grad;
+  const auto w = torch::from_blob(const_cast<float*>(whole.data() + ws.offset), ws.shape, torch::kFloat32).to(torch::kFloat64);
+  const auto [u, sv, vh] = torch::linalg::svd(w, /*full_matrices=*/false, c10::nullopt);
+  const int64_t r = m.rank;
+  const auto v_part = (sv.slice(0, 0, r).unsqueeze(1) * vh.slice(0, 0, r)).to(torch::kFloat32).contiguous();
+  const auto u_part = u.slice(1, 0, r).to(torch::kFloat32).contiguous();
+  bottom.insert(bottom.end(), v_part.data_ptr<float>(), v_part.data_ptr<float>() + v_part.numel());
+  std::vector<float> top(u_part.data_ptr<float>(), u_part.data_ptr<float>() + u_part.numel());
+  top.insert(top.end(), whole.begin() + static_cast<std::ptrdiff_t>(ws.offset + ws.numel), whole.end());
+  STARLING_ENFORCE(bottom.size() == m.bottom.numel() && top.size() == m.top.numel(), "split: weight-side cut sizes");
+  return {std::move(bottom), std::move(top)};
+}
+
 std::string SplitModel::describe() const {
+  if (impl_->rank)
+    return impl_->model + " cut at " + impl_->cut + " with the next projection split at rank " +
+           std::to_string(impl_->rank) + ": " + std::to_string(impl_->act) + " values per example, " +
+           std::to_string(impl_->bottom.numel()) + " parameters on the edge, " + std::to_string(impl_->top.numel()) +
+           " in the cloud";
   return impl_->model + " cut at " + impl_->cut + ": " + std::to_string(impl_->act) + " values per example, " +
          std::to_string(impl_->bottom.numel()) + " parameters on the edge, " + std::to_string(impl_->top.numel()) +
          " in the cloud";

@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/param_layout.h"
@@ -29,7 +30,15 @@ class SplitModel {
  public:
   // `model` a model with cut points (cutPoints()), `cut` one of them; images rows x cols, one
   // channel, `classes` classes. ConfigError for an unknown model or cut.
-  SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes);
+  //
+  // `weight_rank` r > 0: the paper's weight-side cut. The first linear projection after the cut,
+  // W (out x in) = U S V^T, is truncated to rank r and split across the cut: the edge applies
+  // S_r V_r^T (r x in, tensor "<layer>.svd_v") and sends r values per example instead of `in`; the
+  // cloud applies U_r (out x r, "<layer>.svd_u") and the layer's bias. With r = min(out, in) the
+  // model computes what the uncut one does. Only where a linear layer follows the cut (the CNN:
+  // conv2, before fc1; fc1, before fc2); ConfigError elsewhere or for r > min(out, in).
+  SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
+             uint32_t weight_rank = 0);
   ~SplitModel();
   SplitModel(const SplitModel&) = delete;
   SplitModel& operator=(const SplitModel&) = delete;
@@ -37,15 +46,18 @@ class SplitModel {
   static std::vector<std::string> cutPoints(const std::string& model);
 
   const ParamLayout& full() const;    // the whole model, as torch_trainer lays it out
-  const ParamLayout& bottom() const;  // the edge's tensors (a prefix of full())
-  const ParamLayout& top() const;     // the cloud's tensors (the rest)
+  const ParamLayout& bottom() const;  // the edge's tensors (a prefix of full(), then svd_v)
+  const ParamLayout& top() const;     // the cloud's tensors (svd_u, then the rest of full())
   size_t activationSize() const;      // values per example at the cut
   size_t features() const;            // rows x cols
   uint32_t classes() const;
   std::string describe() const;       // "cnn cut at conv2: 3136 values per example"
 
-  // The whole model's initial parameters for `seed` (torch_trainer's rule), bottom then top.
+  // The whole model's initial parameters for `seed` (torch_trainer's rule), in full()'s layout.
   std::vector<float> initParameters(uint64_t seed) const;
+  // The edge's and the cloud's parameters from the whole model's (full() layout): a cut at a
+  // tensor boundary, and with a weight-side cut the truncated SVD of the projection.
+  std::pair<std::vector<float>, std::vector<float>> cutParameters(std::span<const float> whole) const;
 
   // Edge: the bottom's forward pass on `x` (n examples x features()), returning n x
   // activationSize() activations; keeps what edgeBackward needs.

@@ -30,13 +30,9 @@ std::string EpochRecord::json() const {
 
 InProcessSplit::InProcessSplit(SplitModel& model, SplitTrainConfig config, std::vector<float> params)
     : model_(model), cfg_((config.validate(), std::move(config))) {
-  STARLING_CHECK_ARG(params.size() == model.full().numel(), "split: ", params.size(), " parameters, the model has ",
-                     model.full().numel());
   up_ = makeActivationCodec(cfg_.up);
   down_ = makeActivationCodec(cfg_.down);
-  const auto nb = static_cast<std::ptrdiff_t>(model.bottom().numel());
-  bottom_.assign(params.begin(), params.begin() + nb);
-  top_.assign(params.begin() + nb, params.end());
+  std::tie(bottom_, top_) = model.cutParameters(params);
 }
 
 std::vector<float> InProcessSplit::params() const {

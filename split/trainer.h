@@ -44,7 +44,7 @@ struct EpochRecord {
 
 class InProcessSplit {
  public:
-  // `params`: the whole model's parameters (model.full().numel()), bottom then top.
+  // `params`: the whole model's parameters (model.full()'s layout), cut by model.cutParameters.
   InProcessSplit(SplitModel& model, SplitTrainConfig config, std::vector<float> params);
 
   // One pass over `train[idx]` in batches, then evaluation on `test[test_idx]` when given.

@@ -145,3 +145,37 @@ TEST_CASE("in-process split training: the loss falls, compressed activations cos
   bad.up = "zip";
   CHECK_THROWS_AS(InProcessSplit(sm, bad, sm.initParameters(3)), ConfigError);
 }
+
+TEST_CASE("the weight-side cut at full rank computes what the uncut model does", "[split]") {
+  const data::Dataset d = images(16, 4);
+  for (const auto& [cut, full_rank] : std::vector<std::pair<std::string, uint32_t>>{{"conv2", 256}, {"fc1", 4}}) {
+    INFO("cut " << cut);
+    SplitModel plain("cnn", cut, 8, 8, 4);
+    SplitModel svd("cnn", cut, 8, 8, 4, full_rank);
+    CHECK(svd.activationSize() == full_rank);
+    const auto init = plain.initParameters(9);
+    const auto [pb, pt] = plain.cutParameters(init);
+    const auto [sb, st] = svd.cutParameters(init);
+    CHECK(sb.size() == svd.bottom().numel());
+    CHECK(st.size() == svd.top().numel());
+    const auto a = plain.evaluate(pb, pt, d.images, d.labels, d.size());
+    const auto b = svd.evaluate(sb, st, d.images, d.labels, d.size());
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+    CHECK(b.correct == a.correct);
+    // The split step through the factorized layer: the same loss from the edge's r values.
+    const auto act = svd.edgeForward(sb, d.images, d.size());
+    CHECK(act.size() == d.size() * full_rank);
+    const auto c = svd.cloudStep(st, act, d.labels, d.size());
+    CHECK(c.loss == Approx(a.loss).epsilon(1e-5));
+    const auto gb = svd.edgeBackward(c.grad_activations);
+    CHECK(gb.size() == svd.bottom().numel());
+    // Truncated, fewer values cross and the model is an approximation.
+    SplitModel low("cnn", cut, 8, 8, 4, full_rank / 2);
+    const auto [lb, lt] = low.cutParameters(init);
+    CHECK(low.activationSize() == full_rank / 2);
+    CHECK(std::isfinite(low.evaluate(lb, lt, d.images, d.labels, d.size()).loss));
+  }
+  CHECK_THROWS_AS(SplitModel("cnn", "conv1", 8, 8, 4, 4), ConfigError);   // conv2 follows: not a projection
+  CHECK_THROWS_AS(SplitModel("cnn", "fc1", 8, 8, 4, 5), ConfigError);     // fc2 is 4 x 512
+  CHECK(SplitModel("cnn", "conv2", 28, 28, 10, 32).describe().find("rank 32") != std::string::npos);
+}
