@@ -21,8 +21,8 @@ acc() { /usr/bin/python3 -c 'import json,sys; print(json.loads(open(sys.argv[1])
 none_up=$(up "$dir/none.jsonl"); lr_up=$(up "$dir/lr.jsonl")
 echo "uplink: none $none_up, lowrank $lr_up; accuracy: none $(acc "$dir/none.jsonl"), lowrank $(acc "$dir/lr.jsonl")"
 (( lr_up * 5 < none_up )) || { echo "compressed activations are not smaller"; exit 1; }
-# The weight-side cut at rank 32 sends 32 values per example instead of 3,136 (per example: 2,500
-# example-epochs of 1,500 x 2 against 600 x 2).
+# The weight-side cut at rank 32 sends 32 values per example instead of 3,136 (compared per
+# example: 1,500 examples in that run, 600 in the uncompressed one).
 svd_up=$(up "$dir/svd.jsonl")
 (( svd_up * 600 * 90 < none_up * 1500 )) || { echo "the weight-side cut is not 90x smaller: $svd_up vs $none_up"; exit 1; }
 /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0.5 else 1)' "$(acc "$dir/svd.jsonl")" ||
