@@ -40,6 +40,7 @@ struct Config {
   std::string model = "cnn";
   std::string cut = "conv2";
   uint32_t weight_rank = 0;
+  uint64_t edges = 1;
   uint64_t seed = 1;
   std::string pretrained = "split-pretrained.bin";
   uint32_t pretrain_epochs = 1;
@@ -142,9 +143,15 @@ int run(Config& c) {
   const data::Dataset priv_train = shifted(train, c, 1), priv_test = shifted(test, c, 2);
   const auto idx = part(priv_train, c, true, c.max_train);
   const auto test_idx = part(priv_test, c, true, c.max_test);
-  split::InProcessSplit run(sm, c.train, p);
-  std::printf("%s\nfine-tuning split on the private part (%s): %zu examples, %u epoch(s), up %s, down %s%s\n",
-              sm.describe().c_str(), c.shift.c_str(), idx.size(), c.epochs, c.train.up.c_str(), c.train.down.c_str(),
+  STARLING_CHECK_ARG(c.edges <= idx.size(), "split.edges (", c.edges, ") exceeds the ", idx.size(), " private examples");
+  // The private part dealt round-robin among the edge devices (each sees every class).
+  std::vector<std::vector<size_t>> shards(c.edges);
+  for (size_t i = 0; i < idx.size(); ++i) shards[i % c.edges].push_back(idx[i]);
+  split::InProcessSplit run(sm, c.train, p, c.edges);
+  std::printf("%s\nfine-tuning split on the private part (%s): %zu examples on %zu edge device(s)%s, %u epoch(s), "
+              "up %s, down %s%s\n",
+              sm.describe().c_str(), c.shift.c_str(), idx.size(), static_cast<size_t>(c.edges),
+              c.edges > 1 && c.train.splitfed ? " (SplitFed)" : "", c.epochs, c.train.up.c_str(), c.train.down.c_str(),
               c.train.train_bottom ? "" : ", bottom frozen");
   const auto [l0, a0] = run.evaluate(priv_test, test_idx);
   std::printf("epoch 0  private test accuracy %.1f%% (the pre-trained model)\n", 100 * a0);
@@ -156,7 +163,7 @@ int run(Config& c) {
   }
   uint64_t up = 0, down = 0;
   for (uint32_t e = 1; e <= c.epochs; ++e) {
-    const split::EpochRecord rec = run.runEpoch(priv_train, idx, &priv_test, test_idx);
+    const split::EpochRecord rec = run.runEpoch(priv_train, shards, &priv_test, test_idx);
     up += rec.uplink_bytes;
     down += rec.downlink_bytes;
     std::printf("epoch %u/%u  train loss %.4f  private test accuracy %.1f%%  up %.2f MB  down %.2f MB  %.1f s\n", e,
@@ -195,6 +202,9 @@ int main(int argc, char** argv) {
   o.add("split.up", &c.train.up, "activation codec, edge to cloud:" + split::activationCodecs().help());
   o.add("split.down", &c.train.down, "gradient codec, cloud to edge (the same codecs)");
   o.add("split.train_bottom", &c.train.train_bottom, "fine-tune the edge's part too (false: only the cloud's)");
+  o.add("split.edges", &c.edges, "edge devices sharing the one cloud part, served interleaved, each with its own "
+        "codec state and bottom part (the private part dealt among them)", 1, 1024);
+  o.add("split.splitfed", &c.train.splitfed, "SplitFed: average the edges' bottom parts after each epoch");
   o.add("split.pretrained", &c.pretrained, "the pre-trained model: written by --role pretrain, read by --role inproc");
   o.add("pretrain.epochs", &c.pretrain_epochs, "epochs of pre-training", 1, 1000);
   o.add("train.epochs", &c.epochs, "epochs of split fine-tuning", 1, 100000);

@@ -1,5 +1,6 @@
 #include "split/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
@@ -28,17 +29,12 @@ std::string EpochRecord::json() const {
   return o.str();
 }
 
-InProcessSplit::InProcessSplit(SplitModel& model, SplitTrainConfig config, std::vector<float> params)
+InProcessSplit::InProcessSplit(SplitModel& model, SplitTrainConfig config, std::vector<float> params, size_t edges)
     : model_(model), cfg_((config.validate(), std::move(config))) {
-  up_ = makeActivationCodec(cfg_.up);
-  down_ = makeActivationCodec(cfg_.down);
-  std::tie(bottom_, top_) = model.cutParameters(params);
-}
-
-std::vector<float> InProcessSplit::params() const {
-  std::vector<float> p = bottom_;
-  p.insert(p.end(), top_.begin(), top_.end());
-  return p;
+  STARLING_CHECK_ARG(edges >= 1, "split: at least one edge device");
+  auto [bottom, top] = model.cutParameters(params);
+  cloud_ = std::make_unique<SplitCloud>(model, std::move(top), cfg_.down, cfg_.lr);
+  for (size_t e = 0; e < edges; ++e) edges_.push_back(std::make_unique<SplitEdge>(model, bottom, cfg_.up, cfg_.lr));
 }
 
 namespace {
@@ -56,58 +52,79 @@ void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vec
 
 EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, std::span<const size_t> idx, const data::Dataset* test,
                                      std::span<const size_t> test_idx) {
+  STARLING_CHECK_ARG(edges_.size() == 1, "split: ", edges_.size(), " edges need one shard each");
+  return runEpoch(train, std::vector<std::vector<size_t>>{{idx.begin(), idx.end()}}, test, test_idx);
+}
+
+EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vector<std::vector<size_t>>& shards,
+                                     const data::Dataset* test, std::span<const size_t> test_idx) {
   STARLING_CHECK_ARG(train.features() == model_.features(), "split: the data has ", train.features(),
                      " features per example, the model ", model_.features());
-  STARLING_CHECK_ARG(!idx.empty(), "split: no training examples");
+  STARLING_CHECK_ARG(shards.size() == edges_.size(), "split: ", shards.size(), " shards for ", edges_.size(), " edges");
   const auto t0 = std::chrono::steady_clock::now();
   EpochRecord rec;
   rec.epoch = ++epoch_;
-  std::vector<size_t> order(idx.begin(), idx.end());
-  RngStream rng(StreamKey{cfg_.seed, epoch_, kAnyClient, StreamPurpose::kTraining, 0});
-  data::shuffleInPlace(std::span<size_t>(order), rng);
-  const size_t a = model_.activationSize();
+  std::vector<std::vector<size_t>> order = shards;
+  size_t total = 0, longest = 0;
+  for (size_t e = 0; e < order.size(); ++e) {
+    STARLING_CHECK_ARG(!order[e].empty(), "split: edge ", e, " has no training examples");
+    RngStream rng(StreamKey{cfg_.seed, epoch_, e, StreamPurpose::kTraining, 0});
+    data::shuffleInPlace(std::span<size_t>(order[e]), rng);
+    total += order[e].size();
+    longest = std::max(longest, order[e].size());
+  }
   double loss_sum = 0;
   size_t correct = 0;
-  for (size_t start = 0; start < order.size(); start += cfg_.batch_size) {
-    const size_t n = std::min<size_t>(cfg_.batch_size, order.size() - start);
-    gatherBatch(train, std::span<const size_t>(order).subspan(start, n), x_, y_);
-    // Edge forward; the activations cross the cut.
-    const std::vector<float> act = model_.edgeForward(bottom_, x_, n);
-    const std::vector<uint8_t> up = up_->encode(act, n, a, up_state_);
-    rec.uplink_bytes += up.size();
-    act_.resize(n * a);
-    decodeActivation(up, n, a, act_);
-    // Cloud step; the gradient crosses back.
-    const SplitModel::CloudResult c = model_.cloudStep(top_, act_, y_, n);
-    for (size_t i = 0; i < top_.size(); ++i) top_[i] -= static_cast<float>(cfg_.lr) * c.grad_top[i];
-    loss_sum += c.loss;
-    correct += c.correct;
-    ++rec.steps;
-    if (!cfg_.train_bottom) continue;  // nothing comes down for a frozen bottom
-    const std::vector<uint8_t> down = down_->encode(c.grad_activations, n, a, down_state_);
-    rec.downlink_bytes += down.size();
-    grad_.resize(n * a);
-    decodeActivation(down, n, a, grad_);
-    const std::vector<float> gb = model_.edgeBackward(grad_);
-    for (size_t i = 0; i < bottom_.size(); ++i) bottom_[i] -= static_cast<float>(cfg_.lr) * gb[i];
+  for (size_t start = 0; start < longest; start += cfg_.batch_size)
+    for (size_t e = 0; e < edges_.size(); ++e) {
+      if (start >= order[e].size()) continue;
+      const size_t n = std::min<size_t>(cfg_.batch_size, order[e].size() - start);
+      gatherBatch(train, std::span<const size_t>(order[e]).subspan(start, n), x_, y_);
+      const std::vector<uint8_t> up = edges_[e]->forward(x_, n);
+      rec.uplink_bytes += up.size();
+      const SplitCloud::Reply r = cloud_->step(e, up, y_, n, cfg_.train_bottom);
+      loss_sum += r.loss;
+      correct += r.correct;
+      ++rec.steps;
+      if (!cfg_.train_bottom) continue;  // nothing comes down for a frozen bottom
+      rec.downlink_bytes += r.gradient.size();
+      edges_[e]->backward(r.gradient);
+    }
+  if (cfg_.splitfed && edges_.size() > 1 && cfg_.train_bottom) {
+    // SplitFed: the bottoms averaged, weighted by each edge's examples, and given back to all.
+    std::vector<double> avg(edges_[0]->bottom().size(), 0.0);
+    for (size_t e = 0; e < edges_.size(); ++e) {
+      const double w = static_cast<double>(shards[e].size()) / static_cast<double>(total);
+      const auto b = edges_[e]->bottom();
+      for (size_t i = 0; i < avg.size(); ++i) avg[i] += w * b[i];
+    }
+    const std::vector<float> mean(avg.begin(), avg.end());
+    for (auto& edge : edges_) edge->setBottom(mean);
   }
   rec.train_loss = loss_sum / static_cast<double>(rec.steps);
-  rec.train_accuracy = static_cast<double>(correct) / static_cast<double>(order.size());
-  if (test && !test_idx.empty()) std::tie(rec.test_loss, rec.test_accuracy) = evaluate(*test, test_idx);
+  rec.train_accuracy = static_cast<double>(correct) / static_cast<double>(total);
+  if (test && !test_idx.empty()) {
+    for (size_t e = 0; e < edges_.size(); ++e) {
+      const auto [l, a] = evaluate(*test, test_idx, e);
+      rec.test_loss += l / static_cast<double>(edges_.size());
+      rec.test_accuracy += a / static_cast<double>(edges_.size());
+    }
+  }
   rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rec;
 }
 
-std::pair<double, double> InProcessSplit::evaluate(const data::Dataset& d, std::span<const size_t> idx) {
+std::pair<double, double> InProcessSplit::evaluate(const data::Dataset& d, std::span<const size_t> idx, size_t edge) {
   STARLING_CHECK_ARG(d.features() == model_.features(), "split: the test data has ", d.features(),
                      " features per example, the model ", model_.features());
   constexpr size_t kBatch = 256;
   double loss = 0;
   size_t correct = 0;
+  const auto b = edges_.at(edge)->bottom();
   for (size_t start = 0; start < idx.size(); start += kBatch) {
     const size_t n = std::min(kBatch, idx.size() - start);
     gatherBatch(d, idx.subspan(start, n), x_, y_);
-    const auto r = model_.evaluate(bottom_, top_, x_, y_, n);
+    const auto r = model_.evaluate(b, cloud_->top(), x_, y_, n);
     loss += r.loss * static_cast<double>(n);
     correct += r.correct;
   }

@@ -32,6 +32,11 @@ if "$bin" --role inproc "${common[@]}" --split.cut conv1 --split.weight_rank 4 >
 grep -q "needs a linear layer after the cut" "$dir/out"
 /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0.5 else 1)' "$(acc "$dir/none.jsonl")" ||
   { echo "the fine-tuned model did not learn the private classes"; exit 1; }
+# Three edge devices sharing the cloud, SplitFed: one line per epoch, the same bytes as one edge.
+"$bin" --role inproc "${common[@]}" --train.epochs 1 --split.edges 3 --split.splitfed true \
+  --state.metrics "$dir/fed.jsonl" > "$dir/fed.log"
+grep -q "on 3 edge device(s) (SplitFed)" "$dir/fed.log"
+[[ $(wc -l < "$dir/fed.jsonl") == 1 ]] || { echo "not one line per epoch with 3 edges"; exit 1; }
 # Bad input: a wrong cut, an unknown codec, a missing pre-trained file, an unknown role.
 for bad in "--split.cut fc9" "--split.up zip" "--role edge" "--data.shift blur"; do
   # shellcheck disable=SC2086

@@ -2,7 +2,6 @@
 // split SGD step (edge forward, cloud step, edge backward) equals one full-batch step of the
 // unsplit torch_trainer model from the same parameters; bad shapes are refused.
 #include "split/split_model.h"
-#include "split/trainer.h"
 
 #include <catch2/catch.hpp>
 
@@ -10,6 +9,10 @@
 
 #include "check_throws.h"
 #include "client/synthetic.h"
+#include "core/input_error.h"
+#include "split/roles.h"
+#include "split/trainer.h"
+#include "test_util.h"
 #include "torch_trainer/torch_trainer.h"
 
 using namespace starling;
@@ -178,4 +181,93 @@ TEST_CASE("the weight-side cut at full rank computes what the uncut model does",
   CHECK_THROWS_AS(SplitModel("cnn", "conv1", 8, 8, 4, 4), ConfigError);   // conv2 follows: not a projection
   CHECK_THROWS_AS(SplitModel("cnn", "fc1", 8, 8, 4, 5), ConfigError);     // fc2 is 4 x 512
   CHECK(SplitModel("cnn", "conv2", 28, 28, 10, 32).describe().find("rank 32") != std::string::npos);
+}
+
+namespace {
+// 4 classes of 8x8 images, each class a bright quadrant plus noise.
+data::Dataset quadrants(size_t n, uint64_t seed) {
+  data::Dataset d;
+  d.rows = d.cols = 8;
+  d.num_classes = 4;
+  RngStream rng(StreamKey{seed, 0, 0, StreamPurpose::kTest, 0});
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t label = static_cast<uint8_t>(i % 4);
+    d.labels.push_back(label);
+    for (size_t r = 0; r < 8; ++r)
+      for (size_t c = 0; c < 8; ++c) {
+        const bool lit = (r < 4) == (label < 2) && (c < 4) == (label % 2 == 0);
+        d.images.push_back((lit ? 1.0f : 0.0f) + 0.2f * static_cast<float>(rng.normal()));
+      }
+  }
+  return d;
+}
+}  // namespace
+
+TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps its own codec state", "[split]") {
+  SplitModel sm("cnn", "conv2", 8, 8, 4);
+  const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  SplitCloud cloud(sm, top, "lowrank:rank=2", 0.05, SplitCloud::Limits{.max_batch = 8, .max_abs = 1e6});
+  SplitEdge edge(sm, bottom, "int8", 0.05);
+  const data::Dataset d = quadrants(8, 1);
+  const auto up = edge.forward(d.images, 8);
+  const std::vector<float> before(cloud.top().begin(), cloud.top().end());
+  const auto refuse = [&](std::span<const uint8_t> a, std::span<const uint8_t> labels, size_t n) {
+    return testing::errcOf([&] { cloud.step(1, a, labels, n); });
+  };
+  CHECK(refuse(up, d.labels, 7) == errcName(Errc::kSizeMismatch));  // the activations are for 8
+  CHECK(refuse(up, std::span<const uint8_t>(d.labels).first(7), 8) == errcName(Errc::kSizeMismatch));
+  std::vector<uint8_t> bad_labels = d.labels;
+  bad_labels[3] = 4;
+  CHECK(refuse(up, bad_labels, 8) == errcName(Errc::kIndexOutOfRange));
+  CHECK(refuse(std::span<const uint8_t>(up).first(up.size() - 1), d.labels, 8) != "no error");
+  const data::Dataset big = quadrants(9, 1);
+  SplitEdge edge9(sm, bottom, "none", 0.05);
+  CHECK(refuse(edge9.forward(big.images, 9), big.labels, 9) == errcName(Errc::kSizeMismatch));  // over max_batch
+  CHECK(std::equal(before.begin(), before.end(), cloud.top().begin()));
+  CHECK(cloud.edges() == 0);  // no refused step created an edge's state
+  // Honest steps from two edges: each has its own low-rank warm start.
+  const auto r1 = cloud.step(1, up, d.labels, 8);
+  CHECK(!r1.gradient.empty());
+  CHECK(cloud.edges() == 1);
+  SplitEdge other(sm, bottom, "int8", 0.05);
+  cloud.step(2, other.forward(d.images, 8), d.labels, 8);
+  CHECK(cloud.edges() == 2);
+  cloud.forget(2);
+  CHECK(cloud.edges() == 1);
+  CHECK_FALSE(std::equal(before.begin(), before.end(), cloud.top().begin()));  // the top part learned
+  // An edge refuses a gradient that lies about its shape and keeps its bottom.
+  const std::vector<float> b0(edge.bottom().begin(), edge.bottom().end());
+  auto lie = r1.gradient;
+  lie[2] = 9;  // rows
+  CHECK_THROWS_AS(edge.backward(lie), InputError);
+  CHECK(std::equal(b0.begin(), b0.end(), edge.bottom().begin()));
+  edge.backward(r1.gradient);
+  CHECK_FALSE(std::equal(b0.begin(), b0.end(), edge.bottom().begin()));
+}
+
+TEST_CASE("two edges share one cloud, interleaved, and SplitFed averages their bottoms", "[split]") {
+  const data::Dataset d = quadrants(128, 5);
+  std::vector<std::vector<size_t>> shards(2);
+  for (size_t i = 0; i < d.size(); ++i) shards[(i / 4) % 2].push_back(i);  // every class on both edges
+  std::vector<size_t> all(d.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  SplitModel sm("cnn", "conv2", 8, 8, 4);
+  for (const bool splitfed : {false, true}) {
+    INFO("splitfed " << splitfed);
+    SplitTrainConfig cfg;
+    cfg.batch_size = 16;
+    cfg.up = "lowrank:rank=4";
+    cfg.down = "int8";
+    cfg.splitfed = splitfed;
+    InProcessSplit run(sm, cfg, sm.initParameters(3), 2);
+    const auto before = run.evaluate(d, all);
+    EpochRecord rec;
+    for (int e = 0; e < 4; ++e) rec = run.runEpoch(d, shards, &d, all);
+    CAPTURE(before.first, rec.test_loss, rec.test_accuracy);
+    CHECK(rec.steps == 8);  // 4 batches from each edge
+    CHECK(rec.test_loss < before.first);
+    CHECK(rec.test_accuracy > 0.5);
+    const bool same = std::equal(run.bottom(0).begin(), run.bottom(0).end(), run.bottom(1).begin());
+    CHECK(same == splitfed);
+  }
 }
