@@ -8,23 +8,22 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 common=(--data.max_train 600 --data.max_test 300 --split.pretrained "$dir/pre.bin" --sim.threads 1)
 "$bin" --role pretrain "${common[@]}" > "$dir/pre.log"
+# Fine-tuning learns the five private classes reliably from 1,500 examples in two epochs.
+common=(--data.max_train 1500 --data.max_test 300 --split.pretrained "$dir/pre.bin" --sim.threads 1)
 [[ -s "$dir/pre.bin" ]] || { echo "no pre-trained file"; exit 1; }
 "$bin" --role inproc "${common[@]}" --train.epochs 2 --state.metrics "$dir/none.jsonl" > "$dir/none.log"
 "$bin" --role inproc "${common[@]}" --train.epochs 2 --split.up lowrank:rank=2 --split.down int8 \
   --state.metrics "$dir/lr.jsonl" > "$dir/lr.log"
-# The factorized layer needs more steps to learn than the slice above gives: 1,500 examples here.
-"$bin" --role inproc "${common[@]}" --data.max_train 1500 --train.epochs 2 --split.weight_rank 32 \
-  --state.metrics "$dir/svd.jsonl" > "$dir/svd.log"
+"$bin" --role inproc "${common[@]}" --train.epochs 2 --split.weight_rank 32 --state.metrics "$dir/svd.jsonl" > "$dir/svd.log"
 [[ $(wc -l < "$dir/none.jsonl") == 2 && $(wc -l < "$dir/lr.jsonl") == 2 ]] || { echo "not one line per epoch"; exit 1; }
 up() { /usr/bin/python3 -c 'import json,sys; print(sum(json.loads(l)["uplink_bytes"] for l in open(sys.argv[1])))' "$1"; }
 acc() { /usr/bin/python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["test_accuracy"])' "$1"; }
 none_up=$(up "$dir/none.jsonl"); lr_up=$(up "$dir/lr.jsonl")
 echo "uplink: none $none_up, lowrank $lr_up; accuracy: none $(acc "$dir/none.jsonl"), lowrank $(acc "$dir/lr.jsonl")"
 (( lr_up * 5 < none_up )) || { echo "compressed activations are not smaller"; exit 1; }
-# The weight-side cut at rank 32 sends 32 values per example instead of 3,136 (compared per
-# example: 1,500 examples in that run, 600 in the uncompressed one).
+# The weight-side cut at rank 32 sends 32 values per example instead of 3,136.
 svd_up=$(up "$dir/svd.jsonl")
-(( svd_up * 600 * 90 < none_up * 1500 )) || { echo "the weight-side cut is not 90x smaller: $svd_up vs $none_up"; exit 1; }
+(( svd_up * 90 < none_up )) || { echo "the weight-side cut is not 90x smaller: $svd_up vs $none_up"; exit 1; }
 /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) > 0.5 else 1)' "$(acc "$dir/svd.jsonl")" ||
   { echo "the weight-side cut did not learn"; exit 1; }
 if "$bin" --role inproc "${common[@]}" --split.cut conv1 --split.weight_rank 4 > "$dir/out" 2>&1; then
