@@ -34,13 +34,13 @@ runs=(
   "topk1-down|topk:density=0.01|--downlink.mode topk --downlink.density 0.01 --downlink.history 64"
   "powersgd4|powersgd:rank=4|"
   "sign|sign|"
+  "sign-plain|sign:ef_preview=0|"
   "qsgd|qsgd:levels=16|"
   "randk5|randk:density=0.05|"
   "topk01|topk:density=0.001|"
   "powersgd4-plain|powersgd:rank=4,ef_preview=0|"
   "randk5-plain|randk:density=0.05,ef_preview=0|"
   "topk1-fwd|topk:density=0.01,ef_preview=1|"
-  "sign-fwd|sign:ef_preview=1|"
   "qsgd-ef|qsgd:levels=16,ef=true|"
 )
 

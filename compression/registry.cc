@@ -11,8 +11,9 @@ namespace starling::compression {
 namespace {
 
 // Defaults that differ from the option structs' (docs/compression.md, "Compression in federated
-// rounds", measured with bench/ef_study.py): random-k, random-block and the low-rank compressors
-// train from the global model plus their residual (step-ahead EF); top-k and sign keep plain EF.
+// rounds", measured with bench/ef_study.py and bench/learning_per_byte.sh): random-k, random-block,
+// sign and the low-rank compressors train from the global model plus their residual (step-ahead
+// EF); top-k keeps plain EF.
 RandomSparsifyOptions aheadSparsifyDefaults() {
   RandomSparsifyOptions o;
   o.ef.preview = 1.0;
@@ -20,6 +21,11 @@ RandomSparsifyOptions aheadSparsifyDefaults() {
 }
 LowRankOptions aheadLowRankDefaults() {
   LowRankOptions o;
+  o.ef.preview = 1.0;
+  return o;
+}
+SignOptions aheadSignDefaults() {
+  SignOptions o;
   o.ef.preview = 1.0;
   return o;
 }
@@ -93,9 +99,9 @@ const CompressorRegistry& compressors() {
              o.per_client_offset = r.choice("offset", "shared", {"shared", "client"}) == "client";
              return std::make_unique<RandBlockCompressor>(o);
            }},
-          {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", feedbackHelp(SignOptions{}.ef),
+          {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", feedbackHelp(aheadSignDefaults().ef),
            [](OptionReader& r) {
-             SignOptions o;
+             SignOptions o = aheadSignDefaults();
              o.ef = readFeedback(r, o.ef);
              return std::make_unique<SignCompressor>(o);
            }},
