@@ -27,6 +27,23 @@ data::Dataset images(size_t n, uint64_t seed) {
   return d;
 }
 
+// 4 classes of 8x8 images, each class a bright quadrant plus noise.
+data::Dataset quadrants(size_t n, uint64_t seed) {
+  data::Dataset d;
+  d.rows = d.cols = 8;
+  d.num_classes = 4;
+  RngStream rng(StreamKey{seed, 0, 0, StreamPurpose::kTest, 0});
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t label = static_cast<uint8_t>(i % 4);
+    d.labels.push_back(label);
+    for (size_t r = 0; r < 8; ++r)
+      for (size_t c = 0; c < 8; ++c) {
+        const bool lit = (r < 4) == (label < 2) && (c < 4) == (label % 2 == 0);
+        d.images.push_back((lit ? 1.0f : 0.0f) + 0.2f * static_cast<float>(rng.normal()));
+      }
+  }
+  return d;
+}
 }  // namespace
 
 TEST_CASE("one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
@@ -94,20 +111,7 @@ TEST_CASE("cut points, sizes and bad shapes are checked", "[split]") {
 }
 
 TEST_CASE("in-process split training: the loss falls, compressed activations cost fewer bytes", "[split]") {
-  // A learnable task: 4 classes of 8x8 images, each class a bright quadrant plus noise.
-  data::Dataset d;
-  d.rows = d.cols = 8;
-  d.num_classes = 4;
-  RngStream rng(StreamKey{5, 0, 0, StreamPurpose::kTest, 0});
-  for (size_t i = 0; i < 128; ++i) {
-    const uint8_t label = static_cast<uint8_t>(i % 4);
-    d.labels.push_back(label);
-    for (size_t r = 0; r < 8; ++r)
-      for (size_t c = 0; c < 8; ++c) {
-        const bool lit = (r < 4) == (label < 2) && (c < 4) == (label % 2 == 0);
-        d.images.push_back((lit ? 1.0f : 0.0f) + 0.2f * static_cast<float>(rng.normal()));
-      }
-  }
+  const data::Dataset d = quadrants(128, 5);
   std::vector<size_t> idx(d.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
   SplitModel sm("cnn", "conv2", 8, 8, 4);
@@ -183,25 +187,6 @@ TEST_CASE("the weight-side cut at full rank computes what the uncut model does",
   CHECK(SplitModel("cnn", "conv2", 28, 28, 10, 32).describe().find("rank 32") != std::string::npos);
 }
 
-namespace {
-// 4 classes of 8x8 images, each class a bright quadrant plus noise.
-data::Dataset quadrants(size_t n, uint64_t seed) {
-  data::Dataset d;
-  d.rows = d.cols = 8;
-  d.num_classes = 4;
-  RngStream rng(StreamKey{seed, 0, 0, StreamPurpose::kTest, 0});
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t label = static_cast<uint8_t>(i % 4);
-    d.labels.push_back(label);
-    for (size_t r = 0; r < 8; ++r)
-      for (size_t c = 0; c < 8; ++c) {
-        const bool lit = (r < 4) == (label < 2) && (c < 4) == (label % 2 == 0);
-        d.images.push_back((lit ? 1.0f : 0.0f) + 0.2f * static_cast<float>(rng.normal()));
-      }
-  }
-  return d;
-}
-}  // namespace
 
 TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps its own codec state", "[split]") {
   SplitModel sm("cnn", "conv2", 8, 8, 4);
