@@ -1,5 +1,7 @@
 #include "split/roles.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "core/input_error.h"
 
@@ -28,6 +30,11 @@ SplitCloud::Reply SplitCloud::step(uint64_t edge, std::span<const uint8_t> activ
                                    std::span<const uint8_t> labels, size_t n, bool send_gradient) {
   decode(activations, labels, n);  // everything an edge can lie about, before anything changes
   const SplitModel::CloudResult c = model_.cloudStep(top_, act_, labels, n);
+  // A step that would make the shared top part non-finite is refused, whoever caused it.
+  bool finite = std::isfinite(c.loss);
+  for (float g : c.grad_top) finite = finite && std::isfinite(g);
+  for (float g : c.grad_activations) finite = finite && std::isfinite(g);
+  if (!finite) failInput(Errc::kNonFinite, "split: edge ", edge, "'s step gives a non-finite loss or gradient; refused");
   Reply r;
   r.loss = c.loss;
   r.correct = c.correct;

@@ -220,6 +220,13 @@ TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps
   cloud.forget(2);
   CHECK(cloud.edges() == 1);
   CHECK_FALSE(std::equal(before.begin(), before.end(), cloud.top().begin()));  // the top part learned
+  // A step that would make the top part non-finite is refused and changes nothing.
+  std::vector<float> blown(top.begin(), top.end());
+  for (float& v : blown) v = 1e30f;
+  SplitCloud fragile(sm, blown, "none", 0.05);
+  CHECK(testing::errcOf([&] { fragile.step(3, up, d.labels, 8); }) == errcName(Errc::kNonFinite));
+  CHECK(std::equal(blown.begin(), blown.end(), fragile.top().begin()));
+  CHECK(fragile.edges() == 0);
   // An edge refuses a gradient that lies about its shape and keeps its bottom.
   const std::vector<float> b0(edge.bottom().begin(), edge.bottom().end());
   auto lie = r1.gradient;
