@@ -31,8 +31,7 @@ std::vector<float> dense(const compression::Update& u, const ParamLayout& l) {
 
 TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral setting", "[client]") {
   const data::Dataset d = testing::gaussianData(50, 5, 3, 2);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   const DataView view{&d, idx};
   auto t = makeTrainer("softmax", 5, 3);
   const ParamLayout& l = t->layout();
@@ -99,8 +98,7 @@ TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral
 
 TEST_CASE("FedProx: the algorithm anchors the proximal term at the round's global model", "[client]") {
   const data::Dataset d = testing::gaussianData(60, 5, 3, 4);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   auto t = makeTrainer("mlp:hidden=8", 5, 3);
   const ParamLayout& l = t->layout();
   const auto none = compression::makeCompressor("none");
@@ -128,8 +126,7 @@ TEST_CASE("FedProx: the algorithm anchors the proximal term at the round's globa
 // residual, so with a = 1 it sends its local model's distance from the global one.
 TEST_CASE("ef_preview: local training starts from the global model plus the residual", "[client]") {
   const data::Dataset d = testing::gaussianData(40, 5, 3, 6);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   const DataView view{&d, idx};
   auto t = makeTrainer("softmax", 5, 3);
   const ParamLayout& l = t->layout();
@@ -175,8 +172,7 @@ TEST_CASE("ef_preview: local training starts from the global model plus the resi
 
 TEST_CASE("the algorithm reports error feedback's diagnostics with the update", "[client]") {
   const data::Dataset d = testing::gaussianData(40, 5, 3, 6);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   auto t = makeTrainer("softmax", 5, 3);
   const ParamLayout& l = t->layout();
   std::vector<float> global(l.numel());
@@ -210,8 +206,7 @@ TEST_CASE("with step-ahead EF, FedProx anchors at the start point and the residu
   // only the bias moves; the residual on the weights must come back whole in sent + kept.
   data::Dataset d = testing::gaussianData(30, 5, 3, 6);
   std::fill(d.images.begin(), d.images.end(), 0.0f);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   auto t = makeTrainer("softmax", 5, 3);
   const ParamLayout& l = t->layout();
   const size_t n = l.numel();
@@ -242,8 +237,7 @@ TEST_CASE("with step-ahead EF, FedProx anchors at the start point and the residu
 
 TEST_CASE("the diagnostics are capped so that they can never get an update refused", "[client]") {
   const data::Dataset d = testing::gaussianData(20, 5, 3, 6);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   auto t = makeTrainer("softmax", 5, 3);
   const ParamLayout& l = t->layout();
   std::vector<float> global(l.numel());

@@ -48,8 +48,7 @@ data::Dataset quadrants(size_t n, uint64_t seed) {
 
 TEST_CASE("one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
   const data::Dataset d = images(24, 3);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   const float lr = 0.05f;
   for (const auto& cut : SplitModel::cutPoints("cnn")) {
     INFO("cut " << cut);
@@ -112,8 +111,7 @@ TEST_CASE("cut points, sizes and bad shapes are checked", "[split]") {
 
 TEST_CASE("in-process split training: the loss falls, compressed activations cost fewer bytes", "[split]") {
   const data::Dataset d = quadrants(128, 5);
-  std::vector<size_t> idx(d.size());
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  const std::vector<size_t> idx = testing::allIndices(d);
   SplitModel sm("cnn", "conv2", 8, 8, 4);
   uint64_t up_bytes[2] = {0, 0};
   for (int compressed = 0; compressed < 2; ++compressed) {
@@ -241,8 +239,7 @@ TEST_CASE("two edges share one cloud, interleaved, and SplitFed averages their b
   const data::Dataset d = quadrants(128, 5);
   std::vector<std::vector<size_t>> shards(2);
   for (size_t i = 0; i < d.size(); ++i) shards[(i / 4) % 2].push_back(i);  // every class on both edges
-  std::vector<size_t> all(d.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  const std::vector<size_t> all = testing::allIndices(d);
   SplitModel sm("cnn", "conv2", 8, 8, 4);
   for (const bool splitfed : {false, true}) {
     INFO("splitfed " << splitfed);
