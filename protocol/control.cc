@@ -19,6 +19,9 @@ static_assert(static_cast<int>(MessageKind::kUpdate) == static_cast<int>(fb::Bod
 static_assert(static_cast<int>(MessageKind::kPartial) == static_cast<int>(fb::Body::PartialAggregate));
 static_assert(static_cast<int>(MessageKind::kChunk) == static_cast<int>(fb::Body::Chunk));
 static_assert(static_cast<int>(MessageKind::kShutdown) == static_cast<int>(fb::Body::Shutdown));
+static_assert(static_cast<int>(MessageKind::kSplitHello) == static_cast<int>(fb::Body::SplitHello));
+static_assert(static_cast<int>(MessageKind::kSplitReply) == static_cast<int>(fb::Body::SplitReply));
+static_assert(static_cast<int>(MessageKind::kSplitReply) == static_cast<int>(fb::Body::MAX));
 
 namespace {
 
@@ -116,7 +119,7 @@ std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
   const uint16_t field = u16(p + vt + kBodyTypeSlot);
   if (field == 0 || field >= obj_size || root + field >= n) return std::nullopt;
   const uint8_t type = p[root + field];
-  if (type < static_cast<uint8_t>(MessageKind::kUpdate) || type > static_cast<uint8_t>(MessageKind::kChunk))
+  if (type < static_cast<uint8_t>(MessageKind::kUpdate) || type > static_cast<uint8_t>(MessageKind::kSplitReply))
     return std::nullopt;
   return static_cast<MessageKind>(type);
 }
@@ -161,6 +164,29 @@ std::vector<uint8_t> encode(const ShutdownMsg& m) {
   auto reason = b.CreateString(m.reason.substr(0, kMaxText));
   auto body = fb::CreateShutdown(b, m.round, reason);
   return finish(b, fb::Body::Shutdown, body.Union());
+}
+
+std::vector<uint8_t> encode(const SplitHelloMsg& m) {
+  flatbuffers::FlatBufferBuilder b(256);
+  auto up = b.CreateString(m.up);
+  auto down = b.CreateString(m.down);
+  auto body = fb::CreateSplitHello(b, m.edge_id, m.fingerprint, up, down);
+  return finish(b, fb::Body::SplitHello, body.Union());
+}
+
+std::vector<uint8_t> encode(const SplitStepMsg& m) {
+  flatbuffers::FlatBufferBuilder b(m.activations.size() + m.labels.size() + 128);
+  auto acts = b.CreateVector(m.activations.data(), m.activations.size());
+  auto labels = b.CreateVector(m.labels);
+  auto body = fb::CreateSplitStep(b, m.session, m.step, static_cast<fb::SplitStepKind>(m.kind), m.examples, labels, acts);
+  return finish(b, fb::Body::SplitStep, body.Union());
+}
+
+std::vector<uint8_t> encode(const SplitReplyMsg& m) {
+  flatbuffers::FlatBufferBuilder b(m.gradient.size() + 128);
+  auto grad = b.CreateVector(m.gradient.data(), m.gradient.size());
+  auto body = fb::CreateSplitReply(b, m.session, m.step, m.loss, m.correct, m.cloud_us, grad);
+  return finish(b, fb::Body::SplitReply, body.Union());
 }
 
 std::vector<uint8_t> encodeChunk(const ChunkMsg& m) {
@@ -257,6 +283,49 @@ ShutdownMsg decodeShutdown(std::span<const uint8_t> bytes, const ControlLimits& 
   std::vector<uint64_t> aligned;
   const auto* f = body<fb::Shutdown>(bytes, limits.max_bytes, fb::Body::Shutdown, 8, aligned);
   return ShutdownMsg{f->round(), text(f->reason(), kMaxText, "shutdown reason")};
+}
+
+SplitHelloMsg decodeSplitHello(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* h = body<fb::SplitHello>(bytes, limits.max_bytes, fb::Body::SplitHello, 8, aligned);
+  SplitHelloMsg m{h->edge_id(), h->fingerprint(), text(h->up(), kMaxSpec, "up codec"),
+                  text(h->down(), kMaxSpec, "down codec")};
+  if (m.up.empty() || m.down.empty()) fail(Errc::kMissingField, "split hello without its codec specs");
+  return m;
+}
+
+SplitStepMsg decodeSplitStep(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* s = body<fb::SplitStep>(bytes, limits.max_bytes, fb::Body::SplitStep, 8, aligned);
+  SplitStepMsg m;
+  m.session = s->session();
+  m.step = s->step();
+  const auto kind = static_cast<uint8_t>(s->kind());
+  if (kind > static_cast<uint8_t>(SplitStepKind::kEvaluate))
+    fail(Errc::kMissingField, "unknown split step kind " + std::to_string(kind));
+  m.kind = static_cast<SplitStepKind>(kind);
+  m.examples = s->examples();
+  if (m.step == 0) fail(Errc::kMissingField, "split step 0 (steps count from 1)");
+  if (m.examples == 0) fail(Errc::kSizeMismatch, "split step of 0 examples");
+  if (!s->labels() || s->labels()->size() != m.examples)
+    fail(Errc::kSizeMismatch, "split step of " + std::to_string(m.examples) + " examples with " +
+                                  std::to_string(s->labels() ? s->labels()->size() : 0) + " labels");
+  m.labels.assign(s->labels()->begin(), s->labels()->end());
+  if (!s->activations() || s->activations()->size() == 0) fail(Errc::kMissingField, "split step without activations");
+  m.activations.assign(s->activations()->begin(), s->activations()->end());
+  return m;
+}
+
+SplitReplyMsg decodeSplitReply(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* r = body<fb::SplitReply>(bytes, limits.max_bytes, fb::Body::SplitReply, 8, aligned);
+  SplitReplyMsg m{r->session(), r->step(), r->loss(), r->correct(), r->cloud_us(), {}};
+  if (m.step == 0 && r->gradient() && r->gradient()->size() != 0)
+    fail(Errc::kMissingField, "split reply to a hello (step 0) with a gradient");
+  if (!std::isfinite(m.loss) || m.loss < 0)
+    fail(Errc::kNonFinite, "split reply with loss " + std::to_string(m.loss) + " (finite and >= 0)");
+  if (r->gradient()) m.gradient.assign(r->gradient()->begin(), r->gradient()->end());
+  return m;
 }
 
 ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes) {

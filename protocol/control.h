@@ -32,6 +32,9 @@ enum class MessageKind : uint8_t {
   kReject = 8,
   kShutdown = 9,
   kChunk = 10,
+  kSplitHello = 11,
+  kSplitStep = 12,
+  kSplitReply = 13,
 };
 const char* kindName(MessageKind k);
 
@@ -137,6 +140,33 @@ std::vector<uint8_t> encodeTask(const TaskMsg& header, std::span<const compressi
 // nonce, so the field is present). Throws InvalidArgument otherwise.
 void setTaskNonce(std::span<uint8_t> task_bytes, uint64_t nonce);
 
+// Split fine-tuning (split/net.h, docs/split.md).
+struct SplitHelloMsg {
+  uint64_t edge_id = 0;
+  uint64_t fingerprint = 0;  // the cut model and both codec specs
+  std::string up, down;      // codec specs, 1..512 printable bytes each
+};
+
+enum class SplitStepKind : uint8_t { kTrain = 0, kTrainTop = 1, kEvaluate = 2 };
+
+struct SplitStepMsg {
+  uint64_t session = 0;
+  uint64_t step = 0;  // >= 1
+  SplitStepKind kind = SplitStepKind::kTrain;
+  uint32_t examples = 0;            // >= 1, = labels.size()
+  std::vector<uint8_t> labels;
+  std::vector<uint8_t> activations;  // non-empty
+};
+
+struct SplitReplyMsg {
+  uint64_t session = 0;
+  uint64_t step = 0;
+  double loss = 0;  // finite, >= 0
+  uint64_t correct = 0;
+  uint64_t cloud_us = 0;
+  std::vector<uint8_t> gradient;  // may be empty
+};
+
 // Limits for control messages. `max_bytes` bounds any message; a Task's model is checked against
 // `layout` (decodeTask).
 struct ControlLimits {
@@ -155,6 +185,16 @@ ShutdownMsg decodeShutdown(std::span<const uint8_t> bytes, const ControlLimits& 
 // exact shapes before it uses them), and the fit settings within the bounds a server may set
 // (epochs <= 1000, batch <= 2^20, 0 < lr <= 100).
 TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits = {});
+// Split messages (owned copies). decodeSplitStep checks
+// step >= 1, a known kind, 1 <= examples = labels' count and activations present (the cloud checks
+// the activations' encoding against the cut, split/codec.h); decodeSplitReply checks the loss.
+std::vector<uint8_t> encode(const SplitHelloMsg& m);
+std::vector<uint8_t> encode(const SplitStepMsg& m);
+std::vector<uint8_t> encode(const SplitReplyMsg& m);
+SplitHelloMsg decodeSplitHello(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+SplitStepMsg decodeSplitStep(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+SplitReplyMsg decodeSplitReply(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+
 // `data` views into `bytes`. Checks index < count, total_bytes > 0, data non-empty and at most
 // `max_chunk_bytes`.
 ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes);

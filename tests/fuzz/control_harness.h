@@ -296,6 +296,9 @@ inline void othersRefuse(std::span<const uint8_t> bytes, std::optional<pr::Messa
   refuses(K::kReject, [&] { pr::decodeReject(bytes); });
   refuses(K::kShutdown, [&] { pr::decodeShutdown(bytes); });
   refuses(K::kChunk, [&] { pr::decodeChunk(bytes, kChunkBounds[0]); });
+  refuses(K::kSplitHello, [&] { pr::decodeSplitHello(bytes); });
+  refuses(K::kSplitStep, [&] { pr::decodeSplitStep(bytes); });
+  refuses(K::kSplitReply, [&] { pr::decodeSplitReply(bytes); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().small); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().softmax); });
 }
@@ -361,6 +364,38 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
     case K::kChunk:
       for (size_t max : kChunkBounds) ok |= checkChunk(bytes, max);
       break;
+    case K::kSplitHello:
+      ok = common([&](auto b, size_t max) { return pr::decodeSplitHello(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "split hello");
+      if (ok) {
+        const auto h = pr::decodeSplitHello(bytes);
+        require(printable(h.up, 1, 512) && printable(h.down, 1, 512), "split hello: a codec spec empty, long or not printable");
+      }
+      break;
+    case K::kSplitStep:
+      ok = common([&](auto b, size_t max) { return pr::decodeSplitStep(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "split step");
+      if (ok) {
+        const auto st = pr::decodeSplitStep(bytes);
+        require(st.step >= 1, "split step: step 0");
+        require(st.kind == pr::SplitStepKind::kTrain || st.kind == pr::SplitStepKind::kTrainTop ||
+                    st.kind == pr::SplitStepKind::kEvaluate,
+                "split step: unknown kind");
+        require(st.examples >= 1 && st.labels.size() == st.examples, "split step: examples and labels disagree");
+        require(!st.activations.empty(), "split step: no activations");
+        require(st.labels.size() + st.activations.size() <= n, "split step: more bytes decoded than the input holds");
+      }
+      break;
+    case K::kSplitReply:
+      ok = common([&](auto b, size_t max) { return pr::decodeSplitReply(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "split reply");
+      if (ok) {
+        const auto r = pr::decodeSplitReply(bytes);
+        require(std::isfinite(r.loss) && r.loss >= 0, "split reply: loss non-finite or negative");
+        require(r.step != 0 || r.gradient.empty(), "split reply: a hello's reply with a gradient");
+        require(r.gradient.size() <= n, "split reply: more bytes decoded than the input holds");
+      }
+      break;
     case K::kTask:
       ok |= checkTask(bytes, layouts().small);
       ok |= checkTask(bytes, layouts().softmax);
@@ -374,7 +409,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
 
 inline constexpr pr::MessageKind kControlKinds[] = {
     pr::MessageKind::kRegister, pr::MessageKind::kWelcome, pr::MessageKind::kHeartbeat, pr::MessageKind::kTask,
-    pr::MessageKind::kEvaluation, pr::MessageKind::kReject, pr::MessageKind::kShutdown, pr::MessageKind::kChunk};
+    pr::MessageKind::kEvaluation, pr::MessageKind::kReject, pr::MessageKind::kShutdown, pr::MessageKind::kChunk,
+    pr::MessageKind::kSplitHello, pr::MessageKind::kSplitStep, pr::MessageKind::kSplitReply};
 
 // Returns the kind that decoded (nullopt: refused, or an Update/PartialAggregate, which are
 // fuzz_decode.cc's). The bytes are read where they are; callers pass 8-byte aligned bytes, as the
@@ -419,6 +455,12 @@ inline std::vector<Seed> controlSeeds() {
   out.push_back({"reject", pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, 4, 3, 41, "stale round"})});
   out.push_back({"reject-busy", pr::encode(pr::RejectMsg{pr::RejectKind::kBusy, 0, 0, 0, ""})});
   out.push_back({"shutdown", pr::encode(pr::ShutdownMsg{12, "training finished"})});
+  out.push_back({"split-hello", pr::encode(pr::SplitHelloMsg{3, 0xfeed, "lowrank:rank=4", "int8"})});
+  out.push_back({"split-step", pr::encode(pr::SplitStepMsg{7, 2, pr::SplitStepKind::kTrain, 3, {1, 4, 9},
+                                                            std::vector<uint8_t>(40, 0x41)})});
+  out.push_back({"split-step-evaluate", pr::encode(pr::SplitStepMsg{7, 3, pr::SplitStepKind::kEvaluate, 1, {2}, {0x41}})});
+  out.push_back({"split-reply", pr::encode(pr::SplitReplyMsg{7, 2, 0.5, 2, 1500, std::vector<uint8_t>(24, 0x41)})});
+  out.push_back({"split-reply-hello", pr::encode(pr::SplitReplyMsg{7, 0, 0, 0, 0, {}})});
   std::vector<uint8_t> payload(200);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 37 + 1);
   out.push_back({"chunk-first", pr::encodeChunk(pr::ChunkMsg{5, 0, 4, 200, {payload.data(), 64}})});

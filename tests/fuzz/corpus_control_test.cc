@@ -74,7 +74,8 @@ TEST_CASE("every control seed decodes as its own kind and holds the harness's pr
     CHECK(kind == protocol::peekKind(in.bytes()));
     ++kinds[*kind];
   }
-  for (K k : {K::kRegister, K::kWelcome, K::kHeartbeat, K::kTask, K::kEvaluation, K::kReject, K::kShutdown, K::kChunk})
+  for (K k : {K::kRegister, K::kWelcome, K::kHeartbeat, K::kTask, K::kEvaluation, K::kReject, K::kShutdown, K::kChunk,
+              K::kSplitHello, K::kSplitStep, K::kSplitReply})
     CHECK(kinds[k] >= 1);
 }
 
