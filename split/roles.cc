@@ -57,7 +57,7 @@ SplitCloud::Reply SplitCloud::evaluate(std::span<const uint8_t> activations, std
 }
 
 SplitEdge::SplitEdge(SplitModel& model, std::vector<float> bottom, const std::string& up, double lr)
-    : model_(model), bottom_(std::move(bottom)), up_(makeActivationCodec(up)), lr_(lr) {
+    : model_(model), bottom_(std::move(bottom)), up_(makeActivationCodec(up)), plain_(makeActivationCodec("none")), lr_(lr) {
   STARLING_CHECK_ARG(bottom_.size() == model.bottom().numel(), "split edge: ", bottom_.size(),
                      " parameters, the bottom part has ", model.bottom().numel());
   STARLING_CHECK_ARG(lr > 0, "split edge: the learning rate must be positive");
@@ -67,6 +67,13 @@ std::vector<uint8_t> SplitEdge::forward(std::span<const float> x, size_t n) {
   const std::vector<float> act = model_.edgeForward(bottom_, x, n);
   n_ = n;
   return up_->encode(act, n, model_.activationSize(), state_);
+}
+
+std::vector<uint8_t> SplitEdge::forwardUncompressed(std::span<const float> x, size_t n) {
+  const std::vector<float> act = model_.edgeForward(bottom_, x, n);
+  n_ = 0;  // no gradient follows
+  CodecState scratch;
+  return plain_->encode(act, n, model_.activationSize(), scratch);
 }
 
 void SplitEdge::backward(std::span<const uint8_t> gradient) {

@@ -64,6 +64,9 @@ class SplitEdge {
   SplitEdge(SplitModel& model, std::vector<float> bottom, const std::string& up, double lr);
   // The bottom part's forward pass on n examples, encoded for the cloud.
   std::vector<uint8_t> forward(std::span<const float> x, size_t n);
+  // The same pass encoded uncompressed ("none"), for evaluation: the codec state is untouched
+  // and no gradient is expected for it.
+  std::vector<uint8_t> forwardUncompressed(std::span<const float> x, size_t n);
   // The gradient the cloud sent for the last forward pass: decoded (checked; InputError for a
   // lie, the bottom unchanged), then one SGD step of the bottom part.
   void backward(std::span<const uint8_t> gradient);
@@ -75,6 +78,7 @@ class SplitEdge {
   SplitModel& model_;
   std::vector<float> bottom_;
   std::unique_ptr<ActivationCodec> up_;
+  std::unique_ptr<ActivationCodec> plain_;
   double lr_;
   CodecState state_;
   size_t n_ = 0;

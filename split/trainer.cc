@@ -25,6 +25,7 @@ std::string EpochRecord::json() const {
   o << "{\"round\":" << epoch << ",\"epoch\":" << epoch << ",\"steps\":" << steps << ",\"train_loss\":" << train_loss
     << ",\"train_accuracy\":" << train_accuracy << ",\"test_accuracy\":" << test_accuracy
     << ",\"test_loss\":" << test_loss << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
+    << ",\"eval_bytes\":" << eval_bytes << ",\"cloud_seconds\":" << cloud_seconds
     << ",\"wall_seconds\":" << wall_seconds << "}";
   return o.str();
 }
@@ -37,7 +38,6 @@ InProcessSplit::InProcessSplit(SplitModel& model, SplitTrainConfig config, std::
   for (size_t e = 0; e < edges; ++e) edges_.push_back(std::make_unique<SplitEdge>(model, bottom, cfg_.up, cfg_.lr));
 }
 
-namespace {
 void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vector<float>& x, std::vector<uint8_t>& y) {
   const size_t f = d.features();
   x.resize(which.size() * f);
@@ -48,7 +48,6 @@ void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vec
     y[i] = d.labels[which[i]];
   }
 }
-}  // namespace
 
 EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, std::span<const size_t> idx, const data::Dataset* test,
                                      std::span<const size_t> test_idx) {
@@ -82,7 +81,9 @@ EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vect
       gatherBatch(train, std::span<const size_t>(order[e]).subspan(start, n), x_, y_);
       const std::vector<uint8_t> up = edges_[e]->forward(x_, n);
       rec.uplink_bytes += up.size();
+      const auto c0 = std::chrono::steady_clock::now();
       const SplitCloud::Reply r = cloud_->step(e, up, y_, n, cfg_.train_bottom);
+      rec.cloud_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
       loss_sum += r.loss;
       correct += r.correct;
       ++rec.steps;

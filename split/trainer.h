@@ -40,9 +40,14 @@ struct EpochRecord {
   double train_accuracy = 0;   // on the cloud's (decoded) activations
   double test_loss = 0, test_accuracy = 0;  // whole model, uncompressed (0 without a test set); mean over edges
   uint64_t uplink_bytes = 0, downlink_bytes = 0;
+  uint64_t eval_bytes = 0;     // networked: the uncompressed activations sent for the test accuracy
+  double cloud_seconds = 0;    // the cloud's compute time in its steps (top part forward, backward, update, encoding)
   double wall_seconds = 0;
   std::string json() const;   // one JSON object, no newline
 };
+
+// Copies the examples `which` of `d` into x (n x features) and y.
+void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vector<float>& x, std::vector<uint8_t>& y);
 
 // One cloud and K edge devices in one process (SplitCloud and SplitEdge, split/roles.h). Each
 // epoch interleaves the edges' steps (batch j of edge 0, of edge 1, ..., then batch j+1); with

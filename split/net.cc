@@ -1,0 +1,456 @@
+#include "split/net.h"
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "core/bytes.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/input_error.h"
+#include "core/rng.h"
+#include "data/sampling.h"
+#include "protocol/control.h"
+
+namespace starling::split {
+namespace pr = starling::protocol;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr uint32_t kCloudMagic = 0x43504c53;  // "SLPC" little-endian: a split cloud checkpoint
+constexpr uint32_t kCloudVersion = 1;
+
+uint64_t fnv(uint64_t h, std::string_view s) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+uint64_t sessionFingerprint(const SplitModel& model, const std::string& up, const std::string& down) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = mix(h, model.bottom().fingerprint());
+  h = mix(h, model.top().fingerprint());
+  h = mix(h, model.activationSize());
+  h = fnv(h, up);
+  h = mix(h, 0x1f);
+  return fnv(h, down);
+}
+
+void saveCloudCheckpoint(const std::string& path, uint64_t fingerprint, uint64_t steps, std::span<const float> top) {
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u32(kCloudMagic);
+  w.u32(kCloudVersion);
+  w.u64(fingerprint);
+  w.u64(steps);
+  w.floats(top);
+  writeFileAtomic(path, bytes);
+}
+
+std::optional<CloudCheckpoint> loadCloudCheckpoint(const std::string& path, uint64_t fingerprint, size_t numel) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  const auto bytes = readFile(path, uint64_t{4} << 30);
+  ByteReader r(bytes, "split cloud checkpoint " + path);
+  if (r.u32() != kCloudMagic) r.fail("not a Starling split cloud checkpoint");
+  if (const uint32_t v = r.u32(); v != kCloudVersion) r.fail("version ", v, " is not ", kCloudVersion);
+  if (r.u64() != fingerprint) r.fail("it is of another cut model or other codecs (fingerprint differs)");
+  CloudCheckpoint c;
+  c.steps = r.u64();
+  r.floats(c.top);
+  r.finish();
+  if (c.top.size() != numel) r.fail(c.top.size(), " parameters, the top part has ", numel);
+  for (float x : c.top)
+    if (!std::isfinite(x)) r.fail("a parameter is not finite");
+  return c;
+}
+
+// ---------------------------------------------------------------- cloud
+
+SplitCloudServer::SplitCloudServer(transport::Context& context, SplitCloud& cloud, CloudServerConfig config)
+    : cloud_(cloud), cfg_(std::move(config)) {
+  if (cfg_.checkpoint_every == 0) STARLING_THROW(ConfigError, "cloud.checkpoint_every must be at least 1");
+  if (cfg_.edge_timeout.count() <= 0) STARLING_THROW(ConfigError, "cloud.edge_timeout_ms must be positive");
+  socket_ = std::make_unique<transport::ServerSocket>(context, cfg_.bind, cfg_.security, cfg_.limits);
+  stats_.steps = cfg_.steps_done;
+  std::random_device rd;
+  next_session_ = (uint64_t{rd()} << 32 | rd()) | 1;  // sessions of a restarted cloud differ
+}
+
+SplitCloudServer::~SplitCloudServer() = default;
+
+std::string SplitCloudServer::endpoint() const { return socket_->endpoint(); }
+
+void SplitCloudServer::note(const std::string& s) const {
+  if (cfg_.log) cfg_.log(s);
+}
+
+void SplitCloudServer::refuse(const std::string& peer, int kind, Errc code, const std::string& message) {
+  ++stats_.refused;
+  note("refused " + (peer.empty() ? std::string("a peer") : "a message") + ": " + message);
+  if (peer.empty()) return;
+  pr::RejectMsg rej;
+  rej.kind = static_cast<pr::RejectKind>(kind);
+  rej.code = static_cast<uint32_t>(code);
+  rej.message = message;
+  socket_->send(peer, pr::encode(rej));
+}
+
+void SplitCloudServer::close(std::map<std::string, Session>::iterator it) {
+  cloud_.forget(it->second.edge_id);
+  sessions_.erase(it);
+}
+
+void SplitCloudServer::poll(milliseconds timeout) {
+  if (auto r = socket_->receive(timeout)) {
+    try {
+      handle(*r);
+    } catch (const InputError& e) {
+      refuse(r->peer, static_cast<int>(pr::RejectKind::kRefused), e.code(), e.what());
+    }
+  }
+  const auto now = Clock::now();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    auto next = std::next(it);
+    if (now - it->second.last_seen > cfg_.edge_timeout) {
+      ++stats_.timed_out;
+      note("edge " + std::to_string(it->second.edge_id) + " silent for " +
+           std::to_string(cfg_.edge_timeout.count()) + " ms: session closed");
+      close(it);
+    }
+    it = next;
+  }
+}
+
+void SplitCloudServer::handle(const transport::Received& r) {
+  if (!r.ok()) {
+    const int kind = r.error->code() == Errc::kBusy ? static_cast<int>(pr::RejectKind::kBusy)
+                                                     : static_cast<int>(pr::RejectKind::kRefused);
+    refuse(r.error->code() == Errc::kRateLimited ? std::string() : r.peer, kind, r.error->code(), r.error->what());
+    return;
+  }
+  const auto kind = pr::peekKind(r.bytes());
+  if (!kind) failInput(Errc::kMalformed, "not a Starling message (", r.bytes().size(), " bytes)");
+  switch (*kind) {
+    case pr::MessageKind::kSplitHello:
+      hello(r);
+      return;
+    case pr::MessageKind::kSplitStep:
+      step(r);
+      return;
+    case pr::MessageKind::kShutdown: {
+      pr::decodeShutdown(r.bytes());
+      auto it = sessions_.find(r.peer);
+      if (it == sessions_.end()) return;
+      if (r.authenticated_id && *r.authenticated_id != it->second.edge_id) return;  // not its session
+      ++stats_.goodbyes;
+      note("edge " + std::to_string(it->second.edge_id) + " said goodbye");
+      close(it);
+      return;
+    }
+    default:
+      failInput(Errc::kUnexpectedMessage, "a split cloud takes SplitHello, SplitStep and Shutdown, not ",
+                pr::kindName(*kind));
+  }
+}
+
+void SplitCloudServer::hello(const transport::Received& r) {
+  const pr::SplitHelloMsg h = pr::decodeSplitHello(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
+  if (r.authenticated_id && *r.authenticated_id != h.edge_id)
+    failInput(Errc::kWrongSender, "hello as edge ", h.edge_id, " from the key listed as ", *r.authenticated_id);
+  if (h.fingerprint != cfg_.fingerprint || h.up != cfg_.up || h.down != cfg_.down)
+    failInput(Errc::kFingerprintMismatch, "this cloud serves another cut model or other codecs (up '", cfg_.up,
+              "', down '", cfg_.down, "'); edge ", h.edge_id, " asked for up '", h.up, "', down '", h.down, "'",
+              h.fingerprint != cfg_.fingerprint ? " and another cut model (fingerprint differs)" : "");
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+    if (it->second.edge_id == h.edge_id) {  // the edge restarted, or reconnected from another routing id
+      note("edge " + std::to_string(h.edge_id) + " opened a new session; its old one is closed");
+      close(it);
+      break;
+    }
+  Session s;
+  s.edge_id = h.edge_id;
+  s.id = next_session_++;
+  s.last_seen = Clock::now();
+  ++stats_.hellos;
+  note("edge " + std::to_string(h.edge_id) + " connected (session " + std::to_string(s.id) + ")");
+  const uint64_t id = s.id;
+  sessions_[r.peer] = std::move(s);
+  if (!socket_->send(r.peer, pr::encode(pr::SplitReplyMsg{id, 0, 0, 0, 0, {}}))) ++stats_.replies_dropped;
+}
+
+void SplitCloudServer::step(const transport::Received& r) {
+  pr::SplitStepMsg m = pr::decodeSplitStep(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
+  auto it = sessions_.find(r.peer);
+  if (it == sessions_.end() || it->second.id != m.session) {
+    refuse(r.peer, static_cast<int>(pr::RejectKind::kNotRegistered), Errc::kNotRegistered,
+           "no session " + std::to_string(m.session) + " on this connection: send SplitHello");
+    return;
+  }
+  Session& s = it->second;
+  if (r.authenticated_id && *r.authenticated_id != s.edge_id)
+    failInput(Errc::kWrongSender, "a step in edge ", s.edge_id, "'s session from the key listed as ", *r.authenticated_id);
+  s.last_seen = Clock::now();
+  if (m.step == s.last_step && !s.last_reply.empty()) {  // sent again: the same answer, no second update
+    ++stats_.duplicates;
+    if (!socket_->send(r.peer, s.last_reply)) ++stats_.replies_dropped;
+    return;
+  }
+  if (m.step <= s.last_step)
+    failInput(Errc::kLate, "step ", m.step, " of edge ", s.edge_id, " after its step ", s.last_step);
+  const auto t0 = Clock::now();
+  SplitCloud::Reply rep;
+  const bool train = m.kind != pr::SplitStepKind::kEvaluate;
+  if (train)
+    rep = cloud_.step(s.edge_id, m.activations, m.labels, m.examples, m.kind == pr::SplitStepKind::kTrain);
+  else
+    rep = cloud_.evaluate(m.activations, m.labels, m.examples);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  stats_.compute_seconds += secs;
+  if (train) {
+    ++stats_.steps;
+    ++since_checkpoint_;
+  } else {
+    ++stats_.evaluations;
+  }
+  pr::SplitReplyMsg reply{s.id, m.step, rep.loss, rep.correct, static_cast<uint64_t>(secs * 1e6), std::move(rep.gradient)};
+  s.last_step = m.step;
+  s.last_reply = pr::encode(reply);
+  if (!socket_->send(r.peer, s.last_reply)) {
+    ++stats_.replies_dropped;
+    note("edge " + std::to_string(s.edge_id) + " is gone: the reply to its step " + std::to_string(m.step) +
+         " is dropped");
+  }
+  if (since_checkpoint_ >= cfg_.checkpoint_every) saveCheckpoint();
+}
+
+void SplitCloudServer::saveCheckpoint() {
+  since_checkpoint_ = 0;
+  if (cfg_.checkpoint.empty()) return;
+  saveCloudCheckpoint(cfg_.checkpoint, cfg_.fingerprint, stats_.steps, cloud_.top());
+}
+
+void SplitCloudServer::serve(const std::atomic<bool>& stop, uint64_t goodbyes) {
+  while (!stop.load() && (goodbyes == 0 || stats_.goodbyes < goodbyes)) poll(milliseconds(200));
+  saveCheckpoint();
+}
+
+// ---------------------------------------------------------------- edge
+
+struct SplitEdgeClient::Answer {
+  pr::SplitReplyMsg reply;
+  uint64_t wire_bytes = 0;
+};
+
+SplitEdgeClient::SplitEdgeClient(transport::Context& context, SplitEdge& edge, EdgeClientConfig config)
+    : edge_(edge), cfg_(std::move(config)) {
+  if (cfg_.tries == 0) STARLING_THROW(ConfigError, "edge.tries must be at least 1");
+  if (cfg_.step_timeout.count() <= 0) STARLING_THROW(ConfigError, "edge.step_timeout_ms must be positive");
+  // A routing id of the edge's id: a restarted edge takes over its old connection on the cloud.
+  std::string rid = "edge-" + std::to_string(cfg_.edge_id);
+  // The goodbye must get out before the socket closes.
+  if (cfg_.limits.linger_ms == 0) cfg_.limits.linger_ms = 500;
+  socket_ = std::make_unique<transport::ClientSocket>(context, cfg_.cloud, cfg_.security, cfg_.limits, rid);
+}
+
+SplitEdgeClient::~SplitEdgeClient() {
+  try {
+    bye();
+  } catch (...) {
+  }
+}
+
+void SplitEdgeClient::note(const std::string& s) const {
+  if (cfg_.log) cfg_.log(s);
+}
+
+void SplitEdgeClient::bye() {
+  if (said_bye_ || session_ == 0) return;
+  said_bye_ = true;
+  socket_->send(pr::encode(pr::ShutdownMsg{step_, "edge " + std::to_string(cfg_.edge_id) + " is done"}));
+}
+
+void SplitEdgeClient::connect() {
+  const auto hello = pr::encode(pr::SplitHelloMsg{cfg_.edge_id, cfg_.fingerprint, cfg_.up, cfg_.down});
+  for (uint32_t t = 0; t < cfg_.tries; ++t) {
+    socket_->send(hello);
+    stats_.wire_up += hello.size();
+    const auto deadline = Clock::now() + cfg_.step_timeout;
+    while (Clock::now() < deadline) {
+      auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
+      if (!r || !r->ok()) continue;
+      stats_.wire_down += r->bytes().size();
+      const auto kind = pr::peekKind(r->bytes());
+      try {
+        if (kind == pr::MessageKind::kReject) {
+          const auto rej = pr::decodeReject(r->bytes());
+          if (rej.kind == pr::RejectKind::kBusy) break;  // send again after this try's wait
+          STARLING_THROW(ConfigError, "the cloud at ", cfg_.cloud, " refused edge ", cfg_.edge_id, " (",
+                         errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
+        }
+        if (kind != pr::MessageKind::kSplitReply) continue;
+        const auto rep = pr::decodeSplitReply(r->bytes());
+        if (rep.step != 0) continue;  // an answer to an old step
+        session_ = rep.session;
+        ++stats_.sessions;
+        note("session " + std::to_string(session_) + " with the cloud at " + cfg_.cloud);
+        return;
+      } catch (const InputError& e) {
+        note(std::string("a malformed message from the cloud: ") + e.what());
+      }
+    }
+  }
+  STARLING_THROW(IoError, "the cloud at ", cfg_.cloud, " did not answer edge ", cfg_.edge_id, "'s hello in ", cfg_.tries,
+                 " tries of ", cfg_.step_timeout.count(), " ms");
+}
+
+SplitEdgeClient::Answer SplitEdgeClient::exchange(int kind, std::span<const uint8_t> labels,
+                                                  std::vector<uint8_t> activations, size_t n) {
+  STARLING_CHECK_ARG(n > 0 && n <= UINT32_MAX && labels.size() == n, "split edge: ", labels.size(), " labels for ", n,
+                     " examples");
+  ++step_;
+  pr::SplitStepMsg m;
+  m.step = step_;
+  m.kind = static_cast<pr::SplitStepKind>(kind);
+  m.examples = static_cast<uint32_t>(n);
+  m.labels.assign(labels.begin(), labels.end());
+  m.activations = std::move(activations);
+  for (uint32_t t = 0; t < cfg_.tries; ++t) {
+    if (session_ == 0) connect();
+    if (t > 0) ++stats_.resent;
+    m.session = session_;
+    const auto bytes = pr::encode(m);
+    socket_->send(bytes);
+    stats_.wire_up += bytes.size();
+    const auto deadline = Clock::now() + cfg_.step_timeout;
+    bool again = false;
+    while (!again && Clock::now() < deadline) {
+      auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
+      if (!r || !r->ok()) continue;
+      stats_.wire_down += r->bytes().size();
+      const auto k = pr::peekKind(r->bytes());
+      try {
+        if (k == pr::MessageKind::kReject) {
+          const auto rej = pr::decodeReject(r->bytes());
+          if (rej.kind == pr::RejectKind::kNotRegistered) {  // the cloud restarted or closed our session
+            note("the cloud does not know our session (" + rej.message + "): opening a new one");
+            session_ = 0;
+            again = true;
+            continue;
+          }
+          if (rej.kind == pr::RejectKind::kBusy) {
+            std::this_thread::sleep_for(milliseconds(100));
+            again = true;
+            continue;
+          }
+          STARLING_THROW(InvalidArgument, "the cloud refused step ", step_, " of edge ", cfg_.edge_id, " (",
+                         errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
+        }
+        if (k != pr::MessageKind::kSplitReply) continue;
+        auto rep = pr::decodeSplitReply(r->bytes());
+        if (rep.session != session_ || rep.step != step_) continue;  // an answer to an earlier try or step
+        return Answer{std::move(rep), r->bytes().size()};
+      } catch (const InputError& e) {
+        note(std::string("a malformed message from the cloud: ") + e.what());
+      }
+    }
+    if (!again) note("no answer to step " + std::to_string(step_) + " within " + std::to_string(cfg_.step_timeout.count()) +
+                     " ms: sending it again");
+  }
+  STARLING_THROW(IoError, "the cloud at ", cfg_.cloud, " did not answer step ", step_, " of edge ", cfg_.edge_id, " in ",
+                 cfg_.tries, " tries of ", cfg_.step_timeout.count(), " ms");
+}
+
+EdgeStepResult SplitEdgeClient::train(std::span<const float> x, std::span<const uint8_t> labels, size_t n,
+                                      bool train_bottom) {
+  std::vector<uint8_t> up = edge_.forward(x, n);
+  EdgeStepResult out;
+  out.up_bytes = up.size();
+  const int kind = static_cast<int>(train_bottom ? pr::SplitStepKind::kTrain : pr::SplitStepKind::kTrainTop);
+  Answer a = exchange(kind, labels, std::move(up), n);
+  out.loss = a.reply.loss;
+  out.correct = a.reply.correct;
+  out.cloud_seconds = a.reply.cloud_us * 1e-6;
+  out.down_bytes = a.reply.gradient.size();
+  if (train_bottom) {
+    if (a.reply.gradient.empty())
+      failInput(Errc::kMissingField, "the cloud's answer to step ", step_, " carries no gradient");
+    edge_.backward(a.reply.gradient);  // InputError for a gradient that lies; the bottom unchanged
+  }
+  return out;
+}
+
+EdgeStepResult SplitEdgeClient::evaluate(std::span<const float> x, std::span<const uint8_t> labels, size_t n) {
+  std::vector<uint8_t> up = edge_.forwardUncompressed(x, n);
+  EdgeStepResult out;
+  out.up_bytes = up.size();
+  Answer a = exchange(static_cast<int>(pr::SplitStepKind::kEvaluate), labels, std::move(up), n);
+  out.loss = a.reply.loss;
+  out.correct = a.reply.correct;
+  out.cloud_seconds = a.reply.cloud_us * 1e-6;
+  return out;
+}
+
+EpochRecord runEdgeEpoch(SplitEdgeClient& client, const SplitTrainConfig& cfg, uint32_t epoch, size_t shard,
+                         const data::Dataset& train, std::span<const size_t> idx, const data::Dataset& test,
+                         std::span<const size_t> test_idx, const std::function<void(size_t, size_t)>& progress) {
+  STARLING_CHECK_ARG(!idx.empty(), "split edge: no training examples");
+  const auto t0 = Clock::now();
+  EpochRecord rec;
+  rec.epoch = epoch;
+  std::vector<size_t> order(idx.begin(), idx.end());
+  RngStream rng(StreamKey{cfg.seed, epoch, shard, StreamPurpose::kTraining, 0});
+  data::shuffleInPlace(std::span<size_t>(order), rng);
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  const size_t steps = (order.size() + cfg.batch_size - 1) / cfg.batch_size;
+  double loss_sum = 0;
+  size_t correct = 0;
+  for (size_t start = 0; start < order.size(); start += cfg.batch_size) {
+    const size_t n = std::min<size_t>(cfg.batch_size, order.size() - start);
+    gatherBatch(train, std::span<const size_t>(order).subspan(start, n), x, y);
+    const EdgeStepResult r = client.train(x, y, n, cfg.train_bottom);
+    loss_sum += r.loss;
+    correct += r.correct;
+    rec.uplink_bytes += r.up_bytes;
+    rec.downlink_bytes += r.down_bytes;
+    rec.cloud_seconds += r.cloud_seconds;
+    ++rec.steps;
+    if (progress) progress(rec.steps, steps);
+  }
+  rec.train_loss = loss_sum / static_cast<double>(rec.steps);
+  rec.train_accuracy = static_cast<double>(correct) / static_cast<double>(order.size());
+  constexpr size_t kBatch = 256;
+  double loss = 0;
+  size_t right = 0;
+  for (size_t start = 0; start < test_idx.size(); start += kBatch) {
+    const size_t n = std::min(kBatch, test_idx.size() - start);
+    gatherBatch(test, test_idx.subspan(start, n), x, y);
+    const EdgeStepResult r = client.evaluate(x, y, n);
+    loss += r.loss * static_cast<double>(n);
+    right += r.correct;
+    rec.eval_bytes += r.up_bytes;
+  }
+  if (!test_idx.empty()) {
+    rec.test_loss = loss / static_cast<double>(test_idx.size());
+    rec.test_accuracy = static_cast<double>(right) / static_cast<double>(test_idx.size());
+  }
+  rec.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return rec;
+}
+
+}  // namespace starling::split
