@@ -5,6 +5,8 @@
 //   --role inproc     fine-tunes it split at split.cut on the private part, edge and cloud in one
 //                     process: every activation and gradient goes through its codec's encoding,
 //                     and the bytes that would cross are counted per epoch
+//   --role cloud      serves the top part over ZeroMQ (split/net.h) to edge devices, CURVE by default
+//   --role edge       fine-tunes its bottom part on its shard of the private part through the cloud
 //
 // Public and private parts (data.shift): "classes" (public: classes 0-4, private: classes 5-9,
 // both splits), "noise" (public: the clean images, private: the same task with Gaussian noise of
@@ -14,12 +16,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/common.h"
 #include "apps/options.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/rng.h"
 #include "data/idx.h"
+#include "split/net.h"
 #include "split/trainer.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
@@ -48,6 +52,18 @@ struct Config {
   split::SplitTrainConfig train;
   std::string metrics;
   int threads = 2;
+  apps::NetOptions net;
+  std::string bind = "tcp://127.0.0.1:5700";
+  std::string cloud = "tcp://127.0.0.1:5700";
+  std::string checkpoint = "split-cloud.bin";
+  uint64_t checkpoint_every = 50;
+  uint64_t edge_timeout_ms = 60000;
+  uint64_t exit_after = 0;
+  uint64_t edge_id = 1;
+  uint64_t shard = 0;
+  uint64_t step_timeout_ms = 10000;
+  uint32_t tries = 6;
+  std::string log_level = "info";
 };
 
 // The examples of `d` in the public (private = false) or private part, at most `max` (0: all).
@@ -104,15 +120,130 @@ std::vector<float> loadPretrained(const std::string& path, const ParamLayout& la
   return p;
 }
 
+// --role cloud: the top part served over ZeroMQ until SIGINT / SIGTERM (or cloud.exit_after
+// goodbyes); its checkpoint is loaded at start when it exists.
+int runCloud(Config& c, split::SplitModel& sm) {
+  apps::installStopHandlers();
+  auto log = apps::makeLogger("split-cloud", c.log_level, c.net.insecure);
+  const uint64_t fp = split::sessionFingerprint(sm, c.train.up, c.train.down);
+  std::vector<float> top;
+  uint64_t steps_done = 0;
+  if (auto ck = split::loadCloudCheckpoint(c.checkpoint, fp, sm.top().numel())) {
+    top = std::move(ck->top);
+    steps_done = ck->steps;
+    log->info("resumed from {} after {} training steps", c.checkpoint, steps_done);
+  } else {
+    top = sm.cutParameters(loadPretrained(c.pretrained, sm.full())).second;
+    log->info("the top part from the pre-trained model {}", c.pretrained);
+  }
+  split::SplitCloud cloud(sm, std::move(top), c.train.down, c.train.lr);
+  split::CloudServerConfig cfg;
+  cfg.bind = c.bind;
+  cfg.security = c.net.security(true, false);
+  cfg.limits = c.net.limits();
+  cfg.fingerprint = fp;
+  cfg.up = c.train.up;
+  cfg.down = c.train.down;
+  cfg.edge_timeout = std::chrono::milliseconds(c.edge_timeout_ms);
+  cfg.checkpoint = c.checkpoint;
+  cfg.checkpoint_every = c.checkpoint_every;
+  cfg.steps_done = steps_done;
+  cfg.log = [&](const std::string& s) { log->info("{}", s); };
+  transport::Context ctx;
+  split::SplitCloudServer server(ctx, cloud, cfg);
+  log->info("{}; serving on {} (up {}, down {}{})", sm.describe(), server.endpoint(), c.train.up, c.train.down,
+            c.net.insecure ? ", INSECURE: no authentication or encryption" : ", CURVE");
+  auto last = std::chrono::steady_clock::now();
+  uint64_t last_steps = server.stats().steps;
+  while (!apps::stopFlag().load() && (c.exit_after == 0 || server.stats().goodbyes < c.exit_after)) {
+    server.poll(std::chrono::milliseconds(200));
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last >= std::chrono::seconds(10) && server.stats().steps != last_steps) {
+      const auto& st = server.stats();
+      log->info("{} training steps, {} evaluation steps, {} edge(s) connected, {:.2f} ms of compute per step", st.steps,
+                st.evaluations, server.sessions(),
+                1e3 * st.compute_seconds / std::max<double>(1.0, double(st.steps - steps_done + st.evaluations)));
+      last = now;
+      last_steps = st.steps;
+    }
+  }
+  server.saveCheckpoint();
+  const auto& st = server.stats();
+  log->info("stopped after {} training steps ({} this run), {} evaluation steps; refused {}, duplicates {}, replies "
+            "dropped {}, sessions timed out {}; checkpoint {}",
+            st.steps, st.steps - steps_done, st.evaluations, st.refused, st.duplicates, st.replies_dropped,
+            st.timed_out, c.checkpoint);
+  return 0;
+}
+
+// --role edge: fine-tunes this edge's bottom part on its shard of the private part through the cloud.
+int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train, const std::vector<size_t>& idx,
+            const data::Dataset& priv_test, const std::vector<size_t>& test_idx) {
+  apps::installStopHandlers();
+  auto log = apps::makeLogger("split-edge", c.log_level, c.net.insecure);
+  if (c.shard >= c.edges)
+    STARLING_THROW(ConfigError, "edge.shard (", c.shard, ") must be below split.edges (", c.edges, ")");
+  std::vector<size_t> mine;
+  for (size_t i = c.shard; i < idx.size(); i += c.edges) mine.push_back(idx[i]);  // dealt as in --role inproc
+  if (mine.empty()) STARLING_THROW(ConfigError, "edge.shard ", c.shard, " of ", c.edges, " holds no examples");
+  const auto bottom = sm.cutParameters(loadPretrained(c.pretrained, sm.full())).first;
+  split::SplitEdge edge(sm, bottom, c.train.up, c.train.lr);
+  split::EdgeClientConfig cfg;
+  cfg.cloud = c.cloud;
+  cfg.security = c.net.security(false, true);
+  cfg.limits = c.net.limits();
+  cfg.edge_id = c.edge_id;
+  cfg.fingerprint = split::sessionFingerprint(sm, c.train.up, c.train.down);
+  cfg.up = c.train.up;
+  cfg.down = c.train.down;
+  cfg.step_timeout = std::chrono::milliseconds(c.step_timeout_ms);
+  cfg.tries = c.tries;
+  cfg.log = [&](const std::string& s) { log->info("{}", s); };
+  std::ofstream metrics;
+  if (!c.metrics.empty()) {
+    metrics.open(c.metrics, std::ios::app);
+    if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.metrics, "'");
+  }
+  transport::Context ctx;
+  split::SplitEdgeClient client(ctx, edge, cfg);
+  client.connect();
+  log->info("{}; edge {} (shard {} of {}): {} private examples, {} epoch(s), up {}, down {}", sm.describe(), c.edge_id,
+            c.shard, c.edges, mine.size(), c.epochs, c.train.up, c.train.down);
+  uint64_t up = 0, down = 0;
+  for (uint32_t e = 1; e <= c.epochs && !apps::stopFlag().load(); ++e) {
+    auto shown = std::chrono::steady_clock::now();
+    const split::EpochRecord rec = split::runEdgeEpoch(
+        client, c.train, e, c.shard, priv_train, mine, priv_test, test_idx, [&](size_t done, size_t all) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - shown < std::chrono::seconds(10)) return;
+          shown = now;
+          log->info("epoch {}/{}: step {}/{}", e, c.epochs, done, all);
+        });
+    up += rec.uplink_bytes;
+    down += rec.downlink_bytes;
+    log->info("epoch {}/{}  train loss {:.4f}  private test accuracy {:.1f}%  up {:.2f} MB  down {:.2f} MB  cloud "
+              "{:.2f} ms/step  {:.1f} s",
+              e, c.epochs, rec.train_loss, 100 * rec.test_accuracy, rec.uplink_bytes / 1e6, rec.downlink_bytes / 1e6,
+              1e3 * rec.cloud_seconds / static_cast<double>(rec.steps), rec.wall_seconds);
+    if (metrics) metrics << rec.json() << '\n' << std::flush;
+  }
+  client.bye();
+  const auto& st = client.stats();
+  log->info("traffic: {:.2f} MB up, {:.2f} MB down (codec bytes); {:.2f} MB up, {:.2f} MB down on the wire; {} "
+            "session(s), {} step(s) sent again",
+            up / 1e6, down / 1e6, st.wire_up / 1e6, st.wire_down / 1e6, st.sessions, st.resent);
+  return apps::stopFlag().load() ? 1 : 0;
+}
+
 int run(Config& c) {
-  if (c.role != "pretrain" && c.role != "inproc")
-    STARLING_THROW(ConfigError, "role must be pretrain or inproc, got '", c.role, "' (edge and cloud over ZeroMQ ",
-                   "are not built yet)");
+  if (c.role != "pretrain" && c.role != "inproc" && c.role != "cloud" && c.role != "edge")
+    STARLING_THROW(ConfigError, "role must be pretrain, inproc, cloud or edge, got '", c.role, "'");
   if (c.shift != "classes" && c.shift != "noise" && c.shift != "rotate")
     STARLING_THROW(ConfigError, "data.shift must be classes, noise or rotate, got '", c.shift, "'");
   c.train.validate();
   split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank);
   torch_trainer::setThreads(c.threads);
+  if (c.role == "cloud") return runCloud(c, sm);  // no data set needed
   std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
   const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
   const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
@@ -144,6 +275,7 @@ int run(Config& c) {
   const auto idx = part(priv_train, c, true, c.max_train);
   const auto test_idx = part(priv_test, c, true, c.max_test);
   STARLING_CHECK_ARG(c.edges <= idx.size(), "split.edges (", c.edges, ") exceeds the ", idx.size(), " private examples");
+  if (c.role == "edge") return runEdge(c, sm, priv_train, idx, priv_test, test_idx);
   // The private part dealt round-robin among the edge devices (each sees every class).
   std::vector<std::vector<size_t>> shards(c.edges);
   for (size_t i = 0; i < idx.size(); ++i) shards[i % c.edges].push_back(idx[i]);
@@ -185,7 +317,9 @@ int main(int argc, char** argv) {
                   "going up and compressed gradients coming down (docs/split.md). --role pretrain writes the\n"
                   "pre-trained model; --role inproc fine-tunes it split, edge and cloud in one process, counting the\n"
                   "exact bytes that would cross. Every key can be set in a TOML file (--config) or on the command line.");
-  o.add("role", &c.role, "pretrain or inproc");
+  o.add("role", &c.role,
+        "pretrain (write the pre-trained model), inproc (edge and cloud in one process), cloud (serve the top part "
+        "over ZeroMQ) or edge (fine-tune through a cloud)");
   o.add("data.dir", &c.data_dir, "Fashion-MNIST's folder (Debian package dataset-fashion-mnist)");
   o.add("data.shift", &c.shift,
         "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian noise added) or "
@@ -212,6 +346,26 @@ int main(int argc, char** argv) {
   o.add("train.lr", &c.train.lr, "SGD learning rate (pre-training and fine-tuning)", 1e-7, 100);
   o.add("state.metrics", &c.metrics, "per-epoch metrics, JSON Lines (appended; tools/plot_runs.py draws them)");
   o.add("sim.threads", &c.threads, "LibTorch threads", 1, 256);
+  o.add("cloud.bind", &c.bind, "--role cloud: the endpoint to serve edge devices on");
+  o.add("cloud.checkpoint", &c.checkpoint,
+        "--role cloud: the top part's checkpoint, written atomically every cloud.checkpoint_every training steps and at "
+        "exit, and loaded at start when it exists (a restarted cloud goes on from it)");
+  o.add("cloud.checkpoint_every", &c.checkpoint_every, "--role cloud: training steps between checkpoints", 1, ~0ull);
+  o.add("cloud.edge_timeout_ms", &c.edge_timeout_ms,
+        "--role cloud: an edge device silent this long loses its session and codec state", 100, 86400000);
+  o.add("cloud.exit_after", &c.exit_after,
+        "--role cloud: exit after this many edge devices said goodbye (0: serve until SIGINT or SIGTERM)", 0, ~0ull);
+  o.add("edge.cloud", &c.cloud, "--role edge: the cloud's endpoint");
+  o.add("edge.id", &c.edge_id, "--role edge: this edge device's id (under CURVE, its key's id on the cloud's allow-list)",
+        0, ~0ull);
+  o.add("edge.shard", &c.shard,
+        "--role edge: which part of the private data this edge holds: shard edge.shard of split.edges, dealt as in "
+        "--role inproc", 0, 1023);
+  o.add("edge.step_timeout_ms", &c.step_timeout_ms,
+        "--role edge: how long to wait for the cloud's answer before sending a step again", 10, 3600000);
+  o.add("edge.tries", &c.tries, "--role edge: tries per step (and per hello) before giving up", 1, 1000);
+  o.add("log.level", &c.log_level, "--role cloud and edge: trace, debug, info, warn or error");
+  c.net.add(o);
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
     return run(c);

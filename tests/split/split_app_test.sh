@@ -4,8 +4,14 @@
 # fewer bytes than uncompressed; bad configurations and a missing pre-trained file are clear errors.
 set -euo pipefail
 bin=$1
+keygen=${2:-}
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
 common=(--data.max_train 600 --data.max_test 300 --split.pretrained "$dir/pre.bin" --sim.threads 1)
 "$bin" --role pretrain "${common[@]}" > "$dir/pre.log"
 # Fine-tuning learns the five private classes reliably from 1,500 examples in two epochs.
@@ -37,7 +43,7 @@ grep -q "needs a linear layer after the cut" "$dir/out"
 grep -q "on 3 edge device(s) (SplitFed)" "$dir/fed.log"
 [[ $(wc -l < "$dir/fed.jsonl") == 1 ]] || { echo "not one line per epoch with 3 edges"; exit 1; }
 # Bad input: a wrong cut, an unknown codec, a missing pre-trained file, an unknown role.
-for bad in "--split.cut fc9" "--split.up zip" "--role edge" "--data.shift blur"; do
+for bad in "--split.cut fc9" "--split.up zip" "--role fog" "--data.shift blur"; do
   # shellcheck disable=SC2086
   if "$bin" --role inproc "${common[@]}" $bad > "$dir/out" 2>&1; then echo "accepted: $bad"; exit 1; fi
   grep -q "starling-split:" "$dir/out" || { echo "no clear error for $bad"; cat "$dir/out"; exit 1; }
@@ -47,4 +53,60 @@ grep -q "does not exist: write it first with --role pretrain" "$dir/out"
 printf 'garbage' > "$dir/bad.bin"
 if "$bin" --role inproc --split.pretrained "$dir/bad.bin" --data.max_train 10 > "$dir/out" 2>&1; then echo "garbage accepted"; exit 1; fi
 grep -q "pre-trained checkpoint" "$dir/out"
+
+# Edge and cloud over ZeroMQ on 127.0.0.1 under CURVE: two edge devices (ids 1 and 2, shards 0 and
+# 1) fine-tune through one cloud; the cloud is killed after the first edge's run and restarted
+# from its checkpoint, and the second edge, started against the restarted cloud, learns too.
+if [[ -n "$keygen" ]]; then
+  "$keygen" --out "$dir/keys/server" --server > /dev/null
+  "$keygen" --out "$dir/keys/edges" --clients 2 --first-id 1 > /dev/null
+  net=(--split.up lowrank:rank=4 --split.down int8)
+  cloud_args=(--role cloud "${net[@]}" --split.pretrained "$dir/pre.bin" --sim.threads 1
+    --cloud.checkpoint "$dir/cloud.bin" --cloud.checkpoint_every 10
+    --security.key "$dir/keys/server/server.key_secret" --security.clients "$dir/keys/edges")
+  start_cloud() {  # start_cloud BIND N
+    "$bin" "${cloud_args[@]}" --cloud.bind "$1" > "$dir/cloud$2.log" 2>&1 &
+    pids+=($!)
+    cloud_pid=$!
+    for _ in $(seq 100); do grep -q "serving on" "$dir/cloud$2.log" && break; sleep 0.1; done
+    endpoint=$(grep -o "serving on tcp://[0-9.:]*" "$dir/cloud$2.log" | awk '{print $3}')
+    [[ -n "$endpoint" ]] || { echo "the cloud did not start"; cat "$dir/cloud$2.log"; exit 1; }
+  }
+  edge() {  # edge ID SHARD EPOCHS
+    timeout 200 "$bin" --role edge "${net[@]}" "${common[@]}" --split.edges 2 --edge.id "$1" --edge.shard "$2" \
+      --train.epochs "$3" --edge.cloud "$endpoint" --edge.step_timeout_ms 2000 \
+      --security.key "$dir/keys/edges/client-$1.key_secret" --security.server_key "$dir/keys/server/server.key" \
+      --state.metrics "$dir/edge$1.jsonl" > "$dir/edge$1.log" 2>&1 || { echo "edge $1 failed"; cat "$dir/edge$1.log"; exit 1; }
+  }
+  start_cloud 'tcp://127.0.0.1:*' 1
+  edge 1 0 2
+  /usr/bin/python3 - "$dir/edge1.jsonl" <<'PY' || { echo "edge 1 did not learn"; cat "$dir/edge1.log"; exit 1; }
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 2 and r[1]["train_loss"] < r[0]["train_loss"] and r[1]["test_accuracy"] > 0.5, r
+assert all(x["uplink_bytes"] > 0 and x["downlink_bytes"] > 0 and x["cloud_seconds"] > 0 for x in r), r
+PY
+  kill -TERM "$cloud_pid"; wait "$cloud_pid" || true
+  steps=$(grep -o "stopped after [0-9]* training steps" "$dir/cloud1.log" | awk '{print $3}')
+  [[ "$steps" == 48 ]] || { echo "cloud 1 did not serve edge 1's 2 x 24 steps"; cat "$dir/cloud1.log"; exit 1; }
+  start_cloud "$endpoint" 2
+  grep -q "resumed from .* after 48 training steps" "$dir/cloud2.log" || { echo "no resume"; cat "$dir/cloud2.log"; exit 1; }
+  edge 2 1 1
+  /usr/bin/python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); sys.exit(0 if r["test_accuracy"] > 0.5 else 1)' \
+    "$dir/edge2.jsonl" || { echo "edge 2 did not learn"; exit 1; }
+  # An edge with a key the cloud does not list gets no session: a clear error, no crash.
+  "$keygen" --out "$dir/keys/other" --name stranger --id 9 > /dev/null
+  if timeout 60 "$bin" --role edge "${net[@]}" "${common[@]}" --edge.id 9 --edge.cloud "$endpoint" \
+      --edge.step_timeout_ms 300 --edge.tries 2 --security.key "$dir/keys/other/stranger.key_secret" \
+      --security.server_key "$dir/keys/server/server.key" > "$dir/out" 2>&1; then echo "a stranger trained"; exit 1; fi
+  grep -q "did not answer edge 9's hello" "$dir/out" || { echo "no clear error for a stranger"; cat "$dir/out"; exit 1; }
+  # An edge asking for other codecs is refused with the cloud's settings in the message.
+  if timeout 60 "$bin" --role edge --split.up int8 "${common[@]}" --edge.id 1 --edge.cloud "$endpoint" \
+      --security.key "$dir/keys/edges/client-1.key_secret" --security.server_key "$dir/keys/server/server.key" \
+      > "$dir/out" 2>&1; then echo "other codecs accepted"; exit 1; fi
+  grep -q "serves another cut model or other codecs" "$dir/out" || { echo "no clear error for other codecs"; cat "$dir/out"; exit 1; }
+  kill -TERM "$cloud_pid"; wait "$cloud_pid" || true
+  grep -q "refused [1-9]" "$dir/cloud2.log" || { echo "the cloud did not count the refusal"; cat "$dir/cloud2.log"; exit 1; }
+  echo "edge and cloud over CURVE: $(tail -n 1 "$dir/edge1.jsonl")"
+fi
 echo "split app: ok"
