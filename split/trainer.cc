@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "aggregation/partial.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/sampling.h"
@@ -92,14 +93,20 @@ EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vect
       edges_[e]->backward(r.gradient);
     }
   if (cfg_.splitfed && edges_.size() > 1 && cfg_.train_bottom) {
-    // SplitFed: the bottoms averaged, weighted by each edge's examples, and given back to all.
-    std::vector<double> avg(edges_[0]->bottom().size(), 0.0);
+    // SplitFed: the bottoms averaged by the aggregation library's streaming FedAvg (each edge's
+    // bottom an update weighted by its examples), and the mean given back to every edge.
+    auto layout = std::make_shared<const aggregation::AggregateLayout>(
+        std::make_shared<const ParamLayout>(model_.bottom()), rec.epoch, 0, nullptr, std::vector<std::string>{});
+    aggregation::PartialAggregate sum(layout);
     for (size_t e = 0; e < edges_.size(); ++e) {
-      const double w = static_cast<double>(shards[e].size()) / static_cast<double>(total);
       const auto b = edges_[e]->bottom();
-      for (size_t i = 0; i < avg.size(); ++i) avg[i] += w * b[i];
+      compression::UpdateView u;
+      u.header = {model_.bottom().fingerprint(), rec.epoch, 0, e, shards[e].size(), 0};
+      for (const auto& t : model_.bottom().tensors())
+        u.tensors.push_back(compression::DenseF32View{b.subspan(t.offset, t.numel)});
+      sum.addValidated(u, static_cast<double>(shards[e].size()));
     }
-    const std::vector<float> mean(avg.begin(), avg.end());
+    const std::vector<float> mean = sum.mean();
     for (auto& edge : edges_) edge->setBottom(mean);
   }
   rec.train_loss = loss_sum / static_cast<double>(rec.steps);

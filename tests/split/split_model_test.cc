@@ -245,3 +245,26 @@ TEST_CASE("two edges share one cloud, interleaved, and SplitFed averages their b
     CHECK(same == splitfed);
   }
 }
+
+TEST_CASE("SplitFed gives every edge the examples-weighted mean of their bottoms", "[split]") {
+  const data::Dataset d = quadrants(128, 6);
+  std::vector<std::vector<size_t>> shards(2);
+  for (size_t i = 0; i < d.size(); ++i) shards[i < 48 ? 0 : 1].push_back(i);  // 48 and 80 examples
+  SplitModel sm("cnn", "conv2", 8, 8, 4);
+  SplitTrainConfig cfg;
+  cfg.batch_size = 16;
+  InProcessSplit apart(sm, cfg, sm.initParameters(5), 2);
+  apart.runEpoch(d, shards, nullptr, {});
+  cfg.splitfed = true;
+  InProcessSplit fed(sm, cfg, sm.initParameters(5), 2);
+  fed.runEpoch(d, shards, nullptr, {});
+  // The epochs computed the same steps; SplitFed then averaged the two bottoms, 48 : 80.
+  const auto b0 = apart.bottom(0), b1 = apart.bottom(1);
+  std::vector<float> want(b0.size());
+  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>((48.0 * b0[i] + 80.0 * b1[i]) / 128.0);
+  CHECK(testing::maxAbsDiff({fed.bottom(0).begin(), fed.bottom(0).end()}, want) < 1e-6);
+  CHECK(testing::maxAbsDiff({fed.bottom(1).begin(), fed.bottom(1).end()}, want) < 1e-6);
+  CHECK(testing::maxAbsDiff({b0.begin(), b0.end()}, {b1.begin(), b1.end()}) > 1e-4);  // there was something to average
+  const std::vector<float> top_a(apart.top().begin(), apart.top().end());
+  CHECK(testing::maxAbsDiff({fed.top().begin(), fed.top().end()}, top_a) == 0);
+}
