@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Summarizes Starling runs over seeds as a markdown table (docs/results.md).
 
-    tools/summarize_runs.py [--reference dense] DIR
+    tools/summarize_runs.py [--reference dense] [--traffic uplink|total] DIR
 
 DIR holds NAME-sSEED.jsonl metrics files (bench/learning_per_byte.sh writes them). For each NAME,
 over its seeds: the test accuracy at the last evaluated round (mean, and half the spread between
 the best and the worst seed after the +-), the mean over the last five evaluations, the uplink and
-downlink megabytes of the whole run (mean over seeds), and how many times less uplink than the
-reference run NAME. Only runs whose seeds all reached the same last round are compared; a run with
+downlink megabytes of the whole run (mean over seeds), and how many times less uplink (or, with
+--traffic total, uplink + downlink: split fine-tuning, bench/split_results.sh) than the reference
+run NAME. Only runs whose seeds all reached the same last round are compared; a run with
 fewer rounds than the longest is listed with its round count. Standard library only.
 """
 import argparse
@@ -44,6 +45,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir")
     p.add_argument("--reference", default="dense", help="the run the uplink reduction is against")
+    p.add_argument("--traffic", choices=["uplink", "total"], default="uplink",
+                   help="the reduction column compares uplink bytes or uplink + downlink bytes")
     a = p.parse_args()
     try:
         files = sorted(os.listdir(a.dir))
@@ -69,11 +72,16 @@ def main():
                           down=statistics.mean(r[2] for _, r in seeds) / 1e6,
                           rounds=min(r[3] for _, r in seeds))
     ref = rows.get(a.reference)
+    def traffic(r):
+        return r["up"] + (r["down"] if a.traffic == "total" else 0.0)
+
+    what = "uplink" if a.traffic == "uplink" else "traffic"
     print("| run | seeds | rounds | final accuracy (%) | mean of last 5 evaluations | uplink (MB) | downlink (MB) "
-          f"| uplink vs {a.reference} |")
+          f"| {what} vs {a.reference} |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        less = f"{ref['up'] / r['up']:.1f}x less" if ref and r["up"] > 0 and ref["rounds"] == r["rounds"] else ""
+        ok = ref and traffic(r) > 0 and ref["rounds"] == r["rounds"]
+        less = f"{traffic(ref) / traffic(r):.1f}x less" if ok else ""
         seeds = ",".join(str(s) for s in r["seeds"])
         print(f"| {name} | {seeds} | {r['rounds']} | {r['final']:.1f} ± {r['spread']:.1f} | {r['tail']:.1f} "
               f"| {r['up']:,.1f} | {r['down']:,.1f} | {less} |")

@@ -19,6 +19,10 @@ out=$(/usr/bin/python3 "$script" "$dir/runs")
 echo "$out"
 grep -q '^| dense | 1,2 | 2 | 82.0 ± 2.0 | 68.5 | 0.0 | 0.0 | 1.0x less |$' <<<"$out"
 grep -q '^| topk | 1 | 2 | 70.0 ± 0.0 | 55.0 | 0.0 | 0.0 | 20.0x less |$' <<<"$out"
+# Uplink and downlink together: dense 4000 bytes, topk 2100.
+out=$(/usr/bin/python3 "$script" --traffic total "$dir/runs")
+grep -q '^| topk | 1 | 2 | 70.0 ± 0.0 | 55.0 | 0.0 | 0.0 | 1.9x less |$' <<<"$out"
+grep -q 'traffic vs dense' <<<"$out"
 if /usr/bin/python3 "$script" "$dir/missing" 2> "$dir/err"; then echo "missing folder accepted"; exit 1; fi
 grep -q "cannot read" "$dir/err"
 mkdir "$dir/empty"
