@@ -49,36 +49,90 @@ torch::Tensor cnnStage(int s, const torch::Tensor& h, const torch::Tensor& w, co
   }
 }
 
-}  // namespace
+// ---------------------------------------------------------------- architectures
 
-struct SplitModel::Impl {
-  std::string model, cut;
-  size_t rows = 0, cols = 0;
-  uint32_t classes = 0;
-  int cut_stage = 0;  // stages [0, cut_stage] run on the edge
-  uint32_t rank = 0;  // weight-side cut: the next stage's projection split at this rank
-  std::unique_ptr<client::Trainer> whole;
+// One model with cut points: its whole layout and initialization, and, for a cut (and a weight-side
+// rank, and whether a skip connection across the cut is kept), the bottom and top layouts, the
+// activation size and the two halves of the forward pass.
+struct Arch {
+  virtual ~Arch() = default;
   ParamLayout bottom, top;
   size_t act = 0;
-  // The last edge forward pass.
-  std::vector<torch::Tensor> edge_params;
-  torch::Tensor edge_out;
-  size_t edge_n = 0;
+  uint32_t rank = 0;
+  // The index in full() of the projection a weight-side cut splits (SIZE_MAX: none), and of the
+  // first tensor after the bottom's prefix of full() (the tensors [0, prefix) are the edge's).
+  size_t split_proj = SIZE_MAX;
+  size_t prefix = 0;
+  virtual const ParamLayout& full() const = 0;
+  virtual void init(std::span<float> p, uint64_t seed) const = 0;
+  virtual torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const = 0;
+  virtual torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const = 0;
+  virtual std::string name() const = 0;
 
-  torch::Tensor input(std::span<const float> x, size_t n) const {
-    return torch::from_blob(const_cast<float*>(x.data()),
-                            {static_cast<int64_t>(n), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
-                            torch::kFloat32);
+  // bottom = full[0, prefix) (+ "<layer>.svd_v"), top = ("<layer>.svd_u" +) the rest, skipping
+  // the split projection's weight.
+  void layouts(const ParamLayout& f) {
+    for (size_t i = 0; i < prefix; ++i) bottom.add(f[i].name, f[i].shape);
+    if (!rank) {
+      for (size_t i = prefix; i < f.size(); ++i) top.add(f[i].name, f[i].shape);
+      return;
+    }
+    const auto& w = f[split_proj];
+    const std::string layer = w.name.substr(0, w.name.rfind('.'));
+    bottom.add(layer + ".svd_v", {static_cast<int64_t>(rank), w.shape[1]});
+    top.add(layer + ".svd_u", {w.shape[0], static_cast<int64_t>(rank)});
+    for (size_t i = prefix; i < f.size(); ++i)
+      if (i != split_proj) top.add(f[i].name, f[i].shape);
   }
-  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const {
-    torch::Tensor h = x;
+  void checkRank(const ParamLayout& f, uint32_t r) {
+    const auto& w = f[split_proj];
+    const auto out = static_cast<uint32_t>(w.shape[0]), in = static_cast<uint32_t>(w.shape[1]);
+    if (r > std::min(out, in))
+      STARLING_THROW(ConfigError, "split: weight rank ", r, " exceeds ", w.name, "'s ", out, " x ", in);
+    rank = r;
+  }
+};
+
+// McMahan et al.'s CNN as torch_trainer builds it ("cnn": the same layout and initialization).
+struct CnnArch : Arch {
+  std::unique_ptr<client::Trainer> whole;
+  size_t rows, cols;
+  int cut_stage;  // stages [0, cut_stage] run on the edge
+
+  CnnArch(int cut, size_t r, size_t c, uint32_t classes, uint32_t weight_rank, bool keep_skip)
+      : rows(r), cols(c), cut_stage(cut) {
+    STARLING_CHECK_ARG(rows % 4 == 0 && cols % 4 == 0 && rows > 0 && cols > 0, "split: the cnn needs image sides ",
+                       "that are multiples of 4, got ", rows, "x", cols);
+    if (!keep_skip) STARLING_THROW(ConfigError, "split: the cnn has no skip connection across a cut (split.skip)");
+    whole = torch_trainer::makeTorchTrainer("cnn", rows, cols, classes);
+    const ParamLayout& f = whole->layout();
+    STARLING_ENFORCE(f.size() == 8, "split: the cnn's layout has ", f.size(), " tensors, 8 expected");
+    prefix = 2 * static_cast<size_t>(cut_stage + 1);
+    act = cut_stage == 0 ? 32 * (rows / 2) * (cols / 2) : cut_stage == 1 ? 64 * (rows / 4) * (cols / 4) : 512;
+    if (weight_rank) {
+      // The projection right after the cut is linear for conv2 (fc1) and fc1 (fc2).
+      if (cut_stage == 0)
+        STARLING_THROW(ConfigError, "split: a weight-side cut needs a linear layer after the cut; after conv1 comes ",
+                       "conv2 (cut at conv2 or fc1)");
+      split_proj = prefix;
+      checkRank(f, weight_rank);
+      act = weight_rank;
+    }
+    layouts(f);
+  }
+  const ParamLayout& full() const override { return whole->layout(); }
+  void init(std::span<float> p, uint64_t seed) const override { whole->initParameters(p, seed); }
+  std::string name() const override { return "cnn"; }
+
+  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const override {
+    torch::Tensor h = x.view({x.size(0), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)});
     for (int s = 0; s <= cut_stage; ++s) h = cnnStage(s, h, p[2 * s], p[2 * s + 1]);
     h = h.flatten(1);
     if (rank) h = torch::linear(h, p[2 * static_cast<size_t>(cut_stage + 1)]);  // S_r V_r^T
     return h;
   }
   // Top stages from the flat activations a [n, act].
-  torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const {
+  torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const override {
     torch::Tensor h = a;
     int first = cut_stage + 1;
     size_t i = 0;
@@ -96,13 +150,189 @@ struct SplitModel::Impl {
   }
 };
 
+// A small vision transformer over 4x4 image patches (rows/4 x cols/4 tokens), width 64, 4 heads,
+// two pre-LN blocks (h1 = h + Attn(LN1(h)); out = h1 + FFN(LN2(h1)), FFN(z) = down(GELU(up(z))),
+// hidden 256), then LN, the mean over tokens and a linear head. Cut points: "embed" (after the
+// patch embedding and the position table), "block1" (after the first block), "ffn2" (inside the
+// second block, before its FFN: the edge sends h1, the cloud runs LN2, the FFN and the skip). At
+// "ffn2" the weight-side cut splits the FFN's up-projection (the paper's cut): the edge runs LN2 and
+// S_r V_r^T and sends r values per token, plus h1 for the skip connection across the cut unless
+// the skip is removed (the paper's eliminated link: out = FFN(LN2(h1)), r values per token only).
+struct VitArch : Arch {
+  static constexpr int64_t kPatch = 4, kWidth = 64, kHeads = 4, kHidden = 256, kBlocks = 2;
+  static constexpr size_t kPerBlock = 12;
+  ParamLayout layout;
+  int64_t rows, cols, tokens;
+  int cut;  // 0 embed, 1 block1, 2 ffn2
+  bool skip;
+
+  VitArch(int c, size_t r, size_t co, uint32_t classes, uint32_t weight_rank, bool keep_skip)
+      : rows(static_cast<int64_t>(r)), cols(static_cast<int64_t>(co)), cut(c), skip(keep_skip) {
+    STARLING_CHECK_ARG(r % kPatch == 0 && co % kPatch == 0 && r > 0 && co > 0, "split: the vit needs image sides ",
+                       "that are multiples of ", kPatch, ", got ", r, "x", co);
+    tokens = (rows / kPatch) * (cols / kPatch);
+    layout.add("patch.weight", {kWidth, kPatch * kPatch});
+    layout.add("patch.bias", {kWidth});
+    layout.add("pos", {tokens, kWidth});
+    for (int b = 1; b <= kBlocks; ++b) {
+      const std::string k = "block" + std::to_string(b) + ".";
+      layout.add(k + "ln1.weight", {kWidth});
+      layout.add(k + "ln1.bias", {kWidth});
+      layout.add(k + "attn.in_weight", {3 * kWidth, kWidth});
+      layout.add(k + "attn.in_bias", {3 * kWidth});
+      layout.add(k + "attn.out_weight", {kWidth, kWidth});
+      layout.add(k + "attn.out_bias", {kWidth});
+      layout.add(k + "ln2.weight", {kWidth});
+      layout.add(k + "ln2.bias", {kWidth});
+      layout.add(k + "ffn.up_weight", {kHidden, kWidth});
+      layout.add(k + "ffn.up_bias", {kHidden});
+      layout.add(k + "ffn.down_weight", {kWidth, kHidden});
+      layout.add(k + "ffn.down_bias", {kWidth});
+    }
+    layout.add("ln.weight", {kWidth});
+    layout.add("ln.bias", {kWidth});
+    layout.add("head.weight", {static_cast<int64_t>(classes), kWidth});
+    layout.add("head.bias", {static_cast<int64_t>(classes)});
+    const size_t b2 = 3 + kPerBlock;  // block2's first tensor
+    prefix = cut == 0 ? 3 : cut == 1 ? b2 : b2 + 6;  // ffn2: block2 up to attn.out_bias on the edge
+    act = static_cast<size_t>(tokens * kWidth);
+    if (!keep_skip && cut != 2)
+      STARLING_THROW(ConfigError, "split: the vit's skip connection crosses the cut only at ffn2 (split.skip)");
+    if (weight_rank) {
+      if (cut != 2)
+        STARLING_THROW(ConfigError, "split: the vit's weight-side cut splits the FFN's up-projection: cut at ffn2");
+      prefix = b2 + 8;  // LN2 on the edge too
+      split_proj = b2 + 8;
+      checkRank(layout, weight_rank);
+      act = static_cast<size_t>(tokens) * (weight_rank + (skip ? kWidth : 0));
+    }
+    layouts(layout);
+  }
+  const ParamLayout& full() const override { return layout; }
+  std::string name() const override { return "vit"; }
+
+  // Linear weights and the patch embedding uniform in +-1/sqrt(fan_in) (PyTorch's default bound),
+  // biases 0, LayerNorm weights 1, the position table normal with sd 0.02.
+  void init(std::span<float> p, uint64_t seed) const override {
+    RngStream rng(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTraining, 0x766974});
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const auto& t = layout[i];
+      float* v = p.data() + t.offset;
+      const bool ln = t.name.find("ln") != std::string::npos && t.name.find(".weight") != std::string::npos;
+      if (t.name == "pos") {
+        for (size_t j = 0; j < t.numel; ++j) v[j] = static_cast<float>(0.02 * rng.normal());
+      } else if (ln) {
+        std::fill(v, v + t.numel, 1.0f);
+      } else if (t.shape.size() == 2) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape[1]));
+        for (size_t j = 0; j < t.numel; ++j) v[j] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
+      } else {
+        std::fill(v, v + t.numel, 0.0f);
+      }
+    }
+  }
+
+  torch::Tensor ln(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {
+    return torch::layer_norm(h, {kWidth}, w, b, 1e-5);
+  }
+  torch::Tensor attn(const torch::Tensor& z, const torch::Tensor* p) const {  // p: in_w, in_b, out_w, out_b
+    const int64_t n = z.size(0), dh = kWidth / kHeads;
+    const auto qkv = torch::linear(z, p[0], p[1]).view({n, tokens, 3, kHeads, dh}).permute({2, 0, 3, 1, 4});
+    const auto att = torch::softmax(torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(double(dh)), -1);
+    const auto o = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({n, tokens, kWidth});
+    return torch::linear(o, p[2], p[3]);
+  }
+  torch::Tensor ffnRest(const torch::Tensor& u, const torch::Tensor& dw, const torch::Tensor& db) const {
+    return torch::linear(torch::gelu(u), dw, db);
+  }
+  // A whole block from the tensors t[0..11] (ln1 w b, attn 4, ln2 w b, up w b, down w b).
+  torch::Tensor block(const torch::Tensor& h, const torch::Tensor* t) const {
+    const auto h1 = h + attn(ln(h, t[0], t[1]), t + 2);
+    return h1 + ffnRest(torch::linear(ln(h1, t[6], t[7]), t[8], t[9]), t[10], t[11]);
+  }
+  torch::Tensor head(const torch::Tensor& h, const torch::Tensor* t) const {
+    return torch::linear(ln(h, t[0], t[1]).mean(1), t[2], t[3]);
+  }
+
+  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const override {
+    const int64_t n = x.size(0), gr = rows / kPatch, gc = cols / kPatch;
+    const auto patches =
+        x.view({n, gr, kPatch, gc, kPatch}).permute({0, 1, 3, 2, 4}).reshape({n, tokens, kPatch * kPatch});
+    torch::Tensor h = torch::linear(patches, p[0], p[1]) + p[2];
+    if (cut >= 1) h = block(h, &p[3]);
+    if (cut == 2) {
+      const torch::Tensor* t = &p[3 + kPerBlock];
+      h = h + attn(ln(h, t[0], t[1]), t + 2);  // h1
+      if (rank) {
+        const auto z = torch::linear(ln(h, t[6], t[7]), p[prefix]);  // S_r V_r^T LN2(h1): r per token
+        h = skip ? torch::cat({z, h}, 2) : z;
+      }
+    }
+    return h.reshape({n, -1});
+  }
+  torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const override {
+    const int64_t n = a.size(0);
+    if (cut < 2) {
+      torch::Tensor h = a.view({n, tokens, kWidth});
+      size_t i = 0;
+      if (cut == 0) {
+        h = block(h, &p[0]);
+        i = kPerBlock;
+      }
+      h = block(h, &p[i]);
+      return head(h, &p[i + kPerBlock]);
+    }
+    torch::Tensor out;
+    size_t i;
+    if (!rank) {  // p: ln2 w b, up w b, down w b, head...
+      const auto h1 = a.view({n, tokens, kWidth});
+      const auto f = ffnRest(torch::linear(ln(h1, p[0], p[1]), p[2], p[3]), p[4], p[5]);
+      out = skip ? h1 + f : f;
+      i = 6;
+    } else {  // p: svd_u, up bias, down w b, head...
+      const int64_t r = rank;
+      const auto v = a.view({n, tokens, r + (skip ? kWidth : 0)});
+      const auto f = ffnRest(torch::linear(v.narrow(2, 0, r), p[0], p[1]), p[2], p[3]);
+      out = skip ? v.narrow(2, r, kWidth) + f : f;
+      i = 4;
+    }
+    return head(out, &p[i]);
+  }
+};
+
+std::unique_ptr<Arch> makeArch(const std::string& model, int cut, size_t rows, size_t cols, uint32_t classes,
+                               uint32_t rank, bool keep_skip) {
+  if (model == "cnn") return std::make_unique<CnnArch>(cut, rows, cols, classes, rank, keep_skip);
+  return std::make_unique<VitArch>(cut, rows, cols, classes, rank, keep_skip);
+}
+
+}  // namespace
+
+struct SplitModel::Impl {
+  std::string model, cut;
+  size_t rows = 0, cols = 0;
+  uint32_t classes = 0;
+  std::unique_ptr<Arch> arch;
+  // The last edge forward pass.
+  std::vector<torch::Tensor> edge_params;
+  torch::Tensor edge_out;
+  size_t edge_n = 0;
+
+  torch::Tensor input(std::span<const float> x, size_t n) const {
+    return torch::from_blob(const_cast<float*>(x.data()),
+                            {static_cast<int64_t>(n), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
+                            torch::kFloat32);
+  }
+};
+
 std::vector<std::string> SplitModel::cutPoints(const std::string& model) {
   if (model == "cnn") return {"conv1", "conv2", "fc1"};
-  STARLING_THROW(ConfigError, "split: model '", model, "' has no cut points (models with cut points: cnn)");
+  if (model == "vit") return {"embed", "block1", "ffn2"};
+  STARLING_THROW(ConfigError, "split: model '", model, "' has no cut points (models with cut points: cnn, vit)");
 }
 
 SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
-                       uint32_t weight_rank)
+                       uint32_t weight_rank, bool keep_skip)
     : impl_(std::make_unique<Impl>()) {
   const auto cuts = cutPoints(model);
   const auto it = std::find(cuts.begin(), cuts.end(), cut);
@@ -111,112 +341,88 @@ SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t 
     for (const auto& c : cuts) list += (list.empty() ? "" : ", ") + c;
     STARLING_THROW(ConfigError, "split: '", cut, "' is not a cut point of ", model, " (", list, ")");
   }
-  STARLING_CHECK_ARG(rows % 4 == 0 && cols % 4 == 0 && rows > 0 && cols > 0, "split: the cnn needs image sides that ",
-                     "are multiples of 4, got ", rows, "x", cols);
   Impl& m = *impl_;
   m.model = model;
   m.cut = cut;
   m.rows = rows;
   m.cols = cols;
   m.classes = classes;
-  m.cut_stage = static_cast<int>(it - cuts.begin());
-  m.whole = torch_trainer::makeTorchTrainer(model, rows, cols, classes);
-  const ParamLayout& full = m.whole->layout();
-  STARLING_ENFORCE(full.size() == 8, "split: the cnn's layout has ", full.size(), " tensors, 8 expected");
-  const size_t split_at = 2 * static_cast<size_t>(m.cut_stage + 1);
-  m.act = m.cut_stage == 0 ? 32 * (rows / 2) * (cols / 2) : m.cut_stage == 1 ? 64 * (rows / 4) * (cols / 4) : 512;
-  if (weight_rank == 0) {
-    for (size_t i = 0; i < full.size(); ++i) (i < split_at ? m.bottom : m.top).add(full[i].name, full[i].shape);
-    return;
-  }
-  // The weight-side cut: the projection right after the cut is linear for conv2 (fc1) and fc1 (fc2).
-  if (m.cut_stage == 0)
-    STARLING_THROW(ConfigError, "split: a weight-side cut needs a linear layer after the cut; after conv1 comes conv2 ",
-                   "(cut at conv2 or fc1)");
-  const auto& w = full[split_at];  // the projection's weight, out x in
-  const auto out = static_cast<uint32_t>(w.shape[0]), in = static_cast<uint32_t>(w.shape[1]);
-  if (weight_rank > std::min(out, in))
-    STARLING_THROW(ConfigError, "split: weight rank ", weight_rank, " exceeds ", w.name, "'s ", out, " x ", in);
-  m.rank = weight_rank;
-  const std::string layer = w.name.substr(0, w.name.find('.'));
-  for (size_t i = 0; i < split_at; ++i) m.bottom.add(full[i].name, full[i].shape);
-  m.bottom.add(layer + ".svd_v", {static_cast<int64_t>(weight_rank), static_cast<int64_t>(in)});
-  m.top.add(layer + ".svd_u", {static_cast<int64_t>(out), static_cast<int64_t>(weight_rank)});
-  for (size_t i = split_at + 1; i < full.size(); ++i) m.top.add(full[i].name, full[i].shape);
-  m.act = weight_rank;
+  m.arch = makeArch(model, static_cast<int>(it - cuts.begin()), rows, cols, classes, weight_rank, keep_skip);
 }
 
 SplitModel::~SplitModel() = default;
 
-const ParamLayout& SplitModel::full() const { return impl_->whole->layout(); }
-const ParamLayout& SplitModel::bottom() const { return impl_->bottom; }
-const ParamLayout& SplitModel::top() const { return impl_->top; }
-size_t SplitModel::activationSize() const { return impl_->act; }
+const ParamLayout& SplitModel::full() const { return impl_->arch->full(); }
+const ParamLayout& SplitModel::bottom() const { return impl_->arch->bottom; }
+const ParamLayout& SplitModel::top() const { return impl_->arch->top; }
+size_t SplitModel::activationSize() const { return impl_->arch->act; }
 size_t SplitModel::features() const { return impl_->rows * impl_->cols; }
 uint32_t SplitModel::classes() const { return impl_->classes; }
 
 std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std::span<const float> whole) const {
-  const Impl& m = *impl_;
+  const Arch& a = *impl_->arch;
   const ParamLayout& f = full();
   STARLING_CHECK_ARG(whole.size() == f.numel(), "split: ", whole.size(), " parameters, the model has ", f.numel());
-  const size_t split_at = 2 * static_cast<size_t>(m.cut_stage + 1);
-  const size_t prefix = f[split_at - 1].offset + f[split_at - 1].numel;
-  std::vector<float> bottom(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(prefix));
-  if (!m.rank) return {std::move(bottom), std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(prefix), whole.end())};
-  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r.
-  const auto& ws = f[split_at];
+  const size_t cut_at = f[a.prefix - 1].offset + f[a.prefix - 1].numel;
+  std::vector<float> bottom(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(cut_at));
+  if (!a.rank) return {std::move(bottom), std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(cut_at), whole.end())};
+  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r; the rest of the top follows
+  // without W (the tensors between the bottom's prefix and W, if any, are the top's too).
+  const auto& ws = f[a.split_proj];
   torch::NoGradGuard no_grad;
   const auto w = torch::from_blob(const_cast<float*>(whole.data() + ws.offset), ws.shape, torch::kFloat32).to(torch::kFloat64);
   const auto [u, sv, vh] = torch::linalg::svd(w, /*full_matrices=*/false, c10::nullopt);
-  const int64_t r = m.rank;
+  const int64_t r = a.rank;
   const auto v_part = (sv.slice(0, 0, r).unsqueeze(1) * vh.slice(0, 0, r)).to(torch::kFloat32).contiguous();
   const auto u_part = u.slice(1, 0, r).to(torch::kFloat32).contiguous();
   bottom.insert(bottom.end(), v_part.data_ptr<float>(), v_part.data_ptr<float>() + v_part.numel());
   std::vector<float> top(u_part.data_ptr<float>(), u_part.data_ptr<float>() + u_part.numel());
-  top.insert(top.end(), whole.begin() + static_cast<std::ptrdiff_t>(ws.offset + ws.numel), whole.end());
-  STARLING_ENFORCE(bottom.size() == m.bottom.numel() && top.size() == m.top.numel(), "split: weight-side cut sizes");
+  for (size_t i = a.prefix; i < f.size(); ++i)
+    if (i != a.split_proj)
+      top.insert(top.end(), whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset),
+                 whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset + f[i].numel));
+  STARLING_ENFORCE(bottom.size() == a.bottom.numel() && top.size() == a.top.numel(), "split: weight-side cut sizes");
   return {std::move(bottom), std::move(top)};
 }
 
 std::string SplitModel::describe() const {
-  if (impl_->rank)
-    return impl_->model + " cut at " + impl_->cut + " with the next projection split at rank " +
-           std::to_string(impl_->rank) + ": " + std::to_string(impl_->act) + " values per example, " +
-           std::to_string(impl_->bottom.numel()) + " parameters on the edge, " + std::to_string(impl_->top.numel()) +
-           " in the cloud";
-  return impl_->model + " cut at " + impl_->cut + ": " + std::to_string(impl_->act) + " values per example, " +
-         std::to_string(impl_->bottom.numel()) + " parameters on the edge, " + std::to_string(impl_->top.numel()) +
-         " in the cloud";
+  const Arch& a = *impl_->arch;
+  std::string s = impl_->model + " cut at " + impl_->cut;
+  if (a.rank) s += " with the next projection split at rank " + std::to_string(a.rank);
+  return s + ": " + std::to_string(a.act) + " values per example, " + std::to_string(a.bottom.numel()) +
+         " parameters on the edge, " + std::to_string(a.top.numel()) + " in the cloud";
 }
 
 std::vector<float> SplitModel::initParameters(uint64_t seed) const {
   std::vector<float> p(full().numel());
-  impl_->whole->initParameters(p, seed);
+  impl_->arch->init(p, seed);
   return p;
 }
 
 std::vector<float> SplitModel::edgeForward(std::span<const float> bottom_params, std::span<const float> x, size_t n) {
   Impl& m = *impl_;
-  STARLING_CHECK_ARG(bottom_params.size() == m.bottom.numel(), "split edge: ", bottom_params.size(),
-                     " bottom parameters, the cut needs ", m.bottom.numel());
+  const Arch& a = *m.arch;
+  STARLING_CHECK_ARG(bottom_params.size() == a.bottom.numel(), "split edge: ", bottom_params.size(),
+                     " bottom parameters, the cut needs ", a.bottom.numel());
   STARLING_CHECK_ARG(n > 0 && x.size() == n * features(), "split edge: ", x.size(), " input values for ", n,
                      " examples of ", features());
-  m.edge_params = leaves(m.bottom, bottom_params, true);
-  m.edge_out = m.runBottom(m.edge_params, m.input(x, n));
+  m.edge_params = leaves(a.bottom, bottom_params, true);
+  m.edge_out = a.runBottom(m.edge_params, m.input(x, n));
   m.edge_n = n;
   const auto c = m.edge_out.detach().contiguous();
-  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + n * m.act);
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + n * a.act);
 }
 
 std::vector<float> SplitModel::edgeBackward(std::span<const float> grad_activations) {
   Impl& m = *impl_;
   STARLING_CHECK_ARG(m.edge_out.defined(), "split edge: a backward pass without a forward pass");
-  STARLING_CHECK_ARG(grad_activations.size() == m.edge_n * m.act, "split edge: an activation gradient of ",
-                     grad_activations.size(), " values, the forward pass produced ", m.edge_n * m.act);
+  const Arch& a = *m.arch;
+  STARLING_CHECK_ARG(grad_activations.size() == m.edge_n * a.act, "split edge: an activation gradient of ",
+                     grad_activations.size(), " values, the forward pass produced ", m.edge_n * a.act);
   const auto g = torch::from_blob(const_cast<float*>(grad_activations.data()),
-                                  {static_cast<int64_t>(m.edge_n), static_cast<int64_t>(m.act)}, torch::kFloat32);
+                                  {static_cast<int64_t>(m.edge_n), static_cast<int64_t>(a.act)}, torch::kFloat32);
   m.edge_out.backward(g);
-  auto out = flatGrads(m.bottom, m.edge_params);
+  auto out = flatGrads(a.bottom, m.edge_params);
   m.edge_out = torch::Tensor();
   m.edge_params.clear();
   return out;
@@ -225,43 +431,45 @@ std::vector<float> SplitModel::edgeBackward(std::span<const float> grad_activati
 SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params, std::span<const float> activations,
                                               std::span<const uint8_t> labels, size_t n) {
   Impl& m = *impl_;
-  STARLING_CHECK_ARG(top_params.size() == m.top.numel(), "split cloud: ", top_params.size(),
-                     " top parameters, the cut needs ", m.top.numel());
-  STARLING_CHECK_ARG(n > 0 && activations.size() == n * m.act && labels.size() == n, "split cloud: ",
+  const Arch& ar = *m.arch;
+  STARLING_CHECK_ARG(top_params.size() == ar.top.numel(), "split cloud: ", top_params.size(),
+                     " top parameters, the cut needs ", ar.top.numel());
+  STARLING_CHECK_ARG(n > 0 && activations.size() == n * ar.act && labels.size() == n, "split cloud: ",
                      activations.size(), " activation values and ", labels.size(), " labels for ", n,
-                     " examples of ", m.act);
+                     " examples of ", ar.act);
   for (uint8_t l : labels) STARLING_CHECK_ARG(l < m.classes, "split cloud: label ", int{l}, " of ", m.classes, " classes");
-  auto params = leaves(m.top, top_params, true);
-  auto a = torch::from_blob(const_cast<float*>(activations.data()), {static_cast<int64_t>(n), static_cast<int64_t>(m.act)},
+  auto params = leaves(ar.top, top_params, true);
+  auto a = torch::from_blob(const_cast<float*>(activations.data()), {static_cast<int64_t>(n), static_cast<int64_t>(ar.act)},
                             torch::kFloat32)
                .clone()
                .requires_grad_(true);
   std::vector<int64_t> y(labels.begin(), labels.end());
   const auto target = torch::tensor(y, torch::kInt64);
-  const auto logits = m.runTop(params, a);
+  const auto logits = ar.runTop(params, a);
   const auto loss = torch::nn::functional::cross_entropy(logits, target);
   loss.backward();
   CloudResult r;
   r.loss = loss.item<double>();
   r.correct = static_cast<size_t>(logits.argmax(1).eq(target).sum().item<int64_t>());
-  r.grad_top = flatGrads(m.top, params);
+  r.grad_top = flatGrads(ar.top, params);
   const auto ga = a.grad().contiguous();
-  r.grad_activations.assign(ga.data_ptr<float>(), ga.data_ptr<float>() + n * m.act);
+  r.grad_activations.assign(ga.data_ptr<float>(), ga.data_ptr<float>() + n * ar.act);
   return r;
 }
 
 SplitModel::CloudResult SplitModel::evaluate(std::span<const float> bottom_params, std::span<const float> top_params,
                                              std::span<const float> x, std::span<const uint8_t> labels, size_t n) {
   Impl& m = *impl_;
-  STARLING_CHECK_ARG(bottom_params.size() == m.bottom.numel() && top_params.size() == m.top.numel(),
+  const Arch& ar = *m.arch;
+  STARLING_CHECK_ARG(bottom_params.size() == ar.bottom.numel() && top_params.size() == ar.top.numel(),
                      "split evaluate: parameter sizes do not fit the cut");
   STARLING_CHECK_ARG(x.size() == n * features() && labels.size() == n, "split evaluate: ", x.size(), " inputs and ",
                      labels.size(), " labels for ", n, " examples");
   torch::NoGradGuard no_grad;
-  const auto bp = leaves(m.bottom, bottom_params, false), tp = leaves(m.top, top_params, false);
+  const auto bp = leaves(ar.bottom, bottom_params, false), tp = leaves(ar.top, top_params, false);
   std::vector<int64_t> y(labels.begin(), labels.end());
   const auto target = torch::tensor(y, torch::kInt64);
-  const auto logits = m.runTop(tp, m.runBottom(bp, m.input(x, n)));
+  const auto logits = ar.runTop(tp, ar.runBottom(bp, m.input(x, n)));
   CloudResult r;
   r.loss = torch::nn::functional::cross_entropy(logits, target).item<double>();
   r.correct = static_cast<size_t>(logits.argmax(1).eq(target).sum().item<int64_t>());

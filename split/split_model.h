@@ -12,6 +12,15 @@
 // fc2): "conv1" (after the first pooling: 32 x rows/2 x cols/2 values per example), "conv2"
 // (after the second: 64 x rows/4 x cols/4), "fc1" (after fc1's ReLU: 512).
 //
+// "vit": a small vision transformer over 4x4 patches (T = rows/4 x cols/4 tokens, width 64, 4
+// heads, two pre-LN blocks with an FFN of 256, LN, mean over tokens, linear head; its own layout
+// and initialization, split_model.cc). Cut points: "embed" (T x 64 values per example), "block1"
+// (after the first block, T x 64), "ffn2" (inside the second block, before its FFN: h1 = h +
+// Attn(LN1(h)), T x 64; the cloud runs LN2, the FFN and the skip h1 + FFN(...)). The weight-side
+// cut at ffn2 splits the FFN's up-projection: the edge runs LN2 and S_r V_r^T and sends r values
+// per token, plus h1 for the skip connection across the cut (T x (r + 64)) unless it is removed
+// (T x r).
+//
 // One object holds the scratch of the last edge forward pass (for its backward); not thread-safe.
 // An edge process and a cloud process each build their own.
 #include <cstddef>
@@ -36,9 +45,13 @@ class SplitModel {
   // S_r V_r^T (r x in, tensor "<layer>.svd_v") and sends r values per example instead of `in`; the
   // cloud applies U_r (out x r, "<layer>.svd_u") and the layer's bias. With r = min(out, in) the
   // model computes what the uncut one does. Only where a linear layer follows the cut (the CNN:
-  // conv2, before fc1; fc1, before fc2); ConfigError elsewhere or for r > min(out, in).
+  // conv2, before fc1; fc1, before fc2; the vit: ffn2); ConfigError elsewhere or for r > min(out, in).
+  //
+  // `keep_skip` false removes the skip connection across the cut (the paper's eliminated link; the
+  // vit at ffn2 only, ConfigError elsewhere): the second block's output is then FFN(LN2(h1))
+  // without + h1, and with a weight-side cut only the r values per token cross.
   SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
-             uint32_t weight_rank = 0);
+             uint32_t weight_rank = 0, bool keep_skip = true);
   ~SplitModel();
   SplitModel(const SplitModel&) = delete;
   SplitModel& operator=(const SplitModel&) = delete;
