@@ -44,6 +44,7 @@ struct Config {
   std::string model = "cnn";
   std::string cut = "conv2";
   uint32_t weight_rank = 0;
+  bool skip = true;
   uint64_t edges = 1;
   uint64_t seed = 1;
   std::string pretrained = "split-pretrained.bin";
@@ -241,7 +242,9 @@ int run(Config& c) {
   if (c.shift != "classes" && c.shift != "noise" && c.shift != "rotate")
     STARLING_THROW(ConfigError, "data.shift must be classes, noise or rotate, got '", c.shift, "'");
   c.train.validate();
-  split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank);
+  c.train.seed = c.seed;
+  if (c.model == "vit" && c.cut == "conv2") c.cut = "ffn2";  // the cnn's default cut names no vit layer
+  split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank, c.skip);
   torch_trainer::setThreads(c.threads);
   if (c.role == "cloud") return runCloud(c, sm);  // no data set needed
   std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
@@ -251,18 +254,35 @@ int run(Config& c) {
   if (c.role == "pretrain") {
     const auto idx = part(train, c, false, c.max_train);
     const auto test_idx = part(test, c, false, c.max_test);
-    auto whole = torch_trainer::makeTorchTrainer(c.model, train);
     std::vector<float> p = sm.initParameters(c.seed);
     std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n", c.model.c_str(),
                 c.shift.c_str(), idx.size(), c.pretrain_epochs);
-    for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
-      RngStream rng(StreamKey{c.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
-      const client::FitConfig fit{.epochs = 1, .batch_size = c.train.batch_size, .lr = c.train.lr};
-      const auto r = whole->fit(p, client::DataView{&train, idx}, fit, rng);
-      const auto ev = whole->evaluate(p, client::DataView{&test, test_idx});
-      std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e, c.pretrain_epochs,
-                  r.metrics.empty() ? 0.0 : r.metrics[0].value, 100 * ev.accuracy);
-      std::fflush(stdout);
+    if (c.model == "cnn") {  // torch_trainer's model and trainer
+      auto whole = torch_trainer::makeTorchTrainer(c.model, train);
+      for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
+        RngStream rng(StreamKey{c.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
+        const client::FitConfig fit{.epochs = 1, .batch_size = c.train.batch_size, .lr = c.train.lr};
+        const auto r = whole->fit(p, client::DataView{&train, idx}, fit, rng);
+        const auto ev = whole->evaluate(p, client::DataView{&test, test_idx});
+        std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e, c.pretrain_epochs,
+                    r.metrics.empty() ? 0.0 : r.metrics[0].value, 100 * ev.accuracy);
+        std::fflush(stdout);
+      }
+    } else {  // split/'s own models: uncompressed split steps are the whole model's steps (tested)
+      split::SplitModel whole(c.model, split::SplitModel::cutPoints(c.model)[0], 28, 28, 10);
+      split::SplitTrainConfig cfg;
+      cfg.batch_size = c.train.batch_size;
+      cfg.lr = c.train.lr;
+      cfg.seed = c.seed;
+      split::InProcessSplit run(whole, cfg, p);
+      for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
+        const auto r = run.runEpoch(train, idx, &test, test_idx);
+        std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e, c.pretrain_epochs, r.train_loss,
+                    100 * r.test_accuracy);
+        std::fflush(stdout);
+      }
+      p.assign(run.bottom().begin(), run.bottom().end());
+      p.insert(p.end(), run.top().begin(), run.top().end());
     }
     savePretrained(c.pretrained, sm.full(), p);
     std::printf("wrote %s\n", c.pretrained.c_str());
@@ -327,12 +347,17 @@ int main(int argc, char** argv) {
   o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
   o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)", 0, 1u << 30);
   o.add("data.max_test", &c.max_test, "at most this many test examples of the part (0: all)", 0, 1u << 30);
-  o.add("model.spec", &c.model, "the model (with cut points): cnn");
+  o.add("model.spec", &c.model, "the model (with cut points): cnn, or vit (a small vision transformer over 4x4 patches)");
   o.add("model.seed", &c.seed, "initialization, shuffling and noise seed", 0, ~0ull);
-  o.add("split.cut", &c.cut, "where the model is cut: conv1, conv2 or fc1");
+  o.add("split.cut", &c.cut, "where the model is cut: conv1, conv2 or fc1 (cnn); embed, block1 or ffn2 (vit; ffn2 "
+        "when the cnn's default conv2 is left)");
   o.add("split.weight_rank", &c.weight_rank,
         "the paper's weight-side cut: the projection after the cut (fc1 after conv2, fc2 after fc1) is split by "
-        "truncated SVD, S_r V_r^T on the edge and U_r in the cloud, so r values per example cross (0: off)", 0, 1u << 20);
+        "truncated SVD, S_r V_r^T on the edge and U_r in the cloud, so r values per example cross (0: off); vit at "
+        "ffn2: the FFN's up-projection, r values per token (plus the skip's 64 unless split.skip = false)", 0, 1u << 20);
+  o.add("split.skip", &c.skip,
+        "keep the skip connection across the cut (vit at ffn2: false removes it, the paper's eliminated link, so with "
+        "split.weight_rank only r values per token cross)");
   o.add("split.up", &c.train.up, "activation codec, edge to cloud:" + split::activationCodecs().help());
   o.add("split.down", &c.train.down, "gradient codec, cloud to edge (the same codecs)");
   o.add("split.train_bottom", &c.train.train_bottom, "fine-tune the edge's part too (false: only the cloud's)");

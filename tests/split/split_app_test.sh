@@ -54,6 +54,21 @@ printf 'garbage' > "$dir/bad.bin"
 if "$bin" --role inproc --split.pretrained "$dir/bad.bin" --data.max_train 10 > "$dir/out" 2>&1; then echo "garbage accepted"; exit 1; fi
 grep -q "pre-trained checkpoint" "$dir/out"
 
+# The small transformer: pre-trained by the project's own command, then the paper's cut at its
+# second FFN with the skip connection removed: 16 values per token of 49 tokens cross, f32.
+vit=(--model.spec vit --data.max_train 300 --data.max_test 100 --split.pretrained "$dir/vit.bin" --sim.threads 1)
+"$bin" --role pretrain "${vit[@]}" > "$dir/vit-pre.log"
+"$bin" --role inproc "${vit[@]}" --train.epochs 1 --train.batch_size 30 --split.weight_rank 16 --split.skip false \
+  --state.metrics "$dir/vit.jsonl" > "$dir/vit.log"
+grep -q "vit cut at ffn2 with the next projection split at rank 16: 784 values per example" "$dir/vit.log"
+[[ $(up "$dir/vit.jsonl") == $((10 * (10 + 30 * 784 * 4))) ]] || { echo "vit: unexpected uplink bytes"; exit 1; }
+if "$bin" --role inproc "${vit[@]}" --split.cut block1 --split.skip false > "$dir/out" 2>&1; then
+  echo "a removed skip at block1 was accepted"; exit 1; fi
+grep -q "crosses the cut only at ffn2" "$dir/out"
+if "$bin" --role inproc "${vit[@]}" --split.pretrained "$dir/pre.bin" > "$dir/out" 2>&1; then
+  echo "the cnn's checkpoint was accepted for the vit"; exit 1; fi
+grep -q "another model" "$dir/out"
+
 # Edge and cloud over ZeroMQ on 127.0.0.1 under CURVE: two edge devices (ids 1 and 2, shards 0 and
 # 1) fine-tune through one cloud; the cloud is killed after the first edge's run and restarted
 # from its checkpoint, and the second edge, started against the restarted cloud, learns too.
