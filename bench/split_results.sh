@@ -12,7 +12,8 @@
 #   OUT   folder of the metrics files (default split-results)
 #   BIN   starling-split (default build/bin/starling-split)
 # Environment: EPOCHS (3), PRETRAIN_EPOCHS (2), SEEDS ("1 2 3"), ONLY (space-separated run names),
-# THREADS (2).
+# THREADS (2), MODEL (cnn, cut at conv2; or vit, the small transformer cut in its second FFN, run
+# names prefixed "vit-", its own pre-trained model OUT/vit-pretrained-sSEED.bin), LR (0.05).
 # Then: tools/summarize_runs.py --reference none --traffic total OUT, and
 # tools/plot_runs.py --bytes total --out split.png LABEL=OUT/NAME-s1.jsonl ...
 set -euo pipefail
@@ -22,10 +23,21 @@ epochs=${EPOCHS:-3}
 pre_epochs=${PRETRAIN_EPOCHS:-2}
 seeds=${SEEDS:-1 2 3}
 threads=${THREADS:-2}
+model=${MODEL:-cnn}
+lr=${LR:-0.05}
 [ -x "$bin" ] || { echo "split_results: $bin is not an executable (cmake --build build --target starling-split)" >&2; exit 2; }
 mkdir -p "$out"
 
 # name | options
+if [ "$model" = vit ]; then
+  runs=(
+    "vit-none|"
+    "vit-int8|--split.up int8 --split.down int8"
+    "vit-svd16|--split.weight_rank 16"
+    "vit-svd16-noskip|--split.weight_rank 16 --split.skip false"
+    "vit-svd8-noskip|--split.weight_rank 8 --split.skip false"
+  )
+else
 runs=(
   "none|"
   "int8|--split.up int8 --split.down int8"
@@ -36,15 +48,17 @@ runs=(
   "svd16|--split.weight_rank 16"
   "svd32-int8|--split.weight_rank 32 --split.up int8 --split.down int8"
 )
+fi
+prefix=$([ "$model" = vit ] && echo "vit-" || true)
 
 for seed in $seeds; do
-  pre="$out/pretrained-s$seed.bin"
+  pre="$out/${prefix}pretrained-s$seed.bin"
   if [ ! -s "$pre" ]; then
     echo "[$(date +%H:%M:%S)] pre-training, seed $seed" >&2
-    "$bin" --role pretrain --model.seed "$seed" --pretrain.epochs "$pre_epochs" --split.pretrained "$pre" \
-      --sim.threads "$threads" > "$out/pretrained-s$seed.log" 2>&1 ||
-      { echo "split_results: pre-training seed $seed failed, see $out/pretrained-s$seed.log" >&2; exit 1; }
-    grep "public test accuracy" "$out/pretrained-s$seed.log" | tail -n 1 >&2
+    "$bin" --role pretrain --model.spec "$model" --model.seed "$seed" --pretrain.epochs "$pre_epochs" \
+      --train.lr "$lr" --split.pretrained "$pre" --sim.threads "$threads" > "${pre%.bin}.log" 2>&1 ||
+      { echo "split_results: pre-training seed $seed failed, see ${pre%.bin}.log" >&2; exit 1; }
+    grep "public test accuracy" "${pre%.bin}.log" | tail -n 1 >&2
   fi
   for entry in "${runs[@]}"; do
     IFS='|' read -r name opts <<<"$entry"
@@ -54,7 +68,8 @@ for seed in $seeds; do
     rm -f "$file"
     echo "[$(date +%H:%M:%S)] $name seed $seed: $opts" >&2
     # shellcheck disable=SC2086
-    "$bin" --role inproc --model.seed "$seed" --split.pretrained "$pre" --train.epochs "$epochs" \
+    "$bin" --role inproc --model.spec "$model" --model.seed "$seed" --split.pretrained "$pre" --train.epochs "$epochs" \
+      --train.lr "$lr" \
       --sim.threads "$threads" --state.metrics "$file" $opts > "$out/$name-s$seed.log" 2>&1 ||
       { echo "split_results: $name seed $seed failed, see $out/$name-s$seed.log" >&2; exit 1; }
     tail -n 1 "$file" >&2
