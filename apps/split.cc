@@ -243,7 +243,10 @@ int run(Config& c) {
     STARLING_THROW(ConfigError, "data.shift must be classes, noise or rotate, got '", c.shift, "'");
   c.train.validate();
   c.train.seed = c.seed;
-  if (c.model == "vit" && c.cut == "conv2") c.cut = "ffn2";  // the cnn's default cut names no vit layer
+  if (c.model != "cnn" && c.cut == "conv2") {  // the default names a cnn layer: take the model's middle cut
+    const auto cuts = split::SplitModel::cutPoints(c.model);
+    c.cut = c.model == "vit" ? "ffn2" : cuts[1];
+  }
   split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank, c.skip);
   torch_trainer::setThreads(c.threads);
   if (c.role == "cloud") return runCloud(c, sm);  // no data set needed
@@ -257,7 +260,7 @@ int run(Config& c) {
     std::vector<float> p = sm.initParameters(c.seed);
     std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n", c.model.c_str(),
                 c.shift.c_str(), idx.size(), c.pretrain_epochs);
-    if (c.model == "cnn") {  // torch_trainer's model and trainer
+    if (c.model != "vit") {  // torch_trainer's model and trainer
       auto whole = torch_trainer::makeTorchTrainer(c.model, train);
       for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
         RngStream rng(StreamKey{c.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
@@ -347,10 +350,11 @@ int main(int argc, char** argv) {
   o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
   o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)", 0, 1u << 30);
   o.add("data.max_test", &c.max_test, "at most this many test examples of the part (0: all)", 0, 1u << 30);
-  o.add("model.spec", &c.model, "the model (with cut points): cnn, or vit (a small vision transformer over 4x4 patches)");
+  o.add("model.spec", &c.model,
+        "the model (with cut points): cnn, resnet (ResNet-8), or vit (a small vision transformer over 4x4 patches)");
   o.add("model.seed", &c.seed, "initialization, shuffling and noise seed", 0, ~0ull);
-  o.add("split.cut", &c.cut, "where the model is cut: conv1, conv2 or fc1 (cnn); embed, block1 or ffn2 (vit; ffn2 "
-        "when the cnn's default conv2 is left)");
+  o.add("split.cut", &c.cut, "where the model is cut: conv1, conv2 or fc1 (cnn); layer1, layer2 or layer3 (resnet; "
+        "layer2 when the cnn's default conv2 is left); embed, block1 or ffn2 (vit; ffn2 by default)");
   o.add("split.weight_rank", &c.weight_rank,
         "the paper's weight-side cut: the projection after the cut (fc1 after conv2, fc2 after fc1) is split by "
         "truncated SVD, S_r V_r^T on the edge and U_r in the cloud, so r values per example cross (0: off); vit at "

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 
 #include "core/error.h"
 #include "torch_trainer/torch_trainer.h"
@@ -69,20 +70,24 @@ struct Arch {
   virtual torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const = 0;
   virtual std::string name() const = 0;
 
-  // bottom = full[0, prefix) (+ "<layer>.svd_v"), top = ("<layer>.svd_u" +) the rest, skipping
-  // the split projection's weight.
+  // Which tensors of full() are the edge's: [0, prefix) unless an architecture sets on_edge itself
+  // (the ResNet, whose BatchNorm buffers sit at the end of its layout).
+  std::vector<bool> on_edge;
+  // bottom = the edge's tensors of full() in order (+ "<layer>.svd_v"), top = ("<layer>.svd_u" +)
+  // the others in order, without the split projection's weight.
   void layouts(const ParamLayout& f) {
-    for (size_t i = 0; i < prefix; ++i) bottom.add(f[i].name, f[i].shape);
-    if (!rank) {
-      for (size_t i = prefix; i < f.size(); ++i) top.add(f[i].name, f[i].shape);
-      return;
+    if (on_edge.empty())
+      for (size_t i = 0; i < f.size(); ++i) on_edge.push_back(i < prefix);
+    for (size_t i = 0; i < f.size(); ++i)
+      if (on_edge[i]) bottom.add(f[i].name, f[i].shape);
+    if (rank) {
+      const auto& w = f[split_proj];
+      const std::string layer = w.name.substr(0, w.name.rfind('.'));
+      bottom.add(layer + ".svd_v", {static_cast<int64_t>(rank), w.shape[1]});
+      top.add(layer + ".svd_u", {w.shape[0], static_cast<int64_t>(rank)});
     }
-    const auto& w = f[split_proj];
-    const std::string layer = w.name.substr(0, w.name.rfind('.'));
-    bottom.add(layer + ".svd_v", {static_cast<int64_t>(rank), w.shape[1]});
-    top.add(layer + ".svd_u", {w.shape[0], static_cast<int64_t>(rank)});
-    for (size_t i = prefix; i < f.size(); ++i)
-      if (i != split_proj) top.add(f[i].name, f[i].shape);
+    for (size_t i = 0; i < f.size(); ++i)
+      if (!on_edge[i] && i != split_proj) top.add(f[i].name, f[i].shape);
   }
   void checkRank(const ParamLayout& f, uint32_t r) {
     const auto& w = f[split_proj];
@@ -300,9 +305,86 @@ struct VitArch : Arch {
   }
 };
 
+// torch_trainer's ResNet-8 ("resnet": the same layout and initialization): conv3x3 16 + BN + ReLU,
+// three stages of one basic block (16, 32, 64 channels, strides 1, 2, 2), the mean over the image,
+// a linear head. Cut points "layer1", "layer2", "layer3": after that stage's block (16 x rows x
+// cols, 32 x rows/2 x cols/2, 64 x rows/4 x cols/4 values per example). The skip connections
+// stay inside their blocks, on one side of the cut. BatchNorm normalizes with the batch's
+// statistics in split steps and in evaluation alike (the running statistics, buffers at the end
+// of the layout, travel with their part unchanged: each part is a flat vector the step does not
+// write). No weight-side cut: a convolution follows every cut but the last, and the mean over the
+// image precedes the head.
+struct ResnetArch : Arch {
+  std::unique_ptr<client::Trainer> whole;
+  int64_t rows, cols;
+  int cut;  // stages [1, cut] on the edge
+  std::map<std::string, size_t> bottom_at, top_at;
+
+  ResnetArch(int c, size_t r, size_t co, uint32_t classes, uint32_t weight_rank, bool keep_skip)
+      : rows(static_cast<int64_t>(r)), cols(static_cast<int64_t>(co)), cut(c + 1) {
+    STARLING_CHECK_ARG(r % 4 == 0 && co % 4 == 0 && r > 0 && co > 0, "split: the resnet needs image sides that are ",
+                       "multiples of 4, got ", r, "x", co);
+    if (weight_rank)
+      STARLING_THROW(ConfigError, "split: the resnet has no linear projection right after a cut (split.weight_rank)");
+    if (!keep_skip) STARLING_THROW(ConfigError, "split: the resnet has no skip connection across a cut (split.skip)");
+    whole = torch_trainer::makeTorchTrainer("resnet", r, co, classes);
+    const ParamLayout& f = whole->layout();
+    for (size_t i = 0; i < f.size(); ++i) {
+      const std::string& n = f[i].name;
+      bool edge = n.rfind("conv1.", 0) == 0 || n.rfind("bn1.", 0) == 0;
+      for (int s = 1; s <= cut; ++s) edge = edge || n.rfind("layer" + std::to_string(s) + ".", 0) == 0;
+      on_edge.push_back(edge);
+    }
+    const int64_t ch = int64_t{16} << (cut - 1), div = int64_t{1} << (cut - 1);
+    act = static_cast<size_t>(ch * (rows / div) * (cols / div));
+    layouts(f);
+    for (size_t i = 0; i < bottom.size(); ++i) bottom_at[bottom[i].name] = i;
+    for (size_t i = 0; i < top.size(); ++i) top_at[top[i].name] = i;
+  }
+  const ParamLayout& full() const override { return whole->layout(); }
+  void init(std::span<float> p, uint64_t seed) const override { whole->initParameters(p, seed); }
+  std::string name() const override { return "resnet"; }
+
+  struct Part {
+    const std::vector<torch::Tensor>& p;
+    const std::map<std::string, size_t>& at;
+    const torch::Tensor& operator[](const std::string& n) const { return p[at.at(n)]; }
+  };
+  static torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& w, int64_t stride, int64_t pad) {
+    return torch::conv2d(x, w, c10::nullopt, at::IntArrayRef(stride), at::IntArrayRef(pad));
+  }
+  static torch::Tensor bn(const torch::Tensor& x, const Part& t, const std::string& k) {
+    return torch::batch_norm(x, t[k + ".weight"], t[k + ".bias"], t[k + ".running_mean"].detach(),
+                             t[k + ".running_var"].detach(), /*training=*/true, 0.1, 1e-5, false);
+  }
+  static torch::Tensor stage(const torch::Tensor& h, const Part& t, int s) {
+    const std::string k = "layer" + std::to_string(s) + ".0.";
+    const int64_t stride = s == 1 ? 1 : 2;
+    torch::Tensor o = torch::relu(bn(conv(h, t[k + "conv1.weight"], stride, 1), t, k + "bn1"));
+    o = bn(conv(o, t[k + "conv2.weight"], 1, 1), t, k + "bn2");
+    const torch::Tensor skip = s == 1 ? h : bn(conv(h, t[k + "downsample.0.weight"], stride, 0), t, k + "downsample.1");
+    return torch::relu(o + skip);
+  }
+  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const override {
+    const Part t{p, bottom_at};
+    torch::Tensor h = x.view({x.size(0), 1, rows, cols});
+    h = torch::relu(bn(conv(h, t["conv1.weight"], 1, 1), t, "bn1"));
+    for (int s = 1; s <= cut; ++s) h = stage(h, t, s);
+    return h.flatten(1);
+  }
+  torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const override {
+    const Part t{p, top_at};
+    const int64_t ch = int64_t{16} << (cut - 1), div = int64_t{1} << (cut - 1);
+    torch::Tensor h = a.view({a.size(0), ch, rows / div, cols / div});
+    for (int s = cut + 1; s <= 3; ++s) h = stage(h, t, s);
+    return torch::linear(h.mean({2, 3}), t["fc.weight"], t["fc.bias"]);
+  }
+};
+
 std::unique_ptr<Arch> makeArch(const std::string& model, int cut, size_t rows, size_t cols, uint32_t classes,
                                uint32_t rank, bool keep_skip) {
   if (model == "cnn") return std::make_unique<CnnArch>(cut, rows, cols, classes, rank, keep_skip);
+  if (model == "resnet") return std::make_unique<ResnetArch>(cut, rows, cols, classes, rank, keep_skip);
   return std::make_unique<VitArch>(cut, rows, cols, classes, rank, keep_skip);
 }
 
@@ -328,7 +410,8 @@ struct SplitModel::Impl {
 std::vector<std::string> SplitModel::cutPoints(const std::string& model) {
   if (model == "cnn") return {"conv1", "conv2", "fc1"};
   if (model == "vit") return {"embed", "block1", "ffn2"};
-  STARLING_THROW(ConfigError, "split: model '", model, "' has no cut points (models with cut points: cnn, vit)");
+  if (model == "resnet") return {"layer1", "layer2", "layer3"};
+  STARLING_THROW(ConfigError, "split: model '", model, "' has no cut points (models with cut points: cnn, resnet, vit)");
 }
 
 SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
@@ -363,11 +446,19 @@ std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std:
   const Arch& a = *impl_->arch;
   const ParamLayout& f = full();
   STARLING_CHECK_ARG(whole.size() == f.numel(), "split: ", whole.size(), " parameters, the model has ", f.numel());
-  const size_t cut_at = f[a.prefix - 1].offset + f[a.prefix - 1].numel;
-  std::vector<float> bottom(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(cut_at));
-  if (!a.rank) return {std::move(bottom), std::vector<float>(whole.begin() + static_cast<std::ptrdiff_t>(cut_at), whole.end())};
-  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r; the rest of the top follows
-  // without W (the tensors between the bottom's prefix and W, if any, are the top's too).
+  std::vector<float> bottom, top;
+  auto append = [&](std::vector<float>& to, size_t i) {
+    to.insert(to.end(), whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset),
+              whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset + f[i].numel));
+  };
+  for (size_t i = 0; i < f.size(); ++i)
+    if (a.on_edge[i]) append(bottom, i);
+  if (!a.rank) {
+    for (size_t i = 0; i < f.size(); ++i)
+      if (!a.on_edge[i]) append(top, i);
+    return {std::move(bottom), std::move(top)};
+  }
+  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r, then the rest of the top without W.
   const auto& ws = f[a.split_proj];
   torch::NoGradGuard no_grad;
   const auto w = torch::from_blob(const_cast<float*>(whole.data() + ws.offset), ws.shape, torch::kFloat32).to(torch::kFloat64);
@@ -376,11 +467,9 @@ std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std:
   const auto v_part = (sv.slice(0, 0, r).unsqueeze(1) * vh.slice(0, 0, r)).to(torch::kFloat32).contiguous();
   const auto u_part = u.slice(1, 0, r).to(torch::kFloat32).contiguous();
   bottom.insert(bottom.end(), v_part.data_ptr<float>(), v_part.data_ptr<float>() + v_part.numel());
-  std::vector<float> top(u_part.data_ptr<float>(), u_part.data_ptr<float>() + u_part.numel());
-  for (size_t i = a.prefix; i < f.size(); ++i)
-    if (i != a.split_proj)
-      top.insert(top.end(), whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset),
-                 whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset + f[i].numel));
+  top.assign(u_part.data_ptr<float>(), u_part.data_ptr<float>() + u_part.numel());
+  for (size_t i = 0; i < f.size(); ++i)
+    if (!a.on_edge[i] && i != a.split_proj) append(top, i);
   STARLING_ENFORCE(bottom.size() == a.bottom.numel() && top.size() == a.top.numel(), "split: weight-side cut sizes");
   return {std::move(bottom), std::move(top)};
 }

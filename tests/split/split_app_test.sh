@@ -69,6 +69,14 @@ if "$bin" --role inproc "${vit[@]}" --split.pretrained "$dir/pre.bin" > "$dir/ou
   echo "the cnn's checkpoint was accepted for the vit"; exit 1; fi
 grep -q "another model" "$dir/out"
 
+# The ResNet-8 cut after its third stage: 64 x 7 x 7 values per example.
+rn=(--model.spec resnet --data.max_train 300 --data.max_test 100 --split.pretrained "$dir/rn.bin" --sim.threads 1)
+"$bin" --role pretrain "${rn[@]}" > "$dir/rn-pre.log"
+"$bin" --role inproc "${rn[@]}" --split.cut layer3 --train.epochs 1 --train.batch_size 30 --state.metrics "$dir/rn.jsonl" \
+  > "$dir/rn.log"
+grep -q "resnet cut at layer3: 3136 values per example" "$dir/rn.log"
+[[ $(up "$dir/rn.jsonl") == $((10 * (10 + 30 * 3136 * 4))) ]] || { echo "resnet: unexpected uplink bytes"; exit 1; }
+
 # Edge and cloud over ZeroMQ on 127.0.0.1 under CURVE: two edge devices (ids 1 and 2, shards 0 and
 # 1) fine-tune through one cloud; the cloud is killed after the first edge's run and restarted
 # from its checkpoint, and the second edge, started against the restarted cloud, learns too.

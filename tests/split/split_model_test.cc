@@ -378,3 +378,52 @@ TEST_CASE("the vit's weight-side cut at full rank is the uncut model; removing t
   CHECK_THROWS_AS(SplitModel("vit", "ffn2", 10, 10, 4), InvalidArgument);  // sides not multiples of 4
 }
 
+
+TEST_CASE("the resnet: one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
+  const data::Dataset d = images(24, 3);
+  const std::vector<size_t> idx = testing::allIndices(d);
+  const float lr = 0.05f;
+  CHECK(SplitModel::cutPoints("resnet") == std::vector<std::string>{"layer1", "layer2", "layer3"});
+  const size_t sizes[] = {16 * 8 * 8, 32 * 4 * 4, 64 * 2 * 2};
+  size_t k = 0;
+  for (const auto& cut : SplitModel::cutPoints("resnet")) {
+    INFO("cut " << cut);
+    SplitModel sm("resnet", cut, 8, 8, 4);
+    CHECK(sm.activationSize() == sizes[k++]);
+    const auto init = sm.initParameters(7);
+    auto whole = torch_trainer::makeTorchTrainer("resnet", 8, 8, 4);
+    REQUIRE(whole->layout().numel() == init.size());
+    std::vector<float> ref = init;
+    RngStream rng(StreamKey{1, 1, 1, StreamPurpose::kTraining, 0});
+    whole->fit(ref, client::DataView{&d, idx}, client::FitConfig{.epochs = 1, .batch_size = 24, .lr = lr}, rng);
+    auto [bottom, top] = sm.cutParameters(init);
+    REQUIRE(bottom.size() + top.size() == init.size());
+    const auto act = sm.edgeForward(bottom, d.images, d.size());
+    const auto cloud = sm.cloudStep(top, act, d.labels, d.size());
+    const auto gb = sm.edgeBackward(cloud.grad_activations);
+    for (size_t i = 0; i < bottom.size(); ++i) bottom[i] -= lr * gb[i];
+    for (size_t i = 0; i < top.size(); ++i) top[i] -= lr * cloud.grad_top[i];
+    // Put the parts back in the whole layout by name; compare the parameters (the unsplit fit
+    // also moves BatchNorm's running statistics, which the split step leaves as they are).
+    double worst = 0, scale = 0;
+    size_t params = 0;
+    for (const auto& [part, values] : {std::pair{&sm.bottom(), &bottom}, std::pair{&sm.top(), &top}})
+      for (const auto& t : part->tensors()) {
+        const auto wi = sm.full().find(t.name);
+        REQUIRE(wi.has_value());
+        const auto* w = &sm.full()[*wi];
+        const bool buffer = t.name.find("running_") != std::string::npos;
+        for (size_t j = 0; j < t.numel; ++j) {
+          const double got = (*values)[t.offset + j], want = buffer ? init[w->offset + j] : ref[w->offset + j];
+          worst = std::max(worst, std::fabs(got - want));
+          if (!buffer) scale = std::max(scale, std::fabs(double(ref[w->offset + j]) - init[w->offset + j]));
+        }
+        params += buffer ? 0 : 1;
+      }
+    CAPTURE(worst, scale, params);
+    CHECK(scale > 0);
+    CHECK(worst <= 1e-4 * scale);
+  }
+  CHECK_THROWS_AS(SplitModel("resnet", "layer2", 28, 28, 10, 8), ConfigError);  // no weight-side cut
+  CHECK(SplitModel("resnet", "layer3", 28, 28, 10).activationSize() == 64 * 7 * 7);
+}
