@@ -4,13 +4,18 @@
 // sends back the gradient of the loss with respect to those activations; the edge finishes the
 // backward pass through the bottom. This header includes no LibTorch (split_model.cc does).
 //
-// The whole model is a torch_trainer model (same tensor names, same layout order, same
+// The CNN and the ResNet are torch_trainer models (same tensor names, same layout order, same
 // initialization for a seed), so a split run starts from exactly the parameters an unsplit run
-// would, and its bottom and top parameters are the whole layout cut at a tensor boundary.
+// would; the transformer is split/'s own. The bottom and top parameters are the whole layout's
+// tensors divided at the cut (for the ResNet, each BatchNorm buffer goes with its layer).
 //
 // Cut points of the CNN (torch_trainer "cnn": conv1 5x5x32, pool, conv2 5x5x64, pool, fc1 512,
 // fc2): "conv1" (after the first pooling: 32 x rows/2 x cols/2 values per example), "conv2"
 // (after the second: 64 x rows/4 x cols/4), "fc1" (after fc1's ReLU: 512).
+//
+// "resnet" (torch_trainer's ResNet-8): "layer1", "layer2", "layer3", after that stage's block (16 x
+// rows x cols, 32 x rows/2 x cols/2, 64 x rows/4 x cols/4). BatchNorm uses the batch's statistics
+// in every split step and evaluation; the running statistics are carried, not updated.
 //
 // "vit": a small vision transformer over 4x4 patches (T = rows/4 x cols/4 tokens, width 64, 4
 // heads, two pre-LN blocks with an FFN of 256, LN, mean over tokens, linear head; its own layout
