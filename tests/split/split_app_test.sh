@@ -5,6 +5,7 @@
 set -euo pipefail
 bin=$1
 keygen=${2:-}
+examples=$(cd "$(dirname "$0")/../../examples/split" && pwd)
 dir=$(mktemp -d)
 pids=()
 cleanup() {
@@ -83,8 +84,8 @@ grep -q "resnet cut at layer3: 3136 values per example" "$dir/rn.log"
 if [[ -n "$keygen" ]]; then
   "$keygen" --out "$dir/keys/server" --server > /dev/null
   "$keygen" --out "$dir/keys/edges" --clients 2 --first-id 1 > /dev/null
-  net=(--split.up lowrank:rank=4 --split.down int8)
-  cloud_args=(--role cloud "${net[@]}" --split.pretrained "$dir/pre.bin" --sim.threads 1
+  # examples/split/cloud.toml and edge.toml (low-rank rank 8 up, int8 down), paths set here.
+  cloud_args=(--role cloud --config "$examples/cloud.toml" --split.pretrained "$dir/pre.bin" --sim.threads 1
     --cloud.checkpoint "$dir/cloud.bin" --cloud.checkpoint_every 10
     --security.key "$dir/keys/server/server.key_secret" --security.clients "$dir/keys/edges")
   start_cloud() {  # start_cloud BIND N
@@ -96,7 +97,7 @@ if [[ -n "$keygen" ]]; then
     [[ -n "$endpoint" ]] || { echo "the cloud did not start"; cat "$dir/cloud$2.log"; exit 1; }
   }
   edge() {  # edge ID SHARD EPOCHS
-    timeout 200 "$bin" --role edge "${net[@]}" "${common[@]}" --split.edges 2 --edge.id "$1" --edge.shard "$2" \
+    timeout 200 "$bin" --role edge --config "$examples/edge.toml" "${common[@]}" --split.edges 2 --edge.id "$1" --edge.shard "$2" \
       --train.epochs "$3" --edge.cloud "$endpoint" --edge.step_timeout_ms 2000 \
       --security.key "$dir/keys/edges/client-$1.key_secret" --security.server_key "$dir/keys/server/server.key" \
       --state.metrics "$dir/edge$1.jsonl" > "$dir/edge$1.log" 2>&1 || { echo "edge $1 failed"; cat "$dir/edge$1.log"; exit 1; }
@@ -119,7 +120,7 @@ PY
     "$dir/edge2.jsonl" || { echo "edge 2 did not learn"; exit 1; }
   # An edge with a key the cloud does not list gets no session: a clear error, no crash.
   "$keygen" --out "$dir/keys/other" --name stranger --id 9 > /dev/null
-  if timeout 60 "$bin" --role edge "${net[@]}" "${common[@]}" --edge.id 9 --edge.cloud "$endpoint" \
+  if timeout 60 "$bin" --role edge --config "$examples/edge.toml" "${common[@]}" --edge.id 9 --edge.cloud "$endpoint" \
       --edge.step_timeout_ms 300 --edge.tries 2 --security.key "$dir/keys/other/stranger.key_secret" \
       --security.server_key "$dir/keys/server/server.key" > "$dir/out" 2>&1; then echo "a stranger trained"; exit 1; fi
   grep -q "did not answer edge 9's hello" "$dir/out" || { echo "no clear error for a stranger"; cat "$dir/out"; exit 1; }
