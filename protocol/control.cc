@@ -21,7 +21,8 @@ static_assert(static_cast<int>(MessageKind::kChunk) == static_cast<int>(fb::Body
 static_assert(static_cast<int>(MessageKind::kShutdown) == static_cast<int>(fb::Body::Shutdown));
 static_assert(static_cast<int>(MessageKind::kSplitHello) == static_cast<int>(fb::Body::SplitHello));
 static_assert(static_cast<int>(MessageKind::kSplitReply) == static_cast<int>(fb::Body::SplitReply));
-static_assert(static_cast<int>(MessageKind::kSplitReply) == static_cast<int>(fb::Body::MAX));
+static_assert(static_cast<int>(MessageKind::kSplitBottom) == static_cast<int>(fb::Body::SplitBottom));
+static_assert(static_cast<int>(MessageKind::kSplitAverage) == static_cast<int>(fb::Body::MAX));
 
 namespace {
 
@@ -119,7 +120,7 @@ std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
   const uint16_t field = u16(p + vt + kBodyTypeSlot);
   if (field == 0 || field >= obj_size || root + field >= n) return std::nullopt;
   const uint8_t type = p[root + field];
-  if (type < static_cast<uint8_t>(MessageKind::kUpdate) || type > static_cast<uint8_t>(MessageKind::kSplitReply))
+  if (type < static_cast<uint8_t>(MessageKind::kUpdate) || type > static_cast<uint8_t>(MessageKind::kSplitAverage))
     return std::nullopt;
   return static_cast<MessageKind>(type);
 }
@@ -187,6 +188,20 @@ std::vector<uint8_t> encode(const SplitReplyMsg& m) {
   auto grad = b.CreateVector(m.gradient.data(), m.gradient.size());
   auto body = fb::CreateSplitReply(b, m.session, m.step, m.loss, m.correct, m.cloud_us, grad);
   return finish(b, fb::Body::SplitReply, body.Union());
+}
+
+std::vector<uint8_t> encode(const SplitBottomMsg& m) {
+  flatbuffers::FlatBufferBuilder b(m.bottom.size() * sizeof(float) + 128);
+  auto v = b.CreateVector(m.bottom);
+  auto body = fb::CreateSplitBottom(b, m.session, m.epoch, m.examples, v);
+  return finish(b, fb::Body::SplitBottom, body.Union());
+}
+
+std::vector<uint8_t> encode(const SplitAverageMsg& m) {
+  flatbuffers::FlatBufferBuilder b(m.bottom.size() * sizeof(float) + 128);
+  auto v = b.CreateVector(m.bottom);
+  auto body = fb::CreateSplitAverage(b, m.session, m.epoch, m.edges, v);
+  return finish(b, fb::Body::SplitAverage, body.Union());
 }
 
 std::vector<uint8_t> encodeChunk(const ChunkMsg& m) {
@@ -326,6 +341,34 @@ SplitReplyMsg decodeSplitReply(std::span<const uint8_t> bytes, const ControlLimi
     fail(Errc::kNonFinite, "split reply with loss " + std::to_string(m.loss) + " (finite and >= 0)");
   if (r->gradient()) m.gradient.assign(r->gradient()->begin(), r->gradient()->end());
   return m;
+}
+
+namespace {
+std::vector<float> finiteFloats(const flatbuffers::Vector<float>* v, const char* what) {
+  if (!v || v->size() == 0) fail(Errc::kMissingField, std::string(what) + " without its parameters");
+  std::vector<float> out(v->begin(), v->end());
+  for (float x : out)
+    if (!std::isfinite(x)) fail(Errc::kNonFinite, std::string(what) + " with a non-finite parameter");
+  return out;
+}
+}  // namespace
+
+SplitBottomMsg decodeSplitBottom(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* m = body<fb::SplitBottom>(bytes, limits.max_bytes, fb::Body::SplitBottom, 8, aligned);
+  SplitBottomMsg out{m->session(), m->epoch(), m->examples(), {}};
+  if (out.epoch == 0 || out.examples == 0) fail(Errc::kMissingField, "split bottom of epoch 0 or of 0 examples");
+  out.bottom = finiteFloats(m->bottom(), "split bottom");
+  return out;
+}
+
+SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes, const ControlLimits& limits) {
+  std::vector<uint64_t> aligned;
+  const auto* m = body<fb::SplitAverage>(bytes, limits.max_bytes, fb::Body::SplitAverage, 8, aligned);
+  SplitAverageMsg out{m->session(), m->epoch(), m->edges(), {}};
+  if (out.epoch == 0 || out.edges == 0) fail(Errc::kMissingField, "split average of epoch 0 or of 0 edges");
+  out.bottom = finiteFloats(m->bottom(), "split average");
+  return out;
 }
 
 ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes) {

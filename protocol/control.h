@@ -35,6 +35,8 @@ enum class MessageKind : uint8_t {
   kSplitHello = 11,
   kSplitStep = 12,
   kSplitReply = 13,
+  kSplitBottom = 14,
+  kSplitAverage = 15,
 };
 const char* kindName(MessageKind k);
 
@@ -167,6 +169,20 @@ struct SplitReplyMsg {
   std::vector<uint8_t> gradient;  // may be empty
 };
 
+// SplitFed: an edge's bottom part after an epoch, and the cloud's average of them.
+struct SplitBottomMsg {
+  uint64_t session = 0;
+  uint64_t epoch = 0;     // >= 1
+  uint64_t examples = 0;  // >= 1
+  std::vector<float> bottom;  // non-empty, finite
+};
+struct SplitAverageMsg {
+  uint64_t session = 0;
+  uint64_t epoch = 0;   // >= 1
+  uint32_t edges = 0;   // >= 1
+  std::vector<float> bottom;  // non-empty, finite
+};
+
 // Limits for control messages. `max_bytes` bounds any message; a Task's model is checked against
 // `layout` (decodeTask).
 struct ControlLimits {
@@ -194,6 +210,12 @@ std::vector<uint8_t> encode(const SplitReplyMsg& m);
 SplitHelloMsg decodeSplitHello(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
 SplitStepMsg decodeSplitStep(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
 SplitReplyMsg decodeSplitReply(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+// Check epoch >= 1, examples (edges) >= 1 and a non-empty, finite bottom (the receiver checks its
+// size against the cut and its values against its bound).
+std::vector<uint8_t> encode(const SplitBottomMsg& m);
+std::vector<uint8_t> encode(const SplitAverageMsg& m);
+SplitBottomMsg decodeSplitBottom(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
 
 // `data` views into `bytes`. Checks index < count, total_bytes > 0, data non-empty and at most
 // `max_chunk_bytes`.

@@ -299,6 +299,8 @@ inline void othersRefuse(std::span<const uint8_t> bytes, std::optional<pr::Messa
   refuses(K::kSplitHello, [&] { pr::decodeSplitHello(bytes); });
   refuses(K::kSplitStep, [&] { pr::decodeSplitStep(bytes); });
   refuses(K::kSplitReply, [&] { pr::decodeSplitReply(bytes); });
+  refuses(K::kSplitBottom, [&] { pr::decodeSplitBottom(bytes); });
+  refuses(K::kSplitAverage, [&] { pr::decodeSplitAverage(bytes); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().small); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().softmax); });
 }
@@ -396,6 +398,26 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
         require(r.gradient.size() <= n, "split reply: more bytes decoded than the input holds");
       }
       break;
+    case K::kSplitBottom:
+      ok = common([&](auto b, size_t max) { return pr::decodeSplitBottom(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "split bottom");
+      if (ok) {
+        const auto m = pr::decodeSplitBottom(bytes);
+        require(m.epoch >= 1 && m.examples >= 1, "split bottom: epoch or examples 0");
+        require(!m.bottom.empty() && m.bottom.size() * 4 <= n, "split bottom: empty or larger than the input");
+        for (float x : m.bottom) require(std::isfinite(x), "split bottom: non-finite value");
+      }
+      break;
+    case K::kSplitAverage:
+      ok = common([&](auto b, size_t max) { return pr::decodeSplitAverage(b, limits(max)); },
+                  [](const auto& m) { return pr::encode(m); }, "split average");
+      if (ok) {
+        const auto m = pr::decodeSplitAverage(bytes);
+        require(m.epoch >= 1 && m.edges >= 1, "split average: epoch or edges 0");
+        require(!m.bottom.empty() && m.bottom.size() * 4 <= n, "split average: empty or larger than the input");
+        for (float x : m.bottom) require(std::isfinite(x), "split average: non-finite value");
+      }
+      break;
     case K::kTask:
       ok |= checkTask(bytes, layouts().small);
       ok |= checkTask(bytes, layouts().softmax);
@@ -410,7 +432,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
 inline constexpr pr::MessageKind kControlKinds[] = {
     pr::MessageKind::kRegister, pr::MessageKind::kWelcome, pr::MessageKind::kHeartbeat, pr::MessageKind::kTask,
     pr::MessageKind::kEvaluation, pr::MessageKind::kReject, pr::MessageKind::kShutdown, pr::MessageKind::kChunk,
-    pr::MessageKind::kSplitHello, pr::MessageKind::kSplitStep, pr::MessageKind::kSplitReply};
+    pr::MessageKind::kSplitHello, pr::MessageKind::kSplitStep, pr::MessageKind::kSplitReply,
+    pr::MessageKind::kSplitBottom, pr::MessageKind::kSplitAverage};
 
 // Returns the kind that decoded (nullopt: refused, or an Update/PartialAggregate, which are
 // fuzz_decode.cc's). The bytes are read where they are; callers pass 8-byte aligned bytes, as the
@@ -461,6 +484,8 @@ inline std::vector<Seed> controlSeeds() {
   out.push_back({"split-step-evaluate", pr::encode(pr::SplitStepMsg{7, 3, pr::SplitStepKind::kEvaluate, 1, {2}, {0x41}})});
   out.push_back({"split-reply", pr::encode(pr::SplitReplyMsg{7, 2, 0.5, 2, 1500, std::vector<uint8_t>(24, 0x41)})});
   out.push_back({"split-reply-hello", pr::encode(pr::SplitReplyMsg{7, 0, 0, 0, 0, {}})});
+  out.push_back({"split-bottom", pr::encode(pr::SplitBottomMsg{7, 2, 600, {0.5f, -1.25f, 3.0f, 0.0f}})});
+  out.push_back({"split-average", pr::encode(pr::SplitAverageMsg{7, 2, 3, {0.25f, -1.0f, 2.5f, 0.125f}})});
   std::vector<uint8_t> payload(200);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 37 + 1);
   out.push_back({"chunk-first", pr::encodeChunk(pr::ChunkMsg{5, 0, 4, 200, {payload.data(), 64}})});

@@ -75,7 +75,7 @@ TEST_CASE("every control seed decodes as its own kind and holds the harness's pr
     ++kinds[*kind];
   }
   for (K k : {K::kRegister, K::kWelcome, K::kHeartbeat, K::kTask, K::kEvaluation, K::kReject, K::kShutdown, K::kChunk,
-              K::kSplitHello, K::kSplitStep, K::kSplitReply})
+              K::kSplitHello, K::kSplitStep, K::kSplitReply, K::kSplitBottom, K::kSplitAverage})
     CHECK(kinds[k] >= 1);
 }
 
