@@ -60,6 +60,8 @@ struct Config {
   uint64_t checkpoint_every = 50;
   uint64_t edge_timeout_ms = 60000;
   uint64_t exit_after = 0;
+  uint32_t splitfed_edges = 0;
+  uint64_t splitfed_wait_ms = 300000;
   uint64_t edge_id = 1;
   uint64_t shard = 0;
   uint64_t step_timeout_ms = 10000;
@@ -149,6 +151,8 @@ int runCloud(Config& c, split::SplitModel& sm) {
   cfg.checkpoint = c.checkpoint;
   cfg.checkpoint_every = c.checkpoint_every;
   cfg.steps_done = steps_done;
+  cfg.splitfed_edges = c.splitfed_edges;
+  cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   transport::Context ctx;
   split::SplitCloudServer server(ctx, cloud, cfg);
@@ -199,6 +203,7 @@ int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train, c
   cfg.down = c.train.down;
   cfg.step_timeout = std::chrono::milliseconds(c.step_timeout_ms);
   cfg.tries = c.tries;
+  cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   std::ofstream metrics;
   if (!c.metrics.empty()) {
@@ -367,7 +372,9 @@ int main(int argc, char** argv) {
   o.add("split.train_bottom", &c.train.train_bottom, "fine-tune the edge's part too (false: only the cloud's)");
   o.add("split.edges", &c.edges, "edge devices sharing the one cloud part, served interleaved, each with its own "
         "codec state and bottom part (the private part dealt among them)", 1, 1024);
-  o.add("split.splitfed", &c.train.splitfed, "SplitFed: average the edges' bottom parts after each epoch");
+  o.add("split.splitfed", &c.train.splitfed,
+        "SplitFed: average the edges' bottom parts after each epoch (--role inproc; --role edge: through the cloud, "
+        "which sets cloud.splitfed_edges)");
   o.add("split.pretrained", &c.pretrained, "the pre-trained model: written by --role pretrain, read by --role inproc");
   o.add("pretrain.epochs", &c.pretrain_epochs, "epochs of pre-training", 1, 1000);
   o.add("train.epochs", &c.epochs, "epochs of split fine-tuning", 1, 100000);
@@ -384,6 +391,12 @@ int main(int argc, char** argv) {
         "--role cloud: an edge device silent this long loses its session and codec state", 100, 86400000);
   o.add("cloud.exit_after", &c.exit_after,
         "--role cloud: exit after this many edge devices said goodbye (0: serve until SIGINT or SIGTERM)", 0, ~0ull);
+  o.add("cloud.splitfed_edges", &c.splitfed_edges,
+        "--role cloud: SplitFed over the network: average this many edges' bottom parts after each epoch (0: off; "
+        "the edges set split.splitfed = true)", 0, 1u << 20);
+  o.add("split.splitfed_wait_ms", &c.splitfed_wait_ms,
+        "SplitFed over the network: the cloud averages what it has this long after an epoch's first bottom; an edge "
+        "waits this long for the average", 100, 86400000);
   o.add("edge.cloud", &c.cloud, "--role edge: the cloud's endpoint");
   o.add("edge.id", &c.edge_id, "--role edge: this edge device's id (under CURVE, its key's id on the cloud's allow-list)",
         0, ~0ull);

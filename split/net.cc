@@ -5,6 +5,7 @@
 #include <random>
 #include <thread>
 
+#include "aggregation/partial.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -81,6 +82,15 @@ std::optional<CloudCheckpoint> loadCloudCheckpoint(const std::string& path, uint
 
 // ---------------------------------------------------------------- cloud
 
+struct SplitCloudServer::FedEpoch {
+  std::unique_ptr<aggregation::PartialAggregate> sum;
+  std::vector<std::pair<std::string, uint64_t>> contributors;  // routing id, session
+  std::vector<uint64_t> edges;
+  Clock::time_point first;
+  std::vector<float> mean;
+  bool done = false;
+};
+
 SplitCloudServer::SplitCloudServer(transport::Context& context, SplitCloud& cloud, CloudServerConfig config)
     : cloud_(cloud), cfg_(std::move(config)) {
   if (cfg_.checkpoint_every == 0) STARLING_THROW(ConfigError, "cloud.checkpoint_every must be at least 1");
@@ -124,6 +134,8 @@ void SplitCloudServer::poll(milliseconds timeout) {
     }
   }
   const auto now = Clock::now();
+  for (auto& [epoch, f] : fed_)
+    if (!f->done && now - f->first > cfg_.splitfed_wait) complete(epoch, *f);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     auto next = std::next(it);
     if (now - it->second.last_seen > cfg_.edge_timeout) {
@@ -152,6 +164,9 @@ void SplitCloudServer::handle(const transport::Received& r) {
     case pr::MessageKind::kSplitStep:
       step(r);
       return;
+    case pr::MessageKind::kSplitBottom:
+      bottom(r);
+      return;
     case pr::MessageKind::kShutdown: {
       pr::decodeShutdown(r.bytes());
       auto it = sessions_.find(r.peer);
@@ -163,7 +178,7 @@ void SplitCloudServer::handle(const transport::Received& r) {
       return;
     }
     default:
-      failInput(Errc::kUnexpectedMessage, "a split cloud takes SplitHello, SplitStep and Shutdown, not ",
+      failInput(Errc::kUnexpectedMessage, "a split cloud takes SplitHello, SplitStep, SplitBottom and Shutdown, not ",
                 pr::kindName(*kind));
   }
 }
@@ -236,6 +251,74 @@ void SplitCloudServer::step(const transport::Received& r) {
          " is dropped");
   }
   if (since_checkpoint_ >= cfg_.checkpoint_every) saveCheckpoint();
+}
+
+void SplitCloudServer::bottom(const transport::Received& r) {
+  pr::SplitBottomMsg m = pr::decodeSplitBottom(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
+  auto it = sessions_.find(r.peer);
+  if (it == sessions_.end() || it->second.id != m.session) {
+    refuse(r.peer, static_cast<int>(pr::RejectKind::kNotRegistered), Errc::kNotRegistered,
+           "no session " + std::to_string(m.session) + " on this connection: send SplitHello");
+    return;
+  }
+  Session& s = it->second;
+  if (r.authenticated_id && *r.authenticated_id != s.edge_id)
+    failInput(Errc::kWrongSender, "a bottom in edge ", s.edge_id, "'s session from the key listed as ", *r.authenticated_id);
+  s.last_seen = Clock::now();
+  if (cfg_.splitfed_edges == 0) failInput(Errc::kUnexpectedMessage, "this cloud does not run SplitFed (cloud.splitfed_edges)");
+  const ParamLayout& layout = cloud_.model().bottom();
+  if (m.bottom.size() != layout.numel())
+    failInput(Errc::kSizeMismatch, "a bottom of ", m.bottom.size(), " parameters, the cut's has ", layout.numel());
+  for (size_t i = 0; i < m.bottom.size(); ++i)
+    if (std::fabs(m.bottom[i]) > cfg_.max_abs)
+      failInput(Errc::kValueTooLarge, "bottom parameter ", i, " (", m.bottom[i], ") exceeds ", cfg_.max_abs);
+  if (m.examples > (uint64_t{1} << 31)) failInput(Errc::kBadWeight, "a bottom weighted by ", m.examples, " examples");
+  auto fit = fed_.find(m.epoch);
+  if (fit == fed_.end()) {
+    // At most 4 epochs kept: the oldest finished ones go first; a fifth pending one is refused.
+    while (fed_.size() >= 4) {
+      auto done = std::find_if(fed_.begin(), fed_.end(), [](const auto& e) { return e.second->done; });
+      if (done == fed_.end()) failInput(Errc::kWrongRound, "SplitFed epoch ", m.epoch, " while 4 epochs are pending");
+      fed_.erase(done);
+    }
+    auto f = std::make_unique<FedEpoch>();
+    f->sum = std::make_unique<aggregation::PartialAggregate>(std::make_shared<const aggregation::AggregateLayout>(
+        std::make_shared<const ParamLayout>(layout), m.epoch, 0, nullptr, std::vector<std::string>{}));
+    f->first = Clock::now();
+    fit = fed_.emplace(m.epoch, std::move(f)).first;
+  }
+  FedEpoch& f = *fit->second;
+  if (f.done) {  // late, or sent again: the epoch's average as it stands
+    pr::SplitAverageMsg avg{s.id, m.epoch, static_cast<uint32_t>(f.edges.size()), f.mean};
+    if (!socket_->send(r.peer, pr::encode(avg))) ++stats_.replies_dropped;
+    return;
+  }
+  if (std::find(f.edges.begin(), f.edges.end(), s.edge_id) != f.edges.end()) return;  // sent again while pending
+  compression::UpdateView u;
+  u.header = {layout.fingerprint(), m.epoch, 0, s.edge_id, m.examples, 0};
+  for (const auto& t : layout.tensors())
+    u.tensors.push_back(compression::DenseF32View{std::span<const float>(m.bottom).subspan(t.offset, t.numel)});
+  f.sum->addValidated(u, static_cast<double>(m.examples));
+  f.contributors.emplace_back(r.peer, s.id);
+  f.edges.push_back(s.edge_id);
+  if (f.edges.size() >= cfg_.splitfed_edges) complete(m.epoch, f);
+}
+
+void SplitCloudServer::complete(uint64_t epoch, FedEpoch& f) {
+  f.done = true;
+  if (f.edges.empty()) return;
+  f.mean = f.sum->mean();
+  f.sum.reset();
+  ++stats_.averages;
+  if (f.edges.size() < cfg_.splitfed_edges) {
+    ++stats_.averages_short;
+    note("SplitFed epoch " + std::to_string(epoch) + ": averaged " + std::to_string(f.edges.size()) + " of " +
+         std::to_string(cfg_.splitfed_edges) + " edges (the others did not send in time)");
+  }
+  for (const auto& [peer, session] : f.contributors) {
+    pr::SplitAverageMsg avg{session, epoch, static_cast<uint32_t>(f.edges.size()), f.mean};
+    if (!socket_->send(peer, pr::encode(avg))) ++stats_.replies_dropped;
+  }
 }
 
 void SplitCloudServer::saveCheckpoint() {
@@ -394,6 +477,54 @@ EdgeStepResult SplitEdgeClient::train(std::span<const float> x, std::span<const 
   return out;
 }
 
+uint32_t SplitEdgeClient::average(uint64_t epoch, uint64_t examples) {
+  STARLING_CHECK_ARG(epoch >= 1 && examples >= 1, "split edge: SplitFed needs an epoch and examples");
+  pr::SplitBottomMsg m{0, epoch, examples, {edge_.bottom().begin(), edge_.bottom().end()}};
+  const auto give_up = Clock::now() + cfg_.splitfed_wait;
+  while (Clock::now() < give_up) {
+    if (session_ == 0) connect();
+    m.session = session_;
+    const auto bytes = pr::encode(m);
+    socket_->send(bytes);
+    stats_.wire_up += bytes.size();
+    // Sent again every step timeout (the cloud keeps one per edge and epoch), until the average comes.
+    const auto deadline = std::min(give_up, Clock::now() + cfg_.step_timeout);
+    bool again = false;
+    while (!again && Clock::now() < deadline) {
+      auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
+      if (!r || !r->ok()) continue;
+      stats_.wire_down += r->bytes().size();
+      const auto k = pr::peekKind(r->bytes());
+      try {
+        if (k == pr::MessageKind::kReject) {
+          const auto rej = pr::decodeReject(r->bytes());
+          if (rej.kind == pr::RejectKind::kNotRegistered) {
+            session_ = 0;
+            again = true;
+            continue;
+          }
+          if (rej.kind == pr::RejectKind::kBusy) continue;
+          STARLING_THROW(InvalidArgument, "the cloud refused edge ", cfg_.edge_id, "'s bottom of epoch ", epoch, " (",
+                         errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
+        }
+        if (k != pr::MessageKind::kSplitAverage) continue;
+        auto avg = pr::decodeSplitAverage(r->bytes());
+        if (avg.session != session_ || avg.epoch != epoch) continue;
+        if (avg.bottom.size() != edge_.bottom().size())
+          failInput(Errc::kSizeMismatch, "the cloud's SplitFed average has ", avg.bottom.size(), " parameters, the bottom ",
+                    edge_.bottom().size());
+        edge_.setBottom(avg.bottom);
+        return avg.edges;
+      } catch (const InputError& e) {
+        if (k == pr::MessageKind::kSplitAverage && e.code() == Errc::kSizeMismatch) throw;
+        note(std::string("a malformed message from the cloud: ") + e.what());
+      }
+    }
+  }
+  STARLING_THROW(IoError, "no SplitFed average of epoch ", epoch, " from the cloud at ", cfg_.cloud, " within ",
+                 cfg_.splitfed_wait.count(), " ms");
+}
+
 EdgeStepResult SplitEdgeClient::evaluate(std::span<const float> x, std::span<const uint8_t> labels, size_t n) {
   std::vector<uint8_t> up = edge_.forwardUncompressed(x, n);
   EdgeStepResult out;
@@ -434,6 +565,7 @@ EpochRecord runEdgeEpoch(SplitEdgeClient& client, const SplitTrainConfig& cfg, u
   }
   rec.train_loss = loss_sum / static_cast<double>(rec.steps);
   rec.train_accuracy = static_cast<double>(correct) / static_cast<double>(order.size());
+  if (cfg.splitfed && cfg.train_bottom) client.average(epoch, order.size());
   constexpr size_t kBatch = 256;
   double loss = 0;
   size_t right = 0;

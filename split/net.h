@@ -68,6 +68,13 @@ struct CloudServerConfig {
   uint64_t checkpoint_every = 50;                  // training steps between checkpoints
   uint64_t steps_done = 0;                         // from the checkpoint loaded at start
   std::function<void(const std::string&)> log;     // progress and refusals (optional)
+  // SplitFed: the number of edge devices whose bottoms are averaged after each epoch (0: off). An
+  // epoch's average is sent to its contributors once that many bottoms came, or `splitfed_wait`
+  // after the first one (an edge that vanished is left out); a bottom arriving after its epoch's
+  // average gets that average. Bottoms are checked: the bottom part's size, values within max_abs.
+  uint32_t splitfed_edges = 0;
+  std::chrono::milliseconds splitfed_wait{300000};
+  double max_abs = 1e6;
 };
 
 struct CloudStats {
@@ -80,6 +87,8 @@ struct CloudStats {
   uint64_t timed_out = 0;         // sessions closed for silence
   uint64_t goodbyes = 0;          // sessions closed by the edge
   double compute_seconds = 0;     // in SplitCloud::step and evaluate
+  uint64_t averages = 0;          // SplitFed epochs averaged
+  uint64_t averages_short = 0;    // of them, averaged with fewer bottoms than splitfed_edges
 };
 
 class SplitCloudServer {
@@ -110,6 +119,9 @@ class SplitCloudServer {
   void hello(const transport::Received& r);
   void step(const transport::Received& r);
   void refuse(const std::string& peer, int kind, Errc code, const std::string& message);
+  void bottom(const transport::Received& r);
+  struct FedEpoch;
+  void complete(uint64_t epoch, FedEpoch& f);
   void close(std::map<std::string, Session>::iterator it);
   void note(const std::string& s) const;
 
@@ -117,6 +129,7 @@ class SplitCloudServer {
   CloudServerConfig cfg_;
   std::unique_ptr<transport::ServerSocket> socket_;
   std::map<std::string, Session> sessions_;  // by routing id
+  std::map<uint64_t, std::unique_ptr<FedEpoch>> fed_;  // SplitFed, by epoch (at most 4 kept)
   CloudStats stats_;
   uint64_t next_session_;
   uint64_t since_checkpoint_ = 0;
@@ -131,6 +144,8 @@ struct EdgeClientConfig {
   std::string up, down;
   std::chrono::milliseconds step_timeout{10000};  // per try
   uint32_t tries = 6;                             // per step (and per hello) before giving up
+  // SplitFed: how long to wait for the epoch's average (the other edges finish their epochs).
+  std::chrono::milliseconds splitfed_wait{600000};
   std::function<void(const std::string&)> log;
 };
 
@@ -162,6 +177,10 @@ class SplitEdgeClient {
   EdgeStepResult train(std::span<const float> x, std::span<const uint8_t> labels, size_t n, bool train_bottom = true);
   // The whole model's loss and correct count on n examples: uncompressed activations, no update.
   EdgeStepResult evaluate(std::span<const float> x, std::span<const uint8_t> labels, size_t n);
+  // SplitFed: sends the bottom part after `epoch` with its weight `examples`, waits (up to
+  // splitfed_wait) for the cloud's average of the epoch and adopts it. Returns the number of edge
+  // devices averaged. IoError when none comes; InputError for an average of the wrong size.
+  uint32_t average(uint64_t epoch, uint64_t examples);
   void bye();
   const EdgeClientStats& stats() const { return stats_; }
 
@@ -181,7 +200,8 @@ class SplitEdgeClient {
 
 // One epoch of an edge device over the network, as InProcessSplit::runEpoch does it for one edge
 // (the same shuffling for `shard` and cfg.seed, the same steps, so one networked edge computes what
-// the in-process mode does): every batch of train[idx] trained through the cloud, then the whole
+// the in-process mode does): every batch of train[idx] trained through the cloud, with
+// cfg.splitfed the SplitFed average (SplitEdgeClient::average, weighted by idx.size()), then the whole
 // model's loss and accuracy on test[test_idx] through the cloud (uncompressed activations, counted
 // as eval_bytes; skipped when test_idx is empty). `progress` is called after each step with the
 // steps done and the steps of the epoch.

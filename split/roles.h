@@ -45,6 +45,7 @@ class SplitCloud {
   void forget(uint64_t edge) { states_.erase(edge); }
   size_t edges() const { return states_.size(); }
   std::span<const float> top() const { return top_; }
+  const SplitModel& model() const { return model_; }
 
  private:
   void decode(std::span<const uint8_t> activations, std::span<const uint8_t> labels, size_t n);

@@ -132,5 +132,22 @@ PY
   kill -TERM "$cloud_pid"; wait "$cloud_pid" || true
   grep -q "refused [1-9]" "$dir/cloud2.log" || { echo "the cloud did not count the refusal"; cat "$dir/cloud2.log"; exit 1; }
   echo "edge and cloud over CURVE: $(tail -n 1 "$dir/edge1.jsonl")"
+  # SplitFed over the network: two edges at once, their bottoms averaged by the cloud after the
+  # epoch; then both hold the same model, so their test accuracies agree exactly.
+  cloud_args+=(--cloud.splitfed_edges 2 --cloud.exit_after 2)
+  rm -f "$dir/cloud.bin"
+  start_cloud 'tcp://127.0.0.1:*' 3
+  for i in 1 2; do
+    timeout 200 "$bin" --role edge --config "$examples/edge.toml" "${common[@]}" --data.max_train 300 --split.edges 2 \
+      --edge.id "$i" --edge.shard $((i - 1)) --train.epochs 1 --split.splitfed true --edge.cloud "$endpoint" \
+      --security.key "$dir/keys/edges/client-$i.key_secret" --security.server_key "$dir/keys/server/server.key" \
+      --state.metrics "$dir/fed$i.jsonl" > "$dir/fed$i.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[-1]}" "${pids[-2]}" || { echo "a SplitFed edge failed"; cat "$dir/fed1.log" "$dir/fed2.log"; exit 1; }
+  wait "$cloud_pid" || true
+  a1=$(acc "$dir/fed1.jsonl"); a2=$(acc "$dir/fed2.jsonl")
+  [[ "$a1" == "$a2" ]] || { echo "SplitFed edges disagree: $a1 vs $a2"; exit 1; }
+  echo "SplitFed over the network: both edges at $a1"
 fi
 echo "split app: ok"

@@ -398,3 +398,90 @@ TEST_CASE("under CURVE the cloud admits listed keys under their own ids only", "
   CHECK(cloud.stats().steps == 1);
   CHECK(cloud.stats().hellos == 1);
 }
+
+TEST_CASE("SplitFed over the network: the examples-weighted mean of the edges' bottoms, a missing edge left out",
+          "[split][net]") {
+  SplitModel sm = model();
+  const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  CloudServerConfig cfg = cloudConfig(sm, "none", "none");
+  cfg.splitfed_edges = 2;
+  cfg.splitfed_wait = 1500ms;
+  CloudThread cloud(top, cfg, "none");
+  const data::Dataset d = quadrants(48, 3);
+  std::vector<std::vector<size_t>> shards(2);
+  for (size_t i = 0; i < d.size(); ++i) shards[i < 16 ? 0 : 1].push_back(i);  // 16 and 32 examples
+  SplitTrainConfig tc;
+  tc.batch_size = 8;
+  struct Edge {
+    SplitModel m = model();
+    std::unique_ptr<SplitEdge> edge;
+    std::vector<float> before, after;
+    uint32_t edges = 0;
+  };
+  Edge e[2];
+  transport::Context ctx;
+  std::vector<std::unique_ptr<SplitEdgeClient>> clients;
+  for (int i = 0; i < 2; ++i) {
+    e[i].edge = std::make_unique<SplitEdge>(e[i].m, bottom, "none", 0.05);
+    EdgeClientConfig ec = edgeConfig(sm, cloud.endpoint(), 10 + i, "none", "none");
+    ec.step_timeout = 500ms;
+    ec.splitfed_wait = 20000ms;
+    clients.push_back(std::make_unique<SplitEdgeClient>(ctx, *e[i].edge, ec));
+  }
+  // Epoch 1: both edges train, then average; each in its own thread (the cloud waits for both).
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i)
+    threads.emplace_back([&, i] {
+      runEdgeEpoch(*clients[i], tc, 1, i, d, shards[i], d, {});
+      e[i].before.assign(e[i].edge->bottom().begin(), e[i].edge->bottom().end());
+      e[i].edges = clients[i]->average(1, shards[i].size());
+      e[i].after.assign(e[i].edge->bottom().begin(), e[i].edge->bottom().end());
+    });
+  for (auto& t : threads) t.join();
+  std::vector<float> want(bottom.size());
+  for (size_t j = 0; j < want.size(); ++j)
+    want[j] = static_cast<float>((16.0 * e[0].before[j] + 32.0 * e[1].before[j]) / 48.0);
+  CHECK(e[0].edges == 2);
+  CHECK(e[1].edges == 2);
+  CHECK(testing::maxAbsDiff(e[0].before, e[1].before) > 1e-4);  // there was something to average
+  CHECK(testing::maxAbsDiff(e[0].after, want) < 1e-6);
+  CHECK(testing::maxAbsDiff(e[1].after, want) < 1e-6);
+  // Epoch 2: edge 10 alone; after the cloud's wait it gets the average of one (its own bottom),
+  // and edge 10's late bottom of epoch 2 then gets that same average.
+  runEdgeEpoch(*clients[0], tc, 2, 0, d, shards[0], d, {});
+  const std::vector<float> own(e[0].edge->bottom().begin(), e[0].edge->bottom().end());
+  CHECK(clients[0]->average(2, 16) == 1);
+  CHECK(testing::maxAbsDiff({e[0].edge->bottom().begin(), e[0].edge->bottom().end()}, own) < 1e-6);
+  CHECK(clients[1]->average(2, 32) == 1);
+  CHECK(testing::maxAbsDiff({e[1].edge->bottom().begin(), e[1].edge->bottom().end()}, own) < 1e-6);
+  // Lies: a bottom of another size, one over the value bound, an absurd weight.
+  RawPeer peer(ctx, cloud.endpoint());
+  pr::SplitReplyMsg hello;
+  REQUIRE(peer.ask(pr::encode(pr::SplitHelloMsg{12, sessionFingerprint(sm, "none", "none"), "none", "none"}), &hello) ==
+          "reply");
+  auto lie = [&](std::vector<float> b, uint64_t examples) {
+    return peer.ask(pr::encode(pr::SplitBottomMsg{hello.session, 3, examples, std::move(b)}));
+  };
+  CHECK(lie(std::vector<float>(bottom.size() + 1, 0.0f), 10) == errcName(Errc::kSizeMismatch));
+  std::vector<float> huge = bottom;
+  huge[5] = 1e30f;
+  CHECK(lie(huge, 10) == errcName(Errc::kValueTooLarge));
+  CHECK(lie(bottom, uint64_t{1} << 40) == errcName(Errc::kBadWeight));
+  clients.clear();
+  cloud.stop();
+  CHECK(cloud.stats().averages == 2);
+  CHECK(cloud.stats().averages_short == 1);
+  CHECK(cloud.stats().refused == 3);
+}
+
+TEST_CASE("a cloud without SplitFed refuses an edge's bottom", "[split][net]") {
+  SplitModel sm = model();
+  const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  CloudThread cloud(top, cloudConfig(sm, "none", "none"), "none");
+  SplitModel m = model();
+  SplitEdge edge(m, bottom, "none", 0.05);
+  transport::Context ctx;
+  SplitEdgeClient client(ctx, edge, edgeConfig(sm, cloud.endpoint(), 4, "none", "none"));
+  client.connect();
+  CHECK_THROWS_WITH(client.average(1, 10), Catch::Contains("does not run SplitFed"));
+}
