@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/image_data.h"
 #include "bench/ratios.h"
 #include "core/rng.h"
 #include "data/idx.h"
@@ -39,24 +40,7 @@ constexpr size_t kBatch = 32;
 constexpr size_t kSteps = 10;
 
 const data::Dataset& benchData() {
-  static const data::Dataset data_set = [] {
-    data::Dataset d;
-    try {
-      d = data::loadFashionMnist(data::kDefaultFashionMnistDir, "train");
-      d.images.resize(kBatch * kSteps * d.features());
-      d.labels.resize(kBatch * kSteps);
-      std::cerr << "data: the first " << kBatch * kSteps << " examples of Fashion-MNIST (train)\n";
-      return d;
-    } catch (const std::exception& e) {
-      std::cerr << "data: random 28x28 images (" << e.what() << ")\n";
-    }
-    RngStream r(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
-    d.rows = d.cols = 28;
-    d.num_classes = 10;
-    for (size_t i = 0; i < kBatch * kSteps * 784; ++i) d.images.push_back(r.uniformFloat());
-    for (size_t i = 0; i < kBatch * kSteps; ++i) d.labels.push_back(static_cast<uint8_t>(r.below(10)));
-    return d;
-  }();
+  static const data::Dataset data_set = bench::fashionOrRandom(kBatch * kSteps);
   return data_set;
 }
 
@@ -117,17 +101,7 @@ void cloudBench(benchmark::State& st, std::string cut, uint32_t rank) {
 void pairedBench(benchmark::State& st, std::string cut, uint32_t rank) {
   Unsplit u;
   Cloud c(cut, rank);
-  double us = 0, cs = 0;
-  using Clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = Clock::now();
-    u.run();
-    const auto t1 = Clock::now();
-    c.run();
-    const auto t2 = Clock::now();
-    us += std::chrono::duration<double>(t1 - t0).count();
-    cs += std::chrono::duration<double>(t2 - t1).count();
-  }
+  const auto [us, cs] = bench::pairedSeconds(st, [&] { u.run(); }, [&] { c.run(); });
   const double steps = static_cast<double>(st.iterations()) * kSteps;
   st.counters["unsplit_ms"] = 1e3 * us / steps;
   st.counters["cloud_ms"] = 1e3 * cs / steps;
@@ -139,11 +113,7 @@ void pairedBench(benchmark::State& st, std::string cut, uint32_t rank) {
 int main(int argc, char** argv) {
   starling::bench::CommandLine cl;
   int threads = 1;
-  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
-    if (a.rfind("--threads=", 0) != 0) return false;
-    threads = std::stoi(a.substr(10));
-    return true;
-  });
+  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, starling::bench::threadsFlag(threads));
   if (!ok) return 1;
   starling::torch_trainer::setThreads(threads);
   benchData();

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/image_data.h"
 #include "bench/ratios.h"
 #include "core/rng.h"
 #include "data/idx.h"
@@ -39,24 +40,7 @@ constexpr size_t kSamples = 600;
 constexpr int64_t kBatch = 32;
 constexpr double kLr = 0.05;
 
-data::Dataset benchData() {
-  data::Dataset d;
-  try {
-    d = data::loadFashionMnist(data::kDefaultFashionMnistDir, "train");
-    d.images.resize(kSamples * d.features());
-    d.labels.resize(kSamples);
-    std::cerr << "data: the first " << kSamples << " examples of Fashion-MNIST (train)\n";
-    return d;
-  } catch (const std::exception& e) {
-    std::cerr << "data: random 28x28 images (" << e.what() << ")\n";
-  }
-  RngStream r(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
-  d.rows = d.cols = 28;
-  d.num_classes = 10;
-  for (size_t i = 0; i < kSamples * 784; ++i) d.images.push_back(r.uniformFloat());
-  for (size_t i = 0; i < kSamples; ++i) d.labels.push_back(static_cast<uint8_t>(r.below(10)));
-  return d;
-}
+data::Dataset benchData() { return bench::fashionOrRandom(kSamples); }
 
 const data::Dataset& benchDataOnce() {
   static const data::Dataset d = benchData();
@@ -159,17 +143,7 @@ void trainerFit(benchmark::State& st) {
 void paired(benchmark::State& st) {
   Bare b;
   Fit f;
-  double bare_s = 0, fit_s = 0;
-  using Clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = Clock::now();
-    b.epoch();
-    const auto t1 = Clock::now();
-    f.epoch();
-    const auto t2 = Clock::now();
-    bare_s += std::chrono::duration<double>(t1 - t0).count();
-    fit_s += std::chrono::duration<double>(t2 - t1).count();
-  }
+  const auto [bare_s, fit_s] = bench::pairedSeconds(st, [&] { b.epoch(); }, [&] { f.epoch(); });
   const auto iters = static_cast<double>(st.iterations());
   st.counters["bare_ms"] = 1e3 * bare_s / iters;
   st.counters["trainer_ms"] = 1e3 * fit_s / iters;
@@ -181,11 +155,7 @@ void paired(benchmark::State& st) {
 int main(int argc, char** argv) {
   starling::bench::CommandLine cl;
   int threads = 1;
-  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
-    if (a.rfind("--threads=", 0) != 0) return false;
-    threads = std::stoi(a.substr(10));
-    return true;
-  });
+  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, starling::bench::threadsFlag(threads));
   if (!ok) return 1;
   starling::torch_trainer::setThreads(threads);
   benchDataOnce();

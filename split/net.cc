@@ -208,18 +208,27 @@ void SplitCloudServer::hello(const transport::Received& r) {
   if (!socket_->send(r.peer, pr::encode(pr::SplitReplyMsg{id, 0, 0, 0, 0, {}}))) ++stats_.replies_dropped;
 }
 
-void SplitCloudServer::step(const transport::Received& r) {
-  pr::SplitStepMsg m = pr::decodeSplitStep(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
+SplitCloudServer::Session* SplitCloudServer::sessionOf(const transport::Received& r, uint64_t session,
+                                                       const char* what) {
   auto it = sessions_.find(r.peer);
-  if (it == sessions_.end() || it->second.id != m.session) {
+  if (it == sessions_.end() || it->second.id != session) {
     refuse(r.peer, static_cast<int>(pr::RejectKind::kNotRegistered), Errc::kNotRegistered,
-           "no session " + std::to_string(m.session) + " on this connection: send SplitHello");
-    return;
+           "no session " + std::to_string(session) + " on this connection: send SplitHello");
+    return nullptr;
   }
   Session& s = it->second;
   if (r.authenticated_id && *r.authenticated_id != s.edge_id)
-    failInput(Errc::kWrongSender, "a step in edge ", s.edge_id, "'s session from the key listed as ", *r.authenticated_id);
+    failInput(Errc::kWrongSender, "a ", what, " in edge ", s.edge_id, "'s session from the key listed as ",
+              *r.authenticated_id);
   s.last_seen = Clock::now();
+  return &s;
+}
+
+void SplitCloudServer::step(const transport::Received& r) {
+  pr::SplitStepMsg m = pr::decodeSplitStep(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
+  Session* found = sessionOf(r, m.session, "step");
+  if (!found) return;
+  Session& s = *found;
   if (m.step == s.last_step && !s.last_reply.empty()) {  // sent again: the same answer, no second update
     ++stats_.duplicates;
     if (!socket_->send(r.peer, s.last_reply)) ++stats_.replies_dropped;
@@ -255,16 +264,9 @@ void SplitCloudServer::step(const transport::Received& r) {
 
 void SplitCloudServer::bottom(const transport::Received& r) {
   pr::SplitBottomMsg m = pr::decodeSplitBottom(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
-  auto it = sessions_.find(r.peer);
-  if (it == sessions_.end() || it->second.id != m.session) {
-    refuse(r.peer, static_cast<int>(pr::RejectKind::kNotRegistered), Errc::kNotRegistered,
-           "no session " + std::to_string(m.session) + " on this connection: send SplitHello");
-    return;
-  }
-  Session& s = it->second;
-  if (r.authenticated_id && *r.authenticated_id != s.edge_id)
-    failInput(Errc::kWrongSender, "a bottom in edge ", s.edge_id, "'s session from the key listed as ", *r.authenticated_id);
-  s.last_seen = Clock::now();
+  Session* found = sessionOf(r, m.session, "bottom");
+  if (!found) return;
+  Session& s = *found;
   if (cfg_.splitfed_edges == 0) failInput(Errc::kUnexpectedMessage, "this cloud does not run SplitFed (cloud.splitfed_edges)");
   const ParamLayout& layout = cloud_.model().bottom();
   if (m.bottom.size() != layout.numel())
@@ -367,34 +369,56 @@ void SplitEdgeClient::bye() {
   socket_->send(pr::encode(pr::ShutdownMsg{step_, "edge " + std::to_string(cfg_.edge_id) + " is done"}));
 }
 
+SplitEdgeClient::Wait SplitEdgeClient::await(std::span<const uint8_t> bytes, Clock::time_point deadline,
+                                             const std::function<void(const protocol::RejectMsg&)>& refused,
+                                             const std::function<bool(const transport::Received&)>& accept) {
+  socket_->send(bytes);
+  stats_.wire_up += bytes.size();
+  while (Clock::now() < deadline) {
+    auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
+    if (!r || !r->ok()) continue;
+    stats_.wire_down += r->bytes().size();
+    try {
+      if (pr::peekKind(r->bytes()) == pr::MessageKind::kReject) {
+        const auto rej = pr::decodeReject(r->bytes());
+        if (rej.kind == pr::RejectKind::kBusy) {  // its upload memory is full: a moment, then again
+          std::this_thread::sleep_for(milliseconds(100));
+          return Wait::kAgain;
+        }
+        if (rej.kind == pr::RejectKind::kNotRegistered) {  // the cloud restarted or closed our session
+          note("the cloud does not know our session (" + rej.message + "): opening a new one");
+          session_ = 0;
+          return Wait::kAgain;
+        }
+        refused(rej);  // throws
+      }
+      if (accept(*r)) return Wait::kDone;
+    } catch (const InputError& e) {
+      note(std::string("a malformed message from the cloud: ") + e.what());
+    }
+  }
+  return Wait::kTimeout;
+}
+
 void SplitEdgeClient::connect() {
   const auto hello = pr::encode(pr::SplitHelloMsg{cfg_.edge_id, cfg_.fingerprint, cfg_.up, cfg_.down});
+  const auto refused = [&](const pr::RejectMsg& rej) {
+    STARLING_THROW(ConfigError, "the cloud at ", cfg_.cloud, " refused edge ", cfg_.edge_id, " (",
+                   errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
+  };
+  const auto accept = [&](const transport::Received& r) {
+    if (pr::peekKind(r.bytes()) != pr::MessageKind::kSplitReply) return false;
+    const auto rep = pr::decodeSplitReply(r.bytes());
+    if (rep.step != 0) return false;  // an answer to an old step
+    session_ = rep.session;
+    return true;
+  };
   for (uint32_t t = 0; t < cfg_.tries; ++t) {
-    socket_->send(hello);
-    stats_.wire_up += hello.size();
-    const auto deadline = Clock::now() + cfg_.step_timeout;
-    while (Clock::now() < deadline) {
-      auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
-      if (!r || !r->ok()) continue;
-      stats_.wire_down += r->bytes().size();
-      const auto kind = pr::peekKind(r->bytes());
-      try {
-        if (kind == pr::MessageKind::kReject) {
-          const auto rej = pr::decodeReject(r->bytes());
-          if (rej.kind == pr::RejectKind::kBusy) break;  // send again after this try's wait
-          STARLING_THROW(ConfigError, "the cloud at ", cfg_.cloud, " refused edge ", cfg_.edge_id, " (",
-                         errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
-        }
-        if (kind != pr::MessageKind::kSplitReply) continue;
-        const auto rep = pr::decodeSplitReply(r->bytes());
-        if (rep.step != 0) continue;  // an answer to an old step
-        session_ = rep.session;
-        ++stats_.sessions;
-        note("session " + std::to_string(session_) + " with the cloud at " + cfg_.cloud);
-        return;
-      } catch (const InputError& e) {
-        note(std::string("a malformed message from the cloud: ") + e.what());
-      }
+    session_ = 0;
+    if (await(hello, Clock::now() + cfg_.step_timeout, refused, accept) == Wait::kDone && session_ != 0) {
+      ++stats_.sessions;
+      note("session " + std::to_string(session_) + " with the cloud at " + cfg_.cloud);
+      return;
     }
   }
   STARLING_THROW(IoError, "the cloud at ", cfg_.cloud, " did not answer edge ", cfg_.edge_id, "'s hello in ", cfg_.tries,
@@ -412,47 +436,27 @@ SplitEdgeClient::Answer SplitEdgeClient::exchange(int kind, std::span<const uint
   m.examples = static_cast<uint32_t>(n);
   m.labels.assign(labels.begin(), labels.end());
   m.activations = std::move(activations);
+  const auto refused = [&](const pr::RejectMsg& rej) {
+    STARLING_THROW(InvalidArgument, "the cloud refused step ", step_, " of edge ", cfg_.edge_id, " (",
+                   errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
+  };
+  Answer out;
+  const auto accept = [&](const transport::Received& r) {
+    if (pr::peekKind(r.bytes()) != pr::MessageKind::kSplitReply) return false;
+    auto rep = pr::decodeSplitReply(r.bytes());
+    if (rep.session != session_ || rep.step != step_) return false;  // an answer to an earlier try or step
+    out = Answer{std::move(rep), r.bytes().size()};
+    return true;
+  };
   for (uint32_t t = 0; t < cfg_.tries; ++t) {
     if (session_ == 0) connect();
     if (t > 0) ++stats_.resent;
     m.session = session_;
-    const auto bytes = pr::encode(m);
-    socket_->send(bytes);
-    stats_.wire_up += bytes.size();
-    const auto deadline = Clock::now() + cfg_.step_timeout;
-    bool again = false;
-    while (!again && Clock::now() < deadline) {
-      auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
-      if (!r || !r->ok()) continue;
-      stats_.wire_down += r->bytes().size();
-      const auto k = pr::peekKind(r->bytes());
-      try {
-        if (k == pr::MessageKind::kReject) {
-          const auto rej = pr::decodeReject(r->bytes());
-          if (rej.kind == pr::RejectKind::kNotRegistered) {  // the cloud restarted or closed our session
-            note("the cloud does not know our session (" + rej.message + "): opening a new one");
-            session_ = 0;
-            again = true;
-            continue;
-          }
-          if (rej.kind == pr::RejectKind::kBusy) {
-            std::this_thread::sleep_for(milliseconds(100));
-            again = true;
-            continue;
-          }
-          STARLING_THROW(InvalidArgument, "the cloud refused step ", step_, " of edge ", cfg_.edge_id, " (",
-                         errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
-        }
-        if (k != pr::MessageKind::kSplitReply) continue;
-        auto rep = pr::decodeSplitReply(r->bytes());
-        if (rep.session != session_ || rep.step != step_) continue;  // an answer to an earlier try or step
-        return Answer{std::move(rep), r->bytes().size()};
-      } catch (const InputError& e) {
-        note(std::string("a malformed message from the cloud: ") + e.what());
-      }
-    }
-    if (!again) note("no answer to step " + std::to_string(step_) + " within " + std::to_string(cfg_.step_timeout.count()) +
-                     " ms: sending it again");
+    const Wait w = await(pr::encode(m), Clock::now() + cfg_.step_timeout, refused, accept);
+    if (w == Wait::kDone) return out;
+    if (w == Wait::kTimeout)
+      note("no answer to step " + std::to_string(step_) + " within " + std::to_string(cfg_.step_timeout.count()) +
+           " ms: sending it again");
   }
   STARLING_THROW(IoError, "the cloud at ", cfg_.cloud, " did not answer step ", step_, " of edge ", cfg_.edge_id, " in ",
                  cfg_.tries, " tries of ", cfg_.step_timeout.count(), " ms");
@@ -480,46 +484,30 @@ EdgeStepResult SplitEdgeClient::train(std::span<const float> x, std::span<const 
 uint32_t SplitEdgeClient::average(uint64_t epoch, uint64_t examples) {
   STARLING_CHECK_ARG(epoch >= 1 && examples >= 1, "split edge: SplitFed needs an epoch and examples");
   pr::SplitBottomMsg m{0, epoch, examples, {edge_.bottom().begin(), edge_.bottom().end()}};
+  const auto refused = [&](const pr::RejectMsg& rej) {
+    STARLING_THROW(InvalidArgument, "the cloud refused edge ", cfg_.edge_id, "'s bottom of epoch ", epoch, " (",
+                   errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
+  };
+  std::optional<pr::SplitAverageMsg> got;
+  const auto accept = [&](const transport::Received& r) {
+    if (pr::peekKind(r.bytes()) != pr::MessageKind::kSplitAverage) return false;
+    auto avg = pr::decodeSplitAverage(r.bytes());
+    if (avg.session != session_ || avg.epoch != epoch) return false;
+    got = std::move(avg);
+    return true;
+  };
   const auto give_up = Clock::now() + cfg_.splitfed_wait;
   while (Clock::now() < give_up) {
     if (session_ == 0) connect();
     m.session = session_;
-    const auto bytes = pr::encode(m);
-    socket_->send(bytes);
-    stats_.wire_up += bytes.size();
-    // Sent again every step timeout (the cloud keeps one per edge and epoch), until the average comes.
-    const auto deadline = std::min(give_up, Clock::now() + cfg_.step_timeout);
-    bool again = false;
-    while (!again && Clock::now() < deadline) {
-      auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
-      if (!r || !r->ok()) continue;
-      stats_.wire_down += r->bytes().size();
-      const auto k = pr::peekKind(r->bytes());
-      try {
-        if (k == pr::MessageKind::kReject) {
-          const auto rej = pr::decodeReject(r->bytes());
-          if (rej.kind == pr::RejectKind::kNotRegistered) {
-            session_ = 0;
-            again = true;
-            continue;
-          }
-          if (rej.kind == pr::RejectKind::kBusy) continue;
-          STARLING_THROW(InvalidArgument, "the cloud refused edge ", cfg_.edge_id, "'s bottom of epoch ", epoch, " (",
-                         errcName(static_cast<Errc>(rej.code)), "): ", rej.message);
-        }
-        if (k != pr::MessageKind::kSplitAverage) continue;
-        auto avg = pr::decodeSplitAverage(r->bytes());
-        if (avg.session != session_ || avg.epoch != epoch) continue;
-        if (avg.bottom.size() != edge_.bottom().size())
-          failInput(Errc::kSizeMismatch, "the cloud's SplitFed average has ", avg.bottom.size(), " parameters, the bottom ",
-                    edge_.bottom().size());
-        edge_.setBottom(avg.bottom);
-        return avg.edges;
-      } catch (const InputError& e) {
-        if (k == pr::MessageKind::kSplitAverage && e.code() == Errc::kSizeMismatch) throw;
-        note(std::string("a malformed message from the cloud: ") + e.what());
-      }
-    }
+    // Sent again every step timeout (the cloud keeps one per edge and epoch) until the average comes.
+    if (await(pr::encode(m), std::min(give_up, Clock::now() + cfg_.step_timeout), refused, accept) != Wait::kDone)
+      continue;
+    if (got->bottom.size() != edge_.bottom().size())
+      failInput(Errc::kSizeMismatch, "the cloud's SplitFed average has ", got->bottom.size(), " parameters, the bottom ",
+                edge_.bottom().size());
+    edge_.setBottom(got->bottom);
+    return got->edges;
   }
   STARLING_THROW(IoError, "no SplitFed average of epoch ", epoch, " from the cloud at ", cfg_.cloud, " within ",
                  cfg_.splitfed_wait.count(), " ms");

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "data/idx.h"
+#include "protocol/control.h"
 #include "split/roles.h"
 #include "split/trainer.h"
 #include "transport/socket.h"
@@ -117,6 +118,9 @@ class SplitCloudServer {
   };
   void handle(const transport::Received& r);
   void hello(const transport::Received& r);
+  // The sender's session if it is `session` (refreshed); else a NotRegistered reject and null.
+  // InputError (kWrongSender) when another key speaks in it.
+  Session* sessionOf(const transport::Received& r, uint64_t session, const char* what);
   void step(const transport::Received& r);
   void refuse(const std::string& peer, int kind, Errc code, const std::string& message);
   void bottom(const transport::Received& r);
@@ -187,6 +191,13 @@ class SplitEdgeClient {
  private:
   struct Answer;
   Answer exchange(int kind, std::span<const uint8_t> labels, std::vector<uint8_t> activations, size_t n);
+  enum class Wait { kDone, kAgain, kTimeout };
+  // Sends `bytes` and waits until `deadline` for a message `accept` takes (kDone). kAgain when the
+  // cloud was busy or forgot our session (then session_ is 0); `refused` throws for any other
+  // Reject. Malformed messages are logged and skipped.
+  Wait await(std::span<const uint8_t> bytes, std::chrono::steady_clock::time_point deadline,
+             const std::function<void(const protocol::RejectMsg&)>& refused,
+             const std::function<bool(const transport::Received&)>& accept);
   void note(const std::string& s) const;
 
   SplitEdge& edge_;
