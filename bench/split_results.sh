@@ -36,6 +36,8 @@ if [ "$model" = vit ]; then
     "vit-svd16|--split.weight_rank 16"
     "vit-svd16-noskip|--split.weight_rank 16 --split.skip false"
     "vit-svd8-noskip|--split.weight_rank 8 --split.skip false"
+    "vit-svd8-noskip-int8|--split.weight_rank 8 --split.skip false --split.up int8 --split.down int8"
+    "vit-svd4-noskip-int8|--split.weight_rank 4 --split.skip false --split.up int8 --split.down int8"
   )
 else
 runs=(
