@@ -61,6 +61,8 @@ struct Config {
   uint64_t edge_timeout_ms = 60000;
   uint64_t exit_after = 0;
   uint32_t splitfed_edges = 0;
+  uint64_t max_sessions = 64;
+  uint64_t max_batch = 1024;
   uint64_t splitfed_wait_ms = 300000;
   uint64_t edge_id = 1;
   uint64_t shard = 0;
@@ -139,7 +141,8 @@ int runCloud(Config& c, split::SplitModel& sm) {
     top = sm.cutParameters(loadPretrained(c.pretrained, sm.full())).second;
     log->info("the top part from the pre-trained model {}", c.pretrained);
   }
-  split::SplitCloud cloud(sm, std::move(top), c.train.down, c.train.lr);
+  split::SplitCloud cloud(sm, std::move(top), c.train.down, c.train.lr,
+                          split::SplitCloud::Limits{.max_batch = c.max_batch, .max_abs = 1e6});
   split::CloudServerConfig cfg;
   cfg.bind = c.bind;
   cfg.security = c.net.security(true, false);
@@ -152,6 +155,7 @@ int runCloud(Config& c, split::SplitModel& sm) {
   cfg.checkpoint_every = c.checkpoint_every;
   cfg.steps_done = steps_done;
   cfg.splitfed_edges = c.splitfed_edges;
+  cfg.max_sessions = c.max_sessions;
   cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   transport::Context ctx;
@@ -391,6 +395,12 @@ int main(int argc, char** argv) {
         "--role cloud: an edge device silent this long loses its session and codec state", 100, 86400000);
   o.add("cloud.exit_after", &c.exit_after,
         "--role cloud: exit after this many edge devices said goodbye (0: serve until SIGINT or SIGTERM)", 0, ~0ull);
+  o.add("cloud.max_sessions", &c.max_sessions,
+        "--role cloud: edge devices served at once (each keeps its last reply for a repeated step); more are refused",
+        1, 1u << 20);
+  o.add("cloud.max_batch", &c.max_batch,
+        "--role cloud: the most examples one step may carry (a larger one is refused); evaluation steps use 256", 256,
+        1u << 20);
   o.add("cloud.splitfed_edges", &c.splitfed_edges,
         "--role cloud: SplitFed over the network: average this many edges' bottom parts after each epoch (0: off; "
         "the edges set split.splitfed = true)", 0, 1u << 20);

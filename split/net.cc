@@ -94,6 +94,7 @@ struct SplitCloudServer::FedEpoch {
 SplitCloudServer::SplitCloudServer(transport::Context& context, SplitCloud& cloud, CloudServerConfig config)
     : cloud_(cloud), cfg_(std::move(config)) {
   if (cfg_.checkpoint_every == 0) STARLING_THROW(ConfigError, "cloud.checkpoint_every must be at least 1");
+  if (cfg_.max_sessions == 0) STARLING_THROW(ConfigError, "cloud.max_sessions must be at least 1");
   if (cfg_.edge_timeout.count() <= 0) STARLING_THROW(ConfigError, "cloud.edge_timeout_ms must be positive");
   socket_ = std::make_unique<transport::ServerSocket>(context, cfg_.bind, cfg_.security, cfg_.limits);
   stats_.steps = cfg_.steps_done;
@@ -130,7 +131,11 @@ void SplitCloudServer::poll(milliseconds timeout) {
     try {
       handle(*r);
     } catch (const InputError& e) {
-      refuse(r->peer, static_cast<int>(pr::RejectKind::kRefused), e.code(), e.what());
+      const auto kind = e.code() == Errc::kBusy ? pr::RejectKind::kBusy : pr::RejectKind::kRefused;
+      refuse(r->peer, static_cast<int>(kind), e.code(), e.what());
+    } catch (const std::exception& e) {  // not the peer's fault (memory, a bug): logged, the cloud goes on
+      refuse(r->peer, static_cast<int>(pr::RejectKind::kRefused), Errc::kMalformed,
+             std::string("the cloud could not serve this message: ") + e.what());
     }
   }
   const auto now = Clock::now();
@@ -197,6 +202,8 @@ void SplitCloudServer::hello(const transport::Received& r) {
       close(it);
       break;
     }
+  if (sessions_.count(r.peer) == 0 && sessions_.size() >= cfg_.max_sessions)
+    failInput(Errc::kBusy, "the cloud serves its maximum of ", cfg_.max_sessions, " edge devices (cloud.max_sessions)");
   Session s;
   s.edge_id = h.edge_id;
   s.id = next_session_++;
@@ -259,7 +266,13 @@ void SplitCloudServer::step(const transport::Received& r) {
     note("edge " + std::to_string(s.edge_id) + " is gone: the reply to its step " + std::to_string(m.step) +
          " is dropped");
   }
-  if (since_checkpoint_ >= cfg_.checkpoint_every) saveCheckpoint();
+  if (since_checkpoint_ >= cfg_.checkpoint_every) {
+    try {
+      saveCheckpoint();
+    } catch (const Error& e) {  // the steps go on; the checkpoint is tried again after as many steps
+      note(std::string("checkpoint failed: ") + e.what());
+    }
+  }
 }
 
 void SplitCloudServer::bottom(const transport::Received& r) {

@@ -65,6 +65,9 @@ struct CloudServerConfig {
   uint64_t fingerprint = 0;  // sessionFingerprint of the cloud's model and codecs
   std::string up, down;      // the codec specs, for the refusal's message
   std::chrono::milliseconds edge_timeout{60000};  // a session silent this long is closed
+  // Sessions at once; a hello beyond is refused (kBusy). Each keeps its last reply (up to the
+  // largest step's gradient) to answer a repeated step, so memory grows with this.
+  size_t max_sessions = 64;
   std::string checkpoint;                          // "" : none
   uint64_t checkpoint_every = 50;                  // training steps between checkpoints
   uint64_t steps_done = 0;                         // from the checkpoint loaded at start
@@ -98,8 +101,9 @@ class SplitCloudServer {
   SplitCloudServer(transport::Context& context, SplitCloud& cloud, CloudServerConfig config);
   ~SplitCloudServer();
   std::string endpoint() const;
-  // Handles one message, waiting at most `timeout`, then closes silent sessions. Never throws for
-  // anything a peer sent.
+  // Handles one message, waiting at most `timeout`, then closes silent sessions. Never throws: a
+  // message it cannot serve (a peer's lie, or a fault of the cloud's own such as memory) gets a
+  // Reject and is logged; a failed periodic checkpoint is logged and tried again later.
   void poll(std::chrono::milliseconds timeout);
   // Polls until `stop` is set or, when goodbyes > 0, that many sessions have said goodbye; then
   // writes the checkpoint.

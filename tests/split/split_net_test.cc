@@ -41,17 +41,23 @@ class CloudThread {
     std::promise<std::string> bound;
     auto ep = bound.get_future();
     thread_ = std::thread([this, cfg, &bound]() mutable {
+      transport::Context ctx;
+      std::unique_ptr<SplitCloudServer> server;
       try {
-        transport::Context ctx;
-        SplitCloudServer server(ctx, cloud_, cfg);
-        bound.set_value(server.endpoint());
-        while (!stop_.load()) server.poll(20ms);
-        server.saveCheckpoint();
-        stats_ = server.stats();
-        sessions_ = server.sessions();
+        server = std::make_unique<SplitCloudServer>(ctx, cloud_, cfg);
       } catch (...) {
         bound.set_exception(std::current_exception());
+        return;
       }
+      bound.set_value(server->endpoint());  // `bound` is gone after this
+      while (!stop_.load()) server->poll(20ms);
+      try {
+        server->saveCheckpoint();
+      } catch (const Error&) {
+        checkpoint_failed_ = true;
+      }
+      stats_ = server->stats();
+      sessions_ = server->sessions();
     });
     try {
       endpoint_ = ep.get();
@@ -68,6 +74,7 @@ class CloudThread {
   const std::string& endpoint() const { return endpoint_; }
   const CloudStats& stats() const { return stats_; }
   size_t sessions() const { return sessions_; }
+  bool checkpointFailed() const { return checkpoint_failed_; }
   std::vector<float> top() const { return {cloud_.top().begin(), cloud_.top().end()}; }
 
  private:
@@ -78,6 +85,7 @@ class CloudThread {
   std::string endpoint_;
   CloudStats stats_;
   size_t sessions_ = 0;
+  bool checkpoint_failed_ = false;
 };
 
 transport::SecurityConfig insecure() {
@@ -484,4 +492,29 @@ TEST_CASE("a cloud without SplitFed refuses an edge's bottom", "[split][net]") {
   SplitEdgeClient client(ctx, edge, edgeConfig(sm, cloud.endpoint(), 4, "none", "none"));
   client.connect();
   CHECK_THROWS_WITH(client.average(1, 10), Catch::Contains("does not run SplitFed"));
+}
+
+TEST_CASE("a full split cloud tells a new edge to come back later; a bad checkpoint path does not stop it",
+          "[split][net]") {
+  SplitModel sm = model();
+  const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  CloudServerConfig cfg = cloudConfig(sm, "none", "none");
+  cfg.max_sessions = 1;
+  cfg.checkpoint = "/nonexistent-starling-dir/cloud.bin";  // every write fails
+  cfg.checkpoint_every = 1;
+  CloudThread cloud(top, cfg, "none");
+  transport::Context ctx;
+  const uint64_t fp = sessionFingerprint(sm, "none", "none");
+  const data::Dataset d = quadrants(8, 1);
+  SplitModel m = model();
+  SplitEdge edge(m, bottom, "none", 0.05);
+  SplitEdgeClient first(ctx, edge, edgeConfig(sm, cloud.endpoint(), 1, "none", "none"));
+  first.connect();
+  CHECK(std::isfinite(first.train(d.images, d.labels, 8).loss));  // a checkpoint is tried and fails
+  RawPeer second(ctx, cloud.endpoint());
+  CHECK(second.ask(pr::encode(pr::SplitHelloMsg{2, fp, "none", "none"})) == errcName(Errc::kBusy));
+  CHECK(std::isfinite(first.train(d.images, d.labels, 8).loss));  // still serving
+  cloud.stop();
+  CHECK(cloud.stats().steps == 2);
+  CHECK(cloud.checkpointFailed());  // the final checkpoint reports its failure to the caller
 }
