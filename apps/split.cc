@@ -207,7 +207,8 @@ int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train, c
   cfg.down = c.train.down;
   cfg.step_timeout = std::chrono::milliseconds(c.step_timeout_ms);
   cfg.tries = c.tries;
-  cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms);
+  // Longer than the cloud waits (from its first bottom) for an epoch's missing edges.
+  cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms + 2 * c.step_timeout_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   std::ofstream metrics;
   if (!c.metrics.empty()) {
@@ -406,7 +407,7 @@ int main(int argc, char** argv) {
         "the edges set split.splitfed = true)", 0, 1u << 20);
   o.add("split.splitfed_wait_ms", &c.splitfed_wait_ms,
         "SplitFed over the network: the cloud averages what it has this long after an epoch's first bottom; an edge "
-        "waits this long for the average", 100, 86400000);
+        "waits this long plus twice edge.step_timeout_ms for the average", 100, 86400000);
   o.add("edge.cloud", &c.cloud, "--role edge: the cloud's endpoint");
   o.add("edge.id", &c.edge_id, "--role edge: this edge device's id (under CURVE, its key's id on the cloud's allow-list)",
         0, ~0ull);

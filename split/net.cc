@@ -47,6 +47,7 @@ uint64_t sessionFingerprint(const SplitModel& model, const std::string& up, cons
   h = mix(h, model.bottom().fingerprint());
   h = mix(h, model.top().fingerprint());
   h = mix(h, model.activationSize());
+  h = fnv(h, model.describe());  // the model, the cut, the weight-side rank, a removed skip
   h = fnv(h, up);
   h = mix(h, 0x1f);
   return fnv(h, down);
@@ -118,6 +119,8 @@ void SplitCloudServer::refuse(const std::string& peer, int kind, Errc code, cons
   rej.kind = static_cast<pr::RejectKind>(kind);
   rej.code = static_cast<uint32_t>(code);
   rej.message = message;
+  rej.round = cur_step_;   // the request this answers: the edge ignores a refusal of an earlier one
+  rej.nonce = cur_session_;
   socket_->send(peer, pr::encode(rej));
 }
 
@@ -128,6 +131,7 @@ void SplitCloudServer::close(std::map<std::string, Session>::iterator it) {
 
 void SplitCloudServer::poll(milliseconds timeout) {
   if (auto r = socket_->receive(timeout)) {
+    cur_session_ = cur_step_ = 0;
     try {
       handle(*r);
     } catch (const InputError& e) {
@@ -196,6 +200,16 @@ void SplitCloudServer::hello(const transport::Received& r) {
     failInput(Errc::kFingerprintMismatch, "this cloud serves another cut model or other codecs (up '", cfg_.up,
               "', down '", cfg_.down, "'); edge ", h.edge_id, " asked for up '", h.up, "', down '", h.down, "'",
               h.fingerprint != cfg_.fingerprint ? " and another cut model (fingerprint differs)" : "");
+  if (auto own = sessions_.find(r.peer); own != sessions_.end()) {
+    if (own->second.edge_id == h.edge_id && own->second.last_step == 0) {
+      // A hello sent again before any step (its answer was slow or lost): the same session.
+      if (!socket_->send(r.peer, pr::encode(pr::SplitReplyMsg{own->second.id, 0, 0, 0, 0, {}}))) ++stats_.replies_dropped;
+      return;
+    }
+    if (own->second.edge_id != h.edge_id && r.authenticated_id)
+      failInput(Errc::kWrongSender, "edge ", h.edge_id, " on the connection of edge ", own->second.edge_id);
+    close(own);  // the same edge starting again, or (insecure) another edge on this routing id
+  }
   for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
     if (it->second.edge_id == h.edge_id) {  // the edge restarted, or reconnected from another routing id
       note("edge " + std::to_string(h.edge_id) + " opened a new session; its old one is closed");
@@ -216,7 +230,9 @@ void SplitCloudServer::hello(const transport::Received& r) {
 }
 
 SplitCloudServer::Session* SplitCloudServer::sessionOf(const transport::Received& r, uint64_t session,
-                                                       const char* what) {
+                                                       uint64_t request, const char* what) {
+  cur_session_ = session;
+  cur_step_ = request;
   auto it = sessions_.find(r.peer);
   if (it == sessions_.end() || it->second.id != session) {
     refuse(r.peer, static_cast<int>(pr::RejectKind::kNotRegistered), Errc::kNotRegistered,
@@ -233,12 +249,15 @@ SplitCloudServer::Session* SplitCloudServer::sessionOf(const transport::Received
 
 void SplitCloudServer::step(const transport::Received& r) {
   pr::SplitStepMsg m = pr::decodeSplitStep(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
-  Session* found = sessionOf(r, m.session, "step");
+  Session* found = sessionOf(r, m.session, m.step, "step");
   if (!found) return;
   Session& s = *found;
-  if (m.step == s.last_step && !s.last_reply.empty()) {  // sent again: the same answer, no second update
+  if (m.step == s.last_step) {  // sent again: the same answer once, no second update
+    if (s.last_reply.empty()) return;  // answered again already (or dropped): a peer cannot make us resend forever
     ++stats_.duplicates;
     if (!socket_->send(r.peer, s.last_reply)) ++stats_.replies_dropped;
+    s.last_reply.clear();
+    s.last_reply.shrink_to_fit();
     return;
   }
   if (m.step <= s.last_step)
@@ -259,8 +278,9 @@ void SplitCloudServer::step(const transport::Received& r) {
     ++stats_.evaluations;
   }
   pr::SplitReplyMsg reply{s.id, m.step, rep.loss, rep.correct, static_cast<uint64_t>(secs * 1e6), std::move(rep.gradient)};
+  std::vector<uint8_t> encoded = pr::encode(reply);
   s.last_step = m.step;
-  s.last_reply = pr::encode(reply);
+  s.last_reply = std::move(encoded);
   if (!socket_->send(r.peer, s.last_reply)) {
     ++stats_.replies_dropped;
     note("edge " + std::to_string(s.edge_id) + " is gone: the reply to its step " + std::to_string(m.step) +
@@ -269,7 +289,7 @@ void SplitCloudServer::step(const transport::Received& r) {
   if (since_checkpoint_ >= cfg_.checkpoint_every) {
     try {
       saveCheckpoint();
-    } catch (const Error& e) {  // the steps go on; the checkpoint is tried again after as many steps
+    } catch (const std::exception& e) {  // the steps go on; the checkpoint is tried again after as many steps
       note(std::string("checkpoint failed: ") + e.what());
     }
   }
@@ -277,7 +297,7 @@ void SplitCloudServer::step(const transport::Received& r) {
 
 void SplitCloudServer::bottom(const transport::Received& r) {
   pr::SplitBottomMsg m = pr::decodeSplitBottom(r.bytes(), pr::ControlLimits{cfg_.limits.max_message_bytes});
-  Session* found = sessionOf(r, m.session, "bottom");
+  Session* found = sessionOf(r, m.session, m.epoch, "bottom");
   if (!found) return;
   Session& s = *found;
   if (cfg_.splitfed_edges == 0) failInput(Errc::kUnexpectedMessage, "this cloud does not run SplitFed (cloud.splitfed_edges)");
@@ -382,7 +402,8 @@ void SplitEdgeClient::bye() {
   socket_->send(pr::encode(pr::ShutdownMsg{step_, "edge " + std::to_string(cfg_.edge_id) + " is done"}));
 }
 
-SplitEdgeClient::Wait SplitEdgeClient::await(std::span<const uint8_t> bytes, Clock::time_point deadline,
+SplitEdgeClient::Wait SplitEdgeClient::await(std::span<const uint8_t> bytes, uint64_t expect_session,
+                                             uint64_t expect_request, Clock::time_point deadline,
                                              const std::function<void(const protocol::RejectMsg&)>& refused,
                                              const std::function<bool(const transport::Received&)>& accept) {
   socket_->send(bytes);
@@ -394,6 +415,7 @@ SplitEdgeClient::Wait SplitEdgeClient::await(std::span<const uint8_t> bytes, Clo
     try {
       if (pr::peekKind(r->bytes()) == pr::MessageKind::kReject) {
         const auto rej = pr::decodeReject(r->bytes());
+        if (rej.nonce != expect_session || rej.round != expect_request) continue;  // a refusal of an earlier request
         if (rej.kind == pr::RejectKind::kBusy) {  // its upload memory is full: a moment, then again
           std::this_thread::sleep_for(milliseconds(100));
           return Wait::kAgain;
@@ -428,7 +450,7 @@ void SplitEdgeClient::connect() {
   };
   for (uint32_t t = 0; t < cfg_.tries; ++t) {
     session_ = 0;
-    if (await(hello, Clock::now() + cfg_.step_timeout, refused, accept) == Wait::kDone && session_ != 0) {
+    if (await(hello, 0, 0, Clock::now() + cfg_.step_timeout, refused, accept) == Wait::kDone && session_ != 0) {
       ++stats_.sessions;
       note("session " + std::to_string(session_) + " with the cloud at " + cfg_.cloud);
       return;
@@ -465,7 +487,7 @@ SplitEdgeClient::Answer SplitEdgeClient::exchange(int kind, std::span<const uint
     if (session_ == 0) connect();
     if (t > 0) ++stats_.resent;
     m.session = session_;
-    const Wait w = await(pr::encode(m), Clock::now() + cfg_.step_timeout, refused, accept);
+    const Wait w = await(pr::encode(m), session_, step_, Clock::now() + cfg_.step_timeout, refused, accept);
     if (w == Wait::kDone) return out;
     if (w == Wait::kTimeout)
       note("no answer to step " + std::to_string(step_) + " within " + std::to_string(cfg_.step_timeout.count()) +
@@ -514,7 +536,8 @@ uint32_t SplitEdgeClient::average(uint64_t epoch, uint64_t examples) {
     if (session_ == 0) connect();
     m.session = session_;
     // Sent again every step timeout (the cloud keeps one per edge and epoch) until the average comes.
-    if (await(pr::encode(m), std::min(give_up, Clock::now() + cfg_.step_timeout), refused, accept) != Wait::kDone)
+    if (await(pr::encode(m), session_, epoch, std::min(give_up, Clock::now() + cfg_.step_timeout), refused, accept) !=
+        Wait::kDone)
       continue;
     if (got->bottom.size() != edge_.bottom().size())
       failInput(Errc::kSizeMismatch, "the cloud's SplitFed average has ", got->bottom.size(), " parameters, the bottom ",

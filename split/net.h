@@ -9,7 +9,9 @@
 // specs); the cloud refuses another model or other codecs, and under CURVE an edge id other than
 // the one its key is listed under; otherwise it opens a session (a fresh id) and answers a
 // SplitReply of step 0. A hello from an edge id that already has a session replaces it (the edge
-// restarted; its codec state on the cloud is dropped).
+// restarted; its codec state on the cloud is dropped), except a hello repeated on the same
+// connection before any step, which gets the same session again. A Reject echoes the request it
+// refuses (session in `nonce`, step or epoch in `round`); an edge skips refusals of earlier ones.
 //
 // Steps: step ids increase within a session. The cloud runs each step as it arrives (edges are
 // served interleaved, one step at a time) and answers with the loss, the number correct, its
@@ -124,7 +126,7 @@ class SplitCloudServer {
   void hello(const transport::Received& r);
   // The sender's session if it is `session` (refreshed); else a NotRegistered reject and null.
   // InputError (kWrongSender) when another key speaks in it.
-  Session* sessionOf(const transport::Received& r, uint64_t session, const char* what);
+  Session* sessionOf(const transport::Received& r, uint64_t session, uint64_t request, const char* what);
   void step(const transport::Received& r);
   void refuse(const std::string& peer, int kind, Errc code, const std::string& message);
   void bottom(const transport::Received& r);
@@ -141,6 +143,8 @@ class SplitCloudServer {
   CloudStats stats_;
   uint64_t next_session_;
   uint64_t since_checkpoint_ = 0;
+  // The request being served (session, step or epoch), echoed in a Reject's nonce and round.
+  uint64_t cur_session_ = 0, cur_step_ = 0;
 };
 
 struct EdgeClientConfig {
@@ -199,7 +203,10 @@ class SplitEdgeClient {
   // Sends `bytes` and waits until `deadline` for a message `accept` takes (kDone). kAgain when the
   // cloud was busy or forgot our session (then session_ is 0); `refused` throws for any other
   // Reject. Malformed messages are logged and skipped.
-  Wait await(std::span<const uint8_t> bytes, std::chrono::steady_clock::time_point deadline,
+  // Rejects whose nonce and round are not (expect_session, expect_request) answer an earlier
+  // request and are skipped.
+  Wait await(std::span<const uint8_t> bytes, uint64_t expect_session, uint64_t expect_request,
+             std::chrono::steady_clock::time_point deadline,
              const std::function<void(const protocol::RejectMsg&)>& refused,
              const std::function<bool(const transport::Received&)>& accept);
   void note(const std::string& s) const;

@@ -79,9 +79,15 @@ std::vector<uint8_t> SplitEdge::forwardUncompressed(std::span<const float> x, si
 void SplitEdge::backward(std::span<const uint8_t> gradient) {
   STARLING_CHECK_ARG(n_ > 0, "split edge: a gradient without a forward pass");
   grad_.resize(n_ * model_.activationSize());
-  decodeActivation(gradient, n_, model_.activationSize(), grad_);  // a lying cloud: InputError, nothing changed
+  // A lying cloud: InputError, nothing changed (values over 1e6 too, as the cloud bounds activations).
+  decodeActivation(gradient, n_, model_.activationSize(), grad_, 1e6);
   const std::vector<float> g = model_.edgeBackward(grad_);
-  for (size_t i = 0; i < bottom_.size(); ++i) bottom_[i] -= static_cast<float>(lr_) * g[i];
+  std::vector<float> next(bottom_.size());
+  for (size_t i = 0; i < bottom_.size(); ++i) {
+    next[i] = bottom_[i] - static_cast<float>(lr_) * g[i];
+    if (!std::isfinite(next[i])) failInput(Errc::kNonFinite, "split edge: the cloud's gradient makes the bottom non-finite");
+  }
+  bottom_ = std::move(next);
   n_ = 0;
 }
 

@@ -478,6 +478,7 @@ std::string SplitModel::describe() const {
   const Arch& a = *impl_->arch;
   std::string s = impl_->model + " cut at " + impl_->cut;
   if (a.rank) s += " with the next projection split at rank " + std::to_string(a.rank);
+  if (const auto* v = dynamic_cast<const VitArch*>(&a); v && !v->skip) s += ", the skip connection across it removed";
   return s + ": " + std::to_string(a.act) + " values per example, " + std::to_string(a.bottom.numel()) +
          " parameters on the edge, " + std::to_string(a.top.numel()) + " in the cloud";
 }

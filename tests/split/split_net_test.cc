@@ -518,3 +518,60 @@ TEST_CASE("a full split cloud tells a new edge to come back later; a bad checkpo
   CHECK(cloud.stats().steps == 2);
   CHECK(cloud.checkpointFailed());  // the final checkpoint reports its failure to the caller
 }
+
+TEST_CASE("a hello sent again keeps its session, a repeated step is answered once, refusals echo their request",
+          "[split][net]") {
+  SplitModel sm = model();
+  const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  CloudThread cloud(top, cloudConfig(sm, "none", "none"), "none");
+  transport::Context ctx;
+  RawPeer peer(ctx, cloud.endpoint());
+  const uint64_t fp = sessionFingerprint(sm, "none", "none");
+  pr::SplitReplyMsg a, b;
+  REQUIRE(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp, "none", "none"}), &a) == "reply");
+  REQUIRE(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp, "none", "none"}), &b) == "reply");
+  CHECK(b.session == a.session);  // no step yet: the same session, not a new one
+  const data::Dataset d = quadrants(8, 1);
+  SplitModel m = model();
+  SplitEdge edge(m, bottom, "none", 0.05);
+  pr::SplitStepMsg step;
+  step.session = a.session;
+  step.step = 4;
+  step.examples = 8;
+  step.labels = d.labels;
+  step.activations = edge.forward(d.images, 8);
+  const auto bytes = pr::encode(step);
+  REQUIRE(peer.ask(bytes) == "reply");
+  REQUIRE(peer.ask(bytes) == "reply");  // the cached answer, once
+  CHECK(peer.ask(bytes) == "none");     // and not again
+  // A refusal carries the session and step it refuses.
+  step.step = 2;
+  peer.socket.send(pr::encode(step));
+  const auto r = peer.socket.receive(3000ms);
+  REQUIRE(r);
+  REQUIRE(pr::peekKind(r->bytes()) == pr::MessageKind::kReject);
+  const auto rej = pr::decodeReject(r->bytes());
+  CHECK(rej.code == static_cast<uint32_t>(Errc::kLate));
+  CHECK(rej.nonce == a.session);
+  CHECK(rej.round == 2);
+  cloud.stop();
+  CHECK(cloud.stats().hellos == 1);
+  CHECK(cloud.stats().steps == 1);
+  CHECK(cloud.stats().duplicates == 1);
+}
+
+TEST_CASE("an edge refuses a gradient that would blow up its bottom; the fingerprint sees a removed skip", "[split]") {
+  SplitModel sm = model();
+  const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  SplitEdge edge(sm, bottom, "none", 0.05);
+  const data::Dataset d = quadrants(8, 1);
+  edge.forward(d.images, 8);
+  const auto none = makeActivationCodec("none");
+  CodecState st;
+  const auto huge = none->encode(std::vector<float>(8 * sm.activationSize(), 1e20f), 8, sm.activationSize(), st);
+  CHECK_THROWS_AS(edge.backward(huge), InputError);
+  CHECK(std::equal(bottom.begin(), bottom.end(), edge.bottom().begin()));
+  SplitModel with("vit", "ffn2", 8, 8, 4), without("vit", "ffn2", 8, 8, 4, 0, false);
+  CHECK(with.activationSize() == without.activationSize());
+  CHECK(sessionFingerprint(with, "none", "none") != sessionFingerprint(without, "none", "none"));
+}
