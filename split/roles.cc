@@ -38,18 +38,26 @@ SplitCloud::Reply SplitCloud::step(uint64_t edge, std::span<const uint8_t> activ
   Reply r;
   r.loss = c.loss;
   r.correct = c.correct;
+  CodecState pending;
   if (send_gradient) {
-    CodecState next = states_[edge];  // a copy: installed only once the encoding succeeded
-    r.gradient = down_->encode(c.grad_activations, n, model_.activationSize(), next);
-    states_[edge] = std::move(next);
+    if (auto it = states_.find(edge); it != states_.end()) pending = it->second;  // installed only once the step succeeded
+    r.gradient = down_->encode(c.grad_activations, n, model_.activationSize(), pending);
   }
-  for (size_t i = 0; i < top_.size(); ++i) top_[i] -= static_cast<float>(lr_) * c.grad_top[i];
+  std::vector<float> next(top_.size());
+  for (size_t i = 0; i < top_.size(); ++i) {
+    next[i] = top_[i] - static_cast<float>(lr_) * c.grad_top[i];
+    if (!std::isfinite(next[i]))
+      failInput(Errc::kNonFinite, "split: edge ", edge, "'s step would make the top part non-finite; refused");
+  }
+  if (send_gradient) states_[edge] = std::move(pending);
+  top_ = std::move(next);
   return r;
 }
 
 SplitCloud::Reply SplitCloud::evaluate(std::span<const uint8_t> activations, std::span<const uint8_t> labels, size_t n) {
   decode(activations, labels, n);
   const SplitModel::CloudResult c = model_.cloudStep(top_, act_, labels, n);  // gradients computed, not applied
+  if (!std::isfinite(c.loss)) failInput(Errc::kNonFinite, "split: an evaluation step gives a non-finite loss; refused");
   Reply r;
   r.loss = c.loss;
   r.correct = c.correct;

@@ -427,3 +427,16 @@ TEST_CASE("the resnet: one uncompressed split step equals one step of the unspli
   CHECK_THROWS_AS(SplitModel("resnet", "layer2", 28, 28, 10, 8), ConfigError);  // no weight-side cut
   CHECK(SplitModel("resnet", "layer3", 28, 28, 10).activationSize() == 64 * 7 * 7);
 }
+
+TEST_CASE("a step whose update would overflow the cloud's top part is refused and changes nothing", "[split]") {
+  SplitModel sm("cnn", "conv2", 8, 8, 4);
+  auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
+  const data::Dataset d = quadrants(8, 1);
+  SplitEdge edge(sm, bottom, "none", 0.05);
+  const auto up = edge.forward(d.images, 8);
+  // Finite parameters and gradients, but a step size past float's range: every update overflows.
+  SplitCloud cloud(sm, top, "int8", 1e300);
+  CHECK(testing::errcOf([&] { cloud.step(1, up, d.labels, 8); }) == errcName(Errc::kNonFinite));
+  CHECK(std::equal(top.begin(), top.end(), cloud.top().begin()));
+  CHECK(cloud.edges() == 0);  // the gradient codec's state was not installed either
+}
