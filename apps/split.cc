@@ -210,14 +210,14 @@ int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train, c
   // Longer than the cloud waits (from its first bottom) for an epoch's missing edges.
   cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms + 2 * c.step_timeout_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
-  std::ofstream metrics;
+  transport::Context ctx;
+  split::SplitEdgeClient client(ctx, edge, cfg);
+  client.connect();
+  std::ofstream metrics;  // opened once the cloud took us: a refused edge leaves no file behind
   if (!c.metrics.empty()) {
     metrics.open(c.metrics, std::ios::app);
     if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.metrics, "'");
   }
-  transport::Context ctx;
-  split::SplitEdgeClient client(ctx, edge, cfg);
-  client.connect();
   log->info("{}; edge {} (shard {} of {}): {} private examples, {} epoch(s), up {}, down {}", sm.describe(), c.edge_id,
             c.shard, c.edges, mine.size(), c.epochs, c.train.up, c.train.down);
   uint64_t up = 0, down = 0;

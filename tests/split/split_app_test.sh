@@ -122,6 +122,7 @@ PY
   "$keygen" --out "$dir/keys/other" --name stranger --id 9 > /dev/null
   if timeout 60 "$bin" --role edge --config "$examples/edge.toml" "${common[@]}" --edge.id 9 --edge.cloud "$endpoint" \
       --edge.step_timeout_ms 300 --edge.tries 2 --security.key "$dir/keys/other/stranger.key_secret" \
+      --state.metrics "$dir/stranger.jsonl" \
       --security.server_key "$dir/keys/server/server.key" > "$dir/out" 2>&1; then echo "a stranger trained"; exit 1; fi
   grep -q "did not answer edge 9's hello" "$dir/out" || { echo "no clear error for a stranger"; cat "$dir/out"; exit 1; }
   # An edge asking for other codecs is refused with the cloud's settings in the message.
