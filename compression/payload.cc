@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "compression/bitpack.h"
+#include "compression/rice.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 
@@ -150,11 +151,21 @@ double productSqNorm(const FactorStats& p, const FactorStats& q) {
 
 using ConstFactor = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
+Errc riceErrc(RiceCheck::Problem p) {
+  switch (p) {
+    case RiceCheck::Problem::kParameter: return Errc::kLevelOutOfRange;
+    case RiceCheck::Problem::kBeyond: return Errc::kIndexOutOfRange;
+    case RiceCheck::Problem::kPadding: return Errc::kBadPadding;
+    default: return Errc::kSizeMismatch;
+  }
+}
+
 }  // namespace
 
 const char* encodingName(size_t index) {
   static constexpr const char* kNames[] = {"dense_f32", "dense_f16", "dense_bf16", "sparse",
-                                           "randblock", "lowrank",   "sign",       "qsgd"};
+                                           "randblock", "lowrank",   "sign",       "qsgd",
+                                           "ternary"};
   return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
@@ -174,6 +185,9 @@ PayloadView view(const Payload& p) {
                         [](const LowRank& l) -> PayloadView { return LowRankView{l.rows, l.cols, l.rank, l.p, l.q}; },
                         [](const Sign& s) -> PayloadView { return SignView{s.scale, s.bits}; },
                         [](const Qsgd& q) -> PayloadView { return QsgdView{q.norm, q.s, q.packed}; },
+                        [](const Ternary& x) -> PayloadView {
+                          return TernaryView{x.count, x.mu, x.rice, x.positions, x.signs};
+                        },
                     },
                     p);
 }
@@ -189,6 +203,9 @@ Payload toOwned(const PayloadView& v) {
                         [&](const LowRankView& l) -> Payload { return LowRank{l.rows, l.cols, l.rank, vec(l.p), vec(l.q)}; },
                         [&](const SignView& s) -> Payload { return Sign{s.scale, vec(s.bits)}; },
                         [&](const QsgdView& q) -> Payload { return Qsgd{q.norm, q.s, vec(q.packed)}; },
+                        [&](const TernaryView& x) -> Payload {
+                          return Ternary{x.count, x.mu, x.rice, vec(x.positions), vec(x.signs)};
+                        },
                     },
                     v);
 }
@@ -325,6 +342,19 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
             const double unit = static_cast<double>(q.norm) / q.s;
             return PayloadStats{unit * max_level, unit * unit * sq_levels, q.norm};
           },
+          [&](const TernaryView& x) {
+            if (x.count > n)
+              fail(Errc::kSizeMismatch, t, ti,
+                   "ternary payload has " + std::to_string(x.count) + " positions for numel " + std::to_string(n));
+            requireSize(x.signs.size(), packedBytes(x.count, 1), t, ti, "ternary sign bytes");
+            requireScalar(x.mu, t, ti, "ternary mu");
+            requirePadding(x.signs, x.count, t, ti);
+            RiceCheck check;
+            if (!riceDecode(x.positions, x.count, x.rice, n, [](uint32_t) {}, &check))
+              fail(riceErrc(check.problem), t, ti, std::string("ternary positions: ") + check.why + " (position " + std::to_string(check.at) + ")");
+            const double mu = x.mu;
+            return PayloadStats{x.count ? mu : 0.0, mu * mu * static_cast<double>(x.count)};
+          },
       },
       payload);
 }
@@ -401,6 +431,14 @@ void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::spa
               o[i] += (field & 1u) ? -v : v;
             }
           },
+          [&](const TernaryView& x) {
+            const float pos = weight * x.mu;
+            size_t j = 0;
+            riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
+              o[i] += ((x.signs[j >> 3] >> (j & 7)) & 1u) ? -pos : pos;
+              ++j;
+            });
+          },
       },
       payload);
 }
@@ -433,6 +471,7 @@ size_t payloadDataBytes(const PayloadView& payload) {
                         [](const LowRankView& l) { return 12 + (l.p.size() + l.q.size()) * 4; },
                         [](const SignView& s) { return 4 + s.bits.size(); },
                         [](const QsgdView& q) { return 8 + q.packed.size(); },
+                        [](const TernaryView& x) { return 9 + x.positions.size() + x.signs.size(); },
                     },
                     payload);
 }

@@ -66,7 +66,19 @@ struct Qsgd {
   std::vector<uint8_t> packed;
 };
 
-using Payload = std::variant<DenseF32, DenseF16, DenseBF16, Sparse, RandBlock, LowRank, Sign, Qsgd>;
+// Sparse ternary (STC): `count` strictly increasing positions, each value +-mu. The positions
+// travel Rice-coded with parameter `rice` (compression/rice.h), the signs one bit each (1 =
+// negative) packed LSB-first in ceil(count/8) bytes; both streams' padding bits are zero. On the
+// wire the two travel as one byte vector, the signs first.
+struct Ternary {
+  uint32_t count = 0;
+  float mu = 0.0f;
+  uint8_t rice = 0;
+  std::vector<uint8_t> positions;
+  std::vector<uint8_t> signs;
+};
+
+using Payload = std::variant<DenseF32, DenseF16, DenseBF16, Sparse, RandBlock, LowRank, Sign, Qsgd, Ternary>;
 
 // ---------------------------------------------------------------- views
 
@@ -102,9 +114,16 @@ struct QsgdView {
   std::span<const uint8_t> packed;
 };
 
+struct TernaryView {
+  uint32_t count = 0;
+  float mu = 0.0f;
+  uint8_t rice = 0;
+  std::span<const uint8_t> positions, signs;
+};
+
 // Same alternatives, same order as Payload: index() names the encoding in both.
-using PayloadView =
-    std::variant<DenseF32View, DenseF16View, DenseBF16View, SparseView, RandBlockView, LowRankView, SignView, QsgdView>;
+using PayloadView = std::variant<DenseF32View, DenseF16View, DenseBF16View, SparseView, RandBlockView, LowRankView,
+                                 SignView, QsgdView, TernaryView>;
 
 PayloadView view(const Payload& p);
 Payload toOwned(const PayloadView& v);

@@ -88,6 +88,15 @@ const CompressorRegistry& compressors() {
              o.ef = readFeedback(r, o.ef);
              return std::make_unique<TopKCompressor>(o);
            }},
+          {"stc", "sparse ternary (Sattler et al.): top-k, every kept value +-mu, with error feedback",
+           "density=0.01, " + feedbackHelp(TopKOptions{}.ef),
+           [](OptionReader& r) {
+             TopKOptions o;
+             o.ternary = true;
+             o.density = r.number("density", o.density);
+             o.ef = readFeedback(r, o.ef);
+             return std::make_unique<TopKCompressor>(o);
+           }},
           {"randk", "k random positions per tensor with error feedback; index + value each",
            "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
            [](OptionReader& r) { return std::make_unique<RandKCompressor>(readRandomSparsify(r, aheadSparsifyDefaults())); }},

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "compression/rice.h"
 #include "compression/topk_select.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -27,6 +28,25 @@ Sparse gather(std::span<const float> input, std::span<float> residual, std::vect
   return s;
 }
 
+// STC: sends sign(input[i]) * mu for i in idx, mu = mean |input[idx]|, positions Rice-coded; a
+// kept residual (the same memory as input) keeps input[i] - sent[i].
+Ternary gatherTernary(std::span<const float> input, std::span<float> residual, const std::vector<uint32_t>& idx) {
+  double sum = 0.0;
+  for (uint32_t i : idx) sum += std::fabs(static_cast<double>(input[i]));
+  Ternary x;
+  x.count = static_cast<uint32_t>(idx.size());
+  x.mu = idx.empty() ? 0.0f : static_cast<float>(sum / static_cast<double>(idx.size()));
+  x.rice = static_cast<uint8_t>(bestRiceParameter(idx));
+  x.positions = riceEncode(idx, x.rice);
+  x.signs.assign(packedBytes(idx.size(), 1), 0);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const bool negative = std::signbit(input[idx[j]]);
+    if (negative) x.signs[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
+    if (!residual.empty()) residual[idx[j]] = input[idx[j]] - (negative ? -x.mu : x.mu);
+  }
+  return x;
+}
+
 std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> residual, size_t t) {
   return residual.empty() ? residual : layout.slice(residual, t);
 }
@@ -35,6 +55,7 @@ std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> residu
 
 void TopKOptions::validate() const {
   checkDensity(density, "topk");
+  if (ternary && scope != Scope::kLayer) STARLING_THROW(ConfigError, "stc: one mu per tensor needs scope=layer");
   ef.validate("topk");
 }
 void RandomSparsifyOptions::validate() const {
@@ -46,13 +67,25 @@ TopKCompressor::TopKCompressor(TopKOptions o) : opt_(o) { opt_.validate(); }
 
 std::string TopKCompressor::spec() const {
   std::ostringstream os;
-  os << "topk:density=" << opt_.density << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
-     << opt_.ef.specText();
+  if (opt_.ternary)
+    os << "stc:density=" << opt_.density << opt_.ef.specText();
+  else
+    os << "topk:density=" << opt_.density << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
+       << opt_.ef.specText();
   return os.str();
 }
 
 void TopKCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
                                    const RoundContext& /*ctx*/) const {
+  if (opt_.ternary) {
+    const auto* x = std::get_if<TernaryView>(&p);
+    if (!x) unexpected(layout, t, p, "ternary");
+    const size_t k = countForDensity(opt_.density, layout[t].numel);
+    if (x->count != k)
+      failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ", x->count,
+                " ternary entries, ", spec(), " sends ", k);
+    return;
+  }
   const auto* s = std::get_if<SparseView>(&p);
   if (!s) unexpected(layout, t, p, "sparse");
   // Layer scope sends exactly k per tensor; global scope splits one k over the tensors.
@@ -73,7 +106,10 @@ std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span
     for (size_t t = 0; t < layout.size(); ++t) {
       auto v = layout.slice(input, t);
       selectTopK(v, countForDensity(opt_.density, v.size()), idx, ctx.run_seed ^ ctx.round);
-      out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), idx));
+      if (opt_.ternary)
+        out.emplace_back(gatherTernary(v, sliceOrEmpty(layout, residual, t), idx));
+      else
+        out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), idx));
     }
     return out;
   }

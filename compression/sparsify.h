@@ -3,6 +3,8 @@
 // what was sent, so nothing is lost, only delayed):
 //   topk      exact k largest magnitudes per tensor (scope=layer) or over the whole flat buffer
 //             (scope=global); sends u32 indices + f32 values.
+//   stc       top-k's positions per tensor sent as +-mu (sparse ternary, Sattler et al. 2019): one
+//             sign bit each, Rice-coded positions, one mu per tensor (TopKCompressor, ternary).
 //   randk     k uniformly random positions per tensor from the client's own seeded stream;
 //             sends indices + values.
 //   randblock one contiguous block of k values per tensor (wrapping at the end), at an offset
@@ -18,6 +20,9 @@ struct TopKOptions {
   double density = 0.01;  // k = round(density * numel), at least 1
   Scope scope = Scope::kLayer;
   ErrorFeedback ef{.on = true};
+  // STC (Sattler et al. 2019): every kept value sent as +-mu, mu the mean |value| of the tensor's
+  // kept set (layer scope only).
+  bool ternary = false;
   void validate() const;
 };
 
@@ -35,7 +40,7 @@ struct RandomSparsifyOptions {
 class TopKCompressor final : public Compressor {
  public:
   explicit TopKCompressor(TopKOptions o);
-  std::string name() const override { return "topk"; }
+  std::string name() const override { return opt_.ternary ? "stc" : "topk"; }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "compression/bitpack.h"
 #include "core/overloaded.h"
 #include "protocol/starling_generated.h"
 #include "protocol/verify.h"
@@ -66,6 +67,13 @@ flatbuffers::Offset<fb::Tensor> encodeTensor(flatbuffers::FlatBufferBuilder& b, 
           [&](const cz::QsgdView& q) {
             auto packed = vec(b, q.packed);
             return fb::CreateTensor(b, fb::Payload::Qsgd, fb::CreateQsgd(b, q.norm, q.s, packed).Union());
+          },
+          [&](const cz::TernaryView& x) {
+            uint8_t* dst = nullptr;
+            auto bits = b.CreateUninitializedVector(x.signs.size() + x.positions.size(), &dst);
+            if (!x.signs.empty()) std::memcpy(dst, x.signs.data(), x.signs.size());
+            if (!x.positions.empty()) std::memcpy(dst + x.signs.size(), x.positions.data(), x.positions.size());
+            return fb::CreateTensor(b, fb::Payload::Ternary, fb::CreateTernary(b, x.count, x.mu, x.rice, bits).Union());
           },
       },
       p);
@@ -262,6 +270,15 @@ void decodeTensors(const flatbuffers::Vector<flatbuffers::Offset<fb::Tensor>>* t
       case fb::Payload::Qsgd: {
         const auto* q = t->payload_as_Qsgd();
         out.push_back(cz::QsgdView{q->norm(), q->s(), need(q->packed(), "QSGD levels")});
+        break;
+      }
+      case fb::Payload::Ternary: {
+        // The sign bytes first, then the positions; a vector too short for the signs leaves them
+        // short, which validation refuses.
+        const auto* x = t->payload_as_Ternary();
+        const auto bits = need(x->bits(), "ternary bits");
+        const size_t sign_bytes = std::min(bits.size(), cz::packedBytes(x->count(), 1));
+        out.push_back(cz::TernaryView{x->count(), x->mu(), x->rice(), bits.subspan(sign_bytes), bits.first(sign_bytes)});
         break;
       }
       default:

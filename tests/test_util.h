@@ -113,6 +113,9 @@ inline bool samePayload(const compression::Payload& a, const compression::Payloa
           return x.rows == y.rows && x.cols == y.cols && x.rank == y.rank && sameBits(x.p, y.p) && sameBits(x.q, y.q);
         else if constexpr (std::is_same_v<T, cz::Sign>)
           return std::memcmp(&x.scale, &y.scale, 4) == 0 && x.bits == y.bits;
+        else if constexpr (std::is_same_v<T, cz::Ternary>)
+          return x.count == y.count && std::memcmp(&x.mu, &y.mu, 4) == 0 && x.rice == y.rice &&
+                 x.positions == y.positions && x.signs == y.signs;
         else
           return std::memcmp(&x.norm, &y.norm, 4) == 0 && x.s == y.s && x.packed == y.packed;
       },

@@ -7,6 +7,7 @@
 
 #include "compression/lowrank.h"
 #include "compression/registry.h"
+#include "compression/rice.h"
 #include "core/half.h"
 #include "test_util.h"
 
@@ -65,6 +66,11 @@ std::vector<Sample> samples(const SharedFactors& shared_q, const SharedFactors& 
     q.packed[i / 2] |= static_cast<uint8_t>(field << (4 * (i % 2)));
   }
   out.push_back({"qsgd", q});
+  // Ternary: positions 0, 7, 8, 31, 59 Rice-coded with r = 2 and 3 (both valid), signs - + + - -.
+  const std::vector<uint32_t> pos = {0, 7, 8, 31, 59};
+  out.push_back({"ternary", Ternary{5, 1.25f, 2, riceEncode(pos, 2), {0x19}}});
+  out.push_back({"ternary r=3", Ternary{5, 0.5f, 3, riceEncode(pos, 3), {0x19}}});
+  out.push_back({"empty ternary", Ternary{0, 0.0f, 0, {}, {}}});
   return out;
 }
 
@@ -114,6 +120,10 @@ TEST_CASE("view and toOwned round-trip every encoding, and a view aliases its pa
             CHECK(std::get<LowRankView>(v).oneFactor() == (owned.p.empty() != owned.q.empty()));
           } else if constexpr (std::is_same_v<T, Sign>) {
             CHECK(std::get<SignView>(v).bits.data() == owned.bits.data());
+          } else if constexpr (std::is_same_v<T, Ternary>) {
+            CHECK(std::get<TernaryView>(v).positions.data() == owned.positions.data());
+            CHECK(std::get<TernaryView>(v).signs.data() == owned.signs.data());
+            CHECK(std::get<TernaryView>(v).count == owned.count);
           } else if constexpr (std::is_same_v<T, Qsgd>) {
             CHECK(std::get<QsgdView>(v).packed.data() == owned.packed.data());
             CHECK(std::get<QsgdView>(v).s == owned.s);
@@ -132,7 +142,8 @@ TEST_CASE("view and toOwned round-trip every encoding, and a view aliases its pa
   }
   CHECK(std::string(encodingName(size_t{0})) == "dense_f32");
   CHECK(std::string(encodingName(size_t{7})) == "qsgd");
-  CHECK(std::string(encodingName(size_t{8})) == "unknown");
+  CHECK(std::string(encodingName(size_t{8})) == "ternary");
+  CHECK(std::string(encodingName(size_t{9})) == "unknown");
 }
 
 TEST_CASE("updates and partial aggregates view and copy back whole", "[compression]") {

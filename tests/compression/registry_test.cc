@@ -10,8 +10,8 @@ using namespace starling::compression;
 TEST_CASE("every registered compressor builds by name and compresses", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 1);
-  REQUIRE(compressors().entries().size() == 10);
-  CHECK(compressors().names() == "none, fp16, bf16, topk, randk, randblock, sign, qsgd, powersgd, acpsgd");
+  REQUIRE(compressors().entries().size() == 11);
+  CHECK(compressors().names() == "none, fp16, bf16, topk, stc, randk, randblock, sign, qsgd, powersgd, acpsgd");
   for (const auto& e : compressors().entries()) {
     INFO(e.name);
     CHECK_FALSE(e.summary.empty());

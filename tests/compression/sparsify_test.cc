@@ -49,6 +49,7 @@ TEST_CASE("error-feedback invariant holds for every sparsifier and quantizer", "
   checkErrorFeedback("randk:density=0.05", 0.0);
   checkErrorFeedback("randblock:density=0.05", 0.0);
   checkErrorFeedback("sign", 1e-6);
+  checkErrorFeedback("stc:density=0.05", 1e-6);
   checkErrorFeedback("qsgd:levels=4,ef=true", 1e-6);
 }
 

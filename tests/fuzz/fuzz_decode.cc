@@ -82,6 +82,15 @@ void mutateFloats(cz::Payload& p, RngStream& r) {
                      default: poke<uint8_t>(q.packed, r, static_cast<uint8_t>(r.next())); break;
                    }
                  },
+                 [&](cz::Ternary& x) {
+                   switch (r.below(5)) {
+                     case 0: x.mu = pickFloat(r); break;
+                     case 1: x.count = static_cast<uint32_t>(pickCount(r)); break;
+                     case 2: x.rice = static_cast<uint32_t>(r.below(40)); break;
+                     case 3: poke<uint8_t>(x.signs, r, static_cast<uint8_t>(r.next())); break;
+                     default: poke<uint8_t>(x.positions, r, static_cast<uint8_t>(r.next())); break;
+                   }
+                 },
              },
              p);
 }
@@ -94,7 +103,11 @@ void mutateVectorLength(cz::Payload& p, RngStream& r) {
                           else resize(s.indices);
                         },
                         [&](cz::RandBlock& b) { resize(b.values); }, [&](cz::LowRank& l) { resize(l.p); },
-                        [&](cz::Sign& s) { resize(s.bits); }, [&](cz::Qsgd& q) { resize(q.packed); }},
+                        [&](cz::Sign& s) { resize(s.bits); }, [&](cz::Qsgd& q) { resize(q.packed); },
+                        [&](cz::Ternary& x) {
+                          if (r.below(2)) resize(x.positions);
+                          else resize(x.signs);
+                        }},
              p);
 }
 

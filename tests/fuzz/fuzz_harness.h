@@ -27,7 +27,7 @@ inline constexpr uint64_t kRound = 3;
 // One scheme per encoding family, with options matching fuzz::layout().
 inline const std::vector<std::string>& schemeSpecs() {
   static const std::vector<std::string> kSpecs = {
-      "none", "fp16", "bf16", "topk:density=0.1", "randk:density=0.1", "randblock:density=0.1", "sign",
+      "none", "fp16", "bf16", "topk:density=0.1", "stc:density=0.1", "randk:density=0.1", "randblock:density=0.1", "sign",
       "qsgd:levels=3", "powersgd:rank=2,min_rate=1", "powersgd:rank=2,min_rate=1,mode=local",
       "acpsgd:rank=2,min_rate=1"};
   return kSpecs;

@@ -34,6 +34,9 @@ std::vector<std::span<const uint8_t>> spansOf(const PayloadView& p) {
           add(v.bits);
         } else if constexpr (std::is_same_v<T, QsgdView>) {
           add(v.packed);
+        } else if constexpr (std::is_same_v<T, TernaryView>) {
+          add(v.positions);
+          add(v.signs);
         } else {
           add(v.values);
         }
@@ -226,7 +229,7 @@ TEST_CASE("decode limits are checked", "[protocol]") {
 }
 
 // Golden encodings: a silent wire-format change fails here. Each value is the size and the 64-bit
-// FNV-1a of encodeUpdate(seed) for the nine seeds of fuzz::seedUpdates() (one per encoding) and of
+// FNV-1a of encodeUpdate(seed) for the ten seeds of fuzz::seedUpdates() (one per encoding) and of
 // encodePartial(samplePartial()). The bytes were checked by hand once (2026, flatc 2.0.8) against the
 // schema with
 //   flatc --json --strict-json --raw-binary --size-prefixed -o /tmp/x protocol/starling.fbs -- seed.bin
@@ -249,6 +252,9 @@ TEST_CASE("golden bytes of one message per encoding", "[protocol]") {
       {352, 0x60809bd3969efd3bull},  // lowrank, P only
       {288, 0x45fd5a0a027aa303ull},  // sign
       {312, 0x53c2152daf0fc1c0ull},  // qsgd
+      {288, 0x8fedebd89e8da70dull},  // ternary (checked by hand with flatc 2.0.8, 2026-11-22: bits
+                                     // 0x02 | 0xc2 0x7c 0x04 are the signs + - + and the Rice-4
+                                     // codes of gaps 1, 3, 84: 0 0001, 0 0011, 111110 0100)
   };
   const Golden want_partial = {440, 0x93c8df3ca46fa381ull};
   const auto seeds = fuzz::seedUpdates();

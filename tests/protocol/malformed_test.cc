@@ -197,6 +197,17 @@ TEST_CASE("each malformed buffer is rejected with its own error", "[protocol]") 
       {"QSGD without levels",
        [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::Qsgd, fb::CreateQsgd(b, 1.0f, 4).Union()); }); },
        Errc::kMissingField},
+      {"ternary without bits",
+       [] { return rawMessage(kSchemaVersion, [](auto& b) { return fb::CreateTensor(b, fb::Payload::Ternary, fb::CreateTernary(b, 1, 1.0f, 2).Union()); }); },
+       Errc::kMissingField},
+      {"ternary bits too short for the signs",
+       [] {
+         return rawMessage(kSchemaVersion, [](auto& b) {
+           auto bits = b.CreateVector(std::vector<uint8_t>{0, 0});
+           return fb::CreateTensor(b, fb::Payload::Ternary, fb::CreateTernary(b, 40, 1.0f, 2, bits).Union());
+         });
+       },
+       Errc::kSizeMismatch},
       // payloads against the layout (validatePayload)
       {"dense size lies", [] { return encodeUpdate(withTensor0(DenseF32{std::vector<float>(95, 1.0f)})); }, Errc::kSizeMismatch},
       {"fp16 size lies", [] { return encodeUpdate(withTensor0(DenseF16{std::vector<uint16_t>(97, 0)})); }, Errc::kSizeMismatch},
@@ -227,6 +238,13 @@ TEST_CASE("each malformed buffer is rejected with its own error", "[protocol]") 
       {"QSGD level above s", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 2, std::vector<uint8_t>(36, 0xff)})); }, Errc::kLevelOutOfRange},
       {"QSGD s = 0", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 0, std::vector<uint8_t>(24, 0)})); }, Errc::kLevelOutOfRange},
       {"QSGD s > 65535", [] { return encodeUpdate(withTensor0(Qsgd{1.0f, 65536, std::vector<uint8_t>(216, 0)})); }, Errc::kLevelOutOfRange},
+      {"ternary count above numel", [] { return encodeUpdate(withTensor0(Ternary{97, 1.0f, 0, std::vector<uint8_t>(13, 0), std::vector<uint8_t>(13, 0)})); }, Errc::kSizeMismatch},
+      {"ternary sign bytes lie", [] { return encodeUpdate(withTensor0(Ternary{3, 1.0f, 4, riceEncode(std::vector<uint32_t>{1, 5, 90}, 4), {0, 0}})); }, Errc::kSizeMismatch},
+      {"ternary positions cut short", [] { auto p = riceEncode(std::vector<uint32_t>{1, 5, 90}, 4); p.pop_back(); return encodeUpdate(withTensor0(Ternary{3, 1.0f, 4, p, {0}})); }, Errc::kSizeMismatch},
+      {"ternary position beyond the tensor", [] { return encodeUpdate(withTensor0(Ternary{3, 1.0f, 4, riceEncode(std::vector<uint32_t>{1, 5, 96}, 4), {0}})); }, Errc::kIndexOutOfRange},
+      {"ternary Rice parameter 32", [] { return encodeUpdate(withTensor0(Ternary{1, 1.0f, 32, std::vector<uint8_t>(5, 0), {0}})); }, Errc::kLevelOutOfRange},
+      {"NaN ternary mu", [] { return encodeUpdate(withTensor0(Ternary{3, std::nanf(""), 4, riceEncode(std::vector<uint32_t>{1, 5, 90}, 4), {0}})); }, Errc::kNonFinite},
+      {"negative ternary mu", [] { return encodeUpdate(withTensor0(Ternary{3, -1.0f, 4, riceEncode(std::vector<uint32_t>{1, 5, 90}, 4), {0}})); }, Errc::kNonFinite},
       {"one factor, no shared factor", [] { return encodeUpdate(withTensor0(LowRank{8, 12, 2, std::vector<float>(16), {}})); }, Errc::kMissingSharedFactor},
   });
 }
@@ -259,6 +277,13 @@ TEST_CASE("non-zero padding after packed bits is rejected", "[protocol]") {
   CHECK(testing::errcOf([&] { decodeUpdate(encodeUpdate(u), layout); }) == errcName(Errc::kBadPadding));
   u.tensors = {Qsgd{1.0f, 1, {0x00, 0x00, 0x08}}};
   CHECK_NOTHROW(decodeUpdate(encodeUpdate(u), layout));
+  // Ternary: 3 signs in one byte (bits 3..7 padding); positions 0, 1, 2 with r = 0 are three 0 bits.
+  u.tensors = {Ternary{3, 1.0f, 0, {0x00}, {0x08}}};
+  CHECK(testing::errcOf([&] { decodeUpdate(encodeUpdate(u), layout); }) == errcName(Errc::kBadPadding));
+  u.tensors = {Ternary{3, 1.0f, 0, {0x00}, {0x07}}};
+  CHECK_NOTHROW(decodeUpdate(encodeUpdate(u), layout));
+  u.tensors = {Ternary{2, 1.0f, 0, {0x04}, {0x00}}};  // positions 0, 1, then a set padding bit
+  CHECK(testing::errcOf([&] { decodeUpdate(encodeUpdate(u), layout); }) == errcName(Errc::kBadPadding));
 }
 
 TEST_CASE("oversized buffers are refused before parsing", "[protocol]") {
