@@ -2,6 +2,8 @@
 
 #include "aggregation/partial.h"
 #include "bench/bench_common.h"
+#include "compression/bitpack.h"
+#include "compression/rice.h"
 #include "compression/topk_select.h"
 #include "protocol/codec.h"
 
@@ -61,6 +63,24 @@ std::vector<cz::Update> sparseUpdates(const ParamLayout& l, size_t nnz) {
 }
 
 std::vector<cz::Update> topk1pct(const ParamLayout& l) { return sparseUpdates(l, l.numel() / 100); }
+
+// The same supports as sparseUpdates, as STC sends them: Rice-coded positions, a sign bit each.
+std::vector<cz::Update> ternaryUpdates(const ParamLayout& l, size_t nnz) {
+  std::vector<cz::Update> out = sparseUpdates(l, nnz);
+  for (auto& u : out) {
+    const auto& s = std::get<cz::Sparse>(u.tensors[0]);
+    cz::Ternary x;
+    x.count = static_cast<uint32_t>(s.indices.size());
+    x.mu = 0.5f;
+    x.rice = static_cast<uint8_t>(cz::bestRiceParameter(s.indices));
+    x.positions = cz::riceEncode(s.indices, x.rice);
+    x.signs.assign(cz::packedBytes(x.count, 1), 0x5a);
+    if (x.count % 8) x.signs.back() &= static_cast<uint8_t>((1u << (x.count % 8)) - 1);
+    u.tensors = {std::move(x)};
+  }
+  return out;
+}
+std::vector<cz::Update> stc1pct(const ParamLayout& l) { return ternaryUpdates(l, l.numel() / 100); }
 
 // Accumulation alone: views of owned updates, already validated.
 void registerAccumulate(const std::string& name, ParamLayout layout, std::vector<cz::Update> (*make)(const ParamLayout&),
@@ -161,8 +181,13 @@ void registerAggregationBenchmarks() {
   registerAccumulate("accumulate/sparse_nnz10000/1000x1M", m1, +sparse10k, false);
   registerAccumulate("accumulate/sparse_nnz10000/1000x25M", flat(25000000), +sparse10k, false);
   registerAccumulate("accumulate/sparse_nnz100000/1000x25M", flat(25000000), +sparse100k, false);
+  // STC's ternary updates on the same supports: the positions are Rice-decoded a window at a time.
+  auto ternary10k = [](const ParamLayout& l) { return ternaryUpdates(l, 10000); };
+  registerAccumulate("accumulate/ternary_nnz10000/1000x1M", m1, +ternary10k, false);
+  registerAccumulate("accumulate/ternary_validated_nnz10000/1000x1M", m1, +ternary10k, true);
 
-  for (auto [kind, make] : {std::pair{"dense", &denseUpdates}, std::pair{"topk1pct", &topk1pct}}) {
+  for (auto [kind, make] : {std::pair{"dense", &denseUpdates}, std::pair{"topk1pct", &topk1pct},
+                            std::pair{"stc1pct", &stc1pct}}) {
     const std::string suffix = std::string(kind) + "/1000x1M";
     registerIngest("ingest/copy/" + suffix, m1, make, Path::kCopy);
     registerIngest("ingest/zerocopy/" + suffix, m1, make, Path::kZeroCopy);

@@ -52,6 +52,18 @@ int main(int argc, char** argv) {
     ratios.push_back({"ingest_zerocopy_speed_vs_memcpy/" + k + "/1000x1M", "ingest/memcpy/" + k + "/1000x1M",
                       "ingest/zerocopy/" + k + "/1000x1M", "no target: decode + validate + accumulate vs one memcpy"});
   }
+  // STC against top-k on the same support: the client's cost (selection + Rice coding) and the
+  // server's (decoding the positions bit by bit, with and without validation).
+  for (const char* d : {"0.001", "0.01"})
+    for (const char* sz : {"1M", "25M"}) {
+      const std::string s = std::string(sz) + "/density:" + d;
+      ratios.push_back({"stc_time_vs_topk/" + s, "compress/stc/" + s, "compress/topk/" + s,
+                        "no target: what Rice coding adds to top-k"});
+    }
+  ratios.push_back({"accumulate_ternary_time_vs_sparse/nnz10000/1000x1M", "accumulate/ternary_nnz10000/1000x1M",
+                    "accumulate/sparse_nnz10000/1000x1M", "no target: Rice-coded positions vs u32 indices"});
+  ratios.push_back({"ingest_zerocopy_stc_time_vs_topk/1000x1M", "ingest/zerocopy/stc1pct/1000x1M",
+                    "ingest/zerocopy/topk1pct/1000x1M", "no target: decode + validate + accumulate, 8x fewer bytes"});
   ratios.push_back({"accumulate_sparse_25M_vs_1M_model/nnz10000", "accumulate/sparse_nnz10000/1000x25M",
                     "accumulate/sparse_nnz10000/1000x1M", "no target: same work, cache misses in the larger model"});
 

@@ -94,7 +94,7 @@ void registerCompressionBenchmarks() {
         }
         st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(n * sizeof(float)));
       });
-      for (const char* c : {"topk", "randk", "randblock"})
+      for (const char* c : {"topk", "stc", "randk", "randblock"})
         registerCompress(std::string("compress/") + c + "/" + suffix, std::string(c) + ":density=" + d, layout);
       registerCompress("randblock_select/" + suffix, std::string("randblock:ef=false,density=") + d, layout);
       registerCompress("compress/topk_global/" + suffix, std::string("topk:scope=global,density=") + d, layout);

@@ -30,6 +30,7 @@ import time
 COMPRESSORS = [
     "none",
     "topk:density=0.01",
+    "stc:density=0.01",
     "randk:density=0.05",
     "randblock:density=0.05",
     "randblock:density=0.5",

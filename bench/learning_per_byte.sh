@@ -42,6 +42,10 @@ runs=(
   "randk5-plain|randk:density=0.05,ef_preview=0|"
   "topk1-fwd|topk:density=0.01,ef_preview=1|"
   "qsgd-ef|qsgd:levels=16,ef=true|"
+  "stc5|stc:density=0.05|"
+  "stc5-ahead|stc:density=0.05,ef_preview=1|"
+  "stc2|stc:density=0.02|"
+  "stc10|stc:density=0.1|"
 )
 
 for seed in $seeds; do

@@ -7,8 +7,10 @@
 // density d the gaps are about geometric with mean 1/d - 1 and a well-chosen r costs about
 // log2(1/d) + 1.5 bits per position, against 32 for a u32 index.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -86,29 +88,66 @@ bool riceDecode(std::span<const uint8_t> s, size_t count, uint32_t r, size_t n, 
     return false;
   };
   if (r > kMaxRiceParameter) return failed(P::kParameter, "Rice parameter above 31", 0);
-  const size_t total = s.size() * 8;
-  size_t bit = 0;
-  auto get = [&](size_t b) { return (s[b >> 3] >> (b & 7)) & 1u; };
+  // A 64-bit window over the stream: `buf` holds `have` unread bits, LSB first; `pos` is the next
+  // byte to load. The quotient's run of ones is counted a window at a time.
+  const uint8_t* d = s.data();
+  const size_t size = s.size();
+  size_t pos = 0;
+  uint64_t buf = 0;
+  uint32_t have = 0;
+  auto refill = [&] {
+    if (size - pos >= 8) {
+      uint64_t w;
+      std::memcpy(&w, d + pos, 8);  // little-endian hosts (x86-64, arm64)
+      buf |= w << have;             // have <= 56 here: only whole bytes that fit are counted
+      const uint32_t take = (63 - have) >> 3;
+      pos += take;
+      have += take * 8;
+    } else {
+      while (have <= 56 && pos < size) {
+        buf |= static_cast<uint64_t>(d[pos++]) << have;
+        have += 8;
+      }
+    }
+  };
+  auto consume = [&](uint32_t bits) {  // bits <= have
+    buf = bits >= 64 ? 0 : buf >> bits;
+    have -= bits;
+  };
+  const uint64_t low_mask = (uint64_t{1} << r) - 1;
   uint64_t next = 0;  // the smallest position the next one may take
   for (size_t j = 0; j < count; ++j) {
+    // The largest quotient that keeps the position below n: more is refused at once, so a
+    // stream of ones costs at most a window per 64 units of it. (With next = n no position fits;
+    // a whole code is still read, so that a stream that ends first is reported as short.)
+    const uint64_t max_q = next < n ? (n - 1 - next) >> r : 0;
     uint64_t q = 0;
     for (;;) {
-      if (bit >= total) return failed(P::kShort, "the position stream ends early", j);
-      if (!get(bit++)) break;
-      // Every quotient unit moves the position by 2^r: past n it cannot be valid.
-      if ((++q << r) + next >= n) return failed(P::kBeyond, "a position beyond the tensor", j);
+      if (have <= 56) refill();
+      if (have == 0) return failed(P::kShort, "the position stream ends early", j);
+      const auto ones = static_cast<uint32_t>(std::countr_one(buf));
+      if (ones < have) {
+        q += ones;
+        consume(ones + 1);
+        break;
+      }
+      q += have;  // every unread bit is a one: the run goes on in the next bytes
+      consume(have);
+      if (q > max_q) return failed(P::kBeyond, "a position beyond the tensor", j);
     }
-    if (bit + r > total) return failed(P::kShort, "the position stream ends early", j);
-    uint64_t low = 0;
-    for (uint32_t b = 0; b < r; ++b) low |= static_cast<uint64_t>(get(bit++)) << b;
-    const uint64_t pos = next + (q << r) + low;
-    if (pos >= n) return failed(P::kBeyond, "a position beyond the tensor", j);
-    on(static_cast<uint32_t>(pos));
-    next = pos + 1;
+    if (q > max_q) return failed(P::kBeyond, "a position beyond the tensor", j);
+    if (have < r) refill();
+    if (have < r) return failed(P::kShort, "the position stream ends early", j);
+    const uint64_t p = next + (q << r) + (buf & low_mask);
+    consume(r);
+    if (p >= n) return failed(P::kBeyond, "a position beyond the tensor", j);
+    on(static_cast<uint32_t>(p));
+    next = p + 1;
   }
-  if ((bit + 7) / 8 != s.size()) return failed(P::kTrailing, "bytes after the last position", count);
-  for (; bit < total; ++bit)
-    if (get(bit)) return failed(P::kPadding, "non-zero padding bits after the last position", count);
+  const size_t used = pos * 8 - have;  // bits read
+  if ((used + 7) / 8 != size) return failed(P::kTrailing, "bytes after the last position", count);
+  if (used % 8 != 0 && (d[size - 1] >> (used % 8)) != 0)
+    return failed(P::kPadding, "non-zero padding bits after the last position", count);
   return true;
 }
 
