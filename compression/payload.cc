@@ -434,10 +434,11 @@ void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::spa
           [&](const TernaryView& x) {
             const float pos = weight * x.mu;
             size_t j = 0;
-            riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
+            const bool ok = riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
               o[i] += ((x.signs[j >> 3] >> (j & 7)) & 1u) ? -pos : pos;
               ++j;
             });
+            STARLING_ENFORCE(ok, "accumulate: ternary payload of tensor ", ti, " was not validated");
           },
       },
       payload);

@@ -19,6 +19,7 @@
 namespace starling::compression {
 
 inline constexpr uint32_t kMaxRiceParameter = 31;
+static_assert(std::endian::native == std::endian::little, "riceDecode loads 8 stream bytes as one little-endian word");
 
 // Bits of the stream for these positions with parameter r.
 inline size_t riceBits(std::span<const uint32_t> idx, uint32_t r) {
