@@ -54,9 +54,10 @@ std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> residu
 }  // namespace
 
 void TopKOptions::validate() const {
-  checkDensity(density, "topk");
+  const char* who = ternary ? "stc" : "topk";
+  checkDensity(density, who);
   if (ternary && scope != Scope::kLayer) STARLING_THROW(ConfigError, "stc: one mu per tensor needs scope=layer");
-  ef.validate("topk");
+  ef.validate(who);
 }
 void RandomSparsifyOptions::validate() const {
   checkDensity(density, "randk/randblock");
