@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "compression/bitpack.h"
@@ -52,8 +53,12 @@ inline uint32_t bestRiceParameter(std::span<const uint32_t> idx) {
   return best;
 }
 
-// The stream for strictly increasing positions, ceil(bits/8) bytes, padding bits zero.
+// The stream for strictly increasing positions, ceil(bits/8) bytes, padding bits zero. Positions
+// out of order would wrap a gap into a stream that decodes to other positions: refused.
 inline std::vector<uint8_t> riceEncode(std::span<const uint32_t> idx, uint32_t r) {
+  if (r > kMaxRiceParameter) throw std::invalid_argument("riceEncode: parameter above 31");
+  for (size_t j = 1; j < idx.size(); ++j)
+    if (idx[j] <= idx[j - 1]) throw std::invalid_argument("riceEncode: positions not strictly increasing");
   std::vector<uint8_t> out;
   BitWriter w(out, riceBits(idx, r), 1);
   uint32_t prev = 0;

@@ -28,9 +28,12 @@ Sparse gather(std::span<const float> input, std::span<float> residual, std::vect
   return s;
 }
 
-// STC: sends sign(input[i]) * mu for i in idx, mu = mean |input[idx]|, positions Rice-coded; a
-// kept residual (the same memory as input) keeps input[i] - sent[i].
-Ternary gatherTernary(std::span<const float> input, std::span<float> residual, const std::vector<uint32_t>& idx) {
+// STC: sends sign(input[i]) * mu for the non-zero i in idx, mu = mean |input[i]| over them,
+// positions Rice-coded; a kept residual (the same memory as input) keeps input[i] - sent[i]. An exact
+// zero top-k picked (a tensor with fewer than k non-zeros) is not sent: as +-mu it would move a
+// coordinate that had nothing to say.
+Ternary gatherTernary(std::span<const float> input, std::span<float> residual, std::vector<uint32_t> idx) {
+  std::erase_if(idx, [&](uint32_t i) { return input[i] == 0.0f; });
   double sum = 0.0;
   for (uint32_t i : idx) sum += std::fabs(static_cast<double>(input[i]));
   Ternary x;
@@ -82,9 +85,10 @@ void TopKCompressor::checkReceived(const ParamLayout& layout, size_t t, const Pa
     const auto* x = std::get_if<TernaryView>(&p);
     if (!x) unexpected(layout, t, p, "ternary");
     const size_t k = countForDensity(opt_.density, layout[t].numel);
-    if (x->count != k)
+    // Exactly k, less the exact zeros among them: never more.
+    if (x->count > k)
       failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ", x->count,
-                " ternary entries, ", spec(), " sends ", k);
+                " ternary entries, ", spec(), " sends at most ", k);
     return;
   }
   const auto* s = std::get_if<SparseView>(&p);
@@ -108,7 +112,7 @@ std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span
       auto v = layout.slice(input, t);
       selectTopK(v, countForDensity(opt_.density, v.size()), idx, ctx.run_seed ^ ctx.round);
       if (opt_.ternary)
-        out.emplace_back(gatherTernary(v, sliceOrEmpty(layout, residual, t), idx));
+        out.emplace_back(gatherTernary(v, sliceOrEmpty(layout, residual, t), std::move(idx)));
       else
         out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), idx));
     }
