@@ -46,6 +46,12 @@ runs=(
   "stc5-ahead|stc:density=0.05,ef_preview=1|"
   "stc2|stc:density=0.02|"
   "stc10|stc:density=0.1|"
+  "stc5-down|stc:density=0.05|--downlink.mode topk --downlink.density 0.05 --downlink.history 64"
+  "topk5|topk:density=0.05|"
+  "acpsgd8|acpsgd:rank=8|"
+  "powersgd8|powersgd:rank=8|"
+  "randk25|randk:density=0.25|"
+  "randblock25|randblock:density=0.25|"
 )
 
 for seed in $seeds; do
