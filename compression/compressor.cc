@@ -95,19 +95,15 @@ void ErrorFeedback::validate(const std::string& who) const {
     STARLING_THROW(ConfigError, who, ": ef_decay, ef_preview and ef_max_age need ef=true");
 }
 
-namespace {
-// The shortest text that reads back as the same double: the canonical spec is what travels to
-// deployed clients, so it must not round (default stream precision keeps 6 digits).
-std::string exact(double v) {
+std::string exactText(double v) {
   char buf[32];
   const auto res = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, res.ptr);
 }
-}  // namespace
 
 std::string ErrorFeedback::specText() const {
   if (!on) return ",ef=false";
-  return ",ef=true,ef_decay=" + exact(decay) + ",ef_preview=" + exact(preview) +
+  return ",ef=true,ef_decay=" + exactText(decay) + ",ef_preview=" + exactText(preview) +
          ",ef_max_age=" + std::to_string(max_age);
 }
 

@@ -206,4 +206,9 @@ inline constexpr float kMaxCompressMagnitude = 1e30f;
 // k for a density over n elements: round(density * n), at least 1, at most n.
 size_t countForDensity(double density, size_t n);
 
+// The shortest text that reads back as the same double. A canonical spec is what travels to
+// deployed clients, so its numbers must not round (a stream's default precision keeps 6 digits:
+// density=0.0123456789 would reach the client as 0.0123457, another k).
+std::string exactText(double v);
+
 }  // namespace starling::compression

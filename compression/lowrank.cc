@@ -18,7 +18,7 @@ using ConstFactorMap = Eigen::Map<const RowMatrix>;
 
 std::string optionText(const char* name, const LowRankOptions& o, bool powersgd) {
   std::ostringstream os;
-  os << name << ":rank=" << o.rank << ",min_rate=" << o.min_compression_rate
+  os << name << ":rank=" << o.rank << ",min_rate=" << exactText(o.min_compression_rate)
      << o.ef.specText();
   if (powersgd)
     os << ",mode=" << (o.two_phase ? "two_phase" : "local") << ",warm_start=" << (o.warm_start ? "true" : "false");

@@ -72,9 +72,9 @@ TopKCompressor::TopKCompressor(TopKOptions o) : opt_(o) { opt_.validate(); }
 std::string TopKCompressor::spec() const {
   std::ostringstream os;
   if (opt_.ternary)
-    os << "stc:density=" << opt_.density << opt_.ef.specText();
+    os << "stc:density=" << exactText(opt_.density) << opt_.ef.specText();
   else
-    os << "topk:density=" << opt_.density << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
+    os << "topk:density=" << exactText(opt_.density) << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
        << opt_.ef.specText();
   return os.str();
 }
@@ -165,7 +165,7 @@ RandKCompressor::RandKCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.valid
 
 std::string RandKCompressor::spec() const {
   std::ostringstream os;
-  os << "randk:density=" << opt_.density << opt_.ef.specText();
+  os << "randk:density=" << exactText(opt_.density) << opt_.ef.specText();
   return os.str();
 }
 
@@ -197,7 +197,7 @@ RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { op
 
 std::string RandBlockCompressor::spec() const {
   std::ostringstream os;
-  os << "randblock:density=" << opt_.density << ",offset=" << (opt_.per_client_offset ? "client" : "shared")
+  os << "randblock:density=" << exactText(opt_.density) << ",offset=" << (opt_.per_client_offset ? "client" : "shared")
      << opt_.ef.specText();
   return os.str();
 }

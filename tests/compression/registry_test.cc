@@ -85,3 +85,18 @@ TEST_CASE("without error feedback a compressor never writes the caller's update"
     CHECK(update == copy);
   }
 }
+
+TEST_CASE("a canonical spec keeps every digit of density and min_rate", "[compression]") {
+  // The spec is what a deployed client is told; 0.0123456789 written with a stream's 6 digits
+  // would reach it as 0.0123457, and over 10^8 coordinates k would be 1,234,570, not 1,234,568.
+  REQUIRE(countForDensity(0.0123456789, 100'000'000) != countForDensity(0.0123457, 100'000'000));
+  for (const char* spec : {"topk:density=0.0123456789", "stc:density=0.0123456789", "randk:density=0.0123456789",
+                           "randblock:density=0.0123456789", "powersgd:rank=2,min_rate=2.123456789",
+                           "acpsgd:rank=2,min_rate=2.123456789"}) {
+    INFO(spec);
+    const std::string canonical = makeCompressor(spec)->spec();
+    const std::string value = std::string(spec).substr(std::string(spec).rfind('=') + 1);
+    CHECK(canonical.find("=" + value + ",") != std::string::npos);
+    CHECK(makeCompressor(canonical)->spec() == canonical);
+  }
+}
