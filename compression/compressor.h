@@ -79,7 +79,7 @@ class ResidualState final : public StateComponent {
 // acc = update + residual and keeps residual = acc - sent. The spec keys, for every compressor
 // that has error feedback:
 //   ef=true|false   error feedback on or off
-//   ef_decay=B      the residual kept is B (acc - sent), 0 < B <= 1 (SparseLoCo's decayed
+//   ef_decay=B      the residual kept is B (acc - sent), 1e-6 <= B <= 1 (SparseLoCo's decayed
 //                   accumulator): a coordinate that waits can carry at most 1/(1-B) displacements
 //   ef_preview=A    the client starts local training from global + A residual, 0 <= A <= 1
 //                   (step-ahead EF, SA-PEF; local-model persistence, CSER): with A = 1 what it
@@ -142,7 +142,8 @@ class Compressor {
 
   // Registry name, e.g. "topk".
   virtual std::string name() const = 0;
-  // Canonical spec with every option, e.g. "topk:density=0.01,scope=layer,ef=true".
+  // Canonical spec with every option, e.g.
+  // "topk:density=0.01,scope=layer,ef=true,ef_decay=1,ef_preview=0,ef_max_age=0".
   virtual std::string spec() const = 0;
   // The error-feedback options (off for compressors without it).
   virtual const ErrorFeedback& feedback() const;
