@@ -31,8 +31,8 @@ Sparse gather(std::span<const float> input, std::span<float> residual, std::vect
 // STC: sends sign(input[i]) * mu for the non-zero i in idx, mu = mean |input[i]| over them,
 // positions Rice-coded; a kept residual (the same memory as input) keeps input[i] - sent[i]. An exact
 // zero top-k picked (a tensor with fewer than k non-zeros) is not sent: as +-mu it would move a
-// coordinate that had nothing to say.
-Ternary gatherTernary(std::span<const float> input, std::span<float> residual, std::vector<uint32_t> idx) {
+// coordinate that had nothing to say. Drops those from idx in place (the caller's buffer is reused).
+Ternary gatherTernary(std::span<const float> input, std::span<float> residual, std::vector<uint32_t>& idx) {
   std::erase_if(idx, [&](uint32_t i) { return input[i] == 0.0f; });
   double sum = 0.0;
   for (uint32_t i : idx) sum += std::fabs(static_cast<double>(input[i]));
@@ -112,7 +112,7 @@ std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span
       auto v = layout.slice(input, t);
       selectTopK(v, countForDensity(opt_.density, v.size()), idx, ctx.run_seed ^ ctx.round);
       if (opt_.ternary)
-        out.emplace_back(gatherTernary(v, sliceOrEmpty(layout, residual, t), std::move(idx)));
+        out.emplace_back(gatherTernary(v, sliceOrEmpty(layout, residual, t), idx));
       else
         out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), idx));
     }
