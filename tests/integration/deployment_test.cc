@@ -117,8 +117,15 @@ TEST_CASE("a client killed mid-round: the round completes with the rest", "[inte
   f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
          {"--train.rounds", "3", "--sampling.min_available", "3", "--sampling.min_clients", "3", "--state.metrics",
           f.path("metrics.jsonl"), "--round.deadline_ms", "30000"});
-  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
+  // The slow client registers first: started last on a loaded machine it could miss rounds 1 and 2
+  // (the others fill min_available) and never be training in round 2. Round 1 then lasts its 4 s,
+  // by which time the others have registered, so round 2 samples all four.
   f.client(3, port, "server", 4, {"--client.delay_ms", "4000"});  // slow: still training when killed
+  const bool registered =
+      waitFor([&] { return f.log("root").find("client 3 registered") != std::string::npos; }, seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(registered);
+  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
   const bool training = waitFor([&] { return f.log("client-3").find("round 2 phase 0: training") != std::string::npos; },
                                 seconds(60));
   INFO(f.allLogs());
