@@ -7,7 +7,7 @@
 
 namespace starling::client::detail {
 
-RowMatrixMap scratchMatrix(std::vector<float>& buf, size_t rows, size_t cols) {
+RowMatrixMap scratchMatrix(AlignedVector<float>& buf, size_t rows, size_t cols) {
   if (buf.size() < rows * cols) buf.resize(rows * cols);
   return RowMatrixMap(buf.data(), static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(cols));
 }
@@ -51,6 +51,11 @@ void checkBatch(const EigenModel& m, std::span<const float> params, const ConstR
                      x.cols(), " features, the model ", m.features());
   STARLING_CHECK_ARG(x.rows() > 0 && static_cast<size_t>(x.rows()) == y.size(), m.spec(),
                      ": batch of ", x.rows(), " rows with ", y.size(), " labels");
+  // Reproducible bits need buffers whose placement is fixed (eigen_model.h).
+  STARLING_CHECK_ARG(isSimdAligned(params.data()) && isSimdAligned(x.data()) &&
+                         (grad.empty() || isSimdAligned(grad.data())),
+                     m.spec(), ": params, x and grad must start on ", kSimdAlign,
+                     "-byte boundaries (AlignedVector); EigenTrainer copies into such buffers");
 }
 
 void fillUniform(std::span<float> values, double limit, uint64_t seed, size_t tensor_index) {

@@ -5,6 +5,12 @@
 //
 // Models hold their sizes and scratch buffers, never parameters: every call reads a flat buffer
 // laid out by layout(). Not thread-safe (scratch); one model per thread.
+//
+// Same values in, same bits out: forwardBackward takes params, x and grad starting on 64-byte
+// boundaries (core/aligned.h; InvalidArgument otherwise) and keeps its scratch in AlignedVector,
+// so where Eigen's vectorised loops split into a scalar head and packets is a function of the
+// sizes alone, never of where a buffer happens to lie (issue 18). EigenTrainer passes its own
+// aligned copies, so a Trainer's caller may pass any buffer.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -12,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/param_layout.h"
 
 namespace starling::client {
@@ -36,7 +43,8 @@ class EigenModel {
   // Forward pass on x [batch, features()] with labels y (batch of them, each < classes()).
   // When grad is non-empty (layout().numel() floats) it receives the gradient of the MEAN loss
   // over the batch with respect to params (overwritten, not accumulated).
-  // Throws InvalidArgument for mismatched sizes; labels are the caller's to check.
+  // Throws InvalidArgument for mismatched sizes or a params, x or grad that does not start on a
+  // 64-byte boundary; labels are the caller's to check.
   virtual BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
                                      std::span<const uint8_t> y, std::span<float> grad) = 0;
 };
@@ -55,14 +63,14 @@ namespace detail {
 
 // Grows buf to rows * cols floats if needed (never shrinks: no allocation once warmed up) and
 // maps its front as a rows x cols row-major matrix.
-RowMatrixMap scratchMatrix(std::vector<float>& buf, size_t rows, size_t cols);
+RowMatrixMap scratchMatrix(AlignedVector<float>& buf, size_t rows, size_t cols);
 
 // Turns logits [batch, classes] into d(mean loss)/d(logits) = (softmax - onehot) / batch in
 // place when want_grad, and returns the batch's loss sum and correct count. Numerically stable
 // (log-sum-exp with the row maximum subtracted).
 BatchStats softmaxCrossEntropy(RowMatrixMap logits, std::span<const uint8_t> y, bool want_grad);
 
-// The size checks every model shares (InvalidArgument).
+// The size and alignment checks every model shares (InvalidArgument).
 void checkBatch(const EigenModel& m, std::span<const float> params, const ConstRowMatrixMap& x,
                 std::span<const uint8_t> y, std::span<float> grad);
 

@@ -29,6 +29,11 @@ void EigenTrainer::initParameters(std::span<float> params, uint64_t seed) const 
   model_->initParameters(params, seed);
 }
 
+std::span<float> EigenTrainer::load(std::span<const float> params) {
+  work_.assign(params.begin(), params.end());
+  return work_;
+}
+
 std::pair<ConstRowMatrixMap, std::span<const uint8_t>> EigenTrainer::gather(
     const data::Dataset& d, std::span<const size_t> order) {
   const size_t f = d.features(), n = order.size();
@@ -42,19 +47,20 @@ std::pair<ConstRowMatrixMap, std::span<const uint8_t>> EigenTrainer::gather(
           std::span<const uint8_t>(y_.data(), n)};
 }
 
-FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
-                            RngStream& rng) {
+FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data,
+                            const FitConfig& cfg, RngStream& rng) {
   cfg.check();
-  checkParams(params.size());
-  checkGradientTerms(cfg, params.size());
+  checkParams(caller_params.size());
+  checkGradientTerms(cfg, caller_params.size());
   checkDataView(data, features(), classes());
   const data::Dataset& d = *data.dataset;
 
-  backup_.assign(params.begin(), params.end());
+  // The caller's buffer is written only once training has succeeded: a divergence leaves it
+  // untouched, so nothing needs restoring.
+  const std::span<float> params = load(caller_params);
   grad_.resize(params.size());
   order_.assign(data.indices.begin(), data.indices.end());
   const auto diverged = [&](const std::string& what) {
-    std::copy(backup_.begin(), backup_.end(), params.begin());
     STARLING_THROW(DivergenceError, spec(), ": training diverged: ", what, " (learning rate ",
                    cfg.lr, " too high for this model and data?); the parameters were restored");
   };
@@ -87,6 +93,7 @@ FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const
     }
   }
   if (!allFinite(params)) diverged("a parameter is not finite after the last step");
+  std::copy(params.begin(), params.end(), caller_params.begin());
 
   FitResult r;
   r.num_examples = data.size();
@@ -95,9 +102,10 @@ FitResult EigenTrainer::fit(std::span<float> params, const DataView& data, const
   return r;
 }
 
-EvalResult EigenTrainer::evaluate(std::span<const float> params, const DataView& data) {
-  checkParams(params.size());
+EvalResult EigenTrainer::evaluate(std::span<const float> caller_params, const DataView& data) {
+  checkParams(caller_params.size());
   checkDataView(data, features(), classes());
+  const std::span<const float> params = load(caller_params);
   double loss_sum = 0;
   size_t correct = 0;
   for (size_t start = 0; start < data.indices.size(); start += kEvalBatch) {

@@ -4,11 +4,16 @@
 // fit(): per epoch, a Fisher-Yates shuffle of the view's indices drawn from the caller's stream,
 // then steps over consecutive batches of cfg.batch_size (the last one may be smaller):
 // params -= lr * d(mean batch loss)/d(params). The loss of each batch is checked before its step;
-// a non-finite loss, or non-finite parameters at the end, restore params and throw
+// a non-finite loss, or non-finite parameters at the end, leave params as they were and throw
 // DivergenceError. evaluate(): forward passes in fixed batches, no randomness.
 //
-// Scratch (the batch, the gradient, a copy of params for the rollback) grows to the largest size
-// seen and is reused: after the first client, the trainer's own buffers allocate nothing per
+// Training runs on the trainer's own copy of params, which like every other buffer the model sees
+// starts on a 64-byte boundary (core/aligned.h), and is copied back once it has succeeded: the
+// result is the same bits wherever the caller's buffers lie and whatever the trainer trained
+// before (issue 18).
+//
+// Scratch (the batch, the gradient, the working copy of params) grows to the largest size seen
+// and is reused: after the first client, the trainer's own buffers allocate nothing per
 // batch. (Eigen's matrix products may still take a temporary blocking workspace from malloc for
 // large operands, about one per batch for the MLP at Fashion-MNIST size: cheap next to the
 // product itself.)
@@ -43,7 +48,10 @@ class EigenTrainer final : public Trainer {
   void checkParams(size_t n) const;
 
   std::unique_ptr<EigenModel> model_;
-  std::vector<float> x_, grad_, backup_;
+  // Loads params into work_ and returns it as a span.
+  std::span<float> load(std::span<const float> params);
+
+  AlignedVector<float> x_, grad_, work_;
   std::vector<uint8_t> y_;
   std::vector<size_t> order_;
 };

@@ -71,7 +71,7 @@ class MlpModel final : public EigenModel {
   size_t features_;
   uint32_t classes_, hidden_;
   ParamLayout layout_;
-  std::vector<float> hidden_buf_, logits_buf_, dhidden_buf_;  // scratch, grown on demand
+  AlignedVector<float> hidden_buf_, logits_buf_, dhidden_buf_;  // scratch, grown on demand
 };
 
 }  // namespace

@@ -46,7 +46,7 @@ class SoftmaxModel final : public EigenModel {
   size_t features_;
   uint32_t classes_;
   ParamLayout layout_;
-  std::vector<float> logits_;  // scratch [batch, classes]
+  AlignedVector<float> logits_;  // scratch [batch, classes]
 };
 
 }  // namespace

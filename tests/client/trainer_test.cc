@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "check_throws.h"
+#include "client/address_check.h"
 #include "client/synthetic.h"
 #include "core/error.h"
 
@@ -185,6 +186,25 @@ TEST_CASE("fit is reproducible from its stream and keeps no per-client state", "
   RngStream rng = trainingStream(0);
   fresh->fit(p, DataView{&d, a_idx}, cfg, rng);
   CHECK(p == a1);
+}
+
+TEST_CASE("every Eigen trainer's results are functions of the values, not of where buffers lie",
+          "[client]") {
+  // Sizes that are no multiple of any vector width (4, 8, 16 floats), so a vectorised loop has a
+  // scalar head or tail wherever a buffer starts; and the Fashion-MNIST shape, where Eigen's
+  // blocked matrix products take over from its coefficient-based ones.
+  struct Case {
+    const char* spec;
+    size_t examples, features;
+    uint32_t classes;
+  };
+  for (const Case& k : {Case{"softmax", 120, 45, 19}, Case{"mlp:hidden=37", 120, 45, 19},
+                        Case{"softmax", 64, 784, 10}, Case{"mlp:hidden=128", 64, 784, 10}}) {
+    INFO(k.spec << ", " << k.features << " features, " << k.classes << " classes");
+    const data::Dataset d = testing::gaussianData(k.examples, k.features, k.classes, 4);
+    testing::checkAddressIndependence([&] { return makeTrainer(k.spec, k.features, k.classes); }, d,
+                                      {.fit = FitConfig{.epochs = 2, .batch_size = 8, .lr = 0.05}});
+  }
 }
 
 TEST_CASE("bad configurations, views and buffers are rejected before training", "[client]") {
