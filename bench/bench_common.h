@@ -17,6 +17,7 @@ void registerMemcpy(size_t n);
 
 void registerCompressionBenchmarks();
 void registerAggregationBenchmarks();
+void registerClientFitBenchmarks();
 #ifdef STARLING_BENCH_TORCH
 void registerTorchReferences();
 #endif

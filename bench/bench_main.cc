@@ -1,4 +1,4 @@
-// starling-bench: Google Benchmark over compression and aggregation, with the references each
+// starling-bench: Google Benchmark over compression, aggregation and the Eigen trainers' fit, with the references each
 // target is compared against measured in the same run (memcpy of the same bytes, torch::topk on the
 // same input, the two Eigen matrix products of PowerSGD). After the run it prints the ratios to
 // stderr (stdout stays valid JSON with --benchmark_format=json) and, with --ratios_out=FILE, writes
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
 
   starling::bench::registerCompressionBenchmarks();
   starling::bench::registerAggregationBenchmarks();
+  starling::bench::registerClientFitBenchmarks();
 #ifdef STARLING_BENCH_TORCH
   starling::bench::registerTorchReferences();
 #endif
@@ -66,6 +67,12 @@ int main(int argc, char** argv) {
                     "ingest/zerocopy/topk1pct/1000x1M", "no target: decode + validate + accumulate, 7x fewer bytes"});
   ratios.push_back({"accumulate_sparse_25M_vs_1M_model/nnz10000", "accumulate/sparse_nnz10000/1000x25M",
                     "accumulate/sparse_nnz10000/1000x1M", "no target: same work, cache misses in the larger model"});
+
+  // The Eigen trainers' fit against the model's bare forward/backward and SGD steps on the same
+  // batches (what the trainer adds: shuffle, gather, the aligned working copy, checks).
+  for (const char* spec : {"softmax", "mlp:hidden=128"})
+    ratios.push_back({std::string("client_fit_time_vs_bare/") + spec, std::string("client_fit/") + spec,
+                      std::string("client_fit_bare/") + spec, "no target: the trainer's overhead on the model's work"});
 
   if (!starling::bench::reportRatios(rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
