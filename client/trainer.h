@@ -16,7 +16,7 @@
 // - Arguments are checked before anything is touched: a bad FitConfig is a ConfigError; an empty
 //   view, an index or label out of range, data of the wrong width, a params span of the wrong
 //   size are InvalidArgument. If training diverges (a non-finite loss or parameter), fit() throws
-//   DivergenceError (an Error) and restores params to what they were on entry.
+//   DivergenceError (an Error) and leaves params as they were on entry.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,7 +35,7 @@
 namespace starling::client {
 
 // Thrown by fit() when training diverges: the loss or a parameter became NaN or infinite
-// (usually a learning rate too high for the data). params are restored before it is thrown.
+// (usually a learning rate too high for the data). params are left as they were on entry.
 class DivergenceError : public Error {
  public:
   using Error::Error;
@@ -63,6 +63,7 @@ struct FitConfig {
   //   variate minus the client's. Empty: none.
   // The spans are the caller's (ClientAlgorithm sets them per client); a trainer checks that they
   // have layout().numel() floats (InvalidArgument) and applies them to every trained parameter.
+  // Trainers train a copy of params, so an anchor that aliases params stays at its value on entry.
   double prox_mu = 0.0;
   std::span<const float> prox_anchor{};
   std::span<const float> correction{};

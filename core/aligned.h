@@ -1,19 +1,24 @@
 #pragma once
 // AlignedVector<T>: a std::vector whose first element starts on a kSimdAlign (64-byte) boundary.
 //
-// Why it exists: Eigen's vectorised reductions over a Map of unknown alignment (sum, norm, dot,
-// colwise sums, the coefficient-based products it picks for small matrices) first peel scalar
-// elements up to the first aligned packet, and how many they peel follows the buffer's address.
-// Another split into scalar head and packets is another summation order, so the last bits of the
-// result followed where malloc had put a std::vector<float> (16-byte aligned, i.e. 0, 16, 32 or 48
-// bytes past a 64-byte boundary): a fresh trainer and one that had trained another client gave
-// different models (issue 18). Buffers that start on a 64-byte boundary, the widest vector of
-// every CPU we build for (AVX-512; AVX2 and NEON divide it), make every such choice a function of
-// the sizes alone. Offsets inside such a buffer (a tensor of a flat layout, a row of a matrix) are
-// functions of the sizes too, so they keep the property.
+// Why it exists: Eigen splits a vectorised loop over a buffer of unknown alignment into a scalar
+// head (up to the first aligned packet), packets and a scalar tail, and where the head ends follows
+// an address (Eigen 3.4):
+// - a reduction taken directly over a buffer (a Map's or a row's sum(), mean(), prod(),
+//   minCoeff()) peels by that buffer's address, so its summation order follows it;
+// - an assignment peels by its destination's address, which matters wherever the scalar and the
+//   packet code compute differently: exp (std::exp against Eigen's packet polynomial), colwise()
+//   sums of a row-major matrix, the coefficient-based products Eigen picks for small matrices.
+// (A reduction over an expression, such as norm(), dot() or cwiseAbs().sum(), does not peel.)
+// So the last bits of a result followed where malloc had put a std::vector<float> (16-byte
+// aligned, i.e. 0, 16, 32 or 48 bytes past a 64-byte boundary): a fresh trainer and one that had
+// trained another client gave different models on AVX2 machines (issue 18). Buffers that start on
+// a 64-byte boundary, the widest vector of every CPU we build for (AVX-512; AVX2 and NEON divide
+// it), make every such choice a function of the sizes alone. Offsets inside such a buffer (a tensor
+// of a flat layout, a row of a matrix) are functions of the sizes too, so they keep the property.
 //
-// Code that sums over a buffer it does not own should not rely on this: core/reduce.h sums in an
-// order fixed by the index.
+// Code that reduces over a buffer it does not own should sum over an expression or copy it into
+// one of these.
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -30,6 +35,7 @@ inline bool isSimdAligned(const void* p) {
 // A minimal allocator over the aligned operator new; stateless, so every instance compares equal.
 template <class T>
 struct SimdAllocator {
+  static_assert(alignof(T) <= kSimdAlign, "SimdAllocator would under-align this type");
   using value_type = T;
   SimdAllocator() noexcept = default;
   template <class U>
