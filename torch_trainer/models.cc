@@ -195,6 +195,7 @@ class ScriptNet final : public Net {
     return m_.forward(args_).toTensor();
   }
   void setTraining(bool on) override { m_.train(on); }
+  void to(const torch::Device& device) override { m_.to(device); }
   NamedTensors parameters() override {
     NamedTensors out;
     for (const auto& p : m_.named_parameters(/*recurse=*/true)) out.emplace_back(p.name, p.value);

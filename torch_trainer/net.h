@@ -38,6 +38,9 @@ class Net {
   // True when the input's image shape matters (not only rows * cols): the trainer then checks a
   // data set's rows and cols, not only its number of features.
   virtual bool needsImageShape() const { return true; }
+  // Moves whatever the net holds besides the listed tensors onto `device` (a TorchScript module's
+  // integer buffers and constants); the trainer moves the listed tensors itself.
+  virtual void to(const torch::Device& /*device*/) {}
 };
 
 // The built-in models (models.cc). Sizes are checked by the caller (torch_trainer.cc).

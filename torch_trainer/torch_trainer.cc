@@ -1,13 +1,20 @@
 // TorchTrainer: client::Trainer over a detail::Net (the LibTorch translation unit of the trainer
 // itself; models.cc holds the models).
 //
-// Storage: the trainer owns one contiguous float tensor flat_ laid out exactly as layout() (the
-// parameters, then the float buffers) and one grad_ tensor for the parameter prefix. At
-// construction every tensor of the net is rebound onto its slice of flat_ (Tensor::set_data) and
-// every parameter's .grad onto its slice of grad_. Autograd accumulates into a defined .grad in
-// place, so after backward() the whole gradient sits in grad_ and the SGD step is one fused
-// operation over the prefix. fit() and evaluate() copy the caller's buffer in (one memcpy) and
-// fit() copies the result out; nothing is reallocated once the batch scratch has grown.
+// Storage: the trainer owns one contiguous float tensor flat_ on its device, laid out exactly as
+// layout() (the parameters, then the float buffers), and one grad_ tensor for the parameter
+// prefix. At construction every tensor of the net is rebound onto its slice of flat_
+// (Tensor::set_data) and every parameter's .grad onto its slice of grad_. Autograd accumulates into
+// a defined .grad in place, so after backward() the whole gradient sits in grad_ and the SGD step is
+// one fused operation over the prefix. fit() and evaluate() copy the caller's buffer in (one copy)
+// and fit() copies the result out; nothing is reallocated once the batch scratch has grown.
+//
+// Device-generic (issue 19): the same code runs on the CPU and on a GPU. The client's data are
+// indexed on the device (a view of the data set's memory on the CPU, a copy made once per data set
+// on a GPU), each epoch's shuffled order is uploaded once, batches are gathered by index_select
+// into device scratch, and the loss sum and the correct count accumulate in device tensors that
+// are read once per fit. The only host synchronisations of a fit are the order's upload per epoch
+// and the final read-back; on the CPU they cost nothing.
 #include "torch_trainer/torch_trainer.h"
 
 #include <torch/torch.h>
@@ -47,8 +54,14 @@ bool endsWith(const std::string& s, std::string_view suffix) {
 class TorchTrainer final : public client::Trainer {
  public:
   TorchTrainer(std::unique_ptr<detail::Net> net, size_t rows, size_t cols, uint32_t classes,
-               double momentum)
-      : net_(std::move(net)), rows_(rows), cols_(cols), classes_(classes), momentum_(momentum) {
+               double momentum, const Device& device)
+      : net_(std::move(net)),
+        rows_(rows),
+        cols_(cols),
+        classes_(classes),
+        momentum_(momentum),
+        device_(device.cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                              : torch::Device(torch::kCPU)) {
     bind();
   }
 
@@ -97,24 +110,50 @@ class TorchTrainer final : public client::Trainer {
                          data.dataset->cols, ", the model '", spec(), "' was built for ", rows_,
                          "x", cols_);
   }
-  void load(std::span<const float> params) {
-    std::memcpy(flat_.data_ptr<float>(), params.data(), params.size() * sizeof(float));
+  // A tensor over host memory (no copy).
+  static torch::Tensor hostView(std::span<const float> v) {
+    return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())},
+                            torch::kFloat32);
   }
-  // Copies the examples `order` into the batch scratch; returns x [n, 1, rows, cols] and y [n].
-  std::pair<torch::Tensor, torch::Tensor> gather(const data::Dataset& d,
-                                                 std::span<const size_t> order);
+  void load(std::span<const float> params) { flat_.copy_(hostView(params)); }
+  // The trained values on the host: flat_ itself on the CPU, a copy on a GPU.
+  std::span<const float> hostValues();
+  // The caller's host span on the device: a view on the CPU, a copy into `buf` on a GPU.
+  torch::Tensor onDevice(std::span<const float> v, torch::Tensor& buf);
+  // Makes images_ and labels_ index the data set `d` on the device.
+  void attach(const data::Dataset& d);
+  // Uploads `order` as the int64 index tensor order_dev_ (one copy; the host waits for it).
+  void uploadOrder(std::span<const size_t> order);
+  // The examples order_dev_[start, start + n) gathered into the batch scratch: x [n, 1, rows,
+  // cols] and y [n].
+  std::pair<torch::Tensor, torch::Tensor> gather(size_t start, size_t n);
 
   std::unique_ptr<detail::Net> net_;
   size_t rows_, cols_;
   uint32_t classes_;
   double momentum_;
+  torch::Device device_;
   ParamLayout layout_;
   size_t param_numel_ = 0;    // the trainable prefix of the layout
   std::vector<float> saved_;  // every tensor's value at construction
   std::vector<InitRule> rules_;
   torch::Tensor flat_, grad_, velocity_;
-  torch::Tensor x_, y_;  // batch scratch, grown on demand
+  torch::Tensor host_;                // GPU only: the trained values copied back
+  torch::Tensor anchor_, correction_;  // GPU only: FedProx's anchor, SCAFFOLD's correction
+  torch::Tensor x_, y_;               // batch scratch on the device, grown on demand
+  // The attached data set: images [N, features] and labels [N] (int64) on the device, and what
+  // identifies the data set they came from.
+  torch::Tensor images_, labels_;
+  struct DataKey {
+    const float* images = nullptr;
+    const uint8_t* labels = nullptr;
+    size_t size = 0, features = 0;
+    uint64_t checksum = 0;
+    bool operator==(const DataKey&) const = default;
+  } data_key_;
   std::vector<size_t> order_;
+  std::vector<int64_t> order64_;
+  torch::Tensor order_dev_;
 };
 
 void TorchTrainer::bind() {
@@ -132,8 +171,10 @@ void TorchTrainer::bind() {
       params.empty() ? 0 : layout_[params.size() - 1].offset + layout_[params.size() - 1].numel;
   STARLING_ENFORCE(param_numel_ > 0, net_->spec(), ": the model has no parameters");
 
-  flat_ = torch::empty({static_cast<int64_t>(layout_.numel())}, torch::kFloat32);
-  grad_ = torch::zeros({static_cast<int64_t>(param_numel_)}, torch::kFloat32);
+  net_->to(device_);
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  flat_ = torch::empty({static_cast<int64_t>(layout_.numel())}, opts);
+  grad_ = torch::zeros({static_cast<int64_t>(param_numel_)}, opts);
   saved_.resize(layout_.numel());
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < layout_.size(); ++i) {
@@ -146,7 +187,8 @@ void TorchTrainer::bind() {
     t.set_data(slice);
     if (is_param) t.mutable_grad() = grad_.narrow(0, off, n).view(t.sizes());
   }
-  std::memcpy(saved_.data(), flat_.data_ptr<float>(), saved_.size() * sizeof(float));
+  const torch::Tensor host = flat_.to(torch::kCPU);
+  std::memcpy(saved_.data(), host.data_ptr<float>(), saved_.size() * sizeof(float));
 
   // PyTorch's defaults for Linear and Conv: weight Kaiming-uniform with a = sqrt(5), i.e.
   // U(+-1/sqrt(fan_in)), bias U(+-1/sqrt(fan_in)) with the weight's fan_in. Every other tensor
@@ -166,23 +208,70 @@ void TorchTrainer::bind() {
   }
 }
 
-std::pair<torch::Tensor, torch::Tensor> TorchTrainer::gather(const data::Dataset& d,
-                                                             std::span<const size_t> order) {
-  const size_t f = features(), n = order.size();
-  if (!x_.defined() || static_cast<size_t>(x_.size(0)) < n) {
-    x_ = torch::empty({static_cast<int64_t>(n), static_cast<int64_t>(f)}, torch::kFloat32);
-    y_ = torch::empty({static_cast<int64_t>(n)}, torch::kInt64);
+std::span<const float> TorchTrainer::hostValues() {
+  if (device_.is_cpu()) return {flat_.data_ptr<float>(), layout_.numel()};
+  if (!host_.defined())
+    host_ = torch::empty({static_cast<int64_t>(layout_.numel())},
+                         torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+  host_.copy_(flat_);  // waits for the device: the values are read right after
+  return {host_.data_ptr<float>(), layout_.numel()};
+}
+
+torch::Tensor TorchTrainer::onDevice(std::span<const float> v, torch::Tensor& buf) {
+  if (device_.is_cpu()) return hostView(v);
+  if (!buf.defined()) buf = torch::empty({static_cast<int64_t>(v.size())}, flat_.options());
+  buf.copy_(hostView(v));
+  return buf;
+}
+
+void TorchTrainer::attach(const data::Dataset& d) {
+  const size_t f = d.features(), n = d.size();
+  // The labels in full and up to 4,096 pixels spread over the images: another data set, or this
+  // one changed, almost surely differs somewhere in them.
+  uint64_t sum = 1469598103934665603ull;
+  const auto mix = [&sum](uint64_t v) { sum = (sum ^ v) * 1099511628211ull; };
+  for (uint8_t l : d.labels) mix(l);
+  const size_t pixels = d.images.size(), stride = std::max<size_t>(1, pixels / 4096);
+  for (size_t i = 0; i < pixels; i += stride) {
+    uint32_t bits;
+    std::memcpy(&bits, &d.images[i], 4);
+    mix(bits);
   }
-  float* x = x_.data_ptr<float>();
-  int64_t* y = y_.data_ptr<int64_t>();
-  for (size_t i = 0; i < n; ++i) {
-    std::memcpy(x + i * f, d.images.data() + order[i] * f, f * sizeof(float));
-    y[i] = d.labels[order[i]];
+  const DataKey key{d.images.data(), d.labels.data(), n, f, sum};
+  if (key == data_key_ && images_.defined()) return;
+  const auto rows = static_cast<int64_t>(n), cols = static_cast<int64_t>(f);
+  // On the CPU a view of the data set's own memory; on a GPU one copy of it, kept until another
+  // data set comes.
+  const torch::Tensor images = hostView(d.images).view({rows, cols});
+  images_ = device_.is_cpu() ? images : images.to(device_);
+  labels_ = torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {rows}, torch::kUInt8)
+                .to(torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  data_key_ = key;
+}
+
+void TorchTrainer::uploadOrder(std::span<const size_t> order) {
+  order64_.assign(order.begin(), order.end());
+  const torch::Tensor host = torch::from_blob(order64_.data(), {static_cast<int64_t>(order64_.size())}, torch::kInt64);
+  if (device_.is_cpu()) {
+    order_dev_ = host;
+    return;
   }
-  const auto rows = static_cast<int64_t>(n);
-  return {x_.narrow(0, 0, rows)
-              .view({rows, 1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}),
-          y_.narrow(0, 0, rows)};
+  if (!order_dev_.defined() || order_dev_.numel() < host.numel())
+    order_dev_ = torch::empty({host.numel()}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  order_dev_.narrow(0, 0, host.numel()).copy_(host);  // pageable memory: the host waits for the copy
+}
+
+std::pair<torch::Tensor, torch::Tensor> TorchTrainer::gather(size_t start, size_t n) {
+  const auto rows = static_cast<int64_t>(n), f = static_cast<int64_t>(features());
+  if (!x_.defined() || x_.size(0) < rows) {
+    x_ = torch::empty({rows, f}, flat_.options());
+    y_ = torch::empty({rows}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  }
+  const torch::Tensor idx = order_dev_.narrow(0, static_cast<int64_t>(start), rows);
+  torch::Tensor x = x_.narrow(0, 0, rows), y = y_.narrow(0, 0, rows);
+  torch::index_select_out(x, images_, 0, idx);
+  torch::index_select_out(y, labels_, 0, idx);
+  return {x.view({rows, 1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}), y};
 }
 
 FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
@@ -191,13 +280,13 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
   checkParams(params.size());
   client::checkGradientTerms(cfg, params.size());
   checkData(data);
-  const data::Dataset& d = *data.dataset;
+  attach(*data.dataset);
   load(params);  // params stay untouched until the copy back: a divergence needs no rollback
   order_.assign(data.indices.begin(), data.indices.end());
   const auto diverged = [&](const std::string& what) {
     STARLING_THROW(client::DivergenceError, spec(), ": training diverged: ", what,
                    " (learning rate ", cfg.lr,
-                   " too high for this model and data?); the parameters were restored");
+                   " too high for this model and data?); the parameters are left as they were");
   };
 
   net_->setTraining(true);
@@ -207,30 +296,32 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
     velocity_.zero_();
   }
   // FedProx's anchor and SCAFFOLD's correction, over the trained parameters (the prefix of the
-  // flat buffer; running statistics after it are not trained). Views of the caller's memory.
+  // flat buffer; running statistics after it are not trained).
   const auto prefix = static_cast<int64_t>(param_numel_);
   const auto mu = static_cast<float>(cfg.prox_mu);
   torch::Tensor anchor, correction;
-  if (mu > 0) anchor = torch::from_blob(const_cast<float*>(cfg.prox_anchor.data()), {prefix}, torch::kFloat32);
+  if (mu > 0) anchor = onDevice(cfg.prox_anchor.first(param_numel_), anchor_).narrow(0, 0, prefix);
   if (!cfg.correction.empty())
-    correction = torch::from_blob(const_cast<float*>(cfg.correction.data()), {prefix}, torch::kFloat32);
-  double loss_sum = 0;
-  int64_t correct = 0;
+    correction = onDevice(cfg.correction.first(param_numel_), correction_).narrow(0, 0, prefix);
+  // Summed on the device, read once at the end: the batch losses (each as a double times its
+  // examples, as client/trainer.h defines train_loss) and the correct predictions.
+  const torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  const torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
   size_t seen = 0;
   for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
     data::shuffleInPlace(std::span<size_t>(order_), rng);
+    uploadOrder(order_);
     for (size_t start = 0; start < order_.size(); start += cfg.batch_size) {
       const size_t n = std::min<size_t>(cfg.batch_size, order_.size() - start);
-      const auto [x, y] = gather(d, std::span<const size_t>(order_).subspan(start, n));
+      const auto [x, y] = gather(start, n);
       grad_.zero_();
       const torch::Tensor logits = net_->forward(x);
       const torch::Tensor loss = torch::cross_entropy_loss(logits, y);
-      const double batch_loss = loss.item<double>();
-      if (!std::isfinite(batch_loss))
-        diverged(::starling::detail::concat("the loss is ", batch_loss, " at epoch ", epoch + 1,
-                                            ", examples ", start, "..", start + n - 1));
-      loss_sum += batch_loss * static_cast<double>(n);
-      correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+      {
+        torch::NoGradGuard no_grad;
+        loss_sum.add_(loss.detach().to(torch::kFloat64), static_cast<double>(n));
+        correct.add_(logits.argmax(1).eq(y).sum());
+      }
       seen += n;
       loss.backward();
       torch::NoGradGuard no_grad;
@@ -244,36 +335,44 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
       }
     }
   }
-  const std::span<const float> trained(flat_.data_ptr<float>(), layout_.numel());
+  // A non-finite batch loss makes the sum non-finite; training went on to the end, but nothing of
+  // it reaches params.
+  const double loss_total = loss_sum.item<double>();
+  if (!std::isfinite(loss_total))
+    diverged(::starling::detail::concat("a batch loss was ", loss_total, " (over ", cfg.epochs, " epoch",
+                                        cfg.epochs == 1 ? "" : "s", " of ", order_.size(), " examples)"));
+  const std::span<const float> trained = hostValues();
   if (!allFinite(trained)) diverged("a parameter is not finite after the last step");
   std::copy(trained.begin(), trained.end(), params.begin());
 
   FitResult r;
   r.num_examples = data.size();
-  r.metrics = {{"train_loss", loss_sum / static_cast<double>(seen)},
-               {"train_accuracy", static_cast<double>(correct) / static_cast<double>(seen)}};
+  r.metrics = {{"train_loss", loss_total / static_cast<double>(seen)},
+               {"train_accuracy", static_cast<double>(correct.item<int64_t>()) / static_cast<double>(seen)}};
   return r;
 }
 
 EvalResult TorchTrainer::evaluate(std::span<const float> params, const DataView& data) {
   checkParams(params.size());
   checkData(data);
+  attach(*data.dataset);
   load(params);
   net_->setTraining(false);
   torch::NoGradGuard no_grad;
-  double loss_sum = 0;
-  int64_t correct = 0;
+  uploadOrder(data.indices);
+  const torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  const torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
   for (size_t start = 0; start < data.indices.size(); start += kEvalBatch) {
     const size_t n = std::min(kEvalBatch, data.indices.size() - start);
-    const auto [x, y] = gather(*data.dataset, data.indices.subspan(start, n));
+    const auto [x, y] = gather(start, n);
     const torch::Tensor logits = net_->forward(x);
-    loss_sum += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
-    correct += logits.argmax(1).eq(y).sum().item<int64_t>();
+    loss_sum.add_(torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).to(torch::kFloat64));
+    correct.add_(logits.argmax(1).eq(y).sum());
   }
   EvalResult r;
   r.num_examples = data.size();
-  r.loss = loss_sum / static_cast<double>(data.size());
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(data.size());
+  r.loss = loss_sum.item<double>() / static_cast<double>(data.size());
+  r.accuracy = static_cast<double>(correct.item<int64_t>()) / static_cast<double>(data.size());
   return r;
 }
 
@@ -304,8 +403,8 @@ double readMomentum(OptionReader& r) {
 constexpr const char* kMomentumOption = "momentum=0 (SGD momentum in [0, 1), restarted each fit)";
 
 std::unique_ptr<client::Trainer> wrap(std::unique_ptr<detail::Net> net, size_t rows, size_t cols,
-                                      uint32_t classes, double momentum) {
-  return std::make_unique<TorchTrainer>(std::move(net), rows, cols, classes, momentum);
+                                      uint32_t classes, double momentum, const Device& device) {
+  return std::make_unique<TorchTrainer>(std::move(net), rows, cols, classes, momentum, device);
 }
 
 }  // namespace
@@ -318,42 +417,42 @@ const TorchTrainerRegistry& torchTrainers() {
       {
           Entry{"logreg", "softmax regression (LibTorch): fc.weight [classes, features], fc.bias",
                 kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
                   const double m = readMomentum(r);
                   checkShape("logreg", rows, cols, classes, 1);
                   checkNumel("logreg", classes, rows * cols);
-                  return wrap(detail::makeLogreg(rows, cols, classes), rows, cols, classes, m);
+                  return wrap(detail::makeLogreg(rows, cols, classes), rows, cols, classes, m, device);
                 }},
           Entry{"mlp",
                 "one ReLU hidden layer (LibTorch): fc1 [hidden, features], fc2 [classes, hidden]",
                 std::string("hidden=200 (hidden units, >= 1), ") + kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
                   const uint32_t hidden = r.count("hidden", 200);
                   const double m = readMomentum(r);
                   if (hidden == 0)
                     STARLING_THROW(ConfigError, "torch trainer 'mlp': hidden=0 must be at least 1");
                   checkShape("mlp", rows, cols, classes, 1);
                   checkNumel("mlp", hidden, rows * cols);
-                  return wrap(detail::makeMlp(rows, cols, classes, hidden), rows, cols, classes, m);
+                  return wrap(detail::makeMlp(rows, cols, classes, hidden), rows, cols, classes, m, device);
                 }},
           Entry{"cnn",
                 "McMahan et al. 2017 CNN: 2 x (conv5x5 'same' + ReLU + maxpool2; 32, 64 channels), "
                 "fc 512 + ReLU, fc classes (1,663,370 parameters at 28x28, 10 classes)",
                 kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
                   const double m = readMomentum(r);
                   checkShape("cnn", rows, cols, classes, 4);
                   checkNumel("cnn", 512, 64 * (rows / 4) * (cols / 4));
-                  return wrap(detail::makeCnn(rows, cols, classes), rows, cols, classes, m);
+                  return wrap(detail::makeCnn(rows, cols, classes), rows, cols, classes, m, device);
                 }},
           Entry{"resnet",
                 "ResNet-8: conv3x3 16 + BN, 3 stages of one basic block (16/32/64 channels), "
                 "global average pool, fc; BatchNorm running statistics travel in the layout",
                 kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
                   const double m = readMomentum(r);
                   checkShape("resnet", rows, cols, classes, 1);
-                  return wrap(detail::makeResnet(rows, cols, classes), rows, cols, classes, m);
+                  return wrap(detail::makeResnet(rows, cols, classes), rows, cols, classes, m, device);
                 }},
           Entry{"torchscript",
                 "a module saved with torch.jit.save: forward(x) -> logits [N, classes]",
@@ -361,7 +460,7 @@ const TorchTrainerRegistry& torchTrainers() {
                             "flat: [N, rows*cols]), init=file (file: the saved values; seed: "
                             "PyTorch's Linear/Conv defaults from the seed), ") +
                     kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
                   const std::string path = r.text("path", "");
                   const std::string input = r.choice("input", "image", {"image", "flat"});
                   const std::string init = r.choice("init", "file", {"file", "seed"});
@@ -372,19 +471,20 @@ const TorchTrainerRegistry& torchTrainers() {
                   checkShape("torchscript", rows, cols, classes, 1);
                   return wrap(detail::loadScript(path, input == "flat", init == "file", rows, cols,
                                                  classes),
-                              rows, cols, classes, m);
+                              rows, cols, classes, m, device);
                 }},
       });
   return registry;
 }
 
 std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, size_t rows, size_t cols,
-                                                  uint32_t classes) {
-  return torchTrainers().make(spec, rows, cols, classes);
+                                                  uint32_t classes, const Device& device) {
+  return torchTrainers().make(spec, rows, cols, classes, device);
 }
 
-std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, const data::Dataset& d) {
-  return makeTorchTrainer(spec, d.rows, d.cols, d.num_classes);
+std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, const data::Dataset& d,
+                                                  const Device& device) {
+  return makeTorchTrainer(spec, d.rows, d.cols, d.num_classes, device);
 }
 
 }  // namespace starling::torch_trainer

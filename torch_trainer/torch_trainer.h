@@ -33,10 +33,16 @@
 // module's tensors are views of it; gradients likewise, so one SGD step is one fused operation
 // over the whole buffer), shuffles the view with the given stream (Fisher-Yates, as the Eigen
 // trainers), runs minibatch SGD on the mean cross-entropy with the model in training mode, and
-// copies the result back. train_loss and train_accuracy are as client/trainer.h defines them
+// copies the result back.
+//
+// Device (torch_trainer/device.h): a trainer lives on one device, the CPU by default. On a GPU the
+// model, its gradient and momentum, the client's data (the data set is copied to the GPU once,
+// when the trainer first sees it), the batches and the training loop stay there; the loss and the
+// accuracy are summed on the device and read once per fit, and the only other waits are one
+// upload of the shuffled order per epoch and the copy back. The CPU runs the same code. train_loss and train_accuracy are as client/trainer.h defines them
 // (each example taken with the parameters before its step; accuracy by arg-max, lowest index on
-// ties). A non-finite batch loss or a non-finite parameter at the end throws
-// client::DivergenceError and leaves params untouched. evaluate() runs in eval mode (BatchNorm
+// ties). A non-finite batch loss (found when the losses are read at the end) or a non-finite
+// parameter at the end throws client::DivergenceError and leaves params untouched. evaluate() runs in eval mode (BatchNorm
 // uses its running statistics) in fixed batches without gradients and changes nothing.
 //
 // Determinism: initParameters() is a pure function of the seed (Starling's RngStream, never
@@ -54,20 +60,23 @@
 #include "client/trainer.h"
 #include "core/registry.h"
 #include "data/idx.h"
+#include "torch_trainer/device.h"
 
 namespace starling::torch_trainer {
 
-// Factories take (rows, cols, classes) of the input images.
-using TorchTrainerRegistry = Registry<client::Trainer, size_t, size_t, uint32_t>;
+// Factories take (rows, cols, classes) of the input images and the device to train on.
+using TorchTrainerRegistry = Registry<client::Trainer, size_t, size_t, uint32_t, Device>;
 const TorchTrainerRegistry& torchTrainers();
 
 // makeTorchTrainer("cnn", 28, 28, 10). ConfigError for a bad spec or an unusable TorchScript
 // module (no forward method, wrong output shape, non-float parameters); IoError for a model file
 // that is missing or unreadable; InvalidArgument for rows or cols 0, classes < 2, or an image too
 // small for the model.
+// The device must be one chooseDevice() returned (a GPU that exists).
 std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, size_t rows, size_t cols,
-                                                  uint32_t classes);
+                                                  uint32_t classes, const Device& device = {});
 // The same with (rows, cols, num_classes) of a data set.
-std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, const data::Dataset& d);
+std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, const data::Dataset& d,
+                                                  const Device& device = {});
 
 }  // namespace starling::torch_trainer
