@@ -8,9 +8,6 @@
 // machine; under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or srun
 // (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) each process is one worker and --sim.workers is
 // ignored.
-#include <netinet/in.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,10 +32,9 @@
 #include "simulator/launch.h"
 #include "simulator/sim_fleet.h"
 #include "simulator/state_store.h"
+#include "torch_trainer/device.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
-
-extern char** environ;
 
 using namespace starling;
 namespace sim = starling::simulator;
@@ -48,6 +44,8 @@ namespace {
 struct Config {
   uint64_t workers = 2;
   std::string backend = "gloo";
+  std::string device = "auto";
+  uint64_t workers_per_gpu = 1;
   int threads = 1;
   data::DataSource data;  // the data.* keys (format, files, classes, shape)
   uint64_t num_clients = 100;
@@ -72,41 +70,11 @@ struct Config {
   std::string stats_file;
 };
 
-// Spawns workers 1..W-1 as copies of this process (same arguments) with the launcher variables
-// set; they die with this process (PR_SET_PDEATHSIG).
-std::vector<pid_t> spawnWorkers(int argc, char** argv, int workers, int port) {
-  std::vector<pid_t> pids;
-  for (int r = 1; r < workers; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) STARLING_THROW(IoError, "cannot start worker ", r);
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      for (const std::string& kv : sim::spawnEnvironment(sim::LaunchInfo{r, workers, r, "127.0.0.1", port, "spawned"})) {
-        const auto eq = kv.find('=');
-        setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
-      }
-      std::vector<char*> args(argv, argv + argc);
-      args.push_back(nullptr);
-      execv("/proc/self/exe", args.data());
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  return pids;
-}
-
-// A port free on 127.0.0.1 now, the kernel's pick (rank 0 binds the rendezvous store on it next).
-int freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    STARLING_THROW(IoError, "cannot find a free port on 127.0.0.1 for the workers' rendezvous");
-  ::close(fd);
-  return ntohs(a.sin_port);
+// This program's own path, so that spawned workers run the same binary (and ps shows its name).
+std::string selfExe() {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("/proc/self/exe") : p.string();
 }
 
 std::string eta(double seconds) {
@@ -146,11 +114,19 @@ int runSim(int argc, char** argv, Config& c) {
   if (world > 1 && !aggregation::makeRule(c.engine.scheme.rule)->streaming())
     STARLING_THROW(ConfigError, "aggregation.rule = '", c.engine.scheme.rule, "' is not a streaming rule and cannot be split among ",
                    world, " workers; use sim.workers = 1 or a streaming rule (fedavg)");
-  std::vector<pid_t> children;
+  // The device is checked before workers start: a setting no worker can meet fails once, here.
+  torch_trainer::WorkerPlacement placement{launch.local_rank, launch.local_world_size,
+                                           static_cast<int>(c.workers_per_gpu)};
+  if (launch.world_size == 1) placement.local_workers = static_cast<int>(c.workers);
+  const torch_trainer::Device device = torch_trainer::chooseDevice(c.device, placement);
+  std::vector<int> children;
   if (launch.world_size == 1 && c.workers > 1) {
-    const int port = freePort();
-    children = spawnWorkers(argc, argv, static_cast<int>(c.workers), port);
-    launch = sim::LaunchInfo{0, static_cast<int>(c.workers), 0, "127.0.0.1", port, "spawned"};
+    const int port = sim::freeLoopbackPort();
+    children = sim::spawnLocalRanks(selfExe(), std::vector<std::string>(argv + 1, argv + argc),
+                                    static_cast<int>(c.workers), port,
+                                    sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}});
+    const int w = static_cast<int>(c.workers);
+    launch = sim::LaunchInfo{0, w, 0, w, "127.0.0.1", port, "spawned"};
   }
   const bool lead = launch.rank == 0;
   torch_trainer::setThreads(c.threads);
@@ -165,7 +141,7 @@ int runSim(int argc, char** argv, Config& c) {
                                     : sim::DevicePopulation::fromCsv(c.trace, c.num_clients);
   std::unique_ptr<client::Trainer> trainer;
   try {
-    trainer = torch_trainer::makeTorchTrainer(c.model, train);
+    trainer = torch_trainer::makeTorchTrainer(c.model, train, device);
   } catch (const InvalidArgument& e) {  // the model does not fit the data's shape or classes
     STARLING_THROW(ConfigError, "model.spec = '", c.model, "' does not fit data.train (", loaded.train_path, ": ",
                    data::describe(train), "): ", e.what(),
@@ -184,11 +160,12 @@ int runSim(int argc, char** argv, Config& c) {
                      "' uses momentum (set momentum=0)");
   }
   if (lead) {
-    std::printf("starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d worker%s (%s, %s)\n",
+    std::printf("starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d worker%s (%s, %s) on %s\n",
                 trainer->spec().c_str(), layout->numel(), static_cast<unsigned long long>(c.num_clients),
                 c.partition.c_str(), static_cast<unsigned long long>(c.clients_per_round),
                 c.engine.scheme.compressor.c_str(), c.engine.scheme.rule.c_str(), launch.world_size,
-                launch.world_size == 1 ? "" : "s", c.backend.c_str(), launch.source.c_str());
+                launch.world_size == 1 ? "" : "s", c.backend.c_str(), launch.source.c_str(),
+                device.cuda() ? (device.str() + (launch.world_size > 1 ? " (rank 0)" : "")).c_str() : "cpu");
     std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(), loaded.train_path.c_str(),
                 test ? (data::describe(*test) + " (" + loaded.test_path + ")").c_str() : "none");
     if (c.stats || !c.stats_file.empty()) {
@@ -265,7 +242,7 @@ int runSim(int argc, char** argv, Config& c) {
                 static_cast<unsigned long long>(fleet.clientsTrained()),
                 static_cast<unsigned long long>(fleet.statesMigrated()));
   }
-  for (pid_t p : children) {
+  for (int p : children) {
     int st = 0;
     waitpid(p, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -294,6 +271,11 @@ int main(int argc, char** argv) {
   o.add("sim.workers", &c.workers, "worker processes to start on this machine (ignored under torchrun or srun)", 1, 256);
   o.add("sim.backend", &c.backend, "collectives: gloo (CPU) or nccl (GPU builds)");
   o.add("sim.threads", &c.threads, "LibTorch threads per worker", 1, 256);
+  o.add("sim.device", &c.device,
+        "where workers train: auto (a GPU when LibTorch sees one, else the CPU), cpu, cuda (each worker its GPU: "
+        "local rank / sim.workers_per_gpu among CUDA_VISIBLE_DEVICES) or cuda:N. docs/gpu.md");
+  o.add("sim.workers_per_gpu", &c.workers_per_gpu,
+        "workers sharing one GPU (each its own model replica); must divide the workers on a machine", 1, 256);
   o.add("sim.schedule", &c.schedule, "assigning clients to workers: lpt (by estimated cost) or round_robin");
   o.add("sim.sharded_step", &c.sharded_step,
         "global aggregation as reduce-scatter, server optimizer on each worker's shard, all-gather (else all-reduce "

@@ -4,7 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +43,7 @@ struct Family {
   const char* rank;
   const char* world;
   const char* local;
+  const char* local_world;
 };
 
 void fillMaster(LaunchInfo& info, const EnvLookup& env, const char* fallback_addr_var) {
@@ -90,6 +91,18 @@ bool parseFamily(LaunchInfo& info, const EnvLookup& env, const Family& f) {
     STARLING_THROW(ConfigError, f.local, "=", info.local_rank, " is not below ", f.world, "=",
                    info.world_size);
   }
+  info.local_world_size = 0;  // not said
+  if (const std::optional<std::string> lw = env(f.local_world)) {
+    // srun writes "2(x3)" for 2 tasks on each of 3 nodes and "2,1" for uneven ones: only a plain
+    // number says how many share this node.
+    const bool plain = !lw->empty() && lw->find_first_not_of("0123456789") == std::string::npos;
+    if (plain || std::string_view(f.local_world) == "LOCAL_WORLD_SIZE") {
+      info.local_world_size = parseInt(f.local_world, *lw, 1, kMaxWorld);
+      if (info.local_rank >= info.local_world_size)
+        STARLING_THROW(ConfigError, f.local, "=", info.local_rank, " is not below ", f.local_world, "=",
+                       info.local_world_size);
+    }
+  }
   return true;
 }
 
@@ -97,13 +110,13 @@ bool parseFamily(LaunchInfo& info, const EnvLookup& env, const Family& f) {
 
 LaunchInfo parseLaunchInfo(const EnvLookup& env) {
   LaunchInfo info;
-  if (parseFamily(info, env, {"RANK", "WORLD_SIZE", "LOCAL_RANK"})) {
+  if (parseFamily(info, env, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})) {
     const std::optional<std::string> spawned = env("STARLING_SPAWNED");
     info.source = spawned && *spawned == "1" ? "spawned" : "torchrun";
     fillMaster(info, env, nullptr);
     return info;
   }
-  if (parseFamily(info, env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"})) {
+  if (parseFamily(info, env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"})) {
     info.source = "slurm";
     fillMaster(info, env, "SLURM_LAUNCH_NODE_IPADDR");
     return info;
@@ -124,6 +137,7 @@ std::vector<std::string> spawnEnvironment(const LaunchInfo& info) {
       "RANK=" + std::to_string(info.rank),
       "WORLD_SIZE=" + std::to_string(info.world_size),
       "LOCAL_RANK=" + std::to_string(info.local_rank),
+      "LOCAL_WORLD_SIZE=" + std::to_string(info.local_world_size),
       "MASTER_ADDR=" + info.master_addr,
       "MASTER_PORT=" + std::to_string(info.master_port),
       "STARLING_SPAWNED=1",
@@ -133,8 +147,8 @@ std::vector<std::string> spawnEnvironment(const LaunchInfo& info) {
 namespace {
 
 bool isLauncherVariable(std::string_view entry) {
-  static constexpr std::string_view kNames[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=",
-                                                "MASTER_PORT=", "STARLING_SPAWNED=", "SLURM_"};
+  static constexpr std::string_view kNames[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
+                                                "MASTER_ADDR=", "MASTER_PORT=", "STARLING_SPAWNED=", "SLURM_"};
   for (std::string_view n : kNames) {
     if (entry.substr(0, n.size()) == n) return true;
   }
@@ -144,11 +158,14 @@ bool isLauncherVariable(std::string_view entry) {
 }  // namespace
 
 std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
-                                 int world_size, int port, const std::vector<std::string>& stderr_paths) {
+                                 int world_size, int port, const SpawnOptions& o) {
   if (world_size < 1) STARLING_THROW(InvalidArgument, "spawnLocalRanks: world size ", world_size, " < 1");
-  if (!stderr_paths.empty() && stderr_paths.size() != static_cast<size_t>(world_size)) {
-    STARLING_THROW(InvalidArgument, "spawnLocalRanks: ", stderr_paths.size(), " stderr paths for ",
-                   world_size, " ranks");
+  if (o.first_rank < 0 || o.first_rank > world_size)
+    STARLING_THROW(InvalidArgument, "spawnLocalRanks: first rank ", o.first_rank, " outside [0, ", world_size, "]");
+  const auto started = static_cast<size_t>(world_size - o.first_rank);
+  if (!o.stderr_paths.empty() && o.stderr_paths.size() != started) {
+    STARLING_THROW(InvalidArgument, "spawnLocalRanks: ", o.stderr_paths.size(), " stderr paths for ", started,
+                   " ranks");
   }
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
@@ -160,32 +177,73 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
 
+  const pid_t parent = getpid();
   std::vector<int> pids;
-  for (int r = 0; r < world_size; ++r) {
-    LaunchInfo info{r, world_size, r, "127.0.0.1", port, "spawned"};
+  const auto fail = [&](int r, int err) {
+    for (int p : pids) kill(p, SIGKILL);
+    for (int p : pids) waitpid(p, nullptr, 0);
+    STARLING_THROW(IoError, "spawning rank ", r, " of ", world_size, " (", program, ") failed: ", std::strerror(err));
+  };
+  for (int r = o.first_rank; r < world_size; ++r) {
+    // Everything the child needs is built before fork: between fork and exec it only makes
+    // async-signal-safe calls (the parent may have threads).
     std::vector<std::string> env_s = base_env;
-    for (auto& v : spawnEnvironment(info)) env_s.push_back(std::move(v));
+    for (auto& v : spawnEnvironment(LaunchInfo{r, world_size, r, world_size, "127.0.0.1", port, "spawned"}))
+      env_s.push_back(std::move(v));
     std::vector<char*> envp;
     for (auto& v : env_s) envp.push_back(v.data());
     envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    if (!stderr_paths.empty()) {
-      posix_spawn_file_actions_addopen(&fa, 2, stderr_paths[static_cast<size_t>(r)].c_str(),
-                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const char* err_path =
+        o.stderr_paths.empty() ? nullptr : o.stderr_paths[static_cast<size_t>(r - o.first_rank)].c_str();
+    // The child reports a failed exec through this pipe (closed on a successful exec).
+    int report[2];
+    if (pipe2(report, O_CLOEXEC) != 0) fail(r, errno);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int err = errno;
+      close(report[0]);
+      close(report[1]);
+      fail(r, err);
     }
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, program.c_str(), &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-      for (int p : pids) kill(p, SIGKILL);
-      for (int p : pids) waitpid(p, nullptr, 0);
-      STARLING_THROW(IoError, "spawning rank ", r, " of ", world_size, " (", program, ") failed: ",
-                     std::strerror(rc));
+    if (pid == 0) {
+      close(report[0]);
+      if (o.die_with_parent) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(127);  // the parent died before the line above
+      }
+      if (err_path) {
+        const int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || dup2(fd, 2) < 0) {
+          const int err = errno;
+          (void)!write(report[1], &err, sizeof err);
+          _exit(127);
+        }
+        close(fd);
+      }
+      execve(program.c_str(), argv.data(), envp.data());
+      const int err = errno;
+      (void)!write(report[1], &err, sizeof err);
+      _exit(127);
+    }
+    close(report[1]);
+    int child_err = 0;
+    ssize_t got;
+    do {
+      got = read(report[0], &child_err, sizeof child_err);
+    } while (got < 0 && errno == EINTR);
+    close(report[0]);
+    if (got == static_cast<ssize_t>(sizeof child_err)) {
+      waitpid(pid, nullptr, 0);
+      fail(r, child_err);
     }
     pids.push_back(pid);
   }
   return pids;
+}
+
+std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
+                                 int world_size, int port, const std::vector<std::string>& stderr_paths) {
+  return spawnLocalRanks(program, args, world_size, port, SpawnOptions{0, false, stderr_paths});
 }
 
 std::vector<int> waitRanks(const std::vector<int>& pids, std::chrono::milliseconds deadline) {

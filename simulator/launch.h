@@ -5,12 +5,13 @@
 // and `starling-sim --workers W` can start W processes on this one.
 //
 // Precedence (the first that applies wins):
-//   1. torchrun: RANK and WORLD_SIZE (both, or neither), LOCAL_RANK (default 0), MASTER_ADDR and
-//      MASTER_PORT (required when WORLD_SIZE > 1). torchrun inside a SLURM allocation
+//   1. torchrun: RANK and WORLD_SIZE (both, or neither), LOCAL_RANK (default 0), LOCAL_WORLD_SIZE
+//      (optional), MASTER_ADDR and MASTER_PORT (required when WORLD_SIZE > 1). torchrun inside a SLURM allocation
 //      (`srun torchrun ...`) sets both families; RANK is then the global rank and SLURM_PROCID is
 //      the node's task, so torchrun's variables win. With STARLING_SPAWNED=1 as well (what
 //      spawnEnvironment() adds) the source is "spawned" instead of "torchrun".
-//   2. srun: SLURM_PROCID and SLURM_NTASKS (both, or neither), SLURM_LOCALID (default 0).
+//   2. srun: SLURM_PROCID and SLURM_NTASKS (both, or neither), SLURM_LOCALID (default 0),
+//      SLURM_NTASKS_PER_NODE (optional; a value such as "2(x3)" counts as not given).
 //      MASTER_PORT is required when SLURM_NTASKS > 1 (srun sets no port); MASTER_ADDR defaults to
 //      SLURM_LAUNCH_NODE_IPADDR, the node srun was started from, which is where rank 0 runs when
 //      srun is started from the first node of the allocation (an sbatch script is) with the default
@@ -33,6 +34,10 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // Processes on this machine: torchrun's LOCAL_WORLD_SIZE, srun's SLURM_NTASKS_PER_NODE (when it
+  // is one number), 1 for a single process; 0 when the launcher does not say. GPU placement
+  // (torch_trainer/device.h) checks with it that sim.workers_per_gpu divides the node's workers.
+  int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0 for a single process, which hosts no store
   std::string source = "single";  // "torchrun", "slurm", "spawned", "single"
@@ -48,17 +53,29 @@ LaunchInfo parseLaunchInfo(const EnvLookup& env);
 LaunchInfo launchInfoFromEnvironment();
 
 // "NAME=value" entries that make parseLaunchInfo() return `info` with source "spawned" in a child
-// process: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and STARLING_SPAWNED=1. A spawner
+// process: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+// STARLING_SPAWNED=1. A spawner
 // appends them to the child's environment (after removing any SLURM_* or torchrun variables it
 // inherited, which these override anyway by precedence).
 std::vector<std::string> spawnEnvironment(const LaunchInfo& info);
 
 // `starling-sim --workers W` on one machine (and the tests and benchmarks of the collectives):
-// starts W copies of `program` with `args` (argv[0] is `program`), rank r with this process's
+// starts copies of `program` with `args` (argv[0] is `program`), rank r with this process's
 // environment minus every launcher variable (torchrun's, SLURM_*, STARLING_SPAWNED) plus
-// spawnEnvironment({r, W, r, "127.0.0.1", port, "spawned"}). With `stderr_paths` (one per rank),
-// rank r's stderr goes to that file. Returns the children's process ids, in rank order. IoError if
-// a spawn fails (the ranks already started are killed and reaped first).
+// spawnEnvironment({r, W, r, W, "127.0.0.1", port, "spawned"}).
+struct SpawnOptions {
+  int first_rank = 0;  // ranks first_rank..W-1 are started (1: the caller is rank 0 itself)
+  // The children get SIGKILL when the spawning process dies (PR_SET_PDEATHSIG), so a crashed or
+  // killed rank 0 leaves no worker behind.
+  bool die_with_parent = false;
+  std::vector<std::string> stderr_paths;  // empty, or one per started rank: its stderr goes there
+};
+// Returns the children's process ids, in rank order. IoError if a start fails (the ranks already
+// started are killed and reaped first); InvalidArgument for a bad world size, first rank or number
+// of stderr paths.
+std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
+                                 int world_size, int port, const SpawnOptions& options);
+// Every rank, 0 to W-1, with rank r's stderr into stderr_paths[r] when given.
 std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
                                  int world_size, int port,
                                  const std::vector<std::string>& stderr_paths = {});

@@ -255,7 +255,7 @@ TEST_CASE("bad collective options and backends are ConfigErrors naming them", "[
   o.timeout = 0ms;
   CHECK_THROWS_WITH(o.validate(), Catch::Contains("timeout"));
   CHECK_THROWS_WITH(sim::makeCollectives("mpi", sim::LaunchInfo{}), Catch::Contains("unknown collectives backend 'mpi'"));
-  sim::LaunchInfo two{0, 2, 0, "127.0.0.1", 29500, "torchrun"};
+  sim::LaunchInfo two{0, 2, 0, 2, "127.0.0.1", 29500, "torchrun"};
   CHECK_THROWS_WITH(sim::makeCollectives("local", two), Catch::Contains("'local' is a group of one"));
 }
 
@@ -298,14 +298,31 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     CHECK(i.master_addr == "node7");
   }
   SECTION("spawned: spawnEnvironment round-trips") {
-    const sim::LaunchInfo in{1, 3, 1, "127.0.0.1", 4242, "spawned"};
+    const sim::LaunchInfo in{1, 3, 1, 3, "127.0.0.1", 4242, "spawned"};
     Env env;
     for (const std::string& kv : sim::spawnEnvironment(in)) env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
     const sim::LaunchInfo i = sim::parseLaunchInfo(lookup(env));
     CHECK(i.source == "spawned");
     CHECK(i.rank == 1);
     CHECK(i.world_size == 3);
+    CHECK(i.local_world_size == 3);
     CHECK(i.master_port == 4242);
+  }
+  SECTION("workers on this machine: LOCAL_WORLD_SIZE, a plain SLURM_NTASKS_PER_NODE, else unknown") {
+    CHECK(sim::parseLaunchInfo(lookup({})).local_world_size == 1);
+    CHECK(sim::parseLaunchInfo(lookup({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                                       {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
+              .local_world_size == 4);
+    CHECK(sim::parseLaunchInfo(lookup({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
+              .local_world_size == 0);
+    const Env slurm{{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"},
+                    {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"}, {"MASTER_PORT", "1"}};
+    Env per_node = slurm;
+    per_node["SLURM_NTASKS_PER_NODE"] = "2";
+    CHECK(sim::parseLaunchInfo(lookup(per_node)).local_world_size == 2);
+    per_node["SLURM_NTASKS_PER_NODE"] = "2(x3)";  // srun's form for several nodes: not one number
+    CHECK(sim::parseLaunchInfo(lookup(per_node)).local_world_size == 0);
+    CHECK(sim::parseLaunchInfo(lookup(slurm)).local_world_size == 0);
   }
 }
 
@@ -323,6 +340,10 @@ TEST_CASE("inconsistent launch variables are ConfigErrors naming the variable", 
   CHECK_THAT(configError(with({{"RANK", "0"}})), Catch::Contains("RANK is set but WORLD_SIZE is not"));
   CHECK_THAT(configError(with({{"WORLD_SIZE", "2"}})), Catch::Contains("WORLD_SIZE is set but RANK is not"));
   CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}})), Catch::Contains("LOCAL_RANK=2"));
+  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
+             Catch::Contains("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"));
+  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "two"}})),
+             Catch::Contains("LOCAL_WORLD_SIZE='two'"));
   CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}), Catch::Contains("MASTER_ADDR is not set"));
   CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}), Catch::Contains("MASTER_PORT is not set"));
   CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
@@ -422,9 +443,79 @@ TEST_CASE("Gloo: rendezvous failures are errors, not hangs", "[simulator][collec
   }
 }
 
+// --spawn-worker OUTDIR: writes its launch variables to OUTDIR/rankR.txt and sleeps (to be killed).
+// --spawner OUTDIR: starts ranks 1 and 2 of 3 as --spawn-worker children that die with it, writes
+// their pids to OUTDIR/pids.txt, then sleeps until the test kills it.
+int runSpawnRole(int argc, char** argv) {
+  if (argc != 3) return kOtherError;
+  const fs::path out = argv[2];
+  if (std::string(argv[1]) == "--spawn-worker") {
+    const sim::LaunchInfo i = sim::launchInfoFromEnvironment();
+    std::ofstream(out / ("rank" + std::to_string(i.rank) + ".txt"))
+        << i.source << " " << i.rank << " " << i.world_size << " " << i.local_rank << " " << i.local_world_size << "\n";
+    std::this_thread::sleep_for(600s);
+    return 0;
+  }
+  const auto pids = sim::spawnLocalRanks(self_exe, {"--spawn-worker", out.string()}, 3, 4242,
+                                         sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}});
+  {
+    std::ofstream f(out / "pids.tmp");
+    for (int p : pids) f << p << "\n";
+  }
+  fs::rename(out / "pids.tmp", out / "pids.txt");
+  std::this_thread::sleep_for(600s);
+  return 0;
+}
+
+TEST_CASE("spawned workers: only the ranks asked for, their launch variables, and they die with their spawner",
+          "[simulator][launch]") {
+  TempDir dir;
+  const auto spawner = sim::spawnLocalRanks(self_exe, {"--spawner", dir.path.string()}, 1, 0);
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!(fs::exists(dir.path / "pids.txt") && fs::exists(dir.path / "rank1.txt") && fs::exists(dir.path / "rank2.txt")) &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  std::vector<int> workers;
+  {
+    std::ifstream f(dir.path / "pids.txt");
+    for (int p; f >> p;) workers.push_back(p);
+  }
+  REQUIRE(workers.size() == 2);
+  CHECK_FALSE(fs::exists(dir.path / "rank0.txt"));  // rank 0 is the spawner itself
+  CHECK(slurp(dir.path / "rank1.txt") == "spawned 1 3 1 3\n");
+  CHECK(slurp(dir.path / "rank2.txt") == "spawned 2 3 2 3\n");
+  for (int p : workers) CHECK(kill(p, 0) == 0);  // alive while the spawner lives
+  kill(spawner[0], SIGKILL);
+  sim::waitRanks(spawner, 10s);
+  // The orphans get SIGKILL from the kernel; init reaps them.
+  bool gone = false;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!gone && std::chrono::steady_clock::now() < deadline) {
+    gone = true;
+    for (int p : workers) gone = gone && kill(p, 0) != 0;
+    if (!gone) std::this_thread::sleep_for(20ms);
+  }
+  if (!gone)
+    for (int p : workers) kill(p, SIGKILL);  // ours, by pid: leave nothing behind on failure
+  CHECK(gone);
+}
+
+TEST_CASE("spawning: bad options are InvalidArgument, a program that cannot start an IoError", "[simulator][launch]") {
+  CHECK_THROWS_AS(sim::spawnLocalRanks(self_exe, {}, 2, 1, sim::SpawnOptions{.first_rank = 3, .die_with_parent = false,
+                                                                               .stderr_paths = {}}),
+                  starling::InvalidArgument);
+  CHECK_THROWS_AS(sim::spawnLocalRanks(self_exe, {}, 2, 1, sim::SpawnOptions{.first_rank = 1, .die_with_parent = false,
+                                                                               .stderr_paths = {"a", "b"}}),
+                  starling::InvalidArgument);
+  CHECK_THROWS_WITH(sim::spawnLocalRanks("/nonexistent/starling-sim", {}, 2, 1),
+                    Catch::Contains("spawning rank 0 of 2") && Catch::Contains("No such file"));
+}
+
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "--collectives-worker") return runWorker(argc, argv);
   self_exe = fs::read_symlink("/proc/self/exe").string();
+  if (argc > 1 && std::string(argv[1]) == "--collectives-worker") return runWorker(argc, argv);
+  if (argc > 1 && (std::string(argv[1]) == "--spawner" || std::string(argv[1]) == "--spawn-worker"))
+    return runSpawnRole(argc, argv);
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   return session.run();
