@@ -25,6 +25,7 @@
 #include "data/idx.h"
 #include "split/net.h"
 #include "split/trainer.h"
+#include "torch_trainer/device.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
 
@@ -37,6 +38,7 @@ constexpr uint32_t kVersion = 1;
 
 struct Config {
   std::string role = "inproc";
+  std::string device = "auto";
   std::string data_dir = data::kDefaultFashionMnistDir;
   std::string shift = "classes";
   double noise = 0.5;
@@ -160,8 +162,9 @@ int runCloud(Config& c, split::SplitModel& sm) {
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   transport::Context ctx;
   split::SplitCloudServer server(ctx, cloud, cfg);
-  log->info("{}; serving on {} (up {}, down {}{})", sm.describe(), server.endpoint(), c.train.up, c.train.down,
-            c.net.insecure ? ", INSECURE: no authentication or encryption" : ", CURVE");
+  log->info("{}; serving on {} (up {}, down {}{}), the top part on {}", sm.describe(), server.endpoint(), c.train.up,
+            c.train.down, c.net.insecure ? ", INSECURE: no authentication or encryption" : ", CURVE",
+            sm.cloudDevice().str());
   auto last = std::chrono::steady_clock::now();
   uint64_t last_steps = server.stats().steps;
   while (!apps::stopFlag().load() && (c.exit_after == 0 || server.stats().goodbyes < c.exit_after)) {
@@ -258,6 +261,17 @@ int run(Config& c) {
     c.cut = c.model == "vit" ? "ffn2" : cuts[1];
   }
   split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank, c.skip);
+  // The cloud's part (and pre-training) may run on a GPU; an edge device trains on its CPU.
+  torch_trainer::Device device;
+  if (c.role == "edge") {
+    if (c.device.rfind("cuda", 0) == 0)
+      STARLING_THROW(ConfigError, "--device ", c.device, ": an edge device runs its part on the CPU; --device applies to "
+                     "--role cloud, inproc (the cloud's part) and pretrain");
+    if (c.device != "auto") torch_trainer::chooseDevice(c.device);  // refuses a setting that is none of them
+  } else {
+    device = torch_trainer::chooseDevice(c.device);
+    sm.setCloudDevice(device);
+  }
   torch_trainer::setThreads(c.threads);
   if (c.role == "cloud") return runCloud(c, sm);  // no data set needed
   std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
@@ -271,7 +285,7 @@ int run(Config& c) {
     std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n", c.model.c_str(),
                 c.shift.c_str(), idx.size(), c.pretrain_epochs);
     if (c.model != "vit") {  // torch_trainer's model and trainer
-      auto whole = torch_trainer::makeTorchTrainer(c.model, train);
+      auto whole = torch_trainer::makeTorchTrainer(c.model, train, device);
       for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
         RngStream rng(StreamKey{c.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
         const client::FitConfig fit{.epochs = 1, .batch_size = c.train.batch_size, .lr = c.train.lr};
@@ -283,6 +297,7 @@ int run(Config& c) {
       }
     } else {  // split/'s own models: uncompressed split steps are the whole model's steps (tested)
       split::SplitModel whole(c.model, split::SplitModel::cutPoints(c.model)[0], 28, 28, 10);
+      whole.setCloudDevice(device);
       split::SplitTrainConfig cfg;
       cfg.batch_size = c.train.batch_size;
       cfg.lr = c.train.lr;
@@ -353,6 +368,9 @@ int main(int argc, char** argv) {
   o.add("role", &c.role,
         "pretrain (write the pre-trained model), inproc (edge and cloud in one process), cloud (serve the top part "
         "over ZeroMQ) or edge (fine-tune through a cloud)");
+  o.add("device", &c.device,
+        "where the cloud's part (--role cloud, inproc) and pre-training compute: auto (a GPU when LibTorch sees one), "
+        "cpu, cuda or cuda:N; an edge's part runs on the CPU. docs/gpu.md");
   o.add("data.dir", &c.data_dir, "Fashion-MNIST's folder (Debian package dataset-fashion-mnist)");
   o.add("data.shift", &c.shift,
         "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian noise added) or "

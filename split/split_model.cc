@@ -12,12 +12,18 @@ namespace starling::split {
 namespace {
 
 // Leaf tensors over a copy of `params` laid out by `layout`, with gradients when asked.
-std::vector<torch::Tensor> leaves(const ParamLayout& layout, std::span<const float> params, bool grad) {
+// Copies of the host values on `device` (copies on the CPU too: the caller's buffer stays theirs).
+torch::Tensor toDevice(const torch::Tensor& host, const torch::Device& device) {
+  return host.to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+
+std::vector<torch::Tensor> leaves(const ParamLayout& layout, std::span<const float> params, bool grad,
+                                  const torch::Device& device) {
   std::vector<torch::Tensor> out;
   out.reserve(layout.size());
   for (size_t i = 0; i < layout.size(); ++i) {
     const auto& t = layout[i];
-    auto v = torch::from_blob(const_cast<float*>(params.data() + t.offset), t.shape, torch::kFloat32).clone();
+    auto v = toDevice(torch::from_blob(const_cast<float*>(params.data() + t.offset), t.shape, torch::kFloat32), device);
     if (grad) v.requires_grad_(true);
     out.push_back(std::move(v));
   }
@@ -29,7 +35,7 @@ std::vector<float> flatGrads(const ParamLayout& layout, const std::vector<torch:
   for (size_t i = 0; i < layout.size(); ++i) {
     const auto g = ts[i].grad();
     if (!g.defined()) continue;
-    const auto c = g.contiguous();
+    const auto c = g.to(torch::kCPU).contiguous();
     std::copy_n(c.data_ptr<float>(), layout[i].numel, out.begin() + static_cast<std::ptrdiff_t>(layout[i].offset));
   }
   return out;
@@ -395,6 +401,7 @@ struct SplitModel::Impl {
   size_t rows = 0, cols = 0;
   uint32_t classes = 0;
   std::unique_ptr<Arch> arch;
+  torch::Device cloud = torch::kCPU;  // where cloudStep and evaluate run; the edge's part runs on the CPU
   // The last edge forward pass.
   std::vector<torch::Tensor> edge_params;
   torch::Tensor edge_out;
@@ -462,7 +469,8 @@ std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std:
   const auto& ws = f[a.split_proj];
   torch::NoGradGuard no_grad;
   const auto w = torch::from_blob(const_cast<float*>(whole.data() + ws.offset), ws.shape, torch::kFloat32).to(torch::kFloat64);
-  const auto [u, sv, vh] = torch::linalg::svd(w, /*full_matrices=*/false, c10::nullopt);
+  // The ATen op: LibTorch 2.x removed the torch::linalg:: wrappers (torch/linalg.h).
+  const auto [u, sv, vh] = torch::linalg_svd(w, /*full_matrices=*/false);
   const int64_t r = a.rank;
   const auto v_part = (sv.slice(0, 0, r).unsqueeze(1) * vh.slice(0, 0, r)).to(torch::kFloat32).contiguous();
   const auto u_part = u.slice(1, 0, r).to(torch::kFloat32).contiguous();
@@ -483,6 +491,16 @@ std::string SplitModel::describe() const {
          " parameters on the edge, " + std::to_string(a.top.numel()) + " in the cloud";
 }
 
+void SplitModel::setCloudDevice(const torch_trainer::Device& device) {
+  impl_->cloud = device.cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                               : torch::Device(torch::kCPU);
+}
+
+torch_trainer::Device SplitModel::cloudDevice() const {
+  return impl_->cloud.is_cuda() ? torch_trainer::Device{torch_trainer::Device::Kind::kCuda, impl_->cloud.index()}
+                                : torch_trainer::Device{};
+}
+
 std::vector<float> SplitModel::initParameters(uint64_t seed) const {
   std::vector<float> p(full().numel());
   impl_->arch->init(p, seed);
@@ -496,7 +514,7 @@ std::vector<float> SplitModel::edgeForward(std::span<const float> bottom_params,
                      " bottom parameters, the cut needs ", a.bottom.numel());
   STARLING_CHECK_ARG(n > 0 && x.size() == n * features(), "split edge: ", x.size(), " input values for ", n,
                      " examples of ", features());
-  m.edge_params = leaves(a.bottom, bottom_params, true);
+  m.edge_params = leaves(a.bottom, bottom_params, true, torch::kCPU);
   m.edge_out = a.runBottom(m.edge_params, m.input(x, n));
   m.edge_n = n;
   const auto c = m.edge_out.detach().contiguous();
@@ -528,13 +546,13 @@ SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params,
                      activations.size(), " activation values and ", labels.size(), " labels for ", n,
                      " examples of ", ar.act);
   for (uint8_t l : labels) STARLING_CHECK_ARG(l < m.classes, "split cloud: label ", int{l}, " of ", m.classes, " classes");
-  auto params = leaves(ar.top, top_params, true);
-  auto a = torch::from_blob(const_cast<float*>(activations.data()), {static_cast<int64_t>(n), static_cast<int64_t>(ar.act)},
-                            torch::kFloat32)
-               .clone()
+  auto params = leaves(ar.top, top_params, true, m.cloud);
+  auto a = toDevice(torch::from_blob(const_cast<float*>(activations.data()),
+                                     {static_cast<int64_t>(n), static_cast<int64_t>(ar.act)}, torch::kFloat32),
+                    m.cloud)
                .requires_grad_(true);
   std::vector<int64_t> y(labels.begin(), labels.end());
-  const auto target = torch::tensor(y, torch::kInt64);
+  const auto target = torch::tensor(y, torch::kInt64).to(m.cloud);
   const auto logits = ar.runTop(params, a);
   const auto loss = torch::nn::functional::cross_entropy(logits, target);
   loss.backward();
@@ -542,7 +560,7 @@ SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params,
   r.loss = loss.item<double>();
   r.correct = static_cast<size_t>(logits.argmax(1).eq(target).sum().item<int64_t>());
   r.grad_top = flatGrads(ar.top, params);
-  const auto ga = a.grad().contiguous();
+  const auto ga = a.grad().to(torch::kCPU).contiguous();
   r.grad_activations.assign(ga.data_ptr<float>(), ga.data_ptr<float>() + n * ar.act);
   return r;
 }
@@ -556,10 +574,10 @@ SplitModel::CloudResult SplitModel::evaluate(std::span<const float> bottom_param
   STARLING_CHECK_ARG(x.size() == n * features() && labels.size() == n, "split evaluate: ", x.size(), " inputs and ",
                      labels.size(), " labels for ", n, " examples");
   torch::NoGradGuard no_grad;
-  const auto bp = leaves(ar.bottom, bottom_params, false), tp = leaves(ar.top, top_params, false);
+  const auto bp = leaves(ar.bottom, bottom_params, false, m.cloud), tp = leaves(ar.top, top_params, false, m.cloud);
   std::vector<int64_t> y(labels.begin(), labels.end());
-  const auto target = torch::tensor(y, torch::kInt64);
-  const auto logits = ar.runTop(tp, ar.runBottom(bp, m.input(x, n)));
+  const auto target = torch::tensor(y, torch::kInt64).to(m.cloud);
+  const auto logits = ar.runTop(tp, ar.runBottom(bp, toDevice(m.input(x, n), m.cloud)));
   CloudResult r;
   r.loss = torch::nn::functional::cross_entropy(logits, target).item<double>();
   r.correct = static_cast<size_t>(logits.argmax(1).eq(target).sum().item<int64_t>());

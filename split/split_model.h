@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/param_layout.h"
+#include "torch_trainer/device.h"
 
 namespace starling::split {
 
@@ -62,6 +63,12 @@ class SplitModel {
   SplitModel& operator=(const SplitModel&) = delete;
 
   static std::vector<std::string> cutPoints(const std::string& model);
+
+  // Where the cloud's part computes: cloudStep() and evaluate() (the CPU by default; a GPU for
+  // `starling-split --device cuda`). The edge's part always runs on the CPU. Parameters, inputs
+  // and results stay host buffers; each step copies what it needs to the device and back.
+  void setCloudDevice(const torch_trainer::Device& device);
+  torch_trainer::Device cloudDevice() const;
 
   const ParamLayout& full() const;    // the whole model, as torch_trainer lays it out
   const ParamLayout& bottom() const;  // the edge's tensors (a prefix of full(), then svd_v)
