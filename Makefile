@@ -2,7 +2,7 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 
-.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz fuzz-configure fuzz-control fuzz-reassembly clean
+.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel build-torch2 test-torch2
 
 all: build
 
@@ -98,5 +98,29 @@ fuzz-reassembly: fuzz-configure
 	$(FUZZ_BUILD_DIR)/bin/starling-fuzz-reassembly $(FUZZ_FLAGS) $(FUZZ_BUILD_DIR)/corpus_reassembly \
 	  tests/fuzz/corpus_reassembly
 
+# GPU (docs/gpu.md). `make gpu-check` runs on a machine with a GPU and PyTorch: it builds against
+# that PyTorch's LibTorch in a fresh build-gpu/, runs `ctest -L gpu` and the GPU benchmarks, and
+# writes build-gpu/gpu-check.json (or $$OUT/gpu-check.json). It needs no Debian package there when
+# `make gpu-deps` was run on this machine first and .gpu-deps/ travels with the tree.
+gpu-deps:
+	bash scripts/gpu-deps.sh
+gpu-check:
+	bash scripts/gpu-check.sh
+
+# The whole project against a current CUDA-enabled LibTorch (a PyTorch wheel from PyPI, installed
+# by scripts/torch-wheel.sh into ~/.cache/starling, never into the tree), in build-torch2/, and the
+# LibTorch-dependent tests with it: API drift between LibTorch 1.13 and 2.x and every CUDA-only
+# code path are compiled and linked without a GPU (the GPU tests report Skipped). .ci/run runs it.
+TORCH2_BUILD_DIR ?= build-torch2
+torch-wheel:
+	bash scripts/torch-wheel.sh
+build-torch2: bootstrap
+	@prefix=$$(bash scripts/torch-wheel.sh | tail -1) && \
+	if [ ! -f $(TORCH2_BUILD_DIR)/build.ninja ]; then \
+	  cmake -S . -B $(TORCH2_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$$prefix"; fi
+	cmake --build $(TORCH2_BUILD_DIR) -j $(JOBS)
+test-torch2: build-torch2
+	ctest --test-dir $(TORCH2_BUILD_DIR) --output-on-failure -j $(JOBS) -L 'torch|gpu'
+
 clean:
-	rm -rf $(BUILD_DIR) build-debug build-fuzz build-arm64
+	rm -rf $(BUILD_DIR) build-debug build-fuzz build-arm64 build-gpu $(TORCH2_BUILD_DIR)
