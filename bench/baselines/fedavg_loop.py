@@ -96,12 +96,12 @@ def make_cnn(classes=10):
 
 
 def train_client(model, x, y, epochs, batch_size, lr, gen):
-    """Local SGD on one client's examples; returns the number of examples."""
+    """Local SGD on one client's examples (on the model's device); returns the number of examples."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     n = x.shape[0]
     for _ in range(epochs):
-        perm = torch.randperm(n, generator=gen)
+        perm = torch.randperm(n, generator=gen).to(x.device)
         for start in range(0, n, batch_size):
             idx = perm[start:start + batch_size]
             opt.zero_grad()
@@ -135,6 +135,9 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-eval", action="store_true", help="skip the test-set accuracy at the end")
+    p.add_argument("--device", default="cpu",
+                   help="cpu or cuda: where the models, the clients' data and the training live (the data "
+                        "is moved there before timing; a round's time ends with a device synchronisation)")
     a = p.parse_args()
     if a.blas_threads > 0:
         os.environ["OPENBLAS_NUM_THREADS"] = str(a.blas_threads)
@@ -152,10 +155,13 @@ def main():
     per = x_train.shape[0] // a.clients
     shards = [order[c * per:(c + 1) * per] for c in range(a.clients)]
     # Each client's examples as contiguous tensors, made before timing (as a simulator keeps them).
-    client_data = [(x_train[s].contiguous(), y_train[s].contiguous()) for s in shards]
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("fedavg_loop.py: --device cuda, but PyTorch sees no GPU")
+    client_data = [(x_train[s].contiguous().to(device), y_train[s].contiguous().to(device)) for s in shards]
 
-    global_model = make_cnn()
-    local = make_cnn()
+    global_model = make_cnn().to(device)
+    local = make_cnn().to(device)
     gen = torch.Generator().manual_seed(a.seed)
     round_seconds = []
     samples = 0
@@ -176,12 +182,15 @@ def main():
             samples += n * a.epochs
         with torch.no_grad():
             global_model.load_state_dict({k: v / total for k, v in acc.items()})
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         round_seconds.append(time.perf_counter() - t0)
 
     wall = sum(round_seconds)
     clients = a.rounds * a.clients_per_round
     out = {
         "impl": "pytorch_fedavg_loop",
+        "device": str(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "threads_requested": a.threads,
@@ -203,7 +212,7 @@ def main():
         out["steady_clients_per_s"] = (a.rounds - 1) * a.clients_per_round / steady
     if not a.no_eval:
         x_test, y_test = load_split(a.data_dir, "t10k")
-        out["test_accuracy"] = evaluate(global_model, x_test, y_test)
+        out["test_accuracy"] = evaluate(global_model, x_test.to(device), y_test.to(device))
     print(json.dumps(out))
 
 
