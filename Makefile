@@ -115,12 +115,9 @@ TORCH2_BUILD_DIR ?= build-torch2
 torch-wheel:
 	bash scripts/torch-wheel.sh
 build-torch2: bootstrap
-	@prefix=$$(bash scripts/torch-wheel.sh | tail -1) && \
-	if [ ! -f $(TORCH2_BUILD_DIR)/build.ninja ]; then \
-	  cmake -S . -B $(TORCH2_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$$prefix"; fi
-	cmake --build $(TORCH2_BUILD_DIR) -j $(JOBS)
-test-torch2: build-torch2
-	ctest --test-dir $(TORCH2_BUILD_DIR) --output-on-failure -j $(JOBS) -L 'torch|gpu'
+	TORCH2_BUILD_DIR=$(TORCH2_BUILD_DIR) JOBS=$(JOBS) bash scripts/build-torch2.sh
+test-torch2: bootstrap
+	TORCH2_BUILD_DIR=$(TORCH2_BUILD_DIR) JOBS=$(JOBS) bash scripts/build-torch2.sh --test
 
 clean:
 	rm -rf $(BUILD_DIR) build-debug build-fuzz build-arm64 build-gpu $(TORCH2_BUILD_DIR)

@@ -70,7 +70,7 @@ struct Config {
   std::string stats_file;
 };
 
-// This program's own path, so that spawned workers run the same binary (and ps shows its name).
+// This program's own path: the workers' argv[0], so that ps shows its name.
 std::string selfExe() {
   std::error_code ec;
   const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -119,12 +119,21 @@ int runSim(int argc, char** argv, Config& c) {
                                            static_cast<int>(c.workers_per_gpu)};
   if (launch.world_size == 1) placement.local_workers = static_cast<int>(c.workers);
   const torch_trainer::Device device = torch_trainer::chooseDevice(c.device, placement);
+  if (device.cuda()) torch_trainer::useReproducibleCuda();  // a GPU run is the CPU run's experiment
+  // NCCL takes one rank per GPU, the local rank's (simulator/nccl_collectives.cc): workers sharing
+  // a GPU, or pinned to one, need Gloo.
+  if (c.backend == "nccl" && (c.workers_per_gpu > 1 || c.device.rfind("cuda:", 0) == 0))
+    STARLING_THROW(ConfigError, "sim.backend = nccl takes one worker per GPU (the GPU of its local rank): with ",
+                   c.workers_per_gpu > 1 ? "sim.workers_per_gpu > 1" : "sim.device = " + c.device,
+                   " use sim.backend = gloo");
   std::vector<int> children;
   if (launch.world_size == 1 && c.workers > 1) {
     const int port = sim::freeLoopbackPort();
-    children = sim::spawnLocalRanks(selfExe(), std::vector<std::string>(argv + 1, argv + argc),
+    // /proc/self/exe: this very binary, even if its file was replaced since it started.
+    children = sim::spawnLocalRanks("/proc/self/exe", std::vector<std::string>(argv + 1, argv + argc),
                                     static_cast<int>(c.workers), port,
-                                    sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}});
+                                    sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {},
+                                                      .argv0 = selfExe()});
     const int w = static_cast<int>(c.workers);
     launch = sim::LaunchInfo{0, w, 0, w, "127.0.0.1", port, "spawned"};
   }

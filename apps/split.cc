@@ -270,6 +270,7 @@ int run(Config& c) {
     if (c.device != "auto") torch_trainer::chooseDevice(c.device);  // refuses a setting that is none of them
   } else {
     device = torch_trainer::chooseDevice(c.device);
+    if (device.cuda()) torch_trainer::useReproducibleCuda();
     sm.setCloudDevice(device);
   }
   torch_trainer::setThreads(c.threads);

@@ -48,7 +48,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "gpu-deps: downloading ${#PACKAGES[@]} Debian packages"
 # apt-get download writes into the current folder; as root it warns that _apt cannot write there.
-(cd "$work" && apt-get download -q "${PACKAGES[@]}" 2>&1 | grep -v "unsandboxed" >&2) || {
+(cd "$work" && apt-get download -q "${PACKAGES[@]}" 2>&1 | { grep -v "unsandboxed" || true; } >&2) || {
   echo "gpu-deps: apt-get download failed (package index out of date? run apt-get update)" >&2
   exit 1
 }

@@ -35,7 +35,7 @@ if ! command -v "$python" >/dev/null 2>&1; then
   exit 1
 fi
 mkdir -p "$cache"
-echo "torch-wheel: installing torch==$version from PyPI into $venv (about 3 GB with its CUDA libraries)" >&2
+echo "torch-wheel: installing torch==$version from PyPI into $venv (about 5 GB with its CUDA libraries)" >&2
 rm -rf "$venv.partial"
 "$python" -m venv "$venv.partial"
 # pip's progress goes to stderr; stdout is kept for the path.

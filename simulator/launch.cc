@@ -116,7 +116,7 @@ LaunchInfo parseLaunchInfo(const EnvLookup& env) {
     fillMaster(info, env, nullptr);
     return info;
   }
-  if (parseFamily(info, env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"})) {
+  if (parseFamily(info, env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"})) {
     info.source = "slurm";
     fillMaster(info, env, "SLURM_LAUNCH_NODE_IPADDR");
     return info;
@@ -163,6 +163,9 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
   if (o.first_rank < 0 || o.first_rank > world_size)
     STARLING_THROW(InvalidArgument, "spawnLocalRanks: first rank ", o.first_rank, " outside [0, ", world_size, "]");
   const auto started = static_cast<size_t>(world_size - o.first_rank);
+  if (o.die_with_parent && gettid() != getpid())
+    STARLING_THROW(InvalidArgument, "spawnLocalRanks: die_with_parent from a thread other than the main one (the "
+                   "children would be killed when that thread ends)");
   if (!o.stderr_paths.empty() && o.stderr_paths.size() != started) {
     STARLING_THROW(InvalidArgument, "spawnLocalRanks: ", o.stderr_paths.size(), " stderr paths for ", started,
                    " ranks");
@@ -171,7 +174,7 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
   for (char** e = environ; *e; ++e) {
     if (!isLauncherVariable(*e)) base_env.emplace_back(*e);
   }
-  std::vector<std::string> argv_s{program};
+  std::vector<std::string> argv_s{o.argv0.empty() ? program : o.argv0};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -198,7 +201,8 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
     // The child reports a failed exec through this pipe (closed on a successful exec).
     int report[2];
     if (pipe2(report, O_CLOEXEC) != 0) fail(r, errno);
-    const pid_t pid = fork();
+    // _Fork: no atfork handlers in the child (LibTorch's, CUDA's), which only execs.
+    const pid_t pid = _Fork();
     if (pid < 0) {
       const int err = errno;
       close(report[0]);
@@ -218,7 +222,7 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
           (void)!write(report[1], &err, sizeof err);
           _exit(127);
         }
-        close(fd);
+        if (fd != 2) close(fd);
       }
       execve(program.c_str(), argv.data(), envp.data());
       const int err = errno;
@@ -243,7 +247,7 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
 
 std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
                                  int world_size, int port, const std::vector<std::string>& stderr_paths) {
-  return spawnLocalRanks(program, args, world_size, port, SpawnOptions{0, false, stderr_paths});
+  return spawnLocalRanks(program, args, world_size, port, SpawnOptions{0, false, stderr_paths, {}});
 }
 
 std::vector<int> waitRanks(const std::vector<int>& pids, std::chrono::milliseconds deadline) {

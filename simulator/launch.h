@@ -11,7 +11,9 @@
 //      the node's task, so torchrun's variables win. With STARLING_SPAWNED=1 as well (what
 //      spawnEnvironment() adds) the source is "spawned" instead of "torchrun".
 //   2. srun: SLURM_PROCID and SLURM_NTASKS (both, or neither), SLURM_LOCALID (default 0),
-//      SLURM_NTASKS_PER_NODE (optional; a value such as "2(x3)" counts as not given).
+//      SLURM_STEP_TASKS_PER_NODE (optional; the step's, which srun sets, rather than the job's
+//      SLURM_NTASKS_PER_NODE that a smaller srun inherits; a value such as "2(x3)" counts as not
+//      given).
 //      MASTER_PORT is required when SLURM_NTASKS > 1 (srun sets no port); MASTER_ADDR defaults to
 //      SLURM_LAUNCH_NODE_IPADDR, the node srun was started from, which is where rank 0 runs when
 //      srun is started from the first node of the allocation (an sbatch script is) with the default
@@ -34,8 +36,8 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
-  // Processes on this machine: torchrun's LOCAL_WORLD_SIZE, srun's SLURM_NTASKS_PER_NODE (when it
-  // is one number), 1 for a single process; 0 when the launcher does not say. GPU placement
+  // Processes on this machine: torchrun's LOCAL_WORLD_SIZE, srun's SLURM_STEP_TASKS_PER_NODE (when
+  // it is one number), 1 for a single process; 0 when the launcher does not say. GPU placement
   // (torch_trainer/device.h) checks with it that sim.workers_per_gpu divides the node's workers.
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
@@ -66,9 +68,11 @@ std::vector<std::string> spawnEnvironment(const LaunchInfo& info);
 struct SpawnOptions {
   int first_rank = 0;  // ranks first_rank..W-1 are started (1: the caller is rank 0 itself)
   // The children get SIGKILL when the spawning process dies (PR_SET_PDEATHSIG), so a crashed or
-  // killed rank 0 leaves no worker behind.
+  // killed rank 0 leaves no worker behind. The kernel ties it to the thread that forks: only the
+  // main thread may ask for it (InvalidArgument otherwise).
   bool die_with_parent = false;
   std::vector<std::string> stderr_paths;  // empty, or one per started rank: its stderr goes there
+  std::string argv0;  // the children's argv[0] (empty: `program`)
 };
 // Returns the children's process ids, in rank order. IoError if a start fails (the ranks already
 // started are killed and reaped first); InvalidArgument for a bad world size, first rank or number

@@ -1,7 +1,9 @@
 #include "torch_trainer/device.h"
 
+#include <ATen/Context.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 
@@ -63,6 +65,13 @@ Device chooseDevice(std::string_view setting, const DeviceInventory& inv, const 
   }
   if (p.workers_per_gpu < 1)
     STARLING_THROW(ConfigError, "workers_per_gpu = ", p.workers_per_gpu, " must be at least 1");
+  if (s == "auto") {
+    // Never fails for want of GPUs: the machine's workers share the visible GPUs, at least
+    // workers_per_gpu on each and as few as fit (2 workers on 1 GPU: both on it).
+    if (p.local_workers <= 0) return {Device::Kind::kCuda, (p.local_rank / p.workers_per_gpu) % inv.gpus};
+    const int per_gpu = std::max(p.workers_per_gpu, (p.local_workers + inv.gpus - 1) / inv.gpus);
+    return {Device::Kind::kCuda, p.local_rank / per_gpu};
+  }
   if (p.local_workers > 0 && p.local_workers % p.workers_per_gpu != 0)
     STARLING_THROW(ConfigError, "workers_per_gpu = ", p.workers_per_gpu, " does not divide the ", p.local_workers,
                    " workers on this machine: every GPU must get the same number of workers (set workers_per_gpu "
@@ -82,6 +91,14 @@ Device chooseDevice(std::string_view setting, const DeviceInventory& inv, const 
 
 Device chooseDevice(std::string_view setting, const WorkerPlacement& p) {
   return chooseDevice(setting, deviceInventory(), p);
+}
+
+void useReproducibleCuda() {
+  at::Context& c = at::globalContext();
+  c.setDeterministicCuDNN(true);
+  c.setBenchmarkCuDNN(false);
+  c.setAllowTF32CuDNN(false);
+  c.setAllowTF32CuBLAS(false);
 }
 
 }  // namespace starling::torch_trainer

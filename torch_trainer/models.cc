@@ -170,7 +170,8 @@ class Resnet final : public BuiltinNet {
     return b;
   }
   torch::Tensor norm(const torch::Tensor& x, const Bn& b) const {
-    return torch::batch_norm(x, b.weight, b.bias, b.mean, b.var, training_, 0.1, 1e-5, false);
+    return torch::batch_norm(x, b.weight, b.bias, b.mean, b.var, training_, 0.1, 1e-5,
+                             at::globalContext().userEnabledCuDNN());
   }
 
   NamedTensors bn_buffers_;

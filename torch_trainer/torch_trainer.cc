@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -63,6 +64,7 @@ class TorchTrainer final : public client::Trainer {
         device_(device.cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
                               : torch::Device(torch::kCPU)) {
     bind();
+    if (device_.is_cuda()) trialForward();
   }
 
   std::string name() const override { return net_->name(); }
@@ -110,6 +112,21 @@ class TorchTrainer final : public client::Trainer {
                          data.dataset->cols, ", the model '", spec(), "' was built for ", rows_,
                          "x", cols_);
   }
+  // A forward pass on two zero images on the device, so that a model that cannot run there (a
+  // TorchScript module that makes CPU tensors in forward, which Module::to does not move) is a
+  // ConfigError now rather than a failure in the middle of a round.
+  void trialForward() {
+    torch::NoGradGuard no_grad;
+    net_->setTraining(false);
+    try {
+      net_->forward(torch::zeros({2, 1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}, flat_.options()));
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+      STARLING_THROW(ConfigError, net_->spec(), ": the model does not run on ", device_.str(), ": ", what);
+    }
+    net_->setTraining(true);
+  }
   // A tensor over host memory (no copy).
   static torch::Tensor hostView(std::span<const float> v) {
     return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())},
@@ -120,7 +137,8 @@ class TorchTrainer final : public client::Trainer {
   std::span<const float> hostValues();
   // The caller's host span on the device: a view on the CPU, a copy into `buf` on a GPU.
   torch::Tensor onDevice(std::span<const float> v, torch::Tensor& buf);
-  // Makes images_ and labels_ index the data set `d` on the device.
+  // Makes images_ and labels_ index the data set `d` on the device (from the cache when it holds
+  // it).
   void attach(const data::Dataset& d);
   // Uploads `order` as the int64 index tensor order_dev_ (one copy; the host waits for it).
   void uploadOrder(std::span<const size_t> order);
@@ -141,16 +159,22 @@ class TorchTrainer final : public client::Trainer {
   torch::Tensor host_;                // GPU only: the trained values copied back
   torch::Tensor anchor_, correction_;  // GPU only: FedProx's anchor, SCAFFOLD's correction
   torch::Tensor x_, y_;               // batch scratch on the device, grown on demand
-  // The attached data set: images [N, features] and labels [N] (int64) on the device, and what
-  // identifies the data set they came from.
+  // The attached data set: images [N, features] and labels [N] (int64) on the device.
   torch::Tensor images_, labels_;
+  // What identifies a data set, and the last two attached (a worker's training set and its test
+  // set: an evaluation round does not evict the training set from a GPU).
   struct DataKey {
     const float* images = nullptr;
     const uint8_t* labels = nullptr;
     size_t size = 0, features = 0;
     uint64_t checksum = 0;
     bool operator==(const DataKey&) const = default;
-  } data_key_;
+  };
+  struct Attached {
+    DataKey key;
+    torch::Tensor images, labels;
+  };
+  std::array<Attached, 2> attached_;  // [0] the most recent
   std::vector<size_t> order_;
   std::vector<int64_t> order64_;
   torch::Tensor order_dev_;
@@ -227,7 +251,8 @@ torch::Tensor TorchTrainer::onDevice(std::span<const float> v, torch::Tensor& bu
 void TorchTrainer::attach(const data::Dataset& d) {
   const size_t f = d.features(), n = d.size();
   // The labels in full and up to 4,096 pixels spread over the images: another data set, or this
-  // one changed, almost surely differs somewhere in them.
+  // one with other labels, differs somewhere in them. (An edit of pixels outside the sample goes
+  // unseen on a GPU, which keeps its copy: replace a data set rather than edit it in place.)
   uint64_t sum = 1469598103934665603ull;
   const auto mix = [&sum](uint64_t v) { sum = (sum ^ v) * 1099511628211ull; };
   for (uint8_t l : d.labels) mix(l);
@@ -238,15 +263,20 @@ void TorchTrainer::attach(const data::Dataset& d) {
     mix(bits);
   }
   const DataKey key{d.images.data(), d.labels.data(), n, f, sum};
-  if (key == data_key_ && images_.defined()) return;
-  const auto rows = static_cast<int64_t>(n), cols = static_cast<int64_t>(f);
-  // On the CPU a view of the data set's own memory; on a GPU one copy of it, kept until another
-  // data set comes.
-  const torch::Tensor images = hostView(d.images).view({rows, cols});
-  images_ = device_.is_cpu() ? images : images.to(device_);
-  labels_ = torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {rows}, torch::kUInt8)
-                .to(torch::TensorOptions().dtype(torch::kInt64).device(device_));
-  data_key_ = key;
+  if (attached_[1].images.defined() && attached_[1].key == key) std::swap(attached_[0], attached_[1]);
+  if (!(attached_[0].images.defined() && attached_[0].key == key)) {
+    const auto rows = static_cast<int64_t>(n), cols = static_cast<int64_t>(f);
+    // On the CPU a view of the data set's own memory; on a GPU one copy of it, kept while it is
+    // one of the last two used. Both tensors are made before anything is replaced.
+    const torch::Tensor host = hostView(d.images).view({rows, cols});
+    Attached a{key, device_.is_cpu() ? host : host.to(device_),
+               torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {rows}, torch::kUInt8)
+                   .to(torch::TensorOptions().dtype(torch::kInt64).device(device_))};
+    attached_[1] = std::move(attached_[0]);
+    attached_[0] = std::move(a);
+  }
+  images_ = attached_[0].images;
+  labels_ = attached_[0].labels;
 }
 
 void TorchTrainer::uploadOrder(std::span<const size_t> order) {

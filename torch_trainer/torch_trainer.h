@@ -47,7 +47,11 @@
 //
 // Determinism: initParameters() is a pure function of the seed (Starling's RngStream, never
 // LibTorch's global generator); fit() is a pure function of (params, data, config, stream) for a
-// given LibTorch thread count.
+// given LibTorch thread count, on a GPU only once useReproducibleCuda() (device.h) made cuDNN
+// deterministic (starling-sim and starling-split do), and then equal to the CPU's to float
+// rounding, not bit for bit. A data set must not be edited in place while a GPU trainer uses it:
+// the trainer keeps a copy of the last two it saw and notices changes of the labels and of a
+// sample of the pixels only.
 //
 // Threads: the trainer never changes LibTorch's process-wide thread count. The program (the
 // simulator's worker process) calls setThreads() from torch_trainer/threads.h once at start.

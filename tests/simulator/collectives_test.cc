@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -308,7 +309,7 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     CHECK(i.local_world_size == 3);
     CHECK(i.master_port == 4242);
   }
-  SECTION("workers on this machine: LOCAL_WORLD_SIZE, a plain SLURM_NTASKS_PER_NODE, else unknown") {
+  SECTION("workers on this machine: LOCAL_WORLD_SIZE, a plain SLURM_STEP_TASKS_PER_NODE, else unknown") {
     CHECK(sim::parseLaunchInfo(lookup({})).local_world_size == 1);
     CHECK(sim::parseLaunchInfo(lookup({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
                                        {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
@@ -318,9 +319,9 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     const Env slurm{{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"},
                     {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"}, {"MASTER_PORT", "1"}};
     Env per_node = slurm;
-    per_node["SLURM_NTASKS_PER_NODE"] = "2";
+    per_node["SLURM_STEP_TASKS_PER_NODE"] = "2";
     CHECK(sim::parseLaunchInfo(lookup(per_node)).local_world_size == 2);
-    per_node["SLURM_NTASKS_PER_NODE"] = "2(x3)";  // srun's form for several nodes: not one number
+    per_node["SLURM_STEP_TASKS_PER_NODE"] = "2(x3)";  // srun's form for several nodes: not one number
     CHECK(sim::parseLaunchInfo(lookup(per_node)).local_world_size == 0);
     CHECK(sim::parseLaunchInfo(lookup(slurm)).local_world_size == 0);
   }
@@ -457,7 +458,7 @@ int runSpawnRole(int argc, char** argv) {
     return 0;
   }
   const auto pids = sim::spawnLocalRanks(self_exe, {"--spawn-worker", out.string()}, 3, 4242,
-                                         sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}});
+                                         sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = {}});
   {
     std::ofstream f(out / "pids.tmp");
     for (int p : pids) f << p << "\n";
@@ -487,12 +488,21 @@ TEST_CASE("spawned workers: only the ranks asked for, their launch variables, an
   for (int p : workers) CHECK(kill(p, 0) == 0);  // alive while the spawner lives
   kill(spawner[0], SIGKILL);
   sim::waitRanks(spawner, 10s);
-  // The orphans get SIGKILL from the kernel; init reaps them.
+  // The orphans get SIGKILL from the kernel; init reaps them (a zombie counts as ended: a PID 1
+  // that does not reap would leave them so).
+  const auto ended = [](int p) {
+    if (kill(p, 0) != 0) return true;
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+  };
   bool gone = false;
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (!gone && std::chrono::steady_clock::now() < deadline) {
     gone = true;
-    for (int p : workers) gone = gone && kill(p, 0) != 0;
+    for (int p : workers) gone = gone && ended(p);
     if (!gone) std::this_thread::sleep_for(20ms);
   }
   if (!gone)
@@ -502,11 +512,28 @@ TEST_CASE("spawned workers: only the ranks asked for, their launch variables, an
 
 TEST_CASE("spawning: bad options are InvalidArgument, a program that cannot start an IoError", "[simulator][launch]") {
   CHECK_THROWS_AS(sim::spawnLocalRanks(self_exe, {}, 2, 1, sim::SpawnOptions{.first_rank = 3, .die_with_parent = false,
-                                                                               .stderr_paths = {}}),
+                                                                               .stderr_paths = {}, .argv0 = {}}),
                   starling::InvalidArgument);
   CHECK_THROWS_AS(sim::spawnLocalRanks(self_exe, {}, 2, 1, sim::SpawnOptions{.first_rank = 1, .die_with_parent = false,
-                                                                               .stderr_paths = {"a", "b"}}),
+                                                                               .stderr_paths = {"a", "b"}, .argv0 = {}}),
                   starling::InvalidArgument);
+  // die_with_parent from another thread than the main one: the kernel would kill the children when
+  // that thread ends.
+  std::exception_ptr err;
+  std::vector<int> started;
+  std::thread([&] {
+    try {
+      started = sim::spawnLocalRanks(self_exe, {"--spawn-worker", "/nonexistent"}, 2, 1,
+                                     sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {},
+                                                       .argv0 = {}});
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }).join();
+  for (int p : started) kill(p, SIGKILL);  // ours, by pid, if the refusal failed
+  sim::waitRanks(started, 10s);
+  REQUIRE(err);
+  CHECK_THROWS_AS(std::rethrow_exception(err), starling::InvalidArgument);
   CHECK_THROWS_WITH(sim::spawnLocalRanks("/nonexistent/starling-sim", {}, 2, 1),
                     Catch::Contains("spawning rank 0 of 2") && Catch::Contains("No such file"));
 }

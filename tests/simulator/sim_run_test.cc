@@ -14,9 +14,11 @@ using std::chrono::seconds;
 
 namespace {
 
+// On the CPU whatever the build: the runs compare results bit for bit across worker counts and
+// resumes, which a GPU gives only to float rounding (make gpu-check covers the GPU).
 std::vector<std::string> simArgs(const TempDir& dir, const std::string& tag, int workers, int rounds) {
   return {binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
-          "--sim.workers", std::to_string(workers), "--train.rounds", std::to_string(rounds), "--state.checkpoint",
+          "--sim.device", "cpu", "--sim.workers", std::to_string(workers), "--train.rounds", std::to_string(rounds), "--state.checkpoint",
           dir / (tag + ".ckpt"), "--state.metrics", dir / (tag + ".jsonl")};
 }
 
@@ -102,6 +104,31 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
          dir / "bad3.log");
   CHECK(r.wait(seconds(120)) == 2);
   CHECK(readText(dir / "bad3.log").find("not a streaming rule") != std::string::npos);
+}
+
+TEST_CASE("device settings no worker can meet stop the run before any worker starts", "[simulator][integration]") {
+  TempDir dir("simdev");
+  const auto run = [&](std::vector<std::string> extra, const std::string& log) {
+    std::vector<std::string> a{binDir() + "/starling-sim", "--config",
+                               std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    Proc p(a, dir / log);
+    const int rc = p.wait(seconds(60));
+    return std::make_pair(rc, readText(dir / log));
+  };
+  // More GPUs than any machine here has: this build's LibTorch has no CUDA (Debian's), sees no GPU
+  // (a wheel's without a driver), or has fewer.
+  const auto [rc1, log1] = run({"--sim.device", "cuda:64"}, "d1.log");
+  CHECK(rc1 == 2);
+  CHECK((log1.find("has no CUDA") != std::string::npos || log1.find("sees no GPU") != std::string::npos ||
+         log1.find("GPUs are visible") != std::string::npos));
+  const auto [rc2, log2] = run({"--sim.device", "tpu"}, "d2.log");
+  CHECK(rc2 == 2);
+  CHECK(log2.find("'tpu' is not one of auto, cpu, cuda, cuda:N") != std::string::npos);
+  // NCCL takes one worker per GPU.
+  const auto [rc3, log3] = run({"--sim.device", "cpu", "--sim.backend", "nccl", "--sim.workers_per_gpu", "2"}, "d3.log");
+  CHECK(rc3 == 2);
+  CHECK(log3.find("use sim.backend = gloo") != std::string::npos);
 }
 
 TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted one", "[simulator][integration]") {
@@ -249,7 +276,8 @@ TEST_CASE("clients unavailable per their trace are never sampled", "[simulator][
   };
   const auto run = [&](const std::string& tag, const std::string& trace_file) {
     Proc p({binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
-            "--sim.workers", "1", "--train.rounds", "4", "--eval.every", "0", "--sampling.clients_per_round", "10",
+            "--sim.device", "cpu", "--sim.workers", "1", "--train.rounds", "4", "--eval.every", "0",
+            "--sampling.clients_per_round", "10",
             "--devices.trace", trace_file, "--state.metrics", dir / (tag + ".jsonl")},
            dir / (tag + ".log"));
     const int rc = p.wait(seconds(300));

@@ -41,6 +41,12 @@ TEST_CASE("workers bind GPU local rank / workers_per_gpu", "[torch_trainer]") {
   }
   // One per GPU.
   CHECK(chooseDevice("cuda", gpus(8), {5, 8, 1}) == cuda(5));
+  // auto shares too few GPUs among more workers instead of failing: 2 workers on 1 GPU (the
+  // default sim.workers = 2 on a one-GPU machine), 6 on 4 (2, 2, 2 on GPUs 0 to 2), 3 on 2.
+  CHECK(chooseDevice("auto", gpus(1), {1, 2, 1}) == cuda(0));
+  for (int r = 0; r < 6; ++r) CHECK(chooseDevice("auto", gpus(4), {r, 6, 1}) == cuda(r / 2));
+  CHECK(chooseDevice("auto", gpus(2), {2, 3, 1}) == cuda(1));
+  CHECK(chooseDevice("auto", gpus(2), {5, 0, 1}) == cuda(1));  // workers unknown: ranks wrap around
   // The launcher did not say how many share the machine: the rank alone decides.
   CHECK(chooseDevice("cuda", gpus(2), {3, 0, 2}) == cuda(1));
   // cuda:N pins every worker to one GPU.
@@ -70,7 +76,7 @@ TEST_CASE("device settings no worker can meet are ConfigErrors that say what to 
   // A worker count per GPU that does not divide the workers.
   CHECK_THAT(error("cuda", gpus(2), {0, 3, 2}),
              Contains("workers_per_gpu = 2 does not divide the 3 workers on this machine"));
-  CHECK_THAT(error("auto", gpus(2), {0, 3, 2}), Contains("does not divide"));
+  CHECK_THAT(error("cuda", gpus(4), {0, 6, 4}), Contains("does not divide"));
   CHECK_THAT(error("cuda", gpus(2), {0, 1, 0}), Contains("workers_per_gpu = 0 must be at least 1"));
   // More workers than the GPUs can take.
   CHECK_THAT(error("cuda", gpus(2, "0,1", true), {0, 6, 2}),

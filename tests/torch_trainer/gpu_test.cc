@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "client/synthetic.h"
 #include "data/partition.h"
@@ -124,12 +125,17 @@ TEST_CASE("one simulated round on cuda equals the round on cpu within 1e-3", "[g
     INFO(compressor);
     const auto [gpu, init] = round(kGpu, compressor);
     const auto [cpu, init_cpu] = round(Device{}, compressor);
+    REQUIRE(init == init_cpu);
     std::vector<float> dg(gpu.size()), dc(cpu.size());
     for (size_t i = 0; i < gpu.size(); ++i) {
       dg[i] = gpu[i] - init[i];
       dc[i] = cpu[i] - init_cpu[i];
     }
-    CHECK(relativeDiff(dg, dc) <= 1e-3);  // the round's update, not the model (which hides it)
+    // The issue's criterion: the model within 1e-3. Dense, the round's update itself is held to
+    // it (stricter: the model hides a small update); top-k may pick other entries where two
+    // clients' values tie to rounding at its threshold, which moves the update but not the model.
+    CHECK(relativeDiff(gpu, cpu) <= 1e-3);
+    if (std::string(compressor) == "none") CHECK(relativeDiff(dg, dc) <= 1e-3);
   }
 }
 
@@ -168,6 +174,7 @@ int main(int argc, char** argv) {
                   inv.cuda_built ? "a CUDA LibTorch that sees no GPU" : "a LibTorch without CUDA");
       return 77;
     }
+    useReproducibleCuda();  // as starling-sim and starling-split do on a GPU: no TF32
   }
   return session.run();
 }
