@@ -64,7 +64,7 @@ struct ClientRuntime::Impl {
         train(tr),
         eval(ev),
         log(l ? std::move(l) : spdlog::default_logger()),
-        socket(ctx, config.server, config.security, config.limits, "client-" + std::to_string(config.client_id)),
+        socket(ctx, config.server, config.security, config.limits),
         layout(t.layout()),
         model(layout.numel()) {}
 

@@ -57,7 +57,7 @@ struct EdgeAggregator::Impl {
         fleet(f),
         layout(std::move(l)),
         log(lg ? std::move(lg) : spdlog::default_logger()),
-        up(ctx, config.upstream, config.security, config.limits, "aggregator-" + std::to_string(config.id)),
+        up(ctx, config.upstream, config.security, config.limits),
         held(layout->numel()) {}
 
   void registerUp() {

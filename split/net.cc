@@ -378,11 +378,11 @@ SplitEdgeClient::SplitEdgeClient(transport::Context& context, SplitEdge& edge, E
     : edge_(edge), cfg_(std::move(config)) {
   if (cfg_.tries == 0) STARLING_THROW(ConfigError, "edge.tries must be at least 1");
   if (cfg_.step_timeout.count() <= 0) STARLING_THROW(ConfigError, "edge.step_timeout_ms must be positive");
-  // A routing id of the edge's id: a restarted edge takes over its old connection on the cloud.
-  std::string rid = "edge-" + std::to_string(cfg_.edge_id);
+  // No routing id of its own: the cloud's ZeroMQ names the connection, and a restarted edge's new
+  // connection finds its session again by its hello (edge id, and under CURVE its key).
   // The goodbye must get out before the socket closes.
   if (cfg_.limits.linger_ms == 0) cfg_.limits.linger_ms = 500;
-  socket_ = std::make_unique<transport::ClientSocket>(context, cfg_.cloud, cfg_.security, cfg_.limits, rid);
+  socket_ = std::make_unique<transport::ClientSocket>(context, cfg_.cloud, cfg_.security, cfg_.limits);
 }
 
 SplitEdgeClient::~SplitEdgeClient() {

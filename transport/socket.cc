@@ -87,7 +87,11 @@ ServerSocket::ServerSocket(Context& context, const std::string& bind_endpoint,
   context.impl().live_sockets.fetch_add(1);
   try {
     core_->applyCommonOptions(security, true);
-    core_->sock.set(zmq::sockopt::router_handover, true);
+    // No handover: a connection that claims a routing id already in use is dropped, so no peer
+    // can take over another's connection by naming its id (issue 20). Starling's own peers name
+    // none: ZeroMQ gives each connection an id that starts with a zero byte, which a peer cannot
+    // claim.
+    core_->sock.set(zmq::sockopt::router_handover, false);
     core_->sock.set(zmq::sockopt::router_mandatory, true);
     if (!security.insecure) {
       zap_domain_ = context.impl().registerDomain(security.allow);  // the handler is bound first

@@ -125,8 +125,11 @@ namespace detail {
 class SocketCore;
 }
 
-// ROUTER, bound. ROUTER_HANDOVER: a client reconnecting with the same routing id takes over its
-// old connection. Sending to an unknown or gone peer, or one whose queue is full, returns false
+// ROUTER, bound. Each connection has its own routing id: one ZeroMQ makes (a zero byte first,
+// which no peer can choose) unless the peer names one, and a connection naming an id already in
+// use is dropped (no ROUTER_HANDOVER), so no peer can take over another's connection, whatever
+// its key. A restarted client is a new connection with a new id; who it is, the protocol says
+// (Register, and under CURVE its key). Sending to an unknown or gone peer, or one whose queue is full, returns false
 // at once (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket; under
 // CURVE per authenticated key, so a key opening many connections shares one rate) drops a
 // frame before any decoding or reassembly, and reports it as an Errc::kRateLimited Received at
@@ -160,8 +163,9 @@ class ServerSocket {
 // DEALER, connects (ZeroMQ reconnects on its own, backing off exponentially from
 // reconnect_ivl_ms to reconnect_ivl_max_ms; heartbeats detect a dead server). Messages sent
 // before the connection is up are queued (up to send_hwm). `routing_id` (1..255 bytes, not
-// starting with a zero byte; empty: ZeroMQ picks one) lets a restarted client take over its old
-// connection on the server. One thread owns it (see the top of this file).
+// starting with a zero byte; empty, the default and what Starling's programs use: the server's
+// ZeroMQ picks one) names the connection on the server; the server drops a connection whose id
+// is in use, so a named id only risks being refused. One thread owns it (see the top of this file).
 class ClientSocket {
  public:
   ClientSocket(Context& context, const std::string& connect_endpoint, SecurityConfig security,

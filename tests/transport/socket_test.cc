@@ -1,5 +1,5 @@
 // ServerSocket / ClientSocket over real TCP on 127.0.0.1: CURVE admission through the ZAP
-// handler, insecure mode, ROUTER_HANDOVER, sends to gone peers, many contexts in one process.
+// handler, insecure mode, routing ids (no takeover), sends to gone peers, many contexts in one process.
 #include <catch2/catch.hpp>
 
 #include "transport_util.h"
@@ -125,30 +125,61 @@ TEST_CASE("sending to an unknown or gone peer returns false at once", "[transpor
   CHECK(failed);
 }
 
-TEST_CASE("a restarted client with the same routing id takes over (ROUTER_HANDOVER)",
+TEST_CASE("a connection naming a routing id in use cannot take it over, whatever its key",
           "[transport]") {
+  // Issue 20: with ROUTER_HANDOVER a registered client took over another's connection by naming
+  // its routing id; the server's replies then went to the intruder and the victim lost its task.
+  const Keys keys(2);
+  Context server_ctx, victim_ctx, intruder_ctx;
+  ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  ClientSocket victim(victim_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(), "victim");
+  REQUIRE(victim.send(pattern(30, 13)));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(r->peer == "victim");
+  CHECK(r->authenticated_id == 100u);
+  // An admitted peer with its own key names the victim's id: its connection is dropped.
+  ClientSocket intruder(intruder_ctx, server.endpoint(), keys.clientSide(keys.clients[1]), testLimits(), "victim");
+  intruder.send(pattern(40, 14));
+  CHECK_FALSE(receiveMessage(server, 1000ms));
+  // What the server sends to "victim" still reaches the victim, not the intruder.
+  REQUIRE(server.send("victim", pattern(50, 15)));
+  auto back = receiveMessage(victim);
+  REQUIRE(back);
+  CHECK(toVec(back->bytes()) == pattern(50, 15));
+  CHECK_FALSE(receiveMessage(intruder, 500ms));
+  // And the victim's own messages still come from it.
+  REQUIRE(victim.send(pattern(60, 16)));
+  auto again = receiveMessage(server);
+  REQUIRE(again);
+  CHECK(again->peer == "victim");
+  CHECK(again->authenticated_id == 100u);
+}
+
+TEST_CASE("connections that name no routing id get their own, which no peer can name", "[transport]") {
   const Keys keys(1);
   Context server_ctx;
   ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  std::string first_peer;
   {
     Context client_ctx;
-    ClientSocket first(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]),
-                       testLimits(), "edge-1");
+    ClientSocket first(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
     REQUIRE(first.send(pattern(30, 13)));
     auto r = receiveMessage(server);
     REQUIRE(r);
-    CHECK(r->peer == "edge-1");
+    first_peer = r->peer;
+    REQUIRE_FALSE(first_peer.empty());
+    CHECK(first_peer[0] == '\0');  // a zero byte first: ZeroMQ's, never a peer's
   }  // the first client is gone (socket and context destroyed: as if its process died)
+  // Restarted: a new connection, a new id, reached under it.
   Context client_ctx;
-  ClientSocket second(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(),
-                      "edge-1");
+  ClientSocket second(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
   REQUIRE(second.send(pattern(40, 14)));
   auto r = receiveMessage(server);
   REQUIRE(r);
-  CHECK(r->peer == "edge-1");
+  CHECK(r->peer != first_peer);
   CHECK(r->authenticated_id == 100u);
-  CHECK(toVec(r->bytes()) == pattern(40, 14));
-  REQUIRE(server.send("edge-1", pattern(50, 15)));
+  REQUIRE(server.send(r->peer, pattern(50, 15)));
   auto back = receiveMessage(second);
   REQUIRE(back);
   CHECK(toVec(back->bytes()) == pattern(50, 15));
