@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -277,6 +278,11 @@ EvaluationMsg decodeEvaluation(std::span<const uint8_t> bytes, const ControlLimi
   if (!std::isfinite(m.loss) || m.loss < 0 || !(m.accuracy >= 0.0 && m.accuracy <= 1.0))
     fail(Errc::kNonFinite, "evaluation with loss " + std::to_string(m.loss) + " and accuracy " +
                                std::to_string(m.accuracy) + " (loss finite and >= 0, accuracy in [0, 1])");
+  if (m.loss > limits.max_eval_loss) {
+    std::ostringstream os;
+    os << "evaluation with loss " << m.loss << ", above the bound " << limits.max_eval_loss;
+    fail(Errc::kValueTooLarge, os.str());
+  }
   return m;
 }
 

@@ -113,6 +113,18 @@ struct EvalReport {
   double accuracy = 0.0;  // weighted by examples
   uint64_t uplink_bytes = 0;
   uint64_t downlink_bytes = 0;
+
+  // Adds one client's evaluation to the example-weighted means. A running mean that multiplies
+  // by the weight's share (<= 1), never by an example count, so finite inputs give a finite mean
+  // (issue 20: loss x examples overflowed to inf). `examples` > 0; the caller bounds the values.
+  void add(uint64_t client_examples, double client_loss, double client_accuracy) {
+    const double w = static_cast<double>(client_examples);
+    const double share = w / (static_cast<double>(examples) + w);
+    loss += (client_loss - loss) * share;
+    accuracy += (client_accuracy - accuracy) * share;
+    examples = examples > UINT64_MAX - client_examples ? UINT64_MAX : examples + client_examples;
+    ++clients;
+  }
 };
 
 // The seam between the round engine and whatever reaches the clients.

@@ -279,11 +279,7 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
     failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ", pend->second.eval_examples,
               " registered");
   EvalReport& ev = *phase_->eval;
-  const double w = static_cast<double>(e.num_examples), total = static_cast<double>(ev.examples) + w;
-  ev.loss += (e.loss - ev.loss) * w / total;
-  ev.accuracy += (e.accuracy - ev.accuracy) * w / total;
-  ev.examples = saturatingAdd(ev.examples, e.num_examples);
-  ++ev.clients;
+  ev.add(e.num_examples, e.loss, e.accuracy);  // losses bounded by the decoder, examples by registration
   ev.uplink_bytes += r.bytes().size();
   expired_[id].add(e.nonce);
   pending_.erase(pend);

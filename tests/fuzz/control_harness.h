@@ -344,6 +344,7 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
       if (ok) {
         const auto e = pr::decodeEvaluation(bytes);
         require(std::isfinite(e.loss) && e.loss >= 0, "evaluation: loss non-finite or negative");
+        require(e.loss <= pr::ControlLimits{}.max_eval_loss, "evaluation: loss over the bound");
         require(std::isfinite(e.accuracy) && e.accuracy >= 0 && e.accuracy <= 1, "evaluation: accuracy outside [0, 1]");
       }
       break;

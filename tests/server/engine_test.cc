@@ -489,3 +489,27 @@ TEST_CASE("metric names that would break or repeat a key of the metrics file are
   cfg.scheme.metrics = {"train_loss", "ef_gain", "my.metric-2"};
   CHECK_NOTHROW(server::RoundEngine(w.layout, cfg, w.init()));
 }
+
+TEST_CASE("the evaluation's weighted mean stays finite at the largest losses and weights", "[server]") {
+  // Issue 20: the mean was summed as loss x examples, which overflowed for a loss near the double
+  // range. At the bounds the server enforces (loss <= 1e9, examples <= 1e7 per client, many
+  // clients) the mean is finite and exact enough; and an honest mix is the plain weighted mean.
+  server::EvalReport big;
+  for (int i = 0; i < 1000; ++i) big.add(10'000'000, 1e9, 1.0);
+  CHECK(std::isfinite(big.loss));
+  CHECK(big.loss == Approx(1e9).epsilon(1e-12));
+  CHECK(big.accuracy == Approx(1.0));
+  CHECK(big.clients == 1000);
+  CHECK(big.examples == 10'000'000'000ull);
+  server::EvalReport mix;
+  mix.add(100, 2.0, 0.5);
+  mix.add(300, 1.0, 0.9);
+  CHECK(mix.loss == Approx((100 * 2.0 + 300 * 1.0) / 400));
+  CHECK(mix.accuracy == Approx((100 * 0.5 + 300 * 0.9) / 400));
+  // Examples saturate instead of wrapping around.
+  server::EvalReport sat;
+  sat.add(UINT64_MAX - 1, 1.0, 0.5);
+  sat.add(5, 3.0, 0.5);
+  CHECK(sat.examples == UINT64_MAX);
+  CHECK(std::isfinite(sat.loss));
+}
