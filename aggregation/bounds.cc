@@ -27,6 +27,13 @@ void ValidationBounds::validate() const {
                    " exceeds 1e30; sums of such terms could overflow float");
   if (static_cast<double>(max_examples) * max_metric_abs > 1e30)
     STARLING_THROW(ConfigError, "validation bounds: max_examples * max_metric_abs exceeds 1e30");
+  // A QSGD payload's norm (and an update's norm in general) is bounded by max_update_norm, not by
+  // max_abs_value, and the server multiplies it by the weight: with every level 0 no decoded value
+  // is large, yet weight * norm overflowed float and 0 * inf made the partial NaN (issue 20).
+  if (static_cast<double>(max_examples) * max_update_norm > 1e30)
+    STARLING_THROW(ConfigError, "validation bounds: max_examples * max_update_norm = ",
+                   static_cast<double>(max_examples) * max_update_norm,
+                   " exceeds 1e30; a weighted norm could overflow float (lower bounds.max_norm or bounds.max_examples)");
   if (static_cast<double>(max_partial_count) * term > 1e36)
     STARLING_THROW(ConfigError, "validation bounds: max_partial_count * max_examples * max_abs_value exceeds 1e36");
 }

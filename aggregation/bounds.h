@@ -6,8 +6,9 @@
 // low-rank payloads the bound is on the expanded product P Q^T, through max_i ||P_i|| *
 // max_j ||Q_j||; for sign and QSGD on scale and norm * level / s), its L2 norm is <=
 // max_update_norm, and it claims 1..max_examples examples (and no more than the server knows of
-// that client, ClientLimits). Since weight * value <= max_examples * max_abs_value <= 1e30 (checked
-// at configuration), a float sum of 10^8 such terms stays finite.
+// that client, ClientLimits). Since weight * value <= max_examples * max_abs_value <= 1e30 and
+// weight * norm <= max_examples * max_update_norm <= 1e30 (both checked at configuration; a QSGD
+// payload's unit is weight * norm / s), a float sum of 10^8 such terms stays finite.
 //
 // What the bounds guarantee is a finite aggregate and a cap on each client's pull: a client of
 // weight w_i moves the mean by at most (w_i / W) * max_update_norm. Whether that is "dominating"

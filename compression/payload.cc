@@ -39,7 +39,7 @@ FloatScan scanFloats(std::span<const float> v) {
   while (i + kLanes <= n) {
     uint32_t mb[kLanes] = {};
     float ss[kLanes] = {};
-    const size_t end = std::min(n - (n - i) % kLanes, i + kBlock);
+    const size_t begin = i, end = std::min(n - (n - i) % kLanes, i + kBlock);
     for (; i < end; i += kLanes) {
       for (size_t j = 0; j < kLanes; ++j) {
         uint32_t u;
@@ -49,9 +49,18 @@ FloatScan scanFloats(std::span<const float> v) {
         ss[j] += p[i + j] * p[i + j];
       }
     }
+    bool overflowed = false;
     for (size_t j = 0; j < kLanes; ++j) {
       s.max_bits = std::max(s.max_bits, mb[j]);
-      s.sq += ss[j];
+      overflowed |= !std::isfinite(ss[j]);
+    }
+    if (!overflowed) {
+      for (size_t j = 0; j < kLanes; ++j) s.sq += ss[j];
+    } else {
+      // Squares of finite values above about 1e18 overflow a float lane (issue 20: an honest
+      // update of such values read as an infinite norm, and was refused): this block again in
+      // double. (A non-finite value is caught through max_bits; its square does not matter.)
+      for (size_t k = begin; k < end; ++k) s.sq += static_cast<double>(p[k]) * p[k];
     }
   }
   for (; i < n; ++i) {
@@ -427,6 +436,9 @@ void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::spa
             BitReader r(q.packed.data());
             for (size_t i = 0; i < n; ++i) {
               const uint32_t field = r.get(bits);
+              // A zero level adds nothing, whatever the unit (0 * inf would be NaN; the bounds keep
+              // the unit finite, this keeps a zero a zero).
+              if ((field >> 1) == 0) continue;
               const float v = unit * static_cast<float>(field >> 1);
               o[i] += (field & 1u) ? -v : v;
             }

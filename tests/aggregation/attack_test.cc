@@ -25,11 +25,13 @@ struct Setup {
   std::shared_ptr<const ParamLayout> layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   std::unique_ptr<RoundScheme> scheme;
   std::unique_ptr<Round> round;
-  explicit Setup(const std::string& compressor, const std::string& rule = "fedavg") {
+  explicit Setup(const std::string& compressor, const std::string& rule = "fedavg",
+                 const ValidationBounds& bounds = {}) {
     RoundSchemeOptions o;
     o.compressor = compressor;
     o.rule = rule;
     o.run_seed = 3;
+    o.bounds = bounds;
     scheme = std::make_unique<RoundScheme>(layout, o);
     round = scheme->begin(1, scheme->initialCarry());
   }
@@ -112,6 +114,52 @@ TEST_CASE("attack: QSGD with a huge norm and every level zero", "[aggregation][a
   }
   CHECK(rejectedWith(s, u) == Errc::kNormTooLarge);
   finishesFinite(s, 2);
+}
+
+TEST_CASE("attack: QSGD at the largest norm and weight the bounds allow, every level zero", "[aggregation][attack]") {
+  // Issue 20: bounds of max_examples 1e9 and max_update_norm 1e30 passed validation, and one QSGD
+  // update of norm 9.9e29 with every level zero made the partial NaN (weight * norm overflowed,
+  // then 0 * inf), so finish() threw: one client killed the round, clipping or not. Such bounds
+  // are refused now (weight * norm must stay <= 1e30), and at the edge of what is allowed the
+  // update is accepted and the round finishes finite.
+  ValidationBounds bad;
+  bad.max_examples = 1'000'000'000;
+  bad.max_update_norm = 1e30;
+  CHECK_THROWS_WITH(Setup("qsgd", "fedavg", bad), Catch::Contains("max_examples * max_update_norm"));
+  for (const char* rule : {"fedavg", "fedavg:clip=1"}) {
+    INFO(rule);
+    ValidationBounds edge;
+    edge.max_examples = 1'000'000'000;
+    edge.max_update_norm = 1e21;  // 1e9 * 1e21 = 1e30: the largest product allowed
+    Setup s("qsgd", rule, edge);
+    Update u = s.honest(1, edge.max_examples);
+    for (auto& p : u.tensors) {
+      auto& q = std::get<Qsgd>(p);
+      q.norm = 0.99e21f;
+      std::fill(q.packed.begin(), q.packed.end(), 0);  // every level 0, every sign +
+    }
+    s.round->current().add(view(u));
+    CHECK(allFinite(s.buffer()));
+    finishesFinite(s, 2);
+  }
+}
+
+TEST_CASE("an honest update of values near 1e19 has a finite norm", "[aggregation][attack]") {
+  // Issue 20: the norm was summed in float lanes, so squares of values above about 1e18
+  // overflowed and an honest update read as an infinite norm (refused as too large).
+  ValidationBounds wide;
+  wide.max_examples = 100;
+  wide.max_abs_value = 1e20;
+  wide.max_update_norm = 1e26;
+  Setup d("none", "fedavg", wide);
+  Update v = d.honest(1, 2);
+  for (auto& x : std::get<DenseF32>(v.tensors[2]).values) x = 2e19f;  // 16,384 values: norm 2.56e21
+  d.round->current().add(view(v));
+  CHECK(d.round->current().accepted() == 1);
+  CHECK(allFinite(d.buffer()));
+  const PayloadStats st = validatePayload(view(v.tensors[2]), d.layout->tensors()[2]);
+  CHECK(std::isfinite(st.sq_norm));
+  CHECK(std::sqrt(st.sq_norm) == Approx(2e19 * std::sqrt(16384.0)).epsilon(1e-6));
 }
 
 TEST_CASE("attack: sign with a huge scale; dense values near FLT_MAX", "[aggregation][attack]") {
