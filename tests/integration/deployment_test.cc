@@ -271,9 +271,13 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   f.namedKey("agg-100", 100);
   f.namedKey("agg-101", 101);
   const int port = freePort(), p100 = freePort(), p101 = freePort();
+  // The root waits up to 60 s for both aggregators: each registers upstream only once its own two
+  // clients have, which under ASan on a loaded machine took longer than the 4 s it once waited
+  // (round 1 then went by unapplied and the test waited for it in vain). One round: a second
+  // would wait those 60 s for the killed aggregator.
   f.root("root", port, f.allowList("allow-root", {"agg-100", "agg-101"}),
-         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--sampling.wait_ms",
-          "4000", "--round.deadline_ms", "20000", "--state.metrics", f.path("metrics.jsonl"),
+         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--sampling.wait_ms",
+          "60000", "--round.deadline_ms", "20000", "--state.metrics", f.path("metrics.jsonl"),
           "--security.aggregator_ids", "100,101"});
   f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1"}), {"--aggregator.min_clients", "2"});
   f.aggregator(101, p101, port, f.allowList("allow-101", {"client-2", "client-3"}), {"--aggregator.min_clients", "2"});
@@ -290,7 +294,7 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   INFO(f.allLogs());
   REQUIRE(rc == 0);
   const auto lines = metricLines(f);
-  REQUIRE(lines.size() == 2);
+  REQUIRE(lines.size() == 1);
   CHECK(field(lines[0], "applied") == "true");
   CHECK(field(lines[0], "clients_completed") == "2");  // agg-100's two clients
   CHECK(field(lines[0], "clients_failed") == "1");     // agg-101
