@@ -83,6 +83,9 @@ int runServer(Config& c) {
   log->info("listening on {} | model {} ({} parameters, fingerprint {:x})", fleet.endpoint(), trainer->spec(),
             layout->numel(), layout->fingerprint());
   apps::installStopHandlers();
+  // SIGINT / SIGTERM end a wait or a phase within about 100 ms (server::Stopped), not when it
+  // times out, and the round in progress is left for the restart.
+  fleet.setStopFlag(&apps::stopFlag());
 
   if (aggregator) {
     server::AggregatorConfig ac;
@@ -112,7 +115,14 @@ int runServer(Config& c) {
   log->info("compressor {} | rule {} | server optimizer {} | downlink {} | {} rounds", engine.scheme().compressor().spec(),
             engine.scheme().rule().spec(), c.engine.server_opt, c.downlink, c.engine.rounds);
   while (!engine.done() && !apps::stopFlag().load()) {
-    const server::RoundRecord r = engine.runRound(fleet);
+    server::RoundRecord r;
+    try {
+      r = engine.runRound(fleet);
+    } catch (const server::Stopped&) {
+      log->info("stopped during round {}: it was not recorded and runs again when the server restarts{}",
+                engine.nextRound(), c.engine.checkpoint.empty() ? " (no state.checkpoint: from round 1)" : " from its checkpoint");
+      return 0;
+    }
     std::string acc = r.test_accuracy ? fmt::format("  test accuracy {:5.1f}%", 100 * *r.test_accuracy) : "";
     if (r.applied)
       log->info("round {:4}/{}  {} updates from {} of {} sampled  loss {:.4f}{}  up {:.1f} KB  down {:.1f} KB  {:.2f} s",

@@ -254,10 +254,12 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
         case pr::MessageKind::kWelcome: {
           const auto w = pr::decodeWelcome(r->bytes());
           if (w.client_id != s.config.client_id) failInput(Errc::kWrongSender, "a welcome for client ", w.client_id);
+          // Registrations queued during an outage come back as several welcomes: log the first.
+          if (!s.registered || s.session != w.session)
+            s.log->info("client {}: registered (session {:x})", s.config.client_id, w.session);
           s.registered = true;
           s.session = w.session;
           s.heartbeat_ms = w.heartbeat_ms;
-          s.log->info("client {}: registered (session {:x})", s.config.client_id, w.session);
           break;
         }
         case pr::MessageKind::kHeartbeat: {
@@ -273,7 +275,11 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
           const auto j = pr::decodeReject(r->bytes());
           ++stats_.rejects;
           if (j.kind == pr::RejectKind::kNotRegistered) {
-            s.registerNow(stats_);
+            // After a root restart every heartbeat queued during the outage draws one (issue 20:
+            // 7 to 9 registrations, each bringing the task and the update again): one
+            // registration in flight answers them all.
+            if (s.registered || Clock::now() - s.last_register >= milliseconds(s.config.register_retry_ms))
+              s.registerNow(stats_);
           } else if (j.kind == pr::RejectKind::kBusy) {
             // Nothing was wrong with the upload: send it again after a randomized backoff.
             if (!s.pending.empty() && !s.resend_at) {

@@ -205,7 +205,9 @@ struct EdgeAggregator::Impl {
         case pr::MessageKind::kReject: {
           const auto j = pr::decodeReject(r.bytes());
           if (j.kind == pr::RejectKind::kNotRegistered) {
-            registerUp();
+            // One registration in flight answers a burst of them (heartbeats queued while the
+            // upstream was down each draw one).
+            if (registered || Clock::now() - last_register >= milliseconds(config.register_retry_ms)) registerUp();
           } else if (j.kind == pr::RejectKind::kBusy) {
             if (!last_partial.empty() && !resend_at) {
               resend_at = Clock::now() + busy_backoff + milliseconds(std::rand() % (busy_backoff.count() + 1));
@@ -246,10 +248,15 @@ uint64_t EdgeAggregator::partialsSent() const { return impl_->partials; }
 
 bool EdgeAggregator::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
-  while (!stop.load()) {
-    s.fleet.service(milliseconds(20));  // clients' registrations and heartbeats (calls upkeep)
-    while (auto r = s.up.receive(milliseconds(0)))
-      if (s.handleUp(*r)) return true;
+  try {
+    while (!stop.load()) {
+      s.fleet.service(milliseconds(20));  // clients' registrations and heartbeats (calls upkeep)
+      while (auto r = s.up.receive(milliseconds(0)))
+        if (s.handleUp(*r)) return true;
+    }
+  } catch (const Stopped&) {
+    // The fleet was told to stop (its stop flag) in the middle of a relayed phase: the partial is
+    // not sent; the root gets it from nobody, as if this aggregator had been killed.
   }
   return false;
 }

@@ -127,6 +127,15 @@ struct EvalReport {
   }
 };
 
+// Thrown by a fleet's waiting calls (waitForClients, runPhase, evaluate) when its program was
+// asked to stop (SIGTERM): the round in progress is abandoned, not recorded. runRound lets it
+// through with nothing changed (no metrics line, the checkpoint's next round the same), so a
+// restart runs that round again and a graceful stop costs no configured round (issue 20).
+class Stopped : public Error {
+ public:
+  using Error::Error;
+};
+
 // The seam between the round engine and whatever reaches the clients.
 class Fleet {
  public:

@@ -129,7 +129,10 @@ void ZmqFleet::handle(const transport::Received& r) {
       socket_.send(r.peer, pr::encode(m));
       return;
     }
-    refuse("", r.error->code(), "from peer: " + std::string(r.error->what()));
+    // Every refusal is answered (docs/protocol.md) but a rate limit's: answering a flood would
+    // amplify it.
+    const bool rate = r.error->code() == Errc::kRateLimited;
+    refuse(rate ? std::string() : r.peer, r.error->code(), "from peer: " + std::string(r.error->what()));
     return;
   }
   const auto bytes = r.bytes();
@@ -192,18 +195,27 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   }
   auto [it, fresh] = clients_.try_emplace(m.client_id);
   Peer& p = it->second;
+  const bool same_connection = !fresh && p.routing == r.peer;
   if (!fresh && p.routing != r.peer) by_routing_.erase(p.routing);  // reconnected under a new routing id
   p.routing = r.peer;
   p.info = ClientInfo{m.client_id, m.role, m.num_examples, m.eval_examples, m.model_version};
   p.last_seen = Clock::now();
   by_routing_[r.peer] = m.client_id;
-  log_->info("{} {} registered ({} examples{})", m.role == pr::Role::kAggregator ? "aggregator" : "client", m.client_id,
-             m.num_examples, fresh ? "" : ", again");
+  if (!same_connection)
+    log_->info("{} {} registered ({} examples{})", m.role == pr::Role::kAggregator ? "aggregator" : "client",
+               m.client_id, m.num_examples, fresh ? "" : ", again");
   socket_.send(r.peer, pr::encode(pr::WelcomeMsg{m.client_id, session_, config_.heartbeat_ms,
                                                  config_.limits.max_message_bytes, config_.limits.chunk_bytes}));
-  // A client that restarted in the middle of its task gets the task again and carries on.
-  if (auto pend = pending_.find(m.client_id); pend != pending_.end() && phase_ && !pend->second.evaluate)
-    sendTask(p, pend->second.nonce);
+  // A client that restarted in the middle of its task (a new connection), or that could not apply
+  // it (it says which version it holds), gets the task again and carries on; a duplicate
+  // registration does not.
+  if (auto pend = pending_.find(m.client_id); pend != pending_.end() && phase_ && !pend->second.evaluate) {
+    Pending& q = pend->second;
+    if (!(same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) && sendTask(p, q.nonce)) {
+      q.sent_to = p.routing;
+      q.sent_version = p.info.model_version;
+    }
+  }
 }
 
 bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
@@ -311,7 +323,20 @@ void ZmqFleet::expireSilent() {
 }
 
 void ZmqFleet::poll(milliseconds timeout) {
+  if (stop_ && stop_->load()) STARLING_THROW(Stopped, "asked to stop");
   if (auto r = socket_.receive(std::clamp(timeout, milliseconds(0), milliseconds(100)))) handle(*r);
+  // Refused handshakes never reach receive(): say who knocked (issue 20: an unknown key left
+  // nothing in the log).
+  uint64_t dropped = 0;
+  for (const auto& z : socket_.takeRefusedHandshakes(&dropped)) {
+    ++refused_handshakes_;
+    log_->warn("refused a connection from {}: {}{}", z.address.empty() ? "an unknown address" : z.address, z.reason,
+               z.key.empty() ? "" : " (key " + z.key + "...)");
+  }
+  if (dropped) {
+    refused_handshakes_ += dropped;
+    log_->warn("refused {} more connections (not listed one by one)", dropped);
+  }
   if (idle_) idle_();
 }
 
@@ -357,7 +382,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
       continue;
     }
     pending_[c.id] = Pending{nonce, false, it->second.info.num_examples, it->second.info.eval_examples,
-                             it->second.info.role};
+                             it->second.info.role, it->second.routing, it->second.info.model_version};
   }
   const uint64_t refused_before = refusedTotal();
   const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
@@ -386,7 +411,7 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
     const uint64_t nonce = randomNonZero(rng);
     if (it != clients_.end() && sendTask(it->second, nonce))
       pending_[c.id] = Pending{nonce, true, it->second.info.num_examples, it->second.info.eval_examples,
-                               it->second.info.role};
+                               it->second.info.role, it->second.routing, it->second.info.model_version};
   }
   const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
   while (!pending_.empty() && Clock::now() < deadline) {

@@ -14,6 +14,7 @@
 // a Reject; it never changes the aggregate.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -62,6 +63,9 @@ class ZmqFleet final : public Fleet {
   // Called on every turn of the fleet's receive loops (about every 100 ms at most), on the
   // owning thread: an aggregator heartbeats its upstream from here while a phase runs.
   void setIdleHook(std::function<void()> hook) { idle_ = std::move(hook); }
+  // Once `*stop` is true, every receive loop (waiting for clients, a phase, an evaluation,
+  // service()) throws server::Stopped within about 100 ms instead of waiting out its timeout.
+  void setStopFlag(const std::atomic<bool>* stop) { stop_ = stop; }
 
   // Serves registrations and heartbeats for `timeout` outside a phase.
   void service(std::chrono::milliseconds timeout);
@@ -74,6 +78,8 @@ class ZmqFleet final : public Fleet {
   // Messages refused, by error code (core/input_error.h), for logs, metrics and tests.
   uint64_t refused(Errc code) const { return refused_[static_cast<size_t>(code)]; }
   uint64_t refusedTotal() const;
+  // CURVE handshakes refused (logged with the peer's address), over the fleet's life.
+  uint64_t refusedHandshakes() const { return refused_handshakes_; }
 
  private:
   struct Peer {
@@ -88,6 +94,11 @@ class ZmqFleet final : public Fleet {
     bool evaluate = false;
     uint64_t num_examples = 0, eval_examples = 0;
     protocol::Role role = protocol::Role::kClient;
+    // Where the task went last, and the model version the peer then held: a registration from the
+    // same connection at that version is a duplicate (queued during an outage), not a peer that
+    // lost its task, and does not get the task (and bring its update) again.
+    std::string sent_to;
+    uint64_t sent_version = 0;
   };
   struct Phase;  // the state of the phase being run
 
@@ -121,6 +132,8 @@ class ZmqFleet final : public Fleet {
   std::unordered_map<uint64_t, Expired> expired_;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
+  const std::atomic<bool>* stop_ = nullptr;
+  uint64_t refused_handshakes_ = 0;
   std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> refused_{};
 };
 

@@ -59,6 +59,7 @@ std::string Context::Impl::registerDomain(std::shared_ptr<const AllowList> allow
 void Context::Impl::unregisterDomain(const std::string& domain) {
   std::lock_guard lock(mu_);
   domains_.erase(domain);
+  refusals_.erase(domain);
 }
 
 std::shared_ptr<const AllowList> Context::Impl::lookup(const std::string& domain) {
@@ -73,6 +74,24 @@ void Context::Impl::stopZap() {
               zmq::send_flags::none);  // PAIR is connected: queued, never lost
   zap_.join();
   stop_.reset();
+}
+
+void Context::Impl::recordRefusal(const std::string& domain, Context::Refusal r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!domains_.count(domain)) return;  // nobody will ever take it
+  Refusals& q = refusals_[domain];
+  if (q.kept.size() < kMaxRefusals) q.kept.push_back(std::move(r));
+  else ++q.dropped;
+}
+
+std::vector<Context::Refusal> Context::Impl::takeRefusals(const std::string& domain, uint64_t* dropped) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = refusals_.find(domain);
+  if (dropped) *dropped = it == refusals_.end() ? 0 : it->second.dropped;
+  if (it == refusals_.end()) return {};
+  std::vector<Context::Refusal> out = std::move(it->second.kept);
+  refusals_.erase(it);
+  return out;
 }
 
 // Owns the REP socket at kZapEndpoint and a PAIR at kStopEndpoint. Any exception while handling
@@ -105,25 +124,42 @@ void Context::Impl::zapLoop(std::promise<void>* bound) {
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     std::vector<zmq::message_t> req;
     std::string request_id, status = "400", text = "not allowed", user;
+    std::string domain;
+    Context::Refusal why{"", "", "a malformed ZAP request"};
     try {
       (void)zmq::recv_multipart(*rep, std::back_inserter(req));
       // version, request id, domain, address, routing id, mechanism, credentials...
       if (req.size() >= 2) request_id = req[1].to_string();
+      if (req.size() >= 4) {
+        domain = req[2].to_string();
+        why.address = req[3].to_string();
+      }
       if (req.size() == 7 && req[0].to_string_view() == "1.0" &&
           req[5].to_string_view() == "CURVE") {
-        const auto allow = lookup(req[2].to_string());
-        const auto id = allow ? allow->find(req[6].to_string_view()) : std::nullopt;
+        static constexpr char kHex[] = "0123456789abcdef";
+        const auto key = req[6].to_string_view();
+        for (size_t i = 0; i < key.size() && i < 8; ++i) {
+          why.key += kHex[static_cast<unsigned char>(key[i]) >> 4];
+          why.key += kHex[static_cast<unsigned char>(key[i]) & 15];
+        }
+        const auto allow = lookup(domain);
+        const auto id = allow ? allow->find(key) : std::nullopt;
+        why.reason = allow ? "its CURVE public key is not on the allow-list" : "an unknown ZAP domain";
         if (id) {
           status = "200";
           text = "OK";
           user = std::to_string(*id);
         }
+      } else if (req.size() == 7) {
+        why.reason = "not a CURVE handshake (" + req[5].to_string() + ")";
       }
     } catch (...) {
       status = "500";
       text = "internal error";
+      why.reason = "an internal error of the ZAP handler";
     }
     (status == "200" ? admitted : refused).fetch_add(1);
+    if (status != "200" && !domain.empty()) recordRefusal(domain, std::move(why));
     try {
       std::vector<zmq::const_buffer> reply = {zmq::str_buffer("1.0"), zmq::buffer(request_id),
                                               zmq::buffer(status),    zmq::buffer(text),

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace starling::transport {
 
@@ -37,6 +38,12 @@ class Context {
   // CURVE, malformed request) and admitted.
   uint64_t zapRefused() const;
   uint64_t zapAdmitted() const;
+
+  // One refused handshake, for the server's log: the peer's address, the first bytes of the
+  // public key it presented (hex), and why.
+  struct Refusal {
+    std::string address, key, reason;
+  };
 
   // Internal to transport/: the zmq context (a zmq::context_t*) and the ZAP registry.
   struct Impl;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <future>
 #include <map>
+#include <vector>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,10 @@ struct Context::Impl {
   // The list of a domain, or null. Thread-safe (the ZAP thread calls it).
   std::shared_ptr<const AllowList> lookup(const std::string& domain);
   void stopZap();
+  // The refusals recorded for `domain` since the last call, oldest first (at most kMaxRefusals
+  // are kept per domain between calls; *dropped gets how many more there were). Thread-safe.
+  std::vector<Context::Refusal> takeRefusals(const std::string& domain, uint64_t* dropped);
+  static constexpr size_t kMaxRefusals = 64;
 
   zmq::context_t ctx;
   std::atomic<uint64_t> refused{0}, admitted{0};
@@ -32,6 +37,12 @@ struct Context::Impl {
   void zapLoop(std::promise<void>* bound);
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const AllowList>> domains_;  // guarded by mu_
+  struct Refusals {
+    std::vector<Context::Refusal> kept;
+    uint64_t dropped = 0;
+  };
+  std::map<std::string, Refusals> refusals_;  // guarded by mu_
+  void recordRefusal(const std::string& domain, Context::Refusal r);
   uint64_t next_domain_ = 0;                                         // guarded by mu_
   std::thread zap_;                                                  // started under mu_
   std::unique_ptr<zmq::socket_t>

@@ -78,6 +78,12 @@ void TransportLimits::validate() const {
 
 // ---------------------------------------------------------------- ServerSocket
 
+std::vector<Context::Refusal> ServerSocket::takeRefusedHandshakes(uint64_t* dropped) {
+  if (dropped) *dropped = 0;
+  if (zap_domain_.empty()) return {};
+  return context_.impl().takeRefusals(zap_domain_, dropped);
+}
+
 ServerSocket::ServerSocket(Context& context, const std::string& bind_endpoint,
                            SecurityConfig security, TransportLimits limits)
     : context_(context) {

@@ -152,6 +152,10 @@ class ServerSocket {
   bool send(const std::string& peer, std::span<const uint8_t> bytes);
   const TransportStats& stats() const;
   const TransportLimits& limits() const;
+  // CURVE handshakes refused since the last call (a key not on the allow-list, not CURVE), oldest
+  // first, at most 64; *dropped gets how many more. Nothing of them reaches receive(): the peer is
+  // never connected. Empty for an insecure socket.
+  std::vector<Context::Refusal> takeRefusedHandshakes(uint64_t* dropped = nullptr);
 
  private:
   void release();

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <zmq.hpp>
 
@@ -55,6 +56,19 @@ class Attacker {
 
   bool send(std::span<const uint8_t> bytes) {
     return sock_.send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none).has_value();
+  }
+  // One ZeroMQ message of two frames (Starling sends one frame per message).
+  bool sendTwoFrames(std::span<const uint8_t> a, std::span<const uint8_t> b) {
+    return sock_.send(zmq::buffer(a.data(), a.size()), zmq::send_flags::sndmore).has_value() &&
+           sock_.send(zmq::buffer(b.data(), b.size()), zmq::send_flags::none).has_value();
+  }
+  // Sends with `how` and waits for the Reject it earns; true when one with `code` came.
+  bool expectRejectOf(const std::function<void()>& how, Errc code, milliseconds timeout = milliseconds(3000)) {
+    const size_t before = rejects.size();
+    how();
+    pump(timeout, [&](pr::MessageKind k) { return k == pr::MessageKind::kReject && rejects.size() > before; });
+    if (rejects.size() == before) return false;
+    return rejects.back().code == static_cast<uint32_t>(code);
   }
 
   // Receives for up to `timeout`, heartbeating every 200 ms once welcomed, until `stop` holds for
@@ -236,11 +250,15 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
     CHECK(a.expectReject(bytes, Errc::kTruncated));
   }
   // 2. A frame over --net.max_message_bytes (within libzmq's slack, so the connection survives):
-  //    refused by the transport, unread; no Reject is sent for a transport refusal.
+  //    refused by the transport, unread, and answered (issue 20: transport refusals got no Reject).
   {
     std::vector<uint8_t> big(2'000'000 + 4096, 0x5a);
-    a.send(big);
-    a.pump(milliseconds(300));
+    CHECK(a.expectRejectOf([&] { a.send(big); }, Errc::kTooLarge));
+  }
+  // 2b. A message of two frames: refused by the transport, and answered.
+  {
+    const auto hb = pr::encode(pr::HeartbeatMsg{kAttackerId, a.session(), 0});
+    CHECK(a.expectRejectOf([&] { a.sendTwoFrames(hb, hb); }, Errc::kMalformed));
   }
   // 3. Garbage.
   {

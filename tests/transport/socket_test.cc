@@ -57,6 +57,16 @@ TEST_CASE("a client whose key is not on the allow-list gets nothing through", "[
   CHECK_FALSE(server.receive(1500ms));
   CHECK(waitRefused(server_ctx));
   CHECK(server_ctx.zapAdmitted() == 0);
+  // The refusal is there for the server's log, with who knocked and why (issue 20: an unknown key
+  // left nothing in the log).
+  uint64_t dropped = 1;
+  const auto refused = server.takeRefusedHandshakes(&dropped);
+  REQUIRE_FALSE(refused.empty());
+  CHECK(dropped == 0);
+  CHECK(refused[0].address == "127.0.0.1");
+  CHECK(refused[0].reason.find("not on the allow-list") != std::string::npos);
+  CHECK(refused[0].key.size() == 16);  // the first 8 bytes, in hex
+  CHECK(server.takeRefusedHandshakes().empty());  // taken once
 
   // The server still admits its client.
   ClientSocket client(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(),
