@@ -97,4 +97,23 @@ TEST_CASE("layout fingerprints match independently computed golden values", "[co
   CHECK(fuzz.fingerprint() == 0x916a1118591efa2dull);
 
   CHECK(ParamLayout().fingerprint() == 0xcbf29ce484222325ull);  // the empty layout: the basis
+
+  // docs/protocol.md's worked example and the deployed models' layouts, which a client written in
+  // another language checks its own implementation against (values from the same independent
+  // implementation, the Python function docs/protocol.md prints).
+  ParamLayout worked;
+  worked.add("w", {2, 3});
+  CHECK(worked.fingerprint() == 0x1c4b677b6e0bff4aull);  // after the first record
+  worked.add("b", {2});
+  CHECK(worked.fingerprint() == 0xd9a5f084920a75c8ull);
+  ParamLayout softmax;
+  softmax.add("fc.weight", {10, 784});
+  softmax.add("fc.bias", {10});
+  CHECK(softmax.fingerprint() == 0x041c75f26c40b566ull);
+  ParamLayout mlp;
+  mlp.add("fc1.weight", {128, 784});
+  mlp.add("fc1.bias", {128});
+  mlp.add("fc2.weight", {10, 128});
+  mlp.add("fc2.bias", {10});
+  CHECK(mlp.fingerprint() == 0x5340aa0c80dc3ae4ull);
 }
