@@ -3,6 +3,7 @@
 // error-feedback state (persisted in --state.file), and talks to a starling-server over ZeroMQ
 // with CurveZMQ. For the demo federation its data is one shard of Fashion-MNIST, chosen by its
 // id among --data.num_clients with the partitioner and seed the other clients use.
+#include <algorithm>
 #include <cstdio>
 
 #include "apps/common.h"
@@ -42,13 +43,34 @@ int runClient(const Config& c) {
   rc.delay_ms = c.delay_ms;
   rc.validate();
   STARLING_CHECK_ARG(c.id < c.num_clients, "client.id ", c.id, " must be below data.num_clients ", c.num_clients);
-  const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
-  const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
-  // Its training shard (the same split every client computes) and an IID share of the test set.
-  const auto shards = partitioner->split(train.labels, train.num_classes, c.num_clients, c.seed);
-  const auto eval_shards = data::makePartitioner("iid")->split(test.labels, test.num_classes, c.num_clients, c.seed);
+  // Its training shard (the same split every client computes, from the labels) and an IID share of
+  // the test set: only those examples are kept, never the whole data set (issue 20). A shard
+  // drawn with replacement may repeat an example: the file's example is kept once and the view
+  // names it as often as the shard does.
+  std::vector<size_t> train_shard, test_shard;
+  const auto shard = [&](const data::Partitioner& p, std::vector<size_t>& out) {
+    return [&p, &c, &out](const std::vector<uint8_t>& labels, uint32_t classes) {
+      out = p.split(labels, classes, c.num_clients, c.seed)[c.id];
+      return out;
+    };
+  };
+  const auto iid = data::makePartitioner("iid");
+  const data::Dataset train = data::loadFashionMnistSubset(c.data_dir, "train", shard(*partitioner, train_shard));
+  const data::Dataset test = data::loadFashionMnistSubset(c.data_dir, "t10k", shard(*iid, test_shard));
+  // The kept examples are the shard's distinct indices in file order: each shard index becomes its
+  // rank among them.
+  const auto positions = [](const std::vector<size_t>& s) {
+    std::vector<size_t> kept(s);
+    std::sort(kept.begin(), kept.end());
+    kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+    std::vector<size_t> at(s.size());
+    for (size_t i = 0; i < s.size(); ++i)
+      at[i] = static_cast<size_t>(std::lower_bound(kept.begin(), kept.end(), s[i]) - kept.begin());
+    return at;
+  };
+  const std::vector<size_t> train_idx = positions(train_shard), test_idx = positions(test_shard);
   auto trainer = client::makeTrainer(c.model, train.features(), train.num_classes);
-  const client::DataView tv{&train, shards[c.id]}, ev{&test, eval_shards[c.id]};
+  const client::DataView tv{&train, train_idx}, ev{&test, test_idx};
   log->info("model {} | {} training and {} test examples | server {}", trainer->spec(), tv.size(), ev.size(), c.server);
   transport::Context ctx;
   client::ClientRuntime runtime(ctx, rc, *trainer, tv, ev, log);

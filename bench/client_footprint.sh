@@ -6,12 +6,15 @@
 #      starling-server (softmax regression on Fashion-MNIST, 2 clients, ROUNDS rounds, insecure) and
 #      two starling-client processes; with an arm64 client, one of the two runs under
 #      `qemu-aarch64 -L /` (its figure includes the emulator's own memory).
-# Usage: bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]
+# SHARDS (default 2): the clients are shards 0 and 1 of that many (--data.num_clients); each holds
+# only its shard (and its share of the test set), so its memory follows 1 / SHARDS.
+# Usage: [SHARDS=N] bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]
 # Prints one `key value` per line.
 set -euo pipefail
 build=${1:?usage: bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]}
 arm=${2:-}
 rounds=${3:-5}
+shards=${SHARDS:-2}
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -46,7 +49,7 @@ run_client() {  # id, label, command...
   local id=$1 label=$2
   shift 2
   /usr/bin/time -v -o "$tmp/time-$label" "$@" "${common[@]}" --client.server "$ep" --client.id "$id" \
-    --data.num_clients 2 > "$tmp/client-$label.log" 2>&1
+    --data.num_clients "$shards" > "$tmp/client-$label.log" 2>&1
 }
 run_client 0 x86_64 "$tmp/client-x86" &
 c1=$!

@@ -151,85 +151,154 @@ std::pair<size_t, size_t> imageShape(const std::vector<size_t>& shape) {
 
 }  // namespace
 
-Dataset loadIdx(const std::string& images_path, const std::string& labels_path,
-                const IdxOptions& options) {
-  STARLING_CHECK_ARG(options.num_classes <= 256, "loadIdx: num_classes ", options.num_classes,
-                     " is more than 256 (labels are bytes)");
-  STARLING_CHECK_ARG(options.max_pixels <= kMaxIdxPixels, "loadIdx: max_pixels ",
-                     options.max_pixels, " is over the limit ", kMaxIdxPixels);
-  GzFile img(images_path), lbl(labels_path);
+namespace {
 
-  // Both headers first: every size is checked before any body byte is read.
-  const Header ih = readHeader(img, false);
-  const Header lh = readHeader(lbl, true);
-  const uint64_t n = ih.dims[0], n_labels = lh.dims[0];
-  const std::vector<uint64_t> example(ih.dims.begin() + 1, ih.dims.end());
-  if (n == 0) STARLING_THROW(IoError, images_path, ": the header announces 0 images");
-  // Each size is < 2^32 and the product is checked against the limit after every factor, so it
-  // cannot overflow 64 bits; n * features is checked by division.
-  uint64_t features = 1;
-  for (uint64_t d : example) {
-    if (d == 0)
-      STARLING_THROW(IoError, images_path, ": the header announces images of ", dimsText(example),
-                     " pixels");
-    features *= d;
-    if (features > kMaxIdxFeatures)
-      STARLING_THROW(IoError, images_path, ": the header announces images of ", dimsText(example),
-                     ", more than the limit of ", kMaxIdxFeatures, " values each");
+// Both files opened and both headers read and checked: every size is checked before any body byte
+// is read.
+struct Opened {
+  GzFile img, lbl;
+  Header ih, lh;
+  uint64_t n = 0, features = 0, values = 0;
+  std::vector<uint64_t> example;
+  Opened(const std::string& images_path, const std::string& labels_path, const IdxOptions& options)
+      : img(images_path), lbl(labels_path) {
+    STARLING_CHECK_ARG(options.num_classes <= 256, "loadIdx: num_classes ", options.num_classes,
+                       " is more than 256 (labels are bytes)");
+    STARLING_CHECK_ARG(options.max_pixels <= kMaxIdxPixels, "loadIdx: max_pixels ",
+                       options.max_pixels, " is over the limit ", kMaxIdxPixels);
+    ih = readHeader(img, false);
+    lh = readHeader(lbl, true);
+    n = ih.dims[0];
+    const uint64_t n_labels = lh.dims[0];
+    example.assign(ih.dims.begin() + 1, ih.dims.end());
+    if (n == 0) STARLING_THROW(IoError, images_path, ": the header announces 0 images");
+    // Each size is < 2^32 and the product is checked against the limit after every factor, so it
+    // cannot overflow 64 bits; n * features is checked by division.
+    features = 1;
+    for (uint64_t d : example) {
+      if (d == 0)
+        STARLING_THROW(IoError, images_path, ": the header announces images of ", dimsText(example),
+                       " pixels");
+      features *= d;
+      if (features > kMaxIdxFeatures)
+        STARLING_THROW(IoError, images_path, ": the header announces images of ", dimsText(example),
+                       ", more than the limit of ", kMaxIdxFeatures, " values each");
+    }
+    if (n > options.max_pixels / features)
+      STARLING_THROW(IoError, images_path, ": the header announces ", n, " images of ",
+                     dimsText(example), ", more than the limit of ", options.max_pixels,
+                     " values in all");
+    values = n * features;
+    if (values > std::numeric_limits<size_t>::max() / 8)
+      STARLING_THROW(IoError, images_path, ": ", values,
+                     " values do not fit this machine's address space");
+    if (n_labels != n)
+      STARLING_THROW(IoError, images_path, " announces ", n, " images but ", labels_path,
+                     " announces ", n_labels, " labels");
   }
-  if (n > options.max_pixels / features)
-    STARLING_THROW(IoError, images_path, ": the header announces ", n, " images of ",
-                   dimsText(example), ", more than the limit of ", options.max_pixels,
-                   " values in all");
-  const uint64_t values = n * features;
-  if (values > std::numeric_limits<size_t>::max() / 8)
-    STARLING_THROW(IoError, images_path, ": ", values,
-                   " values do not fit this machine's address space");
-  if (n_labels != n)
-    STARLING_THROW(IoError, images_path, " announces ", n, " images but ", labels_path,
-                   " announces ", n_labels, " labels");
 
-  const std::vector<uint8_t> raw =
-      readBody(img, values * ih.value_size, std::to_string(n) + " images");
-  img.expectEnd(values * ih.value_size);
-  const std::vector<uint8_t> raw_labels =
-      readBody(lbl, n * lh.value_size, std::to_string(n) + " labels");
-  lbl.expectEnd(n * lh.value_size);
-
-  Dataset d;
-  d.labels.resize(static_cast<size_t>(n));
-  for (size_t i = 0; i < d.labels.size(); ++i) {
-    const auto y = static_cast<int64_t>(valueAt(raw_labels, lh.type, i));  // integers: exact
-    if (y < 0)
-      STARLING_THROW(IoError, labels_path, ": label ", y, " of example ", i, " is negative");
-    if (options.num_classes != 0 && y >= options.num_classes)
-      STARLING_THROW(IoError, labels_path, ": label ", y, " of example ", i,
-                     " is not below the number of classes, ", options.num_classes);
-    if (y > 255)
-      STARLING_THROW(IoError, labels_path, ": label ", y, " of example ", i,
-                     " is above 255 (labels are bytes: at most 256 classes)");
-    d.labels[i] = static_cast<uint8_t>(y);
+  // Reads and checks every label; sets d's labels, num_classes and shape.
+  void readLabels(Dataset& d, const IdxOptions& options) {
+    const std::vector<uint8_t> raw_labels =
+        readBody(lbl, n * lh.value_size, std::to_string(n) + " labels");
+    lbl.expectEnd(n * lh.value_size);
+    d.labels.resize(static_cast<size_t>(n));
+    for (size_t i = 0; i < d.labels.size(); ++i) {
+      const auto y = static_cast<int64_t>(valueAt(raw_labels, lh.type, i));  // integers: exact
+      if (y < 0)
+        STARLING_THROW(IoError, lbl.path(), ": label ", y, " of example ", i, " is negative");
+      if (options.num_classes != 0 && y >= options.num_classes)
+        STARLING_THROW(IoError, lbl.path(), ": label ", y, " of example ", i,
+                       " is not below the number of classes, ", options.num_classes);
+      if (y > 255)
+        STARLING_THROW(IoError, lbl.path(), ": label ", y, " of example ", i,
+                       " is above 255 (labels are bytes: at most 256 classes)");
+      d.labels[i] = static_cast<uint8_t>(y);
+    }
+    const uint8_t top = *std::max_element(d.labels.begin(), d.labels.end());
+    d.num_classes = options.num_classes != 0 ? options.num_classes : uint32_t{top} + 1;
+    d.shape.assign(example.begin(), example.end());
+    std::tie(d.rows, d.cols) = imageShape(d.shape);
   }
-  const uint8_t top = *std::max_element(d.labels.begin(), d.labels.end());
-  d.num_classes = options.num_classes != 0 ? options.num_classes : uint32_t{top} + 1;
-  d.shape.assign(example.begin(), example.end());
-  std::tie(d.rows, d.cols) = imageShape(d.shape);
-  d.images.resize(static_cast<size_t>(values));  // now backed by bytes really read
-  if (ih.type == kUByte) {
-    for (size_t i = 0; i < d.images.size(); ++i) d.images[i] = static_cast<float>(raw[i]) / 255.0f;
-  } else {
-    for (size_t i = 0; i < d.images.size(); ++i) {
-      const double v = valueAt(raw, ih.type, i);
+
+  // Converts `count` values of a raw body (starting at raw[first value]) into out; `base` is the
+  // index of the first value in the whole file, for messages.
+  void convert(const std::vector<uint8_t>& raw, size_t first, size_t count, float* out, uint64_t base) {
+    if (ih.type == kUByte) {
+      for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(raw[first + i]) / 255.0f;
+      return;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const double v = valueAt(raw, ih.type, first + i);
       if (!std::isfinite(v) || std::fabs(v) > std::numeric_limits<float>::max())
-        STARLING_THROW(IoError, images_path, ": value ", v, " (example ", i / features,
-                       ", feature ", i % features, ") is not a finite float");
-      d.images[i] = static_cast<float>(v);
+        STARLING_THROW(IoError, img.path(), ": value ", v, " (example ", (base + i) / features,
+                       ", feature ", (base + i) % features, ") is not a finite float");
+      out[i] = static_cast<float>(v);
     }
   }
+};
+
+}  // namespace
+
+Dataset loadIdx(const std::string& images_path, const std::string& labels_path,
+                const IdxOptions& options) {
+  Opened f(images_path, labels_path, options);
+  const std::vector<uint8_t> raw =
+      readBody(f.img, f.values * f.ih.value_size, std::to_string(f.n) + " images");
+  f.img.expectEnd(f.values * f.ih.value_size);
+  Dataset d;
+  f.readLabels(d, options);
+  d.images.resize(static_cast<size_t>(f.values));  // now backed by bytes really read
+  f.convert(raw, 0, d.images.size(), d.images.data(), 0);
   return d;
 }
 
-Dataset loadFashionMnist(const std::string& dir, const std::string& split) {
+Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path, const ExampleSelector& select,
+                      const IdxOptions& options) {
+  STARLING_CHECK_ARG(static_cast<bool>(select), "loadIdxSubset: no selector");
+  Opened f(images_path, labels_path, options);
+  Dataset all;  // the labels only
+  f.readLabels(all, options);
+  std::vector<bool> keep(static_cast<size_t>(f.n), false);
+  for (size_t i : select(all.labels, all.num_classes)) {
+    STARLING_CHECK_ARG(i < keep.size(), "loadIdxSubset: example ", i, " picked from a file of ", f.n);
+    keep[i] = true;
+  }
+  Dataset d;
+  d.num_classes = all.num_classes;
+  d.shape = all.shape;
+  d.rows = all.rows;
+  d.cols = all.cols;
+  const size_t kept = static_cast<size_t>(std::count(keep.begin(), keep.end(), true));
+  d.labels.reserve(kept);
+  d.images.resize(kept * static_cast<size_t>(f.features));
+  // The images in blocks of whole rows: only kept rows are converted, the buffer is reused.
+  const size_t row_bytes = static_cast<size_t>(f.features * f.ih.value_size);
+  const size_t rows_per_block = std::max<size_t>(1, kReadChunk / row_bytes);
+  std::vector<uint8_t> buf;
+  size_t out = 0;
+  for (size_t first = 0; first < keep.size(); first += rows_per_block) {
+    const size_t rows = std::min(rows_per_block, keep.size() - first);
+    buf.resize(rows * row_bytes);
+    const size_t got = f.img.read(buf.data(), buf.size());
+    if (got < buf.size())
+      f.img.truncated(first * row_bytes + got, f.values * f.ih.value_size, std::to_string(f.n) + " images");
+    for (size_t r = 0; r < rows; ++r) {
+      if (!keep[first + r]) continue;
+      f.convert(buf, r * static_cast<size_t>(f.features), static_cast<size_t>(f.features),
+                d.images.data() + out * f.features, (first + r) * f.features);
+      d.labels.push_back(all.labels[first + r]);
+      ++out;
+    }
+  }
+  f.img.expectEnd(f.values * f.ih.value_size);
+  return d;
+}
+
+namespace {
+
+// The split's two files in `dir` (.gz or unpacked), or an IoError that says how to get them.
+std::pair<std::string, std::string> fashionMnistFiles(const std::string& dir, const std::string& split) {
   STARLING_CHECK_ARG(split == "train" || split == "t10k", "loadFashionMnist: split '", split,
                      "' is neither 'train' nor 't10k'");
   const auto find = [&](const std::string& base) {
@@ -245,13 +314,26 @@ Dataset loadFashionMnist(const std::string& dir, const std::string& split) {
         "in ",
         kDefaultFashionMnistDir, "), or pass --data-dir with the folder that holds ", base, ".gz");
   };
-  const std::string images = find(split + "-images-idx3-ubyte");
-  const std::string labels = find(split + "-labels-idx1-ubyte");
-  Dataset d = loadIdx(images, labels, IdxOptions{.num_classes = 10});
+  return {find(split + "-images-idx3-ubyte"), find(split + "-labels-idx1-ubyte")};
+}
+
+Dataset checkedFashionMnist(Dataset d, const std::string& images) {
   if (d.rows != 28 || d.cols != 28 || d.shape.size() != 2)
     STARLING_THROW(IoError, images, ": Fashion-MNIST images are 28x28, this file holds ", d.rows,
                    "x", d.cols);
   return d;
+}
+
+}  // namespace
+
+Dataset loadFashionMnist(const std::string& dir, const std::string& split) {
+  const auto [images, labels] = fashionMnistFiles(dir, split);
+  return checkedFashionMnist(loadIdx(images, labels, IdxOptions{.num_classes = 10}), images);
+}
+
+Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split, const ExampleSelector& select) {
+  const auto [images, labels] = fashionMnistFiles(dir, split);
+  return checkedFashionMnist(loadIdxSubset(images, labels, select, IdxOptions{.num_classes = 10}), images);
 }
 
 }  // namespace starling::data

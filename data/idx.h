@@ -20,6 +20,7 @@
 // a lying header costs no more memory than the file really holds.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,5 +70,19 @@ Dataset loadIdx(const std::string& images_path, const std::string& labels_path,
 // <split>-labels-idx1-ubyte.gz (unpacked copies without .gz are accepted too). 10 classes.
 // A missing file is an IoError that says how to get the data.
 Dataset loadFashionMnist(const std::string& dir, const std::string& split);
+
+// Picks the examples to keep from the whole file's labels and number of classes: indices, any
+// order, repeats allowed (they are kept once, in file order).
+using ExampleSelector = std::function<std::vector<size_t>(const std::vector<uint8_t>& labels, uint32_t num_classes)>;
+
+// loadIdx keeping only the examples `select` picks (a deployed client's shard): the labels are
+// read first, then the images are streamed and only the kept rows converted, so memory is the kept
+// examples plus a read buffer, never the whole file (issue 20: a client held all of
+// Fashion-MNIST, 240 MB, to cut a tenth of it). The result holds the kept examples in file order;
+// `num_classes` is the whole file's. Every check of loadIdx applies to the whole file (headers,
+// sizes, labels, values of every example read); an index out of range is an InvalidArgument.
+Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path, const ExampleSelector& select,
+                      const IdxOptions& options = {});
+Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split, const ExampleSelector& select);
 
 }  // namespace starling::data

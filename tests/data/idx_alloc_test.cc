@@ -38,3 +38,27 @@ TEST_CASE("a header that lies about its size costs no memory", "[data]") {
     CHECK(largest < (size_t{1} << 20));
   }
 }
+
+TEST_CASE("a subset costs memory for the examples it keeps, not for the whole file", "[data]") {
+  // Issue 20: a deployed client loaded all of Fashion-MNIST as floats (188 MB) to keep a tenth.
+  testing::TempDir dir;
+  const uint32_t n = 20000;  // 20,000 images of 28x28: 62.7 MB as floats
+  std::vector<uint8_t> pixels(size_t{n} * 784), labels(n);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 7);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>(i % 10);
+  testing::writeGzip(dir.file("img.gz"), testing::imageFileBytes(n, 28, 28, pixels));
+  testing::writePlain(dir.file("lbl"), testing::labelFileBytes(n, labels));
+  alloc::largest = 0;
+  alloc::bytes = 0;
+  const data::Dataset d = data::loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](const auto& l, uint32_t) {
+    std::vector<size_t> every_tenth;
+    for (size_t i = 0; i < l.size(); i += 10) every_tenth.push_back(i);
+    return every_tenth;
+  });
+  const long largest = alloc::largest.load(), bytes = alloc::bytes.load();
+  REQUIRE(d.size() == n / 10);
+  const long kept = static_cast<long>(d.images.size() * sizeof(float));  // 6.3 MB
+  CHECK(largest <= kept);                 // no allocation larger than the kept images
+  CHECK(bytes < 2 * kept + (4L << 20));   // all allocations together: the kept images, labels, buffers
+  CHECK(bytes < static_cast<long>(size_t{n} * 784 * sizeof(float)) / 4);  // far below the whole file
+}

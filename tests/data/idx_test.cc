@@ -83,6 +83,51 @@ TEST_CASE("IDX files round trip, plain and gzip", "[data]") {
   }
 }
 
+TEST_CASE("a subset holds exactly the picked examples of the whole file, once each, in file order", "[data]") {
+  // A deployed client's shard (issue 20): the same rows and labels the whole load has at those
+  // indices, whatever the file's compression and the order or repeats of the picks.
+  const SmallSet s;
+  TempDir dir;
+  testing::writeGzip(dir.file("img.gz"), s.imageBytes());
+  testing::writePlain(dir.file("lbl"), s.labelBytes());
+  const Dataset all = loadIdx(dir.file("img.gz"), dir.file("lbl"));
+  std::vector<uint8_t> seen_labels;
+  uint32_t seen_classes = 0;
+  const Dataset sub = loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [&](const std::vector<uint8_t>& l, uint32_t c) {
+    seen_labels = l;
+    seen_classes = c;
+    return std::vector<size_t>{4, 1, 4, 3};  // out of order, 4 twice
+  });
+  CHECK(seen_labels == all.labels);  // the selector sees every label
+  CHECK(seen_classes == all.num_classes);
+  CHECK(sub.num_classes == all.num_classes);
+  CHECK(sub.rows == all.rows);
+  CHECK(sub.cols == all.cols);
+  CHECK(sub.shape == all.shape);
+  const std::vector<size_t> want{1, 3, 4};
+  REQUIRE(sub.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    INFO("kept example " << k);
+    CHECK(sub.labels[k] == all.labels[want[k]]);
+    const auto row = [&](const Dataset& d, size_t i) {
+      return std::vector<float>(d.images.begin() + static_cast<ptrdiff_t>(i * d.features()),
+                                d.images.begin() + static_cast<ptrdiff_t>((i + 1) * d.features()));
+    };
+    CHECK(row(sub, k) == row(all, want[k]));
+  }
+  // Nothing picked: an empty data set of the file's shape; a pick past the file: InvalidArgument.
+  CHECK(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](auto&, auto) { return std::vector<size_t>{}; }).size() == 0);
+  CHECK_THROWS_MATCHING(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"),
+                                      [](auto&, auto) { return std::vector<size_t>{5}; }),
+                        InvalidArgument, Contains("example 5 picked from a file of 5"));
+  // The whole file is still checked: a truncated image body fails even when only its head is kept.
+  auto cut = s.imageBytes();
+  cut.resize(cut.size() - 3);
+  testing::writePlain(dir.file("cut"), cut);
+  CHECK_THROWS_MATCHING(loadIdxSubset(dir.file("cut"), dir.file("lbl"), [](auto&, auto) { return std::vector<size_t>{0}; }),
+                        IoError, Contains("truncated"));
+}
+
 TEST_CASE("a known number of classes is kept and enforced", "[data]") {
   const SmallSet s;
   TempDir dir;
