@@ -57,18 +57,8 @@ int runClient(const Config& c) {
   const auto iid = data::makePartitioner("iid");
   const data::Dataset train = data::loadFashionMnistSubset(c.data_dir, "train", shard(*partitioner, train_shard));
   const data::Dataset test = data::loadFashionMnistSubset(c.data_dir, "t10k", shard(*iid, test_shard));
-  // The kept examples are the shard's distinct indices in file order: each shard index becomes its
-  // rank among them.
-  const auto positions = [](const std::vector<size_t>& s) {
-    std::vector<size_t> kept(s);
-    std::sort(kept.begin(), kept.end());
-    kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
-    std::vector<size_t> at(s.size());
-    for (size_t i = 0; i < s.size(); ++i)
-      at[i] = static_cast<size_t>(std::lower_bound(kept.begin(), kept.end(), s[i]) - kept.begin());
-    return at;
-  };
-  const std::vector<size_t> train_idx = positions(train_shard), test_idx = positions(test_shard);
+  const std::vector<size_t> train_idx = data::subsetPositions(train_shard),
+                            test_idx = data::subsetPositions(test_shard);
   auto trainer = client::makeTrainer(c.model, train.features(), train.num_classes);
   const client::DataView tv{&train, train_idx}, ev{&test, test_idx};
   log->info("model {} | {} training and {} test examples | server {}", trainer->spec(), tv.size(), ev.size(), c.server);

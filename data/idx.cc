@@ -253,6 +253,16 @@ Dataset loadIdx(const std::string& images_path, const std::string& labels_path,
   return d;
 }
 
+std::vector<size_t> subsetPositions(const std::vector<size_t>& picks) {
+  std::vector<size_t> kept(picks);
+  std::sort(kept.begin(), kept.end());
+  kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+  std::vector<size_t> at(picks.size());
+  for (size_t i = 0; i < picks.size(); ++i)
+    at[i] = static_cast<size_t>(std::lower_bound(kept.begin(), kept.end(), picks[i]) - kept.begin());
+  return at;
+}
+
 Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path, const ExampleSelector& select,
                       const IdxOptions& options) {
   STARLING_CHECK_ARG(static_cast<bool>(select), "loadIdxSubset: no selector");

@@ -85,4 +85,9 @@ Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_
                       const IdxOptions& options = {});
 Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split, const ExampleSelector& select);
 
+// Where each pick landed in the subset loadIdxSubset kept for `picks` (its distinct indices in
+// file order): the view over the subset that names the same examples, in the same order and as
+// often, as `picks` did over the whole file.
+std::vector<size_t> subsetPositions(const std::vector<size_t>& picks);
+
 }  // namespace starling::data

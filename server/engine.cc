@@ -403,22 +403,29 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   rec.model_version = model_.version();
 
   if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) {
-    std::vector<ClientInfo> evaluators;
-    for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0), rec.round))
-      if (c.eval_examples > 0) evaluators.push_back(c);
-    if (!evaluators.empty()) {
-      protocol::TaskMsg eh = header;
-      eh.kind = protocol::TaskKind::kEvaluate;
-      eh.phase = 0;
-      eh.model_version = model_.version();
-      const compression::PhaseBroadcast none{config_.scheme.run_seed, rec.round, 0, nullptr};
-      const EvalReport ev = fleet.evaluate(PhaseTask{none, eh, model_, config_.downlink}, evaluators);
-      rec.downlink_bytes += ev.downlink_bytes;
-      rec.uplink_bytes += ev.uplink_bytes;
-      if (ev.examples > 0) {
-        rec.test_accuracy = ev.accuracy;
-        rec.test_loss = ev.loss;
+    try {
+      std::vector<ClientInfo> evaluators;
+      for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0), rec.round))
+        if (c.eval_examples > 0) evaluators.push_back(c);
+      if (!evaluators.empty()) {
+        protocol::TaskMsg eh = header;
+        eh.kind = protocol::TaskKind::kEvaluate;
+        eh.phase = 0;
+        eh.model_version = model_.version();
+        const compression::PhaseBroadcast none{config_.scheme.run_seed, rec.round, 0, nullptr};
+        const EvalReport ev = fleet.evaluate(PhaseTask{none, eh, model_, config_.downlink}, evaluators);
+        rec.downlink_bytes += ev.downlink_bytes;
+        rec.uplink_bytes += ev.uplink_bytes;
+        if (ev.examples > 0) {
+          rec.test_accuracy = ev.accuracy;
+          rec.test_loss = ev.loss;
+        }
       }
+    } catch (const Stopped&) {
+      // The round was applied: record it (without test metrics) before stopping, so that the
+      // checkpoint keeps it and a restart does not run it again.
+      finishRecord();
+      throw;
     }
   }
   return finishRecord();

@@ -128,9 +128,10 @@ struct EvalReport {
 };
 
 // Thrown by a fleet's waiting calls (waitForClients, runPhase, evaluate) when its program was
-// asked to stop (SIGTERM): the round in progress is abandoned, not recorded. runRound lets it
-// through with nothing changed (no metrics line, the checkpoint's next round the same), so a
-// restart runs that round again and a graceful stop costs no configured round (issue 20).
+// asked to stop (SIGTERM). Before the round is applied, runRound lets it through with nothing
+// changed (no metrics line, the checkpoint's next round the same), so a restart runs that round
+// again and a graceful stop costs no configured round (issue 20). During the evaluation after an
+// applied round, runRound records the round (without test metrics) and checkpoints it first.
 class Stopped : public Error {
  public:
   using Error::Error;

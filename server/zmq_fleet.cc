@@ -23,6 +23,17 @@ struct ZmqFleet::Phase {
   std::mt19937_64* rng = nullptr;
 };
 
+// Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
+// task still open closed (an answer to it is late).
+struct ZmqFleet::PhaseReset {
+  ZmqFleet* f;
+  ~PhaseReset() {
+    f->phase_ = nullptr;
+    for (const auto& [id, p] : f->pending_) f->expired_[id].add(p.nonce);
+    f->pending_.clear();
+  }
+};
+
 namespace {
 uint64_t randomNonZero(std::mt19937_64& rng) {
   uint64_t v = 0;
@@ -327,16 +338,30 @@ void ZmqFleet::poll(milliseconds timeout) {
   if (auto r = socket_.receive(std::clamp(timeout, milliseconds(0), milliseconds(100)))) handle(*r);
   // Refused handshakes never reach receive(): say who knocked (issue 20: an unknown key left
   // nothing in the log).
+  // At most kRefusalLines lines per kRefusalWindow, then one count for the rest of the window, so
+  // a flood of handshakes cannot flood the log.
   uint64_t dropped = 0;
+  const auto now = Clock::now();
+  if (now - refusal_window_ >= kRefusalWindow) {
+    if (refusals_unlisted_)
+      log_->warn("refused {} more connections in the last {} s (not listed one by one)", refusals_unlisted_,
+                 std::chrono::duration_cast<std::chrono::seconds>(kRefusalWindow).count());
+    refusal_window_ = now;
+    refusal_lines_ = 0;
+    refusals_unlisted_ = 0;
+  }
   for (const auto& z : socket_.takeRefusedHandshakes(&dropped)) {
     ++refused_handshakes_;
-    log_->warn("refused a connection from {}: {}{}", z.address.empty() ? "an unknown address" : z.address, z.reason,
-               z.key.empty() ? "" : " (key " + z.key + "...)");
+    if (refusal_lines_ < kRefusalLines) {
+      ++refusal_lines_;
+      log_->warn("refused a connection from {}: {}{}", z.address.empty() ? "an unknown address" : z.address,
+                 z.reason, z.key.empty() ? "" : " (key " + z.key + "...)");
+    } else {
+      ++refusals_unlisted_;
+    }
   }
-  if (dropped) {
-    refused_handshakes_ += dropped;
-    log_->warn("refused {} more connections (not listed one by one)", dropped);
-  }
+  refused_handshakes_ += dropped;
+  refusals_unlisted_ += dropped;
   if (idle_) idle_();
 }
 
@@ -366,14 +391,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
   ph.report = &report;
   phase_ = &ph;
   pending_.clear();
-  struct Reset {
-    ZmqFleet* f;
-    ~Reset() {
-      f->phase_ = nullptr;
-      for (const auto& [id, p] : f->pending_) f->expired_[id].add(p.nonce);
-      f->pending_.clear();
-    }
-  } reset{this};
+  PhaseReset reset{this};
   for (const ClientInfo& c : participants) {
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
@@ -406,6 +424,7 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
   ph.eval = &ev;
   phase_ = &ph;
   pending_.clear();
+  PhaseReset reset{this};  // also when Stopped (or anything) escapes
   for (const ClientInfo& c : participants) {
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
@@ -418,9 +437,6 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
     poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     expireSilent();
   }
-  for (const auto& [id, p] : pending_) expired_[id].add(p.nonce);
-  pending_.clear();
-  phase_ = nullptr;
   return ev;
 }
 

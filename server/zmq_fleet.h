@@ -101,6 +101,7 @@ class ZmqFleet final : public Fleet {
     uint64_t sent_version = 0;
   };
   struct Phase;  // the state of the phase being run
+  struct PhaseReset;
 
   void handle(const transport::Received& r);
   void handleRegister(const transport::Received& r);
@@ -134,6 +135,11 @@ class ZmqFleet final : public Fleet {
   std::function<void()> idle_;
   const std::atomic<bool>* stop_ = nullptr;
   uint64_t refused_handshakes_ = 0;
+  static constexpr size_t kRefusalLines = 10;
+  static constexpr std::chrono::seconds kRefusalWindow{10};
+  std::chrono::steady_clock::time_point refusal_window_{};
+  size_t refusal_lines_ = 0;
+  uint64_t refusals_unlisted_ = 0;
   std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> refused_{};
 };
 

@@ -1,5 +1,7 @@
 #include "transport/context.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -60,6 +62,9 @@ void Context::Impl::unregisterDomain(const std::string& domain) {
   std::lock_guard lock(mu_);
   domains_.erase(domain);
   refusals_.erase(domain);
+  const std::string prefix = domain + '\n';
+  for (auto it = handshakes_.lower_bound(prefix); it != handshakes_.end() && it->first.rfind(prefix, 0) == 0;)
+    it = handshakes_.erase(it);
 }
 
 std::shared_ptr<const AllowList> Context::Impl::lookup(const std::string& domain) {
@@ -74,6 +79,18 @@ void Context::Impl::stopZap() {
               zmq::send_flags::none);  // PAIR is connected: queued, never lost
   zap_.join();
   stop_.reset();
+}
+
+bool Context::Impl::takeHandshake(const std::string& domain, std::string_view key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  Bucket& b = handshakes_[domain + '\n' + std::string(key)];
+  if (b.last == std::chrono::steady_clock::time_point{}) b.tokens = kHandshakeBurst;
+  else b.tokens = std::min(kHandshakeBurst, b.tokens + kHandshakesPerSecond * std::chrono::duration<double>(now - b.last).count());
+  b.last = now;
+  if (b.tokens < 1.0) return false;
+  b.tokens -= 1.0;
+  return true;
 }
 
 void Context::Impl::recordRefusal(const std::string& domain, Context::Refusal r) {
@@ -145,7 +162,9 @@ void Context::Impl::zapLoop(std::promise<void>* bound) {
         const auto allow = lookup(domain);
         const auto id = allow ? allow->find(key) : std::nullopt;
         why.reason = allow ? "its CURVE public key is not on the allow-list" : "an unknown ZAP domain";
-        if (id) {
+        if (id && !takeHandshake(domain, key)) {
+          why.reason = "too many handshakes of one key (more than 20 at once or 5 a second)";
+        } else if (id) {
           status = "200";
           text = "OK";
           user = std::to_string(*id);

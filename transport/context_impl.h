@@ -2,7 +2,9 @@
 // Internal to transport/: what a Context holds (see context.h for the contract).
 #include <atomic>
 #include <future>
+#include <chrono>
 #include <map>
+#include <string_view>
 #include <vector>
 #include <memory>
 #include <mutex>
@@ -28,6 +30,7 @@ struct Context::Impl {
   // are kept per domain between calls; *dropped gets how many more there were). Thread-safe.
   std::vector<Context::Refusal> takeRefusals(const std::string& domain, uint64_t* dropped);
   static constexpr size_t kMaxRefusals = 64;
+  static constexpr double kHandshakeBurst = 20, kHandshakesPerSecond = 5;
 
   zmq::context_t ctx;
   std::atomic<uint64_t> refused{0}, admitted{0};
@@ -42,6 +45,15 @@ struct Context::Impl {
     uint64_t dropped = 0;
   };
   std::map<std::string, Refusals> refusals_;  // guarded by mu_
+  // Handshakes of each admitted key: a token bucket (kHandshakeBurst, refilled kHandshakesPerSecond)
+  // so that no key can probe routing ids by reconnecting fast (socket.h). Guarded by mu_; one
+  // entry per (domain, admitted key), dropped with the domain.
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point last{};
+  };
+  std::map<std::string, Bucket> handshakes_;
+  bool takeHandshake(const std::string& domain, std::string_view key);
   void recordRefusal(const std::string& domain, Context::Refusal r);
   uint64_t next_domain_ = 0;                                         // guarded by mu_
   std::thread zap_;                                                  // started under mu_

@@ -93,11 +93,16 @@ ServerSocket::ServerSocket(Context& context, const std::string& bind_endpoint,
   context.impl().live_sockets.fetch_add(1);
   try {
     core_->applyCommonOptions(security, true);
-    // No handover: a connection that claims a routing id already in use is dropped, so no peer
-    // can take over another's connection by naming its id (issue 20). Starling's own peers name
-    // none: ZeroMQ gives each connection an id that starts with a zero byte, which a peer cannot
-    // claim.
-    core_->sock.set(zmq::sockopt::router_handover, false);
+    // Handover: a connection naming a routing id in use takes it over. Without it libzmq parks
+    // such a connection unread, and every frame sent on it (up to the high-water mark, each up
+    // to the size limit) stays in memory for good: one admitted key could fill the server. The
+    // takeover of issue 20 is closed elsewhere: Starling's peers name no routing id, so theirs
+    // are ZeroMQ's own (a zero byte, then a counter from a random start), which an intruder must
+    // guess, and the ZAP handler rations each key's handshakes (context.cc), which makes guessing
+    // take far longer than any federation. A connection taken over anyway is known by its key:
+    // every message carries the authenticated id, and the server refuses messages on a client's
+    // routing id from another key.
+    core_->sock.set(zmq::sockopt::router_handover, true);
     core_->sock.set(zmq::sockopt::router_mandatory, true);
     if (!security.insecure) {
       zap_domain_ = context.impl().registerDomain(security.allow);  // the handler is bound first

@@ -125,11 +125,14 @@ namespace detail {
 class SocketCore;
 }
 
-// ROUTER, bound. Each connection has its own routing id: one ZeroMQ makes (a zero byte first,
-// which no peer can choose) unless the peer names one, and a connection naming an id already in
-// use is dropped (no ROUTER_HANDOVER), so no peer can take over another's connection, whatever
-// its key. A restarted client is a new connection with a new id; who it is, the protocol says
-// (Register, and under CURVE its key). Sending to an unknown or gone peer, or one whose queue is full, returns false
+// ROUTER, bound. Each connection has its own routing id: one ZeroMQ makes (a zero byte, then a
+// counter from a random start) unless the peer names one; a connection naming an id in use takes
+// it over (ROUTER_HANDOVER: the alternative, libzmq parking such a connection unread, lets one
+// peer hold unbounded memory). Starling's peers name none, so an intruder must guess an id, and
+// the ZAP handler rations each key's handshakes (20, then 5 a second), which makes that guessing
+// take far longer than a federation; under CURVE every message carries the authenticated id, so
+// a taken-over connection is known. A restarted client is a new connection with a new id; who it
+// is, the protocol says (Register, and under CURVE its key). Sending to an unknown or gone peer, or one whose queue is full, returns false
 // at once (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket; under
 // CURVE per authenticated key, so a key opening many connections shares one rate) drops a
 // frame before any decoding or reassembly, and reports it as an Errc::kRateLimited Received at
@@ -168,8 +171,8 @@ class ServerSocket {
 // reconnect_ivl_ms to reconnect_ivl_max_ms; heartbeats detect a dead server). Messages sent
 // before the connection is up are queued (up to send_hwm). `routing_id` (1..255 bytes, not
 // starting with a zero byte; empty, the default and what Starling's programs use: the server's
-// ZeroMQ picks one) names the connection on the server; the server drops a connection whose id
-// is in use, so a named id only risks being refused. One thread owns it (see the top of this file).
+// ZeroMQ picks one) names the connection on the server; a named id can be taken over by another
+// connection naming it, so a client should name none. One thread owns it (see the top of this file).
 class ClientSocket {
  public:
   ClientSocket(Context& context, const std::string& connect_endpoint, SecurityConfig security,

@@ -188,6 +188,13 @@ TEST_CASE("fit is reproducible from its stream and keeps no per-client state", "
   CHECK(p == a1);
 }
 
+TEST_CASE("the deployed models' layouts have the fingerprints docs/protocol.md gives", "[client]") {
+  // A client written in another language checks its fingerprint against these (values computed
+  // by the Python function docs/protocol.md prints, not by this code).
+  CHECK(makeTrainer("softmax", 784, 10)->layout().fingerprint() == 0x041c75f26c40b566ull);
+  CHECK(makeTrainer("mlp:hidden=128", 784, 10)->layout().fingerprint() == 0x5340aa0c80dc3ae4ull);
+}
+
 TEST_CASE("every Eigen trainer's results are functions of the values, not of where buffers lie",
           "[client]") {
   // Sizes that are no multiple of any vector width (4, 8, 16 floats), so a vectorised loop has a

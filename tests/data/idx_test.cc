@@ -115,6 +115,19 @@ TEST_CASE("a subset holds exactly the picked examples of the whole file, once ea
     };
     CHECK(row(sub, k) == row(all, want[k]));
   }
+  // A view through subsetPositions names, over the subset, exactly what the picks named over the
+  // whole file, in order and with the repeat.
+  const std::vector<size_t> picks{4, 1, 4, 3};
+  const std::vector<size_t> at = subsetPositions(picks);
+  REQUIRE(at.size() == picks.size());
+  for (size_t i = 0; i < picks.size(); ++i) {
+    INFO("pick " << i);
+    CHECK(sub.labels[at[i]] == all.labels[picks[i]]);
+    CHECK(std::equal(sub.images.begin() + static_cast<ptrdiff_t>(at[i] * sub.features()),
+                     sub.images.begin() + static_cast<ptrdiff_t>((at[i] + 1) * sub.features()),
+                     all.images.begin() + static_cast<ptrdiff_t>(picks[i] * all.features())));
+  }
+  CHECK(at == std::vector<size_t>{2, 0, 2, 1});
   // Nothing picked: an empty data set of the file's shape; a pick past the file: InvalidArgument.
   CHECK(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](auto&, auto) { return std::vector<size_t>{}; }).size() == 0);
   CHECK_THROWS_MATCHING(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"),

@@ -513,3 +513,75 @@ TEST_CASE("the evaluation's weighted mean stays finite at the largest losses and
   CHECK(sat.examples == UINT64_MAX);
   CHECK(std::isfinite(sat.loss));
 }
+
+namespace {
+
+// Forwards to an in-process fleet, or throws server::Stopped where told (as ZmqFleet does on
+// SIGTERM).
+class StoppingFleet final : public server::Fleet {
+ public:
+  enum class At { kNowhere, kWait, kPhase, kEvaluate };
+  explicit StoppingFleet(server::Fleet& inner) : inner_(inner) {}
+  At at = At::kNowhere;
+  std::vector<server::ClientInfo> waitForClients(size_t m, std::chrono::milliseconds t, uint64_t r) override {
+    if (at == At::kWait) STARLING_THROW(server::Stopped, "asked to stop");
+    return inner_.waitForClients(m, t, r);
+  }
+  server::PhaseReport runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> p, size_t target,
+                               aggregation::PhaseAggregator& agg) override {
+    if (at == At::kPhase) STARLING_THROW(server::Stopped, "asked to stop");
+    return inner_.runPhase(task, p, target, agg);
+  }
+  server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> p) override {
+    if (at == At::kEvaluate) STARLING_THROW(server::Stopped, "asked to stop");
+    return inner_.evaluate(task, p);
+  }
+  void finish(const std::string& reason) override { inner_.finish(reason); }
+
+ private:
+  server::Fleet& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("a stop before a round is applied records nothing; during its evaluation it keeps the round",
+          "[server]") {
+  // Issue 20: a graceful stop must cost no configured round, and must not lose one already applied.
+  World w;
+  TempDir dir;
+  server::EngineConfig cfg = w.config("topk:density=0.2", 4);
+  cfg.checkpoint = (dir.path / "ck.bin").string();
+  cfg.metrics = (dir.path / "metrics.jsonl").string();
+  cfg.eval_every = 1;
+  InProcFleet inner(*w.trainer, w.train, w.shards(6));
+  StoppingFleet fleet(inner);
+  server::RoundEngine engine(w.layout, cfg, w.init());
+  REQUIRE(engine.runRound(fleet).applied);
+  const auto lines = [&] {
+    std::ifstream f(cfg.metrics);
+    size_t n = 0;
+    for (std::string l; std::getline(f, l);) ++n;
+    return n;
+  };
+  const std::vector<uint8_t> ck1 = readFile(cfg.checkpoint, 1 << 24);
+  const auto model1 = modelOf(engine);
+  for (const auto at : {StoppingFleet::At::kWait, StoppingFleet::At::kPhase}) {
+    fleet.at = at;
+    CHECK_THROWS_AS(engine.runRound(fleet), server::Stopped);
+    CHECK(engine.nextRound() == 2);                            // round 2 not used up
+    CHECK(lines() == 1);                                       // nothing recorded
+    CHECK(readFile(cfg.checkpoint, 1 << 24) == ck1);           // the checkpoint as it was
+    CHECK(modelOf(engine) == model1);
+  }
+  // Stopped in round 2's evaluation, after its update was applied: round 2 is recorded and kept.
+  fleet.at = StoppingFleet::At::kEvaluate;
+  CHECK_THROWS_AS(engine.runRound(fleet), server::Stopped);
+  CHECK(engine.nextRound() == 3);
+  CHECK(lines() == 2);
+  CHECK(modelOf(engine) != model1);
+  // A restart from the checkpoint goes on at round 3 with round 2's model.
+  server::RoundEngine resumed(w.layout, cfg, w.init());
+  CHECK(resumed.resumed());
+  CHECK(resumed.nextRound() == 3);
+  CHECK(modelOf(resumed) == modelOf(engine));
+}
