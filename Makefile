@@ -2,7 +2,9 @@
 BUILD_DIR ?= build
 JOBS ?= 2
 
-.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel build-torch2 test-torch2
+.PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz \
+        fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
+        build-torch2 test-torch2
 
 all: build
 

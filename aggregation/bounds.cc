@@ -33,7 +33,8 @@ void ValidationBounds::validate() const {
   if (static_cast<double>(max_examples) * max_update_norm > 1e30)
     STARLING_THROW(ConfigError, "validation bounds: max_examples * max_update_norm = ",
                    static_cast<double>(max_examples) * max_update_norm,
-                   " exceeds 1e30; a weighted norm could overflow float (lower bounds.max_norm or bounds.max_examples)");
+                   " exceeds 1e30; a weighted norm could overflow float (lower bounds.max_norm or "
+                   "bounds.max_examples)");
   if (static_cast<double>(max_partial_count) * term > 1e36)
     STARLING_THROW(ConfigError, "validation bounds: max_partial_count * max_examples * max_abs_value exceeds 1e36");
 }

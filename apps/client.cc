@@ -55,8 +55,10 @@ int runClient(const Config& c) {
     };
   };
   const auto iid = data::makePartitioner("iid");
-  const data::Dataset train = data::loadFashionMnistSubset(c.data_dir, "train", shard(*partitioner, train_shard));
-  const data::Dataset test = data::loadFashionMnistSubset(c.data_dir, "t10k", shard(*iid, test_shard));
+  const data::Dataset train =
+      data::loadFashionMnistSubset(c.data_dir, "train", shard(*partitioner, train_shard));
+  const data::Dataset test =
+      data::loadFashionMnistSubset(c.data_dir, "t10k", shard(*iid, test_shard));
   const std::vector<size_t> train_idx = data::subsetPositions(train_shard),
                             test_idx = data::subsetPositions(test_shard);
   auto trainer = client::makeTrainer(c.model, train.features(), train.num_classes);

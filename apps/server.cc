@@ -119,8 +119,11 @@ int runServer(Config& c) {
     try {
       r = engine.runRound(fleet);
     } catch (const server::Stopped&) {
-      log->info("stopped during round {}: it was not recorded and runs again when the server restarts{}",
-                engine.nextRound(), c.engine.checkpoint.empty() ? " (no state.checkpoint: from round 1)" : " from its checkpoint");
+      log->info(
+          "stopped during round {}: it was not recorded and runs again when the server restarts{}",
+          engine.nextRound(),
+          c.engine.checkpoint.empty() ? " (no state.checkpoint: from round 1)"
+                                      : " from its checkpoint");
       return 0;
     }
     std::string acc = r.test_accuracy ? fmt::format("  test accuracy {:5.1f}%", 100 * *r.test_accuracy) : "";

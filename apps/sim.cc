@@ -123,17 +123,19 @@ int runSim(int argc, char** argv, Config& c) {
   // NCCL takes one rank per GPU, the local rank's (simulator/nccl_collectives.cc): workers sharing
   // a GPU, or pinned to one, need Gloo.
   if (c.backend == "nccl" && (c.workers_per_gpu > 1 || c.device.rfind("cuda:", 0) == 0))
-    STARLING_THROW(ConfigError, "sim.backend = nccl takes one worker per GPU (the GPU of its local rank): with ",
+    STARLING_THROW(ConfigError,
+                   "sim.backend = nccl takes one worker per GPU (the GPU of its local rank): with ",
                    c.workers_per_gpu > 1 ? "sim.workers_per_gpu > 1" : "sim.device = " + c.device,
                    " use sim.backend = gloo");
   std::vector<int> children;
   if (launch.world_size == 1 && c.workers > 1) {
     const int port = sim::freeLoopbackPort();
     // /proc/self/exe: this very binary, even if its file was replaced since it started.
-    children = sim::spawnLocalRanks("/proc/self/exe", std::vector<std::string>(argv + 1, argv + argc),
-                                    static_cast<int>(c.workers), port,
-                                    sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {},
-                                                      .argv0 = selfExe()});
+    children = sim::spawnLocalRanks(
+        "/proc/self/exe", std::vector<std::string>(argv + 1, argv + argc),
+        static_cast<int>(c.workers), port,
+        sim::SpawnOptions{
+            .first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = selfExe()});
     const int w = static_cast<int>(c.workers);
     launch = sim::LaunchInfo{0, w, 0, w, "127.0.0.1", port, "spawned"};
   }
@@ -169,12 +171,15 @@ int runSim(int argc, char** argv, Config& c) {
                      "' uses momentum (set momentum=0)");
   }
   if (lead) {
-    std::printf("starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d worker%s (%s, %s) on %s\n",
-                trainer->spec().c_str(), layout->numel(), static_cast<unsigned long long>(c.num_clients),
-                c.partition.c_str(), static_cast<unsigned long long>(c.clients_per_round),
-                c.engine.scheme.compressor.c_str(), c.engine.scheme.rule.c_str(), launch.world_size,
-                launch.world_size == 1 ? "" : "s", c.backend.c_str(), launch.source.c_str(),
-                device.cuda() ? (device.str() + (launch.world_size > 1 ? " (rank 0)" : "")).c_str() : "cpu");
+    std::printf(
+        "starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d "
+        "worker%s (%s, %s) on %s\n",
+        trainer->spec().c_str(), layout->numel(), static_cast<unsigned long long>(c.num_clients),
+        c.partition.c_str(), static_cast<unsigned long long>(c.clients_per_round),
+        c.engine.scheme.compressor.c_str(), c.engine.scheme.rule.c_str(), launch.world_size,
+        launch.world_size == 1 ? "" : "s", c.backend.c_str(), launch.source.c_str(),
+        device.cuda() ? (device.str() + (launch.world_size > 1 ? " (rank 0)" : "")).c_str()
+                      : "cpu");
     std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(), loaded.train_path.c_str(),
                 test ? (data::describe(*test) + " (" + loaded.test_path + ")").c_str() : "none");
     if (c.stats || !c.stats_file.empty()) {
@@ -281,10 +286,13 @@ int main(int argc, char** argv) {
   o.add("sim.backend", &c.backend, "collectives: gloo (CPU) or nccl (GPU builds)");
   o.add("sim.threads", &c.threads, "LibTorch threads per worker", 1, 256);
   o.add("sim.device", &c.device,
-        "where workers train: auto (a GPU when LibTorch sees one, else the CPU), cpu, cuda (each worker its GPU: "
+        "where workers train: auto (a GPU when LibTorch sees one, else the CPU), cpu, cuda (each "
+        "worker its GPU: "
         "local rank / sim.workers_per_gpu among CUDA_VISIBLE_DEVICES) or cuda:N. docs/gpu.md");
-  o.add("sim.workers_per_gpu", &c.workers_per_gpu,
-        "workers sharing one GPU (each its own model replica); must divide the workers on a machine", 1, 256);
+  o.add(
+      "sim.workers_per_gpu", &c.workers_per_gpu,
+      "workers sharing one GPU (each its own model replica); must divide the workers on a machine",
+      1, 256);
   o.add("sim.schedule", &c.schedule, "assigning clients to workers: lpt (by estimated cost) or round_robin");
   o.add("sim.sharded_step", &c.sharded_step,
         "global aggregation as reduce-scatter, server optimizer on each worker's shard, all-gather (else all-reduce "

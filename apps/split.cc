@@ -162,8 +162,9 @@ int runCloud(Config& c, split::SplitModel& sm) {
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   transport::Context ctx;
   split::SplitCloudServer server(ctx, cloud, cfg);
-  log->info("{}; serving on {} (up {}, down {}{}), the top part on {}", sm.describe(), server.endpoint(), c.train.up,
-            c.train.down, c.net.insecure ? ", INSECURE: no authentication or encryption" : ", CURVE",
+  log->info("{}; serving on {} (up {}, down {}{}), the top part on {}", sm.describe(),
+            server.endpoint(), c.train.up, c.train.down,
+            c.net.insecure ? ", INSECURE: no authentication or encryption" : ", CURVE",
             sm.cloudDevice().str());
   auto last = std::chrono::steady_clock::now();
   uint64_t last_steps = server.stats().steps;
@@ -265,9 +266,11 @@ int run(Config& c) {
   torch_trainer::Device device;
   if (c.role == "edge") {
     if (c.device.rfind("cuda", 0) == 0)
-      STARLING_THROW(ConfigError, "--device ", c.device, ": an edge device runs its part on the CPU; --device applies to "
+      STARLING_THROW(ConfigError, "--device ", c.device,
+                     ": an edge device runs its part on the CPU; --device applies to "
                      "--role cloud, inproc (the cloud's part) and pretrain");
-    if (c.device != "auto") torch_trainer::chooseDevice(c.device);  // refuses a setting that is none of them
+    if (c.device != "auto")
+      torch_trainer::chooseDevice(c.device);  // refuses a setting that is none of them
   } else {
     device = torch_trainer::chooseDevice(c.device);
     if (device.cuda()) torch_trainer::useReproducibleCuda();
@@ -370,7 +373,8 @@ int main(int argc, char** argv) {
         "pretrain (write the pre-trained model), inproc (edge and cloud in one process), cloud (serve the top part "
         "over ZeroMQ) or edge (fine-tune through a cloud)");
   o.add("device", &c.device,
-        "where the cloud's part (--role cloud, inproc) and pre-training compute: auto (a GPU when LibTorch sees one), "
+        "where the cloud's part (--role cloud, inproc) and pre-training compute: auto (a GPU when "
+        "LibTorch sees one), "
         "cpu, cuda or cuda:N; an edge's part runs on the CPU. docs/gpu.md");
   o.add("data.dir", &c.data_dir, "Fashion-MNIST's folder (Debian package dataset-fashion-mnist)");
   o.add("data.shift", &c.shift,

@@ -1,8 +1,8 @@
-// starling-bench: Google Benchmark over compression, aggregation and the Eigen trainers' fit, with the references each
-// target is compared against measured in the same run (memcpy of the same bytes, torch::topk on the
-// same input, the two Eigen matrix products of PowerSGD). After the run it prints the ratios to
-// stderr (stdout stays valid JSON with --benchmark_format=json) and, with --ratios_out=FILE, writes
-// them as JSON. docs/performance.md records them.
+// starling-bench: Google Benchmark over compression, aggregation and the Eigen trainers' fit, with
+// the references each target is compared against measured in the same run (memcpy of the same
+// bytes, torch::topk on the same input, the two Eigen matrix products of PowerSGD). After the run
+// it prints the ratios to stderr (stdout stays valid JSON with --benchmark_format=json) and, with
+// --ratios_out=FILE, writes them as JSON. docs/performance.md records them.
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -71,8 +71,9 @@ int main(int argc, char** argv) {
   // The Eigen trainers' fit against the model's bare forward/backward and SGD steps on the same
   // batches (what the trainer adds: shuffle, gather, the aligned working copy, checks).
   for (const char* spec : {"softmax", "mlp:hidden=128"})
-    ratios.push_back({std::string("client_fit_time_vs_bare/") + spec, std::string("client_fit/") + spec,
-                      std::string("client_fit_bare/") + spec, "no target: the trainer's overhead on the model's work"});
+    ratios.push_back({std::string("client_fit_time_vs_bare/") + spec,
+                      std::string("client_fit/") + spec, std::string("client_fit_bare/") + spec,
+                      "no target: the trainer's overhead on the model's work"});
 
   if (!starling::bench::reportRatios(rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();

@@ -31,7 +31,8 @@ const data::Dataset& fitData() {
     RngStream g(StreamKey{2026, 0, 0, StreamPurpose::kTest, 18});
     r.images.resize(kExamples * kFeatures);
     for (float& x : r.images) x = static_cast<float>(g.uniform());
-    for (size_t i = 0; i < kExamples; ++i) r.labels.push_back(static_cast<uint8_t>(g.below(kClasses)));
+    for (size_t i = 0; i < kExamples; ++i)
+      r.labels.push_back(static_cast<uint8_t>(g.below(kClasses)));
     return r;
   }();
   return d;
@@ -57,8 +58,8 @@ void registerFit(const std::string& spec) {
       RngStream rng(StreamKey{1, round++, 0, StreamPurpose::kTraining, 0});
       benchmark::DoNotOptimize(t->fit(p, client::DataView{&d, idx}, cfg, rng));
     }
-    st.counters["examples_per_s"] =
-        benchmark::Counter(static_cast<double>(kExamples), benchmark::Counter::kIsIterationInvariantRate);
+    st.counters["examples_per_s"] = benchmark::Counter(
+        static_cast<double>(kExamples), benchmark::Counter::kIsIterationInvariantRate);
   });
   benchmark::RegisterBenchmark(("client_fit_bare/" + spec).c_str(), [spec](benchmark::State& st) {
     const data::Dataset& d = fitData();
@@ -77,8 +78,8 @@ void registerFit(const std::string& spec) {
       }
       benchmark::DoNotOptimize(p.data());
     }
-    st.counters["examples_per_s"] =
-        benchmark::Counter(static_cast<double>(kExamples), benchmark::Counter::kIsIterationInvariantRate);
+    st.counters["examples_per_s"] = benchmark::Counter(
+        static_cast<double>(kExamples), benchmark::Counter::kIsIterationInvariantRate);
   });
 }
 

@@ -62,7 +62,8 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
   order_.assign(data.indices.begin(), data.indices.end());
   const auto diverged = [&](const std::string& what) {
     STARLING_THROW(DivergenceError, spec(), ": training diverged: ", what, " (learning rate ",
-                   cfg.lr, " too high for this model and data?); the parameters are left as they were");
+                   cfg.lr,
+                   " too high for this model and data?); the parameters are left as they were");
   };
 
   double loss_sum = 0;

@@ -58,7 +58,8 @@ struct ClientRuntime::Impl {
   std::optional<Clock::time_point> resend_at;
   milliseconds busy_backoff{200};
 
-  Impl(transport::Context& ctx, RuntimeConfig c, Trainer& t, DataView tr, DataView ev, std::shared_ptr<spdlog::logger> l)
+  Impl(transport::Context& ctx, RuntimeConfig c, Trainer& t, DataView tr, DataView ev,
+       std::shared_ptr<spdlog::logger> l)
       : config((c.validate(), std::move(c))),
         trainer(t),
         train(tr),
@@ -139,6 +140,7 @@ struct ClientRuntime::Impl {
   void heartbeatIfDue(RuntimeStats& stats) {
     if (!registered || Clock::now() - last_heartbeat < milliseconds(heartbeat_ms)) return;
     send(pr::encode(pr::HeartbeatMsg{config.client_id, session, stats.last_round}), stats);
+    log->debug("client {}: heartbeat sent", config.client_id);
     last_heartbeat = Clock::now();
   }
 
@@ -278,7 +280,8 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
             // After a root restart every heartbeat queued during the outage draws one (issue 20:
             // 7 to 9 registrations, each bringing the task and the update again): one
             // registration in flight answers them all.
-            if (s.registered || Clock::now() - s.last_register >= milliseconds(s.config.register_retry_ms))
+            if (s.registered ||
+                Clock::now() - s.last_register >= milliseconds(s.config.register_retry_ms))
               s.registerNow(stats_);
           } else if (j.kind == pr::RejectKind::kBusy) {
             // Nothing was wrong with the upload: send it again after a randomized backoff.

@@ -41,9 +41,9 @@ struct SimdAllocator {
   template <class U>
   SimdAllocator(const SimdAllocator<U>&) noexcept {}  // NOLINT: rebinding is implicit by design
   T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{kSimdAlign}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{kSimdAlign}));
   }
-  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t{kSimdAlign}); }
+  void deallocate(T* p, size_t) noexcept { ::operator delete (p, std::align_val_t{kSimdAlign}); }
   template <class U>
   bool operator==(const SimdAllocator<U>&) const noexcept {
     return true;

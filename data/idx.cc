@@ -223,7 +223,8 @@ struct Opened {
 
   // Converts `count` values of a raw body (starting at raw[first value]) into out; `base` is the
   // index of the first value in the whole file, for messages.
-  void convert(const std::vector<uint8_t>& raw, size_t first, size_t count, float* out, uint64_t base) {
+  void convert(const std::vector<uint8_t>& raw, size_t first, size_t count, float* out,
+               uint64_t base) {
     if (ih.type == kUByte) {
       for (size_t i = 0; i < count; ++i) out[i] = static_cast<float>(raw[first + i]) / 255.0f;
       return;
@@ -259,19 +260,21 @@ std::vector<size_t> subsetPositions(const std::vector<size_t>& picks) {
   kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
   std::vector<size_t> at(picks.size());
   for (size_t i = 0; i < picks.size(); ++i)
-    at[i] = static_cast<size_t>(std::lower_bound(kept.begin(), kept.end(), picks[i]) - kept.begin());
+    at[i] =
+        static_cast<size_t>(std::lower_bound(kept.begin(), kept.end(), picks[i]) - kept.begin());
   return at;
 }
 
-Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path, const ExampleSelector& select,
-                      const IdxOptions& options) {
+Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path,
+                      const ExampleSelector& select, const IdxOptions& options) {
   STARLING_CHECK_ARG(static_cast<bool>(select), "loadIdxSubset: no selector");
   Opened f(images_path, labels_path, options);
   Dataset all;  // the labels only
   f.readLabels(all, options);
   std::vector<bool> keep(static_cast<size_t>(f.n), false);
   for (size_t i : select(all.labels, all.num_classes)) {
-    STARLING_CHECK_ARG(i < keep.size(), "loadIdxSubset: example ", i, " picked from a file of ", f.n);
+    STARLING_CHECK_ARG(i < keep.size(), "loadIdxSubset: example ", i, " picked from a file of ",
+                       f.n);
     keep[i] = true;
   }
   Dataset d;
@@ -292,7 +295,8 @@ Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_
     buf.resize(rows * row_bytes);
     const size_t got = f.img.read(buf.data(), buf.size());
     if (got < buf.size())
-      f.img.truncated(first * row_bytes + got, f.values * f.ih.value_size, std::to_string(f.n) + " images");
+      f.img.truncated(first * row_bytes + got, f.values * f.ih.value_size,
+                      std::to_string(f.n) + " images");
     for (size_t r = 0; r < rows; ++r) {
       if (!keep[first + r]) continue;
       f.convert(buf, r * static_cast<size_t>(f.features), static_cast<size_t>(f.features),
@@ -308,7 +312,8 @@ Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_
 namespace {
 
 // The split's two files in `dir` (.gz or unpacked), or an IoError that says how to get them.
-std::pair<std::string, std::string> fashionMnistFiles(const std::string& dir, const std::string& split) {
+std::pair<std::string, std::string> fashionMnistFiles(const std::string& dir,
+                                                      const std::string& split) {
   STARLING_CHECK_ARG(split == "train" || split == "t10k", "loadFashionMnist: split '", split,
                      "' is neither 'train' nor 't10k'");
   const auto find = [&](const std::string& base) {
@@ -341,9 +346,11 @@ Dataset loadFashionMnist(const std::string& dir, const std::string& split) {
   return checkedFashionMnist(loadIdx(images, labels, IdxOptions{.num_classes = 10}), images);
 }
 
-Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split, const ExampleSelector& select) {
+Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split,
+                               const ExampleSelector& select) {
   const auto [images, labels] = fashionMnistFiles(dir, split);
-  return checkedFashionMnist(loadIdxSubset(images, labels, select, IdxOptions{.num_classes = 10}), images);
+  return checkedFashionMnist(loadIdxSubset(images, labels, select, IdxOptions{.num_classes = 10}),
+                             images);
 }
 
 }  // namespace starling::data

@@ -73,7 +73,8 @@ Dataset loadFashionMnist(const std::string& dir, const std::string& split);
 
 // Picks the examples to keep from the whole file's labels and number of classes: indices, any
 // order, repeats allowed (they are kept once, in file order).
-using ExampleSelector = std::function<std::vector<size_t>(const std::vector<uint8_t>& labels, uint32_t num_classes)>;
+using ExampleSelector =
+    std::function<std::vector<size_t>(const std::vector<uint8_t>& labels, uint32_t num_classes)>;
 
 // loadIdx keeping only the examples `select` picks (a deployed client's shard): the labels are
 // read first, then the images are streamed and only the kept rows converted, so memory is the kept
@@ -81,9 +82,10 @@ using ExampleSelector = std::function<std::vector<size_t>(const std::vector<uint
 // Fashion-MNIST, 240 MB, to cut a tenth of it). The result holds the kept examples in file order;
 // `num_classes` is the whole file's. Every check of loadIdx applies to the whole file (headers,
 // sizes, labels, values of every example read); an index out of range is an InvalidArgument.
-Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path, const ExampleSelector& select,
-                      const IdxOptions& options = {});
-Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split, const ExampleSelector& select);
+Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_path,
+                      const ExampleSelector& select, const IdxOptions& options = {});
+Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split,
+                               const ExampleSelector& select);
 
 // Where each pick landed in the subset loadIdxSubset kept for `picks` (its distinct indices in
 // file order): the view over the subset that names the same examples, in the same order and as

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# `make build-torch2` / `make test-torch2`: the whole project against a PyTorch wheel's CUDA LibTorch
-# (scripts/torch-wheel.sh) in build-torch2/, and with `--test` the LibTorch-dependent tests (ctest
-# labels torch and gpu; the GPU ones report Skipped without a GPU). Fails, rather than building
-# against Debian's LibTorch, when the wheel could not be installed or its LibTorch has no CUDA.
+# `make build-torch2` / `make test-torch2`: the whole project against a PyTorch wheel's CUDA
+# LibTorch (scripts/torch-wheel.sh) in build-torch2/, and with `--test` the LibTorch-dependent tests
+# (ctest labels torch and gpu; the GPU ones report Skipped without a GPU). Fails, rather than
+# building against Debian's LibTorch, when the wheel could not be installed or its LibTorch has no
+# CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${TORCH2_BUILD_DIR:-build-torch2}
@@ -14,7 +15,8 @@ if [[ ! -f "$prefix/Torch/TorchConfig.cmake" ]]; then
   exit 1
 fi
 # A folder made against another LibTorch starts over (its cache holds that LibTorch's libraries).
-if [[ -f "$build/CMakeCache.txt" ]] && ! grep -qxF "Torch_DIR:PATH=$prefix/Torch" "$build/CMakeCache.txt"; then
+if [[ -f "$build/CMakeCache.txt" ]] &&
+    ! grep -qxF "Torch_DIR:PATH=$prefix/Torch" "$build/CMakeCache.txt"; then
   echo "build-torch2: $build was configured against another LibTorch; starting it over" >&2
   rm -rf "$build"
 fi
@@ -24,7 +26,8 @@ else
   cmake "$build" > /dev/null  # picks up CMakeLists.txt changes before the cache is read below
 fi
 if ! grep -qxF "STARLING_TORCH_CUDA_CACHED:INTERNAL=ON" "$build/CMakeCache.txt"; then
-  echo "build-torch2: $build was not configured against a CUDA LibTorch (see its CMakeCache.txt)" >&2
+  echo "build-torch2: $build was not configured against a CUDA LibTorch" \
+    "(see its CMakeCache.txt)" >&2
   exit 1
 fi
 cmake --build "$build" -j "$jobs"

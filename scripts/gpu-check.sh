@@ -38,13 +38,15 @@ torch_info=$("$python" -W ignore -c '
 import json, torch, torch.utils
 cuda = torch.cuda.is_available()
 print(json.dumps({"torch": torch.__version__, "cuda_build": torch.version.cuda,
-                  "cmake_prefix": torch.utils.cmake_prefix_path, "gpus": torch.cuda.device_count() if cuda else 0,
+                  "cmake_prefix": torch.utils.cmake_prefix_path,
+                  "gpus": torch.cuda.device_count() if cuda else 0,
                   "gpu": torch.cuda.get_device_name(0) if cuda else None}))' 2>/dev/null) || {
   log "no PyTorch for $python (pip install torch, or set STARLING_PYTHON)"
   echo '{"ok": false, "reason": "no PyTorch"}' > "$summary"
   exit 2
 }
-torch_prefix=$("$python" -c "import json,sys; print(json.loads(sys.argv[1])['cmake_prefix'])" "$torch_info")
+torch_prefix=$("$python" -c "import json,sys; print(json.loads(sys.argv[1])['cmake_prefix'])" \
+  "$torch_info")
 log "PyTorch: $torch_info"
 
 deps="$root/.gpu-deps/prefix"
@@ -82,8 +84,9 @@ t0=$(date +%s)
 # STARLING_GPU_CHECK_CMAKE_ARGS: more -D options (for instance -DCMAKE_IGNORE_PREFIX_PATH=/usr, to
 # try on the development machine that nothing is taken from its Debian packages).
 # shellcheck disable=SC2086
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$cmake_prefix" \
-    -DSTARLING_CUDA=ON -DSTARLING_BUILD_TESTS=ON "${deps_args[@]}" ${STARLING_GPU_CHECK_CMAKE_ARGS:-} \
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$cmake_prefix" -DSTARLING_CUDA=ON -DSTARLING_BUILD_TESTS=ON \
+    "${deps_args[@]}" ${STARLING_GPU_CHECK_CMAKE_ARGS:-} \
     > "$out/configure.log" 2>&1; then
   tail -30 "$out/configure.log" >&2
   echo '{"ok": false, "reason": "configure failed", "log": "configure.log"}' > "$summary"
@@ -107,15 +110,18 @@ timeout 120 ctest --test-dir "$build" -R '^test_torch_trainer:' > "$out/ctest-tr
 trainer_rc=$?
 tests_s=$(( $(date +%s) - t0 ))
 summarize() {
-  "$python" - "$summary" "$out" "$torch_info" "$ctest_rc" "$trainer_rc" "$build_s" "$tests_s" "$t_start" "$1" \
+  "$python" - "$summary" "$out" "$torch_info" "$ctest_rc" "$trainer_rc" "$build_s" "$tests_s" \
+    "$t_start" "$1" \
     <<'PY' || echo '{"ok": false, "reason": "the summary could not be written"}' > "$summary"
 import json, os, re, sys, time
 summary, out, torch_info, ctest_rc, trainer_rc, build_s, tests_s, t_start, stage = sys.argv[1:]
 log = open(os.path.join(out, "ctest-gpu.log"), errors="replace").read()
 tests = {"passed": [], "failed": [], "skipped": []}
-for m in re.finditer(r"Test\s+#\d+: (\S+.*?) \.+\s*(\*\*\*)?(Passed|Failed|Skipped|Not Run|Exception|Timeout)", log):
+for m in re.finditer(r"Test\s+#\d+: (\S+.*?) \.+\s*(\*\*\*)?"
+                     r"(Passed|Failed|Skipped|Not Run|Exception|Timeout)", log):
     state = m.group(3)
-    tests["passed" if state == "Passed" else "skipped" if state in ("Skipped", "Not Run") else "failed"].append(m.group(1).strip())
+    tests["passed" if state == "Passed" else "skipped" if state in ("Skipped", "Not Run")
+          else "failed"].append(m.group(1).strip())
 def read_json(path):
     try:
         return json.load(open(path))
@@ -132,7 +138,8 @@ def read_jsonl(path):
 bench = {}
 py = read_json(os.path.join(out, "bench", "python_cuda.json"))
 if py:
-    bench["python_fedavg_cuda"] = {k: py.get(k) for k in ("clients_per_s", "steady_clients_per_s", "test_accuracy", "torch")}
+    bench["python_fedavg_cuda"] = {k: py.get(k) for k in ("clients_per_s", "steady_clients_per_s",
+                                                          "test_accuracy", "torch")}
 for w in (1, 2, 4):
     path = os.path.join(out, "bench", f"sim_w{w}.jsonl")
     if not os.path.exists(path):
@@ -144,15 +151,19 @@ for w in (1, 2, 4):
     clients = sum(r.get("clients_completed", 0) for r in timed)
     wall = sum(r["wall_seconds"] for r in timed)
     acc = [r["test_accuracy"] for r in rounds if r.get("test_accuracy") is not None]
-    bench[f"starling_sim_cuda_w{w}"] = {"workers_per_gpu": w, "clients_per_s": clients / wall if wall else None,
-                                        "rounds_timed": len(timed), "test_accuracy": acc[-1] if acc else None}
-py_rate = (bench.get("python_fedavg_cuda") or {}).get("steady_clients_per_s") or (bench.get("python_fedavg_cuda") or {}).get("clients_per_s")
+    bench[f"starling_sim_cuda_w{w}"] = {"workers_per_gpu": w,
+                                        "clients_per_s": clients / wall if wall else None,
+                                        "rounds_timed": len(timed),
+                                        "test_accuracy": acc[-1] if acc else None}
+py_rate = ((bench.get("python_fedavg_cuda") or {}).get("steady_clients_per_s")
+           or (bench.get("python_fedavg_cuda") or {}).get("clients_per_s"))
 ratios = {}
 for k, v in bench.items():
     if k.startswith("starling_sim") and v.get("clients_per_s") and py_rate:
         ratios[k + "_over_python"] = v["clients_per_s"] / py_rate
 result = {
-    "ok": ctest_rc == "0" and trainer_rc == "0" and not tests["failed"] and not tests["skipped"] and bool(tests["passed"]),
+    "ok": (ctest_rc == "0" and trainer_rc == "0" and not tests["failed"] and not tests["skipped"]
+           and bool(tests["passed"])),
     "stage": stage,
     "torch": json.loads(torch_info),
     "gpu_tests": {k: len(v) for k, v in tests.items()},
@@ -160,7 +171,8 @@ result = {
     "ctest_exit": int(ctest_rc),
     "trainer_tests_on_this_libtorch": "passed" if trainer_rc == "0" else "failed",
     "benchmarks": bench, "ratios": ratios,
-    "seconds": {"build": int(build_s), "tests": int(tests_s), "total": int(time.time()) - int(t_start)},
+    "seconds": {"build": int(build_s), "tests": int(tests_s),
+                "total": int(time.time()) - int(t_start)},
 }
 json.dump(result, open(summary, "w"), indent=2)
 print(json.dumps(result, indent=2))
@@ -175,20 +187,26 @@ gpus=$("$python" -c "import json,sys; print(json.loads(sys.argv[1])['gpus'])" "$
 if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   log "benchmarks on Fashion-MNIST from $data_dir"
   if (( $(left) > 60 )); then
-    timeout 90 "$python" -W ignore bench/baselines/fedavg_loop.py --data-dir "$data_dir" --device cuda --rounds 6 \
-      > "$bench_json/python_cuda.json" 2> "$bench_json/python_cuda.err" || log "the PyTorch loop failed"
+    timeout 90 "$python" -W ignore bench/baselines/fedavg_loop.py --data-dir "$data_dir" \
+      --device cuda --rounds 6 \
+      > "$bench_json/python_cuda.json" 2> "$bench_json/python_cuda.err" \
+      || log "the PyTorch loop failed"
   fi
   for w in 1 2 4; do
     if (( $(left) < 60 )); then log "no time left for starling-sim with $w workers"; continue; fi
     rm -f "$bench_json/sim_w$w.jsonl"
-    timeout 90 "$build/bin/starling-sim" --config bench/baselines/speed.toml --data.dir "$data_dir" \
-      --sim.device cuda --sim.workers "$w" --sim.workers_per_gpu "$w" --state.metrics "$bench_json/sim_w$w.jsonl" \
-      > "$bench_json/sim_w$w.out" 2>&1 || log "starling-sim with $w workers on one GPU failed (sim_w$w.out)"
+    timeout 90 "$build/bin/starling-sim" --config bench/baselines/speed.toml \
+      --data.dir "$data_dir" --sim.device cuda --sim.workers "$w" --sim.workers_per_gpu "$w" \
+      --state.metrics "$bench_json/sim_w$w.jsonl" \
+      > "$bench_json/sim_w$w.out" 2>&1 \
+      || log "starling-sim with $w workers on one GPU failed (sim_w$w.out)"
   done
 fi
 
 # ---- summary ----
 summarize benchmarks
-status=$("$python" -c "import json,sys; d=json.load(open(sys.argv[1])); print(0 if d['ok'] else (2 if d.get('torch', {}).get('gpus', 0) == 0 else 1))" "$summary" 2>/dev/null)
+status_py="import json,sys; d=json.load(open(sys.argv[1]));"
+status_py+=" print(0 if d['ok'] else (2 if d.get('torch', {}).get('gpus', 0) == 0 else 1))"
+status=$("$python" -c "$status_py" "$summary" 2>/dev/null)
 log "summary in $summary"
 exit "${status:-1}"

@@ -40,7 +40,8 @@ PACKAGES=(
 )
 
 if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then
-  echo "gpu-deps: needs apt-get and dpkg (run it on the Debian development machine, then carry $dest)" >&2
+  echo "gpu-deps: needs apt-get and dpkg (run it on the Debian development machine," \
+    "then carry $dest)" >&2
   exit 1
 fi
 
@@ -48,7 +49,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "gpu-deps: downloading ${#PACKAGES[@]} Debian packages"
 # apt-get download writes into the current folder; as root it warns that _apt cannot write there.
-(cd "$work" && apt-get download -q "${PACKAGES[@]}" 2>&1 | { grep -v "unsandboxed" || true; } >&2) || {
+(cd "$work" &&
+   apt-get download -q "${PACKAGES[@]}" 2>&1 | { grep -v "unsandboxed" || true; } >&2) || {
   echo "gpu-deps: apt-get download failed (package index out of date? run apt-get update)" >&2
   exit 1
 }
@@ -70,8 +72,10 @@ if [[ -f "$fmnist/train-images-idx3-ubyte.gz" ]]; then
   mkdir -p "$dest/data"
   cp "$fmnist"/*.gz "$dest/data/"
 else
-  echo "gpu-deps: no Fashion-MNIST in $fmnist (apt-get install dataset-fashion-mnist): the GPU benchmarks will be skipped" >&2
+  echo "gpu-deps: no Fashion-MNIST in $fmnist (apt-get install dataset-fashion-mnist):" \
+    "the GPU benchmarks will be skipped" >&2
 fi
 ls "$work"/*.deb | xargs -n1 basename > "$dest/prefix/packages.txt"
 touch "$dest/prefix/.complete"
-echo "gpu-deps: $(du -sh "$dest" | cut -f1) in $dest ($(wc -l < "$dest/prefix/packages.txt") packages, and the data when present)"
+echo "gpu-deps: $(du -sh "$dest" | cut -f1) in $dest" \
+  "($(wc -l < "$dest/prefix/packages.txt") packages, and the data when present)"

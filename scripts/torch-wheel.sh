@@ -25,7 +25,8 @@ prefix() {
   "$venv/bin/python" -W ignore -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'
 }
 
-if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')" 2>/dev/null; then
+same_version="import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')"
+if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$same_version" 2>/dev/null; then
   prefix
   exit 0
 fi
@@ -35,7 +36,8 @@ if ! command -v "$python" >/dev/null 2>&1; then
   exit 1
 fi
 mkdir -p "$cache"
-echo "torch-wheel: installing torch==$version from PyPI into $venv (about 5 GB with its CUDA libraries)" >&2
+echo "torch-wheel: installing torch==$version from PyPI into $venv" \
+  "(about 5 GB with its CUDA libraries)" >&2
 rm -rf "$venv.partial"
 "$python" -m venv "$venv.partial"
 # pip's progress goes to stderr; stdout is kept for the path.

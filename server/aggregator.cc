@@ -51,8 +51,8 @@ struct EdgeAggregator::Impl {
   uint32_t heartbeat_ms = 1000;
   Clock::time_point last_register{}, last_heartbeat{}, last_heard = Clock::now();
 
-  Impl(transport::Context& ctx, AggregatorConfig c, ZmqFleet& f, std::shared_ptr<const ParamLayout> l,
-       std::shared_ptr<spdlog::logger> lg)
+  Impl(transport::Context& ctx, AggregatorConfig c, ZmqFleet& f,
+       std::shared_ptr<const ParamLayout> l, std::shared_ptr<spdlog::logger> lg)
       : config((c.validate(), std::move(c))),
         fleet(f),
         layout(std::move(l)),
@@ -207,7 +207,9 @@ struct EdgeAggregator::Impl {
           if (j.kind == pr::RejectKind::kNotRegistered) {
             // One registration in flight answers a burst of them (heartbeats queued while the
             // upstream was down each draw one).
-            if (registered || Clock::now() - last_register >= milliseconds(config.register_retry_ms)) registerUp();
+            if (registered ||
+                Clock::now() - last_register >= milliseconds(config.register_retry_ms))
+              registerUp();
           } else if (j.kind == pr::RejectKind::kBusy) {
             if (!last_partial.empty() && !resend_at) {
               resend_at = Clock::now() + busy_backoff + milliseconds(std::rand() % (busy_backoff.count() + 1));

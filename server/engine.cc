@@ -413,7 +413,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
         eh.phase = 0;
         eh.model_version = model_.version();
         const compression::PhaseBroadcast none{config_.scheme.run_seed, rec.round, 0, nullptr};
-        const EvalReport ev = fleet.evaluate(PhaseTask{none, eh, model_, config_.downlink}, evaluators);
+        const EvalReport ev =
+            fleet.evaluate(PhaseTask{none, eh, model_, config_.downlink}, evaluators);
         rec.downlink_bytes += ev.downlink_bytes;
         rec.uplink_bytes += ev.uplink_bytes;
         if (ev.examples > 0) {

@@ -143,7 +143,8 @@ void ZmqFleet::handle(const transport::Received& r) {
     // Every refusal is answered (docs/protocol.md) but a rate limit's: answering a flood would
     // amplify it.
     const bool rate = r.error->code() == Errc::kRateLimited;
-    refuse(rate ? std::string() : r.peer, r.error->code(), "from peer: " + std::string(r.error->what()));
+    refuse(rate ? std::string() : r.peer, r.error->code(),
+           "from peer: " + std::string(r.error->what()));
     return;
   }
   const auto bytes = r.bytes();
@@ -213,16 +214,19 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   p.last_seen = Clock::now();
   by_routing_[r.peer] = m.client_id;
   if (!same_connection)
-    log_->info("{} {} registered ({} examples{})", m.role == pr::Role::kAggregator ? "aggregator" : "client",
-               m.client_id, m.num_examples, fresh ? "" : ", again");
+    log_->info("{} {} registered ({} examples{})",
+               m.role == pr::Role::kAggregator ? "aggregator" : "client", m.client_id,
+               m.num_examples, fresh ? "" : ", again");
   socket_.send(r.peer, pr::encode(pr::WelcomeMsg{m.client_id, session_, config_.heartbeat_ms,
                                                  config_.limits.max_message_bytes, config_.limits.chunk_bytes}));
   // A client that restarted in the middle of its task (a new connection), or that could not apply
   // it (it says which version it holds), gets the task again and carries on; a duplicate
   // registration does not.
-  if (auto pend = pending_.find(m.client_id); pend != pending_.end() && phase_ && !pend->second.evaluate) {
+  if (auto pend = pending_.find(m.client_id);
+      pend != pending_.end() && phase_ && !pend->second.evaluate) {
     Pending& q = pend->second;
-    if (!(same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) && sendTask(p, q.nonce)) {
+    if (!(same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) &&
+        sendTask(p, q.nonce)) {
       q.sent_to = p.routing;
       q.sent_version = p.info.model_version;
     }
@@ -302,7 +306,8 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
     failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ", pend->second.eval_examples,
               " registered");
   EvalReport& ev = *phase_->eval;
-  ev.add(e.num_examples, e.loss, e.accuracy);  // losses bounded by the decoder, examples by registration
+  ev.add(e.num_examples, e.loss,
+         e.accuracy);  // losses bounded by the decoder, examples by registration
   ev.uplink_bytes += r.bytes().size();
   expired_[id].add(e.nonce);
   pending_.erase(pend);
@@ -344,7 +349,8 @@ void ZmqFleet::poll(milliseconds timeout) {
   const auto now = Clock::now();
   if (now - refusal_window_ >= kRefusalWindow) {
     if (refusals_unlisted_)
-      log_->warn("refused {} more connections in the last {} s (not listed one by one)", refusals_unlisted_,
+      log_->warn("refused {} more connections in the last {} s (not listed one by one)",
+                 refusals_unlisted_,
                  std::chrono::duration_cast<std::chrono::seconds>(kRefusalWindow).count());
     refusal_window_ = now;
     refusal_lines_ = 0;
@@ -354,8 +360,9 @@ void ZmqFleet::poll(milliseconds timeout) {
     ++refused_handshakes_;
     if (refusal_lines_ < kRefusalLines) {
       ++refusal_lines_;
-      log_->warn("refused a connection from {}: {}{}", z.address.empty() ? "an unknown address" : z.address,
-                 z.reason, z.key.empty() ? "" : " (key " + z.key + "...)");
+      log_->warn("refused a connection from {}: {}{}",
+                 z.address.empty() ? "an unknown address" : z.address, z.reason,
+                 z.key.empty() ? "" : " (key " + z.key + "...)");
     } else {
       ++refusals_unlisted_;
     }
@@ -399,8 +406,13 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
       report.failed.push_back(c.id);
       continue;
     }
-    pending_[c.id] = Pending{nonce, false, it->second.info.num_examples, it->second.info.eval_examples,
-                             it->second.info.role, it->second.routing, it->second.info.model_version};
+    pending_[c.id] = Pending{nonce,
+                             false,
+                             it->second.info.num_examples,
+                             it->second.info.eval_examples,
+                             it->second.info.role,
+                             it->second.routing,
+                             it->second.info.model_version};
   }
   const uint64_t refused_before = refusedTotal();
   const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
@@ -429,8 +441,13 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
     if (it != clients_.end() && sendTask(it->second, nonce))
-      pending_[c.id] = Pending{nonce, true, it->second.info.num_examples, it->second.info.eval_examples,
-                               it->second.info.role, it->second.routing, it->second.info.model_version};
+      pending_[c.id] = Pending{nonce,
+                               true,
+                               it->second.info.num_examples,
+                               it->second.info.eval_examples,
+                               it->second.info.role,
+                               it->second.routing,
+                               it->second.info.model_version};
   }
   const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
   while (!pending_.empty() && Clock::now() < deadline) {

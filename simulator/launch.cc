@@ -44,6 +44,9 @@ struct Family {
   const char* world;
   const char* local;
   const char* local_world;
+  // torchrun's LOCAL_WORLD_SIZE is always one number (anything else is an error); srun's per-node
+  // list may have other forms, which leave the count unknown.
+  bool local_world_may_be_list;
 };
 
 void fillMaster(LaunchInfo& info, const EnvLookup& env, const char* fallback_addr_var) {
@@ -96,11 +99,11 @@ bool parseFamily(LaunchInfo& info, const EnvLookup& env, const Family& f) {
     // srun writes "2(x3)" for 2 tasks on each of 3 nodes and "2,1" for uneven ones: only a plain
     // number says how many share this node.
     const bool plain = !lw->empty() && lw->find_first_not_of("0123456789") == std::string::npos;
-    if (plain || std::string_view(f.local_world) == "LOCAL_WORLD_SIZE") {
+    if (plain || !f.local_world_may_be_list) {
       info.local_world_size = parseInt(f.local_world, *lw, 1, kMaxWorld);
       if (info.local_rank >= info.local_world_size)
-        STARLING_THROW(ConfigError, f.local, "=", info.local_rank, " is not below ", f.local_world, "=",
-                       info.local_world_size);
+        STARLING_THROW(ConfigError, f.local, "=", info.local_rank, " is not below ", f.local_world,
+                       "=", info.local_world_size);
     }
   }
   return true;
@@ -110,13 +113,15 @@ bool parseFamily(LaunchInfo& info, const EnvLookup& env, const Family& f) {
 
 LaunchInfo parseLaunchInfo(const EnvLookup& env) {
   LaunchInfo info;
-  if (parseFamily(info, env, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})) {
+  if (parseFamily(info, env, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false})) {
     const std::optional<std::string> spawned = env("STARLING_SPAWNED");
     info.source = spawned && *spawned == "1" ? "spawned" : "torchrun";
     fillMaster(info, env, nullptr);
     return info;
   }
-  if (parseFamily(info, env, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"})) {
+  if (parseFamily(
+          info, env,
+          {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", true})) {
     info.source = "slurm";
     fillMaster(info, env, "SLURM_LAUNCH_NODE_IPADDR");
     return info;
@@ -147,8 +152,9 @@ std::vector<std::string> spawnEnvironment(const LaunchInfo& info) {
 namespace {
 
 bool isLauncherVariable(std::string_view entry) {
-  static constexpr std::string_view kNames[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
-                                                "MASTER_ADDR=", "MASTER_PORT=", "STARLING_SPAWNED=", "SLURM_"};
+  static constexpr std::string_view kNames[] = {
+      "RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",       "LOCAL_WORLD_SIZE=",
+      "MASTER_ADDR=", "MASTER_PORT=", "STARLING_SPAWNED=", "SLURM_"};
   for (std::string_view n : kNames) {
     if (entry.substr(0, n.size()) == n) return true;
   }
@@ -161,14 +167,16 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
                                  int world_size, int port, const SpawnOptions& o) {
   if (world_size < 1) STARLING_THROW(InvalidArgument, "spawnLocalRanks: world size ", world_size, " < 1");
   if (o.first_rank < 0 || o.first_rank > world_size)
-    STARLING_THROW(InvalidArgument, "spawnLocalRanks: first rank ", o.first_rank, " outside [0, ", world_size, "]");
+    STARLING_THROW(InvalidArgument, "spawnLocalRanks: first rank ", o.first_rank, " outside [0, ",
+                   world_size, "]");
   const auto started = static_cast<size_t>(world_size - o.first_rank);
   if (o.die_with_parent && gettid() != getpid())
-    STARLING_THROW(InvalidArgument, "spawnLocalRanks: die_with_parent from a thread other than the main one (the "
+    STARLING_THROW(InvalidArgument,
+                   "spawnLocalRanks: die_with_parent from a thread other than the main one (the "
                    "children would be killed when that thread ends)");
   if (!o.stderr_paths.empty() && o.stderr_paths.size() != started) {
-    STARLING_THROW(InvalidArgument, "spawnLocalRanks: ", o.stderr_paths.size(), " stderr paths for ", started,
-                   " ranks");
+    STARLING_THROW(InvalidArgument, "spawnLocalRanks: ", o.stderr_paths.size(),
+                   " stderr paths for ", started, " ranks");
   }
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
@@ -185,19 +193,22 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
   const auto fail = [&](int r, int err) {
     for (int p : pids) kill(p, SIGKILL);
     for (int p : pids) waitpid(p, nullptr, 0);
-    STARLING_THROW(IoError, "spawning rank ", r, " of ", world_size, " (", program, ") failed: ", std::strerror(err));
+    STARLING_THROW(IoError, "spawning rank ", r, " of ", world_size, " (", program,
+                   ") failed: ", std::strerror(err));
   };
   for (int r = o.first_rank; r < world_size; ++r) {
     // Everything the child needs is built before fork: between fork and exec it only makes
     // async-signal-safe calls (the parent may have threads).
     std::vector<std::string> env_s = base_env;
-    for (auto& v : spawnEnvironment(LaunchInfo{r, world_size, r, world_size, "127.0.0.1", port, "spawned"}))
+    for (auto& v :
+         spawnEnvironment(LaunchInfo{r, world_size, r, world_size, "127.0.0.1", port, "spawned"}))
       env_s.push_back(std::move(v));
     std::vector<char*> envp;
     for (auto& v : env_s) envp.push_back(v.data());
     envp.push_back(nullptr);
-    const char* err_path =
-        o.stderr_paths.empty() ? nullptr : o.stderr_paths[static_cast<size_t>(r - o.first_rank)].c_str();
+    const char* err_path = o.stderr_paths.empty()
+                               ? nullptr
+                               : o.stderr_paths[static_cast<size_t>(r - o.first_rank)].c_str();
     // The child reports a failed exec through this pipe (closed on a successful exec).
     int report[2];
     if (pipe2(report, O_CLOEXEC) != 0) fail(r, errno);
@@ -246,7 +257,8 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
 }
 
 std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
-                                 int world_size, int port, const std::vector<std::string>& stderr_paths) {
+                                 int world_size, int port,
+                                 const std::vector<std::string>& stderr_paths) {
   return spawnLocalRanks(program, args, world_size, port, SpawnOptions{0, false, stderr_paths, {}});
 }
 

@@ -6,7 +6,8 @@
 //
 // Precedence (the first that applies wins):
 //   1. torchrun: RANK and WORLD_SIZE (both, or neither), LOCAL_RANK (default 0), LOCAL_WORLD_SIZE
-//      (optional), MASTER_ADDR and MASTER_PORT (required when WORLD_SIZE > 1). torchrun inside a SLURM allocation
+//      (optional), MASTER_ADDR and MASTER_PORT (required when WORLD_SIZE > 1). torchrun inside a
+//      SLURM allocation
 //      (`srun torchrun ...`) sets both families; RANK is then the global rank and SLURM_PROCID is
 //      the node's task, so torchrun's variables win. With STARLING_SPAWNED=1 as well (what
 //      spawnEnvironment() adds) the source is "spawned" instead of "torchrun".
@@ -72,7 +73,7 @@ struct SpawnOptions {
   // main thread may ask for it (InvalidArgument otherwise).
   bool die_with_parent = false;
   std::vector<std::string> stderr_paths;  // empty, or one per started rank: its stderr goes there
-  std::string argv0;  // the children's argv[0] (empty: `program`)
+  std::string argv0;                      // the children's argv[0] (empty: `program`)
 };
 // Returns the children's process ids, in rank order. IoError if a start fails (the ranks already
 // started are killed and reaped first); InvalidArgument for a bad world size, first rank or number

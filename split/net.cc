@@ -382,7 +382,8 @@ SplitEdgeClient::SplitEdgeClient(transport::Context& context, SplitEdge& edge, E
   // connection finds its session again by its hello (edge id, and under CURVE its key).
   // The goodbye must get out before the socket closes.
   if (cfg_.limits.linger_ms == 0) cfg_.limits.linger_ms = 500;
-  socket_ = std::make_unique<transport::ClientSocket>(context, cfg_.cloud, cfg_.security, cfg_.limits);
+  socket_ =
+      std::make_unique<transport::ClientSocket>(context, cfg_.cloud, cfg_.security, cfg_.limits);
 }
 
 SplitEdgeClient::~SplitEdgeClient() {

@@ -17,13 +17,15 @@ torch::Tensor toDevice(const torch::Tensor& host, const torch::Device& device) {
   return host.to(device, /*non_blocking=*/false, /*copy=*/true);
 }
 
-std::vector<torch::Tensor> leaves(const ParamLayout& layout, std::span<const float> params, bool grad,
-                                  const torch::Device& device) {
+std::vector<torch::Tensor> leaves(const ParamLayout& layout, std::span<const float> params,
+                                  bool grad, const torch::Device& device) {
   std::vector<torch::Tensor> out;
   out.reserve(layout.size());
   for (size_t i = 0; i < layout.size(); ++i) {
     const auto& t = layout[i];
-    auto v = toDevice(torch::from_blob(const_cast<float*>(params.data() + t.offset), t.shape, torch::kFloat32), device);
+    auto v = toDevice(
+        torch::from_blob(const_cast<float*>(params.data() + t.offset), t.shape, torch::kFloat32),
+        device);
     if (grad) v.requires_grad_(true);
     out.push_back(std::move(v));
   }
@@ -401,7 +403,8 @@ struct SplitModel::Impl {
   size_t rows = 0, cols = 0;
   uint32_t classes = 0;
   std::unique_ptr<Arch> arch;
-  torch::Device cloud = torch::kCPU;  // where cloudStep and evaluate run; the edge's part runs on the CPU
+  torch::Device cloud =
+      torch::kCPU;  // where cloudStep and evaluate run; the edge's part runs on the CPU
   // The last edge forward pass.
   std::vector<torch::Tensor> edge_params;
   torch::Tensor edge_out;
@@ -492,13 +495,15 @@ std::string SplitModel::describe() const {
 }
 
 void SplitModel::setCloudDevice(const torch_trainer::Device& device) {
-  impl_->cloud = device.cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
-                               : torch::Device(torch::kCPU);
+  impl_->cloud = device.cuda()
+                     ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                     : torch::Device(torch::kCPU);
 }
 
 torch_trainer::Device SplitModel::cloudDevice() const {
-  return impl_->cloud.is_cuda() ? torch_trainer::Device{torch_trainer::Device::Kind::kCuda, impl_->cloud.index()}
-                                : torch_trainer::Device{};
+  return impl_->cloud.is_cuda()
+             ? torch_trainer::Device{torch_trainer::Device::Kind::kCuda, impl_->cloud.index()}
+             : torch_trainer::Device{};
 }
 
 std::vector<float> SplitModel::initParameters(uint64_t seed) const {
@@ -548,7 +553,8 @@ SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params,
   for (uint8_t l : labels) STARLING_CHECK_ARG(l < m.classes, "split cloud: label ", int{l}, " of ", m.classes, " classes");
   auto params = leaves(ar.top, top_params, true, m.cloud);
   auto a = toDevice(torch::from_blob(const_cast<float*>(activations.data()),
-                                     {static_cast<int64_t>(n), static_cast<int64_t>(ar.act)}, torch::kFloat32),
+                                     {static_cast<int64_t>(n), static_cast<int64_t>(ar.act)},
+                                     torch::kFloat32),
                     m.cloud)
                .requires_grad_(true);
   std::vector<int64_t> y(labels.begin(), labels.end());
@@ -574,7 +580,8 @@ SplitModel::CloudResult SplitModel::evaluate(std::span<const float> bottom_param
   STARLING_CHECK_ARG(x.size() == n * features() && labels.size() == n, "split evaluate: ", x.size(), " inputs and ",
                      labels.size(), " labels for ", n, " examples");
   torch::NoGradGuard no_grad;
-  const auto bp = leaves(ar.bottom, bottom_params, false, m.cloud), tp = leaves(ar.top, top_params, false, m.cloud);
+  const auto bp = leaves(ar.bottom, bottom_params, false, m.cloud),
+             tp = leaves(ar.top, top_params, false, m.cloud);
   std::vector<int64_t> y(labels.begin(), labels.end());
   const auto target = torch::tensor(y, torch::kInt64).to(m.cloud);
   const auto logits = ar.runTop(tp, ar.runBottom(bp, toDevice(m.input(x, n), m.cloud)));

@@ -57,12 +57,16 @@ __attribute__((noinline)) void* operator new(size_t n, std::align_val_t al) {
   if (void* p = alignedAllocate(n, al)) return p;
   throw std::bad_alloc();
 }
-__attribute__((noinline)) void* operator new(size_t n, std::align_val_t al, const std::nothrow_t&) noexcept {
+__attribute__((noinline)) void* operator new(size_t n, std::align_val_t al,
+                                             const std::nothrow_t&) noexcept {
   if (!starling::testing::alloc::record(n)) return nullptr;
   return alignedAllocate(n, al);
 }
 __attribute__((noinline)) void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+__attribute__((noinline)) void operator delete(void* p, size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+__attribute__((noinline)) void operator delete(void* p, std::align_val_t,
+                                               const std::nothrow_t&) noexcept {
   std::free(p);
 }

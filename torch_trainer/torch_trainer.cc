@@ -5,9 +5,9 @@
 // layout() (the parameters, then the float buffers), and one grad_ tensor for the parameter
 // prefix. At construction every tensor of the net is rebound onto its slice of flat_
 // (Tensor::set_data) and every parameter's .grad onto its slice of grad_. Autograd accumulates into
-// a defined .grad in place, so after backward() the whole gradient sits in grad_ and the SGD step is
-// one fused operation over the prefix. fit() and evaluate() copy the caller's buffer in (one copy)
-// and fit() copies the result out; nothing is reallocated once the batch scratch has grown.
+// a defined .grad in place, so after backward() the whole gradient sits in grad_ and the SGD step
+// is one fused operation over the prefix. fit() and evaluate() copy the caller's buffer in (one
+// copy) and fit() copies the result out; nothing is reallocated once the batch scratch has grown.
 //
 // Device-generic (issue 19): the same code runs on the CPU and on a GPU. The client's data are
 // indexed on the device (a view of the data set's memory on the CPU, a copy made once per data set
@@ -61,8 +61,9 @@ class TorchTrainer final : public client::Trainer {
         cols_(cols),
         classes_(classes),
         momentum_(momentum),
-        device_(device.cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
-                              : torch::Device(torch::kCPU)) {
+        device_(device.cuda()
+                    ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device.index))
+                    : torch::Device(torch::kCPU)) {
     bind();
     if (device_.is_cuda()) trialForward();
   }
@@ -119,11 +120,13 @@ class TorchTrainer final : public client::Trainer {
     torch::NoGradGuard no_grad;
     net_->setTraining(false);
     try {
-      net_->forward(torch::zeros({2, 1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}, flat_.options()));
+      net_->forward(torch::zeros({2, 1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)},
+                                 flat_.options()));
     } catch (const std::exception& e) {
       std::string what = e.what();
       if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-      STARLING_THROW(ConfigError, net_->spec(), ": the model does not run on ", device_.str(), ": ", what);
+      STARLING_THROW(ConfigError, net_->spec(), ": the model does not run on ", device_.str(), ": ",
+                     what);
     }
     net_->setTraining(true);
   }
@@ -156,9 +159,9 @@ class TorchTrainer final : public client::Trainer {
   std::vector<float> saved_;  // every tensor's value at construction
   std::vector<InitRule> rules_;
   torch::Tensor flat_, grad_, velocity_;
-  torch::Tensor host_;                // GPU only: the trained values copied back
+  torch::Tensor host_;                 // GPU only: the trained values copied back
   torch::Tensor anchor_, correction_;  // GPU only: FedProx's anchor, SCAFFOLD's correction
-  torch::Tensor x_, y_;               // batch scratch on the device, grown on demand
+  torch::Tensor x_, y_;                // batch scratch on the device, grown on demand
   // The attached data set: images [N, features] and labels [N] (int64) on the device.
   torch::Tensor images_, labels_;
   // What identifies a data set, and the last two attached (a worker's training set and its test
@@ -263,7 +266,8 @@ void TorchTrainer::attach(const data::Dataset& d) {
     mix(bits);
   }
   const DataKey key{d.images.data(), d.labels.data(), n, f, sum};
-  if (attached_[1].images.defined() && attached_[1].key == key) std::swap(attached_[0], attached_[1]);
+  if (attached_[1].images.defined() && attached_[1].key == key)
+    std::swap(attached_[0], attached_[1]);
   if (!(attached_[0].images.defined() && attached_[0].key == key)) {
     const auto rows = static_cast<int64_t>(n), cols = static_cast<int64_t>(f);
     // On the CPU a view of the data set's own memory; on a GPU one copy of it, kept while it is
@@ -281,14 +285,17 @@ void TorchTrainer::attach(const data::Dataset& d) {
 
 void TorchTrainer::uploadOrder(std::span<const size_t> order) {
   order64_.assign(order.begin(), order.end());
-  const torch::Tensor host = torch::from_blob(order64_.data(), {static_cast<int64_t>(order64_.size())}, torch::kInt64);
+  const torch::Tensor host =
+      torch::from_blob(order64_.data(), {static_cast<int64_t>(order64_.size())}, torch::kInt64);
   if (device_.is_cpu()) {
     order_dev_ = host;
     return;
   }
   if (!order_dev_.defined() || order_dev_.numel() < host.numel())
-    order_dev_ = torch::empty({host.numel()}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
-  order_dev_.narrow(0, 0, host.numel()).copy_(host);  // pageable memory: the host waits for the copy
+    order_dev_ =
+        torch::empty({host.numel()}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  order_dev_.narrow(0, 0, host.numel())
+      .copy_(host);  // pageable memory: the host waits for the copy
 }
 
 std::pair<torch::Tensor, torch::Tensor> TorchTrainer::gather(size_t start, size_t n) {
@@ -335,8 +342,10 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
     correction = onDevice(cfg.correction.first(param_numel_), correction_).narrow(0, 0, prefix);
   // Summed on the device, read once at the end: the batch losses (each as a double times its
   // examples, as client/trainer.h defines train_loss) and the correct predictions.
-  const torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
-  const torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  const torch::Tensor loss_sum =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  const torch::Tensor correct =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
   size_t seen = 0;
   for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
     data::shuffleInPlace(std::span<size_t>(order_), rng);
@@ -369,16 +378,18 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
   // it reaches params.
   const double loss_total = loss_sum.item<double>();
   if (!std::isfinite(loss_total))
-    diverged(::starling::detail::concat("a batch loss was ", loss_total, " (over ", cfg.epochs, " epoch",
-                                        cfg.epochs == 1 ? "" : "s", " of ", order_.size(), " examples)"));
+    diverged(::starling::detail::concat("a batch loss was ", loss_total, " (over ", cfg.epochs,
+                                        " epoch", cfg.epochs == 1 ? "" : "s", " of ", order_.size(),
+                                        " examples)"));
   const std::span<const float> trained = hostValues();
   if (!allFinite(trained)) diverged("a parameter is not finite after the last step");
   std::copy(trained.begin(), trained.end(), params.begin());
 
   FitResult r;
   r.num_examples = data.size();
-  r.metrics = {{"train_loss", loss_total / static_cast<double>(seen)},
-               {"train_accuracy", static_cast<double>(correct.item<int64_t>()) / static_cast<double>(seen)}};
+  r.metrics = {
+      {"train_loss", loss_total / static_cast<double>(seen)},
+      {"train_accuracy", static_cast<double>(correct.item<int64_t>()) / static_cast<double>(seen)}};
   return r;
 }
 
@@ -390,8 +401,10 @@ EvalResult TorchTrainer::evaluate(std::span<const float> params, const DataView&
   net_->setTraining(false);
   torch::NoGradGuard no_grad;
   uploadOrder(data.indices);
-  const torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
-  const torch::Tensor correct = torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+  const torch::Tensor loss_sum =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device_));
+  const torch::Tensor correct =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
   for (size_t start = 0; start < data.indices.size(); start += kEvalBatch) {
     const size_t n = std::min(kEvalBatch, data.indices.size() - start);
     const auto [x, y] = gather(start, n);
@@ -447,29 +460,34 @@ const TorchTrainerRegistry& torchTrainers() {
       {
           Entry{"logreg", "softmax regression (LibTorch): fc.weight [classes, features], fc.bias",
                 kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes,
+                   const Device& device) -> Made {
                   const double m = readMomentum(r);
                   checkShape("logreg", rows, cols, classes, 1);
                   checkNumel("logreg", classes, rows * cols);
-                  return wrap(detail::makeLogreg(rows, cols, classes), rows, cols, classes, m, device);
+                  return wrap(detail::makeLogreg(rows, cols, classes), rows, cols, classes, m,
+                              device);
                 }},
           Entry{"mlp",
                 "one ReLU hidden layer (LibTorch): fc1 [hidden, features], fc2 [classes, hidden]",
                 std::string("hidden=200 (hidden units, >= 1), ") + kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes,
+                   const Device& device) -> Made {
                   const uint32_t hidden = r.count("hidden", 200);
                   const double m = readMomentum(r);
                   if (hidden == 0)
                     STARLING_THROW(ConfigError, "torch trainer 'mlp': hidden=0 must be at least 1");
                   checkShape("mlp", rows, cols, classes, 1);
                   checkNumel("mlp", hidden, rows * cols);
-                  return wrap(detail::makeMlp(rows, cols, classes, hidden), rows, cols, classes, m, device);
+                  return wrap(detail::makeMlp(rows, cols, classes, hidden), rows, cols, classes, m,
+                              device);
                 }},
           Entry{"cnn",
                 "McMahan et al. 2017 CNN: 2 x (conv5x5 'same' + ReLU + maxpool2; 32, 64 channels), "
                 "fc 512 + ReLU, fc classes (1,663,370 parameters at 28x28, 10 classes)",
                 kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes,
+                   const Device& device) -> Made {
                   const double m = readMomentum(r);
                   checkShape("cnn", rows, cols, classes, 4);
                   checkNumel("cnn", 512, 64 * (rows / 4) * (cols / 4));
@@ -479,10 +497,12 @@ const TorchTrainerRegistry& torchTrainers() {
                 "ResNet-8: conv3x3 16 + BN, 3 stages of one basic block (16/32/64 channels), "
                 "global average pool, fc; BatchNorm running statistics travel in the layout",
                 kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes,
+                   const Device& device) -> Made {
                   const double m = readMomentum(r);
                   checkShape("resnet", rows, cols, classes, 1);
-                  return wrap(detail::makeResnet(rows, cols, classes), rows, cols, classes, m, device);
+                  return wrap(detail::makeResnet(rows, cols, classes), rows, cols, classes, m,
+                              device);
                 }},
           Entry{"torchscript",
                 "a module saved with torch.jit.save: forward(x) -> logits [N, classes]",
@@ -490,7 +510,8 @@ const TorchTrainerRegistry& torchTrainers() {
                             "flat: [N, rows*cols]), init=file (file: the saved values; seed: "
                             "PyTorch's Linear/Conv defaults from the seed), ") +
                     kMomentumOption,
-                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes, const Device& device) -> Made {
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes,
+                   const Device& device) -> Made {
                   const std::string path = r.text("path", "");
                   const std::string input = r.choice("input", "image", {"image", "flat"});
                   const std::string init = r.choice("init", "file", {"file", "seed"});

@@ -39,11 +39,12 @@
 // model, its gradient and momentum, the client's data (the data set is copied to the GPU once,
 // when the trainer first sees it), the batches and the training loop stay there; the loss and the
 // accuracy are summed on the device and read once per fit, and the only other waits are one
-// upload of the shuffled order per epoch and the copy back. The CPU runs the same code. train_loss and train_accuracy are as client/trainer.h defines them
-// (each example taken with the parameters before its step; accuracy by arg-max, lowest index on
-// ties). A non-finite batch loss (found when the losses are read at the end) or a non-finite
-// parameter at the end throws client::DivergenceError and leaves params untouched. evaluate() runs in eval mode (BatchNorm
-// uses its running statistics) in fixed batches without gradients and changes nothing.
+// upload of the shuffled order per epoch and the copy back. The CPU runs the same code. train_loss
+// and train_accuracy are as client/trainer.h defines them (each example taken with the parameters
+// before its step; accuracy by arg-max, lowest index on ties). A non-finite batch loss (found when
+// the losses are read at the end) or a non-finite parameter at the end throws
+// client::DivergenceError and leaves params untouched. evaluate() runs in eval mode (BatchNorm uses
+// its running statistics) in fixed batches without gradients and changes nothing.
 //
 // Determinism: initParameters() is a pure function of the seed (Starling's RngStream, never
 // LibTorch's global generator); fit() is a pure function of (params, data, config, stream) for a

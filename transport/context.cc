@@ -1,7 +1,6 @@
 #include "transport/context.h"
 
 #include <algorithm>
-
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -63,7 +62,8 @@ void Context::Impl::unregisterDomain(const std::string& domain) {
   domains_.erase(domain);
   refusals_.erase(domain);
   const std::string prefix = domain + '\n';
-  for (auto it = handshakes_.lower_bound(prefix); it != handshakes_.end() && it->first.rfind(prefix, 0) == 0;)
+  for (auto it = handshakes_.lower_bound(prefix);
+       it != handshakes_.end() && it->first.rfind(prefix, 0) == 0;)
     it = handshakes_.erase(it);
 }
 
@@ -85,8 +85,12 @@ bool Context::Impl::takeHandshake(const std::string& domain, std::string_view ke
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = std::chrono::steady_clock::now();
   Bucket& b = handshakes_[domain + '\n' + std::string(key)];
-  if (b.last == std::chrono::steady_clock::time_point{}) b.tokens = kHandshakeBurst;
-  else b.tokens = std::min(kHandshakeBurst, b.tokens + kHandshakesPerSecond * std::chrono::duration<double>(now - b.last).count());
+  if (b.last == std::chrono::steady_clock::time_point{})
+    b.tokens = kHandshakeBurst;
+  else
+    b.tokens = std::min(
+        kHandshakeBurst,
+        b.tokens + kHandshakesPerSecond * std::chrono::duration<double>(now - b.last).count());
   b.last = now;
   if (b.tokens < 1.0) return false;
   b.tokens -= 1.0;
@@ -97,11 +101,14 @@ void Context::Impl::recordRefusal(const std::string& domain, Context::Refusal r)
   std::lock_guard<std::mutex> lock(mu_);
   if (!domains_.count(domain)) return;  // nobody will ever take it
   Refusals& q = refusals_[domain];
-  if (q.kept.size() < kMaxRefusals) q.kept.push_back(std::move(r));
-  else ++q.dropped;
+  if (q.kept.size() < kMaxRefusals)
+    q.kept.push_back(std::move(r));
+  else
+    ++q.dropped;
 }
 
-std::vector<Context::Refusal> Context::Impl::takeRefusals(const std::string& domain, uint64_t* dropped) {
+std::vector<Context::Refusal> Context::Impl::takeRefusals(const std::string& domain,
+                                                          uint64_t* dropped) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = refusals_.find(domain);
   if (dropped) *dropped = it == refusals_.end() ? 0 : it->second.dropped;
@@ -161,7 +168,8 @@ void Context::Impl::zapLoop(std::promise<void>* bound) {
         }
         const auto allow = lookup(domain);
         const auto id = allow ? allow->find(key) : std::nullopt;
-        why.reason = allow ? "its CURVE public key is not on the allow-list" : "an unknown ZAP domain";
+        why.reason =
+            allow ? "its CURVE public key is not on the allow-list" : "an unknown ZAP domain";
         if (id && !takeHandshake(domain, key)) {
           why.reason = "too many handshakes of one key (more than 20 at once or 5 a second)";
         } else if (id) {

@@ -1,15 +1,15 @@
 #pragma once
 // Internal to transport/: what a Context holds (see context.h for the contract).
 #include <atomic>
-#include <future>
 #include <chrono>
+#include <future>
 #include <map>
-#include <string_view>
-#include <vector>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 #include <zmq.hpp>
 
 #include "transport/context.h"
@@ -45,9 +45,9 @@ struct Context::Impl {
     uint64_t dropped = 0;
   };
   std::map<std::string, Refusals> refusals_;  // guarded by mu_
-  // Handshakes of each admitted key: a token bucket (kHandshakeBurst, refilled kHandshakesPerSecond)
-  // so that no key can probe routing ids by reconnecting fast (socket.h). Guarded by mu_; one
-  // entry per (domain, admitted key), dropped with the domain.
+  // Handshakes of each admitted key: a token bucket (kHandshakeBurst, refilled
+  // kHandshakesPerSecond) so that no key can probe routing ids by reconnecting fast (socket.h).
+  // Guarded by mu_; one entry per (domain, admitted key), dropped with the domain.
   struct Bucket {
     double tokens = 0;
     std::chrono::steady_clock::time_point last{};

@@ -132,11 +132,12 @@ class SocketCore;
 // the ZAP handler rations each key's handshakes (20, then 5 a second), which makes that guessing
 // take far longer than a federation; under CURVE every message carries the authenticated id, so
 // a taken-over connection is known. A restarted client is a new connection with a new id; who it
-// is, the protocol says (Register, and under CURVE its key). Sending to an unknown or gone peer, or one whose queue is full, returns false
-// at once (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket; under
-// CURVE per authenticated key, so a key opening many connections shares one rate) drops a
-// frame before any decoding or reassembly, and reports it as an Errc::kRateLimited Received at
-// most once per second per peer. One thread owns it (see the top of this file).
+// is, the protocol says (Register, and under CURVE its key). Sending to an unknown or gone peer, or
+// one whose queue is full, returns false at once (ROUTER_MANDATORY with non-blocking sends). Rate
+// limiting per peer (token bucket; under CURVE per authenticated key, so a key opening many
+// connections shares one rate) drops a frame before any decoding or reassembly, and reports it as
+// an Errc::kRateLimited Received at most once per second per peer. One thread owns it (see the top
+// of this file).
 class ServerSocket {
  public:
   ServerSocket(Context& context, const std::string& bind_endpoint, SecurityConfig security,
@@ -172,7 +173,8 @@ class ServerSocket {
 // before the connection is up are queued (up to send_hwm). `routing_id` (1..255 bytes, not
 // starting with a zero byte; empty, the default and what Starling's programs use: the server's
 // ZeroMQ picks one) names the connection on the server; a named id can be taken over by another
-// connection naming it, so a client should name none. One thread owns it (see the top of this file).
+// connection naming it, so a client should name none. One thread owns it (see the top of this
+// file).
 class ClientSocket {
  public:
   ClientSocket(Context& context, const std::string& connect_endpoint, SecurityConfig security,

@@ -96,7 +96,8 @@ def make_cnn(classes=10):
 
 
 def train_client(model, x, y, epochs, batch_size, lr, gen):
-    """Local SGD on one client's examples (on the model's device); returns the number of examples."""
+    """Local SGD on one client's examples (on the model's device); returns the number of
+    examples."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     n = x.shape[0]
@@ -136,8 +137,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-eval", action="store_true", help="skip the test-set accuracy at the end")
     p.add_argument("--device", default="cpu",
-                   help="cpu or cuda: where the models, the clients' data and the training live (the data "
-                        "is moved there before timing; a round's time ends with a device synchronisation)")
+                   help="cpu or cuda: where the models, the clients' data and the training live "
+                        "(the data is moved there before timing; a round's time ends with a device "
+                        "synchronisation)")
     a = p.parse_args()
     if a.blas_threads > 0:
         os.environ["OPENBLAS_NUM_THREADS"] = str(a.blas_threads)
@@ -158,7 +160,8 @@ def main():
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("fedavg_loop.py: --device cuda, but PyTorch sees no GPU")
-    client_data = [(x_train[s].contiguous().to(device), y_train[s].contiguous().to(device)) for s in shards]
+    client_data = [(x_train[s].contiguous().to(device), y_train[s].contiguous().to(device))
+                   for s in shards]
 
     global_model = make_cnn().to(device)
     local = make_cnn().to(device)

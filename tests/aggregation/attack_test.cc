@@ -116,7 +116,8 @@ TEST_CASE("attack: QSGD with a huge norm and every level zero", "[aggregation][a
   finishesFinite(s, 2);
 }
 
-TEST_CASE("attack: QSGD at the largest norm and weight the bounds allow, every level zero", "[aggregation][attack]") {
+TEST_CASE("attack: QSGD at the largest norm and weight the bounds allow, every level zero",
+          "[aggregation][attack]") {
   // Issue 20: bounds of max_examples 1e9 and max_update_norm 1e30 passed validation, and one QSGD
   // update of norm 9.9e29 with every level zero made the partial NaN (weight * norm overflowed,
   // then 0 * inf), so finish() threw: one client killed the round, clipping or not. Such bounds
@@ -125,7 +126,8 @@ TEST_CASE("attack: QSGD at the largest norm and weight the bounds allow, every l
   ValidationBounds bad;
   bad.max_examples = 1'000'000'000;
   bad.max_update_norm = 1e30;
-  CHECK_THROWS_WITH(Setup("qsgd", "fedavg", bad), Catch::Contains("max_examples * max_update_norm"));
+  CHECK_THROWS_WITH(Setup("qsgd", "fedavg", bad),
+                    Catch::Contains("max_examples * max_update_norm"));
   for (const char* rule : {"fedavg", "fedavg:clip=1"}) {
     INFO(rule);
     ValidationBounds edge;

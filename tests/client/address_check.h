@@ -19,7 +19,6 @@
 // for the widest vector, so the bug it guards against cannot happen and the check always passes.
 // The parameters, the anchor and the correction are placed exactly under any allocator.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -74,13 +73,12 @@ inline data::Dataset placedCopy(const data::Dataset& d, size_t residue, HeapNois
 }
 
 struct AddressCheckConfig {
-  client::FitConfig fit;                // prox_anchor and correction are set by the check
-  bool prox_and_correction = true;      // also run with FedProx's and SCAFFOLD's terms
+  client::FitConfig fit;            // prox_anchor and correction are set by the check
+  bool prox_and_correction = true;  // also run with FedProx's and SCAFFOLD's terms
 };
 
-inline void checkAddressIndependence(
-    const std::function<std::unique_ptr<client::Trainer>()>& make, const data::Dataset& d,
-    const AddressCheckConfig& c) {
+inline void checkAddressIndependence(const std::function<std::unique_ptr<client::Trainer>()>& make,
+                                     const data::Dataset& d, const AddressCheckConfig& c) {
   auto first = make();
   const size_t n = first->layout().numel();
   std::vector<float> global(n);
@@ -99,8 +97,7 @@ inline void checkAddressIndependence(
     std::vector<float> model;
     double eval_loss = 0, eval_accuracy = 0, train_loss = 0;
   };
-  const auto run = [&](client::Trainer& t, size_t offset, const data::Dataset& data,
-                       bool terms) {
+  const auto run = [&](client::Trainer& t, size_t offset, const data::Dataset& data, bool terms) {
     PlacedFloats params(global, offset), a(anchor, offset), corr(correction, offset);
     client::FitConfig cfg = c.fit;
     if (terms) {

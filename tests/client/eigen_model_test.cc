@@ -32,8 +32,7 @@ double meanLoss(EigenModel& m, std::span<const float> params, ConstRowMatrixMap 
 // Central differences of the mean batch loss against the model's analytic gradient, for every
 // parameter. eps = 3e-3 keeps the truncation error (~eps^2) and float rounding (~1e-7 / eps) both
 // far below the tolerance.
-void checkGradient(EigenModel& m, Floats params, const Floats& xs,
-                   const std::vector<uint8_t>& y) {
+void checkGradient(EigenModel& m, Floats params, const Floats& xs, const std::vector<uint8_t>& y) {
   const ConstRowMatrixMap x(xs.data(), static_cast<Eigen::Index>(y.size()),
                             static_cast<Eigen::Index>(m.features()));
   Floats grad(params.size(), 123.0f);  // overwritten, not accumulated
@@ -128,15 +127,16 @@ TEST_CASE("models refuse buffers that do not start on a 64-byte boundary", "[cli
   Floats params(n + 16), xs(8 + 16), grad(n + 16);
   const std::vector<uint8_t> y{0, 1};
   const auto x_at = [&](size_t off) { return ConstRowMatrixMap(xs.data() + off, 2, 4); };
-  CHECK_NOTHROW(m->forwardBackward(std::span(params).first(n), x_at(0), y, std::span(grad).first(n)));
+  CHECK_NOTHROW(
+      m->forwardBackward(std::span(params).first(n), x_at(0), y, std::span(grad).first(n)));
   for (size_t off = 1; off < 16; ++off) {
     INFO("offset " << off * 4 << " bytes");
     CHECK_THROWS_MATCHING(m->forwardBackward(std::span(params).subspan(off, n), x_at(0), y, {}),
                           InvalidArgument, Contains("64-byte boundaries"));
     CHECK_THROWS_MATCHING(m->forwardBackward(std::span(params).first(n), x_at(off), y, {}),
                           InvalidArgument, Contains("64-byte boundaries"));
-    CHECK_THROWS_MATCHING(m->forwardBackward(std::span(params).first(n), x_at(0), y,
-                                             std::span(grad).subspan(off, n)),
-                          InvalidArgument, Contains("64-byte boundaries"));
+    CHECK_THROWS_MATCHING(
+        m->forwardBackward(std::span(params).first(n), x_at(0), y, std::span(grad).subspan(off, n)),
+        InvalidArgument, Contains("64-byte boundaries"));
   }
 }

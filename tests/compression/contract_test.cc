@@ -4,7 +4,6 @@
 // and what checkReceived accepts. Rounds are driven generically: the round's shared factors come
 // from initialShared/nextShared, never from a compressor's name.
 #include <catch2/catch.hpp>
-
 #include <exception>
 #include <latch>
 #include <map>
@@ -434,8 +433,10 @@ TEST_CASE("threads sharing one compressor give exactly the serial payloads, for 
   }
 }
 
-TEST_CASE("payloads and residuals are functions of the values, not of where the buffers lie, for every compressor",
-          "[compression]") {
+TEST_CASE(
+    "payloads and residuals are functions of the values, not of where the buffers lie, for every "
+    "compressor",
+    "[compression]") {
   // Issue 18: a vectorised reduction over a buffer of unknown alignment sums in an order that
   // follows the address. The update is placed at every 4-byte offset from a 64-byte boundary, and
   // the heap is disturbed by a different number of allocations each time, so the compressor's own
@@ -444,7 +445,8 @@ TEST_CASE("payloads and residuals are functions of the values, not of where the 
   const ParamLayout& layout = cnn();
   constexpr size_t kRounds = 2;
   std::vector<std::vector<float>> updates;
-  for (size_t r = 0; r < kRounds; ++r) updates.push_back(testing::randomVector(layout.numel(), 310 + r));
+  for (size_t r = 0; r < kRounds; ++r)
+    updates.push_back(testing::randomVector(layout.numel(), 310 + r));
   for (const auto& spec : testing::allCompressorSpecs()) {
     INFO(spec);
     const auto c = makeCompressor(spec);
@@ -456,9 +458,11 @@ TEST_CASE("payloads and residuals are functions of the values, not of where the 
       SharedFactors shared = c->initialShared(layout, kSeed);
       AlignedVector<float> buf(layout.numel() + kSimdAlign / sizeof(float));
       for (size_t r = 0; r < kRounds; ++r) {
-        std::copy(updates[r].begin(), updates[r].end(), buf.begin() + static_cast<ptrdiff_t>(offset_floats));
-        out.push_back(clientRound(*c, st, r, 3, std::span<const float>(buf).subspan(offset_floats, layout.numel()),
-                                  shared));
+        std::copy(updates[r].begin(), updates[r].end(),
+                  buf.begin() + static_cast<ptrdiff_t>(offset_floats));
+        out.push_back(clientRound(
+            *c, st, r, 3, std::span<const float>(buf).subspan(offset_floats, layout.numel()),
+            shared));
       }
       return std::make_pair(out, testing::stateBytes(st));
     };

@@ -50,15 +50,18 @@ TEST_CASE("a subset costs memory for the examples it keeps, not for the whole fi
   testing::writePlain(dir.file("lbl"), testing::labelFileBytes(n, labels));
   alloc::largest = 0;
   alloc::bytes = 0;
-  const data::Dataset d = data::loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](const auto& l, uint32_t) {
-    std::vector<size_t> every_tenth;
-    for (size_t i = 0; i < l.size(); i += 10) every_tenth.push_back(i);
-    return every_tenth;
-  });
+  const data::Dataset d =
+      data::loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](const auto& l, uint32_t) {
+        std::vector<size_t> every_tenth;
+        for (size_t i = 0; i < l.size(); i += 10) every_tenth.push_back(i);
+        return every_tenth;
+      });
   const long largest = alloc::largest.load(), bytes = alloc::bytes.load();
   REQUIRE(d.size() == n / 10);
   const long kept = static_cast<long>(d.images.size() * sizeof(float));  // 6.3 MB
-  CHECK(largest <= kept);                 // no allocation larger than the kept images
-  CHECK(bytes < 2 * kept + (4L << 20));   // all allocations together: the kept images, labels, buffers
-  CHECK(bytes < static_cast<long>(size_t{n} * 784 * sizeof(float)) / 4);  // far below the whole file
+  CHECK(largest <= kept);  // no allocation larger than the kept images
+  CHECK(bytes <
+        2 * kept + (4L << 20));  // all allocations together: the kept images, labels, buffers
+  CHECK(bytes <
+        static_cast<long>(size_t{n} * 784 * sizeof(float)) / 4);  // far below the whole file
 }

@@ -83,7 +83,8 @@ TEST_CASE("IDX files round trip, plain and gzip", "[data]") {
   }
 }
 
-TEST_CASE("a subset holds exactly the picked examples of the whole file, once each, in file order", "[data]") {
+TEST_CASE("a subset holds exactly the picked examples of the whole file, once each, in file order",
+          "[data]") {
   // A deployed client's shard (issue 20): the same rows and labels the whole load has at those
   // indices, whatever the file's compression and the order or repeats of the picks.
   const SmallSet s;
@@ -93,11 +94,12 @@ TEST_CASE("a subset holds exactly the picked examples of the whole file, once ea
   const Dataset all = loadIdx(dir.file("img.gz"), dir.file("lbl"));
   std::vector<uint8_t> seen_labels;
   uint32_t seen_classes = 0;
-  const Dataset sub = loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [&](const std::vector<uint8_t>& l, uint32_t c) {
-    seen_labels = l;
-    seen_classes = c;
-    return std::vector<size_t>{4, 1, 4, 3};  // out of order, 4 twice
-  });
+  const Dataset sub = loadIdxSubset(
+      dir.file("img.gz"), dir.file("lbl"), [&](const std::vector<uint8_t>& l, uint32_t c) {
+        seen_labels = l;
+        seen_classes = c;
+        return std::vector<size_t>{4, 1, 4, 3};  // out of order, 4 twice
+      });
   CHECK(seen_labels == all.labels);  // the selector sees every label
   CHECK(seen_classes == all.num_classes);
   CHECK(sub.num_classes == all.num_classes);
@@ -129,7 +131,9 @@ TEST_CASE("a subset holds exactly the picked examples of the whole file, once ea
   }
   CHECK(at == std::vector<size_t>{2, 0, 2, 1});
   // Nothing picked: an empty data set of the file's shape; a pick past the file: InvalidArgument.
-  CHECK(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](auto&, auto) { return std::vector<size_t>{}; }).size() == 0);
+  CHECK(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"), [](auto&, auto) {
+          return std::vector<size_t>{};
+        }).size() == 0);
   CHECK_THROWS_MATCHING(loadIdxSubset(dir.file("img.gz"), dir.file("lbl"),
                                       [](auto&, auto) { return std::vector<size_t>{5}; }),
                         InvalidArgument, Contains("example 5 picked from a file of 5"));
@@ -137,7 +141,8 @@ TEST_CASE("a subset holds exactly the picked examples of the whole file, once ea
   auto cut = s.imageBytes();
   cut.resize(cut.size() - 3);
   testing::writePlain(dir.file("cut"), cut);
-  CHECK_THROWS_MATCHING(loadIdxSubset(dir.file("cut"), dir.file("lbl"), [](auto&, auto) { return std::vector<size_t>{0}; }),
+  CHECK_THROWS_MATCHING(loadIdxSubset(dir.file("cut"), dir.file("lbl"),
+                                      [](auto&, auto) { return std::vector<size_t>{0}; }),
                         IoError, Contains("truncated"));
 }
 

@@ -2,18 +2,16 @@
 // starling-keygen; CURVE on), on Fashion-MNIST with the softmax model. Each test bounds its own
 // time and kills only the processes it started, by pid.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <set>
 #include <thread>
+#include <zmq.hpp>
 
 #include "compression/compressor.h"
 #include "core/client_state.h"
 #include "integration/federation.h"
 #include "protocol/control.h"
 #include "transport/keys.h"
-
-#include <zmq.hpp>
 
 using namespace starling;
 using namespace starling::testing;
@@ -154,16 +152,30 @@ TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, 
                                       "3", "--state.metrics", f.path("metrics.jsonl"), "--state.checkpoint",
                                       f.path("ck.bin"), "--compression.compressor", "topk:density=0.1"};
   f.root("root", port, allow, args);
-  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 3, {"--client.delay_ms", "300"});
+  for (uint64_t c = 0; c < 3; ++c)
+    f.client(c, port, "server", 3, {"--client.delay_ms", "300", "--log.level", "debug"});
   awaitRounds(f, 2, seconds(60));
   f.proc("root").signal(SIGKILL);
   REQUIRE(f.proc("root").wait(seconds(10)) == 128 + SIGKILL);
   const Checkpoint at_kill = readCheckpoint(f.path("ck.bin"));
   const size_t done_at_kill = metricLines(f).size();
   CHECK(at_kill.next_round == done_at_kill + 1);
-  // Down for 4 s: each client queues a few heartbeats (one a second), which the restarted root
-  // answers with NotRegistered all at once.
-  std::this_thread::sleep_for(seconds(4));
+  // Down until each client has queued 15 heartbeats (one each 200 ms here), which the restarted
+  // root answers with NotRegistered all at once.
+  std::vector<size_t> beats_at_kill;
+  const auto beats = [&](uint64_t c) {
+    return countOf(f.log("client-" + std::to_string(c)), "heartbeat sent");
+  };
+  for (uint64_t c = 0; c < 3; ++c) beats_at_kill.push_back(beats(c));
+  const bool queued = waitFor(
+      [&] {
+        for (uint64_t c = 0; c < 3; ++c)
+          if (beats(c) < beats_at_kill[c] + 15) return false;
+        return true;
+      },
+      seconds(30));
+  INFO(f.allLogs());
+  REQUIRE(queued);
   f.root("root", port, allow, args);  // same command, same checkpoint
   const int rc = f.proc("root").wait(seconds(90));
   INFO(f.allLogs());
@@ -186,7 +198,8 @@ TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, 
     // re-registration with the same root, after a long silence, would be another matter).
     std::set<std::string> sessions;
     const std::string log = f.log(name);
-    for (size_t at = log.find("registered (session "); at != std::string::npos; at = log.find("registered (session ", at + 1))
+    for (size_t at = log.find("registered (session "); at != std::string::npos;
+         at = log.find("registered (session ", at + 1))
       sessions.insert(log.substr(at + 20, log.find(')', at) - at - 20));
     CHECK(sessions.size() == 2);
     CHECK(countOf(log, "registered (session") <= 3);  // 35 each before the fix
@@ -202,9 +215,13 @@ TEST_CASE("SIGTERM stops the root at once, waiting or mid-phase, and costs no co
   f.clientKeys(0, 2);
   const int port = freePort();
   const std::string allow = f.allowList("allow", {"client-0", "client-1"});
-  const std::vector<std::string> args{"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients",
-                                      "2", "--sampling.wait_ms", "60000", "--round.deadline_ms", "60000",
-                                      "--state.metrics", f.path("metrics.jsonl"), "--state.checkpoint", f.path("ck.bin")};
+  const std::vector<std::string> args{"--train.rounds",           "2",
+                                      "--sampling.min_available", "2",
+                                      "--sampling.min_clients",   "2",
+                                      "--sampling.wait_ms",       "60000",
+                                      "--round.deadline_ms",      "60000",
+                                      "--state.metrics",          f.path("metrics.jsonl"),
+                                      "--state.checkpoint",       f.path("ck.bin")};
   const auto stopRoot = [&](const std::string& while_what) {
     INFO(while_what);
     const auto t0 = std::chrono::steady_clock::now();
@@ -220,13 +237,15 @@ TEST_CASE("SIGTERM stops the root at once, waiting or mid-phase, and costs no co
   // 1. Waiting for a second client that never comes.
   f.root("root", port, allow, args);
   f.client(0, port, "server", 2);
-  REQUIRE(waitFor([&] { return f.log("root").find("client 0 registered") != std::string::npos; }, seconds(30)));
+  REQUIRE(waitFor([&] { return f.log("root").find("client 0 registered") != std::string::npos; },
+                  seconds(30)));
   stopRoot("waiting for clients");
   // 2. In the middle of round 1's phase: client 1 trains for 30 s.
   f.root("root", port, allow, args);
   f.client(1, port, "server", 2, {"--client.delay_ms", "30000"});
-  REQUIRE(waitFor([&] { return f.log("client-1").find("round 1 phase 0: training") != std::string::npos; },
-                  seconds(30)));
+  REQUIRE(waitFor(
+      [&] { return f.log("client-1").find("round 1 phase 0: training") != std::string::npos; },
+      seconds(30)));
   stopRoot("mid-phase");
   // Restarted without the slow client's delay: round 1 runs, and both rounds are applied.
   f.proc("client-1").signal(SIGKILL);
@@ -292,8 +311,8 @@ TEST_CASE("a client whose key is not admitted is refused", "[integration][server
   // The root waits 8 s for a second client, in which client 1 (refused) tries at least once even
   // on a loaded machine: its refusal must show in the root's log.
   f.root("root", port, f.allowList("allow", {"client-0"}),
-         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--sampling.wait_ms",
-          "8000", "--state.metrics", f.path("metrics.jsonl")});
+         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+          "--sampling.wait_ms", "8000", "--state.metrics", f.path("metrics.jsonl")});
   f.client(0, port, "server", 2);
   f.client(1, port, "server", 2);
   const int rc = f.proc("root").wait(seconds(60));
@@ -306,7 +325,8 @@ TEST_CASE("a client whose key is not admitted is refused", "[integration][server
   CHECK(f.log("client-1").find("registered (session") == std::string::npos);
   CHECK(f.log("root").find("client 0 registered") != std::string::npos);
   // The root says who was turned away, and why.
-  CHECK(f.log("root").find("refused a connection from 127.0.0.1: its CURVE public key is not on the allow-list") !=
+  CHECK(f.log("root").find(
+            "refused a connection from 127.0.0.1: its CURVE public key is not on the allow-list") !=
         std::string::npos);
 }
 
@@ -347,9 +367,9 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   // (round 1 then went by unapplied and the test waited for it in vain). One round: a second
   // would wait those 60 s for the killed aggregator.
   f.root("root", port, f.allowList("allow-root", {"agg-100", "agg-101"}),
-         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--sampling.wait_ms",
-          "60000", "--round.deadline_ms", "20000", "--state.metrics", f.path("metrics.jsonl"),
-          "--security.aggregator_ids", "100,101"});
+         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "1",
+          "--sampling.wait_ms", "60000", "--round.deadline_ms", "20000", "--state.metrics",
+          f.path("metrics.jsonl"), "--security.aggregator_ids", "100,101"});
   f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1"}), {"--aggregator.min_clients", "2"});
   f.aggregator(101, p101, port, f.allowList("allow-101", {"client-2", "client-3"}), {"--aggregator.min_clients", "2"});
   f.client(0, p100, "agg-100", 4);

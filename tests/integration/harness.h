@@ -23,6 +23,7 @@
 
 #include "core/bytes.h"
 #include "core/file_io.h"
+#include "tests/wait_for.h"
 
 extern char** environ;
 
@@ -120,16 +121,6 @@ inline size_t countOf(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
   return n;
-}
-
-// Polls `pred` every 25 ms until it holds (true) or `timeout` passes (false).
-inline bool waitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  return true;
 }
 
 // A port free on 127.0.0.1 right now (the kernel's pick).

@@ -8,7 +8,6 @@
 // apply every round with the honest clients, and end with the model the same federation reaches
 // without the attacker. Each wait is bounded; only processes this test started are killed (by pid).
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -63,10 +62,13 @@ class Attacker {
            sock_.send(zmq::buffer(b.data(), b.size()), zmq::send_flags::none).has_value();
   }
   // Sends with `how` and waits for the Reject it earns; true when one with `code` came.
-  bool expectRejectOf(const std::function<void()>& how, Errc code, milliseconds timeout = milliseconds(3000)) {
+  bool expectRejectOf(const std::function<void()>& how, Errc code,
+                      milliseconds timeout = milliseconds(3000)) {
     const size_t before = rejects.size();
     how();
-    pump(timeout, [&](pr::MessageKind k) { return k == pr::MessageKind::kReject && rejects.size() > before; });
+    pump(timeout, [&](pr::MessageKind k) {
+      return k == pr::MessageKind::kReject && rejects.size() > before;
+    });
     if (rejects.size() == before) return false;
     return rejects.back().code == static_cast<uint32_t>(code);
   }

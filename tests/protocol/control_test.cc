@@ -111,10 +111,12 @@ TEST_CASE("a decoder refuses another message type, truncation and lies", "[proto
   CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 0.1, 1.5})); }) == errcName(Errc::kNonFinite));
   // A finite loss no model reaches (issue 20: 1.7e308 was accepted, then overflowed the server's
   // weighted mean): refused above ControlLimits::max_eval_loss (1e9), accepted at it.
-  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1.7e308, 0.5})); }) ==
-        errcName(Errc::kValueTooLarge));
-  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1.000001e9, 0.5})); }) ==
-        errcName(Errc::kValueTooLarge));
+  CHECK(errcOf([&] {
+          decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1.7e308, 0.5}));
+        }) == errcName(Errc::kValueTooLarge));
+  CHECK(errcOf([&] {
+          decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1.000001e9, 0.5}));
+        }) == errcName(Errc::kValueTooLarge));
   CHECK(decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1e9, 0.5})).loss == 1e9);
   // Chunks: index past count, count 0, data over the chunk size.
   const std::vector<uint8_t> data(100, 7);

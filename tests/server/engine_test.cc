@@ -490,7 +490,8 @@ TEST_CASE("metric names that would break or repeat a key of the metrics file are
   CHECK_NOTHROW(server::RoundEngine(w.layout, cfg, w.init()));
 }
 
-TEST_CASE("the evaluation's weighted mean stays finite at the largest losses and weights", "[server]") {
+TEST_CASE("the evaluation's weighted mean stays finite at the largest losses and weights",
+          "[server]") {
   // Issue 20: the mean was summed as loss x examples, which overflowed for a loss near the double
   // range. At the bounds the server enforces (loss <= 1e9, examples <= 1e7 per client, many
   // clients) the mean is finite and exact enough; and an honest mix is the plain weighted mean.
@@ -523,16 +524,18 @@ class StoppingFleet final : public server::Fleet {
   enum class At { kNowhere, kWait, kPhase, kEvaluate };
   explicit StoppingFleet(server::Fleet& inner) : inner_(inner) {}
   At at = At::kNowhere;
-  std::vector<server::ClientInfo> waitForClients(size_t m, std::chrono::milliseconds t, uint64_t r) override {
+  std::vector<server::ClientInfo> waitForClients(size_t m, std::chrono::milliseconds t,
+                                                 uint64_t r) override {
     if (at == At::kWait) STARLING_THROW(server::Stopped, "asked to stop");
     return inner_.waitForClients(m, t, r);
   }
-  server::PhaseReport runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> p, size_t target,
-                               aggregation::PhaseAggregator& agg) override {
+  server::PhaseReport runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> p,
+                               size_t target, aggregation::PhaseAggregator& agg) override {
     if (at == At::kPhase) STARLING_THROW(server::Stopped, "asked to stop");
     return inner_.runPhase(task, p, target, agg);
   }
-  server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> p) override {
+  server::EvalReport evaluate(const server::PhaseTask& task,
+                              std::span<const server::ClientInfo> p) override {
     if (at == At::kEvaluate) STARLING_THROW(server::Stopped, "asked to stop");
     return inner_.evaluate(task, p);
   }
@@ -544,8 +547,9 @@ class StoppingFleet final : public server::Fleet {
 
 }  // namespace
 
-TEST_CASE("a stop before a round is applied records nothing; during its evaluation it keeps the round",
-          "[server]") {
+TEST_CASE(
+    "a stop before a round is applied records nothing; during its evaluation it keeps the round",
+    "[server]") {
   // Issue 20: a graceful stop must cost no configured round, and must not lose one already applied.
   World w;
   TempDir dir;
@@ -568,9 +572,9 @@ TEST_CASE("a stop before a round is applied records nothing; during its evaluati
   for (const auto at : {StoppingFleet::At::kWait, StoppingFleet::At::kPhase}) {
     fleet.at = at;
     CHECK_THROWS_AS(engine.runRound(fleet), server::Stopped);
-    CHECK(engine.nextRound() == 2);                            // round 2 not used up
-    CHECK(lines() == 1);                                       // nothing recorded
-    CHECK(readFile(cfg.checkpoint, 1 << 24) == ck1);           // the checkpoint as it was
+    CHECK(engine.nextRound() == 2);                   // round 2 not used up
+    CHECK(lines() == 1);                              // nothing recorded
+    CHECK(readFile(cfg.checkpoint, 1 << 24) == ck1);  // the checkpoint as it was
     CHECK(modelOf(engine) == model1);
   }
   // Stopped in round 2's evaluation, after its update was applied: round 2 is recorded and kept.

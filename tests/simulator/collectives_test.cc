@@ -7,8 +7,11 @@
 // OpenMP's threads may deadlock. Each worker checks its own results and reports through its exit
 // status (and stderr, captured to a file when a test reads it).
 #define CATCH_CONFIG_RUNNER
+#include "simulator/collectives.h"
+
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -19,7 +22,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <algorithm>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -28,11 +30,12 @@
 #include <vector>
 
 #include "core/error.h"
-#include "simulator/collectives.h"
 #include "simulator/launch.h"
+#include "tests/wait_for.h"
 
 namespace sim = starling::simulator;
 namespace fs = std::filesystem;
+using starling::testing::waitFor;
 using namespace std::chrono_literals;
 
 namespace {
@@ -309,19 +312,31 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     CHECK(i.local_world_size == 3);
     CHECK(i.master_port == 4242);
   }
-  SECTION("workers on this machine: LOCAL_WORLD_SIZE, a plain SLURM_STEP_TASKS_PER_NODE, else unknown") {
+  SECTION(
+      "workers on this machine: LOCAL_WORLD_SIZE, a plain SLURM_STEP_TASKS_PER_NODE, else "
+      "unknown") {
     CHECK(sim::parseLaunchInfo(lookup({})).local_world_size == 1);
-    CHECK(sim::parseLaunchInfo(lookup({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                                       {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
+    CHECK(sim::parseLaunchInfo(lookup({{"RANK", "5"},
+                                       {"WORLD_SIZE", "8"},
+                                       {"LOCAL_RANK", "1"},
+                                       {"LOCAL_WORLD_SIZE", "4"},
+                                       {"MASTER_ADDR", "h"},
+                                       {"MASTER_PORT", "1"}}))
               .local_world_size == 4);
-    CHECK(sim::parseLaunchInfo(lookup({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
+    CHECK(sim::parseLaunchInfo(
+              lookup(
+                  {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
               .local_world_size == 0);
-    const Env slurm{{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"},
-                    {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"}, {"MASTER_PORT", "1"}};
+    const Env slurm{{"SLURM_PROCID", "3"},
+                    {"SLURM_NTASKS", "6"},
+                    {"SLURM_LOCALID", "1"},
+                    {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"},
+                    {"MASTER_PORT", "1"}};
     Env per_node = slurm;
     per_node["SLURM_STEP_TASKS_PER_NODE"] = "2";
     CHECK(sim::parseLaunchInfo(lookup(per_node)).local_world_size == 2);
-    per_node["SLURM_STEP_TASKS_PER_NODE"] = "2(x3)";  // srun's form for several nodes: not one number
+    per_node["SLURM_STEP_TASKS_PER_NODE"] =
+        "2(x3)";  // srun's form for several nodes: not one number
     CHECK(sim::parseLaunchInfo(lookup(per_node)).local_world_size == 0);
     CHECK(sim::parseLaunchInfo(lookup(slurm)).local_world_size == 0);
   }
@@ -341,8 +356,10 @@ TEST_CASE("inconsistent launch variables are ConfigErrors naming the variable", 
   CHECK_THAT(configError(with({{"RANK", "0"}})), Catch::Contains("RANK is set but WORLD_SIZE is not"));
   CHECK_THAT(configError(with({{"WORLD_SIZE", "2"}})), Catch::Contains("WORLD_SIZE is set but RANK is not"));
   CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}})), Catch::Contains("LOCAL_RANK=2"));
-  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
-             Catch::Contains("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"));
+  CHECK_THAT(
+      configError(with(
+          {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
+      Catch::Contains("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"));
   CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "two"}})),
              Catch::Contains("LOCAL_WORLD_SIZE='two'"));
   CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}), Catch::Contains("MASTER_ADDR is not set"));
@@ -453,29 +470,33 @@ int runSpawnRole(int argc, char** argv) {
   if (std::string(argv[1]) == "--spawn-worker") {
     const sim::LaunchInfo i = sim::launchInfoFromEnvironment();
     std::ofstream(out / ("rank" + std::to_string(i.rank) + ".txt"))
-        << i.source << " " << i.rank << " " << i.world_size << " " << i.local_rank << " " << i.local_world_size << "\n";
-    std::this_thread::sleep_for(600s);
-    return 0;
+        << i.source << " " << i.rank << " " << i.world_size << " " << i.local_rank << " "
+        << i.local_world_size << "\n";
+    for (;;) pause();  // until the test's or the kernel's SIGKILL
   }
-  const auto pids = sim::spawnLocalRanks(self_exe, {"--spawn-worker", out.string()}, 3, 4242,
-                                         sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = {}});
+  const auto pids = sim::spawnLocalRanks(
+      self_exe, {"--spawn-worker", out.string()}, 3, 4242,
+      sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = {}});
   {
     std::ofstream f(out / "pids.tmp");
     for (int p : pids) f << p << "\n";
   }
   fs::rename(out / "pids.tmp", out / "pids.txt");
-  std::this_thread::sleep_for(600s);
-  return 0;
+  for (;;) pause();  // until the test kills it
 }
 
-TEST_CASE("spawned workers: only the ranks asked for, their launch variables, and they die with their spawner",
-          "[simulator][launch]") {
+TEST_CASE(
+    "spawned workers: only the ranks asked for, their launch variables, and they die with their "
+    "spawner",
+    "[simulator][launch]") {
   TempDir dir;
   const auto spawner = sim::spawnLocalRanks(self_exe, {"--spawner", dir.path.string()}, 1, 0);
-  const auto until = std::chrono::steady_clock::now() + 30s;
-  while (!(fs::exists(dir.path / "pids.txt") && fs::exists(dir.path / "rank1.txt") && fs::exists(dir.path / "rank2.txt")) &&
-         std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(20ms);
+  waitFor(
+      [&] {
+        return fs::exists(dir.path / "pids.txt") && fs::exists(dir.path / "rank1.txt") &&
+               fs::exists(dir.path / "rank2.txt");
+      },
+      30s);
   std::vector<int> workers;
   {
     std::ifstream f(dir.path / "pids.txt");
@@ -498,34 +519,37 @@ TEST_CASE("spawned workers: only the ranks asked for, their launch variables, an
     const auto close = line.rfind(')');
     return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
   };
-  bool gone = false;
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (!gone && std::chrono::steady_clock::now() < deadline) {
-    gone = true;
-    for (int p : workers) gone = gone && ended(p);
-    if (!gone) std::this_thread::sleep_for(20ms);
-  }
+  const bool gone =
+      waitFor([&] { return std::all_of(workers.begin(), workers.end(), ended); }, 20s);
   if (!gone)
     for (int p : workers) kill(p, SIGKILL);  // ours, by pid: leave nothing behind on failure
   CHECK(gone);
 }
 
-TEST_CASE("spawning: bad options are InvalidArgument, a program that cannot start an IoError", "[simulator][launch]") {
-  CHECK_THROWS_AS(sim::spawnLocalRanks(self_exe, {}, 2, 1, sim::SpawnOptions{.first_rank = 3, .die_with_parent = false,
-                                                                               .stderr_paths = {}, .argv0 = {}}),
-                  starling::InvalidArgument);
-  CHECK_THROWS_AS(sim::spawnLocalRanks(self_exe, {}, 2, 1, sim::SpawnOptions{.first_rank = 1, .die_with_parent = false,
-                                                                               .stderr_paths = {"a", "b"}, .argv0 = {}}),
-                  starling::InvalidArgument);
+TEST_CASE("spawning: bad options are InvalidArgument, a program that cannot start an IoError",
+          "[simulator][launch]") {
+  CHECK_THROWS_AS(
+      sim::spawnLocalRanks(
+          self_exe, {}, 2, 1,
+          sim::SpawnOptions{
+              .first_rank = 3, .die_with_parent = false, .stderr_paths = {}, .argv0 = {}}),
+      starling::InvalidArgument);
+  CHECK_THROWS_AS(
+      sim::spawnLocalRanks(
+          self_exe, {}, 2, 1,
+          sim::SpawnOptions{
+              .first_rank = 1, .die_with_parent = false, .stderr_paths = {"a", "b"}, .argv0 = {}}),
+      starling::InvalidArgument);
   // die_with_parent from another thread than the main one: the kernel would kill the children when
   // that thread ends.
   std::exception_ptr err;
   std::vector<int> started;
   std::thread([&] {
     try {
-      started = sim::spawnLocalRanks(self_exe, {"--spawn-worker", "/nonexistent"}, 2, 1,
-                                     sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {},
-                                                       .argv0 = {}});
+      started = sim::spawnLocalRanks(
+          self_exe, {"--spawn-worker", "/nonexistent"}, 2, 1,
+          sim::SpawnOptions{
+              .first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = {}});
     } catch (...) {
       err = std::current_exception();
     }

@@ -17,9 +17,19 @@ namespace {
 // On the CPU whatever the build: the runs compare results bit for bit across worker counts and
 // resumes, which a GPU gives only to float rounding (make gpu-check covers the GPU).
 std::vector<std::string> simArgs(const TempDir& dir, const std::string& tag, int workers, int rounds) {
-  return {binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
-          "--sim.device", "cpu", "--sim.workers", std::to_string(workers), "--train.rounds", std::to_string(rounds), "--state.checkpoint",
-          dir / (tag + ".ckpt"), "--state.metrics", dir / (tag + ".jsonl")};
+  return {binDir() + "/starling-sim",
+          "--config",
+          std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+          "--sim.device",
+          "cpu",
+          "--sim.workers",
+          std::to_string(workers),
+          "--train.rounds",
+          std::to_string(rounds),
+          "--state.checkpoint",
+          dir / (tag + ".ckpt"),
+          "--state.metrics",
+          dir / (tag + ".jsonl")};
 }
 
 std::string field(const std::string& json, const std::string& key) {
@@ -106,7 +116,8 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
   CHECK(readText(dir / "bad3.log").find("not a streaming rule") != std::string::npos);
 }
 
-TEST_CASE("device settings no worker can meet stop the run before any worker starts", "[simulator][integration]") {
+TEST_CASE("device settings no worker can meet stop the run before any worker starts",
+          "[simulator][integration]") {
   TempDir dir("simdev");
   const auto run = [&](std::vector<std::string> extra, const std::string& log) {
     std::vector<std::string> a{binDir() + "/starling-sim", "--config",
@@ -120,13 +131,15 @@ TEST_CASE("device settings no worker can meet stop the run before any worker sta
   // (a wheel's without a driver), or has fewer.
   const auto [rc1, log1] = run({"--sim.device", "cuda:64"}, "d1.log");
   CHECK(rc1 == 2);
-  CHECK((log1.find("has no CUDA") != std::string::npos || log1.find("sees no GPU") != std::string::npos ||
+  CHECK((log1.find("has no CUDA") != std::string::npos ||
+         log1.find("sees no GPU") != std::string::npos ||
          log1.find("GPUs are visible") != std::string::npos));
   const auto [rc2, log2] = run({"--sim.device", "tpu"}, "d2.log");
   CHECK(rc2 == 2);
   CHECK(log2.find("'tpu' is not one of auto, cpu, cuda, cuda:N") != std::string::npos);
   // NCCL takes one worker per GPU.
-  const auto [rc3, log3] = run({"--sim.device", "cpu", "--sim.backend", "nccl", "--sim.workers_per_gpu", "2"}, "d3.log");
+  const auto [rc3, log3] =
+      run({"--sim.device", "cpu", "--sim.backend", "nccl", "--sim.workers_per_gpu", "2"}, "d3.log");
   CHECK(rc3 == 2);
   CHECK(log3.find("use sim.backend = gloo") != std::string::npos);
 }
@@ -275,10 +288,11 @@ TEST_CASE("clients unavailable per their trace are never sampled", "[simulator][
     return dir / name;
   };
   const auto run = [&](const std::string& tag, const std::string& trace_file) {
-    Proc p({binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
-            "--sim.device", "cpu", "--sim.workers", "1", "--train.rounds", "4", "--eval.every", "0",
-            "--sampling.clients_per_round", "10",
-            "--devices.trace", trace_file, "--state.metrics", dir / (tag + ".jsonl")},
+    Proc p({binDir() + "/starling-sim", "--config",
+            std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml", "--sim.device", "cpu",
+            "--sim.workers", "1", "--train.rounds", "4", "--eval.every", "0",
+            "--sampling.clients_per_round", "10", "--devices.trace", trace_file, "--state.metrics",
+            dir / (tag + ".jsonl")},
            dir / (tag + ".log"));
     const int rc = p.wait(seconds(300));
     INFO(readText(dir / (tag + ".log")));

@@ -50,11 +50,14 @@ for bad in "--split.cut fc9" "--split.up zip" "--role fog" "--data.shift blur"; 
   grep -q "starling-split:" "$dir/out" || { echo "no clear error for $bad"; cat "$dir/out"; exit 1; }
 done
 # Devices: an unknown one, a GPU this machine or build cannot give, a GPU for an edge: clear errors.
-if "$bin" --role inproc "${common[@]}" --device gpu > "$dir/out" 2>&1; then echo "--device gpu accepted"; exit 1; fi
+if "$bin" --role inproc "${common[@]}" --device gpu > "$dir/out" 2>&1; then
+  echo "--device gpu accepted"; exit 1; fi
 grep -q "'gpu' is not one of auto, cpu, cuda, cuda:N" "$dir/out"
-if "$bin" --role inproc "${common[@]}" --device cuda:99 > "$dir/out" 2>&1; then echo "--device cuda:99 accepted"; exit 1; fi
+if "$bin" --role inproc "${common[@]}" --device cuda:99 > "$dir/out" 2>&1; then
+  echo "--device cuda:99 accepted"; exit 1; fi
 grep -qE "has no CUDA|sees no GPU|GPUs? (is|are) visible" "$dir/out" || { cat "$dir/out"; exit 1; }
-if "$bin" --role edge --device cuda > "$dir/out" 2>&1; then echo "an edge on a GPU accepted"; exit 1; fi
+if "$bin" --role edge --device cuda > "$dir/out" 2>&1; then
+  echo "an edge on a GPU accepted"; exit 1; fi
 grep -q "an edge device runs its part on the CPU" "$dir/out"
 if "$bin" --role inproc --split.pretrained "$dir/none.bin" --data.max_train 10 > "$dir/out" 2>&1; then echo "missing file accepted"; exit 1; fi
 grep -q "does not exist: write it first with --role pretrain" "$dir/out"

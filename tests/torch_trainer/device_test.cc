@@ -1,11 +1,12 @@
 // Choosing the device (torch_trainer/device.h) from made-up inventories, the real inventory of
 // this build, and the device-generic trainer on the CPU.
+#include "torch_trainer/device.h"
+
 #include <catch2/catch.hpp>
 
 #include "check_throws.h"
 #include "client/synthetic.h"
 #include "torch_trainer/blobs.h"
-#include "torch_trainer/device.h"
 #include "torch_trainer/torch_trainer.h"
 
 using namespace starling;
@@ -22,10 +23,12 @@ Device cuda(int i) { return Device{Device::Kind::kCuda, i}; }
 
 }  // namespace
 
-TEST_CASE("auto takes a GPU when LibTorch sees one, the CPU otherwise; cpu is always the CPU", "[torch_trainer]") {
+TEST_CASE("auto takes a GPU when LibTorch sees one, the CPU otherwise; cpu is always the CPU",
+          "[torch_trainer]") {
   CHECK(chooseDevice("auto", DeviceInventory{}, {}) == Device{});
   CHECK(chooseDevice("auto", gpus(0), {}) == Device{});
-  CHECK(chooseDevice("auto", DeviceInventory{false, 2, "", false}, {}) == Device{});  // no CUDA in LibTorch
+  CHECK(chooseDevice("auto", DeviceInventory{false, 2, "", false}, {}) ==
+        Device{});  // no CUDA in LibTorch
   CHECK(chooseDevice("auto", gpus(2), {}) == cuda(0));
   CHECK(chooseDevice("cpu", gpus(4), {3, 4, 1}) == Device{});
   CHECK(Device{}.str() == "cpu");
@@ -53,7 +56,8 @@ TEST_CASE("workers bind GPU local rank / workers_per_gpu", "[torch_trainer]") {
   CHECK(chooseDevice("cuda:1", gpus(2), {0, 4, 1}) == cuda(1));
 }
 
-TEST_CASE("device settings no worker can meet are ConfigErrors that say what to change", "[torch_trainer]") {
+TEST_CASE("device settings no worker can meet are ConfigErrors that say what to change",
+          "[torch_trainer]") {
   const auto error = [](std::string_view s, const DeviceInventory& inv, const WorkerPlacement& p) {
     try {
       chooseDevice(s, inv, p);
@@ -68,7 +72,8 @@ TEST_CASE("device settings no worker can meet are ConfigErrors that say what to 
   CHECK_THAT(error("cuda:-1", gpus(1), {}), Contains("GPU index must be a number"));
   CHECK_THAT(error("cuda:", gpus(1), {}), Contains("GPU index must be a number"));
   // A CPU-only LibTorch (Debian's).
-  CHECK_THAT(error("cuda", DeviceInventory{}, {}), Contains("has no CUDA") && Contains("docs/gpu.md"));
+  CHECK_THAT(error("cuda", DeviceInventory{}, {}),
+             Contains("has no CUDA") && Contains("docs/gpu.md"));
   CHECK_THAT(error("cuda:0", DeviceInventory{}, {}), Contains("has no CUDA"));
   // A CUDA LibTorch without a driver, or with every GPU hidden.
   CHECK_THAT(error("cuda", gpus(0), {}), Contains("sees no GPU") && Contains("no NVIDIA driver"));
@@ -79,14 +84,17 @@ TEST_CASE("device settings no worker can meet are ConfigErrors that say what to 
   CHECK_THAT(error("cuda", gpus(4), {0, 6, 4}), Contains("does not divide"));
   CHECK_THAT(error("cuda", gpus(2), {0, 1, 0}), Contains("workers_per_gpu = 0 must be at least 1"));
   // More workers than the GPUs can take.
-  CHECK_THAT(error("cuda", gpus(2, "0,1", true), {0, 6, 2}),
-             Contains("6 workers on this machine at workers_per_gpu = 2 need 3 GPUs, but 2 are visible") &&
-                 Contains("CUDA_VISIBLE_DEVICES='0,1'"));
-  CHECK_THAT(error("cuda", gpus(1), {2, 0, 2}), Contains("local rank 2 at workers_per_gpu = 2 needs GPU 1, but 1 is visible"));
+  CHECK_THAT(
+      error("cuda", gpus(2, "0,1", true), {0, 6, 2}),
+      Contains("6 workers on this machine at workers_per_gpu = 2 need 3 GPUs, but 2 are visible") &&
+          Contains("CUDA_VISIBLE_DEVICES='0,1'"));
+  CHECK_THAT(error("cuda", gpus(1), {2, 0, 2}),
+             Contains("local rank 2 at workers_per_gpu = 2 needs GPU 1, but 1 is visible"));
   CHECK_THAT(error("cuda:2", gpus(2), {}), Contains("only 2 GPUs are visible"));
 }
 
-TEST_CASE("this build's own inventory: cuda fails with the reason, auto falls back to the CPU", "[torch_trainer]") {
+TEST_CASE("this build's own inventory: cuda fails with the reason, auto falls back to the CPU",
+          "[torch_trainer]") {
   const DeviceInventory inv = deviceInventory();
   INFO("cuda_built " << inv.cuda_built << ", gpus " << inv.gpus);
   if (inv.gpus == 0) {
@@ -99,7 +107,8 @@ TEST_CASE("this build's own inventory: cuda fails with the reason, auto falls ba
   }
 }
 
-TEST_CASE("the LibTorch trainer notices a data set changed in place between fits", "[torch_trainer]") {
+TEST_CASE("the LibTorch trainer notices a data set changed in place between fits",
+          "[torch_trainer]") {
   // The trainer keeps the data set's labels (and, on a GPU, its images) on the device between
   // fits; a data set edited in place must not train on the stale copy.
   data::Dataset d = testing::blobImages(48, 12, 12, 3, 4);

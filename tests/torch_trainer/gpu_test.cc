@@ -6,7 +6,6 @@
 // `make gpu-check` runs them where a GPU is lent (docs/gpu.md).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -49,8 +48,9 @@ double metric(const client::FitResult& r, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("a fit on the GPU equals the fit on the CPU within 1e-3, for every model and gradient term",
-          "[gpu][torch_trainer]") {
+TEST_CASE(
+    "a fit on the GPU equals the fit on the CPU within 1e-3, for every model and gradient term",
+    "[gpu][torch_trainer]") {
   const data::Dataset d = testing::blobImages(96, 28, 28, 10, 4);
   const auto idx = testing::allIndices(d);
   for (const char* spec : {"logreg", "mlp:hidden=64", "cnn", "resnet", "cnn:momentum=0.9"}) {
@@ -83,7 +83,8 @@ TEST_CASE("a fit on the GPU equals the fit on the CPU within 1e-3, for every mod
   }
 }
 
-TEST_CASE("a diverging fit on the GPU throws and leaves the parameters as they were", "[gpu][torch_trainer]") {
+TEST_CASE("a diverging fit on the GPU throws and leaves the parameters as they were",
+          "[gpu][torch_trainer]") {
   data::Dataset d = testing::separableData(64, 8, 4, 6);
   for (float& x : d.images) x *= 100.0f;
   auto t = makeTorchTrainer("mlp:hidden=16", d, kGpu);
@@ -101,7 +102,8 @@ TEST_CASE("one simulated round on cuda equals the round on cpu within 1e-3", "[g
   const data::Dataset train = testing::blobImages(400, 28, 28, 10, 9);
   sim::SimClients clients;
   clients.train = &train;
-  clients.shards = data::makePartitioner("dirichlet:alpha=0.5")->split(train.labels, train.num_classes, 20, 3);
+  clients.shards =
+      data::makePartitioner("dirichlet:alpha=0.5")->split(train.labels, train.num_classes, 20, 3);
   clients.devices = sim::DevicePopulation::sample(20, sim::DeviceDistributions{}, 3);
   const auto round = [&](const Device& device, const std::string& compressor) {
     auto trainer = makeTorchTrainer("cnn", train, device);
@@ -166,7 +168,8 @@ int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   const Catch::ConfigData& c = session.configData();
-  const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
+  const bool listing =
+      c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
   if (!listing) {
     const DeviceInventory inv = deviceInventory();
     if (inv.gpus == 0) {

@@ -226,7 +226,8 @@ TEST_CASE("every LibTorch trainer's results are functions of the values, not of 
   // The Eigen trainers' issue 18, checked for LibTorch's: caller buffers at every 4-byte offset
   // from a 64-byte boundary, images at every 16-byte residue, fresh and warmed trainers.
   const data::Dataset d = testing::blobImages(48, 12, 12, 3, 4);
-  for (const char* spec : {"logreg", "mlp:hidden=37", "mlp:hidden=37,momentum=0.9", "cnn", "resnet"}) {
+  for (const char* spec :
+       {"logreg", "mlp:hidden=37", "mlp:hidden=37,momentum=0.9", "cnn", "resnet"}) {
     INFO(spec);
     testing::checkAddressIndependence([&] { return makeTorchTrainer(spec, d); }, d,
                                       {.fit = FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.05}});

@@ -1,20 +1,20 @@
 // ServerSocket / ClientSocket over real TCP on 127.0.0.1: CURVE admission through the ZAP
-// handler, insecure mode, routing ids (no takeover), sends to gone peers, many contexts in one process.
+// handler, insecure mode, routing ids (no takeover), sends to gone peers, many contexts in one
+// process.
 #include <catch2/catch.hpp>
 
+#include "tests/wait_for.h"
 #include "transport_util.h"
 
 using namespace starling;
 using namespace starling::transport;
 using namespace starling::transport::testing;
+using starling::testing::waitFor;
 
 namespace {
 // Waits (bounded) until the context has refused at least one handshake.
 bool waitRefused(const Context& ctx, std::chrono::milliseconds timeout = 5000ms) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (ctx.zapRefused() == 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(10ms);
-  return ctx.zapRefused() > 0;
+  return waitFor([&] { return ctx.zapRefused() > 0; }, timeout);
 }
 }  // namespace
 
@@ -65,7 +65,7 @@ TEST_CASE("a client whose key is not on the allow-list gets nothing through", "[
   CHECK(dropped == 0);
   CHECK(refused[0].address == "127.0.0.1");
   CHECK(refused[0].reason.find("not on the allow-list") != std::string::npos);
-  CHECK(refused[0].key.size() == 16);  // the first 8 bytes, in hex
+  CHECK(refused[0].key.size() == 16);             // the first 8 bytes, in hex
   CHECK(server.takeRefusedHandshakes().empty());  // taken once
 
   // The server still admits its client.
@@ -135,21 +135,24 @@ TEST_CASE("sending to an unknown or gone peer returns false at once", "[transpor
   CHECK(failed);
 }
 
-TEST_CASE("a connection naming a routing id in use takes it over, but its messages carry its own key",
-          "[transport]") {
+TEST_CASE(
+    "a connection naming a routing id in use takes it over, but its messages carry its own key",
+    "[transport]") {
   // ROUTER_HANDOVER stays on (without it libzmq parks such a connection unread, holding every
   // frame sent on it). What keeps an intruder from passing for the victim is the key: every
   // message says who sent it, and the server refuses a client's messages from another key.
   const Keys keys(2);
   Context server_ctx, victim_ctx, intruder_ctx;
   ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
-  ClientSocket victim(victim_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(), "victim");
+  ClientSocket victim(victim_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits(),
+                      "victim");
   REQUIRE(victim.send(pattern(30, 13)));
   auto r = receiveMessage(server);
   REQUIRE(r);
   CHECK(r->peer == "victim");
   CHECK(r->authenticated_id == 100u);
-  ClientSocket intruder(intruder_ctx, server.endpoint(), keys.clientSide(keys.clients[1]), testLimits(), "victim");
+  ClientSocket intruder(intruder_ctx, server.endpoint(), keys.clientSide(keys.clients[1]),
+                        testLimits(), "victim");
   REQUIRE(intruder.send(pattern(40, 14)));
   auto stolen = receiveMessage(server);
   REQUIRE(stolen);
@@ -166,17 +169,17 @@ TEST_CASE("the ZAP handler rations each key's handshakes", "[transport]") {
   std::vector<std::unique_ptr<ClientSocket>> many;
   // 100 at once: the burst of 20 plus 5 a second could admit them all only if they took 16 s.
   for (int i = 0; i < 100; ++i) {
-    many.push_back(std::make_unique<ClientSocket>(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]),
-                                                  testLimits()));
+    many.push_back(std::make_unique<ClientSocket>(client_ctx, server.endpoint(),
+                                                  keys.clientSide(keys.clients[0]), testLimits()));
     many.back()->send(pattern(8, static_cast<uint8_t>(i)));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  while (server_ctx.zapAdmitted() + server_ctx.zapRefused() < 100 && std::chrono::steady_clock::now() < t0 + 30s)
-    std::this_thread::sleep_for(10ms);
+  waitFor([&] { return server_ctx.zapAdmitted() + server_ctx.zapRefused() >= 100; }, 30s, 5ms);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  INFO("admitted " << server_ctx.zapAdmitted() << ", refused " << server_ctx.zapRefused() << " in " << took << " s");
-  CHECK(server_ctx.zapAdmitted() >= 20);                                          // the burst
-  CHECK(static_cast<double>(server_ctx.zapAdmitted()) <= 20 + 5 * took + 1);      // then the rate
+  INFO("admitted " << server_ctx.zapAdmitted() << ", refused " << server_ctx.zapRefused() << " in "
+                   << took << " s");
+  CHECK(server_ctx.zapAdmitted() >= 20);                                      // the burst
+  CHECK(static_cast<double>(server_ctx.zapAdmitted()) <= 20 + 5 * took + 1);  // then the rate
   CHECK(server_ctx.zapRefused() > 0);
   const auto refused = server.takeRefusedHandshakes();
   REQUIRE_FALSE(refused.empty());
@@ -184,24 +187,28 @@ TEST_CASE("the ZAP handler rations each key's handshakes", "[transport]") {
   many.clear();
 }
 
-TEST_CASE("connections that name no routing id get their own, a new one after a restart", "[transport]") {
+TEST_CASE("connections that name no routing id get their own, a new one after a restart",
+          "[transport]") {
   const Keys keys(1);
   Context server_ctx;
   ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
   std::string first_peer;
   {
     Context client_ctx;
-    ClientSocket first(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
+    ClientSocket first(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]),
+                       testLimits());
     REQUIRE(first.send(pattern(30, 13)));
     auto r = receiveMessage(server);
     REQUIRE(r);
     first_peer = r->peer;
     REQUIRE_FALSE(first_peer.empty());
-    CHECK(first_peer[0] == '\0');  // a zero byte first: ZeroMQ's own (a peer naming one could copy it)
+    CHECK(first_peer[0] ==
+          '\0');  // a zero byte first: ZeroMQ's own (a peer naming one could copy it)
   }  // the first client is gone (socket and context destroyed: as if its process died)
   // Restarted: a new connection, a new id, reached under it.
   Context client_ctx;
-  ClientSocket second(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
+  ClientSocket second(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]),
+                      testLimits());
   REQUIRE(second.send(pattern(40, 14)));
   auto r = receiveMessage(server);
   REQUIRE(r);
