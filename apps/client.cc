@@ -61,7 +61,7 @@ int runClient(const Config& c) {
       data::loadFashionMnistSubset(c.data_dir, "t10k", shard(*iid, test_shard));
   const std::vector<size_t> train_idx = data::subsetPositions(train_shard),
                             test_idx = data::subsetPositions(test_shard);
-  auto trainer = client::makeTrainer(c.model, train.features(), train.num_classes);
+  auto trainer = client::makeTrainer(c.model, train);
   const client::DataView tv{&train, train_idx}, ev{&test, test_idx};
   log->info("model {} | {} training and {} test examples | server {}", trainer->spec(), tv.size(), ev.size(), c.server);
   transport::Context ctx;

@@ -26,7 +26,7 @@ struct Config {
   apps::NetOptions net;
   uint32_t heartbeat_ms = 1000, silence_ms = 5000;
   std::string model = "softmax";
-  size_t features = 784;
+  size_t rows = 28, cols = 28;  // the clients' images (a flat model reads rows x cols values)
   uint32_t classes = 10;
   uint64_t seed = 1;
   server::EngineConfig engine;
@@ -57,7 +57,7 @@ int runServer(Config& c) {
   c.engine.scheme.run_seed = c.seed;
   c.engine.completion.min_results = c.engine.sampling.min_clients;
   c.engine.completion.min_completion_rate = c.min_completion_rate;
-  auto trainer = client::makeTrainer(c.model, c.features, c.classes);
+  auto trainer = client::makeTrainer(c.model, c.rows, c.cols, c.classes);
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
 
   transport::Context ctx;
@@ -159,7 +159,9 @@ int main(int argc, char** argv) {
   o.add("net.heartbeat_ms", &c.heartbeat_ms, "clients send a heartbeat this often", 10, 600000);
   o.add("net.silence_ms", &c.silence_ms, "a client silent this long fails its task and is unlisted", 20, 3600000);
   o.add("model.spec", &c.model, "model spec:" + client::trainers().help());
-  o.add("model.features", &c.features, "input width of the model", 1, 1u << 24);
+  o.add("model.rows", &c.rows, "image rows of the clients' data (1 for flat data)", 1, 1u << 24);
+  o.add("model.cols", &c.cols, "image columns of the clients' data (the width of flat data)", 1,
+        1u << 24);
   o.add("model.classes", &c.classes, "number of classes", 2, 1u << 20);
   o.add("model.seed", &c.seed, "run seed: initial model, sampling, compression streams", 0, ~0ull);
   o.add("train.rounds", &c.engine.rounds, "federated rounds", 1, 10'000'000);

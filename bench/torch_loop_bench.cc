@@ -11,6 +11,11 @@
 //   cnn_fit/paired      both, alternating epoch by epoch and timed separately (counters bare_ms,
 //                       trainer_ms, trainer_over_bare): robust to the load of a shared machine
 //                       drifting between the two benchmarks above.
+//   cnn_fit/eigen       Trainer::fit of the lightweight client's Eigen "cnn" (client/cnn_model.cc,
+//                       no LibTorch), the same model, examples, batches and shuffle (issue 20:
+//                       at least 0.7x the LibTorch trainer's speed on one core).
+//   cnn_fit/eigen_paired  the Eigen and the LibTorch trainer alternating epoch by epoch (counters
+//                       eigen_ms, torch_ms, eigen_speed_vs_torch).
 //
 // One iteration is one epoch over 600 Fashion-MNIST-sized examples (28x28x1, 10 classes), batch
 // 32, lr 0.05: the first 600 of Fashion-MNIST's training split when the Debian package is
@@ -27,6 +32,7 @@
 
 #include "bench/image_data.h"
 #include "bench/ratios.h"
+#include "client/trainer.h"
 #include "core/rng.h"
 #include "data/idx.h"
 #include "torch_trainer/threads.h"
@@ -96,9 +102,12 @@ struct Bare {
 
 // The trainer's state: one model replica serving "clients" that all start from the global model.
 struct Fit {
+  explicit Fit(bool eigen = false)
+      : trainer(eigen ? client::makeTrainer("cnn", benchDataOnce())
+                      : torch_trainer::makeTorchTrainer("cnn", benchDataOnce())) {}
   const data::Dataset& d = benchDataOnce();
   std::vector<size_t> idx = allIndices();
-  std::unique_ptr<client::Trainer> trainer = torch_trainer::makeTorchTrainer("cnn", d);
+  std::unique_ptr<client::Trainer> trainer;
   std::vector<float> global = initial(*trainer), params;
   const client::FitConfig cfg{.epochs = 1, .batch_size = static_cast<uint32_t>(kBatch), .lr = kLr};
   uint64_t round = 0;
@@ -137,6 +146,22 @@ void trainerFit(benchmark::State& st) {
   setRate(st);
 }
 
+void eigenFit(benchmark::State& st) {
+  Fit f(true);
+  for (auto _ : st) f.epoch();
+  setRate(st);
+}
+
+void eigenPaired(benchmark::State& st) {
+  Fit e(true), t;
+  const auto [eigen_s, torch_s] = bench::pairedSeconds(
+      st, [&] { e.epoch(); }, [&] { t.epoch(); });
+  const auto iters = static_cast<double>(st.iterations());
+  st.counters["eigen_ms"] = 1e3 * eigen_s / iters;
+  st.counters["torch_ms"] = 1e3 * torch_s / iters;
+  st.counters["eigen_speed_vs_torch"] = torch_s / eigen_s;
+}
+
 // Both, alternating epoch by epoch, each timed on its own: slow changes of the machine's load
 // (other jobs on a shared machine) hit both alike. Counters: milliseconds per epoch of each (wall
 // time) and their ratio.
@@ -169,10 +194,19 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 
+  benchmark::RegisterBenchmark("cnn_fit/eigen", eigenFit)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("cnn_fit/eigen_paired", eigenPaired)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+
   const auto rec = starling::bench::runBenchmarks(cl.json);
-  const std::vector<starling::bench::Ratio> ratios = {{"trainer_time_over_bare_loop/cnn",
-                                                       "cnn_fit/trainer", "cnn_fit/bare_loop",
-                                                       "<= 1.10 (issue 8)"}};
+  const std::vector<starling::bench::Ratio> ratios = {
+      {"trainer_time_over_bare_loop/cnn", "cnn_fit/trainer", "cnn_fit/bare_loop",
+       "<= 1.10 (issue 8)"},
+      {"eigen_cnn_speed_vs_libtorch", "cnn_fit/trainer", "cnn_fit/eigen",
+       ">= 0.7 (issue 20: the lightweight client's CNN step against LibTorch's, one core)"}};
   if (!starling::bench::reportRatios(*rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;

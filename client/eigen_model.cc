@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/rng.h"
 
 namespace starling::client::detail {
 
@@ -56,11 +55,6 @@ void checkBatch(const EigenModel& m, std::span<const float> params, const ConstR
                          (grad.empty() || isSimdAligned(grad.data())),
                      m.spec(), ": params, x and grad must start on ", kSimdAlign,
                      "-byte boundaries (AlignedVector); EigenTrainer copies into such buffers");
-}
-
-void fillUniform(std::span<float> values, double limit, uint64_t seed, size_t tensor_index) {
-  RngStream rng(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTraining, tensor_index});
-  for (float& v : values) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * limit);
 }
 
 }  // namespace starling::client::detail

@@ -47,17 +47,25 @@ class EigenModel {
   // 64-byte boundary; labels are the caller's to check.
   virtual BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
                                      std::span<const uint8_t> y, std::span<float> grad) = 0;
+
+  // Examples per forward pass when evaluating: bounds the scratch, not the result.
+  virtual size_t evalBatch() const { return 256; }
 };
 
 // Softmax regression: logits = x W^T + b with W = "fc.weight" [classes, features] and
-// b = "fc.bias" [classes]. Initial parameters are zero (the loss is convex; any start works).
+// b = "fc.bias" [classes]. "softmax" starts at zero (the loss is convex; any start works),
+// "logreg" as PyTorch's Linear (client/trainer.h, initLikePyTorch), like the LibTorch trainer's.
 std::unique_ptr<EigenModel> makeSoftmaxModel(size_t features, uint32_t classes);
+std::unique_ptr<EigenModel> makeLogregModel(size_t features, uint32_t classes);
 
 // One hidden ReLU layer: logits = relu(x W1^T + b1) W2^T + b2 with "fc1.weight" [hidden,
-// features], "fc1.bias" [hidden], "fc2.weight" [classes, hidden], "fc2.bias" [classes].
-// Initial weights: He-uniform for fc1 (it feeds a ReLU), Glorot-uniform for fc2, biases zero;
-// uniform draws only, so initialisation is bit-exact on every machine.
+// features], "fc1.bias" [hidden], "fc2.weight" [classes, hidden], "fc2.bias" [classes],
+// initialised as PyTorch's Linear layers (initLikePyTorch), like the LibTorch trainer's "mlp".
 std::unique_ptr<EigenModel> makeMlpModel(size_t features, uint32_t classes, uint32_t hidden);
+
+// McMahan et al. 2017's CNN on rows x cols images (client/cnn_model.cc), the LibTorch trainer's
+// "cnn": same layout, initialisation and function. ConfigError for images smaller than 4x4.
+std::unique_ptr<EigenModel> makeCnnModel(size_t rows, size_t cols, uint32_t classes);
 
 namespace detail {
 
@@ -73,9 +81,6 @@ BatchStats softmaxCrossEntropy(RowMatrixMap logits, std::span<const uint8_t> y, 
 // The size and alignment checks every model shares (InvalidArgument).
 void checkBatch(const EigenModel& m, std::span<const float> params, const ConstRowMatrixMap& x,
                 std::span<const uint8_t> y, std::span<float> grad);
-
-// Writes a uniform [-limit, limit) draw into each value, from the stream (seed, tensor index).
-void fillUniform(std::span<float> values, double limit, uint64_t seed, size_t tensor_index);
 
 }  // namespace detail
 }  // namespace starling::client

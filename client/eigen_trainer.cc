@@ -3,20 +3,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/finite.h"
 #include "data/sampling.h"
 
 namespace starling::client {
-namespace {
-
-constexpr size_t kEvalBatch = 256;  // evaluation batch: bounds scratch, not the result
-
-}  // namespace
-
-EigenTrainer::EigenTrainer(std::unique_ptr<EigenModel> model) : model_(std::move(model)) {
+EigenTrainer::EigenTrainer(std::unique_ptr<EigenModel> model, double momentum)
+    : model_(std::move(model)), momentum_(momentum) {
   STARLING_CHECK_ARG(model_ != nullptr, "EigenTrainer: no model");
+  STARLING_CHECK_ARG(momentum >= 0 && momentum < 1, "EigenTrainer: momentum ", momentum,
+                     " is not in [0, 1)");
+}
+
+std::string EigenTrainer::spec() const {
+  std::string s = model_->spec();
+  if (momentum_ == 0) return s;
+  std::ostringstream m;  // the LibTorch trainer's form, so both trainers' specs compare equal
+  m << "momentum=" << momentum_;
+  return s + (s.find(':') == std::string::npos ? ":" : ",") + m.str();
 }
 
 void EigenTrainer::checkParams(size_t n) const {
@@ -76,6 +82,9 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
   const ConstVectorMap anchor(cfg.prox_mu > 0 ? cfg.prox_anchor.data() : params.data(), n_params);
   const ConstVectorMap corr(cfg.correction.empty() ? params.data() : cfg.correction.data(), n_params);
   VectorMap gm(grad_.data(), n_params);
+  const auto momentum = static_cast<float>(momentum_);
+  if (momentum_ > 0) velocity_.assign(params.size(), 0.0f);
+  VectorMap v(momentum_ > 0 ? velocity_.data() : grad_.data(), n_params);
   for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
     data::shuffleInPlace(std::span<size_t>(order_), rng);
     for (size_t start = 0; start < order_.size(); start += cfg.batch_size) {
@@ -90,7 +99,12 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
       seen += n;
       if (mu > 0) gm.noalias() += mu * (p - anchor);  // FedProx
       if (!cfg.correction.empty()) gm += corr;         // SCAFFOLD
-      p.noalias() -= lr * g;
+      if (momentum_ > 0) {
+        v = momentum * v + g;
+        p.noalias() -= lr * v;
+      } else {
+        p.noalias() -= lr * g;
+      }
     }
   }
   if (!allFinite(params)) diverged("a parameter is not finite after the last step");
@@ -109,8 +123,9 @@ EvalResult EigenTrainer::evaluate(std::span<const float> caller_params, const Da
   const std::span<const float> params = load(caller_params);
   double loss_sum = 0;
   size_t correct = 0;
-  for (size_t start = 0; start < data.indices.size(); start += kEvalBatch) {
-    const size_t n = std::min(kEvalBatch, data.indices.size() - start);
+  const size_t eval_batch = model_->evalBatch();
+  for (size_t start = 0; start < data.indices.size(); start += eval_batch) {
+    const size_t n = std::min(eval_batch, data.indices.size() - start);
     const auto [x, y] = gather(*data.dataset, data.indices.subspan(start, n));
     const BatchStats st = model_->forwardBackward(params, x, y, {});
     loss_sum += st.loss_sum;

@@ -3,9 +3,11 @@
 //
 // fit(): per epoch, a Fisher-Yates shuffle of the view's indices drawn from the caller's stream,
 // then steps over consecutive batches of cfg.batch_size (the last one may be smaller):
-// params -= lr * d(mean batch loss)/d(params). The loss of each batch is checked before its step;
-// a non-finite loss, or non-finite parameters at the end, leave params as they were and throw
-// DivergenceError. evaluate(): forward passes in fixed batches, no randomness.
+// params -= lr * d(mean batch loss)/d(params), or with momentum m (restarted at zero each fit)
+// v = m v + g, params -= lr * v, as torch.optim.SGD and the LibTorch trainer step. The loss of each
+// batch is checked before its step; a non-finite loss, or non-finite parameters at the end, leave
+// params as they were and throw DivergenceError. evaluate(): forward passes in fixed batches, no
+// randomness.
 //
 // Training runs on the trainer's own copy of params, which like every other buffer the model sees
 // starts on a 64-byte boundary (core/aligned.h), and is copied back once it has succeeded: the
@@ -26,10 +28,12 @@ namespace starling::client {
 
 class EigenTrainer final : public Trainer {
  public:
-  explicit EigenTrainer(std::unique_ptr<EigenModel> model);
+  // momentum in [0, 1) (InvalidArgument otherwise).
+  explicit EigenTrainer(std::unique_ptr<EigenModel> model, double momentum = 0);
 
   std::string name() const override { return model_->name(); }
-  std::string spec() const override { return model_->spec(); }
+  // The model's spec, with ",momentum=M" (or ":momentum=M") when momentum is not 0.
+  std::string spec() const override;
   const ParamLayout& layout() const override { return model_->layout(); }
   size_t features() const override { return model_->features(); }
   uint32_t classes() const override { return model_->classes(); }
@@ -48,10 +52,11 @@ class EigenTrainer final : public Trainer {
   void checkParams(size_t n) const;
 
   std::unique_ptr<EigenModel> model_;
+  double momentum_;
   // Loads params into work_ and returns it as a span.
   std::span<float> load(std::span<const float> params);
 
-  AlignedVector<float> x_, grad_, work_;
+  AlignedVector<float> x_, grad_, work_, velocity_;
   std::vector<uint8_t> y_;
   std::vector<size_t> order_;
 };

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "client/eigen_model.h"
+#include "client/trainer.h"
 #include "core/error.h"
 
 namespace starling::client {
@@ -27,14 +28,8 @@ class MlpModel final : public EigenModel {
   void initParameters(std::span<float> params, uint64_t seed) const override {
     STARLING_CHECK_ARG(params.size() == layout_.numel(), spec(), ": params has ", params.size(),
                        " floats, the layout ", layout_.numel());
-    // He-uniform keeps the variance of a ReLU layer's output (2 / fan_in); Glorot-uniform suits
-    // the linear output layer (2 / (fan_in + fan_out)).
-    detail::fillUniform(layout_.slice(params, 0), std::sqrt(6.0 / static_cast<double>(features_)),
-                        seed, 0);
-    std::ranges::fill(layout_.slice(params, 1), 0.0f);
-    detail::fillUniform(layout_.slice(params, 2),
-                        std::sqrt(6.0 / static_cast<double>(hidden_ + classes_)), seed, 2);
-    std::ranges::fill(layout_.slice(params, 3), 0.0f);
+    std::ranges::fill(params, 0.0f);
+    initLikePyTorch(layout_, layout_.size(), params, seed);
   }
 
   BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,

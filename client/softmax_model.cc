@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "client/eigen_model.h"
+#include "client/trainer.h"
 #include "core/error.h"
 
 namespace starling::client {
@@ -9,21 +10,23 @@ namespace {
 
 class SoftmaxModel final : public EigenModel {
  public:
-  SoftmaxModel(size_t features, uint32_t classes) : features_(features), classes_(classes) {
+  SoftmaxModel(size_t features, uint32_t classes, bool pytorch_init)
+      : features_(features), classes_(classes), pytorch_init_(pytorch_init) {
     layout_.add("fc.weight", {static_cast<int64_t>(classes), static_cast<int64_t>(features)});
     layout_.add("fc.bias", {static_cast<int64_t>(classes)});
   }
 
-  std::string name() const override { return "softmax"; }
-  std::string spec() const override { return "softmax"; }
+  std::string name() const override { return pytorch_init_ ? "logreg" : "softmax"; }
+  std::string spec() const override { return name(); }
   const ParamLayout& layout() const override { return layout_; }
   size_t features() const override { return features_; }
   uint32_t classes() const override { return classes_; }
 
-  void initParameters(std::span<float> params, uint64_t /*seed*/) const override {
+  void initParameters(std::span<float> params, uint64_t seed) const override {
     STARLING_CHECK_ARG(params.size() == layout_.numel(), spec(), ": params has ", params.size(),
                        " floats, the layout ", layout_.numel());
     std::fill(params.begin(), params.end(), 0.0f);
+    if (pytorch_init_) initLikePyTorch(layout_, layout_.size(), params, seed);
   }
 
   BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
@@ -45,6 +48,7 @@ class SoftmaxModel final : public EigenModel {
  private:
   size_t features_;
   uint32_t classes_;
+  bool pytorch_init_;
   ParamLayout layout_;
   AlignedVector<float> logits_;  // scratch [batch, classes]
 };
@@ -54,7 +58,13 @@ class SoftmaxModel final : public EigenModel {
 std::unique_ptr<EigenModel> makeSoftmaxModel(size_t features, uint32_t classes) {
   STARLING_CHECK_ARG(features >= 1, "softmax: the data has 0 features");
   STARLING_CHECK_ARG(classes >= 2, "softmax: a classifier needs at least 2 classes, got ", classes);
-  return std::make_unique<SoftmaxModel>(features, classes);
+  return std::make_unique<SoftmaxModel>(features, classes, false);
+}
+
+std::unique_ptr<EigenModel> makeLogregModel(size_t features, uint32_t classes) {
+  STARLING_CHECK_ARG(features >= 1, "logreg: the data has 0 features");
+  STARLING_CHECK_ARG(classes >= 2, "logreg: a classifier needs at least 2 classes, got ", classes);
+  return std::make_unique<SoftmaxModel>(features, classes, true);
 }
 
 }  // namespace starling::client

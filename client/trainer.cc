@@ -56,29 +56,110 @@ void checkDataView(const DataView& data, size_t features, uint32_t classes) {
   }
 }
 
+double pytorchInitBound(const ParamLayout& layout, size_t trainable, size_t i) {
+  STARLING_CHECK_ARG(trainable <= layout.size() && i < layout.size(), "pytorchInitBound: tensor ",
+                     i, " of ", trainable, " trainable in a layout of ", layout.size());
+  if (i >= trainable) return 0;
+  const TensorSpec& s = layout[i];
+  const auto endsWith = [](const std::string& name, std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (s.shape.size() >= 2 && endsWith(s.name, "weight"))
+    return 1.0 / std::sqrt(static_cast<double>(s.cols()));
+  if (s.shape.size() == 1 && endsWith(s.name, "bias")) {
+    const std::string weight = s.name.substr(0, s.name.size() - 4) + "weight";
+    if (const auto w = layout.find(weight); w && *w < trainable && layout[*w].shape.size() >= 2)
+      return 1.0 / std::sqrt(static_cast<double>(layout[*w].cols()));
+  }
+  return 0;
+}
+
+void initLikePyTorch(const ParamLayout& layout, size_t trainable, std::span<float> params,
+                     uint64_t seed) {
+  STARLING_CHECK_ARG(params.size() == layout.numel(), "initLikePyTorch: params has ", params.size(),
+                     " floats, the layout ", layout.numel());
+  for (size_t i = 0; i < trainable; ++i) {
+    const double bound = pytorchInitBound(layout, trainable, i);
+    if (bound == 0) continue;
+    RngStream rng(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTraining, i});
+    for (float& v : layout.slice(params, i))
+      v = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
+  }
+}
+
+namespace {
+
+double readMomentum(OptionReader& r) {
+  const double m = r.number("momentum", 0.0);
+  if (!(m >= 0 && m < 1))
+    STARLING_THROW(ConfigError, "trainer: momentum=", m, " must be in [0, 1)");
+  return m;
+}
+
+// A flat model reads rows * cols features (0 is the model's InvalidArgument).
+size_t flatFeatures(size_t rows, size_t cols) { return rows * cols; }
+
+constexpr const char* kMomentumOption = "momentum=0 (SGD momentum in [0, 1), restarted each fit)";
+
+}  // namespace
+
 const TrainerRegistry& trainers() {
   using Entry = TrainerRegistry::Entry;
+  using Made = std::unique_ptr<Trainer>;
   static const TrainerRegistry registry(
       "trainer",
       {
           Entry{"softmax",
-                "softmax regression (Eigen): fc.weight [classes, features], fc.bias [classes]", "",
-                [](OptionReader&, size_t features, uint32_t classes) -> std::unique_ptr<Trainer> {
-                  return std::make_unique<EigenTrainer>(makeSoftmaxModel(features, classes));
+                "softmax regression (Eigen), initialised at zero: fc.weight [classes, features], "
+                "fc.bias [classes]",
+                kMomentumOption,
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                  const double m = readMomentum(r);
+                  return std::make_unique<EigenTrainer>(
+                      makeSoftmaxModel(flatFeatures(rows, cols), classes), m);
+                }},
+          Entry{"logreg",
+                "softmax regression (Eigen), initialised as PyTorch's Linear: fc.weight [classes, "
+                "features], fc.bias [classes]",
+                kMomentumOption,
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                  const double m = readMomentum(r);
+                  return std::make_unique<EigenTrainer>(
+                      makeLogregModel(flatFeatures(rows, cols), classes), m);
                 }},
           Entry{"mlp",
                 "one ReLU hidden layer (Eigen): fc1 [hidden, features], fc2 [classes, hidden]",
-                "hidden=128 (hidden units, >= 1)",
-                [](OptionReader& r, size_t features, uint32_t classes) -> std::unique_ptr<Trainer> {
-                  const uint32_t hidden = r.count("hidden", 128);
-                  return std::make_unique<EigenTrainer>(makeMlpModel(features, classes, hidden));
+                std::string("hidden=200 (hidden units, >= 1), ") + kMomentumOption,
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                  const uint32_t hidden = r.count("hidden", 200);
+                  const double m = readMomentum(r);
+                  return std::make_unique<EigenTrainer>(
+                      makeMlpModel(flatFeatures(rows, cols), classes, hidden), m);
+                }},
+          Entry{"cnn",
+                "McMahan et al. 2017 CNN (Eigen): 2 x (conv5x5 'same' + ReLU + maxpool2; 32, 64 "
+                "channels), fc 512 + ReLU, fc classes (1,663,370 parameters at 28x28, 10 classes)",
+                kMomentumOption,
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                  const double m = readMomentum(r);
+                  return std::make_unique<EigenTrainer>(makeCnnModel(rows, cols, classes), m);
                 }},
       });
   return registry;
 }
 
+std::unique_ptr<Trainer> makeTrainer(std::string_view spec, size_t rows, size_t cols,
+                                     uint32_t classes) {
+  return trainers().make(spec, rows, cols, classes);
+}
+
 std::unique_ptr<Trainer> makeTrainer(std::string_view spec, size_t features, uint32_t classes) {
-  return trainers().make(spec, features, classes);
+  return trainers().make(spec, size_t{1}, features, classes);
+}
+
+std::unique_ptr<Trainer> makeTrainer(std::string_view spec, const data::Dataset& d) {
+  return trainers().make(spec, d.rows, d.cols, d.num_classes);
 }
 
 }  // namespace starling::client

@@ -122,14 +122,38 @@ class Trainer {
 // is non-empty, every index is in range, every label of the view is < classes.
 void checkDataView(const DataView& data, size_t features, uint32_t classes);
 
-// Registry of trainers; factories take (features, classes) of the data. Entries:
-//   softmax              softmax regression, "fc.weight" [classes, features] + "fc.bias" [classes]
-//   mlp:hidden=128       one ReLU hidden layer: "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
-using TrainerRegistry = Registry<Trainer, size_t, uint32_t>;
+// Registry of the LibTorch-free trainers; factories take (rows, cols, classes) of the data (a
+// flat model reads rows * cols features). The built-in models are the LibTorch trainer's
+// (torch_trainer/), with the same names, layouts, initialisation and training step, so a spec
+// means the same model in the simulator and on a deployed client:
+//   softmax              softmax regression initialised at zero: "fc.weight", "fc.bias"
+//   logreg               softmax regression initialised as PyTorch's Linear (initLikePyTorch)
+//   mlp:hidden=200       one ReLU hidden layer: "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
+//   cnn                  McMahan et al. 2017's CNN (client/cnn_model.cc)
+// Every entry takes momentum=M (SGD momentum in [0, 1), restarted each fit).
+using TrainerRegistry = Registry<Trainer, size_t, size_t, uint32_t>;
 const TrainerRegistry& trainers();
 
-// makeTrainer("mlp:hidden=64", 784, 10). ConfigError for a bad spec; InvalidArgument for
-// features 0, classes < 2 or a model too large for a ParamLayout.
+// makeTrainer("cnn", 28, 28, 10). ConfigError for a bad spec or an image too small for the
+// model; InvalidArgument for no features, classes < 2 or a model too large for a ParamLayout.
+std::unique_ptr<Trainer> makeTrainer(std::string_view spec, size_t rows, size_t cols,
+                                     uint32_t classes);
+// A flat input of `features` values (rows 1): makeTrainer("mlp:hidden=64", 784, 10).
 std::unique_ptr<Trainer> makeTrainer(std::string_view spec, size_t features, uint32_t classes);
+// The data set's image shape and classes.
+std::unique_ptr<Trainer> makeTrainer(std::string_view spec, const data::Dataset& d);
+
+// PyTorch's default initialisation of Linear and Conv layers, the rule of every built-in model of
+// both trainers (Eigen here, LibTorch in torch_trainer/), so the same seed gives the same model.
+// Among the first `trainable` tensors of the layout, a tensor named "...weight" with 2 or more
+// dimensions draws U(-b, b) with b = 1 / sqrt(fan_in), fan_in = numel / shape[0] (Kaiming-uniform
+// with a = sqrt(5)), and a 1-dimensional "...bias" whose "...weight" has 2 or more dimensions draws
+// with that weight's bound. Each tensor i draws from the stream (seed, i) of core/rng.h
+// (StreamPurpose::kTraining), value by value: (2u - 1) b.
+// pytorchInitBound: the bound of tensor i, 0 where the rule keeps the constructed value.
+double pytorchInitBound(const ParamLayout& layout, size_t trainable, size_t i);
+// Overwrites the tensors the rule draws, leaves the others as they are.
+void initLikePyTorch(const ParamLayout& layout, size_t trainable, std::span<float> params,
+                     uint64_t seed);
 
 }  // namespace starling::client

@@ -41,17 +41,6 @@ using client::FitResult;
 
 constexpr size_t kEvalBatch = 256;  // evaluation batch: bounds scratch, not the result
 
-// How initParameters() fills one tensor of the layout.
-struct InitRule {
-  enum Kind { kSaved, kUniform } kind = kSaved;
-  double bound = 0;  // kUniform: U(-bound, bound)
-};
-
-bool endsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 class TorchTrainer final : public client::Trainer {
  public:
   TorchTrainer(std::unique_ptr<detail::Net> net, size_t rows, size_t cols, uint32_t classes,
@@ -80,19 +69,12 @@ class TorchTrainer final : public client::Trainer {
   size_t features() const override { return rows_ * cols_; }
   uint32_t classes() const override { return classes_; }
 
+  // The constructed values, then PyTorch's Linear/Conv defaults (client::initLikePyTorch) unless
+  // the net keeps its saved values (TorchScript's init=file).
   void initParameters(std::span<float> params, uint64_t seed) const override {
     checkParams(params.size());
-    for (size_t i = 0; i < layout_.size(); ++i) {
-      std::span<float> out = layout_.slice(params, i);
-      if (rules_[i].kind == InitRule::kSaved) {
-        const auto& t = layout_[i];
-        std::copy_n(saved_.begin() + static_cast<std::ptrdiff_t>(t.offset), t.numel, out.begin());
-        continue;
-      }
-      // The stream of the Eigen models' fillUniform: (seed, tensor index).
-      RngStream rng(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTraining, i});
-      for (float& v : out) v = static_cast<float>((2.0 * rng.uniform() - 1.0) * rules_[i].bound);
-    }
+    std::copy(saved_.begin(), saved_.end(), params.begin());
+    if (!net_->initFromSavedValues()) client::initLikePyTorch(layout_, trainable_, params, seed);
   }
 
   FitResult fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
@@ -157,7 +139,7 @@ class TorchTrainer final : public client::Trainer {
   ParamLayout layout_;
   size_t param_numel_ = 0;    // the trainable prefix of the layout
   std::vector<float> saved_;  // every tensor's value at construction
-  std::vector<InitRule> rules_;
+  size_t trainable_ = 0;      // the layout's first tensors are the trainable ones
   torch::Tensor flat_, grad_, velocity_;
   torch::Tensor host_;                 // GPU only: the trained values copied back
   torch::Tensor anchor_, correction_;  // GPU only: FedProx's anchor, SCAFFOLD's correction
@@ -217,22 +199,7 @@ void TorchTrainer::bind() {
   const torch::Tensor host = flat_.to(torch::kCPU);
   std::memcpy(saved_.data(), host.data_ptr<float>(), saved_.size() * sizeof(float));
 
-  // PyTorch's defaults for Linear and Conv: weight Kaiming-uniform with a = sqrt(5), i.e.
-  // U(+-1/sqrt(fan_in)), bias U(+-1/sqrt(fan_in)) with the weight's fan_in. Every other tensor
-  // (BatchNorm's weight 1, bias 0, running statistics; a TorchScript module's saved values) keeps
-  // its constructed value.
-  rules_.assign(layout_.size(), InitRule{});
-  if (net_->initFromSavedValues()) return;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const TensorSpec& s = layout_[i];
-    if (s.shape.size() >= 2 && endsWith(s.name, "weight")) {
-      rules_[i] = {InitRule::kUniform, 1.0 / std::sqrt(static_cast<double>(s.cols()))};
-    } else if (s.shape.size() == 1 && endsWith(s.name, "bias")) {
-      const std::string weight = s.name.substr(0, s.name.size() - 4) + "weight";
-      if (const auto w = layout_.find(weight); w && layout_[*w].shape.size() >= 2)
-        rules_[i] = {InitRule::kUniform, 1.0 / std::sqrt(static_cast<double>(layout_[*w].cols()))};
-    }
-  }
+  trainable_ = params.size();
 }
 
 std::span<const float> TorchTrainer::hostValues() {

@@ -44,11 +44,33 @@ TEST_CASE("trainers lay out their parameters by name and shape", "[client]") {
   CHECK(mlp->layout()[2].shape == std::vector<int64_t>{10, 32});
   CHECK(mlp->layout()[3].name == "fc2.bias");
   CHECK(mlp->spec() == "mlp:hidden=32");
-  CHECK(makeTrainer("mlp", 4, 2)->spec() == "mlp:hidden=128");
-  CHECK(trainers().names() == "softmax, mlp");
+  // The LibTorch trainer's default (torch_trainer/), so "mlp" is one model everywhere.
+  CHECK(makeTrainer("mlp", 4, 2)->spec() == "mlp:hidden=200");
+  CHECK(makeTrainer("logreg", 784, 10)->layout().fingerprint() == softmax->layout().fingerprint());
+  CHECK(trainers().names() == "softmax, logreg, mlp, cnn");
+
+  // McMahan et al.'s CNN at Fashion-MNIST's shape: 1,663,370 parameters, PyTorch's names.
+  const auto cnn = makeTrainer("cnn", 28, 28, 10);
+  CHECK(cnn->features() == 784);
+  CHECK(cnn->layout().numel() == 1'663'370);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected{
+      {"conv1.weight", {32, 1, 5, 5}},  {"conv1.bias", {32}},
+      {"conv2.weight", {64, 32, 5, 5}}, {"conv2.bias", {64}},
+      {"fc1.weight", {512, 3136}},      {"fc1.bias", {512}},
+      {"fc2.weight", {10, 512}},        {"fc2.bias", {10}}};
+  REQUIRE(cnn->layout().size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CHECK(cnn->layout()[i].name == expected[i].first);
+    CHECK(cnn->layout()[i].shape == expected[i].second);
+  }
+  // Odd sizes: each pooling floors (30 -> 15 -> 7, 29 -> 14 -> 7).
+  CHECK(makeTrainer("cnn", 30, 29, 10)->layout()[4].shape == std::vector<int64_t>{512, 64 * 7 * 7});
+  CHECK(makeTrainer("cnn:momentum=0.9", 28, 28, 10)->spec() == "cnn:momentum=0.9");
+  CHECK(makeTrainer("mlp:hidden=8,momentum=0.5", 4, 2)->spec() == "mlp:hidden=8,momentum=0.5");
 }
 
-TEST_CASE("initial parameters are a function of the seed, with He and Glorot scales", "[client]") {
+TEST_CASE("initial parameters are a function of the seed, with PyTorch's Linear and Conv scales",
+          "[client]") {
   const size_t features = 400;
   const auto mlp = makeTrainer("mlp:hidden=100", features, 10);
   const ParamLayout& l = mlp->layout();
@@ -58,21 +80,40 @@ TEST_CASE("initial parameters are a function of the seed, with He and Glorot sca
   mlp->initParameters(c, 8);
   CHECK(a == b);
   CHECK(a != c);
-  const auto variance = [](std::span<const float> v) {
+  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for a layer's weight and bias: variance 1 / (3 fan_in).
+  const auto check = [](std::span<const float> v, double fan_in, double tolerance) {
     double s = 0;
-    for (float x : v) s += static_cast<double>(x) * x;
-    return s / static_cast<double>(v.size());
+    const double bound = 1.0 / std::sqrt(fan_in);
+    for (float x : v) {
+      REQUIRE(std::abs(x) <= bound);
+      s += static_cast<double>(x) * x;
+    }
+    CHECK(s / static_cast<double>(v.size()) == Approx(1.0 / (3 * fan_in)).epsilon(tolerance));
   };
-  // He: variance 2 / fan_in; Glorot: 2 / (fan_in + fan_out). 40000 and 1000 draws.
-  CHECK(variance(l.slice(std::span<const float>(a), 0)) == Approx(2.0 / features).epsilon(0.03));
-  CHECK(variance(l.slice(std::span<const float>(a), 2)) == Approx(2.0 / 110).epsilon(0.15));
-  for (float x : l.slice(std::span<const float>(a), 1)) CHECK(x == 0.0f);
-  for (float x : l.slice(std::span<const float>(a), 3)) CHECK(x == 0.0f);
+  const std::span<const float> av(a);
+  check(l.slice(av, 0), features, 0.03);  // 40000 draws
+  check(l.slice(av, 1), features, 0.4);   // 100 draws
+  check(l.slice(av, 2), 100, 0.15);       // 1000 draws
+  check(l.slice(av, 3), 100, 1.0);        // 10 draws: only the bound means much
+  // Each tensor draws from its own stream: the bias is not the weight's first values.
+  CHECK(l.slice(av, 1)[0] * std::sqrt(features) != l.slice(av, 0)[0] * std::sqrt(features));
+
+  const auto cnn = makeTrainer("cnn", 28, 28, 10);
+  std::vector<float> p(cnn->layout().numel());
+  cnn->initParameters(p, 7);
+  const std::span<const float> pv(p);
+  check(cnn->layout().slice(pv, 0), 25, 0.2);  // conv: fan_in = in channels x 5 x 5
+  check(cnn->layout().slice(pv, 2), 800, 0.03);
+  check(cnn->layout().slice(pv, 3), 800, 0.5);
+  check(cnn->layout().slice(pv, 4), 3136, 0.03);
 
   const auto softmax = makeTrainer("softmax", features, 10);
   std::vector<float> s(softmax->layout().numel(), 1.0f);
   softmax->initParameters(s, 7);
   for (float x : s) REQUIRE(x == 0.0f);
+  const auto logreg = makeTrainer("logreg", features, 10);
+  logreg->initParameters(s, 7);
+  check(logreg->layout().slice(std::span<const float>(s), 0), features, 0.1);
 }
 
 TEST_CASE("training lowers the loss on separable data", "[client]") {
@@ -200,17 +241,23 @@ TEST_CASE("every Eigen trainer's results are functions of the values, not of whe
   // Sizes that are no multiple of any vector width (4, 8, 16 floats), so a vectorised loop has a
   // scalar head or tail wherever a buffer starts; and the Fashion-MNIST shape, where Eigen's
   // blocked matrix products take over from its coefficient-based ones.
+  // The CNN on odd images (9 x 11, pooled to 2 x 2) and at 28 x 28.
   struct Case {
     const char* spec;
-    size_t examples, features;
+    size_t examples, rows, cols;
     uint32_t classes;
   };
-  for (const Case& k : {Case{"softmax", 120, 45, 19}, Case{"mlp:hidden=37", 120, 45, 19},
-                        Case{"softmax", 64, 784, 10}, Case{"mlp:hidden=128", 64, 784, 10}}) {
-    INFO(k.spec << ", " << k.features << " features, " << k.classes << " classes");
-    const data::Dataset d = testing::gaussianData(k.examples, k.features, k.classes, 4);
-    testing::checkAddressIndependence([&] { return makeTrainer(k.spec, k.features, k.classes); }, d,
-                                      {.fit = FitConfig{.epochs = 2, .batch_size = 8, .lr = 0.05}});
+  for (const Case& k : {Case{"softmax", 120, 1, 45, 19}, Case{"mlp:hidden=37", 120, 1, 45, 19},
+                        Case{"softmax", 64, 1, 784, 10}, Case{"mlp:hidden=128", 64, 1, 784, 10},
+                        Case{"logreg:momentum=0.9", 64, 1, 45, 19}, Case{"cnn", 24, 9, 11, 5},
+                        Case{"cnn:momentum=0.5", 16, 28, 28, 10}}) {
+    INFO(k.spec << ", " << k.rows << "x" << k.cols << " features, " << k.classes << " classes");
+    data::Dataset d = testing::gaussianData(k.examples, k.rows * k.cols, k.classes, 4);
+    d.rows = k.rows;
+    d.cols = k.cols;
+    testing::checkAddressIndependence(
+        [&] { return makeTrainer(k.spec, k.rows, k.cols, k.classes); }, d,
+        {.fit = FitConfig{.epochs = 2, .batch_size = 8, .lr = 0.05}});
   }
 }
 
@@ -283,7 +330,13 @@ TEST_CASE("trainer specs and model sizes are checked", "[client]") {
   CHECK_THROWS_MATCHING(makeTrainer("mlp:hidden=0", 4, 3), ConfigError, Contains("hidden=0"));
   CHECK_THROWS_MATCHING(makeTrainer("mlp:depth=2", 4, 3), ConfigError,
                         Contains("unknown option 'depth'"));
-  CHECK_THROWS_MATCHING(makeTrainer("cnn", 4, 3), ConfigError, Contains("softmax, mlp"));
+  CHECK_THROWS_MATCHING(makeTrainer("vgg", 4, 3), ConfigError,
+                        Contains("softmax, logreg, mlp, cnn"));
+  // A flat input (rows 1) or a small image cannot go through two poolings.
+  CHECK_THROWS_MATCHING(makeTrainer("cnn", 784, 10), ConfigError, Contains("1x784 are too small"));
+  CHECK_THROWS_MATCHING(makeTrainer("cnn", 3, 28, 10), ConfigError, Contains("3x28"));
+  CHECK_THROWS_MATCHING(makeTrainer("cnn:momentum=1", 28, 28, 10), ConfigError,
+                        Contains("momentum=1"));
   CHECK_THROWS_MATCHING(makeTrainer("softmax", 4, 1), InvalidArgument,
                         Contains("at least 2 classes"));
   CHECK_THROWS_MATCHING(makeTrainer("softmax", 0, 3), InvalidArgument, Contains("0 features"));
