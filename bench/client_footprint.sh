@@ -3,18 +3,20 @@
 #   1. the stripped size of starling-client (x86-64 from BUILD_DIR; arm64 from ARM64_DIR when its
 #      bin/starling-client exists; each stripped as a temporary copy, the binaries are untouched);
 #   2. its peak RSS (VmHWM, from /usr/bin/time -v) during a real federation on loopback: BUILD_DIR's
-#      starling-server (softmax regression on Fashion-MNIST, 2 clients, ROUNDS rounds, insecure) and
+#      starling-server (MODEL on Fashion-MNIST, 2 clients, ROUNDS rounds, insecure) and
 #      two starling-client processes; with an arm64 client, one of the two runs under
 #      `qemu-aarch64 -L /` (its figure includes the emulator's own memory).
 # SHARDS (default 2): the clients are shards 0 and 1 of that many (--data.num_clients); each holds
 # only its shard (and its share of the test set), so its memory follows 1 / SHARDS.
-# Usage: [SHARDS=N] bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]
+# MODEL (default softmax): the model spec of the server and the clients (cnn: the CNN).
+# Usage: [SHARDS=N] [MODEL=SPEC] bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]
 # Prints one `key value` per line.
 set -euo pipefail
 build=${1:?usage: bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]}
 arm=${2:-}
 rounds=${3:-5}
 shards=${SHARDS:-2}
+model=${MODEL:-softmax}
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -39,7 +41,7 @@ fi
 
 port=$((20000 + RANDOM % 20000))
 ep=tcp://127.0.0.1:$port
-common=(--security.insecure true --log.level warn)
+common=(--security.insecure true --log.level warn --model.spec "$model")
 "$build/bin/starling-server" "${common[@]}" --server.bind "$ep" --train.rounds "$rounds" \
   --sampling.min_available 2 --sampling.min_clients 2 > "$tmp/server.log" 2>&1 &
 pids+=($!)

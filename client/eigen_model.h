@@ -50,6 +50,14 @@ class EigenModel {
 
   // Examples per forward pass when evaluating: bounds the scratch, not the result.
   virtual size_t evalBatch() const { return 256; }
+
+  // The layout's first trainableTensors() tensors are trained; the rest are buffers the model
+  // updates itself (BatchNorm's running statistics), which SGD, FedProx and SCAFFOLD leave alone.
+  virtual size_t trainableTensors() const { return layout().size(); }
+  // Training mode is a forwardBackward with a gradient: a model with buffers computes the batch's
+  // statistics there, and commitBuffers writes the buffers' updated values into params (the
+  // trainer calls it after each training batch). Nothing for a model without buffers.
+  virtual void commitBuffers(std::span<float> /*params*/) const {}
 };
 
 // Softmax regression: logits = x W^T + b with W = "fc.weight" [classes, features] and
@@ -66,6 +74,10 @@ std::unique_ptr<EigenModel> makeMlpModel(size_t features, uint32_t classes, uint
 // McMahan et al. 2017's CNN on rows x cols images (client/cnn_model.cc), the LibTorch trainer's
 // "cnn": same layout, initialisation and function. ConfigError for images smaller than 4x4.
 std::unique_ptr<EigenModel> makeCnnModel(size_t rows, size_t cols, uint32_t classes);
+
+// ResNet-8 on rows x cols images (client/resnet_model.cc), the LibTorch trainer's "resnet", with
+// BatchNorm: its running statistics travel in the layout after the trainable tensors.
+std::unique_ptr<EigenModel> makeResnetModel(size_t rows, size_t cols, uint32_t classes);
 
 namespace detail {
 

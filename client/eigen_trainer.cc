@@ -74,16 +74,19 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
 
   double loss_sum = 0;
   size_t correct = 0, seen = 0;
-  VectorMap p(params.data(), static_cast<Eigen::Index>(params.size()));
-  const ConstVectorMap g(grad_.data(), static_cast<Eigen::Index>(grad_.size()));
   const float lr = static_cast<float>(cfg.lr);
   const auto mu = static_cast<float>(cfg.prox_mu);
-  const auto n_params = static_cast<Eigen::Index>(params.size());
+  // SGD and the extra terms act on the trainable tensors, a prefix of the layout; the buffers
+  // after them (running statistics) change only through the model's commitBuffers.
+  const size_t trainable = model_->trainableTensors();
+  const auto n_params = static_cast<Eigen::Index>(
+      trainable == 0 ? 0 : layout()[trainable - 1].offset + layout()[trainable - 1].numel);
   const ConstVectorMap anchor(cfg.prox_mu > 0 ? cfg.prox_anchor.data() : params.data(), n_params);
   const ConstVectorMap corr(cfg.correction.empty() ? params.data() : cfg.correction.data(), n_params);
-  VectorMap gm(grad_.data(), n_params);
+  VectorMap p(params.data(), n_params), gm(grad_.data(), n_params);
+  const ConstVectorMap g(grad_.data(), n_params);
   const auto momentum = static_cast<float>(momentum_);
-  if (momentum_ > 0) velocity_.assign(params.size(), 0.0f);
+  if (momentum_ > 0) velocity_.assign(static_cast<size_t>(n_params), 0.0f);
   VectorMap v(momentum_ > 0 ? velocity_.data() : grad_.data(), n_params);
   for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
     data::shuffleInPlace(std::span<size_t>(order_), rng);
@@ -94,6 +97,7 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
       if (!std::isfinite(st.loss_sum))
         diverged(::starling::detail::concat("the loss is ", st.loss_sum, " at epoch ", epoch + 1,
                                             ", examples ", start, "..", start + n - 1));
+      model_->commitBuffers(params);
       loss_sum += st.loss_sum;
       correct += st.correct;
       seen += n;

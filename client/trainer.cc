@@ -145,6 +145,15 @@ const TrainerRegistry& trainers() {
                   const double m = readMomentum(r);
                   return std::make_unique<EigenTrainer>(makeCnnModel(rows, cols, classes), m);
                 }},
+          Entry{"resnet",
+                "ResNet-8 (Eigen): conv3x3 16 + BN, 3 stages of one basic block (16/32/64 "
+                "channels), global average pool, fc; BatchNorm running statistics travel in the "
+                "layout",
+                kMomentumOption,
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes) -> Made {
+                  const double m = readMomentum(r);
+                  return std::make_unique<EigenTrainer>(makeResnetModel(rows, cols, classes), m);
+                }},
       });
   return registry;
 }

@@ -130,6 +130,7 @@ void checkDataView(const DataView& data, size_t features, uint32_t classes);
 //   logreg               softmax regression initialised as PyTorch's Linear (initLikePyTorch)
 //   mlp:hidden=200       one ReLU hidden layer: "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
 //   cnn                  McMahan et al. 2017's CNN (client/cnn_model.cc)
+//   resnet               ResNet-8 with BatchNorm (client/resnet_model.cc)
 // Every entry takes momentum=M (SGD momentum in [0, 1), restarted each fit).
 using TrainerRegistry = Registry<Trainer, size_t, size_t, uint32_t>;
 const TrainerRegistry& trainers();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # examples/edge: a real federation on this machine with one command: one root, two edge
-# aggregators and ten clients on Fashion-MNIST with top-k compression and CurveZMQ on, all on
-# 127.0.0.1. Prints the root's per-round accuracy and stops everything it started, by pid.
+# aggregators and ten clients training the CNN on Fashion-MNIST with top-k compression and
+# CurveZMQ on, all on 127.0.0.1. Prints the root's per-round accuracy and stops everything it
+# started, by pid.
 #
 #   examples/edge/run.sh [BUILD_DIR]     (default: build; `make build` first, or it builds)
 #
@@ -22,7 +23,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  # The test suite runs this script too and sets STARLING_EDGE_CLEAN=1 to leave nothing behind.
+  # STARLING_EDGE_CLEAN=1 removes the working folder too (for scripted runs).
   if [[ ${STARLING_EDGE_CLEAN:-0} == 1 ]]; then rm -rf "$work"; fi
 }
 trap cleanup EXIT INT TERM

@@ -7,6 +7,7 @@
 #include "client/address_check.h"
 #include "client/synthetic.h"
 #include "core/error.h"
+#include "emulated.h"
 
 using namespace starling;
 using namespace starling::client;
@@ -47,7 +48,7 @@ TEST_CASE("trainers lay out their parameters by name and shape", "[client]") {
   // The LibTorch trainer's default (torch_trainer/), so "mlp" is one model everywhere.
   CHECK(makeTrainer("mlp", 4, 2)->spec() == "mlp:hidden=200");
   CHECK(makeTrainer("logreg", 784, 10)->layout().fingerprint() == softmax->layout().fingerprint());
-  CHECK(trainers().names() == "softmax, logreg, mlp, cnn");
+  CHECK(trainers().names() == "softmax, logreg, mlp, cnn, resnet");
 
   // McMahan et al.'s CNN at Fashion-MNIST's shape: 1,663,370 parameters, PyTorch's names.
   const auto cnn = makeTrainer("cnn", 28, 28, 10);
@@ -241,16 +242,26 @@ TEST_CASE("every Eigen trainer's results are functions of the values, not of whe
   // Sizes that are no multiple of any vector width (4, 8, 16 floats), so a vectorised loop has a
   // scalar head or tail wherever a buffer starts; and the Fashion-MNIST shape, where Eigen's
   // blocked matrix products take over from its coefficient-based ones.
-  // The CNN on odd images (9 x 11, pooled to 2 x 2) and at 28 x 28.
+  // The CNN on odd images (9 x 11, pooled to 2 x 2) and at 28 x 28 (its convolutions' products
+  // are blocked at either size: a patch has 800 values); ResNet-8 on the odd images.
   struct Case {
     const char* spec;
     size_t examples, rows, cols;
     uint32_t classes;
   };
-  for (const Case& k : {Case{"softmax", 120, 1, 45, 19}, Case{"mlp:hidden=37", 120, 1, 45, 19},
-                        Case{"softmax", 64, 1, 784, 10}, Case{"mlp:hidden=128", 64, 1, 784, 10},
-                        Case{"logreg:momentum=0.9", 64, 1, 45, 19}, Case{"cnn", 24, 9, 11, 5},
-                        Case{"cnn:momentum=0.5", 16, 28, 28, 10}}) {
+  std::vector<Case> cases{Case{"softmax", 120, 1, 45, 19}, Case{"mlp:hidden=37", 120, 1, 45, 19},
+                          Case{"softmax", 64, 1, 784, 10}, Case{"mlp:hidden=128", 64, 1, 784, 10},
+                          Case{"logreg:momentum=0.9", 64, 1, 45, 19}};
+  if (testing::kEmulated) {
+    // Under qemu (tests/emulated.h): the convolutional models on fewer, smaller images.
+    cases.push_back(Case{"cnn", 12, 9, 11, 5});
+    cases.push_back(Case{"resnet:momentum=0.9", 12, 7, 5, 5});
+  } else {
+    cases.push_back(Case{"cnn", 24, 9, 11, 5});
+    cases.push_back(Case{"resnet:momentum=0.9", 24, 9, 11, 5});
+    cases.push_back(Case{"cnn:momentum=0.5", 16, 28, 28, 10});
+  }
+  for (const Case& k : cases) {
     INFO(k.spec << ", " << k.rows << "x" << k.cols << " features, " << k.classes << " classes");
     data::Dataset d = testing::gaussianData(k.examples, k.rows * k.cols, k.classes, 4);
     d.rows = k.rows;
@@ -331,7 +342,7 @@ TEST_CASE("trainer specs and model sizes are checked", "[client]") {
   CHECK_THROWS_MATCHING(makeTrainer("mlp:depth=2", 4, 3), ConfigError,
                         Contains("unknown option 'depth'"));
   CHECK_THROWS_MATCHING(makeTrainer("vgg", 4, 3), ConfigError,
-                        Contains("softmax, logreg, mlp, cnn"));
+                        Contains("softmax, logreg, mlp, cnn, resnet"));
   // A flat input (rows 1) or a small image cannot go through two poolings.
   CHECK_THROWS_MATCHING(makeTrainer("cnn", 784, 10), ConfigError, Contains("1x784 are too small"));
   CHECK_THROWS_MATCHING(makeTrainer("cnn", 3, 28, 10), ConfigError, Contains("3x28"));

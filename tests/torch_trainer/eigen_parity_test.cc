@@ -50,7 +50,7 @@ Pair makePair(const std::string& spec, const data::Dataset& d) {
 TEST_CASE("Eigen and LibTorch models: the same layout and the same initial bits",
           "[torch_trainer][parity]") {
   const data::Dataset d = testing::blobImages(8, 28, 28, 10, 1);
-  for (const char* spec : {"logreg", "mlp", "mlp:hidden=64", "cnn"}) {
+  for (const char* spec : {"logreg", "mlp", "mlp:hidden=64", "cnn", "resnet"}) {
     INFO(spec);
     const Pair p = makePair(spec, d);
     CHECK(p.eigen->spec() == p.torch->spec());
@@ -77,7 +77,8 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
   };
   for (const Case& k : {Case{"logreg", 0.1, 0, false}, Case{"mlp:hidden=64", 0.1, 0, false},
                         Case{"cnn", 0.05, 0, false}, Case{"cnn:momentum=0.9", 0.01, 0, false},
-                        Case{"cnn", 0.05, 0.1, true}}) {
+                        Case{"cnn", 0.05, 0.1, true}, Case{"resnet", 0.05, 0, false},
+                        Case{"resnet:momentum=0.9", 0.01, 0.1, true}}) {
     INFO(k.spec << ", lr " << k.lr << ", prox_mu " << k.prox_mu
                 << (k.scaffold ? ", SCAFFOLD" : ""));
     const Pair p = makePair(k.spec, d);
@@ -128,15 +129,33 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
     CHECK(metric(fe2, "train_loss") == Approx(metric(ft2, "train_loss")).epsilon(1e-4));
     CHECK(metric(fe2, "train_accuracy") == Approx(metric(ft2, "train_accuracy")).margin(1e-9));
     double moved = 0;
+    if (l.find("bn1.running_mean")) {
+      // ResNet: a ReLU input within rounding of 0 (BatchNorm centres them there) takes the other
+      // side in one trainer, and the epoch then goes another way by a finite amount: LibTorch
+      // against itself from a start one ulp away differed by 1.5e-2 on BatchNorm's biases and
+      // 3e-4 on the convolutions (lr 0.01, no momentum). The step above is exact to 1e-4; over the
+      // epoch the whole model stays within 1e-3.
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < l.numel(); ++i) {
+        diff += (static_cast<double>(ee2[i]) - et2[i]) * (static_cast<double>(ee2[i]) - et2[i]);
+        norm += static_cast<double>(et2[i]) * et2[i];
+      }
+      CHECK(std::sqrt(diff / norm) < 1e-3);
+    }
     for (size_t t = 0; t < l.size(); ++t) {
       INFO("epoch, " << l[t].name);
-      CHECK(relativeDistance(l, t, ee2, et2) < 1e-4);
+      if (!l.find("bn1.running_mean")) CHECK(relativeDistance(l, t, ee2, et2) < 1e-4);
       moved = std::max(moved, relativeDistance(l, t, start, et2));
     }
     CHECK(moved > 1e-2);  // the epoch went somewhere
     const client::EvalResult after_e = p.eigen->evaluate(ee2, view),
                              after_t = p.torch->evaluate(et2, view);
     CHECK(after_e.loss == Approx(after_t.loss).epsilon(1e-4));
-    CHECK(after_e.loss < et.loss);  // and it learned
+    // And it learned (ResNet evaluates with running statistics that 10 steps barely moved).
+    if (l.find("bn1.running_mean")) {
+      CHECK(metric(fe2, "train_loss") < ee.loss);
+    } else {
+      CHECK(after_e.loss < et.loss);
+    }
   }
 }
