@@ -14,7 +14,7 @@
 namespace starling::client {
 namespace {
 
-Eigen::Index idx(size_t v) { return static_cast<Eigen::Index>(v); }
+using detail::idx;
 
 class CnnModel final : public EigenModel {
  public:
@@ -47,6 +47,16 @@ class CnnModel final : public EigenModel {
   size_t features() const override { return rows_ * cols_; }
   uint32_t classes() const override { return classes_; }
   size_t evalBatch() const override { return 32; }
+
+  size_t activationFloats(size_t batch) const override {
+    const size_t h1 = rows_ * cols_, h2 = (rows_ / 2) * (cols_ / 2), h3 = pooled();
+    // a1, da1; p1, dp1; a2, da2; p2, dp2; f, df; h, dh; logits; and the two convolutions'
+    // patch blocks (patches and their gradients, 2 images at a time).
+    const size_t per_example =
+        2 * 32 * h1 + 2 * 32 * h2 + 2 * 64 * h2 + 2 * 64 * h3 + 2 * flat() + 2 * 512 + classes_;
+    const size_t patches = 2 * 2 * (h1 * conv1_.shape().patch() + h2 * conv2_.shape().patch());
+    return batch * per_example + patches;
+  }
 
   void initParameters(std::span<float> params, uint64_t seed) const override {
     STARLING_CHECK_ARG(params.size() == layout_.numel(), spec(), ": params has ", params.size(),

@@ -1,19 +1,23 @@
 #include "client/conv.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 
+#include "client/eigen_model.h"
 #include "core/error.h"
 
 namespace starling::client::detail {
 namespace {
 
-RowMatrixMap grow(AlignedVector<float>& buf, size_t rows, size_t cols) {
-  if (buf.size() < rows * cols) buf.resize(rows * cols);
-  return RowMatrixMap(buf.data(), static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(cols));
+// Weight index maps between PyTorch's [out, in, kh, kw] and the patch order [out, (kh, kw, in)].
+size_t torchIndex(const ConvShape& s, size_t o, size_t ci, size_t kh, size_t kw) {
+  return ((o * s.in_c + ci) * s.k + kh) * s.k + kw;
 }
-
-Eigen::Index idx(size_t v) { return static_cast<Eigen::Index>(v); }
+size_t patchIndex(const ConvShape& s, size_t o, size_t ci, size_t kh, size_t kw) {
+  return o * s.patch() + (kh * s.k + kw) * s.in_c + ci;
+}
 
 }  // namespace
 
@@ -28,13 +32,12 @@ Conv2d::Conv2d(ConvShape s, size_t chunk_images) : s_(s), chunk_(chunk_images) {
 void Conv2d::permuteWeight(std::span<const float> weight) {
   STARLING_CHECK_ARG(weight.size() == s_.weightNumel(), "conv2d: weight has ", weight.size(),
                      " floats, expected ", s_.weightNumel());
-  const size_t k = s_.k, c = s_.in_c, patch = s_.patch();
   if (wp_.size() < weight.size()) wp_.resize(weight.size());
   for (size_t o = 0; o < s_.out_c; ++o)
-    for (size_t ci = 0; ci < c; ++ci)
-      for (size_t kh = 0; kh < k; ++kh)
-        for (size_t kw = 0; kw < k; ++kw)
-          wp_[o * patch + (kh * k + kw) * c + ci] = weight[((o * c + ci) * k + kh) * k + kw];
+    for (size_t ci = 0; ci < s_.in_c; ++ci)
+      for (size_t kh = 0; kh < s_.k; ++kh)
+        for (size_t kw = 0; kw < s_.k; ++kw)
+          wp_[patchIndex(s_, o, ci, kh, kw)] = weight[torchIndex(s_, o, ci, kh, kw)];
 }
 
 void Conv2d::im2col(const float* in, size_t first, size_t n) {
@@ -119,7 +122,13 @@ void Conv2d::forward(ConstRowMatrixMap in, std::span<const float> weight,
 void Conv2d::backward(ConstRowMatrixMap in, std::span<const float> weight, ConstRowMatrixMap dout,
                       std::span<float> dweight, std::span<float> dbias, RowMatrixMap* din) {
   const size_t pixels_in = s_.h * s_.w, pixels_out = s_.outH() * s_.outW();
+  STARLING_CHECK_ARG(
+      static_cast<size_t>(in.cols()) == s_.in_c && static_cast<size_t>(in.rows()) % pixels_in == 0,
+      "conv2d: input [", in.rows(), ", ", in.cols(), "] is not images of ", s_.h, "x", s_.w, "x",
+      s_.in_c);
   const size_t batch = static_cast<size_t>(in.rows()) / pixels_in;
+  STARLING_CHECK_ARG(!din || (din->rows() == in.rows() && din->cols() == in.cols()),
+                     "conv2d: the input gradient's shape is not the input's");
   STARLING_CHECK_ARG(static_cast<size_t>(dout.rows()) == batch * pixels_out &&
                          static_cast<size_t>(dout.cols()) == s_.out_c,
                      "conv2d: output gradient [", dout.rows(), ", ", dout.cols(), "], expected [",
@@ -133,7 +142,7 @@ void Conv2d::backward(ConstRowMatrixMap in, std::span<const float> weight, Const
   }
   permuteWeight(weight);
   const ConstRowMatrixMap wp(wp_.data(), idx(s_.out_c), idx(s_.patch()));
-  RowMatrixMap dwp = grow(dwp_, s_.out_c, s_.patch());
+  RowMatrixMap dwp = scratchMatrix(dwp_, s_.out_c, s_.patch());
   dwp.setZero();
   if (din) din->setZero();
   for (size_t first = 0; first < batch; first += chunk_) {
@@ -144,18 +153,17 @@ void Conv2d::backward(ConstRowMatrixMap in, std::span<const float> weight, Const
     const ConstRowMatrixMap cols(cols_.data(), rows, idx(s_.patch()));
     dwp.noalias() += block.transpose() * cols;
     if (din) {
-      RowMatrixMap dcols = grow(dcols_, n * pixels_out, s_.patch());
+      RowMatrixMap dcols = scratchMatrix(dcols_, n * pixels_out, s_.patch());
       dcols.noalias() = block * wp;
       col2im(din->data(), first, n);
     }
   }
   // Back to PyTorch's order.
-  const size_t k = s_.k, c = s_.in_c, patch = s_.patch();
   for (size_t o = 0; o < s_.out_c; ++o)
-    for (size_t ci = 0; ci < c; ++ci)
-      for (size_t kh = 0; kh < k; ++kh)
-        for (size_t kw = 0; kw < k; ++kw)
-          dweight[((o * c + ci) * k + kh) * k + kw] = dwp_[o * patch + (kh * k + kw) * c + ci];
+    for (size_t ci = 0; ci < s_.in_c; ++ci)
+      for (size_t kh = 0; kh < s_.k; ++kh)
+        for (size_t kw = 0; kw < s_.k; ++kw)
+          dweight[torchIndex(s_, o, ci, kh, kw)] = dwp_[patchIndex(s_, o, ci, kh, kw)];
 }
 
 void MaxPool2::forward(ConstRowMatrixMap in, size_t batch, size_t h, size_t w, RowMatrixMap out) {
@@ -165,6 +173,9 @@ void MaxPool2::forward(ConstRowMatrixMap in, size_t batch, size_t h, size_t w, R
                          static_cast<size_t>(out.cols()) == c,
                      "maxpool2: input [", in.rows(), ", ", in.cols(), "] and output [", out.rows(),
                      ", ", out.cols(), "] do not fit ", batch, " images of ", h, "x", w);
+  STARLING_CHECK_ARG(batch * h * w <= UINT32_MAX, "maxpool2: ", batch * h * w,
+                     " input rows; positions are kept as 32-bit");
+  in_rows_ = batch * h * w;
   if (arg_.size() < batch * oh * ow * c) arg_.resize(batch * oh * ow * c);
   const float* x = in.data();
   float* y = out.data();
@@ -180,7 +191,7 @@ void MaxPool2::forward(ConstRowMatrixMap in, size_t batch, size_t h, size_t w, R
           float top = x[best * c + ch];
           for (int j = 1; j < 4; ++j) {
             const float v = x[window[j] * c + ch];
-            if (v > top) {
+            if (v > top || (std::isnan(v) && !std::isnan(top))) {
               top = v;
               best = window[j];
             }
@@ -193,7 +204,8 @@ void MaxPool2::forward(ConstRowMatrixMap in, size_t batch, size_t h, size_t w, R
 
 void MaxPool2::backward(ConstRowMatrixMap dout, RowMatrixMap din) const {
   const size_t c = static_cast<size_t>(dout.cols()), n = static_cast<size_t>(dout.rows()) * c;
-  STARLING_CHECK_ARG(static_cast<size_t>(din.cols()) == c && arg_.size() >= n,
+  STARLING_CHECK_ARG(static_cast<size_t>(din.cols()) == c && arg_.size() >= n &&
+                         static_cast<size_t>(din.rows()) == in_rows_,
                      "maxpool2: backward does not match the forward pass");
   din.setZero();
   const float* g = dout.data();

@@ -22,6 +22,9 @@
 
 namespace starling::client::detail {
 
+// A size as an Eigen index.
+inline Eigen::Index idx(size_t v) { return static_cast<Eigen::Index>(v); }
+
 // A read-only view of a scratch matrix.
 inline ConstRowMatrixMap constView(const RowMatrixMap& m) {
   return ConstRowMatrixMap(m.data(), m.rows(), m.cols());
@@ -63,22 +66,24 @@ class Conv2d {
   void permuteWeight(std::span<const float> weight);  // PyTorch order -> wp_ [out_c, patch]
 
   ConvShape s_;
-  size_t chunk_ = 8;
+  size_t chunk_ = 2;
   AlignedVector<float> cols_, dcols_, wp_, dwp_;
 };
 
-// 2 x 2 max pooling with stride 2 (PyTorch's max_pool2d(x, 2): odd edges dropped). The first
-// maximum in scan order (row, then column) wins ties, as in PyTorch, and its position is kept for
-// the backward pass.
+// 2 x 2 max pooling with stride 2 (PyTorch's max_pool2d(x, 2): odd edges dropped). As PyTorch's
+// CPU kernel, a window's value is its first maximum in scan order (row, then column) or its first
+// NaN, and that position is kept for the backward pass.
 class MaxPool2 {
  public:
   // out [B * (h/2) * (w/2), c] from in [B * h * w, c].
   void forward(ConstRowMatrixMap in, size_t batch, size_t h, size_t w, RowMatrixMap out);
-  // din [B * h * w, c] (overwritten) from dout, routed to each window's maximum.
+  // din [B * h * w, c] (overwritten) from dout, routed to each window's maximum: the last
+  // forward()'s batch and sizes.
   void backward(ConstRowMatrixMap dout, RowMatrixMap din) const;
 
  private:
   AlignedVector<uint32_t> arg_;  // per output value, the input row of its maximum
+  size_t in_rows_ = 0;           // the last forward()'s input rows
 };
 
 }  // namespace starling::client::detail

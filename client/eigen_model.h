@@ -51,6 +51,11 @@ class EigenModel {
   // Examples per forward pass when evaluating: bounds the scratch, not the result.
   virtual size_t evalBatch() const { return 256; }
 
+  // Floats of scratch (activations, their gradients, patch blocks) a training batch of `batch`
+  // examples needs, within a few percent: EigenTrainer refuses a batch above its limit before
+  // allocating (a Task's batch_size may be 2^20: the CNN would want 400 GB).
+  virtual size_t activationFloats(size_t batch) const = 0;
+
   // The layout's first trainableTensors() tensors are trained; the rest are buffers the model
   // updates itself (BatchNorm's running statistics), which SGD, FedProx and SCAFFOLD leave alone.
   virtual size_t trainableTensors() const { return layout().size(); }

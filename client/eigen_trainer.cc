@@ -60,6 +60,13 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
   checkGradientTerms(cfg, caller_params.size());
   checkDataView(data, features(), classes());
   const data::Dataset& d = *data.dataset;
+  const size_t batch = std::min<size_t>(cfg.batch_size, data.size());
+  const double scratch_bytes = 4.0 * static_cast<double>(model_->activationFloats(batch));
+  if (scratch_bytes > static_cast<double>(kMaxActivationBytes))
+    STARLING_THROW(InvalidArgument, spec(), ": a batch of ", batch, " examples needs ",
+                   static_cast<uint64_t>(scratch_bytes / 1048576), " MB of activations, above the ",
+                   kMaxActivationBytes / 1048576,
+                   " MB this trainer allows; use a smaller batch_size");
 
   // The caller's buffer is written only once training has succeeded: a divergence leaves it
   // untouched, so nothing needs restoring.
@@ -91,6 +98,10 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
   for (uint32_t epoch = 0; epoch < cfg.epochs; ++epoch) {
     data::shuffleInPlace(std::span<size_t>(order_), rng);
     for (size_t start = 0; start < order_.size(); start += cfg.batch_size) {
+      if (cfg.stop && cfg.stop->load(std::memory_order_relaxed))
+        STARLING_THROW(TrainingStopped, spec(), ": training stopped at epoch ", epoch + 1,
+                       ", example ", start, " of ", order_.size(),
+                       "; the parameters are left as they were");
       const size_t n = std::min<size_t>(cfg.batch_size, order_.size() - start);
       const auto [x, y] = gather(d, std::span<const size_t>(order_).subspan(start, n));
       const BatchStats st = model_->forwardBackward(params, x, y, grad_);

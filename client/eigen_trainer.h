@@ -28,6 +28,11 @@ namespace starling::client {
 
 class EigenTrainer final : public Trainer {
  public:
+  // The most scratch a training batch may need (EigenModel::activationFloats): fit() refuses a
+  // larger batch with InvalidArgument before allocating (a deployed client drops the task).
+  // 1 GiB: the CNN's batch of 2,600 examples at 28 x 28, ResNet-8's of about 1,000.
+  static constexpr size_t kMaxActivationBytes = size_t{1} << 30;
+
   // momentum in [0, 1) (InvalidArgument otherwise).
   explicit EigenTrainer(std::unique_ptr<EigenModel> model, double momentum = 0);
 

@@ -32,6 +32,10 @@ class MlpModel final : public EigenModel {
     initLikePyTorch(layout_, layout_.size(), params, seed);
   }
 
+  size_t activationFloats(size_t batch) const override {
+    return batch * (2 * size_t{hidden_} + classes_);
+  }
+
   BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
                              std::span<const uint8_t> y, std::span<float> grad) override {
     detail::checkBatch(*this, params, x, y, grad);

@@ -17,7 +17,7 @@
 namespace starling::client {
 namespace {
 
-Eigen::Index idx(size_t v) { return static_cast<Eigen::Index>(v); }
+using detail::idx;
 
 constexpr double kBnMomentum = 0.1, kBnEps = 1e-5;
 
@@ -25,7 +25,17 @@ constexpr double kBnMomentum = 0.1, kBnEps = 1e-5;
 // kernel does); the batch's mean and biased variance are kept until commit().
 class BatchNorm {
  public:
-  explicit BatchNorm(size_t channels) : c_(channels), mean_(channels), var_(channels) {}
+  explicit BatchNorm(size_t channels)
+      : c_(channels),
+        mean_(channels),
+        var_(channels),
+        invstd_(channels),
+        meanf_(channels),
+        sum_g_(channels),
+        sum_gx_(channels),
+        k_(channels),
+        mg_(channels),
+        mgx_(channels) {}
 
   void train(ConstRowMatrixMap x, const float* gamma, const float* beta, RowMatrixMap y) {
     const size_t m = static_cast<size_t>(x.rows());
@@ -45,28 +55,30 @@ class BatchNorm {
         const double d = in[r * c_ + c] - mean_[c];
         var_[c] += d * d;
       }
-    invstd_.resize(c_);
-    std::vector<float> meanf(c_);
     for (size_t c = 0; c < c_; ++c) {
       var_[c] /= static_cast<double>(m);
       invstd_[c] = static_cast<float>(1.0 / std::sqrt(var_[c] + kBnEps));
-      meanf[c] = static_cast<float>(mean_[c]);
+      meanf_[c] = static_cast<float>(mean_[c]);
     }
     if (xhat_.size() < m * c_) xhat_.resize(m * c_);
     float* out = y.data();
     for (size_t r = 0; r < m; ++r)
       for (size_t c = 0; c < c_; ++c) {
-        const float h = (in[r * c_ + c] - meanf[c]) * invstd_[c];
+        const float h = (in[r * c_ + c] - meanf_[c]) * invstd_[c];
         xhat_[r * c_ + c] = h;
         out[r * c_ + c] = h * gamma[c] + beta[c];
       }
   }
 
+  // The running variance is taken as at least 0: a compressed downlink may bring a slightly
+  // negative one, which would otherwise make every output NaN.
   void eval(ConstRowMatrixMap x, const float* gamma, const float* beta, const float* running_mean,
-            const float* running_var, RowMatrixMap y) const {
-    std::vector<float> scale(c_), shift(c_);
+            const float* running_var, RowMatrixMap y) {
+    std::vector<float>& scale = k_;
+    std::vector<float>& shift = mg_;
     for (size_t c = 0; c < c_; ++c) {
-      const double s = gamma[c] / std::sqrt(static_cast<double>(running_var[c]) + kBnEps);
+      const double var = std::max(0.0, static_cast<double>(running_var[c]));
+      const double s = gamma[c] / std::sqrt(var + kBnEps);
       scale[c] = static_cast<float>(s);
       shift[c] = static_cast<float>(beta[c] - running_mean[c] * s);
     }
@@ -81,29 +93,32 @@ class BatchNorm {
   void backward(ConstRowMatrixMap dy, const float* gamma, float* dgamma, float* dbeta,
                 RowMatrixMap dx) {
     const size_t m = rows_;
-    std::vector<double> sum_g(c_, 0.0), sum_gx(c_, 0.0);
+    STARLING_CHECK_ARG(m > 0 && static_cast<size_t>(dy.rows()) == m,
+                       "resnet: BatchNorm's backward does not follow its training forward");
+    std::fill(sum_g_.begin(), sum_g_.end(), 0.0);
+    std::fill(sum_gx_.begin(), sum_gx_.end(), 0.0);
     const float* g = dy.data();
     for (size_t r = 0; r < m; ++r)
       for (size_t c = 0; c < c_; ++c) {
-        sum_g[c] += g[r * c_ + c];
-        sum_gx[c] += static_cast<double>(g[r * c_ + c]) * xhat_[r * c_ + c];
+        sum_g_[c] += g[r * c_ + c];
+        sum_gx_[c] += static_cast<double>(g[r * c_ + c]) * xhat_[r * c_ + c];
       }
-    std::vector<float> k(c_), mg(c_), mgx(c_);
     for (size_t c = 0; c < c_; ++c) {
-      dgamma[c] = static_cast<float>(sum_gx[c]);
-      dbeta[c] = static_cast<float>(sum_g[c]);
-      k[c] = gamma[c] * invstd_[c];
-      mg[c] = static_cast<float>(sum_g[c] / static_cast<double>(m));
-      mgx[c] = static_cast<float>(sum_gx[c] / static_cast<double>(m));
+      dgamma[c] = static_cast<float>(sum_gx_[c]);
+      dbeta[c] = static_cast<float>(sum_g_[c]);
+      k_[c] = gamma[c] * invstd_[c];
+      mg_[c] = static_cast<float>(sum_g_[c] / static_cast<double>(m));
+      mgx_[c] = static_cast<float>(sum_gx_[c] / static_cast<double>(m));
     }
     float* out = dx.data();
     for (size_t r = 0; r < m; ++r)
       for (size_t c = 0; c < c_; ++c)
-        out[r * c_ + c] = k[c] * (g[r * c_ + c] - mg[c] - xhat_[r * c_ + c] * mgx[c]);
+        out[r * c_ + c] = k_[c] * (g[r * c_ + c] - mg_[c] - xhat_[r * c_ + c] * mgx_[c]);
   }
 
   // The running statistics moved towards the last training batch's (PyTorch's update).
   void commit(float* running_mean, float* running_var) const {
+    if (rows_ < 2) return;  // no training pass yet (train() refuses fewer than 2 values)
     const double unbias = static_cast<double>(rows_) / static_cast<double>(rows_ - 1);
     for (size_t c = 0; c < c_; ++c) {
       running_mean[c] =
@@ -115,8 +130,11 @@ class BatchNorm {
 
  private:
   size_t c_, rows_ = 0;
+  // Per channel; sized once, so training allocates nothing per batch.
   std::vector<double> mean_, var_;
-  std::vector<float> invstd_;
+  std::vector<float> invstd_, meanf_;
+  std::vector<double> sum_g_, sum_gx_;
+  std::vector<float> k_, mg_, mgx_;
   AlignedVector<float> xhat_;
 };
 
@@ -217,6 +235,22 @@ class ResnetModel final : public EigenModel {
   size_t trainableTensors() const override { return trainable_; }
   size_t evalBatch() const override { return 32; }
 
+  size_t activationFloats(size_t batch) const override {
+    // The stem's conv output, BN output and its gradient (x 3), the output gradient (dh_); per
+    // block eight activations or gradients of its output size, three BatchNorms' normalised
+    // inputs, the input gradient; pooling, logits; and the patch blocks (2 images at a time).
+    const size_t p0 = rows_ * cols_;
+    size_t per_example = 4 * 16 * p0 + 2 * 64 + classes_, patches = 4 * p0 * stem_.shape().patch();
+    for (const Block& b : blocks_) {
+      const size_t out = b.out_c * b.out_h * b.out_w;
+      per_example += 11 * out + b.in_c * b.in_h * b.in_w;
+      patches +=
+          4 * b.out_h * b.out_w *
+          (b.c1.shape().patch() + b.c2.shape().patch() + (b.down ? b.cd.shape().patch() : 0));
+    }
+    return batch * per_example + patches;
+  }
+
   void initParameters(std::span<float> params, uint64_t seed) const override {
     STARLING_CHECK_ARG(params.size() == layout_.numel(), spec(), ": params has ", params.size(),
                        " floats, the layout ", layout_.numel());
@@ -247,7 +281,7 @@ class ResnetModel final : public EigenModel {
   float* at(std::span<float> p, size_t t) const { return p.data() + layout_[t].offset; }
   // BatchNorm n of tensors `t` over x into y: batch statistics when training, running ones else.
   void norm(BatchNorm& n, const BnTensors& t, std::span<const float> params, bool training,
-            ConstRowMatrixMap x, RowMatrixMap y) const {
+            ConstRowMatrixMap x, RowMatrixMap y) const {  // n is the caller's (mutable) layer
     if (training)
       n.train(x, at(params, t.weight), at(params, t.bias), y);
     else
@@ -266,7 +300,7 @@ class ResnetModel final : public EigenModel {
   AlignedVector<float> t0_, h0_, pooled_, logits_, dpooled_, dh_, g0_;
 };
 
-RowMatrixMap scratch(AlignedVector<float>& buf, size_t rows, size_t cols) {
+RowMatrixMap scratch(AlignedVector<float>& buf, size_t rows, size_t cols) {  // a shorter name
   return detail::scratchMatrix(buf, rows, cols);
 }
 

@@ -53,6 +53,7 @@ struct ClientRuntime::Impl {
   bool registered = false;
   uint64_t session = 0;
   uint32_t heartbeat_ms = 1000;
+  const std::atomic<bool>* stop = nullptr;  // run()'s flag, read by training
   Clock::time_point last_register{}, last_heard = Clock::now(), last_heartbeat{};
   // A Reject(Busy) for the pending update: send it again at `resend_at`, backing off.
   std::optional<Clock::time_point> resend_at;
@@ -191,10 +192,21 @@ struct ClientRuntime::Impl {
       return;
     }
     log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round, t.phase, train.size());
-    if (config.delay_ms) withHeartbeats([&] { std::this_thread::sleep_for(milliseconds(config.delay_ms)); }, stats);
+    if (config.delay_ms)
+      withHeartbeats(
+          [&] {
+            // A slow device's delay, cut short by a stop like training.
+            const auto until = Clock::now() + milliseconds(config.delay_ms);
+            while (Clock::now() < until) {
+              if (stop && stop->load()) throw TrainingStopped("client: stopped while delaying");
+              std::this_thread::sleep_for(milliseconds(10));
+            }
+          },
+          stats);
     const cz::Compressor& comp = compressor(t.compressor);
     FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
     fit.prox_mu = t.fit.prox_mu;
+    fit.stop = stop;  // SIGTERM ends training within a batch; nothing is sent or saved
     fit.check();
     auto shared = std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
@@ -224,6 +236,7 @@ ClientRuntime::~ClientRuntime() = default;
 
 bool ClientRuntime::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
+  s.stop = &stop;
   s.registerNow(stats_);
   while (!stop.load()) {
     const auto now = Clock::now();
@@ -304,6 +317,12 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
         }
         default: failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(*kind));
       }
+    } catch (const TrainingStopped& e) {
+      // The state is as it was before the task (it is saved only with a finished update): the
+      // task runs again when the client and the server are back.
+      s.log->info("client {}: stopped during its task, nothing sent: {}", s.config.client_id,
+                  e.what());
+      return false;
     } catch (const InputError& e) {
       s.log->warn("client {}: ignored a message from the server: {}", s.config.client_id, e.what());
     } catch (const DivergenceError& e) {

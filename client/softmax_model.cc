@@ -29,6 +29,8 @@ class SoftmaxModel final : public EigenModel {
     if (pytorch_init_) initLikePyTorch(layout_, layout_.size(), params, seed);
   }
 
+  size_t activationFloats(size_t batch) const override { return batch * classes_; }
+
   BatchStats forwardBackward(std::span<const float> params, ConstRowMatrixMap x,
                              std::span<const uint8_t> y, std::span<float> grad) override {
     detail::checkBatch(*this, params, x, y, grad);

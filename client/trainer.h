@@ -1,8 +1,8 @@
 #pragma once
 // Trainer: local training of one model on one client's data, the part of a federated client that
 // knows the model. The simulator and the deployed client both drive a Trainer; the Eigen trainers
-// here (softmax regression, a one-hidden-layer MLP) need no LibTorch, and a LibTorch trainer
-// implements the same interface later.
+// here (softmax, logreg, mlp, cnn, resnet) need no LibTorch, and torch_trainer/ implements the
+// same interface, with the same models, on LibTorch.
 //
 // Contract shared by every implementation:
 // - The model's parameters are one flat float buffer read through layout(); the trainer holds no
@@ -17,6 +17,7 @@
 //   view, an index or label out of range, data of the wrong width, a params span of the wrong
 //   size are InvalidArgument. If training diverges (a non-finite loss or parameter), fit() throws
 //   DivergenceError (an Error) and leaves params as they were on entry.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +38,13 @@ namespace starling::client {
 // Thrown by fit() when training diverges: the loss or a parameter became NaN or infinite
 // (usually a learning rate too high for the data). params are left as they were on entry.
 class DivergenceError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Thrown by fit() when FitConfig::stop was set (the program is stopping): params are left as they
+// were on entry. An Error, not a divergence: nothing is wrong with the model or the data.
+class TrainingStopped : public Error {
  public:
   using Error::Error;
 };
@@ -67,6 +75,9 @@ struct FitConfig {
   double prox_mu = 0.0;
   std::span<const float> prox_anchor{};
   std::span<const float> correction{};
+  // When set, fit() reads it before every batch and, once it is true, throws TrainingStopped
+  // (a deployed client's SIGTERM ends a long local epoch within one batch). Null: never stops.
+  const std::atomic<bool>* stop = nullptr;
 
   void check() const;
   // Steps of one fit over `examples` examples: epochs x ceil(examples / batch_size).
@@ -97,7 +108,7 @@ class Trainer {
   virtual ~Trainer() = default;
 
   virtual std::string name() const = 0;
-  // The full spec with every option, e.g. "mlp:hidden=128".
+  // The full spec with every option, e.g. "mlp:hidden=200".
   virtual std::string spec() const = 0;
   // The parameters' names and shapes; params spans must have layout().numel() floats.
   virtual const ParamLayout& layout() const = 0;

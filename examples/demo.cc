@@ -83,7 +83,7 @@ int run(const Options& o) {
   const data::Dataset test = data::loadFashionMnist(o.data_dir, "t10k");
   STARLING_CHECK_ARG(o.clients <= train.size(), "--clients ", o.clients, " exceeds the ", train.size(),
                      " training examples");
-  auto trainer = client::makeTrainer(o.model, train.features(), train.num_classes);
+  auto trainer = client::makeTrainer(o.model, train);
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
 
   ag::RoundSchemeOptions so;

@@ -318,6 +318,10 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
     data::shuffleInPlace(std::span<size_t>(order_), rng);
     uploadOrder(order_);
     for (size_t start = 0; start < order_.size(); start += cfg.batch_size) {
+      if (cfg.stop && cfg.stop->load(std::memory_order_relaxed))  // a host flag: no device sync
+        STARLING_THROW(client::TrainingStopped, spec(), ": training stopped at epoch ", epoch + 1,
+                       ", example ", start, " of ", order_.size(),
+                       "; the parameters are left as they were");
       const size_t n = std::min<size_t>(cfg.batch_size, order_.size() - start);
       const auto [x, y] = gather(start, n);
       grad_.zero_();

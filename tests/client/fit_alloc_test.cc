@@ -18,12 +18,14 @@ using namespace starling;
 using namespace starling::client;
 
 TEST_CASE("fit's own scratch allocates nothing per batch once warmed up", "[client]") {
-  const data::Dataset d = testing::gaussianData(640, 784, 10, 1);
+  data::Dataset d = testing::gaussianData(640, 784, 10, 1);
+  d.rows = 28;
+  d.cols = 28;
   const auto all = testing::allIndices(d);
   const std::vector<size_t> few(all.begin(), all.begin() + 64);
-  for (const char* spec : {"softmax", "mlp:hidden=128"}) {
+  for (const char* spec : {"softmax", "mlp:hidden=128", "cnn", "resnet:momentum=0.9"}) {
     INFO(spec);
-    auto t = makeTrainer(spec, 784, 10);
+    auto t = makeTrainer(spec, d);
     std::vector<float> global(t->layout().numel());
     t->initParameters(global, 1);
     const FitConfig cfg{.epochs = 1, .batch_size = 32, .lr = 0.01};

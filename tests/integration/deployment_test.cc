@@ -262,6 +262,35 @@ TEST_CASE("SIGTERM stops the root at once, waiting or mid-phase, and costs no co
   CHECK(field(lines[1], "applied") == "true");
 }
 
+TEST_CASE("SIGTERM stops a client in the middle of a long local epoch, sending nothing",
+          "[integration][client]") {
+  // The CNN on half of Fashion-MNIST's training set: an epoch of 30,000 examples takes about 20 s
+  // here. A client used to finish it before honouring SIGTERM (a minute or more on a device).
+  Federation f("clientstop");
+  f.clientKeys(0, 1);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0"}),
+         {"--train.rounds", "1", "--model.spec", "cnn", "--round.deadline_ms", "120000",
+          "--state.metrics", f.path("metrics.jsonl")});
+  f.client(0, port, "server", 2, {"--model.spec", "cnn"});
+  const bool training = waitFor(
+      [&] { return f.log("client-0").find("round 1 phase 0: training") != std::string::npos; },
+      seconds(60));
+  INFO(f.allLogs());
+  REQUIRE(training);
+  const auto t0 = std::chrono::steady_clock::now();
+  f.proc("client-0").signal(SIGTERM);
+  const int rc = f.proc("client-0").wait(seconds(15));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(f.allLogs());
+  CHECK(rc == 0);
+  CHECK(took < 10.0);  // a batch, not the epoch (the epoch alone takes ~20 s)
+  CHECK(f.log("client-0").find("stopped during its task, nothing sent") != std::string::npos);
+  f.proc("root").signal(SIGTERM);
+  CHECK(f.proc("root").wait(seconds(10)) == 0);
+  CHECK_FALSE(std::filesystem::exists(f.path("metrics.jsonl")));  // no update came: no round
+}
+
 TEST_CASE("a restarted client keeps its error-feedback residual", "[integration][client]") {
   Federation f("restartclient");
   f.clientKeys(0, 2);
