@@ -21,10 +21,15 @@ uint64_t mix(uint64_t h, uint64_t v) {
 }
 }  // namespace
 
-AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint64_t round, uint32_t phase,
-                                 std::shared_ptr<const SharedFactors> shared, std::vector<std::string> metric_names)
-    : model_(std::move(model)), round_(round), phase_(phase), shared_(std::move(shared)),
-      metric_names_(std::move(metric_names)) {
+AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint64_t round,
+                                 uint32_t phase, std::shared_ptr<const SharedFactors> shared,
+                                 std::vector<std::string> metric_names, bool control)
+    : model_(std::move(model)),
+      round_(round),
+      phase_(phase),
+      shared_(std::move(shared)),
+      metric_names_(std::move(metric_names)),
+      control_(control) {
   STARLING_CHECK_ARG(model_ != nullptr, "aggregate layout: no model layout");
   const ParamLayout& m = *model_;
   if (!shared_) {
@@ -56,6 +61,10 @@ AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint6
     factor_size_[t] = other_dim * (f.size() / fixed_dim);
     off += factor_size_[t];
   }
+  if (control_) {  // in the head: a sharded step all-reduces it whole
+    control_offset_ = off;
+    off += m.numel();
+  }
   dense_offset_ = off;
   size_ = off + m.numel();
   shared_tag_ = cz::sharedFactorsTag(*shared_);
@@ -64,6 +73,7 @@ AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint6
   h = mix(h, round_);
   h = mix(h, phase_);
   h = mix(h, shared_tag_);
+  h = mix(h, control_ ? 1 : 0);
   for (const auto& n : metric_names_) {
     h = mix(h, n.size());
     for (char c : n) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
@@ -112,7 +122,15 @@ void PartialAggregate::addValidated(const UpdateView& u, double weight, double s
                        " must be one low-rank factor against this phase's shared factor, got ",
                        cz::encodingName(u.tensors[t]));
   }
+  STARLING_CHECK_ARG(u.control.size() == (L.hasControl() ? m.numel() : 0),
+                     "aggregation: update from client ", u.header.client_id, " carries ",
+                     u.control.size(), " SCAFFOLD control values, this phase takes ",
+                     L.hasControl() ? m.numel() : 0);
   addTensors(u.tensors, static_cast<float>(weight * scale));
+  if (L.hasControl()) {  // unweighted and unclipped: c moves by the mean of the clients' changes
+    float* c = buf_.data() + L.controlOffset();
+    for (size_t i = 0; i < u.control.size(); ++i) c[i] += u.control[i];
+  }
   for (const auto& metric : u.metrics) {
     if (auto i = L.metricIndex(metric.name)) {
       buf_[L.metricOffset(*i)] += static_cast<float>(weight * metric.value);
@@ -161,7 +179,14 @@ void PartialAggregate::mergeValidated(const PartialView& p) {
     else
       STARLING_CHECK_ARG(!lr, "aggregation: partial's tensor '", m[t].name, "' must be a dense or sparse sum");
   }
+  STARLING_CHECK_ARG(p.control.size() == (L.hasControl() ? m.numel() : 0),
+                     "aggregation: partial carries ", p.control.size(),
+                     " SCAFFOLD control values, this phase takes ", L.hasControl() ? m.numel() : 0);
   addTensors(p.tensors, 1.0f);
+  if (L.hasControl()) {
+    float* c = buf_.data() + L.controlOffset();
+    for (size_t i = 0; i < p.control.size(); ++i) c[i] += p.control[i];
+  }
   for (const auto& metric : p.metrics) {
     if (auto i = L.metricIndex(metric.name)) {
       buf_[L.metricOffset(*i)] += static_cast<float>(metric.weighted_sum);
@@ -226,6 +251,8 @@ PartialMessage PartialAggregate::exportHeader() const {
     if (w > 0) msg.metrics.push_back({L.metricNames()[i], buf_[L.metricOffset(i)], w});
   }
   msg.tensors.reserve(L.model().size());
+  const auto control = controlSum();
+  msg.control.assign(control.begin(), control.end());
   return msg;
 }
 

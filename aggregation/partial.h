@@ -4,12 +4,14 @@
 // reduce-scatter it in place, with no pack or unpack:
 //
 //   [ total weight | count | metric slots (weighted sum, weight) per declared metric |
-//     factor sums (per tensor with a shared factor) | dense sum (numel) ]
+//     factor sums (per tensor with a shared factor) | SCAFFOLD control sum (numel, when the
+//     phase carries one) | dense sum (numel) ]
 //
 // The small head (everything before the dense sum) comes first, so a collective can all-reduce
 // the head and reduce-scatter the dense sum in shards (the simulator's sharded server step).
 //
 //   sum = sum_i w_i * update_i,   W = sum_i w_i,   n = count,   metric: sum_i w_i m_i and sum_i w_i
+//   SCAFFOLD's control sum: sum_i (c_i+ - c_i), unweighted (the server adds it / N to c)
 //
 // Updates are added straight from their payload views (dense adds, sparse scatter-adds, a random
 // block adds its block, sign/QSGD add decoded values, a two-factor low-rank payload adds P Q^T). A
@@ -50,8 +52,10 @@ using compression::UpdateView;
 class AggregateLayout {
  public:
   // `shared` may be null (no shared factors this phase).
+  // `control`: the phase carries SCAFFOLD's control changes (phase 0 of a SCAFFOLD round).
   AggregateLayout(std::shared_ptr<const ParamLayout> model, uint64_t round, uint32_t phase,
-                  std::shared_ptr<const SharedFactors> shared, std::vector<std::string> metric_names);
+                  std::shared_ptr<const SharedFactors> shared,
+                  std::vector<std::string> metric_names, bool control = false);
 
   const ParamLayout& model() const { return *model_; }
   const std::shared_ptr<const ParamLayout>& modelPtr() const { return model_; }
@@ -73,6 +77,8 @@ class AggregateLayout {
   size_t factorOffset(size_t t) const { return factor_offset_[t]; }
   size_t factorSize(size_t t) const { return factor_size_[t]; }
   bool hasFactorSlot(size_t t) const { return factor_size_[t] != 0; }
+  bool hasControl() const { return control_; }
+  size_t controlOffset() const { return control_offset_; }  // numel floats when hasControl()
   const std::vector<std::string>& metricNames() const { return metric_names_; }
   std::optional<size_t> metricIndex(std::string_view name) const;
   size_t metricOffset(size_t i) const { return 2 + 2 * i; }
@@ -88,6 +94,8 @@ class AggregateLayout {
   uint64_t tag_ = 0;
   std::vector<size_t> factor_offset_, factor_size_;
   std::vector<std::string> metric_names_;
+  bool control_ = false;
+  size_t control_offset_ = 0;
   size_t dense_offset_ = 0;
   size_t size_ = 0;
 };
@@ -111,6 +119,11 @@ class PartialAggregate {
   }
   std::span<const float> factorSum(size_t t) const {
     return std::span<const float>(buf_).subspan(layout_->factorOffset(t), layout_->factorSize(t));
+  }
+  // SCAFFOLD's unweighted sum of control changes (numel floats); empty without one.
+  std::span<const float> controlSum() const {
+    if (!layout_->hasControl()) return {};
+    return std::span<const float>(buf_).subspan(layout_->controlOffset(), layout_->numel());
   }
   // Per tensor, the factor sum (empty where the tensor has no shared factor).
   std::vector<std::span<const float>> factorSums() const;

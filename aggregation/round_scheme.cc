@@ -155,6 +155,7 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
     if (!(std::fabs(m.value) <= bounds.max_metric_abs))
       failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name, "' = ", m.value, " exceeds the bound ",
                 bounds.max_metric_abs);
+  checkControl(u.control, 1.0, "client", h.client_id);
   const double clip = scheme_.rule_->clipNorm();
   const double scale = (clip > 0 && norm > clip) ? clip / norm : 1.0;
 
@@ -193,6 +194,41 @@ void PhaseAggregator::merge(const cz::PartialView& p, uint64_t source) {
   } catch (const InputError& e) {
     reject(e);
   }
+}
+
+// SCAFFOLD's control vector of an update (count 1) or a partial (the sum of `count` changes): there
+// exactly when the phase takes one, numel finite values, each change within the update bounds
+// (|value| <= max_abs_value, norm <= max_update_norm), so the sum stays within count times them.
+void PhaseAggregator::checkControl(std::span<const float> control, double count, const char* what,
+                                   uint64_t who) const {
+  const AggregateLayout& L = partial_.layout();
+  const ValidationBounds& bounds = scheme_.opt_.bounds;
+  if (!L.hasControl()) {
+    if (!control.empty())
+      failInput(Errc::kUnexpectedEncoding, what, " ", who,
+                " carries a SCAFFOLD control vector, and this phase takes none");
+    return;
+  }
+  if (control.empty())
+    failInput(Errc::kMissingField, what, " ", who,
+              " carries no SCAFFOLD control vector (c_i+ - c_i), which this round needs");
+  if (control.size() != L.numel())
+    failInput(Errc::kSizeMismatch, what, " ", who, ": SCAFFOLD control vector of ", control.size(),
+              " values, the model has ", L.numel());
+  const double slack = 1 + 1e-5;
+  double sq = 0.0, top = 0.0;
+  for (float x : control) {
+    if (!std::isfinite(x))
+      failInput(Errc::kNonFinite, what, " ", who, ": its SCAFFOLD control vector is not finite");
+    top = std::max(top, static_cast<double>(std::fabs(x)));
+    sq += static_cast<double>(x) * x;
+  }
+  if (top > count * bounds.max_abs_value * slack)
+    failInput(Errc::kValueTooLarge, what, " ", who, ": a SCAFFOLD control value of ", top,
+              ", the bound is ", count * bounds.max_abs_value);
+  if (!(std::sqrt(sq) <= count * bounds.max_update_norm * slack))
+    failInput(Errc::kNormTooLarge, what, " ", who, ": SCAFFOLD control norm ", std::sqrt(sq),
+              ", the bound is ", count * bounds.max_update_norm);
 }
 
 void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
@@ -251,6 +287,7 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
   if (!(std::sqrt(sq_norm) <= norm_bound))
     failInput(Errc::kNormTooLarge, "partial from ", source, ": norm ", std::sqrt(sq_norm),
               ", more than updates of total weight ", h.total_weight, " can sum to (", norm_bound, ")");
+  checkControl(p.control, static_cast<double>(h.count), "partial from", source);
   for (const auto& m : p.metrics)
     if (!(m.weight >= 0 && m.weight <= h.total_weight * (1 + 1e-6) &&
           std::fabs(m.weighted_sum) <= m.weight * bounds.max_metric_abs * (1 + 1e-6)))
@@ -288,7 +325,8 @@ RoundScheme::~RoundScheme() = default;
 RoundCarry RoundScheme::initialCarry() const { return RoundCarry{compressor_->initialShared(*layout_, opt_.run_seed)}; }
 
 std::shared_ptr<const AggregateLayout> RoundScheme::aggregateLayout(const PhaseBroadcast& b) const {
-  return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, opt_.metrics);
+  return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, opt_.metrics,
+                                                 opt_.scaffold && b.phase == 0);
 }
 
 std::unique_ptr<PhaseAggregator> RoundScheme::phaseAggregator(const PhaseBroadcast& b,

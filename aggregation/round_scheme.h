@@ -51,6 +51,11 @@ struct RoundSchemeOptions {
   uint64_t run_seed = 0;
   ValidationBounds bounds;
   std::vector<std::string> metrics = {"train_loss"};  // metric names aggregated (others ignored)
+  // SCAFFOLD (Karimireddy et al. 2020): phase 0's updates carry the clients' control changes
+  // c_i+ - c_i (numel floats each), which the phase sums unweighted (PartialAggregate::controlSum)
+  // for the server's c += sum / N. Every party of a federation must agree (the partials' tags
+  // differ otherwise).
+  bool scaffold = false;
 };
 
 // What a round hands to the next: the shared factors of the next round's first phase (empty for
@@ -125,6 +130,8 @@ class PhaseAggregator {
                   const std::unordered_set<uint64_t>* allowed);
   void addChecked(const compression::UpdateView& u, const ClientLimits& limits);
   void mergeChecked(const compression::PartialView& p, uint64_t source);
+  void checkControl(std::span<const float> control, double count, const char* what,
+                    uint64_t who) const;
   [[noreturn]] void reject(const InputError& e);
 
   const RoundScheme& scheme_;

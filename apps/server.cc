@@ -7,6 +7,7 @@
 #include "aggregation/rule.h"
 #include "aggregation/server_optimizer.h"
 #include "apps/common.h"
+#include "client/algorithm.h"
 #include "client/trainer.h"
 #include "compression/registry.h"
 #include "core/error.h"
@@ -58,6 +59,13 @@ int runServer(Config& c) {
   c.engine.completion.min_results = c.engine.sampling.min_clients;
   c.engine.completion.min_completion_rate = c.min_completion_rate;
   auto trainer = client::makeTrainer(c.model, c.rows, c.cols, c.classes);
+  if (c.engine.scheme.scaffold) {
+    if (aggregator)
+      STARLING_THROW(ConfigError,
+                     "train.scaffold is the root's setting: an edge aggregator follows "
+                     "the tasks it relays");
+    client::checkScaffoldTrainer(*trainer);
+  }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
 
   transport::Context ctx;
@@ -169,6 +177,14 @@ int main(int argc, char** argv) {
   o.add("train.batch_size", &c.engine.fit.batch_size, "local minibatch size", 1, 1u << 20);
   o.add("train.lr", &c.engine.fit.lr, "client learning rate", 1e-7, 100);
   o.add("train.prox_mu", &c.engine.fit.prox_mu, "FedProx's proximal term mu (0: FedAvg's local SGD)", 0, 1e4);
+  o.add("train.scaffold", &c.engine.scheme.scaffold,
+        "SCAFFOLD: clients correct their steps by the server's minus their own control variate; c "
+        "travels in each phase-0 task, each update brings c_i+ - c_i (model-sized, dense), and c "
+        "moves by their sum / train.scaffold_population after each round");
+  o.add("train.scaffold_population", &c.engine.scaffold_population,
+        "SCAFFOLD's N, the clients of the federation (0: the clients, or edge aggregators, "
+        "registered when the round begins; with edge aggregators give the number of clients)",
+        0, ~0ull);
   o.add("compression.compressor", &c.engine.scheme.compressor, "compressor spec:" + compression::compressors().help());
   o.add("aggregation.rule", &c.engine.scheme.rule, "aggregation rule spec:" + aggregation::aggregationRules().help());
   o.add("aggregation.server_opt", &c.engine.server_opt, "server optimizer spec:" + aggregation::serverOptimizers().help());

@@ -20,6 +20,7 @@
 #include "aggregation/rule.h"
 #include "aggregation/server_optimizer.h"
 #include "apps/options.h"
+#include "client/algorithm.h"
 #include "client/trainer.h"
 #include "compression/registry.h"
 #include "core/error.h"
@@ -161,15 +162,11 @@ int runSim(int argc, char** argv, Config& c) {
                                    : "");
   }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
-  // SCAFFOLD's c_i+ = c_i - c + (x - y) / (K lr) takes the K steps to be plain SGD steps of lr:
-  // with momentum it would overestimate c_i by up to 1 / (1 - momentum).
-  if (c.scaffold) {
-    const std::string spec = trainer->spec();
-    const size_t at = spec.find("momentum=");
-    if (at != std::string::npos && std::strtod(spec.c_str() + at + 9, nullptr) != 0.0)
-      STARLING_THROW(ConfigError, "train.scaffold needs plain local SGD, and model.spec = '", spec,
-                     "' uses momentum (set momentum=0)");
-  }
+  // SCAFFOLD is the round engine's, as in a deployment: c lives in the engine (and its
+  // checkpoint), N is the simulated population.
+  if (c.scaffold) client::checkScaffoldTrainer(*trainer);
+  c.engine.scheme.scaffold = c.scaffold;
+  c.engine.scaffold_population = c.scaffold ? c.num_clients : 0;
   if (lead) {
     std::printf(
         "starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d "
@@ -206,7 +203,7 @@ int runSim(int argc, char** argv, Config& c) {
                 std::filesystem::exists(so.spill_dir);
   }
   sim::ClientStateStore store(so, layout->fingerprint());
-  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded, c.scaffold};
+  sim::SimFleetConfig fc{policy, c.reference_spe, c.deadline_seconds, c.seed, {}, sharded};
   if (!c.state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
   fc.durable_states = !c.engine.checkpoint.empty();
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, test);

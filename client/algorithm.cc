@@ -1,6 +1,7 @@
 #include "client/algorithm.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/finite.h"
@@ -17,6 +18,14 @@ void ControlVariateState::load(ByteReader& r, uint32_t version) {
   r.floats(values);
   for (float v : values)
     if (!std::isfinite(v)) r.fail("SCAFFOLD control variate holds a non-finite value");
+}
+
+void checkScaffoldTrainer(const Trainer& trainer) {
+  const std::string spec = trainer.spec();
+  const size_t at = spec.find("momentum=");
+  if (at != std::string::npos && std::strtod(spec.c_str() + at + 9, nullptr) != 0.0)
+    STARLING_THROW(ConfigError, "train.scaffold needs plain local SGD, and model.spec = '", spec,
+                   "' uses momentum (set momentum=0)");
 }
 
 PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint64_t client_id,

@@ -41,6 +41,11 @@ class ControlVariateState final : public StateComponent {
 };
 inline constexpr const char* kControlVariate = "scaffold.control";
 
+// SCAFFOLD's c_i+ = c_i - c + (x - y) / (K lr) takes the K local steps to be plain SGD steps of
+// lr: with momentum it would overestimate c_i by up to 1 / (1 - momentum). ConfigError naming the
+// spec when `trainer` uses momentum; the simulator and the server check their model with it.
+void checkScaffoldTrainer(const Trainer& trainer);
+
 class ClientAlgorithm {
  public:
   // `compressor` and `trainer` must outlive this object.

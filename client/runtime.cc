@@ -211,7 +211,11 @@ struct ClientRuntime::Impl {
     auto shared = std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
     ClientAlgorithm algorithm(comp, trainer, fit);
-    PhaseResult res = withHeartbeats([&] { return algorithm.runPhase(b, config.client_id, model, train, state); }, stats);
+    // SCAFFOLD when the task carries the server's c: the control change travels with the update.
+    PhaseResult res = withHeartbeats(
+        [&] { return algorithm.runPhase(b, config.client_id, model, train, state, t.control); },
+        stats);
+    res.update.control = std::move(res.control_delta);
     res.update.header.nonce = t.nonce;
     // Keep only the metrics the server aggregates.
     std::erase_if(res.update.metrics, [&](const Metric& m) {

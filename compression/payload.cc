@@ -226,6 +226,7 @@ UpdateView view(const Update& u) {
   for (const auto& p : u.tensors) v.tensors.push_back(view(p));
   v.metrics.reserve(u.metrics.size());
   for (const auto& m : u.metrics) v.metrics.push_back({m.name, m.value});
+  v.control = u.control;
   return v;
 }
 
@@ -235,6 +236,7 @@ Update toOwned(const UpdateView& v) {
   u.tensors.reserve(v.tensors.size());
   for (const auto& p : v.tensors) u.tensors.push_back(toOwned(p));
   for (const auto& m : v.metrics) u.metrics.push_back({std::string(m.name), m.value});
+  u.control.assign(v.control.begin(), v.control.end());
   return u;
 }
 
@@ -244,6 +246,7 @@ PartialView view(const PartialMessage& m) {
   v.tensors.reserve(m.tensors.size());
   for (const auto& p : m.tensors) v.tensors.push_back(view(p));
   for (const auto& x : m.metrics) v.metrics.push_back({x.name, x.weighted_sum, x.weight});
+  v.control = m.control;
   return v;
 }
 

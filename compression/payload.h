@@ -153,6 +153,9 @@ struct Update {
   UpdateHeader header;
   std::vector<Payload> tensors;  // one per layout tensor, in layout order
   std::vector<Metric> metrics;
+  // SCAFFOLD only (a phase 0 whose task carried the server's control variate): the client's
+  // control-variate change c_i+ - c_i, numel floats, dense; empty otherwise.
+  std::vector<float> control;
 };
 
 struct MetricView {
@@ -166,6 +169,7 @@ struct UpdateView {
   UpdateHeader header;
   std::vector<PayloadView> tensors;
   std::vector<MetricView> metrics;
+  std::span<const float> control;  // Update::control
 };
 
 UpdateView view(const Update& u);
@@ -202,11 +206,14 @@ struct PartialMessage {
   PartialHeader header;
   std::vector<Payload> tensors;
   std::vector<MetricSum> metrics;
+  // SCAFFOLD: the unweighted sum of its updates' control changes (numel floats); empty otherwise.
+  std::vector<float> control;
 };
 struct PartialView {
   PartialHeader header;
   std::vector<PayloadView> tensors;
   std::vector<MetricSumView> metrics;
+  std::span<const float> control;
 };
 
 PartialView view(const PartialMessage& m);

@@ -115,8 +115,11 @@ std::vector<uint8_t> encodeUpdate(const cz::UpdateView& u) {
     metrics.push_back(fb::CreateMetric(b, b.CreateString(m.name.data(), m.name.size()), m.value));
   auto tv = b.CreateVector(tensors);
   auto mv = b.CreateVector(metrics);
+  flatbuffers::Offset<flatbuffers::Vector<float>> cv;
+  if (!u.control.empty()) cv = b.CreateVector(u.control.data(), u.control.size());
   const auto& h = u.header;
-  auto body = fb::CreateUpdate(b, h.layout_fingerprint, h.round, h.client_id, h.num_examples, tv, mv, h.phase, h.nonce);
+  auto body = fb::CreateUpdate(b, h.layout_fingerprint, h.round, h.client_id, h.num_examples, tv,
+                               mv, h.phase, h.nonce, cv);
   return finish(b, fb::Body::Update, body.Union());
 }
 
@@ -130,9 +133,11 @@ std::vector<uint8_t> encodePartial(const cz::PartialView& m) {
     metrics.push_back(fb::CreateMetricSum(b, b.CreateString(x.name.data(), x.name.size()), x.weighted_sum, x.weight));
   auto tv = b.CreateVector(tensors);
   auto mv = b.CreateVector(metrics);
+  flatbuffers::Offset<flatbuffers::Vector<float>> cv;
+  if (!m.control.empty()) cv = b.CreateVector(m.control.data(), m.control.size());
   const auto& h = m.header;
-  auto body = fb::CreatePartialAggregate(b, h.layout_fingerprint, h.round, h.phase, h.shared_tag, h.count,
-                                         h.total_weight, tv, mv, h.nonce);
+  auto body = fb::CreatePartialAggregate(b, h.layout_fingerprint, h.round, h.phase, h.shared_tag,
+                                         h.count, h.total_weight, tv, mv, h.nonce, cv);
   return finish(b, fb::Body::PartialAggregate, body.Union());
 }
 
@@ -288,6 +293,26 @@ void decodeTensors(const flatbuffers::Vector<flatbuffers::Offset<fb::Tensor>>* t
   }
 }
 
+// SCAFFOLD's control vector of an Update or PartialAggregate: absent (empty), or exactly numel
+// finite floats. Whether the round expects one is the round's to check (aggregation/).
+template <class Region>
+std::span<const float> decodeControl(const flatbuffers::Vector<float>* v, size_t numel,
+                                     std::vector<Region>& regions) {
+  if (!v) return {};
+  const std::span<const float> c = spanOf(v);
+  if (c.size() != numel)
+    fail(Errc::kSizeMismatch, "the SCAFFOLD control vector has " + std::to_string(c.size()) +
+                                  " values, the model " + std::to_string(numel));
+  for (float x : c)
+    if (!std::isfinite(x))
+      fail(Errc::kNonFinite, "the SCAFFOLD control vector holds a non-finite value");
+  if (!c.empty()) {
+    const auto* b = reinterpret_cast<const uint8_t*>(c.data());
+    regions.push_back(Region{b, b + c.size_bytes()});
+  }
+  return c;
+}
+
 // A metric name: 1..max bytes of letters, digits and "_.-/".
 std::string_view metricName(const flatbuffers::String* s, size_t i, size_t max_len) {
   if (!s) fail(Errc::kMissingField, "metric " + std::to_string(i) + " has no name");
@@ -361,6 +386,7 @@ const cz::UpdateView& Decoder::decodeUpdate(std::span<const uint8_t> bytes) {
     requireFiniteMetric(m.value(), name);
     return cz::MetricView{name, m.value()};
   });
+  out.control = decodeControl(u->control(), layout_.numel(), regions_);
   checkRegions();
   return out;
 }
@@ -383,6 +409,7 @@ const cz::PartialView& Decoder::decodePartial(std::span<const uint8_t> bytes) {
     requireFiniteMetric(m.weight(), name);
     return cz::MetricSumView{name, m.weighted_sum(), m.weight()};
   });
+  out.control = decodeControl(p->control(), layout_.numel(), regions_);
   checkRegions();
   return out;
 }

@@ -216,6 +216,7 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   size_t est = 512;
   for (const auto& p : model) est += cz::payloadDataBytes(p) + 32;
   for (const auto& f : h.shared.factors) est += f.size() * sizeof(float) + 16;
+  est += h.control.size() * sizeof(float);
   flatbuffers::FlatBufferBuilder b(est);
   auto tensors = detail::encodeTensors(b, model);  // exactly as an update's tensors
   std::vector<flatbuffers::Offset<fb::SharedFactor>> shared;
@@ -225,9 +226,12 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   auto spec = b.CreateString(h.compressor);
   auto metrics = strings(b, h.metrics);
   auto fit = fb::CreateFitSettings(b, h.fit.epochs, h.fit.batch_size, h.fit.lr, h.fit.prox_mu);
-  auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce, h.run_seed, spec,
-                             h.model_version, h.base_version, tv, static_cast<uint8_t>(h.shared.fixed), sv, fit,
-                             h.deadline_ms, metrics);
+  flatbuffers::Offset<flatbuffers::Vector<float>> control;
+  if (!h.control.empty()) control = b.CreateVector(h.control);
+  auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce,
+                             h.run_seed, spec, h.model_version, h.base_version, tv,
+                             static_cast<uint8_t>(h.shared.fixed), sv, fit, h.deadline_ms, metrics,
+                             control);
   return finish(b, fb::Body::Task, body.Union());
 }
 
@@ -422,6 +426,20 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
     fail(Errc::kMissingField, "task with a bad fit config (epochs " + std::to_string(m.fit.epochs) + ", batch " +
                                   std::to_string(m.fit.batch_size) + ", lr " + std::to_string(m.fit.lr) +
                                   ", prox_mu " + std::to_string(m.fit.prox_mu) + ")");
+  // SCAFFOLD's server control variate: a phase-0 Fit task's, numel finite values.
+  if (const auto* c = t->control()) {
+    if (m.kind != TaskKind::kFit || m.phase != 0)
+      fail(Errc::kUnexpectedMessage,
+           "a SCAFFOLD control variate in a task other than a phase-0 fit");
+    if (c->size() != layout.numel())
+      fail(Errc::kSizeMismatch, "the task's SCAFFOLD control variate has " +
+                                    std::to_string(c->size()) + " values, the model " +
+                                    std::to_string(layout.numel()));
+    m.control.assign(c->begin(), c->end());
+    for (float x : m.control)
+      if (!std::isfinite(x))
+        fail(Errc::kNonFinite, "the task's SCAFFOLD control variate holds a non-finite value");
+  }
   // The model: whole (dense f32 / f16) or, against a base version, sparse new values.
   const auto* tensors = t->model();
   const size_t n = tensors ? tensors->size() : 0;

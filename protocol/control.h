@@ -94,6 +94,9 @@ struct TaskMsg {
   FitSettings fit;
   uint32_t deadline_ms = 0;
   std::vector<std::string> metrics;
+  // SCAFFOLD: the server's control variate c (numel floats) in a phase-0 Fit task of a SCAFFOLD
+  // federation; empty otherwise. decodeTask checks its size and finiteness.
+  std::vector<float> control;
 };
 
 struct EvaluationMsg {

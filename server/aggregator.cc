@@ -40,6 +40,7 @@ struct EdgeAggregator::Impl {
   uint64_t held_version = 0;
   std::unique_ptr<ag::PhaseAggregator> previous;  // this point's aggregator of the phase before
   uint64_t previous_round = 0;
+  bool previous_scaffold = false;  // the current round's phase 0 carried SCAFFOLD's control
   std::vector<float> residual;  // what re-sparsification dropped, sent in later rounds
   std::vector<uint8_t> last_partial;  // resent when upstream answers Reject(Busy)
   std::optional<Clock::time_point> resend_at;
@@ -97,11 +98,15 @@ struct EdgeAggregator::Impl {
 
   // Upstream names the compressor in each task; a few schemes are kept (their memory grows with
   // the model), and a spec this build does not know is refused input.
-  ag::RoundScheme& scheme(const std::string& compressor) {
-    auto it = schemes.find(compressor);
+  // SCAFFOLD comes from upstream too: a phase-0 task that carries the server's control variate
+  // starts a SCAFFOLD round, whose updates (and this partial) carry control changes.
+  ag::RoundScheme& scheme(const std::string& compressor, bool scaffold) {
+    const std::string key = compressor + (scaffold ? "|scaffold" : "");
+    auto it = schemes.find(key);
     if (it == schemes.end()) {
       ag::RoundSchemeOptions o;
       o.compressor = compressor;
+      o.scaffold = scaffold;
       o.rule = config.rule;
       o.bounds = config.bounds;
       o.metrics = config.metrics;
@@ -115,7 +120,7 @@ struct EdgeAggregator::Impl {
         previous.reset();  // refers to a scheme about to go
         schemes.clear();
       }
-      it = schemes.emplace(compressor, std::move(s)).first;
+      it = schemes.emplace(key, std::move(s)).first;
     }
     return *it->second;
   }
@@ -135,7 +140,9 @@ struct EdgeAggregator::Impl {
       evaluate(t);
       return;
     }
-    ag::RoundScheme& s = scheme(t.compressor);
+    // A later phase belongs to the round its phase 0 began (with or without SCAFFOLD).
+    const bool scaffold = t.phase == 0 ? !t.control.empty() : previous_scaffold;
+    ag::RoundScheme& s = scheme(t.compressor, scaffold);
     auto shared = t.shared.factors.empty() ? nullptr : std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared};
     const bool continues = t.phase > 0 && previous && previous_round == t.round &&
@@ -164,6 +171,7 @@ struct EdgeAggregator::Impl {
     }
     previous = std::move(agg);
     previous_round = t.round;
+    previous_scaffold = scaffold;
   }
 
   // Federated evaluation of the subtree: relayed down, answered up as one examples-weighted mean.

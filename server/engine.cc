@@ -24,7 +24,7 @@ namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
 // Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
 // inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
-constexpr uint32_t kCheckpointVersion = 3;
+constexpr uint32_t kCheckpointVersion = 4;
 constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
 constexpr uint32_t kShardFileVersion = 1;
 
@@ -138,6 +138,7 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
       shardRange(layout_->numel(), static_cast<int>(config_.shard_rank), static_cast<int>(config_.shard_count));
   optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
+  if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
   if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
     loadCheckpoint();
     resumed_ = true;
@@ -163,6 +164,8 @@ void RoundEngine::saveCheckpoint() const {
   if (!fleet_state_.empty()) w.bytes(fleet_state_.data(), fleet_state_.size());
   // Format 3: the broadcast model of a lossy downlink (count 0 otherwise).
   w.floats(model_.lossy() ? model_.current() : std::span<const float>());
+  // Format 4: SCAFFOLD's server control variate (count 0 without SCAFFOLD).
+  w.floats(control_);
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -260,7 +263,15 @@ void RoundEngine::loadCheckpoint() {
   }
   std::vector<float> broadcast;
   if (format >= 3) r.floats(broadcast);
+  std::vector<float> control;
+  if (format >= 4) r.floats(control);
   r.finish();
+  if (control.size() != control_.size())
+    r.fail(control.empty() ? "it has no SCAFFOLD control variate and this run is SCAFFOLD"
+                           : "it has a SCAFFOLD control variate and this run is not SCAFFOLD",
+           ": resume with the same train.scaffold");
+  for (float x : control)
+    if (!std::isfinite(x)) r.fail("its SCAFFOLD control variate holds a non-finite value");
   if (!broadcast.empty() && (!model_.lossy() || broadcast.size() != model.size()))
     r.fail("it holds a broadcast model of ", broadcast.size(), " values for a ",
            model_.lossy() ? "lossy" : "lossless", " downlink of a ", model.size(), "-value model");
@@ -277,6 +288,7 @@ void RoundEngine::loadCheckpoint() {
   if (opt) optimizer_ = std::move(opt);
   else loadOptimizerShard(next);
   carry_ = std::move(carry);
+  control_ = std::move(control);
   fleet_state_ = std::move(fleet_state);
   fleet_state_pending_ = true;
 }
@@ -306,7 +318,6 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   auto finishRecord = [&] {
     rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++next_round_;
-    fleet.endRound(rec.round, rec.applied);
     fleet_state_ = fleet.saveState();
     saveOptimizerShard();
     fleet.checkpoint();
@@ -355,6 +366,10 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   std::set<uint64_t> failed;
   for (;;) {
     header.phase = round->phase();
+    if (header.phase == 0)
+      header.control = control_;  // SCAFFOLD's c, phase 0 only
+    else
+      header.control.clear();
     const PhaseTask task{round->broadcast(), header, model_, config_.downlink};
     const size_t want = round->phase() == 0 ? target : active.size();
     PhaseReport rep = fleet.runPhase(task, active, want, round->current());
@@ -370,6 +385,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
   }
   rec.clients_failed = failed.size();
+  header.control.clear();
+  updateControl(round->phaseAt(0).partial(), available.size());
 
   ag::RoundResult result;
   try {
@@ -430,6 +447,21 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     }
   }
   return finishRecord();
+}
+
+// SCAFFOLD, option II: c += (1/N) sum over the clients that sent (c_i+ - c_i). Applied whether or
+// not the round's model step is: those clients keep their c_i+, so c stays the mean of every c_i.
+// The round's bounds keep each change finite and bounded; a sum that would still make c
+// non-finite leaves c as it was.
+void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t available) {
+  const std::span<const float> sum = phase0.controlSum();
+  if (control_.empty() || sum.empty() || phase0.count() == 0) return;
+  const uint64_t n = config_.scaffold_population ? config_.scaffold_population : available;
+  const double inv = 1.0 / static_cast<double>(std::max<uint64_t>(n, phase0.count()));
+  std::vector<float> next(control_.size());
+  for (size_t i = 0; i < next.size(); ++i)
+    next[i] = static_cast<float>(control_[i] + static_cast<double>(sum[i]) * inv);
+  if (allFinite(next)) control_ = std::move(next);
 }
 
 void RoundEngine::run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress) {

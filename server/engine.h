@@ -77,6 +77,11 @@ struct EngineConfig {
   // this worker's write and the checkpoint's.
   uint32_t shard_rank = 0, shard_count = 1;
   std::string optimizer_shard_file;
+  // SCAFFOLD (scheme.scaffold): the server's control variate c lives here, travels in every
+  // phase-0 fit task, and after each round that reached its clients (applied or not: they keep
+  // their c_i+) moves by the sum of the clients' changes over N, the population: this many
+  // clients, or with 0 the clients available when the round began. Checkpointed with the model.
+  uint64_t scaffold_population = 0;
   void validate() const;               // ConfigError naming the key
 };
 
@@ -165,12 +170,9 @@ class Fleet {
   // this worker's shard only: the fleet gathers every worker's shard into it. Only an element-wise
   // server optimizer can be sharded this way (every one in aggregation/server_optimizer.h is).
   virtual void gatherModel(std::span<float> /*model*/) {}
-  // The end of round `round`, applied or not, before checkpoint() (the simulator applies
-  // SCAFFOLD's server control-variate update here, for applied rounds only).
-  virtual void endRound(uint64_t /*round*/, bool /*applied*/) {}
-  // Server-side state of the fleet's own that the checkpoint keeps (the simulator's SCAFFOLD
-  // control variate), the same on every worker; empty: none. restoreState() gets it back once,
-  // before the first round after a resume.
+  // Server-side state of the fleet's own that the checkpoint keeps (the simulator's worker count
+  // and the model versions its clients hold), the same on every worker; empty: none.
+  // restoreState() gets it back once, before the first round after a resume.
   virtual std::vector<uint8_t> saveState() const { return {}; }
   virtual void restoreState(std::span<const uint8_t> /*bytes*/) {}
 };
@@ -204,6 +206,8 @@ class RoundEngine {
   const ModelStore& model() const { return model_; }
   const aggregation::RoundScheme& scheme() const { return scheme_; }
   const EngineConfig& config() const { return config_; }
+  // SCAFFOLD's server control variate c (numel floats; empty without SCAFFOLD).
+  const std::vector<float>& control() const { return control_; }
 
   // Runs round nextRound(). A round without enough clients, or one the completion policy
   // refuses, is recorded as not applied; the round number advances either way.
@@ -217,6 +221,7 @@ class RoundEngine {
   void saveOptimizerShard();
   void loadOptimizerShard(uint64_t next_round);
   std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round, size_t* target) const;
+  void updateControl(const aggregation::PartialAggregate& phase0, size_t available);
 
   std::shared_ptr<const ParamLayout> layout_;
   EngineConfig config_;
@@ -229,6 +234,7 @@ class RoundEngine {
   bool fleet_checked_ = false;                  // stepShards() agreed with shard_count
   ModelStore model_;
   aggregation::RoundCarry carry_;
+  std::vector<float> control_;  // SCAFFOLD's c
   uint64_t next_round_ = 1;
   bool resumed_ = false;
 };

@@ -31,9 +31,8 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
       cost_(collectives.size(), config.reference_seconds_per_example),
       state_(trainer.layout().fingerprint()) {
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
-  STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(), " shards but ",
-                     clients.devices.size(), " devices");
-  if (config_.scaffold) control_.assign(trainer.layout().numel(), 0.0f);
+  STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
+                     " shards but ", clients.devices.size(), " devices");
   if (!config_.homes_file.empty() && std::filesystem::exists(config_.homes_file)) {
     const std::vector<uint8_t> bytes = readFile(config_.homes_file, uint64_t{1} << 32);
     ByteReader r(bytes, config_.homes_file);
@@ -90,16 +89,8 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   // the values: top-k sends k, low-rank its factors, quantizers their bits).
   uint64_t down_bytes = server::encodeTask(task, 0).size();
   uint64_t up_bytes = 0;
-  const bool scaffold = config_.scaffold && h.phase == 0;
-  if (scaffold) {
-    // c down and the client's control delta up, each as a dense message of the model's size.
-    cz::Update u;
-    u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
-    for (size_t t = 0; t < layout.size(); ++t) u.tensors.push_back(cz::DenseF32{std::vector<float>(layout[t].numel, 0.0f)});
-    control_bytes_ = pr::encodedSize(u);
-    down_bytes += control_bytes_;
-    control_sum_.assign(layout.numel(), 0.0f);
-  }
+  // SCAFFOLD: the task carries c (in down_bytes, as encoded), each update its control change.
+  const bool scaffold = !h.control.empty();
   {
     cz::Update u;
     u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
@@ -107,8 +98,8 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     u.tensors = h.phase == 0 ? comp.compress(layout, zeros, task.broadcast.context(0))
                              : std::vector<cz::Payload>{};
     for (const auto& m : h.metrics) u.metrics.push_back(Metric{m, 0.0});
+    if (scaffold) u.control.assign(layout.numel(), 0.0f);
     up_bytes = h.phase == 0 ? pr::encodedSize(u) : 0;
-    if (scaffold) up_bytes += control_bytes_;
   }
 
   // A delta or top-k downlink depends on the version each client holds (0: none yet): its own
@@ -123,7 +114,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
       const uint64_t v = it == held_.end() ? 0 : it->second;
       auto [pos, fresh] = size_for.try_emplace(v, 0);
       if (fresh) pos->second = server::encodeTask(task, v).size();
-      down[i] = pos->second + (scaffold ? control_bytes_ : 0);
+      down[i] = pos->second;
     }
     for (const auto& c : participants) held_[c.id] = h.model_version;
   }
@@ -164,6 +155,9 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   std::vector<uint64_t> mine;
   for (uint64_t id : assignment_.per_worker.at(static_cast<size_t>(rank)))
     if (in_phase.count(id)) mine.push_back(id);
+  // In id order: the worker's sums (floats, so order-dependent) follow which clients it has, not
+  // the order the scheduler listed them in, and match a deployment that takes them in id order.
+  std::sort(mine.begin(), mine.end());
   // Counters summed over the workers: per participant 1 = completed, 2 = failed; then bytes up;
   // then per worker the work (examples x epochs) and the microseconds it trained.
   const size_t np = participants.size();
@@ -184,16 +178,14 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     }
     try {
       client::PhaseResult res =
-          algorithm.runPhase(task.broadcast, id, global, data, state_, scaffold ? std::span<const float>(control_)
-                                                                                : std::span<const float>());
+          algorithm.runPhase(task.broadcast, id, global, data, state_, h.control);
+      res.update.control = std::move(res.control_delta);
       // What a deployed client sends: only the metrics the server declared (client/runtime.cc).
       std::erase_if(res.update.metrics, [&](const Metric& m) {
         return std::find(h.metrics.begin(), h.metrics.end(), m.name) == h.metrics.end();
       });
-      counts[np] += pr::encodedSize(res.update) + (scaffold ? control_bytes_ : 0);
+      counts[np] += pr::encodedSize(res.update);
       agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
-      if (scaffold)
-        for (size_t i = 0; i < control_sum_.size(); ++i) control_sum_[i] += res.control_delta[i];
       store_.store(id, state_);
       counts[index[id]] = 1;
       if (h.phase == 0) work += data.size() * h.fit.epochs;
@@ -223,7 +215,6 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     coll_.allReduceSum(buf);
   }
   allReduceCounts(counts);
-  if (scaffold) coll_.allReduceSum(control_sum_);
   for (size_t i = 0; i < np; ++i) {
     if (counts[i] == 1) rep.completed.push_back(participants[i].id);
     else if (counts[i] == 2) failed.insert(participants[i].id);
@@ -252,24 +243,14 @@ void SimFleet::gatherModel(std::span<float> model) {
   coll_.allGather(model);
 }
 
-void SimFleet::endRound(uint64_t, bool) {
-  if (!config_.scaffold || control_sum_.empty()) return;
-  // c += (1/N) sum over the participants of (c_i+ - c_i), N = the clients in the pool. Applied
-  // or not: the participants kept their c_i+, and c stays the mean of every c_i.
-  const auto inv = static_cast<float>(1.0 / static_cast<double>(clients_.shards.size()));
-  for (size_t i = 0; i < control_.size(); ++i) control_[i] += control_sum_[i] * inv;
-  control_sum_.clear();
-}
-
-// The fleet's part of the checkpoint: version 2 | u32 workers | u8 SCAFFOLD | (SCAFFOLD) c |
-// u64 count, then (client, model version held) pairs (version 2; what delta downlinks cost).
+// The fleet's part of the checkpoint: version 3 | u32 workers | u64 count, then (client, model
+// version held) pairs (what delta downlinks cost). Versions 1 and 2 had a SCAFFOLD flag and c after
+// the worker count (the simulator kept c before the round engine did): read without SCAFFOLD.
 std::vector<uint8_t> SimFleet::saveState() const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(2);
+  w.u32(3);
   w.u32(static_cast<uint32_t>(coll_.size()));
-  w.u8(config_.scaffold ? 1 : 0);
-  if (config_.scaffold) w.floats(control_);
   w.u64(held_.size());
   for (const auto& [id, v] : held_) {
     w.u64(id);
@@ -281,22 +262,14 @@ std::vector<uint8_t> SimFleet::saveState() const {
 void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   ByteReader r(bytes, "the simulator's state in the checkpoint");
   const uint32_t version = r.u32();
-  if (version != 1 && version != 2) r.fail("version ", version, " is not 1 or 2");
+  if (version < 1 || version > 3) r.fail("version ", version, " is not 1 to 3");
   // Clients' states are where the run's workers left them (homes): the same workers must go on.
   if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
     r.fail("the run had ", w, " worker(s), this one has ", coll_.size(), ": resume with as many workers");
-  const bool scaffold = r.u8() != 0;
-  if (scaffold != config_.scaffold)
-    r.fail(scaffold ? "the run was SCAFFOLD and this one is not" : "this run is SCAFFOLD and the checkpointed one was not",
-           ": resume with the same train.scaffold");
-  std::vector<float> c;
-  if (scaffold) {
-    r.floats(c);
-    if (c.size() != trainer_.layout().numel())
-      r.fail("SCAFFOLD's control variate has ", c.size(), " floats, the model has ", trainer_.layout().numel());
-    for (float x : c)
-      if (!std::isfinite(x)) r.fail("SCAFFOLD's control variate holds a non-finite value");
-  }
+  if (version <= 2 && r.u8() != 0)
+    r.fail(
+        "it was written by a SCAFFOLD run of an older build, whose simulator kept the control "
+        "variate itself: it cannot resume here; start the run again");
   std::map<uint64_t, uint64_t> held;
   if (version >= 2) {
     const uint64_t n = r.u64();
@@ -308,7 +281,6 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   }
   r.finish();
   // Only a state read whole changes the fleet.
-  if (scaffold) control_ = std::move(c);
   held_ = std::move(held);
 }
 

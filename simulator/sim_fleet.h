@@ -52,12 +52,9 @@ struct SimFleetConfig {
   // sum is reduce-scattered (its small head all-reduced) instead of all-reduced, and the engine's
   // stepped shards are all-gathered. Off: one all-reduce, and every worker steps the whole model.
   bool sharded_step = false;
-  // SCAFFOLD (client/algorithm.h): the server's control variate c lives here (the same on every
-  // worker, saved with the engine's checkpoint); each client corrects its steps by c - c_i, its
-  // c_i lives in the state store, and after each round c += (1/N) sum of the participants'
-  // control deltas (N = the pool), so that c stays the mean of every c_i. The control deltas travel dense, beside the updates, and c
-  // beside the task: both are counted in the uplink and downlink bytes.
-  bool scaffold = false;
+  // SCAFFOLD is the round engine's (server::EngineConfig::scaffold_population, scheme.scaffold):
+  // a phase-0 task that carries the server's c makes each client correct its steps by c - c_i
+  // (c_i in the state store) and send c_i+ - c_i with its update, as a deployed client does.
   // checkpoint() flushes the state store (a checkpointed run's states must survive a crash). Off
   // for a run without a checkpoint: its states stay in memory up to the bound between rounds.
   bool durable_states = true;
@@ -86,11 +83,8 @@ class SimFleet final : public server::Fleet {
   void checkpoint() override;
   uint32_t stepShards() const override;
   void gatherModel(std::span<float> model) override;
-  void endRound(uint64_t round, bool applied) override;
   std::vector<uint8_t> saveState() const override;
   void restoreState(std::span<const uint8_t> bytes) override;
-  // SCAFFOLD's server control variate (empty unless config.scaffold).
-  const std::vector<float>& serverControl() const { return control_; }
 
   const CostModel& cost() const { return cost_; }
   // Clients this worker trained so far (all phases).
@@ -120,9 +114,7 @@ class SimFleet final : public server::Fleet {
   std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
   std::map<uint64_t, uint64_t> held_;  // the model version each client last downloaded (same everywhere)
   uint64_t assignment_round_ = 0;
-  ClientState state_;          // reused for every client
-  std::vector<float> control_, control_sum_;  // SCAFFOLD: c, and this round's summed control deltas
-  uint64_t control_bytes_ = 0;                // a dense model-sized message: c down, a delta up
+  ClientState state_;  // reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
 };
 

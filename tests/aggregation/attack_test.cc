@@ -3,9 +3,10 @@
 // is refused with its own code, the aggregate is left exactly as it was, and the round still
 // finishes with a finite result.
 #include <catch2/catch.hpp>
-
 #include <cfloat>
 #include <cstring>
+#include <limits>
+#include <optional>
 
 #include "aggregation/round_scheme.h"
 #include "compression/bitpack.h"
@@ -26,12 +27,13 @@ struct Setup {
   std::unique_ptr<RoundScheme> scheme;
   std::unique_ptr<Round> round;
   explicit Setup(const std::string& compressor, const std::string& rule = "fedavg",
-                 const ValidationBounds& bounds = {}) {
+                 const ValidationBounds& bounds = {}, bool scaffold = false) {
     RoundSchemeOptions o;
     o.compressor = compressor;
     o.rule = rule;
     o.run_seed = 3;
     o.bounds = bounds;
+    o.scaffold = scaffold;
     scheme = std::make_unique<RoundScheme>(layout, o);
     round = scheme->begin(1, scheme->initialCarry());
   }
@@ -421,4 +423,73 @@ TEST_CASE("attack: a client cannot send or keep non-finite values from finite bu
     st.saveTo(after);
     CHECK(before == after);
   }
+}
+
+TEST_CASE("attack: SCAFFOLD control vectors that are missing, lie, or do not belong",
+          "[aggregation][attack][scaffold]") {
+  {  // A round without SCAFFOLD takes none.
+    Setup plain("none");
+    Update u = plain.honest(1);
+    u.control.assign(plain.layout->numel(), 0.1f);
+    CHECK(rejectedWith(plain, u) == Errc::kUnexpectedEncoding);
+  }
+  Setup s("topk:density=0.1", "fedavg", {}, true);
+  const size_t n = s.layout->numel();
+  const auto with = [&](uint64_t c, float v) {
+    Update u = s.honest(c);
+    u.control.assign(n, v);
+    return u;
+  };
+  CHECK(rejectedWith(s, s.honest(1)) == Errc::kMissingField);
+  Update short_one = with(2, 0.1f);
+  short_one.control.pop_back();
+  CHECK(rejectedWith(s, short_one) == Errc::kSizeMismatch);
+  Update nan = with(3, 0.1f);
+  nan.control[5] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(rejectedWith(s, nan) == Errc::kNonFinite);
+  Update big = with(4, 0.0f);
+  big.control[0] = 2e4f;  // max_abs_value is 1e4
+  CHECK(rejectedWith(s, big) == Errc::kValueTooLarge);
+  Update heavy = with(5, 9e3f);  // every value within 1e4, the norm far past 1e5
+  CHECK(rejectedWith(s, heavy) == Errc::kNormTooLarge);
+  // In process (no decoder), the round's own checks refuse the same.
+  Update inproc = with(8, 0.1f);
+  inproc.control.resize(n + 3, 0.0f);
+  CHECK_THROWS_AS(s.round->current().add(view(inproc)), InputError);
+
+  // Honest changes are summed unweighted (20 and 30 examples), through the wire.
+  protocol::Decoder dec(*s.layout);
+  s.round->current().add(dec.decodeUpdate(protocol::encodeUpdate(with(6, 0.5f))));
+  Update u7 = with(7, 0.25f);
+  u7.header.num_examples = 30;
+  s.round->current().add(dec.decodeUpdate(protocol::encodeUpdate(u7)));
+  for (float x : s.round->current().partial().controlSum()) REQUIRE(x == 0.75f);
+
+  // An edge's partial carries its sum; the root merges it, and refuses one without it, or one past
+  // count x the bounds.
+  auto edge = s.scheme->phaseAggregator(s.round->broadcast());
+  edge->add(view(with(20, 1.0f)));
+  edge->add(view(with(21, 2.0f)));
+  const PartialMessage good = edge->partial().exportDense();
+  REQUIRE(good.control.size() == n);
+  // The code a partial is refused with; nullopt when merged.
+  const auto merge = [&](const PartialMessage& m, uint64_t source) -> std::optional<Errc> {
+    const auto bytes = protocol::encodePartial(m);
+    try {
+      s.round->current().merge(dec.decodePartial(bytes), source);
+    } catch (const InputError& e) {
+      return e.code();
+    }
+    return std::nullopt;
+  };
+  PartialMessage none = good;
+  none.control.clear();
+  CHECK(merge(none, 40) == Errc::kMissingField);
+  PartialMessage past = good;
+  past.control[0] = 2.5e4f;  // two changes sum to at most 2e4
+  CHECK(merge(past, 41) == Errc::kValueTooLarge);
+  CHECK_FALSE(merge(good, 42).has_value());
+  for (float x : s.round->current().partial().controlSum()) REQUIRE(x == 3.75f);
+  const RoundResult r = s.round->finish();
+  CHECK(allFinite(r.delta));
 }

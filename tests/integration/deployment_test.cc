@@ -110,6 +110,42 @@ TEST_CASE("hierarchical aggregation equals flat aggregation of the same updates"
   CHECK(max_diff <= 1e-5 * max_abs);
 }
 
+TEST_CASE("SCAFFOLD through edge aggregators equals SCAFFOLD flat",
+          "[integration][server][scaffold]") {
+  // c goes down in every phase-0 task (relayed by the aggregators), each client's c_i+ - c_i comes
+  // up with its update, each aggregator sends their sum in its partial, and the root moves c by
+  // the sum / 8 after each round: round 2 trains with round 1's c, in the tree as flat.
+  std::vector<float> tree_model, flat_model;
+  for (bool flat : {false, true}) {
+    Federation f(flat ? "scaffold-flat" : "scaffold-tree");
+    const int port = freePort();
+    startTree(f, flat, port,
+              {"--train.rounds", "2", "--sampling.min_available", flat ? "8" : "2",
+               "--sampling.min_clients", flat ? "8" : "2", "--train.scaffold", "true",
+               "--train.scaffold_population", "8", "--state.checkpoint", f.path("ck.bin"),
+               "--state.metrics", f.path("metrics.jsonl")});
+    const int rc = f.proc("root").wait(seconds(120));
+    INFO(f.allLogs());
+    REQUIRE(rc == 0);
+    const auto lines = metricLines(f);
+    REQUIRE(lines.size() == 2);
+    for (const auto& l : lines) {
+      CHECK(field(l, "applied") == "true");
+      CHECK(field(l, "clients_completed") == "8");
+      CHECK(field(l, "updates_rejected") == "0");
+    }
+    (flat ? flat_model : tree_model) = readCheckpoint(f.path("ck.bin")).model;
+  }
+  REQUIRE(tree_model.size() == flat_model.size());
+  double max_diff = 0.0, max_abs = 0.0;
+  for (size_t i = 0; i < tree_model.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(tree_model[i]) - flat_model[i]));
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(flat_model[i])));
+  }
+  CHECK(max_abs > 0.0);
+  CHECK(max_diff <= 1e-5 * max_abs);
+}
+
 TEST_CASE("a client killed mid-round: the round completes with the rest", "[integration][server]") {
   Federation f("killclient");
   f.clientKeys(0, 4);

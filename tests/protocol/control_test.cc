@@ -253,3 +253,34 @@ TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps
   t.fit.prox_mu = 1e4f;
   CHECK(decodeTask(encodeTask(t, views(model)), l).fit.prox_mu == 1e4f);
 }
+
+TEST_CASE("decodeTask: SCAFFOLD's control variate only in a phase-0 fit, model-sized and finite",
+          "[protocol][scaffold]") {
+  const ParamLayout l = fuzz::layout();
+  TaskMsg t = sampleTask();
+  t.shared = {};
+  t.phase = 0;
+  const auto model = denseModel(l, 1);
+  t.control.assign(l.numel(), 0.25f);
+  const TaskMsg back = decodeTask(encodeTask(t, views(model)), l);
+  CHECK(back.control == t.control);
+  TaskMsg wrong = t;
+  wrong.control.pop_back();
+  CHECK(errcOf([&] { decodeTask(encodeTask(wrong, views(model)), l); }) ==
+        errcName(Errc::kSizeMismatch));
+  TaskMsg nan = t;
+  nan.control[2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(errcOf([&] { decodeTask(encodeTask(nan, views(model)), l); }) ==
+        errcName(Errc::kNonFinite));
+  TaskMsg eval = t;
+  eval.kind = TaskKind::kEvaluate;
+  CHECK(errcOf([&] { decodeTask(encodeTask(eval, views(model)), l); }) ==
+        errcName(Errc::kUnexpectedMessage));
+  TaskMsg later = t;
+  later.phase = 1;
+  CHECK(errcOf([&] { decodeTask(encodeTask(later, {}), l); }) ==
+        errcName(Errc::kUnexpectedMessage));
+  // Without SCAFFOLD a task carries none.
+  t.control.clear();
+  CHECK(decodeTask(encodeTask(t, views(model)), l).control.empty());
+}

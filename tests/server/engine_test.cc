@@ -1,5 +1,6 @@
-#include <catch2/catch.hpp>
+#include "server/engine.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -7,8 +8,8 @@
 #include "client/synthetic.h"
 #include "core/file_io.h"
 #include "data/partition.h"
-#include "server/engine.h"
 #include "server/inproc_fleet.h"
+#include "temp_dir.h"
 #include "test_util.h"
 
 using namespace starling;
@@ -17,15 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("starling-engine-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using TempDir = testing::TempDir;
 
 struct World {
   data::Dataset train = separableData(1200, 12, 4, 5);

@@ -116,7 +116,9 @@ class InProcFleet final : public server::Fleet {
     client::FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
     fit.prox_mu = t.fit.prox_mu;
     client::ClientAlgorithm alg(*comp, trainer_, fit);
-    client::PhaseResult res = alg.runPhase(b, c.id, c.model, client::DataView{&train_, c.shard}, c.state);
+    client::PhaseResult res =
+        alg.runPhase(b, c.id, c.model, client::DataView{&train_, c.shard}, c.state, t.control);
+    res.update.control = std::move(res.control_delta);  // SCAFFOLD: empty otherwise
     res.update.header.nonce = t.nonce;
     return protocol::encodeUpdate(res.update);
   }

@@ -31,6 +31,7 @@
 
 #include "core/error.h"
 #include "simulator/launch.h"
+#include "tests/temp_dir.h"
 #include "tests/wait_for.h"
 
 namespace sim = starling::simulator;
@@ -167,14 +168,7 @@ int runWorker(int argc, char** argv) {
 
 std::string self_exe;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/starling-coll-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path path;
-};
+using TempDir = starling::testing::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);

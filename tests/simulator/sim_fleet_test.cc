@@ -1,6 +1,11 @@
-// SimFleet in process (one worker, local collectives, the Eigen softmax trainer): SCAFFOLD keeps
-// the server's control variate equal to the mean of every client's, with partial participation,
-// across rounds; and the fleet's checkpoint state refuses another run's.
+// SimFleet in process (one worker, local collectives, the Eigen softmax trainer): SCAFFOLD, run by
+// the round engine, keeps the server's control variate equal to the mean of every client's, with
+// partial participation, across rounds and a checkpoint; SCAFFOLD simulated equals SCAFFOLD over
+// the protocol (InProcFleet: every task and update through the real encoders and decoders); the
+// fleet's checkpoint state refuses another run's.
+#include "simulator/sim_fleet.h"
+
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "check_throws.h"
@@ -8,7 +13,8 @@
 #include "client/synthetic.h"
 #include "data/partition.h"
 #include "server/engine.h"
-#include "simulator/sim_fleet.h"
+#include "server/inproc_fleet.h"
+#include "temp_dir.h"
 
 using namespace starling;
 namespace sim = starling::simulator;
@@ -17,18 +23,20 @@ using Catch::Matchers::Contains;
 namespace {
 
 struct Federation {
-  explicit Federation(size_t n_clients, bool scaffold) : train(testing::gaussianData(400, 6, 3, 17)) {
+  explicit Federation(size_t n_clients, bool with_scaffold)
+      : train(testing::gaussianData(400, 6, 3, 17)), scaffold(with_scaffold) {
     clients.train = &train;
     clients.shards = data::makePartitioner("dirichlet:alpha=0.3")->split(train.labels, train.num_classes, n_clients, 3);
     clients.devices = sim::DevicePopulation::sample(n_clients, sim::DeviceDistributions{}, 3);
-    sim::SimFleetConfig fc;
-    fc.scaffold = scaffold;
-    fleet = std::make_unique<sim::SimFleet>(fc, clients, *trainer, store, *coll, nullptr);
+    fleet = std::make_unique<sim::SimFleet>(sim::SimFleetConfig{}, clients, *trainer, store, *coll,
+                                            nullptr);
   }
   server::EngineConfig engineConfig(size_t per_round) const {
     server::EngineConfig ec;
     ec.rounds = 4;
     ec.scheme.compressor = "none";
+    ec.scheme.scaffold = scaffold;
+    ec.scaffold_population = scaffold ? clients.shards.size() : 0;
     ec.sampling.fraction = static_cast<double>(per_round) / static_cast<double>(clients.shards.size());
     ec.fit = protocol::FitSettings{2, 16, 0.1f};
     return ec;
@@ -39,6 +47,7 @@ struct Federation {
   sim::ClientStateStore store{sim::StateStoreOptions{}, trainer->layout().fingerprint()};
   std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
   std::unique_ptr<sim::SimFleet> fleet;
+  bool scaffold;
 };
 
 }  // namespace
@@ -55,7 +64,7 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
     REQUIRE(rec.applied);
     CHECK(rec.clients_completed == 3);
   }
-  const std::vector<float>& c = f.fleet->serverControl();
+  const std::vector<float>& c = engine.control();
   REQUIRE(c.size() == layout->numel());
   std::vector<double> mean(c.size(), 0.0);
   size_t with_state = 0;
@@ -78,17 +87,73 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
   CHECK(scale > 1e-3);  // the control variates moved
   CHECK(diff <= 1e-5 * scale);
 
-  // The checkpointed fleet state carries SCAFFOLD's c and the worker count; a non-SCAFFOLD fleet
-  // refuses it, a SCAFFOLD fleet restores c exactly.
+  // The engine's checkpoint carries c: a resumed engine has it exactly; a run without SCAFFOLD
+  // refuses the checkpoint (and a SCAFFOLD run one without c).
+  testing::TempDir dir;
+  const std::string ck = (dir.path / "ck.bin").string();
+  {
+    server::EngineConfig ec = f.engineConfig(3);
+    ec.checkpoint = ck;
+    ec.rounds = 2;
+    server::RoundEngine a(layout, ec, init);
+    a.runRound(*f.fleet);
+    const std::vector<float> saved_c = a.control();
+    REQUIRE_FALSE(saved_c.empty());
+    server::RoundEngine resumed(layout, ec, init);
+    CHECK(resumed.resumed());
+    CHECK(resumed.control() == saved_c);
+    Federation plain(n, false);
+    server::EngineConfig pc = plain.engineConfig(3);
+    pc.checkpoint = ck;
+    CHECK_THROWS_MATCHING(server::RoundEngine(layout, pc, init), IoError,
+                          Contains("train.scaffold"));
+  }
+  // The fleet's own state (workers, held versions) refuses another world, and a SCAFFOLD state of
+  // the older format (the simulator kept c itself then) is refused with the reason.
   const std::vector<uint8_t> saved = f.fleet->saveState();
-  Federation plain(n, false);
-  CHECK_THROWS_MATCHING(plain.fleet->restoreState(saved), IoError, Contains("train.scaffold"));
   Federation again(n, true);
   again.fleet->restoreState(saved);
-  CHECK(again.fleet->serverControl() == c);
   std::vector<uint8_t> truncated(saved.begin(), saved.end() - 3);
   CHECK_THROWS_AS(again.fleet->restoreState(truncated), IoError);
   std::vector<uint8_t> other_world = saved;
   other_world[4] = 2;  // u32 workers, little-endian, after the u32 version
   CHECK_THROWS_MATCHING(again.fleet->restoreState(other_world), IoError, Contains("as many workers"));
+  const std::vector<uint8_t> old_scaffold{2, 0, 0, 0, 1,
+                                          0, 0, 0, 1};  // version 2, 1 worker, SCAFFOLD
+  CHECK_THROWS_MATCHING(again.fleet->restoreState(old_scaffold), IoError, Contains("older build"));
+}
+
+TEST_CASE("SCAFFOLD simulated equals SCAFFOLD over the protocol", "[simulator][scaffold]") {
+  // The same population, data, seed and engine: the simulator's fleet (ClientAlgorithm on the
+  // global model in memory) against InProcFleet (every task and update encoded and decoded, the
+  // client's side as client/runtime.cc does it). c travels in the task, c_i+ - c_i in the update,
+  // and the round engine moves c: the models and c agree after every round.
+  const size_t n = 6;
+  Federation sim_side(n, true);
+  const auto layout = std::make_shared<const ParamLayout>(sim_side.trainer->layout());
+  std::vector<float> init(layout->numel());
+  sim_side.trainer->initParameters(init, 1);
+  std::unique_ptr<client::Trainer> deployed_trainer = client::makeTrainer("softmax", 6, 3);
+  testing::InProcFleet deployed(*deployed_trainer, sim_side.train, sim_side.clients.shards);
+  server::EngineConfig ec = sim_side.engineConfig(3);
+  server::RoundEngine simulated(layout, ec, init), over_protocol(layout, ec, init);
+  for (int r = 0; r < 4; ++r) {
+    INFO("round " << r + 1);
+    const server::RoundRecord a = simulated.runRound(*sim_side.fleet);
+    const server::RoundRecord b = over_protocol.runRound(deployed);
+    REQUIRE(a.applied);
+    REQUIRE(b.applied);
+    CHECK(a.clients_completed == b.clients_completed);
+    // Both fleets add their clients' updates in id order (a simulator worker sorts its share), so
+    // the sums, the model and c are the same bits.
+    const auto ma = simulated.model().server(), mb = over_protocol.model().server();
+    CHECK(std::equal(ma.begin(), ma.end(), mb.begin(), mb.end()));
+    CHECK(simulated.control() == over_protocol.control());
+    // The uplink counts the control changes (a dense model-sized vector per client).
+    CHECK(b.uplink_bytes > 3 * layout->numel() * sizeof(float));
+  }
+  double moved = 0;
+  for (float x : over_protocol.control())
+    moved = std::max(moved, static_cast<double>(std::fabs(x)));
+  CHECK(moved > 1e-3);
 }

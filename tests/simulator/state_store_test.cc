@@ -1,9 +1,11 @@
-#include <catch2/catch.hpp>
+#include "simulator/state_store.h"
+
 #include <lmdb.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,7 +17,7 @@
 #include "compression/lowrank.h"
 #include "core/client_state.h"
 #include "core/rng.h"
-#include "simulator/state_store.h"
+#include "temp_dir.h"
 
 using namespace starling;
 using namespace starling::simulator;
@@ -26,19 +28,7 @@ namespace {
 
 constexpr uint64_t kFp = 0x5eed5eedULL;
 
-// A fresh folder, removed at scope end.
-struct TempDir {
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "starling-store-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path path;
-};
+using TempDir = starling::testing::TempDir;
 
 // A real state: the error-feedback residual (n floats) and PowerSGD's component, seeded by `seed`.
 ClientState makeState(uint64_t seed, size_t n) {
