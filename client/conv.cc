@@ -93,14 +93,19 @@ void Conv2d::col2im(float* din, size_t first, size_t n) {
   }
 }
 
-void Conv2d::forward(ConstRowMatrixMap in, std::span<const float> weight,
-                     std::span<const float> bias, RowMatrixMap out) {
-  const size_t pixels_in = s_.h * s_.w, pixels_out = s_.outH() * s_.outW();
+size_t Conv2d::batchOf(const ConstRowMatrixMap& in) const {
+  const size_t pixels_in = s_.h * s_.w;
   STARLING_CHECK_ARG(
       static_cast<size_t>(in.cols()) == s_.in_c && static_cast<size_t>(in.rows()) % pixels_in == 0,
       "conv2d: input [", in.rows(), ", ", in.cols(), "] is not images of ", s_.h, "x", s_.w, "x",
       s_.in_c);
-  const size_t batch = static_cast<size_t>(in.rows()) / pixels_in;
+  return static_cast<size_t>(in.rows()) / pixels_in;
+}
+
+void Conv2d::forward(ConstRowMatrixMap in, std::span<const float> weight,
+                     std::span<const float> bias, RowMatrixMap out) {
+  const size_t pixels_out = s_.outH() * s_.outW();
+  const size_t batch = batchOf(in);
   STARLING_CHECK_ARG(static_cast<size_t>(out.rows()) == batch * pixels_out &&
                          static_cast<size_t>(out.cols()) == s_.out_c,
                      "conv2d: output [", out.rows(), ", ", out.cols(), "], expected [",
@@ -121,12 +126,8 @@ void Conv2d::forward(ConstRowMatrixMap in, std::span<const float> weight,
 
 void Conv2d::backward(ConstRowMatrixMap in, std::span<const float> weight, ConstRowMatrixMap dout,
                       std::span<float> dweight, std::span<float> dbias, RowMatrixMap* din) {
-  const size_t pixels_in = s_.h * s_.w, pixels_out = s_.outH() * s_.outW();
-  STARLING_CHECK_ARG(
-      static_cast<size_t>(in.cols()) == s_.in_c && static_cast<size_t>(in.rows()) % pixels_in == 0,
-      "conv2d: input [", in.rows(), ", ", in.cols(), "] is not images of ", s_.h, "x", s_.w, "x",
-      s_.in_c);
-  const size_t batch = static_cast<size_t>(in.rows()) / pixels_in;
+  const size_t pixels_out = s_.outH() * s_.outW();
+  const size_t batch = batchOf(in);
   STARLING_CHECK_ARG(!din || (din->rows() == in.rows() && din->cols() == in.cols()),
                      "conv2d: the input gradient's shape is not the input's");
   STARLING_CHECK_ARG(static_cast<size_t>(dout.rows()) == batch * pixels_out &&

@@ -64,6 +64,8 @@ class Conv2d {
   // Adds the patch gradients dcols_ of images [first, first + n) into din.
   void col2im(float* din, size_t first, size_t n);
   void permuteWeight(std::span<const float> weight);  // PyTorch order -> wp_ [out_c, patch]
+  size_t batchOf(
+      const ConstRowMatrixMap& in) const;  // images in `in` (InvalidArgument if none fit)
 
   ConvShape s_;
   size_t chunk_ = 2;

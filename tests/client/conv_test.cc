@@ -9,6 +9,7 @@
 
 #include "check_throws.h"
 #include "client/eigen_model.h"
+#include "client/synthetic.h"
 #include "core/aligned.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -23,10 +24,7 @@ namespace {
 using Floats = AlignedVector<float>;
 
 Floats normalVector(size_t n, double scale, uint64_t seed) {
-  RngStream r(StreamKey{seed, 0, 0, StreamPurpose::kTest, 9});
-  Floats v(n);
-  for (float& x : v) x = static_cast<float>(scale * r.normal());
-  return v;
+  return testing::normalFloats(n, scale, seed, 9);
 }
 
 RowMatrixMap asMatrix(Floats& v, size_t rows, size_t cols) {

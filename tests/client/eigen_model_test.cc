@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "check_throws.h"
+#include "client/synthetic.h"
 #include "core/aligned.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -18,10 +19,7 @@ namespace {
 using Floats = AlignedVector<float>;
 
 Floats normalVector(size_t n, double scale, uint64_t seed) {
-  RngStream r(StreamKey{seed, 0, 0, StreamPurpose::kTest, 7});
-  Floats v(n);
-  for (float& x : v) x = static_cast<float>(scale * r.normal());
-  return v;
+  return testing::normalFloats(n, scale, seed, 7);
 }
 
 double meanLoss(EigenModel& m, std::span<const float> params, ConstRowMatrixMap x,

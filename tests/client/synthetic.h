@@ -1,13 +1,33 @@
 #pragma once
 // Small synthetic data sets for trainer tests.
 #include <cstdint>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
+#include "client/trainer.h"
+#include "core/aligned.h"
 #include "core/rng.h"
 #include "data/idx.h"
 
 namespace starling::testing {
+
+// n values drawn scale x N(0, 1) from the test stream (seed, tag), in a 64-byte-aligned buffer
+// (what the Eigen models take).
+inline AlignedVector<float> normalFloats(size_t n, double scale, uint64_t seed, uint64_t tag) {
+  RngStream r(StreamKey{seed, 0, 0, StreamPurpose::kTest, tag});
+  AlignedVector<float> v(n);
+  for (float& x : v) x = static_cast<float>(scale * r.normal());
+  return v;
+}
+
+// The value of metric `name` of a fit, or NaN (which fails any comparison) when it is missing.
+inline double fitMetric(const client::FitResult& r, const std::string& name) {
+  for (const auto& m : r.metrics)
+    if (m.name == name) return m.value;
+  return std::numeric_limits<double>::quiet_NaN();
+}
 
 // n examples of `features` values (a 1 x features "image"), drawn N(0, 1), labels uniform.
 inline data::Dataset gaussianData(size_t n, size_t features, uint32_t classes, uint64_t seed) {

@@ -22,6 +22,34 @@ namespace {
 
 std::vector<std::string> metricLines(Federation& f) { return readLines(f.path("metrics.jsonl")); }
 
+// Waits for the root to finish, then checks that it ran `rounds` rounds, each applied with
+// `clients` updates and none refused; returns the metrics lines.
+std::vector<std::string> awaitAppliedRounds(Federation& f, size_t rounds,
+                                            const std::string& clients) {
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == rounds);
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == clients);
+    CHECK(field(l, "updates_rejected") == "0");
+  }
+  return lines;
+}
+
+// The largest |a_i - b_i| and the largest |b_i|; a and b must have the same size.
+std::pair<double, double> maxDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0.0, top = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    top = std::max(top, std::fabs(static_cast<double>(b[i])));
+  }
+  return {diff, top};
+}
+
 // Waits until the metrics file has `n` rounds, or fails the test with every log.
 void awaitRounds(Federation& f, size_t n, seconds timeout) {
   const bool ok = waitFor([&] { return metricLines(f).size() >= n; }, timeout);
@@ -99,12 +127,7 @@ TEST_CASE("hierarchical aggregation equals flat aggregation of the same updates"
     CHECK(ck.next_round == 2);
     (flat ? flat_model : tree_model) = ck.model;
   }
-  REQUIRE(tree_model.size() == flat_model.size());
-  double max_diff = 0.0, max_abs = 0.0;
-  for (size_t i = 0; i < tree_model.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(tree_model[i]) - flat_model[i]));
-    max_abs = std::max(max_abs, std::fabs(static_cast<double>(flat_model[i])));
-  }
+  const auto [max_diff, max_abs] = maxDifference(tree_model, flat_model);
   // Same updates, summed in another order (float): equal up to rounding.
   CHECK(max_abs > 0.0);
   CHECK(max_diff <= 1e-5 * max_abs);
@@ -124,24 +147,10 @@ TEST_CASE("SCAFFOLD through edge aggregators equals SCAFFOLD flat",
                "--sampling.min_clients", flat ? "8" : "2", "--train.scaffold", "true",
                "--train.scaffold_population", "8", "--state.checkpoint", f.path("ck.bin"),
                "--state.metrics", f.path("metrics.jsonl")});
-    const int rc = f.proc("root").wait(seconds(120));
-    INFO(f.allLogs());
-    REQUIRE(rc == 0);
-    const auto lines = metricLines(f);
-    REQUIRE(lines.size() == 2);
-    for (const auto& l : lines) {
-      CHECK(field(l, "applied") == "true");
-      CHECK(field(l, "clients_completed") == "8");
-      CHECK(field(l, "updates_rejected") == "0");
-    }
+    awaitAppliedRounds(f, 2, "8");
     (flat ? flat_model : tree_model) = readCheckpoint(f.path("ck.bin")).model;
   }
-  REQUIRE(tree_model.size() == flat_model.size());
-  double max_diff = 0.0, max_abs = 0.0;
-  for (size_t i = 0; i < tree_model.size(); ++i) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(tree_model[i]) - flat_model[i]));
-    max_abs = std::max(max_abs, std::fabs(static_cast<double>(flat_model[i])));
-  }
+  const auto [max_diff, max_abs] = maxDifference(tree_model, flat_model);
   CHECK(max_abs > 0.0);
   CHECK(max_diff <= 1e-5 * max_abs);
 }
@@ -467,16 +476,7 @@ TEST_CASE("two-phase PowerSGD and ACP-SGD run through aggregators in real proces
     startTree(f, false, port,
               {"--train.rounds", "8", "--sampling.min_available", "2", "--sampling.min_clients", "2",
                "--compression.compressor", spec, "--state.metrics", f.path("metrics.jsonl"), "--eval.every", "8"});
-    const int rc = f.proc("root").wait(seconds(120));
-    INFO(f.allLogs());
-    REQUIRE(rc == 0);
-    const auto lines = metricLines(f);
-    REQUIRE(lines.size() == 8);
-    for (const auto& l : lines) {
-      CHECK(field(l, "applied") == "true");
-      CHECK(field(l, "clients_completed") == "8");
-      CHECK(field(l, "updates_rejected") == "0");
-    }
+    const auto lines = awaitAppliedRounds(f, 8, "8");
     CHECK(std::stod(field(lines[7], "test_accuracy")) > 0.4);
     // PowerSGD: P then Q inside each round, both relayed by each aggregator.
     if (spec.rfind("powersgd", 0) == 0) CHECK(countOf(f.log("agg-100"), "phase 1: relaying") == 8);

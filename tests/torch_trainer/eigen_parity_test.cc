@@ -19,12 +19,7 @@ using client::FitConfig;
 
 namespace {
 
-double metric(const client::FitResult& r, const std::string& name) {
-  for (const auto& m : r.metrics)
-    if (m.name == name) return m.value;
-  FAIL("no metric " << name);
-  return 0;
-}
+using testing::fitMetric;
 
 // ||a - b|| / ||b|| over tensor t of the layout.
 double relativeDistance(const ParamLayout& l, size_t t, std::span<const float> a,
@@ -111,7 +106,7 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
     const DataView small{&d, std::span<const size_t>(idx).first(16)};
     const auto fe = p.eigen->fit(se, small, cfg, re);
     const auto ft = p.torch->fit(st, small, cfg, rt);
-    CHECK(metric(fe, "train_loss") == Approx(metric(ft, "train_loss")).epsilon(1e-5));
+    CHECK(fitMetric(fe, "train_loss") == Approx(fitMetric(ft, "train_loss")).epsilon(1e-5));
     std::vector<float> de(l.numel()), dt(l.numel());
     for (size_t i = 0; i < l.numel(); ++i) {
       de[i] = se[i] - start[i];
@@ -127,8 +122,9 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
     RngStream r1(StreamKey{1, 2, 7, StreamPurpose::kTraining, 0}), r2 = r1;
     const auto fe2 = p.eigen->fit(ee2, view, cfg, r1);
     const auto ft2 = p.torch->fit(et2, view, cfg, r2);
-    CHECK(metric(fe2, "train_loss") == Approx(metric(ft2, "train_loss")).epsilon(1e-4));
-    CHECK(metric(fe2, "train_accuracy") == Approx(metric(ft2, "train_accuracy")).margin(1e-9));
+    CHECK(fitMetric(fe2, "train_loss") == Approx(fitMetric(ft2, "train_loss")).epsilon(1e-4));
+    CHECK(fitMetric(fe2, "train_accuracy") ==
+          Approx(fitMetric(ft2, "train_accuracy")).margin(1e-9));
     double moved = 0;
     if (l.find("bn1.running_mean")) {
       // ResNet: a ReLU input within rounding of 0 (BatchNorm centres them there) takes the other
@@ -156,7 +152,7 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
     CHECK(after_e.loss == Approx(after_t.loss).epsilon(1e-4));
     // And it learned (ResNet evaluates with running statistics that 10 steps barely moved).
     if (l.find("bn1.running_mean")) {
-      CHECK(metric(fe2, "train_loss") < ee.loss);
+      CHECK(fitMetric(fe2, "train_loss") < ee.loss);
     } else {
       CHECK(after_e.loss < et.loss);
     }
