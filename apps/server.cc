@@ -65,6 +65,19 @@ int runServer(Config& c) {
                      "train.scaffold is the root's setting: an edge aggregator follows "
                      "the tasks it relays");
     client::checkScaffoldTrainer(*trainer);
+    // N must count clients: behind edge aggregators the registered peers are aggregators.
+    if (!c.aggregator_ids.empty() && c.engine.scaffold_population == 0)
+      STARLING_THROW(ConfigError,
+                     "train.scaffold with edge aggregators (security.aggregator_ids) "
+                     "needs train.scaffold_population, the number of clients");
+    // A sampled client past the target trains, commits its c_i+ and is refused as late: c would
+    // drift from the mean of the c_i.
+    if (c.engine.sampling.overcommit > 1.0)
+      STARLING_THROW(ConfigError, "train.scaffold needs sampling.overcommit = 1 (got ",
+                     c.engine.sampling.overcommit,
+                     "): a client refused as late keeps the control variate it computed");
+  } else if (c.engine.scaffold_population != 0) {
+    STARLING_THROW(ConfigError, "train.scaffold_population is set without train.scaffold");
   }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
 

@@ -48,6 +48,8 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
                      " floats, the model needs ", layout.numel());
   FitConfig cfg = config_;
   const bool scaffold = !server_control.empty();
+  // The client checks too: its model spec is its own (the layout fingerprint omits momentum).
+  if (scaffold) checkScaffoldTrainer(trainer_);
   const ControlVariateState* ci = nullptr;
   if (scaffold) {
     STARLING_CHECK_ARG(server_control.size() == layout.numel(), "client ", client_id, ": the server control variate has ",

@@ -108,7 +108,7 @@ void DecodeLimits::validate() const {
 }
 
 std::vector<uint8_t> encodeUpdate(const cz::UpdateView& u) {
-  flatbuffers::FlatBufferBuilder b(estimate(u.tensors));
+  flatbuffers::FlatBufferBuilder b(estimate(u.tensors) + u.control.size_bytes());
   auto tensors = detail::encodeTensors(b, u.tensors);
   std::vector<flatbuffers::Offset<fb::Metric>> metrics;
   for (const auto& m : u.metrics)
@@ -126,7 +126,7 @@ std::vector<uint8_t> encodeUpdate(const cz::UpdateView& u) {
 size_t encodedSize(const cz::UpdateView& u) { return encodeUpdate(u).size(); }
 
 std::vector<uint8_t> encodePartial(const cz::PartialView& m) {
-  flatbuffers::FlatBufferBuilder b(estimate(m.tensors));
+  flatbuffers::FlatBufferBuilder b(estimate(m.tensors) + m.control.size_bytes());
   auto tensors = detail::encodeTensors(b, m.tensors);
   std::vector<flatbuffers::Offset<fb::MetricSum>> metrics;
   for (const auto& x : m.metrics)

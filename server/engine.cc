@@ -266,10 +266,15 @@ void RoundEngine::loadCheckpoint() {
   std::vector<float> control;
   if (format >= 4) r.floats(control);
   r.finish();
-  if (control.size() != control_.size())
+  if (control.size() != control_.size()) {
+    if (format < 4)
+      r.fail("it was written by an older build (format ", format,
+             "), which kept no SCAFFOLD "
+             "control variate in the engine: a SCAFFOLD run cannot resume from it; start again");
     r.fail(control.empty() ? "it has no SCAFFOLD control variate and this run is SCAFFOLD"
                            : "it has a SCAFFOLD control variate and this run is not SCAFFOLD",
            ": resume with the same train.scaffold");
+  }
   for (float x : control)
     if (!std::isfinite(x)) r.fail("its SCAFFOLD control variate holds a non-finite value");
   if (!broadcast.empty() && (!model_.lossy() || broadcast.size() != model.size()))
@@ -449,10 +454,13 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   return finishRecord();
 }
 
-// SCAFFOLD, option II: c += (1/N) sum over the clients that sent (c_i+ - c_i). Applied whether or
-// not the round's model step is: those clients keep their c_i+, so c stays the mean of every c_i.
-// The round's bounds keep each change finite and bounded; a sum that would still make c
-// non-finite leaves c as it was.
+// SCAFFOLD, option II: c += (1/N) sum over the clients whose update was accepted of
+// (c_i+ - c_i), with N at least their count. Applied whether or not the round's model step is:
+// those clients keep their c_i+. c is the mean of every c_i as long as every client that computed
+// a c_i+ was counted: one whose update was refused (late, over a bound) or lost to a stop of the
+// root keeps its c_i+ uncounted, and c drifts from the mean (docs/protocol.md). The round's
+// bounds keep each change finite and bounded; a sum that would still make c non-finite leaves c
+// as it was.
 void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t available) {
   const std::span<const float> sum = phase0.controlSum();
   if (control_.empty() || sum.empty() || phase0.count() == 0) return;

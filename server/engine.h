@@ -79,8 +79,9 @@ struct EngineConfig {
   std::string optimizer_shard_file;
   // SCAFFOLD (scheme.scaffold): the server's control variate c lives here, travels in every
   // phase-0 fit task, and after each round that reached its clients (applied or not: they keep
-  // their c_i+) moves by the sum of the clients' changes over N, the population: this many
-  // clients, or with 0 the clients available when the round began. Checkpointed with the model.
+  // their c_i+) moves by the sum of the accepted clients' changes over N, the population: this
+  // many clients, or with 0 the clients available when the round began (at least the count).
+  // Checkpointed with the model.
   uint64_t scaffold_population = 0;
   void validate() const;               // ConfigError naming the key
 };

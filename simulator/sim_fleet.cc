@@ -156,7 +156,8 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   for (uint64_t id : assignment_.per_worker.at(static_cast<size_t>(rank)))
     if (in_phase.count(id)) mine.push_back(id);
   // In id order: the worker's sums (floats, so order-dependent) follow which clients it has, not
-  // the order the scheduler listed them in, and match a deployment that takes them in id order.
+  // the order the scheduler listed them in (a one-worker run then adds updates as an in-process
+  // fleet that takes its clients by id does; a real root adds them as they arrive).
   std::sort(mine.begin(), mine.end());
   // Counters summed over the workers: per participant 1 = completed, 2 = failed; then bytes up;
   // then per worker the work (examples x epochs) and the microseconds it trained.
@@ -184,6 +185,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
       std::erase_if(res.update.metrics, [&](const Metric& m) {
         return std::find(h.metrics.begin(), h.metrics.end(), m.name) == h.metrics.end();
       });
+      res.update.header.nonce = 1;  // a deployed update's nonce is never 0: its 8 bytes count
       counts[np] += pr::encodedSize(res.update);
       agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
       store_.store(id, state_);

@@ -453,9 +453,20 @@ TEST_CASE("attack: SCAFFOLD control vectors that are missing, lie, or do not bel
   Update heavy = with(5, 9e3f);  // every value within 1e4, the norm far past 1e5
   CHECK(rejectedWith(s, heavy) == Errc::kNormTooLarge);
   // In process (no decoder), the round's own checks refuse the same.
+  const auto inprocCode = [&](const Update& u) -> std::optional<Errc> {
+    try {
+      s.round->current().add(view(u));
+    } catch (const InputError& e) {
+      return e.code();
+    }
+    return std::nullopt;
+  };
   Update inproc = with(8, 0.1f);
   inproc.control.resize(n + 3, 0.0f);
-  CHECK_THROWS_AS(s.round->current().add(view(inproc)), InputError);
+  CHECK(inprocCode(inproc) == Errc::kSizeMismatch);
+  inproc = with(9, 0.1f);
+  inproc.control[1] = std::numeric_limits<float>::infinity();
+  CHECK(inprocCode(inproc) == Errc::kNonFinite);
 
   // Honest changes are summed unweighted (20 and 30 examples), through the wire.
   protocol::Decoder dec(*s.layout);
@@ -490,6 +501,46 @@ TEST_CASE("attack: SCAFFOLD control vectors that are missing, lie, or do not bel
   CHECK(merge(past, 41) == Errc::kValueTooLarge);
   CHECK_FALSE(merge(good, 42).has_value());
   for (float x : s.round->current().partial().controlSum()) REQUIRE(x == 3.75f);
+  // A partial whose control sum is within each value's bound but past count x the norm bound.
+  PartialMessage heavy_sum = good;
+  std::fill(heavy_sum.control.begin(), heavy_sum.control.end(), 1.9e4f);
+  CHECK(merge(heavy_sum, 43) == Errc::kNormTooLarge);
   const RoundResult r = s.round->finish();
   CHECK(allFinite(r.delta));
+}
+
+TEST_CASE("attack: SCAFFOLD control where the phase takes none",
+          "[aggregation][attack][scaffold]") {
+  // Phase 1 of two-phase PowerSGD (control travels in phase 0 only), and a partial of a round
+  // without SCAFFOLD.
+  Setup s("powersgd:rank=2", "fedavg", {}, true);
+  const size_t n = s.layout->numel();
+  ClientState st(s.layout->fingerprint());  // the client's state carries phase 0 into phase 1
+  const auto phaseUpdate = [&](std::span<const float> values) {
+    Update u;
+    u.header = {s.layout->fingerprint(), s.round->number(), s.round->phase(), 1, 20};
+    u.tensors = s.scheme->compressor().compressWithFeedback(*s.layout, values, st,
+                                                            s.round->broadcast().context(1));
+    u.control.assign(n, 0.1f);
+    return u;
+  };
+  const std::vector<float> local = testing::randomVector(n, 1, 0.1);
+  s.round->current().add(view(phaseUpdate(local)));
+  s.round->nextPhase();
+  CHECK(rejectedWith(s, phaseUpdate({})) == Errc::kUnexpectedEncoding);
+
+  Setup plain("none");
+  auto edge = plain.scheme->phaseAggregator(plain.round->broadcast());
+  edge->add(view(plain.honest(2)));
+  PartialMessage m = edge->partial().exportDense();
+  REQUIRE(m.control.empty());
+  m.control.assign(n, 0.5f);
+  protocol::Decoder dec(*plain.layout);
+  const auto bytes = protocol::encodePartial(m);
+  try {
+    plain.round->current().merge(dec.decodePartial(bytes), 7);
+    FAIL("a partial with control merged into a round without SCAFFOLD");
+  } catch (const InputError& e) {
+    CHECK(e.code() == Errc::kUnexpectedEncoding);
+  }
 }

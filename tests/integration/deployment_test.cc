@@ -138,7 +138,17 @@ TEST_CASE("SCAFFOLD through edge aggregators equals SCAFFOLD flat",
   // c goes down in every phase-0 task (relayed by the aggregators), each client's c_i+ - c_i comes
   // up with its update, each aggregator sends their sum in its partial, and the root moves c by
   // the sum / 8 after each round: round 2 trains with round 1's c, in the tree as flat.
-  std::vector<float> tree_model, flat_model;
+  std::vector<float> tree_model, flat_model, plain_model;
+  {  // The same tree without SCAFFOLD: another model, or SCAFFOLD did nothing.
+    Federation f("scaffold-off");
+    const int port = freePort();
+    startTree(
+        f, false, port,
+        {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+         "--state.checkpoint", f.path("ck.bin"), "--state.metrics", f.path("metrics.jsonl")});
+    awaitAppliedRounds(f, 2, "8");
+    plain_model = readCheckpoint(f.path("ck.bin")).model;
+  }
   for (bool flat : {false, true}) {
     Federation f(flat ? "scaffold-flat" : "scaffold-tree");
     const int port = freePort();
@@ -153,6 +163,33 @@ TEST_CASE("SCAFFOLD through edge aggregators equals SCAFFOLD flat",
   const auto [max_diff, max_abs] = maxDifference(tree_model, flat_model);
   CHECK(max_abs > 0.0);
   CHECK(max_diff <= 1e-5 * max_abs);
+  // Round 2 trained with round 1's c: far from the plain run's model next to the tree's rounding.
+  CHECK(maxDifference(tree_model, plain_model).first > 1e3 * max_diff);
+}
+
+TEST_CASE("the root refuses SCAFFOLD settings that would make c drift or mean another thing",
+          "[integration][server][scaffold]") {
+  Federation f("scaffold-config");
+  const std::string allow = f.allowList("allow", {});
+  const auto refused = [&](const std::string& name, std::vector<std::string> args,
+                           const std::string& says) {
+    INFO(name);
+    f.root(name, freePort(), allow, std::move(args));
+    CHECK(f.proc(name).wait(seconds(20)) == 2);
+    CHECK(f.log(name).find(says) != std::string::npos);
+  };
+  refused("overcommit", {"--train.scaffold", "true", "--sampling.overcommit", "1.5"},
+          "needs sampling.overcommit = 1");
+  refused("tree-without-n", {"--train.scaffold", "true", "--security.aggregator_ids", "100"},
+          "needs train.scaffold_population");
+  refused("n-without-scaffold", {"--train.scaffold_population", "8"},
+          "train.scaffold_population is set without train.scaffold");
+  refused("momentum", {"--train.scaffold", "true", "--model.spec", "mlp:hidden=8,momentum=0.9"},
+          "uses momentum");
+  refused("aggregator",
+          {"--train.scaffold", "true", "--server.role", "aggregator", "--server.id", "5",
+           "--server.upstream", "tcp://127.0.0.1:1"},
+          "the root's setting");
 }
 
 TEST_CASE("a client killed mid-round: the round completes with the rest", "[integration][server]") {

@@ -3,6 +3,7 @@
 // message going through the real encoders and decoders (encodeTask -> decodeTask -> applyModel on
 // the client; encodeUpdate -> Decoder -> PhaseAggregator::add on the server). Tests the protocol
 // logic of a federation fast, the way gloo tests many ranks in one process.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -120,6 +121,10 @@ class InProcFleet final : public server::Fleet {
         alg.runPhase(b, c.id, c.model, client::DataView{&train_, c.shard}, c.state, t.control);
     res.update.control = std::move(res.control_delta);  // SCAFFOLD: empty otherwise
     res.update.header.nonce = t.nonce;
+    // Only the metrics the server aggregates travel (client/runtime.cc).
+    std::erase_if(res.update.metrics, [&](const Metric& m) {
+      return std::find(t.metrics.begin(), t.metrics.end(), m.name) == t.metrics.end();
+    });
     return protocol::encodeUpdate(res.update);
   }
 
