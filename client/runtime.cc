@@ -3,13 +3,14 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <optional>
 #include <thread>
 
 #include "client/algorithm.h"
+#include "client/upstream_session.h"
 #include "compression/registry.h"
 #include "core/bytes.h"
 #include "core/error.h"
@@ -50,11 +51,8 @@ struct ClientRuntime::Impl {
   uint64_t pending_nonce = 0;
   std::vector<uint8_t> pending;
   // Session state.
-  bool registered = false;
-  uint64_t session = 0;
-  uint32_t heartbeat_ms = 1000;
+  UpstreamSession upstream;                 // registration, welcome, heartbeats, re-registration
   const std::atomic<bool>* stop = nullptr;  // run()'s flag, read by training
-  Clock::time_point last_register{}, last_heard = Clock::now(), last_heartbeat{};
   // A Reject(Busy) for the pending update: send it again at `resend_at`, backing off.
   std::optional<Clock::time_point> resend_at;
   milliseconds busy_backoff{200};
@@ -68,7 +66,9 @@ struct ClientRuntime::Impl {
         log(l ? std::move(l) : spdlog::default_logger()),
         socket(ctx, config.server, config.security, config.limits),
         layout(t.layout()),
-        model(layout.numel()) {}
+        model(layout.numel()),
+        upstream({milliseconds(config.register_retry_ms), milliseconds(config.server_silence_ms)},
+                 Clock::now()) {}
 
   void send(std::span<const uint8_t> bytes, RuntimeStats& stats) {
     if (socket.send(bytes)) stats.uplink_bytes += bytes.size();
@@ -84,8 +84,7 @@ struct ClientRuntime::Impl {
     m.model_version = held_version;
     m.capabilities = {"fp16", "delta"};
     send(pr::encode(m), stats);
-    registered = false;
-    last_register = Clock::now();
+    upstream.registerSent(Clock::now());
     ++stats.registrations;
   }
 
@@ -139,10 +138,12 @@ struct ClientRuntime::Impl {
   }
 
   void heartbeatIfDue(RuntimeStats& stats) {
-    if (!registered || Clock::now() - last_heartbeat < milliseconds(heartbeat_ms)) return;
-    send(pr::encode(pr::HeartbeatMsg{config.client_id, session, stats.last_round}), stats);
+    const auto now = Clock::now();
+    if (!upstream.heartbeatDue(now)) return;
+    send(pr::encode(pr::HeartbeatMsg{config.client_id, upstream.session(), stats.last_round}),
+         stats);
     log->debug("client {}: heartbeat sent", config.client_id);
-    last_heartbeat = Clock::now();
+    upstream.heartbeatSent(now);
   }
 
   // A server names the compressor in each task; a few are kept (a hostile server cannot grow
@@ -243,15 +244,12 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
   s.stop = &stop;
   s.registerNow(stats_);
   while (!stop.load()) {
-    const auto now = Clock::now();
-    if (!s.registered && now - s.last_register > milliseconds(s.config.register_retry_ms)) s.registerNow(stats_);
-    if (s.registered && now - s.last_heard > milliseconds(s.config.server_silence_ms)) {
+    const UpstreamSession::Due due = s.upstream.tick(Clock::now());
+    if (due.silent)
       s.log->warn("client {}: the server has been silent for {} ms; registering again", s.config.client_id,
                   s.config.server_silence_ms);
-      s.last_heard = now;
-      s.registerNow(stats_);
-    }
-    s.heartbeatIfDue(stats_);
+    if (due.register_now) s.registerNow(stats_);
+    if (due.heartbeat) s.heartbeatIfDue(stats_);
     if (s.resend_at && Clock::now() >= *s.resend_at) {
       s.resend_at.reset();
       s.send(s.pending, stats_);
@@ -263,7 +261,7 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
       s.log->warn("client {}: {}", s.config.client_id, r->error->what());
       continue;
     }
-    s.last_heard = Clock::now();
+    s.upstream.heard(Clock::now());
     stats_.downlink_bytes += r->bytes().size();
     const auto kind = pr::peekKind(r->bytes());
     if (kind != pr::MessageKind::kReject) s.busy_backoff = milliseconds(200);
@@ -274,16 +272,13 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
           const auto w = pr::decodeWelcome(r->bytes());
           if (w.client_id != s.config.client_id) failInput(Errc::kWrongSender, "a welcome for client ", w.client_id);
           // Registrations queued during an outage come back as several welcomes: log the first.
-          if (!s.registered || s.session != w.session)
+          if (s.upstream.onWelcome(w.session, w.heartbeat_ms))
             s.log->info("client {}: registered (session {:x})", s.config.client_id, w.session);
-          s.registered = true;
-          s.session = w.session;
-          s.heartbeat_ms = w.heartbeat_ms;
           break;
         }
         case pr::MessageKind::kHeartbeat: {
           const auto h = pr::decodeHeartbeat(r->bytes());
-          if (s.registered && h.session != s.session) {
+          if (s.upstream.onServerHeartbeat(h.session)) {
             s.log->warn("client {}: the server restarted; registering again", s.config.client_id);
             s.registerNow(stats_);
           }
@@ -297,9 +292,7 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
             // After a root restart every heartbeat queued during the outage draws one (issue 20:
             // 7 to 9 registrations, each bringing the task and the update again): one
             // registration in flight answers them all.
-            if (s.registered ||
-                Clock::now() - s.last_register >= milliseconds(s.config.register_retry_ms))
-              s.registerNow(stats_);
+            if (s.upstream.onNotRegistered(Clock::now())) s.registerNow(stats_);
           } else if (j.kind == pr::RejectKind::kBusy) {
             // Nothing was wrong with the upload: send it again after a randomized backoff.
             if (!s.pending.empty() && !s.resend_at) {

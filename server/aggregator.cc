@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "client/upstream_session.h"
 #include "core/error.h"
 #include "protocol/control.h"
 
@@ -46,11 +47,9 @@ struct EdgeAggregator::Impl {
   std::optional<Clock::time_point> resend_at;
   milliseconds busy_backoff{200};
   uint64_t partials = 0;
-  // upstream session
-  bool registered = false;
-  uint64_t session = 0, registered_examples = 0, registered_eval = 0;
-  uint32_t heartbeat_ms = 1000;
-  Clock::time_point last_register{}, last_heartbeat{}, last_heard = Clock::now();
+  // The upstream session (client/upstream_session.h, as a client's) and what was registered.
+  client::UpstreamSession upstream;
+  uint64_t registered_examples = 0, registered_eval = 0;
 
   Impl(transport::Context& ctx, AggregatorConfig c, ZmqFleet& f,
        std::shared_ptr<const ParamLayout> l, std::shared_ptr<spdlog::logger> lg)
@@ -59,7 +58,9 @@ struct EdgeAggregator::Impl {
         layout(std::move(l)),
         log(lg ? std::move(lg) : spdlog::default_logger()),
         up(ctx, config.upstream, config.security, config.limits),
-        held(layout->numel()) {}
+        held(layout->numel()),
+        upstream({milliseconds(config.register_retry_ms), milliseconds(config.upstream_silence_ms)},
+                 Clock::now()) {}
 
   void registerUp() {
     pr::RegisterMsg m;
@@ -71,8 +72,7 @@ struct EdgeAggregator::Impl {
     m.model_version = held_version;
     registered_examples = m.num_examples;
     registered_eval = m.eval_examples;
-    registered = false;
-    last_register = Clock::now();
+    upstream.registerSent(Clock::now());
     // Nothing to offer before enough clients registered; upkeep() retries.
     if (m.num_examples > 0 && fleet.available().size() >= config.min_clients) up.send(pr::encode(m));
   }
@@ -80,19 +80,20 @@ struct EdgeAggregator::Impl {
   // Upstream upkeep, on every turn of the fleet's loops and of run().
   void upkeep() {
     const auto now = Clock::now();
-    if (!registered && now - last_register > milliseconds(config.register_retry_ms)) registerUp();
-    if (registered && (fleet.totalExamples() != registered_examples || fleet.totalEvalExamples() != registered_eval ||
-                       now - last_heard > milliseconds(config.upstream_silence_ms))) {
-      last_heard = now;
-      registerUp();
-    }
+    const client::UpstreamSession::Due due = upstream.tick(now);
+    if (due.silent)
+      log->warn("upstream silent for {} ms; registering again", config.upstream_silence_ms);
+    // Registered with other totals than the subtree has now: register them.
+    const bool changed = upstream.registered() && (fleet.totalExamples() != registered_examples ||
+                                                   fleet.totalEvalExamples() != registered_eval);
+    if (due.register_now || changed) registerUp();
     if (resend_at && now >= *resend_at) {
       resend_at.reset();
       up.send(last_partial);
     }
-    if (registered && now - last_heartbeat > milliseconds(heartbeat_ms)) {
-      up.send(pr::encode(pr::HeartbeatMsg{config.id, session, previous_round}));
-      last_heartbeat = now;
+    if (due.heartbeat && !changed) {
+      up.send(pr::encode(pr::HeartbeatMsg{config.id, upstream.session(), previous_round}));
+      upstream.heartbeatSent(now);
     }
   }
 
@@ -193,21 +194,20 @@ struct EdgeAggregator::Impl {
       log->warn("upstream: {}", r.error->what());
       return false;
     }
-    last_heard = Clock::now();
+    upstream.heard(Clock::now());
     const auto kind = pr::peekKind(r.bytes());
     try {
       if (!kind) failInput(Errc::kMalformed, "not a Starling message");
       switch (*kind) {
         case pr::MessageKind::kWelcome: {
           const auto w = pr::decodeWelcome(r.bytes());
-          registered = true;
-          session = w.session;
-          heartbeat_ms = w.heartbeat_ms;
-          log->info("registered upstream as aggregator {} ({} examples)", config.id, registered_examples);
+          if (upstream.onWelcome(w.session, w.heartbeat_ms))
+            log->info("registered upstream as aggregator {} ({} examples)", config.id,
+                      registered_examples);
           break;
         }
         case pr::MessageKind::kHeartbeat:
-          if (registered && pr::decodeHeartbeat(r.bytes()).session != session) registerUp();
+          if (upstream.onServerHeartbeat(pr::decodeHeartbeat(r.bytes()).session)) registerUp();
           break;
         case pr::MessageKind::kTask: onTask(r.bytes()); break;
         case pr::MessageKind::kReject: {
@@ -215,9 +215,7 @@ struct EdgeAggregator::Impl {
           if (j.kind == pr::RejectKind::kNotRegistered) {
             // One registration in flight answers a burst of them (heartbeats queued while the
             // upstream was down each draw one).
-            if (registered ||
-                Clock::now() - last_register >= milliseconds(config.register_retry_ms))
-              registerUp();
+            if (upstream.onNotRegistered(Clock::now())) registerUp();
           } else if (j.kind == pr::RejectKind::kBusy) {
             if (!last_partial.empty() && !resend_at) {
               resend_at = Clock::now() + busy_backoff + milliseconds(std::rand() % (busy_backoff.count() + 1));

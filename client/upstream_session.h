@@ -1,0 +1,69 @@
+#pragma once
+// UpstreamSession: the session a deployed client, or an edge aggregator, keeps with the server
+// above it, written once (issue 20): register, the Welcome, heartbeats, registering again when the
+// server has been silent or restarted, and answering a burst of Reject(NotRegistered) with one
+// registration, not one each (after a root restart, every heartbeat queued during the outage
+// draws one: 7 to 9 registrations per client before, each bringing the task again).
+//
+// Pure logic over times the owner passes: it sends nothing. The owner sends the Register (and then
+// calls registerSent) and the Heartbeat (heartbeatSent) when it says so, tells it what came back,
+// and keeps its own reasons to register again (an aggregator whose clients changed). Tested on its
+// own with made-up times (tests/client/upstream_session_test.cc).
+#include <chrono>
+#include <cstdint>
+
+namespace starling::client {
+
+class UpstreamSession {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Millis = std::chrono::milliseconds;
+
+  struct Timings {
+    Millis register_retry{1000};  // send Register again when no Welcome came in this long
+    Millis silence{15000};        // register again when the server was silent this long
+  };
+
+  // What tick() asks of the owner now.
+  struct Due {
+    bool register_now = false;  // send a Register (and call registerSent)
+    bool silent = false;        // ... because the server was silent too long (worth a warning)
+    bool heartbeat = false;     // send a Heartbeat (and call heartbeatSent)
+  };
+
+  UpstreamSession(Timings t, Clock::time_point now);
+
+  Due tick(Clock::time_point now);
+  // A heartbeat is due (registered, and heartbeatInterval() since the last): for an owner busy
+  // elsewhere (a client training) that keeps heartbeating without the rest of tick().
+  bool heartbeatDue(Clock::time_point now) const {
+    return registered_ && now - last_heartbeat_ >= heartbeat_;
+  }
+  void registerSent(Clock::time_point now);
+  void heartbeatSent(Clock::time_point now);
+  // Anything arrived from the server (it is alive).
+  void heard(Clock::time_point now) { last_heard_ = now; }
+
+  // A Welcome: returns true when it starts a session (the first, or the server's new one), false
+  // for a duplicate (registrations queued in an outage come back as several welcomes).
+  bool onWelcome(uint64_t session, uint32_t heartbeat_ms);
+  // The server's Heartbeat carries its session: true when it differs from ours (the server
+  // restarted and forgot us; register again).
+  bool onServerHeartbeat(uint64_t session) const { return registered_ && session != session_; }
+  // A Reject(NotRegistered): true when a Register should go out. While one is in flight (sent less
+  // than register_retry ago, no Welcome yet) the rest of a burst is answered by it.
+  bool onNotRegistered(Clock::time_point now) const;
+
+  bool registered() const { return registered_; }
+  uint64_t session() const { return session_; }
+  Millis heartbeatInterval() const { return heartbeat_; }
+
+ private:
+  Timings t_;
+  bool registered_ = false;
+  uint64_t session_ = 0;
+  Millis heartbeat_{1000};
+  Clock::time_point last_register_{}, last_heartbeat_{}, last_heard_;
+};
+
+}  // namespace starling::client

@@ -1,0 +1,76 @@
+// UpstreamSession (client/upstream_session.h) with made-up times: when to register, to heartbeat,
+// to register again after silence or a server restart, and one registration for a burst of
+// Reject(NotRegistered) (issue 20's restart storm).
+#include "client/upstream_session.h"
+
+#include <catch2/catch.hpp>
+
+using starling::client::UpstreamSession;
+using Ms = std::chrono::milliseconds;
+
+namespace {
+const UpstreamSession::Clock::time_point t0{};
+UpstreamSession::Clock::time_point at(int ms) { return t0 + Ms(ms); }
+}  // namespace
+
+TEST_CASE("upstream session: register until welcomed, then heartbeat at the server's interval",
+          "[client][upstream]") {
+  UpstreamSession s({Ms(1000), Ms(5000)}, at(0));
+  s.registerSent(at(0));
+  CHECK_FALSE(s.tick(at(500)).register_now);  // in flight
+  CHECK_FALSE(s.tick(at(1000)).register_now);
+  CHECK(s.tick(at(1001)).register_now);  // no welcome within register_retry: again
+  s.registerSent(at(1001));
+  CHECK(s.onWelcome(7, 200));  // a session starts: worth a log line
+  CHECK(s.registered());
+  CHECK(s.session() == 7);
+  CHECK_FALSE(s.onWelcome(7, 200));   // a duplicate from a queued registration
+  CHECK(s.tick(at(1100)).heartbeat);  // never sent one
+  s.heartbeatSent(at(1100));
+  CHECK_FALSE(s.tick(at(1299)).heartbeat);
+  CHECK_FALSE(s.heartbeatDue(at(1299)));
+  CHECK(s.heartbeatDue(at(1300)));
+  CHECK(s.tick(at(1300)).heartbeat);
+  CHECK_FALSE(s.tick(at(1300)).register_now);
+}
+
+TEST_CASE("upstream session: a silent server or a new session means registering again",
+          "[client][upstream]") {
+  UpstreamSession s({Ms(1000), Ms(5000)}, at(0));
+  s.registerSent(at(0));
+  s.onWelcome(1, 1000);
+  s.heard(at(100));
+  CHECK_FALSE(s.tick(at(5100)).silent);
+  const UpstreamSession::Due d = s.tick(at(5101));
+  CHECK(d.silent);
+  CHECK(d.register_now);
+  CHECK_FALSE(d.heartbeat);  // a registration first
+  // Once per silent period, not on every turn.
+  CHECK_FALSE(s.tick(at(5102)).silent);
+  s.registerSent(at(5102));
+  CHECK_FALSE(s.registered());
+  CHECK_FALSE(s.onServerHeartbeat(2));  // not registered: nothing to compare
+  s.onWelcome(1, 1000);
+  CHECK_FALSE(s.onServerHeartbeat(1));
+  CHECK(s.onServerHeartbeat(2));  // the server restarted
+}
+
+TEST_CASE("upstream session: a burst of NotRegistered draws one registration",
+          "[client][upstream]") {
+  // A root restarted after an outage answers each heartbeat queued meanwhile with NotRegistered.
+  UpstreamSession s({Ms(1000), Ms(15000)}, at(0));
+  s.registerSent(at(0));
+  s.onWelcome(1, 200);
+  int sent = 0;
+  for (int i = 0; i < 15; ++i) {
+    const auto now = at(4000 + i);
+    if (s.onNotRegistered(now)) {
+      s.registerSent(now);
+      ++sent;
+    }
+  }
+  CHECK(sent == 1);
+  // If no welcome comes back within register_retry, the next one is answered again.
+  CHECK_FALSE(s.onNotRegistered(at(4999)));
+  CHECK(s.onNotRegistered(at(5000)));
+}
