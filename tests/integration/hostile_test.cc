@@ -262,6 +262,13 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
     const auto hb = pr::encode(pr::HeartbeatMsg{kAttackerId, a.session(), 0});
     CHECK(a.expectRejectOf([&] { a.sendTwoFrames(hb, hb); }, Errc::kMalformed));
   }
+  // 2c. A chunk that does not start its transfer (index 1 of 3 first): refused by the transport's
+  //     reassembly, and answered with its code (issue 20: chunk errors got no Reject).
+  {
+    const std::vector<uint8_t> piece(64, 0x11);
+    const auto chunk = pr::encodeChunk(pr::ChunkMsg{77, 1, 3, 192, piece});
+    CHECK(a.expectRejectOf([&] { a.send(chunk); }, Errc::kBadChunk));
+  }
   // 3. Garbage.
   {
     std::vector<uint8_t> junk(333);
