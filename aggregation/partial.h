@@ -7,8 +7,9 @@
 //     factor sums (per tensor with a shared factor) | SCAFFOLD control sum (numel, when the
 //     phase carries one) | dense sum (numel) ]
 //
-// The small head (everything before the dense sum) comes first, so a collective can all-reduce
-// the head and reduce-scatter the dense sum in shards (the simulator's sharded server step).
+// The head (everything before the dense sum) comes first, so a collective can all-reduce the head
+// and reduce-scatter the dense sum in shards (the simulator's sharded server step). The head is
+// small unless it holds SCAFFOLD's control sum, a second numel floats, which is all-reduced whole.
 //
 //   sum = sum_i w_i * update_i,   W = sum_i w_i,   n = count,   metric: sum_i w_i m_i and sum_i w_i
 //   SCAFFOLD's control sum: sum_i (c_i+ - c_i), unweighted (the server adds it / N to c)
