@@ -34,6 +34,13 @@ Context::~Context() {
 uint64_t Context::zapRefused() const { return impl_->refused.load(); }
 uint64_t Context::zapAdmitted() const { return impl_->admitted.load(); }
 
+bool Context::waitZap(const std::function<bool(uint64_t admitted, uint64_t refused)>& pred,
+                      std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(impl_->zap_mu);
+  return impl_->zap_cv.wait_for(
+      lock, timeout, [&] { return pred(impl_->admitted.load(), impl_->refused.load()); });
+}
+
 std::string Context::Impl::registerDomain(std::shared_ptr<const AllowList> allow) {
   STARLING_ENFORCE(allow != nullptr);
   std::lock_guard lock(mu_);
@@ -185,7 +192,11 @@ void Context::Impl::zapLoop(std::promise<void>* bound) {
       text = "internal error";
       why.reason = "an internal error of the ZAP handler";
     }
-    (status == "200" ? admitted : refused).fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(zap_mu);  // a waiter cannot miss it between check and wait
+      (status == "200" ? admitted : refused).fetch_add(1);
+    }
+    zap_cv.notify_all();
     if (status != "200" && !domain.empty()) recordRefusal(domain, std::move(why));
     try {
       std::vector<zmq::const_buffer> reply = {zmq::str_buffer("1.0"), zmq::buffer(request_id),

@@ -18,7 +18,9 @@
 // termination waits for its sockets); the destructor aborts with a message instead of hanging
 // when one is still open. The destructor stops the ZAP thread through an inproc socket and joins
 // it. Thread-safety: sockets may be created from any thread; zapRefused()/zapAdmitted() are atomic.
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +40,10 @@ class Context {
   // CURVE, malformed request) and admitted.
   uint64_t zapRefused() const;
   uint64_t zapAdmitted() const;
+  // Blocks until pred(admitted, refused) holds, woken by each handshake the ZAP handler decides;
+  // false when `timeout` passed first. (For a caller that waits on handshakes: a test, a probe.)
+  bool waitZap(const std::function<bool(uint64_t admitted, uint64_t refused)>& pred,
+               std::chrono::milliseconds timeout) const;
 
   // One refused handshake, for the server's log: the peer's address, the first bytes of the
   // public key it presented (hex), and why.

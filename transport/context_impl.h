@@ -2,6 +2,7 @@
 // Internal to transport/: what a Context holds (see context.h for the contract).
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <future>
 #include <map>
 #include <memory>
@@ -34,6 +35,9 @@ struct Context::Impl {
 
   zmq::context_t ctx;
   std::atomic<uint64_t> refused{0}, admitted{0};
+  // Notified after every ZAP decision (Context::waitZap).
+  std::mutex zap_mu;
+  std::condition_variable zap_cv;
   std::atomic<int> live_sockets{0};  // ServerSocket/ClientSocket objects not yet destroyed
 
  private:

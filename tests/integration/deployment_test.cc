@@ -52,7 +52,7 @@ std::pair<double, double> maxDifference(const std::vector<float>& a, const std::
 
 // Waits until the metrics file has `n` rounds, or fails the test with every log.
 void awaitRounds(Federation& f, size_t n, seconds timeout) {
-  const bool ok = waitFor([&] { return metricLines(f).size() >= n; }, timeout);
+  const bool ok = f.waitFor([&] { return metricLines(f).size() >= n; }, timeout);
   if (!ok) FAIL("no " << n << " rounds in time; logs:\n" << f.allLogs());
 }
 
@@ -203,13 +203,14 @@ TEST_CASE("a client killed mid-round: the round completes with the rest", "[inte
   // (the others fill min_available) and never be training in round 2. Round 1 then lasts its 4 s,
   // by which time the others have registered, so round 2 samples all four.
   f.client(3, port, "server", 4, {"--client.delay_ms", "4000"});  // slow: still training when killed
-  const bool registered =
-      waitFor([&] { return f.log("root").find("client 3 registered") != std::string::npos; }, seconds(60));
+  const bool registered = f.waitFor(
+      [&] { return f.log("root").find("client 3 registered") != std::string::npos; }, seconds(60));
   INFO(f.allLogs());
   REQUIRE(registered);
   for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
-  const bool training = waitFor([&] { return f.log("client-3").find("round 2 phase 0: training") != std::string::npos; },
-                                seconds(60));
+  const bool training = f.waitFor(
+      [&] { return f.log("client-3").find("round 2 phase 0: training") != std::string::npos; },
+      seconds(60));
   INFO(f.allLogs());
   REQUIRE(training);
   f.proc("client-3").signal(SIGKILL);
@@ -249,7 +250,7 @@ TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, 
     return countOf(f.log("client-" + std::to_string(c)), "heartbeat sent");
   };
   for (uint64_t c = 0; c < 3; ++c) beats_at_kill.push_back(beats(c));
-  const bool queued = waitFor(
+  const bool queued = f.waitFor(
       [&] {
         for (uint64_t c = 0; c < 3; ++c)
           if (beats(c) < beats_at_kill[c] + 15) return false;
@@ -319,13 +320,13 @@ TEST_CASE("SIGTERM stops the root at once, waiting or mid-phase, and costs no co
   // 1. Waiting for a second client that never comes.
   f.root("root", port, allow, args);
   f.client(0, port, "server", 2);
-  REQUIRE(waitFor([&] { return f.log("root").find("client 0 registered") != std::string::npos; },
-                  seconds(30)));
+  REQUIRE(f.waitFor([&] { return f.log("root").find("client 0 registered") != std::string::npos; },
+                    seconds(30)));
   stopRoot("waiting for clients");
   // 2. In the middle of round 1's phase: client 1 trains for 30 s.
   f.root("root", port, allow, args);
   f.client(1, port, "server", 2, {"--client.delay_ms", "30000"});
-  REQUIRE(waitFor(
+  REQUIRE(f.waitFor(
       [&] { return f.log("client-1").find("round 1 phase 0: training") != std::string::npos; },
       seconds(30)));
   stopRoot("mid-phase");
@@ -355,7 +356,7 @@ TEST_CASE("SIGTERM stops a client in the middle of a long local epoch, sending n
          {"--train.rounds", "1", "--model.spec", "cnn", "--round.deadline_ms", "120000",
           "--state.metrics", f.path("metrics.jsonl")});
   f.client(0, port, "server", 2, {"--model.spec", "cnn"});
-  const bool training = waitFor(
+  const bool training = f.waitFor(
       [&] { return f.log("client-0").find("round 1 phase 0: training") != std::string::npos; },
       seconds(60));
   INFO(f.allLogs());
@@ -404,7 +405,8 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   for (float x : res->values) sq += static_cast<double>(x) * x;
   REQUIRE(sq > 0.0);  // top-k 1% keeps almost all of the update as residual
   f.client(1, port, "server", 2, {"--state.file", state, "--client.delay_ms", "200"});
-  const bool restored = waitFor([&] { return f.log("client-1").find("residual norm") != std::string::npos; }, seconds(30));
+  const bool restored = f.waitFor(
+      [&] { return f.log("client-1").find("residual norm") != std::string::npos; }, seconds(30));
   INFO(f.allLogs());
   REQUIRE(restored);
   const std::string log = f.log("client-1");
@@ -487,8 +489,9 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   f.client(1, p100, "agg-100", 4);
   f.client(2, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
   f.client(3, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
-  const bool relaying = waitFor([&] { return f.log("agg-101").find("round 1 phase 0: relaying") != std::string::npos; },
-                                seconds(60));
+  const bool relaying = f.waitFor(
+      [&] { return f.log("agg-101").find("round 1 phase 0: relaying") != std::string::npos; },
+      seconds(60));
   INFO(f.allLogs());
   REQUIRE(relaying);
   f.proc("agg-101").signal(SIGKILL);
@@ -617,7 +620,7 @@ TEST_CASE("a server at its upload memory bound tells clients to send again, and 
       if (f.log("client-" + std::to_string(c)).find("the server is busy") != std::string::npos) return true;
     return false;
   };
-  const bool told = waitFor(busyTold, seconds(60));
+  const bool told = f.waitFor(busyTold, seconds(60));
   for (uint32_t i = 5; i < 10; ++i) chunk(i);  // finished: refused as garbage, its budget freed
   const int rc = f.proc("root").wait(seconds(120));
   INFO(f.allLogs());

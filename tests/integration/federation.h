@@ -85,6 +85,11 @@ class Federation {
   }
   Proc& proc(const std::string& name) { return procs_.at(name); }
   std::string log(const std::string& name) const { return readText(dir_ / (name + ".log")); }
+  // Waits until `pred` holds, checking it again whenever a file of the federation's folder (its
+  // processes' logs, metrics, checkpoints) changes; false when `timeout` passed first.
+  bool waitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) const {
+    return waitForFiles(dir_.path, pred, timeout);
+  }
   // Every log, for a failing test's output.
   std::string allLogs() const {
     std::string out;

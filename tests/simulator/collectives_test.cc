@@ -36,7 +36,8 @@
 
 namespace sim = starling::simulator;
 namespace fs = std::filesystem;
-using starling::testing::waitFor;
+using starling::testing::waitForExit;
+using starling::testing::waitForFiles;
 using namespace std::chrono_literals;
 
 namespace {
@@ -485,7 +486,8 @@ TEST_CASE(
     "[simulator][launch]") {
   TempDir dir;
   const auto spawner = sim::spawnLocalRanks(self_exe, {"--spawner", dir.path.string()}, 1, 0);
-  waitFor(
+  waitForFiles(
+      dir.path,
       [&] {
         return fs::exists(dir.path / "pids.txt") && fs::exists(dir.path / "rank1.txt") &&
                fs::exists(dir.path / "rank2.txt");
@@ -503,18 +505,9 @@ TEST_CASE(
   for (int p : workers) CHECK(kill(p, 0) == 0);  // alive while the spawner lives
   kill(spawner[0], SIGKILL);
   sim::waitRanks(spawner, 10s);
-  // The orphans get SIGKILL from the kernel; init reaps them (a zombie counts as ended: a PID 1
-  // that does not reap would leave them so).
-  const auto ended = [](int p) {
-    if (kill(p, 0) != 0) return true;
-    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
-  };
-  const bool gone =
-      waitFor([&] { return std::all_of(workers.begin(), workers.end(), ended); }, 20s);
+  // The orphans get SIGKILL from the kernel: each one's pidfd becomes readable as it ends (a
+  // zombie counts as ended: a PID 1 that does not reap would leave them so).
+  const bool gone = waitForExit(workers, 20s);
   if (!gone)
     for (int p : workers) kill(p, SIGKILL);  // ours, by pid: leave nothing behind on failure
   CHECK(gone);

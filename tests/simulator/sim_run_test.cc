@@ -155,7 +155,8 @@ TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted 
   REQUIRE(ref.wait(seconds(300)) == 0);
   // The same run, killed once its second round is done, then started again with the same command.
   Proc victim(args("cut", 5), dir / "cut.log");
-  const bool two = waitFor([&] { return readLines(dir / "cut.jsonl").size() >= 2; }, seconds(300));
+  const bool two = waitForFiles(
+      dir.path, [&] { return readLines(dir / "cut.jsonl").size() >= 2; }, seconds(300));
   REQUIRE(two);
   victim.signal(SIGKILL);
   victim.wait(seconds(30));

@@ -3,18 +3,16 @@
 // process.
 #include <catch2/catch.hpp>
 
-#include "tests/wait_for.h"
 #include "transport_util.h"
 
 using namespace starling;
 using namespace starling::transport;
 using namespace starling::transport::testing;
-using starling::testing::waitFor;
 
 namespace {
 // Waits (bounded) until the context has refused at least one handshake.
 bool waitRefused(const Context& ctx, std::chrono::milliseconds timeout = 5000ms) {
-  return waitFor([&] { return ctx.zapRefused() > 0; }, timeout);
+  return ctx.waitZap([](uint64_t, uint64_t refused) { return refused > 0; }, timeout);
 }
 }  // namespace
 
@@ -174,7 +172,8 @@ TEST_CASE("the ZAP handler rations each key's handshakes", "[transport]") {
     many.back()->send(pattern(8, static_cast<uint8_t>(i)));
   }
   const auto t0 = std::chrono::steady_clock::now();
-  waitFor([&] { return server_ctx.zapAdmitted() + server_ctx.zapRefused() >= 100; }, 30s, 5ms);
+  server_ctx.waitZap([](uint64_t admitted, uint64_t refused) { return admitted + refused >= 100; },
+                     30s);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO("admitted " << server_ctx.zapAdmitted() << ", refused " << server_ctx.zapRefused() << " in "
                    << took << " s");
