@@ -456,7 +456,8 @@ TEST_CASE("Gloo: rendezvous failures are errors, not hangs", "[simulator][collec
   }
 }
 
-// --spawn-worker OUTDIR: writes its launch variables to OUTDIR/rankR.txt and sleeps (to be killed).
+// --spawn-worker OUTDIR: writes its launch variables to OUTDIR/rankR.txt (whole, by a rename) and
+// sleeps (to be killed).
 // --spawner OUTDIR: starts ranks 1 and 2 of 3 as --spawn-worker children that die with it, writes
 // their pids to OUTDIR/pids.txt, then sleeps until the test kills it.
 int runSpawnRole(int argc, char** argv) {
@@ -464,9 +465,11 @@ int runSpawnRole(int argc, char** argv) {
   const fs::path out = argv[2];
   if (std::string(argv[1]) == "--spawn-worker") {
     const sim::LaunchInfo i = sim::launchInfoFromEnvironment();
-    std::ofstream(out / ("rank" + std::to_string(i.rank) + ".txt"))
-        << i.source << " " << i.rank << " " << i.world_size << " " << i.local_rank << " "
-        << i.local_world_size << "\n";
+    // Written whole, then renamed: the test waits for the file to exist and reads it at once.
+    const std::string name = "rank" + std::to_string(i.rank);
+    std::ofstream(out / (name + ".tmp")) << i.source << " " << i.rank << " " << i.world_size << " "
+                                         << i.local_rank << " " << i.local_world_size << "\n";
+    fs::rename(out / (name + ".tmp"), out / (name + ".txt"));
     for (;;) pause();  // until the test's or the kernel's SIGKILL
   }
   const auto pids = sim::spawnLocalRanks(
