@@ -1,48 +1,34 @@
 // starling-client: one lightweight client of a federation (no LibTorch; runs on arm64 edge
 // devices). It trains an Eigen model on its own data, compresses its update with its own
 // error-feedback state (persisted in --state.file), and talks to a starling-server over ZeroMQ
-// with CurveZMQ. For the demo federation its data is one shard of Fashion-MNIST, chosen by its
-// id among --data.num_clients with the partitioner and seed the other clients use.
+// with CurveZMQ. Its data is shard client.id of the data.* files, split among data.num_clients as
+// data.partition with model.seed: the split the simulator makes of the same files.
 #include <algorithm>
 #include <cstdio>
 
 #include "apps/common.h"
 #include "client/runtime.h"
 #include "client/trainer.h"
+#include "compression/registry.h"
 #include "core/error.h"
-#include "data/idx.h"
 #include "data/partition.h"
+#include "data/source.h"
 
 using namespace starling;
 
 namespace {
 
-struct Config {
-  std::string server = "tcp://127.0.0.1:7700";
-  uint64_t id = 0;
-  apps::NetOptions net;
-  std::string model = "softmax";
-  std::string data_dir = data::kDefaultFashionMnistDir;
-  size_t num_clients = 10;
-  std::string partition = "iid";
-  uint64_t seed = 1;
-  std::string state_file;
-  uint32_t delay_ms = 0;
-  std::string log_level = "info";
-};
-
-int runClient(const Config& c) {
-  auto log = apps::makeLogger("client-" + std::to_string(c.id), c.log_level, c.net.insecure);
-  const auto partitioner = data::makePartitioner(c.partition);
+int runClient(const apps::Settings& c) {
+  auto log = apps::makeLogger("client-" + std::to_string(c.client.id), c.log_level, c.net.insecure);
+  const auto partitioner = data::makePartitioner(c.data.partition);
   client::RuntimeConfig rc;
-  rc.server = c.server;
-  rc.client_id = c.id;
-  rc.security = c.net.security(/*server_side=*/false, /*needs_upstream=*/true);
-  rc.limits = c.net.limits();
-  rc.state_file = c.state_file;
-  rc.delay_ms = c.delay_ms;
+  rc.server = c.client.server;
+  rc.client_id = c.client.id;
+  rc.security = apps::security(c.net, /*server_side=*/false, /*needs_upstream=*/true);
+  rc.limits = apps::transportLimits(c.net);
+  rc.state_file = c.state.file;
+  rc.delay_ms = c.client.delay_ms;
   rc.validate();
-  STARLING_CHECK_ARG(c.id < c.num_clients, "client.id ", c.id, " must be below data.num_clients ", c.num_clients);
   // Its training shard (the same split every client computes, from the labels) and an IID share of
   // the test set: only those examples are kept, never the whole data set (issue 20). A shard
   // drawn with replacement may repeat an example: the file's example is kept once and the view
@@ -50,51 +36,53 @@ int runClient(const Config& c) {
   std::vector<size_t> train_shard, test_shard;
   const auto shard = [&](const data::Partitioner& p, std::vector<size_t>& out) {
     return [&p, &c, &out](const std::vector<uint8_t>& labels, uint32_t classes) {
-      out = p.split(labels, classes, c.num_clients, c.seed)[c.id];
+      out = p.split(labels, classes, c.data.num_clients, c.model.seed)[c.client.id];
       return out;
     };
   };
   const auto iid = data::makePartitioner("iid");
-  const data::Dataset train =
-      data::loadFashionMnistSubset(c.data_dir, "train", shard(*partitioner, train_shard));
-  const data::Dataset test =
-      data::loadFashionMnistSubset(c.data_dir, "t10k", shard(*iid, test_shard));
+  const data::LoadedData loaded = data::loadDataSubset(
+      c.data.source, shard(*partitioner, train_shard), shard(*iid, test_shard));
+  const data::Dataset& train = loaded.train;
+  const data::Dataset empty;
+  const data::Dataset& test = loaded.test ? *loaded.test : empty;
   const std::vector<size_t> train_idx = data::subsetPositions(train_shard),
                             test_idx = data::subsetPositions(test_shard);
-  auto trainer = client::makeTrainer(c.model, train);
+  std::unique_ptr<client::Trainer> trainer;
+  try {
+    trainer = client::makeTrainer(c.model.spec, train);
+  } catch (const InvalidArgument& e) {  // the model does not fit the data's shape or classes
+    STARLING_THROW(ConfigError, "model.spec = '", c.model.spec, "' does not fit data.train (",
+                   loaded.train_path, "): ", e.what());
+  }
   const client::DataView tv{&train, train_idx}, ev{&test, test_idx};
-  log->info("model {} | {} training and {} test examples | server {}", trainer->spec(), tv.size(), ev.size(), c.server);
+  log->info("model {} | {} training and {} test examples | server {}", trainer->spec(), tv.size(),
+            ev.size(), c.client.server);
   transport::Context ctx;
   client::ClientRuntime runtime(ctx, rc, *trainer, tv, ev, log);
   apps::installStopHandlers();
   const bool finished = runtime.run(apps::stopFlag());
   const auto& s = runtime.stats();
-  log->info("{}: {} tasks, {} updates ({} resent), up {:.1f} KB, down {:.1f} KB", finished ? "done" : "stopped", s.tasks,
-            s.updates_sent, s.resent, s.uplink_bytes / 1024.0, s.downlink_bytes / 1024.0);
+  log->info("{}: {} tasks, {} updates ({} resent, {} update bytes), up {:.1f} KB, down {:.1f} KB",
+            finished ? "done" : "stopped", s.tasks, s.updates_sent, s.resent, s.update_bytes,
+            s.uplink_bytes / 1024.0, s.downlink_bytes / 1024.0);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Config c;
+  apps::Settings c;
   apps::Options o("starling-client",
                   "starling-client: a lightweight Starling client (Eigen models, no LibTorch).\n"
-                  "Every key can be set in a TOML file (--config) or on the command line (which wins).");
-  o.add("client.server", &c.server, "the server (root or aggregator) endpoint");
-  o.add("client.id", &c.id, "this client's id (its key's id on the server's allow-list)", 0, ~0ull);
-  c.net.add(o);
-  o.add("model.spec", &c.model, "model spec (must match the server's):" + client::trainers().help());
-  o.add("data.dir", &c.data_dir, "folder with the Fashion-MNIST IDX .gz files (Debian package dataset-fashion-mnist)");
-  o.add("data.num_clients", &c.num_clients, "number of shards the data set is split into", 1, 60000);
-  o.add("data.partition", &c.partition, "how the data set is split:" + data::partitioners().help());
-  o.add("data.seed", &c.seed, "seed of the split (the same for every client)", 0, ~0ull);
-  o.add("state.file", &c.state_file, "file keeping the compressor state across restarts (written atomically)");
-  o.add("client.delay_ms", &c.delay_ms, "wait this long before answering each training task (simulates a slow device)",
-        0, 3600000);
-  o.add("log.level", &c.log_level, "trace, debug, info, warn, error");
+                  "Every key can be set in a TOML file (--config) or on the command line (which "
+                  "wins); the file may be the simulation's (docs/configuration.md). Client i "
+                  "trains shard i of the data.* files split as data.partition with model.seed.");
+  apps::declareSettings(o, c, apps::kClient,
+                        {client::trainers().help(), compression::compressors().help(), "", ""});
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
+    apps::resolveSettings(o, c, apps::kClient);
     return runClient(c);
   } catch (const starling::Error& e) {
     std::fprintf(stderr, "starling-client: %s\n", e.what());

@@ -1,8 +1,9 @@
 #include "apps/options.h"
 
-#include <CLI/CLI.hpp>
 #include <toml++/toml.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -20,6 +21,8 @@ struct Options::Entry {
   std::string key;
   CLI::Option* option = nullptr;
   FromToml fromToml;
+  std::string owner;       // empty: this program's key; else the program that uses it
+  bool from_file = false;  // set by the --config file
 };
 
 namespace {
@@ -59,7 +62,10 @@ template <class T>
 CLI::Option* Options::option(const std::string& key, T* v, const std::string& help, FromToml from_toml) {
   auto e = std::make_unique<Entry>();
   e->key = key;
+  e->owner = owner_;
   e->option = app_->add_option("--" + key, *v, help)->capture_default_str();
+  // A foreign key stays out of --help (its sections are listed in the footer, parse()).
+  if (!owner_.empty()) e->option->group("");
   e->fromToml = std::move(from_toml);
   entries_.push_back(std::move(e));
   return entries_.back()->option;
@@ -138,7 +144,43 @@ void Options::add(const std::string& key, std::vector<std::string>* v, const std
   }})->delimiter(',');
 }
 
+bool Options::given(const std::string& key) const {
+  for (const auto& e : entries_)
+    if (e->key == key) return e->from_file || e->option->count() > 0;
+  STARLING_THROW(InvalidArgument, "Options::given: no key '", key, "'");
+}
+
 int Options::parse(int argc, char** argv) {
+  // The footer of --help: which sections belong to which other program.
+  std::map<std::string, std::vector<std::string>> foreign;  // program -> "section.*" or keys
+  for (const auto& e : entries_) {
+    if (e->owner.empty()) continue;
+    const std::string section = e->key.substr(0, e->key.find('.'));
+    bool mine = false;  // does this program use any key of the section?
+    for (const auto& o : entries_)
+      if (o->owner.empty() && o->key.compare(0, section.size() + 1, section + ".") == 0)
+        mine = true;
+    const std::string name = mine ? e->key : section + ".*";
+    // The owner names one program or several ("a and b"): the key is listed under each.
+    for (size_t from = 0; from <= e->owner.size();) {
+      const size_t and_at = std::min(e->owner.find(" and ", from), e->owner.size());
+      auto& v = foreign[e->owner.substr(from, and_at - from)];
+      if (std::find(v.begin(), v.end(), name) == v.end()) v.push_back(name);
+      from = and_at + 5;
+    }
+  }
+  if (!foreign.empty()) {
+    std::string footer =
+        "\nOne configuration file serves the simulation and the deployment "
+        "(docs/configuration.md). "
+        "These keys of the other programs are accepted in --config (checked, then ignored here), "
+        "not on the command line:";
+    for (const auto& [program, names] : foreign) {
+      footer += "\n  " + program + ":";
+      for (const auto& n : names) footer += " " + n;
+    }
+    app_->footer(footer);
+  }
   try {
     app_->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -147,6 +189,14 @@ int Options::parse(int argc, char** argv) {
     const int rc = app_->exit(e);
     return rc == 0 ? 0 : 2;
   }
+  for (const auto& e : entries_)
+    if (!e->owner.empty() && e->option->count() > 0) {
+      std::fprintf(stderr,
+                   "%s: --%s is a key of %s, which %s does not use (it may stay in a "
+                   "shared --config file)\n",
+                   program_.c_str(), e->key.c_str(), e->owner.c_str(), program_.c_str());
+      return 2;
+    }
   if (config_file_.empty()) return -1;
   try {
     toml::table t;
@@ -165,6 +215,7 @@ int Options::parse(int argc, char** argv) {
       if (!entry) STARLING_THROW(ConfigError, config_file_, ": unknown key '", key, "' (", program_, " --help lists them)");
       if (entry->option->count() > 0) continue;  // the command line wins
       entry->fromToml.set(*node, config_file_ + ": key '" + key + "'");
+      entry->from_file = true;
     }
   } catch (const starling::Error& e) {
     std::fprintf(stderr, "%s: %s\n", program_.c_str(), e.what());

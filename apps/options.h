@@ -5,6 +5,11 @@
 // last one wins, so a script can append overrides). Unknown keys, values
 // of the wrong type and values out of range are ConfigErrors naming the key (and the file).
 // --help lists every key with its default and explanation.
+//
+// One configuration file serves every program (apps/settings.h): a key another program uses is
+// "foreign" here (declared after setOwner("starling-sim")). In the file it is checked like any
+// key (type, range) and then ignored; on the command line it is an error naming its program;
+// --help lists foreign keys only by section.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +40,13 @@ class Options {
   void add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi);
   void add(const std::string& key, std::vector<std::string>* v, const std::string& help);
 
+  // The program that uses the keys added from now on: empty (the default) for this program, or
+  // another program's name, which makes them foreign here.
+  void setOwner(std::string program) { owner_ = std::move(program); }
+
+  // Whether `key` was set, on the command line or in the file (after parse).
+  bool given(const std::string& key) const;
+
   // Parses the command line, then the --config file for keys the command line did not set.
   // Returns an exit code to return with (0 after --help, 2 for a bad command line or file), or -1
   // to go on. Prints errors.
@@ -50,6 +62,7 @@ class Options {
   std::unique_ptr<CLI::App> app_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::string config_file_;
+  std::string owner_;
 };
 
 }  // namespace starling::apps

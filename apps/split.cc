@@ -55,7 +55,7 @@ struct Config {
   split::SplitTrainConfig train;
   std::string metrics;
   int threads = 2;
-  apps::NetOptions net;
+  apps::Settings::Net net;
   std::string bind = "tcp://127.0.0.1:5700";
   std::string cloud = "tcp://127.0.0.1:5700";
   std::string checkpoint = "split-cloud.bin";
@@ -147,8 +147,8 @@ int runCloud(Config& c, split::SplitModel& sm) {
                           split::SplitCloud::Limits{.max_batch = c.max_batch, .max_abs = 1e6});
   split::CloudServerConfig cfg;
   cfg.bind = c.bind;
-  cfg.security = c.net.security(true, false);
-  cfg.limits = c.net.limits();
+  cfg.security = apps::security(c.net, true, false);
+  cfg.limits = apps::transportLimits(c.net);
   cfg.fingerprint = fp;
   cfg.up = c.train.up;
   cfg.down = c.train.down;
@@ -203,8 +203,8 @@ int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train, c
   split::SplitEdge edge(sm, bottom, c.train.up, c.train.lr);
   split::EdgeClientConfig cfg;
   cfg.cloud = c.cloud;
-  cfg.security = c.net.security(false, true);
-  cfg.limits = c.net.limits();
+  cfg.security = apps::security(c.net, false, true);
+  cfg.limits = apps::transportLimits(c.net);
   cfg.edge_id = c.edge_id;
   cfg.fingerprint = split::sessionFingerprint(sm, c.train.up, c.train.down);
   cfg.up = c.train.up;
@@ -441,7 +441,7 @@ int main(int argc, char** argv) {
         "--role edge: how long to wait for the cloud's answer before sending a step again", 10, 3600000);
   o.add("edge.tries", &c.tries, "--role edge: tries per step (and per hello) before giving up", 1, 1000);
   o.add("log.level", &c.log_level, "--role cloud and edge: trace, debug, info, warn or error");
-  c.net.add(o);
+  apps::declareNet(o, c.net, [](unsigned) {});
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
     return run(c);

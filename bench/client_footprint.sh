@@ -43,7 +43,7 @@ port=$((20000 + RANDOM % 20000))
 ep=tcp://127.0.0.1:$port
 common=(--security.insecure true --log.level warn --model.spec "$model")
 "$build/bin/starling-server" "${common[@]}" --server.bind "$ep" --train.rounds "$rounds" \
-  --sampling.min_available 2 --sampling.min_clients 2 > "$tmp/server.log" 2>&1 &
+  --sampling.min_available 2 --sampling.min_clients 2 --eval.every 0 > "$tmp/server.log" 2>&1 &
 pids+=($!)
 server=$!
 
@@ -51,7 +51,7 @@ run_client() {  # id, label, command...
   local id=$1 label=$2
   shift 2
   /usr/bin/time -v -o "$tmp/time-$label" "$@" "${common[@]}" --client.server "$ep" --client.id "$id" \
-    --data.num_clients "$shards" > "$tmp/client-$label.log" 2>&1
+    --data.num_clients "$shards" --data.partition iid > "$tmp/client-$label.log" 2>&1
 }
 run_client 0 x86_64 "$tmp/client-x86" &
 c1=$!

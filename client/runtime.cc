@@ -227,6 +227,7 @@ struct ClientRuntime::Impl {
     saveState(state);  // before sending: a crash now resends this update, never retrains
     send(pending, stats);
     ++stats.updates_sent;
+    stats.update_bytes += pending.size();
   }
 };
 

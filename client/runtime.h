@@ -46,7 +46,8 @@ struct RuntimeConfig {
 struct RuntimeStats {
   uint64_t tasks = 0, updates_sent = 0, evaluations_sent = 0, resent = 0;
   uint64_t rejects = 0, registrations = 0;
-  uint64_t uplink_bytes = 0, downlink_bytes = 0;
+  uint64_t uplink_bytes = 0, downlink_bytes = 0;  // every message, each time it is sent
+  uint64_t update_bytes = 0;  // the updates made, each counted once (the simulator's uplink)
   uint64_t last_round = 0;
 };
 

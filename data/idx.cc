@@ -309,6 +309,16 @@ Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_
   return d;
 }
 
+Dataset loadIdxShape(const std::string& images_path, const std::string& labels_path,
+                     const IdxOptions& options) {
+  Opened f(images_path, labels_path, options);
+  Dataset d;
+  f.readLabels(d, options);
+  d.labels.clear();
+  d.labels.shrink_to_fit();
+  return d;
+}
+
 namespace {
 
 // The split's two files in `dir` (.gz or unpacked), or an IoError that says how to get them.

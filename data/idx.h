@@ -87,6 +87,12 @@ Dataset loadIdxSubset(const std::string& images_path, const std::string& labels_
 Dataset loadFashionMnistSubset(const std::string& dir, const std::string& split,
                                const ExampleSelector& select);
 
+// The shape and classes of an IDX pair without its examples: the images file's header and the
+// whole label file, checked as loadIdx checks them; the images are not read. For a server that
+// needs its clients' model shape, not their data.
+Dataset loadIdxShape(const std::string& images_path, const std::string& labels_path,
+                     const IdxOptions& options = {});
+
 // Where each pick landed in the subset loadIdxSubset kept for `picks` (its distinct indices in
 // file order): the view over the subset that names the same examples, in the same order and as
 // often, as `picks` did over the whole file.

@@ -1,5 +1,6 @@
 #include "data/source.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 
@@ -76,6 +77,72 @@ Dataset loadSplit(const DataSource& s, const std::string& key, const std::string
                labels_key, labels);
 }
 
+// The examples `picks` names (any order, repeats) of `d`, each once, in file order.
+Dataset keepOnly(const Dataset& d, std::vector<size_t> picks) {
+  std::sort(picks.begin(), picks.end());
+  picks.erase(std::unique(picks.begin(), picks.end()), picks.end());
+  Dataset out;
+  out.rows = d.rows;
+  out.cols = d.cols;
+  out.shape = d.shape;
+  out.num_classes = d.num_classes;
+  const size_t f = d.features();
+  out.images.reserve(picks.size() * f);
+  for (size_t i : picks) {
+    STARLING_CHECK_ARG(i < d.size(), "loadDataSubset: example ", i, " picked from ", d.size());
+    out.images.insert(out.images.end(), d.images.begin() + static_cast<ptrdiff_t>(i * f),
+                      d.images.begin() + static_cast<ptrdiff_t>((i + 1) * f));
+    out.labels.push_back(d.labels[i]);
+  }
+  return out;
+}
+
+// One split of loadDataSubset (no selector: no example, loadDataShapes).
+Dataset loadSplitSubset(const DataSource& s, const std::string& key, const std::string& name,
+                        const std::string& labels_name, const ExampleSelector* select,
+                        std::string* path_out) {
+  const std::string path = resolve(s, key, name);
+  *path_out = path;
+  if (s.format == "csv")
+    return keyed(
+        [&] {
+          const Dataset all = loadCsv(path, CsvOptions{.num_classes = s.num_classes});
+          return keepOnly(all,
+                          select ? (*select)(all.labels, all.num_classes) : std::vector<size_t>{});
+        },
+        key, "", "");
+  const std::string labels_key = key + "_labels";
+  const std::string labels = resolve(s, labels_key, labels_name);
+  const IdxOptions options{.num_classes = s.num_classes};
+  return keyed(
+      [&] {
+        return select ? loadIdxSubset(path, labels, *select, options)
+                      : loadIdxShape(path, labels, options);
+      },
+      key, labels_key, labels);
+}
+
+// The checks and views of loadData after both splits are read.
+void finish(const DataSource& s, LoadedData& out) {
+  if (out.test && out.test->features() != out.train.features())
+    STARLING_THROW(ConfigError, "data.test (", out.test_path, ") holds ", describe(*out.test),
+                   " but data.train (", out.train_path, ") holds ", describe(out.train),
+                   ": the feature counts must agree");
+  if (s.num_classes == 0 && out.test) {
+    const uint32_t k = std::max(out.train.num_classes, out.test->num_classes);
+    out.train.num_classes = out.test->num_classes = k;
+  }
+  if (!s.shape.empty()) {
+    const auto [rows, cols] = *parseShape(s.shape);
+    if (rows * cols != out.train.features())
+      STARLING_THROW(ConfigError, "data.shape = '", s.shape, "' is ", rows * cols,
+                     " values, but the examples of data.train (", out.train_path, ") have ",
+                     out.train.features(), " features");
+    for (Dataset* d : {&out.train, out.test ? &*out.test : nullptr})
+      if (d) d->rows = rows, d->cols = cols;
+  }
+}
+
 }  // namespace
 
 void DataSource::validate() const {
@@ -94,26 +161,40 @@ LoadedData loadData(const DataSource& s) {
   s.validate();
   LoadedData out;
   out.train = loadSplit(s, "train", s.train, s.train_labels, &out.train_path);
+  if (!s.test.empty()) out.test = loadSplit(s, "test", s.test, s.test_labels, &out.test_path);
+  finish(s, out);
+  return out;
+}
+
+LoadedData loadDataSubset(const DataSource& s, const ExampleSelector& train_select,
+                          const ExampleSelector& test_select) {
+  s.validate();
+  LoadedData out;
+  // The test split first: with num_classes = 0 its labels count towards the classes the
+  // training split's selector sees, as in loadData.
+  uint32_t test_classes = 0;
   if (!s.test.empty()) {
-    out.test = loadSplit(s, "test", s.test, s.test_labels, &out.test_path);
-    if (out.test->features() != out.train.features())
-      STARLING_THROW(ConfigError, "data.test (", out.test_path, ") holds ", describe(*out.test),
-                     " but data.train (", out.train_path, ") holds ", describe(out.train),
-                     ": the feature counts must agree");
+    const ExampleSelector select = [&](const std::vector<uint8_t>& labels, uint32_t k) {
+      test_classes = k;
+      return test_select(labels, k);
+    };
+    out.test = loadSplitSubset(s, "test", s.test, s.test_labels, &select, &out.test_path);
   }
-  if (s.num_classes == 0 && out.test) {
-    const uint32_t k = std::max(out.train.num_classes, out.test->num_classes);
-    out.train.num_classes = out.test->num_classes = k;
-  }
-  if (!s.shape.empty()) {
-    const auto [rows, cols] = *parseShape(s.shape);
-    if (rows * cols != out.train.features())
-      STARLING_THROW(ConfigError, "data.shape = '", s.shape, "' is ", rows * cols,
-                     " values, but the examples of data.train (", out.train_path, ") have ",
-                     out.train.features(), " features");
-    for (Dataset* d : {&out.train, out.test ? &*out.test : nullptr})
-      if (d) d->rows = rows, d->cols = cols;
-  }
+  const ExampleSelector select = [&](const std::vector<uint8_t>& labels, uint32_t k) {
+    return train_select(labels, s.num_classes == 0 ? std::max(k, test_classes) : k);
+  };
+  out.train = loadSplitSubset(s, "train", s.train, s.train_labels, &select, &out.train_path);
+  finish(s, out);
+  return out;
+}
+
+LoadedData loadDataShapes(const DataSource& s) {
+  s.validate();
+  LoadedData out;
+  out.train = loadSplitSubset(s, "train", s.train, s.train_labels, nullptr, &out.train_path);
+  if (!s.test.empty())
+    out.test = loadSplitSubset(s, "test", s.test, s.test_labels, nullptr, &out.test_path);
+  finish(s, out);
   return out;
 }
 

@@ -46,6 +46,19 @@ struct LoadedData {
 
 LoadedData loadData(const DataSource& source);
 
+// A deployed client's part of the data: loadData's files, checks and shape, keeping only the
+// examples `train_select` and `test_select` pick from each split (data/idx.h, ExampleSelector; in
+// file order, each once: subsetPositions maps the picks onto them). IDX files are streamed, so
+// memory is the kept examples; a CSV file is read whole, then cut. The selectors see the classes
+// loadData gives (with num_classes = 0 the largest label of either split + 1): a partition
+// computed from them is the simulator's. Without a test split, `test_select` is not called.
+LoadedData loadDataSubset(const DataSource& source, const ExampleSelector& train_select,
+                          const ExampleSelector& test_select);
+
+// loadData's shapes and classes without its examples (IDX: the headers and the labels; a CSV
+// file is read whole): what a server needs to build its clients' model.
+LoadedData loadDataShapes(const DataSource& source);
+
 // For messages: "60000 examples of 28x28 (784 features), 10 classes", "600 examples of 16
 // features, 3 classes", "50000 examples of 3x32x32 (flat: 3072 features), 10 classes".
 std::string describe(const Dataset& d);

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # examples/edge: a real federation on this machine with one command: one root, two edge
 # aggregators and ten clients training the CNN on Fashion-MNIST with top-k compression and
-# CurveZMQ on, all on 127.0.0.1. Prints the root's per-round accuracy and stops everything it
-# started, by pid.
+# CurveZMQ on, all on 127.0.0.1. Every process reads examples/edge/federation.toml, the file
+# starling-sim runs as it is; the command lines add only what is each process's own. Prints the
+# root's per-round accuracy and stops everything it started, by pid.
 #
-#   examples/edge/run.sh [BUILD_DIR]     (default: build; `make build` first, or it builds)
+#   examples/edge/run.sh [BUILD_DIR] [CONFIG]
+#     BUILD_DIR  default build (`make build` first, or it builds)
+#     CONFIG     default examples/edge/federation.toml: any configuration of ten clients
+#                (data.num_clients = 10) and the aggregator ids 100 and 101
+#   STARLING_EDGE_TIMEOUT  seconds the root may take (default 1800)
 #
 # Keys, logs, the checkpoint and the metrics go to a fresh folder under /tmp (printed at the
 # start; kept for reading afterwards). docs/deployment.md explains each step.
@@ -12,6 +17,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 build=${1:-$repo/build}
+config=${2:-$here/federation.toml}
+timeout=${STARLING_EDGE_TIMEOUT:-1800}
 bin=$build/bin
 if [[ ! -x $bin/starling-server || ! -x $bin/starling-client || ! -x $bin/starling-keygen ]]; then
   (cd "$repo" && make build)
@@ -52,7 +59,7 @@ for c in 0 1 2 3 4; do cp "$keys/client-$c.key" "$work/allow-100/"; done
 for c in 5 6 7 8 9; do cp "$keys/client-$c.key" "$work/allow-101/"; done
 
 # 2. The root.
-"$bin/starling-server" --config "$here/root.toml" --server.bind "tcp://127.0.0.1:*" \
+"$bin/starling-server" --config "$config" --server.bind "tcp://127.0.0.1:*" \
   --security.key "$keys/server.key_secret" --security.clients "$work/allow-root" \
   --state.checkpoint "$work/root.ckpt" --state.metrics "$work/metrics.jsonl" >"$work/root.log" 2>&1 &
 root_pid=$!
@@ -61,7 +68,8 @@ root_port=$(bound_port "$work/root.log")
 
 # 3. Two aggregators: servers to their clients, clients of the root.
 for a in 100 101; do
-  "$bin/starling-server" --config "$here/aggregator.toml" --server.id $a --server.bind "tcp://127.0.0.1:*" \
+  "$bin/starling-server" --config "$config" --server.role aggregator --server.id $a \
+    --server.bind "tcp://127.0.0.1:*" \
     --server.upstream "tcp://127.0.0.1:$root_port" --security.key "$keys/agg-$a.key_secret" \
     --security.server_key "$keys/server.key" --security.clients "$work/allow-$a" >"$work/agg-$a.log" 2>&1 &
   pids+=("$!")
@@ -72,22 +80,22 @@ p101=$(bound_port "$work/agg-101.log")
 # 4. Ten clients, five under each aggregator, each keeping its error-feedback state on disk.
 for c in 0 1 2 3 4 5 6 7 8 9; do
   a=100; p=$p100; if (( c >= 5 )); then a=101; p=$p101; fi
-  "$bin/starling-client" --config "$here/client.toml" --client.id $c --client.server "tcp://127.0.0.1:$p" \
+  "$bin/starling-client" --config "$config" --client.id $c --client.server "tcp://127.0.0.1:$p" \
     --security.key "$keys/client-$c.key_secret" --security.server_key "$keys/agg-$a.key" \
     --state.file "$work/client-$c.state" >"$work/client-$c.log" 2>&1 &
   pids+=("$!")
 done
 
-# 5. Follow the root's rounds until it finishes (bounded: 10 minutes).
+# 5. Follow the root's rounds until it finishes (bounded: STARLING_EDGE_TIMEOUT seconds).
 echo "examples/edge: root on port $root_port, aggregators on $p100 and $p101, ten clients; CURVE on"
 tail -n +1 -f "$work/root.log" --pid "$root_pid" | grep --line-buffered -E 'round|registered|finished|error' &
 tailer=$!
-for _ in $(seq 600); do
+for _ in $(seq "$timeout"); do
   kill -0 "$root_pid" 2>/dev/null || break
   sleep 1
 done
 if kill -0 "$root_pid" 2>/dev/null; then
-  echo "examples/edge: the root did not finish in 10 minutes; stopping" >&2
+  echo "examples/edge: the root did not finish in $timeout s; stopping" >&2
   exit 1
 fi
 wait "$root_pid"; rc=$?

@@ -170,3 +170,94 @@ TEST_CASE("data source errors name the key and the file", "[data]") {
                           Contains("data.train: " + dir.file("t.csv") + ": line 2, column 2"));
   }
 }
+
+TEST_CASE("a client's subset: loadData's examples, shape and classes, only those picked",
+          "[data]") {
+  TempDir dir;
+  // What each selector was shown: the classes decide a label-skewed split, and must be
+  // loadData's (the simulator partitions what loadData gives).
+  uint32_t train_seen = 0, test_seen = 0;
+  const auto pick = [](std::vector<size_t> picks, uint32_t* seen) {
+    return [picks, seen](const std::vector<uint8_t>&, uint32_t classes) {
+      *seen = classes;
+      return picks;
+    };
+  };
+  // Kept once each, in file order, whatever order and repeats the picks have.
+  const auto same = [](const Dataset& all, const Dataset& sub, const std::vector<size_t>& kept) {
+    REQUIRE(sub.size() == kept.size());
+    const size_t f = all.features();
+    for (size_t i = 0; i < kept.size(); ++i) {
+      CHECK(sub.labels[i] == all.labels[kept[i]]);
+      CHECK(std::equal(sub.images.begin() + static_cast<ptrdiff_t>(i * f),
+                       sub.images.begin() + static_cast<ptrdiff_t>((i + 1) * f),
+                       all.images.begin() + static_cast<ptrdiff_t>(kept[i] * f)));
+    }
+  };
+  SECTION("idx: the test split's extra class counts, as in loadData") {
+    writeIdxPair(dir, "tr-x.gz", "tr-y", 4, 6, {0, 1, 2, 1, 0});
+    writeIdxPair(dir, "te-x.gz", "te-y", 4, 6, {4, 0, 3});
+    const DataSource s = idxSource(dir);
+    const LoadedData all = loadData(s);
+    const LoadedData sub = loadDataSubset(s, pick({3, 0, 3}, &train_seen), pick({2}, &test_seen));
+    CHECK(train_seen == 5);
+    CHECK(test_seen == 5);
+    same(all.train, sub.train, {0, 3});
+    REQUIRE(sub.test);
+    same(*all.test, *sub.test, {2});
+    CHECK(sub.train.num_classes == all.train.num_classes);
+    CHECK(sub.train.rows == 4);
+    CHECK(sub.train.cols == 6);
+    CHECK(sub.train_path == all.train_path);
+  }
+  SECTION("csv, viewed as images, without a test split") {
+    writeText(dir.file("train.csv"), "label,a,b,c,d\n3,1,2,3,4\n1,5,6,7,8\n0,9,9,9,9\n");
+    DataSource s;
+    s.format = "csv";
+    s.train = dir.file("train.csv");
+    s.test = "";
+    s.shape = "2x2";
+    const LoadedData all = loadData(s);
+    bool test_called = false;
+    const LoadedData sub = loadDataSubset(s, pick({2, 1}, &train_seen), [&](const auto&, uint32_t) {
+      test_called = true;
+      return std::vector<size_t>{};
+    });
+    CHECK_FALSE(test_called);
+    CHECK_FALSE(sub.test);
+    CHECK(train_seen == 4);
+    same(all.train, sub.train, {1, 2});
+    CHECK(sub.train.rows == 2);
+    CHECK(sub.train.cols == 2);
+  }
+  SECTION("a pick past the file is an error, a missing file names its key") {
+    writeIdxPair(dir, "tr-x.gz", "tr-y", 2, 2, {0, 1});
+    writeIdxPair(dir, "te-x.gz", "te-y", 2, 2, {1});
+    const DataSource s = idxSource(dir);
+    CHECK_THROWS_AS(loadDataSubset(s, pick({2}, &train_seen), pick({}, &test_seen)),
+                    InvalidArgument);
+    DataSource missing = s;
+    missing.test_labels = "nope";
+    CHECK_THROWS_MATCHING(loadDataSubset(missing, pick({0}, &train_seen), pick({}, &test_seen)),
+                          IoError, Contains("data.test_labels = 'nope'"));
+  }
+}
+
+TEST_CASE("the shapes and classes of a data source without its examples", "[data]") {
+  TempDir dir;
+  writeIdxPair(dir, "tr-x.gz", "tr-y", 4, 6, {0, 1, 2, 1, 0});
+  writeIdxPair(dir, "te-x.gz", "te-y", 4, 6, {4, 0, 3});
+  const DataSource s = idxSource(dir);
+  const LoadedData all = loadData(s), shapes = loadDataShapes(s);
+  CHECK(shapes.train.size() == 0);
+  CHECK(shapes.train.images.empty());
+  CHECK(shapes.train.rows == all.train.rows);
+  CHECK(shapes.train.cols == all.train.cols);
+  CHECK(shapes.train.num_classes == 5);  // the test split's label 4 counts, as in loadData
+  REQUIRE(shapes.test);
+  CHECK(shapes.test->size() == 0);
+  // The label file is still checked whole: a label at or past num_classes is an error.
+  DataSource two = s;
+  two.num_classes = 2;
+  CHECK_THROWS_MATCHING(loadDataShapes(two), IoError, Contains("data.train_labels"));
+}

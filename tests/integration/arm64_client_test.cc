@@ -28,9 +28,26 @@ TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native s
           "--compression.compressor", "topk:density=0.05"});
   f.client(0, port, "server", 2);
   // The same command line as a native client, run by the emulator with the multiarch libc.
-  f.start("client-1", {kQemu, "-L", "/", kArm64Client, "--client.server", Federation::endpoint(port), "--client.id", "1",
-                       "--security.key", f.keys() + "/client-1.key_secret", "--security.server_key",
-                       f.keys() + "/server.key", "--data.num_clients", "2", "--state.file", f.path("client-1.state")});
+  f.start("client-1", {kQemu,
+                       "-L",
+                       "/",
+                       kArm64Client,
+                       "--client.server",
+                       Federation::endpoint(port),
+                       "--client.id",
+                       "1",
+                       "--security.key",
+                       f.keys() + "/client-1.key_secret",
+                       "--security.server_key",
+                       f.keys() + "/server.key",
+                       "--data.num_clients",
+                       "2",
+                       "--state.file",
+                       f.path("client-1.state"),
+                       "--model.spec",
+                       "softmax",
+                       "--data.partition",
+                       "iid"});
   const int rc = f.proc("root").wait(seconds(300));
   INFO(f.allLogs());
   REQUIRE(rc == 0);

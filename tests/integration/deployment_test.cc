@@ -181,7 +181,7 @@ TEST_CASE("the root refuses SCAFFOLD settings that would make c drift or mean an
   refused("overcommit", {"--train.scaffold", "true", "--sampling.overcommit", "1.5"},
           "needs sampling.overcommit = 1");
   refused("tree-without-n", {"--train.scaffold", "true", "--security.aggregator_ids", "100"},
-          "needs train.scaffold_population");
+          "needs the number of clients: data.num_clients or train.scaffold_population");
   refused("n-without-scaffold", {"--train.scaffold_population", "8"},
           "train.scaffold_population is set without train.scaffold");
   refused("momentum", {"--train.scaffold", "true", "--model.spec", "mlp:hidden=8,momentum=0.9"},
@@ -562,11 +562,29 @@ TEST_CASE("three levels: an aggregator under an aggregator", "[integration][serv
   f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1", "agg-200"}),
                {"--aggregator.min_clients", "3", "--security.aggregator_ids", "200"});
   const std::string name200 = "agg-200";
-  f.start(name200, {binDir() + "/starling-server", "--server.role", "aggregator", "--server.id", "200",
-                    "--server.bind", Federation::endpoint(p200), "--server.upstream", Federation::endpoint(p100),
-                    "--security.key", f.keys() + "/agg-200.key_secret", "--security.server_key",
-                    f.keys() + "/agg-100.key", "--security.clients", f.allowList("allow-200", {"client-2", "client-3"}),
-                    "--aggregator.min_clients", "2", "--net.heartbeat_ms", "200", "--net.silence_ms", "1500"});
+  f.start(name200, {binDir() + "/starling-server",
+                    "--server.role",
+                    "aggregator",
+                    "--server.id",
+                    "200",
+                    "--server.bind",
+                    Federation::endpoint(p200),
+                    "--server.upstream",
+                    Federation::endpoint(p100),
+                    "--security.key",
+                    f.keys() + "/agg-200.key_secret",
+                    "--security.server_key",
+                    f.keys() + "/agg-100.key",
+                    "--security.clients",
+                    f.allowList("allow-200", {"client-2", "client-3"}),
+                    "--aggregator.min_clients",
+                    "2",
+                    "--net.heartbeat_ms",
+                    "200",
+                    "--net.silence_ms",
+                    "1500",
+                    "--model.spec",
+                    "softmax"});
   f.client(0, p100, "agg-100", 4);
   f.client(1, p100, "agg-100", 4);
   f.client(2, p200, "agg-200", 4);

@@ -1,0 +1,47 @@
+#pragma once
+// The round engine's configuration from the shared keys (apps/settings.h), for starling-server's
+// root and starling-sim: one conversion, so the same file means the same rounds in both.
+#include <algorithm>
+
+#include "apps/settings.h"
+#include "server/engine.h"
+
+namespace starling::apps {
+
+inline server::EngineConfig engineConfig(const Settings& s) {
+  server::EngineConfig e;
+  e.rounds = s.train.rounds;
+  e.fit = s.train.fit;
+  e.scheme.compressor = s.compression.compressor;
+  e.scheme.rule = s.aggregation.rule;
+  e.scheme.run_seed = s.model.seed;
+  e.scheme.bounds.max_abs_value = s.bounds.max_abs;
+  e.scheme.bounds.max_update_norm = s.bounds.max_norm;
+  e.scheme.bounds.max_examples = s.bounds.max_examples;
+  e.scheme.metrics = s.aggregation.metrics;
+  if (s.compression.diagnostics)
+    for (const char* m : {"ef_gain", "ef_residual_ratio", "ef_residual_age"})
+      if (std::find(e.scheme.metrics.begin(), e.scheme.metrics.end(), m) == e.scheme.metrics.end())
+        e.scheme.metrics.push_back(m);
+  e.scheme.scaffold = s.train.scaffold;
+  e.scaffold_population = s.train.scaffold_population;
+  e.server_opt = s.aggregation.server_opt;
+  e.sampling.clients_per_round = s.sampling.clients_per_round;
+  e.sampling.fraction = s.sampling.fraction;
+  e.sampling.min_clients = s.sampling.min_clients;
+  e.sampling.min_available = std::max<uint64_t>(s.sampling.min_available, 1);
+  e.sampling.overcommit = s.sampling.overcommit;
+  e.sampling.wait_ms = s.sampling.wait_ms;
+  e.completion.min_results = s.sampling.min_clients;
+  e.completion.min_completion_rate = s.round.min_completion_rate;
+  e.round_deadline_ms = s.round.deadline_ms;
+  e.eval_every = s.eval_every;
+  e.downlink = server::parseDownlink(s.downlink.mode);
+  e.downlink_density = s.downlink.density;
+  e.delta_history = s.downlink.history;
+  e.checkpoint = s.state.checkpoint;
+  e.metrics = s.state.metrics;
+  return e;
+}
+
+}  // namespace starling::apps

@@ -1,0 +1,302 @@
+#include "apps/settings.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "core/error.h"
+#include "data/partition.h"
+
+namespace starling::apps {
+namespace {
+
+// The programs of `mask`, for the message about a foreign key.
+std::string programs(unsigned mask) {
+  std::string out;
+  for (const auto& [bit, name] :
+       {std::pair{kSim, "starling-sim"}, std::pair{kServer, "starling-server"},
+        std::pair{kClient, "starling-client"}})
+    if (mask & bit) out += (out.empty() ? "" : " and ") + std::string(name);
+  return out;
+}
+
+}  // namespace
+
+void declareNet(Options& o, Settings::Net& n, const std::function<void(unsigned)>& use) {
+  constexpr unsigned kDeploy = kServer | kClient;
+  use(kDeploy);
+  o.add("security.insecure", &n.insecure,
+        "plain TCP without CURVE authentication or encryption (tests, trusted networks only; "
+        "announced loudly)");
+  o.add("security.key", &n.key, "this side's secret key file NAME.key_secret (starling-keygen)");
+  use(kServer);
+  o.add("security.clients", &n.clients,
+        "admitted client keys: a folder of NAME.key files or an 'id key' file");
+  use(kDeploy);
+  o.add("security.server_key", &n.server_key,
+        "client / aggregator: the upstream server's public key file NAME.key");
+  o.add("net.chunk_bytes", &n.chunk_bytes, "messages larger than this travel in chunks", 4096,
+        uint64_t{1} << 30);
+  o.add("net.max_message_bytes", &n.max_message_bytes, "largest message accepted", 1024,
+        (uint64_t{2} << 30) - 1);
+  o.add("net.max_reassembly_bytes", &n.max_reassembly_bytes,
+        "memory for chunked uploads in flight, all peers together; beyond it peers are told to "
+        "send again later",
+        1024, uint64_t{1} << 40);
+  o.add("net.rate", &n.rate, "messages per second a peer may send before it is rate-limited", 1,
+        1e7);
+  o.add("net.burst", &n.burst, "messages a peer may send in a burst", 1, 1e7);
+}
+
+void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& help) {
+  // The keys declared after use(mask) are used by the programs of `mask`.
+  const auto use = [&](unsigned mask) { o.setOwner((mask & self) ? "" : programs(mask)); };
+  constexpr unsigned kAll = kSim | kServer | kClient, kRound = kSim | kServer,
+                     kDeploy = kServer | kClient;
+
+  // The experiment.
+  use(kAll);
+  o.add("model.spec", &s.model.spec,
+        "model spec (the simulation's LibTorch model and the deployed clients' Eigen model are "
+        "the same: layout, initialisation, step):" +
+            help.models);
+  o.add("model.seed", &s.model.seed,
+        "run seed: the data split, the initial model, sampling, compression streams, devices", 0,
+        ~0ull);
+  use(kServer);
+  o.add("model.rows", &s.model.rows,
+        "image rows of the clients' examples (1: flat); 0: from the data.* files when the server "
+        "can read them",
+        0, 1u << 24);
+  o.add("model.cols", &s.model.cols,
+        "image columns of the clients' examples (the width of flat data); 0: from data.*", 0,
+        1u << 24);
+  o.add("model.classes", &s.model.classes, "number of classes; 0: from data.*", 0, 1u << 20);
+
+  use(kAll);
+  o.add("data.format", &s.data.source.format,
+        "idx (a features file and a label file per split) or csv (one file per split: "
+        "label,feature1,...). docs/simulation.md, section Data, gives both formats");
+  o.add("data.dir", &s.data.source.dir,
+        "folder of the data files (relative names below are taken in it); the default holds "
+        "Fashion-MNIST (Debian package dataset-fashion-mnist)");
+  o.add(
+      "data.train", &s.data.source.train,
+      "training split: the IDX features file (2+ dimensions: examples x d1 x ...; unsigned "
+      "bytes are scaled by 1/255, other types taken as they are), or the CSV file; gzip or plain");
+  o.add("data.train_labels", &s.data.source.train_labels,
+        "idx only: the training labels file (1 dimension, integers 0..255)");
+  o.add("data.test", &s.data.source.test,
+        "test split for evaluation, as data.train (empty: no test set, no accuracy); a deployed "
+        "client evaluates on its IID share of it");
+  o.add("data.test_labels", &s.data.source.test_labels, "idx only: the test labels file");
+  o.add("data.num_classes", &s.data.source.num_classes,
+        "classes (0: the largest label in the data + 1; else labels must be below it)", 0, 256);
+  o.add("data.shape", &s.data.source.shape,
+        "view each example as an image ROWSxCOLS, e.g. 28x28 (for the cnn on flat CSV rows; must "
+        "multiply to the feature count). Empty: IDX files give the image shape, CSV rows are flat");
+  o.add("data.num_clients", &s.data.num_clients,
+        "clients in the population: the data set is split into this many shards, client i "
+        "holding shard i",
+        1, 10'000'000);
+  o.add("data.partition", &s.data.partition,
+        "how the data set is split (the same split in every program, from model.seed):" +
+            data::partitioners().help());
+  use(kSim);
+  o.add("data.stats", &s.data.stats, "print a summary of the per-client data statistics at start");
+  o.add("data.stats_file", &s.data.stats_file,
+        "write every client's statistics to this CSV file at start "
+        "(client,examples,classes_held,label_skew,class_0,...)");
+
+  use(kRound);
+  o.add("train.rounds", &s.train.rounds, "federated rounds", 1, 10'000'000);
+  o.add("train.epochs", &s.train.fit.epochs, "local epochs per round", 1, 1000);
+  o.add("train.batch_size", &s.train.fit.batch_size, "local minibatch size", 1, 1u << 20);
+  o.add("train.lr", &s.train.fit.lr, "client learning rate", 1e-7, 100);
+  o.add("train.prox_mu", &s.train.fit.prox_mu, "FedProx's proximal term mu (0: FedAvg's local SGD)",
+        0, 1e4);
+  o.add("train.scaffold", &s.train.scaffold,
+        "SCAFFOLD: clients correct their steps by the server's minus their own control variate; "
+        "c travels in each phase-0 task, each update brings c_i+ - c_i (model-sized, dense), and "
+        "c moves by their sum / N after each round (N: data.num_clients in the simulation)");
+  use(kServer);
+  o.add("train.scaffold_population", &s.train.scaffold_population,
+        "SCAFFOLD's N on the root (0: data.num_clients when it is set, else the clients, or edge "
+        "aggregators, registered when the round begins; behind edge aggregators N must be given "
+        "one way or the other)",
+        0, ~0ull);
+
+  use(kRound);
+  o.add("sampling.clients_per_round", &s.sampling.clients_per_round,
+        "clients sampled each round, or every available one if fewer (a deployment given "
+        "sampling.fraction samples by fraction instead)",
+        1, 10'000'000);
+  o.add("sampling.overcommit", &s.sampling.overcommit,
+        "sample this many times the target, close the round at the target (the fastest)", 1, 10);
+  use(kServer);
+  o.add("sampling.fraction", &s.sampling.fraction,
+        "fraction of the available clients sampled per round, instead of "
+        "sampling.clients_per_round",
+        1e-9, 1);
+  o.add("sampling.min_clients", &s.sampling.min_clients, "results a round needs to be applied", 1,
+        1u << 30);
+  o.add("sampling.min_available", &s.sampling.min_available,
+        "registered clients a round waits for (0: sampling.clients_per_round when sampling by "
+        "count, else 1)",
+        0, 1u << 30);
+  o.add("sampling.wait_ms", &s.sampling.wait_ms,
+        "how long a round waits for sampling.min_available clients", 1, 86400000);
+
+  use(kRound);
+  o.add("compression.compressor", &s.compression.compressor,
+        "compressor spec (docs/compression.md):" + help.compressors);
+  o.add("compression.diagnostics", &s.compression.diagnostics,
+        "clients also report error feedback's diagnostics (docs/compression.md): ef_gain, "
+        "ef_residual_ratio and ef_residual_age, averaged per round into the metrics file");
+  o.add("aggregation.rule", &s.aggregation.rule,
+        "aggregation rule spec (docs/aggregation.md; the simulator splits only streaming rules "
+        "among workers):" +
+            help.rules);
+  o.add("aggregation.server_opt", &s.aggregation.server_opt,
+        "server optimizer spec (docs/aggregation.md):" + help.server_optimizers);
+  o.add("aggregation.metrics", &s.aggregation.metrics, "client metrics aggregated per round");
+  use(kServer);
+  o.add("aggregation.resparsify_density", &s.aggregation.resparsify,
+        "aggregator: send the top fraction of each tensor up (gTop-k), keeping the rest as "
+        "residual; 0 = exact dense",
+        0, 1);
+  o.add("aggregator.min_clients", &s.aggregation.min_clients,
+        "aggregator: join upstream once this many of its clients registered", 1, 1u << 30);
+  use(kRound);
+  o.add("bounds.max_abs", &s.bounds.max_abs, "refuse an update with a |value| above this", 1e-30,
+        1e30);
+  o.add("bounds.max_norm", &s.bounds.max_norm, "refuse an update with an L2 norm above this", 1e-30,
+        1e30);
+  o.add("bounds.max_examples", &s.bounds.max_examples,
+        "most examples a client may register or claim", 1, 1000000000000000ull);
+  o.add("downlink.mode", &s.downlink.mode,
+        "how tasks carry the model: dense, fp16, delta (the changes since the version a client "
+        "holds) or topk (lossy: only the downlink.density largest changes, the rest kept as the "
+        "server's error feedback)");
+  o.add("downlink.density", &s.downlink.density,
+        "topk downlink: fraction of the model refreshed per round", 1e-6, 1);
+  o.add("downlink.history", &s.downlink.history,
+        "model versions kept for delta and topk downlinks (a client holding an older one gets the "
+        "whole model)",
+        1, 64);
+  o.add("eval.every", &s.eval_every,
+        "evaluation every N rounds (0: never): the simulation on data.test, a deployment "
+        "federated, each client on its share of data.test",
+        0, 1u << 30);
+  use(kServer);
+  o.add("round.deadline_ms", &s.round.deadline_ms, "how long a phase waits for updates", 10,
+        86400000);
+  o.add("round.min_completion_rate", &s.round.min_completion_rate,
+        "fraction of sampled clients that must deliver", 0, 1);
+  use(kSim);
+  o.add("round.deadline_seconds", &s.round.deadline_seconds,
+        "simulated deadline dropping stragglers (0: none)", 0, 1e9);
+
+  use(kRound);
+  o.add("state.checkpoint", &s.state.checkpoint,
+        "checkpoint file, written atomically after every round; resumed from at start");
+  o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");
+  use(kSim);
+  o.add("state.memory_bytes", &s.state.memory_bytes,
+        "client-state memory per worker before spilling to LMDB", 1 << 20, uint64_t{1} << 40);
+  o.add("state.dir", &s.state.dir,
+        "folder for spilled client states (default: CHECKPOINT.states with state.checkpoint, "
+        "else a temporary folder)");
+  use(kClient);
+  o.add("state.file", &s.state.file,
+        "file keeping the client's compressor and SCAFFOLD state across restarts (written "
+        "atomically)");
+
+  // The simulation.
+  use(kSim);
+  o.add("sim.workers", &s.sim.workers,
+        "worker processes to start on this machine (ignored under torchrun or srun)", 1, 256);
+  o.add("sim.backend", &s.sim.backend, "collectives: gloo (CPU) or nccl (GPU builds)");
+  o.add("sim.threads", &s.sim.threads, "LibTorch threads per worker", 1, 256);
+  o.add("sim.device", &s.sim.device,
+        "where workers train: auto (a GPU when LibTorch sees one, else the CPU), cpu, cuda (each "
+        "worker its GPU: local rank / sim.workers_per_gpu among CUDA_VISIBLE_DEVICES) or cuda:N. "
+        "docs/gpu.md");
+  o.add("sim.workers_per_gpu", &s.sim.workers_per_gpu,
+        "workers sharing one GPU (each its own model replica); must divide the workers on a "
+        "machine",
+        1, 256);
+  o.add("sim.schedule", &s.sim.schedule,
+        "assigning clients to workers: lpt (by estimated cost) or round_robin");
+  o.add("sim.sharded_step", &s.sim.sharded_step,
+        "global aggregation as reduce-scatter, server optimizer on each worker's shard, "
+        "all-gather (else all-reduce and every worker steps the whole model)");
+  o.add("sim.bucket_bytes", &s.sim.bucket_bytes, "largest single collective, bytes", 1024,
+        uint64_t{1} << 34);
+  o.add("sim.reference_seconds_per_example", &s.sim.reference_spe,
+        "the simulated clock's reference device: seconds per example at speed 1", 1e-9, 1e3);
+  o.add("devices.trace", &s.devices.trace,
+        "CSV client,speed,bandwidth,availability (instead of the distributions below)");
+  o.add("devices.speed_median", &s.devices.speed_median, "median relative compute speed", 1e-6,
+        1e6);
+  o.add("devices.speed_sigma", &s.devices.speed_sigma, "log-normal sigma of the speed", 0, 5);
+  o.add("devices.bandwidth_median", &s.devices.bandwidth_median, "median bandwidth, bytes/s", 1,
+        1e12);
+  o.add("devices.bandwidth_sigma", &s.devices.bandwidth_sigma, "log-normal sigma of the bandwidth",
+        0, 5);
+  o.add("devices.availability", &s.devices.availability,
+        "probability a client can be sampled in a round", 1e-6, 1);
+
+  // The deployment.
+  use(kServer);
+  o.add("server.role", &s.server.role,
+        "root (runs the rounds) or aggregator (relays a subtree to an upstream)");
+  o.add("server.bind", &s.server.bind, "endpoint to listen on for clients (and aggregators)");
+  o.add("server.upstream", &s.server.upstream,
+        "aggregator: the upstream server's endpoint, e.g. tcp://10.0.0.1:7700");
+  o.add("server.id", &s.server.id,
+        "aggregator: its id upstream (its key's id on the upstream's allow-list)", 0, ~0ull);
+  o.add("security.aggregator_ids", &s.server.aggregator_ids,
+        "ids that may register as edge aggregators (their partials weigh many clients); others "
+        "are clients only");
+  o.add("net.heartbeat_ms", &s.server.heartbeat_ms, "clients send a heartbeat this often", 10,
+        600000);
+  o.add("net.silence_ms", &s.server.silence_ms,
+        "a client silent this long fails its task and is unlisted", 20, 3600000);
+  declareNet(o, s.net, use);
+  use(kClient);
+  o.add("client.server", &s.client.server, "the server (root or aggregator) endpoint");
+  o.add("client.id", &s.client.id,
+        "this client's id: its key's id on the server's allow-list, and its data shard", 0, ~0ull);
+  o.add("client.delay_ms", &s.client.delay_ms,
+        "wait this long before answering each training task (simulates a slow device)", 0, 3600000);
+  use(kDeploy);
+  o.add("log.level", &s.log_level, "trace, debug, info, warn, error");
+  o.setOwner("");
+}
+
+void resolveSettings(const Options& o, Settings& s, Program self) {
+  if (self == kServer) {
+    // Sampling by fraction or by count: a deployment's fraction wins over the shared default.
+    if (o.given("sampling.fraction") && o.given("sampling.clients_per_round"))
+      STARLING_THROW(ConfigError,
+                     "sampling.fraction and sampling.clients_per_round are both set: a round "
+                     "samples by one of them");
+    const bool by_count = !o.given("sampling.fraction");
+    // The round waits for the peers it would sample: its edge aggregators when it has some (each
+    // relays a task to all of its clients), else clients_per_round of the population.
+    if (s.sampling.min_available == 0)
+      s.sampling.min_available =
+          !s.server.aggregator_ids.empty()
+              ? s.server.aggregator_ids.size()
+              : (by_count ? std::min(s.sampling.clients_per_round, s.data.num_clients) : 1);
+    s.sampling.min_available = std::max(s.sampling.min_available, s.sampling.min_clients);
+    if (!by_count) s.sampling.clients_per_round = 0;
+    if (s.train.scaffold && s.train.scaffold_population == 0 && o.given("data.num_clients"))
+      s.train.scaffold_population = s.data.num_clients;
+  }
+  if (self == kClient && s.client.id >= s.data.num_clients)
+    STARLING_THROW(ConfigError, "client.id ", s.client.id, " must be below data.num_clients ",
+                   s.data.num_clients, " (client i trains shard i)");
+}
+
+}  // namespace starling::apps

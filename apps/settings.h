@@ -1,0 +1,147 @@
+#pragma once
+// One configuration for every Starling program (issue 20): a TOML file that runs in starling-sim
+// runs unchanged as a deployment (starling-server as root or edge aggregator, starling-client on
+// each device), and the other way round. Every key is declared once, here (declareSettings), with
+// its type, bounds, default and explanation, and with the programs that use it:
+// - the experiment (model.*, data.*, train.*, sampling.clients_per_round, compression.*,
+//   aggregation.*, bounds.*, downlink.*, eval.every, state.checkpoint, state.metrics) means the
+//   same in the simulation and the deployment, with the same defaults;
+// - sim.*, devices.* and the simulated clock's keys are starling-sim's; server.*, security.*,
+//   net.*, client.* and the deployment's waits are the deployment's.
+// A program checks every key of the file (type, range) and ignores those it does not use; on its
+// command line a key it does not use is an error (apps/options.h). docs/configuration.md lists
+// the keys by program.
+//
+// Plain values only: the edge build (no server, no simulator) compiles this too.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "apps/options.h"
+#include "data/source.h"
+#include "protocol/control.h"
+
+namespace starling::apps {
+
+enum Program : unsigned { kSim = 1, kServer = 2, kClient = 4 };
+
+struct Settings {
+  struct Model {
+    std::string spec = "cnn";
+    uint64_t seed = 1;
+    // The server's view of the clients' examples; 0: from data.* (the server reads the files'
+    // shapes and labels when it can, resolveModelShape).
+    uint64_t rows = 0, cols = 0;
+    uint32_t classes = 0;
+  } model;
+  struct Data {
+    data::DataSource source;
+    uint64_t num_clients = 100;
+    std::string partition = "dirichlet:alpha=0.5";
+    bool stats = false;
+    std::string stats_file;
+  } data;
+  struct Train {
+    uint64_t rounds = 50;
+    protocol::FitSettings fit{1, 32, 0.05f, 0.0f};
+    bool scaffold = false;
+    uint64_t scaffold_population = 0;  // 0: data.num_clients when given, else the registered peers
+  } train;
+  struct Sampling {
+    uint64_t clients_per_round = 10;  // FedScale's: this many, or all available if fewer
+    double fraction = 1.0;            // deployment: instead of clients_per_round when given
+    uint64_t min_clients = 1;
+    uint64_t min_available = 0;  // 0: clients_per_round when sampling by count, else 1
+    double overcommit = 1.0;
+    uint32_t wait_ms = 60000;
+  } sampling;
+  struct Compression {
+    std::string compressor = "topk:density=0.01";
+    bool diagnostics = false;
+  } compression;
+  struct Aggregation {
+    std::string rule = "fedavg", server_opt = "fedavg";
+    std::vector<std::string> metrics{"train_loss"};
+    double resparsify = 0.0;   // edge aggregator
+    uint64_t min_clients = 1;  // edge aggregator: its clients before it joins upstream
+  } aggregation;
+  // aggregation::ValidationBounds' defaults (a test holds them equal).
+  struct Bounds {
+    double max_abs = 1e4, max_norm = 1e5;
+    uint64_t max_examples = 10'000'000;
+  } bounds;
+  struct Downlink {
+    std::string mode = "dense";
+    double density = 0.01;
+    uint64_t history = 4;
+  } downlink;
+  uint32_t eval_every = 5;
+  struct Round {
+    uint32_t deadline_ms = 60000;  // deployment: how long a phase waits
+    double min_completion_rate = 0.0;
+    double deadline_seconds = 0.0;  // simulation: the simulated clock's deadline
+  } round;
+  struct State {
+    std::string checkpoint, metrics;
+    std::string dir;                              // simulation: spilled client states
+    uint64_t memory_bytes = uint64_t{256} << 20;  // simulation: per worker
+    std::string file;                             // client: its compressor and SCAFFOLD state
+  } state;
+  struct Sim {
+    uint64_t workers = 2;
+    std::string backend = "gloo", device = "auto";
+    uint64_t workers_per_gpu = 1;
+    int threads = 1;
+    std::string schedule = "lpt";
+    bool sharded_step = true;
+    uint64_t bucket_bytes = uint64_t{16} << 20;
+    double reference_spe = 1e-3;
+  } sim;
+  struct Devices {
+    std::string trace;
+    double speed_median = 1.0, speed_sigma = 0.0;
+    double bandwidth_median = 1.25e6, bandwidth_sigma = 0.0;
+    double availability = 1.0;
+  } devices;
+  struct Server {
+    std::string role = "root", bind = "tcp://127.0.0.1:7700", upstream;
+    uint64_t id = 0;
+    std::vector<std::string> aggregator_ids;
+    uint32_t heartbeat_ms = 1000, silence_ms = 5000;
+  } server;
+  struct Net {
+    bool insecure = false;
+    std::string key, clients, server_key;
+    uint64_t chunk_bytes = uint64_t{1} << 20;
+    uint64_t max_message_bytes = uint64_t{1} << 30;
+    uint64_t max_reassembly_bytes = uint64_t{1} << 30;
+    double rate = 1000, burst = 200;
+  } net;
+  struct Client {
+    std::string server = "tcp://127.0.0.1:7700";
+    uint64_t id = 0;
+    uint32_t delay_ms = 0;
+  } client;
+  std::string log_level = "info";
+};
+
+// The registries' --help texts (each program has its own models; the edge build has no
+// aggregation): empty for what `self` does not use.
+struct RegistryHelp {
+  std::string models, compressors, rules, server_optimizers;
+};
+
+// The security.* and net.* keys of a connection (also starling-split's). `use(mask)` is called
+// before the keys of the programs in `mask` (declareSettings marks them foreign or not).
+void declareNet(Options& o, Settings::Net& n, const std::function<void(unsigned)>& use);
+
+// Declares every key on `o`, bound to `s`; the keys `self` does not use are foreign.
+void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& help);
+
+// After parse: the defaults that follow other keys (sampling.min_available,
+// train.scaffold_population), and the checks between keys of the experiment that need no file.
+// ConfigError naming the keys.
+void resolveSettings(const Options& o, Settings& s, Program self);
+
+}  // namespace starling::apps

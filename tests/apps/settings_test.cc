@@ -1,0 +1,314 @@
+// One configuration for every program (apps/settings.h): the same file parsed as starling-sim,
+// starling-server and starling-client gives each the same experiment; a key of another program is
+// checked in the file and refused on the command line; the defaults that follow other keys.
+#include "apps/settings.h"
+
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "aggregation/bounds.h"
+#include "apps/engine_settings.h"
+#include "core/error.h"
+#include "temp_dir.h"
+
+using namespace starling;
+using apps::Program;
+using apps::Settings;
+
+namespace {
+
+struct Parsed {
+  int rc = 0;
+  Settings s;
+  std::unique_ptr<apps::Options> o;
+};
+
+// Parses `args` (after the program name) as `self` would.
+Parsed parse(Program self, std::vector<std::string> args) {
+  Parsed p;
+  p.o = std::make_unique<apps::Options>("prog", "test");
+  apps::declareSettings(*p.o, p.s, self, {});
+  std::vector<char*> argv{const_cast<char*>("prog")};
+  for (auto& a : args) argv.push_back(a.data());
+  p.rc = p.o->parse(static_cast<int>(argv.size()), argv.data());
+  return p;
+}
+
+std::string write(const testing::TempDir& dir, const std::string& name, const std::string& text) {
+  const std::string path = (dir.path / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Every shared key away from its default, and a key of each program's own.
+const char* kShared = R"(
+[model]
+spec = "mlp:hidden=16"
+seed = 77
+rows = 28
+[data]
+dir = "/srv/data"
+train = "a.idx"
+train_labels = "a.labels"
+test = ""
+num_classes = 7
+shape = "4x196"
+num_clients = 33
+partition = "iid"
+stats = true
+[train]
+rounds = 9
+epochs = 3
+batch_size = 8
+lr = 0.25
+prox_mu = 0.5
+[sampling]
+clients_per_round = 6
+overcommit = 1.5
+min_clients = 2
+[compression]
+compressor = "qsgd:levels=4"
+diagnostics = true
+[aggregation]
+rule = "median"
+server_opt = "fedadam"
+metrics = ["train_loss", "grad_norm"]
+resparsify_density = 0.1
+[bounds]
+max_abs = 77.0
+max_norm = 88.0
+max_examples = 12345
+[downlink]
+mode = "delta"
+density = 0.2
+history = 7
+[eval]
+every = 4
+[round]
+deadline_ms = 4321
+deadline_seconds = 12.5
+[state]
+checkpoint = "run.ckpt"
+metrics = "run.jsonl"
+memory_bytes = 2097152
+file = "client.state"
+[sim]
+workers = 3
+device = "cpu"
+[devices]
+speed_sigma = 0.5
+[server]
+bind = "tcp://127.0.0.1:9999"
+[security]
+aggregator_ids = ["100"]
+insecure = true
+[net]
+heartbeat_ms = 300
+chunk_bytes = 65536
+[client]
+delay_ms = 5
+[log]
+level = "warn"
+)";
+
+}  // namespace
+
+TEST_CASE("one file, three programs: the experiment's keys mean the same in each",
+          "[apps][settings]") {
+  testing::TempDir dir("settings");
+  const std::string file = write(dir, "f.toml", kShared);
+  auto sim = parse(apps::kSim, {"--config", file});
+  auto server = parse(apps::kServer, {"--config", file});
+  auto client = parse(apps::kClient, {"--config", file});
+  REQUIRE(sim.rc == -1);
+  REQUIRE(server.rc == -1);
+  REQUIRE(client.rc == -1);
+  for (const Settings* s : {&sim.s, &server.s, &client.s}) {
+    CHECK(s->model.spec == "mlp:hidden=16");
+    CHECK(s->model.seed == 77);
+    CHECK(s->data.source.dir == "/srv/data");
+    CHECK(s->data.source.train == "a.idx");
+    CHECK(s->data.source.train_labels == "a.labels");
+    CHECK(s->data.source.test.empty());
+    CHECK(s->data.source.num_classes == 7);
+    CHECK(s->data.source.shape == "4x196");
+    CHECK(s->data.num_clients == 33);
+    CHECK(s->data.partition == "iid");
+    // A key of another program is read (checked) too; the program does not use it.
+    CHECK(s->sim.workers == 3);
+    CHECK(s->server.bind == "tcp://127.0.0.1:9999");
+    CHECK(s->client.delay_ms == 5);
+  }
+  // The rounds: the simulation's engine and the root's engine get the same configuration.
+  const server::EngineConfig a = apps::engineConfig(sim.s), b = apps::engineConfig(server.s);
+  for (const server::EngineConfig* e : {&a, &b}) {
+    CHECK(e->rounds == 9);
+    CHECK(e->fit.epochs == 3);
+    CHECK(e->fit.batch_size == 8);
+    CHECK(e->fit.lr == 0.25f);
+    CHECK(e->fit.prox_mu == 0.5f);
+    CHECK(e->scheme.compressor == "qsgd:levels=4");
+    CHECK(e->scheme.rule == "median");
+    CHECK(e->scheme.run_seed == 77);
+    CHECK(e->scheme.bounds.max_abs_value == 77.0);
+    CHECK(e->scheme.bounds.max_update_norm == 88.0);
+    CHECK(e->scheme.bounds.max_examples == 12345);
+    // compression.diagnostics adds error feedback's metrics to the declared ones.
+    CHECK(e->scheme.metrics == std::vector<std::string>{"train_loss", "grad_norm", "ef_gain",
+                                                        "ef_residual_ratio", "ef_residual_age"});
+    CHECK(e->server_opt == "fedadam");
+    CHECK(e->sampling.clients_per_round == 6);
+    CHECK(e->sampling.overcommit == 1.5);
+    CHECK(e->eval_every == 4);
+    CHECK(e->downlink == server::Downlink::kDelta);
+    CHECK(e->downlink_density == 0.2);
+    CHECK(e->delta_history == 7);
+    CHECK(e->checkpoint == "run.ckpt");
+    CHECK(e->metrics == "run.jsonl");
+  }
+  // The deployment's own keys reach the root.
+  CHECK(b.round_deadline_ms == 4321);
+  CHECK(b.sampling.min_clients == 2);
+  CHECK(b.completion.min_results == 2);
+}
+
+TEST_CASE("a key of another program is checked in the file and refused on the command line",
+          "[apps][settings]") {
+  testing::TempDir dir("settings-foreign");
+  SECTION("a wrong type or range fails every program, not only the one that uses it") {
+    const std::string bad_type = write(dir, "t.toml", "[sim]\nworkers = \"two\"\n");
+    const std::string bad_range = write(dir, "r.toml", "[net]\nheartbeat_ms = 1\n");
+    const std::string unknown = write(dir, "u.toml", "[sim]\nwrokers = 2\n");
+    for (Program p : {apps::kSim, apps::kServer, apps::kClient}) {
+      CHECK(parse(p, {"--config", bad_type}).rc == 2);
+      CHECK(parse(p, {"--config", bad_range}).rc == 2);
+      CHECK(parse(p, {"--config", unknown}).rc == 2);
+    }
+  }
+  SECTION("on the command line a key the program does not use is an error") {
+    CHECK(parse(apps::kServer, {"--sim.workers", "3"}).rc == 2);
+    CHECK(parse(apps::kClient, {"--train.rounds", "3"}).rc == 2);
+    CHECK(parse(apps::kSim, {"--server.bind", "tcp://127.0.0.1:1"}).rc == 2);
+    CHECK(parse(apps::kSim, {"--client.id", "1"}).rc == 2);
+    // Its own keys are taken.
+    CHECK(parse(apps::kServer, {"--server.bind", "tcp://127.0.0.1:1"}).rc == -1);
+    CHECK(parse(apps::kClient, {"--client.id", "1"}).rc == -1);
+    CHECK(parse(apps::kSim, {"--sim.workers", "3"}).rc == -1);
+  }
+  SECTION("the command line wins over the file") {
+    const std::string file = write(dir, "w.toml", "[train]\nrounds = 4\n");
+    auto p = parse(apps::kServer, {"--config", file, "--train.rounds", "6"});
+    REQUIRE(p.rc == -1);
+    CHECK(p.s.train.rounds == 6);
+  }
+}
+
+TEST_CASE("given(): set by the file or the command line, not by a default", "[apps][settings]") {
+  testing::TempDir dir("settings-given");
+  const std::string file = write(dir, "g.toml", "[data]\nnum_clients = 12\n");
+  auto p = parse(apps::kServer, {"--config", file, "--train.rounds", "3"});
+  REQUIRE(p.rc == -1);
+  CHECK(p.o->given("data.num_clients"));
+  CHECK(p.o->given("train.rounds"));
+  CHECK_FALSE(p.o->given("train.epochs"));
+  CHECK_THROWS_AS(p.o->given("no.such_key"), InvalidArgument);
+}
+
+TEST_CASE(
+    "the root samples the shared count, or a fraction when given, and waits for what it samples",
+    "[apps][settings]") {
+  testing::TempDir dir("settings-sampling");
+  const auto resolved = [&](std::vector<std::string> args) {
+    auto p = parse(apps::kServer, std::move(args));
+    REQUIRE(p.rc == -1);
+    apps::resolveSettings(*p.o, p.s, apps::kServer);
+    return apps::engineConfig(p.s);
+  };
+  SECTION("by count: it waits for clients_per_round clients, at most the population") {
+    const auto e = resolved({"--sampling.clients_per_round", "7"});
+    CHECK(e.sampling.clients_per_round == 7);
+    CHECK(e.sampling.min_available == 7);
+    CHECK(resolved({"--sampling.clients_per_round", "7", "--data.num_clients", "5"})
+              .sampling.min_available == 5);
+    CHECK(resolved({"--sampling.clients_per_round", "7", "--sampling.min_available", "3"})
+              .sampling.min_available == 3);
+  }
+  SECTION("behind edge aggregators it waits for its aggregators") {
+    const auto e = resolved({"--security.aggregator_ids", "100,101,102"});
+    CHECK(e.sampling.min_available == 3);
+  }
+  SECTION("by fraction when the deployment gives one") {
+    const auto e = resolved({"--sampling.fraction", "0.5", "--sampling.min_clients", "2"});
+    CHECK(e.sampling.clients_per_round == 0);
+    CHECK(e.sampling.fraction == 0.5);
+    CHECK(e.sampling.min_available == 2);
+  }
+  SECTION("both given is an error naming both") {
+    auto p =
+        parse(apps::kServer, {"--sampling.fraction", "0.5", "--sampling.clients_per_round", "4"});
+    REQUIRE(p.rc == -1);
+    CHECK_THROWS_AS(apps::resolveSettings(*p.o, p.s, apps::kServer), ConfigError);
+  }
+  SECTION("SCAFFOLD's N is data.num_clients when the file gives it") {
+    auto p = parse(apps::kServer, {"--train.scaffold", "true", "--data.num_clients", "40"});
+    REQUIRE(p.rc == -1);
+    apps::resolveSettings(*p.o, p.s, apps::kServer);
+    CHECK(apps::engineConfig(p.s).scaffold_population == 40);
+    auto q = parse(apps::kServer, {"--train.scaffold", "true"});
+    REQUIRE(q.rc == -1);
+    apps::resolveSettings(*q.o, q.s, apps::kServer);
+    CHECK(apps::engineConfig(q.s).scaffold_population == 0);  // the registered clients
+  }
+}
+
+TEST_CASE("a client's id must name one of data.num_clients shards", "[apps][settings]") {
+  auto p = parse(apps::kClient, {"--client.id", "10", "--data.num_clients", "10"});
+  REQUIRE(p.rc == -1);
+  CHECK_THROWS_AS(apps::resolveSettings(*p.o, p.s, apps::kClient), ConfigError);
+  auto q = parse(apps::kClient, {"--client.id", "9", "--data.num_clients", "10"});
+  REQUIRE(q.rc == -1);
+  CHECK_NOTHROW(apps::resolveSettings(*q.o, q.s, apps::kClient));
+}
+
+TEST_CASE("the shared defaults are the libraries' own", "[apps][settings]") {
+  const Settings s;
+  const aggregation::ValidationBounds vb;
+  CHECK(s.bounds.max_abs == vb.max_abs_value);
+  CHECK(s.bounds.max_norm == vb.max_update_norm);
+  CHECK(s.bounds.max_examples == vb.max_examples);
+  const protocol::FitSettings fit;
+  CHECK(s.train.fit.epochs == fit.epochs);
+  CHECK(s.train.fit.batch_size == fit.batch_size);
+  CHECK(s.train.fit.lr == fit.lr);
+  CHECK(s.train.fit.prox_mu == fit.prox_mu);
+  const server::EngineConfig e;
+  CHECK(s.downlink.history == e.delta_history);
+  CHECK(s.downlink.density == e.downlink_density);
+  CHECK(s.sampling.overcommit == e.sampling.overcommit);
+  CHECK(s.sampling.wait_ms == e.sampling.wait_ms);
+  CHECK(s.sampling.fraction == e.sampling.fraction);
+  const data::DataSource d;
+  CHECK(s.data.source.format == d.format);
+  CHECK(s.data.source.dir == d.dir);
+  CHECK(s.data.source.train == d.train);
+  CHECK(s.data.source.test == d.test);
+}
+
+TEST_CASE(
+    "examples/edge/federation.toml is read by every program as the same ten-client federation",
+    "[apps][settings]") {
+  const std::string file = std::string(STARLING_SOURCE_DIR) + "/examples/edge/federation.toml";
+  for (Program p : {apps::kSim, apps::kServer, apps::kClient}) {
+    auto r = parse(p, {"--config", file});
+    REQUIRE(r.rc == -1);
+    CHECK(r.s.model.spec == "cnn");
+    CHECK(r.s.data.num_clients == 10);
+    CHECK(r.s.data.partition == "dirichlet:alpha=0.5");
+    CHECK(r.s.sampling.clients_per_round == 10);
+    CHECK(r.s.server.aggregator_ids == std::vector<std::string>{"100", "101"});
+  }
+  // run.sh's root waits for its two aggregators.
+  auto root = parse(apps::kServer, {"--config", file});
+  apps::resolveSettings(*root.o, root.s, apps::kServer);
+  CHECK(apps::engineConfig(root.s).sampling.min_available == 2);
+}
