@@ -34,6 +34,7 @@ void RuntimeConfig::validate() const {
   limits.validate();
   if (register_retry_ms < 10) STARLING_THROW(ConfigError, "register_retry_ms must be at least 10");
   if (server_silence_ms < 100) STARLING_THROW(ConfigError, "server_silence_ms must be at least 100");
+  if (clock == nullptr) STARLING_THROW(ConfigError, "the client's clock is null");
 }
 
 struct ClientRuntime::Impl {
@@ -68,7 +69,7 @@ struct ClientRuntime::Impl {
         layout(t.layout()),
         model(layout.numel()),
         upstream({milliseconds(config.register_retry_ms), milliseconds(config.server_silence_ms)},
-                 Clock::now()) {}
+                 config.clock->now()) {}
 
   void send(std::span<const uint8_t> bytes, RuntimeStats& stats) {
     if (socket.send(bytes)) stats.uplink_bytes += bytes.size();
@@ -84,7 +85,7 @@ struct ClientRuntime::Impl {
     m.model_version = held_version;
     m.capabilities = {"fp16", "delta"};
     send(pr::encode(m), stats);
-    upstream.registerSent(Clock::now());
+    upstream.registerSent(config.clock->now());
     ++stats.registrations;
   }
 
@@ -138,7 +139,7 @@ struct ClientRuntime::Impl {
   }
 
   void heartbeatIfDue(RuntimeStats& stats) {
-    const auto now = Clock::now();
+    const auto now = config.clock->now();
     if (!upstream.heartbeatDue(now)) return;
     send(pr::encode(pr::HeartbeatMsg{config.client_id, upstream.session(), stats.last_round}),
          stats);
@@ -197,8 +198,8 @@ struct ClientRuntime::Impl {
       withHeartbeats(
           [&] {
             // A slow device's delay, cut short by a stop like training.
-            const auto until = Clock::now() + milliseconds(config.delay_ms);
-            while (Clock::now() < until) {
+            const auto until = config.clock->now() + milliseconds(config.delay_ms);
+            while (config.clock->now() < until) {
               if (stop && stop->load()) throw TrainingStopped("client: stopped while delaying");
               std::this_thread::sleep_for(milliseconds(10));
             }
@@ -245,13 +246,13 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
   s.stop = &stop;
   s.registerNow(stats_);
   while (!stop.load()) {
-    const UpstreamSession::Due due = s.upstream.tick(Clock::now());
+    const UpstreamSession::Due due = s.upstream.tick(s.config.clock->now());
     if (due.silent)
       s.log->warn("client {}: the server has been silent for {} ms; registering again", s.config.client_id,
                   s.config.server_silence_ms);
     if (due.register_now) s.registerNow(stats_);
     if (due.heartbeat) s.heartbeatIfDue(stats_);
-    if (s.resend_at && Clock::now() >= *s.resend_at) {
+    if (s.resend_at && s.config.clock->now() >= *s.resend_at) {
       s.resend_at.reset();
       s.send(s.pending, stats_);
       ++stats_.resent;
@@ -262,7 +263,7 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
       s.log->warn("client {}: {}", s.config.client_id, r->error->what());
       continue;
     }
-    s.upstream.heard(Clock::now());
+    s.upstream.heard(s.config.clock->now());
     stats_.downlink_bytes += r->bytes().size();
     const auto kind = pr::peekKind(r->bytes());
     if (kind != pr::MessageKind::kReject) s.busy_backoff = milliseconds(200);
@@ -293,12 +294,12 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
             // After a root restart every heartbeat queued during the outage draws one (issue 20:
             // 7 to 9 registrations, each bringing the task and the update again): one
             // registration in flight answers them all.
-            if (s.upstream.onNotRegistered(Clock::now())) s.registerNow(stats_);
+            if (s.upstream.onNotRegistered(s.config.clock->now())) s.registerNow(stats_);
           } else if (j.kind == pr::RejectKind::kBusy) {
             // Nothing was wrong with the upload: send it again after a randomized backoff.
             if (!s.pending.empty() && !s.resend_at) {
               const auto wait = s.busy_backoff + milliseconds(std::rand() % (s.busy_backoff.count() + 1));
-              s.resend_at = Clock::now() + wait;
+              s.resend_at = s.config.clock->now() + wait;
               s.busy_backoff = std::min(s.busy_backoff * 2, milliseconds(5000));
               s.log->info("client {}: the server is busy; sending the update again in {} ms", s.config.client_id,
                           wait.count());

@@ -23,6 +23,7 @@
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "core/client_state.h"
+#include "core/clock.h"
 #include "transport/socket.h"
 
 namespace spdlog {
@@ -40,6 +41,9 @@ struct RuntimeConfig {
   uint32_t register_retry_ms = 1000;   // resend Register when no Welcome came in this long
   uint32_t server_silence_ms = 15000;  // re-register when the server was silent this long
   uint32_t delay_ms = 0;               // sleep this long before answering a fit task (simulates a slow device)
+  // Heartbeats, registration retries, server silence, back-offs and the delay are measured in it
+  // (core/clock.h; a test moves it forward).
+  const Clock* clock = &steadyClock();
   void validate() const;
 };
 

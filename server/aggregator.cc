@@ -21,6 +21,7 @@ void AggregatorConfig::validate() const {
   if (upstream.empty()) STARLING_THROW(ConfigError, "an aggregator needs an upstream endpoint (--server.upstream)");
   security.validate(/*server_side=*/false);
   limits.validate();
+  if (clock == nullptr) STARLING_THROW(ConfigError, "the aggregator's clock is null");
   bounds.validate();
   if (!(resparsify_density >= 0.0 && resparsify_density <= 1.0))
     STARLING_THROW(ConfigError, "aggregator.resparsify_density must be in [0, 1], got ", resparsify_density);
@@ -60,7 +61,7 @@ struct EdgeAggregator::Impl {
         up(ctx, config.upstream, config.security, config.limits),
         held(layout->numel()),
         upstream({milliseconds(config.register_retry_ms), milliseconds(config.upstream_silence_ms)},
-                 Clock::now()) {}
+                 config.clock->now()) {}
 
   void registerUp() {
     pr::RegisterMsg m;
@@ -72,14 +73,14 @@ struct EdgeAggregator::Impl {
     m.model_version = held_version;
     registered_examples = m.num_examples;
     registered_eval = m.eval_examples;
-    upstream.registerSent(Clock::now());
+    upstream.registerSent(config.clock->now());
     // Nothing to offer before enough clients registered; upkeep() retries.
     if (m.num_examples > 0 && fleet.available().size() >= config.min_clients) up.send(pr::encode(m));
   }
 
   // Upstream upkeep, on every turn of the fleet's loops and of run().
   void upkeep() {
-    const auto now = Clock::now();
+    const auto now = config.clock->now();
     const client::UpstreamSession::Due due = upstream.tick(now);
     if (due.silent)
       log->warn("upstream silent for {} ms; registering again", config.upstream_silence_ms);
@@ -194,7 +195,7 @@ struct EdgeAggregator::Impl {
       log->warn("upstream: {}", r.error->what());
       return false;
     }
-    upstream.heard(Clock::now());
+    upstream.heard(config.clock->now());
     const auto kind = pr::peekKind(r.bytes());
     try {
       if (!kind) failInput(Errc::kMalformed, "not a Starling message");
@@ -215,10 +216,11 @@ struct EdgeAggregator::Impl {
           if (j.kind == pr::RejectKind::kNotRegistered) {
             // One registration in flight answers a burst of them (heartbeats queued while the
             // upstream was down each draw one).
-            if (upstream.onNotRegistered(Clock::now())) registerUp();
+            if (upstream.onNotRegistered(config.clock->now())) registerUp();
           } else if (j.kind == pr::RejectKind::kBusy) {
             if (!last_partial.empty() && !resend_at) {
-              resend_at = Clock::now() + busy_backoff + milliseconds(std::rand() % (busy_backoff.count() + 1));
+              resend_at = config.clock->now() + busy_backoff +
+                          milliseconds(std::rand() % (busy_backoff.count() + 1));
               busy_backoff = std::min(busy_backoff * 2, milliseconds(5000));
             }
           } else {

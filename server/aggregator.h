@@ -35,6 +35,9 @@ struct AggregatorConfig {
   double deadline_share = 0.8;          // of the upstream task's deadline spent waiting for clients
   uint32_t register_retry_ms = 1000;
   uint32_t upstream_silence_ms = 15000;
+  // Registration retries, upstream silence and back-offs (core/clock.h; a test moves it forward).
+  // Its downstream ZmqFleet has its own (FleetConfig::clock).
+  const Clock* clock = &steadyClock();
   void validate() const;
 };
 

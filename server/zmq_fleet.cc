@@ -54,6 +54,7 @@ void FleetConfig::validate() const {
   if (silence_ms <= heartbeat_ms)
     STARLING_THROW(ConfigError, "silence_ms (", silence_ms, ") must exceed heartbeat_ms (", heartbeat_ms, ")");
   if (max_examples == 0) STARLING_THROW(ConfigError, "max_examples must be positive");
+  if (clock == nullptr) STARLING_THROW(ConfigError, "the fleet's clock is null");
 }
 
 ZmqFleet::ZmqFleet(transport::Context& ctx, FleetConfig config, std::shared_ptr<const ParamLayout> layout,
@@ -79,7 +80,7 @@ uint64_t ZmqFleet::refusedTotal() const {
 
 std::vector<ClientInfo> ZmqFleet::available() const {
   std::vector<ClientInfo> out;
-  const auto cutoff = Clock::now() - milliseconds(config_.silence_ms);
+  const auto cutoff = config_.clock->now() - milliseconds(config_.silence_ms);
   for (const auto& [id, p] : clients_)
     if (p.last_seen >= cutoff) out.push_back(p.info);
   std::sort(out.begin(), out.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
@@ -162,7 +163,7 @@ void ZmqFleet::handle(const transport::Received& r) {
     refuse(r.peer, Errc::kNotRegistered, std::string(pr::kindName(*kind)) + " from a peer that has not registered");
     return;
   }
-  peer->last_seen = Clock::now();
+  peer->last_seen = config_.clock->now();
   try {
     switch (*kind) {
       case pr::MessageKind::kHeartbeat: {
@@ -211,7 +212,7 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   if (!fresh && p.routing != r.peer) by_routing_.erase(p.routing);  // reconnected under a new routing id
   p.routing = r.peer;
   p.info = ClientInfo{m.client_id, m.role, m.num_examples, m.eval_examples, m.model_version};
-  p.last_seen = Clock::now();
+  p.last_seen = config_.clock->now();
   by_routing_[r.peer] = m.client_id;
   if (!same_connection)
     log_->info("{} {} registered ({} examples{})",
@@ -315,7 +316,7 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
 }
 
 void ZmqFleet::expireSilent() {
-  const auto cutoff = Clock::now() - milliseconds(config_.silence_ms);
+  const auto cutoff = config_.clock->now() - milliseconds(config_.silence_ms);
   for (auto it = pending_.begin(); it != pending_.end();) {
     auto c = clients_.find(it->first);
     if (c == clients_.end() || c->second.last_seen < cutoff) {
@@ -346,7 +347,7 @@ void ZmqFleet::poll(milliseconds timeout) {
   // At most kRefusalLines lines per kRefusalWindow, then one count for the rest of the window, so
   // a flood of handshakes cannot flood the log.
   uint64_t dropped = 0;
-  const auto now = Clock::now();
+  const auto now = config_.clock->now();
   if (now - refusal_window_ >= kRefusalWindow) {
     if (refusals_unlisted_)
       log_->warn("refused {} more connections in the last {} s (not listed one by one)",
@@ -373,17 +374,17 @@ void ZmqFleet::poll(milliseconds timeout) {
 }
 
 void ZmqFleet::service(milliseconds timeout) {
-  const auto until = Clock::now() + timeout;
+  const auto until = config_.clock->now() + timeout;
   do {
-    poll(std::chrono::duration_cast<milliseconds>(until - Clock::now()));
-  } while (Clock::now() < until);
+    poll(std::chrono::duration_cast<milliseconds>(until - config_.clock->now()));
+  } while (config_.clock->now() < until);
 }
 
 std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout, uint64_t /*round*/) {
-  const auto until = Clock::now() + timeout;
+  const auto until = config_.clock->now() + timeout;
   for (;;) {
     auto avail = available();
-    if (avail.size() >= min || Clock::now() >= until) return avail;
+    if (avail.size() >= min || config_.clock->now() >= until) return avail;
     poll(milliseconds(50));
   }
 }
@@ -415,9 +416,9 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
                              it->second.info.model_version};
   }
   const uint64_t refused_before = refusedTotal();
-  const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
-  while (!pending_.empty() && ph.accepted < target && Clock::now() < deadline) {
-    poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  const auto deadline = config_.clock->now() + milliseconds(task.header.deadline_ms);
+  while (!pending_.empty() && ph.accepted < target && config_.clock->now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
   }
   report.refused = refusedTotal() - refused_before;
@@ -449,9 +450,9 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
                                it->second.routing,
                                it->second.info.model_version};
   }
-  const auto deadline = Clock::now() + milliseconds(task.header.deadline_ms);
-  while (!pending_.empty() && Clock::now() < deadline) {
-    poll(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  const auto deadline = config_.clock->now() + milliseconds(task.header.deadline_ms);
+  while (!pending_.empty() && config_.clock->now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
   }
   return ev;

@@ -22,6 +22,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/clock.h"
 #include "protocol/codec.h"
 #include "server/engine.h"
 #include "transport/socket.h"
@@ -42,6 +43,8 @@ struct FleetConfig {
   // The ids that may register as edge aggregators (their partial aggregates carry the weight of
   // many clients); every other id may only be a client.
   std::set<uint64_t> aggregator_ids;
+  // The time deadlines, silence and waits are measured in (core/clock.h; a test moves it forward).
+  const Clock* clock = &steadyClock();
   void validate() const;
 };
 

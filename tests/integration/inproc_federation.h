@@ -1,0 +1,307 @@
+#pragma once
+// A deployed federation in one test process: the real root (server::ZmqFleet + RoundEngine), edge
+// aggregators (ZmqFleet + server::EdgeAggregator) and clients (client::ClientRuntime with the
+// Eigen trainer), each on its own thread, talking over ZeroMQ inproc:// sockets of one
+// transport::Context (no CURVE: inproc has no handshake to secure), with one SkewClock that the
+// test moves forward to pass a deadline or a silence at once. What a test reads is the objects
+// themselves: the root's round records and model, each client's RuntimeStats and state; never a
+// log (the logs are kept in memory for a failing test's output, logs()). The deployment tests in
+// real processes keep what only processes show (kill -9, CURVE, arm64 under qemu, the programs'
+// options).
+//
+// Every thread catches what it throws; error() returns the first message, and waitFor() stops
+// waiting once there is one. The destructor stops every thread (their stop flags end any wait
+// within about 100 ms) and joins them.
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/runtime.h"
+#include "client/trainer.h"
+#include "core/clock.h"
+#include "data/idx.h"
+#include "server/aggregator.h"
+#include "server/engine.h"
+#include "server/zmq_fleet.h"
+#include "transport/context.h"
+
+namespace starling::testing {
+
+// Every node's log lines, in memory, readable while they write.
+class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard lock(mutex_);
+    return text_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    text_.append(line.data(), line.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::string text_;
+};
+
+class InprocFederation {
+ public:
+  // `train` / `test` hold every client's examples; `shards[i]` / `test_shards[i]` are client i's.
+  InprocFederation(std::string model_spec, const data::Dataset& train,
+                   std::vector<std::vector<size_t>> shards, const data::Dataset* test = nullptr,
+                   std::vector<std::vector<size_t>> test_shards = {})
+      : spec_(std::move(model_spec)),
+        train_(train),
+        test_(test),
+        shards_(std::move(shards)),
+        test_shards_(std::move(test_shards)),
+        log_sink_(std::make_shared<StringSink>()) {}
+
+  ~InprocFederation() {
+    for (auto& [name, node] : nodes_) node->stop = true;
+    for (auto& [name, node] : nodes_)
+      if (node->thread.joinable()) node->thread.join();
+  }
+
+  SkewClock& clock() { return clock_; }
+
+  // Timings short enough for tests (the fleet's, told to clients in the Welcome).
+  static server::FleetConfig fleetConfig(const std::string& bind) {
+    server::FleetConfig fc;
+    fc.bind = bind;
+    fc.security.insecure = true;
+    fc.heartbeat_ms = 100;
+    fc.silence_ms = 3000;
+    return fc;
+  }
+
+  // The root on inproc://root (or `fc.bind`): runs `ec`'s rounds from the trainer's initial model
+  // (seed ec.scheme.run_seed), or from ec.checkpoint, then tells everyone the federation is over.
+  void root(server::EngineConfig ec, server::FleetConfig fc = fleetConfig("inproc://root")) {
+    Node& n = node("root");
+    fc.clock = &clock_;
+    n.thread = std::thread([this, &n, ec, fc] {
+      guard("root", [&] {
+        auto trainer = makeTrainer();
+        auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+        auto fleet = bindFleet(fc, layout, "root");
+        fleet->setStopFlag(&n.stop);
+        {
+          std::lock_guard lock(mu_);
+          root_endpoint_ = fleet->endpoint();
+          cv_.notify_all();
+        }
+        std::vector<float> init(layout->numel());
+        trainer->initParameters(init, ec.scheme.run_seed);
+        server::RoundEngine engine(layout, ec, std::move(init));
+        try {
+          while (!engine.done()) {
+            server::RoundRecord r = engine.runRound(*fleet);
+            std::lock_guard lock(mu_);
+            records_.push_back(std::move(r));
+            const auto m = engine.model().current();
+            model_.assign(m.begin(), m.end());
+            cv_.notify_all();
+          }
+          fleet->finish("all rounds done");
+        } catch (const server::Stopped&) {
+          // stopped by the test (restartRoot): the round in flight is left for the next root
+        }
+        std::lock_guard lock(mu_);
+        root_done_ = engine.done();
+        cv_.notify_all();
+      });
+    });
+  }
+  // Stops the root (as SIGTERM does) and waits for its thread; its socket is closed.
+  void stopRoot() {
+    stopNode("root");
+    std::lock_guard lock(mu_);
+    root_endpoint_.clear();
+  }
+  // The endpoint the root bound (a tcp://127.0.0.1:* bind gets its port here), once it has.
+  // A root that is restarted must listen on tcp: inproc connections are not made again to a
+  // new socket bound to the same name, TCP ones are (as across a real restart).
+  std::string rootEndpoint(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    if (!waitFor([&] { return !root_endpoint_.empty(); }, timeout))
+      throw std::runtime_error("the root did not bind: " + error());
+    std::lock_guard lock(mu_);
+    return root_endpoint_;
+  }
+
+  // Edge aggregator `id` on inproc://agg-ID, below `upstream`.
+  void aggregator(uint64_t id, const std::string& upstream, server::AggregatorConfig ac = {},
+                  std::set<uint64_t> aggregator_ids = {}) {
+    const std::string name = "agg-" + std::to_string(id);
+    Node& n = node(name);
+    ac.upstream = upstream;
+    ac.id = id;
+    ac.security.insecure = true;
+    ac.clock = &clock_;
+    server::FleetConfig fc = fleetConfig(endpoint(name));
+    fc.aggregator_ids = std::move(aggregator_ids);
+    fc.clock = &clock_;
+    n.thread = std::thread([this, &n, ac, fc, name] {
+      guard(name, [&] {
+        auto trainer = makeTrainer();
+        auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+        auto fleet = bindFleet(fc, layout, name);
+        fleet->setStopFlag(&n.stop);
+        transport::Context& ctx = ctx_;
+        server::EdgeAggregator agg(ctx, ac, *fleet, layout, logger(name));
+        try {
+          agg.run(n.stop);
+        } catch (const server::Stopped&) {
+        }
+      });
+    });
+  }
+
+  // Client `id` (shard id) connecting to `server`.
+  void client(uint64_t id, const std::string& server, client::RuntimeConfig rc = {}) {
+    const std::string name = "client-" + std::to_string(id);
+    Node& n = node(name);
+    rc.server = server;
+    rc.client_id = id;
+    rc.security.insecure = true;
+    rc.clock = &clock_;
+    n.thread = std::thread([this, &n, rc, id, name] {
+      guard(name, [&] {
+        auto trainer = makeTrainer();
+        const client::DataView tv{&train_, shards_.at(id)};
+        const client::DataView ev = test_ && id < test_shards_.size()
+                                        ? client::DataView{test_, test_shards_[id]}
+                                        : client::DataView{&train_, {}};
+        client::ClientRuntime runtime(ctx_, rc, *trainer, tv, ev, logger(name));
+        runtime.run(n.stop);
+        std::lock_guard lock(mu_);
+        stats_[id] = runtime.stats();
+        cv_.notify_all();
+      });
+    });
+  }
+  // Stops client `id` and waits for its thread (its socket closed, as a device that went away).
+  void stopClient(uint64_t id) { stopNode("client-" + std::to_string(id)); }
+
+  static std::string endpoint(const std::string& name) { return "inproc://" + name; }
+
+  // Waits until `pred` (called under the federation's lock) holds, a thread failed, or `timeout`
+  // passed; true if `pred` holds.
+  bool waitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return pred() || !error_.empty(); });
+    return pred();
+  }
+  bool waitRounds(size_t n, std::chrono::milliseconds timeout) {
+    return waitFor([&] { return records_.size() >= n; }, timeout);
+  }
+  bool waitRootDone(std::chrono::milliseconds timeout) {
+    return waitFor([&] { return root_done_; }, timeout);
+  }
+  // A client's statistics once its thread ended (after Shutdown or stopClient).
+  bool waitClientEnded(uint64_t id, std::chrono::milliseconds timeout) {
+    return waitFor([&] { return stats_.count(id) > 0; }, timeout);
+  }
+
+  std::vector<server::RoundRecord> records() {
+    std::lock_guard lock(mu_);
+    return records_;
+  }
+  std::vector<float> model() {
+    std::lock_guard lock(mu_);
+    return model_;
+  }
+  client::RuntimeStats stats(uint64_t id) {
+    std::lock_guard lock(mu_);
+    return stats_.at(id);
+  }
+  std::string error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  std::string logs() { return log_sink_->text(); }
+
+ private:
+  struct Node {
+    std::thread thread;
+    std::atomic<bool> stop{false};
+  };
+
+  Node& node(const std::string& name) {
+    auto& slot = nodes_[name];
+    if (slot && slot->thread.joinable()) throw std::logic_error(name + " is already running");
+    slot = std::make_unique<Node>();
+    return *slot;
+  }
+  void stopNode(const std::string& name) {
+    Node& n = *nodes_.at(name);
+    n.stop = true;
+    if (n.thread.joinable()) n.thread.join();
+  }
+
+  std::unique_ptr<client::Trainer> makeTrainer() const {
+    return client::makeTrainer(spec_, train_);
+  }
+
+  std::shared_ptr<spdlog::logger> logger(const std::string& name) {
+    auto l = std::make_shared<spdlog::logger>(name, log_sink_);
+    l->set_level(spdlog::level::debug);
+    return l;
+  }
+
+  // A fleet bound to its inproc endpoint. A name a stopped node held is free again only once
+  // ZeroMQ's reaper has closed its socket: the bind is retried for up to 2 s.
+  std::unique_ptr<server::ZmqFleet> bindFleet(const server::FleetConfig& fc,
+                                              std::shared_ptr<const ParamLayout> layout,
+                                              const std::string& name) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        return std::make_unique<server::ZmqFleet>(ctx_, fc, layout, logger(name));
+      } catch (const IoError&) {
+        if (attempt >= 200) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+
+  void guard(const std::string& name, const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mu_);
+      if (error_.empty()) error_ = name + ": " + e.what();
+      cv_.notify_all();
+    }
+  }
+
+  std::string spec_;
+  const data::Dataset& train_;
+  const data::Dataset* test_;
+  std::vector<std::vector<size_t>> shards_, test_shards_;
+  std::shared_ptr<StringSink> log_sink_;
+  transport::Context ctx_;
+  SkewClock clock_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<server::RoundRecord> records_;
+  std::vector<float> model_;
+  bool root_done_ = false;
+  std::string root_endpoint_;
+  std::map<uint64_t, client::RuntimeStats> stats_;
+  std::string error_;
+  std::map<std::string, std::unique_ptr<Node>> nodes_;
+};
+
+}  // namespace starling::testing

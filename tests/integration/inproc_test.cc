@@ -1,0 +1,180 @@
+// The deployment's real root, edge aggregators and clients in one process (inproc_federation.h):
+// what a federation does, read from the objects (round records, the model, the clients'
+// statistics), with time moved forward instead of waited out.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "data/partition.h"
+#include "integration/inproc_federation.h"
+#include "temp_dir.h"
+
+using namespace starling;
+using starling::testing::InprocFederation;
+using std::chrono::seconds;
+
+namespace {
+
+// The first `n` examples of a Fashion-MNIST split (the data loaded once per test binary).
+const data::Dataset& fashion(const std::string& split, size_t n) {
+  static std::map<std::string, data::Dataset> cache;
+  auto it = cache.find(split);
+  if (it == cache.end()) {
+    const auto first = [n](const std::vector<uint8_t>&, uint32_t) {
+      std::vector<size_t> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = i;
+      return v;
+    };
+    it = cache
+             .emplace(split,
+                      data::loadFashionMnistSubset(data::kDefaultFashionMnistDir, split, first))
+             .first;
+  }
+  return it->second;
+}
+
+std::vector<std::vector<size_t>> iid(const data::Dataset& d, size_t clients) {
+  return data::makePartitioner("iid")->split(d.labels, d.num_classes, clients, 7);
+}
+
+server::EngineConfig engineConfig(uint64_t rounds) {
+  server::EngineConfig ec;
+  ec.rounds = rounds;
+  ec.scheme.compressor = "topk:density=0.1";
+  ec.scheme.run_seed = 5;
+  ec.fit = protocol::FitSettings{1, 16, 0.1f, 0.0f};
+  ec.downlink = server::Downlink::kDelta;
+  ec.round_deadline_ms = 600'000;
+  return ec;
+}
+
+}  // namespace
+
+TEST_CASE("in process: two edge aggregators give the flat federation's model, and the model learns",
+          "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 1200);
+  const data::Dataset& test = fashion("t10k", 600);
+  const auto run = [&](bool tree) {
+    InprocFederation f("logreg", train, iid(train, 6), &test, iid(test, 6));
+    server::EngineConfig ec = engineConfig(3);
+    ec.eval_every = 1;
+    ec.sampling.min_clients = tree ? 2 : 6;
+    ec.sampling.min_available = tree ? 2 : 6;
+    ec.completion.min_results = ec.sampling.min_clients;
+    server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+    if (tree) fc.aggregator_ids = {100, 101};
+    f.root(ec, fc);
+    server::AggregatorConfig ac;
+    ac.min_clients = 3;
+    ac.downlink = server::Downlink::kDelta;
+    if (tree) {
+      f.aggregator(100, "inproc://root", ac);
+      f.aggregator(101, "inproc://root", ac);
+    }
+    for (uint64_t id = 0; id < 6; ++id)
+      f.client(id, tree ? (id < 3 ? "inproc://agg-100" : "inproc://agg-101") : "inproc://root");
+    const bool done = f.waitRootDone(std::chrono::seconds(120));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(done);
+    uint64_t update_bytes = 0;
+    for (uint64_t id = 0; id < 6; ++id) {
+      REQUIRE(f.waitClientEnded(id, std::chrono::seconds(30)));  // told by the Shutdown
+      update_bytes += f.stats(id).update_bytes;
+      CHECK(f.stats(id).updates_sent == 3);
+    }
+    return std::tuple{f.records(), f.model(), update_bytes};
+  };
+  const auto [tree_records, tree_model, tree_bytes] = run(true);
+  const auto [flat_records, flat_model, flat_bytes] = run(false);
+  REQUIRE(tree_records.size() == 3);
+  REQUIRE(flat_records.size() == 3);
+  for (const auto* records : {&tree_records, &flat_records}) {
+    for (const auto& r : *records) {
+      CHECK(r.applied);
+      CHECK(r.clients_completed == 6);
+      REQUIRE(r.test_accuracy);
+    }
+    CHECK(*records->back().test_accuracy > *records->front().test_accuracy);
+    CHECK(*records->back().test_accuracy > 0.6);
+  }
+  // The same updates, summed in another order: the same model up to float rounding.
+  REQUIRE(tree_model.size() == flat_model.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < tree_model.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(tree_model[i]) - flat_model[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(flat_model[i])));
+  }
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-5 * scale);
+  CHECK(tree_bytes == flat_bytes);
+  CHECK(tree_records.back().train_loss.value() ==
+        Approx(flat_records.back().train_loss.value()).epsilon(1e-5));
+}
+
+TEST_CASE("in process: a client gone silent is failed at net.silence_ms, on the federation's clock",
+          "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 800);
+  InprocFederation f("logreg", train, iid(train, 4));
+  server::EngineConfig ec = engineConfig(2);
+  ec.sampling.min_available = 4;  // round 1 waits for every client
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 120'000;  // two minutes: the test would time out waiting for it in real time
+  f.root(ec, fc);
+  client::RuntimeConfig rc;
+  rc.server_silence_ms = 3'600'000;  // the clients do not take the jump for a silent server
+  for (uint64_t id = 0; id < 4; ++id) f.client(id, "inproc://root", rc);
+  REQUIRE(f.waitRounds(1, seconds(60)));
+  CHECK(f.records()[0].clients_completed == 4);
+  f.stopClient(3);  // its socket closes: the root hears nothing more from it
+  // Just short of the silence: the others heartbeat every 100 ms and stay well inside it; client 3
+  // crosses it within about half a second of real time.
+  f.clock().advance(std::chrono::milliseconds(119'500));
+  const bool second = f.waitRounds(2, seconds(60));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(second);
+  const server::RoundRecord r = f.records()[1];
+  CHECK(r.applied);
+  CHECK(r.clients_completed == 3);
+  CHECK(r.clients_selected - r.clients_completed == r.clients_failed);
+}
+
+TEST_CASE(
+    "in process: a root stopped mid-run and restarted from its checkpoint loses no round, and "
+    "each client registers again once",
+    "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 900);
+  starling::testing::TempDir dir("inproc-restart");
+  InprocFederation f("logreg", train, iid(train, 3));
+  server::EngineConfig ec = engineConfig(5);
+  ec.sampling.min_available = 3;
+  ec.sampling.min_clients = 3;
+  ec.completion.min_results = 3;
+  ec.checkpoint = (dir.path / "root.ckpt").string();
+  // On loopback TCP: the clients reconnect to the restarted root as they would across machines.
+  f.root(ec, InprocFederation::fleetConfig("tcp://127.0.0.1:*"));
+  const std::string endpoint = f.rootEndpoint();
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, endpoint);
+  REQUIRE(f.waitRounds(2, seconds(60)));
+  f.stopRoot();
+  const size_t before = f.records().size();
+  // The outage itself (not a wait for anything): one second, ten heartbeat periods, which each
+  // client's socket queues for the root to come back to.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  f.root(ec,
+         InprocFederation::fleetConfig(endpoint));  // the same port; resumes from the checkpoint
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 5);  // every round once: none lost, none run twice
+  for (size_t i = 0; i < records.size(); ++i) {
+    CHECK(records[i].round == i + 1);
+    CHECK(records[i].applied);
+  }
+  CHECK(before >= 2);
+  for (uint64_t id = 0; id < 3; ++id) {
+    REQUIRE(f.waitClientEnded(id, seconds(30)));
+    // Once at the start, once for the restarted root: the heartbeats queued during the outage
+    // are answered NotRegistered together and draw one registration (no storm).
+    CHECK(f.stats(id).registrations == 2);
+  }
+}
