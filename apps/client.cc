@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "apps/common.h"
+#include "apps/deploy_models.h"
 #include "client/runtime.h"
 #include "client/trainer.h"
 #include "compression/registry.h"
@@ -50,7 +51,7 @@ int runClient(const apps::Settings& c) {
                             test_idx = data::subsetPositions(test_shard);
   std::unique_ptr<client::Trainer> trainer;
   try {
-    trainer = client::makeTrainer(c.model.spec, train);
+    trainer = apps::makeDeployedTrainer(c.model.spec, train);
   } catch (const InvalidArgument& e) {  // the model does not fit the data's shape or classes
     STARLING_THROW(ConfigError, "model.spec = '", c.model.spec, "' does not fit data.train (",
                    loaded.train_path, "): ", e.what());
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
                   "wins); the file may be the simulation's (docs/configuration.md). Client i "
                   "trains shard i of the data.* files split as data.partition with model.seed.");
   apps::declareSettings(o, c, apps::kClient,
-                        {client::trainers().help(), compression::compressors().help(), "", ""});
+                        {apps::deployedModelsHelp(), compression::compressors().help(), "", ""});
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
     apps::resolveSettings(o, c, apps::kClient);

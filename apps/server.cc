@@ -7,6 +7,7 @@
 #include "aggregation/rule.h"
 #include "aggregation/server_optimizer.h"
 #include "apps/common.h"
+#include "apps/deploy_models.h"
 #include "apps/engine_settings.h"
 #include "client/algorithm.h"
 #include "client/trainer.h"
@@ -62,7 +63,7 @@ int runServer(apps::Settings& c) {
   aggregation::makeRule(ec.scheme.rule);
   aggregation::makeServerOptimizer(ec.server_opt, 1);
   const ModelShape shape = modelShape(c);
-  auto trainer = client::makeTrainer(c.model.spec, shape.rows, shape.cols, shape.classes);
+  auto trainer = apps::makeDeployedTrainer(c.model.spec, shape.rows, shape.cols, shape.classes);
   if (ec.scheme.scaffold) {
     if (aggregator)
       STARLING_THROW(ConfigError,
@@ -182,7 +183,7 @@ int main(int argc, char** argv) {
       "docs/deployment.md walks through keys, config, ports and what to do after a crash.");
   apps::declareSettings(
       o, c, apps::kServer,
-      {client::trainers().help(), compression::compressors().help(),
+      {apps::deployedModelsHelp(), compression::compressors().help(),
        aggregation::aggregationRules().help(), aggregation::serverOptimizers().help()});
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {

@@ -10,6 +10,9 @@
 #include <fstream>
 
 #include "check_throws.h"
+#ifdef STARLING_BIN_DIR
+#include "integration/federation.h"
+#endif
 #include "client/synthetic.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
@@ -283,3 +286,87 @@ TEST_CASE("the thread count is set by the program, not by trainers", "[torch_tra
   setThreads(before);
   CHECK(threads() == before);
 }
+
+#ifdef STARLING_BIN_DIR
+// A TorchScript model deployed (issue 20): the LibTorch-backed starling-server-torch and
+// starling-client-torch train the module file a simulation trains, from one configuration file,
+// to the same model; the plain (Eigen) programs refuse the spec and name the ones that take it.
+TEST_CASE("a TorchScript model runs deployed on the LibTorch-backed programs as it runs simulated",
+          "[torch_trainer][integration][deployment]") {
+  using starling::testing::Federation;
+  using starling::testing::field;
+  using starling::testing::Proc;
+  using starling::testing::readLines;
+  using std::chrono::seconds;
+  torch::manual_seed(3);
+  Federation f("torchscript-deploy");
+  const std::string model = f.path("linear.pt");
+  linearModule(28 * 28, 10).save(model);
+  const std::string toml = f.path("federation.toml");
+  std::ofstream(toml) << "[model]\nspec = \"torchscript:path=" << model
+                      << ",input=flat\"\nseed = 3\n"
+                      << "[data]\nnum_clients = 3\npartition = \"sampled:size=200\"\n"
+                      << "[train]\nrounds = 2\nbatch_size = 16\nlr = 0.1\n"
+                      << "[sampling]\nclients_per_round = 3\n"
+                      << "[compression]\ncompressor = \"topk:density=0.1\"\n"
+                      << "[eval]\nevery = 0\n[sim]\nworkers = 1\ndevice = \"cpu\"\n"
+                      << "[net]\nheartbeat_ms = 200\nsilence_ms = 20000\n";
+  const std::string bin = STARLING_BIN_DIR;
+  Proc sim({bin + "/starling-sim", "--config", toml, "--state.checkpoint", f.path("sim.ckpt"),
+            "--state.metrics", f.path("sim.jsonl")},
+           f.path("sim.log"));
+  REQUIRE(sim.wait(seconds(300)) == 0);
+
+  f.clientKeys(0, 3);
+  const std::string allow = f.allowList("allow", {"client-0", "client-1", "client-2"});
+  // The plain server has no LibTorch: the spec is a configuration error naming the programs.
+  const int port = starling::testing::freePort();
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
+  const std::vector<std::string> root_args{"--config",           toml,
+                                           "--server.bind",      ep,
+                                           "--security.key",     f.keys() + "/server.key_secret",
+                                           "--security.clients", allow,
+                                           "--state.checkpoint", f.path("root.ckpt"),
+                                           "--state.metrics",    f.path("root.jsonl")};
+  std::vector<std::string> plain{bin + "/starling-server"};
+  plain.insert(plain.end(), root_args.begin(), root_args.end());
+  f.start("plain", plain);
+  CHECK(f.proc("plain").wait(seconds(30)) == 2);
+  CHECK(f.log("plain").find("starling-server-torch") != std::string::npos);
+
+  std::vector<std::string> root{bin + "/starling-server-torch"};
+  root.insert(root.end(), root_args.begin(), root_args.end());
+  f.start("root", root);
+  for (int id = 0; id < 3; ++id)
+    f.start("client-" + std::to_string(id),
+            {bin + "/starling-client-torch", "--config", toml, "--client.server", ep, "--client.id",
+             std::to_string(id), "--security.key",
+             f.keys() + "/client-" + std::to_string(id) + ".key_secret", "--security.server_key",
+             f.keys() + "/server.key"});
+  const int rc = f.proc("root").wait(seconds(300));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto s = readLines(f.path("sim.jsonl")), d = readLines(f.path("root.jsonl"));
+  REQUIRE(s.size() == 2);
+  REQUIRE(d.size() == 2);
+  for (size_t r = 0; r < 2; ++r) {
+    CHECK(field(d[r], "clients_completed") == "3");
+    CHECK(field(s[r], "uplink_bytes") == field(d[r], "uplink_bytes"));
+    const double ls = std::stod(field(s[r], "train_loss")),
+                 ld = std::stod(field(d[r], "train_loss"));
+    CHECK(std::fabs(ls - ld) <= 1e-4 * std::fabs(ls));
+  }
+  const auto a = starling::testing::readCheckpoint(f.path("sim.ckpt")).model;
+  const auto b = starling::testing::readCheckpoint(f.path("root.ckpt")).model;
+  REQUIRE(a.size() == b.size());
+  // fc.weight, fc.bias and the float buffer "scale" (the integer buffer "steps" does not travel).
+  REQUIRE(a.size() == 28 * 28 * 10 + 10 + 1);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
+  }
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-4 * scale);
+}
+#endif
