@@ -113,6 +113,7 @@ class InprocFederation {
             records_.push_back(std::move(r));
             const auto m = engine.model().current();
             model_.assign(m.begin(), m.end());
+            control_ = engine.control();
             cv_.notify_all();
           }
           fleet->finish("all rounds done");
@@ -197,18 +198,40 @@ class InprocFederation {
 
   static std::string endpoint(const std::string& name) { return "inproc://" + name; }
 
-  // Waits until `pred` (called under the federation's lock) holds, a thread failed, or `timeout`
+  // Waits until `pred` (called under the federation's lock: it may read the federation's state,
+  // never call its methods) holds, a thread failed, or `timeout`
   // passed; true if `pred` holds.
   bool waitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mu_);
     cv_.wait_for(lock, timeout, [&] { return pred() || !error_.empty(); });
     return pred();
   }
+  // Runs the federation's clock fast: `step` ahead every 20 ms of real time until `pred` holds
+  // (the waitFor above). Every node's timings then pass that much faster: give silences that
+  // outlast the run (a heartbeat every 100 ms of the clock's time is not one per 100 ms here).
+  bool fastForward(const std::function<bool()>& pred, std::chrono::nanoseconds step,
+                   std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (!waitFor(pred, std::chrono::milliseconds(20))) {
+      if (!error().empty() || std::chrono::steady_clock::now() >= until) return false;
+      clock_.advance(step);
+    }
+    return true;
+  }
   bool waitRounds(size_t n, std::chrono::milliseconds timeout) {
     return waitFor([&] { return records_.size() >= n; }, timeout);
   }
   bool waitRootDone(std::chrono::milliseconds timeout) {
     return waitFor([&] { return root_done_; }, timeout);
+  }
+  // A condition for waitFor and fastForward (which call it under the federation's lock): every
+  // client of `ids` has ended.
+  std::function<bool()> clientsEnded(std::vector<uint64_t> ids) {
+    return [this, ids] {
+      for (uint64_t id : ids)
+        if (!stats_.count(id)) return false;
+      return true;
+    };
   }
   // A client's statistics once its thread ended (after Shutdown or stopClient).
   bool waitClientEnded(uint64_t id, std::chrono::milliseconds timeout) {
@@ -222,6 +245,11 @@ class InprocFederation {
   std::vector<float> model() {
     std::lock_guard lock(mu_);
     return model_;
+  }
+  // SCAFFOLD's c after the last round (empty without SCAFFOLD).
+  std::vector<float> control() {
+    std::lock_guard lock(mu_);
+    return control_;
   }
   client::RuntimeStats stats(uint64_t id) {
     std::lock_guard lock(mu_);
@@ -296,7 +324,7 @@ class InprocFederation {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<server::RoundRecord> records_;
-  std::vector<float> model_;
+  std::vector<float> model_, control_;
   bool root_done_ = false;
   std::string root_endpoint_;
   std::map<uint64_t, client::RuntimeStats> stats_;

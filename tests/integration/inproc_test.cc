@@ -1,11 +1,13 @@
 // The deployment's real root, edge aggregators and clients in one process (inproc_federation.h):
 // what a federation does, read from the objects (round records, the model, the clients'
 // statistics), with time moved forward instead of waited out.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 
 #include "data/partition.h"
 #include "integration/inproc_federation.h"
+#include "server/inproc_fleet.h"
 #include "temp_dir.h"
 
 using namespace starling;
@@ -176,5 +178,94 @@ TEST_CASE(
     // Once at the start, once for the restarted root: the heartbeats queued during the outage
     // are answered NotRegistered together and draw one registration (no storm).
     CHECK(f.stats(id).registrations == 2);
+  }
+}
+
+TEST_CASE(
+    "in process: a straggler past the deadline is dropped from the round and its late update "
+    "refused",
+    "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 600);
+  InprocFederation f("logreg", train, iid(train, 3));
+  server::EngineConfig ec = engineConfig(3);
+  ec.sampling.min_available = 3;
+  ec.sampling.min_clients = 2;
+  ec.completion.min_results = 2;
+  ec.round_deadline_ms = 60'000;  // a minute of the federation's clock
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 36'000'000;  // nobody goes silent while the clock runs fast
+  f.root(ec, fc);
+  client::RuntimeConfig rc;
+  rc.server_silence_ms = 36'000'000;
+  f.client(0, "inproc://root", rc);
+  f.client(1, "inproc://root", rc);
+  client::RuntimeConfig slow = rc;
+  slow.delay_ms = 90'000;  // a minute and a half per task: past every deadline, into the next round
+  f.client(2, "inproc://root", slow);
+  // 50x: the deadline passes in about 1.2 s of real time, the prompt clients answer within a few
+  // of the clock's seconds.
+  const bool ended =
+      f.fastForward(f.clientsEnded({0, 1, 2}), std::chrono::seconds(1), std::chrono::seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(ended);
+  const auto records = f.records();
+  REQUIRE(records.size() == 3);
+  CHECK(records[0].applied);
+  CHECK(records[0].clients_completed == 2);
+  CHECK(records[0].clients_failed == 1);
+  // Its round-1 update reached the root in a later round and was refused (as late: the root
+  // remembers its last tasks' nonces); the straggler was told.
+  uint64_t refused = 0;
+  for (const auto& r : records) refused += r.updates_rejected;
+  CHECK(refused >= 1);
+  CHECK(f.stats(2).rejects >= 1);
+  CHECK(f.stats(2).updates_sent >= 1);
+  CHECK(f.stats(0).rejects == 0);
+}
+
+// SCAFFOLD deployed equals SCAFFOLD run by the engine over the codecs in process
+// (tests/server/inproc_fleet.h, which the simulator's one-worker run equals bit for bit): the
+// real client runtime, fleet and edge aggregator change no bit of the model or of c where no sum
+// depends on arrival order, one client flat and one client behind an edge aggregator.
+TEST_CASE(
+    "in process: SCAFFOLD deployed gives the model and control variate of the engine over the "
+    "codecs, bit for bit",
+    "[integration][inproc][scaffold]") {
+  const data::Dataset& train = fashion("train", 400);
+  const std::vector<std::vector<size_t>> shards = iid(train, 1);
+  server::EngineConfig ec = engineConfig(3);
+  ec.scheme.compressor = "none";
+  ec.scheme.scaffold = true;
+  ec.downlink = server::Downlink::kDense;
+
+  auto trainer = client::makeTrainer("logreg", train);
+  const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  std::vector<float> init(layout->numel());
+  trainer->initParameters(init, ec.scheme.run_seed);
+  starling::testing::InProcFleet reference(*trainer, train, shards);
+  server::RoundEngine engine(layout, ec, init);
+  while (!engine.done()) REQUIRE(engine.runRound(reference).applied);
+  const auto m = engine.model().current();
+  const std::vector<float> ref_model(m.begin(), m.end()), ref_control = engine.control();
+  REQUIRE(ref_control.size() == ref_model.size());
+  CHECK(std::any_of(ref_control.begin(), ref_control.end(), [](float v) { return v != 0.0f; }));
+
+  for (const bool tree : {false, true}) {
+    INFO((tree ? "behind an edge aggregator" : "flat"));
+    InprocFederation f("logreg", train, shards);
+    server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+    server::EngineConfig e = ec;
+    if (tree) {
+      fc.aggregator_ids = {100};
+      e.scaffold_population = 1;  // N counts clients, not the aggregator
+    }
+    f.root(e, fc);
+    if (tree) f.aggregator(100, "inproc://root");
+    f.client(0, tree ? "inproc://agg-100" : "inproc://root");
+    const bool done = f.waitRootDone(seconds(60));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(done);
+    CHECK(f.model() == ref_model);
+    CHECK(f.control() == ref_control);
   }
 }
