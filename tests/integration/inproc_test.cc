@@ -7,6 +7,7 @@
 
 #include "data/partition.h"
 #include "integration/inproc_federation.h"
+#include "model_diff.h"
 #include "server/inproc_fleet.h"
 #include "temp_dir.h"
 
@@ -100,11 +101,7 @@ TEST_CASE("in process: two edge aggregators give the flat federation's model, an
   }
   // The same updates, summed in another order: the same model up to float rounding.
   REQUIRE(tree_model.size() == flat_model.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < tree_model.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(tree_model[i]) - flat_model[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(flat_model[i])));
-  }
+  const auto [diff, scale] = starling::testing::modelDiff(flat_model, tree_model);
   CHECK(scale > 0);
   CHECK(diff <= 1e-5 * scale);
   CHECK(tree_bytes == flat_bytes);

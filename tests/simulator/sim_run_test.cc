@@ -9,6 +9,7 @@
 
 #include "integration/federation.h"
 #include "integration/harness.h"
+#include "model_diff.h"
 
 using namespace starling::testing;
 using std::chrono::seconds;
@@ -37,12 +38,8 @@ std::vector<std::string> simArgs(const TempDir& dir, const std::string& tag, int
 std::pair<double, double> modelDiff(const std::string& a_path, const std::string& b_path) {
   const Checkpoint a = readCheckpoint(a_path), b = readCheckpoint(b_path);
   REQUIRE(a.model.size() == b.model.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.model.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a.model[i]) - b.model[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a.model[i])));
-  }
-  return {diff, scale};
+  const ModelDiff d = starling::testing::modelDiff(a.model, b.model);
+  return {d.diff, d.scale};
 }
 
 std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {

@@ -12,6 +12,7 @@
 #include "check_throws.h"
 #ifdef STARLING_BIN_DIR
 #include "integration/federation.h"
+#include "model_diff.h"
 #endif
 #include "client/synthetic.h"
 #include "torch_trainer/threads.h"
@@ -361,11 +362,7 @@ TEST_CASE("a TorchScript model runs deployed on the LibTorch-backed programs as 
   REQUIRE(a.size() == b.size());
   // fc.weight, fc.bias and the float buffer "scale" (the integer buffer "steps" does not travel).
   REQUIRE(a.size() == 28 * 28 * 10 + 10 + 1);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(a[i])));
-  }
+  const auto [diff, scale] = starling::testing::modelDiff(a, b);
   CHECK(scale > 0);
   CHECK(diff <= 1e-4 * scale);
 }
