@@ -8,7 +8,6 @@
 // machine; under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or srun
 // (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) each process is one worker and --sim.workers is
 // ignored.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -42,13 +41,6 @@ using namespace starling;
 namespace sim = starling::simulator;
 
 namespace {
-
-// This program's own path: the workers' argv[0], so that ps shows its name.
-std::string selfExe() {
-  std::error_code ec;
-  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("/proc/self/exe") : p.string();
-}
 
 std::string eta(double seconds) {
   char buf[32];
@@ -106,17 +98,12 @@ int runSim(int argc, char** argv, apps::Settings& c) {
         "sim.backend = nccl takes one worker per GPU (the GPU of its local rank): with ",
         c.sim.workers_per_gpu > 1 ? "sim.workers_per_gpu > 1" : "sim.device = " + c.sim.device,
         " use sim.backend = gloo");
-  std::vector<int> children;
+  // Without a launcher, this process is rank 0 of sim.workers and starts the others.
+  sim::LocalWorld local;
   if (launch.world_size == 1 && c.sim.workers > 1) {
-    const int port = sim::freeLoopbackPort();
-    // /proc/self/exe: this very binary, even if its file was replaced since it started.
-    children = sim::spawnLocalRanks(
-        "/proc/self/exe", std::vector<std::string>(argv + 1, argv + argc),
-        static_cast<int>(c.sim.workers), port,
-        sim::SpawnOptions{
-            .first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = selfExe()});
-    const int w = static_cast<int>(c.sim.workers);
-    launch = sim::LaunchInfo{0, w, 0, w, "127.0.0.1", port, "spawned"};
+    local = sim::startLocalWorld(static_cast<int>(c.sim.workers),
+                                 std::vector<std::string>(argv + 1, argv + argc));
+    launch = local.self;
   }
   const bool lead = launch.rank == 0;
   torch_trainer::setThreads(c.sim.threads);
@@ -241,13 +228,10 @@ int runSim(int argc, char** argv, apps::Settings& c) {
         static_cast<unsigned long long>(fleet.clientsTrained()),
         static_cast<unsigned long long>(fleet.statesMigrated()));
   }
-  for (int p : children) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      std::fprintf(stderr, "starling-sim: worker %d failed\n", p);
-      return 1;
-    }
+  for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
+    std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,
+                 status < 0 ? "signal" : "exit status", status < 0 ? -status : status);
+    return 1;
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "core/error.h"
@@ -293,6 +294,41 @@ std::vector<int> waitRanks(const std::vector<int>& pids, std::chrono::millisecon
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return status;
+}
+
+LocalWorld startLocalWorld(int workers, const std::vector<std::string>& args) {
+  STARLING_CHECK_ARG(workers >= 1, "startLocalWorld: ", workers, " workers");
+  LocalWorld w;
+  const int port = freeLoopbackPort();
+  if (workers > 1) {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    w.children =
+        spawnLocalRanks("/proc/self/exe", args, workers, port,
+                        SpawnOptions{.first_rank = 1,
+                                     .die_with_parent = true,
+                                     .stderr_paths = {},
+                                     .argv0 = ec ? std::string("/proc/self/exe") : exe.string()});
+  }
+  w.self = LaunchInfo{0, workers, 0, workers, "127.0.0.1", port, "spawned"};
+  return w;
+}
+
+std::vector<std::pair<int, int>> waitLocalWorld(const LocalWorld& world) {
+  std::vector<std::pair<int, int>> failed;
+  for (const int pid : world.children) {
+    int st = 0;
+    pid_t r = 0;
+    do {
+      r = waitpid(pid, &st, 0);  // blocking: a run takes as long as it takes
+    } while (r < 0 && errno == EINTR);
+    const int status = r != pid          ? -1
+                       : WIFEXITED(st)   ? WEXITSTATUS(st)
+                       : WIFSIGNALED(st) ? -WTERMSIG(st)
+                                         : -1;
+    if (status != 0) failed.emplace_back(pid, status);
+  }
+  return failed;
 }
 
 int freeLoopbackPort() {

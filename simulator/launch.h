@@ -90,6 +90,19 @@ std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<s
 // ended it (-9 for the ones killed here).
 std::vector<int> waitRanks(const std::vector<int>& pids, std::chrono::milliseconds deadline);
 
+// `starling-sim --sim.workers W` without a launcher: this process becomes rank 0 of W on this
+// machine and starts ranks 1..W-1 as copies of itself (/proc/self/exe, the very binary even if its
+// file was replaced since, with `args` and argv[0] the executable's path, so that ps shows its
+// name) that die with it, rendezvousing on a free loopback port. From the main thread only.
+struct LocalWorld {
+  LaunchInfo self;            // rank 0 of W, source "spawned"
+  std::vector<int> children;  // ranks 1..W-1
+};
+LocalWorld startLocalWorld(int workers, const std::vector<std::string>& args);
+// Waits for every child of a LocalWorld to end; returns those that failed (a non-zero exit or a
+// signal), with their statuses as waitRanks reports them (-signal for a signal).
+std::vector<std::pair<int, int>> waitLocalWorld(const LocalWorld& world);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and released): for a local
 // rendezvous. A race with another process taking it is possible, and then the rendezvous fails.
 int freeLoopbackPort();

@@ -458,8 +458,9 @@ TEST_CASE("Gloo: rendezvous failures are errors, not hangs", "[simulator][collec
 
 // --spawn-worker OUTDIR: writes its launch variables to OUTDIR/rankR.txt (whole, by a rename) and
 // sleeps (to be killed).
-// --spawner OUTDIR: starts ranks 1 and 2 of 3 as --spawn-worker children that die with it, writes
-// their pids to OUTDIR/pids.txt, then sleeps until the test kills it.
+// --spawner OUTDIR: becomes rank 0 of a local world of 3 (startLocalWorld, as starling-sim does),
+// whose ranks 1 and 2 are --spawn-worker children that die with it; writes their pids and its own
+// launch variables to OUTDIR/pids.txt, then sleeps until the test kills it.
 int runSpawnRole(int argc, char** argv) {
   if (argc != 3) return kOtherError;
   const fs::path out = argv[2];
@@ -472,12 +473,13 @@ int runSpawnRole(int argc, char** argv) {
     fs::rename(out / (name + ".tmp"), out / (name + ".txt"));
     for (;;) pause();  // until the test's or the kernel's SIGKILL
   }
-  const auto pids = sim::spawnLocalRanks(
-      self_exe, {"--spawn-worker", out.string()}, 3, 4242,
-      sim::SpawnOptions{.first_rank = 1, .die_with_parent = true, .stderr_paths = {}, .argv0 = {}});
+  // As starling-sim without a launcher: rank 0 of a local world of 3.
+  const sim::LocalWorld world = sim::startLocalWorld(3, {"--spawn-worker", out.string()});
   {
     std::ofstream f(out / "pids.tmp");
-    for (int p : pids) f << p << "\n";
+    for (int p : world.children) f << p << "\n";
+    f << "self " << world.self.source << " " << world.self.rank << " " << world.self.world_size
+      << " " << world.self.local_rank << " " << world.self.local_world_size << "\n";
   }
   fs::rename(out / "pids.tmp", out / "pids.txt");
   for (;;) pause();  // until the test kills it
@@ -497,11 +499,20 @@ TEST_CASE(
       },
       30s);
   std::vector<int> workers;
+  std::string self;
   {
     std::ifstream f(dir.path / "pids.txt");
     for (int p; f >> p;) workers.push_back(p);
+    f.clear();
+    std::getline(f, self);
   }
   REQUIRE(workers.size() == 2);
+  CHECK(self == "self spawned 0 3 0 3");
+  // The workers are this very binary, named by its path (what ps shows), not /proc/self/exe.
+  for (int p : workers) {
+    const std::string cmdline = slurp("/proc/" + std::to_string(p) + "/cmdline");
+    CHECK(cmdline.substr(0, cmdline.find('\0')) == self_exe);
+  }
   CHECK_FALSE(fs::exists(dir.path / "rank0.txt"));  // rank 0 is the spawner itself
   CHECK(slurp(dir.path / "rank1.txt") == "spawned 1 3 1 3\n");
   CHECK(slurp(dir.path / "rank2.txt") == "spawned 2 3 2 3\n");
@@ -514,6 +525,22 @@ TEST_CASE(
   if (!gone)
     for (int p : workers) kill(p, SIGKILL);  // ours, by pid: leave nothing behind on failure
   CHECK(gone);
+}
+
+TEST_CASE("a local world's failed workers are reported with their statuses",
+          "[simulator][launch]") {
+  // Rank 2 exits with 7, rank 1 with 0 (the --exit-by-rank role).
+  const sim::LocalWorld world = sim::startLocalWorld(3, {"--exit-by-rank"});
+  CHECK(world.self.rank == 0);
+  CHECK(world.self.world_size == 3);
+  CHECK(world.self.source == "spawned");
+  CHECK(world.self.master_port > 0);
+  REQUIRE(world.children.size() == 2);
+  const auto failed = sim::waitLocalWorld(world);
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].first == world.children[1]);
+  CHECK(failed[0].second == 7);
+  CHECK(sim::startLocalWorld(1, {}).children.empty());  // one worker: nothing to start
 }
 
 TEST_CASE("spawning: bad options are InvalidArgument, a program that cannot start an IoError",
@@ -557,6 +584,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--collectives-worker") return runWorker(argc, argv);
   if (argc > 1 && (std::string(argv[1]) == "--spawner" || std::string(argv[1]) == "--spawn-worker"))
     return runSpawnRole(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "--exit-by-rank")
+    return sim::launchInfoFromEnvironment().rank == 2 ? 7 : 0;
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   return session.run();
