@@ -78,35 +78,30 @@ void SimFleet::allReduceCounts(std::vector<uint64_t>& counts) {
   }
 }
 
-server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
-                                       size_t target, aggregation::PhaseAggregator& agg) {
-  server::PhaseReport rep;
+// The exact wire sizes of this phase: each participant's task (a delta or top-k downlink depends
+// on the version it holds, 0: none yet) and one update (no compressor's size depends on the
+// values: top-k sends k, low-rank its factors, quantizers their bits). Every participant downloads
+// its task, stragglers included, and then holds its version.
+SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
+                                          std::span<const server::ClientInfo> participants,
+                                          const cz::Compressor& comp) {
   const ParamLayout& layout = trainer_.layout();
   const pr::TaskMsg& h = task.header;
-  const cz::Compressor& comp = compressor(h.compressor);
-
-  // The exact wire sizes of this phase's task and of an update (no compressor's size depends on
-  // the values: top-k sends k, low-rank its factors, quantizers their bits).
-  uint64_t down_bytes = server::encodeTask(task, 0).size();
-  uint64_t up_bytes = 0;
-  // SCAFFOLD: the task carries c (in down_bytes, as encoded), each update its control change.
-  const bool scaffold = !h.control.empty();
-  {
+  PhaseBytes b;
+  b.task = server::encodeTask(task, 0).size();
+  if (h.phase == 0) {
     cz::Update u;
     u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
-    const std::vector<float> zeros(h.phase == 0 ? layout.numel() : 0);
-    u.tensors = h.phase == 0 ? comp.compress(layout, zeros, task.broadcast.context(0))
-                             : std::vector<cz::Payload>{};
+    const std::vector<float> zeros(layout.numel());
+    u.tensors = comp.compress(layout, zeros, task.broadcast.context(0));
     for (const auto& m : h.metrics) u.metrics.push_back(Metric{m, 0.0});
-    if (scaffold) u.control.assign(layout.numel(), 0.0f);
-    up_bytes = h.phase == 0 ? pr::encodedSize(u) : 0;
+    // SCAFFOLD: the task carries c (in the task's size, as encoded), each update its change.
+    if (!h.control.empty()) u.control.assign(layout.numel(), 0.0f);
+    b.update = pr::encodedSize(u);
   }
-
-  // A delta or top-k downlink depends on the version each client holds (0: none yet): its own
-  // task's size. Every participant downloads its task, stragglers included, and then holds it.
+  b.down.assign(participants.size(), b.task);
   const bool per_client = h.phase == 0 && (task.downlink == server::Downlink::kDelta ||
                                            task.downlink == server::Downlink::kTopK);
-  std::vector<uint64_t> down(participants.size(), down_bytes);
   if (per_client) {
     std::map<uint64_t, uint64_t> size_for;  // one encoding per version held, as ZmqFleet caches them
     for (size_t i = 0; i < participants.size(); ++i) {
@@ -114,57 +109,70 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
       const uint64_t v = it == held_.end() ? 0 : it->second;
       auto [pos, fresh] = size_for.try_emplace(v, 0);
       if (fresh) pos->second = server::encodeTask(task, v).size();
-      down[i] = pos->second;
+      b.down[i] = pos->second;
     }
     for (const auto& c : participants) held_[c.id] = h.model_version;
   }
+  return b;
+}
 
-  // 1. The simulated clock decides who is accepted (phase 0), 2. the scheduler who trains them.
+// Phase 0: the simulated clock decides who is accepted (the rest fail: dropped by the deadline or
+// past the target), the scheduler which worker trains whom (states move to their new workers).
+// A later phase of the round keeps the assignment and costs one more exchange of factors.
+std::set<uint64_t> SimFleet::placeClients(const server::PhaseTask& task,
+                                          std::span<const server::ClientInfo> participants,
+                                          size_t target, const PhaseBytes& bytes,
+                                          server::PhaseReport& rep) {
+  const pr::TaskMsg& h = task.header;
   std::set<uint64_t> failed;
   if (h.phase == 0 || assignment_round_ != h.round) {
     std::vector<ClientTiming> timings;
     for (size_t i = 0; i < participants.size(); ++i) {
       const auto& c = participants[i];
       timings.push_back(timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
-                                   config_.reference_seconds_per_example, down[i], up_bytes));
+                                   config_.reference_seconds_per_example, bytes.down[i],
+                                   bytes.update));
     }
     const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
     failed.insert(rt.dropped.begin(), rt.dropped.end());
     rep.sim_seconds = rt.seconds;
     std::vector<ClientJob> jobs;
     for (uint64_t id : rt.accepted) jobs.push_back(ClientJob{id, clients_.shards[id].size()});
-    std::sort(jobs.begin(), jobs.end(), [](const ClientJob& a, const ClientJob& b) { return a.client_id < b.client_id; });
+    std::sort(jobs.begin(), jobs.end(),
+              [](const ClientJob& a, const ClientJob& b) { return a.client_id < b.client_id; });
     assignment_ = schedule(jobs, cost_, h.fit.epochs, config_.schedule);
     assignment_round_ = h.round;
     migrateStates();
   } else {
-    double longest = 0.0;  // a later phase is one more exchange of factors
+    double longest = 0.0;
     for (const auto& c : participants)
-      longest = std::max(longest, static_cast<double>(down_bytes) / clients_.devices[c.id].bandwidth);
+      longest =
+          std::max(longest, static_cast<double>(bytes.task) / clients_.devices[c.id].bandwidth);
     rep.sim_seconds = longest;
   }
+  return failed;
+}
 
-  // 3. This worker's share, one client after another on the one model replica.
-  std::set<uint64_t> in_phase;
-  for (const auto& c : participants) in_phase.insert(c.id);
-  const int rank = coll_.rank(), workers = coll_.size();
+// This worker's share of the phase, one client after another on the one model replica, into
+// `agg`. Fills this worker's entries of `counts` (PhaseCounts).
+void SimFleet::trainMine(const server::PhaseTask& task,
+                         std::span<const server::ClientInfo> participants,
+                         const cz::Compressor& comp, aggregation::PhaseAggregator& agg,
+                         PhaseCounts& counts) {
+  const pr::TaskMsg& h = task.header;
   client::FitConfig fit{.epochs = h.fit.epochs, .batch_size = h.fit.batch_size, .lr = h.fit.lr};
   fit.prox_mu = h.fit.prox_mu;
   client::ClientAlgorithm algorithm(comp, trainer_, fit);
   const std::span<const float> global = task.model.current();
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < participants.size(); ++i) index[participants[i].id] = i;
   std::vector<uint64_t> mine;
-  for (uint64_t id : assignment_.per_worker.at(static_cast<size_t>(rank)))
-    if (in_phase.count(id)) mine.push_back(id);
+  for (uint64_t id : assignment_.per_worker.at(static_cast<size_t>(coll_.rank())))
+    if (index.count(id)) mine.push_back(id);
   // In id order: the worker's sums (floats, so order-dependent) follow which clients it has, not
   // the order the scheduler listed them in (a one-worker run then adds updates as an in-process
   // fleet that takes its clients by id does; a real root adds them as they arrive).
   std::sort(mine.begin(), mine.end());
-  // Counters summed over the workers: per participant 1 = completed, 2 = failed; then bytes up;
-  // then per worker the work (examples x epochs) and the microseconds it trained.
-  const size_t np = participants.size();
-  std::vector<uint64_t> counts(np + 1 + 2 * static_cast<size_t>(workers), 0);
-  std::map<uint64_t, size_t> index;
-  for (size_t i = 0; i < np; ++i) index[participants[i].id] = i;
   uint64_t work = 0;
   const auto t_start = Clock::now();
   for (uint64_t id : mine) {
@@ -174,7 +182,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
     } catch (const IoError& e) {  // its stored state does not read back: it fails this round
       std::fprintf(stderr, "starling-sim: client %llu fails round %llu: %s\n", static_cast<unsigned long long>(id),
                    static_cast<unsigned long long>(h.round), e.what());
-      counts[index[id]] = 2;
+      counts.outcome(index[id]) = PhaseCounts::kFailed;
       continue;
     }
     try {
@@ -186,26 +194,29 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
         return std::find(h.metrics.begin(), h.metrics.end(), m.name) == h.metrics.end();
       });
       res.update.header.nonce = 1;  // a deployed update's nonce is never 0: its 8 bytes count
-      counts[np] += pr::encodedSize(res.update);
+      counts.uplink() += pr::encodedSize(res.update);
       agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
       store_.store(id, state_);
-      counts[index[id]] = 1;
+      counts.outcome(index[id]) = PhaseCounts::kCompleted;
       if (h.phase == 0) work += data.size() * h.fit.epochs;
       ++trained_;
     } catch (const InvalidArgument&) {  // a refused update, or a compressor's refusal
-      counts[index[id]] = 2;
+      counts.outcome(index[id]) = PhaseCounts::kFailed;
     } catch (const client::DivergenceError&) {
-      counts[index[id]] = 2;
+      counts.outcome(index[id]) = PhaseCounts::kFailed;
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
-  counts[np + 1 + 2 * static_cast<size_t>(rank)] = work;
-  counts[np + 2 + 2 * static_cast<size_t>(rank)] = static_cast<uint64_t>(seconds * 1e6);
+  counts.work(coll_.rank()) = work;
+  counts.micros(coll_.rank()) = static_cast<uint64_t>(seconds * 1e6);
+}
 
-  // 4. Global aggregation: every worker ends with the whole phase, or, in the last phase of a
-  // sharded step, with the head whole and its shard of the dense sum.
+// Global aggregation: every worker ends with the whole phase, or, in the last phase of a sharded
+// step, with the head whole and its shard of the dense sum.
+void SimFleet::reduceGlobal(const server::PhaseTask& task, const cz::Compressor& comp,
+                            aggregation::PhaseAggregator& agg) {
   const std::span<float> buf = agg.partial().buffer();
-  if (config_.sharded_step && workers > 1 && h.phase + 1 == comp.phases()) {
+  if (config_.sharded_step && coll_.size() > 1 && task.header.phase + 1 == comp.phases()) {
     const size_t head = agg.partial().layout().denseOffset();
     coll_.allReduceSum(buf.first(head));
     const std::span<float> dense = buf.subspan(head);
@@ -216,21 +227,35 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task, std::span<
   } else {
     coll_.allReduceSum(buf);
   }
-  allReduceCounts(counts);
-  for (size_t i = 0; i < np; ++i) {
-    if (counts[i] == 1) rep.completed.push_back(participants[i].id);
-    else if (counts[i] == 2) failed.insert(participants[i].id);
+}
+
+server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
+                                       std::span<const server::ClientInfo> participants,
+                                       size_t target, aggregation::PhaseAggregator& agg) {
+  server::PhaseReport rep;
+  const pr::TaskMsg& h = task.header;
+  const cz::Compressor& comp = compressor(h.compressor);
+  const PhaseBytes bytes = phaseBytes(task, participants, comp);
+  std::set<uint64_t> failed = placeClients(task, participants, target, bytes, rep);
+  PhaseCounts counts(participants.size(), coll_.size());
+  trainMine(task, participants, comp, agg, counts);
+  reduceGlobal(task, comp, agg);
+  allReduceCounts(counts.values);
+
+  for (size_t i = 0; i < participants.size(); ++i) {
+    if (counts.outcome(i) == PhaseCounts::kCompleted)
+      rep.completed.push_back(participants[i].id);
+    else if (counts.outcome(i) == PhaseCounts::kFailed)
+      failed.insert(participants[i].id);
   }
   rep.failed.assign(failed.begin(), failed.end());
-  rep.uplink_bytes = counts[np];
-  rep.downlink_bytes = 0;  // stragglers downloaded their task too
-  for (uint64_t b : down) rep.downlink_bytes += b;
+  rep.uplink_bytes = counts.uplink();
+  rep.downlink_bytes = std::accumulate(bytes.down.begin(), bytes.down.end(), uint64_t{0});
   double makespan = 0.0;
-  for (int w = 0; w < workers; ++w) {
-    const uint64_t wk = counts[np + 1 + 2 * static_cast<size_t>(w)];
-    const double sec = static_cast<double>(counts[np + 2 + 2 * static_cast<size_t>(w)]) * 1e-6;
+  for (int w = 0; w < coll_.size(); ++w) {
+    const double sec = static_cast<double>(counts.micros(w)) * 1e-6;
     makespan = std::max(makespan, sec);
-    if (h.phase == 0) cost_.observe(w, wk, 1, sec);  // identical on every worker
+    if (h.phase == 0) cost_.observe(w, counts.work(w), 1, sec);  // identical on every worker
   }
   rep.makespan_seconds = makespan;
   return rep;

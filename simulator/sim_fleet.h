@@ -28,6 +28,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "client/trainer.h"
@@ -93,6 +94,35 @@ class SimFleet final : public server::Fleet {
   uint64_t statesMigrated() const { return migrated_; }
 
  private:
+  // What one phase costs on the wire: each participant's task, and one update (0 after phase 0).
+  struct PhaseBytes {
+    uint64_t task = 0, update = 0;
+    std::vector<uint64_t> down;  // per participant
+  };
+  // The counters the workers sum after a phase (allReduceCounts): per participant its outcome,
+  // then the bytes up, then per worker the work it did (examples x epochs) and its microseconds.
+  struct PhaseCounts {
+    static constexpr uint64_t kCompleted = 1, kFailed = 2;
+    PhaseCounts(size_t participants, int workers)
+        : values(participants + 1 + 2 * static_cast<size_t>(workers), 0), np(participants) {}
+    uint64_t& outcome(size_t i) { return values[i]; }
+    uint64_t& uplink() { return values[np]; }
+    uint64_t& work(int w) { return values[np + 1 + 2 * static_cast<size_t>(w)]; }
+    uint64_t& micros(int w) { return values[np + 2 + 2 * static_cast<size_t>(w)]; }
+    std::vector<uint64_t> values;
+    size_t np;
+  };
+  PhaseBytes phaseBytes(const server::PhaseTask& task,
+                        std::span<const server::ClientInfo> participants,
+                        const compression::Compressor& comp);
+  std::set<uint64_t> placeClients(const server::PhaseTask& task,
+                                  std::span<const server::ClientInfo> participants, size_t target,
+                                  const PhaseBytes& bytes, server::PhaseReport& rep);
+  void trainMine(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
+                 const compression::Compressor& comp, aggregation::PhaseAggregator& agg,
+                 PhaseCounts& counts);
+  void reduceGlobal(const server::PhaseTask& task, const compression::Compressor& comp,
+                    aggregation::PhaseAggregator& agg);
   const compression::Compressor& compressor(const std::string& spec);
   // Sums `counts` over the workers exactly (16-bit pieces in floats).
   void allReduceCounts(std::vector<uint64_t>& counts);
