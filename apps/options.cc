@@ -21,7 +21,7 @@ struct Options::Entry {
   std::string key;
   CLI::Option* option = nullptr;
   FromToml fromToml;
-  std::string owner;       // empty: this program's key; else the program that uses it
+  std::vector<std::string> owners;  // empty: this program's key; else the programs that use it
   bool from_file = false;  // set by the --config file
 };
 
@@ -62,10 +62,10 @@ template <class T>
 CLI::Option* Options::option(const std::string& key, T* v, const std::string& help, FromToml from_toml) {
   auto e = std::make_unique<Entry>();
   e->key = key;
-  e->owner = owner_;
+  e->owners = owners_;
   e->option = app_->add_option("--" + key, *v, help)->capture_default_str();
   // A foreign key stays out of --help (its sections are listed in the footer, parse()).
-  if (!owner_.empty()) e->option->group("");
+  if (!owners_.empty()) e->option->group("");
   e->fromToml = std::move(from_toml);
   entries_.push_back(std::move(e));
   return entries_.back()->option;
@@ -154,19 +154,16 @@ int Options::parse(int argc, char** argv) {
   // The footer of --help: which sections belong to which other program.
   std::map<std::string, std::vector<std::string>> foreign;  // program -> "section.*" or keys
   for (const auto& e : entries_) {
-    if (e->owner.empty()) continue;
+    if (e->owners.empty()) continue;
     const std::string section = e->key.substr(0, e->key.find('.'));
     bool mine = false;  // does this program use any key of the section?
     for (const auto& o : entries_)
-      if (o->owner.empty() && o->key.compare(0, section.size() + 1, section + ".") == 0)
+      if (o->owners.empty() && o->key.compare(0, section.size() + 1, section + ".") == 0)
         mine = true;
     const std::string name = mine ? e->key : section + ".*";
-    // The owner names one program or several ("a and b"): the key is listed under each.
-    for (size_t from = 0; from <= e->owner.size();) {
-      const size_t and_at = std::min(e->owner.find(" and ", from), e->owner.size());
-      auto& v = foreign[e->owner.substr(from, and_at - from)];
+    for (const auto& program : e->owners) {  // listed under each program that uses it
+      auto& v = foreign[program];
       if (std::find(v.begin(), v.end(), name) == v.end()) v.push_back(name);
-      from = and_at + 5;
     }
   }
   if (!foreign.empty()) {
@@ -190,11 +187,13 @@ int Options::parse(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   for (const auto& e : entries_)
-    if (!e->owner.empty() && e->option->count() > 0) {
+    if (!e->owners.empty() && e->option->count() > 0) {
+      std::string owners;
+      for (const auto& p : e->owners) owners += (owners.empty() ? "" : " and ") + p;
       std::fprintf(stderr,
                    "%s: --%s is a key of %s, which %s does not use (it may stay in a "
                    "shared --config file)\n",
-                   program_.c_str(), e->key.c_str(), e->owner.c_str(), program_.c_str());
+                   program_.c_str(), e->key.c_str(), owners.c_str(), program_.c_str());
       return 2;
     }
   if (config_file_.empty()) return -1;

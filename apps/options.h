@@ -7,7 +7,7 @@
 // --help lists every key with its default and explanation.
 //
 // One configuration file serves every program (apps/settings.h): a key another program uses is
-// "foreign" here (declared after setOwner("starling-sim")). In the file it is checked like any
+// "foreign" here (declared after setOwners({"starling-sim"})). In the file it is checked like any
 // key (type, range) and then ignored; on the command line it is an error naming its program;
 // --help lists foreign keys only by section.
 #include <cstdint>
@@ -40,9 +40,9 @@ class Options {
   void add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi);
   void add(const std::string& key, std::vector<std::string>* v, const std::string& help);
 
-  // The program that uses the keys added from now on: empty (the default) for this program, or
-  // another program's name, which makes them foreign here.
-  void setOwner(std::string program) { owner_ = std::move(program); }
+  // The programs that use the keys added from now on: none (the default) for this program, or
+  // other programs' names, which make them foreign here.
+  void setOwners(std::vector<std::string> programs) { owners_ = std::move(programs); }
 
   // Whether `key` was set, on the command line or in the file (after parse).
   bool given(const std::string& key) const;
@@ -62,7 +62,7 @@ class Options {
   std::unique_ptr<CLI::App> app_;
   std::vector<std::unique_ptr<Entry>> entries_;
   std::string config_file_;
-  std::string owner_;
+  std::vector<std::string> owners_;
 };
 
 }  // namespace starling::apps

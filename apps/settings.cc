@@ -9,13 +9,13 @@
 namespace starling::apps {
 namespace {
 
-// The programs of `mask`, for the message about a foreign key.
-std::string programs(unsigned mask) {
-  std::string out;
+// The programs of `mask`.
+std::vector<std::string> programs(unsigned mask) {
+  std::vector<std::string> out;
   for (const auto& [bit, name] :
        {std::pair{kSim, "starling-sim"}, std::pair{kServer, "starling-server"},
         std::pair{kClient, "starling-client"}})
-    if (mask & bit) out += (out.empty() ? "" : " and ") + std::string(name);
+    if (mask & bit) out.emplace_back(name);
   return out;
 }
 
@@ -49,7 +49,9 @@ void declareNet(Options& o, Settings::Net& n, const std::function<void(unsigned)
 
 void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& help) {
   // The keys declared after use(mask) are used by the programs of `mask`.
-  const auto use = [&](unsigned mask) { o.setOwner((mask & self) ? "" : programs(mask)); };
+  const auto use = [&](unsigned mask) {
+    o.setOwners((mask & self) ? std::vector<std::string>{} : programs(mask));
+  };
   constexpr unsigned kAll = kSim | kServer | kClient, kRound = kSim | kServer,
                      kDeploy = kServer | kClient;
 
@@ -271,7 +273,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "wait this long before answering each training task (simulates a slow device)", 0, 3600000);
   use(kDeploy);
   o.add("log.level", &s.log_level, "trace, debug, info, warn, error");
-  o.setOwner("");
+  o.setOwners({});
 }
 
 void resolveSettings(const Options& o, Settings& s, Program self) {

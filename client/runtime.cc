@@ -73,6 +73,7 @@ struct ClientRuntime::Impl {
 
   void send(std::span<const uint8_t> bytes, RuntimeStats& stats) {
     if (socket.send(bytes)) stats.uplink_bytes += bytes.size();
+    if (config.on_sent) config.on_sent(stats);
   }
 
   void registerNow(RuntimeStats& stats) {
@@ -141,6 +142,7 @@ struct ClientRuntime::Impl {
   void heartbeatIfDue(RuntimeStats& stats) {
     const auto now = config.clock->now();
     if (!upstream.heartbeatDue(now)) return;
+    ++stats.heartbeats;
     send(pr::encode(pr::HeartbeatMsg{config.client_id, upstream.session(), stats.last_round}),
          stats);
     log->debug("client {}: heartbeat sent", config.client_id);

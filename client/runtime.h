@@ -32,6 +32,14 @@ class logger;
 
 namespace starling::client {
 
+struct RuntimeStats {
+  uint64_t tasks = 0, updates_sent = 0, evaluations_sent = 0, resent = 0;
+  uint64_t rejects = 0, registrations = 0, heartbeats = 0;
+  uint64_t uplink_bytes = 0, downlink_bytes = 0;  // every message, each time it is sent
+  uint64_t update_bytes = 0;  // the updates made, each counted once (the simulator's uplink)
+  uint64_t last_round = 0;
+};
+
 struct RuntimeConfig {
   std::string server = "tcp://127.0.0.1:7700";
   uint64_t client_id = 0;
@@ -44,15 +52,10 @@ struct RuntimeConfig {
   // Heartbeats, registration retries, server silence, back-offs and the delay are measured in it
   // (core/clock.h; a test moves it forward).
   const Clock* clock = &steadyClock();
+  // Called on the runtime's thread with the statistics after each message it sends (a progress
+  // display, or a test waiting for the client to have done something); empty: none.
+  std::function<void(const RuntimeStats&)> on_sent;
   void validate() const;
-};
-
-struct RuntimeStats {
-  uint64_t tasks = 0, updates_sent = 0, evaluations_sent = 0, resent = 0;
-  uint64_t rejects = 0, registrations = 0;
-  uint64_t uplink_bytes = 0, downlink_bytes = 0;  // every message, each time it is sent
-  uint64_t update_bytes = 0;  // the updates made, each counted once (the simulator's uplink)
-  uint64_t last_round = 0;
 };
 
 class ClientRuntime {

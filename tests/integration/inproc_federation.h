@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,9 +95,15 @@ class InprocFederation {
     fc.clock = &clock_;
     n.thread = std::thread([this, &n, ec, fc] {
       guard("root", [&] {
+        // A root on TCP has a context of its own: destroying a context waits until its sockets
+        // are closed, so the port is free for a restarted root when this thread has ended. An
+        // inproc root needs the shared one (inproc names are per context) and cannot restart.
+        std::optional<transport::Context> own;
+        if (fc.bind.rfind("inproc://", 0) != 0) own.emplace();
         auto trainer = makeTrainer();
         auto layout = std::make_shared<const ParamLayout>(trainer->layout());
-        auto fleet = bindFleet(fc, layout, "root");
+        auto fleet =
+            std::make_unique<server::ZmqFleet>(own ? *own : ctx_, fc, layout, logger("root"));
         fleet->setStopFlag(&n.stop);
         {
           std::lock_guard lock(mu_);
@@ -158,10 +165,9 @@ class InprocFederation {
       guard(name, [&] {
         auto trainer = makeTrainer();
         auto layout = std::make_shared<const ParamLayout>(trainer->layout());
-        auto fleet = bindFleet(fc, layout, name);
-        fleet->setStopFlag(&n.stop);
-        transport::Context& ctx = ctx_;
-        server::EdgeAggregator agg(ctx, ac, *fleet, layout, logger(name));
+        server::ZmqFleet fleet(ctx_, fc, layout, logger(name));
+        fleet.setStopFlag(&n.stop);
+        server::EdgeAggregator agg(ctx_, ac, fleet, layout, logger(name));
         try {
           agg.run(n.stop);
         } catch (const server::Stopped&) {
@@ -178,6 +184,11 @@ class InprocFederation {
     rc.client_id = id;
     rc.security.insecure = true;
     rc.clock = &clock_;
+    rc.on_sent = [this, id](const client::RuntimeStats& st) {
+      std::lock_guard lock(mu_);
+      live_[id] = st;
+      cv_.notify_all();
+    };
     n.thread = std::thread([this, &n, rc, id, name] {
       guard(name, [&] {
         auto trainer = makeTrainer();
@@ -232,6 +243,19 @@ class InprocFederation {
         if (!stats_.count(id)) return false;
       return true;
     };
+  }
+  // A condition: client `id` has sent at least `n` heartbeats.
+  std::function<bool()> heartbeatsSent(uint64_t id, uint64_t n) {
+    return [this, id, n] {
+      const auto it = live_.find(id);
+      return it != live_.end() && it->second.heartbeats >= n;
+    };
+  }
+  // A client's statistics as of the last message it sent.
+  client::RuntimeStats liveStats(uint64_t id) {
+    std::lock_guard lock(mu_);
+    const auto it = live_.find(id);
+    return it == live_.end() ? client::RuntimeStats{} : it->second;
   }
   // A client's statistics once its thread ended (after Shutdown or stopClient).
   bool waitClientEnded(uint64_t id, std::chrono::milliseconds timeout) {
@@ -289,21 +313,6 @@ class InprocFederation {
     return l;
   }
 
-  // A fleet bound to its inproc endpoint. A name a stopped node held is free again only once
-  // ZeroMQ's reaper has closed its socket: the bind is retried for up to 2 s.
-  std::unique_ptr<server::ZmqFleet> bindFleet(const server::FleetConfig& fc,
-                                              std::shared_ptr<const ParamLayout> layout,
-                                              const std::string& name) {
-    for (int attempt = 0;; ++attempt) {
-      try {
-        return std::make_unique<server::ZmqFleet>(ctx_, fc, layout, logger(name));
-      } catch (const IoError&) {
-        if (attempt >= 200) throw;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
-  }
-
   void guard(const std::string& name, const std::function<void()>& body) {
     try {
       body();
@@ -327,7 +336,7 @@ class InprocFederation {
   std::vector<float> model_, control_;
   bool root_done_ = false;
   std::string root_endpoint_;
-  std::map<uint64_t, client::RuntimeStats> stats_;
+  std::map<uint64_t, client::RuntimeStats> stats_, live_;
   std::string error_;
   std::map<std::string, std::unique_ptr<Node>> nodes_;
 };

@@ -155,9 +155,15 @@ TEST_CASE(
   REQUIRE(f.waitRounds(2, seconds(60)));
   f.stopRoot();
   const size_t before = f.records().size();
-  // The outage itself (not a wait for anything): one second, ten heartbeat periods, which each
-  // client's socket queues for the root to come back to.
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // The outage: the root stays down while every client sends ten more heartbeats (a second of the
+  // clock's time, moved on at 5x), which its socket queues for the root to come back to.
+  std::vector<std::function<bool()>> queued;
+  for (uint64_t id = 0; id < 3; ++id)
+    queued.push_back(f.heartbeatsSent(id, f.liveStats(id).heartbeats + 10));
+  const bool outage = f.fastForward(
+      [&] { return std::all_of(queued.begin(), queued.end(), [](const auto& q) { return q(); }); },
+      std::chrono::milliseconds(100), seconds(60));
+  REQUIRE(outage);
   f.root(ec,
          InprocFederation::fleetConfig(endpoint));  // the same port; resumes from the checkpoint
   const bool done = f.waitRootDone(seconds(120));
