@@ -108,6 +108,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("data.stats_file", &s.data.stats_file,
         "write every client's statistics to this CSV file at start "
         "(client,examples,classes_held,label_skew,class_0,...)");
+  o.add("data.split_file", &s.data.split_file,
+        "write the split at start (line k: client k's example indices, rows of the training file), "
+        "for another program to train on the same shards (bench/peers/)");
 
   use(kRound);
   o.add("train.rounds", &s.train.rounds, "federated rounds", 1, 10'000'000);

@@ -41,6 +41,7 @@ struct Settings {
     std::string partition = "dirichlet:alpha=0.5";
     bool stats = false;
     std::string stats_file;
+    std::string split_file;
   } data;
   struct Train {
     uint64_t rounds = 50;

@@ -151,6 +151,11 @@ int runSim(int argc, char** argv, apps::Settings& c) {
       if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());
       if (!c.data.stats_file.empty()) data::writeStatsCsv(st, c.data.stats_file);
     }
+    if (!c.data.split_file.empty())
+      data::writeSplit(clients.shards, train.size(),
+                       "partition " + c.data.partition + ", model.seed " +
+                           std::to_string(c.model.seed) + ", train " + loaded.train_path,
+                       c.data.split_file);
     std::fflush(stdout);
   }
 

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace starling::data {
 
@@ -128,6 +129,21 @@ void writeStatsCsv(const PartitionStats& st, const std::string& path) {
   writeStatsCsv(st, out);
   out.flush();
   if (!out) STARLING_THROW(IoError, path, ": writing the per-client statistics failed");
+}
+
+void writeSplit(const Partition& shards, size_t num_examples, const std::string& what,
+                const std::string& path) {
+  std::string out = "# starling split: " + std::to_string(shards.size()) + " clients, " +
+                    std::to_string(num_examples) + " training examples; " + what + "\n";
+  out += "# line k after these comments: client k's example indices (rows of the training file)\n";
+  for (const auto& shard : shards) {
+    for (size_t i = 0; i < shard.size(); ++i) {
+      if (i) out += ' ';
+      out += std::to_string(shard[i]);
+    }
+    out += '\n';
+  }
+  writeFileAtomic(path, std::span(reinterpret_cast<const uint8_t*>(out.data()), out.size()));
 }
 
 }  // namespace starling::data

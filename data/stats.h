@@ -51,4 +51,12 @@ void writeStatsCsv(const PartitionStats& stats, std::ostream& out);
 // The same into a file (replaced); IoError naming the path when it cannot be written.
 void writeStatsCsv(const PartitionStats& stats, const std::string& path);
 
+// The split itself, for another program to train on the same shards (bench/peers/ reads it):
+// a text file of `#` comment lines (the clients, examples and what made the split, `what`),
+// then one line per client, client k on the k-th line: its example indices (0-based rows of the
+// training file, ascending, space-separated; an empty line for an empty shard). IoError when
+// the file cannot be written; it is written whole or not at all (core/file_io.h).
+void writeSplit(const Partition& shards, size_t num_examples, const std::string& what,
+                const std::string& path);
+
 }  // namespace starling::data

@@ -1,11 +1,13 @@
 // starling-sim in real processes: the same seed gives the same run with one worker and with two
 // (Gloo on 127.0.0.1), and a resumed run continues where the checkpoint left it.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "integration/federation.h"
 #include "integration/harness.h"
@@ -302,7 +304,10 @@ TEST_CASE("clients unavailable per their trace are never sampled", "[simulator][
   }
 }
 
-TEST_CASE("a simulation on the user's own CSV data, with every client's statistics in a file", "[simulator][integration]") {
+TEST_CASE(
+    "a simulation on the user's own CSV data, with every client's statistics and its split in "
+    "files",
+    "[simulator][integration]") {
   TempDir dir("simcsv");
   // 3 classes of 8 features; class y shifts features y, y + 3 and y + 6.
   std::vector<size_t> class_count(3, 0);
@@ -326,7 +331,9 @@ TEST_CASE("a simulation on the user's own CSV data, with every client's statisti
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  Proc ok(args({"--data.stats_file", dir / "stats.csv", "--state.metrics", dir / "m.jsonl"}), dir / "ok.log");
+  Proc ok(args({"--data.stats_file", dir / "stats.csv", "--data.split_file", dir / "split.txt",
+                "--state.metrics", dir / "m.jsonl"}),
+          dir / "ok.log");
   const int rc = ok.wait(seconds(300));
   INFO(readText(dir / "ok.log"));
   REQUIRE(rc == 0);
@@ -351,6 +358,30 @@ TEST_CASE("a simulation on the user's own CSV data, with every client's statisti
   }
   CHECK(examples == 300);
   CHECK(per_class == class_count);
+  // split.txt (what bench/peers/ trains the peers on): comment lines, then client k's rows on
+  // line k, which are the shards the run trained on: the same sizes and class counts as stats.csv,
+  // every row once (iid).
+  std::vector<std::string> split;
+  for (const auto& line : readLines(dir / "split.txt"))
+    if (line.empty() || line[0] != '#') split.push_back(line);
+  REQUIRE(split.size() == 20);
+  std::vector<int> seen(300, 0);
+  for (size_t k = 0; k < split.size(); ++k) {
+    std::vector<size_t> hist(3, 0);
+    std::stringstream ss(split[k]);
+    size_t n = 0;
+    for (size_t row; ss >> row; ++n) {
+      REQUIRE(row < 300);
+      ++seen[row];
+      ++hist[(row * 7) % 3];  // the label write() gave row `row`
+    }
+    std::vector<std::string> cells;
+    std::stringstream cs(stats[k + 1]);
+    for (std::string c; std::getline(cs, c, ',');) cells.push_back(c);
+    CHECK(n == std::stoul(cells[1]));
+    for (size_t c = 0; c < 3; ++c) CHECK(hist[c] == std::stoul(cells[4 + c]));
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 300);
 
   // Errors name the key and the file, and start no training.
   Proc missing(args({"--data.train", "nope.csv"}), dir / "missing.log");
@@ -363,7 +394,6 @@ TEST_CASE("a simulation on the user's own CSV data, with every client's statisti
   CHECK(cnn_log.find("model.spec = 'cnn' does not fit data.train") != std::string::npos);
   CHECK(cnn_log.find("data.shape") != std::string::npos);
 }
-
 
 TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings", "[simulator][integration]") {
   TempDir dir("simalgo");
