@@ -26,6 +26,7 @@ PACKAGES=(
   dataset-fashion-mnist
   # tools/plot_runs.py
   python3-matplotlib
+  python3-dev python3-numpy pybind11-dev python3-torch
 )
 
 # The arm64 edge build: the cross toolchain, qemu-user to run its programs here, and the arm64 copy

@@ -10,6 +10,9 @@
 #     CONFIG     default examples/edge/federation.toml: any configuration of ten clients
 #                (data.num_clients = 10) and the aggregator ids 100 and 101
 #   STARLING_EDGE_TIMEOUT  seconds the root may take (default 1800)
+#   STARLING_EDGE_PYTHON   client ids that run as Python clients training the CNN in PyTorch
+#                          (examples/python/torch_client.py with the starling package of BUILD_DIR;
+#                          Debian's python3-torch), e.g. "3 7"; default none
 #
 # Keys, logs, the checkpoint and the metrics go to a fresh folder under /tmp (printed at the
 # start; kept for reading afterwards). docs/deployment.md explains each step.
@@ -77,12 +80,20 @@ done
 p100=$(bound_port "$work/agg-100.log")
 p101=$(bound_port "$work/agg-101.log")
 
-# 4. Ten clients, five under each aggregator, each keeping its error-feedback state on disk.
+# 4. Ten clients, five under each aggregator, each keeping its error-feedback state on disk; the
+#    ids in STARLING_EDGE_PYTHON are Python clients (PyTorch), the others C++ starling-client.
+python_ids=" ${STARLING_EDGE_PYTHON:-} "
 for c in 0 1 2 3 4 5 6 7 8 9; do
   a=100; p=$p100; if (( c >= 5 )); then a=101; p=$p101; fi
-  "$bin/starling-client" --config "$config" --client.id $c --client.server "tcp://127.0.0.1:$p" \
-    --security.key "$keys/client-$c.key_secret" --security.server_key "$keys/agg-$a.key" \
-    --state.file "$work/client-$c.state" >"$work/client-$c.log" 2>&1 &
+  if [[ $python_ids == *" $c "* ]]; then
+    PYTHONPATH="$build/python" /usr/bin/python3 "$repo/examples/python/torch_client.py" --config "$config" \
+      --client-id $c --server "tcp://127.0.0.1:$p" --key "$keys/client-$c.key_secret" \
+      --server-key "$keys/agg-$a.key" --state-file "$work/client-$c.state" >"$work/client-$c.log" 2>&1 &
+  else
+    "$bin/starling-client" --config "$config" --client.id $c --client.server "tcp://127.0.0.1:$p" \
+      --security.key "$keys/client-$c.key_secret" --security.server_key "$keys/agg-$a.key" \
+      --state.file "$work/client-$c.state" >"$work/client-$c.log" 2>&1 &
+  fi
   pids+=("$!")
 done
 

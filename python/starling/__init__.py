@@ -1,0 +1,143 @@
+"""Starling for Python: join a Starling federation with a model trained in Python.
+
+A client is an object with Flower's NumPyClient shape::
+
+    class MyClient(starling.NumPyClient):
+        def fit(self, parameters, config):
+            ...  # train on this client's data, starting from `parameters`
+            return new_parameters, num_examples, {"train_loss": loss}
+
+        def evaluate(self, parameters, config):
+            return loss, num_examples, {"accuracy": accuracy}
+
+    starling.start_client(MyClient(), server="tcp://127.0.0.1:7700", client_id=3,
+                          layout=starling.model_layout("cnn"), num_examples=600,
+                          key="keys/client-3.key_secret", server_key="keys/server.key")
+
+`parameters` is a list of float32 numpy arrays, one per tensor of the layout, in its order.
+Everything between fit() and the server is Starling's C++ client runtime: the protocol, the
+compressor the server names (top-k, QSGD, PowerSGD, ...) with this client's error-feedback state,
+CURVE, heartbeats, re-registration, and the state file that makes a crash lose nothing.
+docs/python.md is the guide.
+"""
+
+from . import _starling
+from ._starling import ConfigError, InvalidArgument, IoError, layout_fingerprint
+
+__all__ = [
+    "NumPyClient",
+    "Client",
+    "start_client",
+    "model_layout",
+    "shard",
+    "layout_fingerprint",
+    "ConfigError",
+    "InvalidArgument",
+    "IoError",
+]
+
+
+class NumPyClient:
+    """The base of a Python client: override fit() and, to take part in federated evaluation,
+    evaluate().
+
+    fit(parameters, config) -> (parameters, num_examples, metrics)
+        parameters: list of float32 numpy arrays (the model the server sent, in the layout's
+        order; with step-ahead error feedback, plus the client's residual). Return the trained
+        parameters in the same shapes and dtype, all finite; num_examples (an int >= 1) is the
+        weight FedAvg gives the update; metrics a dict of str -> number ("train_loss" is the
+        one the server reports by default). Anything else raises before anything is sent.
+        config: {"round", "epochs", "batch_size", "lr", "prox_mu", "seed"}: the server's local
+        training settings (prox_mu > 0: the server asks for FedProx's proximal term toward the
+        parameters given), and a seed for this round's shuffling.
+
+    evaluate(parameters, config) -> (loss, num_examples, metrics)
+        The loss (>= 0) and metrics["accuracy"] (in [0, 1]) of `parameters` on this client's
+        held-out data. config: {"round"}.
+    """
+
+    def fit(self, parameters, config):
+        raise NotImplementedError("a NumPyClient must implement fit(parameters, config)")
+
+    def evaluate(self, parameters, config):
+        raise NotImplementedError("this client has no evaluate(); give eval_examples=0")
+
+
+def model_layout(spec="cnn", rows=28, cols=28, classes=10):
+    """The (name, shape) pairs of one of Starling's built-in models (softmax, logreg, mlp, cnn,
+    resnet), in the order the server sends them: what a Python model must match to join a
+    federation that trains that model.spec. A PyTorch module gives its own with
+    [(name, tuple(p.shape)) for name, p in module.state_dict().items()]."""
+    return [(name, tuple(shape)) for name, shape in _starling.model_layout(spec, rows, cols, classes)]
+
+
+def shard(labels, *, num_clients, client_id, partition="dirichlet:alpha=0.5", seed=1, num_classes=None):
+    """The indices (ascending int64) of the training examples client `client_id` holds when
+    `labels` (every training label, in file order) are split among `num_clients` clients by
+    `partition` (data.partition) from `seed` (model.seed): the shard a C++ starling-client with
+    those keys trains on, and the simulator's. num_classes: the largest label + 1 by default."""
+    import numpy as np
+
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() > 255):
+        raise ValueError("labels must be integers in [0, 255]")
+    labels = labels.astype(np.uint8)
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.size else 0
+    return _starling.shard(labels, int(num_classes), int(num_clients), partition, int(seed), int(client_id))
+
+
+class Client:
+    """A Starling client around a NumPyClient; start_client() builds one and runs it.
+
+    server: the server's (or an edge aggregator's) endpoint, tcp://host:port.
+    client_id: this client's id (its key file's id under CURVE).
+    layout: the model's tensors as (name, shape) pairs (model_layout(), or a state_dict's).
+    num_examples / eval_examples: the sizes of this client's training and held-out data, told to
+        the server when registering (eval_examples=0: no federated evaluation).
+    key / server_key: this client's NAME.key_secret file and the server's public key file
+        (starling-keygen); insecure=True instead: plain TCP, tests and trusted networks only.
+    state_file: where the client keeps its error-feedback state and its last update (written
+        before every send), so that a restarted client resends instead of training again.
+    """
+
+    def __init__(self, client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
+                 server_key=None, insecure=False, state_file=None, log_level="info",
+                 register_retry_ms=1000, server_silence_ms=15000):
+        if not callable(getattr(client, "fit", None)):
+            raise TypeError("client must have a fit(parameters, config) method (see starling.NumPyClient)")
+        if eval_examples and not callable(getattr(client, "evaluate", None)):
+            raise TypeError("eval_examples > 0 needs an evaluate(parameters, config) method")
+        layout = [(str(name), tuple(int(d) for d in shape)) for name, shape in layout]
+        self._client = _starling.Client(client, server, int(client_id), layout, int(num_examples),
+                                        int(eval_examples), bool(insecure), key or "", server_key or "",
+                                        state_file or "", log_level, int(register_retry_ms),
+                                        int(server_silence_ms))
+
+    def run(self):
+        """Serves the federation until the server ends it (returns True) or Ctrl-C
+        (KeyboardInterrupt). An exception of fit() or evaluate(), or a result that breaks their
+        contract, stops the client and is raised here; nothing was sent for that task."""
+        return self._client.run()
+
+    def stop(self):
+        """Asks a run() in another thread to return (False) at its next turn; a fit() in progress
+        runs to its end first, and its update is sent."""
+        self._client.stop()
+
+    @property
+    def stats(self):
+        """What the last run() did: tasks, updates_sent, evaluations_sent, resent, rejects,
+        registrations, heartbeats, uplink_bytes, downlink_bytes, update_bytes, last_round."""
+        return self._client.stats
+
+    @property
+    def fingerprint(self):
+        """The layout's fingerprint (docs/protocol.md): the server refuses a client whose
+        fingerprint is not its model's."""
+        return self._client.fingerprint
+
+
+def start_client(client, **kwargs):
+    """Client(client, **kwargs).run(): serves the federation until the server ends it."""
+    return Client(client, **kwargs).run()

@@ -1,0 +1,290 @@
+"""The starling Python package against real servers (ctest test_python; docs/python.md).
+
+Run by /usr/bin/python3 with PYTHONPATH=<build>/python and STARLING_BIN_DIR=<build>/bin. Every
+server listens on 127.0.0.1, is started by this file and killed by its pid; every wait is bounded.
+"""
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import starling
+
+BIN = os.environ.get("STARLING_BIN_DIR", "build/bin")
+# softmax regression of 4 features and 3 classes: fc.weight (3, 4), fc.bias (3,).
+SHAPE = ["--model.spec", "softmax", "--model.rows", "1", "--model.cols", "4", "--model.classes", "3"]
+LAYOUT = starling.model_layout("softmax", 1, 4, 3)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Federation:
+    """Keys from starling-keygen, then servers started on 127.0.0.1 and killed by pid."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="starling-py-")
+        self.keys = os.path.join(self.dir, "keys")
+        self.procs = []
+        self.keygen("--server")
+        self.keygen("--clients", "4", "--first-id", "0")
+        self.keygen("--name", "agg-7", "--id", "7")
+
+    def keygen(self, *args):
+        subprocess.run([os.path.join(BIN, "starling-keygen"), "--out", self.keys, *args], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+
+    def allow(self, folder, names):
+        d = os.path.join(self.dir, folder)
+        os.makedirs(d, exist_ok=True)
+        for n in names:
+            shutil.copy(os.path.join(self.keys, n + ".key"), d)
+        return d
+
+    def start(self, name, args):
+        log = open(os.path.join(self.dir, name + ".log"), "w")
+        p = subprocess.Popen([os.path.join(BIN, args[0]), *args[1:]], stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append((name, p, log))
+        return p
+
+    def root(self, port, allowed, rounds, extra=()):
+        return self.start("root", [
+            "starling-server", "--server.bind", f"tcp://127.0.0.1:{port}",
+            "--security.key", os.path.join(self.keys, "server.key_secret"),
+            "--security.clients", self.allow("allow-root", allowed), *SHAPE,
+            "--train.rounds", str(rounds), "--sampling.fraction", "1.0", "--eval.every", "0",
+            "--compression.compressor", "none", "--net.heartbeat_ms", "200",
+            "--state.metrics", os.path.join(self.dir, "metrics.jsonl"), *extra])
+
+    def metrics(self):
+        path = os.path.join(self.dir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def log(self, name):
+        with open(os.path.join(self.dir, name + ".log")) as f:
+            return f.read()
+
+    def client_kwargs(self, port, client_id, **kw):
+        return dict(server=f"tcp://127.0.0.1:{port}", client_id=client_id, layout=LAYOUT,
+                    key=os.path.join(self.keys, f"client-{client_id}.key_secret"),
+                    server_key=os.path.join(self.keys, "server.key"), register_retry_ms=200,
+                    log_level="warn", **kw)
+
+    def close(self):
+        for _, p, log in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+            log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_in_thread(client):
+    """Runs client.run() on a thread; returns a dict that gets 'result' or 'error'."""
+    out = {}
+
+    def body():
+        try:
+            out["result"] = client.run()
+        except BaseException as e:  # noqa: B902 - handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    out["thread"] = t
+    return out
+
+
+def join(runs, clients, timeout=120, logs=lambda: ""):
+    deadline = time.monotonic() + timeout
+    for r in runs:
+        r["thread"].join(max(0.0, deadline - time.monotonic()))
+    if any(r["thread"].is_alive() for r in runs):
+        for c in clients:
+            c.stop()
+        for r in runs:
+            r["thread"].join(30)
+        raise AssertionError("the clients did not finish in %d s\n%s" % (timeout, logs()))
+
+
+class Shifter(starling.NumPyClient):
+    """Adds `shift` to every parameter, reports `num_examples` and a training loss; records the
+    parameters and configs it was given."""
+
+    def __init__(self, shift, num_examples, loss):
+        self.shift, self.num_examples, self.loss = shift, num_examples, loss
+        self.seen, self.configs = [], []
+
+    def fit(self, parameters, config):
+        self.seen.append([p.copy() for p in parameters])
+        self.configs.append(dict(config))
+        return [p + np.float32(self.shift) for p in parameters], self.num_examples, {"train_loss": self.loss}
+
+
+class PythonClientTest(unittest.TestCase):
+    def setUp(self):
+        self.fed = Federation()
+
+    def tearDown(self):
+        self.fed.close()
+
+    def test_updates_are_counted_with_their_weights(self):
+        # Two Python clients: +1 with weight 100, +4 with weight 300. FedAvg's round 1 moves the
+        # zero model to (100 * 1 + 300 * 4) / 400 = 3.25 everywhere, which both receive in round 2;
+        # the mean training loss is (100 * 1 + 300 * 2) / 400 = 1.75.
+        port = free_port()
+        self.fed.root(port, ["client-0", "client-1"], rounds=2, extra=["--sampling.min_available", "2"])
+        a, b = Shifter(1.0, 100, 1.0), Shifter(4.0, 300, 2.0)
+        ca = starling.Client(a, num_examples=100, **self.fed.client_kwargs(port, 0))
+        cb = starling.Client(b, num_examples=300, **self.fed.client_kwargs(port, 1))
+        runs = [run_in_thread(ca), run_in_thread(cb)]
+        join(runs, [ca, cb])
+        for r in runs:
+            self.assertNotIn("error", r, msg=self.fed.log("root"))
+            self.assertTrue(r["result"], "the server ended the federation")
+        for c in (a, b):
+            self.assertEqual(len(c.seen), 2)
+            for p in c.seen[0]:
+                self.assertTrue(np.all(p == 0.0))  # softmax starts at zero
+            for p, (name, shape) in zip(c.seen[1], LAYOUT):
+                self.assertEqual(p.dtype, np.float32)
+                self.assertEqual(p.shape, shape, name)
+                self.assertTrue(np.all(p == np.float32(3.25)), f"{name}: {p}")
+            self.assertEqual([cfg["round"] for cfg in c.configs], [1, 2])
+            self.assertEqual(c.configs[0]["epochs"], 1)
+            self.assertEqual(c.configs[0]["batch_size"], 32)
+        for c in (ca, cb):
+            self.assertEqual(c.stats["updates_sent"], 2)
+            self.assertGreater(c.stats["update_bytes"], 0)
+        m = self.fed.metrics()
+        self.assertEqual(len(m), 2)
+        self.assertTrue(all(r["applied"] for r in m))
+        self.assertEqual([r["clients_completed"] for r in m], [2, 2])
+        self.assertAlmostEqual(m[0]["train_loss"], 1.75, places=12)
+
+    def test_a_bad_result_raises_before_anything_is_sent(self):
+        zeros = [np.zeros(s, np.float32) for _, s in LAYOUT]
+        cases = {
+            "a wrong shape": ([zeros[0].T.copy(), zeros[1]], 10, {}, ValueError, "shape (4, 3); the layout says (3, 4)"),
+            "a wrong dtype": ([zeros[0].astype(np.float64), zeros[1]], 10, {}, TypeError, "dtype float64"),
+            "a missing tensor": ([zeros[0]], 10, {}, ValueError, "returned 1 arrays; the model has 2"),
+            "a NaN": ([zeros[0], np.array([0, np.nan, 0], np.float32)], 10, {}, ValueError, "non-finite"),
+            "an infinite metric": (zeros, 10, {"train_loss": math.inf}, ValueError, "non-finite metrics['train_loss']"),
+            "a zero weight": (zeros, 0, {}, ValueError, "num_examples = 0"),
+            "a float weight": (zeros, 2.5, {}, TypeError, "not an integer"),
+            "a weight above the registered one": (zeros, 11, {}, ValueError, "more than the 10 this client registered"),
+            "no tuple": (None, None, None, TypeError, "must return a tuple"),
+        }
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1"])
+        for what, (params, n, metrics, error, words) in cases.items():
+            with self.subTest(what):
+
+                class Bad(starling.NumPyClient):
+                    def fit(self, parameters, config):
+                        return None if params is None else (params, n, metrics)
+
+                c = starling.Client(Bad(), num_examples=10, **self.fed.client_kwargs(port, 0))
+                with self.assertRaises(error) as got:
+                    c.run()
+                self.assertIn(words, str(got.exception))
+                self.assertEqual(c.stats["tasks"], 1)
+                self.assertEqual(c.stats["updates_sent"], 0)
+        self.assertEqual(self.fed.metrics(), [])  # no round was applied
+
+    def test_an_exception_in_fit_reaches_the_caller(self):
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1"])
+
+        class Crashing(starling.NumPyClient):
+            def fit(self, parameters, config):
+                raise KeyError("no such batch")
+
+        c = starling.Client(Crashing(), num_examples=10, **self.fed.client_kwargs(port, 0))
+        with self.assertRaises(KeyError) as got:
+            c.run()
+        self.assertIn("no such batch", str(got.exception))
+        self.assertEqual(c.stats["updates_sent"], 0)
+
+    def test_bad_configuration_is_refused_before_connecting(self):
+        kw = self.fed.client_kwargs(free_port(), 0)
+        with self.assertRaises(starling.IoError):  # an OSError
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "key": os.path.join(self.fed.dir, "nope")})
+        with self.assertRaises(starling.ConfigError):  # a ValueError
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "key": os.path.join(self.fed.keys, "server.key")})
+        with self.assertRaises(ValueError):
+            starling.Client(Shifter(1, 1, 1), num_examples=0, **kw)
+        with self.assertRaises(ValueError):
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "key": None})
+        with self.assertRaises(TypeError):
+            starling.Client(object(), num_examples=1, **kw)
+        with self.assertRaises(starling.InvalidArgument):
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "layout": [("w", (0, 3))]})
+
+    def test_a_python_client_beside_a_cpp_client_behind_an_edge_aggregator(self):
+        # Root <- aggregator 7 <- {C++ starling-client 1, Python client 0}: both updates reach the
+        # root in one partial every round, and the Python client's weight (123) is in it.
+        data = os.path.join(self.fed.dir, "data.csv")
+        rng = np.random.default_rng(1)
+        with open(data, "w") as f:
+            f.write("label,a,b,c,d\n")
+            for _ in range(200):
+                y = int(rng.integers(3))
+                x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
+                f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+        root_port, agg_port = free_port(), free_port()
+        self.fed.root(root_port, ["agg-7"], rounds=3,
+                      extra=["--sampling.min_available", "1", "--sampling.min_clients", "1",
+                             "--security.aggregator_ids", "7"])
+        self.fed.start("aggregator", [
+            "starling-server", "--server.role", "aggregator", "--server.id", "7",
+            "--server.bind", f"tcp://127.0.0.1:{agg_port}", "--server.upstream", f"tcp://127.0.0.1:{root_port}",
+            "--security.key", os.path.join(self.fed.keys, "agg-7.key_secret"),
+            "--security.server_key", os.path.join(self.fed.keys, "server.key"),
+            "--security.clients", self.fed.allow("allow-agg", ["client-0", "client-1"]), *SHAPE,
+            "--aggregator.min_clients", "2", "--net.heartbeat_ms", "200"])
+        cpp = self.fed.start("cpp-client", [
+            "starling-client", "--client.server", f"tcp://127.0.0.1:{agg_port}", "--client.id", "1",
+            "--security.key", os.path.join(self.fed.keys, "client-1.key_secret"),
+            "--security.server_key", os.path.join(self.fed.keys, "agg-7.key"),  # the aggregator's key
+            "--model.spec", "softmax", "--data.format", "csv", "--data.dir", self.fed.dir, "--data.train", "data.csv", "--data.test", "data.csv",
+            "--data.num_clients", "2", "--data.partition", "iid"])
+        py = Shifter(0.01, 123, 1000.0)
+        c = starling.Client(py, num_examples=123, **{**self.fed.client_kwargs(agg_port, 0),
+                                                     "server_key": os.path.join(self.fed.keys, "agg-7.key")})
+        runs = [run_in_thread(c)]
+        join(runs, [c], logs=lambda: "\n".join(f"---- {n}\n" + self.fed.log(n)[-3000:]
+                                                for n in ("root", "aggregator", "cpp-client")))
+        self.assertNotIn("error", runs[0], msg=self.fed.log("aggregator"))
+        self.assertTrue(runs[0]["result"])
+        self.assertEqual(cpp.wait(timeout=60), 0, self.fed.log("cpp-client"))
+        m = self.fed.metrics()
+        self.assertEqual(len(m), 3, self.fed.log("root"))
+        self.assertTrue(all(r["applied"] for r in m))
+        self.assertEqual(c.stats["updates_sent"], 3)
+        self.assertEqual(len(py.seen), 3)
+        # The root's train_loss is the mean of the Python client's 1000 (weight 123) and the C++
+        # client's loss L (its 100 examples; softmax on this data: 0 < L < 10), weighted:
+        # (123 * 1000 + 100 L) / 223 lies in (551.5, 556.1); a weight of 100 would give ~500.
+        for r in m:
+            self.assertGreater(r["train_loss"], 123 * 1000 / 223)
+            self.assertLess(r["train_loss"], (123 * 1000 + 100 * 10) / 223)
+
+
+if __name__ == "__main__":
+    unittest.main()
