@@ -177,6 +177,31 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual([r["clients_completed"] for r in m], [2, 2])
         self.assertAlmostEqual(m[0]["train_loss"], 1.75, places=12)
 
+    def test_the_servers_compressor_and_error_feedback_apply_to_a_python_client(self):
+        # Top-k with error feedback, one client adding 1 to every parameter each round. Round 1
+        # sends k of the 15 ones; round 2's delta is 1 everywhere plus the residual (1 where
+        # nothing was sent), so it sends k twos. The model the client gets in round 3 therefore
+        # has 2k non-zeros summing to 3k (without error feedback: k non-zeros summing to 2k).
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=3,
+                      extra=["--sampling.min_available", "1", "--compression.compressor", "topk:density=0.1"])
+        a = Shifter(1.0, 10, 1.0)
+        state = os.path.join(self.fed.dir, "client-0.state")
+        c = starling.Client(a, num_examples=10, state_file=state, **self.fed.client_kwargs(port, 0))
+        runs = [run_in_thread(c)]
+        join(runs, [c])
+        self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+        flat = [np.concatenate([p.ravel() for p in seen]) for seen in a.seen]
+        k = int(np.count_nonzero(flat[1]))
+        self.assertTrue(0 < k < 15, flat[1])
+        self.assertEqual(sorted(set(flat[1][flat[1] != 0])), [1.0])
+        self.assertEqual(int(np.count_nonzero(flat[2])), 2 * k, flat[2])
+        self.assertEqual(float(flat[2].sum()), 3.0 * k)
+        self.assertEqual(sorted(set(flat[2][flat[2] != 0])), [1.0, 2.0])
+        # The error-feedback state is on disk (state_file), as a C++ client keeps it.
+        self.assertEqual(c.stats["updates_sent"], 3)
+        self.assertTrue(os.path.getsize(state) > 0)
+
     def test_a_bad_result_raises_before_anything_is_sent(self):
         zeros = [np.zeros(s, np.float32) for _, s in LAYOUT]
         cases = {
