@@ -323,9 +323,10 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   auto finishRecord = [&] {
     rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++next_round_;
-    fleet_state_ = fleet.saveState();
+    FleetWorkers* workers = fleet.workers();
+    fleet_state_ = workers ? workers->saveState() : std::vector<uint8_t>{};
     saveOptimizerShard();
-    fleet.checkpoint();
+    if (workers) workers->checkpoint();
     saveCheckpoint();
     if (!config_.metrics.empty() && config_.write_files) {
       std::ofstream out(config_.metrics, std::ios::app);
@@ -336,13 +337,16 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   };
 
   if (!fleet_checked_) {
-    if (fleet.stepShards() != config_.shard_count)
+    const uint32_t shards = fleet.workers() ? fleet.workers()->stepShards() : 1;
+    if (shards != config_.shard_count)
       STARLING_THROW(ConfigError, "the engine steps the server optimizer in ", config_.shard_count,
-                     " shard(s) and its fleet reduces and gathers ", fleet.stepShards());
+                     " shard(s) and its fleet reduces and gathers ", shards);
     fleet_checked_ = true;
   }
   if (fleet_state_pending_) {
-    fleet.restoreState(fleet_state_);
+    // A fleet without workers keeps no state of its own: a simulator's state in the checkpoint
+    // means nothing to it.
+    if (fleet.workers()) fleet.workers()->restoreState(fleet_state_);
     fleet_state_pending_ = false;
   }
   const auto& s = config_.sampling;
@@ -413,7 +417,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   const size_t shard_n = shard_end_ - shard_begin_;
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
                    std::span<const float>(result.delta).subspan(shard_begin_, shard_n));
-  if (config_.shard_count > 1) fleet.gatherModel(next);
+  if (config_.shard_count > 1)
+    fleet.workers()->gatherModel(next);  // checked: the fleet has shard_count workers
   // The step is checked on the gathered model, so every worker of a sharded step decides alike.
   if (!allFinite(next)) {
     rec.reason = "the server optimizer's step made the model non-finite; the round is not applied";

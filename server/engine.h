@@ -143,6 +143,30 @@ class Stopped : public Error {
   using Error::Error;
 };
 
+// What a fleet adds when its clients' state lives in it and several workers share the server step
+// (the simulator's SimFleet: every worker runs the engine, each with its share of the clients).
+class FleetWorkers {
+ public:
+  virtual ~FleetWorkers() = default;
+  // Called before the engine writes its checkpoint after a round: the fleet makes its client state
+  // durable here, and returns only when every worker has (so the checkpoint never runs ahead of a
+  // worker's state).
+  virtual void checkpoint() = 0;
+  // How many workers share the server step (EngineConfig::shard_count must agree; the engine
+  // checks it before its first round): 1 unless the fleet reduce-scatters the last phase's dense
+  // sum and gathers the stepped model.
+  virtual uint32_t stepShards() const = 0;
+  // After a sharded server step (EngineConfig::shard_count > 1) `model` holds the new values in
+  // this worker's shard only: the fleet gathers every worker's shard into it. Only an element-wise
+  // server optimizer can be sharded this way (every one in aggregation/server_optimizer.h is).
+  virtual void gatherModel(std::span<float> model) = 0;
+  // Server-side state of the fleet's own that the checkpoint keeps (the simulator's worker count
+  // and the model versions its clients hold), the same on every worker; empty: none.
+  // restoreState() gets it back once, before the first round after a resume.
+  virtual std::vector<uint8_t> saveState() const = 0;
+  virtual void restoreState(std::span<const uint8_t> bytes) = 0;
+};
+
 // The seam between the round engine and whatever reaches the clients.
 class Fleet {
  public:
@@ -159,23 +183,9 @@ class Fleet {
   virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
   // The federation is over: tell the clients.
   virtual void finish(const std::string& reason) = 0;
-  // Called before the engine writes its checkpoint after a round: a fleet that keeps client state
-  // (the simulator's store) makes it durable here. A fleet of several workers returns only when
-  // every worker has (so the checkpoint never runs ahead of a worker's state).
-  virtual void checkpoint() {}
-  // How many workers share the server step (EngineConfig::shard_count must agree; the engine
-  // checks it before its first round): 1 unless the fleet reduce-scatters the last phase's dense
-  // sum and gathers the stepped model.
-  virtual uint32_t stepShards() const { return 1; }
-  // After a sharded server step (EngineConfig::shard_count > 1) `model` holds the new values in
-  // this worker's shard only: the fleet gathers every worker's shard into it. Only an element-wise
-  // server optimizer can be sharded this way (every one in aggregation/server_optimizer.h is).
-  virtual void gatherModel(std::span<float> /*model*/) {}
-  // Server-side state of the fleet's own that the checkpoint keeps (the simulator's worker count
-  // and the model versions its clients hold), the same on every worker; empty: none.
-  // restoreState() gets it back once, before the first round after a resume.
-  virtual std::vector<uint8_t> saveState() const { return {}; }
-  virtual void restoreState(std::span<const uint8_t> /*bytes*/) {}
+  // A fleet of workers that keep client state and share the server step (the simulator's) says so
+  // here; null for a fleet that reaches its clients and keeps nothing (a root's, a test's).
+  virtual FleetWorkers* workers() { return nullptr; }
 };
 
 struct RoundRecord {
@@ -230,7 +240,7 @@ class RoundEngine {
   std::unique_ptr<aggregation::ServerOptimizer> optimizer_;  // of this engine's shard (the whole model unsharded)
   size_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<uint8_t> previous_shard_entry_;  // the optimizer shard file's older entry
-  std::vector<uint8_t> fleet_state_;           // Fleet::saveState() at the last checkpoint
+  std::vector<uint8_t> fleet_state_;           // FleetWorkers::saveState() at the last checkpoint
   bool fleet_state_pending_ = false;            // loaded from a checkpoint, not yet restored
   bool fleet_checked_ = false;                  // stepShards() agreed with shard_count
   ModelStore model_;

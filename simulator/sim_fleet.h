@@ -68,7 +68,7 @@ struct SimClients {
   DevicePopulation devices;
 };
 
-class SimFleet final : public server::Fleet {
+class SimFleet final : public server::Fleet, public server::FleetWorkers {
  public:
   // Everything referenced must outlive the fleet. `test` (may be null) is what evaluate() uses.
   SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer, ClientStateStore& store,
@@ -80,6 +80,7 @@ class SimFleet final : public server::Fleet {
   // Central evaluation of the task's model on the test set, split among the workers.
   server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> participants) override;
   void finish(const std::string&) override {}
+  server::FleetWorkers* workers() override { return this; }
   // Makes every client state durable, and where it is (before the engine writes its checkpoint).
   void checkpoint() override;
   uint32_t stepShards() const override;
