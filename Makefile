@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 
 .PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz \
-        fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
+        bench-peers fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
         build-torch2 test-torch2
 
 all: build
@@ -68,6 +68,19 @@ bench-speed:
 	  cmake -S . -B $(SPEED_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTARLING_CUDA=OFF; fi
 	cmake --build $(SPEED_BUILD_DIR) -j $(JOBS) --target starling-sim starling-torch-loop-bench
 	/usr/bin/python3 bench/speed_vs_python.py --build-dir $(SPEED_BUILD_DIR) --out $(SPEED_BUILD_DIR)/speed_vs_python.json
+
+# The same federated task (examples/sim/demo.toml) run by Starling, Flower (Ray simulation) and pfl,
+# interleaved, each peer at its defaults and at its best settings for 2 cores: wall time, rounds/s,
+# clients/s, peak memory of every process, accuracy per evaluated round, bytes (docs/peers.md).
+# The peers live in a virtual environment outside the tree (scripts/peers-venv.sh,
+# $STARLING_PEERS_VENV); nothing from PyPI is committed. PEERS_ARGS passes more options to run.py,
+# e.g. PEERS_ARGS="--rounds 3" for a smoke run (about 4 min) or "--repeats 3" (30 to 40 min a
+# repetition at the default 30 rounds).
+PEERS_VENV ?= $(or $(STARLING_PEERS_VENV),$(HOME)/.cache/starling/peers-venv)
+PEERS_ARGS ?=
+bench-peers: build
+	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
+	$(PEERS_VENV)/bin/python bench/peers/run.py --starling-bin $(BUILD_DIR)/bin --out $(BUILD_DIR)/peers.json $(PEERS_ARGS)
 
 # Runs the server-path fuzzer (decode, validate, aggregate) for FUZZ_SECONDS (default 60) over
 # tests/fuzz/corpus, under memory limits: decoding must cost memory linear in the message, so a
