@@ -481,24 +481,6 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   CHECK(field(lines[0], "clients_failed") == "1");     // agg-101
 }
 
-TEST_CASE("two-phase PowerSGD and ACP-SGD run through aggregators in real processes", "[integration][server]") {
-  // 8 rounds: ACP-SGD sends one rank-2 factor per round and its first rounds are slow and noisy
-  // here (test accuracy 0.33 to 0.46 over rounds 2 to 5, with plain or step-ahead error feedback
-  // alike; 0.57 and 0.61 at round 8).
-  for (const std::string spec : {"powersgd:rank=2", "acpsgd:rank=2"}) {
-    CAPTURE(spec);
-    Federation f("lowrank");
-    const int port = freePort();
-    startTree(f, false, port,
-              {"--train.rounds", "8", "--sampling.min_available", "2", "--sampling.min_clients", "2",
-               "--compression.compressor", spec, "--state.metrics", f.path("metrics.jsonl"), "--eval.every", "8"});
-    const auto lines = awaitAppliedRounds(f, 8, "8");
-    CHECK(std::stod(field(lines[7], "test_accuracy")) > 0.4);
-    // PowerSGD: P then Q inside each round, both relayed by each aggregator.
-    if (spec.rfind("powersgd", 0) == 0) CHECK(countOf(f.log("agg-100"), "phase 1: relaying") == 8);
-  }
-}
-
 TEST_CASE("aggregators re-sparsify their partials (gTop-k) and keep the rest as residual", "[integration][server]") {
   double uplink[2] = {0, 0}, accuracy[2] = {0, 0};
   for (int sparse = 0; sparse < 2; ++sparse) {
