@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 
 .PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz \
-        bench-peers fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
+        bench-peers bench-peers-deploy fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
         build-torch2 test-torch2
 
 all: build
@@ -81,6 +81,15 @@ PEERS_ARGS ?=
 bench-peers: build
 	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
 	$(PEERS_VENV)/bin/python bench/peers/run.py --starling-bin $(BUILD_DIR)/bin --out $(BUILD_DIR)/peers.json $(PEERS_ARGS)
+
+# Issue 21, "Deployment against Flower": Flower's SuperLink with N SuperNodes (Deployment Runtime,
+# `flwr run`) against Starling's root with N Python clients on 127.0.0.1, the same dense update of
+# 1,000,010 float32 values, N = 10 and 100 interleaved: updates/s, server and total peak RSS
+# (bench/peers/deploy.py). DEPLOY_ARGS passes more options, e.g. DEPLOY_ARGS="--clients 2 --rounds 2".
+DEPLOY_ARGS ?=
+bench-peers-deploy: build
+	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
+	$(PEERS_VENV)/bin/python bench/peers/deploy.py --build-dir $(BUILD_DIR) --out $(BUILD_DIR)/peers-deploy.json $(DEPLOY_ARGS)
 
 # Runs the server-path fuzzer (decode, validate, aggregate) for FUZZ_SECONDS (default 60) over
 # tests/fuzz/corpus, under memory limits: decoding must cost memory linear in the message, so a

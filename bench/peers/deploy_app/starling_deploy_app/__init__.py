@@ -1,0 +1,1 @@
+"""Flower App of bench/peers/deploy.py (issue 21)."""
