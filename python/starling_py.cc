@@ -3,12 +3,14 @@
 // evaluate(), in the shape of Flower's NumPyClient. python/starling/__init__.py is the public
 // API and docs/python.md its guide; this file only crosses the language boundary.
 //
-// Threading: Client.run() starts the runtime on a thread of its own and waits with the GIL
-// released, taking it back every 50 ms to let Python handle signals (Ctrl-C stops the client).
-// The runtime trains on yet another thread (heartbeats keep flowing meanwhile); PyTrainer takes
-// the GIL there to call the Python object. Whatever goes wrong on the Python side (an exception in
+// Threading: Client.run() starts the runtime on a thread of its own and serves, on the calling
+// thread, the Python calls the runtime's training thread hands it (PythonThread): fit() and
+// evaluate() run on the thread that called run(), with the GIL, while the runtime's own thread
+// keeps the heartbeats flowing. Between calls run() waits with the GIL released, taking it every
+// 50 ms to let Python handle signals, so Ctrl-C raises KeyboardInterrupt inside a long fit() or
+// while waiting, and stops the client. Whatever goes wrong on the Python side (an exception in
 // fit(), a result of the wrong shape, dtype or a non-finite value) stops the runtime before the
-// update is encoded, and run() raises it in the calling thread: nothing is sent.
+// update is encoded, and run() raises it: nothing is sent for that task.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -18,17 +20,23 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "aggregation/bounds.h"
 #include "client/runtime.h"
 #include "client/trainer.h"
 #include "core/error.h"
 #include "data/partition.h"
+#include "protocol/control.h"
 #include "transport/context.h"
 #include "transport/keys.h"
 
@@ -60,12 +68,51 @@ std::string shapeText(const Shape& s) {
   return out + (s.size() == 1 ? ",)" : ")");
 }
 
+// The thread in Client::run (the caller's): the runtime's training thread hands it the Python
+// calls and waits for their results (exceptions included).
+class PythonThread {
+ public:
+  // On the training thread: runs `f` on the Python thread (which holds the GIL while it runs)
+  // and returns what it returned, or throws what it threw.
+  template <class F>
+  std::invoke_result_t<F> call(F&& f) {
+    std::packaged_task<std::invoke_result_t<F>()> task(std::forward<F>(f));
+    auto result = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = [&task] { task(); };
+    }
+    ready_.notify_one();
+    return result.get();
+  }
+
+  // On the Python thread, without the GIL: waits up to `wait` for a call and runs it with the GIL.
+  void serve(std::chrono::milliseconds wait) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ready_.wait_for(lock, wait, [this] { return static_cast<bool>(job_); });
+      job = std::move(job_);
+      job_ = nullptr;
+    }
+    if (job) {
+      py::gil_scoped_acquire gil;
+      job();
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::function<void()> job_;
+};
+
 // A Trainer whose fit() and evaluate() are a Python object's (client/trainer.h's contract, with
 // the data held by the Python side: the DataViews only carry the example counts).
 class PyTrainer final : public client::Trainer {
  public:
-  PyTrainer(py::object client, ParamLayout layout)
-      : client_(std::move(client)), layout_(std::move(layout)) {}
+  PyTrainer(py::object client, ParamLayout layout, PythonThread& python)
+      : client_(std::move(client)), layout_(std::move(layout)), python_(python) {}
 
   std::string name() const override { return "python"; }
   std::string spec() const override { return "python"; }
@@ -80,7 +127,7 @@ class PyTrainer final : public client::Trainer {
                         const client::FitConfig& cfg, RngStream& rng) override {
     if (cfg.stop && cfg.stop->load()) throw client::TrainingStopped("the client is stopping");
     const uint64_t seed = rng.next();
-    return guarded([&] {
+    client::FitResult fitted = guarded([&] {
       if (!cfg.correction.empty())
         throw py::value_error(
             "this federation runs SCAFFOLD (train.scaffold = true), which a Python client does not "
@@ -105,6 +152,10 @@ class PyTrainer final : public client::Trainer {
       }
       return r;
     });
+    // stop() during fit(): the trained model is dropped, nothing is sent.
+    if (stop && stop->load())
+      throw client::TrainingStopped("stopped during fit(); its update is not sent");
+    return fitted;
   }
 
   client::EvalResult evaluate(std::span<const float> params,
@@ -118,9 +169,16 @@ class PyTrainer final : public client::Trainer {
       r.loss = checkNumber(t[0], "evaluate", "loss");
       if (r.loss < 0)
         throw py::value_error("evaluate() returned a negative loss: " + std::to_string(r.loss));
+      if (r.loss > protocol::ControlLimits{}.max_eval_loss)
+        throw py::value_error("evaluate() returned a loss of " + std::to_string(r.loss) +
+                              ", above the bound the server enforces (" +
+                              std::to_string(protocol::ControlLimits{}.max_eval_loss) + ")");
       r.num_examples = checkCount(t[1], "evaluate", "num_examples", data.size());
+      bool has_accuracy = false;
       for (const Metric& m : checkMetrics(t[2], "evaluate"))
-        if (m.name == "accuracy") r.accuracy = m.value;
+        if (m.name == "accuracy") r.accuracy = m.value, has_accuracy = true;
+      if (!has_accuracy)
+        throw py::value_error("evaluate() must report metrics['accuracy'] (in [0, 1])");
       if (!(r.accuracy >= 0 && r.accuracy <= 1))
         throw py::value_error("evaluate() returned metrics['accuracy'] = " +
                               std::to_string(r.accuracy) + ", outside [0, 1]");
@@ -136,21 +194,22 @@ class PyTrainer final : public client::Trainer {
   std::optional<py::error_already_set> error;
 
  private:
-  // Runs `f` with the GIL; a Python error (the user's, or a check's) is kept for run() to raise,
-  // and the runtime is told to stop without sending anything.
+  // Runs `f` on the Python thread; a Python error (the user's, a check's, KeyboardInterrupt) is
+  // kept for run() to raise, and the runtime is told to stop without sending anything.
   template <class F>
   std::invoke_result_t<F> guarded(F&& f) {
-    py::gil_scoped_acquire gil;
-    try {
-      return f();
-    } catch (py::error_already_set& e) {
-      error.emplace(std::move(e));
-    } catch (py::builtin_exception& e) {
-      e.set_error();
-      error.emplace();
-    }
-    if (stop) stop->store(true);
-    throw client::TrainingStopped("the Python client raised an exception; nothing was sent");
+    return python_.call([&]() -> std::invoke_result_t<F> {
+      try {
+        return f();
+      } catch (py::error_already_set& e) {
+        error.emplace(std::move(e));
+      } catch (py::builtin_exception& e) {
+        e.set_error();
+        error.emplace();
+      }
+      if (stop) stop->store(true);
+      throw client::TrainingStopped("the Python client raised an exception; nothing was sent");
+    });
   }
 
   uint64_t round() const { return stats ? stats->last_round : 0; }
@@ -192,10 +251,11 @@ class PyTrainer final : public client::Trainer {
       const std::string which =
           "fit() returned parameter " + std::to_string(i) + " ('" + t.name + "')";
       py::handle item = seq[i];
-      if (!py::isinstance<py::array>(item))
+      if (!py::isinstance<py::array>(item) ||
+          py::isinstance(item, py::module_::import("numpy.ma").attr("MaskedArray")))
         throw py::type_error(which + " as " +
                              std::string(py::str(py::type::of(item).attr("__name__"))) +
-                             ", not a numpy array");
+                             ", not a plain numpy array");
       const py::array a = py::reinterpret_borrow<py::array>(item);
       if (!a.dtype().is(py::dtype::of<float>()))
         throw py::type_error(which + " of dtype " + std::string(py::str(a.dtype())) +
@@ -217,9 +277,7 @@ class PyTrainer final : public client::Trainer {
   }
 
   static double checkNumber(py::handle h, const char* what, const char* name) {
-    if (py::isinstance<py::bool_>(h) ||
-        (!py::isinstance<py::float_>(h) && !py::isinstance<py::int_>(h) &&
-         !py::hasattr(h, "__float__")))
+    if (isBool(h) || py::isinstance<py::array>(h) || !py::hasattr(h, "__float__"))
       throw py::type_error(std::string(what) + "() returned " + name + " that is not a number");
     const double v = py::cast<double>(py::float_(py::reinterpret_borrow<py::object>(h)));
     if (!std::isfinite(v))
@@ -227,12 +285,21 @@ class PyTrainer final : public client::Trainer {
     return v;
   }
 
+  // numpy.bool_ passes for a number in Python; as a weight or a metric it is a mistake.
+  static bool isBool(py::handle h) {
+    return py::isinstance<py::bool_>(h) ||
+           py::isinstance(h, py::module_::import("numpy").attr("bool_"));
+  }
+
   // An integer in [1, registered]: the server refuses a weight above what the client registered.
   static uint64_t checkCount(py::handle h, const char* what, const char* name,
                              uint64_t registered) {
-    if (py::isinstance<py::bool_>(h) || !py::hasattr(h, "__index__"))
+    PyObject* index = isBool(h) ? nullptr : PyNumber_Index(h.ptr());
+    if (!index) {
+      PyErr_Clear();
       throw py::type_error(std::string(what) + "() returned " + name + " that is not an integer");
-    const py::int_ n = py::reinterpret_borrow<py::object>(h).attr("__index__")();
+    }
+    const py::int_ n = py::reinterpret_steal<py::int_>(index);
     if (n < py::int_(1) || n > py::int_(uint64_t{1} << 53))
       throw py::value_error(std::string(what) + "() returned " + name + " = " +
                             std::string(py::str(py::handle(n))) + "; it must be in [1, 2^53]");
@@ -253,23 +320,42 @@ class PyTrainer final : public client::Trainer {
       if (!py::isinstance<py::str>(k))
         throw py::type_error(std::string(what) + "() returned a metric name that is not a str");
       const std::string name = py::cast<std::string>(k);
-      out.push_back({name, checkNumber(v, what, ("metrics['" + name + "']").c_str())});
+      const double value = checkNumber(v, what, ("metrics['" + name + "']").c_str());
+      // The server's default bound (bounds.max_metric_abs): it refuses an update over it.
+      if (std::fabs(value) > aggregation::ValidationBounds{}.max_metric_abs)
+        throw py::value_error(std::string(what) + "() returned metrics['" + name +
+                              "'] = " + std::to_string(value) +
+                              ", above the bound a server enforces (|value| <= " +
+                              std::to_string(aggregation::ValidationBounds{}.max_metric_abs) + ")");
+      out.push_back({name, value});
     }
     return out;
   }
 
   py::object client_;
   ParamLayout layout_;
+  PythonThread& python_;
 };
 
 class Client {
  public:
+  // The most examples a client may declare (each costs the view 8 bytes; a server's default cap,
+  // bounds.max_examples, is 10 million).
+  static constexpr uint64_t kMaxExamples = 100'000'000;
+
   Client(py::object client, std::string server, uint64_t client_id, const LayoutList& layout,
          uint64_t num_examples, uint64_t eval_examples, bool insecure, std::string key,
-         std::string server_key, std::string state_file, std::string log_level,
+         std::string server_key, std::string state_file, const std::string& log_level,
          uint32_t register_retry_ms, uint32_t server_silence_ms)
-      : trainer_(std::move(client), makeLayout(layout)) {
+      : trainer_(std::move(client), makeLayout(layout), python_) {
     if (num_examples == 0) throw py::value_error("num_examples must be at least 1");
+    if (num_examples > kMaxExamples || eval_examples > kMaxExamples)
+      throw py::value_error("num_examples and eval_examples may be at most " +
+                            std::to_string(kMaxExamples));
+    const auto level = spdlog::level::from_str(log_level);
+    if (level == spdlog::level::off && log_level != "off")
+      throw py::value_error("log_level '" + log_level +
+                            "' is not one of trace, debug, info, warn, error, critical, off");
     indices_.assign(std::max(num_examples, eval_examples), 0);
     config_.server = std::move(server);
     config_.client_id = client_id;
@@ -292,9 +378,13 @@ class Client {
     log_ = std::make_shared<spdlog::logger>("starling-py-" + std::to_string(client_id), sink);
     log_->set_pattern(insecure ? "[%H:%M:%S.%e] [%n] [INSECURE] [%^%l%$] %v"
                                : "[%H:%M:%S.%e] [%n] [%^%l%$] %v");
-    log_->set_level(spdlog::level::from_str(log_level));
+    log_->set_level(level);
     train_ = {nullptr, std::span<const size_t>(indices_.data(), num_examples)};
     eval_ = {nullptr, std::span<const size_t>(indices_.data(), eval_examples)};
+    // The runtime now: a state file that does not read back or an endpoint that is not one fails
+    // here, before anything connects or is sent; the first run() uses it.
+    runtime_ =
+        std::make_unique<client::ClientRuntime>(ctx_, config_, trainer_, train_, eval_, log_);
   }
 
   // Serves the federation: true when the server ended it, false when stopped. Raises what the
@@ -302,41 +392,57 @@ class Client {
   bool run() {
     if (running_) throw py::value_error("this client is already running");
     running_ = true;
-    std::atomic<bool>& stop = stop_;
-    std::atomic<bool> done{false};
-    stop = false;
-    trainer_.stop = &stop;
+    struct Reset {  // on every way out, error or not
+      Client& c;
+      ~Reset() {
+        c.running_ = false;
+        c.stop_ = false;  // a stop() counts for the run it came during (or the next one)
+        c.trainer_.stop = nullptr;
+      }
+    } reset{*this};
     trainer_.error.reset();
+    if (used_)
+      runtime_ =
+          std::make_unique<client::ClientRuntime>(ctx_, config_, trainer_, train_, eval_, log_);
+    used_ = true;
+    trainer_.stop = &stop_;
+    trainer_.stats = &runtime_->stats();
+    std::atomic<bool> done{false};
     bool ended = false;
     std::exception_ptr failure;
     std::optional<py::error_already_set> interrupt;
     {
       py::gil_scoped_release release;
-      runtime_ =
-          std::make_unique<client::ClientRuntime>(ctx_, config_, trainer_, train_, eval_, log_);
-      trainer_.stats = &runtime_->stats();
       std::thread t([&] {
         try {
-          ended = runtime_->run(stop);
+          ended = runtime_->run(stop_);
         } catch (...) {
           failure = std::current_exception();
         }
         done = true;
       });
+      // The Python calls of the runtime's training thread run here; between them, signals.
       while (!done) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        python_.serve(std::chrono::milliseconds(50));
         py::gil_scoped_acquire gil;
-        if (!interrupt && PyErr_CheckSignals() != 0) {
-          interrupt.emplace();
-          stop = true;
+        if (PyErr_CheckSignals() != 0) {
+          if (!interrupt)
+            interrupt.emplace();
+          else
+            PyErr_Clear();  // a second Ctrl-C while stopping: already stopping
+          stop_ = true;
         }
       }
       t.join();
-      stats_ = runtime_->stats();
     }
-    running_ = false;
-    trainer_.stop = nullptr;
-    if (interrupt) throw std::move(*interrupt);
+    stats_ = runtime_->stats();
+    if (interrupt) {
+      if (trainer_.error)
+        log_->error("client {}: stopped by Ctrl-C; the Python client had also raised: {}",
+                    config_.client_id, trainer_.error->what());
+      trainer_.error.reset();
+      throw std::move(*interrupt);
+    }
     if (trainer_.error) {
       py::error_already_set e = std::move(*trainer_.error);
       trainer_.error.reset();
@@ -365,10 +471,12 @@ class Client {
 
   uint64_t fingerprint() const { return trainer_.layout().fingerprint(); }
 
-  // From another thread: run() returns False soon (within a batch of the Python fit's own).
+  // From another thread: the running run() (or the next one) returns False at its next turn; a
+  // fit() in progress finishes, and its update is not sent.
   void stop() { stop_ = true; }
 
  private:
+  PythonThread python_;  // before trainer_, which refers to it
   PyTrainer trainer_;
   client::RuntimeConfig config_;
   transport::Context ctx_;
@@ -376,6 +484,7 @@ class Client {
   client::DataView train_, eval_;
   std::shared_ptr<spdlog::logger> log_;
   std::unique_ptr<client::ClientRuntime> runtime_;
+  bool used_ = false;  // runtime_ has served a run(): the next one gets a fresh one
   client::RuntimeStats stats_;
   std::atomic<bool> running_{false}, stop_{false};
 };

@@ -49,11 +49,11 @@ class NumPyClient:
         one the server reports by default). Anything else raises before anything is sent.
         config: {"round", "epochs", "batch_size", "lr", "prox_mu", "seed"}: the server's local
         training settings (prox_mu > 0: the server asks for FedProx's proximal term toward the
-        parameters given), and a seed for this round's shuffling.
+        parameters given; 0 otherwise), and a seed for this round's shuffling.
 
     evaluate(parameters, config) -> (loss, num_examples, metrics)
-        The loss (>= 0) and metrics["accuracy"] (in [0, 1]) of `parameters` on this client's
-        held-out data. config: {"round"}.
+        The loss (>= 0) and metrics["accuracy"] (required, in [0, 1]) of `parameters` on this
+        client's held-out data. config: {"round"}.
     """
 
     def fit(self, parameters, config):
@@ -115,14 +115,16 @@ class Client:
                                         int(server_silence_ms))
 
     def run(self):
-        """Serves the federation until the server ends it (returns True) or Ctrl-C
-        (KeyboardInterrupt). An exception of fit() or evaluate(), or a result that breaks their
-        contract, stops the client and is raised here; nothing was sent for that task."""
+        """Serves the federation until the server ends it (returns True), stop() (False) or
+        Ctrl-C (KeyboardInterrupt). fit() and evaluate() run on this thread. An exception of
+        fit() or evaluate(), or a result that breaks their contract, stops the client and is
+        raised here; nothing was sent for that task. A client may run() again after that."""
         return self._client.run()
 
     def stop(self):
-        """Asks a run() in another thread to return (False) at its next turn; a fit() in progress
-        runs to its end first, and its update is sent."""
+        """From another thread: the running run() (or, if none runs, the next one) returns False
+        at its next turn; a fit() in progress runs to its end first, and its update is not
+        sent."""
         self._client.stop()
 
     @property

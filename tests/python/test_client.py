@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -212,6 +213,11 @@ class PythonClientTest(unittest.TestCase):
             "an infinite metric": (zeros, 10, {"train_loss": math.inf}, ValueError, "non-finite metrics['train_loss']"),
             "a zero weight": (zeros, 0, {}, ValueError, "num_examples = 0"),
             "a float weight": (zeros, 2.5, {}, TypeError, "not an integer"),
+            "a numpy bool weight": (zeros, np.True_, {}, TypeError, "not an integer"),
+            "a metric over the server's bound": (zeros, 10, {"train_loss": 1e10}, ValueError, "above the bound"),
+            "an array as a metric": (zeros, 10, {"train_loss": np.array([0.5])}, TypeError, "not a number"),
+            "a masked array": ([np.ma.masked_array(zeros[0], mask=True), zeros[1]], 10, {}, TypeError,
+                               "not a plain numpy array"),
             "a weight above the registered one": (zeros, 11, {}, ValueError, "more than the 10 this client registered"),
             "no tuple": (None, None, None, TypeError, "must return a tuple"),
         }
@@ -232,6 +238,85 @@ class PythonClientTest(unittest.TestCase):
                 self.assertEqual(c.stats["updates_sent"], 0)
         self.assertEqual(self.fed.metrics(), [])  # no round was applied
 
+    def test_a_bad_evaluation_raises_before_anything_is_sent(self):
+        cases = {
+            "no accuracy": ((0.5, 5, {}), "must report metrics['accuracy']"),
+            "an accuracy above 1": ((0.5, 5, {"accuracy": 1.5}), "outside [0, 1]"),
+            "a loss over the server's bound": ((1e10, 5, {"accuracy": 0.5}), "above the bound"),
+        }
+        for what, (answer, words) in cases.items():
+            with self.subTest(what):
+                # A root each: a root of one round ends once its evaluation gave up.
+                port = free_port()
+                self.fed.root(port, ["client-0"], rounds=1,
+                              extra=["--sampling.min_available", "1", "--eval.every", "1"])
+
+                class BadEval(Shifter):
+                    def evaluate(self, parameters, config):
+                        return answer
+
+                c = starling.Client(BadEval(1.0, 10, 1.0), num_examples=10, eval_examples=5,
+                                    **self.fed.client_kwargs(port, 0))
+                with self.assertRaises(ValueError) as got:
+                    c.run()
+                self.assertIn(words, str(got.exception))
+                self.assertEqual(c.stats["evaluations_sent"], 0)
+
+    def test_a_client_runs_again_after_a_failed_run(self):
+        # Round 1: the first run() raises from fit(); the same Client runs again, registers anew,
+        # gets round 1's task again and completes the federation.
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1"])
+
+        class FailsOnce(Shifter):
+            def fit(self, parameters, config):
+                if not self.seen:
+                    self.seen.append(None)
+                    raise RuntimeError("first fit fails")
+                return super().fit(parameters, config)
+
+        c = starling.Client(FailsOnce(1.0, 10, 1.0), num_examples=10, **self.fed.client_kwargs(port, 0))
+        with self.assertRaises(RuntimeError):
+            c.run()
+        runs = [run_in_thread(c)]
+        join(runs, [c], logs=lambda: self.fed.log("root"))
+        self.assertNotIn("error", runs[0])
+        self.assertTrue(runs[0]["result"])
+        self.assertEqual(c.stats["updates_sent"], 1)
+        self.assertEqual(len(self.fed.metrics()), 1)
+
+    def test_stop_and_ctrl_c_during_fit_send_nothing(self):
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1"])
+
+        class Slow(Shifter):
+            started = threading.Event()
+
+            def fit(self, parameters, config):
+                Slow.started.set()
+                for _ in range(200):  # 10 s unless interrupted
+                    time.sleep(0.05)
+                return super().fit(parameters, config)
+
+        # stop() from another thread: fit() runs to its end, its update is not sent.
+        c = starling.Client(Slow(1.0, 10, 1.0), num_examples=10, **self.fed.client_kwargs(port, 0))
+        threading.Thread(target=lambda: (Slow.started.wait(30), c.stop()), daemon=True).start()
+        self.assertFalse(c.run())
+        self.assertEqual(c.stats["updates_sent"], 0)
+        self.assertEqual(c.stats["tasks"], 1)
+        # Ctrl-C: KeyboardInterrupt inside fit() (which runs on the thread that called run()),
+        # long before fit() would end; nothing sent.
+        Slow.started.clear()
+        c = starling.Client(Slow(1.0, 10, 1.0), num_examples=10, **self.fed.client_kwargs(port, 0))
+        threading.Thread(target=lambda: (Slow.started.wait(30), time.sleep(0.2), os.kill(os.getpid(), signal.SIGINT)),
+                         daemon=True).start()
+        t0 = time.monotonic()
+        with self.assertRaises(KeyboardInterrupt):
+            c.run()
+        self.assertLess(time.monotonic() - t0, 8.0)
+        self.assertEqual(c.stats["updates_sent"], 0)
+        self.assertEqual(self.fed.metrics(), [])
+
     def test_an_exception_in_fit_reaches_the_caller(self):
         port = free_port()
         self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1"])
@@ -248,6 +333,17 @@ class PythonClientTest(unittest.TestCase):
 
     def test_bad_configuration_is_refused_before_connecting(self):
         kw = self.fed.client_kwargs(free_port(), 0)
+        bad_state = os.path.join(self.fed.dir, "bad.state")
+        with open(bad_state, "wb") as f:
+            f.write(b"not a state file at all")
+        with self.assertRaises(starling.IoError):
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "state_file": bad_state})
+        with self.assertRaises(starling.IoError):
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "server": "not-an-endpoint"})
+        with self.assertRaises(ValueError):
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "log_level": "nonsense"})
+        with self.assertRaises(ValueError):
+            starling.Client(Shifter(1, 1, 1), num_examples=2**40, **kw)
         with self.assertRaises(starling.IoError):  # an OSError
             starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "key": os.path.join(self.fed.dir, "nope")})
         with self.assertRaises(starling.ConfigError):  # a ValueError
