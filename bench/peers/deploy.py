@@ -282,6 +282,15 @@ def mib(x):
     return round(x / 2**20, 1) if x is not None else None
 
 
+def record_peaks(res, sampler, t0):
+    """What every run records when it ends: its wall time and the sampler's peaks (per role, process
+    counts, per group)."""
+    res["wall_total_s"] = round(time.monotonic() - t0, 2)
+    res["rss_peak_mib"] = {k: mib(v) for k, v in sorted(sampler.peak.items())}
+    res["process_count_peak"] = dict(sorted(sampler.peak_count.items()))
+    res["rss_peak_group_mib"] = {k: mib(v) for k, v in sampler.peak_group.items()}
+
+
 def tail(path, n=5):
     try:
         with open(path, "rb") as f:
@@ -421,10 +430,7 @@ def run_flower(a, n, work):
     finally:
         sampler.stop()
         procs.kill()
-    res["wall_total_s"] = round(time.monotonic() - t0, 2)
-    res["rss_peak_mib"] = {k: mib(v) for k, v in sorted(sampler.peak.items())}
-    res["process_count_peak"] = dict(sorted(sampler.peak_count.items()))
-    res["rss_peak_group_mib"] = {k: mib(v) for k, v in sampler.peak_group.items()}
+    record_peaks(res, sampler, t0)
     res["server_rss_mib"] = {"superlink": mib(sampler.peak.get("superlink")),
                              "serverapp": mib(sampler.peak.get("serverapp")),
                              "superexec": mib(sampler.peak.get("superlink_superexec")),
@@ -494,10 +500,7 @@ def run_starling(a, n, work):
     finally:
         sampler.stop()
         procs.kill()
-    res["wall_total_s"] = round(time.monotonic() - t0, 2)
-    res["rss_peak_mib"] = {k: mib(v) for k, v in sorted(sampler.peak.items())}
-    res["process_count_peak"] = dict(sorted(sampler.peak_count.items()))
-    res["rss_peak_group_mib"] = {k: mib(v) for k, v in sampler.peak_group.items()}
+    record_peaks(res, sampler, t0)
     kernel = procs.peak_by_role()
     # The root is one process: its own peak (ru_maxrss from wait4) is exact where 0.2 s samples of
     # a run of a few seconds may miss it.
