@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 
 .PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz \
-        bench-peers bench-peers-deploy fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
+        bench-peers bench-peers-deploy bench-peers-scale fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
         build-torch2 test-torch2
 
 all: build
@@ -81,6 +81,14 @@ PEERS_ARGS ?=
 bench-peers: build
 	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
 	$(PEERS_VENV)/bin/python bench/peers/run.py --starling-bin $(BUILD_DIR)/bin --out $(BUILD_DIR)/peers.json $(PEERS_ARGS)
+
+# Issue 21, "Scale against the peers": the three systems with 1,000 and 100,000 clients in the
+# pool, stateless and stateful: startup, s/round, peak RSS of the process tree, or the failure
+# (bench/peers/scale.py). SCALE_ARGS passes more options, e.g. SCALE_ARGS="--pools 1000 --timeout 300".
+SCALE_ARGS ?=
+bench-peers-scale: build
+	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
+	$(PEERS_VENV)/bin/python bench/peers/scale.py --starling-bin $(BUILD_DIR)/bin --out $(BUILD_DIR)/peers-scale.json $(SCALE_ARGS)
 
 # Issue 21, "Deployment against Flower": Flower's SuperLink with N SuperNodes (Deployment Runtime,
 # `flwr run`) against Starling's root with N Python clients on 127.0.0.1, the same dense update of

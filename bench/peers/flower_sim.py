@@ -91,9 +91,30 @@ def train(msg: Message, context: Context):
     rnd = int(msg.content["config"]["server-round"])
     seed = int(os.environ.get("STARLING_PEERS_SEED", "1")) * 1_000_003 + rnd * 10_007 + pid
     n, loss = common.train_local(model, x, y, seed)
+    if os.environ.get("STARLING_PEERS_STATEFUL") == "1":
+        _error_feedback(msg.content["arrays"].to_torch_state_dict(), model, context)
     metrics = MetricRecord({"train_loss": loss, "num-examples": n, "threads": torch.get_num_threads()})
     return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}),
                    reply_to=msg)
+
+
+def _error_feedback(initial, model, context, density=0.01):
+    """--stateful (bench/peers/scale.py; our code, Flower has no compressor): the client keeps a
+    model-sized float32 residual in its Context.state (a RecordDict Flower's simulation keeps per
+    node), adds it to its update, sends the top-k `density` of that (as initial + sent, so FedAvg
+    averages it unchanged) and keeps the rest as the new residual."""
+    new = model.state_dict()
+    keys = list(new.keys())
+    if "residual" in context.state:
+        residual = context.state["residual"].to_torch_state_dict()
+    else:
+        residual = {k: torch.zeros_like(new[k], dtype=torch.float32) for k in keys}
+    full = {k: (new[k] - initial[k]).float() + residual[k] for k in keys}
+    flat = torch.cat([full[k].reshape(-1) for k in keys])
+    thresh = torch.topk(flat.abs(), max(1, int(flat.numel() * density)), sorted=False).values.min()
+    sent = {k: torch.where(full[k].abs() >= thresh, full[k], torch.zeros_like(full[k])) for k in keys}
+    context.state["residual"] = ArrayRecord({k: full[k] - sent[k] for k in keys})
+    model.load_state_dict({k: initial[k] + sent[k] for k in keys})
 
 
 # ---- the ServerApp (runs in this process) ---------------------------------------------------
@@ -147,6 +168,9 @@ def main_cli():
     common.add_common_args(p)
     p.add_argument("--client-cpus", type=float, default=None,
                    help="override the setting's client_resources num_cpus (for measuring which is best)")
+    p.add_argument("--stateful", action="store_true",
+                   help="per-node state (bench/peers/scale.py): each client keeps a model-sized float32 residual "
+                        "in Context.state and sends top-k 1%% with error feedback (our code)")
     a = p.parse_args()
     x, y = common.load_fashion_mnist("train", a.data_dir, PROG, as_float=False)  # errors before Ray starts
     shards = common.read_split(a.split, len(y), PROG)
@@ -155,6 +179,7 @@ def main_cli():
     os.environ["STARLING_PEERS_DATA"] = a.data_dir
     os.environ["STARLING_PEERS_SPLIT"] = os.path.abspath(a.split)
     os.environ["STARLING_PEERS_SEED"] = str(a.seed)
+    os.environ["STARLING_PEERS_STATEFUL"] = "1" if a.stateful else "0"
     # Loopback only (see RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER above); both settings have it.
     backend_config = {"init_args": {"_node_ip_address": "127.0.0.1"}}
     if a.setting == "best":
@@ -179,7 +204,8 @@ def main_cli():
     result = {
         "system": "flower",
         "setting": a.setting,
-        "compressor": "none",
+        "compressor": ("topk 1% with error feedback, residual in Context.state (our code)"
+                       if a.stateful else "none"),
         "versions": {"flwr": flwr.__version__, "ray": ray.__version__, "torch": torch.__version__,
                      "numpy": np.__version__},
         "backend_config": backend_config,

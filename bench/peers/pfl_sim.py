@@ -178,6 +178,10 @@ def main():
     p = argparse.ArgumentParser(description="The demo task in pfl's simulation (bench/peers/)")
     common.add_common_args(p)
     p.add_argument("--workers", type=int, default=2, help="pfl worker processes with --setting best")
+    p.add_argument("--stateful", action="store_true",
+                   help="per-user state (bench/peers/scale.py): FedAvg whose clients keep a model-sized float32 "
+                        "residual in pfl's InMemoryUserStateStorage and send top-k 1%% with error feedback "
+                        "(the top-k and error feedback are our code; pfl ships no compressor)")
     a = p.parse_args()
     if a.threads is not None:
         common.set_threads(a.threads)
@@ -217,7 +221,10 @@ def main():
     # The clock last: a round ends after its evaluation, as in starling-sim's metrics.
     callbacks = [EveryKRounds(test_data, eval_params, a.eval_every, evals), rc]
     t0 = time.time()
-    FederatedAveraging().run(algorithm_params=algorithm_params, backend=backend, model=model,
+    algorithm = FederatedAveraging()
+    if a.stateful:
+        algorithm = _error_feedback_fedavg(FederatedAveraging)
+    algorithm.run(algorithm_params=algorithm_params, backend=backend, model=model,
                              model_train_params=train_params, model_eval_params=eval_params,
                              callbacks=callbacks)
     t1 = time.time()
@@ -228,7 +235,8 @@ def main():
     result = {
         "system": "pfl",
         "setting": a.setting,
-        "compressor": "none",
+        "compressor": ("topk 1% with error feedback, residual in pfl's InMemoryUserStateStorage (our code)"
+                       if a.stateful else "none"),
         "versions": {"pfl": pfl_version,
                      "torch": torch.__version__, "numpy": np.__version__},
         "workers": dist.world_size,
@@ -249,6 +257,38 @@ def main():
         "evals": evals,
     }
     common.write_result(a.out, result)
+
+
+def _error_feedback_fedavg(base, density=0.01):
+    """FedAvg whose users keep a residual (pfl's per-user state, InMemoryUserStateStorage, the
+    storage its SCAFFOLD uses) and send the top-k `density` of update + residual; our code."""
+    from pfl.data.user_state import InMemoryUserStateStorage
+    from pfl.exception import UserNotFoundError
+
+    storage = InMemoryUserStateStorage()
+
+    class ErrorFeedbackFedAvg(base):
+        def train_one_user(self, initial_model_state, model, user_dataset, central_context):
+            stats, metrics = super().train_one_user(initial_model_state, model, user_dataset, central_context)
+            uid = str(user_dataset.user_id)
+            try:
+                residual = storage.load_state(uid, "residual")
+            except UserNotFoundError:
+                residual = {k: torch.zeros_like(v) for k, v in stats.items()}
+            keys = list(stats.keys())
+            full = {k: stats[k] + residual[k] for k in keys}
+            flat = torch.cat([full[k].reshape(-1) for k in keys])
+            kth = max(1, int(flat.numel() * density))
+            thresh = torch.topk(flat.abs(), kth, sorted=False).values.min()
+            new_residual = {}
+            for k in keys:
+                sent = torch.where(full[k].abs() >= thresh, full[k], torch.zeros_like(full[k]))
+                new_residual[k] = full[k] - sent
+                stats[k] = sent
+            storage.save_state(new_residual, uid, "residual")
+            return stats, metrics
+
+    return ErrorFeedbackFedAvg()
 
 
 if __name__ == "__main__":
