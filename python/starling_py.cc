@@ -17,7 +17,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <pthread.h>
+
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -413,6 +416,15 @@ class Client {
     std::optional<py::error_already_set> interrupt;
     {
       py::gil_scoped_release release;
+      // The runtime's threads (this one, and the training thread it starts) block SIGINT and
+      // SIGTERM, so that a Ctrl-C reaches the thread that runs Python (whose wait in a fit() it
+      // then interrupts) rather than a C++ thread, where Python would see it only once fit()
+      // returned. libzmq's I/O threads block every signal themselves.
+      sigset_t block, previous;
+      sigemptyset(&block);
+      sigaddset(&block, SIGINT);
+      sigaddset(&block, SIGTERM);
+      pthread_sigmask(SIG_BLOCK, &block, &previous);
       std::thread t([&] {
         try {
           ended = runtime_->run(stop_);
@@ -421,6 +433,7 @@ class Client {
         }
         done = true;
       });
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
       // The Python calls of the runtime's training thread run here; between them, signals.
       while (!done) {
         python_.serve(std::chrono::milliseconds(50));

@@ -290,30 +290,42 @@ class PythonClientTest(unittest.TestCase):
         self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1"])
 
         class Slow(Shifter):
+            """A fit() that runs until `release` is set (or 60 s): a long local epoch."""
             started = threading.Event()
+            release = threading.Event()
+            waited_out = False  # fit()'s wait came to its end (not interrupted)
 
             def fit(self, parameters, config):
                 Slow.started.set()
-                for _ in range(200):  # 10 s unless interrupted
-                    time.sleep(0.05)
+                # Waits on the event a slice at a time: Python notices a signal that arrived just
+                # before a blocking wait only when it next runs bytecode, as a training loop does.
+                for _ in range(1200):
+                    if Slow.release.wait(0.05):
+                        break
+                Slow.waited_out = True
                 return super().fit(parameters, config)
 
-        # stop() from another thread: fit() runs to its end, its update is not sent.
+        # stop() from another thread while fit() runs, then fit() ends: its update is not sent.
         c = starling.Client(Slow(1.0, 10, 1.0), num_examples=10, **self.fed.client_kwargs(port, 0))
-        threading.Thread(target=lambda: (Slow.started.wait(30), c.stop()), daemon=True).start()
+        threading.Thread(target=lambda: (Slow.started.wait(30), c.stop(), Slow.release.set()), daemon=True).start()
         self.assertFalse(c.run())
         self.assertEqual(c.stats["updates_sent"], 0)
         self.assertEqual(c.stats["tasks"], 1)
-        # Ctrl-C: KeyboardInterrupt inside fit() (which runs on the thread that called run()),
-        # long before fit() would end; nothing sent.
+        # Ctrl-C once fit() has begun: KeyboardInterrupt inside fit() (which runs on the thread that
+        # called run()), though nothing would ever release it; nothing sent.
         Slow.started.clear()
+        Slow.release.clear()
+        Slow.waited_out = False
         c = starling.Client(Slow(1.0, 10, 1.0), num_examples=10, **self.fed.client_kwargs(port, 0))
-        threading.Thread(target=lambda: (Slow.started.wait(30), time.sleep(0.2), os.kill(os.getpid(), signal.SIGINT)),
+        # (Sent to the main thread, as a terminal's Ctrl-C reaches it: the runtime's threads block
+        # SIGINT, and this helper thread must not take it.)
+        main = threading.main_thread().ident
+        threading.Thread(target=lambda: (Slow.started.wait(30), signal.pthread_kill(main, signal.SIGINT)),
                          daemon=True).start()
-        t0 = time.monotonic()
         with self.assertRaises(KeyboardInterrupt):
             c.run()
-        self.assertLess(time.monotonic() - t0, 8.0)
+        self.assertTrue(Slow.started.is_set())
+        self.assertFalse(Slow.waited_out)  # the interrupt ended fit() inside its wait
         self.assertEqual(c.stats["updates_sent"], 0)
         self.assertEqual(self.fed.metrics(), [])
 
@@ -356,6 +368,11 @@ class PythonClientTest(unittest.TestCase):
             starling.Client(object(), num_examples=1, **kw)
         with self.assertRaises(starling.InvalidArgument):
             starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "layout": [("w", (0, 3))]})
+        # shard(): labels that are not integers (a float would be truncated into another class).
+        with self.assertRaises(TypeError):
+            starling.shard(np.array([0.5, 1.5, 2.0]), num_clients=1, client_id=0)
+        with self.assertRaises(ValueError):
+            starling.shard(np.array([0, 1, 300]), num_clients=1, client_id=0)
 
     def test_a_python_client_beside_a_cpp_client_behind_an_edge_aggregator(self):
         # Root <- aggregator 7 <- {C++ starling-client 1, Python client 0}: both updates reach the
