@@ -99,25 +99,13 @@ def set_threads(n):
 
 
 def make_cnn(classes=NUM_CLASSES):
-    """McMahan et al. 2017's CNN with 'same' padding: torch_trainer/models.cc's Cnn."""
-    import torch
-    from torch import nn
-    import torch.nn.functional as F
+    """McMahan et al. 2017's CNN with 'same' padding (torch_trainer/models.cc's Cnn): the one of
+    bench/baselines/fedavg_loop.py, so every Python baseline trains the same module."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "baselines"))
+    import fedavg_loop  # noqa: PLC0415 (torch is imported only now)
 
-    class Cnn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
-            self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
-            self.fc1 = nn.Linear(64 * 7 * 7, 512)
-            self.fc2 = nn.Linear(512, classes)
-
-        def forward(self, x):
-            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-            return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
-
-    return Cnn()
+    fedavg_loop.import_torch()
+    return fedavg_loop.make_cnn(classes)
 
 
 def train_local(model, x, y, seed):

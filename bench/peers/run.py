@@ -137,14 +137,22 @@ def run_measured(cmd, log_path, period, env=None):
     return rc, wall, sampler
 
 
-def write_split(sim, a, split_path, log_dir):
-    """One short starling-sim run (1 round, no evaluation) that writes the split file."""
-    cmd = [sim, "--config", DEMO, "--data.dir", a.data_dir, "--train.rounds", "1", "--eval.every", "0",
-           "--data.split_file", split_path]
-    log = os.path.join(log_dir, "split.log")
-    rc, _, _ = run_measured(cmd, log, 1.0)
+def split_command(sim, data_dir, split_path, pool=()):
+    """One short starling-sim run (1 dense round, no evaluation) that writes the split file; `pool`:
+    the --data.* options of another pool than the demo's."""
+    return [sim, "--config", DEMO, "--data.dir", data_dir, *pool, "--train.rounds", "1", "--eval.every", "0",
+            "--compression.compressor", "none", "--data.split_file", split_path]
+
+
+def require_split(prog, rc, split_path, log):
     if rc != 0 or not os.path.exists(split_path):
-        common.die(PROG, f"starling-sim could not write the split file {split_path} (exit {rc}; see {log})")
+        common.die(prog, f"starling-sim could not write the split file {split_path} (exit {rc}; see {log})")
+
+
+def write_split(sim, a, split_path, log_dir):
+    log = os.path.join(log_dir, "split.log")
+    rc, _, _ = run_measured(split_command(sim, a.data_dir, split_path), log, 1.0)
+    require_split(PROG, rc, split_path, log)
 
 
 def starling_case(sim, a, case, split_path, work):

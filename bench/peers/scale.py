@@ -106,13 +106,10 @@ def last_error(log_path):
 
 
 def write_split(sim, a, n, path, log_dir):
-    cmd = [sim, "--config", DEMO, "--data.dir", a.data_dir, "--data.num_clients", str(n),
-           "--data.partition", partition_for(n), "--train.rounds", "1", "--eval.every", "0",
-           "--compression.compressor", "none", "--data.split_file", path]
+    cmd = peers_run.split_command(sim, a.data_dir, path, ["--data.num_clients", str(n), "--data.partition", partition_for(n)])
     log = os.path.join(log_dir, f"split-{n}.log")
     rc, _, _, _ = run_limited(cmd, log, 1.0, a.timeout, a.max_rss_gb * 2**30)
-    if rc != 0 or not os.path.exists(path):
-        common.die(PROG, f"starling-sim could not write the split file {path} (exit {rc}; see {log})")
+    peers_run.require_split(PROG, rc, path, log)
 
 
 def starling_cmd(sim, a, n, mode, work):

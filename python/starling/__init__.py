@@ -79,6 +79,8 @@ def shard(labels, *, num_clients, client_id, partition="dirichlet:alpha=0.5", se
     import numpy as np
 
     labels = np.asarray(labels)
+    if labels.ndim != 1 or not (np.issubdtype(labels.dtype, np.integer) or labels.size == 0):
+        raise TypeError(f"labels must be a 1-dimensional array of integers, not {labels.dtype} of shape {labels.shape}")
     if labels.size and (labels.min() < 0 or labels.max() > 255):
         raise ValueError("labels must be integers in [0, 255]")
     labels = labels.astype(np.uint8)
