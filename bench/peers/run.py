@@ -6,8 +6,9 @@ Dirichlet(0.5) label skew, 10 per round, 1 local epoch of SGD (lr 0.05, batch 32
 evaluation of the test set every --eval-every rounds. starling-sim writes the split once
 (--data.split_file) and every system trains those shards.
 
-Cases (--cases, in this order within a repetition; the order rotates by one each repetition so a
-drift of the machine's load hits every case alike):
+Cases (--cases, in this order within a pass; a pass is one seed of --seeds, repeated --repeats
+times, and the order rotates by one each pass so a drift of the machine's load hits every case
+alike):
   starling-dense   starling-sim --config examples/sim/demo.toml --compression.compressor none
   flower-default   bench/peers/flower_sim.py --setting default
   pfl-default      bench/peers/pfl_sim.py --setting default
@@ -25,7 +26,7 @@ Starling (its metrics' uplink_bytes / downlink_bytes), the serialized arrays for
 float32 model per client and direction for pfl (it simulates no transport).
 
 Run it with the peers' virtual environment (scripts/peers-venv.sh):
-  $VENV/bin/python bench/peers/run.py --starling-bin build/bin [--rounds 30] [--repeats 1]
+  $VENV/bin/python bench/peers/run.py --starling-bin build/bin [--rounds 30] [--seeds 1,2,3] [--repeats 1]
       [--out build/peers.json] [--cases starling-dense,flower-best,...]
 """
 import argparse
@@ -137,11 +138,11 @@ def run_measured(cmd, log_path, period, env=None):
     return rc, wall, sampler
 
 
-def split_command(sim, data_dir, split_path, pool=()):
-    """One short starling-sim run (1 dense round, no evaluation) that writes the split file; `pool`:
-    the --data.* options of another pool than the demo's."""
-    return [sim, "--config", DEMO, "--data.dir", data_dir, *pool, "--train.rounds", "1", "--eval.every", "0",
-            "--compression.compressor", "none", "--data.split_file", split_path]
+def split_command(sim, data_dir, split_path, pool=(), seed=1):
+    """One short starling-sim run (1 dense round, no evaluation) that writes the split file of run
+    seed `seed`; `pool`: the --data.* options of another pool than the demo's."""
+    return [sim, "--config", DEMO, "--data.dir", data_dir, *pool, "--model.seed", str(seed), "--train.rounds", "1",
+            "--eval.every", "0", "--compression.compressor", "none", "--data.split_file", split_path]
 
 
 def require_split(prog, rc, split_path, log):
@@ -149,18 +150,18 @@ def require_split(prog, rc, split_path, log):
         common.die(prog, f"starling-sim could not write the split file {split_path} (exit {rc}; see {log})")
 
 
-def write_split(sim, a, split_path, log_dir):
-    log = os.path.join(log_dir, "split.log")
-    rc, _, _ = run_measured(split_command(sim, a.data_dir, split_path), log, 1.0)
+def write_split(sim, a, split_path, log_dir, seed):
+    log = os.path.join(log_dir, f"split-seed{seed}.log")
+    rc, _, _ = run_measured(split_command(sim, a.data_dir, split_path, seed=seed), log, 1.0)
     require_split(PROG, rc, split_path, log)
 
 
-def starling_case(sim, a, case, split_path, work):
+def starling_case(sim, a, case, split_path, work, seed):
     metrics = os.path.join(work, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [sim, "--config", DEMO, "--data.dir", a.data_dir, "--train.rounds", str(a.rounds),
-           "--eval.every", str(a.eval_every), "--state.metrics", metrics,
+           "--eval.every", str(a.eval_every), "--state.metrics", metrics, "--model.seed", str(seed),
            "--data.split_file", os.path.join(work, "split-check.txt")]
     if case == "starling-dense":
         cmd += ["--compression.compressor", "none"]
@@ -202,7 +203,7 @@ def _same_split(a, b):
     return None if x is None or y is None else x == y
 
 
-def peer_case(a, case, split_path, work):
+def peer_case(a, case, split_path, work, seed):
     system, setting = case.split("-")
     script = os.path.join(HERE, f"{system}_sim.py")
     out = os.path.join(work, "result.json")
@@ -210,7 +211,7 @@ def peer_case(a, case, split_path, work):
         os.remove(out)
     cmd = [sys.executable, script, "--split", split_path, "--data-dir", a.data_dir, "--rounds", str(a.rounds),
            "--clients-per-round", str(CLIENTS_PER_ROUND), "--eval-every", str(a.eval_every),
-           "--setting", setting, "--out", out]
+           "--setting", setting, "--seed", str(seed), "--out", out]
 
     def collect():
         if not os.path.exists(out):
@@ -266,6 +267,41 @@ def fmt(v, spec):
     return "–" if v is None else format(v, spec)
 
 
+def acc_summary(rs):
+    vals = [100 * r["final_accuracy"] for r in rs if r.get("final_accuracy") is not None]
+    if not vals:
+        return "–"
+    if len(vals) == 1:
+        return f"{vals[0]:.2f}"
+    return f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f}"
+
+
+def accuracy_gaps(by_case):
+    """Per peer case (the peers train dense): its final accuracy minus starling-dense's, seed by seed,
+    averaged over the seeds."""
+    def per_seed(case):
+        out = {}
+        for r in by_case.get(case, []):
+            if r["exit_status"] == 0 and r.get("final_accuracy") is not None:
+                out.setdefault(r.get("seed", 1), []).append(100 * r["final_accuracy"])
+        return {k: statistics.mean(v) for k, v in out.items()}
+
+    ref = per_seed("starling-dense")
+    lines = []
+    for case in CASES:
+        if case.startswith("starling"):
+            continue
+        mine = per_seed(case)
+        common_seeds = sorted(set(ref) & set(mine))
+        if not common_seeds:
+            continue
+        d = [mine[k] - ref[k] for k in common_seeds]
+        spread = f" (min {min(d):+.2f}, max {max(d):+.2f})" if len(d) > 1 else ""
+        lines.append(f"- {case} - starling-dense: {statistics.mean(d):+.2f} over seeds "
+                     f"{','.join(map(str, common_seeds))}{spread}")
+    return lines
+
+
 def table(runs):
     """Markdown: one row per case, medians over its repetitions."""
     by_case = {}
@@ -292,11 +328,18 @@ def table(runs):
             fmt(med(ok, "rounds_per_s_loop"), ".3f"), fmt(med(ok, "clients_per_s_loop"), ".2f"),
             fmt(med(ok, "peak_rss_bytes", 1 / 2**20), ".0f"), fmt(med(ok, "peak_pss_bytes", 1 / 2**20), ".0f"),
             fmt(med(ok, "peak_processes"), ".0f"), accs or "–",
-            fmt(med(ok, "final_accuracy", 100), ".2f"), fmt(med(ok, "uplink_bytes_total", 1e-6), ".1f"),
+            acc_summary(ok), fmt(med(ok, "uplink_bytes_total", 1e-6), ".1f"),
             fmt(med(ok, "downlink_bytes_total", 1e-6), ".1f")))
     lines.append("")
     lines.append("rounds s: the rounds' own time (first round's start to last round's end); rounds/s and "
-                 "clients/s over it; wall s: the whole command. Medians over the runs.")
+                 "clients/s over it; wall s: the whole command. Medians over the runs; final acc: the mean "
+                 "over the runs, ± the sample standard deviation when there are several.")
+    gaps = accuracy_gaps(by_case)
+    if gaps:
+        lines.append("")
+        lines.append("Final accuracy against Starling's on the same seeds (points, mean over seeds; a seed "
+                     "counts where both runs ended):")
+        lines += gaps
     return "\n".join(lines)
 
 
@@ -310,7 +353,10 @@ def main():
     p.add_argument("--eval-every", type=int, default=5,
                    help="central test-set evaluation every N rounds, every system (lowered to --rounds "
                         "when that is smaller, so a short run still has one)")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1, help="runs of every case per seed")
+    p.add_argument("--seeds", default="1",
+                   help="comma-separated run seeds: each seed is its own split (starling-sim writes it), initial "
+                        "model, client sampling and local shuffling, the same seed for every system")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
     p.add_argument("--data-dir", default=common.DATA_DIR)
     p.add_argument("--split", default=None,
@@ -323,6 +369,15 @@ def main():
         common.die(PROG, f"unknown case {bad[0]!r}; the cases are {', '.join(CASES)}")
     if a.rounds < 1 or a.repeats < 1 or a.eval_every < 1:
         common.die(PROG, "--rounds, --repeats and --eval-every must be at least 1")
+    try:
+        seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+    except ValueError:
+        common.die(PROG, f"--seeds {a.seeds!r}: expected comma-separated integers, e.g. 1,2,3")
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        common.die(PROG, f"--seeds {a.seeds!r}: expected distinct integers >= 0")
+    if a.split and seeds != [1]:
+        common.die(PROG, "--split names one split, of run seed 1; leave it out to use --seeds (each seed "
+                         "writes its own split)")
     a.eval_every = min(a.eval_every, a.rounds)
     a.data_dir = os.path.abspath(a.data_dir)
     for split in ("train", "t10k"):
@@ -335,31 +390,35 @@ def main():
     base = os.path.splitext(out)[0]
     log_dir = base + "-logs"
     os.makedirs(log_dir, exist_ok=True)
+    splits = {}
     if a.split:
-        split_path = os.path.abspath(a.split)
-        if not os.path.exists(split_path):
-            common.die(PROG, f"split file {split_path} is missing (leave --split out and starling-sim writes one)")
+        splits[1] = os.path.abspath(a.split)
+        if not os.path.exists(splits[1]):
+            common.die(PROG, f"split file {splits[1]} is missing (leave --split out and starling-sim writes one)")
     else:
-        split_path = base + "-split.txt"
-        print(f"{PROG}: starling-sim writes the split: {split_path}", flush=True)
-        write_split(sim, a, split_path, log_dir)
+        for seed in seeds:
+            splits[seed] = base + ("-split.txt" if seed == 1 else f"-split-seed{seed}.txt")
+            print(f"{PROG}: starling-sim writes the split of seed {seed}: {splits[seed]}", flush=True)
+            write_split(sim, a, splits[seed], log_dir, seed)
 
     runs = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for rep in range(a.repeats):
-        order = cases[rep % len(cases):] + cases[:rep % len(cases)]
+    passes = [(seed, rep) for rep in range(a.repeats) for seed in seeds]
+    for i, (seed, rep) in enumerate(passes):
+        order = cases[i % len(cases):] + cases[:i % len(cases)]
+        split_path = splits[seed]
         for case in order:
-            work = os.path.join(log_dir, f"{case}-{rep + 1}")
+            work = os.path.join(log_dir, f"{case}-seed{seed}-{rep + 1}")
             os.makedirs(work, exist_ok=True)
             if case.startswith("starling"):
-                cmd, env, collect = starling_case(sim, a, case, split_path, work)
+                cmd, env, collect = starling_case(sim, a, case, split_path, work, seed)
             else:
-                cmd, env, collect = peer_case(a, case, split_path, work)
-            print(f"{PROG}: [{rep + 1}/{a.repeats}] {case} ...", end=" ", flush=True)
+                cmd, env, collect = peer_case(a, case, split_path, work, seed)
+            print(f"{PROG}: [{i + 1}/{len(passes)}] seed {seed} {case} ...", end=" ", flush=True)
             log = os.path.join(work, "log.txt")
             rc, wall, sampler = run_measured(cmd, log, a.sample_seconds, env)
             r = collect()
-            run = {"case": case, "repeat": rep + 1, "command": cmd, "log": log, "exit_status": rc,
+            run = {"case": case, "seed": seed, "repeat": rep + 1, "split_file": split_path, "command": cmd, "log": log, "exit_status": rc,
                    "peak_rss_bytes": sampler.peak_rss, "peak_pss_bytes": sampler.peak_pss or None,
                    "peak_processes": sampler.peak_procs, "process_names": sorted(sampler.names)}
             run.update(r)
@@ -374,9 +433,9 @@ def main():
     doc = {
         "what": "bench/peers/run.py: examples/sim/demo.toml's task run by Starling, Flower and pfl",
         "started_utc": started,
-        "rounds": a.rounds, "eval_every": a.eval_every, "repeats": a.repeats,
+        "rounds": a.rounds, "eval_every": a.eval_every, "repeats": a.repeats, "seeds": seeds,
         "clients": 100, "clients_per_round": CLIENTS_PER_ROUND,
-        "split_file": split_path,
+        "split_files": {str(k): v for k, v in splits.items()},
         "versions": versions(sim),
         "runs": runs,
         "table_markdown": md,
