@@ -76,12 +76,8 @@ int runServer(apps::Settings& c) {
                      "train.scaffold with edge aggregators (security.aggregator_ids) "
                      "needs the number of clients: data.num_clients or "
                      "train.scaffold_population");
-    // A sampled client past the target trains, commits its c_i+ and is refused as late: c would
-    // drift from the mean of the c_i.
-    if (ec.sampling.overcommit > 1.0)
-      STARLING_THROW(ConfigError, "train.scaffold needs sampling.overcommit = 1 (got ",
-                     ec.sampling.overcommit,
-                     "): a client refused as late keeps the control variate it computed");
+    // sampling.overcommit > 1 is fine: a client refused as late is not acknowledged and drops
+    // the c_i+ it computed (client/algorithm.h), so c stays the mean of the c_i.
   } else if (c.train.scaffold_population != 0) {
     STARLING_THROW(ConfigError, "train.scaffold_population is set without train.scaffold");
   }

@@ -13,11 +13,39 @@ ClientAlgorithm::ClientAlgorithm(const compression::Compressor& compressor, Trai
   config_.check();
 }
 
+bool ControlVariateState::acknowledge(uint64_t acked_round) {
+  const bool commit = pending_round != 0 && pending_round == acked_round;
+  if (commit) values = std::move(pending);
+  pending.clear();
+  pending_round = 0;
+  return commit;
+}
+
+void ControlVariateState::save(ByteWriter& w) const {
+  w.floats(values);
+  w.u64(pending_round);
+  w.floats(pending);
+}
+
+// Version 1 (before commit on acknowledgement): c_i alone.
 void ControlVariateState::load(ByteReader& r, uint32_t version) {
-  if (version != 1) r.fail("SCAFFOLD control variate version ", version, " is not 1");
+  if (version != 1 && version != 2)
+    r.fail("SCAFFOLD control variate version ", version, " is not 1 or 2");
   r.floats(values);
-  for (float v : values)
-    if (!std::isfinite(v)) r.fail("SCAFFOLD control variate holds a non-finite value");
+  pending_round = 0;
+  pending.clear();
+  if (version >= 2) {
+    pending_round = r.u64();
+    r.floats(pending);
+    if ((pending_round == 0) != pending.empty())
+      r.fail("SCAFFOLD control variate: a pending round without values, or values without a round");
+    if (!pending.empty() && !values.empty() && pending.size() != values.size())
+      r.fail("SCAFFOLD control variate: pending c_i+ of ", pending.size(), " floats, c_i of ",
+             values.size());
+  }
+  for (const auto* v : {&values, &pending})
+    for (float x : *v)
+      if (!std::isfinite(x)) r.fail("SCAFFOLD control variate holds a non-finite value");
 }
 
 void checkScaffoldTrainer(const Trainer& trainer) {
@@ -29,8 +57,9 @@ void checkScaffoldTrainer(const Trainer& trainer) {
 }
 
 PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint64_t client_id,
-                                      std::span<const float> global, const DataView& data, ClientState& state,
-                                      std::span<const float> server_control) {
+                                      std::span<const float> global, const DataView& data,
+                                      ClientState& state, std::span<const float> server_control,
+                                      std::optional<uint64_t> control_ack) {
   const ParamLayout& layout = trainer_.layout();
   PhaseResult out;
   auto& h = out.update.header;
@@ -51,13 +80,22 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   // The client checks too: its model spec is its own (the layout fingerprint omits momentum).
   if (scaffold) checkScaffoldTrainer(trainer_);
   const ControlVariateState* ci = nullptr;
+  // Deployed: the pending c_i+ of an earlier round, resolved against the server's acknowledgement
+  // (a copy, committed to `state` with this round's result, so a throw leaves `state` as it was).
+  std::unique_ptr<ControlVariateState> resolved;
   if (scaffold) {
     STARLING_CHECK_ARG(server_control.size() == layout.numel(), "client ", client_id, ": the server control variate has ",
                        server_control.size(), " floats, the model needs ", layout.numel());
     ci = state.find<ControlVariateState>(kControlVariate);
-    if (ci && ci->values.size() != layout.numel())
+    if (ci && control_ack) {
+      resolved = std::make_unique<ControlVariateState>(*ci);
+      resolved->acknowledge(*control_ack);
+      ci = resolved.get();
+    }
+    if (ci && !ci->values.empty() && ci->values.size() != layout.numel())
       STARLING_THROW(InvalidArgument, "client ", client_id, ": its SCAFFOLD control variate has ", ci->values.size(),
                      " floats, the model needs ", layout.numel());
+    if (ci && ci->values.empty()) ci = nullptr;  // nothing committed yet: zeros
     correction_.resize(layout.numel());
     for (size_t i = 0; i < correction_.size(); ++i) correction_[i] = server_control[i] - (ci ? ci->values[i] : 0.0f);
     cfg.correction = correction_;
@@ -89,12 +127,20 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     const double inv = 1.0 / (static_cast<double>(cfg.steps(data.size())) * cfg.lr);
     out.control_delta.resize(layout.numel());
     auto next = std::make_unique<ControlVariateState>();
-    next->values.resize(layout.numel());
+    std::vector<float>& plus = control_ack ? next->pending : next->values;
+    plus.resize(layout.numel());
     for (size_t i = 0; i < params_.size(); ++i) {
       out.control_delta[i] = static_cast<float>(-static_cast<double>(server_control[i]) - params_[i] * inv);
-      next->values[i] = (ci ? ci->values[i] : 0.0f) + out.control_delta[i];
+      plus[i] = (ci ? ci->values[i] : 0.0f) + out.control_delta[i];
     }
-    STARLING_CHECK_ARG(allFinite(next->values), "client ", client_id, ": its SCAFFOLD control variate is not finite");
+    STARLING_CHECK_ARG(allFinite(plus), "client ", client_id,
+                       ": its SCAFFOLD control variate is not finite");
+    if (control_ack) {
+      // c_i+ waits for the server's word; c_i stays what the acknowledgement resolved.
+      STARLING_CHECK_ARG(b.round != 0, "client ", client_id, ": a SCAFFOLD task of round 0");
+      next->pending_round = b.round;
+      if (ci) next->values = ci->values;
+    }
     staged.emplace_back(kControlVariate, std::move(next));
   }
   compression::FeedbackStats stats;

@@ -12,6 +12,7 @@
 // the compressor's workspace) and no per-client state: one ClientAlgorithm serves many clients
 // one after another. Not thread-safe.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -31,13 +32,28 @@ struct PhaseResult {
 
 // SCAFFOLD's client control variate c_i (Karimireddy et al., "SCAFFOLD: Stochastic Controlled
 // Averaging for Federated Learning", ICML 2020), kept in the ClientState under kControlVariate.
+//
+// Commit on acknowledgement (deployment): c_i+ of round r is kept in `pending` until a later task
+// says the server counted round r's change (TaskMsg::control_ack == r); any other acknowledgement
+// drops it. So c stays the mean of the c_i when an update is refused (late, over a bound) or lost
+// with a root that stopped mid-round. The simulator, whose every trained client is counted,
+// commits at once.
 class ControlVariateState final : public StateComponent {
  public:
-  std::vector<float> values;
-  uint32_t version() const override { return 1; }
-  void save(ByteWriter& w) const override { w.floats(values); }
+  std::vector<float> values;   // c_i (empty: zeros)
+  uint64_t pending_round = 0;  // 0: nothing pending
+  std::vector<float> pending;  // c_i+ of pending_round, awaiting the server's acknowledgement
+
+  // Resolves the pending c_i+ against the server's acknowledgement: commits it when the server
+  // counted its round, drops it otherwise. Returns whether it committed.
+  bool acknowledge(uint64_t acked_round);
+
+  uint32_t version() const override { return 2; }
+  void save(ByteWriter& w) const override;
   void load(ByteReader& r, uint32_t version) override;
-  size_t memoryBytes() const override { return values.capacity() * sizeof(float); }
+  size_t memoryBytes() const override {
+    return (values.capacity() + pending.capacity()) * sizeof(float);
+  }
 };
 inline constexpr const char* kControlVariate = "scaffold.control";
 
@@ -61,9 +77,14 @@ class ClientAlgorithm {
   // numel floats) is given: every step's gradient is corrected by c - c_i (c_i from `state`, zeros
   // at first), and after the K = FitConfig::steps(examples) local steps of learning rate lr
   //   c_i+ = c_i - c + (global - trained) / (K lr),
-  // stored in `state`; result.control_delta = c_i+ - c_i. With c = c_i = 0 the training is FedAvg's.
-  PhaseResult runPhase(const compression::PhaseBroadcast& b, uint64_t client_id, std::span<const float> global,
-                       const DataView& data, ClientState& state, std::span<const float> server_control = {});
+  // stored in `state`; result.control_delta = c_i+ - c_i. With c = c_i = 0 the training is
+  // FedAvg's. With `control_ack` (a deployed client: the task's TaskMsg::control_ack) the pending
+  // c_i+ of an earlier round is first resolved against it, and this round's c_i+ is stored pending
+  // under b.round instead of committed (ControlVariateState).
+  PhaseResult runPhase(const compression::PhaseBroadcast& b, uint64_t client_id,
+                       std::span<const float> global, const DataView& data, ClientState& state,
+                       std::span<const float> server_control = {},
+                       std::optional<uint64_t> control_ack = std::nullopt);
 
   const FitConfig& config() const { return config_; }
 

@@ -215,9 +215,14 @@ struct ClientRuntime::Impl {
     auto shared = std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
     ClientAlgorithm algorithm(comp, trainer, fit);
-    // SCAFFOLD when the task carries the server's c: the control change travels with the update.
+    // SCAFFOLD when the task carries the server's c: the control change travels with the update,
+    // and c_i+ waits in the state for the server's acknowledgement of this round.
+    const std::optional<uint64_t> ack =
+        t.control.empty() ? std::nullopt : std::optional<uint64_t>(t.control_ack);
     PhaseResult res = withHeartbeats(
-        [&] { return algorithm.runPhase(b, config.client_id, model, train, state, t.control); },
+        [&] {
+          return algorithm.runPhase(b, config.client_id, model, train, state, t.control, ack);
+        },
         stats);
     res.update.control = std::move(res.control_delta);
     res.update.header.nonce = t.nonce;

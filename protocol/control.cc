@@ -228,11 +228,24 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   auto fit = fb::CreateFitSettings(b, h.fit.epochs, h.fit.batch_size, h.fit.lr, h.fit.prox_mu);
   flatbuffers::Offset<flatbuffers::Vector<float>> control;
   if (!h.control.empty()) control = b.CreateVector(h.control);
+  // A task with a control variate always holds control_ack, 0 included, so that setTaskControlAck
+  // can patch it per client: ForceDefaults writes every scalar of the Task table (a few bytes).
+  b.ForceDefaults(!h.control.empty());
   auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce,
                              h.run_seed, spec, h.model_version, h.base_version, tv,
                              static_cast<uint8_t>(h.shared.fixed), sv, fit, h.deadline_ms, metrics,
-                             control);
+                             control, h.control.empty() ? 0 : h.control_ack);
+  b.ForceDefaults(false);
   return finish(b, fb::Body::Task, body.Union());
+}
+
+void setTaskControlAck(std::span<uint8_t> bytes, uint64_t round) {
+  STARLING_CHECK_ARG(peekKind(bytes) == MessageKind::kTask,
+                     "setTaskControlAck: not an encoded Task");
+  auto* msg = fb::GetMutableSizePrefixedMessage(bytes.data());
+  auto* task = static_cast<fb::Task*>(msg->mutable_body());
+  STARLING_CHECK_ARG(task && task->control() && task->mutate_control_ack(round),
+                     "setTaskControlAck: the task carries no SCAFFOLD control variate");
 }
 
 void setTaskNonce(std::span<uint8_t> bytes, uint64_t nonce) {
@@ -436,6 +449,7 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
                                     std::to_string(c->size()) + " values, the model " +
                                     std::to_string(layout.numel()));
     m.control.assign(c->begin(), c->end());
+    m.control_ack = t->control_ack();
     for (float x : m.control)
       if (!std::isfinite(x))
         fail(Errc::kNonFinite, "the task's SCAFFOLD control variate holds a non-finite value");

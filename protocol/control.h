@@ -97,6 +97,11 @@ struct TaskMsg {
   // SCAFFOLD: the server's control variate c (numel floats) in a phase-0 Fit task of a SCAFFOLD
   // federation; empty otherwise. decodeTask checks its size and finiteness.
   std::vector<float> control;
+  // SCAFFOLD's acknowledgement, with `control`: the last round whose control change from this
+  // client (or aggregator) the server counted into c, 0 for none. The client keeps its c_i+ of a
+  // round pending until a task acknowledges that round (client/algorithm.h). Set per client with
+  // setTaskControlAck.
+  uint64_t control_ack = 0;
 };
 
 struct EvaluationMsg {
@@ -144,6 +149,10 @@ std::vector<uint8_t> encodeTask(const TaskMsg& header, std::span<const compressi
 // Rewrites the nonce of an encoded task in place (the task must have been encoded with a non-zero
 // nonce, so the field is present). Throws InvalidArgument otherwise.
 void setTaskNonce(std::span<uint8_t> task_bytes, uint64_t nonce);
+// Rewrites the SCAFFOLD acknowledgement of an encoded task in place: a task that carries a control
+// variate always holds the field (encodeTask writes it, 0 included). Throws InvalidArgument for a
+// task without a control variate.
+void setTaskControlAck(std::span<uint8_t> task_bytes, uint64_t round);
 
 // Split fine-tuning (split/net.h, docs/split.md).
 struct SplitHelloMsg {

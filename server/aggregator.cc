@@ -43,8 +43,15 @@ struct EdgeAggregator::Impl {
   std::unique_ptr<ag::PhaseAggregator> previous;  // this point's aggregator of the phase before
   uint64_t previous_round = 0;
   bool previous_scaffold = false;  // the current round's phase 0 carried SCAFFOLD's control
+  // SCAFFOLD's acknowledgements, relayed: the clients whose control changes went into the last
+  // phase-0 partial sent up (of round `partial_round`) are acknowledged for that round when the
+  // upstream acknowledges it to this aggregator; `client_acks` goes down in their tasks.
+  ControlAcks client_acks;
+  uint64_t partial_round = 0;
+  std::vector<uint64_t> partial_clients;
   std::vector<float> residual;  // what re-sparsification dropped, sent in later rounds
   std::vector<uint8_t> last_partial;  // resent when upstream answers Reject(Busy)
+  uint64_t answered_nonce = 0;        // the upstream task last_partial answers
   std::optional<Clock::time_point> resend_at;
   milliseconds busy_backoff{200};
   uint64_t partials = 0;
@@ -129,6 +136,15 @@ struct EdgeAggregator::Impl {
 
   void onTask(std::span<const uint8_t> bytes) {
     pr::TaskMsg t = pr::decodeTask(bytes, *layout, pr::ControlLimits{config.limits.max_message_bytes});
+    // The task this aggregator answered last, sent again (the upstream resends a pending task
+    // when a registration of ours, a retry, crossed it): its partial goes up again instead of the
+    // phase running again, which would cost a whole deadline and make this aggregator miss the
+    // next round.
+    if (t.nonce != 0 && t.nonce == answered_nonce) {
+      log->info("round {} phase {}: the same task again; its partial sent again", t.round, t.phase);
+      up.send(last_partial);
+      return;
+    }
     if (!t.model.empty()) {
       pr::applyModel(*layout, held_version, t.base_version, t.model, held);
       held_version = t.model_version;
@@ -150,6 +166,7 @@ struct EdgeAggregator::Impl {
     const bool continues = t.phase > 0 && previous && previous_round == t.round &&
                            previous->broadcast().phase + 1 == t.phase;
     auto agg = s.phaseAggregator(b, continues ? previous.get() : nullptr);
+    if (t.phase == 0 && scaffold) acknowledge(t.control_ack, t.round);
     std::vector<ClientInfo> participants;
     for (const ClientInfo& c : fleet.available())
       if (t.phase == 0 || (continues && previous->hasClient(c.id))) participants.push_back(c);
@@ -158,7 +175,8 @@ struct EdgeAggregator::Impl {
     header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);
     log->info("round {} phase {}: relaying to {} clients", t.round, t.phase, participants.size());
     const PhaseReport rep =
-        fleet.runPhase(PhaseTask{b, header, *model, config.downlink}, participants, participants.size(), *agg);
+        fleet.runPhase(PhaseTask{b, header, *model, config.downlink, &client_acks}, participants,
+                       participants.size(), *agg);
     if (agg->count() == 0) {
       log->warn("round {} phase {}: no update from the subtree; nothing sent up", t.round, t.phase);
     } else {
@@ -166,14 +184,32 @@ struct EdgeAggregator::Impl {
                                                            : agg->partial().exportDense();
       p.header.nonce = t.nonce;
       last_partial = pr::encodePartial(p);
+      answered_nonce = t.nonce;
       up.send(last_partial);
       ++partials;
+      if (t.phase == 0 && scaffold) {
+        partial_round = t.round;
+        partial_clients = rep.completed;
+      }
       log->info("round {} phase {}: sent the partial of {} updates ({} failed, {} refused)", t.round, t.phase,
                 agg->count(), rep.failed.size(), agg->rejected());
     }
     previous = std::move(agg);
     previous_round = t.round;
     previous_scaffold = scaffold;
+  }
+
+  // The upstream counted this aggregator's control changes of round `acked` (TaskMsg::control_ack):
+  // when that is the round of its last phase-0 partial, every client in that partial had its change
+  // counted. Any other round: the partial was not counted, and its clients, left unacknowledged,
+  // drop their c_i+. A task of the partial's own round again (a resend, or a restarted root running
+  // the round anew) says nothing yet: that round has not closed.
+  void acknowledge(uint64_t acked, uint64_t task_round) {
+    if (task_round <= partial_round) return;
+    if (partial_round != 0 && acked == partial_round)
+      for (uint64_t id : partial_clients) client_acks[id] = partial_round;
+    partial_round = 0;
+    partial_clients.clear();
   }
 
   // Federated evaluation of the subtree: relayed down, answered up as one examples-weighted mean.

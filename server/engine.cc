@@ -24,7 +24,7 @@ namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
 // Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
 // inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
-constexpr uint32_t kCheckpointVersion = 4;
+constexpr uint32_t kCheckpointVersion = 5;
 constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
 constexpr uint32_t kShardFileVersion = 1;
 
@@ -166,6 +166,14 @@ void RoundEngine::saveCheckpoint() const {
   w.floats(model_.lossy() ? model_.current() : std::span<const float>());
   // Format 4: SCAFFOLD's server control variate (count 0 without SCAFFOLD).
   w.floats(control_);
+  // Format 5: SCAFFOLD's acknowledgements, (id, round) pairs in id order.
+  std::vector<std::pair<uint64_t, uint64_t>> acks(control_acks_.begin(), control_acks_.end());
+  std::sort(acks.begin(), acks.end());
+  w.u64(acks.size());
+  for (const auto& [id, round] : acks) {
+    w.u64(id);
+    w.u64(round);
+  }
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -265,6 +273,20 @@ void RoundEngine::loadCheckpoint() {
   if (format >= 3) r.floats(broadcast);
   std::vector<float> control;
   if (format >= 4) r.floats(control);
+  ControlAcks acks;
+  if (format >= 5) {
+    const uint64_t n = r.u64();
+    if (n > r.remaining() / 16)
+      r.fail("claims ", n, " SCAFFOLD acknowledgements, only ", r.remaining(), " bytes left");
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t id = r.u64(), round = r.u64();
+      if (round == 0 || round >= next)
+        r.fail("a SCAFFOLD acknowledgement of round ", round, ", the checkpoint resumes at ", next);
+      if (!acks.emplace(id, round).second) r.fail("two SCAFFOLD acknowledgements for client ", id);
+    }
+    if (control.empty() && n != 0)
+      r.fail("SCAFFOLD acknowledgements without a SCAFFOLD control variate");
+  }
   r.finish();
   if (control.size() != control_.size()) {
     if (format < 4)
@@ -294,6 +316,7 @@ void RoundEngine::loadCheckpoint() {
   else loadOptimizerShard(next);
   carry_ = std::move(carry);
   control_ = std::move(control);
+  control_acks_ = std::move(acks);
   fleet_state_ = std::move(fleet_state);
   fleet_state_pending_ = true;
 }
@@ -373,13 +396,16 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 
   auto round = scheme_.begin(rec.round, carry_);
   std::set<uint64_t> failed;
+  std::vector<uint64_t>
+      counted;  // phase 0's accepted clients: their control changes are in the sum
   for (;;) {
     header.phase = round->phase();
     if (header.phase == 0)
       header.control = control_;  // SCAFFOLD's c, phase 0 only
     else
       header.control.clear();
-    const PhaseTask task{round->broadcast(), header, model_, config_.downlink};
+    const PhaseTask task{round->broadcast(), header, model_, config_.downlink,
+                         control_.empty() ? nullptr : &control_acks_};
     const size_t want = round->phase() == 0 ? target : active.size();
     PhaseReport rep = fleet.runPhase(task, active, want, round->current());
     rec.updates_rejected += std::max(rep.refused, round->current().rejected());
@@ -388,6 +414,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
     if (rep.makespan_seconds) rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
     failed.insert(rep.failed.begin(), rep.failed.end());
+    if (header.phase == 0) counted = rep.completed;
     if (round->lastPhase() || rep.completed.empty()) break;
     round->nextPhase();
     std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
@@ -395,7 +422,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   }
   rec.clients_failed = failed.size();
   header.control.clear();
-  updateControl(round->phaseAt(0).partial(), available.size());
+  updateControl(round->phaseAt(0).partial(), available.size(), rec.round, counted);
 
   ag::RoundResult result;
   try {
@@ -460,13 +487,14 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 }
 
 // SCAFFOLD, option II: c += (1/N) sum over the clients whose update was accepted of
-// (c_i+ - c_i), with N at least their count. Applied whether or not the round's model step is:
-// those clients keep their c_i+. c is the mean of every c_i as long as every client that computed
-// a c_i+ was counted: one whose update was refused (late, over a bound) or lost to a stop of the
-// root keeps its c_i+ uncounted, and c drifts from the mean (docs/protocol.md). The round's
-// bounds keep each change finite and bounded; a sum that would still make c non-finite leaves c
-// as it was.
-void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t available) {
+// (c_i+ - c_i), with N at least their count. Applied whether or not the round's model step is,
+// and those clients acknowledged: their next task tells them to commit this round's c_i+. A
+// client whose update was refused (late, over a bound) or lost to a stop of the root is not, and
+// drops its c_i+, so c stays the mean of every c_i (docs/protocol.md). The round's bounds keep
+// each change finite and bounded; a sum that would still make c non-finite leaves c as it was,
+// and acknowledges no one.
+void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t available,
+                                uint64_t round, const std::vector<uint64_t>& counted) {
   const std::span<const float> sum = phase0.controlSum();
   if (control_.empty() || sum.empty() || phase0.count() == 0) return;
   const uint64_t n = config_.scaffold_population ? config_.scaffold_population : available;
@@ -474,7 +502,9 @@ void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t avail
   std::vector<float> next(control_.size());
   for (size_t i = 0; i < next.size(); ++i)
     next[i] = static_cast<float>(control_[i] + static_cast<double>(sum[i]) * inv);
-  if (allFinite(next)) control_ = std::move(next);
+  if (!allFinite(next)) return;
+  control_ = std::move(next);
+  for (uint64_t id : counted) control_acks_[id] = round;
 }
 
 void RoundEngine::run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress) {

@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "aggregation/round_scheme.h"
@@ -78,21 +79,28 @@ struct EngineConfig {
   uint32_t shard_rank = 0, shard_count = 1;
   std::string optimizer_shard_file;
   // SCAFFOLD (scheme.scaffold): the server's control variate c lives here, travels in every
-  // phase-0 fit task, and after each round that reached its clients (applied or not: they keep
-  // their c_i+) moves by the sum of the accepted clients' changes over N, the population: this
-  // many clients, or with 0 the clients available when the round began (at least the count).
-  // Checkpointed with the model.
+  // phase-0 fit task, and after each round that reached its clients (applied or not) moves by the
+  // sum of the accepted clients' changes over N, the population: this many clients, or with 0 the
+  // clients available when the round began (at least the count). Those clients are acknowledged
+  // (controlAcks(): their next task tells them to commit that round's c_i+). Checkpointed with
+  // the model.
   uint64_t scaffold_population = 0;
   void validate() const;               // ConfigError naming the key
 };
 
+// SCAFFOLD's acknowledgements: per client (or edge aggregator) id, the last round whose control
+// change was counted into c. A deployed fleet writes a client's into its phase-0 task
+// (TaskMsg::control_ack), and the client commits that round's c_i+ (client/algorithm.h).
+using ControlAcks = std::unordered_map<uint64_t, uint64_t>;
+
 // What the engine asks of a fleet for one phase: the broadcast and the task header (everything
-// but the model and the nonce, which the fleet fills per client).
+// but the model, the nonce and SCAFFOLD's acknowledgement, which the fleet fills per client).
 struct PhaseTask {
   const compression::PhaseBroadcast& broadcast;
   protocol::TaskMsg header;
   const ModelStore& model;
   Downlink downlink;
+  const ControlAcks* control_acks = nullptr;  // with header.control: each client's control_ack
 };
 
 // The wire bytes of `task` for a client that holds model version `held` (0: none), with `nonce`
@@ -219,6 +227,8 @@ class RoundEngine {
   const EngineConfig& config() const { return config_; }
   // SCAFFOLD's server control variate c (numel floats; empty without SCAFFOLD).
   const std::vector<float>& control() const { return control_; }
+  // SCAFFOLD's acknowledgements (checkpointed with c): who had which round's change counted.
+  const ControlAcks& controlAcks() const { return control_acks_; }
 
   // Runs round nextRound(). A round without enough clients, or one the completion policy
   // refuses, is recorded as not applied; the round number advances either way.
@@ -232,7 +242,8 @@ class RoundEngine {
   void saveOptimizerShard();
   void loadOptimizerShard(uint64_t next_round);
   std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round, size_t* target) const;
-  void updateControl(const aggregation::PartialAggregate& phase0, size_t available);
+  void updateControl(const aggregation::PartialAggregate& phase0, size_t available, uint64_t round,
+                     const std::vector<uint64_t>& counted);
 
   std::shared_ptr<const ParamLayout> layout_;
   EngineConfig config_;
@@ -246,6 +257,7 @@ class RoundEngine {
   ModelStore model_;
   aggregation::RoundCarry carry_;
   std::vector<float> control_;  // SCAFFOLD's c
+  ControlAcks control_acks_;
   uint64_t next_round_ = 1;
   bool resumed_ = false;
 };

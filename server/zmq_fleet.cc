@@ -247,6 +247,10 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   // cached buffer serves every client without a model-sized copy each.
   std::vector<uint8_t>& msg = it->second;
   pr::setTaskNonce(msg, nonce);
+  if (t.control_acks && !t.header.control.empty()) {
+    const auto ack = t.control_acks->find(peer.info.id);
+    pr::setTaskControlAck(msg, ack == t.control_acks->end() ? 0 : ack->second);
+  }
   const bool ok = socket_.send(peer.routing, msg);
   // The client now holds this version (a client that could not apply it registers again and says
   // which version it holds), so the next delta is against it.

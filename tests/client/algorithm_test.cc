@@ -96,6 +96,101 @@ TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral
   CHECK(before == after);
 }
 
+TEST_CASE("SCAFFOLD deployed: c_i+ waits for the server's acknowledgement of its round",
+          "[client][scaffold]") {
+  const data::Dataset d = testing::gaussianData(40, 4, 3, 3);
+  const std::vector<size_t> idx = testing::allIndices(d);
+  const DataView view{&d, idx};
+  auto t = makeTrainer("softmax", 4, 3);
+  const ParamLayout& l = t->layout();
+  const size_t n = l.numel();
+  const auto none = compression::makeCompressor("none");
+  ClientAlgorithm alg(*none, *t, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.1});
+  std::vector<float> global(n), c(n);
+  t->initParameters(global, 3);
+  for (size_t i = 0; i < n; ++i) c[i] = 0.02f * std::cos(static_cast<float>(i));
+  const auto at = [](uint64_t round) { return compression::PhaseBroadcast{7, round, 0, nullptr}; };
+
+  // The simulator's way (no acknowledgement) commits at once: the reference.
+  ClientState sim(l.fingerprint());
+  const PhaseResult r1 = alg.runPhase(at(1), 2, global, view, sim, c);
+  const std::vector<float> c1 = sim.find<ControlVariateState>(kControlVariate)->values;
+
+  // Round 1 deployed: c_i stays zeros, c_i+ pending under round 1; the update is the simulator's.
+  ClientState s(l.fingerprint());
+  const PhaseResult d1 = alg.runPhase(at(1), 2, global, view, s, c, 0);
+  CHECK(dense(d1.update, l) == dense(r1.update, l));
+  CHECK(d1.control_delta == r1.control_delta);
+  const auto* ci = s.find<ControlVariateState>(kControlVariate);
+  REQUIRE(ci != nullptr);
+  CHECK(ci->values.empty());
+  CHECK(ci->pending_round == 1);
+  CHECK(ci->pending == c1);
+
+  // Round 2 acknowledges round 1: the client trains with c_i = c1, exactly as the simulator's
+  // second round, and keeps round 2's c_i+ pending.
+  const PhaseResult r2 = alg.runPhase(at(2), 2, global, view, sim, c);
+  const std::vector<float> c2 = sim.find<ControlVariateState>(kControlVariate)->values;
+  const PhaseResult d2 = alg.runPhase(at(2), 2, global, view, s, c, 1);
+  CHECK(dense(d2.update, l) == dense(r2.update, l));
+  ci = s.find<ControlVariateState>(kControlVariate);
+  CHECK(ci->values == c1);
+  CHECK(ci->pending_round == 2);
+  CHECK(ci->pending == c2);
+
+  // Round 5 acknowledges round 1 again (round 2's update was not counted: refused as late): round
+  // 2's c_i+ is dropped, c_i stays c1, and round 5 trains as round 2 did from c1.
+  const PhaseResult d5 = alg.runPhase(at(2), 2, global, view, s, c, 1);
+  CHECK(dense(d5.update, l) == dense(d2.update, l));
+  ci = s.find<ControlVariateState>(kControlVariate);
+  CHECK(ci->values == c1);
+  CHECK(ci->pending == c2);  // the same round's result again, pending again
+
+  // The state keeps the pending c_i+ across a save and load (the client's state file).
+  std::vector<uint8_t> bytes;
+  s.saveTo(bytes);
+  ClientState back(l.fingerprint());
+  back.loadFrom(bytes);
+  const auto* cb = back.find<ControlVariateState>(kControlVariate);
+  REQUIRE(cb != nullptr);
+  CHECK(cb->values == c1);
+  CHECK(cb->pending_round == 2);
+  CHECK(cb->pending == c2);
+
+  // acknowledge(): only the pending round commits; anything else drops it.
+  ControlVariateState v;
+  v.values = {1.0f};
+  v.pending_round = 4;
+  v.pending = {2.0f};
+  ControlVariateState drop = v;
+  CHECK_FALSE(drop.acknowledge(3));
+  CHECK(drop.values == std::vector<float>{1.0f});
+  CHECK(drop.pending_round == 0);
+  CHECK(drop.pending.empty());
+  CHECK(v.acknowledge(4));
+  CHECK(v.values == std::vector<float>{2.0f});
+  CHECK_FALSE(v.acknowledge(4));  // nothing pending any more
+  CHECK(v.values == std::vector<float>{2.0f});
+  // An older client's state (version 1: c_i alone) reads with nothing pending; a pending round
+  // without values is refused.
+  std::vector<uint8_t> v1;
+  ByteWriter wv1(v1);
+  wv1.floats(c1);
+  ControlVariateState old;
+  old.pending_round = 9;
+  ByteReader rv1(v1, "v1");
+  old.load(rv1, 1);
+  CHECK(old.values == c1);
+  CHECK(old.pending_round == 0);
+  std::vector<uint8_t> bad;
+  ByteWriter wb(bad);
+  wb.floats(c1);
+  wb.u64(3);
+  wb.floats(std::vector<float>{});
+  ByteReader rb(bad, "bad");
+  CHECK_THROWS_AS(old.load(rb, 2), IoError);
+}
+
 TEST_CASE("FedProx: the algorithm anchors the proximal term at the round's global model", "[client]") {
   const data::Dataset d = testing::gaussianData(60, 5, 3, 4);
   const std::vector<size_t> idx = testing::allIndices(d);

@@ -77,6 +77,8 @@ class InprocFederation {
   }
 
   SkewClock& clock() { return clock_; }
+  // The federation's ZeroMQ context (inproc names live in it): for a test's own scripted peer.
+  transport::Context& context() { return ctx_; }
 
   // Timings short enough for tests (the fleet's, told to clients in the Welcome).
   static server::FleetConfig fleetConfig(const std::string& bind) {
@@ -198,8 +200,11 @@ class InprocFederation {
                                         : client::DataView{&train_, {}};
         client::ClientRuntime runtime(ctx_, rc, *trainer, tv, ev, logger(name));
         runtime.run(n.stop);
+        std::vector<uint8_t> state;
+        runtime.state().saveTo(state);
         std::lock_guard lock(mu_);
         stats_[id] = runtime.stats();
+        states_[id] = std::move(state);
         cv_.notify_all();
       });
     });
@@ -279,6 +284,13 @@ class InprocFederation {
     std::lock_guard lock(mu_);
     return stats_.at(id);
   }
+  // A client's state (residuals, SCAFFOLD's c_i) once its thread ended.
+  ClientState clientState(uint64_t id) {
+    std::lock_guard lock(mu_);
+    ClientState s;
+    s.loadFrom(states_.at(id));
+    return s;
+  }
   std::string error() {
     std::lock_guard lock(mu_);
     return error_;
@@ -337,6 +349,7 @@ class InprocFederation {
   bool root_done_ = false;
   std::string root_endpoint_;
   std::map<uint64_t, client::RuntimeStats> stats_, live_;
+  std::map<uint64_t, std::vector<uint8_t>> states_;  // each ended client's ClientState, saved
   std::string error_;
   std::map<std::string, std::unique_ptr<Node>> nodes_;
 };

@@ -265,6 +265,144 @@ TEST_CASE(
   CHECK(f.stats(0).rejects == 0);
 }
 
+// SCAFFOLD's commit on acknowledgement: a straggler whose update is refused as late every round
+// computes c_i+ each time and never commits it, so the root's c stays the mean of the clients'
+// c_i (N = 3, the straggler's zeros included); the prompt clients commit each round's c_i+ when
+// their next task acknowledges it, through an edge aggregator too. Without it the straggler's
+// c_i would hold three uncounted changes.
+TEST_CASE(
+    "in process: SCAFFOLD keeps c the mean of the c_i when a client's update is refused as late",
+    "[integration][inproc][scaffold]") {
+  const data::Dataset& train = fashion("train", 600);
+  for (const bool tree : {false, true}) {
+    INFO((tree ? "behind an edge aggregator" : "flat"));
+    InprocFederation f("logreg", train, iid(train, 3));
+    server::EngineConfig ec = engineConfig(3);
+    ec.scheme.scaffold = true;
+    ec.scaffold_population = 3;
+    ec.sampling.min_available = tree ? 1 : 3;
+    ec.sampling.min_clients = tree ? 1 : 2;
+    ec.completion.min_results = tree ? 1 : 2;
+    ec.round_deadline_ms = 60'000;
+    server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+    fc.silence_ms = 36'000'000;
+    if (tree) fc.aggregator_ids = {100};
+    f.root(ec, fc);
+    if (tree) {
+      server::AggregatorConfig ac;
+      ac.upstream_silence_ms = 36'000'000;  // it waits out the straggler while the clock runs fast
+      ac.min_clients = 3;                   // registers upstream with all three
+      f.aggregator(100, "inproc://root", ac);
+    }
+    const std::string at = tree ? "inproc://agg-100" : "inproc://root";
+    client::RuntimeConfig rc;
+    rc.server_silence_ms = 36'000'000;
+    f.client(0, at, rc);
+    f.client(1, at, rc);
+    client::RuntimeConfig slow = rc;
+    slow.delay_ms = 90'000;  // past every deadline (the aggregator's share of it too)
+    f.client(2, at, slow);
+    const bool ended = f.fastForward(f.clientsEnded({0, 1, 2}), std::chrono::seconds(1),
+                                     std::chrono::seconds(120));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(ended);
+    const auto records = f.records();
+    REQUIRE(records.size() == 3);
+    for (const auto& r : records) CHECK(r.applied);
+    const std::vector<float> c = f.control();
+    REQUIRE(!c.empty());
+
+    ClientState s2 = f.clientState(2);
+    const auto* straggler = s2.find<client::ControlVariateState>(client::kControlVariate);
+    REQUIRE(straggler != nullptr);
+    CHECK(straggler->values.empty());    // nothing of its own was ever counted, nothing committed
+    CHECK(!straggler->pending.empty());  // though it computed c_i+
+
+    std::vector<double> mean(c.size(), 0.0);
+    for (uint64_t id : {0, 1}) {
+      ClientState s = f.clientState(id);
+      const auto* cv = s.find<client::ControlVariateState>(client::kControlVariate);
+      REQUIRE(cv != nullptr);
+      CHECK(cv->pending_round == 3);  // the last round's, counted, its acknowledgement never sent
+      CHECK(cv->values.size() == c.size());  // round 2's c_i+, committed on round 3's task
+      REQUIRE(cv->pending.size() == c.size());
+      for (size_t i = 0; i < c.size(); ++i) mean[i] += cv->pending[i] / 3.0;
+    }
+    double top = 0.0, diff = 0.0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      top = std::max(top, std::abs(mean[i]));
+      diff = std::max(diff, std::abs(mean[i] - c[i]));
+    }
+    CHECK(top > 0.0);
+    CHECK(diff <= 1e-5 * top);
+  }
+}
+
+// A root resends a pending task when a registration crosses it (the aggregator's registration
+// retry fired before the Welcome came). The aggregator answers the same task again with the same
+// partial; running the phase again would cost it a whole deadline and the next round. A scripted
+// root here: one task sent twice with one nonce.
+TEST_CASE("in process: an edge aggregator answers a task it already answered with the same partial",
+          "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 400);
+  InprocFederation f("logreg", train, iid(train, 1));
+  transport::SecurityConfig insecure;
+  insecure.insecure = true;
+  transport::ServerSocket root(f.context(), "inproc://scripted-root", insecure);
+  server::AggregatorConfig ac;
+  ac.min_clients = 1;
+  f.aggregator(100, "inproc://scripted-root", ac);
+  f.client(0, "inproc://agg-100");
+
+  auto trainer = client::makeTrainer("logreg", train);
+  const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  std::vector<float> init(layout->numel());
+  trainer->initParameters(init, 5);
+  server::ModelStore model(layout, 0);
+  model.set(init, 1);
+  protocol::TaskMsg h;
+  h.round = 1;
+  h.run_seed = 5;
+  h.compressor = "none";
+  h.model_version = 1;
+  h.fit = protocol::FitSettings{1, 16, 0.1f, 0.0f};
+  h.deadline_ms = 600'000;
+  const compression::PhaseBroadcast b{5, 1, 0, nullptr};
+  const std::vector<uint8_t> task =
+      server::encodeTask(server::PhaseTask{b, h, model, server::Downlink::kDense}, 0, 0x5eed);
+
+  // Plays the root: welcomes the aggregator, sends the task, and returns the next partial.
+  std::string peer;
+  const auto until_partial = [&](bool send_task) {
+    const auto give_up = std::chrono::steady_clock::now() + seconds(60);
+    bool sent = false;
+    while (std::chrono::steady_clock::now() < give_up) {
+      if (send_task && !sent && !peer.empty()) sent = root.send(peer, task);
+      auto r = root.receive(std::chrono::milliseconds(50));
+      if (!r || r->error) continue;
+      const auto kind = protocol::peekKind(r->bytes());
+      if (kind == protocol::MessageKind::kRegister) {
+        peer = r->peer;
+        root.send(peer, protocol::encode(protocol::WelcomeMsg{100, 77, 100, 64u << 20, 1u << 20}));
+      } else if (kind == protocol::MessageKind::kPartial) {
+        return std::vector<uint8_t>(r->bytes().begin(), r->bytes().end());
+      }
+    }
+    return std::vector<uint8_t>{};
+  };
+  const std::vector<uint8_t> first = until_partial(true);
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(!first.empty());
+  REQUIRE(root.send(peer, task));  // the same task again, the same nonce
+  const std::vector<uint8_t> second = until_partial(false);
+  REQUIRE(!second.empty());
+  CHECK(second == first);
+  root.send(peer, protocol::encode(protocol::ShutdownMsg{1, "test over"}));
+  REQUIRE(f.waitClientEnded(0, seconds(30)));
+  CHECK(f.stats(0).tasks == 1);  // the phase ran once: the client trained once
+  CHECK(f.stats(0).updates_sent == 1);
+}
+
 // SCAFFOLD deployed equals SCAFFOLD run by the engine over the codecs in process
 // (tests/server/inproc_fleet.h, which the simulator's one-worker run equals bit for bit): the
 // real client runtime, fleet and edge aggregator change no bit of the model or of c where no sum

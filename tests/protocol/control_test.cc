@@ -284,3 +284,32 @@ TEST_CASE("decodeTask: SCAFFOLD's control variate only in a phase-0 fit, model-s
   t.control.clear();
   CHECK(decodeTask(encodeTask(t, views(model)), l).control.empty());
 }
+
+TEST_CASE("a SCAFFOLD task's acknowledgement is present from encoding, patched per client in place",
+          "[protocol][scaffold]") {
+  const ParamLayout l = fuzz::layout();
+  TaskMsg t = sampleTask();
+  t.shared = {};
+  t.phase = 0;
+  const auto model = denseModel(l, 1);
+  t.control.assign(l.numel(), 0.5f);
+  t.control_ack = 0;  // no round acknowledged: still written, so it can be patched
+  std::vector<uint8_t> bytes = encodeTask(t, views(model));
+  CHECK(decodeTask(bytes, l).control_ack == 0);
+  const size_t size = bytes.size();
+  for (uint64_t round : {7ull, 0ull, ~0ull}) {
+    setTaskControlAck(bytes, round);
+    CHECK(bytes.size() == size);
+    const TaskMsg back = decodeTask(bytes, l);
+    CHECK(back.control_ack == round);
+    CHECK(back.control == t.control);  // nothing else moved
+    CHECK(back.round == t.round);
+  }
+  t.control_ack = 41;
+  CHECK(decodeTask(encodeTask(t, views(model)), l).control_ack == 41);
+  // A task without a control variate has no acknowledgement to patch, and reads none.
+  t.control.clear();
+  std::vector<uint8_t> plain = encodeTask(t, views(model));
+  CHECK_THROWS_AS(setTaskControlAck(plain, 3), InvalidArgument);
+  CHECK(decodeTask(plain, l).control_ack == 0);
+}

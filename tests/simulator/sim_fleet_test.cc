@@ -87,8 +87,8 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
   CHECK(scale > 1e-3);  // the control variates moved
   CHECK(diff <= 1e-5 * scale);
 
-  // The engine's checkpoint carries c: a resumed engine has it exactly; a run without SCAFFOLD
-  // refuses the checkpoint (and a SCAFFOLD run one without c).
+  // The engine's checkpoint carries c and the acknowledgements: a resumed engine has them exactly;
+  // a run without SCAFFOLD refuses the checkpoint (and a SCAFFOLD run one without c).
   testing::TempDir dir;
   const std::string ck = (dir.path / "ck.bin").string();
   {
@@ -99,9 +99,16 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
     a.runRound(*f.fleet);
     const std::vector<float> saved_c = a.control();
     REQUIRE_FALSE(saved_c.empty());
+    // The round's three clients are acknowledged for round 1 (what their next tasks say).
+    REQUIRE(a.controlAcks().size() == 3);
+    for (const auto& [id, round] : a.controlAcks()) {
+      CHECK(id < n);
+      CHECK(round == 1);
+    }
     server::RoundEngine resumed(layout, ec, init);
     CHECK(resumed.resumed());
     CHECK(resumed.control() == saved_c);
+    CHECK(resumed.controlAcks() == a.controlAcks());  // kept with c: a restart acknowledges alike
     Federation plain(n, false);
     server::EngineConfig pc = plain.engineConfig(3);
     pc.checkpoint = ck;
