@@ -78,6 +78,10 @@ int runServer(apps::Settings& c) {
                      "train.scaffold_population");
     // sampling.overcommit > 1 is fine: a client refused as late is not acknowledged and drops
     // the c_i+ it computed (client/algorithm.h), so c stays the mean of the c_i.
+    if (ec.checkpoint.empty())
+      log->warn(
+          "train.scaffold without state.checkpoint: a restarted root starts c at zero while its "
+          "clients keep their c_i (docs/protocol.md, SCAFFOLD over the protocol)");
   } else if (c.train.scaffold_population != 0) {
     STARLING_THROW(ConfigError, "train.scaffold_population is set without train.scaffold");
   }

@@ -89,7 +89,8 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     ci = state.find<ControlVariateState>(kControlVariate);
     if (ci && control_ack) {
       resolved = std::make_unique<ControlVariateState>(*ci);
-      resolved->acknowledge(*control_ack);
+      const uint64_t pending = resolved->pending_round;
+      if (!resolved->acknowledge(*control_ack)) out.control_dropped = pending;
       ci = resolved.get();
     }
     if (ci && !ci->values.empty() && ci->values.size() != layout.numel())

@@ -28,6 +28,9 @@ struct PhaseResult {
   // SCAFFOLD only (phase 0 with a server control variate): the change of this client's control
   // variate, c_i+ - c_i, numel floats; what the server averages into its own (sent dense).
   std::vector<float> control_delta;
+  // SCAFFOLD deployed: the round of a pending c_i+ the acknowledgement dropped (the server did not
+  // count it), 0 for none; for the client's log.
+  uint64_t control_dropped = 0;
 };
 
 // SCAFFOLD's client control variate c_i (Karimireddy et al., "SCAFFOLD: Stochastic Controlled

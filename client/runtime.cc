@@ -217,13 +217,17 @@ struct ClientRuntime::Impl {
     ClientAlgorithm algorithm(comp, trainer, fit);
     // SCAFFOLD when the task carries the server's c: the control change travels with the update,
     // and c_i+ waits in the state for the server's acknowledgement of this round.
-    const std::optional<uint64_t> ack =
-        t.control.empty() ? std::nullopt : std::optional<uint64_t>(t.control_ack);
+    const std::optional<uint64_t> ack = t.control.empty() ? std::nullopt : t.control_ack;
     PhaseResult res = withHeartbeats(
         [&] {
           return algorithm.runPhase(b, config.client_id, model, train, state, t.control, ack);
         },
         stats);
+    if (res.control_dropped != 0)
+      log->info(
+          "client {}: round {}'s SCAFFOLD control change was not counted by the server "
+          "(acknowledged: round {}); dropped",
+          config.client_id, res.control_dropped, t.control_ack.value_or(0));
     res.update.control = std::move(res.control_delta);
     res.update.header.nonce = t.nonce;
     // Keep only the metrics the server aggregates.

@@ -234,7 +234,7 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce,
                              h.run_seed, spec, h.model_version, h.base_version, tv,
                              static_cast<uint8_t>(h.shared.fixed), sv, fit, h.deadline_ms, metrics,
-                             control, h.control.empty() ? 0 : h.control_ack);
+                             control, h.control.empty() ? 0 : h.control_ack.value_or(0));
   b.ForceDefaults(false);
   return finish(b, fb::Body::Task, body.Union());
 }
@@ -449,7 +449,10 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
                                     std::to_string(c->size()) + " values, the model " +
                                     std::to_string(layout.numel()));
     m.control.assign(c->begin(), c->end());
-    m.control_ack = t->control_ack();
+    // Present or not (a server older than the field): generated tables derive privately from
+    // flatbuffers::Table, which a C-style cast reaches (a static_cast that ignores access).
+    const auto* table = (const flatbuffers::Table*)t;  // NOLINT(google-readability-casting)
+    if (table->CheckField(fb::Task::VT_CONTROL_ACK)) m.control_ack = t->control_ack();
     for (float x : m.control)
       if (!std::isfinite(x))
         fail(Errc::kNonFinite, "the task's SCAFFOLD control variate holds a non-finite value");

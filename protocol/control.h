@@ -100,8 +100,9 @@ struct TaskMsg {
   // SCAFFOLD's acknowledgement, with `control`: the last round whose control change from this
   // client (or aggregator) the server counted into c, 0 for none. The client keeps its c_i+ of a
   // round pending until a task acknowledges that round (client/algorithm.h). Set per client with
-  // setTaskControlAck.
-  uint64_t control_ack = 0;
+  // setTaskControlAck. Decoded as nullopt when absent (a server older than the field, which
+  // counted every change it got: the client then commits at once, as it did then).
+  std::optional<uint64_t> control_ack;
 };
 
 struct EvaluationMsg {

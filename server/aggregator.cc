@@ -203,10 +203,11 @@ struct EdgeAggregator::Impl {
   // when that is the round of its last phase-0 partial, every client in that partial had its change
   // counted. Any other round: the partial was not counted, and its clients, left unacknowledged,
   // drop their c_i+. A task of the partial's own round again (a resend, or a restarted root running
-  // the round anew) says nothing yet: that round has not closed.
-  void acknowledge(uint64_t acked, uint64_t task_round) {
+  // the round anew) says nothing yet: that round has not closed. An upstream older than the
+  // acknowledgement (nullopt) counted what it got, as clients then assumed.
+  void acknowledge(std::optional<uint64_t> acked, uint64_t task_round) {
     if (task_round <= partial_round) return;
-    if (partial_round != 0 && acked == partial_round)
+    if (partial_round != 0 && acked.value_or(partial_round) == partial_round)
       for (uint64_t id : partial_clients) client_acks[id] = partial_round;
     partial_round = 0;
     partial_clients.clear();

@@ -248,6 +248,7 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   std::vector<uint8_t>& msg = it->second;
   pr::setTaskNonce(msg, nonce);
   if (t.control_acks && !t.header.control.empty()) {
+    // encodeTask writes the field in every task with a control variate, so this cannot throw.
     const auto ack = t.control_acks->find(peer.info.id);
     pr::setTaskControlAck(msg, ack == t.control_acks->end() ? 0 : ack->second);
   }

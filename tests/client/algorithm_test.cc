@@ -138,13 +138,22 @@ TEST_CASE("SCAFFOLD deployed: c_i+ waits for the server's acknowledgement of its
   CHECK(ci->pending_round == 2);
   CHECK(ci->pending == c2);
 
+  CHECK(d2.control_dropped == 0);
+
   // Round 5 acknowledges round 1 again (round 2's update was not counted: refused as late): round
-  // 2's c_i+ is dropped, c_i stays c1, and round 5 trains as round 2 did from c1.
-  const PhaseResult d5 = alg.runPhase(at(2), 2, global, view, s, c, 1);
-  CHECK(dense(d5.update, l) == dense(d2.update, l));
+  // 2's c_i+ is dropped, c_i stays c1, and round 5 trains from c1, as a simulated client holding
+  // c1 does (were c2 kept, the correction c - c_i would differ).
+  ClientState from_c1(l.fingerprint());
+  from_c1.get<ControlVariateState>(kControlVariate).values = c1;
+  const PhaseResult r5 = alg.runPhase(at(5), 2, global, view, from_c1, c);
+  const PhaseResult d5 = alg.runPhase(at(5), 2, global, view, s, c, 1);
+  CHECK(d5.control_dropped == 2);
+  CHECK(dense(d5.update, l) == dense(r5.update, l));
+  CHECK(d5.control_delta == r5.control_delta);
   ci = s.find<ControlVariateState>(kControlVariate);
   CHECK(ci->values == c1);
-  CHECK(ci->pending == c2);  // the same round's result again, pending again
+  CHECK(ci->pending_round == 5);
+  CHECK(ci->pending == from_c1.find<ControlVariateState>(kControlVariate)->values);
 
   // The state keeps the pending c_i+ across a save and load (the client's state file).
   std::vector<uint8_t> bytes;
@@ -154,8 +163,8 @@ TEST_CASE("SCAFFOLD deployed: c_i+ waits for the server's acknowledgement of its
   const auto* cb = back.find<ControlVariateState>(kControlVariate);
   REQUIRE(cb != nullptr);
   CHECK(cb->values == c1);
-  CHECK(cb->pending_round == 2);
-  CHECK(cb->pending == c2);
+  CHECK(cb->pending_round == 5);
+  CHECK(cb->pending == ci->pending);
 
   // acknowledge(): only the pending round commits; anything else drops it.
   ControlVariateState v;

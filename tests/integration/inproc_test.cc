@@ -338,69 +338,131 @@ TEST_CASE(
   }
 }
 
-// A root resends a pending task when a registration crosses it (the aggregator's registration
-// retry fired before the Welcome came). The aggregator answers the same task again with the same
-// partial; running the phase again would cost it a whole deadline and the next round. A scripted
-// root here: one task sent twice with one nonce.
-TEST_CASE("in process: an edge aggregator answers a task it already answered with the same partial",
-          "[integration][inproc]") {
-  const data::Dataset& train = fashion("train", 400);
-  InprocFederation f("logreg", train, iid(train, 1));
-  transport::SecurityConfig insecure;
-  insecure.insecure = true;
-  transport::ServerSocket root(f.context(), "inproc://scripted-root", insecure);
-  server::AggregatorConfig ac;
-  ac.min_clients = 1;
-  f.aggregator(100, "inproc://scripted-root", ac);
-  f.client(0, "inproc://agg-100");
+namespace {
 
-  auto trainer = client::makeTrainer("logreg", train);
-  const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
-  std::vector<float> init(layout->numel());
-  trainer->initParameters(init, 5);
-  server::ModelStore model(layout, 0);
-  model.set(init, 1);
-  protocol::TaskMsg h;
-  h.round = 1;
-  h.run_seed = 5;
-  h.compressor = "none";
-  h.model_version = 1;
-  h.fit = protocol::FitSettings{1, 16, 0.1f, 0.0f};
-  h.deadline_ms = 600'000;
-  const compression::PhaseBroadcast b{5, 1, 0, nullptr};
-  const std::vector<uint8_t> task =
-      server::encodeTask(server::PhaseTask{b, h, model, server::Downlink::kDense}, 0, 0x5eed);
+// A root played by the test, for an edge aggregator on inproc://scripted-root: it welcomes the
+// aggregator and sends it the tasks the test writes.
+struct ScriptedRoot {
+  transport::ServerSocket socket;
+  std::string peer;  // the aggregator's routing id, once it registered
+  std::shared_ptr<const ParamLayout> layout;
+  server::ModelStore model;
 
-  // Plays the root: welcomes the aggregator, sends the task, and returns the next partial.
-  std::string peer;
-  const auto until_partial = [&](bool send_task) {
+  ScriptedRoot(InprocFederation& f, const client::Trainer& trainer)
+      : socket(f.context(), "inproc://scripted-root", insecure()),
+        layout(std::make_shared<const ParamLayout>(trainer.layout())),
+        model(layout, 0) {
+    std::vector<float> init(layout->numel());
+    trainer.initParameters(init, 5);
+    model.set(init, 1);
+  }
+  static transport::SecurityConfig insecure() {
+    transport::SecurityConfig s;
+    s.insecure = true;
+    return s;
+  }
+  // A phase-0 fit task of `round` (SCAFFOLD's when `control` is given), with `nonce`.
+  std::vector<uint8_t> task(uint64_t round, uint64_t nonce, std::vector<float> control = {},
+                            std::optional<uint64_t> ack = std::nullopt) const {
+    protocol::TaskMsg h;
+    h.round = round;
+    h.run_seed = 5;
+    h.compressor = "none";
+    h.model_version = 1;
+    h.fit = protocol::FitSettings{1, 16, 0.1f, 0.0f};
+    h.deadline_ms = 600'000;
+    h.control = std::move(control);
+    h.control_ack = ack;
+    const compression::PhaseBroadcast b{5, round, 0, nullptr};
+    return server::encodeTask(server::PhaseTask{b, h, model, server::Downlink::kDense}, 0, nonce);
+  }
+  // Sends `task` (once the aggregator registered) and returns the next partial (empty after a
+  // minute without one).
+  std::vector<uint8_t> exchange(const std::vector<uint8_t>& task) {
     const auto give_up = std::chrono::steady_clock::now() + seconds(60);
     bool sent = false;
     while (std::chrono::steady_clock::now() < give_up) {
-      if (send_task && !sent && !peer.empty()) sent = root.send(peer, task);
-      auto r = root.receive(std::chrono::milliseconds(50));
+      if (!sent && !peer.empty()) sent = socket.send(peer, task);
+      auto r = socket.receive(std::chrono::milliseconds(50));
       if (!r || r->error) continue;
       const auto kind = protocol::peekKind(r->bytes());
       if (kind == protocol::MessageKind::kRegister) {
         peer = r->peer;
-        root.send(peer, protocol::encode(protocol::WelcomeMsg{100, 77, 100, 64u << 20, 1u << 20}));
-      } else if (kind == protocol::MessageKind::kPartial) {
+        socket.send(peer,
+                    protocol::encode(protocol::WelcomeMsg{100, 77, 100, 64u << 20, 1u << 20}));
+      } else if (kind == protocol::MessageKind::kPartial && sent) {
         return std::vector<uint8_t>(r->bytes().begin(), r->bytes().end());
       }
     }
-    return std::vector<uint8_t>{};
-  };
-  const std::vector<uint8_t> first = until_partial(true);
+    return {};
+  }
+  void shutdown() { socket.send(peer, protocol::encode(protocol::ShutdownMsg{0, "test over"})); }
+};
+
+}  // namespace
+
+// A root resends a pending task when a registration crosses it (the aggregator's registration
+// retry fired before the Welcome came). The aggregator answers the same task again with the same
+// partial; running the phase again would cost it a whole deadline and the next round.
+TEST_CASE("in process: an edge aggregator answers a task it already answered with the same partial",
+          "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 400);
+  InprocFederation f("logreg", train, iid(train, 1));
+  auto trainer = client::makeTrainer("logreg", train);
+  ScriptedRoot root(f, *trainer);
+  server::AggregatorConfig ac;
+  ac.min_clients = 1;
+  f.aggregator(100, "inproc://scripted-root", ac);
+  f.client(0, "inproc://agg-100");
+  const std::vector<uint8_t> task = root.task(1, 0x5eed);
+  const std::vector<uint8_t> first = root.exchange(task);
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(!first.empty());
-  REQUIRE(root.send(peer, task));  // the same task again, the same nonce
-  const std::vector<uint8_t> second = until_partial(false);
+  const std::vector<uint8_t> second = root.exchange(task);  // the same task again, the same nonce
   REQUIRE(!second.empty());
   CHECK(second == first);
-  root.send(peer, protocol::encode(protocol::ShutdownMsg{1, "test over"}));
+  root.shutdown();
   REQUIRE(f.waitClientEnded(0, seconds(30)));
   CHECK(f.stats(0).tasks == 1);  // the phase ran once: the client trained once
   CHECK(f.stats(0).updates_sent == 1);
+}
+
+// The edge aggregator relays SCAFFOLD's acknowledgements: a partial the root did not count leaves
+// its clients unacknowledged (they drop that round's c_i+), one it counted acknowledges them.
+TEST_CASE(
+    "in process: an edge aggregator acknowledges its clients' control changes as the root does",
+    "[integration][inproc][scaffold]") {
+  const data::Dataset& train = fashion("train", 400);
+  InprocFederation f("logreg", train, iid(train, 1));
+  auto trainer = client::makeTrainer("logreg", train);
+  ScriptedRoot root(f, *trainer);
+  server::AggregatorConfig ac;
+  ac.min_clients = 1;
+  f.aggregator(100, "inproc://scripted-root", ac);
+  f.client(0, "inproc://agg-100");
+  const std::vector<float> c(root.layout->numel(), 0.01f);
+  protocol::Decoder decoder(*root.layout);
+  const auto control_of = [&](const std::vector<uint8_t>& partial) {
+    REQUIRE(!partial.empty());
+    const auto& v = decoder.decodePartial(partial);
+    return std::vector<float>(v.control.begin(), v.control.end());
+  };
+  // Round 1; round 2 says round 1 was not counted; round 3 says round 2 was.
+  const std::vector<float> d1 = control_of(root.exchange(root.task(1, 11, c, 0)));
+  INFO(f.error() << "\n" << f.logs());
+  const std::vector<float> d2 = control_of(root.exchange(root.task(2, 12, c, 0)));
+  const std::vector<float> d3 = control_of(root.exchange(root.task(3, 13, c, 2)));
+  root.shutdown();
+  REQUIRE(f.waitClientEnded(0, seconds(30)));
+  // Round 2 trained with c_i = 0 (round 1's dropped): c_i+ = d2. Round 3 committed it.
+  ClientState s = f.clientState(0);
+  const auto* cv = s.find<client::ControlVariateState>(client::kControlVariate);
+  REQUIRE(cv != nullptr);
+  CHECK(cv->values == d2);
+  CHECK(cv->pending_round == 3);
+  REQUIRE(cv->pending.size() == d3.size());
+  for (size_t i = 0; i < d3.size(); ++i) CHECK(cv->pending[i] == d2[i] + d3[i]);
+  CHECK(d1 != d2);  // c_i = 0 both times, other rounds' streams: another result
 }
 
 // SCAFFOLD deployed equals SCAFFOLD run by the engine over the codecs in process

@@ -2,21 +2,20 @@
 // validation decodeUpdate() runs), each rejected with its own starling::Errc, plus shared tables,
 // metrics, messages that claim far more than they carry, and partial aggregates. Allocation is
 // counted with a replaced global operator new (this binary only holds the protocol tests).
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <new>
 
+#include "counting_new.h"
 #include "fuzz/fuzz_layout.h"
 #include "protocol/codec.h"
+#include "protocol/control.h"
 #include "protocol/starling_generated.h"
 #include "test_util.h"
-
-#include "counting_new.h"
 
 namespace {
 auto& g_bytes = starling::testing::alloc::bytes;
@@ -486,4 +485,36 @@ TEST_CASE("every single-byte corruption is either rejected or decodes to a check
       }
     }
   }
+}
+
+// A SCAFFOLD task from a server older than the acknowledgement field: the field is absent, and
+// decodes as absent (not as "round 0 acknowledged", which would make a newer client drop every
+// change that such a server, counting all it got, had added to c).
+TEST_CASE("a SCAFFOLD task without control_ack decodes as having none", "[protocol][scaffold]") {
+  const ParamLayout l = fuzz::layout();
+  Builder b;
+  std::vector<TensorOff> model;
+  for (const auto& t : l.tensors()) model.push_back(denseTensor(b, t.numel));
+  auto tv = b.CreateVector(model);
+  auto spec = b.CreateString("none");
+  auto fit = fb::CreateFitSettings(b, 1, 8, 0.1f, 0.0f);
+  auto control = b.CreateVector(std::vector<float>(l.numel(), 0.5f));
+  auto task = fb::CreateTask(
+      b, fb::TaskKind::Fit, /*round=*/2, /*phase=*/0, /*nonce=*/9, /*run_seed=*/1, spec,
+      /*model_version=*/1, /*base_version=*/0, tv, 0, 0, fit, 1000, 0, control);
+  const std::vector<uint8_t> old =
+      finish(b, fb::CreateMessage(b, kSchemaVersion, fb::Body::Task, task.Union()));
+  const TaskMsg m = decodeTask(old, l);
+  CHECK(m.control.size() == l.numel());
+  CHECK_FALSE(m.control_ack.has_value());
+  // encodeTask always writes it for a SCAFFOLD task, 0 included.
+  TaskMsg t = m;
+  t.control_ack = std::nullopt;
+  std::vector<Payload> dense;
+  for (const auto& ts : l.tensors()) dense.push_back(DenseF32{std::vector<float>(ts.numel, 1.0f)});
+  std::vector<PayloadView> views;
+  for (const auto& p : dense) views.push_back(view(p));
+  const TaskMsg back = decodeTask(encodeTask(t, views), l);
+  REQUIRE(back.control_ack.has_value());
+  CHECK(*back.control_ack == 0);
 }
