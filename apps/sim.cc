@@ -108,7 +108,11 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   const bool lead = launch.rank == 0;
   torch_trainer::setThreads(c.sim.threads);
 
-  const data::LoadedData loaded = data::loadData(c.data.source);
+  // Every worker holds the data set: as bytes where the file has them (the LibTorch trainer reads
+  // them as value / 255, the values of floats exactly), a quarter of the memory.
+  data::DataSource source = c.data.source;
+  source.keep_bytes = true;
+  const data::LoadedData loaded = data::loadData(source);
   const data::Dataset& train = loaded.train;
   const data::Dataset* test = loaded.test ? &*loaded.test : nullptr;  // none: no evaluation
   sim::SimClients clients;

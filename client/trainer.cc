@@ -36,18 +36,22 @@ void checkGradientTerms(const FitConfig& cfg, size_t numel) {
                      cfg.correction.size(), " floats, the model ", numel);
 }
 
-void checkDataView(const DataView& data, size_t features, uint32_t classes) {
+void checkDataView(const DataView& data, size_t features, uint32_t classes, bool reads_bytes) {
   STARLING_CHECK_ARG(data.dataset != nullptr, "DataView: no dataset");
   const data::Dataset& d = *data.dataset;
+  STARLING_CHECK_ARG(
+      reads_bytes || !d.holdsBytes(),
+      "DataView: the dataset holds its examples as bytes (data::IdxOptions::keep_bytes), "
+      "which only the LibTorch trainer reads");
+  const size_t values = d.holdsBytes() ? d.pixels.size() : d.images.size();
   STARLING_CHECK_ARG(!data.indices.empty(),
                      "DataView: no examples (an empty view cannot be trained or evaluated)");
   STARLING_CHECK_ARG(d.features() == features, "DataView: the dataset has ", d.features(),
                      " features per example, the model expects ", features);
   // A Dataset is a plain struct: check that its arrays agree before indexing them.
-  STARLING_CHECK_ARG(features > 0 && d.images.size() % features == 0 &&
-                         d.images.size() / features == d.labels.size(),
-                     "DataView: the dataset has ", d.images.size(), " pixel values for ",
-                     d.labels.size(), " labels of ", features, " features");
+  STARLING_CHECK_ARG(features > 0 && values % features == 0 && values / features == d.labels.size(),
+                     "DataView: the dataset has ", values, " pixel values for ", d.labels.size(),
+                     " labels of ", features, " features");
   for (size_t i : data.indices) {
     STARLING_CHECK_ARG(i < d.size(), "DataView: index ", i, " is out of range for a dataset of ",
                        d.size(), " examples");

@@ -130,8 +130,10 @@ class Trainer {
 
 // Checks the shared preconditions of fit/evaluate for a model of `features` inputs and `classes`
 // classes (InvalidArgument with the offending value): a dataset is set and consistent, the view
-// is non-empty, every index is in range, every label of the view is < classes.
-void checkDataView(const DataView& data, size_t features, uint32_t classes);
+// is non-empty, every index is in range, every label of the view is < classes. A dataset that
+// holds bytes (Dataset::pixels) passes only for a trainer that `reads_bytes`.
+void checkDataView(const DataView& data, size_t features, uint32_t classes,
+                   bool reads_bytes = false);
 
 // Registry of the LibTorch-free trainers; factories take (rows, cols, classes) of the data (a
 // flat model reads rows * cols features). The built-in models are the LibTorch trainer's

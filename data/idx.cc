@@ -244,11 +244,15 @@ struct Opened {
 Dataset loadIdx(const std::string& images_path, const std::string& labels_path,
                 const IdxOptions& options) {
   Opened f(images_path, labels_path, options);
-  const std::vector<uint8_t> raw =
+  std::vector<uint8_t> raw =
       readBody(f.img, f.values * f.ih.value_size, std::to_string(f.n) + " images");
   f.img.expectEnd(f.values * f.ih.value_size);
   Dataset d;
   f.readLabels(d, options);
+  if (options.keep_bytes && f.ih.type == kUByte) {
+    d.pixels = std::move(raw);  // the body is the values, one byte each
+    return d;
+  }
   d.images.resize(static_cast<size_t>(f.values));  // now backed by bytes really read
   f.convert(raw, 0, d.images.size(), d.images.data(), 0);
   return d;

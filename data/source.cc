@@ -73,8 +73,12 @@ Dataset loadSplit(const DataSource& s, const std::string& key, const std::string
     return keyed([&] { return loadCsv(path, CsvOptions{.num_classes = s.num_classes}); }, key, "", "");
   const std::string labels_key = key + "_labels";
   const std::string labels = resolve(s, labels_key, labels_name);
-  return keyed([&] { return loadIdx(path, labels, IdxOptions{.num_classes = s.num_classes}); }, key,
-               labels_key, labels);
+  return keyed(
+      [&] {
+        return loadIdx(path, labels,
+                       IdxOptions{.num_classes = s.num_classes, .keep_bytes = s.keep_bytes});
+      },
+      key, labels_key, labels);
 }
 
 // The examples `picks` names (any order, repeats) of `d`, each once, in file order.

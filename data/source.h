@@ -33,6 +33,9 @@ struct DataSource {
   std::string test_labels = "t10k-labels-idx1-ubyte.gz";
   uint32_t num_classes = 0;  // 0: from the data
   std::string shape;         // "" or "ROWSxCOLS"
+  // loadData keeps unsigned-byte IDX features as bytes (Dataset::pixels): for programs that
+  // train with the LibTorch trainer only (starling-sim). Not a configuration key.
+  bool keep_bytes = false;
 
   // Checks what can be checked without reading a file (format, shape syntax, num_classes).
   void validate() const;

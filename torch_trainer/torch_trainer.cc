@@ -88,7 +88,7 @@ class TorchTrainer final : public client::Trainer {
                        " floats, the model's layout has ", layout_.numel());
   }
   void checkData(const DataView& data) const {
-    client::checkDataView(data, features(), classes_);
+    client::checkDataView(data, features(), classes_, /*reads_bytes=*/true);
     if (net_->needsImageShape())
       STARLING_CHECK_ARG(data.dataset->rows == rows_ && data.dataset->cols == cols_,
                          "DataView: the dataset's images are ", data.dataset->rows, "x",
@@ -144,12 +144,14 @@ class TorchTrainer final : public client::Trainer {
   torch::Tensor host_;                 // GPU only: the trained values copied back
   torch::Tensor anchor_, correction_;  // GPU only: FedProx's anchor, SCAFFOLD's correction
   torch::Tensor x_, y_;                // batch scratch on the device, grown on demand
-  // The attached data set: images [N, features] and labels [N] (int64) on the device.
+  // The attached data set: images [N, features] (float32, or uint8 for a data set that holds
+  // bytes) and labels [N] (int64) on the device.
   torch::Tensor images_, labels_;
+  torch::Tensor xb_;  // batch scratch of bytes, for a data set that holds bytes
   // What identifies a data set, and the last two attached (a worker's training set and its test
   // set: an evaluation round does not evict the training set from a GPU).
   struct DataKey {
-    const float* images = nullptr;
+    const void* images = nullptr;
     const uint8_t* labels = nullptr;
     size_t size = 0, features = 0;
     uint64_t checksum = 0;
@@ -226,20 +228,28 @@ void TorchTrainer::attach(const data::Dataset& d) {
   uint64_t sum = 1469598103934665603ull;
   const auto mix = [&sum](uint64_t v) { sum = (sum ^ v) * 1099511628211ull; };
   for (uint8_t l : d.labels) mix(l);
-  const size_t pixels = d.images.size(), stride = std::max<size_t>(1, pixels / 4096);
+  const bool bytes = d.holdsBytes();
+  const size_t pixels = bytes ? d.pixels.size() : d.images.size(),
+               stride = std::max<size_t>(1, pixels / 4096);
   for (size_t i = 0; i < pixels; i += stride) {
-    uint32_t bits;
-    std::memcpy(&bits, &d.images[i], 4);
+    uint32_t bits = 0;
+    if (bytes)
+      bits = d.pixels[i];
+    else
+      std::memcpy(&bits, &d.images[i], 4);
     mix(bits);
   }
-  const DataKey key{d.images.data(), d.labels.data(), n, f, sum};
+  const DataKey key{bytes ? static_cast<const void*>(d.pixels.data()) : d.images.data(),
+                    d.labels.data(), n, f, sum};
   if (attached_[1].images.defined() && attached_[1].key == key)
     std::swap(attached_[0], attached_[1]);
   if (!(attached_[0].images.defined() && attached_[0].key == key)) {
     const auto rows = static_cast<int64_t>(n), cols = static_cast<int64_t>(f);
     // On the CPU a view of the data set's own memory; on a GPU one copy of it, kept while it is
     // one of the last two used. Both tensors are made before anything is replaced.
-    const torch::Tensor host = hostView(d.images).view({rows, cols});
+    const torch::Tensor host =
+        bytes ? torch::from_blob(const_cast<uint8_t*>(d.pixels.data()), {rows, cols}, torch::kUInt8)
+              : hostView(d.images).view({rows, cols});
     Attached a{key, device_.is_cpu() ? host : host.to(device_),
                torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {rows}, torch::kUInt8)
                    .to(torch::TensorOptions().dtype(torch::kInt64).device(device_))};
@@ -273,7 +283,17 @@ std::pair<torch::Tensor, torch::Tensor> TorchTrainer::gather(size_t start, size_
   }
   const torch::Tensor idx = order_dev_.narrow(0, static_cast<int64_t>(start), rows);
   torch::Tensor x = x_.narrow(0, 0, rows), y = y_.narrow(0, 0, rows);
-  torch::index_select_out(x, images_, 0, idx);
+  if (images_.scalar_type() == torch::kUInt8) {
+    // Bytes: gathered as bytes, then value = byte / 255.0f, the float loader's value exactly
+    // (IEEE division, correctly rounded, on every device).
+    if (!xb_.defined() || xb_.size(0) < rows) xb_ = torch::empty({rows, f}, images_.options());
+    torch::Tensor xb = xb_.narrow(0, 0, rows);
+    torch::index_select_out(xb, images_, 0, idx);
+    x.copy_(xb);
+    x.div_(255.0f);
+  } else {
+    torch::index_select_out(x, images_, 0, idx);
+  }
   torch::index_select_out(y, labels_, 0, idx);
   return {x.view({rows, 1, static_cast<int64_t>(rows_), static_cast<int64_t>(cols_)}), y};
 }

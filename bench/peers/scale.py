@@ -22,7 +22,8 @@ Modes:
              pfl:      pfl_sim.py --stateful: the residual in pfl's InMemoryUserStateStorage (the
                        per-user state its SCAFFOLD uses), top-k and error feedback our code.
 Peers run at their 'best' setting of docs/peers.md (two clients training at once, one thread each),
-Starling at the demo's (sim.workers 2, sim.threads 1).
+Starling at the demo's (sim.workers 2, sim.threads 1), or with --starling-args (the low-memory
+setting: one worker, client states spilled past 64 MiB; docs/performance.md).
 
 Measured per run: startup (process start to the first round's start: wall minus the rounds' own
 time minus nothing else, so it includes the exit too), time per round (median of rounds 2..N: the
@@ -37,6 +38,7 @@ the exit status, the log's last error line, whether the time limit (--timeout) o
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -120,6 +122,7 @@ def starling_cmd(sim, a, n, mode, work):
            "--data.partition", partition_for(n), "--train.rounds", str(a.rounds), "--eval.every", "0",
            "--state.metrics", metrics,
            "--compression.compressor", "none" if mode == "stateless" else "topk:density=0.01"]
+    cmd += shlex.split(a.starling_args)
 
     def collect():
         rows = []
@@ -188,6 +191,10 @@ def main():
     p.add_argument("--max-rss-gb", type=float, default=18.0,
                    help="the process tree is killed (and the run failed) past this summed RSS")
     p.add_argument("--sample-seconds", type=float, default=0.5)
+    p.add_argument("--starling-args", default="",
+                   help="more starling-sim options, e.g. the low-memory setting: "
+                        "'--sim.workers 1 --state.memory_bytes 67108864' (one worker, client states past "
+                        "64 MiB spilled to disk)")
     p.add_argument("--out", default=os.path.join(ROOT, "build", "peers-scale.json"))
     a = p.parse_args()
     pools = [int(x) for x in a.pools.split(",") if x]
@@ -247,6 +254,8 @@ def main():
                        "seconds_per_round": per_round, "round_seconds": secs, "rounds_done": r["rounds"],
                        "peak_rss_bytes": sampler.peak_rss, "peak_pss_bytes": sampler.peak_pss,
                        "peak_processes": sampler.peak_procs, "cmd": cmd, "log": log}
+                if system == "starling":
+                    row["starling_args"] = a.starling_args
                 runs.append(row)
                 print(f"{PROG}:   {'ok' if ok else 'FAILED ' + failure}; wall {wall:.1f} s, per round "
                       f"{fmt(per_round, '.2f')} s, peak RSS {sampler.peak_rss / 2**30:.2f} GiB", flush=True)
@@ -269,7 +278,7 @@ def main():
               "table_markdown": md,
               "notes": "startup: wall minus the rounds' own time (process start to first round, plus the exit); "
                        "s/round: median of rounds 2..N; peak RSS summed over the process tree (Ray's processes "
-                       "included); peers at their 'best' setting, Starling at the demo's; no evaluation"}
+                       "included); peers at their 'best' setting, Starling at the demo's plus --starling-args; no evaluation"}
     common.write_result(out, result)
     with open(base + ".md", "w") as f:
         f.write(md + "\n")

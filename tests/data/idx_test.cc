@@ -225,6 +225,37 @@ TEST_CASE("malformed IDX files are rejected with the problem named", "[data]") {
   }
 }
 
+TEST_CASE("keep_bytes keeps an unsigned-byte file's values as bytes, other types as floats",
+          "[data]") {
+  const SmallSet s;
+  TempDir dir;
+  testing::writeGzip(dir.file("img.gz"), s.imageBytes());
+  testing::writePlain(dir.file("lbl"), s.labelBytes());
+  const Dataset floats = loadIdx(dir.file("img.gz"), dir.file("lbl"));
+  const Dataset bytes =
+      loadIdx(dir.file("img.gz"), dir.file("lbl"), IdxOptions{.keep_bytes = true});
+  CHECK(bytes.holdsBytes());
+  CHECK_FALSE(floats.holdsBytes());
+  CHECK(bytes.images.empty());
+  CHECK(bytes.pixels == s.pixels);
+  REQUIRE(bytes.pixels.size() == floats.images.size());
+  for (size_t i = 0; i < bytes.pixels.size(); ++i)  // the float loader's values, exactly
+    REQUIRE(static_cast<float>(bytes.pixels[i]) / 255.0f == floats.images[i]);
+  CHECK(bytes.labels == floats.labels);
+  CHECK(bytes.rows == floats.rows);
+  CHECK(bytes.cols == floats.cols);
+  CHECK(bytes.shape == floats.shape);
+  CHECK(bytes.num_classes == floats.num_classes);
+  // A float32 file has no bytes to keep.
+  testing::writePlain(dir.file("lbl3"), testing::labelFileBytes(3, {2, 0, 1}));
+  const std::vector<float> v{0.5f, -1.25f, 3.0f, 0.0f, 1.0f, 7.0f};
+  testing::writePlain(dir.file("f32"),
+                      testing::idxFileBytes(0x00000d02, {3, 2}, testing::bigEndianBytes(v)));
+  const Dataset f = loadIdx(dir.file("f32"), dir.file("lbl3"), IdxOptions{.keep_bytes = true});
+  CHECK_FALSE(f.holdsBytes());
+  CHECK(f.images == v);
+}
+
 TEST_CASE("IDX features of any type and shape load as floats", "[data]") {
   TempDir dir;
   const std::vector<uint8_t> labels{2, 0, 1};

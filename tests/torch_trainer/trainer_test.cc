@@ -221,6 +221,48 @@ TEST_CASE("LibTorch fit is reproducible from its stream and keeps no per-client 
   }
 }
 
+TEST_CASE("a data set held as bytes trains and evaluates to the same bits as its floats",
+          "[torch_trainer]") {
+  // The simulator keeps unsigned-byte images as bytes (data::IdxOptions::keep_bytes): the trainer
+  // gathers bytes and divides by 255, which must be the float loader's values exactly.
+  const data::Dataset blobs = testing::blobImages(40, 10, 10, 3, 6);
+  data::Dataset bytes = blobs, floats = blobs;
+  bytes.images.clear();
+  bytes.pixels.resize(blobs.images.size());
+  for (size_t i = 0; i < bytes.pixels.size(); ++i) {
+    // Every byte value, in an order that has nothing to do with the blobs' classes.
+    bytes.pixels[i] = static_cast<uint8_t>(i % 7 == 0 ? 255 : (i * 131 + 17) % 256);
+    floats.images[i] = static_cast<float>(bytes.pixels[i]) / 255.0f;
+  }
+  REQUIRE(bytes.holdsBytes());
+  std::vector<size_t> idx(blobs.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  for (const char* spec : {"logreg", "cnn", "resnet"}) {
+    INFO(spec);
+    auto tb = makeTorchTrainer(spec, bytes), tf = makeTorchTrainer(spec, floats);
+    std::vector<float> pb(tb->layout().numel());
+    tb->initParameters(pb, 3);
+    std::vector<float> pf = pb;
+    const FitConfig cfg{.epochs = 2, .batch_size = 8, .lr = 0.05};
+    RngStream rb = trainingStream(4), rf = trainingStream(4);
+    const auto fb = tb->fit(pb, DataView{&bytes, idx}, cfg, rb);
+    const auto ff = tf->fit(pf, DataView{&floats, idx}, cfg, rf);
+    CHECK(pb == pf);
+    CHECK(metric(fb, "train_loss") == metric(ff, "train_loss"));
+    const auto eb = tb->evaluate(pb, DataView{&bytes, idx}),
+               ef = tf->evaluate(pf, DataView{&floats, idx});
+    CHECK(eb.loss == ef.loss);
+    CHECK(eb.accuracy == ef.accuracy);
+  }
+  // The Eigen trainers read floats only, and say so rather than read nothing.
+  auto eigen = client::makeTrainer("softmax", bytes.features(), bytes.num_classes);
+  std::vector<float> p(eigen->layout().numel());
+  RngStream r = trainingStream(1);
+  CHECK_THROWS_MATCHING(
+      eigen->fit(p, DataView{&bytes, idx}, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.1}, r),
+      InvalidArgument, Contains("only the LibTorch trainer reads"));
+}
+
 TEST_CASE("every LibTorch trainer's results are functions of the values, not of where buffers lie",
           "[torch_trainer]") {
   // The Eigen trainers' issue 18, checked for LibTorch's: caller buffers at every 4-byte offset
