@@ -22,60 +22,23 @@ namespace {
 
 std::vector<std::string> metricLines(Federation& f) { return readLines(f.path("metrics.jsonl")); }
 
-// Waits for the root to finish, then checks that it ran `rounds` rounds, each applied with
-// `clients` updates and none refused; returns the metrics lines.
-std::vector<std::string> awaitAppliedRounds(Federation& f, size_t rounds,
-                                            const std::string& clients) {
-  const int rc = f.proc("root").wait(seconds(120));
-  INFO(f.allLogs());
-  REQUIRE(rc == 0);
-  const auto lines = metricLines(f);
-  REQUIRE(lines.size() == rounds);
-  for (const auto& l : lines) {
-    CHECK(field(l, "applied") == "true");
-    CHECK(field(l, "clients_completed") == clients);
-    CHECK(field(l, "updates_rejected") == "0");
-  }
-  return lines;
-}
-
-// The largest |a_i - b_i| and the largest |b_i|; a and b must have the same size.
-std::pair<double, double> maxDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0.0, top = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    top = std::max(top, std::fabs(static_cast<double>(b[i])));
-  }
-  return {diff, top};
-}
-
 // Waits until the metrics file has `n` rounds, or fails the test with every log.
 void awaitRounds(Federation& f, size_t n, seconds timeout) {
   const bool ok = f.waitFor([&] { return metricLines(f).size() >= n; }, timeout);
   if (!ok) FAIL("no " << n << " rounds in time; logs:\n" << f.allLogs());
 }
 
-// Builds root + 2 aggregators (ids 100, 101) + 8 clients (0-3 under 100, 4-7 under 101), or
-// root + 8 clients when flat.
-void startTree(Federation& f, bool flat, int root_port, const std::vector<std::string>& root_args,
-               const std::vector<std::string>& aggregator_args = {}) {
+// Builds root + 2 aggregators (ids 100, 101) + 8 clients (0-3 under 100, 4-7 under 101), with
+// CURVE at every level. (Tree against flat, SCAFFOLD, gTop-k and three levels: test_inproc.)
+void startTree(Federation& f, int root_port, const std::vector<std::string>& root_args) {
   f.clientKeys(0, 8);
   f.namedKey("agg-100", 100);
   f.namedKey("agg-101", 101);
-  std::vector<std::string> all_clients;
-  for (int i = 0; i < 8; ++i) all_clients.push_back("client-" + std::to_string(i));
-  if (flat) {
-    f.root("root", root_port, f.allowList("allow-root", all_clients), root_args);
-    for (uint64_t c = 0; c < 8; ++c) f.client(c, root_port, "server", 8);
-    return;
-  }
   std::vector<std::string> args = root_args;
   args.insert(args.end(), {"--security.aggregator_ids", "100,101"});
   f.root("root", root_port, f.allowList("allow-root", {"agg-100", "agg-101"}), args);
   const int p100 = freePort(), p101 = freePort();
-  std::vector<std::string> agg_args{"--aggregator.min_clients", "4"};
-  agg_args.insert(agg_args.end(), aggregator_args.begin(), aggregator_args.end());
+  const std::vector<std::string> agg_args{"--aggregator.min_clients", "4"};
   f.aggregator(100, p100, root_port, f.allowList("allow-100", {"client-0", "client-1", "client-2", "client-3"}), agg_args);
   f.aggregator(101, p101, root_port, f.allowList("allow-101", {"client-4", "client-5", "client-6", "client-7"}), agg_args);
   for (uint64_t c = 0; c < 8; ++c) f.client(c, c < 4 ? p100 : p101, c < 4 ? "agg-100" : "agg-101", 8);
@@ -87,10 +50,11 @@ TEST_CASE("root, two aggregators and eight clients train for three rounds with a
           "[integration][server]") {
   Federation f("tree");
   const int port = freePort();
-  startTree(f, false, port,
-            {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--eval.every", "1",
-             "--compression.compressor", "topk:density=0.05", "--state.metrics", f.path("metrics.jsonl"),
-             "--state.checkpoint", f.path("ck.bin"), "--round.deadline_ms", "30000"});
+  startTree(f, port,
+            {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+             "--eval.every", "1", "--compression.compressor", "topk:density=0.05",
+             "--state.metrics", f.path("metrics.jsonl"), "--state.checkpoint", f.path("ck.bin"),
+             "--round.deadline_ms", "30000"});
   const int rc = f.proc("root").wait(seconds(120));
   INFO(f.allLogs());
   REQUIRE(rc == 0);
@@ -109,62 +73,6 @@ TEST_CASE("root, two aggregators and eight clients train for three rounds with a
   // Every process ends on its own when the root finishes: aggregators relay the Shutdown.
   for (const std::string name : {"agg-100", "agg-101", "client-0", "client-7"}) CHECK(f.proc(name).wait(seconds(20)) == 0);
   CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 3);
-}
-
-TEST_CASE("hierarchical aggregation equals flat aggregation of the same updates", "[integration][server]") {
-  std::vector<float> tree_model, flat_model;
-  for (bool flat : {false, true}) {
-    Federation f(flat ? "flat" : "tree1");
-    const int port = freePort();
-    startTree(f, flat, port,
-              {"--train.rounds", "1", "--sampling.min_available", flat ? "8" : "2", "--sampling.min_clients",
-               flat ? "8" : "2", "--compression.compressor", "topk:density=0.05", "--state.checkpoint",
-               f.path("ck.bin"), "--state.metrics", f.path("metrics.jsonl")});
-    const int rc = f.proc("root").wait(seconds(120));
-    INFO(f.allLogs());
-    REQUIRE(rc == 0);
-    const Checkpoint ck = readCheckpoint(f.path("ck.bin"));
-    CHECK(ck.next_round == 2);
-    (flat ? flat_model : tree_model) = ck.model;
-  }
-  const auto [max_diff, max_abs] = maxDifference(tree_model, flat_model);
-  // Same updates, summed in another order (float): equal up to rounding.
-  CHECK(max_abs > 0.0);
-  CHECK(max_diff <= 1e-5 * max_abs);
-}
-
-TEST_CASE("SCAFFOLD through edge aggregators equals SCAFFOLD flat",
-          "[integration][server][scaffold]") {
-  // c goes down in every phase-0 task (relayed by the aggregators), each client's c_i+ - c_i comes
-  // up with its update, each aggregator sends their sum in its partial, and the root moves c by
-  // the sum / 8 after each round: round 2 trains with round 1's c, in the tree as flat.
-  std::vector<float> tree_model, flat_model, plain_model;
-  {  // The same tree without SCAFFOLD: another model, or SCAFFOLD did nothing.
-    Federation f("scaffold-off");
-    const int port = freePort();
-    startTree(
-        f, false, port,
-        {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2",
-         "--state.checkpoint", f.path("ck.bin"), "--state.metrics", f.path("metrics.jsonl")});
-    awaitAppliedRounds(f, 2, "8");
-    plain_model = readCheckpoint(f.path("ck.bin")).model;
-  }
-  for (bool flat : {false, true}) {
-    Federation f(flat ? "scaffold-flat" : "scaffold-tree");
-    const int port = freePort();
-    startTree(f, flat, port,
-              {"--train.rounds", "2", "--sampling.min_available", flat ? "8" : "2",
-               "--sampling.min_clients", flat ? "8" : "2", "--train.scaffold", "true",
-               "--train.scaffold_population", "8", "--state.checkpoint", f.path("ck.bin"),
-               "--state.metrics", f.path("metrics.jsonl")});
-    awaitAppliedRounds(f, 2, "8");
-    (flat ? flat_model : tree_model) = readCheckpoint(f.path("ck.bin")).model;
-  }
-  const auto [max_diff, max_abs] = maxDifference(tree_model, flat_model);
-  CHECK(max_abs > 0.0);
-  CHECK(max_diff <= 1e-5 * max_abs);
-  // Round 2 trained with round 1's c: far from the plain run's model next to the tree's rounding.
-  CHECK(maxDifference(tree_model, plain_model).first > 1e3 * max_diff);
 }
 
 TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
@@ -477,85 +385,6 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
   CHECK(field(lines[0], "applied") == "true");
   CHECK(field(lines[0], "clients_completed") == "2");  // agg-100's two clients
   CHECK(field(lines[0], "clients_failed") == "1");     // agg-101
-}
-
-TEST_CASE("aggregators re-sparsify their partials (gTop-k) and keep the rest as residual", "[integration][server]") {
-  double uplink[2] = {0, 0}, accuracy[2] = {0, 0};
-  for (int sparse = 0; sparse < 2; ++sparse) {
-    Federation f(sparse ? "resparsify" : "dense-partials");
-    const int port = freePort();
-    startTree(f, false, port,
-              {"--train.rounds", "4", "--sampling.min_available", "2", "--sampling.min_clients", "2",
-               "--compression.compressor", "topk:density=0.02", "--state.metrics", f.path("metrics.jsonl"),
-               "--eval.every", "4"},
-              {"--aggregation.resparsify_density", sparse ? "0.04" : "0"});
-    const int rc = f.proc("root").wait(seconds(120));
-    INFO(f.allLogs());
-    REQUIRE(rc == 0);
-    const auto lines = metricLines(f);
-    REQUIRE(lines.size() == 4);
-    for (const auto& l : lines) {
-      CHECK(field(l, "applied") == "true");
-      uplink[sparse] += std::stod(field(l, "uplink_bytes"));
-    }
-    accuracy[sparse] = std::stod(field(lines[3], "test_accuracy"));
-  }
-  // 4% of each tensor at 8 bytes per entry against dense floats: well under half the bytes.
-  CHECK(uplink[1] < 0.5 * uplink[0]);
-  CHECK(accuracy[1] > 0.4);  // what it dropped comes back in later rounds: it still learns
-}
-
-TEST_CASE("three levels: an aggregator under an aggregator", "[integration][server]") {
-  Federation f("three-levels");
-  f.clientKeys(0, 4);
-  f.namedKey("agg-100", 100);
-  f.namedKey("agg-200", 200);
-  const int port = freePort(), p100 = freePort(), p200 = freePort();
-  f.root("root", port, f.allowList("allow-root", {"agg-100"}),
-         {"--train.rounds", "2", "--sampling.min_available", "1", "--sampling.min_clients", "1", "--state.metrics",
-          f.path("metrics.jsonl"), "--security.aggregator_ids", "100", "--compression.compressor", "topk:density=0.05"});
-  // agg-100 serves clients 0, 1 and agg-200; agg-200 serves clients 2, 3.
-  f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1", "agg-200"}),
-               {"--aggregator.min_clients", "3", "--security.aggregator_ids", "200"});
-  const std::string name200 = "agg-200";
-  f.start(name200, {binDir() + "/starling-server",
-                    "--server.role",
-                    "aggregator",
-                    "--server.id",
-                    "200",
-                    "--server.bind",
-                    Federation::endpoint(p200),
-                    "--server.upstream",
-                    Federation::endpoint(p100),
-                    "--security.key",
-                    f.keys() + "/agg-200.key_secret",
-                    "--security.server_key",
-                    f.keys() + "/agg-100.key",
-                    "--security.clients",
-                    f.allowList("allow-200", {"client-2", "client-3"}),
-                    "--aggregator.min_clients",
-                    "2",
-                    "--net.heartbeat_ms",
-                    "200",
-                    "--net.silence_ms",
-                    "1500",
-                    "--model.spec",
-                    "softmax"});
-  f.client(0, p100, "agg-100", 4);
-  f.client(1, p100, "agg-100", 4);
-  f.client(2, p200, "agg-200", 4);
-  f.client(3, p200, "agg-200", 4);
-  const int rc = f.proc("root").wait(seconds(120));
-  INFO(f.allLogs());
-  REQUIRE(rc == 0);
-  const auto lines = metricLines(f);
-  REQUIRE(lines.size() == 2);
-  for (const auto& l : lines) {
-    CHECK(field(l, "applied") == "true");
-    CHECK(field(l, "clients_completed") == "4");  // two direct clients + two through agg-200
-  }
-  CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 2);
-  CHECK(f.proc("agg-200").wait(seconds(20)) == 0);  // the Shutdown travelled down two levels
 }
 
 TEST_CASE("a server at its upload memory bound tells clients to send again, and loses no update",

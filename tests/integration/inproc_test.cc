@@ -61,11 +61,17 @@ namespace {
 // root's model and the clients' update bytes; every client sent an update every round.
 struct TreeRun {
   std::vector<server::RoundRecord> records;
-  std::vector<float> model;
+  std::vector<float> model, control;
   uint64_t update_bytes = 0;
 };
 
-TreeRun runSixClients(const std::string& compressor, uint64_t rounds, bool tree) {
+struct TreeOptions {
+  bool scaffold = false;          // SCAFFOLD, N = 6
+  double resparsify_density = 0;  // the aggregators' partials (0: dense)
+};
+
+TreeRun runSixClients(const std::string& compressor, uint64_t rounds, bool tree,
+                      TreeOptions o = {}) {
   const data::Dataset& train = fashion("train", 1200);
   const data::Dataset& test = fashion("t10k", 600);
   InprocFederation f("logreg", train, iid(train, 6), &test, iid(test, 6));
@@ -75,12 +81,15 @@ TreeRun runSixClients(const std::string& compressor, uint64_t rounds, bool tree)
   ec.sampling.min_clients = tree ? 2 : 6;
   ec.sampling.min_available = tree ? 2 : 6;
   ec.completion.min_results = ec.sampling.min_clients;
+  ec.scheme.scaffold = o.scaffold;
+  if (o.scaffold) ec.scaffold_population = 6;
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   if (tree) fc.aggregator_ids = {100, 101};
   f.root(ec, fc);
   server::AggregatorConfig ac;
   ac.min_clients = 3;
   ac.downlink = server::Downlink::kDelta;
+  ac.resparsify_density = o.resparsify_density;
   if (tree) {
     f.aggregator(100, "inproc://root", ac);
     f.aggregator(101, "inproc://root", ac);
@@ -98,6 +107,7 @@ TreeRun runSixClients(const std::string& compressor, uint64_t rounds, bool tree)
   }
   out.records = f.records();
   out.model = f.model();
+  out.control = f.control();
   return out;
 }
 
@@ -132,6 +142,89 @@ TEST_CASE("in process: two edge aggregators give the flat federation's model, an
           "[integration][inproc]") {
   checkTreeEqualsFlat(runSixClients("topk:density=0.1", 3, true),
                       runSixClients("topk:density=0.1", 3, false), 3, 0.6, 1e-5);
+}
+
+// SCAFFOLD with six clients through two edge aggregators: the model and c of the flat federation up
+// to the order of float sums, and far from plain FedAvg's model (round 2 on trained with c).
+// It replaces the process test of the same name.
+TEST_CASE("in process: SCAFFOLD through edge aggregators equals SCAFFOLD flat",
+          "[integration][inproc][scaffold]") {
+  const TreeRun tree = runSixClients("topk:density=0.1", 3, true, {.scaffold = true});
+  const TreeRun flat = runSixClients("topk:density=0.1", 3, false, {.scaffold = true});
+  checkTreeEqualsFlat(tree, flat, 3, 0.6, 1e-5);
+  const auto [cdiff, cscale] = starling::testing::modelDiff(flat.control, tree.control);
+  CHECK(cscale > 0);
+  CHECK(cdiff <= 1e-5 * cscale);
+  const TreeRun plain = runSixClients("topk:density=0.1", 3, true);
+  const auto [diff, scale] = starling::testing::modelDiff(flat.model, tree.model);
+  CHECK(starling::testing::modelDiff(plain.model, tree.model).diff >
+        100 * std::max(diff, 1e-7 * scale));
+}
+
+// gTop-k: each aggregator sends the top 4% of each tensor of its partial and keeps the rest as its
+// residual, sent in later rounds. Well under half the dense partials' bytes reach the root, and
+// the model still learns. It replaces the process test of the same name.
+TEST_CASE("in process: aggregators re-sparsify their partials and keep the rest as residual",
+          "[integration][inproc]") {
+  const TreeRun dense = runSixClients("topk:density=0.02", 4, true);
+  const TreeRun sparse = runSixClients("topk:density=0.02", 4, true, {.resparsify_density = 0.04});
+  uint64_t up[2] = {0, 0};
+  for (int s = 0; s < 2; ++s)
+    for (const auto& r : (s ? sparse : dense).records) {
+      CHECK(r.applied);
+      CHECK(r.clients_completed == 6);
+      up[s] += r.uplink_bytes;
+    }
+  CHECK(sparse.update_bytes == dense.update_bytes);  // the clients send the same
+  CHECK(up[1] < 0.5 * up[0]);                        // the root receives far less
+  REQUIRE(sparse.records.back().test_accuracy);
+  CHECK(*sparse.records.back().test_accuracy > 0.4);
+  CHECK(sparse.model != dense.model);
+}
+
+// Three levels: the root, aggregator 100 serving clients 0 and 1 and aggregator 200, which serves
+// clients 2 and 3. Every round counts all four clients, the model is the flat federation's up to
+// the order of float sums, and the Shutdown reaches the clients two levels down. It replaces the
+// process test of the same name.
+TEST_CASE("in process: an aggregator under an aggregator", "[integration][inproc]") {
+  const data::Dataset& train = fashion("train", 800);
+  std::vector<float> models[2];
+  for (const bool deep : {false, true}) {
+    INFO((deep ? "three levels" : "flat"));
+    InprocFederation f("logreg", train, iid(train, 4));
+    server::EngineConfig ec = engineConfig(2);
+    ec.sampling.min_available = deep ? 1 : 4;
+    ec.sampling.min_clients = deep ? 1 : 4;
+    server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+    if (deep) fc.aggregator_ids = {100};
+    f.root(ec, fc);
+    if (deep) {
+      server::AggregatorConfig top, below;
+      top.min_clients = 3;  // clients 0, 1 and aggregator 200
+      below.min_clients = 2;
+      f.aggregator(100, "inproc://root", top, {200});
+      f.aggregator(200, "inproc://agg-100", below);
+    }
+    for (uint64_t id = 0; id < 4; ++id)
+      f.client(id, !deep ? "inproc://root" : id < 2 ? "inproc://agg-100" : "inproc://agg-200");
+    const bool done = f.waitRootDone(seconds(120));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(done);
+    const auto records = f.records();
+    REQUIRE(records.size() == 2);
+    for (const auto& r : records) {
+      CHECK(r.applied);
+      CHECK(r.clients_completed == 4);  // two direct clients and two through aggregator 200
+    }
+    for (uint64_t id = 0; id < 4; ++id) {
+      REQUIRE(f.waitClientEnded(id, seconds(30)));  // the Shutdown travelled down
+      CHECK(f.stats(id).updates_sent == 2);
+    }
+    models[deep] = f.model();
+  }
+  const auto [diff, scale] = starling::testing::modelDiff(models[0], models[1]);
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-5 * scale);
 }
 
 TEST_CASE(
