@@ -490,6 +490,13 @@ struct ScriptedRoot {
     return {};
   }
   void shutdown() { socket.send(peer, protocol::encode(protocol::ShutdownMsg{0, "test over"})); }
+  // Aggregator 100 below this root, and client 0 below it.
+  static void aggregatorWithOneClient(InprocFederation& f) {
+    server::AggregatorConfig ac;
+    ac.min_clients = 1;
+    f.aggregator(100, "inproc://scripted-root", ac);
+    f.client(0, "inproc://agg-100");
+  }
 };
 
 }  // namespace
@@ -503,10 +510,7 @@ TEST_CASE("in process: an edge aggregator answers a task it already answered wit
   InprocFederation f("logreg", train, iid(train, 1));
   auto trainer = client::makeTrainer("logreg", train);
   ScriptedRoot root(f, *trainer);
-  server::AggregatorConfig ac;
-  ac.min_clients = 1;
-  f.aggregator(100, "inproc://scripted-root", ac);
-  f.client(0, "inproc://agg-100");
+  root.aggregatorWithOneClient(f);
   const std::vector<uint8_t> task = root.task(1, 0x5eed);
   const std::vector<uint8_t> first = root.exchange(task);
   INFO(f.error() << "\n" << f.logs());
@@ -529,10 +533,7 @@ TEST_CASE(
   InprocFederation f("logreg", train, iid(train, 1));
   auto trainer = client::makeTrainer("logreg", train);
   ScriptedRoot root(f, *trainer);
-  server::AggregatorConfig ac;
-  ac.min_clients = 1;
-  f.aggregator(100, "inproc://scripted-root", ac);
-  f.client(0, "inproc://agg-100");
+  root.aggregatorWithOneClient(f);
   const std::vector<float> c(root.layout->numel(), 0.01f);
   protocol::Decoder decoder(*root.layout);
   const auto control_of = [&](const std::vector<uint8_t>& partial) {
