@@ -100,16 +100,21 @@ void PhaseAggregator::reject(const InputError& e) {
   throw e;
 }
 
-void PhaseAggregator::add(const cz::UpdateView& u, const ClientLimits& limits) {
+void PhaseAggregator::add(const cz::UpdateView& u, const ClientLimits& limits, double staleness) {
+  STARLING_CHECK_ARG(std::isfinite(staleness) && staleness > 0.0 && staleness <= 1.0,
+                     "a staleness weight must be in (0, 1], got ", staleness);
+  STARLING_CHECK_ARG(staleness == 1.0 || !robust_, "aggregation rule ", scheme_.rule_->name(),
+                     " takes no staleness weights (it does not stream)");
   try {
-    addChecked(u, limits);
+    addChecked(u, limits, staleness);
   } catch (const InputError& e) {
     reject(e);
   }
   ++accepted_;
 }
 
-void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& limits) {
+void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& limits,
+                                 double staleness) {
   const ParamLayout& layout = scheme_.layout();
   const ValidationBounds& bounds = scheme_.opt_.bounds;
   const auto& h = u.header;
@@ -157,7 +162,8 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
                 bounds.max_metric_abs);
   checkControl(u.control, 1.0, "client", h.client_id);
   const double clip = scheme_.rule_->clipNorm();
-  const double scale = (clip > 0 && norm > clip) ? clip / norm : 1.0;
+  // The clip, then the staleness weight of an asynchronous update (1 in a synchronous round).
+  const double scale = ((clip > 0 && norm > clip) ? clip / norm : 1.0) * staleness;
 
   // Everything that allocates happens before the aggregate changes.
   seen_.insert(h.client_id);

@@ -106,7 +106,10 @@ class PhaseAggregator {
   // against the bounds and `limits`, the encoding the compressor sends, every payload, the value
   // and norm bounds, metrics) and adds it, clipped if the rule clips. Throws InputError, counted
   // in rejected(), leaving the aggregate unchanged.
-  void add(const compression::UpdateView& u, const ClientLimits& limits = {});
+  // `staleness`: an asynchronous update's weight s(tau) in (0, 1] (async_buffer.h), which scales
+  // the update as a clip does, its weight unchanged; streaming rules only.
+  void add(const compression::UpdateView& u, const ClientLimits& limits = {},
+           double staleness = 1.0);
   // Merges a partial aggregate received from the child `source` (an edge aggregator), after
   // checking it against this phase and the bounds scaled by its count. Throws InputError
   // (counted) or InvalidArgument if the rule is not streaming.
@@ -128,7 +131,7 @@ class PhaseAggregator {
   struct RobustStore;
   PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, RobustStore* robust,
                   const std::unordered_set<uint64_t>* allowed);
-  void addChecked(const compression::UpdateView& u, const ClientLimits& limits);
+  void addChecked(const compression::UpdateView& u, const ClientLimits& limits, double staleness);
   void mergeChecked(const compression::PartialView& p, uint64_t source);
   void checkControl(std::span<const float> control, double count, const char* what,
                     uint64_t who) const;

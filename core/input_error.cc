@@ -39,6 +39,8 @@ const char* errcName(Errc c) {
     case Errc::kRateLimited: return "rate limited";
     case Errc::kBadChunk: return "bad chunk";
     case Errc::kBusy: return "busy";
+    case Errc::kStale:
+      return "stale";
   }
   return "unknown";
 }

@@ -1,0 +1,190 @@
+#include "aggregation/async_buffer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace starling::aggregation {
+
+namespace {
+
+// "name:k=v,k=v" -> name and its parameters; ConfigError naming the spec on a malformed one.
+std::pair<std::string, std::map<std::string, double>> splitSpec(std::string_view spec) {
+  const size_t colon = spec.find(':');
+  std::string name(spec.substr(0, colon));
+  std::map<std::string, double> params;
+  if (colon == std::string_view::npos) return {name, params};
+  std::string_view rest = spec.substr(colon + 1);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0)
+      STARLING_THROW(ConfigError, "staleness '", spec, "': '", item, "' is not key=value");
+    const std::string value(item.substr(eq + 1));
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v))
+      STARLING_THROW(ConfigError, "staleness '", spec, "': '", value, "' is not a number");
+    if (!params.emplace(std::string(item.substr(0, eq)), v).second)
+      STARLING_THROW(ConfigError, "staleness '", spec, "': '", item.substr(0, eq),
+                     "' is given twice");
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return {name, params};
+}
+
+}  // namespace
+
+Staleness Staleness::parse(std::string_view spec) {
+  auto [name, params] = splitSpec(spec);
+  Staleness s;
+  s.spec_ = std::string(spec);
+  const auto take = [&](const char* key, bool required, double fallback) {
+    auto it = params.find(key);
+    if (it == params.end()) {
+      if (required)
+        STARLING_THROW(ConfigError, "staleness '", spec, "': ", name, " needs ", key, "= (", name,
+                       "'s parameters: constant; polynomial:a=A; hinge:a=A,b=B)");
+      return fallback;
+    }
+    const double v = it->second;
+    params.erase(it);
+    return v;
+  };
+  if (name == "constant") {
+    s.kind_ = Kind::kConstant;
+  } else if (name == "polynomial") {
+    s.kind_ = Kind::kPolynomial;
+    s.a_ = take("a", false, 0.5);
+    if (!(s.a_ > 0 && s.a_ <= 100))
+      STARLING_THROW(ConfigError, "staleness '", spec, "': a must be in (0, 100]");
+  } else if (name == "hinge") {
+    s.kind_ = Kind::kHinge;
+    s.a_ = take("a", true, 0);
+    s.b_ = take("b", true, 0);
+    if (!(s.a_ > 0 && s.a_ <= 1e6))
+      STARLING_THROW(ConfigError, "staleness '", spec, "': a must be in (0, 1e6]");
+    if (!(s.b_ >= 0 && s.b_ <= 1e9 && s.b_ == std::floor(s.b_)))
+      STARLING_THROW(ConfigError, "staleness '", spec,
+                     "': b must be a whole number of versions, 0 to 1e9");
+  } else {
+    STARLING_THROW(ConfigError, "staleness '", spec, "': unknown kind '", name,
+                   "' (constant, polynomial:a=0.5, hinge:a=A,b=B)");
+  }
+  if (!params.empty())
+    STARLING_THROW(ConfigError, "staleness '", spec, "': ", name, " takes no parameter '",
+                   params.begin()->first, "'");
+  return s;
+}
+
+double Staleness::weight(uint64_t tau) const {
+  const double t = static_cast<double>(tau);
+  switch (kind_) {
+    case Kind::kConstant:
+      return 1.0;
+    case Kind::kPolynomial:
+      return std::pow(1.0 + t, -a_);
+    case Kind::kHinge:
+      return t <= b_ ? 1.0 : 1.0 / (a_ * (t - b_) + 1.0);
+  }
+  return 1.0;
+}
+
+void AsyncOptions::validate() const {
+  if (buffer_size < 1 || buffer_size > 1'000'000)
+    STARLING_THROW(ConfigError, "async.buffer_size must be 1 to 1,000,000, got ", buffer_size);
+  if (max_staleness > 1'000'000)
+    STARLING_THROW(ConfigError, "async.max_staleness must be at most 1,000,000, got ",
+                   max_staleness);
+  Staleness::parse(staleness);
+}
+
+AsyncBuffer::AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64_t version)
+    : scheme_(scheme),
+      opt_((options.validate(), std::move(options))),
+      staleness_(Staleness::parse(opt_.staleness)),
+      version_(version) {
+  STARLING_CHECK_ARG(version >= 1, "asynchronous aggregation: the model version starts at 1, got ",
+                     version);
+  const RoundCarry carry = scheme.initialCarry();
+  const bool shares = std::any_of(carry.shared.factors.begin(), carry.shared.factors.end(),
+                                  [](const auto& f) { return !f.empty(); });
+  if (scheme.phases() != 1 || shares)
+    STARLING_THROW(
+        ConfigError,
+        "asynchronous aggregation needs a one-phase compressor without shared factors; '",
+        scheme.compressor().spec(), "' has ", scheme.phases(), " phase(s)",
+        scheme.phases() == 1 ? " and shares factors across rounds" : "");
+  if (!scheme.rule().streaming())
+    STARLING_THROW(ConfigError,
+                   "asynchronous aggregation needs a streaming rule (fedavg, clipped or not); '",
+                   scheme.options().rule, "' keeps every update");
+}
+
+PhaseBroadcast AsyncBuffer::broadcast(uint64_t v) const {
+  return PhaseBroadcast{scheme_.options().run_seed, v, 0, nullptr};
+}
+
+double AsyncBuffer::weightFor(uint64_t v) const {
+  if (v > version_ || v == 0)
+    failInput(Errc::kWrongRound, "an update trained from model version ", v,
+              ", and the server's is ", version_);
+  const uint64_t tau = version_ - v;
+  if (tau > opt_.max_staleness)
+    failInput(Errc::kStale, "an update trained from model version ", v, ", ", tau,
+              " versions ago; the bound is ", opt_.max_staleness);
+  return staleness_.weight(tau);
+}
+
+void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limits) {
+  const uint64_t v = u.header.round;
+  double s = 0.0;
+  try {
+    s = weightFor(v);
+  } catch (const InputError&) {
+    ++rejected_;
+    throw;
+  }
+  auto it = by_version_.find(v);
+  std::unique_ptr<PhaseAggregator> fresh;
+  PhaseAggregator* agg = nullptr;
+  if (it != by_version_.end()) {
+    agg = it->second.get();
+  } else {
+    fresh = scheme_.phaseAggregator(broadcast(v));
+    agg = fresh.get();
+  }
+  try {
+    agg->add(u, limits, s);
+  } catch (const InputError&) {
+    ++rejected_;
+    throw;
+  }
+  if (fresh) by_version_.emplace(v, std::move(fresh));
+  ++count_;
+}
+
+RoundResult AsyncBuffer::take() {
+  STARLING_CHECK_ARG(count_ > 0, "asynchronous aggregation: take() from an empty buffer");
+  // The versions' sums in one aggregate of the current version: the same structure (one phase, no
+  // factor slots), each update already checked against its own version's phase.
+  auto round = scheme_.begin(version_, scheme_.initialCarry());
+  std::span<float> sum = round->current().partial().buffer();
+  for (const auto& [v, agg] : by_version_) {
+    const std::span<const float> part = agg->partial().buffer();
+    STARLING_ENFORCE(part.size() == sum.size(), "asynchronous aggregation: version ", v,
+                     "'s aggregate has ", part.size(), " floats, the step's ", sum.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  RoundResult res = round->finish();
+  for (const auto& [v, agg] : by_version_) res.rejected += agg->rejected();
+  by_version_.clear();
+  count_ = 0;
+  ++version_;
+  return res;
+}
+
+}  // namespace starling::aggregation

@@ -1,0 +1,90 @@
+#pragma once
+// Buffered asynchronous aggregation: FedBuff's server step (Nguyen et al., "Federated Learning
+// with Buffered Asynchronous Aggregation", AISTATS 2022), over the same RoundScheme, validation
+// and streaming sums as a synchronous round.
+//
+// The server's model has a version v. A client trains from the version it downloaded, v_i, and its
+// update arrives with staleness tau = v - v_i. The update is checked against v_i's phase (the
+// same checks a synchronous round makes: the round field is the version it trained from, so a
+// compressor's round-determined choices are v_i's), scaled by s(tau) and added to the buffer.
+// After K accepted updates the buffer gives one step,
+//
+//   delta = sum_i n_i s(tau_i) update_i / sum_i n_i,
+//
+// the version advances, and the buffer starts empty. With K = the cohort, tau = 0 and s = 1 that
+// is a synchronous FedAvg round, bit for bit (tested). An update beyond the staleness bound is
+// refused with kStale, one from a version not made yet with kWrongRound.
+//
+// This is the aggregation core of issue 22; the simulator's event clock and the deployment's
+// asynchronous rounds are still to be built on it (docs/aggregation.md).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "aggregation/round_scheme.h"
+
+namespace starling::aggregation {
+
+// The staleness weights of FedAsync (Xie et al. 2019) and FedBuff:
+//   constant           s(tau) = 1
+//   polynomial:a=A     s(tau) = (1 + tau)^-A          (A > 0; FedBuff's choice: a=0.5, the default)
+//   hinge:a=A,b=B      s(tau) = 1 for tau <= B, else 1 / (A (tau - B) + 1)   (A > 0, B >= 0; both
+//                      required)
+class Staleness {
+ public:
+  // ConfigError naming the spec for an unknown kind, a missing, extra or out-of-range parameter.
+  static Staleness parse(std::string_view spec);
+  double weight(uint64_t tau) const;  // in (0, 1]
+  const std::string& spec() const { return spec_; }
+
+ private:
+  enum class Kind { kConstant, kPolynomial, kHinge };
+  Kind kind_ = Kind::kConstant;
+  double a_ = 0.0, b_ = 0.0;
+  std::string spec_ = "constant";
+};
+
+struct AsyncOptions {
+  uint64_t buffer_size = 10;    // K: accepted updates per server step (FedBuff's K = 10)
+  uint64_t max_staleness = 20;  // an update trained more than this many versions ago is refused
+  std::string staleness = "polynomial:a=0.5";
+  void validate() const;  // ConfigError naming the option
+};
+
+class AsyncBuffer {
+ public:
+  // `scheme` must outlive the buffer. Its compressor must have one phase and no shared factors,
+  // and its rule must stream (FedAvg's weighted sum, clipped or not): ConfigError otherwise.
+  // `version`: the server model's version now (>= 1).
+  AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64_t version = 1);
+
+  uint64_t version() const { return version_; }
+  // What a client that downloads version v trains under (the round field of its update is v).
+  PhaseBroadcast broadcast(uint64_t v) const;
+  // The staleness weight an update from version v would get now; kStale / kWrongRound as add().
+  double weightFor(uint64_t v) const;
+
+  // Validates `u` against its version's phase and adds it scaled by s(tau). Throws InputError
+  // (kStale, kWrongRound, or any code a synchronous round gives), leaving the buffer unchanged.
+  void add(const compression::UpdateView& u, const ClientLimits& limits = {});
+
+  uint64_t size() const { return count_; }  // accepted updates in the buffer
+  bool ready() const { return count_ >= opt_.buffer_size; }
+  uint64_t rejected() const { return rejected_; }
+  // The buffered step (delta, metrics, count, total weight); the version advances and the buffer
+  // empties. InvalidArgument when the buffer is empty.
+  RoundResult take();
+
+ private:
+  const RoundScheme& scheme_;
+  AsyncOptions opt_;
+  Staleness staleness_;
+  uint64_t version_;
+  // One phase aggregator per version the buffered updates trained from (at most max_staleness + 1).
+  std::map<uint64_t, std::unique_ptr<PhaseAggregator>> by_version_;
+  uint64_t count_ = 0, rejected_ = 0;
+};
+
+}  // namespace starling::aggregation
