@@ -122,6 +122,15 @@ AsyncBuffer::AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64
     STARLING_THROW(ConfigError,
                    "asynchronous aggregation needs a streaming rule (fedavg, clipped or not); '",
                    scheme.options().rule, "' keeps every update");
+  if (scheme.options().scaffold)
+    STARLING_THROW(
+        ConfigError,
+        "asynchronous aggregation does not run SCAFFOLD yet (its step has no control sum)");
+  const double at_bound = staleness_.weight(opt_.max_staleness);
+  if (!(at_bound >= 1e-6))
+    STARLING_THROW(ConfigError, "staleness '", opt_.staleness, "' weighs an update ",
+                   opt_.max_staleness, " versions old (max_staleness) ", at_bound,
+                   ", below 1e-6: it would count toward K and add nothing; lower max_staleness");
 }
 
 PhaseBroadcast AsyncBuffer::broadcast(uint64_t v) const {
@@ -141,11 +150,20 @@ double AsyncBuffer::weightFor(uint64_t v) const {
 
 void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limits) {
   const uint64_t v = u.header.round;
+  const auto refused = [&] {
+    ++rejected_total_;
+    ++rejected_step_;
+  };
   double s = 0.0;
   try {
     s = weightFor(v);
+    // One update per client and version, across steps too (a replay after take()).
+    const auto seen = seen_.find(v);
+    if (seen != seen_.end() && seen->second.count(u.header.client_id))
+      failInput(Errc::kDuplicate, "client ", u.header.client_id,
+                " already sent its update from model version ", v);
   } catch (const InputError&) {
-    ++rejected_;
+    refused();
     throw;
   }
   auto it = by_version_.find(v);
@@ -157,12 +175,15 @@ void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limi
     fresh = scheme_.phaseAggregator(broadcast(v));
     agg = fresh.get();
   }
+  auto& seen = seen_[v];  // what allocates happens before the aggregate changes
+  seen.reserve(seen.size() + 1);
   try {
     agg->add(u, limits, s);
   } catch (const InputError&) {
-    ++rejected_;
+    refused();
     throw;
   }
+  seen.insert(u.header.client_id);
   if (fresh) by_version_.emplace(v, std::move(fresh));
   ++count_;
 }
@@ -170,21 +191,30 @@ void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limi
 RoundResult AsyncBuffer::take() {
   STARLING_CHECK_ARG(count_ > 0, "asynchronous aggregation: take() from an empty buffer");
   // The versions' sums in one aggregate of the current version: the same structure (one phase, no
-  // factor slots), each update already checked against its own version's phase.
+  // factor slots, no control sum), each update already checked against its own version's phase.
   auto round = scheme_.begin(version_, scheme_.initialCarry());
   std::span<float> sum = round->current().partial().buffer();
   for (const auto& [v, agg] : by_version_) {
     const std::span<const float> part = agg->partial().buffer();
-    STARLING_ENFORCE(part.size() == sum.size(), "asynchronous aggregation: version ", v,
-                     "'s aggregate has ", part.size(), " floats, the step's ", sum.size());
+    STARLING_ENFORCE(
+        part.size() == sum.size() && agg->partial().layout().denseOffset() ==
+                                         round->current().partial().layout().denseOffset(),
+        "asynchronous aggregation: version ", v, "'s aggregate is laid out unlike the step's");
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   }
   RoundResult res = round->finish();
-  for (const auto& [v, agg] : by_version_) res.rejected += agg->rejected();
+  res.rejected = rejected_step_;
   by_version_.clear();
   count_ = 0;
-  ++version_;
+  rejected_step_ = 0;
   return res;
+}
+
+void AsyncBuffer::advance() {
+  ++version_;
+  // A version past the staleness bound takes no more updates: its clients need not be kept.
+  while (!seen_.empty() && version_ - seen_.begin()->first > opt_.max_staleness)
+    seen_.erase(seen_.begin());
 }
 
 }  // namespace starling::aggregation

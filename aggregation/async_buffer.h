@@ -11,9 +11,14 @@
 //
 //   delta = sum_i n_i s(tau_i) update_i / sum_i n_i,
 //
-// the version advances, and the buffer starts empty. With K = the cohort, tau = 0 and s = 1 that
-// is a synchronous FedAvg round, bit for bit (tested). An update beyond the staleness bound is
-// refused with kStale, one from a version not made yet with kWrongRound.
+// and the buffer starts empty; the caller advances the version once it applied the step. With K =
+// the cohort, tau = 0 and s = 1 that is a synchronous FedAvg round, bit for bit (tested). An update
+// beyond the staleness bound is refused with kStale, one from a version not made yet with
+// kWrongRound, a second one of a client from the same version (even after a step) with
+// kDuplicate.
+//
+// Memory: one aggregate (numel floats) per version among the buffered updates, at most
+// min(K, max_staleness + 1). Splitting a phase's checks from its sum would need one.
 //
 // This is the aggregation core of issue 22; the simulator's event clock and the deployment's
 // asynchronous rounds are still to be built on it (docs/aggregation.md).
@@ -22,6 +27,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 #include "aggregation/round_scheme.h"
 
@@ -55,9 +61,11 @@ struct AsyncOptions {
 
 class AsyncBuffer {
  public:
-  // `scheme` must outlive the buffer. Its compressor must have one phase and no shared factors,
-  // and its rule must stream (FedAvg's weighted sum, clipped or not): ConfigError otherwise.
-  // `version`: the server model's version now (>= 1).
+  // `scheme` must outlive the buffer. Its compressor must have one phase and no shared factors
+  // (powersgd:mode=local qualifies), its rule must stream (FedAvg's weighted sum, clipped or not),
+  // it must not be SCAFFOLD's (the step has no control sum yet), and the weight at the staleness
+  // bound must be at least 1e-6: ConfigError otherwise. `version`: the server model's version now
+  // (>= 1).
   AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64_t version = 1);
 
   uint64_t version() const { return version_; }
@@ -72,10 +80,12 @@ class AsyncBuffer {
 
   uint64_t size() const { return count_; }  // accepted updates in the buffer
   bool ready() const { return count_ >= opt_.buffer_size; }
-  uint64_t rejected() const { return rejected_; }
-  // The buffered step (delta, metrics, count, total weight); the version advances and the buffer
-  // empties. InvalidArgument when the buffer is empty.
+  uint64_t rejected() const { return rejected_total_; }  // every refusal since construction
+  // The buffered step (delta, metrics, count, total weight; `rejected`: the refusals since the
+  // last step), and the buffer empties. InvalidArgument when the buffer is empty.
   RoundResult take();
+  // The server applied a step: the version advances (staleness is counted from it).
+  void advance();
 
  private:
   const RoundScheme& scheme_;
@@ -84,7 +94,9 @@ class AsyncBuffer {
   uint64_t version_;
   // One phase aggregator per version the buffered updates trained from (at most max_staleness + 1).
   std::map<uint64_t, std::unique_ptr<PhaseAggregator>> by_version_;
-  uint64_t count_ = 0, rejected_ = 0;
+  // The clients that sent an update from each version still inside the staleness bound.
+  std::map<uint64_t, std::unordered_set<uint64_t>> seen_;
+  uint64_t count_ = 0, rejected_total_ = 0, rejected_step_ = 0;
 };
 
 }  // namespace starling::aggregation

@@ -147,11 +147,15 @@ class TorchTrainer final : public client::Trainer {
   // The attached data set: images [N, features] (float32, or uint8 for a data set that holds
   // bytes) and labels [N] (int64) on the device.
   torch::Tensor images_, labels_;
-  torch::Tensor xb_;  // batch scratch of bytes, for a data set that holds bytes
+  // A data set that holds bytes: batch scratch of bytes and of their indices into lut_, the 256
+  // values byte / 255.0f computed on the host (a CUDA division by a scalar multiplies by its
+  // reciprocal, which differs from the division in the last bit for half the bytes).
+  torch::Tensor xb_, xi_, lut_;
   // What identifies a data set, and the last two attached (a worker's training set and its test
   // set: an evaluation round does not evict the training set from a GPU).
   struct DataKey {
     const void* images = nullptr;
+    bool bytes = false;
     const uint8_t* labels = nullptr;
     size_t size = 0, features = 0;
     uint64_t checksum = 0;
@@ -240,7 +244,11 @@ void TorchTrainer::attach(const data::Dataset& d) {
     mix(bits);
   }
   const DataKey key{bytes ? static_cast<const void*>(d.pixels.data()) : d.images.data(),
-                    d.labels.data(), n, f, sum};
+                    bytes,
+                    d.labels.data(),
+                    n,
+                    f,
+                    sum};
   if (attached_[1].images.defined() && attached_[1].key == key)
     std::swap(attached_[0], attached_[1]);
   if (!(attached_[0].images.defined() && attached_[0].key == key)) {
@@ -284,13 +292,24 @@ std::pair<torch::Tensor, torch::Tensor> TorchTrainer::gather(size_t start, size_
   const torch::Tensor idx = order_dev_.narrow(0, static_cast<int64_t>(start), rows);
   torch::Tensor x = x_.narrow(0, 0, rows), y = y_.narrow(0, 0, rows);
   if (images_.scalar_type() == torch::kUInt8) {
-    // Bytes: gathered as bytes, then value = byte / 255.0f, the float loader's value exactly
-    // (IEEE division, correctly rounded, on every device).
-    if (!xb_.defined() || xb_.size(0) < rows) xb_ = torch::empty({rows, f}, images_.options());
-    torch::Tensor xb = xb_.narrow(0, 0, rows);
+    // Bytes: gathered as bytes, then looked up in lut_: the float loader's value exactly, on every
+    // device.
+    if (!lut_.defined()) {
+      std::array<float, 256> values;
+      for (size_t k = 0; k < values.size(); ++k) values[k] = static_cast<float>(k) / 255.0f;
+      lut_ = torch::from_blob(values.data(), {256}, torch::kFloat32)
+                 .to(device_, /*non_blocking=*/false,
+                     /*copy=*/true);
+    }
+    if (!xb_.defined() || xb_.size(0) < rows) {
+      xb_ = torch::empty({rows, f}, images_.options());
+      xi_ = torch::empty({rows * f}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
+    }
+    torch::Tensor xb = xb_.narrow(0, 0, rows), xi = xi_.narrow(0, 0, rows * f);
     torch::index_select_out(xb, images_, 0, idx);
-    x.copy_(xb);
-    x.div_(255.0f);
+    xi.copy_(xb.view({-1}));
+    torch::Tensor flat = x.view({-1});
+    torch::index_select_out(flat, lut_, 0, xi);
   } else {
     torch::index_select_out(x, images_, 0, idx);
   }

@@ -85,6 +85,8 @@ TEST_CASE("the buffer steps every K updates with sum n s(tau) update / sum n, by
   buf.add(view(dense(*l, 2, 1, 1, {4, 0, -2}, 4.0)));
   REQUIRE(buf.ready());
   RoundResult r = buf.take();
+  CHECK(buf.version() == 1);  // until the caller applied the step
+  buf.advance();
   CHECK(buf.version() == 2);
   CHECK(buf.size() == 0);
   CHECK(r.count == 2);
@@ -99,6 +101,7 @@ TEST_CASE("the buffer steps every K updates with sum n s(tau) update / sum n, by
   CHECK(buf.weightFor(1) == 0.5);
   buf.add(view(dense(*l, 1, 2, 2, {0, 3, 0}, 0.0)));
   r = buf.take();
+  buf.advance();
   CHECK(r.delta[0] == Approx(0.5));  // (2 x 0.5 x 2 + 0) / 4
   CHECK(r.delta[1] == Approx(2.0));  // (2 x 0.5 x 2 + 2 x 3) / 4
   CHECK(r.delta[2] == Approx(0.5));
@@ -110,15 +113,79 @@ TEST_CASE("the buffer steps every K updates with sum n s(tau) update / sum n, by
   CHECK(codeOf([&] { buf.add(view(dense(*l, 5, 0, 1, {1, 1, 1}, 0.0))); }) == Errc::kWrongRound);
   buf.add(view(dense(*l, 2, 2, 4, {1, 1, 1}, 0.0)));
   CHECK(codeOf([&] { buf.add(view(dense(*l, 2, 2, 4, {1, 1, 1}, 0.0))); }) == Errc::kDuplicate);
+  // Client 1's update from version 2 was in the last step: sent again, it is a replay.
+  CHECK(codeOf([&] { buf.add(view(dense(*l, 1, 2, 2, {0, 3, 0}, 0.0))); }) == Errc::kDuplicate);
   CHECK(buf.size() == 1);
-  CHECK(buf.rejected() == 4);
+  CHECK(buf.rejected() == 5);
   buf.add(view(dense(*l, 3, 3, 4, {-1, 0, 1}, 0.0)));
   r = buf.take();
+  CHECK(r.rejected == 5);              // this step's refusals
   CHECK(r.delta[0] == Approx(-0.25));  // (4 x 0.5 x 1 - 4) / 8
   CHECK(r.delta[1] == Approx(0.25));
   CHECK(r.delta[2] == Approx(0.75));
   CHECK(r.total_weight == 8.0);
   CHECK_THROWS_AS(buf.take(), InvalidArgument);  // empty
+  buf.advance();
+  buf.add(view(dense(*l, 2, 3, 1, {1, 1, 1}, 0.0)));
+  CHECK(buf.take().rejected == 0);
+}
+
+TEST_CASE("stale compressed updates: each decoded, scaled by s(tau) and weighted by examples",
+          "[aggregation][async]") {
+  // Against the dense decoding of every update, summed in double: an independent reference.
+  auto l = std::make_shared<ParamLayout>();
+  l->add("conv", {4, 3, 3});
+  l->add("bias", {4});
+  for (const char* spec : {"qsgd:levels=4", "sign", "randk:density=0.3", "randblock:density=0.3",
+                           "stc:density=0.3", "topk:density=0.3", "fp16"}) {
+    INFO(spec);
+    RoundSchemeOptions o;
+    o.compressor = spec;
+    o.run_seed = 3;
+    const RoundScheme scheme(l, o);
+    AsyncBuffer buf(
+        scheme, AsyncOptions{.buffer_size = 6, .max_staleness = 3, .staleness = "polynomial:a=0.5"},
+        /*version=*/5);
+    std::vector<double> want(l->numel(), 0.0);
+    double weight = 0.0;
+    std::vector<float> dense_u(l->numel());
+    for (uint64_t c = 0; c < 6; ++c) {
+      const uint64_t from = 5 - c % 4;  // staleness 0, 1, 2, 3, 0, 1
+      ClientState state(l->fingerprint());
+      Update u;
+      u.header = {l->fingerprint(), from, 0, c, 5 + 2 * c};
+      u.tensors = scheme.compressor().compressWithFeedback(
+          *l, testing::randomVector(l->numel(), 70 + c, 0.2), state,
+          buf.broadcast(from).context(c));
+      buf.add(view(u));
+      densifyUpdate(*l, u.tensors, dense_u);
+      const double s = std::pow(1.0 + static_cast<double>(5 - from), -0.5);
+      for (size_t i = 0; i < want.size(); ++i)
+        want[i] += static_cast<double>(u.header.num_examples) * s * dense_u[i];
+      weight += static_cast<double>(u.header.num_examples);
+    }
+    const RoundResult r = buf.take();
+    CHECK(r.total_weight == weight);
+    double top = 0.0, diff = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      top = std::max(top, std::fabs(want[i] / weight));
+      diff = std::max(diff, std::fabs(want[i] / weight - r.delta[i]));
+    }
+    CHECK(top > 0.0);
+    CHECK(diff <= 1e-5 * top);
+  }
+  // A random-block update that claims version 4 but took version 5's block is refused.
+  RoundSchemeOptions o;
+  o.compressor = "randblock:density=0.3";
+  o.run_seed = 3;
+  const RoundScheme scheme(l, o);
+  AsyncBuffer buf(scheme, AsyncOptions{}, 5);
+  ClientState state(l->fingerprint());
+  Update u;
+  u.header = {l->fingerprint(), 4, 0, 1, 5};
+  u.tensors = scheme.compressor().compressWithFeedback(
+      *l, testing::randomVector(l->numel(), 9, 0.2), state, buf.broadcast(5).context(1));
+  CHECK(codeOf([&] { buf.add(view(u)); }) == Errc::kRoundMismatch);
 }
 
 TEST_CASE("K = the cohort, no staleness: the buffered step is the synchronous round's, bit for bit",

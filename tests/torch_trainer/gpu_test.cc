@@ -83,6 +83,37 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a data set held as bytes gives the floats' results on the GPU, bit for bit",
+          "[gpu][torch_trainer]") {
+  // starling-sim keeps images as bytes: the GPU must see byte / 255.0f exactly (a CUDA division by
+  // a scalar multiplies by the reciprocal, which differs in the last bit for half the bytes).
+  const data::Dataset blobs = testing::blobImages(48, 12, 12, 3, 5);
+  data::Dataset bytes = blobs, floats = blobs;
+  bytes.images.clear();
+  bytes.pixels.resize(blobs.images.size());
+  for (size_t i = 0; i < bytes.pixels.size(); ++i) {
+    bytes.pixels[i] = static_cast<uint8_t>((i * 131 + 17) % 256);
+    floats.images[i] = static_cast<float>(bytes.pixels[i]) / 255.0f;
+  }
+  const auto idx = testing::allIndices(blobs);
+  for (const char* spec : {"logreg", "mlp:hidden=32"}) {
+    INFO(spec);
+    auto tb = makeTorchTrainer(spec, bytes, kGpu), tf = makeTorchTrainer(spec, floats, kGpu);
+    std::vector<float> pb(tb->layout().numel());
+    tb->initParameters(pb, 2);
+    std::vector<float> pf = pb;
+    const auto eb = tb->evaluate(pb, client::DataView{&bytes, idx});
+    const auto ef = tf->evaluate(pf, client::DataView{&floats, idx});
+    CHECK(eb.loss == ef.loss);
+    CHECK(eb.accuracy == ef.accuracy);
+    const client::FitConfig cfg{.epochs = 1, .batch_size = 8, .lr = 0.05};
+    RngStream rb(StreamKey{1, 1, 0, StreamPurpose::kTraining, 0}), rf = rb;
+    tb->fit(pb, client::DataView{&bytes, idx}, cfg, rb);
+    tf->fit(pf, client::DataView{&floats, idx}, cfg, rf);
+    CHECK(pb == pf);
+  }
+}
+
 TEST_CASE("a diverging fit on the GPU throws and leaves the parameters as they were",
           "[gpu][torch_trainer]") {
   data::Dataset d = testing::separableData(64, 8, 4, 6);
