@@ -151,9 +151,10 @@ class InprocFederation {
     return root_endpoint_;
   }
 
-  // Edge aggregator `id` on inproc://agg-ID, below `upstream`.
+  // Edge aggregator `id` on inproc://agg-ID, below `upstream`; `silence_ms`: when it fails a
+  // silent client (raise it where the clock runs fast).
   void aggregator(uint64_t id, const std::string& upstream, server::AggregatorConfig ac = {},
-                  std::set<uint64_t> aggregator_ids = {}) {
+                  std::set<uint64_t> aggregator_ids = {}, uint32_t silence_ms = 3000) {
     const std::string name = "agg-" + std::to_string(id);
     Node& n = node(name);
     ac.upstream = upstream;
@@ -161,6 +162,7 @@ class InprocFederation {
     ac.security.insecure = true;
     ac.clock = &clock_;
     server::FleetConfig fc = fleetConfig(endpoint(name));
+    fc.silence_ms = silence_ms;
     fc.aggregator_ids = std::move(aggregator_ids);
     fc.clock = &clock_;
     n.thread = std::thread([this, &n, ac, fc, name] {

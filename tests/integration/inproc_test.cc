@@ -385,7 +385,8 @@ TEST_CASE(
       server::AggregatorConfig ac;
       ac.upstream_silence_ms = 36'000'000;  // it waits out the straggler while the clock runs fast
       ac.min_clients = 3;                   // registers upstream with all three
-      f.aggregator(100, "inproc://root", ac);
+      f.aggregator(100, "inproc://root", ac, {},
+                   36'000'000);  // no one goes silent on the fast clock
     }
     const std::string at = tree ? "inproc://agg-100" : "inproc://root";
     client::RuntimeConfig rc;
@@ -401,7 +402,11 @@ TEST_CASE(
     REQUIRE(ended);
     const auto records = f.records();
     REQUIRE(records.size() == 3);
-    for (const auto& r : records) CHECK(r.applied);
+    for (const auto& r : records) {
+      CHECK(r.applied);
+      CHECK(r.clients_completed ==
+            2);  // the prompt two, every round: the premise of the mean below
+    }
     const std::vector<float> c = f.control();
     REQUIRE(!c.empty());
 
