@@ -200,6 +200,20 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   use(kSim);
   o.add("round.deadline_seconds", &s.round.deadline_seconds,
         "simulated deadline dropping stragglers (0: none)", 0, 1e9);
+  o.add("round.mode", &s.round.mode,
+        "sync: rounds of sampling.clients_per_round clients, each waiting for its slowest; "
+        "async: FedBuff, async.concurrency clients training at once and a server step every "
+        "async.buffer_size updates, train.rounds steps (docs/simulation.md)");
+  o.add("async.buffer_size", &s.async.buffer_size,
+        "round.mode = async: accepted updates per server step (FedBuff's K)", 1, 1000000);
+  o.add("async.max_staleness", &s.async.max_staleness,
+        "round.mode = async: an update trained more than this many model versions ago is refused",
+        0, 1000000);
+  o.add("async.staleness", &s.async.staleness,
+        "round.mode = async: the weight of an update tau versions old: constant, "
+        "polynomial:a=A ((1+tau)^-A) or hinge:a=A,b=B (1 up to B, then 1/(A(tau-B)+1))");
+  o.add("async.concurrency", &s.async.concurrency,
+        "round.mode = async: clients training at once (0: sampling.clients_per_round)", 0, 1000000);
 
   use(kRound);
   o.add("state.checkpoint", &s.state.checkpoint,

@@ -82,7 +82,14 @@ struct Settings {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits
     double min_completion_rate = 0.0;
     double deadline_seconds = 0.0;  // simulation: the simulated clock's deadline
+    std::string mode = "sync";      // simulation: sync rounds or async (FedBuff) steps
   } round;
+  // Buffered asynchronous aggregation (round.mode = async; aggregation/async_buffer.h).
+  struct Async {
+    uint64_t buffer_size = 10, max_staleness = 20;
+    uint64_t concurrency = 0;  // 0: sampling.clients_per_round
+    std::string staleness = "polynomial:a=0.5";
+  } async;
   struct State {
     std::string checkpoint, metrics;
     std::string dir;                              // simulation: spilled client states

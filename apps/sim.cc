@@ -28,7 +28,9 @@
 #include "data/partition.h"
 #include "data/source.h"
 #include "data/stats.h"
+#include "server/async_server.h"
 #include "server/engine.h"
+#include "simulator/async_sim.h"
 #include "simulator/collectives.h"
 #include "simulator/launch.h"
 #include "simulator/sim_fleet.h"
@@ -47,6 +49,86 @@ std::string eta(double seconds) {
   const int s = static_cast<int>(seconds);
   std::snprintf(buf, sizeof buf, "%d:%02d", s / 60, s % 60);
   return buf;
+}
+
+// round.mode = async (FedBuff on the simulated clock, simulator/async_sim.h): what it does not
+// run yet is refused before any data is read.
+void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_t world) {
+  const auto no = [](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = async does not run ", what,
+                   " yet (docs/simulation.md)");
+  };
+  if (world > 1)
+    no("on several workers: set sim.workers = 1 (and start it without torchrun or srun)");
+  if (!ec.checkpoint.empty()) no("with a checkpoint: leave state.checkpoint unset");
+  if (ec.downlink != server::Downlink::kDense)
+    no("compressed downlinks: set downlink.mode = dense");
+  if (ec.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
+  if (c.round.deadline_seconds > 0)
+    no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates");
+  if (ec.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
+  if (compression::makeCompressor(ec.scheme.compressor)->phases() != 1)
+    no("a compressor of several phases ('" + ec.scheme.compressor + "')");
+  aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
+      .validate();
+}
+
+int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
+             const sim::SimClients& clients, client::Trainer& trainer, sim::ClientStateStore& store,
+             const data::Dataset* test) {
+  const auto layout = std::make_shared<const ParamLayout>(trainer.layout());
+  std::vector<float> init(layout->numel());
+  trainer.initParameters(init, c.model.seed);
+  server::AsyncServerConfig sc{
+      ec.scheme, ec.server_opt, {c.async.buffer_size, c.async.max_staleness, c.async.staleness}};
+  server::AsyncServer server(layout, sc, std::move(init));
+  sim::AsyncSimConfig ac;
+  ac.steps = ec.rounds;
+  ac.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
+  ac.reference_seconds_per_example = c.sim.reference_spe;
+  ac.seed = c.model.seed;
+  ac.fit = ec.fit;
+  ac.eval_every = ec.eval_every;
+  ac.metrics_file = ec.metrics;
+  sim::AsyncSimulation simulation(ac, clients, trainer, store, server, test);
+  std::printf(
+      "async (FedBuff): %llu clients training at once, a step every %llu updates, staleness %s up "
+      "to %llu\n",
+      static_cast<unsigned long long>(ac.concurrency),
+      static_cast<unsigned long long>(c.async.buffer_size), c.async.staleness.c_str(),
+      static_cast<unsigned long long>(c.async.max_staleness));
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDOUT_FILENO);
+  std::optional<double> last_acc;
+  simulation.run([&](const server::RoundRecord& r) {
+    if (r.test_accuracy) last_acc = r.test_accuracy;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double left =
+        elapsed / static_cast<double>(r.round) * static_cast<double>(ac.steps - r.round);
+    char acc[32] = "";
+    if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
+    std::printf(
+        "%sstep %4llu/%llu%s  loss %.4f  staleness %.1f (max %.0f)  refused %llu  sim %.1f s  ETA "
+        "%s%s",
+        tty ? "\r" : "", static_cast<unsigned long long>(r.round),
+        static_cast<unsigned long long>(ac.steps), acc, r.train_loss.value_or(0.0),
+        r.metrics.at("staleness_mean"), r.metrics.at("staleness_max"),
+        static_cast<unsigned long long>(r.updates_rejected), simulation.now(), eta(left).c_str(),
+        tty ? "" : "\n");
+    if (tty && r.test_accuracy) std::printf("\n");
+    std::fflush(stdout);
+  });
+  std::printf(
+      "\nstarling-sim: %llu steps in %.1f s (%.1f simulated s); final test accuracy %s; %llu "
+      "clients trained\n",
+      static_cast<unsigned long long>(ac.steps),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      simulation.now(),
+      last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
+      static_cast<unsigned long long>(simulation.clientsTrained()));
+  return 0;
 }
 
 int runSim(int argc, char** argv, apps::Settings& c) {
@@ -79,6 +161,10 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
   const uint64_t world =
       launch.world_size > 1 ? static_cast<uint64_t>(launch.world_size) : c.sim.workers;
+  if (c.round.mode != "sync" && c.round.mode != "async")
+    STARLING_THROW(ConfigError, "round.mode must be sync or async, got '", c.round.mode, "'");
+  const bool async = c.round.mode == "async";
+  if (async) checkAsync(c, ec, world);
   // A robust rule needs every update in one place: across workers only streaming rules add up.
   if (world > 1 && !aggregation::makeRule(ec.scheme.rule)->streaming())
     STARLING_THROW(ConfigError, "aggregation.rule = '", ec.scheme.rule,
@@ -181,6 +267,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
                 std::filesystem::exists(so.spill_dir);
   }
   sim::ClientStateStore store(so, layout->fingerprint());
+  if (async) return runAsync(c, ec, clients, *trainer, store, test);
   sim::SimFleetConfig fc{policy, c.sim.reference_spe, c.round.deadline_seconds, c.model.seed, {},
                          sharded};
   if (!state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";

@@ -596,3 +596,53 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
     }
   }
 }
+
+TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they do not run yet",
+          "[simulator][integration][async]") {
+  TempDir dir("simasync");
+  const std::string quick = std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml";
+  Proc p({binDir() + "/starling-sim", "--config", quick, "--sim.device", "cpu", "--sim.workers",
+          "1", "--round.mode", "async", "--async.buffer_size", "3", "--async.concurrency", "6",
+          "--devices.speed_sigma", "1", "--train.rounds", "5", "--state.metrics", dir / "a.jsonl"},
+         dir / "a.log");
+  const int rc = p.wait(seconds(300));
+  INFO(readText(dir / "a.log"));
+  REQUIRE(rc == 0);
+  const auto lines = readLines(dir / "a.jsonl");
+  REQUIRE(lines.size() == 5);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CHECK(field(lines[i], "round") == std::to_string(i + 1));
+    CHECK(field(lines[i], "clients_completed") == "3");
+    CHECK(field(lines[i], "model_version") == std::to_string(i + 2));
+    CHECK(std::stod(field(lines[i], "staleness_max")) <= 20);
+    CHECK(std::stod(field(lines[i], "sim_seconds")) > 0);
+  }
+  CHECK(!field(lines.back(), "test_accuracy").empty());  // eval.every = 1 in quick.toml
+  // Each refusal names what is missing.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
+      {{"--sim.workers", "2"}, "sim.workers = 1"},
+      {{"--sim.workers", "1", "--state.checkpoint", dir / "c.ckpt"}, "state.checkpoint"},
+      {{"--sim.workers", "1", "--downlink.mode", "delta"}, "downlink.mode = dense"},
+      {{"--sim.workers", "1", "--compression.compressor", "powersgd:rank=1"}, "several phases"},
+      {{"--sim.workers", "1", "--async.staleness", "hinge:a=1"}, "needs b="}};
+  int i = 0;
+  for (const auto& [args, message] : bad) {
+    std::vector<std::string> cmd{binDir() + "/starling-sim",
+                                 "--config",
+                                 quick,
+                                 "--sim.device",
+                                 "cpu",
+                                 "--round.mode",
+                                 "async"};
+    cmd.insert(cmd.end(), args.begin(), args.end());
+    const std::string log = dir / ("bad" + std::to_string(i++) + ".log");
+    Proc q(cmd, log);
+    CHECK(q.wait(seconds(60)) == 2);
+    INFO(readText(log));
+    CHECK(readText(log).find(message) != std::string::npos);
+  }
+  Proc m({binDir() + "/starling-sim", "--config", quick, "--round.mode", "later"},
+         dir / "mode.log");
+  CHECK(m.wait(seconds(60)) == 2);
+  CHECK(readText(dir / "mode.log").find("round.mode must be sync or async") != std::string::npos);
+}

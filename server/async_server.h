@@ -1,0 +1,74 @@
+#pragma once
+// The server side of buffered asynchronous aggregation (issue 22, FedBuff): the model and its
+// version, the buffer of staleness-weighted updates (aggregation/async_buffer.h) and the server
+// optimizer's step, written once for whatever drives it. The simulator's event clock
+// (simulator/async_sim.h) drives it today; a root's asynchronous rounds are to drive the same
+// object.
+//
+//   client downloads version v (broadcast(v), model())  ->  trains  ->  add(update from v)
+//   -> after K accepted updates: step() = buffer.take(), the optimizer's step, version + 1
+//
+// A step whose optimizer output is not finite is not applied (the buffer is spent, the version
+// stays), as a synchronous round that would make the model non-finite. Each step is reported as a
+// RoundRecord (round = the step's number), with the staleness of its updates in its metrics:
+// staleness_mean and staleness_max (versions).
+//
+// Not yet: checkpoints (the buffer and the model live in memory), SCAFFOLD, the compressed
+// downlinks (tasks carry the dense model).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "aggregation/async_buffer.h"
+#include "aggregation/server_optimizer.h"
+#include "server/engine.h"
+
+namespace starling::server {
+
+struct AsyncServerConfig {
+  aggregation::RoundSchemeOptions scheme;  // compressor, rule, run seed, bounds, metrics
+  std::string server_opt = "fedavg";
+  aggregation::AsyncOptions async;  // K, the staleness bound and weight
+};
+
+class AsyncServer {
+ public:
+  // ConfigError for a compressor, rule, optimizer or staleness the buffer cannot take
+  // (aggregation::AsyncBuffer's conditions); InvalidArgument if `initial` does not fit `layout`.
+  AsyncServer(std::shared_ptr<const ParamLayout> layout, AsyncServerConfig config,
+              std::vector<float> initial);
+
+  uint64_t version() const { return model_.version(); }  // 1 before the first step
+  uint64_t steps() const { return steps_; }              // steps taken, applied or not
+  const ModelStore& model() const { return model_; }
+  const aggregation::RoundScheme& scheme() const { return scheme_; }
+  const AsyncServerConfig& config() const { return config_; }
+  // What a client that downloads version v (the current one, or an older one it holds) trains
+  // under.
+  compression::PhaseBroadcast broadcast(uint64_t v) const { return buffer_.broadcast(v); }
+
+  // Adds an update trained from version u.header.round, weighted by its staleness. Throws
+  // InputError (kStale beyond the bound, kWrongRound from a version not made yet, kDuplicate, or
+  // any code a synchronous round gives), the server unchanged.
+  void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits = {});
+  uint64_t buffered() const { return buffer_.size(); }
+  bool ready() const { return buffer_.ready(); }
+  // The buffered step (InvalidArgument when the buffer is empty). rec.applied is false, with the
+  // reason, when the step would have made the model non-finite; the version advances only when
+  // it is applied. rec.updates_rejected counts the refusals since the last step.
+  RoundRecord step();
+
+ private:
+  AsyncServerConfig config_;
+  aggregation::RoundScheme scheme_;
+  std::unique_ptr<aggregation::ServerOptimizer> optimizer_;
+  ModelStore model_;
+  aggregation::AsyncBuffer buffer_;
+  uint64_t steps_ = 0;
+  double staleness_sum_ = 0.0;  // of the buffered updates
+  uint64_t staleness_max_ = 0;
+};
+
+}  // namespace starling::server

@@ -1,0 +1,195 @@
+#include "simulator/async_sim.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "client/algorithm.h"
+#include "core/error.h"
+#include "protocol/codec.h"
+
+namespace starling::simulator {
+namespace cz = starling::compression;
+namespace pr = starling::protocol;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+client::FitConfig fitConfig(const pr::FitSettings& f) {
+  client::FitConfig fit{.epochs = f.epochs, .batch_size = f.batch_size, .lr = f.lr};
+  fit.prox_mu = f.prox_mu;
+  return fit;
+}
+}  // namespace
+
+void AsyncSimConfig::validate() const {
+  if (steps == 0 || steps > 10'000'000)
+    STARLING_THROW(ConfigError, "train.rounds (server steps) must be in [1, 10^7], got ", steps);
+  if (concurrency == 0 || concurrency > 1'000'000)
+    STARLING_THROW(ConfigError, "async.concurrency must be in [1, 10^6], got ", concurrency);
+  if (!(reference_seconds_per_example > 0.0))
+    STARLING_THROW(ConfigError, "sim.reference_seconds_per_example must be positive");
+  if (fit.epochs == 0 || fit.batch_size == 0 || !(fit.lr > 0.0f))
+    STARLING_THROW(ConfigError, "train.epochs, train.batch_size and train.lr must be positive");
+}
+
+AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& clients,
+                                 client::Trainer& trainer, ClientStateStore& store,
+                                 server::AsyncServer& server, const data::Dataset* test)
+    : config_((config.validate(), std::move(config))),
+      clients_(clients),
+      trainer_(trainer),
+      store_(store),
+      server_(server),
+      test_(test),
+      algorithm_(server.scheme().compressor(), trainer, fitConfig(config_.fit)),
+      picker_(StreamKey{config_.seed, 0, kAnyClient, StreamPurpose::kClientSampling, 2}),
+      busy_(clients.shards.size(), 0),
+      accepted_(clients.shards.size(), 0),
+      state_(trainer.layout().fingerprint()),
+      declared_(server.scheme().options().metrics) {
+  STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
+  STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
+                     " shards but ", clients.devices.size(), " devices");
+  STARLING_CHECK_ARG(trainer.layout().fingerprint() == server.scheme().layout().fingerprint(),
+                     "the trainer's model is not the server's");
+}
+
+// The dense task of one version: its size does not depend on the values.
+uint64_t AsyncSimulation::taskBytes() {
+  if (task_bytes_ == 0) {
+    pr::TaskMsg h;
+    h.kind = pr::TaskKind::kFit;
+    h.round = server_.version();
+    h.run_seed = server_.scheme().options().run_seed;
+    h.compressor = server_.scheme().compressor().spec();
+    h.model_version = server_.version();
+    h.fit = config_.fit;
+    h.metrics = declared_;
+    const cz::PhaseBroadcast b = server_.broadcast(server_.version());
+    task_bytes_ =
+        server::encodeTask(server::PhaseTask{b, h, server_.model(), server::Downlink::kDense}, 0)
+            .size();
+  }
+  return task_bytes_;
+}
+
+// The client downloads the current version and trains on it now; its update is held until its
+// simulated finish.
+void AsyncSimulation::start(uint64_t id) {
+  const uint64_t v = server_.version();
+  InFlight job;
+  job.version = v;
+  job.examples = clients_.shards[id].size();
+  job.down = taskBytes();
+  const auto t0 = Clock::now();
+  try {
+    store_.load(id, state_);
+    const client::DataView data{clients_.train, clients_.shards[id]};
+    client::PhaseResult res =
+        algorithm_.runPhase(server_.broadcast(v), id, server_.model().current(), data, state_);
+    // What a deployed client sends: only the declared metrics, a non-zero nonce.
+    std::erase_if(res.update.metrics, [&](const Metric& m) {
+      return std::find(declared_.begin(), declared_.end(), m.name) == declared_.end();
+    });
+    res.update.header.nonce = 1;
+    job.up = pr::encodedSize(res.update);
+    store_.store(id, state_);
+    job.update = std::move(res.update);
+    ++trained_;
+  } catch (const IoError& e) {  // its stored state does not read back
+    std::fprintf(stderr, "starling-sim: client %llu fails: %s\n",
+                 static_cast<unsigned long long>(id), e.what());
+  } catch (const InvalidArgument&) {  // a compressor's refusal
+  } catch (const client::DivergenceError&) {
+  }
+  window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  // A failed client still takes its download and its compute time before the server notices.
+  const ClientTiming t = timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
+                                    config_.reference_seconds_per_example, job.down, job.up);
+  busy_[id] = 1;
+  ++window_.started;
+  window_.downlink += job.down;
+  in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));
+}
+
+void AsyncSimulation::fill() {
+  if (in_flight_.size() >= config_.concurrency) return;
+  const uint64_t v = server_.version();
+  std::vector<uint64_t> idle;
+  for (uint64_t c = 0; c < clients_.shards.size(); ++c)
+    if (!busy_[c] && !clients_.shards[c].empty() && clients_.devices.available(c, v, config_.seed))
+      idle.push_back(c);
+  while (in_flight_.size() < config_.concurrency && !idle.empty()) {
+    const auto k = static_cast<size_t>(picker_.uniform() * static_cast<double>(idle.size()));
+    const size_t i = std::min(k, idle.size() - 1);
+    const uint64_t id = idle[i];
+    idle[i] = idle.back();
+    idle.pop_back();
+    start(id);
+  }
+}
+
+void AsyncSimulation::evaluate(server::RoundRecord& rec) {
+  if (!test_ || test_->size() == 0) return;
+  std::vector<size_t> idx(test_->size());
+  std::iota(idx.begin(), idx.end(), size_t{0});
+  const client::EvalResult r =
+      trainer_.evaluate(server_.model().current(), client::DataView{test_, idx});
+  rec.test_accuracy = r.accuracy;
+  rec.test_loss = r.loss;
+}
+
+// The first arrival: its update goes to the server, and a step follows when K were accepted.
+void AsyncSimulation::arrive(const std::function<void(const server::RoundRecord&)>& progress) {
+  auto node = in_flight_.extract(in_flight_.begin());
+  const uint64_t id = node.key().second;
+  InFlight& job = node.mapped();
+  busy_[id] = 0;
+  window_.uplink += job.up;
+  if (!job.update) {
+    ++window_.failed;
+  } else {
+    try {
+      server_.add(cz::view(*job.update), aggregation::ClientLimits{job.examples});
+      ++accepted_[id];
+    } catch (const InputError&) {  // counted by the server (too stale, a bound)
+    }
+  }
+  if (server_.ready()) {
+    server::RoundRecord rec = server_.step();
+    rec.sim_seconds = now_ - last_step_;
+    rec.makespan_seconds = window_.train_seconds;
+    rec.uplink_bytes = window_.uplink;
+    rec.downlink_bytes = window_.downlink;
+    rec.clients_selected = window_.started;
+    rec.clients_failed = window_.failed;
+    last_step_ = now_;
+    window_ = Window{};
+    if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
+    if (!config_.metrics_file.empty()) {
+      std::ofstream out(config_.metrics_file, std::ios::app);
+      out << rec.json() << '\n';
+      if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics_file);
+    }
+    if (progress) progress(rec);
+  }
+}
+
+void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>& progress) {
+  fill();
+  while (server_.steps() < config_.steps) {
+    if (in_flight_.empty())
+      STARLING_THROW(Error, "no client can start at model version ", server_.version(),
+                     ": none with data is available (devices.availability)");
+    // Every arrival of this simulated instant before the idle slots are filled: clients that
+    // finish together all hand in before anyone starts on what they produced.
+    now_ = in_flight_.begin()->first.first;
+    while (!in_flight_.empty() && in_flight_.begin()->first.first == now_ &&
+           server_.steps() < config_.steps)
+      arrive(progress);
+    fill();
+  }
+}
+
+}  // namespace starling::simulator

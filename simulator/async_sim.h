@@ -1,0 +1,101 @@
+#pragma once
+// Buffered asynchronous federated learning (FedBuff) on the simulated clock (issue 22): at most C
+// clients train at once, each on the model version it downloaded, and the server
+// (server/async_server.h) steps every K accepted updates, weighting each by its staleness. The
+// concurrency is simulated, not serialized: every client's duration comes from the device model
+// (simulator/device_model.h: its speed and bandwidth, the exact bytes of its task and its update),
+// and events are taken in the order of their simulated finish.
+//
+//   t = 0: C clients start on version 1
+//   each finish, in simulated time: its update goes to the server (refused beyond the staleness
+//   bound), K accepted -> a server step (a metrics record), and one idle client starts on the
+//   version now current, so C stay in flight
+//
+// Which client starts is a pure function of the seed: uniformly among the idle clients with data
+// that are available (device_model.h's availability, drawn for the version current then). A
+// client trains when it starts, on the one model replica, and its update waits, compressed, for
+// its simulated finish: memory holds C updates (error feedback's residuals are in the client-state
+// store, as in the synchronous simulator).
+//
+// One worker process; not yet: several workers, checkpoints, SCAFFOLD, compressed downlinks.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/algorithm.h"
+#include "client/trainer.h"
+#include "compression/payload.h"
+#include "core/rng.h"
+#include "server/async_server.h"
+#include "simulator/sim_fleet.h"
+#include "simulator/state_store.h"
+
+namespace starling::simulator {
+
+struct AsyncSimConfig {
+  uint64_t steps = 50;        // server steps to run (train.rounds)
+  uint64_t concurrency = 10;  // C: clients training at once (at most those with data)
+  double reference_seconds_per_example = 1e-3;
+  uint64_t seed = 1;
+  protocol::FitSettings fit;
+  uint32_t eval_every = 0;   // steps between evaluations on the test set (0: never)
+  std::string metrics_file;  // JSON Lines, one record per step (appended); empty: none
+  void validate() const;     // ConfigError naming the key
+};
+
+class AsyncSimulation {
+ public:
+  // Everything referenced must outlive the simulation. `test` may be null (no evaluation).
+  AsyncSimulation(AsyncSimConfig config, const SimClients& clients, client::Trainer& trainer,
+                  ClientStateStore& store, server::AsyncServer& server, const data::Dataset* test);
+
+  // Runs until config.steps server steps were taken, calling `progress` with each step's record:
+  // sim_seconds is the simulated time since the previous step, uplink_bytes the updates that
+  // arrived in it (refused ones too), downlink_bytes the tasks of the clients started in it,
+  // clients_selected those clients, clients_failed the arrivals without an update (training
+  // diverged, the state did not read back), and makespan_seconds the wall time spent training.
+  void run(const std::function<void(const server::RoundRecord&)>& progress = {});
+
+  double now() const { return now_; }  // simulated seconds since the start
+  uint64_t clientsTrained() const { return trained_; }
+  // Per client id: its updates the server accepted so far.
+  const std::vector<uint64_t>& accepted() const { return accepted_; }
+
+ private:
+  struct InFlight {
+    uint64_t version = 0, examples = 0, down = 0, up = 0;
+    std::optional<compression::Update> update;  // none: the client failed
+  };
+  struct Window {  // what happened since the last step
+    uint64_t started = 0, failed = 0, uplink = 0, downlink = 0;
+    double train_seconds = 0.0;
+  };
+  void fill();  // starts idle clients until C are in flight (or none is idle and available)
+  void start(uint64_t client);
+  void arrive(const std::function<void(const server::RoundRecord&)>& progress);
+  uint64_t taskBytes();
+  void evaluate(server::RoundRecord& rec);
+
+  AsyncSimConfig config_;
+  const SimClients& clients_;
+  client::Trainer& trainer_;
+  ClientStateStore& store_;
+  server::AsyncServer& server_;
+  const data::Dataset* test_;
+  client::ClientAlgorithm algorithm_;
+  RngStream picker_;
+  std::map<std::pair<double, uint64_t>, InFlight> in_flight_;  // by (finish, client)
+  std::vector<char> busy_;
+  std::vector<uint64_t> accepted_;
+  ClientState state_;  // reused for every client
+  std::vector<std::string> declared_;
+  uint64_t task_bytes_ = 0;
+  double now_ = 0.0, last_step_ = 0.0;
+  uint64_t trained_ = 0;
+  Window window_;
+};
+
+}  // namespace starling::simulator

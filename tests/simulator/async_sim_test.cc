@@ -1,0 +1,260 @@
+// FedBuff on the simulated clock (simulator/async_sim.h), in process with the Eigen softmax
+// trainer: the clock (a step of identical clients lasts one client's time, and no update is stale),
+// the concurrency (a fast device contributes more updates than a slow one), the staleness bound
+// (refused, counted), the time against synchronous rounds that wait for their slowest client,
+// learning, and a run that is a pure function of its seed.
+#include "simulator/async_sim.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "client/synthetic.h"
+#include "data/partition.h"
+#include "server/engine.h"
+#include "simulator/sim_fleet.h"
+#include "temp_dir.h"
+
+using namespace starling;
+namespace sim = starling::simulator;
+using starling::testing::TempDir;
+
+namespace {
+
+struct Setup {
+  // n clients of `per_client` examples each (3 separable classes, 6 features); with
+  // `empty_first`, client 0 has none.
+  Setup(size_t n, size_t per_client, sim::DevicePopulation devices, bool empty_first = false)
+      : train(testing::separableData(n * per_client, 6, 3, 17)) {
+    clients.train = &train;
+    for (size_t c = 0; c < n; ++c) {
+      clients.shards.emplace_back(empty_first && c == 0 ? 0 : per_client);
+      std::iota(clients.shards.back().begin(), clients.shards.back().end(), c * per_client);
+    }
+    clients.devices = std::move(devices);
+  }
+  server::AsyncServerConfig serverConfig(uint64_t k, uint64_t max_staleness,
+                                         std::string compressor = "none") const {
+    server::AsyncServerConfig sc;
+    sc.scheme.compressor = std::move(compressor);
+    sc.scheme.run_seed = 5;
+    sc.async.buffer_size = k;
+    sc.async.max_staleness = max_staleness;
+    return sc;
+  }
+  sim::AsyncSimConfig simConfig(uint64_t steps, uint64_t concurrency) const {
+    sim::AsyncSimConfig ac;
+    ac.steps = steps;
+    ac.concurrency = concurrency;
+    ac.seed = 5;
+    ac.fit = protocol::FitSettings{1, 16, 0.1f};
+    return ac;
+  }
+  std::vector<float> init() const {
+    std::vector<float> w(trainer->layout().numel());
+    trainer->initParameters(w, 1);
+    return w;
+  }
+  std::shared_ptr<const ParamLayout> layout() const {
+    return std::make_shared<const ParamLayout>(trainer->layout());
+  }
+  data::Dataset train;
+  sim::SimClients clients;
+  std::unique_ptr<client::Trainer> trainer = client::makeTrainer("softmax", 6, 3);
+  sim::ClientStateStore store{sim::StateStoreOptions{}, trainer->layout().fingerprint()};
+};
+
+struct Run {
+  std::vector<server::RoundRecord> steps;
+  std::vector<float> model;
+  std::vector<uint64_t> accepted;
+  double now = 0.0;
+};
+
+Run runAsync(Setup& s, const server::AsyncServerConfig& sc, const sim::AsyncSimConfig& ac,
+             const data::Dataset* test = nullptr) {
+  server::AsyncServer server(s.layout(), sc, s.init());
+  sim::AsyncSimulation simulation(ac, s.clients, *s.trainer, s.store, server, test);
+  Run r;
+  simulation.run([&](const server::RoundRecord& rec) { r.steps.push_back(rec); });
+  r.model.assign(server.model().current().begin(), server.model().current().end());
+  r.accepted = simulation.accepted();
+  r.now = simulation.now();
+  return r;
+}
+
+// A trace of n clients: the first `fast` of them at speed `fast_speed`, the rest at 1.
+sim::DevicePopulation twoSpeeds(const TempDir& dir, size_t n, size_t fast, double fast_speed) {
+  const std::string path = (dir.path / "trace.csv").string();
+  std::ofstream out(path);
+  out << "client,speed,bandwidth,availability\n";
+  for (size_t c = 0; c < n; ++c) out << c << ',' << (c < fast ? fast_speed : 1.0) << ",1e9,1\n";
+  out.close();
+  return sim::DevicePopulation::fromCsv(path, n);
+}
+
+}  // namespace
+
+TEST_CASE("FedBuff's clock: a client's time is its compute plus its exact bytes over its link",
+          "[simulator][async]") {
+  const size_t n = 6, per_client = 40;
+  Setup s(n, per_client, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3));
+  // One client at a time, a step per update: each step lasts that client's time.
+  const Run r = runAsync(s, s.serverConfig(1, 20), s.simConfig(8, 1));
+  REQUIRE(r.steps.size() == 8);
+  const sim::DeviceProfile d;  // DeviceDistributions{}'s device: speed 1, 1.25e6 bytes/s
+  double total = 0.0;
+  for (const auto& rec : r.steps) {
+    CHECK(rec.applied);
+    CHECK(rec.clients_completed == 1);
+    CHECK(rec.metrics.at("staleness_max") == 0.0);
+    CHECK(rec.downlink_bytes > 4 * 21);  // the task carries the 21-value model
+    // 40 examples x 1 epoch x 1e-3 s, then the task and the update over the link.
+    const double bytes = static_cast<double>(rec.downlink_bytes + rec.uplink_bytes);
+    CHECK(*rec.sim_seconds == Approx(per_client * 1e-3 + bytes / d.bandwidth).epsilon(1e-12));
+    total += *rec.sim_seconds;
+  }
+  CHECK(r.now == Approx(total).epsilon(1e-12));
+  CHECK(r.steps.back().model_version == 9);
+}
+
+TEST_CASE("FedBuff with identical clients: those finishing together hand in before any starts",
+          "[simulator][async]") {
+  // Client 0 has no data, so it never starts, and every other client's task and update have the
+  // same bytes (an id of 0 is left out of a message): they finish together.
+  const size_t n = 13;
+  Setup s(n, 40, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), true);
+  // C = K: the C clients finish together, the step comes after the last, and the next C start on
+  // the new version: no update is stale.
+  const Run r = runAsync(s, s.serverConfig(4, 20), s.simConfig(6, 4));
+  REQUIRE(r.steps.size() == 6);
+  for (const auto& rec : r.steps) {
+    CHECK(rec.clients_completed == 4);
+    CHECK(rec.clients_selected == 4);  // the step's clients started after the previous step
+    CHECK(rec.metrics.at("staleness_max") == 0.0);
+    CHECK(rec.updates_rejected == 0);
+    CHECK(*rec.sim_seconds == Approx(*r.steps.front().sim_seconds).epsilon(1e-12));
+  }
+  CHECK(r.accepted[0] == 0);
+}
+
+TEST_CASE("FedBuff simulates concurrency: a fast device contributes more updates than a slow one",
+          "[simulator][async]") {
+  TempDir dir("asyncsim");
+  const size_t n = 8;
+  Setup s(n, 40, twoSpeeds(dir, n, 4, 8.0));
+  // Six of the eight train at once, a step every two updates: a client finishing is replaced by an
+  // idle one, so the fast ones come back eight times as often as the slow ones finish.
+  const Run r = runAsync(s, s.serverConfig(2, 50), s.simConfig(40, 6));
+  const uint64_t fast = r.accepted[0] + r.accepted[1] + r.accepted[2] + r.accepted[3];
+  const uint64_t slow = r.accepted[4] + r.accepted[5] + r.accepted[6] + r.accepted[7];
+  INFO("fast " << fast << " slow " << slow);
+  CHECK(fast + slow == 80);
+  CHECK(fast > 3 * slow);
+  CHECK(slow > 0);  // the slow ones arrive, late, and count
+  double worst = 0.0;
+  for (const auto& rec : r.steps) worst = std::max(worst, rec.metrics.at("staleness_max"));
+  CHECK(worst >= 2.0);  // a slow client's update is several versions old when it lands
+  CHECK(worst <= 50.0);
+}
+
+TEST_CASE("FedBuff refuses an update beyond the staleness bound and counts it",
+          "[simulator][async]") {
+  TempDir dir("asyncstale");
+  const size_t n = 8;
+  Setup s(n, 40, twoSpeeds(dir, n, 4, 8.0));
+  const Run r = runAsync(s, s.serverConfig(2, 0), s.simConfig(30, 6));
+  uint64_t refused = 0;
+  for (const auto& rec : r.steps) {
+    CHECK(rec.metrics.at("staleness_max") == 0.0);  // only fresh updates were added
+    CHECK(rec.clients_completed == 2);
+    refused += rec.updates_rejected;
+  }
+  CHECK(refused > 0);
+  // A slow client's update always finds a newer version: none of theirs counts.
+  CHECK(r.accepted[4] + r.accepted[5] + r.accepted[6] + r.accepted[7] == 0);
+}
+
+TEST_CASE("FedBuff takes less simulated time than rounds that wait for their slowest client",
+          "[simulator][async]") {
+  const size_t n = 40, per_round = 8, rounds = 10;
+  sim::DeviceDistributions dd;
+  dd.speed_sigma = 1.0;
+  dd.bandwidth_sigma = 1.0;
+  Setup s(n, 30, sim::DevicePopulation::sample(n, dd, 9));
+  // Synchronous: 10 rounds of 8 clients on the same devices.
+  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
+  sim::ClientStateStore sync_store{sim::StateStoreOptions{}, s.trainer->layout().fingerprint()};
+  sim::SimFleet fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, sync_store, *coll, nullptr);
+  server::EngineConfig ec;
+  ec.rounds = rounds;
+  ec.scheme.compressor = "none";
+  ec.sampling.clients_per_round = per_round;
+  ec.fit = protocol::FitSettings{1, 16, 0.1f};
+  server::RoundEngine engine(s.layout(), ec, s.init());
+  double sync_seconds = 0.0;
+  uint64_t sync_updates = 0;
+  while (!engine.done()) {
+    const server::RoundRecord rec = engine.runRound(fleet);
+    sync_seconds += rec.sim_seconds.value_or(0.0);
+    sync_updates += rec.clients_completed;
+  }
+  REQUIRE(sync_updates == rounds * per_round);
+  // FedBuff with the same concurrency and as many updates.
+  const Run r = runAsync(s, s.serverConfig(per_round, 100), s.simConfig(rounds, per_round));
+  uint64_t async_updates = 0;
+  for (const auto& rec : r.steps) async_updates += rec.clients_completed;
+  REQUIRE(async_updates == sync_updates);
+  INFO("sync " << sync_seconds << " s, async " << r.now << " s");
+  CHECK(r.now * 1.5 < sync_seconds);
+}
+
+TEST_CASE("FedBuff learns, and a run is a pure function of its seed", "[simulator][async]") {
+  sim::DeviceDistributions dd;
+  dd.speed_sigma = 0.8;
+  const size_t n = 20;
+  Setup s(n, 30, sim::DevicePopulation::sample(n, dd, 4));
+  sim::AsyncSimConfig ac = s.simConfig(20, 6);
+  ac.eval_every = 20;
+  // top-k with error feedback: the residuals live in the client-state store between a client's
+  // turns.
+  const auto sc = s.serverConfig(3, 10, "topk:density=0.3");
+  server::AsyncServer untrained(s.layout(), sc, s.init());
+  const client::EvalResult before = s.trainer->evaluate(
+      untrained.model().current(), client::DataView{&s.train, [&] {
+                                                      std::vector<size_t> all(s.train.size());
+                                                      std::iota(all.begin(), all.end(), size_t{0});
+                                                      return all;
+                                                    }()});
+  const Run a = runAsync(s, sc, ac, &s.train);
+  REQUIRE(a.steps.back().test_accuracy.has_value());
+  INFO("before " << before.accuracy << " after " << *a.steps.back().test_accuracy);
+  CHECK(*a.steps.back().test_accuracy > before.accuracy + 0.2);
+  // Again from fresh client states: the same clients, clock and model, bit for bit.
+  Setup again(n, 30, sim::DevicePopulation::sample(n, dd, 4));
+  const Run b = runAsync(again, sc, ac, &again.train);
+  CHECK(b.now == a.now);
+  CHECK(b.accepted == a.accepted);
+  REQUIRE(b.model.size() == a.model.size());
+  CHECK(std::memcmp(b.model.data(), a.model.data(), a.model.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("FedBuff's simulation refuses a bad configuration", "[simulator][async]") {
+  const size_t n = 4;
+  Setup s(n, 10, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3));
+  server::AsyncServer server(s.layout(), s.serverConfig(2, 5), s.init());
+  sim::AsyncSimConfig ac = s.simConfig(3, 0);
+  CHECK_THROWS_AS(sim::AsyncSimulation(ac, s.clients, *s.trainer, s.store, server, nullptr),
+                  ConfigError);
+  ac = s.simConfig(0, 2);
+  CHECK_THROWS_AS(sim::AsyncSimulation(ac, s.clients, *s.trainer, s.store, server, nullptr),
+                  ConfigError);
+  // Two-phase compressors and SCAFFOLD have no asynchronous step.
+  auto sc = s.serverConfig(2, 5, "powersgd:rank=1");
+  CHECK_THROWS_AS(server::AsyncServer(s.layout(), sc, s.init()), ConfigError);
+  sc = s.serverConfig(2, 5);
+  sc.scheme.scaffold = true;
+  CHECK_THROWS_AS(server::AsyncServer(s.layout(), sc, s.init()), ConfigError);
+}
