@@ -23,6 +23,21 @@ grep -q '^| topk | 1 | 2 | 70.0 ± 0.0 | 55.0 | 0.0 | 0.0 | 20.0x less |$' <<<"$
 out=$(/usr/bin/python3 "$script" --traffic total "$dir/runs")
 grep -q '^| topk | 1 | 2 | 70.0 ± 0.0 | 55.0 | 0.0 | 0.0 | 1.9x less |$' <<<"$out"
 grep -q 'traffic vs dense' <<<"$out"
+# Time to a target accuracy: sync reaches 75% at its second record (10 + 30 = 40 simulated s,
+# 4000 bytes), async at its second (5 + 5 = 10 s, 2000 bytes) on seed 1 and never on seed 2.
+mkdir "$dir/t"
+printf '%s\n' '{"round":1,"sim_seconds":10,"uplink_bytes":1000,"downlink_bytes":1000,"test_accuracy":0.5}' \
+  '{"round":2,"sim_seconds":30,"uplink_bytes":1000,"downlink_bytes":1000,"test_accuracy":0.8}' > "$dir/t/sync-s1.jsonl"
+printf '%s\n' '{"round":1,"sim_seconds":5,"uplink_bytes":500,"downlink_bytes":500}' \
+  '{"round":2,"sim_seconds":5,"uplink_bytes":500,"downlink_bytes":500,"test_accuracy":0.76}' > "$dir/t/async-s1.jsonl"
+out=$(/usr/bin/python3 "$script" --reference sync --target 75 "$dir/t")
+echo "$out"
+grep -q '^| sync | 1 | 2 | 80.0 ± 0.0 | 65.0 | 0.0 | 0.0 | 1.0x less | 40 | 0.0 | 1.00x |$' <<<"$out"
+grep -q '^| async | 1 | 2 | 76.0 ± 0.0 | 76.0 | 0.0 | 0.0 | 2.0x less | 10 | 0.0 | 4.00x |$' <<<"$out"
+printf '%s\n' '{"round":1,"sim_seconds":5,"uplink_bytes":500,"downlink_bytes":500}' \
+  '{"round":2,"sim_seconds":5,"uplink_bytes":500,"downlink_bytes":500,"test_accuracy":0.70}' > "$dir/t/async-s2.jsonl"
+out=$(/usr/bin/python3 "$script" --reference sync --target 75 "$dir/t")
+grep -q '^| async | 1,2 | 2 | 73.0 ± 3.0 | 73.0 | 0.0 | 0.0 | 2.0x less | 10 (1/2 seeds) | 0.0 (1/2 seeds) |  |$' <<<"$out"
 if /usr/bin/python3 "$script" "$dir/missing" 2> "$dir/err"; then echo "missing folder accepted"; exit 1; fi
 grep -q "cannot read" "$dir/err"
 mkdir "$dir/empty"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Time to accuracy, FedBuff against synchronous FedAvg (issue 22; docs/results.md): the CNN on
+# Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, log-normal device speeds and bandwidths
+# (examples/sim/fedbuff.toml), ROUNDS rounds (synchronous, 10 clients each, waiting for the
+# slowest) or server steps (FedBuff: 10 clients training at once, a step every 10 updates), for each
+# seed of SEEDS. Both train the same number of clients. Every run writes OUT/NAME-sSEED.jsonl; a
+# run whose file already has ROUNDS lines is skipped, so the script resumes. Then the table of
+# tools/summarize_runs.py: final accuracy, traffic, and the simulated time and traffic to TARGET%.
+#
+# Usage: bench/time_to_accuracy.sh [OUT] [BIN]
+#   OUT   folder of the metrics files (default tta)
+#   BIN   starling-sim (default build/bin/starling-sim)
+# Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20).
+set -euo pipefail
+out=${1:-tta}
+bin=${2:-build/bin/starling-sim}
+rounds=${ROUNDS:-60}
+seeds=${SEEDS:-1 2 3}
+target=${TARGET:-80}
+here=$(cd "$(dirname "$0")/.." && pwd)
+[ -x "$bin" ] || { echo "time_to_accuracy: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
+mkdir -p "$out"
+
+# name | options on top of examples/sim/fedbuff.toml
+runs=(
+  "sync|--round.mode sync"
+  "fedbuff|"
+  "fedbuff20|--async.concurrency 20"
+)
+
+for seed in $seeds; do
+  for entry in "${runs[@]}"; do
+    IFS='|' read -r name extra <<<"$entry"
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
+    file="$out/$name-s$seed.jsonl"
+    if [ -f "$file" ] && [ "$(wc -l <"$file")" -ge "$rounds" ]; then continue; fi
+    rm -f "$file"
+    echo "time_to_accuracy: $name seed $seed"
+    # shellcheck disable=SC2086
+    "$bin" --config "$here/examples/sim/fedbuff.toml" --model.seed "$seed" --train.rounds "$rounds" \
+      --state.metrics "$file" $extra >"$out/$name-s$seed.log"
+    tail -1 "$out/$name-s$seed.log"
+  done
+done
+/usr/bin/python3 "$here/tools/summarize_runs.py" --reference sync --traffic total --target "$target" "$out"
