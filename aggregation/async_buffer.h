@@ -20,8 +20,9 @@
 // Memory: one aggregate (numel floats) per version among the buffered updates, at most
 // min(K, max_staleness + 1). Splitting a phase's checks from its sum would need one.
 //
-// This is the aggregation core of issue 22; the simulator's event clock and the deployment's
-// asynchronous rounds are still to be built on it (docs/aggregation.md).
+// This is the aggregation core of issue 22: server/async_server.h steps with it, and the
+// simulator's event clock (simulator/async_sim.h) drives that; the deployment's asynchronous
+// rounds are still to be built on it (docs/aggregation.md).
 #include <cstdint>
 #include <map>
 #include <memory>

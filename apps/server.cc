@@ -58,6 +58,13 @@ int runServer(apps::Settings& c) {
         "!!! INSECURE: CURVE is off; anyone who reaches {} can join and read every message !!!",
         c.server.bind);
   // Every spec is checked before anything is bound.
+  if (c.round.mode == "async" || c.round.mode == "semisync")
+    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode,
+                   " runs in starling-sim only: the root's asynchronous rounds are not built yet "
+                   "(issue 22); use round.mode = sync");
+  if (c.round.mode != "sync")
+    STARLING_THROW(ConfigError, "round.mode must be sync, async or semisync, got '", c.round.mode,
+                   "'");
   server::EngineConfig ec = apps::engineConfig(c);
   compression::makeCompressor(ec.scheme.compressor);
   aggregation::makeRule(ec.scheme.rule);

@@ -200,10 +200,6 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   use(kSim);
   o.add("round.deadline_seconds", &s.round.deadline_seconds,
         "simulated deadline dropping stragglers (0: none)", 0, 1e9);
-  o.add("round.mode", &s.round.mode,
-        "sync: rounds of sampling.clients_per_round clients, each waiting for its slowest; "
-        "async: FedBuff, async.concurrency clients training at once and a server step every "
-        "async.buffer_size updates, train.rounds steps (docs/simulation.md)");
   o.add("async.buffer_size", &s.async.buffer_size,
         "round.mode = async: accepted updates per server step (FedBuff's K)", 1, 1000000);
   o.add("async.max_staleness", &s.async.max_staleness,
@@ -216,6 +212,13 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "round.mode = async: clients training at once (0: sampling.clients_per_round)", 0, 1000000);
 
   use(kRound);
+  o.add("round.mode", &s.round.mode,
+        "sync: rounds of sampling.clients_per_round clients, each waiting for its slowest; "
+        "async (starling-sim only so far): FedBuff, async.concurrency clients training at once "
+        "and a server step every async.buffer_size updates, train.rounds steps, on one worker; "
+        "semisync (starling-sim only so far): rounds closing at round.deadline_seconds with "
+        "whatever arrived, late updates joining a later round with their staleness weight "
+        "(docs/simulation.md)");
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
   o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");
@@ -313,6 +316,9 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
     if (s.train.scaffold && s.train.scaffold_population == 0 && o.given("data.num_clients"))
       s.train.scaffold_population = s.data.num_clients;
   }
+  // Asynchronous steps run on one worker: its default there, so that a file need only say
+  // round.mode = async (a sim.workers above 1 that it gives is refused).
+  if (self == kSim && s.round.mode != "sync" && !o.given("sim.workers")) s.sim.workers = 1;
   if (self == kClient && s.client.id >= s.data.num_clients)
     STARLING_THROW(ConfigError, "client.id ", s.client.id, " must be below data.num_clients ",
                    s.data.num_clients, " (client i trains shard i)");

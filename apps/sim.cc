@@ -52,7 +52,8 @@ std::string eta(double seconds) {
 }
 
 // round.mode = async (FedBuff on the simulated clock, simulator/async_sim.h): what it does not
-// run yet is refused before any data is read.
+// run yet is refused before any data is read (K against the clients with data is checked once the
+// split is made).
 void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_t world) {
   const auto no = [](const std::string& what) {
     STARLING_THROW(ConfigError, "round.mode = async does not run ", what,
@@ -69,8 +70,14 @@ void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_
   if (ec.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (compression::makeCompressor(ec.scheme.compressor)->phases() != 1)
     no("a compressor of several phases ('" + ec.scheme.compressor + "')");
-  aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
-      .validate();
+  if (!aggregation::makeRule(ec.scheme.rule)->streaming())
+    no("a rule that keeps every update ('" + ec.scheme.rule + "'): use fedavg, clipped or not");
+  const double at_bound =
+      aggregation::Staleness::parse(c.async.staleness).weight(c.async.max_staleness);
+  if (!(at_bound >= 1e-6))
+    STARLING_THROW(ConfigError, "async.staleness = '", c.async.staleness, "' weighs an update ",
+                   c.async.max_staleness, " versions old (async.max_staleness) ", at_bound,
+                   ", below 1e-6: lower async.max_staleness");
 }
 
 int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
@@ -91,16 +98,27 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   ac.eval_every = ec.eval_every;
   ac.metrics_file = ec.metrics;
   sim::AsyncSimulation simulation(ac, clients, trainer, store, server, test);
-  std::printf(
-      "async (FedBuff): %llu clients training at once, a step every %llu updates, staleness %s up "
-      "to %llu\n",
-      static_cast<unsigned long long>(ac.concurrency),
-      static_cast<unsigned long long>(c.async.buffer_size), c.async.staleness.c_str(),
-      static_cast<unsigned long long>(c.async.max_staleness));
+  if (ac.round_seconds > 0)
+    std::printf(
+        "semi-synchronous rounds of %g simulated s: up to %llu clients training at once, late "
+        "updates weighted by staleness %s up to %llu\n",
+        ac.round_seconds, static_cast<unsigned long long>(ac.concurrency),
+        c.async.staleness.c_str(), static_cast<unsigned long long>(c.async.max_staleness));
+  else
+    std::printf(
+        "async (FedBuff): %llu clients training at once, a step every %llu updates, staleness %s "
+        "up to %llu\n",
+        static_cast<unsigned long long>(ac.concurrency),
+        static_cast<unsigned long long>(c.async.buffer_size), c.async.staleness.c_str(),
+        static_cast<unsigned long long>(c.async.max_staleness));
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = isatty(STDOUT_FILENO);
   std::optional<double> last_acc;
+  const auto metric = [](const server::RoundRecord& r, const char* name) {
+    const auto it = r.metrics.find(name);
+    return it == r.metrics.end() ? 0.0 : it->second;  // a round where nothing arrived has none
+  };
   simulation.run([&](const server::RoundRecord& r) {
     if (r.test_accuracy) last_acc = r.test_accuracy;
     const double elapsed =
@@ -114,7 +132,7 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
         "%s%s",
         tty ? "\r" : "", static_cast<unsigned long long>(r.round),
         static_cast<unsigned long long>(ac.steps), acc, r.train_loss.value_or(0.0),
-        r.metrics.at("staleness_mean"), r.metrics.at("staleness_max"),
+        metric(r, "staleness_mean"), metric(r, "staleness_max"),
         static_cast<unsigned long long>(r.updates_rejected), simulation.now(), eta(left).c_str(),
         tty ? "" : "\n");
     if (tty && r.test_accuracy) std::printf("\n");
@@ -161,9 +179,13 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
   const uint64_t world =
       launch.world_size > 1 ? static_cast<uint64_t>(launch.world_size) : c.sim.workers;
-  if (c.round.mode != "sync" && c.round.mode != "async")
-    STARLING_THROW(ConfigError, "round.mode must be sync or async, got '", c.round.mode, "'");
-  const bool async = c.round.mode == "async";
+  if (c.round.mode != "sync" && c.round.mode != "async" && c.round.mode != "semisync")
+    STARLING_THROW(ConfigError, "round.mode must be sync, async or semisync, got '", c.round.mode,
+                   "'");
+  const bool async = c.round.mode != "sync";  // FedBuff or semi-synchronous: simulator/async_sim.h
+  // async.* is checked in either mode: a file's typo shows before it is run asynchronously.
+  aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
+      .validate();
   if (async) checkAsync(c, ec, world);
   // A robust rule needs every update in one place: across workers only streaming rules add up.
   if (world > 1 && !aggregation::makeRule(ec.scheme.rule)->streaming())

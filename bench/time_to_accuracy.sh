@@ -3,7 +3,7 @@
 # Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, log-normal device speeds and bandwidths
 # (examples/sim/fedbuff.toml), ROUNDS rounds (synchronous, 10 clients each, waiting for the
 # slowest) or server steps (FedBuff: 10 clients training at once, a step every 10 updates), for each
-# seed of SEEDS. Both train the same number of clients. Every run writes OUT/NAME-sSEED.jsonl; a
+# seed of SEEDS. Both aggregate the same number of updates. Every run writes OUT/NAME-sSEED.jsonl; a
 # run whose file already has ROUNDS lines is skipped, so the script resumes. Then the table of
 # tools/summarize_runs.py: final accuracy, traffic, and the simulated time and traffic to TARGET%.
 #

@@ -61,4 +61,12 @@ RoundRecord AsyncServer::step() {
   return rec;
 }
 
+RoundRecord AsyncServer::skip(const std::string& reason) {
+  RoundRecord rec;
+  rec.round = ++steps_;
+  rec.reason = reason;
+  rec.model_version = model_.version();
+  return rec;
+}
+
 }  // namespace starling::server

@@ -1,5 +1,6 @@
 #include "simulator/async_sim.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -27,6 +28,8 @@ void AsyncSimConfig::validate() const {
     STARLING_THROW(ConfigError, "train.rounds (server steps) must be in [1, 10^7], got ", steps);
   if (concurrency == 0 || concurrency > 1'000'000)
     STARLING_THROW(ConfigError, "async.concurrency must be in [1, 10^6], got ", concurrency);
+  if (!(round_seconds >= 0.0 && round_seconds <= 1e9))
+    STARLING_THROW(ConfigError, "round.deadline_seconds must be in [0, 1e9], got ", round_seconds);
   if (!(reference_seconds_per_example > 0.0))
     STARLING_THROW(ConfigError, "sim.reference_seconds_per_example must be positive");
   if (fit.epochs == 0 || fit.batch_size == 0 || !(fit.lr > 0.0f))
@@ -45,6 +48,7 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
       algorithm_(server.scheme().compressor(), trainer, fitConfig(config_.fit)),
       picker_(StreamKey{config_.seed, 0, kAnyClient, StreamPurpose::kClientSampling, 2}),
       busy_(clients.shards.size(), 0),
+      last_version_(clients.shards.size(), 0),
       accepted_(clients.shards.size(), 0),
       state_(trainer.layout().fingerprint()),
       declared_(server.scheme().options().metrics) {
@@ -53,6 +57,15 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
                      " shards but ", clients.devices.size(), " devices");
   STARLING_CHECK_ARG(trainer.layout().fingerprint() == server.scheme().layout().fingerprint(),
                      "the trainer's model is not the server's");
+  // A client trains at most once on a version (a second update from it would be a duplicate), so
+  // a step needs K clients with data.
+  const uint64_t k = server.config().async.buffer_size;
+  const auto with_data = static_cast<uint64_t>(std::count_if(
+      clients.shards.begin(), clients.shards.end(), [](const auto& s) { return !s.empty(); }));
+  if (config_.round_seconds == 0 && with_data < k)
+    STARLING_THROW(ConfigError, "async.buffer_size = ", k, " needs at least ", k,
+                   " clients with data (a client trains once per model version); there are ",
+                   with_data);
 }
 
 // The dense task of one version: its size does not depend on the values.
@@ -108,6 +121,7 @@ void AsyncSimulation::start(uint64_t id) {
   const ClientTiming t = timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
                                     config_.reference_seconds_per_example, job.down, job.up);
   busy_[id] = 1;
+  last_version_[id] = v;
   ++window_.started;
   window_.downlink += job.down;
   in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));
@@ -118,7 +132,8 @@ void AsyncSimulation::fill() {
   const uint64_t v = server_.version();
   std::vector<uint64_t> idle;
   for (uint64_t c = 0; c < clients_.shards.size(); ++c)
-    if (!busy_[c] && !clients_.shards[c].empty() && clients_.devices.available(c, v, config_.seed))
+    if (!busy_[c] && last_version_[c] != v && !clients_.shards[c].empty() &&
+        clients_.devices.available(c, v, config_.seed))
       idle.push_back(c);
   while (in_flight_.size() < config_.concurrency && !idle.empty()) {
     const auto k = static_cast<size_t>(picker_.uniform() * static_cast<double>(idle.size()));
@@ -141,54 +156,89 @@ void AsyncSimulation::evaluate(server::RoundRecord& rec) {
 }
 
 // The first arrival: its update goes to the server, and a step follows when K were accepted.
-void AsyncSimulation::arrive(const std::function<void(const server::RoundRecord&)>& progress) {
+// The first arrival: its update goes to the server (refused if too stale or out of bounds).
+void AsyncSimulation::deliver() {
   auto node = in_flight_.extract(in_flight_.begin());
   const uint64_t id = node.key().second;
   InFlight& job = node.mapped();
   busy_[id] = 0;
   window_.uplink += job.up;
+  ++window_.arrived;
   if (!job.update) {
     ++window_.failed;
-  } else {
-    try {
-      server_.add(cz::view(*job.update), aggregation::ClientLimits{job.examples});
-      ++accepted_[id];
-    } catch (const InputError&) {  // counted by the server (too stale, a bound)
-    }
+    return;
   }
-  if (server_.ready()) {
-    server::RoundRecord rec = server_.step();
-    rec.sim_seconds = now_ - last_step_;
-    rec.makespan_seconds = window_.train_seconds;
-    rec.uplink_bytes = window_.uplink;
-    rec.downlink_bytes = window_.downlink;
-    rec.clients_selected = window_.started;
-    rec.clients_failed = window_.failed;
-    last_step_ = now_;
-    window_ = Window{};
-    if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
-    if (!config_.metrics_file.empty()) {
-      std::ofstream out(config_.metrics_file, std::ios::app);
-      out << rec.json() << '\n';
-      if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics_file);
-    }
-    if (progress) progress(rec);
+  try {
+    server_.add(cz::view(*job.update), aggregation::ClientLimits{job.examples});
+    ++accepted_[id];
+    ++window_.accepted;
+  } catch (const InputError&) {  // counted by the server (too stale, a bound)
   }
 }
 
+// The server steps now with what it buffered (a semi-synchronous round without an update is
+// recorded as not applied), and the step's record goes out.
+void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>& progress) {
+  server::RoundRecord rec = server_.buffered() > 0
+                                ? server_.step()
+                                : server_.skip("no update arrived before the round's deadline");
+  rec.sim_seconds = now_ - last_step_;
+  rec.makespan_seconds = window_.train_seconds;
+  rec.uplink_bytes = window_.uplink;
+  rec.downlink_bytes = window_.downlink;
+  rec.clients_selected = window_.started;
+  rec.clients_failed = window_.failed;
+  last_step_ = now_;
+  window_ = Window{};
+  if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
+  if (!config_.metrics_file.empty()) {
+    std::ofstream out(config_.metrics_file, std::ios::app);
+    out << rec.json() << '\n';
+    if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics_file);
+  }
+  if (progress) progress(rec);
+}
+
 void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>& progress) {
+  if (config_.round_seconds > 0) return runRounds(progress);
   fill();
   while (server_.steps() < config_.steps) {
+    // Every client that could train on this version did (or none is available): the server
+    // cannot reach K.
     if (in_flight_.empty())
-      STARLING_THROW(Error, "no client can start at model version ", server_.version(),
-                     ": none with data is available (devices.availability)");
+      STARLING_THROW(
+          Error, "the server cannot step at model version ", server_.version(), ": it needs ",
+          server_.config().async.buffer_size, " accepted updates and has ", server_.buffered(),
+          "; every available client trained on this version or an older one (since the last step: ",
+          window_.arrived, " arrived, ", window_.failed, " failed to train, ",
+          window_.arrived - window_.accepted - window_.failed,
+          " refused). Check train.lr (diverging clients), bounds.* (refused updates), "
+          "devices.availability, async.buffer_size and async.max_staleness");
     // Every arrival of this simulated instant before the idle slots are filled: clients that
     // finish together all hand in before anyone starts on what they produced.
     now_ = in_flight_.begin()->first.first;
     while (!in_flight_.empty() && in_flight_.begin()->first.first == now_ &&
-           server_.steps() < config_.steps)
-      arrive(progress);
+           server_.steps() < config_.steps) {
+      deliver();
+      if (server_.ready()) step(progress);
+    }
     fill();
+  }
+}
+
+// Semi-synchronous rounds: at each round's start the idle clients top the in-flight ones up to C;
+// at its deadline the server steps with whatever arrived, and the clients still training go on,
+// their updates joining a later round with their staleness.
+void AsyncSimulation::runRounds(const std::function<void(const server::RoundRecord&)>& progress) {
+  while (server_.steps() < config_.steps) {
+    fill();
+    const double deadline = last_step_ + config_.round_seconds;
+    while (!in_flight_.empty() && in_flight_.begin()->first.first <= deadline) {
+      now_ = in_flight_.begin()->first.first;
+      deliver();
+    }
+    now_ = deadline;
+    step(progress);
   }
 }
 

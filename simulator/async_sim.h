@@ -12,10 +12,22 @@
 //   version now current, so C stay in flight
 //
 // Which client starts is a pure function of the seed: uniformly among the idle clients with data
-// that are available (device_model.h's availability, drawn for the version current then). A
-// client trains when it starts, on the one model replica, and its update waits, compressed, for
-// its simulated finish: memory holds C updates (error feedback's residuals are in the client-state
-// store, as in the synchronous simulator).
+// that have not trained on the current version yet (a second update from a version would be a
+// duplicate) and are available (device_model.h's availability, drawn per model version, not per
+// unit of time). None may qualify: fewer than C train until the version moves on, and when no
+// client is in flight and none can start, the server cannot reach K and run() throws Error saying
+// why (diverging clients, refused updates, availability). A client trains when it starts, on the
+// one model replica, and its update waits, compressed, for its simulated finish: memory holds C
+// updates (error feedback's residuals are in the client-state store, as in the synchronous
+// simulator; a residual is kept when the server then refuses the update as too stale, as a
+// deployed client's would be).
+//
+// Semi-synchronous rounds (round_seconds > 0), the middle ground: rounds of a fixed simulated
+// length; at a round's start idle clients top the ones in flight up to C, at its deadline the
+// server steps with whatever arrived (K does not apply; a round where nothing arrived is recorded
+// as not applied), and a client still training goes on: its update joins a later round, weighted
+// by its staleness (refused beyond the bound), instead of being dropped as a synchronous round's
+// straggler is.
 //
 // One worker process; not yet: several workers, checkpoints, SCAFFOLD, compressed downlinks.
 #include <cstdint>
@@ -38,6 +50,8 @@ namespace starling::simulator {
 struct AsyncSimConfig {
   uint64_t steps = 50;        // server steps to run (train.rounds)
   uint64_t concurrency = 10;  // C: clients training at once (at most those with data)
+  // > 0: semi-synchronous rounds of this many simulated seconds instead of FedBuff's steps.
+  double round_seconds = 0.0;
   double reference_seconds_per_example = 1e-3;
   uint64_t seed = 1;
   protocol::FitSettings fit;
@@ -49,6 +63,7 @@ struct AsyncSimConfig {
 class AsyncSimulation {
  public:
   // Everything referenced must outlive the simulation. `test` may be null (no evaluation).
+  // ConfigError for a bad configuration, or fewer clients with data than the server's K.
   AsyncSimulation(AsyncSimConfig config, const SimClients& clients, client::Trainer& trainer,
                   ClientStateStore& store, server::AsyncServer& server, const data::Dataset* test);
 
@@ -56,7 +71,8 @@ class AsyncSimulation {
   // sim_seconds is the simulated time since the previous step, uplink_bytes the updates that
   // arrived in it (refused ones too), downlink_bytes the tasks of the clients started in it,
   // clients_selected those clients, clients_failed the arrivals without an update (training
-  // diverged, the state did not read back), and makespan_seconds the wall time spent training.
+  // diverged, the state did not read back), and makespan_seconds the wall time spent training
+  // the clients started in it. Error when the server cannot reach K (above).
   void run(const std::function<void(const server::RoundRecord&)>& progress = {});
 
   double now() const { return now_; }  // simulated seconds since the start
@@ -70,12 +86,14 @@ class AsyncSimulation {
     std::optional<compression::Update> update;  // none: the client failed
   };
   struct Window {  // what happened since the last step
-    uint64_t started = 0, failed = 0, uplink = 0, downlink = 0;
+    uint64_t started = 0, arrived = 0, accepted = 0, failed = 0, uplink = 0, downlink = 0;
     double train_seconds = 0.0;
   };
   void fill();  // starts idle clients until C are in flight (or none is idle and available)
   void start(uint64_t client);
-  void arrive(const std::function<void(const server::RoundRecord&)>& progress);
+  void deliver();
+  void step(const std::function<void(const server::RoundRecord&)>& progress);
+  void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes();
   void evaluate(server::RoundRecord& rec);
 
@@ -89,6 +107,7 @@ class AsyncSimulation {
   RngStream picker_;
   std::map<std::pair<double, uint64_t>, InFlight> in_flight_;  // by (finish, client)
   std::vector<char> busy_;
+  std::vector<uint64_t> last_version_;  // the version each client last started on (0: none)
   std::vector<uint64_t> accepted_;
   ClientState state_;  // reused for every client
   std::vector<std::string> declared_;

@@ -237,8 +237,53 @@ TEST_CASE("FedBuff learns, and a run is a pure function of its seed", "[simulato
   const Run b = runAsync(again, sc, ac, &again.train);
   CHECK(b.now == a.now);
   CHECK(b.accepted == a.accepted);
+  REQUIRE(b.steps.size() == a.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    CHECK(b.steps[i].uplink_bytes == a.steps[i].uplink_bytes);
+    CHECK(b.steps[i].metrics == a.steps[i].metrics);
+  }
   REQUIRE(b.model.size() == a.model.size());
   CHECK(std::memcmp(b.model.data(), a.model.data(), a.model.size() * sizeof(float)) == 0);
+  // Another seed draws other clients.
+  Setup other(n, 30, sim::DevicePopulation::sample(n, dd, 4));
+  ac.seed = 6;
+  const Run c = runAsync(other, sc, ac);
+  CHECK(c.accepted != a.accepted);
+}
+
+TEST_CASE("FedBuff trains a client at most once per model version", "[simulator][async]") {
+  TempDir dir("asynconce");
+  // Exactly K clients with data, the fast ones eight times faster: each version needs all of
+  // them, so the fast ones wait for the slow ones instead of sending a second (duplicate) update.
+  const size_t n = 4;
+  Setup s(n, 40, twoSpeeds(dir, n, 2, 8.0));
+  const Run r = runAsync(s, s.serverConfig(4, 20), s.simConfig(5, 4));
+  REQUIRE(r.steps.size() == 5);
+  for (const auto& rec : r.steps) {
+    CHECK(rec.clients_completed == 4);
+    CHECK(rec.updates_rejected == 0);
+  }
+  CHECK(r.accepted == std::vector<uint64_t>(n, 5));
+}
+
+TEST_CASE("FedBuff stops with an error when the server cannot reach K", "[simulator][async]") {
+  const size_t n = 6;
+  Setup s(n, 20, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3));
+  // Every update is over the value bound: refused, so no version ever gets K.
+  auto sc = s.serverConfig(2, 3);
+  sc.scheme.bounds.max_abs_value = 1e-9;
+  server::AsyncServer server(s.layout(), sc, s.init());
+  sim::AsyncSimulation simulation(s.simConfig(4, 3), s.clients, *s.trainer, s.store, server,
+                                  nullptr);
+  CHECK_THROWS_WITH(simulation.run(), Catch::Matchers::Contains("cannot step at model version 1") &&
+                                          Catch::Matchers::Contains("6 refused"));
+  CHECK(server.steps() == 0);
+  // K above the clients with data could never step: refused up front.
+  const auto big = s.serverConfig(7, 3);
+  server::AsyncServer server7(s.layout(), big, s.init());
+  CHECK_THROWS_AS(
+      sim::AsyncSimulation(s.simConfig(4, 3), s.clients, *s.trainer, s.store, server7, nullptr),
+      ConfigError);
 }
 
 TEST_CASE("FedBuff's simulation refuses a bad configuration", "[simulator][async]") {
@@ -257,4 +302,63 @@ TEST_CASE("FedBuff's simulation refuses a bad configuration", "[simulator][async
   sc = s.serverConfig(2, 5);
   sc.scheme.scaffold = true;
   CHECK_THROWS_AS(server::AsyncServer(s.layout(), sc, s.init()), ConfigError);
+}
+
+TEST_CASE("semi-synchronous rounds with a deadline past every client are rounds without staleness",
+          "[simulator][async]") {
+  const size_t n = 12;
+  Setup s(n, 40, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3));
+  sim::AsyncSimConfig ac = s.simConfig(5, 4);
+  ac.round_seconds = 10.0;                                // a client takes about 0.04 s
+  const Run r = runAsync(s, s.serverConfig(10, 20), ac);  // K does not apply
+  REQUIRE(r.steps.size() == 5);
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    const auto& rec = r.steps[i];
+    CHECK(rec.applied);
+    CHECK(rec.clients_selected == 4);
+    CHECK(rec.clients_completed == 4);
+    CHECK(rec.metrics.at("staleness_max") == 0.0);
+    CHECK(*rec.sim_seconds == 10.0);
+    CHECK(rec.model_version == i + 2);
+  }
+  CHECK(r.now == 50.0);
+}
+
+TEST_CASE("semi-synchronous rounds: a late update joins a later round with its staleness",
+          "[simulator][async]") {
+  TempDir dir("semisync");
+  const size_t n = 8;
+  // Fast clients take 40 x 1e-3 / 8 = 0.005 s, slow ones 0.04 s: four rounds of 0.01 s.
+  Setup s(n, 40, twoSpeeds(dir, n, 4, 8.0));
+  sim::AsyncSimConfig ac = s.simConfig(24, 4);
+  ac.round_seconds = 0.01;
+  const Run r = runAsync(s, s.serverConfig(10, 50), ac);
+  REQUIRE(r.steps.size() == 24);
+  double worst = 0.0;
+  for (const auto& rec : r.steps) {
+    CHECK(rec.updates_rejected == 0);  // nothing late is dropped inside the bound
+    CHECK(*rec.sim_seconds == Approx(0.01).epsilon(1e-9));
+    if (rec.applied) worst = std::max(worst, rec.metrics.at("staleness_max"));
+  }
+  CHECK(worst >= 3.0);  // a slow client's update lands three or four versions later
+  CHECK(r.accepted[4] + r.accepted[5] + r.accepted[6] + r.accepted[7] > 0);
+  CHECK(r.accepted[0] + r.accepted[1] + r.accepted[2] + r.accepted[3] >
+        r.accepted[4] + r.accepted[5] + r.accepted[6] + r.accepted[7]);
+}
+
+TEST_CASE("a semi-synchronous round where nothing arrived is recorded, not applied",
+          "[simulator][async]") {
+  const size_t n = 6;
+  Setup s(n, 40, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3));
+  sim::AsyncSimConfig ac = s.simConfig(6, 3);
+  ac.round_seconds = 0.015;  // every client takes about 0.04 s: rounds 1 and 2 get nothing
+  const Run r = runAsync(s, s.serverConfig(10, 20), ac);
+  REQUIRE(r.steps.size() == 6);
+  CHECK_FALSE(r.steps[0].applied);
+  CHECK_FALSE(r.steps[1].applied);
+  CHECK(r.steps[0].reason.find("no update arrived") != std::string::npos);
+  CHECK(r.steps[0].model_version == 1);
+  CHECK(r.steps[2].applied);  // the first three land in round 3, trained from version 1
+  CHECK(r.steps[2].clients_completed == 3);
+  CHECK(r.steps[2].model_version == 2);
 }

@@ -614,8 +614,7 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
     CHECK(field(lines[i], "round") == std::to_string(i + 1));
     CHECK(field(lines[i], "clients_completed") == "3");
     CHECK(field(lines[i], "model_version") == std::to_string(i + 2));
-    CHECK(std::stod(field(lines[i], "staleness_max")) <= 20);
-    CHECK(std::stod(field(lines[i], "sim_seconds")) > 0);
+    CHECK(!field(lines[i], "staleness_mean").empty());
   }
   CHECK(!field(lines.back(), "test_accuracy").empty());  // eval.every = 1 in quick.toml
   // Each refusal names what is missing.
@@ -624,7 +623,13 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
       {{"--sim.workers", "1", "--state.checkpoint", dir / "c.ckpt"}, "state.checkpoint"},
       {{"--sim.workers", "1", "--downlink.mode", "delta"}, "downlink.mode = dense"},
       {{"--sim.workers", "1", "--compression.compressor", "powersgd:rank=1"}, "several phases"},
-      {{"--sim.workers", "1", "--async.staleness", "hinge:a=1"}, "needs b="}};
+      {{"--sim.workers", "1", "--async.staleness", "hinge:a=1"}, "needs b="},
+      {{"--sim.workers", "1", "--train.scaffold", "true"}, "SCAFFOLD"},
+      {{"--sim.workers", "1", "--round.deadline_seconds", "5"}, "round.deadline_seconds"},
+      {{"--sim.workers", "1", "--aggregation.rule", "median"}, "a rule that keeps every update"},
+      {{"--sim.workers", "1", "--async.staleness", "polynomial:a=50", "--async.max_staleness",
+        "1000"},
+       "below 1e-6"}};
   int i = 0;
   for (const auto& [args, message] : bad) {
     std::vector<std::string> cmd{binDir() + "/starling-sim",
@@ -644,5 +649,6 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
   Proc m({binDir() + "/starling-sim", "--config", quick, "--round.mode", "later"},
          dir / "mode.log");
   CHECK(m.wait(seconds(60)) == 2);
-  CHECK(readText(dir / "mode.log").find("round.mode must be sync or async") != std::string::npos);
+  CHECK(readText(dir / "mode.log").find("round.mode must be sync, async or semisync") !=
+        std::string::npos);
 }
