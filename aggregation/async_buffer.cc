@@ -210,6 +210,12 @@ RoundResult AsyncBuffer::take() {
   return res;
 }
 
+uint64_t AsyncBuffer::takeRejected() {
+  const uint64_t n = rejected_step_;
+  rejected_step_ = 0;
+  return n;
+}
+
 void AsyncBuffer::advance() {
   ++version_;
   // A version past the staleness bound takes no more updates: its clients need not be kept.

@@ -85,6 +85,9 @@ class AsyncBuffer {
   // The buffered step (delta, metrics, count, total weight; `rejected`: the refusals since the
   // last step), and the buffer empties. InvalidArgument when the buffer is empty.
   RoundResult take();
+  // The refusals since the last step (or the last call), which the count then starts over from:
+  // for a step that has nothing to take (a semi-synchronous round where nothing was accepted).
+  uint64_t takeRejected();
   // The server applied a step: the version advances (staleness is counted from it).
   void advance();
 

@@ -51,22 +51,28 @@ std::string eta(double seconds) {
   return buf;
 }
 
-// round.mode = async (FedBuff on the simulated clock, simulator/async_sim.h): what it does not
-// run yet is refused before any data is read (K against the clients with data is checked once the
-// split is made).
+// round.mode = async (FedBuff) or semisync, on the simulated event clock (simulator/async_sim.h):
+// what they do not run yet is refused before any data is read (K against the clients with data is
+// checked once the split is made).
 void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_t world) {
-  const auto no = [](const std::string& what) {
-    STARLING_THROW(ConfigError, "round.mode = async does not run ", what,
+  const auto no = [&](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode, " does not run ", what,
                    " yet (docs/simulation.md)");
   };
+  const bool semisync = c.round.mode == "semisync";
   if (world > 1)
     no("on several workers: set sim.workers = 1 (and start it without torchrun or srun)");
   if (!ec.checkpoint.empty()) no("with a checkpoint: leave state.checkpoint unset");
   if (ec.downlink != server::Downlink::kDense)
     no("compressed downlinks: set downlink.mode = dense");
   if (ec.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
-  if (c.round.deadline_seconds > 0)
-    no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates");
+  if (!semisync && c.round.deadline_seconds > 0)
+    no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates, and "
+       "round.mode = semisync closes rounds at a deadline");
+  if (semisync && !(c.round.deadline_seconds > 0))
+    STARLING_THROW(ConfigError,
+                   "round.mode = semisync needs round.deadline_seconds > 0: the simulated length "
+                   "of each round");
   if (ec.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (compression::makeCompressor(ec.scheme.compressor)->phases() != 1)
     no("a compressor of several phases ('" + ec.scheme.compressor + "')");
@@ -92,6 +98,7 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   sim::AsyncSimConfig ac;
   ac.steps = ec.rounds;
   ac.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
+  if (c.round.mode == "semisync") ac.round_seconds = c.round.deadline_seconds;
   ac.reference_seconds_per_example = c.sim.reference_spe;
   ac.seed = c.model.seed;
   ac.fit = ec.fit;

@@ -2,7 +2,8 @@
 # Time to accuracy, FedBuff against synchronous FedAvg (issue 22; docs/results.md): the CNN on
 # Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, log-normal device speeds and bandwidths
 # (examples/sim/fedbuff.toml), ROUNDS rounds (synchronous, 10 clients each, waiting for the
-# slowest) or server steps (FedBuff: 10 clients training at once, a step every 10 updates), for each
+# slowest) or server steps (FedBuff: 10 clients training at once, a step every 10 updates;
+# semi-synchronous: rounds of 30 simulated s, late updates joining later rounds), for each
 # seed of SEEDS. Both aggregate the same number of updates. Every run writes OUT/NAME-sSEED.jsonl; a
 # run whose file already has ROUNDS lines is skipped, so the script resumes. Then the table of
 # tools/summarize_runs.py: final accuracy, traffic, and the simulated time and traffic to TARGET%.
@@ -10,7 +11,7 @@
 # Usage: bench/time_to_accuracy.sh [OUT] [BIN]
 #   OUT   folder of the metrics files (default tta)
 #   BIN   starling-sim (default build/bin/starling-sim)
-# Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20).
+# Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20 semisync).
 set -euo pipefail
 out=${1:-tta}
 bin=${2:-build/bin/starling-sim}
@@ -26,6 +27,7 @@ runs=(
   "sync|--round.mode sync"
   "fedbuff|"
   "fedbuff20|--async.concurrency 20"
+  "semisync|--round.mode semisync --round.deadline_seconds 30"
 )
 
 for seed in $seeds; do

@@ -65,6 +65,7 @@ RoundRecord AsyncServer::skip(const std::string& reason) {
   RoundRecord rec;
   rec.round = ++steps_;
   rec.reason = reason;
+  rec.updates_rejected = buffer_.takeRejected();
   rec.model_version = model_.version();
   return rec;
 }

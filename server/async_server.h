@@ -59,8 +59,8 @@ class AsyncServer {
   // reason, when the step would have made the model non-finite; the version advances only when
   // it is applied. rec.updates_rejected counts the refusals since the last step.
   RoundRecord step();
-  // A step with nothing to apply (a semi-synchronous round where no update arrived): counted, not
-  // applied, with `reason`; the buffer and the version unchanged.
+  // A step with nothing to apply (a semi-synchronous round where no update was accepted): counted,
+  // not applied, with `reason` and the refusals since the last step; the version unchanged.
   RoundRecord skip(const std::string& reason);
 
  private:

@@ -179,9 +179,16 @@ void AsyncSimulation::deliver() {
 // The server steps now with what it buffered (a semi-synchronous round without an update is
 // recorded as not applied), and the step's record goes out.
 void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>& progress) {
-  server::RoundRecord rec = server_.buffered() > 0
-                                ? server_.step()
-                                : server_.skip("no update arrived before the round's deadline");
+  server::RoundRecord rec =
+      server_.buffered() > 0
+          ? server_.step()
+          : server_.skip(
+                window_.arrived == 0
+                    ? "no update arrived before the round's deadline"
+                    : "no update was accepted before the round's deadline (" +
+                          std::to_string(window_.failed) + " failed to train, " +
+                          std::to_string(window_.arrived - window_.accepted - window_.failed) +
+                          " refused)");
   rec.sim_seconds = now_ - last_step_;
   rec.makespan_seconds = window_.train_seconds;
   rec.uplink_bytes = window_.uplink;
@@ -205,15 +212,7 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
   while (server_.steps() < config_.steps) {
     // Every client that could train on this version did (or none is available): the server
     // cannot reach K.
-    if (in_flight_.empty())
-      STARLING_THROW(
-          Error, "the server cannot step at model version ", server_.version(), ": it needs ",
-          server_.config().async.buffer_size, " accepted updates and has ", server_.buffered(),
-          "; every available client trained on this version or an older one (since the last step: ",
-          window_.arrived, " arrived, ", window_.failed, " failed to train, ",
-          window_.arrived - window_.accepted - window_.failed,
-          " refused). Check train.lr (diverging clients), bounds.* (refused updates), "
-          "devices.availability, async.buffer_size and async.max_staleness");
+    if (in_flight_.empty()) stalled();
     // Every arrival of this simulated instant before the idle slots are filled: clients that
     // finish together all hand in before anyone starts on what they produced.
     now_ = in_flight_.begin()->first.first;
@@ -226,12 +225,30 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
   }
 }
 
+// Nothing is in flight and no client can start on this version (every available one trained on
+// it or an older one): the version can never move on.
+void AsyncSimulation::stalled() const {
+  STARLING_THROW(
+      Error, "the server cannot step at model version ", server_.version(), " (",
+      server_.buffered(), " updates buffered",
+      config_.round_seconds > 0
+          ? ""
+          : ", " + std::to_string(server_.config().async.buffer_size) + " needed",
+      "): every available client trained on this version or an older one (since the last step: ",
+      window_.arrived, " arrived, ", window_.failed, " failed to train, ",
+      window_.arrived - window_.accepted - window_.failed,
+      " refused). Check train.lr (diverging clients, or a step that made the model non-finite), "
+      "bounds.* (refused updates), devices.availability, async.buffer_size and "
+      "async.max_staleness");
+}
+
 // Semi-synchronous rounds: at each round's start the idle clients top the in-flight ones up to C;
 // at its deadline the server steps with whatever arrived, and the clients still training go on,
 // their updates joining a later round with their staleness.
 void AsyncSimulation::runRounds(const std::function<void(const server::RoundRecord&)>& progress) {
   while (server_.steps() < config_.steps) {
     fill();
+    if (in_flight_.empty() && server_.buffered() == 0) stalled();
     const double deadline = last_step_ + config_.round_seconds;
     while (!in_flight_.empty() && in_flight_.begin()->first.first <= deadline) {
       now_ = in_flight_.begin()->first.first;

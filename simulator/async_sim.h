@@ -92,6 +92,7 @@ class AsyncSimulation {
   void fill();  // starts idle clients until C are in flight (or none is idle and available)
   void start(uint64_t client);
   void deliver();
+  [[noreturn]] void stalled() const;
   void step(const std::function<void(const server::RoundRecord&)>& progress);
   void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes();

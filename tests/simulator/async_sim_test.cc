@@ -362,3 +362,26 @@ TEST_CASE("a semi-synchronous round where nothing arrived is recorded, not appli
   CHECK(r.steps[2].clients_completed == 3);
   CHECK(r.steps[2].model_version == 2);
 }
+
+TEST_CASE(
+    "semi-synchronous rounds whose updates are all refused record why, then stop with an error",
+    "[simulator][async]") {
+  const size_t n = 4;
+  Setup s(n, 20, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3));
+  auto sc = s.serverConfig(10, 3);
+  sc.scheme.bounds.max_abs_value = 1e-9;  // every update is over the bound
+  server::AsyncServer server(s.layout(), sc, s.init());
+  sim::AsyncSimConfig ac = s.simConfig(10, 2);
+  ac.round_seconds = 1.0;  // every client lands in its round
+  sim::AsyncSimulation simulation(ac, s.clients, *s.trainer, s.store, server, nullptr);
+  std::vector<server::RoundRecord> records;
+  // Two rounds of two clients each, all refused; then no client can train on version 1 again.
+  CHECK_THROWS_WITH(simulation.run([&](const server::RoundRecord& r) { records.push_back(r); }),
+                    Catch::Matchers::Contains("cannot step at model version 1"));
+  REQUIRE(records.size() == 2);
+  for (const auto& r : records) {
+    CHECK_FALSE(r.applied);
+    CHECK(r.updates_rejected == 2);  // each round's own refusals
+    CHECK(r.reason.find("2 refused") != std::string::npos);
+  }
+}

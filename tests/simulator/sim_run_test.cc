@@ -615,8 +615,28 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
     CHECK(field(lines[i], "clients_completed") == "3");
     CHECK(field(lines[i], "model_version") == std::to_string(i + 2));
     CHECK(!field(lines[i], "staleness_mean").empty());
+    CHECK(std::stod(field(lines[i], "staleness_max")) <= 20);
+    CHECK(std::stod(field(lines[i], "sim_seconds")) >= 0);
   }
   CHECK(!field(lines.back(), "test_accuracy").empty());  // eval.every = 1 in quick.toml
+  // Semi-synchronous rounds of 2 simulated s: a client takes about 3 s (3,000 examples at 1 ms),
+  // so round 1 gets nothing, round 2 the first six clients' updates, round 3 nothing again.
+  Proc ss({binDir() + "/starling-sim", "--config", quick, "--sim.device", "cpu", "--sim.workers",
+           "1", "--round.mode", "semisync", "--round.deadline_seconds", "2", "--async.concurrency",
+           "6", "--train.rounds", "4", "--state.metrics", dir / "s.jsonl"},
+          dir / "s.log");
+  const int src = ss.wait(seconds(300));
+  INFO(readText(dir / "s.log"));
+  REQUIRE(src == 0);
+  const auto semi = readLines(dir / "s.jsonl");
+  REQUIRE(semi.size() == 4);
+  CHECK(field(semi[0], "applied") == "false");
+  CHECK(field(semi[0], "model_version") == "1");
+  CHECK(field(semi[1], "applied") == "true");
+  CHECK(field(semi[1], "clients_completed") == "6");
+  CHECK(field(semi[1], "model_version") == "2");
+  CHECK(field(semi[2], "applied") == "false");
+  for (const auto& line : semi) CHECK(std::stod(field(line, "sim_seconds")) == 2.0);
   // Each refusal names what is missing.
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
       {{"--sim.workers", "2"}, "sim.workers = 1"},
@@ -626,6 +646,7 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
       {{"--sim.workers", "1", "--async.staleness", "hinge:a=1"}, "needs b="},
       {{"--sim.workers", "1", "--train.scaffold", "true"}, "SCAFFOLD"},
       {{"--sim.workers", "1", "--round.deadline_seconds", "5"}, "round.deadline_seconds"},
+      {{"--sim.workers", "1", "--round.mode", "semisync"}, "needs round.deadline_seconds > 0"},
       {{"--sim.workers", "1", "--aggregation.rule", "median"}, "a rule that keeps every update"},
       {{"--sim.workers", "1", "--async.staleness", "polynomial:a=50", "--async.max_staleness",
         "1000"},
