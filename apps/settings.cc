@@ -258,6 +258,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "the simulated clock's reference device: seconds per example at speed 1", 1e-9, 1e3);
   o.add("devices.trace", &s.devices.trace,
         "CSV client,speed,bandwidth,availability (instead of the distributions below)");
+  o.add("devices.availability_trace", &s.devices.availability_trace,
+        "CSV client,period,start,end: when each client is online, in simulated seconds, "
+        "repeating every period (instead of devices.availability; tools/fedscale_traces.py "
+        "converts FedScale's traces)");
   o.add("devices.speed_median", &s.devices.speed_median, "median relative compute speed", 1e-6,
         1e6);
   o.add("devices.speed_sigma", &s.devices.speed_sigma, "log-normal sigma of the speed", 0, 5);

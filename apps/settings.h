@@ -108,6 +108,7 @@ struct Settings {
   } sim;
   struct Devices {
     std::string trace;
+    std::string availability_trace;  // windows of time (FedScale's behaviour traces)
     double speed_median = 1.0, speed_sigma = 0.0;
     double bandwidth_median = 1.25e6, bandwidth_sigma = 0.0;
     double availability = 1.0;

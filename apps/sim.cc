@@ -237,6 +237,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   clients.devices = c.devices.trace.empty()
                         ? sim::DevicePopulation::sample(num_clients, devices, c.model.seed)
                         : sim::DevicePopulation::fromCsv(c.devices.trace, num_clients);
+  if (!c.devices.availability_trace.empty())
+    clients.devices.loadWindows(c.devices.availability_trace);
   std::unique_ptr<client::Trainer> trainer;
   try {
     trainer = torch_trainer::makeTorchTrainer(c.model.spec, train, device);

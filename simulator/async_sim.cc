@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "client/algorithm.h"
@@ -120,6 +121,11 @@ void AsyncSimulation::start(uint64_t id) {
   // A failed client still takes its download and its compute time before the server notices.
   const ClientTiming t = timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
                                     config_.reference_seconds_per_example, job.down, job.up);
+  // A client that goes offline before its finish never sends its update (FedScale's dropout).
+  if (job.update && !clients_.devices.onlineAt(id, now_ + t.total())) {
+    job.update.reset();
+    job.up = 0;
+  }
   busy_[id] = 1;
   last_version_[id] = v;
   ++window_.started;
@@ -127,13 +133,36 @@ void AsyncSimulation::start(uint64_t id) {
   in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));
 }
 
+// The first time at or after now when a client that may train on this version (idle, with data,
+// not yet trained on it) is online: now or never (infinity) without windows of time, since the
+// per-version draws do not change while the version does not.
+double AsyncSimulation::nextStart() const {
+  double next = std::numeric_limits<double>::infinity();
+  const uint64_t v = server_.version();
+  for (uint64_t c = 0; c < clients_.shards.size(); ++c) {
+    if (busy_[c] || last_version_[c] == v || clients_.shards[c].empty()) continue;
+    if (!clients_.devices.hasWindows()) {
+      if (online(c)) return now_;
+      continue;
+    }
+    next = std::min(next, clients_.devices.nextOnline(c, now_));
+  }
+  return next;
+}
+
+// Availability: over simulated time with windows (FedScale's traces), else drawn per version.
+bool AsyncSimulation::online(uint64_t client) const {
+  return clients_.devices.hasWindows()
+             ? clients_.devices.onlineAt(client, now_)
+             : clients_.devices.available(client, server_.version(), config_.seed);
+}
+
 void AsyncSimulation::fill() {
   if (in_flight_.size() >= config_.concurrency) return;
   const uint64_t v = server_.version();
   std::vector<uint64_t> idle;
   for (uint64_t c = 0; c < clients_.shards.size(); ++c)
-    if (!busy_[c] && last_version_[c] != v && !clients_.shards[c].empty() &&
-        clients_.devices.available(c, v, config_.seed))
+    if (!busy_[c] && last_version_[c] != v && !clients_.shards[c].empty() && online(c))
       idle.push_back(c);
   while (in_flight_.size() < config_.concurrency && !idle.empty()) {
     const auto k = static_cast<size_t>(picker_.uniform() * static_cast<double>(idle.size()));
@@ -210,9 +239,16 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
   if (config_.round_seconds > 0) return runRounds(progress);
   fill();
   while (server_.steps() < config_.steps) {
-    // Every client that could train on this version did (or none is available): the server
-    // cannot reach K.
-    if (in_flight_.empty()) stalled();
+    if (in_flight_.empty()) {
+      // No client trains. With windows of time, clients that may still train on this version
+      // come online later: the clock moves on to the first of them. Otherwise every client that
+      // could train on it did (or none is available), and the server cannot reach K.
+      const double next = nextStart();
+      if (!(next < std::numeric_limits<double>::infinity())) stalled();
+      now_ = next;
+      fill();
+      continue;
+    }
     // Every arrival of this simulated instant before the idle slots are filled: clients that
     // finish together all hand in before anyone starts on what they produced.
     now_ = in_flight_.begin()->first.first;
@@ -248,7 +284,7 @@ void AsyncSimulation::stalled() const {
 void AsyncSimulation::runRounds(const std::function<void(const server::RoundRecord&)>& progress) {
   while (server_.steps() < config_.steps) {
     fill();
-    if (in_flight_.empty() && server_.buffered() == 0) stalled();
+    if (in_flight_.empty() && !(nextStart() < std::numeric_limits<double>::infinity())) stalled();
     const double deadline = last_step_ + config_.round_seconds;
     while (!in_flight_.empty() && in_flight_.begin()->first.first <= deadline) {
       now_ = in_flight_.begin()->first.first;

@@ -13,14 +13,15 @@
 //
 // Which client starts is a pure function of the seed: uniformly among the idle clients with data
 // that have not trained on the current version yet (a second update from a version would be a
-// duplicate) and are available (device_model.h's availability, drawn per model version, not per
-// unit of time). None may qualify: fewer than C train until the version moves on, and when no
-// client is in flight and none can start, the server cannot reach K and run() throws Error saying
-// why (diverging clients, refused updates, availability). A client trains when it starts, on the
-// one model replica, and its update waits, compressed, for its simulated finish: memory holds C
-// updates (error feedback's residuals are in the client-state store, as in the synchronous
-// simulator; a residual is kept when the server then refuses the update as too stale, as a
-// deployed client's would be).
+// duplicate) and are available: online now by the devices' windows of time (FedScale's behaviour
+// traces, device_model.h), or else by their availability probability drawn per model version. With
+// windows, a client offline at its finish never sends its update (it counts as failed then). None
+// may qualify: fewer than C train until the version moves on, and when no client is in flight and
+// none can start, the server cannot reach K and run() throws Error saying why (diverging clients,
+// refused updates, availability). A client trains when it starts, on the one model replica, and its
+// update waits, compressed, for its simulated finish: memory holds C updates (error feedback's
+// residuals are in the client-state store, as in the synchronous simulator; a residual is kept when
+// the server then refuses the update as too stale, as a deployed client's would be).
 //
 // Semi-synchronous rounds (round_seconds > 0), the middle ground: rounds of a fixed simulated
 // length; at a round's start idle clients top the ones in flight up to C, at its deadline the
@@ -89,6 +90,8 @@ class AsyncSimulation {
     uint64_t started = 0, arrived = 0, accepted = 0, failed = 0, uplink = 0, downlink = 0;
     double train_seconds = 0.0;
   };
+  bool online(uint64_t client) const;
+  double nextStart() const;
   void fill();  // starts idle clients until C are in flight (or none is idle and available)
   void start(uint64_t client);
   void deliver();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -91,6 +92,121 @@ DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {
     STARLING_THROW(ConfigError, path, ": ", rows, " clients, the simulation has ", n, " (client ", missing, " is missing)");
   }
   return p;
+}
+
+void DevicePopulation::loadWindows(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) STARLING_THROW(IoError, "cannot open the availability trace ", path);
+  const size_t n = devices_.size();
+  std::vector<Windows> w(n);
+  std::string line;
+  size_t lineno = 0;
+  bool header = false;
+  auto bad = [&](const std::string& what) -> ConfigError {
+    return ConfigError(path + ":" + std::to_string(lineno) + ": " + what);
+  };
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    if (!header) {
+      if (line != "client,period,start,end")
+        throw bad("the header must be 'client,period,start,end', got '" + line + "'");
+      header = true;
+      continue;
+    }
+    std::stringstream ss(line);
+    std::string f[4];
+    for (int i = 0; i < 4; ++i)
+      if (!std::getline(ss, f[i], ',')) throw bad("expected 4 comma-separated fields");
+    std::string extra;
+    if (std::getline(ss, extra, ',')) throw bad("more than 4 fields");
+    uint64_t id = 0;
+    double period = 0, start = 0, end = 0;
+    try {
+      size_t used = 0;
+      id = std::stoull(f[0], &used);
+      if (used != f[0].size()) throw std::invalid_argument("id");
+      period = std::stod(f[1]);
+      start = std::stod(f[2]);
+      end = std::stod(f[3]);
+    } catch (const std::exception&) {
+      throw bad("not a number in '" + line + "'");
+    }
+    if (id >= n)
+      throw bad("client " + std::to_string(id) + " is not below the " + std::to_string(n) +
+                " clients");
+    if (!(period > 0) || !std::isfinite(period)) throw bad("period must be positive");
+    if (!(start >= 0 && start <= end && end <= period))
+      throw bad("the interval must satisfy 0 <= start <= end <= period");
+    if (w[id].period != 0.0 && w[id].period != period)
+      throw bad("client " + std::to_string(id) + " has two periods");
+    w[id].period = period;
+    w[id].active.emplace_back(start, end);
+  }
+  if (!header) STARLING_THROW(ConfigError, path, ": no header 'client,period,start,end'");
+  for (size_t c = 0; c < n; ++c) {
+    if (w[c].active.empty())
+      STARLING_THROW(ConfigError, path, ": client ", c, " has no interval (every client of the ", n,
+                     " must appear)");
+    std::sort(w[c].active.begin(), w[c].active.end());
+  }
+  for (const auto& d : devices_)
+    if (d.availability < 1.0)
+      STARLING_THROW(ConfigError, path,
+                     ": availability over time replaces the availability probabilities, which must "
+                     "be 1 (devices.availability, or the device trace's column)");
+  windows_ = std::move(w);
+}
+
+bool DevicePopulation::onlineAt(uint64_t client, double t) const {
+  if (windows_.empty()) return true;
+  const Windows& w = windows_.at(client);
+  const double x = std::fmod(t, w.period);
+  for (const auto& [start, end] : w.active) {
+    if (start > x) break;
+    if (x <= end) return true;
+  }
+  return false;
+}
+
+double DevicePopulation::nextOnline(uint64_t client, double t) const {
+  if (windows_.empty()) return t;
+  const Windows& w = windows_.at(client);
+  const double x = std::fmod(t, w.period), base = t - x;
+  double next = base + w.period + w.active.front().first;  // the next period's first interval
+  for (const auto& [start, end] : w.active) {
+    if (x < start) {
+      next = base + start;
+      break;
+    }
+    if (x <= end) return t;
+  }
+  // base + start can round to just before the interval: the first representable time inside it.
+  for (int i = 0; i < 64 && !onlineAt(client, next); ++i)
+    next = std::nextafter(next, std::numeric_limits<double>::infinity());
+  return next;
+}
+
+double DevicePopulation::nextOffline(uint64_t client, double t) const {
+  if (windows_.empty()) return std::numeric_limits<double>::infinity();
+  if (!onlineAt(client, t)) return t;
+  const Windows& w = windows_.at(client);
+  // How far the intervals (sorted by start; they may touch or overlap) run on from `from`.
+  const auto reach = [&](double from) {
+    double end = from;
+    for (const auto& [s, e] : w.active)
+      if (s <= end && e > end) end = e;
+    return end;
+  };
+  const double x = std::fmod(t, w.period), base = t - x;
+  double end = reach(x);
+  if (end >= w.period) {  // online up to the period's turn: on into the next period's start
+    const double head = reach(0.0);
+    if (head >= w.period) return std::numeric_limits<double>::infinity();  // always online
+    end = w.period + head;
+  }
+  return std::nextafter(base + end, std::numeric_limits<double>::infinity());
 }
 
 bool DevicePopulation::available(uint64_t client, uint64_t round, uint64_t seed) const {

@@ -13,7 +13,8 @@
 //   bandwidth: bytes per second, > 0 (uplink and downlink alike)
 //   availability: probability in [0, 1] that the client can be sampled in a round
 // Everything is a pure function of the seed: which clients are available in round r is drawn
-// from the stream (seed, r, client, kClientSampling, sub 1).
+// from the stream (seed, r, client, kClientSampling, sub 1). Or availability follows the
+// simulated clock through windows of time (loadWindows(): FedScale's behaviour traces).
 #include <cstdint>
 #include <span>
 #include <string>
@@ -45,11 +46,33 @@ class DevicePopulation {
 
   size_t size() const { return devices_.size(); }
   const DeviceProfile& operator[](uint64_t client) const { return devices_.at(client); }
-  // Whether `client` can be sampled in `round`.
+  // Whether `client` can be sampled in `round` (its availability probability, drawn per round).
   bool available(uint64_t client, uint64_t round, uint64_t seed) const;
 
+  // Availability over simulated time instead (FedScale's behaviour traces, converted by
+  // tools/fedscale_traces.py): per client a period P and the intervals [start, end] within it when
+  // it is online; the client is online at time t when t mod P falls in one of them. CSV, header
+  // required, one interval per row, every client present, a client's rows all with one period:
+  //   client,period,start,end      (0 <= start <= end <= period, period > 0, seconds)
+  // IoError for an unreadable file, ConfigError naming the line for a bad row, a missing client or
+  // a period that disagrees. Replaces the availability probabilities (which must then be 1).
+  void loadWindows(const std::string& path);
+  bool hasWindows() const { return !windows_.empty(); }
+  // Whether `client` is online at simulated time `t` (always without windows).
+  bool onlineAt(uint64_t client, double t) const;
+  // The first time at or after `t` when `client` is online (`t` without windows).
+  double nextOnline(uint64_t client, double t) const;
+  // The first time after `t` when `client` is offline (`t` when it is offline at `t`; infinity
+  // without windows, or when it is always online).
+  double nextOffline(uint64_t client, double t) const;
+
  private:
+  struct Windows {
+    double period = 0.0;
+    std::vector<std::pair<double, double>> active;  // sorted by start
+  };
   std::vector<DeviceProfile> devices_;
+  std::vector<Windows> windows_;  // per client; empty: none loaded
 };
 
 struct ClientTiming {

@@ -1,9 +1,10 @@
 #include "simulator/sim_fleet.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -57,9 +58,25 @@ const cz::Compressor& SimFleet::compressor(const std::string& spec) {
 
 std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::milliseconds, uint64_t round) {
   std::vector<server::ClientInfo> out;
+  // With windows of time: the engine's first call for a round samples its clients among those
+  // online, and when none is, the clock moves on to the first that comes online (the same on every
+  // worker). A second call for the round is its evaluation's, which is central: every client
+  // counts.
+  const bool windows = clients_.devices.hasWindows();
+  const bool sampling = windows && round != waited_round_;
+  waited_round_ = round;
+  if (sampling) {
+    double next = std::numeric_limits<double>::infinity();
+    for (uint64_t c = 0; c < clients_.shards.size(); ++c)
+      if (!clients_.shards[c].empty())
+        next = std::min(next, clients_.devices.nextOnline(c, clock_));
+    if (next > clock_ && next < std::numeric_limits<double>::infinity()) clock_ = next;
+  }
   for (uint64_t c = 0; c < clients_.shards.size(); ++c) {
     const uint64_t n = clients_.shards[c].size();
-    if (n == 0 || !clients_.devices.available(c, round, config_.seed)) continue;
+    const bool online = windows ? !sampling || clients_.devices.onlineAt(c, clock_)
+                                : clients_.devices.available(c, round, config_.seed);
+    if (n == 0 || !online) continue;
     // eval_examples > 0 lets the engine ask for an evaluation; this fleet evaluates centrally.
     out.push_back(server::ClientInfo{c, pr::Role::kClient, n, n, 0});
   }
@@ -129,13 +146,25 @@ std::set<uint64_t> SimFleet::placeClients(const server::PhaseTask& task,
     std::vector<ClientTiming> timings;
     for (size_t i = 0; i < participants.size(); ++i) {
       const auto& c = participants[i];
-      timings.push_back(timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
-                                   config_.reference_seconds_per_example, bytes.down[i],
-                                   bytes.update));
+      const ClientTiming t =
+          timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
+                     config_.reference_seconds_per_example, bytes.down[i], bytes.update);
+      // Offline before it would finish (the devices' windows of time): a dropout, as FedScale's.
+      if (!clients_.devices.onlineAt(c.id, clock_ + t.total()))
+        failed.insert(c.id);
+      else
+        timings.push_back(t);
     }
     const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
     failed.insert(rt.dropped.begin(), rt.dropped.end());
     rep.sim_seconds = rt.seconds;
+    // Every client dropped out: the round still took until the first of them went offline.
+    if (timings.empty() && !participants.empty()) {
+      double first_gone = std::numeric_limits<double>::infinity();
+      for (const auto& c : participants)
+        first_gone = std::min(first_gone, clients_.devices.nextOffline(c.id, clock_) - clock_);
+      rep.sim_seconds = first_gone;
+    }
     std::vector<ClientJob> jobs;
     for (uint64_t id : rt.accepted) jobs.push_back(ClientJob{id, clients_.shards[id].size()});
     std::sort(jobs.begin(), jobs.end(),
@@ -237,6 +266,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   const cz::Compressor& comp = compressor(h.compressor);
   const PhaseBytes bytes = phaseBytes(task, participants, comp);
   std::set<uint64_t> failed = placeClients(task, participants, target, bytes, rep);
+  clock_ += rep.sim_seconds.value_or(0.0);  // the same on every worker
   PhaseCounts counts(participants.size(), coll_.size());
   trainMine(task, participants, comp, agg, counts);
   reduceGlobal(task, comp, agg);
@@ -270,26 +300,28 @@ void SimFleet::gatherModel(std::span<float> model) {
   coll_.allGather(model);
 }
 
-// The fleet's part of the checkpoint: version 3 | u32 workers | u64 count, then (client, model
-// version held) pairs (what delta downlinks cost). Versions 1 and 2 had a SCAFFOLD flag and c after
+// The fleet's part of the checkpoint: version 4 | u32 workers | u64 count, then (client, model
+// version held) pairs (what delta downlinks cost), then f64 the simulated clock (version 4; the
+// devices' windows of time follow it). Versions 1 and 2 had a SCAFFOLD flag and c after
 // the worker count (the simulator kept c before the round engine did): read without SCAFFOLD.
 std::vector<uint8_t> SimFleet::saveState() const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(3);
+  w.u32(4);
   w.u32(static_cast<uint32_t>(coll_.size()));
   w.u64(held_.size());
   for (const auto& [id, v] : held_) {
     w.u64(id);
     w.u64(v);
   }
+  w.f64(clock_);
   return bytes;
 }
 
 void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   ByteReader r(bytes, "the simulator's state in the checkpoint");
   const uint32_t version = r.u32();
-  if (version < 1 || version > 3) r.fail("version ", version, " is not 1 to 3");
+  if (version < 1 || version > 4) r.fail("version ", version, " is not 1 to 4");
   // Clients' states are where the run's workers left them (homes): the same workers must go on.
   if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
     r.fail("the run had ", w, " worker(s), this one has ", coll_.size(), ": resume with as many workers");
@@ -306,9 +338,16 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
       held[id] = r.u64();
     }
   }
+  double clock = 0.0;
+  if (version >= 4) {
+    clock = r.f64();
+    if (!(clock >= 0.0) || !std::isfinite(clock))
+      r.fail("its simulated clock ", clock, " is not a time");
+  }
   r.finish();
   // Only a state read whole changes the fleet.
   held_ = std::move(held);
+  clock_ = clock;
 }
 
 void SimFleet::checkpoint() {

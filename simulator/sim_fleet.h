@@ -93,6 +93,8 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   uint64_t clientsTrained() const { return trained_; }
   // Client states moved between workers so far (the same count on every worker).
   uint64_t statesMigrated() const { return migrated_; }
+  // Simulated seconds since the run began (checkpointed): what the devices' windows of time follow.
+  double clock() const { return clock_; }
 
  private:
   // What one phase costs on the wire: each participant's task, and one update (0 after phase 0).
@@ -145,6 +147,8 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
   std::map<uint64_t, uint64_t> held_;  // the model version each client last downloaded (same everywhere)
   uint64_t assignment_round_ = 0;
+  double clock_ = 0.0;         // simulated seconds since the run began (the same everywhere)
+  uint64_t waited_round_ = 0;  // the round of the last waitForClients call
   ClientState state_;  // reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
 };

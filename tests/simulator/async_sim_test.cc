@@ -385,3 +385,63 @@ TEST_CASE(
     CHECK(r.reason.find("2 refused") != std::string::npos);
   }
 }
+
+namespace {
+sim::DevicePopulation withWindows(const TempDir& dir, size_t n, const std::string& rows) {
+  sim::DevicePopulation p = sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3);
+  const std::string path = (dir.path / "windows.csv").string();
+  std::ofstream(path) << "client,period,start,end\n" << rows;
+  p.loadWindows(path);
+  return p;
+}
+}  // namespace
+
+TEST_CASE(
+    "FedBuff follows windows of time: offline clients wait, and one offline at its finish fails",
+    "[simulator][async]") {
+  TempDir dir("asyncwindows");
+  // Client 0 is online from 0.5 s to 0.9 s of every 10 s, client 1 only for the first 0.01 s, less
+  // than the 0.04 s its training takes.
+  Setup s(2, 40, withWindows(dir, 2, "0,10,0.5,0.9\n1,10,0,0.01\n"));
+  const Run r = runAsync(s, s.serverConfig(1, 20), s.simConfig(3, 2));
+  REQUIRE(r.steps.size() == 3);
+  // Client 1 starts at 0 and is gone before it finishes; the clock waits until client 0 comes
+  // online at 0.5 s, and then client 0 alone makes every step.
+  CHECK(r.steps[0].clients_selected == 2);
+  CHECK(r.steps[0].clients_failed == 1);
+  const double one = *r.steps[1].sim_seconds;  // client 0's time
+  CHECK(one == Approx(40 * 1e-3).epsilon(0.05));
+  CHECK(*r.steps[0].sim_seconds == Approx(0.5 + one).epsilon(1e-12));
+  CHECK(*r.steps[2].sim_seconds == Approx(one).epsilon(1e-12));
+  CHECK(r.accepted == std::vector<uint64_t>{3, 0});
+}
+
+TEST_CASE(
+    "synchronous rounds follow windows of time: offline clients are not sampled, dropouts fail",
+    "[simulator][async]") {
+  TempDir dir("syncwindows");
+  // Clients 0 and 1 always online; client 2 only for the first 0.01 s of every 1000 s (it drops out
+  // of round 1); client 3 only from 100 s on.
+  Setup s(4, 40,
+          withWindows(dir, 4, "0,1000,0,1000\n1,1000,0,1000\n2,1000,0,0.01\n3,1000,100,1000\n"));
+  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
+  sim::ClientStateStore store{sim::StateStoreOptions{}, s.trainer->layout().fingerprint()};
+  sim::SimFleet fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr);
+  server::EngineConfig ec;
+  ec.rounds = 2;
+  ec.scheme.compressor = "none";
+  ec.sampling.clients_per_round = 4;
+  ec.fit = protocol::FitSettings{1, 16, 0.1f};
+  server::RoundEngine engine(s.layout(), ec, s.init());
+  const server::RoundRecord r1 = engine.runRound(fleet);
+  CHECK(r1.clients_selected == 3);  // client 3 is offline at 0
+  CHECK(r1.clients_failed == 1);    // client 2 went offline before it finished
+  CHECK(r1.clients_completed == 2);
+  const server::RoundRecord r2 = engine.runRound(fleet);
+  CHECK(r2.clients_selected == 2);  // client 2 offline, client 3 not yet
+  CHECK(fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
+  // The clock is part of the fleet's checkpoint state.
+  sim::SimFleet resumed(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr);
+  resumed.restoreState(fleet.saveState());
+  CHECK(resumed.clock() == fleet.clock());
+}

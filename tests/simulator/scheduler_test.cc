@@ -1,18 +1,19 @@
-#include <catch2/catch.hpp>
+#include "simulator/scheduler.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
-#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "simulator/device_model.h"
-#include "simulator/scheduler.h"
 
 using namespace starling;
 using namespace starling::simulator;
@@ -154,5 +155,66 @@ TEST_CASE("device populations: sampled deterministically, or read from a trace w
                     Catch::Contains(":2: speed must be positive"));
   CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("hdr.csv", "id,speed\n0,1\n"), 1), Catch::Contains("header"));
   CHECK_THROWS_AS(DevicePopulation::fromCsv((dir / "none.csv").string(), 1), IoError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("availability over time: windows that repeat every period, with clear errors",
+          "[simulator]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("starling-windows-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream((dir / name).string()) << text;
+    return (dir / name).string();
+  };
+  DevicePopulation p = DevicePopulation::sample(3, DeviceDistributions{}, 1);
+  CHECK_FALSE(p.hasWindows());
+  CHECK(p.onlineAt(2, 1e9));
+  CHECK(p.nextOnline(2, 7.5) == 7.5);
+  // Client 0: online [10, 20] and [50, 60] of every 100 s; client 1: [0, 30] and [90, 100], so it
+  // is online across the turn of its period; client 2: always.
+  p.loadWindows(write(
+      "w.csv",
+      "# windows\nclient,period,start,end\n0,100,50,60\n0,100,10,20\n1,100,0,30\n1,100,90,100\n"
+      "2,40,0,40\n"));
+  CHECK(p.hasWindows());
+  CHECK_FALSE(p.onlineAt(0, 5));
+  CHECK(p.onlineAt(0, 10));
+  CHECK(p.onlineAt(0, 20));
+  CHECK_FALSE(p.onlineAt(0, 35));
+  CHECK(p.onlineAt(0, 255));  // 55 in its third period
+  CHECK(p.nextOnline(0, 5) == 10);
+  CHECK(p.nextOnline(0, 15) == 15);
+  CHECK(p.nextOnline(0, 35) == 50);
+  CHECK(p.nextOnline(0, 75) == 110);  // the next period's first interval
+  CHECK(p.nextOffline(0, 15) == Approx(20).epsilon(1e-12));
+  CHECK(p.nextOffline(0, 15) > 20);                           // just after its window's end
+  CHECK(p.nextOffline(0, 35) == 35);                          // offline already
+  CHECK(p.nextOffline(1, 95) == Approx(130).epsilon(1e-12));  // through the turn, to 100 + 30
+  CHECK(p.nextOffline(2, 3) == std::numeric_limits<double>::infinity());
+  // Bad files, each named by line.
+  CHECK_THROWS_WITH(
+      p.loadWindows(write("miss.csv", "client,period,start,end\n0,10,0,5\n1,10,0,5\n")),
+      Catch::Contains("client 2 has no interval"));
+  CHECK_THROWS_WITH(
+      p.loadWindows(write("per.csv", "client,period,start,end\n0,10,0,5\n0,20,6,8\n")),
+      Catch::Contains(":3: client 0 has two periods"));
+  CHECK_THROWS_WITH(p.loadWindows(write("ord.csv", "client,period,start,end\n0,10,6,5\n")),
+                    Catch::Contains(":2: the interval must satisfy"));
+  CHECK_THROWS_WITH(p.loadWindows(write("big.csv", "client,period,start,end\n0,10,0,11\n")),
+                    Catch::Contains("end <= period"));
+  CHECK_THROWS_WITH(p.loadWindows(write("id.csv", "client,period,start,end\n3,10,0,1\n")),
+                    Catch::Contains("not below the 3 clients"));
+  CHECK_THROWS_WITH(p.loadWindows(write("hdr.csv", "client,start,end\n")),
+                    Catch::Contains("header"));
+  CHECK_THROWS_AS(p.loadWindows((dir / "none.csv").string()), IoError);
+  CHECK(p.onlineAt(0, 15));  // a refused file leaves the windows as they were
+  CHECK_FALSE(p.onlineAt(0, 5));
+  // Windows replace the availability probabilities.
+  DeviceDistributions half;
+  half.availability = 0.5;
+  DevicePopulation q = DevicePopulation::sample(1, half, 1);
+  CHECK_THROWS_WITH(q.loadWindows(write("one.csv", "client,period,start,end\n0,10,0,5\n")),
+                    Catch::Contains("must be 1"));
   std::filesystem::remove_all(dir);
 }
