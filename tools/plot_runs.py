@@ -3,6 +3,7 @@
 
     tools/plot_runs.py --out runs.png dense=runs/dense.jsonl topk=runs/topk.jsonl
     tools/plot_runs.py --bytes total --out runs.png ...   (uplink + downlink)
+    tools/plot_runs.py --time --bytes total --out runs.png ...   (left: simulated time)
 
 Each argument is a metrics file (JSON Lines, one object per round, as starling-sim and
 starling-server write with state.metrics), optionally labelled LABEL=FILE. Rounds without
@@ -19,9 +20,9 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def load(path, with_downlink=False):
+def load(path, with_downlink=False, by_time=False):
     rounds, acc, uplink = [], [], []
-    total = 0
+    total, clock = 0, 0.0
     try:
         with open(path) as f:
             for lineno, line in enumerate(f, 1):
@@ -37,8 +38,9 @@ def load(path, with_downlink=False):
                 total += int(rec.get("uplink_bytes", 0))
                 if with_downlink:
                     total += int(rec.get("downlink_bytes", 0))
+                clock += float(rec.get("sim_seconds") or 0.0)
                 if rec.get("test_accuracy") is not None:
-                    rounds.append(int(rec["round"]))
+                    rounds.append(clock if by_time else int(rec["round"]))
                     acc.append(100.0 * float(rec["test_accuracy"]))
                     uplink.append(total / 1e6)
     except OSError as e:
@@ -55,15 +57,17 @@ def main():
     p.add_argument("--title", default="", help="a title above both plots")
     p.add_argument("--bytes", choices=["uplink", "total"], default="uplink",
                    help="the right plot's x axis: cumulative uplink, or uplink + downlink")
+    p.add_argument("--time", action="store_true",
+                   help="the left plot's x axis: simulated seconds (the sum of sim_seconds) instead of the round")
     a = p.parse_args()
     fig, (by_round, by_bytes) = plt.subplots(1, 2, figsize=(11, 4.2))
     for run in a.runs:
         label, _, path = run.rpartition("=")
         label = label or path
-        rounds, acc, uplink = load(path, a.bytes == "total")
+        rounds, acc, uplink = load(path, a.bytes == "total", a.time)
         by_round.plot(rounds, acc, marker="o", markersize=3, label=label)
         by_bytes.plot(uplink, acc, marker="o", markersize=3, label=label)
-    by_round.set_xlabel("round")
+    by_round.set_xlabel("simulated time (s)" if a.time else "round (server step)")
     by_bytes.set_xlabel("cumulative uplink (MB)" if a.bytes == "uplink" else "cumulative uplink + downlink (MB)")
     by_bytes.set_xscale("log")
     for ax in (by_round, by_bytes):
