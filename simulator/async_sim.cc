@@ -90,12 +90,48 @@ uint64_t AsyncSimulation::taskBytes() {
 
 // The client downloads the current version and trains on it now; its update is held until its
 // simulated finish.
+// The bytes of one update, before it is made: no compressor's size depends on the values (top-k
+// sends k, low-rank its factors, quantizers their bits), so a zero update of the version's phase
+// has them (an id of 0 is left out of a message: a few bytes less than most clients').
+uint64_t AsyncSimulation::updateBytes() {
+  if (update_bytes_ == 0) {
+    const ParamLayout& layout = trainer_.layout();
+    const cz::PhaseBroadcast b = server_.broadcast(server_.version());
+    cz::Update u;
+    u.header = {layout.fingerprint(), server_.version(), 0, 0, 1, 1};
+    const std::vector<float> zeros(layout.numel());
+    u.tensors = server_.scheme().compressor().compress(layout, zeros, b.context(0));
+    for (const auto& m : declared_) u.metrics.push_back(Metric{m, 0.0});
+    update_bytes_ = pr::encodedSize(u);
+  }
+  return update_bytes_;
+}
+
+// The client downloads the current version and trains on it now; its update is held until its
+// simulated finish. A client offline by then (the devices' windows of time) is a dropout: it is
+// not trained and its state is left as it was; it may try again on this version if one of its
+// windows is long enough for its training.
 void AsyncSimulation::start(uint64_t id) {
   const uint64_t v = server_.version();
   InFlight job;
   job.version = v;
   job.examples = clients_.shards[id].size();
   job.down = taskBytes();
+  const uint64_t previous = last_version_[id];
+  busy_[id] = 1;
+  last_version_[id] = v;
+  ++window_.started;
+  window_.downlink += job.down;
+  if (clients_.devices.hasWindows()) {
+    const ClientTiming t =
+        timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
+                   config_.reference_seconds_per_example, job.down, updateBytes());
+    if (!clients_.devices.onlineAt(id, now_ + t.total())) {
+      if (t.total() <= clients_.devices.longestOnline(id)) last_version_[id] = previous;
+      in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));  // arrives failed
+      return;
+    }
+  }
   const auto t0 = Clock::now();
   try {
     store_.load(id, state_);
@@ -121,15 +157,6 @@ void AsyncSimulation::start(uint64_t id) {
   // A failed client still takes its download and its compute time before the server notices.
   const ClientTiming t = timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
                                     config_.reference_seconds_per_example, job.down, job.up);
-  // A client that goes offline before its finish never sends its update (FedScale's dropout).
-  if (job.update && !clients_.devices.onlineAt(id, now_ + t.total())) {
-    job.update.reset();
-    job.up = 0;
-  }
-  busy_[id] = 1;
-  last_version_[id] = v;
-  ++window_.started;
-  window_.downlink += job.down;
   in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));
 }
 
@@ -239,16 +266,22 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
   if (config_.round_seconds > 0) return runRounds(progress);
   fill();
   while (server_.steps() < config_.steps) {
-    if (in_flight_.empty()) {
-      // No client trains. With windows of time, clients that may still train on this version
-      // come online later: the clock moves on to the first of them. Otherwise every client that
-      // could train on it did (or none is available), and the server cannot reach K.
-      const double next = nextStart();
-      if (!(next < std::numeric_limits<double>::infinity())) stalled();
-      now_ = next;
-      fill();
-      continue;
+    // With windows of time, a client may come online before the next arrival: the clock moves
+    // on to it when fewer than C train (when none trains, to whichever client comes first).
+    if (clients_.devices.hasWindows() && in_flight_.size() < config_.concurrency) {
+      const double next_start = nextStart();
+      const double next_arrival = in_flight_.empty() ? std::numeric_limits<double>::infinity()
+                                                     : in_flight_.begin()->first.first;
+      if (next_start < next_arrival) {
+        STARLING_ENFORCE(next_start > now_, "a client online now was not started");
+        now_ = next_start;
+        fill();
+        continue;
+      }
     }
+    // Every client that could train on this version did (or none is available, or will be): the
+    // server cannot reach K.
+    if (in_flight_.empty()) stalled();
     // Every arrival of this simulated instant before the idle slots are filled: clients that
     // finish together all hand in before anyone starts on what they produced.
     now_ = in_flight_.begin()->first.first;
@@ -274,8 +307,8 @@ void AsyncSimulation::stalled() const {
       window_.arrived, " arrived, ", window_.failed, " failed to train, ",
       window_.arrived - window_.accepted - window_.failed,
       " refused). Check train.lr (diverging clients, or a step that made the model non-finite), "
-      "bounds.* (refused updates), devices.availability, async.buffer_size and "
-      "async.max_staleness");
+      "bounds.* (refused updates), devices.availability or devices.availability_trace (clients "
+      "never online long enough to train), async.buffer_size and async.max_staleness");
 }
 
 // Semi-synchronous rounds: at each round's start the idle clients top the in-flight ones up to C;

@@ -15,13 +15,16 @@
 // that have not trained on the current version yet (a second update from a version would be a
 // duplicate) and are available: online now by the devices' windows of time (FedScale's behaviour
 // traces, device_model.h), or else by their availability probability drawn per model version. With
-// windows, a client offline at its finish never sends its update (it counts as failed then). None
-// may qualify: fewer than C train until the version moves on, and when no client is in flight and
-// none can start, the server cannot reach K and run() throws Error saying why (diverging clients,
-// refused updates, availability). A client trains when it starts, on the one model replica, and its
-// update waits, compressed, for its simulated finish: memory holds C updates (error feedback's
-// residuals are in the client-state store, as in the synchronous simulator; a residual is kept when
-// the server then refuses the update as too stale, as a deployed client's would be).
+// windows, a client that comes online while fewer than C train starts then, and one offline at its
+// finish is a dropout: it does not train, its state stays as it was, it counts as failed when it
+// would have finished, and it may try again on the version if one of its windows is long enough.
+// None may qualify: fewer than C train until the version moves on, and when no client is in flight
+// and none can start, the server cannot reach K and run() throws Error saying why (diverging
+// clients, refused updates, availability). A client trains when it starts, on the one model
+// replica, and its update waits, compressed, for its simulated finish: memory holds C updates
+// (error feedback's residuals are in the client-state store, as in the synchronous simulator; a
+// residual is kept when the server then refuses the update as too stale, as a deployed client's
+// would be).
 //
 // Semi-synchronous rounds (round_seconds > 0), the middle ground: rounds of a fixed simulated
 // length; at a round's start idle clients top the ones in flight up to C, at its deadline the
@@ -99,6 +102,7 @@ class AsyncSimulation {
   void step(const std::function<void(const server::RoundRecord&)>& progress);
   void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes();
+  uint64_t updateBytes();
   void evaluate(server::RoundRecord& rec);
 
   AsyncSimConfig config_;
@@ -115,7 +119,7 @@ class AsyncSimulation {
   std::vector<uint64_t> accepted_;
   ClientState state_;  // reused for every client
   std::vector<std::string> declared_;
-  uint64_t task_bytes_ = 0;
+  uint64_t task_bytes_ = 0, update_bytes_ = 0;
   double now_ = 0.0, last_step_ = 0.0;
   uint64_t trained_ = 0;
   Window window_;

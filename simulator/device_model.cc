@@ -137,8 +137,11 @@ void DevicePopulation::loadWindows(const std::string& path) {
       throw bad("client " + std::to_string(id) + " is not below the " + std::to_string(n) +
                 " clients");
     if (!(period > 0) || !std::isfinite(period)) throw bad("period must be positive");
-    if (!(start >= 0 && start <= end && end <= period))
-      throw bad("the interval must satisfy 0 <= start <= end <= period");
+    if (!(start >= 0 && start < end && end <= period))
+      throw bad(
+          "the interval must satisfy 0 <= start < end <= period (a client online for no "
+          "time, or only at the period's end, which t mod period never reaches, is never "
+          "online: leave the interval out)");
     if (w[id].period != 0.0 && w[id].period != period)
       throw bad("client " + std::to_string(id) + " has two periods");
     w[id].period = period;
@@ -182,10 +185,22 @@ double DevicePopulation::nextOnline(uint64_t client, double t) const {
     }
     if (x <= end) return t;
   }
-  // base + start can round to just before the interval: the first representable time inside it.
+  // base + start can round to just before the interval: the first representable time inside it
+  // (a time so large that the period's intervals no longer have one: never).
   for (int i = 0; i < 64 && !onlineAt(client, next); ++i)
     next = std::nextafter(next, std::numeric_limits<double>::infinity());
-  return next;
+  return onlineAt(client, next) ? next : std::numeric_limits<double>::infinity();
+}
+
+double DevicePopulation::longestOnline(uint64_t client) const {
+  if (windows_.empty()) return std::numeric_limits<double>::infinity();
+  const Windows& w = windows_.at(client);
+  double longest = 0.0;
+  for (const auto& [start, end] : w.active) {
+    const double gone = nextOffline(client, start);  // start is online: end > start
+    longest = std::max(longest, gone - start);
+  }
+  return longest;
 }
 
 double DevicePopulation::nextOffline(uint64_t client, double t) const {

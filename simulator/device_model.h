@@ -60,8 +60,11 @@ class DevicePopulation {
   bool hasWindows() const { return !windows_.empty(); }
   // Whether `client` is online at simulated time `t` (always without windows).
   bool onlineAt(uint64_t client, double t) const;
-  // The first time at or after `t` when `client` is online (`t` without windows).
+  // The first time at or after `t` when `client` is online (`t` without windows; infinity if
+  // none can be represented, for a `t` so large that its period's intervals have no double).
   double nextOnline(uint64_t client, double t) const;
+  // The longest the client stays online at a stretch (infinity without windows, or when always).
+  double longestOnline(uint64_t client) const;
   // The first time after `t` when `client` is offline (`t` when it is offline at `t`; infinity
   // without windows, or when it is always online).
   double nextOffline(uint64_t client, double t) const;

@@ -70,7 +70,10 @@ std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::mi
     for (uint64_t c = 0; c < clients_.shards.size(); ++c)
       if (!clients_.shards[c].empty())
         next = std::min(next, clients_.devices.nextOnline(c, clock_));
-    if (next > clock_ && next < std::numeric_limits<double>::infinity()) clock_ = next;
+    if (next > clock_ && next < std::numeric_limits<double>::infinity()) {
+      wait_ = next - clock_;  // part of the round's simulated duration (runPhase reports it)
+      clock_ = next;
+    }
   }
   for (uint64_t c = 0; c < clients_.shards.size(); ++c) {
     const uint64_t n = clients_.shards[c].size();
@@ -158,11 +161,13 @@ std::set<uint64_t> SimFleet::placeClients(const server::PhaseTask& task,
     const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
     failed.insert(rt.dropped.begin(), rt.dropped.end());
     rep.sim_seconds = rt.seconds;
-    // Every client dropped out: the round still took until the first of them went offline.
+    // Every client dropped out: the round still took until the first of them went offline (or
+    // its deadline, if that came first).
     if (timings.empty() && !participants.empty()) {
       double first_gone = std::numeric_limits<double>::infinity();
       for (const auto& c : participants)
         first_gone = std::min(first_gone, clients_.devices.nextOffline(c.id, clock_) - clock_);
+      if (config_.deadline_seconds > 0) first_gone = std::min(first_gone, config_.deadline_seconds);
       rep.sim_seconds = first_gone;
     }
     std::vector<ClientJob> jobs;
@@ -267,6 +272,9 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   const PhaseBytes bytes = phaseBytes(task, participants, comp);
   std::set<uint64_t> failed = placeClients(task, participants, target, bytes, rep);
   clock_ += rep.sim_seconds.value_or(0.0);  // the same on every worker
+  // A wait for the first client to come online (waitForClients) is part of the round.
+  if (wait_ > 0) rep.sim_seconds = rep.sim_seconds.value_or(0.0) + wait_;
+  wait_ = 0.0;
   PhaseCounts counts(participants.size(), coll_.size());
   trainMine(task, participants, comp, agg, counts);
   reduceGlobal(task, comp, agg);
@@ -348,6 +356,8 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   // Only a state read whole changes the fleet.
   held_ = std::move(held);
   clock_ = clock;
+  waited_round_ = 0;  // the next call is a round's first
+  wait_ = 0.0;
 }
 
 void SimFleet::checkpoint() {

@@ -149,6 +149,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   uint64_t assignment_round_ = 0;
   double clock_ = 0.0;         // simulated seconds since the run began (the same everywhere)
   uint64_t waited_round_ = 0;  // the round of the last waitForClients call
+  double wait_ = 0.0;          // the clock's wait for a client to come online, not yet reported
   ClientState state_;  // reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
 };

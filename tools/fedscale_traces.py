@@ -9,12 +9,14 @@ FedScale (Lai et al., ICML 2022) ships two pickled dictionaries keyed by its cli
   - client_behave_trace:    {id: {'active': [t...], 'inactive': [t...], 'finish_time': P, ...}}
     a client is online at time t when active[i] <= t mod P <= inactive[i] for some i (seconds).
 Starling's client c takes the profile of the c-th id in sorted order (modulo their number) from
-each file, as FedScale hands profiles out by client id. It writes:
+each file (FedScale's own runs hand profiles out by their data set's client ids; Starling's
+clients are numbered 0..N-1, so the mapping is this tool's, stated here). It writes:
   - DEVICES (devices.trace): client,speed,bandwidth,availability with speed such that a client's
     compute time equals FedScale's (augmentation x examples x ms / 1000: the backward pass counted
     as twice the forward), given sim.reference_seconds_per_example, and bandwidth in bytes/s
     (FedScale's kbit is 1024 bits);
-  - AVAILABILITY (devices.availability_trace): client,period,start,end, one row per interval.
+  - AVAILABILITY (devices.availability_trace): client,period,start,end, one row per interval
+    (intervals outside the period, reversed or of no length are left out: never online).
 Standard library only (pickle); run it with any Python 3. A pickle can run code when loaded: only
 convert files you trust (FedScale's own downloads).
 """
@@ -66,7 +68,7 @@ def main():
         sys.exit("fedscale_traces: --behavior and --availability-out go together")
 
     capacity = load(a.capacity, "device capacity")
-    ids = sorted(capacity)
+    ids = sorted(capacity, key=str) if not all(isinstance(k, int) for k in capacity) else sorted(capacity)
     rows = []
     for c in range(a.clients):
         key = ids[c % len(ids)]
@@ -79,15 +81,10 @@ def main():
             sys.exit(f"fedscale_traces: {a.capacity}: client {key}: computation and communication must be positive")
         speed = a.reference_seconds_per_example / (a.augmentation * ms / 1000.0)
         rows.append(f"{c},{speed:.9g},{kbps * 1024 / 8:.9g},1")
-    with open(a.devices_out, "w") as f:
-        f.write(f"# FedScale's {a.capacity}, client c = the c-th id in sorted order, modulo {len(ids)}\n")
-        f.write("client,speed,bandwidth,availability\n")
-        f.write("\n".join(rows) + "\n")
-
+    out = []
     if a.behavior:
         behavior = load(a.behavior, "behaviour trace")
-        bids = sorted(behavior)
-        out = []
+        bids = sorted(behavior, key=str) if not all(isinstance(k, int) for k in behavior) else sorted(behavior)
         for c in range(a.clients):
             key = bids[c % len(bids)]
             t = behavior[key]
@@ -97,18 +94,26 @@ def main():
             period = number(t["finish_time"], f"{where}: finish_time")
             if period <= 0:
                 sys.exit(f"fedscale_traces: {where}: finish_time must be positive")
+            if not isinstance(t["active"], (list, tuple)) or not isinstance(t["inactive"], (list, tuple)):
+                sys.exit(f"fedscale_traces: {where}: 'active' and 'inactive' must be lists of times")
             if len(t["active"]) != len(t["inactive"]):
                 sys.exit(f"fedscale_traces: {where}: {len(t['active'])} 'active' times but {len(t['inactive'])} 'inactive'")
             kept = 0
             for s, e in zip(t["active"], t["inactive"]):
                 s, e = number(s, f"{where}: active"), number(e, f"{where}: inactive")
-                if s >= period or e < max(s, 0.0):
-                    continue  # outside the period (t mod P never reaches it), or reversed
+                if s >= period or e <= max(s, 0.0):
+                    continue  # outside the period (t mod P never reaches it), reversed, or empty
                 s, e = max(s, 0.0), min(e, period)
                 out.append(f"{c},{period:.9g},{s:.9g},{e:.9g}")
                 kept += 1
             if kept == 0:
                 sys.exit(f"fedscale_traces: {where}: no interval inside its period of {period:g} s")
+    # Both files only once both were read whole.
+    with open(a.devices_out, "w") as f:
+        f.write(f"# FedScale's {a.capacity}, client c = the c-th id in sorted order, modulo {len(ids)}\n")
+        f.write("client,speed,bandwidth,availability\n")
+        f.write("\n".join(rows) + "\n")
+    if a.behavior:
         with open(a.availability_out, "w") as f:
             f.write(f"# FedScale's {a.behavior}, client c = the c-th id in sorted order, modulo {len(bids)}\n")
             f.write("client,period,start,end\n")

@@ -445,3 +445,68 @@ TEST_CASE(
   resumed.restoreState(fleet.saveState());
   CHECK(resumed.clock() == fleet.clock());
 }
+
+TEST_CASE("FedBuff starts a client that comes online between arrivals at once",
+          "[simulator][async]") {
+  TempDir dir("asynconline");
+  // Client 0 always online, client 1 from 0.1 s, client 2 from 5 s; each takes about 0.04 s.
+  Setup s(3, 40, withWindows(dir, 3, "0,10,0,10\n1,10,0.1,10\n2,10,5,10\n"));
+  const Run r = runAsync(s, s.serverConfig(1, 20), s.simConfig(4, 2));
+  REQUIRE(r.steps.size() == 4);
+  // Client 0 steps at T, 2T and 3T; client 1 starts at 0.1 s on version 3 (not at the arrival at
+  // 3T) and lands at 0.1 + T, one version stale.
+  const double t = *r.steps[0].sim_seconds;
+  CHECK(*r.steps[1].sim_seconds == Approx(t).margin(1e-5));
+  CHECK(*r.steps[2].sim_seconds == Approx(t).margin(1e-5));
+  CHECK(*r.steps[3].sim_seconds == Approx(0.1 + t - 3 * t).margin(1e-5));
+  CHECK(r.steps[3].metrics.at("staleness_max") == 1.0);
+  CHECK(r.accepted == std::vector<uint64_t>{3, 1, 0});
+}
+
+TEST_CASE("FedBuff: a client that drops out tries again in a window long enough, else never",
+          "[simulator][async]") {
+  TempDir dir("asyncretry");
+  {
+    // K = 2 of 2 clients: version 1 needs client 1, whose first window (0.01 s) is too short for
+    // its 0.04 s of training and whose second, from 0.5 s, is long enough.
+    Setup s(2, 40, withWindows(dir, 2, "0,10,0,10\n1,10,0,0.01\n1,10,0.5,0.9\n"));
+    const Run r = runAsync(s, s.serverConfig(2, 20), s.simConfig(1, 2));
+    REQUIRE(r.steps.size() == 1);
+    CHECK(r.steps[0].clients_failed == 1);  // the dropout at about 0.04 s
+    CHECK(r.steps[0].clients_selected == 3);
+    CHECK(*r.steps[0].sim_seconds == Approx(0.5 + 0.04).margin(1e-3));
+    CHECK(r.accepted == std::vector<uint64_t>{1, 1});
+  }
+  {
+    // Never online long enough: the server cannot reach K, and says why.
+    Setup s(2, 40, withWindows(dir, 2, "0,10,0,10\n1,10,0,0.01\n1,10,0.5,0.51\n"));
+    server::AsyncServer server(s.layout(), s.serverConfig(2, 20), s.init());
+    sim::AsyncSimulation simulation(s.simConfig(1, 2), s.clients, *s.trainer, s.store, server,
+                                    nullptr);
+    CHECK_THROWS_WITH(simulation.run(),
+                      Catch::Matchers::Contains("cannot step at model version 1") &&
+                          Catch::Matchers::Contains("availability_trace"));
+  }
+}
+
+TEST_CASE("a synchronous round that waits for its clients to come online counts the wait",
+          "[simulator]") {
+  TempDir dir("syncwait");
+  Setup s(2, 40, withWindows(dir, 2, "0,10,5,10\n1,10,5,10\n"));
+  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
+  sim::ClientStateStore store{sim::StateStoreOptions{}, s.trainer->layout().fingerprint()};
+  sim::SimFleet fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr);
+  server::EngineConfig ec;
+  ec.rounds = 2;
+  ec.scheme.compressor = "none";
+  ec.sampling.clients_per_round = 2;
+  ec.eval_every = 1;  // the evaluation's call for the round moves nothing
+  ec.fit = protocol::FitSettings{1, 16, 0.1f};
+  server::RoundEngine engine(s.layout(), ec, s.init());
+  const server::RoundRecord r1 = engine.runRound(fleet);
+  const server::RoundRecord r2 = engine.runRound(fleet);
+  CHECK(r1.clients_completed == 2);
+  CHECK(*r1.sim_seconds == Approx(5 + *r2.sim_seconds).margin(1e-6));  // the wait, then a round
+  CHECK(*r2.sim_seconds == Approx(0.04).margin(1e-3));
+  CHECK(fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
+}

@@ -192,6 +192,9 @@ TEST_CASE("availability over time: windows that repeat every period, with clear 
   CHECK(p.nextOffline(0, 35) == 35);                          // offline already
   CHECK(p.nextOffline(1, 95) == Approx(130).epsilon(1e-12));  // through the turn, to 100 + 30
   CHECK(p.nextOffline(2, 3) == std::numeric_limits<double>::infinity());
+  CHECK(p.longestOnline(0) == Approx(10).epsilon(1e-12));
+  CHECK(p.longestOnline(1) == Approx(40).epsilon(1e-12));  // [90, 100] then [0, 30]
+  CHECK(p.longestOnline(2) == std::numeric_limits<double>::infinity());
   // Bad files, each named by line.
   CHECK_THROWS_WITH(
       p.loadWindows(write("miss.csv", "client,period,start,end\n0,10,0,5\n1,10,0,5\n")),
@@ -201,6 +204,10 @@ TEST_CASE("availability over time: windows that repeat every period, with clear 
       Catch::Contains(":3: client 0 has two periods"));
   CHECK_THROWS_WITH(p.loadWindows(write("ord.csv", "client,period,start,end\n0,10,6,5\n")),
                     Catch::Contains(":2: the interval must satisfy"));
+  CHECK_THROWS_WITH(p.loadWindows(write("zero.csv", "client,period,start,end\n0,10,3,3\n")),
+                    Catch::Contains(":2: the interval must satisfy"));
+  CHECK_THROWS_WITH(p.loadWindows(write("turn.csv", "client,period,start,end\n0,10,10,10\n")),
+                    Catch::Contains("never reaches"));
   CHECK_THROWS_WITH(p.loadWindows(write("big.csv", "client,period,start,end\n0,10,0,11\n")),
                     Catch::Contains("end <= period"));
   CHECK_THROWS_WITH(p.loadWindows(write("id.csv", "client,period,start,end\n3,10,0,1\n")),

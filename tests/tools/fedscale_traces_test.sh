@@ -17,6 +17,8 @@ pickle.dump({9: {"active": [0, 50], "inactive": [20, 70], "finish_time": 100, "d
             open(f"{d}/beh", "wb"))
 pickle.dump([1, 2], open(f"{d}/list", "wb"))
 pickle.dump({1: {"computation": -1, "communication": 5}}, open(f"{d}/neg", "wb"))
+pickle.dump({1: {"active": 5, "inactive": 6, "finish_time": 10}}, open(f"{d}/scalar", "wb"))
+pickle.dump({1: {"active": [3, 100], "inactive": [3, 120], "finish_time": 100}}, open(f"{d}/empty", "wb"))
 PY
 /usr/bin/python3 "$script" --capacity "$dir/cap" --behavior "$dir/beh" --clients 3 \
   --devices-out "$dir/devices.csv" --availability-out "$dir/avail.csv"
@@ -44,4 +46,11 @@ fail --capacity "$dir/neg" --clients 2 --devices-out "$dir/x.csv"
 grep -q "must be positive" "$dir/err"
 fail --capacity "$dir/cap" --behavior "$dir/beh" --clients 2 --devices-out "$dir/x.csv"
 grep -q "go together" "$dir/err"
+fail --capacity "$dir/cap" --behavior "$dir/scalar" --clients 2 --devices-out "$dir/y.csv" --availability-out "$dir/y2.csv"
+grep -q "must be lists of times" "$dir/err"
+# A zero-length interval and one at the period's end are never online: nothing is left, an error,
+# and neither file is written.
+fail --capacity "$dir/cap" --behavior "$dir/empty" --clients 2 --devices-out "$dir/z.csv" --availability-out "$dir/z2.csv"
+grep -q "no interval inside its period" "$dir/err"
+[ ! -e "$dir/z.csv" ] && [ ! -e "$dir/z2.csv" ]
 echo "fedscale_traces: ok"
