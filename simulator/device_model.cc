@@ -11,6 +11,85 @@
 
 namespace starling::simulator {
 
+namespace {
+
+// One data row of a CSV file: its line number, the line, and its fields.
+struct CsvRow {
+  size_t line = 0;
+  std::string text;
+  std::vector<std::string> fields;
+};
+
+ConfigError csvError(const std::string& path, size_t line, const std::string& what) {
+  return ConfigError(path + ":" + std::to_string(line) + ": " + what);
+}
+
+// The rows of a CSV file whose first line that is neither blank nor a comment ('#') is `header`,
+// each of exactly `n` comma-separated fields. IoError for an unreadable file, ConfigError naming
+// the line for another header or another number of fields.
+std::vector<CsvRow> readCsv(const std::string& path, const char* what, const std::string& header,
+                            size_t n) {
+  std::ifstream in(path);
+  if (!in) STARLING_THROW(IoError, "cannot open the ", what, " ", path);
+  std::vector<CsvRow> rows;
+  std::string line;
+  size_t lineno = 0;
+  bool seen_header = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    if (!seen_header) {
+      if (line != header)
+        throw csvError(path, lineno, "the header must be '" + header + "', got '" + line + "'");
+      seen_header = true;
+      continue;
+    }
+    CsvRow row{lineno, line, {}};
+    std::stringstream ss(line);
+    std::string f;
+    while (std::getline(ss, f, ',')) row.fields.push_back(f);
+    if (!line.empty() && line.back() == ',') row.fields.emplace_back();
+    if (row.fields.size() != n)
+      throw csvError(path, lineno,
+                     "expected " + std::to_string(n) + " comma-separated fields, got " +
+                         std::to_string(row.fields.size()));
+    rows.push_back(std::move(row));
+  }
+  if (!seen_header) STARLING_THROW(ConfigError, path, ": no header '", header, "'");
+  return rows;
+}
+
+// A client id below n, the whole field.
+uint64_t csvClient(const std::string& path, const CsvRow& row, size_t n) {
+  uint64_t id = 0;
+  try {
+    size_t used = 0;
+    id = std::stoull(row.fields[0], &used);
+    if (used != row.fields[0].size() || row.fields[0][0] == '-') throw std::invalid_argument("id");
+  } catch (const std::exception&) {
+    throw csvError(path, row.line, "not a number in '" + row.text + "'");
+  }
+  if (id >= n)
+    throw csvError(
+        path, row.line,
+        "client " + std::to_string(id) + " is not below the " + std::to_string(n) + " clients");
+  return id;
+}
+
+double csvNumber(const std::string& path, const CsvRow& row, size_t i) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(row.fields[i], &used);
+    if (used != row.fields[i].size()) throw std::invalid_argument("trailing");
+    return v;
+  } catch (const std::exception&) {
+    throw csvError(path, row.line, "not a number in '" + row.text + "'");
+  }
+}
+
+}  // namespace
+
 void DeviceDistributions::validate() const {
   if (!(speed_median > 0) || !std::isfinite(speed_median))
     STARLING_THROW(ConfigError, "devices.speed_median must be positive, got ", speed_median);
@@ -39,103 +118,41 @@ DevicePopulation DevicePopulation::sample(size_t n, const DeviceDistributions& d
 }
 
 DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {
-  std::ifstream in(path);
-  if (!in) STARLING_THROW(IoError, "cannot open the device trace ", path);
+  const std::vector<CsvRow> rows =
+      readCsv(path, "device trace", "client,speed,bandwidth,availability", 4);
   DevicePopulation p;
   p.devices_.resize(n);
   std::vector<bool> seen(n, false);
-  std::string line;
-  size_t lineno = 0, rows = 0;
-  bool header = false;
-  auto bad = [&](const std::string& what) -> ConfigError {
-    return ConfigError(path + ":" + std::to_string(lineno) + ": " + what);
-  };
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line[0] == '#') continue;
-    if (!header) {  // the first line that is not a comment
-      if (line != "client,speed,bandwidth,availability")
-        throw bad("the header must be 'client,speed,bandwidth,availability', got '" + line + "'");
-      header = true;
-      continue;
-    }
-    std::stringstream ss(line);
-    std::string f[4];
-    for (int i = 0; i < 4; ++i)
-      if (!std::getline(ss, f[i], ',')) throw bad("expected 4 comma-separated fields");
-    std::string extra;
-    if (std::getline(ss, extra, ',')) throw bad("more than 4 fields");
-    size_t used = 0;
-    uint64_t id = 0;
-    double speed = 0, bw = 0, av = 0;
-    try {
-      id = std::stoull(f[0], &used);
-      if (used != f[0].size()) throw std::invalid_argument("id");
-      speed = std::stod(f[1]);
-      bw = std::stod(f[2]);
-      av = std::stod(f[3]);
-    } catch (const std::exception&) {
-      throw bad("not a number in '" + line + "'");
-    }
-    if (id >= n) throw bad("client " + std::to_string(id) + " is not below the " + std::to_string(n) + " clients");
+  for (const CsvRow& row : rows) {
+    const uint64_t id = csvClient(path, row, n);
+    const double speed = csvNumber(path, row, 1), bw = csvNumber(path, row, 2),
+                 av = csvNumber(path, row, 3);
+    const auto bad = [&](const std::string& what) { return csvError(path, row.line, what); };
     if (seen[id]) throw bad("client " + std::to_string(id) + " appears twice");
     if (!(speed > 0) || !std::isfinite(speed)) throw bad("speed must be positive");
     if (!(bw > 0) || !std::isfinite(bw)) throw bad("bandwidth must be positive");
     if (!(av >= 0 && av <= 1)) throw bad("availability must be in [0, 1]");
     seen[id] = true;
     p.devices_[id] = DeviceProfile{speed, bw, av};
-    ++rows;
   }
-  if (rows != n) {
+  if (rows.size() != n) {
     const auto missing = std::find(seen.begin(), seen.end(), false) - seen.begin();
-    STARLING_THROW(ConfigError, path, ": ", rows, " clients, the simulation has ", n, " (client ", missing, " is missing)");
+    STARLING_THROW(ConfigError, path, ": ", rows.size(), " clients, the simulation has ", n,
+                   " (client ", missing, " is missing)");
   }
   return p;
 }
 
 void DevicePopulation::loadWindows(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) STARLING_THROW(IoError, "cannot open the availability trace ", path);
   const size_t n = devices_.size();
+  const std::vector<CsvRow> rows =
+      readCsv(path, "availability trace", "client,period,start,end", 4);
   std::vector<Windows> w(n);
-  std::string line;
-  size_t lineno = 0;
-  bool header = false;
-  auto bad = [&](const std::string& what) -> ConfigError {
-    return ConfigError(path + ":" + std::to_string(lineno) + ": " + what);
-  };
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line[0] == '#') continue;
-    if (!header) {
-      if (line != "client,period,start,end")
-        throw bad("the header must be 'client,period,start,end', got '" + line + "'");
-      header = true;
-      continue;
-    }
-    std::stringstream ss(line);
-    std::string f[4];
-    for (int i = 0; i < 4; ++i)
-      if (!std::getline(ss, f[i], ',')) throw bad("expected 4 comma-separated fields");
-    std::string extra;
-    if (std::getline(ss, extra, ',')) throw bad("more than 4 fields");
-    uint64_t id = 0;
-    double period = 0, start = 0, end = 0;
-    try {
-      size_t used = 0;
-      id = std::stoull(f[0], &used);
-      if (used != f[0].size()) throw std::invalid_argument("id");
-      period = std::stod(f[1]);
-      start = std::stod(f[2]);
-      end = std::stod(f[3]);
-    } catch (const std::exception&) {
-      throw bad("not a number in '" + line + "'");
-    }
-    if (id >= n)
-      throw bad("client " + std::to_string(id) + " is not below the " + std::to_string(n) +
-                " clients");
+  for (const CsvRow& row : rows) {
+    const uint64_t id = csvClient(path, row, n);
+    const double period = csvNumber(path, row, 1), start = csvNumber(path, row, 2),
+                 end = csvNumber(path, row, 3);
+    const auto bad = [&](const std::string& what) { return csvError(path, row.line, what); };
     if (!(period > 0) || !std::isfinite(period)) throw bad("period must be positive");
     if (!(start >= 0 && start < end && end <= period))
       throw bad(
@@ -147,7 +164,6 @@ void DevicePopulation::loadWindows(const std::string& path) {
     w[id].period = period;
     w[id].active.emplace_back(start, end);
   }
-  if (!header) STARLING_THROW(ConfigError, path, ": no header 'client,period,start,end'");
   for (size_t c = 0; c < n; ++c) {
     if (w[c].active.empty())
       STARLING_THROW(ConfigError, path, ": client ", c, " has no interval (every client of the ", n,
