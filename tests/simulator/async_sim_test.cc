@@ -85,6 +85,28 @@ Run runAsync(Setup& s, const server::AsyncServerConfig& sc, const sim::AsyncSimC
   return r;
 }
 
+// The synchronous simulator on the same clients: SimFleet and the round engine, dense FedAvg.
+struct SyncRun {
+  SyncRun(Setup& s, uint64_t rounds, size_t per_round, uint32_t eval_every = 0)
+      : store(sim::StateStoreOptions{}, s.trainer->layout().fingerprint()),
+        fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr),
+        engine(s.layout(), config(rounds, per_round, eval_every), s.init()) {}
+  static server::EngineConfig config(uint64_t rounds, size_t per_round, uint32_t eval_every) {
+    server::EngineConfig ec;
+    ec.rounds = rounds;
+    ec.scheme.compressor = "none";
+    ec.sampling.clients_per_round = per_round;
+    ec.eval_every = eval_every;
+    ec.fit = protocol::FitSettings{1, 16, 0.1f};
+    return ec;
+  }
+  server::RoundRecord round() { return engine.runRound(fleet); }
+  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
+  sim::ClientStateStore store;
+  sim::SimFleet fleet;
+  server::RoundEngine engine;
+};
+
 // A trace of n clients: the first `fast` of them at speed `fast_speed`, the rest at 1.
 sim::DevicePopulation twoSpeeds(const TempDir& dir, size_t n, size_t fast, double fast_speed) {
   const std::string path = (dir.path / "trace.csv").string();
@@ -185,19 +207,11 @@ TEST_CASE("FedBuff takes less simulated time than rounds that wait for their slo
   dd.bandwidth_sigma = 1.0;
   Setup s(n, 30, sim::DevicePopulation::sample(n, dd, 9));
   // Synchronous: 10 rounds of 8 clients on the same devices.
-  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
-  sim::ClientStateStore sync_store{sim::StateStoreOptions{}, s.trainer->layout().fingerprint()};
-  sim::SimFleet fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, sync_store, *coll, nullptr);
-  server::EngineConfig ec;
-  ec.rounds = rounds;
-  ec.scheme.compressor = "none";
-  ec.sampling.clients_per_round = per_round;
-  ec.fit = protocol::FitSettings{1, 16, 0.1f};
-  server::RoundEngine engine(s.layout(), ec, s.init());
+  SyncRun sync(s, rounds, per_round);
   double sync_seconds = 0.0;
   uint64_t sync_updates = 0;
-  while (!engine.done()) {
-    const server::RoundRecord rec = engine.runRound(fleet);
+  while (!sync.engine.done()) {
+    const server::RoundRecord rec = sync.round();
     sync_seconds += rec.sim_seconds.value_or(0.0);
     sync_updates += rec.clients_completed;
   }
@@ -424,26 +438,19 @@ TEST_CASE(
   // of round 1); client 3 only from 100 s on.
   Setup s(4, 40,
           withWindows(dir, 4, "0,1000,0,1000\n1,1000,0,1000\n2,1000,0,0.01\n3,1000,100,1000\n"));
-  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
-  sim::ClientStateStore store{sim::StateStoreOptions{}, s.trainer->layout().fingerprint()};
-  sim::SimFleet fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr);
-  server::EngineConfig ec;
-  ec.rounds = 2;
-  ec.scheme.compressor = "none";
-  ec.sampling.clients_per_round = 4;
-  ec.fit = protocol::FitSettings{1, 16, 0.1f};
-  server::RoundEngine engine(s.layout(), ec, s.init());
-  const server::RoundRecord r1 = engine.runRound(fleet);
+  SyncRun sync(s, 2, 4);
+  const server::RoundRecord r1 = sync.round();
   CHECK(r1.clients_selected == 3);  // client 3 is offline at 0
   CHECK(r1.clients_failed == 1);    // client 2 went offline before it finished
   CHECK(r1.clients_completed == 2);
-  const server::RoundRecord r2 = engine.runRound(fleet);
+  const server::RoundRecord r2 = sync.round();
   CHECK(r2.clients_selected == 2);  // client 2 offline, client 3 not yet
-  CHECK(fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
+  CHECK(sync.fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
   // The clock is part of the fleet's checkpoint state.
-  sim::SimFleet resumed(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr);
-  resumed.restoreState(fleet.saveState());
-  CHECK(resumed.clock() == fleet.clock());
+  sim::SimFleet resumed(sim::SimFleetConfig{}, s.clients, *s.trainer, sync.store, *sync.coll,
+                        nullptr);
+  resumed.restoreState(sync.fleet.saveState());
+  CHECK(resumed.clock() == sync.fleet.clock());
 }
 
 TEST_CASE("FedBuff starts a client that comes online between arrivals at once",
@@ -493,20 +500,11 @@ TEST_CASE("a synchronous round that waits for its clients to come online counts 
           "[simulator]") {
   TempDir dir("syncwait");
   Setup s(2, 40, withWindows(dir, 2, "0,10,5,10\n1,10,5,10\n"));
-  std::unique_ptr<sim::Collectives> coll = sim::makeLocal();
-  sim::ClientStateStore store{sim::StateStoreOptions{}, s.trainer->layout().fingerprint()};
-  sim::SimFleet fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr);
-  server::EngineConfig ec;
-  ec.rounds = 2;
-  ec.scheme.compressor = "none";
-  ec.sampling.clients_per_round = 2;
-  ec.eval_every = 1;  // the evaluation's call for the round moves nothing
-  ec.fit = protocol::FitSettings{1, 16, 0.1f};
-  server::RoundEngine engine(s.layout(), ec, s.init());
-  const server::RoundRecord r1 = engine.runRound(fleet);
-  const server::RoundRecord r2 = engine.runRound(fleet);
+  SyncRun sync(s, 2, 2, 1);  // evaluating every round: the evaluation's call moves nothing
+  const server::RoundRecord r1 = sync.round();
+  const server::RoundRecord r2 = sync.round();
   CHECK(r1.clients_completed == 2);
   CHECK(*r1.sim_seconds == Approx(5 + *r2.sim_seconds).margin(1e-6));  // the wait, then a round
   CHECK(*r2.sim_seconds == Approx(0.04).margin(1e-3));
-  CHECK(fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
+  CHECK(sync.fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
 }
