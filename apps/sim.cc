@@ -63,8 +63,6 @@ void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_
   if (world > 1)
     no("on several workers: set sim.workers = 1 (and start it without torchrun or srun)");
   if (!ec.checkpoint.empty()) no("with a checkpoint: leave state.checkpoint unset");
-  if (ec.downlink != server::Downlink::kDense)
-    no("compressed downlinks: set downlink.mode = dense");
   if (ec.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
   if (!semisync && c.round.deadline_seconds > 0)
     no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates, and "
@@ -94,6 +92,9 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   trainer.initParameters(init, c.model.seed);
   server::AsyncServerConfig sc{
       ec.scheme, ec.server_opt, {c.async.buffer_size, c.async.max_staleness, c.async.staleness}};
+  sc.downlink = ec.downlink;
+  sc.history = ec.delta_history;
+  sc.density = ec.downlink_density;
   server::AsyncServer server(layout, sc, std::move(init));
   sim::AsyncSimConfig ac;
   ac.steps = ec.rounds;

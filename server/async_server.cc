@@ -13,7 +13,11 @@ AsyncServer::AsyncServer(std::shared_ptr<const ParamLayout> layout, AsyncServerC
     : config_(std::move(config)),
       scheme_(layout, config_.scheme),
       optimizer_(aggregation::makeServerOptimizer(config_.server_opt, layout->numel())),
-      model_(layout, 0),
+      model_(layout,
+             config_.downlink == Downlink::kDelta || config_.downlink == Downlink::kTopK
+                 ? config_.history
+                 : 0,
+             config_.downlink == Downlink::kTopK ? config_.density : 0.0),
       buffer_(scheme_, config_.async, 1) {
   STARLING_CHECK_ARG(initial.size() == layout->numel(), "initial model of ", initial.size(),
                      " values, the layout has ", layout->numel());

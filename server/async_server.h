@@ -13,8 +13,7 @@
 // RoundRecord (round = the step's number), with the staleness of its updates in its metrics:
 // staleness_mean and staleness_max (versions).
 //
-// Not yet: checkpoints (the buffer and the model live in memory), SCAFFOLD, the compressed
-// downlinks (tasks carry the dense model).
+// Not yet: checkpoints (the buffer and the model live in memory), SCAFFOLD.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -31,6 +30,12 @@ struct AsyncServerConfig {
   aggregation::RoundSchemeOptions scheme;  // compressor, rule, run seed, bounds, metrics
   std::string server_opt = "fedavg";
   aggregation::AsyncOptions async;  // K, the staleness bound and weight
+  // What tasks carry (server/model_store.h): with delta and topk the store keeps `history`
+  // versions to encode against; topk is lossy (clients train from the broadcast model, refreshed
+  // by `density` of its coordinates per version, the server's residual kept).
+  Downlink downlink = Downlink::kDense;
+  size_t history = 4;
+  double density = 0.01;
 };
 
 class AsyncServer {

@@ -50,6 +50,7 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
       picker_(StreamKey{config_.seed, 0, kAnyClient, StreamPurpose::kClientSampling, 2}),
       busy_(clients.shards.size(), 0),
       last_version_(clients.shards.size(), 0),
+      held_(clients.shards.size(), 0),
       accepted_(clients.shards.size(), 0),
       state_(trainer.layout().fingerprint()),
       declared_(server.scheme().options().metrics) {
@@ -70,22 +71,32 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
 }
 
 // The dense task of one version: its size does not depend on the values.
-uint64_t AsyncSimulation::taskBytes() {
-  if (task_bytes_ == 0) {
-    pr::TaskMsg h;
-    h.kind = pr::TaskKind::kFit;
-    h.round = server_.version();
-    h.run_seed = server_.scheme().options().run_seed;
-    h.compressor = server_.scheme().compressor().spec();
-    h.model_version = server_.version();
-    h.fit = config_.fit;
-    h.metrics = declared_;
-    const cz::PhaseBroadcast b = server_.broadcast(server_.version());
-    task_bytes_ =
-        server::encodeTask(server::PhaseTask{b, h, server_.model(), server::Downlink::kDense}, 0)
-            .size();
+// The task of the current version for a client that holds version `held` (0: none), in the
+// server's downlink encoding: a dense or fp16 task has one size, a delta or top-k one depends on
+// what the client holds (one encoding per version held, as a root caches them).
+uint64_t AsyncSimulation::taskBytes(uint64_t held) {
+  const uint64_t v = server_.version();
+  const server::Downlink mode = server_.config().downlink;
+  const bool per_held = mode == server::Downlink::kDelta || mode == server::Downlink::kTopK;
+  if (task_version_ != v) {
+    task_bytes_.clear();
+    task_version_ = v;
   }
-  return task_bytes_;
+  const uint64_t key = per_held ? held : 0;
+  if (const auto it = task_bytes_.find(key); it != task_bytes_.end()) return it->second;
+  pr::TaskMsg h;
+  h.kind = pr::TaskKind::kFit;
+  h.round = v;
+  h.run_seed = server_.scheme().options().run_seed;
+  h.compressor = server_.scheme().compressor().spec();
+  h.model_version = v;
+  h.fit = config_.fit;
+  h.metrics = declared_;
+  const cz::PhaseBroadcast b = server_.broadcast(v);
+  const uint64_t bytes =
+      server::encodeTask(server::PhaseTask{b, h, server_.model(), mode}, key).size();
+  task_bytes_.emplace(key, bytes);
+  return bytes;
 }
 
 // The client downloads the current version and trains on it now; its update is held until its
@@ -116,7 +127,8 @@ void AsyncSimulation::start(uint64_t id) {
   InFlight job;
   job.version = v;
   job.examples = clients_.shards[id].size();
-  job.down = taskBytes();
+  job.down = taskBytes(held_[id]);
+  held_[id] = v;  // it downloads the version (a dropout too)
   const uint64_t previous = last_version_[id];
   busy_[id] = 1;
   last_version_[id] = v;

@@ -33,7 +33,11 @@
 // by its staleness (refused beyond the bound), instead of being dropped as a synchronous round's
 // straggler is.
 //
-// One worker process; not yet: several workers, checkpoints, SCAFFOLD, compressed downlinks.
+// Downlinks: the server's encoding (server::AsyncServerConfig::downlink): a client that holds an
+// older version gets a delta against it, or with the lossy top-k downlink the broadcast model's
+// refreshed coordinates, which it trains from, as in synchronous rounds (server/model_store.h).
+//
+// One worker process; not yet: several workers, checkpoints, SCAFFOLD.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -101,7 +105,7 @@ class AsyncSimulation {
   [[noreturn]] void stalled() const;
   void step(const std::function<void(const server::RoundRecord&)>& progress);
   void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
-  uint64_t taskBytes();
+  uint64_t taskBytes(uint64_t held);
   uint64_t updateBytes();
   void evaluate(server::RoundRecord& rec);
 
@@ -116,10 +120,12 @@ class AsyncSimulation {
   std::map<std::pair<double, uint64_t>, InFlight> in_flight_;  // by (finish, client)
   std::vector<char> busy_;
   std::vector<uint64_t> last_version_;  // the version each client last started on (0: none)
+  std::vector<uint64_t> held_;          // the version each client last downloaded (0: none)
   std::vector<uint64_t> accepted_;
   ClientState state_;  // reused for every client
   std::vector<std::string> declared_;
-  uint64_t task_bytes_ = 0, update_bytes_ = 0;
+  std::map<uint64_t, uint64_t> task_bytes_;  // of the current version, per version held
+  uint64_t task_version_ = 0, update_bytes_ = 0;
   double now_ = 0.0, last_step_ = 0.0;
   uint64_t trained_ = 0;
   Window window_;

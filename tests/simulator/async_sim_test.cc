@@ -26,8 +26,10 @@ namespace {
 struct Setup {
   // n clients of `per_client` examples each (3 separable classes, 6 features); with
   // `empty_first`, client 0 has none.
-  Setup(size_t n, size_t per_client, sim::DevicePopulation devices, bool empty_first = false)
-      : train(testing::separableData(n * per_client, 6, 3, 17)) {
+  Setup(size_t n, size_t per_client, sim::DevicePopulation devices, bool empty_first = false,
+        size_t features = 6)
+      : train(testing::separableData(n * per_client, features, 3, 17)),
+        trainer(client::makeTrainer("softmax", features, 3)) {
     clients.train = &train;
     for (size_t c = 0; c < n; ++c) {
       clients.shards.emplace_back(empty_first && c == 0 ? 0 : per_client);
@@ -62,7 +64,7 @@ struct Setup {
   }
   data::Dataset train;
   sim::SimClients clients;
-  std::unique_ptr<client::Trainer> trainer = client::makeTrainer("softmax", 6, 3);
+  std::unique_ptr<client::Trainer> trainer;
   sim::ClientStateStore store{sim::StateStoreOptions{}, trainer->layout().fingerprint()};
 };
 
@@ -507,4 +509,46 @@ TEST_CASE("a synchronous round that waits for its clients to come online counts 
   CHECK(*r1.sim_seconds == Approx(5 + *r2.sim_seconds).margin(1e-6));  // the wait, then a round
   CHECK(*r2.sim_seconds == Approx(0.04).margin(1e-3));
   CHECK(sync.fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
+}
+
+TEST_CASE("FedBuff with the lossy top-k downlink sends a fraction of the model and still learns",
+          "[simulator][async]") {
+  // 200 features: a 603-value model; a step refreshes 2% of the broadcast model, so a client that
+  // holds a recent version downloads a few coordinates instead of all of them.
+  const size_t n = 12;
+  const auto all = [](const data::Dataset& d) {
+    std::vector<size_t> idx(d.size());
+    std::iota(idx.begin(), idx.end(), size_t{0});
+    return idx;
+  };
+  sim::AsyncSimConfig ac;
+  ac.steps = 60;
+  ac.concurrency = 4;
+  ac.seed = 5;
+  ac.fit = protocol::FitSettings{1, 16, 0.1f};
+  ac.eval_every = 60;
+  double per_start[2] = {0, 0}, accuracy[2] = {0, 0}, before = 0;
+  for (int lossy = 0; lossy < 2; ++lossy) {
+    Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), false, 200);
+    auto sc = s.serverConfig(2, 20);
+    if (lossy) {
+      sc.downlink = server::Downlink::kTopK;
+      sc.density = 0.02;
+      sc.history = 64;
+    }
+    before = s.trainer->evaluate(s.init(), client::DataView{&s.train, all(s.train)}).accuracy;
+    const Run r = runAsync(s, sc, ac, &s.train);
+    uint64_t down = 0, started = 0;
+    for (const auto& rec : r.steps) {
+      down += rec.downlink_bytes;
+      started += rec.clients_selected;
+    }
+    per_start[lossy] = static_cast<double>(down) / static_cast<double>(started);
+    accuracy[lossy] = *r.steps.back().test_accuracy;
+  }
+  INFO("bytes per task: dense " << per_start[0] << ", top-k " << per_start[1]
+                                << "; accuracy before " << before << ", dense " << accuracy[0]
+                                << ", top-k " << accuracy[1]);
+  CHECK(per_start[1] < 0.6 * per_start[0]);
+  CHECK(accuracy[1] > before + 0.2);
 }

@@ -641,7 +641,6 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
       {{"--sim.workers", "2"}, "sim.workers = 1"},
       {{"--sim.workers", "1", "--state.checkpoint", dir / "c.ckpt"}, "state.checkpoint"},
-      {{"--sim.workers", "1", "--downlink.mode", "delta"}, "downlink.mode = dense"},
       {{"--sim.workers", "1", "--compression.compressor", "powersgd:rank=1"}, "several phases"},
       {{"--sim.workers", "1", "--async.staleness", "hinge:a=1"}, "needs b="},
       {{"--sim.workers", "1", "--train.scaffold", "true"}, "SCAFFOLD"},
