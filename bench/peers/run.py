@@ -276,29 +276,45 @@ def acc_summary(rs):
     return f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals):.2f}"
 
 
+TAIL = 3  # evaluations averaged for the steadier accuracy figure
+
+
+def tail_accuracy(run, n=TAIL):
+    """The mean test accuracy (%) of a run's last n evaluations: one evaluation of a curve that swings
+    by several points between evaluations says less than the last few together. None without any."""
+    evals = [e["accuracy"] for e in run.get("evals") or [] if e.get("accuracy") is not None]
+    return 100 * statistics.mean(evals[-n:]) if evals else None
+
+
 def accuracy_gaps(by_case):
-    """Per peer case (the peers train dense): its final accuracy minus starling-dense's, seed by seed,
-    averaged over the seeds."""
-    def per_seed(case):
+    """Per peer case (the peers train dense): its accuracy minus starling-dense's, seed by seed,
+    averaged over the seeds; the final evaluation's, and the mean of the last TAIL evaluations'."""
+    def per_seed(case, value):
         out = {}
         for r in by_case.get(case, []):
-            if r["exit_status"] == 0 and r.get("final_accuracy") is not None:
-                out.setdefault(r.get("seed", 1), []).append(100 * r["final_accuracy"])
+            v = value(r) if r["exit_status"] == 0 else None
+            if v is not None:
+                out.setdefault(r.get("seed", 1), []).append(v)
         return {k: statistics.mean(v) for k, v in out.items()}
 
-    ref = per_seed("starling-dense")
+    def final(r):
+        return None if r.get("final_accuracy") is None else 100 * r["final_accuracy"]
+
     lines = []
     for case in CASES:
         if case.startswith("starling"):
             continue
-        mine = per_seed(case)
-        common_seeds = sorted(set(ref) & set(mine))
-        if not common_seeds:
-            continue
-        d = [mine[k] - ref[k] for k in common_seeds]
-        spread = f" (min {min(d):+.2f}, max {max(d):+.2f})" if len(d) > 1 else ""
-        lines.append(f"- {case} - starling-dense: {statistics.mean(d):+.2f} over seeds "
-                     f"{','.join(map(str, common_seeds))}{spread}")
+        parts = []
+        for what, value in (("final", final), (f"last {TAIL} evaluations", tail_accuracy)):
+            ref, mine = per_seed("starling-dense", value), per_seed(case, value)
+            common_seeds = sorted(set(ref) & set(mine))
+            if not common_seeds:
+                continue
+            d = [mine[k] - ref[k] for k in common_seeds]
+            spread = f" (min {min(d):+.2f}, max {max(d):+.2f})" if len(d) > 1 else ""
+            parts.append(f"{what} {statistics.mean(d):+.2f} over seeds {','.join(map(str, common_seeds))}{spread}")
+        if parts:
+            lines.append(f"- {case} - starling-dense: " + "; ".join(parts))
     return lines
 
 
@@ -313,8 +329,8 @@ def table(runs):
         return statistics.median(vals) * scale if vals else None
 
     lines = ["| case | runs | wall s | rounds s | rounds/s | clients/s | peak RSS MiB (all procs) | "
-             "peak PSS MiB | procs | accuracy by round | final acc | uplink MB | downlink MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"peak PSS MiB | procs | accuracy by round | final acc | last {TAIL} evals | uplink MB | downlink MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for case in CASES:
         rs = by_case.get(case)
         if not rs:
@@ -322,23 +338,26 @@ def table(runs):
         ok = [r for r in rs if r["exit_status"] == 0]
         last = (ok or rs)[-1]
         accs = " ".join(f"{e['round']}:{100 * e['accuracy']:.1f}" for e in last.get("evals") or [])
-        lines.append("| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        tails = [t for t in (tail_accuracy(r) for r in ok) if t is not None]
+        lines.append("| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             case, len(ok), "" if len(ok) == len(rs) else f" ({len(rs) - len(ok)} failed)",
             fmt(med(ok, "wall_seconds"), ".1f"), fmt(med(ok, "loop_seconds"), ".1f"),
             fmt(med(ok, "rounds_per_s_loop"), ".3f"), fmt(med(ok, "clients_per_s_loop"), ".2f"),
             fmt(med(ok, "peak_rss_bytes", 1 / 2**20), ".0f"), fmt(med(ok, "peak_pss_bytes", 1 / 2**20), ".0f"),
             fmt(med(ok, "peak_processes"), ".0f"), accs or "–",
-            acc_summary(ok), fmt(med(ok, "uplink_bytes_total", 1e-6), ".1f"),
+            acc_summary(ok), fmt(statistics.mean(tails) if tails else None, ".2f"),
+            fmt(med(ok, "uplink_bytes_total", 1e-6), ".1f"),
             fmt(med(ok, "downlink_bytes_total", 1e-6), ".1f")))
     lines.append("")
     lines.append("rounds s: the rounds' own time (first round's start to last round's end); rounds/s and "
                  "clients/s over it; wall s: the whole command. Medians over the runs; final acc: the mean "
-                 "over the runs, ± the sample standard deviation when there are several.")
+                 "over the runs, ± the sample standard deviation when there are several; last "
+                 f"{TAIL} evals: the mean of each run's last {TAIL} evaluations, over the runs.")
     gaps = accuracy_gaps(by_case)
     if gaps:
         lines.append("")
-        lines.append("Final accuracy against Starling's on the same seeds (points, mean over seeds; a seed "
-                     "counts where both runs ended):")
+        lines.append("Accuracy against Starling's on the same seeds (points, mean over seeds; a seed "
+                     f"counts where both runs ended): the final evaluation, and the mean of the last {TAIL}:")
         lines += gaps
     return "\n".join(lines)
 
