@@ -101,20 +101,11 @@ uint64_t AsyncSimulation::taskBytes(uint64_t held) {
 
 // The client downloads the current version and trains on it now; its update is held until its
 // simulated finish.
-// The bytes of one update, before it is made: no compressor's size depends on the values (top-k
-// sends k, low-rank its factors, quantizers their bits), so a zero update of the version's phase
-// has them (an id of 0 is left out of a message: a few bytes less than most clients').
+// The bytes of one update, before it is made (phaseZeroUpdateBytes, sim_fleet.h).
 uint64_t AsyncSimulation::updateBytes() {
-  if (update_bytes_ == 0) {
-    const ParamLayout& layout = trainer_.layout();
-    const cz::PhaseBroadcast b = server_.broadcast(server_.version());
-    cz::Update u;
-    u.header = {layout.fingerprint(), server_.version(), 0, 0, 1, 1};
-    const std::vector<float> zeros(layout.numel());
-    u.tensors = server_.scheme().compressor().compress(layout, zeros, b.context(0));
-    for (const auto& m : declared_) u.metrics.push_back(Metric{m, 0.0});
-    update_bytes_ = pr::encodedSize(u);
-  }
+  if (update_bytes_ == 0)
+    update_bytes_ = phaseZeroUpdateBytes(trainer_.layout(), server_.scheme().compressor(),
+                                         server_.broadcast(server_.version()), declared_, false);
   return update_bytes_;
 }
 

@@ -98,6 +98,18 @@ void SimFleet::allReduceCounts(std::vector<uint64_t>& counts) {
   }
 }
 
+uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const cz::Compressor& comp,
+                              const cz::PhaseBroadcast& broadcast,
+                              const std::vector<std::string>& metrics, bool with_control) {
+  cz::Update u;
+  u.header = {layout.fingerprint(), broadcast.round, 0, 0, 1, 1};
+  const std::vector<float> zeros(layout.numel());
+  u.tensors = comp.compress(layout, zeros, broadcast.context(0));
+  for (const auto& m : metrics) u.metrics.push_back(Metric{m, 0.0});
+  if (with_control) u.control.assign(layout.numel(), 0.0f);
+  return pr::encodedSize(u);
+}
+
 // The exact wire sizes of this phase: each participant's task (a delta or top-k downlink depends
 // on the version it holds, 0: none yet) and one update (no compressor's size depends on the
 // values: top-k sends k, low-rank its factors, quantizers their bits). Every participant downloads
@@ -109,16 +121,9 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   const pr::TaskMsg& h = task.header;
   PhaseBytes b;
   b.task = server::encodeTask(task, 0).size();
-  if (h.phase == 0) {
-    cz::Update u;
-    u.header = {layout.fingerprint(), h.round, h.phase, 0, 1, 1};
-    const std::vector<float> zeros(layout.numel());
-    u.tensors = comp.compress(layout, zeros, task.broadcast.context(0));
-    for (const auto& m : h.metrics) u.metrics.push_back(Metric{m, 0.0});
-    // SCAFFOLD: the task carries c (in the task's size, as encoded), each update its change.
-    if (!h.control.empty()) u.control.assign(layout.numel(), 0.0f);
-    b.update = pr::encodedSize(u);
-  }
+  // SCAFFOLD: the task carries c (in the task's size, as encoded), each update its change.
+  if (h.phase == 0)
+    b.update = phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty());
   b.down.assign(participants.size(), b.task);
   const bool per_client = h.phase == 0 && (task.downlink == server::Downlink::kDelta ||
                                            task.downlink == server::Downlink::kTopK);

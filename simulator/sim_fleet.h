@@ -68,6 +68,15 @@ struct SimClients {
   DevicePopulation devices;
 };
 
+// The exact wire bytes of a phase-0 update under `broadcast` before any client made one: no
+// compressor's size depends on the values (top-k sends k, low-rank its factors, quantizers their
+// bits), so a zero update with the declared metrics (and SCAFFOLD's control change when
+// `with_control`) has them. An id of 0 is left out of a message: a few bytes fewer than most
+// clients'. Both simulated clocks time clients with it.
+uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const compression::Compressor& comp,
+                              const compression::PhaseBroadcast& broadcast,
+                              const std::vector<std::string>& metrics, bool with_control);
+
 class SimFleet final : public server::Fleet, public server::FleetWorkers {
  public:
   // Everything referenced must outlive the fleet. `test` (may be null) is what evaluate() uses.
