@@ -223,4 +223,92 @@ void AsyncBuffer::advance() {
     seen_.erase(seen_.begin());
 }
 
+bool AsyncBuffer::hasUpdate(uint64_t client, uint64_t v) const {
+  const auto it = seen_.find(v);
+  return it != seen_.end() && it->second.count(client) != 0;
+}
+
+void AsyncBuffer::save(ByteWriter& w) const {
+  w.u64(version_);
+  w.u64(count_);
+  w.u64(rejected_total_);
+  w.u64(rejected_step_);
+  w.u64(by_version_.size());
+  for (const auto& [v, agg] : by_version_) {
+    w.u64(v);
+    w.floats(agg->partial().buffer());
+  }
+  w.u64(seen_.size());
+  for (const auto& [v, ids] : seen_) {
+    std::vector<uint64_t> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    w.u64(v);
+    w.u64(sorted.size());
+    for (uint64_t id : sorted) w.u64(id);
+  }
+}
+
+void AsyncBuffer::load(ByteReader& r) {
+  const uint64_t version = r.u64(), count = r.u64(), rejected_total = r.u64(),
+                 rejected_step = r.u64();
+  if (version == 0) r.fail("the asynchronous buffer's model version is 0");
+  if (rejected_step > rejected_total)
+    r.fail("the buffer counts ", rejected_step, " refusals since its last step, ", rejected_total,
+           " in all");
+  const auto inBound = [&](uint64_t v, const char* what) {
+    if (v == 0 || v > version || version - v > opt_.max_staleness)
+      r.fail(what, " from model version ", v, ", outside the staleness bound (version ", version,
+             ", async.max_staleness ", opt_.max_staleness, "): resume with the same async.*");
+  };
+  std::map<uint64_t, std::unique_ptr<PhaseAggregator>> by_version;
+  const uint64_t versions = r.u64();
+  if (versions > opt_.max_staleness + 1)
+    r.fail("the buffer holds ", versions,
+           " versions' sums, more than async.max_staleness + 1 = ", opt_.max_staleness + 1,
+           ": resume with the same async.*");
+  uint64_t counted = 0;
+  for (uint64_t i = 0; i < versions; ++i) {
+    const uint64_t v = r.u64();
+    inBound(v, "a buffered sum");
+    std::vector<float> sum;
+    r.floats(sum);
+    auto agg = scheme_.phaseAggregator(broadcast(v));
+    const std::span<float> buf = agg->partial().buffer();
+    if (sum.size() != buf.size())
+      r.fail("version ", v, "'s buffered sum has ", sum.size(), " values, this scheme's has ",
+             buf.size(), " (resume with the same compressor, rule and metrics)");
+    for (float x : sum)
+      if (!std::isfinite(x)) r.fail("version ", v, "'s buffered sum holds a non-finite value");
+    std::copy(sum.begin(), sum.end(), buf.begin());
+    const uint64_t n = agg->partial().count();
+    if (n == 0 || agg->partial().totalWeight() <= 0.0)
+      r.fail("version ", v, "'s buffered sum holds no update");
+    counted += n;
+    if (!by_version.emplace(v, std::move(agg)).second) r.fail("version ", v, " is buffered twice");
+  }
+  if (counted != count) r.fail("the buffer counts ", count, " updates, its sums hold ", counted);
+  std::map<uint64_t, std::unordered_set<uint64_t>> seen;
+  const uint64_t seen_versions = r.u64();
+  if (seen_versions > opt_.max_staleness + 1)
+    r.fail("the buffer lists ", seen_versions, " versions' clients");
+  for (uint64_t i = 0; i < seen_versions; ++i) {
+    const uint64_t v = r.u64();
+    inBound(v, "clients listed");
+    const uint64_t n = r.u64();
+    if (n > r.remaining() / 8) r.fail("lists ", n, " clients, only ", r.remaining(), " bytes left");
+    auto& ids = seen[v];
+    for (uint64_t k = 0; k < n; ++k)
+      if (!ids.insert(r.u64()).second) r.fail("a client listed twice for version ", v);
+  }
+  for (const auto& [v, agg] : by_version)
+    if (!seen.count(v) || seen[v].size() < agg->partial().count())
+      r.fail("version ", v, "'s buffered updates are not all among its clients");
+  version_ = version;
+  count_ = count;
+  rejected_total_ = rejected_total;
+  rejected_step_ = rejected_step;
+  by_version_ = std::move(by_version);
+  seen_ = std::move(seen);
+}
+
 }  // namespace starling::aggregation

@@ -31,6 +31,7 @@
 #include <unordered_set>
 
 #include "aggregation/round_scheme.h"
+#include "core/bytes.h"
 
 namespace starling::aggregation {
 
@@ -90,6 +91,16 @@ class AsyncBuffer {
   uint64_t takeRejected();
   // The server applied a step: the version advances (staleness is counted from it).
   void advance();
+  // Whether `client` sent an accepted update from version v (a second one would be a duplicate).
+  bool hasUpdate(uint64_t client, uint64_t v) const;
+
+  // The whole state (version, the buffered versions' sums, the clients seen per version, the
+  // counts), for the root's checkpoint: load() into a buffer of the same scheme and options gives
+  // the same steps, bit for bit. load() checks everything before it changes anything: a version
+  // outside the staleness bound, a sum of another layout, a non-finite value, counts that do not
+  // add up, are ByteReader failures (IoError naming the file).
+  void save(ByteWriter& w) const;
+  void load(ByteReader& r);
 
  private:
   const RoundScheme& scheme_;

@@ -3,7 +3,11 @@
 // root and starling-sim: one conversion, so the same file means the same rounds in both.
 #include <algorithm>
 
+#include "aggregation/rule.h"
 #include "apps/settings.h"
+#include "compression/registry.h"
+#include "core/error.h"
+#include "server/async_server.h"
 #include "server/engine.h"
 
 namespace starling::apps {
@@ -42,6 +46,39 @@ inline server::EngineConfig engineConfig(const Settings& s) {
   e.checkpoint = s.state.checkpoint;
   e.metrics = s.state.metrics;
   return e;
+}
+
+// round.mode = async or semisync: what the buffered server step cannot take (one phase, no shared
+// factors, a streaming rule, a weight at the staleness bound of at least 1e-6), refused before
+// anything is read or bound, naming the key (aggregation::AsyncBuffer checks the same).
+inline void checkAsyncScheme(const Settings& s, const server::EngineConfig& e) {
+  const auto no = [&](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = ", s.round.mode, " does not run ", what, " yet");
+  };
+  aggregation::AsyncOptions{s.async.buffer_size, s.async.max_staleness, s.async.staleness}
+      .validate();
+  if (compression::makeCompressor(e.scheme.compressor)->phases() != 1)
+    no("a compressor of several phases (compression.compressor = '" + e.scheme.compressor + "')");
+  if (!aggregation::makeRule(e.scheme.rule)->streaming())
+    no("a rule that keeps every update (aggregation.rule = '" + e.scheme.rule +
+       "'): use fedavg, clipped or not");
+  const double at_bound =
+      aggregation::Staleness::parse(s.async.staleness).weight(s.async.max_staleness);
+  if (!(at_bound >= 1e-6))
+    STARLING_THROW(ConfigError, "async.staleness = '", s.async.staleness, "' weighs an update ",
+                   s.async.max_staleness, " versions old (async.max_staleness) ", at_bound,
+                   ", below 1e-6: lower async.max_staleness");
+}
+
+// round.mode = async: the server step's configuration (the same in starling-sim and at the root).
+inline server::AsyncServerConfig asyncServerConfig(const Settings& s,
+                                                   const server::EngineConfig& e) {
+  server::AsyncServerConfig a{
+      e.scheme, e.server_opt, {s.async.buffer_size, s.async.max_staleness, s.async.staleness}};
+  a.downlink = e.downlink;
+  a.history = e.delta_history;
+  a.density = e.downlink_density;
+  return a;
 }
 
 }  // namespace starling::apps

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data/source.h"
 #include "server/aggregator.h"
+#include "server/async_root.h"
 #include "server/engine.h"
 #include "server/zmq_fleet.h"
 
@@ -47,6 +48,77 @@ ModelShape modelShape(const apps::Settings& c) {
   return m;
 }
 
+// round.mode = async at the root: what it does not run yet is refused before anything is bound.
+void checkAsyncRoot(const apps::Settings& c, bool aggregator) {
+  const auto no = [](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = async at the root does not run ", what,
+                   " yet (docs/deployment.md)");
+  };
+  if (aggregator) no("edge aggregators: connect the clients to the root");
+  if (!c.server.aggregator_ids.empty())
+    no("edge aggregators (security.aggregator_ids): connect the clients to the root");
+  if (c.train.scaffold) no("SCAFFOLD: set train.scaffold = false");
+  if (c.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
+  if (c.async.concurrency == 0 && c.sampling.clients_per_round == 0)
+    STARLING_THROW(ConfigError,
+                   "round.mode = async needs async.concurrency (or sampling.clients_per_round): "
+                   "how many clients train at once");
+}
+
+int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
+                 const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
+                 server::ZmqFleet& fleet, spdlog::logger& log) {
+  server::AsyncRootConfig rc;
+  rc.steps = ec.rounds;
+  rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
+  rc.fleet.min_available = ec.sampling.min_available;
+  rc.fleet.task_deadline_ms = ec.round_deadline_ms;
+  rc.fit = ec.fit;
+  rc.checkpoint = ec.checkpoint;
+  rc.metrics = ec.metrics;
+  server::AsyncRoot root(layout, apps::asyncServerConfig(c, ec), rc, std::move(init));
+  const server::AsyncServer& srv = root.server();
+  if (root.resumed())
+    log.info("resumed from {} at step {} (model version {}) with {} buffered updates",
+             rc.checkpoint, srv.steps() + 1, srv.version(), srv.buffered());
+  if (c.eval_every != 0)
+    log.warn(
+        "eval.every = {}: federated evaluation does not run in asynchronous rounds yet; the "
+        "steps' training loss is logged instead",
+        c.eval_every);
+  if (rc.checkpoint.empty())
+    log.warn(
+        "round.mode = async without state.checkpoint: a crash of the root loses the run and the "
+        "updates in its buffer");
+  log.info(
+      "async (FedBuff): {} clients training at once, a step every {} updates, staleness {} up to "
+      "{} versions | compressor {} | server optimizer {} | downlink {} | {} steps",
+      rc.fleet.concurrency, c.async.buffer_size, c.async.staleness, c.async.max_staleness,
+      srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
+  try {
+    root.run(fleet, [&](const server::RoundRecord& r) {
+      const auto m = [&](const char* k) {
+        const auto it = r.metrics.find(k);
+        return it == r.metrics.end() ? 0.0 : it->second;
+      };
+      if (r.applied)
+        log.info(
+            "step {:4}/{}  {} updates  staleness mean {:.1f} max {:.0f}  loss {:.4f}  {} tasks "
+            "sent, {} failed  up {:.1f} KB  down {:.1f} KB  {:.2f} s",
+            r.round, rc.steps, r.clients_completed, m("staleness_mean"), m("staleness_max"),
+            r.train_loss.value_or(0.0), r.clients_selected, r.clients_failed,
+            r.uplink_bytes / 1024.0, r.downlink_bytes / 1024.0, r.wall_seconds);
+      else
+        log.warn("step {:4}/{}  not applied: {}", r.round, rc.steps, r.reason);
+    });
+  } catch (const server::Stopped&) {
+    log.info("stopped at step {} with {} buffered updates{}", srv.steps() + 1, srv.buffered(),
+             rc.checkpoint.empty() ? " (no state.checkpoint: they are lost)"
+                                   : ", kept in the checkpoint");
+  }
+  return 0;
+}
+
 int runServer(apps::Settings& c) {
   const bool aggregator = c.server.role == "aggregator";
   if (!aggregator && c.server.role != "root")
@@ -58,14 +130,19 @@ int runServer(apps::Settings& c) {
         "!!! INSECURE: CURVE is off; anyone who reaches {} can join and read every message !!!",
         c.server.bind);
   // Every spec is checked before anything is bound.
-  if (c.round.mode == "async" || c.round.mode == "semisync")
-    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode,
-                   " runs in starling-sim only: the root's asynchronous rounds are not built yet "
-                   "(issue 22); use round.mode = sync");
-  if (c.round.mode != "sync")
+  if (c.round.mode == "semisync")
+    STARLING_THROW(ConfigError,
+                   "round.mode = semisync runs in starling-sim only: the root runs sync or async");
+  if (c.round.mode != "sync" && c.round.mode != "async")
     STARLING_THROW(ConfigError, "round.mode must be sync, async or semisync, got '", c.round.mode,
                    "'");
+  const bool async = c.round.mode == "async";
+  // async.* is checked in either mode: a file's typo shows before it is run asynchronously.
+  aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
+      .validate();
+  if (async) checkAsyncRoot(c, aggregator);
   server::EngineConfig ec = apps::engineConfig(c);
+  if (async) apps::checkAsyncScheme(c, ec);
   compression::makeCompressor(ec.scheme.compressor);
   aggregation::makeRule(ec.scheme.rule);
   aggregation::makeServerOptimizer(ec.server_opt, 1);
@@ -142,6 +219,7 @@ int runServer(apps::Settings& c) {
 
   std::vector<float> init(layout->numel());
   trainer->initParameters(init, c.model.seed);
+  if (async) return runAsyncRoot(c, ec, layout, std::move(init), fleet, *log);
   server::RoundEngine engine(layout, ec, std::move(init));
   if (engine.resumed())
     log->info("resumed from {} at round {} (model version {})", ec.checkpoint, engine.nextRound(),

@@ -193,13 +193,14 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "federated, each client on its share of data.test",
         0, 1u << 30);
   use(kServer);
-  o.add("round.deadline_ms", &s.round.deadline_ms, "how long a phase waits for updates", 10,
-        86400000);
+  o.add("round.deadline_ms", &s.round.deadline_ms,
+        "how long a phase waits for updates (round.mode = async: a task)", 10, 86400000);
   o.add("round.min_completion_rate", &s.round.min_completion_rate,
         "fraction of sampled clients that must deliver", 0, 1);
   use(kSim);
   o.add("round.deadline_seconds", &s.round.deadline_seconds,
         "simulated deadline dropping stragglers (0: none)", 0, 1e9);
+  use(kRound);
   o.add("async.buffer_size", &s.async.buffer_size,
         "round.mode = async: accepted updates per server step (FedBuff's K)", 1, 1000000);
   o.add("async.max_staleness", &s.async.max_staleness,
@@ -210,12 +211,11 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "polynomial:a=A ((1+tau)^-A) or hinge:a=A,b=B (1 up to B, then 1/(A(tau-B)+1))");
   o.add("async.concurrency", &s.async.concurrency,
         "round.mode = async: clients training at once (0: sampling.clients_per_round)", 0, 1000000);
-
-  use(kRound);
   o.add("round.mode", &s.round.mode,
         "sync: rounds of sampling.clients_per_round clients, each waiting for its slowest; "
-        "async (starling-sim only so far): FedBuff, async.concurrency clients training at once "
-        "and a server step every async.buffer_size updates, train.rounds steps, on one worker; "
+        "async: FedBuff, async.concurrency clients training at once and a server step every "
+        "async.buffer_size updates, train.rounds steps (in starling-sim on one worker; at "
+        "starling-server's root with clients connected directly); "
         "semisync (starling-sim only so far): rounds closing at round.deadline_seconds with "
         "whatever arrived, late updates joining a later round with their staleness weight "
         "(docs/simulation.md)");

@@ -72,16 +72,7 @@ void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_
                    "round.mode = semisync needs round.deadline_seconds > 0: the simulated length "
                    "of each round");
   if (ec.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
-  if (compression::makeCompressor(ec.scheme.compressor)->phases() != 1)
-    no("a compressor of several phases ('" + ec.scheme.compressor + "')");
-  if (!aggregation::makeRule(ec.scheme.rule)->streaming())
-    no("a rule that keeps every update ('" + ec.scheme.rule + "'): use fedavg, clipped or not");
-  const double at_bound =
-      aggregation::Staleness::parse(c.async.staleness).weight(c.async.max_staleness);
-  if (!(at_bound >= 1e-6))
-    STARLING_THROW(ConfigError, "async.staleness = '", c.async.staleness, "' weighs an update ",
-                   c.async.max_staleness, " versions old (async.max_staleness) ", at_bound,
-                   ", below 1e-6: lower async.max_staleness");
+  apps::checkAsyncScheme(c, ec);
 }
 
 int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
@@ -90,12 +81,7 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   const auto layout = std::make_shared<const ParamLayout>(trainer.layout());
   std::vector<float> init(layout->numel());
   trainer.initParameters(init, c.model.seed);
-  server::AsyncServerConfig sc{
-      ec.scheme, ec.server_opt, {c.async.buffer_size, c.async.max_staleness, c.async.staleness}};
-  sc.downlink = ec.downlink;
-  sc.history = ec.delta_history;
-  sc.density = ec.downlink_density;
-  server::AsyncServer server(layout, sc, std::move(init));
+  server::AsyncServer server(layout, apps::asyncServerConfig(c, ec), std::move(init));
   sim::AsyncSimConfig ac;
   ac.steps = ec.rounds;
   ac.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
+#include "core/bytes.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "core/finite.h"
 
 namespace starling::server {
@@ -18,7 +21,8 @@ AsyncServer::AsyncServer(std::shared_ptr<const ParamLayout> layout, AsyncServerC
                  ? config_.history
                  : 0,
              config_.downlink == Downlink::kTopK ? config_.density : 0.0),
-      buffer_(scheme_, config_.async, 1) {
+      buffer_(scheme_, config_.async, 1),
+      layout_(layout) {
   STARLING_CHECK_ARG(initial.size() == layout->numel(), "initial model of ", initial.size(),
                      " values, the layout has ", layout->numel());
   model_.set(std::move(initial), 1);
@@ -72,6 +76,90 @@ RoundRecord AsyncServer::skip(const std::string& reason) {
   rec.updates_rejected = buffer_.takeRejected();
   rec.model_version = model_.version();
   return rec;
+}
+
+namespace {
+constexpr uint32_t kAsyncMagic = 0x41434c53;  // "SLCA"
+constexpr uint32_t kAsyncFormat = 1;
+}  // namespace
+
+void AsyncServer::saveCheckpoint(const std::string& path) const {
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u32(kAsyncMagic);
+  w.u32(kAsyncFormat);
+  w.u64(layout_->fingerprint());
+  w.str(scheme_.compressor().spec());
+  w.str(config_.scheme.rule);
+  w.str(config_.server_opt);
+  w.str(config_.async.staleness);
+  w.u64(config_.async.max_staleness);
+  w.u64(steps_);
+  w.u64(model_.version());
+  w.floats(model_.server());
+  w.floats(model_.lossy() ? model_.current() : std::span<const float>());
+  optimizer_->saveState(w);
+  w.f64(staleness_sum_);
+  w.u64(staleness_max_);
+  buffer_.save(w);
+  writeFileAtomic(path, bytes);
+}
+
+void AsyncServer::loadCheckpoint(const std::string& path) {
+  const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
+  ByteReader r(bytes, "checkpoint " + path);
+  if (r.u32() != kAsyncMagic)
+    r.fail(
+        "not a checkpoint of asynchronous rounds (a synchronous run's checkpoint resumes only "
+        "with round.mode = sync)");
+  if (const uint32_t f = r.u32(); f != kAsyncFormat)
+    r.fail("format version ", f, " is not ", kAsyncFormat);
+  if (r.u64() != layout_->fingerprint())
+    r.fail("the checkpoint is of another model (layout fingerprint differs)");
+  const auto same = [&](const std::string& saved, const std::string& now, const char* key) {
+    if (saved != now)
+      r.fail("it was written with ", key, " = '", saved, "', this run has '", now, "'");
+  };
+  same(r.str(4096), scheme_.compressor().spec(), "compression.compressor");
+  same(r.str(4096), config_.scheme.rule, "aggregation.rule");
+  same(r.str(4096), config_.server_opt, "aggregation.server_opt");
+  same(r.str(4096), config_.async.staleness, "async.staleness");
+  if (const uint64_t b = r.u64(); b != config_.async.max_staleness)
+    r.fail("it was written with async.max_staleness = ", b, ", this run has ",
+           config_.async.max_staleness);
+  const uint64_t steps = r.u64(), version = r.u64();
+  std::vector<float> model, broadcast;
+  r.floats(model);
+  r.floats(broadcast);
+  if (model.size() != layout_->numel())
+    r.fail("model of ", model.size(), " values, the layout has ", layout_->numel());
+  if (!allFinite(model)) r.fail("the model holds a non-finite value");
+  if (model_.lossy() ? broadcast.size() != model.size() : !broadcast.empty())
+    r.fail("it holds a broadcast model of ", broadcast.size(), " values for a ",
+           model_.lossy() ? "lossy" : "lossless", " downlink (resume with the same downlink.mode)");
+  if (!allFinite(broadcast)) r.fail("the broadcast model holds a non-finite value");
+  auto optimizer = aggregation::makeServerOptimizer(config_.server_opt, layout_->numel());
+  optimizer->loadState(r);
+  const double staleness_sum = r.f64();
+  const uint64_t staleness_max = r.u64();
+  if (!(std::isfinite(staleness_sum) && staleness_sum >= 0.0))
+    r.fail("the buffered updates' staleness sums to ", staleness_sum);
+  aggregation::AsyncBuffer buffer(scheme_, config_.async, 1);
+  const size_t buffer_at = r.position();
+  buffer.load(r);
+  r.finish();
+  if (version == 0 || buffer.version() != version)
+    r.fail("the model is version ", version, ", its buffer counts from version ", buffer.version());
+  if (steps + 1 < version) r.fail(steps, " steps cannot have made model version ", version);
+  model_.reset(std::move(model), version, std::move(broadcast));
+  optimizer_ = std::move(optimizer);
+  // The checked buffer's bytes again, into the member (a buffer refers to its scheme: it is
+  // loaded in place, not assigned).
+  ByteReader again(std::span<const uint8_t>(bytes).subspan(buffer_at), "checkpoint " + path);
+  buffer_.load(again);
+  steps_ = steps;
+  staleness_sum_ = staleness_sum;
+  staleness_max_ = staleness_max;
 }
 
 }  // namespace starling::server

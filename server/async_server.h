@@ -13,7 +13,11 @@
 // RoundRecord (round = the step's number), with the staleness of its updates in its metrics:
 // staleness_mean and staleness_max (versions).
 //
-// Not yet: checkpoints (the buffer and the model live in memory), SCAFFOLD.
+// Checkpoints (the root's, server/async_root.h): saveCheckpoint() writes the model, its version,
+// the optimizer's state and the buffer with its sums atomically (core/file_io.h), and a server
+// constructed with the same configuration resumes from it with loadCheckpoint(), every buffered
+// update kept: its next step is the one the saved server would have taken, bit for bit (tested).
+// Not yet: SCAFFOLD.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -67,6 +71,15 @@ class AsyncServer {
   // A step with nothing to apply (a semi-synchronous round where no update was accepted): counted,
   // not applied, with `reason` and the refusals since the last step; the version unchanged.
   RoundRecord skip(const std::string& reason);
+  // Whether `client` sent an accepted update from version v.
+  bool hasUpdate(uint64_t client, uint64_t v) const { return buffer_.hasUpdate(client, v); }
+
+  // The checkpoint file: magic, format, the layout's fingerprint, the compressor, rule, optimizer
+  // and staleness specs (a resume with others is refused, naming the key), then the state.
+  // loadCheckpoint throws IoError for an unreadable, corrupt or mismatched file and changes
+  // nothing then.
+  void saveCheckpoint(const std::string& path) const;
+  void loadCheckpoint(const std::string& path);
 
  private:
   AsyncServerConfig config_;
@@ -77,6 +90,7 @@ class AsyncServer {
   uint64_t steps_ = 0;
   double staleness_sum_ = 0.0;  // of the buffered updates
   uint64_t staleness_max_ = 0;
+  std::shared_ptr<const ParamLayout> layout_;
 };
 
 }  // namespace starling::server

@@ -20,7 +20,8 @@ struct ZmqFleet::Phase {
   EvalReport* eval = nullptr;
   size_t accepted = 0;
   std::unordered_map<uint64_t, std::vector<uint8_t>> encoded;  // task bytes by the version a client holds
-  std::mt19937_64* rng = nullptr;
+  uint64_t encoded_for = 0;      // the task version `encoded` holds (asynchronous rounds move it)
+  AsyncDriver* async = nullptr;  // asynchronous rounds: tasks stay open across server steps
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -222,15 +223,19 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
                                                  config_.limits.max_message_bytes, config_.limits.chunk_bytes}));
   // A client that restarted in the middle of its task (a new connection), or that could not apply
   // it (it says which version it holds), gets the task again and carries on; a duplicate
-  // registration does not.
-  if (auto pend = pending_.find(m.client_id);
-      pend != pending_.end() && phase_ && !pend->second.evaluate) {
-    Pending& q = pend->second;
-    if (!(same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) &&
-        sendTask(p, q.nonce)) {
-      q.sent_to = p.routing;
-      q.sent_version = p.info.model_version;
-    }
+  // registration does not. In asynchronous rounds its task is failed instead and a new one, on
+  // the current version, follows (the task's version may be gone from the delta history).
+  auto pend = pending_.find(m.client_id);
+  if (pend == pending_.end() || !phase_ || pend->second.evaluate) return;
+  Pending& q = pend->second;
+  if (same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) return;
+  if (phase_->async) {
+    expired_[m.client_id].add(q.nonce);
+    pending_.erase(pend);
+    phase_->async->failed(m.client_id, "registered again");
+  } else if (sendTask(p, q.nonce)) {
+    q.sent_to = p.routing;
+    q.sent_version = p.info.model_version;
   }
 }
 
@@ -238,6 +243,10 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   Phase& ph = *phase_;
   const PhaseTask& t = *ph.task;
   const uint64_t held = t.header.phase == 0 ? peer.info.model_version : 0;
+  if (ph.encoded_for != t.header.model_version) {
+    ph.encoded.clear();
+    ph.encoded_for = t.header.model_version;
+  }
   auto it = ph.encoded.find(held);
   if (it == ph.encoded.end()) {
     // One encoding per version held; the nonce is patched per client.
@@ -259,6 +268,7 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   if (ok) {
     if (ph.report) ph.report->downlink_bytes += msg.size();
     if (ph.eval) ph.eval->downlink_bytes += msg.size();
+    if (ph.async) ph.async->sent(msg.size());
   }
   return ok;
 }
@@ -266,7 +276,8 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
 void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool partial) {
   const uint64_t id = peer.info.id;
   auto pend = pending_.find(id);
-  const bool open = phase_ && phase_->agg && pend != pending_.end() && !pend->second.evaluate;
+  const bool open =
+      phase_ && (phase_->agg || phase_->async) && pend != pending_.end() && !pend->second.evaluate;
   const auto bytes = r.bytes();
   // The nonce tells a late answer to a closed task from a replay or a forgery.
   auto checkNonce = [&](uint64_t nonce) {
@@ -276,6 +287,33 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     if (nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an update with another task's nonce");
   };
   uint64_t nonce = 0;
+  if (partial && phase_ && phase_->async)
+    failInput(Errc::kUnexpectedMessage,
+              "a partial aggregate: edge aggregators do not take part in asynchronous rounds yet");
+  if (!partial && phase_ && phase_->async) {
+    const compression::UpdateView& v = decoder_.decodeUpdate(bytes);
+    nonce = v.header.nonce;
+    if (v.header.client_id != id)
+      failInput(Errc::kWrongSender, "an update claiming to be client ", v.header.client_id);
+    checkNonce(nonce);
+    // The task's answer, whatever becomes of it: the client is idle again.
+    const Pending task = pend->second;
+    expired_[id].add(nonce);
+    pending_.erase(pend);
+    try {
+      if (v.header.round != task.task_version)
+        failInput(Errc::kWrongRound, "an update from model version ", v.header.round,
+                  " to a task of version ", task.task_version);
+      phase_->async->accept(v, ag::ClientLimits{task.num_examples}, bytes.size());
+    } catch (const InputError&) {
+      phase_->async->failed(id, "its update was refused");
+      throw;
+    } catch (const InvalidArgument&) {
+      phase_->async->failed(id, "its update was refused");
+      throw;
+    }
+    return;
+  }
   if (partial) {
     const compression::PartialView& v = decoder_.decodePartial(bytes);
     nonce = v.header.nonce;
@@ -327,6 +365,7 @@ void ZmqFleet::expireSilent() {
     if (c == clients_.end() || c->second.last_seen < cutoff) {
       log_->warn("client {} went silent; failed for this phase", it->first);
       if (phase_ && phase_->report) phase_->report->failed.push_back(it->first);
+      if (phase_ && phase_->async) phase_->async->failed(it->first, "went silent");
       expired_[it->first].add(it->second.nonce);
       it = pending_.erase(it);
     } else {
@@ -466,6 +505,59 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
 void ZmqFleet::finish(const std::string& reason) {
   for (const auto& [id, p] : clients_) socket_.send(p.routing, pr::encode(pr::ShutdownMsg{0, reason}));
   log_->info("federation finished: {}", reason);
+}
+
+void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
+  STARLING_CHECK_ARG(opt.concurrency >= 1 && opt.task_deadline_ms >= 10,
+                     "asynchronous rounds need a concurrency of at least 1 and a task deadline of "
+                     "at least 10 ms");
+  auto rng = seededRng();
+  Phase ph;
+  ph.async = &driver;
+  ph.task = &driver.currentTask();
+  phase_ = &ph;
+  pending_.clear();
+  PhaseReset reset{this};
+  std::vector<Peer*> idle;
+  while (!driver.done()) {
+    ph.task = &driver.currentTask();
+    const uint64_t version = ph.task->header.model_version;
+    if (pending_.size() < opt.concurrency) {
+      const std::vector<ClientInfo> avail = available();
+      if (avail.size() >= opt.min_available) {
+        idle.clear();
+        for (const ClientInfo& c : avail)
+          if (c.role == pr::Role::kClient && !pending_.count(c.id) && driver.mayStart(c.id))
+            idle.push_back(&clients_.at(c.id));
+        std::shuffle(idle.begin(), idle.end(), rng);
+        for (Peer* p : idle) {
+          if (pending_.size() >= opt.concurrency) break;
+          const uint64_t nonce = randomNonZero(rng);
+          if (!sendTask(*p, nonce)) continue;
+          Pending q{nonce,        false,      p->info.num_examples, p->info.eval_examples,
+                    p->info.role, p->routing, p->info.model_version};
+          q.task_version = version;
+          q.deadline = config_.clock->now() + milliseconds(opt.task_deadline_ms);
+          pending_[p->info.id] = q;
+        }
+      }
+    }
+    poll(milliseconds(100));
+    expireSilent();
+    const auto now = config_.clock->now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline < now) {
+        log_->info("client {} did not deliver its task of version {} in time", it->first,
+                   it->second.task_version);
+        expired_[it->first].add(it->second.nonce);
+        const uint64_t id = it->first;
+        it = pending_.erase(it);
+        driver.failed(id, "did not deliver in time");
+      } else {
+        ++it;
+      }
+    }
+  }
 }
 
 }  // namespace starling::server

@@ -48,6 +48,32 @@ struct FleetConfig {
   void validate() const;
 };
 
+// What the fleet's asynchronous rounds ask of their driver (server/async_root.h): the task a
+// client starting now trains on, and what to do with each update. Called on the fleet's thread.
+class AsyncDriver {
+ public:
+  virtual ~AsyncDriver() = default;
+  // The current version's fit task (phase 0; header.round = header.model_version = the version).
+  // The reference stays valid, at the same address, for the driver's life; its contents change
+  // when the version does.
+  virtual const PhaseTask& currentTask() = 0;
+  // Whether `client` may start a task on the current version (one accepted update per version).
+  virtual bool mayStart(uint64_t client) const = 0;
+  // An update to a task of this fleet's, its sender, nonce and version already checked: the driver
+  // adds it (InputError refuses it, counted by the fleet), may step, and checkpoints.
+  virtual void accept(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
+                      uint64_t bytes) = 0;
+  virtual void sent(uint64_t bytes) = 0;                      // a task went out
+  virtual void failed(uint64_t client, const char* why) = 0;  // a task expired, unanswered
+  virtual bool done() const = 0;                              // every step is taken
+};
+
+struct AsyncFleetOptions {
+  size_t concurrency = 10;            // tasks open at once (FedBuff's C)
+  size_t min_available = 1;           // no task starts before this many clients are registered
+  uint32_t task_deadline_ms = 60000;  // a task unanswered this long is failed
+};
+
 class ZmqFleet final : public Fleet {
  public:
   ZmqFleet(transport::Context& ctx, FleetConfig config, std::shared_ptr<const ParamLayout> layout,
@@ -69,6 +95,15 @@ class ZmqFleet final : public Fleet {
   // Once `*stop` is true, every receive loop (waiting for clients, a phase, an evaluation,
   // service()) throws server::Stopped within about 100 ms instead of waiting out its timeout.
   void setStopFlag(const std::atomic<bool>* stop) { stop_ = stop; }
+
+  // Asynchronous rounds (issue 22, FedBuff at the root): keeps up to `opt.concurrency` clients
+  // training, each on the version current when its task left, until driver.done(). A client gets
+  // a task when it is registered, idle, and driver.mayStart() it; its update must come from the
+  // task's version (kWrongRound otherwise). A task unanswered at its deadline, or whose client
+  // went silent or registered again (it lost the task), is failed and the client may start
+  // again. Edge aggregators get no task and their partials are refused (not built yet). Throws
+  // Stopped as a phase does; nothing is lost then that the driver has accepted.
+  void runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt);
 
   // Serves registrations and heartbeats for `timeout` outside a phase.
   void service(std::chrono::milliseconds timeout);
@@ -102,6 +137,9 @@ class ZmqFleet final : public Fleet {
     // lost its task, and does not get the task (and bring its update) again.
     std::string sent_to;
     uint64_t sent_version = 0;
+    // Asynchronous rounds: the version the task trains on, and when it is failed unanswered.
+    uint64_t task_version = 0;
+    std::chrono::steady_clock::time_point deadline{};
   };
   struct Phase;  // the state of the phase being run
   struct PhaseReset;

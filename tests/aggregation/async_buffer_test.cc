@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "check_throws.h"
 #include "compression/registry.h"
@@ -235,4 +237,78 @@ TEST_CASE("asynchronous aggregation refuses what it cannot do, naming it", "[agg
                         Contains("buffer_size"));
   CHECK_THROWS_MATCHING(AsyncBuffer(scheme, AsyncOptions{.staleness = "hinge:a=1"}), ConfigError,
                         Contains("b="));
+}
+
+TEST_CASE("a saved buffer, loaded, steps as the saved one would, and a damaged state is refused",
+          "[aggregation][async]") {
+  const auto l = threeValues();
+  RoundSchemeOptions o;
+  o.compressor = "none";
+  const RoundScheme scheme(l, o);
+  const AsyncOptions opt{.buffer_size = 4, .max_staleness = 2, .staleness = "polynomial:a=0.5"};
+  AsyncBuffer a(scheme, opt);
+  a.add(view(dense(*l, 1, 1, 3, {1, 2, 3}, 1.0)));
+  a.add(view(dense(*l, 2, 1, 2, {0.1f, -2, 7}, 2.0)));
+  (void)a.take();
+  a.advance();
+  a.advance();  // version 3: updates from 1 are two versions old
+  a.add(view(dense(*l, 3, 1, 5, {0.3f, 0.7f, -1.1f}, 3.0)));
+  a.add(view(dense(*l, 4, 2, 1, {2.5f, 0, 1}, 4.0)));
+  a.add(view(dense(*l, 5, 3, 7, {-0.2f, 0.9f, 0.4f}, 5.0)));
+  CHECK_THROWS_AS(a.add(view(dense(*l, 6, 9, 1, {1, 1, 1}, 0.0))), InputError);  // a refusal
+  std::vector<uint8_t> saved;
+  ByteWriter w(saved);
+  a.save(w);
+
+  AsyncBuffer b(scheme, opt);
+  ByteReader r(saved, "saved buffer");
+  b.load(r);
+  r.finish();
+  CHECK(b.version() == 3);
+  CHECK(b.size() == 3);
+  CHECK(b.rejected() == 1);
+  CHECK(b.hasUpdate(1, 1));  // taken in the first step, still a duplicate if sent again
+  CHECK(b.hasUpdate(5, 3));
+  CHECK_FALSE(b.hasUpdate(5, 2));
+  CHECK(codeOf([&] { b.add(view(dense(*l, 1, 1, 3, {1, 2, 3}, 1.0))); }) == Errc::kDuplicate);
+  CHECK(codeOf([&] { a.add(view(dense(*l, 1, 1, 3, {1, 2, 3}, 1.0))); }) == Errc::kDuplicate);
+  // The same fourth update to both: the same step, bit for bit.
+  a.add(view(dense(*l, 7, 2, 4, {0.6f, -0.3f, 0.05f}, 6.0)));
+  b.add(view(dense(*l, 7, 2, 4, {0.6f, -0.3f, 0.05f}, 6.0)));
+  REQUIRE(a.ready());
+  REQUIRE(b.ready());
+  const RoundResult ra = a.take(), rb = b.take();
+  CHECK(rb.count == ra.count);
+  CHECK(rb.total_weight == ra.total_weight);
+  CHECK(rb.rejected == ra.rejected);
+  CHECK(rb.metrics == ra.metrics);
+  REQUIRE(rb.delta.size() == ra.delta.size());
+  CHECK(std::memcmp(rb.delta.data(), ra.delta.data(), ra.delta.size() * sizeof(float)) == 0);
+
+  // Damaged states: each refused naming what is wrong, the buffer it was loaded into unchanged.
+  const auto refused = [&](std::vector<uint8_t> bytes, const AsyncOptions& into,
+                           const std::string& says) {
+    INFO(says);
+    AsyncBuffer c(scheme, into);
+    const auto load = [&] {  // a reader per call: the macro may evaluate its expression twice
+      ByteReader rr(bytes, "damaged buffer");
+      c.load(rr);
+    };
+    CHECK_THROWS_MATCHING(load(), IoError, Contains(says));
+    CHECK(c.version() == 1);
+    CHECK(c.size() == 0);
+  };
+  refused({saved.begin(), saved.end() - 3}, opt, "only 5 bytes left");
+  refused({saved.begin(), saved.begin() + 52}, opt, "truncated");
+  AsyncOptions tighter = opt;
+  tighter.max_staleness = 1;  // version 1's sum is two versions old
+  refused(saved, tighter, "more than async.max_staleness + 1 = 2");
+  std::vector<uint8_t> count = saved;
+  count[8] = 9;  // the update count (after the version)
+  refused(count, opt, "the buffer counts 9 updates, its sums hold 3");
+  // The first buffered sum's first value (after 5 u64, the version and the float count).
+  std::vector<uint8_t> nan = saved;
+  const float q = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan.data() + 7 * 8, &q, sizeof q);
+  refused(nan, opt, "non-finite");
 }

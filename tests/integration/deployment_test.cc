@@ -7,10 +7,12 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "client/trainer.h"
 #include "compression/compressor.h"
 #include "core/client_state.h"
 #include "integration/federation.h"
 #include "protocol/control.h"
+#include "server/async_server.h"
 #include "transport/keys.h"
 
 using namespace starling;
@@ -98,6 +100,39 @@ TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
           "the root's setting");
 }
 
+TEST_CASE("the root refuses what its asynchronous rounds do not run, naming it",
+          "[integration][server][async]") {
+  Federation f("async-config");
+  const std::string allow = f.allowList("allow", {});
+  const auto refused = [&](const std::string& name, std::vector<std::string> args,
+                           const std::string& says) {
+    INFO(name);
+    args.insert(args.begin(), {"--round.mode", "async"});
+    f.root(name, freePort(), allow, std::move(args));
+    CHECK(f.proc(name).wait(seconds(20)) == 2);
+    INFO(f.log(name));
+    CHECK(f.log(name).find(says) != std::string::npos);
+  };
+  refused("tree", {"--security.aggregator_ids", "100"}, "does not run edge aggregators");
+  refused(
+      "aggregator",
+      {"--server.role", "aggregator", "--server.id", "5", "--server.upstream", "tcp://127.0.0.1:1"},
+      "does not run edge aggregators");
+  refused("scaffold", {"--train.scaffold", "true"}, "does not run SCAFFOLD");
+  refused("overcommit", {"--sampling.overcommit", "1.5"}, "over-commitment");
+  // Sampling by fraction (this harness's) leaves the concurrency to be given.
+  refused("concurrency", {}, "needs async.concurrency");
+  refused("powersgd", {"--async.concurrency", "2", "--compression.compressor", "powersgd:rank=2"},
+          "a compressor of several phases");
+  refused("median", {"--async.concurrency", "2", "--aggregation.rule", "median"},
+          "a rule that keeps every update");
+  refused("staleness", {"--async.staleness", "polynomial:a=0"}, "polynomial:a=0");
+  // round.mode = semisync is the simulator's only.
+  f.root("semisync", freePort(), allow, {"--round.mode", "semisync"});
+  CHECK(f.proc("semisync").wait(seconds(20)) == 2);
+  CHECK(f.log("semisync").find("runs in starling-sim only") != std::string::npos);
+}
+
 TEST_CASE("a client killed mid-round: the round completes with the rest", "[integration][server]") {
   Federation f("killclient");
   f.clientKeys(0, 4);
@@ -129,6 +164,69 @@ TEST_CASE("a client killed mid-round: the round completes with the rest", "[inte
   CHECK(field(lines[1], "clients_failed") == "1");
   CHECK(field(lines[1], "clients_completed") == "3");
   CHECK(field(lines[2], "applied") == "true");
+}
+
+TEST_CASE(
+    "the root in asynchronous rounds, killed with SIGKILL and restarted, resumes with the updates "
+    "it had buffered and takes every step once",
+    "[integration][server][async]") {
+  Federation f("killasync");
+  f.clientKeys(0, 3);
+  const int port = freePort();
+  const std::string allow = f.allowList("allow", {"client-0", "client-1", "client-2"});
+  const std::string ck = f.path("ck.bin");
+  const std::vector<std::string> args{
+      "--round.mode",          "async", "--train.rounds",           "6",
+      "--async.buffer_size",   "2",     "--async.concurrency",      "3",
+      "--async.max_staleness", "10",    "--sampling.min_available", "3",
+      "--eval.every",          "0",     "--state.metrics",          f.path("metrics.jsonl"),
+      "--state.checkpoint",    ck,      "--compression.compressor", "topk:density=0.1",
+      "--downlink.mode",       "delta"};
+  f.root("root", port, allow, args);
+  // Updates land in waves 1.5 s apart: the root is killed between two, its buffer not empty.
+  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 3, {"--client.delay_ms", "1500"});
+  awaitRounds(f, 1, seconds(90));
+  // The checkpoint read as the restarted root reads it (the deployed softmax on 28 x 28, 10
+  // classes).
+  const auto layout =
+      std::make_shared<const ParamLayout>(client::makeTrainer("softmax", 28, 28, 10)->layout());
+  server::AsyncServerConfig sc;
+  sc.scheme.compressor = "topk:density=0.1";
+  sc.async = aggregation::AsyncOptions{2, 10, "polynomial:a=0.5"};
+  sc.downlink = server::Downlink::kDelta;
+  const auto checkpointed = [&] {
+    server::AsyncServer s(layout, sc, std::vector<float>(layout->numel()));
+    s.loadCheckpoint(ck);
+    return std::pair<uint64_t, uint64_t>(s.steps(), s.buffered());
+  };
+  bool between = false;
+  for (int i = 0; i < 300 && !between; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    const auto [steps, n] = checkpointed();
+    between = n >= 1 && steps < 5;
+  }
+  INFO(f.allLogs());
+  REQUIRE(between);
+  f.proc("root").signal(SIGKILL);
+  REQUIRE(f.proc("root").wait(seconds(10)) == 128 + SIGKILL);
+  const auto [steps_at_kill, buffered_at_kill] = checkpointed();
+  CHECK(buffered_at_kill >= 1);
+  CHECK(metricLines(f).size() == steps_at_kill);
+  f.root("root", port, allow, args);  // same command, same checkpoint
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  CHECK(f.log("root").find("with " + std::to_string(buffered_at_kill) + " buffered updates") !=
+        std::string::npos);
+  std::set<std::string> steps;
+  for (const auto& l : metricLines(f)) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "2");
+    CHECK(steps.insert(field(l, "round")).second);  // no step twice
+  }
+  CHECK(steps == std::set<std::string>{"1", "2", "3", "4", "5", "6"});
+  for (uint64_t c = 0; c < 3; ++c)
+    CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(30)) == 0);
 }
 
 TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, and clients carry on",

@@ -31,6 +31,7 @@
 #include "core/clock.h"
 #include "data/idx.h"
 #include "server/aggregator.h"
+#include "server/async_root.h"
 #include "server/engine.h"
 #include "server/zmq_fleet.h"
 #include "transport/context.h"
@@ -93,47 +94,47 @@ class InprocFederation {
   // The root on inproc://root (or `fc.bind`): runs `ec`'s rounds from the trainer's initial model
   // (seed ec.scheme.run_seed), or from ec.checkpoint, then tells everyone the federation is over.
   void root(server::EngineConfig ec, server::FleetConfig fc = fleetConfig("inproc://root")) {
-    Node& n = node("root");
-    fc.clock = &clock_;
-    n.thread = std::thread([this, &n, ec, fc] {
-      guard("root", [&] {
-        // A root on TCP has a context of its own: destroying a context waits until its sockets
-        // are closed, so the port is free for a restarted root when this thread has ended. An
-        // inproc root needs the shared one (inproc names are per context) and cannot restart.
-        std::optional<transport::Context> own;
-        if (fc.bind.rfind("inproc://", 0) != 0) own.emplace();
-        auto trainer = makeTrainer();
-        auto layout = std::make_shared<const ParamLayout>(trainer->layout());
-        auto fleet =
-            std::make_unique<server::ZmqFleet>(own ? *own : ctx_, fc, layout, logger("root"));
-        fleet->setStopFlag(&n.stop);
-        {
-          std::lock_guard lock(mu_);
-          root_endpoint_ = fleet->endpoint();
-          cv_.notify_all();
-        }
-        std::vector<float> init(layout->numel());
-        trainer->initParameters(init, ec.scheme.run_seed);
-        server::RoundEngine engine(layout, ec, std::move(init));
-        try {
-          while (!engine.done()) {
-            server::RoundRecord r = engine.runRound(*fleet);
-            std::lock_guard lock(mu_);
-            records_.push_back(std::move(r));
-            const auto m = engine.model().current();
-            model_.assign(m.begin(), m.end());
-            control_ = engine.control();
-            cv_.notify_all();
-          }
-          fleet->finish("all rounds done");
-        } catch (const server::Stopped&) {
-          // stopped by the test (restartRoot): the round in flight is left for the next root
-        }
+    rootThread(fc, ec.scheme.run_seed, [this, ec](auto layout, server::ZmqFleet& fleet, auto init) {
+      server::RoundEngine engine(layout, ec, std::move(init));
+      while (!engine.done()) {
+        server::RoundRecord r = engine.runRound(fleet);
         std::lock_guard lock(mu_);
-        root_done_ = engine.done();
+        records_.push_back(std::move(r));
+        const auto m = engine.model().current();
+        model_.assign(m.begin(), m.end());
+        control_ = engine.control();
         cv_.notify_all();
-      });
+      }
+      fleet.finish("all rounds done");
+      return engine.done();
     });
+  }
+  // The root in asynchronous rounds (server/async_root.h), FedBuff's steps as records().
+  void asyncRoot(server::AsyncServerConfig sc, server::AsyncRootConfig rc,
+                 server::FleetConfig fc = fleetConfig("inproc://root")) {
+    rootThread(
+        fc, sc.scheme.run_seed, [this, sc, rc](auto layout, server::ZmqFleet& fleet, auto init) {
+          server::AsyncRoot root(layout, sc, rc, std::move(init));
+          {
+            std::lock_guard lock(mu_);
+            resumed_buffered_ =
+                root.resumed() ? std::optional<uint64_t>(root.server().buffered()) : std::nullopt;
+          }
+          root.run(fleet, [&](const server::RoundRecord& r) {
+            std::lock_guard lock(mu_);
+            records_.push_back(r);
+            const auto m = root.server().model().current();
+            model_.assign(m.begin(), m.end());
+            cv_.notify_all();
+          });
+          return root.done();
+        });
+  }
+  // The asynchronous root's buffered updates when it resumed from its checkpoint (nullopt: it
+  // started fresh).
+  std::optional<uint64_t> resumedBuffered() {
+    std::lock_guard lock(mu_);
+    return resumed_buffered_;
   }
   // Stops the root (as SIGTERM does) and waits for its thread; its socket is closed.
   void stopRoot() {
@@ -317,6 +318,44 @@ class InprocFederation {
     if (n.thread.joinable()) n.thread.join();
   }
 
+  // The root's thread: its fleet (on `fc.bind`) and initial model, then `run` (which returns
+  // whether every round or step is done).
+  template <class Run>
+  void rootThread(server::FleetConfig fc, uint64_t seed, Run run) {
+    Node& n = node("root");
+    fc.clock = &clock_;
+    n.thread = std::thread([this, &n, fc, seed, run] {
+      guard("root", [&] {
+        // A root on TCP has a context of its own: destroying a context waits until its sockets
+        // are closed, so the port is free for a restarted root when this thread has ended. An
+        // inproc root needs the shared one (inproc names are per context) and cannot restart.
+        std::optional<transport::Context> own;
+        if (fc.bind.rfind("inproc://", 0) != 0) own.emplace();
+        auto trainer = makeTrainer();
+        auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+        auto fleet =
+            std::make_unique<server::ZmqFleet>(own ? *own : ctx_, fc, layout, logger("root"));
+        fleet->setStopFlag(&n.stop);
+        {
+          std::lock_guard lock(mu_);
+          root_endpoint_ = fleet->endpoint();
+          cv_.notify_all();
+        }
+        std::vector<float> init(layout->numel());
+        trainer->initParameters(init, seed);
+        bool done = false;
+        try {
+          done = run(layout, *fleet, std::move(init));
+        } catch (const server::Stopped&) {
+          // stopped by the test (restartRoot): the round in flight is left for the next root
+        }
+        std::lock_guard lock(mu_);
+        root_done_ = done;
+        cv_.notify_all();
+      });
+    });
+  }
+
   std::unique_ptr<client::Trainer> makeTrainer() const {
     return client::makeTrainer(spec_, train_);
   }
@@ -349,6 +388,7 @@ class InprocFederation {
   std::vector<server::RoundRecord> records_;
   std::vector<float> model_, control_;
   bool root_done_ = false;
+  std::optional<uint64_t> resumed_buffered_;
   std::string root_endpoint_;
   std::map<uint64_t, client::RuntimeStats> stats_, live_;
   std::map<uint64_t, std::vector<uint8_t>> states_;  // each ended client's ClientState, saved

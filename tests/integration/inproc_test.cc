@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
+#include <thread>
 
 #include "compression/registry.h"
 #include "data/partition.h"
@@ -609,4 +611,256 @@ TEST_CASE(
     CHECK(f.model() == ref_model);
     CHECK(f.control() == ref_control);
   }
+}
+
+namespace {
+
+// The root's asynchronous rounds (server/async_root.h) with top-k 10% and error feedback, the
+// delta downlink, K updates per step.
+server::AsyncServerConfig asyncServerConfig(uint64_t k, uint64_t max_staleness) {
+  server::AsyncServerConfig sc;
+  sc.scheme.compressor = "topk:density=0.1";
+  sc.scheme.run_seed = 5;
+  sc.async = aggregation::AsyncOptions{k, max_staleness, "polynomial:a=0.5"};
+  sc.downlink = server::Downlink::kDelta;
+  return sc;
+}
+
+server::AsyncRootConfig asyncRootConfig(uint64_t steps, size_t concurrency, size_t min_available) {
+  server::AsyncRootConfig rc;
+  rc.steps = steps;
+  rc.fleet.concurrency = concurrency;
+  rc.fleet.min_available = min_available;
+  rc.fleet.task_deadline_ms = 600'000;
+  rc.fit = protocol::FitSettings{1, 16, 0.1f, 0.0f};
+  return rc;
+}
+
+double metricOf(const server::RoundRecord& r, const char* name) {
+  const auto it = r.metrics.find(name);
+  return it == r.metrics.end() ? -1.0 : it->second;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in process: the root's asynchronous rounds step every K updates from clients training at "
+    "once, weigh the stale ones, and learn",
+    "[integration][inproc][async]") {
+  const data::Dataset& train = fashion("train", 1200);
+  InprocFederation f("logreg", train, iid(train, 6));
+  // Four clients train at once and a step takes three: the fourth update of each wave lands on a
+  // newer version than it trained from.
+  f.asyncRoot(asyncServerConfig(3, 4), asyncRootConfig(8, 4, 6));
+  for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 8);
+  double stale_steps = 0;
+  uint64_t tasks = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(records[i].round == i + 1);
+    CHECK(records[i].applied);
+    CHECK(records[i].model_version == i + 2);
+    CHECK(records[i].clients_completed == 3);
+    CHECK(records[i].updates_rejected == 0);
+    CHECK(metricOf(records[i], "staleness_max") <= 4);
+    CHECK(records[i].uplink_bytes > 0);
+    stale_steps += metricOf(records[i], "staleness_max") >= 1 ? 1 : 0;
+    tasks += records[i].clients_selected;
+  }
+  CHECK(stale_steps >= 1);
+  CHECK(tasks >= 8 * 3);
+  CHECK(records.back().train_loss.value() < records.front().train_loss.value());
+  uint64_t sent = 0;
+  for (uint64_t id = 0; id < 6; ++id) {
+    REQUIRE(f.waitClientEnded(id, seconds(30)));  // told by the Shutdown
+    sent += f.stats(id).updates_sent;
+  }
+  CHECK(sent >= 8 * 3);
+}
+
+TEST_CASE(
+    "in process: an asynchronous root stopped and restarted resumes with the updates it had "
+    "buffered, and takes every step once",
+    "[integration][inproc][async]") {
+  const data::Dataset& train = fashion("train", 900);
+  starling::testing::TempDir dir("inproc-async-restart");
+  InprocFederation f("logreg", train, iid(train, 3));
+  const server::AsyncServerConfig sc = asyncServerConfig(2, 10);
+  server::AsyncRootConfig rc = asyncRootConfig(6, 3, 3);
+  rc.checkpoint = (dir.path / "root.ckpt").string();
+  f.asyncRoot(sc, rc, InprocFederation::fleetConfig("tcp://127.0.0.1:*"));
+  const std::string endpoint = f.rootEndpoint();
+  client::RuntimeConfig slow;
+  slow.delay_ms = 1500;  // updates land in waves 1.5 s apart: the root is stopped between two
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, endpoint, slow);
+  REQUIRE(f.waitRounds(1, seconds(60)));
+  // What the checkpoint holds, read as the restarted root will.
+  const auto buffered = [&] {
+    auto trainer = client::makeTrainer("logreg", train);
+    auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+    server::AsyncServer s(layout, sc, std::vector<float>(layout->numel()));
+    s.loadCheckpoint(rc.checkpoint);
+    return std::pair<uint64_t, uint64_t>(s.steps(), s.buffered());
+  };
+  // Polled until it holds an update and steps remain; the root is stopped at once, inside the
+  // 1.5 s before the next wave.
+  bool between = false;
+  for (int i = 0; i < 300 && !between && f.error().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto [steps, n] = buffered();
+    between = n >= 1 && steps + 1 < rc.steps;
+  }
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(between);
+  f.stopRoot();
+  const auto [steps_at_stop, buffered_at_stop] = buffered();
+  CHECK(buffered_at_stop >= 1);
+  f.asyncRoot(sc, rc, InprocFederation::fleetConfig(endpoint));  // resumes from the checkpoint
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  REQUIRE(f.resumedBuffered().has_value());
+  CHECK(*f.resumedBuffered() == buffered_at_stop);
+  const auto records = f.records();
+  REQUIRE(records.size() == 6);  // every step once: none lost, none taken twice
+  for (size_t i = 0; i < records.size(); ++i) {
+    CHECK(records[i].round == i + 1);
+    CHECK(records[i].applied);
+    CHECK(records[i].clients_completed == 2);
+  }
+  CHECK(steps_at_stop >= 1);
+  for (uint64_t id = 0; id < 3; ++id) REQUIRE(f.waitClientEnded(id, seconds(30)));
+}
+
+TEST_CASE(
+    "in process: a client that lies to the asynchronous root about its version, its id, its "
+    "weight or its values, or replays, is refused with the code of each lie, and the run goes on",
+    "[integration][inproc][async][attack]") {
+  const data::Dataset& train = fashion("train", 900);
+  InprocFederation f("logreg", train, iid(train, 2));
+  server::AsyncServerConfig sc = asyncServerConfig(2, 10);
+  sc.scheme.compressor = "none";  // the liar's dense updates are the compressor's encoding
+  f.asyncRoot(sc, asyncRootConfig(10, 3, 3));
+  client::RuntimeConfig slow;
+  slow.delay_ms = 300;
+  for (uint64_t id = 0; id < 2; ++id) f.client(id, "inproc://root", slow);
+
+  // The liar: client 9, registered with 100 examples, speaking the protocol by hand.
+  const auto layout =
+      std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
+  transport::SecurityConfig insecure;
+  insecure.insecure = true;
+  transport::ClientSocket sock(f.context(), "inproc://root", insecure,
+                               transport::TransportLimits{});
+  uint64_t session = 0;
+  std::vector<protocol::RejectMsg> rejects;
+  const auto pump =
+      [&](std::chrono::milliseconds timeout,
+          const std::function<bool(protocol::MessageKind, std::span<const uint8_t>)>& stop) {
+        const auto until = std::chrono::steady_clock::now() + timeout;
+        auto beat = std::chrono::steady_clock::now();
+        while (std::chrono::steady_clock::now() < until) {
+          if (session && std::chrono::steady_clock::now() >= beat) {
+            sock.send(protocol::encode(protocol::HeartbeatMsg{9, session, 0}));
+            beat += std::chrono::milliseconds(100);
+          }
+          auto r = sock.receive(std::chrono::milliseconds(20));
+          if (!r || r->error) continue;
+          const auto kind = protocol::peekKind(r->bytes());
+          if (!kind) continue;
+          if (*kind == protocol::MessageKind::kWelcome)
+            session = protocol::decodeWelcome(r->bytes()).session;
+          if (*kind == protocol::MessageKind::kReject)
+            rejects.push_back(protocol::decodeReject(r->bytes()));
+          if (stop && stop(*kind, r->bytes())) return true;
+        }
+        return false;
+      };
+  protocol::RegisterMsg reg;
+  reg.client_id = 9;
+  reg.layout_fingerprint = layout->fingerprint();
+  reg.num_examples = 100;
+  REQUIRE(sock.send(protocol::encode(reg)));
+  const auto nextTask = [&] {
+    protocol::TaskMsg t;
+    const bool got = pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
+      if (k != protocol::MessageKind::kTask) return false;
+      t = protocol::decodeTask(b, *layout);
+      return true;
+    });
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(got);
+    return t;
+  };
+  // What the root answers to `bytes`: the Reject's code, or nullopt when none came in 500 ms.
+  const auto answer = [&](const std::vector<uint8_t>& bytes) -> std::optional<Errc> {
+    const size_t before = rejects.size();
+    sock.send(bytes);
+    pump(std::chrono::milliseconds(500),
+         [&](protocol::MessageKind k, auto) { return k == protocol::MessageKind::kReject; });
+    if (rejects.size() == before) return std::nullopt;
+    return static_cast<Errc>(rejects.back().code);
+  };
+  const auto update = [&](const protocol::TaskMsg& t, uint64_t round, uint64_t id,
+                          uint64_t examples, float value) {
+    compression::Update u;
+    u.header = {layout->fingerprint(), round, 0, id, examples};
+    u.header.nonce = t.nonce;
+    for (const auto& spec : layout->tensors())
+      u.tensors.push_back(compression::DenseF32{std::vector<float>(spec.numel, value)});
+    return protocol::encodeUpdate(u);
+  };
+
+  // A newer version than its task's (less staleness discount): refused, the task closed.
+  protocol::TaskMsg t = nextTask();
+  CHECK(t.round == t.model_version);
+  CHECK(answer(update(t, t.round + 1, 9, 100, 0.0f)) == Errc::kWrongRound);
+  // Another client's id; then a NaN, which closes the task.
+  t = nextTask();
+  CHECK(answer(update(t, t.round, 0, 100, 0.0f)) == Errc::kWrongSender);
+  CHECK(answer(update(t, t.round, 9, 100, std::numeric_limits<float>::quiet_NaN())) ==
+        Errc::kNonFinite);
+  // A partial aggregate from a client; then ten times the examples it registered.
+  t = nextTask();
+  {
+    aggregation::RoundSchemeOptions o;
+    o.compressor = "none";
+    o.run_seed = 5;
+    const aggregation::RoundScheme scheme(layout, o);
+    auto agg = scheme.phaseAggregator(compression::PhaseBroadcast{5, t.round, 0, nullptr});
+    compression::Update u;
+    u.header = {layout->fingerprint(), t.round, 0, 9, 100};
+    for (const auto& spec : layout->tensors())
+      u.tensors.push_back(compression::DenseF32{std::vector<float>(spec.numel, 0.0f)});
+    agg->add(compression::view(u));
+    compression::PartialMessage pm = agg->partial().exportDense();
+    pm.header.nonce = t.nonce;
+    pm.header.round = t.round;
+    CHECK(answer(protocol::encodePartial(pm)) == Errc::kUnexpectedMessage);
+  }
+  CHECK(answer(update(t, t.round, 9, 1000, 0.0f)) == Errc::kBadWeight);
+  // An honest update is taken; sent again, it is a late answer to a closed task.
+  t = nextTask();
+  const std::vector<uint8_t> honest = update(t, t.round, 9, 100, 0.0f);
+  CHECK_FALSE(answer(honest).has_value());
+  CHECK(answer(honest) == Errc::kLate);
+
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 10);
+  uint64_t rejected = 0;
+  for (const auto& r : records) {
+    CHECK(r.applied);
+    rejected += r.updates_rejected;
+  }
+  CHECK(rejected == 2);  // the NaN and the weight: the buffer's refusals (the rest, the fleet's)
+  const std::vector<float> model = f.model();
+  CHECK(std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }));
 }

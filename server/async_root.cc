@@ -1,0 +1,104 @@
+#include "server/async_root.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace starling::server {
+
+void AsyncRootConfig::validate() const {
+  if (steps == 0 || steps > 10'000'000)
+    STARLING_THROW(ConfigError, "train.rounds (server steps) must be in [1, 10^7], got ", steps);
+  if (fleet.concurrency == 0) STARLING_THROW(ConfigError, "async.concurrency must be at least 1");
+  if (fleet.min_available == 0)
+    STARLING_THROW(ConfigError, "sampling.min_available must be at least 1");
+  if (fleet.task_deadline_ms < 10)
+    STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ",
+                   fleet.task_deadline_ms);
+  if (fit.epochs == 0 || fit.epochs > 1000)
+    STARLING_THROW(ConfigError, "fit.epochs must be in [1, 1000], got ", fit.epochs);
+  if (fit.batch_size == 0) STARLING_THROW(ConfigError, "fit.batch_size must be positive");
+  if (!(fit.lr > 0.0f && fit.lr <= 100.0f))
+    STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
+}
+
+AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfig server,
+                     AsyncRootConfig config, std::vector<float> initial)
+    : config_((config.validate(), std::move(config))),
+      server_(std::move(layout), std::move(server), std::move(initial)),
+      broadcast_(server_.broadcast(1)),
+      since_(std::chrono::steady_clock::now()) {
+  if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
+    server_.loadCheckpoint(config_.checkpoint);
+    resumed_ = true;
+  }
+  refreshTask();
+}
+
+void AsyncRoot::refreshTask() {
+  const uint64_t v = server_.version();
+  broadcast_ = server_.broadcast(v);
+  protocol::TaskMsg h;
+  h.kind = protocol::TaskKind::kFit;
+  h.round = v;  // an asynchronous update's round field is the version it trained from
+  h.phase = 0;
+  h.run_seed = server_.scheme().options().run_seed;
+  h.compressor = server_.scheme().compressor().spec();
+  h.model_version = v;
+  h.fit = config_.fit;
+  h.deadline_ms = config_.fleet.task_deadline_ms;
+  h.metrics = server_.scheme().options().metrics;
+  // In place: the fleet holds the task's address across steps.
+  task_.emplace(PhaseTask{broadcast_, std::move(h), server_.model(), server_.config().downlink});
+}
+
+bool AsyncRoot::mayStart(uint64_t client) const {
+  return !server_.hasUpdate(client, server_.version());
+}
+
+void AsyncRoot::checkpoint() const {
+  if (!config_.checkpoint.empty()) server_.saveCheckpoint(config_.checkpoint);
+}
+
+void AsyncRoot::sent(uint64_t bytes) {
+  ++started_;
+  downlink_ += bytes;
+}
+
+void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
+
+void AsyncRoot::accept(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
+                       uint64_t bytes) {
+  server_.add(u, limits);  // InputError: refused, nothing changed
+  uplink_ += bytes;
+  if (!server_.ready()) {
+    checkpoint();
+    return;
+  }
+  RoundRecord rec = server_.step();
+  rec.clients_selected = started_;
+  rec.clients_failed = failed_;
+  rec.uplink_bytes = uplink_;
+  rec.downlink_bytes = downlink_;
+  const auto now = std::chrono::steady_clock::now();
+  rec.wall_seconds = std::chrono::duration<double>(now - since_).count();
+  since_ = now;
+  started_ = downlink_ = uplink_ = failed_ = 0;
+  checkpoint();
+  if (!config_.metrics.empty()) {
+    std::ofstream out(config_.metrics, std::ios::app);
+    out << rec.json() << '\n';
+    if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
+  }
+  refreshTask();
+  if (progress_) progress_(rec);
+}
+
+void AsyncRoot::run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress) {
+  progress_ = progress;
+  if (!done()) fleet.runAsync(*this, config_.fleet);
+  fleet.finish("all " + std::to_string(config_.steps) + " steps done");
+}
+
+}  // namespace starling::server

@@ -1,0 +1,82 @@
+#pragma once
+// The root's asynchronous rounds (issue 22: FedBuff over the network). The same server step as the
+// simulator's (server::AsyncServer: the staleness-weighted buffer, the optimizer, the model's
+// versions) driven by the ZeroMQ fleet's asynchronous loop (ZmqFleet::runAsync): up to C clients
+// train at once, each on the version current when its task left; every accepted update goes into
+// the buffer, and every K a step makes the next version.
+//
+//   fleet.runAsync(root): idle client -> task of version v -> update from v -> accept(): add,
+//   checkpoint; after K: step, metrics line, checkpoint -> the next tasks carry version v + 1
+//
+// Crash safety: with state.checkpoint the whole server (model, version, optimizer, the buffer with
+// its sums and the clients seen per version) is written atomically after every accepted update
+// and every step, before the next message is handled. A root killed with SIGKILL and restarted
+// with the same command resumes with every update it had accepted; an update that arrived while
+// it was being killed, before its checkpoint was written, is lost with the tasks in flight, and
+// their clients, registering with the new root, are given new tasks on the current version (one
+// accepted update per client and version, the restored buffer's, still holds).
+//
+// Not yet (each refused where it is configured): edge aggregators, federated evaluation,
+// SCAFFOLD, semi-synchronous rounds at the root.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/async_server.h"
+#include "server/zmq_fleet.h"
+
+namespace starling::server {
+
+struct AsyncRootConfig {
+  uint64_t steps = 10;  // server steps to take (train.rounds)
+  AsyncFleetOptions fleet;
+  protocol::FitSettings fit;
+  std::string checkpoint;  // file; empty: none (a crash loses the run)
+  std::string metrics;     // JSON Lines, one record per step; empty: none
+  void validate() const;   // ConfigError naming the key
+};
+
+class AsyncRoot final : public AsyncDriver {
+ public:
+  // Resumes from config.checkpoint when the file exists (IoError if it is unreadable, corrupt, or
+  // of another configuration: never silently replaced by a fresh start).
+  AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfig server,
+            AsyncRootConfig config, std::vector<float> initial);
+
+  bool resumed() const { return resumed_; }
+  const AsyncServer& server() const { return server_; }
+  const AsyncRootConfig& config() const { return config_; }
+
+  // Steps until done(), calling `progress` after each; then fleet.finish(). Stopped (SIGTERM)
+  // passes through with everything accepted checkpointed.
+  void run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
+
+  // AsyncDriver
+  const PhaseTask& currentTask() override { return *task_; }
+  bool mayStart(uint64_t client) const override;
+  void accept(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
+              uint64_t bytes) override;
+  void sent(uint64_t bytes) override;
+  void failed(uint64_t client, const char* why) override;
+  bool done() const override { return server_.steps() >= config_.steps; }
+
+ private:
+  void refreshTask();
+  void checkpoint() const;
+
+  AsyncRootConfig config_;
+  AsyncServer server_;
+  compression::PhaseBroadcast broadcast_;
+  std::optional<PhaseTask> task_;
+  std::function<void(const RoundRecord&)> progress_;
+  // Since the last step: tasks sent, their bytes, updates' bytes, tasks failed.
+  uint64_t started_ = 0, downlink_ = 0, uplink_ = 0, failed_ = 0;
+  std::chrono::steady_clock::time_point since_;
+  bool resumed_ = false;
+};
+
+}  // namespace starling::server

@@ -1,0 +1,137 @@
+// The asynchronous server's checkpoint (server/async_server.h): saved with updates in its buffer
+// and loaded into a new server, it takes the step the saved one takes, bit for bit; a checkpoint
+// of another configuration, a synchronous one, or a damaged one is refused and changes nothing.
+#include "server/async_server.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "check_throws.h"
+#include "core/file_io.h"
+#include "temp_dir.h"
+
+using namespace starling;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::shared_ptr<const ParamLayout> smallLayout() {
+  auto l = std::make_shared<ParamLayout>();
+  l->add("w", {4, 5});
+  l->add("b", {5});
+  return l;
+}
+
+compression::Update randomUpdate(const ParamLayout& l, uint64_t client, uint64_t from, uint64_t n,
+                                 uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  compression::Update u;
+  u.header = {l.fingerprint(), from, 0, client, n};
+  for (const auto& t : l.tensors()) {
+    std::vector<float> v(t.numel);
+    for (float& x : v) x = normal(rng);
+    u.tensors.push_back(compression::DenseF32{std::move(v)});
+  }
+  u.metrics = {{"train_loss", 1.0 + static_cast<double>(seed % 7)}};
+  return u;
+}
+
+server::AsyncServerConfig config(const std::string& opt) {
+  server::AsyncServerConfig c;
+  c.scheme.compressor = "none";
+  c.scheme.run_seed = 3;
+  c.server_opt = opt;
+  c.async = aggregation::AsyncOptions{3, 4, "polynomial:a=0.5"};
+  c.downlink = server::Downlink::kTopK;  // lossy: the broadcast model is kept too
+  c.density = 0.25;
+  return c;
+}
+
+std::vector<float> modelOf(const server::AsyncServer& s) {
+  return {s.model().server().begin(), s.model().server().end()};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "an asynchronous server saved with a buffer and loaded takes the same steps, bit for bit, "
+    "and a checkpoint it cannot take is refused",
+    "[server][async]") {
+  const auto l = smallLayout();
+  starling::testing::TempDir dir("async-server");
+  const std::string ck = (dir.path / "async.ckpt").string();
+  const std::vector<float> init(l->numel(), 0.05f);
+  // FedAdam: the optimizer's moments are in the checkpoint too.
+  const server::AsyncServerConfig cfg = config("fedadam:eta=0.01");
+  server::AsyncServer a(l, cfg, init);
+  uint64_t seed = 1;
+  for (uint64_t c = 1; c <= 3; ++c)
+    a.add(compression::view(randomUpdate(*l, c, 1, 10 + c, seed++)));
+  REQUIRE(a.step().applied);
+  a.add(compression::view(randomUpdate(*l, 4, 1, 7, seed++)));  // one version stale
+  a.add(compression::view(randomUpdate(*l, 1, 2, 9, seed++)));
+  CHECK_THROWS_AS(a.add(compression::view(randomUpdate(*l, 1, 2, 9, seed))), InputError);
+  REQUIRE(a.buffered() == 2);
+  a.saveCheckpoint(ck);
+
+  server::AsyncServer b(l, cfg, std::vector<float>(l->numel(), 0.0f));
+  b.loadCheckpoint(ck);
+  CHECK(b.steps() == 1);
+  CHECK(b.version() == 2);
+  CHECK(b.buffered() == 2);
+  CHECK(b.hasUpdate(1, 2));
+  CHECK(modelOf(b) == modelOf(a));
+  CHECK(std::vector<float>(b.model().current().begin(), b.model().current().end()) ==
+        std::vector<float>(a.model().current().begin(), a.model().current().end()));
+  // The same updates to both from here: the same steps, the same records.
+  for (uint64_t round = 0; round < 2; ++round) {
+    const uint64_t from = a.version();
+    for (uint64_t c = 5; a.buffered() < 3; ++c) {
+      const auto u = randomUpdate(*l, c + 10 * round, from, 5 + c, seed++);
+      a.add(compression::view(u));
+      b.add(compression::view(u));
+    }
+    const server::RoundRecord ra = a.step(), rb = b.step();
+    CHECK(rb.applied == ra.applied);
+    CHECK(rb.round == ra.round);
+    CHECK(rb.clients_completed == ra.clients_completed);
+    CHECK(rb.updates_rejected == ra.updates_rejected);
+    CHECK(rb.metrics == ra.metrics);
+    CHECK(rb.train_loss == ra.train_loss);
+    const auto ma = modelOf(a), mb = modelOf(b);
+    REQUIRE(ma.size() == mb.size());
+    CHECK(std::memcmp(ma.data(), mb.data(), ma.size() * sizeof(float)) == 0);
+  }
+
+  // Refused, naming why, and the server it was loaded into unchanged.
+  const auto refused = [&](const server::AsyncServerConfig& c, const std::string& path,
+                           const std::string& says) {
+    INFO(says);
+    server::AsyncServer s(l, c, init);
+    CHECK_THROWS_MATCHING(s.loadCheckpoint(path), IoError, Contains(says));
+    CHECK(s.version() == 1);
+    CHECK(s.buffered() == 0);
+    CHECK(modelOf(s) == init);
+  };
+  refused(config("fedavg"), ck, "aggregation.server_opt = 'fedadam:eta=0.01'");
+  server::AsyncServerConfig other = cfg;
+  other.async.staleness = "constant";
+  refused(other, ck, "async.staleness");
+  other = cfg;
+  other.async.max_staleness = 9;
+  refused(other, ck, "async.max_staleness = 4");
+  other = cfg;
+  other.downlink = server::Downlink::kDelta;
+  refused(other, ck, "downlink.mode");
+  std::vector<uint8_t> bytes = readFile(ck, 1 << 20);
+  const std::string cut = (dir.path / "cut.ckpt").string();
+  writeFileAtomic(cut, std::span<const uint8_t>(bytes).first(bytes.size() - 9));
+  refused(cfg, cut, "truncated");
+  const std::string sync = (dir.path / "sync.ckpt").string();
+  bytes[0] ^= 0xff;
+  writeFileAtomic(sync, bytes);
+  refused(cfg, sync, "not a checkpoint of asynchronous rounds");
+}
