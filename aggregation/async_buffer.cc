@@ -204,10 +204,19 @@ RoundResult AsyncBuffer::take() {
   }
   RoundResult res = round->finish();
   res.rejected = rejected_step_;
+  last_taken_.clear();
+  for (const auto& [v, agg] : by_version_)
+    for (uint64_t id : agg->clients()) last_taken_.emplace_back(v, id);
   by_version_.clear();
   count_ = 0;
   rejected_step_ = 0;
   return res;
+}
+
+void AsyncBuffer::discardTaken() {
+  for (const auto& [v, id] : last_taken_)
+    if (auto it = seen_.find(v); it != seen_.end()) it->second.erase(id);
+  last_taken_.clear();
 }
 
 uint64_t AsyncBuffer::takeRejected() {
@@ -279,10 +288,22 @@ void AsyncBuffer::load(ByteReader& r) {
              buf.size(), " (resume with the same compressor, rule and metrics)");
     for (float x : sum)
       if (!std::isfinite(x)) r.fail("version ", v, "'s buffered sum holds a non-finite value");
+    // What the round's bounds allow a sum of its count (a file that passes these cannot make the
+    // step's mean non-finite): a whole count, weights of 1 to max_examples each, values of at most
+    // max_abs_value.
+    const auto& layout = agg->partial().layout();
+    const double c = sum[layout.countOffset()], weight = sum[layout.weightOffset()];
+    const auto& bounds = scheme_.options().bounds;
+    if (!(c >= 1.0 && c <= 16'777'216.0 && c == std::floor(c)))
+      r.fail("version ", v, "'s buffered sum counts ", c, " updates");
+    if (!(weight >= 1e-6 * c && weight <= c * static_cast<double>(bounds.max_examples)))
+      r.fail("version ", v, "'s buffered sum weighs ", weight, " for ", c, " updates");
+    for (float x : std::span<const float>(sum).subspan(layout.denseOffset(), layout.numel()))
+      if (std::fabs(x) > weight * bounds.max_abs_value * (1 + 1e-6))
+        r.fail("version ", v, "'s buffered sum holds ", x, ", beyond its weight ", weight,
+               " times bounds.max_abs ", bounds.max_abs_value);
     std::copy(sum.begin(), sum.end(), buf.begin());
     const uint64_t n = agg->partial().count();
-    if (n == 0 || agg->partial().totalWeight() <= 0.0)
-      r.fail("version ", v, "'s buffered sum holds no update");
     counted += n;
     if (!by_version.emplace(v, std::move(agg)).second) r.fail("version ", v, " is buffered twice");
   }

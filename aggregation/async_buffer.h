@@ -29,6 +29,8 @@
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "aggregation/round_scheme.h"
 #include "core/bytes.h"
@@ -91,6 +93,11 @@ class AsyncBuffer {
   uint64_t takeRejected();
   // The server applied a step: the version advances (staleness is counted from it).
   void advance();
+  // The server did not apply the last take() (its step would have made the model non-finite):
+  // its clients may send again from their versions, instead of every client of the current
+  // version being shut out of it for good. (Clients whose updates were restored by load() are not
+  // known by name and stay counted.)
+  void discardTaken();
   // Whether `client` sent an accepted update from version v (a second one would be a duplicate).
   bool hasUpdate(uint64_t client, uint64_t v) const;
 
@@ -112,6 +119,7 @@ class AsyncBuffer {
   // The clients that sent an update from each version still inside the staleness bound.
   std::map<uint64_t, std::unordered_set<uint64_t>> seen_;
   uint64_t count_ = 0, rejected_total_ = 0, rejected_step_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> last_taken_;  // (version, client) of the last take()
 };
 
 }  // namespace starling::aggregation

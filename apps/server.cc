@@ -143,6 +143,10 @@ int runServer(apps::Settings& c) {
   if (async) checkAsyncRoot(c, aggregator);
   server::EngineConfig ec = apps::engineConfig(c);
   if (async) apps::checkAsyncScheme(c, ec);
+  if (aggregator && server::downlinkLevels(ec.downlink) > 0)
+    STARLING_THROW(ConfigError, "downlink.mode = ", c.downlink.mode,
+                   " is the root's: an edge aggregator relays the model it holds (dense, fp16 or "
+                   "delta; the root sends it the broadcast model dense)");
   compression::makeCompressor(ec.scheme.compressor);
   aggregation::makeRule(ec.scheme.rule);
   aggregation::makeServerOptimizer(ec.server_opt, 1);

@@ -180,8 +180,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "most examples a client may register or claim", 1, 1000000000000000ull);
   o.add("downlink.mode", &s.downlink.mode,
         "how tasks carry the model: dense, fp16, delta (the changes since the version a client "
-        "holds) or topk (lossy: only the downlink.density largest changes, the rest kept as the "
-        "server's error feedback)");
+        "holds), topk (lossy: only the downlink.density largest changes, the rest kept as the "
+        "server's error feedback), q8 or q4 (lossy: every version's change quantised to 8 or 4 "
+        "bits per value with the server's error feedback; a client one version behind gets that "
+        "refresh exactly, others the whole model quantised)");
   o.add("downlink.density", &s.downlink.density,
         "topk downlink: fraction of the model refreshed per round", 1e-6, 1);
   o.add("downlink.history", &s.downlink.history,

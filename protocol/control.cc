@@ -457,7 +457,8 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
       if (!std::isfinite(x))
         fail(Errc::kNonFinite, "the task's SCAFFOLD control variate holds a non-finite value");
   }
-  // The model: whole (dense f32 / f16) or, against a base version, sparse new values.
+  // The model: whole (dense f32 / f16, or QSGD levels) or, against a base version, sparse new
+  // values or QSGD levels to add.
   const auto* tensors = t->model();
   const size_t n = tensors ? tensors->size() : 0;
   if (n != 0 && n != layout.size())
@@ -478,14 +479,23 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
                  ft->payload_as_DenseF16()->values()) {
         const auto* v = ft->payload_as_DenseF16()->values();
         p = cz::DenseF16{std::vector<uint16_t>(v->begin(), v->end())};
-      } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Sparse && ft->payload_as_Sparse() &&
-                 ft->payload_as_Sparse()->indices() && ft->payload_as_Sparse()->values()) {
+      } else if (ft->payload_type() == fb::Payload::Qsgd && ft->payload_as_Qsgd() &&
+                 ft->payload_as_Qsgd()->packed()) {
+        // A quantised downlink (server/model_store.h): the whole model, or a refresh to add.
+        const auto* q = ft->payload_as_Qsgd();
+        p = cz::Qsgd{q->norm(), q->s(),
+                     std::vector<uint8_t>(q->packed()->begin(), q->packed()->end())};
+      } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Sparse &&
+                 ft->payload_as_Sparse() && ft->payload_as_Sparse()->indices() &&
+                 ft->payload_as_Sparse()->values()) {
         const auto* s = ft->payload_as_Sparse();
         p = cz::Sparse{std::vector<uint32_t>(s->indices()->begin(), s->indices()->end()),
                        std::vector<float>(s->values()->begin(), s->values()->end())};
       } else {
-        fail(Errc::kUnexpectedEncoding, "model tensor " + std::to_string(i) + " is not " +
-                                            (m.base_version == 0 ? "dense f32 or f16" : "sparse (a delta)"));
+        fail(Errc::kUnexpectedEncoding,
+             "model tensor " + std::to_string(i) + " is not " +
+                 (m.base_version == 0 ? "dense f32 or f16, or QSGD levels"
+                                      : "sparse or QSGD levels (a delta)"));
       }
       cz::validatePayload(cz::view(p), spec, nullptr, i);
       m.model.push_back(std::move(p));
@@ -520,14 +530,27 @@ void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
     const TensorSpec& t = layout.tensors()[i];
     float* dst = model.data() + t.offset;
     std::visit(Overloaded{
-                   [&](const cz::DenseF32& d) { std::memcpy(dst, d.values.data(), t.numel * sizeof(float)); },
+                   [&](const cz::DenseF32& d) {
+                     std::memcpy(dst, d.values.data(), t.numel * sizeof(float));
+                   },
                    [&](const cz::DenseF16& d) {
                      for (size_t j = 0; j < t.numel; ++j) dst[j] = halfToFloat(d.values[j]);
                    },
                    [&](const cz::Sparse& s) {
                      for (size_t j = 0; j < s.indices.size(); ++j) dst[s.indices[j]] = s.values[j];
                    },
-                   [&](const auto&) { STARLING_THROW(InvalidArgument, "task model tensor ", i, " has an unexpected encoding"); },
+                   [&](const cz::Qsgd& q) {
+                     // The quantised downlink: the whole model (base 0) or a refresh added to the
+                     // copy held. Every decoded value is exact (a power-of-two step), so the
+                     // copy is the server's broadcast model bit for bit.
+                     const std::span<float> out(dst, t.numel);
+                     if (base_version == 0) std::fill(out.begin(), out.end(), 0.0f);
+                     cz::accumulatePayload(cz::view(cz::Payload(q)), t, out, 1.0f);
+                   },
+                   [&](const auto&) {
+                     STARLING_THROW(InvalidArgument, "task model tensor ", i,
+                                    " has an unexpected encoding");
+                   },
                },
                tensors[i]);
   }

@@ -240,7 +240,8 @@ SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes, const Control
 ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes);
 
 // Applies a task's model to `model` (which holds version `held`): whole models (dense f32 or
-// f16) overwrite it, deltas patch the coordinates that changed. Throws InvalidArgument if a
+// f16, QSGD levels) overwrite it, deltas patch the coordinates that changed (sparse) or add a
+// quantised refresh (QSGD levels, server/model_store.h). Throws InvalidArgument if a
 // delta's base is not `held` or the sizes do not fit (decodeTask validated the payloads).
 void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                 const std::vector<compression::Payload>& tensors, std::span<float> model);

@@ -29,6 +29,11 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
       server_(std::move(layout), std::move(server), std::move(initial)),
       broadcast_(server_.broadcast(1)),
       since_(std::chrono::steady_clock::now()) {
+  if (config_.fleet.min_available < server_.config().async.buffer_size)
+    STARLING_THROW(ConfigError, "async.buffer_size = ", server_.config().async.buffer_size,
+                   " needs at least as many clients (each sends one update per model version): "
+                   "set sampling.min_available to at least that, got ",
+                   config_.fleet.min_available);
   if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
     server_.loadCheckpoint(config_.checkpoint);
     resumed_ = true;
@@ -68,10 +73,13 @@ void AsyncRoot::sent(uint64_t bytes) {
 
 void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
 
-void AsyncRoot::accept(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-                       uint64_t bytes) {
+void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
+                    uint64_t bytes) {
   server_.add(u, limits);  // InputError: refused, nothing changed
   uplink_ += bytes;
+}
+
+void AsyncRoot::added() {
   if (!server_.ready()) {
     checkpoint();
     return;

@@ -58,8 +58,9 @@ class AsyncRoot final : public AsyncDriver {
   // AsyncDriver
   const PhaseTask& currentTask() override { return *task_; }
   bool mayStart(uint64_t client) const override;
-  void accept(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-              uint64_t bytes) override;
+  void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
+           uint64_t bytes) override;
+  void added() override;
   void sent(uint64_t bytes) override;
   void failed(uint64_t client, const char* why) override;
   bool done() const override { return server_.steps() >= config_.steps; }

@@ -16,11 +16,7 @@ AsyncServer::AsyncServer(std::shared_ptr<const ParamLayout> layout, AsyncServerC
     : config_(std::move(config)),
       scheme_(layout, config_.scheme),
       optimizer_(aggregation::makeServerOptimizer(config_.server_opt, layout->numel())),
-      model_(layout,
-             config_.downlink == Downlink::kDelta || config_.downlink == Downlink::kTopK
-                 ? config_.history
-                 : 0,
-             config_.downlink == Downlink::kTopK ? config_.density : 0.0),
+      model_(ModelStore::forDownlink(layout, config_.downlink, config_.history, config_.density)),
       buffer_(scheme_, config_.async, 1),
       layout_(layout) {
   STARLING_CHECK_ARG(initial.size() == layout->numel(), "initial model of ", initial.size(),
@@ -63,6 +59,8 @@ RoundRecord AsyncServer::step() {
     model_.set(std::move(next), model_.version() + 1);
     buffer_.advance();
     rec.applied = true;
+  } else {
+    buffer_.discardTaken();  // those clients may train on this version again
   }
   rec.model_version = model_.version();
   rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -124,13 +124,13 @@ std::string RoundRecord::json() const {
   return o.str();
 }
 
-RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config, std::vector<float> initial)
+RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config,
+                         std::vector<float> initial)
     : layout_(std::move(layout)),
       config_((config.validate(), std::move(config))),
       scheme_(layout_, config_.scheme),
-      model_(layout_,
-             config_.downlink == Downlink::kDelta || config_.downlink == Downlink::kTopK ? config_.delta_history : 0,
-             config_.downlink == Downlink::kTopK ? config_.downlink_density : 0.0),
+      model_(ModelStore::forDownlink(layout_, config_.downlink, config_.delta_history,
+                                     config_.downlink_density)),
       carry_(scheme_.initialCarry()) {
   STARLING_CHECK_ARG(initial.size() == layout_->numel(), "initial model of ", initial.size(), " values, the layout has ",
                      layout_->numel());

@@ -39,6 +39,9 @@ struct ClientInfo {
   uint64_t num_examples = 0;   // registered training examples: the cap on the weight it claims
   uint64_t eval_examples = 0;
   uint64_t model_version = 0;  // the model version it holds, for the delta downlink
+  // It registered the capability "downlink-qsgd": it may be sent the quantised downlinks (q8, q4;
+  // the others get the broadcast model dense).
+  bool qsgd_downlink = false;
 };
 
 struct SamplingConfig {

@@ -1,7 +1,10 @@
 #include "server/model_store.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "compression/bitpack.h"
 #include "compression/compressor.h"
 #include "compression/topk_select.h"
 #include "core/error.h"
@@ -16,7 +19,41 @@ Downlink parseDownlink(std::string_view s) {
   if (s == "fp16") return Downlink::kFp16;
   if (s == "delta") return Downlink::kDelta;
   if (s == "topk") return Downlink::kTopK;
-  STARLING_THROW(ConfigError, "downlink must be dense, fp16, delta or topk, got '", s, "'");
+  if (s == "q8") return Downlink::kQ8;
+  if (s == "q4") return Downlink::kQ4;
+  STARLING_THROW(ConfigError, "downlink must be dense, fp16, delta, topk, q8 or q4, got '", s, "'");
+}
+
+uint32_t downlinkLevels(Downlink d) {
+  return d == Downlink::kQ8 ? 127u : d == Downlink::kQ4 ? 7u : 0u;
+}
+
+cz::Qsgd quantizePow2(std::span<const float> values, uint32_t s) {
+  float max_abs = 0.0f;
+  for (float v : values) max_abs = std::max(max_abs, std::fabs(v));
+  cz::Qsgd q;
+  q.s = s;
+  const uint32_t bits = 1 + cz::qsgdLevelBits(s);
+  cz::BitWriter w(q.packed, values.size(), bits);
+  if (!(max_abs > 0.0f) ||
+      !std::isfinite(max_abs)) {  // all zero (a non-finite model is refused upstream)
+    for (size_t i = 0; i < values.size(); ++i) w.put(0, bits);
+    w.flush();
+    return q;
+  }
+  // u = 2^e, the smallest power of two with u s >= max|v|; norm = u s is exact (s < 2^8).
+  int e = 0;
+  std::frexp(static_cast<double>(max_abs) / s, &e);  // max/s = m 2^e, m in [0.5, 1)
+  double u = std::ldexp(1.0, e);
+  if (u / 2 * s >= max_abs) u /= 2;  // max/s a power of two exactly
+  q.norm = static_cast<float>(u * s);
+  for (float v : values) {
+    const auto level = static_cast<uint32_t>(
+        std::min<double>(s, std::nearbyint(std::fabs(static_cast<double>(v)) / u)));
+    w.put((level << 1) | (v < 0.0f && level != 0 ? 1u : 0u), bits);
+  }
+  w.flush();
+  return q;
 }
 
 const char* downlinkName(Downlink d) {
@@ -25,14 +62,28 @@ const char* downlinkName(Downlink d) {
     case Downlink::kFp16: return "fp16";
     case Downlink::kDelta: return "delta";
     case Downlink::kTopK: return "topk";
+    case Downlink::kQ8:
+      return "q8";
+    case Downlink::kQ4:
+      return "q4";
   }
   return "?";
 }
 
-ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history, double topk_density)
-    : layout_(std::move(layout)), history_(history), density_(topk_density) {
+ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history,
+                       double topk_density, uint32_t quant_levels)
+    : layout_(std::move(layout)), history_(history), density_(topk_density), levels_(quant_levels) {
   STARLING_CHECK_ARG(density_ >= 0.0 && density_ <= 1.0, "downlink density must be in (0, 1], got ", density_);
+  STARLING_CHECK_ARG(levels_ == 0 || (density_ == 0.0 && levels_ < 256),
+                     "a quantised downlink has 1 to 255 levels and no density");
   versions_.push_back(Version{0, std::vector<float>(layout_->numel())});
+}
+
+ModelStore ModelStore::forDownlink(std::shared_ptr<const ParamLayout> layout, Downlink mode,
+                                   size_t history, double density) {
+  return ModelStore(std::move(layout),
+                    mode == Downlink::kDelta || mode == Downlink::kTopK ? history : 0,
+                    mode == Downlink::kTopK ? density : 0.0, downlinkLevels(mode));
 }
 
 void ModelStore::set(std::vector<float> model, uint64_t version) {
@@ -42,8 +93,24 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
   STARLING_CHECK_ARG(version > versions_.back().version, "model version ", version, " does not follow ",
                      versions_.back().version);
   std::vector<float> next;
+  refresh_.clear();
+  refresh_from_ = 0;
   if (!lossy()) {
     next = std::move(model);
+  } else if (levels_ > 0) {
+    // x-hat += Q(x - x-hat), tensor by tensor; the residual stays in x - x-hat.
+    server_ = std::move(model);
+    next = versions_.back().values;
+    std::vector<float> residual;
+    for (const auto& t : layout_->tensors()) {
+      residual.resize(t.numel);
+      for (size_t j = 0; j < t.numel; ++j) residual[j] = server_[t.offset + j] - next[t.offset + j];
+      cz::Qsgd q = quantizePow2(residual, levels_);
+      cz::accumulatePayload(cz::view(cz::Payload(q)), t,
+                            std::span<float>(next).subspan(t.offset, t.numel), 1.0f);
+      refresh_.push_back(std::move(q));
+    }
+    refresh_from_ = versions_.back().version;
   } else {
     // x-hat refreshed where it is furthest from x: the residual x - x-hat, top-k over the model.
     server_ = std::move(model);
@@ -64,6 +131,8 @@ void ModelStore::reset(std::vector<float> model, uint64_t version, std::vector<f
   STARLING_CHECK_ARG(broadcast.empty() || (lossy() && broadcast.size() == model.size()),
                      "a broadcast model is only given to a lossy store, and of the model's size");
   versions_.clear();
+  refresh_.clear();
+  refresh_from_ = 0;
   if (lossy()) {
     versions_.push_back(Version{version, broadcast.empty() ? model : std::move(broadcast)});
     server_ = std::move(model);
@@ -76,6 +145,22 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
   EncodedModel out;
   const auto& cur = versions_.back().values;
   const auto& tensors = layout_->tensors();
+  if (const uint32_t s = downlinkLevels(mode); s > 0) {
+    STARLING_CHECK_ARG(s == levels_, "a ", downlinkName(mode), " task from a store of ", levels_,
+                       " levels");
+    if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
+      out.base_version = held;
+      for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
+    } else if (held != 0 && held == refresh_from_) {  // one version behind: the refresh, exact
+      out.base_version = held;
+      out.tensors = refresh_;
+    } else {  // the whole broadcast model, quantised
+      for (const auto& t : tensors)
+        out.tensors.push_back(
+            quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), s));
+    }
+    return out;
+  }
   // A client that holds the current version gets an empty delta (an evaluation task, a round that
   // was not applied), not the whole model.
   if ((mode == Downlink::kDelta || mode == Downlink::kTopK) && held != 0) {
@@ -110,6 +195,29 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
     }
   }
   return out;
+}
+
+uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
+  if (held == 0) return 0;
+  if (downlinkLevels(mode) > 0) return held == version() || held == refresh_from_ ? held : 0;
+  if (mode != Downlink::kDelta && mode != Downlink::kTopK) return 0;
+  for (const auto& v : versions_)
+    if (v.version == held) return held;
+  return 0;
+}
+
+std::span<const float> ModelStore::clientModel(uint64_t held, Downlink mode,
+                                               std::vector<float>& scratch) const {
+  if (downlinkLevels(mode) == 0 || (held != 0 && (held == version() || held == refresh_from_)))
+    return current();
+  const EncodedModel m = encodeFor(held, mode);
+  scratch.assign(layout_->numel(), 0.0f);
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorSpec& t = layout_->tensors()[i];
+    cz::accumulatePayload(cz::view(m.tensors[i]), t,
+                          std::span<float>(scratch).subspan(t.offset, t.numel), 1.0f);
+  }
+  return scratch;
 }
 
 }  // namespace starling::server

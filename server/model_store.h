@@ -11,6 +11,18 @@
 // model) to x's exact values, and travels as a delta of those coordinates; x - x-hat is the
 // server's residual, nothing is lost, only delayed. Clients train from x-hat and their updates are
 // added to x (x <- x + step), so the round needs nothing else.
+//
+// Quantised downlinks (modes q8 and q4, issue 22), lossy the same way: each new version refreshes
+// every coordinate of x-hat by the residual x - x-hat quantised per tensor to 8 or 4 bits (a sign
+// and 7 or 3 level bits: QSGD's payload with s = 127 or 7, nearest rounding) on a power-of-two
+// step u = 2^ceil(log2(max|x - x-hat| / s)), so that every decoded value is exact in float and a
+// client adding the refresh to its copy gets x-hat bit for bit on any CPU. The residual left is at
+// most u / 2 per coordinate (the server's error feedback carries it to the next version). A client
+// that holds the version before gets that refresh (a delta: 1 or 1/2 byte per value, exact); any
+// other gets the whole broadcast model quantised the same way (base version 0), its copy then
+// within u_whole / 2 of x-hat, u_whole the step of max|x-hat| per tensor, and later refreshes add
+// to it exactly. Only peers that registered the capability "downlink-qsgd" are sent these; the
+// others get x-hat dense (f32).
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -23,9 +35,18 @@
 
 namespace starling::server {
 
-enum class Downlink { kDense, kFp16, kDelta, kTopK };
-Downlink parseDownlink(std::string_view s);  // "dense", "fp16", "delta", "topk"; ConfigError otherwise
+enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4 };
+// "dense", "fp16", "delta", "topk", "q8", "q4"; ConfigError otherwise.
+Downlink parseDownlink(std::string_view s);
 const char* downlinkName(Downlink d);
+// The QSGD levels of a quantised downlink: 127 (q8), 7 (q4), 0 for the others.
+uint32_t downlinkLevels(Downlink d);
+// The capability a client registers to be sent quantised downlinks.
+inline constexpr const char* kQsgdDownlinkCapability = "downlink-qsgd";
+
+// A tensor's values quantised on the power-of-two step of the quantised downlinks (above): QSGD's
+// payload with norm = u s, levels round(|v| / u), whose decoding is exact.
+compression::Qsgd quantizePow2(std::span<const float> values, uint32_t s);
 
 struct EncodedModel {
   uint64_t base_version = 0;                 // 0: whole model
@@ -36,7 +57,13 @@ class ModelStore {
  public:
   // Keeps `history` earlier versions for deltas (0: none). `topk_density` in (0, 1]: the lossy
   // downlink's fraction of coordinates refreshed per version (0: the broadcast model is the model).
-  ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history, double topk_density = 0.0);
+  // `quant_levels` 127 or 7: the quantised downlink's (instead of a density).
+  ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history, double topk_density = 0.0,
+             uint32_t quant_levels = 0);
+  // The store a downlink mode needs: `history` versions for delta and topk, `density` for topk,
+  // the levels for q8 and q4.
+  static ModelStore forDownlink(std::shared_ptr<const ParamLayout> layout, Downlink mode,
+                                size_t history, double density);
 
   const ParamLayout& layout() const { return *layout_; }
   // The broadcast model: what tasks carry and clients train from (x-hat).
@@ -44,7 +71,7 @@ class ModelStore {
   // The server's model x, which the round's step updates; the broadcast one unless lossy.
   std::span<const float> server() const { return lossy() ? std::span<const float>(server_) : current(); }
   uint64_t version() const { return versions_.back().version; }
-  bool lossy() const { return density_ > 0.0; }
+  bool lossy() const { return density_ > 0.0 || levels_ > 0; }
   // Installs `model` as the server's model of `version` (> the current one, or the first). The
   // first model is broadcast as it is; later lossy versions refresh the top-k coordinates of
   // x - x-hat.
@@ -56,6 +83,15 @@ class ModelStore {
 
   // What a task carries for a client that holds `held` (0: nothing).
   EncodedModel encodeFor(uint64_t held, Downlink mode) const;
+  // The version encodeFor(held, mode) can encode against: `held` when it is one the store knows
+  // for `mode`, else 0 (the same task as for a client that holds nothing). A fleet caches one
+  // encoding per base, so a peer that claims arbitrary versions cannot grow its cache.
+  uint64_t baseFor(uint64_t held, Downlink mode) const;
+  // The model a client holding `held` trains from once it applied encodeFor(held, mode): current()
+  // but for a quantised downlink's whole model, which is decoded into `scratch` (the simulator's
+  // clients train from what a deployed client would hold).
+  std::span<const float> clientModel(uint64_t held, Downlink mode,
+                                     std::vector<float>& scratch) const;
 
  private:
   struct Version {
@@ -68,6 +104,11 @@ class ModelStore {
   std::deque<Version> versions_;
   std::vector<float> server_;  // lossy: x
   std::vector<uint32_t> picked_;
+  uint32_t levels_ = 0;  // quantised downlink: s
+  // The quantised downlink: the refresh that made the current version from the one before
+  // (refresh_from_; 0: none), one payload per tensor.
+  std::vector<compression::Payload> refresh_;
+  uint64_t refresh_from_ = 0;
 };
 
 }  // namespace starling::server

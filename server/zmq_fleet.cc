@@ -22,6 +22,7 @@ struct ZmqFleet::Phase {
   std::unordered_map<uint64_t, std::vector<uint8_t>> encoded;  // task bytes by the version a client holds
   uint64_t encoded_for = 0;      // the task version `encoded` holds (asynchronous rounds move it)
   AsyncDriver* async = nullptr;  // asynchronous rounds: tasks stay open across server steps
+  bool added = false;            // an update was added: driver.added() is due
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -213,6 +214,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   if (!fresh && p.routing != r.peer) by_routing_.erase(p.routing);  // reconnected under a new routing id
   p.routing = r.peer;
   p.info = ClientInfo{m.client_id, m.role, m.num_examples, m.eval_examples, m.model_version};
+  p.info.qsgd_downlink = std::find(m.capabilities.begin(), m.capabilities.end(),
+                                   kQsgdDownlinkCapability) != m.capabilities.end();
   p.last_seen = config_.clock->now();
   by_routing_[r.peer] = m.client_id;
   if (!same_connection)
@@ -247,10 +250,15 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
     ph.encoded.clear();
     ph.encoded_for = t.header.model_version;
   }
-  auto it = ph.encoded.find(held);
+  // A peer that cannot decode a quantised downlink gets the broadcast model dense (keyed apart).
+  const bool dense = downlinkLevels(t.downlink) > 0 && !peer.info.qsgd_downlink;
+  const uint64_t key = dense ? ~uint64_t{0} : t.model.baseFor(held, t.downlink);
+  auto it = ph.encoded.find(key);
   if (it == ph.encoded.end()) {
     // One encoding per version held; the nonce is patched per client.
-    it = ph.encoded.emplace(held, encodeTask(t, held)).first;
+    PhaseTask as_sent = t;
+    if (dense) as_sent.downlink = Downlink::kDense;
+    it = ph.encoded.emplace(key, encodeTask(as_sent, dense ? 0 : key)).first;
   }
   // Patched in place: send() copies the bytes into ZeroMQ's messages before it returns, so the
   // cached buffer serves every client without a model-sized copy each.
@@ -304,7 +312,8 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
       if (v.header.round != task.task_version)
         failInput(Errc::kWrongRound, "an update from model version ", v.header.round,
                   " to a task of version ", task.task_version);
-      phase_->async->accept(v, ag::ClientLimits{task.num_examples}, bytes.size());
+      phase_->async->add(v, ag::ClientLimits{task.num_examples}, bytes.size());
+      phase_->added = true;
     } catch (const InputError&) {
       phase_->async->failed(id, "its update was refused");
       throw;
@@ -519,10 +528,18 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
   pending_.clear();
   PhaseReset reset{this};
   std::vector<Peer*> idle;
+  // Tasks are handed out when one closed, or every 50 ms (registrations, a new version): not on
+  // every heartbeat, which would sort the registry per message.
+  size_t pending_then = ~size_t{0};
+  auto filled_at = config_.clock->now() - milliseconds(1000);
+  auto stall_said = config_.clock->now() - std::chrono::seconds(3600);
   while (!driver.done()) {
     ph.task = &driver.currentTask();
     const uint64_t version = ph.task->header.model_version;
-    if (pending_.size() < opt.concurrency) {
+    const auto now = config_.clock->now();
+    if (pending_.size() < opt.concurrency &&
+        (pending_.size() != pending_then || now - filled_at >= milliseconds(50))) {
+      filled_at = now;
       const std::vector<ClientInfo> avail = available();
       if (avail.size() >= opt.min_available) {
         idle.clear();
@@ -537,16 +554,30 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
           Pending q{nonce,        false,      p->info.num_examples, p->info.eval_examples,
                     p->info.role, p->routing, p->info.model_version};
           q.task_version = version;
-          q.deadline = config_.clock->now() + milliseconds(opt.task_deadline_ms);
+          q.deadline = now + milliseconds(opt.task_deadline_ms);
           pending_[p->info.id] = q;
         }
+        // Nothing open and no one may start: every available client has sent its update from
+        // this version, and the buffer needs more (a step needs K clients on a version).
+        if (pending_.empty() && idle.empty() && now - stall_said >= std::chrono::seconds(30)) {
+          stall_said = now;
+          log_->warn(
+              "no client can start a task: the {} available clients each sent an update from "
+              "model version {}; waiting for more clients to register",
+              avail.size(), version);
+        }
       }
+      pending_then = pending_.size();
     }
     poll(milliseconds(100));
+    if (ph.added) {
+      ph.added = false;
+      driver.added();  // outside handle(): a failure to step or checkpoint ends the run
+    }
     expireSilent();
-    const auto now = config_.clock->now();
+    const auto after = config_.clock->now();
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second.deadline < now) {
+      if (it->second.deadline < after) {
         log_->info("client {} did not deliver its task of version {} in time", it->first,
                    it->second.task_version);
         expired_[it->first].add(it->second.nonce);

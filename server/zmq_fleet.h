@@ -60,9 +60,12 @@ class AsyncDriver {
   // Whether `client` may start a task on the current version (one accepted update per version).
   virtual bool mayStart(uint64_t client) const = 0;
   // An update to a task of this fleet's, its sender, nonce and version already checked: the driver
-  // adds it (InputError refuses it, counted by the fleet), may step, and checkpoints.
-  virtual void accept(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-                      uint64_t bytes) = 0;
+  // adds it (InputError refuses it, counted by the fleet, and nothing changes).
+  virtual void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
+                   uint64_t bytes) = 0;
+  // After an add() that was taken, once the message is handled: the driver steps when its buffer
+  // is full and checkpoints. What this throws ends runAsync (it is not the client's doing).
+  virtual void added() = 0;
   virtual void sent(uint64_t bytes) = 0;                      // a task went out
   virtual void failed(uint64_t client, const char* why) = 0;  // a task expired, unanswered
   virtual bool done() const = 0;                              // every step is taken

@@ -70,14 +70,14 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
                    with_data);
 }
 
-// The dense task of one version: its size does not depend on the values.
 // The task of the current version for a client that holds version `held` (0: none), in the
 // server's downlink encoding: a dense or fp16 task has one size, a delta or top-k one depends on
 // what the client holds (one encoding per version held, as a root caches them).
 uint64_t AsyncSimulation::taskBytes(uint64_t held) {
   const uint64_t v = server_.version();
   const server::Downlink mode = server_.config().downlink;
-  const bool per_held = mode == server::Downlink::kDelta || mode == server::Downlink::kTopK;
+  const bool per_held = mode == server::Downlink::kDelta || mode == server::Downlink::kTopK ||
+                        server::downlinkLevels(mode) > 0;
   if (task_version_ != v) {
     task_bytes_.clear();
     task_version_ = v;
@@ -119,6 +119,7 @@ void AsyncSimulation::start(uint64_t id) {
   job.version = v;
   job.examples = clients_.shards[id].size();
   job.down = taskBytes(held_[id]);
+  const uint64_t held_before = held_[id];
   held_[id] = v;  // it downloads the version (a dropout too)
   const uint64_t previous = last_version_[id];
   busy_[id] = 1;
@@ -139,8 +140,9 @@ void AsyncSimulation::start(uint64_t id) {
   try {
     store_.load(id, state_);
     const client::DataView data{clients_.train, clients_.shards[id]};
-    client::PhaseResult res =
-        algorithm_.runPhase(server_.broadcast(v), id, server_.model().current(), data, state_);
+    client::PhaseResult res = algorithm_.runPhase(
+        server_.broadcast(v), id,
+        server_.model().clientModel(held_before, server_.config().downlink, whole_), data, state_);
     // What a deployed client sends: only the declared metrics, a non-zero nonce.
     std::erase_if(res.update.metrics, [&](const Metric& m) {
       return std::find(declared_.begin(), declared_.end(), m.name) == declared_.end();

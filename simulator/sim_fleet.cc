@@ -126,7 +126,9 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
     b.update = phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty());
   b.down.assign(participants.size(), b.task);
   const bool per_client = h.phase == 0 && (task.downlink == server::Downlink::kDelta ||
-                                           task.downlink == server::Downlink::kTopK);
+                                           task.downlink == server::Downlink::kTopK ||
+                                           server::downlinkLevels(task.downlink) > 0);
+  held_before_.clear();
   if (per_client) {
     std::map<uint64_t, uint64_t> size_for;  // one encoding per version held, as ZmqFleet caches them
     for (size_t i = 0; i < participants.size(); ++i) {
@@ -136,7 +138,11 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
       if (fresh) pos->second = server::encodeTask(task, v).size();
       b.down[i] = pos->second;
     }
-    for (const auto& c : participants) held_[c.id] = h.model_version;
+    for (const auto& c : participants) {
+      const auto it = held_.find(c.id);
+      held_before_[c.id] = it == held_.end() ? 0 : it->second;
+      held_[c.id] = h.model_version;
+    }
   }
   return b;
 }
@@ -202,7 +208,13 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   client::FitConfig fit{.epochs = h.fit.epochs, .batch_size = h.fit.batch_size, .lr = h.fit.lr};
   fit.prox_mu = h.fit.prox_mu;
   client::ClientAlgorithm algorithm(comp, trainer_, fit);
-  const std::span<const float> global = task.model.current();
+  // What each client trains from: the broadcast model, or with a quantised downlink the whole
+  // model decoded from its task when it was not one version behind (the same for all of them).
+  std::vector<float> whole;
+  const auto modelOf = [&](uint64_t id) {
+    const auto it = held_before_.find(id);
+    return task.model.clientModel(it == held_before_.end() ? 0 : it->second, task.downlink, whole);
+  };
   std::map<uint64_t, size_t> index;
   for (size_t i = 0; i < participants.size(); ++i) index[participants[i].id] = i;
   std::vector<uint64_t> mine;
@@ -226,7 +238,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
     }
     try {
       client::PhaseResult res =
-          algorithm.runPhase(task.broadcast, id, global, data, state_, h.control);
+          algorithm.runPhase(task.broadcast, id, modelOf(id), data, state_, h.control);
       res.update.control = std::move(res.control_delta);
       // What a deployed client sends: only the metrics the server declared (client/runtime.cc).
       std::erase_if(res.update.metrics, [&](const Metric& m) {

@@ -155,6 +155,9 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   Assignment assignment_;      // this round's, kept across its phases
   std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
   std::map<uint64_t, uint64_t> held_;  // the model version each client last downloaded (same everywhere)
+  // The phase's participants' versions before its task (a quantised downlink's clients train
+  // from what their task gives them).
+  std::map<uint64_t, uint64_t> held_before_;
   uint64_t assignment_round_ = 0;
   double clock_ = 0.0;         // simulated seconds since the run began (the same everywhere)
   uint64_t waited_round_ = 0;  // the round of the last waitForClients call

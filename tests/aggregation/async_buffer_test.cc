@@ -44,6 +44,10 @@ Errc codeOf(const std::function<void()>& f) {
   return Errc::kMalformed;
 }
 
+PhaseBroadcast buf_broadcast(const RoundScheme& scheme, uint64_t v) {
+  return PhaseBroadcast{scheme.options().run_seed, v, 0, nullptr};
+}
+
 }  // namespace
 
 TEST_CASE("staleness weights: constant, polynomial and hinge by hand, and bad specs",
@@ -311,4 +315,16 @@ TEST_CASE("a saved buffer, loaded, steps as the saved one would, and a damaged s
   const float q = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(nan.data() + 7 * 8, &q, sizeof q);
   refused(nan, opt, "non-finite");
+  // Values no update within the bounds could sum to: a count that is not whole, a sum beyond its
+  // weight times bounds.max_abs (such a file would make the step's mean non-finite).
+  const size_t dense_at =
+      scheme.phaseAggregator(buf_broadcast(scheme, 1))->partial().layout().denseOffset();
+  std::vector<uint8_t> half = saved;
+  const float two_and_half = 2.5f;
+  std::memcpy(half.data() + 7 * 8 + 4, &two_and_half, sizeof(float));  // the count slot
+  refused(half, opt, "counts 2.5 updates");
+  std::vector<uint8_t> huge = saved;
+  const float big = 1e30f;
+  std::memcpy(huge.data() + 7 * 8 + 4 * dense_at, &big, sizeof(float));
+  refused(huge, opt, "beyond its weight");
 }

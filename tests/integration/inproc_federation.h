@@ -240,6 +240,10 @@ class InprocFederation {
   bool waitRounds(size_t n, std::chrono::milliseconds timeout) {
     return waitFor([&] { return records_.size() >= n; }, timeout);
   }
+  // A condition for waitFor and fastForward: the root has finished its rounds or steps.
+  std::function<bool()> rootDone() {
+    return [this] { return root_done_; };
+  }
   bool waitRootDone(std::chrono::milliseconds timeout) {
     return waitFor([&] { return root_done_; }, timeout);
   }

@@ -709,11 +709,16 @@ TEST_CASE(
   };
   // Polled until it holds an update and steps remain; the root is stopped at once, inside the
   // 1.5 s before the next wave.
+  // Held for 300 ms unchanged: a wave smeared by a loaded machine has passed.
   bool between = false;
+  std::pair<uint64_t, uint64_t> seen{~uint64_t{0}, 0};
+  int same = 0;
   for (int i = 0; i < 300 && !between && f.error().empty(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const auto [steps, n] = buffered();
-    between = n >= 1 && steps + 1 < rc.steps;
+    const auto now = buffered();
+    same = now == seen ? same + 1 : 0;
+    seen = now;
+    between = same >= 3 && now.second >= 1 && now.first + 1 < rc.steps;
   }
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(between);
@@ -863,4 +868,39 @@ TEST_CASE(
   CHECK(rejected == 2);  // the NaN and the weight: the buffer's refusals (the rest, the fleet's)
   const std::vector<float> model = f.model();
   CHECK(std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST_CASE(
+    "in process: an asynchronous task unanswered at its deadline is failed, its client given a "
+    "new one, and the steps go on with the others",
+    "[integration][inproc][async]") {
+  const data::Dataset& train = fashion("train", 900);
+  InprocFederation f("logreg", train, iid(train, 3));
+  server::AsyncRootConfig rc = asyncRootConfig(30, 3, 3);
+  rc.fleet.task_deadline_ms = 5000;  // on the federation's clock, run 5x fast below
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 600'000;  // heartbeats on a fast clock: no one is failed for silence
+  f.asyncRoot(asyncServerConfig(2, 10), rc, fc);
+  client::RuntimeConfig quick, stuck;
+  quick.delay_ms = 200;
+  stuck.delay_ms = 8000;  // past every deadline
+  f.client(0, "inproc://root", quick);
+  f.client(1, "inproc://root", quick);
+  f.client(2, "inproc://root", stuck);
+  const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 30);
+  uint64_t failed = 0;
+  for (const auto& r : records) {
+    CHECK(r.applied);
+    CHECK(r.clients_completed == 2);
+    failed += r.clients_failed;
+  }
+  // Each step waits for clients 0 and 1 (200 ms of the clock each, on one version), so 30 steps
+  // take 6 s of the clock or more: client 2's first task, at least, passed its 5 s deadline.
+  CHECK(failed >= 1);
+  CHECK(f.logs().find("client 2 did not deliver its task of version") != std::string::npos);
+  CHECK(f.logs().find("client 0 did not deliver") == std::string::npos);
 }

@@ -135,3 +135,31 @@ TEST_CASE(
   writeFileAtomic(sync, bytes);
   refused(cfg, sync, "not a checkpoint of asynchronous rounds");
 }
+
+TEST_CASE(
+    "a step that is not applied lets its clients send again from the version, instead of "
+    "shutting them out of it",
+    "[server][async]") {
+  const auto l = smallLayout();
+  server::AsyncServerConfig cfg = config("fedavg");
+  cfg.async.buffer_size = 2;
+  // A server learning rate that overflows the step: the model would be non-finite.
+  cfg.server_opt = "fedavg:eta=1e38";
+  const auto big = [&](uint64_t client) {
+    compression::Update u = randomUpdate(*l, client, 1, 10, client);
+    for (auto& t : u.tensors)
+      for (float& x : std::get<compression::DenseF32>(t).values) x = 100.0f;
+    return u;
+  };
+  server::AsyncServer s(l, cfg, std::vector<float>(l->numel(), 1.0f));
+  s.add(compression::view(big(1)));
+  s.add(compression::view(big(2)));
+  CHECK(s.hasUpdate(1, 1));
+  const server::RoundRecord r = s.step();
+  CHECK_FALSE(r.applied);
+  CHECK(s.version() == 1);
+  CHECK_FALSE(s.hasUpdate(1, 1));
+  CHECK_FALSE(s.hasUpdate(2, 1));
+  s.add(compression::view(randomUpdate(*l, 1, 1, 10, 3)));  // again, from version 1: taken
+  CHECK(s.buffered() == 1);
+}

@@ -328,6 +328,125 @@ TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothi
   CHECK(server::parseDownlink("topk") == server::Downlink::kTopK);
 }
 
+namespace {
+// The quantised downlink's step for `values` with s levels: the smallest power of two u with
+// u s >= max |v| (computed here by doubling and halving, not as the store does).
+double pow2Step(std::span<const float> values, uint32_t s) {
+  double m = 0;
+  for (float v : values) m = std::max(m, std::fabs(double(v)));
+  const double want = m / s;
+  double u = 1.0;
+  while (u < want) u *= 2;
+  while (u / 2 >= want) u /= 2;
+  return u;
+}
+}  // namespace
+
+TEST_CASE(
+    "a quantised downlink refreshes every coordinate in 8 or 4 bits with the server's error "
+    "feedback, and every client's copy is within its stated error",
+    "[server]") {
+  World w;
+  const size_t n = w.layout->numel();
+  for (const auto mode : {server::Downlink::kQ8, server::Downlink::kQ4}) {
+    const uint32_t s = server::downlinkLevels(mode);
+    const size_t bits = mode == server::Downlink::kQ8 ? 8 : 4;
+    INFO(server::downlinkName(mode));
+    CHECK(server::parseDownlink(server::downlinkName(mode)) == mode);
+    server::ModelStore store = server::ModelStore::forDownlink(w.layout, mode, 4, 0.01);
+    const std::vector<float> v1 = w.init();
+    store.set(v1, 1);
+    CHECK(sameBits(store.current(), v1));
+    std::vector<float> x = v1;
+    for (size_t i = 0; i < n; ++i) x[i] += 0.013f * static_cast<float>(int((i * 7919) % 101) - 50);
+    store.set(x, 2);
+    CHECK(sameBits(store.server(), x));
+    // Per tensor, x - x-hat is at most half the step of x - v1's largest value (the stated error).
+    for (const auto& t : w.layout->tensors()) {
+      std::vector<float> d(t.numel);
+      for (size_t j = 0; j < t.numel; ++j) d[j] = x[t.offset + j] - v1[t.offset + j];
+      const double u = pow2Step(d, s);
+      for (size_t j = 0; j < t.numel; ++j)
+        REQUIRE(std::fabs(double(x[t.offset + j]) - store.current()[t.offset + j]) <= u / 2);
+    }
+    // One version behind: the refresh, bits per value, applied bit for bit.
+    const server::EncodedModel r = store.encodeFor(1, mode);
+    CHECK(r.base_version == 1);
+    std::vector<float> client = v1;
+    protocol::applyModel(*w.layout, 1, r.base_version, r.tensors, client);
+    CHECK(sameBits(client, std::vector<float>(store.current().begin(), store.current().end())));
+    size_t packed = 0;
+    for (const auto& p : r.tensors) packed += std::get<compression::Qsgd>(p).packed.size();
+    CHECK(packed <= (n * bits + 7) / 8 + w.layout->size());
+    // Through the codec as a task: decoded, validated, applied the same.
+    {
+      protocol::TaskMsg h;
+      h.round = 2;
+      h.model_version = 2;
+      h.base_version = r.base_version;
+      h.nonce = 1;
+      h.compressor = "none";
+      h.fit = protocol::FitSettings{1, 16, 0.1f};
+      std::vector<compression::PayloadView> views;
+      for (const auto& p : r.tensors) views.push_back(compression::view(p));
+      const protocol::TaskMsg t = protocol::decodeTask(protocol::encodeTask(h, views), *w.layout);
+      std::vector<float> via = v1;
+      protocol::applyModel(*w.layout, 1, t.base_version, t.model, via);
+      CHECK(sameBits(via, client));
+    }
+    // Up to date: an empty delta. Older or none: the whole broadcast model quantised, within
+    // half a step of max |x-hat| per tensor; the simulator's clients train from the same copy.
+    CHECK(store.encodeFor(2, mode).base_version == 2);
+    std::vector<float> scratch;
+    CHECK(store.clientModel(1, mode, scratch).data() == store.current().data());
+    for (uint64_t held : {uint64_t{0}, uint64_t{77}}) {
+      const server::EncodedModel whole = store.encodeFor(held, mode);
+      CHECK(whole.base_version == 0);
+      std::vector<float> copy(n, 123.0f);  // whatever it held is overwritten
+      protocol::applyModel(*w.layout, held, 0, whole.tensors, copy);
+      for (const auto& t : w.layout->tensors()) {
+        const double u = pow2Step(store.current().subspan(t.offset, t.numel), s);
+        for (size_t j = 0; j < t.numel; ++j)
+          REQUIRE(std::fabs(double(copy[t.offset + j]) - store.current()[t.offset + j]) <= u / 2);
+      }
+      CHECK(sameBits(store.clientModel(held, mode, scratch), copy));
+    }
+    // The server's model standing still, the error feedback closes the gap version by version.
+    double gap2 = 0, gap5 = 0;
+    for (size_t i = 0; i < n; ++i)
+      gap2 = std::max(gap2, std::fabs(double(x[i]) - store.current()[i]));
+    for (uint64_t v = 3; v <= 5; ++v) store.set(x, v);
+    for (size_t i = 0; i < n; ++i)
+      gap5 = std::max(gap5, std::fabs(double(x[i]) - store.current()[i]));
+    CHECK(gap2 > 0);
+    CHECK(gap5 < gap2 / 40);
+  }
+}
+
+TEST_CASE("an engine with a quantised downlink learns with fewer task bytes", "[server]") {
+  World w;
+  uint64_t down[3] = {0, 0, 0};
+  double acc[3] = {0, 0, 0};
+  const server::Downlink modes[3] = {server::Downlink::kDense, server::Downlink::kQ8,
+                                     server::Downlink::kQ4};
+  for (int m = 0; m < 3; ++m) {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    auto cfg = w.config("none", 8);
+    cfg.sampling.fraction =
+        0.5;  // clients one version behind and further: refreshes and whole models
+    cfg.downlink = modes[m];
+    server::RoundEngine e(w.layout, cfg, w.init());
+    e.run(fleet, [&](const server::RoundRecord& r) { down[m] += r.downlink_bytes; });
+    acc[m] = w.accuracy(e.model().current());
+  }
+  CAPTURE(acc[0], acc[1], acc[2], down[0], down[1], down[2]);
+  CHECK(down[1] < down[0]);
+  CHECK(down[2] < down[1]);
+  CHECK(acc[1] > w.accuracy(w.init()) + 0.2);
+  CHECK(acc[1] > acc[0] - 0.05);
+  CHECK(acc[2] > acc[0] - 0.1);
+}
+
 TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and resumes exactly", "[server]") {
   World w;
   TempDir dir;
