@@ -483,6 +483,11 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
                  ft->payload_as_Qsgd()->packed()) {
         // A quantised downlink (server/model_store.h): the whole model, or a refresh to add.
         const auto* q = ft->payload_as_Qsgd();
+        // Bounded so that no value, nor its sum with a model's, can overflow: a model is far
+        // smaller (the server's bounds keep updates within 1e4 a value).
+        if (!(q->norm() >= 0.0f && q->norm() <= 1e30f))
+          fail(Errc::kValueTooLarge, "model tensor " + std::to_string(i) + "'s QSGD norm " +
+                                         std::to_string(q->norm()) + " is outside [0, 1e30]");
         p = cz::Qsgd{q->norm(), q->s(),
                      std::vector<uint8_t>(q->packed()->begin(), q->packed()->end())};
       } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Sparse &&

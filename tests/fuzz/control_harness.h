@@ -13,8 +13,9 @@
 // - a Chunk's data non-empty, within max_chunk_bytes, and lying inside the input; index < count;
 // - a Task: nonce set, fit settings within epochs <= 1000, batch <= 2^20, 0 < lr <= 100,
 //   0 <= prox_mu <= 1e4 with lr x prox_mu < 2, the model
-//   empty or one payload per tensor, dense f32/f16 of exactly numel (whole) or strictly increasing
-//   in-range sparse (delta), every value and shared factor finite and no larger than its tensor;
+//   empty or one payload per tensor, dense f32/f16 of exactly numel (whole), strictly increasing
+//   in-range sparse (delta), or QSGD levels (whole or a refresh to add: s in [1, 65535], norm in
+//   [0, 1e30], levels <= s), every value and shared factor finite and no larger than its tensor;
 //   applyModel then applies it (for a delta, only onto its own base version: any other version is
 //   refused with InvalidArgument and nothing else) and leaves the model finite with exactly the
 //   coordinates the task carries;
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/bitpack.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "core/param_layout.h"
@@ -178,7 +180,15 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
                        require(finite(s.values[j]), "task: non-finite sparse value");
                      }
                    },
-                   [&](const auto&) { bug("task: a model payload neither dense f32/f16 nor sparse"); },
+                   [&](const cz::Qsgd& q) {  // a quantised downlink: whole or a refresh to add
+                     require(q.s >= 1 && q.s <= 0xffff, "task: QSGD s outside [1, 65535]");
+                     require(q.norm >= 0.0f && q.norm <= 1e30f, "task: QSGD norm outside [0, 1e30]");
+                     const uint32_t bits = 1 + cz::qsgdLevelBits(q.s);
+                     require(q.packed.size() == cz::packedBytes(n, bits), "task: QSGD bytes differ from its tensor");
+                     cz::BitReader r(q.packed.data());
+                     for (size_t j = 0; j < n; ++j) require((r.get(bits) >> 1) <= q.s, "task: QSGD level above s");
+                   },
+                   [&](const auto&) { bug("task: a model payload neither dense f32/f16, sparse nor QSGD"); },
                },
                t.model[i]);
   }
@@ -202,6 +212,10 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
     bug(std::string("task: applyModel refused a decoded model: ") + e.what());
   }
   std::vector<float> want(layout.numel(), 0.5f);
+  // QSGD values are a product and a sum, which a compiler may fuse into one rounding where this
+  // harness rounds twice (or the reverse): within a few units of the last place, not bit for bit.
+  // (A server's steps are powers of two, where both give the same bits: test_server.)
+  std::vector<char> rounded(layout.numel(), 0);
   for (size_t i = 0; i < t.model.size(); ++i) {
     float* dst = want.data() + layout.tensors()[i].offset;
     std::visit(Overloaded{
@@ -212,13 +226,26 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
                    [&](const cz::Sparse& s) {
                      for (size_t j = 0; j < s.indices.size(); ++j) dst[s.indices[j]] = s.values[j];
                    },
+                   [&](const cz::Qsgd& q) {  // sign x level x norm / s, onto 0 (whole) or the base
+                     const uint32_t bits = 1 + cz::qsgdLevelBits(q.s);
+                     const float unit = static_cast<float>(static_cast<double>(q.norm) / q.s);
+                     cz::BitReader r(q.packed.data());
+                     for (size_t j = 0; j < layout.tensors()[i].numel; ++j) {
+                       const uint32_t field = r.get(bits);
+                       const float v = (field >> 1) == 0 ? 0.0f : unit * static_cast<float>(field >> 1);
+                       dst[j] = (t.base_version == 0 ? 0.0f : dst[j]) + ((field & 1u) ? -v : v);
+                       rounded[layout.tensors()[i].offset + j] = 1;
+                     }
+                   },
                    [&](const auto&) {},
                },
                t.model[i]);
   }
   for (size_t j = 0; j < model.size(); ++j) {
     require(finite(model[j]), "task: applyModel left a non-finite value");
-    require(model[j] == want[j], "task: applyModel wrote other values than the task carries");
+    require(model[j] == want[j] ||
+                (rounded[j] && std::fabs(double(model[j]) - want[j]) <= 1e-6 * (std::fabs(double(want[j])) + 1.0)),
+            "task: applyModel wrote other values than the task carries");
   }
   if (t.base_version != 0) {
     try {
@@ -522,6 +549,23 @@ inline std::vector<Seed> controlSeeds() {
     pr::TaskMsg t = task(pr::TaskKind::kFit, 4);
     t.model = {cz::Sparse{{1, 5, 90}, {1.0f, -2.0f, 3.0f}}, cz::Sparse{{0, 7}, {0.5f, -0.5f}}};
     out.push_back({"task-fit-delta", encodeTaskMsg(t)});
+  }
+  {  // the quantised downlinks: the whole model in 8 bits, a 4-bit refresh against version 4
+    const auto levels = [](size_t n, uint32_t s, uint32_t bits) {
+      cz::Qsgd q;
+      q.s = s;
+      q.norm = 0.25f * static_cast<float>(s);  // a power-of-two step, as a server sends
+      cz::BitWriter w(q.packed, n, bits);
+      for (size_t i = 0; i < n; ++i) w.put(static_cast<uint32_t>(((i * 5) % (s + 1)) << 1 | (i & 1)), bits);
+      w.flush();
+      return q;
+    };
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
+    t.model = {levels(96, 127, 8), levels(8, 127, 8)};
+    out.push_back({"task-fit-q8", encodeTaskMsg(t)});
+    pr::TaskMsg d = task(pr::TaskKind::kFit, 4);
+    d.model = {levels(96, 7, 4), levels(8, 7, 4)};
+    out.push_back({"task-fit-q4-refresh", encodeTaskMsg(d)});
   }
   {  // PowerSGD's phase 1: no model, the shared factors (Q-hat of "w", none for "b")
     pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
