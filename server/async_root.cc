@@ -82,6 +82,7 @@ void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientL
 void AsyncRoot::added() {
   if (!server_.ready()) {
     checkpoint();
+    if (accepted_) accepted_();
     return;
   }
   RoundRecord rec = server_.step();
@@ -100,11 +101,14 @@ void AsyncRoot::added() {
     if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
   }
   refreshTask();
+  if (accepted_) accepted_();
   if (progress_) progress_(rec);
 }
 
-void AsyncRoot::run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress) {
+void AsyncRoot::run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress,
+                    const std::function<void()>& accepted) {
   progress_ = progress;
+  accepted_ = accepted;
   if (!done()) fleet.runAsync(*this, config_.fleet);
   fleet.finish("all " + std::to_string(config_.steps) + " steps done");
 }

@@ -51,9 +51,11 @@ class AsyncRoot final : public AsyncDriver {
   const AsyncServer& server() const { return server_; }
   const AsyncRootConfig& config() const { return config_; }
 
-  // Steps until done(), calling `progress` after each; then fleet.finish(). Stopped (SIGTERM)
-  // passes through with everything accepted checkpointed.
-  void run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
+  // Steps until done(), calling `progress` after each step and `accepted` after each accepted
+  // update (both once it is checkpointed); then fleet.finish(). Stopped (SIGTERM) passes through
+  // with everything accepted checkpointed.
+  void run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress = {},
+           const std::function<void()>& accepted = {});
 
   // AsyncDriver
   const PhaseTask& currentTask() override { return *task_; }
@@ -74,6 +76,7 @@ class AsyncRoot final : public AsyncDriver {
   compression::PhaseBroadcast broadcast_;
   std::optional<PhaseTask> task_;
   std::function<void(const RoundRecord&)> progress_;
+  std::function<void()> accepted_;
   // Since the last step: tasks sent, their bytes, updates' bytes, tasks failed.
   uint64_t started_ = 0, downlink_ = 0, uplink_ = 0, failed_ = 0;
   std::chrono::steady_clock::time_point since_;

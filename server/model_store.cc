@@ -207,17 +207,19 @@ uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
 }
 
 std::span<const float> ModelStore::clientModel(uint64_t held, Downlink mode,
-                                               std::vector<float>& scratch) const {
-  if (downlinkLevels(mode) == 0 || (held != 0 && (held == version() || held == refresh_from_)))
-    return current();
-  const EncodedModel m = encodeFor(held, mode);
-  scratch.assign(layout_->numel(), 0.0f);
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const TensorSpec& t = layout_->tensors()[i];
-    cz::accumulatePayload(cz::view(m.tensors[i]), t,
-                          std::span<float>(scratch).subspan(t.offset, t.numel), 1.0f);
+                                               WholeModelCache& cache) const {
+  if (downlinkLevels(mode) == 0 || baseFor(held, mode) != 0) return current();
+  if (cache.version != version()) {
+    const EncodedModel m = encodeFor(0, mode);
+    cache.values.assign(layout_->numel(), 0.0f);
+    for (size_t i = 0; i < m.tensors.size(); ++i) {
+      const TensorSpec& t = layout_->tensors()[i];
+      cz::accumulatePayload(cz::view(m.tensors[i]), t,
+                            std::span<float>(cache.values).subspan(t.offset, t.numel), 1.0f);
+    }
+    cache.version = version();
   }
-  return scratch;
+  return cache.values;
 }
 
 }  // namespace starling::server

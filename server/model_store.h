@@ -87,11 +87,15 @@ class ModelStore {
   // for `mode`, else 0 (the same task as for a client that holds nothing). A fleet caches one
   // encoding per base, so a peer that claims arbitrary versions cannot grow its cache.
   uint64_t baseFor(uint64_t held, Downlink mode) const;
+  // A quantised downlink's whole model, decoded once per version for every client that gets it.
+  struct WholeModelCache {
+    uint64_t version = 0;  // 0: nothing decoded yet
+    std::vector<float> values;
+  };
   // The model a client holding `held` trains from once it applied encodeFor(held, mode): current()
-  // but for a quantised downlink's whole model, which is decoded into `scratch` (the simulator's
-  // clients train from what a deployed client would hold).
-  std::span<const float> clientModel(uint64_t held, Downlink mode,
-                                     std::vector<float>& scratch) const;
+  // but for a quantised downlink's whole model, decoded into `cache` when it holds another
+  // version's (the simulator's clients train from what a deployed client would hold).
+  std::span<const float> clientModel(uint64_t held, Downlink mode, WholeModelCache& cache) const;
 
  private:
   struct Version {

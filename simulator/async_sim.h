@@ -121,7 +121,7 @@ class AsyncSimulation {
   std::vector<char> busy_;
   std::vector<uint64_t> last_version_;  // the version each client last started on (0: none)
   std::vector<uint64_t> held_;          // the version each client last downloaded (0: none)
-  std::vector<float>
+  server::ModelStore::WholeModelCache
       whole_;  // a quantised downlink's whole model, decoded (what a client trains from)
   std::vector<uint64_t> accepted_;
   ClientState state_;  // reused for every client

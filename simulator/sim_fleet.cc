@@ -210,7 +210,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   client::ClientAlgorithm algorithm(comp, trainer_, fit);
   // What each client trains from: the broadcast model, or with a quantised downlink the whole
   // model decoded from its task when it was not one version behind (the same for all of them).
-  std::vector<float> whole;
+  server::ModelStore::WholeModelCache whole;
   const auto modelOf = [&](uint64_t id) {
     const auto it = held_before_.find(id);
     return task.model.clientModel(it == held_before_.end() ? 0 : it->second, task.downlink, whole);

@@ -164,12 +164,14 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
                    [&](const cz::DenseF32& d) {
                      require(t.base_version == 0, "task: dense f32 in a delta");
                      require(d.values.size() == n, "task: dense f32 size differs from its tensor");
-                     for (float x : d.values) require(finite(x), "task: non-finite dense f32 value");
+                     for (float x : d.values)
+                       require(finite(x), "task: non-finite dense f32 value");
                    },
                    [&](const cz::DenseF16& d) {
                      require(t.base_version == 0, "task: dense f16 in a delta");
                      require(d.values.size() == n, "task: dense f16 size differs from its tensor");
-                     for (uint16_t h : d.values) require(finite(halfToFloat(h)), "task: non-finite dense f16 value");
+                     for (uint16_t h : d.values)
+                       require(finite(halfToFloat(h)), "task: non-finite dense f16 value");
                    },
                    [&](const cz::Sparse& s) {
                      require(t.base_version != 0, "task: sparse in a whole model");
@@ -182,13 +184,18 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
                    },
                    [&](const cz::Qsgd& q) {  // a quantised downlink: whole or a refresh to add
                      require(q.s >= 1 && q.s <= 0xffff, "task: QSGD s outside [1, 65535]");
-                     require(q.norm >= 0.0f && q.norm <= 1e30f, "task: QSGD norm outside [0, 1e30]");
+                     require(q.norm >= 0.0f && q.norm <= 1e30f,
+                             "task: QSGD norm outside [0, 1e30]");
                      const uint32_t bits = 1 + cz::qsgdLevelBits(q.s);
-                     require(q.packed.size() == cz::packedBytes(n, bits), "task: QSGD bytes differ from its tensor");
+                     require(q.packed.size() == cz::packedBytes(n, bits),
+                             "task: QSGD bytes differ from its tensor");
                      cz::BitReader r(q.packed.data());
-                     for (size_t j = 0; j < n; ++j) require((r.get(bits) >> 1) <= q.s, "task: QSGD level above s");
+                     for (size_t j = 0; j < n; ++j)
+                       require((r.get(bits) >> 1) <= q.s, "task: QSGD level above s");
                    },
-                   [&](const auto&) { bug("task: a model payload neither dense f32/f16, sparse nor QSGD"); },
+                   [&](const auto&) {
+                     bug("task: a model payload neither dense f32/f16, sparse nor QSGD");
+                   },
                },
                t.model[i]);
   }
@@ -232,7 +239,8 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
                      cz::BitReader r(q.packed.data());
                      for (size_t j = 0; j < layout.tensors()[i].numel; ++j) {
                        const uint32_t field = r.get(bits);
-                       const float v = (field >> 1) == 0 ? 0.0f : unit * static_cast<float>(field >> 1);
+                       const float v =
+                           (field >> 1) == 0 ? 0.0f : unit * static_cast<float>(field >> 1);
                        dst[j] = (t.base_version == 0 ? 0.0f : dst[j]) + ((field & 1u) ? -v : v);
                        rounded[layout.tensors()[i].offset + j] = 1;
                      }
@@ -243,8 +251,8 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
   }
   for (size_t j = 0; j < model.size(); ++j) {
     require(finite(model[j]), "task: applyModel left a non-finite value");
-    require(model[j] == want[j] ||
-                (rounded[j] && std::fabs(double(model[j]) - want[j]) <= 1e-6 * (std::fabs(double(want[j])) + 1.0)),
+    require(model[j] == want[j] || (rounded[j] && std::fabs(double(model[j]) - want[j]) <=
+                                                      1e-6 * (std::fabs(double(want[j])) + 1.0)),
             "task: applyModel wrote other values than the task carries");
   }
   if (t.base_version != 0) {
@@ -556,7 +564,8 @@ inline std::vector<Seed> controlSeeds() {
       q.s = s;
       q.norm = 0.25f * static_cast<float>(s);  // a power-of-two step, as a server sends
       cz::BitWriter w(q.packed, n, bits);
-      for (size_t i = 0; i < n; ++i) w.put(static_cast<uint32_t>(((i * 5) % (s + 1)) << 1 | (i & 1)), bits);
+      for (size_t i = 0; i < n; ++i)
+        w.put(static_cast<uint32_t>(((i * 5) % (s + 1)) << 1 | (i & 1)), bits);
       w.flush();
       return q;
     };

@@ -120,15 +120,27 @@ class InprocFederation {
             resumed_buffered_ =
                 root.resumed() ? std::optional<uint64_t>(root.server().buffered()) : std::nullopt;
           }
-          root.run(fleet, [&](const server::RoundRecord& r) {
-            std::lock_guard lock(mu_);
-            records_.push_back(r);
-            const auto m = root.server().model().current();
-            model_.assign(m.begin(), m.end());
-            cv_.notify_all();
-          });
+          root.run(
+              fleet,
+              [&](const server::RoundRecord& r) {
+                std::lock_guard lock(mu_);
+                records_.push_back(r);
+                const auto m = root.server().model().current();
+                model_.assign(m.begin(), m.end());
+                cv_.notify_all();
+              },
+              [&] {
+                std::lock_guard lock(mu_);
+                buffered_ = root.server().buffered();
+                cv_.notify_all();
+              });
           return root.done();
         });
+  }
+  // A condition for waitFor: the asynchronous root's buffer, as of its last accepted update (and
+  // checkpoint), holds `n` updates.
+  std::function<bool()> buffered(uint64_t n) {
+    return [this, n] { return buffered_ == n; };
   }
   // The asynchronous root's buffered updates when it resumed from its checkpoint (nullopt: it
   // started fresh).
@@ -393,6 +405,7 @@ class InprocFederation {
   std::vector<float> model_, control_;
   bool root_done_ = false;
   std::optional<uint64_t> resumed_buffered_;
+  uint64_t buffered_ = 0;
   std::string root_endpoint_;
   std::map<uint64_t, client::RuntimeStats> stats_, live_;
   std::map<uint64_t, std::vector<uint8_t>> states_;  // each ended client's ClientState, saved

@@ -397,7 +397,7 @@ TEST_CASE(
     // Up to date: an empty delta. Older or none: the whole broadcast model quantised, within
     // half a step of max |x-hat| per tensor; the simulator's clients train from the same copy.
     CHECK(store.encodeFor(2, mode).base_version == 2);
-    std::vector<float> scratch;
+    server::ModelStore::WholeModelCache scratch;
     CHECK(store.clientModel(1, mode, scratch).data() == store.current().data());
     for (uint64_t held : {uint64_t{0}, uint64_t{77}}) {
       const server::EncodedModel whole = store.encodeFor(held, mode);
