@@ -139,10 +139,12 @@ gpu-deps:
 gpu-check:
 	bash scripts/gpu-check.sh
 
-# The whole project against a current CUDA-enabled LibTorch (a PyTorch wheel from PyPI, installed
-# by scripts/torch-wheel.sh into ~/.cache/starling, never into the tree), in build-torch2/, and the
-# LibTorch-dependent tests with it: API drift between LibTorch 1.13 and 2.x and every CUDA-only
-# code path are compiled and linked without a GPU (the GPU tests report Skipped). .ci/run runs it.
+# Everything that compiles or links against LibTorch or the CUDA module (the target
+# starling-torch-dependent), against a current CUDA-enabled LibTorch (a PyTorch wheel from PyPI,
+# installed by scripts/torch-wheel.sh into ~/.cache/starling, never into the tree), in
+# build-torch2/, and the LibTorch-dependent tests with it: API drift between LibTorch 1.13 and
+# 2.x and every CUDA-only code path are compiled and linked without a GPU (the GPU tests report
+# Skipped). .ci/run runs it.
 TORCH2_BUILD_DIR ?= build-torch2
 torch-wheel:
 	bash scripts/torch-wheel.sh

@@ -188,8 +188,9 @@ void checkTrainingGradient(EigenModel& m, Floats params, size_t batch, uint64_t 
     const std::span<float> g = has_buffers ? std::span<float>(scratch) : std::span<float>();
     return m.forwardBackward(p, x, y, g).loss_sum / static_cast<double>(batch);
   };
-  // Under qemu (tests/emulated.h) an eighth of the first tensor and 4 values of each other.
-  const size_t first_step = testing::kEmulated ? 8 : 1, per_tensor = testing::kEmulated ? 4 : 60;
+  // Under qemu or AddressSanitizer (tests/emulated.h) an eighth of the first tensor and 4 values of
+  // each other.
+  const size_t first_step = testing::kReduced ? 8 : 1, per_tensor = testing::kReduced ? 4 : 60;
   std::vector<size_t> picks;
   for (size_t t = 0; t < m.trainableTensors(); ++t) {
     const size_t step = t == 0 ? first_step : std::max<size_t>(1, l[t].numel / per_tensor);

@@ -21,8 +21,8 @@ TEST_CASE("fit's own scratch allocates nothing per batch once warmed up", "[clie
   data::Dataset d = testing::gaussianData(640, 784, 10, 1);
   d.rows = 28;
   d.cols = 28;
-  // Under qemu (tests/emulated.h) the convolutional models take 8 x 8 images: the same buffers,
-  // smaller.
+  // Under qemu or AddressSanitizer (tests/emulated.h) the convolutional models take 8 x 8 images:
+  // the same buffers, smaller.
   data::Dataset small = testing::gaussianData(640, 64, 10, 1);
   small.rows = 8;
   small.cols = 8;
@@ -32,7 +32,7 @@ TEST_CASE("fit's own scratch allocates nothing per batch once warmed up", "[clie
     INFO(spec);
     const bool conv =
         std::string(spec).rfind("cnn", 0) == 0 || std::string(spec).rfind("resnet", 0) == 0;
-    const data::Dataset& data = conv && testing::kEmulated ? small : d;
+    const data::Dataset& data = conv && testing::kReduced ? small : d;
     auto t = makeTrainer(spec, data);
     std::vector<float> global(t->layout().numel());
     t->initParameters(global, 1);

@@ -254,8 +254,9 @@ TEST_CASE("every Eigen trainer's results are functions of the values, not of whe
   std::vector<Case> cases{Case{"softmax", 120, 1, 45, 19}, Case{"mlp:hidden=37", 120, 1, 45, 19},
                           Case{"softmax", 64, 1, 784, 10}, Case{"mlp:hidden=128", 64, 1, 784, 10},
                           Case{"logreg:momentum=0.9", 64, 1, 45, 19}};
-  if (testing::kEmulated) {
-    // Under qemu (tests/emulated.h): the convolutional models on fewer, smaller images.
+  if (testing::kReduced) {
+    // Under qemu or AddressSanitizer (tests/emulated.h): the convolutional models on fewer, smaller
+    // images.
     cases.push_back(Case{"cnn", 12, 9, 11, 5});
     cases.push_back(Case{"resnet:momentum=0.9", 12, 7, 5, 5});
   } else {
