@@ -3,6 +3,8 @@
 // shows how to run one; docs/protocol.md what travels.
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
+#include <optional>
 
 #include "aggregation/rule.h"
 #include "aggregation/server_optimizer.h"
@@ -48,10 +50,11 @@ ModelShape modelShape(const apps::Settings& c) {
   return m;
 }
 
-// round.mode = async at the root: what it does not run yet is refused before anything is bound.
+// round.mode = async or semisync at the root: what they do not run yet is refused before anything
+// is bound.
 void checkAsyncRoot(const apps::Settings& c, bool aggregator) {
-  const auto no = [](const std::string& what) {
-    STARLING_THROW(ConfigError, "round.mode = async at the root does not run ", what,
+  const auto no = [&](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode, " at the root does not run ", what,
                    " yet (docs/deployment.md)");
   };
   if (aggregator) no("edge aggregators: connect the clients to the root");
@@ -60,53 +63,120 @@ void checkAsyncRoot(const apps::Settings& c, bool aggregator) {
   if (c.train.scaffold) no("SCAFFOLD: set train.scaffold = false");
   if (c.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (c.async.concurrency == 0 && c.sampling.clients_per_round == 0)
-    STARLING_THROW(ConfigError,
-                   "round.mode = async needs async.concurrency (or sampling.clients_per_round): "
-                   "how many clients train at once");
+    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode,
+                   " needs async.concurrency (or sampling.clients_per_round): how many clients "
+                   "train at once");
 }
 
 int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
                  const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
-                 server::ZmqFleet& fleet, spdlog::logger& log) {
+                 client::Trainer& trainer, server::ZmqFleet& fleet, spdlog::logger& log) {
   server::AsyncRootConfig rc;
   rc.steps = ec.rounds;
   rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
   rc.fleet.min_available = ec.sampling.min_available;
-  rc.fleet.task_deadline_ms = ec.round_deadline_ms;
+  const bool semisync = c.round.mode == "semisync";
+  if (semisync) {
+    // round.deadline_ms is the round's length; a task is failed after async.max_staleness + 1
+    // rounds, when its update would most likely be refused as too stale anyway.
+    rc.round_ms = ec.round_deadline_ms;
+    rc.fleet.task_deadline_ms = static_cast<uint32_t>(
+        std::min<uint64_t>(uint64_t{rc.round_ms} * (c.async.max_staleness + 1), 86'400'000));
+  } else {
+    rc.fleet.task_deadline_ms = ec.round_deadline_ms;
+  }
   rc.fit = ec.fit;
   rc.checkpoint = ec.checkpoint;
   rc.metrics = ec.metrics;
+  // The clients are busy training: the root evaluates the model itself on data.test.
+  std::optional<data::Dataset> test;
+  std::vector<size_t> test_idx;
+  if (c.eval_every != 0) {
+    try {
+      const auto none = [](const std::vector<uint8_t>&, uint32_t) { return std::vector<size_t>{}; };
+      const auto all = [](const std::vector<uint8_t>& labels, uint32_t) {
+        std::vector<size_t> i(labels.size());
+        std::iota(i.begin(), i.end(), size_t{0});
+        return i;
+      };
+      test = data::loadDataSubset(c.data.source, none, all).test;
+    } catch (const starling::Error& e) {
+      log.warn(
+          "eval.every = {}: the root cannot read data.test to evaluate the model ({}); "
+          "each step's metrics carry the training loss only",
+          c.eval_every, e.what());
+    }
+    if (test && test->size() > 0) {
+      test_idx.resize(test->size());
+      std::iota(test_idx.begin(), test_idx.end(), size_t{0});
+      // The starting model, on the whole test set: one that does not fit the model (another
+      // shape, a label beyond model.classes) is said now, not at the first evaluation.
+      client::EvalResult first;
+      try {
+        first = trainer.evaluate(init, client::DataView{&*test, test_idx});
+      } catch (const starling::Error& e) {
+        STARLING_THROW(ConfigError, "eval.every = ", c.eval_every,
+                       ": the root evaluates the model on data.test, which does not fit the "
+                       "model: ",
+                       e.what());
+      }
+      rc.eval_every = c.eval_every;
+      rc.evaluate = [&](std::span<const float> model) -> std::optional<std::pair<double, double>> {
+        try {
+          const client::EvalResult r = trainer.evaluate(model, client::DataView{&*test, test_idx});
+          return std::pair<double, double>(r.loss, r.accuracy);
+        } catch (const starling::Error& e) {
+          log.warn("the root's evaluation failed: {}", e.what());
+          return std::nullopt;
+        }
+      };
+      log.info(
+          "the root evaluates the model on {} ({} examples) every {} steps (federated "
+          "evaluation runs in synchronous rounds only); at the start: test accuracy {:.2f}%",
+          c.data.source.test, test->size(), c.eval_every, 100.0 * first.accuracy);
+    } else if (test) {
+      log.warn("eval.every = {}: data.test has no examples; nothing is evaluated", c.eval_every);
+    } else if (c.data.source.test.empty()) {
+      log.warn("eval.every = {}: no data.test for the root to evaluate on", c.eval_every);
+    }
+  }
   server::AsyncRoot root(layout, apps::asyncServerConfig(c, ec), rc, std::move(init));
   const server::AsyncServer& srv = root.server();
   if (root.resumed())
     log.info("resumed from {} at step {} (model version {}) with {} buffered updates",
              rc.checkpoint, srv.steps() + 1, srv.version(), srv.buffered());
-  if (c.eval_every != 0)
-    log.warn(
-        "eval.every = {}: federated evaluation does not run in asynchronous rounds yet; the "
-        "steps' training loss is logged instead",
-        c.eval_every);
   if (rc.checkpoint.empty())
     log.warn(
-        "round.mode = async without state.checkpoint: a crash of the root loses the run and the "
-        "updates in its buffer");
-  log.info(
-      "async (FedBuff): {} clients training at once, a step every {} updates, staleness {} up to "
-      "{} versions | compressor {} | server optimizer {} | downlink {} | {} steps",
-      rc.fleet.concurrency, c.async.buffer_size, c.async.staleness, c.async.max_staleness,
-      srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
+        "round.mode = {} without state.checkpoint: a crash of the root loses the run and the "
+        "updates in its buffer",
+        c.round.mode);
+  if (semisync)
+    log.info(
+        "semi-synchronous rounds of {} ms: up to {} clients training at once, late updates "
+        "weighted by staleness {} up to {} rounds | compressor {} | server optimizer {} | "
+        "downlink {} | {} rounds",
+        rc.round_ms, rc.fleet.concurrency, c.async.staleness, c.async.max_staleness,
+        srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
+  else
+    log.info(
+        "async (FedBuff): {} clients training at once, a step every {} updates, staleness {} up "
+        "to {} versions | compressor {} | server optimizer {} | downlink {} | {} steps",
+        rc.fleet.concurrency, c.async.buffer_size, c.async.staleness, c.async.max_staleness,
+        srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
   try {
     root.run(fleet, [&](const server::RoundRecord& r) {
       const auto m = [&](const char* k) {
         const auto it = r.metrics.find(k);
         return it == r.metrics.end() ? 0.0 : it->second;
       };
+      const std::string acc =
+          r.test_accuracy ? fmt::format("  test acc {:.2f}%", 100.0 * *r.test_accuracy) : "";
       if (r.applied)
         log.info(
-            "step {:4}/{}  {} updates  staleness mean {:.1f} max {:.0f}  loss {:.4f}  {} tasks "
+            "step {:4}/{}  {} updates  staleness mean {:.1f} max {:.0f}  loss {:.4f}{}  {} tasks "
             "sent, {} failed  up {:.1f} KB  down {:.1f} KB  {:.2f} s",
             r.round, rc.steps, r.clients_completed, m("staleness_mean"), m("staleness_max"),
-            r.train_loss.value_or(0.0), r.clients_selected, r.clients_failed,
+            r.train_loss.value_or(0.0), acc, r.clients_selected, r.clients_failed,
             r.uplink_bytes / 1024.0, r.downlink_bytes / 1024.0, r.wall_seconds);
       else
         log.warn("step {:4}/{}  not applied: {}", r.round, rc.steps, r.reason);
@@ -130,13 +200,10 @@ int runServer(apps::Settings& c) {
         "!!! INSECURE: CURVE is off; anyone who reaches {} can join and read every message !!!",
         c.server.bind);
   // Every spec is checked before anything is bound.
-  if (c.round.mode == "semisync")
-    STARLING_THROW(ConfigError,
-                   "round.mode = semisync runs in starling-sim only: the root runs sync or async");
-  if (c.round.mode != "sync" && c.round.mode != "async")
+  if (c.round.mode != "sync" && c.round.mode != "async" && c.round.mode != "semisync")
     STARLING_THROW(ConfigError, "round.mode must be sync, async or semisync, got '", c.round.mode,
                    "'");
-  const bool async = c.round.mode == "async";
+  const bool async = c.round.mode != "sync";  // FedBuff or semi-synchronous: the buffered step
   // async.* is checked in either mode: a file's typo shows before it is run asynchronously.
   aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
       .validate();
@@ -223,7 +290,7 @@ int runServer(apps::Settings& c) {
 
   std::vector<float> init(layout->numel());
   trainer->initParameters(init, c.model.seed);
-  if (async) return runAsyncRoot(c, ec, layout, std::move(init), fleet, *log);
+  if (async) return runAsyncRoot(c, ec, layout, std::move(init), *trainer, fleet, *log);
   server::RoundEngine engine(layout, ec, std::move(init));
   if (engine.resumed())
     log->info("resumed from {} at round {} (model version {})", ec.checkpoint, engine.nextRound(),

@@ -192,11 +192,14 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         1, 64);
   o.add("eval.every", &s.eval_every,
         "evaluation every N rounds (0: never): the simulation on data.test, a deployment "
-        "federated, each client on its share of data.test",
+        "federated, each client on its share of data.test (round.mode = async or semisync: the "
+        "root on data.test, every N steps)",
         0, 1u << 30);
   use(kServer);
   o.add("round.deadline_ms", &s.round.deadline_ms,
-        "how long a phase waits for updates (round.mode = async: a task)", 10, 86400000);
+        "how long a phase waits for updates (round.mode = async: a task; semisync: a round, and "
+        "a task async.max_staleness + 1 rounds)",
+        10, 86400000);
   o.add("round.min_completion_rate", &s.round.min_completion_rate,
         "fraction of sampled clients that must deliver", 0, 1);
   use(kSim);
@@ -206,21 +209,23 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("async.buffer_size", &s.async.buffer_size,
         "round.mode = async: accepted updates per server step (FedBuff's K)", 1, 1000000);
   o.add("async.max_staleness", &s.async.max_staleness,
-        "round.mode = async: an update trained more than this many model versions ago is refused",
+        "round.mode = async or semisync: an update trained more than this many model versions ago "
+        "is refused",
         0, 1000000);
   o.add("async.staleness", &s.async.staleness,
-        "round.mode = async: the weight of an update tau versions old: constant, "
+        "round.mode = async or semisync: the weight of an update tau versions old: constant, "
         "polynomial:a=A ((1+tau)^-A) or hinge:a=A,b=B (1 up to B, then 1/(A(tau-B)+1))");
   o.add("async.concurrency", &s.async.concurrency,
-        "round.mode = async: clients training at once (0: sampling.clients_per_round)", 0, 1000000);
+        "round.mode = async or semisync: clients training at once (0: sampling.clients_per_round)",
+        0, 1000000);
   o.add("round.mode", &s.round.mode,
         "sync: rounds of sampling.clients_per_round clients, each waiting for its slowest; "
         "async: FedBuff, async.concurrency clients training at once and a server step every "
         "async.buffer_size updates, train.rounds steps (in starling-sim on one worker; at "
         "starling-server's root with clients connected directly); "
-        "semisync (starling-sim only so far): rounds closing at round.deadline_seconds with "
-        "whatever arrived, late updates joining a later round with their staleness weight "
-        "(docs/simulation.md)");
+        "semisync: rounds closing at round.deadline_seconds (starling-sim, simulated) or "
+        "round.deadline_ms (the root) with whatever arrived, late updates joining a later round "
+        "with their staleness weight (docs/simulation.md, docs/deployment.md)");
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
   o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");

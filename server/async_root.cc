@@ -16,6 +16,11 @@ void AsyncRootConfig::validate() const {
   if (fleet.task_deadline_ms < 10)
     STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ",
                    fleet.task_deadline_ms);
+  if (round_ms != 0 && round_ms < 10)
+    STARLING_THROW(ConfigError,
+                   "round.deadline_ms (a semi-synchronous round) must be at least 10, "
+                   "got ",
+                   round_ms);
   if (fit.epochs == 0 || fit.epochs > 1000)
     STARLING_THROW(ConfigError, "fit.epochs must be in [1, 1000], got ", fit.epochs);
   if (fit.batch_size == 0) STARLING_THROW(ConfigError, "fit.batch_size must be positive");
@@ -29,7 +34,7 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
       server_(std::move(layout), std::move(server), std::move(initial)),
       broadcast_(server_.broadcast(1)),
       since_(std::chrono::steady_clock::now()) {
-  if (config_.fleet.min_available < server_.config().async.buffer_size)
+  if (config_.round_ms == 0 && config_.fleet.min_available < server_.config().async.buffer_size)
     STARLING_THROW(ConfigError, "async.buffer_size = ", server_.config().async.buffer_size,
                    " needs at least as many clients (each sends one update per model version): "
                    "set sampling.min_available to at least that, got ",
@@ -80,12 +85,50 @@ void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientL
 }
 
 void AsyncRoot::added() {
-  if (!server_.ready()) {
+  // FedBuff steps every K updates; a semi-synchronous round steps at its end (tick()).
+  if (config_.round_ms != 0 || !server_.ready()) {
     checkpoint();
     if (accepted_) accepted_();
     return;
   }
-  RoundRecord rec = server_.step();
+  stepped(server_.step(), true);
+}
+
+size_t AsyncRoot::tick(std::chrono::steady_clock::time_point now, size_t open) {
+  const size_t c = config_.fleet.concurrency, room = open < c ? c - open : 0;
+  if (config_.round_ms == 0) return room;  // FedBuff: a free slot is filled at once
+  last_tick_ = now;
+  if (!round_live_) {
+    // Nothing open and nothing buffered: the round starts with its first task (handedOut). With
+    // updates buffered (one that came back before this turn, or a resumed checkpoint's), now.
+    if (open == 0 && server_.buffered() == 0) return room;
+    round_live_ = true;
+    round_start_ = now;
+  }
+  if (now - round_start_ >= std::chrono::milliseconds(config_.round_ms)) {
+    stepped(server_.buffered() > 0 ? server_.step()
+                                   : server_.skip("no update was accepted in the round"),
+            false);
+    round_start_ = now;  // the round's length includes its step (and evaluation)
+    round_live_ = open > 0;
+    handing_out_ = true;
+  }
+  // A round hands tasks out once, at its start; a root waiting for its first task keeps asking.
+  return (handing_out_ || !round_live_) ? room : 0;
+}
+
+void AsyncRoot::handedOut(size_t sent) {
+  if (config_.round_ms == 0) return;
+  if (sent > 0 && !round_live_) {  // the round's first task: its clock starts
+    round_live_ = true;
+    round_start_ = last_tick_;
+  }
+  // Once a live round had its turn, a client that finishes early, or registers late, waits for
+  // the next round.
+  if (round_live_) handing_out_ = false;
+}
+
+void AsyncRoot::stepped(RoundRecord rec, bool on_update) {
   rec.clients_selected = started_;
   rec.clients_failed = failed_;
   rec.uplink_bytes = uplink_;
@@ -95,13 +138,21 @@ void AsyncRoot::added() {
   since_ = now;
   started_ = downlink_ = uplink_ = failed_ = 0;
   checkpoint();
+  // After the checkpoint: an evaluation that fails loses nothing of the step.
+  if (rec.applied && config_.eval_every != 0 && config_.evaluate &&
+      rec.round % config_.eval_every == 0) {
+    if (const auto r = config_.evaluate(server_.model().current())) {
+      rec.test_loss = r->first;
+      rec.test_accuracy = r->second;
+    }
+  }
   if (!config_.metrics.empty()) {
     std::ofstream out(config_.metrics, std::ios::app);
     out << rec.json() << '\n';
     if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
   }
   refreshTask();
-  if (accepted_) accepted_();
+  if (on_update && accepted_) accepted_();
   if (progress_) progress_(rec);
 }
 

@@ -16,14 +16,29 @@
 // their clients, registering with the new root, are given new tasks on the current version (one
 // accepted update per client and version, the restored buffer's, still holds).
 //
-// Not yet (each refused where it is configured): edge aggregators, federated evaluation,
-// SCAFFOLD, semi-synchronous rounds at the root.
+// Semi-synchronous rounds (round_ms > 0), as the simulator's (simulator/async_sim.h): rounds of
+// round_ms on the fleet's clock. At a round's start the idle clients top the tasks open up to C;
+// at its end the server steps with whatever was accepted (K does not apply; a round where nothing
+// was accepted is recorded as not applied), and a client still training goes on: its update joins
+// a later round, weighted by its staleness, instead of being dropped as a synchronous round's
+// straggler is. A round's clock starts at the previous step, or, when nothing was open or
+// buffered then, with the first task that goes out (a root waiting for clients takes no empty
+// steps); its length includes the step.
+//
+// Evaluation: the clients are busy training, so the root evaluates the model itself, every
+// eval_every steps, with `evaluate` (starling-server passes its trainer on data.test); the
+// record's test_loss and test_accuracy carry it. Federated evaluation (the clients' shares)
+// runs in synchronous rounds only.
+//
+// Not yet (each refused where it is configured): edge aggregators, SCAFFOLD.
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/async_server.h"
@@ -34,6 +49,12 @@ namespace starling::server {
 struct AsyncRootConfig {
   uint64_t steps = 10;  // server steps to take (train.rounds)
   AsyncFleetOptions fleet;
+  uint32_t round_ms = 0;  // > 0: semi-synchronous rounds of this length (round.deadline_ms)
+  // After each applied step whose number (skipped rounds counted) is a multiple of eval_every
+  // (0: never), once the step is checkpointed: the broadcast model's test loss and accuracy, or
+  // nothing (an evaluation that failed, which `evaluate` reports itself).
+  uint32_t eval_every = 0;
+  std::function<std::optional<std::pair<double, double>>(std::span<const float> model)> evaluate;
   protocol::FitSettings fit;
   std::string checkpoint;  // file; empty: none (a crash loses the run)
   std::string metrics;     // JSON Lines, one record per step; empty: none
@@ -66,10 +87,15 @@ class AsyncRoot final : public AsyncDriver {
   void sent(uint64_t bytes) override;
   void failed(uint64_t client, const char* why) override;
   bool done() const override { return server_.steps() >= config_.steps; }
+  size_t tick(std::chrono::steady_clock::time_point now, size_t open) override;
+  void handedOut(size_t sent) override;
 
  private:
   void refreshTask();
   void checkpoint() const;
+  // After a step or a skipped round: the record, the checkpoint, the next version's task;
+  // `on_update`: the step came with an accepted update (run()'s `accepted` is called).
+  void stepped(RoundRecord rec, bool on_update);
 
   AsyncRootConfig config_;
   AsyncServer server_;
@@ -81,6 +107,10 @@ class AsyncRoot final : public AsyncDriver {
   uint64_t started_ = 0, downlink_ = 0, uplink_ = 0, failed_ = 0;
   std::chrono::steady_clock::time_point since_;
   bool resumed_ = false;
+  // Semi-synchronous rounds: whether the round's clock runs (it started at round_start_), and
+  // whether its one hand-out pass is still to come.
+  bool round_live_ = false, handing_out_ = true;
+  std::chrono::steady_clock::time_point round_start_{}, last_tick_{};
 };
 
 }  // namespace starling::server

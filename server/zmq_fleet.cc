@@ -533,14 +533,23 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
   size_t pending_then = ~size_t{0};
   auto filled_at = config_.clock->now() - milliseconds(1000);
   auto stall_said = config_.clock->now() - std::chrono::seconds(3600);
+  const auto afterMessage = [&] {
+    if (ph.added) {
+      ph.added = false;
+      driver.added();  // outside handle(): a failure to step or checkpoint ends the run
+    }
+  };
   while (!driver.done()) {
+    const auto now = config_.clock->now();
+    const size_t room = pending_.size() < opt.concurrency ? opt.concurrency - pending_.size() : 0;
+    const size_t slots = std::min(driver.tick(now, pending_.size()), room);
+    if (driver.done()) break;  // tick() took the last step
     ph.task = &driver.currentTask();
     const uint64_t version = ph.task->header.model_version;
-    const auto now = config_.clock->now();
-    if (pending_.size() < opt.concurrency &&
-        (pending_.size() != pending_then || now - filled_at >= milliseconds(50))) {
+    if (slots > 0 && (pending_.size() != pending_then || now - filled_at >= milliseconds(50))) {
       filled_at = now;
       const std::vector<ClientInfo> avail = available();
+      size_t handed = 0;
       if (avail.size() >= opt.min_available) {
         idle.clear();
         for (const ClientInfo& c : avail)
@@ -548,7 +557,7 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
             idle.push_back(&clients_.at(c.id));
         std::shuffle(idle.begin(), idle.end(), rng);
         for (Peer* p : idle) {
-          if (pending_.size() >= opt.concurrency) break;
+          if (handed >= slots) break;
           const uint64_t nonce = randomNonZero(rng);
           if (!sendTask(*p, nonce)) continue;
           Pending q{nonce,        false,      p->info.num_examples, p->info.eval_examples,
@@ -556,9 +565,11 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
           q.task_version = version;
           q.deadline = now + milliseconds(opt.task_deadline_ms);
           pending_[p->info.id] = q;
+          ++handed;
         }
         // Nothing open and no one may start: every available client has sent its update from
-        // this version, and the buffer needs more (a step needs K clients on a version).
+        // this version, and the version has not moved on (FedBuff: a step needs K clients on a
+        // version).
         if (pending_.empty() && idle.empty() && now - stall_said >= std::chrono::seconds(30)) {
           stall_said = now;
           log_->warn(
@@ -567,12 +578,22 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
               avail.size(), version);
         }
       }
+      // Told even when too few clients are registered for a pass: a semi-synchronous round hands
+      // tasks out at its start only.
+      driver.handedOut(handed);
       pending_then = pending_.size();
     }
+    // One message, then whatever else is queued (at most 1,000 more per turn, so that a flood
+    // cannot starve the hand-outs and a round's end): a step, its checkpoint or the root's
+    // evaluation can keep the loop away longer than net.silence_ms, and the heartbeats that
+    // arrived meanwhile are seen before anyone is failed as silent.
     poll(milliseconds(100));
-    if (ph.added) {
-      ph.added = false;
-      driver.added();  // outside handle(): a failure to step or checkpoint ends the run
+    afterMessage();
+    for (int more = 0; more < 1000 && !driver.done(); ++more) {
+      const auto r = socket_.receive(milliseconds(0));
+      if (!r) break;
+      handle(*r);
+      afterMessage();
     }
     expireSilent();
     const auto after = config_.clock->now();

@@ -69,6 +69,15 @@ class AsyncDriver {
   virtual void sent(uint64_t bytes) = 0;                      // a task went out
   virtual void failed(uint64_t client, const char* why) = 0;  // a task expired, unanswered
   virtual bool done() const = 0;                              // every step is taken
+  // On every turn of the loop (about every 100 ms at most), with the fleet's clock and the tasks
+  // open: how many more tasks may go out now (the fleet hands out at most that many, and never
+  // more than AsyncFleetOptions::concurrency open). A driver that steps on time (semi-synchronous
+  // rounds) steps here; what this throws ends runAsync.
+  virtual size_t tick(std::chrono::steady_clock::time_point now, size_t open) = 0;
+  // After each turn at which tick() allowed tasks (and the hand-out was not throttled): how many
+  // went out (0 when none of the available clients may start, or fewer than min_available are
+  // registered).
+  virtual void handedOut(size_t sent) = 0;
 };
 
 struct AsyncFleetOptions {

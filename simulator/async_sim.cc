@@ -216,8 +216,8 @@ void AsyncSimulation::evaluate(server::RoundRecord& rec) {
   rec.test_loss = r.loss;
 }
 
-// The first arrival: its update goes to the server, and a step follows when K were accepted.
-// The first arrival: its update goes to the server (refused if too stale or out of bounds).
+// The first arrival: its update goes to the server (refused if too stale or out of bounds); the
+// caller steps when K were accepted (FedBuff) or at the round's end (semi-synchronous).
 void AsyncSimulation::deliver() {
   auto node = in_flight_.extract(in_flight_.begin());
   const uint64_t id = node.key().second;

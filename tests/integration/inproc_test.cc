@@ -894,3 +894,92 @@ TEST_CASE(
   CHECK(f.logs().find("client 2 did not deliver its task of version") != std::string::npos);
   CHECK(f.logs().find("client 0 did not deliver") == std::string::npos);
 }
+
+TEST_CASE(
+    "in process: semi-synchronous rounds at the root close on the clock with what arrived; a late "
+    "update joins the next round with its staleness, a round with none is not applied",
+    "[integration][inproc][async]") {
+  // Rounds of 10 s on the federation's clock, run 5x fast below. K = 3 would need every client on
+  // one version: a semi-synchronous round does not wait for it.
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 600'000;  // heartbeats on a fast clock: no one is failed for silence
+  client::RuntimeConfig quick, late;
+  quick.delay_ms = 1000;
+  late.delay_ms = 15'000;  // a round and a half: each update lands in the middle of a later round
+  const data::Dataset& train = fashion("train", 900);
+  SECTION("a late update joins the next round") {
+    InprocFederation f("logreg", train, iid(train, 3));
+    server::AsyncRootConfig rc = asyncRootConfig(6, 3, 3);
+    rc.round_ms = 10'000;
+    // The root's own evaluation every second step, of the model the step made.
+    std::vector<std::vector<float>> evaluated;
+    rc.eval_every = 2;
+    rc.evaluate = [&](std::span<const float> model) {
+      evaluated.emplace_back(model.begin(), model.end());
+      return std::optional<std::pair<double, double>>(
+          std::pair(0.5, 0.25 * static_cast<double>(evaluated.size())));
+    };
+    f.asyncRoot(asyncServerConfig(3, 10), rc, fc);
+    f.client(0, "inproc://root", quick);
+    f.client(1, "inproc://root", quick);
+    f.client(2, "inproc://root", late);
+    const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(done);
+    const auto records = f.records();
+    REQUIRE(records.size() == 6);
+    for (size_t i = 0; i < records.size(); ++i) {
+      INFO("round " << i + 1);
+      CHECK(records[i].applied);
+      CHECK(records[i].model_version == i + 2);
+      // Odd rounds: clients 0 and 1; even ones: theirs and client 2's, one version old.
+      CHECK(records[i].clients_completed == (i % 2 == 0 ? 2u : 3u));
+      CHECK(metricOf(records[i], "staleness_max") == (i % 2 == 0 ? 0.0 : 1.0));
+      CHECK(records[i].test_accuracy.has_value() == (i % 2 == 1));
+    }
+    CHECK(records.back().train_loss.value() < records.front().train_loss.value());
+    REQUIRE(evaluated.size() == 3);
+    CHECK(*records[5].test_accuracy == 0.75);
+    CHECK(*records[5].test_loss == 0.5);
+    CHECK(evaluated.back() == f.model());  // the model after step 6, the run's last
+  }
+  SECTION("one task at a time, answered before the root's next turn: every round steps") {
+    // The update is back before the root looks again with nothing open: the round's clock still
+    // started with its task, and the round ends with the update.
+    InprocFederation f("logreg", train, iid(train, 1));
+    server::AsyncRootConfig rc = asyncRootConfig(3, 1, 1);
+    rc.round_ms = 10'000;
+    f.asyncRoot(asyncServerConfig(3, 10), rc, fc);
+    f.client(0, "inproc://root");
+    const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(done);
+    const auto records = f.records();
+    REQUIRE(records.size() == 3);
+    for (size_t i = 0; i < records.size(); ++i) {
+      CHECK(records[i].applied);
+      CHECK(records[i].clients_completed == 1);
+      CHECK(records[i].model_version == i + 2);
+    }
+  }
+  SECTION("a round where nothing arrived is recorded, not applied, and the version stays") {
+    InprocFederation f("logreg", train, iid(train, 1));
+    server::AsyncRootConfig rc = asyncRootConfig(2, 1, 1);
+    rc.round_ms = 10'000;
+    f.asyncRoot(asyncServerConfig(3, 10), rc, fc);
+    f.client(0, "inproc://root", late);
+    const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(done);
+    const auto records = f.records();
+    REQUIRE(records.size() == 2);
+    CHECK_FALSE(records[0].applied);
+    CHECK(records[0].reason == "no update was accepted in the round");
+    CHECK(records[0].model_version == 1);
+    // The update of version 1 arrives in round 2, on version 1 still: not stale.
+    CHECK(records[1].applied);
+    CHECK(records[1].clients_completed == 1);
+    CHECK(records[1].model_version == 2);
+    CHECK(metricOf(records[1], "staleness_max") == 0.0);
+  }
+}

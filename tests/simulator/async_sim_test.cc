@@ -552,3 +552,56 @@ TEST_CASE("FedBuff with the lossy top-k downlink sends a fraction of the model a
   CHECK(per_start[1] < 0.6 * per_start[0]);
   CHECK(accuracy[1] > before + 0.2);
 }
+
+TEST_CASE(
+    "FedBuff with the quantised downlinks: a task costs about a quarter (q8) or an eighth (q4) of "
+    "a dense one, and the run learns as the dense one does",
+    "[simulator][async]") {
+  // The 603-value model of the top-k test: 2,412 bytes of values dense, 603 at 8 bits, 302 at 4,
+  // plus each task's header (the same in every mode: what a dense task has beyond its 2,412
+  // bytes) and the quantised tensors' norms. The simulated clients train from the model their
+  // task decodes to, whole or refreshed (server/model_store.h).
+  const size_t n = 12;
+  sim::AsyncSimConfig ac;
+  ac.steps = 60;
+  ac.concurrency = 4;
+  ac.seed = 5;
+  ac.fit = protocol::FitSettings{1, 16, 0.1f};
+  ac.eval_every = 60;
+  const server::Downlink modes[] = {server::Downlink::kDense, server::Downlink::kQ8,
+                                    server::Downlink::kQ4};
+  double per_start[3] = {0, 0, 0}, accuracy[3] = {0, 0, 0}, before = 0, numel = 0;
+  for (int m = 0; m < 3; ++m) {
+    Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), false, 200);
+    auto sc = s.serverConfig(2, 20);
+    sc.downlink = modes[m];
+    std::vector<size_t> all(s.train.size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    before = s.trainer->evaluate(s.init(), client::DataView{&s.train, all}).accuracy;
+    numel = static_cast<double>(s.trainer->layout().numel());
+    const Run r = runAsync(s, sc, ac, &s.train);
+    uint64_t down = 0, started = 0;
+    for (const auto& rec : r.steps) {
+      down += rec.downlink_bytes;
+      started += rec.clients_selected;
+    }
+    REQUIRE(started > 0);
+    per_start[m] = static_cast<double>(down) / static_cast<double>(started);
+    accuracy[m] = *r.steps.back().test_accuracy;
+  }
+  INFO("bytes per task: dense " << per_start[0] << ", q8 " << per_start[1] << ", q4 "
+                                << per_start[2] << "; accuracy before " << before << ", dense "
+                                << accuracy[0] << ", q8 " << accuracy[1] << ", q4 " << accuracy[2]);
+  const double header = per_start[0] - 4 * numel;  // every task's bytes beyond its values
+  REQUIRE(header > 0);
+  INFO("header " << header << " bytes");
+  // At most 8 (4) bits per value and a few bytes of norms.
+  CHECK(per_start[1] - header < 1.05 * numel);
+  CHECK(per_start[1] - header > 0.95 * numel);
+  CHECK(per_start[2] - header < 0.55 * numel);
+  CHECK(per_start[2] - header > 0.45 * numel);
+  for (int m = 1; m < 3; ++m) {
+    CHECK(accuracy[m] > before + 0.2);
+    CHECK(accuracy[m] > accuracy[0] - 0.05);
+  }
+}
