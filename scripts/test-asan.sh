@@ -20,6 +20,12 @@
 # zmq_fleet.cc 32 -> 22 s). UBSan's other checks (alignment, null, bounds, overflow, shifts,
 # float casts, enums) all stay.
 #
+# No GPU code either (STARLING_CUDA=OFF in the preset, and test_torch_gpu left out): without a GPU
+# the CUDA tests only report Skipped, and CI has none; the Release build of `make test` and
+# `make test-torch2` compile every CUDA path, and `make gpu-check` runs them on a GPU. That saves
+# the three largest test files of the sanitizer build (cuda_test.cc, nccl_test.cc, gpu_test.cc:
+# 47 to 55 s each) and nvcc.
+#
 # Sanitizer settings, for this run only (not exported anywhere else):
 # - LeakSanitizer stays on (ASan's default on Linux); it works on the 2-core development VM.
 # - protect_shadow_gap=0: on a machine with a GPU the CUDA driver maps memory inside ASan's

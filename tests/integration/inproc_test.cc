@@ -641,6 +641,28 @@ double metricOf(const server::RoundRecord& r, const char* name) {
   return it == r.metrics.end() ? -1.0 : it->second;
 }
 
+// Starts the asynchronous root on a tcp port (a restarted root must listen on tcp) with clients 0
+// and 1, which answer their version-1 tasks at once, and client 2, which trains for ever; stops
+// the root once its buffer (and checkpoint) holds their two updates, and gives its endpoint. A
+// FedBuff step needs K = 3 and a semi-synchronous round ends only on the federation's clock, which
+// stands still here: the buffer holds exactly two until the stop, nothing races it.
+std::string stopWithTwoBuffered(InprocFederation& f, const server::AsyncServerConfig& sc,
+                                const server::AsyncRootConfig& rc, server::FleetConfig fc) {
+  fc.bind = "tcp://127.0.0.1:*";
+  f.asyncRoot(sc, rc, fc);
+  const std::string endpoint = f.rootEndpoint();
+  client::RuntimeConfig stuck;
+  stuck.delay_ms = 1'000'000'000;
+  f.client(0, endpoint);
+  f.client(1, endpoint);
+  f.client(2, endpoint, stuck);
+  const bool two = f.waitFor(f.buffered(2), seconds(60));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(two);
+  f.stopRoot();
+  return endpoint;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -693,20 +715,8 @@ TEST_CASE(
   const server::AsyncServerConfig sc = asyncServerConfig(3, 10);
   server::AsyncRootConfig rc = asyncRootConfig(4, 4, 3);
   rc.checkpoint = (dir.path / "root.ckpt").string();
-  f.asyncRoot(sc, rc, InprocFederation::fleetConfig("tcp://127.0.0.1:*"));
-  const std::string endpoint = f.rootEndpoint();
-  // Clients 0 and 1 answer their version-1 tasks at once; client 2 is still training when the root
-  // stops. A step needs K = 3 and each client sends one update per version, so the buffer holds
-  // exactly two updates until the root is stopped: nothing races the stop.
-  client::RuntimeConfig stuck;
-  stuck.delay_ms = 1'000'000'000;
-  f.client(0, endpoint);
-  f.client(1, endpoint);
-  f.client(2, endpoint, stuck);
-  const bool two = f.waitFor(f.buffered(2), seconds(60));
-  INFO(f.error() << "\n" << f.logs());
-  REQUIRE(two);
-  f.stopRoot();
+  const std::string endpoint =
+      stopWithTwoBuffered(f, sc, rc, InprocFederation::fleetConfig("inproc://root"));
   // What the checkpoint holds, read as the restarted root will.
   auto trainer = client::makeTrainer("logreg", train);
   auto layout = std::make_shared<const ParamLayout>(trainer->layout());
@@ -982,4 +992,40 @@ TEST_CASE(
     CHECK(records[1].model_version == 2);
     CHECK(metricOf(records[1], "staleness_max") == 0.0);
   }
+}
+
+TEST_CASE(
+    "in process: a semi-synchronous root stopped mid-round resumes with its buffered updates and "
+    "ends that round with them",
+    "[integration][inproc][async]") {
+  const data::Dataset& train = fashion("train", 900);
+  starling::testing::TempDir dir("inproc-semisync-restart");
+  InprocFederation f("logreg", train, iid(train, 3));
+  const server::AsyncServerConfig sc = asyncServerConfig(3, 10);
+  server::AsyncRootConfig rc = asyncRootConfig(2, 3, 3);
+  rc.round_ms = 10'000;
+  rc.checkpoint = (dir.path / "root.ckpt").string();
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 600'000;  // heartbeats on a fast clock below: no one is failed for silence
+  const std::string endpoint = stopWithTwoBuffered(f, sc, rc, fc);
+  CHECK(f.records().empty());  // round 1 did not end: the clock stood still
+  // Restarted: nothing is open (its tasks died with it) and clients 0 and 1 have their version-1
+  // updates in the restored buffer, so no task may go out; the round runs on the updates it holds
+  // and ends with them, and round 2 hands out tasks on version 2 (to clients 0 and 1: client 2,
+  // still in its task, may not register again, so two are enough now).
+  fc.bind = endpoint;
+  rc.fleet.min_available = 2;
+  f.asyncRoot(sc, rc, fc);
+  const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  REQUIRE(f.resumedBuffered().has_value());
+  CHECK(*f.resumedBuffered() == 2);
+  const auto records = f.records();
+  REQUIRE(records.size() == 2);
+  CHECK(records[0].applied);
+  CHECK(records[0].clients_completed == 2);
+  CHECK(records[0].model_version == 2);
+  CHECK(records[1].applied);
+  CHECK(records[1].model_version == 3);
 }

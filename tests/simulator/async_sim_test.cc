@@ -562,12 +562,6 @@ TEST_CASE(
   // bytes) and the quantised tensors' norms. The simulated clients train from the model their
   // task decodes to, whole or refreshed (server/model_store.h).
   const size_t n = 12;
-  sim::AsyncSimConfig ac;
-  ac.steps = 60;
-  ac.concurrency = 4;
-  ac.seed = 5;
-  ac.fit = protocol::FitSettings{1, 16, 0.1f};
-  ac.eval_every = 60;
   const server::Downlink modes[] = {server::Downlink::kDense, server::Downlink::kQ8,
                                     server::Downlink::kQ4};
   double per_start[3] = {0, 0, 0}, accuracy[3] = {0, 0, 0}, before = 0, numel = 0;
@@ -575,6 +569,8 @@ TEST_CASE(
     Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), false, 200);
     auto sc = s.serverConfig(2, 20);
     sc.downlink = modes[m];
+    sim::AsyncSimConfig ac = s.simConfig(60, 4);
+    ac.eval_every = 60;
     std::vector<size_t> all(s.train.size());
     std::iota(all.begin(), all.end(), size_t{0});
     before = s.trainer->evaluate(s.init(), client::DataView{&s.train, all}).accuracy;
