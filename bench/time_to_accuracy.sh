@@ -11,7 +11,10 @@
 # Usage: bench/time_to_accuracy.sh [OUT] [BIN]
 #   OUT   folder of the metrics files (default tta)
 #   BIN   starling-sim (default build/bin/starling-sim)
-# Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20 semisync).
+# Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20
+# semisync fedbuff-eta1.5). fedbuff-eta1.5: the server step x += 1.5 delta, which gives back what
+# the staleness weights take from FedBuff's mean step (mean staleness 0.9 at these settings: an
+# update weighs (1 + 0.9)^-0.5 = 0.73 on average).
 set -euo pipefail
 out=${1:-tta}
 bin=${2:-build/bin/starling-sim}
@@ -28,6 +31,7 @@ runs=(
   "fedbuff|"
   "fedbuff20|--async.concurrency 20"
   "semisync|--round.mode semisync --round.deadline_seconds 30"
+  "fedbuff-eta1.5|--aggregation.server_opt fedavg:eta=1.5"
 )
 
 for seed in $seeds; do
