@@ -3,8 +3,10 @@
 // shows how to run one; docs/protocol.md what travels.
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <optional>
+#include <span>
 
 #include "aggregation/rule.h"
 #include "aggregation/server_optimizer.h"
@@ -68,29 +70,22 @@ void checkAsyncRoot(const apps::Settings& c, bool aggregator) {
                    "train at once");
 }
 
-int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
-                 const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
-                 client::Trainer& trainer, server::ZmqFleet& fleet, spdlog::logger& log) {
-  server::AsyncRootConfig rc;
-  rc.steps = ec.rounds;
-  rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
-  rc.fleet.min_available = ec.sampling.min_available;
-  const bool semisync = c.round.mode == "semisync";
-  if (semisync) {
-    // round.deadline_ms is the round's length; a task is failed after async.max_staleness + 1
-    // rounds, when its update would most likely be refused as too stale anyway.
-    rc.round_ms = ec.round_deadline_ms;
-    rc.fleet.task_deadline_ms = static_cast<uint32_t>(
-        std::min<uint64_t>(uint64_t{rc.round_ms} * (c.async.max_staleness + 1), 86'400'000));
-  } else {
-    rc.fleet.task_deadline_ms = ec.round_deadline_ms;
-  }
-  rc.fit = ec.fit;
-  rc.checkpoint = ec.checkpoint;
-  rc.metrics = ec.metrics;
-  // The clients are busy training: the root evaluates the model itself on data.test.
+// eval.every in asynchronous rounds: the clients are busy training, so the root evaluates the
+// broadcast model itself on data.test (rc.eval_every, rc.evaluate), checked on the starting model
+// first. The returned object holds the test set rc.evaluate reads: keep it while the root runs.
+struct RootEvaluation {
   std::optional<data::Dataset> test;
-  std::vector<size_t> test_idx;
+  std::vector<size_t> idx;
+};
+
+std::unique_ptr<RootEvaluation> setUpRootEvaluation(const apps::Settings& c,
+                                                    client::Trainer& trainer,
+                                                    std::span<const float> init,
+                                                    server::AsyncRootConfig& rc,
+                                                    spdlog::logger& log) {
+  auto held = std::make_unique<RootEvaluation>();
+  std::optional<data::Dataset>& test = held->test;
+  std::vector<size_t>& test_idx = held->idx;
   if (c.eval_every != 0) {
     try {
       const auto none = [](const std::vector<uint8_t>&, uint32_t) { return std::vector<size_t>{}; };
@@ -121,9 +116,10 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
                        e.what());
       }
       rc.eval_every = c.eval_every;
-      rc.evaluate = [&](std::span<const float> model) -> std::optional<std::pair<double, double>> {
+      rc.evaluate = [&trainer, &log, h = held.get()](
+                        std::span<const float> model) -> std::optional<std::pair<double, double>> {
         try {
-          const client::EvalResult r = trainer.evaluate(model, client::DataView{&*test, test_idx});
+          const client::EvalResult r = trainer.evaluate(model, client::DataView{&*h->test, h->idx});
           return std::pair<double, double>(r.loss, r.accuracy);
         } catch (const starling::Error& e) {
           log.warn("the root's evaluation failed: {}", e.what());
@@ -140,6 +136,30 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
       log.warn("eval.every = {}: no data.test for the root to evaluate on", c.eval_every);
     }
   }
+  return held;
+}
+
+int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
+                 const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
+                 client::Trainer& trainer, server::ZmqFleet& fleet, spdlog::logger& log) {
+  server::AsyncRootConfig rc;
+  rc.steps = ec.rounds;
+  rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
+  rc.fleet.min_available = ec.sampling.min_available;
+  const bool semisync = c.round.mode == "semisync";
+  if (semisync) {
+    // round.deadline_ms is the round's length; a task is failed after async.max_staleness + 1
+    // rounds, when its update would most likely be refused as too stale anyway.
+    rc.round_ms = ec.round_deadline_ms;
+    rc.fleet.task_deadline_ms = static_cast<uint32_t>(
+        std::min<uint64_t>(uint64_t{rc.round_ms} * (c.async.max_staleness + 1), 86'400'000));
+  } else {
+    rc.fleet.task_deadline_ms = ec.round_deadline_ms;
+  }
+  rc.fit = ec.fit;
+  rc.checkpoint = ec.checkpoint;
+  rc.metrics = ec.metrics;
+  const auto evaluation = setUpRootEvaluation(c, trainer, init, rc, log);
   server::AsyncRoot root(layout, apps::asyncServerConfig(c, ec), rc, std::move(init));
   const server::AsyncServer& srv = root.server();
   if (root.resumed())
