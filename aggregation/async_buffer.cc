@@ -149,7 +149,17 @@ double AsyncBuffer::weightFor(uint64_t v) const {
 }
 
 void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limits) {
-  const uint64_t v = u.header.round;
+  buffer(u.header.round, u.header.client_id, "client", "update",
+         [&](PhaseAggregator& agg, double s) { agg.add(u, limits, s); });
+}
+
+void AsyncBuffer::addPartial(const compression::PartialView& p, uint64_t source) {
+  buffer(p.header.round, source, "edge aggregator", "partial",
+         [&](PhaseAggregator& agg, double s) { agg.merge(p, source, s); });
+}
+
+void AsyncBuffer::buffer(uint64_t v, uint64_t sender, const char* who, const char* what,
+                         const std::function<void(PhaseAggregator&, double)>& into) {
   const auto refused = [&] {
     ++rejected_total_;
     ++rejected_step_;
@@ -157,11 +167,11 @@ void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limi
   double s = 0.0;
   try {
     s = weightFor(v);
-    // One update per client and version, across steps too (a replay after take()).
+    // One update (or partial) per sender and version, across steps too (a replay after take()).
     const auto seen = seen_.find(v);
-    if (seen != seen_.end() && seen->second.count(u.header.client_id))
-      failInput(Errc::kDuplicate, "client ", u.header.client_id,
-                " already sent its update from model version ", v);
+    if (seen != seen_.end() && seen->second.count(sender))
+      failInput(Errc::kDuplicate, who, " ", sender, " already sent its ", what,
+                " from model version ", v);
   } catch (const InputError&) {
     refused();
     throw;
@@ -177,15 +187,16 @@ void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limi
   }
   auto& seen = seen_[v];  // what allocates happens before the aggregate changes
   seen.reserve(seen.size() + 1);
+  const uint64_t before = agg->count();
   try {
-    agg->add(u, limits, s);
+    into(*agg, s);
   } catch (const InputError&) {
     refused();
     throw;
   }
-  seen.insert(u.header.client_id);
+  seen.insert(sender);
   if (fresh) by_version_.emplace(v, std::move(fresh));
-  ++count_;
+  count_ += agg->count() - before;
 }
 
 RoundResult AsyncBuffer::take() {
@@ -205,8 +216,10 @@ RoundResult AsyncBuffer::take() {
   RoundResult res = round->finish();
   res.rejected = rejected_step_;
   last_taken_.clear();
-  for (const auto& [v, agg] : by_version_)
+  for (const auto& [v, agg] : by_version_) {
     for (uint64_t id : agg->clients()) last_taken_.emplace_back(v, id);
+    for (uint64_t id : agg->sources()) last_taken_.emplace_back(v, id);
+  }
   by_version_.clear();
   count_ = 0;
   rejected_step_ = 0;
@@ -321,9 +334,13 @@ void AsyncBuffer::load(ByteReader& r) {
     for (uint64_t k = 0; k < n; ++k)
       if (!ids.insert(r.u64()).second) r.fail("a client listed twice for version ", v);
   }
+  // Each sender listed sent one update, or one edge aggregator's partial of at most
+  // bounds.max_partial_count.
+  const uint64_t per_sender = std::max<uint64_t>(scheme_.options().bounds.max_partial_count, 1);
   for (const auto& [v, agg] : by_version)
-    if (!seen.count(v) || seen[v].size() < agg->partial().count())
-      r.fail("version ", v, "'s buffered updates are not all among its clients");
+    if (!seen.count(v) || seen[v].empty() ||
+        agg->partial().count() / per_sender > seen[v].size() - 1)
+      r.fail("version ", v, "'s buffered updates are not all among its senders");
   version_ = version;
   count_ = count;
   rejected_total_ = rejected_total;

@@ -20,10 +20,14 @@
 // Memory: one aggregate (numel floats) per version among the buffered updates, at most
 // min(K, max_staleness + 1). Splitting a phase's checks from its sum would need one.
 //
+// Edge aggregators: a partial aggregate of updates trained from one version v (addPartial) enters
+// as its updates would one by one, each scaled by s(tau) and counted toward K.
+//
 // This is the aggregation core of issue 22: server/async_server.h steps with it, and the
-// simulator's event clock (simulator/async_sim.h) drives that; the deployment's asynchronous
-// rounds are still to be built on it (docs/aggregation.md).
+// simulator's event clock (simulator/async_sim.h) and the root's asynchronous rounds
+// (server/async_root.h) drive that (docs/aggregation.md).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,9 +85,16 @@ class AsyncBuffer {
   // Validates `u` against its version's phase and adds it scaled by s(tau). Throws InputError
   // (kStale, kWrongRound, or any code a synchronous round gives), leaving the buffer unchanged.
   void add(const compression::UpdateView& u, const ClientLimits& limits = {});
+  // An edge aggregator's partial aggregate of updates its clients trained from version
+  // p.header.round (the task it relayed): checked as a synchronous round checks a partial, its
+  // sums scaled by s(tau) (each update in it weighted as if it had come alone), and counted as
+  // p.header.count updates toward K. One partial per aggregator (`source`) and version, as one
+  // update per client; the same refusals as add(). The caller checks its weight against what
+  // the aggregator registered.
+  void addPartial(const compression::PartialView& p, uint64_t source);
 
   uint64_t size() const { return count_; }  // accepted updates in the buffer
-  bool ready() const { return count_ >= opt_.buffer_size; }
+  bool ready() const { return count_ >= opt_.buffer_size; }  // a partial may take it past K
   uint64_t rejected() const { return rejected_total_; }  // every refusal since construction
   // The buffered step (delta, metrics, count, total weight; `rejected`: the refusals since the
   // last step), and the buffer empties. InvalidArgument when the buffer is empty.
@@ -98,7 +109,8 @@ class AsyncBuffer {
   // version being shut out of it for good. (Clients whose updates were restored by load() are not
   // known by name and stay counted.)
   void discardTaken();
-  // Whether `client` sent an accepted update from version v (a second one would be a duplicate).
+  // Whether `client` (or edge aggregator) sent an accepted update (partial) from version v (a
+  // second one would be a duplicate).
   bool hasUpdate(uint64_t client, uint64_t v) const;
 
   // The whole state (version, the buffered versions' sums, the clients seen per version, the
@@ -110,13 +122,19 @@ class AsyncBuffer {
   void load(ByteReader& r);
 
  private:
+  // add() and addPartial(): the staleness and duplicate checks, then `into` adds to version v's
+  // aggregate with the weight s(tau); a refusal is counted and leaves everything unchanged.
+  void buffer(uint64_t v, uint64_t sender, const char* who, const char* what,
+              const std::function<void(PhaseAggregator&, double)>& into);
+
   const RoundScheme& scheme_;
   AsyncOptions opt_;
   Staleness staleness_;
   uint64_t version_;
   // One phase aggregator per version the buffered updates trained from (at most max_staleness + 1).
   std::map<uint64_t, std::unique_ptr<PhaseAggregator>> by_version_;
-  // The clients that sent an update from each version still inside the staleness bound.
+  // The clients (and edge aggregators) that sent an update (a partial) from each version still
+  // inside the staleness bound.
   std::map<uint64_t, std::unordered_set<uint64_t>> seen_;
   uint64_t count_ = 0, rejected_total_ = 0, rejected_step_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> last_taken_;  // (version, client) of the last take()

@@ -166,9 +166,11 @@ void PartialAggregate::merge(const PartialAggregate& other) {
   for (size_t i = 0; i < buf_.size(); ++i) b[i] += o[i];
 }
 
-void PartialAggregate::mergeValidated(const PartialView& p) {
+void PartialAggregate::mergeValidated(const PartialView& p, double scale) {
   const AggregateLayout& L = *layout_;
   const ParamLayout& m = L.model();
+  STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0,
+                     "aggregation: scale must be in (0, 1], got ", scale);
   STARLING_CHECK_ARG(p.tensors.size() == m.size(), "aggregation: partial carries ", p.tensors.size(),
                      " tensors, the model has ", m.size());
   for (size_t t = 0; t < m.size(); ++t) {
@@ -182,7 +184,7 @@ void PartialAggregate::mergeValidated(const PartialView& p) {
   STARLING_CHECK_ARG(p.control.size() == (L.hasControl() ? m.numel() : 0),
                      "aggregation: partial carries ", p.control.size(),
                      " SCAFFOLD control values, this phase takes ", L.hasControl() ? m.numel() : 0);
-  addTensors(p.tensors, 1.0f);
+  addTensors(p.tensors, static_cast<float>(scale));
   if (L.hasControl()) {
     float* c = buf_.data() + L.controlOffset();
     for (size_t i = 0; i < p.control.size(); ++i) c[i] += p.control[i];

@@ -138,8 +138,10 @@ class PartialAggregate {
 
   // Adds everything `other` holds. Throws InvalidArgument if it has another layout tag.
   void merge(const PartialAggregate& other);
-  // Adds a received partial aggregate (already validated against this layout by the round).
-  void mergeValidated(const PartialView& p);
+  // Adds a received partial aggregate (already validated against this layout by the round), its
+  // sums times `scale` in (0, 1] (an asynchronous partial's staleness weight, as addValidated's
+  // scale: the weight, count and metrics as they are).
+  void mergeValidated(const PartialView& p, double scale = 1.0);
 
   // mean of the dense part; with `with_factors`, plus the factor sums expanded with the shared
   // factors; all divided by W. `out` (numel floats) is overwritten, or added to with `add`.

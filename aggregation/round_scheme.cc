@@ -192,11 +192,13 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
   }
 }
 
-void PhaseAggregator::merge(const cz::PartialView& p, uint64_t source) {
+void PhaseAggregator::merge(const cz::PartialView& p, uint64_t source, double staleness) {
   STARLING_CHECK_ARG(scheme_.rule_->streaming(), "aggregation rule ", scheme_.rule_->name(),
                      " needs every update at the root and cannot merge partial aggregates (no edge aggregators)");
+  STARLING_CHECK_ARG(std::isfinite(staleness) && staleness > 0.0 && staleness <= 1.0,
+                     "a staleness weight must be in (0, 1], got ", staleness);
   try {
-    mergeChecked(p, source);
+    mergeChecked(p, source, staleness);
   } catch (const InputError& e) {
     reject(e);
   }
@@ -237,7 +239,7 @@ void PhaseAggregator::checkControl(std::span<const float> control, double count,
               ", the bound is ", count * bounds.max_update_norm);
 }
 
-void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
+void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source, double staleness) {
   const ParamLayout& layout = scheme_.layout();
   const ValidationBounds& bounds = scheme_.opt_.bounds;
   const AggregateLayout& L = partial_.layout();
@@ -300,7 +302,7 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source) {
       failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name, "' sums ", m.weighted_sum,
                 " over weight ", m.weight, ", outside the bounds");
   sources_.insert(source);
-  partial_.mergeValidated(p);
+  partial_.mergeValidated(p, staleness);
   ++accepted_;
 }
 

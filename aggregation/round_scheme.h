@@ -112,8 +112,9 @@ class PhaseAggregator {
            double staleness = 1.0);
   // Merges a partial aggregate received from the child `source` (an edge aggregator), after
   // checking it against this phase and the bounds scaled by its count. Throws InputError
-  // (counted) or InvalidArgument if the rule is not streaming.
-  void merge(const compression::PartialView& p, uint64_t source);
+  // (counted) or InvalidArgument if the rule is not streaming. `staleness`: an asynchronous
+  // partial's weight s(tau) in (0, 1], which scales its sums as add()'s scales an update.
+  void merge(const compression::PartialView& p, uint64_t source, double staleness = 1.0);
   // Merges an in-process partial of the same phase (a simulator worker's): trusted.
   void merge(const PartialAggregate& p);
 
@@ -124,6 +125,8 @@ class PhaseAggregator {
   uint64_t count() const { return partial_.count(); }
   bool hasClient(uint64_t client_id) const { return seen_.count(client_id) != 0; }
   const std::unordered_set<uint64_t>& clients() const { return seen_; }
+  // The children whose partials it merged.
+  const std::unordered_set<uint64_t>& sources() const { return sources_; }
 
  private:
   friend class RoundScheme;
@@ -132,7 +135,7 @@ class PhaseAggregator {
   PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, RobustStore* robust,
                   const std::unordered_set<uint64_t>* allowed);
   void addChecked(const compression::UpdateView& u, const ClientLimits& limits, double staleness);
-  void mergeChecked(const compression::PartialView& p, uint64_t source);
+  void mergeChecked(const compression::PartialView& p, uint64_t source, double staleness);
   void checkControl(std::span<const float> control, double count, const char* what,
                     uint64_t who) const;
   [[noreturn]] void reject(const InputError& e);

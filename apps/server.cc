@@ -59,9 +59,10 @@ void checkAsyncRoot(const apps::Settings& c, bool aggregator) {
     STARLING_THROW(ConfigError, "round.mode = ", c.round.mode, " at the root does not run ", what,
                    " yet (docs/deployment.md)");
   };
-  if (aggregator) no("edge aggregators: connect the clients to the root");
-  if (!c.server.aggregator_ids.empty())
-    no("edge aggregators (security.aggregator_ids): connect the clients to the root");
+  if (aggregator)
+    STARLING_THROW(ConfigError,
+                   "round.mode is the root's setting: an edge aggregator relays the tasks it gets, "
+                   "synchronous or not (leave round.mode out of the aggregator's configuration)");
   if (c.train.scaffold) no("SCAFFOLD: set train.scaffold = false");
   if (c.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (c.async.concurrency == 0 && c.sampling.clients_per_round == 0)
@@ -146,6 +147,7 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
   rc.steps = ec.rounds;
   rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
   rc.fleet.min_available = ec.sampling.min_available;
+  rc.aggregators = !c.server.aggregator_ids.empty();
   const bool semisync = c.round.mode == "semisync";
   if (semisync) {
     // round.deadline_ms is the round's length; a task is failed after async.max_staleness + 1

@@ -216,13 +216,14 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "round.mode = async or semisync: the weight of an update tau versions old: constant, "
         "polynomial:a=A ((1+tau)^-A) or hinge:a=A,b=B (1 up to B, then 1/(A(tau-B)+1))");
   o.add("async.concurrency", &s.async.concurrency,
-        "round.mode = async or semisync: clients training at once (0: sampling.clients_per_round)",
+        "round.mode = async or semisync: tasks open at once, an edge aggregator's one of them "
+        "(0: sampling.clients_per_round)",
         0, 1000000);
   o.add("round.mode", &s.round.mode,
         "sync: rounds of sampling.clients_per_round clients, each waiting for its slowest; "
         "async: FedBuff, async.concurrency clients training at once and a server step every "
         "async.buffer_size updates, train.rounds steps (in starling-sim on one worker; at "
-        "starling-server's root with clients connected directly); "
+        "starling-server's root, an edge aggregator's partial counting its updates); "
         "semisync: rounds closing at round.deadline_seconds (starling-sim, simulated) or "
         "round.deadline_ms (the root) with whatever arrived, late updates joining a later round "
         "with their staleness weight (docs/simulation.md, docs/deployment.md)");

@@ -34,7 +34,8 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
       server_(std::move(layout), std::move(server), std::move(initial)),
       broadcast_(server_.broadcast(1)),
       since_(std::chrono::steady_clock::now()) {
-  if (config_.round_ms == 0 && config_.fleet.min_available < server_.config().async.buffer_size)
+  if (config_.round_ms == 0 && !config_.aggregators &&
+      config_.fleet.min_available < server_.config().async.buffer_size)
     STARLING_THROW(ConfigError, "async.buffer_size = ", server_.config().async.buffer_size,
                    " needs at least as many clients (each sends one update per model version): "
                    "set sampling.min_available to at least that, got ",
@@ -81,6 +82,11 @@ void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
 void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
                     uint64_t bytes) {
   server_.add(u, limits);  // InputError: refused, nothing changed
+  uplink_ += bytes;
+}
+
+void AsyncRoot::addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) {
+  server_.addPartial(p, source);  // InputError: refused, nothing changed
   uplink_ += bytes;
 }
 

@@ -30,7 +30,13 @@
 // record's test_loss and test_accuracy carry it. Federated evaluation (the clients' shares)
 // runs in synchronous rounds only.
 //
-// Not yet (each refused where it is configured): edge aggregators, SCAFFOLD.
+// Edge aggregators: a task to an aggregator is one of C; it relays the task to its clients as a
+// synchronous phase of its subtree and answers with one partial aggregate of the task's version,
+// which enters the buffer as its updates would (each weighted by the version's staleness) and
+// counts their number toward K (a step may then hold more than K). The root's model then equals
+// what the same updates sent to the root directly would make, up to float rounding.
+//
+// Not yet (refused where it is configured): SCAFFOLD.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -50,6 +56,9 @@ struct AsyncRootConfig {
   uint64_t steps = 10;  // server steps to take (train.rounds)
   AsyncFleetOptions fleet;
   uint32_t round_ms = 0;  // > 0: semi-synchronous rounds of this length (round.deadline_ms)
+  // Edge aggregators may register (security.aggregator_ids): one partial brings many updates,
+  // so FedBuff's K needs no K peers (fleet.min_available is not held against it).
+  bool aggregators = false;
   // After each applied step whose number (skipped rounds counted) is a multiple of eval_every
   // (0: never), once the step is checkpointed: the broadcast model's test loss and accuracy, or
   // nothing (an evaluation that failed, which `evaluate` reports itself).
@@ -83,6 +92,7 @@ class AsyncRoot final : public AsyncDriver {
   bool mayStart(uint64_t client) const override;
   void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
            uint64_t bytes) override;
+  void addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) override;
   void added() override;
   void sent(uint64_t bytes) override;
   void failed(uint64_t client, const char* why) override;

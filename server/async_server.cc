@@ -31,6 +31,13 @@ void AsyncServer::add(const compression::UpdateView& u, const aggregation::Clien
   staleness_max_ = std::max(staleness_max_, tau);
 }
 
+void AsyncServer::addPartial(const compression::PartialView& p, uint64_t source) {
+  buffer_.addPartial(p, source);
+  const uint64_t tau = version() - p.header.round;  // checked as add()'s
+  staleness_sum_ += static_cast<double>(tau) * static_cast<double>(p.header.count);
+  staleness_max_ = std::max(staleness_max_, tau);
+}
+
 RoundRecord AsyncServer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   RoundRecord rec;

@@ -1,9 +1,8 @@
 #pragma once
 // The server side of buffered asynchronous aggregation (issue 22, FedBuff): the model and its
 // version, the buffer of staleness-weighted updates (aggregation/async_buffer.h) and the server
-// optimizer's step, written once for whatever drives it. The simulator's event clock
-// (simulator/async_sim.h) drives it today; a root's asynchronous rounds are to drive the same
-// object.
+// optimizer's step, written once for whatever drives it: the simulator's event clock
+// (simulator/async_sim.h) and the root's asynchronous rounds (server/async_root.h).
 //
 //   client downloads version v (broadcast(v), model())  ->  trains  ->  add(update from v)
 //   -> after K accepted updates: step() = buffer.take(), the optimizer's step, version + 1
@@ -62,6 +61,9 @@ class AsyncServer {
   // InputError (kStale beyond the bound, kWrongRound from a version not made yet, kDuplicate, or
   // any code a synchronous round gives), the server unchanged.
   void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits = {});
+  // An edge aggregator's partial of updates trained from version p.header.round
+  // (aggregation::AsyncBuffer::addPartial): p.header.count updates toward K, the same refusals.
+  void addPartial(const compression::PartialView& p, uint64_t source);
   uint64_t buffered() const { return buffer_.size(); }
   bool ready() const { return buffer_.ready(); }
   // The buffered step (InvalidArgument when the buffer is empty). rec.applied is false, with the

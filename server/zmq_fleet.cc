@@ -281,6 +281,16 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   return ok;
 }
 
+namespace {
+// A partial may not weigh more, nor count more updates, than the examples its aggregator
+// registered (`cap`, frozen when the task went out).
+void checkPartialWeight(const compression::PartialView& p, uint64_t cap) {
+  if (p.header.total_weight > static_cast<double>(cap) || p.header.count > cap)
+    failInput(Errc::kBadWeight, "a partial of weight ", p.header.total_weight, " over ",
+              p.header.count, " updates; the aggregator registered ", cap, " examples");
+}
+}  // namespace
+
 void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool partial) {
   const uint64_t id = peer.info.id;
   auto pend = pending_.find(id);
@@ -295,24 +305,38 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     if (nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an update with another task's nonce");
   };
   uint64_t nonce = 0;
-  if (partial && phase_ && phase_->async)
-    failInput(Errc::kUnexpectedMessage,
-              "a partial aggregate: edge aggregators do not take part in asynchronous rounds yet");
-  if (!partial && phase_ && phase_->async) {
-    const compression::UpdateView& v = decoder_.decodeUpdate(bytes);
-    nonce = v.header.nonce;
-    if (v.header.client_id != id)
-      failInput(Errc::kWrongSender, "an update claiming to be client ", v.header.client_id);
-    checkNonce(nonce);
-    // The task's answer, whatever becomes of it: the client is idle again.
+  if (phase_ && phase_->async) {
+    // An update from a client, or an edge aggregator's partial of its clients' updates.
+    const compression::UpdateView* u = nullptr;
+    const compression::PartialView* p = nullptr;
+    if (partial) {
+      p = &decoder_.decodePartial(bytes);
+      nonce = p->header.nonce;
+      checkNonce(nonce);
+      if (pend->second.role != pr::Role::kAggregator)
+        failInput(Errc::kWrongSender, "a partial aggregate from a client");
+    } else {
+      u = &decoder_.decodeUpdate(bytes);
+      nonce = u->header.nonce;
+      if (u->header.client_id != id)
+        failInput(Errc::kWrongSender, "an update claiming to be client ", u->header.client_id);
+      checkNonce(nonce);
+    }
+    // The task's answer, whatever becomes of it: the peer is idle again.
     const Pending task = pend->second;
     expired_[id].add(nonce);
     pending_.erase(pend);
     try {
-      if (v.header.round != task.task_version)
-        failInput(Errc::kWrongRound, "an update from model version ", v.header.round,
+      const uint64_t from = p ? p->header.round : u->header.round;
+      if (from != task.task_version)
+        failInput(Errc::kWrongRound, p ? "a partial" : "an update", " from model version ", from,
                   " to a task of version ", task.task_version);
-      phase_->async->add(v, ag::ClientLimits{task.num_examples}, bytes.size());
+      if (p) {
+        checkPartialWeight(*p, task.num_examples);
+        phase_->async->addPartial(*p, id, bytes.size());
+      } else {
+        phase_->async->add(*u, ag::ClientLimits{task.num_examples}, bytes.size());
+      }
       phase_->added = true;
     } catch (const InputError&) {
       phase_->async->failed(id, "its update was refused");
@@ -328,10 +352,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     nonce = v.header.nonce;
     checkNonce(nonce);
     if (pend->second.role != pr::Role::kAggregator) failInput(Errc::kWrongSender, "a partial aggregate from a client");
-    const uint64_t cap = pend->second.num_examples;
-    if (v.header.total_weight > static_cast<double>(cap) || v.header.count > cap)
-      failInput(Errc::kBadWeight, "a partial of weight ", v.header.total_weight, " over ", v.header.count,
-                " updates; the aggregator registered ", cap, " examples");
+    checkPartialWeight(v, pend->second.num_examples);
     phase_->agg->merge(v, id);
   } else {
     const compression::UpdateView& v = decoder_.decodeUpdate(bytes);
@@ -553,8 +574,7 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
       if (avail.size() >= opt.min_available) {
         idle.clear();
         for (const ClientInfo& c : avail)
-          if (c.role == pr::Role::kClient && !pending_.count(c.id) && driver.mayStart(c.id))
-            idle.push_back(&clients_.at(c.id));
+          if (!pending_.count(c.id) && driver.mayStart(c.id)) idle.push_back(&clients_.at(c.id));
         std::shuffle(idle.begin(), idle.end(), rng);
         for (Peer* p : idle) {
           if (handed >= slots) break;

@@ -63,6 +63,9 @@ class AsyncDriver {
   // adds it (InputError refuses it, counted by the fleet, and nothing changes).
   virtual void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
                    uint64_t bytes) = 0;
+  // An edge aggregator's partial aggregate answering its task (sender, nonce, version and its
+  // weight against what the aggregator registered already checked): as add().
+  virtual void addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) = 0;
   // After an add() that was taken, once the message is handled: the driver steps when its buffer
   // is full and checkpoints. What this throws ends runAsync (it is not the client's doing).
   virtual void added() = 0;
@@ -81,8 +84,8 @@ class AsyncDriver {
 };
 
 struct AsyncFleetOptions {
-  size_t concurrency = 10;            // tasks open at once (FedBuff's C)
-  size_t min_available = 1;           // no task starts before this many clients are registered
+  size_t concurrency = 10;            // tasks open at once (FedBuff's C); an aggregator's is one
+  size_t min_available = 1;           // no task starts before this many peers are registered
   uint32_t task_deadline_ms = 60000;  // a task unanswered this long is failed
 };
 
@@ -113,8 +116,10 @@ class ZmqFleet final : public Fleet {
   // a task when it is registered, idle, and driver.mayStart() it; its update must come from the
   // task's version (kWrongRound otherwise). A task unanswered at its deadline, or whose client
   // went silent or registered again (it lost the task), is failed and the client may start
-  // again. Edge aggregators get no task and their partials are refused (not built yet). Throws
-  // Stopped as a phase does; nothing is lost then that the driver has accepted.
+  // again. An edge aggregator is given tasks as a client is: it relays the task to its clients
+  // (a synchronous phase of its subtree) and answers with one partial aggregate of the task's
+  // version, which the driver takes with addPartial(); its task is one of the concurrency's
+  // slots. Throws Stopped as a phase does; nothing is lost then that the driver has accepted.
   void runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt);
 
   // Serves registrations and heartbeats for `timeout` outside a phase.

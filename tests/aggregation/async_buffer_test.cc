@@ -225,6 +225,79 @@ TEST_CASE("K = the cohort, no staleness: the buffered step is the synchronous ro
   }
 }
 
+TEST_CASE(
+    "an edge aggregator's partial enters as its updates would, by hand: scaled by s(tau), counted "
+    "toward K, one per aggregator and version",
+    "[aggregation][async]") {
+  const auto l = threeValues();
+  RoundSchemeOptions o;
+  o.compressor = "none";
+  const RoundScheme scheme(l, o);
+  const AsyncOptions opt{.buffer_size = 3, .max_staleness = 2, .staleness = "polynomial:a=1"};
+  AsyncBuffer buf(scheme, opt);
+  buf.add(view(dense(*l, 1, 1, 1, {1, 1, 1}, 0.0)));
+  (void)buf.take();
+  buf.advance();  // version 2
+  // An aggregator's partial of two updates its clients trained from version 1 (tau 1, s 1/2).
+  const auto partialOf = [&](uint64_t from, std::vector<Update> updates) {
+    auto agg = scheme.phaseAggregator(buf_broadcast(scheme, from));
+    for (const Update& u : updates) agg->add(view(u));
+    return agg->partial().exportDense();
+  };
+  const PartialMessage p = partialOf(1, {dense(*l, 11, 1, 2, {2, 0, 4}, 1.0),  //
+                                         dense(*l, 12, 1, 2, {0, 2, 0}, 3.0)});
+  buf.addPartial(view(p), 100);
+  CHECK(buf.size() == 2);
+  CHECK_FALSE(buf.ready());
+  CHECK(buf.hasUpdate(100, 1));
+  // The same aggregator again from version 1, or its partial refused as a client's would be.
+  CHECK(codeOf([&] { buf.addPartial(view(p), 100); }) == Errc::kDuplicate);
+  CHECK(codeOf([&] {
+          buf.addPartial(view(partialOf(3, {dense(*l, 11, 3, 2, {1, 1, 1}, 0.0)})), 101);
+        }) == Errc::kWrongRound);
+  // A second aggregator's partial from version 2 (tau 0) takes the buffer past K = 3: 4 updates.
+  buf.addPartial(view(partialOf(2, {dense(*l, 13, 2, 1, {3, 3, 3}, 2.0),  //
+                                    dense(*l, 14, 2, 3, {-1, 0, 1}, 2.0)})),
+                 101);
+  CHECK(buf.size() == 4);
+  REQUIRE(buf.ready());
+  const RoundResult r = buf.take();
+  buf.advance();
+  CHECK(r.count == 4);
+  CHECK(r.total_weight == 8.0);
+  // (0.5 (2 x 2 + 2 x 0) + 1 x 3 - 3 x 1) / 8, (0.5 (2 x 0 + 2 x 2) + 3 + 0) / 8,
+  // (0.5 (2 x 4 + 0) + 3 + 3) / 8
+  CHECK(r.delta[0] == Approx(2.0 / 8));
+  CHECK(r.delta[1] == Approx(5.0 / 8));
+  CHECK(r.delta[2] == Approx(10.0 / 8));
+  CHECK(r.metrics.at("train_loss") == Approx((2 * 1.0 + 2 * 3.0 + 2.0 + 3 * 2.0) / 8));
+  // A step that was not applied lets the aggregators send again from their versions.
+  buf.discardTaken();
+  CHECK_FALSE(buf.hasUpdate(100, 1));
+  CHECK_FALSE(buf.hasUpdate(101, 2));
+  // Version 3: version 1 is two versions old, within the bound; the state with a partial in it
+  // saved and loaded steps bit for bit as the saved one.
+  buf.addPartial(view(p), 100);
+  std::vector<uint8_t> saved;
+  ByteWriter w(saved);
+  buf.save(w);
+  AsyncBuffer again(scheme, opt);
+  ByteReader rd(saved, "saved buffer");
+  again.load(rd);
+  rd.finish();
+  CHECK(again.size() == 2);
+  CHECK(again.hasUpdate(100, 1));
+  for (AsyncBuffer* b : {&buf, &again}) b->add(view(dense(*l, 5, 3, 1, {1, 0, 0}, 0.0)));
+  const RoundResult a = buf.take(), c = again.take();
+  CHECK(c.count == 3);
+  CHECK(c.total_weight == a.total_weight);
+  CHECK(std::memcmp(c.delta.data(), a.delta.data(), a.delta.size() * sizeof(float)) == 0);
+  CHECK(a.delta[0] == Approx((4.0 / 3 + 1) / 5));  // s(2) = 1/3 on the partial's 2 x 2
+  // Past the bound (version 4: three versions old), the partial is stale.
+  buf.advance();
+  CHECK(codeOf([&] { buf.addPartial(view(p), 102); }) == Errc::kStale);
+}
+
 TEST_CASE("asynchronous aggregation refuses what it cannot do, naming it", "[aggregation][async]") {
   auto l = threeValues();
   RoundSchemeOptions two;

@@ -114,11 +114,10 @@ TEST_CASE("the root refuses what its asynchronous rounds do not run, naming it",
     INFO(f.log(name));
     CHECK(f.log(name).find(says) != std::string::npos);
   };
-  refused("tree", {"--security.aggregator_ids", "100"}, "does not run edge aggregators");
   refused(
       "aggregator",
       {"--server.role", "aggregator", "--server.id", "5", "--server.upstream", "tcp://127.0.0.1:1"},
-      "does not run edge aggregators");
+      "round.mode is the root's setting");
   refused("scaffold", {"--train.scaffold", "true"}, "does not run SCAFFOLD");
   refused("overcommit", {"--sampling.overcommit", "1.5"}, "over-commitment");
   // Sampling by fraction (this harness's) leaves the concurrency to be given.
@@ -129,12 +128,61 @@ TEST_CASE("the root refuses what its asynchronous rounds do not run, naming it",
           "a rule that keeps every update");
   refused("staleness", {"--async.staleness", "polynomial:a=0"}, "polynomial:a=0");
   // Semi-synchronous rounds refuse the same, by their name.
-  f.root("semisync", freePort(), allow,
-         {"--round.mode", "semisync", "--security.aggregator_ids", "100"});
+  f.root("semisync", freePort(), allow, {"--round.mode", "semisync", "--train.scaffold", "true"});
   CHECK(f.proc("semisync").wait(seconds(20)) == 2);
   INFO(f.log("semisync"));
-  CHECK(f.log("semisync").find("round.mode = semisync at the root does not run edge aggregators") !=
+  CHECK(f.log("semisync").find("round.mode = semisync at the root does not run SCAFFOLD") !=
         std::string::npos);
+}
+
+TEST_CASE(
+    "FedBuff at the root through two edge aggregators: each partial counts its four updates, a "
+    "stale one is weighed, and the model learns",
+    "[integration][server][async]") {
+  Federation f("async-tree");
+  const int port = freePort();
+  // Both aggregators train on version 1 at once and a step takes K = 4, one partial: the second
+  // partial of version 1 lands on version 2.
+  startTree(f, port,
+            {"--round.mode",
+             "async",
+             "--async.concurrency",
+             "2",
+             "--async.buffer_size",
+             "4",
+             "--train.rounds",
+             "4",
+             "--compression.compressor",
+             "none",
+             "--sampling.min_available",
+             "2",
+             "--eval.every",
+             "1",
+             "--state.metrics",
+             f.path("metrics.jsonl"),
+             "--state.checkpoint",
+             f.path("ck.bin"),
+             "--round.deadline_ms",
+             "30000"});
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 4);
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "4");
+    CHECK(field(l, "updates_rejected") == "0");
+    REQUIRE(!field(l, "test_accuracy").empty());
+  }
+  CHECK(std::stod(field(lines[0], "staleness_max")) == 0.0);
+  CHECK(std::stod(field(lines[1], "staleness_max")) == 1.0);
+  CHECK(std::stod(field(lines.back(), "test_accuracy")) > 0.5);
+  for (const std::string name : {"agg-100", "agg-101", "client-0", "client-7"})
+    CHECK(f.proc(name).wait(seconds(20)) == 0);
+  CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") +
+            countOf(f.log("agg-101"), "sent the partial of 4 updates") >=
+        4);
 }
 
 TEST_CASE(

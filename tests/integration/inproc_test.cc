@@ -641,6 +641,111 @@ double metricOf(const server::RoundRecord& r, const char* name) {
   return it == r.metrics.end() ? -1.0 : it->second;
 }
 
+// A peer that speaks the protocol by hand to the root on inproc://root (a liar): registers as
+// `id` with `role` and `examples`, heartbeats while it waits, and keeps the Rejects it gets.
+struct ByHand {
+  ByHand(InprocFederation& f, std::shared_ptr<const ParamLayout> layout, uint64_t id,
+         uint64_t examples, protocol::Role role)
+      : f_(f),
+        layout_(std::move(layout)),
+        id_(id),
+        sock_(f.context(), "inproc://root", insecure(), transport::TransportLimits{}) {
+    protocol::RegisterMsg reg;
+    reg.client_id = id;
+    reg.role = role;
+    reg.layout_fingerprint = layout_->fingerprint();
+    reg.num_examples = examples;
+    REQUIRE(sock_.send(protocol::encode(reg)));
+  }
+  static transport::SecurityConfig insecure() {
+    transport::SecurityConfig s;
+    s.insecure = true;
+    return s;
+  }
+  // Receives (heartbeating) until `stop` says so or `timeout`; whether it stopped.
+  bool pump(std::chrono::milliseconds timeout,
+            const std::function<bool(protocol::MessageKind, std::span<const uint8_t>)>& stop) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    auto beat = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() < until) {
+      if (session_ && std::chrono::steady_clock::now() >= beat) {
+        sock_.send(protocol::encode(protocol::HeartbeatMsg{id_, session_, 0}));
+        beat += std::chrono::milliseconds(100);
+      }
+      auto r = sock_.receive(std::chrono::milliseconds(20));
+      if (!r || r->error) continue;
+      const auto kind = protocol::peekKind(r->bytes());
+      if (!kind) continue;
+      if (*kind == protocol::MessageKind::kWelcome)
+        session_ = protocol::decodeWelcome(r->bytes()).session;
+      if (*kind == protocol::MessageKind::kReject)
+        rejects_.push_back(protocol::decodeReject(r->bytes()));
+      if (stop && stop(*kind, r->bytes())) return true;
+    }
+    return false;
+  }
+  protocol::TaskMsg nextTask() {
+    protocol::TaskMsg t;
+    const bool got = pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
+      if (k != protocol::MessageKind::kTask) return false;
+      t = protocol::decodeTask(b, *layout_);
+      return true;
+    });
+    INFO(f_.error() << "\n" << f_.logs());
+    REQUIRE(got);
+    return t;
+  }
+  // What the root answers to `bytes`: the Reject's code, or nullopt when none came in 500 ms.
+  std::optional<Errc> answer(const std::vector<uint8_t>& bytes) {
+    const size_t before = rejects_.size();
+    sock_.send(bytes);
+    pump(std::chrono::milliseconds(500),
+         [&](protocol::MessageKind k, auto) { return k == protocol::MessageKind::kReject; });
+    if (rejects_.size() == before) return std::nullopt;
+    return static_cast<Errc>(rejects_.back().code);
+  }
+  // A dense update answering `t`, every value `value`, claiming `round` and client `id`.
+  std::vector<uint8_t> update(const protocol::TaskMsg& t, uint64_t round, uint64_t id,
+                              uint64_t examples, float value) const {
+    return protocol::encodeUpdate(denseUpdate(t.nonce, round, id, examples, value));
+  }
+  // A partial aggregate answering `t` (compressor none), claiming `round`: `count` updates of
+  // `examples` each, every value `value`.
+  std::vector<uint8_t> partial(const protocol::TaskMsg& t, uint64_t round, uint64_t count,
+                               uint64_t examples, float value) const {
+    aggregation::RoundSchemeOptions o;
+    o.compressor = "none";
+    o.run_seed = 5;
+    const aggregation::RoundScheme scheme(layout_, o);
+    auto agg = scheme.phaseAggregator(compression::PhaseBroadcast{5, t.round, 0, nullptr});
+    for (uint64_t c = 0; c < count; ++c)
+      agg->add(compression::view(
+          denseUpdate(0, t.round, 1000 + c, examples, std::isfinite(value) ? value : 0.0f)));
+    compression::PartialMessage pm = agg->partial().exportDense();
+    if (!std::isfinite(value)) std::get<compression::DenseF32>(pm.tensors[0]).values[0] = value;
+    pm.header.nonce = t.nonce;
+    pm.header.round = round;
+    return protocol::encodePartial(pm);
+  }
+
+ private:
+  compression::Update denseUpdate(uint64_t nonce, uint64_t round, uint64_t id, uint64_t examples,
+                                  float value) const {
+    compression::Update u;
+    u.header = {layout_->fingerprint(), round, 0, id, examples};
+    u.header.nonce = nonce;
+    for (const auto& spec : layout_->tensors())
+      u.tensors.push_back(compression::DenseF32{std::vector<float>(spec.numel, value)});
+    return u;
+  }
+  InprocFederation& f_;
+  std::shared_ptr<const ParamLayout> layout_;
+  uint64_t id_;
+  transport::ClientSocket sock_;
+  uint64_t session_ = 0;
+  std::vector<protocol::RejectMsg> rejects_;
+};
+
 // Starts the asynchronous root on a tcp port (a restarted root must listen on tcp) with clients 0
 // and 1, which answer their version-1 tasks at once, and client 2, which trains for ever; stops
 // the root once its buffer (and checkpoint) holds their two updates, and gives its endpoint. A
@@ -758,68 +863,12 @@ TEST_CASE(
   // The liar: client 9, registered with 100 examples, speaking the protocol by hand.
   const auto layout =
       std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
-  transport::SecurityConfig insecure;
-  insecure.insecure = true;
-  transport::ClientSocket sock(f.context(), "inproc://root", insecure,
-                               transport::TransportLimits{});
-  uint64_t session = 0;
-  std::vector<protocol::RejectMsg> rejects;
-  const auto pump =
-      [&](std::chrono::milliseconds timeout,
-          const std::function<bool(protocol::MessageKind, std::span<const uint8_t>)>& stop) {
-        const auto until = std::chrono::steady_clock::now() + timeout;
-        auto beat = std::chrono::steady_clock::now();
-        while (std::chrono::steady_clock::now() < until) {
-          if (session && std::chrono::steady_clock::now() >= beat) {
-            sock.send(protocol::encode(protocol::HeartbeatMsg{9, session, 0}));
-            beat += std::chrono::milliseconds(100);
-          }
-          auto r = sock.receive(std::chrono::milliseconds(20));
-          if (!r || r->error) continue;
-          const auto kind = protocol::peekKind(r->bytes());
-          if (!kind) continue;
-          if (*kind == protocol::MessageKind::kWelcome)
-            session = protocol::decodeWelcome(r->bytes()).session;
-          if (*kind == protocol::MessageKind::kReject)
-            rejects.push_back(protocol::decodeReject(r->bytes()));
-          if (stop && stop(*kind, r->bytes())) return true;
-        }
-        return false;
-      };
-  protocol::RegisterMsg reg;
-  reg.client_id = 9;
-  reg.layout_fingerprint = layout->fingerprint();
-  reg.num_examples = 100;
-  REQUIRE(sock.send(protocol::encode(reg)));
-  const auto nextTask = [&] {
-    protocol::TaskMsg t;
-    const bool got = pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
-      if (k != protocol::MessageKind::kTask) return false;
-      t = protocol::decodeTask(b, *layout);
-      return true;
-    });
-    INFO(f.error() << "\n" << f.logs());
-    REQUIRE(got);
-    return t;
-  };
-  // What the root answers to `bytes`: the Reject's code, or nullopt when none came in 500 ms.
-  const auto answer = [&](const std::vector<uint8_t>& bytes) -> std::optional<Errc> {
-    const size_t before = rejects.size();
-    sock.send(bytes);
-    pump(std::chrono::milliseconds(500),
-         [&](protocol::MessageKind k, auto) { return k == protocol::MessageKind::kReject; });
-    if (rejects.size() == before) return std::nullopt;
-    return static_cast<Errc>(rejects.back().code);
-  };
+  ByHand liar(f, layout, 9, 100, protocol::Role::kClient);
+  const auto nextTask = [&] { return liar.nextTask(); };
+  const auto answer = [&](const std::vector<uint8_t>& bytes) { return liar.answer(bytes); };
   const auto update = [&](const protocol::TaskMsg& t, uint64_t round, uint64_t id,
-                          uint64_t examples, float value) {
-    compression::Update u;
-    u.header = {layout->fingerprint(), round, 0, id, examples};
-    u.header.nonce = t.nonce;
-    for (const auto& spec : layout->tensors())
-      u.tensors.push_back(compression::DenseF32{std::vector<float>(spec.numel, value)});
-    return protocol::encodeUpdate(u);
-  };
+                          uint64_t examples,
+                          float value) { return liar.update(t, round, id, examples, value); };
 
   // A newer version than its task's (less staleness discount): refused, the task closed.
   protocol::TaskMsg t = nextTask();
@@ -830,24 +879,10 @@ TEST_CASE(
   CHECK(answer(update(t, t.round, 0, 100, 0.0f)) == Errc::kWrongSender);
   CHECK(answer(update(t, t.round, 9, 100, std::numeric_limits<float>::quiet_NaN())) ==
         Errc::kNonFinite);
-  // A partial aggregate from a client; then ten times the examples it registered.
+  // A partial aggregate from a client (the task stays open); then ten times the examples it
+  // registered.
   t = nextTask();
-  {
-    aggregation::RoundSchemeOptions o;
-    o.compressor = "none";
-    o.run_seed = 5;
-    const aggregation::RoundScheme scheme(layout, o);
-    auto agg = scheme.phaseAggregator(compression::PhaseBroadcast{5, t.round, 0, nullptr});
-    compression::Update u;
-    u.header = {layout->fingerprint(), t.round, 0, 9, 100};
-    for (const auto& spec : layout->tensors())
-      u.tensors.push_back(compression::DenseF32{std::vector<float>(spec.numel, 0.0f)});
-    agg->add(compression::view(u));
-    compression::PartialMessage pm = agg->partial().exportDense();
-    pm.header.nonce = t.nonce;
-    pm.header.round = t.round;
-    CHECK(answer(protocol::encodePartial(pm)) == Errc::kUnexpectedMessage);
-  }
+  CHECK(answer(liar.partial(t, t.round, 1, 100, 0.0f)) == Errc::kWrongSender);
   CHECK(answer(update(t, t.round, 9, 1000, 0.0f)) == Errc::kBadWeight);
   // An honest update is taken; sent again, it is a late answer to a closed task.
   t = nextTask();
@@ -866,6 +901,153 @@ TEST_CASE(
     rejected += r.updates_rejected;
   }
   CHECK(rejected == 2);  // the NaN and the weight: the buffer's refusals (the rest, the fleet's)
+  const std::vector<float> model = f.model();
+  CHECK(std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }));
+}
+
+namespace {
+
+// FedBuff with K = 4 over four clients, three steps: flat (four tasks at once, each client on the
+// root) or through one edge aggregator (one task at a time: the aggregator relays it to its four
+// clients and answers with their partial). The records and the root's model.
+std::pair<std::vector<server::RoundRecord>, std::vector<float>> fedBuffOfFour(bool tree) {
+  const data::Dataset& train = fashion("train", 1200);
+  InprocFederation f("logreg", train, iid(train, 4));
+  server::AsyncRootConfig rc = asyncRootConfig(3, tree ? 1 : 4, tree ? 1 : 4);
+  rc.aggregators = tree;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  if (tree) fc.aggregator_ids = {100};
+  f.asyncRoot(asyncServerConfig(4, 4), rc, fc);
+  server::AggregatorConfig ac;
+  ac.min_clients = 4;
+  ac.downlink = server::Downlink::kDelta;
+  if (tree) f.aggregator(100, "inproc://root", ac);
+  for (uint64_t id = 0; id < 4; ++id) f.client(id, tree ? "inproc://agg-100" : "inproc://root");
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  for (uint64_t id = 0; id < 4; ++id) {
+    REQUIRE(f.waitClientEnded(id, seconds(30)));  // the Shutdown relayed
+    CHECK(f.stats(id).updates_sent == 3);
+  }
+  return {f.records(), f.model()};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in process: FedBuff through an edge aggregator gives the flat federation's model, and learns",
+    "[integration][inproc][async]") {
+  const auto [tree, tree_model] = fedBuffOfFour(true);
+  const auto [flat, flat_model] = fedBuffOfFour(false);
+  for (const auto* records : {&tree, &flat}) {
+    REQUIRE(records->size() == 3);
+    for (const auto& r : *records) {
+      CHECK(r.applied);
+      CHECK(r.clients_completed == 4);  // through one partial of four in the tree
+      CHECK(metricOf(r, "staleness_max") == 0.0);
+    }
+    CHECK(records->back().train_loss.value() < records->front().train_loss.value());
+  }
+  CHECK(tree[0].clients_selected == 1);  // one task: the aggregator's
+  CHECK(flat[0].clients_selected == 4);
+  const auto [diff, scale] = starling::testing::modelDiff(flat_model, tree_model);
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-5 * scale);
+}
+
+TEST_CASE(
+    "in process: semi-synchronous rounds with an edge aggregator beside clients: its late partial "
+    "joins the next round, counting its updates, weighed by its staleness",
+    "[integration][inproc][async]") {
+  // Rounds of 10 s on the federation's clock, run fast. Clients 3 and 4 answer in 1 s; the
+  // aggregator's clients 0 to 2 take a round and a half, so its partial of version v lands in
+  // the middle of the next round.
+  const data::Dataset& train = fashion("train", 1000);
+  InprocFederation f("logreg", train, iid(train, 5));
+  server::AsyncRootConfig rc = asyncRootConfig(4, 3, 3);
+  rc.round_ms = 10'000;
+  rc.aggregators = true;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.aggregator_ids = {100};
+  fc.silence_ms = 600'000;  // heartbeats on a fast clock: no one is failed for silence
+  f.asyncRoot(asyncServerConfig(3, 10), rc, fc);
+  server::AggregatorConfig ac;
+  ac.min_clients = 3;
+  ac.upstream_silence_ms = 600'000;
+  f.aggregator(100, "inproc://root", ac, {}, 600'000);
+  client::RuntimeConfig quick, late;
+  quick.delay_ms = 1000;
+  late.delay_ms = 15'000;
+  for (uint64_t id = 0; id < 5; ++id)
+    f.client(id, id < 3 ? "inproc://agg-100" : "inproc://root", id < 3 ? late : quick);
+  const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 4);
+  for (size_t i = 0; i < records.size(); ++i) {
+    INFO("round " << i + 1);
+    CHECK(records[i].applied);
+    CHECK(records[i].model_version == i + 2);
+    // Odd rounds: clients 3 and 4; even ones: theirs and the aggregator's partial of three, one
+    // version old.
+    CHECK(records[i].clients_completed == (i % 2 == 0 ? 2u : 5u));
+    CHECK(metricOf(records[i], "staleness_max") == (i % 2 == 0 ? 0.0 : 1.0));
+    CHECK(metricOf(records[i], "staleness_mean") == Approx(i % 2 == 0 ? 0.0 : 3.0 / 5));
+    CHECK(records[i].updates_rejected == 0);
+  }
+  CHECK(records.back().train_loss.value() < records.front().train_loss.value());
+  CHECK(f.logs().find("sent the partial of 3 updates") != std::string::npos);
+}
+
+TEST_CASE(
+    "in process: an edge aggregator that lies to the asynchronous root about its version, its "
+    "weight or its values, or replays, is refused with the code of each lie",
+    "[integration][inproc][async][attack]") {
+  const data::Dataset& train = fashion("train", 900);
+  InprocFederation f("logreg", train, iid(train, 2));
+  server::AsyncServerConfig sc = asyncServerConfig(2, 10);
+  sc.scheme.compressor = "none";  // the liar's dense partials are the compressor's encoding
+  server::AsyncRootConfig rc = asyncRootConfig(8, 3, 3);
+  rc.aggregators = true;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.aggregator_ids = {100};
+  f.asyncRoot(sc, rc, fc);
+  client::RuntimeConfig slow;
+  slow.delay_ms = 300;
+  for (uint64_t id = 0; id < 2; ++id) f.client(id, "inproc://root", slow);
+  // The liar: aggregator 100, registered with 100 examples below it.
+  const auto layout =
+      std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
+  ByHand liar(f, layout, 100, 100, protocol::Role::kAggregator);
+  // A newer version than its task's: refused, the task closed.
+  protocol::TaskMsg t = liar.nextTask();
+  CHECK(liar.answer(liar.partial(t, t.round + 1, 2, 50, 0.0f)) == Errc::kWrongRound);
+  // Ten updates of 100 examples, when 100 examples registered below it.
+  t = liar.nextTask();
+  CHECK(liar.answer(liar.partial(t, t.round, 10, 100, 0.0f)) == Errc::kBadWeight);
+  // A NaN in its sum.
+  t = liar.nextTask();
+  CHECK(liar.answer(liar.partial(t, t.round, 2, 50, std::numeric_limits<float>::quiet_NaN())) ==
+        Errc::kNonFinite);
+  // An honest partial of two updates is taken; sent again, it is a late answer to a closed task.
+  t = liar.nextTask();
+  const std::vector<uint8_t> honest = liar.partial(t, t.round, 2, 50, 0.0f);
+  CHECK_FALSE(liar.answer(honest).has_value());
+  CHECK(liar.answer(honest) == Errc::kLate);
+
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 8);
+  uint64_t rejected = 0;
+  for (const auto& r : records) {
+    CHECK(r.applied);
+    rejected += r.updates_rejected;
+  }
+  CHECK(rejected == 1);  // the NaN: the buffer's refusal (the rest, the fleet's)
   const std::vector<float> model = f.model();
   CHECK(std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }));
 }
