@@ -149,16 +149,17 @@ double AsyncBuffer::weightFor(uint64_t v) const {
 }
 
 void AsyncBuffer::add(const compression::UpdateView& u, const ClientLimits& limits) {
-  buffer(u.header.round, u.header.client_id, "client", "update",
+  buffer(u.header.round, u.header.client_id, 1, "client", "update",
          [&](PhaseAggregator& agg, double s) { agg.add(u, limits, s); });
 }
 
 void AsyncBuffer::addPartial(const compression::PartialView& p, uint64_t source) {
-  buffer(p.header.round, source, "edge aggregator", "partial",
+  buffer(p.header.round, source, p.header.count, "edge aggregator", "partial",
          [&](PhaseAggregator& agg, double s) { agg.merge(p, source, s); });
 }
 
-void AsyncBuffer::buffer(uint64_t v, uint64_t sender, const char* who, const char* what,
+void AsyncBuffer::buffer(uint64_t v, uint64_t sender, uint64_t count, const char* who,
+                         const char* what,
                          const std::function<void(PhaseAggregator&, double)>& into) {
   const auto refused = [&] {
     ++rejected_total_;
@@ -172,6 +173,14 @@ void AsyncBuffer::buffer(uint64_t v, uint64_t sender, const char* who, const cha
     if (seen != seen_.end() && seen->second.count(sender))
       failInput(Errc::kDuplicate, who, " ", sender, " already sent its ", what,
                 " from model version ", v);
+    // A version's sum counts its updates in a float: exact, and what load() takes back, up to
+    // 2^24.
+    const auto buffered = by_version_.find(v);
+    const uint64_t held = buffered == by_version_.end() ? 0 : buffered->second->count();
+    if (count > kMaxVersionCount - held)
+      failInput(Errc::kBadWeight, who, " ", sender, ": ", count,
+                " more updates from model version ", v, " would take its ", held, " past ",
+                kMaxVersionCount);
   } catch (const InputError&) {
     refused();
     throw;
@@ -194,7 +203,7 @@ void AsyncBuffer::buffer(uint64_t v, uint64_t sender, const char* who, const cha
     refused();
     throw;
   }
-  seen.insert(sender);
+  seen.emplace(sender, count);
   if (fresh) by_version_.emplace(v, std::move(fresh));
   count_ += agg->count() - before;
 }
@@ -260,17 +269,23 @@ void AsyncBuffer::save(ByteWriter& w) const {
     w.u64(v);
     w.floats(agg->partial().buffer());
   }
+  // Format 2: each sender with the updates it brought (1 for a client, a partial's count).
   w.u64(seen_.size());
   for (const auto& [v, ids] : seen_) {
-    std::vector<uint64_t> sorted(ids.begin(), ids.end());
+    std::vector<std::pair<uint64_t, uint64_t>> sorted(ids.begin(), ids.end());
     std::sort(sorted.begin(), sorted.end());
     w.u64(v);
     w.u64(sorted.size());
-    for (uint64_t id : sorted) w.u64(id);
+    for (const auto& [id, n] : sorted) {
+      w.u64(id);
+      w.u64(n);
+    }
   }
 }
 
-void AsyncBuffer::load(ByteReader& r) {
+void AsyncBuffer::load(ByteReader& r, uint32_t format) {
+  if (format < 1 || format > kFormat)
+    r.fail("the buffer's format ", format, " is not 1 to ", kFormat);
   const uint64_t version = r.u64(), count = r.u64(), rejected_total = r.u64(),
                  rejected_step = r.u64();
   if (version == 0) r.fail("the asynchronous buffer's model version is 0");
@@ -307,12 +322,15 @@ void AsyncBuffer::load(ByteReader& r) {
     const auto& layout = agg->partial().layout();
     const double c = sum[layout.countOffset()], weight = sum[layout.weightOffset()];
     const auto& bounds = scheme_.options().bounds;
-    if (!(c >= 1.0 && c <= 16'777'216.0 && c == std::floor(c)))
+    if (!(c >= 1.0 && c <= static_cast<double>(kMaxVersionCount) && c == std::floor(c)))
       r.fail("version ", v, "'s buffered sum counts ", c, " updates");
     if (!(weight >= 1e-6 * c && weight <= c * static_cast<double>(bounds.max_examples)))
       r.fail("version ", v, "'s buffered sum weighs ", weight, " for ", c, " updates");
+    // An edge aggregator's sparse partial may carry up to max_partial_slack times that (the mass
+    // its re-sparsification kept back in earlier rounds), as PhaseAggregator::merge allows.
+    const double slack = std::max(1.0, bounds.max_partial_slack) * (1 + 1e-5);
     for (float x : std::span<const float>(sum).subspan(layout.denseOffset(), layout.numel()))
-      if (std::fabs(x) > weight * bounds.max_abs_value * (1 + 1e-6))
+      if (std::fabs(x) > weight * bounds.max_abs_value * slack)
         r.fail("version ", v, "'s buffered sum holds ", x, ", beyond its weight ", weight,
                " times bounds.max_abs ", bounds.max_abs_value);
     std::copy(sum.begin(), sum.end(), buf.begin());
@@ -321,7 +339,7 @@ void AsyncBuffer::load(ByteReader& r) {
     if (!by_version.emplace(v, std::move(agg)).second) r.fail("version ", v, " is buffered twice");
   }
   if (counted != count) r.fail("the buffer counts ", count, " updates, its sums hold ", counted);
-  std::map<uint64_t, std::unordered_set<uint64_t>> seen;
+  std::map<uint64_t, std::unordered_map<uint64_t, uint64_t>> seen;
   const uint64_t seen_versions = r.u64();
   if (seen_versions > opt_.max_staleness + 1)
     r.fail("the buffer lists ", seen_versions, " versions' clients");
@@ -329,18 +347,27 @@ void AsyncBuffer::load(ByteReader& r) {
     const uint64_t v = r.u64();
     inBound(v, "clients listed");
     const uint64_t n = r.u64();
-    if (n > r.remaining() / 8) r.fail("lists ", n, " clients, only ", r.remaining(), " bytes left");
+    const size_t entry = format >= 2 ? 16 : 8;
+    if (n > r.remaining() / entry)
+      r.fail("truncated: lists ", n, " clients, only ", r.remaining(), " bytes left");
     auto& ids = seen[v];
-    for (uint64_t k = 0; k < n; ++k)
-      if (!ids.insert(r.u64()).second) r.fail("a client listed twice for version ", v);
+    for (uint64_t k = 0; k < n; ++k) {
+      const uint64_t id = r.u64();
+      const uint64_t brought = format >= 2 ? r.u64() : 1;  // format 1: clients only
+      if (brought == 0 || brought > kMaxVersionCount)
+        r.fail("sender ", id, " of version ", v, " brought ", brought, " updates");
+      if (!ids.emplace(id, brought).second) r.fail("a client listed twice for version ", v);
+    }
   }
-  // Each sender listed sent one update, or one edge aggregator's partial of at most
-  // bounds.max_partial_count.
-  const uint64_t per_sender = std::max<uint64_t>(scheme_.options().bounds.max_partial_count, 1);
-  for (const auto& [v, agg] : by_version)
-    if (!seen.count(v) || seen[v].empty() ||
-        agg->partial().count() / per_sender > seen[v].size() - 1)
+  // The senders listed for a version brought at least the updates its sum holds (more: some of
+  // them went into earlier steps).
+  for (const auto& [v, agg] : by_version) {
+    uint64_t brought = 0;
+    if (const auto it = seen.find(v); it != seen.end())
+      for (const auto& [id, n] : it->second) brought += n;
+    if (brought < agg->partial().count())
       r.fail("version ", v, "'s buffered updates are not all among its senders");
+  }
   version_ = version;
   count_ = count;
   rejected_total_ = rejected_total;

@@ -32,7 +32,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -118,13 +118,19 @@ class AsyncBuffer {
   // the same steps, bit for bit. load() checks everything before it changes anything: a version
   // outside the staleness bound, a sum of another layout, a non-finite value, counts that do not
   // add up, are ByteReader failures (IoError naming the file).
+  // `format`: what save() writes is kFormat; load() reads 1 (before edge aggregators: one update
+  // per sender) too.
+  static constexpr uint32_t kFormat = 2;
   void save(ByteWriter& w) const;
-  void load(ByteReader& r);
+  void load(ByteReader& r, uint32_t format = kFormat);
+  // The most updates one version's sum may hold (its count is a float: exact up to 2^24); a
+  // partial that would pass it is refused (kBadWeight).
+  static constexpr uint64_t kMaxVersionCount = uint64_t{1} << 24;
 
  private:
   // add() and addPartial(): the staleness and duplicate checks, then `into` adds to version v's
   // aggregate with the weight s(tau); a refusal is counted and leaves everything unchanged.
-  void buffer(uint64_t v, uint64_t sender, const char* who, const char* what,
+  void buffer(uint64_t v, uint64_t sender, uint64_t count, const char* who, const char* what,
               const std::function<void(PhaseAggregator&, double)>& into);
 
   const RoundScheme& scheme_;
@@ -134,8 +140,8 @@ class AsyncBuffer {
   // One phase aggregator per version the buffered updates trained from (at most max_staleness + 1).
   std::map<uint64_t, std::unique_ptr<PhaseAggregator>> by_version_;
   // The clients (and edge aggregators) that sent an update (a partial) from each version still
-  // inside the staleness bound.
-  std::map<uint64_t, std::unordered_set<uint64_t>> seen_;
+  // inside the staleness bound, with the updates each brought (1, or the partial's count).
+  std::map<uint64_t, std::unordered_map<uint64_t, uint64_t>> seen_;
   uint64_t count_ = 0, rejected_total_ = 0, rejected_step_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> last_taken_;  // (version, client) of the last take()
 };

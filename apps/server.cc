@@ -174,14 +174,14 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
         c.round.mode);
   if (semisync)
     log.info(
-        "semi-synchronous rounds of {} ms: up to {} clients training at once, late updates "
+        "semi-synchronous rounds of {} ms: up to {} tasks open at once, late updates "
         "weighted by staleness {} up to {} rounds | compressor {} | server optimizer {} | "
         "downlink {} | {} rounds",
         rc.round_ms, rc.fleet.concurrency, c.async.staleness, c.async.max_staleness,
         srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
   else
     log.info(
-        "async (FedBuff): {} clients training at once, a step every {} updates, staleness {} up "
+        "async (FedBuff): {} tasks open at once, a step every {} updates, staleness {} up "
         "to {} versions | compressor {} | server optimizer {} | downlink {} | {} steps",
         rc.fleet.concurrency, c.async.buffer_size, c.async.staleness, c.async.max_staleness,
         srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);

@@ -62,7 +62,6 @@ void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_
   const bool semisync = c.round.mode == "semisync";
   if (world > 1)
     no("on several workers: set sim.workers = 1 (and start it without torchrun or srun)");
-  if (!ec.checkpoint.empty()) no("with a checkpoint: leave state.checkpoint unset");
   if (ec.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
   if (!semisync && c.round.deadline_seconds > 0)
     no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates, and "
@@ -91,7 +90,14 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   ac.fit = ec.fit;
   ac.eval_every = ec.eval_every;
   ac.metrics_file = ec.metrics;
+  ac.checkpoint = ec.checkpoint;
   sim::AsyncSimulation simulation(ac, clients, trainer, store, server, test);
+  if (simulation.resumed())
+    std::printf(
+        "resumed at step %llu (model version %llu, %llu updates buffered, %.1f simulated s)\n",
+        static_cast<unsigned long long>(server.steps() + 1),
+        static_cast<unsigned long long>(server.version()),
+        static_cast<unsigned long long>(server.buffered()), simulation.now());
   if (ac.round_seconds > 0)
     std::printf(
         "semi-synchronous rounds of %g simulated s: up to %llu clients training at once, late "

@@ -1,7 +1,10 @@
 #include "core/rng.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
+#include "core/bytes.h"
 #include "core/error.h"
 
 namespace starling {
@@ -74,6 +77,24 @@ double RngStream::normal() {
   spare_ = r * std::sin(theta);
   has_spare_ = true;
   return r * std::cos(theta);
+}
+
+void RngStream::save(ByteWriter& w) const {
+  for (uint64_t v : s_) w.u64(v);
+  w.f64(spare_);
+  w.u8(has_spare_ ? 1 : 0);
+}
+
+void RngStream::load(ByteReader& r) {
+  uint64_t s[4];
+  for (uint64_t& v : s) v = r.u64();
+  const double spare = r.f64();
+  const uint8_t has = r.u8();
+  if ((s[0] | s[1] | s[2] | s[3]) == 0) r.fail("a random stream's state is all zeros");
+  if (has > 1 || !std::isfinite(spare)) r.fail("a random stream's cached normal is not one");
+  std::copy(std::begin(s), std::end(s), s_);
+  spare_ = spare;
+  has_spare_ = has == 1;
 }
 
 }  // namespace starling

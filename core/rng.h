@@ -8,6 +8,9 @@
 
 namespace starling {
 
+class ByteWriter;
+class ByteReader;
+
 enum class StreamPurpose : uint32_t {
   kTest = 0,
   kClientSampling = 1,
@@ -49,6 +52,11 @@ class RngStream {
   float uniformFloat() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }
   // Standard normal (Box-Muller; caches the second value).
   double normal();
+
+  // Where the stream is, for a checkpoint: a stream load()ed from what save() wrote continues
+  // with the same numbers. load() throws IoError (the reader's) for a state that is not one.
+  void save(ByteWriter& w) const;
+  void load(ByteReader& r);
 
  private:
   uint64_t s_[4];

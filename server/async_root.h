@@ -33,8 +33,10 @@
 // Edge aggregators: a task to an aggregator is one of C; it relays the task to its clients as a
 // synchronous phase of its subtree and answers with one partial aggregate of the task's version,
 // which enters the buffer as its updates would (each weighted by the version's staleness) and
-// counts their number toward K (a step may then hold more than K). The root's model then equals
-// what the same updates sent to the root directly would make, up to float rounding.
+// counts their number toward K (a step may then hold more than K). With fresh partials of K
+// updates each, the root's model equals what the same updates sent to the root directly make, up
+// to float rounding; docs/protocol.md says where it differs, and what the root trusts an
+// aggregator with.
 //
 // Not yet (refused where it is configured): SCAFFOLD.
 #include <chrono>

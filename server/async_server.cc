@@ -26,15 +26,18 @@ AsyncServer::AsyncServer(std::shared_ptr<const ParamLayout> layout, AsyncServerC
 
 void AsyncServer::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits) {
   buffer_.add(u, limits);
-  const uint64_t tau = version() - u.header.round;  // add() checked 1 <= round <= version
-  staleness_sum_ += static_cast<double>(tau);
-  staleness_max_ = std::max(staleness_max_, tau);
+  noteStaleness(u.header.round, 1);
 }
 
 void AsyncServer::addPartial(const compression::PartialView& p, uint64_t source) {
   buffer_.addPartial(p, source);
-  const uint64_t tau = version() - p.header.round;  // checked as add()'s
-  staleness_sum_ += static_cast<double>(tau) * static_cast<double>(p.header.count);
+  noteStaleness(p.header.round, p.header.count);
+}
+
+// `count` updates from version v were buffered (the buffer checked 1 <= v <= version).
+void AsyncServer::noteStaleness(uint64_t v, uint64_t count) {
+  const uint64_t tau = version() - v;
+  staleness_sum_ += static_cast<double>(tau) * static_cast<double>(count);
   staleness_max_ = std::max(staleness_max_, tau);
 }
 
@@ -85,12 +88,24 @@ RoundRecord AsyncServer::skip(const std::string& reason) {
 
 namespace {
 constexpr uint32_t kAsyncMagic = 0x41434c53;  // "SLCA"
-constexpr uint32_t kAsyncFormat = 1;
+// 2: the buffer lists the updates each sender brought (edge aggregators' partials); 1 is read.
+constexpr uint32_t kAsyncFormat = 2;
+static_assert(kAsyncFormat == aggregation::AsyncBuffer::kFormat,
+              "the buffer's format is the checkpoint's");
 }  // namespace
 
 void AsyncServer::saveCheckpoint(const std::string& path) const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
+  save(w);
+  writeFileAtomic(path, bytes);
+}
+
+void AsyncServer::loadCheckpoint(const std::string& path) {
+  load(readFile(path, uint64_t{64} << 30), "checkpoint " + path);
+}
+
+void AsyncServer::save(ByteWriter& w) const {
   w.u32(kAsyncMagic);
   w.u32(kAsyncFormat);
   w.u64(layout_->fingerprint());
@@ -107,18 +122,17 @@ void AsyncServer::saveCheckpoint(const std::string& path) const {
   w.f64(staleness_sum_);
   w.u64(staleness_max_);
   buffer_.save(w);
-  writeFileAtomic(path, bytes);
 }
 
-void AsyncServer::loadCheckpoint(const std::string& path) {
-  const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
-  ByteReader r(bytes, "checkpoint " + path);
+void AsyncServer::load(std::span<const uint8_t> bytes, const std::string& what) {
+  ByteReader r(bytes, what);
   if (r.u32() != kAsyncMagic)
     r.fail(
         "not a checkpoint of asynchronous rounds (a synchronous run's checkpoint resumes only "
         "with round.mode = sync)");
-  if (const uint32_t f = r.u32(); f != kAsyncFormat)
-    r.fail("format version ", f, " is not ", kAsyncFormat);
+  const uint32_t format = r.u32();
+  if (format < 1 || format > kAsyncFormat)
+    r.fail("format version ", format, " is not 1 to ", kAsyncFormat);
   if (r.u64() != layout_->fingerprint())
     r.fail("the checkpoint is of another model (layout fingerprint differs)");
   const auto same = [&](const std::string& saved, const std::string& now, const char* key) {
@@ -151,7 +165,7 @@ void AsyncServer::loadCheckpoint(const std::string& path) {
     r.fail("the buffered updates' staleness sums to ", staleness_sum);
   aggregation::AsyncBuffer buffer(scheme_, config_.async, 1);
   const size_t buffer_at = r.position();
-  buffer.load(r);
+  buffer.load(r, format);
   r.finish();
   if (version == 0 || buffer.version() != version)
     r.fail("the model is version ", version, ", its buffer counts from version ", buffer.version());
@@ -160,8 +174,8 @@ void AsyncServer::loadCheckpoint(const std::string& path) {
   optimizer_ = std::move(optimizer);
   // The checked buffer's bytes again, into the member (a buffer refers to its scheme: it is
   // loaded in place, not assigned).
-  ByteReader again(std::span<const uint8_t>(bytes).subspan(buffer_at), "checkpoint " + path);
-  buffer_.load(again);
+  ByteReader again(bytes.subspan(buffer_at), what);
+  buffer_.load(again, format);
   steps_ = steps;
   staleness_sum_ = staleness_sum;
   staleness_max_ = staleness_max;

@@ -82,8 +82,14 @@ class AsyncServer {
   // nothing then.
   void saveCheckpoint(const std::string& path) const;
   void loadCheckpoint(const std::string& path);
+  // The same state inside another file (the simulator's checkpoint): load() reads exactly what
+  // save() wrote, all of `bytes`, and names `what` in its IoError.
+  void save(ByteWriter& w) const;
+  void load(std::span<const uint8_t> bytes, const std::string& what);
 
  private:
+  void noteStaleness(uint64_t v, uint64_t count);
+
   AsyncServerConfig config_;
   aggregation::RoundScheme scheme_;
   std::unique_ptr<aggregation::ServerOptimizer> optimizer_;

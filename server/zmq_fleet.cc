@@ -304,24 +304,23 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     if (!open) failInput(Errc::kWrongSender, "an update without a task");
     if (nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an update with another task's nonce");
   };
-  uint64_t nonce = 0;
-  if (phase_ && phase_->async) {
-    // An update from a client, or an edge aggregator's partial of its clients' updates.
-    const compression::UpdateView* u = nullptr;
-    const compression::PartialView* p = nullptr;
-    if (partial) {
-      p = &decoder_.decodePartial(bytes);
-      nonce = p->header.nonce;
-      checkNonce(nonce);
-      if (pend->second.role != pr::Role::kAggregator)
-        failInput(Errc::kWrongSender, "a partial aggregate from a client");
-    } else {
-      u = &decoder_.decodeUpdate(bytes);
-      nonce = u->header.nonce;
-      if (u->header.client_id != id)
-        failInput(Errc::kWrongSender, "an update claiming to be client ", u->header.client_id);
-      checkNonce(nonce);
-    }
+  // The answer, decoded and checked against its open task: an update from its client, or an edge
+  // aggregator's partial of its clients' updates.
+  const compression::UpdateView* u = nullptr;
+  const compression::PartialView* p = nullptr;
+  if (partial) {
+    p = &decoder_.decodePartial(bytes);
+    checkNonce(p->header.nonce);
+    if (pend->second.role != pr::Role::kAggregator)
+      failInput(Errc::kWrongSender, "a partial aggregate from a client");
+  } else {
+    u = &decoder_.decodeUpdate(bytes);
+    if (u->header.client_id != id)
+      failInput(Errc::kWrongSender, "an update claiming to be client ", u->header.client_id);
+    checkNonce(u->header.nonce);
+  }
+  const uint64_t nonce = p ? p->header.nonce : u->header.nonce;
+  if (phase_->async) {
     // The task's answer, whatever becomes of it: the peer is idle again.
     const Pending task = pend->second;
     expired_[id].add(nonce);
@@ -347,19 +346,11 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     }
     return;
   }
-  if (partial) {
-    const compression::PartialView& v = decoder_.decodePartial(bytes);
-    nonce = v.header.nonce;
-    checkNonce(nonce);
-    if (pend->second.role != pr::Role::kAggregator) failInput(Errc::kWrongSender, "a partial aggregate from a client");
-    checkPartialWeight(v, pend->second.num_examples);
-    phase_->agg->merge(v, id);
+  if (p) {
+    checkPartialWeight(*p, pend->second.num_examples);
+    phase_->agg->merge(*p, id);
   } else {
-    const compression::UpdateView& v = decoder_.decodeUpdate(bytes);
-    nonce = v.header.nonce;
-    if (v.header.client_id != id) failInput(Errc::kWrongSender, "an update claiming to be client ", v.header.client_id);
-    checkNonce(nonce);
-    phase_->agg->add(v, ag::ClientLimits{pend->second.num_examples});
+    phase_->agg->add(*u, ag::ClientLimits{pend->second.num_examples});
   }
   phase_->report->uplink_bytes += bytes.size();
   phase_->report->completed.push_back(id);
@@ -593,8 +584,8 @@ void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
         if (pending_.empty() && idle.empty() && now - stall_said >= std::chrono::seconds(30)) {
           stall_said = now;
           log_->warn(
-              "no client can start a task: the {} available clients each sent an update from "
-              "model version {}; waiting for more clients to register",
+              "no peer can start a task: the {} available clients and edge aggregators each sent "
+              "an update from model version {}; waiting for more to register",
               avail.size(), version);
         }
       }

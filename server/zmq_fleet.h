@@ -66,8 +66,9 @@ class AsyncDriver {
   // An edge aggregator's partial aggregate answering its task (sender, nonce, version and its
   // weight against what the aggregator registered already checked): as add().
   virtual void addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) = 0;
-  // After an add() that was taken, once the message is handled: the driver steps when its buffer
-  // is full and checkpoints. What this throws ends runAsync (it is not the client's doing).
+  // After an add() or addPartial() that was taken, once the message is handled: the driver steps
+  // when its buffer is full and checkpoints. What this throws ends runAsync (it is not the client's
+  // doing).
   virtual void added() = 0;
   virtual void sent(uint64_t bytes) = 0;                      // a task went out
   virtual void failed(uint64_t client, const char* why) = 0;  // a task expired, unanswered

@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <numeric>
 
 #include "client/algorithm.h"
 #include "core/error.h"
+#include "core/file_io.h"
 #include "protocol/codec.h"
 
 namespace starling::simulator {
@@ -68,6 +71,157 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
     STARLING_THROW(ConfigError, "async.buffer_size = ", k, " needs at least ", k,
                    " clients with data (a client trains once per model version); there are ",
                    with_data);
+  if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
+    loadCheckpoint();
+    resumed_ = true;
+  }
+}
+
+namespace {
+constexpr uint32_t kSimMagic = 0x4d495341;  // "ASIM"
+constexpr uint32_t kSimFormat = 1;
+}  // namespace
+
+// The configuration a run must resume with, then the server, then the simulation's own state.
+void AsyncSimulation::saveCheckpoint() {
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u32(kSimMagic);
+  w.u32(kSimFormat);
+  w.u64(clients_.shards.size());
+  w.u64(config_.concurrency);
+  w.f64(config_.round_seconds);
+  w.u64(config_.seed);
+  w.f64(config_.reference_seconds_per_example);
+  w.u32(config_.fit.epochs);
+  w.u32(config_.fit.batch_size);
+  w.f32(config_.fit.lr);
+  w.f32(config_.fit.prox_mu);
+  std::vector<uint8_t> server;
+  ByteWriter ws(server);
+  server_.save(ws);
+  w.u64(server.size());
+  w.bytes(server.data(), server.size());
+  w.f64(now_);
+  w.f64(last_step_);
+  w.u64(trained_);
+  for (uint64_t v : {window_.started, window_.arrived, window_.accepted, window_.failed,
+                     window_.uplink, window_.downlink})
+    w.u64(v);
+  w.f64(window_.train_seconds);
+  picker_.save(w);
+  for (size_t c = 0; c < busy_.size(); ++c) {
+    w.u8(static_cast<uint8_t>(busy_[c]));
+    w.u64(last_version_[c]);
+    w.u64(held_[c]);
+    w.u64(accepted_[c]);
+  }
+  w.u64(in_flight_.size());
+  for (const auto& [key, job] : in_flight_) {
+    w.f64(key.first);
+    w.u64(key.second);
+    w.u64(job.version);
+    w.u64(job.examples);
+    w.u64(job.down);
+    w.u64(job.up);
+    w.u8(job.update ? 1 : 0);
+    if (job.update) {
+      const std::vector<uint8_t> u = pr::encodeUpdate(*job.update);
+      w.u64(u.size());
+      w.bytes(u.data(), u.size());
+    }
+  }
+  writeFileAtomic(config_.checkpoint, bytes);
+}
+
+void AsyncSimulation::loadCheckpoint() {
+  const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
+  const std::string what = "checkpoint " + config_.checkpoint;
+  ByteReader r(bytes, what);
+  if (r.u32() != kSimMagic)
+    r.fail("not a checkpoint of an asynchronous simulation (round.mode = async or semisync)");
+  if (const uint32_t f = r.u32(); f != kSimFormat)
+    r.fail("format version ", f, " is not ", kSimFormat);
+  const uint64_t n = clients_.shards.size();
+  const auto same = [&](auto saved, auto now, const char* key) {
+    if (saved != now) r.fail("it was written with ", key, " = ", saved, ", this run has ", now);
+  };
+  same(r.u64(), n, "data.num_clients");
+  same(r.u64(), config_.concurrency, "async.concurrency");
+  same(r.f64(), config_.round_seconds, "round.deadline_seconds");
+  same(r.u64(), config_.seed, "model.seed");
+  same(r.f64(), config_.reference_seconds_per_example, "sim.reference_seconds_per_example");
+  same(r.u32(), config_.fit.epochs, "train.epochs");
+  same(r.u32(), config_.fit.batch_size, "train.batch_size");
+  same(r.f32(), config_.fit.lr, "train.lr");
+  same(r.f32(), config_.fit.prox_mu, "train.prox_mu");
+  const uint64_t server_bytes = r.u64();
+  const std::span<const uint8_t> server = r.view(server_bytes);
+  const double now = r.f64(), last_step = r.f64();
+  if (!(std::isfinite(now) && now >= 0 && std::isfinite(last_step) && last_step >= 0 &&
+        last_step <= now))
+    r.fail("its clock reads ", now, " s, its last step ", last_step, " s");
+  const uint64_t trained = r.u64();
+  Window window;
+  for (uint64_t* v : {&window.started, &window.arrived, &window.accepted, &window.failed,
+                      &window.uplink, &window.downlink})
+    *v = r.u64();
+  window.train_seconds = r.f64();
+  RngStream picker = picker_;
+  picker.load(r);
+  std::vector<char> busy(n);
+  std::vector<uint64_t> last_version(n), held(n), accepted(n);
+  for (uint64_t c = 0; c < n; ++c) {
+    const uint8_t b = r.u8();
+    if (b > 1) r.fail("client ", c, " is marked busy ", int{b});
+    busy[c] = static_cast<char>(b);
+    last_version[c] = r.u64();
+    held[c] = r.u64();
+    accepted[c] = r.u64();
+  }
+  const uint64_t flying = r.u64();
+  if (flying > n) r.fail(flying, " clients in flight, of ", n);
+  std::map<std::pair<double, uint64_t>, InFlight> in_flight;
+  for (uint64_t i = 0; i < flying; ++i) {
+    const double finish = r.f64();
+    const uint64_t id = r.u64();
+    if (!(std::isfinite(finish) && finish >= now) || id >= n || !busy[id])
+      r.fail("a client in flight (", id, ", finishing at ", finish, " s) that cannot be");
+    InFlight job;
+    job.version = r.u64();
+    job.examples = r.u64();
+    job.down = r.u64();
+    job.up = r.u64();
+    const uint8_t has = r.u8();
+    if (has > 1) r.fail("client ", id, "'s update is marked ", int{has});
+    if (has) {
+      const uint64_t len = r.u64();
+      try {
+        job.update = pr::decodeUpdate(r.view(len), trainer_.layout());
+      } catch (const InputError& e) {
+        r.fail("client ", id, "'s update in flight does not decode: ", e.what());
+      }
+    }
+    if (!in_flight.emplace(std::pair{finish, id}, std::move(job)).second)
+      r.fail("client ", id, " is in flight twice");
+  }
+  r.finish();
+  // Everything checked: the server last (its load() changes it only once its own checks passed).
+  server_.load(server, what);
+  for (const auto& [key, job] : in_flight)
+    if (job.version == 0 || job.version > server_.version())
+      STARLING_THROW(IoError, what, ": client ", key.second, " trains on model version ",
+                     job.version, ", the server's is ", server_.version());
+  now_ = now;
+  last_step_ = last_step;
+  trained_ = trained;
+  window_ = window;
+  picker_ = picker;
+  busy_ = std::move(busy);
+  last_version_ = std::move(last_version);
+  held_ = std::move(held);
+  accepted_ = std::move(accepted);
+  in_flight_ = std::move(in_flight);
 }
 
 // The task of the current version for a client that holds version `held` (0: none), in the
@@ -259,6 +413,12 @@ void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>
   last_step_ = now_;
   window_ = Window{};
   if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
+  // The clients' states durable first, then the checkpoint that expects them (as a synchronous
+  // round's), then the record.
+  if (!config_.checkpoint.empty()) {
+    store_.flush();
+    saveCheckpoint();
+  }
   if (!config_.metrics_file.empty()) {
     std::ofstream out(config_.metrics_file, std::ios::app);
     out << rec.json() << '\n';
@@ -267,8 +427,20 @@ void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>
   if (progress) progress(rec);
 }
 
+void AsyncSimulation::deliverInstant(
+    const std::function<void(const server::RoundRecord&)>& progress) {
+  while (!in_flight_.empty() && in_flight_.begin()->first.first == now_ &&
+         server_.steps() < config_.steps) {
+    deliver();
+    if (server_.ready()) step(progress);
+  }
+}
+
 void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>& progress) {
   if (config_.round_seconds > 0) return runRounds(progress);
+  // A resumed run stopped at a step, maybe among arrivals of one simulated instant: those come in
+  // first, as they would have.
+  if (resumed_) deliverInstant(progress);
   fill();
   while (server_.steps() < config_.steps) {
     // With windows of time, a client may come online before the next arrival: the clock moves
@@ -290,11 +462,7 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
     // Every arrival of this simulated instant before the idle slots are filled: clients that
     // finish together all hand in before anyone starts on what they produced.
     now_ = in_flight_.begin()->first.first;
-    while (!in_flight_.empty() && in_flight_.begin()->first.first == now_ &&
-           server_.steps() < config_.steps) {
-      deliver();
-      if (server_.ready()) step(progress);
-    }
+    deliverInstant(progress);
     fill();
   }
 }

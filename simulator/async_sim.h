@@ -37,7 +37,16 @@
 // older version gets a delta against it, or with the lossy top-k downlink the broadcast model's
 // refreshed coordinates, which it trains from, as in synchronous rounds (server/model_store.h).
 //
-// One worker process; not yet: several workers, checkpoints, SCAFFOLD.
+// Checkpoints (config.checkpoint): after every step the client-state store is flushed and one file
+// is written atomically with the server (model, version, optimizer, buffer), the clients in flight
+// with their finish times and compressed updates, the picker's random stream and the clock. A run
+// started again with the same configuration (train.rounds may grow) resumes from it and takes the
+// steps the uninterrupted run would have taken, bit for bit with dense or fp16 downlinks. The
+// server's history of versions is not kept: after a resume a client holding an older version gets
+// the whole model once, as a restarted root's clients do, so delta and top-k downlinks cost more
+// bytes then, and a lossy downlink's client trains from the whole model's encoding.
+//
+// One worker process; not yet: several workers, SCAFFOLD.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -65,13 +74,18 @@ struct AsyncSimConfig {
   protocol::FitSettings fit;
   uint32_t eval_every = 0;   // steps between evaluations on the test set (0: never)
   std::string metrics_file;  // JSON Lines, one record per step (appended); empty: none
+  // Written after every step, resumed from when it exists (the store must then be the one
+  // flushed with it: StateStoreOptions::resume); empty: none.
+  std::string checkpoint;
   void validate() const;     // ConfigError naming the key
 };
 
 class AsyncSimulation {
  public:
   // Everything referenced must outlive the simulation. `test` may be null (no evaluation).
-  // ConfigError for a bad configuration, or fewer clients with data than the server's K.
+  // ConfigError for a bad configuration, or fewer clients with data than the server's K. With
+  // config.checkpoint on an existing file, resumes from it: IoError naming the file when it is
+  // unreadable, corrupt, or of another configuration (the key named), never a silent fresh start.
   AsyncSimulation(AsyncSimConfig config, const SimClients& clients, client::Trainer& trainer,
                   ClientStateStore& store, server::AsyncServer& server, const data::Dataset* test);
 
@@ -84,6 +98,7 @@ class AsyncSimulation {
   void run(const std::function<void(const server::RoundRecord&)>& progress = {});
 
   double now() const { return now_; }  // simulated seconds since the start
+  bool resumed() const { return resumed_; }
   uint64_t clientsTrained() const { return trained_; }
   // Per client id: its updates the server accepted so far.
   const std::vector<uint64_t>& accepted() const { return accepted_; }
@@ -104,6 +119,10 @@ class AsyncSimulation {
   void deliver();
   [[noreturn]] void stalled() const;
   void step(const std::function<void(const server::RoundRecord&)>& progress);
+  // Every arrival at the current instant, stepping whenever K are buffered.
+  void deliverInstant(const std::function<void(const server::RoundRecord&)>& progress);
+  void saveCheckpoint();
+  void loadCheckpoint();
   void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes(uint64_t held);
   uint64_t updateBytes();
@@ -131,6 +150,7 @@ class AsyncSimulation {
   double now_ = 0.0, last_step_ = 0.0;
   uint64_t trained_ = 0;
   Window window_;
+  bool resumed_ = false;
 };
 
 }  // namespace starling::simulator

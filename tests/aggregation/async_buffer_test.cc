@@ -2,6 +2,7 @@
 // sequences computed by hand, and its degenerate case against a synchronous round, bit for bit.
 #include "aggregation/async_buffer.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -298,6 +299,66 @@ TEST_CASE(
   CHECK(codeOf([&] { buf.addPartial(view(p), 102); }) == Errc::kStale);
 }
 
+TEST_CASE(
+    "what the buffer takes from edge aggregators it gives back from its state: a sparse partial "
+    "within its slack, counts up to 2^24; senders that brought fewer updates are refused",
+    "[aggregation][async]") {
+  const auto l = threeValues();
+  RoundSchemeOptions o;
+  o.compressor = "none";
+  o.bounds.max_abs_value = 10;
+  const RoundScheme scheme(l, o);
+  const AsyncOptions opt{.buffer_size = 100, .max_staleness = 2, .staleness = "constant"};
+  AsyncBuffer buf(scheme, opt);
+  // A re-sparsified partial of one update may carry the mass its aggregator kept back: 50 for a
+  // weight of 1 and max_abs 10 is within max_partial_slack (8).
+  const uint64_t tag =
+      scheme.phaseAggregator(buf_broadcast(scheme, 1))->partial().layout().sharedTag();
+  PartialMessage sparse;
+  sparse.header = {l->fingerprint(), 1, 0, tag, 1, 1.0, 0};
+  sparse.tensors = {Sparse{{1}, {50.0f}}};
+  buf.addPartial(view(sparse), 100);
+  // A partial of 2^24 - 2 updates, then one client: 2^24, the most a version's sum counts.
+  PartialMessage big;
+  big.header = {
+      l->fingerprint(), 1, 0, tag, (1u << 24) - 2, static_cast<double>((1u << 24) - 2), 0};
+  big.tensors = {DenseF32{{0, 0, 0}}};
+  buf.addPartial(view(big), 101);
+  buf.add(view(dense(*l, 7, 1, 1, {1, 1, 1}, 0.0)));
+  CHECK(buf.size() == uint64_t{1} << 24);
+  CHECK(codeOf([&] { buf.add(view(dense(*l, 8, 1, 1, {1, 1, 1}, 0.0))); }) == Errc::kBadWeight);
+  std::vector<uint8_t> saved;
+  ByteWriter w(saved);
+  buf.save(w);
+  AsyncBuffer again(scheme, opt);
+  ByteReader r(saved, "saved buffer");
+  again.load(r);
+  r.finish();
+  CHECK(again.size() == buf.size());
+  const RoundResult a = buf.take(), b = again.take();
+  CHECK(std::memcmp(a.delta.data(), b.delta.data(), a.delta.size() * sizeof(float)) == 0);
+  // The same state with aggregator 100 said to have brought no update: refused.
+  std::vector<uint8_t> lying = saved;
+  const auto le = [](uint64_t v) {
+    std::vector<uint8_t> out(8);
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+    return out;
+  };
+  std::vector<uint8_t> pair = le(101), count = le((1u << 24) - 2);
+  pair.insert(pair.end(), count.begin(), count.end());
+  const auto at = std::search(lying.begin(), lying.end(), pair.begin(), pair.end());
+  REQUIRE(at != lying.end());
+  const std::vector<uint8_t> one = le(1);
+  std::copy(one.begin(), one.end(), at + 8);  // 101 brought one update
+  AsyncBuffer liar(scheme, opt);
+  const auto load = [&] {  // a reader per call: the macro may evaluate its expression twice
+    ByteReader lr(lying, "damaged buffer");
+    liar.load(lr);
+  };
+  CHECK_THROWS_MATCHING(load(), IoError, Contains("not all among its senders"));
+  CHECK(liar.size() == 0);
+}
+
 TEST_CASE("asynchronous aggregation refuses what it cannot do, naming it", "[aggregation][async]") {
   auto l = threeValues();
   RoundSchemeOptions two;
@@ -375,7 +436,7 @@ TEST_CASE("a saved buffer, loaded, steps as the saved one would, and a damaged s
     CHECK(c.version() == 1);
     CHECK(c.size() == 0);
   };
-  refused({saved.begin(), saved.end() - 3}, opt, "only 5 bytes left");
+  refused({saved.begin(), saved.end() - 3}, opt, "only 13 bytes left");  // a sender is 16 bytes
   refused({saved.begin(), saved.begin() + 52}, opt, "truncated");
   AsyncOptions tighter = opt;
   tighter.max_staleness = 1;  // version 1's sum is two versions old

@@ -8,9 +8,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
+#include "check_throws.h"
 #include "client/synthetic.h"
 #include "data/partition.h"
 #include "server/engine.h"
@@ -600,4 +602,111 @@ TEST_CASE(
     CHECK(accuracy[m] > before + 0.2);
     CHECK(accuracy[m] > accuracy[0] - 0.05);
   }
+}
+
+namespace {
+
+// A run of `ac.steps` steps on a client-state store kept in `dir` (nothing held in memory, so
+// every state goes through LMDB), checkpointed to dir/ck.bin when `checkpoint`; a store that
+// resumes reopens the folder as of its last flush.
+Run runStored(Setup& s, const server::AsyncServerConfig& sc, sim::AsyncSimConfig ac,
+              const std::filesystem::path& dir, bool checkpoint, bool resume,
+              bool* resumed = nullptr) {
+  sim::StateStoreOptions so;
+  so.memory_bytes = 0;
+  so.spill_dir = (dir / "states").string();
+  so.resume = resume;
+  sim::ClientStateStore store(so, s.trainer->layout().fingerprint());
+  if (checkpoint) ac.checkpoint = (dir / "ck.bin").string();
+  server::AsyncServer server(s.layout(), sc, s.init());
+  sim::AsyncSimulation simulation(ac, s.clients, *s.trainer, store, server, nullptr);
+  if (resumed) *resumed = simulation.resumed();
+  Run r;
+  simulation.run([&](const server::RoundRecord& rec) { r.steps.push_back(rec); });
+  r.model.assign(server.model().current().begin(), server.model().current().end());
+  r.accepted = simulation.accepted();
+  r.now = simulation.now();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "FedBuff and semi-synchronous simulations resumed from the checkpoint of a step take the "
+    "uninterrupted run's steps, bit for bit",
+    "[simulator][async]") {
+  TempDir dir("async-resume");
+  const size_t n = 12;
+  // Top-k with error feedback: the residuals are in the store, flushed with each checkpoint.
+  struct Case {
+    const char* name;
+    sim::DevicePopulation devices;
+    uint64_t k, concurrency;
+    double round_seconds;
+    bool empty_first;
+  };
+  std::vector<Case> cases;
+  // Identical clients (client 0 without data, so that every other task and update has the same
+  // bytes): five finish at one instant, and steps fall among them.
+  cases.push_back({"fedbuff", sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), 3, 5,
+                   0.0, true});
+  sim::DeviceDistributions dd;
+  dd.speed_sigma = 0.8;
+  cases.push_back({"semisync", sim::DevicePopulation::sample(n, dd, 4), 3, 5, 0.02, false});
+  for (Case& c : cases) {
+    INFO(c.name);
+    Setup s(n, 30, c.devices, c.empty_first);
+    const auto sc = s.serverConfig(c.k, 10, "topk:density=0.2");
+    sim::AsyncSimConfig ac = s.simConfig(9, c.concurrency);
+    ac.round_seconds = c.round_seconds;
+    const std::filesystem::path ref = dir.path / (std::string(c.name) + "-ref"),
+                                cut = dir.path / (std::string(c.name) + "-cut");
+    std::filesystem::create_directories(ref);
+    std::filesystem::create_directories(cut);
+    const Run whole = runStored(s, sc, ac, ref, false, false);
+    // Four steps and a stop (the run goes on past its last checkpoint: it starts clients, which
+    // train and store their states), then the same configuration with nine steps.
+    ac.steps = 4;
+    bool resumed = true;
+    const Run first = runStored(s, sc, ac, cut, true, false, &resumed);
+    CHECK_FALSE(resumed);
+    REQUIRE(first.steps.size() == 4);
+    ac.steps = 9;
+    const Run rest = runStored(s, sc, ac, cut, true, true, &resumed);
+    CHECK(resumed);
+    REQUIRE(whole.steps.size() == 9);
+    REQUIRE(rest.steps.size() == 5);
+    for (size_t i = 0; i < 5; ++i) {
+      INFO("step " << i + 5);
+      const server::RoundRecord &a = whole.steps[i + 4], &b = rest.steps[i];
+      CHECK(b.round == a.round);
+      CHECK(b.model_version == a.model_version);
+      CHECK(b.clients_completed == a.clients_completed);
+      CHECK(b.clients_selected == a.clients_selected);
+      CHECK(b.uplink_bytes == a.uplink_bytes);
+      CHECK(b.downlink_bytes == a.downlink_bytes);
+      CHECK(b.sim_seconds == a.sim_seconds);
+      CHECK(b.metrics == a.metrics);
+    }
+    CHECK(rest.now == whole.now);
+    CHECK(rest.accepted == whole.accepted);
+    REQUIRE(rest.model.size() == whole.model.size());
+    CHECK(std::memcmp(rest.model.data(), whole.model.data(), whole.model.size() * 4) == 0);
+    // The staleness the run meant to test happened.
+    double worst = 0.0;
+    for (const auto& rec : whole.steps)
+      if (rec.applied) worst = std::max(worst, rec.metrics.at("staleness_max"));
+    CHECK(worst >= 1.0);
+  }
+  // Another configuration, or another file, is refused naming what differs: never a fresh start.
+  Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), true);
+  const auto sc = s.serverConfig(3, 10, "topk:density=0.2");
+  const std::filesystem::path cut = dir.path / "fedbuff-cut";
+  sim::AsyncSimConfig other = s.simConfig(9, 6);
+  CHECK_THROWS_MATCHING(runStored(s, sc, other, cut, true, true), IoError,
+                        Catch::Matchers::Contains("async.concurrency = 5, this run has 6"));
+  std::ofstream(cut / "ck.bin", std::ios::binary | std::ios::trunc) << "not a checkpoint";
+  CHECK_THROWS_MATCHING(
+      runStored(s, sc, s.simConfig(9, 5), cut, true, true), IoError,
+      Catch::Matchers::Contains("not a checkpoint of an asynchronous simulation"));
 }

@@ -646,17 +646,44 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
   }
 }
 
-TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they do not run yet",
-          "[simulator][integration][async]") {
+TEST_CASE(
+    "starling-sim runs FedBuff's asynchronous steps, resumes them from its checkpoint, and refuses "
+    "what they do not run yet",
+    "[simulator][integration][async]") {
   TempDir dir("simasync");
   const std::string quick = std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml";
-  Proc p({binDir() + "/starling-sim", "--config", quick, "--sim.device", "cpu", "--sim.workers",
-          "1", "--round.mode", "async", "--async.buffer_size", "3", "--async.concurrency", "6",
-          "--devices.speed_sigma", "1", "--train.rounds", "5", "--state.metrics", dir / "a.jsonl"},
-         dir / "a.log");
-  const int rc = p.wait(seconds(300));
-  INFO(readText(dir / "a.log"));
-  REQUIRE(rc == 0);
+  // Three steps, then the same command with five: it resumes at step 4 (docs/simulation.md).
+  const auto fedbuff = [&](const char* steps, const char* log) {
+    Proc p({binDir() + "/starling-sim",
+            "--config",
+            quick,
+            "--sim.device",
+            "cpu",
+            "--sim.workers",
+            "1",
+            "--round.mode",
+            "async",
+            "--async.buffer_size",
+            "3",
+            "--async.concurrency",
+            "6",
+            "--devices.speed_sigma",
+            "1",
+            "--train.rounds",
+            steps,
+            "--state.metrics",
+            dir / "a.jsonl",
+            "--state.checkpoint",
+            dir / "a.ckpt"},
+           dir / log);
+    const int rc = p.wait(seconds(300));
+    INFO(readText(dir / log));
+    REQUIRE(rc == 0);
+  };
+  fedbuff("3", "a1.log");
+  CHECK(readLines(dir / "a.jsonl").size() == 3);
+  fedbuff("5", "a2.log");
+  CHECK(readText(dir / "a2.log").find("resumed at step 4") != std::string::npos);
   const auto lines = readLines(dir / "a.jsonl");
   REQUIRE(lines.size() == 5);
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -689,7 +716,6 @@ TEST_CASE("starling-sim runs FedBuff's asynchronous steps, and refuses what they
   // Each refusal names what is missing.
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
       {{"--sim.workers", "2"}, "sim.workers = 1"},
-      {{"--sim.workers", "1", "--state.checkpoint", dir / "c.ckpt"}, "state.checkpoint"},
       {{"--sim.workers", "1", "--compression.compressor", "powersgd:rank=1"}, "several phases"},
       {{"--sim.workers", "1", "--async.staleness", "hinge:a=1"}, "needs b="},
       {{"--sim.workers", "1", "--train.scaffold", "true"}, "SCAFFOLD"},
