@@ -289,6 +289,11 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     so.spill_dir = state_dir + "/worker-" + std::to_string(launch.rank);
     so.resume = !ec.checkpoint.empty() && std::filesystem::exists(ec.checkpoint) &&
                 std::filesystem::exists(so.spill_dir);
+    // An asynchronous run reopens whatever store is there: its checkpoint names the step its
+    // states are at (AsyncSimulation refuses a pair that does not match, and a store killed before
+    // its first checkpoint reopens empty).
+    if (async && !ec.checkpoint.empty())
+      so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
   }
   sim::ClientStateStore store(so, layout->fingerprint());
   if (async) return runAsync(c, ec, clients, *trainer, store, test);

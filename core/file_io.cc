@@ -32,6 +32,17 @@ void writeAll(int fd, std::span<const uint8_t> bytes, const std::filesystem::pat
 
 }  // namespace
 
+namespace {
+// A rename is durable only once its folder is.
+void syncFolder(const std::filesystem::path& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+}  // namespace
+
 void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes, unsigned mode) {
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   // A unique temporary name: several writers (threads, processes) may target one folder.
@@ -56,11 +67,12 @@ void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t>
     ::unlink(tmp.c_str());
     ioFail(path, "cannot rename into");
   }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {  // the rename itself is durable only once the folder is
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  syncFolder(dir);
+}
+
+void renameDurable(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) ioFail(from, "cannot rename into its final name");
+  syncFolder(to.has_parent_path() ? to.parent_path() : std::filesystem::path("."));
 }
 
 std::vector<uint8_t> readFile(const std::filesystem::path& path, uint64_t max_bytes) {

@@ -12,6 +12,10 @@ namespace starling {
 // `path`, fsync the folder. `mode` is the new file's permission bits. Throws IoError.
 void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes, unsigned mode = 0644);
 
+// Renames `from` over `to` (atomic on one file system) and fsyncs the folder, so that the rename
+// survives a crash. Throws IoError.
+void renameDurable(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // The whole file. Throws IoError if it cannot be read or is larger than `max_bytes`.
 std::vector<uint8_t> readFile(const std::filesystem::path& path, uint64_t max_bytes);
 

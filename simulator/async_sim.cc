@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -71,24 +72,74 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
     STARLING_THROW(ConfigError, "async.buffer_size = ", k, " needs at least ", k,
                    " clients with data (a client trains once per model version); there are ",
                    with_data);
-  if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
-    loadCheckpoint();
-    resumed_ = true;
-  }
+  resume();
 }
 
 namespace {
 constexpr uint32_t kSimMagic = 0x4d495341;  // "ASIM"
-constexpr uint32_t kSimFormat = 1;
+constexpr uint32_t kSimFormat = 2;
+
+// What the run's clients are: the training set's size and every shard's indices (FNV-1a).
+uint64_t clientsFingerprint(const SimClients& c) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(c.train->size());
+  for (const auto& shard : c.shards) {
+    mix(shard.size());
+    for (size_t i : shard) mix(i);
+  }
+  return h;
+}
+
+// The step a checkpoint file was written at (its header), or nullopt if it is not one.
+std::optional<uint64_t> stepOf(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint8_t head[16];
+  if (!in.read(reinterpret_cast<char*>(head), sizeof head)) return std::nullopt;
+  ByteReader r(std::span<const uint8_t>(head, sizeof head), path.string());
+  if (r.u32() != kSimMagic || r.u32() != kSimFormat) return std::nullopt;
+  return r.u64();
+}
 }  // namespace
 
+// A checkpoint is written in two phases around the state store's flush, which records the step
+// (its generation): CHECKPOINT.next, then the flush, then the rename over CHECKPOINT. A run killed
+// anywhere leaves a checkpoint and a store of one step: before the flush the old pair (the .next
+// is dropped here), after it the new one (the rename is finished here). A checkpoint whose step is
+// not the store's is refused: its clients' states would not be the ones it expects.
+void AsyncSimulation::resume() {
+  if (config_.checkpoint.empty()) return;
+  const std::filesystem::path path = config_.checkpoint, next = config_.checkpoint + ".next";
+  const uint64_t generation = store_.generation();
+  if (std::filesystem::exists(next)) {
+    if (generation != 0 && stepOf(next) == generation)
+      renameDurable(next, path);
+    else
+      std::filesystem::remove(next);
+  }
+  if (!std::filesystem::exists(path)) {
+    if (generation != 0)
+      STARLING_THROW(IoError, "the client-state store ", store_.spillDir().string(),
+                     " holds the states of step ", generation, ", and the checkpoint ",
+                     config_.checkpoint,
+                     " is missing: restore it, or remove the store's folder to start over");
+    return;
+  }
+  loadCheckpoint();
+  resumed_ = true;
+}
+
 // The configuration a run must resume with, then the server, then the simulation's own state.
-void AsyncSimulation::saveCheckpoint() {
+std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record) const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
   w.u32(kSimMagic);
   w.u32(kSimFormat);
+  w.u64(server_.steps());
   w.u64(clients_.shards.size());
+  w.u64(clientsFingerprint(clients_));
   w.u64(config_.concurrency);
   w.f64(config_.round_seconds);
   w.u64(config_.seed);
@@ -97,21 +148,18 @@ void AsyncSimulation::saveCheckpoint() {
   w.u32(config_.fit.batch_size);
   w.f32(config_.fit.lr);
   w.f32(config_.fit.prox_mu);
+  w.u64(server_.config().async.buffer_size);
+  w.u32(static_cast<uint32_t>(server_.config().downlink));
+  w.str(record);
   std::vector<uint8_t> server;
   ByteWriter ws(server);
   server_.save(ws);
   w.u64(server.size());
   w.bytes(server.data(), server.size());
   w.f64(now_);
-  w.f64(last_step_);
   w.u64(trained_);
-  for (uint64_t v : {window_.started, window_.arrived, window_.accepted, window_.failed,
-                     window_.uplink, window_.downlink})
-    w.u64(v);
-  w.f64(window_.train_seconds);
   picker_.save(w);
   for (size_t c = 0; c < busy_.size(); ++c) {
-    w.u8(static_cast<uint8_t>(busy_[c]));
     w.u64(last_version_[c]);
     w.u64(held_[c]);
     w.u64(accepted_[c]);
@@ -121,7 +169,6 @@ void AsyncSimulation::saveCheckpoint() {
     w.f64(key.first);
     w.u64(key.second);
     w.u64(job.version);
-    w.u64(job.examples);
     w.u64(job.down);
     w.u64(job.up);
     w.u8(job.update ? 1 : 0);
@@ -131,9 +178,10 @@ void AsyncSimulation::saveCheckpoint() {
       w.bytes(u.data(), u.size());
     }
   }
-  writeFileAtomic(config_.checkpoint, bytes);
+  return bytes;
 }
 
+// Everything is checked before anything changes: the server is loaded into a copy first.
 void AsyncSimulation::loadCheckpoint() {
   const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
   const std::string what = "checkpoint " + config_.checkpoint;
@@ -141,87 +189,129 @@ void AsyncSimulation::loadCheckpoint() {
   if (r.u32() != kSimMagic)
     r.fail("not a checkpoint of an asynchronous simulation (round.mode = async or semisync)");
   if (const uint32_t f = r.u32(); f != kSimFormat)
-    r.fail("format version ", f, " is not ", kSimFormat);
+    r.fail("format version ", f, " is not ", kSimFormat, " (written by another build)");
+  const uint64_t step = r.u64();
+  if (step != store_.generation())
+    r.fail("it was written at step ", step, ", and the client-state store ",
+           store_.spillDir().string(), " holds the states of ",
+           store_.generation() == 0 ? "no step" : "step " + std::to_string(store_.generation()),
+           ": they are of another run (restore the folder written with it)");
   const uint64_t n = clients_.shards.size();
   const auto same = [&](auto saved, auto now, const char* key) {
     if (saved != now) r.fail("it was written with ", key, " = ", saved, ", this run has ", now);
   };
   same(r.u64(), n, "data.num_clients");
+  if (r.u64() != clientsFingerprint(clients_))
+    r.fail(
+        "it was written for another data split (data.*: the training set, the partition or "
+        "its seed)");
   same(r.u64(), config_.concurrency, "async.concurrency");
-  same(r.f64(), config_.round_seconds, "round.deadline_seconds");
+  same(r.f64(), config_.round_seconds, "round.deadline_seconds (0: round.mode = async)");
   same(r.u64(), config_.seed, "model.seed");
   same(r.f64(), config_.reference_seconds_per_example, "sim.reference_seconds_per_example");
   same(r.u32(), config_.fit.epochs, "train.epochs");
   same(r.u32(), config_.fit.batch_size, "train.batch_size");
   same(r.f32(), config_.fit.lr, "train.lr");
   same(r.f32(), config_.fit.prox_mu, "train.prox_mu");
-  const uint64_t server_bytes = r.u64();
-  const std::span<const uint8_t> server = r.view(server_bytes);
-  const double now = r.f64(), last_step = r.f64();
-  if (!(std::isfinite(now) && now >= 0 && std::isfinite(last_step) && last_step >= 0 &&
-        last_step <= now))
-    r.fail("its clock reads ", now, " s, its last step ", last_step, " s");
+  same(r.u64(), server_.config().async.buffer_size, "async.buffer_size");
+  same(r.u32(), static_cast<uint32_t>(server_.config().downlink), "downlink.mode (as a number)");
+  std::string record = r.str(1 << 20);
+  const std::span<const uint8_t> server = r.view(r.u64());
+  server::AsyncServer copy(std::make_shared<const ParamLayout>(trainer_.layout()), server_.config(),
+                           std::vector<float>(trainer_.layout().numel()));
+  copy.load(server, what);
+  if (copy.steps() != step) r.fail("its server took ", copy.steps(), " steps, not ", step);
+  const uint64_t version = copy.version();
+  const double now = r.f64();
+  if (!(std::isfinite(now) && now >= 0)) r.fail("its clock reads ", now, " s");
   const uint64_t trained = r.u64();
-  Window window;
-  for (uint64_t* v : {&window.started, &window.arrived, &window.accepted, &window.failed,
-                      &window.uplink, &window.downlink})
-    *v = r.u64();
-  window.train_seconds = r.f64();
   RngStream picker = picker_;
   picker.load(r);
-  std::vector<char> busy(n);
   std::vector<uint64_t> last_version(n), held(n), accepted(n);
   for (uint64_t c = 0; c < n; ++c) {
-    const uint8_t b = r.u8();
-    if (b > 1) r.fail("client ", c, " is marked busy ", int{b});
-    busy[c] = static_cast<char>(b);
     last_version[c] = r.u64();
     held[c] = r.u64();
     accepted[c] = r.u64();
+    if (last_version[c] > version || held[c] > version)
+      r.fail("client ", c, " holds model version ", std::max(last_version[c], held[c]),
+             ", the server's is ", version);
   }
   const uint64_t flying = r.u64();
-  if (flying > n) r.fail(flying, " clients in flight, of ", n);
+  if (flying > config_.concurrency)
+    r.fail(flying, " clients in flight, more than async.concurrency = ", config_.concurrency);
   std::map<std::pair<double, uint64_t>, InFlight> in_flight;
+  std::vector<char> busy(n, 0);
   for (uint64_t i = 0; i < flying; ++i) {
     const double finish = r.f64();
     const uint64_t id = r.u64();
-    if (!(std::isfinite(finish) && finish >= now) || id >= n || !busy[id])
+    if (!(std::isfinite(finish) && finish >= now) || id >= n || busy[id])
       r.fail("a client in flight (", id, ", finishing at ", finish, " s) that cannot be");
+    busy[id] = 1;
     InFlight job;
     job.version = r.u64();
-    job.examples = r.u64();
+    job.examples = clients_.shards[id].size();
     job.down = r.u64();
     job.up = r.u64();
+    if (job.version == 0 || job.version > version)
+      r.fail("client ", id, " trains on model version ", job.version, ", the server's is ",
+             version);
     const uint8_t has = r.u8();
     if (has > 1) r.fail("client ", id, "'s update is marked ", int{has});
     if (has) {
       const uint64_t len = r.u64();
+      const std::span<const uint8_t> u = r.view(len);
+      pr::DecodeLimits limits;
+      limits.max_bytes = std::max<size_t>(limits.max_bytes, len);
       try {
-        job.update = pr::decodeUpdate(r.view(len), trainer_.layout());
+        job.update = pr::decodeUpdate(u, trainer_.layout(), nullptr, limits);
       } catch (const InputError& e) {
         r.fail("client ", id, "'s update in flight does not decode: ", e.what());
       }
+      if (job.update->header.round != job.version || job.update->header.client_id != id)
+        r.fail("client ", id, "'s update in flight is of client ", job.update->header.client_id,
+               " and version ", job.update->header.round);
     }
-    if (!in_flight.emplace(std::pair{finish, id}, std::move(job)).second)
-      r.fail("client ", id, " is in flight twice");
+    in_flight.emplace(std::pair{finish, id}, std::move(job));
   }
   r.finish();
-  // Everything checked: the server last (its load() changes it only once its own checks passed).
-  server_.load(server, what);
-  for (const auto& [key, job] : in_flight)
-    if (job.version == 0 || job.version > server_.version())
-      STARLING_THROW(IoError, what, ": client ", key.second, " trains on model version ",
-                     job.version, ", the server's is ", server_.version());
+  server_.load(server, what);  // checked above, on the copy
   now_ = now;
-  last_step_ = last_step;
+  last_step_ = now;  // a checkpoint is taken at a step
   trained_ = trained;
-  window_ = window;
+  window_ = Window{};
   picker_ = picker;
   busy_ = std::move(busy);
   last_version_ = std::move(last_version);
   held_ = std::move(held);
   accepted_ = std::move(accepted);
   in_flight_ = std::move(in_flight);
+  completeMetrics(step, record);
+}
+
+// A run killed after its checkpoint and before the step's metrics line (or in the middle of it)
+// gets the line from the checkpoint: a partial last line is cut, and the step's record appended
+// unless the file already ends with it.
+void AsyncSimulation::completeMetrics(uint64_t step, const std::string& record) const {
+  if (config_.metrics_file.empty() || record.empty()) return;
+  std::string text;
+  if (std::filesystem::exists(config_.metrics_file)) {
+    const std::vector<uint8_t> bytes = readFile(config_.metrics_file, uint64_t{1} << 32);
+    text.assign(bytes.begin(), bytes.end());
+  }
+  const size_t end = text.rfind('\n');
+  const size_t keep = end == std::string::npos ? 0 : end + 1;
+  if (keep != text.size()) std::filesystem::resize_file(config_.metrics_file, keep);
+  uint64_t last = 0;
+  if (keep > 0) {
+    const size_t begin = text.rfind('\n', keep - 2);
+    const std::string line = text.substr(begin == std::string::npos ? 0 : begin + 1, keep);
+    if (const size_t at = line.find("\"round\":"); at != std::string::npos)
+      last = std::strtoull(line.c_str() + at + 8, nullptr, 10);
+  }
+  if (last >= step) return;
+  std::ofstream out(config_.metrics_file, std::ios::app);
+  out << record << '\n';
+  if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics_file);
 }
 
 // The task of the current version for a client that holds version `held` (0: none), in the
@@ -413,11 +503,12 @@ void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>
   last_step_ = now_;
   window_ = Window{};
   if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
-  // The clients' states durable first, then the checkpoint that expects them (as a synchronous
-  // round's), then the record.
+  // The checkpoint in two phases around the clients' states (resume()), then the record.
   if (!config_.checkpoint.empty()) {
-    store_.flush();
-    saveCheckpoint();
+    const std::string next = config_.checkpoint + ".next";
+    writeFileAtomic(next, checkpointBytes(rec.json()));
+    store_.flush(server_.steps());
+    renameDurable(next, config_.checkpoint);
   }
   if (!config_.metrics_file.empty()) {
     std::ofstream out(config_.metrics_file, std::ios::app);

@@ -37,14 +37,17 @@
 // older version gets a delta against it, or with the lossy top-k downlink the broadcast model's
 // refreshed coordinates, which it trains from, as in synchronous rounds (server/model_store.h).
 //
-// Checkpoints (config.checkpoint): after every step the client-state store is flushed and one file
-// is written atomically with the server (model, version, optimizer, buffer), the clients in flight
-// with their finish times and compressed updates, the picker's random stream and the clock. A run
-// started again with the same configuration (train.rounds may grow) resumes from it and takes the
-// steps the uninterrupted run would have taken, bit for bit with dense or fp16 downlinks. The
-// server's history of versions is not kept: after a resume a client holding an older version gets
-// the whole model once, as a restarted root's clients do, so delta and top-k downlinks cost more
-// bytes then, and a lossy downlink's client trains from the whole model's encoding.
+// Checkpoints (config.checkpoint): after every step, one file with the server (model, version,
+// optimizer, buffer), the clients in flight with their finish times and compressed updates, the
+// picker's random stream, the clock and the step's record, written in two phases around the
+// client-state store's flush, which records the step (CHECKPOINT.next, the flush, the rename): a
+// run killed anywhere resumes from a checkpoint and states of one step, and a pair that does not
+// match is refused. A run started again with the same configuration (train.rounds may grow)
+// resumes from it and takes the steps the uninterrupted run would have taken: the same models bit
+// for bit with every downlink but q8 and q4, the same bytes too with dense and fp16. The server's
+// history of versions is not kept: after a resume a client holding an older version gets the whole
+// model once, as a restarted root's clients do, so delta and top-k downlinks cost more bytes then,
+// and a q8 or q4 client trains from the whole model's encoding.
 //
 // One worker process; not yet: several workers, SCAFFOLD.
 #include <cstdint>
@@ -121,8 +124,10 @@ class AsyncSimulation {
   void step(const std::function<void(const server::RoundRecord&)>& progress);
   // Every arrival at the current instant, stepping whenever K are buffered.
   void deliverInstant(const std::function<void(const server::RoundRecord&)>& progress);
-  void saveCheckpoint();
+  void resume();
+  std::vector<uint8_t> checkpointBytes(const std::string& record) const;
   void loadCheckpoint();
+  void completeMetrics(uint64_t step, const std::string& record) const;
   void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes(uint64_t held);
   uint64_t updateBytes();

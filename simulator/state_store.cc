@@ -22,6 +22,7 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kMaxBytes = 1ull << 46;
 constexpr uint32_t kMetaFormat = 1;
+constexpr uint64_t kGenerationKey = 2;  // meta: the generation of the last flush (0 if none)
 // After about this many bytes read or written through LMDB, its map is dropped from the process's
 // resident set (lmdb::Env::trimMapping). Reads fault pages of the map in, and so do writes (the
 // B-tree pages they copy, and the kernel's fault-around mapping neighbouring cached pages): without
@@ -224,7 +225,7 @@ class ClientStateStore::Impl {
     maybeTrim();
   }
 
-  void flush() {
+  void flush(uint64_t generation) {
     while (!lru_.empty()) {
       // Oldest first, in transactions of about kFlushBatchBytes. Each committed batch leaves
       // memory; a failure leaves every blob in exactly one place.
@@ -244,15 +245,20 @@ class ClientStateStore::Impl {
       for (auto v : batch) dropResident(v);
     }
     if (track_undo_) {
-      // The checkpoint is now what LMDB holds: the undo records of the previous one go.
+      // The checkpoint is now what LMDB holds: the undo records of the previous one go, and its
+      // generation is recorded in the same transaction.
       lmdb::WriteTxn t(*env_);
       t.drop(undo_);
+      t.put(meta_, lmdb::Key(kGenerationKey).val(), u64Bytes(generation));
       t.commit();
     }
+    generation_ = generation;
     env_->sync();
     env_->trimMapping();
     touched_ = 0;
   }
+
+  uint64_t generation() const { return generation_; }
 
   Stats stats() const {
     Stats s;
@@ -335,6 +341,10 @@ class ClientStateStore::Impl {
                        stored_fp, ", this run's model has ", fp_);
       rollBackToCheckpoint(t);
       countSpilled(t);
+      if (t.get(meta_, lmdb::Key(kGenerationKey).val(), v)) {
+        ByteReader gr(lmdb::span(v), "client-state store " + dir_.string() + ": generation record");
+        generation_ = gr.u64();
+      }
     }
     t.commit();
     env_->sync();
@@ -491,6 +501,7 @@ class ClientStateStore::Impl {
   uint64_t touched_ = 0;
 
   uint64_t spilled_clients_ = 0, spilled_bytes_ = 0;
+  uint64_t generation_ = 0;  // of the last flush (a resumed store's: of the flush it resumed)
   uint64_t hits_ = 0, misses_ = 0, spills_ = 0, loads_from_disk_ = 0;
 };
 
@@ -502,7 +513,8 @@ ClientStateStore& ClientStateStore::operator=(ClientStateStore&&) noexcept = def
 
 void ClientStateStore::load(uint64_t client_id, ClientState& out) { impl_->load(client_id, out); }
 void ClientStateStore::store(uint64_t client_id, const ClientState& s) { impl_->store(client_id, s); }
-void ClientStateStore::flush() { impl_->flush(); }
+void ClientStateStore::flush(uint64_t generation) { impl_->flush(generation); }
+uint64_t ClientStateStore::generation() const { return impl_->generation(); }
 ClientStateStore::Stats ClientStateStore::stats() const { return impl_->stats(); }
 const std::filesystem::path& ClientStateStore::spillDir() const { return impl_->dir(); }
 uint64_t ClientStateStore::layoutFingerprint() const { return impl_->fingerprint(); }

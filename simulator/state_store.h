@@ -101,7 +101,12 @@ class ClientStateStore {
   // bound to another fingerprint.
   void store(uint64_t client_id, const ClientState& s);
   // Every blob to LMDB, then fsync: the checkpoint a resumed store sees. Memory is empty after.
-  void flush();
+  // `generation` is recorded with it, in the transaction that makes it the checkpoint: a caller's
+  // checkpoint names the flush its states are at.
+  void flush(uint64_t generation = 0);
+  // The generation of the last flush (of a resumed store: of the flush it resumed; 0 when none
+  // named one).
+  uint64_t generation() const;
 
   Stats stats() const;
   const std::filesystem::path& spillDir() const;

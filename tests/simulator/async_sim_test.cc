@@ -77,10 +77,14 @@ struct Run {
   double now = 0.0;
 };
 
+// On `store` (s.store when null); `resumed`: whether the simulation resumed from its checkpoint.
 Run runAsync(Setup& s, const server::AsyncServerConfig& sc, const sim::AsyncSimConfig& ac,
-             const data::Dataset* test = nullptr) {
+             const data::Dataset* test = nullptr, sim::ClientStateStore* store = nullptr,
+             bool* resumed = nullptr) {
   server::AsyncServer server(s.layout(), sc, s.init());
-  sim::AsyncSimulation simulation(ac, s.clients, *s.trainer, s.store, server, test);
+  sim::AsyncSimulation simulation(ac, s.clients, *s.trainer, store ? *store : s.store, server,
+                                  test);
+  if (resumed) *resumed = simulation.resumed();
   Run r;
   simulation.run([&](const server::RoundRecord& rec) { r.steps.push_back(rec); });
   r.model.assign(server.model().current().begin(), server.model().current().end());
@@ -618,15 +622,7 @@ Run runStored(Setup& s, const server::AsyncServerConfig& sc, sim::AsyncSimConfig
   so.resume = resume;
   sim::ClientStateStore store(so, s.trainer->layout().fingerprint());
   if (checkpoint) ac.checkpoint = (dir / "ck.bin").string();
-  server::AsyncServer server(s.layout(), sc, s.init());
-  sim::AsyncSimulation simulation(ac, s.clients, *s.trainer, store, server, nullptr);
-  if (resumed) *resumed = simulation.resumed();
-  Run r;
-  simulation.run([&](const server::RoundRecord& rec) { r.steps.push_back(rec); });
-  r.model.assign(server.model().current().begin(), server.model().current().end());
-  r.accepted = simulation.accepted();
-  r.now = simulation.now();
-  return r;
+  return runAsync(s, sc, ac, nullptr, &store, resumed);
 }
 
 }  // namespace
@@ -709,4 +705,108 @@ TEST_CASE(
   CHECK_THROWS_MATCHING(
       runStored(s, sc, s.simConfig(9, 5), cut, true, true), IoError,
       Catch::Matchers::Contains("not a checkpoint of an asynchronous simulation"));
+}
+
+TEST_CASE(
+    "an asynchronous simulation killed anywhere around its checkpoint resumes as the "
+    "uninterrupted run, and a checkpoint that is not its client states' is refused",
+    "[simulator][async]") {
+  TempDir dir("async-kill");
+  namespace fs = std::filesystem;
+  const size_t n = 12;
+  Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), true);
+  const auto sc = s.serverConfig(3, 10, "topk:density=0.2");
+  sim::AsyncSimConfig ac = s.simConfig(7, 5);
+  fs::create_directories(dir.path / "ref");
+  const Run whole = runStored(s, sc, ac, dir.path / "ref", false, false);
+  REQUIRE(whole.steps.size() == 7);
+  // Step 3's checkpoint and states, then step 4's: the two sides of one checkpoint's phases.
+  const fs::path run = dir.path / "run";
+  fs::create_directories(run);
+  ac.steps = 3;
+  runStored(s, sc, ac, run, true, false);
+  fs::copy(run / "ck.bin", dir.path / "ck3");
+  fs::copy(run / "states", dir.path / "states3", fs::copy_options::recursive);
+  ac.steps = 4;
+  runStored(s, sc, ac, run, true, true);
+  fs::copy(run / "ck.bin", dir.path / "ck4");
+  fs::copy(run / "states", dir.path / "states4", fs::copy_options::recursive);
+  ac.steps = 7;
+  // The folder as a kill left it: `ck` as the checkpoint, `next` beside it (or none), `states`.
+  const auto leave = [&](const char* ck, const char* next, const char* states) {
+    fs::remove_all(run);
+    fs::create_directories(run);
+    if (ck) fs::copy(dir.path / ck, run / "ck.bin");
+    if (next) fs::copy(dir.path / next, run / "ck.bin.next");
+    if (states) fs::copy(dir.path / states, run / "states", fs::copy_options::recursive);
+  };
+  const auto sameAsWhole = [&](const Run& r, size_t from) {
+    REQUIRE(r.steps.size() == 7 - from);
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      CHECK(r.steps[i].round == whole.steps[from + i].round);
+      CHECK(r.steps[i].metrics == whole.steps[from + i].metrics);
+      CHECK(r.steps[i].uplink_bytes == whole.steps[from + i].uplink_bytes);
+    }
+    CHECK(r.now == whole.now);
+    CHECK(r.model == whole.model);
+  };
+  bool resumed = false;
+  SECTION("killed after step 4's states were flushed, before its checkpoint's rename") {
+    leave("ck3", "ck4", "states4");
+    sameAsWhole(runStored(s, sc, ac, run, true, true, &resumed), 4);
+    CHECK(resumed);
+    CHECK_FALSE(fs::exists(run / "ck.bin.next"));
+  }
+  SECTION("killed after step 4's checkpoint was written beside, before the states' flush") {
+    leave("ck3", "ck4", "states3");
+    sameAsWhole(runStored(s, sc, ac, run, true, true, &resumed), 3);
+    CHECK(resumed);
+    CHECK_FALSE(fs::exists(run / "ck.bin.next"));
+  }
+  SECTION(
+      "killed in the middle of step 3's metrics line: the line is made whole from the checkpoint") {
+    leave("ck3", nullptr, "states3");
+    {
+      std::ofstream m(run / "m.jsonl", std::ios::binary);
+      m << "{\"round\":1}\n{\"round\":2}\n{\"round\":3,\"appl";
+    }
+    sim::AsyncSimConfig with_metrics = ac;
+    with_metrics.metrics_file = (run / "m.jsonl").string();
+    sameAsWhole(runStored(s, sc, with_metrics, run, true, true, &resumed), 3);
+    std::vector<std::string> lines;
+    std::ifstream in(run / "m.jsonl");
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    REQUIRE(lines.size() == 7);
+    for (size_t i = 0; i < lines.size(); ++i)
+      CHECK(lines[i].rfind("{\"round\":" + std::to_string(i + 1) + (i < 2 ? "}" : ","), 0) == 0);
+  }
+  SECTION("killed before the first checkpoint: the store reopens empty and the run starts over") {
+    leave(nullptr, nullptr, nullptr);
+    {
+      sim::StateStoreOptions so;
+      so.spill_dir = (run / "states").string();
+      sim::ClientStateStore never_flushed(so, s.trainer->layout().fingerprint());
+      ClientState st(s.trainer->layout().fingerprint());
+      st.get<compression::ResidualState>(compression::kResidualComponent)
+          .values.assign(s.trainer->layout().numel(), 1.0f);
+      never_flushed.store(1, st);  // a residual no run made, never flushed: not seen again
+    }
+    sameAsWhole(runStored(s, sc, ac, run, true, true, &resumed), 0);
+    CHECK_FALSE(resumed);
+  }
+  SECTION("a checkpoint of another step than its states, or without them, is refused") {
+    // From the left folder on each call: the macro may evaluate its expression twice.
+    const auto attempt = [&](const char* ck, const char* states) {
+      leave(ck, nullptr, states);
+      runStored(s, sc, ac, run, true, states != nullptr);
+    };
+    CHECK_THROWS_MATCHING(attempt("ck3", "states4"), IoError,
+                          Catch::Matchers::Contains("written at step 3") &&
+                              Catch::Matchers::Contains("holds the states of step 4"));
+    CHECK_THROWS_MATCHING(attempt("ck3", nullptr), IoError,
+                          Catch::Matchers::Contains("holds the states of no step"));
+    CHECK_THROWS_MATCHING(
+        attempt(nullptr, "states4"), IoError,
+        Catch::Matchers::Contains("the checkpoint") && Catch::Matchers::Contains("is missing"));
+  }
 }

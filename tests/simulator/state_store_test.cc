@@ -429,3 +429,27 @@ TEST_CASE("state store: two stores in one process do not interfere", "[simulator
   }
   CHECK_FALSE(fs::exists(gone));  // a temporary folder goes with its store
 }
+
+TEST_CASE("state store: a flush's generation is what a resumed store reports, whatever came after",
+          "[simulator]") {
+  TempDir dir("store-generation");
+  StateStoreOptions o;
+  o.spill_dir = (dir.path / "s").string();
+  {
+    ClientStateStore st(o, kFp);
+    CHECK(st.generation() == 0);
+    st.store(1, makeState(1, 100));
+    st.flush(7);
+    CHECK(st.generation() == 7);
+    st.store(1, makeState(2, 100));  // after the flush: undone on reopening, the generation too
+  }
+  o.resume = true;
+  {
+    ClientStateStore st(o, kFp);
+    CHECK(st.generation() == 7);
+    CHECK(loaded(st, 1) == bytesOf(makeState(1, 100)));
+    st.flush();  // a flush that names none
+  }
+  ClientStateStore st(o, kFp);
+  CHECK(st.generation() == 0);
+}
