@@ -165,8 +165,13 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
   server::AsyncRoot root(layout, apps::asyncServerConfig(c, ec), rc, std::move(init));
   const server::AsyncServer& srv = root.server();
   if (root.resumed())
-    log.info("resumed from {} at step {} (model version {}) with {} buffered updates",
-             rc.checkpoint, srv.steps() + 1, srv.version(), srv.buffered());
+    log.info(
+        "resumed from {} at step {} (model version {}) with {} buffered updates ({} taken again "
+        "from its journal)",
+        rc.checkpoint, srv.steps() + 1, srv.version(), srv.buffered(), root.replayed());
+  if (root.tornBytes() > 0)
+    log.warn("the journal's last record was cut short by the crash ({} bytes): its update is lost",
+             root.tornBytes());
   if (rc.checkpoint.empty())
     log.warn(
         "round.mode = {} without state.checkpoint: a crash of the root loses the run and the "

@@ -1,11 +1,85 @@
 #include "server/async_root.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "core/bytes.h"
 #include "core/error.h"
+#include "core/file_io.h"
+#include "protocol/codec.h"
 
 namespace starling::server {
+
+namespace {
+constexpr uint32_t kJournalMagic = 0x4c4e4a41;  // "AJNL"
+constexpr uint32_t kJournalFormat = 1;
+constexpr size_t kJournalHeader = 24;  // magic, format, the checkpoint's step and version
+constexpr uint8_t kJournalUpdate = 0, kJournalPartial = 1;
+
+uint64_t fnv1a(std::span<const uint8_t> b) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t x : b) h = (h ^ x) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+// The updates accepted since the last checkpoint, one record each, appended and fsynced before
+// the update counts as accepted: length, checksum, then kind, sender, its examples cap and the
+// message as it arrived. Its header names the checkpoint it follows (step and version); a step
+// writes the checkpoint and starts a new journal, atomically.
+struct AsyncRoot::Journal {
+  std::string path;
+  int fd = -1;
+  ~Journal() { close(); }
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  void openForAppend() {
+    fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0)
+      STARLING_THROW(IoError, "cannot open the journal ", path, ": ", std::strerror(errno));
+  }
+  void start(uint64_t step, uint64_t version) {
+    close();
+    std::vector<uint8_t> h;
+    ByteWriter w(h);
+    w.u32(kJournalMagic);
+    w.u32(kJournalFormat);
+    w.u64(step);
+    w.u64(version);
+    writeFileAtomic(path, h);
+    openForAppend();
+  }
+  void append(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message) {
+    std::vector<uint8_t> payload;
+    ByteWriter p(payload);
+    p.u8(kind);
+    p.u64(sender);
+    p.u64(cap);
+    p.bytes(message.data(), message.size());
+    std::vector<uint8_t> record;
+    ByteWriter w(record);
+    w.u64(payload.size());
+    w.u64(fnv1a(payload));
+    w.bytes(payload.data(), payload.size());
+    size_t done = 0;
+    while (done < record.size()) {
+      const ssize_t n = ::write(fd, record.data() + done, record.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        STARLING_THROW(IoError, "cannot append to the journal ", path, ": ", std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+    if (::fdatasync(fd) != 0)
+      STARLING_THROW(IoError, "cannot fsync the journal ", path, ": ", std::strerror(errno));
+  }
+};
 
 void AsyncRootConfig::validate() const {
   if (steps == 0 || steps > 10'000'000)
@@ -40,11 +114,73 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
                    " needs at least as many clients (each sends one update per model version): "
                    "set sampling.min_available to at least that, got ",
                    config_.fleet.min_available);
-  if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
-    server_.loadCheckpoint(config_.checkpoint);
-    resumed_ = true;
+  if (!config_.checkpoint.empty()) {
+    if (std::filesystem::exists(config_.checkpoint)) {
+      server_.loadCheckpoint(config_.checkpoint);
+      resumed_ = true;
+    } else {
+      server_.saveCheckpoint(config_.checkpoint);  // the journal always follows a checkpoint
+    }
+    journal_ = std::make_unique<Journal>();
+    journal_->path = config_.checkpoint + ".journal";
+    replayJournal();
   }
   refreshTask();
+}
+
+AsyncRoot::~AsyncRoot() = default;
+
+// The journal of the checkpoint just loaded: every whole record added again, in order; a record
+// the kill cut short is dropped (and cut off the file); a journal of an earlier checkpoint (the
+// kill came between a step's checkpoint and its new journal) holds updates the step took, and is
+// started over. A record that does not add again is an IoError: the file is not this run's.
+void AsyncRoot::replayJournal() {
+  Journal& j = *journal_;
+  if (!std::filesystem::exists(j.path)) {
+    j.start(server_.steps(), server_.version());
+    return;
+  }
+  const std::vector<uint8_t> bytes = readFile(j.path, uint64_t{64} << 30);
+  ByteReader r(bytes, "journal " + j.path);
+  if (bytes.size() < kJournalHeader || r.u32() != kJournalMagic)
+    r.fail("not a journal of asynchronous rounds");
+  if (const uint32_t f = r.u32(); f != kJournalFormat)
+    r.fail("format version ", f, " is not ", kJournalFormat);
+  const uint64_t step = r.u64(), version = r.u64();
+  if (step != server_.steps() || version != server_.version()) {
+    j.start(server_.steps(), server_.version());
+    return;
+  }
+  protocol::DecodeLimits limits;
+  limits.max_bytes = std::max<size_t>(limits.max_bytes, bytes.size());
+  protocol::Decoder decoder(server_.scheme().layout(), limits);
+  size_t good = r.position();
+  while (r.remaining() >= 16) {
+    const uint64_t len = r.u64(), sum = r.u64();
+    if (len > r.remaining() || len < 17) break;
+    const std::span<const uint8_t> payload = r.view(len);
+    if (fnv1a(payload) != sum) break;
+    ByteReader p(payload, "journal " + j.path + " record " + std::to_string(replayed_ + 1));
+    const uint8_t kind = p.u8();
+    const uint64_t sender = p.u64(), cap = p.u64();
+    const std::span<const uint8_t> message = p.view(p.remaining());
+    try {
+      if (kind == kJournalUpdate)
+        server_.add(decoder.decodeUpdate(message), aggregation::ClientLimits{cap});
+      else if (kind == kJournalPartial)
+        server_.addPartial(decoder.decodePartial(message), sender);
+      else
+        p.fail("kind ", int{kind});
+    } catch (const InputError& e) {
+      p.fail("it does not add again to the checkpoint's buffer: ", e.what());
+    }
+    ++replayed_;
+    good = r.position();
+  }
+  torn_bytes_ = bytes.size() - good;
+  if (torn_bytes_ > 0) std::filesystem::resize_file(j.path, good);
+  j.openForAppend();
+  if (replayed_ > 0) resumed_ = true;
 }
 
 void AsyncRoot::refreshTask() {
@@ -68,8 +204,11 @@ bool AsyncRoot::mayStart(uint64_t client) const {
   return !server_.hasUpdate(client, server_.version());
 }
 
-void AsyncRoot::checkpoint() const {
-  if (!config_.checkpoint.empty()) server_.saveCheckpoint(config_.checkpoint);
+// The whole server, then a new journal that follows it.
+void AsyncRoot::checkpoint() {
+  if (config_.checkpoint.empty()) return;
+  server_.saveCheckpoint(config_.checkpoint);
+  journal_->start(server_.steps(), server_.version());
 }
 
 void AsyncRoot::sent(uint64_t bytes) {
@@ -79,21 +218,25 @@ void AsyncRoot::sent(uint64_t bytes) {
 
 void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
 
+// Accepted once it is in the journal (an IoError there ends the run: the disk failed).
 void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-                    uint64_t bytes) {
+                    std::span<const uint8_t> message) {
   server_.add(u, limits);  // InputError: refused, nothing changed
-  uplink_ += bytes;
+  if (journal_) journal_->append(kJournalUpdate, u.header.client_id, limits.max_examples, message);
+  uplink_ += message.size();
 }
 
-void AsyncRoot::addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) {
+void AsyncRoot::addPartial(const compression::PartialView& p, uint64_t source,
+                           std::span<const uint8_t> message) {
   server_.addPartial(p, source);  // InputError: refused, nothing changed
-  uplink_ += bytes;
+  if (journal_) journal_->append(kJournalPartial, source, 0, message);
+  uplink_ += message.size();
 }
 
 void AsyncRoot::added() {
-  // FedBuff steps every K updates; a semi-synchronous round steps at its end (tick()).
+  // FedBuff steps every K updates; a semi-synchronous round steps at its end (tick()). Until
+  // then the journal holds the update.
   if (config_.round_ms != 0 || !server_.ready()) {
-    checkpoint();
     if (accepted_) accepted_();
     return;
   }

@@ -6,13 +6,15 @@
 // the buffer, and every K a step makes the next version.
 //
 //   fleet.runAsync(root): idle client -> task of version v -> update from v -> accept(): add,
-//   checkpoint; after K: step, metrics line, checkpoint -> the next tasks carry version v + 1
+//   journal; after K: step, checkpoint, new journal, metrics line -> the next tasks carry v + 1
 //
-// Crash safety: with state.checkpoint the whole server (model, version, optimizer, the buffer with
-// its sums and the clients seen per version) is written atomically after every accepted update
-// and every step, before the next message is handled. A root killed with SIGKILL and restarted
-// with the same command resumes with every update it had accepted; an update that arrived while
-// it was being killed, before its checkpoint was written, is lost with the tasks in flight, and
+// Crash safety: with state.checkpoint every accepted update is appended, as it arrived, to the
+// journal (CHECKPOINT.journal) and fsynced before the next message is handled, and the whole
+// server (model, version, optimizer, the buffer with its sums and the senders seen per version) is
+// written atomically at every step, a new journal after it. A root killed with SIGKILL and
+// restarted with the same command loads the checkpoint and adds the journal's records again:
+// it resumes with every update it had accepted; an update that arrived while it was being killed,
+// before its record was written, is lost with the tasks in flight, and
 // their clients, registering with the new root, are given new tasks on the current version (one
 // accepted update per client and version, the restored buffer's, still holds).
 //
@@ -75,11 +77,16 @@ struct AsyncRootConfig {
 class AsyncRoot final : public AsyncDriver {
  public:
   // Resumes from config.checkpoint when the file exists (IoError if it is unreadable, corrupt, or
-  // of another configuration: never silently replaced by a fresh start).
+  // of another configuration: never silently replaced by a fresh start), and from its journal.
   AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfig server,
             AsyncRootConfig config, std::vector<float> initial);
+  ~AsyncRoot() override;
 
   bool resumed() const { return resumed_; }
+  // Of the resume: the updates and partials taken again from the journal, and the bytes of a
+  // record the kill cut short (dropped).
+  uint64_t replayed() const { return replayed_; }
+  uint64_t tornBytes() const { return torn_bytes_; }
   const AsyncServer& server() const { return server_; }
   const AsyncRootConfig& config() const { return config_; }
 
@@ -93,8 +100,9 @@ class AsyncRoot final : public AsyncDriver {
   const PhaseTask& currentTask() override { return *task_; }
   bool mayStart(uint64_t client) const override;
   void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-           uint64_t bytes) override;
-  void addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) override;
+           std::span<const uint8_t> message) override;
+  void addPartial(const compression::PartialView& p, uint64_t source,
+                  std::span<const uint8_t> message) override;
   void added() override;
   void sent(uint64_t bytes) override;
   void failed(uint64_t client, const char* why) override;
@@ -103,8 +111,10 @@ class AsyncRoot final : public AsyncDriver {
   void handedOut(size_t sent) override;
 
  private:
+  struct Journal;
   void refreshTask();
-  void checkpoint() const;
+  void checkpoint();
+  void replayJournal();
   // After a step or a skipped round: the record, the checkpoint, the next version's task;
   // `on_update`: the step came with an accepted update (run()'s `accepted` is called).
   void stepped(RoundRecord rec, bool on_update);
@@ -119,6 +129,8 @@ class AsyncRoot final : public AsyncDriver {
   uint64_t started_ = 0, downlink_ = 0, uplink_ = 0, failed_ = 0;
   std::chrono::steady_clock::time_point since_;
   bool resumed_ = false;
+  std::unique_ptr<Journal> journal_;
+  uint64_t replayed_ = 0, torn_bytes_ = 0;
   // Semi-synchronous rounds: whether the round's clock runs (it started at round_start_), and
   // whether its one hand-out pass is still to come.
   bool round_live_ = false, handing_out_ = true;

@@ -332,9 +332,9 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
                   " to a task of version ", task.task_version);
       if (p) {
         checkPartialWeight(*p, task.num_examples);
-        phase_->async->addPartial(*p, id, bytes.size());
+        phase_->async->addPartial(*p, id, bytes);
       } else {
-        phase_->async->add(*u, ag::ClientLimits{task.num_examples}, bytes.size());
+        phase_->async->add(*u, ag::ClientLimits{task.num_examples}, bytes);
       }
       phase_->added = true;
     } catch (const InputError&) {

@@ -59,13 +59,15 @@ class AsyncDriver {
   virtual const PhaseTask& currentTask() = 0;
   // Whether `client` may start a task on the current version (one accepted update per version).
   virtual bool mayStart(uint64_t client) const = 0;
-  // An update to a task of this fleet's, its sender, nonce and version already checked: the driver
-  // adds it (InputError refuses it, counted by the fleet, and nothing changes).
+  // An update to a task of this fleet's, its sender, nonce and version already checked, with the
+  // message it came in: the driver adds it (InputError refuses it, counted by the fleet, and
+  // nothing changes).
   virtual void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-                   uint64_t bytes) = 0;
+                   std::span<const uint8_t> message) = 0;
   // An edge aggregator's partial aggregate answering its task (sender, nonce, version and its
   // weight against what the aggregator registered already checked): as add().
-  virtual void addPartial(const compression::PartialView& p, uint64_t source, uint64_t bytes) = 0;
+  virtual void addPartial(const compression::PartialView& p, uint64_t source,
+                          std::span<const uint8_t> message) = 0;
   // After an add() or addPartial() that was taken, once the message is handled: the driver steps
   // when its buffer is full and checkpoints. What this throws ends runAsync (it is not the client's
   // doing).

@@ -1,6 +1,7 @@
 // The asynchronous server's checkpoint (server/async_server.h): saved with updates in its buffer
 // and loaded into a new server, it takes the step the saved one takes, bit for bit; a checkpoint
 // of another configuration, a synchronous one, or a damaged one is refused and changes nothing.
+// The asynchronous root's journal (server/async_root.h) of the updates since its last checkpoint.
 #include "server/async_server.h"
 
 #include <catch2/catch.hpp>
@@ -10,6 +11,8 @@
 
 #include "check_throws.h"
 #include "core/file_io.h"
+#include "protocol/codec.h"
+#include "server/async_root.h"
 #include "temp_dir.h"
 
 using namespace starling;
@@ -162,4 +165,91 @@ TEST_CASE(
   CHECK_FALSE(s.hasUpdate(2, 1));
   s.add(compression::view(randomUpdate(*l, 1, 1, 10, 3)));  // again, from version 1: taken
   CHECK(s.buffered() == 1);
+}
+
+TEST_CASE(
+    "the asynchronous root journals each accepted update: restarted, it adds them again and steps "
+    "as the root that never stopped; a cut record is dropped, an earlier checkpoint's journal "
+    "ignored",
+    "[server][async]") {
+  starling::testing::TempDir dir("async-journal");
+  const auto l = smallLayout();
+  std::vector<float> init(l->numel(), 0.1f);
+  server::AsyncRootConfig rc;
+  rc.steps = 5;
+  rc.fleet.min_available = 3;
+  const auto rootAt = [&](const std::string& ck) {
+    server::AsyncRootConfig c = rc;
+    c.checkpoint = (dir.path / ck).string();
+    return std::make_unique<server::AsyncRoot>(l, config("fedavg"), c, init);
+  };
+  const auto give = [&](server::AsyncRoot& root, uint64_t client, uint64_t seed) {
+    const compression::Update u = randomUpdate(*l, client, root.server().version(), 4, seed);
+    const std::vector<uint8_t> message = protocol::encodeUpdate(u);
+    root.add(compression::view(u), aggregation::ClientLimits{10}, message);
+    root.added();
+  };
+  // K = 3: four updates give a step and one buffered; the reference never stops.
+  auto ref = rootAt("ref.ckpt");
+  for (uint64_t c = 0; c < 4; ++c) give(*ref, c, 10 + c);
+  REQUIRE(ref->server().steps() == 1);
+  REQUIRE(ref->server().buffered() == 1);
+  const std::string ck = (dir.path / "cut.ckpt").string();
+  {
+    auto cut = rootAt("cut.ckpt");
+    CHECK_FALSE(cut->resumed());
+    const auto size = std::filesystem::file_size(ck);
+    for (uint64_t c = 0; c < 2; ++c) give(*cut, c, 10 + c);
+    // Accepted updates go to the journal, not into a new checkpoint.
+    CHECK(std::filesystem::file_size(ck + ".journal") > 2 * l->numel() * sizeof(float));
+    CHECK(std::filesystem::file_size(ck) == size);
+  }
+  {
+    // Killed with two accepted: both come back from the journal; then the same two updates as
+    // the reference's: the same step, bit for bit.
+    auto again = rootAt("cut.ckpt");
+    CHECK(again->resumed());
+    CHECK(again->replayed() == 2);
+    CHECK(again->tornBytes() == 0);
+    CHECK(again->server().buffered() == 2);
+    for (uint64_t c = 2; c < 4; ++c) give(*again, c, 10 + c);
+    CHECK(again->server().steps() == 1);
+    CHECK(modelOf(again->server()) == modelOf(ref->server()));
+  }
+  // The journal now follows step 1's checkpoint and holds update 3. Cut its record short (a kill
+  // in the middle of the append): dropped, the file cut back, the root at step 1 with none.
+  const auto journal = ck + ".journal";
+  std::filesystem::resize_file(journal, std::filesystem::file_size(journal) - 5);
+  {
+    auto torn = rootAt("cut.ckpt");
+    CHECK(torn->replayed() == 0);
+    CHECK(torn->tornBytes() > 0);
+    CHECK(torn->server().buffered() == 0);
+    CHECK(torn->server().steps() == 1);
+    give(*torn, 3, 13);  // appended after the cut: read back next time
+  }
+  {
+    auto whole = rootAt("cut.ckpt");
+    CHECK(whole->replayed() == 1);
+    CHECK(whole->tornBytes() == 0);
+    CHECK(whole->server().buffered() == 1);
+  }
+  // A journal of an earlier checkpoint (killed between a step's checkpoint and its new journal)
+  // holds updates the step already took: started over, not added twice.
+  const std::vector<uint8_t> step1 = readFile(journal, 1 << 20);
+  {
+    auto more = rootAt("cut.ckpt");
+    for (uint64_t c = 4; c < 6; ++c) give(*more, c, 20 + c);  // 1 + 2: step 2
+    REQUIRE(more->server().steps() == 2);
+  }
+  writeFileAtomic(journal, step1);
+  {
+    auto stale = rootAt("cut.ckpt");
+    CHECK(stale->replayed() == 0);
+    CHECK(stale->server().steps() == 2);
+    CHECK(stale->server().buffered() == 0);
+  }
+  // A journal that is not one stops the root.
+  writeFileAtomic(journal, std::vector<uint8_t>(40, 7));
+  CHECK_THROWS_MATCHING(rootAt("cut.ckpt"), IoError, Contains("not a journal"));
 }

@@ -637,6 +637,8 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
       // Every update made counted as the simulator counts it, each once.
       uint64_t update_bytes = 0;
       for (int id = 0; id < 4; ++id) {
+        // Its last line is written as it ends, on the root's Shutdown: wait for it.
+        CHECK(f.proc("client-" + std::to_string(id)).wait(seconds(30)) == 0);
         const std::string log = f.log("client-" + std::to_string(id));
         const size_t at = log.rfind(" update bytes");
         REQUIRE(at != std::string::npos);
