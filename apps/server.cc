@@ -170,8 +170,10 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
         "from its journal)",
         rc.checkpoint, srv.steps() + 1, srv.version(), srv.buffered(), root.replayed());
   if (root.tornBytes() > 0)
-    log.warn("the journal's last record was cut short by the crash ({} bytes): its update is lost",
-             root.tornBytes());
+    log.warn(
+        "the journal's last record was cut short by the crash ({} bytes dropped): its update is "
+        "lost",
+        root.tornBytes());
   if (rc.checkpoint.empty())
     log.warn(
         "round.mode = {} without state.checkpoint: a crash of the root loses the run and the "
@@ -211,7 +213,7 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
   } catch (const server::Stopped&) {
     log.info("stopped at step {} with {} buffered updates{}", srv.steps() + 1, srv.buffered(),
              rc.checkpoint.empty() ? " (no state.checkpoint: they are lost)"
-                                   : ", kept in the checkpoint");
+                                   : ", kept in the checkpoint's journal");
   }
   return 0;
 }

@@ -115,14 +115,19 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
                    "set sampling.min_available to at least that, got ",
                    config_.fleet.min_available);
   if (!config_.checkpoint.empty()) {
+    journal_ = std::make_unique<Journal>();
+    journal_->path = config_.checkpoint + ".journal";
     if (std::filesystem::exists(config_.checkpoint)) {
       server_.loadCheckpoint(config_.checkpoint);
       resumed_ = true;
     } else {
+      if (std::filesystem::exists(journal_->path))
+        STARLING_THROW(IoError, "the journal ", journal_->path, " has no checkpoint ",
+                       config_.checkpoint,
+                       " beside it: restore the checkpoint, or move the journal away too to "
+                       "start fresh");
       server_.saveCheckpoint(config_.checkpoint);  // the journal always follows a checkpoint
     }
-    journal_ = std::make_unique<Journal>();
-    journal_->path = config_.checkpoint + ".journal";
     replayJournal();
   }
   refreshTask();
@@ -130,10 +135,11 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
 
 AsyncRoot::~AsyncRoot() = default;
 
-// The journal of the checkpoint just loaded: every whole record added again, in order; a record
-// the kill cut short is dropped (and cut off the file); a journal of an earlier checkpoint (the
+// The journal of the checkpoint just loaded: every whole record added again, in order; a last
+// record the kill cut short is dropped (and cut off the file); a journal of the step before (the
 // kill came between a step's checkpoint and its new journal) holds updates the step took, and is
-// started over. A record that does not add again is an IoError: the file is not this run's.
+// started over. Anything else is an IoError, the files left as they are: a journal of another
+// step, a record damaged before the last, a record that does not add again.
 void AsyncRoot::replayJournal() {
   Journal& j = *journal_;
   if (!std::filesystem::exists(j.path)) {
@@ -147,19 +153,31 @@ void AsyncRoot::replayJournal() {
   if (const uint32_t f = r.u32(); f != kJournalFormat)
     r.fail("format version ", f, " is not ", kJournalFormat);
   const uint64_t step = r.u64(), version = r.u64();
-  if (step != server_.steps() || version != server_.version()) {
+  if (step + 1 == server_.steps()) {
     j.start(server_.steps(), server_.version());
     return;
   }
-  protocol::DecodeLimits limits;
-  limits.max_bytes = std::max<size_t>(limits.max_bytes, bytes.size());
+  if (step != server_.steps() || version != server_.version())
+    r.fail("it follows step ", step, " (model version ", version, "), the checkpoint is of step ",
+           server_.steps(), " (version ", server_.version(),
+           "): they are not of one run; restore the pair");
+  protocol::DecodeLimits limits;  // a FlatBuffers message is under 2 GiB
+  limits.max_bytes =
+      std::min<size_t>(std::max<size_t>(limits.max_bytes, bytes.size()), (size_t{1} << 31) - 1);
   protocol::Decoder decoder(server_.scheme().layout(), limits);
   size_t good = r.position();
-  while (r.remaining() >= 16) {
+  while (r.remaining() > 0) {
+    // A record the kill cut short is the last one: its header or payload runs past the end, or
+    // its checksum fails on the file's last bytes. Damage before that is not a kill's.
+    if (r.remaining() < 16) break;
     const uint64_t len = r.u64(), sum = r.u64();
-    if (len > r.remaining() || len < 17) break;
+    if (len > r.remaining()) break;
+    const bool last = len == r.remaining();
     const std::span<const uint8_t> payload = r.view(len);
-    if (fnv1a(payload) != sum) break;
+    if (len < 17 || fnv1a(payload) != sum) {
+      if (last) break;
+      r.fail("record ", replayed_ + 1, " is damaged and more follow: not a crash's cut");
+    }
     ByteReader p(payload, "journal " + j.path + " record " + std::to_string(replayed_ + 1));
     const uint8_t kind = p.u8();
     const uint64_t sender = p.u64(), cap = p.u64();
@@ -172,6 +190,8 @@ void AsyncRoot::replayJournal() {
       else
         p.fail("kind ", int{kind});
     } catch (const InputError& e) {
+      p.fail("it does not add again to the checkpoint's buffer: ", e.what());
+    } catch (const InvalidArgument& e) {
       p.fail("it does not add again to the checkpoint's buffer: ", e.what());
     }
     ++replayed_;
@@ -245,7 +265,12 @@ void AsyncRoot::added() {
 
 size_t AsyncRoot::tick(std::chrono::steady_clock::time_point now, size_t open) {
   const size_t c = config_.fleet.concurrency, room = open < c ? c - open : 0;
-  if (config_.round_ms == 0) return room;  // FedBuff: a free slot is filled at once
+  if (config_.round_ms == 0) {
+    // A root killed after journaling the K-th update and before its step resumes with a full
+    // buffer: the step comes now, as it would have.
+    if (server_.ready()) stepped(server_.step(), false);
+    return room;  // FedBuff: a free slot is filled at once
+  }
   last_tick_ = now;
   if (!round_live_) {
     // Nothing open and nothing buffered: the round starts with its first task (handedOut). With

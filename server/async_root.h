@@ -77,7 +77,8 @@ struct AsyncRootConfig {
 class AsyncRoot final : public AsyncDriver {
  public:
   // Resumes from config.checkpoint when the file exists (IoError if it is unreadable, corrupt, or
-  // of another configuration: never silently replaced by a fresh start), and from its journal.
+  // of another configuration: never silently replaced by a fresh start), and from its journal;
+  // a fresh start writes the checkpoint at once (a journal left without one is an IoError).
   AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfig server,
             AsyncRootConfig config, std::vector<float> initial);
   ~AsyncRoot() override;

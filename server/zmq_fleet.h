@@ -61,7 +61,7 @@ class AsyncDriver {
   virtual bool mayStart(uint64_t client) const = 0;
   // An update to a task of this fleet's, its sender, nonce and version already checked, with the
   // message it came in: the driver adds it (InputError refuses it, counted by the fleet, and
-  // nothing changes).
+  // nothing changes; any other error, such as the driver's journal failing, ends runAsync).
   virtual void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
                    std::span<const uint8_t> message) = 0;
   // An edge aggregator's partial aggregate answering its task (sender, nonce, version and its

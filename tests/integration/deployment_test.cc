@@ -329,7 +329,8 @@ TEST_CASE(
   const int rc = f.proc("root").wait(seconds(120));
   INFO(f.allLogs());
   REQUIRE(rc == 0);
-  CHECK(f.log("root").find("with 2 buffered updates") != std::string::npos);
+  CHECK(f.log("root").find("with 2 buffered updates (2 taken again from its journal)") !=
+        std::string::npos);
   std::set<std::string> steps;
   for (const auto& l : metricLines(f)) {
     CHECK(field(l, "applied") == "true");

@@ -249,7 +249,42 @@ TEST_CASE(
     CHECK(stale->server().steps() == 2);
     CHECK(stale->server().buffered() == 0);
   }
-  // A journal that is not one stops the root.
+  // A journal that is not one, one of another step, one damaged before its last record, or one
+  // without its checkpoint stops the root, the files left as they are.
   writeFileAtomic(journal, std::vector<uint8_t>(40, 7));
   CHECK_THROWS_MATCHING(rootAt("cut.ckpt"), IoError, Contains("not a journal"));
+  std::vector<uint8_t> ahead = step1;
+  ahead[8] = 9;  // the header's step
+  writeFileAtomic(journal, ahead);
+  CHECK_THROWS_MATCHING(rootAt("cut.ckpt"), IoError, Contains("not of one run"));
+  {
+    auto two = rootAt("two.ckpt");
+    give(*two, 0, 30);
+    give(*two, 1, 31);
+  }
+  std::vector<uint8_t> damaged = readFile(dir.path / "two.ckpt.journal", 1 << 20);
+  damaged[24 + 16 + 20] ^= 0xff;  // inside the first record's payload
+  writeFileAtomic(dir.path / "two.ckpt.journal", damaged);
+  CHECK_THROWS_MATCHING(rootAt("two.ckpt"), IoError, Contains("damaged and more follow"));
+  CHECK(readFile(dir.path / "two.ckpt.journal", 1 << 20) == damaged);
+  std::filesystem::remove(dir.path / "two.ckpt");
+  CHECK_THROWS_MATCHING(rootAt("two.ckpt"), IoError, Contains("has no checkpoint"));
+
+  // Killed after journaling the K-th update, before its step: the resumed root steps at its first
+  // turn, to the model the reference's step made.
+  {
+    auto full = rootAt("full.ckpt");
+    for (uint64_t c = 0; c < 2; ++c) give(*full, c, 10 + c);
+    const compression::Update u = randomUpdate(*l, 2, 1, 4, 12);
+    full->add(compression::view(u), aggregation::ClientLimits{10}, protocol::encodeUpdate(u));
+    REQUIRE(full->server().ready());
+  }
+  auto full = rootAt("full.ckpt");
+  CHECK(full->server().buffered() == 3);
+  full->tick(std::chrono::steady_clock::now(), 0);
+  CHECK(full->server().steps() == 1);
+  CHECK(full->server().buffered() == 0);
+  auto ref1 = rootAt("ref1.ckpt");
+  for (uint64_t c = 0; c < 3; ++c) give(*ref1, c, 10 + c);
+  CHECK(modelOf(full->server()) == modelOf(ref1->server()));
 }
