@@ -240,7 +240,14 @@ void RoundEngine::loadOptimizerShard(uint64_t next_round) {
 void RoundEngine::loadCheckpoint() {
   const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
   ByteReader r(bytes, "checkpoint " + config_.checkpoint);
-  if (r.u32() != kCheckpointMagic) r.fail("not a Starling checkpoint");
+  if (const uint32_t magic = r.u32(); magic != kCheckpointMagic) {
+    // The asynchronous root's (server/async_server.cc) and simulator's (simulator/async_sim.cc).
+    if (magic == 0x41434c53 || magic == 0x4d495341)
+      r.fail(
+          "a checkpoint of asynchronous rounds: it resumes only with the round.mode "
+          "(async or semisync) that wrote it");
+    r.fail("not a Starling checkpoint");
+  }
   const uint32_t format = r.u32();
   if (format < 1 || format > kCheckpointVersion)
     r.fail("checkpoint format version ", format, " is not 1 to ", kCheckpointVersion);

@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "check_throws.h"
 #include "client/synthetic.h"
 #include "core/file_io.h"
 #include "data/partition.h"
+#include "server/async_server.h"
 #include "server/inproc_fleet.h"
 #include "temp_dir.h"
 #include "test_util.h"
@@ -147,6 +149,12 @@ TEST_CASE("a corrupt or foreign checkpoint is an error, never a silent fresh sta
   auto other = client::makeTrainer("mlp:hidden=8", 12, 4);
   auto other_layout = std::make_shared<const ParamLayout>(other->layout());
   CHECK_THROWS_AS(server::RoundEngine(other_layout, cfg, std::vector<float>(other_layout->numel())), IoError);
+  // An asynchronous run's checkpoint of the same model is named as such.
+  server::AsyncServerConfig ac;
+  ac.scheme.compressor = "none";
+  server::AsyncServer(w.layout, ac, w.init()).saveCheckpoint(cfg.checkpoint);
+  CHECK_THROWS_MATCHING(server::RoundEngine(w.layout, cfg, w.init()), IoError,
+                        Catch::Matchers::Contains("a checkpoint of asynchronous rounds"));
 }
 
 TEST_CASE("a round without enough results is not applied and the model stays", "[server]") {
