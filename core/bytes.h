@@ -18,6 +18,13 @@
 
 namespace starling {
 
+// FNV-1a over `b`, continuing from `h` (a checksum and a fingerprint for Starling's own files, not
+// a MAC): fnv1a(b2, fnv1a(b1)) is the hash of b1 followed by b2.
+inline uint64_t fnv1a(std::span<const uint8_t> b, uint64_t h = 1469598103934665603ull) {
+  for (uint8_t x : b) h = (h ^ x) * 1099511628211ull;
+  return h;
+}
+
 class ByteWriter {
  public:
   explicit ByteWriter(std::vector<uint8_t>& out) : out_(out) {}

@@ -20,12 +20,6 @@ constexpr uint32_t kJournalMagic = 0x4c4e4a41;  // "AJNL"
 constexpr uint32_t kJournalFormat = 1;
 constexpr size_t kJournalHeader = 24;  // magic, format, the checkpoint's step and version
 constexpr uint8_t kJournalUpdate = 0, kJournalPartial = 1;
-
-uint64_t fnv1a(std::span<const uint8_t> b) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint8_t x : b) h = (h ^ x) * 1099511628211ull;
-  return h;
-}
 }  // namespace
 
 // The updates accepted since the last checkpoint, one record each, appended and fsynced before
@@ -35,6 +29,7 @@ uint64_t fnv1a(std::span<const uint8_t> b) {
 struct AsyncRoot::Journal {
   std::string path;
   int fd = -1;
+  std::vector<uint8_t> record;  // reused: no allocation per update once warm
   ~Journal() { close(); }
   void close() {
     if (fd >= 0) ::close(fd);
@@ -57,17 +52,15 @@ struct AsyncRoot::Journal {
     openForAppend();
   }
   void append(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message) {
-    std::vector<uint8_t> payload;
-    ByteWriter p(payload);
-    p.u8(kind);
-    p.u64(sender);
-    p.u64(cap);
-    p.bytes(message.data(), message.size());
-    std::vector<uint8_t> record;
+    record.clear();
     ByteWriter w(record);
-    w.u64(payload.size());
-    w.u64(fnv1a(payload));
-    w.bytes(payload.data(), payload.size());
+    w.u64(17 + message.size());  // the payload: kind, sender, cap, message
+    w.u64(0);                    // its checksum, patched below
+    w.u8(kind);
+    w.u64(sender);
+    w.u64(cap);
+    w.bytes(message.data(), message.size());
+    w.patchU64(8, fnv1a(std::span<const uint8_t>(record).subspan(16)));
     size_t done = 0;
     while (done < record.size()) {
       const ssize_t n = ::write(fd, record.data() + done, record.size() - done);

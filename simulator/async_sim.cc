@@ -21,6 +21,7 @@ namespace pr = starling::protocol;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+uint64_t clientsFingerprint(const SimClients& c);  // below, with the checkpoint's format
 client::FitConfig fitConfig(const pr::FitSettings& f) {
   client::FitConfig fit{.epochs = f.epochs, .batch_size = f.batch_size, .lr = f.lr};
   fit.prox_mu = f.prox_mu;
@@ -72,6 +73,7 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
     STARLING_THROW(ConfigError, "async.buffer_size = ", k, " needs at least ", k,
                    " clients with data (a client trains once per model version); there are ",
                    with_data);
+  if (!config_.checkpoint.empty()) clients_fingerprint_ = clientsFingerprint(clients_);
   resume();
 }
 
@@ -81,16 +83,14 @@ constexpr uint32_t kSimFormat = 2;
 
 // What the run's clients are: the training set's size and every shard's indices (FNV-1a).
 uint64_t clientsFingerprint(const SimClients& c) {
-  uint64_t h = 1469598103934665603ull;
-  const auto mix = [&](uint64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  };
-  mix(c.train->size());
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.u64(c.train->size());
   for (const auto& shard : c.shards) {
-    mix(shard.size());
-    for (size_t i : shard) mix(i);
+    w.u64(shard.size());
+    for (size_t i : shard) w.u64(i);
   }
-  return h;
+  return fnv1a(bytes);
 }
 
 // The step a checkpoint file was written at (its header), or nullopt if it is not one.
@@ -139,7 +139,7 @@ std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record)
   w.u32(kSimFormat);
   w.u64(server_.steps());
   w.u64(clients_.shards.size());
-  w.u64(clientsFingerprint(clients_));
+  w.u64(clients_fingerprint_);
   w.u64(config_.concurrency);
   w.f64(config_.round_seconds);
   w.u64(config_.seed);
@@ -201,7 +201,7 @@ void AsyncSimulation::loadCheckpoint() {
     if (saved != now) r.fail("it was written with ", key, " = ", saved, ", this run has ", now);
   };
   same(r.u64(), n, "data.num_clients");
-  if (r.u64() != clientsFingerprint(clients_))
+  if (r.u64() != clients_fingerprint_)
     r.fail(
         "it was written for another data split (data.*: the training set, the partition or "
         "its seed)");

@@ -156,6 +156,7 @@ class AsyncSimulation {
   uint64_t trained_ = 0;
   Window window_;
   bool resumed_ = false;
+  uint64_t clients_fingerprint_ = 0;  // of the data split, for the checkpoint (computed once)
 };
 
 }  // namespace starling::simulator
