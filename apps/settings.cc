@@ -183,12 +183,14 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "holds), topk (lossy: only the downlink.density largest changes, the rest kept as the "
         "server's error feedback), q8 or q4 (lossy: every version's change quantised to 8 or 4 "
         "bits per value with the server's error feedback; a client one version behind gets that "
-        "refresh exactly, others the whole model quantised)");
+        "refresh exactly, others the whole model quantised), stc (lossy: every version refreshes "
+        "downlink.density of each tensor by +-mu, about a byte each; a client gets the refreshes "
+        "since the version it holds, or the whole model in 8 bits when that is smaller)");
   o.add("downlink.density", &s.downlink.density,
-        "topk downlink: fraction of the model refreshed per round", 1e-6, 1);
+        "topk and stc downlinks: fraction of the model refreshed per version", 1e-6, 1);
   o.add("downlink.history", &s.downlink.history,
-        "model versions kept for delta and topk downlinks (a client holding an older one gets the "
-        "whole model)",
+        "model versions kept for delta and topk downlinks, refreshes kept for stc (a client "
+        "holding an older version gets the whole model)",
         1, 64);
   o.add("eval.every", &s.eval_every,
         "evaluation every N rounds (0: never): the simulation on data.test, a deployment "

@@ -84,7 +84,7 @@ struct ClientRuntime::Impl {
     m.num_examples = train.size();
     m.eval_examples = eval.size();
     m.model_version = held_version;
-    m.capabilities = {"fp16", "delta", "downlink-qsgd"};
+    m.capabilities = {"fp16", "delta", "downlink-qsgd", "downlink-stc"};
     send(pr::encode(m), stats);
     upstream.registerSent(config.clock->now());
     ++stats.registrations;

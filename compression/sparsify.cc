@@ -132,6 +132,12 @@ std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span
   return out;
 }
 
+Ternary ternaryTopK(std::span<const float> values, size_t k, uint64_t tie_seed) {
+  std::vector<uint32_t> idx;
+  selectTopK(values, std::min(k, values.size()), idx, tie_seed);
+  return gatherTernary(values, {}, idx);
+}
+
 std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round, uint64_t client,
                                     uint64_t sub) {
   RngStream rng(StreamKey{run_seed, round, client, StreamPurpose::kRandK, sub});

@@ -95,4 +95,10 @@ class RandBlockCompressor final : public Compressor {
 std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round, uint64_t client,
                                     uint64_t sub);
 
+// STC's encoding of `values` without a client: the k largest magnitudes (ties broken by
+// `tie_seed`, as selectTopK does), exact zeros among them dropped, sent as +-mu with mu their mean
+// magnitude (what the stc compressor sends for one tensor; the server's stc downlink refreshes
+// its broadcast model with it, server/model_store.h).
+Ternary ternaryTopK(std::span<const float> values, size_t k, uint64_t tie_seed);
+
 }  // namespace starling::compression

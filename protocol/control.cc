@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "compression/bitpack.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/overloaded.h"
@@ -413,7 +414,9 @@ ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes) {
 
 TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits) {
   std::vector<uint64_t> aligned;
-  const size_t max_tables = 8 + 3 * layout.size();
+  // A tensor is a few tables; an stc chain holds up to kMaxRefreshChain refreshes of every tensor
+  // (one more passes the verifier, so that a chain too long is refused by name below).
+  const size_t max_tables = 8 + 3 * layout.size() * (kMaxRefreshChain + 1);
   const auto* t = body<fb::Task>(bytes, limits.max_bytes, fb::Body::Task, max_tables, aligned);
   TaskMsg m;
   if (t->kind() != fb::TaskKind::Fit && t->kind() != fb::TaskKind::Evaluate)
@@ -458,17 +461,24 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
         fail(Errc::kNonFinite, "the task's SCAFFOLD control variate holds a non-finite value");
   }
   // The model: whole (dense f32 / f16, or QSGD levels) or, against a base version, sparse new
-  // values or QSGD levels to add.
+  // values or QSGD levels to add, or a chain of stc refreshes (whole multiples of the model's
+  // tensors, every one ternary) to add in turn.
   const auto* tensors = t->model();
   const size_t n = tensors ? tensors->size() : 0;
-  if (n != 0 && n != layout.size())
-    fail(Errc::kTensorCountMismatch, "task carries " + std::to_string(n) + " model tensors, the model has " +
-                                         std::to_string(layout.size()));
+  const size_t per = layout.size();
+  const bool chain = n > per && per != 0 && n % per == 0 && m.base_version != 0;
+  if (n != 0 && n != per && !chain)
+    fail(Errc::kTensorCountMismatch, "task carries " + std::to_string(n) +
+                                         " model tensors, the model has " + std::to_string(per));
+  if (chain && n / per > kMaxRefreshChain)
+    fail(Errc::kTensorCountMismatch, "task carries a chain of " + std::to_string(n / per) +
+                                         " refreshes, at most " + std::to_string(kMaxRefreshChain) +
+                                         " are taken");
   if (n != 0) {
     // A client copies its task's model once per round: owned payloads, each validated.
     for (flatbuffers::uoffset_t i = 0; i < n; ++i) {
       const fb::Tensor* ft = tensors->Get(i);
-      const TensorSpec& spec = layout.tensors()[i];
+      const TensorSpec& spec = layout.tensors()[i % per];
       cz::Payload p;
       if (!ft) fail(Errc::kMissingField, "model tensor " + std::to_string(i) + " is null");
       if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF32 && ft->payload_as_DenseF32() &&
@@ -490,6 +500,22 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
                                          std::to_string(q->norm()) + " is outside [0, 1e30]");
         p = cz::Qsgd{q->norm(), q->s(),
                      std::vector<uint8_t>(q->packed()->begin(), q->packed()->end())};
+      } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Ternary &&
+                 ft->payload_as_Ternary() && ft->payload_as_Ternary()->bits()) {
+        // The stc downlink's refresh (server/model_store.h), alone or in a chain. Bounded as the
+        // QSGD norm is, so that a chain's sum with a model stays finite.
+        const auto* x = ft->payload_as_Ternary();
+        if (!(std::fabs(x->mu()) <= 1e30f))
+          fail(Errc::kValueTooLarge, "model tensor " + std::to_string(i) + "'s ternary mu " +
+                                         std::to_string(x->mu()) + " is outside [-1e30, 1e30]");
+        const auto* bits = x->bits();
+        const size_t sign_bytes = std::min<size_t>(bits->size(), cz::packedBytes(x->count(), 1));
+        p = cz::Ternary{x->count(), x->mu(), x->rice(),
+                        std::vector<uint8_t>(bits->begin() + sign_bytes, bits->end()),
+                        std::vector<uint8_t>(bits->begin(), bits->begin() + sign_bytes)};
+      } else if (chain) {
+        fail(Errc::kUnexpectedEncoding,
+             "model tensor " + std::to_string(i) + " of a chain of refreshes is not ternary");
       } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Sparse &&
                  ft->payload_as_Sparse() && ft->payload_as_Sparse()->indices() &&
                  ft->payload_as_Sparse()->values()) {
@@ -500,9 +526,9 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
         fail(Errc::kUnexpectedEncoding,
              "model tensor " + std::to_string(i) + " is not " +
                  (m.base_version == 0 ? "dense f32 or f16, or QSGD levels"
-                                      : "sparse or QSGD levels (a delta)"));
+                                      : "sparse, QSGD levels or ternary (a delta)"));
       }
-      cz::validatePayload(cz::view(p), spec, nullptr, i);
+      cz::validatePayload(cz::view(p), spec, nullptr, i % per);
       m.model.push_back(std::move(p));
     }
   }
@@ -528,11 +554,20 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
 
 void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                 const std::vector<cz::Payload>& tensors, std::span<float> model) {
-  STARLING_CHECK_ARG(tensors.size() == layout.size() && model.size() == layout.numel(), "task model does not fit the layout");
+  const size_t per = layout.size();
+  STARLING_CHECK_ARG(per != 0 && model.size() == layout.numel() &&
+                         (tensors.size() == per ||
+                          (base_version != 0 && tensors.size() % per == 0 && !tensors.empty())),
+                     "task model does not fit the layout");
   STARLING_CHECK_ARG(base_version == 0 || base_version == held, "task model is a delta against version ", base_version,
                      ", this client holds ", held);
+  if (tensors.size() != per)
+    for (const auto& p : tensors)
+      STARLING_CHECK_ARG(std::holds_alternative<cz::Ternary>(p),
+                         "a chain of refreshes holds only ternary payloads");
+  // In order: a chain's refreshes are added oldest first, as the server made them.
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorSpec& t = layout.tensors()[i];
+    const TensorSpec& t = layout.tensors()[i % per];
     float* dst = model.data() + t.offset;
     std::visit(Overloaded{
                    [&](const cz::DenseF32& d) {
@@ -551,6 +586,15 @@ void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                      const std::span<float> out(dst, t.numel);
                      if (base_version == 0) std::fill(out.begin(), out.end(), 0.0f);
                      cz::accumulatePayload(cz::view(cz::Payload(q)), t, out, 1.0f);
+                   },
+                   [&](const cz::Ternary& x) {
+                     // The stc downlink's refresh, added to the copy held: the same float
+                     // additions as the server's, so the copy stays its broadcast model bit for
+                     // bit.
+                     STARLING_CHECK_ARG(base_version != 0,
+                                        "a ternary refresh needs a base version");
+                     cz::accumulatePayload(cz::view(cz::Payload(x)), t,
+                                           std::span<float>(dst, t.numel), 1.0f);
                    },
                    [&](const auto&) {
                      STARLING_THROW(InvalidArgument, "task model tensor ", i,

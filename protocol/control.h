@@ -89,7 +89,9 @@ struct TaskMsg {
   std::string compressor;
   uint64_t model_version = 0;
   uint64_t base_version = 0;  // 0: `model` is whole (dense f32 or f16 per tensor)
-  std::vector<compression::Payload> model;  // empty in phases > 0
+  // One payload per tensor, or against a base version a chain of stc refreshes: k x tensors
+  // ternary payloads, refresh by refresh (k <= kMaxRefreshChain). Empty in phases > 0.
+  std::vector<compression::Payload> model;
   compression::SharedFactors shared;         // factors empty when the compressor shares none
   FitSettings fit;
   uint32_t deadline_ms = 0;
@@ -239,9 +241,13 @@ SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes, const Control
 // `max_chunk_bytes`.
 ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes);
 
+// The most refreshes a task's chain may hold (the stc downlink keeps at most 64).
+inline constexpr size_t kMaxRefreshChain = 1024;
+
 // Applies a task's model to `model` (which holds version `held`): whole models (dense f32 or
 // f16, QSGD levels) overwrite it, deltas patch the coordinates that changed (sparse) or add a
-// quantised refresh (QSGD levels, server/model_store.h). Throws InvalidArgument if a
+// quantised refresh (QSGD levels) or a chain of stc refreshes (ternary), in order
+// (server/model_store.h). Throws InvalidArgument if a
 // delta's base is not `held` or the sizes do not fit (decodeTask validated the payloads).
 void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                 const std::vector<compression::Payload>& tensors, std::span<float> model);

@@ -40,8 +40,9 @@ struct ClientInfo {
   uint64_t eval_examples = 0;
   uint64_t model_version = 0;  // the model version it holds, for the delta downlink
   // It registered the capability "downlink-qsgd": it may be sent the quantised downlinks (q8, q4;
-  // the others get the broadcast model dense).
+  // the others get the broadcast model dense); "downlink-stc": the sparse ternary one (stc).
   bool qsgd_downlink = false;
+  bool stc_downlink = false;
 };
 
 struct SamplingConfig {

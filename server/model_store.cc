@@ -6,6 +6,7 @@
 
 #include "compression/bitpack.h"
 #include "compression/compressor.h"
+#include "compression/sparsify.h"
 #include "compression/topk_select.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -21,11 +22,23 @@ Downlink parseDownlink(std::string_view s) {
   if (s == "topk") return Downlink::kTopK;
   if (s == "q8") return Downlink::kQ8;
   if (s == "q4") return Downlink::kQ4;
-  STARLING_THROW(ConfigError, "downlink must be dense, fp16, delta, topk, q8 or q4, got '", s, "'");
+  if (s == "stc") return Downlink::kStc;
+  STARLING_THROW(ConfigError, "downlink must be dense, fp16, delta, topk, q8, q4 or stc, got '", s,
+                 "'");
 }
 
 uint32_t downlinkLevels(Downlink d) {
   return d == Downlink::kQ8 ? 127u : d == Downlink::kQ4 ? 7u : 0u;
+}
+
+bool downlinkPerHeld(Downlink d) {
+  return d == Downlink::kDelta || d == Downlink::kTopK || d == Downlink::kStc ||
+         downlinkLevels(d) > 0;
+}
+
+bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable) {
+  if (mode == Downlink::kStc) return stc_capable;
+  return downlinkLevels(mode) == 0 || qsgd_capable;
 }
 
 cz::Qsgd quantizePow2(std::span<const float> values, uint32_t s) {
@@ -66,6 +79,8 @@ const char* downlinkName(Downlink d) {
       return "q8";
     case Downlink::kQ4:
       return "q4";
+    case Downlink::kStc:
+      return "stc";
   }
   return "?";
 }
@@ -81,6 +96,16 @@ ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history
 
 ModelStore ModelStore::forDownlink(std::shared_ptr<const ParamLayout> layout, Downlink mode,
                                    size_t history, double density) {
+  if (mode == Downlink::kStc) {
+    // One version kept (x-hat); `history` refreshes instead; the whole model in q8.
+    STARLING_CHECK_ARG(density > 0.0 && history > 0,
+                       "the stc downlink needs a density and a history of at least one");
+    ModelStore m(std::move(layout), 0, density, 0);
+    m.ternary_ = true;
+    m.levels_ = downlinkLevels(Downlink::kQ8);
+    m.refresh_history_ = history;
+    return m;
+  }
   return ModelStore(std::move(layout),
                     mode == Downlink::kDelta || mode == Downlink::kTopK ? history : 0,
                     mode == Downlink::kTopK ? density : 0.0, downlinkLevels(mode));
@@ -97,6 +122,24 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
   refresh_from_ = 0;
   if (!lossy()) {
     next = std::move(model);
+  } else if (ternary_) {
+    // x-hat += the stc payload of x - x-hat, tensor by tensor; the residual stays in x - x-hat.
+    server_ = std::move(model);
+    next = versions_.back().values;
+    Refresh r;
+    r.from = versions_.back().version;
+    std::vector<float> residual;
+    for (const auto& t : layout_->tensors()) {
+      residual.resize(t.numel);
+      for (size_t j = 0; j < t.numel; ++j) residual[j] = server_[t.offset + j] - next[t.offset + j];
+      cz::Payload p = cz::ternaryTopK(residual, cz::countForDensity(density_, t.numel), version);
+      cz::accumulatePayload(cz::view(p), t, std::span<float>(next).subspan(t.offset, t.numel),
+                            1.0f);
+      r.bytes += cz::payloadDataBytes(p);
+      r.tensors.push_back(std::move(p));
+    }
+    refreshes_.push_back(std::move(r));
+    while (refreshes_.size() > refresh_history_) refreshes_.pop_front();
   } else if (levels_ > 0) {
     // x-hat += Q(x - x-hat), tensor by tensor; the residual stays in x - x-hat.
     server_ = std::move(model);
@@ -133,6 +176,7 @@ void ModelStore::reset(std::vector<float> model, uint64_t version, std::vector<f
   versions_.clear();
   refresh_.clear();
   refresh_from_ = 0;
+  refreshes_.clear();
   if (lossy()) {
     versions_.push_back(Version{version, broadcast.empty() ? model : std::move(broadcast)});
     server_ = std::move(model);
@@ -145,9 +189,28 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
   EncodedModel out;
   const auto& cur = versions_.back().values;
   const auto& tensors = layout_->tensors();
+  if (mode == Downlink::kStc) {
+    STARLING_CHECK_ARG(ternary_, "an stc task from a store of another downlink");
+    if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
+      out.base_version = held;
+      for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
+      return out;
+    }
+    if (const size_t first = chainStart(held); first < refreshes_.size()) {
+      out.base_version = held;
+      for (size_t r = first; r < refreshes_.size(); ++r)
+        out.tensors.insert(out.tensors.end(), refreshes_[r].tensors.begin(),
+                           refreshes_[r].tensors.end());
+      return out;
+    }
+    for (const auto& t : tensors)
+      out.tensors.push_back(
+          quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), levels_));
+    return out;
+  }
   if (const uint32_t s = downlinkLevels(mode); s > 0) {
-    STARLING_CHECK_ARG(s == levels_, "a ", downlinkName(mode), " task from a store of ", levels_,
-                       " levels");
+    STARLING_CHECK_ARG(s == levels_ && !ternary_, "a ", downlinkName(mode),
+                       " task from a store of another downlink");
     if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
       out.base_version = held;
       for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
@@ -197,8 +260,21 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
   return out;
 }
 
+size_t ModelStore::chainStart(uint64_t held) const {
+  if (held == 0) return refreshes_.size();
+  size_t bytes = 0;
+  for (size_t r = refreshes_.size(); r-- > 0;) {
+    bytes += refreshes_[r].bytes;
+    if (bytes >= layout_->numel()) break;  // q8's whole model: a byte a value
+    if (refreshes_[r].from == held) return r;
+  }
+  return refreshes_.size();
+}
+
 uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
   if (held == 0) return 0;
+  if (mode == Downlink::kStc)
+    return held == version() || chainStart(held) < refreshes_.size() ? held : 0;
   if (downlinkLevels(mode) > 0) return held == version() || held == refresh_from_ ? held : 0;
   if (mode != Downlink::kDelta && mode != Downlink::kTopK) return 0;
   for (const auto& v : versions_)
@@ -208,7 +284,8 @@ uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
 
 std::span<const float> ModelStore::clientModel(uint64_t held, Downlink mode,
                                                WholeModelCache& cache) const {
-  if (downlinkLevels(mode) == 0 || baseFor(held, mode) != 0) return current();
+  if ((downlinkLevels(mode) == 0 && mode != Downlink::kStc) || baseFor(held, mode) != 0)
+    return current();
   if (cache.version != version()) {
     const EncodedModel m = encodeFor(0, mode);
     cache.values.assign(layout_->numel(), 0.0f);

@@ -23,6 +23,19 @@
 // within u_whole / 2 of x-hat, u_whole the step of max|x-hat| per tensor, and later refreshes add
 // to it exactly. Only peers that registered the capability "downlink-qsgd" are sent these; the
 // others get x-hat dense (f32).
+//
+// The sparse ternary downlink (mode stc, issue 22: STC's downstream, Sattler et al. 2019), lossy
+// the same way, for a downlink whose cost follows how often a client takes part: each new version
+// refreshes x-hat at the k = density x numel coordinates of each tensor where |x - x-hat| is
+// largest, by +-mu (mu their mean magnitude): the stc compressor's payload of the residual, about
+// one byte a refreshed coordinate (Rice-coded positions and a sign bit). The store keeps the
+// refreshes of the last `history` versions. A client that holds one of them gets the chain of
+// refreshes since, oldest first (k x tensors payloads, each added to its copy in turn: its copy is
+// then x-hat bit for bit, the server and the client doing the same float additions), when the
+// chain is smaller than the whole model; any other client gets the whole of x-hat quantised as
+// q8 does (base 0). A client sampled every tenth round thus downloads about ten refreshes, 10 x
+// density bytes a parameter, instead of four. Only peers that registered "downlink-stc" are sent
+// these; the others get x-hat dense (f32).
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -35,14 +48,21 @@
 
 namespace starling::server {
 
-enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4 };
-// "dense", "fp16", "delta", "topk", "q8", "q4"; ConfigError otherwise.
+enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4, kStc };
+// "dense", "fp16", "delta", "topk", "q8", "q4", "stc"; ConfigError otherwise.
 Downlink parseDownlink(std::string_view s);
 const char* downlinkName(Downlink d);
 // The QSGD levels of a quantised downlink: 127 (q8), 7 (q4), 0 for the others.
 uint32_t downlinkLevels(Downlink d);
-// The capability a client registers to be sent quantised downlinks.
+// Whether a task's encoding depends on the version the client holds (delta, topk, q8, q4, stc):
+// a fleet or a simulator sizes and caches such tasks per version held.
+bool downlinkPerHeld(Downlink d);
+// The capabilities a client registers to be sent the quantised downlinks (q8, q4), and the sparse
+// ternary one (stc); a peer without them gets the broadcast model dense.
 inline constexpr const char* kQsgdDownlinkCapability = "downlink-qsgd";
+inline constexpr const char* kStcDownlinkCapability = "downlink-stc";
+// Whether a peer with these capabilities can decode `mode`'s tasks.
+bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable);
 
 // A tensor's values quantised on the power-of-two step of the quantised downlinks (above): QSGD's
 // payload with norm = u s, levels round(|v| / u), whose decoding is exact.
@@ -61,7 +81,7 @@ class ModelStore {
   ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history, double topk_density = 0.0,
              uint32_t quant_levels = 0);
   // The store a downlink mode needs: `history` versions for delta and topk, `density` for topk,
-  // the levels for q8 and q4.
+  // the levels for q8 and q4; for stc `history` refreshes of `density` each.
   static ModelStore forDownlink(std::shared_ptr<const ParamLayout> layout, Downlink mode,
                                 size_t history, double density);
 
@@ -72,6 +92,8 @@ class ModelStore {
   std::span<const float> server() const { return lossy() ? std::span<const float>(server_) : current(); }
   uint64_t version() const { return versions_.back().version; }
   bool lossy() const { return density_ > 0.0 || levels_ > 0; }
+  // The stc downlink's store (forDownlink(..., kStc, ...)).
+  bool ternary() const { return ternary_; }
   // Installs `model` as the server's model of `version` (> the current one, or the first). The
   // first model is broadcast as it is; later lossy versions refresh the top-k coordinates of
   // x - x-hat.
@@ -113,6 +135,19 @@ class ModelStore {
   // (refresh_from_; 0: none), one payload per tensor.
   std::vector<compression::Payload> refresh_;
   uint64_t refresh_from_ = 0;
+  // The stc downlink: the refreshes that made the last versions, oldest first, each the version
+  // it was made from, one Ternary per tensor, and their bytes.
+  struct Refresh {
+    uint64_t from = 0;
+    std::vector<compression::Payload> tensors;
+    size_t bytes = 0;
+  };
+  bool ternary_ = false;
+  size_t refresh_history_ = 0;
+  std::deque<Refresh> refreshes_;
+  // The refreshes from `held` on (their first index in refreshes_), when the chain is smaller than
+  // the whole model in q8; refreshes_.size() otherwise.
+  size_t chainStart(uint64_t held) const;
 };
 
 }  // namespace starling::server

@@ -216,6 +216,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   p.info = ClientInfo{m.client_id, m.role, m.num_examples, m.eval_examples, m.model_version};
   p.info.qsgd_downlink = std::find(m.capabilities.begin(), m.capabilities.end(),
                                    kQsgdDownlinkCapability) != m.capabilities.end();
+  p.info.stc_downlink = std::find(m.capabilities.begin(), m.capabilities.end(),
+                                  kStcDownlinkCapability) != m.capabilities.end();
   p.last_seen = config_.clock->now();
   by_routing_[r.peer] = m.client_id;
   if (!same_connection)
@@ -250,8 +252,9 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
     ph.encoded.clear();
     ph.encoded_for = t.header.model_version;
   }
-  // A peer that cannot decode a quantised downlink gets the broadcast model dense (keyed apart).
-  const bool dense = downlinkLevels(t.downlink) > 0 && !peer.info.qsgd_downlink;
+  // A peer that cannot decode a quantised or stc downlink gets the broadcast model dense (keyed
+  // apart).
+  const bool dense = !peerDecodes(t.downlink, peer.info.qsgd_downlink, peer.info.stc_downlink);
   const uint64_t key = dense ? ~uint64_t{0} : t.model.baseFor(held, t.downlink);
   auto it = ph.encoded.find(key);
   if (it == ph.encoded.end()) {

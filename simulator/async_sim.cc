@@ -320,8 +320,7 @@ void AsyncSimulation::completeMetrics(uint64_t step, const std::string& record) 
 uint64_t AsyncSimulation::taskBytes(uint64_t held) {
   const uint64_t v = server_.version();
   const server::Downlink mode = server_.config().downlink;
-  const bool per_held = mode == server::Downlink::kDelta || mode == server::Downlink::kTopK ||
-                        server::downlinkLevels(mode) > 0;
+  const bool per_held = server::downlinkPerHeld(mode);
   if (task_version_ != v) {
     task_bytes_.clear();
     task_version_ = v;

@@ -125,9 +125,7 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   if (h.phase == 0)
     b.update = phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty());
   b.down.assign(participants.size(), b.task);
-  const bool per_client = h.phase == 0 && (task.downlink == server::Downlink::kDelta ||
-                                           task.downlink == server::Downlink::kTopK ||
-                                           server::downlinkLevels(task.downlink) > 0);
+  const bool per_client = h.phase == 0 && server::downlinkPerHeld(task.downlink);
   held_before_.clear();
   if (per_client) {
     std::map<uint64_t, uint64_t> size_for;  // one encoding per version held, as ZmqFleet caches them

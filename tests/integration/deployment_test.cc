@@ -229,6 +229,42 @@ TEST_CASE(
   for (uint64_t c : {0, 1}) CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(30)) == 0);
 }
 
+TEST_CASE(
+    "the stc downlink in processes: clients register for it, get the whole model in 8 bits, then "
+    "each version's refresh, and apply them",
+    "[integration][server]") {
+  Federation f("stcdown");
+  f.clientKeys(0, 3);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2"}),
+         {"--train.rounds", "4", "--sampling.min_available", "3", "--sampling.min_clients", "3",
+          "--state.metrics", f.path("metrics.jsonl"), "--round.deadline_ms", "30000",
+          "--downlink.mode", "stc", "--downlink.density", "0.05", "--downlink.history", "8"});
+  for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 3);
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 4);
+  const uint64_t numel = 28 * 28 * 10 + 10;  // the deployed softmax
+  for (size_t r = 0; r < lines.size(); ++r) {
+    INFO("round " << r + 1 << ": " << lines[r]);
+    CHECK(field(lines[r], "applied") == "true");
+    CHECK(field(lines[r], "clients_completed") == "3");
+    const uint64_t down = std::stoull(field(lines[r], "downlink_bytes"));
+    if (r == 0) {
+      // The whole model, a byte a value (dense would be four).
+      CHECK(down > 3 * numel);
+      CHECK(down < 3 * numel * 3 / 2);
+    } else {
+      // Each client holds the version before: one refresh, 5% of the values at about a byte.
+      CHECK(down < 3 * numel / 8);
+    }
+  }
+  // No client failed to apply a task (it would have registered again).
+  CHECK(countOf(f.log("root"), "again") == 0);
+}
+
 TEST_CASE("a client killed mid-round: the round completes with the rest", "[integration][server]") {
   Federation f("killclient");
   f.clientKeys(0, 4);

@@ -1,16 +1,17 @@
-#include <catch2/catch.hpp>
+#include "protocol/control.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 
 #include "check_throws.h"
+#include "compression/sparsify.h"
 #include "core/half.h"
 #include "core/input_error.h"
 #include "fuzz/fuzz_layout.h"
 #include "protocol/codec.h"
-#include "protocol/control.h"
 #include "test_util.h"
 
 using namespace starling;
@@ -233,6 +234,72 @@ TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong bas
   before[96 + 7] = 0.25f;
   CHECK(sameBits(model, before));
   CHECK_THROWS_AS(applyModel(l, 4, 5, delta, model), InvalidArgument);
+}
+
+TEST_CASE(
+    "a chain of stc refreshes is added refresh by refresh; at base 0, mixed, uneven, too long or "
+    "with mu past 1e30 it is refused",
+    "[protocol]") {
+  const ParamLayout l = fuzz::layout();
+  TaskMsg t = sampleTask();
+  t.shared = {};
+  t.phase = 0;
+  t.base_version = 4;
+  // Two refreshes of both tensors, as the server's stc downlink makes them.
+  std::vector<cz::Payload> chain;
+  for (uint64_t r = 0; r < 2; ++r)
+    for (const auto& spec : l.tensors())
+      chain.push_back(
+          cz::ternaryTopK(randomVector(spec.numel, 31 + r + spec.offset), (spec.numel + 3) / 4, r));
+  const TaskMsg d = decodeTask(encodeTask(t, views(chain)), l);
+  REQUIRE(d.model.size() == 2 * l.size());
+  for (size_t i = 0; i < chain.size(); ++i) CHECK(samePayload(d.model[i], chain[i]));
+  // Added in turn: the model plus the first refresh, then plus the second (float by float).
+  std::vector<float> model = randomVector(l.numel(), 5);
+  const std::vector<cz::Payload> first(chain.begin(), chain.begin() + 2);
+  const std::vector<cz::Payload> second(chain.begin() + 2, chain.end());
+  const std::vector<float> r1 = densify(l, first), r2 = densify(l, second);
+  std::vector<float> want = model;
+  for (size_t i = 0; i < want.size(); ++i) want[i] = (want[i] + r1[i]) + r2[i];
+  applyModel(l, 4, 4, d.model, model);
+  CHECK(sameBits(model, want));
+  size_t moved = 0;
+  for (size_t i = 0; i < r1.size(); ++i) moved += r1[i] != 0.0f;
+  CHECK(moved == 24 + 2);  // a quarter of each tensor
+  // At base 0 a chain is no model, nor is one refresh.
+  t.base_version = 0;
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(chain)), l); }) ==
+        errcName(Errc::kTensorCountMismatch));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(first)), l); }) ==
+        errcName(Errc::kUnexpectedEncoding));
+  t.base_version = 4;
+  // A chain with a sparse delta in it, and one and a half refreshes.
+  auto mixed = chain;
+  mixed[3] = cz::Sparse{{1}, {2.0f}};
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(mixed)), l); }) ==
+        errcName(Errc::kUnexpectedEncoding));
+  const std::vector<cz::Payload> uneven(chain.begin(), chain.begin() + 3);
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(uneven)), l); }) ==
+        errcName(Errc::kTensorCountMismatch));
+  // mu past 1e30, or not a number: a chain's sum with the model could overflow.
+  for (float mu : {1e31f, -1e31f, std::numeric_limits<float>::quiet_NaN()}) {
+    auto big = chain;
+    std::get<cz::Ternary>(big[2]).mu = mu;
+    CHECK(errcOf([&] { decodeTask(encodeTask(t, views(big)), l); }) ==
+          errcName(Errc::kValueTooLarge));
+  }
+  // More refreshes than a client takes.
+  std::vector<cz::Payload> endless;
+  for (size_t r = 0; r <= kMaxRefreshChain; ++r)
+    for (size_t i = 0; i < l.size(); ++i) endless.push_back(cz::Ternary{});
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(endless)), l); }) ==
+        errcName(Errc::kTensorCountMismatch));
+  endless.resize(kMaxRefreshChain * l.size());
+  CHECK(decodeTask(encodeTask(t, views(endless)), l).model.size() == endless.size());
+  // applyModel itself: a chain only of ternary payloads, against the version held.
+  CHECK_THROWS_AS(applyModel(l, 4, 4, mixed, model), InvalidArgument);
+  CHECK_THROWS_AS(applyModel(l, 3, 4, chain, model), InvalidArgument);
+  CHECK_THROWS_AS(applyModel(l, 4, 0, chain, model), InvalidArgument);
 }
 
 TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps blow up", "[protocol]") {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "check_throws.h"
 #include "client/synthetic.h"
@@ -431,28 +432,196 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("an engine with a quantised downlink learns with fewer task bytes", "[server]") {
+TEST_CASE(
+    "an stc downlink refreshes each tensor's k furthest coordinates by +-mu, sends a client the "
+    "chain of refreshes since its version, and the whole model in 8 bits past the history or "
+    "when that is smaller",
+    "[server]") {
+  auto layout = std::make_shared<ParamLayout>();
+  layout->add("w", {40, 50});
+  layout->add("b", {50});
+  const size_t n = layout->numel();
+  const double density = 0.05;
+  const server::Downlink stc = server::Downlink::kStc;
+  CHECK(server::parseDownlink("stc") == stc);
+  CHECK(server::downlinkPerHeld(stc));
+  CHECK(server::peerDecodes(stc, false, true));
+  CHECK_FALSE(server::peerDecodes(stc, true, false));  // q8's capability is not stc's
+  CHECK(server::peerDecodes(server::Downlink::kQ8, true, false));
+  CHECK(server::peerDecodes(server::Downlink::kDelta, false, false));
+  server::ModelStore store = server::ModelStore::forDownlink(layout, stc, 3, density);
+  CHECK(store.lossy());
+  // x moves every version, each coordinate by its own amount (no two gaps tie).
+  const auto model = [&](uint64_t v) {
+    std::mt19937 gen(static_cast<uint32_t>(v));
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i)
+      x[i] = static_cast<float>(v) * (static_cast<float>(gen() >> 8) / 16777216.0f - 0.5f);
+    return x;
+  };
+  store.set(model(1), 1);
+  CHECK(sameBits(store.current(), model(1)));          // the first model is broadcast whole
+  std::vector<std::vector<float>> held{{}, model(1)};  // held[v]: x-hat of version v
+  for (uint64_t v = 2; v <= 6; ++v) {
+    const std::vector<float> before = held.back();
+    const std::vector<float> x = model(v);
+    store.set(x, v);
+    CHECK(sameBits(store.server(), x));
+    // Per tensor: exactly k coordinates moved, the k largest |x - x-hat|, each by +-mu toward x,
+    // mu their mean gap (computed here from the gaps, not from the payload).
+    for (const auto& t : layout->tensors()) {
+      const size_t k = compression::countForDensity(density, t.numel);
+      std::vector<double> gap(t.numel);
+      for (size_t j = 0; j < t.numel; ++j) gap[j] = double(x[t.offset + j]) - before[t.offset + j];
+      std::vector<size_t> order(t.numel);
+      for (size_t j = 0; j < t.numel; ++j) order[j] = j;
+      std::sort(order.begin(), order.end(),
+                [&](size_t a, size_t b) { return std::fabs(gap[a]) > std::fabs(gap[b]); });
+      double mu = 0;
+      for (size_t r = 0; r < k; ++r) mu += std::fabs(gap[order[r]]);
+      mu /= double(k);
+      std::vector<bool> top(t.numel, false);
+      for (size_t r = 0; r < k; ++r) top[order[r]] = true;
+      size_t moved = 0;
+      for (size_t j = 0; j < t.numel; ++j) {
+        const double step = double(store.current()[t.offset + j]) - before[t.offset + j];
+        if (!top[j]) {
+          REQUIRE(step == 0.0);
+          continue;
+        }
+        ++moved;
+        REQUIRE(std::fabs(std::fabs(step) - mu) <= 1e-6 * (1 + mu));
+        REQUIRE((step > 0) == (gap[j] > 0));
+      }
+      CHECK(moved == k);
+    }
+    held.push_back(std::vector<float>(store.current().begin(), store.current().end()));
+  }
+  const std::vector<float> current(store.current().begin(), store.current().end());
+  // One version behind: the refresh alone, about a byte per refreshed coordinate (a sign bit and
+  // its Rice-coded gap) against four dense.
+  {
+    const server::EncodedModel r = store.encodeFor(5, stc);
+    CHECK(r.base_version == 5);
+    REQUIRE(r.tensors.size() == layout->size());
+    size_t bytes = 0;
+    for (const auto& p : r.tensors) bytes += compression::payloadDataBytes(p);
+    CHECK(bytes < compression::countForDensity(density, n) * 3 / 2 + 9 * layout->size());
+  }
+  // Held 3: the chain of the refreshes that made 4, 5 and 6, oldest first; applied in turn, the
+  // copy is x-hat bit for bit, directly and through the task codec.
+  const server::EncodedModel chain = store.encodeFor(3, stc);
+  CHECK(chain.base_version == 3);
+  REQUIRE(chain.tensors.size() == 3 * layout->size());
+  for (const auto& p : chain.tensors) CHECK(std::holds_alternative<compression::Ternary>(p));
+  CHECK(store.baseFor(3, stc) == 3);
+  std::vector<float> copy = held[3];
+  protocol::applyModel(*layout, 3, chain.base_version, chain.tensors, copy);
+  CHECK(sameBits(copy, current));
+  {
+    protocol::TaskMsg h;
+    h.round = 6;
+    h.model_version = 6;
+    h.base_version = chain.base_version;
+    h.nonce = 1;
+    h.compressor = "none";
+    h.fit = protocol::FitSettings{1, 16, 0.1f};
+    std::vector<compression::PayloadView> views;
+    for (const auto& p : chain.tensors) views.push_back(compression::view(p));
+    const protocol::TaskMsg t = protocol::decodeTask(protocol::encodeTask(h, views), *layout);
+    CHECK(t.model.size() == chain.tensors.size());
+    std::vector<float> via = held[3];
+    protocol::applyModel(*layout, 3, t.base_version, t.model, via);
+    CHECK(sameBits(via, current));
+  }
+  // Held 2: its refresh (the one that made 3) is past the history of three: the whole model,
+  // q8, within half a step of max |x-hat| per tensor; so is a client that holds nothing, or a
+  // version the store never made. The simulator's clients train from the same copy.
+  server::ModelStore::WholeModelCache scratch;
+  for (uint64_t h : {uint64_t{0}, uint64_t{2}, uint64_t{77}}) {
+    const server::EncodedModel whole = store.encodeFor(h, stc);
+    CHECK(whole.base_version == 0);
+    CHECK(store.baseFor(h, stc) == 0);
+    REQUIRE(whole.tensors.size() == layout->size());
+    std::vector<float> c(n, 123.0f);
+    protocol::applyModel(*layout, h, 0, whole.tensors, c);
+    for (const auto& t : layout->tensors()) {
+      const double u = pow2Step(store.current().subspan(t.offset, t.numel), 127);
+      for (size_t j = 0; j < t.numel; ++j)
+        REQUIRE(std::fabs(double(c[t.offset + j]) - current[t.offset + j]) <= u / 2);
+    }
+    CHECK(sameBits(store.clientModel(h, stc, scratch), c));
+  }
+  CHECK(store.clientModel(3, stc, scratch).data() == store.current().data());
+  // Up to date: an empty delta.
+  const server::EncodedModel none = store.encodeFor(6, stc);
+  CHECK(none.base_version == 6);
+  size_t none_bytes = 0;
+  for (const auto& p : none.tensors) none_bytes += compression::payloadDataBytes(p);
+  CHECK(none_bytes == 0);
+  // A chain is sent only while it is smaller than the whole model (a byte a value). Each
+  // refresh's size is read from a twin store one version behind as it is made; at density 0.8
+  // one refresh is well under the whole model and five are over it.
+  server::ModelStore big = server::ModelStore::forDownlink(layout, stc, 8, 0.8);
+  server::ModelStore twin = server::ModelStore::forDownlink(layout, stc, 8, 0.8);
+  std::vector<size_t> made(7, 0);  // made[v]: the bytes of the refresh that made version v
+  for (uint64_t v = 1; v <= 6; ++v) {
+    big.set(model(v), v);
+    twin.set(model(v), v);
+    if (v == 1) continue;
+    const server::EncodedModel one = twin.encodeFor(v - 1, stc);
+    REQUIRE(one.base_version == v - 1);
+    for (const auto& p : one.tensors) made[v] += compression::payloadDataBytes(p);
+  }
+  for (uint64_t h = 1; h <= 5; ++h) {
+    size_t chain_bytes = 0;
+    for (uint64_t v = h + 1; v <= 6; ++v) chain_bytes += made[v];
+    INFO("held " << h << ": a chain of " << chain_bytes << " bytes, " << n << " values");
+    CHECK(big.encodeFor(h, stc).base_version == (chain_bytes < n ? h : 0));
+    CHECK(big.baseFor(h, stc) == (chain_bytes < n ? h : 0));
+  }
+  CHECK(big.encodeFor(5, stc).base_version == 5);
+  CHECK(big.encodeFor(1, stc).base_version == 0);
+  // The server's model standing still, the error feedback closes the gap version by version.
+  const std::vector<float> x = model(6);
+  double gap6 = 0, gap_late = 0;
+  for (size_t i = 0; i < n; ++i) gap6 = std::max(gap6, std::fabs(double(x[i]) - current[i]));
+  for (uint64_t v = 7; v <= 200; ++v) store.set(x, v);
+  for (size_t i = 0; i < n; ++i)
+    gap_late = std::max(gap_late, std::fabs(double(x[i]) - store.current()[i]));
+  CHECK(gap6 > 0);
+  CHECK(gap_late < gap6 / 4);
+  CHECK_THROWS_AS(server::ModelStore::forDownlink(layout, stc, 0, density), InvalidArgument);
+  CHECK_THROWS_AS(server::ModelStore::forDownlink(layout, stc, 4, 0.0), InvalidArgument);
+  CHECK_THROWS_AS(store.encodeFor(3, server::Downlink::kQ8), InvalidArgument);
+}
+
+TEST_CASE("an engine with a quantised or stc downlink learns with fewer task bytes", "[server]") {
   World w;
-  uint64_t down[3] = {0, 0, 0};
-  double acc[3] = {0, 0, 0};
-  const server::Downlink modes[3] = {server::Downlink::kDense, server::Downlink::kQ8,
-                                     server::Downlink::kQ4};
-  for (int m = 0; m < 3; ++m) {
+  uint64_t down[4] = {0, 0, 0, 0};
+  double acc[4] = {0, 0, 0, 0};
+  const server::Downlink modes[4] = {server::Downlink::kDense, server::Downlink::kQ8,
+                                     server::Downlink::kQ4, server::Downlink::kStc};
+  for (int m = 0; m < 4; ++m) {
     InProcFleet fleet(*w.trainer, w.train, w.shards(4));
     auto cfg = w.config("none", 8);
     cfg.sampling.fraction =
         0.5;  // clients one version behind and further: refreshes and whole models
     cfg.downlink = modes[m];
+    cfg.downlink_density = 0.25;  // stc: a quarter of each tensor a version (k = 12 and 1 here)
+    cfg.delta_history = 8;
     server::RoundEngine e(w.layout, cfg, w.init());
     e.run(fleet, [&](const server::RoundRecord& r) { down[m] += r.downlink_bytes; });
     acc[m] = w.accuracy(e.model().current());
   }
-  CAPTURE(acc[0], acc[1], acc[2], down[0], down[1], down[2]);
+  CAPTURE(acc[0], acc[1], acc[2], acc[3], down[0], down[1], down[2], down[3]);
   CHECK(down[1] < down[0]);
   CHECK(down[2] < down[1]);
+  CHECK(down[3] < down[1]);
   CHECK(acc[1] > w.accuracy(w.init()) + 0.2);
   CHECK(acc[1] > acc[0] - 0.05);
   CHECK(acc[2] > acc[0] - 0.1);
+  CHECK(acc[3] > acc[0] - 0.1);
 }
 
 TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and resumes exactly", "[server]") {
