@@ -53,6 +53,7 @@ runs=(
   "stc5-stc1|stc:density=0.05|--downlink.mode stc --downlink.density 0.01 --downlink.history 64"
   "stc5-stc2|stc:density=0.05|--downlink.mode stc --downlink.density 0.02 --downlink.history 64"
   "dense-stc1|none|--downlink.mode stc --downlink.density 0.01 --downlink.history 64"
+  "sign-stc1|sign|--downlink.mode stc --downlink.density 0.01 --downlink.history 64"
   "topk5|topk:density=0.05|"
   "acpsgd8|acpsgd:rank=8|"
   "powersgd8|powersgd:rank=8|"

@@ -489,6 +489,9 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
                  ft->payload_as_DenseF16()->values()) {
         const auto* v = ft->payload_as_DenseF16()->values();
         p = cz::DenseF16{std::vector<uint16_t>(v->begin(), v->end())};
+      } else if (chain && ft->payload_type() != fb::Payload::Ternary) {
+        fail(Errc::kUnexpectedEncoding,
+             "model tensor " + std::to_string(i) + " of a chain of refreshes is not ternary");
       } else if (ft->payload_type() == fb::Payload::Qsgd && ft->payload_as_Qsgd() &&
                  ft->payload_as_Qsgd()->packed()) {
         // A quantised downlink (server/model_store.h): the whole model, or a refresh to add.
@@ -505,9 +508,9 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
         // The stc downlink's refresh (server/model_store.h), alone or in a chain. Bounded as the
         // QSGD norm is, so that a chain's sum with a model stays finite.
         const auto* x = ft->payload_as_Ternary();
-        if (!(std::fabs(x->mu()) <= 1e30f))
+        if (!(x->mu() >= 0.0f && x->mu() <= 1e30f))
           fail(Errc::kValueTooLarge, "model tensor " + std::to_string(i) + "'s ternary mu " +
-                                         std::to_string(x->mu()) + " is outside [-1e30, 1e30]");
+                                         std::to_string(x->mu()) + " is outside [0, 1e30]");
         const auto* bits = x->bits();
         const size_t sign_bytes = std::min<size_t>(bits->size(), cz::packedBytes(x->count(), 1));
         p = cz::Ternary{x->count(), x->mu(), x->rice(),

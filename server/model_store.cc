@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/overloaded.h"
+#include "protocol/control.h"
 
 namespace starling::server {
 namespace cz = starling::compression;
@@ -98,8 +99,9 @@ ModelStore ModelStore::forDownlink(std::shared_ptr<const ParamLayout> layout, Do
                                    size_t history, double density) {
   if (mode == Downlink::kStc) {
     // One version kept (x-hat); `history` refreshes instead; the whole model in q8.
-    STARLING_CHECK_ARG(density > 0.0 && history > 0,
-                       "the stc downlink needs a density and a history of at least one");
+    STARLING_CHECK_ARG(density > 0.0 && history > 0 && history <= protocol::kMaxRefreshChain,
+                       "the stc downlink needs a density and a history of 1 to ",
+                       protocol::kMaxRefreshChain, " refreshes (a client takes no longer chain)");
     ModelStore m(std::move(layout), 0, density, 0);
     m.ternary_ = true;
     m.levels_ = downlinkLevels(Downlink::kQ8);
@@ -135,7 +137,7 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
       cz::Payload p = cz::ternaryTopK(residual, cz::countForDensity(density_, t.numel), version);
       cz::accumulatePayload(cz::view(p), t, std::span<float>(next).subspan(t.offset, t.numel),
                             1.0f);
-      r.bytes += cz::payloadDataBytes(p);
+      r.bytes += cz::payloadDataBytes(p) + kTensorOverheadBytes;
       r.tensors.push_back(std::move(p));
     }
     refreshes_.push_back(std::move(r));
@@ -262,10 +264,12 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
 
 size_t ModelStore::chainStart(uint64_t held) const {
   if (held == 0) return refreshes_.size();
+  // q8's whole model: a byte a value, its norm and levels, and the task's tables per tensor.
+  const size_t whole = layout_->numel() + layout_->size() * (8 + kTensorOverheadBytes);
   size_t bytes = 0;
   for (size_t r = refreshes_.size(); r-- > 0;) {
     bytes += refreshes_[r].bytes;
-    if (bytes >= layout_->numel()) break;  // q8's whole model: a byte a value
+    if (bytes >= whole) break;
     if (refreshes_[r].from == held) return r;
   }
   return refreshes_.size();

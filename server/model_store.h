@@ -30,12 +30,13 @@
 // largest, by +-mu (mu their mean magnitude): the stc compressor's payload of the residual, about
 // one byte a refreshed coordinate (Rice-coded positions and a sign bit). The store keeps the
 // refreshes of the last `history` versions. A client that holds one of them gets the chain of
-// refreshes since, oldest first (k x tensors payloads, each added to its copy in turn: its copy is
-// then x-hat bit for bit, the server and the client doing the same float additions), when the
-// chain is smaller than the whole model; any other client gets the whole of x-hat quantised as
-// q8 does (base 0). A client sampled every tenth round thus downloads about ten refreshes, 10 x
-// density bytes a parameter, instead of four. Only peers that registered "downlink-stc" are sent
-// these; the others get x-hat dense (f32).
+// refreshes since, oldest first (k x tensors payloads, each added to its copy in turn, the server
+// and the client doing the same float additions: a copy that was x-hat of its version is x-hat
+// bit for bit, one that began as the whole model in 8 bits stays within that encoding's rounding
+// of x-hat), when the chain is smaller than the whole model; any other client gets the whole of
+// x-hat quantised as q8 does (base 0). A client sampled every tenth round thus downloads about ten
+// refreshes, 10 x density bytes a parameter, instead of four. Only peers that registered
+// "downlink-stc" are sent these; the others get x-hat dense (f32).
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -94,6 +95,10 @@ class ModelStore {
   bool lossy() const { return density_ > 0.0 || levels_ > 0; }
   // The stc downlink's store (forDownlink(..., kStc, ...)).
   bool ternary() const { return ternary_; }
+  // What a task spends on each payload besides its data (its Tensor and payload tables, vector
+  // lengths and offsets: about 40 bytes in FlatBuffers), counted when the stc downlink weighs a
+  // chain against the whole model.
+  static constexpr size_t kTensorOverheadBytes = 40;
   // Installs `model` as the server's model of `version` (> the current one, or the first). The
   // first model is broadcast as it is; later lossy versions refresh the top-k coordinates of
   // x - x-hat.
@@ -115,8 +120,11 @@ class ModelStore {
     std::vector<float> values;
   };
   // The model a client holding `held` trains from once it applied encodeFor(held, mode): current()
-  // but for a quantised downlink's whole model, decoded into `cache` when it holds another
-  // version's (the simulator's clients train from what a deployed client would hold).
+  // but for a quantised or stc downlink's whole model, decoded into `cache` when it holds another
+  // version's (the simulator's clients train from what a deployed client would hold). Not
+  // modelled: after a whole model in 8 or 4 bits, a deployed client's copy keeps that encoding's
+  // rounding (at most half its step per value) under the refreshes it adds; the simulator's client
+  // trains from x-hat itself from its next task on.
   std::span<const float> clientModel(uint64_t held, Downlink mode, WholeModelCache& cache) const;
 
  private:
@@ -146,7 +154,8 @@ class ModelStore {
   size_t refresh_history_ = 0;
   std::deque<Refresh> refreshes_;
   // The refreshes from `held` on (their first index in refreshes_), when the chain is smaller than
-  // the whole model in q8; refreshes_.size() otherwise.
+  // the whole model in q8, both counted with kTensorOverheadBytes a payload; refreshes_.size()
+  // otherwise.
   size_t chainStart(uint64_t held) const;
 };
 

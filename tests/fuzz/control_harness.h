@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "compression/bitpack.h"
+#include "compression/rice.h"
 #include "core/half.h"
 #include "core/overloaded.h"
 #include "core/param_layout.h"
@@ -157,9 +158,18 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
   require(printable(t.compressor, 0, 512), "task: compressor spec longer than 512 or not printable");
   require(t.metrics.size() <= 64, "task: more than 64 metrics");
   for (const auto& m : t.metrics) require(printable(m, 1, 64), "task: a metric name empty, long or not printable");
-  require(t.model.empty() || t.model.size() == layout.size(), "task: model tensor count differs from the layout");
+  // One payload per tensor, or against a base version a chain of stc refreshes: whole multiples
+  // of the tensors, every one ternary, at most kMaxRefreshChain.
+  const size_t per = layout.size();
+  const bool chain = t.model.size() > per;
+  require(t.model.empty() || t.model.size() == per ||
+              (t.base_version != 0 && t.model.size() % per == 0 &&
+               t.model.size() / per <= pr::kMaxRefreshChain),
+          "task: model tensor count differs from the layout");
   for (size_t i = 0; i < t.model.size(); ++i) {
-    const size_t n = layout.tensors()[i].numel;
+    const size_t n = layout.tensors()[i % per].numel;
+    require(!chain || std::holds_alternative<cz::Ternary>(t.model[i]),
+            "task: a chain of refreshes holds a payload that is not ternary");
     std::visit(Overloaded{
                    [&](const cz::DenseF32& d) {
                      require(t.base_version == 0, "task: dense f32 in a delta");
@@ -193,8 +203,25 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
                      for (size_t j = 0; j < n; ++j)
                        require((r.get(bits) >> 1) <= q.s, "task: QSGD level above s");
                    },
+                   [&](const cz::Ternary& x) {  // an stc refresh, alone or in a chain
+                     require(t.base_version != 0, "task: a ternary refresh in a whole model");
+                     require(x.count <= n, "task: more ternary positions than its tensor");
+                     require(x.mu >= 0.0f && x.mu <= 1e30f, "task: ternary mu outside [0, 1e30]");
+                     require(x.signs.size() == cz::packedBytes(x.count, 1),
+                             "task: ternary sign bytes differ from its count");
+                     size_t seen = 0;
+                     int64_t last = -1;
+                     const bool ok =
+                         cz::riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t p) {
+                           require(static_cast<int64_t>(p) > last && p < n,
+                                   "task: ternary positions not increasing within the tensor");
+                           last = p;
+                           ++seen;
+                         });
+                     require(ok && seen == x.count, "task: ternary positions do not decode");
+                   },
                    [&](const auto&) {
-                     bug("task: a model payload neither dense f32/f16, sparse nor QSGD");
+                     bug("task: a model payload neither dense f32/f16, sparse, QSGD nor ternary");
                    },
                },
                t.model[i]);
@@ -223,8 +250,10 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
   // harness rounds twice (or the reverse): within a few units of the last place, not bit for bit.
   // (A server's steps are powers of two, where both give the same bits: test_server.)
   std::vector<char> rounded(layout.numel(), 0);
+  // In order: a chain's refreshes add onto what the ones before left.
   for (size_t i = 0; i < t.model.size(); ++i) {
-    float* dst = want.data() + layout.tensors()[i].offset;
+    const TensorSpec& spec = layout.tensors()[i % layout.size()];
+    float* dst = want.data() + spec.offset;
     std::visit(Overloaded{
                    [&](const cz::DenseF32& d) { std::copy(d.values.begin(), d.values.end(), dst); },
                    [&](const cz::DenseF16& d) {
@@ -237,13 +266,21 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
                      const uint32_t bits = 1 + cz::qsgdLevelBits(q.s);
                      const float unit = static_cast<float>(static_cast<double>(q.norm) / q.s);
                      cz::BitReader r(q.packed.data());
-                     for (size_t j = 0; j < layout.tensors()[i].numel; ++j) {
+                     for (size_t j = 0; j < spec.numel; ++j) {
                        const uint32_t field = r.get(bits);
                        const float v =
                            (field >> 1) == 0 ? 0.0f : unit * static_cast<float>(field >> 1);
                        dst[j] = (t.base_version == 0 ? 0.0f : dst[j]) + ((field & 1u) ? -v : v);
-                       rounded[layout.tensors()[i].offset + j] = 1;
+                       rounded[spec.offset + j] = 1;
                      }
+                   },
+                   [&](const cz::Ternary& x) {  // +-mu added at each position, exactly
+                     size_t j = 0;
+                     cz::riceDecode(x.positions, x.count, x.rice, spec.numel, [&](uint32_t p) {
+                       const bool negative = (x.signs[j >> 3] >> (j & 7)) & 1u;
+                       dst[p] = dst[p] + (negative ? -x.mu : x.mu);
+                       ++j;
+                     });
                    },
                    [&](const auto&) {},
                },
@@ -575,6 +612,22 @@ inline std::vector<Seed> controlSeeds() {
     pr::TaskMsg d = task(pr::TaskKind::kFit, 4);
     d.model = {levels(96, 7, 4), levels(8, 7, 4)};
     out.push_back({"task-fit-q4-refresh", encodeTaskMsg(d)});
+  }
+  {  // the stc downlink: a chain of two refreshes of both tensors against version 4
+    const auto refresh = [](std::vector<uint32_t> idx, float mu, uint8_t signs) {
+      cz::Ternary x;
+      x.count = static_cast<uint32_t>(idx.size());
+      x.mu = mu;
+      x.rice = static_cast<uint8_t>(cz::bestRiceParameter(idx));
+      x.positions = cz::riceEncode(idx, x.rice);
+      x.signs.assign(cz::packedBytes(idx.size(), 1), 0);
+      if (!x.signs.empty()) x.signs[0] = static_cast<uint8_t>(signs & ((1u << idx.size()) - 1));
+      return x;
+    };
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 4);
+    t.model = {refresh({3, 17, 40, 95}, 0.25f, 0x5), refresh({2}, 0.5f, 0x1),
+               refresh({3, 60}, 0.125f, 0x2), refresh({0, 7}, 0.0625f, 0x0)};
+    out.push_back({"task-fit-stc-chain", encodeTaskMsg(t)});
   }
   {  // PowerSGD's phase 1: no model, the shared factors (Q-hat of "w", none for "b")
     pr::TaskMsg t = task(pr::TaskKind::kFit, 0);

@@ -278,6 +278,10 @@ TEST_CASE(
   mixed[3] = cz::Sparse{{1}, {2.0f}};
   CHECK(errcOf([&] { decodeTask(encodeTask(t, views(mixed)), l); }) ==
         errcName(Errc::kUnexpectedEncoding));
+  auto with_levels = chain;  // QSGD levels are a delta alone, never in a chain
+  with_levels[1] = cz::Qsgd{0.5f, 7, std::vector<uint8_t>(cz::packedBytes(8, 4), 0)};
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(with_levels)), l); }) ==
+        errcName(Errc::kUnexpectedEncoding));
   const std::vector<cz::Payload> uneven(chain.begin(), chain.begin() + 3);
   CHECK(errcOf([&] { decodeTask(encodeTask(t, views(uneven)), l); }) ==
         errcName(Errc::kTensorCountMismatch));

@@ -338,6 +338,21 @@ TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothi
 }
 
 namespace {
+// `m` as a fit task of `version` carries it: encoded, then decoded and validated as a client does.
+protocol::TaskMsg throughCodec(const ParamLayout& layout, const server::EncodedModel& m,
+                               uint64_t version) {
+  protocol::TaskMsg h;
+  h.round = version;
+  h.model_version = version;
+  h.base_version = m.base_version;
+  h.nonce = 1;
+  h.compressor = "none";
+  h.fit = protocol::FitSettings{1, 16, 0.1f};
+  std::vector<compression::PayloadView> views;
+  for (const auto& p : m.tensors) views.push_back(compression::view(p));
+  return protocol::decodeTask(protocol::encodeTask(h, views), layout);
+}
+
 // The quantised downlink's step for `values` with s levels: the smallest power of two u with
 // u s >= max |v| (computed here by doubling and halving, not as the store does).
 double pow2Step(std::span<const float> values, uint32_t s) {
@@ -389,16 +404,7 @@ TEST_CASE(
     CHECK(packed <= (n * bits + 7) / 8 + w.layout->size());
     // Through the codec as a task: decoded, validated, applied the same.
     {
-      protocol::TaskMsg h;
-      h.round = 2;
-      h.model_version = 2;
-      h.base_version = r.base_version;
-      h.nonce = 1;
-      h.compressor = "none";
-      h.fit = protocol::FitSettings{1, 16, 0.1f};
-      std::vector<compression::PayloadView> views;
-      for (const auto& p : r.tensors) views.push_back(compression::view(p));
-      const protocol::TaskMsg t = protocol::decodeTask(protocol::encodeTask(h, views), *w.layout);
+      const protocol::TaskMsg t = throughCodec(*w.layout, r, 2);
       std::vector<float> via = v1;
       protocol::applyModel(*w.layout, 1, t.base_version, t.model, via);
       CHECK(sameBits(via, client));
@@ -519,16 +525,7 @@ TEST_CASE(
   protocol::applyModel(*layout, 3, chain.base_version, chain.tensors, copy);
   CHECK(sameBits(copy, current));
   {
-    protocol::TaskMsg h;
-    h.round = 6;
-    h.model_version = 6;
-    h.base_version = chain.base_version;
-    h.nonce = 1;
-    h.compressor = "none";
-    h.fit = protocol::FitSettings{1, 16, 0.1f};
-    std::vector<compression::PayloadView> views;
-    for (const auto& p : chain.tensors) views.push_back(compression::view(p));
-    const protocol::TaskMsg t = protocol::decodeTask(protocol::encodeTask(h, views), *layout);
+    const protocol::TaskMsg t = throughCodec(*layout, chain, 6);
     CHECK(t.model.size() == chain.tensors.size());
     std::vector<float> via = held[3];
     protocol::applyModel(*layout, 3, t.base_version, t.model, via);
@@ -571,14 +568,17 @@ TEST_CASE(
     if (v == 1) continue;
     const server::EncodedModel one = twin.encodeFor(v - 1, stc);
     REQUIRE(one.base_version == v - 1);
-    for (const auto& p : one.tensors) made[v] += compression::payloadDataBytes(p);
+    for (const auto& p : one.tensors)
+      made[v] += compression::payloadDataBytes(p) + server::ModelStore::kTensorOverheadBytes;
   }
+  // The whole model's cost: a byte a value, each tensor's norm and levels, the same overhead.
+  const size_t whole = n + layout->size() * (8 + server::ModelStore::kTensorOverheadBytes);
   for (uint64_t h = 1; h <= 5; ++h) {
     size_t chain_bytes = 0;
     for (uint64_t v = h + 1; v <= 6; ++v) chain_bytes += made[v];
-    INFO("held " << h << ": a chain of " << chain_bytes << " bytes, " << n << " values");
-    CHECK(big.encodeFor(h, stc).base_version == (chain_bytes < n ? h : 0));
-    CHECK(big.baseFor(h, stc) == (chain_bytes < n ? h : 0));
+    INFO("held " << h << ": a chain of " << chain_bytes << " bytes, the whole model " << whole);
+    CHECK(big.encodeFor(h, stc).base_version == (chain_bytes < whole ? h : 0));
+    CHECK(big.baseFor(h, stc) == (chain_bytes < whole ? h : 0));
   }
   CHECK(big.encodeFor(5, stc).base_version == 5);
   CHECK(big.encodeFor(1, stc).base_version == 0);
@@ -592,6 +592,9 @@ TEST_CASE(
   CHECK(gap6 > 0);
   CHECK(gap_late < gap6 / 4);
   CHECK_THROWS_AS(server::ModelStore::forDownlink(layout, stc, 0, density), InvalidArgument);
+  CHECK_THROWS_AS(
+      server::ModelStore::forDownlink(layout, stc, protocol::kMaxRefreshChain + 1, density),
+      InvalidArgument);
   CHECK_THROWS_AS(server::ModelStore::forDownlink(layout, stc, 4, 0.0), InvalidArgument);
   CHECK_THROWS_AS(store.encodeFor(3, server::Downlink::kQ8), InvalidArgument);
 }
