@@ -239,8 +239,7 @@ int runServer(apps::Settings& c) {
   if (async) checkAsyncRoot(c, aggregator);
   server::EngineConfig ec = apps::engineConfig(c);
   if (async) apps::checkAsyncScheme(c, ec);
-  if (aggregator &&
-      (server::downlinkLevels(ec.downlink) > 0 || ec.downlink == server::Downlink::kStc))
+  if (aggregator && server::wholeModelQuantised(ec.downlink))
     STARLING_THROW(ConfigError, "downlink.mode = ", c.downlink.mode,
                    " is the root's: an edge aggregator relays the model it holds (dense, fp16 or "
                    "delta; the root sends it the broadcast model dense)");

@@ -516,9 +516,6 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
         p = cz::Ternary{x->count(), x->mu(), x->rice(),
                         std::vector<uint8_t>(bits->begin() + sign_bytes, bits->end()),
                         std::vector<uint8_t>(bits->begin(), bits->begin() + sign_bytes)};
-      } else if (chain) {
-        fail(Errc::kUnexpectedEncoding,
-             "model tensor " + std::to_string(i) + " of a chain of refreshes is not ternary");
       } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Sparse &&
                  ft->payload_as_Sparse() && ft->payload_as_Sparse()->indices() &&
                  ft->payload_as_Sparse()->values()) {

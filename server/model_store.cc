@@ -37,6 +37,8 @@ bool downlinkPerHeld(Downlink d) {
          downlinkLevels(d) > 0;
 }
 
+bool wholeModelQuantised(Downlink d) { return downlinkLevels(d) > 0 || d == Downlink::kStc; }
+
 bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable) {
   if (mode == Downlink::kStc) return stc_capable;
   return downlinkLevels(mode) == 0 || qsgd_capable;
@@ -88,7 +90,11 @@ const char* downlinkName(Downlink d) {
 
 ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history,
                        double topk_density, uint32_t quant_levels)
-    : layout_(std::move(layout)), history_(history), density_(topk_density), levels_(quant_levels) {
+    : layout_(std::move(layout)),
+      history_(history),
+      density_(topk_density),
+      levels_(quant_levels),
+      refresh_history_(quant_levels > 0 ? 1 : 0) {
   STARLING_CHECK_ARG(density_ >= 0.0 && density_ <= 1.0, "downlink density must be in (0, 1], got ", density_);
   STARLING_CHECK_ARG(levels_ == 0 || (density_ == 0.0 && levels_ < 256),
                      "a quantised downlink has 1 to 255 levels and no density");
@@ -120,12 +126,11 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
   STARLING_CHECK_ARG(version > versions_.back().version, "model version ", version, " does not follow ",
                      versions_.back().version);
   std::vector<float> next;
-  refresh_.clear();
-  refresh_from_ = 0;
   if (!lossy()) {
     next = std::move(model);
-  } else if (ternary_) {
-    // x-hat += the stc payload of x - x-hat, tensor by tensor; the residual stays in x - x-hat.
+  } else if (levels_ > 0) {
+    // q8, q4 and stc: x-hat += a refresh of x - x-hat, tensor by tensor (the residual stays in
+    // x - x-hat): the residual quantised, or its stc payload.
     server_ = std::move(model);
     next = versions_.back().values;
     Refresh r;
@@ -134,7 +139,9 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
     for (const auto& t : layout_->tensors()) {
       residual.resize(t.numel);
       for (size_t j = 0; j < t.numel; ++j) residual[j] = server_[t.offset + j] - next[t.offset + j];
-      cz::Payload p = cz::ternaryTopK(residual, cz::countForDensity(density_, t.numel), version);
+      cz::Payload p = ternary_ ? cz::Payload(cz::ternaryTopK(
+                                     residual, cz::countForDensity(density_, t.numel), version))
+                               : cz::Payload(quantizePow2(residual, levels_));
       cz::accumulatePayload(cz::view(p), t, std::span<float>(next).subspan(t.offset, t.numel),
                             1.0f);
       r.bytes += cz::payloadDataBytes(p) + kTensorOverheadBytes;
@@ -142,20 +149,6 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
     }
     refreshes_.push_back(std::move(r));
     while (refreshes_.size() > refresh_history_) refreshes_.pop_front();
-  } else if (levels_ > 0) {
-    // x-hat += Q(x - x-hat), tensor by tensor; the residual stays in x - x-hat.
-    server_ = std::move(model);
-    next = versions_.back().values;
-    std::vector<float> residual;
-    for (const auto& t : layout_->tensors()) {
-      residual.resize(t.numel);
-      for (size_t j = 0; j < t.numel; ++j) residual[j] = server_[t.offset + j] - next[t.offset + j];
-      cz::Qsgd q = quantizePow2(residual, levels_);
-      cz::accumulatePayload(cz::view(cz::Payload(q)), t,
-                            std::span<float>(next).subspan(t.offset, t.numel), 1.0f);
-      refresh_.push_back(std::move(q));
-    }
-    refresh_from_ = versions_.back().version;
   } else {
     // x-hat refreshed where it is furthest from x: the residual x - x-hat, top-k over the model.
     server_ = std::move(model);
@@ -176,8 +169,6 @@ void ModelStore::reset(std::vector<float> model, uint64_t version, std::vector<f
   STARLING_CHECK_ARG(broadcast.empty() || (lossy() && broadcast.size() == model.size()),
                      "a broadcast model is only given to a lossy store, and of the model's size");
   versions_.clear();
-  refresh_.clear();
-  refresh_from_ = 0;
   refreshes_.clear();
   if (lossy()) {
     versions_.push_back(Version{version, broadcast.empty() ? model : std::move(broadcast)});
@@ -216,9 +207,10 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
     if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
       out.base_version = held;
       for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
-    } else if (held != 0 && held == refresh_from_) {  // one version behind: the refresh, exact
+    } else if (held != 0 && !refreshes_.empty() && held == refreshes_.back().from) {
+      // One version behind: the refresh, exact.
       out.base_version = held;
-      out.tensors = refresh_;
+      out.tensors = refreshes_.back().tensors;
     } else {  // the whole broadcast model, quantised
       for (const auto& t : tensors)
         out.tensors.push_back(
@@ -279,7 +271,8 @@ uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
   if (held == 0) return 0;
   if (mode == Downlink::kStc)
     return held == version() || chainStart(held) < refreshes_.size() ? held : 0;
-  if (downlinkLevels(mode) > 0) return held == version() || held == refresh_from_ ? held : 0;
+  if (downlinkLevels(mode) > 0)
+    return held == version() || (!refreshes_.empty() && held == refreshes_.back().from) ? held : 0;
   if (mode != Downlink::kDelta && mode != Downlink::kTopK) return 0;
   for (const auto& v : versions_)
     if (v.version == held) return held;
@@ -288,8 +281,7 @@ uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
 
 std::span<const float> ModelStore::clientModel(uint64_t held, Downlink mode,
                                                WholeModelCache& cache) const {
-  if ((downlinkLevels(mode) == 0 && mode != Downlink::kStc) || baseFor(held, mode) != 0)
-    return current();
+  if (!wholeModelQuantised(mode) || baseFor(held, mode) != 0) return current();
   if (cache.version != version()) {
     const EncodedModel m = encodeFor(0, mode);
     cache.values.assign(layout_->numel(), 0.0f);

@@ -62,6 +62,9 @@ bool downlinkPerHeld(Downlink d);
 // ternary one (stc); a peer without them gets the broadcast model dense.
 inline constexpr const char* kQsgdDownlinkCapability = "downlink-qsgd";
 inline constexpr const char* kStcDownlinkCapability = "downlink-stc";
+// Whether `mode` sends a client that is not up to date the whole model quantised (q8, q4, stc):
+// its copy is then that encoding, not the broadcast model. An edge aggregator relays no such mode.
+bool wholeModelQuantised(Downlink d);
 // Whether a peer with these capabilities can decode `mode`'s tasks.
 bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable);
 
@@ -138,20 +141,17 @@ class ModelStore {
   std::deque<Version> versions_;
   std::vector<float> server_;  // lossy: x
   std::vector<uint32_t> picked_;
-  uint32_t levels_ = 0;  // quantised downlink: s
-  // The quantised downlink: the refresh that made the current version from the one before
-  // (refresh_from_; 0: none), one payload per tensor.
-  std::vector<compression::Payload> refresh_;
-  uint64_t refresh_from_ = 0;
-  // The stc downlink: the refreshes that made the last versions, oldest first, each the version
-  // it was made from, one Ternary per tensor, and their bytes.
+  uint32_t levels_ = 0;  // quantised downlink: s (stc: q8's, for the whole model)
+  // The quantised downlinks' refreshes that made the last versions, oldest first, each the version
+  // it was made from, one payload per tensor (Qsgd; Ternary for stc), and their bytes: the last
+  // one for q8 and q4, `history` of them for stc.
   struct Refresh {
     uint64_t from = 0;
     std::vector<compression::Payload> tensors;
     size_t bytes = 0;
   };
-  bool ternary_ = false;
   size_t refresh_history_ = 0;
+  bool ternary_ = false;
   std::deque<Refresh> refreshes_;
   // The refreshes from `held` on (their first index in refreshes_), when the chain is smaller than
   // the whole model in q8, both counted with kTensorOverheadBytes a payload; refreshes_.size()
