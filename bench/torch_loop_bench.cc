@@ -22,7 +22,15 @@
 // installed, random images otherwise. Both run with --threads (default 1) LibTorch threads; the
 // counter samples_per_s is examples per second of wall time.
 //
-//   starling-torch-loop-bench [--threads=N] [--ratios_out=FILE] [Google Benchmark flags]
+// --device=cuda (or cuda:N, auto; default cpu) puts the bare loop and the LibTorch trainer on a
+// GPU: the bare loop moves its model and data there once and draws its permutation there, as a C++
+// user writes it, and reads one value back at the end of each epoch so that the time counts the
+// GPU's work; both run under useReproducibleCuda() (deterministic cuDNN, no TF32), as starling-sim
+// does, so the bare loop is the compute limit of the same arithmetic (scripts/gpu-check.sh runs
+// several side by side). The Eigen benchmarks stay on the CPU.
+//
+//   starling-torch-loop-bench [--threads=N] [--device=D] [--ratios_out=FILE] [Google Benchmark
+//   flags]
 #include <torch/torch.h>
 
 #include <chrono>
@@ -35,6 +43,7 @@
 #include "client/trainer.h"
 #include "core/rng.h"
 #include "data/idx.h"
+#include "torch_trainer/device.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
 
@@ -51,6 +60,14 @@ data::Dataset benchData() { return bench::fashionOrRandom(kSamples); }
 const data::Dataset& benchDataOnce() {
   static const data::Dataset d = benchData();
   return d;
+}
+
+torch_trainer::Device g_device;  // --device
+
+torch::Device torchDevice() {
+  return g_device.cuda()
+             ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(g_device.index))
+             : torch::Device(torch::kCPU);
 }
 
 struct BareCnn : torch::nn::Module {
@@ -74,21 +91,25 @@ struct BareCnn : torch::nn::Module {
 struct Bare {
   const data::Dataset& d = benchDataOnce();
   const int64_t n = static_cast<int64_t>(d.size());
+  const torch::Device dev = torchDevice();
   torch::Tensor x =
       torch::from_blob(const_cast<float*>(d.images.data()), {n, 1, 28, 28}, torch::kFloat32)
-          .clone();
-  torch::Tensor y =
-      torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {n}, torch::kUInt8).to(torch::kInt64);
-  std::shared_ptr<BareCnn> model = seeded();
+          .clone()
+          .to(dev);
+  torch::Tensor y = torch::from_blob(const_cast<uint8_t*>(d.labels.data()), {n}, torch::kUInt8)
+                        .to(dev, torch::kInt64);
+  std::shared_ptr<BareCnn> model = seeded(dev);
   torch::optim::SGD opt{model->parameters(), torch::optim::SGDOptions(kLr)};
 
-  static std::shared_ptr<BareCnn> seeded() {
+  static std::shared_ptr<BareCnn> seeded(torch::Device dev) {
     torch::manual_seed(
         1);  // the bare loop initialises with LibTorch's global generator, as users do
-    return std::make_shared<BareCnn>();
+    auto m = std::make_shared<BareCnn>();
+    m->to(dev);
+    return m;
   }
   void epoch() {
-    const torch::Tensor perm = torch::randperm(n, torch::kInt64);
+    const torch::Tensor perm = torch::randperm(n, torch::TensorOptions(torch::kInt64).device(dev));
     for (int64_t start = 0; start < n; start += kBatch) {
       const torch::Tensor idx = perm.narrow(0, start, std::min(kBatch, n - start));
       opt.zero_grad();
@@ -97,6 +118,8 @@ struct Bare {
       loss.backward();
       opt.step();
     }
+    // One value read back: the epoch's time includes the device's work (a GPU runs asynchronously).
+    benchmark::DoNotOptimize(model->fc2->bias.sum().item<float>());
   }
 };
 
@@ -104,7 +127,7 @@ struct Bare {
 struct Fit {
   explicit Fit(bool eigen = false)
       : trainer(eigen ? client::makeTrainer("cnn", benchDataOnce())
-                      : torch_trainer::makeTorchTrainer("cnn", benchDataOnce())) {}
+                      : torch_trainer::makeTorchTrainer("cnn", benchDataOnce(), g_device)) {}
   const data::Dataset& d = benchDataOnce();
   std::vector<size_t> idx = allIndices();
   std::unique_ptr<client::Trainer> trainer;
@@ -180,9 +203,23 @@ void paired(benchmark::State& st) {
 int main(int argc, char** argv) {
   starling::bench::CommandLine cl;
   int threads = 1;
-  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, starling::bench::threadsFlag(threads));
+  std::string device = "cpu";
+  const auto threads_flag = starling::bench::threadsFlag(threads);
+  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
+    if (a.rfind("--device=", 0) != 0) return threads_flag(a);
+    device = a.substr(9);
+    return true;
+  });
   if (!ok) return 1;
   starling::torch_trainer::setThreads(threads);
+  try {
+    g_device = starling::torch_trainer::chooseDevice(device);
+  } catch (const std::exception& e) {
+    std::cerr << "starling-torch-loop-bench: --device=" << device << ": " << e.what() << "\n";
+    return 1;
+  }
+  if (g_device.cuda()) starling::torch_trainer::useReproducibleCuda();
+  std::cerr << "device: " << g_device.str() << "\n";
   benchDataOnce();
   benchmark::RegisterBenchmark("cnn_fit/bare_loop", bareLoop)
       ->Unit(benchmark::kMillisecond)

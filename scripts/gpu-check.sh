@@ -15,15 +15,22 @@
 # the benchmarks, so a run cut short still reports its tests. Exit status: 0 when every GPU test
 # passed and none was skipped, 1 when one failed, 2 when there is no GPU (the summary says so), 3
 # for a build failure. STARLING_GPU_CHECK_SECONDS (default 540) bounds the whole run: benchmarks
-# that would start after it are left out, and each step has its own timeout.
+# that would start after it are left out, and each step has its own timeout;
+# STARLING_GPU_CHECK_REUSE=1 then runs it again on the same machine without rebuilding, and
+# STARLING_GPU_CHECK_BENCH picks the benchmarks (default: "python sim bare rounds20 stateful100k").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 t_start=$(date +%s)
 
 build=${STARLING_GPU_BUILD_DIR:-build-gpu}
-# A fresh folder: nothing from another machine's build is reused.
-rm -rf "$build"
+# A fresh folder: nothing from another machine's build is reused. STARLING_GPU_CHECK_REUSE=1 keeps
+# a folder that an earlier gpu-check made on this same machine (a second call on a warm device
+# machine, to finish benchmarks the first call had no time for): the build is then incremental.
+if [[ ${STARLING_GPU_CHECK_REUSE:-0} != 1 || ! -f "$build/.gpu-check-built-here" ||
+      "$(cat "$build/.gpu-check-built-here" 2>/dev/null)" != "$(hostname)" ]]; then
+  rm -rf "$build"
+fi
 out=${OUT:-$build}
 mkdir -p "$out"
 summary="$out/gpu-check.json"
@@ -32,6 +39,7 @@ python=${STARLING_PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
 deadline=$(( t_start + ${STARLING_GPU_CHECK_SECONDS:-540} ))
 left() { echo $(( deadline - $(date +%s) )); }
+want() { [[ " ${STARLING_GPU_CHECK_BENCH:-python sim bare rounds20 stateful100k} " == *" $1 "* ]]; }
 
 # ---- what this machine has ----
 torch_info=$("$python" -W ignore -c '
@@ -93,6 +101,9 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   exit 3
 fi
 targets=(test_cuda test_nccl test_torch_gpu test_torch_trainer starling-sim)
+# The bare LibTorch loop (the compute limit) needs Google Benchmark: built when CMake found it.
+grep -q '^build bench/CMakeFiles/starling-torch-loop-bench' "$build/build.ninja" 2>/dev/null &&
+  targets+=(starling-torch-loop-bench)
 log "building ${targets[*]} with -j$jobs"
 if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.log" 2>&1; then
   grep -E "error|Error" "$out/build.log" | head -30 >&2
@@ -100,6 +111,7 @@ if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.lo
   exit 3
 fi
 build_s=$(( $(date +%s) - t0 ))
+hostname > "$build/.gpu-check-built-here"
 
 # ---- GPU tests ----
 t0=$(date +%s)
@@ -155,12 +167,55 @@ for w in (1, 2, 4):
                                         "clients_per_s": clients / wall if wall else None,
                                         "rounds_timed": len(timed),
                                         "test_accuracy": acc[-1] if acc else None}
+# The compute limit: W bare LibTorch loops side by side on the GPU, their samples/s summed.
+for w in (1, 2, 4):
+    rates = []
+    for i in range(w):
+        b = read_json(os.path.join(out, "bench", f"bare_w{w}_{i}.json")) or {}
+        rates += [x.get("samples_per_s") for x in b.get("benchmarks", [])
+                  if x.get("name", "").startswith("cnn_fit/bare_loop")]
+    if len(rates) == w and all(rates):
+        bench[f"bare_loops_cuda_w{w}"] = {"copies": w, "samples_per_s": sum(rates),
+                                          "clients_per_s": sum(rates) / 600,
+                                          "per_loop_samples_per_s": rates}
+# 20 rounds on cuda against the same 20 rounds on cpu.
+curves = {}
+for dev in ("cuda", "cpu"):
+    path = os.path.join(out, "bench", f"rounds20_{dev}.jsonl")
+    if os.path.exists(path):
+        curves[dev] = {r["round"]: r["test_accuracy"] for r in read_jsonl(path)
+                       if r.get("test_accuracy") is not None and "round" in r}
+if curves.get("cuda") and curves.get("cpu"):
+    last = max(set(curves["cuda"]) & set(curves["cpu"]), default=None)
+    bench["rounds20_cuda_vs_cpu"] = {
+        "accuracy_cuda": curves["cuda"], "accuracy_cpu": curves["cpu"], "last_round": last,
+        "final_gap_points": (100 * abs(curves["cuda"][last] - curves["cpu"][last])
+                             if last is not None else None)}
+# 100,000 stateful clients: the GPU's used memory while starling-sim runs.
+mem = os.path.join(out, "bench", "stateful100k_mem.txt")
+if os.path.exists(mem):
+    used = [float(l.split()[1]) for l in open(mem) if len(l.split()) == 2]
+    rounds = read_jsonl(os.path.join(out, "bench", "stateful100k.jsonl")) \
+        if os.path.exists(os.path.join(out, "bench", "stateful100k.jsonl")) else []
+    if used:
+        half = len(used) // 2
+        first, second = max(used[:half] or used), max(used[half:])
+        bench["stateful100k_device_memory"] = {
+            "samples": len(used), "rounds": len(rounds),
+            # each trained client keeps a residual (clients drawn twice among 100,000 are few)
+            "clients_trained": sum(r.get("clients_completed", 0) for r in rounds),
+            "peak_used_mib_first_half": first, "peak_used_mib_second_half": second,
+            "flat": second <= first + 64}
 py_rate = ((bench.get("python_fedavg_cuda") or {}).get("steady_clients_per_s")
            or (bench.get("python_fedavg_cuda") or {}).get("clients_per_s"))
 ratios = {}
 for k, v in bench.items():
     if k.startswith("starling_sim") and v.get("clients_per_s") and py_rate:
         ratios[k + "_over_python"] = v["clients_per_s"] / py_rate
+    limit = bench.get("bare_loops_cuda_w" + k[len("starling_sim_cuda_w"):]) \
+        if k.startswith("starling_sim_cuda_w") else None
+    if limit and v.get("clients_per_s"):
+        ratios[k + "_over_compute_limit"] = v["clients_per_s"] / limit["clients_per_s"]
 result = {
     "ok": (ctest_rc == "0" and trainer_rc == "0" and not tests["failed"] and not tests["skipped"]
            and bool(tests["passed"])),
@@ -186,13 +241,14 @@ mkdir -p "$bench_json"
 gpus=$("$python" -c "import json,sys; print(json.loads(sys.argv[1])['gpus'])" "$torch_info")
 if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   log "benchmarks on Fashion-MNIST from $data_dir"
-  if (( $(left) > 60 )); then
+  if want python && (( $(left) > 60 )); then
     timeout 90 "$python" -W ignore bench/baselines/fedavg_loop.py --data-dir "$data_dir" \
       --device cuda --rounds 6 \
       > "$bench_json/python_cuda.json" 2> "$bench_json/python_cuda.err" \
       || log "the PyTorch loop failed"
   fi
   for w in 1 2 4; do
+    want sim || break
     if (( $(left) < 60 )); then log "no time left for starling-sim with $w workers"; continue; fi
     rm -f "$bench_json/sim_w$w.jsonl"
     timeout 90 "$build/bin/starling-sim" --config bench/baselines/speed.toml \
@@ -201,6 +257,60 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
       > "$bench_json/sim_w$w.out" 2>&1 \
       || log "starling-sim with $w workers on one GPU failed (sim_w$w.out)"
   done
+  # The compute limit: as many bare LibTorch loops side by side on the GPU as workers, each on one
+  # LibTorch thread like the simulator's workers (bench/torch_loop_bench.cc, --device=cuda).
+  if want bare && [[ -x "$build/bin/starling-torch-loop-bench" ]]; then
+    for w in 1 2 4; do
+      if (( $(left) < 45 )); then log "no time left for $w bare loops"; continue; fi
+      pids=()
+      for ((i = 0; i < w; ++i)); do
+        timeout 60 "$build/bin/starling-torch-loop-bench" --device=cuda --threads=1 \
+          --benchmark_filter='^cnn_fit/bare_loop/' --benchmark_min_time=4 \
+          --benchmark_format=json \
+          > "$bench_json/bare_w${w}_$i.json" 2> "$bench_json/bare_w${w}_$i.err" &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || log "a bare loop of $w failed (bare_w${w}_*.err)"; done
+    done
+  fi
+  # 20 rounds on cuda against the same 20 rounds on cpu (same seed): test accuracy every 5 rounds.
+  cpu_threads=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+  for dev in cuda cpu; do
+    want rounds20 || break
+    if (( $(left) < 90 )); then log "no time left for 20 rounds on $dev"; continue; fi
+    extra=(--sim.workers_per_gpu 2)
+    [[ $dev == cpu ]] && extra=(--sim.threads "$cpu_threads")
+    rm -f "$bench_json/rounds20_$dev.jsonl"
+    timeout 150 "$build/bin/starling-sim" --config bench/baselines/speed.toml \
+      --data.dir "$data_dir" --sim.device "$dev" --sim.workers 2 "${extra[@]}" \
+      --train.rounds 20 --eval.every 5 --state.metrics "$bench_json/rounds20_$dev.jsonl" \
+      > "$bench_json/rounds20_$dev.out" 2>&1 || log "20 rounds on $dev failed (rounds20_$dev.out)"
+  done
+  # 100,000 clients with top-k residuals (the bounded client-state store, 256 MiB in memory, the
+  # rest in LMDB): the GPU's used memory, sampled every 0.2 s, must stay flat as states pile up.
+  if want stateful100k && (( $(left) > 60 )); then
+    rm -f "$bench_json/stateful100k.jsonl" "$bench_json/stateful100k_mem.txt"
+    state_dir=$(mktemp -d "${TMPDIR:-/tmp}/starling-gpu-state-XXXXXX")
+    timeout $(( $(left) - 20 )) "$build/bin/starling-sim" --config bench/baselines/speed.toml \
+      --data.dir "$data_dir" --sim.device cuda --sim.workers 1 --data.num_clients 100000 \
+      --data.partition sampled:size=60 --sampling.clients_per_round 200 --train.rounds 8 \
+      --eval.every 0 --data.test "" --compression.compressor topk:density=0.01 \
+      --state.memory_bytes 268435456 --state.dir "$state_dir" \
+      --state.metrics "$bench_json/stateful100k.jsonl" > "$bench_json/stateful100k.out" 2>&1 &
+    sim_pid=$!
+    "$python" -W ignore -c '
+import sys, time, torch
+end = time.time() + float(sys.argv[2])
+with open(sys.argv[1], "w") as f:
+    while time.time() < end:
+        free, total = torch.cuda.mem_get_info()
+        print(f"{time.time():.2f} {(total - free) / 2**20:.1f}", file=f, flush=True)
+        time.sleep(0.2)' "$bench_json/stateful100k_mem.txt" $(( $(left) - 15 )) &
+    mem_pid=$!
+    wait "$sim_pid" || log "100,000 stateful clients failed (stateful100k.out)"
+    kill "$mem_pid" 2>/dev/null; wait "$mem_pid" 2>/dev/null
+    rm -rf "$state_dir"
+  fi
 fi
 
 # ---- summary ----
