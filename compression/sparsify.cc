@@ -28,25 +28,16 @@ Sparse gather(std::span<const float> input, std::span<float> residual, std::vect
   return s;
 }
 
-// STC: sends sign(input[i]) * mu for the non-zero i in idx, mu = mean |input[i]| over them,
-// positions Rice-coded; a kept residual (the same memory as input) keeps input[i] - sent[i]. An exact
-// zero top-k picked (a tensor with fewer than k non-zeros) is not sent: as +-mu it would move a
-// coordinate that had nothing to say. Drops those from idx in place (the caller's buffer is reused).
+// STC: sends sign(input[i]) * mu for the non-zero i in idx (ternaryPayload); a kept residual (the
+// same memory as input) keeps input[i] - sent[i]. Drops the exact zeros from idx in place (the
+// caller's buffer is reused).
 Ternary gatherTernary(std::span<const float> input, std::span<float> residual, std::vector<uint32_t>& idx) {
-  std::erase_if(idx, [&](uint32_t i) { return input[i] == 0.0f; });
-  double sum = 0.0;
-  for (uint32_t i : idx) sum += std::fabs(static_cast<double>(input[i]));
-  Ternary x;
-  x.count = static_cast<uint32_t>(idx.size());
-  x.mu = idx.empty() ? 0.0f : static_cast<float>(sum / static_cast<double>(idx.size()));
-  x.rice = static_cast<uint8_t>(bestRiceParameter(idx));
-  x.positions = riceEncode(idx, x.rice);
-  x.signs.assign(packedBytes(idx.size(), 1), 0);
-  for (size_t j = 0; j < idx.size(); ++j) {
-    const bool negative = std::signbit(input[idx[j]]);
-    if (negative) x.signs[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
-    if (!residual.empty()) residual[idx[j]] = input[idx[j]] - (negative ? -x.mu : x.mu);
-  }
+  std::vector<float> values(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) values[j] = input[idx[j]];
+  Ternary x = ternaryPayload(idx, values);
+  if (!residual.empty())
+    for (size_t j = 0; j < idx.size(); ++j)
+      residual[idx[j]] = values[j] - (std::signbit(values[j]) ? -x.mu : x.mu);
   return x;
 }
 
@@ -130,6 +121,32 @@ std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span
     out.emplace_back(gather(layout.slice(input, t), sliceOrEmpty(layout, residual, t), std::move(local)));
   }
   return out;
+}
+
+Ternary ternaryPayload(std::vector<uint32_t>& idx, std::vector<float>& values) {
+  STARLING_CHECK_ARG(idx.size() == values.size(), "stc: ", idx.size(), " positions with ",
+                     values.size(), " values");
+  // An exact zero that top-k picked (a tensor with fewer than k non-zeros) is not sent: as +-mu it
+  // would move a coordinate that had nothing to say.
+  size_t kept = 0;
+  for (size_t j = 0; j < idx.size(); ++j)
+    if (values[j] != 0.0f) {
+      idx[kept] = idx[j];
+      values[kept++] = values[j];
+    }
+  idx.resize(kept);
+  values.resize(kept);
+  double sum = 0.0;
+  for (float v : values) sum += std::fabs(static_cast<double>(v));
+  Ternary x;
+  x.count = static_cast<uint32_t>(kept);
+  x.mu = kept == 0 ? 0.0f : static_cast<float>(sum / static_cast<double>(kept));
+  x.rice = static_cast<uint8_t>(bestRiceParameter(idx));
+  x.positions = riceEncode(idx, x.rice);
+  x.signs.assign(packedBytes(kept, 1), 0);
+  for (size_t j = 0; j < kept; ++j)
+    if (std::signbit(values[j])) x.signs[j >> 3] |= static_cast<uint8_t>(1u << (j & 7));
+  return x;
 }
 
 Ternary ternaryTopK(std::span<const float> values, size_t k, uint64_t tie_seed) {

@@ -42,6 +42,7 @@ class TopKCompressor final : public Compressor {
   explicit TopKCompressor(TopKOptions o);
   std::string name() const override { return opt_.ternary ? "stc" : "topk"; }
   std::string spec() const override;
+  const TopKOptions& options() const { return opt_; }
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
@@ -100,5 +101,12 @@ std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint6
 // magnitude (what the stc compressor sends for one tensor; the server's stc downlink refreshes
 // its broadcast model with it, server/model_store.h).
 Ternary ternaryTopK(std::span<const float> values, size_t k, uint64_t tie_seed);
+
+// STC's payload of the positions top-k selected (ascending) and their values: the exact zeros
+// dropped from both (in place), the rest sent as +-mu, mu their mean magnitude (summed in double in
+// index order). What the stc compressor sends for a tensor, wherever the selection ran (the device
+// round selects on the GPU and builds here: torch_trainer/device_compress.h). InvalidArgument when
+// the sizes differ.
+Ternary ternaryPayload(std::vector<uint32_t>& idx, std::vector<float>& values);
 
 }  // namespace starling::compression

@@ -1,5 +1,5 @@
-// The LibTorch trainer, one simulated round and the split cloud's step on a GPU against the same on
-// the CPU (issue 19).
+// The LibTorch trainer, one simulated round, the split cloud's step and the device's top-k on a GPU
+// against the same on the CPU (issue 19).
 //
 // Its own main: without a GPU LibTorch can use, every run exits with 77, which ctest reports as
 // "Skipped" (SKIP_RETURN_CODE, label gpu), so a machine without one never counts these as passed.
@@ -20,6 +20,7 @@
 #include "split/split_model.h"
 #include "torch_trainer/blobs.h"
 #include "torch_trainer/device.h"
+#include "torch_trainer/device_compress_check.h"
 #include "torch_trainer/torch_trainer.h"
 
 using namespace starling;
@@ -193,6 +194,13 @@ TEST_CASE("the split cloud's step on the GPU equals its step on the CPU", "[gpu]
     const auto eg = gpu.evaluate(bottom, top, d.images, d.labels, n);
     CHECK(eg.loss == Approx(ec.loss).epsilon(1e-4));
   }
+}
+
+TEST_CASE("top-k and stc on the GPU send the CPU compressor's payloads and keep its residual",
+          "[gpu][device_compress]") {
+  const torch::Device cuda(torch::kCUDA, 0);
+  testing::checkTopKIndicesOrder(cuda);
+  testing::checkDeviceTopKMatchesCpu(cuda);
 }
 
 int main(int argc, char** argv) {

@@ -1,0 +1,123 @@
+#pragma once
+// The device's top-k and stc against the CPU compressors, bit for bit: shared by the CPU suite
+// (device_compress_test.cc, CPU tensors) and test_torch_gpu (the same on a GPU).
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "compression/registry.h"
+#include "compression/sparsify.h"
+#include "compression/topk_select.h"
+#include "core/client_state.h"
+#include "core/rng.h"
+#include "test_util.h"
+#include "torch_trainer/device_compress.h"
+
+namespace starling::testing {
+
+// Values with many exact ties in magnitude (a few levels, both signs, +0 and -0 among them), so
+// that the tie order decides which positions are sent.
+inline std::vector<float> tiedValues(size_t n, uint64_t seed) {
+  RngStream r(StreamKey{seed, 0, 0, StreamPurpose::kTest, 1});
+  std::vector<float> v(n);
+  for (float& x : v) {
+    const auto level = static_cast<float>(r.below(5));  // 0..4: a fifth are zeros
+    x = (r.below(2) ? -0.25f : 0.25f) * level;
+  }
+  return v;
+}
+
+inline bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+inline std::vector<float> toVector(const torch::Tensor& t) {
+  const torch::Tensor c = t.to(torch::kCPU).contiguous();
+  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+
+inline void checkPayloadsEqual(const std::vector<compression::Payload>& cpu,
+                               const std::vector<compression::Payload>& dev) {
+  REQUIRE(cpu.size() == dev.size());
+  for (size_t t = 0; t < cpu.size(); ++t) {
+    INFO("tensor " << t);
+    REQUIRE(cpu[t].index() == dev[t].index());
+    if (const auto* s = std::get_if<compression::Sparse>(&cpu[t])) {
+      const auto& d = std::get<compression::Sparse>(dev[t]);
+      CHECK(s->indices == d.indices);
+      CHECK(sameBits(s->values, d.values));
+    } else {
+      const auto& x = std::get<compression::Ternary>(cpu[t]);
+      const auto& d = std::get<compression::Ternary>(dev[t]);
+      CHECK(x.count == d.count);
+      CHECK(std::memcmp(&x.mu, &d.mu, 4) == 0);
+      CHECK(x.rice == d.rice);
+      CHECK(x.positions == d.positions);
+      CHECK(x.signs == d.signs);
+    }
+  }
+}
+
+// For each spec and input: the CPU compressor with error feedback from a fresh state (its payloads
+// and kept residual) against encodeTopK on `device` (payloads, and acc turned into the residual).
+inline void checkDeviceTopKMatchesCpu(const torch::Device& device) {
+  ParamLayout layout = smallCnnLayout();
+  layout.add("head.scale", {1});  // a tensor of one value: k = 1 = n
+  const size_t n = layout.numel();
+  const std::vector<std::vector<float>> inputs = {randomVector(n, 3), tiedValues(n, 4),
+                                                  std::vector<float>(n, 0.0f)};
+  for (const char* spec :
+       {"topk:density=0.01", "topk:density=0.1", "topk:density=1", "topk:density=0.02,scope=global",
+        "stc:density=0.05", "stc:density=0.3"}) {
+    const auto comp = compression::makeCompressor(spec);
+    const auto& topk = dynamic_cast<const compression::TopKCompressor&>(*comp);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      INFO(spec << ", input " << i);
+      ClientState state(layout.fingerprint());
+      const compression::RoundContext ctx{7, 1, 0, 5, nullptr};
+      const auto cpu = comp->compressWithFeedback(layout, inputs[i], state, ctx);
+      const auto* kept = state.find<compression::ResidualState>(compression::kResidualComponent);
+      REQUIRE(kept != nullptr);
+      torch::Tensor acc = torch::from_blob(const_cast<float*>(inputs[i].data()),
+                                           {static_cast<int64_t>(n)}, torch::kFloat32)
+                              .to(device, /*non_blocking=*/false, /*copy=*/true);
+      const auto dev =
+          torch_trainer::encodeTopK(topk.options(), layout, acc, /*keep_residual=*/true);
+      checkPayloadsEqual(cpu, dev);
+      CHECK(sameBits(kept->values, toVector(acc)));
+      // Without a residual to keep, the input is left as it was.
+      torch::Tensor same = acc.clone();
+      checkPayloadsEqual(
+          compression::TopKCompressor(topk.options()).compress(layout, toVector(same), ctx),
+          torch_trainer::encodeTopK(topk.options(), layout, same, false));
+      CHECK(sameBits(toVector(same), toVector(acc)));
+    }
+  }
+}
+
+// topKIndices against the full sort's order, on values with many ties, for k from 1 to n.
+inline void checkTopKIndicesOrder(const torch::Device& device) {
+  for (size_t n : {1u, 2u, 7u, 100u, 1001u}) {
+    for (uint64_t seed : {1u, 2u}) {
+      const std::vector<float> x = seed == 1 ? tiedValues(n, n) : randomVector(n, n);
+      const torch::Tensor t =
+          torch::from_blob(const_cast<float*>(x.data()), {static_cast<int64_t>(n)}, torch::kFloat32)
+              .to(device, false, true);
+      for (size_t k : {size_t{0}, size_t{1}, n / 3, n / 2, n - 1, n}) {
+        INFO("n " << n << ", k " << k << ", seed " << seed);
+        const torch::Tensor got =
+            torch_trainer::topKIndices(t, static_cast<int64_t>(k)).to(torch::kCPU);
+        REQUIRE(got.device() == torch::Device(torch::kCPU));
+        std::vector<uint32_t> want =
+            k == 0 ? std::vector<uint32_t>{} : compression::selectTopKBySort(x, k);
+        std::vector<uint32_t> have(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + got.numel());
+        CHECK(have == want);
+      }
+    }
+  }
+}
+
+}  // namespace starling::testing

@@ -1,0 +1,39 @@
+#pragma once
+// The sparsifying compressors' heavy part where the data lives (issue 19, "the round on the
+// device"): the exact top-k selection and the gathering of the sent values run on the tensor's
+// device (a GPU, or the CPU), and only the k indices and values cross to the host, where the
+// payload is built by the same code as the CPU compressor's. The payloads are those of
+// compression::TopKCompressor for the same input, bit for bit: the same positions (selectTopK's
+// total order, ties to the lower index, not LibTorch's topk order), the same values, STC's mu
+// summed on the host in the same order; and the kept residual the same floats. The CPU suite checks
+// this on CPU tensors, test_torch_gpu on a GPU.
+//
+// Not yet on the simulator's path: a worker's client update is still formed and compressed on the
+// host (docs/gpu.md, "Not done yet"). Unlike the rest of torch_trainer/'s headers this one includes
+// LibTorch's tensor type: include it from LibTorch translation units only.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "compression/sparsify.h"
+#include "core/param_layout.h"
+
+namespace starling::torch_trainer {
+
+// The k largest magnitudes of `x` (1-D float32, finite, on any device) in selectTopK's order:
+// |a| > |b|, or |a| == |b| and a's index lower. Returns their indices ascending, int64, on x's
+// device; one wait for the device (the count of the selection). InvalidArgument for another shape
+// or dtype, or k past x's size.
+torch::Tensor topKIndices(const torch::Tensor& x, int64_t k);
+
+// TopKCompressor's encoding (options `opt`: topk at layer or global scope, or stc) of `acc`, a
+// contiguous 1-D float32 tensor of layout.numel() values on any device, each |value| <=
+// compression::kMaxCompressMagnitude (the caller checks, as compressWithFeedback does). With
+// `keep_residual`, acc becomes in place what the compressor keeps: the sent positions zeroed
+// (topk), or value - sent (stc). InvalidArgument for an acc of the wrong shape or dtype.
+std::vector<compression::Payload> encodeTopK(const compression::TopKOptions& opt,
+                                             const ParamLayout& layout, torch::Tensor& acc,
+                                             bool keep_residual);
+
+}  // namespace starling::torch_trainer
