@@ -16,6 +16,11 @@
 //                       at least 0.7x the LibTorch trainer's speed on one core).
 //   cnn_fit/eigen_paired  the Eigen and the LibTorch trainer alternating epoch by epoch (counters
 //                       eigen_ms, torch_ms, eigen_speed_vs_torch).
+//   topk_encode/host    top-k 1% (layer scope) of a CNN-sized update (1,663,370 values, normal)
+//                       by TopKCompressor on the host, as a worker does today.
+//   topk_encode/device  the same payloads by torch_trainer::encodeTopK where --device puts the
+//                       update (issue 19: is the round on the device worth its wiring?), the copy
+//                       of the k indices and values to the host included.
 //
 // One iteration is one epoch over 600 Fashion-MNIST-sized examples (28x28x1, 10 classes), batch
 // 32, lr 0.05: the first 600 of Fashion-MNIST's training split when the Debian package is
@@ -41,9 +46,11 @@
 #include "bench/image_data.h"
 #include "bench/ratios.h"
 #include "client/trainer.h"
+#include "compression/sparsify.h"
 #include "core/rng.h"
 #include "data/idx.h"
 #include "torch_trainer/device.h"
+#include "torch_trainer/device_compress.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
 
@@ -198,6 +205,37 @@ void paired(benchmark::State& st) {
   st.counters["trainer_over_bare"] = fit_s / bare_s;
 }
 
+// A CNN-sized update, its layout, and top-k 1% at layer scope.
+struct TopKInput {
+  std::unique_ptr<client::Trainer> cnn = torch_trainer::makeTorchTrainer("cnn", benchDataOnce());
+  const ParamLayout& layout = cnn->layout();
+  std::vector<float> update = normal(layout.numel());
+  compression::TopKOptions opt{.density = 0.01};
+  compression::TopKCompressor comp{opt};
+
+  static std::vector<float> normal(size_t n) {
+    RngStream r(StreamKey{1, 0, 0, StreamPurpose::kTest, 7});
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(r.normal());
+    return v;
+  }
+};
+
+void topkHost(benchmark::State& st) {
+  TopKInput in;
+  const compression::RoundContext ctx{1, 1, 0, 0, nullptr};
+  for (auto _ : st) benchmark::DoNotOptimize(in.comp.compress(in.layout, in.update, ctx));
+}
+
+void topkDevice(benchmark::State& st) {
+  TopKInput in;
+  torch::Tensor acc = torch::from_blob(in.update.data(), {static_cast<int64_t>(in.update.size())})
+                          .clone()
+                          .to(torchDevice());
+  for (auto _ : st)
+    benchmark::DoNotOptimize(torch_trainer::encodeTopK(in.opt, in.layout, acc, false));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,12 +276,21 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 
+  benchmark::RegisterBenchmark("topk_encode/host", topkHost)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("topk_encode/device", topkDevice)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+
   const auto rec = starling::bench::runBenchmarks(cl.json);
   const std::vector<starling::bench::Ratio> ratios = {
       {"trainer_time_over_bare_loop/cnn", "cnn_fit/trainer", "cnn_fit/bare_loop",
        "<= 1.10 (issue 8)"},
       {"eigen_cnn_speed_vs_libtorch", "cnn_fit/trainer", "cnn_fit/eigen",
-       ">= 0.7 (issue 20: the lightweight client's CNN step against LibTorch's, one core)"}};
+       ">= 0.7 (issue 20: the lightweight client's CNN step against LibTorch's, one core)"},
+      {"topk_encode_device_speedup", "topk_encode/host", "topk_encode/device",
+       "none: the host's time over the device's, for the round on the device (issue 19)"}};
   if (!starling::bench::reportRatios(*rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;

@@ -17,7 +17,8 @@
 # for a build failure. STARLING_GPU_CHECK_SECONDS (default 540) bounds the whole run: benchmarks
 # that would start after it are left out, and each step has its own timeout;
 # STARLING_GPU_CHECK_REUSE=1 then runs it again on the same machine without rebuilding, and
-# STARLING_GPU_CHECK_BENCH picks the benchmarks (default: "python sim bare rounds20 stateful100k").
+# STARLING_GPU_CHECK_BENCH picks the benchmarks (default: "python sim bare topk rounds20
+# stateful100k").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -39,7 +40,8 @@ python=${STARLING_PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
 deadline=$(( t_start + ${STARLING_GPU_CHECK_SECONDS:-540} ))
 left() { echo $(( deadline - $(date +%s) )); }
-want() { [[ " ${STARLING_GPU_CHECK_BENCH:-python sim bare rounds20 stateful100k} " == *" $1 "* ]]; }
+all_bench="python sim bare topk rounds20 stateful100k"
+want() { [[ " ${STARLING_GPU_CHECK_BENCH:-$all_bench} " == *" $1 "* ]]; }
 
 # ---- what this machine has ----
 torch_info=$("$python" -W ignore -c '
@@ -178,6 +180,13 @@ for w in (1, 2, 4):
         bench[f"bare_loops_cuda_w{w}"] = {"copies": w, "samples_per_s": sum(rates),
                                           "clients_per_s": sum(rates) / 600,
                                           "per_loop_samples_per_s": rates}
+# Top-k 1% of a CNN-sized update: the host's compressor against encodeTopK on the GPU.
+topk = {x.get("name", "").split("/real_time")[0]: x.get("real_time")
+        for x in (read_json(os.path.join(out, "bench", "topk.json")) or {}).get("benchmarks", [])}
+if topk.get("topk_encode/host") and topk.get("topk_encode/device"):
+    bench["topk_encode_ms"] = {"host": topk["topk_encode/host"], "cuda": topk["topk_encode/device"],
+                               "cuda_speedup": (topk["topk_encode/host"]
+                                                / topk["topk_encode/device"])}
 # 20 rounds on cuda against the same 20 rounds on cpu.
 curves = {}
 for dev in ("cuda", "cpu"):
@@ -272,6 +281,14 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
       done
       for p in "${pids[@]}"; do wait "$p" || log "a bare loop of $w failed (bare_w${w}_*.err)"; done
     done
+  fi
+  # Top-k 1% of a CNN-sized update on the GPU (torch_trainer/device_compress.h) against the host's
+  # compressor: what the round on the device would save.
+  if want topk && [[ -x "$build/bin/starling-torch-loop-bench" ]] && (( $(left) > 45 )); then
+    timeout 60 "$build/bin/starling-torch-loop-bench" --device=cuda --threads=1 \
+      --benchmark_filter='^topk_encode/' --benchmark_format=json \
+      > "$bench_json/topk.json" 2> "$bench_json/topk.err" ||
+      log "the top-k benchmark failed (topk.err)"
   fi
   # 20 rounds on cuda against the same 20 rounds on cpu (same seed): test accuracy every 5 rounds.
   cpu_threads=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
