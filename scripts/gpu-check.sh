@@ -16,7 +16,8 @@
 # passed and none was skipped, 1 when one failed, 2 when there is no GPU (the summary says so), 3
 # for a build failure. STARLING_GPU_CHECK_SECONDS (default 540) bounds the whole run: benchmarks
 # that would start after it are left out, and each step has its own timeout;
-# STARLING_GPU_CHECK_REUSE=1 then runs it again on the same machine without rebuilding, and
+# STARLING_GPU_CHECK_REUSE=1 then runs it again on the same machine without rebuilding (with
+# STARLING_GPU_CHECK_TESTS=0, without the tests either), and
 # STARLING_GPU_CHECK_BENCH picks the benchmarks (default: "python sim bare topk rounds20
 # stateful100k").
 set -uo pipefail
@@ -29,7 +30,7 @@ build=${STARLING_GPU_BUILD_DIR:-build-gpu}
 # a folder that an earlier gpu-check made on this same machine (a second call on a warm device
 # machine, to finish benchmarks the first call had no time for): the build is then incremental.
 if [[ ${STARLING_GPU_CHECK_REUSE:-0} != 1 || ! -f "$build/.gpu-check-built-here" ||
-      "$(cat "$build/.gpu-check-built-here" 2>/dev/null)" != "$(hostname)" ]]; then
+      "$(cat "$build/.gpu-check-built-here" 2>/dev/null)" != "$(uname -n)" ]]; then
   rm -rf "$build"
 fi
 out=${OUT:-$build}
@@ -40,8 +41,13 @@ python=${STARLING_PYTHON:-python3}
 jobs=${JOBS:-$(nproc)}
 deadline=$(( t_start + ${STARLING_GPU_CHECK_SECONDS:-540} ))
 left() { echo $(( deadline - $(date +%s) )); }
+# A step's timeout: at most $1 seconds, and never past the budget (15 s kept for the summary).
+cap() { local t=$(( $(left) - 15 )); (( t > $1 )) && t=$1; (( t < 1 )) && t=1; echo "$t"; }
+# Whatever is still running when the script ends (a step cut short leaves its children) is ended.
+state_dir=""
+trap 'kill $(jobs -p) 2>/dev/null; [[ -n "$state_dir" ]] && rm -rf "$state_dir"' EXIT
 all_bench="python sim bare topk rounds20 stateful100k"
-want() { [[ " ${STARLING_GPU_CHECK_BENCH:-$all_bench} " == *" $1 "* ]]; }
+want() { [[ " ${STARLING_GPU_CHECK_BENCH-$all_bench} " == *" $1 "* ]]; }
 
 # ---- what this machine has ----
 torch_info=$("$python" -W ignore -c '
@@ -102,8 +108,11 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   echo '{"ok": false, "reason": "configure failed", "log": "configure.log"}' > "$summary"
   exit 3
 fi
+# Configured here: a later STARLING_GPU_CHECK_REUSE=1 call may go on from this folder, even from a
+# build this call had no time to finish.
+uname -n > "$build/.gpu-check-built-here"
 targets=(test_cuda test_nccl test_torch_gpu test_torch_trainer starling-sim)
-# The bare LibTorch loop (the compute limit) needs Google Benchmark: built when CMake found it.
+# The bare LibTorch loop (the compute limit) and the top-k benchmark, when bench/ is configured.
 grep -q '^build bench/CMakeFiles/starling-torch-loop-bench' "$build/build.ninja" 2>/dev/null &&
   targets+=(starling-torch-loop-bench)
 log "building ${targets[*]} with -j$jobs"
@@ -113,20 +122,29 @@ if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" > "$out/build.lo
   exit 3
 fi
 build_s=$(( $(date +%s) - t0 ))
-hostname > "$build/.gpu-check-built-here"
 
 # ---- GPU tests ----
 t0=$(date +%s)
-timeout 300 ctest --test-dir "$build" -L gpu --output-on-failure > "$out/ctest-gpu.log" 2>&1
-ctest_rc=$?
-# The CPU side of the device-generic trainer, against this LibTorch.
-timeout 120 ctest --test-dir "$build" -R '^test_torch_trainer:' > "$out/ctest-trainer.log" 2>&1
-trainer_rc=$?
+if [[ ${STARLING_GPU_CHECK_TESTS:-1} == 0 ]]; then
+  # A second call for the benchmarks only: its summary says the tests did not run (ok is false).
+  log "tests not run (STARLING_GPU_CHECK_TESTS=0)"
+  echo "tests not run (STARLING_GPU_CHECK_TESTS=0)" > "$out/ctest-gpu.log"
+  ctest_rc=0 trainer_rc=0
+else
+  timeout "$(cap 300)" ctest --test-dir "$build" -L gpu --output-on-failure \
+    > "$out/ctest-gpu.log" 2>&1
+  ctest_rc=$?
+  # The CPU side of the device-generic trainer, against this LibTorch.
+  timeout "$(cap 120)" ctest --test-dir "$build" -R '^test_torch_trainer:' \
+    > "$out/ctest-trainer.log" 2>&1
+  trainer_rc=$?
+fi
 tests_s=$(( $(date +%s) - t0 ))
+# Written to a temporary file first: a summary that fails keeps the last good one (the tests'),
+# with the reason beside it.
 summarize() {
-  "$python" - "$summary" "$out" "$torch_info" "$ctest_rc" "$trainer_rc" "$build_s" "$tests_s" \
-    "$t_start" "$1" \
-    <<'PY' || echo '{"ok": false, "reason": "the summary could not be written"}' > "$summary"
+  "$python" - "$summary.tmp" "$out" "$torch_info" "$ctest_rc" "$trainer_rc" "$build_s" "$tests_s" \
+    "$t_start" "$1" > "$out/summary-$1.log" 2>&1 <<'PY'
 import json, os, re, sys, time
 summary, out, torch_info, ctest_rc, trainer_rc, build_s, tests_s, t_start, stage = sys.argv[1:]
 log = open(os.path.join(out, "ctest-gpu.log"), errors="replace").read()
@@ -203,7 +221,12 @@ if curves.get("cuda") and curves.get("cpu"):
 # 100,000 stateful clients: the GPU's used memory while starling-sim runs.
 mem = os.path.join(out, "bench", "stateful100k_mem.txt")
 if os.path.exists(mem):
-    used = [float(l.split()[1]) for l in open(mem) if len(l.split()) == 2]
+    used = []
+    for l in open(mem, errors="replace"):
+        try:
+            used.append(float(l.split()[1]))
+        except (IndexError, ValueError):
+            pass  # a line cut short when the sampler was ended
     rounds = read_jsonl(os.path.join(out, "bench", "stateful100k.jsonl")) \
         if os.path.exists(os.path.join(out, "bench", "stateful100k.jsonl")) else []
     if used:
@@ -241,8 +264,13 @@ result = {
 json.dump(result, open(summary, "w"), indent=2)
 print(json.dumps(result, indent=2))
 PY
+  if [[ $? -eq 0 && -s "$summary.tmp" ]]; then mv "$summary.tmp" "$summary"; else
+    log "the $1 summary could not be written (summary-$1.log); $summary is the last good one"
+    [[ -f "$summary" ]] ||
+      echo '{"ok": false, "reason": "the summary could not be written"}' > "$summary"
+  fi
 }
-summarize tests > /dev/null
+summarize tests
 
 # ---- benchmarks: starling-sim on the GPU against a plain PyTorch FedAvg loop on the same GPU ----
 bench_json="$out/bench"
@@ -251,7 +279,7 @@ gpus=$("$python" -c "import json,sys; print(json.loads(sys.argv[1])['gpus'])" "$
 if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   log "benchmarks on Fashion-MNIST from $data_dir"
   if want python && (( $(left) > 60 )); then
-    timeout 90 "$python" -W ignore bench/baselines/fedavg_loop.py --data-dir "$data_dir" \
+    timeout "$(cap 90)" "$python" -W ignore bench/baselines/fedavg_loop.py --data-dir "$data_dir" \
       --device cuda --rounds 6 \
       > "$bench_json/python_cuda.json" 2> "$bench_json/python_cuda.err" \
       || log "the PyTorch loop failed"
@@ -260,7 +288,7 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
     want sim || break
     if (( $(left) < 60 )); then log "no time left for starling-sim with $w workers"; continue; fi
     rm -f "$bench_json/sim_w$w.jsonl"
-    timeout 90 "$build/bin/starling-sim" --config bench/baselines/speed.toml \
+    timeout "$(cap 90)" "$build/bin/starling-sim" --config bench/baselines/speed.toml \
       --data.dir "$data_dir" --sim.device cuda --sim.workers "$w" --sim.workers_per_gpu "$w" \
       --state.metrics "$bench_json/sim_w$w.jsonl" \
       > "$bench_json/sim_w$w.out" 2>&1 \
@@ -273,8 +301,10 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
       if (( $(left) < 45 )); then log "no time left for $w bare loops"; continue; fi
       pids=()
       for ((i = 0; i < w; ++i)); do
-        timeout 60 "$build/bin/starling-torch-loop-bench" --device=cuda --threads=1 \
-          --benchmark_filter='^cnn_fit/bare_loop/' --benchmark_min_time=4 \
+        # 8 s each: the copies start within a few seconds of each other (CUDA's set-up), so
+        # most of each one's measured time overlaps the others'.
+        timeout "$(cap 60)" "$build/bin/starling-torch-loop-bench" --device=cuda --threads=1 \
+          --benchmark_filter='^cnn_fit/bare_loop/' --benchmark_min_time=8 \
           --benchmark_format=json \
           > "$bench_json/bare_w${w}_$i.json" 2> "$bench_json/bare_w${w}_$i.err" &
         pids+=($!)
@@ -285,7 +315,7 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   # Top-k 1% of a CNN-sized update on the GPU (torch_trainer/device_compress.h) against the host's
   # compressor: what the round on the device would save.
   if want topk && [[ -x "$build/bin/starling-torch-loop-bench" ]] && (( $(left) > 45 )); then
-    timeout 60 "$build/bin/starling-torch-loop-bench" --device=cuda --threads=1 \
+    timeout "$(cap 60)" "$build/bin/starling-torch-loop-bench" --device=cuda --threads=1 \
       --benchmark_filter='^topk_encode/' --benchmark_format=json \
       > "$bench_json/topk.json" 2> "$bench_json/topk.err" ||
       log "the top-k benchmark failed (topk.err)"
@@ -298,7 +328,7 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
     extra=(--sim.workers_per_gpu 2)
     [[ $dev == cpu ]] && extra=(--sim.threads "$cpu_threads")
     rm -f "$bench_json/rounds20_$dev.jsonl"
-    timeout 150 "$build/bin/starling-sim" --config bench/baselines/speed.toml \
+    timeout "$(cap 150)" "$build/bin/starling-sim" --config bench/baselines/speed.toml \
       --data.dir "$data_dir" --sim.device "$dev" --sim.workers 2 "${extra[@]}" \
       --train.rounds 20 --eval.every 5 --state.metrics "$bench_json/rounds20_$dev.jsonl" \
       > "$bench_json/rounds20_$dev.out" 2>&1 || log "20 rounds on $dev failed (rounds20_$dev.out)"
@@ -308,9 +338,9 @@ if [[ "$gpus" -gt 0 && -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   if want stateful100k && (( $(left) > 60 )); then
     rm -f "$bench_json/stateful100k.jsonl" "$bench_json/stateful100k_mem.txt"
     state_dir=$(mktemp -d "${TMPDIR:-/tmp}/starling-gpu-state-XXXXXX")
-    timeout $(( $(left) - 20 )) "$build/bin/starling-sim" --config bench/baselines/speed.toml \
+    timeout "$(cap 300)" "$build/bin/starling-sim" --config bench/baselines/speed.toml \
       --data.dir "$data_dir" --sim.device cuda --sim.workers 1 --data.num_clients 100000 \
-      --data.partition sampled:size=60 --sampling.clients_per_round 200 --train.rounds 8 \
+      --data.partition sampled:size=60 --sampling.clients_per_round 100 --train.rounds 8 \
       --eval.every 0 --data.test "" --compression.compressor topk:density=0.01 \
       --state.memory_bytes 268435456 --state.dir "$state_dir" \
       --state.metrics "$bench_json/stateful100k.jsonl" > "$bench_json/stateful100k.out" 2>&1 &
@@ -333,7 +363,7 @@ fi
 # ---- summary ----
 summarize benchmarks
 status_py="import json,sys; d=json.load(open(sys.argv[1]));"
-status_py+=" print(0 if d['ok'] else (2 if d.get('torch', {}).get('gpus', 0) == 0 else 1))"
-status=$("$python" -c "$status_py" "$summary" 2>/dev/null)
+status_py+=" print(0 if d.get('ok') else (2 if json.loads(sys.argv[2])['gpus'] == 0 else 1))"
+status=$("$python" -c "$status_py" "$summary" "$torch_info" 2>/dev/null)
 log "summary in $summary"
 exit "${status:-1}"

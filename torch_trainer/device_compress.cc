@@ -24,7 +24,10 @@ torch::Tensor topKIndices(const torch::Tensor& x, int64_t k) {
   const torch::Tensor at = a == t;
   const torch::Tensor need = k - above.sum();
   const torch::Tensor take = above | (at & (at.cumsum(0) <= need));
-  return take.nonzero().flatten();  // ascending
+  torch::Tensor idx = take.nonzero().flatten();  // ascending
+  STARLING_ENFORCE(idx.numel() == k, "top-k on the device selected ", idx.numel(), " of ", n,
+                   " values, not ", k);
+  return idx;
 }
 
 namespace {
@@ -62,6 +65,11 @@ std::vector<cz::Payload> encodeTopK(const cz::TopKOptions& opt, const ParamLayou
                      "top-k on the device: the input must be a contiguous float32 vector of ",
                      layout.numel(), " values (the layout's), got ", acc.numel(), " of ",
                      c10::toString(acc.scalar_type()));
+  // Indices travel as u32 (the CPU's selectTopK requires as much): a tensor is bounded by
+  // ParamLayout, global scope selects over the whole buffer.
+  STARLING_CHECK_ARG(
+      opt.scope == cz::TopKOptions::Scope::kLayer || layout.numel() < (uint64_t{1} << 32),
+      "topk:scope=global over ", layout.numel(), " values: at most 2^32 - 1");
   std::vector<cz::Payload> out;
   out.reserve(layout.size());
   std::vector<uint32_t> idx;

@@ -31,7 +31,9 @@ torch::Tensor topKIndices(const torch::Tensor& x, int64_t k);
 // contiguous 1-D float32 tensor of layout.numel() values on any device, each |value| <=
 // compression::kMaxCompressMagnitude (the caller checks, as compressWithFeedback does). With
 // `keep_residual`, acc becomes in place what the compressor keeps: the sent positions zeroed
-// (topk), or value - sent (stc). InvalidArgument for an acc of the wrong shape or dtype.
+// (topk), or value - sent (stc), before error feedback's decay (which the caller applies, as
+// Compressor::compressWithFeedback does after encode). InvalidArgument for an acc of the wrong
+// shape or dtype, or global scope over 2^32 values or more.
 std::vector<compression::Payload> encodeTopK(const compression::TopKOptions& opt,
                                              const ParamLayout& layout, torch::Tensor& acc,
                                              bool keep_residual);

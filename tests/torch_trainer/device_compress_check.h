@@ -18,14 +18,17 @@
 
 namespace starling::testing {
 
-// Values with many exact ties in magnitude (a few levels, both signs, +0 and -0 among them), so
-// that the tie order decides which positions are sent.
+// Values with many exact ties in magnitude (a few levels, both signs, +0, -0 and denormals among
+// them), so that the tie order decides which positions are sent.
 inline std::vector<float> tiedValues(size_t n, uint64_t seed) {
   RngStream r(StreamKey{seed, 0, 0, StreamPurpose::kTest, 1});
   std::vector<float> v(n);
   for (float& x : v) {
-    const auto level = static_cast<float>(r.below(5));  // 0..4: a fifth are zeros
-    x = (r.below(2) ? -0.25f : 0.25f) * level;
+    const uint64_t level = r.below(7);  // 0..4 in quarters, 5 and 6 denormals: a seventh are zeros
+    const float magnitude = level == 5   ? 1e-40f
+                            : level == 6 ? 1e-45f
+                                         : 0.25f * static_cast<float>(level);
+    x = r.below(2) ? -magnitude : magnitude;
   }
   return v;
 }
@@ -65,6 +68,7 @@ inline void checkPayloadsEqual(const std::vector<compression::Payload>& cpu,
 // and kept residual) against encodeTopK on `device` (payloads, and acc turned into the residual).
 inline void checkDeviceTopKMatchesCpu(const torch::Device& device) {
   ParamLayout layout = smallCnnLayout();
+  layout.add("big.weight", {512, 3136});  // the CNN's largest tensor: LibTorch's large-input paths
   layout.add("head.scale", {1});  // a tensor of one value: k = 1 = n
   const size_t n = layout.numel();
   const std::vector<std::vector<float>> inputs = {randomVector(n, 3), tiedValues(n, 4),
@@ -108,9 +112,9 @@ inline void checkTopKIndicesOrder(const torch::Device& device) {
               .to(device, false, true);
       for (size_t k : {size_t{0}, size_t{1}, n / 3, n / 2, n - 1, n}) {
         INFO("n " << n << ", k " << k << ", seed " << seed);
-        const torch::Tensor got =
-            torch_trainer::topKIndices(t, static_cast<int64_t>(k)).to(torch::kCPU);
-        REQUIRE(got.device() == torch::Device(torch::kCPU));
+        const torch::Tensor on_device = torch_trainer::topKIndices(t, static_cast<int64_t>(k));
+        CHECK(on_device.device() == device);
+        const torch::Tensor got = on_device.to(torch::kCPU);
         std::vector<uint32_t> want =
             k == 0 ? std::vector<uint32_t>{} : compression::selectTopKBySort(x, k);
         std::vector<uint32_t> have(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + got.numel());
