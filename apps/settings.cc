@@ -253,6 +253,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "where workers train: auto (a GPU when LibTorch sees one, else the CPU), cpu, cuda (each "
         "worker its GPU: local rank / sim.workers_per_gpu among CUDA_VISIBLE_DEVICES) or cuda:N. "
         "docs/gpu.md");
+  o.add("sim.device_round", &s.sim.device_round,
+        "a client's update formed and compressed where its model trains, only the payload and the "
+        "kept residual copied back (top-k and stc; other compressors and SCAFFOLD stay on the "
+        "host): auto (on a GPU), on, off. The same results either way. docs/gpu.md");
   o.add("sim.workers_per_gpu", &s.sim.workers_per_gpu,
         "workers sharing one GPU (each its own model replica); must divide the workers on a "
         "machine",

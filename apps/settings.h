@@ -99,6 +99,7 @@ struct Settings {
   struct Sim {
     uint64_t workers = 2;
     std::string backend = "gloo", device = "auto";
+    std::string device_round = "auto";  // auto, on, off: torch_trainer/device_round.h
     uint64_t workers_per_gpu = 1;
     int threads = 1;
     std::string schedule = "lpt";

@@ -36,6 +36,7 @@
 #include "simulator/sim_fleet.h"
 #include "simulator/state_store.h"
 #include "torch_trainer/device.h"
+#include "torch_trainer/device_round.h"
 #include "torch_trainer/threads.h"
 #include "torch_trainer/torch_trainer.h"
 
@@ -74,9 +75,18 @@ void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_
   apps::checkAsyncScheme(c, ec);
 }
 
+// sim.device_round: whether the clients' updates are formed and compressed on the trainer's
+// device (auto: when that is a GPU).
+bool deviceRoundOn(const std::string& setting, const torch_trainer::Device& device) {
+  if (setting == "auto") return device.cuda();
+  if (setting == "on") return true;
+  if (setting == "off") return false;
+  STARLING_THROW(ConfigError, "sim.device_round = '", setting, "': expected auto, on or off");
+}
+
 int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
              const sim::SimClients& clients, client::Trainer& trainer, sim::ClientStateStore& store,
-             const data::Dataset* test) {
+             const data::Dataset* test, client::DeviceUpdate* device_update) {
   const auto layout = std::make_shared<const ParamLayout>(trainer.layout());
   std::vector<float> init(layout->numel());
   trainer.initParameters(init, c.model.seed);
@@ -91,6 +101,7 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   ac.eval_every = ec.eval_every;
   ac.metrics_file = ec.metrics;
   ac.checkpoint = ec.checkpoint;
+  ac.device_update = device_update;
   sim::AsyncSimulation simulation(ac, clients, trainer, store, server, test);
   if (simulation.resumed())
     std::printf(
@@ -244,6 +255,9 @@ int runSim(int argc, char** argv, apps::Settings& c) {
                                    : "");
   }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  std::unique_ptr<client::DeviceUpdate> device_round;
+  if (deviceRoundOn(c.sim.device_round, device))
+    device_round = torch_trainer::makeDeviceUpdate(*trainer);
   // SCAFFOLD is the round engine's, as in a deployment: c lives in the engine (and its
   // checkpoint), N is the simulated population.
   if (ec.scheme.scaffold) client::checkScaffoldTrainer(*trainer);
@@ -260,6 +274,13 @@ int runSim(int argc, char** argv, apps::Settings& c) {
                       : "cpu");
     std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(), loaded.train_path.c_str(),
                 test ? (data::describe(*test) + " (" + loaded.test_path + ")").c_str() : "none");
+    if (device_round)
+      std::printf(
+          "round on the device (sim.device_round = %s): %s\n", c.sim.device_round.c_str(),
+          device_round->serves(*compression::makeCompressor(ec.scheme.compressor))
+              ? (ec.scheme.scaffold ? "off in SCAFFOLD rounds (the update is needed on the host)"
+                                    : "each update formed and compressed where it trains")
+              : "this compressor is compressed on the host (top-k and stc are served)");
     if (c.data.stats || !c.data.stats_file.empty()) {
       const data::PartitionStats st = data::partitionStats(train.labels, train.num_classes, clients.shards);
       if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());
@@ -296,11 +317,12 @@ int runSim(int argc, char** argv, apps::Settings& c) {
       so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
   }
   sim::ClientStateStore store(so, layout->fingerprint());
-  if (async) return runAsync(c, ec, clients, *trainer, store, test);
+  if (async) return runAsync(c, ec, clients, *trainer, store, test, device_round.get());
   sim::SimFleetConfig fc{policy, c.sim.reference_spe, c.round.deadline_seconds, c.model.seed, {},
                          sharded};
   if (!state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
   fc.durable_states = !ec.checkpoint.empty();
+  fc.device_update = device_round.get();
   sim::SimFleet fleet(fc, clients, *trainer, store, *coll, test);
 
   std::vector<float> init(layout->numel());

@@ -117,8 +117,16 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   // FedProx's anchor is the start point: with step-ahead EF, a pull toward the global model would
   // wear the residual away, and error feedback would no longer lose nothing.
   if (cfg.prox_mu > 0) cfg.prox_anchor = start;
-  params_.assign(start.begin(), start.end());
   RngStream rng(StreamKey{b.run_seed, b.round, client_id, StreamPurpose::kTraining, 0});
+  compression::FeedbackStats stats;
+  compression::FeedbackStats* want_stats = compressor_.usesErrorFeedback() ? &stats : nullptr;
+  if (device_ && !scaffold && device_->serves(compressor_)) {
+    out.update.tensors = device_->fitAndCompress(compressor_, start, data, cfg, rng, out.fit, state,
+                                                 ctx, want_stats);
+    finish(out, stats);
+    return out;
+  }
+  params_.assign(start.begin(), start.end());
   out.fit = trainer_.fit(params_, data, cfg, rng);
   for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start[i];  // the update: trained - start
   std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> staged;
@@ -144,10 +152,14 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     }
     staged.emplace_back(kControlVariate, std::move(next));
   }
-  compression::FeedbackStats stats;
-  out.update.tensors = compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_,
-                                                        compressor_.usesErrorFeedback() ? &stats : nullptr);
+  out.update.tensors =
+      compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_, want_stats);
   if (!staged.empty()) state.commit(staged);
+  finish(out, stats);
+  return out;
+}
+
+void ClientAlgorithm::finish(PhaseResult& out, const compression::FeedbackStats& stats) const {
   out.update.metrics = out.fit.metrics;
   if (compressor_.usesErrorFeedback() && compressor_.phases() == 1) {
     // The diagnostics of docs/compression.md, averaged by the server when declared.
@@ -159,8 +171,7 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
       out.update.metrics.push_back({"ef_residual_ratio", std::min(stats.residual_norm / stats.local_norm, kCap)});
     out.update.metrics.push_back({"ef_residual_age", std::min(static_cast<double>(stats.residual_age), kCap)});
   }
-  h.num_examples = out.fit.num_examples;
-  return out;
+  out.update.header.num_examples = out.fit.num_examples;
 }
 
 }  // namespace starling::client

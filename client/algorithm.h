@@ -65,6 +65,24 @@ inline constexpr const char* kControlVariate = "scaffold.control";
 // spec when `trainer` uses momentum; the simulator and the server check their model with it.
 void checkScaffoldTrainer(const Trainer& trainer);
 
+// Optional: a client's phase-0 training, update and compression where the trainer trains (a GPU),
+// so that only the payload and the kept residual cross to the host. torch_trainer/device_round.h
+// implements it for the LibTorch trainer with the top-k and stc compressors.
+class DeviceUpdate {
+ public:
+  virtual ~DeviceUpdate() = default;
+  // Whether it serves `compressor` (ClientAlgorithm takes its host path for the others).
+  virtual bool serves(const compression::Compressor& compressor) const = 0;
+  // Trains from `start` as Trainer::fit(start, data, cfg, rng) would, then compresses the update
+  // (trained - start) as compressor.compressWithFeedback(layout, update, state, ctx, ...) would:
+  // the same payloads, the same residual kept in `state`, `stats` (when given) to double rounding.
+  // Throws as those two; on a throw `state` is unchanged.
+  virtual std::vector<compression::Payload> fitAndCompress(
+      const compression::Compressor& compressor, std::span<const float> start, const DataView& data,
+      const FitConfig& cfg, RngStream& rng, FitResult& fit, ClientState& state,
+      const compression::RoundContext& ctx, compression::FeedbackStats* stats) = 0;
+};
+
 class ClientAlgorithm {
  public:
   // `compressor` and `trainer` must outlive this object.
@@ -91,12 +109,21 @@ class ClientAlgorithm {
 
   const FitConfig& config() const { return config_; }
 
+  // Phase 0 on the device when `device` serves the compressor and the round has no SCAFFOLD
+  // (whose control variate needs the update on the host): the same result as the host path.
+  // Null (the default): always on the host. `device` must outlive this object.
+  void setDeviceUpdate(DeviceUpdate* device) { device_ = device; }
+
  private:
   const compression::Compressor& compressor_;
   Trainer& trainer_;
   FitConfig config_;
   std::vector<float> params_, correction_, start_;
   compression::Workspace workspace_;
+  DeviceUpdate* device_ = nullptr;
+
+  // Phase 0's metrics (the fit's, and error feedback's diagnostics) and weight.
+  void finish(PhaseResult& out, const compression::FeedbackStats& stats) const;
 };
 
 }  // namespace starling::client

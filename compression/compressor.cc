@@ -159,21 +159,68 @@ std::vector<Payload> Compressor::compress(const ParamLayout& layout, std::span<c
   return encode(layout, update, {}, empty, c, ignored);
 }
 
-std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout, std::span<const float> update,
-                                                      ClientState& state, const RoundContext& ctx,
-                                                      Workspace* workspace, FeedbackStats* stats) const {
+void Compressor::checkFeedbackCall(const ParamLayout& layout, const ClientState& state,
+                                   const RoundContext& ctx,
+                                   const std::span<const float>* update) const {
   STARLING_CHECK_ARG(state.layoutFingerprint() == layout.fingerprint(), name(),
                      ": client state belongs to another model (fingerprint ", state.layoutFingerprint(), " vs ",
                      layout.fingerprint(), ")");
   STARLING_CHECK_ARG(ctx.phase < phases(), name(), ": phase ", ctx.phase, " does not exist (", phases(), " phase",
                      phases() == 1 ? "" : "s", " per round)");
-  if (ctx.phase == 0) checkUpdate(*this, layout, update);
-  else STARLING_CHECK_ARG(update.empty(), name(), ": phase ", ctx.phase, " continues from the state and takes no update");
+  if (update && ctx.phase == 0)
+    checkUpdate(*this, layout, *update);
+  else if (update)
+    STARLING_CHECK_ARG(update->empty(), name(), ": phase ", ctx.phase,
+                       " continues from the state and takes no update");
   const ResidualState* kept = state.find<ResidualState>(kResidualComponent);
   STARLING_CHECK_ARG(!kept || kept->values.size() == layout.numel(), name(), ": the client state's residual has ",
                      kept ? kept->values.size() : 0, " floats, the layout needs ", layout.numel());
   // Everything a caller can get wrong is checked before anything changes.
   checkRound(layout, state, ctx);
+}
+
+void Compressor::commitKept(ClientState& state, StagedState& staged, std::vector<float>& kept,
+                            uint64_t round) const {
+  // All or nothing. New components are installed first (the only step that can throw); an
+  // existing residual then swaps buffers with `kept`, which cannot throw.
+  ResidualState* target = state.find<ResidualState>(kResidualComponent);
+  if (!target) {
+    auto& r = staged.stage<ResidualState>(std::string(kResidualComponent));
+    r.values.swap(kept);
+    r.round = round;
+  }
+  state.commit(staged.items());
+  if (target) {
+    target->values.swap(kept);
+    target->round = round;
+  }
+}
+
+const ResidualState* Compressor::beginFeedback(const ParamLayout& layout, const ClientState& state,
+                                               const RoundContext& ctx) const {
+  STARLING_CHECK_ARG(ctx.phase == 0 && phases() == 1, name(),
+                     ": error feedback formed outside the compressor ",
+                     "takes phase 0 of a one-phase compressor");
+  checkFeedbackCall(layout, state, ctx, nullptr);
+  return liveResidual(state, ctx.round);
+}
+
+void Compressor::endFeedback(const ParamLayout& layout, ClientState& state, const RoundContext& ctx,
+                             std::vector<float>& kept) const {
+  STARLING_CHECK_ARG(usesErrorFeedback(), name(), ": keeps no residual (error feedback is off)");
+  STARLING_CHECK_ARG(kept.size() == layout.numel(), name(), ": a kept residual of ", kept.size(),
+                     " floats, the layout needs ", layout.numel());
+  StagedState none;
+  commitKept(state, none, kept, ctx.round);
+}
+
+std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
+                                                      std::span<const float> update,
+                                                      ClientState& state, const RoundContext& ctx,
+                                                      Workspace* workspace,
+                                                      FeedbackStats* stats) const {
+  checkFeedbackCall(layout, state, ctx, &update);
+  const ResidualState* kept = state.find<ResidualState>(kResidualComponent);
 
   // A call keeps a buffer when error feedback is on, or when a later phase continues from it.
   const bool keeps = usesErrorFeedback() || phases() > 1;
@@ -226,19 +273,7 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
     for (size_t i = 0; i < n; ++i) a[i] *= d;
   }
 
-  // Commit: all or nothing. New components are installed first (the only step that can throw);
-  // an existing residual then swaps buffers with the workspace, which cannot throw.
-  ResidualState* target = state.find<ResidualState>(kResidualComponent);
-  if (!target) {
-    auto& r = staged.stage<ResidualState>(std::string(kResidualComponent));
-    r.values.swap(acc);
-    r.round = ctx.round;
-  }
-  state.commit(staged.items());
-  if (target) {
-    target->values.swap(acc);
-    target->round = ctx.round;
-  }
+  commitKept(state, staged, acc, ctx.round);
   return out;
 }
 

@@ -181,6 +181,20 @@ class Compressor {
                                             ClientState& state, const RoundContext& ctx,
                                             Workspace* workspace = nullptr, FeedbackStats* stats = nullptr) const;
 
+  // ---- error feedback formed where the data lives (a GPU: torch_trainer/device_round.h) ----
+  // A caller that forms residual + update and encodes it itself brackets its work with these two,
+  // so that the state changes as compressWithFeedback's call would, in phase 0 of a one-phase
+  // compressor. beginFeedback makes that call's checks of the state and context (the caller checks
+  // its update, and residual + update, against kMaxCompressMagnitude) and returns the residual to
+  // add: null when there is none (error feedback off, none kept, or older than ef_max_age).
+  // endFeedback keeps `kept` (layout.numel() floats, after the encoding and ef_decay) as the
+  // residual of ctx.round, swapping buffers with the state's. InvalidArgument as
+  // compressWithFeedback, and for endFeedback without error feedback or a `kept` of another size.
+  const ResidualState* beginFeedback(const ParamLayout& layout, const ClientState& state,
+                                     const RoundContext& ctx) const;
+  void endFeedback(const ParamLayout& layout, ClientState& state, const RoundContext& ctx,
+                   std::vector<float>& kept) const;
+
  protected:
   // The algorithm. `input` is what to compress. `residual` is empty when the call keeps no
   // residual; otherwise it is the same memory as `input` (a workspace, never the caller's
@@ -196,6 +210,15 @@ class Compressor {
 
   // Helper for checkReceived implementations.
   [[noreturn]] void unexpected(const ParamLayout& layout, size_t t, const PayloadView& p, const char* want) const;
+
+ private:
+  // compressWithFeedback's checks before anything changes (with `update`: phase 0's update, or a
+  // later phase's empty span).
+  void checkFeedbackCall(const ParamLayout& layout, const ClientState& state,
+                         const RoundContext& ctx, const std::span<const float>* update) const;
+  // Installs `staged` and `kept` (as the residual of `round`) all or nothing.
+  void commitKept(ClientState& state, StagedState& staged, std::vector<float>& kept,
+                  uint64_t round) const;
 };
 
 // The largest |value| a compressor accepts in an update, and in residual + update. Within it,

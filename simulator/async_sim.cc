@@ -59,6 +59,7 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
       accepted_(clients.shards.size(), 0),
       state_(trainer.layout().fingerprint()),
       declared_(server.scheme().options().metrics) {
+  algorithm_.setDeviceUpdate(config_.device_update);
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");

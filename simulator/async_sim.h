@@ -80,6 +80,9 @@ struct AsyncSimConfig {
   // Written after every step, resumed from when it exists (the store must then be the one
   // flushed with it: StateStoreOptions::resume); empty: none.
   std::string checkpoint;
+  // The round on the device for the clients (torch_trainer/device_round.h); null: the host. Must
+  // outlive the simulation.
+  client::DeviceUpdate* device_update = nullptr;
   void validate() const;     // ConfigError naming the key
 };
 

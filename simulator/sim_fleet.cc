@@ -206,6 +206,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   client::FitConfig fit{.epochs = h.fit.epochs, .batch_size = h.fit.batch_size, .lr = h.fit.lr};
   fit.prox_mu = h.fit.prox_mu;
   client::ClientAlgorithm algorithm(comp, trainer_, fit);
+  algorithm.setDeviceUpdate(config_.device_update);
   // What each client trains from: the broadcast model, or with a quantised downlink the whole
   // model decoded from its task when it was not one version behind (the same for all of them).
   server::ModelStore::WholeModelCache whole;

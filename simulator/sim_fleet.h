@@ -31,6 +31,7 @@
 #include <set>
 #include <vector>
 
+#include "client/algorithm.h"
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "server/engine.h"
@@ -59,6 +60,9 @@ struct SimFleetConfig {
   // checkpoint() flushes the state store (a checkpointed run's states must survive a crash). Off
   // for a run without a checkpoint: its states stay in memory up to the bound between rounds.
   bool durable_states = true;
+  // The round on the device (client::DeviceUpdate, torch_trainer/device_round.h) for the clients'
+  // phase 0; null: the host. Must outlive the fleet.
+  client::DeviceUpdate* device_update = nullptr;
 };
 
 // The simulated population: data shards and devices (identical on every worker).

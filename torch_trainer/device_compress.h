@@ -8,9 +8,8 @@
 // summed on the host in the same order; and the kept residual the same floats. The CPU suite checks
 // this on CPU tensors, test_torch_gpu on a GPU.
 //
-// Not yet on the simulator's path: a worker's client update is still formed and compressed on the
-// host (docs/gpu.md, "Not done yet"). Unlike the rest of torch_trainer/'s headers this one includes
-// LibTorch's tensor type: include it from LibTorch translation units only.
+// The round on the device (device_round.h) encodes with it. Unlike most of torch_trainer/'s headers
+// this one includes LibTorch's tensor type: include it from LibTorch translation units only.
 #include <torch/types.h>
 
 #include <cstdint>

@@ -30,6 +30,7 @@
 #include "core/finite.h"
 #include "data/sampling.h"
 #include "torch_trainer/net.h"
+#include "torch_trainer/trainer_device.h"
 
 namespace starling::torch_trainer {
 namespace {
@@ -81,7 +82,25 @@ class TorchTrainer final : public client::Trainer {
                 RngStream& rng) override;
   EvalResult evaluate(std::span<const float> params, const DataView& data) override;
 
+  // fit() from `start` with the trained model left on the device (trainer_device.h).
+  FitResult fitOnDevice(std::span<const float> start, const DataView& data, const FitConfig& cfg,
+                        RngStream& rng) {
+    FitResult r = train(start, data, cfg, rng);
+    if (!torch::isfinite(flat_).all().item<bool>())
+      diverged(cfg, "a parameter is not finite after the last step");
+    return r;
+  }
+  const torch::Tensor& values() const { return flat_; }
+
  private:
+  // Everything of fit() but the copy back: the trained model is in flat_.
+  FitResult train(std::span<const float> start, const DataView& data, const FitConfig& cfg,
+                  RngStream& rng);
+  [[noreturn]] void diverged(const FitConfig& cfg, const std::string& what) const {
+    STARLING_THROW(client::DivergenceError, spec(), ": training diverged: ", what,
+                   " (learning rate ", cfg.lr,
+                   " too high for this model and data?); the parameters are left as they were");
+  }
   void bind();
   void checkParams(size_t n) const {
     STARLING_CHECK_ARG(n == layout_.numel(), spec(), ": params has ", n,
@@ -319,18 +338,23 @@ std::pair<torch::Tensor, torch::Tensor> TorchTrainer::gather(size_t start, size_
 
 FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const FitConfig& cfg,
                             RngStream& rng) {
+  // params stay untouched until the copy back: a divergence needs no rollback
+  FitResult r = train(params, data, cfg, rng);
+  const std::span<const float> trained = hostValues();
+  if (!allFinite(trained)) diverged(cfg, "a parameter is not finite after the last step");
+  std::copy(trained.begin(), trained.end(), params.begin());
+  return r;
+}
+
+FitResult TorchTrainer::train(std::span<const float> from, const DataView& data,
+                              const FitConfig& cfg, RngStream& rng) {
   cfg.check();
-  checkParams(params.size());
-  client::checkGradientTerms(cfg, params.size());
+  checkParams(from.size());
+  client::checkGradientTerms(cfg, from.size());
   checkData(data);
   attach(*data.dataset);
-  load(params);  // params stay untouched until the copy back: a divergence needs no rollback
+  load(from);
   order_.assign(data.indices.begin(), data.indices.end());
-  const auto diverged = [&](const std::string& what) {
-    STARLING_THROW(client::DivergenceError, spec(), ": training diverged: ", what,
-                   " (learning rate ", cfg.lr,
-                   " too high for this model and data?); the parameters are left as they were");
-  };
 
   net_->setTraining(true);
   torch::Tensor step_params = flat_.narrow(0, 0, static_cast<int64_t>(param_numel_));
@@ -388,12 +412,9 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
   // it reaches params.
   const double loss_total = loss_sum.item<double>();
   if (!std::isfinite(loss_total))
-    diverged(::starling::detail::concat("a batch loss was ", loss_total, " (over ", cfg.epochs,
-                                        " epoch", cfg.epochs == 1 ? "" : "s", " of ", order_.size(),
-                                        " examples)"));
-  const std::span<const float> trained = hostValues();
-  if (!allFinite(trained)) diverged("a parameter is not finite after the last step");
-  std::copy(trained.begin(), trained.end(), params.begin());
+    diverged(cfg, ::starling::detail::concat("a batch loss was ", loss_total, " (over ", cfg.epochs,
+                                             " epoch", cfg.epochs == 1 ? "" : "s", " of ",
+                                             order_.size(), " examples)"));
 
   FitResult r;
   r.num_examples = data.size();
@@ -537,6 +558,30 @@ const TorchTrainerRegistry& torchTrainers() {
       });
   return registry;
 }
+
+namespace detail {
+
+bool isTorchTrainer(const client::Trainer& t) {
+  return dynamic_cast<const TorchTrainer*>(&t) != nullptr;
+}
+
+namespace {
+TorchTrainer& torchTrainer(client::Trainer& t) {
+  auto* tt = dynamic_cast<TorchTrainer*>(&t);
+  STARLING_CHECK_ARG(tt != nullptr, t.spec(), " is not a LibTorch trainer");
+  return *tt;
+}
+}  // namespace
+
+client::FitResult fitOnDevice(client::Trainer& t, std::span<const float> start,
+                              const client::DataView& data, const client::FitConfig& cfg,
+                              RngStream& rng) {
+  return torchTrainer(t).fitOnDevice(start, data, cfg, rng);
+}
+
+torch::Tensor deviceValues(client::Trainer& t) { return torchTrainer(t).values(); }
+
+}  // namespace detail
 
 std::unique_ptr<client::Trainer> makeTorchTrainer(std::string_view spec, size_t rows, size_t cols,
                                                   uint32_t classes, const Device& device) {

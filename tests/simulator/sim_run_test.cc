@@ -109,6 +109,46 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
   CHECK(readText(dir / "bad3.log").find("not a streaming rule") != std::string::npos);
 }
 
+TEST_CASE("the round on the device gives the host's run, bit for bit, synchronous and asynchronous",
+          "[simulator][integration]") {
+  TempDir dir("simdevround");
+  for (const char* mode : {"sync", "async"}) {
+    for (const char* on : {"on", "off"}) {
+      const std::string tag = std::string(mode) + "-" + on;
+      auto args = with(
+          simArgs(dir, tag, 1, 3),
+          {"--sim.device_round", on, "--compression.compressor",
+           std::string(mode) == "sync" ? "topk:density=0.05" : "stc:density=0.05,ef_decay=0.9"});
+      if (std::string(mode) == "async")
+        args = with(args, {"--round.mode", "async", "--async.buffer_size", "4",
+                           "--async.concurrency", "6"});
+      Proc p(args, dir / (tag + ".log"));
+      const int rc = p.wait(seconds(300));
+      INFO(readText(dir / (tag + ".log")));
+      REQUIRE(rc == 0);
+    }
+    INFO(mode);
+    CHECK(readText(dir / (std::string(mode) + "-on.log"))
+              .find("each update formed and compressed where it trains") != std::string::npos);
+    const auto a = readLines(dir / (std::string(mode) + "-on.jsonl"));
+    const auto b = readLines(dir / (std::string(mode) + "-off.jsonl"));
+    REQUIRE(a.size() == 3);
+    REQUIRE(b.size() == 3);
+    for (size_t i = 0; i < 3; ++i)
+      for (const char* key : {"clients_completed", "uplink_bytes", "downlink_bytes", "train_loss",
+                              "test_accuracy", "sim_seconds"})
+        CHECK(field(a[i], key) == field(b[i], key));
+    if (std::string(mode) == "sync") {  // the round engine's checkpoint holds the model
+      const auto [diff, scale] = modelDiff(dir / "sync-on.ckpt", dir / "sync-off.ckpt");
+      CHECK(scale > 0);
+      CHECK(diff == 0);
+    }
+  }
+  Proc bad(with(simArgs(dir, "bad", 1, 1), {"--sim.device_round", "maybe"}), dir / "bad.log");
+  CHECK(bad.wait(seconds(60)) == 2);
+  CHECK(readText(dir / "bad.log").find("sim.device_round = 'maybe'") != std::string::npos);
+}
+
 TEST_CASE("device settings no worker can meet stop the run before any worker starts",
           "[simulator][integration]") {
   TempDir dir("simdev");

@@ -4,6 +4,9 @@
 // Its own main: without a GPU LibTorch can use, every run exits with 77, which ctest reports as
 // "Skipped" (SKIP_RETURN_CODE, label gpu), so a machine without one never counts these as passed.
 // `make gpu-check` runs them where a GPU is lent (docs/gpu.md).
+// LibTorch first: its logging defines CHECK, which Catch's must replace.
+#include <torch/torch.h>
+
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -21,6 +24,7 @@
 #include "torch_trainer/blobs.h"
 #include "torch_trainer/device.h"
 #include "torch_trainer/device_compress_check.h"
+#include "torch_trainer/device_round_check.h"
 #include "torch_trainer/torch_trainer.h"
 
 using namespace starling;
@@ -201,6 +205,11 @@ TEST_CASE("top-k and stc on the GPU send the CPU compressor's payloads and keep 
   const torch::Device cuda(torch::kCUDA, 0);
   testing::checkTopKIndicesOrder(cuda);
   testing::checkDeviceTopKMatchesCpu(cuda);
+}
+
+TEST_CASE("the round on the GPU sends the host path's payloads and keeps its residual, bit for bit",
+          "[gpu][device_round]") {
+  testing::checkDeviceRoundMatchesHost(kGpu);
 }
 
 int main(int argc, char** argv) {

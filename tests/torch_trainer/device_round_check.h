@@ -1,0 +1,86 @@
+#pragma once
+// The round on the device (torch_trainer/device_round.h) against ClientAlgorithm's host path:
+// shared by the CPU suite (device_round_test.cc) and test_torch_gpu (the same on a GPU). Both paths
+// train on a trainer of the same device, so they train the same bits and must send the same
+// payloads and keep the same residual, bit for bit.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "client/algorithm.h"
+#include "client/synthetic.h"
+#include "compression/registry.h"
+#include "torch_trainer/blobs.h"
+#include "torch_trainer/device_compress_check.h"  // first: LibTorch before Catch
+#include "torch_trainer/device_round.h"
+#include "torch_trainer/torch_trainer.h"
+
+namespace starling::testing {
+
+inline const std::vector<float>* residualOf(const ClientState& s) {
+  const auto* r = s.find<compression::ResidualState>(compression::kResidualComponent);
+  return r ? &r->values : nullptr;
+}
+
+inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
+  const data::Dataset d = blobImages(96, 28, 28, 10, 4);
+  const std::vector<size_t> all = allIndices(d);
+  const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 48},
+                                                   {all.begin() + 48, all.end()}};
+  for (const char* spec :
+       {"topk:density=0.05", "topk:density=0.02,scope=global", "stc:density=0.05",
+        "topk:density=0.05,ef=false", "topk:density=0.05,ef_decay=0.9,ef_preview=0.5",
+        "stc:density=0.1,ef_max_age=1"}) {
+    INFO(spec);
+    const auto comp = compression::makeCompressor(spec);
+    auto host_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
+    auto dev_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
+    const client::FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
+    client::ClientAlgorithm host(*comp, *host_trainer, cfg), dev(*comp, *dev_trainer, cfg);
+    const auto round_on_device = torch_trainer::makeDeviceUpdate(*dev_trainer);
+    REQUIRE(round_on_device->serves(*comp));
+    dev.setDeviceUpdate(round_on_device.get());
+    const ParamLayout& layout = host_trainer->layout();
+    std::vector<float> global(layout.numel());
+    host_trainer->initParameters(global, 1);
+    std::vector<ClientState> host_states, dev_states;
+    for (int i = 0; i < 2; ++i) {
+      host_states.emplace_back(layout.fingerprint());
+      dev_states.emplace_back(layout.fingerprint());
+    }
+    for (uint64_t round = 1; round <= 4; ++round) {
+      std::vector<float> sum(layout.numel());
+      for (uint64_t id = 0; id < 2; ++id) {
+        if (id == 1 && round == 3)
+          continue;  // client 1 skips a round: ef_max_age=1 drops its residual
+        INFO("round " << round << ", client " << id);
+        compression::PhaseBroadcast b;
+        b.run_seed = 9;
+        b.round = round;
+        const client::DataView view{&d, shards[id]};
+        const client::PhaseResult h = host.runPhase(b, id, global, view, host_states[id]);
+        const client::PhaseResult g = dev.runPhase(b, id, global, view, dev_states[id]);
+        checkPayloadsEqual(h.update.tensors, g.update.tensors);
+        const auto* hr = residualOf(host_states[id]);
+        const auto* gr = residualOf(dev_states[id]);
+        REQUIRE((hr == nullptr) == (gr == nullptr));
+        if (hr) CHECK(sameBits(*hr, *gr));
+        CHECK(h.update.header.num_examples == g.update.header.num_examples);
+        REQUIRE(h.update.metrics.size() == g.update.metrics.size());
+        for (size_t m = 0; m < h.update.metrics.size(); ++m) {
+          INFO(h.update.metrics[m].name);
+          CHECK(h.update.metrics[m].name == g.update.metrics[m].name);
+          // The fit's metrics are the same training's; error feedback's diagnostics are summed in
+          // another order.
+          CHECK(g.update.metrics[m].value ==
+                Approx(h.update.metrics[m].value).epsilon(1e-9).margin(1e-12));
+        }
+        const std::vector<float> dense = densify(layout, h.update.tensors);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += 0.5f * dense[i];
+      }
+      for (size_t i = 0; i < global.size(); ++i) global[i] += sum[i];
+    }
+  }
+}
+
+}  // namespace starling::testing

@@ -1,0 +1,68 @@
+// The round on the device (torch_trainer/device_round.h) against ClientAlgorithm's host path, here
+// on the CPU; test_torch_gpu runs the same check on a GPU.
+#include <cmath>
+
+#include "client/eigen_trainer.h"
+#include "torch_trainer/device_round_check.h"
+
+using namespace starling;
+
+TEST_CASE(
+    "the round on the device sends the host path's payloads and keeps its residual, round after "
+    "round",
+    "[torch_trainer][device_round]") {
+  testing::checkDeviceRoundMatchesHost(torch_trainer::Device{});
+}
+
+TEST_CASE(
+    "the round on the device serves top-k and stc, needs a LibTorch trainer, and refuses as the "
+    "host path",
+    "[torch_trainer][device_round]") {
+  const data::Dataset d = testing::blobImages(32, 28, 28, 10, 4);
+  auto trainer = torch_trainer::makeTorchTrainer("logreg", d);
+  const auto round = torch_trainer::makeDeviceUpdate(*trainer);
+  CHECK(round->serves(*compression::makeCompressor("topk:density=0.1")));
+  CHECK(round->serves(*compression::makeCompressor("stc:density=0.1")));
+  CHECK_FALSE(round->serves(*compression::makeCompressor("qsgd:levels=4")));
+  CHECK_FALSE(round->serves(*compression::makeCompressor("none")));
+  auto eigen = client::makeTrainer("logreg", d);
+  CHECK_THROWS_AS(torch_trainer::makeDeviceUpdate(*eigen), InvalidArgument);
+
+  // Residual + update past the bound: InvalidArgument, and the state as it was, as on the host.
+  const auto comp = compression::makeCompressor("topk:density=0.1");
+  client::ClientAlgorithm alg(*comp, *trainer,
+                              client::FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.1});
+  client::ClientAlgorithm host(*comp, *trainer, alg.config());
+  alg.setDeviceUpdate(round.get());
+  const ParamLayout& layout = trainer->layout();
+  std::vector<float> global(layout.numel());
+  trainer->initParameters(global, 1);
+  // A residual just over the bound (what no compressor keeps, but a state file could hold).
+  const std::vector<float> residual(layout.numel(),
+                                    std::nextafter(compression::kMaxCompressMagnitude, INFINITY));
+  const auto withResidual = [&](ClientState& state) {
+    std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
+    auto r = std::make_unique<compression::ResidualState>();
+    r->values = residual;
+    r->round = 1;
+    items.emplace_back(std::string(compression::kResidualComponent), std::move(r));
+    state.commit(items);
+  };
+  ClientState state(layout.fingerprint()), host_state(layout.fingerprint());
+  withResidual(state);
+  withResidual(host_state);
+  compression::PhaseBroadcast b;
+  b.run_seed = 3;
+  b.round = 2;
+  const auto idx = testing::allIndices(d);
+  CHECK_THROWS_AS(host.runPhase(b, 1, global, client::DataView{&d, idx}, host_state),
+                  InvalidArgument);
+  CHECK_THROWS_WITH(
+      alg.runPhase(b, 1, global, client::DataView{&d, idx}, state),
+      Catch::Contains("residual + update value") && Catch::Contains("not finite or exceeds"));
+  REQUIRE(testing::residualOf(state) != nullptr);
+  CHECK(testing::sameBits(*testing::residualOf(state), residual));
+  // A state of another model is refused before anything is trained.
+  ClientState other(layout.fingerprint() + 1);
+  CHECK_THROWS_AS(alg.runPhase(b, 1, global, client::DataView{&d, idx}, other), InvalidArgument);
+}

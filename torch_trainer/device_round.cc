@@ -1,0 +1,114 @@
+#include "torch_trainer/device_round.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "compression/sparsify.h"
+#include "core/error.h"
+#include "torch_trainer/device_compress.h"
+#include "torch_trainer/trainer_device.h"
+
+namespace starling::torch_trainer {
+namespace {
+
+namespace cz = starling::compression;
+
+class DeviceRound final : public client::DeviceUpdate {
+ public:
+  explicit DeviceRound(client::Trainer& trainer) : trainer_(trainer) {
+    STARLING_CHECK_ARG(detail::isTorchTrainer(trainer),
+                       "the round on the device needs a LibTorch trainer, not ", trainer.spec());
+  }
+
+  bool serves(const cz::Compressor& c) const override {
+    return dynamic_cast<const cz::TopKCompressor*>(&c) != nullptr && c.phases() == 1;
+  }
+
+  std::vector<cz::Payload> fitAndCompress(const cz::Compressor& c, std::span<const float> start,
+                                          const client::DataView& data,
+                                          const client::FitConfig& cfg, RngStream& rng,
+                                          client::FitResult& fit, ClientState& state,
+                                          const cz::RoundContext& ctx,
+                                          cz::FeedbackStats* stats) override {
+    const auto* topk = dynamic_cast<const cz::TopKCompressor*>(&c);
+    STARLING_CHECK_ARG(topk != nullptr, "the round on the device does not serve ", c.spec());
+    const ParamLayout& layout = trainer_.layout();
+    const auto n = static_cast<int64_t>(layout.numel());
+    STARLING_CHECK_ARG(start.size() == layout.numel(), c.name(), ": the start model has ",
+                       start.size(), " floats, the layout needs ", layout.numel());
+    // compressWithFeedback's checks of the state and context, before anything is trained.
+    const cz::ResidualState* live = c.beginFeedback(layout, state, ctx);
+    fit = detail::fitOnDevice(trainer_, start, data, cfg, rng);
+    const torch::Tensor trained = detail::deviceValues(trainer_);
+    const torch::Tensor u = trained - upload(start, start_);  // the update, as the host forms it
+    checkBound(c, u, "update");
+    const bool keeps = c.usesErrorFeedback();
+    if (!keeps) {
+      torch::Tensor acc = u;
+      return encodeTopK(topk->options(), layout, acc, false);
+    }
+    torch::Tensor r;
+    if (live) r = upload(live->values, residual_);
+    torch::Tensor acc = live ? r + u : u.clone();  // residual + update, in float as the host adds
+    if (live) checkBound(c, acc, "residual + update");
+    const torch::Tensor before = stats ? acc.clone() : torch::Tensor();
+    std::vector<cz::Payload> out = encodeTopK(topk->options(), layout, acc, true);
+    const double decay = c.feedback().decay;
+    if (stats) {
+      // compressWithFeedback's diagnostics: sent = residual + update - kept (in float, before
+      // decay), the local displacement update + ef_preview x residual (in double).
+      const torch::Tensor sent = (before - acc).to(torch::kFloat64);
+      torch::Tensor moved = u.to(torch::kFloat64);
+      if (live) moved = moved + c.feedback().preview * r.to(torch::kFloat64);
+      const torch::Tensor moved2 = moved.square();
+      const torch::Tensor sums =
+          torch::stack({moved2.sum(), sent.square().sum(), moved2.masked_select(sent != 0).sum(),
+                        acc.to(torch::kFloat64).square().sum()})
+              .to(torch::kCPU);
+      const double* s = sums.data_ptr<double>();
+      *stats = cz::FeedbackStats{
+          std::sqrt(s[0]), std::sqrt(s[1]), std::sqrt(s[2]), decay * std::sqrt(s[3]),
+          live && live->round != 0 && ctx.round > live->round ? ctx.round - live->round : 0};
+    }
+    if (decay != 1.0) acc.mul_(static_cast<float>(decay));
+    kept_.resize(static_cast<size_t>(n));
+    torch::from_blob(kept_.data(), {n}, torch::kFloat32).copy_(acc);
+    c.endFeedback(layout, state, ctx, kept_);  // kept_ takes the old residual's storage
+    return out;
+  }
+
+ private:
+  // The caller's host floats on the trainer's device, in `buf` (kept between clients).
+  torch::Tensor upload(std::span<const float> v, torch::Tensor& buf) const {
+    const torch::Tensor values = detail::deviceValues(trainer_);
+    if (!buf.defined() || buf.numel() != static_cast<int64_t>(v.size()) ||
+        buf.device() != values.device())
+      buf = torch::empty({static_cast<int64_t>(v.size())}, values.options());
+    buf.copy_(torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())},
+                               torch::kFloat32));
+    return buf;
+  }
+
+  // compressWithFeedback's bound: every |value| finite and at most kMaxCompressMagnitude (one wait
+  // for the device; the offending index only when there is one).
+  static void checkBound(const cz::Compressor& c, const torch::Tensor& t, const char* what) {
+    const torch::Tensor ok = t.abs() <= cz::kMaxCompressMagnitude;  // NaN compares false
+    if (ok.all().item<bool>()) return;
+    const int64_t i = (~ok).nonzero().flatten()[0].item<int64_t>();
+    STARLING_THROW(InvalidArgument, c.name(), ": ", what, " value ", i, " (", t[i].item<float>(),
+                   ") is not finite or exceeds ", cz::kMaxCompressMagnitude, " (diverged?)");
+  }
+
+  client::Trainer& trainer_;
+  torch::Tensor start_, residual_;  // device buffers for the start model and the residual
+  std::vector<float> kept_;         // the kept residual on the host, handed to the state
+};
+
+}  // namespace
+
+std::unique_ptr<client::DeviceUpdate> makeDeviceUpdate(client::Trainer& trainer) {
+  return std::make_unique<DeviceRound>(trainer);
+}
+
+}  // namespace starling::torch_trainer
