@@ -76,12 +76,17 @@ void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_
 }
 
 // sim.device_round: whether the clients' updates are formed and compressed on the trainer's
-// device (auto: when that is a GPU).
-bool deviceRoundOn(const std::string& setting, const torch_trainer::Device& device) {
-  if (setting == "auto") return device.cuda();
+// device (auto: when that is a GPU). With no device yet, only checks the setting.
+bool deviceRoundOn(const std::string& setting, const torch_trainer::Device* device = nullptr) {
+  if (setting == "auto") return device && device->cuda();
   if (setting == "on") return true;
   if (setting == "off") return false;
   STARLING_THROW(ConfigError, "sim.device_round = '", setting, "': expected auto, on or off");
+}
+
+// The end of a run's summary line: how many updates the round on the device made.
+std::string deviceRoundNote(const client::DeviceUpdate* d) {
+  return d ? "; " + std::to_string(d->updates()) + " updates formed on the device" : "";
 }
 
 int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
@@ -151,12 +156,13 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   });
   std::printf(
       "\nstarling-sim: %llu steps in %.1f s (%.1f simulated s); final test accuracy %s; %llu "
-      "clients trained\n",
+      "clients trained%s\n",
       static_cast<unsigned long long>(ac.steps),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
       simulation.now(),
       last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
-      static_cast<unsigned long long>(simulation.clientsTrained()));
+      static_cast<unsigned long long>(simulation.clientsTrained()),
+      deviceRoundNote(device_update).c_str());
   return 0;
 }
 
@@ -169,6 +175,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   data::makePartitioner(c.data.partition);
   c.data.source.validate();
   const sim::SchedulePolicy policy = sim::parseSchedulePolicy(c.sim.schedule);
+  deviceRoundOn(c.sim.device_round);
   const sim::DeviceDistributions devices{c.devices.speed_median, c.devices.speed_sigma,
                                          c.devices.bandwidth_median, c.devices.bandwidth_sigma,
                                          c.devices.availability};
@@ -256,7 +263,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
   std::unique_ptr<client::DeviceUpdate> device_round;
-  if (deviceRoundOn(c.sim.device_round, device))
+  if (deviceRoundOn(c.sim.device_round, &device))
     device_round = torch_trainer::makeDeviceUpdate(*trainer);
   // SCAFFOLD is the round engine's, as in a deployment: c lives in the engine (and its
   // checkpoint), N is the simulated population.
@@ -369,11 +376,12 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     std::printf(
         "\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
         "this worker; "
-        "%llu client states moved between workers\n",
+        "%llu client states moved between workers%s\n",
         static_cast<unsigned long long>(ec.rounds - first + 1), secs,
         last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
         static_cast<unsigned long long>(fleet.clientsTrained()),
-        static_cast<unsigned long long>(fleet.statesMigrated()));
+        static_cast<unsigned long long>(fleet.statesMigrated()),
+        deviceRoundNote(device_round.get()).c_str());
   }
   for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
     std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,

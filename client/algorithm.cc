@@ -13,6 +13,14 @@ ClientAlgorithm::ClientAlgorithm(const compression::Compressor& compressor, Trai
   config_.check();
 }
 
+void ClientAlgorithm::setDeviceUpdate(DeviceUpdate* device) {
+  STARLING_CHECK_ARG(!device || &device->trainer() == &trainer_,
+                     "the round on the device trains another model replica (",
+                     device ? device->trainer().spec() : "", ") than this client algorithm's (",
+                     trainer_.spec(), ")");
+  device_ = device;
+}
+
 bool ControlVariateState::acknowledge(uint64_t acked_round) {
   const bool commit = pending_round != 0 && pending_round == acked_round;
   if (commit) values = std::move(pending);

@@ -77,6 +77,10 @@ class DeviceUpdate {
   // (trained - start) as compressor.compressWithFeedback(layout, update, state, ctx, ...) would:
   // the same payloads, the same residual kept in `state`, `stats` (when given) to double rounding.
   // Throws as those two; on a throw `state` is unchanged.
+  // The trainer it trains with: a ClientAlgorithm takes it only for its own trainer.
+  virtual const Trainer& trainer() const = 0;
+  // Updates it formed and compressed so far.
+  virtual uint64_t updates() const = 0;
   virtual std::vector<compression::Payload> fitAndCompress(
       const compression::Compressor& compressor, std::span<const float> start, const DataView& data,
       const FitConfig& cfg, RngStream& rng, FitResult& fit, ClientState& state,
@@ -111,8 +115,9 @@ class ClientAlgorithm {
 
   // Phase 0 on the device when `device` serves the compressor and the round has no SCAFFOLD
   // (whose control variate needs the update on the host): the same result as the host path.
-  // Null (the default): always on the host. `device` must outlive this object.
-  void setDeviceUpdate(DeviceUpdate* device) { device_ = device; }
+  // Null (the default): always on the host. `device` must outlive this object. InvalidArgument
+  // when it trains another trainer than this object's.
+  void setDeviceUpdate(DeviceUpdate* device);
 
  private:
   const compression::Compressor& compressor_;

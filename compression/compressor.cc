@@ -161,17 +161,13 @@ std::vector<Payload> Compressor::compress(const ParamLayout& layout, std::span<c
 
 void Compressor::checkFeedbackCall(const ParamLayout& layout, const ClientState& state,
                                    const RoundContext& ctx,
-                                   const std::span<const float>* update) const {
+                                   const std::function<void()>& check_update) const {
   STARLING_CHECK_ARG(state.layoutFingerprint() == layout.fingerprint(), name(),
                      ": client state belongs to another model (fingerprint ", state.layoutFingerprint(), " vs ",
                      layout.fingerprint(), ")");
   STARLING_CHECK_ARG(ctx.phase < phases(), name(), ": phase ", ctx.phase, " does not exist (", phases(), " phase",
                      phases() == 1 ? "" : "s", " per round)");
-  if (update && ctx.phase == 0)
-    checkUpdate(*this, layout, *update);
-  else if (update)
-    STARLING_CHECK_ARG(update->empty(), name(), ": phase ", ctx.phase,
-                       " continues from the state and takes no update");
+  check_update();
   const ResidualState* kept = state.find<ResidualState>(kResidualComponent);
   STARLING_CHECK_ARG(!kept || kept->values.size() == layout.numel(), name(), ": the client state's residual has ",
                      kept ? kept->values.size() : 0, " floats, the layout needs ", layout.numel());
@@ -197,11 +193,12 @@ void Compressor::commitKept(ClientState& state, StagedState& staged, std::vector
 }
 
 const ResidualState* Compressor::beginFeedback(const ParamLayout& layout, const ClientState& state,
-                                               const RoundContext& ctx) const {
+                                               const RoundContext& ctx,
+                                               const std::function<void()>& check_update) const {
   STARLING_CHECK_ARG(ctx.phase == 0 && phases() == 1, name(),
                      ": error feedback formed outside the compressor ",
                      "takes phase 0 of a one-phase compressor");
-  checkFeedbackCall(layout, state, ctx, nullptr);
+  checkFeedbackCall(layout, state, ctx, check_update);
   return liveResidual(state, ctx.round);
 }
 
@@ -219,7 +216,13 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
                                                       ClientState& state, const RoundContext& ctx,
                                                       Workspace* workspace,
                                                       FeedbackStats* stats) const {
-  checkFeedbackCall(layout, state, ctx, &update);
+  checkFeedbackCall(layout, state, ctx, [&] {
+    if (ctx.phase == 0)
+      checkUpdate(*this, layout, update);
+    else
+      STARLING_CHECK_ARG(update.empty(), name(), ": phase ", ctx.phase,
+                         " continues from the state and takes no update");
+  });
   const ResidualState* kept = state.find<ResidualState>(kResidualComponent);
 
   // A call keeps a buffer when error feedback is on, or when a later phase continues from it.

@@ -25,6 +25,7 @@
 //   checkReceived()     what a receiver accepts for a tensor: the encoding this compressor sends
 //                       and the fields the round fixes (random-block offset and length)
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -184,14 +185,17 @@ class Compressor {
   // ---- error feedback formed where the data lives (a GPU: torch_trainer/device_round.h) ----
   // A caller that forms residual + update and encodes it itself brackets its work with these two,
   // so that the state changes as compressWithFeedback's call would, in phase 0 of a one-phase
-  // compressor. beginFeedback makes that call's checks of the state and context (the caller checks
-  // its update, and residual + update, against kMaxCompressMagnitude) and returns the residual to
-  // add: null when there is none (error feedback off, none kept, or older than ef_max_age).
+  // compressor. beginFeedback makes that call's checks of the state and context, in its order,
+  // with `check_update` (the caller's check of its update against kMaxCompressMagnitude, throwing
+  // the same InvalidArgument) where that call checks the update; the caller checks residual +
+  // update itself. It returns the residual to add: null when there is none (error feedback off,
+  // none kept, or older than ef_max_age).
   // endFeedback keeps `kept` (layout.numel() floats, after the encoding and ef_decay) as the
   // residual of ctx.round, swapping buffers with the state's. InvalidArgument as
   // compressWithFeedback, and for endFeedback without error feedback or a `kept` of another size.
   const ResidualState* beginFeedback(const ParamLayout& layout, const ClientState& state,
-                                     const RoundContext& ctx) const;
+                                     const RoundContext& ctx,
+                                     const std::function<void()>& check_update) const;
   void endFeedback(const ParamLayout& layout, ClientState& state, const RoundContext& ctx,
                    std::vector<float>& kept) const;
 
@@ -212,10 +216,10 @@ class Compressor {
   [[noreturn]] void unexpected(const ParamLayout& layout, size_t t, const PayloadView& p, const char* want) const;
 
  private:
-  // compressWithFeedback's checks before anything changes (with `update`: phase 0's update, or a
-  // later phase's empty span).
+  // compressWithFeedback's checks before anything changes; `check_update` checks the update (phase
+  // 0's, or a later phase's empty span) in its place among them.
   void checkFeedbackCall(const ParamLayout& layout, const ClientState& state,
-                         const RoundContext& ctx, const std::span<const float>* update) const;
+                         const RoundContext& ctx, const std::function<void()>& check_update) const;
   // Installs `staged` and `kept` (as the residual of `round`) all or nothing.
   void commitKept(ClientState& state, StagedState& staged, std::vector<float>& kept,
                   uint64_t round) const;

@@ -37,16 +37,19 @@ class DeviceRound final : public client::DeviceUpdate {
     const auto n = static_cast<int64_t>(layout.numel());
     STARLING_CHECK_ARG(start.size() == layout.numel(), c.name(), ": the start model has ",
                        start.size(), " floats, the layout needs ", layout.numel());
-    // compressWithFeedback's checks of the state and context, before anything is trained.
-    const cz::ResidualState* live = c.beginFeedback(layout, state, ctx);
+    // In the host path's order: the fit (its checks, its divergence), then compressWithFeedback's
+    // checks, the update's bound among them.
     fit = detail::fitOnDevice(trainer_, start, data, cfg, rng);
     const torch::Tensor trained = detail::deviceValues(trainer_);
     const torch::Tensor u = trained - upload(start, start_);  // the update, as the host forms it
-    checkBound(c, u, "update");
+    const cz::ResidualState* live =
+        c.beginFeedback(layout, state, ctx, [&] { checkBound(c, u, "update"); });
     const bool keeps = c.usesErrorFeedback();
     if (!keeps) {
       torch::Tensor acc = u;
-      return encodeTopK(topk->options(), layout, acc, false);
+      std::vector<cz::Payload> out = encodeTopK(topk->options(), layout, acc, false);
+      ++updates_;
+      return out;
     }
     torch::Tensor r;
     if (live) r = upload(live->values, residual_);
@@ -75,8 +78,12 @@ class DeviceRound final : public client::DeviceUpdate {
     kept_.resize(static_cast<size_t>(n));
     torch::from_blob(kept_.data(), {n}, torch::kFloat32).copy_(acc);
     c.endFeedback(layout, state, ctx, kept_);  // kept_ takes the old residual's storage
+    ++updates_;
     return out;
   }
+
+  const client::Trainer& trainer() const override { return trainer_; }
+  uint64_t updates() const override { return updates_; }
 
  private:
   // The caller's host floats on the trainer's device, in `buf` (kept between clients).
@@ -96,13 +103,16 @@ class DeviceRound final : public client::DeviceUpdate {
     const torch::Tensor ok = t.abs() <= cz::kMaxCompressMagnitude;  // NaN compares false
     if (ok.all().item<bool>()) return;
     const int64_t i = (~ok).nonzero().flatten()[0].item<int64_t>();
+    // The host's message (compression/compressor.cc), word for word.
     STARLING_THROW(InvalidArgument, c.name(), ": ", what, " value ", i, " (", t[i].item<float>(),
-                   ") is not finite or exceeds ", cz::kMaxCompressMagnitude, " (diverged?)");
+                   ") is not finite or exceeds ", cz::kMaxCompressMagnitude,
+                   what[0] == 'r' ? " (diverged?)" : "");
   }
 
   client::Trainer& trainer_;
   torch::Tensor start_, residual_;  // device buffers for the start model and the residual
   std::vector<float> kept_;         // the kept residual on the host, handed to the state
+  uint64_t updates_ = 0;
 };
 
 }  // namespace

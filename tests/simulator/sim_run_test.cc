@@ -128,16 +128,26 @@ TEST_CASE("the round on the device gives the host's run, bit for bit, synchronou
       REQUIRE(rc == 0);
     }
     INFO(mode);
-    CHECK(readText(dir / (std::string(mode) + "-on.log"))
-              .find("each update formed and compressed where it trains") != std::string::npos);
+    const std::string on_log = readText(dir / (std::string(mode) + "-on.log"));
+    CHECK(on_log.find("each update formed and compressed where it trains") != std::string::npos);
+    // The updates went through the device: "... N updates formed on the device".
+    const size_t at = on_log.find(" updates formed on the device");
+    REQUIRE(at != std::string::npos);
+    const size_t from = on_log.rfind(' ', at - 1) + 1;
+    CHECK(std::stoull(on_log.substr(from, at - from)) > 0);
+    CHECK(readText(dir / (std::string(mode) + "-off.log")).find("formed on the device") ==
+          std::string::npos);
     const auto a = readLines(dir / (std::string(mode) + "-on.jsonl"));
     const auto b = readLines(dir / (std::string(mode) + "-off.jsonl"));
     REQUIRE(a.size() == 3);
     REQUIRE(b.size() == 3);
     for (size_t i = 0; i < 3; ++i)
       for (const char* key : {"clients_completed", "uplink_bytes", "downlink_bytes", "train_loss",
-                              "test_accuracy", "sim_seconds"})
+                              "test_accuracy", "sim_seconds"}) {
+        INFO(key);
+        CHECK(!field(b[i], key).empty());
         CHECK(field(a[i], key) == field(b[i], key));
+      }
     if (std::string(mode) == "sync") {  // the round engine's checkpoint holds the model
       const auto [diff, scale] = modelDiff(dir / "sync-on.ckpt", dir / "sync-off.ckpt");
       CHECK(scale > 0);

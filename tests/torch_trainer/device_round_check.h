@@ -27,15 +27,24 @@ inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
   const std::vector<size_t> all = allIndices(d);
   const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 48},
                                                    {all.begin() + 48, all.end()}};
-  for (const char* spec :
-       {"topk:density=0.05", "topk:density=0.02,scope=global", "stc:density=0.05",
-        "topk:density=0.05,ef=false", "topk:density=0.05,ef_decay=0.9,ef_preview=0.5",
-        "stc:density=0.1,ef_max_age=1"}) {
-    INFO(spec);
-    const auto comp = compression::makeCompressor(spec);
-    auto host_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
-    auto dev_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
-    const client::FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
+  struct Case {
+    const char* model;
+    const char* spec;
+    double prox_mu;
+  };
+  for (const Case& k :
+       {Case{"cnn", "topk:density=0.05", 0}, Case{"cnn", "topk:density=0.02,scope=global", 0},
+        Case{"cnn", "stc:density=0.05", 0}, Case{"cnn", "topk:density=0.05,ef=false", 0},
+        Case{"cnn", "topk:density=0.05,ef_decay=0.9,ef_preview=0.5", 0.01},
+        Case{"cnn:momentum=0.9", "stc:density=0.1,ef_max_age=1", 0},
+        // BatchNorm's running statistics travel in the layout after the parameters.
+        Case{"resnet", "topk:density=0.05", 0}}) {
+    INFO(k.model << ", " << k.spec << ", prox_mu " << k.prox_mu);
+    const auto comp = compression::makeCompressor(k.spec);
+    auto host_trainer = torch_trainer::makeTorchTrainer(k.model, d, device);
+    auto dev_trainer = torch_trainer::makeTorchTrainer(k.model, d, device);
+    client::FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
+    cfg.prox_mu = k.prox_mu;
     client::ClientAlgorithm host(*comp, *host_trainer, cfg), dev(*comp, *dev_trainer, cfg);
     const auto round_on_device = torch_trainer::makeDeviceUpdate(*dev_trainer);
     REQUIRE(round_on_device->serves(*comp));

@@ -55,14 +55,33 @@ TEST_CASE(
   b.run_seed = 3;
   b.round = 2;
   const auto idx = testing::allIndices(d);
-  CHECK_THROWS_AS(host.runPhase(b, 1, global, client::DataView{&d, idx}, host_state),
-                  InvalidArgument);
-  CHECK_THROWS_WITH(
-      alg.runPhase(b, 1, global, client::DataView{&d, idx}, state),
-      Catch::Contains("residual + update value") && Catch::Contains("not finite or exceeds"));
+  const auto messageOf = [&](client::ClientAlgorithm& a, ClientState& s) -> std::string {
+    try {
+      a.runPhase(b, 1, global, client::DataView{&d, idx}, s);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "no InvalidArgument";
+  };
+  const std::string host_message = messageOf(host, host_state);
+  CHECK_THAT(host_message, Catch::Contains("residual + update value") &&
+                               Catch::Contains("not finite or exceeds"));
+  CHECK(messageOf(alg, state) == host_message);
+  CHECK(round->updates() == 0);
   REQUIRE(testing::residualOf(state) != nullptr);
   CHECK(testing::sameBits(*testing::residualOf(state), residual));
-  // A state of another model is refused before anything is trained.
-  ClientState other(layout.fingerprint() + 1);
-  CHECK_THROWS_AS(alg.runPhase(b, 1, global, client::DataView{&d, idx}, other), InvalidArgument);
+  // A state of another model is refused, as on the host (after the fit, in the host's order).
+  ClientState other(layout.fingerprint() + 1), other_host(layout.fingerprint() + 1);
+  const std::string other_message = messageOf(alg, other);
+  CHECK(other_message == messageOf(host, other_host));
+  CHECK_THAT(other_message, Catch::Contains("belongs to another model"));
+  // A clean state: one update made on the device.
+  ClientState fresh(layout.fingerprint());
+  alg.runPhase(b, 1, global, client::DataView{&d, idx}, fresh);
+  CHECK(round->updates() == 1);
+  // The round on the device trains its own trainer: it serves only a client algorithm of that one.
+  auto another = torch_trainer::makeTorchTrainer("logreg", d);
+  client::ClientAlgorithm elsewhere(*comp, *another, alg.config());
+  CHECK_THROWS_AS(elsewhere.setDeviceUpdate(round.get()), InvalidArgument);
+  elsewhere.setDeviceUpdate(nullptr);
 }
