@@ -269,7 +269,7 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
     }
     const double decay = usesErrorFeedback() ? feedback().decay : 1.0;
     *stats = FeedbackStats{std::sqrt(l2), std::sqrt(s2), std::sqrt(f2), decay * std::sqrt(k2),
-                           live && live->round != 0 && ctx.round > live->round ? ctx.round - live->round : 0};
+                           residualAge(live, ctx.round)};
   }
   if (usesErrorFeedback() && last_phase && feedback().decay != 1.0) {
     const float d = static_cast<float>(feedback().decay);

@@ -114,6 +114,12 @@ struct FeedbackStats {
   double gain() const { return local_on_sent > 0 ? sent_norm / local_on_sent : 0.0; }
 };
 
+// FeedbackStats::residual_age of a call in `round` that added `live` (null: none): the rounds since
+// it was written, 0 when unknown (round 0) or not older.
+inline uint64_t residualAge(const ResidualState* live, uint64_t round) {
+  return live && live->round != 0 && round > live->round ? round - live->round : 0;
+}
+
 // Components built while compressing, installed into the ClientState only once compression has
 // succeeded (ClientState::commit is all-or-nothing).
 class StagedState {

@@ -33,13 +33,13 @@ torch::Tensor topKIndices(const torch::Tensor& x, int64_t k) {
 namespace {
 
 // Indices (int64, on the device) and their values, moved to the host in one go each.
-void download(const torch::Tensor& idx, const torch::Tensor& values, int64_t base,
-              std::vector<uint32_t>& idx_out, std::vector<float>& values_out) {
+void download(const torch::Tensor& idx, const torch::Tensor& values, std::vector<uint32_t>& idx_out,
+              std::vector<float>& values_out) {
   const torch::Tensor i = idx.to(torch::kCPU).contiguous();
   const torch::Tensor v = values.to(torch::kCPU).contiguous();
   const int64_t* ip = i.data_ptr<int64_t>();
   idx_out.resize(static_cast<size_t>(i.numel()));
-  for (size_t j = 0; j < idx_out.size(); ++j) idx_out[j] = static_cast<uint32_t>(ip[j] - base);
+  for (size_t j = 0; j < idx_out.size(); ++j) idx_out[j] = static_cast<uint32_t>(ip[j]);
   const float* vp = v.data_ptr<float>();
   values_out.assign(vp, vp + v.numel());
 }
@@ -82,7 +82,7 @@ std::vector<cz::Payload> encodeTopK(const cz::TopKOptions& opt, const ParamLayou
       const torch::Tensor sel = topKIndices(
           slice, static_cast<int64_t>(cz::countForDensity(opt.density, layout[t].numel)));
       const torch::Tensor vals = slice.index_select(0, sel);
-      download(sel, vals, 0, idx, values);
+      download(sel, vals, idx, values);
       if (opt.ternary) {
         cz::Ternary x = cz::ternaryPayload(idx, values);
         if (keep_residual && x.count > 0) ternaryResidual(slice, sel, vals, x.mu);
@@ -101,7 +101,7 @@ std::vector<cz::Payload> encodeTopK(const cz::TopKOptions& opt, const ParamLayou
       topKIndices(acc, static_cast<int64_t>(cz::countForDensity(opt.density, layout.numel())));
   std::vector<uint32_t> all;
   std::vector<float> all_values;
-  download(sel, acc.index_select(0, sel), 0, all, all_values);
+  download(sel, acc.index_select(0, sel), all, all_values);
   if (keep_residual) acc.index_fill_(0, sel, 0.0f);
   size_t pos = 0;
   for (size_t t = 0; t < layout.size(); ++t) {

@@ -70,9 +70,8 @@ class DeviceRound final : public client::DeviceUpdate {
                         acc.to(torch::kFloat64).square().sum()})
               .to(torch::kCPU);
       const double* s = sums.data_ptr<double>();
-      *stats = cz::FeedbackStats{
-          std::sqrt(s[0]), std::sqrt(s[1]), std::sqrt(s[2]), decay * std::sqrt(s[3]),
-          live && live->round != 0 && ctx.round > live->round ? ctx.round - live->round : 0};
+      *stats = cz::FeedbackStats{std::sqrt(s[0]), std::sqrt(s[1]), std::sqrt(s[2]),
+                                 decay * std::sqrt(s[3]), cz::residualAge(live, ctx.round)};
     }
     if (decay != 1.0) acc.mul_(static_cast<float>(decay));
     kept_.resize(static_cast<size_t>(n));
