@@ -287,7 +287,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
           device_round->serves(*compression::makeCompressor(ec.scheme.compressor))
               ? (ec.scheme.scaffold ? "off in SCAFFOLD rounds (the update is needed on the host)"
                                     : "each update formed and compressed where it trains")
-              : "this compressor is compressed on the host (top-k and stc are served)");
+              : "this compressor is compressed on the host (top-k, stc, rand-k, random-block, "
+                "sign and QSGD are served)");
     if (c.data.stats || !c.data.stats_file.empty()) {
       const data::PartitionStats st = data::partitionStats(train.labels, train.num_classes, clients.shards);
       if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());

@@ -67,7 +67,7 @@ void checkScaffoldTrainer(const Trainer& trainer);
 
 // Optional: a client's phase-0 training, update and compression where the trainer trains (a GPU),
 // so that only the payload and the kept residual cross to the host. torch_trainer/device_round.h
-// implements it for the LibTorch trainer with the top-k and stc compressors.
+// implements it for the LibTorch trainer with top-k, stc, rand-k, random-block, sign and QSGD.
 class DeviceUpdate {
  public:
   virtual ~DeviceUpdate() = default;

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "compression/bitpack.h"
+#include "compression/exact_sum.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -25,8 +26,8 @@ std::vector<Payload> SignCompressor::encode(const ParamLayout& layout, std::span
     auto v = layout.slice(input, t);
     auto res = residual.empty() ? residual : layout.slice(residual, t);
     const size_t n = v.size();
-    // Eigen's blocked reduction vectorises (a plain double sum would be one serial chain).
-    const double l1 = ConstVectorMap(v.data(), static_cast<Eigen::Index>(n)).cwiseAbs().sum();
+    // Correctly rounded, so the same on any CPU and on the device (exact_sum.h).
+    const double l1 = exactAbsSum(v);
     Sign s;
     s.scale = static_cast<float>(l1 / static_cast<double>(n));
     s.bits.assign(packedBytes(n, 1), 0);
@@ -75,16 +76,19 @@ std::vector<Payload> QsgdCompressor::encode(const ParamLayout& layout, std::span
     const size_t n = v.size();
     Qsgd q;
     q.s = s;
-    // In double: a float sum of squares overflows for values near 1e19 (inputs may reach 1e30).
-    q.norm = static_cast<float>(ConstVectorMap(v.data(), static_cast<Eigen::Index>(n)).cast<double>().norm());
-    RngStream rng(StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kQsgd, t});
+    // The sum of squares exact and rounded once (no float overflow for values near 1e30, and the
+    // same on any device, exact_sum.h); one counter-based draw per value, so the device can draw
+    // the same numbers.
+    q.norm = static_cast<float>(std::sqrt(exactSquareSum(v)));
+    const CounterStream draws(
+        StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kQsgd, t});
     BitWriter w(q.packed, n, bits);
     const double scale = q.norm > 0.0f ? static_cast<double>(s) / q.norm : 0.0;
     const float unit = q.norm / static_cast<float>(s);
     for (size_t i = 0; i < n; ++i) {
       const double r = std::fabs(v[i]) * scale;
       auto level = static_cast<uint32_t>(r);
-      if (level < s && rng.uniform() < r - level) ++level;
+      if (level < s && draws.uniformAt(i) < r - level) ++level;
       if (level > s) level = s;
       const bool neg = v[i] < 0.0f;
       w.put((level << 1) | static_cast<uint32_t>(neg), bits);

@@ -1,11 +1,14 @@
 #pragma once
 // Quantizers.
 //   sign  EF-SignSGD (Karimireddy et al. 2019): per tensor, p = input + residual, send the sign
-//         bits of p and scale = ||p||_1 / numel; residual = p - scale * sign(p). 1 bit per value.
-//   qsgd  QSGD (Alistarh et al. 2017): per tensor, norm = ||v||_2, level_i = floor(s|v_i|/norm)
-//         rounded up with probability s|v_i|/norm - floor(.), drawn from the client's seeded
-//         stream, so E[decoded] = v. 1 + ceil(log2(s+1)) bits per value plus the norm. Error
-//         feedback is off by default (the estimate is unbiased) and may be turned on.
+//         bits of p and scale = ||p||_1 / numel (the sum correctly rounded to double, exact_sum.h,
+//         so the same bits on any device); residual = p - scale * sign(p). 1 bit per value.
+//   qsgd  QSGD (Alistarh et al. 2017): per tensor, norm = ||v||_2 (the sum of squares correctly
+//         rounded, exact_sum.h), level_i = floor(s|v_i|/norm) rounded up with probability
+//         s|v_i|/norm - floor(.), value i's draw of the client's counter-based stream
+//         (CounterStream, core/rng.h), so E[decoded] = v and the device draws the same. 1 +
+//         ceil(log2(s+1)) bits per value plus the norm. Error feedback is off by default (the
+//         estimate is unbiased) and may be turned on.
 #include "compression/compressor.h"
 
 namespace starling::compression {
@@ -41,6 +44,7 @@ class QsgdCompressor final : public Compressor {
   explicit QsgdCompressor(QsgdOptions o);
   std::string name() const override { return "qsgd"; }
   std::string spec() const override;
+  const QsgdOptions& options() const { return opt_; }
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 

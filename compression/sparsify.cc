@@ -209,11 +209,15 @@ std::vector<Payload> RandKCompressor::encode(const ParamLayout& layout, std::spa
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
     auto v = layout.slice(input, t);
-    auto idx = sampleIndices(v.size(), countForDensity(opt_.density, v.size()), ctx.run_seed, ctx.round,
-                             ctx.client_id, t);
-    out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), std::move(idx)));
+    out.emplace_back(gather(v, sliceOrEmpty(layout, residual, t), indicesFor(ctx, t, v.size())));
   }
   return out;
+}
+
+std::vector<uint32_t> RandKCompressor::indicesFor(const RoundContext& ctx, size_t tensor_index,
+                                                  size_t numel) const {
+  return sampleIndices(numel, countForDensity(opt_.density, numel), ctx.run_seed, ctx.round,
+                       ctx.client_id, tensor_index);
 }
 
 RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.validate(); }
@@ -242,7 +246,7 @@ void RandBlockCompressor::checkReceived(const ParamLayout& layout, size_t t, con
   if (!b) unexpected(layout, t, p, "randblock");
   const size_t n = layout[t].numel;
   const uint32_t want = offsetFor(ctx, t, n);
-  if (b->offset != want || b->values.size() != countForDensity(opt_.density, n))
+  if (b->offset != want || b->values.size() != lengthFor(n))
     failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries a block of ", b->values.size(),
               " values at offset ", b->offset, "; round ", ctx.round, " fixes ", countForDensity(opt_.density, n),
               " values at offset ", want);
@@ -256,7 +260,7 @@ std::vector<Payload> RandBlockCompressor::encode(const ParamLayout& layout, std:
   for (size_t t = 0; t < layout.size(); ++t) {
     auto v = layout.slice(input, t);
     const size_t n = v.size();
-    const size_t len = countForDensity(opt_.density, n);
+    const size_t len = lengthFor(n);
     RandBlock b;
     b.offset = offsetFor(ctx, t, n);
     b.values.resize(len);

@@ -62,6 +62,11 @@ class RandKCompressor final : public Compressor {
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
 
+  // The positions tensor `tensor_index` (of numel values) sends in the round and client of `ctx`:
+  // sampleIndices' draw, ascending (the round on the device draws them here too).
+  std::vector<uint32_t> indicesFor(const RoundContext& ctx, size_t tensor_index,
+                                   size_t numel) const;
+
  protected:
   std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
                               const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
@@ -82,6 +87,8 @@ class RandBlockCompressor final : public Compressor {
   // offset=client, `client`'s own (the client argument is ignored for a shared offset).
   static uint32_t blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel);
   uint32_t offsetFor(const RoundContext& ctx, size_t tensor_index, size_t numel) const;
+  // The block's length in a tensor of numel values.
+  size_t lengthFor(size_t numel) const { return countForDensity(opt_.density, numel); }
 
  protected:
   std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,

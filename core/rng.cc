@@ -36,6 +36,8 @@ RngStream::RngStream(const StreamKey& key) {
   if ((s_[0] | s_[1] | s_[2] | s_[3]) == 0) s_[0] = 1;  // xoshiro must not be all-zero
 }
 
+CounterStream::CounterStream(const StreamKey& key) : seed_(RngStream(key).next()) {}
+
 uint64_t RngStream::next() {
   const uint64_t result = rotl(s_[1] * 5, 7) * 9;
   const uint64_t t = s_[1] << 17;

@@ -64,4 +64,26 @@ class RngStream {
   bool has_spare_ = false;
 };
 
+// A counter-based stream: draw i is SplitMix64's i-th output from a seed that RngStream(key) gives,
+// so any draw is computed on its own, in any order and on any device (the round on the device
+// computes the same draws with LibTorch's integer operations: torch_trainer/device_compress.cc).
+// QSGD's stochastic rounding draws one per value from it.
+class CounterStream {
+ public:
+  explicit CounterStream(const StreamKey& key);
+  uint64_t seed() const { return seed_; }
+  // Draw i: z = seed + (i + 1) * 0x9e3779b97f4a7c15, mixed by SplitMix64's finaliser.
+  uint64_t at(uint64_t i) const {
+    uint64_t z = seed_ + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 53 bits, as RngStream::uniform.
+  double uniformAt(uint64_t i) const { return static_cast<double>(at(i) >> 11) * 0x1.0p-53; }
+
+ private:
+  uint64_t seed_;
+};
+
 }  // namespace starling

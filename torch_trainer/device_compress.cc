@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include "compression/exact_sum.h"
+#include "compression/quantize.h"
 #include "core/error.h"
+#include "core/rng.h"
 
 namespace starling::torch_trainer {
 namespace cz = starling::compression;
@@ -56,15 +59,216 @@ void ternaryResidual(torch::Tensor& slice, const torch::Tensor& idx, const torch
   slice.index_copy_(0, i, v - torch::where(torch::signbit(v), minus, plus));
 }
 
+void checkAcc(const ParamLayout& layout, const torch::Tensor& acc, const char* who) {
+  STARLING_CHECK_ARG(acc.dim() == 1 && acc.scalar_type() == torch::kFloat32 &&
+                         acc.is_contiguous() && static_cast<size_t>(acc.numel()) == layout.numel(),
+                     who, " on the device: the input must be a contiguous float32 vector of ",
+                     layout.numel(), " values (the layout's), got ", acc.numel(), " of ",
+                     c10::toString(acc.scalar_type()));
+}
+
+std::vector<float> downloadValues(const torch::Tensor& values) {
+  const torch::Tensor v = values.to(torch::kCPU).contiguous();
+  return {v.data_ptr<float>(), v.data_ptr<float>() + v.numel()};
+}
+
+// Rand-k: the host's draw of positions (k of them uploaded), their values downloaded.
+std::vector<cz::Payload> encodeRandK(const cz::RandKCompressor& c, const ParamLayout& layout,
+                                     torch::Tensor& acc, bool keep_residual,
+                                     const cz::RoundContext& ctx) {
+  std::vector<cz::Payload> out;
+  out.reserve(layout.size());
+  std::vector<int64_t> wide;
+  for (size_t t = 0; t < layout.size(); ++t) {
+    torch::Tensor slice = acc.narrow(0, static_cast<int64_t>(layout[t].offset),
+                                     static_cast<int64_t>(layout[t].numel));
+    std::vector<uint32_t> idx = c.indicesFor(ctx, t, layout[t].numel);
+    wide.assign(idx.begin(), idx.end());
+    const torch::Tensor sel =
+        torch::from_blob(wide.data(), {static_cast<int64_t>(wide.size())}, torch::kInt64)
+            .to(acc.device());
+    std::vector<float> values = downloadValues(slice.index_select(0, sel));
+    if (keep_residual) slice.index_fill_(0, sel, 0.0f);
+    out.emplace_back(cz::Sparse{std::move(idx), std::move(values)});
+  }
+  return out;
+}
+
+// Random-block: the block at the host's offset, wrapping at the tensor's end, downloaded.
+std::vector<cz::Payload> encodeRandBlock(const cz::RandBlockCompressor& c,
+                                         const ParamLayout& layout, torch::Tensor& acc,
+                                         bool keep_residual, const cz::RoundContext& ctx) {
+  std::vector<cz::Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const auto n = static_cast<int64_t>(layout[t].numel);
+    torch::Tensor slice = acc.narrow(0, static_cast<int64_t>(layout[t].offset), n);
+    cz::RandBlock b;
+    b.offset = c.offsetFor(ctx, t, layout[t].numel);
+    const auto len = static_cast<int64_t>(c.lengthFor(layout[t].numel));
+    const int64_t first = std::min<int64_t>(len, n - b.offset);
+    torch::Tensor head = slice.narrow(0, b.offset, first), tail = slice.narrow(0, 0, len - first);
+    b.values = downloadValues(len == first ? head : torch::cat({head, tail}));
+    if (keep_residual) {
+      head.zero_();
+      tail.zero_();
+    }
+    out.emplace_back(std::move(b));
+  }
+  return out;
+}
+
+// A logical right shift of int64 values (LibTorch's is arithmetic).
+torch::Tensor shiftRight(const torch::Tensor& z, int k) {
+  return z.bitwise_right_shift(k).bitwise_and((int64_t{1} << (64 - k)) - 1);
+}
+
+// CounterStream's uniforms 0..n-1 (core/rng.h) on the device: SplitMix64 in int64 arithmetic,
+// which wraps as uint64 does.
+torch::Tensor counterUniforms(uint64_t seed, int64_t n, const torch::Device& device) {
+  torch::Tensor z = torch::arange(1, n + 1, torch::TensorOptions(torch::kInt64).device(device))
+                        .mul(static_cast<int64_t>(0x9e3779b97f4a7c15ull))
+                        .add(static_cast<int64_t>(seed));
+  z = z.bitwise_xor(shiftRight(z, 30)).mul(static_cast<int64_t>(0xbf58476d1ce4e5b9ull));
+  z = z.bitwise_xor(shiftRight(z, 27)).mul(static_cast<int64_t>(0x94d049bb133111ebull));
+  z = z.bitwise_xor(shiftRight(z, 31));
+  return shiftRight(z, 11).to(torch::kFloat64).mul(0x1.0p-53);
+}
+
+// |x|'s float exponent and significand (the implicit bit set for normal numbers), as int64: the
+// terms of compression/exact_sum.h's buckets.
+std::pair<torch::Tensor, torch::Tensor> exponentAndSignificand(const torch::Tensor& x) {
+  const torch::Tensor bits = x.view(torch::kInt32).bitwise_and(0x7fffffff);
+  const torch::Tensor e = bits.bitwise_right_shift(23);
+  const torch::Tensor m = bits.bitwise_and(0x7fffff) + (e > 0).to(torch::kInt32) * 0x800000;
+  return {e.to(torch::kInt64), m.to(torch::kInt64)};
+}
+
+// Buckets summed on the device (int64 sums: the same in any order), read on the host.
+cz::ExponentBuckets bucketSums(const torch::Tensor& e, const torch::Tensor& terms) {
+  const torch::Tensor sums = torch::zeros({256}, terms.options()).scatter_add_(0, e, terms);
+  const torch::Tensor host = sums.to(torch::kCPU).contiguous();
+  cz::ExponentBuckets b{};
+  for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<uint64_t>(host.data_ptr<int64_t>()[j]);
+  return b;
+}
+
+// `fields` (int32, each below 2^bits) packed LSB-first, `bits` a field, as compression's BitWriter
+// packs them; the bytes downloaded.
+std::vector<uint8_t> packBits(const torch::Tensor& fields, int64_t bits) {
+  const int64_t total = fields.numel() * bits, bytes = (total + 7) / 8;
+  const auto i32 = torch::TensorOptions(torch::kInt32).device(fields.device());
+  torch::Tensor flat = bits == 1 ? fields
+                                 : fields.unsqueeze(1)
+                                       .bitwise_right_shift(torch::arange(bits, i32))
+                                       .bitwise_and(1)
+                                       .flatten();
+  torch::Tensor padded = torch::zeros({bytes * 8}, i32);
+  padded.narrow(0, 0, total).copy_(flat);
+  const torch::Tensor weights =
+      torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, i32.device(torch::kCPU)).to(fields.device());
+  const torch::Tensor packed =
+      (padded.view({bytes, 8}) * weights).sum(1).to(torch::kUInt8).to(torch::kCPU).contiguous();
+  return {packed.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>() + bytes};
+}
+
+// QSGD: the norm from exact square sums (buckets on the device), the levels and their stochastic
+// rounding on the device from the same counter-based draws, the fields packed there.
+std::vector<cz::Payload> encodeQsgd(const cz::QsgdCompressor& c, const ParamLayout& layout,
+                                    torch::Tensor& acc, bool keep_residual,
+                                    const cz::RoundContext& ctx) {
+  std::vector<cz::Payload> out;
+  out.reserve(layout.size());
+  const uint32_t s = c.options().levels;
+  const auto bits = static_cast<int64_t>(1 + cz::qsgdLevelBits(s));
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const auto n = static_cast<int64_t>(layout[t].numel);
+    torch::Tensor slice = acc.narrow(0, static_cast<int64_t>(layout[t].offset), n);
+    const auto [e, m] = exponentAndSignificand(slice);
+    const torch::Tensor sq = m * m;  // below 2^48
+    const cz::SquareBuckets squares{bucketSums(e, sq.bitwise_right_shift(24)),
+                                    bucketSums(e, sq.bitwise_and(0xffffff))};
+    cz::Qsgd q;
+    q.s = s;
+    q.norm = static_cast<float>(std::sqrt(cz::roundSquareBuckets(squares)));
+    const double scale = q.norm > 0.0f ? static_cast<double>(s) / q.norm : 0.0;
+    const float unit = q.norm / static_cast<float>(s);
+    // As the host: r = |v| * scale in double, level = r truncated, one more with probability
+    // r - level (value i's draw), at most s.
+    const torch::Tensor r = slice.to(torch::kFloat64).abs().mul(scale);
+    torch::Tensor level = r.to(torch::kInt64);
+    const CounterStream draws(
+        StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kQsgd, t});
+    const torch::Tensor up = (level < static_cast<int64_t>(s))
+                                 .logical_and(counterUniforms(draws.seed(), n, acc.device()) <
+                                              r - level.to(torch::kFloat64));
+    level = (level + up.to(torch::kInt64)).clamp_max(static_cast<int64_t>(s));
+    const torch::Tensor neg = slice < 0;
+    q.packed = packBits((level * 2 + neg.to(torch::kInt64)).to(torch::kInt32), bits);
+    if (keep_residual) {
+      // The host's residual: value - (negative ? -sent : sent), sent = unit * level in float.
+      const torch::Tensor sent = level.to(torch::kFloat32).mul(unit);
+      slice.sub_(torch::where(neg, -sent, sent));
+    }
+    out.emplace_back(std::move(q));
+  }
+  return out;
+}
+
+// Sign: |v|'s significands summed per exponent on the device (integer sums, in any order the
+// same), the sum rounded on the host as SignCompressor rounds it; the bits packed on the device.
+std::vector<cz::Payload> encodeSign(const ParamLayout& layout, torch::Tensor& acc,
+                                    bool keep_residual) {
+  std::vector<cz::Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const auto n = static_cast<int64_t>(layout[t].numel);
+    torch::Tensor slice = acc.narrow(0, static_cast<int64_t>(layout[t].offset), n);
+    const auto [e, m] = exponentAndSignificand(slice);
+    cz::Sign s;
+    s.scale = static_cast<float>(cz::roundBuckets(bucketSums(e, m)) / static_cast<double>(n));
+    const torch::Tensor neg = slice < 0;  // as the host: -0 is not negative
+    s.bits = packBits(neg.to(torch::kInt32), 1);
+    if (keep_residual) {
+      // The host's residual: value - (negative ? -scale : scale), the same float subtraction.
+      const torch::Tensor plus = torch::full_like(slice, s.scale);
+      slice.sub_(torch::where(neg, -plus, plus));
+    }
+    out.emplace_back(std::move(s));
+  }
+  return out;
+}
+
 }  // namespace
+
+bool encodesOnDevice(const cz::Compressor& c) {
+  if (c.phases() != 1) return false;
+  return dynamic_cast<const cz::TopKCompressor*>(&c) != nullptr ||
+         dynamic_cast<const cz::RandKCompressor*>(&c) != nullptr ||
+         dynamic_cast<const cz::RandBlockCompressor*>(&c) != nullptr ||
+         dynamic_cast<const cz::SignCompressor*>(&c) != nullptr ||
+         dynamic_cast<const cz::QsgdCompressor*>(&c) != nullptr;
+}
+
+std::vector<cz::Payload> encodeOnDevice(const cz::Compressor& c, const ParamLayout& layout,
+                                        torch::Tensor& acc, bool keep_residual,
+                                        const cz::RoundContext& ctx) {
+  STARLING_CHECK_ARG(encodesOnDevice(c), "the device does not encode ", c.spec());
+  if (const auto* topk = dynamic_cast<const cz::TopKCompressor*>(&c))
+    return encodeTopK(topk->options(), layout, acc, keep_residual);
+  checkAcc(layout, acc, c.name().c_str());
+  if (const auto* rk = dynamic_cast<const cz::RandKCompressor*>(&c))
+    return encodeRandK(*rk, layout, acc, keep_residual, ctx);
+  if (const auto* rb = dynamic_cast<const cz::RandBlockCompressor*>(&c))
+    return encodeRandBlock(*rb, layout, acc, keep_residual, ctx);
+  if (const auto* q = dynamic_cast<const cz::QsgdCompressor*>(&c))
+    return encodeQsgd(*q, layout, acc, keep_residual, ctx);
+  return encodeSign(layout, acc, keep_residual);
+}
 
 std::vector<cz::Payload> encodeTopK(const cz::TopKOptions& opt, const ParamLayout& layout,
                                     torch::Tensor& acc, bool keep_residual) {
-  STARLING_CHECK_ARG(acc.dim() == 1 && acc.scalar_type() == torch::kFloat32 &&
-                         acc.is_contiguous() && static_cast<size_t>(acc.numel()) == layout.numel(),
-                     "top-k on the device: the input must be a contiguous float32 vector of ",
-                     layout.numel(), " values (the layout's), got ", acc.numel(), " of ",
-                     c10::toString(acc.scalar_type()));
+  checkAcc(layout, acc, "top-k");
   // Indices travel as u32 (the CPU's selectTopK requires as much): a tensor is bounded by
   // ParamLayout, global scope selects over the whole buffer.
   STARLING_CHECK_ARG(

@@ -1,12 +1,12 @@
 #pragma once
-// The sparsifying compressors' heavy part where the data lives (issue 19, "the round on the
-// device"): the exact top-k selection and the gathering of the sent values run on the tensor's
-// device (a GPU, or the CPU), and only the k indices and values cross to the host, where the
-// payload is built by the same code as the CPU compressor's. The payloads are those of
-// compression::TopKCompressor for the same input, bit for bit: the same positions (selectTopK's
-// total order, ties to the lower index, not LibTorch's topk order), the same values, STC's mu
-// summed on the host in the same order; and the kept residual the same floats. The CPU suite checks
-// this on CPU tensors, test_torch_gpu on a GPU.
+// The compressors' heavy part where the data lives (issue 19, "the round on the device"): the exact
+// top-k selection and the gathering of the sent values run on the tensor's device (a GPU, or the
+// CPU), and only the k indices and values cross to the host, where the payload is built by the
+// same code as the CPU compressor's; rand-k, random-block, sign and QSGD likewise (encodeOnDevice).
+// The payloads are those of compression::TopKCompressor for the same input, bit for bit: the same
+// positions (selectTopK's total order, ties to the lower index, not LibTorch's topk order), the
+// same values, STC's mu summed on the host in the same order; and the kept residual the same
+// floats. The CPU suite checks this on CPU tensors, test_torch_gpu on a GPU.
 //
 // The round on the device (device_round.h) encodes with it. Unlike most of torch_trainer/'s headers
 // this one includes LibTorch's tensor type: include it from LibTorch translation units only.
@@ -36,5 +36,26 @@ torch::Tensor topKIndices(const torch::Tensor& x, int64_t k);
 std::vector<compression::Payload> encodeTopK(const compression::TopKOptions& opt,
                                              const ParamLayout& layout, torch::Tensor& acc,
                                              bool keep_residual);
+
+// Whether encodeOnDevice takes `c`: top-k and stc (encodeTopK), rand-k, random-block, sign and
+// QSGD, each of one phase. PowerSGD and ACP-SGD are encoded on the host: their matrix products'
+// sums no device orders as Eigen does, so their payloads would not be the host's bits.
+bool encodesOnDevice(const compression::Compressor& c);
+
+// c's encoding of `acc` (as encodeTopK: a contiguous 1-D float32 tensor of layout.numel() values on
+// any device, each |value| <= kMaxCompressMagnitude) in the round and client of `ctx`, bit for bit
+// the payloads c.compress would make, with only the payload crossing to the host: rand-k's indices
+// drawn on the host from the same stream (k of them go to the device), random-block's offset from
+// the same stream, sign's bits packed on the device and its scale from the correctly rounded sum
+// (compression/exact_sum.h: 256 exponent buckets filled on the device), QSGD's norm the same way
+// (two bucket sets of squares), its levels rounded on the device with the same counter-based
+// draws (core/rng.h's CounterStream) and packed there. With `keep_residual`, acc becomes what c
+// keeps before error feedback's decay: the sent positions zeroed (rand-k, random-block), value -
+// sent (sign, QSGD). InvalidArgument for a compressor encodesOnDevice
+// refuses, or an acc of the wrong shape or dtype.
+std::vector<compression::Payload> encodeOnDevice(const compression::Compressor& c,
+                                                 const ParamLayout& layout, torch::Tensor& acc,
+                                                 bool keep_residual,
+                                                 const compression::RoundContext& ctx);
 
 }  // namespace starling::torch_trainer

@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "compression/sparsify.h"
 #include "core/error.h"
 #include "torch_trainer/device_compress.h"
 #include "torch_trainer/trainer_device.h"
@@ -21,9 +20,7 @@ class DeviceRound final : public client::DeviceUpdate {
                        "the round on the device needs a LibTorch trainer, not ", trainer.spec());
   }
 
-  bool serves(const cz::Compressor& c) const override {
-    return dynamic_cast<const cz::TopKCompressor*>(&c) != nullptr && c.phases() == 1;
-  }
+  bool serves(const cz::Compressor& c) const override { return encodesOnDevice(c); }
 
   std::vector<cz::Payload> fitAndCompress(const cz::Compressor& c, std::span<const float> start,
                                           const client::DataView& data,
@@ -31,8 +28,7 @@ class DeviceRound final : public client::DeviceUpdate {
                                           client::FitResult& fit, ClientState& state,
                                           const cz::RoundContext& ctx,
                                           cz::FeedbackStats* stats) override {
-    const auto* topk = dynamic_cast<const cz::TopKCompressor*>(&c);
-    STARLING_CHECK_ARG(topk != nullptr, "the round on the device does not serve ", c.spec());
+    STARLING_CHECK_ARG(serves(c), "the round on the device does not serve ", c.spec());
     const ParamLayout& layout = trainer_.layout();
     const auto n = static_cast<int64_t>(layout.numel());
     STARLING_CHECK_ARG(start.size() == layout.numel(), c.name(), ": the start model has ",
@@ -47,7 +43,7 @@ class DeviceRound final : public client::DeviceUpdate {
     const bool keeps = c.usesErrorFeedback();
     if (!keeps) {
       torch::Tensor acc = u;
-      std::vector<cz::Payload> out = encodeTopK(topk->options(), layout, acc, false);
+      std::vector<cz::Payload> out = encodeOnDevice(c, layout, acc, false, ctx);
       ++updates_;
       return out;
     }
@@ -56,7 +52,7 @@ class DeviceRound final : public client::DeviceUpdate {
     torch::Tensor acc = live ? r + u : u.clone();  // residual + update, in float as the host adds
     if (live) checkBound(c, acc, "residual + update");
     const torch::Tensor before = stats ? acc.clone() : torch::Tensor();
-    std::vector<cz::Payload> out = encodeTopK(topk->options(), layout, acc, true);
+    std::vector<cz::Payload> out = encodeOnDevice(c, layout, acc, true, ctx);
     const double decay = c.feedback().decay;
     if (stats) {
       // compressWithFeedback's diagnostics: sent = residual + update - kept (in float, before

@@ -1,9 +1,11 @@
 #pragma once
-// The device's top-k and stc against the CPU compressors, bit for bit: shared by the CPU suite
-// (device_compress_test.cc, CPU tensors) and test_torch_gpu (the same on a GPU).
+// The device's top-k, stc, rand-k, random-block, sign and QSGD against the CPU compressors, bit for
+// bit: shared by the CPU suite (device_compress_test.cc, CPU tensors) and test_torch_gpu (the same
+// on a GPU).
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,6 +54,19 @@ inline void checkPayloadsEqual(const std::vector<compression::Payload>& cpu,
       const auto& d = std::get<compression::Sparse>(dev[t]);
       CHECK(s->indices == d.indices);
       CHECK(sameBits(s->values, d.values));
+    } else if (const auto* b = std::get_if<compression::RandBlock>(&cpu[t])) {
+      const auto& d = std::get<compression::RandBlock>(dev[t]);
+      CHECK(b->offset == d.offset);
+      CHECK(sameBits(b->values, d.values));
+    } else if (const auto* g = std::get_if<compression::Sign>(&cpu[t])) {
+      const auto& d = std::get<compression::Sign>(dev[t]);
+      CHECK(std::memcmp(&g->scale, &d.scale, 4) == 0);
+      CHECK(g->bits == d.bits);
+    } else if (const auto* q = std::get_if<compression::Qsgd>(&cpu[t])) {
+      const auto& d = std::get<compression::Qsgd>(dev[t]);
+      CHECK(q->s == d.s);
+      CHECK(std::memcmp(&q->norm, &d.norm, 4) == 0);
+      CHECK(q->packed == d.packed);
     } else {
       const auto& x = std::get<compression::Ternary>(cpu[t]);
       const auto& d = std::get<compression::Ternary>(dev[t]);
@@ -98,6 +113,49 @@ inline void checkDeviceTopKMatchesCpu(const torch::Device& device) {
           compression::TopKCompressor(topk.options()).compress(layout, toVector(same), ctx),
           torch_trainer::encodeTopK(topk.options(), layout, same, false));
       CHECK(sameBits(toVector(same), toVector(acc)));
+    }
+  }
+}
+
+// For rand-k, random-block, sign and QSGD: the CPU compressor with error feedback from a fresh
+// state against encodeOnDevice on `device`, as above, in two rounds and for two clients (their
+// streams).
+inline void checkDeviceEncodeMatchesCpu(const torch::Device& device) {
+  ParamLayout layout = smallCnnLayout();
+  layout.add("big.weight", {512, 3136});
+  layout.add("head.scale", {1});
+  layout.add("odd.bias", {13});  // sign's bits: a last byte only partly used
+  const size_t n = layout.numel();
+  std::vector<float> wide = randomVector(n, 8);  // exponents far apart: the sum's rounding matters
+  for (size_t i = 0; i < n; ++i) wide[i] *= std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
+  const std::vector<std::vector<float>> inputs = {randomVector(n, 3), tiedValues(n, 4), wide,
+                                                  std::vector<float>(n, 0.0f)};
+  for (const char* spec :
+       {"randk:density=0.01", "randk:density=0.3", "randblock:density=0.05",
+        "randblock:density=0.5,offset=client", "randblock:density=1", "sign", "qsgd:levels=16",
+        "qsgd:levels=1,ef=true", "qsgd:levels=65535,ef=true"}) {
+    const auto comp = compression::makeCompressor(spec);
+    REQUIRE(torch_trainer::encodesOnDevice(*comp));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      for (const compression::RoundContext ctx : {compression::RoundContext{7, 1, 0, 5, nullptr},
+                                                  compression::RoundContext{7, 2, 0, 3, nullptr}}) {
+        INFO(spec << ", input " << i << ", round " << ctx.round << ", client " << ctx.client_id);
+        ClientState state(layout.fingerprint());
+        const auto cpu = comp->compressWithFeedback(layout, inputs[i], state, ctx);
+        const auto* kept = state.find<compression::ResidualState>(compression::kResidualComponent);
+        const bool ef = comp->usesErrorFeedback();
+        REQUIRE((kept != nullptr) == ef);
+        torch::Tensor acc = torch::from_blob(const_cast<float*>(inputs[i].data()),
+                                             {static_cast<int64_t>(n)}, torch::kFloat32)
+                                .to(device, /*non_blocking=*/false, /*copy=*/true);
+        checkPayloadsEqual(cpu, torch_trainer::encodeOnDevice(*comp, layout, acc, ef, ctx));
+        CHECK(sameBits(ef ? kept->values : inputs[i], toVector(acc)));
+        // Without a residual to keep, the input is left as it was.
+        torch::Tensor same = acc.clone();
+        checkPayloadsEqual(comp->compress(layout, toVector(same), ctx),
+                           torch_trainer::encodeOnDevice(*comp, layout, same, false, ctx));
+        CHECK(sameBits(toVector(same), toVector(acc)));
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
-// The device's top-k selection and top-k / stc encoding (torch_trainer/device_compress.h) against
-// the CPU compressors, here on CPU tensors; test_torch_gpu runs the same checks on a GPU.
+// The device's top-k selection and its top-k, stc, rand-k, random-block, sign and QSGD encodings
+// (torch_trainer/device_compress.h) against the CPU compressors, here on CPU tensors;
+// test_torch_gpu runs the same checks on a GPU.
 #include "torch_trainer/device_compress_check.h"
 
 using namespace starling;
@@ -12,6 +13,30 @@ TEST_CASE("topKIndices selects selectTopK's positions, ties to the lower index",
 TEST_CASE("encodeTopK sends the CPU compressor's payloads and keeps its residual, bit for bit",
           "[torch_trainer][device_compress]") {
   testing::checkDeviceTopKMatchesCpu(torch::Device(torch::kCPU));
+}
+
+TEST_CASE("encodeOnDevice sends rand-k's, random-block's, sign's and QSGD's payloads, bit for bit",
+          "[torch_trainer][device_compress]") {
+  testing::checkDeviceEncodeMatchesCpu(torch::Device(torch::kCPU));
+}
+
+TEST_CASE("the device encodes only what it serves, refusing the others",
+          "[torch_trainer][device_compress]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  torch::Tensor acc = torch::zeros({static_cast<int64_t>(layout.numel())});
+  for (const char* spec :
+       {"powersgd:rank=2", "powersgd:rank=2,mode=local", "acpsgd:rank=2", "none"}) {
+    INFO(spec);
+    const auto comp = compression::makeCompressor(spec);
+    CHECK_FALSE(torch_trainer::encodesOnDevice(*comp));
+    CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*comp, layout, acc, true, {}), InvalidArgument);
+  }
+  const auto sign = compression::makeCompressor("sign");
+  torch::Tensor short_acc = torch::zeros({static_cast<int64_t>(layout.numel()) - 1});
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*sign, layout, short_acc, true, {}),
+                  InvalidArgument);
+  torch::Tensor doubles = torch::zeros({static_cast<int64_t>(layout.numel())}, torch::kFloat64);
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*sign, layout, doubles, true, {}), InvalidArgument);
 }
 
 TEST_CASE("the device's top-k refuses inputs of the wrong shape, type or size",

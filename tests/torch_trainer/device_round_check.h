@@ -37,6 +37,10 @@ inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
         Case{"cnn", "stc:density=0.05", 0}, Case{"cnn", "topk:density=0.05,ef=false", 0},
         Case{"cnn", "topk:density=0.05,ef_decay=0.9,ef_preview=0.5", 0.01},
         Case{"cnn:momentum=0.9", "stc:density=0.1,ef_max_age=1", 0},
+        Case{"cnn", "randk:density=0.05", 0},
+        Case{"cnn", "randblock:density=0.05,offset=client", 0}, Case{"cnn", "sign", 0},
+        Case{"cnn", "sign:ef_preview=0,ef_decay=0.9", 0.01}, Case{"cnn", "qsgd:levels=16", 0},
+        Case{"cnn", "qsgd:levels=4,ef=true", 0},
         // BatchNorm's running statistics travel in the layout after the parameters.
         Case{"resnet", "topk:density=0.05", 0}}) {
     INFO(k.model << ", " << k.spec << ", prox_mu " << k.prox_mu);

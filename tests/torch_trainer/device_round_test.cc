@@ -15,15 +15,19 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "the round on the device serves top-k and stc, needs a LibTorch trainer, and refuses as the "
-    "host path",
+    "the round on the device serves top-k, stc, rand-k, random-block, sign and QSGD, needs a "
+    "LibTorch trainer, and refuses as the host path",
     "[torch_trainer][device_round]") {
   const data::Dataset d = testing::blobImages(32, 28, 28, 10, 4);
   auto trainer = torch_trainer::makeTorchTrainer("logreg", d);
   const auto round = torch_trainer::makeDeviceUpdate(*trainer);
   CHECK(round->serves(*compression::makeCompressor("topk:density=0.1")));
   CHECK(round->serves(*compression::makeCompressor("stc:density=0.1")));
-  CHECK_FALSE(round->serves(*compression::makeCompressor("qsgd:levels=4")));
+  CHECK(round->serves(*compression::makeCompressor("randk:density=0.1")));
+  CHECK(round->serves(*compression::makeCompressor("randblock:density=0.1")));
+  CHECK(round->serves(*compression::makeCompressor("sign")));
+  CHECK(round->serves(*compression::makeCompressor("qsgd:levels=4")));
+  CHECK_FALSE(round->serves(*compression::makeCompressor("powersgd:rank=2")));
   CHECK_FALSE(round->serves(*compression::makeCompressor("none")));
   auto eigen = client::makeTrainer("logreg", d);
   CHECK_THROWS_AS(torch_trainer::makeDeviceUpdate(*eigen), InvalidArgument);

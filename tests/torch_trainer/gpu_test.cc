@@ -207,6 +207,11 @@ TEST_CASE("top-k and stc on the GPU send the CPU compressor's payloads and keep 
   testing::checkDeviceTopKMatchesCpu(cuda);
 }
 
+TEST_CASE("rand-k, random-block, sign and QSGD on the GPU send the CPU compressor's payloads",
+          "[gpu][device_compress]") {
+  testing::checkDeviceEncodeMatchesCpu(torch::Device(torch::kCUDA, 0));
+}
+
 TEST_CASE("the round on the GPU sends the host path's payloads and keeps its residual, bit for bit",
           "[gpu][device_round]") {
   testing::checkDeviceRoundMatchesHost(kGpu);
