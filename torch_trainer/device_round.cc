@@ -35,9 +35,10 @@ class DeviceRound final : public client::DeviceUpdate {
                        start.size(), " floats, the layout needs ", layout.numel());
     // In the host path's order: the fit (its checks, its divergence), then compressWithFeedback's
     // checks, the update's bound among them.
-    fit = detail::fitOnDevice(trainer_, start, data, cfg, rng);
+    // The start as the fit loaded it, copied on the device (not uploaded a second time).
+    fit = detail::fitOnDevice(trainer_, start, data, cfg, rng, &start_);
     const torch::Tensor trained = detail::deviceValues(trainer_);
-    const torch::Tensor u = trained - upload(start, start_);  // the update, as the host forms it
+    const torch::Tensor u = trained - start_;  // the update, as the host forms it
     const cz::ResidualState* live =
         c.beginFeedback(layout, state, ctx, [&] { checkBound(c, u, "update"); });
     const bool keeps = c.usesErrorFeedback();

@@ -84,8 +84,8 @@ class TorchTrainer final : public client::Trainer {
 
   // fit() from `start` with the trained model left on the device (trainer_device.h).
   FitResult fitOnDevice(std::span<const float> start, const DataView& data, const FitConfig& cfg,
-                        RngStream& rng) {
-    FitResult r = train(start, data, cfg, rng);
+                        RngStream& rng, torch::Tensor* start_copy) {
+    FitResult r = train(start, data, cfg, rng, start_copy);
     if (!torch::isfinite(flat_).all().item<bool>())
       diverged(cfg, "a parameter is not finite after the last step");
     return r;
@@ -93,9 +93,10 @@ class TorchTrainer final : public client::Trainer {
   const torch::Tensor& values() const { return flat_; }
 
  private:
-  // Everything of fit() but the copy back: the trained model is in flat_.
+  // Everything of fit() but the copy back: the trained model is in flat_. With `start_copy`, the
+  // start as loaded is copied there on the device (one buffer, kept between calls) before training.
   FitResult train(std::span<const float> start, const DataView& data, const FitConfig& cfg,
-                  RngStream& rng);
+                  RngStream& rng, torch::Tensor* start_copy = nullptr);
   [[noreturn]] void diverged(const FitConfig& cfg, const std::string& what) const {
     STARLING_THROW(client::DivergenceError, spec(), ": training diverged: ", what,
                    " (learning rate ", cfg.lr,
@@ -347,13 +348,19 @@ FitResult TorchTrainer::fit(std::span<float> params, const DataView& data, const
 }
 
 FitResult TorchTrainer::train(std::span<const float> from, const DataView& data,
-                              const FitConfig& cfg, RngStream& rng) {
+                              const FitConfig& cfg, RngStream& rng, torch::Tensor* start_copy) {
   cfg.check();
   checkParams(from.size());
   client::checkGradientTerms(cfg, from.size());
   checkData(data);
   attach(*data.dataset);
   load(from);
+  if (start_copy) {
+    if (!start_copy->defined() || !start_copy->is_same_size(flat_) ||
+        start_copy->device() != flat_.device())
+      *start_copy = torch::empty_like(flat_);
+    start_copy->copy_(flat_);  // on the device: no second copy from the host
+  }
   order_.assign(data.indices.begin(), data.indices.end());
 
   net_->setTraining(true);
@@ -575,8 +582,8 @@ TorchTrainer& torchTrainer(client::Trainer& t) {
 
 client::FitResult fitOnDevice(client::Trainer& t, std::span<const float> start,
                               const client::DataView& data, const client::FitConfig& cfg,
-                              RngStream& rng) {
-  return torchTrainer(t).fitOnDevice(start, data, cfg, rng);
+                              RngStream& rng, torch::Tensor* start_on_device) {
+  return torchTrainer(t).fitOnDevice(start, data, cfg, rng, start_on_device);
 }
 
 torch::Tensor deviceValues(client::Trainer& t) { return torchTrainer(t).values(); }
