@@ -88,10 +88,14 @@ RoundRecord AsyncServer::skip(const std::string& reason) {
 
 namespace {
 constexpr uint32_t kAsyncMagic = 0x41434c53;  // "SLCA"
-// 2: the buffer lists the updates each sender brought (edge aggregators' partials); 1 is read.
-constexpr uint32_t kAsyncFormat = 2;
-static_assert(kAsyncFormat == aggregation::AsyncBuffer::kFormat,
-              "the buffer's format is the checkpoint's");
+// 2: the buffer lists the updates each sender brought (edge aggregators' partials); 3: the
+// downlink's refreshes (ModelStore::saveRefreshes) before the buffer. 1 and 2 are read.
+constexpr uint32_t kAsyncFormat = 3;
+// The buffer's own format in a checkpoint of `format`.
+uint32_t bufferFormat(uint32_t format) {
+  static_assert(aggregation::AsyncBuffer::kFormat == 2, "a new buffer format: map it here");
+  return std::min(format, aggregation::AsyncBuffer::kFormat);
+}
 }  // namespace
 
 void AsyncServer::saveCheckpoint(const std::string& path) const {
@@ -121,6 +125,9 @@ void AsyncServer::save(ByteWriter& w) const {
   optimizer_->saveState(w);
   w.f64(staleness_sum_);
   w.u64(staleness_max_);
+  const std::vector<uint8_t> refreshes = model_.saveRefreshes();
+  w.u64(refreshes.size());
+  if (!refreshes.empty()) w.bytes(refreshes.data(), refreshes.size());
   buffer_.save(w);
 }
 
@@ -163,19 +170,29 @@ void AsyncServer::load(std::span<const uint8_t> bytes, const std::string& what) 
   const uint64_t staleness_max = r.u64();
   if (!(std::isfinite(staleness_sum) && staleness_sum >= 0.0))
     r.fail("the buffered updates' staleness sums to ", staleness_sum);
+  std::vector<uint8_t> refreshes;
+  if (format >= 3) {
+    const uint64_t n = r.u64();
+    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, r.remaining())));
+    if (v.size() != n) r.fail("downlink refreshes of ", n, " bytes are truncated");
+    refreshes.assign(v.begin(), v.end());
+  }
   aggregation::AsyncBuffer buffer(scheme_, config_.async, 1);
   const size_t buffer_at = r.position();
-  buffer.load(r, format);
+  buffer.load(r, bufferFormat(format));
   r.finish();
   if (version == 0 || buffer.version() != version)
     r.fail("the model is version ", version, ", its buffer counts from version ", buffer.version());
   if (steps + 1 < version) r.fail(steps, " steps cannot have made model version ", version);
-  model_.reset(std::move(model), version, std::move(broadcast));
+  ModelStore store = model_;  // checked whole before anything of the server changes
+  store.reset(std::move(model), version, std::move(broadcast));
+  store.loadRefreshes(refreshes, what + ", its downlink refreshes");
+  model_ = std::move(store);
   optimizer_ = std::move(optimizer);
   // The checked buffer's bytes again, into the member (a buffer refers to its scheme: it is
   // loaded in place, not assigned).
   ByteReader again(bytes.subspan(buffer_at), what);
-  buffer_.load(again, format);
+  buffer_.load(again, bufferFormat(format));
   steps_ = steps;
   staleness_sum_ = staleness_sum;
   staleness_max_ = staleness_max;

@@ -24,7 +24,7 @@ namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
 // Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
 // inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
-constexpr uint32_t kCheckpointVersion = 5;
+constexpr uint32_t kCheckpointVersion = 6;
 constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
 constexpr uint32_t kShardFileVersion = 1;
 
@@ -174,6 +174,11 @@ void RoundEngine::saveCheckpoint() const {
     w.u64(id);
     w.u64(round);
   }
+  // Format 6: the quantised or stc downlink's refreshes (ModelStore::saveRefreshes; 0 bytes for
+  // the other downlinks).
+  const std::vector<uint8_t> refreshes = model_.saveRefreshes();
+  w.u64(refreshes.size());
+  if (!refreshes.empty()) w.bytes(refreshes.data(), refreshes.size());
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -294,6 +299,13 @@ void RoundEngine::loadCheckpoint() {
     if (control.empty() && n != 0)
       r.fail("SCAFFOLD acknowledgements without a SCAFFOLD control variate");
   }
+  std::vector<uint8_t> refreshes;
+  if (format >= 6) {
+    const uint64_t n = r.u64();
+    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, r.remaining())));
+    if (v.size() != n) r.fail("downlink refreshes of ", n, " bytes are truncated");
+    refreshes.assign(v.begin(), v.end());
+  }
   r.finish();
   if (control.size() != control_.size()) {
     if (format < 4)
@@ -317,8 +329,12 @@ void RoundEngine::loadCheckpoint() {
     r.fail("the checkpoint's round carry does not fit this compressor: ", e.what());
   }
   if (next == 0 || version == 0) r.fail("round ", next, " / model version ", version, " out of range");
+  // The store as it resumes, checked whole before anything of the engine changes.
+  ModelStore store = model_;
+  store.reset(std::move(model), version, std::move(broadcast));
+  store.loadRefreshes(refreshes, "checkpoint " + config_.checkpoint + ", its downlink refreshes");
   next_round_ = next;
-  model_.reset(std::move(model), version, std::move(broadcast));
+  model_ = std::move(store);
   if (opt) optimizer_ = std::move(opt);
   else loadOptimizerShard(next);
   carry_ = std::move(carry);

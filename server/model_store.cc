@@ -8,6 +8,7 @@
 #include "compression/compressor.h"
 #include "compression/sparsify.h"
 #include "compression/topk_select.h"
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/overloaded.h"
@@ -293,6 +294,97 @@ std::span<const float> ModelStore::clientModel(uint64_t held, Downlink mode,
     cache.version = version();
   }
   return cache.values;
+}
+
+namespace {
+constexpr uint8_t kRefreshQsgd = 1, kRefreshTernary = 2;
+}  // namespace
+
+std::vector<uint8_t> ModelStore::saveRefreshes() const {
+  std::vector<uint8_t> out;
+  if (refreshes_.empty()) return out;
+  ByteWriter w(out);
+  w.u64(refreshes_.size());
+  for (const Refresh& r : refreshes_) {
+    w.u64(r.from);
+    for (const cz::Payload& p : r.tensors) {
+      if (const auto* q = std::get_if<cz::Qsgd>(&p)) {
+        w.u8(kRefreshQsgd);
+        w.u32(q->s);
+        w.f32(q->norm);
+        w.u64(q->packed.size());
+        w.bytes(q->packed.data(), q->packed.size());
+      } else {
+        const auto& x = std::get<cz::Ternary>(p);
+        w.u8(kRefreshTernary);
+        w.u32(x.count);
+        w.f32(x.mu);
+        w.u8(x.rice);
+        w.u64(x.positions.size());
+        w.bytes(x.positions.data(), x.positions.size());
+        w.u64(x.signs.size());
+        w.bytes(x.signs.data(), x.signs.size());
+      }
+    }
+  }
+  return out;
+}
+
+void ModelStore::loadRefreshes(std::span<const uint8_t> bytes, const std::string& what) {
+  if (bytes.empty()) return;
+  ByteReader r(bytes, what);
+  const size_t keeps = ternary_ ? refresh_history_ : levels_ > 0 ? 1 : 0;
+  const uint64_t count = r.u64();
+  if (count > keeps)
+    r.fail(count, " downlink refreshes, a store of this downlink keeps ", keeps,
+           " (resume with the same downlink.mode and downlink.history)");
+  const auto blob = [&] {
+    const uint64_t n = r.u64();
+    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, r.remaining())));
+    if (v.size() != n) r.fail("a payload of ", n, " bytes is truncated");
+    return std::vector<uint8_t>(v.begin(), v.end());
+  };
+  std::deque<Refresh> loaded;
+  for (uint64_t i = 0; i < count; ++i) {
+    Refresh f;
+    f.from = r.u64();
+    if (f.from == 0 || f.from >= version() || (!loaded.empty() && f.from <= loaded.back().from))
+      r.fail("a downlink refresh from version ", f.from, " (the refreshes go up from 1 to below ",
+             "the model's version ", version(), ")");
+    for (const TensorSpec& t : layout_->tensors()) {
+      const uint8_t tag = r.u8();
+      cz::Payload p;
+      if (tag == kRefreshQsgd && !ternary_) {
+        cz::Qsgd q;
+        q.s = r.u32();
+        q.norm = r.f32();
+        q.packed = blob();
+        if (q.s != levels_) r.fail("a refresh of ", q.s, " levels, this downlink's has ", levels_);
+        p = std::move(q);
+      } else if (tag == kRefreshTernary && ternary_) {
+        cz::Ternary x;
+        x.count = r.u32();
+        x.mu = r.f32();
+        x.rice = r.u8();
+        x.positions = blob();
+        x.signs = blob();
+        p = std::move(x);
+      } else {
+        r.fail("a refresh of kind ", int{tag}, " for the ", ternary_ ? "stc" : "quantised",
+               " downlink (resume with the same downlink.mode)");
+      }
+      try {
+        cz::validatePayload(cz::view(p), t);
+      } catch (const starling::Error& e) {
+        r.fail("tensor '", t.name, "': ", e.what());
+      }
+      f.bytes += cz::payloadDataBytes(p) + kTensorOverheadBytes;
+      f.tensors.push_back(std::move(p));
+    }
+    loaded.push_back(std::move(f));
+  }
+  r.finish();
+  refreshes_ = std::move(loaded);
 }
 
 }  // namespace starling::server

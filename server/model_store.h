@@ -41,6 +41,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -129,6 +130,17 @@ class ModelStore {
   // rounding (at most half its step per value) under the refreshes it adds; the simulator's client
   // trains from x-hat itself from its next task on.
   std::span<const float> clientModel(uint64_t held, Downlink mode, WholeModelCache& cache) const;
+
+  // The quantised and stc downlinks' refreshes (what encodeFor sends a client one version or a
+  // chain behind), for a checkpoint, so that a resumed run sends the tasks the uninterrupted one
+  // would. saveRefreshes' bytes go into the checkpoint (empty for the other downlinks, whose
+  // delta and topk histories are whole models and are not saved); loadRefreshes, after reset()
+  // with the checkpoint's model, takes them back: IoError (naming `what`) for refreshes of another
+  // downlink or levels, more than the store keeps (one for q8 and q4, the history for stc), base
+  // versions not increasing or not below the current one, a payload that does not fit its tensor,
+  // or truncated or trailing bytes; the store is then as reset() left it.
+  std::vector<uint8_t> saveRefreshes() const;
+  void loadRefreshes(std::span<const uint8_t> bytes, const std::string& what);
 
  private:
   struct Version {

@@ -44,10 +44,10 @@
 // run killed anywhere resumes from a checkpoint and states of one step, and a pair that does not
 // match is refused. A run started again with the same configuration (train.rounds may grow)
 // resumes from it and takes the steps the uninterrupted run would have taken: the same models bit
-// for bit with every downlink but q8, q4 and stc, the same bytes too with dense and fp16. The
-// server's history of versions is not kept: after a resume a client holding an older version gets
-// the whole model once, as a restarted root's clients do, so delta and top-k downlinks cost more
-// bytes then, and a q8, q4 or stc client trains from the whole model's encoding.
+// for bit, the same bytes too with dense, fp16, q8, q4 and stc (their refreshes are in the file,
+// ModelStore::saveRefreshes). The delta and top-k downlinks' histories are whole models and are
+// not kept: after a resume a client holding an older version gets the whole model once, as a
+// restarted root's clients do, so those tasks cost more bytes.
 //
 // One worker process; not yet: several workers, SCAFFOLD.
 #include <cstdint>

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -24,8 +25,12 @@ namespace {
 using TempDir = testing::TempDir;
 
 struct World {
-  data::Dataset train = separableData(1200, 12, 4, 5);
-  std::unique_ptr<client::Trainer> trainer = client::makeTrainer("softmax", 12, 4);
+  // Softmax over `features` (4 classes): 52 values with the default 12.
+  explicit World(size_t features = 12)
+      : train(separableData(1200, features, 4, 5)),
+        trainer(client::makeTrainer("softmax", features, 4)) {}
+  data::Dataset train;
+  std::unique_ptr<client::Trainer> trainer;
   std::shared_ptr<const ParamLayout> layout = std::make_shared<const ParamLayout>(trainer->layout());
 
   std::vector<std::vector<size_t>> shards(size_t n) const {
@@ -599,23 +604,63 @@ TEST_CASE(
   CHECK_THROWS_AS(store.encodeFor(3, server::Downlink::kQ8), InvalidArgument);
 }
 
-TEST_CASE("an engine with a quantised or stc downlink learns with fewer task bytes", "[server]") {
+TEST_CASE(
+    "an engine with a quantised or stc downlink learns with fewer task bytes, and resumes exactly",
+    "[server]") {
   World w;
   uint64_t down[4] = {0, 0, 0, 0};
   double acc[4] = {0, 0, 0, 0};
   const server::Downlink modes[4] = {server::Downlink::kDense, server::Downlink::kQ8,
                                      server::Downlink::kQ4, server::Downlink::kStc};
-  for (int m = 0; m < 4; ++m) {
-    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+  const auto config = [&](server::Downlink mode) {
     auto cfg = w.config("none", 8);
     cfg.sampling.fraction =
         0.5;  // clients one version behind and further: refreshes and whole models
-    cfg.downlink = modes[m];
+    cfg.downlink = mode;
     cfg.downlink_density = 0.25;  // stc: a quarter of each tensor a version (k = 12 and 1 here)
     cfg.delta_history = 8;
-    server::RoundEngine e(w.layout, cfg, w.init());
+    return cfg;
+  };
+  for (int m = 0; m < 4; ++m) {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    server::RoundEngine e(w.layout, config(modes[m]), w.init());
     e.run(fleet, [&](const server::RoundRecord& r) { down[m] += r.downlink_bytes; });
     acc[m] = w.accuracy(e.model().current());
+  }
+  // Crash after round 4 and resume: the refreshes come back with the checkpoint, so the clients
+  // get the tasks, and the model, of the uninterrupted run. A model of 804 values and 2% a
+  // refresh, so that chains of several refreshes are smaller than the whole model.
+  World big(200);
+  for (int m : {1, 3}) {
+    INFO(server::downlinkName(modes[m]) << " resumed");
+    auto cfg = config(modes[m]);
+    cfg.downlink_density = 0.02;
+    std::vector<uint64_t> ref_down;
+    std::vector<float> ref_model;
+    {
+      InProcFleet fleet(*big.trainer, big.train, big.shards(8));
+      server::RoundEngine e(big.layout, cfg, big.init());
+      e.run(fleet, [&](const server::RoundRecord& r) { ref_down.push_back(r.downlink_bytes); });
+      ref_model = modelOf(e);
+    }
+    REQUIRE(ref_down.size() == 8);
+    TempDir dir;
+    cfg.checkpoint = (dir.path / "ck.bin").string();
+    InProcFleet fleet(*big.trainer, big.train, big.shards(8));
+    {
+      server::RoundEngine first(big.layout, cfg, big.init());
+      fleet.crash_at_round = 5;
+      for (int r = 0; r < 4; ++r) first.runRound(fleet);
+      CHECK_THROWS(first.runRound(fleet));
+    }
+    fleet.crash_at_round.reset();
+    server::RoundEngine second(big.layout, cfg, big.init());
+    REQUIRE(second.resumed());
+    std::vector<uint64_t> resumed_down;
+    second.run(fleet,
+               [&](const server::RoundRecord& r) { resumed_down.push_back(r.downlink_bytes); });
+    CHECK(resumed_down == std::vector<uint64_t>(ref_down.begin() + 4, ref_down.end()));
+    CHECK(sameBits(modelOf(second), ref_model));
   }
   CAPTURE(acc[0], acc[1], acc[2], acc[3], down[0], down[1], down[2], down[3]);
   CHECK(down[1] < down[0]);
@@ -880,4 +925,137 @@ TEST_CASE(
   CHECK(resumed.resumed());
   CHECK(resumed.nextRound() == 3);
   CHECK(modelOf(resumed) == modelOf(engine));
+}
+
+namespace {
+
+// Two encodings the same, payload by payload, field by field.
+bool sameTask(const server::EncodedModel& a, const server::EncodedModel& b) {
+  if (a.base_version != b.base_version || a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& p = a.tensors[i];
+    const auto& q = b.tensors[i];
+    if (p.index() != q.index()) return false;
+    if (const auto* t = std::get_if<compression::Ternary>(&p)) {
+      const auto& y = std::get<compression::Ternary>(q);
+      if (t->count != y.count || std::memcmp(&t->mu, &y.mu, 4) != 0 || t->rice != y.rice ||
+          t->positions != y.positions || t->signs != y.signs)
+        return false;
+    } else if (const auto* g = std::get_if<compression::Qsgd>(&p)) {
+      const auto& y = std::get<compression::Qsgd>(q);
+      if (g->s != y.s || std::memcmp(&g->norm, &y.norm, 4) != 0 || g->packed != y.packed)
+        return false;
+    } else if (const auto* e = std::get_if<compression::Sparse>(&p)) {
+      const auto& y = std::get<compression::Sparse>(q);
+      if (e->indices != y.indices || !sameBits(e->values, y.values)) return false;
+    } else {
+      return false;  // no other payload in these stores' tasks
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the quantised and stc downlinks' refreshes survive a checkpoint: the store reset from it "
+    "sends "
+    "the same tasks, and refreshes that do not fit are refused",
+    "[server]") {
+  auto layout = std::make_shared<ParamLayout>();
+  layout->add("w", {30, 20});
+  layout->add("b", {20});
+  const size_t n = layout->numel();
+  const auto model = [&](uint64_t v) {
+    std::mt19937 gen(static_cast<uint32_t>(v + 100));
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i)
+      x[i] = static_cast<float>(v) * (static_cast<float>(gen() >> 8) / 16777216.0f - 0.5f);
+    return x;
+  };
+  using server::Downlink;
+  const auto build = [&](Downlink mode) {
+    server::ModelStore s = server::ModelStore::forDownlink(layout, mode, 3, 0.05);
+    for (uint64_t v = 1; v <= 6; ++v) s.set(model(v), v);
+    return s;
+  };
+  // The store a checkpoint restores: the server's model, its version and x-hat, then the bytes.
+  const auto restore = [&](const server::ModelStore& from, Downlink mode) {
+    server::ModelStore s = server::ModelStore::forDownlink(layout, mode, 3, 0.05);
+    s.reset(std::vector<float>(from.server().begin(), from.server().end()), from.version(),
+            std::vector<float>(from.current().begin(), from.current().end()));
+    return s;
+  };
+  std::vector<uint8_t> stc_bytes, q8_bytes;
+  for (const Downlink mode : {Downlink::kStc, Downlink::kQ8, Downlink::kQ4}) {
+    INFO(server::downlinkName(mode));
+    const server::ModelStore store = build(mode);
+    const std::vector<uint8_t> bytes = store.saveRefreshes();
+    REQUIRE_FALSE(bytes.empty());
+    if (mode == Downlink::kStc) stc_bytes = bytes;
+    if (mode == Downlink::kQ8) q8_bytes = bytes;
+    server::ModelStore back = restore(store, mode);
+    // Without the refreshes (a checkpoint of an older format) a client one version behind gets
+    // the whole model.
+    CHECK(back.baseFor(5, mode) == 0);
+    back.loadRefreshes(bytes, "test");
+    for (uint64_t held = 0; held <= 8; ++held) {
+      INFO("held " << held);
+      CHECK(back.baseFor(held, mode) == store.baseFor(held, mode));
+      CHECK(sameTask(back.encodeFor(held, mode), store.encodeFor(held, mode)));
+    }
+    CHECK(back.baseFor(5, mode) == 5);
+    if (mode == Downlink::kStc) CHECK(back.baseFor(3, mode) == 3);  // a chain of three
+    CHECK(back.saveRefreshes() == bytes);
+    // And the next version is made the same way from there.
+    server::ModelStore next = build(mode);
+    next.set(model(7), 7);
+    back.set(model(7), 7);
+    CHECK(sameBits(back.current(), next.current()));
+    CHECK(sameTask(back.encodeFor(5, mode), next.encodeFor(5, mode)));
+  }
+  // Lossless and top-k stores keep no refreshes, and take none.
+  for (const Downlink mode : {Downlink::kDense, Downlink::kDelta, Downlink::kTopK}) {
+    INFO(server::downlinkName(mode));
+    server::ModelStore store = build(mode);
+    CHECK(store.saveRefreshes().empty());
+    store.loadRefreshes({}, "test");
+    CHECK_THROWS_MATCHING(store.loadRefreshes(q8_bytes, "test"), IoError,
+                          Catch::Matchers::Contains("keeps 0"));
+  }
+  // The attacker's checkpoint: another downlink's refreshes, bytes cut or added, versions out of
+  // order, a payload that does not fit its tensor. Each is refused, the store left as reset.
+  const server::ModelStore stc = build(Downlink::kStc);
+  const auto refused = [&](Downlink mode, const std::vector<uint8_t>& bytes, const char* why) {
+    INFO(why);
+    server::ModelStore s = restore(stc, mode);
+    CHECK_THROWS_MATCHING(
+        s.loadRefreshes(bytes, "checkpoint x"), IoError,
+        Catch::Matchers::Contains("checkpoint x") && Catch::Matchers::Contains(why));
+    CHECK(s.saveRefreshes().empty());
+    CHECK(s.baseFor(5, mode) == 0);
+  };
+  refused(Downlink::kQ8, stc_bytes, "keeps 1");  // three refreshes for q8's one
+  refused(Downlink::kStc, q8_bytes, "kind 1");   // q8's payloads for stc
+  {
+    // q4's levels are not q8's: q8's refresh into a q4 store.
+    server::ModelStore s = restore(build(Downlink::kQ4), Downlink::kQ4);
+    CHECK_THROWS_MATCHING(s.loadRefreshes(q8_bytes, "test"), IoError,
+                          Catch::Matchers::Contains("127 levels"));
+  }
+  std::vector<uint8_t> cut(stc_bytes.begin(), stc_bytes.end() - 1);
+  refused(Downlink::kStc, cut, "truncated");
+  std::vector<uint8_t> more = stc_bytes;
+  more.push_back(0);
+  refused(Downlink::kStc, more, "trailing");
+  // The first refresh's base version (after the count): 6, the model's own version, then 0.
+  std::vector<uint8_t> late = stc_bytes;
+  late[8] = 6;
+  refused(Downlink::kStc, late, "from version 6");
+  late[8] = 0;
+  refused(Downlink::kStc, late, "from version 0");
+  // The first tensor's entry count (after the base version and the kind): past the tensor.
+  std::vector<uint8_t> wide = stc_bytes;
+  for (size_t i = 17; i < 21; ++i) wide[i] = 0xff;
+  refused(Downlink::kStc, wide, "tensor 'w'");
 }

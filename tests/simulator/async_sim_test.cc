@@ -640,6 +640,8 @@ TEST_CASE(
     uint64_t k, concurrency;
     double round_seconds;
     bool empty_first;
+    server::Downlink downlink = server::Downlink::kDense;
+    size_t features = 6;
   };
   std::vector<Case> cases;
   // Identical clients (client 0 without data, so that every other task and update has the same
@@ -649,10 +651,18 @@ TEST_CASE(
   sim::DeviceDistributions dd;
   dd.speed_sigma = 0.8;
   cases.push_back({"semisync", sim::DevicePopulation::sample(n, dd, 4), 3, 5, 0.02, false});
+  // The stc downlink: clients holding older versions get chains of refreshes, which the checkpoint
+  // keeps (the bytes, and the models they train from, as in the uninterrupted run); a model of 603
+  // values, so that a chain is smaller than the whole model.
+  cases.push_back({"fedbuff-stc", sim::DevicePopulation::sample(n, dd, 5), 2, 4, 0.0, false,
+                   server::Downlink::kStc, 200});
   for (Case& c : cases) {
     INFO(c.name);
-    Setup s(n, 30, c.devices, c.empty_first);
-    const auto sc = s.serverConfig(c.k, 10, "topk:density=0.2");
+    Setup s(n, 30, c.devices, c.empty_first, c.features);
+    auto sc = s.serverConfig(c.k, 10, "topk:density=0.2");
+    sc.downlink = c.downlink;
+    sc.history = 6;
+    sc.density = 0.02;
     sim::AsyncSimConfig ac = s.simConfig(9, c.concurrency);
     ac.round_seconds = c.round_seconds;
     const std::filesystem::path ref = dir.path / (std::string(c.name) + "-ref"),
