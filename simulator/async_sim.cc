@@ -80,7 +80,8 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
 
 namespace {
 constexpr uint32_t kSimMagic = 0x4d495341;  // "ASIM"
-constexpr uint32_t kSimFormat = 2;
+// 3: the device population's fingerprint after the data split's.
+constexpr uint32_t kSimFormat = 3;
 
 // What the run's clients are: the training set's size and every shard's indices (FNV-1a).
 uint64_t clientsFingerprint(const SimClients& c) {
@@ -141,6 +142,7 @@ std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record)
   w.u64(server_.steps());
   w.u64(clients_.shards.size());
   w.u64(clients_fingerprint_);
+  w.u64(clients_.devices.fingerprint());
   w.u64(config_.concurrency);
   w.f64(config_.round_seconds);
   w.u64(config_.seed);
@@ -206,6 +208,10 @@ void AsyncSimulation::loadCheckpoint() {
     r.fail(
         "it was written for another data split (data.*: the training set, the partition or "
         "its seed)");
+  if (r.u64() != clients_.devices.fingerprint())
+    r.fail(
+        "it was written for another device population (devices.*: the speeds, bandwidths and "
+        "availability, their seed, or the trace files)");
   same(r.u64(), config_.concurrency, "async.concurrency");
   same(r.f64(), config_.round_seconds, "round.deadline_seconds (0: round.mode = async)");
   same(r.u64(), config_.seed, "model.seed");

@@ -1,6 +1,7 @@
 #include "simulator/device_model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -115,6 +116,35 @@ DevicePopulation DevicePopulation::sample(size_t n, const DeviceDistributions& d
     dev.availability = d.availability;
   }
   return p;
+}
+
+uint64_t DevicePopulation::fingerprint() const {
+  // SplitMix64's finaliser over each field in turn, with the counts, so that no two populations
+  // of different shape share a sequence of words.
+  uint64_t h = 0x6465766963657321ull;  // "devices!"
+  const auto mix = [&h](uint64_t v) {
+    uint64_t z = (h ^ v) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    h = z ^ (z >> 31);
+  };
+  const auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
+  mix(devices_.size());
+  for (const DeviceProfile& d : devices_) {
+    mix(bits(d.speed));
+    mix(bits(d.bandwidth));
+    mix(bits(d.availability));
+  }
+  mix(windows_.size());
+  for (const Windows& w : windows_) {
+    mix(bits(w.period));
+    mix(w.active.size());
+    for (const auto& [start, end] : w.active) {
+      mix(bits(start));
+      mix(bits(end));
+    }
+  }
+  return h;
 }
 
 DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {

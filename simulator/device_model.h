@@ -45,6 +45,9 @@ class DevicePopulation {
   static DevicePopulation fromCsv(const std::string& path, size_t n);
 
   size_t size() const { return devices_.size(); }
+  // A hash of every client's speed, bandwidth and availability and of the windows of time (their
+  // bits): a checkpoint keeps it, and a run resumed with another population is refused.
+  uint64_t fingerprint() const;
   const DeviceProfile& operator[](uint64_t client) const { return devices_.at(client); }
   // Whether `client` can be sampled in `round` (its availability probability, drawn per round).
   bool available(uint64_t client, uint64_t round, uint64_t seed) const;

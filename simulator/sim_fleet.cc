@@ -331,7 +331,7 @@ void SimFleet::gatherModel(std::span<float> model) {
 std::vector<uint8_t> SimFleet::saveState() const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(4);
+  w.u32(5);
   w.u32(static_cast<uint32_t>(coll_.size()));
   w.u64(held_.size());
   for (const auto& [id, v] : held_) {
@@ -339,13 +339,14 @@ std::vector<uint8_t> SimFleet::saveState() const {
     w.u64(v);
   }
   w.f64(clock_);
+  w.u64(clients_.devices.fingerprint());  // version 5
   return bytes;
 }
 
 void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   ByteReader r(bytes, "the simulator's state in the checkpoint");
   const uint32_t version = r.u32();
-  if (version < 1 || version > 4) r.fail("version ", version, " is not 1 to 4");
+  if (version < 1 || version > 5) r.fail("version ", version, " is not 1 to 5");
   // Clients' states are where the run's workers left them (homes): the same workers must go on.
   if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
     r.fail("the run had ", w, " worker(s), this one has ", coll_.size(), ": resume with as many workers");
@@ -368,6 +369,10 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
     if (!(clock >= 0.0) || !std::isfinite(clock))
       r.fail("its simulated clock ", clock, " is not a time");
   }
+  if (version >= 5 && r.u64() != clients_.devices.fingerprint())
+    r.fail(
+        "it was written for another device population (devices.*: the speeds, bandwidths and "
+        "availability, their seed, or the trace files): resume with the same");
   r.finish();
   // Only a state read whole changes the fleet.
   held_ = std::move(held);

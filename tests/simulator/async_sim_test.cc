@@ -711,6 +711,10 @@ TEST_CASE(
   sim::AsyncSimConfig other = s.simConfig(9, 6);
   CHECK_THROWS_MATCHING(runStored(s, sc, other, cut, true, true), IoError,
                         Catch::Matchers::Contains("async.concurrency = 5, this run has 6"));
+  // The same configuration on other devices (their speeds): refused too.
+  Setup elsewhere(n, 30, sim::DevicePopulation::sample(n, dd, 3), true);
+  CHECK_THROWS_MATCHING(runStored(elsewhere, sc, elsewhere.simConfig(9, 5), cut, true, true),
+                        IoError, Catch::Matchers::Contains("another device population"));
   std::ofstream(cut / "ck.bin", std::ios::binary | std::ios::trunc) << "not a checkpoint";
   CHECK_THROWS_MATCHING(
       runStored(s, sc, s.simConfig(9, 5), cut, true, true), IoError,

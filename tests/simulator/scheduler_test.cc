@@ -171,6 +171,14 @@ TEST_CASE("availability over time: windows that repeat every period, with clear 
   CHECK_FALSE(p.hasWindows());
   CHECK(p.onlineAt(2, 1e9));
   CHECK(p.nextOnline(2, 7.5) == 7.5);
+  // The fingerprint a checkpoint keeps: the same population, the same; another speed, another
+  // client count, or windows of time (below), another.
+  const uint64_t plain = p.fingerprint();
+  CHECK(DevicePopulation::sample(3, DeviceDistributions{}, 1).fingerprint() == plain);
+  DeviceDistributions faster;
+  faster.speed_median = 1.5;
+  CHECK(DevicePopulation::sample(3, faster, 1).fingerprint() != plain);
+  CHECK(DevicePopulation::sample(4, DeviceDistributions{}, 1).fingerprint() != plain);
   // Client 0: online [10, 20] and [50, 60] of every 100 s; client 1: [0, 30] and [90, 100], so it
   // is online across the turn of its period; client 2: always.
   p.loadWindows(write(
@@ -178,6 +186,14 @@ TEST_CASE("availability over time: windows that repeat every period, with clear 
       "# windows\nclient,period,start,end\n0,100,50,60\n0,100,10,20\n1,100,0,30\n1,100,90,100\n"
       "2,40,0,40\n"));
   CHECK(p.hasWindows());
+  const uint64_t windowed = p.fingerprint();
+  CHECK(windowed != plain);
+  DevicePopulation shorter = DevicePopulation::sample(3, DeviceDistributions{}, 1);
+  shorter.loadWindows(
+      write("w2.csv",  // client 2's window one second shorter
+            "client,period,start,end\n0,100,50,60\n0,100,10,20\n1,100,0,30\n1,100,90,100\n"
+            "2,40,0,39\n"));
+  CHECK(shorter.fingerprint() != windowed);
   CHECK_FALSE(p.onlineAt(0, 5));
   CHECK(p.onlineAt(0, 10));
   CHECK(p.onlineAt(0, 20));
