@@ -12,15 +12,19 @@
 #   OUT   folder of the metrics files (default tta)
 #   BIN   starling-sim (default build/bin/starling-sim)
 # Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20
-# semisync fedbuff-eta1.5). fedbuff-eta1.5: the server step x += 1.5 delta, which gives back what
-# the staleness weights take from FedBuff's mean step (mean staleness 0.9 at these settings: an
-# update weighs (1 + 0.9)^-0.5 = 0.73 on average).
+# semisync fedbuff-eta1.5), CLIENTS (the population, default 100) and PER_ROUND (clients per
+# synchronous round, and FedBuff's concurrency and K; default 10): CLIENTS=1000 PER_ROUND=100 is the
+# same number of examples a round at a tenth of the data per client. fedbuff-eta1.5: the server
+# step x += 1.5 delta, which gives back what the staleness weights take from FedBuff's mean step
+# (mean staleness 0.9 at these settings: an update weighs (1 + 0.9)^-0.5 = 0.73 on average).
 set -euo pipefail
 out=${1:-tta}
 bin=${2:-build/bin/starling-sim}
 rounds=${ROUNDS:-60}
 seeds=${SEEDS:-1 2 3}
 target=${TARGET:-80}
+clients=${CLIENTS:-100}
+per_round=${PER_ROUND:-10}
 here=$(cd "$(dirname "$0")/.." && pwd)
 [ -x "$bin" ] || { echo "time_to_accuracy: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
 mkdir -p "$out"
@@ -44,7 +48,8 @@ for seed in $seeds; do
     echo "time_to_accuracy: $name seed $seed"
     # shellcheck disable=SC2086
     "$bin" --config "$here/examples/sim/fedbuff.toml" --model.seed "$seed" --train.rounds "$rounds" \
-      --state.metrics "$file" $extra >"$out/$name-s$seed.log"
+      --state.metrics "$file" --data.num_clients "$clients" --sampling.clients_per_round \
+      "$per_round" --async.buffer_size "$per_round" $extra >"$out/$name-s$seed.log"
     tail -1 "$out/$name-s$seed.log"
   done
 done
