@@ -125,9 +125,7 @@ void AsyncServer::save(ByteWriter& w) const {
   optimizer_->saveState(w);
   w.f64(staleness_sum_);
   w.u64(staleness_max_);
-  const std::vector<uint8_t> refreshes = model_.saveRefreshes();
-  w.u64(refreshes.size());
-  if (!refreshes.empty()) w.bytes(refreshes.data(), refreshes.size());
+  model_.writeRefreshes(w);
   buffer_.save(w);
 }
 
@@ -170,13 +168,8 @@ void AsyncServer::load(std::span<const uint8_t> bytes, const std::string& what) 
   const uint64_t staleness_max = r.u64();
   if (!(std::isfinite(staleness_sum) && staleness_sum >= 0.0))
     r.fail("the buffered updates' staleness sums to ", staleness_sum);
-  std::vector<uint8_t> refreshes;
-  if (format >= 3) {
-    const uint64_t n = r.u64();
-    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, r.remaining())));
-    if (v.size() != n) r.fail("downlink refreshes of ", n, " bytes are truncated");
-    refreshes.assign(v.begin(), v.end());
-  }
+  const std::vector<uint8_t> refreshes =
+      format >= 3 ? ModelStore::readRefreshes(r) : std::vector<uint8_t>();
   aggregation::AsyncBuffer buffer(scheme_, config_.async, 1);
   const size_t buffer_at = r.position();
   buffer.load(r, bufferFormat(format));

@@ -176,9 +176,7 @@ void RoundEngine::saveCheckpoint() const {
   }
   // Format 6: the quantised or stc downlink's refreshes (ModelStore::saveRefreshes; 0 bytes for
   // the other downlinks).
-  const std::vector<uint8_t> refreshes = model_.saveRefreshes();
-  w.u64(refreshes.size());
-  if (!refreshes.empty()) w.bytes(refreshes.data(), refreshes.size());
+  model_.writeRefreshes(w);
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -299,13 +297,8 @@ void RoundEngine::loadCheckpoint() {
     if (control.empty() && n != 0)
       r.fail("SCAFFOLD acknowledgements without a SCAFFOLD control variate");
   }
-  std::vector<uint8_t> refreshes;
-  if (format >= 6) {
-    const uint64_t n = r.u64();
-    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, r.remaining())));
-    if (v.size() != n) r.fail("downlink refreshes of ", n, " bytes are truncated");
-    refreshes.assign(v.begin(), v.end());
-  }
+  const std::vector<uint8_t> refreshes =
+      format >= 6 ? ModelStore::readRefreshes(r) : std::vector<uint8_t>();
   r.finish();
   if (control.size() != control_.size()) {
     if (format < 4)

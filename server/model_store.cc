@@ -330,6 +330,19 @@ std::vector<uint8_t> ModelStore::saveRefreshes() const {
   return out;
 }
 
+void ModelStore::writeRefreshes(ByteWriter& w) const {
+  const std::vector<uint8_t> bytes = saveRefreshes();
+  w.u64(bytes.size());
+  if (!bytes.empty()) w.bytes(bytes.data(), bytes.size());
+}
+
+std::vector<uint8_t> ModelStore::readRefreshes(ByteReader& r) {
+  const uint64_t n = r.u64();
+  const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, r.remaining())));
+  if (v.size() != n) r.fail("downlink refreshes of ", n, " bytes are truncated");
+  return {v.begin(), v.end()};
+}
+
 void ModelStore::loadRefreshes(std::span<const uint8_t> bytes, const std::string& what) {
   if (bytes.empty()) return;
   ByteReader r(bytes, what);

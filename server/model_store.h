@@ -48,6 +48,11 @@
 #include "compression/payload.h"
 #include "core/param_layout.h"
 
+namespace starling {
+class ByteReader;
+class ByteWriter;
+}  // namespace starling
+
 namespace starling::server {
 
 enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4, kStc };
@@ -141,6 +146,10 @@ class ModelStore {
   // or truncated or trailing bytes; the store is then as reset() left it.
   std::vector<uint8_t> saveRefreshes() const;
   void loadRefreshes(std::span<const uint8_t> bytes, const std::string& what);
+  // As a checkpoint field: saveRefreshes' bytes after their count (u64); readRefreshes takes them
+  // from `r` (its IoError for a count past what is left), for loadRefreshes once the rest is read.
+  void writeRefreshes(ByteWriter& w) const;
+  static std::vector<uint8_t> readRefreshes(ByteReader& r);
 
  private:
   struct Version {

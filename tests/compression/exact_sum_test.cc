@@ -19,35 +19,23 @@ namespace {
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-// An independent reference for floats whose exponents lie in [lo, lo + 50]: each |v| as an exact
-// 128-bit multiple of 2^(lo - 150), summed exactly, then one correctly rounded conversion.
-double referenceSum(const std::vector<float>& v, int lo) {
+// An independent reference for floats whose exponents lie in [lo, lo + window]: each |v| (or v^2)
+// as an exact 128-bit multiple of 2^(lo - 150) (or its square), summed exactly, then one
+// correctly rounded conversion. The window keeps the sum within 128 bits: 50 for |v|, 25 for v^2.
+double referenceSum(const std::vector<float>& v, int lo, int window, bool squares) {
   unsigned __int128 sum = 0;
   bool in_window = true;
+  const int unit = std::max(lo, 1);
   for (float x : v) {
     const uint32_t bits = std::bit_cast<uint32_t>(x) & 0x7fffffffu;
     const int e = static_cast<int>(bits >> 23);
-    in_window = in_window && e >= lo && e <= lo + 50;
-    const uint64_t m = (bits & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
-    sum += static_cast<unsigned __int128>(m) << (std::max(e, 1) - std::max(lo, 1));
-  }
-  REQUIRE(in_window);
-  return std::ldexp(static_cast<double>(sum), std::max(lo, 1) - 150);
-}
-
-// The sum of squares the same way, for exponents in [lo, lo + 25].
-double referenceSquareSum(const std::vector<float>& v, int lo) {
-  unsigned __int128 sum = 0;
-  bool in_window = true;
-  for (float x : v) {
-    const uint32_t bits = std::bit_cast<uint32_t>(x) & 0x7fffffffu;
-    const int e = static_cast<int>(bits >> 23);
-    in_window = in_window && e >= lo && e <= lo + 25;
+    in_window = in_window && e >= lo && e <= lo + window;
     const unsigned __int128 m = (bits & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
-    sum += (m * m) << (2 * (std::max(e, 1) - std::max(lo, 1)));
+    const int shift = std::max(e, 1) - unit;
+    sum += squares ? (m * m) << (2 * shift) : m << shift;
   }
   REQUIRE(in_window);
-  return std::ldexp(static_cast<double>(sum), 2 * (std::max(lo, 1) - 150));
+  return std::ldexp(static_cast<double>(sum), (squares ? 2 : 1) * (unit - 150));
 }
 
 std::vector<float> randomFloats(size_t n, int lo, int window, uint64_t seed) {
@@ -87,7 +75,7 @@ TEST_CASE("exactAbsSum is the exact sum rounded, in any order", "[compression][e
     INFO("exponents from " << lo);
     RngStream r(StreamKey{6, 0, 0, StreamPurpose::kTest, 0});
     const std::vector<float> v = randomFloats(100000, lo, 50, 5);
-    const double want = referenceSum(v, lo);
+    const double want = referenceSum(v, lo, 50, false);
     const double got = exactAbsSum(v);
     CHECK(sameBits(got, want));
     std::vector<float> shuffled = v;
@@ -121,7 +109,7 @@ TEST_CASE("exactSquareSum is the exact sum of squares rounded, in any order",
     INFO("exponents from " << lo);
     const std::vector<float> v = randomFloats(100000, lo, 25, 9);
     const double got = exactSquareSum(v);
-    CHECK(sameBits(got, referenceSquareSum(v, lo)));
+    CHECK(sameBits(got, referenceSum(v, lo, 25, true)));
     std::vector<float> sorted = v;
     std::sort(sorted.begin(), sorted.end());
     CHECK(sameBits(exactSquareSum(sorted), got));

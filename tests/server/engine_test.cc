@@ -61,6 +61,23 @@ std::vector<float> modelOf(const server::RoundEngine& e) {
   return std::vector<float>(e.model().current().begin(), e.model().current().end());
 }
 
+// Four rounds with `cfg` (its checkpoint set), a crash in round 5, and the engine resumed from the
+// checkpoint, to run on with the same fleet.
+std::unique_ptr<server::RoundEngine> crashAfterFourRounds(const World& w,
+                                                          const server::EngineConfig& cfg,
+                                                          InProcFleet& fleet) {
+  {
+    server::RoundEngine first(w.layout, cfg, w.init());
+    fleet.crash_at_round = 5;
+    for (int r = 0; r < 4; ++r) first.runRound(fleet);
+    CHECK_THROWS(first.runRound(fleet));
+  }
+  fleet.crash_at_round.reset();
+  auto second = std::make_unique<server::RoundEngine>(w.layout, cfg, w.init());
+  REQUIRE(second->resumed());
+  return second;
+}
+
 }  // namespace
 
 TEST_CASE("the engine trains through the real codecs, for one- and two-phase compressors", "[server]") {
@@ -647,20 +664,12 @@ TEST_CASE(
     TempDir dir;
     cfg.checkpoint = (dir.path / "ck.bin").string();
     InProcFleet fleet(*big.trainer, big.train, big.shards(8));
-    {
-      server::RoundEngine first(big.layout, cfg, big.init());
-      fleet.crash_at_round = 5;
-      for (int r = 0; r < 4; ++r) first.runRound(fleet);
-      CHECK_THROWS(first.runRound(fleet));
-    }
-    fleet.crash_at_round.reset();
-    server::RoundEngine second(big.layout, cfg, big.init());
-    REQUIRE(second.resumed());
+    const auto second = crashAfterFourRounds(big, cfg, fleet);
     std::vector<uint64_t> resumed_down;
-    second.run(fleet,
-               [&](const server::RoundRecord& r) { resumed_down.push_back(r.downlink_bytes); });
+    second->run(fleet,
+                [&](const server::RoundRecord& r) { resumed_down.push_back(r.downlink_bytes); });
     CHECK(resumed_down == std::vector<uint64_t>(ref_down.begin() + 4, ref_down.end()));
-    CHECK(sameBits(modelOf(second), ref_model));
+    CHECK(sameBits(modelOf(*second), ref_model));
   }
   CAPTURE(acc[0], acc[1], acc[2], acc[3], down[0], down[1], down[2], down[3]);
   CHECK(down[1] < down[0]);
@@ -703,17 +712,9 @@ TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and 
   cfg.downlink_density = 0.05;
   cfg.checkpoint = (dir.path / "ck.bin").string();
   InProcFleet fleet(*w.trainer, w.train, w.shards(4));
-  {
-    server::RoundEngine first(w.layout, cfg, w.init());
-    fleet.crash_at_round = 5;
-    for (int r = 0; r < 4; ++r) first.runRound(fleet);
-    CHECK_THROWS(first.runRound(fleet));
-  }
-  fleet.crash_at_round.reset();
-  server::RoundEngine second(w.layout, cfg, w.init());
-  REQUIRE(second.resumed());
-  second.run(fleet);
-  CHECK(sameBits(modelOf(second), models[1]));
+  const auto second = crashAfterFourRounds(w, cfg, fleet);
+  second->run(fleet);
+  CHECK(sameBits(modelOf(*second), models[1]));
   // A lossless run refuses a checkpoint that holds a broadcast model.
   auto plain = cfg;
   plain.downlink = server::Downlink::kDelta;
