@@ -154,22 +154,29 @@ cz::ExponentBuckets bucketSums(const torch::Tensor& e, const torch::Tensor& term
 }
 
 // `fields` (int32, each below 2^bits) packed LSB-first, `bits` a field, as compression's BitWriter
-// packs them; the bytes downloaded.
+// packs them; the bytes downloaded. In passes of 2^20 fields (a multiple of 8, so every pass but
+// the last ends on a byte), so that the bits spread out on the device stay within 2^20 x bits.
 std::vector<uint8_t> packBits(const torch::Tensor& fields, int64_t bits) {
-  const int64_t total = fields.numel() * bits, bytes = (total + 7) / 8;
+  constexpr int64_t kPass = int64_t{1} << 20;
+  const int64_t n = fields.numel();
   const auto i32 = torch::TensorOptions(torch::kInt32).device(fields.device());
-  torch::Tensor flat = bits == 1 ? fields
-                                 : fields.unsqueeze(1)
-                                       .bitwise_right_shift(torch::arange(bits, i32))
-                                       .bitwise_and(1)
-                                       .flatten();
-  torch::Tensor padded = torch::zeros({bytes * 8}, i32);
-  padded.narrow(0, 0, total).copy_(flat);
+  const torch::Tensor shifts = torch::arange(bits, i32);
   const torch::Tensor weights =
-      torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, i32.device(torch::kCPU)).to(fields.device());
-  const torch::Tensor packed =
-      (padded.view({bytes, 8}) * weights).sum(1).to(torch::kUInt8).to(torch::kCPU).contiguous();
-  return {packed.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>() + bytes};
+      torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::kInt32).to(fields.device());
+  std::vector<uint8_t> out;
+  out.reserve(static_cast<size_t>((n * bits + 7) / 8));
+  for (int64_t at = 0; at < n; at += kPass) {
+    const torch::Tensor f = fields.narrow(0, at, std::min(kPass, n - at));
+    const int64_t total = f.numel() * bits, bytes = (total + 7) / 8;
+    const torch::Tensor flat =
+        bits == 1 ? f : f.unsqueeze(1).bitwise_right_shift(shifts).bitwise_and(1).flatten();
+    torch::Tensor padded = torch::zeros({bytes * 8}, i32);
+    padded.narrow(0, 0, total).copy_(flat);
+    const torch::Tensor packed =
+        (padded.view({bytes, 8}) * weights).sum(1).to(torch::kUInt8).to(torch::kCPU).contiguous();
+    out.insert(out.end(), packed.data_ptr<uint8_t>(), packed.data_ptr<uint8_t>() + bytes);
+  }
+  return out;
 }
 
 // QSGD: the norm from exact square sums (buckets on the device), the levels and their stochastic
