@@ -45,6 +45,9 @@ class WideSum {
 
  private:
   static constexpr size_t kWords = 10;
+  // The largest shift (a square's hi half: 2 x 253 + 24) plus a 64-bit term plus the carries of
+  // 2^40 terms stays inside the words.
+  static_assert(2 * 253 + 24 + 64 + 40 < kWords * 64, "WideSum too narrow");
   uint64_t bitsFrom(size_t from) const {  // the 64 bits from bit `from` up
     const size_t word = from / 64, bit = from % 64;
     uint64_t x = w_[word] >> bit;

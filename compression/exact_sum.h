@@ -22,7 +22,7 @@ using ExponentBuckets = std::array<uint64_t, 256>;
 void addAbsSignificands(std::span<const float> v, ExponentBuckets& b);
 
 // sum over e of b[e] * 2^(max(e, 1) - 150), correctly rounded to double (round to nearest, ties
-// to even). +inf past the double range (unreachable from fewer than 2^40 finite floats).
+// to even). Finite for fewer than 2^40 finite floats (at most about 2^168).
 double roundBuckets(const ExponentBuckets& b);
 
 // sum |v_i|, correctly rounded to double: roundBuckets after addAbsSignificands.

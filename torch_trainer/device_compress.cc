@@ -144,9 +144,16 @@ std::pair<torch::Tensor, torch::Tensor> exponentAndSignificand(const torch::Tens
   return {e.to(torch::kInt64), m.to(torch::kInt64)};
 }
 
-// Buckets summed on the device (int64 sums: the same in any order), read on the host.
+// Buckets summed on the device, read on the host. Each term is below 2^24: below 2^29 terms every
+// partial sum is an integer below 2^53, exact in double whatever the order of the additions, so
+// bincount's double weights (a shared-memory histogram on a GPU) sum them exactly; more terms go
+// through int64 scatter_add (exact too, but one global atomic per term).
 cz::ExponentBuckets bucketSums(const torch::Tensor& e, const torch::Tensor& terms) {
-  const torch::Tensor sums = torch::zeros({256}, terms.options()).scatter_add_(0, e, terms);
+  torch::Tensor sums;
+  if (terms.numel() < (int64_t{1} << 29))
+    sums = torch::bincount(e, terms.to(torch::kFloat64), 256).to(torch::kInt64);
+  else
+    sums = torch::zeros({256}, terms.options()).scatter_add_(0, e, terms);
   const torch::Tensor host = sums.to(torch::kCPU).contiguous();
   cz::ExponentBuckets b{};
   for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<uint64_t>(host.data_ptr<int64_t>()[j]);
@@ -191,13 +198,15 @@ std::vector<cz::Payload> encodeQsgd(const cz::QsgdCompressor& c, const ParamLayo
   for (size_t t = 0; t < layout.size(); ++t) {
     const auto n = static_cast<int64_t>(layout[t].numel);
     torch::Tensor slice = acc.narrow(0, static_cast<int64_t>(layout[t].offset), n);
-    const auto [e, m] = exponentAndSignificand(slice);
-    const torch::Tensor sq = m * m;  // below 2^48
-    const cz::SquareBuckets squares{bucketSums(e, sq.bitwise_right_shift(24)),
-                                    bucketSums(e, sq.bitwise_and(0xffffff))};
     cz::Qsgd q;
     q.s = s;
-    q.norm = static_cast<float>(std::sqrt(cz::roundSquareBuckets(squares)));
+    {  // the norm; its int64 temporaries are freed before the levels' are made
+      const auto [e, m] = exponentAndSignificand(slice);
+      const torch::Tensor sq = m * m;  // below 2^48
+      const cz::SquareBuckets squares{bucketSums(e, sq.bitwise_right_shift(24)),
+                                      bucketSums(e, sq.bitwise_and(0xffffff))};
+      q.norm = static_cast<float>(std::sqrt(cz::roundSquareBuckets(squares)));
+    }
     const double scale = q.norm > 0.0f ? static_cast<double>(s) / q.norm : 0.0;
     const float unit = q.norm / static_cast<float>(s);
     // As the host: r = |v| * scale in double, level = r truncated, one more with probability

@@ -115,3 +115,26 @@ TEST_CASE("exactSquareSum is the exact sum of squares rounded, in any order",
     CHECK(sameBits(exactSquareSum(sorted), got));
   }
 }
+
+TEST_CASE("roundBuckets carries across words and rounds ties at a word's edge",
+          "[compression][exact_sum]") {
+  // Bucket e holds significands in units of 2^(max(e, 1) - 150): bucket 1 at bit 0 of the wide
+  // sum, bucket 65 at bit 64, bucket 117 at bit 116 (all times 2^-149).
+  const auto sum = [](std::initializer_list<std::pair<size_t, uint64_t>> terms) {
+    compression::ExponentBuckets b{};
+    for (const auto& [e, v] : terms) b[e] = v;
+    return compression::roundBuckets(b);
+  };
+  constexpr uint64_t kAll = ~uint64_t{0};
+  // (2^64 - 1) + 2 + (2^64 - 1) 2^64 = 2^128 + 1: a carry through a full word; to 53 bits, 2^128.
+  CHECK(sum({{1, kAll}, {2, 1}, {65, kAll}}) == std::ldexp(1.0, 128 - 149));
+  // 3 (2^64 - 1): a carry into the next word, rounded to 3 x 2^64.
+  CHECK(sum({{1, kAll}, {2, kAll}}) == std::ldexp(3.0, 64 - 149));
+  // 2^116 + 2^63: the half bit is a word's top bit, nothing under it, the kept bits even: down.
+  CHECK(sum({{117, 1}, {64, 1}}) == std::ldexp(1.0, 116 - 149));
+  // 2^116 + 2^64 + 2^63: the same tie with the kept bits odd: up, to 2^116 + 2^65.
+  CHECK(sum({{117, 1}, {65, 1}, {64, 1}}) ==
+        std::ldexp(1.0, 116 - 149) + std::ldexp(1.0, 65 - 149));
+  // 2^116 + 2^63 + 1: past the tie by a bit in the lowest word: up.
+  CHECK(sum({{117, 1}, {64, 1}, {1, 1}}) == std::ldexp(1.0, 116 - 149) + std::ldexp(1.0, 64 - 149));
+}

@@ -4,6 +4,7 @@
 // on a GPU).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -128,8 +129,15 @@ inline void checkDeviceEncodeMatchesCpu(const torch::Device& device) {
   const size_t n = layout.numel();
   std::vector<float> wide = randomVector(n, 8);  // exponents far apart: the sum's rounding matters
   for (size_t i = 0; i < n; ++i) wide[i] *= std::ldexp(1.0f, static_cast<int>(i % 61) - 30);
-  const std::vector<std::vector<float>> inputs = {randomVector(n, 3), tiedValues(n, 4), wide,
-                                                  std::vector<float>(n, 0.0f)};
+  // Denormals alone (the buckets of exponent 0 decide the scale and norm), and values up to about
+  // half the compressors' bound of 1e30 (the top buckets, a norm near 1e33).
+  std::vector<float> denormal = randomVector(n, 9), huge = randomVector(n, 10);
+  for (size_t i = 0; i < n; ++i) {
+    denormal[i] *= 1e-39f;
+    huge[i] = std::clamp(huge[i] * 1e29f, -9e29f, 9e29f);
+  }
+  const std::vector<std::vector<float>> inputs = {
+      randomVector(n, 3), tiedValues(n, 4), wide, denormal, huge, std::vector<float>(n, 0.0f)};
   for (const char* spec :
        {"randk:density=0.01", "randk:density=0.3", "randblock:density=0.05",
         "randblock:density=0.5,offset=client", "randblock:density=1", "sign", "qsgd:levels=16",
@@ -151,10 +159,12 @@ inline void checkDeviceEncodeMatchesCpu(const torch::Device& device) {
         checkPayloadsEqual(cpu, torch_trainer::encodeOnDevice(*comp, layout, acc, ef, ctx));
         CHECK(sameBits(ef ? kept->values : inputs[i], toVector(acc)));
         // Without a residual to keep, the input is left as it was.
-        torch::Tensor same = acc.clone();
-        checkPayloadsEqual(comp->compress(layout, toVector(same), ctx),
+        torch::Tensor same = torch::from_blob(const_cast<float*>(inputs[i].data()),
+                                              {static_cast<int64_t>(n)}, torch::kFloat32)
+                                 .to(device, /*non_blocking=*/false, /*copy=*/true);
+        checkPayloadsEqual(comp->compress(layout, inputs[i], ctx),
                            torch_trainer::encodeOnDevice(*comp, layout, same, false, ctx));
-        CHECK(sameBits(toVector(same), toVector(acc)));
+        CHECK(sameBits(toVector(same), inputs[i]));
       }
     }
   }
