@@ -61,6 +61,16 @@ std::vector<float> modelOf(const server::RoundEngine& e) {
   return std::vector<float>(e.model().current().begin(), e.model().current().end());
 }
 
+// The server's model of version v for the downlink tests: n values in (-v/2, v/2), drawn from
+// `seed`, so that x moves every version, each coordinate by its own amount (no two gaps tie).
+std::vector<float> movingModel(size_t n, uint64_t v, uint64_t seed) {
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(v) * (static_cast<float>(gen() >> 8) / 16777216.0f - 0.5f);
+  return x;
+}
+
 // Four rounds with `cfg` (its checkpoint set), a crash in round 5, and the engine resumed from the
 // checkpoint, to run on with the same fleet.
 std::unique_ptr<server::RoundEngine> crashAfterFourRounds(const World& w,
@@ -480,13 +490,7 @@ TEST_CASE(
   server::ModelStore store = server::ModelStore::forDownlink(layout, stc, 3, density);
   CHECK(store.lossy());
   // x moves every version, each coordinate by its own amount (no two gaps tie).
-  const auto model = [&](uint64_t v) {
-    std::mt19937 gen(static_cast<uint32_t>(v));
-    std::vector<float> x(n);
-    for (size_t i = 0; i < n; ++i)
-      x[i] = static_cast<float>(v) * (static_cast<float>(gen() >> 8) / 16777216.0f - 0.5f);
-    return x;
-  };
+  const auto model = [&](uint64_t v) { return movingModel(n, v, v); };
   store.set(model(1), 1);
   CHECK(sameBits(store.current(), model(1)));          // the first model is broadcast whole
   std::vector<std::vector<float>> held{{}, model(1)};  // held[v]: x-hat of version v
@@ -960,20 +964,13 @@ bool sameTask(const server::EncodedModel& a, const server::EncodedModel& b) {
 
 TEST_CASE(
     "the quantised and stc downlinks' refreshes survive a checkpoint: the store reset from it "
-    "sends "
-    "the same tasks, and refreshes that do not fit are refused",
+    "sends the same tasks, and refreshes that do not fit are refused",
     "[server]") {
   auto layout = std::make_shared<ParamLayout>();
   layout->add("w", {30, 20});
   layout->add("b", {20});
   const size_t n = layout->numel();
-  const auto model = [&](uint64_t v) {
-    std::mt19937 gen(static_cast<uint32_t>(v + 100));
-    std::vector<float> x(n);
-    for (size_t i = 0; i < n; ++i)
-      x[i] = static_cast<float>(v) * (static_cast<float>(gen() >> 8) / 16777216.0f - 0.5f);
-    return x;
-  };
+  const auto model = [&](uint64_t v) { return movingModel(n, v, v + 100); };
   using server::Downlink;
   const auto build = [&](Downlink mode) {
     server::ModelStore s = server::ModelStore::forDownlink(layout, mode, 3, 0.05);
