@@ -161,10 +161,7 @@ void AsyncBuffer::addPartial(const compression::PartialView& p, uint64_t source)
 void AsyncBuffer::buffer(uint64_t v, uint64_t sender, uint64_t count, const char* who,
                          const char* what,
                          const std::function<void(PhaseAggregator&, double)>& into) {
-  const auto refused = [&] {
-    ++rejected_total_;
-    ++rejected_step_;
-  };
+  const auto refused = [&] { countRefusal(); };
   double s = 0.0;
   try {
     s = weightFor(v);

@@ -102,6 +102,12 @@ class AsyncBuffer {
   // The refusals since the last step (or the last call), which the count then starts over from:
   // for a step that has nothing to take (a semi-synchronous round where nothing was accepted).
   uint64_t takeRejected();
+  // One refusal counted again, with nothing added: a journal's record of a refusal (the
+  // asynchronous root's, server/async_root.h), so that a resumed step counts it.
+  void countRefusal() {
+    ++rejected_total_;
+    ++rejected_step_;
+  }
   // The server applied a step: the version advances (staleness is counted from it).
   void advance();
   // The server did not apply the last take() (its step would have made the model non-finite):

@@ -17,14 +17,18 @@ namespace starling::server {
 
 namespace {
 constexpr uint32_t kJournalMagic = 0x4c4e4a41;  // "AJNL"
-constexpr uint32_t kJournalFormat = 1;
+// 2: refusals are journaled too (kJournalRefused); a journal of format 1 still reads.
+constexpr uint32_t kJournalFormat = 2;
 constexpr size_t kJournalHeader = 24;  // magic, format, the checkpoint's step and version
-constexpr uint8_t kJournalUpdate = 0, kJournalPartial = 1;
+constexpr uint8_t kJournalUpdate = 0, kJournalPartial = 1, kJournalRefused = 2;
 }  // namespace
 
 // The updates accepted since the last checkpoint, one record each, appended and fsynced before
 // the update counts as accepted: length, checksum, then kind, sender, its examples cap and the
-// message as it arrived. Its header names the checkpoint it follows (step and version); a step
+// message as it arrived. The server's refusals since then too, as records of the sender alone,
+// appended but not fsynced (they are counts for the step's metrics: a client whose updates are
+// refused must not cost the root a disk flush each); the next accepted update's fsync takes them
+// to the disk with it. Its header names the checkpoint it follows (step and version); a step
 // writes the checkpoint and starts a new journal, atomically.
 struct AsyncRoot::Journal {
   std::string path;
@@ -51,7 +55,8 @@ struct AsyncRoot::Journal {
     writeFileAtomic(path, h);
     openForAppend();
   }
-  void append(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message) {
+  void append(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message,
+              bool sync = true) {
     record.clear();
     ByteWriter w(record);
     w.u64(17 + message.size());  // the payload: kind, sender, cap, message
@@ -69,7 +74,7 @@ struct AsyncRoot::Journal {
         STARLING_THROW(IoError, "cannot append to the journal ", path, ": ", std::strerror(errno));
       done += static_cast<size_t>(n);
     }
-    if (::fdatasync(fd) != 0)
+    if (sync && ::fdatasync(fd) != 0)
       STARLING_THROW(IoError, "cannot fsync the journal ", path, ": ", std::strerror(errno));
   }
 };
@@ -143,7 +148,7 @@ void AsyncRoot::replayJournal() {
   ByteReader r(bytes, "journal " + j.path);
   if (bytes.size() < kJournalHeader || r.u32() != kJournalMagic)
     r.fail("not a journal of asynchronous rounds");
-  if (const uint32_t f = r.u32(); f != kJournalFormat)
+  if (const uint32_t f = r.u32(); f != kJournalFormat && f != 1)
     r.fail("format version ", f, " is not ", kJournalFormat);
   const uint64_t step = r.u64(), version = r.u64();
   if (step + 1 == server_.steps()) {
@@ -159,7 +164,9 @@ void AsyncRoot::replayJournal() {
       std::min<size_t>(std::max<size_t>(limits.max_bytes, bytes.size()), (size_t{1} << 31) - 1);
   protocol::Decoder decoder(server_.scheme().layout(), limits);
   size_t good = r.position();
+  uint64_t records = 0;
   while (r.remaining() > 0) {
+    ++records;
     // A record the kill cut short is the last one: its header or payload runs past the end, or
     // its checksum fails on the file's last bytes. Damage before that is not a kill's.
     if (r.remaining() < 16) break;
@@ -169,9 +176,9 @@ void AsyncRoot::replayJournal() {
     const std::span<const uint8_t> payload = r.view(len);
     if (len < 17 || fnv1a(payload) != sum) {
       if (last) break;
-      r.fail("record ", replayed_ + 1, " is damaged and more follow: not a crash's cut");
+      r.fail("record ", records, " is damaged and more follow: not a crash's cut");
     }
-    ByteReader p(payload, "journal " + j.path + " record " + std::to_string(replayed_ + 1));
+    ByteReader p(payload, "journal " + j.path + " record " + std::to_string(records));
     const uint8_t kind = p.u8();
     const uint64_t sender = p.u64(), cap = p.u64();
     const std::span<const uint8_t> message = p.view(p.remaining());
@@ -180,6 +187,8 @@ void AsyncRoot::replayJournal() {
         server_.add(decoder.decodeUpdate(message), aggregation::ClientLimits{cap});
       else if (kind == kJournalPartial)
         server_.addPartial(decoder.decodePartial(message), sender);
+      else if (kind == kJournalRefused && message.empty())
+        server_.countRefusal();
       else
         p.fail("kind ", int{kind});
     } catch (const InputError& e) {
@@ -187,7 +196,10 @@ void AsyncRoot::replayJournal() {
     } catch (const InvalidArgument& e) {
       p.fail("it does not add again to the checkpoint's buffer: ", e.what());
     }
-    ++replayed_;
+    if (kind == kJournalRefused)
+      ++refusals_replayed_;
+    else
+      ++replayed_;
     good = r.position();
   }
   torn_bytes_ = bytes.size() - good;
@@ -232,16 +244,32 @@ void AsyncRoot::sent(uint64_t bytes) {
 void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
 
 // Accepted once it is in the journal (an IoError there ends the run: the disk failed).
+// The server's refusal (InputError, nothing changed) is journaled, so that a resumed step counts
+// it.
+void AsyncRoot::refused(uint64_t sender) {
+  if (journal_) journal_->append(kJournalRefused, sender, 0, {}, false);
+}
+
 void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
                     std::span<const uint8_t> message) {
-  server_.add(u, limits);  // InputError: refused, nothing changed
+  try {
+    server_.add(u, limits);
+  } catch (const InputError&) {
+    refused(u.header.client_id);
+    throw;
+  }
   if (journal_) journal_->append(kJournalUpdate, u.header.client_id, limits.max_examples, message);
   uplink_ += message.size();
 }
 
 void AsyncRoot::addPartial(const compression::PartialView& p, uint64_t source,
                            std::span<const uint8_t> message) {
-  server_.addPartial(p, source);  // InputError: refused, nothing changed
+  try {
+    server_.addPartial(p, source);
+  } catch (const InputError&) {
+    refused(source);
+    throw;
+  }
   if (journal_) journal_->append(kJournalPartial, source, 0, message);
   uplink_ += message.size();
 }

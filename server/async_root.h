@@ -11,12 +11,14 @@
 // Crash safety: with state.checkpoint every accepted update is appended, as it arrived, to the
 // journal (CHECKPOINT.journal) and fsynced before the next message is handled, and the whole
 // server (model, version, optimizer, the buffer with its sums and the senders seen per version) is
-// written atomically at every step, a new journal after it. A root killed with SIGKILL and
-// restarted with the same command loads the checkpoint and adds the journal's records again:
-// it resumes with every update it had accepted; an update that arrived while it was being killed,
-// before its record was written, is lost with the tasks in flight, and
-// their clients, registering with the new root, are given new tasks on the current version (one
-// accepted update per client and version, the restored buffer's, still holds).
+// written atomically at every step, a new journal after it. The server's refusals go to the
+// journal too, unsynced (a kill loses none; an OS crash may lose those after the last accepted
+// update's fsync), so that a resumed step counts them in updates_rejected. A root killed with
+// SIGKILL and restarted with the same command loads the checkpoint and adds the journal's records
+// again: it resumes with every update it had accepted; an update that arrived while it was being
+// killed, before its record was written, is lost with the tasks in flight, and their clients,
+// registering with the new root, are given new tasks on the current version (one accepted update
+// per client and version, the restored buffer's, still holds).
 //
 // Semi-synchronous rounds (round_ms > 0), as the simulator's (simulator/async_sim.h): rounds of
 // round_ms on the fleet's clock. At a round's start the idle clients top the tasks open up to C;
@@ -87,6 +89,8 @@ class AsyncRoot final : public AsyncDriver {
   // Of the resume: the updates and partials taken again from the journal, and the bytes of a
   // record the kill cut short (dropped).
   uint64_t replayed() const { return replayed_; }
+  // Of the resume: the server's refusals since the checkpoint, counted again from the journal.
+  uint64_t refusalsReplayed() const { return refusals_replayed_; }
   uint64_t tornBytes() const { return torn_bytes_; }
   const AsyncServer& server() const { return server_; }
   const AsyncRootConfig& config() const { return config_; }
@@ -116,6 +120,7 @@ class AsyncRoot final : public AsyncDriver {
   void refreshTask();
   void checkpoint();
   void replayJournal();
+  void refused(uint64_t sender);  // journals a refusal of the server's
   // After a step or a skipped round: the record, the checkpoint, the next version's task;
   // `on_update`: the step came with an accepted update (run()'s `accepted` is called).
   void stepped(RoundRecord rec, bool on_update);
@@ -131,7 +136,7 @@ class AsyncRoot final : public AsyncDriver {
   std::chrono::steady_clock::time_point since_;
   bool resumed_ = false;
   std::unique_ptr<Journal> journal_;
-  uint64_t replayed_ = 0, torn_bytes_ = 0;
+  uint64_t replayed_ = 0, refusals_replayed_ = 0, torn_bytes_ = 0;
   // Semi-synchronous rounds: whether the round's clock runs (it started at round_start_), and
   // whether its one hand-out pass is still to come.
   bool round_live_ = false, handing_out_ = true;

@@ -64,6 +64,8 @@ class AsyncServer {
   // An edge aggregator's partial of updates trained from version p.header.round
   // (aggregation::AsyncBuffer::addPartial): p.header.count updates toward K, the same refusals.
   void addPartial(const compression::PartialView& p, uint64_t source);
+  // A refusal counted again (a journal's record of one): the next step's updates_rejected has it.
+  void countRefusal() { buffer_.countRefusal(); }
   uint64_t buffered() const { return buffer_.size(); }
   bool ready() const { return buffer_.ready(); }
   // The buffered step (InvalidArgument when the buffer is empty). rec.applied is false, with the

@@ -288,3 +288,71 @@ TEST_CASE(
   for (uint64_t c = 0; c < 3; ++c) give(*ref1, c, 10 + c);
   CHECK(modelOf(full->server()) == modelOf(ref1->server()));
 }
+
+TEST_CASE(
+    "the asynchronous root journals the server's refusals: a resumed step counts those since its "
+    "checkpoint, as the root that never stopped does",
+    "[server][async]") {
+  starling::testing::TempDir dir("async-refusals");
+  const auto l = smallLayout();
+  const std::vector<float> init(l->numel(), 0.1f);
+  const auto rootAt = [&](const std::string& tag) {
+    server::AsyncRootConfig c;
+    c.steps = 5;
+    c.fleet.min_available = 3;
+    c.checkpoint = (dir.path / (tag + ".ckpt")).string();
+    c.metrics = (dir.path / (tag + ".jsonl")).string();
+    return std::make_unique<server::AsyncRoot>(l, config("fedavg"), c, init);
+  };
+  // true: accepted; false: refused by the server (a second update from a client and version).
+  const auto give = [&](server::AsyncRoot& root, uint64_t client) {
+    const compression::Update u = randomUpdate(*l, client, root.server().version(), 4, client);
+    const std::vector<uint8_t> message = protocol::encodeUpdate(u);
+    try {
+      root.add(compression::view(u), aggregation::ClientLimits{10}, message);
+    } catch (const InputError&) {
+      return false;
+    }
+    root.added();
+    return true;
+  };
+  const auto rejected = [&](const std::string& tag) {
+    const std::vector<uint8_t> b = readFile(dir.path / (tag + ".jsonl"), 1 << 20);
+    const std::string text(b.begin(), b.end());
+    const size_t at = text.find("\"updates_rejected\":");
+    REQUIRE(at != std::string::npos);
+    return std::stoull(text.substr(at + 19));
+  };
+  // K = 3; clients 0 and 1 each send twice: the step counts two refusals.
+  auto ref = rootAt("ref");
+  for (uint64_t c : {0, 0, 1, 1, 2}) give(*ref, c);
+  REQUIRE(ref->server().steps() == 1);
+  CHECK(rejected("ref") == 2);
+  {
+    auto cut = rootAt("cut");
+    CHECK(give(*cut, 0));
+    CHECK_FALSE(give(*cut, 0));
+    CHECK(give(*cut, 1));
+  }  // killed: two updates and a refusal since the checkpoint
+  {
+    auto again = rootAt("cut");
+    CHECK(again->replayed() == 2);
+    CHECK(again->refusalsReplayed() == 1);
+    CHECK_FALSE(give(*again, 1));  // still a duplicate: the journal brought client 1's update back
+    CHECK(give(*again, 2));
+    REQUIRE(again->server().steps() == 1);
+    CHECK(rejected("cut") == 2);
+    CHECK(modelOf(again->server()) == modelOf(ref->server()));
+  }
+  // A journal of format 1 (before refusals were journaled) still reads: its updates come back.
+  {
+    auto old = rootAt("old");
+    CHECK(give(*old, 0));
+  }
+  const std::string journal = (dir.path / "old.ckpt.journal").string();
+  std::vector<uint8_t> bytes = readFile(journal, 1 << 20);
+  const uint32_t one = 1;
+  std::memcpy(bytes.data() + 4, &one, sizeof one);  // the header's format, after the magic
+  writeFileAtomic(journal, bytes);
+  CHECK(rootAt("old")->replayed() == 1);
+}
