@@ -55,14 +55,12 @@ std::string eta(double seconds) {
 // round.mode = async (FedBuff) or semisync, on the simulated event clock (simulator/async_sim.h):
 // what they do not run yet is refused before any data is read (K against the clients with data is
 // checked once the split is made).
-void checkAsync(const apps::Settings& c, const server::EngineConfig& ec, uint64_t world) {
+void checkAsync(const apps::Settings& c, const server::EngineConfig& ec) {
   const auto no = [&](const std::string& what) {
     STARLING_THROW(ConfigError, "round.mode = ", c.round.mode, " does not run ", what,
                    " yet (docs/simulation.md)");
   };
   const bool semisync = c.round.mode == "semisync";
-  if (world > 1)
-    no("on several workers: set sim.workers = 1 (and start it without torchrun or srun)");
   if (ec.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
   if (!semisync && c.round.deadline_seconds > 0)
     no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates, and "
@@ -91,7 +89,8 @@ std::string deviceRoundNote(const client::DeviceUpdate* d) {
 
 int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
              const sim::SimClients& clients, client::Trainer& trainer, sim::ClientStateStore& store,
-             const data::Dataset* test, client::DeviceUpdate* device_update) {
+             const data::Dataset* test, client::DeviceUpdate* device_update,
+             sim::Collectives& workers, bool lead) {
   const auto layout = std::make_shared<const ParamLayout>(trainer.layout());
   std::vector<float> init(layout->numel());
   trainer.initParameters(init, c.model.seed);
@@ -107,7 +106,13 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   ac.metrics_file = ec.metrics;
   ac.checkpoint = ec.checkpoint;
   ac.device_update = device_update;
+  ac.workers = &workers;
+  if (!lead) ac.metrics_file.clear();
   sim::AsyncSimulation simulation(ac, clients, trainer, store, server, test);
+  if (!lead) {  // the first worker reports
+    simulation.run();
+    return 0;
+  }
   if (simulation.resumed())
     std::printf(
         "resumed at step %llu (model version %llu, %llu updates buffered, %.1f simulated s)\n",
@@ -204,9 +209,10 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   // async.* is checked in either mode: a file's typo shows before it is run asynchronously.
   aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
       .validate();
-  if (async) checkAsync(c, ec, world);
-  // A robust rule needs every update in one place: across workers only streaming rules add up.
-  if (world > 1 && !aggregation::makeRule(ec.scheme.rule)->streaming())
+  if (async) checkAsync(c, ec);
+  // A robust rule needs every update in one place: across workers only streaming rules add up
+  // (asynchronous workers each add every update).
+  if (world > 1 && !async && !aggregation::makeRule(ec.scheme.rule)->streaming())
     STARLING_THROW(ConfigError, "aggregation.rule = '", ec.scheme.rule,
                    "' is not a streaming rule and cannot be split among ", world,
                    " workers; use sim.workers = 1 or a streaming rule (fedavg)");
@@ -313,6 +319,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   // SCAFFOLD's c_i): they are kept beside it unless state.dir says where.
   std::string state_dir = c.state.dir;
   if (state_dir.empty() && !ec.checkpoint.empty()) state_dir = ec.checkpoint + ".states";
+  // Asynchronous workers keep every state in the first one's store (simulator/async_sim.h).
+  if (async && !lead) state_dir.clear();
   if (!state_dir.empty()) {
     // A resumed run reopens the states its workers flushed at the checkpoint.
     so.spill_dir = state_dir + "/worker-" + std::to_string(launch.rank);
@@ -325,7 +333,17 @@ int runSim(int argc, char** argv, apps::Settings& c) {
       so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
   }
   sim::ClientStateStore store(so, layout->fingerprint());
-  if (async) return runAsync(c, ec, clients, *trainer, store, test, device_round.get());
+  const auto waitWorkers = [&](int rc) {
+    for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
+      std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,
+                   status < 0 ? "signal" : "exit status", status < 0 ? -status : status);
+      rc = 1;
+    }
+    return rc;
+  };
+  if (async)
+    return waitWorkers(
+        runAsync(c, ec, clients, *trainer, store, test, device_round.get(), *coll, lead));
   sim::SimFleetConfig fc{policy, c.sim.reference_spe, c.round.deadline_seconds, c.model.seed, {},
                          sharded};
   if (!state_dir.empty()) fc.homes_file = so.spill_dir + "/homes.bin";
@@ -384,12 +402,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
         static_cast<unsigned long long>(fleet.statesMigrated()),
         deviceRoundNote(device_round.get()).c_str());
   }
-  for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
-    std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,
-                 status < 0 ? "signal" : "exit status", status < 0 ? -status : status);
-    return 1;
-  }
-  return 0;
+  return waitWorkers(0);
 }
 
 }  // namespace

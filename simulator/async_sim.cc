@@ -111,24 +111,28 @@ std::optional<uint64_t> stepOf(const std::filesystem::path& path) {
 // anywhere leaves a checkpoint and a store of one step: before the flush the old pair (the .next
 // is dropped here), after it the new one (the rename is finished here). A checkpoint whose step is
 // not the store's is refused: its clients' states would not be the ones it expects.
+//
+// With several workers the first one's store holds the states: it settles the pair, then the
+// others read the checkpoint it settled.
 void AsyncSimulation::resume() {
   if (config_.checkpoint.empty()) return;
   const std::filesystem::path path = config_.checkpoint, next = config_.checkpoint + ".next";
-  const uint64_t generation = store_.generation();
-  if (std::filesystem::exists(next)) {
-    if (generation != 0 && stepOf(next) == generation)
-      renameDurable(next, path);
-    else
-      std::filesystem::remove(next);
-  }
-  if (!std::filesystem::exists(path)) {
-    if (generation != 0)
+  if (lead()) {
+    const uint64_t generation = store_.generation();
+    if (std::filesystem::exists(next)) {
+      if (generation != 0 && stepOf(next) == generation)
+        renameDurable(next, path);
+      else
+        std::filesystem::remove(next);
+    }
+    if (!std::filesystem::exists(path) && generation != 0)
       STARLING_THROW(IoError, "the client-state store ", store_.spillDir().string(),
                      " holds the states of step ", generation, ", and the checkpoint ",
                      config_.checkpoint,
                      " is missing: restore it, or remove the store's folder to start over");
-    return;
   }
+  if (config_.workers) config_.workers->barrier();
+  if (!std::filesystem::exists(path)) return;
   loadCheckpoint();
   resumed_ = true;
 }
@@ -194,7 +198,7 @@ void AsyncSimulation::loadCheckpoint() {
   if (const uint32_t f = r.u32(); f != kSimFormat)
     r.fail("format version ", f, " is not ", kSimFormat, " (written by another build)");
   const uint64_t step = r.u64();
-  if (step != store_.generation())
+  if (lead() && step != store_.generation())
     r.fail("it was written at step ", step, ", and the client-state store ",
            store_.spillDir().string(), " holds the states of ",
            store_.generation() == 0 ? "no step" : "step " + std::to_string(store_.generation()),
@@ -299,7 +303,7 @@ void AsyncSimulation::loadCheckpoint() {
 // gets the line from the checkpoint: a partial last line is cut, and the step's record appended
 // unless the file already ends with it.
 void AsyncSimulation::completeMetrics(uint64_t step, const std::string& record) const {
-  if (config_.metrics_file.empty() || record.empty()) return;
+  if (!lead() || config_.metrics_file.empty() || record.empty()) return;
   std::string text;
   if (std::filesystem::exists(config_.metrics_file)) {
     const std::vector<uint8_t> bytes = readFile(config_.metrics_file, uint64_t{1} << 32);
@@ -359,60 +363,227 @@ uint64_t AsyncSimulation::updateBytes() {
   return update_bytes_;
 }
 
-// The client downloads the current version and trains on it now; its update is held until its
-// simulated finish. A client offline by then (the devices' windows of time) is a dropout: it is
-// not trained and its state is left as it was; it may try again on this version if one of its
-// windows is long enough for its training.
+// The client downloads the current version and waits to train on it (trainWaiting): its update
+// is held until its simulated finish. A client offline by then (the devices' windows of time) is a
+// dropout: it is not trained and its state is left as it was; it may try again on this version if
+// one of its windows is long enough for its training.
 void AsyncSimulation::start(uint64_t id) {
   const uint64_t v = server_.version();
-  InFlight job;
-  job.version = v;
-  job.examples = clients_.shards[id].size();
-  job.down = taskBytes(held_[id]);
-  const uint64_t held_before = held_[id];
+  Waiting w;
+  w.id = id;
+  w.start = now_;
+  w.held_before = held_[id];
+  w.job.version = v;
+  w.job.examples = clients_.shards[id].size();
+  w.job.down = taskBytes(held_[id]);
   held_[id] = v;  // it downloads the version (a dropout too)
   const uint64_t previous = last_version_[id];
   busy_[id] = 1;
   last_version_[id] = v;
   ++window_.started;
-  window_.downlink += job.down;
+  window_.downlink += w.job.down;
   if (clients_.devices.hasWindows()) {
     const ClientTiming t =
-        timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
-                   config_.reference_seconds_per_example, job.down, updateBytes());
+        timeClient(clients_.devices[id], id, w.job.examples, config_.fit.epochs,
+                   config_.reference_seconds_per_example, w.job.down, updateBytes());
     if (!clients_.devices.onlineAt(id, now_ + t.total())) {
       if (t.total() <= clients_.devices.longestOnline(id)) last_version_[id] = previous;
-      in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));  // arrives failed
+      in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(w.job));  // arrives failed
       return;
     }
   }
-  const auto t0 = Clock::now();
+  // A failed client still takes its download and its compute time before the server notices: the
+  // earliest it can finish is with nothing to upload.
+  w.earliest = now_ + timeClient(clients_.devices[id], id, w.job.examples, config_.fit.epochs,
+                                 config_.reference_seconds_per_example, w.job.down, 0)
+                          .total();
+  waiting_.push_back(std::move(w));
+}
+
+// Trains the client on the version it started on, from `state` (updated in place; stored by the
+// caller only on success). No update: a compressor's refusal or a diverged training.
+bool AsyncSimulation::train(Waiting& w, ClientState& state) {
   try {
-    store_.load(id, state_);
-    const client::DataView data{clients_.train, clients_.shards[id]};
+    const client::DataView data{clients_.train, clients_.shards[w.id]};
     client::PhaseResult res = algorithm_.runPhase(
-        server_.broadcast(v), id,
-        server_.model().clientModel(held_before, server_.config().downlink, whole_), data, state_);
+        server_.broadcast(w.job.version), w.id,
+        server_.model().clientModel(w.held_before, server_.config().downlink, whole_), data, state);
     // What a deployed client sends: only the declared metrics, a non-zero nonce.
     std::erase_if(res.update.metrics, [&](const Metric& m) {
       return std::find(declared_.begin(), declared_.end(), m.name) == declared_.end();
     });
     res.update.header.nonce = 1;
-    job.up = pr::encodedSize(res.update);
-    store_.store(id, state_);
-    job.update = std::move(res.update);
-    ++trained_;
-  } catch (const IoError& e) {  // its stored state does not read back
-    std::fprintf(stderr, "starling-sim: client %llu fails: %s\n",
-                 static_cast<unsigned long long>(id), e.what());
+    w.job.up = pr::encodedSize(res.update);
+    w.job.update = std::move(res.update);
+    return true;
   } catch (const InvalidArgument&) {  // a compressor's refusal
   } catch (const client::DivergenceError&) {
   }
+  return false;
+}
+
+void AsyncSimulation::arrive(Waiting& w) {
+  const ClientTiming t =
+      timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
+                 config_.reference_seconds_per_example, w.job.down, w.job.up);
+  in_flight_.emplace(std::pair{w.start + t.total(), w.id}, std::move(w.job));
+}
+
+namespace {
+void clientFails(uint64_t id, const std::string& why) {
+  std::fprintf(stderr, "starling-sim: client %llu fails: %s\n", static_cast<unsigned long long>(id),
+               why.c_str());
+}
+}  // namespace
+
+void AsyncSimulation::trainWaiting() {
+  if (waiting_.empty()) return;
+  if (config_.workers && config_.workers->size() > 1) return trainShared();
+  const auto t0 = Clock::now();
+  for (Waiting& w : waiting_) {
+    try {
+      store_.load(w.id, state_);
+      if (train(w, state_)) {
+        store_.store(w.id, state_);
+        ++trained_;
+      }
+    } catch (const IoError& e) {  // its state does not read back, or is not kept
+      clientFails(w.id, e.what());
+      w.job.update.reset();
+      w.job.up = 0;
+    }
+    arrive(w);
+  }
+  waiting_.clear();
   window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  // A failed client still takes its download and its compute time before the server notices.
-  const ClientTiming t = timeClient(clients_.devices[id], id, job.examples, config_.fit.epochs,
-                                    config_.reference_seconds_per_example, job.down, job.up);
-  in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(job));
+}
+
+// The waiting clients on several workers: each to the least loaded worker by examples, the
+// largest first (the same choice on every worker); the first worker sends the states of the
+// clients others train, every worker trains its own, and every update (with its new state, for
+// the first worker's store) goes to every worker.
+void AsyncSimulation::trainShared() {
+  const auto t0 = Clock::now();
+  Collectives& c = *config_.workers;
+  const size_t world = static_cast<size_t>(c.size()), me = static_cast<size_t>(c.rank());
+  const size_t n = waiting_.size();
+  std::vector<size_t> order(n), owner(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return waiting_[a].job.examples > waiting_[b].job.examples;
+  });
+  std::vector<uint64_t> load(world, 0);
+  for (size_t i : order) {
+    owner[i] = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[owner[i]] += waiting_[i].job.examples;
+  }
+  const uint64_t fingerprint = trainer_.layout().fingerprint();
+  std::vector<uint8_t> out, blob;
+  ByteWriter w(out);
+  const auto putState = [&](const ClientState& st) {
+    blob.clear();
+    if (st.size() != 0) st.saveTo(blob);
+    w.u64(blob.size());
+    w.bytes(blob.data(), blob.size());
+  };
+  // 1. The states of the clients other workers train: a flag (0: it did not read back), the state.
+  if (me == 0)
+    for (size_t i = 0; i < n; ++i) {
+      if (owner[i] == 0) continue;
+      try {
+        store_.load(waiting_[i].id, state_);
+        w.u8(1);
+        putState(state_);
+      } catch (const IoError& e) {
+        clientFails(waiting_[i].id, e.what());
+        w.u8(0);
+      }
+    }
+  std::vector<std::vector<uint8_t>> got = allGatherBytes(c, out);
+  // 2. This worker's clients: a flag (1: an update), the update's bytes, and from the others
+  // the new state.
+  out.clear();
+  {
+    ByteReader states(got[0], "the first worker's client states");
+    for (size_t i = 0; i < n; ++i) {
+      if (owner[i] == 0 && me != 0) continue;
+      bool readable = true;
+      if (owner[i] == 0) {  // me == 0: from the store
+        try {
+          store_.load(waiting_[i].id, state_);
+        } catch (const IoError& e) {
+          clientFails(waiting_[i].id, e.what());
+          readable = false;
+        }
+      } else {
+        readable = states.u8() == 1;
+        const std::span<const uint8_t> bytes =
+            readable ? states.view(states.u64()) : std::span<const uint8_t>{};
+        if (owner[i] != me) continue;
+        state_ = ClientState(fingerprint);
+        if (!bytes.empty()) state_.loadFrom(bytes);
+      }
+      if (owner[i] != me) continue;
+      bool ok = readable && train(waiting_[i], state_);
+      if (ok && me == 0) {
+        try {
+          store_.store(waiting_[i].id, state_);
+        } catch (const IoError& e) {  // not kept: the client fails, as on one worker
+          clientFails(waiting_[i].id, e.what());
+          waiting_[i].job.update.reset();
+          ok = false;
+        }
+      }
+      w.u8(ok ? 1 : 0);
+      if (!ok) continue;
+      const std::vector<uint8_t> u = pr::encodeUpdate(*waiting_[i].job.update);
+      w.u64(u.size());
+      w.bytes(u.data(), u.size());
+      if (me != 0) putState(state_);
+    }
+  }
+  got = allGatherBytes(c, out);
+  std::vector<ByteReader> from;
+  for (size_t r = 0; r < world; ++r)
+    from.emplace_back(got[r], "worker " + std::to_string(r) + "'s updates");
+  pr::DecodeLimits limits;
+  for (size_t i = 0; i < n; ++i) {
+    Waiting& wt = waiting_[i];
+    ByteReader& r = from[owner[i]];
+    if (r.u8() == 1) {
+      const std::span<const uint8_t> u = r.view(r.u64());
+      if (owner[i] != me) {
+        limits.max_bytes = std::max<size_t>(limits.max_bytes, u.size());
+        wt.job.update = pr::decodeUpdate(u, trainer_.layout(), nullptr, limits);
+        wt.job.up = u.size();
+      }
+      if (owner[i] != 0) {
+        const std::span<const uint8_t> st = r.view(r.u64());
+        if (me == 0) {  // an IoError here (the store's disk) ends the run: the update went out
+          ClientState state(fingerprint);
+          if (!st.empty()) state.loadFrom(st);
+          store_.store(wt.id, state);
+        }
+      }
+      ++trained_;
+    }
+    arrive(wt);
+  }
+  waiting_.clear();
+  window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double AsyncSimulation::nextArrival() {
+  const auto first = [&] {
+    return in_flight_.empty() ? std::numeric_limits<double>::infinity()
+                              : in_flight_.begin()->first.first;
+  };
+  for (const Waiting& w : waiting_)
+    if (w.earliest <= first()) {
+      trainWaiting();
+      break;
+    }
+  return first();
 }
 
 // The first time at or after now when a client that may train on this version (idle, with data,
@@ -440,13 +611,13 @@ bool AsyncSimulation::online(uint64_t client) const {
 }
 
 void AsyncSimulation::fill() {
-  if (in_flight_.size() >= config_.concurrency) return;
+  if (flying() >= config_.concurrency) return;
   const uint64_t v = server_.version();
   std::vector<uint64_t> idle;
   for (uint64_t c = 0; c < clients_.shards.size(); ++c)
     if (!busy_[c] && last_version_[c] != v && !clients_.shards[c].empty() && online(c))
       idle.push_back(c);
-  while (in_flight_.size() < config_.concurrency && !idle.empty()) {
+  while (flying() < config_.concurrency && !idle.empty()) {
     const auto k = static_cast<size_t>(picker_.uniform() * static_cast<double>(idle.size()));
     const size_t i = std::min(k, idle.size() - 1);
     const uint64_t id = idle[i];
@@ -457,7 +628,7 @@ void AsyncSimulation::fill() {
 }
 
 void AsyncSimulation::evaluate(server::RoundRecord& rec) {
-  if (!test_ || test_->size() == 0) return;
+  if (!lead() || !test_ || test_->size() == 0) return;
   std::vector<size_t> idx(test_->size());
   std::iota(idx.begin(), idx.end(), size_t{0});
   const client::EvalResult r =
@@ -490,6 +661,7 @@ void AsyncSimulation::deliver() {
 // The server steps now with what it buffered (a semi-synchronous round without an update is
 // recorded as not applied), and the step's record goes out.
 void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>& progress) {
+  trainWaiting();  // on the version they started on, before it moves on
   server::RoundRecord rec =
       server_.buffered() > 0
           ? server_.step()
@@ -509,6 +681,7 @@ void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>
   last_step_ = now_;
   window_ = Window{};
   if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
+  if (!lead()) return;
   // The checkpoint in two phases around the clients' states (resume()), then the record.
   if (!config_.checkpoint.empty()) {
     const std::string next = config_.checkpoint + ".next";
@@ -542,23 +715,22 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
   while (server_.steps() < config_.steps) {
     // With windows of time, a client may come online before the next arrival: the clock moves
     // on to it when fewer than C train (when none trains, to whichever client comes first).
-    if (clients_.devices.hasWindows() && in_flight_.size() < config_.concurrency) {
+    if (clients_.devices.hasWindows() && flying() < config_.concurrency) {
       const double next_start = nextStart();
-      const double next_arrival = in_flight_.empty() ? std::numeric_limits<double>::infinity()
-                                                     : in_flight_.begin()->first.first;
-      if (next_start < next_arrival) {
+      if (next_start < nextArrival()) {
         STARLING_ENFORCE(next_start > now_, "a client online now was not started");
         now_ = next_start;
         fill();
         continue;
       }
     }
+    const double next = nextArrival();
     // Every client that could train on this version did (or none is available, or will be): the
     // server cannot reach K.
     if (in_flight_.empty()) stalled();
     // Every arrival of this simulated instant before the idle slots are filled: clients that
     // finish together all hand in before anyone starts on what they produced.
-    now_ = in_flight_.begin()->first.first;
+    now_ = next;
     deliverInstant(progress);
     fill();
   }
@@ -587,6 +759,7 @@ void AsyncSimulation::stalled() const {
 void AsyncSimulation::runRounds(const std::function<void(const server::RoundRecord&)>& progress) {
   while (server_.steps() < config_.steps) {
     fill();
+    trainWaiting();  // a round's clients all start at its start
     if (in_flight_.empty() && !(nextStart() < std::numeric_limits<double>::infinity())) stalled();
     const double deadline = last_step_ + config_.round_seconds;
     while (!in_flight_.empty() && in_flight_.begin()->first.first <= deadline) {

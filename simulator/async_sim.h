@@ -49,7 +49,22 @@
 // not kept: after a resume a client holding an older version gets the whole model once, as a
 // restarted root's clients do, so those tasks cost more bytes.
 //
-// One worker process; not yet: several workers, SCAFFOLD.
+// Several workers (config.workers, sim.workers): every worker runs this same event loop on the same
+// state (the server, the clock, the picker, the clients in flight), and only the training is
+// shared out. A client's finish depends on its update's size (STC's, a failed client's), so a
+// started client waits, untrained, until its finish is needed: until a step (it trains on the
+// version it started on) or until the earliest arrival might be its (the earliest it can finish,
+// with an empty update, is not after the first known finish). Then every waiting client trains at
+// once, each on one worker (the largest shards first, each to the least loaded worker), and every
+// worker receives every update (allGatherBytes): the server adds them in the order of their
+// finish on every worker, as one worker does alone. The client states stay in the first worker's
+// store: it sends each state to the worker that trains it and takes the new state back; only the
+// first worker checkpoints, evaluates, writes metrics and reports progress. So a run is the
+// one-worker run of the same seed, the same updates added in the same order, bit for bit when the
+// trainer's arithmetic does not depend on its thread count, and it resumes with any number of
+// workers.
+//
+// Not yet: SCAFFOLD.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -62,6 +77,7 @@
 #include "compression/payload.h"
 #include "core/rng.h"
 #include "server/async_server.h"
+#include "simulator/collectives.h"
 #include "simulator/sim_fleet.h"
 #include "simulator/state_store.h"
 
@@ -83,6 +99,10 @@ struct AsyncSimConfig {
   // The round on the device for the clients (torch_trainer/device_round.h); null: the host. Must
   // outlive the simulation.
   client::DeviceUpdate* device_update = nullptr;
+  // The workers sharing the training (see above); null or a group of one: this process alone. Must
+  // outlive the simulation; every worker constructs and runs its simulation with the same
+  // configuration, and only the first one's store holds states.
+  Collectives* workers = nullptr;
   void validate() const;     // ConfigError naming the key
 };
 
@@ -95,7 +115,8 @@ class AsyncSimulation {
   AsyncSimulation(AsyncSimConfig config, const SimClients& clients, client::Trainer& trainer,
                   ClientStateStore& store, server::AsyncServer& server, const data::Dataset* test);
 
-  // Runs until config.steps server steps were taken, calling `progress` with each step's record:
+  // Runs until config.steps server steps were taken, calling `progress` (on the first worker) with
+  // each step's record:
   // sim_seconds is the simulated time since the previous step, uplink_bytes the updates that
   // arrived in it (refused ones too), downlink_bytes the tasks of the clients started in it,
   // clients_selected those clients, clients_failed the arrivals without an update (training
@@ -114,6 +135,11 @@ class AsyncSimulation {
     uint64_t version = 0, examples = 0, down = 0, up = 0;
     std::optional<compression::Update> update;  // none: the client failed
   };
+  struct Waiting {  // started, not trained yet (see "Several workers" above)
+    uint64_t id = 0, held_before = 0;
+    double start = 0.0, earliest = 0.0;  // its start, and its finish with an empty update
+    InFlight job;
+  };
   struct Window {  // what happened since the last step
     uint64_t started = 0, arrived = 0, accepted = 0, failed = 0, uplink = 0, downlink = 0;
     double train_seconds = 0.0;
@@ -122,6 +148,15 @@ class AsyncSimulation {
   double nextStart() const;
   void fill();  // starts idle clients until C are in flight (or none is idle and available)
   void start(uint64_t client);
+  bool lead() const { return !config_.workers || config_.workers->rank() == 0; }
+  size_t flying() const { return in_flight_.size() + waiting_.size(); }
+  // The first finish of the clients in flight (infinity: none), after training the waiting ones
+  // when one of them might come first.
+  double nextArrival();
+  void trainWaiting();  // every waiting client, on the workers, into in_flight_
+  void trainShared();   // trainWaiting() on several workers
+  bool train(Waiting& w, ClientState& state);  // true: an update (job.update, job.up)
+  void arrive(Waiting& w);                     // into in_flight_ at its finish
   void deliver();
   [[noreturn]] void stalled() const;
   void step(const std::function<void(const server::RoundRecord&)>& progress);
@@ -145,6 +180,7 @@ class AsyncSimulation {
   client::ClientAlgorithm algorithm_;
   RngStream picker_;
   std::map<std::pair<double, uint64_t>, InFlight> in_flight_;  // by (finish, client)
+  std::vector<Waiting> waiting_;                               // in the order they started
   std::vector<char> busy_;
   std::vector<uint64_t> last_version_;  // the version each client last started on (0: none)
   std::vector<uint64_t> held_;          // the version each client last downloaded (0: none)

@@ -1,5 +1,8 @@
 #include "simulator/collectives.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/shard.h"
 #include "simulator/nccl_collectives.h"
@@ -35,6 +38,62 @@ Collectives::~Collectives() = default;
 
 std::pair<size_t, size_t> Collectives::shardRange(size_t n, int rank, int size) {
   return starling::shardRange(n, rank, size);
+}
+
+float bytesWord(std::span<const uint8_t> bytes, size_t k) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < 3 && 3 * k + i < bytes.size(); ++i)
+    v |= static_cast<uint32_t>(bytes[3 * k + i]) << (8 * i);
+  return static_cast<float>(v);
+}
+
+void wordBytes(float word, std::span<uint8_t> bytes, size_t k) {
+  const auto v = static_cast<uint32_t>(word);
+  for (size_t i = 0; i < 3 && 3 * k + i < bytes.size(); ++i)
+    bytes[3 * k + i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+std::vector<std::vector<uint8_t>> allGatherBytes(Collectives& c, std::span<const uint8_t> mine,
+                                                 size_t batch_bytes) {
+  const auto world = static_cast<size_t>(c.size()), me = static_cast<size_t>(c.rank());
+  STARLING_CHECK_ARG(uint64_t{mine.size()} < (uint64_t{1} << 48), "allGatherBytes: ", mine.size(),
+                     " bytes, more than 2^48");
+  // The sizes, each as three 16-bit pieces: a float sums up to 2^24 exactly.
+  std::vector<float> pieces(3 * world, 0.0f);
+  for (size_t k = 0; k < 3; ++k)
+    pieces[3 * me + k] = static_cast<float>((uint64_t{mine.size()} >> (16 * k)) & 0xffff);
+  c.allReduceSum(pieces);
+  std::vector<std::vector<uint8_t>> out(world);
+  size_t words = 0;  // of the largest
+  for (size_t r = 0; r < world; ++r) {
+    uint64_t n = 0;
+    for (size_t k = 0; k < 3; ++k) n |= static_cast<uint64_t>(pieces[3 * r + k]) << (16 * k);
+    out[r].resize(n);
+    words = std::max<size_t>(words, (n + sizeof(float) - 1) / sizeof(float));
+  }
+  std::copy(mine.begin(), mine.end(), out[me].begin());
+  // Then the bytes as they are, four to a float, by allGather (a copy on every backend, no
+  // arithmetic): each rank's words [begin, end) of a window in its own shard, padded to the
+  // largest.
+  const size_t window = std::max<size_t>(1, batch_bytes / sizeof(float) / world);
+  std::vector<float> buf;
+  const auto section = [](std::vector<uint8_t>& bytes, size_t begin, size_t end) {
+    const size_t from = std::min(bytes.size(), begin * sizeof(float));
+    return std::pair{from, std::min(bytes.size(), end * sizeof(float)) - from};
+  };
+  for (size_t begin = 0; begin < words; begin += window) {
+    const size_t end = std::min(words, begin + window), len = end - begin;
+    buf.assign(world * len, 0.0f);
+    const auto [from, count] = section(out[me], begin, end);
+    if (count > 0) std::memcpy(buf.data() + me * len, out[me].data() + from, count);
+    c.allGather(buf);
+    for (size_t r = 0; r < world; ++r) {
+      if (r == me) continue;
+      const auto [at, n] = section(out[r], begin, end);
+      if (n > 0) std::memcpy(out[r].data() + at, buf.data() + r * len, n);
+    }
+  }
+  return out;
 }
 
 std::unique_ptr<Collectives> makeLocal() { return std::make_unique<LocalCollectives>(); }

@@ -38,11 +38,13 @@
 //   a local one beside Gloo ones); each Gloo or NCCL one is its own group.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "simulator/launch.h"
 
@@ -85,6 +87,21 @@ class Collectives {
   static std::pair<size_t, size_t> shardRange(size_t n, int rank, int size);
   std::pair<size_t, size_t> shard(size_t n) const { return shardRange(n, rank(), size()); }
 };
+
+// Bytes carried exactly by a float sum: word k of a byte string holds its bytes 3k, 3k+1, 3k+2 (an
+// integer below 2^24, exact in a float), so that a buffer where one rank writes a word and every
+// other rank zero sums to that word on every backend. bytesWord reads past the end as zeros;
+// wordBytes writes only the bytes inside `bytes`.
+float bytesWord(std::span<const uint8_t> bytes, size_t k);
+void wordBytes(float word, std::span<uint8_t> bytes, size_t k);
+
+// Every rank's bytes, on every rank, in rank order: a collective call (every rank calls it, each
+// with any number of bytes, up to 2^48). The sizes go by allReduceSum (exact small integers), the
+// bytes by allGather, four to a float and padded to the largest rank's: a copy on every backend,
+// no arithmetic, so any bit pattern arrives as it left. The all-gather buffer is at most
+// batch_bytes (one word a rank at least) at a time.
+std::vector<std::vector<uint8_t>> allGatherBytes(Collectives& c, std::span<const uint8_t> mine,
+                                                 size_t batch_bytes = size_t{32} << 20);
 
 // A group of one (rank 0 of 1): every operation leaves buf as it is. For single-process runs.
 std::unique_ptr<Collectives> makeLocal();

@@ -443,12 +443,7 @@ void SimFleet::migrateStates() {
       state_.saveTo(blob);
       STARLING_ENFORCE(blob.size() == sizes[i], "client ", moves[i].client, "'s state changed size while moving");
       float* out = buf.data() + offset[i - begin];
-      for (size_t b = 0; b < blob.size(); b += 3) {
-        uint32_t v = blob[b];
-        if (b + 1 < blob.size()) v |= static_cast<uint32_t>(blob[b + 1]) << 8;
-        if (b + 2 < blob.size()) v |= static_cast<uint32_t>(blob[b + 2]) << 16;
-        out[b / 3] = static_cast<float>(v);
-      }
+      for (size_t k = 0; 3 * k < blob.size(); ++k) out[k] = bytesWord(blob, k);
     }
     coll_.allReduceSum(buf);
     for (size_t i = begin; i < end; ++i) {
@@ -459,10 +454,7 @@ void SimFleet::migrateStates() {
       if (moves[i].to != rank) continue;
       blob.resize(sizes[i]);
       const float* in = buf.data() + offset[i - begin];
-      for (size_t b = 0; b < blob.size(); ++b) {
-        const auto v = static_cast<uint32_t>(in[b / 3]);
-        blob[b] = static_cast<uint8_t>(v >> (8 * (b % 3)));
-      }
+      for (size_t k = 0; 3 * k < blob.size(); ++k) wordBytes(in[k], blob, k);
       ClientState st(trainer_.layout().fingerprint());
       if (!blob.empty()) st.loadFrom(blob);
       store_.store(moves[i].client, st);  // an empty state erases a stale copy

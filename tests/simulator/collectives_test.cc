@@ -117,6 +117,23 @@ void roleSums(sim::Collectives& c, size_t bucket_bytes, const fs::path& out) {
   c.allGather(b);
   for (size_t i = 0; i < n; ++i) WORKER_CHECK(std::abs(a[i] - b[i]) <= 1e-5f * (1 + std::abs(a[i])), "i=", i);
   hashes << fnv(a) << " " << fnv(b) << "\n";
+  // allGatherBytes: every rank's bytes (rank 1 none, the others of lengths that are not multiples
+  // of four, bytes 0 to 255, and words that are a signalling and a quiet NaN's bits), through
+  // all-gather windows of one word a rank, of 7 / W words and of everything.
+  const auto bytesOf = [](int rank) {
+    std::vector<uint8_t> v(rank == 1 ? 0 : 1000 + 7 * static_cast<size_t>(rank) + 1);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 131 + 17 * rank + 255);
+    const uint8_t nans[8] = {0x01, 0x00, 0x80, 0x7f, 0x00, 0x00, 0xc0, 0xff};
+    if (!v.empty()) std::memcpy(v.data(), nans, sizeof nans);
+    return v;
+  };
+  for (size_t batch : {size_t{4}, size_t{28}, size_t{32} << 20}) {
+    const auto all = sim::allGatherBytes(c, bytesOf(r), batch);
+    WORKER_CHECK(all.size() == static_cast<size_t>(w), "allGatherBytes ranks ", all.size());
+    for (int q = 0; q < w; ++q)
+      WORKER_CHECK(all[static_cast<size_t>(q)] == bytesOf(q), "allGatherBytes rank ", q, " batch ",
+                   batch);
+  }
   c.barrier();
   std::ofstream(out / ("rank" + std::to_string(r) + ".txt")) << hashes.str();
 }
@@ -230,6 +247,22 @@ TEST_CASE("shardRange covers 0..n-1 exactly once, in rank order, sizes within on
   CHECK_THROWS_AS(sim::Collectives::shardRange(10, 0, 0), starling::InvalidArgument);
 }
 
+TEST_CASE("bytes three to a float: every byte value and a partial last word come back",
+          "[simulator][collectives]") {
+  std::vector<uint8_t> in(256 + 2);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(255 - i % 256);
+  std::vector<uint8_t> back(in.size(), 0x5a);
+  for (size_t k = 0; 3 * k < in.size(); ++k) {
+    const float word = sim::bytesWord(in, k);
+    CHECK(word < 16777216.0f);  // below 2^24: exact in a float, and in a sum with zeros
+    sim::wordBytes(word, back, k);
+  }
+  CHECK(back == in);
+  // The last word of 258 bytes holds two: its third byte reads as zero and is not written.
+  CHECK(sim::bytesWord(in, 85) == static_cast<float>(in[255] | (in[256] << 8) | (in[257] << 16)));
+  CHECK(sim::bytesWord(in, 86) == 0.0f);  // wholly past the end
+}
+
 TEST_CASE("a local group of one leaves buffers unchanged", "[simulator][collectives]") {
   auto c = sim::makeLocal();
   CHECK(c->rank() == 0);
@@ -241,6 +274,10 @@ TEST_CASE("a local group of one leaves buffers unchanged", "[simulator][collecti
   c->allGather(v);
   c->barrier();
   CHECK(v == orig);
+  const std::vector<uint8_t> bytes{0, 255, 1, 128, 7};
+  const auto all = sim::allGatherBytes(*c, bytes);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0] == bytes);
   // A world of one needs no store: gloo gives a local group too.
   CHECK(sim::makeGloo(sim::LaunchInfo{})->backend() == "local");
   CHECK(sim::makeCollectives("local", sim::LaunchInfo{})->size() == 1);
