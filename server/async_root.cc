@@ -26,10 +26,10 @@ constexpr uint8_t kJournalUpdate = 0, kJournalPartial = 1, kJournalRefused = 2;
 // The updates accepted since the last checkpoint, one record each, appended and fsynced before
 // the update counts as accepted: length, checksum, then kind, sender, its examples cap and the
 // message as it arrived. The server's refusals since then too, as records of the sender alone,
-// appended but not fsynced (they are counts for the step's metrics: a client whose updates are
-// refused must not cost the root a disk flush each); the next accepted update's fsync takes them
-// to the disk with it. Its header names the checkpoint it follows (step and version); a step
-// writes the checkpoint and starts a new journal, atomically.
+// fsynced as an update's is (a refusal answers a task, as an accepted update does, so they cost
+// at most one flush per task; unsynced, a crash of the machine could keep a later record and
+// damage an earlier one, which a resume takes for corruption). Its header names the checkpoint it
+// follows (step and version); a step writes the checkpoint and starts a new journal, atomically.
 struct AsyncRoot::Journal {
   std::string path;
   int fd = -1;
@@ -55,8 +55,7 @@ struct AsyncRoot::Journal {
     writeFileAtomic(path, h);
     openForAppend();
   }
-  void append(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message,
-              bool sync = true) {
+  void append(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message) {
     record.clear();
     ByteWriter w(record);
     w.u64(17 + message.size());  // the payload: kind, sender, cap, message
@@ -74,7 +73,7 @@ struct AsyncRoot::Journal {
         STARLING_THROW(IoError, "cannot append to the journal ", path, ": ", std::strerror(errno));
       done += static_cast<size_t>(n);
     }
-    if (sync && ::fdatasync(fd) != 0)
+    if (::fdatasync(fd) != 0)
       STARLING_THROW(IoError, "cannot fsync the journal ", path, ": ", std::strerror(errno));
   }
 };
@@ -247,7 +246,7 @@ void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
 // The server's refusal (InputError, nothing changed) is journaled, so that a resumed step counts
 // it.
 void AsyncRoot::refused(uint64_t sender) {
-  if (journal_) journal_->append(kJournalRefused, sender, 0, {}, false);
+  if (journal_) journal_->append(kJournalRefused, sender, 0, {});
 }
 
 void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,

@@ -12,13 +12,12 @@
 // journal (CHECKPOINT.journal) and fsynced before the next message is handled, and the whole
 // server (model, version, optimizer, the buffer with its sums and the senders seen per version) is
 // written atomically at every step, a new journal after it. The server's refusals go to the
-// journal too, unsynced (a kill loses none; an OS crash may lose those after the last accepted
-// update's fsync), so that a resumed step counts them in updates_rejected. A root killed with
-// SIGKILL and restarted with the same command loads the checkpoint and adds the journal's records
-// again: it resumes with every update it had accepted; an update that arrived while it was being
-// killed, before its record was written, is lost with the tasks in flight, and their clients,
-// registering with the new root, are given new tasks on the current version (one accepted update
-// per client and version, the restored buffer's, still holds).
+// journal too, fsynced as updates are, so that a resumed step counts them in updates_rejected. A
+// root killed with SIGKILL and restarted with the same command loads the checkpoint and adds the
+// journal's records again: it resumes with every update it had accepted; an update that arrived
+// while it was being killed, before its record was written, is lost with the tasks in flight, and
+// their clients, registering with the new root, are given new tasks on the current version (one
+// accepted update per client and version, the restored buffer's, still holds).
 //
 // Semi-synchronous rounds (round_ms > 0), as the simulator's (simulator/async_sim.h): rounds of
 // round_ms on the fleet's clock. At a round's start the idle clients top the tasks open up to C;

@@ -131,9 +131,14 @@ void AsyncSimulation::resume() {
                      config_.checkpoint,
                      " is missing: restore it, or remove the store's folder to start over");
   }
-  if (config_.workers) config_.workers->barrier();
-  if (!std::filesystem::exists(path)) return;
-  loadCheckpoint();
+  // The others load the first worker's bytes (no shared file system needed, and no file that the
+  // first worker may replace before a slower worker reads it).
+  std::vector<uint8_t> bytes;
+  if (lead() && std::filesystem::exists(path)) bytes = readFile(path, uint64_t{64} << 30);
+  if (config_.workers && config_.workers->size() > 1)
+    bytes = std::move(allGatherBytes(*config_.workers, bytes)[0]);
+  if (bytes.empty()) return;
+  loadCheckpoint(bytes);
   resumed_ = true;
 }
 
@@ -189,8 +194,7 @@ std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record)
 }
 
 // Everything is checked before anything changes: the server is loaded into a copy first.
-void AsyncSimulation::loadCheckpoint() {
-  const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
+void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   const std::string what = "checkpoint " + config_.checkpoint;
   ByteReader r(bytes, what);
   if (r.u32() != kSimMagic)
@@ -353,8 +357,6 @@ uint64_t AsyncSimulation::taskBytes(uint64_t held) {
   return bytes;
 }
 
-// The client downloads the current version and trains on it now; its update is held until its
-// simulated finish.
 // The bytes of one update, before it is made (phaseZeroUpdateBytes, sim_fleet.h).
 uint64_t AsyncSimulation::updateBytes() {
   if (update_bytes_ == 0)
@@ -362,6 +364,13 @@ uint64_t AsyncSimulation::updateBytes() {
                                          server_.broadcast(server_.version()), declared_, false);
   return update_bytes_;
 }
+
+namespace {
+void clientFails(uint64_t id, const std::string& why) {
+  std::fprintf(stderr, "starling-sim: client %llu fails: %s\n", static_cast<unsigned long long>(id),
+               why.c_str());
+}
+}  // namespace
 
 // The client downloads the current version and waits to train on it (trainWaiting): its update
 // is held until its simulated finish. A client offline by then (the devices' windows of time) is a
@@ -422,6 +431,24 @@ bool AsyncSimulation::train(Waiting& w, ClientState& state) {
   return false;
 }
 
+// train(), then with `keep` the new state into the store. False (no update, nothing to upload) for
+// a refusal, a divergence, or an IoError (the state not kept): the client fails.
+bool AsyncSimulation::trainAndKeep(Waiting& w, ClientState& state, bool keep) {
+  bool ok = false;
+  try {
+    ok = train(w, state);
+    if (ok && keep) store_.store(w.id, state);
+  } catch (const IoError& e) {
+    clientFails(w.id, e.what());
+    ok = false;
+  }
+  if (!ok) {
+    w.job.update.reset();
+    w.job.up = 0;
+  }
+  return ok;
+}
+
 void AsyncSimulation::arrive(Waiting& w) {
   const ClientTiming t =
       timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
@@ -429,29 +456,19 @@ void AsyncSimulation::arrive(Waiting& w) {
   in_flight_.emplace(std::pair{w.start + t.total(), w.id}, std::move(w.job));
 }
 
-namespace {
-void clientFails(uint64_t id, const std::string& why) {
-  std::fprintf(stderr, "starling-sim: client %llu fails: %s\n", static_cast<unsigned long long>(id),
-               why.c_str());
-}
-}  // namespace
-
 void AsyncSimulation::trainWaiting() {
   if (waiting_.empty()) return;
   if (config_.workers && config_.workers->size() > 1) return trainShared();
   const auto t0 = Clock::now();
   for (Waiting& w : waiting_) {
+    bool readable = true;
     try {
       store_.load(w.id, state_);
-      if (train(w, state_)) {
-        store_.store(w.id, state_);
-        ++trained_;
-      }
-    } catch (const IoError& e) {  // its state does not read back, or is not kept
+    } catch (const IoError& e) {  // its stored state does not read back
       clientFails(w.id, e.what());
-      w.job.update.reset();
-      w.job.up = 0;
+      readable = false;
     }
+    if (readable && trainAndKeep(w, state_, true)) ++trained_;
     arrive(w);
   }
   waiting_.clear();
@@ -524,16 +541,7 @@ void AsyncSimulation::trainShared() {
         if (!bytes.empty()) state_.loadFrom(bytes);
       }
       if (owner[i] != me) continue;
-      bool ok = readable && train(waiting_[i], state_);
-      if (ok && me == 0) {
-        try {
-          store_.store(waiting_[i].id, state_);
-        } catch (const IoError& e) {  // not kept: the client fails, as on one worker
-          clientFails(waiting_[i].id, e.what());
-          waiting_[i].job.update.reset();
-          ok = false;
-        }
-      }
+      const bool ok = readable && trainAndKeep(waiting_[i], state_, me == 0);
       w.u8(ok ? 1 : 0);
       if (!ok) continue;
       const std::vector<uint8_t> u = pr::encodeUpdate(*waiting_[i].job.update);
@@ -541,6 +549,7 @@ void AsyncSimulation::trainShared() {
       w.bytes(u.data(), u.size());
       if (me != 0) putState(state_);
     }
+    states.finish();
   }
   got = allGatherBytes(c, out);
   std::vector<ByteReader> from;
@@ -552,10 +561,18 @@ void AsyncSimulation::trainShared() {
     ByteReader& r = from[owner[i]];
     if (r.u8() == 1) {
       const std::span<const uint8_t> u = r.view(r.u64());
-      if (owner[i] != me) {
-        limits.max_bytes = std::max<size_t>(limits.max_bytes, u.size());
+      // Every worker, the trainer too, adds the update as decoded: the same checks everywhere (an
+      // update that fails them fails its client on every worker; the one-worker run would give it
+      // to the server, which refuses it: none is known to, since the compressors refuse
+      // non-finite values).
+      limits.max_bytes = std::max<size_t>(limits.max_bytes, u.size());
+      try {
         wt.job.update = pr::decodeUpdate(u, trainer_.layout(), nullptr, limits);
         wt.job.up = u.size();
+      } catch (const InputError& e) {
+        clientFails(wt.id, e.what());
+        wt.job.update.reset();
+        wt.job.up = 0;
       }
       if (owner[i] != 0) {
         const std::span<const uint8_t> st = r.view(r.u64());
@@ -565,15 +582,16 @@ void AsyncSimulation::trainShared() {
           store_.store(wt.id, state);
         }
       }
-      ++trained_;
+      if (wt.job.update) ++trained_;
     }
     arrive(wt);
   }
+  for (ByteReader& r : from) r.finish();
   waiting_.clear();
   window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double AsyncSimulation::nextArrival() {
+double AsyncSimulation::settleFirstArrival() {
   const auto first = [&] {
     return in_flight_.empty() ? std::numeric_limits<double>::infinity()
                               : in_flight_.begin()->first.first;
@@ -717,14 +735,14 @@ void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>&
     // on to it when fewer than C train (when none trains, to whichever client comes first).
     if (clients_.devices.hasWindows() && flying() < config_.concurrency) {
       const double next_start = nextStart();
-      if (next_start < nextArrival()) {
+      if (next_start < settleFirstArrival()) {
         STARLING_ENFORCE(next_start > now_, "a client online now was not started");
         now_ = next_start;
         fill();
         continue;
       }
     }
-    const double next = nextArrival();
+    const double next = settleFirstArrival();
     // Every client that could train on this version did (or none is available, or will be): the
     // server cannot reach K.
     if (in_flight_.empty()) stalled();

@@ -20,8 +20,9 @@
 // would have finished, and it may try again on the version if one of its windows is long enough.
 // None may qualify: fewer than C train until the version moves on, and when no client is in flight
 // and none can start, the server cannot reach K and run() throws Error saying why (diverging
-// clients, refused updates, availability). A client trains when it starts, on the one model
-// replica, and its update waits, compressed, for its simulated finish: memory holds C updates
+// clients, refused updates, availability). A client trains on the one model replica, by the time
+// its finish is needed (see "Several workers" below: at the latest at the next step), and its
+// update waits, compressed, for its simulated finish: memory holds C updates
 // (error feedback's residuals are in the client-state store, as in the synchronous simulator; a
 // residual is kept when the server then refuses the update as too stale, as a deployed client's
 // would be).
@@ -69,6 +70,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -152,10 +154,11 @@ class AsyncSimulation {
   size_t flying() const { return in_flight_.size() + waiting_.size(); }
   // The first finish of the clients in flight (infinity: none), after training the waiting ones
   // when one of them might come first.
-  double nextArrival();
+  double settleFirstArrival();
   void trainWaiting();  // every waiting client, on the workers, into in_flight_
   void trainShared();   // trainWaiting() on several workers
   bool train(Waiting& w, ClientState& state);  // true: an update (job.update, job.up)
+  bool trainAndKeep(Waiting& w, ClientState& state, bool keep);
   void arrive(Waiting& w);                     // into in_flight_ at its finish
   void deliver();
   [[noreturn]] void stalled() const;
@@ -164,7 +167,7 @@ class AsyncSimulation {
   void deliverInstant(const std::function<void(const server::RoundRecord&)>& progress);
   void resume();
   std::vector<uint8_t> checkpointBytes(const std::string& record) const;
-  void loadCheckpoint();
+  void loadCheckpoint(std::span<const uint8_t> bytes);
   void completeMetrics(uint64_t step, const std::string& record) const;
   void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes(uint64_t held);

@@ -121,7 +121,10 @@ void roleSums(sim::Collectives& c, size_t bucket_bytes, const fs::path& out) {
   // of four, bytes 0 to 255, and words that are a signalling and a quiet NaN's bits), through
   // all-gather windows of one word a rank, of 7 / W words and of everything.
   const auto bytesOf = [](int rank) {
-    std::vector<uint8_t> v(rank == 1 ? 0 : 1000 + 7 * static_cast<size_t>(rank) + 1);
+    // Rank 2's size needs the second 16-bit piece of the size's all-reduce.
+    std::vector<uint8_t> v(rank == 1   ? 0
+                           : rank == 2 ? 70001
+                                       : 1000 + 7 * static_cast<size_t>(rank) + 1);
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 131 + 17 * rank + 255);
     const uint8_t nans[8] = {0x01, 0x00, 0x80, 0x7f, 0x00, 0x00, 0xc0, 0xff};
     if (!v.empty()) std::memcpy(v.data(), nans, sizeof nans);
