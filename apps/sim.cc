@@ -106,8 +106,7 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   ac.metrics_file = ec.metrics;
   ac.checkpoint = ec.checkpoint;
   ac.device_update = device_update;
-  ac.workers = &workers;
-  if (!lead) ac.metrics_file.clear();
+  ac.workers = &workers;  // only the first one writes metrics and checkpoints
   sim::AsyncSimulation simulation(ac, clients, trainer, store, server, test);
   if (!lead) {  // the first worker reports
     simulation.run();

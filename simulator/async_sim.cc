@@ -461,28 +461,31 @@ void AsyncSimulation::trainWaiting() {
   if (config_.workers && config_.workers->size() > 1) return trainShared();
   const auto t0 = Clock::now();
   for (Waiting& w : waiting_) {
-    bool readable = true;
-    try {
-      store_.load(w.id, state_);
-    } catch (const IoError& e) {  // its stored state does not read back
-      clientFails(w.id, e.what());
-      readable = false;
-    }
-    if (readable && trainAndKeep(w, state_, true)) ++trained_;
+    if (loadState(w.id, state_) && trainAndKeep(w, state_, true)) ++trained_;
     arrive(w);
   }
   waiting_.clear();
   window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The waiting clients on several workers: each to the least loaded worker by examples, the
-// largest first (the same choice on every worker); the first worker sends the states of the
-// clients others train, every worker trains its own, and every update (with its new state, for
-// the first worker's store) goes to every worker.
+// The waiting clients on several workers: the first worker sends the states of the clients others
+// train, every worker trains its own, and every update (with its new state, for the first worker's
+// store) goes to every worker.
 void AsyncSimulation::trainShared() {
   const auto t0 = Clock::now();
   Collectives& c = *config_.workers;
-  const size_t world = static_cast<size_t>(c.size()), me = static_cast<size_t>(c.rank());
+  const auto me = static_cast<size_t>(c.rank());
+  const std::vector<size_t> owner = placeWaiting(static_cast<size_t>(c.size()));
+  const std::vector<uint8_t> states =
+      std::move(allGatherBytes(c, me == 0 ? statesToShip(owner) : std::vector<uint8_t>())[0]);
+  takeUpdates(owner, allGatherBytes(c, trainMine(owner, me, states)));
+  waiting_.clear();
+  window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Each waiting client's worker: the least loaded by examples, the largest shards first (the same
+// choice on every worker).
+std::vector<size_t> AsyncSimulation::placeWaiting(size_t world) const {
   const size_t n = waiting_.size();
   std::vector<size_t> order(n), owner(n);
   std::iota(order.begin(), order.end(), size_t{0});
@@ -494,77 +497,100 @@ void AsyncSimulation::trainShared() {
     owner[i] = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     load[owner[i]] += waiting_[i].job.examples;
   }
-  const uint64_t fingerprint = trainer_.layout().fingerprint();
-  std::vector<uint8_t> out, blob;
-  ByteWriter w(out);
-  const auto putState = [&](const ClientState& st) {
-    blob.clear();
-    if (st.size() != 0) st.saveTo(blob);
-    w.u64(blob.size());
-    w.bytes(blob.data(), blob.size());
-  };
-  // 1. The states of the clients other workers train: a flag (0: it did not read back), the state.
-  if (me == 0)
-    for (size_t i = 0; i < n; ++i) {
-      if (owner[i] == 0) continue;
-      try {
-        store_.load(waiting_[i].id, state_);
-        w.u8(1);
-        putState(state_);
-      } catch (const IoError& e) {
-        clientFails(waiting_[i].id, e.what());
-        w.u8(0);
-      }
-    }
-  std::vector<std::vector<uint8_t>> got = allGatherBytes(c, out);
-  // 2. This worker's clients: a flag (1: an update), the update's bytes, and from the others
-  // the new state.
-  out.clear();
-  {
-    ByteReader states(got[0], "the first worker's client states");
-    for (size_t i = 0; i < n; ++i) {
-      if (owner[i] == 0 && me != 0) continue;
-      bool readable = true;
-      if (owner[i] == 0) {  // me == 0: from the store
-        try {
-          store_.load(waiting_[i].id, state_);
-        } catch (const IoError& e) {
-          clientFails(waiting_[i].id, e.what());
-          readable = false;
-        }
-      } else {
-        readable = states.u8() == 1;
-        const std::span<const uint8_t> bytes =
-            readable ? states.view(states.u64()) : std::span<const uint8_t>{};
-        if (owner[i] != me) continue;
-        state_ = ClientState(fingerprint);
-        if (!bytes.empty()) state_.loadFrom(bytes);
-      }
-      if (owner[i] != me) continue;
-      const bool ok = readable && trainAndKeep(waiting_[i], state_, me == 0);
-      w.u8(ok ? 1 : 0);
-      if (!ok) continue;
-      const std::vector<uint8_t> u = pr::encodeUpdate(*waiting_[i].job.update);
-      w.u64(u.size());
-      w.bytes(u.data(), u.size());
-      if (me != 0) putState(state_);
-    }
-    states.finish();
+  return owner;
+}
+
+// The client's stored state into `out`; false (the client fails) when it does not read back.
+bool AsyncSimulation::loadState(uint64_t id, ClientState& out) {
+  try {
+    store_.load(id, out);
+    return true;
+  } catch (const IoError& e) {
+    clientFails(id, e.what());
+    return false;
   }
-  got = allGatherBytes(c, out);
+}
+
+namespace {
+// A client state between workers: its length, then its bytes (none for an empty state).
+void putState(ByteWriter& w, const ClientState& st, std::vector<uint8_t>& scratch) {
+  scratch.clear();
+  if (st.size() != 0) st.saveTo(scratch);
+  w.u64(scratch.size());
+  w.bytes(scratch.data(), scratch.size());
+}
+void takeState(ByteReader& r, ClientState& st, uint64_t fingerprint) {
+  const std::span<const uint8_t> bytes = r.view(r.u64());
+  st = ClientState(fingerprint);
+  if (!bytes.empty()) st.loadFrom(bytes);
+}
+}  // namespace
+
+// The first worker's message: for each client another worker trains, a flag (0: its state did not
+// read back) and its state.
+std::vector<uint8_t> AsyncSimulation::statesToShip(const std::vector<size_t>& owner) {
+  std::vector<uint8_t> out, scratch;
+  ByteWriter w(out);
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    if (owner[i] == 0) continue;
+    const bool ok = loadState(waiting_[i].id, state_);
+    w.u8(ok ? 1 : 0);
+    if (ok) putState(w, state_, scratch);
+  }
+  return out;
+}
+
+// This worker's clients trained: for each, a flag (1: an update), the update's bytes, and from a
+// worker other than the first the new state. `states` is the first worker's statesToShip().
+std::vector<uint8_t> AsyncSimulation::trainMine(const std::vector<size_t>& owner, size_t me,
+                                                std::span<const uint8_t> states) {
+  const uint64_t fingerprint = trainer_.layout().fingerprint();
+  std::vector<uint8_t> out, scratch;
+  ByteWriter w(out);
+  ByteReader shipped(states, "the first worker's client states");
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    bool readable = false;
+    if (owner[i] == 0) {
+      if (me != 0) continue;
+      readable = loadState(waiting_[i].id, state_);
+    } else {  // every worker reads every entry, to reach its own
+      readable = shipped.u8() == 1;
+      if (readable && owner[i] == me)
+        takeState(shipped, state_, fingerprint);
+      else if (readable)
+        shipped.view(shipped.u64());
+    }
+    if (owner[i] != me) continue;
+    const bool ok = readable && trainAndKeep(waiting_[i], state_, me == 0);
+    w.u8(ok ? 1 : 0);
+    if (!ok) continue;
+    const std::vector<uint8_t> u = pr::encodeUpdate(*waiting_[i].job.update);
+    w.u64(u.size());
+    w.bytes(u.data(), u.size());
+    if (me != 0) putState(w, state_, scratch);
+  }
+  shipped.finish();
+  return out;
+}
+
+// Every worker's trainMine(), in order: each update as decoded, on every worker (the trainer too:
+// the same checks everywhere; an update that fails them fails its client on every worker, where
+// the one-worker run would give it to the server, which refuses it; none is known to, since the
+// compressors refuse non-finite values), and the returned states into the first worker's store
+// (an IoError there, the store's disk, ends the run: the update went out).
+void AsyncSimulation::takeUpdates(const std::vector<size_t>& owner,
+                                  const std::vector<std::vector<uint8_t>>& got) {
+  const bool first = lead();
   std::vector<ByteReader> from;
-  for (size_t r = 0; r < world; ++r)
+  for (size_t r = 0; r < got.size(); ++r)
     from.emplace_back(got[r], "worker " + std::to_string(r) + "'s updates");
   pr::DecodeLimits limits;
-  for (size_t i = 0; i < n; ++i) {
+  ClientState returned(trainer_.layout().fingerprint());
+  for (size_t i = 0; i < waiting_.size(); ++i) {
     Waiting& wt = waiting_[i];
     ByteReader& r = from[owner[i]];
     if (r.u8() == 1) {
       const std::span<const uint8_t> u = r.view(r.u64());
-      // Every worker, the trainer too, adds the update as decoded: the same checks everywhere (an
-      // update that fails them fails its client on every worker; the one-worker run would give it
-      // to the server, which refuses it: none is known to, since the compressors refuse
-      // non-finite values).
       limits.max_bytes = std::max<size_t>(limits.max_bytes, u.size());
       try {
         wt.job.update = pr::decodeUpdate(u, trainer_.layout(), nullptr, limits);
@@ -575,11 +601,11 @@ void AsyncSimulation::trainShared() {
         wt.job.up = 0;
       }
       if (owner[i] != 0) {
-        const std::span<const uint8_t> st = r.view(r.u64());
-        if (me == 0) {  // an IoError here (the store's disk) ends the run: the update went out
-          ClientState state(fingerprint);
-          if (!st.empty()) state.loadFrom(st);
-          store_.store(wt.id, state);
+        if (first) {
+          takeState(r, returned, trainer_.layout().fingerprint());
+          store_.store(wt.id, returned);
+        } else {
+          r.view(r.u64());
         }
       }
       if (wt.job.update) ++trained_;
@@ -587,8 +613,6 @@ void AsyncSimulation::trainShared() {
     arrive(wt);
   }
   for (ByteReader& r : from) r.finish();
-  waiting_.clear();
-  window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 double AsyncSimulation::settleFirstArrival() {

@@ -156,7 +156,13 @@ class AsyncSimulation {
   // when one of them might come first.
   double settleFirstArrival();
   void trainWaiting();  // every waiting client, on the workers, into in_flight_
-  void trainShared();   // trainWaiting() on several workers
+  void trainShared();   // trainWaiting() on several workers, with the four below
+  std::vector<size_t> placeWaiting(size_t world) const;  // each waiting client's worker
+  std::vector<uint8_t> statesToShip(const std::vector<size_t>& owner);
+  std::vector<uint8_t> trainMine(const std::vector<size_t>& owner, size_t me,
+                                 std::span<const uint8_t> states);
+  void takeUpdates(const std::vector<size_t>& owner, const std::vector<std::vector<uint8_t>>& got);
+  bool loadState(uint64_t id, ClientState& out);  // false: it does not read back (a failure)
   bool train(Waiting& w, ClientState& state);  // true: an update (job.update, job.up)
   bool trainAndKeep(Waiting& w, ClientState& state, bool keep);
   void arrive(Waiting& w);                     // into in_flight_ at its finish
