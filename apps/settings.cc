@@ -255,8 +255,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "docs/gpu.md");
   o.add("sim.device_round", &s.sim.device_round,
         "a client's update formed and compressed where its model trains, only the payload and the "
-        "kept residual copied back (top-k, stc, rand-k, random-block, sign and QSGD; the other "
-        "compressors and SCAFFOLD stay on the host): auto (on a GPU), on, off. The same results "
+        "kept residual copied back (top-k, stc, rand-k, random-block, sign, QSGD, PowerSGD and "
+        "ACP-SGD; the dense ones and SCAFFOLD stay on the host): auto (on a GPU), on, off. The "
+        "same results "
         "either way. docs/gpu.md");
   o.add("sim.workers_per_gpu", &s.sim.workers_per_gpu,
         "workers sharing one GPU (each its own model replica); must divide the workers on a "

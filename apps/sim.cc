@@ -293,7 +293,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
               ? (ec.scheme.scaffold ? "off in SCAFFOLD rounds (the update is needed on the host)"
                                     : "each update formed and compressed where it trains")
               : "this compressor is compressed on the host (top-k, stc, rand-k, random-block, "
-                "sign and QSGD are served)");
+                "sign, QSGD, PowerSGD and ACP-SGD are served)");
     if (c.data.stats || !c.data.stats_file.empty()) {
       const data::PartitionStats st = data::partitionStats(train.labels, train.num_classes, clients.shards);
       if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());

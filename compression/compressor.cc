@@ -195,20 +195,23 @@ void Compressor::commitKept(ClientState& state, StagedState& staged, std::vector
 const ResidualState* Compressor::beginFeedback(const ParamLayout& layout, const ClientState& state,
                                                const RoundContext& ctx,
                                                const std::function<void()>& check_update) const {
-  STARLING_CHECK_ARG(ctx.phase == 0 && phases() == 1, name(),
-                     ": error feedback formed outside the compressor ",
-                     "takes phase 0 of a one-phase compressor");
+  STARLING_CHECK_ARG(ctx.phase == 0, name(), ": error feedback formed outside the compressor ",
+                     "takes phase 0, not phase ", ctx.phase);
   checkFeedbackCall(layout, state, ctx, check_update);
   return liveResidual(state, ctx.round);
 }
 
 void Compressor::endFeedback(const ParamLayout& layout, ClientState& state, const RoundContext& ctx,
-                             std::vector<float>& kept) const {
-  STARLING_CHECK_ARG(usesErrorFeedback(), name(), ": keeps no residual (error feedback is off)");
+                             std::vector<float>& kept, StagedState& staged) const {
+  if (!keepsBuffer()) {
+    STARLING_CHECK_ARG(kept.empty(), name(), ": keeps no residual (error feedback is off), given ",
+                       kept.size(), " floats");
+    state.commit(staged.items());
+    return;
+  }
   STARLING_CHECK_ARG(kept.size() == layout.numel(), name(), ": a kept residual of ", kept.size(),
                      " floats, the layout needs ", layout.numel());
-  StagedState none;
-  commitKept(state, none, kept, ctx.round);
+  commitKept(state, staged, kept, ctx.round);
 }
 
 std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
@@ -226,7 +229,7 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
   const ResidualState* kept = state.find<ResidualState>(kResidualComponent);
 
   // A call keeps a buffer when error feedback is on, or when a later phase continues from it.
-  const bool keeps = usesErrorFeedback() || phases() > 1;
+  const bool keeps = keepsBuffer();
   StagedState staged;
   if (!keeps) {
     std::vector<Payload> out = encode(layout, update, {}, state, ctx, staged);

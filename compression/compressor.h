@@ -155,6 +155,9 @@ class Compressor {
   // The error-feedback options (off for compressors without it).
   virtual const ErrorFeedback& feedback() const;
   bool usesErrorFeedback() const { return feedback().on; }
+  // Whether phase 0 keeps a buffer in the state: with error feedback, or when a later phase
+  // continues from it (two-phase PowerSGD keeps M between its phases).
+  bool keepsBuffer() const { return usesErrorFeedback() || phases() > 1; }
   // The residual this state carries into round `round`: null when there is none, error feedback
   // is off, or it is older than ef_max_age rounds (it is then dropped by the next call).
   const ResidualState* liveResidual(const ClientState& state, uint64_t round) const;
@@ -190,20 +193,22 @@ class Compressor {
 
   // ---- error feedback formed where the data lives (a GPU: torch_trainer/device_round.h) ----
   // A caller that forms residual + update and encodes it itself brackets its work with these two,
-  // so that the state changes as compressWithFeedback's call would, in phase 0 of a one-phase
-  // compressor. beginFeedback makes that call's checks of the state and context, in its order,
-  // with `check_update` (the caller's check of its update against kMaxCompressMagnitude, throwing
-  // the same InvalidArgument) where that call checks the update; the caller checks residual +
-  // update itself. It returns the residual to add: null when there is none (error feedback off,
-  // none kept, or older than ef_max_age).
-  // endFeedback keeps `kept` (layout.numel() floats, after the encoding and ef_decay) as the
-  // residual of ctx.round, swapping buffers with the state's. InvalidArgument as
-  // compressWithFeedback, and for endFeedback without error feedback or a `kept` of another size.
+  // so that the state changes as compressWithFeedback's call would, in phase 0. beginFeedback
+  // makes that call's checks of the state and context, in its order, with `check_update` (the
+  // caller's check of its update against kMaxCompressMagnitude, throwing the same
+  // InvalidArgument) where that call checks the update; the caller checks residual + update
+  // itself. It returns the residual to add: null when there is none (error feedback off, none
+  // kept, or older than ef_max_age).
+  // endFeedback commits what the encoding staged (PowerSGD's warm factors or pending phase) and,
+  // when keepsBuffer(), keeps `kept` (layout.numel() floats, after the encoding and, in a
+  // one-phase compressor, ef_decay) as the buffer of ctx.round, swapping buffers with the
+  // state's; `kept` must be empty otherwise. InvalidArgument as compressWithFeedback, and for a
+  // `kept` of another size.
   const ResidualState* beginFeedback(const ParamLayout& layout, const ClientState& state,
                                      const RoundContext& ctx,
                                      const std::function<void()>& check_update) const;
   void endFeedback(const ParamLayout& layout, ClientState& state, const RoundContext& ctx,
-                   std::vector<float>& kept) const;
+                   std::vector<float>& kept, StagedState& staged) const;
 
  protected:
   // The algorithm. `input` is what to compress. `residual` is empty when the call keeps no

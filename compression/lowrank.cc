@@ -100,6 +100,223 @@ bool lowRankCompressible(const TensorSpec& t, uint32_t rank, double min_rate) {
          static_cast<double>(t.rows()) * static_cast<double>(t.cols());
 }
 
+double halvingSum(double* x, size_t n) {
+  if (n == 0) return 0.0;
+  while (n > 1) {
+    const size_t h = n / 2;
+    for (size_t j = 0; j < h; ++j) x[j] += x[j + h];
+    if (n % 2 != 0) x[h] = x[2 * h];
+    n -= h;
+  }
+  return x[0];
+}
+
+namespace {
+
+// halvingSum applied to `count` sums at once: term t of sum j at x[t * stride + j], t < n; the sums
+// are left in x[0 .. count). The same tree as halvingSum, one row of terms at a time (vectorises).
+void halvingSums(double* x, size_t n, size_t stride, size_t count) {
+  if (n == 0) {
+    std::fill(x, x + count, 0.0);
+    return;
+  }
+  while (n > 1) {
+    const size_t h = n / 2;
+    for (size_t t = 0; t < h; ++t) {
+      double* to = x + t * stride;
+      const double* from = x + (t + h) * stride;
+      for (size_t j = 0; j < count; ++j) to[j] += from[j];
+    }
+    if (n % 2 != 0) std::copy(x + 2 * h * stride, x + 2 * h * stride + count, x + h * stride);
+    n -= h;
+  }
+}
+
+// A factor's columns as rows of doubles: out[c * dim + k] = f[k * r + c].
+std::vector<double> transposedDoubles(std::span<const float> f, size_t dim, size_t r) {
+  std::vector<double> out(dim * r);
+  for (size_t k = 0; k < dim; ++k)
+    for (size_t c = 0; c < r; ++c) out[c * dim + k] = f[k * r + c];
+  return out;
+}
+
+void checkProduct(std::span<const float> m, size_t rows, size_t cols, size_t a, size_t r, size_t b,
+                  const char* who) {
+  STARLING_CHECK_ARG(m.size() == rows * cols && a == rows * r && b == cols * r && r > 0, who,
+                     ": sizes do not agree (M ", m.size(), " for ", rows, " x ", cols, ", factors ",
+                     a, " and ", b, " for rank ", r, ")");
+}
+
+}  // namespace
+
+void factorProduct(std::span<const float> m, size_t rows, size_t cols, std::span<const float> q,
+                   size_t r, std::span<float> p) {
+  checkProduct(m, rows, cols, p.size(), r, q.size(), "factorProduct");
+  constexpr size_t L = kProductLanes;
+  const std::vector<double> qt = transposedDoubles(q, cols, r);
+  const size_t whole = cols - cols % L;
+  // r x L lane sums from +0 (a lane's sum is never -0, so a lane without terms adds nothing); fma
+  // rounds as the separate add does, a term being exact in double.
+  std::vector<double> lanes(r * L);
+  for (size_t i = 0; i < rows; ++i) {
+    const float* row = m.data() + i * cols;
+    std::fill(lanes.begin(), lanes.end(), 0.0);
+    for (size_t k = 0; k < whole; k += L) {
+      double x[L];
+      for (size_t l = 0; l < L; ++l) x[l] = row[k + l];
+      for (size_t c = 0; c < r; ++c) {
+        double* __restrict lane = lanes.data() + c * L;
+        const double* qc = qt.data() + c * cols + k;
+        for (size_t l = 0; l < L; ++l) lane[l] = std::fma(x[l], qc[l], lane[l]);
+      }
+    }
+    for (size_t c = 0; c < r; ++c) {
+      double* lane = lanes.data() + c * L;
+      const double* qc = qt.data() + c * cols;
+      for (size_t k = whole; k < cols; ++k)
+        lane[k - whole] = std::fma(static_cast<double>(row[k]), qc[k], lane[k - whole]);
+      p[i * r + c] = static_cast<float>(halvingSum(lane, L));
+    }
+  }
+}
+
+namespace {
+
+// halvingSum of R terms in registers (R known to the compiler: the tree unrolls).
+template <size_t R>
+inline double halvingFixed(double* t) {
+  size_t n = R;
+  while (n > 1) {
+    const size_t h = n / 2;
+    for (size_t j = 0; j < h; ++j) t[j] += t[j + h];
+    if (n % 2 != 0) t[h] = t[2 * h];
+    n -= h;
+  }
+  return t[0];
+}
+
+// Q = M^T P for rank R (0: any rank, r). Lane l sums rows [l chunk, (l + 1) chunk) in order; a
+// block of columns at a time, each lane's sums of a tile of columns kept in registers over its
+// rows (fma: a term is exact in double, so fma rounds as the separate add does).
+template <size_t R>
+void transposedProductKernel(const float* m, size_t rows, size_t cols, const float* p, size_t r,
+                             float* q) {
+  constexpr size_t L = kProductLanes, kBlock = 256, kTile = 4;
+  if constexpr (R != 0) r = R;
+  const size_t chunk = (rows + L - 1) / L;
+  std::vector<double> lanes(L * kBlock * r);
+  for (size_t j0 = 0; j0 < cols; j0 += kBlock) {
+    const size_t w = std::min(kBlock, cols - j0);
+    for (size_t l = 0; l < L; ++l) {
+      const size_t i0 = std::min(rows, l * chunk), i1 = std::min(rows, i0 + chunk);
+      double* out = lanes.data() + l * kBlock * r;
+      size_t j = 0;
+      if constexpr (R != 0) {
+        for (; j + kTile <= w; j += kTile) {
+          double acc[kTile][R] = {};
+          for (size_t i = i0; i < i1; ++i) {
+            const float* mi = m + i * cols + j0 + j;
+            double pi[R];
+            for (size_t c = 0; c < R; ++c) pi[c] = p[i * R + c];
+            for (size_t a = 0; a < kTile; ++a)
+              for (size_t c = 0; c < R; ++c)
+                acc[a][c] = std::fma(static_cast<double>(mi[a]), pi[c], acc[a][c]);
+          }
+          for (size_t a = 0; a < kTile; ++a)
+            for (size_t c = 0; c < R; ++c) out[(j + a) * R + c] = acc[a][c];
+        }
+      }
+      for (; j < w; ++j)
+        for (size_t c = 0; c < r; ++c) {
+          double acc = 0.0;
+          for (size_t i = i0; i < i1; ++i)
+            acc = std::fma(static_cast<double>(m[i * cols + j0 + j]), p[i * r + c], acc);
+          out[j * r + c] = acc;
+        }
+    }
+    halvingSums(lanes.data(), L, kBlock * r, w * r);
+    for (size_t j = 0; j < w; ++j)
+      for (size_t c = 0; c < r; ++c) q[(j0 + j) * r + c] = static_cast<float>(lanes[j * r + c]);
+  }
+}
+
+// M = M - P Q^T for rank R (known to the compiler).
+template <size_t R>
+void subtractKernel(float* m, size_t rows, size_t cols, const float* p, const float* q) {
+  const std::vector<double> qt = transposedDoubles({q, cols * R}, cols, R);  // [c][column]
+  const double* __restrict qd = qt.data();
+  for (size_t i = 0; i < rows; ++i) {
+    double pi[R];
+    for (size_t c = 0; c < R; ++c) pi[c] = p[i * R + c];
+    float* __restrict row = m + i * cols;
+    for (size_t j = 0; j < cols; ++j) {  // vectorises across columns
+      double t[R];
+      for (size_t c = 0; c < R; ++c) t[c] = pi[c] * qd[c * cols + j];
+      row[j] = static_cast<float>(static_cast<double>(row[j]) - halvingFixed<R>(t));
+    }
+  }
+}
+
+// Any rank: r x block terms at a time, [c][column].
+void subtractAnyRank(float* m, size_t rows, size_t cols, const float* p, const float* q, size_t r) {
+  const std::vector<double> qt = transposedDoubles({q, cols * r}, cols, r);
+  constexpr size_t kBlock = 512;
+  std::vector<double> terms(r * kBlock);
+  for (size_t i = 0; i < rows; ++i) {
+    float* row = m + i * cols;
+    for (size_t j0 = 0; j0 < cols; j0 += kBlock) {
+      const size_t w = std::min(kBlock, cols - j0);
+      for (size_t c = 0; c < r; ++c) {
+        const double pic = p[i * r + c];
+        const double* qc = qt.data() + c * cols + j0;
+        double* tc = terms.data() + c * kBlock;
+        for (size_t j = 0; j < w; ++j) tc[j] = pic * qc[j];
+      }
+      halvingSums(terms.data(), r, kBlock, w);
+      for (size_t j = 0; j < w; ++j)
+        row[j0 + j] = static_cast<float>(static_cast<double>(row[j0 + j]) - terms[j]);
+    }
+  }
+}
+
+}  // namespace
+
+void transposedFactorProduct(std::span<const float> m, size_t rows, size_t cols,
+                             std::span<const float> p, size_t r, std::span<float> q) {
+  checkProduct(m, rows, cols, p.size(), r, q.size(), "transposedFactorProduct");
+  switch (r) {
+    case 1:
+      return transposedProductKernel<1>(m.data(), rows, cols, p.data(), r, q.data());
+    case 2:
+      return transposedProductKernel<2>(m.data(), rows, cols, p.data(), r, q.data());
+    case 4:
+      return transposedProductKernel<4>(m.data(), rows, cols, p.data(), r, q.data());
+    case 8:
+      return transposedProductKernel<8>(m.data(), rows, cols, p.data(), r, q.data());
+    default:
+      return transposedProductKernel<0>(m.data(), rows, cols, p.data(), r, q.data());
+  }
+}
+
+void subtractFactorProduct(std::span<float> m, size_t rows, size_t cols, std::span<const float> p,
+                           std::span<const float> q, size_t r) {
+  checkProduct(m, rows, cols, p.size(), r, q.size(), "subtractFactorProduct");
+  switch (r) {
+    case 1:
+      return subtractKernel<1>(m.data(), rows, cols, p.data(), q.data());
+    case 2:
+      return subtractKernel<2>(m.data(), rows, cols, p.data(), q.data());
+    case 3:
+      return subtractKernel<3>(m.data(), rows, cols, p.data(), q.data());
+    case 4:
+      return subtractKernel<4>(m.data(), rows, cols, p.data(), q.data());
+    case 8:
+      return subtractKernel<8>(m.data(), rows, cols, p.data(), q.data());
+    default:
+      return subtractAnyRank(m.data(), rows, cols, p.data(), q.data(), r);
+  }
+}
+
 void orthogonalize(float* data, size_t rows, size_t rank) {
   FactorMap m(data, static_cast<Eigen::Index>(rows), static_cast<Eigen::Index>(rank));
   // In double: a float column norm overflows once entries pass about 1e19, and inputs may reach
@@ -261,12 +478,22 @@ void PowerSgdCompressor::checkRound(const ParamLayout& layout, const ClientState
   checkSharedFactors(layout, opt_, ctx.shared, SharedFactors::Side::kP, "powersgd phase Q");
 }
 
+std::vector<float> PowerSgdCompressor::localStartFactor(const ParamLayout& layout, size_t t,
+                                                        const ClientState* state,
+                                                        const RoundContext& ctx) const {
+  const TensorSpec& spec = layout[t];
+  const uint32_t r = effectiveRank(spec, opt_.rank);
+  const auto* ps = state ? state->find<PowerSgdState>(kPowerSgdComponent) : nullptr;
+  if (opt_.warm_start && ps && t < ps->factors.size() && ps->factors[t].size() == spec.cols() * r)
+    return ps->factors[t];
+  return seededFactor(ctx.run_seed, 0, t, spec.cols(), r);
+}
+
 std::vector<Payload> PowerSgdCompressor::encodeLocal(const ParamLayout& layout, std::span<const float> input,
                                                      std::span<float> residual, const ClientState& state,
                                                      const RoundContext& ctx, StagedState& staged) const {
   // A state without warm factors (a new client, or the read-only entry's empty state) uses the
   // seeded Q.
-  const auto* ps = state.find<PowerSgdState>(kPowerSgdComponent);
   PowerSgdState* next = opt_.warm_start ? &staged.stage<PowerSgdState>(std::string(kPowerSgdComponent)) : nullptr;
   if (next) next->factors.resize(layout.size());
   std::vector<Payload> out;
@@ -278,22 +505,20 @@ std::vector<Payload> PowerSgdCompressor::encodeLocal(const ParamLayout& layout, 
       continue;
     }
     const uint32_t r = effectiveRank(spec, opt_.rank);
-    auto m = layout.matrix(input, t);
-    LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
-    const bool warm = opt_.warm_start && ps && t < ps->factors.size() && ps->factors[t].size() == spec.cols() * r;
-    const std::vector<float> seeded = warm ? std::vector<float>{} : seededFactor(ctx.run_seed, 0, t, spec.cols(), r);
-    const std::vector<float>& q0 = warm ? ps->factors[t] : seeded;
-    l.p.resize(spec.rows() * r);
-    FactorMap p(l.p.data(), spec.rows(), r);
-    p.noalias() = m * ConstFactorMap(q0.data(), spec.cols(), r);
-    orthogonalize(l.p.data(), spec.rows(), r);
-    l.q.resize(spec.cols() * r);
-    FactorMap q(l.q.data(), spec.cols(), r);
-    q.noalias() = m.transpose() * p;
+    const size_t rows = spec.rows(), cols = spec.cols();
+    const auto m = layout.slice(input, t);
+    LowRank l{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), r, {}, {}};
+    l.p.resize(rows * r);
+    factorProduct(m, rows, cols, localStartFactor(layout, t, &state, ctx), r, l.p);
+    orthogonalize(l.p.data(), rows, r);
+    l.q.resize(cols * r);
+    transposedFactorProduct(m, rows, cols, l.p, r, l.q);
     if (!residual.empty()) {
-      auto res = layout.matrix(residual, t);
-      if (opt_.ef.on) res.noalias() -= p * q.transpose();
-      else res.setZero();
+      const auto res = layout.slice(residual, t);
+      if (opt_.ef.on)
+        subtractFactorProduct(res, rows, cols, l.p, l.q, r);
+      else
+        std::fill(res.begin(), res.end(), 0.0f);
     }
     if (next) next->factors[t] = l.q;
     out.emplace_back(std::move(l));
@@ -323,8 +548,7 @@ std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::
       const uint32_t r = effectiveRank(spec, opt_.rank);
       LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
       l.p.resize(spec.rows() * r);
-      FactorMap(l.p.data(), spec.rows(), r).noalias() =
-          layout.matrix(input, t) * ConstFactorMap(qf.data(), spec.cols(), r);
+      factorProduct(layout.slice(input, t), spec.rows(), spec.cols(), qf, r, l.p);
       out.emplace_back(std::move(l));
     }
     next.pending_phase = 1;
@@ -339,14 +563,14 @@ std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::
       continue;
     }
     const uint32_t r = effectiveRank(spec, opt_.rank);
-    auto m = layout.matrix(residual, t);  // the same memory as input
-    ConstFactorMap p(pf.data(), spec.rows(), r);
+    const auto m = layout.slice(residual, t);  // the same memory as input
     LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
     l.q.resize(spec.cols() * r);
-    FactorMap q(l.q.data(), spec.cols(), r);
-    q.noalias() = m.transpose() * p;
-    if (opt_.ef.on) m.noalias() -= p * q.transpose();
-    else m.setZero();
+    transposedFactorProduct(m, spec.rows(), spec.cols(), pf, r, l.q);
+    if (opt_.ef.on)
+      subtractFactorProduct(m, spec.rows(), spec.cols(), pf, l.q, r);
+    else
+      std::fill(m.begin(), m.end(), 0.0f);
     out.emplace_back(std::move(l));
   }
   next.pending_phase = 0;
@@ -409,20 +633,19 @@ std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout, std::sp
       continue;
     }
     const uint32_t r = effectiveRank(spec, opt_.rank);
-    auto m = layout.matrix(input, t);
-    LowRank l{static_cast<uint32_t>(spec.rows()), static_cast<uint32_t>(spec.cols()), r, {}, {}};
+    const size_t rows = spec.rows(), cols = spec.cols();
+    const auto m = layout.slice(input, t);
+    LowRank l{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), r, {}, {}};
     if (fixed_q) {
-      ConstFactorMap q(f.data(), spec.cols(), r);
-      l.p.resize(spec.rows() * r);
-      FactorMap p(l.p.data(), spec.rows(), r);
-      p.noalias() = m * q;
-      if (!residual.empty()) layout.matrix(residual, t).noalias() -= p * q.transpose();
+      l.p.resize(rows * r);
+      factorProduct(m, rows, cols, f, r, l.p);
+      if (!residual.empty())
+        subtractFactorProduct(layout.slice(residual, t), rows, cols, l.p, f, r);
     } else {
-      ConstFactorMap p(f.data(), spec.rows(), r);
-      l.q.resize(spec.cols() * r);
-      FactorMap q(l.q.data(), spec.cols(), r);
-      q.noalias() = m.transpose() * p;
-      if (!residual.empty()) layout.matrix(residual, t).noalias() -= p * q.transpose();
+      l.q.resize(cols * r);
+      transposedFactorProduct(m, rows, cols, f, r, l.q);
+      if (!residual.empty())
+        subtractFactorProduct(layout.slice(residual, t), rows, cols, f, l.q, r);
     }
     out.emplace_back(std::move(l));
   }

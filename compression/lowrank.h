@@ -39,6 +39,31 @@ struct LowRankOptions {
 uint32_t effectiveRank(const TensorSpec& t, uint32_t rank);
 bool lowRankCompressible(const TensorSpec& t, uint32_t rank, double min_compression_rate);
 
+// The encodings' three products, every entry rounded once from a fixed order of exact terms, so
+// that any device that follows the order computes the same bits (torch_trainer/device_compress.h
+// does, on a GPU or the CPU): each term is a float times a float, exact in double, and the sum is
+// rounded to float once (the residual's after subtracting it, in double, from the residual's
+// float). The order: a product's n terms t_0 .. t_{n-1} go to L = kProductLanes lanes, each lane
+// summing its terms in index order from +0, and the lanes are added by halvingSum. Along a row of
+// M (P = M Q) the lanes interleave: lane l holds t_l, t_{l+L}, t_{l+2L}, ...; down a column
+// (Q = M^T P) they are runs: lane l holds t_{lc} .. t_{lc+c-1}, c = ceil(n / L). The residual's r
+// terms are added by halvingSum. M is rows x
+// cols, P rows x r, Q cols x r, all row-major. P and Q must not overlap M. InvalidArgument for
+// sizes that do not agree.
+//   factorProduct:           P = M Q          (terms along a row of M)
+//   transposedFactorProduct: Q = M^T P        (terms along a column of M)
+//   subtractFactorProduct:   M = M - P Q^T    (r terms an entry)
+inline constexpr size_t kProductLanes = 32;
+void factorProduct(std::span<const float> m, size_t rows, size_t cols, std::span<const float> q,
+                   size_t r, std::span<float> p);
+void transposedFactorProduct(std::span<const float> m, size_t rows, size_t cols,
+                             std::span<const float> p, size_t r, std::span<float> q);
+void subtractFactorProduct(std::span<float> m, size_t rows, size_t cols, std::span<const float> p,
+                           std::span<const float> q, size_t r);
+// x[0] + ... + x[n-1] in double by halving, in place: while n > 1, x[j] += x[j + n/2] for
+// j < n/2, an odd last term moves to x[n/2], n becomes ceil(n/2). 0 for n = 0.
+double halvingSum(double* x, size_t n);
+
 // Makes the columns of the row-major rows x rank matrix orthonormal, in place. A column that is
 // (numerically) zero after removing the earlier ones stays zero.
 void orthogonalize(float* data, size_t rows, size_t rank);
@@ -67,6 +92,10 @@ class PowerSgdCompressor final : public Compressor {
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }
+  // Local mode: the Q that tensor t's P = M Q starts from, the client's warm Q from `state` (when
+  // warm_start and it has one of the right size; `state` may be null) or the seeded factor.
+  std::vector<float> localStartFactor(const ParamLayout& layout, size_t t, const ClientState* state,
+                                      const RoundContext& ctx) const;
 
   uint32_t phases() const override { return opt_.two_phase ? 2 : 1; }
   SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "compression/exact_sum.h"
+#include "compression/lowrank.h"
 #include "compression/quantize.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -255,9 +256,180 @@ std::vector<cz::Payload> encodeSign(const ParamLayout& layout, torch::Tensor& ac
   return out;
 }
 
+// ---- PowerSGD and ACP-SGD: compression/lowrank.h's products in the same order ----
+
+// Terms (doubles) in flight at once in a product: 128 MB.
+constexpr int64_t kProductTerms = int64_t{1} << 24;
+
+// compression::halvingSum along `dim` of x (double), in place on x's storage: the same tree.
+torch::Tensor halvingSum(torch::Tensor x, int64_t dim) {
+  int64_t n = x.size(dim);
+  STARLING_ENFORCE(n > 0, "a product of no terms");
+  while (n > 1) {
+    const int64_t h = n / 2;
+    x.narrow(dim, 0, h).add_(x.narrow(dim, h, h));
+    if (n % 2 != 0) x.narrow(dim, h, 1).copy_(x.narrow(dim, 2 * h, 1));
+    n -= h;
+    x = x.narrow(dim, 0, n);
+  }
+  return x.squeeze(dim);
+}
+
+// A chunk length of `total` items of `terms_each` terms, within kProductTerms.
+int64_t chunkOf(int64_t total, int64_t terms_each) {
+  return std::clamp<int64_t>(kProductTerms / std::max<int64_t>(terms_each, 1), 1,
+                             std::max<int64_t>(total, 1));
+}
+
+// A host factor (dim x r floats) as doubles on the device.
+torch::Tensor uploadFactor(const std::vector<float>& f, int64_t dim, int64_t r,
+                           const torch::Device& device) {
+  return torch::from_blob(const_cast<float*>(f.data()), {dim, r}, torch::kFloat32)
+      .to(device, torch::kFloat64);
+}
+
+// The lanes' sums along `dim` of x (double, contiguous), compression/lowrank.h's order: the
+// terms padded with +0 to a whole number of `groups` x kProductLanes, viewed as [groups, lanes]
+// (interleaved: term t in lane t mod L) or [lanes, groups] (chunked: lane l holds a run of
+// terms), each lane summed from +0 in its terms' order, one add per group; then the lanes by
+// halvingSum. A lane's sum is never -0, so the padding's +0 changes nothing.
+torch::Tensor laneSum(torch::Tensor x, int64_t dim, bool interleaved) {
+  constexpr auto L = static_cast<int64_t>(cz::kProductLanes);
+  const int64_t n = x.size(dim), groups = (n + L - 1) / L;
+  if (groups * L != n) {
+    std::vector<int64_t> pad_shape = x.sizes().vec();
+    pad_shape[static_cast<size_t>(dim)] = groups * L - n;
+    x = torch::cat({x, torch::zeros(pad_shape, x.options())}, dim);
+  }
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[static_cast<size_t>(dim)] = interleaved ? L : groups;
+  shape.insert(shape.begin() + dim, interleaved ? groups : L);
+  x = x.view(shape);
+  const int64_t group_dim = interleaved ? dim : dim + 1;
+  torch::Tensor lanes = torch::zeros_like(x.select(group_dim, 0));
+  for (int64_t g = 0; g < groups; ++g) lanes.add_(x.select(group_dim, g));
+  return halvingSum(lanes, dim);
+}
+
+// P = M Q (factorProduct): m float [rows, cols], q double [cols, r]; P float [rows, r] downloaded.
+std::vector<float> productMQ(const torch::Tensor& m, const torch::Tensor& q) {
+  const int64_t rows = m.size(0), step = chunkOf(rows, m.size(1) * q.size(1));
+  std::vector<torch::Tensor> parts;
+  for (int64_t a = 0; a < rows; a += step) {
+    const torch::Tensor terms =
+        m.narrow(0, a, std::min(step, rows - a)).to(torch::kFloat64).unsqueeze(2) * q.unsqueeze(0);
+    parts.push_back(laneSum(terms, 1, /*interleaved=*/true).to(torch::kFloat32));
+  }
+  return downloadValues(torch::cat(parts, 0).flatten());
+}
+
+// Q = M^T P (transposedFactorProduct): p double [rows, r]; Q float [cols, r] downloaded.
+std::vector<float> productMtP(const torch::Tensor& m, const torch::Tensor& p) {
+  const int64_t cols = m.size(1), step = chunkOf(cols, m.size(0) * p.size(1));
+  std::vector<torch::Tensor> parts;
+  for (int64_t a = 0; a < cols; a += step) {
+    const torch::Tensor terms =
+        m.narrow(1, a, std::min(step, cols - a)).to(torch::kFloat64).unsqueeze(2) * p.unsqueeze(1);
+    parts.push_back(laneSum(terms, 0, /*interleaved=*/false).to(torch::kFloat32));
+  }
+  return downloadValues(torch::cat(parts, 0).flatten());
+}
+
+// M = M - P Q^T in place (subtractFactorProduct): p double [rows, r], q double [cols, r].
+void subtractPQt(torch::Tensor m, const torch::Tensor& p, const torch::Tensor& q) {
+  const int64_t rows = m.size(0), step = chunkOf(rows, m.size(1) * p.size(1));
+  for (int64_t a = 0; a < rows; a += step) {
+    const int64_t len = std::min(step, rows - a);
+    torch::Tensor part = m.narrow(0, a, len);
+    const torch::Tensor s = halvingSum(p.narrow(0, a, len).unsqueeze(1) * q.unsqueeze(0), 2);
+    part.copy_(part.to(torch::kFloat64).sub_(s));
+  }
+}
+
+// A tensor sent whole, its kept part cleared (the host's denseAndClear).
+cz::DenseF32 denseOnDevice(torch::Tensor slice, bool keep_residual) {
+  cz::DenseF32 d{downloadValues(slice)};
+  if (keep_residual) slice.zero_();
+  return d;
+}
+
+// PowerSGD (either mode) and ACP-SGD, as lowrank.cc encodes them: the products on the device,
+// the factors (rows x r or cols x r floats) crossing; local PowerSGD's P orthogonalized on the
+// host by the same function. Two-phase PowerSGD's phase P leaves M in acc for phase Q.
+std::vector<cz::Payload> encodeLowRank(const cz::Compressor& c, const ParamLayout& layout,
+                                       torch::Tensor& acc, bool keep_residual,
+                                       const cz::RoundContext& ctx, const ClientState* state,
+                                       cz::StagedState* staged) {
+  const auto* power = dynamic_cast<const cz::PowerSgdCompressor*>(&c);
+  const cz::LowRankOptions& o =
+      power ? power->options() : dynamic_cast<const cz::AcpSgdCompressor&>(c).options();
+  const bool local = power && (!o.two_phase || !keep_residual);
+  const bool phase_p = power && !local;
+  STARLING_CHECK_ARG(ctx.phase == 0, c.name(), " on the device: phase ", ctx.phase,
+                     " has no update to encode");
+  STARLING_CHECK_ARG(!power || staged != nullptr, c.name(),
+                     " on the device: the client's staged state is needed");
+  // The shared factors (ACP-SGD, phase P) as compressWithFeedback's checkRound checked them.
+  static const cz::SharedFactors kNone;
+  const cz::SharedFactors& shared = ctx.shared ? *ctx.shared : kNone;
+  const bool fixed_q = phase_p || shared.fixed == cz::SharedFactors::Side::kQ;
+  cz::PowerSgdState* next = nullptr;
+  if (phase_p) {
+    next = &staged->stage<cz::PowerSgdState>(std::string(cz::kPowerSgdComponent));
+    next->pending_phase = 1;
+  } else if (local && o.warm_start && staged) {
+    next = &staged->stage<cz::PowerSgdState>(std::string(cz::kPowerSgdComponent));
+    next->factors.resize(layout.size());
+  }
+  std::vector<cz::Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const TensorSpec& spec = layout[t];
+    torch::Tensor slice =
+        acc.narrow(0, static_cast<int64_t>(spec.offset), static_cast<int64_t>(spec.numel));
+    const bool factored = local ? cz::lowRankCompressible(spec, o.rank, o.min_compression_rate)
+                                : t < shared.factors.size() && !shared.factors[t].empty();
+    if (!factored) {
+      out.emplace_back(denseOnDevice(slice, keep_residual));
+      continue;
+    }
+    const uint32_t r = cz::effectiveRank(spec, o.rank);
+    const auto rows = static_cast<int64_t>(spec.rows()), cols = static_cast<int64_t>(spec.cols());
+    const torch::Tensor m = slice.view({rows, cols});
+    cz::LowRank l{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), r, {}, {}};
+    if (local) {
+      l.p = productMQ(
+          m, uploadFactor(power->localStartFactor(layout, t, state, ctx), cols, r, acc.device()));
+      cz::orthogonalize(l.p.data(), static_cast<size_t>(rows), r);
+      const torch::Tensor p = uploadFactor(l.p, rows, r, acc.device());
+      l.q = productMtP(m, p);
+      if (keep_residual) {
+        if (o.ef.on)
+          subtractPQt(m, p, uploadFactor(l.q, cols, r, acc.device()));
+        else
+          slice.zero_();
+      }
+      if (next) next->factors[t] = l.q;
+    } else if (fixed_q) {
+      const torch::Tensor q = uploadFactor(shared.factors[t], cols, r, acc.device());
+      l.p = productMQ(m, q);
+      if (keep_residual && !phase_p) subtractPQt(m, uploadFactor(l.p, rows, r, acc.device()), q);
+    } else {
+      const torch::Tensor p = uploadFactor(shared.factors[t], rows, r, acc.device());
+      l.q = productMtP(m, p);
+      if (keep_residual) subtractPQt(m, p, uploadFactor(l.q, cols, r, acc.device()));
+    }
+    out.emplace_back(std::move(l));
+  }
+  return out;
+}
+
 }  // namespace
 
 bool encodesOnDevice(const cz::Compressor& c) {
+  if (dynamic_cast<const cz::PowerSgdCompressor*>(&c) != nullptr ||
+      dynamic_cast<const cz::AcpSgdCompressor*>(&c) != nullptr)
+    return true;
   if (c.phases() != 1) return false;
   return dynamic_cast<const cz::TopKCompressor*>(&c) != nullptr ||
          dynamic_cast<const cz::RandKCompressor*>(&c) != nullptr ||
@@ -268,11 +440,15 @@ bool encodesOnDevice(const cz::Compressor& c) {
 
 std::vector<cz::Payload> encodeOnDevice(const cz::Compressor& c, const ParamLayout& layout,
                                         torch::Tensor& acc, bool keep_residual,
-                                        const cz::RoundContext& ctx) {
+                                        const cz::RoundContext& ctx, const ClientState* state,
+                                        cz::StagedState* staged) {
   STARLING_CHECK_ARG(encodesOnDevice(c), "the device does not encode ", c.spec());
   if (const auto* topk = dynamic_cast<const cz::TopKCompressor*>(&c))
     return encodeTopK(topk->options(), layout, acc, keep_residual);
   checkAcc(layout, acc, c.name().c_str());
+  if (c.phases() != 1 || dynamic_cast<const cz::AcpSgdCompressor*>(&c) != nullptr ||
+      dynamic_cast<const cz::PowerSgdCompressor*>(&c) != nullptr)
+    return encodeLowRank(c, layout, acc, keep_residual, ctx, state, staged);
   if (const auto* rk = dynamic_cast<const cz::RandKCompressor*>(&c))
     return encodeRandK(*rk, layout, acc, keep_residual, ctx);
   if (const auto* rb = dynamic_cast<const cz::RandBlockCompressor*>(&c))

@@ -2,7 +2,8 @@
 // The compressors' heavy part where the data lives (issue 19, "the round on the device"): the exact
 // top-k selection and the gathering of the sent values run on the tensor's device (a GPU, or the
 // CPU), and only the k indices and values cross to the host, where the payload is built by the
-// same code as the CPU compressor's; rand-k, random-block, sign and QSGD likewise (encodeOnDevice).
+// same code as the CPU compressor's; rand-k, random-block, sign, QSGD, PowerSGD and ACP-SGD
+// likewise (encodeOnDevice).
 // The payloads are those of compression::TopKCompressor for the same input, bit for bit: the same
 // positions (selectTopK's total order, ties to the lower index, not LibTorch's topk order), the
 // same values, STC's mu summed on the host in the same order; and the kept residual the same
@@ -38,8 +39,7 @@ std::vector<compression::Payload> encodeTopK(const compression::TopKOptions& opt
                                              bool keep_residual);
 
 // Whether encodeOnDevice takes `c`: top-k and stc (encodeTopK), rand-k, random-block, sign and
-// QSGD, each of one phase. PowerSGD and ACP-SGD are encoded on the host: their matrix products'
-// sums no device orders as Eigen does, so their payloads would not be the host's bits.
+// QSGD, each of one phase; PowerSGD (phase 0 of either mode) and ACP-SGD.
 bool encodesOnDevice(const compression::Compressor& c);
 
 // c's encoding of `acc` (as encodeTopK: a contiguous 1-D float32 tensor of layout.numel() values on
@@ -51,11 +51,18 @@ bool encodesOnDevice(const compression::Compressor& c);
 // (two bucket sets of squares), its levels rounded on the device with the same counter-based
 // draws (core/rng.h's CounterStream) and packed there. With `keep_residual`, acc becomes what c
 // keeps before error feedback's decay: the sent positions zeroed (rand-k, random-block), value -
-// sent (sign, QSGD). InvalidArgument for a compressor encodesOnDevice
-// refuses, or an acc of the wrong shape or dtype.
+// sent (sign, QSGD), M - P Q^T (ACP-SGD, local PowerSGD; M itself in two-phase PowerSGD's phase P).
+// PowerSGD and ACP-SGD compute compression/lowrank.h's products (factorProduct and the others)
+// on the device in the host's order, each entry rounded once, so that only the factors cross;
+// local PowerSGD's P is orthogonalized on the host. PowerSGD reads its warm factors from `state`
+// (may be null: the seeded ones) and stages its factors and pending phase in `staged`, which it
+// requires. InvalidArgument for a compressor encodesOnDevice refuses, an acc of the wrong shape or
+// dtype, or a phase past 0.
 std::vector<compression::Payload> encodeOnDevice(const compression::Compressor& c,
                                                  const ParamLayout& layout, torch::Tensor& acc,
                                                  bool keep_residual,
-                                                 const compression::RoundContext& ctx);
+                                                 const compression::RoundContext& ctx,
+                                                 const ClientState* state = nullptr,
+                                                 compression::StagedState* staged = nullptr);
 
 }  // namespace starling::torch_trainer

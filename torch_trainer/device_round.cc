@@ -41,10 +41,12 @@ class DeviceRound final : public client::DeviceUpdate {
     const torch::Tensor u = trained - start_;  // the update, as the host forms it
     const cz::ResidualState* live =
         c.beginFeedback(layout, state, ctx, [&] { checkBound(c, u, "update"); });
-    const bool keeps = c.usesErrorFeedback();
-    if (!keeps) {
+    cz::StagedState staged;
+    if (!c.keepsBuffer()) {
       torch::Tensor acc = u;
-      std::vector<cz::Payload> out = encodeOnDevice(c, layout, acc, false, ctx);
+      std::vector<cz::Payload> out = encodeOnDevice(c, layout, acc, false, ctx, &state, &staged);
+      std::vector<float> none;
+      c.endFeedback(layout, state, ctx, none, staged);  // local PowerSGD's warm factors
       ++updates_;
       return out;
     }
@@ -52,9 +54,13 @@ class DeviceRound final : public client::DeviceUpdate {
     if (live) r = upload(live->values, residual_);
     torch::Tensor acc = live ? r + u : u.clone();  // residual + update, in float as the host adds
     if (live) checkBound(c, acc, "residual + update");
+    // Diagnostics and decay belong to a one-phase compressor's round (two-phase PowerSGD's phase
+    // P keeps M for phase Q, as it is).
+    const bool one_phase = c.phases() == 1;
+    if (!one_phase) stats = nullptr;
     const torch::Tensor before = stats ? acc.clone() : torch::Tensor();
-    std::vector<cz::Payload> out = encodeOnDevice(c, layout, acc, true, ctx);
-    const double decay = c.feedback().decay;
+    std::vector<cz::Payload> out = encodeOnDevice(c, layout, acc, true, ctx, &state, &staged);
+    const double decay = one_phase && c.usesErrorFeedback() ? c.feedback().decay : 1.0;
     if (stats) {
       // compressWithFeedback's diagnostics: sent = residual + update - kept (in float, before
       // decay), the local displacement update + ef_preview x residual (in double).
@@ -73,7 +79,7 @@ class DeviceRound final : public client::DeviceUpdate {
     if (decay != 1.0) acc.mul_(static_cast<float>(decay));
     kept_.resize(static_cast<size_t>(n));
     torch::from_blob(kept_.data(), {n}, torch::kFloat32).copy_(acc);
-    c.endFeedback(layout, state, ctx, kept_);  // kept_ takes the old residual's storage
+    c.endFeedback(layout, state, ctx, kept_, staged);  // kept_ takes the old residual's storage
     ++updates_;
     return out;
   }

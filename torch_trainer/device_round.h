@@ -1,13 +1,15 @@
 #pragma once
 // The round on the device (issue 19): a client's phase-0 training, update and compression where the
-// LibTorch trainer trains, for top-k and stc (layer or global scope), rand-k, random-block, sign
-// and QSGD (device_compress.h's encodesOnDevice), with or without error feedback, any ef_decay,
+// LibTorch trainer trains, for top-k and stc (layer or global scope), rand-k, random-block, sign,
+// QSGD, PowerSGD (phase P or the local form) and ACP-SGD (device_compress.h's encodesOnDevice),
+// with or without error feedback, any ef_decay,
 // ef_preview and ef_max_age. The trained model stays on the device; update = trained - start,
 // residual + update, the magnitude checks, the encoding, the kept residual and error feedback's
 // diagnostics are formed there; the host receives the payload (indices and values, a block, or the
-// packed bits and the exponent sums of sign's scale or QSGD's norm) and the kept residual, which it
-// stores. The result is ClientAlgorithm's host path's: the same payloads and residual bit for bit
-// (the diagnostics to double rounding).
+// packed bits and the exponent sums of sign's scale or QSGD's norm, or the low-rank factors) and
+// the kept residual (two-phase PowerSGD: M, for phase Q on the host), which it stores. The result
+// is ClientAlgorithm's host path's: the same payloads and residual bit for bit (the diagnostics to
+// double rounding).
 //
 // starling-sim takes it with `sim.device_round` (auto: on a GPU). Other compressors, and SCAFFOLD
 // rounds, stay on the host (ClientAlgorithm::setDeviceUpdate). This header includes no LibTorch.

@@ -1,8 +1,10 @@
-#include <catch2/catch.hpp>
+#include "compression/lowrank.h"
 
 #include <Eigen/Dense>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <tuple>
 
-#include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "test_util.h"
 
@@ -51,6 +53,108 @@ TEST_CASE("orthogonalize gives orthonormal columns (Gram-Schmidt and QR)", "[com
     CHECK(a.col(1).norm() < 1e-3f);
     CHECK(a.col(0).norm() == Approx(1.0f).epsilon(1e-5));
     CHECK(a.allFinite());
+  }
+}
+
+TEST_CASE("halvingSum adds in its fixed tree, in double", "[compression]") {
+  CHECK(halvingSum(nullptr, 0) == 0.0);
+  double one[] = {-2.5};
+  CHECK(halvingSum(one, 1) == -2.5);
+  // 2^53 + 1 rounds back to 2^53 (ties to even), so the order decides: in sequence
+  // ((2^53 + 1) - 2^53) + 1 + 1 = 2; the tree pairs x0 with x2 and x1 with x3 first:
+  // ((2^53 - 2^53) + (1 + 1)) + 1 = 3.
+  const double big = std::ldexp(1.0, 53);
+  double x[] = {big, 1, -big, 1, 1};
+  CHECK(halvingSum(x, 5) == 3.0);
+  // Six: x0 + x3 = 1 - 2^53 (exact), x1 + x4 = 2^53 + 1 -> 2^53, x2 + x5 = 2; then
+  // (1 - 2^53) + 2^53 = 1, and 1 + 2 = 3 (in sequence: 1 + 2^53 -> 2^53, then 2^53 + 1 -> 2^53,
+  // - 2^53 -> 0, then 2).
+  double y[] = {1, big, 1, -big, 1, 1};
+  CHECK(halvingSum(y, 6) == 3.0);
+}
+
+TEST_CASE("the low-rank products round each entry of the tree's exact terms once",
+          "[compression]") {
+  const double big = std::ldexp(1.0, 53);
+  const auto b = static_cast<float>(big);
+  {
+    // P = M Q's 34 terms along a row interleave over 32 lanes: lane 0 = (1 + 2^53) -> 2^53 (ties
+    // to even), lane 1 = -2^53, lane 2 = 1; halvingSum pairs lanes 0 and 2 (2^53 + 1 -> 2^53), then
+    // 2^53 - 2^53 = 0. In index order the sum would be 2 (1 - 2^53 + 1 + 2^53).
+    std::vector<float> row(34, 0.0f), ones(34, 1.0f), p(1);
+    row[0] = 1;
+    row[32] = b;
+    row[1] = -b;
+    row[2] = 1;
+    factorProduct(row, 1, 34, ones, 1, p);
+    CHECK(p[0] == 0.0f);
+    // Q = M^T P's 34 terms down a column run in lanes of ceil(34 / 32) = 2: lane 0 = (1 + 2^53)
+    // -> 2^53, lane 1 = -2^53 + 0, lane 2 = 1 + 0; the same lanes, 0. In index order: 1.
+    std::vector<float> col(34, 0.0f);
+    col[0] = 1;
+    col[1] = b;
+    col[2] = -b;
+    col[4] = 1;
+    transposedFactorProduct(col, 34, 1, ones, 1, p);
+    CHECK(p[0] == 0.0f);
+    // The residual's r terms by halvingSum: 0 - (2^53 + 1 - 2^53 + 1 + 1) = -3 (see above).
+    const std::vector<float> m = {b, 1, -b, 1, 1};
+    std::vector<float> zero = {0.0f};
+    subtractFactorProduct(zero, 1, 1, m, std::span<const float>(ones).first(5), 5);
+    CHECK(zero[0] == -3.0f);
+    // The residual's subtraction is in double, rounded once: 1 - (1 - 2^-23)(1 + 2^-23) is 2^-46;
+    // in float the product would round to 1 and leave 0.
+    std::vector<float> one = {1.0f};
+    const std::vector<float> lo = {1.0f - std::ldexp(1.0f, -23)},
+                             hi = {1.0f + std::ldexp(1.0f, -23)};
+    subtractFactorProduct(one, 1, 1, lo, hi, 1);
+    CHECK(one[0] == std::ldexp(1.0f, -46));  // 1 - (1 - 2^-23)(1 + 2^-23) = 2^-46
+  }
+  // Random matrices: within float rounding of a long double reference, and sizes checked.
+  for (const auto& [rows, cols, r] : {std::tuple<size_t, size_t, size_t>{3, 7, 2},
+                                      {64, 33, 4},
+                                      {5, 300, 3},
+                                      {700, 9, 1},
+                                      {40, 50, 8},
+                                      {20, 70, 5}}) {
+    INFO(rows << " x " << cols << ", rank " << r);
+    const auto m = testing::randomVector(rows * cols, rows),
+               qf = testing::randomVector(cols * r, cols), pf = testing::randomVector(rows * r, r);
+    std::vector<float> p(rows * r), q(cols * r), res = m;
+    factorProduct(m, rows, cols, qf, r, p);
+    transposedFactorProduct(m, rows, cols, pf, r, q);
+    subtractFactorProduct(res, rows, cols, pf, qf, r);
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t c = 0; c < r; ++c) {
+        long double want = 0, scale = 0;
+        for (size_t k = 0; k < cols; ++k) {
+          want += static_cast<long double>(m[i * cols + k]) * qf[k * r + c];
+          scale += std::fabs(static_cast<long double>(m[i * cols + k]) * qf[k * r + c]);
+        }
+        CHECK(std::fabs(p[i * r + c] - want) <= 1e-7L * scale + 1e-30L);
+      }
+    for (size_t j = 0; j < cols; ++j)
+      for (size_t c = 0; c < r; ++c) {
+        long double want = 0, scale = 0;
+        for (size_t i = 0; i < rows; ++i) {
+          want += static_cast<long double>(m[i * cols + j]) * pf[i * r + c];
+          scale += std::fabs(static_cast<long double>(m[i * cols + j]) * pf[i * r + c]);
+        }
+        CHECK(std::fabs(q[j * r + c] - want) <= 1e-7L * scale + 1e-30L);
+      }
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t j = 0; j < cols; ++j) {
+        long double want = m[i * cols + j], scale = std::fabs(want);
+        for (size_t c = 0; c < r; ++c) {
+          want -= static_cast<long double>(pf[i * r + c]) * qf[j * r + c];
+          scale += std::fabs(static_cast<long double>(pf[i * r + c]) * qf[j * r + c]);
+        }
+        CHECK(std::fabs(res[i * cols + j] - want) <= 1e-7L * scale + 1e-30L);
+      }
+    std::vector<float> short_p(rows * r - 1);
+    CHECK_THROWS_AS(factorProduct(m, rows, cols, qf, r, short_p), InvalidArgument);
+    CHECK_THROWS_AS(transposedFactorProduct(m, rows, cols, pf, r, short_p), InvalidArgument);
+    CHECK_THROWS_AS(subtractFactorProduct(res, rows, cols, short_p, qf, r), InvalidArgument);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "compression/sparsify.h"
 #include "compression/topk_select.h"
@@ -68,6 +69,13 @@ inline void checkPayloadsEqual(const std::vector<compression::Payload>& cpu,
       CHECK(q->s == d.s);
       CHECK(std::memcmp(&q->norm, &d.norm, 4) == 0);
       CHECK(q->packed == d.packed);
+    } else if (const auto* l = std::get_if<compression::LowRank>(&cpu[t])) {
+      const auto& d = std::get<compression::LowRank>(dev[t]);
+      CHECK((l->rows == d.rows && l->cols == d.cols && l->rank == d.rank));
+      CHECK(sameBits(l->p, d.p));
+      CHECK(sameBits(l->q, d.q));
+    } else if (const auto* f = std::get_if<compression::DenseF32>(&cpu[t])) {
+      CHECK(sameBits(f->values, std::get<compression::DenseF32>(dev[t]).values));
     } else {
       const auto& x = std::get<compression::Ternary>(cpu[t]);
       const auto& d = std::get<compression::Ternary>(dev[t]);
@@ -165,6 +173,112 @@ inline void checkDeviceEncodeMatchesCpu(const torch::Device& device) {
         checkPayloadsEqual(comp->compress(layout, inputs[i], ctx),
                            torch_trainer::encodeOnDevice(*comp, layout, same, false, ctx));
         CHECK(sameBits(toVector(same), inputs[i]));
+      }
+    }
+  }
+}
+
+// PowerSGD's staged state (pending phase, warm factors) in both states or in neither, the same.
+inline void checkPowerSgdStatesEqual(const ClientState& a, const ClientState& b) {
+  const auto* x = a.find<compression::PowerSgdState>(compression::kPowerSgdComponent);
+  const auto* y = b.find<compression::PowerSgdState>(compression::kPowerSgdComponent);
+  REQUIRE((x == nullptr) == (y == nullptr));
+  if (!x) return;
+  CHECK(x->pending_phase == y->pending_phase);
+  REQUIRE(x->factors.size() == y->factors.size());
+  for (size_t t = 0; t < x->factors.size(); ++t) CHECK(sameBits(x->factors[t], y->factors[t]));
+}
+
+// Shared factors of side `side` for every tensor `o` factors: seeded (random, not orthonormal: the
+// products must agree for any factor), sized as checkSharedFactors wants them.
+inline compression::SharedFactors randomShared(const ParamLayout& layout,
+                                               const compression::LowRankOptions& o,
+                                               compression::SharedFactors::Side side,
+                                               uint64_t seed) {
+  compression::SharedFactors s;
+  s.fixed = side;
+  s.factors.resize(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t)
+    if (compression::lowRankCompressible(layout[t], o.rank, o.min_compression_rate))
+      s.factors[t] = randomVector(
+          (side == compression::SharedFactors::Side::kQ ? layout[t].cols() : layout[t].rows()) *
+              compression::effectiveRank(layout[t], o.rank),
+          seed + t);
+  return s;
+}
+
+// PowerSGD (local mode with and without warm factors; two-phase's phase P) and ACP-SGD (either
+// side fixed) against encodeOnDevice on `device`: the payloads, the kept buffer, and PowerSGD's
+// staged state (warm factors, pending phase), bit for bit, in two rounds; a warm client's second
+// round starts from the factors its first staged.
+inline void checkDeviceLowRankMatchesCpu(const torch::Device& device) {
+  using compression::SharedFactors;
+  ParamLayout layout = smallCnnLayout();
+  layout.add("big.weight", {512, 3136});  // past one chunk of product terms at rank 4 and more
+  layout.add("odd.weight", {7, 5, 3});    // rows and columns of odd lengths: the halving's carry
+  layout.add("head.bias", {13});          // 1-D: sent whole
+  const size_t n = layout.numel();
+  std::vector<float> wide = randomVector(n, 8);  // exponents far apart: every sum's order matters
+  for (size_t i = 0; i < n; ++i) wide[i] *= std::ldexp(1.0f, static_cast<int>(i % 41) - 20);
+  std::vector<float> huge = randomVector(n, 10);
+  for (float& x : huge) x = std::clamp(x * 1e18f, -9e18f, 9e18f);
+  const std::vector<std::vector<float>> inputs = {randomVector(n, 3), tiedValues(n, 4), wide, huge,
+                                                  std::vector<float>(n, 0.0f)};
+  for (const char* spec :
+       {"acpsgd:rank=2", "acpsgd:rank=4,ef=false", "acpsgd:rank=1,ef_decay=0.5",
+        "powersgd:rank=2,mode=local", "powersgd:rank=3,mode=local,warm_start=false",
+        "powersgd:rank=4,mode=local,ef=false", "powersgd:rank=2", "powersgd:rank=5,ef=false"}) {
+    const auto comp = compression::makeCompressor(spec);
+    REQUIRE(torch_trainer::encodesOnDevice(*comp));
+    const auto* acp = dynamic_cast<const compression::AcpSgdCompressor*>(comp.get());
+    const compression::LowRankOptions o =
+        acp ? acp->options()
+            : dynamic_cast<const compression::PowerSgdCompressor&>(*comp).options();
+    const bool two_phase = comp->phases() == 2;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ClientState cpu_state(layout.fingerprint()), dev_state(layout.fingerprint());
+      for (uint64_t round = 1; round <= 2; ++round) {
+        INFO(spec << ", input " << i << ", round " << round);
+        // ACP-SGD: Q fixed in round 1, P in round 2; PowerSGD's phase P: a shared Q.
+        const SharedFactors shared = randomShared(
+            layout, o, round == 2 && acp ? SharedFactors::Side::kP : SharedFactors::Side::kQ,
+            20 + round);
+        const bool shares = acp || two_phase;
+        const compression::RoundContext ctx{7, round, 0, 5, shares ? &shared : nullptr};
+        const std::vector<float> input = round == 1 ? inputs[i] : inputs[(i + 1) % inputs.size()];
+        const auto cpu = comp->compressWithFeedback(layout, input, cpu_state, ctx);
+        torch::Tensor acc = torch::from_blob(const_cast<float*>(input.data()),
+                                             {static_cast<int64_t>(n)}, torch::kFloat32)
+                                .to(device, /*non_blocking=*/false, /*copy=*/true);
+        // The residual the host adds (error feedback's second round), added as the round on the
+        // device adds it.
+        if (const auto* live = comp->liveResidual(dev_state, round))
+          acc.add_(torch::from_blob(const_cast<float*>(live->values.data()),
+                                    {static_cast<int64_t>(n)}, torch::kFloat32)
+                       .to(device));
+        compression::StagedState staged;
+        const bool keeps = comp->keepsBuffer();
+        checkPayloadsEqual(cpu, torch_trainer::encodeOnDevice(*comp, layout, acc, keeps, ctx,
+                                                              &dev_state, &staged));
+        std::vector<float> kept = keeps ? toVector(acc) : std::vector<float>{};
+        if (keeps && comp->usesErrorFeedback() && !two_phase && o.ef.decay != 1.0)
+          for (float& x : kept) x *= static_cast<float>(o.ef.decay);
+        comp->endFeedback(layout, dev_state, ctx, kept, staged);
+        const auto* cr =
+            cpu_state.find<compression::ResidualState>(compression::kResidualComponent);
+        const auto* dr =
+            dev_state.find<compression::ResidualState>(compression::kResidualComponent);
+        REQUIRE((cr == nullptr) == (dr == nullptr));
+        REQUIRE((cr != nullptr) == keeps);
+        if (cr) CHECK(sameBits(cr->values, dr->values));
+        checkPowerSgdStatesEqual(cpu_state, dev_state);
+        if (two_phase) {
+          // Phase Q on the host from either state: the same payloads and the same buffer left.
+          const SharedFactors p_hat = randomShared(layout, o, SharedFactors::Side::kP, 40 + round);
+          const compression::RoundContext q_ctx{7, round, 1, 5, &p_hat};
+          checkPayloadsEqual(comp->compressWithFeedback(layout, {}, cpu_state, q_ctx),
+                             comp->compressWithFeedback(layout, {}, dev_state, q_ctx));
+        }
       }
     }
   }

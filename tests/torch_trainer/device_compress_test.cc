@@ -20,12 +20,18 @@ TEST_CASE("encodeOnDevice sends rand-k's, random-block's, sign's and QSGD's payl
   testing::checkDeviceEncodeMatchesCpu(torch::Device(torch::kCPU));
 }
 
+TEST_CASE(
+    "encodeOnDevice sends PowerSGD's and ACP-SGD's factors and keeps their buffers, bit for "
+    "bit",
+    "[torch_trainer][device_compress]") {
+  testing::checkDeviceLowRankMatchesCpu(torch::Device(torch::kCPU));
+}
+
 TEST_CASE("the device encodes only what it serves, refusing the others",
           "[torch_trainer][device_compress]") {
   const ParamLayout layout = testing::smallCnnLayout();
   torch::Tensor acc = torch::zeros({static_cast<int64_t>(layout.numel())});
-  for (const char* spec :
-       {"powersgd:rank=2", "powersgd:rank=2,mode=local", "acpsgd:rank=2", "none"}) {
+  for (const char* spec : {"none", "fp16", "bf16"}) {
     INFO(spec);
     const auto comp = compression::makeCompressor(spec);
     CHECK_FALSE(torch_trainer::encodesOnDevice(*comp));
@@ -37,6 +43,17 @@ TEST_CASE("the device encodes only what it serves, refusing the others",
                   InvalidArgument);
   torch::Tensor doubles = torch::zeros({static_cast<int64_t>(layout.numel())}, torch::kFloat64);
   CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*sign, layout, doubles, true, {}), InvalidArgument);
+  // PowerSGD stages its state (it has nowhere else to go), and only phase 0 has an update.
+  const auto power = compression::makeCompressor("powersgd:rank=2,mode=local");
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*power, layout, acc, true, {}), InvalidArgument);
+  const auto acp = compression::makeCompressor("acpsgd:rank=2");
+  const compression::SharedFactors shared = acp->initialShared(layout, 1);
+  compression::StagedState staged;
+  CHECK_NOTHROW(torch_trainer::encodeOnDevice(*acp, layout, acc, true, {1, 1, 0, 0, &shared},
+                                              nullptr, &staged));
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*acp, layout, acc, true, {1, 1, 1, 0, &shared},
+                                                nullptr, &staged),
+                  InvalidArgument);
 }
 
 TEST_CASE("the device's top-k refuses inputs of the wrong shape, type or size",

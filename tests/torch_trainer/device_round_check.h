@@ -97,4 +97,75 @@ inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
   }
 }
 
+// PowerSGD (local, and two-phase's phase P followed by phase Q on the host) and ACP-SGD (Q, then
+// P, fixed) in the round on the device against the host path: payloads, kept buffers and staged
+// factors bit for bit over four rounds of two clients; the global model moves between rounds.
+inline void checkDeviceLowRankRoundMatchesHost(const torch_trainer::Device& device) {
+  using compression::SharedFactors;
+  const data::Dataset d = blobImages(64, 28, 28, 10, 5);
+  const std::vector<size_t> all = allIndices(d);
+  const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 32},
+                                                   {all.begin() + 32, all.end()}};
+  for (const auto& [model, spec] : {std::pair<const char*, const char*>{"cnn", "acpsgd:rank=2"},
+                                    {"cnn:momentum=0.9", "acpsgd:rank=4,ef=false"},
+                                    {"cnn", "powersgd:rank=2,mode=local"},
+                                    {"cnn", "powersgd:rank=3,mode=local,ef=false"},
+                                    {"cnn", "powersgd:rank=2"}}) {
+    INFO(model << ", " << spec);
+    const auto comp = compression::makeCompressor(spec);
+    auto host_trainer = torch_trainer::makeTorchTrainer(model, d, device);
+    auto dev_trainer = torch_trainer::makeTorchTrainer(model, d, device);
+    const client::FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
+    client::ClientAlgorithm host(*comp, *host_trainer, cfg), dev(*comp, *dev_trainer, cfg);
+    const auto round_on_device = torch_trainer::makeDeviceUpdate(*dev_trainer);
+    REQUIRE(round_on_device->serves(*comp));
+    dev.setDeviceUpdate(round_on_device.get());
+    const ParamLayout& layout = host_trainer->layout();
+    const auto* acp = dynamic_cast<const compression::AcpSgdCompressor*>(comp.get());
+    const compression::LowRankOptions o =
+        acp ? acp->options()
+            : dynamic_cast<const compression::PowerSgdCompressor&>(*comp).options();
+    std::vector<float> global(layout.numel());
+    host_trainer->initParameters(global, 1);
+    std::vector<ClientState> host_states, dev_states;
+    for (int i = 0; i < 2; ++i) {
+      host_states.emplace_back(layout.fingerprint());
+      dev_states.emplace_back(layout.fingerprint());
+    }
+    const uint64_t before = round_on_device->updates();
+    for (uint64_t round = 1; round <= 4; ++round) {
+      compression::PhaseBroadcast b;
+      b.run_seed = 9;
+      b.round = round;
+      if (acp || comp->phases() == 2)
+        b.shared = std::make_shared<const SharedFactors>(
+            round % 2 == 0 && acp ? randomShared(layout, o, SharedFactors::Side::kP, round)
+                                  : comp->initialShared(layout, round));
+      for (uint64_t id = 0; id < 2; ++id) {
+        INFO("round " << round << ", client " << id);
+        const client::DataView view{&d, shards[id]};
+        const client::PhaseResult h = host.runPhase(b, id, global, view, host_states[id]);
+        const client::PhaseResult g = dev.runPhase(b, id, global, view, dev_states[id]);
+        checkPayloadsEqual(h.update.tensors, g.update.tensors);
+        if (comp->phases() == 2) {  // phase Q continues from what each path kept
+          compression::PhaseBroadcast q = b;
+          q.phase = 1;
+          q.shared = std::make_shared<const SharedFactors>(
+              randomShared(layout, o, SharedFactors::Side::kP, 50 + round));
+          checkPayloadsEqual(host.runPhase(q, id, {}, view, host_states[id]).update.tensors,
+                             dev.runPhase(q, id, {}, view, dev_states[id]).update.tensors);
+        }
+        const auto* hr = residualOf(host_states[id]);
+        const auto* gr = residualOf(dev_states[id]);
+        REQUIRE((hr == nullptr) == (gr == nullptr));
+        if (hr) CHECK(sameBits(*hr, *gr));
+        checkPowerSgdStatesEqual(host_states[id], dev_states[id]);
+      }
+      for (size_t i = 0; i < global.size(); ++i)
+        global[i] += 1e-3f * std::sin(static_cast<float>(i + round));
+    }
+    CHECK(round_on_device->updates() == before + 8);  // every phase 0 was formed on the device
+  }
+}
+
 }  // namespace starling::testing

@@ -15,8 +15,15 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "the round on the device serves top-k, stc, rand-k, random-block, sign and QSGD, needs a "
-    "LibTorch trainer, and refuses as the host path",
+    "PowerSGD and ACP-SGD in the round on the device send the host path's factors and keep its "
+    "buffers, round after round",
+    "[torch_trainer][device_round]") {
+  testing::checkDeviceLowRankRoundMatchesHost(torch_trainer::Device{});
+}
+
+TEST_CASE(
+    "the round on the device serves top-k, stc, rand-k, random-block, sign, QSGD, PowerSGD and "
+    "ACP-SGD, needs a LibTorch trainer, and refuses as the host path",
     "[torch_trainer][device_round]") {
   const data::Dataset d = testing::blobImages(32, 28, 28, 10, 4);
   auto trainer = torch_trainer::makeTorchTrainer("logreg", d);
@@ -27,8 +34,11 @@ TEST_CASE(
   CHECK(round->serves(*compression::makeCompressor("randblock:density=0.1")));
   CHECK(round->serves(*compression::makeCompressor("sign")));
   CHECK(round->serves(*compression::makeCompressor("qsgd:levels=4")));
-  CHECK_FALSE(round->serves(*compression::makeCompressor("powersgd:rank=2")));
+  CHECK(round->serves(*compression::makeCompressor("powersgd:rank=2")));
+  CHECK(round->serves(*compression::makeCompressor("powersgd:rank=2,mode=local")));
+  CHECK(round->serves(*compression::makeCompressor("acpsgd:rank=2")));
   CHECK_FALSE(round->serves(*compression::makeCompressor("none")));
+  CHECK_FALSE(round->serves(*compression::makeCompressor("fp16")));
   auto eigen = client::makeTrainer("logreg", d);
   CHECK_THROWS_AS(torch_trainer::makeDeviceUpdate(*eigen), InvalidArgument);
 

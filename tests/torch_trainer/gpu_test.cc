@@ -212,9 +212,15 @@ TEST_CASE("rand-k, random-block, sign and QSGD on the GPU send the CPU compresso
   testing::checkDeviceEncodeMatchesCpu(torch::Device(torch::kCUDA, 0));
 }
 
+TEST_CASE("PowerSGD and ACP-SGD on the GPU send the CPU compressor's factors, bit for bit",
+          "[gpu][device_compress]") {
+  testing::checkDeviceLowRankMatchesCpu(torch::Device(torch::kCUDA, 0));
+}
+
 TEST_CASE("the round on the GPU sends the host path's payloads and keeps its residual, bit for bit",
           "[gpu][device_round]") {
   testing::checkDeviceRoundMatchesHost(kGpu);
+  testing::checkDeviceLowRankRoundMatchesHost(kGpu);
 }
 
 int main(int argc, char** argv) {
