@@ -100,17 +100,6 @@ bool lowRankCompressible(const TensorSpec& t, uint32_t rank, double min_rate) {
          static_cast<double>(t.rows()) * static_cast<double>(t.cols());
 }
 
-double halvingSum(double* x, size_t n) {
-  if (n == 0) return 0.0;
-  while (n > 1) {
-    const size_t h = n / 2;
-    for (size_t j = 0; j < h; ++j) x[j] += x[j + h];
-    if (n % 2 != 0) x[h] = x[2 * h];
-    n -= h;
-  }
-  return x[0];
-}
-
 namespace {
 
 // halvingSum applied to `count` sums at once: term t of sum j at x[t * stride + j], t < n; the sums
@@ -145,54 +134,6 @@ void checkProduct(std::span<const float> m, size_t rows, size_t cols, size_t a, 
   STARLING_CHECK_ARG(m.size() == rows * cols && a == rows * r && b == cols * r && r > 0, who,
                      ": sizes do not agree (M ", m.size(), " for ", rows, " x ", cols, ", factors ",
                      a, " and ", b, " for rank ", r, ")");
-}
-
-}  // namespace
-
-void factorProduct(std::span<const float> m, size_t rows, size_t cols, std::span<const float> q,
-                   size_t r, std::span<float> p) {
-  checkProduct(m, rows, cols, p.size(), r, q.size(), "factorProduct");
-  constexpr size_t L = kProductLanes;
-  const std::vector<double> qt = transposedDoubles(q, cols, r);
-  const size_t whole = cols - cols % L;
-  // r x L lane sums from +0 (a lane's sum is never -0, so a lane without terms adds nothing); fma
-  // rounds as the separate add does, a term being exact in double.
-  std::vector<double> lanes(r * L);
-  for (size_t i = 0; i < rows; ++i) {
-    const float* row = m.data() + i * cols;
-    std::fill(lanes.begin(), lanes.end(), 0.0);
-    for (size_t k = 0; k < whole; k += L) {
-      double x[L];
-      for (size_t l = 0; l < L; ++l) x[l] = row[k + l];
-      for (size_t c = 0; c < r; ++c) {
-        double* __restrict lane = lanes.data() + c * L;
-        const double* qc = qt.data() + c * cols + k;
-        for (size_t l = 0; l < L; ++l) lane[l] = std::fma(x[l], qc[l], lane[l]);
-      }
-    }
-    for (size_t c = 0; c < r; ++c) {
-      double* lane = lanes.data() + c * L;
-      const double* qc = qt.data() + c * cols;
-      for (size_t k = whole; k < cols; ++k)
-        lane[k - whole] = std::fma(static_cast<double>(row[k]), qc[k], lane[k - whole]);
-      p[i * r + c] = static_cast<float>(halvingSum(lane, L));
-    }
-  }
-}
-
-namespace {
-
-// halvingSum of R terms in registers (R known to the compiler: the tree unrolls).
-template <size_t R>
-inline double halvingFixed(double* t) {
-  size_t n = R;
-  while (n > 1) {
-    const size_t h = n / 2;
-    for (size_t j = 0; j < h; ++j) t[j] += t[j + h];
-    if (n % 2 != 0) t[h] = t[2 * h];
-    n -= h;
-  }
-  return t[0];
 }
 
 // Q = M^T P for rank R (0: any rank, r). Lane l sums rows [l chunk, (l + 1) chunk) in order; a
@@ -240,46 +181,44 @@ void transposedProductKernel(const float* m, size_t rows, size_t cols, const flo
   }
 }
 
-// M = M - P Q^T for rank R (known to the compiler).
-template <size_t R>
-void subtractKernel(float* m, size_t rows, size_t cols, const float* p, const float* q) {
-  const std::vector<double> qt = transposedDoubles({q, cols * R}, cols, R);  // [c][column]
-  const double* __restrict qd = qt.data();
-  for (size_t i = 0; i < rows; ++i) {
-    double pi[R];
-    for (size_t c = 0; c < R; ++c) pi[c] = p[i * R + c];
-    float* __restrict row = m + i * cols;
-    for (size_t j = 0; j < cols; ++j) {  // vectorises across columns
-      double t[R];
-      for (size_t c = 0; c < R; ++c) t[c] = pi[c] * qd[c * cols + j];
-      row[j] = static_cast<float>(static_cast<double>(row[j]) - halvingFixed<R>(t));
-    }
-  }
-}
-
-// Any rank: r x block terms at a time, [c][column].
-void subtractAnyRank(float* m, size_t rows, size_t cols, const float* p, const float* q, size_t r) {
-  const std::vector<double> qt = transposedDoubles({q, cols * r}, cols, r);
-  constexpr size_t kBlock = 512;
-  std::vector<double> terms(r * kBlock);
-  for (size_t i = 0; i < rows; ++i) {
-    float* row = m + i * cols;
-    for (size_t j0 = 0; j0 < cols; j0 += kBlock) {
-      const size_t w = std::min(kBlock, cols - j0);
-      for (size_t c = 0; c < r; ++c) {
-        const double pic = p[i * r + c];
-        const double* qc = qt.data() + c * cols + j0;
-        double* tc = terms.data() + c * kBlock;
-        for (size_t j = 0; j < w; ++j) tc[j] = pic * qc[j];
-      }
-      halvingSums(terms.data(), r, kBlock, w);
-      for (size_t j = 0; j < w; ++j)
-        row[j0 + j] = static_cast<float>(static_cast<double>(row[j0 + j]) - terms[j]);
-    }
-  }
-}
-
 }  // namespace
+
+double halvingSum(double* x, size_t n) {
+  if (n == 0) return 0.0;
+  halvingSums(x, n, 1, 1);
+  return x[0];
+}
+
+void factorProduct(std::span<const float> m, size_t rows, size_t cols, std::span<const float> q,
+                   size_t r, std::span<float> p) {
+  checkProduct(m, rows, cols, p.size(), r, q.size(), "factorProduct");
+  constexpr size_t L = kProductLanes;
+  const std::vector<double> qt = transposedDoubles(q, cols, r);
+  const size_t whole = cols - cols % L;
+  // r x L lane sums from +0 (a lane's sum is never -0, so a lane without terms adds nothing); fma
+  // rounds as the separate add does, a term being exact in double.
+  std::vector<double> lanes(r * L);
+  for (size_t i = 0; i < rows; ++i) {
+    const float* row = m.data() + i * cols;
+    std::fill(lanes.begin(), lanes.end(), 0.0);
+    for (size_t k = 0; k < whole; k += L) {
+      double x[L];
+      for (size_t l = 0; l < L; ++l) x[l] = row[k + l];
+      for (size_t c = 0; c < r; ++c) {
+        double* __restrict lane = lanes.data() + c * L;
+        const double* qc = qt.data() + c * cols + k;
+        for (size_t l = 0; l < L; ++l) lane[l] = std::fma(x[l], qc[l], lane[l]);
+      }
+    }
+    for (size_t c = 0; c < r; ++c) {
+      double* lane = lanes.data() + c * L;
+      const double* qc = qt.data() + c * cols;
+      for (size_t k = whole; k < cols; ++k)
+        lane[k - whole] = std::fma(static_cast<double>(row[k]), qc[k], lane[k - whole]);
+      p[i * r + c] = static_cast<float>(halvingSum(lane, L));
+    }
+  }
+}
 
 void transposedFactorProduct(std::span<const float> m, size_t rows, size_t cols,
                              std::span<const float> p, size_t r, std::span<float> q) {
@@ -301,19 +240,24 @@ void transposedFactorProduct(std::span<const float> m, size_t rows, size_t cols,
 void subtractFactorProduct(std::span<float> m, size_t rows, size_t cols, std::span<const float> p,
                            std::span<const float> q, size_t r) {
   checkProduct(m, rows, cols, p.size(), r, q.size(), "subtractFactorProduct");
-  switch (r) {
-    case 1:
-      return subtractKernel<1>(m.data(), rows, cols, p.data(), q.data());
-    case 2:
-      return subtractKernel<2>(m.data(), rows, cols, p.data(), q.data());
-    case 3:
-      return subtractKernel<3>(m.data(), rows, cols, p.data(), q.data());
-    case 4:
-      return subtractKernel<4>(m.data(), rows, cols, p.data(), q.data());
-    case 8:
-      return subtractKernel<8>(m.data(), rows, cols, p.data(), q.data());
-    default:
-      return subtractAnyRank(m.data(), rows, cols, p.data(), q.data(), r);
+  // A block of columns at a time: its r x kBlock terms, [c][column], stay in cache.
+  const std::vector<double> qt = transposedDoubles(q, cols, r);
+  constexpr size_t kBlock = 512;
+  std::vector<double> terms(r * kBlock);
+  for (size_t i = 0; i < rows; ++i) {
+    float* row = m.data() + i * cols;
+    for (size_t j0 = 0; j0 < cols; j0 += kBlock) {
+      const size_t w = std::min(kBlock, cols - j0);
+      for (size_t c = 0; c < r; ++c) {
+        const double pic = p[i * r + c];
+        const double* qc = qt.data() + c * cols + j0;
+        double* tc = terms.data() + c * kBlock;
+        for (size_t j = 0; j < w; ++j) tc[j] = pic * qc[j];
+      }
+      halvingSums(terms.data(), r, kBlock, w);
+      for (size_t j = 0; j < w; ++j)
+        row[j0 + j] = static_cast<float>(static_cast<double>(row[j0 + j]) - terms[j]);
+    }
   }
 }
 
@@ -358,6 +302,12 @@ SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptio
     if (lowRankCompressible(layout[t], o.rank, o.min_compression_rate))
       s.factors[t] = seededFactor(run_seed, 0, t, layout[t].cols(), effectiveRank(layout[t], o.rank));
   return s;
+}
+
+const LowRankOptions* lowRankOptionsOf(const Compressor& c) {
+  if (const auto* p = dynamic_cast<const PowerSgdCompressor*>(&c)) return &p->options();
+  if (const auto* a = dynamic_cast<const AcpSgdCompressor*>(&c)) return &a->options();
+  return nullptr;
 }
 
 void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o, const SharedFactors* shared,

@@ -137,6 +137,9 @@ class AcpSgdCompressor final : public Compressor {
   LowRankOptions opt_;
 };
 
+// The low-rank options of PowerSGD or ACP-SGD; null for any other compressor.
+const LowRankOptions* lowRankOptionsOf(const Compressor& c);
+
 // Checks that `shared` has side `side` and a factor of the right size for every compressed
 // tensor (and none for the others). Throws InvalidArgument.
 void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o, const SharedFactors* shared,

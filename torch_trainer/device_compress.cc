@@ -311,26 +311,18 @@ torch::Tensor laneSum(torch::Tensor x, int64_t dim, bool interleaved) {
   return halvingSum(lanes, dim);
 }
 
-// P = M Q (factorProduct): m float [rows, cols], q double [cols, r]; P float [rows, r] downloaded.
-std::vector<float> productMQ(const torch::Tensor& m, const torch::Tensor& q) {
-  const int64_t rows = m.size(0), step = chunkOf(rows, m.size(1) * q.size(1));
+// The product whose terms run along `dim` of m (float [rows, cols]), in chunks of the other
+// dimension, downloaded: dim 1, P = M Q (factorProduct, f = Q double [cols, r], lanes
+// interleaved); dim 0, Q = M^T P (transposedFactorProduct, f = P double [rows, r], lanes in runs).
+// Either is float [rows or cols, r], row-major.
+std::vector<float> product(const torch::Tensor& m, const torch::Tensor& f, int64_t dim) {
+  const int64_t other = 1 - dim, n = m.size(other), step = chunkOf(n, m.size(dim) * f.size(1));
   std::vector<torch::Tensor> parts;
-  for (int64_t a = 0; a < rows; a += step) {
+  for (int64_t a = 0; a < n; a += step) {
     const torch::Tensor terms =
-        m.narrow(0, a, std::min(step, rows - a)).to(torch::kFloat64).unsqueeze(2) * q.unsqueeze(0);
-    parts.push_back(laneSum(terms, 1, /*interleaved=*/true).to(torch::kFloat32));
-  }
-  return downloadValues(torch::cat(parts, 0).flatten());
-}
-
-// Q = M^T P (transposedFactorProduct): p double [rows, r]; Q float [cols, r] downloaded.
-std::vector<float> productMtP(const torch::Tensor& m, const torch::Tensor& p) {
-  const int64_t cols = m.size(1), step = chunkOf(cols, m.size(0) * p.size(1));
-  std::vector<torch::Tensor> parts;
-  for (int64_t a = 0; a < cols; a += step) {
-    const torch::Tensor terms =
-        m.narrow(1, a, std::min(step, cols - a)).to(torch::kFloat64).unsqueeze(2) * p.unsqueeze(1);
-    parts.push_back(laneSum(terms, 0, /*interleaved=*/false).to(torch::kFloat32));
+        m.narrow(other, a, std::min(step, n - a)).to(torch::kFloat64).unsqueeze(2) *
+        f.unsqueeze(other);
+    parts.push_back(laneSum(terms, dim, /*interleaved=*/dim == 1).to(torch::kFloat32));
   }
   return downloadValues(torch::cat(parts, 0).flatten());
 }
@@ -361,18 +353,22 @@ std::vector<cz::Payload> encodeLowRank(const cz::Compressor& c, const ParamLayou
                                        const cz::RoundContext& ctx, const ClientState* state,
                                        cz::StagedState* staged) {
   const auto* power = dynamic_cast<const cz::PowerSgdCompressor*>(&c);
-  const cz::LowRankOptions& o =
-      power ? power->options() : dynamic_cast<const cz::AcpSgdCompressor&>(c).options();
+  const cz::LowRankOptions& o = *cz::lowRankOptionsOf(c);
   const bool local = power && (!o.two_phase || !keep_residual);
   const bool phase_p = power && !local;
   STARLING_CHECK_ARG(ctx.phase == 0, c.name(), " on the device: phase ", ctx.phase,
                      " has no update to encode");
   STARLING_CHECK_ARG(!power || staged != nullptr, c.name(),
                      " on the device: the client's staged state is needed");
-  // The shared factors (ACP-SGD, phase P) as compressWithFeedback's checkRound checked them.
+  // The shared factors (ACP-SGD, phase P), checked as compressWithFeedback's checkRound checks
+  // them: the uploads below read each at its tensor's size.
   static const cz::SharedFactors kNone;
   const cz::SharedFactors& shared = ctx.shared ? *ctx.shared : kNone;
   const bool fixed_q = phase_p || shared.fixed == cz::SharedFactors::Side::kQ;
+  if (!local)
+    cz::checkSharedFactors(layout, o, ctx.shared,
+                           fixed_q ? cz::SharedFactors::Side::kQ : cz::SharedFactors::Side::kP,
+                           c.name().c_str());
   cz::PowerSgdState* next = nullptr;
   if (phase_p) {
     next = &staged->stage<cz::PowerSgdState>(std::string(cz::kPowerSgdComponent));
@@ -398,11 +394,12 @@ std::vector<cz::Payload> encodeLowRank(const cz::Compressor& c, const ParamLayou
     const torch::Tensor m = slice.view({rows, cols});
     cz::LowRank l{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), r, {}, {}};
     if (local) {
-      l.p = productMQ(
-          m, uploadFactor(power->localStartFactor(layout, t, state, ctx), cols, r, acc.device()));
+      l.p = product(
+          m, uploadFactor(power->localStartFactor(layout, t, state, ctx), cols, r, acc.device()),
+          1);
       cz::orthogonalize(l.p.data(), static_cast<size_t>(rows), r);
       const torch::Tensor p = uploadFactor(l.p, rows, r, acc.device());
-      l.q = productMtP(m, p);
+      l.q = product(m, p, 0);
       if (keep_residual) {
         if (o.ef.on)
           subtractPQt(m, p, uploadFactor(l.q, cols, r, acc.device()));
@@ -412,11 +409,11 @@ std::vector<cz::Payload> encodeLowRank(const cz::Compressor& c, const ParamLayou
       if (next) next->factors[t] = l.q;
     } else if (fixed_q) {
       const torch::Tensor q = uploadFactor(shared.factors[t], cols, r, acc.device());
-      l.p = productMQ(m, q);
+      l.p = product(m, q, 1);
       if (keep_residual && !phase_p) subtractPQt(m, uploadFactor(l.p, rows, r, acc.device()), q);
     } else {
       const torch::Tensor p = uploadFactor(shared.factors[t], rows, r, acc.device());
-      l.q = productMtP(m, p);
+      l.q = product(m, p, 0);
       if (keep_residual) subtractPQt(m, p, uploadFactor(l.q, cols, r, acc.device()));
     }
     out.emplace_back(std::move(l));
@@ -427,9 +424,7 @@ std::vector<cz::Payload> encodeLowRank(const cz::Compressor& c, const ParamLayou
 }  // namespace
 
 bool encodesOnDevice(const cz::Compressor& c) {
-  if (dynamic_cast<const cz::PowerSgdCompressor*>(&c) != nullptr ||
-      dynamic_cast<const cz::AcpSgdCompressor*>(&c) != nullptr)
-    return true;
+  if (cz::lowRankOptionsOf(c) != nullptr) return true;
   if (c.phases() != 1) return false;
   return dynamic_cast<const cz::TopKCompressor*>(&c) != nullptr ||
          dynamic_cast<const cz::RandKCompressor*>(&c) != nullptr ||
@@ -446,8 +441,7 @@ std::vector<cz::Payload> encodeOnDevice(const cz::Compressor& c, const ParamLayo
   if (const auto* topk = dynamic_cast<const cz::TopKCompressor*>(&c))
     return encodeTopK(topk->options(), layout, acc, keep_residual);
   checkAcc(layout, acc, c.name().c_str());
-  if (c.phases() != 1 || dynamic_cast<const cz::AcpSgdCompressor*>(&c) != nullptr ||
-      dynamic_cast<const cz::PowerSgdCompressor*>(&c) != nullptr)
+  if (cz::lowRankOptionsOf(c) != nullptr)
     return encodeLowRank(c, layout, acc, keep_residual, ctx, state, staged);
   if (const auto* rk = dynamic_cast<const cz::RandKCompressor*>(&c))
     return encodeRandK(*rk, layout, acc, keep_residual, ctx);

@@ -124,33 +124,28 @@ TEST_CASE("the low-rank products round each entry of the tree's exact terms once
     factorProduct(m, rows, cols, qf, r, p);
     transposedFactorProduct(m, rows, cols, pf, r, q);
     subtractFactorProduct(res, rows, cols, pf, qf, r);
-    for (size_t i = 0; i < rows; ++i)
-      for (size_t c = 0; c < r; ++c) {
-        long double want = 0, scale = 0;
-        for (size_t k = 0; k < cols; ++k) {
-          want += static_cast<long double>(m[i * cols + k]) * qf[k * r + c];
-          scale += std::fabs(static_cast<long double>(m[i * cols + k]) * qf[k * r + c]);
-        }
-        CHECK(std::fabs(p[i * r + c] - want) <= 1e-7L * scale + 1e-30L);
+    // |got - (start + sum of n terms)| within float rounding of start's and the terms' magnitudes.
+    const auto near = [](float got, long double start, size_t n, const auto& term) {
+      long double want = start, scale = std::fabs(start);
+      for (size_t k = 0; k < n; ++k) {
+        want += term(k);
+        scale += std::fabs(term(k));
       }
+      return std::fabs(got - want) <= 1e-7L * scale + 1e-30L;
+    };
+    const auto mul = [](float x, float y) { return static_cast<long double>(x) * y; };
+    for (size_t i = 0; i < rows; ++i)
+      for (size_t c = 0; c < r; ++c)
+        CHECK(near(p[i * r + c], 0, cols,
+                   [&](size_t k) { return mul(m[i * cols + k], qf[k * r + c]); }));
     for (size_t j = 0; j < cols; ++j)
-      for (size_t c = 0; c < r; ++c) {
-        long double want = 0, scale = 0;
-        for (size_t i = 0; i < rows; ++i) {
-          want += static_cast<long double>(m[i * cols + j]) * pf[i * r + c];
-          scale += std::fabs(static_cast<long double>(m[i * cols + j]) * pf[i * r + c]);
-        }
-        CHECK(std::fabs(q[j * r + c] - want) <= 1e-7L * scale + 1e-30L);
-      }
+      for (size_t c = 0; c < r; ++c)
+        CHECK(near(q[j * r + c], 0, rows,
+                   [&](size_t i) { return mul(m[i * cols + j], pf[i * r + c]); }));
     for (size_t i = 0; i < rows; ++i)
-      for (size_t j = 0; j < cols; ++j) {
-        long double want = m[i * cols + j], scale = std::fabs(want);
-        for (size_t c = 0; c < r; ++c) {
-          want -= static_cast<long double>(pf[i * r + c]) * qf[j * r + c];
-          scale += std::fabs(static_cast<long double>(pf[i * r + c]) * qf[j * r + c]);
-        }
-        CHECK(std::fabs(res[i * cols + j] - want) <= 1e-7L * scale + 1e-30L);
-      }
+      for (size_t j = 0; j < cols; ++j)
+        CHECK(near(res[i * cols + j], m[i * cols + j], r,
+                   [&](size_t c) { return -mul(pf[i * r + c], qf[j * r + c]); }));
     std::vector<float> short_p(rows * r - 1);
     CHECK_THROWS_AS(factorProduct(m, rows, cols, qf, r, short_p), InvalidArgument);
     CHECK_THROWS_AS(transposedFactorProduct(m, rows, cols, pf, r, short_p), InvalidArgument);

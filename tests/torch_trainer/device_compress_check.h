@@ -231,9 +231,7 @@ inline void checkDeviceLowRankMatchesCpu(const torch::Device& device) {
     const auto comp = compression::makeCompressor(spec);
     REQUIRE(torch_trainer::encodesOnDevice(*comp));
     const auto* acp = dynamic_cast<const compression::AcpSgdCompressor*>(comp.get());
-    const compression::LowRankOptions o =
-        acp ? acp->options()
-            : dynamic_cast<const compression::PowerSgdCompressor&>(*comp).options();
+    const compression::LowRankOptions o = *compression::lowRankOptionsOf(*comp);
     const bool two_phase = comp->phases() == 2;
     for (size_t i = 0; i < inputs.size(); ++i) {
       ClientState cpu_state(layout.fingerprint()), dev_state(layout.fingerprint());

@@ -54,6 +54,23 @@ TEST_CASE("the device encodes only what it serves, refusing the others",
   CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*acp, layout, acc, true, {1, 1, 1, 0, &shared},
                                                 nullptr, &staged),
                   InvalidArgument);
+  // Shared factors that do not fit the model are refused before anything is read from them: one
+  // float short, none at all, or two-phase PowerSGD's phase P given the P side.
+  compression::SharedFactors short_factor = shared;
+  for (auto& f : short_factor.factors)
+    if (!f.empty()) f.pop_back();
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*acp, layout, acc, true,
+                                                {1, 1, 0, 0, &short_factor}, nullptr, &staged),
+                  InvalidArgument);
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*acp, layout, acc, true, {1, 1, 0, 0, nullptr},
+                                                nullptr, &staged),
+                  InvalidArgument);
+  const auto two_phase = compression::makeCompressor("powersgd:rank=2");
+  compression::SharedFactors p_side = shared;
+  p_side.fixed = compression::SharedFactors::Side::kP;
+  CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*two_phase, layout, acc, true,
+                                                {1, 1, 0, 0, &p_side}, nullptr, &staged),
+                  InvalidArgument);
 }
 
 TEST_CASE("the device's top-k refuses inputs of the wrong shape, type or size",

@@ -22,6 +22,13 @@ inline const std::vector<float>* residualOf(const ClientState& s) {
   return r ? &r->values : nullptr;
 }
 
+// n empty client states of `layout`.
+inline std::vector<ClientState> freshStates(const ParamLayout& layout, size_t n) {
+  std::vector<ClientState> states;
+  for (size_t i = 0; i < n; ++i) states.emplace_back(layout.fingerprint());
+  return states;
+}
+
 inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
   const data::Dataset d = blobImages(96, 28, 28, 10, 4);
   const std::vector<size_t> all = allIndices(d);
@@ -57,11 +64,8 @@ inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
     const ParamLayout& layout = host_trainer->layout();
     std::vector<float> global(layout.numel());
     host_trainer->initParameters(global, 1);
-    std::vector<ClientState> host_states, dev_states;
-    for (int i = 0; i < 2; ++i) {
-      host_states.emplace_back(layout.fingerprint());
-      dev_states.emplace_back(layout.fingerprint());
-    }
+    std::vector<ClientState> host_states = freshStates(layout, 2),
+                             dev_states = freshStates(layout, 2);
     for (uint64_t round = 1; round <= 4; ++round) {
       std::vector<float> sum(layout.numel());
       for (uint64_t id = 0; id < 2; ++id) {
@@ -122,16 +126,11 @@ inline void checkDeviceLowRankRoundMatchesHost(const torch_trainer::Device& devi
     dev.setDeviceUpdate(round_on_device.get());
     const ParamLayout& layout = host_trainer->layout();
     const auto* acp = dynamic_cast<const compression::AcpSgdCompressor*>(comp.get());
-    const compression::LowRankOptions o =
-        acp ? acp->options()
-            : dynamic_cast<const compression::PowerSgdCompressor&>(*comp).options();
+    const compression::LowRankOptions o = *compression::lowRankOptionsOf(*comp);
     std::vector<float> global(layout.numel());
     host_trainer->initParameters(global, 1);
-    std::vector<ClientState> host_states, dev_states;
-    for (int i = 0; i < 2; ++i) {
-      host_states.emplace_back(layout.fingerprint());
-      dev_states.emplace_back(layout.fingerprint());
-    }
+    std::vector<ClientState> host_states = freshStates(layout, 2),
+                             dev_states = freshStates(layout, 2);
     const uint64_t before = round_on_device->updates();
     for (uint64_t round = 1; round <= 4; ++round) {
       compression::PhaseBroadcast b;
