@@ -161,7 +161,6 @@ void AsyncBuffer::addPartial(const compression::PartialView& p, uint64_t source)
 void AsyncBuffer::buffer(uint64_t v, uint64_t sender, uint64_t count, const char* who,
                          const char* what,
                          const std::function<void(PhaseAggregator&, double)>& into) {
-  const auto refused = [&] { countRefusal(); };
   double s = 0.0;
   try {
     s = weightFor(v);
@@ -179,7 +178,7 @@ void AsyncBuffer::buffer(uint64_t v, uint64_t sender, uint64_t count, const char
                 " more updates from model version ", v, " would take its ", held, " past ",
                 kMaxVersionCount);
   } catch (const InputError&) {
-    refused();
+    countRefusal();
     throw;
   }
   auto it = by_version_.find(v);
@@ -197,7 +196,7 @@ void AsyncBuffer::buffer(uint64_t v, uint64_t sender, uint64_t count, const char
   try {
     into(*agg, s);
   } catch (const InputError&) {
-    refused();
+    countRefusal();
     throw;
   }
   seen.emplace(sender, count);

@@ -148,7 +148,7 @@ void AsyncRoot::replayJournal() {
   if (bytes.size() < kJournalHeader || r.u32() != kJournalMagic)
     r.fail("not a journal of asynchronous rounds");
   if (const uint32_t f = r.u32(); f != kJournalFormat && f != 1)
-    r.fail("format version ", f, " is not ", kJournalFormat);
+    r.fail("format version ", f, " is not 1 or ", kJournalFormat);
   const uint64_t step = r.u64(), version = r.u64();
   if (step + 1 == server_.steps()) {
     j.start(server_.steps(), server_.version());
@@ -188,6 +188,8 @@ void AsyncRoot::replayJournal() {
         server_.addPartial(decoder.decodePartial(message), sender);
       else if (kind == kJournalRefused && message.empty())
         server_.countRefusal();
+      else if (kind == kJournalRefused)
+        p.fail("a refusal record carries ", message.size(), " bytes of message, not none");
       else
         p.fail("kind ", int{kind});
     } catch (const InputError& e) {
@@ -242,35 +244,30 @@ void AsyncRoot::sent(uint64_t bytes) {
 
 void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
 
-// Accepted once it is in the journal (an IoError there ends the run: the disk failed).
-// The server's refusal (InputError, nothing changed) is journaled, so that a resumed step counts
+// Accepted once it is in the journal (an IoError there ends the run: the disk failed). The
+// server's refusal (InputError, nothing changed) is journaled too, so that a resumed step counts
 // it.
-void AsyncRoot::refused(uint64_t sender) {
-  if (journal_) journal_->append(kJournalRefused, sender, 0, {});
+void AsyncRoot::journaled(uint8_t kind, uint64_t sender, uint64_t cap,
+                          std::span<const uint8_t> message, const std::function<void()>& add) {
+  try {
+    add();
+  } catch (const InputError&) {
+    if (journal_) journal_->append(kJournalRefused, sender, 0, {});
+    throw;
+  }
+  if (journal_) journal_->append(kind, sender, cap, message);
+  uplink_ += message.size();
 }
 
 void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
                     std::span<const uint8_t> message) {
-  try {
-    server_.add(u, limits);
-  } catch (const InputError&) {
-    refused(u.header.client_id);
-    throw;
-  }
-  if (journal_) journal_->append(kJournalUpdate, u.header.client_id, limits.max_examples, message);
-  uplink_ += message.size();
+  journaled(kJournalUpdate, u.header.client_id, limits.max_examples, message,
+            [&] { server_.add(u, limits); });
 }
 
 void AsyncRoot::addPartial(const compression::PartialView& p, uint64_t source,
                            std::span<const uint8_t> message) {
-  try {
-    server_.addPartial(p, source);
-  } catch (const InputError&) {
-    refused(source);
-    throw;
-  }
-  if (journal_) journal_->append(kJournalPartial, source, 0, message);
-  uplink_ += message.size();
+  journaled(kJournalPartial, source, 0, message, [&] { server_.addPartial(p, source); });
 }
 
 void AsyncRoot::added() {

@@ -119,7 +119,10 @@ class AsyncRoot final : public AsyncDriver {
   void refreshTask();
   void checkpoint();
   void replayJournal();
-  void refused(uint64_t sender);  // journals a refusal of the server's
+  // Runs `add` (the server's add of one message) and journals the message as `kind`, or, when
+  // the server refuses it (InputError, rethrown), the refusal.
+  void journaled(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message,
+                 const std::function<void()>& add);
   // After a step or a skipped round: the record, the checkpoint, the next version's task;
   // `on_update`: the step came with an accepted update (run()'s `accepted` is called).
   void stepped(RoundRecord rec, bool on_update);

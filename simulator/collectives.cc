@@ -40,19 +40,6 @@ std::pair<size_t, size_t> Collectives::shardRange(size_t n, int rank, int size) 
   return starling::shardRange(n, rank, size);
 }
 
-float bytesWord(std::span<const uint8_t> bytes, size_t k) {
-  uint32_t v = 0;
-  for (size_t i = 0; i < 3 && 3 * k + i < bytes.size(); ++i)
-    v |= static_cast<uint32_t>(bytes[3 * k + i]) << (8 * i);
-  return static_cast<float>(v);
-}
-
-void wordBytes(float word, std::span<uint8_t> bytes, size_t k) {
-  const auto v = static_cast<uint32_t>(word);
-  for (size_t i = 0; i < 3 && 3 * k + i < bytes.size(); ++i)
-    bytes[3 * k + i] = static_cast<uint8_t>(v >> (8 * i));
-}
-
 std::vector<std::vector<uint8_t>> allGatherBytes(Collectives& c, std::span<const uint8_t> mine,
                                                  size_t batch_bytes) {
   const auto world = static_cast<size_t>(c.size()), me = static_cast<size_t>(c.rank());

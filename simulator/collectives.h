@@ -88,13 +88,6 @@ class Collectives {
   std::pair<size_t, size_t> shard(size_t n) const { return shardRange(n, rank(), size()); }
 };
 
-// Bytes carried exactly by a float sum: word k of a byte string holds its bytes 3k, 3k+1, 3k+2 (an
-// integer below 2^24, exact in a float), so that a buffer where one rank writes a word and every
-// other rank zero sums to that word on every backend. bytesWord reads past the end as zeros;
-// wordBytes writes only the bytes inside `bytes`.
-float bytesWord(std::span<const uint8_t> bytes, size_t k);
-void wordBytes(float word, std::span<uint8_t> bytes, size_t k);
-
 // Every rank's bytes, on every rank, in rank order: a collective call (every rank calls it, each
 // with any number of bytes, up to 2^48). The sizes go by allReduceSum (exact small integers), the
 // bytes by allGather, four to a float and padded to the largest rank's: a copy on every backend,

@@ -424,44 +424,45 @@ void SimFleet::migrateStates() {
       sizes[i] = state_.size() != 0 ? blob.size() : 0;
     }
   allReduceCounts(sizes);
-  // Then the states, in batches of at most kMigrationBatchBytes (one state at least): the
-  // all-reduce buffer, not the number of clients moving, bounds this worker's extra memory. Three
-  // bytes per float (an integer below 2^24, exact in a float), each state at its own offset, zeros
-  // elsewhere, so the sum is exactly the sender's bytes.
+  // Then the states, in batches of at most kMigrationBatchBytes (one state at least), so that the
+  // batch, not the number of clients moving, bounds this worker's extra memory: each worker's
+  // states of the batch, in move order, to every worker (allGatherBytes: a copy, exact).
   constexpr uint64_t kMigrationBatchBytes = uint64_t{32} << 20;
-  std::vector<float> buf;
+  std::vector<uint8_t> mine;
   for (size_t begin = 0; begin < moves.size();) {
     size_t end = begin;
     uint64_t bytes = 0;
     while (end < moves.size() && (end == begin || bytes + sizes[end] <= kMigrationBatchBytes)) bytes += sizes[end++];
-    std::vector<size_t> offset(end - begin + 1, 0);
-    for (size_t i = begin; i < end; ++i) offset[i - begin + 1] = offset[i - begin] + (sizes[i] + 2) / 3;
-    buf.assign(offset.back(), 0.0f);
+    mine.clear();
     for (size_t i = begin; i < end; ++i) {
       if (moves[i].from != rank || sizes[i] == 0) continue;
       store_.load(moves[i].client, state_);
       state_.saveTo(blob);
       STARLING_ENFORCE(blob.size() == sizes[i], "client ", moves[i].client, "'s state changed size while moving");
-      float* out = buf.data() + offset[i - begin];
-      for (size_t k = 0; 3 * k < blob.size(); ++k) out[k] = bytesWord(blob, k);
+      mine.insert(mine.end(), blob.begin(), blob.end());
     }
-    coll_.allReduceSum(buf);
+    const std::vector<std::vector<uint8_t>> all = allGatherBytes(coll_, mine);
+    std::vector<size_t> at(all.size(), 0);  // how far each sender's bytes are read
     for (size_t i = begin; i < end; ++i) {
+      const auto from = static_cast<size_t>(moves[i].from);
+      STARLING_ENFORCE(at[from] + sizes[i] <= all[from].size(), "worker ", from, " sent ",
+                       all[from].size(), " bytes of states, fewer than due");
+      const std::span<const uint8_t> bytes_of(all[from].data() + at[from], sizes[i]);
+      at[from] += sizes[i];
       if (moves[i].from == rank) {
         store_.store(moves[i].client, ClientState(trainer_.layout().fingerprint()));  // the sender keeps no copy
         continue;
       }
       if (moves[i].to != rank) continue;
-      blob.resize(sizes[i]);
-      const float* in = buf.data() + offset[i - begin];
-      for (size_t k = 0; 3 * k < blob.size(); ++k) wordBytes(in[k], blob, k);
       ClientState st(trainer_.layout().fingerprint());
-      if (!blob.empty()) st.loadFrom(blob);
+      if (!bytes_of.empty()) st.loadFrom(bytes_of);
       store_.store(moves[i].client, st);  // an empty state erases a stale copy
     }
+    for (size_t r = 0; r < all.size(); ++r)
+      STARLING_ENFORCE(at[r] == all[r].size(), "worker ", r, " sent ", all[r].size(),
+                       " bytes of states, ", at[r], " were due");
     begin = end;
   }
-  buf = {};
 }
 
 server::EvalReport SimFleet::evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo>) {

@@ -355,4 +355,9 @@ TEST_CASE(
   std::memcpy(bytes.data() + 4, &one, sizeof one);  // the header's format, after the magic
   writeFileAtomic(journal, bytes);
   CHECK(rootAt("old")->replayed() == 1);
+  // A format this build does not know is refused, naming the ones it reads.
+  const uint32_t three = 3;
+  std::memcpy(bytes.data() + 4, &three, sizeof three);
+  writeFileAtomic(journal, bytes);
+  CHECK_THROWS_MATCHING(rootAt("old"), IoError, Contains("format version 3 is not 1 or 2"));
 }

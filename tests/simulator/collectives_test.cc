@@ -252,22 +252,6 @@ TEST_CASE("shardRange covers 0..n-1 exactly once, in rank order, sizes within on
   CHECK_THROWS_AS(sim::Collectives::shardRange(10, 0, 0), starling::InvalidArgument);
 }
 
-TEST_CASE("bytes three to a float: every byte value and a partial last word come back",
-          "[simulator][collectives]") {
-  std::vector<uint8_t> in(256 + 2);
-  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(255 - i % 256);
-  std::vector<uint8_t> back(in.size(), 0x5a);
-  for (size_t k = 0; 3 * k < in.size(); ++k) {
-    const float word = sim::bytesWord(in, k);
-    CHECK(word < 16777216.0f);  // below 2^24: exact in a float, and in a sum with zeros
-    sim::wordBytes(word, back, k);
-  }
-  CHECK(back == in);
-  // The last word of 258 bytes holds two: its third byte reads as zero and is not written.
-  CHECK(sim::bytesWord(in, 85) == static_cast<float>(in[255] | (in[256] << 8) | (in[257] << 16)));
-  CHECK(sim::bytesWord(in, 86) == 0.0f);  // wholly past the end
-}
-
 TEST_CASE("a local group of one leaves buffers unchanged", "[simulator][collectives]") {
   auto c = sim::makeLocal();
   CHECK(c->rank() == 0);
