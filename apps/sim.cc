@@ -290,7 +290,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
       std::printf(
           "round on the device (sim.device_round = %s): %s\n", c.sim.device_round.c_str(),
           device_round->serves(*compression::makeCompressor(ec.scheme.compressor))
-              ? (ec.scheme.scaffold ? "off in SCAFFOLD rounds (the update is needed on the host)"
+              ? (ec.scheme.scaffold ? "each update formed and compressed where it trains, "
+                                      "with SCAFFOLD's control change"
                                     : "each update formed and compressed where it trains")
               : "this compressor is compressed on the host (top-k, stc, rand-k, random-block, "
                 "sign, QSGD, PowerSGD and ACP-SGD are served)");

@@ -56,6 +56,39 @@ void ControlVariateState::load(ByteReader& r, uint32_t version) {
       if (!std::isfinite(x)) r.fail("SCAFFOLD control variate holds a non-finite value");
 }
 
+void controlChange(std::span<const float> server, std::span<const float> update, double steps_lr,
+                   std::vector<float>& delta) {
+  STARLING_CHECK_ARG(server.size() == update.size(), "SCAFFOLD: the server control variate has ",
+                     server.size(), " floats, the update ", update.size());
+  delta.resize(update.size());
+  for (size_t i = 0; i < update.size(); ++i)
+    delta[i] = static_cast<float>(-static_cast<double>(server[i]) -
+                                  static_cast<double>(update[i]) / steps_lr);
+}
+
+namespace {
+
+// c_i+ = c_i + delta (c_i: zeros when `ci` is null), checked finite; with `pending` (deployed) it
+// waits for the server's acknowledgement of `round`, and c_i stays as it is.
+std::unique_ptr<ControlVariateState> nextControl(const ControlVariateState* ci,
+                                                 std::span<const float> delta, uint64_t client_id,
+                                                 uint64_t round, bool pending) {
+  auto next = std::make_unique<ControlVariateState>();
+  std::vector<float>& plus = pending ? next->pending : next->values;
+  plus.assign(delta.begin(), delta.end());
+  for (size_t i = 0; i < plus.size(); ++i) plus[i] = (ci ? ci->values[i] : 0.0f) + plus[i];
+  STARLING_CHECK_ARG(allFinite(plus), "client ", client_id,
+                     ": its SCAFFOLD control variate is not finite");
+  if (pending) {
+    STARLING_CHECK_ARG(round != 0, "client ", client_id, ": a SCAFFOLD task of round 0");
+    next->pending_round = round;
+    if (ci) next->values = ci->values;
+  }
+  return next;
+}
+
+}  // namespace
+
 void checkScaffoldTrainer(const Trainer& trainer) {
   const std::string spec = trainer.spec();
   const size_t at = spec.find("momentum=");
@@ -128,40 +161,30 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   RngStream rng(StreamKey{b.run_seed, b.round, client_id, StreamPurpose::kTraining, 0});
   compression::FeedbackStats stats;
   compression::FeedbackStats* want_stats = compressor_.usesErrorFeedback() ? &stats : nullptr;
-  if (device_ && !scaffold && device_->serves(compressor_)) {
-    out.update.tensors = device_->fitAndCompress(compressor_, start, data, cfg, rng, out.fit, state,
-                                                 ctx, want_stats);
-    finish(out, stats);
-    return out;
-  }
-  params_.assign(start.begin(), start.end());
-  out.fit = trainer_.fit(params_, data, cfg, rng);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start[i];  // the update: trained - start
+  // SCAFFOLD: c_i+ - c_i = -c + (start - trained) / (K lr) = -c - update / (K lr), the
+  // displacement of the K steps from the global model or the step-ahead start; c_i+ is staged
+  // before the compressor changes the state, and committed with it.
   std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> staged;
-  if (scaffold) {
-    // c_i+ - c_i = -c + (start - trained) / (K lr) = -c - update / (K lr): the displacement of the
-    // K steps, from the global model, or from the step-ahead start.
-    const double inv = 1.0 / (static_cast<double>(cfg.steps(data.size())) * cfg.lr);
-    out.control_delta.resize(layout.numel());
-    auto next = std::make_unique<ControlVariateState>();
-    std::vector<float>& plus = control_ack ? next->pending : next->values;
-    plus.resize(layout.numel());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      out.control_delta[i] = static_cast<float>(-static_cast<double>(server_control[i]) - params_[i] * inv);
-      plus[i] = (ci ? ci->values[i] : 0.0f) + out.control_delta[i];
+  const double steps_lr = static_cast<double>(cfg.steps(data.size())) * cfg.lr;
+  const auto stageControl = [&] {
+    staged.emplace_back(kControlVariate, nextControl(ci, out.control_delta, client_id, b.round,
+                                                     control_ack.has_value()));
+  };
+  if (device_ && device_->serves(compressor_)) {
+    const ControlChange change{server_control, steps_lr, &out.control_delta, stageControl};
+    out.update.tensors = device_->fitAndCompress(compressor_, start, data, cfg, rng, out.fit, state,
+                                                 ctx, want_stats, scaffold ? &change : nullptr);
+  } else {
+    params_.assign(start.begin(), start.end());
+    out.fit = trainer_.fit(params_, data, cfg, rng);
+    for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start[i];  // the update
+    if (scaffold) {
+      controlChange(server_control, params_, steps_lr, out.control_delta);
+      stageControl();
     }
-    STARLING_CHECK_ARG(allFinite(plus), "client ", client_id,
-                       ": its SCAFFOLD control variate is not finite");
-    if (control_ack) {
-      // c_i+ waits for the server's word; c_i stays what the acknowledgement resolved.
-      STARLING_CHECK_ARG(b.round != 0, "client ", client_id, ": a SCAFFOLD task of round 0");
-      next->pending_round = b.round;
-      if (ci) next->values = ci->values;
-    }
-    staged.emplace_back(kControlVariate, std::move(next));
+    out.update.tensors =
+        compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_, want_stats);
   }
-  out.update.tensors =
-      compressor_.compressWithFeedback(layout, params_, state, ctx, &workspace_, want_stats);
   if (!staged.empty()) state.commit(staged);
   finish(out, stats);
   return out;

@@ -12,6 +12,7 @@
 // the compressor's workspace) and no per-client state: one ClientAlgorithm serves many clients
 // one after another. Not thread-safe.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -65,9 +66,29 @@ inline constexpr const char* kControlVariate = "scaffold.control";
 // spec when `trainer` uses momentum; the simulator and the server check their model with it.
 void checkScaffoldTrainer(const Trainer& trainer);
 
+// SCAFFOLD's change of a client's control variate from its update u = trained - start, after K
+// local steps of learning rate lr:
+//   delta_i = float(-double(c_i) - double(u_i) / (K lr))   (c: the server's control variate),
+// each operation in double and then rounded once to float. A division, not a multiplication by
+// 1 / (K lr): no compiler contracts it into a fused multiply-add and no GPU kernel replaces it by
+// a reciprocal, so the host (controlChange) and the device (DeviceUpdate) form the same bits.
+void controlChange(std::span<const float> server, std::span<const float> update, double steps_lr,
+                   std::vector<float>& delta);
+
+// A SCAFFOLD round's part in DeviceUpdate::fitAndCompress: the training is corrected by the
+// FitConfig's correction (c - c_i), then the device forms `delta` as controlChange does and calls
+// `stage`, before the compressor changes the state; `stage` checks and stages c_i+ on the host and
+// may throw (the state is then unchanged).
+struct ControlChange {
+  std::span<const float> server;        // c, numel floats
+  double steps_lr = 0;                  // K lr
+  std::vector<float>* delta = nullptr;  // out: numel floats
+  std::function<void()> stage;
+};
+
 // Optional: a client's phase-0 training, update and compression where the trainer trains (a GPU),
-// so that only the payload and the kept residual cross to the host. torch_trainer/device_round.h
-// implements it for the LibTorch trainer with top-k, stc, rand-k, random-block, sign and QSGD.
+// so that only the payload, the kept residual and SCAFFOLD's control change cross to the host.
+// torch_trainer/device_round.h implements it for the LibTorch trainer.
 class DeviceUpdate {
  public:
   virtual ~DeviceUpdate() = default;
@@ -76,15 +97,17 @@ class DeviceUpdate {
   // Trains from `start` as Trainer::fit(start, data, cfg, rng) would, then compresses the update
   // (trained - start) as compressor.compressWithFeedback(layout, update, state, ctx, ...) would:
   // the same payloads, the same residual kept in `state`, `stats` (when given) to double rounding.
-  // Throws as those two; on a throw `state` is unchanged.
+  // With `control` (a SCAFFOLD round), the control change too, between the fit and the
+  // compression. Throws as those; on a throw `state` is unchanged.
+  virtual std::vector<compression::Payload> fitAndCompress(
+      const compression::Compressor& compressor, std::span<const float> start, const DataView& data,
+      const FitConfig& cfg, RngStream& rng, FitResult& fit, ClientState& state,
+      const compression::RoundContext& ctx, compression::FeedbackStats* stats,
+      const ControlChange* control) = 0;
   // The trainer it trains with: a ClientAlgorithm takes it only for its own trainer.
   virtual const Trainer& trainer() const = 0;
   // Updates it formed and compressed so far.
   virtual uint64_t updates() const = 0;
-  virtual std::vector<compression::Payload> fitAndCompress(
-      const compression::Compressor& compressor, std::span<const float> start, const DataView& data,
-      const FitConfig& cfg, RngStream& rng, FitResult& fit, ClientState& state,
-      const compression::RoundContext& ctx, compression::FeedbackStats* stats) = 0;
 };
 
 class ClientAlgorithm {
@@ -113,8 +136,8 @@ class ClientAlgorithm {
 
   const FitConfig& config() const { return config_; }
 
-  // Phase 0 on the device when `device` serves the compressor and the round has no SCAFFOLD
-  // (whose control variate needs the update on the host): the same result as the host path.
+  // Phase 0 on the device when `device` serves the compressor (SCAFFOLD rounds too: the control
+  // change is formed there): the same result as the host path.
   // Null (the default): always on the host. `device` must outlive this object. InvalidArgument
   // when it trains another trainer than this object's.
   void setDeviceUpdate(DeviceUpdate* device);

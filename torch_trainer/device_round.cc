@@ -26,8 +26,8 @@ class DeviceRound final : public client::DeviceUpdate {
                                           const client::DataView& data,
                                           const client::FitConfig& cfg, RngStream& rng,
                                           client::FitResult& fit, ClientState& state,
-                                          const cz::RoundContext& ctx,
-                                          cz::FeedbackStats* stats) override {
+                                          const cz::RoundContext& ctx, cz::FeedbackStats* stats,
+                                          const client::ControlChange* control) override {
     STARLING_CHECK_ARG(serves(c), "the round on the device does not serve ", c.spec());
     const ParamLayout& layout = trainer_.layout();
     const auto n = static_cast<int64_t>(layout.numel());
@@ -39,6 +39,7 @@ class DeviceRound final : public client::DeviceUpdate {
     fit = detail::fitOnDevice(trainer_, start, data, cfg, rng, &start_);
     const torch::Tensor trained = detail::deviceValues(trainer_);
     const torch::Tensor u = trained - start_;  // the update, as the host forms it
+    if (control) controlChange(*control, u);
     const cz::ResidualState* live =
         c.beginFeedback(layout, state, ctx, [&] { checkBound(c, u, "update"); });
     cz::StagedState staged;
@@ -99,6 +100,24 @@ class DeviceRound final : public client::DeviceUpdate {
     return buf;
   }
 
+  // SCAFFOLD's control change (client::controlChange's operations, each in double, rounded once;
+  // the divisor a tensor on the device, so that no kernel turns the division into a product by
+  // a reciprocal), brought to the host and staged there before the compressor changes the state.
+  void controlChange(const client::ControlChange& control, const torch::Tensor& u) {
+    const int64_t n = u.numel();
+    STARLING_CHECK_ARG(control.server.size() == static_cast<size_t>(n) && control.delta,
+                       "SCAFFOLD: the server control variate has ", control.server.size(),
+                       " floats, the update ", n);
+    const torch::Tensor c = upload(control.server, control_);
+    const torch::Tensor divisor =
+        torch::full({}, control.steps_lr, u.options().dtype(torch::kFloat64));
+    const torch::Tensor delta =
+        (c.to(torch::kFloat64).neg() - u.to(torch::kFloat64).div(divisor)).to(torch::kFloat32);
+    control.delta->resize(static_cast<size_t>(n));
+    torch::from_blob(control.delta->data(), {n}, torch::kFloat32).copy_(delta);
+    control.stage();
+  }
+
   // compressWithFeedback's bound: every |value| finite and at most kMaxCompressMagnitude (one wait
   // for the device; the offending index only when there is one).
   static void checkBound(const cz::Compressor& c, const torch::Tensor& t, const char* what) {
@@ -112,7 +131,8 @@ class DeviceRound final : public client::DeviceUpdate {
   }
 
   client::Trainer& trainer_;
-  torch::Tensor start_, residual_;  // device buffers for the start model and the residual
+  // Device buffers for the start model, the residual and SCAFFOLD's server control variate.
+  torch::Tensor start_, residual_, control_;
   std::vector<float> kept_;         // the kept residual on the host, handed to the state
   uint64_t updates_ = 0;
 };

@@ -11,8 +11,12 @@
 // is ClientAlgorithm's host path's: the same payloads and residual bit for bit (the diagnostics to
 // double rounding).
 //
-// starling-sim takes it with `sim.device_round` (auto: on a GPU). Other compressors, and SCAFFOLD
-// rounds, stay on the host (ClientAlgorithm::setDeviceUpdate). This header includes no LibTorch.
+// In a SCAFFOLD round the training is corrected by c - c_i as on the host, and the control change
+// -c - update / (K lr) (client::controlChange) is formed on the device too and brought to the host
+// with the payload: the same bits.
+//
+// starling-sim takes it with `sim.device_round` (auto: on a GPU). Other compressors stay on the
+// host (ClientAlgorithm::setDeviceUpdate). This header includes no LibTorch.
 #include <memory>
 
 #include "client/algorithm.h"

@@ -164,22 +164,23 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
 }
 
 TEST_CASE(
-    "the round on the device gives the host's run, bit for bit, synchronous, asynchronous and with "
-    "two-phase PowerSGD",
+    "the round on the device gives the host's run, bit for bit, synchronous, asynchronous, with "
+    "two-phase PowerSGD and with SCAFFOLD",
     "[simulator][integration]") {
   TempDir dir("simdevround");
-  for (const char* mode : {"sync", "async", "powersgd"}) {
+  for (const char* mode : {"sync", "async", "powersgd", "scaffold"}) {
     for (const char* on : {"on", "off"}) {
       const std::string tag = std::string(mode) + "-" + on;
       const std::string m = mode;
       auto args =
           with(simArgs(dir, tag, 1, 3), {"--sim.device_round", on, "--compression.compressor",
-                                         m == "sync"    ? "topk:density=0.05"
-                                         : m == "async" ? "stc:density=0.05,ef_decay=0.9"
-                                                        : "powersgd:rank=2"});
+                                         m == "async"      ? "stc:density=0.05,ef_decay=0.9"
+                                         : m == "powersgd" ? "powersgd:rank=2"
+                                                           : "topk:density=0.05"});
       if (std::string(mode) == "async")
         args = with(args, {"--round.mode", "async", "--async.buffer_size", "4",
                            "--async.concurrency", "6"});
+      if (m == "scaffold") args = with(args, {"--train.scaffold", "true"});
       Proc p(args, dir / (tag + ".log"));
       const int rc = p.wait(seconds(300));
       INFO(readText(dir / (tag + ".log")));

@@ -4,6 +4,7 @@
 // train on a trainer of the same device, so they train the same bits and must send the same
 // payloads and keep the same residual, bit for bit.
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -164,6 +165,82 @@ inline void checkDeviceLowRankRoundMatchesHost(const torch_trainer::Device& devi
         global[i] += 1e-3f * std::sin(static_cast<float>(i + round));
     }
     CHECK(round_on_device->updates() == before + 8);  // every phase 0 was formed on the device
+  }
+}
+
+inline const client::ControlVariateState* controlOf(const ClientState& s) {
+  return s.find<client::ControlVariateState>(client::kControlVariate);
+}
+
+// SCAFFOLD rounds in the round on the device against the host path: the corrected training, the
+// payloads, the control change and the client's c_i (committed, or pending for a deployed client's
+// acknowledgement) and residual, bit for bit over four rounds of two clients; the server's c moves
+// by the mean change between rounds, as the engine's does.
+inline void checkDeviceScaffoldRoundMatchesHost(const torch_trainer::Device& device) {
+  const data::Dataset d = blobImages(64, 28, 28, 10, 6);
+  const std::vector<size_t> all = allIndices(d);
+  const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 32},
+                                                   {all.begin() + 32, all.end()}};
+  struct Case {
+    const char* spec;
+    bool acknowledged;  // deployed: c_i+ pending until the server's acknowledgement
+  };
+  for (const Case& k :
+       {Case{"topk:density=0.05", false}, Case{"stc:density=0.05,ef_preview=0.5", false},
+        Case{"sign", true}, Case{"powersgd:rank=2,mode=local", false}}) {
+    INFO(k.spec << (k.acknowledged ? ", acknowledged" : ""));
+    const auto comp = compression::makeCompressor(k.spec);
+    auto host_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
+    auto dev_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
+    const client::FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
+    client::ClientAlgorithm host(*comp, *host_trainer, cfg), dev(*comp, *dev_trainer, cfg);
+    const auto round_on_device = torch_trainer::makeDeviceUpdate(*dev_trainer);
+    dev.setDeviceUpdate(round_on_device.get());
+    const ParamLayout& layout = host_trainer->layout();
+    std::vector<float> global(layout.numel()), control(layout.numel(), 0.0f);
+    host_trainer->initParameters(global, 1);
+    std::vector<ClientState> host_states = freshStates(layout, 2),
+                             dev_states = freshStates(layout, 2);
+    for (uint64_t round = 1; round <= 4; ++round) {
+      compression::PhaseBroadcast b;
+      b.run_seed = 11;
+      b.round = round;
+      std::vector<float> mean(layout.numel(), 0.0f);
+      for (uint64_t id = 0; id < 2; ++id) {
+        INFO("round " << round << ", client " << id);
+        const client::DataView view{&d, shards[id]};
+        // A deployed client's acknowledgement: the last round's change was counted (odd rounds) or
+        // not (even rounds: the pending c_i+ is dropped).
+        const std::optional<uint64_t> ack =
+            k.acknowledged ? std::optional<uint64_t>(round % 2 ? round - 1 : 0) : std::nullopt;
+        const client::PhaseResult h =
+            host.runPhase(b, id, global, view, host_states[id], control, ack);
+        const client::PhaseResult g =
+            dev.runPhase(b, id, global, view, dev_states[id], control, ack);
+        checkPayloadsEqual(h.update.tensors, g.update.tensors);
+        REQUIRE(h.control_delta.size() == layout.numel());
+        CHECK(sameBits(h.control_delta, g.control_delta));
+        CHECK(h.control_dropped == g.control_dropped);
+        const auto* hc = controlOf(host_states[id]);
+        const auto* gc = controlOf(dev_states[id]);
+        REQUIRE(hc != nullptr);
+        REQUIRE(gc != nullptr);
+        CHECK(sameBits(hc->values, gc->values));
+        CHECK(sameBits(hc->pending, gc->pending));
+        CHECK(hc->pending_round == gc->pending_round);
+        const auto* hr = residualOf(host_states[id]);
+        const auto* gr = residualOf(dev_states[id]);
+        REQUIRE((hr == nullptr) == (gr == nullptr));
+        if (hr) CHECK(sameBits(*hr, *gr));
+        const std::vector<float> dense = densify(layout, h.update.tensors);
+        for (size_t i = 0; i < global.size(); ++i) {
+          global[i] += 0.5f * dense[i];
+          mean[i] += 0.5f * h.control_delta[i];
+        }
+      }
+      for (size_t i = 0; i < control.size(); ++i) control[i] += mean[i];
+    }
+    CHECK(round_on_device->updates() == 8);  // every update was formed on the device
   }
 }
 

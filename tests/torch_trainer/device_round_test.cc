@@ -1,6 +1,7 @@
 // The round on the device (torch_trainer/device_round.h) against ClientAlgorithm's host path, here
 // on the CPU; test_torch_gpu runs the same check on a GPU.
 #include <cmath>
+#include <functional>
 
 #include "client/eigen_trainer.h"
 #include "torch_trainer/device_round_check.h"
@@ -98,4 +99,68 @@ TEST_CASE(
   client::ClientAlgorithm elsewhere(*comp, *another, alg.config());
   CHECK_THROWS_AS(elsewhere.setDeviceUpdate(round.get()), InvalidArgument);
   elsewhere.setDeviceUpdate(nullptr);
+}
+
+TEST_CASE(
+    "SCAFFOLD in the round on the device forms the host path's control change and c_i; a refused "
+    "c_i+ leaves the state as it was",
+    "[torch_trainer][device_round]") {
+  testing::checkDeviceScaffoldRoundMatchesHost(torch_trainer::Device{});
+
+  // The change is staged before the compressor touches the state: a refusal there (what the host
+  // does for a c_i+ that is not finite) leaves the residual as it was, and no update is counted.
+  const data::Dataset d = testing::blobImages(32, 28, 28, 10, 7);
+  auto trainer = torch_trainer::makeTorchTrainer("logreg", d);
+  const auto round = torch_trainer::makeDeviceUpdate(*trainer);
+  const auto comp = compression::makeCompressor("topk:density=0.1");
+  const ParamLayout& layout = trainer->layout();
+  std::vector<float> global(layout.numel());
+  trainer->initParameters(global, 1);
+  ClientState state(layout.fingerprint());
+  {
+    std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
+    auto r = std::make_unique<compression::ResidualState>();
+    r->values.assign(layout.numel(), 0.25f);
+    r->round = 1;
+    items.emplace_back(std::string(compression::kResidualComponent), std::move(r));
+    state.commit(items);
+  }
+  const std::vector<float> residual = *testing::residualOf(state);
+  compression::PhaseBroadcast b;
+  b.run_seed = 3;
+  b.round = 2;
+  const auto idx = testing::allIndices(d);
+  const client::DataView view{&d, idx};
+  const client::FitConfig cfg{.epochs = 1, .batch_size = 8, .lr = 0.1};
+  const std::vector<float> server(layout.numel(), 0.01f);
+  std::vector<float> delta;
+  bool staged = false;
+  const auto attempt = [&](std::span<const float> c, std::function<void()> stage) {
+    RngStream rng(StreamKey{b.run_seed, b.round, 1, StreamPurpose::kTraining, 0});
+    client::FitResult fit;
+    const client::ControlChange change{c, 2.0, &delta, std::move(stage)};
+    round->fitAndCompress(*comp, global, view, cfg, rng, fit, state, b.context(1), nullptr,
+                          &change);
+  };
+  CHECK_THROWS_WITH(attempt(server,
+                            [&] {
+                              staged = true;
+                              STARLING_THROW(InvalidArgument, "c_i+ refused");
+                            }),
+                    Catch::Contains("c_i+ refused"));
+  CHECK(staged);
+  CHECK(delta.size() == layout.numel());  // the change was formed before the stage
+  CHECK(round->updates() == 0);
+  CHECK(testing::sameBits(*testing::residualOf(state), residual));
+  // A server control variate of the wrong size: InvalidArgument, the state as it was.
+  staged = false;
+  const std::vector<float> short_server(layout.numel() - 1, 0.0f);
+  CHECK_THROWS_AS(attempt(short_server, [&] { staged = true; }), InvalidArgument);
+  CHECK_FALSE(staged);
+  CHECK(testing::sameBits(*testing::residualOf(state), residual));
+  // Accepted: the residual changes and one update is counted.
+  attempt(server, [&] { staged = true; });
+  CHECK(staged);
+  CHECK(round->updates() == 1);
+  CHECK_FALSE(testing::sameBits(*testing::residualOf(state), residual));
 }

@@ -217,10 +217,14 @@ TEST_CASE("PowerSGD and ACP-SGD on the GPU send the CPU compressor's factors, bi
   testing::checkDeviceLowRankMatchesCpu(torch::Device(torch::kCUDA, 0));
 }
 
-TEST_CASE("the round on the GPU sends the host path's payloads and keeps its residual, bit for bit",
-          "[gpu][device_round]") {
+TEST_CASE(
+    "the round on the GPU sends the host path's payloads, keeps its residual and forms its "
+    "SCAFFOLD "
+    "control change, bit for bit",
+    "[gpu][device_round]") {
   testing::checkDeviceRoundMatchesHost(kGpu);
   testing::checkDeviceLowRankRoundMatchesHost(kGpu);
+  testing::checkDeviceScaffoldRoundMatchesHost(kGpu);
 }
 
 int main(int argc, char** argv) {
