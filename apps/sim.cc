@@ -331,6 +331,17 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     // its first checkpoint reopens empty).
     if (async && !ec.checkpoint.empty())
       so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
+    // States of an earlier run that nothing resumes: said in the settings' words (the store's
+    // own refusal speaks of its options).
+    if (!so.resume && std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb"))
+      STARLING_THROW(ConfigError, "the client-state folder ", so.spill_dir,
+                     " holds the states of an earlier run, ",
+                     ec.checkpoint.empty()
+                         ? "and no state.checkpoint resumes it: remove it, or set state.dir to "
+                           "another folder"
+                         : "and its checkpoint " + ec.checkpoint +
+                               " is missing: restore the checkpoint, or remove " + state_dir +
+                               " to start over");
   }
   sim::ClientStateStore store(so, layout->fingerprint());
   const auto waitWorkers = [&](int rc) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -106,40 +107,85 @@ std::optional<uint64_t> stepOf(const std::filesystem::path& path) {
 }
 }  // namespace
 
+// A checkpoint's head: its magic, its format, and the step it was written at.
+uint64_t AsyncSimulation::checkpointStep(ByteReader& r) {
+  if (r.u32() != kSimMagic)
+    r.fail("not a checkpoint of an asynchronous simulation (round.mode = async or semisync)");
+  if (const uint32_t f = r.u32(); f != kSimFormat)
+    r.fail("format version ", f, " is not ", kSimFormat, " (written by another build)");
+  return r.u64();
+}
+
 // A checkpoint is written in two phases around the state store's flush, which records the step
 // (its generation): CHECKPOINT.next, then the flush, then the rename over CHECKPOINT. A run killed
 // anywhere leaves a checkpoint and a store of one step: before the flush the old pair (the .next
 // is dropped here), after it the new one (the rename is finished here). A checkpoint whose step is
 // not the store's is refused: its clients' states would not be the ones it expects.
 //
-// With several workers the first one's store holds the states: it settles the pair, then the
-// others read the checkpoint it settled.
+// The first worker's store holds the states: it settles the pair and reads the checkpoint
+// (settledCheckpoint). With several workers it then sends every worker the checkpoint's bytes, or
+// its refusal, so that each refuses with the first worker's reason rather than failing in the
+// next collective (no shared file system needed, and no file that the first worker may replace
+// before a slower worker reads it).
 void AsyncSimulation::resume() {
   if (config_.checkpoint.empty()) return;
-  const std::filesystem::path path = config_.checkpoint, next = config_.checkpoint + ".next";
+  const bool several = config_.workers && config_.workers->size() > 1;
+  std::vector<uint8_t> bytes;
+  std::exception_ptr refused;
   if (lead()) {
-    const uint64_t generation = store_.generation();
-    if (std::filesystem::exists(next)) {
-      if (generation != 0 && stepOf(next) == generation)
-        renameDurable(next, path);
-      else
-        std::filesystem::remove(next);
+    try {
+      bytes = settledCheckpoint();
+    } catch (const std::exception& e) {
+      if (!several) throw;
+      refused = std::current_exception();
+      const std::string_view why = e.what();
+      bytes.assign(why.begin(), why.end());
     }
-    if (!std::filesystem::exists(path) && generation != 0)
+    bytes.push_back(refused ? 1 : 0);  // the verdict, last
+  }
+  if (several) {
+    std::vector<uint8_t> first = std::move(allGatherBytes(*config_.workers, bytes)[0]);
+    if (!lead()) bytes = std::move(first);
+  }
+  if (refused) std::rethrow_exception(refused);
+  if (bytes.empty() || bytes.back() > 1)
+    STARLING_THROW(IoError, "checkpoint ", config_.checkpoint,
+                   ": the first worker sent no verdict on resuming");
+  const bool ok = bytes.back() == 0;
+  bytes.pop_back();
+  if (!ok)
+    STARLING_THROW(IoError, "the first worker cannot resume: ",
+                   std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  if (bytes.empty()) return;
+  loadCheckpoint(bytes);
+  resumed_ = true;
+}
+
+std::vector<uint8_t> AsyncSimulation::settledCheckpoint() {
+  const std::filesystem::path path = config_.checkpoint, next = config_.checkpoint + ".next";
+  const uint64_t generation = store_.generation();
+  if (std::filesystem::exists(next)) {
+    if (generation != 0 && stepOf(next) == generation)
+      renameDurable(next, path);
+    else
+      std::filesystem::remove(next);
+  }
+  if (!std::filesystem::exists(path)) {
+    if (generation != 0)
       STARLING_THROW(IoError, "the client-state store ", store_.spillDir().string(),
                      " holds the states of step ", generation, ", and the checkpoint ",
                      config_.checkpoint,
                      " is missing: restore it, or remove the store's folder to start over");
+    return {};
   }
-  // The others load the first worker's bytes (no shared file system needed, and no file that the
-  // first worker may replace before a slower worker reads it).
-  std::vector<uint8_t> bytes;
-  if (lead() && std::filesystem::exists(path)) bytes = readFile(path, uint64_t{64} << 30);
-  if (config_.workers && config_.workers->size() > 1)
-    bytes = std::move(allGatherBytes(*config_.workers, bytes)[0]);
-  if (bytes.empty()) return;
-  loadCheckpoint(bytes);
-  resumed_ = true;
+  std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
+  ByteReader r(bytes, "checkpoint " + config_.checkpoint);
+  if (const uint64_t step = checkpointStep(r); step != generation)
+    r.fail("it was written at step ", step, ", and the client-state store ",
+           store_.spillDir().string(), " holds the states of ",
+           generation == 0 ? "no step" : "step " + std::to_string(generation),
+           ": they are of another run (restore the folder written with it)");
+  return bytes;
 }
 
 // The configuration a run must resume with, then the server, then the simulation's own state.
@@ -197,16 +243,7 @@ std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record)
 void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   const std::string what = "checkpoint " + config_.checkpoint;
   ByteReader r(bytes, what);
-  if (r.u32() != kSimMagic)
-    r.fail("not a checkpoint of an asynchronous simulation (round.mode = async or semisync)");
-  if (const uint32_t f = r.u32(); f != kSimFormat)
-    r.fail("format version ", f, " is not ", kSimFormat, " (written by another build)");
-  const uint64_t step = r.u64();
-  if (lead() && step != store_.generation())
-    r.fail("it was written at step ", step, ", and the client-state store ",
-           store_.spillDir().string(), " holds the states of ",
-           store_.generation() == 0 ? "no step" : "step " + std::to_string(store_.generation()),
-           ": they are of another run (restore the folder written with it)");
+  const uint64_t step = checkpointStep(r);  // the first worker checked it against its store
   const uint64_t n = clients_.shards.size();
   const auto same = [&](auto saved, auto now, const char* key) {
     if (saved != now) r.fail("it was written with ", key, " = ", saved, ", this run has ", now);

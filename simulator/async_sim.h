@@ -172,6 +172,10 @@ class AsyncSimulation {
   // Every arrival at the current instant, stepping whenever K are buffered.
   void deliverInstant(const std::function<void(const server::RoundRecord&)>& progress);
   void resume();
+  // The first worker's part of resume(): the checkpoint's bytes (none: start over), its step
+  // checked against the store's. IoError when it cannot resume.
+  std::vector<uint8_t> settledCheckpoint();
+  static uint64_t checkpointStep(ByteReader& r);
   std::vector<uint8_t> checkpointBytes(const std::string& record) const;
   void loadCheckpoint(std::span<const uint8_t> bytes);
   void completeMetrics(uint64_t step, const std::string& record) const;

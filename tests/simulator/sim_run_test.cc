@@ -128,6 +128,17 @@ TEST_CASE("FedBuff on one, two and three workers is one run, and resumes with an
   for (const char* tag : {"w2", "w3", "cut"}) same("w1", tag);
   same("s1", "s2");
   CHECK(field(readLines(dir / "s1.jsonl")[0], "applied") == "false");
+  // The first worker's store holds step 8's states and the checkpoint is gone: every worker
+  // refuses with the first worker's reason, none fails in a collective.
+  std::filesystem::remove(dir / "cut.ckpt");
+  Proc lost(args("cut", 2, 10), dir / "lost.log");
+  CHECK(lost.wait(seconds(120)) != 0);
+  const std::string lost_log = readText(dir / "lost.log");
+  INFO(lost_log);
+  CHECK(lost_log.find("holds the states of step 8, and the checkpoint") != std::string::npos);
+  CHECK(lost_log.find("the first worker cannot resume: the client-state store") !=
+        std::string::npos);
+  CHECK(lost_log.find("a peer died") == std::string::npos);  // no collective failed
 }
 
 TEST_CASE("a simulation resumed from its checkpoint finishes the run", "[simulator][integration]") {
@@ -143,6 +154,16 @@ TEST_CASE("a simulation resumed from its checkpoint finishes the run", "[simulat
   REQUIRE(lines.size() == 4);
   for (size_t i = 0; i < 4; ++i) CHECK(field(lines[i], "round") == std::to_string(i + 1));
   CHECK(readCheckpoint(dir / "r.ckpt").next_round == 5);
+  // The checkpoint lost, its states left: every worker says so, in the settings' words.
+  std::filesystem::remove(dir / "r.ckpt");
+  Proc lost(simArgs(dir, "r", 2, 6), dir / "lost.log");
+  CHECK(lost.wait(seconds(120)) == 2);
+  const std::string lost_log = readText(dir / "lost.log");
+  INFO(lost_log);
+  for (const char* worker : {"worker-0", "worker-1"})
+    CHECK(lost_log.find(std::string(worker) + " holds the states of an earlier run, and its "
+                                              "checkpoint") != std::string::npos);
+  CHECK(lost_log.find("is missing: restore the checkpoint, or remove") != std::string::npos);
 }
 
 TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][integration]") {
