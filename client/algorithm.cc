@@ -174,6 +174,9 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     const ControlChange change{server_control, steps_lr, &out.control_delta, stageControl};
     out.update.tensors = device_->fitAndCompress(compressor_, start, data, cfg, rng, out.fit, state,
                                                  ctx, want_stats, scaffold ? &change : nullptr);
+    STARLING_ENFORCE(staged.size() == (scaffold ? 1u : 0u),
+                     "the round on the device staged SCAFFOLD's c_i+ ", staged.size(),
+                     " times, not once");
   } else {
     params_.assign(start.begin(), start.end());
     out.fit = trainer_.fit(params_, data, cfg, rng);

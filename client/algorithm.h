@@ -70,15 +70,17 @@ void checkScaffoldTrainer(const Trainer& trainer);
 // local steps of learning rate lr:
 //   delta_i = float(-double(c_i) - double(u_i) / (K lr))   (c: the server's control variate),
 // each operation in double and then rounded once to float. A division, not a multiplication by
-// 1 / (K lr): no compiler contracts it into a fused multiply-add and no GPU kernel replaces it by
-// a reciprocal, so the host (controlChange) and the device (DeviceUpdate) form the same bits.
+// 1 / (K lr): no compiler contracts it into a fused multiply-add, and a device that divides by a
+// tensor on the device (not a host scalar, which LibTorch's CUDA kernel turns into a product by
+// the reciprocal) rounds as the host does; so the host (controlChange) and the device
+// (DeviceUpdate) form the same bits.
 void controlChange(std::span<const float> server, std::span<const float> update, double steps_lr,
                    std::vector<float>& delta);
 
 // A SCAFFOLD round's part in DeviceUpdate::fitAndCompress: the training is corrected by the
 // FitConfig's correction (c - c_i), then the device forms `delta` as controlChange does and calls
-// `stage`, before the compressor changes the state; `stage` checks and stages c_i+ on the host and
-// may throw (the state is then unchanged).
+// `stage` once, before the compressor changes the state; `stage` checks and stages c_i+ on the
+// host and may throw (the state is then unchanged). c_i+ is committed after the call returns.
 struct ControlChange {
   std::span<const float> server;        // c, numel floats
   double steps_lr = 0;                  // K lr

@@ -105,14 +105,16 @@ class DeviceRound final : public client::DeviceUpdate {
   // a reciprocal), brought to the host and staged there before the compressor changes the state.
   void controlChange(const client::ControlChange& control, const torch::Tensor& u) {
     const int64_t n = u.numel();
-    STARLING_CHECK_ARG(control.server.size() == static_cast<size_t>(n) && control.delta,
+    STARLING_CHECK_ARG(control.delta && control.stage, "SCAFFOLD: no control change to fill");
+    STARLING_CHECK_ARG(control.server.size() == static_cast<size_t>(n),
                        "SCAFFOLD: the server control variate has ", control.server.size(),
                        " floats, the update ", n);
     const torch::Tensor c = upload(control.server, control_);
     const torch::Tensor divisor =
         torch::full({}, control.steps_lr, u.options().dtype(torch::kFloat64));
+    // In place on two double temporaries: -c, then minus u / (K lr).
     const torch::Tensor delta =
-        (c.to(torch::kFloat64).neg() - u.to(torch::kFloat64).div(divisor)).to(torch::kFloat32);
+        c.to(torch::kFloat64).neg_().sub_(u.to(torch::kFloat64).div_(divisor));
     control.delta->resize(static_cast<size_t>(n));
     torch::from_blob(control.delta->data(), {n}, torch::kFloat32).copy_(delta);
     control.stage();

@@ -210,6 +210,8 @@ TEST_CASE(
     INFO(mode);
     const std::string on_log = readText(dir / (std::string(mode) + "-on.log"));
     CHECK(on_log.find("each update formed and compressed where it trains") != std::string::npos);
+    if (std::string(mode) == "scaffold")
+      CHECK(on_log.find("with SCAFFOLD's control change") != std::string::npos);
     // The updates went through the device: "... N updates formed on the device".
     const size_t at = on_log.find(" updates formed on the device");
     REQUIRE(at != std::string::npos);

@@ -4,7 +4,9 @@
 // train on a trainer of the same device, so they train the same bits and must send the same
 // payloads and keep the same residual, bit for bit.
 #include <cmath>
+#include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -182,16 +184,20 @@ inline void checkDeviceScaffoldRoundMatchesHost(const torch_trainer::Device& dev
   const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 32},
                                                    {all.begin() + 32, all.end()}};
   struct Case {
+    const char* model;
     const char* spec;
     bool acknowledged;  // deployed: c_i+ pending until the server's acknowledgement
   };
   for (const Case& k :
-       {Case{"topk:density=0.05", false}, Case{"stc:density=0.05,ef_preview=0.5", false},
-        Case{"sign", true}, Case{"powersgd:rank=2,mode=local", false}}) {
-    INFO(k.spec << (k.acknowledged ? ", acknowledged" : ""));
+       {Case{"cnn", "topk:density=0.05", false},
+        Case{"cnn", "stc:density=0.05,ef_preview=0.5", false}, Case{"cnn", "sign", true},
+        Case{"cnn", "powersgd:rank=2,mode=local", false},
+        // BatchNorm's running statistics follow the parameters: corrected and changed too.
+        Case{"resnet", "topk:density=0.05", false}}) {
+    INFO(k.model << ", " << k.spec << (k.acknowledged ? ", acknowledged" : ""));
     const auto comp = compression::makeCompressor(k.spec);
-    auto host_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
-    auto dev_trainer = torch_trainer::makeTorchTrainer("cnn", d, device);
+    auto host_trainer = torch_trainer::makeTorchTrainer(k.model, d, device);
+    auto dev_trainer = torch_trainer::makeTorchTrainer(k.model, d, device);
     const client::FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
     client::ClientAlgorithm host(*comp, *host_trainer, cfg), dev(*comp, *dev_trainer, cfg);
     const auto round_on_device = torch_trainer::makeDeviceUpdate(*dev_trainer);
@@ -232,6 +238,14 @@ inline void checkDeviceScaffoldRoundMatchesHost(const torch_trainer::Device& dev
         const auto* gr = residualOf(dev_states[id]);
         REQUIRE((hr == nullptr) == (gr == nullptr));
         if (hr) CHECK(sameBits(*hr, *gr));
+        checkPowerSgdStatesEqual(host_states[id], dev_states[id]);
+        REQUIRE(h.update.metrics.size() == g.update.metrics.size());
+        for (size_t m = 0; m < h.update.metrics.size(); ++m) {
+          INFO(h.update.metrics[m].name);
+          CHECK(h.update.metrics[m].name == g.update.metrics[m].name);
+          CHECK(g.update.metrics[m].value ==
+                Approx(h.update.metrics[m].value).epsilon(1e-9).margin(1e-12));
+        }
         const std::vector<float> dense = densify(layout, h.update.tensors);
         for (size_t i = 0; i < global.size(); ++i) {
           global[i] += 0.5f * dense[i];
@@ -241,6 +255,40 @@ inline void checkDeviceScaffoldRoundMatchesHost(const torch_trainer::Device& dev
       for (size_t i = 0; i < control.size(); ++i) control[i] += mean[i];
     }
     CHECK(round_on_device->updates() == 8);  // every update was formed on the device
+  }
+}
+
+// The control change's division on `device`, as the round makes it (a double tensor divided by a
+// 0-dim double tensor on the same device), against the host's division, bit for bit, over 2^20
+// random quotients of wide range; and the product by the reciprocal (what LibTorch's CUDA kernel
+// does for a host scalar) differs, so the check can tell the two apart.
+inline void checkDeviceDivisionRoundsAsHost(const torch::Device& device) {
+  constexpr int64_t n = int64_t{1} << 20;
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> mantissa(-1.0, 1.0);
+  std::uniform_int_distribution<int> exponent(-60, 60);
+  std::vector<double> x(static_cast<size_t>(n));
+  for (double& v : x) v = std::ldexp(mantissa(gen), exponent(gen));
+  for (const double divisor : {0.05 * 3, 0.1 * 7, 1e-3 * 19, 0.0123 * 40}) {
+    INFO("divisor " << divisor);
+    const torch::Tensor on_device =
+        torch::from_blob(x.data(), {n}, torch::kFloat64)
+            .clone()  // on the CPU, to() would return x itself, and div_ would change it
+            .to(device)
+            .div_(torch::full({}, divisor, torch::TensorOptions(torch::kFloat64).device(device)))
+            .to(torch::kCPU)
+            .contiguous();
+    const double* got = on_device.data_ptr<double>();
+    size_t differ = 0, reciprocal_differs = 0;
+    const double inv = 1.0 / divisor;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = x[i] / divisor;
+      differ += std::memcmp(&got[i], &want, sizeof want) != 0;
+      const double by_inverse = x[i] * inv;
+      reciprocal_differs += std::memcmp(&by_inverse, &want, sizeof want) != 0;
+    }
+    CHECK(differ == 0);
+    CHECK(reciprocal_differs > 0);
   }
 }
 

@@ -106,6 +106,7 @@ TEST_CASE(
     "c_i+ leaves the state as it was",
     "[torch_trainer][device_round]") {
   testing::checkDeviceScaffoldRoundMatchesHost(torch_trainer::Device{});
+  testing::checkDeviceDivisionRoundsAsHost(torch::kCPU);
 
   // The change is staged before the compressor touches the state: a refusal there (what the host
   // does for a c_i+ that is not finite) leaves the residual as it was, and no update is counted.
@@ -163,4 +164,35 @@ TEST_CASE(
   CHECK(staged);
   CHECK(round->updates() == 1);
   CHECK_FALSE(testing::sameBits(*testing::residualOf(state), residual));
+
+  // Through the client algorithm: a residual over the bound is refused after c_i+ was staged,
+  // with the host path's message, and neither c_i+ nor a residual is kept.
+  client::ClientAlgorithm host(*comp, *trainer, cfg), dev(*comp, *trainer, cfg);
+  dev.setDeviceUpdate(round.get());
+  const auto overBound = [&] {
+    ClientState s(layout.fingerprint());
+    std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
+    auto r = std::make_unique<compression::ResidualState>();
+    r->values.assign(layout.numel(), std::nextafter(compression::kMaxCompressMagnitude, INFINITY));
+    r->round = 1;
+    items.emplace_back(std::string(compression::kResidualComponent), std::move(r));
+    s.commit(items);
+    return s;
+  };
+  ClientState host_state = overBound(), dev_state = overBound();
+  const std::vector<float> over = *testing::residualOf(host_state);
+  const auto messageOf = [&](client::ClientAlgorithm& a, ClientState& st) -> std::string {
+    try {
+      a.runPhase(b, 1, global, view, st, server);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "no InvalidArgument";
+  };
+  const std::string host_message = messageOf(host, host_state);
+  CHECK_THAT(host_message, Catch::Contains("residual + update value"));
+  CHECK(messageOf(dev, dev_state) == host_message);
+  CHECK(round->updates() == 1);
+  CHECK(dev_state.find<client::ControlVariateState>(client::kControlVariate) == nullptr);
+  CHECK(testing::sameBits(*testing::residualOf(dev_state), over));
 }

@@ -227,6 +227,13 @@ TEST_CASE(
   testing::checkDeviceScaffoldRoundMatchesHost(kGpu);
 }
 
+TEST_CASE(
+    "the GPU divides by a device tensor as the host divides (SCAFFOLD's control change), not by "
+    "the reciprocal",
+    "[gpu][device_round]") {
+  testing::checkDeviceDivisionRoundsAsHost(torch::Device(torch::kCUDA, 0));
+}
+
 int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
