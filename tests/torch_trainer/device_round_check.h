@@ -32,11 +32,28 @@ inline std::vector<ClientState> freshStates(const ParamLayout& layout, size_t n)
   return states;
 }
 
+// The data set's indices in two halves: two clients' shards.
+inline std::vector<std::vector<size_t>> twoShards(const data::Dataset& d) {
+  const std::vector<size_t> all = allIndices(d);
+  const auto half = static_cast<std::ptrdiff_t>(all.size() / 2);
+  return {{all.begin(), all.begin() + half}, {all.begin() + half, all.end()}};
+}
+
+// The same metrics, in the same order: the fit's are the same training's; error feedback's
+// diagnostics are summed in another order.
+inline void checkMetricsEqual(const client::PhaseResult& h, const client::PhaseResult& g) {
+  REQUIRE(h.update.metrics.size() == g.update.metrics.size());
+  for (size_t m = 0; m < h.update.metrics.size(); ++m) {
+    INFO(h.update.metrics[m].name);
+    CHECK(h.update.metrics[m].name == g.update.metrics[m].name);
+    CHECK(g.update.metrics[m].value ==
+          Approx(h.update.metrics[m].value).epsilon(1e-9).margin(1e-12));
+  }
+}
+
 inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
   const data::Dataset d = blobImages(96, 28, 28, 10, 4);
-  const std::vector<size_t> all = allIndices(d);
-  const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 48},
-                                                   {all.begin() + 48, all.end()}};
+  const std::vector<std::vector<size_t>> shards = twoShards(d);
   struct Case {
     const char* model;
     const char* spec;
@@ -87,15 +104,7 @@ inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
         REQUIRE((hr == nullptr) == (gr == nullptr));
         if (hr) CHECK(sameBits(*hr, *gr));
         CHECK(h.update.header.num_examples == g.update.header.num_examples);
-        REQUIRE(h.update.metrics.size() == g.update.metrics.size());
-        for (size_t m = 0; m < h.update.metrics.size(); ++m) {
-          INFO(h.update.metrics[m].name);
-          CHECK(h.update.metrics[m].name == g.update.metrics[m].name);
-          // The fit's metrics are the same training's; error feedback's diagnostics are summed in
-          // another order.
-          CHECK(g.update.metrics[m].value ==
-                Approx(h.update.metrics[m].value).epsilon(1e-9).margin(1e-12));
-        }
+        checkMetricsEqual(h, g);
         const std::vector<float> dense = densify(layout, h.update.tensors);
         for (size_t i = 0; i < sum.size(); ++i) sum[i] += 0.5f * dense[i];
       }
@@ -110,9 +119,7 @@ inline void checkDeviceRoundMatchesHost(const torch_trainer::Device& device) {
 inline void checkDeviceLowRankRoundMatchesHost(const torch_trainer::Device& device) {
   using compression::SharedFactors;
   const data::Dataset d = blobImages(64, 28, 28, 10, 5);
-  const std::vector<size_t> all = allIndices(d);
-  const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 32},
-                                                   {all.begin() + 32, all.end()}};
+  const std::vector<std::vector<size_t>> shards = twoShards(d);
   for (const auto& [model, spec] : {std::pair<const char*, const char*>{"cnn", "acpsgd:rank=2"},
                                     {"cnn:momentum=0.9", "acpsgd:rank=4,ef=false"},
                                     {"cnn", "powersgd:rank=2,mode=local"},
@@ -180,9 +187,7 @@ inline const client::ControlVariateState* controlOf(const ClientState& s) {
 // by the mean change between rounds, as the engine's does.
 inline void checkDeviceScaffoldRoundMatchesHost(const torch_trainer::Device& device) {
   const data::Dataset d = blobImages(64, 28, 28, 10, 6);
-  const std::vector<size_t> all = allIndices(d);
-  const std::vector<std::vector<size_t>> shards = {{all.begin(), all.begin() + 32},
-                                                   {all.begin() + 32, all.end()}};
+  const std::vector<std::vector<size_t>> shards = twoShards(d);
   struct Case {
     const char* model;
     const char* spec;
@@ -239,13 +244,7 @@ inline void checkDeviceScaffoldRoundMatchesHost(const torch_trainer::Device& dev
         REQUIRE((hr == nullptr) == (gr == nullptr));
         if (hr) CHECK(sameBits(*hr, *gr));
         checkPowerSgdStatesEqual(host_states[id], dev_states[id]);
-        REQUIRE(h.update.metrics.size() == g.update.metrics.size());
-        for (size_t m = 0; m < h.update.metrics.size(); ++m) {
-          INFO(h.update.metrics[m].name);
-          CHECK(h.update.metrics[m].name == g.update.metrics[m].name);
-          CHECK(g.update.metrics[m].value ==
-                Approx(h.update.metrics[m].value).epsilon(1e-9).margin(1e-12));
-        }
+        checkMetricsEqual(h, g);
         const std::vector<float> dense = densify(layout, h.update.tensors);
         for (size_t i = 0; i < global.size(); ++i) {
           global[i] += 0.5f * dense[i];
