@@ -301,7 +301,7 @@ TEST_CASE(
 
 TEST_CASE(
     "what the buffer takes from edge aggregators it gives back from its state: a sparse partial "
-    "within its slack, counts up to 2^24; senders that brought fewer updates are refused",
+    "within its slack, counts up to 2^24, senders that brought fewer updates are refused",
     "[aggregation][async]") {
   const auto l = threeValues();
   RoundSchemeOptions o;

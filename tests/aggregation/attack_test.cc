@@ -166,7 +166,7 @@ TEST_CASE("an honest update of values near 1e19 has a finite norm", "[aggregatio
   CHECK(std::sqrt(st.sq_norm) == Approx(2e19 * std::sqrt(16384.0)).epsilon(1e-6));
 }
 
-TEST_CASE("attack: sign with a huge scale; dense values near FLT_MAX", "[aggregation][attack]") {
+TEST_CASE("attack: sign with a huge scale, dense values near FLT_MAX", "[aggregation][attack]") {
   Setup s("sign");
   Update u = s.honest(1);
   std::get<Sign>(u.tensors[0]).scale = 3e38f;

@@ -1090,7 +1090,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "in process: semi-synchronous rounds at the root close on the clock with what arrived; a late "
+    "in process: semi-synchronous rounds at the root close on the clock with what arrived, a late "
     "update joins the next round with its staleness, a round with none is not applied",
     "[integration][inproc][async]") {
   // Rounds of 10 s on the federation's clock, run 5x fast below. K = 3 would need every client on

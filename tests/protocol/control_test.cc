@@ -145,7 +145,7 @@ TEST_CASE("peekKind never reads outside the bytes and refuses garbage", "[protoc
   CHECK(!peekKind(tiny).has_value());
 }
 
-TEST_CASE("a task round-trips with its model and shared factors; the nonce is patched in place", "[protocol]") {
+TEST_CASE("a task round-trips with its model and shared factors, the nonce is patched in place", "[protocol]") {
   const ParamLayout l = fuzz::layout();
   TaskMsg t = sampleTask();
   const auto model = denseModel(l, 3);
@@ -237,7 +237,7 @@ TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong bas
 }
 
 TEST_CASE(
-    "a chain of stc refreshes is added refresh by refresh; at base 0, mixed, uneven, too long or "
+    "a chain of stc refreshes is added refresh by refresh, at base 0, mixed, uneven, too long or "
     "with mu past 1e30 it is refused",
     "[protocol]") {
   const ParamLayout l = fuzz::layout();

@@ -169,7 +169,7 @@ TEST_CASE(
 
 TEST_CASE(
     "the asynchronous root journals each accepted update: restarted, it adds them again and steps "
-    "as the root that never stopped; a cut record is dropped, an earlier checkpoint's journal "
+    "as the root that never stopped, a cut record is dropped, an earlier checkpoint's journal "
     "ignored",
     "[server][async]") {
   starling::testing::TempDir dir("async-journal");

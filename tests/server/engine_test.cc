@@ -890,7 +890,7 @@ class StoppingFleet final : public server::Fleet {
 }  // namespace
 
 TEST_CASE(
-    "a stop before a round is applied records nothing; during its evaluation it keeps the round",
+    "a stop before a round is applied records nothing, during its evaluation it keeps the round",
     "[server]") {
   // Issue 20: a graceful stop must cost no configured round, and must not lose one already applied.
   World w;

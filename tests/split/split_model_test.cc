@@ -333,7 +333,7 @@ TEST_CASE("the vit: split steps at every cut give the whole model's gradient", "
   }
 }
 
-TEST_CASE("the vit's weight-side cut at full rank is the uncut model; removing the skip changes it and it learns",
+TEST_CASE("the vit's weight-side cut at full rank is the uncut model, removing the skip changes it and it learns",
           "[split]") {
   const data::Dataset d = images(16, 4);
   SplitModel plain("vit", "ffn2", 8, 8, 4);

@@ -102,7 +102,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "SCAFFOLD in the round on the device forms the host path's control change and c_i; a refused "
+    "SCAFFOLD in the round on the device forms the host path's control change and c_i, a refused "
     "c_i+ leaves the state as it was",
     "[torch_trainer][device_round]") {
   testing::checkDeviceScaffoldRoundMatchesHost(torch_trainer::Device{});

@@ -23,7 +23,7 @@ Device cuda(int i) { return Device{Device::Kind::kCuda, i}; }
 
 }  // namespace
 
-TEST_CASE("auto takes a GPU when LibTorch sees one, the CPU otherwise; cpu is always the CPU",
+TEST_CASE("auto takes a GPU when LibTorch sees one, the CPU otherwise, cpu is always the CPU",
           "[torch_trainer]") {
   CHECK(chooseDevice("auto", DeviceInventory{}, {}) == Device{});
   CHECK(chooseDevice("auto", gpus(0), {}) == Device{});
