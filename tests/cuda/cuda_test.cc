@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "../catch_session.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "cuda/device.h"
@@ -147,6 +148,7 @@ TEST_CASE("bad arguments are InvalidArgument and leave the buffer untouched", "[
 int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  starling::testing::failEmptyTests(session);
   const Catch::ConfigData& c = session.configData();
   // Listing (catch_discover_tests runs --list-test-names-only at build time) needs no GPU.
   const bool listing =

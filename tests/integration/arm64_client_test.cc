@@ -4,10 +4,10 @@
 // (STARLING_SKIP_ARM64=1, no cross packages), it exits 77 and ctest reports "Skipped".
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <filesystem>
 
+#include "../catch_session.h"
 #include "integration/federation.h"
 
 using namespace starling::testing;
@@ -65,6 +65,7 @@ TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native s
 int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  starling::testing::failEmptyTests(session);
   const Catch::ConfigData& c = session.configData();
   const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
   if (!listing && (kQemu.empty() || !std::filesystem::exists(kQemu) || !std::filesystem::exists(kArm64Client))) {

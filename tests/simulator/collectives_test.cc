@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "../catch_session.h"
 #include "core/error.h"
 #include "simulator/launch.h"
 #include "tests/temp_dir.h"
@@ -614,5 +615,6 @@ int main(int argc, char** argv) {
     return sim::launchInfoFromEnvironment().rank == 2 ? 7 : 0;
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  starling::testing::failEmptyTests(session);
   return session.run();
 }

@@ -13,6 +13,7 @@
 #include <exception>
 #include <vector>
 
+#include "../catch_session.h"
 #include "core/error.h"
 #include "simulator/nccl_collectives.h"
 
@@ -51,6 +52,7 @@ TEST_CASE("NCCL, world of one: all-reduce, reduce-scatter and all-gather keep th
 int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  starling::testing::failEmptyTests(session);
   const Catch::ConfigData& c = session.configData();
   // Listing (catch_discover_tests runs --list-test-names-only at build time) needs no GPU.
   const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;

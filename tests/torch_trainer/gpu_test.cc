@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "../catch_session.h"
 #include "client/synthetic.h"
 #include "data/partition.h"
 #include "server/engine.h"
@@ -237,6 +238,7 @@ TEST_CASE(
 int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
+  starling::testing::failEmptyTests(session);
   const Catch::ConfigData& c = session.configData();
   const bool listing =
       c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
