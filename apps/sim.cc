@@ -236,6 +236,16 @@ int runSim(int argc, char** argv, apps::Settings& c) {
                                  std::vector<std::string>(argv + 1, argv + argc));
     launch = local.self;
   }
+  // When this rank 0 stops on an error, the workers it started are given a moment to say theirs
+  // (they die with it): each reports what it found, a worker that waits on rank 0 is killed then.
+  const struct ChildrenOnError {
+    const sim::LocalWorld& world;
+    int uncaught = std::uncaught_exceptions();
+    ~ChildrenOnError() {
+      if (!world.children.empty() && std::uncaught_exceptions() > uncaught)
+        sim::waitRanks(world.children, std::chrono::seconds(20));
+    }
+  } children_on_error{local};
   const bool lead = launch.rank == 0;
   torch_trainer::setThreads(c.sim.threads);
 
@@ -331,19 +341,25 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     // its first checkpoint reopens empty).
     if (async && !ec.checkpoint.empty())
       so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
-    // States of an earlier run that nothing resumes: said in the settings' words (the store's
-    // own refusal speaks of its options).
-    if (!so.resume && std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb"))
-      STARLING_THROW(ConfigError, "the client-state folder ", so.spill_dir,
-                     " holds the states of an earlier run, ",
-                     ec.checkpoint.empty()
-                         ? "and no state.checkpoint resumes it: remove it, or set state.dir to "
-                           "another folder"
-                         : "and its checkpoint " + ec.checkpoint +
-                               " is missing: restore the checkpoint, or remove " + state_dir +
-                               " to start over");
+    // A synchronous one without its checkpoint reopens the folder too (so a run still using it is
+    // refused by its lock), and is checked below.
+    if (!async && !so.resume)
+      so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
   }
   sim::ClientStateStore store(so, layout->fingerprint());
+  // States that no checkpoint resumes, said in the settings' words: a store never flushed (a run
+  // killed before its first checkpoint) reopens empty and the run starts over; flushed states whose
+  // checkpoint is gone, or an earlier run's without one, stop it.
+  if (!async && so.resume && store.stats().clients > 0 &&
+      (ec.checkpoint.empty() || !std::filesystem::exists(ec.checkpoint)))
+    STARLING_THROW(ConfigError, "the client-state folder ", so.spill_dir, " holds ",
+                   store.stats().clients, " clients' states of an earlier run, ",
+                   ec.checkpoint.empty()
+                       ? "and no state.checkpoint resumes them: remove it, or set state.dir to "
+                         "another folder"
+                       : "and its checkpoint " + ec.checkpoint +
+                             " is missing: restore the checkpoint, or remove " + state_dir +
+                             " to start over");
   const auto waitWorkers = [&](int rc) {
     for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
       std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,

@@ -160,10 +160,42 @@ TEST_CASE("a simulation resumed from its checkpoint finishes the run", "[simulat
   CHECK(lost.wait(seconds(120)) == 2);
   const std::string lost_log = readText(dir / "lost.log");
   INFO(lost_log);
-  for (const char* worker : {"worker-0", "worker-1"})
-    CHECK(lost_log.find(std::string(worker) + " holds the states of an earlier run, and its "
-                                              "checkpoint") != std::string::npos);
+  for (const char* worker : {"worker-0", "worker-1"}) {
+    const size_t at = lost_log.find(std::string(worker) + " holds ");
+    REQUIRE(at != std::string::npos);
+    CHECK(lost_log.find("clients' states of an earlier run, and its checkpoint", at) ==
+          lost_log.find("clients' states", at));
+  }
   CHECK(lost_log.find("is missing: restore the checkpoint, or remove") != std::string::npos);
+  // Those states under state.dir without a checkpoint: refused too.
+  const auto plain = [&](const std::string& states, const std::string& tag) {
+    return std::vector<std::string>{binDir() + "/starling-sim",
+                                    "--config",
+                                    std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+                                    "--sim.device",
+                                    "cpu",
+                                    "--sim.workers",
+                                    "2",
+                                    "--train.rounds",
+                                    "1",
+                                    "--state.dir",
+                                    dir / states,
+                                    "--state.metrics",
+                                    dir / (tag + ".jsonl")};
+  };
+  Proc unresumed(plain("r.ckpt.states", "unresumed"), dir / "unresumed.log");
+  CHECK(unresumed.wait(seconds(120)) == 2);
+  CHECK(readText(dir / "unresumed.log").find("and no state.checkpoint resumes them") !=
+        std::string::npos);
+  // A store never flushed (a run without a checkpoint, or one killed before its first) reopens
+  // empty: the same command runs again from the start.
+  for (const char* tag : {"plain1", "plain2"}) {
+    Proc p(plain("plain", tag), dir / (std::string(tag) + ".log"));
+    const int prc = p.wait(seconds(120));
+    INFO(readText(dir / (std::string(tag) + ".log")));
+    CHECK(prc == 0);
+  }
+  CHECK(std::filesystem::exists(dir / "plain/worker-0/data.mdb"));
 }
 
 TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][integration]") {
