@@ -144,7 +144,13 @@ void AsyncSimulation::resume() {
     bytes.push_back(refused ? 1 : 0);  // the verdict, last
   }
   if (several) {
-    std::vector<uint8_t> first = std::move(allGatherBytes(*config_.workers, bytes)[0]);
+    std::vector<uint8_t> first;
+    try {
+      first = std::move(allGatherBytes(*config_.workers, bytes)[0]);
+    } catch (...) {
+      if (refused) std::rethrow_exception(refused);  // its reason, not the gather's failure
+      throw;
+    }
     if (!lead()) bytes = std::move(first);
   }
   if (refused) std::rethrow_exception(refused);
