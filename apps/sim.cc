@@ -332,19 +332,20 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   // Asynchronous workers keep every state in the first one's store (simulator/async_sim.h).
   if (async && !lead) state_dir.clear();
   if (!state_dir.empty()) {
-    // A resumed run reopens the states its workers flushed at the checkpoint.
     so.spill_dir = state_dir + "/worker-" + std::to_string(launch.rank);
-    so.resume = !ec.checkpoint.empty() && std::filesystem::exists(ec.checkpoint) &&
-                std::filesystem::exists(so.spill_dir);
-    // An asynchronous run reopens whatever store is there: its checkpoint names the step its
-    // states are at (AsyncSimulation refuses a pair that does not match, and a store killed before
-    // its first checkpoint reopens empty).
-    if (async && !ec.checkpoint.empty())
-      so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
-    // A synchronous one without its checkpoint reopens the folder too (so a run still using it is
-    // refused by its lock), and is checked below.
-    if (!async && !so.resume)
-      so.resume = std::filesystem::exists(std::filesystem::path(so.spill_dir) / "data.mdb");
+    const bool stored = sim::ClientStateStore::holdsStore(so.spill_dir);
+    if (async) {
+      // An asynchronous run reopens whatever store is there: its checkpoint names the step its
+      // states are at (AsyncSimulation refuses a pair that does not match, and a store killed
+      // before its first checkpoint reopens empty).
+      so.resume = !ec.checkpoint.empty() && stored;
+    } else {
+      // A resumed run reopens the states its workers flushed at the checkpoint; one without its
+      // checkpoint reopens the folder too (so a run still using it is refused by its lock), and is
+      // checked below.
+      so.resume = stored || (!ec.checkpoint.empty() && std::filesystem::exists(ec.checkpoint) &&
+                             std::filesystem::exists(so.spill_dir));
+    }
   }
   sim::ClientStateStore store(so, layout->fingerprint());
   // States that no checkpoint resumes, said in the settings' words: a store never flushed (a run

@@ -293,7 +293,6 @@ class ClientStateStore::Impl {
   };
 
   void open() {
-    const fs::path data = dir_ / "data.mdb";
     if (!owns_dir_) {
       std::error_code ec;
       fs::create_directories(dir_, ec);
@@ -301,7 +300,7 @@ class ClientStateStore::Impl {
       if (!fs::is_directory(dir_)) STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(), " is not a folder");
     }
     lock_ = std::make_unique<FolderLock>(dir_);
-    const bool exists = fs::exists(data);
+    const bool exists = ClientStateStore::holdsStore(dir_.string());
     if (exists && !opt_.resume)
       STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(),
                      " already holds a client-state store: set resume = true to continue it, or choose another folder");
@@ -507,6 +506,10 @@ class ClientStateStore::Impl {
 
 ClientStateStore::ClientStateStore(StateStoreOptions options, uint64_t layout_fingerprint)
     : impl_(std::make_unique<Impl>(std::move(options), layout_fingerprint)) {}
+bool ClientStateStore::holdsStore(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "data.mdb");
+}
+
 ClientStateStore::~ClientStateStore() = default;
 ClientStateStore::ClientStateStore(ClientStateStore&&) noexcept = default;
 ClientStateStore& ClientStateStore::operator=(ClientStateStore&&) noexcept = default;

@@ -84,6 +84,10 @@ class ClientStateStore {
     uint64_t loads_from_disk = 0;  // load() read the client from LMDB
   };
 
+  // Whether `dir` holds a store (its LMDB file): what resume = true reopens, and what a store
+  // without resume refuses.
+  static bool holdsStore(const std::string& dir);
+
   // Validates the options, creates or reopens the folder and the LMDB file. Every state stored must
   // be bound to `layout_fingerprint`; a resumed folder must have been created with the same one.
   ClientStateStore(StateStoreOptions options, uint64_t layout_fingerprint);

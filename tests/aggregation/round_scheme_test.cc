@@ -162,7 +162,8 @@ std::vector<std::vector<double>> factorSums(const ParamLayout& l, const std::vec
 
 }  // namespace
 
-TEST_CASE("every compressor runs through the generic loop, two-level equals flat", "[aggregation][integration]") {
+TEST_CASE("every compressor runs through the generic loop, two-level equals flat",
+          "[aggregation][integration]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   for (const auto& spec : everyCompressor()) {
     INFO(spec);

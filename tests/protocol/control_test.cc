@@ -145,7 +145,8 @@ TEST_CASE("peekKind never reads outside the bytes and refuses garbage", "[protoc
   CHECK(!peekKind(tiny).has_value());
 }
 
-TEST_CASE("a task round-trips with its model and shared factors, the nonce is patched in place", "[protocol]") {
+TEST_CASE("a task round-trips with its model and shared factors, the nonce is patched in place",
+          "[protocol]") {
   const ParamLayout l = fuzz::layout();
   TaskMsg t = sampleTask();
   const auto model = denseModel(l, 3);

@@ -93,7 +93,8 @@ TEST_CASE("the cost model smooths observations and ignores nonsense", "[simulato
   CHECK_THROWS_AS(CostModel(0), InvalidArgument);
 }
 
-TEST_CASE("a simulated round lasts until its last accepted client, the deadline drops stragglers", "[simulator]") {
+TEST_CASE("a simulated round lasts until its last accepted client, the deadline drops stragglers",
+          "[simulator]") {
   const DeviceProfile fast{2.0, 1e6, 1.0}, slow{0.5, 1e5, 1.0};
   const ClientTiming a = timeClient(fast, 1, 1000, 2, 1e-3, 100'000, 50'000);
   CHECK(a.compute_seconds == Approx(1.0));   // 1000 x 2 x 1e-3 / 2

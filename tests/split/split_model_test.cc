@@ -333,8 +333,10 @@ TEST_CASE("the vit: split steps at every cut give the whole model's gradient", "
   }
 }
 
-TEST_CASE("the vit's weight-side cut at full rank is the uncut model, removing the skip changes it and it learns",
-          "[split]") {
+TEST_CASE(
+    "the vit's weight-side cut at full rank is the uncut model, removing the skip changes it and "
+    "it learns",
+    "[split]") {
   const data::Dataset d = images(16, 4);
   SplitModel plain("vit", "ffn2", 8, 8, 4);
   SplitModel svd("vit", "ffn2", 8, 8, 4, 64);  // the up-projection is 256 x 64
@@ -377,7 +379,6 @@ TEST_CASE("the vit's weight-side cut at full rank is the uncut model, removing t
   CHECK_THROWS_AS(SplitModel("cnn", "conv2", 8, 8, 4, 16, false), ConfigError);
   CHECK_THROWS_AS(SplitModel("vit", "ffn2", 10, 10, 4), InvalidArgument);  // sides not multiples of 4
 }
-
 
 TEST_CASE("the resnet: one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
   const data::Dataset d = images(24, 3);

@@ -494,8 +494,10 @@ TEST_CASE("a cloud without SplitFed refuses an edge's bottom", "[split][net]") {
   CHECK_THROWS_WITH(client.average(1, 10), Catch::Contains("does not run SplitFed"));
 }
 
-TEST_CASE("a full split cloud tells a new edge to come back later, a bad checkpoint path does not stop it",
-          "[split][net]") {
+TEST_CASE(
+    "a full split cloud tells a new edge to come back later, a bad checkpoint path does not stop "
+    "it",
+    "[split][net]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   CloudServerConfig cfg = cloudConfig(sm, "none", "none");
@@ -560,7 +562,9 @@ TEST_CASE("a hello sent again keeps its session, a repeated step is answered onc
   CHECK(cloud.stats().duplicates == 1);
 }
 
-TEST_CASE("an edge refuses a gradient that would blow up its bottom, the fingerprint sees a removed skip", "[split]") {
+TEST_CASE(
+    "an edge refuses a gradient that would blow up its bottom, the fingerprint sees a removed skip",
+    "[split]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   SplitEdge edge(sm, bottom, "none", 0.05);
