@@ -5,6 +5,7 @@
 #include "catch_session.h"
 
 int main(int argc, char** argv) {
+  if (const int skip = starling::testing::skipRepeatedIsa(); skip != 0) return skip;
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   starling::testing::failEmptyTests(session);

@@ -53,7 +53,7 @@ std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<
 
 }  // namespace
 
-TEST_CASE("one worker and two workers give the same run for the same seed", "[simulator][integration]") {
+TEST_CASE("one worker and two workers give the same run for the same seed", "[simulator][integration][isa]") {
   TempDir dir("sim");
   Proc one(simArgs(dir, "w1", 1, 3), dir / "w1.log");
   REQUIRE(one.wait(seconds(300)) == 0);
@@ -77,7 +77,7 @@ TEST_CASE("one worker and two workers give the same run for the same seed", "[si
 }
 
 TEST_CASE("FedBuff on one, two and three workers is one run, and resumes with any number of them",
-          "[simulator][integration]") {
+          "[simulator][integration][isa]") {
   // stc with error feedback: every client keeps a residual, which the first worker's store holds
   // and sends to whichever worker trains the client.
   TempDir dir("simasyncw");
@@ -219,7 +219,7 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
 TEST_CASE(
     "the round on the device gives the host's run, bit for bit, synchronous, asynchronous, with "
     "two-phase PowerSGD and with SCAFFOLD",
-    "[simulator][integration]") {
+    "[simulator][integration][isa]") {
   TempDir dir("simdevround");
   for (const char* mode : {"sync", "async", "powersgd", "scaffold"}) {
     for (const char* on : {"on", "off"}) {

@@ -11,19 +11,19 @@ TEST_CASE("topKIndices selects selectTopK's positions, ties to the lower index",
 }
 
 TEST_CASE("encodeTopK sends the CPU compressor's payloads and keeps its residual, bit for bit",
-          "[torch_trainer][device_compress]") {
+          "[torch_trainer][device_compress][isa]") {
   testing::checkDeviceTopKMatchesCpu(torch::Device(torch::kCPU));
 }
 
 TEST_CASE("encodeOnDevice sends rand-k's, random-block's, sign's and QSGD's payloads, bit for bit",
-          "[torch_trainer][device_compress]") {
+          "[torch_trainer][device_compress][isa]") {
   testing::checkDeviceEncodeMatchesCpu(torch::Device(torch::kCPU));
 }
 
 TEST_CASE(
     "encodeOnDevice sends PowerSGD's and ACP-SGD's factors and keeps their buffers, bit for "
     "bit",
-    "[torch_trainer][device_compress]") {
+    "[torch_trainer][device_compress][isa]") {
   testing::checkDeviceLowRankMatchesCpu(torch::Device(torch::kCPU));
 }
 

@@ -11,14 +11,14 @@ using namespace starling;
 TEST_CASE(
     "the round on the device sends the host path's payloads and keeps its residual, round after "
     "round",
-    "[torch_trainer][device_round]") {
+    "[torch_trainer][device_round][isa]") {
   testing::checkDeviceRoundMatchesHost(torch_trainer::Device{});
 }
 
 TEST_CASE(
     "PowerSGD and ACP-SGD in the round on the device send the host path's factors and keep its "
     "buffers, round after round",
-    "[torch_trainer][device_round]") {
+    "[torch_trainer][device_round][isa]") {
   testing::checkDeviceLowRankRoundMatchesHost(torch_trainer::Device{});
 }
 
@@ -104,7 +104,7 @@ TEST_CASE(
 TEST_CASE(
     "SCAFFOLD in the round on the device forms the host path's control change and c_i, a refused "
     "c_i+ leaves the state as it was",
-    "[torch_trainer][device_round]") {
+    "[torch_trainer][device_round][isa]") {
   testing::checkDeviceScaffoldRoundMatchesHost(torch_trainer::Device{});
   testing::checkDeviceDivisionRoundsAsHost(torch::kCPU);
 

@@ -1,9 +1,11 @@
 // The lightweight client's Eigen models against the LibTorch trainer's (issue 20): the same spec
 // is the same model on a deployed client and in the simulator. Same layout and fingerprint, the
-// same initial bits from a seed, the same loss and accuracy for the same parameters (the forward
-// pass), the same step (the gradient, with momentum, FedProx and SCAFFOLD), and after a local
-// epoch from the same start and stream the same model within 1e-4 relative. Both through the
-// Trainer interface, so this file needs no LibTorch header.
+// same initial bits from a seed; then each trainer against a double-precision reference of the
+// same computation (double_reference.h): the loss of the same parameters, one step (the gradient,
+// with momentum, FedProx and SCAFFOLD) and a local epoch, within what float32 arithmetic of that
+// computation can promise. Not against each other: two right float32 results may differ by more
+// than either differs from the exact one (issue 37). Registered again under each oneDNN ISA
+// ([isa]). Both trainers through the Trainer interface, so this file needs no LibTorch header.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -11,6 +13,7 @@
 #include "client/synthetic.h"
 #include "client/trainer.h"
 #include "torch_trainer/blobs.h"
+#include "torch_trainer/double_reference.h"
 #include "torch_trainer/torch_trainer.h"
 
 using namespace starling;
@@ -20,18 +23,6 @@ using client::FitConfig;
 namespace {
 
 using testing::fitMetric;
-
-// ||a - b|| / ||b|| over tensor t of the layout.
-double relativeDistance(const ParamLayout& l, size_t t, std::span<const float> a,
-                        std::span<const float> b) {
-  double diff = 0, norm = 0;
-  const auto sa = l.slice(a, t), sb = l.slice(b, t);
-  for (size_t i = 0; i < sa.size(); ++i) {
-    diff += (static_cast<double>(sa[i]) - sb[i]) * (static_cast<double>(sa[i]) - sb[i]);
-    norm += static_cast<double>(sb[i]) * sb[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
-}
 
 struct Pair {
   std::unique_ptr<client::Trainer> eigen, torch;
@@ -44,7 +35,7 @@ Pair makePair(const std::string& spec, const data::Dataset& d) {
 }  // namespace
 
 TEST_CASE("Eigen and LibTorch models: the same layout and the same initial bits",
-          "[torch_trainer][parity]") {
+          "[torch_trainer][parity][isa]") {
   const data::Dataset d = testing::blobImages(8, 28, 28, 10, 1);
   for (const char* spec : {"logreg", "mlp", "mlp:hidden=64", "cnn", "resnet"}) {
     INFO(spec);
@@ -59,23 +50,35 @@ TEST_CASE("Eigen and LibTorch models: the same layout and the same initial bits"
 }
 
 TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoch",
-          "[torch_trainer][parity]") {
+          "[torch_trainer][parity][isa]") {
   // Blobs on noise, 28 x 28, 10 classes: the CNN learns them within an epoch, so the epoch
   // moves the model far from its start and the comparison means something.
   const data::Dataset d = testing::blobImages(160, 28, 28, 10, 3);
   const auto idx = testing::allIndices(d);
   const DataView view{&d, idx};
-  const std::vector<float> none;
   struct Case {
     const char* spec;
-    double lr, prox_mu;
+    testing::ReferenceConfig ref;
     bool scaffold;
   };
-  for (const Case& k : {Case{"logreg", 0.1, 0, false}, Case{"mlp:hidden=64", 0.1, 0, false},
-                        Case{"cnn", 0.05, 0, false}, Case{"cnn:momentum=0.9", 0.01, 0, false},
-                        Case{"cnn", 0.05, 0.1, true}, Case{"resnet", 0.05, 0, false},
-                        Case{"resnet:momentum=0.9", 0.01, 0.1, true}}) {
-    INFO(k.spec << ", lr " << k.lr << ", prox_mu " << k.prox_mu
+  const auto ref = [](const char* model, double lr, double momentum, double prox_mu) {
+    testing::ReferenceConfig r;
+    r.model = model;
+    r.hidden = 64;
+    r.lr = lr;
+    r.momentum = momentum;
+    r.prox_mu = prox_mu;
+    r.batch_size = 16;
+    return r;
+  };
+  for (Case& k : std::vector<Case>{{"logreg", ref("logreg", 0.1, 0, 0), false},
+                                   {"mlp:hidden=64", ref("mlp", 0.1, 0, 0), false},
+                                   {"cnn", ref("cnn", 0.05, 0, 0), false},
+                                   {"cnn:momentum=0.9", ref("cnn", 0.01, 0.9, 0), false},
+                                   {"cnn", ref("cnn", 0.05, 0, 0.1), true},
+                                   {"resnet", ref("resnet", 0.05, 0, 0), false},
+                                   {"resnet:momentum=0.9", ref("resnet", 0.01, 0.9, 0.1), true}}) {
+    INFO(k.spec << ", lr " << k.ref.lr << ", prox_mu " << k.ref.prox_mu
                 << (k.scaffold ? ", SCAFFOLD" : ""));
     const Pair p = makePair(k.spec, d);
     const ParamLayout& l = p.torch->layout();
@@ -87,79 +90,90 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
       correction[i] = 0.01f * static_cast<float>((i * 37) % 11) - 0.05f;
       anchor[i] += 0.02f * static_cast<float>((i * 13) % 7) - 0.06f;
     }
-    FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = k.lr};
-    cfg.prox_mu = k.prox_mu;
-    if (k.prox_mu > 0) cfg.prox_anchor = anchor;
-    if (k.scaffold) cfg.correction = correction;
+    FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = k.ref.lr};
+    cfg.prox_mu = k.ref.prox_mu;
+    if (k.ref.prox_mu > 0) {
+      cfg.prox_anchor = anchor;
+      k.ref.anchor = anchor;
+    }
+    if (k.scaffold) {
+      cfg.correction = correction;
+      k.ref.correction = correction;
+    }
 
-    // The forward pass: loss and accuracy of the same parameters.
+    // The forward pass: loss and accuracy of the same parameters, the loss against double.
     const client::EvalResult ee = p.eigen->evaluate(start, view),
                              et = p.torch->evaluate(start, view);
-    CHECK(ee.loss == Approx(et.loss).epsilon(1e-5));
+    const double exact_loss = testing::referenceLoss(k.ref, l, d, idx, start);
+    CHECK(ee.loss == Approx(exact_loss).epsilon(1e-5));
+    CHECK(et.loss == Approx(exact_loss).epsilon(1e-5));
     CHECK(ee.accuracy == et.accuracy);
 
-    // One step on a batch of 16: the same gradient, tensor by tensor. (Over all 160 examples the
-    // conv1 gradient is a sum with so much cancellation that float rounding alone moves it by
-    // ~3e-4 relative, in either trainer.)
-    std::vector<float> se(start), st(start);
-    RngStream re(StreamKey{1, 1, 7, StreamPurpose::kTraining, 0}), rt = re;
-    const DataView small{&d, std::span<const size_t>(idx).first(16)};
-    const auto fe = p.eigen->fit(se, small, cfg, re);
-    const auto ft = p.torch->fit(st, small, cfg, rt);
-    CHECK(fitMetric(fe, "train_loss") == Approx(fitMetric(ft, "train_loss")).epsilon(1e-5));
-    std::vector<float> de(l.numel()), dt(l.numel());
-    for (size_t i = 0; i < l.numel(); ++i) {
-      de[i] = se[i] - start[i];
-      dt[i] = st[i] - start[i];
-    }
-    for (size_t t = 0; t < l.size(); ++t) {
-      INFO("step, " << l[t].name);
-      CHECK(relativeDistance(l, t, de, dt) < 1e-4);
-    }
-
-    // A local epoch of batches of 16 (10 steps) from the same start and stream.
-    std::vector<float> ee2(start), et2(start);
-    RngStream r1(StreamKey{1, 2, 7, StreamPurpose::kTraining, 0}), r2 = r1;
-    const auto fe2 = p.eigen->fit(ee2, view, cfg, r1);
-    const auto ft2 = p.torch->fit(et2, view, cfg, r2);
-    CHECK(fitMetric(fe2, "train_loss") == Approx(fitMetric(ft2, "train_loss")).epsilon(1e-4));
-    CHECK(fitMetric(fe2, "train_accuracy") ==
-          Approx(fitMetric(ft2, "train_accuracy")).margin(1e-9));
-    double moved = 0;
-    if (l.find("bn1.running_mean")) {
-      // ResNet: a ReLU input within rounding of 0 (BatchNorm centres them there) takes the other
-      // side in one trainer, and the epoch then goes another way by a finite amount: LibTorch
-      // against itself from a start one ulp away differed by 1.5e-2 on BatchNorm's biases and
-      // 3e-4 on the convolutions (lr 0.01, no momentum). The step above is exact to 1e-4; over the
-      // epoch the trained tensors together stay within 1e-3.
-      // Over the trained tensors (the running variances, near 1, would hide the rest).
-      double diff = 0, norm = 0;
-      const size_t trained = l[*l.find("bn1.running_mean")].offset;
-      for (size_t i = 0; i < trained; ++i) {
-        diff += (static_cast<double>(ee2[i]) - et2[i]) * (static_cast<double>(ee2[i]) - et2[i]);
-        norm += static_cast<double>(et2[i]) * et2[i];
+    // One step on a batch of 16, then a local epoch of batches of 16 (10 steps) from the same
+    // start: each trainer against the double-precision reference of the same steps, tensor by
+    // tensor, within what float32 arithmetic of those steps can promise (double_reference.h).
+    // Neither trainer is compared with the other: on some CPUs and oneDNN kernels a max-pool
+    // near-tie of this data is routed one way by one and the other way by the other, and both
+    // are right (issue 37).
+    struct Run {
+      const char* what;
+      std::span<const size_t> examples;
+      uint64_t stream;
+    };
+    for (const Run& run : {Run{"step", std::span<const size_t>(idx).subspan(64, 16), 1},
+                           Run{"epoch", idx, 2}}) {
+      const RngStream rng(StreamKey{1, run.stream, 7, StreamPurpose::kTraining, 0});
+      const testing::Reference reference(k.ref, l, d, run.examples, start, rng);
+      const DataView data{&d, run.examples};
+      const bool step = run.examples.size() < idx.size(), resnet = l.find("bn1.running_mean").has_value();
+      for (const auto* trainer : {&p.eigen, &p.torch}) {
+        INFO(run.what << ", " << (trainer == &p.eigen ? "Eigen" : "LibTorch"));
+        std::vector<float> params(start);
+        RngStream r = rng;
+        const client::FitResult f = (*trainer)->fit(params, data, cfg, r);
+        for (const testing::Verdict& v : reference.judge(params)) {
+          INFO(v.name << ": " << v.error << " of the step from the double result, float32 "
+                      << "promises " << v.tolerance);
+          CHECK(v.ok());
+          // The comparison means something: float32 promises the step within 0.3%, and the
+          // epoch within 3% -- but for ResNet, whose epoch of BatchNorm on batches of 16 is
+          // ill-conditioned (the ReLUs after BatchNorm sit at 0): a Monte Carlo sample of it
+          // ended 5% of the step away at lr 0.05 (8% at lr 0.02, where Eigen's own result was
+          // 0.25% away), while both trainers ended within 1e-4. The step holds ResNet to 0.3%.
+          if (step || !resnet) CHECK(v.tolerance < (step ? 3e-3 : 3e-2));
+        }
+        for (const testing::Verdict& v :
+             reference.judgeMetrics(fitMetric(f, "train_loss"), fitMetric(f, "train_accuracy"))) {
+          INFO(v.name << ": " << v.error << " from the double result, float32 promises "
+                      << v.tolerance);
+          CHECK(v.ok());
+        }
       }
-      CHECK(std::sqrt(diff / norm) < 1e-3);
-    }
-    for (size_t t = 0; t < l.size(); ++t) {
-      INFO("epoch, " << l[t].name);
-      if (!l.find("bn1.running_mean")) CHECK(relativeDistance(l, t, ee2, et2) < 1e-4);
-      moved = std::max(moved, relativeDistance(l, t, start, et2));
-    }
-    CHECK(moved > 1e-2);  // the epoch went somewhere
-    const client::EvalResult after_e = p.eigen->evaluate(ee2, view),
-                             after_t = p.torch->evaluate(et2, view);
-    CHECK(after_e.loss == Approx(after_t.loss).epsilon(1e-4));
-    // And it learned (ResNet evaluates with running statistics that 10 steps barely moved).
-    if (l.find("bn1.running_mean")) {
-      CHECK(fitMetric(fe2, "train_loss") < ee.loss);
-    } else {
-      CHECK(after_e.loss < et.loss);
+      if (step) continue;
+      // The epoch went somewhere, and it learned (ResNet evaluates with running statistics that
+      // 10 steps barely moved: its training loss says it).
+      const std::vector<double>& exact = reference.exact().params;
+      double moved = 0;
+      for (size_t t = 0; t < l.size(); ++t) {
+        double diff = 0, norm = 0;
+        for (size_t i = l[t].offset; i < l[t].offset + l[t].numel; ++i) {
+          diff += (exact[i] - start[i]) * (exact[i] - start[i]);
+          norm += static_cast<double>(start[i]) * start[i];
+        }
+        moved = std::max(moved, std::sqrt(diff / std::max(norm, 1e-300)));
+      }
+      CHECK(moved > 1e-2);
+      if (resnet) {
+        CHECK(reference.exact().train_loss < exact_loss);
+      } else {
+        const std::vector<float> trained(exact.begin(), exact.end());
+        CHECK(testing::referenceLoss(k.ref, l, d, idx, trained) < exact_loss);
+      }
     }
   }
 }
 
-TEST_CASE("the LibTorch trainer stops as the Eigen one does", "[torch_trainer][parity]") {
+TEST_CASE("the LibTorch trainer stops as the Eigen one does", "[torch_trainer][parity][isa]") {
   const data::Dataset d = testing::blobImages(40, 28, 28, 10, 4);
   const auto idx = testing::allIndices(d);
   auto t = torch_trainer::makeTorchTrainer("cnn", d);
@@ -175,12 +189,11 @@ TEST_CASE("the LibTorch trainer stops as the Eigen one does", "[torch_trainer][p
 }
 
 TEST_CASE("Eigen and LibTorch models: odd image sizes, where pooling and strides drop an edge",
-          "[torch_trainer][parity]") {
+          "[torch_trainer][parity][isa]") {
   // 30 x 29: the CNN's poolings give 15 x 14 then 7 x 7 (a row dropped at the second, a column at
   // the first); ResNet's strides give 15 x 15 and 8 x 8.
   const data::Dataset d = testing::blobImages(48, 30, 29, 10, 6);
   const auto idx = testing::allIndices(d);
-  const DataView view{&d, idx};
   for (const char* spec : {"cnn", "resnet"}) {
     INFO(spec);
     const Pair p = makePair(spec, d);
@@ -188,22 +201,68 @@ TEST_CASE("Eigen and LibTorch models: odd image sizes, where pooling and strides
     REQUIRE(p.eigen->layout().fingerprint() == l.fingerprint());
     std::vector<float> start(l.numel());
     p.torch->initParameters(start, 8);
-    CHECK(p.eigen->evaluate(start, view).loss ==
-          Approx(p.torch->evaluate(start, view).loss).epsilon(1e-5));
-    std::vector<float> se(start), st(start);
-    const FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = 0.05};
-    const DataView first{&d, std::span<const size_t>(idx).first(16)};
-    RngStream re(StreamKey{1, 3, 7, StreamPurpose::kTraining, 0}), rt = re;
-    p.eigen->fit(se, first, cfg, re);
-    p.torch->fit(st, first, cfg, rt);
-    std::vector<float> de(l.numel()), dt(l.numel());
-    for (size_t i = 0; i < l.numel(); ++i) {
-      de[i] = se[i] - start[i];
-      dt[i] = st[i] - start[i];
+    testing::ReferenceConfig ref;
+    ref.model = spec;
+    ref.lr = 0.05;
+    ref.batch_size = 16;
+    const double exact_loss = testing::referenceLoss(ref, l, d, idx, start);
+    CHECK(p.eigen->evaluate(start, DataView{&d, idx}).loss == Approx(exact_loss).epsilon(1e-5));
+    CHECK(p.torch->evaluate(start, DataView{&d, idx}).loss == Approx(exact_loss).epsilon(1e-5));
+    const FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = ref.lr};
+    const auto first = std::span<const size_t>(idx).first(16);
+    const RngStream rng(StreamKey{1, 3, 7, StreamPurpose::kTraining, 0});
+    const testing::Reference reference(ref, l, d, first, start, rng);
+    for (const auto* trainer : {&p.eigen, &p.torch}) {
+      INFO((trainer == &p.eigen ? "Eigen" : "LibTorch"));
+      std::vector<float> params(start);
+      RngStream r = rng;
+      (*trainer)->fit(params, DataView{&d, first}, cfg, r);
+      for (const testing::Verdict& v : reference.judge(params)) {
+        INFO(v.name << ": " << v.error << " of the step from the double result, float32 promises "
+                    << v.tolerance);
+        CHECK(v.ok());
+        CHECK(v.tolerance < 3e-3);
+      }
     }
-    for (size_t t = 0; t < l.size(); ++t) {
-      INFO(l[t].name);
-      CHECK(relativeDistance(l, t, de, dt) < 1e-4);
+  }
+}
+
+TEST_CASE("a CNN step through a max-pool near-tie: float32 promises less, and both trainers keep "
+          "to it",
+          "[torch_trainer][parity][isa]") {
+  // Issue 37: on this batch the second max-pool has a window whose two largest inputs differ by
+  // 6.2e-8 of their value (0.1075268751 and 0.1075268685 in double), within float32's rounding.
+  // Some of oneDNN's kernels pick the other input than the double computation and the Eigen
+  // client do (here, an AVX-512 Xeon: under DNNL_MAX_CPU_ISA=AVX2, not under ALL; on the
+  // reporter's AVX-512 EPYC the reverse), the gradient goes down another path, and conv1's step
+  // differs by 0.24% (0.5% on its bias). Both are right: the Monte Carlo samples of the same step
+  // route it either way, so the reference promises no better there, and each trainer keeps to it.
+  const data::Dataset d = testing::blobImages(160, 28, 28, 10, 3);
+  const auto idx = testing::allIndices(d);
+  const auto batch = std::span<const size_t>(idx).first(16);
+  const Pair p = makePair("cnn", d);
+  const ParamLayout& l = p.torch->layout();
+  std::vector<float> start(l.numel());
+  p.torch->initParameters(start, 5);
+  testing::ReferenceConfig ref;
+  ref.model = "cnn";
+  ref.lr = 0.05;
+  ref.batch_size = 16;
+  const RngStream rng(StreamKey{1, 1, 7, StreamPurpose::kTraining, 0});
+  const testing::Reference reference(ref, l, d, batch, start, rng);
+  const FitConfig cfg{.epochs = 1, .batch_size = 16, .lr = ref.lr};
+  for (const auto* trainer : {&p.eigen, &p.torch}) {
+    INFO((trainer == &p.eigen ? "Eigen" : "LibTorch"));
+    std::vector<float> params(start);
+    RngStream r = rng;
+    (*trainer)->fit(params, DataView{&d, batch}, cfg, r);
+    for (const testing::Verdict& v : reference.judge(params)) {
+      INFO(v.name << ": " << v.error << " of the step from the double result, float32 promises "
+                  << v.tolerance);
+      CHECK(v.ok());
+      // The tie is seen: what float32 promises for the convolutions is a tie's routing, over
+      // ten times the 1e-4 of a batch without one (the step of the test above).
+      if (v.name == "conv1.bias") CHECK(v.tolerance > 1e-3);
     }
   }
 }

@@ -188,7 +188,7 @@ TEST_CASE("LibTorch training raises accuracy on separable data", "[torch_trainer
 }
 
 TEST_CASE("LibTorch fit is reproducible from its stream and keeps no per-client state",
-          "[torch_trainer]") {
+          "[torch_trainer][isa]") {
   const data::Dataset d = testing::blobImages(64, 12, 12, 3, 4);
   std::vector<size_t> a_idx, b_idx;
   for (size_t i = 0; i < d.size(); ++i) (i % 3 ? a_idx : b_idx).push_back(i);
@@ -222,7 +222,7 @@ TEST_CASE("LibTorch fit is reproducible from its stream and keeps no per-client 
 }
 
 TEST_CASE("a data set held as bytes trains and evaluates to the same bits as its floats",
-          "[torch_trainer]") {
+          "[torch_trainer][isa]") {
   // The simulator keeps unsigned-byte images as bytes (data::IdxOptions::keep_bytes): the trainer
   // gathers bytes and divides by 255, which must be the float loader's values exactly.
   const data::Dataset blobs = testing::blobImages(40, 10, 10, 3, 6);
