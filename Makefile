@@ -31,13 +31,19 @@ arm64: bootstrap
 # native ctest because native integration tests run build-arm64/bin/starling-client under qemu
 # (CMake cache variable STARLING_ARM64_BUILD_DIR). Its own tests (core, compression, protocol, data,
 # transport, client as arm64 programs) take 10 to 25 s under qemu.
+# Both suites run even when the first fails (a native failure hid the arm64 result), and the
+# last lines say how each ended; make exits non-zero when either failed.
 test: build
 	JOBS=$(JOBS) bash scripts/build-arm64.sh
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
-	@if [ "$${STARLING_SKIP_ARM64:-0}" != 1 ]; then \
+	@native=0; arm64=skipped; \
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) || native=$$?; \
+	if [ "$${STARLING_SKIP_ARM64:-0}" != 1 ]; then \
 	  echo "ctest: arm64 edge tests under qemu-aarch64 -L / (build-arm64)"; \
-	  ctest --test-dir build-arm64 --output-on-failure -j $(JOBS); \
-	fi
+	  arm64=0; ctest --test-dir build-arm64 --output-on-failure -j $(JOBS) || arm64=$$?; \
+	fi; \
+	echo "make test: native suite $$( [ $$native = 0 ] && echo passed || echo FAILED), arm64 suite $$( \
+	  case $$arm64 in 0) echo passed;; skipped) echo 'skipped (STARLING_SKIP_ARM64=1)';; *) echo FAILED;; esac)"; \
+	[ $$native = 0 ] && { [ $$arm64 = 0 ] || [ $$arm64 = skipped ]; }
 
 # Only the arm64 edge build and its tests under qemu.
 test-arm64: arm64
