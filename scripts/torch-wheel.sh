@@ -25,8 +25,24 @@ prefix() {
   "$venv/bin/python" -W ignore -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'
 }
 
+# A venv records its own path in its scripts (bin/pip's first line names its python), so it is
+# made where it ends up, never moved; a marker written last says the install finished. A folder
+# without it (an install that was stopped) is removed and made again.
+done_marker="$venv/.starling-complete"
 same_version="import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')"
-if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$same_version" 2>/dev/null; then
+if [[ -f "$done_marker" && -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$same_version" 2>/dev/null; then
+  prefix
+  exit 0
+fi
+# Made by an earlier version of this script, in "$venv.partial" and then moved: its scripts' first
+# lines still name the .partial folder (bin/pip could not run). Point them here, and keep it.
+if [[ ! -f "$done_marker" && -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$same_version" 2>/dev/null; then
+  for f in "$venv"/bin/*; do
+    if [[ -f "$f" && ! -L "$f" ]] && head -c 2 "$f" | grep -q '^#!'; then
+      sed -i "1s|^#!$venv.partial/|#!$venv/|" "$f"
+    fi
+  done
+  touch "$done_marker"
   prefix
   exit 0
 fi
@@ -38,12 +54,9 @@ fi
 mkdir -p "$cache"
 echo "torch-wheel: installing torch==$version from PyPI into $venv" \
   "(about 5 GB with its CUDA libraries)" >&2
-rm -rf "$venv.partial"
-"$python" -m venv "$venv.partial"
+rm -rf "$venv" "$venv.partial"  # .partial: where earlier versions of this script installed
+"$python" -m venv "$venv"
 # pip's progress goes to stderr; stdout is kept for the path.
-"$venv.partial/bin/pip" install --quiet --disable-pip-version-check "torch==$version" >&2
-# A venv records its own path in its scripts, so it is created where it ends up: recreate the
-# scripts after the move (the site-packages, where torch lives, moves as it is).
-mv "$venv.partial" "$venv"
-"$python" -m venv --upgrade "$venv" >&2
+"$venv/bin/pip" install --quiet --disable-pip-version-check "torch==$version" >&2
+touch "$done_marker"
 prefix
