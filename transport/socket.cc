@@ -1,8 +1,11 @@
 #include "transport/socket.h"
 
+#include <atomic>
 #include <cmath>
+#include <zmq.h>
 
 #include "core/error.h"
+#include <cstring>
 #include "transport/context_impl.h"
 #include "transport/socket_core.h"
 
@@ -154,6 +157,18 @@ ClientSocket::ClientSocket(Context& context, const std::string& connect_endpoint
     core_->sock.set(zmq::sockopt::reconnect_ivl, limits.reconnect_ivl_ms);
     core_->sock.set(zmq::sockopt::reconnect_ivl_max, limits.reconnect_ivl_max_ms);
     if (!routing_id.empty()) core_->sock.set(zmq::sockopt::routing_id, routing_id);
+    // The connection's events, on an inproc pair of this context (a name of its own per socket).
+    static std::atomic<uint64_t> monitors{0};
+    const std::string addr = "inproc://starling-client-monitor-" + std::to_string(monitors++);
+    constexpr int kEvents = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+                            ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    if (zmq_socket_monitor(core_->sock.handle(), addr.c_str(), kEvents) != 0)
+      throw zmq::error_t();
+    monitor_ = std::make_unique<zmq::socket_t>(context.impl().ctx, zmq::socket_type::pair);
+    monitor_->set(zmq::sockopt::linger, 0);
+    monitor_->connect(addr);
+    secure_ = !security.insecure;
     core_->sock.connect(connect_endpoint);
   } catch (const zmq::error_t& e) {
     release();
@@ -168,12 +183,82 @@ ClientSocket::~ClientSocket() { release(); }
 
 void ClientSocket::release() {
   if (!core_) return;
+  if (monitor_) {
+    zmq_socket_monitor(core_->sock.handle(), nullptr, 0);  // stops the events
+    monitor_.reset();
+  }
   core_.reset();
   context_.impl().live_sockets.fetch_sub(1);
 }
 
 std::optional<Received> ClientSocket::receive(std::chrono::milliseconds timeout) {
+  readMonitor();
   return core_->receive(timeout);
+}
+
+// Each event is two frames: 2 bytes of event, 4 of value, then the endpoint.
+void ClientSocket::readMonitor() {
+  if (!monitor_) return;
+  for (;;) {
+    zmq::message_t head, address;
+    if (!monitor_->recv(head, zmq::recv_flags::dontwait)) return;
+    if (head.more()) (void)monitor_->recv(address, zmq::recv_flags::dontwait);
+    if (head.size() < 6) continue;
+    uint16_t event = 0;
+    uint32_t value = 0;
+    std::memcpy(&event, head.data(), 2);
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, 4);
+    using F = HandshakeReport::Failure;
+    const auto failed = [&](F kind) {
+      ++handshakes_.failed;
+      handshakes_.last = kind;
+      handshakes_.status = static_cast<int>(value);
+      connected_ = false;
+    };
+    switch (event) {
+      case ZMQ_EVENT_CONNECTED: connected_ = true; break;
+      case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        ++handshakes_.succeeded;
+        handshakes_.failed = 0;
+        handshakes_.last = F::kNone;
+        connected_ = false;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: failed(F::kAuth); break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        failed(value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? F::kMechanism : F::kProtocol);
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: failed(F::kProtocol); break;
+      case ZMQ_EVENT_DISCONNECTED:
+        // Dropped with its handshake unfinished: the server could not read this side's HELLO (it
+        // holds another key pair than the one this client was given), or was not a ZMTP peer.
+        if (connected_) failed(F::kNoHandshake);
+        break;
+      default: break;
+    }
+  }
+}
+
+std::string HandshakeReport::advice() const {
+  switch (last) {
+    case Failure::kNone: return {};
+    case Failure::kAuth:
+      return "the server refused this side's key (ZAP status " + std::to_string(status) +
+             "): is its public key on the server's allow-list (security.clients), under this "
+             "client's id?";
+    case Failure::kMechanism:
+      return "one side runs CURVE and the other plain TCP: the server and this side must agree "
+             "on security.insecure (an insecure client cannot join a CURVE server, nor a CURVE "
+             "client an insecure one)";
+    case Failure::kProtocol:
+      return "the connection's handshake failed (ZMTP protocol error " + std::to_string(status) +
+             "): is the server's public key (security.server_key) the one the server runs with, "
+             "and is the endpoint a Starling server?";
+    case Failure::kNoHandshake:
+      return "the server dropped the connection before its handshake finished: is the server's "
+             "public key (security.server_key) the one the server runs with, and is the endpoint "
+             "a Starling server?";
+  }
+  return {};
 }
 bool ClientSocket::send(std::span<const uint8_t> bytes) { return core_->send({}, bytes); }
 const TransportStats& ClientSocket::stats() const { return core_->stats; }

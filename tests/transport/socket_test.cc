@@ -251,3 +251,64 @@ TEST_CASE("two servers and their clients live in one process on separate context
   CHECK(waitRefused(ctx_a));
   CHECK(ctx_b.zapRefused() == 0);
 }
+
+namespace {
+// Reads the client's socket (which reads its connection's events) until `pred` holds of its
+// handshake report, at most `timeout`.
+bool waitHandshakes(ClientSocket& c, const std::function<bool(const HandshakeReport&)>& pred,
+                    std::chrono::milliseconds timeout = 10000ms) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!pred(c.handshakes())) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    (void)c.receive(20ms);
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("a client's socket counts its refused handshakes and says what to check",
+          "[transport]") {
+  // issue 38: each of these waited in silence, the client never told why.
+  const Keys keys(1);
+  Context server_ctx, client_ctx;
+  ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
+  using F = HandshakeReport::Failure;
+  const auto failedTwice = [](F kind) {
+    return [kind](const HandshakeReport& h) { return h.failed >= 2 && h.last == kind; };
+  };
+
+  SECTION("a key not on the allow-list") {
+    // libzmq does not try again after the server's ZAP refusal (status 400): one is all there is.
+    ClientSocket c(client_ctx, server.endpoint(), keys.clientSide(generateKeyPair()), testLimits());
+    REQUIRE(waitHandshakes(
+        c, [](const HandshakeReport& h) { return h.failed >= 1 && h.last == F::kAuth; }));
+    CHECK(c.handshakes().succeeded == 0);
+    CHECK(c.handshakes().status == 400);
+    CHECK(c.handshakes().advice().find("allow-list") != std::string::npos);
+  }
+  SECTION("a plain-TCP client against a CURVE server") {
+    ClientSocket c(client_ctx, server.endpoint(), insecure(), testLimits());
+    REQUIRE(waitHandshakes(c, failedTwice(F::kMechanism)));
+    CHECK(c.handshakes().advice().find("security.insecure") != std::string::npos);
+  }
+  SECTION("a CURVE client against a plain-TCP server") {
+    ServerSocket plain(server_ctx, kAnyPort, insecure(), testLimits());
+    ClientSocket c(client_ctx, plain.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
+    REQUIRE(waitHandshakes(c, failedTwice(F::kMechanism)));
+  }
+  SECTION("a wrong server public key") {
+    SecurityConfig wrong = keys.clientSide(keys.clients[0]);
+    wrong.server_public_key = generateKeyPair().public_key;
+    ClientSocket c(client_ctx, server.endpoint(), wrong, testLimits());
+    REQUIRE(waitHandshakes(
+        c, [](const HandshakeReport& h) { return h.failed >= 2 && h.last != F::kNone; }));
+    CHECK(c.handshakes().last != F::kAuth);
+    CHECK(c.handshakes().advice().find("security.server_key") != std::string::npos);
+  }
+  SECTION("an admitted client: one handshake, nothing failed") {
+    ClientSocket c(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
+    REQUIRE(waitHandshakes(c, [](const HandshakeReport& h) { return h.succeeded == 1; }));
+    CHECK(c.handshakes().failed == 0);
+    CHECK(c.handshakes().advice().empty());
+  }
+}
