@@ -100,4 +100,11 @@ ConstRowMatrixMap ParamLayout::matrix(std::span<const float> flat, size_t i) con
                            static_cast<Eigen::Index>(t.cols()));
 }
 
+std::string hexFingerprint(uint64_t fingerprint) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, fingerprint >>= 4) out[static_cast<size_t>(i)] = kDigits[fingerprint & 15];
+  return out;
+}
+
 }  // namespace starling

@@ -71,4 +71,8 @@ class ParamLayout {
 // Human-readable "name[3x4]" for messages.
 std::string describeShape(const std::vector<int64_t>& shape);
 
+// A layout fingerprint as every program prints it: 16 hex digits (the server's banner, a refused
+// registration, the client's own line), so that two of them can be compared by eye.
+std::string hexFingerprint(uint64_t fingerprint);
+
 }  // namespace starling

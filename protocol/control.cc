@@ -309,7 +309,8 @@ RejectMsg decodeReject(std::span<const uint8_t> bytes, const ControlLimits& limi
   const auto* r = body<fb::Reject>(bytes, limits.max_bytes, fb::Body::Reject, 8, aligned);
   RejectMsg m;
   m.kind = static_cast<RejectKind>(r->kind());
-  if (m.kind != RejectKind::kRefused && m.kind != RejectKind::kNotRegistered && m.kind != RejectKind::kBusy)
+  if (m.kind != RejectKind::kRefused && m.kind != RejectKind::kNotRegistered && m.kind != RejectKind::kBusy &&
+      m.kind != RejectKind::kRegistrationRefused)
     fail(Errc::kMissingField, "unknown reject kind");
   m.code = r->code();
   m.round = r->round();

@@ -116,7 +116,13 @@ struct EvaluationMsg {
   double accuracy = 0.0;
 };
 
-enum class RejectKind : uint8_t { kRefused = 0, kNotRegistered = 1, kBusy = 2 };
+// kRegistrationRefused: a Register refused for good (the fbs says which); the client gives up.
+enum class RejectKind : uint8_t {
+  kRefused = 0,
+  kNotRegistered = 1,
+  kBusy = 2,
+  kRegistrationRefused = 3
+};
 
 struct RejectMsg {
   RejectKind kind = RejectKind::kRefused;

@@ -105,12 +105,15 @@ uint64_t ZmqFleet::totalEvalExamples() const {
   return n;
 }
 
-void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round, uint64_t nonce) {
+void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round, uint64_t nonce,
+                      bool registration) {
   ++refused_[static_cast<size_t>(code)];
   log_->warn("refused a message: {}", what);
   if (routing.empty()) return;
   pr::RejectMsg m;
-  m.kind = code == Errc::kNotRegistered ? pr::RejectKind::kNotRegistered : pr::RejectKind::kRefused;
+  m.kind = registration                 ? pr::RejectKind::kRegistrationRefused
+           : code == Errc::kNotRegistered ? pr::RejectKind::kNotRegistered
+                                          : pr::RejectKind::kRefused;
   m.code = static_cast<uint32_t>(code);
   m.round = round;
   m.nonce = nonce;
@@ -129,6 +132,13 @@ ZmqFleet::Peer* ZmqFleet::peerOf(const transport::Received& r) {
   return &c->second;
 }
 
+std::string ZmqFleet::describePeer(const transport::Received& r) const {
+  if (r.authenticated_id) return "client " + std::to_string(*r.authenticated_id) + " (by its key)";
+  if (const auto it = by_routing_.find(r.peer); it != by_routing_.end())
+    return "client " + std::to_string(it->second);
+  return "a connection that has not registered";
+}
+
 void ZmqFleet::handle(const transport::Received& r) {
   if (r.error) {
     // The transport refused a message before it was whole. A peer that is only too early (the
@@ -144,10 +154,10 @@ void ZmqFleet::handle(const transport::Received& r) {
       return;
     }
     // Every refusal is answered (docs/protocol.md) but a rate limit's: answering a flood would
-    // amplify it.
+    // amplify it. The log names the peer (issue 38: a rate limit's line did not say whose).
     const bool rate = r.error->code() == Errc::kRateLimited;
     refuse(rate ? std::string() : r.peer, r.error->code(),
-           "from peer: " + std::string(r.error->what()));
+           "from " + describePeer(r) + ": " + std::string(r.error->what()));
     return;
   }
   const auto bytes = r.bytes();
@@ -194,8 +204,9 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   try {
     m = pr::decodeRegister(r.bytes());
     if (m.layout_fingerprint != layout_->fingerprint())
-      failInput(Errc::kFingerprintMismatch, "client ", m.client_id, " trains another model (fingerprint ",
-                m.layout_fingerprint, ", the server's is ", layout_->fingerprint(), ")");
+      failInput(Errc::kFingerprintMismatch, "client ", m.client_id, " trains another model (layout fingerprint ",
+                hexFingerprint(m.layout_fingerprint), ", the server's is ", hexFingerprint(layout_->fingerprint()),
+                "): model.spec and the data's shape and classes must be the server's");
     if (r.authenticated_id && *r.authenticated_id != m.client_id)
       failInput(Errc::kWrongSender, "a peer whose key is listed as client ", *r.authenticated_id,
                 " registered as client ", m.client_id);
@@ -205,7 +216,11 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
     if (m.role == pr::Role::kAggregator && !config_.aggregator_ids.count(m.client_id))
       failInput(Errc::kWrongSender, "client ", m.client_id, " registers as an aggregator but is not listed as one");
   } catch (const InputError& e) {
-    refuse(r.peer, e.code(), std::string("registration refused: ") + e.what());
+    // Decoded: what registering again cannot change, which the client is told to give up on; not
+    // decoded (a malformed Register): an ordinary refusal.
+    refuse(r.peer, e.code(), std::string("registration refused: ") + e.what(), 0, 0,
+           e.code() == Errc::kFingerprintMismatch || e.code() == Errc::kWrongSender ||
+               e.code() == Errc::kBadWeight);
     return;
   }
   auto [it, fresh] = clients_.try_emplace(m.client_id);

@@ -168,7 +168,11 @@ class ZmqFleet final : public Fleet {
   void handleRegister(const transport::Received& r);
   void handleUpdate(const transport::Received& r, Peer& peer, bool partial);
   void handleEvaluation(const transport::Received& r, Peer& peer);
-  void refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round = 0, uint64_t nonce = 0);
+  // Who sent `r`, for a log line: the client its key is listed as, the client registered on its
+  // connection, or neither.
+  std::string describePeer(const transport::Received& r) const;
+  void refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round = 0, uint64_t nonce = 0,
+              bool registration = false);
   bool sendTask(Peer& peer, uint64_t nonce);
   void expireSilent();
   Peer* peerOf(const transport::Received& r);
