@@ -66,8 +66,8 @@ bench: build
 
 # Issue 8, "Speed": starling-sim (2 workers) against a plain PyTorch FedAvg loop, the bare LibTorch
 # loop and two concurrent ones, 3 interleaved repetitions (about 10 min; docs/performance.md). Its
-# own Release build in $(SPEED_BUILD_DIR). Needs Debian's python3-torch, which the bootstrap does
-# not install (apt-get install python3-torch); the script says so when it is missing.
+# own Release build in $(SPEED_BUILD_DIR). Needs Debian's python3-torch, which the bootstrap
+# installs (scripts/bootstrap.sh); the script says so when it is missing.
 SPEED_BUILD_DIR ?= build-speed
 bench-speed:
 	@if [ ! -f $(SPEED_BUILD_DIR)/build.ninja ]; then \

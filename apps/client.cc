@@ -28,6 +28,7 @@ int runClient(const apps::Settings& c) {
   rc.security = apps::security(c.net, /*server_side=*/false, /*needs_upstream=*/true);
   rc.limits = apps::transportLimits(c.net);
   rc.state_file = c.state.file;
+  rc.server_silence_ms = c.net.server_silence_ms;
   rc.delay_ms = c.client.delay_ms;
   rc.validate();
   // Its training shard (the same split every client computes, from the labels) and an IID share of
@@ -57,8 +58,9 @@ int runClient(const apps::Settings& c) {
                    loaded.train_path, "): ", e.what());
   }
   const client::DataView tv{&train, train_idx}, ev{&test, test_idx};
-  log->info("model {} | {} training and {} test examples | server {}", trainer->spec(), tv.size(),
-            ev.size(), c.client.server);
+  log->info("model {} (fingerprint {}) | {} training and {} test examples | server {}",
+            trainer->spec(), hexFingerprint(trainer->layout().fingerprint()), tv.size(), ev.size(),
+            c.client.server);
   transport::Context ctx;
   client::ClientRuntime runtime(ctx, rc, *trainer, tv, ev, log);
   apps::installStopHandlers();

@@ -248,11 +248,12 @@ int runServer(apps::Settings& c) {
   aggregation::makeServerOptimizer(ec.server_opt, 1);
   const ModelShape shape = modelShape(c);
   auto trainer = apps::makeDeployedTrainer(c.model.spec, shape.rows, shape.cols, shape.classes);
-  if (ec.scheme.scaffold) {
-    if (aggregator)
-      STARLING_THROW(ConfigError,
-                     "train.scaffold is the root's setting: an edge aggregator follows "
-                     "the tasks it relays (leave it out of the aggregator's command line)");
+  if (ec.scheme.scaffold && aggregator) {
+    // One file serves the root, its aggregators and its clients (issue 38): the setting is the
+    // root's, and an aggregator relays what the root's tasks carry.
+    log->info("train.scaffold is the root's setting: this aggregator relays SCAFFOLD's control "
+              "variates when the root's tasks carry them");
+  } else if (ec.scheme.scaffold) {
     client::checkScaffoldTrainer(*trainer);
     // N must count clients: behind edge aggregators the registered peers are aggregators.
     if (!c.server.aggregator_ids.empty() && ec.scaffold_population == 0)
@@ -291,8 +292,8 @@ int runServer(apps::Settings& c) {
     fc.aggregator_ids.insert(id);
   }
   server::ZmqFleet fleet(ctx, fc, layout, log);
-  log->info("listening on {} | model {} ({} parameters, fingerprint {:x})", fleet.endpoint(), trainer->spec(),
-            layout->numel(), layout->fingerprint());
+  log->info("listening on {} | model {} ({} parameters, fingerprint {})", fleet.endpoint(), trainer->spec(),
+            layout->numel(), hexFingerprint(layout->fingerprint()));
   apps::installStopHandlers();
   // SIGINT / SIGTERM end a wait or a phase within about 100 ms (server::Stopped), not when it
   // times out, and the round in progress is left for the restart.
@@ -310,6 +311,7 @@ int runServer(apps::Settings& c) {
     ac.downlink = ec.downlink;
     ac.resparsify_density = c.aggregation.resparsify;
     ac.min_clients = c.aggregation.min_clients;
+    ac.upstream_silence_ms = c.net.server_silence_ms;
     server::EdgeAggregator agg(ctx, ac, fleet, layout, log);
     log->info("aggregator {} relaying to {}", c.server.id, c.server.upstream);
     const bool finished = agg.run(apps::stopFlag());
@@ -324,9 +326,13 @@ int runServer(apps::Settings& c) {
   if (engine.resumed())
     log->info("resumed from {} at round {} (model version {})", ec.checkpoint, engine.nextRound(),
               engine.model().version());
-  log->info("compressor {} | rule {} | server optimizer {} | downlink {} | {} rounds",
+  log->info("compressor {} | rule {} | server optimizer {} | downlink {} | {} rounds{}",
             engine.scheme().compressor().spec(), engine.scheme().rule().spec(), ec.server_opt,
-            c.downlink.mode, ec.rounds);
+            c.downlink.mode, ec.rounds,
+            !ec.scheme.scaffold ? std::string()
+            : ec.scaffold_population
+                ? fmt::format(" | SCAFFOLD on (N = {} clients)", ec.scaffold_population)
+                : std::string(" | SCAFFOLD on (N = the clients available each round)"));
   if (ec.sampling.clients_per_round > 0)
     log->info("sampling {} clients per round; each round waits for {} registered",
               ec.sampling.clients_per_round, ec.sampling.min_available);

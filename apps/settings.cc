@@ -304,6 +304,13 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         600000);
   o.add("net.silence_ms", &s.server.silence_ms,
         "a client silent this long fails its task and is unlisted", 20, 3600000);
+  use(kDeploy);
+  o.add("net.server_silence_ms", &s.net.server_silence_ms,
+        "client / edge aggregator: register again when nothing came from the server above this "
+        "long (it answers every heartbeat, and is read while a fit or a relayed phase runs, so "
+        "only a server gone quiet trips it)",
+        100, 86'400'000);
+  use(kServer);
   declareNet(o, s.net, use);
   use(kClient);
   o.add("client.server", &s.client.server, "the server (root or aggregator) endpoint");

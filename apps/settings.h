@@ -126,7 +126,8 @@ struct Settings {
     uint64_t chunk_bytes = uint64_t{1} << 20;
     uint64_t max_message_bytes = uint64_t{1} << 30;
     uint64_t max_reassembly_bytes = uint64_t{1} << 30;
-    double rate = 1000, burst = 200;
+    double rate = 10000, burst = 2000;  // transport::TransportLimits' defaults (why: there)
+    uint32_t server_silence_ms = 15000;
   } net;
   struct Client {
     std::string server = "tcp://127.0.0.1:7700";

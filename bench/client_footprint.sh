@@ -9,7 +9,11 @@
 # SHARDS (default 2): the clients are shards 0 and 1 of that many (--data.num_clients); each holds
 # only its shard (and its share of the test set), so its memory follows 1 / SHARDS.
 # MODEL (default softmax): the model spec of the server and the clients (cnn: the CNN).
-# Usage: [SHARDS=N] [MODEL=SPEC] bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]
+# COMPRESSOR (default none: dense updates), PARTITION (default iid), EVAL_EVERY (default 0: no
+# federated evaluation): the usual deployment is COMPRESSOR=topk:density=0.05
+# PARTITION=dirichlet:alpha=0.5 EVAL_EVERY=1 (docs/deployment.md gives both figures).
+# Usage: [SHARDS=N] [MODEL=SPEC] [COMPRESSOR=..] [PARTITION=..] [EVAL_EVERY=..]
+#        bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]
 # Prints one `key value` per line.
 set -euo pipefail
 build=${1:?usage: bench/client_footprint.sh BUILD_DIR [ARM64_DIR] [ROUNDS]}
@@ -17,6 +21,9 @@ arm=${2:-}
 rounds=${3:-5}
 shards=${SHARDS:-2}
 model=${MODEL:-softmax}
+compressor=${COMPRESSOR:-none}
+partition=${PARTITION:-iid}
+eval_every=${EVAL_EVERY:-0}
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -43,7 +50,8 @@ port=$((20000 + RANDOM % 20000))
 ep=tcp://127.0.0.1:$port
 common=(--security.insecure true --log.level warn --model.spec "$model")
 "$build/bin/starling-server" "${common[@]}" --server.bind "$ep" --train.rounds "$rounds" \
-  --sampling.min_available 2 --sampling.min_clients 2 --eval.every 0 > "$tmp/server.log" 2>&1 &
+  --sampling.min_available 2 --sampling.min_clients 2 --eval.every "$eval_every" \
+  --compression.compressor "$compressor" > "$tmp/server.log" 2>&1 &
 pids+=($!)
 server=$!
 
@@ -51,7 +59,7 @@ run_client() {  # id, label, command...
   local id=$1 label=$2
   shift 2
   /usr/bin/time -v -o "$tmp/time-$label" "$@" "${common[@]}" --client.server "$ep" --client.id "$id" \
-    --data.num_clients "$shards" --data.partition iid > "$tmp/client-$label.log" 2>&1
+    --data.num_clients "$shards" --data.partition "$partition" > "$tmp/client-$label.log" 2>&1
 }
 run_client 0 x86_64 "$tmp/client-x86" &
 c1=$!

@@ -3,14 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <optional>
 #include <thread>
 
 #include "client/algorithm.h"
-#include "client/upstream_session.h"
+#include "client/upstream_link.h"
 #include "compression/registry.h"
 #include "core/bytes.h"
 #include "core/error.h"
@@ -33,8 +32,20 @@ void RuntimeConfig::validate() const {
   security.validate(/*server_side=*/false);
   limits.validate();
   if (register_retry_ms < 10) STARLING_THROW(ConfigError, "register_retry_ms must be at least 10");
-  if (server_silence_ms < 100) STARLING_THROW(ConfigError, "server_silence_ms must be at least 100");
+  if (server_silence_ms < 100)
+    STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ", server_silence_ms);
   if (clock == nullptr) STARLING_THROW(ConfigError, "the client's clock is null");
+  if (!state_file.empty()) {
+    // Found before the first fit, not after it (the training would be lost with the write).
+    const std::filesystem::path dir = std::filesystem::path(state_file).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+      STARLING_THROW(ConfigError, "state_file '", state_file, "': its folder '", dir.string(),
+                     "' does not exist (create it first)");
+    if (std::filesystem::is_directory(state_file, ec))
+      STARLING_THROW(ConfigError, "state_file '", state_file,
+                     "' is a folder; name a file in it (e.g. ", state_file, "/client.state)");
+  }
 }
 
 struct ClientRuntime::Impl {
@@ -42,41 +53,48 @@ struct ClientRuntime::Impl {
   Trainer& trainer;
   DataView train, eval;
   std::shared_ptr<spdlog::logger> log;
-  transport::ClientSocket socket;
   const ParamLayout& layout;
   std::vector<float> model;
   uint64_t held_version = 0;
   std::map<std::string, std::unique_ptr<cz::Compressor>> compressors;
-  // The update last sent (or about to be), with its task's nonce: resent when the same task
-  // comes again after a restart.
+  // The update last sent (or about to be) is the link's lastAnswer(), with its task's nonce here:
+  // sent again when the same task comes again after a restart.
   uint64_t pending_nonce = 0;
-  std::vector<uint8_t> pending;
-  // Session state.
-  UpstreamSession upstream;                 // registration, welcome, heartbeats, re-registration
+  uint64_t resent_same = 0;                 // updates sent again for the same task
+  RuntimeStats* live = nullptr;             // the runtime's statistics, updated as messages go
   const std::atomic<bool>* stop = nullptr;  // run()'s flag, read by training
-  // A Reject(Busy) for the pending update: send it again at `resend_at`, backing off.
-  std::optional<Clock::time_point> resend_at;
-  milliseconds busy_backoff{200};
+  UpstreamLink link;                        // the server above: session, heartbeats, reading
 
   Impl(transport::Context& ctx, RuntimeConfig c, Trainer& t, DataView tr, DataView ev,
-       std::shared_ptr<spdlog::logger> l)
+       std::shared_ptr<spdlog::logger> l, RuntimeStats& st)
       : config((c.validate(), std::move(c))),
         trainer(t),
         train(tr),
         eval(ev),
         log(l ? std::move(l) : spdlog::default_logger()),
-        socket(ctx, config.server, config.security, config.limits),
         layout(t.layout()),
         model(layout.numel()),
-        upstream({milliseconds(config.register_retry_ms), milliseconds(config.server_silence_ms)},
-                 config.clock->now()) {}
+        live(&st),
+        link(ctx, linkConfig(config), [this] { return registration(); },
+             [this](uint64_t session) {
+               return pr::encode(pr::HeartbeatMsg{config.client_id, session, live->last_round});
+             },
+             log, [this] { sent(); }) {}
 
-  void send(std::span<const uint8_t> bytes, RuntimeStats& stats) {
-    if (socket.send(bytes)) stats.uplink_bytes += bytes.size();
-    if (config.on_sent) config.on_sent(stats);
+  static UpstreamLinkConfig linkConfig(const RuntimeConfig& c) {
+    UpstreamLinkConfig u;
+    u.endpoint = c.server;
+    u.security = c.security;
+    u.limits = c.limits;
+    u.name = "client " + std::to_string(c.client_id);
+    u.register_retry_ms = c.register_retry_ms;
+    u.silence_ms = c.server_silence_ms;
+    u.clock = c.clock;
+    u.id = c.client_id;
+    return u;
   }
 
-  void registerNow(RuntimeStats& stats) {
+  std::optional<std::vector<uint8_t>> registration() {
     pr::RegisterMsg m;
     m.client_id = config.client_id;
     m.role = pr::Role::kClient;
@@ -85,9 +103,23 @@ struct ClientRuntime::Impl {
     m.eval_examples = eval.size();
     m.model_version = held_version;
     m.capabilities = {"fp16", "delta", "downlink-qsgd", "downlink-stc"};
-    send(pr::encode(m), stats);
-    upstream.registerSent(config.clock->now());
-    ++stats.registrations;
+    return pr::encode(m);
+  }
+
+  // The link's counters into the runtime's statistics.
+  void sync() {
+    const UpstreamStats& u = link.stats();
+    live->registrations = u.registrations;
+    live->heartbeats = u.heartbeats;
+    live->rejects = u.rejects;
+    live->uplink_bytes = u.uplink_bytes;
+    live->downlink_bytes = u.downlink_bytes;
+    live->resent = resent_same + u.resent_after_busy;
+  }
+  // After each message sent: the statistics, then the owner's callback.
+  void sent() {
+    sync();
+    if (config.on_sent) config.on_sent(*live);
   }
 
   void saveState(const ClientState& state) {
@@ -98,6 +130,7 @@ struct ClientRuntime::Impl {
     w.u32(kStateMagic);
     w.u32(kStateVersion);
     w.u64(config.client_id);
+    const std::vector<uint8_t>& pending = link.lastAnswer();
     w.u64(pending_nonce);
     w.u64(pending.size());
     w.bytes(pending.data(), pending.size());
@@ -117,7 +150,7 @@ struct ClientRuntime::Impl {
     const uint64_t n = r.u64();
     if (n > r.remaining()) r.fail("truncated pending update");
     const auto p = r.view(n);
-    pending.assign(p.begin(), p.end());
+    link.restoreAnswer(std::vector<uint8_t>(p.begin(), p.end()));
     const uint64_t m = r.u64();
     if (m > r.remaining()) r.fail("truncated state");
     ClientState loaded(layout.fingerprint());
@@ -128,25 +161,26 @@ struct ClientRuntime::Impl {
     if (const auto* res = state.find<cz::ResidualState>(cz::kResidualComponent))
       for (float x : res->values) sq += static_cast<double>(x) * x;
     log->info("client {}: state restored from {} ({} bytes, residual norm {:.9g}{})", config.client_id,
-              config.state_file, bytes.size(), std::sqrt(sq), pending.empty() ? "" : ", with an update awaiting its task");
+              config.state_file, bytes.size(), std::sqrt(sq), link.lastAnswer().empty() ? "" : ", with an update awaiting its task");
   }
 
-  // Runs `work` on a second thread while this one keeps heartbeating.
+  // Runs `work` on a second thread while this one keeps the link alive: heartbeats go out and the
+  // server's messages are read (those for later are kept), so a long fit is never taken for a
+  // silent server. A refusal for good (UpstreamRefused) waits for the work, then ends run().
   template <class F>
-  auto withHeartbeats(F&& work, RuntimeStats& stats) {
+  auto withHeartbeats(F&& work) {
     auto fut = std::async(std::launch::async, std::forward<F>(work));
-    while (fut.wait_for(milliseconds(20)) != std::future_status::ready) heartbeatIfDue(stats);
+    std::exception_ptr refused;
+    while (fut.wait_for(milliseconds(5)) != std::future_status::ready) {
+      if (refused) continue;
+      try {
+        link.upkeep();
+      } catch (const UpstreamRefused&) {
+        refused = std::current_exception();
+      }
+    }
+    if (refused) std::rethrow_exception(refused);
     return fut.get();
-  }
-
-  void heartbeatIfDue(RuntimeStats& stats) {
-    const auto now = config.clock->now();
-    if (!upstream.heartbeatDue(now)) return;
-    ++stats.heartbeats;
-    send(pr::encode(pr::HeartbeatMsg{config.client_id, upstream.session(), stats.last_round}),
-         stats);
-    log->debug("client {}: heartbeat sent", config.client_id);
-    upstream.heartbeatSent(now);
   }
 
   // A server names the compressor in each task; a few are kept (a hostile server cannot grow
@@ -170,11 +204,11 @@ struct ClientRuntime::Impl {
     pr::TaskMsg t = pr::decodeTask(bytes, layout, pr::ControlLimits{config.limits.max_message_bytes});
     ++stats.tasks;
     stats.last_round = t.round;
-    if (t.kind == pr::TaskKind::kFit && t.nonce == pending_nonce && !pending.empty()) {
+    if (t.kind == pr::TaskKind::kFit && t.nonce == pending_nonce && !link.lastAnswer().empty()) {
       log->info("client {}: round {} phase {} again; resending the update it already made", config.client_id, t.round,
                 t.phase);
-      send(pending, stats);
-      ++stats.resent;
+      ++resent_same;
+      link.resendAnswer();
       return;
     }
     if (!t.model.empty()) {
@@ -182,7 +216,7 @@ struct ClientRuntime::Impl {
         // The server thinks we hold another version (we restarted, or dropped a task): tell it.
         log->warn("client {}: a model delta against version {}, but this client holds {}; registering again",
                   config.client_id, t.base_version, held_version);
-        registerNow(stats);
+        link.registerNow();
         return;
       }
       pr::applyModel(layout, held_version, t.base_version, t.model, model);
@@ -190,9 +224,9 @@ struct ClientRuntime::Impl {
     }
     if (t.kind == pr::TaskKind::kEvaluate) {
       const DataView& data = eval.size() ? eval : train;
-      const EvalResult e = withHeartbeats([&] { return trainer.evaluate(model, data); }, stats);
-      send(pr::encode(pr::EvaluationMsg{config.client_id, t.round, t.nonce, e.num_examples, e.loss, e.accuracy}), stats);
+      const EvalResult e = withHeartbeats([&] { return trainer.evaluate(model, data); });
       ++stats.evaluations_sent;
+      link.send(pr::encode(pr::EvaluationMsg{config.client_id, t.round, t.nonce, e.num_examples, e.loss, e.accuracy}));
       return;
     }
     log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round, t.phase, train.size());
@@ -205,8 +239,7 @@ struct ClientRuntime::Impl {
               if (stop && stop->load()) throw TrainingStopped("client: stopped while delaying");
               std::this_thread::sleep_for(milliseconds(10));
             }
-          },
-          stats);
+          });
     const cz::Compressor& comp = compressor(t.compressor);
     FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
     fit.prox_mu = t.fit.prox_mu;
@@ -218,11 +251,9 @@ struct ClientRuntime::Impl {
     // SCAFFOLD when the task carries the server's c: the control change travels with the update,
     // and c_i+ waits in the state for the server's acknowledgement of this round.
     const std::optional<uint64_t> ack = t.control.empty() ? std::nullopt : t.control_ack;
-    PhaseResult res = withHeartbeats(
-        [&] {
-          return algorithm.runPhase(b, config.client_id, model, train, state, t.control, ack);
-        },
-        stats);
+    PhaseResult res = withHeartbeats([&] {
+      return algorithm.runPhase(b, config.client_id, model, train, state, t.control, ack);
+    });
     if (res.control_dropped != 0)
       log->info(
           "client {}: round {}'s SCAFFOLD control change was not counted by the server "
@@ -234,18 +265,19 @@ struct ClientRuntime::Impl {
     std::erase_if(res.update.metrics, [&](const Metric& m) {
       return std::find(t.metrics.begin(), t.metrics.end(), m.name) == t.metrics.end();
     });
-    pending = pr::encodeUpdate(res.update);
+    std::vector<uint8_t> update = pr::encodeUpdate(res.update);
+    link.restoreAnswer(std::move(update));
     pending_nonce = t.nonce;
     saveState(state);  // before sending: a crash now resends this update, never retrains
-    send(pending, stats);
     ++stats.updates_sent;
-    stats.update_bytes += pending.size();
+    stats.update_bytes += link.lastAnswer().size();
+    link.resendAnswer();
   }
 };
 
 ClientRuntime::ClientRuntime(transport::Context& ctx, RuntimeConfig config, Trainer& trainer, DataView train,
                              DataView eval, std::shared_ptr<spdlog::logger> log)
-    : impl_(std::make_unique<Impl>(ctx, std::move(config), trainer, train, eval, std::move(log))),
+    : impl_(std::make_unique<Impl>(ctx, std::move(config), trainer, train, eval, std::move(log), stats_)),
       state_(trainer.layout().fingerprint()) {
   impl_->loadState(state_);
 }
@@ -255,77 +287,26 @@ ClientRuntime::~ClientRuntime() = default;
 bool ClientRuntime::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
   s.stop = &stop;
-  s.registerNow(stats_);
+  s.link.registerNow();
   while (!stop.load()) {
-    const UpstreamSession::Due due = s.upstream.tick(s.config.clock->now());
-    if (due.silent)
-      s.log->warn("client {}: the server has been silent for {} ms; registering again", s.config.client_id,
-                  s.config.server_silence_ms);
-    if (due.register_now) s.registerNow(stats_);
-    if (due.heartbeat) s.heartbeatIfDue(stats_);
-    if (s.resend_at && s.config.clock->now() >= *s.resend_at) {
-      s.resend_at.reset();
-      s.send(s.pending, stats_);
-      ++stats_.resent;
-    }
-    auto r = s.socket.receive(milliseconds(50));
+    s.link.upkeep();
+    std::optional<transport::Received> r = s.link.next(milliseconds(50));
+    s.sync();
     if (!r) continue;
-    if (r->error) {
-      s.log->warn("client {}: {}", s.config.client_id, r->error->what());
-      continue;
-    }
-    s.upstream.heard(s.config.clock->now());
-    stats_.downlink_bytes += r->bytes().size();
     const auto kind = pr::peekKind(r->bytes());
-    if (kind != pr::MessageKind::kReject) s.busy_backoff = milliseconds(200);
     try {
-      if (!kind) failInput(Errc::kMalformed, "not a Starling message");
-      switch (*kind) {
-        case pr::MessageKind::kWelcome: {
-          const auto w = pr::decodeWelcome(r->bytes());
-          if (w.client_id != s.config.client_id) failInput(Errc::kWrongSender, "a welcome for client ", w.client_id);
-          // Registrations queued during an outage come back as several welcomes: log the first.
-          if (s.upstream.onWelcome(w.session, w.heartbeat_ms))
-            s.log->info("client {}: registered (session {:x})", s.config.client_id, w.session);
-          break;
-        }
-        case pr::MessageKind::kHeartbeat: {
-          const auto h = pr::decodeHeartbeat(r->bytes());
-          if (s.upstream.onServerHeartbeat(h.session)) {
-            s.log->warn("client {}: the server restarted; registering again", s.config.client_id);
-            s.registerNow(stats_);
-          }
-          break;
-        }
+      switch (*kind) {  // the link returns only a task, a shutdown or a refusal
         case pr::MessageKind::kTask: s.onTask(r->bytes(), state_, stats_); break;
-        case pr::MessageKind::kReject: {
-          const auto j = pr::decodeReject(r->bytes());
-          ++stats_.rejects;
-          if (j.kind == pr::RejectKind::kNotRegistered) {
-            // After a root restart every heartbeat queued during the outage draws one (issue 20:
-            // 7 to 9 registrations, each bringing the task and the update again): one
-            // registration in flight answers them all.
-            if (s.upstream.onNotRegistered(s.config.clock->now())) s.registerNow(stats_);
-          } else if (j.kind == pr::RejectKind::kBusy) {
-            // Nothing was wrong with the upload: send it again after a randomized backoff.
-            if (!s.pending.empty() && !s.resend_at) {
-              const auto wait = s.busy_backoff + milliseconds(std::rand() % (s.busy_backoff.count() + 1));
-              s.resend_at = s.config.clock->now() + wait;
-              s.busy_backoff = std::min(s.busy_backoff * 2, milliseconds(5000));
-              s.log->info("client {}: the server is busy; sending the update again in {} ms", s.config.client_id,
-                          wait.count());
-            }
-          } else {
-            s.log->warn("client {}: the server refused a message: {}", s.config.client_id, j.message);
-          }
+        case pr::MessageKind::kReject:
+          s.log->warn("client {}: the server refused a message: {}", s.config.client_id,
+                      pr::decodeReject(r->bytes()).message);
           break;
-        }
         case pr::MessageKind::kShutdown: {
           const auto f = pr::decodeShutdown(r->bytes());
           s.log->info("client {}: the server ended the federation: {}", s.config.client_id, f.reason);
           return true;
         }
-        default: failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(*kind));
+        default: break;
       }
     } catch (const TrainingStopped& e) {
       // The state is as it was before the task (it is saved only with a finished update): the

@@ -1,9 +1,13 @@
 #pragma once
-// The deployed client: one client of a federation over ZeroMQ (a DEALER, transport::ClientSocket).
-// It registers, answers tasks with the shared client algorithm (client/algorithm.h: train ->
-// delta -> compress with its own error-feedback state -> Update), answers evaluation tasks,
-// heartbeats while it trains, and re-registers whenever the server says it does not know it or
-// went silent (a restarted server, a dropped connection; ZeroMQ itself reconnects with backoff).
+// The deployed client: one client of a federation over ZeroMQ (its connection upstream is
+// client/upstream_link.h, the edge aggregator's too). It registers, answers tasks with the shared
+// client algorithm (client/algorithm.h: train -> delta -> compress with its own error-feedback
+// state -> Update), answers evaluation tasks, heartbeats and reads the server while it trains (a
+// fit of minutes is never taken for a silent server), and re-registers whenever the server says it
+// does not know it or was silent for server_silence_ms (a restarted server, a dropped connection;
+// ZeroMQ itself reconnects with backoff). What re-registering cannot mend -- a key the server does
+// not admit, CURVE against plain TCP, a key listed under another id, another model -- ends run()
+// with UpstreamRefused, saying what to check.
 //
 // Durability: with a state file, the client writes (atomically) its compressor state and the
 // update it is about to send, with that task's nonce, before sending. A client killed and
@@ -12,7 +16,8 @@
 // instead of training again: nothing is lost or counted twice.
 //
 // Threading: run() owns the socket on the calling thread; training runs on a second thread so
-// that heartbeats keep flowing, and is joined before the next message is handled.
+// that heartbeats and the server's messages keep flowing (those for later are kept), and is
+// joined before the next message is handled.
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -45,9 +50,12 @@ struct RuntimeConfig {
   uint64_t client_id = 0;
   transport::SecurityConfig security;
   transport::TransportLimits limits;
-  std::string state_file;              // empty: state lives in memory only
+  std::string state_file;              // empty: state lives in memory only (its folder must exist)
   uint32_t register_retry_ms = 1000;   // resend Register when no Welcome came in this long
-  uint32_t server_silence_ms = 15000;  // re-register when the server was silent this long
+  // Register again when nothing came from the server this long (net.server_silence_ms). The server
+  // answers every heartbeat, and the client reads while it trains: only a server gone quiet
+  // trips it, however long the fit.
+  uint32_t server_silence_ms = 15000;
   uint32_t delay_ms = 0;               // sleep this long before answering a fit task (simulates a slow device)
   // Heartbeats, registration retries, server silence, back-offs and the delay are measured in it
   // (core/clock.h; a test moves it forward).
@@ -66,7 +74,8 @@ class ClientRuntime {
   ~ClientRuntime();
 
   // Serves the federation until the server sends Shutdown (returns true) or `stop` becomes true
-  // (returns false). Throws IoError if the state file cannot be written.
+  // (returns false). Throws IoError if the state file cannot be written, UpstreamRefused
+  // (client/upstream_link.h) when the server will not take this client.
   bool run(const std::atomic<bool>& stop);
 
   const RuntimeStats& stats() const { return stats_; }

@@ -6,8 +6,9 @@ UpstreamSession::UpstreamSession(Timings t, Clock::time_point now) : t_(t), last
 
 UpstreamSession::Due UpstreamSession::tick(Clock::time_point now) {
   Due d;
-  if (!registered_ && now - last_register_ > t_.register_retry) d.register_now = true;
-  if (registered_ && now - last_heard_ > t_.silence) {
+  // Not welcomed yet, or a registration again unanswered: send it again.
+  if ((!registered_ || awaiting_) && now - last_register_ > t_.register_retry) d.register_now = true;
+  if (registered_ && !awaiting_ && now - last_heard_ > t_.silence) {
     last_heard_ = now;  // once per silent period, not on every turn
     d.register_now = d.silent = true;
   }
@@ -16,7 +17,7 @@ UpstreamSession::Due UpstreamSession::tick(Clock::time_point now) {
 }
 
 void UpstreamSession::registerSent(Clock::time_point now) {
-  registered_ = false;
+  awaiting_ = true;
   last_register_ = now;
 }
 
@@ -25,13 +26,14 @@ void UpstreamSession::heartbeatSent(Clock::time_point now) { last_heartbeat_ = n
 bool UpstreamSession::onWelcome(uint64_t session, uint32_t heartbeat_ms) {
   const bool fresh = !registered_ || session != session_;
   registered_ = true;
+  awaiting_ = false;
   session_ = session;
   heartbeat_ = Millis(heartbeat_ms);
   return fresh;
 }
 
 bool UpstreamSession::onNotRegistered(Clock::time_point now) const {
-  return registered_ || now - last_register_ >= t_.register_retry;
+  return !awaiting_ || now - last_register_ >= t_.register_retry;
 }
 
 }  // namespace starling::client

@@ -5,6 +5,12 @@
 // registration, not one each (after a root restart, every heartbeat queued during the outage
 // draws one: 7 to 9 registrations per client before, each bringing the task again).
 //
+// A registration again (after silence, a restart, or the owner's own reason) keeps the session it
+// replaces until the Welcome comes: heartbeats go on meanwhile (issue 38: a re-registration that
+// stopped them until a Welcome was read cost the next round, the server failing the client as
+// silent while it trained). The owner reads the server while it works (client/upstream_link.h),
+// so a long fit is never taken for a silent server.
+//
 // Pure logic over times the owner passes: it sends nothing. The owner sends the Register (and then
 // calls registerSent) and the Heartbeat (heartbeatSent) when it says so, tells it what came back,
 // and keeps its own reasons to register again (an aggregator whose clients changed). Tested on its
@@ -34,8 +40,7 @@ class UpstreamSession {
   UpstreamSession(Timings t, Clock::time_point now);
 
   Due tick(Clock::time_point now);
-  // A heartbeat is due (registered, and heartbeatInterval() since the last): for an owner busy
-  // elsewhere (a client training) that keeps heartbeating without the rest of tick().
+  // A heartbeat is due (a session, and heartbeatInterval() since the last).
   bool heartbeatDue(Clock::time_point now) const {
     return registered_ && now - last_heartbeat_ >= heartbeat_;
   }
@@ -54,13 +59,16 @@ class UpstreamSession {
   // than register_retry ago, no Welcome yet) the rest of a burst is answered by it.
   bool onNotRegistered(Clock::time_point now) const;
 
+  // Welcomed at least once: a session (the server may have forgotten it; heartbeats will say).
   bool registered() const { return registered_; }
+  // A Register is out and no Welcome has answered it yet.
+  bool awaitingWelcome() const { return awaiting_; }
   uint64_t session() const { return session_; }
   Millis heartbeatInterval() const { return heartbeat_; }
 
  private:
   Timings t_;
-  bool registered_ = false;
+  bool registered_ = false, awaiting_ = false;
   uint64_t session_ = 0;
   Millis heartbeat_{1000};
   Clock::time_point last_register_{}, last_heartbeat_{}, last_heard_;

@@ -21,6 +21,7 @@ enum class StreamPurpose : uint32_t {
   kLowRankInit = 6,    // initial PowerSGD / ACP-SGD factors, identical on every client
   kTraining = 7,       // local training (shuffling, initialisation)
   kDataPartition = 8,  // splitting a data set among clients
+  kBackoff = 9,        // a deployed client's or aggregator's jitter before sending again
 };
 
 // Use kAnyClient as the client id of a stream shared by every client of a round.

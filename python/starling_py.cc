@@ -20,9 +20,11 @@
 #include <pthread.h>
 
 #include <atomic>
-#include <csignal>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <functional>
 #include <future>
@@ -36,8 +38,10 @@
 
 #include "aggregation/bounds.h"
 #include "client/runtime.h"
+#include "client/upstream_link.h"
 #include "client/trainer.h"
 #include "core/error.h"
+#include "data/idx.h"
 #include "data/partition.h"
 #include "protocol/control.h"
 #include "transport/context.h"
@@ -110,6 +114,19 @@ class PythonThread {
   std::function<void()> job_;
 };
 
+// The learning rate (and prox_mu) travel as float32s (docs/protocol.md): 0.05 arrives as 0.05000000074...
+// Given to Python as the shortest decimal that is the same float32 (0.05), which is what the
+// user wrote and what a float32 optimizer rounds it to again.
+double shortestFloat(double v) {
+  const auto f = static_cast<float>(v);
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) return std::strtod(buf, nullptr);
+  }
+  return static_cast<double>(f);
+}
+
 // A Trainer whose fit() and evaluate() are a Python object's (client/trainer.h's contract, with
 // the data held by the Python side: the DataViews only carry the example counts).
 class PyTrainer final : public client::Trainer {
@@ -139,8 +156,8 @@ class PyTrainer final : public client::Trainer {
       config["round"] = round();
       config["epochs"] = cfg.epochs;
       config["batch_size"] = cfg.batch_size;
-      config["lr"] = cfg.lr;
-      config["prox_mu"] = cfg.prox_mu;
+      config["lr"] = shortestFloat(cfg.lr);
+      config["prox_mu"] = shortestFloat(cfg.prox_mu);
       config["seed"] = seed;
       py::object out = client_.attr("fit")(arrays(params), config);
       const py::tuple t = result(out, "fit", "(parameters, num_examples, metrics)");
@@ -509,6 +526,9 @@ PYBIND11_MODULE(_starling, m) {
   py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
   py::register_exception<IoError>(m, "IoError", PyExc_OSError);
   py::register_exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
+  // The server will not take this client (its key, its id, its model; client/upstream_link.h).
+  py::register_exception<client::UpstreamRefused>(m, "UpstreamRefused",
+                                                  PyExc_ConnectionRefusedError);
 
   m.def(
       "model_layout",
@@ -541,6 +561,24 @@ PYBIND11_MODULE(_starling, m) {
   m.def(
       "layout_fingerprint",
       [](const LayoutList& layout) { return makeLayout(layout).fingerprint(); }, py::arg("layout"));
+  m.def(
+      "load_idx",
+      [](const std::string& images, const std::string& labels, uint32_t num_classes) {
+        data::IdxOptions o;
+        o.num_classes = num_classes;
+        data::Dataset d;
+        {
+          py::gil_scoped_release release;
+          d = data::loadIdx(images, labels, o);
+        }
+        py::array_t<float> x({static_cast<py::ssize_t>(d.size()), static_cast<py::ssize_t>(d.rows),
+                              static_cast<py::ssize_t>(d.cols)});
+        std::copy(d.images.begin(), d.images.end(), x.mutable_data());
+        py::array_t<uint8_t> y(static_cast<py::ssize_t>(d.size()));
+        std::copy(d.labels.begin(), d.labels.end(), y.mutable_data());
+        return py::make_tuple(x, y, d.num_classes);
+      },
+      py::arg("images"), py::arg("labels"), py::arg("num_classes"));
 
   py::class_<Client>(m, "Client")
       .def(py::init<py::object, std::string, uint64_t, const LayoutList&, uint64_t, uint64_t, bool,

@@ -2,11 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstdlib>
 #include <map>
 #include <optional>
 
-#include "client/upstream_session.h"
+#include "client/upstream_link.h"
 #include "core/error.h"
 #include "protocol/control.h"
 
@@ -22,6 +21,8 @@ void AggregatorConfig::validate() const {
   security.validate(/*server_side=*/false);
   limits.validate();
   if (clock == nullptr) STARLING_THROW(ConfigError, "the aggregator's clock is null");
+  if (upstream_silence_ms < 100)
+    STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ", upstream_silence_ms);
   bounds.validate();
   if (!(resparsify_density >= 0.0 && resparsify_density <= 1.0))
     STARLING_THROW(ConfigError, "aggregator.resparsify_density must be in [0, 1], got ", resparsify_density);
@@ -35,7 +36,6 @@ struct EdgeAggregator::Impl {
   ZmqFleet& fleet;
   std::shared_ptr<const ParamLayout> layout;
   std::shared_ptr<spdlog::logger> log;
-  transport::ClientSocket up;
   std::map<std::string, std::unique_ptr<ag::RoundScheme>> schemes;
   std::unique_ptr<ModelStore> model;
   std::vector<float> held;  // the model as received from upstream
@@ -50,14 +50,12 @@ struct EdgeAggregator::Impl {
   uint64_t partial_round = 0;
   std::vector<uint64_t> partial_clients;
   std::vector<float> residual;  // what re-sparsification dropped, sent in later rounds
-  std::vector<uint8_t> last_partial;  // resent when upstream answers Reject(Busy)
-  uint64_t answered_nonce = 0;        // the upstream task last_partial answers
-  std::optional<Clock::time_point> resend_at;
-  milliseconds busy_backoff{200};
+  uint64_t answered_nonce = 0;  // the upstream task the link's lastAnswer() answers
   uint64_t partials = 0;
-  // The upstream session (client/upstream_session.h, as a client's) and what was registered.
-  client::UpstreamSession upstream;
-  uint64_t registered_examples = 0, registered_eval = 0;
+  uint64_t registered_examples = 0, registered_eval = 0;  // as last registered upstream
+  // The connection upstream, a client's (client/upstream_link.h): session, heartbeats, reading
+  // while a phase is relayed, the Busy back-off.
+  client::UpstreamLink up;
 
   Impl(transport::Context& ctx, AggregatorConfig c, ZmqFleet& f,
        std::shared_ptr<const ParamLayout> l, std::shared_ptr<spdlog::logger> lg)
@@ -65,12 +63,29 @@ struct EdgeAggregator::Impl {
         fleet(f),
         layout(std::move(l)),
         log(lg ? std::move(lg) : spdlog::default_logger()),
-        up(ctx, config.upstream, config.security, config.limits),
         held(layout->numel()),
-        upstream({milliseconds(config.register_retry_ms), milliseconds(config.upstream_silence_ms)},
-                 config.clock->now()) {}
+        up(ctx, linkConfig(config), [this] { return registration(); },
+           [this](uint64_t session) {
+             return pr::encode(pr::HeartbeatMsg{config.id, session, previous_round});
+           },
+           log) {}
 
-  void registerUp() {
+  static client::UpstreamLinkConfig linkConfig(const AggregatorConfig& c) {
+    client::UpstreamLinkConfig u;
+    u.endpoint = c.upstream;
+    u.security = c.security;
+    u.limits = c.limits;
+    u.name = "aggregator " + std::to_string(c.id);
+    u.register_retry_ms = c.register_retry_ms;
+    u.silence_ms = c.upstream_silence_ms;
+    u.clock = c.clock;
+    u.id = c.id;
+    return u;
+  }
+
+  // The Register upstream, with the subtree's totals; nothing to offer before enough clients
+  // registered (the link asks again at its retry interval).
+  std::optional<std::vector<uint8_t>> registration() {
     pr::RegisterMsg m;
     m.client_id = config.id;
     m.role = pr::Role::kAggregator;
@@ -80,29 +95,18 @@ struct EdgeAggregator::Impl {
     m.model_version = held_version;
     registered_examples = m.num_examples;
     registered_eval = m.eval_examples;
-    upstream.registerSent(config.clock->now());
-    // Nothing to offer before enough clients registered; upkeep() retries.
-    if (m.num_examples > 0 && fleet.available().size() >= config.min_clients) up.send(pr::encode(m));
+    if (m.num_examples == 0 || fleet.available().size() < config.min_clients) return std::nullopt;
+    return pr::encode(m);
   }
 
-  // Upstream upkeep, on every turn of the fleet's loops and of run().
+  // Upstream upkeep, on every turn of the fleet's loops (a relayed phase's too) and of run():
+  // heartbeats, registrations, and reading what upstream sent (a task for later is kept).
   void upkeep() {
-    const auto now = config.clock->now();
-    const client::UpstreamSession::Due due = upstream.tick(now);
-    if (due.silent)
-      log->warn("upstream silent for {} ms; registering again", config.upstream_silence_ms);
     // Registered with other totals than the subtree has now: register them.
-    const bool changed = upstream.registered() && (fleet.totalExamples() != registered_examples ||
-                                                   fleet.totalEvalExamples() != registered_eval);
-    if (due.register_now || changed) registerUp();
-    if (resend_at && now >= *resend_at) {
-      resend_at.reset();
-      up.send(last_partial);
-    }
-    if (due.heartbeat && !changed) {
-      up.send(pr::encode(pr::HeartbeatMsg{config.id, upstream.session(), previous_round}));
-      upstream.heartbeatSent(now);
-    }
+    if (up.session().registered() && (fleet.totalExamples() != registered_examples ||
+                                      fleet.totalEvalExamples() != registered_eval))
+      up.registerNow();
+    up.upkeep();
   }
 
   // Upstream names the compressor in each task; a few schemes are kept (their memory grows with
@@ -142,7 +146,7 @@ struct EdgeAggregator::Impl {
     // next round.
     if (t.nonce != 0 && t.nonce == answered_nonce) {
       log->info("round {} phase {}: the same task again; its partial sent again", t.round, t.phase);
-      up.send(last_partial);
+      up.resendAnswer();
       return;
     }
     if (!t.model.empty()) {
@@ -183,9 +187,8 @@ struct EdgeAggregator::Impl {
       cz::PartialMessage p = config.resparsify_density > 0 ? agg->partial().exportSparse(config.resparsify_density, residual)
                                                            : agg->partial().exportDense();
       p.header.nonce = t.nonce;
-      last_partial = pr::encodePartial(p);
       answered_nonce = t.nonce;
-      up.send(last_partial);
+      up.answer(pr::encodePartial(p));
       ++partials;
       if (t.phase == 0 && scaffold) {
         partial_round = t.round;
@@ -227,50 +230,21 @@ struct EdgeAggregator::Impl {
     up.send(pr::encode(pr::EvaluationMsg{config.id, t.round, t.nonce, ev.examples, ev.loss, ev.accuracy}));
   }
 
+  // A message from upstream for this aggregator (the link handled the session's): true on Shutdown.
   bool handleUp(const transport::Received& r) {
-    if (r.error) {
-      log->warn("upstream: {}", r.error->what());
-      return false;
-    }
-    upstream.heard(config.clock->now());
     const auto kind = pr::peekKind(r.bytes());
     try {
-      if (!kind) failInput(Errc::kMalformed, "not a Starling message");
-      switch (*kind) {
-        case pr::MessageKind::kWelcome: {
-          const auto w = pr::decodeWelcome(r.bytes());
-          if (upstream.onWelcome(w.session, w.heartbeat_ms))
-            log->info("registered upstream as aggregator {} ({} examples)", config.id,
-                      registered_examples);
-          break;
-        }
-        case pr::MessageKind::kHeartbeat:
-          if (upstream.onServerHeartbeat(pr::decodeHeartbeat(r.bytes()).session)) registerUp();
-          break;
+      switch (*kind) {  // the link returns only a task, a shutdown or a refusal
         case pr::MessageKind::kTask: onTask(r.bytes()); break;
-        case pr::MessageKind::kReject: {
-          const auto j = pr::decodeReject(r.bytes());
-          if (j.kind == pr::RejectKind::kNotRegistered) {
-            // One registration in flight answers a burst of them (heartbeats queued while the
-            // upstream was down each draw one).
-            if (upstream.onNotRegistered(config.clock->now())) registerUp();
-          } else if (j.kind == pr::RejectKind::kBusy) {
-            if (!last_partial.empty() && !resend_at) {
-              resend_at = config.clock->now() + busy_backoff +
-                          milliseconds(std::rand() % (busy_backoff.count() + 1));
-              busy_backoff = std::min(busy_backoff * 2, milliseconds(5000));
-            }
-          } else {
-            log->warn("upstream refused a message: {}", j.message);
-          }
+        case pr::MessageKind::kReject:
+          log->warn("upstream refused a message: {}", pr::decodeReject(r.bytes()).message);
           break;
-        }
         case pr::MessageKind::kShutdown: {
           const auto f = pr::decodeShutdown(r.bytes());
           fleet.finish(f.reason);
           return true;
         }
-        default: failInput(Errc::kUnexpectedMessage, "upstream may not send ", pr::kindName(*kind));
+        default: break;
       }
     } catch (const InputError& e) {
       log->warn("ignored a message from upstream: {}", e.what());
@@ -292,13 +266,14 @@ EdgeAggregator::EdgeAggregator(transport::Context& ctx, AggregatorConfig config,
 EdgeAggregator::~EdgeAggregator() { impl_->fleet.setIdleHook({}); }
 
 uint64_t EdgeAggregator::partialsSent() const { return impl_->partials; }
+const client::UpstreamStats& EdgeAggregator::upstreamStats() const { return impl_->up.stats(); }
 
 bool EdgeAggregator::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
   try {
     while (!stop.load()) {
       s.fleet.service(milliseconds(20));  // clients' registrations and heartbeats (calls upkeep)
-      while (auto r = s.up.receive(milliseconds(0)))
+      while (auto r = s.up.next(milliseconds(0)))
         if (s.handleUp(*r)) return true;
     }
   } catch (const Stopped&) {

@@ -9,14 +9,17 @@
 // round. Two levels and more work the same way: an aggregator's upstream may be an aggregator.
 //
 // It registers upstream with role Aggregator and, as its weight cap, the examples its clients
-// registered (again whenever that total changes). While a phase runs it keeps heartbeating
-// upstream. A killed aggregator costs its subtree's updates for that round only: the root's
+// registered (again whenever that total changes). Its connection upstream is a client's
+// (client/upstream_link.h): while a phase runs it keeps heartbeating and reading upstream, so a
+// relayed phase of minutes is never taken for a silent upstream; a refusal for good
+// (client::UpstreamRefused: its key, its id, its model) ends run(). A killed aggregator costs its subtree's updates for that round only: the root's
 // deadline closes the round with the others. One thread runs it (the fleet's and the upstream
 // socket's owner).
 #include <atomic>
 #include <memory>
 #include <string>
 
+#include "client/upstream_link.h"
 #include "server/zmq_fleet.h"
 
 namespace starling::server {
@@ -34,7 +37,7 @@ struct AggregatorConfig {
   size_t min_clients = 1;               // registers upstream once this many of its clients registered
   double deadline_share = 0.8;          // of the upstream task's deadline spent waiting for clients
   uint32_t register_retry_ms = 1000;
-  uint32_t upstream_silence_ms = 15000;
+  uint32_t upstream_silence_ms = 15000;  // register again when upstream was silent this long
   // Registration retries, upstream silence and back-offs (core/clock.h; a test moves it forward).
   // Its downstream ZmqFleet has its own (FleetConfig::clock).
   const Clock* clock = &steadyClock();
@@ -51,6 +54,8 @@ class EdgeAggregator {
   // Serves until upstream sends Shutdown (then tells its clients, returns true) or `stop`.
   bool run(const std::atomic<bool>& stop);
   uint64_t partialsSent() const;
+  // Its connection upstream: registrations, heartbeats, bytes (read on run()'s thread, or after).
+  const client::UpstreamStats& upstreamStats() const;
 
  private:
   struct Impl;

@@ -41,21 +41,25 @@ class BuiltinNet : public Net {
   bool training_ = true;
 };
 
+// logreg, or softmax: the same model started at zero (the Eigen client's softmax; its loss is
+// convex), so that one configuration file runs in the simulator and on deployed clients.
 class Logreg final : public BuiltinNet {
  public:
-  Logreg(size_t features, uint32_t classes) {
+  Logreg(size_t features, uint32_t classes, bool zero_init) : zero_init_(zero_init) {
     const auto f = static_cast<int64_t>(features), c = static_cast<int64_t>(classes);
     w_ = add(params_, "fc.weight", {c, f}, true);
     b_ = add(params_, "fc.bias", {c}, true);
   }
-  std::string name() const override { return "logreg"; }
-  std::string spec() const override { return "logreg"; }
+  std::string name() const override { return zero_init_ ? "softmax" : "logreg"; }
+  std::string spec() const override { return name(); }
+  bool initFromSavedValues() const override { return zero_init_; }
   bool needsImageShape() const override { return false; }
   torch::Tensor forward(const torch::Tensor& x) override {
     return torch::linear(x.flatten(1), w_, b_);
   }
 
  private:
+  bool zero_init_;
   torch::Tensor w_, b_;
 };
 
@@ -224,8 +228,8 @@ std::string firstLine(const char* what) {
 
 }  // namespace
 
-std::unique_ptr<Net> makeLogreg(size_t rows, size_t cols, uint32_t classes) {
-  return std::make_unique<Logreg>(rows * cols, classes);
+std::unique_ptr<Net> makeLogreg(size_t rows, size_t cols, uint32_t classes, bool zero_init) {
+  return std::make_unique<Logreg>(rows * cols, classes, zero_init);
 }
 std::unique_ptr<Net> makeMlp(size_t rows, size_t cols, uint32_t classes, uint32_t hidden) {
   return std::make_unique<Mlp>(rows * cols, classes, hidden);

@@ -44,7 +44,8 @@ class Net {
 };
 
 // The built-in models (models.cc). Sizes are checked by the caller (torch_trainer.cc).
-std::unique_ptr<Net> makeLogreg(size_t rows, size_t cols, uint32_t classes);
+// zero_init: "softmax", the same model started at zero (the Eigen client's softmax).
+std::unique_ptr<Net> makeLogreg(size_t rows, size_t cols, uint32_t classes, bool zero_init = false);
 std::unique_ptr<Net> makeMlp(size_t rows, size_t cols, uint32_t classes, uint32_t hidden);
 std::unique_ptr<Net> makeCnn(size_t rows, size_t cols, uint32_t classes);
 std::unique_ptr<Net> makeResnet(size_t rows, size_t cols, uint32_t classes);

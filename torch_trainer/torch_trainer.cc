@@ -506,6 +506,18 @@ const TorchTrainerRegistry& torchTrainers() {
                   return wrap(detail::makeLogreg(rows, cols, classes), rows, cols, classes, m,
                               device);
                 }},
+          Entry{"softmax",
+                "softmax regression (LibTorch) initialised at zero, as the Eigen client's softmax: "
+                "fc.weight [classes, features], fc.bias",
+                kMomentumOption,
+                [](OptionReader& r, size_t rows, size_t cols, uint32_t classes,
+                   const Device& device) -> Made {
+                  const double m = readMomentum(r);
+                  checkShape("softmax", rows, cols, classes, 1);
+                  checkNumel("softmax", classes, rows * cols);
+                  return wrap(detail::makeLogreg(rows, cols, classes, /*zero_init=*/true), rows,
+                              cols, classes, m, device);
+                }},
           Entry{"mlp",
                 "one ReLU hidden layer (LibTorch): fc1 [hidden, features], fc2 [classes, hidden]",
                 std::string("hidden=200 (hidden units, >= 1), ") + kMomentumOption,

@@ -30,6 +30,7 @@ work=$(mktemp -d /tmp/starling-edge.XXXXXX)
 echo "examples/edge: working folder $work"
 
 pids=()
+declare -A names  # pid -> the process's name (its log is $work/NAME.log)
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -67,6 +68,7 @@ for c in 5 6 7 8 9; do cp "$keys/client-$c.key" "$work/allow-101/"; done
   --state.checkpoint "$work/root.ckpt" --state.metrics "$work/metrics.jsonl" >"$work/root.log" 2>&1 &
 root_pid=$!
 pids+=("$root_pid")
+names[$root_pid]=root
 root_port=$(bound_port "$work/root.log")
 
 # 3. Two aggregators: servers to their clients, clients of the root.
@@ -76,6 +78,7 @@ for a in 100 101; do
     --server.upstream "tcp://127.0.0.1:$root_port" --security.key "$keys/agg-$a.key_secret" \
     --security.server_key "$keys/server.key" --security.clients "$work/allow-$a" >"$work/agg-$a.log" 2>&1 &
   pids+=("$!")
+  names[$!]=agg-$a
 done
 p100=$(bound_port "$work/agg-100.log")
 p101=$(bound_port "$work/agg-101.log")
@@ -95,14 +98,28 @@ for c in 0 1 2 3 4 5 6 7 8 9; do
       --state.file "$work/client-$c.state" >"$work/client-$c.log" 2>&1 &
   fi
   pids+=("$!")
+  names[$!]=client-$c
 done
 
 # 5. Follow the root's rounds until it finishes (bounded: STARLING_EDGE_TIMEOUT seconds).
 echo "examples/edge: root on port $root_port, aggregators on $p100 and $p101, ten clients; CURVE on"
 tail -n +1 -f "$work/root.log" --pid "$root_pid" | grep --line-buffered -E 'round|registered|finished|error' &
 tailer=$!
+# Every other process is watched too: one that ends before the root (a Python client that died at
+# import, a key the server refused) stops the run with the tail of its log, instead of the root
+# waiting out its timeout for a client that is gone.
 for _ in $(seq "$timeout"); do
   kill -0 "$root_pid" 2>/dev/null || break
+  grep -q 'federation finished' "$work/root.log" && { sleep 1; continue; }  # they end with it now
+  for p in "${pids[@]}"; do
+    [[ $p == "$root_pid" ]] && continue
+    if ! kill -0 "$p" 2>/dev/null && kill -0 "$root_pid" 2>/dev/null; then
+      prc=0; wait "$p" 2>/dev/null || prc=$?
+      echo "examples/edge: ${names[$p]} ended (exit $prc) before the root; its log's last lines:" >&2
+      tail -n 20 "$work/${names[$p]}.log" >&2
+      exit 1
+    fi
+  done
   sleep 1
 done
 if kill -0 "$root_pid" 2>/dev/null; then

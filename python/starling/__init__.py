@@ -21,8 +21,10 @@ CURVE, heartbeats, re-registration, and the state file that makes a crash lose n
 docs/python.md is the guide.
 """
 
+import os as _os
+
 from . import _starling
-from ._starling import ConfigError, InvalidArgument, IoError, layout_fingerprint
+from ._starling import ConfigError, InvalidArgument, IoError, UpstreamRefused, layout_fingerprint
 
 __all__ = [
     "NumPyClient",
@@ -31,9 +33,12 @@ __all__ = [
     "model_layout",
     "shard",
     "layout_fingerprint",
+    "load_idx",
+    "fashion_mnist",
     "ConfigError",
     "InvalidArgument",
     "IoError",
+    "UpstreamRefused",
 ]
 
 
@@ -48,7 +53,8 @@ class NumPyClient:
         weight FedAvg gives the update; metrics a dict of str -> number ("train_loss" is the
         one the server reports by default). Anything else raises before anything is sent.
         config: {"round", "epochs", "batch_size", "lr", "prox_mu", "seed"}: the server's local
-        training settings (prox_mu > 0: the server asks for FedProx's proximal term toward the
+        training settings (lr and prox_mu travel as float32 and come as the shortest decimal of
+        that float: train.lr = 0.05 gives 0.05) (prox_mu > 0: the server asks for FedProx's proximal term toward the
         parameters given; 0 otherwise), and a seed for this round's shuffling.
 
     evaluate(parameters, config) -> (loss, num_examples, metrics)
@@ -89,18 +95,66 @@ def shard(labels, *, num_clients, client_id, partition="dirichlet:alpha=0.5", se
     return _starling.shard(labels, int(num_classes), int(num_clients), partition, int(seed), int(client_id))
 
 
+def load_idx(images, labels, num_classes=0):
+    """An IDX pair (gzip or plain) as the C++ clients and the simulator load it: (x, y,
+    num_classes), x float32 of shape (n, rows, cols) with unsigned-byte pixels scaled by 1/255 (the
+    values a C++ client trains on), y uint8 labels. num_classes: 0 for the largest label + 1, or
+    the data set's known count (a label at or above it is an error). Raises IoError for a missing
+    or malformed file, with its path."""
+    return _starling.load_idx(str(images), str(labels), int(num_classes))
+
+
+def fashion_mnist(split="train", directory="/usr/share/datasets/fashion-mnist"):
+    """One split ("train" or "t10k") of Fashion-MNIST from the Debian package
+    dataset-fashion-mnist: (x, y) as load_idx() gives them, x float32 (n, 28, 28) in [0, 1]."""
+    if split not in ("train", "t10k"):
+        raise ValueError(f"split must be 'train' or 't10k', not {split!r}")
+    x, y, _ = load_idx(_os.path.join(directory, f"{split}-images-idx3-ubyte.gz"),
+                       _os.path.join(directory, f"{split}-labels-idx1-ubyte.gz"), 10)
+    return x, y
+
+
+def _count(name, value, low, high=None):
+    """An int in [low, high], or a ValueError that names the argument."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                value = int(value)
+        except ImportError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
 class Client:
     """A Starling client around a NumPyClient; start_client() builds one and runs it.
 
     server: the server's (or an edge aggregator's) endpoint, tcp://host:port.
-    client_id: this client's id (its key file's id under CURVE).
+    client_id: this client's id (its key file's id under CURVE), an int >= 0.
     layout: the model's tensors as (name, shape) pairs (model_layout(), or a state_dict's).
     num_examples / eval_examples: the sizes of this client's training and held-out data, told to
         the server when registering (eval_examples=0: no federated evaluation).
     key / server_key: this client's NAME.key_secret file and the server's public key file
         (starling-keygen); insecure=True instead: plain TCP, tests and trusted networks only.
     state_file: where the client keeps its error-feedback state and its last update (written
-        before every send), so that a restarted client resends instead of training again.
+        before every send), so that a restarted client resends instead of training again. Its
+        folder must exist.
+    log_level: trace, debug, info, warn, error, critical or off.
+    register_retry_ms: send the registration again when no answer came in this long.
+    server_silence_ms: register again when nothing came from the server this long
+        (net.server_silence_ms of the C++ programs). The runtime reads the server and heartbeats
+        while fit() runs, so a fit of any length is not mistaken for a silent server.
+
+    Everything is checked here, before anything connects. run() raises UpstreamRefused (a
+    ConnectionRefusedError) when the server will not take this client: its key is not on the
+    server's allow-list or is listed under another id, one side runs CURVE and the other
+    insecure=True, or its layout is not the server's model.
     """
 
     def __init__(self, client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
@@ -108,6 +162,13 @@ class Client:
                  register_retry_ms=1000, server_silence_ms=15000):
         if not callable(getattr(client, "fit", None)):
             raise TypeError("client must have a fit(parameters, config) method (see starling.NumPyClient)")
+        client_id = _count("client_id", client_id, 0, 2**64 - 1)
+        num_examples = _count("num_examples", num_examples, 1)
+        eval_examples = _count("eval_examples", eval_examples, 0)
+        register_retry_ms = _count("register_retry_ms", register_retry_ms, 10, 2**32 - 1)
+        server_silence_ms = _count("server_silence_ms", server_silence_ms, 100, 2**32 - 1)
+        if not isinstance(server, str):
+            raise TypeError(f"server must be a str such as 'tcp://127.0.0.1:7700', not {type(server).__name__}")
         if eval_examples and not callable(getattr(client, "evaluate", None)):
             raise TypeError("eval_examples > 0 needs an evaluate(parameters, config) method")
         layout = [(str(name), tuple(int(d) for d in shape)) for name, shape in layout]
@@ -142,6 +203,18 @@ class Client:
         return self._client.fingerprint
 
 
-def start_client(client, **kwargs):
-    """Client(client, **kwargs).run(): serves the federation until the server ends it."""
-    return Client(client, **kwargs).run()
+def start_client(client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
+                 server_key=None, insecure=False, state_file=None, log_level="info",
+                 register_retry_ms=1000, server_silence_ms=15000):
+    """Builds a Client (its arguments, described there) and runs it: serves the federation until
+    the server ends it (returns True), Ctrl-C (KeyboardInterrupt) or an error. Raises what fit()
+    or evaluate() raised, UpstreamRefused when the server will not take this client, and
+    ConfigError, IoError, ValueError or TypeError for a bad argument before anything connects.
+
+    start_client(MyClient(), server="tcp://127.0.0.1:7700", client_id=3,
+                 layout=starling.model_layout("cnn"), num_examples=600,
+                 key="keys/client-3.key_secret", server_key="keys/server.key")"""
+    return Client(client, server=server, client_id=client_id, layout=layout, num_examples=num_examples,
+                  eval_examples=eval_examples, key=key, server_key=server_key, insecure=insecure,
+                  state_file=state_file, log_level=log_level, register_retry_ms=register_retry_ms,
+                  server_silence_ms=server_silence_ms).run()

@@ -48,11 +48,40 @@ TEST_CASE("upstream session: a silent server or a new session means registering 
   // Once per silent period, not on every turn.
   CHECK_FALSE(s.tick(at(5102)).silent);
   s.registerSent(at(5102));
-  CHECK_FALSE(s.registered());
-  CHECK_FALSE(s.onServerHeartbeat(2));  // not registered: nothing to compare
+  CHECK(s.awaitingWelcome());
   s.onWelcome(1, 1000);
+  CHECK_FALSE(s.awaitingWelcome());
   CHECK_FALSE(s.onServerHeartbeat(1));
   CHECK(s.onServerHeartbeat(2));  // the server restarted
+}
+
+TEST_CASE("upstream session: heartbeats go on while a registration again awaits its welcome",
+          "[client][upstream]") {
+  // issue 38: a registration again stopped the heartbeats until a Welcome was read; a client
+  // busy training read none, and the server failed it as silent.
+  UpstreamSession s({Ms(1000), Ms(5000)}, at(0));
+  CHECK_FALSE(s.onServerHeartbeat(2));  // no session yet: nothing to compare
+  CHECK_FALSE(s.heartbeatDue(at(10)));  // nor heartbeats
+  s.registerSent(at(0));
+  s.onWelcome(1, 1000);
+  s.heartbeatSent(at(0));
+  s.registerSent(at(500));  // the owner's own reason (an aggregator whose clients changed)
+  CHECK(s.registered());
+  CHECK(s.heartbeatDue(at(1000)));
+  CHECK(s.tick(at(1000)).heartbeat);
+  s.heartbeatSent(at(1000));
+  CHECK(s.tick(at(1501)).register_now);  // unanswered for register_retry: again
+  s.registerSent(at(1501));
+  CHECK(s.tick(at(2000)).heartbeat);  // and the heartbeats still go
+  // No silence is declared while a registration is out (the server unheard since 0, past the
+  // 5000 ms): the retries stand for it.
+  s.heartbeatSent(at(2000));
+  const UpstreamSession::Due d = s.tick(at(6000));
+  CHECK(d.register_now);
+  CHECK_FALSE(d.silent);
+  s.registerSent(at(6000));
+  CHECK_FALSE(s.onWelcome(1, 1000));  // the same session: nothing new
+  CHECK_FALSE(s.awaitingWelcome());
 }
 
 TEST_CASE("upstream session: a burst of NotRegistered draws one registration",

@@ -98,10 +98,17 @@ TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
           "train.scaffold_population is set without train.scaffold");
   refused("momentum", {"--train.scaffold", "true", "--model.spec", "mlp:hidden=8,momentum=0.9"},
           "uses momentum");
-  refused("aggregator",
-          {"--train.scaffold", "true", "--server.role", "aggregator", "--server.id", "5",
-           "--server.upstream", "tcp://127.0.0.1:1"},
-          "the root's setting");
+  // One file serves the root, its aggregators and its clients (issue 38): an aggregator given
+  // the root's train.scaffold starts, and says that it follows the root's tasks.
+  f.root("aggregator", freePort(), allow,
+         {"--train.scaffold", "true", "--server.role", "aggregator", "--server.id", "5",
+          "--server.upstream", "tcp://127.0.0.1:1"});
+  const bool said = f.waitFor(
+      [&] { return f.log("aggregator").find("train.scaffold is the root's setting") != std::string::npos; },
+      seconds(20));
+  INFO(f.log("aggregator"));
+  CHECK(said);
+  CHECK(f.proc("aggregator").alive());
 }
 
 TEST_CASE("the root refuses what its asynchronous rounds do not run, naming it",
@@ -593,6 +600,39 @@ TEST_CASE("a client whose key is not admitted is refused", "[integration][server
   CHECK(f.log("root").find(
             "refused a connection from 127.0.0.1: its CURVE public key is not on the allow-list") !=
         std::string::npos);
+  // And so does the client, which stops (issue 38: it waited forever, saying nothing).
+  CHECK(f.proc("client-1").wait(seconds(30)) == 2);
+  CHECK(f.log("client-1").find("allow-list") != std::string::npos);
+}
+
+TEST_CASE("a starling-client the root will not take exits with the reason",
+          "[integration][client]") {
+  // issue 38: plain TCP against a CURVE root waited in silence on both sides; a key listed under
+  // another id warned and registered again every second, forever.
+  Federation f("not-taken");
+  f.clientKeys(0, 2);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
+         {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.wait_ms", "60000"});
+  std::vector<std::string> plain{binDir() + "/starling-client", "--client.server", Federation::endpoint(port),
+                                 "--client.id", "0", "--security.insecure", "--data.num_clients",
+                                 "2"};
+  for (const auto& x : Federation::clientArgs()) plain.push_back(x);
+  f.start("plain", plain);
+  // Client 1's key, given to a client that says it is client 0.
+  std::vector<std::string> other{binDir() + "/starling-client", "--client.server", Federation::endpoint(port),
+                                 "--client.id", "0", "--security.key",
+                                 f.keys() + "/client-1.key_secret", "--security.server_key",
+                                 f.keys() + "/server.key", "--data.num_clients", "2"};
+  for (const auto& x : Federation::clientArgs()) other.push_back(x);
+  f.start("other-id", other);
+  for (const char* name : {"plain", "other-id"}) {
+    INFO(name << "\n" << f.allLogs());
+    CHECK(f.proc(name).wait(seconds(30)) == 2);
+  }
+  CHECK(f.log("plain").find("security.insecure") != std::string::npos);
+  CHECK(f.log("other-id").find("refused it for good") != std::string::npos);
+  CHECK(f.log("other-id").find("listed as client 1") != std::string::npos);
 }
 
 // A straggler past the deadline: in process, on a fast clock (test_inproc).

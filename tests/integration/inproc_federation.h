@@ -38,6 +38,44 @@
 
 namespace starling::testing {
 
+// A trainer whose every fit takes `duration` of a test clock's time: it moves the clock forward in
+// steps of at most 20 ms, a millisecond of real time apart, before the real fit (a device that
+// trains for minutes, in a fraction of a second; issue 38). 20 ms a step keeps the clock at about
+// 20 times real time: the waiting loops poll every 5 to 50 ms of real time, and a silence of a
+// second on this clock is then still tens of polls.
+class SlowTrainer final : public client::Trainer {
+ public:
+  SlowTrainer(std::unique_ptr<client::Trainer> inner, SkewClock& clock,
+              std::chrono::nanoseconds duration)
+      : inner_(std::move(inner)), clock_(clock), duration_(duration) {}
+  std::string name() const override { return inner_->name(); }
+  std::string spec() const override { return inner_->spec(); }
+  const ParamLayout& layout() const override { return inner_->layout(); }
+  size_t features() const override { return inner_->features(); }
+  uint32_t classes() const override { return inner_->classes(); }
+  void initParameters(std::span<float> params, uint64_t seed) const override {
+    inner_->initParameters(params, seed);
+  }
+  client::FitResult fit(std::span<float> params, const client::DataView& data,
+                        const client::FitConfig& cfg, RngStream& rng) override {
+    const auto step = std::chrono::nanoseconds(std::chrono::milliseconds(20));
+    for (auto left = duration_; left.count() > 0; left -= step) {
+      clock_.advance(std::min(left, step));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return inner_->fit(params, data, cfg, rng);
+  }
+  client::EvalResult evaluate(std::span<const float> params,
+                              const client::DataView& data) override {
+    return inner_->evaluate(params, data);
+  }
+
+ private:
+  std::unique_ptr<client::Trainer> inner_;
+  SkewClock& clock_;
+  std::chrono::nanoseconds duration_;
+};
+
 // Every node's log lines, in memory, readable while they write.
 class StringSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
@@ -178,7 +216,7 @@ class InprocFederation {
     fc.silence_ms = silence_ms;
     fc.aggregator_ids = std::move(aggregator_ids);
     fc.clock = &clock_;
-    n.thread = std::thread([this, &n, ac, fc, name] {
+    n.thread = std::thread([this, &n, ac, fc, name, id] {
       guard(name, [&] {
         auto trainer = makeTrainer();
         auto layout = std::make_shared<const ParamLayout>(trainer->layout());
@@ -189,12 +227,17 @@ class InprocFederation {
           agg.run(n.stop);
         } catch (const server::Stopped&) {
         }
+        std::lock_guard lock(mu_);
+        aggregator_stats_[id] = agg.upstreamStats();
+        cv_.notify_all();
       });
     });
   }
 
-  // Client `id` (shard id) connecting to `server`.
-  void client(uint64_t id, const std::string& server, client::RuntimeConfig rc = {}) {
+  // Client `id` (shard id) connecting to `server`; every fit takes `fit_time` of the federation's
+  // clock (SlowTrainer) when it is not zero.
+  void client(uint64_t id, const std::string& server, client::RuntimeConfig rc = {},
+              std::chrono::nanoseconds fit_time = {}) {
     const std::string name = "client-" + std::to_string(id);
     Node& n = node(name);
     rc.server = server;
@@ -206,9 +249,11 @@ class InprocFederation {
       live_[id] = st;
       cv_.notify_all();
     };
-    n.thread = std::thread([this, &n, rc, id, name] {
+    n.thread = std::thread([this, &n, rc, id, name, fit_time] {
       guard(name, [&] {
-        auto trainer = makeTrainer();
+        std::unique_ptr<client::Trainer> trainer = makeTrainer();
+        if (fit_time.count() > 0)
+          trainer = std::make_unique<SlowTrainer>(std::move(trainer), clock_, fit_time);
         const client::DataView tv{&train_, shards_.at(id)};
         const client::DataView ev = test_ && id < test_shards_.size()
                                         ? client::DataView{test_, test_shards_[id]}
@@ -284,6 +329,15 @@ class InprocFederation {
   // A client's statistics once its thread ended (after Shutdown or stopClient).
   bool waitClientEnded(uint64_t id, std::chrono::milliseconds timeout) {
     return waitFor([&] { return stats_.count(id) > 0; }, timeout);
+  }
+
+  // An edge aggregator's connection upstream, once its thread ended (after the Shutdown).
+  bool waitAggregatorEnded(uint64_t id, std::chrono::milliseconds timeout) {
+    return waitFor([&] { return aggregator_stats_.count(id) > 0; }, timeout);
+  }
+  client::UpstreamStats aggregatorStats(uint64_t id) {
+    std::lock_guard lock(mu_);
+    return aggregator_stats_.at(id);
   }
 
   std::vector<server::RoundRecord> records() {
@@ -408,6 +462,7 @@ class InprocFederation {
   uint64_t buffered_ = 0;
   std::string root_endpoint_;
   std::map<uint64_t, client::RuntimeStats> stats_, live_;
+  std::map<uint64_t, client::UpstreamStats> aggregator_stats_;
   std::map<uint64_t, std::vector<uint8_t>> states_;  // each ended client's ClientState, saved
   std::string error_;
   std::map<std::string, std::unique_ptr<Node>> nodes_;

@@ -1213,3 +1213,52 @@ TEST_CASE(
   CHECK(records[1].applied);
   CHECK(records[1].model_version == 3);
 }
+
+TEST_CASE(
+    "in process: a fit of 1.5x and 10x the server-silence threshold loses no round and registers "
+    "once, flat and through an edge aggregator",
+    "[integration][inproc]") {
+  // issue 38: a fit longer than net.server_silence_ms read nothing from the server while it ran;
+  // the client then took the server for silent, registered again (which stopped its heartbeats)
+  // and lost the next round. Here every fit takes 1.5 s or 10 s of the federation's clock, in a
+  // fraction of a second of real time (SlowTrainer), against a silence of 1 s on both the client
+  // and the aggregator; the root fails a peer silent for 3 s.
+  const data::Dataset& train = fashion("train", 600);
+  const auto fit_time = GENERATE(std::chrono::milliseconds(1500), std::chrono::milliseconds(10'000));
+  const bool tree = GENERATE(false, true);
+  INFO("a fit of " << fit_time.count() << " ms, " << (tree ? "through an aggregator" : "flat"));
+  InprocFederation f("logreg", train, iid(train, 1));
+  server::EngineConfig ec = engineConfig(3);
+  ec.sampling.min_clients = 1;
+  ec.sampling.min_available = 1;
+  ec.completion.min_results = 1;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  if (tree) fc.aggregator_ids = {100};
+  f.root(ec, fc);
+  if (tree) {
+    server::AggregatorConfig ac;
+    ac.upstream_silence_ms = 1000;
+    f.aggregator(100, "inproc://root", ac);
+  }
+  client::RuntimeConfig rc;
+  rc.server_silence_ms = 1000;
+  f.client(0, tree ? "inproc://agg-100" : "inproc://root", rc, fit_time);
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 3);
+  for (const server::RoundRecord& r : records) {
+    CHECK(r.applied);
+    CHECK(r.clients_completed == 1);
+    CHECK(r.clients_failed == 0);
+  }
+  REQUIRE(f.waitClientEnded(0, seconds(30)));
+  CHECK(f.stats(0).updates_sent == 3);
+  CHECK(f.stats(0).registrations == 1);
+  CHECK(f.stats(0).heartbeats > 0);
+  if (tree) {
+    REQUIRE(f.waitAggregatorEnded(100, seconds(30)));
+    CHECK(f.aggregatorStats(100).registrations == 1);
+  }
+}

@@ -343,6 +343,99 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("no such batch", str(got.exception))
         self.assertEqual(c.stats["updates_sent"], 0)
 
+    def test_a_fit_longer_than_the_silence_threshold_loses_no_round(self):
+        # issue 38: a fit of 17 s against the runtime's 15 s silence re-registered, stopped the
+        # heartbeats and lost the next round. Here fits of 1.5x and 10x a 300 ms silence.
+        for sleep in (0.45, 3.0):
+            with self.subTest(fit_seconds=sleep):
+                port = free_port()
+                if sleep != 0.45:
+                    self.fed.close()
+                    self.fed = Federation()
+                self.fed.root(port, ["client-0"], rounds=3, extra=["--sampling.min_available", "1"])
+
+                class Slow(Shifter):
+                    def fit(self, parameters, config):
+                        time.sleep(sleep)
+                        return super().fit(parameters, config)
+
+                c = starling.Client(Slow(1.0, 10, 1.0), num_examples=10,
+                                    **self.fed.client_kwargs(port, 0, server_silence_ms=300))
+                runs = [run_in_thread(c)]
+                join(runs, [c], logs=lambda: self.fed.log("root"))
+                self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+                self.assertTrue(runs[0]["result"])
+                m = self.fed.metrics()
+                self.assertEqual([r["round"] for r in m], [1, 2, 3])
+                self.assertTrue(all(r["applied"] and r["clients_completed"] == 1 for r in m), m)
+                self.assertEqual(c.stats["updates_sent"], 3)
+                self.assertEqual(c.stats["registrations"], 1)
+                self.assertGreater(c.stats["heartbeats"], 0)
+
+    def test_a_server_that_will_not_take_the_client_is_an_error_that_says_why(self):
+        # issue 38: each of these waited forever, in silence or warning every second.
+        port = free_port()
+        self.fed.root(port, ["client-0", "client-1"], rounds=1, extra=["--sampling.min_available", "2"])
+        other = [("w", (2, 2)), ("b", (2,))]
+        cases = {
+            "no CURVE against a CURVE root": (dict(insecure=True, key=None, server_key=None), "security.insecure"),
+            "a key not on the allow-list": (dict(client_id=2, key=os.path.join(self.fed.keys, "client-2.key_secret")),
+                                            "allow-list"),
+            "a key listed under another id": (dict(client_id=1, key=os.path.join(self.fed.keys, "client-0.key_secret")),
+                                              "listed as client 0"),
+            "another model": (dict(layout=other), "layout fingerprint"),
+        }
+        for what, (kw, words) in cases.items():
+            with self.subTest(what):
+                args = {**self.fed.client_kwargs(port, 0), **kw}
+                c = starling.Client(Shifter(1, 1, 1), num_examples=1, **args)
+                started = time.monotonic()
+                runs = [run_in_thread(c)]
+                join(runs, [c], timeout=60, logs=lambda: self.fed.log("root"))
+                self.assertIn("error", runs[0], "run() returned instead of raising")
+                self.assertIsInstance(runs[0]["error"], starling.UpstreamRefused)
+                self.assertIsInstance(runs[0]["error"], ConnectionRefusedError)
+                self.assertIn(words, str(runs[0]["error"]))
+                self.assertLess(time.monotonic() - started, 30)
+        # The fingerprints are printed as the server's banner prints its own: 16 hex digits.
+        banner = self.fed.log("root")
+        own = banner.split("fingerprint ")[1][:16]
+        self.assertIn(own, str(runs[0]["error"]))
+        self.assertEqual(self.fed.metrics(), [])
+
+    def test_lr_arrives_as_the_user_wrote_it(self):
+        # issue 38: config["lr"] came as 0.05000000074505806 (the float32 on the wire).
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1", "--train.lr", "0.05"])
+        a = Shifter(1.0, 10, 1.0)
+        c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
+        runs = [run_in_thread(c)]
+        join(runs, [c])
+        self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+        self.assertEqual(a.configs[0]["lr"], 0.05)
+        self.assertEqual(a.configs[0]["prox_mu"], 0.0)
+
+    def test_the_idx_loader_gives_the_values_cpp_clients_train_on(self):
+        import gzip
+        import struct
+
+        d = tempfile.mkdtemp(prefix="starling-idx-", dir=self.fed.dir)
+        pixels = bytes(range(0, 256, 8)) * 2  # 64 bytes: 4 images of 4 x 4
+        with gzip.open(os.path.join(d, "x.gz"), "wb") as f:
+            f.write(struct.pack(">IIII", 0x00000803, 4, 4, 4) + pixels)
+        with open(os.path.join(d, "y"), "wb") as f:
+            f.write(struct.pack(">II", 0x00000801, 4) + bytes([0, 3, 1, 2]))
+        x, y, classes = starling.load_idx(os.path.join(d, "x.gz"), os.path.join(d, "y"))
+        self.assertEqual(x.shape, (4, 4, 4))
+        self.assertEqual(x.dtype, np.float32)
+        self.assertEqual(list(y), [0, 3, 1, 2])
+        self.assertEqual(classes, 4)
+        want = np.frombuffer(pixels, np.uint8).astype(np.float32).reshape(4, 4, 4) / np.float32(255)
+        self.assertTrue(np.array_equal(x, want))
+        with self.assertRaises(starling.IoError) as got:
+            starling.load_idx(os.path.join(d, "nope.gz"), os.path.join(d, "y"))
+        self.assertIn("nope.gz", str(got.exception))
+
     def test_bad_configuration_is_refused_before_connecting(self):
         kw = self.fed.client_kwargs(free_port(), 0)
         bad_state = os.path.join(self.fed.dir, "bad.state")
@@ -350,8 +443,24 @@ class PythonClientTest(unittest.TestCase):
             f.write(b"not a state file at all")
         with self.assertRaises(starling.IoError):
             starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "state_file": bad_state})
-        with self.assertRaises(starling.IoError):
-            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "server": "not-an-endpoint"})
+        # issue 38: pybind11's "incompatible constructor arguments" for a negative id or count,
+        # a missing state folder found only after the first fit.
+        for arg, value, words in (("client_id", -1, "client_id must be in [0"),
+                                  ("eval_examples", -5, "eval_examples must be at least 0"),
+                                  ("server_silence_ms", 10, "server_silence_ms must be in [100")):
+            with self.assertRaises(ValueError) as got:
+                starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, arg: value})
+            self.assertIn(words, str(got.exception))
+        with self.assertRaises(TypeError):
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "client_id": "3"})
+        missing = os.path.join(self.fed.dir, "no-such-folder", "client.state")
+        with self.assertRaises(starling.ConfigError) as got:
+            starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "state_file": missing})
+        self.assertIn("does not exist", str(got.exception))
+        for server in ("not-an-endpoint", "127.0.0.1:7813"):  # no tcp:// (issue 38)
+            with self.assertRaises(starling.ConfigError) as got:
+                starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "server": server})
+            self.assertIn("tcp://", str(got.exception))
         with self.assertRaises(ValueError):
             starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "log_level": "nonsense"})
         with self.assertRaises(ValueError):

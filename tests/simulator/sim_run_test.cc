@@ -917,3 +917,21 @@ TEST_CASE(
   CHECK(readText(dir / "mode.log").find("round.mode must be sync, async or semisync") !=
         std::string::npos);
 }
+
+TEST_CASE("model.spec softmax runs in the simulator, as on a deployed client, from a zero model",
+          "[simulator][integration]") {
+  // issue 38: docs/deployment.md suggests softmax for quick runs, and starling-sim refused it
+  // ("unknown torch trainer 'softmax'"), so one file could not serve both.
+  TempDir dir("sim-softmax");
+  Proc p(with(simArgs(dir, "s", 1, 2), {"--model.spec", "softmax"}), dir / "s.log");
+  const int rc = p.wait(seconds(300));
+  INFO(readText(dir / "s.log"));
+  REQUIRE(rc == 0);
+  const auto lines = readLines(dir / "s.jsonl");
+  REQUIRE(lines.size() == 2);
+  for (const auto& l : lines) CHECK(field(l, "applied") == "true");
+  // It learned from zero: the model is no longer zero, and the test accuracy is above chance.
+  const Checkpoint ck = readCheckpoint(dir / "s.ckpt");
+  CHECK(std::any_of(ck.model.begin(), ck.model.end(), [](float v) { return v != 0.0f; }));
+  CHECK(std::stod(field(lines.back(), "test_accuracy")) > 0.2);
+}

@@ -37,7 +37,7 @@ Pair makePair(const std::string& spec, const data::Dataset& d) {
 TEST_CASE("Eigen and LibTorch models: the same layout and the same initial bits",
           "[torch_trainer][parity][isa]") {
   const data::Dataset d = testing::blobImages(8, 28, 28, 10, 1);
-  for (const char* spec : {"logreg", "mlp", "mlp:hidden=64", "cnn", "resnet"}) {
+  for (const char* spec : {"softmax", "logreg", "mlp", "mlp:hidden=64", "cnn", "resnet"}) {
     INFO(spec);
     const Pair p = makePair(spec, d);
     CHECK(p.eigen->spec() == p.torch->spec());
