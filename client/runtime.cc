@@ -287,6 +287,10 @@ ClientRuntime::~ClientRuntime() = default;
 bool ClientRuntime::run(const std::atomic<bool>& stop) {
   Impl& s = *impl_;
   s.stop = &stop;
+  struct Sync {  // the statistics as the link left them, however run() ends
+    Impl& s;
+    ~Sync() { s.sync(); }
+  } sync{s};
   s.link.registerNow();
   while (!stop.load()) {
     s.link.upkeep();

@@ -20,6 +20,9 @@ void UpstreamLinkConfig::validate() const {
     STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ", silence_ms);
   if (max_failed_handshakes == 0)
     STARLING_THROW(ConfigError, "max_failed_handshakes must be at least 1");
+  if (handshake_failure_window_ms > 86'400'000)
+    STARLING_THROW(ConfigError, "handshake_failure_window_ms is at most a day, got ",
+                   handshake_failure_window_ms);
   if (clock == nullptr) STARLING_THROW(ConfigError, name, ": the clock is null");
 }
 
@@ -61,8 +64,13 @@ bool UpstreamLink::send(std::span<const uint8_t> bytes) {
 void UpstreamLink::registerNow() {
   const auto now = config_.clock->now();
   std::optional<std::vector<uint8_t>> m = make_register_();
-  session_.registerSent(now);  // also when there is nothing to offer yet: asked again at the retry
-  if (!m) return;
+  if (!m) {
+    // Nothing to offer (an aggregator whose subtree emptied): no heartbeats for a session that
+    // offers nothing, so that the server fails it and stops sampling it; asked again at the retry.
+    session_.withdraw(now);
+    return;
+  }
+  session_.registerSent(now);
   ++stats_.registrations;
   send(*m);
 }
@@ -80,21 +88,35 @@ void UpstreamLink::resendAnswer() {
 void UpstreamLink::checkHandshakes() {
   const transport::HandshakeReport& h = socket_.handshakes();
   using F = transport::HandshakeReport::Failure;
-  if (h.failed == 0) return;
+  if (h.failed == 0) {
+    failing_since_.reset();
+    failures_logged_ = 0;
+    return;
+  }
+  const auto now = config_.clock->now();
+  if (!failing_since_) failing_since_ = now;
+  if (h.failed > failures_logged_) {
+    failures_logged_ = h.failed;
+    log_->warn("{}: a handshake with {} failed ({} in a row): {}", config_.name, config_.endpoint,
+               h.failed, h.advice());
+  }
   // A refused key is final (libzmq does not try again), CURVE against plain TCP fails the same
-  // way every time; other failures may be a network's, and get a few tries.
-  const bool final = h.last == F::kAuth || h.last == F::kMechanism;
-  if (!final && h.failed < config_.max_failed_handshakes) return;
+  // way every time; other failures may be a network's, and get tries over a while.
+  const bool final = (h.last == F::kAuth && h.status == 400) || h.last == F::kMechanism;
+  const bool long_enough =
+      h.failed >= config_.max_failed_handshakes &&
+      now - *failing_since_ >= std::chrono::milliseconds(config_.handshake_failure_window_ms);
+  if (!final && !long_enough) return;
   STARLING_THROW(UpstreamRefused, config_.name, ": cannot connect to ", config_.endpoint, ": ",
-                 h.failed, " handshake", h.failed == 1 ? "" : "s", " failed and none succeeded",
-                 h.succeeded ? " since the last one that did" : "", ": ", h.advice());
+                 h.failed, " handshake", h.failed == 1 ? "" : "s", " failed",
+                 h.succeeded ? " since the last one that succeeded" : " and none succeeded", ": ",
+                 h.advice());
 }
 
 void UpstreamLink::upkeep() {
   // What came first (the server's answers to heartbeats say it is alive), then what is due.
   while (std::optional<transport::Received> r = socket_.receive(milliseconds(0)))
-    if (std::optional<transport::Received> mine = dispatch(std::move(*r)))
-      kept_.push_back(std::move(*mine));
+    if (std::optional<transport::Received> mine = dispatch(std::move(*r))) keep(std::move(*mine));
   checkHandshakes();
   const auto now = config_.clock->now();
   const UpstreamSession::Due due = session_.tick(now);
@@ -124,6 +146,18 @@ std::optional<transport::Received> UpstreamLink::next(milliseconds timeout) {
   std::optional<transport::Received> r = socket_.receive(timeout);
   if (!r) return std::nullopt;
   return dispatch(std::move(*r));
+}
+
+void UpstreamLink::keep(transport::Received r) {
+  if (pr::peekKind(r.bytes()) == pr::MessageKind::kShutdown) {
+    kept_.clear();  // the federation is over: nothing kept matters now
+  } else if (kept_.size() >= kMaxKept) {
+    log_->warn("{}: {} messages from the server wait for the work in progress; the oldest is "
+               "dropped (a server that sends tasks faster than they are done)",
+               config_.name, kept_.size());
+    kept_.pop_front();
+  }
+  kept_.push_back(std::move(r));
 }
 
 std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r) {
@@ -177,6 +211,12 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
             }
             return std::nullopt;
           case pr::RejectKind::kRegistrationRefused:
+            // Only an answer to a Register of ours: a stale or stray one is logged, not believed.
+            if (!session_.awaitingWelcome()) {
+              log_->warn("{}: ignored a refusal of a registration it did not send: {}",
+                         config_.name, j.message);
+              return std::nullopt;
+            }
             STARLING_THROW(UpstreamRefused, config_.name, ": the server refused it for good: ",
                            j.message);
           case pr::RejectKind::kRefused: return r;  // the owner's to log

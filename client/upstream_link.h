@@ -14,12 +14,17 @@
 // round).
 //
 // What registering again cannot mend ends the link with UpstreamRefused, which says what to check:
-// - the server refused the registration for good (Reject(RegistrationRefused): a key listed under
-//   another id, another model's layout fingerprint, an aggregator not listed as one);
-// - handshakes failed (transport::HandshakeReport): the server refused this side's key (once: libzmq
-//   does not try again), the two sides disagree on CURVE against plain TCP, or
-//   max_failed_handshakes in a row failed otherwise (a wrong server key).
-// A server that is not up yet is no failure: nothing was refused, the link waits for it.
+// - the server refused the registration for good (Reject(RegistrationRefused) while a Register is
+//   out: a key listed under another id, another model's layout fingerprint, an aggregator not
+//   listed as one);
+// - handshakes failed (transport::HandshakeReport): the server refused this side's key (ZAP status
+//   400, once: libzmq does not try again), the two sides disagree on CURVE against plain TCP, or
+//   handshakes failed otherwise at least max_failed_handshakes times in a row over at least
+//   handshake_failure_window_ms (a wrong server key). Each failure is logged as it comes.
+// A server that is not up yet (connections refused) is no failure: the link waits for it.
+//
+// Kept messages are bounded: at most kMaxKept (the oldest task is dropped first, with a warning),
+// and a Shutdown replaces whatever was kept (the federation is over).
 //
 // Threading: one thread (the owner's) calls every method; the socket is its.
 #include <chrono>
@@ -59,7 +64,11 @@ struct UpstreamLinkConfig {
   std::string name = "client";        // "client 3", "aggregator 100": log lines and errors
   uint32_t register_retry_ms = 1000;  // send Register again when no Welcome came in this long
   uint32_t silence_ms = 15000;        // register again when the server was silent this long
-  uint32_t max_failed_handshakes = 5;  // failed in a row (of kinds that may pass) before giving up
+  // Handshakes that failed for a reason that may pass (not a refused key, not CURVE against plain
+  // TCP) are given up on when at least this many failed in a row over at least this long: a proxy
+  // that accepts connections while its server restarts fails every handshake for a while.
+  uint32_t max_failed_handshakes = 5;
+  uint32_t handshake_failure_window_ms = 60'000;
   // Registration retries, silence, heartbeats and back-offs are measured in it.
   const Clock* clock = &steadyClock();
   // The Busy back-off's stream: its jitter is the run's, reproducible, and differs per id.
@@ -102,8 +111,12 @@ class UpstreamLink {
   // The owner's answer to its task (an update, a partial): sent, and kept -- sent again after a
   // Reject(Busy), and what lastAnswer() returns.
   void answer(std::vector<uint8_t> bytes);
-  // An answer made before a restart (a client's state file): kept, not sent.
-  void restoreAnswer(std::vector<uint8_t> bytes) { answer_ = std::move(bytes); }
+  // An answer kept without sending it (made before a restart, or saved before it is sent): a
+  // resend after Busy pending for an earlier answer is cancelled.
+  void restoreAnswer(std::vector<uint8_t> bytes) {
+    answer_ = std::move(bytes);
+    resend_at_.reset();
+  }
   void resendAnswer();
   const std::vector<uint8_t>& lastAnswer() const { return answer_; }
 
@@ -124,7 +137,11 @@ class UpstreamLink {
   transport::ClientSocket socket_;
   UpstreamSession session_;
   UpstreamStats stats_;
+  static constexpr size_t kMaxKept = 8;
   std::deque<transport::Received> kept_;  // the owner's messages read while it worked
+  void keep(transport::Received r);
+  uint64_t failures_logged_ = 0;                  // handshake failures already logged
+  std::optional<Clock::time_point> failing_since_;  // the first failure of the current streak
   std::vector<uint8_t> answer_;
   std::optional<Clock::time_point> resend_at_;
   std::chrono::milliseconds busy_backoff_{200};

@@ -21,6 +21,11 @@ void UpstreamSession::registerSent(Clock::time_point now) {
   last_register_ = now;
 }
 
+void UpstreamSession::withdraw(Clock::time_point now) {
+  registered_ = awaiting_ = false;
+  last_register_ = now;
+}
+
 void UpstreamSession::heartbeatSent(Clock::time_point now) { last_heartbeat_ = now; }
 
 bool UpstreamSession::onWelcome(uint64_t session, uint32_t heartbeat_ms) {

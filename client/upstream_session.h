@@ -45,6 +45,9 @@ class UpstreamSession {
     return registered_ && now - last_heartbeat_ >= heartbeat_;
   }
   void registerSent(Clock::time_point now);
+  // The owner has nothing to offer (an aggregator whose clients left): the session ends, no
+  // heartbeats go out, and tick() asks for a Register again after register_retry.
+  void withdraw(Clock::time_point now);
   void heartbeatSent(Clock::time_point now);
   // Anything arrived from the server (it is alive).
   void heard(Clock::time_point now) { last_heard_ = now; }

@@ -401,10 +401,10 @@ class Client {
     log_->set_level(level);
     train_ = {nullptr, std::span<const size_t>(indices_.data(), num_examples)};
     eval_ = {nullptr, std::span<const size_t>(indices_.data(), eval_examples)};
-    // The runtime now: a state file that does not read back or an endpoint that is not one fails
-    // here, before anything connects or is sent; the first run() uses it.
-    runtime_ =
-        std::make_unique<client::ClientRuntime>(ctx_, config_, trainer_, train_, eval_, log_);
+    // A runtime now, and gone again: a state file that does not read back or an endpoint that is
+    // not one fails here, before anything is sent. Each run() makes its own and drops it at its
+    // end, so no socket lives (reconnecting, its events unread) between runs.
+    client::ClientRuntime(ctx_, config_, trainer_, train_, eval_, log_);
   }
 
   // Serves the federation: true when the server ended it, false when stopped. Raises what the
@@ -415,16 +415,17 @@ class Client {
     struct Reset {  // on every way out, error or not
       Client& c;
       ~Reset() {
+        if (c.runtime_) c.stats_ = c.runtime_->stats();
+        c.runtime_.reset();
         c.running_ = false;
         c.stop_ = false;  // a stop() counts for the run it came during (or the next one)
         c.trainer_.stop = nullptr;
+        c.trainer_.stats = nullptr;
       }
     } reset{*this};
     trainer_.error.reset();
-    if (used_)
-      runtime_ =
-          std::make_unique<client::ClientRuntime>(ctx_, config_, trainer_, train_, eval_, log_);
-    used_ = true;
+    runtime_ =
+        std::make_unique<client::ClientRuntime>(ctx_, config_, trainer_, train_, eval_, log_);
     trainer_.stop = &stop_;
     trainer_.stats = &runtime_->stats();
     std::atomic<bool> done{false};
@@ -513,8 +514,7 @@ class Client {
   std::vector<size_t> indices_;
   client::DataView train_, eval_;
   std::shared_ptr<spdlog::logger> log_;
-  std::unique_ptr<client::ClientRuntime> runtime_;
-  bool used_ = false;  // runtime_ has served a run(): the next one gets a fresh one
+  std::unique_ptr<client::ClientRuntime> runtime_;  // during run() only
   client::RuntimeStats stats_;
   std::atomic<bool> running_{false}, stop_{false};
 };

@@ -216,11 +216,11 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
     if (m.role == pr::Role::kAggregator && !config_.aggregator_ids.count(m.client_id))
       failInput(Errc::kWrongSender, "client ", m.client_id, " registers as an aggregator but is not listed as one");
   } catch (const InputError& e) {
-    // Decoded: what registering again cannot change, which the client is told to give up on; not
-    // decoded (a malformed Register): an ordinary refusal.
+    // What registering again cannot change, which the client is told to give up on: a key listed
+    // under another id, another model. Not a weight out of bounds (an aggregator's subtree total
+    // changes as its clients come and go), nor a malformed Register: ordinary refusals.
     refuse(r.peer, e.code(), std::string("registration refused: ") + e.what(), 0, 0,
-           e.code() == Errc::kFingerprintMismatch || e.code() == Errc::kWrongSender ||
-               e.code() == Errc::kBadWeight);
+           e.code() == Errc::kFingerprintMismatch || e.code() == Errc::kWrongSender);
     return;
   }
   auto [it, fresh] = clients_.try_emplace(m.client_id);

@@ -178,6 +178,10 @@ void Context::Impl::zapLoop(std::promise<void>* bound) {
         why.reason =
             allow ? "its CURVE public key is not on the allow-list" : "an unknown ZAP domain";
         if (id && !takeHandshake(domain, key)) {
+          // 300, ZAP's temporary error: the key is admitted, only too often at once (a client
+          // tells this from a refusal of its key, 400, and tries again).
+          status = "300";
+          text = "too many handshakes";
           why.reason = "too many handshakes of one key (more than 20 at once or 5 a second)";
         } else if (id) {
           status = "200";

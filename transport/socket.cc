@@ -167,6 +167,10 @@ ClientSocket::ClientSocket(Context& context, const std::string& connect_endpoint
       throw zmq::error_t();
     monitor_ = std::make_unique<zmq::socket_t>(context.impl().ctx, zmq::socket_type::pair);
     monitor_->set(zmq::sockopt::linger, 0);
+    // libzmq's I/O thread sends each event with a blocking send (libzmq issue 3575): an unread
+    // monitor with a bounded pipe would freeze the context. No high-water mark here makes the
+    // pipe unbounded; events are a few per reconnection, and receive() drains them.
+    monitor_->set(zmq::sockopt::rcvhwm, 0);
     monitor_->connect(addr);
     secure_ = !security.insecure;
     core_->sock.connect(connect_endpoint);
@@ -209,25 +213,32 @@ void ClientSocket::readMonitor() {
     std::memcpy(&event, head.data(), 2);
     std::memcpy(&value, static_cast<const char*>(head.data()) + 2, 4);
     using F = HandshakeReport::Failure;
+    // One failure per connection: a handshake failure that comes after the connection's
+    // DISCONNECTED (the order libzmq reports them in varies: seen under qemu) names the failure
+    // that DISCONNECTED counted as kNoHandshake, and is not counted again.
     const auto failed = [&](F kind) {
-      ++handshakes_.failed;
+      if (!(dropped_ && kind != F::kNoHandshake)) ++handshakes_.failed;
+      dropped_ = kind == F::kNoHandshake;
       handshakes_.last = kind;
       handshakes_.status = static_cast<int>(value);
       connected_ = false;
     };
     switch (event) {
-      case ZMQ_EVENT_CONNECTED: connected_ = true; break;
+      case ZMQ_EVENT_CONNECTED:
+        connected_ = true;
+        dropped_ = false;
+        break;
       case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         ++handshakes_.succeeded;
         handshakes_.failed = 0;
         handshakes_.last = F::kNone;
-        connected_ = false;
+        connected_ = dropped_ = false;
         break;
       case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: failed(F::kAuth); break;
       case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         failed(value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? F::kMechanism : F::kProtocol);
         break;
-      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: failed(F::kProtocol); break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: failed(F::kNoHandshake); break;
       case ZMQ_EVENT_DISCONNECTED:
         // Dropped with its handshake unfinished: the server could not read this side's HELLO (it
         // holds another key pair than the one this client was given), or was not a ZMTP peer.
@@ -242,9 +253,12 @@ std::string HandshakeReport::advice() const {
   switch (last) {
     case Failure::kNone: return {};
     case Failure::kAuth:
-      return "the server refused this side's key (ZAP status " + std::to_string(status) +
-             "): is its public key on the server's allow-list (security.clients), under this "
-             "client's id?";
+      if (status != 400)
+        return "the server's authentication answered " + std::to_string(status) +
+               (status == 300 ? " (a temporary refusal: too many handshakes of this key at once)"
+                              : " (an error of the server's)");
+      return "the server refused this side's key (ZAP status 400): is its public key on the "
+             "server's allow-list (security.clients), under this client's id?";
     case Failure::kMechanism:
       return "one side runs CURVE and the other plain TCP: the server and this side must agree "
              "on security.insecure (an insecure client cannot join a CURVE server, nor a CURVE "
@@ -254,9 +268,10 @@ std::string HandshakeReport::advice() const {
              "): is the server's public key (security.server_key) the one the server runs with, "
              "and is the endpoint a Starling server?";
     case Failure::kNoHandshake:
-      return "the server dropped the connection before its handshake finished: is the server's "
-             "public key (security.server_key) the one the server runs with, and is the endpoint "
-             "a Starling server?";
+      return "the connection was dropped before its handshake finished (error " +
+             std::to_string(status) +
+             "): is the server's public key (security.server_key) the one the server runs with, "
+             "and is the endpoint a Starling server (or a proxy whose server is down)?";
   }
   return {};
 }

@@ -192,15 +192,17 @@ class ServerSocket {
 struct HandshakeReport {
   enum class Failure : uint8_t {
     kNone = 0,
-    kAuth,           // the server refused this side's key (its ZAP handler: not on the allow-list)
+    kAuth,           // the server's authentication refused (ZAP status: 400 the key is not on its
+                     // allow-list; 300 too many handshakes at once, 500 its own error)
     kMechanism,      // one side runs CURVE, the other plain TCP (security.insecure)
-    kProtocol,       // another ZMTP or CURVE protocol error (a wrong server key, a non-Starling peer)
-    kNoHandshake,    // connected, then dropped before any handshake finished (a wrong server key)
+    kProtocol,       // another ZMTP or CURVE protocol error (a non-Starling peer)
+    kNoHandshake,    // connected, then dropped before any handshake finished (a wrong server
+                     // key, or a proxy whose server is down)
   };
   uint64_t succeeded = 0;  // handshakes that succeeded, in all
   uint64_t failed = 0;     // failed since the last success (0 after one)
   Failure last = Failure::kNone;
-  int status = 0;  // the last failure's ZAP status code (kAuth) or ZMTP protocol error code
+  int status = 0;  // the last failure's ZAP status (kAuth), ZMTP protocol error or errno
   // What a user should check, for the last failure (empty when there is none).
   std::string advice() const;
 };
@@ -230,6 +232,7 @@ class ClientSocket {
   std::unique_ptr<zmq::socket_t> monitor_;  // PAIR: the socket's connection events
   HandshakeReport handshakes_;
   bool connected_ = false;  // a TCP connection is up and its handshake has not finished
+  bool dropped_ = false;    // the last failure counted was that connection's DISCONNECTED
   bool secure_ = false;
 };
 

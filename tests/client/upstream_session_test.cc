@@ -103,3 +103,16 @@ TEST_CASE("upstream session: a burst of NotRegistered draws one registration",
   CHECK_FALSE(s.onNotRegistered(at(4999)));
   CHECK(s.onNotRegistered(at(5000)));
 }
+
+TEST_CASE("upstream session: withdrawn, it heartbeats no more and asks for a Register at the retry",
+          "[client][upstream]") {
+  UpstreamSession s({Ms(1000), Ms(5000)}, at(0));
+  s.registerSent(at(0));
+  s.onWelcome(1, 100);
+  CHECK(s.heartbeatDue(at(200)));
+  s.withdraw(at(200));
+  CHECK_FALSE(s.registered());
+  CHECK_FALSE(s.heartbeatDue(at(5000)));
+  CHECK_FALSE(s.tick(at(1200)).register_now);
+  CHECK(s.tick(at(1201)).register_now);
+}

@@ -426,7 +426,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
       if (ok) {
         const auto r = pr::decodeReject(bytes);
         require(r.kind == pr::RejectKind::kRefused || r.kind == pr::RejectKind::kNotRegistered ||
-                    r.kind == pr::RejectKind::kBusy,
+                    r.kind == pr::RejectKind::kBusy ||
+                    r.kind == pr::RejectKind::kRegistrationRefused,
                 "reject: unknown kind");
         require(printable(r.message, 0, 1024), "reject: message longer than 1024 or not printable");
       }
@@ -550,6 +551,9 @@ inline std::vector<Seed> controlSeeds() {
   out.push_back({"evaluation", pr::encode(pr::EvaluationMsg{7, 3, 41, 60, 0.25, 0.875})});
   out.push_back({"reject", pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, 4, 3, 41, "stale round"})});
   out.push_back({"reject-busy", pr::encode(pr::RejectMsg{pr::RejectKind::kBusy, 0, 0, 0, ""})});
+  out.push_back({"reject-registration",
+                 pr::encode(pr::RejectMsg{pr::RejectKind::kRegistrationRefused, 28, 0, 0,
+                                          "registration refused: listed as client 4"})});
   out.push_back({"shutdown", pr::encode(pr::ShutdownMsg{12, "training finished"})});
   out.push_back({"split-hello", pr::encode(pr::SplitHelloMsg{3, 0xfeed, "lowrank:rank=4", "int8"})});
   out.push_back({"split-step", pr::encode(pr::SplitStepMsg{7, 2, pr::SplitStepKind::kTrain, 3, {1, 4, 9},
