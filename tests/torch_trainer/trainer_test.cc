@@ -38,7 +38,7 @@ using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 }  // namespace
 
 TEST_CASE("LibTorch models lay out their parameters in named_parameters order", "[torch_trainer]") {
-  CHECK(torchTrainers().names() == "logreg, mlp, cnn, resnet, torchscript");
+  CHECK(torchTrainers().names() == "logreg, softmax, mlp, cnn, resnet, torchscript");
 
   const auto logreg = makeTorchTrainer("logreg", 28, 28, 10);
   CHECK(shapes(logreg->layout()) == Shapes{{"fc.weight", {10, 784}}, {"fc.bias", {10}}});
@@ -328,7 +328,7 @@ TEST_CASE("LibTorch trainer specs, shapes and views are checked", "[torch_traine
   CHECK_THROWS_MATCHING(makeTorchTrainer("cnn:depth=2", 28, 28, 3), ConfigError,
                         Contains("unknown option 'depth'"));
   CHECK_THROWS_MATCHING(makeTorchTrainer("vgg", 28, 28, 3), ConfigError,
-                        Contains("logreg, mlp, cnn, resnet"));
+                        Contains("logreg, softmax, mlp, cnn, resnet"));
   CHECK_THROWS_MATCHING(makeTorchTrainer("cnn:momentum=1", 28, 28, 3), ConfigError,
                         Contains("momentum=1"));
   CHECK_THROWS_MATCHING(makeTorchTrainer("logreg", 28, 28, 1), InvalidArgument,
