@@ -54,10 +54,24 @@ def _find(folder, stem, prog):
 
 def load_fashion_mnist(split, data_dir=DATA_DIR, prog="peers", as_float=True):
     """(x, y) of the 'train' or 't10k' split: x float32 [n, 1, 28, 28] in [0, 1] (with
-    as_float=False the file's uint8 [n, 28, 28], for to_float later), y uint8 [n]."""
+    as_float=False the file's uint8 [n, 28, 28], for to_float later), y uint8 [n]. Every call is
+    a load of the data set: it is noted in the probe log (note())."""
     x = _read_idx(_find(data_dir, f"{split}-images-idx3-ubyte", prog))
     y = _read_idx(_find(data_dir, f"{split}-labels-idx1-ubyte", prog))
+    note("load", split=split, prog=prog)
     return (to_float(x) if as_float else x), y
+
+
+def count_examples(split, data_dir=DATA_DIR, prog="peers"):
+    """The number of examples of a split, from its labels file's header alone (no numpy, no load:
+    for a launcher that only checks its arguments)."""
+    path = _find(data_dir, f"{split}-labels-idx1-ubyte", prog)
+    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+        head = f.read(8)
+    zero, dtype, ndim, n = struct.unpack(">HBBI", head)
+    if zero != 0 or dtype != 0x08 or ndim != 1:
+        die(prog, f"{path}: not an IDX file of unsigned bytes with one dimension")
+    return n
 
 
 def to_float(x_u8):
@@ -65,6 +79,26 @@ def to_float(x_u8):
     import numpy as np
 
     return (x_u8.astype(np.float32) / np.float32(255.0))[:, None, :, :]
+
+
+def check_split(path, num_examples, prog="peers"):
+    """The number of clients of a split file, each index checked against num_examples; pure Python
+    (read_split's checks, without numpy), for a launcher that only checks its arguments."""
+    if not os.path.exists(path):
+        die(prog, f"split file {path} is missing: run.py writes it with starling-sim "
+                  "--data.split_file (or pass the one you wrote)")
+    clients = 0
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            idx = [int(v) for v in line.split()]
+            if idx and (min(idx) < 0 or max(idx) >= num_examples):
+                die(prog, f"split file {path}: client {clients} names an example outside 0..{num_examples - 1}")
+            clients += 1
+    if not clients:
+        die(prog, f"split file {path} holds no client line")
+    return clients
 
 
 def read_split(path, num_examples=None, prog="peers"):
@@ -90,12 +124,87 @@ def read_split(path, num_examples=None, prog="peers"):
     return shards
 
 
+def _openblas():
+    """Debian's PyTorch multiplies matrices with OpenBLAS (libopenblas0-pthread), whose own thread
+    pool (one thread per core by default, or OPENBLAS_NUM_THREADS / OMP_NUM_THREADS when the library
+    loads) torch.set_num_threads does not touch. The loaded library, or None without OpenBLAS."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")  # the copy torch loaded: dlopen returns its handle
+        lib.openblas_get_num_threads  # noqa: B018 (raises AttributeError when absent)
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+def blas_threads():
+    """OpenBLAS's thread count in this process, None without OpenBLAS."""
+    lib = _openblas()
+    return lib.openblas_get_num_threads() if lib else None
+
+
 def set_threads(n):
-    """torch.set_num_threads(n) when n > 0 (0 leaves PyTorch's default)."""
+    """torch.set_num_threads(n) and OpenBLAS's pool to n when n > 0, as Starling does for each of
+    its processes (torch_trainer/threads.cc: setThreads); 0 leaves both at their defaults."""
     import torch
 
     if n > 0:
         torch.set_num_threads(n)
+        lib = _openblas()
+        if lib:
+            lib.openblas_set_num_threads(n)
+
+
+def note(event, **fields):
+    """Appends one JSON line {event, pid, time, **fields} to the file named by STARLING_PEERS_PROBE_LOG
+    (nothing when it is unset): the counters of bench/peers/ (data loads, threads per process),
+    written by every process of every system and read back by the launchers (probe_summary). One
+    write of a short line in append mode, so lines of concurrent processes do not interleave."""
+    path = os.environ.get("STARLING_PEERS_PROBE_LOG")
+    if not path:
+        return
+    import time
+
+    line = json.dumps({"event": event, "pid": os.getpid(), "time": time.time(), **fields}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def note_threads(role):
+    """Notes this process's PyTorch and OpenBLAS thread counts under `role`."""
+    import torch
+
+    note("threads", role=role, torch=torch.get_num_threads(), blas=blas_threads())
+
+
+def probe_summary(path):
+    """What the probe log at `path` says, per process: its role(s), the loads of each split, its
+    threads; and max_train_loads_per_process, the figure that must be 1 (the training set loaded
+    once per worker process, never per client or per message)."""
+    procs = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                p = procs.setdefault(str(e.get("pid")), {"roles": [], "loads": {}})
+                if e.get("event") == "load":
+                    p["loads"][e["split"]] = p["loads"].get(e["split"], 0) + 1
+                elif e.get("event") == "threads":
+                    if e.get("role") not in p["roles"]:
+                        p["roles"].append(e.get("role"))
+                    p["torch_threads"], p["blas_threads"] = e.get("torch"), e.get("blas")
+    train = [p["loads"].get("train", 0) for p in procs.values()]
+    return {"processes": procs,
+            "processes_loading_train": sum(1 for n in train if n),
+            "train_loads_total": sum(train),
+            "max_train_loads_per_process": max(train) if train else 0}
 
 
 def make_cnn(classes=NUM_CLASSES):

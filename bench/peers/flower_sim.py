@@ -1,232 +1,311 @@
-"""The demo task (bench/peers/common.py) in Flower's Simulation Runtime, written the way Flower's
-documentation for flwr 1.4x teaches it: a ClientApp whose @app.train() function trains the
-received ArrayRecord and replies with the new one, a ServerApp whose @app.main() runs the FedAvg
-strategy of flwr.serverapp.strategy (strategy.start with a central evaluate_fn), and
-flwr.simulation.run_simulation on the default Ray backend, one virtual SuperNode per client.
+"""The demo task (bench/peers/common.py) in Flower's Simulation Runtime, run the way Flower's
+documentation for flwr 1.4x runs a simulation: a Flower App (bench/peers/flower_app/: a ClientApp
+whose @app.train() function trains the received ArrayRecord, a ServerApp whose @app.main() runs
+flwr.serverapp.strategy.FedAvg with a central evaluate_fn, both in an importable package named in
+its pyproject.toml), submitted with `flwr run <app> local --stream` to the local SuperLink that
+`flwr run` starts itself (simulation mode), with one virtual SuperNode per client on the default
+Ray backend.
 
-(The older NumPyClient / client_fn / ServerAppComponents path still exists in flwr 1.4x under
-flwr.client and flwr.compat, but the documentation now teaches the Message API used here; its
-FedAvg takes fraction_train / min_train_nodes where the older one took fraction_fit /
-min_fit_clients.)
+This script is only the launcher: it checks its arguments, writes a fresh Flower configuration
+(FLWR_HOME in a work folder: `[superlink.local] address = ":local:"`, the default of `flwr`), runs
+`flwr run` with the run config (--run-config, a TOML file) and the federation config
+(--federation-config: num-supernodes, client resources), waits for the run, stops the SuperLink
+`flwr run` left running, and writes --out from what the ServerApp wrote plus the counters of the
+probe log (bench/peers/common.py: note): the training set's loads and the threads of every process.
 
 Settings (--setting):
-  default  Flower's defaults: no client_resources given, so every ClientApp asks Ray for
-           client_resources = {num_cpus: 2, num_gpus: 0}: on this 2-core machine one client trains
-           at a time. PyTorch's threads are left as Ray sets them for the actor (OMP_NUM_THREADS =
-           the actor's num_cpus, so 2).
-  best     client_resources = {num_cpus: 1, num_gpus: 0}, so Ray runs two actors and two clients
-           train at once, each with torch.set_num_threads(1): the fastest on 2 cores
-           (docs/peers.md says how it was chosen).
+  default  Flower's defaults: no client resources given, so every ClientApp gets Flower's
+           {num_cpus: 2, num_gpus: 0}: on this 2-core machine one Ray actor, one client trains at
+           a time, with the threads Ray gives an actor of 2 CPUs (OMP_NUM_THREADS=2: PyTorch and
+           OpenBLAS both read it).
+  best     client-resources-num-cpus = 1, so Ray runs two actors and two clients train at once,
+           each with 1 PyTorch thread and 1 OpenBLAS thread (common.set_threads, as Starling bounds
+           each of its processes): the fastest on 2 cores (docs/peers.md says how it was chosen).
+Both: the ServerApp's central evaluation runs on 2 PyTorch and 2 OpenBLAS threads (eval-threads;
+every actor is idle while it runs), as Starling's evaluation runs on both of its workers.
 
-Both settings give Ray init_args {_node_ip_address: 127.0.0.1} and set
-RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, so that Ray's services listen on the loopback address only.
+Process tree: `flwr run` starts the local SuperLink detached (its own session) and exits when the
+run ends; the SuperLink starts flower-superexec, which starts flwr-simulation (the ServerApp, Ray's
+driver), which starts Ray's GCS server, raylet and actors. This launcher makes itself the child
+subreaper of everything it starts (prctl PR_SET_CHILD_SUBREAPER), so the SuperLink and its
+descendants stay in its process tree (bench/peers/run.py measures that tree's memory), and it ends
+them, by pid, when the run is over or when it is stopped.
 
-Compression: Flower has no built-in update compression (no top-k, no error feedback; its mods
-are clipping, differential privacy, secure aggregation and size logging), so only dense FedAvg
-runs here.
+Environment given to Flower: FLWR_HOME (the work folder), fresh ports for the local SuperLink
+(FLWR_LOCAL_SUPERLINK_HTTP_API_PORT, FLWR_LOCAL_CONTROL_API_PORT), PATH with the venv's bin/ first
+(Flower starts flower-superlink, flower-superexec and flwr-simulation by name),
+FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 (otherwise the SuperLink runs `uv sync` for the
+app's dependencies into a fresh environment: another PyTorch than Debian's, from the network),
+FLWR_DISABLE_UPDATE_CHECK=1 and FLWR_TELEMETRY_ENABLED=0 (both would call out to the network),
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray's services on 127.0.0.1 only: Ray then takes the loopback
+address as the node's; a network setting, no performance knob), PYTHONPATH=bench/peers (the app
+imports common.py; Flower passes PYTHONPATH on to Ray's workers), PYTHONDONTWRITEBYTECODE=1.
 
-The ClientApps run in Ray worker processes that import this file anew: what they need travels in
-environment variables (STARLING_PEERS_*), which Ray's workers inherit.
+Compression: Flower has no built-in update compression (no top-k, no error feedback; its mods are
+clipping, differential privacy, secure aggregation and size logging), so only dense FedAvg runs
+here; --stateful (bench/peers/scale.py) is our top-k with error feedback, kept in Context.state.
 
   python bench/peers/flower_sim.py --split FILE --out RESULT.json [--setting default|best]
 """
 import argparse
+import ctypes
+import importlib.metadata
+import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
 import sys
 import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 PROG = "flower_sim.py"
-
-# Ray's services listen on the loopback address only: this benchmark talks to nothing else. Ray
-# maps a _node_ip_address of 127.0.0.1 to the machine's routable address unless this (documented
-# for single-machine use on macOS and Windows) says the machine is no cluster node; read when ray
-# is imported, inherited by Ray's processes. A network setting: it changes no performance knob.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-try:
-    import numpy as np
-    import torch
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.serverapp.strategy import FedAvg
-    from flwr.simulation import run_simulation
-except ImportError as e:
-    common.die(PROG, f"{e}: run it with the peers' virtual environment (bash scripts/peers-venv.sh; "
-                     "then $STARLING_PEERS_VENV/bin/python, default ~/.cache/starling/peers-venv)")
+APP_DIR = os.path.join(HERE, "flower_app")
+FLOWER_CONFIG = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+PR_SET_CHILD_SUBREAPER = 36
 
 
-# ---- the ClientApp (runs in Ray's actors) ----------------------------------------------------
-
-_cache = {}
-
-
-def _client_data(pid):
-    """This actor's copy of the training set (uint8, loaded once per actor process) and the
-    shard of client `pid` as float32 tensors."""
-    if "train" not in _cache:
-        x, y = common.load_fashion_mnist("train", os.environ["STARLING_PEERS_DATA"], PROG, as_float=False)
-        _cache["train"] = (x, y)
-        _cache["split"] = common.read_split(os.environ["STARLING_PEERS_SPLIT"], len(y), PROG)
-        threads = int(os.environ.get("STARLING_PEERS_THREADS", "0"))
-        common.set_threads(threads)
-    x, y = _cache["train"]
-    idx = _cache["split"][pid]
-    return torch.from_numpy(common.to_float(x[idx])), torch.from_numpy(y[idx].astype(np.int64))
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
-client_app = ClientApp()
+def _descendants():
+    import psutil
+
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
 
 
-@client_app.train()
-def train(msg: Message, context: Context):
-    pid = int(context.node_config["partition-id"])
-    x, y = _client_data(pid)
-    model = common.make_cnn()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    rnd = int(msg.content["config"]["server-round"])
-    seed = int(os.environ.get("STARLING_PEERS_SEED", "1")) * 1_000_003 + rnd * 10_007 + pid
-    n, loss = common.train_local(model, x, y, seed)
-    if os.environ.get("STARLING_PEERS_STATEFUL") == "1":
-        _error_feedback(msg.content["arrays"].to_torch_state_dict(), model, context)
-    metrics = MetricRecord({"train_loss": loss, "num-examples": n, "threads": torch.get_num_threads()})
-    return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}),
-                   reply_to=msg)
+def _reap():
+    """Collects the exit status of every child that has ended (orphans re-parented to this
+    subreaper included), so none stays a zombie."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
-def _error_feedback(initial, model, context, density=0.01):
-    """--stateful (bench/peers/scale.py; our code, Flower has no compressor): the client keeps a
-    model-sized float32 residual in its Context.state (a RecordDict Flower's simulation keeps per
-    node), adds it to its update, sends the top-k `density` of that (as initial + sent, so FedAvg
-    averages it unchanged) and keeps the rest as the new residual."""
-    new = model.state_dict()
-    keys = list(new.keys())
-    if "residual" in context.state:
-        residual = context.state["residual"].to_torch_state_dict()
-    else:
-        residual = {k: torch.zeros_like(new[k], dtype=torch.float32) for k in keys}
-    full = {k: (new[k] - initial[k]).float() + residual[k] for k in keys}
-    flat = torch.cat([full[k].reshape(-1) for k in keys])
-    thresh = torch.topk(flat.abs(), max(1, int(flat.numel() * density)), sorted=False).values.min()
-    sent = {k: torch.where(full[k].abs() >= thresh, full[k], torch.zeros_like(full[k])) for k in keys}
-    context.state["residual"] = ArrayRecord({k: full[k] - sent[k] for k in keys})
-    model.load_state_dict({k: initial[k] + sent[k] for k in keys})
+def _cmdline(p):
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
-# ---- the ServerApp (runs in this process) ---------------------------------------------------
+def _alive(p):
+    import psutil
 
-_log = {"rounds": [], "evals": []}
-
-
-def _array_bytes(arrays):
-    """Serialized size of an ArrayRecord's tensors (Array.data: the bytes Flower ships)."""
-    return sum(len(a.data) for a in arrays.values())
-
-
-server_app = ServerApp()
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
-@server_app.main()
-def main(grid: Grid, context: Context):
-    a = _log["args"]
-    torch.manual_seed(a.seed)
-    model = common.make_cnn()
-    initial = ArrayRecord(model.state_dict())
-    _log["model_bytes"] = _array_bytes(initial)
-    x_test, y_test = common.load_fashion_mnist("t10k", a.data_dir, PROG)
-    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64))
-    num_clients = _log["num_clients"]
+def _wait_gone(match, timeout):
+    """Waits until no descendant's command line contains `match`; False on timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        _reap()
+        if not [p for p in _descendants() if match in _cmdline(p) and _alive(p)]:
+            return True
+        time.sleep(0.2)
+    return False
 
-    def central_eval(server_round: int, arrays: ArrayRecord):
-        # Called before round 1 (server_round 0) and after every round; a round ends after its
-        # evaluation, as in starling-sim's metrics.
-        if server_round == 0:
-            _log["t_start"] = time.time()
-            return None
-        record = None
-        if common.evaluated(server_round, a.eval_every):
-            model.load_state_dict(arrays.to_torch_state_dict())
-            acc, loss = common.accuracy(model, x_test, y_test)
-            _log["evals"].append({"round": server_round, "accuracy": acc, "loss": loss})
-            record = MetricRecord({"accuracy": acc, "loss": loss})
-        _log["rounds"].append({"round": server_round, "t_end": time.time()})
-        return record
 
-    strategy = FedAvg(fraction_train=a.clients_per_round / num_clients, fraction_evaluate=0.0,
-                      min_train_nodes=a.clients_per_round, min_available_nodes=num_clients)
-    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=a.rounds,
-                            train_config=ConfigRecord({}), evaluate_fn=central_eval)
-    _log["train_metrics"] = {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}
+def stop_tree(grace=15.0):
+    """Ends every process this launcher started, by pid: SIGTERM to the SuperLink and SuperExec
+    (they stop their children), then SIGKILL to whatever is left after `grace` seconds."""
+    import psutil
+
+    for p in _descendants():
+        if "flower-superlink" in _cmdline(p) or "flower-superexec" in _cmdline(p):
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+    deadline = time.time() + grace
+    while time.time() < deadline:
+        _reap()
+        if not [p for p in _descendants() if _alive(p)]:
+            return
+        time.sleep(0.2)
+    for p in _descendants():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    time.sleep(0.2)
+    _reap()
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))  # a TOML basic string
 
 
 def main_cli():
-    p = argparse.ArgumentParser(description="The demo task in Flower's simulation (bench/peers/)")
+    p = argparse.ArgumentParser(description="The demo task in Flower's simulation, run with flwr run (bench/peers/)")
     common.add_common_args(p)
-    p.add_argument("--client-cpus", type=float, default=None,
-                   help="override the setting's client_resources num_cpus (for measuring which is best)")
+    p.add_argument("--client-cpus", type=int, default=None,
+                   help="override the setting's client-resources-num-cpus (for measuring which is best; a whole "
+                        "number: flwr 1.42's federation config holds it as an unsigned integer)")
+    p.add_argument("--eval-threads", type=int, default=2,
+                   help="PyTorch and OpenBLAS threads of the ServerApp's central evaluation (the actors are idle "
+                        "while it runs; 2 = this machine's cores)")
     p.add_argument("--stateful", action="store_true",
                    help="per-node state (bench/peers/scale.py): each client keeps a model-sized float32 residual "
                         "in Context.state and sends top-k 1%% with error feedback (our code)")
+    p.add_argument("--work", default=None,
+                   help="work folder (FLWR_HOME, run config, probe log), emptied first; default: OUT.flwr "
+                        "next to --out")
     a = p.parse_args()
-    x, y = common.load_fashion_mnist("train", a.data_dir, PROG, as_float=False)  # errors before Ray starts
-    shards = common.read_split(a.split, len(y), PROG)
-    del x, y
-    num_clients = len(shards)
-    os.environ["STARLING_PEERS_DATA"] = a.data_dir
-    os.environ["STARLING_PEERS_SPLIT"] = os.path.abspath(a.split)
-    os.environ["STARLING_PEERS_SEED"] = str(a.seed)
-    os.environ["STARLING_PEERS_STATEFUL"] = "1" if a.stateful else "0"
-    # Loopback only (see RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER above); both settings have it.
-    backend_config = {"init_args": {"_node_ip_address": "127.0.0.1"}}
-    if a.setting == "best":
-        os.environ["STARLING_PEERS_THREADS"] = "1"
-        backend_config["client_resources"] = {"num_cpus": a.client_cpus or 1, "num_gpus": 0.0}
-    elif a.client_cpus:
-        backend_config["client_resources"] = {"num_cpus": a.client_cpus, "num_gpus": 0.0}
-    # else: Flower's default client_resources (run_simulation fills them in)
-    if a.threads is not None:
-        os.environ["STARLING_PEERS_THREADS"] = str(a.threads)
-    _log.update(args=a, num_clients=num_clients)
-    t0 = time.time()
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_clients,
-                   backend_config=backend_config)
-    t1 = time.time()
-    import flwr
-    import ray
+    # Errors before anything starts, without loading the data set here (this process stays small:
+    # its memory counts in the measured tree).
+    num_examples = common.count_examples("train", a.data_dir, PROG)
+    common.count_examples("t10k", a.data_dir, PROG)
+    common._find(a.data_dir, "train-images-idx3-ubyte", PROG)
+    common._find(a.data_dir, "t10k-images-idx3-ubyte", PROG)
+    num_clients = common.check_split(a.split, num_examples, PROG)
+    bin_dir = os.path.dirname(sys.executable)
+    flwr = os.path.join(bin_dir, "flwr")
+    if not os.access(flwr, os.X_OK):
+        common.die(PROG, f"{flwr} is missing: run it with the peers' virtual environment (bash "
+                         "scripts/peers-venv.sh; then $STARLING_PEERS_VENV/bin/python, default "
+                         "~/.cache/starling/peers-venv)")
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        common.die(PROG, "psutil is missing: run it with the peers' virtual environment (bash scripts/peers-venv.sh)")
 
-    rounds = _log["rounds"]
-    mb = _log.get("model_bytes", 0)
-    tm = _log.get("train_metrics", {})
+    out = os.path.abspath(a.out)
+    work = os.path.abspath(a.work or out + ".flwr")
+    if os.path.exists(work):
+        shutil.rmtree(work)
+    flwr_home = os.path.join(work, "flwr-home")
+    os.makedirs(flwr_home)
+    with open(os.path.join(flwr_home, "config.toml"), "w") as f:
+        f.write(FLOWER_CONFIG)
+    probe = os.path.join(work, "probe.jsonl")
+    inside = os.path.join(work, "serverapp-result.json")
+
+    client_threads = 0  # as Ray and PyTorch set them
+    federation = {"num-supernodes": num_clients}
+    if a.setting == "best":
+        client_threads = 1
+        federation["client-resources-num-cpus"] = a.client_cpus or 1
+        federation["client-resources-num-gpus"] = 0.0
+    elif a.client_cpus:
+        federation["client-resources-num-cpus"] = a.client_cpus
+        federation["client-resources-num-gpus"] = 0.0
+    # else: Flower's default client resources ({num_cpus: 2, num_gpus: 0})
+    if a.threads is not None:
+        client_threads = a.threads
+    run_config = {"split": os.path.abspath(a.split), "data-dir": os.path.abspath(a.data_dir),
+                  "num-clients": num_clients, "rounds": a.rounds, "clients-per-round": a.clients_per_round,
+                  "eval-every": a.eval_every, "seed": a.seed, "client-threads": client_threads,
+                  "eval-threads": a.eval_threads, "stateful": a.stateful, "result-file": inside}
+    run_config_file = os.path.join(work, "run-config.toml")
+    with open(run_config_file, "w") as f:
+        f.writelines(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items())
+    fed = " ".join(f"{k}={_toml_value(v)}" for k, v in federation.items())
+
+    env = dict(os.environ)
+    env.update({
+        "FLWR_HOME": flwr_home,
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+        "PYTHONPATH": HERE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "STARLING_PEERS_PROBE_LOG": probe,
+    })
+    cmd = [flwr, "run", APP_DIR, "local", "--stream", "--federation-config", fed, "--run-config", run_config_file]
+
+    # Orphans (the SuperLink `flwr run` detaches) re-parent to this process: they stay in the tree.
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        common.die(PROG, f"prctl(PR_SET_CHILD_SUBREAPER) failed (errno {ctypes.get_errno()})")
+
+    def stopped(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+    print("$ " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    rc = None
+    try:
+        rc = subprocess.call(cmd, env=env, cwd=work)
+        t1 = time.time()
+        # `flwr run --stream` returns when the run's logs end; flwr-simulation may still be
+        # shutting Ray down. Let it finish, then stop the SuperLink.
+        _wait_gone("flwr-simulation", 60.0)
+        t2 = time.time()
+    finally:
+        stop_tree()
+    t3 = time.time()
+    if rc != 0 or not os.path.exists(inside):
+        common.die(PROG, f"`flwr run` exited with {rc}" + ("" if os.path.exists(inside) else
+                                                           " and the ServerApp wrote no result")
+                   + f" (Flower's logs: above, and {os.path.join(flwr_home, 'local-superlink', 'superlink.log')})")
+    with open(inside) as f:
+        r = json.load(f)
+    probes = common.probe_summary(probe)
+
+    def version(pkg):
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    backend = {"client_resources": {"num_cpus": federation["client-resources-num-cpus"],
+                                    "num_gpus": federation["client-resources-num-gpus"]}
+               if "client-resources-num-cpus" in federation else "Flower's default: num_cpus 2, num_gpus 0"}
     result = {
         "system": "flower",
         "setting": a.setting,
+        "launcher": "flwr run (local SuperLink, simulation mode, Ray backend) of bench/peers/flower_app",
+        "command": cmd,
+        "federation_config": federation,
+        "run_config": run_config,
         "compressor": ("topk 1% with error feedback, residual in Context.state (our code)"
                        if a.stateful else "none"),
-        "versions": {"flwr": flwr.__version__, "ray": ray.__version__, "torch": torch.__version__,
-                     "numpy": np.__version__},
-        "backend_config": backend_config,
-        "client_resources": backend_config.get("client_resources",
-                                               "Flower's default: num_cpus 2, num_gpus 0"),
-        "client_threads": tm[max(tm)].get("threads") if tm else None,
-        "rounds": len(rounds),
-        "clients_trained": len(rounds) * a.clients_per_round,
-        "loop_seconds": (rounds[-1]["t_end"] - _log["t_start"]) if rounds else None,
-        "run_seconds_inside": t1 - t0,
-        "per_round": [{"round": r["round"],
-                       "seconds": r["t_end"] - (rounds[i - 1]["t_end"] if i else _log["t_start"]),
-                       "train_loss": tm.get(r["round"], {}).get("train_loss"),
-                       # Array payloads: the model to each sampled client, a model back from each.
-                       "downlink_bytes": mb * a.clients_per_round,
-                       "uplink_bytes": mb * a.clients_per_round}
-                      for i, r in enumerate(rounds)],
+        "versions": {"flwr": version("flwr"), "ray": version("ray"), **r.pop("versions_inside", {})},
+        "client_resources": backend["client_resources"],
+        "run_seconds_inside": t1 - t0,  # `flwr run`: SuperLink start, run, log stream's end
+        "simulation_exit_seconds": t2 - t1,
+        "stop_seconds": t3 - t2,
+        "data_loads": probes,
+        "max_train_loads_per_process": probes["max_train_loads_per_process"],
         "bytes_note": "serialized Array payloads (Array.data) of the ArrayRecords, without message framing",
-        "evals": _log["evals"],
+        **r,
     }
-    common.write_result(a.out, result)
+    common.write_result(out, result)
+    if probes["max_train_loads_per_process"] > 1:
+        print(f"{PROG}: WARNING: a process loaded the training set "
+              f"{probes['max_train_loads_per_process']} times (see data_loads in {out})", flush=True)
 
 
 if __name__ == "__main__":

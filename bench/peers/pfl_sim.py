@@ -6,15 +6,22 @@ FederatedAveraging algorithm with NNAlgorithmParams / NNTrainHyperParams, a Simu
 a central evaluation callback.
 
 Settings (--setting):
-  default  one process, PyTorch's default threads (torch.get_num_threads() is 1 on this 2-core
-           machine): pfl's simulation as it runs when started with plain `python`.
+  default  one process, PyTorch's and OpenBLAS's default threads (torch.get_num_threads() is 1 on
+           this 2-core machine, OpenBLAS's pool 2): pfl's simulation as it runs when started with
+           plain `python`; it trains and evaluates in that one process.
   best     pfl's own multi-worker mode: two worker processes (torch.distributed, Gloo on CPU),
-           each training its part of every cohort with torch.set_num_threads(1); pfl splits the
-           cohort between them (balanced by user_id_to_weight) and all-reduces the summed
-           statistics. This script starts the two workers itself, the way pfl's GenericPlatform
-           documents it: PFL_WORKER_ADDRESSES=127.0.0.1:P0,127.0.0.1:P1 and PFL_WORKER_RANK=r in
-           each one's environment. (torchrun, pfl's other launch, fails in Debian's PyTorch 1.13
-           under Python 3.11: torch/distributed/elastic's to_map gets None for its redirects.)
+           each training its part of every cohort with 1 PyTorch thread and 1 OpenBLAS thread
+           (common.set_threads, as Starling bounds each of its processes); pfl splits the cohort
+           between them (balanced by user_id_to_weight), all-reduces the summed statistics and
+           splits the central evaluation between them too (as Starling's two workers). This script
+           starts the two workers itself, the way pfl's GenericPlatform documents it:
+           PFL_WORKER_ADDRESSES=127.0.0.1:P0,127.0.0.1:P1 and PFL_WORKER_RANK=r in each one's
+           environment. (torchrun, pfl's other launch, fails in Debian's PyTorch 1.13 under Python
+           3.11: torch/distributed/elastic's to_map gets None for its redirects.)
+
+Counters: every process notes its loads of the data set and its threads in a probe log
+(bench/peers/common.py: note; STARLING_PEERS_PROBE_LOG, OUT.probe.jsonl unless set), and the result
+holds their summary (data_loads; max_train_loads_per_process must be 1).
 
 pfl's FedAvg sends the model difference as dense float32 (no compression is built in: its
 Postprocessor interface names sparsification as a use, but pfl ships no top-k or error-feedback
@@ -23,8 +30,10 @@ are the float32 model per client and direction, computed.
 
 What differs from Starling by pfl's design: a user's Dataset is iterated in its stored order
 (pfl shuffles no local batches); the central evaluation follows our cadence (after round k,
-k % eval_every == 0), and on those rounds pfl also evaluates each trained user's data before and
-after local training (evaluation_frequency), as it does by default.
+k % eval_every == 0). At --setting default pfl also evaluates each trained user's data before and
+after local training on the iterations where its evaluation_frequency fires (0-based 0, 5, 10,
+...), as it does by default; best keeps only iteration 0's (pfl always evaluates there), work the
+task does not ask for (evaluation_frequency = rounds + 1).
 
   python bench/peers/pfl_sim.py --split FILE --out RESULT.json [--setting default|best]
 """
@@ -38,6 +47,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 PROG = "pfl_sim.py"
+
+
+def use_probe_log(out):
+    """The probe log every process of this run appends to: STARLING_PEERS_PROBE_LOG when set, else
+    OUT.probe.jsonl, emptied by the first process (the launcher, or the single process)."""
+    if not os.environ.get("STARLING_PEERS_PROBE_LOG"):
+        path = os.path.abspath(out) + ".probe.jsonl"
+        if os.path.exists(path):
+            os.remove(path)
+        os.environ["STARLING_PEERS_PROBE_LOG"] = path
+    return os.environ["STARLING_PEERS_PROBE_LOG"]
 
 
 def launch_workers(n):
@@ -84,7 +104,10 @@ def _launcher_workers():
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--setting", default="default")
     pre.add_argument("--workers", type=int, default=2)
+    pre.add_argument("--out", default=None)
     k, _ = pre.parse_known_args()
+    if k.out and "PFL_WORKER_RANK" not in os.environ:
+        use_probe_log(k.out)  # before the workers start: they inherit it
     return k.workers if k.setting == "best" and k.workers > 1 and "PFL_WORKER_RANK" not in os.environ else 0
 
 
@@ -183,10 +206,12 @@ def main():
                         "residual in pfl's InMemoryUserStateStorage and send top-k 1%% with error feedback "
                         "(the top-k and error feedback are our code; pfl ships no compressor)")
     a = p.parse_args()
+    probe = use_probe_log(a.out)
     if a.threads is not None:
         common.set_threads(a.threads)
     elif a.setting == "best":
         common.set_threads(1)
+    common.note_threads("pfl-worker")
     x, y = common.load_fashion_mnist("train", a.data_dir, PROG, as_float=False)  # uint8; per user below
     shards = common.read_split(a.split, len(y), PROG)
     x_test, y_test = common.load_fashion_mnist("t10k", a.data_dir, PROG)
@@ -209,8 +234,13 @@ def main():
     numel = sum(t.numel() for t in module.state_dict().values())
 
     evals, clock = [], []
+    # pfl evaluates every trained user's data before and after local training on the iterations
+    # where evaluation_frequency fires (0, k, 2k, ...: the first always). Its default here is our
+    # central cadence; best, tuned for speed, keeps only the first (the task's evaluation is the
+    # central one, which EveryKRounds runs on its own cadence).
+    user_eval_every = a.eval_every if a.setting == "default" else a.rounds + 1
     algorithm_params = NNAlgorithmParams(central_num_iterations=a.rounds,
-                                         evaluation_frequency=a.eval_every,
+                                         evaluation_frequency=user_eval_every,
                                          train_cohort_size=a.clients_per_round, val_cohort_size=None)
     train_params = NNTrainHyperParams(local_learning_rate=common.LR, local_num_epochs=common.EPOCHS,
                                       local_batch_size=common.BATCH_SIZE)
@@ -242,7 +272,10 @@ def main():
         "workers": dist.world_size,
         "launch": ("PFL_WORKER_ADDRESSES / PFL_WORKER_RANK, one process per worker"
                    if dist.world_size > 1 else "one process"),
+        "user_evaluation_frequency": user_eval_every,
         "client_threads": torch.get_num_threads(),
+        "client_blas_threads": common.blas_threads(),
+        "data_loads": common.probe_summary(probe),
         "rounds": len(clock),
         "clients_trained": len(clock) * a.clients_per_round,
         "loop_seconds": (clock[-1]["t_end"] - rc.t_start) if clock else None,
@@ -256,6 +289,7 @@ def main():
                       "pfl simulates no transport",
         "evals": evals,
     }
+    result["max_train_loads_per_process"] = result["data_loads"]["max_train_loads_per_process"]
     common.write_result(a.out, result)
 
 

@@ -10,7 +10,7 @@ Cases (--cases, in this order within a pass; a pass is one seed of --seeds, repe
 times, and the order rotates by one each pass so a drift of the machine's load hits every case
 alike):
   starling-dense   starling-sim --config examples/sim/demo.toml --compression.compressor none
-  flower-default   bench/peers/flower_sim.py --setting default
+  flower-default   bench/peers/flower_sim.py --setting default (`flwr run` of bench/peers/flower_app)
   pfl-default      bench/peers/pfl_sim.py --setting default
   starling-topk    starling-sim --config examples/sim/demo.toml (top-k 1% with error feedback)
   flower-best      bench/peers/flower_sim.py --setting best
@@ -19,11 +19,14 @@ alike):
 Measured per run: the wall time of the whole command (process start to exit: start-up, data
 loading, Ray's or Gloo's start, every round and evaluation), the rounds' own time (first round's
 start to last round's end, as each system reports it), rounds/s and clients/s over both, the peak
-of the memory of the whole process tree (RSS summed over every process, Ray's GCS, raylet and
-workers included, sampled every --sample-seconds; PSS summed too, sampled every 5th time, which
-counts shared pages once), the test accuracy at every evaluated round, and the bytes: exact for
-Starling (its metrics' uplink_bytes / downlink_bytes), the serialized arrays for Flower, a dense
-float32 model per client and direction for pfl (it simulates no transport).
+of the memory of the whole process tree (RSS summed over every process: Flower's `flwr`, local
+SuperLink, SuperExec and flwr-simulation, Ray's GCS, raylet and workers included, sampled every
+--sample-seconds; PSS summed too, sampled every 5th time, which counts shared pages once), the
+test accuracy at every evaluated round, and the bytes: exact for Starling (its metrics'
+uplink_bytes / downlink_bytes), the serialized arrays for Flower, a dense float32 model per client
+and direction for pfl (it simulates no transport). The peers also report their counters
+(data_loads: the training set's loads and the threads of each process); a worker process that
+loads the training set more than once is warned about (the peer would be handicapped).
 
 Run it with the peers' virtual environment (scripts/peers-venv.sh):
   $VENV/bin/python bench/peers/run.py --starling-bin build/bin [--rounds 30] [--seeds 1,2,3] [--repeats 1]
@@ -403,7 +406,10 @@ def main():
         for kind in ("images-idx3", "labels-idx1"):
             common._find(a.data_dir, f"{split}-{kind}-ubyte", PROG)
     check_peers_importable()
-    sim = starling_sim(os.path.abspath(a.starling_bin))
+    # starling-sim runs the starling cases and writes the splits; peers alone on a given --split
+    # do without it.
+    need_sim = any(c.startswith("starling") for c in cases) or not a.split
+    sim = starling_sim(os.path.abspath(a.starling_bin)) if need_sim else None
 
     out = os.path.abspath(a.out)
     base = os.path.splitext(out)[0]
@@ -444,9 +450,14 @@ def main():
             run.update(summarise(r, wall))
             runs.append(run)
             acc = run.get("final_accuracy")
+            loads = run.get("max_train_loads_per_process")
             print(f"exit {rc}, {wall:.1f} s, peak RSS {sampler.peak_rss / 2**20:.0f} MiB"
                   + (f", accuracy {100 * acc:.2f}%" if acc is not None else "")
+                  + (f", training-set loads per process {loads}" if loads is not None else "")
                   + ("" if rc == 0 else f" (see {log})"), flush=True)
+            if loads is not None and loads > 1:
+                print(f"{PROG}: WARNING: {case}: a worker process loaded the training set {loads} times "
+                      "(data_loads in the JSON): the peer is handicapped, its figures do not count", flush=True)
 
     md = table(runs)
     doc = {

@@ -53,7 +53,7 @@ import common  # noqa: E402
 
 PROG = "scale.py"
 try:
-    import psutil  # noqa: F401
+    import psutil
 except ImportError:
     common.die(PROG, "psutil is missing: run this with the peers' virtual environment "
                      "(bash scripts/peers-venv.sh, then ${STARLING_PEERS_VENV:-~/.cache/starling/peers-venv}/bin/python)")
@@ -66,6 +66,25 @@ PARTITION = {1000: "dirichlet:alpha=0.5", 100000: "sampled:size=60"}
 
 def partition_for(n):
     return PARTITION.get(n, "dirichlet:alpha=0.5" if n <= 60000 else "sampled:size=60")
+
+
+def kill_tree(pid):
+    """SIGKILL to the process `pid`, its process group and every descendant, each by pid: Flower's
+    local SuperLink runs in a session of its own (`flwr run` detaches it; flower_sim.py keeps it in
+    its tree as a subreaper), so the process group alone would leave it and Ray running."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        procs = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def run_limited(cmd, log_path, period, timeout, max_rss, env=None):
@@ -84,10 +103,7 @@ def run_limited(cmd, log_path, period, timeout, max_rss, env=None):
             elif sampler.peak_rss > max_rss:
                 killed = f"memory limit {max_rss / 2**30:.1f} GiB"
             if killed:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill_tree(proc.pid)
                 break
             time.sleep(0.2)
         rc = proc.wait()
