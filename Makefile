@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 
 .PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz \
-        bench-peers bench-peers-deploy bench-peers-scale test-peers fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
+        bench-peers bench-peers-deploy bench-peers-scale test-peers test-privacy fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
         build-torch2 test-torch2
 
 all: build
@@ -89,6 +89,13 @@ PEERS_ARGS ?=
 test-peers: build
 	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
 	STARLING_PEERS_VENV=$(PEERS_VENV) ctest --test-dir $(BUILD_DIR) --output-on-failure -L peers
+
+# The privacy accountant against a fresh run of Google's dp-accounting (tools_dp_oracle), with its
+# test-only venv (scripts/privacy-venv.sh, outside the tree). .ci/run runs it.
+PRIVACY_VENV ?= $(or $(STARLING_PRIVACY_VENV),$(HOME)/.cache/starling/privacy-venv)
+test-privacy: build
+	STARLING_PRIVACY_VENV=$(PRIVACY_VENV) bash scripts/privacy-venv.sh
+	STARLING_PRIVACY_VENV=$(PRIVACY_VENV) ctest --test-dir $(BUILD_DIR) --output-on-failure -L oracle
 
 bench-peers: build
 	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh

@@ -1,0 +1,192 @@
+#include "privacy/accountant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace starling::privacy {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// log(exp(a) + exp(b)).
+double logAdd(double a, double b) {
+  if (a == -kInf) return b;
+  if (b == -kInf) return a;
+  const double hi = std::max(a, b), lo = std::min(a, b);
+  return hi + std::log1p(std::exp(lo - hi));
+}
+
+double logComb(double n, double k) {
+  return std::lgamma(n + 1) - std::lgamma(k + 1) - std::lgamma(n - k + 1);
+}
+
+// log(erfc(x)), accurate where erfc underflows: for large x, erfc(x) = exp(-x^2) / (x sqrt(pi))
+// (1 - 1/(2x^2) + 3/(4x^4) - 15/(8x^6) + ...).
+double logErfc(double x) {
+  if (x < 20) return std::log(std::erfc(x));
+  const double inv2 = 1.0 / (x * x);
+  const double series = 1 - 0.5 * inv2 + 0.75 * inv2 * inv2 - 1.875 * inv2 * inv2 * inv2;
+  return -x * x - std::log(x) - 0.5 * std::log(M_PI) + std::log(series);
+}
+
+// Integer alpha: A_alpha = sum_i C(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) / (2 sigma^2)).
+double logAInt(double q, double sigma, uint64_t alpha) {
+  double acc = -kInf;
+  const double lq = std::log(q), l1mq = std::log1p(-q);
+  for (uint64_t i = 0; i <= alpha; ++i) {
+    const double di = static_cast<double>(i);
+    const double t = logComb(static_cast<double>(alpha), di) + di * lq +
+                     (static_cast<double>(alpha) - di) * l1mq + (di * di - di) / (2 * sigma * sigma);
+    acc = logAdd(acc, t);
+  }
+  return acc;
+}
+
+// Fractional alpha (Mironov, Talwar, Zhang 2019, Section 3.3): A_alpha split at
+// z0 = sigma^2 log(1/q - 1) + 1/2 into two series with erfc terms, summed until both terms
+// decrease and are 30 nats below the total.
+double logAFrac(double q, double sigma, double alpha) {
+  double a0 = -kInf, a1 = -kInf, last0 = -kInf, last1 = -kInf;
+  const double z0 = sigma * sigma * std::log(1 / q - 1) + 0.5;
+  const double lq = std::log(q), l1mq = std::log1p(-q);
+  for (int i = 0; i < 1000; ++i) {
+    const double di = i, j = alpha - di;
+    const double coef = logComb(alpha, di);
+    const double t0 = coef + di * lq + j * l1mq, t1 = coef + j * lq + di * l1mq;
+    const double e0 = std::log(0.5) + logErfc((di - z0) / (std::sqrt(2.0) * sigma));
+    const double e1 = std::log(0.5) + logErfc((z0 - j) / (std::sqrt(2.0) * sigma));
+    const double s0 = t0 + (di * di - di) / (2 * sigma * sigma) + e0;
+    const double s1 = t1 + (j * j - j) / (2 * sigma * sigma) + e1;
+    a0 = logAdd(a0, s0);
+    a1 = logAdd(a1, s1);
+    const double total = logAdd(a0, a1);
+    if (s0 < last0 && s1 < last1 && std::max(s0, s1) < total - 30) return total;
+    last0 = s0;
+    last1 = s1;
+  }
+  return kInf;  // did not converge: the order is left out (infinite RDP)
+}
+
+}  // namespace
+
+const std::vector<double>& defaultOrders() {
+  static const std::vector<double> orders = [] {
+    std::vector<double> o;
+    for (int x = 1; x < 100; ++x) o.push_back(1 + x / 10.0);
+    for (int a = 11; a < 64; ++a) o.push_back(a);
+    for (double a : {128.0, 256.0, 512.0, 1024.0}) o.push_back(a);
+    return o;
+  }();
+  return orders;
+}
+
+double logA(double q, double sigma, double alpha) {
+  STARLING_CHECK_ARG(q > 0 && q < 1 && sigma > 0 && alpha > 1, "logA: q ", q, ", sigma ", sigma,
+                     ", alpha ", alpha);
+  if (alpha == std::floor(alpha)) return logAInt(q, sigma, static_cast<uint64_t>(alpha));
+  return logAFrac(q, sigma, alpha);
+}
+
+std::vector<double> rdpSubsampledGaussian(double q, double sigma, std::span<const double> orders) {
+  STARLING_CHECK_ARG(q >= 0 && q <= 1, "the sampling rate must be in [0, 1], got ", q);
+  STARLING_CHECK_ARG(sigma >= 0 && std::isfinite(sigma), "the noise multiplier must be >= 0, got ",
+                     sigma);
+  std::vector<double> out;
+  for (double a : orders) {
+    STARLING_CHECK_ARG(a > 1, "an RDP order must be > 1, got ", a);
+    if (q == 0)
+      out.push_back(0);
+    else if (sigma == 0 || std::isinf(a))
+      out.push_back(kInf);
+    else if (q == 1)
+      out.push_back(a / (2 * sigma * sigma));
+    else
+      out.push_back(logA(q, sigma, a) / (a - 1));
+  }
+  return out;
+}
+
+double epsilonFromRdp(std::span<const double> orders, std::span<const double> rdp, double delta) {
+  STARLING_CHECK_ARG(orders.size() == rdp.size(), "epsilonFromRdp: ", orders.size(), " orders, ",
+                     rdp.size(), " values");
+  STARLING_CHECK_ARG(delta > 0 && delta < 1, "delta must be in (0, 1), got ", delta);
+  double best = kInf;
+  for (size_t i = 0; i < orders.size(); ++i) {
+    const double a = orders[i], r = rdp[i];
+    double eps;
+    if (r < 0) {
+      eps = 0;  // numerically negative: nothing is revealed
+    } else if (delta * delta + std::expm1(-r) > 0) {
+      eps = 0;  // the KL bound: delta >= sqrt(1 - exp(-r)) already
+    } else if (a > 1.01) {
+      // Canonne, Kamath, Steinke 2020, Proposition 12.
+      eps = r + std::log1p(-1 / a) - std::log(delta * a) / (a - 1);
+    } else {
+      eps = kInf;
+    }
+    best = std::min(best, eps);
+  }
+  return std::max(0.0, best);
+}
+
+RdpAccountant::RdpAccountant(double q, double sigma, double delta)
+    : q_(q), sigma_(sigma), delta_(delta) {
+  STARLING_CHECK_ARG(delta > 0 && delta < 1, "delta must be in (0, 1), got ", delta);
+  rdp_ = rdpSubsampledGaussian(q, sigma, defaultOrders());
+}
+
+double RdpAccountant::epsilon(uint64_t rounds) const {
+  if (rounds == 0) return 0;
+  std::vector<double> composed(rdp_.size());
+  for (size_t i = 0; i < rdp_.size(); ++i) composed[i] = rdp_[i] * static_cast<double>(rounds);
+  return epsilonFromRdp(defaultOrders(), composed, delta_);
+}
+
+uint64_t RdpAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
+  // epsilon grows with the rounds: the largest T with epsilon(T) <= budget, by bisection.
+  if (epsilon(1) > budget) return 0;
+  uint64_t lo = 1, hi = max_rounds;
+  if (epsilon(hi) <= budget) return hi;
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (epsilon(mid) <= budget ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+double noiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double delta,
+                       double rel_tol) {
+  if (!(target_epsilon > 0 && std::isfinite(target_epsilon)))
+    STARLING_THROW(ConfigError, "privacy.target_epsilon must be finite and > 0, got ",
+                   target_epsilon);
+  const auto eps = [&](double sigma) { return RdpAccountant(q, sigma, delta).epsilon(rounds); };
+  double hi = 1.0;
+  while (eps(hi) > target_epsilon) {
+    hi *= 2;
+    if (hi > 1e4)
+      STARLING_THROW(ConfigError, "no noise multiplier up to 1e4 gives epsilon <= ",
+                     target_epsilon, " after ", rounds, " rounds at sampling rate ", q,
+                     " and delta ", delta, ": raise privacy.target_epsilon or lower the rounds");
+  }
+  double lo = 0;
+  while (hi - lo > rel_tol * hi) {
+    const double mid = 0.5 * (lo + hi);
+    (eps(mid) > target_epsilon ? lo : hi) = mid;
+  }
+  return hi;
+}
+
+std::vector<double> rdpDiscreteGaussian(double sigma, double sensitivity,
+                                        std::span<const double> orders) {
+  STARLING_CHECK_ARG(sigma > 0 && sensitivity >= 0, "discrete Gaussian: sigma ", sigma,
+                     ", sensitivity ", sensitivity);
+  const double rho = sensitivity * sensitivity / (2 * sigma * sigma);
+  std::vector<double> out;
+  for (double a : orders) out.push_back(rho * a);
+  return out;
+}
+
+}  // namespace starling::privacy

@@ -1,0 +1,156 @@
+#include "privacy/crypto.h"
+
+#include <sodium.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace starling::privacy {
+
+void ensureSodium() {
+  static std::once_flag once;
+  static int rc = 0;
+  std::call_once(once, [] { rc = sodium_init(); });
+  if (rc < 0) STARLING_THROW(IoError, "libsodium could not be initialised (sodium_init)");
+}
+
+Key32 randomKey() {
+  ensureSodium();
+  Key32 k;
+  randombytes_buf(k.data(), k.size());
+  return k;
+}
+
+DhKeyPair DhKeyPair::generate() {
+  ensureSodium();
+  DhKeyPair p;
+  randombytes_buf(p.secret_key.data(), p.secret_key.size());
+  crypto_scalarmult_base(p.public_key.data(), p.secret_key.data());
+  return p;
+}
+
+namespace {
+void putU64(crypto_generichash_state& st, uint64_t v) {
+  uint8_t b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(v >> (8 * i));
+  crypto_generichash_update(&st, b, sizeof b);
+}
+}  // namespace
+
+Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint64_t round,
+            KeyPurpose purpose) {
+  ensureSodium();
+  uint8_t point[crypto_scalarmult_BYTES];
+  if (crypto_scalarmult(point, mine.secret_key.data(), their_public.data()) != 0)
+    STARLING_THROW(InvalidArgument,
+                   "key agreement: the peer's public key is a low-order point (refused)");
+  const bool mine_first = std::memcmp(mine.public_key.data(), their_public.data(), 32) < 0;
+  const Key32& lo = mine_first ? mine.public_key : their_public;
+  const Key32& hi = mine_first ? their_public : mine.public_key;
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, 32);
+  static constexpr char kDomain[] = "starling secagg key v1";
+  crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(kDomain), sizeof kDomain - 1);
+  crypto_generichash_update(&st, point, sizeof point);
+  crypto_generichash_update(&st, lo.data(), lo.size());
+  crypto_generichash_update(&st, hi.data(), hi.size());
+  putU64(st, run);
+  putU64(st, round);
+  const uint8_t p = static_cast<uint8_t>(purpose);
+  crypto_generichash_update(&st, &p, 1);
+  Key32 out;
+  crypto_generichash_final(&st, out.data(), out.size());
+  sodium_memzero(point, sizeof point);
+  return out;
+}
+
+void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, StreamPurpose purpose,
+               uint32_t index, uint32_t bits, bool subtract) {
+  ensureSodium();
+  STARLING_CHECK_ARG(bits >= 1 && bits <= 64, "applyMask: bits = ", bits);
+  // IETF ChaCha20: a 12-byte nonce (the round's low 7 bytes, the purpose, the index) and a 32-bit
+  // block counter, so one stream gives 2^32 blocks of 64 bytes: 2^35 words, far above any model.
+  uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
+  for (int i = 0; i < 7; ++i) nonce[i] = static_cast<uint8_t>(round >> (8 * i));
+  nonce[7] = static_cast<uint8_t>(purpose);
+  for (int i = 0; i < 4; ++i) nonce[8 + i] = static_cast<uint8_t>(index >> (8 * i));
+  const uint64_t m = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+  // In chunks: the stream's bytes then the words, little-endian.
+  constexpr size_t kChunkWords = 4096;
+  std::array<uint8_t, kChunkWords * 8> buf;
+  for (size_t done = 0; done < x.size();) {
+    const size_t n = std::min(kChunkWords, x.size() - done);
+    // The stream itself (XOR onto zeros); block counter: words done / 8 (a block holds 8 words),
+    // chunks being whole blocks.
+    std::fill_n(buf.begin(), n * 8, uint8_t{0});
+    crypto_stream_chacha20_ietf_xor_ic(buf.data(), buf.data(), n * 8, nonce,
+                                       static_cast<uint32_t>(done / 8), key.data());
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t w = 0;
+      for (int b = 0; b < 8; ++b) w |= static_cast<uint64_t>(buf[i * 8 + b]) << (8 * b);
+      w &= m;
+      x[done + i] = (subtract ? x[done + i] - w : x[done + i] + w) & m;
+    }
+    done += n;
+  }
+}
+
+std::vector<uint8_t> seal(const Key32& key, std::span<const uint8_t> plaintext,
+                          std::span<const uint8_t> context) {
+  ensureSodium();
+  constexpr size_t kNonce = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES;
+  std::vector<uint8_t> out(kNonce + plaintext.size() + crypto_aead_xchacha20poly1305_ietf_ABYTES);
+  randombytes_buf(out.data(), kNonce);
+  unsigned long long len = 0;
+  crypto_aead_xchacha20poly1305_ietf_encrypt(out.data() + kNonce, &len, plaintext.data(),
+                                             plaintext.size(), context.data(), context.size(),
+                                             nullptr, out.data(), key.data());
+  out.resize(kNonce + len);
+  return out;
+}
+
+std::optional<std::vector<uint8_t>> open(const Key32& key, std::span<const uint8_t> sealed,
+                                         std::span<const uint8_t> context) {
+  ensureSodium();
+  constexpr size_t kNonce = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
+                   kTag = crypto_aead_xchacha20poly1305_ietf_ABYTES;
+  if (sealed.size() < kNonce + kTag) return std::nullopt;
+  std::vector<uint8_t> out(sealed.size() - kNonce - kTag);
+  unsigned long long len = 0;
+  if (crypto_aead_xchacha20poly1305_ietf_decrypt(out.data(), &len, nullptr, sealed.data() + kNonce,
+                                                 sealed.size() - kNonce, context.data(),
+                                                 context.size(), sealed.data(), key.data()) != 0)
+    return std::nullopt;
+  out.resize(len);
+  return out;
+}
+
+SigningKeyPair SigningKeyPair::generate() {
+  ensureSodium();
+  SigningKeyPair k;
+  crypto_sign_keypair(k.public_key.data(), k.secret_key.data());
+  return k;
+}
+
+Signature sign(const SigningKeyPair& key, std::span<const uint8_t> message) {
+  ensureSodium();
+  Signature s;
+  crypto_sign_detached(s.data(), nullptr, message.data(), message.size(), key.secret_key.data());
+  return s;
+}
+
+bool verify(const Key32& public_key, std::span<const uint8_t> message, const Signature& sig) {
+  ensureSodium();
+  return crypto_sign_verify_detached(sig.data(), message.data(), message.size(),
+                                     public_key.data()) == 0;
+}
+
+bool equalKeys(const Key32& a, const Key32& b) {
+  ensureSodium();
+  return sodium_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace starling::privacy

@@ -1,0 +1,78 @@
+#pragma once
+// The cryptography of secure aggregation (issue 40), all of it libsodium's (never core/rng's
+// statistical streams, which are for reproducible experiments, not secrets):
+// - X25519 key agreement: a pair's 32-byte shared key, the same on both sides, bound to both public
+//   keys and to a context (round, purpose) by a BLAKE2b hash of the raw shared point;
+// - mask expansion: ChaCha20 keyed by a shared key, one stream per (round, purpose), read as b-bit
+//   ring elements (privacy/ring.h);
+// - authenticated encryption of a share to its recipient: XChaCha20-Poly1305 with a random nonce,
+//   the sender, recipient and round bound as associated data;
+// - Ed25519 signatures of the advertised keys with a client's long-term signing key;
+// - secret randomness: randombytes.
+// sodium_init() is called once, thread-safely, by the first use (ensureSodium).
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace starling::privacy {
+
+using Key32 = std::array<uint8_t, 32>;
+
+// libsodium initialised (idempotent, thread-safe); IoError if it cannot be.
+void ensureSodium();
+
+// 32 bytes from the operating system's cryptographic source.
+Key32 randomKey();
+
+struct DhKeyPair {
+  Key32 public_key{}, secret_key{};
+  static DhKeyPair generate();
+};
+
+// What a shared key is for: the pairwise masks, or the encryption of shares between a pair.
+enum class KeyPurpose : uint8_t { kMask = 1, kShareEncryption = 2 };
+
+// The key `mine` shares with the holder of `their_public` for `purpose` in round `round` of run
+// `run`: BLAKE2b(X25519(mine, theirs) || lower public key || higher public key || run || round ||
+// purpose). Symmetric: both sides compute the same key. InvalidArgument for a public key whose
+// shared point is all zeros (a low-order point, which X25519 refuses).
+Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint64_t round,
+            KeyPurpose purpose);
+
+// What a ChaCha20 stream expands into: domain separation of the streams of one key.
+enum class StreamPurpose : uint8_t { kPairwiseMask = 1, kSelfMask = 2, kNoise = 3 };
+
+// Adds (subtract: subtracts) to `x` the ring elements of the ChaCha20 stream keyed by `key` with
+// the nonce (round, purpose, index): element i is the stream's 64-bit little-endian word i masked
+// to `bits`. Arithmetic mod 2^bits.
+void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, StreamPurpose purpose,
+               uint32_t index, uint32_t bits, bool subtract);
+
+// Authenticated encryption under a 32-byte key: a random 24-byte nonce, then the ciphertext and
+// its 16-byte tag. `context` is bound as associated data (sender, recipient, round): a ciphertext
+// moved to another context fails to open.
+std::vector<uint8_t> seal(const Key32& key, std::span<const uint8_t> plaintext,
+                          std::span<const uint8_t> context);
+// The plaintext, or nullopt when the ciphertext is short, altered, or sealed under another key or
+// context.
+std::optional<std::vector<uint8_t>> open(const Key32& key, std::span<const uint8_t> sealed,
+                                         std::span<const uint8_t> context);
+
+// Ed25519: a client's long-term signing key (its key file carries it; the root's allow-list its
+// public half).
+struct SigningKeyPair {
+  Key32 public_key{};
+  std::array<uint8_t, 64> secret_key{};
+  static SigningKeyPair generate();
+};
+using Signature = std::array<uint8_t, 64>;
+Signature sign(const SigningKeyPair& key, std::span<const uint8_t> message);
+bool verify(const Key32& public_key, std::span<const uint8_t> message, const Signature& sig);
+
+// Compares in constant time.
+bool equalKeys(const Key32& a, const Key32& b);
+
+}  // namespace starling::privacy

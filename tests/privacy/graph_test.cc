@@ -1,0 +1,72 @@
+// SecAgg+'s graph (privacy/graph.h): k neighbours each, symmetric, connected, the same for every
+// party from the round's seed, another each round.
+#include "privacy/graph.h"
+
+#include <catch2/catch.hpp>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+using namespace starling;
+using namespace starling::privacy;
+
+namespace {
+std::vector<uint64_t> ids(size_t n) {
+  std::vector<uint64_t> v;
+  for (size_t i = 0; i < n; ++i) v.push_back(1000 + 7 * i);
+  return v;
+}
+bool connected(const Neighbourhoods& g) {
+  std::set<uint64_t> seen{g.clients[0]};
+  std::vector<uint64_t> todo{g.clients[0]};
+  while (!todo.empty()) {
+    const uint64_t c = todo.back();
+    todo.pop_back();
+    for (uint64_t d : g.neighbours(c))
+      if (seen.insert(d).second) todo.push_back(d);
+  }
+  return seen.size() == g.clients.size();
+}
+}  // namespace
+
+TEST_CASE("graph: every client has k neighbours, the relation is symmetric and connected",
+          "[privacy][graph]") {
+  for (size_t n : {9u, 10u, 100u, 1001u})
+    for (uint32_t k : {2u, 4u, 8u}) {
+      INFO(n << " clients, k = " << k);
+      const Neighbourhoods g = harary(ids(n), k, 42, 3);
+      REQUIRE(g.clients.size() == n);
+      for (uint64_t c : g.clients) {
+        const auto nb = g.neighbours(c);
+        CHECK(nb.size() == k);
+        for (uint64_t d : nb) {
+          CHECK(d != c);
+          CHECK(g.adjacent(d, c));
+        }
+      }
+      CHECK(connected(g));
+    }
+}
+
+TEST_CASE("graph: few clients are the complete graph", "[privacy][graph]") {
+  const Neighbourhoods g = harary(ids(5), 8, 1, 1);
+  for (uint64_t c : g.clients) CHECK(g.neighbours(c).size() == 4);
+  CHECK_THROWS_AS(harary(ids(1), 4, 1, 1), InvalidArgument);
+  CHECK_THROWS_AS(harary(ids(10), 3, 1, 1), InvalidArgument);
+  CHECK_THROWS_AS(harary(ids(10), 0, 1, 1), InvalidArgument);
+  std::vector<uint64_t> dup{1, 2, 2};
+  CHECK_THROWS_AS(harary(dup, 2, 1, 1), InvalidArgument);
+  CHECK_THROWS_AS(g.neighbours(7), InvalidArgument);
+}
+
+TEST_CASE("graph: the same for every party from the round's seed, another each round",
+          "[privacy][graph]") {
+  std::vector<uint64_t> shuffled = ids(50);
+  std::reverse(shuffled.begin(), shuffled.end());
+  const Neighbourhoods a = harary(ids(50), 6, 9, 4), b = harary(shuffled, 6, 9, 4),
+                       c = harary(ids(50), 6, 9, 5), d = harary(ids(50), 6, 10, 4);
+  CHECK(a.of == b.of);  // the order the ids are given in does not matter
+  CHECK(a.of != c.of);
+  CHECK(a.of != d.of);
+}

@@ -1,0 +1,170 @@
+// Fixed-point arithmetic in Z_{2^b} (privacy/ring.h): the scale that keeps a sum from wrapping,
+// unbiased stochastic rounding, exact sums of masked values, and the refusals.
+#include "privacy/ring.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+
+using namespace starling;
+using namespace starling::privacy;
+
+TEST_CASE("ring: the chosen scale keeps the worst-case sum inside the signed range",
+          "[privacy][ring]") {
+  for (uint32_t bits : {32u, 40u, 48u, 64u})
+    for (uint64_t n : {uint64_t{1}, uint64_t{10}, uint64_t{1000}}) {
+      INFO(bits << " bits, " << n << " clients");
+      const RingSpec r = RingSpec::fit(bits, 2.5, n, 1000);
+      // n clients at +clip, each rounded up: n (s C + 1) must not exceed 2^(b-1) - 1.
+      const long double worst = static_cast<long double>(n) * (r.scale * 2.5L + 1);
+      CHECK(worst <= static_cast<long double>(r.maxMagnitude()));
+      // ... and the scale is the largest that does: 0.1% more would not.
+      const long double bigger = static_cast<long double>(n) * (r.scale * 1.001L * 2.5L + 1);
+      CHECK(bigger > static_cast<long double>(r.maxMagnitude()));
+    }
+}
+
+TEST_CASE("ring: the sum of n clients at the clip, rounded up, decodes without wrapping",
+          "[privacy][ring]") {
+  // The adversarial case of the bound: every client sends +clip (or -clip) everywhere.
+  const uint64_t n = 37;
+  const RingSpec r = RingSpec::fit(24, 1.0, n, 1);
+  RngStream rng(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
+  for (float sign : {1.0f, -1.0f}) {
+    std::vector<uint64_t> acc(3, 0), enc(3);
+    for (uint64_t c = 0; c < n; ++c) {
+      const std::vector<float> x(3, sign * 1.0f);
+      encode(r, x, rng, enc);
+      add(r, acc, enc);
+    }
+    std::vector<float> out(3);
+    decode(r, acc, out);
+    for (float v : out) CHECK(v == Approx(sign * static_cast<double>(n)).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("ring: stochastic rounding is unbiased", "[privacy][ring]") {
+  // A scale of 4 makes 0.3 land on 1.2: rounded to 1 with probability 0.8, to 2 with 0.2. Over
+  // 200,000 draws the mean is 1.2 within 6 standard errors (sqrt(0.16 / 2e5) = 0.0009).
+  RingSpec r;
+  r.bits = 32;
+  r.scale = 4;
+  r.clip = 1;
+  r.max_clients = 1;
+  RngStream rng(StreamKey{7, 0, 0, StreamPurpose::kTest, 0});
+  const size_t n = 200'000;
+  std::vector<float> x(n, 0.3f);
+  std::vector<uint64_t> enc(n);
+  encode(r, x, rng, enc);
+  double sum = 0;
+  size_t ones = 0, twos = 0;
+  for (uint64_t w : enc) {
+    sum += static_cast<double>(w);
+    ones += w == 1;
+    twos += w == 2;
+  }
+  CHECK(ones + twos == n);  // nothing else
+  CHECK(std::abs(sum / n - 4 * 0.3f) < 6 * std::sqrt(0.16 / n));
+  // Negative values round the same way, mirrored.
+  std::vector<float> neg(n, -0.3f);
+  encode(r, neg, rng, enc);
+  std::vector<float> dec(n);
+  decode(r, enc, dec);
+  double s2 = 0;
+  for (float v : dec) s2 += v;
+  CHECK(std::abs(s2 / n + 0.3) < 6 * std::sqrt(0.16 / n) / 4);
+}
+
+TEST_CASE("ring: masks that cancel leave the exact sum, in every width", "[privacy][ring]") {
+  RngStream rng(StreamKey{3, 0, 0, StreamPurpose::kTest, 0});
+  for (uint32_t bits : {8u, 17u, 32u, 63u, 64u}) {
+    INFO(bits << " bits");
+    RingSpec r;
+    r.bits = bits;
+    const uint64_t m = r.mask();
+    std::vector<uint64_t> a(100), b(100), mask(100), sum(100, 0);
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = rng.next() & m;
+      b[i] = rng.next() & m;
+      mask[i] = rng.next() & m;
+    }
+    std::vector<uint64_t> ma = a, mb = b;
+    add(r, ma, mask);  // client a adds the pair's mask
+    sub(r, mb, mask);  // client b subtracts it
+    add(r, sum, ma);
+    add(r, sum, mb);
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(sum[i] == ((a[i] + b[i]) & m));
+      CHECK(sum[i] <= m);
+    }
+  }
+}
+
+TEST_CASE("ring: decode reads two's complement in b bits", "[privacy][ring]") {
+  RingSpec r;
+  r.bits = 8;
+  r.scale = 1;
+  std::vector<uint64_t> w{0, 1, 127, 128, 129, 255};
+  std::vector<float> out(w.size());
+  decode(r, w, out);
+  CHECK(out == std::vector<float>{0, 1, 127, -128, -127, -1});
+  r.bits = 64;
+  std::vector<uint64_t> w64{uint64_t{1} << 63, ~uint64_t{0}};
+  std::vector<float> out64(2);
+  decode(r, w64, out64);
+  CHECK(out64[0] == static_cast<float>(-9.223372036854775808e18));
+  CHECK(out64[1] == -1.0f);
+  // A word beyond the ring is no sum of its elements.
+  r.bits = 8;
+  std::vector<uint64_t> bad{256};
+  std::vector<float> one(1);
+  CHECK_THROWS_AS(decode(r, bad, one), InvalidArgument);
+}
+
+TEST_CASE("ring: a configuration whose sum could wrap, or that rounds away the update, is refused "
+          "with the numbers",
+          "[privacy][ring]") {
+  // 10,000 clients of the CNN's 1,663,370 values in 32 bits: scaled to fit, one update's rounding
+  // would cost 2^-7 of its norm (sqrt(d) / (2^31 / 10^4) = 1290 / 214,747), more than 2^-10. It
+  // takes 35 bits: 2^34 / 10^4 >= 2^10 sqrt(d) = 1.32e6. The message says so.
+  try {
+    RingSpec::fit(32, 1.0, 10'000, 1'663'370);
+    FAIL("accepted");
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    CHECK(m.find("secagg.bits = 32") != std::string::npos);
+    CHECK(m.find("10000 clipped updates") != std::string::npos);
+    CHECK(m.find("it takes secagg.bits = 35") != std::string::npos);
+  }
+  CHECK(RingSpec::bitsNeeded(10'000, 1'663'370) == 35);
+  CHECK(RingSpec::bitsNeeded(1000, 1'663'370) == 32);  // 2^31 / 1000 = 2.1e6 >= 1.32e6
+  CHECK_NOTHROW(RingSpec::fit(35, 1.0, 10'000, 1'663'370));
+  CHECK_THROWS_AS(RingSpec::fit(34, 1.0, 10'000, 1'663'370), ConfigError);
+  CHECK(RingSpec::bitsNeeded(uint64_t{1} << 62, 1 << 20) == RingSpec::kMaxBits + 1);
+  CHECK_THROWS_AS(RingSpec::fit(7, 1.0, 10, 10), ConfigError);
+  CHECK_THROWS_AS(RingSpec::fit(65, 1.0, 10, 10), ConfigError);
+  CHECK_THROWS_AS(RingSpec::fit(32, 0.0, 10, 10), ConfigError);
+  CHECK_THROWS_AS(RingSpec::fit(32, std::nan(""), 10, 10), ConfigError);
+  CHECK_THROWS_AS(RingSpec::fit(32, 1.0, 0, 10), ConfigError);
+  // A hand-set spec whose sum could wrap.
+  RingSpec r;
+  r.bits = 16;
+  r.clip = 1;
+  r.scale = 1000;
+  r.max_clients = 33;  // 33 x 1001 = 33,033 > 32,767
+  CHECK_THROWS_AS(r.validate(), ConfigError);
+  r.max_clients = 32;  // 32,032 fits
+  CHECK_NOTHROW(r.validate());
+}
+
+TEST_CASE("ring: a value beyond the clip, or not finite, is not encoded", "[privacy][ring]") {
+  const RingSpec r = RingSpec::fit(32, 1.0, 4, 4);
+  RngStream rng(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
+  std::vector<uint64_t> out(1);
+  for (float bad : {1.0001f, -1.5f, std::nanf(""), INFINITY}) {
+    const std::vector<float> x{bad};
+    CHECK_THROWS_AS(encode(r, x, rng, out), InvalidArgument);
+  }
+}
