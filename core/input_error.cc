@@ -39,8 +39,13 @@ const char* errcName(Errc c) {
     case Errc::kRateLimited: return "rate limited";
     case Errc::kBadChunk: return "bad chunk";
     case Errc::kBusy: return "busy";
-    case Errc::kStale:
-      return "stale";
+    case Errc::kStale: return "stale";
+    case Errc::kNotNeighbour: return "not a neighbour";
+    case Errc::kBadSignature: return "bad signature";
+    case Errc::kInconsistentShares: return "inconsistent shares";
+    case Errc::kRevealBoth: return "asked to reveal both shares";
+    case Errc::kTooFewSurvivors:
+      return "too few survivors";
   }
   return "unknown";
 }

@@ -53,9 +53,15 @@ enum class Errc : uint8_t {
   kBusy,           // the receiver's memory bound for uploads is reached: send again later
   // asynchronous aggregation (aggregation/async_buffer.h)
   kStale,  // trained on a model version older than the staleness bound allows
+  // secure aggregation (privacy/secagg.h)
+  kNotNeighbour,        // a key, share or request about a client that is not a neighbour
+  kBadSignature,        // an advertised key whose signature does not verify (a swapped key)
+  kInconsistentShares,  // shares that rebuild no secret, or not the one its owner committed to
+  kRevealBoth,          // a request for both shares of one client, or a second request
+  kTooFewSurvivors,     // fewer than the threshold of neighbours to share with or rebuild from
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kStale;
+inline constexpr Errc kLastErrc = Errc::kTooFewSurvivors;
 
 const char* errcName(Errc c);
 

@@ -67,7 +67,7 @@ Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint
   return out;
 }
 
-void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, StreamPurpose purpose,
+void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStream purpose,
                uint32_t index, uint32_t bits, bool subtract) {
   ensureSodium();
   STARLING_CHECK_ARG(bits >= 1 && bits <= 64, "applyMask: bits = ", bits);

@@ -43,12 +43,12 @@ Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint
             KeyPurpose purpose);
 
 // What a ChaCha20 stream expands into: domain separation of the streams of one key.
-enum class StreamPurpose : uint8_t { kPairwiseMask = 1, kSelfMask = 2, kNoise = 3 };
+enum class MaskStream : uint8_t { kPairwiseMask = 1, kSelfMask = 2, kNoise = 3 };
 
 // Adds (subtract: subtracts) to `x` the ring elements of the ChaCha20 stream keyed by `key` with
 // the nonce (round, purpose, index): element i is the stream's 64-bit little-endian word i masked
 // to `bits`. Arithmetic mod 2^bits.
-void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, StreamPurpose purpose,
+void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStream purpose,
                uint32_t index, uint32_t bits, bool subtract);
 
 // Authenticated encryption under a 32-byte key: a random 24-byte nonce, then the ciphertext and

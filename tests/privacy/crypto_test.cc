@@ -42,7 +42,7 @@ TEST_CASE("crypto: a mask is ChaCha20's stream (RFC 8439, 2.3.2)", "[privacy][cr
       0xd2, 0x82, 0x64, 0x46, 0x07, 0x9f, 0xaa, 0x09, 0x14, 0xc2, 0xd7, 0x05, 0xd9, 0x8b, 0x02, 0xa2,
       0xb5, 0x12, 0x9c, 0xd1, 0xde, 0x16, 0x4e, 0xb9, 0xcb, 0xd0, 0x83, 0xe8, 0xa2, 0x50, 0x3c, 0x4e};
   std::vector<uint64_t> x(16, 0);
-  applyMask(x, key, 0x09000000, static_cast<StreamPurpose>(0x4a), 0, 64, false);
+  applyMask(x, key, 0x09000000, static_cast<MaskStream>(0x4a), 0, 64, false);
   for (int w = 0; w < 8; ++w) {
     uint64_t want = 0;
     for (int b = 0; b < 8; ++b) want |= static_cast<uint64_t>(block1[8 * w + b]) << (8 * b);
@@ -50,7 +50,7 @@ TEST_CASE("crypto: a mask is ChaCha20's stream (RFC 8439, 2.3.2)", "[privacy][cr
   }
   // In a narrower ring, the same words masked to its bits.
   std::vector<uint64_t> y(16, 0);
-  applyMask(y, key, 0x09000000, static_cast<StreamPurpose>(0x4a), 0, 20, false);
+  applyMask(y, key, 0x09000000, static_cast<MaskStream>(0x4a), 0, 20, false);
   for (int w = 0; w < 16; ++w) CHECK(y[w] == (x[w] & ((uint64_t{1} << 20) - 1)));
 }
 
@@ -62,8 +62,8 @@ TEST_CASE("crypto: a pair's masks cancel, across chunk boundaries, and look unif
   for (size_t i = 0; i < n; ++i) plain[i] = (i * 2654435761u) & 0xffffffffu;
   a = plain;
   std::fill(b.begin(), b.end(), 0);
-  applyMask(a, k, 3, StreamPurpose::kPairwiseMask, 0, 32, false);
-  applyMask(b, k, 3, StreamPurpose::kPairwiseMask, 0, 32, true);
+  applyMask(a, k, 3, MaskStream::kPairwiseMask, 0, 32, false);
+  applyMask(b, k, 3, MaskStream::kPairwiseMask, 0, 32, true);
   for (size_t i = 0; i < n; ++i) CHECK(((a[i] + b[i]) & 0xffffffffu) == plain[i]);
   // The masked words' bits are balanced: each of the 32 bits set in 50% +- 5 standard errors.
   for (int bit = 0; bit < 32; ++bit) {
@@ -73,10 +73,10 @@ TEST_CASE("crypto: a pair's masks cancel, across chunk boundaries, and look unif
   }
   // Other streams of one key differ: another index, purpose or round.
   std::vector<uint64_t> s1(8, 0), s2(8, 0), s3(8, 0), s4(8, 0);
-  applyMask(s1, k, 3, StreamPurpose::kPairwiseMask, 0, 64, false);
-  applyMask(s2, k, 3, StreamPurpose::kPairwiseMask, 1, 64, false);
-  applyMask(s3, k, 3, StreamPurpose::kSelfMask, 0, 64, false);
-  applyMask(s4, k, 4, StreamPurpose::kPairwiseMask, 0, 64, false);
+  applyMask(s1, k, 3, MaskStream::kPairwiseMask, 0, 64, false);
+  applyMask(s2, k, 3, MaskStream::kPairwiseMask, 1, 64, false);
+  applyMask(s3, k, 3, MaskStream::kSelfMask, 0, 64, false);
+  applyMask(s4, k, 4, MaskStream::kPairwiseMask, 0, 64, false);
   CHECK(s1 != s2);
   CHECK(s1 != s3);
   CHECK(s1 != s4);

@@ -1,0 +1,185 @@
+#pragma once
+// SecAgg+ (Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020) as pure logic: a client's side and
+// the server's, over message structs, with no sockets and no round engine (issue 40; the round's
+// phases and the wire format come with the one engine). Each round's clients U are public (the
+// round's sample); every party derives the same SecAgg+ graph from U and the round's seed
+// (privacy/graph.h) and masks and shares only among its k neighbours, with threshold t.
+//
+//   0 advertise    client u: two fresh X25519 pairs (c_u for encrypting shares, s_u for masks), a
+//                  fresh self-mask seed b_u; sends both public keys and a hash of b_u, signed with
+//                  its long-term Ed25519 key when the run checks signatures
+//                  (SecAggParams::signed_keys: a server that swaps a key is caught).
+//   1 share keys   u receives its advertising neighbours' keys (>= t of them), splits s_u's secret
+//                  key and b_u t-of-n among them (Shamir, privacy/shamir.h; recipient v's point is
+//                  v + 1) and sends each pair of shares sealed to its recipient (privacy/crypto.h).
+//   2 masked input u receives the sealed shares of the neighbours that sent theirs (>= t), and sends
+//                  y_u = encode(x_u) + PRG(b_u) + sum over those neighbours v of +-PRG(s_uv) in
+//                  Z_2^b (+ when u < v), s_uv agreed from s_u and s_v.
+//   3 unmask       the server closes the masked inputs (U3) and asks each survivor for, per
+//                  neighbour, the share of b_v (v survived) or of s_v's key (v dropped after
+//                  sending its shares) -- never both for one v: an honest client refuses that,
+//                  and answers one request only.
+//   finish         the server rebuilds each survivor's b_u (checked against its advertised hash)
+//                  and each dropped client's mask key (checked against its advertised public key),
+//                  removes the self masks and the pairwise masks the dropped left behind, and has
+//                  the sum of the survivors' inputs, or says why not (fewer than t shares).
+//
+// What the server sees: each y_u, which is uniform in Z_2^b to anyone without b_u and the pairwise
+// keys; the sum; who dropped when. Up to t - 1 colluding clients learn nothing of another's input.
+// An edge aggregator adds masked inputs in the ring (MaskedInput carries its contributors) and
+// relays the rest; it learns no more than the server. The sum is exact: the same bits flat or
+// through any tree of aggregators.
+//
+// Errors: InputError with a code per attack (docs/privacy.md): kNotNeighbour, kBadSignature,
+// kInconsistentShares, kRevealBoth, kTooFewSurvivors; kSizeMismatch (a masked input of the wrong
+// length, or words beyond the ring), kWrongRound (a message of another round: a replay),
+// kDuplicate, kWrongSender (a client's share addressed to itself, a message naming another),
+// kLate (a message for a phase the server closed). Client ids are below 2^61 - 2 (Shamir's
+// points are ids + 1).
+// Nothing a party refuses changes its state.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/input_error.h"
+#include "core/rng.h"
+#include "privacy/crypto.h"
+#include "privacy/graph.h"
+#include "privacy/ring.h"
+#include "privacy/shamir.h"
+
+namespace starling::privacy {
+
+struct SecAggParams {
+  uint64_t run_seed = 0, round = 0;
+  uint32_t neighbours = 8;  // k: even; n <= k + 1 is the complete graph (SecAgg)
+  uint32_t threshold = 5;   // t: shares that rebuild a secret, in 2 .. k
+  RingSpec ring;
+  size_t dim = 0;            // values per input
+  bool signed_keys = false;  // malicious-server threat model: adverts carry Ed25519 signatures
+  void validate() const;     // ConfigError naming the field
+};
+
+struct KeyAdvert {
+  uint64_t client = 0, round = 0;
+  Key32 cipher_pk{}, mask_pk{}, self_mask_hash{};
+  Signature signature{};  // all zero unless signed_keys
+};
+
+struct EncryptedShare {
+  uint64_t from = 0, to = 0, round = 0;
+  std::vector<uint8_t> ciphertext;
+};
+
+// One client's masked input, or an edge aggregator's ring sum of several.
+struct MaskedInput {
+  uint64_t round = 0;
+  std::vector<uint64_t> clients;  // ascending
+  std::vector<uint64_t> words;    // dim ring elements
+};
+
+struct UnmaskRequest {
+  uint64_t round = 0;
+  std::vector<uint64_t> dropped, survived;  // the client's neighbours, by what the server needs
+};
+
+struct RevealedShare {
+  uint64_t of = 0;        // whose secret
+  bool mask_key = false;  // its mask key's share (it dropped), else its self-mask seed's
+  Share share;
+};
+
+struct UnmaskResponse {
+  uint64_t client = 0, round = 0;
+  std::vector<RevealedShare> shares;
+};
+
+// What a signature covers: the advert's fields and the run (bytes, for sign/verify).
+std::vector<uint8_t> advertBytes(const KeyAdvert& a, uint64_t run_seed);
+
+class SecAggClient {
+ public:
+  // `clients`: the round's clients (any order; `id` among them). `signing`: its long-term key
+  // (required when params.signed_keys, else ignored).
+  SecAggClient(SecAggParams params, uint64_t id, std::span<const uint64_t> clients,
+               const SigningKeyPair* signing = nullptr);
+
+  KeyAdvert advertise() const;
+  // Phase 1: the adverts the server forwarded (its neighbours'; `verify`: the round's clients'
+  // long-term public keys, required when signed_keys). The shares to send, one per neighbour that
+  // advertised.
+  std::vector<EncryptedShare> shareKeys(std::span<const KeyAdvert> adverts,
+                                        const std::map<uint64_t, Key32>* verify = nullptr);
+  // Phase 2: the shares addressed to it; x (dim values, clipped to the ring's clip).
+  MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x,
+                          RngStream& rounding);
+  // Phase 3: answered once; refuses a request for both shares of one client.
+  UnmaskResponse unmask(const UnmaskRequest& request);
+
+  uint64_t id() const { return id_; }
+  const Neighbourhoods& graph() const { return graph_; }
+
+ private:
+  SecAggParams p_;
+  uint64_t id_;
+  Neighbourhoods graph_;
+  DhKeyPair cipher_, mask_;
+  Key32 self_seed_{};
+  KeyAdvert advert_;
+  std::map<uint64_t, KeyAdvert> advertised_;                  // neighbours that advertised
+  std::map<uint64_t, std::pair<Share, Share>> held_;          // v -> (its mask key's, its seed's)
+  bool shared_ = false, masked_ = false, answered_ = false;
+};
+
+class SecAggServer {
+ public:
+  // `clients`: the round's clients. `verify`: their long-term public keys (signed_keys).
+  SecAggServer(SecAggParams params, std::span<const uint64_t> clients,
+               const std::map<uint64_t, Key32>* verify = nullptr);
+
+  // Each phase closes when the next begins: the first advertsFor() closes the adverts (U1), the
+  // first sharesFor() or masked input closes the shares (U2), the first unmaskRequestFor() or
+  // finish() the masked inputs (U3); what comes for a closed phase is kLate. So every client is
+  // given the same U1 and U2, and the server's unmasking counts on exactly the masks they added.
+  void onAdvert(const KeyAdvert& a);
+  // The adverts of `client`'s neighbours that advertised.
+  std::vector<KeyAdvert> advertsFor(uint64_t client);
+  void onShares(uint64_t from, std::span<const EncryptedShare> shares);
+  // The shares addressed to `client` by its neighbours that sent theirs.
+  std::vector<EncryptedShare> sharesFor(uint64_t client);
+  void onMaskedInput(const MaskedInput& m);
+  // Closes the masked inputs on the first call: what `client` (one of them) is asked to reveal.
+  UnmaskRequest unmaskRequestFor(uint64_t client);
+  void onUnmask(const UnmaskResponse& r);
+
+  struct Result {
+    bool ok = false;
+    std::string reason;              // why not, when !ok
+    std::vector<uint64_t> sum;       // the survivors' inputs summed in the ring (dim words)
+    std::vector<uint64_t> survivors; // whose inputs it holds (ascending)
+  };
+  // Rebuilds the secrets and unmasks; a result that is not ok reveals nothing.
+  Result finish();
+
+  const Neighbourhoods& graph() const { return graph_; }
+
+ private:
+  void closeInputs();
+
+  SecAggParams p_;
+  Neighbourhoods graph_;
+  std::map<uint64_t, Key32> verify_;
+  std::map<uint64_t, KeyAdvert> adverts_;                             // U1
+  std::map<uint64_t, std::vector<EncryptedShare>> shares_;            // U2: by sender
+  std::vector<uint64_t> sum_;                                         // the masked inputs' sum
+  std::set<uint64_t> masked_;                                         // U3 (as received)
+  bool adverts_closed_ = false, shares_closed_ = false, closed_ = false;
+  std::map<uint64_t, UnmaskRequest> asked_;                           // by client
+  std::map<uint64_t, UnmaskResponse> answers_;                        // U4
+};
+
+}  // namespace starling::privacy

@@ -1,0 +1,463 @@
+// SecAgg+ as pure logic (privacy/secagg.h), driven in process: the exact ring sum of the survivors
+// with dropouts at every phase, through a tree of aggregators bit for bit, and each attack of
+// issue 40 refused with its own code.
+#include "privacy/secagg.h"
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "core/error.h"
+
+using namespace starling;
+using namespace starling::privacy;
+
+namespace {
+
+SecAggParams params(size_t dim, uint64_t clients, uint32_t k = 4, uint32_t t = 3,
+                    bool signed_keys = false) {
+  SecAggParams p;
+  p.run_seed = 11;
+  p.round = 3;
+  p.neighbours = k;
+  p.threshold = t;
+  p.dim = dim;
+  p.ring = RingSpec::fit(32, 1.0, clients, dim);
+  p.signed_keys = signed_keys;
+  return p;
+}
+
+Errc codeOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.code();
+  }
+  FAIL("no InputError");
+  return Errc::kMalformed;
+}
+
+// A round of SecAgg+ among `ids`: each client's input, who drops after which phase, whether the
+// masked inputs reach the server through two aggregators, and hooks where a test plays an
+// attacker. Records what the server saw.
+struct Round {
+  SecAggParams p;
+  std::vector<uint64_t> ids;
+  std::map<uint64_t, std::vector<float>> inputs;
+  std::set<uint64_t> drop_after_advert, drop_after_shares, drop_after_masked;
+  bool tree = false;
+  std::map<uint64_t, SigningKeyPair> signing;
+  std::map<uint64_t, Key32> verify;
+  std::map<uint64_t, std::unique_ptr<SecAggClient>> clients;
+  std::unique_ptr<SecAggServer> server;
+  std::map<uint64_t, MaskedInput> masked;          // what the server received, per client
+  std::map<uint64_t, std::vector<uint64_t>> encoded;  // each client's unmasked encoding
+
+  Round(SecAggParams params, std::vector<uint64_t> clients_ids) : p(params), ids(std::move(clients_ids)) {
+    for (uint64_t c : ids) {
+      std::vector<float> x(p.dim);
+      for (size_t i = 0; i < p.dim; ++i) x[i] = 0.5f * std::sin(static_cast<float>(c * 31 + i));
+      inputs[c] = x;
+    }
+  }
+
+  RngStream rounding(uint64_t c) const { return RngStream(StreamKey{1, p.round, c, StreamPurpose::kQsgd, 0}); }
+
+  SecAggServer::Result run() {
+    if (p.signed_keys)
+      for (uint64_t c : ids) {
+        signing[c] = SigningKeyPair::generate();
+        verify[c] = signing[c].public_key;
+      }
+    server = std::make_unique<SecAggServer>(p, ids, p.signed_keys ? &verify : nullptr);
+    for (uint64_t c : ids)
+      clients[c] = std::make_unique<SecAggClient>(p, c, ids, p.signed_keys ? &signing[c] : nullptr);
+    std::set<uint64_t> alive(ids.begin(), ids.end());
+    for (uint64_t c : ids) server->onAdvert(clients[c]->advertise());
+    for (uint64_t c : drop_after_advert) alive.erase(c);
+    std::map<uint64_t, std::vector<EncryptedShare>> sent;
+    for (uint64_t c : alive) sent[c] = clients[c]->shareKeys(server->advertsFor(c), p.signed_keys ? &verify : nullptr);
+    for (auto& [c, s] : sent) server->onShares(c, s);
+    for (uint64_t c : drop_after_shares) alive.erase(c);
+    std::vector<MaskedInput> group[2];
+    for (uint64_t c : alive) {
+      RngStream r = rounding(c);
+      MaskedInput m = clients[c]->maskedInput(server->sharesFor(c), inputs[c], r);
+      masked[c] = m;
+      RngStream r2 = rounding(c);
+      std::vector<uint64_t> e(p.dim);
+      encode(p.ring, inputs[c], r2, e);
+      encoded[c] = e;
+      group[c % 2].push_back(std::move(m));
+    }
+    for (uint64_t c : drop_after_masked) alive.erase(c);
+    if (tree) {
+      // Two edge aggregators add their clients' masked inputs in the ring and send one each.
+      for (auto& g : group) {
+        if (g.empty()) continue;
+        MaskedInput sum;
+        sum.round = p.round;
+        sum.words.assign(p.dim, 0);
+        for (const MaskedInput& m : g) {
+          add(p.ring, sum.words, m.words);
+          sum.clients.insert(sum.clients.end(), m.clients.begin(), m.clients.end());
+        }
+        std::sort(sum.clients.begin(), sum.clients.end());
+        server->onMaskedInput(sum);
+      }
+    } else {
+      for (auto& g : group)
+        for (const MaskedInput& m : g) server->onMaskedInput(m);
+    }
+    for (uint64_t c : alive)
+      if (masked.count(c)) server->onUnmask(clients[c]->unmask(server->unmaskRequestFor(c)));
+    return server->finish();
+  }
+
+  // The ring sum of the unmasked encodings of the clients whose masked input the server took.
+  std::vector<uint64_t> expected() const {
+    std::vector<uint64_t> s(p.dim, 0);
+    for (const auto& [c, e] : encoded) add(p.ring, s, e);
+    return s;
+  }
+};
+
+std::vector<uint64_t> range(uint64_t first, uint64_t n) {
+  std::vector<uint64_t> v;
+  for (uint64_t i = 0; i < n; ++i) v.push_back(first + i);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("secagg: the server gets exactly the sum of the inputs, and nothing else",
+          "[privacy][secagg]") {
+  Round r(params(257, 12), range(100, 12));
+  const auto res = r.run();
+  REQUIRE(res.ok);
+  CHECK(res.survivors == range(100, 12));
+  CHECK(res.sum == r.expected());
+  // Decoded, it is the inputs' sum within the rounding (12 clients x 1/scale).
+  std::vector<float> dec(r.p.dim);
+  decode(r.p.ring, res.sum, dec);
+  for (size_t i = 0; i < r.p.dim; ++i) {
+    double want = 0;
+    for (const auto& [c, x] : r.inputs) want += x[i];
+    CHECK(std::abs(dec[i] - want) <= 12.0 / r.p.ring.scale + 1e-5 * std::abs(want));
+  }
+  // A curious server: each masked input's words look uniform in Z_2^32 (every bit set in half
+  // the words within 5 standard errors), whatever the input.
+  for (const auto& [c, m] : r.masked) {
+    for (int bit = 0; bit < 32; ++bit) {
+      size_t set = 0;
+      for (uint64_t w : m.words) set += (w >> bit) & 1;
+      CHECK(std::abs(static_cast<double>(set) / m.words.size() - 0.5) <
+            5 * 0.5 / std::sqrt(static_cast<double>(m.words.size())));
+    }
+    CHECK(m.words != r.encoded.at(c));
+  }
+}
+
+TEST_CASE("secagg: dropouts at every phase leave the survivors' exact sum", "[privacy][secagg]") {
+  // 16 clients, k = 6, t = 3: one drops after advertising, two after sharing, one after its
+  // masked input (before unmasking).
+  Round r(params(64, 16, 6, 3), range(0, 16));
+  r.drop_after_advert = {3};
+  r.drop_after_shares = {5, 9};
+  r.drop_after_masked = {12};
+  const auto res = r.run();
+  REQUIRE(res.ok);
+  std::vector<uint64_t> want;
+  for (uint64_t c : range(0, 16))
+    if (c != 3 && c != 5 && c != 9) want.push_back(c);
+  CHECK(res.survivors == want);  // 12 sent its input: it is in the sum
+  CHECK(res.sum == r.expected());
+}
+
+TEST_CASE("secagg: through two edge aggregators the sum is the flat one, bit for bit",
+          "[privacy][secagg]") {
+  Round flat(params(100, 10), range(0, 10)), tree(params(100, 10), range(0, 10));
+  tree.tree = true;
+  for (auto* r : {&flat, &tree}) r->drop_after_shares = {4};
+  const auto a = flat.run(), b = tree.run();
+  REQUIRE(a.ok);
+  REQUIRE(b.ok);
+  CHECK(a.sum == b.sum);  // the same inputs and rounding streams, other masks: the same sum
+  CHECK(a.sum == flat.expected());
+}
+
+TEST_CASE("secagg: fewer than t survivors is a failed round that reveals nothing",
+          "[privacy][secagg]") {
+  // Complete graph of 5 (k = 4), t = 3: three drop after their masked inputs; the two left
+  // reveal 2 shares of each secret, one short.
+  Round r(params(32, 5, 4, 3), range(0, 5));
+  r.drop_after_masked = {0, 1, 2};
+  const auto res = r.run();
+  CHECK_FALSE(res.ok);
+  CHECK(res.sum.empty());
+  CHECK(res.reason.find("3 needed") != std::string::npos);
+}
+
+TEST_CASE("secagg: too few neighbours' shares is refused before anything is masked",
+          "[privacy][secagg]") {
+  // The complete graph of 5 (k = 4), t = 4: client 0 advertises its keys and then falls silent,
+  // so each other client receives 3 shares, below t, and refuses to mask (its pairwise masks with
+  // too few could not be removed if more dropped).
+  Round r(params(8, 5, 4, 4), range(0, 5));
+  r.drop_after_advert = {0};
+  REQUIRE(r.p.threshold == 4);
+  CHECK(codeOf([&] { r.run(); }) == Errc::kTooFewSurvivors);
+}
+
+TEST_CASE("secagg: the attacker's messages are refused, each with its code",
+          "[privacy][secagg]") {
+  const SecAggParams p = params(16, 8, 4, 3);
+  const auto ids = range(0, 8);
+  SecAggServer server(p, ids);
+  std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
+  for (uint64_t id : ids) {
+    c[id] = std::make_unique<SecAggClient>(p, id, ids);
+    server.onAdvert(c[id]->advertise());
+  }
+  const Neighbourhoods& g = server.graph();
+  uint64_t stranger = 0;  // a client that is not a neighbour of client 0
+  for (uint64_t id : ids)
+    if (id != 0 && !g.adjacent(0, id)) stranger = id;
+  REQUIRE(stranger != 0);
+
+  SECTION("an advertised key twice, or of another round (a replay)") {
+    CHECK(codeOf([&] { server.onAdvert(c[0]->advertise()); }) == Errc::kDuplicate);
+    KeyAdvert old = c[1]->advertise();
+    old.round = 2;
+    CHECK(codeOf([&] { server.onAdvert(old); }) == Errc::kWrongRound);
+  }
+  std::map<uint64_t, std::vector<EncryptedShare>> shares;
+  for (uint64_t id : ids) shares[id] = c[id]->shareKeys(server.advertsFor(id));
+
+  SECTION("a key of a client that is not a neighbour, given to a client") {
+    SecAggClient fresh(p, 0, ids);
+    std::vector<KeyAdvert> adverts = server.advertsFor(0);
+    adverts.push_back(c[stranger]->advertise());
+    CHECK(codeOf([&] { fresh.shareKeys(adverts); }) == Errc::kNotNeighbour);
+  }
+  SECTION("a share for a peer that is not a neighbour, or for the sender itself") {
+    std::vector<EncryptedShare> bad = shares[0];
+    bad[0].to = stranger;
+    CHECK(codeOf([&] { server.onShares(0, bad); }) == Errc::kNotNeighbour);
+    bad = shares[0];
+    bad[0].to = 0;
+    CHECK(codeOf([&] { server.onShares(0, bad); }) == Errc::kWrongSender);
+    bad = shares[0];
+    bad.pop_back();  // one neighbour held back
+    CHECK(codeOf([&] { server.onShares(0, bad); }) == Errc::kInconsistentShares);
+  }
+  for (uint64_t id : ids) server.onShares(id, shares[id]);
+  SECTION("a share that was altered on the way does not open") {
+    SecAggClient fresh(p, 0, ids);  // a fresh client 0 cannot open shares sealed to the real one
+    (void)fresh.shareKeys(server.advertsFor(0));
+    std::vector<EncryptedShare> mine = server.sharesFor(0);
+    RngStream r(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
+    const std::vector<float> x(p.dim, 0.1f);
+    CHECK(codeOf([&] { fresh.maskedInput(mine, x, r); }) == Errc::kInconsistentShares);
+    mine[0].ciphertext[30] ^= 1;
+    CHECK(codeOf([&] { c[0]->maskedInput(mine, x, r); }) == Errc::kInconsistentShares);
+  }
+  std::map<uint64_t, MaskedInput> masked;
+  for (uint64_t id : ids) {
+    RngStream r(StreamKey{1, 0, id, StreamPurpose::kTest, 0});
+    masked[id] = c[id]->maskedInput(server.sharesFor(id), std::vector<float>(p.dim, 0.25f), r);
+  }
+  SECTION("a masked input of the wrong length, beyond the ring, replayed, or of another round") {
+    MaskedInput m = masked[0];
+    m.words.pop_back();
+    CHECK(codeOf([&] { server.onMaskedInput(m); }) == Errc::kSizeMismatch);
+    m = masked[0];
+    m.words[3] = uint64_t{1} << 40;  // a 32-bit ring
+    CHECK(codeOf([&] { server.onMaskedInput(m); }) == Errc::kSizeMismatch);
+    server.onMaskedInput(masked[0]);
+    CHECK(codeOf([&] { server.onMaskedInput(masked[0]); }) == Errc::kDuplicate);
+    m = masked[1];
+    m.round = 2;
+    CHECK(codeOf([&] { server.onMaskedInput(m); }) == Errc::kWrongRound);
+  }
+  SECTION("a root that asks about a stranger, for both shares of one client, or asks twice") {
+    UnmaskRequest stranger_req;
+    stranger_req.round = p.round;
+    stranger_req.survived = {stranger};
+    CHECK(codeOf([&] { c[0]->unmask(stranger_req); }) == Errc::kNotNeighbour);
+    UnmaskRequest both;
+    both.round = p.round;
+    const uint64_t v = g.neighbours(0)[0];
+    both.dropped = {v};
+    both.survived = {v};
+    CHECK(codeOf([&] { c[0]->unmask(both); }) == Errc::kRevealBoth);
+    UnmaskRequest fine;
+    fine.round = p.round;
+    fine.survived = {v};
+    (void)c[0]->unmask(fine);
+    UnmaskRequest other;
+    other.round = p.round;
+    other.dropped = {v};
+    CHECK(codeOf([&] { c[0]->unmask(other); }) == Errc::kRevealBoth);
+    UnmaskRequest about_self;
+    about_self.round = p.round;
+    about_self.survived = {1};
+    CHECK(codeOf([&] { c[1]->unmask(about_self); }) == Errc::kRevealBoth);
+  }
+  SECTION("a client that sends its masked input and then lies in its shares") {
+    for (uint64_t id : ids) server.onMaskedInput(masked[id]);
+    for (uint64_t id : ids) {
+      UnmaskResponse resp = c[id]->unmask(server.unmaskRequestFor(id));
+      if (id == 2)  // client 2 alters every share it reveals
+        for (RevealedShare& s : resp.shares) s.share.y[0] = (s.share.y[0] + 1) % kShamirPrime;
+      server.onUnmask(resp);
+    }
+    const auto res = server.finish();
+    CHECK_FALSE(res.ok);
+    CHECK(res.sum.empty());
+    CHECK(res.reason.find("inconsistent") != std::string::npos);
+  }
+}
+
+TEST_CASE("secagg: with exactly t shares a lie is caught by the owner's commitment",
+          "[privacy][secagg]") {
+  // With more than t shares Shamir's consistency check catches a lie; with exactly t it cannot,
+  // and the seed's hash in the advert and the mask key's public key must. 10 clients, k = 6, t = 3.
+  // Case 1 (survivors' seeds): everyone survives and answers except three clients that fall
+  // silent after their masked inputs, chosen so that some survivor's seed has exactly 3 answering
+  // holders, one of whom lies. Case 2 (a dropped client's mask key): client v drops after
+  // sharing, and three of its neighbours fall silent after masking, chosen so that v's key has
+  // exactly 3 answering holders while every seed still has at least 3; one of those lies.
+  const SecAggParams p = params(16, 10, 6, 3);
+  const auto ids = range(0, 10);
+  const Neighbourhoods g = harary(ids, p.neighbours, p.run_seed, p.round);
+  const auto answering = [&](uint64_t owner, const std::set<uint64_t>& silent,
+                             const std::set<uint64_t>& dropped) {
+    std::vector<uint64_t> out;
+    for (uint64_t h : g.neighbours(owner))
+      if (!silent.count(h) && !dropped.count(h)) out.push_back(h);
+    return out;
+  };
+  for (const bool about_dropped : {false, true}) {
+    INFO((about_dropped ? "a dropped client's mask key" : "a survivor's self-mask seed"));
+    // Search the graph for a dropout pattern with a secret at exactly t answering holders.
+    std::set<uint64_t> dropped, silent;
+    uint64_t target = 0;
+    bool found = false;
+    for (uint64_t v = 0; v < 10 && !found; ++v) {
+      const auto nb = g.neighbours(v);
+      for (size_t a = 0; a < nb.size() && !found; ++a)
+        for (size_t b = a + 1; b < nb.size() && !found; ++b)
+          for (size_t c = b + 1; c < nb.size() && !found; ++c) {
+            std::set<uint64_t> d = about_dropped ? std::set<uint64_t>{v} : std::set<uint64_t>{};
+            std::set<uint64_t> s{nb[a], nb[b], nb[c]};
+            if (!about_dropped && s.count(v)) continue;
+            bool ok = true, exact = false;
+            for (uint64_t u : ids) {
+              if (d.count(u)) continue;  // a survivor's seed: at least t
+              const size_t n = answering(u, s, d).size();
+              ok = ok && n >= p.threshold;
+              if (!about_dropped && n == p.threshold && !s.count(u)) exact = true, target = u;
+            }
+            if (about_dropped) exact = answering(v, s, d).size() == p.threshold, target = v;
+            if (ok && exact) {
+              found = true;
+              dropped = d;
+              silent = s;
+            }
+          }
+    }
+    REQUIRE(found);
+    SecAggServer server(p, ids);
+    std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
+    for (uint64_t id : ids) {
+      c[id] = std::make_unique<SecAggClient>(p, id, ids);
+      server.onAdvert(c[id]->advertise());
+    }
+    std::map<uint64_t, std::vector<EncryptedShare>> sh;
+    for (uint64_t id : ids) sh[id] = c[id]->shareKeys(server.advertsFor(id));
+    for (uint64_t id : ids) server.onShares(id, sh[id]);
+    for (uint64_t id : ids) {
+      if (dropped.count(id)) continue;
+      RngStream r(StreamKey{1, 0, id, starling::StreamPurpose::kTest, 0});
+      server.onMaskedInput(
+          c[id]->maskedInput(server.sharesFor(id), std::vector<float>(p.dim, 0.1f), r));
+    }
+    // The liar shifts its share so that the rebuilt limb is off by exactly 1 and still 32 bits
+    // (its Lagrange coefficient lambda at 0 is public: the holders' points are ids + 1), so
+    // nothing but the owner's commitment can tell.
+    const std::vector<uint64_t> holders = answering(target, silent, dropped);
+    const uint64_t liar = holders.front();
+    uint64_t lambda = 1;
+    for (uint64_t h : holders)
+      if (h != liar)
+        lambda = privacy::detail::fieldMul(lambda, privacy::detail::fieldMul(privacy::detail::fieldSub(0, h + 1),
+                                                           privacy::detail::fieldInverse(privacy::detail::fieldSub(
+                                                               liar + 1, h + 1))));
+    for (uint64_t id : ids) {
+      if (dropped.count(id) || silent.count(id)) continue;
+      UnmaskResponse resp = c[id]->unmask(server.unmaskRequestFor(id));
+      if (id == liar)
+        for (RevealedShare& s : resp.shares)
+          if (s.of == target)
+            s.share.y[2] = privacy::detail::fieldAdd(s.share.y[2], privacy::detail::fieldInverse(lambda));
+      server.onUnmask(resp);
+    }
+    const auto res = server.finish();
+    INFO(res.reason);
+    CHECK_FALSE(res.ok);
+    CHECK(res.sum.empty());
+    CHECK(res.reason.find(about_dropped ? "another key than it advertised"
+                                        : "did not commit to") != std::string::npos);
+  }
+}
+
+TEST_CASE("secagg: under the malicious-server threat model a swapped key is caught",
+          "[privacy][secagg]") {
+  const SecAggParams p = params(8, 6, 4, 3, /*signed_keys=*/true);
+  const auto ids = range(0, 6);
+  std::map<uint64_t, SigningKeyPair> signing;
+  std::map<uint64_t, Key32> verify;
+  for (uint64_t id : ids) {
+    signing[id] = SigningKeyPair::generate();
+    verify[id] = signing[id].public_key;
+  }
+  SecAggServer server(p, ids, &verify);
+  std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
+  for (uint64_t id : ids) {
+    c[id] = std::make_unique<SecAggClient>(p, id, ids, &signing[id]);
+    server.onAdvert(c[id]->advertise());
+  }
+  // The server (or an aggregator relaying) substitutes its own mask key for a neighbour's.
+  std::vector<KeyAdvert> adverts = server.advertsFor(0);
+  adverts[0].mask_pk = DhKeyPair::generate().public_key;
+  CHECK(codeOf([&] { c[0]->shareKeys(adverts, &verify); }) == Errc::kBadSignature);
+  // Unaltered, they verify.
+  CHECK_NOTHROW(c[1]->shareKeys(server.advertsFor(1), &verify));
+  // An advert whose signature is not its client's is refused by the server too.
+  KeyAdvert forged = c[2]->advertise();
+  forged.client = 3;
+  SecAggServer other(p, ids, &verify);
+  CHECK(codeOf([&] { other.onAdvert(forged); }) == Errc::kBadSignature);
+}
+
+TEST_CASE("secagg: configuration errors", "[privacy][secagg]") {
+  SecAggParams p = params(8, 6);
+  p.neighbours = 3;
+  CHECK_THROWS_AS(p.validate(), ConfigError);
+  p = params(8, 6);
+  p.threshold = 1;
+  CHECK_THROWS_AS(p.validate(), ConfigError);
+  p.threshold = 5;  // above k = 4
+  CHECK_THROWS_AS(p.validate(), ConfigError);
+  p = params(8, 6, 4, 3, true);
+  const auto ids = range(0, 6);
+  CHECK_THROWS_AS(SecAggClient(p, 0, ids, nullptr), ConfigError);
+  CHECK_THROWS_AS(SecAggServer(p, ids, nullptr), ConfigError);
+  const std::vector<uint64_t> huge{0, 1, kShamirPrime - 1};
+  CHECK_THROWS_AS(SecAggServer(params(8, 3), huge), InvalidArgument);
+}
