@@ -291,8 +291,12 @@ TEST_CASE("a client's socket counts its refused handshakes and says what to chec
   Context server_ctx, client_ctx;
   ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());
   using F = HandshakeReport::Failure;
-  const auto failedTwice = [](F kind) {
-    return [kind](const HandshakeReport& h) { return h.failed >= 2 && h.last == kind; };
+  // libzmq ends a connecting session on a protocol error (a refused key, another mechanism) and
+  // does not connect again; a connection reset before this side read the server's greeting is
+  // a connection error, tried again (seen as kNoHandshake). So a mismatch is seen once, after
+  // any number of resets.
+  const auto mismatchSeen = [](const HandshakeReport& h) {
+    return h.failed >= 1 && h.last == F::kMechanism;
   };
 
   SECTION("a key not on the allow-list") {
@@ -306,13 +310,16 @@ TEST_CASE("a client's socket counts its refused handshakes and says what to chec
   }
   SECTION("a plain-TCP client against a CURVE server") {
     ClientSocket c(client_ctx, server.endpoint(), insecure(), testLimits());
-    REQUIRE(waitHandshakes(c, failedTwice(F::kMechanism)));
+    REQUIRE(waitHandshakes(c, mismatchSeen));
+    CHECK(c.handshakes().succeeded == 0);
     CHECK(c.handshakes().advice().find("security.insecure") != std::string::npos);
   }
   SECTION("a CURVE client against a plain-TCP server") {
     ServerSocket plain(server_ctx, kAnyPort, insecure(), testLimits());
     ClientSocket c(client_ctx, plain.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
-    REQUIRE(waitHandshakes(c, failedTwice(F::kMechanism)));
+    REQUIRE(waitHandshakes(c, mismatchSeen));
+    CHECK(c.handshakes().succeeded == 0);
+    CHECK(c.handshakes().advice().find("security.insecure") != std::string::npos);
   }
   SECTION("a wrong server public key") {
     SecurityConfig wrong = keys.clientSide(keys.clients[0]);
