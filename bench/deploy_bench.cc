@@ -76,7 +76,7 @@ namespace tr = starling::transport;
 namespace sv = starling::server;
 namespace ag = starling::aggregation;
 using starling::ParamLayout;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 using namespace std::chrono_literals;
 
 constexpr size_t kRows = 1000, kCols = 1000;  // a 1M-parameter model, one tensor
@@ -212,9 +212,9 @@ class Farm {
     if (thread_.joinable()) thread_.join();
   }
   bool waitWelcomed(std::chrono::milliseconds timeout) const {
-    const auto until = Clock::now() + timeout;
+    const auto until = Steady::now() + timeout;
     while (welcomed_.load() < cfg_.clients && !failed_.load()) {
-      if (Clock::now() > until) return false;
+      if (Steady::now() > until) return false;
       std::this_thread::sleep_for(5ms);
     }
     return !failed_.load();
@@ -639,9 +639,9 @@ int memoryOne(size_t n, bool dense_task) {
     // dense_task: the clients hold nothing and each task carries the whole model (4 MB), as in a
     // first round; else the task is an empty delta and the phase is the uplink alone.
     const sv::PhaseTask task{round->broadcast(), h, store, sv::Downlink::kDelta};
-    const auto t0 = Clock::now();
+    const auto t0 = Steady::now();
     const auto rep = fleet.runPhase(task, clients, clients.size(), round->current());
-    phase_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    phase_s = std::chrono::duration<double>(Steady::now() - t0).count();
     completed = rep.completed.size();
     refused = fleet.refusedTotal();
     refused_too_large = fleet.refused(starling::Errc::kTooLarge);

@@ -45,14 +45,14 @@ inline auto threadsFlag(int& threads) {
 // a shared machine's load hit both alike. Returns their total seconds.
 template <class A, class B>
 std::pair<double, double> pairedSeconds(benchmark::State& st, A&& a, B&& b) {
-  using Clock = std::chrono::steady_clock;
+  using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
   double as = 0, bs = 0;
   for (auto _ : st) {
-    const auto t0 = Clock::now();
+    const auto t0 = Steady::now();
     a();
-    const auto t1 = Clock::now();
+    const auto t1 = Steady::now();
     b();
-    const auto t2 = Clock::now();
+    const auto t2 = Steady::now();
     as += std::chrono::duration<double>(t1 - t0).count();
     bs += std::chrono::duration<double>(t2 - t1).count();
   }

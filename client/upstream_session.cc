@@ -2,9 +2,9 @@
 
 namespace starling::client {
 
-UpstreamSession::UpstreamSession(Timings t, Clock::time_point now) : t_(t), last_heard_(now) {}
+UpstreamSession::UpstreamSession(Timings t, Steady::time_point now) : t_(t), last_heard_(now) {}
 
-UpstreamSession::Due UpstreamSession::tick(Clock::time_point now) {
+UpstreamSession::Due UpstreamSession::tick(Steady::time_point now) {
   Due d;
   // Not welcomed yet, or a registration again unanswered: send it again.
   if ((!registered_ || awaiting_) && now - last_register_ > t_.register_retry) d.register_now = true;
@@ -16,17 +16,17 @@ UpstreamSession::Due UpstreamSession::tick(Clock::time_point now) {
   return d;
 }
 
-void UpstreamSession::registerSent(Clock::time_point now) {
+void UpstreamSession::registerSent(Steady::time_point now) {
   awaiting_ = true;
   last_register_ = now;
 }
 
-void UpstreamSession::withdraw(Clock::time_point now) {
+void UpstreamSession::withdraw(Steady::time_point now) {
   registered_ = awaiting_ = false;
   last_register_ = now;
 }
 
-void UpstreamSession::heartbeatSent(Clock::time_point now) { last_heartbeat_ = now; }
+void UpstreamSession::heartbeatSent(Steady::time_point now) { last_heartbeat_ = now; }
 
 bool UpstreamSession::onWelcome(uint64_t session, uint32_t heartbeat_ms) {
   const bool fresh = !registered_ || session != session_;
@@ -37,7 +37,7 @@ bool UpstreamSession::onWelcome(uint64_t session, uint32_t heartbeat_ms) {
   return fresh;
 }
 
-bool UpstreamSession::onNotRegistered(Clock::time_point now) const {
+bool UpstreamSession::onNotRegistered(Steady::time_point now) const {
   return !awaiting_ || now - last_register_ >= t_.register_retry;
 }
 

@@ -22,7 +22,7 @@ namespace starling::client {
 
 class UpstreamSession {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
   using Millis = std::chrono::milliseconds;
 
   struct Timings {
@@ -37,20 +37,20 @@ class UpstreamSession {
     bool heartbeat = false;     // send a Heartbeat (and call heartbeatSent)
   };
 
-  UpstreamSession(Timings t, Clock::time_point now);
+  UpstreamSession(Timings t, Steady::time_point now);
 
-  Due tick(Clock::time_point now);
+  Due tick(Steady::time_point now);
   // A heartbeat is due (a session, and heartbeatInterval() since the last).
-  bool heartbeatDue(Clock::time_point now) const {
+  bool heartbeatDue(Steady::time_point now) const {
     return registered_ && now - last_heartbeat_ >= heartbeat_;
   }
-  void registerSent(Clock::time_point now);
+  void registerSent(Steady::time_point now);
   // The owner has nothing to offer (an aggregator whose clients left): the session ends, no
   // heartbeats go out, and tick() asks for a Register again after register_retry.
-  void withdraw(Clock::time_point now);
-  void heartbeatSent(Clock::time_point now);
+  void withdraw(Steady::time_point now);
+  void heartbeatSent(Steady::time_point now);
   // Anything arrived from the server (it is alive).
-  void heard(Clock::time_point now) { last_heard_ = now; }
+  void heard(Steady::time_point now) { last_heard_ = now; }
 
   // A Welcome: returns true when it starts a session (the first, or the server's new one), false
   // for a duplicate (registrations queued in an outage come back as several welcomes).
@@ -60,7 +60,7 @@ class UpstreamSession {
   bool onServerHeartbeat(uint64_t session) const { return registered_ && session != session_; }
   // A Reject(NotRegistered): true when a Register should go out. While one is in flight (sent less
   // than register_retry ago, no Welcome yet) the rest of a burst is answered by it.
-  bool onNotRegistered(Clock::time_point now) const;
+  bool onNotRegistered(Steady::time_point now) const;
 
   // Welcomed at least once: a session (the server may have forgotten it; heartbeats will say).
   bool registered() const { return registered_; }
@@ -74,7 +74,7 @@ class UpstreamSession {
   bool registered_ = false, awaiting_ = false;
   uint64_t session_ = 0;
   Millis heartbeat_{1000};
-  Clock::time_point last_register_{}, last_heartbeat_{}, last_heard_;
+  Steady::time_point last_register_{}, last_heartbeat_{}, last_heard_;
 };
 
 }  // namespace starling::client

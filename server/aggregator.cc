@@ -13,7 +13,7 @@ namespace starling::server {
 namespace ag = starling::aggregation;
 namespace pr = starling::protocol;
 namespace cz = starling::compression;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 using std::chrono::milliseconds;
 
 void AggregatorConfig::validate() const {

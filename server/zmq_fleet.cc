@@ -10,7 +10,7 @@
 namespace starling::server {
 namespace ag = starling::aggregation;
 namespace pr = starling::protocol;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 using std::chrono::milliseconds;
 
 struct ZmqFleet::Phase {

@@ -20,7 +20,7 @@ namespace starling::simulator {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
 void cudaCheck(cudaError_t e, const char* call, const char* op) {
   if (e != cudaSuccess) {
@@ -185,9 +185,9 @@ class NcclCollectives final : public Collectives {
       } else {
         ncclCommFinalize(comm_);
         ncclResult_t state = ncclInProgress;
-        const auto deadline = Clock::now() + opt_.timeout;
+        const auto deadline = Steady::now() + opt_.timeout;
         while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress &&
-               Clock::now() < deadline) {
+               Steady::now() < deadline) {
           std::this_thread::yield();
         }
         if (state == ncclSuccess) {
@@ -254,20 +254,20 @@ class NcclCollectives final : public Collectives {
 
   // Polls the communicator's state until it is no longer ncclInProgress (non-blocking mode).
   void waitComm(const char* op) {
-    const auto deadline = Clock::now() + opt_.timeout;
+    const auto deadline = Steady::now() + opt_.timeout;
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclCheck(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError", op);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) ncclCheck(state, "(asynchronous error)", op);
-      if (Clock::now() > deadline) timedOut(op);
+      if (Steady::now() > deadline) timedOut(op);
       std::this_thread::yield();
     }
   }
 
   // Waits for the stream, checking the communicator for asynchronous (network) errors meanwhile.
   void waitStream(const char* op) {
-    const auto deadline = Clock::now() + opt_.timeout;
+    const auto deadline = Steady::now() + opt_.timeout;
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return;
@@ -275,7 +275,7 @@ class NcclCollectives final : public Collectives {
       ncclResult_t state = ncclSuccess;
       ncclCheck(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError", op);
       if (state != ncclSuccess && state != ncclInProgress) ncclCheck(state, "(asynchronous error)", op);
-      if (Clock::now() > deadline) timedOut(op);
+      if (Steady::now() > deadline) timedOut(op);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }

@@ -16,7 +16,7 @@
 
 namespace starling::split {
 namespace pr = starling::protocol;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 using std::chrono::milliseconds;
 
 namespace {
@@ -87,7 +87,7 @@ struct SplitCloudServer::FedEpoch {
   std::unique_ptr<aggregation::PartialAggregate> sum;
   std::vector<std::pair<std::string, uint64_t>> contributors;  // routing id, session
   std::vector<uint64_t> edges;
-  Clock::time_point first;
+  Steady::time_point first;
   std::vector<float> mean;
   bool done = false;
 };
@@ -142,7 +142,7 @@ void SplitCloudServer::poll(milliseconds timeout) {
              std::string("the cloud could not serve this message: ") + e.what());
     }
   }
-  const auto now = Clock::now();
+  const auto now = Steady::now();
   for (auto& [epoch, f] : fed_)
     if (!f->done && now - f->first > cfg_.splitfed_wait) complete(epoch, *f);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -221,7 +221,7 @@ void SplitCloudServer::hello(const transport::Received& r) {
   Session s;
   s.edge_id = h.edge_id;
   s.id = next_session_++;
-  s.last_seen = Clock::now();
+  s.last_seen = Steady::now();
   ++stats_.hellos;
   note("edge " + std::to_string(h.edge_id) + " connected (session " + std::to_string(s.id) + ")");
   const uint64_t id = s.id;
@@ -243,7 +243,7 @@ SplitCloudServer::Session* SplitCloudServer::sessionOf(const transport::Received
   if (r.authenticated_id && *r.authenticated_id != s.edge_id)
     failInput(Errc::kWrongSender, "a ", what, " in edge ", s.edge_id, "'s session from the key listed as ",
               *r.authenticated_id);
-  s.last_seen = Clock::now();
+  s.last_seen = Steady::now();
   return &s;
 }
 
@@ -262,14 +262,14 @@ void SplitCloudServer::step(const transport::Received& r) {
   }
   if (m.step <= s.last_step)
     failInput(Errc::kLate, "step ", m.step, " of edge ", s.edge_id, " after its step ", s.last_step);
-  const auto t0 = Clock::now();
+  const auto t0 = Steady::now();
   SplitCloud::Reply rep;
   const bool train = m.kind != pr::SplitStepKind::kEvaluate;
   if (train)
     rep = cloud_.step(s.edge_id, m.activations, m.labels, m.examples, m.kind == pr::SplitStepKind::kTrain);
   else
     rep = cloud_.evaluate(m.activations, m.labels, m.examples);
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(Steady::now() - t0).count();
   stats_.compute_seconds += secs;
   if (train) {
     ++stats_.steps;
@@ -319,7 +319,7 @@ void SplitCloudServer::bottom(const transport::Received& r) {
     auto f = std::make_unique<FedEpoch>();
     f->sum = std::make_unique<aggregation::PartialAggregate>(std::make_shared<const aggregation::AggregateLayout>(
         std::make_shared<const ParamLayout>(layout), m.epoch, 0, nullptr, std::vector<std::string>{}));
-    f->first = Clock::now();
+    f->first = Steady::now();
     fit = fed_.emplace(m.epoch, std::move(f)).first;
   }
   FedEpoch& f = *fit->second;
@@ -404,13 +404,13 @@ void SplitEdgeClient::bye() {
 }
 
 SplitEdgeClient::Wait SplitEdgeClient::await(std::span<const uint8_t> bytes, uint64_t expect_session,
-                                             uint64_t expect_request, Clock::time_point deadline,
+                                             uint64_t expect_request, Steady::time_point deadline,
                                              const std::function<void(const protocol::RejectMsg&)>& refused,
                                              const std::function<bool(const transport::Received&)>& accept) {
   socket_->send(bytes);
   stats_.wire_up += bytes.size();
-  while (Clock::now() < deadline) {
-    auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) + milliseconds(1));
+  while (Steady::now() < deadline) {
+    auto r = socket_->receive(std::chrono::duration_cast<milliseconds>(deadline - Steady::now()) + milliseconds(1));
     if (!r || !r->ok()) continue;
     stats_.wire_down += r->bytes().size();
     try {
@@ -451,7 +451,7 @@ void SplitEdgeClient::connect() {
   };
   for (uint32_t t = 0; t < cfg_.tries; ++t) {
     session_ = 0;
-    if (await(hello, 0, 0, Clock::now() + cfg_.step_timeout, refused, accept) == Wait::kDone && session_ != 0) {
+    if (await(hello, 0, 0, Steady::now() + cfg_.step_timeout, refused, accept) == Wait::kDone && session_ != 0) {
       ++stats_.sessions;
       note("session " + std::to_string(session_) + " with the cloud at " + cfg_.cloud);
       return;
@@ -488,7 +488,7 @@ SplitEdgeClient::Answer SplitEdgeClient::exchange(int kind, std::span<const uint
     if (session_ == 0) connect();
     if (t > 0) ++stats_.resent;
     m.session = session_;
-    const Wait w = await(pr::encode(m), session_, step_, Clock::now() + cfg_.step_timeout, refused, accept);
+    const Wait w = await(pr::encode(m), session_, step_, Steady::now() + cfg_.step_timeout, refused, accept);
     if (w == Wait::kDone) return out;
     if (w == Wait::kTimeout)
       note("no answer to step " + std::to_string(step_) + " within " + std::to_string(cfg_.step_timeout.count()) +
@@ -532,12 +532,12 @@ uint32_t SplitEdgeClient::average(uint64_t epoch, uint64_t examples) {
     got = std::move(avg);
     return true;
   };
-  const auto give_up = Clock::now() + cfg_.splitfed_wait;
-  while (Clock::now() < give_up) {
+  const auto give_up = Steady::now() + cfg_.splitfed_wait;
+  while (Steady::now() < give_up) {
     if (session_ == 0) connect();
     m.session = session_;
     // Sent again every step timeout (the cloud keeps one per edge and epoch) until the average comes.
-    if (await(pr::encode(m), session_, epoch, std::min(give_up, Clock::now() + cfg_.step_timeout), refused, accept) !=
+    if (await(pr::encode(m), session_, epoch, std::min(give_up, Steady::now() + cfg_.step_timeout), refused, accept) !=
         Wait::kDone)
       continue;
     if (got->bottom.size() != edge_.bottom().size())
@@ -565,7 +565,7 @@ EpochRecord runEdgeEpoch(SplitEdgeClient& client, const SplitTrainConfig& cfg, u
                          const data::Dataset& train, std::span<const size_t> idx, const data::Dataset& test,
                          std::span<const size_t> test_idx, const std::function<void(size_t, size_t)>& progress) {
   STARLING_CHECK_ARG(!idx.empty(), "split edge: no training examples");
-  const auto t0 = Clock::now();
+  const auto t0 = Steady::now();
   EpochRecord rec;
   rec.epoch = epoch;
   std::vector<size_t> order(idx.begin(), idx.end());
@@ -606,7 +606,7 @@ EpochRecord runEdgeEpoch(SplitEdgeClient& client, const SplitTrainConfig& cfg, u
     rec.test_loss = loss / static_cast<double>(test_idx.size());
     rec.test_accuracy = static_cast<double>(right) / static_cast<double>(test_idx.size());
   }
-  rec.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  rec.wall_seconds = std::chrono::duration<double>(Steady::now() - t0).count();
   return rec;
 }
 

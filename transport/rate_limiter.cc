@@ -4,7 +4,7 @@
 
 namespace starling::transport::detail {
 
-bool RateLimiter::allow(const std::string& peer, Clock::time_point now) {
+bool RateLimiter::allow(const std::string& peer, Steady::time_point now) {
   auto [it, fresh] = buckets_.try_emplace(peer, Bucket{burst_, now, now});
   Bucket& b = it->second;
   if (!fresh) {
@@ -17,7 +17,7 @@ bool RateLimiter::allow(const std::string& peer, Clock::time_point now) {
   return true;
 }
 
-bool RateLimiter::reportDue(const std::string& peer, Clock::time_point now) {
+bool RateLimiter::reportDue(const std::string& peer, Steady::time_point now) {
   auto it = buckets_.find(peer);
   if (it == buckets_.end()) return true;
   Bucket& b = it->second;
@@ -27,7 +27,7 @@ bool RateLimiter::reportDue(const std::string& peer, Clock::time_point now) {
   return true;
 }
 
-void RateLimiter::expire(Clock::time_point now) {
+void RateLimiter::expire(Steady::time_point now) {
   if (now - last_sweep_ < std::chrono::seconds(1)) return;
   last_sweep_ = now;
   const auto idle = std::chrono::duration<double>(burst_ / rate_ + 1.0);

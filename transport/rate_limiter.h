@@ -11,25 +11,25 @@ namespace starling::transport::detail {
 
 class RateLimiter {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
   RateLimiter(double rate, double burst) : rate_(rate), burst_(burst) {}
 
   // Takes one token from `peer`'s bucket; false (nothing taken) when it is empty.
-  bool allow(const std::string& peer, Clock::time_point now);
+  bool allow(const std::string& peer, Steady::time_point now);
   // True at most once per second per peer: whether to report a refusal now.
-  bool reportDue(const std::string& peer, Clock::time_point now);
+  bool reportDue(const std::string& peer, Steady::time_point now);
   // Forgets peers idle for the bucket's refill time plus one second (runs at most once a second).
-  void expire(Clock::time_point now);
+  void expire(Steady::time_point now);
   size_t peers() const { return buckets_.size(); }
 
  private:
   struct Bucket {
     double tokens;
-    Clock::time_point last, last_report;
+    Steady::time_point last, last_report;
     bool reported = false;
   };
   double rate_, burst_;
-  Clock::time_point last_sweep_{};
+  Steady::time_point last_sweep_{};
   std::unordered_map<std::string, Bucket> buckets_;
 };
 

@@ -60,7 +60,7 @@ Reassembler::Outcome Reassembler::start(Peer& p, const protocol::ChunkMsg& c) {
 }
 
 Reassembler::Outcome Reassembler::add(const std::string& peer, const protocol::ChunkMsg& c,
-                                      Clock::time_point now) {
+                                      Steady::time_point now) {
   Peer& p = peers_[peer];
   p.last = now;
   Outcome out;
@@ -126,7 +126,7 @@ bool Reassembler::abort(const std::string& peer) {
   return true;
 }
 
-std::vector<std::pair<std::string, InputError>> Reassembler::expire(Clock::time_point now) {
+std::vector<std::pair<std::string, InputError>> Reassembler::expire(Steady::time_point now) {
   std::vector<std::pair<std::string, InputError>> errors;
   for (auto it = peers_.begin(); it != peers_.end();) {
     Peer& p = it->second;

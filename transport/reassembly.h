@@ -28,12 +28,12 @@
 
 namespace starling::transport::detail {
 
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
 class Reassembler {
  public:
   // Buffers come from, and go back to, a pool that keeps up to a quarter of `max_total`.
-  Reassembler(uint64_t max_message, uint64_t max_total, Clock::duration timeout)
+  Reassembler(uint64_t max_message, uint64_t max_total, Steady::duration timeout)
       : max_message_(max_message),
         max_total_(max_total),
         timeout_(timeout),
@@ -46,12 +46,12 @@ class Reassembler {
     uint64_t size = 0;
     bool ignored = false;  // a later chunk of a refused transfer
   };
-  Outcome add(const std::string& peer, const protocol::ChunkMsg& chunk, Clock::time_point now);
+  Outcome add(const std::string& peer, const protocol::ChunkMsg& chunk, Steady::time_point now);
   // Drops `peer`'s transfer in progress, if any (an undecodable chunk broke it); its later chunks
   // are then ignored. True when there was one.
   bool abort(const std::string& peer);
   // Errors for transfers idle past the timeout (dropped), as (peer, error) pairs.
-  std::vector<std::pair<std::string, InputError>> expire(Clock::time_point now);
+  std::vector<std::pair<std::string, InputError>> expire(Steady::time_point now);
 
   uint64_t reservedBytes() const { return reserved_; }
   const BufferPool& pool() const { return *pool_; }
@@ -66,7 +66,7 @@ class Reassembler {
   struct Peer {
     std::optional<Transfer> t;
     std::deque<uint64_t> refused;  // recently refused transfer ids (at most kRefusedKept)
-    Clock::time_point last;
+    Steady::time_point last;
   };
   Outcome start(Peer& p, const protocol::ChunkMsg& c);
   // Drops p's transfer (if any), remembers `id` as refused, returns the error.
@@ -74,7 +74,7 @@ class Reassembler {
   void drop(Peer& p);
 
   uint64_t max_message_, max_total_;
-  Clock::duration timeout_;
+  Steady::duration timeout_;
   uint64_t reserved_ = 0;
   std::unordered_map<std::string, Peer> peers_;
   std::shared_ptr<BufferPool> pool_;

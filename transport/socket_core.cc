@@ -74,7 +74,7 @@ void SocketCore::fail(const std::string& peer, std::optional<uint64_t> id, Input
   ready_.push_back(Received::failure(peer, id, std::move(e)));
 }
 
-void SocketCore::housekeeping(Clock::time_point now) {
+void SocketCore::housekeeping(Steady::time_point now) {
   if (now - last_expire_ < kHousekeepingEvery) return;
   last_expire_ = now;
   for (auto& [peer, err] : reasm_.expire(now)) {
@@ -85,9 +85,9 @@ void SocketCore::housekeeping(Clock::time_point now) {
 }
 
 std::optional<Received> SocketCore::receive(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = Steady::now() + timeout;
   for (;;) {
-    const auto now = Clock::now();
+    const auto now = Steady::now();
     housekeeping(now);
     if (!ready_.empty()) {
       Received r = std::move(ready_.front());
@@ -108,7 +108,7 @@ std::optional<Received> SocketCore::receive(std::chrono::milliseconds timeout) {
   }
 }
 
-bool SocketCore::readOne(Clock::time_point now) {
+bool SocketCore::readOne(Steady::time_point now) {
   zmq::message_t first;
   if (!sock.recv(first, zmq::recv_flags::dontwait)) return false;
   std::string peer;
@@ -150,7 +150,7 @@ bool SocketCore::readOne(Clock::time_point now) {
   return true;
 }
 
-void SocketCore::onFrame(const std::string& peer, zmq::message_t&& msg, Clock::time_point now) {
+void SocketCore::onFrame(const std::string& peer, zmq::message_t&& msg, Steady::time_point now) {
   const auto id = userId(msg);
   const std::span<const uint8_t> raw(msg.data<uint8_t>(), msg.size());
   if (protocol::peekKind(raw) == protocol::MessageKind::kChunk) {
@@ -191,7 +191,7 @@ void SocketCore::onFrame(const std::string& peer, zmq::message_t&& msg, Clock::t
 }
 
 void SocketCore::onChunk(const std::string& peer, std::optional<uint64_t> id,
-                         std::span<const uint8_t> bytes, Clock::time_point now) {
+                         std::span<const uint8_t> bytes, Steady::time_point now) {
   protocol::ChunkMsg chunk;
   try {
     chunk = protocol::decodeChunk(bytes, limits.max_message_bytes);
@@ -223,7 +223,7 @@ void SocketCore::onChunk(const std::string& peer, std::optional<uint64_t> id,
 // ---------------------------------------------------------------- sending
 
 bool SocketCore::sendFrame(const std::string& peer, zmq::message_t&& frame,
-                           std::optional<Clock::time_point> deadline) {
+                           std::optional<Steady::time_point> deadline) {
   for (;;) {
     try {
       if (router_) {
@@ -238,7 +238,7 @@ bool SocketCore::sendFrame(const std::string& peer, zmq::message_t&& frame,
       if (e.num() != EINTR) return false;  // EHOSTUNREACH: unknown or gone peer
       continue;
     }
-    const auto now = Clock::now();
+    const auto now = Steady::now();
     if (!deadline || now >= *deadline) return false;
     if (router_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // ROUTER POLLOUT is not per peer
@@ -274,7 +274,7 @@ bool SocketCore::send(const std::string& peer, std::span<const uint8_t> bytes) {
           enc->data(), enc->size(),
           [](void*, void* hint) { delete static_cast<std::vector<uint8_t>*>(hint); }, enc.get());
       enc.release();  // owned by the frame now
-      const auto deadline = Clock::now() + std::chrono::milliseconds(limits.send_timeout_ms);
+      const auto deadline = Steady::now() + std::chrono::milliseconds(limits.send_timeout_ms);
       ok = sendFrame(peer, std::move(frame), i == 0 ? std::nullopt : std::optional(deadline));
       if (ok) ++stats.chunks_out;
     }

@@ -33,16 +33,16 @@ class SocketCore {
 
  private:
   // Reads one message if one is ready (no wait); false when none was. May queue Received.
-  bool readOne(Clock::time_point now);
-  void onFrame(const std::string& peer, zmq::message_t&& msg, Clock::time_point now);
+  bool readOne(Steady::time_point now);
+  void onFrame(const std::string& peer, zmq::message_t&& msg, Steady::time_point now);
   void onChunk(const std::string& peer, std::optional<uint64_t> id, std::span<const uint8_t> bytes,
-               Clock::time_point now);
+               Steady::time_point now);
   void fail(const std::string& peer, std::optional<uint64_t> id, InputError e);
-  void housekeeping(Clock::time_point now);
+  void housekeeping(Steady::time_point now);
   // Sends one frame (with the routing frame before it on a ROUTER). Waits for queue space until
   // `deadline` (none: no wait). False when the peer is unknown or gone or time ran out.
   bool sendFrame(const std::string& peer, zmq::message_t&& frame,
-                 std::optional<Clock::time_point> deadline);
+                 std::optional<Steady::time_point> deadline);
 
   bool router_;
   Reassembler reasm_;
@@ -50,7 +50,7 @@ class SocketCore {
   std::deque<Received> ready_;
   std::vector<uint64_t> scratch_;  // an aligned copy of a misaligned chunk frame
   uint64_t next_transfer_;
-  Clock::time_point last_expire_{};
+  Steady::time_point last_expire_{};
 };
 
 }  // namespace starling::transport::detail

@@ -9,8 +9,8 @@ using starling::client::UpstreamSession;
 using Ms = std::chrono::milliseconds;
 
 namespace {
-const UpstreamSession::Clock::time_point t0{};
-UpstreamSession::Clock::time_point at(int ms) { return t0 + Ms(ms); }
+const UpstreamSession::Steady::time_point t0{};
+UpstreamSession::Steady::time_point at(int ms) { return t0 + Ms(ms); }
 }  // namespace
 
 TEST_CASE("upstream session: register until welcomed, then heartbeat at the server's interval",

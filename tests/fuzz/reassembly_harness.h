@@ -36,7 +36,7 @@
 namespace starling::fuzz::reassembly {
 
 namespace pr = starling::protocol;
-using transport::detail::Clock;
+using transport::detail::Steady;
 using transport::detail::Reassembler;
 
 [[noreturn]] inline void bug(const std::string& what) {
@@ -235,11 +235,11 @@ class Run {
 
   uint64_t max_message_, max_total_;
   Reassembler re_;
-  Clock::time_point now_{};
+  Steady::time_point now_{};
   std::array<std::string, kPeers> names_;
   std::array<std::optional<Plan>, kPeers> plans_;
   std::array<std::optional<Shadow>, kPeers> shadow_;
-  std::array<Clock::time_point, kPeers> last_{};
+  std::array<Steady::time_point, kPeers> last_{};
   Stats stats_;
 };
 

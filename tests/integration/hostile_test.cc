@@ -30,7 +30,7 @@ namespace cz = starling::compression;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
 // The server's model: softmax on 784 features, 10 classes (starling-server's defaults).
 const ParamLayout& serverLayout() {
@@ -76,9 +76,9 @@ class Attacker {
   // Receives for up to `timeout`, heartbeating every 200 ms once welcomed, until `stop` holds for
   // a received message. Records what it sees. True when `stop` held.
   bool pump(milliseconds timeout, const std::function<bool(pr::MessageKind)>& stop = {}) {
-    const auto until = Clock::now() + timeout;
+    const auto until = Steady::now() + timeout;
     for (;;) {
-      const auto now = Clock::now();
+      const auto now = Steady::now();
       if (session_ && now - last_hb_ > milliseconds(200)) {
         send(pr::encode(pr::HeartbeatMsg{id_, session_, 0}));
         last_hb_ = now;
@@ -126,7 +126,7 @@ class Attacker {
   zmq::context_t ctx_;
   zmq::socket_t sock_;
   uint64_t id_ = 0, session_ = 0;
-  Clock::time_point last_hb_{};
+  Steady::time_point last_hb_{};
 };
 
 // A valid update for `task` (the task's own compressor on a small, honest-looking delta).
@@ -189,8 +189,8 @@ double maxRelDiff(const std::vector<float>& a, const std::vector<float>& b, doub
 
 // Pumps the attacker until the server's Shutdown, the server's exit, or `timeout`.
 void awaitShutdown(Attacker& a, Proc& root, seconds timeout) {
-  const auto until = Clock::now() + timeout;
-  while (!a.shutdown && root.alive() && Clock::now() < until)
+  const auto until = Steady::now() + timeout;
+  while (!a.shutdown && root.alive() && Steady::now() < until)
     a.pump(milliseconds(200), [](pr::MessageKind k) { return k == pr::MessageKind::kShutdown; });
 }
 
@@ -243,7 +243,7 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   const pr::TaskMsg task = a.tasks.back();
   REQUIRE(task.kind == pr::TaskKind::kFit);
   REQUIRE(task.round == 1);
-  const auto t_attack = Clock::now();
+  const auto t_attack = Steady::now();
 
   // 1. A truncated update.
   {
@@ -338,7 +338,7 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   }
   // 14. A PartialAggregate from a client, with its task's nonce.
   CHECK(a.expectReject(zeroPartial(task), Errc::kWrongSender));
-  const auto attack_time = Clock::now() - t_attack;
+  const auto attack_time = Steady::now() - t_attack;
   CHECK(attack_time < milliseconds(9000));  // every attack of round 1 landed inside its phase (10 s)
 
   // 15. Round 2: its honest-looking round-1 update, replayed.
@@ -446,8 +446,8 @@ TEST_CASE("a client survives a task with an unknown compressor spec from its ser
   std::string peer;
   // Receives until a message of `want` arrives (true) or `timeout`.
   auto await = [&](pr::MessageKind want, milliseconds timeout) {
-    const auto until = Clock::now() + timeout;
-    while (Clock::now() < until && client.alive()) {
+    const auto until = Steady::now() + timeout;
+    while (Steady::now() < until && client.alive()) {
       zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, milliseconds(50));
       zmq::message_t id, body;
