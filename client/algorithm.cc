@@ -1,5 +1,6 @@
 #include "client/algorithm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -95,6 +96,26 @@ void checkScaffoldTrainer(const Trainer& trainer) {
   if (at != std::string::npos && std::strtod(spec.c_str() + at + 9, nullptr) != 0.0)
     STARLING_THROW(ConfigError, "train.scaffold needs plain local SGD, and model.spec = '", spec,
                    "' uses momentum (set momentum=0)");
+}
+
+FitConfig fitConfig(const protocol::FitSettings& f, const std::atomic<bool>* stop) {
+  FitConfig fit{.epochs = f.epochs, .batch_size = f.batch_size, .lr = f.lr};
+  fit.prox_mu = f.prox_mu;
+  fit.stop = stop;
+  return fit;
+}
+
+PhaseResult ClientAlgorithm::takeTurn(const TurnRequest& task, uint64_t client_id,
+                                      const DataView& data, ClientState& state) {
+  PhaseResult res =
+      runPhase(task.broadcast, client_id, task.model, data, state, task.control, task.control_ack);
+  res.update.control = std::move(res.control_delta);
+  res.control_delta.clear();
+  std::erase_if(res.update.metrics, [&](const Metric& m) {
+    return std::find(task.metrics.begin(), task.metrics.end(), m.name) == task.metrics.end();
+  });
+  res.update.header.nonce = task.nonce;
+  return res;
 }
 
 PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint64_t client_id,

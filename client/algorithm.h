@@ -20,6 +20,7 @@
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "core/client_state.h"
+#include "protocol/control.h"
 
 namespace starling::client {
 
@@ -112,6 +113,27 @@ class DeviceUpdate {
   virtual uint64_t updates() const = 0;
 };
 
+// The FitConfig of a task's fit settings, every driver's one conversion; `stop`: a deployed
+// client's SIGTERM (FitConfig::stop).
+FitConfig fitConfig(const protocol::FitSettings& f, const std::atomic<bool>* stop = nullptr);
+
+// What a task asks of one client's turn, however it reached the client: decoded from the wire
+// (the client runtime) or made by a simulator.
+struct TurnRequest {
+  TurnRequest(const compression::PhaseBroadcast& b, std::span<const float> m,
+              const std::vector<std::string>& declared, uint64_t task_nonce = 1,
+              std::span<const float> server_control = {},
+              std::optional<uint64_t> ack = std::nullopt)
+      : broadcast(b), model(m), metrics(declared), nonce(task_nonce), control(server_control),
+        control_ack(ack) {}
+  const compression::PhaseBroadcast& broadcast;
+  std::span<const float> model;              // what the client trains from (phase 0)
+  const std::vector<std::string>& metrics;   // the server's declared metrics: only these are sent
+  uint64_t nonce = 1;  // the task's; a simulated one's 1 (a deployed nonce is never 0: 8 bytes)
+  std::span<const float> control{};          // SCAFFOLD: the server's c; empty: none
+  std::optional<uint64_t> control_ack;       // SCAFFOLD deployed: the task's acknowledgement
+};
+
 class ClientAlgorithm {
  public:
   // `compressor` and `trainer` must outlive this object.
@@ -135,6 +157,12 @@ class ClientAlgorithm {
                        std::span<const float> global, const DataView& data, ClientState& state,
                        std::span<const float> server_control = {},
                        std::optional<uint64_t> control_ack = std::nullopt);
+
+  // The client's turn, written once for every driver (the client runtime, which the Python
+  // client runs too; both simulators; the demo): runPhase, then the update as a client sends it,
+  // with SCAFFOLD's control change, only the declared metrics, and the task's nonce.
+  PhaseResult takeTurn(const TurnRequest& task, uint64_t client_id, const DataView& data,
+                       ClientState& state);
 
   const FitConfig& config() const { return config_; }
 

@@ -20,7 +20,6 @@
 namespace starling::client {
 namespace pr = starling::protocol;
 namespace cz = starling::compression;
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
@@ -241,9 +240,8 @@ struct ClientRuntime::Impl {
             }
           });
     const cz::Compressor& comp = compressor(t.compressor);
-    FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
-    fit.prox_mu = t.fit.prox_mu;
-    fit.stop = stop;  // SIGTERM ends training within a batch; nothing is sent or saved
+    // SIGTERM ends training within a batch; nothing is sent or saved.
+    const FitConfig fit = fitConfig(t.fit, stop);
     fit.check();
     auto shared = std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
@@ -251,20 +249,14 @@ struct ClientRuntime::Impl {
     // SCAFFOLD when the task carries the server's c: the control change travels with the update,
     // and c_i+ waits in the state for the server's acknowledgement of this round.
     const std::optional<uint64_t> ack = t.control.empty() ? std::nullopt : t.control_ack;
-    PhaseResult res = withHeartbeats([&] {
-      return algorithm.runPhase(b, config.client_id, model, train, state, t.control, ack);
-    });
+    const TurnRequest turn{b, model, t.metrics, t.nonce, t.control, ack};
+    PhaseResult res =
+        withHeartbeats([&] { return algorithm.takeTurn(turn, config.client_id, train, state); });
     if (res.control_dropped != 0)
       log->info(
           "client {}: round {}'s SCAFFOLD control change was not counted by the server "
           "(acknowledged: round {}); dropped",
           config.client_id, res.control_dropped, t.control_ack.value_or(0));
-    res.update.control = std::move(res.control_delta);
-    res.update.header.nonce = t.nonce;
-    // Keep only the metrics the server aggregates.
-    std::erase_if(res.update.metrics, [&](const Metric& m) {
-      return std::find(t.metrics.begin(), t.metrics.end(), m.name) == t.metrics.end();
-    });
     std::vector<uint8_t> update = pr::encodeUpdate(res.update);
     link.restoreAnswer(std::move(update));
     pending_nonce = t.nonce;

@@ -41,6 +41,7 @@ class TopKCompressor final : public Compressor {
  public:
   explicit TopKCompressor(TopKOptions o);
   std::string name() const override { return opt_.ternary ? "stc" : "topk"; }
+  bool sizeDependsOnValues() const override { return opt_.ternary; }
   std::string spec() const override;
   const TopKOptions& options() const { return opt_; }
   const ErrorFeedback& feedback() const override { return opt_.ef; }

@@ -142,10 +142,8 @@ int run(const Options& o) {
       std::vector<uint64_t> accepted;  // only they continue into the next phase
       for (uint64_t c : active) {
         const client::DataView view{&train, shards[c]};
-        client::PhaseResult res = algorithm.runPhase(b, c, global, view, states[c]);
-        std::erase_if(res.update.metrics, [&](const Metric& m) {  // what a client sends: the declared ones
-          return std::find(so.metrics.begin(), so.metrics.end(), m.name) == so.metrics.end();
-        });
+        const client::TurnRequest turn{b, global, so.metrics};
+        client::PhaseResult res = algorithm.takeTurn(turn, c, view, states[c]);
         const std::vector<uint8_t> wire = protocol::encodeUpdate(res.update);  // what a client sends
         round_bytes += wire.size();
         try {

@@ -212,16 +212,9 @@ void AsyncRoot::replayJournal() {
 void AsyncRoot::refreshTask() {
   const uint64_t v = server_.version();
   broadcast_ = server_.broadcast(v);
-  protocol::TaskMsg h;
-  h.kind = protocol::TaskKind::kFit;
-  h.round = v;  // an asynchronous update's round field is the version it trained from
-  h.phase = 0;
-  h.run_seed = server_.scheme().options().run_seed;
-  h.compressor = server_.scheme().compressor().spec();
-  h.model_version = v;
-  h.fit = config_.fit;
-  h.deadline_ms = config_.fleet.task_deadline_ms;
-  h.metrics = server_.scheme().options().metrics;
+  // An asynchronous update's round field is the version it trained from.
+  protocol::TaskMsg h =
+      fitTaskHeader(server_.scheme(), v, v, config_.fit, config_.fleet.task_deadline_ms);
   // In place: the fleet holds the task's address across steps.
   task_.emplace(PhaseTask{broadcast_, std::move(h), server_.model(), server_.config().downlink});
 }
@@ -337,11 +330,7 @@ void AsyncRoot::stepped(RoundRecord rec, bool on_update) {
       rec.test_accuracy = r->second;
     }
   }
-  if (!config_.metrics.empty()) {
-    std::ofstream out(config_.metrics, std::ios::app);
-    out << rec.json() << '\n';
-    if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
-  }
+  MetricsLog(config_.metrics).append(rec);
   refreshTask();
   if (on_update && accepted_) accepted_();
   if (progress_) progress_(rec);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -99,6 +100,48 @@ void EngineConfig::validate() const {
     STARLING_THROW(ConfigError, "optimizer shard ", shard_rank, " of ", shard_count, " does not exist");
   if (shard_count > 1 && !checkpoint.empty() && optimizer_shard_file.empty())
     STARLING_THROW(ConfigError, "a sharded server step with a checkpoint needs an optimizer shard file");
+}
+
+protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t round,
+                                uint64_t version, const protocol::FitSettings& fit,
+                                uint32_t deadline_ms) {
+  protocol::TaskMsg h;
+  h.kind = protocol::TaskKind::kFit;
+  h.round = round;
+  h.run_seed = scheme.options().run_seed;
+  h.compressor = scheme.compressor().spec();
+  h.model_version = version;
+  h.fit = fit;
+  h.deadline_ms = deadline_ms;
+  h.metrics = scheme.options().metrics;
+  return h;
+}
+
+void MetricsLog::appendLine(const std::string& json) const {
+  if (path_.empty()) return;
+  std::ofstream out(path_, std::ios::app);
+  out << json << '\n';
+  if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", path_);
+}
+
+void MetricsLog::complete(uint64_t round, const std::string& json) const {
+  if (path_.empty() || json.empty()) return;
+  std::string text;
+  if (std::filesystem::exists(path_)) {
+    const std::vector<uint8_t> bytes = readFile(path_, uint64_t{1} << 32);
+    text.assign(bytes.begin(), bytes.end());
+  }
+  const size_t end = text.rfind('\n');
+  const size_t keep = end == std::string::npos ? 0 : end + 1;
+  if (keep != text.size()) std::filesystem::resize_file(path_, keep);
+  uint64_t last = 0;
+  if (keep > 0) {
+    const size_t begin = text.rfind('\n', keep - 2);
+    const std::string line = text.substr(begin == std::string::npos ? 0 : begin + 1, keep);
+    if (const size_t at = line.find("\"round\":"); at != std::string::npos)
+      last = std::strtoull(line.c_str() + at + 8, nullptr, 10);
+  }
+  if (last < round) appendLine(json);
 }
 
 std::string RoundRecord::json() const {
@@ -367,11 +410,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     saveOptimizerShard();
     if (workers) workers->checkpoint();
     saveCheckpoint();
-    if (!config_.metrics.empty() && config_.write_files) {
-      std::ofstream out(config_.metrics, std::ios::app);
-      out << rec.json() << '\n';
-      if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics);
-    }
+    if (config_.write_files) MetricsLog(config_.metrics).append(rec);
     return rec;
   };
 
@@ -400,15 +439,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   std::vector<ClientInfo> active = sample(available, rec.round, &target);
   rec.clients_selected = active.size();
 
-  protocol::TaskMsg header;
-  header.kind = protocol::TaskKind::kFit;
-  header.round = rec.round;
-  header.run_seed = config_.scheme.run_seed;
-  header.compressor = scheme_.compressor().spec();
-  header.model_version = model_.version();
-  header.fit = config_.fit;
-  header.deadline_ms = config_.round_deadline_ms;
-  header.metrics = config_.scheme.metrics;
+  protocol::TaskMsg header =
+      fitTaskHeader(scheme_, rec.round, model_.version(), config_.fit, config_.round_deadline_ms);
 
   auto round = scheme_.begin(rec.round, carry_);
   std::set<uint64_t> failed;

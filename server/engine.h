@@ -107,6 +107,14 @@ struct PhaseTask {
   const ControlAcks* control_acks = nullptr;  // with header.control: each client's control_ack
 };
 
+// The header of a fit task of `round` on model `version` (every field but the phase, SCAFFOLD's
+// c, the model, the nonce and the acknowledgement, which the driver and the fleet fill): the one
+// builder of the round engine, the root's asynchronous rounds and the asynchronous simulation
+// (whose rounds are a version's: round = version).
+protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t round,
+                                uint64_t version, const protocol::FitSettings& fit,
+                                uint32_t deadline_ms);
+
 // The wire bytes of `task` for a client that holds model version `held` (0: none), with `nonce`
 // (non-zero, so that setTaskNonce can patch it): phase 0 carries the model in the task's downlink
 // encoding (dense, fp16, or a delta against `held`), later phases the shared factors only. Every
@@ -213,6 +221,25 @@ struct RoundRecord {
   uint64_t model_version = 0;
   double wall_seconds = 0.0;
   std::string json() const;  // one JSON object, no newline
+};
+
+// The run's metrics file: JSON Lines, one RoundRecord per round or server step, appended the same
+// way by every driver (the round engine, the root's asynchronous rounds, the asynchronous
+// simulation). An empty path: none, and every call does nothing.
+class MetricsLog {
+ public:
+  explicit MetricsLog(std::string path = {}) : path_(std::move(path)) {}
+  const std::string& path() const { return path_; }
+  // One line; IoError naming the file when it cannot be appended to.
+  void append(const RoundRecord& rec) const { appendLine(rec.json()); }
+  void appendLine(const std::string& json) const;
+  // For a run resumed from a checkpoint that holds the record `json` of round (or step) `round`:
+  // a partial last line (the kill came in the middle of it) is cut, and the record is appended
+  // unless the file's last line is of that round or a later one.
+  void complete(uint64_t round, const std::string& json) const;
+
+ private:
+  std::string path_;
 };
 
 class RoundEngine {

@@ -19,15 +19,10 @@
 namespace starling::simulator {
 namespace cz = starling::compression;
 namespace pr = starling::protocol;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
 namespace {
 uint64_t clientsFingerprint(const SimClients& c);  // below, with the checkpoint's format
-client::FitConfig fitConfig(const pr::FitSettings& f) {
-  client::FitConfig fit{.epochs = f.epochs, .batch_size = f.batch_size, .lr = f.lr};
-  fit.prox_mu = f.prox_mu;
-  return fit;
-}
 }  // namespace
 
 void AsyncSimConfig::validate() const {
@@ -52,7 +47,7 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
       store_(store),
       server_(server),
       test_(test),
-      algorithm_(server.scheme().compressor(), trainer, fitConfig(config_.fit)),
+      algorithm_(server.scheme().compressor(), trainer, client::fitConfig(config_.fit)),
       picker_(StreamKey{config_.seed, 0, kAnyClient, StreamPurpose::kClientSampling, 2}),
       busy_(clients.shards.size(), 0),
       last_version_(clients.shards.size(), 0),
@@ -350,26 +345,7 @@ void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
 // gets the line from the checkpoint: a partial last line is cut, and the step's record appended
 // unless the file already ends with it.
 void AsyncSimulation::completeMetrics(uint64_t step, const std::string& record) const {
-  if (!lead() || config_.metrics_file.empty() || record.empty()) return;
-  std::string text;
-  if (std::filesystem::exists(config_.metrics_file)) {
-    const std::vector<uint8_t> bytes = readFile(config_.metrics_file, uint64_t{1} << 32);
-    text.assign(bytes.begin(), bytes.end());
-  }
-  const size_t end = text.rfind('\n');
-  const size_t keep = end == std::string::npos ? 0 : end + 1;
-  if (keep != text.size()) std::filesystem::resize_file(config_.metrics_file, keep);
-  uint64_t last = 0;
-  if (keep > 0) {
-    const size_t begin = text.rfind('\n', keep - 2);
-    const std::string line = text.substr(begin == std::string::npos ? 0 : begin + 1, keep);
-    if (const size_t at = line.find("\"round\":"); at != std::string::npos)
-      last = std::strtoull(line.c_str() + at + 8, nullptr, 10);
-  }
-  if (last >= step) return;
-  std::ofstream out(config_.metrics_file, std::ios::app);
-  out << record << '\n';
-  if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics_file);
+  if (lead()) server::MetricsLog(config_.metrics_file).complete(step, record);
 }
 
 // The task of the current version for a client that holds version `held` (0: none), in the
@@ -385,14 +361,8 @@ uint64_t AsyncSimulation::taskBytes(uint64_t held) {
   }
   const uint64_t key = per_held ? held : 0;
   if (const auto it = task_bytes_.find(key); it != task_bytes_.end()) return it->second;
-  pr::TaskMsg h;
-  h.kind = pr::TaskKind::kFit;
-  h.round = v;
-  h.run_seed = server_.scheme().options().run_seed;
-  h.compressor = server_.scheme().compressor().spec();
-  h.model_version = v;
-  h.fit = config_.fit;
-  h.metrics = declared_;
+  // No deadline on the simulated clock (round.deadline_seconds is not a task's).
+  const pr::TaskMsg h = server::fitTaskHeader(server_.scheme(), v, v, config_.fit, 0);
   const cz::PhaseBroadcast b = server_.broadcast(v);
   const uint64_t bytes =
       server::encodeTask(server::PhaseTask{b, h, server_.model(), mode}, key).size();
@@ -457,14 +427,11 @@ void AsyncSimulation::start(uint64_t id) {
 bool AsyncSimulation::train(Waiting& w, ClientState& state) {
   try {
     const client::DataView data{clients_.train, clients_.shards[w.id]};
-    client::PhaseResult res = algorithm_.runPhase(
-        server_.broadcast(w.job.version), w.id,
-        server_.model().clientModel(w.held_before, server_.config().downlink, whole_), data, state);
-    // What a deployed client sends: only the declared metrics, a non-zero nonce.
-    std::erase_if(res.update.metrics, [&](const Metric& m) {
-      return std::find(declared_.begin(), declared_.end(), m.name) == declared_.end();
-    });
-    res.update.header.nonce = 1;
+    const compression::PhaseBroadcast broadcast = server_.broadcast(w.job.version);
+    const client::TurnRequest turn{
+        broadcast, server_.model().clientModel(w.held_before, server_.config().downlink, whole_),
+        declared_};
+    client::PhaseResult res = algorithm_.takeTurn(turn, w.id, data, state);
     w.job.up = pr::encodedSize(res.update);
     w.job.update = std::move(res.update);
     return true;
@@ -502,20 +469,20 @@ void AsyncSimulation::arrive(Waiting& w) {
 void AsyncSimulation::trainWaiting() {
   if (waiting_.empty()) return;
   if (config_.workers && config_.workers->size() > 1) return trainShared();
-  const auto t0 = Clock::now();
+  const auto t0 = Steady::now();
   for (Waiting& w : waiting_) {
     if (loadState(w.id, state_) && trainAndKeep(w, state_, true)) ++trained_;
     arrive(w);
   }
   waiting_.clear();
-  window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  window_.train_seconds += std::chrono::duration<double>(Steady::now() - t0).count();
 }
 
 // The waiting clients on several workers: the first worker sends the states of the clients others
 // train, every worker trains its own, and every update (with its new state, for the first worker's
 // store) goes to every worker.
 void AsyncSimulation::trainShared() {
-  const auto t0 = Clock::now();
+  const auto t0 = Steady::now();
   Collectives& c = *config_.workers;
   const auto me = static_cast<size_t>(c.rank());
   const std::vector<size_t> owner = placeWaiting(static_cast<size_t>(c.size()));
@@ -523,7 +490,7 @@ void AsyncSimulation::trainShared() {
       std::move(allGatherBytes(c, me == 0 ? statesToShip(owner) : std::vector<uint8_t>())[0]);
   takeUpdates(owner, allGatherBytes(c, trainMine(owner, me, states)));
   waiting_.clear();
-  window_.train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  window_.train_seconds += std::chrono::duration<double>(Steady::now() - t0).count();
 }
 
 // Each waiting client's worker: the least loaded by examples, the largest shards first (the same
@@ -774,11 +741,7 @@ void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>
     store_.flush(server_.steps());
     renameDurable(next, config_.checkpoint);
   }
-  if (!config_.metrics_file.empty()) {
-    std::ofstream out(config_.metrics_file, std::ios::app);
-    out << rec.json() << '\n';
-    if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", config_.metrics_file);
-  }
+  server::MetricsLog(config_.metrics_file).append(rec);
   if (progress) progress(rec);
 }
 

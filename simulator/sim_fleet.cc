@@ -19,7 +19,7 @@
 namespace starling::simulator {
 namespace cz = starling::compression;
 namespace pr = starling::protocol;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
 SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer, ClientStateStore& store,
                    Collectives& collectives, const data::Dataset* test)
@@ -100,20 +100,24 @@ void SimFleet::allReduceCounts(std::vector<uint64_t>& counts) {
 
 uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const cz::Compressor& comp,
                               const cz::PhaseBroadcast& broadcast,
-                              const std::vector<std::string>& metrics, bool with_control) {
+                              const std::vector<std::string>& metrics, bool with_control,
+                              uint64_t client_id) {
   cz::Update u;
-  u.header = {layout.fingerprint(), broadcast.round, 0, 0, 1, 1};
-  const std::vector<float> zeros(layout.numel());
-  u.tensors = comp.compress(layout, zeros, broadcast.context(0));
-  for (const auto& m : metrics) u.metrics.push_back(Metric{m, 0.0});
+  u.header = {layout.fingerprint(), broadcast.round, 0, client_id, 1, 1};
+  // FlatBuffers leaves a field at its default out: a zero scale (sign, QSGD) or metric would be
+  // bytes short of any client's, so an update of ones, unless zeros give the least (STC).
+  const float fill = comp.sizeDependsOnValues() ? 0.0f : 1.0f;
+  const std::vector<float> values(layout.numel(), fill);
+  u.tensors = comp.compress(layout, values, broadcast.context(0));
+  for (const auto& m : metrics) u.metrics.push_back(Metric{m, fill});
   if (with_control) u.control.assign(layout.numel(), 0.0f);
   return pr::encodedSize(u);
 }
 
 // The exact wire sizes of this phase: each participant's task (a delta or top-k downlink depends
-// on the version it holds, 0: none yet) and one update (no compressor's size depends on the
-// values: top-k sends k, low-rank its factors, quantizers their bits). Every participant downloads
-// its task, stragglers included, and then holds its version.
+// on the version it holds, 0: none yet) and a zero update's (exact unless the compressor's size
+// depends on the values: runPhase then measures each). Every participant downloads its task,
+// stragglers included, and then holds its version.
 SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
                                           std::span<const server::ClientInfo> participants,
                                           const cz::Compressor& comp) {
@@ -122,9 +126,15 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   PhaseBytes b;
   b.task = server::encodeTask(task, 0).size();
   // SCAFFOLD: the task carries c (in the task's size, as encoded), each update its change.
-  if (h.phase == 0)
+  if (h.phase == 0) {
     b.update = phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty());
+    b.update_of_zero =
+        phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty(), 0);
+  }
   b.down.assign(participants.size(), b.task);
+  b.up.resize(participants.size());
+  for (size_t i = 0; i < participants.size(); ++i)
+    b.up[i] = participants[i].id == 0 ? b.update_of_zero : b.update;
   const bool per_client = h.phase == 0 && server::downlinkPerHeld(task.downlink);
   held_before_.clear();
   if (per_client) {
@@ -146,66 +156,68 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
 }
 
 // Phase 0: the simulated clock decides who is accepted (the rest fail: dropped by the deadline or
-// past the target), the scheduler which worker trains whom (states move to their new workers).
-// A later phase of the round keeps the assignment and costs one more exchange of factors.
-std::set<uint64_t> SimFleet::placeClients(const server::PhaseTask& task,
-                                          std::span<const server::ClientInfo> participants,
-                                          size_t target, const PhaseBytes& bytes,
-                                          server::PhaseReport& rep) {
+// past the target), by each participant's task and update bytes.
+std::set<uint64_t> SimFleet::timeClients(const server::PhaseTask& task,
+                                         std::span<const server::ClientInfo> participants,
+                                         size_t target, const PhaseBytes& bytes,
+                                         server::PhaseReport& rep) {
   const pr::TaskMsg& h = task.header;
   std::set<uint64_t> failed;
-  if (h.phase == 0 || assignment_round_ != h.round) {
-    std::vector<ClientTiming> timings;
-    for (size_t i = 0; i < participants.size(); ++i) {
-      const auto& c = participants[i];
-      const ClientTiming t =
-          timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
-                     config_.reference_seconds_per_example, bytes.down[i], bytes.update);
-      // Offline before it would finish (the devices' windows of time): a dropout, as FedScale's.
-      if (!clients_.devices.onlineAt(c.id, clock_ + t.total()))
-        failed.insert(c.id);
-      else
-        timings.push_back(t);
-    }
-    const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
-    failed.insert(rt.dropped.begin(), rt.dropped.end());
-    rep.sim_seconds = rt.seconds;
-    // Every client dropped out: the round still took until the first of them went offline (or
-    // its deadline, if that came first).
-    if (timings.empty() && !participants.empty()) {
-      double first_gone = std::numeric_limits<double>::infinity();
-      for (const auto& c : participants)
-        first_gone = std::min(first_gone, clients_.devices.nextOffline(c.id, clock_) - clock_);
-      if (config_.deadline_seconds > 0) first_gone = std::min(first_gone, config_.deadline_seconds);
-      rep.sim_seconds = first_gone;
-    }
-    std::vector<ClientJob> jobs;
-    for (uint64_t id : rt.accepted) jobs.push_back(ClientJob{id, clients_.shards[id].size()});
-    std::sort(jobs.begin(), jobs.end(),
-              [](const ClientJob& a, const ClientJob& b) { return a.client_id < b.client_id; });
-    assignment_ = schedule(jobs, cost_, h.fit.epochs, config_.schedule);
-    assignment_round_ = h.round;
-    migrateStates();
-  } else {
-    double longest = 0.0;
+  std::vector<ClientTiming> timings;
+  for (size_t i = 0; i < participants.size(); ++i) {
+    const auto& c = participants[i];
+    const ClientTiming t = timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
+                                      config_.reference_seconds_per_example, bytes.down[i],
+                                      bytes.up[i]);
+    // Offline before it would finish (the devices' windows of time): a dropout, as FedScale's.
+    if (!clients_.devices.onlineAt(c.id, clock_ + t.total()))
+      failed.insert(c.id);
+    else
+      timings.push_back(t);
+  }
+  const RoundTiming rt = simulateRound(timings, target, config_.deadline_seconds);
+  failed.insert(rt.dropped.begin(), rt.dropped.end());
+  rep.sim_seconds = rt.seconds;
+  // Every client dropped out: the round still took until the first of them went offline (or
+  // its deadline, if that came first).
+  if (timings.empty() && !participants.empty()) {
+    double first_gone = std::numeric_limits<double>::infinity();
     for (const auto& c : participants)
-      longest =
-          std::max(longest, static_cast<double>(bytes.task) / clients_.devices[c.id].bandwidth);
-    rep.sim_seconds = longest;
+      first_gone = std::min(first_gone, clients_.devices.nextOffline(c.id, clock_) - clock_);
+    if (config_.deadline_seconds > 0) first_gone = std::min(first_gone, config_.deadline_seconds);
+    rep.sim_seconds = first_gone;
   }
   return failed;
 }
 
+// The scheduler decides which worker trains whom (states move to their new workers); a later
+// phase of the round keeps the assignment.
+void SimFleet::assign(std::vector<uint64_t> ids, uint32_t epochs, uint64_t round) {
+  std::sort(ids.begin(), ids.end());
+  std::vector<ClientJob> jobs;
+  for (uint64_t id : ids) jobs.push_back(ClientJob{id, clients_.shards[id].size()});
+  assignment_ = schedule(jobs, cost_, epochs, config_.schedule);
+  assignment_round_ = round;
+  migrateStates();
+}
+
+double SimFleet::laterPhaseSeconds(std::span<const server::ClientInfo> participants,
+                                   const PhaseBytes& bytes) const {
+  double longest = 0.0;
+  for (const auto& c : participants)
+    longest = std::max(longest, static_cast<double>(bytes.task) / clients_.devices[c.id].bandwidth);
+  return longest;
+}
+
 // This worker's share of the phase, one client after another on the one model replica, into
-// `agg`. Fills this worker's entries of `counts` (PhaseCounts).
+// `agg`, or, with `held`, kept there (the store unchanged). Fills this worker's entries of
+// `counts` (PhaseCounts).
 void SimFleet::trainMine(const server::PhaseTask& task,
                          std::span<const server::ClientInfo> participants,
                          const cz::Compressor& comp, aggregation::PhaseAggregator& agg,
-                         PhaseCounts& counts) {
+                         PhaseCounts& counts, std::vector<Held>* held) {
   const pr::TaskMsg& h = task.header;
-  client::FitConfig fit{.epochs = h.fit.epochs, .batch_size = h.fit.batch_size, .lr = h.fit.lr};
-  fit.prox_mu = h.fit.prox_mu;
-  client::ClientAlgorithm algorithm(comp, trainer_, fit);
+  client::ClientAlgorithm algorithm(comp, trainer_, client::fitConfig(h.fit));
   algorithm.setDeviceUpdate(config_.device_update);
   // What each client trains from: the broadcast model, or with a quantised downlink the whole
   // model decoded from its task when it was not one version behind (the same for all of them).
@@ -224,7 +236,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   // fleet that takes its clients by id does; a real root adds them as they arrive).
   std::sort(mine.begin(), mine.end());
   uint64_t work = 0;
-  const auto t_start = Clock::now();
+  const auto t_start = Steady::now();
   for (uint64_t id : mine) {
     const client::DataView data{clients_.train, clients_.shards[id]};
     try {
@@ -236,17 +248,18 @@ void SimFleet::trainMine(const server::PhaseTask& task,
       continue;
     }
     try {
-      client::PhaseResult res =
-          algorithm.runPhase(task.broadcast, id, modelOf(id), data, state_, h.control);
-      res.update.control = std::move(res.control_delta);
-      // What a deployed client sends: only the metrics the server declared (client/runtime.cc).
-      std::erase_if(res.update.metrics, [&](const Metric& m) {
-        return std::find(h.metrics.begin(), h.metrics.end(), m.name) == h.metrics.end();
-      });
-      res.update.header.nonce = 1;  // a deployed update's nonce is never 0: its 8 bytes count
-      counts.uplink() += pr::encodedSize(res.update);
-      agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
-      store_.store(id, state_);
+      const client::TurnRequest turn{task.broadcast, modelOf(id), h.metrics, 1, h.control};
+      client::PhaseResult res = algorithm.takeTurn(turn, id, data, state_);
+      const uint64_t size = pr::encodedSize(res.update);
+      if (held) {
+        counts.size(index[id]) = size;
+        held->push_back(Held{id, index[id], std::move(res.update), std::move(state_)});
+        state_ = ClientState(trainer_.layout().fingerprint());
+      } else {
+        counts.uplink() += size;
+        agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
+        store_.store(id, state_);
+      }
       counts.outcome(index[id]) = PhaseCounts::kCompleted;
       if (h.phase == 0) work += data.size() * h.fit.epochs;
       ++trained_;
@@ -256,7 +269,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
       counts.outcome(index[id]) = PhaseCounts::kFailed;
     }
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  const double seconds = std::chrono::duration<double>(Steady::now() - t_start).count();
   counts.work(coll_.rank()) = work;
   counts.micros(coll_.rank()) = static_cast<uint64_t>(seconds * 1e6);
 }
@@ -285,31 +298,69 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   server::PhaseReport rep;
   const pr::TaskMsg& h = task.header;
   const cz::Compressor& comp = compressor(h.compressor);
-  const PhaseBytes bytes = phaseBytes(task, participants, comp);
-  std::set<uint64_t> failed = placeClients(task, participants, target, bytes, rep);
+  PhaseBytes bytes = phaseBytes(task, participants, comp);
+  const bool later = h.phase != 0 && assignment_round_ == h.round;
+  // STC's sizes are known once its updates are made: every participant trains first.
+  const bool measure = !later && comp.sizeDependsOnValues();
+  std::set<uint64_t> failed;
+  PhaseCounts counts(participants.size(), coll_.size());
+  PhaseCounts work(participants.size(), coll_.size());  // the training's, when measured
+  if (later) {
+    rep.sim_seconds = laterPhaseSeconds(participants, bytes);
+  } else if (measure) {
+    std::vector<uint64_t> ids;
+    for (const auto& c : participants) ids.push_back(c.id);
+    assign(std::move(ids), h.fit.epochs, h.round);
+    std::vector<Held> held;
+    trainMine(task, participants, comp, agg, work, &held);
+    allReduceCounts(work.values);
+    for (size_t i = 0; i < participants.size(); ++i)
+      if (work.outcome(i) == PhaseCounts::kCompleted) bytes.up[i] = work.size(i);
+    failed = timeClients(task, participants, target, bytes, rep);
+    // The accepted ones, in id order as trainMine's; a straggler's state stays as it was.
+    for (Held& c : held) {
+      if (failed.count(c.id)) continue;
+      try {
+        agg.add(cz::view(c.update), aggregation::ClientLimits{clients_.shards[c.id].size()});
+      } catch (const InvalidArgument&) {
+        counts.outcome(c.index) = PhaseCounts::kFailed;
+        continue;
+      }
+      store_.store(c.id, c.state);
+      counts.uplink() += work.size(c.index);
+      counts.outcome(c.index) = PhaseCounts::kCompleted;
+    }
+  } else {
+    failed = timeClients(task, participants, target, bytes, rep);
+    std::vector<uint64_t> accepted;
+    for (const auto& c : participants)
+      if (!failed.count(c.id)) accepted.push_back(c.id);
+    assign(std::move(accepted), h.fit.epochs, h.round);
+  }
   clock_ += rep.sim_seconds.value_or(0.0);  // the same on every worker
   // A wait for the first client to come online (waitForClients) is part of the round.
   if (wait_ > 0) rep.sim_seconds = rep.sim_seconds.value_or(0.0) + wait_;
   wait_ = 0.0;
-  PhaseCounts counts(participants.size(), coll_.size());
-  trainMine(task, participants, comp, agg, counts);
+  if (!measure) trainMine(task, participants, comp, agg, counts);
   reduceGlobal(task, comp, agg);
   allReduceCounts(counts.values);
 
   for (size_t i = 0; i < participants.size(); ++i) {
     if (counts.outcome(i) == PhaseCounts::kCompleted)
       rep.completed.push_back(participants[i].id);
-    else if (counts.outcome(i) == PhaseCounts::kFailed)
+    else if (counts.outcome(i) == PhaseCounts::kFailed ||
+             (measure && work.outcome(i) == PhaseCounts::kFailed))
       failed.insert(participants[i].id);
   }
   rep.failed.assign(failed.begin(), failed.end());
   rep.uplink_bytes = counts.uplink();
   rep.downlink_bytes = std::accumulate(bytes.down.begin(), bytes.down.end(), uint64_t{0});
+  PhaseCounts& trained = measure ? work : counts;  // the training's work and time
   double makespan = 0.0;
   for (int w = 0; w < coll_.size(); ++w) {
-    const double sec = static_cast<double>(counts.micros(w)) * 1e-6;
+    const double sec = static_cast<double>(trained.micros(w)) * 1e-6;
     makespan = std::max(makespan, sec);
-    if (h.phase == 0) cost_.observe(w, counts.work(w), 1, sec);  // identical on every worker
+    if (h.phase == 0) cost_.observe(w, trained.work(w), 1, sec);  // identical on every worker
   }
   rep.makespan_seconds = makespan;
   return rep;

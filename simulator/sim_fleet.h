@@ -6,7 +6,11 @@
 //
 //   1. times every sampled client on the simulated clock (device speed and bandwidth, the exact
 //      wire sizes of its task and update) and accepts the fastest `target` within the deadline
-//      (over-commitment and stragglers, FedScale's semantics); stragglers do not train;
+//      (over-commitment and stragglers, FedScale's semantics); stragglers do not train. When the
+//      update's size depends on its values (STC), every sampled client trains first (steps 2 and
+//      3, its update and state held in memory), the workers share the sizes, the clock accepts
+//      by them, and only the accepted clients' updates are added and their states kept: a
+//      straggler's training is spent, its state as it was;
 //   2. assigns the accepted clients to workers, longest job first by a cost model every worker
 //      holds identically (scheduler.h), and keeps that assignment for the round's later phases
 //      (a client stays on one worker: its PowerSGD phase Q needs its phase-P state); a client's
@@ -72,14 +76,18 @@ struct SimClients {
   DevicePopulation devices;
 };
 
-// The exact wire bytes of a phase-0 update under `broadcast` before any client made one: no
-// compressor's size depends on the values (top-k sends k, low-rank its factors, quantizers their
-// bits), so a zero update with the declared metrics (and SCAFFOLD's control change when
-// `with_control`) has them. An id of 0 is left out of a message: a few bytes fewer than most
-// clients'. Both simulated clocks time clients with it.
+// The wire bytes of a phase-0 update under `broadcast` before any client made one: an update of
+// ones with the declared metrics (and SCAFFOLD's control change when `with_control`). Exact for
+// every compressor whose size does not depend on the values (Compressor::sizeDependsOnValues:
+// top-k sends k, low-rank its factors, quantizers their bits; an update of zeros would be bytes
+// short, its zero scale left out); for STC, which leaves zeros out, a zero update's: the least an
+// update can take. Of client `client_id`: an id of 0 is left out of a message, a few bytes fewer
+// than any other's. Both simulated clocks time clients with it, or, for STC, with each client's
+// own.
 uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const compression::Compressor& comp,
                               const compression::PhaseBroadcast& broadcast,
-                              const std::vector<std::string>& metrics, bool with_control);
+                              const std::vector<std::string>& metrics, bool with_control,
+                              uint64_t client_id = 1);
 
 class SimFleet final : public server::Fleet, public server::FleetWorkers {
  public:
@@ -110,33 +118,54 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   double clock() const { return clock_; }
 
  private:
-  // What one phase costs on the wire: each participant's task, and one update (0 after phase 0).
+  // What one phase costs on the wire: each participant's task, and its update: `update` is
+  // phaseZeroUpdateBytes (0 after phase 0), `up` each participant's (its exact size once its
+  // update is made, when the compressor's size depends on the values; `update` otherwise).
   struct PhaseBytes {
     uint64_t task = 0, update = 0;
-    std::vector<uint64_t> down;  // per participant
+    uint64_t update_of_zero = 0;     // client 0's (its id is left out)
+    std::vector<uint64_t> down, up;  // per participant
   };
-  // The counters the workers sum after a phase (allReduceCounts): per participant its outcome,
-  // then the bytes up, then per worker the work it did (examples x epochs) and its microseconds.
+  // The counters the workers sum after a phase (allReduceCounts): per participant its outcome and
+  // its update's bytes (when measured), then the bytes up, then per worker the work it did
+  // (examples x epochs) and its microseconds.
   struct PhaseCounts {
     static constexpr uint64_t kCompleted = 1, kFailed = 2;
     PhaseCounts(size_t participants, int workers)
-        : values(participants + 1 + 2 * static_cast<size_t>(workers), 0), np(participants) {}
+        : values(2 * participants + 1 + 2 * static_cast<size_t>(workers), 0), np(participants) {}
     uint64_t& outcome(size_t i) { return values[i]; }
-    uint64_t& uplink() { return values[np]; }
-    uint64_t& work(int w) { return values[np + 1 + 2 * static_cast<size_t>(w)]; }
-    uint64_t& micros(int w) { return values[np + 2 + 2 * static_cast<size_t>(w)]; }
+    uint64_t& size(size_t i) { return values[np + i]; }
+    uint64_t& uplink() { return values[2 * np]; }
+    uint64_t& work(int w) { return values[2 * np + 1 + 2 * static_cast<size_t>(w)]; }
+    uint64_t& micros(int w) { return values[2 * np + 2 + 2 * static_cast<size_t>(w)]; }
     std::vector<uint64_t> values;
     size_t np;
+  };
+  // A client trained before the clock decided whether it is accepted (sizeDependsOnValues()).
+  struct Held {
+    uint64_t id = 0;
+    size_t index = 0;  // among the participants
+    compression::Update update;
+    ClientState state;
   };
   PhaseBytes phaseBytes(const server::PhaseTask& task,
                         std::span<const server::ClientInfo> participants,
                         const compression::Compressor& comp);
-  std::set<uint64_t> placeClients(const server::PhaseTask& task,
-                                  std::span<const server::ClientInfo> participants, size_t target,
-                                  const PhaseBytes& bytes, server::PhaseReport& rep);
+  // Phase 0: the clients the simulated clock does not accept (offline before they finish, past the
+  // deadline, beyond the target), with the phase's simulated seconds in `rep`.
+  std::set<uint64_t> timeClients(const server::PhaseTask& task,
+                                 std::span<const server::ClientInfo> participants, size_t target,
+                                 const PhaseBytes& bytes, server::PhaseReport& rep);
+  // The round's assignment of `ids` to workers (kept for its later phases); states move.
+  void assign(std::vector<uint64_t> ids, uint32_t epochs, uint64_t round);
+  // A later phase: the longest transfer of its factors.
+  double laterPhaseSeconds(std::span<const server::ClientInfo> participants,
+                           const PhaseBytes& bytes) const;
+  // This worker's share, one client after another, into `agg`; or, with `held`, kept there
+  // untouched by the store, each participant's size in `counts`.
   void trainMine(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
                  const compression::Compressor& comp, aggregation::PhaseAggregator& agg,
-                 PhaseCounts& counts);
+                 PhaseCounts& counts, std::vector<Held>* held = nullptr);
   void reduceGlobal(const server::PhaseTask& task, const compression::Compressor& comp,
                     aggregation::PhaseAggregator& agg);
   const compression::Compressor& compressor(const std::string& spec);

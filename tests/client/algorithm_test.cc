@@ -9,6 +9,7 @@
 #include "client/synthetic.h"
 #include "test_util.h"
 #include "compression/registry.h"
+#include "protocol/codec.h"
 
 using namespace starling;
 using namespace starling::client;
@@ -363,4 +364,57 @@ TEST_CASE("the diagnostics are capped so that they can never get an update refus
       CHECK(m.value <= 1e6);  // the server refuses a metric above bounds.max_metric_abs (1e9)
     }
   CHECK(seen == 3);
+}
+
+TEST_CASE("a client's turn: the update as it is sent, whichever driver asked", "[client]") {
+  const data::Dataset d = testing::gaussianData(40, 5, 3, 6);
+  const std::vector<size_t> idx = testing::allIndices(d);
+  auto t = makeTrainer("softmax", 5, 3);
+  const ParamLayout& l = t->layout();
+  std::vector<float> global(l.numel());
+  t->initParameters(global, 3);
+  const auto comp = compression::makeCompressor("randblock:density=0.25,ef_preview=0");
+  const protocol::FitSettings settings{1, 8, 0.2f, 0.5f};
+  const FitConfig fit = fitConfig(settings);
+  CHECK(fit.epochs == 1);
+  CHECK(fit.batch_size == 8);
+  CHECK(fit.lr == Approx(0.2));
+  CHECK(fit.prox_mu == Approx(0.5));
+  CHECK(fit.stop == nullptr);
+  const std::atomic<bool> stop{false};
+  CHECK(fitConfig(settings, &stop).stop == &stop);
+
+  ClientAlgorithm alg(*comp, *t, fit);
+  const compression::PhaseBroadcast b{7, 1, 0, nullptr};
+  ClientState plain(l.fingerprint()), turned(l.fingerprint());
+  const PhaseResult direct = alg.runPhase(b, 2, global, DataView{&d, idx}, plain);
+  REQUIRE(direct.update.metrics.size() > 1);  // train_loss and error feedback's diagnostics
+  const std::vector<std::string> declared{"ef_gain"};
+  const PhaseResult r = alg.takeTurn(TurnRequest{b, global, declared, 42}, 2, DataView{&d, idx},
+                                     turned);
+  // The same training and encoding; only the declared metric, the task's nonce.
+  compression::Update want = direct.update;
+  std::erase_if(want.metrics, [](const Metric& m) { return m.name != "ef_gain"; });
+  want.header.nonce = 42;
+  CHECK(protocol::encodeUpdate(r.update) == protocol::encodeUpdate(want));
+  REQUIRE(r.update.metrics.size() == 1);
+  CHECK(r.update.metrics[0].name == "ef_gain");
+  CHECK(r.update.header.nonce == 42);
+  CHECK(r.update.header.round == 1);
+  CHECK(r.update.control.empty());
+  std::vector<uint8_t> a, c;
+  plain.saveTo(a);
+  turned.saveTo(c);
+  CHECK(a == c);
+
+  // SCAFFOLD: the control change travels in the update.
+  const auto none = compression::makeCompressor("none");
+  ClientAlgorithm plain_sgd(*none, *t, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.2});
+  ClientState s(l.fingerprint());
+  const std::vector<float> c0(l.numel(), 0.0f);
+  const PhaseResult sc =
+      plain_sgd.takeTurn(TurnRequest{b, global, declared, 1, c0}, 2, DataView{&d, idx}, s);
+  CHECK(sc.update.control.size() == l.numel());
+  CHECK(sc.control_delta.empty());
+  CHECK(sc.update.metrics.empty());  // no error feedback: nothing declared was made
 }

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <set>
 
 #include "compression/lowrank.h"
 #include "compression/registry.h"
@@ -270,4 +271,43 @@ TEST_CASE("golden bytes of one message per encoding", "[protocol]") {
   INFO("partial: " << partial.size() << " bytes, fnv1a 0x" << std::hex << testing::fnv1a(partial));
   CHECK(partial.size() == want_partial.size);
   CHECK(testing::fnv1a(partial) == want_partial.hash);
+}
+
+TEST_CASE("an update's wire size depends on its values only where the compressor says so",
+          "[protocol][compression]") {
+  // The simulated clocks time a client with one update's bytes made before it trains unless
+  // Compressor::sizeDependsOnValues(): for every other compressor that size must be exact.
+  const ParamLayout layout = testing::smallCnnLayout();
+  const std::vector<float> zeros(layout.numel(), 0.0f);
+  for (const auto& spec : testing::allCompressorSpecs()) {
+    INFO(spec);
+    const auto c = makeCompressor(spec);
+    const SharedFactors shared = c->initialShared(layout, 17);
+    const auto size = [&](std::span<const float> values, uint64_t client) {
+      Update u;
+      u.header = {layout.fingerprint(), 3, 0, client, 10, 1};
+      u.tensors = c->compress(layout, values, RoundContext{17, 3, 0, client, &shared});
+      return protocol::encodedSize(u);
+    };
+    const size_t empty = size(zeros, 5);
+    std::set<size_t> sizes;
+    for (uint64_t seed = 1; seed <= 4; ++seed)
+      sizes.insert(size(testing::randomVector(layout.numel(), seed, 0.01 * double(seed)), 5));
+    // The largest magnitudes side by side at the start of every tensor: top-k's positions close
+    // together, which Rice codes take fewer bits for.
+    std::vector<float> clustered = testing::randomVector(layout.numel(), 9, 0.01);
+    for (size_t t = 0; t < layout.size(); ++t)
+      for (size_t i = 0; i < layout[t].numel / 2; ++i) clustered[layout[t].offset + i] *= 100.0f;
+    const size_t close = size(clustered, 5);
+    if (c->sizeDependsOnValues()) {
+      CHECK(*sizes.begin() > close);  // scattered positions take more bits
+      CHECK(close > empty);           // zeros are left out: a zero update is the least
+    } else {
+      // Any update the same size (FlatBuffers leaves a field at its default out: an all-zero
+      // update's zero scale takes no bytes, so the clocks time a client with an update of ones).
+      sizes.insert(close);
+      CHECK(sizes.size() == 1);
+      CHECK(empty <= *sizes.begin());
+    }
+  }
 }

@@ -1057,3 +1057,34 @@ TEST_CASE(
   for (size_t i = 17; i < 21; ++i) wide[i] = 0xff;
   refused(Downlink::kStc, wide, "tensor 'w'");
 }
+
+TEST_CASE("the metrics file: one line per record, completed once after a kill", "[server]") {
+  TempDir dir;
+  const std::string path = (dir.path / "m.jsonl").string();
+  const auto text = [&] {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  server::RoundRecord r1, r2;
+  r1.round = 1;
+  r2.round = 2;
+  r2.applied = true;
+  const server::MetricsLog log(path);
+  log.append(r1);
+  CHECK(text() == r1.json() + "\n");
+  // A kill in the middle of round 2's line: the partial line is cut, the record appended once.
+  { std::ofstream(path, std::ios::app) << r2.json().substr(0, 9); }
+  log.complete(2, r2.json());
+  CHECK(text() == r1.json() + "\n" + r2.json() + "\n");
+  log.complete(2, r2.json());  // the file already ends with it
+  log.complete(1, r1.json());  // an older one
+  CHECK(text() == r1.json() + "\n" + r2.json() + "\n");
+  // No path: nothing written, nothing thrown.
+  server::MetricsLog().append(r1);
+  server::MetricsLog().complete(3, r1.json());
+  // A file that cannot be appended to is an IoError naming it.
+  const std::string folder = (dir.path / "sub").string();
+  std::filesystem::create_directory(folder);
+  CHECK_THROWS_MATCHING(server::MetricsLog(folder).append(r1), IoError,
+                        Catch::Matchers::Contains(folder));
+}

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 
 #include "check_throws.h"
 #include "client/synthetic.h"
@@ -95,14 +96,16 @@ Run runAsync(Setup& s, const server::AsyncServerConfig& sc, const sim::AsyncSimC
 
 // The synchronous simulator on the same clients: SimFleet and the round engine, dense FedAvg.
 struct SyncRun {
-  SyncRun(Setup& s, uint64_t rounds, size_t per_round, uint32_t eval_every = 0)
+  SyncRun(Setup& s, uint64_t rounds, size_t per_round, uint32_t eval_every = 0,
+          const std::string& compressor = "none", sim::SimFleetConfig fleet_config = {})
       : store(sim::StateStoreOptions{}, s.trainer->layout().fingerprint()),
-        fleet(sim::SimFleetConfig{}, s.clients, *s.trainer, store, *coll, nullptr),
-        engine(s.layout(), config(rounds, per_round, eval_every), s.init()) {}
-  static server::EngineConfig config(uint64_t rounds, size_t per_round, uint32_t eval_every) {
+        fleet(fleet_config, s.clients, *s.trainer, store, *coll, nullptr),
+        engine(s.layout(), config(rounds, per_round, eval_every, compressor), s.init()) {}
+  static server::EngineConfig config(uint64_t rounds, size_t per_round, uint32_t eval_every,
+                                     const std::string& compressor) {
     server::EngineConfig ec;
     ec.rounds = rounds;
-    ec.scheme.compressor = "none";
+    ec.scheme.compressor = compressor;
     ec.sampling.clients_per_round = per_round;
     ec.eval_every = eval_every;
     ec.fit = protocol::FitSettings{1, 16, 0.1f};
@@ -515,6 +518,61 @@ TEST_CASE("a synchronous round that waits for its clients to come online counts 
   CHECK(*r1.sim_seconds == Approx(5 + *r2.sim_seconds).margin(1e-6));  // the wait, then a round
   CHECK(*r2.sim_seconds == Approx(0.04).margin(1e-3));
   CHECK(sync.fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
+}
+
+TEST_CASE("the synchronous clock times each client with its own update's bytes",
+          "[simulator]") {
+  // STC leaves zeros out and Rice-codes its positions, so its size depends on the values: a round
+  // timed with a zero update's bytes (as every other compressor's) ended too early. Sign's and
+  // QSGD's zero update left its scales out, and every zero metric: 4 to 8 bytes short each.
+  const size_t per_client = 40;
+  for (const char* spec : {"stc:density=0.3", "sign", "qsgd", "topk:density=0.3", "none"}) {
+    INFO(spec);
+    Setup s(3, per_client, sim::DevicePopulation::sample(3, sim::DeviceDistributions{}, 3), false,
+            40);
+    SyncRun sync(s, 4, 1, 0, spec);
+    const sim::DeviceProfile d;  // every device: speed 1, 1.25e6 bytes/s
+    std::set<uint64_t> sizes;
+    for (int i = 0; i < 4; ++i) {
+      const server::RoundRecord rec = sync.round();
+      REQUIRE(rec.clients_completed == 1);
+      sizes.insert(rec.uplink_bytes);
+      const double bytes = static_cast<double>(rec.downlink_bytes + rec.uplink_bytes);
+      CHECK(*rec.sim_seconds == Approx(per_client * 1e-3 + bytes / d.bandwidth).epsilon(1e-12));
+    }
+    // STC's sizes vary: the check above sees each client's own. (The others' differ only by the
+    // client id's bytes: id 0 is left out.)
+    if (std::string(spec).starts_with("stc")) CHECK(sizes.size() > 1);
+  }
+}
+
+TEST_CASE("STC's synchronous deadline drops a client by its own update's bytes, its state kept",
+          "[simulator]") {
+  const size_t per_client = 40;
+  Setup s(2, per_client, sim::DevicePopulation::sample(2, sim::DeviceDistributions{}, 3), false,
+          40);
+  const std::string stc = "stc:density=0.3";
+  // Round 1 without a deadline: the client's time with its update.
+  SyncRun free(s, 1, 1, 0, stc);
+  const server::RoundRecord first = free.round();
+  REQUIRE(first.clients_completed == 1);
+  CHECK(free.store.stats().clients == 1);  // its residual (error feedback) kept
+  // A deadline just short of its time with its update's bytes: an empty update would have made
+  // it, this client's does not.
+  const sim::DeviceProfile d;
+  const double took = per_client * 1e-3 +
+                      static_cast<double>(first.downlink_bytes + first.uplink_bytes) / d.bandwidth;
+  CHECK(*first.sim_seconds == Approx(took).epsilon(1e-12));
+  sim::SimFleetConfig fc;
+  fc.deadline_seconds = took - 1e-9;
+  SyncRun late(s, 1, 1, 0, stc, fc);
+  const server::RoundRecord dropped = late.round();
+  CHECK(dropped.clients_completed == 0);
+  CHECK(dropped.clients_failed == 1);
+  CHECK(dropped.uplink_bytes == 0);
+  CHECK_FALSE(dropped.applied);
+  CHECK(late.store.stats().clients == 0);  // trained, not accepted: its state as it was (none)
+  CHECK(*dropped.sim_seconds == Approx(fc.deadline_seconds).epsilon(1e-12));
 }
 
 TEST_CASE("FedBuff with the lossy top-k downlink sends a fraction of the model and still learns",
