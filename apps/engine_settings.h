@@ -48,20 +48,50 @@ inline server::EngineConfig engineConfig(const Settings& s) {
   return e;
 }
 
-// round.mode = async or semisync: what the buffered server step cannot take (one phase, no shared
-// factors, a streaming rule, a weight at the staleness bound of at least 1e-6), refused before
-// anything is read or bound, naming the key (aggregation::AsyncBuffer checks the same).
-inline void checkAsyncScheme(const Settings& s, const server::EngineConfig& e) {
-  const auto no = [&](const std::string& what) {
-    STARLING_THROW(ConfigError, "round.mode = ", s.round.mode, " does not run ", what, " yet");
-  };
+// round.mode, every refusal written once for starling-sim and starling-server (`self`), before
+// anything is read or bound, naming the key: async.* is checked in any mode (a file's typo shows
+// before it is run asynchronously); the buffered modes refuse what the buffered server step cannot
+// take (one phase, no shared factors, a streaming rule, a weight at the staleness bound of at least
+// 1e-6: aggregation::AsyncBuffer checks the same) and what they do not run yet.
+inline void checkRoundMode(const Settings& s, Program self, const server::EngineConfig& e) {
   aggregation::AsyncOptions{s.async.buffer_size, s.async.max_staleness, s.async.staleness}
       .validate();
+  if (!buffered(s.round.mode)) return;
+  const bool sim = self == kSim;
+  const char* mode = name(s.round.mode);
+  if (!sim && s.server.role == ServerRole::kAggregator)
+    STARLING_THROW(ConfigError,
+                   "round.mode is the root's setting: an edge aggregator relays the tasks it gets, "
+                   "synchronous or not (leave round.mode out of the aggregator's configuration)");
+  const auto no = [&](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root", " does not run ",
+                   what, " yet (", sim ? "docs/simulation.md" : "docs/deployment.md", ")");
+  };
+  if (e.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
+  if (e.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
+  if (sim) {
+    const bool semisync = s.round.mode == RoundMode::kSemisync;
+    if (!semisync && s.round.deadline_seconds > 0)
+      no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates, and "
+         "round.mode = semisync closes rounds at a deadline");
+    if (semisync && !(s.round.deadline_seconds > 0))
+      STARLING_THROW(ConfigError,
+                     "round.mode = semisync needs round.deadline_seconds > 0: the simulated length "
+                     "of each round");
+  } else if (s.async.concurrency == 0 && s.sampling.clients_per_round == 0) {
+    STARLING_THROW(ConfigError, "round.mode = ", mode,
+                   " needs async.concurrency (or sampling.clients_per_round): how many clients "
+                   "train at once");
+  }
+  const auto scheme = [&](const std::string& what) {
+    STARLING_THROW(ConfigError, "round.mode = ", mode, " does not run ", what, " yet");
+  };
   if (compression::makeCompressor(e.scheme.compressor)->phases() != 1)
-    no("a compressor of several phases (compression.compressor = '" + e.scheme.compressor + "')");
+    scheme("a compressor of several phases (compression.compressor = '" + e.scheme.compressor +
+           "')");
   if (!aggregation::makeRule(e.scheme.rule)->streaming())
-    no("a rule that keeps every update (aggregation.rule = '" + e.scheme.rule +
-       "'): use fedavg, clipped or not");
+    scheme("a rule that keeps every update (aggregation.rule = '" + e.scheme.rule +
+           "'): use fedavg, clipped or not");
   const double at_bound =
       aggregation::Staleness::parse(s.async.staleness).weight(s.async.max_staleness);
   if (!(at_bound >= 1e-6))

@@ -23,6 +23,10 @@ struct Options::Entry {
   FromToml fromToml;
   std::vector<std::string> owners;  // empty: this program's key; else the programs that use it
   bool from_file = false;  // set by the --config file
+  // A choice (addChoice): the spelling given, and what stores it once parsed.
+  std::unique_ptr<std::string> choice;
+  std::vector<std::string> choices;
+  std::function<void(size_t)> set_choice;
 };
 
 namespace {
@@ -144,6 +148,43 @@ void Options::add(const std::string& key, std::vector<std::string>* v, const std
   }})->delimiter(',');
 }
 
+void Options::addChoice(const std::string& key, std::vector<std::string> names, size_t initial,
+                        const std::string& help, std::function<void(size_t)> set) {
+  STARLING_CHECK_ARG(initial < names.size(), "option ", key, ": its default is not one of its names");
+  auto holder = std::make_unique<std::string>(names[initial]);
+  std::string* shadow = holder.get();
+  std::string listed;
+  for (const auto& n : names) listed += (listed.empty() ? "" : ", ") + n;
+  CLI::Option* opt =
+      option(key, shadow, help + " (" + listed + ")",
+             {[shadow, names, listed](const toml::node& n, const std::string& where) {
+               if (!n.is_string()) badType(where, "a string");
+               const std::string x(*n.value<std::string>());
+               if (std::find(names.begin(), names.end(), x) == names.end())
+                 STARLING_THROW(ConfigError, where, " = '", x, "' is not one of ", listed);
+               *shadow = x;
+             }});
+  opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Validator(
+          [names, listed](std::string& x) -> std::string {
+            if (std::find(names.begin(), names.end(), x) != names.end()) return {};
+            return "'" + x + "' is not one of " + listed;
+          },
+          "", "choice"));
+  Entry& e = *entries_.back();
+  e.choice = std::move(holder);
+  e.choices = std::move(names);
+  e.set_choice = std::move(set);
+}
+
+void Options::commitChoices() {
+  for (const auto& e : entries_)
+    if (e->set_choice) {
+      const auto it = std::find(e->choices.begin(), e->choices.end(), *e->choice);
+      e->set_choice(static_cast<size_t>(it - e->choices.begin()));
+    }
+}
+
 bool Options::given(const std::string& key) const {
   for (const auto& e : entries_)
     if (e->key == key) return e->from_file || e->option->count() > 0;
@@ -196,7 +237,10 @@ int Options::parse(int argc, char** argv) {
                    program_.c_str(), e->key.c_str(), owners.c_str(), program_.c_str());
       return 2;
     }
-  if (config_file_.empty()) return -1;
+  if (config_file_.empty()) {
+    commitChoices();
+    return -1;
+  }
   try {
     toml::table t;
     try {
@@ -220,6 +264,7 @@ int Options::parse(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\n", program_.c_str(), e.what());
     return 2;
   }
+  commitChoices();
   return -1;
 }
 

@@ -14,6 +14,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -39,6 +41,21 @@ class Options {
   void add(const std::string& key, uint32_t* v, const std::string& help, uint64_t lo, uint64_t hi);
   void add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi);
   void add(const std::string& key, std::vector<std::string>* v, const std::string& help);
+  // One of `names` (its spelling in the file and on the command line), stored as the enum value
+  // paired with it: any other spelling is a ConfigError (a bad command line) listing them.
+  template <class E>
+    requires std::is_enum_v<E>
+  void add(const std::string& key, E* v, const std::string& help,
+           const std::vector<std::pair<std::string, E>>& names) {
+    std::vector<std::string> spellings;
+    size_t initial = names.size();
+    for (size_t i = 0; i < names.size(); ++i) {
+      spellings.push_back(names[i].first);
+      if (names[i].second == *v) initial = i;
+    }
+    addChoice(key, std::move(spellings), initial, help,
+              [v, names](size_t i) { *v = names[i].second; });
+  }
 
   // The programs that use the keys added from now on: none (the default) for this program, or
   // other programs' names, which make them foreign here.
@@ -56,6 +73,9 @@ class Options {
  private:
   struct Entry;
   struct FromToml;  // how the config file sets an option (toml++ stays out of this header)
+  void addChoice(const std::string& key, std::vector<std::string> names, size_t initial,
+                 const std::string& help, std::function<void(size_t)> set);
+  void commitChoices();  // every choice's spelling into its enum (parse's last step)
   template <class T>
   CLI::Option* option(const std::string& key, T* v, const std::string& help, FromToml from_toml);
   std::string program_;

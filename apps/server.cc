@@ -52,25 +52,6 @@ ModelShape modelShape(const apps::Settings& c) {
   return m;
 }
 
-// round.mode = async or semisync at the root: what they do not run yet is refused before anything
-// is bound.
-void checkAsyncRoot(const apps::Settings& c, bool aggregator) {
-  const auto no = [&](const std::string& what) {
-    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode, " at the root does not run ", what,
-                   " yet (docs/deployment.md)");
-  };
-  if (aggregator)
-    STARLING_THROW(ConfigError,
-                   "round.mode is the root's setting: an edge aggregator relays the tasks it gets, "
-                   "synchronous or not (leave round.mode out of the aggregator's configuration)");
-  if (c.train.scaffold) no("SCAFFOLD: set train.scaffold = false");
-  if (c.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
-  if (c.async.concurrency == 0 && c.sampling.clients_per_round == 0)
-    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode,
-                   " needs async.concurrency (or sampling.clients_per_round): how many clients "
-                   "train at once");
-}
-
 // eval.every in asynchronous rounds: the clients are busy training, so the root evaluates the
 // broadcast model itself on data.test (rc.eval_every, rc.evaluate), checked on the starting model
 // first. The returned object holds the test set rc.evaluate reads: keep it while the root runs.
@@ -148,7 +129,7 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
   rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
   rc.fleet.min_available = ec.sampling.min_available;
   rc.aggregators = !c.server.aggregator_ids.empty();
-  const bool semisync = c.round.mode == "semisync";
+  const bool semisync = c.round.mode == apps::RoundMode::kSemisync;
   if (semisync) {
     // round.deadline_ms is the round's length; a task is failed after async.max_staleness + 1
     // rounds, when its update would most likely be refused as too stale anyway.
@@ -178,7 +159,7 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
     log.warn(
         "round.mode = {} without state.checkpoint: a crash of the root loses the run and the "
         "updates in its buffer",
-        c.round.mode);
+        apps::name(c.round.mode));
   if (semisync)
     log.info(
         "semi-synchronous rounds of {} ms: up to {} tasks open at once, late updates "
@@ -219,26 +200,16 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
 }
 
 int runServer(apps::Settings& c) {
-  const bool aggregator = c.server.role == "aggregator";
-  if (!aggregator && c.server.role != "root")
-    STARLING_THROW(ConfigError, "server.role must be root or aggregator, got '", c.server.role,
-                   "'");
+  const bool aggregator = c.server.role == apps::ServerRole::kAggregator;
   auto log = apps::makeLogger(aggregator ? "aggregator" : "server", c.log_level, c.net.insecure);
   if (c.net.insecure)
     log->warn(
         "!!! INSECURE: CURVE is off; anyone who reaches {} can join and read every message !!!",
         c.server.bind);
   // Every spec is checked before anything is bound.
-  if (c.round.mode != "sync" && c.round.mode != "async" && c.round.mode != "semisync")
-    STARLING_THROW(ConfigError, "round.mode must be sync, async or semisync, got '", c.round.mode,
-                   "'");
-  const bool async = c.round.mode != "sync";  // FedBuff or semi-synchronous: the buffered step
-  // async.* is checked in either mode: a file's typo shows before it is run asynchronously.
-  aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
-      .validate();
-  if (async) checkAsyncRoot(c, aggregator);
+  const bool async = buffered(c.round.mode);  // FedBuff or semi-synchronous: the buffered step
   server::EngineConfig ec = apps::engineConfig(c);
-  if (async) apps::checkAsyncScheme(c, ec);
+  apps::checkRoundMode(c, apps::kServer, ec);
   if (aggregator && server::wholeModelQuantised(ec.downlink))
     STARLING_THROW(ConfigError, "downlink.mode = ", c.downlink.mode,
                    " is the root's: an edge aggregator relays the model it holds (dense, fp16 or "

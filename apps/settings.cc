@@ -7,6 +7,21 @@
 #include "data/partition.h"
 
 namespace starling::apps {
+
+const char* name(RoundMode m) {
+  switch (m) {
+    case RoundMode::kSync: return "sync";
+    case RoundMode::kAsync: return "async";
+    case RoundMode::kSemisync: return "semisync";
+  }
+  return "?";
+}
+
+const char* name(ServerRole r) { return r == ServerRole::kRoot ? "root" : "aggregator"; }
+
+const char* name(DeviceRound d) {
+  return d == DeviceRound::kAuto ? "auto" : d == DeviceRound::kOn ? "on" : "off";
+}
 namespace {
 
 // The programs of `mask`.
@@ -228,7 +243,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "starling-server's root, an edge aggregator's partial counting its updates); "
         "semisync: rounds closing at round.deadline_seconds (starling-sim, simulated) or "
         "round.deadline_ms (the root) with whatever arrived, late updates joining a later round "
-        "with their staleness weight (docs/simulation.md, docs/deployment.md)");
+        "with their staleness weight (docs/simulation.md, docs/deployment.md)",
+        {{"sync", RoundMode::kSync}, {"async", RoundMode::kAsync}, {"semisync", RoundMode::kSemisync}});
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
   o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");
@@ -258,7 +274,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "kept residual copied back (top-k, stc, rand-k, random-block, sign, QSGD, PowerSGD and "
         "ACP-SGD; the dense ones and SCAFFOLD stay on the host): auto (on a GPU), on, off. The "
         "same results "
-        "either way. docs/gpu.md");
+        "either way. docs/gpu.md",
+        {{"auto", DeviceRound::kAuto}, {"on", DeviceRound::kOn}, {"off", DeviceRound::kOff}});
   o.add("sim.workers_per_gpu", &s.sim.workers_per_gpu,
         "workers sharing one GPU (each its own model replica); must divide the workers on a "
         "machine",
@@ -291,7 +308,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   // The deployment.
   use(kServer);
   o.add("server.role", &s.server.role,
-        "root (runs the rounds) or aggregator (relays a subtree to an upstream)");
+        "root (runs the rounds) or aggregator (relays a subtree to an upstream)",
+        {{"root", ServerRole::kRoot}, {"aggregator", ServerRole::kAggregator}});
   o.add("server.bind", &s.server.bind, "endpoint to listen on for clients (and aggregators)");
   o.add("server.upstream", &s.server.upstream,
         "aggregator: the upstream server's endpoint, e.g. tcp://10.0.0.1:7700");
@@ -345,7 +363,7 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   }
   // Asynchronous steps run on one worker: its default there, so that a file need only say
   // round.mode = async (a sim.workers above 1 that it gives is refused).
-  if (self == kSim && s.round.mode != "sync" && !o.given("sim.workers")) s.sim.workers = 1;
+  if (self == kSim && buffered(s.round.mode) && !o.given("sim.workers")) s.sim.workers = 1;
   if (self == kClient && s.client.id >= s.data.num_clients)
     STARLING_THROW(ConfigError, "client.id ", s.client.id, " must be below data.num_clients ",
                    s.data.num_clients, " (client i trains shard i)");

@@ -26,6 +26,18 @@ namespace starling::apps {
 
 enum Program : unsigned { kSim = 1, kServer = 2, kClient = 4 };
 
+// round.mode: rounds that wait for their clients (the round engine), FedBuff's buffered steps, or
+// rounds that close at a deadline with whatever arrived (the buffered step on a clock).
+enum class RoundMode { kSync, kAsync, kSemisync };
+const char* name(RoundMode m);  // its spelling in the configuration
+inline bool buffered(RoundMode m) { return m != RoundMode::kSync; }
+// server.role: the root runs the rounds; an edge aggregator relays a subtree to its upstream.
+enum class ServerRole { kRoot, kAggregator };
+const char* name(ServerRole r);
+// sim.device_round: a client's update formed where its model trains (auto: on a GPU).
+enum class DeviceRound { kAuto, kOn, kOff };
+const char* name(DeviceRound d);
+
 struct Settings {
   struct Model {
     std::string spec = "cnn";
@@ -82,7 +94,7 @@ struct Settings {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits
     double min_completion_rate = 0.0;
     double deadline_seconds = 0.0;  // simulation: the simulated clock's deadline
-    std::string mode = "sync";      // simulation: sync rounds or async (FedBuff) steps
+    RoundMode mode = RoundMode::kSync;
   } round;
   // Buffered asynchronous aggregation (round.mode = async; aggregation/async_buffer.h).
   struct Async {
@@ -99,7 +111,7 @@ struct Settings {
   struct Sim {
     uint64_t workers = 2;
     std::string backend = "gloo", device = "auto";
-    std::string device_round = "auto";  // auto, on, off: torch_trainer/device_round.h
+    DeviceRound device_round = DeviceRound::kAuto;  // torch_trainer/device_round.h
     uint64_t workers_per_gpu = 1;
     int threads = 1;
     std::string schedule = "lpt";
@@ -115,7 +127,8 @@ struct Settings {
     double availability = 1.0;
   } devices;
   struct Server {
-    std::string role = "root", bind = "tcp://127.0.0.1:7700", upstream;
+    ServerRole role = ServerRole::kRoot;
+    std::string bind = "tcp://127.0.0.1:7700", upstream;
     uint64_t id = 0;
     std::vector<std::string> aggregator_ids;
     uint32_t heartbeat_ms = 1000, silence_ms = 5000;

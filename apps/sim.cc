@@ -52,34 +52,11 @@ std::string eta(double seconds) {
   return buf;
 }
 
-// round.mode = async (FedBuff) or semisync, on the simulated event clock (simulator/async_sim.h):
-// what they do not run yet is refused before any data is read (K against the clients with data is
-// checked once the split is made).
-void checkAsync(const apps::Settings& c, const server::EngineConfig& ec) {
-  const auto no = [&](const std::string& what) {
-    STARLING_THROW(ConfigError, "round.mode = ", c.round.mode, " does not run ", what,
-                   " yet (docs/simulation.md)");
-  };
-  const bool semisync = c.round.mode == "semisync";
-  if (ec.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
-  if (!semisync && c.round.deadline_seconds > 0)
-    no("a round deadline (round.deadline_seconds): async.max_staleness bounds late updates, and "
-       "round.mode = semisync closes rounds at a deadline");
-  if (semisync && !(c.round.deadline_seconds > 0))
-    STARLING_THROW(ConfigError,
-                   "round.mode = semisync needs round.deadline_seconds > 0: the simulated length "
-                   "of each round");
-  if (ec.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
-  apps::checkAsyncScheme(c, ec);
-}
-
 // sim.device_round: whether the clients' updates are formed and compressed on the trainer's
-// device (auto: when that is a GPU). With no device yet, only checks the setting.
-bool deviceRoundOn(const std::string& setting, const torch_trainer::Device* device = nullptr) {
-  if (setting == "auto") return device && device->cuda();
-  if (setting == "on") return true;
-  if (setting == "off") return false;
-  STARLING_THROW(ConfigError, "sim.device_round = '", setting, "': expected auto, on or off");
+// device (auto: when that is a GPU).
+bool deviceRoundOn(apps::DeviceRound setting, const torch_trainer::Device& device) {
+  return setting == apps::DeviceRound::kOn ||
+         (setting == apps::DeviceRound::kAuto && device.cuda());
 }
 
 // The end of a run's summary line: how many updates the round on the device made.
@@ -98,7 +75,7 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
   sim::AsyncSimConfig ac;
   ac.steps = ec.rounds;
   ac.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
-  if (c.round.mode == "semisync") ac.round_seconds = c.round.deadline_seconds;
+  if (c.round.mode == apps::RoundMode::kSemisync) ac.round_seconds = c.round.deadline_seconds;
   ac.reference_seconds_per_example = c.sim.reference_spe;
   ac.seed = c.model.seed;
   ac.fit = ec.fit;
@@ -179,7 +156,6 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   data::makePartitioner(c.data.partition);
   c.data.source.validate();
   const sim::SchedulePolicy policy = sim::parseSchedulePolicy(c.sim.schedule);
-  deviceRoundOn(c.sim.device_round);
   const sim::DeviceDistributions devices{c.devices.speed_median, c.devices.speed_sigma,
                                          c.devices.bandwidth_median, c.devices.bandwidth_sigma,
                                          c.devices.availability};
@@ -201,14 +177,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   sim::LaunchInfo launch = sim::launchInfoFromEnvironment();
   const uint64_t world =
       launch.world_size > 1 ? static_cast<uint64_t>(launch.world_size) : c.sim.workers;
-  if (c.round.mode != "sync" && c.round.mode != "async" && c.round.mode != "semisync")
-    STARLING_THROW(ConfigError, "round.mode must be sync, async or semisync, got '", c.round.mode,
-                   "'");
-  const bool async = c.round.mode != "sync";  // FedBuff or semi-synchronous: simulator/async_sim.h
-  // async.* is checked in either mode: a file's typo shows before it is run asynchronously.
-  aggregation::AsyncOptions{c.async.buffer_size, c.async.max_staleness, c.async.staleness}
-      .validate();
-  if (async) checkAsync(c, ec);
+  const bool async = buffered(c.round.mode);  // FedBuff or semisync: simulator/async_sim.h
+  apps::checkRoundMode(c, apps::kSim, ec);
   // A robust rule needs every update in one place: across workers only streaming rules add up
   // (asynchronous workers each add every update).
   if (world > 1 && !async && !aggregation::makeRule(ec.scheme.rule)->streaming())
@@ -278,7 +248,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   }
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
   std::unique_ptr<client::DeviceUpdate> device_round;
-  if (deviceRoundOn(c.sim.device_round, &device))
+  if (deviceRoundOn(c.sim.device_round, device))
     device_round = torch_trainer::makeDeviceUpdate(*trainer);
   // SCAFFOLD is the round engine's, as in a deployment: c lives in the engine (and its
   // checkpoint), N is the simulated population.
@@ -298,7 +268,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
                 test ? (data::describe(*test) + " (" + loaded.test_path + ")").c_str() : "none");
     if (device_round)
       std::printf(
-          "round on the device (sim.device_round = %s): %s\n", c.sim.device_round.c_str(),
+          "round on the device (sim.device_round = %s): %s\n", apps::name(c.sim.device_round),
           device_round->serves(*compression::makeCompressor(ec.scheme.compressor))
               ? (ec.scheme.scaffold ? "each update formed and compressed where it trains, "
                                       "with SCAFFOLD's control change"

@@ -36,11 +36,17 @@ namespace {
 constexpr uint32_t kMagic = 0x53504c54;  // "TLPS" little-endian: a pre-trained checkpoint
 constexpr uint32_t kVersion = 1;
 
+enum class Role { kPretrain, kInproc, kCloud, kEdge };
+enum class Shift { kClasses, kNoise, kRotate };
+const char* name(Shift x) {
+  return x == Shift::kClasses ? "classes" : x == Shift::kNoise ? "noise" : "rotate";
+}
+
 struct Config {
-  std::string role = "inproc";
+  Role role = Role::kInproc;
   std::string device = "auto";
   std::string data_dir = data::kDefaultFashionMnistDir;
-  std::string shift = "classes";
+  Shift shift = Shift::kClasses;
   double noise = 0.5;
   uint64_t max_train = 0, max_test = 0;
   std::string model = "cnn";
@@ -77,7 +83,7 @@ struct Config {
 std::vector<size_t> part(const data::Dataset& d, const Config& c, bool priv, uint64_t max) {
   std::vector<size_t> idx;
   for (size_t i = 0; i < d.size(); ++i) {
-    if (c.shift == "classes" && (d.labels[i] >= 5) != priv) continue;
+    if (c.shift == Shift::kClasses && (d.labels[i] >= 5) != priv) continue;
     idx.push_back(i);
     if (max && idx.size() == max) break;
   }
@@ -87,10 +93,10 @@ std::vector<size_t> part(const data::Dataset& d, const Config& c, bool priv, uin
 // The private part's distribution shift applied to a copy of the data set.
 data::Dataset shifted(const data::Dataset& d, const Config& c, uint64_t stream) {
   data::Dataset s = d;
-  if (c.shift == "noise") {
+  if (c.shift == Shift::kNoise) {
     RngStream rng(StreamKey{c.seed, stream, kAnyClient, StreamPurpose::kDataPartition, 1});
     for (float& x : s.images) x += static_cast<float>(c.noise * rng.normal());
-  } else if (c.shift == "rotate") {
+  } else if (c.shift == Shift::kRotate) {
     const size_t r = d.rows, k = d.cols, f = d.features();
     STARLING_CHECK_ARG(r == k, "data.shift rotate needs square images, got ", r, "x", k);
     for (size_t e = 0; e < d.size(); ++e)
@@ -251,10 +257,6 @@ int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train, c
 }
 
 int run(Config& c) {
-  if (c.role != "pretrain" && c.role != "inproc" && c.role != "cloud" && c.role != "edge")
-    STARLING_THROW(ConfigError, "role must be pretrain, inproc, cloud or edge, got '", c.role, "'");
-  if (c.shift != "classes" && c.shift != "noise" && c.shift != "rotate")
-    STARLING_THROW(ConfigError, "data.shift must be classes, noise or rotate, got '", c.shift, "'");
   c.train.validate();
   c.train.seed = c.seed;
   if (c.model != "cnn" && c.cut == "conv2") {  // the default names a cnn layer: take the model's middle cut
@@ -264,7 +266,7 @@ int run(Config& c) {
   split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank, c.skip);
   // The cloud's part (and pre-training) may run on a GPU; an edge device trains on its CPU.
   torch_trainer::Device device;
-  if (c.role == "edge") {
+  if (c.role == Role::kEdge) {
     if (c.device.rfind("cuda", 0) == 0)
       STARLING_THROW(ConfigError, "--device ", c.device,
                      ": an edge device runs its part on the CPU; --device applies to "
@@ -277,17 +279,17 @@ int run(Config& c) {
     sm.setCloudDevice(device);
   }
   torch_trainer::setThreads(c.threads);
-  if (c.role == "cloud") return runCloud(c, sm);  // no data set needed
+  if (c.role == Role::kCloud) return runCloud(c, sm);  // no data set needed
   std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
   const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
   const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
 
-  if (c.role == "pretrain") {
+  if (c.role == Role::kPretrain) {
     const auto idx = part(train, c, false, c.max_train);
     const auto test_idx = part(test, c, false, c.max_test);
     std::vector<float> p = sm.initParameters(c.seed);
     std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n", c.model.c_str(),
-                c.shift.c_str(), idx.size(), c.pretrain_epochs);
+                name(c.shift), idx.size(), c.pretrain_epochs);
     if (c.model != "vit") {  // torch_trainer's model and trainer
       auto whole = torch_trainer::makeTorchTrainer(c.model, train, device);
       for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
@@ -327,14 +329,14 @@ int run(Config& c) {
   const auto idx = part(priv_train, c, true, c.max_train);
   const auto test_idx = part(priv_test, c, true, c.max_test);
   STARLING_CHECK_ARG(c.edges <= idx.size(), "split.edges (", c.edges, ") exceeds the ", idx.size(), " private examples");
-  if (c.role == "edge") return runEdge(c, sm, priv_train, idx, priv_test, test_idx);
+  if (c.role == Role::kEdge) return runEdge(c, sm, priv_train, idx, priv_test, test_idx);
   // The private part dealt round-robin among the edge devices (each sees every class).
   std::vector<std::vector<size_t>> shards(c.edges);
   for (size_t i = 0; i < idx.size(); ++i) shards[i % c.edges].push_back(idx[i]);
   split::InProcessSplit run(sm, c.train, p, c.edges);
   std::printf("%s\nfine-tuning split on the private part (%s): %zu examples on %zu edge device(s)%s, %u epoch(s), "
               "up %s, down %s%s\n",
-              sm.describe().c_str(), c.shift.c_str(), idx.size(), static_cast<size_t>(c.edges),
+              sm.describe().c_str(), name(c.shift), idx.size(), static_cast<size_t>(c.edges),
               c.edges > 1 && c.train.splitfed ? " (SplitFed)" : "", c.epochs, c.train.up.c_str(), c.train.down.c_str(),
               c.train.train_bottom ? "" : ", bottom frozen");
   const auto [l0, a0] = run.evaluate(priv_test, test_idx);
@@ -371,7 +373,9 @@ int main(int argc, char** argv) {
                   "exact bytes that would cross. Every key can be set in a TOML file (--config) or on the command line.");
   o.add("role", &c.role,
         "pretrain (write the pre-trained model), inproc (edge and cloud in one process), cloud (serve the top part "
-        "over ZeroMQ) or edge (fine-tune through a cloud)");
+        "over ZeroMQ) or edge (fine-tune through a cloud)",
+        {{"pretrain", Role::kPretrain}, {"inproc", Role::kInproc}, {"cloud", Role::kCloud},
+         {"edge", Role::kEdge}});
   o.add("device", &c.device,
         "where the cloud's part (--role cloud, inproc) and pre-training compute: auto (a GPU when "
         "LibTorch sees one), "
@@ -379,7 +383,8 @@ int main(int argc, char** argv) {
   o.add("data.dir", &c.data_dir, "Fashion-MNIST's folder (Debian package dataset-fashion-mnist)");
   o.add("data.shift", &c.shift,
         "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian noise added) or "
-        "rotate (private: turned 90 degrees)");
+        "rotate (private: turned 90 degrees)",
+        {{"classes", Shift::kClasses}, {"noise", Shift::kNoise}, {"rotate", Shift::kRotate}});
   o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
   o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)", 0, 1u << 30);
   o.add("data.max_test", &c.max_test, "at most this many test examples of the part (0: all)", 0, 1u << 30);

@@ -312,3 +312,77 @@ TEST_CASE(
   apps::resolveSettings(*root.o, root.s, apps::kServer);
   CHECK(apps::engineConfig(root.s).sampling.min_available == 2);
 }
+
+TEST_CASE("round.mode and server.role are choices: another spelling is refused, listing them",
+          "[apps][settings]") {
+  testing::TempDir dir("settings-choices");
+  // Parsed once, to an enum, in the file and on the command line (the command line wins).
+  const std::string file = write(dir, "m.toml", "[round]\nmode = \"semisync\"\n");
+  auto from_file = parse(apps::kSim, {"--config", file});
+  REQUIRE(from_file.rc == -1);
+  CHECK(from_file.s.round.mode == apps::RoundMode::kSemisync);
+  auto both = parse(apps::kSim, {"--config", file, "--round.mode", "async"});
+  REQUIRE(both.rc == -1);
+  CHECK(both.s.round.mode == apps::RoundMode::kAsync);
+  auto none = parse(apps::kServer, {});
+  REQUIRE(none.rc == -1);
+  CHECK(none.s.round.mode == apps::RoundMode::kSync);
+  CHECK(none.s.server.role == apps::ServerRole::kRoot);
+  auto agg = parse(apps::kServer, {"--server.role", "aggregator"});
+  REQUIRE(agg.rc == -1);
+  CHECK(agg.s.server.role == apps::ServerRole::kAggregator);
+  CHECK(std::string(apps::name(apps::RoundMode::kSemisync)) == "semisync");
+  // A misspelling: exit 2, in the file or on the command line.
+  CHECK(parse(apps::kSim, {"--round.mode", "Async"}).rc == 2);
+  CHECK(parse(apps::kServer, {"--server.role", "edge"}).rc == 2);
+  const std::string bad = write(dir, "bad.toml", "[round]\nmode = \"fedbuff\"\n");
+  CHECK(parse(apps::kSim, {"--config", bad}).rc == 2);
+  const std::string wrong_type = write(dir, "type.toml", "[round]\nmode = 3\n");
+  CHECK(parse(apps::kSim, {"--config", wrong_type}).rc == 2);
+}
+
+TEST_CASE("round.mode's refusals are written once for the simulation and the root",
+          "[apps][settings]") {
+  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
+    auto p = parse(self, std::move(args));
+    REQUIRE(p.rc == -1);
+    apps::resolveSettings(*p.o, p.s, self);
+    try {
+      apps::checkRoundMode(p.s, self, apps::engineConfig(p.s));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return {};
+  };
+  using Catch::Matchers::Contains;
+  // Synchronous rounds take anything the buffered step cannot; the async keys are still checked.
+  CHECK(refused(apps::kSim, {"--train.scaffold", "true"}).empty());
+  CHECK(refused(apps::kServer, {"--compression.compressor", "powersgd:rank=2"}).empty());
+  CHECK_THAT(refused(apps::kSim, {"--async.staleness", "sometimes"}), Contains("staleness"));
+  for (Program self : {apps::kSim, apps::kServer}) {
+    INFO(self);
+    CHECK_THAT(refused(self, {"--round.mode", "async", "--train.scaffold", "true"}),
+               Contains("does not run SCAFFOLD"));
+    std::vector<std::string> semisync{"--round.mode", "semisync", "--sampling.overcommit", "1.5"};
+    if (self == apps::kSim) semisync.insert(semisync.end(), {"--round.deadline_seconds", "1"});
+    CHECK_THAT(refused(self, semisync), Contains("over-commitment"));
+    CHECK_THAT(refused(self, {"--round.mode", "async", "--compression.compressor",
+                              "powersgd:rank=2"}),
+               Contains("several phases"));
+    CHECK_THAT(refused(self, {"--round.mode", "async", "--aggregation.rule", "median"}),
+               Contains("keeps every update"));
+    CHECK(refused(self, {"--round.mode", "async", "--async.staleness", "constant",
+                         "--async.max_staleness", "5"})
+              .empty());
+  }
+  CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--train.scaffold", "true"}),
+             Contains("at the root") && Contains("docs/deployment.md"));
+  CHECK_THAT(refused(apps::kSim, {"--round.mode", "semisync"}),
+             Contains("needs round.deadline_seconds > 0"));
+  CHECK_THAT(refused(apps::kSim, {"--round.mode", "async", "--round.deadline_seconds", "3"}),
+             Contains("a round deadline"));
+  CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--server.role", "aggregator"}),
+             Contains("round.mode is the root's setting"));
+  CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--sampling.fraction", "0.5"}),
+             Contains("needs async.concurrency"));
+}
