@@ -1,5 +1,7 @@
 #include "torch_trainer/device_compress.h"
 
+#include <map>
+
 #include <torch/torch.h>
 
 #include "compression/exact_sum.h"
@@ -423,14 +425,86 @@ std::vector<cz::Payload> encodeLowRank(const cz::Compressor& c, const ParamLayou
 
 }  // namespace
 
+namespace {
+
+using Encoder = std::vector<cz::Payload> (*)(const cz::Compressor&, const ParamLayout&,
+                                             torch::Tensor&, bool, const cz::RoundContext&,
+                                             const ClientState*, cz::StagedState*);
+
+// The host compressor a registry name builds (compression/registry.cc): a row of the table below
+// whose class is not that name's is a programming error, reported as one.
+template <class C>
+const C& hostCompressor(const cz::Compressor& c) {
+  const auto* host = dynamic_cast<const C*>(&c);
+  STARLING_ENFORCE(host != nullptr, "the device twin of '", c.name(),
+                   "' expects another host compressor class");
+  return *host;
+}
+
+// The device twin of each host compressor that has one, by its registry name, one row per
+// compressor of compression/registry.cc: what encodeOnDevice runs. A compressor without a row is
+// encoded on the host (none, fp16, bf16: dense, nothing to select); a new compressor gets a row
+// here or stays on the host (tests/torch_trainer/device_compress_test.cc lists which).
+const std::map<std::string, Encoder, std::less<>>& deviceTwins() {
+  static const std::map<std::string, Encoder, std::less<>> twins{
+      {"topk",
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext&, const ClientState*, cz::StagedState*) {
+         return encodeTopK(hostCompressor<cz::TopKCompressor>(c).options(), layout, acc, keep);
+       }},
+      {"stc",  // top-k's selection, ternary values (TopKOptions::ternary)
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext&, const ClientState*, cz::StagedState*) {
+         return encodeTopK(hostCompressor<cz::TopKCompressor>(c).options(), layout, acc, keep);
+       }},
+      {"randk",
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext& ctx, const ClientState*, cz::StagedState*) {
+         checkAcc(layout, acc, c.name().c_str());
+         return encodeRandK(hostCompressor<cz::RandKCompressor>(c), layout, acc, keep, ctx);
+       }},
+      {"randblock",
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext& ctx, const ClientState*, cz::StagedState*) {
+         checkAcc(layout, acc, c.name().c_str());
+         return encodeRandBlock(hostCompressor<cz::RandBlockCompressor>(c), layout, acc, keep,
+                                ctx);
+       }},
+      {"sign",
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext&, const ClientState*, cz::StagedState*) {
+         (void)hostCompressor<cz::SignCompressor>(c);
+         checkAcc(layout, acc, c.name().c_str());
+         return encodeSign(layout, acc, keep);
+       }},
+      {"qsgd",
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext& ctx, const ClientState*, cz::StagedState*) {
+         checkAcc(layout, acc, c.name().c_str());
+         return encodeQsgd(hostCompressor<cz::QsgdCompressor>(c), layout, acc, keep, ctx);
+       }},
+      {"powersgd",  // phase 0 of either mode
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext& ctx, const ClientState* state, cz::StagedState* staged) {
+         checkAcc(layout, acc, c.name().c_str());
+         return encodeLowRank(c, layout, acc, keep, ctx, state, staged);
+       }},
+      {"acpsgd",
+       [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
+          const cz::RoundContext& ctx, const ClientState* state, cz::StagedState* staged) {
+         checkAcc(layout, acc, c.name().c_str());
+         return encodeLowRank(c, layout, acc, keep, ctx, state, staged);
+       }},
+  };
+  return twins;
+}
+
+}  // namespace
+
 bool encodesOnDevice(const cz::Compressor& c) {
-  if (cz::lowRankOptionsOf(c) != nullptr) return true;
-  if (c.phases() != 1) return false;
-  return dynamic_cast<const cz::TopKCompressor*>(&c) != nullptr ||
-         dynamic_cast<const cz::RandKCompressor*>(&c) != nullptr ||
-         dynamic_cast<const cz::RandBlockCompressor*>(&c) != nullptr ||
-         dynamic_cast<const cz::SignCompressor*>(&c) != nullptr ||
-         dynamic_cast<const cz::QsgdCompressor*>(&c) != nullptr;
+  if (!deviceTwins().contains(c.name())) return false;
+  // A compressor of several phases only as PowerSGD's phase 0 (its later phase is the host's).
+  return c.phases() == 1 || cz::lowRankOptionsOf(c) != nullptr;
 }
 
 std::vector<cz::Payload> encodeOnDevice(const cz::Compressor& c, const ParamLayout& layout,
@@ -438,18 +512,7 @@ std::vector<cz::Payload> encodeOnDevice(const cz::Compressor& c, const ParamLayo
                                         const cz::RoundContext& ctx, const ClientState* state,
                                         cz::StagedState* staged) {
   STARLING_CHECK_ARG(encodesOnDevice(c), "the device does not encode ", c.spec());
-  if (const auto* topk = dynamic_cast<const cz::TopKCompressor*>(&c))
-    return encodeTopK(topk->options(), layout, acc, keep_residual);
-  checkAcc(layout, acc, c.name().c_str());
-  if (cz::lowRankOptionsOf(c) != nullptr)
-    return encodeLowRank(c, layout, acc, keep_residual, ctx, state, staged);
-  if (const auto* rk = dynamic_cast<const cz::RandKCompressor*>(&c))
-    return encodeRandK(*rk, layout, acc, keep_residual, ctx);
-  if (const auto* rb = dynamic_cast<const cz::RandBlockCompressor*>(&c))
-    return encodeRandBlock(*rb, layout, acc, keep_residual, ctx);
-  if (const auto* q = dynamic_cast<const cz::QsgdCompressor*>(&c))
-    return encodeQsgd(*q, layout, acc, keep_residual, ctx);
-  return encodeSign(layout, acc, keep_residual);
+  return deviceTwins().find(c.name())->second(c, layout, acc, keep_residual, ctx, state, staged);
 }
 
 std::vector<cz::Payload> encodeTopK(const cz::TopKOptions& opt, const ParamLayout& layout,

@@ -3,6 +3,8 @@
 // test_torch_gpu runs the same checks on a GPU.
 #include "torch_trainer/device_compress_check.h"
 
+#include <set>
+
 using namespace starling;
 
 TEST_CASE("topKIndices selects selectTopK's positions, ties to the lower index",
@@ -71,6 +73,18 @@ TEST_CASE("the device encodes only what it serves, refusing the others",
   CHECK_THROWS_AS(torch_trainer::encodeOnDevice(*two_phase, layout, acc, true,
                                                 {1, 1, 0, 0, &p_side}, nullptr, &staged),
                   InvalidArgument);
+}
+
+TEST_CASE("every registered compressor has a device twin or is listed as the host's",
+          "[torch_trainer][device_compress]") {
+  // The dense ones have nothing to select on the device; a compressor added to the registry
+  // without a twin (torch_trainer/device_compress.cc) or a place in this list fails here.
+  const std::set<std::string> host_only{"none", "fp16", "bf16"};
+  for (const auto& spec : testing::allCompressorSpecs()) {
+    INFO(spec);
+    const auto comp = compression::makeCompressor(spec);
+    CHECK(torch_trainer::encodesOnDevice(*comp) != host_only.contains(comp->name()));
+  }
 }
 
 TEST_CASE("the device's top-k refuses inputs of the wrong shape, type or size",
