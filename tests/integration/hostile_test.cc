@@ -252,7 +252,7 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
     CHECK(a.expectReject(bytes, Errc::kTruncated));
   }
   // 2. A frame over --net.max_message_bytes (within libzmq's slack, so the connection survives):
-  //    refused by the transport, unread, and answered (issue 20: transport refusals got no Reject).
+  //    refused by the transport, unread, and answered (transport refusals once got no Reject).
   {
     std::vector<uint8_t> big(2'000'000 + 4096, 0x5a);
     CHECK(a.expectRejectOf([&] { a.send(big); }, Errc::kTooLarge));
@@ -263,7 +263,7 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
     CHECK(a.expectRejectOf([&] { a.sendTwoFrames(hb, hb); }, Errc::kMalformed));
   }
   // 2c. A chunk that does not start its transfer (index 1 of 3 first): refused by the transport's
-  //     reassembly, and answered with its code (issue 20: chunk errors got no Reject).
+  //     reassembly, and answered with its code (chunk errors once got no Reject).
   {
     const std::vector<uint8_t> piece(64, 0x11);
     const auto chunk = pr::encodeChunk(pr::ChunkMsg{77, 1, 3, 192, piece});
@@ -488,7 +488,7 @@ TEST_CASE("a client survives a task with an unknown compressor spec from its ser
   sendTo(pr::encode(pr::WelcomeMsg{0, 77, 200, 1u << 30, 1u << 20}));
   sendTo(task("no-such-compressor", 1, 11));
   sendTo(task("topk:density=7", 1, 12));  // a known compressor, an impossible option
-  std::this_thread::sleep_for(milliseconds(500));
+  // The client reads its messages in order (one connection): it has dropped both by the next.
   sendTo(task("topk:density=0.05", 2, 13));
   const bool trained = await(pr::MessageKind::kUpdate, seconds(20));
   INFO(f.allLogs());

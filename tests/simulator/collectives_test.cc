@@ -432,14 +432,12 @@ TEST_CASE("Gloo: a rank killed mid-collective makes its peer fail with an IoErro
   const int timeout_ms = role == "dead" ? 60000 : 2000;  // "dead" must not need the timeout
   const auto pids = sim::spawnLocalRanks(self_exe, workerArgs(role, 4 << 20, timeout_ms, dir.path), 2,
                                          sim::freeLoopbackPort(), stderrFiles(dir.path, 2));
-  // Both ranks are connected once both have written their ready files.
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!(fs::exists(dir.path / "ready0") && fs::exists(dir.path / "ready1")) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-  }
-  REQUIRE(fs::exists(dir.path / "ready1"));
-  std::this_thread::sleep_for(200ms);  // rank 0 is inside its all-reduce by now
+  // Both ranks are connected once both have written their ready files; rank 0 writes its own
+  // just before its all-reduces. Whether the kill lands before its first all-reduce or inside one,
+  // the pair's connection is broken and the next read fails: "dead" never waits for the timeout.
+  REQUIRE(starling::testing::waitForFiles(
+      dir.path,
+      [&] { return fs::exists(dir.path / "ready0") && fs::exists(dir.path / "ready1"); }, 60s));
   const auto t0 = std::chrono::steady_clock::now();
   if (role == "dead") kill(pids[1], SIGKILL);
   const std::vector<int> st0 = sim::waitRanks({pids[0]}, 30s);

@@ -7,9 +7,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 #include <unistd.h>
 
@@ -50,7 +53,14 @@ class CloudThread {
         return;
       }
       bound.set_value(server->endpoint());  // `bound` is gone after this
-      while (!stop_.load()) server->poll(20ms);
+      while (!stop_.load()) {
+        server->poll(20ms);
+        {
+          const std::lock_guard<std::mutex> lock(live_mutex_);
+          live_ = server->stats();
+        }
+        live_changed_.notify_all();
+      }
       try {
         server->saveCheckpoint();
       } catch (const Error&) {
@@ -73,6 +83,13 @@ class CloudThread {
   }
   const std::string& endpoint() const { return endpoint_; }
   const CloudStats& stats() const { return stats_; }
+  // Waits until `pred` holds of the running server's statistics (published after each poll), at
+  // most `timeout`: what a test waits on instead of a pause.
+  bool waitStats(const std::function<bool(const CloudStats&)>& pred,
+                 std::chrono::milliseconds timeout = 20000ms) const {
+    std::unique_lock<std::mutex> lock(live_mutex_);
+    return live_changed_.wait_for(lock, timeout, [&] { return pred(live_); });
+  }
   size_t sessions() const { return sessions_; }
   bool checkpointFailed() const { return checkpoint_failed_; }
   std::vector<float> top() const { return {cloud_.top().begin(), cloud_.top().end()}; }
@@ -84,6 +101,9 @@ class CloudThread {
   std::thread thread_;
   std::string endpoint_;
   CloudStats stats_;
+  mutable std::mutex live_mutex_;
+  mutable std::condition_variable live_changed_;
+  CloudStats live_;
   size_t sessions_ = 0;
   bool checkpoint_failed_ = false;
 };
@@ -183,7 +203,7 @@ TEST_CASE("one networked edge computes what the in-process mode computes", "[spl
     CHECK(client.stats().sessions == 1);
     CHECK(client.stats().resent == 0);
     client.bye();
-    std::this_thread::sleep_for(200ms);
+    REQUIRE(cloud.waitStats([](const CloudStats& st) { return st.goodbyes == 1; }));
   }
   cloud.stop();
   CHECK(cloud.stats().steps == 8);
@@ -299,8 +319,12 @@ TEST_CASE("a vanished edge's session is closed and another edge carries on", "[s
     const EpochRecord r = runEdgeEpoch(client, tc, 1, 0, d, idx, d, {});
     CHECK(r.steps == 4);
     CHECK(std::isfinite(r.train_loss));
-    std::this_thread::sleep_for(700ms);  // past edge 5's timeout; edge 6 is silent too by then
+    // Edge 5 vanished after its step: its session times out.
+    REQUIRE(cloud.waitStats([](const CloudStats& st) { return st.timed_out >= 1; }));
   }
+  // Edge 6 has said goodbye, or is silent and times out too.
+  REQUIRE(
+      cloud.waitStats([](const CloudStats& st) { return st.timed_out + st.goodbyes == 2; }));
   cloud.stop();
   const auto& st = cloud.stats();
   CHECK(st.hellos == 2);
@@ -351,7 +375,7 @@ TEST_CASE("a restarted cloud goes on from its checkpoint and the edge opens a ne
     CHECK(r.steps == 4);
     CHECK(client.stats().sessions == 2);
     client.bye();
-    std::this_thread::sleep_for(200ms);
+    REQUIRE(second.waitStats([](const CloudStats& st) { return st.goodbyes == 1; }));
     second.stop();
     CHECK(second.stats().steps == 8);
     CHECK(second.stats().hellos == 1);
