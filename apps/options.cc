@@ -222,10 +222,15 @@ int Options::parse(int argc, char** argv) {
   try {
     app_->parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // CLI11 prints the message; every bad command line exits 2, like a bad configuration file
-    // (CLI11's own codes, e.g. 105 for a value out of range, would differ by the kind of mistake).
-    const int rc = app_->exit(e);
-    return rc == 0 ? 0 : 2;
+    // --help: CLI11 prints it. A mistake is printed as every other error of the program is (its
+    // name first), and every bad command line exits 2, like a bad configuration file (CLI11's own
+    // codes, e.g. 105 for a value out of range, would differ by the kind of mistake).
+    if (e.get_exit_code() == 0) return app_->exit(e);
+    std::fprintf(stderr, "%s: %s
+Run with --help for more information.
+", program_.c_str(),
+                 e.what());
+    return 2;
   }
   for (const auto& e : entries_)
     if (!e->owners.empty() && e->option->count() > 0) {
