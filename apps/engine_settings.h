@@ -67,7 +67,12 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
     STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root", " does not run ",
                    what, " yet (", sim ? "docs/simulation.md" : "docs/deployment.md", ")");
   };
-  if (e.scheme.scaffold) no("SCAFFOLD: set train.scaffold = false");
+  // SCAFFOLD's server control variate moves by the mean change of the clients that trained
+  // against it; a buffered step mixes updates trained from several versions (and several c), so
+  // the correction no longer cancels the clients' drift: refused rather than run wrong.
+  if (e.scheme.scaffold)
+    no("SCAFFOLD (its control variate needs every counted client to have trained against the "
+       "same c, and a buffered step mixes versions): set train.scaffold = false");
   if (e.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (sim) {
     const bool semisync = s.round.mode == RoundMode::kSemisync;
