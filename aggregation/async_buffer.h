@@ -23,8 +23,8 @@
 // Edge aggregators: a partial aggregate of updates trained from one version v (addPartial) enters
 // as its updates would one by one, each scaled by s(tau) and counted toward K.
 //
-// This is the aggregation core of issue 22: server/async_server.h steps with it, and the
-// simulator's event clock (simulator/async_sim.h) and the root's asynchronous rounds
+// This is the core of buffered asynchronous aggregation (FedBuff): server/async_server.h steps with
+// it, and the simulator's event clock (simulator/async_sim.h) and the root's asynchronous rounds
 // (server/async_root.h) drive that (docs/aggregation.md).
 #include <cstdint>
 #include <functional>

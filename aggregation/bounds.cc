@@ -29,7 +29,7 @@ void ValidationBounds::validate() const {
     STARLING_THROW(ConfigError, "validation bounds: max_examples * max_metric_abs exceeds 1e30");
   // A QSGD payload's norm (and an update's norm in general) is bounded by max_update_norm, not by
   // max_abs_value, and the server multiplies it by the weight: with every level 0 no decoded value
-  // is large, yet weight * norm overflowed float and 0 * inf made the partial NaN (issue 20).
+  // is large, yet weight * norm once overflowed float and 0 * inf made the partial NaN.
   if (static_cast<double>(max_examples) * max_update_norm > 1e30)
     STARLING_THROW(ConfigError, "validation bounds: max_examples * max_update_norm = ",
                    static_cast<double>(max_examples) * max_update_norm,

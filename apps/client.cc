@@ -32,7 +32,7 @@ int runClient(const apps::Settings& c) {
   rc.delay_ms = c.client.delay_ms;
   rc.validate();
   // Its training shard (the same split every client computes, from the labels) and an IID share of
-  // the test set: only those examples are kept, never the whole data set (issue 20). A shard
+  // the test set: only those examples are kept, never the whole data set. A shard
   // drawn with replacement may repeat an example: the file's example is kept once and the view
   // names it as often as the shard does.
   std::vector<size_t> train_shard, test_shard;

@@ -220,7 +220,7 @@ int runServer(apps::Settings& c) {
   const ModelShape shape = modelShape(c);
   auto trainer = apps::makeDeployedTrainer(c.model.spec, shape.rows, shape.cols, shape.classes);
   if (ec.scheme.scaffold && aggregator) {
-    // One file serves the root, its aggregators and its clients (issue 38): the setting is the
+    // One file serves the root, its aggregators and its clients: the setting is the
     // root's, and an aggregator relays what the root's tasks carry.
     log->info("train.scaffold is the root's setting: this aggregator relays SCAFFOLD's control "
               "variates when the root's tasks carry them");

@@ -1,5 +1,5 @@
 #pragma once
-// One configuration for every Starling program (issue 20): a TOML file that runs in starling-sim
+// One configuration for every Starling program: a TOML file that runs in starling-sim
 // runs unchanged as a deployment (starling-server as root or edge aggregator, starling-client on
 // each device), and the other way round. Every key is declared once, here (declareSettings), with
 // its type, bounds, default and explanation, and with the programs that use it:

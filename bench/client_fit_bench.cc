@@ -3,7 +3,7 @@
 // epoch over 640 Fashion-MNIST-sized examples (784 features, 10 classes, batch 32);
 // `client_fit_bare/<spec>` runs the same 20 batches, already gathered, through the model's
 // forwardBackward and the SGD step on aligned buffers, with no shuffle, copy or check. Their ratio
-// is what the trainer adds to the model's own work (issue 18 made fit train on an aligned copy of
+// is what the trainer adds to the model's own work (fit trains on an aligned copy of
 // the parameters; docs/performance.md, "Eigen trainers").
 #include <vector>
 

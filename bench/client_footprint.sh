@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The edge client's footprint (docs/performance.md, "Deployment (issue 7)"):
+# The edge client's footprint (docs/performance.md, "Deployment"):
 #   1. the stripped size of starling-client (x86-64 from BUILD_DIR; arm64 from ARM64_DIR when its
 #      bin/starling-client exists; each stripped as a temporary copy, the binaries are untouched);
 #   2. its peak RSS (VmHWM, from /usr/bin/time -v) during a real federation on loopback: BUILD_DIR's

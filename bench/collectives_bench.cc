@@ -1,6 +1,6 @@
-// starling-collectives-bench: the simulator's global aggregation (issue 8) on this machine, two
-// ranks over c10d Gloo on 127.0.0.1. docs/performance.md, section "Collectives (issue 8)", records
-// the figures with the command.
+// starling-collectives-bench: the simulator's global aggregation on this machine, two ranks over
+// c10d Gloo on 127.0.0.1. docs/performance.md, section "Collectives", records the figures with the
+// command.
 //
 //   allreduce_step/<n>/<b>MiB   allReduceSum of n floats in buckets of b MiB, then a FedAdam-like
 //                               elementwise server step on the whole buffer (every rank keeps the
@@ -141,7 +141,7 @@ int runRank(std::vector<char*> args, const std::vector<int>& ports) {
   for (size_t mib : kBucketsMiB) {
     for (size_t sz : kSizes) {
       ratios.push_back({name("decoupled_over_allreduce_with_step", sz, mib), name("rs_step_ag", sz, mib),
-                        name("allreduce_step", sz, mib), "<= 1.0 (issue 8: costs no more)"});
+                        name("allreduce_step", sz, mib), "<= 1.0 (costs no more)"});
       ratios.push_back({name("rs_ag_over_allreduce", sz, mib), name("rs_ag", sz, mib), name("allreduce", sz, mib),
                         "no target: same bytes on the wire, Gloo ring all-reduce vs c10d send/recv to every peer"});
     }

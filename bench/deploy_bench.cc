@@ -1,6 +1,6 @@
-// starling-deploy-bench: the deployment's figures (issue 7), each against a raw ZeroMQ transfer of
-// the same bytes measured in the same run with the same security. docs/performance.md, section
-// "Deployment (issue 7)", records them with the commands.
+// starling-deploy-bench: the deployment's figures, each against a raw ZeroMQ transfer of the same
+// bytes measured in the same run with the same security. docs/performance.md, section
+// "Deployment", records them with the commands.
 //
 //   ingest/fleet/<sec>/<kind>/<N>c   one phase of the real ZmqFleet::runPhase (root, streaming
 //                                    fedavg into a PhaseAggregator) with N client DEALERs
@@ -736,9 +736,9 @@ int main(int argc, char** argv) {
   for (const char* kind : {"dense", "topk1pct"}) {
     for (const char* sec : {"curve", "insecure"}) {
       const std::string s = std::string(sec) + "/" + kind + "/" + c;
-      ratios.push_back({"ingest_speed_vs_raw_zmq/" + s, "ingest/raw/" + s, "ingest/fleet/" + s, ">= 0.7 (issue 7)"});
+      ratios.push_back({"ingest_speed_vs_raw_zmq/" + s, "ingest/raw/" + s, "ingest/fleet/" + s, ">= 0.7"});
       ratios.push_back({"ingest_speed_vs_raw_zmq_1MiB_frames/" + s, "ingest/raw1m/" + s, "ingest/fleet/" + s,
-                        ">= 0.7 (issue 7), against the same bytes in 1 MiB frames"});
+                        ">= 0.7, against the same bytes in 1 MiB frames"});
     }
     const std::string s = std::string("curve/") + kind + "/" + c;
     ratios.push_back({"round_time_over_raw_transfers/" + s, "round/engine/" + s, "round/raw/" + s,

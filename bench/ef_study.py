@@ -11,7 +11,7 @@ Usage:
                     [--seeds 1,2,3] [--setting iid10|niid100] [--compressors A;B] [--variants X;Y]
 
 Settings:
-  iid10    10 clients, IID, all take part every round (the table of issue 9)
+  iid10    10 clients, IID, all take part every round (docs/compression.md's table)
   niid100  100 clients, Dirichlet(0.5), 10% per round: every client is absent 9 rounds in 10 on
            average, so its residual is stale when it comes back
   rare1000 1,000 clients, Dirichlet(0.5), 1% per round: a client takes part once in 100 rounds

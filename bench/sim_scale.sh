@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# starling-sim at scale (docs/performance.md, "Simulator scale (issue 8)"): the peak memory of every
+# starling-sim at scale (docs/performance.md, "Simulator scale"): the peak memory of every
 # worker process and the client-state store's throughput with pools of 1,000 and 100,000 stateful
 # clients, a small model (softmax regression on Fashion-MNIST) and top-k with error-feedback
 # residuals, the in-memory part of each worker's store bounded by state.memory_bytes.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 20's figure: one configuration run unchanged by starling-sim and as a real federation on
-# this machine (examples/edge/run.sh: a root, two edge aggregators and ten clients, CURVE on), then
-# both runs side by side as JSON:
+# A figure of docs/performance.md: one configuration run unchanged by starling-sim and as a real
+# federation on this machine (examples/edge/run.sh: a root, two edge aggregators and ten clients,
+# CURVE on), then both runs side by side as JSON:
 #   - per round and at the end: test accuracy and training loss (the simulation evaluates on the
 #     test set, the deployment on the clients' IID shares of it, which together are the test set);
 #   - uplink bytes of the updates: the simulator's per-round uplink_bytes summed, against the bytes

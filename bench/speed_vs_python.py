@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Issue 8, "Speed": clients trained per second by starling-sim against a plain PyTorch FedAvg loop,
+"""Speed: clients trained per second by starling-sim against a plain PyTorch FedAvg loop,
 measured side by side in one run (docs/performance.md, "Speed against a Python FedAvg loop").
 
 One repetition runs every case once; the order of the cases rotates from one repetition to the
@@ -29,7 +29,7 @@ Python's time is likewise only its rounds (sampling, local training, averaging),
 its final evaluation left out. A client is 600 examples x 1 epoch; bare loop samples/s are turned
 into clients/s by dividing by 600.
 
-Ratios against issue 8's goals (from the medians), for starling_sim and for starling_sim_blas1:
+Ratios against the speed goals (from the medians), for starling_sim and for starling_sim_blas1:
   / python_default                  >= 2.0
   / the best Python case            >= 1.3
   / compute limit                   >= 0.9, the limit being bare_pair_blas1 (measured: two
@@ -305,7 +305,7 @@ def main():
         }
 
     result = {
-        "what": "issue 8 speed: starling-sim W=2 vs a plain PyTorch FedAvg loop, same run",
+        "what": "speed: starling-sim W=2 vs a plain PyTorch FedAvg loop, same run",
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "machine": {"nproc": nproc, "uname": " ".join(os.uname())},
         "uptime_before": uptime_before,

@@ -1,5 +1,5 @@
 // starling-split-bench: the cloud's time per split fine-tuning step against one step of the unsplit
-// model, measured in the same run (issue 10; docs/performance.md, "Split fine-tuning (issue 10)").
+// model, measured in the same run (docs/performance.md, "Split fine-tuning").
 //
 //   split_step/unsplit         one SGD step of the whole CNN (torch_trainer's fit over one batch:
 //                              forward, loss, backward, update), the step the cloud would run
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
     ratios.push_back({"cloud_step_over_unsplit_step/" + name, "split_step/cloud/" + name, "split_step/unsplit",
-                      "reported (issue 10)"});
+                      "reported"});
   }
   const auto rec = starling::bench::runBenchmarks(cl.json);
   if (!starling::bench::reportRatios(*rec, ratios, cl.ratios_out)) return 1;

@@ -1,4 +1,4 @@
-// starling-state-store-bench: the simulator's client-state store (issue 8) at scale. Each
+// starling-state-store-bench: the simulator's client-state store at scale. Each
 // iteration is one client's visit in a round: load its state, change it, store it back, over a
 // seeded shuffle of all clients (every client once per pass, as sampling without replacement
 // would). The state is a small model's error-feedback residual (10,000 floats, ~40 KB serialized).

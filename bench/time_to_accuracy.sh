@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time to accuracy, FedBuff against synchronous FedAvg (issue 22; docs/results.md): the CNN on
+# Time to accuracy, FedBuff against synchronous FedAvg (docs/results.md): the CNN on
 # Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, log-normal device speeds and bandwidths
 # (examples/sim/fedbuff.toml), ROUNDS rounds (synchronous, 10 clients each, waiting for the
 # slowest) or server steps (FedBuff: 10 clients training at once, a step every 10 updates;

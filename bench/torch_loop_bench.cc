@@ -1,6 +1,6 @@
 // starling-torch-loop-bench: the LibTorch trainer's cost over a bare LibTorch training loop of the
-// same model on the same data, measured in the same run (issue 8: at most ~10% over the bare loop).
-// docs/performance.md, section "LibTorch trainer (issue 8)", records the figures with the command.
+// same model on the same data, measured in the same run (the goal: at most ~10% over the bare
+// loop). docs/performance.md, section "LibTorch trainer", records the figures with the command.
 //
 //   cnn_fit/bare_loop   a plain single-threaded LibTorch loop as a C++ user writes it: torch::nn
 //                       modules (McMahan et al.'s CNN), torch::optim::SGD, a randperm per epoch,
@@ -12,14 +12,14 @@
 //                       trainer_ms, trainer_over_bare): robust to the load of a shared machine
 //                       drifting between the two benchmarks above.
 //   cnn_fit/eigen       Trainer::fit of the lightweight client's Eigen "cnn" (client/cnn_model.cc,
-//                       no LibTorch), the same model, examples, batches and shuffle (issue 20:
+//                       no LibTorch), the same model, examples, batches and shuffle (the goal:
 //                       at least 0.7x the LibTorch trainer's speed on one core).
 //   cnn_fit/eigen_paired  the Eigen and the LibTorch trainer alternating epoch by epoch (counters
 //                       eigen_ms, torch_ms, eigen_speed_vs_torch).
 //   topk_encode/host    top-k 1% (layer scope) of a CNN-sized update (1,663,370 values, normal)
 //                       by TopKCompressor on the host, as a worker does today.
 //   topk_encode/device  the same payloads by torch_trainer::encodeTopK where --device puts the
-//                       update (issue 19: is the round on the device worth its wiring?), the copy
+//                       update (is the round on the device worth its wiring?), the copy
 //                       of the k indices and values to the host included.
 //
 // One iteration is one epoch over 600 Fashion-MNIST-sized examples (28x28x1, 10 classes), batch
@@ -286,11 +286,11 @@ int main(int argc, char** argv) {
   const auto rec = starling::bench::runBenchmarks(cl.json);
   const std::vector<starling::bench::Ratio> ratios = {
       {"trainer_time_over_bare_loop/cnn", "cnn_fit/trainer", "cnn_fit/bare_loop",
-       "<= 1.10 (issue 8)"},
+       "<= 1.10"},
       {"eigen_cnn_speed_vs_libtorch", "cnn_fit/trainer", "cnn_fit/eigen",
-       ">= 0.7 (issue 20: the lightweight client's CNN step against LibTorch's, one core)"},
+       ">= 0.7 (the lightweight client's CNN step against LibTorch's, one core)"},
       {"topk_encode_device_speedup", "topk_encode/host", "topk_encode/device",
-       "none: the host's time over the device's, for the round on the device (issue 19)"}};
+       "none: the host's time over the device's, for the round on the device"}};
   if (!starling::bench::reportRatios(*rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();
   return 0;

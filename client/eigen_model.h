@@ -9,7 +9,7 @@
 // Same values in, same bits out: forwardBackward takes params, x and grad starting on 64-byte
 // boundaries (core/aligned.h; InvalidArgument otherwise) and keeps its scratch in AlignedVector,
 // so where Eigen's vectorised loops split into a scalar head and packets is a function of the
-// sizes alone, never of where a buffer happens to lie (issue 18). EigenTrainer passes its own
+// sizes alone, never of where a buffer happens to lie. EigenTrainer passes its own
 // aligned copies, so a Trainer's caller may pass any buffer.
 #include <cstddef>
 #include <cstdint>

@@ -12,7 +12,7 @@
 // Training runs on the trainer's own copy of params, which like every other buffer the model sees
 // starts on a 64-byte boundary (core/aligned.h), and is copied back once it has succeeded: the
 // result is the same bits wherever the caller's buffers lie and whatever the trainer trained
-// before (issue 18).
+// before.
 //
 // Scratch (the batch, the gradient, the working copy of params) grows to the largest size seen
 // and is reused: after the first client, the trainer's own buffers allocate nothing per

@@ -195,7 +195,7 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
         switch (j.kind) {
           case pr::RejectKind::kNotRegistered:
             // After a server restart every heartbeat queued during the outage draws one: one
-            // registration in flight answers them all (issue 20).
+            // registration in flight answers them all.
             if (session_.onNotRegistered(now)) registerNow();
             return std::nullopt;
           case pr::RejectKind::kBusy:

@@ -10,7 +10,7 @@
 // say it is alive), answers the session's messages, keeps the owner's for next(), then sends what
 // is due. While the owner works -- a client's fit, an aggregator's relayed phase, minutes on a
 // real device -- it calls upkeep() every few milliseconds. So a long fit is never taken for a
-// silent server (issue 38: a fit over 15 s re-registered, stopped heartbeating and lost the next
+// silent server (a fit over 15 s once re-registered, stopped heartbeating and lost the next
 // round).
 //
 // What registering again cannot mend ends the link with UpstreamRefused, which says what to check:

@@ -1,12 +1,12 @@
 #pragma once
 // UpstreamSession: the session a deployed client, or an edge aggregator, keeps with the server
-// above it, written once (issue 20): register, the Welcome, heartbeats, registering again when the
+// above it, written once: register, the Welcome, heartbeats, registering again when the
 // server has been silent or restarted, and answering a burst of Reject(NotRegistered) with one
 // registration, not one each (after a root restart, every heartbeat queued during the outage
 // draws one: 7 to 9 registrations per client before, each bringing the task again).
 //
 // A registration again (after silence, a restart, or the owner's own reason) keeps the session it
-// replaces until the Welcome comes: heartbeats go on meanwhile (issue 38: a re-registration that
+// replaces until the Welcome comes: heartbeats go on meanwhile (a re-registration that once
 // stopped them until a Welcome was read cost the next round, the server failing the client as
 // silent while it trained). The owner reads the server while it works (client/upstream_link.h),
 // so a long fit is never taken for a silent server.

@@ -57,8 +57,8 @@ FloatScan scanFloats(std::span<const float> v) {
     if (!overflowed) {
       for (size_t j = 0; j < kLanes; ++j) s.sq += ss[j];
     } else {
-      // Squares of finite values above about 1e18 overflow a float lane (issue 20: an honest
-      // update of such values read as an infinite norm, and was refused): this block again in
+      // Squares of finite values above about 1e18 overflow a float lane (an honest update
+      // of such values once read as an infinite norm, and was refused): this block again in
       // double. (A non-finite value is caught through max_bits; its square does not matter.)
       for (size_t k = begin; k < end; ++k) s.sq += static_cast<double>(p[k]) * p[k];
     }

@@ -12,7 +12,7 @@
 // (A reduction over an expression, such as norm(), dot() or cwiseAbs().sum(), does not peel.)
 // So the last bits of a result followed where malloc had put a std::vector<float> (16-byte
 // aligned, i.e. 0, 16, 32 or 48 bytes past a 64-byte boundary): a fresh trainer and one that had
-// trained another client gave different models on AVX2 machines (issue 18). Buffers that start on
+// trained another client gave different models on AVX2 machines. Buffers that start on
 // a 64-byte boundary, the widest vector of every CPU we build for (AVX-512; AVX2 and NEON divide
 // it), make every such choice a function of the sizes alone. Offsets inside such a buffer (a tensor
 // of a flat layout, a row of a matrix) are functions of the sizes too, so they keep the property.

@@ -87,7 +87,7 @@ using ExampleSelector =
 
 // loadIdx keeping only the examples `select` picks (a deployed client's shard): the labels are
 // read first, then the images are streamed and only the kept rows converted, so memory is the kept
-// examples plus a read buffer, never the whole file (issue 20: a client held all of
+// examples plus a read buffer, never the whole file (a client once held all of
 // Fashion-MNIST, 240 MB, to cut a tenth of it). The result holds the kept examples in file order;
 // `num_classes` is the whole file's. Every check of loadIdx applies to the whole file (headers,
 // sizes, labels, values of every example read); an index out of range is an InvalidArgument.

@@ -1,5 +1,5 @@
 #pragma once
-// Differential privacy accounting for client-level DP-FedAvg (issue 40): the Rényi DP (RDP) of the
+// Differential privacy accounting for client-level DP-FedAvg: the Rényi DP (RDP) of the
 // Poisson-subsampled Gaussian mechanism (Mironov, Talwar, Zhang 2019: each round samples every
 // client independently with probability q, clips each update to C and adds Gaussian noise of
 // standard deviation sigma C to the sum), composed over rounds, and converted to (epsilon, delta)

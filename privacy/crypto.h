@@ -1,5 +1,5 @@
 #pragma once
-// The cryptography of secure aggregation (issue 40), all of it libsodium's (never core/rng's
+// The cryptography of secure aggregation, all of it libsodium's (never core/rng's
 // statistical streams, which are for reproducible experiments, not secrets):
 // - X25519 key agreement: a pair's 32-byte shared key, the same on both sides, bound to both public
 //   keys and to a context (round, purpose) by a BLAKE2b hash of the raw shared point;

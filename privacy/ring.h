@@ -1,5 +1,5 @@
 #pragma once
-// Fixed-point arithmetic in the ring Z_{2^b}, the arithmetic of secure aggregation (issue 40):
+// Fixed-point arithmetic in the ring Z_{2^b}, the arithmetic of secure aggregation:
 // each client's clipped update is scaled, rounded stochastically to integers (unbiased: E[round(v)]
 // = v), and reduced mod 2^b; masks and sums are added mod 2^b; the unmasked sum is read back as a
 // signed b-bit integer and unscaled.

@@ -1,6 +1,6 @@
 #pragma once
 // SecAgg+ (Bell, Bonawitz, Gascón, Lepoint, Raykova, CCS 2020) as pure logic: a client's side and
-// the server's, over message structs, with no sockets and no round engine (issue 40; the round's
+// the server's, over message structs, with no sockets and no round engine (the round's
 // phases and the wire format come with the one engine). Each round's clients U are public (the
 // round's sample); every party derives the same SecAgg+ graph from U and the round's seed
 // (privacy/graph.h) and masks and shares only among its k neighbours, with threshold t.

@@ -1,10 +1,10 @@
 #pragma once
-// Shamir's t-out-of-n secret sharing of 32-byte secrets (a client's mask key and self-mask seed,
-// issue 40), over the prime field GF(p), p = 2^61 - 1 (a Mersenne prime: reduction is two shifts
-// and an add). A secret is 8 limbs of 32 bits, each shared by its own random polynomial of degree
-// t - 1 with the limb as constant term; recipient j's share is the 8 values at its point x_j >= 1.
-// Any t shares give the secret back (Lagrange interpolation at 0); t - 1 give no information. The
-// coefficients come from libsodium's randombytes.
+// Shamir's t-out-of-n secret sharing of 32-byte secrets (a client's mask key and self-mask seed),
+// over the prime field GF(p), p = 2^61 - 1 (a Mersenne prime: reduction is two shifts and an add).
+// A secret is 8 limbs of 32 bits, each shared by its own random polynomial of degree t - 1 with the
+// limb as constant term; recipient j's share is the 8 values at its point x_j >= 1. Any t shares
+// give the secret back (Lagrange interpolation at 0); t - 1 give no information. The coefficients
+// come from libsodium's randombytes.
 //
 // combine() checks what it is given: distinct non-zero points, every value in the field, at least
 // t shares, and, when it has more than t, that every share lies on the polynomial the first t

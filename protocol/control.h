@@ -210,7 +210,7 @@ struct ControlLimits {
   size_t max_bytes = size_t{1} << 30;
   // The largest mean loss an Evaluation may report (kValueTooLarge above it): a cross-entropy of
   // 1e9 is already no model's; an honest client never comes near, and the server's example-weighted
-  // mean of such values stays far from overflow (issue 20: 1.7e308 was accepted and the weighted
+  // mean of such values stays far from overflow (1.7e308 was once accepted and the weighted
   // sum became inf, then null in the metrics).
   double max_eval_loss = 1e9;
 };

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test-only virtual environment of the privacy accountant's oracle (issue 40; docs/privacy.md):
+# The test-only virtual environment of the privacy accountant's oracle (docs/privacy.md):
 # Google's dp-accounting from PyPI, OUTSIDE the source tree, at
 # ${STARLING_PRIVACY_VENV:-$HOME/.cache/starling/privacy-venv}, made with Debian's Python 3.11 and
 # --system-site-packages (Debian's numpy and scipy). Idempotent: a venv that imports the pinned

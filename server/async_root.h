@@ -1,5 +1,5 @@
 #pragma once
-// The root's asynchronous rounds (issue 22: FedBuff over the network). The same server step as the
+// The root's asynchronous rounds (FedBuff over the network). The same server step as the
 // simulator's (server::AsyncServer: the staleness-weighted buffer, the optimizer, the model's
 // versions) driven by the ZeroMQ fleet's asynchronous loop (ZmqFleet::runAsync): up to C clients
 // train at once, each on the version current when its task left; every accepted update goes into

@@ -1,5 +1,5 @@
 #pragma once
-// The server side of buffered asynchronous aggregation (issue 22, FedBuff): the model and its
+// The server side of buffered asynchronous aggregation (FedBuff): the model and its
 // version, the buffer of staleness-weighted updates (aggregation/async_buffer.h) and the server
 // optimizer's step, written once for whatever drives it: the simulator's event clock
 // (simulator/async_sim.h) and the root's asynchronous rounds (server/async_root.h).

@@ -142,7 +142,7 @@ struct EvalReport {
 
   // Adds one client's evaluation to the example-weighted means. A running mean that multiplies
   // by the weight's share (<= 1), never by an example count, so finite inputs give a finite mean
-  // (issue 20: loss x examples overflowed to inf). `examples` > 0; the caller bounds the values.
+  // (loss x examples once overflowed to inf). `examples` > 0; the caller bounds the values.
   void add(uint64_t client_examples, double client_loss, double client_accuracy) {
     const double w = static_cast<double>(client_examples);
     const double share = w / (static_cast<double>(examples) + w);
@@ -156,7 +156,7 @@ struct EvalReport {
 // Thrown by a fleet's waiting calls (waitForClients, runPhase, evaluate) when its program was
 // asked to stop (SIGTERM). Before the round is applied, runRound lets it through with nothing
 // changed (no metrics line, the checkpoint's next round the same), so a restart runs that round
-// again and a graceful stop costs no configured round (issue 20). During the evaluation after an
+// again and a graceful stop costs no configured round. During the evaluation after an
 // applied round, runRound records the round (without test metrics) and checkpoints it first.
 class Stopped : public Error {
  public:

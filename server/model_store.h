@@ -12,7 +12,7 @@
 // server's residual, nothing is lost, only delayed. Clients train from x-hat and their updates are
 // added to x (x <- x + step), so the round needs nothing else.
 //
-// Quantised downlinks (modes q8 and q4, issue 22), lossy the same way: each new version refreshes
+// Quantised downlinks (modes q8 and q4), lossy the same way: each new version refreshes
 // every coordinate of x-hat by the residual x - x-hat quantised per tensor to 8 or 4 bits (a sign
 // and 7 or 3 level bits: QSGD's payload with s = 127 or 7, nearest rounding) on a power-of-two
 // step u = 2^ceil(log2(max|x - x-hat| / s)), so that every decoded value is exact in float and a
@@ -24,7 +24,7 @@
 // to it exactly. Only peers that registered the capability "downlink-qsgd" are sent these; the
 // others get x-hat dense (f32).
 //
-// The sparse ternary downlink (mode stc, issue 22: STC's downstream, Sattler et al. 2019), lossy
+// The sparse ternary downlink (mode stc: STC's downstream, Sattler et al. 2019), lossy
 // the same way, for a downlink whose cost follows how often a client takes part: each new version
 // refreshes x-hat at the k = density x numel coordinates of each tensor where |x - x-hat| is
 // largest, by +-mu (mu their mean magnitude): the stc compressor's payload of the residual, about

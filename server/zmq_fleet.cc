@@ -154,7 +154,7 @@ void ZmqFleet::handle(const transport::Received& r) {
       return;
     }
     // Every refusal is answered (docs/protocol.md) but a rate limit's: answering a flood would
-    // amplify it. The log names the peer (issue 38: a rate limit's line did not say whose).
+    // amplify it. The log names the peer (a rate limit's line once did not say whose).
     const bool rate = r.error->code() == Errc::kRateLimited;
     refuse(rate ? std::string() : r.peer, r.error->code(),
            "from " + describePeer(r) + ": " + std::string(r.error->what()));
@@ -425,7 +425,7 @@ void ZmqFleet::expireSilent() {
 void ZmqFleet::poll(milliseconds timeout) {
   if (stop_ && stop_->load()) STARLING_THROW(Stopped, "asked to stop");
   if (auto r = socket_.receive(std::clamp(timeout, milliseconds(0), milliseconds(100)))) handle(*r);
-  // Refused handshakes never reach receive(): say who knocked (issue 20: an unknown key left
+  // Refused handshakes never reach receive(): say who knocked (an unknown key once left
   // nothing in the log).
   // At most kRefusalLines lines per kRefusalWindow, then one count for the rest of the window, so
   // a flood of handshakes cannot flood the log.

@@ -114,7 +114,7 @@ class ZmqFleet final : public Fleet {
   // service()) throws server::Stopped within about 100 ms instead of waiting out its timeout.
   void setStopFlag(const std::atomic<bool>* stop) { stop_ = stop; }
 
-  // Asynchronous rounds (issue 22, FedBuff at the root): keeps up to `opt.concurrency` clients
+  // Asynchronous rounds (FedBuff at the root): keeps up to `opt.concurrency` clients
   // training, each on the version current when its task left, until driver.done(). A client gets
   // a task when it is registered, idle, and driver.mayStart() it; its update must come from the
   // task's version (kWrongRound otherwise). A task unanswered at its deadline, or whose client

@@ -1,5 +1,5 @@
 #pragma once
-// Buffered asynchronous federated learning (FedBuff) on the simulated clock (issue 22): at most C
+// Buffered asynchronous federated learning (FedBuff) on the simulated clock: at most C
 // clients train at once, each on the model version it downloaded, and the server
 // (server/async_server.h) steps every K accepted updates, weighting each by its staleness. The
 // concurrency is simulated, not serialized: every client's duration comes from the device model

@@ -1,6 +1,6 @@
 #pragma once
-// Activation codecs for split fine-tuning (issue 10; Shi et al., "An Efficient Split Fine-tuning
-// Framework for Edge and Cloud Collaborative Learning", arXiv 2211.16703): what crosses the cut.
+// Activation codecs for split fine-tuning (Shi et al., "An Efficient Split Fine-tuning Framework
+// for Edge and Cloud Collaborative Learning", arXiv 2211.16703): what crosses the cut.
 // The edge sends the bottom part's activations up, the cloud sends their gradients down; each
 // direction has its own codec, picked by spec like compressors ("topk:density=0.05").
 //

@@ -1,5 +1,5 @@
 #pragma once
-// A model cut in two for split fine-tuning (issue 10): the edge device runs the bottom part on its
+// A model cut in two for split fine-tuning: the edge device runs the bottom part on its
 // private data and sends the activations at the cut; the cloud runs the top part and the loss and
 // sends back the gradient of the loss with respect to those activations; the edge finishes the
 // backward pass through the bottom. This header includes no LibTorch (split_model.cc does).

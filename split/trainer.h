@@ -1,5 +1,5 @@
 #pragma once
-// Split fine-tuning in one process (issue 10's in-process mode, for experiments): the edge's and
+// Split fine-tuning in one process (the in-process mode, for experiments): the edge's and
 // the cloud's steps run one after the other, and every activation matrix going up and every
 // gradient matrix coming down goes through its codec's real encoding and decoding, so the bytes
 // counted are exactly those that would cross the cut. Plain SGD on both parts, mean cross-entropy.

@@ -1,5 +1,5 @@
 #pragma once
-// The compressors' heavy part where the data lives (issue 19, "the round on the device"): the exact
+// The compressors' heavy part where the data lives ("the round on the device"): the exact
 // top-k selection and the gathering of the sent values run on the tensor's device (a GPU, or the
 // CPU), and only the k indices and values cross to the host, where the payload is built by the
 // same code as the CPU compressor's; rand-k, random-block, sign, QSGD, PowerSGD and ACP-SGD

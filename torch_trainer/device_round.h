@@ -1,5 +1,5 @@
 #pragma once
-// The round on the device (issue 19): a client's phase-0 training, update and compression where the
+// The round on the device: a client's phase-0 training, update and compression where the
 // LibTorch trainer trains, for top-k and stc (layer or global scope), rand-k, random-block, sign,
 // QSGD, PowerSGD (phase P or the local form) and ACP-SGD (device_compress.h's encodesOnDevice),
 // with or without error feedback, any ef_decay,

@@ -9,7 +9,7 @@
 // is one fused operation over the prefix. fit() and evaluate() copy the caller's buffer in (one
 // copy) and fit() copies the result out; nothing is reallocated once the batch scratch has grown.
 //
-// Device-generic (issue 19): the same code runs on the CPU and on a GPU. The client's data are
+// Device-generic: the same code runs on the CPU and on a GPU. The client's data are
 // indexed on the device (a view of the data set's memory on the CPU, a copy made once per data set
 // on a GPU), each epoch's shuffled order is uploaded once, batches are gathered by index_select
 // into device scratch, and the loss sum and the correct count accumulate in device tensors that

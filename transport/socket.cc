@@ -99,7 +99,7 @@ ServerSocket::ServerSocket(Context& context, const std::string& bind_endpoint,
     // Handover: a connection naming a routing id in use takes it over. Without it libzmq parks
     // such a connection unread, and every frame sent on it (up to the high-water mark, each up
     // to the size limit) stays in memory for good: one admitted key could fill the server. The
-    // takeover of issue 20 is closed elsewhere: Starling's peers name no routing id, so theirs
+    // takeover this allows is closed elsewhere: Starling's peers name no routing id, so theirs
     // are ZeroMQ's own (a zero byte, then a counter from a random start), which an intruder must
     // guess, and the ZAP handler rations each key's handshakes (context.cc), which makes guessing
     // take far longer than any federation. A connection taken over anyway is known by its key:
@@ -167,9 +167,9 @@ ClientSocket::ClientSocket(Context& context, const std::string& connect_endpoint
       throw zmq::error_t();
     monitor_ = std::make_unique<zmq::socket_t>(context.impl().ctx, zmq::socket_type::pair);
     monitor_->set(zmq::sockopt::linger, 0);
-    // libzmq's I/O thread sends each event with a blocking send (libzmq issue 3575): an unread
-    // monitor with a bounded pipe would freeze the context. No high-water mark here makes the
-    // pipe unbounded; events are a few per reconnection, and receive() drains them.
+    // libzmq's I/O thread sends each event with a blocking send (libzmq's GitHub issue 3575): an
+    // unread monitor with a bounded pipe would freeze the context. No high-water mark here makes
+    // the pipe unbounded; events are a few per reconnection, and receive() drains them.
     monitor_->set(zmq::sockopt::rcvhwm, 0);
     monitor_->connect(addr);
     secure_ = !security.insecure;

@@ -56,8 +56,8 @@ struct TransportLimits {
   size_t max_reassembly_bytes = size_t{2} << 30;
   // Per-peer token bucket, server side; a chunk counts as a message. An honest peer sends what
   // the server asks for: the fastest round measured (softmax, 660 rounds/s with an evaluation
-  // each: 1,320 messages/s; issue 38, where 1,000 failed a round) and 1 MiB chunks at 10 Gb/s
-  // (1,200/s) sit well inside it.
+  // each: 1,320 messages/s, where a limit of 1,000 once failed a round) and 1 MiB chunks at
+  // 10 Gb/s (1,200/s) sit well inside it.
   double max_messages_per_second = 10000;
   double burst = 2000;
   // ZMQ heartbeats (PING/PONG, ZMQ_HEARTBEAT_IVL/TIMEOUT/TTL) on both sides.

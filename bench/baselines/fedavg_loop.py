@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A plain PyTorch FedAvg loop: the reference starling-sim is measured against (issue 8, "Speed").
+"""A plain PyTorch FedAvg loop: the reference starling-sim is measured against for speed.
 
 What it runs, chosen to match starling-sim on bench/baselines/speed.toml:
   - McMahan et al.'s CNN, as torch_trainer's "cnn": conv 5x5 1->32 (padding 2), ReLU, max-pool 2,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 21, "Deployment against Flower": Flower's SuperLink with N SuperNodes against Starling's
+"""Deployment against Flower: Flower's SuperLink with N SuperNodes against Starling's
 root with N Python clients, on this machine, the same dense model update.
 
 For each N of --clients (interleaved: Flower then Starling at each N), it starts

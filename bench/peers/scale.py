@@ -1,4 +1,4 @@
-"""`make bench-peers-scale` (issue 21, "Scale against the peers"): Starling's simulator, Flower's
+"""`make bench-peers-scale` ("Scale against the peers", docs/performance.md): Starling's simulator, Flower's
 Simulation Runtime and pfl with 1,000 and 100,000 clients in the pool, stateless and stateful:
 startup time, time per round, peak memory of the whole process tree, or where and how a system
 fails.

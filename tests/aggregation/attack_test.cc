@@ -1,7 +1,7 @@
-// The attacker's tests: every hostile update from issue #6 (updates whose every value is finite but
-// whose aggregate is not, lies about weight and round, replays, a poisoned partial aggregate)
-// is refused with its own code, the aggregate is left exactly as it was, and the round still
-// finishes with a finite result.
+// The attacker's tests: every hostile update (updates whose every value is finite but whose
+// aggregate is not, lies about weight and round, replays, a poisoned partial aggregate) is refused
+// with its own code, the aggregate is left exactly as it was, and the round still finishes with a
+// finite result.
 #include <catch2/catch.hpp>
 #include <cfloat>
 #include <cstring>
@@ -120,7 +120,7 @@ TEST_CASE("attack: QSGD with a huge norm and every level zero", "[aggregation][a
 
 TEST_CASE("attack: QSGD at the largest norm and weight the bounds allow, every level zero",
           "[aggregation][attack]") {
-  // Issue 20: bounds of max_examples 1e9 and max_update_norm 1e30 passed validation, and one QSGD
+  // Bounds of max_examples 1e9 and max_update_norm 1e30 once passed validation, and one QSGD
   // update of norm 9.9e29 with every level zero made the partial NaN (weight * norm overflowed,
   // then 0 * inf), so finish() threw: one client killed the round, clipping or not. Such bounds
   // are refused now (weight * norm must stay <= 1e30), and at the edge of what is allowed the
@@ -149,7 +149,7 @@ TEST_CASE("attack: QSGD at the largest norm and weight the bounds allow, every l
 }
 
 TEST_CASE("an honest update of values near 1e19 has a finite norm", "[aggregation][attack]") {
-  // Issue 20: the norm was summed in float lanes, so squares of values above about 1e18
+  // The norm was once summed in float lanes, so squares of values above about 1e18
   // overflowed and an honest update read as an infinite norm (refused as too large).
   ValidationBounds wide;
   wide.max_examples = 100;

@@ -93,7 +93,8 @@ TEST_CASE("random-block and ACP-SGD with their default error feedback learn with
   const double dense = federate("none", kRounds).accuracy;
   INFO("dense FedAvg: " << 100 * dense << "%");
   REQUIRE(dense > 0.70);  // the federation learns at all
-  // The two failures of issue 9's table, then ACP-SGD at rank 4, where plain EF already worked.
+  // The two failures of plain error feedback (random-block at 50%, ACP-SGD at rank 2), then
+  // ACP-SGD at rank 4, where plain EF already worked.
   for (const char* spec : {"randblock:density=0.5", "acpsgd:rank=2", "acpsgd:rank=4"}) {
     const Outcome def = federate(spec, kRounds);
     const Outcome plain = federate(std::string(spec) + ",ef_preview=0", kRounds);

@@ -1,6 +1,6 @@
 #pragma once
 // A trainer's results must be functions of the model, the data, the configuration and the seed,
-// never of where the caller's buffers or the trainer's own scratch happen to lie (issue 18: Eigen
+// never of where the caller's buffers or the trainer's own scratch happen to lie (Eigen
 // peeled a different number of leading elements for each alignment, so a fresh trainer and one
 // that had trained another client gave different bits on AVX2 machines).
 //

@@ -119,7 +119,7 @@ TEST_CASE("models reject batches of the wrong shape", "[client]") {
 }
 
 TEST_CASE("models refuse buffers that do not start on a 64-byte boundary", "[client]") {
-  // Where a buffer lies would otherwise change the bits of the result (issue 18).
+  // Where a buffer lies would otherwise change the bits of the result.
   auto m = makeMlpModel(4, 3, 5);
   const size_t n = m->layout().numel();
   Floats params(n + 16), xs(8 + 16), grad(n + 16);

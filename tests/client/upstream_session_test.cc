@@ -1,6 +1,6 @@
 // UpstreamSession (client/upstream_session.h) with made-up times: when to register, to heartbeat,
 // to register again after silence or a server restart, and one registration for a burst of
-// Reject(NotRegistered) (issue 20's restart storm).
+// Reject(NotRegistered) (after a restart, every heartbeat queued during the outage draws one).
 #include "client/upstream_session.h"
 
 #include <catch2/catch.hpp>
@@ -57,7 +57,7 @@ TEST_CASE("upstream session: a silent server or a new session means registering 
 
 TEST_CASE("upstream session: heartbeats go on while a registration again awaits its welcome",
           "[client][upstream]") {
-  // issue 38: a registration again stopped the heartbeats until a Welcome was read; a client
+  // A registration again once stopped the heartbeats until a Welcome was read; a client
   // busy training read none, and the server failed it as silent.
   UpstreamSession s({Ms(1000), Ms(5000)}, at(0));
   CHECK_FALSE(s.onServerHeartbeat(2));  // no session yet: nothing to compare

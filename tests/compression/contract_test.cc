@@ -437,7 +437,7 @@ TEST_CASE(
     "payloads and residuals are functions of the values, not of where the buffers lie, for every "
     "compressor",
     "[compression]") {
-  // Issue 18: a vectorised reduction over a buffer of unknown alignment sums in an order that
+  // A vectorised reduction over a buffer of unknown alignment sums in an order that
   // follows the address. The update is placed at every 4-byte offset from a 64-byte boundary, and
   // the heap is disturbed by a different number of allocations each time, so the compressor's own
   // buffers (state, workspace) may land elsewhere too (not under ASan, whose allocator places them

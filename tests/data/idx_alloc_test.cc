@@ -40,7 +40,7 @@ TEST_CASE("a header that lies about its size costs no memory", "[data]") {
 }
 
 TEST_CASE("a subset costs memory for the examples it keeps, not for the whole file", "[data]") {
-  // Issue 20: a deployed client loaded all of Fashion-MNIST as floats (188 MB) to keep a tenth.
+  // A deployed client once loaded all of Fashion-MNIST as floats (188 MB) to keep a tenth.
   testing::TempDir dir;
   const uint32_t n = 20000;  // 20,000 images of 28x28: 62.7 MB as floats
   std::vector<uint8_t> pixels(size_t{n} * 784), labels(n);

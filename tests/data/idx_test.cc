@@ -85,7 +85,7 @@ TEST_CASE("IDX files round trip, plain and gzip", "[data]") {
 
 TEST_CASE("a subset holds exactly the picked examples of the whole file, once each, in file order",
           "[data]") {
-  // A deployed client's shard (issue 20): the same rows and labels the whole load has at those
+  // A deployed client's shard: the same rows and labels the whole load has at those
   // indices, whatever the file's compression and the order or repeats of the picks.
   const SmallSet s;
   TempDir dir;

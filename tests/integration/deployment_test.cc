@@ -98,7 +98,7 @@ TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
           "train.scaffold_population is set without train.scaffold");
   refused("momentum", {"--train.scaffold", "true", "--model.spec", "mlp:hidden=8,momentum=0.9"},
           "uses momentum");
-  // One file serves the root, its aggregators and its clients (issue 38): an aggregator given
+  // One file serves the root, its aggregators and its clients: an aggregator given
   // the root's train.scaffold starts, and says that it follows the root's tasks.
   f.root("aggregator", freePort(), allow,
          {"--train.scaffold", "true", "--server.role", "aggregator", "--server.id", "5",
@@ -430,7 +430,7 @@ TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, 
     CHECK(rounds.insert(field(l, "round")).second);  // no round twice
   }
   CHECK(rounds == std::set<std::string>{"1", "2", "3", "4", "5", "6"});
-  // The clients re-registered on their own, once each (issue 20: every queued heartbeat drew a
+  // The clients re-registered on their own, once each (every queued heartbeat once drew a
   // NotRegistered and each made the client register again, 7 to 9 times, and each registration
   // brought the task and the update again), and finished with the federation.
   for (uint64_t c = 0; c < 3; ++c) {
@@ -452,7 +452,7 @@ TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, 
 
 TEST_CASE("SIGTERM stops the root at once, waiting or mid-phase, and costs no configured round",
           "[integration][server]") {
-  // Issue 20: SIGTERM while the root waited for clients took effect only when the wait ended, and
+  // SIGTERM while the root waited for clients once took effect only when the wait ended, and
   // the round was then recorded as not applied: a graceful stop cost a round that kill -9 did not.
   Federation f("sigterm");
   f.clientKeys(0, 2);
@@ -601,14 +601,14 @@ TEST_CASE("a client whose key is not admitted is refused", "[integration][server
   CHECK(f.log("root").find(
             "refused a connection from 127.0.0.1: its CURVE public key is not on the allow-list") !=
         std::string::npos);
-  // And so does the client, which stops (issue 38: it waited forever, saying nothing).
+  // And so does the client, which stops (it once waited forever, saying nothing).
   CHECK(f.proc("client-1").wait(seconds(30)) == 2);
   CHECK(f.log("client-1").find("allow-list") != std::string::npos);
 }
 
 TEST_CASE("a starling-client the root will not take exits with the reason",
           "[integration][client]") {
-  // issue 38: plain TCP against a CURVE root waited in silence on both sides; a key listed under
+  // Plain TCP against a CURVE root once waited in silence on both sides; a key listed under
   // another id warned and registered again every second, forever.
   Federation f("not-taken");
   f.clientKeys(0, 2);

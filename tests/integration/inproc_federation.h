@@ -40,7 +40,7 @@ namespace starling::testing {
 
 // A trainer whose every fit takes `duration` of a test clock's time: it moves the clock forward in
 // steps of at most 20 ms, a millisecond of real time apart, before the real fit (a device that
-// trains for minutes, in a fraction of a second; issue 38). 20 ms a step keeps the clock at about
+// trains for minutes, in a fraction of a second). 20 ms a step keeps the clock at about
 // 20 times real time: the waiting loops poll every 5 to 50 ms of real time, and a silence of a
 // second on this clock is then still tens of polls.
 class SlowTrainer final : public client::Trainer {

@@ -235,7 +235,7 @@ TEST_CASE(
   // Low-rank phases relayed by each aggregator (PowerSGD: P, then Q, in every round; ACP-SGD:
   // one factor per round, alternating), the factors' sums and the orthogonalisation between them
   // the same as flat up to float rounding. Each client uploads in every phase
-  // (runSixClients checks rounds x phases updates). It replaces the process test of issue 7, which
+  // (runSixClients checks rounds x phases updates). It replaces an earlier test in real processes, which
   // compared with nothing.
   for (const std::string spec : {"powersgd:rank=2", "acpsgd:rank=2"}) {
     CAPTURE(spec);
@@ -1218,7 +1218,7 @@ TEST_CASE(
     "in process: a fit of 1.5x and 10x the server-silence threshold loses no round and registers "
     "once, flat and through an edge aggregator",
     "[integration][inproc]") {
-  // issue 38: a fit longer than net.server_silence_ms read nothing from the server while it ran;
+  // A fit longer than net.server_silence_ms once read nothing from the server while it ran;
   // the client then took the server for silent, registered again (which stopped its heartbeats)
   // and lost the next round. Here every fit takes 1.5 s or 10 s of the federation's clock, in a
   // fraction of a second of real time (SlowTrainer), against a silence of 1 s on both the client

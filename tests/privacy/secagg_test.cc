@@ -1,6 +1,6 @@
 // SecAgg+ as pure logic (privacy/secagg.h), driven in process: the exact ring sum of the survivors
-// with dropouts at every phase, through a tree of aggregators bit for bit, and each attack of
-// issue 40 refused with its own code.
+// with dropouts at every phase, through a tree of aggregators bit for bit, and each attacker's
+// message refused with its own code.
 #include "privacy/secagg.h"
 
 #include <catch2/catch.hpp>

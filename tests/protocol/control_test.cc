@@ -110,7 +110,7 @@ TEST_CASE("a decoder refuses another message type, truncation and lies", "[proto
   CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, std::nan(""), 0.5})); }) ==
         errcName(Errc::kNonFinite));
   CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 0.1, 1.5})); }) == errcName(Errc::kNonFinite));
-  // A finite loss no model reaches (issue 20: 1.7e308 was accepted, then overflowed the server's
+  // A finite loss no model reaches (1.7e308 was once accepted, then overflowed the server's
   // weighted mean): refused above ControlLimits::max_eval_loss (1e9), accepted at it.
   CHECK(errcOf([&] {
           decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1.7e308, 0.5}));

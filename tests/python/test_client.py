@@ -344,7 +344,7 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(c.stats["updates_sent"], 0)
 
     def test_a_fit_longer_than_the_silence_threshold_loses_no_round(self):
-        # issue 38: a fit of 17 s against the runtime's 15 s silence re-registered, stopped the
+        # A fit of 17 s against the runtime's 15 s silence once re-registered, stopped the
         # heartbeats and lost the next round. Here fits of 1.5x and 10x a 300 ms silence.
         for sleep in (0.45, 3.0):
             with self.subTest(fit_seconds=sleep):
@@ -373,7 +373,7 @@ class PythonClientTest(unittest.TestCase):
                 self.assertGreater(c.stats["heartbeats"], 0)
 
     def test_a_server_that_will_not_take_the_client_is_an_error_that_says_why(self):
-        # issue 38: each of these waited forever, in silence or warning every second.
+        # Each of these once waited forever, in silence or warning every second.
         port = free_port()
         self.fed.root(port, ["client-0", "client-1"], rounds=1, extra=["--sampling.min_available", "2"])
         other = [("w", (2, 2)), ("b", (2,))]
@@ -404,7 +404,7 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(self.fed.metrics(), [])
 
     def test_lr_arrives_as_the_user_wrote_it(self):
-        # issue 38: config["lr"] came as 0.05000000074505806 (the float32 on the wire).
+        # config["lr"] once came as 0.05000000074505806 (the float32 on the wire).
         port = free_port()
         self.fed.root(port, ["client-0"], rounds=1, extra=["--sampling.min_available", "1", "--train.lr", "0.05"])
         a = Shifter(1.0, 10, 1.0)
@@ -443,8 +443,8 @@ class PythonClientTest(unittest.TestCase):
             f.write(b"not a state file at all")
         with self.assertRaises(starling.IoError):
             starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "state_file": bad_state})
-        # issue 38: pybind11's "incompatible constructor arguments" for a negative id or count,
-        # a missing state folder found only after the first fit.
+        # These once gave pybind11's "incompatible constructor arguments" (a negative id or count)
+        # or surfaced only after the first fit (a missing state folder).
         for arg, value, words in (("client_id", -1, "client_id must be in [0"),
                                   ("eval_examples", -5, "eval_examples must be at least 0"),
                                   ("server_silence_ms", 10, "server_silence_ms must be in [100")):
@@ -457,7 +457,7 @@ class PythonClientTest(unittest.TestCase):
         with self.assertRaises(starling.ConfigError) as got:
             starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "state_file": missing})
         self.assertIn("does not exist", str(got.exception))
-        for server in ("not-an-endpoint", "127.0.0.1:7813"):  # no tcp:// (issue 38)
+        for server in ("not-an-endpoint", "127.0.0.1:7813"):  # no tcp://
             with self.assertRaises(starling.ConfigError) as got:
                 starling.Client(Shifter(1, 1, 1), num_examples=1, **{**kw, "server": server})
             self.assertIn("tcp://", str(got.exception))

@@ -834,7 +834,7 @@ TEST_CASE("metric names that would break or repeat a key of the metrics file are
 
 TEST_CASE("the evaluation's weighted mean stays finite at the largest losses and weights",
           "[server]") {
-  // Issue 20: the mean was summed as loss x examples, which overflowed for a loss near the double
+  // The mean was once summed as loss x examples, which overflowed for a loss near the double
   // range. At the bounds the server enforces (loss <= 1e9, examples <= 1e7 per client, many
   // clients) the mean is finite and exact enough; and an honest mix is the plain weighted mean.
   server::EvalReport big;
@@ -892,7 +892,7 @@ class StoppingFleet final : public server::Fleet {
 TEST_CASE(
     "a stop before a round is applied records nothing, during its evaluation it keeps the round",
     "[server]") {
-  // Issue 20: a graceful stop must cost no configured round, and must not lose one already applied.
+  // A graceful stop must cost no configured round, and must not lose one already applied.
   World w;
   TempDir dir;
   server::EngineConfig cfg = w.config("topk:density=0.2", 4);

@@ -734,7 +734,7 @@ TEST_CASE("client states that move between workers arrive intact", "[simulator][
   CHECK(diff <= 1e-5 * scale);
 }
 
-// Issue 20: one TOML file runs unchanged in starling-sim and as a deployment (a root and its
+// One TOML file runs unchanged in starling-sim and as a deployment (a root and its
 // clients in real processes, CURVE on, each given only its own keys on the command line). The
 // LibTorch trainer of the simulation and the Eigen trainer of the deployed clients take the same
 // steps from the same initial model on the same shards, so the two runs end with the same model
@@ -920,7 +920,7 @@ TEST_CASE(
 
 TEST_CASE("model.spec softmax runs in the simulator, as on a deployed client, from a zero model",
           "[simulator][integration]") {
-  // issue 38: docs/deployment.md suggests softmax for quick runs, and starling-sim refused it
+  // docs/deployment.md suggests softmax for quick runs, and starling-sim once refused it
   // ("unknown torch trainer 'softmax'"), so one file could not serve both.
   TempDir dir("sim-softmax");
   Proc p(with(simArgs(dir, "s", 1, 2), {"--model.spec", "softmax"}), dir / "s.log");

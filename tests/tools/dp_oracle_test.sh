@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools_dp_oracle (issue 40): the RDP accountant against a fresh run of Google's dp-accounting
+# tools_dp_oracle: the RDP accountant against a fresh run of Google's dp-accounting
 # (tools/dp_oracle.py in the privacy venv, scripts/privacy-venv.sh), not only against the committed
 # figures: test_privacy's oracle test reads the fresh file (STARLING_DP_ORACLE). Skipped (77)
 # without the venv.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/peers/ (issue 44): no peer is handicapped by how the benchmark runs it. A 2-round run of
+# bench/peers/: no peer is handicapped by how the benchmark runs it. A 2-round run of
 # Flower (flower_sim.py: `flwr run` of bench/peers/flower_app, 2 Ray actors) and of pfl
 # (pfl_sim.py: 2 workers), both at --setting best, on a small split of 10 clients, 4 per round;
 # the counters of their probe logs (bench/peers/common.py: note) must show:

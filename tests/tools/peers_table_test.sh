@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/peers/run.py's table (issue 21): per case the final accuracy and the mean of each run's last
+# bench/peers/run.py's table: per case the final accuracy and the mean of each run's last
 # three evaluations, and each peer's gap to starling-dense seed by seed for both. The benchmark
 # itself needs the peers' virtual environment; the table does not (psutil is stubbed here).
 set -euo pipefail

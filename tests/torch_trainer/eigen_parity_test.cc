@@ -1,10 +1,10 @@
-// The lightweight client's Eigen models against the LibTorch trainer's (issue 20): the same spec
+// The lightweight client's Eigen models against the LibTorch trainer's: the same spec
 // is the same model on a deployed client and in the simulator. Same layout and fingerprint, the
 // same initial bits from a seed; then each trainer against a double-precision reference of the
 // same computation (double_reference.h): the loss of the same parameters, one step (the gradient,
 // with momentum, FedProx and SCAFFOLD) and a local epoch, within what float32 arithmetic of that
 // computation can promise. Not against each other: two right float32 results may differ by more
-// than either differs from the exact one (issue 37). Registered again under each oneDNN ISA
+// than either differs from the exact one. Registered again under each oneDNN ISA
 // ([isa]). Both trainers through the Trainer interface, so this file needs no LibTorch header.
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -114,7 +114,7 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
     // tensor, within what float32 arithmetic of those steps can promise (double_reference.h).
     // Neither trainer is compared with the other: on some CPUs and oneDNN kernels a max-pool
     // near-tie of this data is routed one way by one and the other way by the other, and both
-    // are right (issue 37).
+    // are right.
     struct Run {
       const char* what;
       std::span<const size_t> examples;
@@ -230,7 +230,7 @@ TEST_CASE("Eigen and LibTorch models: odd image sizes, where pooling and strides
 TEST_CASE("a CNN step through a max-pool near-tie: float32 promises less, and both trainers keep "
           "to it",
           "[torch_trainer][parity][isa]") {
-  // Issue 37: on this batch the second max-pool has a window whose two largest inputs differ by
+  // On this batch the second max-pool has a window whose two largest inputs differ by
   // 6.2e-8 of their value (0.1075268751 and 0.1075268685 in double), within float32's rounding.
   // Some of oneDNN's kernels pick the other input than the double computation and the Eigen
   // client do (here, an AVX-512 Xeon: under DNNL_MAX_CPU_ISA=AVX2, not under ALL; on the

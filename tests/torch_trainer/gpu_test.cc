@@ -1,5 +1,5 @@
 // The LibTorch trainer, one simulated round, the split cloud's step and the device's top-k on a GPU
-// against the same on the CPU (issue 19).
+// against the same on the CPU.
 //
 // Its own main: without a GPU LibTorch can use, every run exits with 77, which ctest reports as
 // "Skipped" (SKIP_RETURN_CODE, label gpu), so a machine without one never counts these as passed.

@@ -289,7 +289,7 @@ TEST_CASE("the thread count is set by the program, not by trainers", "[torch_tra
 }
 
 #ifdef STARLING_BIN_DIR
-// A TorchScript model deployed (issue 20): the LibTorch-backed starling-server-torch and
+// A TorchScript model deployed: the LibTorch-backed starling-server-torch and
 // starling-client-torch train the module file a simulation trains, from one configuration file,
 // to the same model; the plain (Eigen) programs refuse the spec and name the ones that take it.
 TEST_CASE("a TorchScript model runs deployed on the LibTorch-backed programs as it runs simulated",

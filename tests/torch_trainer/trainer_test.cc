@@ -265,8 +265,9 @@ TEST_CASE("a data set held as bytes trains and evaluates to the same bits as its
 
 TEST_CASE("every LibTorch trainer's results are functions of the values, not of where buffers lie",
           "[torch_trainer]") {
-  // The Eigen trainers' issue 18, checked for LibTorch's: caller buffers at every 4-byte offset
-  // from a 64-byte boundary, images at every 16-byte residue, fresh and warmed trainers.
+  // What the Eigen trainers once got wrong (results that followed buffer alignment), checked for
+  // LibTorch's: caller buffers at every 4-byte offset from a 64-byte boundary, images at every
+  // 16-byte residue, fresh and warmed trainers.
   const data::Dataset d = testing::blobImages(48, 12, 12, 3, 4);
   for (const char* spec :
        {"logreg", "mlp:hidden=37", "mlp:hidden=37,momentum=0.9", "cnn", "resnet"}) {

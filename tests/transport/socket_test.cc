@@ -56,8 +56,8 @@ TEST_CASE("a client whose key is not on the allow-list gets nothing through", "[
   CHECK_FALSE(server.receive(1500ms));
   CHECK(waitRefused(server_ctx));
   CHECK(server_ctx.zapAdmitted() == 0);
-  // The refusal is there for the server's log, with who knocked and why (issue 20: an unknown key
-  // left nothing in the log).
+  // The refusal is there for the server's log, with who knocked and why (an unknown key once left
+  // nothing in the log).
   uint64_t dropped = 1;
   const auto refused = server.takeRefusedHandshakes(&dropped);
   REQUIRE_FALSE(refused.empty());
@@ -185,7 +185,7 @@ TEST_CASE("the ZAP handler rations each key's handshakes", "[transport]") {
   REQUIRE_FALSE(refused.empty());
   CHECK(refused[0].reason.find("too many handshakes") != std::string::npos);
   // The rationed clients are not told their key was refused (ZAP status 400, on which libzmq's
-  // client gives up and so would UpstreamLink, issue 38): the handler answers 300, a temporary
+  // client gives up and so would UpstreamLink): the handler answers 300, a temporary
   // error, on which libzmq leaves the connection to its handshake timeout or drops it, and the
   // client tries again. (A refusal of 400 reaches its client as kAuth within milliseconds: the
   // test above.)
@@ -286,7 +286,7 @@ bool waitHandshakes(ClientSocket& c, const std::function<bool(const HandshakeRep
 
 TEST_CASE("a client's socket counts its refused handshakes and says what to check",
           "[transport]") {
-  // issue 38: each of these waited in silence, the client never told why.
+  // Each of these once waited in silence, the client never told why.
   const Keys keys(1);
   Context server_ctx, client_ctx;
   ServerSocket server(server_ctx, kAnyPort, keys.serverSide(), testLimits());

@@ -1,1 +1,1 @@
-"""Flower App of bench/peers/deploy.py (issue 21)."""
+"""Flower App of bench/peers/deploy.py."""
