@@ -93,9 +93,9 @@ class AsyncBuffer {
   // the aggregator registered.
   void addPartial(const compression::PartialView& p, uint64_t source);
 
-  uint64_t size() const { return count_; }  // accepted updates in the buffer
+  uint64_t size() const { return count_; }                   // accepted updates in the buffer
   bool ready() const { return count_ >= opt_.buffer_size; }  // a partial may take it past K
-  uint64_t rejected() const { return rejected_total_; }  // every refusal since construction
+  uint64_t rejected() const { return rejected_total_; }      // every refusal since construction
   // The buffered step (delta, metrics, count, total weight; `rejected`: the refusals since the
   // last step), and the buffer empties. InvalidArgument when the buffer is empty.
   RoundResult take();

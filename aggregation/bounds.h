@@ -21,10 +21,10 @@
 namespace starling::aggregation {
 
 struct ValidationBounds {
-  double max_abs_value = 1e4;     // largest |decoded value| an update may carry
-  double max_update_norm = 1e5;   // largest L2 norm of a decoded update (one phase's payloads)
+  double max_abs_value = 1e4;          // largest |decoded value| an update may carry
+  double max_update_norm = 1e5;        // largest L2 norm of a decoded update (one phase's payloads)
   uint64_t max_examples = 10'000'000;  // the weight cap: examples one client may claim
-  double max_metric_abs = 1e9;    // largest |metric value|
+  double max_metric_abs = 1e9;         // largest |metric value|
   uint64_t max_partial_count = 100'000'000;  // updates one partial aggregate may claim to hold
   // A re-sparsified partial (exportSparse with the edge's own residual) may carry mass its edge
   // dropped in earlier rounds: its values and norm may exceed total weight x bound by this factor.

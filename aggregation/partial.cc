@@ -41,8 +41,8 @@ AggregateLayout::AggregateLayout(std::shared_ptr<const ParamLayout> model, uint6
                      shared_->factors.size(), " tensors, the model has ", m.size());
   for (size_t i = 0; i < metric_names_.size(); ++i)
     for (size_t j = 0; j < i; ++j)
-      STARLING_CHECK_ARG(metric_names_[i] != metric_names_[j], "aggregate layout: metric '", metric_names_[i],
-                         "' declared twice");
+      STARLING_CHECK_ARG(metric_names_[i] != metric_names_[j], "aggregate layout: metric '",
+                         metric_names_[i], "' declared twice");
   size_t off = 2 + 2 * metric_names_.size();  // weight, count, metric slots
   factor_offset_.assign(m.size(), 0);
   factor_size_.assign(m.size(), 0);
@@ -87,7 +87,8 @@ std::optional<size_t> AggregateLayout::metricIndex(std::string_view name) const 
   return std::nullopt;
 }
 
-PartialAggregate::PartialAggregate(std::shared_ptr<const AggregateLayout> layout) : layout_(std::move(layout)) {
+PartialAggregate::PartialAggregate(std::shared_ptr<const AggregateLayout> layout)
+    : layout_(std::move(layout)) {
   STARLING_CHECK_ARG(layout_ != nullptr, "partial aggregate: no layout");
   buf_.assign(layout_->size(), 0.0f);
 }
@@ -101,9 +102,10 @@ std::vector<std::span<const float>> PartialAggregate::factorSums() const {
 void PartialAggregate::addValidated(const UpdateView& u, double weight, double scale) {
   const AggregateLayout& L = *layout_;
   const ParamLayout& m = L.model();
-  STARLING_CHECK_ARG(std::isfinite(weight) && weight > 0.0, "aggregation: weight must be finite and > 0, got ", weight);
-  STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0, "aggregation: scale must be in (0, 1], got ",
-                     scale);
+  STARLING_CHECK_ARG(std::isfinite(weight) && weight > 0.0,
+                     "aggregation: weight must be finite and > 0, got ", weight);
+  STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0,
+                     "aggregation: scale must be in (0, 1], got ", scale);
   STARLING_CHECK_ARG(u.tensors.size() == m.size(), "aggregation: update carries ", u.tensors.size(),
                      " tensors, the model has ", m.size());
   // A tensor with a factor slot is aggregated in factor space only, so it must arrive as exactly
@@ -112,7 +114,8 @@ void PartialAggregate::addValidated(const UpdateView& u, double weight, double s
     const auto* lr = std::get_if<cz::LowRankView>(&u.tensors[t]);
     const bool one = lr && lr->oneFactor();
     if (!L.hasFactorSlot(t)) {
-      STARLING_CHECK_ARG(!one, "aggregation: tensor '", m[t].name, "' from client ", u.header.client_id,
+      STARLING_CHECK_ARG(!one, "aggregation: tensor '", m[t].name, "' from client ",
+                         u.header.client_id,
                          " is one low-rank factor, but this phase has no shared factor for it");
       continue;
     }
@@ -159,7 +162,8 @@ void PartialAggregate::addTensors(std::span<const PayloadView> tensors, float w)
 
 void PartialAggregate::merge(const PartialAggregate& other) {
   STARLING_CHECK_ARG(other.layout_ == layout_ || other.layout_->tag() == layout_->tag(),
-                     "aggregation: cannot merge partial aggregates of another model, round, phase, shared factors or "
+                     "aggregation: cannot merge partial aggregates of another model, round, phase, "
+                     "shared factors or "
                      "metric set");
   const float* o = other.buf_.data();
   float* b = buf_.data();
@@ -171,15 +175,17 @@ void PartialAggregate::mergeValidated(const PartialView& p, double scale) {
   const ParamLayout& m = L.model();
   STARLING_CHECK_ARG(std::isfinite(scale) && scale > 0.0 && scale <= 1.0,
                      "aggregation: scale must be in (0, 1], got ", scale);
-  STARLING_CHECK_ARG(p.tensors.size() == m.size(), "aggregation: partial carries ", p.tensors.size(),
-                     " tensors, the model has ", m.size());
+  STARLING_CHECK_ARG(p.tensors.size() == m.size(), "aggregation: partial carries ",
+                     p.tensors.size(), " tensors, the model has ", m.size());
   for (size_t t = 0; t < m.size(); ++t) {
     const auto* lr = std::get_if<cz::LowRankView>(&p.tensors[t]);
     if (L.hasFactorSlot(t))
-      STARLING_CHECK_ARG(lr && lr->oneFactor() && (lr->p.empty() ? lr->q.size() : lr->p.size()) == L.factorSize(t),
-                         "aggregation: partial's tensor '", m[t].name, "' must be its factor sum");
+      STARLING_CHECK_ARG(
+          lr && lr->oneFactor() && (lr->p.empty() ? lr->q.size() : lr->p.size()) == L.factorSize(t),
+          "aggregation: partial's tensor '", m[t].name, "' must be its factor sum");
     else
-      STARLING_CHECK_ARG(!lr, "aggregation: partial's tensor '", m[t].name, "' must be a dense or sparse sum");
+      STARLING_CHECK_ARG(!lr, "aggregation: partial's tensor '", m[t].name,
+                         "' must be a dense or sparse sum");
   }
   STARLING_CHECK_ARG(p.control.size() == (L.hasControl() ? m.numel() : 0),
                      "aggregation: partial carries ", p.control.size(),
@@ -202,8 +208,10 @@ void PartialAggregate::mergeValidated(const PartialView& p, double scale) {
 void PartialAggregate::meanInto(std::span<float> out, bool with_factors, bool add) const {
   const AggregateLayout& L = *layout_;
   const ParamLayout& m = L.model();
-  STARLING_CHECK_ARG(count() > 0 && totalWeight() > 0, "aggregation: the phase has no updates to average");
-  STARLING_CHECK_ARG(out.size() == m.numel(), "aggregation: output has ", out.size(), " floats, expected ", m.numel());
+  STARLING_CHECK_ARG(count() > 0 && totalWeight() > 0,
+                     "aggregation: the phase has no updates to average");
+  STARLING_CHECK_ARG(out.size() == m.numel(), "aggregation: output has ", out.size(),
+                     " floats, expected ", m.numel());
   const auto inv = static_cast<float>(1.0 / totalWeight());
   const float* s = buf_.data() + L.denseOffset();
   if (add)
@@ -220,10 +228,12 @@ void PartialAggregate::meanInto(std::span<float> out, bool with_factors, bool ad
     const float* fs = buf_.data() + L.factorOffset(t);
     if (shared.fixed == SharedFactors::Side::kQ) {
       const auto r = static_cast<Eigen::Index>(f.size() / spec.cols());
-      mat.noalias() += inv * (ConstFactorMap(fs, spec.rows(), r) * ConstFactorMap(f.data(), spec.cols(), r).transpose());
+      mat.noalias() += inv * (ConstFactorMap(fs, spec.rows(), r) *
+                              ConstFactorMap(f.data(), spec.cols(), r).transpose());
     } else {
       const auto r = static_cast<Eigen::Index>(f.size() / spec.rows());
-      mat.noalias() += inv * (ConstFactorMap(f.data(), spec.rows(), r) * ConstFactorMap(fs, spec.cols(), r).transpose());
+      mat.noalias() += inv * (ConstFactorMap(f.data(), spec.rows(), r) *
+                              ConstFactorMap(fs, spec.cols(), r).transpose());
     }
   }
 }
@@ -247,7 +257,8 @@ std::map<std::string, double> PartialAggregate::metricMeans() const {
 PartialMessage PartialAggregate::exportHeader() const {
   const AggregateLayout& L = *layout_;
   PartialMessage msg;
-  msg.header = {L.model().fingerprint(), L.round(), L.phase(), L.sharedTag(), count(), totalWeight()};
+  msg.header = {L.model().fingerprint(), L.round(), L.phase(),
+                L.sharedTag(),           count(),   totalWeight()};
   for (size_t i = 0; i < L.metricNames().size(); ++i) {
     const double w = buf_[L.metricOffset(i) + 1];
     if (w > 0) msg.metrics.push_back({L.metricNames()[i], buf_[L.metricOffset(i)], w});
@@ -259,7 +270,8 @@ PartialMessage PartialAggregate::exportHeader() const {
 }
 
 namespace {
-cz::Payload factorPayload(const TensorSpec& spec, const SharedFactors& shared, std::span<const float> fsum) {
+cz::Payload factorPayload(const TensorSpec& spec, const SharedFactors& shared,
+                          std::span<const float> fsum) {
   cz::LowRank l;
   l.rows = static_cast<uint32_t>(spec.rows());
   l.cols = static_cast<uint32_t>(spec.cols());
@@ -291,12 +303,13 @@ PartialMessage PartialAggregate::exportDense() const {
 }
 
 PartialMessage PartialAggregate::exportSparse(double density, std::vector<float>& residual) const {
-  STARLING_CHECK_ARG(density > 0.0 && density <= 1.0, "aggregation: export density must be in (0, 1], got ", density);
+  STARLING_CHECK_ARG(density > 0.0 && density <= 1.0,
+                     "aggregation: export density must be in (0, 1], got ", density);
   const AggregateLayout& L = *layout_;
   const ParamLayout& m = L.model();
   if (residual.empty()) residual.assign(m.numel(), 0.0f);
-  STARLING_CHECK_ARG(residual.size() == m.numel(), "aggregation: residual has ", residual.size(), " floats, expected ",
-                     m.numel());
+  STARLING_CHECK_ARG(residual.size() == m.numel(), "aggregation: residual has ", residual.size(),
+                     " floats, expected ", m.numel());
   PartialMessage msg = exportHeader();
   const auto sum = denseSum();
   std::vector<uint32_t> idx;

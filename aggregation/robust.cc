@@ -13,13 +13,15 @@ size_t checkUpdates(const DenseUpdates& u, const char* rule) {
   STARLING_CHECK_ARG(!u.empty(), rule, ": the round has no updates");
   const size_t d = u[0].size();
   for (size_t i = 1; i < u.size(); ++i)
-    STARLING_CHECK_ARG(u[i].size() == d, rule, ": update ", i, " has ", u[i].size(), " values, update 0 has ", d);
+    STARLING_CHECK_ARG(u[i].size() == d, rule, ": update ", i, " has ", u[i].size(),
+                       " values, update 0 has ", d);
   return d;
 }
 
 void checkKrum(size_t n, uint32_t f, const char* rule) {
-  STARLING_CHECK_ARG(n >= 2 * static_cast<size_t>(f) + 3, rule, " with f=", f, " needs at least 2f+3 = ",
-                     2 * static_cast<size_t>(f) + 3, " updates, the round has ", n);
+  STARLING_CHECK_ARG(n >= 2 * static_cast<size_t>(f) + 3, rule, " with f=", f,
+                     " needs at least 2f+3 = ", 2 * static_cast<size_t>(f) + 3,
+                     " updates, the round has ", n);
 }
 
 double squaredDistance(const std::vector<float>& a, const std::vector<float>& b) {
@@ -43,7 +45,8 @@ std::vector<double> scoresOf(const DenseUpdates& u, const std::vector<size_t>& i
   for (size_t i = 0; i < n; ++i)
     for (size_t j = i + 1; j < n; ++j) {
       // A NaN distance would compare false with everything and tie in the sort: count it as
-      // infinitely far instead (callers reject non-finite updates before, this is defence in depth).
+      // infinitely far instead (callers reject non-finite updates before, this is defence in
+      // depth).
       const double d = squaredDistance(u[ids[i]], u[ids[j]]);
       dist[i][j] = dist[j][i] = std::isnan(d) ? INFINITY : d;
     }
@@ -62,7 +65,8 @@ std::vector<double> scoresOf(const DenseUpdates& u, const std::vector<size_t>& i
 std::vector<size_t> lowest(const std::vector<double>& scores, size_t m) {
   std::vector<size_t> order(scores.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return scores[a] < scores[b]; });
   order.resize(m);
   return order;
 }
@@ -89,9 +93,11 @@ std::vector<float> coordinateMedian(const DenseUpdates& u) {
 
 std::vector<float> trimmedMean(const DenseUpdates& u, double beta) {
   const size_t d = checkUpdates(u, "trimmed_mean"), n = u.size();
-  STARLING_CHECK_ARG(beta >= 0.0 && beta < 0.5, "trimmed_mean: beta must be in [0, 0.5), got ", beta);
+  STARLING_CHECK_ARG(beta >= 0.0 && beta < 0.5, "trimmed_mean: beta must be in [0, 0.5), got ",
+                     beta);
   const size_t cut = static_cast<size_t>(beta * static_cast<double>(n));
-  STARLING_CHECK_ARG(n > 2 * cut, "trimmed_mean: cutting ", cut, " at each end leaves nothing of ", n, " updates");
+  STARLING_CHECK_ARG(n > 2 * cut, "trimmed_mean: cutting ", cut, " at each end leaves nothing of ",
+                     n, " updates");
   std::vector<float> out(d), col(n);
   for (size_t j = 0; j < d; ++j) {
     for (size_t i = 0; i < n; ++i) col[i] = u[i][j];
@@ -113,14 +119,17 @@ std::vector<double> krumScores(const DenseUpdates& u, uint32_t f) {
 
 std::vector<size_t> krumSelect(const DenseUpdates& u, uint32_t f, size_t m) {
   auto scores = krumScores(u, f);
-  STARLING_CHECK_ARG(m >= 1 && m <= u.size(), "multikrum: m=", m, " must be in [1, ", u.size(), "]");
+  STARLING_CHECK_ARG(m >= 1 && m <= u.size(), "multikrum: m=", m, " must be in [1, ", u.size(),
+                     "]");
   return lowest(scores, m);
 }
 
 std::vector<float> krum(const DenseUpdates& u, uint32_t f) { return u[krumSelect(u, f, 1)[0]]; }
 
-std::vector<float> multiKrum(const DenseUpdates& u, const std::vector<double>& weights, uint32_t f, size_t m) {
-  STARLING_CHECK_ARG(weights.size() == u.size(), "multikrum: ", weights.size(), " weights for ", u.size(), " updates");
+std::vector<float> multiKrum(const DenseUpdates& u, const std::vector<double>& weights, uint32_t f,
+                             size_t m) {
+  STARLING_CHECK_ARG(weights.size() == u.size(), "multikrum: ", weights.size(), " weights for ",
+                     u.size(), " updates");
   if (m == 0) m = u.size() - f;
   const auto keep = krumSelect(u, f, m);
   std::vector<double> acc(u[0].size(), 0.0);
@@ -137,8 +146,9 @@ std::vector<float> multiKrum(const DenseUpdates& u, const std::vector<double>& w
 
 std::vector<float> bulyan(const DenseUpdates& u, uint32_t f) {
   const size_t d = checkUpdates(u, "bulyan"), n = u.size();
-  STARLING_CHECK_ARG(n >= 4 * static_cast<size_t>(f) + 3, "bulyan with f=", f, " needs at least 4f+3 = ",
-                     4 * static_cast<size_t>(f) + 3, " updates, the round has ", n);
+  STARLING_CHECK_ARG(n >= 4 * static_cast<size_t>(f) + 3, "bulyan with f=", f,
+                     " needs at least 4f+3 = ", 4 * static_cast<size_t>(f) + 3,
+                     " updates, the round has ", n);
   const size_t theta = n - 2 * f, beta = theta - 2 * f;
   std::vector<size_t> remaining(n), selected;
   std::iota(remaining.begin(), remaining.end(), 0);
@@ -154,7 +164,8 @@ std::vector<float> bulyan(const DenseUpdates& u, uint32_t f) {
   for (size_t j = 0; j < d; ++j) {
     for (size_t i = 0; i < theta; ++i) col[i] = u[selected[i]][j];
     std::sort(col.begin(), col.end());
-    const double med = theta % 2 ? col[theta / 2] : (static_cast<double>(col[theta / 2 - 1]) + col[theta / 2]) / 2.0;
+    const double med = theta % 2 ? col[theta / 2]
+                                 : (static_cast<double>(col[theta / 2 - 1]) + col[theta / 2]) / 2.0;
     // The beta values closest to the median form a contiguous window of the sorted column.
     size_t lo = 0;
     double best = INFINITY;
@@ -173,7 +184,8 @@ std::vector<float> bulyan(const DenseUpdates& u, uint32_t f) {
 }
 
 double clipUpdate(std::span<float> u, double max_norm) {
-  STARLING_CHECK_ARG(max_norm > 0 && std::isfinite(max_norm), "clip: max_norm must be finite and > 0, got ", max_norm);
+  STARLING_CHECK_ARG(max_norm > 0 && std::isfinite(max_norm),
+                     "clip: max_norm must be finite and > 0, got ", max_norm);
   double sq = 0;
   for (float x : u) sq += static_cast<double>(x) * x;
   const double norm = std::sqrt(sq);

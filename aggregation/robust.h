@@ -28,7 +28,8 @@ std::vector<double> krumScores(const DenseUpdates& u, uint32_t f);
 // Indices of the m updates with the lowest Krum scores, lowest score first (ties: lower index).
 std::vector<size_t> krumSelect(const DenseUpdates& u, uint32_t f, size_t m);
 std::vector<float> krum(const DenseUpdates& u, uint32_t f);
-std::vector<float> multiKrum(const DenseUpdates& u, const std::vector<double>& weights, uint32_t f, size_t m);
+std::vector<float> multiKrum(const DenseUpdates& u, const std::vector<double>& weights, uint32_t f,
+                             size_t m);
 std::vector<float> bulyan(const DenseUpdates& u, uint32_t f);
 // Returns the factor applied (1 when the norm was already within max_norm).
 double clipUpdate(std::span<float> u, double max_norm);

@@ -25,12 +25,14 @@ RoundCarry RoundCarry::load(ByteReader& r, const ParamLayout& layout) {
   if (side > 1) r.fail("shared factor side ", int{side});
   c.shared.fixed = static_cast<cz::SharedFactors::Side>(side);
   const uint64_t n = r.u64();
-  if (n != 0 && n != layout.size()) r.fail("shared factors for ", n, " tensors, the model has ", layout.size());
+  if (n != 0 && n != layout.size())
+    r.fail("shared factors for ", n, " tensors, the model has ", layout.size());
   c.shared.factors.resize(layout.size());
   for (uint64_t t = 0; t < n; ++t) {
     r.floats(c.shared.factors[t]);
     const auto& f = c.shared.factors[t];
-    if (f.size() > layout[t].numel) r.fail("shared factor of tensor ", t, " has ", f.size(), " floats");
+    if (f.size() > layout[t].numel)
+      r.fail("shared factor of tensor ", t, " has ", f.size(), " floats");
     if (!allFinite(f)) r.fail("shared factor of tensor ", t, " is not finite");
   }
   return c;
@@ -39,7 +41,8 @@ RoundCarry RoundCarry::load(ByteReader& r, const ParamLayout& layout) {
 void CompletionPolicy::validate() const {
   if (min_results == 0) STARLING_THROW(ConfigError, "completion policy: min_results must be >= 1");
   if (!(min_completion_rate >= 0 && min_completion_rate <= 1))
-    STARLING_THROW(ConfigError, "completion policy: min_completion_rate must be in [0, 1], got ", min_completion_rate);
+    STARLING_THROW(ConfigError, "completion policy: min_completion_rate must be in [0, 1], got ",
+                   min_completion_rate);
 }
 
 RoundDecision decideRound(const CompletionPolicy& p, uint64_t results, uint64_t failures) {
@@ -51,8 +54,8 @@ RoundDecision decideRound(const CompletionPolicy& p, uint64_t results, uint64_t 
   }
   const double rate = static_cast<double>(results) / static_cast<double>(results + failures);
   if (rate < p.min_completion_rate) {
-    why << "round skipped: completion rate " << rate << " (" << results << " of " << results + failures
-        << ") below the required " << p.min_completion_rate;
+    why << "round skipped: completion rate " << rate << " (" << results << " of "
+        << results + failures << ") below the required " << p.min_completion_rate;
     return {false, why.str()};
   }
   return {true, ""};
@@ -77,11 +80,12 @@ namespace {
 
 // An update or partial for an earlier round or phase is late (or replayed); one for a round or
 // phase that has not started is wrong. Servers count them apart.
-void checkRoundAndPhase(uint64_t round, uint32_t phase, const PhaseBroadcast& b, const char* what, uint64_t who) {
+void checkRoundAndPhase(uint64_t round, uint32_t phase, const PhaseBroadcast& b, const char* what,
+                        uint64_t who) {
   if (round == b.round && phase == b.phase) return;
   const bool late = round < b.round || (round == b.round && phase < b.phase);
-  failInput(late ? Errc::kLate : Errc::kWrongRound, what, " ", who, " is for round ", round, " phase ", phase,
-            "; this is round ", b.round, " phase ", b.phase);
+  failInput(late ? Errc::kLate : Errc::kWrongRound, what, " ", who, " is for round ", round,
+            " phase ", phase, "; this is round ", b.round, " phase ", b.phase);
 }
 
 }  // namespace
@@ -121,20 +125,23 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
   checkRoundAndPhase(h.round, h.phase, broadcast_, "update from client", h.client_id);
   cz::checkUpdateHeader(layout, h, u.tensors.size());
   if (seen_.count(h.client_id))
-    failInput(Errc::kDuplicate, "client ", h.client_id, " already sent its update for round ", h.round, " phase ",
-              h.phase);
+    failInput(Errc::kDuplicate, "client ", h.client_id, " already sent its update for round ",
+              h.round, " phase ", h.phase);
   if (allowed_ && !allowed_->count(h.client_id))
-    failInput(Errc::kWrongRound, "client ", h.client_id, " sent phase ", h.phase, " without the earlier phase");
+    failInput(Errc::kWrongRound, "client ", h.client_id, " sent phase ", h.phase,
+              " without the earlier phase");
 
   // The weight a client may claim.
-  const uint64_t cap = limits.max_examples ? std::min(limits.max_examples, bounds.max_examples) : bounds.max_examples;
+  const uint64_t cap = limits.max_examples ? std::min(limits.max_examples, bounds.max_examples)
+                                           : bounds.max_examples;
   if (h.num_examples > cap)
-    failInput(Errc::kBadWeight, "client ", h.client_id, " claims ", h.num_examples, " examples, at most ", cap,
+    failInput(Errc::kBadWeight, "client ", h.client_id, " claims ", h.num_examples,
+              " examples, at most ", cap,
               limits.max_examples ? " (what the server knows of it)" : " (the round's bound)");
   const bool by_examples = scheme_.rule_->weightsByExamples();
   if (by_examples && h.num_examples == 0)
-    failInput(Errc::kBadWeight, "client ", h.client_id, " reports 0 examples, and ", scheme_.rule_->name(),
-              " weights updates by examples");
+    failInput(Errc::kBadWeight, "client ", h.client_id, " reports 0 examples, and ",
+              scheme_.rule_->name(), " weights updates by examples");
   const double weight = by_examples ? static_cast<double>(h.num_examples) : 1.0;
 
   // What the compressor sends, then every payload, then the bounds.
@@ -146,20 +153,21 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
     const cz::PayloadStats s = cz::validatePayload(u.tensors[t], layout[t], shared, t);
     if (s.max_abs > bounds.max_abs_value)
       failInput(Errc::kValueTooLarge, "client ", h.client_id, ": tensor ", t, " '", layout[t].name,
-                "' has a decoded magnitude up to ", s.max_abs, ", the bound is ", bounds.max_abs_value);
+                "' has a decoded magnitude up to ", s.max_abs, ", the bound is ",
+                bounds.max_abs_value);
     if (s.declared_norm > bounds.max_update_norm)
-      failInput(Errc::kNormTooLarge, "client ", h.client_id, ": tensor ", t, " '", layout[t].name, "' states a norm of ",
-                s.declared_norm, ", the bound is ", bounds.max_update_norm);
+      failInput(Errc::kNormTooLarge, "client ", h.client_id, ": tensor ", t, " '", layout[t].name,
+                "' states a norm of ", s.declared_norm, ", the bound is ", bounds.max_update_norm);
     sq_norm += s.sq_norm;
   }
   const double norm = std::sqrt(sq_norm);
   if (!(norm <= bounds.max_update_norm))
-    failInput(Errc::kNormTooLarge, "client ", h.client_id, ": update norm ", norm, " exceeds the bound ",
-              bounds.max_update_norm);
+    failInput(Errc::kNormTooLarge, "client ", h.client_id, ": update norm ", norm,
+              " exceeds the bound ", bounds.max_update_norm);
   for (const auto& m : u.metrics)
     if (!(std::fabs(m.value) <= bounds.max_metric_abs))
-      failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name, "' = ", m.value, " exceeds the bound ",
-                bounds.max_metric_abs);
+      failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name, "' = ", m.value,
+                " exceeds the bound ", bounds.max_metric_abs);
   checkControl(u.control, 1.0, "client", h.client_id);
   const double clip = scheme_.rule_->clipNorm();
   // The clip, then the staleness weight of an asynchronous update (1 in a synchronous round).
@@ -193,8 +201,9 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
 }
 
 void PhaseAggregator::merge(const cz::PartialView& p, uint64_t source, double staleness) {
-  STARLING_CHECK_ARG(scheme_.rule_->streaming(), "aggregation rule ", scheme_.rule_->name(),
-                     " needs every update at the root and cannot merge partial aggregates (no edge aggregators)");
+  STARLING_CHECK_ARG(
+      scheme_.rule_->streaming(), "aggregation rule ", scheme_.rule_->name(),
+      " needs every update at the root and cannot merge partial aggregates (no edge aggregators)");
   STARLING_CHECK_ARG(std::isfinite(staleness) && staleness > 0.0 && staleness <= 1.0,
                      "a staleness weight must be in (0, 1], got ", staleness);
   try {
@@ -250,19 +259,23 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source, do
   if (h.shared_tag != L.sharedTag())
     failInput(Errc::kRoundMismatch, "partial from ", source, " was made with other shared factors");
   if (p.tensors.size() != layout.size())
-    failInput(Errc::kTensorCountMismatch, "partial from ", source, " carries ", p.tensors.size(), " tensors");
-  if (sources_.count(source)) failInput(Errc::kDuplicate, "partial from ", source, " already merged in this phase");
+    failInput(Errc::kTensorCountMismatch, "partial from ", source, " carries ", p.tensors.size(),
+              " tensors");
+  if (sources_.count(source))
+    failInput(Errc::kDuplicate, "partial from ", source, " already merged in this phase");
   if (h.count == 0 || h.count > bounds.max_partial_count)
-    failInput(Errc::kBadWeight, "partial from ", source, " claims ", h.count, " updates (1 to ", bounds.max_partial_count,
-              " allowed)");
-  const double per = scheme_.rule_->weightsByExamples() ? static_cast<double>(bounds.max_examples) : 1.0;
+    failInput(Errc::kBadWeight, "partial from ", source, " claims ", h.count, " updates (1 to ",
+              bounds.max_partial_count, " allowed)");
+  const double per =
+      scheme_.rule_->weightsByExamples() ? static_cast<double>(bounds.max_examples) : 1.0;
   const double max_weight = static_cast<double>(h.count) * per;
   // Every update weighs at least 1 (1 example, or uniform weight 1); the float sums carry a
   // relative error of about 1e-7, hence the slack.
   const double min_weight = static_cast<double>(h.count) * (1 - 1e-5);
-  if (!(std::isfinite(h.total_weight) && h.total_weight >= min_weight && h.total_weight <= max_weight))
-    failInput(Errc::kBadWeight, "partial from ", source, " claims total weight ", h.total_weight, " for ", h.count,
-              " updates (between ", min_weight, " and ", max_weight, ")");
+  if (!(std::isfinite(h.total_weight) && h.total_weight >= min_weight &&
+        h.total_weight <= max_weight))
+    failInput(Errc::kBadWeight, "partial from ", source, " claims total weight ", h.total_weight,
+              " for ", h.count, " updates (between ", min_weight, " and ", max_weight, ")");
   // A sum of updates each within the bounds is within W times them: |sum_i w_i v_i| <= W * bound
   // and ||sum_i w_i u_i|| <= W * norm bound (for factor sums through the same Cauchy-Schwarz bound
   // as single updates). A re-sparsified export may add mass its edge dropped in earlier rounds:
@@ -279,28 +292,33 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source, do
     const auto* lr = std::get_if<cz::LowRankView>(&v);
     if (L.hasFactorSlot(t)) {
       if (!lr || !lr->oneFactor())
-        failInput(Errc::kUnexpectedEncoding, "partial from ", source, ": tensor ", t, " must be its factor sum");
-    } else if (!std::holds_alternative<cz::DenseF32View>(v) && !std::holds_alternative<cz::SparseView>(v)) {
-      failInput(Errc::kUnexpectedEncoding, "partial from ", source, ": tensor ", t, " arrived as ", cz::encodingName(v),
-                ", a partial sum is dense_f32 or sparse");
+        failInput(Errc::kUnexpectedEncoding, "partial from ", source, ": tensor ", t,
+                  " must be its factor sum");
+    } else if (!std::holds_alternative<cz::DenseF32View>(v) &&
+               !std::holds_alternative<cz::SparseView>(v)) {
+      failInput(Errc::kUnexpectedEncoding, "partial from ", source, ": tensor ", t, " arrived as ",
+                cz::encodingName(v), ", a partial sum is dense_f32 or sparse");
     }
     const cz::PayloadStats s = cz::validatePayload(v, layout[t], shared, t);
     if (lr && (lr->p.empty() ? lr->q.size() : lr->p.size()) != L.factorSize(t))
-      failInput(Errc::kShapeMismatch, "partial from ", source, ": factor sum of tensor ", t, " has the wrong size");
+      failInput(Errc::kShapeMismatch, "partial from ", source, ": factor sum of tensor ", t,
+                " has the wrong size");
     if (s.max_abs > value_bound)
-      failInput(Errc::kValueTooLarge, "partial from ", source, ": tensor ", t, " has a magnitude up to ", s.max_abs,
-                ", more than updates of total weight ", h.total_weight, " can sum to (", value_bound, ")");
+      failInput(Errc::kValueTooLarge, "partial from ", source, ": tensor ", t,
+                " has a magnitude up to ", s.max_abs, ", more than updates of total weight ",
+                h.total_weight, " can sum to (", value_bound, ")");
     sq_norm += s.sq_norm;
   }
   if (!(std::sqrt(sq_norm) <= norm_bound))
     failInput(Errc::kNormTooLarge, "partial from ", source, ": norm ", std::sqrt(sq_norm),
-              ", more than updates of total weight ", h.total_weight, " can sum to (", norm_bound, ")");
+              ", more than updates of total weight ", h.total_weight, " can sum to (", norm_bound,
+              ")");
   checkControl(p.control, static_cast<double>(h.count), "partial from", source);
   for (const auto& m : p.metrics)
     if (!(m.weight >= 0 && m.weight <= h.total_weight * (1 + 1e-6) &&
           std::fabs(m.weighted_sum) <= m.weight * bounds.max_metric_abs * (1 + 1e-6)))
-      failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name, "' sums ", m.weighted_sum,
-                " over weight ", m.weight, ", outside the bounds");
+      failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name, "' sums ",
+                m.weighted_sum, " over weight ", m.weight, ", outside the bounds");
   sources_.insert(source);
   partial_.mergeValidated(p, staleness);
   ++accepted_;
@@ -316,13 +334,17 @@ void PhaseAggregator::merge(const PartialAggregate& p) {
 
 RoundScheme::RoundScheme(std::shared_ptr<const ParamLayout> layout, RoundSchemeOptions options)
     : layout_(std::move(layout)), opt_(std::move(options)) {
-  STARLING_CHECK_ARG(layout_ != nullptr && !layout_->empty(), "round scheme: the model layout is empty");
+  STARLING_CHECK_ARG(layout_ != nullptr && !layout_->empty(),
+                     "round scheme: the model layout is empty");
   opt_.bounds.validate();
   for (size_t i = 0; i < opt_.metrics.size(); ++i) {
     const auto& n = opt_.metrics[i];
-    if (n.empty() || n.size() > 64) STARLING_THROW(ConfigError, "round scheme: metric name '", n, "' must have 1 to 64 characters");
+    if (n.empty() || n.size() > 64)
+      STARLING_THROW(ConfigError, "round scheme: metric name '", n,
+                     "' must have 1 to 64 characters");
     for (size_t j = 0; j < i; ++j)
-      if (opt_.metrics[j] == n) STARLING_THROW(ConfigError, "round scheme: metric '", n, "' declared twice");
+      if (opt_.metrics[j] == n)
+        STARLING_THROW(ConfigError, "round scheme: metric '", n, "' declared twice");
   }
   compressor_ = cz::makeCompressor(opt_.compressor);
   rule_ = makeRule(opt_.rule);
@@ -330,21 +352,26 @@ RoundScheme::RoundScheme(std::shared_ptr<const ParamLayout> layout, RoundSchemeO
 
 RoundScheme::~RoundScheme() = default;
 
-RoundCarry RoundScheme::initialCarry() const { return RoundCarry{compressor_->initialShared(*layout_, opt_.run_seed)}; }
+RoundCarry RoundScheme::initialCarry() const {
+  return RoundCarry{compressor_->initialShared(*layout_, opt_.run_seed)};
+}
 
 std::shared_ptr<const AggregateLayout> RoundScheme::aggregateLayout(const PhaseBroadcast& b) const {
   return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, opt_.metrics,
                                                  opt_.scaffold && b.phase == 0);
 }
 
-std::unique_ptr<PhaseAggregator> RoundScheme::phaseAggregator(const PhaseBroadcast& b,
-                                                              const PhaseAggregator* previous) const {
-  STARLING_CHECK_ARG(rule_->streaming(), "aggregation rule ", rule_->name(),
-                     " needs every update at the root: it cannot run at an edge aggregator or simulator worker");
-  STARLING_CHECK_ARG(b.phase < phases(), "round scheme: phase ", b.phase, " does not exist (", phases(), " per round)");
-  STARLING_CHECK_ARG(!previous || (previous->broadcast().round == b.round && previous->broadcast().phase + 1 == b.phase),
-                     "round scheme: the previous aggregator is not of the phase before round ", b.round, " phase ",
-                     b.phase);
+std::unique_ptr<PhaseAggregator> RoundScheme::phaseAggregator(
+    const PhaseBroadcast& b, const PhaseAggregator* previous) const {
+  STARLING_CHECK_ARG(
+      rule_->streaming(), "aggregation rule ", rule_->name(),
+      " needs every update at the root: it cannot run at an edge aggregator or simulator worker");
+  STARLING_CHECK_ARG(b.phase < phases(), "round scheme: phase ", b.phase, " does not exist (",
+                     phases(), " per round)");
+  STARLING_CHECK_ARG(!previous || (previous->broadcast().round == b.round &&
+                                   previous->broadcast().phase + 1 == b.phase),
+                     "round scheme: the previous aggregator is not of the phase before round ",
+                     b.round, " phase ", b.phase);
   return std::unique_ptr<PhaseAggregator>(
       new PhaseAggregator(*this, b, nullptr, previous ? &previous->clients() : nullptr));
 }
@@ -353,18 +380,22 @@ void RoundScheme::checkCarry(const RoundCarry& carry) const {
   const cz::SharedFactors want = compressor_->initialShared(*layout_, opt_.run_seed);
   const auto& got = carry.shared;
   const bool none = !got.any();
-  STARLING_CHECK_ARG(none == !want.any(), "round carry: ", none ? "no shared factors, but " : "shared factors, but ",
+  STARLING_CHECK_ARG(none == !want.any(),
+                     "round carry: ", none ? "no shared factors, but " : "shared factors, but ",
                      compressor_->spec(), none ? " shares factors" : " shares none");
   if (none) return;
-  STARLING_CHECK_ARG(got.factors.size() == layout_->size(), "round carry: factors for ", got.factors.size(),
-                     " tensors, the model has ", layout_->size());
+  STARLING_CHECK_ARG(got.factors.size() == layout_->size(), "round carry: factors for ",
+                     got.factors.size(), " tensors, the model has ", layout_->size());
   for (size_t t = 0; t < layout_->size(); ++t) {
     const TensorSpec& spec = (*layout_)[t];
-    const size_t rank = want.factors[t].empty() ? 0 : want.factors[t].size() / spec.cols();  // initial side is Q
+    const size_t rank =
+        want.factors[t].empty() ? 0 : want.factors[t].size() / spec.cols();  // initial side is Q
     const size_t dim = got.fixed == cz::SharedFactors::Side::kQ ? spec.cols() : spec.rows();
-    STARLING_CHECK_ARG(got.factors[t].size() == rank * dim, "round carry: the factor of tensor '", spec.name, "' has ",
-                       got.factors[t].size(), " floats, ", compressor_->spec(), " shares ", rank * dim);
-    STARLING_CHECK_ARG(allFinite(got.factors[t]), "round carry: the factor of tensor '", spec.name, "' is not finite");
+    STARLING_CHECK_ARG(got.factors[t].size() == rank * dim, "round carry: the factor of tensor '",
+                       spec.name, "' has ", got.factors[t].size(), " floats, ", compressor_->spec(),
+                       " shares ", rank * dim);
+    STARLING_CHECK_ARG(allFinite(got.factors[t]), "round carry: the factor of tensor '", spec.name,
+                       "' is not finite");
   }
 }
 
@@ -375,11 +406,13 @@ std::unique_ptr<Round> RoundScheme::begin(uint64_t round, const RoundCarry& carr
 
 // ---------------------------------------------------------------- round
 
-Round::Round(const RoundScheme& scheme, uint64_t number, const RoundCarry& carry) : scheme_(scheme), number_(number) {
+Round::Round(const RoundScheme& scheme, uint64_t number, const RoundCarry& carry)
+    : scheme_(scheme), number_(number) {
   if (!scheme.rule().streaming()) robust_ = std::make_unique<PhaseAggregator::RobustStore>();
   PhaseBroadcast b{scheme.options().run_seed, number, 0, nullptr};
   if (carry.shared.any()) b.shared = std::make_shared<const cz::SharedFactors>(carry.shared);
-  phases_.push_back(std::unique_ptr<PhaseAggregator>(new PhaseAggregator(scheme, b, robust_.get(), nullptr)));
+  phases_.push_back(
+      std::unique_ptr<PhaseAggregator>(new PhaseAggregator(scheme, b, robust_.get(), nullptr)));
 }
 
 Round::~Round() = default;
@@ -387,25 +420,28 @@ Round::~Round() = default;
 void Round::nextPhase() {
   STARLING_CHECK_ARG(!lastPhase(), "round ", number_, ": phase ", phase(), " is the last");
   PhaseAggregator& cur = current();
-  STARLING_CHECK_ARG(!cur.partial().empty(), "round ", number_, " phase ", phase(), ": no update arrived");
+  STARLING_CHECK_ARG(!cur.partial().empty(), "round ", number_, " phase ", phase(),
+                     ": no update arrived");
   const AggregateLayout& L = cur.partial().layout();
   const auto sums = cur.partial().factorSums();
   cz::RoundContext ctx = cur.broadcast().context(0);
   PhaseBroadcast b{cur.broadcast().run_seed, number_, phase() + 1, nullptr};
-  cz::SharedFactors next =
-      scheme_.compressor().nextShared(scheme_.layout(), ctx, L.shared(), sums, cur.partial().totalWeight());
+  cz::SharedFactors next = scheme_.compressor().nextShared(scheme_.layout(), ctx, L.shared(), sums,
+                                                           cur.partial().totalWeight());
   if (next.any()) b.shared = std::make_shared<const cz::SharedFactors>(std::move(next));
-  phases_.push_back(
-      std::unique_ptr<PhaseAggregator>(new PhaseAggregator(scheme_, std::move(b), robust_.get(), &cur.clients())));
+  phases_.push_back(std::unique_ptr<PhaseAggregator>(
+      new PhaseAggregator(scheme_, std::move(b), robust_.get(), &cur.clients())));
 }
 
 RoundResult Round::finish() {
-  STARLING_CHECK_ARG(lastPhase(), "round ", number_, ": finish() in phase ", phase(), " of ", scheme_.phases());
+  STARLING_CHECK_ARG(lastPhase(), "round ", number_, ": finish() in phase ", phase(), " of ",
+                     scheme_.phases());
   const ParamLayout& layout = scheme_.layout();
   const cz::Compressor& comp = scheme_.compressor();
   RoundResult res;
   for (const auto& p : phases_) {
-    STARLING_CHECK_ARG(!p->partial().empty(), "round ", number_, " phase ", p->broadcast().phase, ": no update arrived");
+    STARLING_CHECK_ARG(!p->partial().empty(), "round ", number_, " phase ", p->broadcast().phase,
+                       ": no update arrived");
     res.rejected += p->rejected();
   }
   res.delta.assign(layout.numel(), 0.0f);
@@ -446,9 +482,10 @@ RoundResult Round::finish() {
   res.count = last.partial().count();
   res.total_weight = last.partial().totalWeight();
   const auto sums = last.partial().factorSums();
-  res.next.shared = comp.nextShared(layout, last.broadcast().context(0), last.partial().layout().shared(), sums,
-                                    res.total_weight);
-  STARLING_ENFORCE(allFinite(res.delta), "round ", number_, ": the aggregate is not finite despite the bounds");
+  res.next.shared = comp.nextShared(layout, last.broadcast().context(0),
+                                    last.partial().layout().shared(), sums, res.total_weight);
+  STARLING_ENFORCE(allFinite(res.delta), "round ", number_,
+                   ": the aggregate is not finite despite the bounds");
   return res;
 }
 

@@ -46,8 +46,8 @@ namespace starling::aggregation {
 using compression::PhaseBroadcast;
 
 struct RoundSchemeOptions {
-  std::string compressor = "none";        // compressor spec (compression/registry.h)
-  std::string rule = "fedavg";            // aggregation rule spec (rule.h)
+  std::string compressor = "none";  // compressor spec (compression/registry.h)
+  std::string rule = "fedavg";      // aggregation rule spec (rule.h)
   uint64_t run_seed = 0;
   ValidationBounds bounds;
   std::vector<std::string> metrics = {"train_loss"};  // metric names aggregated (others ignored)

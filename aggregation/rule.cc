@@ -32,7 +32,8 @@ class FedAvg final : public AggregationRule {
   FedAvg(bool by_examples, double clip) : by_examples_(by_examples) { clip_ = clip; }
   std::string name() const override { return "fedavg"; }
   std::string spec() const override {
-    return std::string("fedavg:weight=") + (by_examples_ ? "examples" : "uniform") + clipText(clip_);
+    return std::string("fedavg:weight=") + (by_examples_ ? "examples" : "uniform") +
+           clipText(clip_);
   }
   bool streaming() const override { return true; }
   bool weightsByExamples() const override { return by_examples_; }
@@ -52,15 +53,21 @@ class Robust final : public AggregationRule {
       : kind_(k), by_examples_(by_examples), beta_(beta), f_(f), m_(m) {
     clip_ = clip;
     if (kind_ == Kind::kTrimmedMean && !(beta_ >= 0 && beta_ < 0.5))
-      STARLING_THROW(ConfigError, "aggregation rule 'trimmed_mean': beta must be in [0, 0.5), got ", beta_);
+      STARLING_THROW(ConfigError, "aggregation rule 'trimmed_mean': beta must be in [0, 0.5), got ",
+                     beta_);
   }
   std::string name() const override {
     switch (kind_) {
-      case Kind::kMedian: return "median";
-      case Kind::kTrimmedMean: return "trimmed_mean";
-      case Kind::kKrum: return "krum";
-      case Kind::kMultiKrum: return "multikrum";
-      case Kind::kBulyan: return "bulyan";
+      case Kind::kMedian:
+        return "median";
+      case Kind::kTrimmedMean:
+        return "trimmed_mean";
+      case Kind::kKrum:
+        return "krum";
+      case Kind::kMultiKrum:
+        return "multikrum";
+      case Kind::kBulyan:
+        return "bulyan";
     }
     return "?";
   }
@@ -68,8 +75,10 @@ class Robust final : public AggregationRule {
     std::ostringstream os;
     os << name() << ":";
     if (kind_ == Kind::kTrimmedMean) os << "beta=" << beta_ << ",";
-    if (kind_ == Kind::kKrum || kind_ == Kind::kMultiKrum || kind_ == Kind::kBulyan) os << "f=" << f_ << ",";
-    if (kind_ == Kind::kMultiKrum) os << "m=" << m_ << ",weight=" << (by_examples_ ? "examples" : "uniform") << ",";
+    if (kind_ == Kind::kKrum || kind_ == Kind::kMultiKrum || kind_ == Kind::kBulyan)
+      os << "f=" << f_ << ",";
+    if (kind_ == Kind::kMultiKrum)
+      os << "m=" << m_ << ",weight=" << (by_examples_ ? "examples" : "uniform") << ",";
     os << "clip=" << clip_;
     return os.str();
   }
@@ -80,11 +89,21 @@ class Robust final : public AggregationRule {
       STARLING_CHECK_ARG(allFinite(u[i]), name(), ": update ", i, " has non-finite values");
     std::vector<float> out;
     switch (kind_) {
-      case Kind::kMedian: out = coordinateMedian(u); break;
-      case Kind::kTrimmedMean: out = trimmedMean(u, beta_); break;
-      case Kind::kKrum: out = krum(u, f_); break;
-      case Kind::kMultiKrum: out = multiKrum(u, w, f_, m_); break;
-      case Kind::kBulyan: out = bulyan(u, f_); break;
+      case Kind::kMedian:
+        out = coordinateMedian(u);
+        break;
+      case Kind::kTrimmedMean:
+        out = trimmedMean(u, beta_);
+        break;
+      case Kind::kKrum:
+        out = krum(u, f_);
+        break;
+      case Kind::kMultiKrum:
+        out = multiKrum(u, w, f_, m_);
+        break;
+      case Kind::kBulyan:
+        out = bulyan(u, f_);
+        break;
     }
     // What a rule selects or averages must itself be usable.
     STARLING_CHECK_ARG(allFinite(out), name(), ": the aggregate is not finite");
@@ -105,7 +124,8 @@ const RuleRegistry& aggregationRules() {
   static const RuleRegistry kRegistry(
       "aggregation rule",
       {
-          {"fedavg", "streaming weighted mean over compressed payloads; O(model) memory, decomposable",
+          {"fedavg",
+           "streaming weighted mean over compressed payloads; O(model) memory, decomposable",
            "weight=examples|uniform, clip=0 (L2 norm, 0 = off)",
            [](OptionReader& r) -> std::unique_ptr<AggregationRule> {
              const bool w = readWeighting(r);
@@ -115,13 +135,15 @@ const RuleRegistry& aggregationRules() {
            [](OptionReader& r) -> std::unique_ptr<AggregationRule> {
              return std::make_unique<Robust>(K::kMedian, readClip(r), false, 0, 0, 0);
            }},
-          {"trimmed_mean", "coordinate-wise mean after dropping int(beta n) at each end; ignores weights",
+          {"trimmed_mean",
+           "coordinate-wise mean after dropping int(beta n) at each end; ignores weights",
            "beta=0.2, clip=0",
            [](OptionReader& r) -> std::unique_ptr<AggregationRule> {
              const double beta = r.number("beta", 0.2);
              return std::make_unique<Robust>(K::kTrimmedMean, readClip(r), false, beta, 0, 0);
            }},
-          {"krum", "the update with the lowest Krum score; needs n >= 2f + 3; ignores weights", "f=0, clip=0",
+          {"krum", "the update with the lowest Krum score; needs n >= 2f + 3; ignores weights",
+           "f=0, clip=0",
            [](OptionReader& r) -> std::unique_ptr<AggregationRule> {
              const uint32_t f = readF(r);
              return std::make_unique<Robust>(K::kKrum, readClip(r), false, 0, f, 0);
@@ -134,7 +156,9 @@ const RuleRegistry& aggregationRules() {
              const bool w = readWeighting(r);
              return std::make_unique<Robust>(K::kMultiKrum, readClip(r), w, 0, f, m);
            }},
-          {"bulyan", "repeated Krum then a trimmed mean around the median; needs n >= 4f + 3; ignores weights",
+          {"bulyan",
+           "repeated Krum then a trimmed mean around the median; needs n >= 4f + 3; ignores "
+           "weights",
            "f=0, clip=0",
            [](OptionReader& r) -> std::unique_ptr<AggregationRule> {
              const uint32_t f = readF(r);
@@ -144,6 +168,8 @@ const RuleRegistry& aggregationRules() {
   return kRegistry;
 }
 
-std::unique_ptr<AggregationRule> makeRule(std::string_view spec) { return aggregationRules().make(spec); }
+std::unique_ptr<AggregationRule> makeRule(std::string_view spec) {
+  return aggregationRules().make(spec);
+}
 
 }  // namespace starling::aggregation

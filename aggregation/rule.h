@@ -37,7 +37,8 @@ class AggregationRule {
   // Robust rules: the round's delta from every update, dense, with their weights. Throws
   // InvalidArgument when the rule's precondition fails (e.g. Krum with n < 2f + 3) or an input is
   // not finite. The result is checked finite. Streaming rules throw InternalError.
-  virtual std::vector<float> combine(const DenseUpdates& updates, const std::vector<double>& weights) const = 0;
+  virtual std::vector<float> combine(const DenseUpdates& updates,
+                                     const std::vector<double>& weights) const = 0;
 
  protected:
   double clip_ = 0.0;

@@ -25,9 +25,11 @@ Rule ruleOf(const std::string& name) {
 
 class Optimizer final : public ServerOptimizer {
  public:
-  Optimizer(ServerOptimizerOptions o, size_t numel) : ServerOptimizer(std::move(o), numel), rule_(ruleOf(opt_.name)) {
+  Optimizer(ServerOptimizerOptions o, size_t numel)
+      : ServerOptimizer(std::move(o), numel), rule_(ruleOf(opt_.name)) {
     if (rule_ != Rule::kAvg) m_.assign(numel, 0.0f);
-    if (rule_ != Rule::kAvg && rule_ != Rule::kAvgM) v_.assign(numel, static_cast<float>(opt_.tau * opt_.tau));
+    if (rule_ != Rule::kAvg && rule_ != Rule::kAvgM)
+      v_.assign(numel, static_cast<float>(opt_.tau * opt_.tau));
   }
 
  protected:
@@ -52,15 +54,20 @@ class Optimizer final : public ServerOptimizer {
       m_[i] = b1 * m_[i] + (1.0f - b1) * d[i];
       const float d2 = d[i] * d[i];
       switch (rule_) {
-        case Rule::kAdagrad: v_[i] += d2; break;
-        case Rule::kAdam: v_[i] = b2 * v_[i] + (1.0f - b2) * d2; break;
+        case Rule::kAdagrad:
+          v_[i] += d2;
+          break;
+        case Rule::kAdam:
+          v_[i] = b2 * v_[i] + (1.0f - b2) * d2;
+          break;
         case Rule::kYogi: {
           const float diff = v_[i] - d2;
           const float sgn = static_cast<float>((diff > 0.0f) - (diff < 0.0f));
           v_[i] -= (1.0f - b2) * d2 * sgn;
           break;
         }
-        default: break;
+        default:
+          break;
       }
       x[i] += eta * m_[i] / (std::sqrt(v_[i]) + tau);
     }
@@ -103,20 +110,24 @@ void ServerOptimizerOptions::validate() const {
 
 std::string ServerOptimizerOptions::spec() const {
   std::ostringstream os;
-  os << name << ":eta=" << eta << ",eta_l=" << eta_l << ",beta1=" << beta1 << ",beta2=" << beta2 << ",tau=" << tau;
+  os << name << ":eta=" << eta << ",eta_l=" << eta_l << ",beta1=" << beta1 << ",beta2=" << beta2
+     << ",tau=" << tau;
   return os.str();
 }
 
-ServerOptimizer::ServerOptimizer(ServerOptimizerOptions o, size_t numel) : opt_(std::move(o)), numel_(numel) {
+ServerOptimizer::ServerOptimizer(ServerOptimizerOptions o, size_t numel)
+    : opt_(std::move(o)), numel_(numel) {
   opt_.validate();
 }
 
 void ServerOptimizer::step(std::span<float> model, std::span<const float> delta) {
-  STARLING_CHECK_ARG(model.size() == numel_ && delta.size() == numel_, "server optimizer: model has ", model.size(),
-                     " and delta ", delta.size(), " floats, expected ", numel_);
+  STARLING_CHECK_ARG(model.size() == numel_ && delta.size() == numel_,
+                     "server optimizer: model has ", model.size(), " and delta ", delta.size(),
+                     " floats, expected ", numel_);
   if (!allFinite(delta))
     for (size_t i = 0; i < delta.size(); ++i)
-      STARLING_CHECK_ARG(std::isfinite(delta[i]), "server optimizer: delta value ", i, " is not finite; round refused");
+      STARLING_CHECK_ARG(std::isfinite(delta[i]), "server optimizer: delta value ", i,
+                         " is not finite; round refused");
   apply(model, delta);
   ++steps_;
 }
@@ -134,7 +145,8 @@ void ServerOptimizer::saveState(ByteWriter& w) const {
 void ServerOptimizer::loadState(ByteReader& r) {
   if (r.u32() != kMagic) r.fail("bad magic (not a server optimizer state)");
   const uint32_t version = r.u32();
-  if (version != kStateVersion) r.fail("version ", version, " not supported (this build reads ", kStateVersion, ")");
+  if (version != kStateVersion)
+    r.fail("version ", version, " not supported (this build reads ", kStateVersion, ")");
   const std::string name = r.str(64);
   if (name != opt_.name) r.fail("state is for '", name, "', this optimizer is '", opt_.name, "'");
   const uint64_t numel = r.u64();
@@ -144,13 +156,15 @@ void ServerOptimizer::loadState(ByteReader& r) {
   r.floats(m);
   if (m.size() != m_.size()) r.fail("momentum has ", m.size(), " values, expected ", m_.size());
   r.floats(v);
-  if (v.size() != v_.size()) r.fail("second moment has ", v.size(), " values, expected ", v_.size());
+  if (v.size() != v_.size())
+    r.fail("second moment has ", v.size(), " values, expected ", v_.size());
   // A state no step could have produced (a corrupt or edited file) would make the model
   // non-finite at the next step: refused here. Every rule keeps v >= 0 (it starts at tau^2).
   for (float x : m)
     if (!std::isfinite(x)) r.fail("momentum holds a non-finite value");
   for (float x : v)
-    if (!(std::isfinite(x) && x >= 0.0f)) r.fail("second moment holds a negative or non-finite value (", x, ")");
+    if (!(std::isfinite(x) && x >= 0.0f))
+      r.fail("second moment holds a negative or non-finite value (", x, ")");
   steps_ = steps;
   m_.swap(m);
   v_.swap(v);
@@ -159,7 +173,8 @@ void ServerOptimizer::loadState(ByteReader& r) {
 const ServerOptimizerRegistry& serverOptimizers() {
   auto entry = [](const char* name, const char* summary, const char* options) {
     return ServerOptimizerRegistry::Entry{
-        name, summary, options, [n = std::string(name)](OptionReader& r, size_t numel) -> std::unique_ptr<ServerOptimizer> {
+        name, summary, options,
+        [n = std::string(name)](OptionReader& r, size_t numel) -> std::unique_ptr<ServerOptimizer> {
           return std::make_unique<Optimizer>(readOptions(r, n), numel);
         }};
   };
@@ -167,8 +182,10 @@ const ServerOptimizerRegistry& serverOptimizers() {
       "server optimizer",
       {
           entry("fedavg", "x += eta * delta (eta = 1: plain FedAvg)", "eta=1, eta_l=0.1"),
-          entry("fedavgm", "server momentum: m = beta1 m + delta; x += eta m", "eta=1, beta1=0.9, eta_l=0.1"),
-          entry("fedadagrad", "adaptive (Reddi et al.): v += delta^2", "eta=1, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=0.1"),
+          entry("fedavgm", "server momentum: m = beta1 m + delta; x += eta m",
+                "eta=1, beta1=0.9, eta_l=0.1"),
+          entry("fedadagrad", "adaptive (Reddi et al.): v += delta^2",
+                "eta=1, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=0.1"),
           entry("fedadam", "adaptive (Reddi et al.): v = beta2 v + (1-beta2) delta^2",
                 "eta=1, beta1=0.9, beta2=0.99, tau=1e-3, eta_l=0.1"),
           entry("fedyogi", "adaptive (Reddi et al.): v -= (1-beta2) delta^2 sign(v - delta^2)",
@@ -177,7 +194,8 @@ const ServerOptimizerRegistry& serverOptimizers() {
   return kRegistry;
 }
 
-std::unique_ptr<ServerOptimizer> makeServerOptimizer(const ServerOptimizerOptions& o, size_t numel) {
+std::unique_ptr<ServerOptimizer> makeServerOptimizer(const ServerOptimizerOptions& o,
+                                                     size_t numel) {
   return std::make_unique<Optimizer>(o, numel);
 }
 

@@ -4,9 +4,10 @@
 // model) to the global model x. With m_{-1} = 0 and v_{-1} = tau^2:
 //   fedavg     x += eta * delta                           (eta = 1: plain FedAvg)
 //   fedavgm    m = beta1 * m + delta;  x += eta * m        (Hsu et al. 2019, server momentum)
-//   fedadagrad m = beta1 m + (1-beta1) delta;  v = v + delta^2;                x += eta m / (sqrt(v) + tau)
-//   fedadam    m = beta1 m + (1-beta1) delta;  v = beta2 v + (1-beta2) delta^2; x += eta m / (sqrt(v) + tau)
-//   fedyogi    m = beta1 m + (1-beta1) delta;  v = v - (1-beta2) delta^2 sign(v - delta^2); x += ...
+//   fedadagrad m = beta1 m + (1-beta1) delta;  v = v + delta^2;                x += eta m /
+//   (sqrt(v) + tau) fedadam    m = beta1 m + (1-beta1) delta;  v = beta2 v + (1-beta2) delta^2; x
+//   += eta m / (sqrt(v) + tau) fedyogi    m = beta1 m + (1-beta1) delta;  v = v - (1-beta2) delta^2
+//   sign(v - delta^2); x += ...
 // No bias correction, as in the paper. eta_l (the clients' learning rate) is carried for the
 // round configuration the server sends to clients; the server step does not use it.
 // State (m, v, step count) is serializable for checkpoints.
@@ -24,11 +25,11 @@ namespace starling::aggregation {
 
 struct ServerOptimizerOptions {
   std::string name = "fedavg";
-  double eta = 1.0;     // server learning rate (Reddi's defaults for the adaptive ones: 1e-2..1)
-  double eta_l = 0.1;   // client learning rate, forwarded to clients
-  double beta1 = 0.9;   // momentum (fedavgm uses it as the momentum factor)
+  double eta = 1.0;    // server learning rate (Reddi's defaults for the adaptive ones: 1e-2..1)
+  double eta_l = 0.1;  // client learning rate, forwarded to clients
+  double beta1 = 0.9;  // momentum (fedavgm uses it as the momentum factor)
   double beta2 = 0.99;
-  double tau = 1e-3;    // adaptivity; v starts at tau^2
+  double tau = 1e-3;  // adaptivity; v starts at tau^2
   void validate() const;
   std::string spec() const;
 };

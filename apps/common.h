@@ -52,9 +52,11 @@ inline transport::SecurityConfig security(const Settings::Net& n, bool server_si
 }
 
 // A console logger; under --security.insecure every line says so.
-inline std::shared_ptr<spdlog::logger> makeLogger(const std::string& name, const std::string& level, bool insecure) {
+inline std::shared_ptr<spdlog::logger> makeLogger(const std::string& name, const std::string& level,
+                                                  bool insecure) {
   auto log = spdlog::stderr_color_mt(name);
-  log->set_pattern(insecure ? "[%H:%M:%S.%e] [%n] [INSECURE] [%^%l%$] %v" : "[%H:%M:%S.%e] [%n] [%^%l%$] %v");
+  log->set_pattern(insecure ? "[%H:%M:%S.%e] [%n] [INSECURE] [%^%l%$] %v"
+                            : "[%H:%M:%S.%e] [%n] [%^%l%$] %v");
   log->set_level(spdlog::level::from_str(level));
   return log;
 }

@@ -22,7 +22,7 @@ struct Options::Entry {
   CLI::Option* option = nullptr;
   FromToml fromToml;
   std::vector<std::string> owners;  // empty: this program's key; else the programs that use it
-  bool from_file = false;  // set by the --config file
+  bool from_file = false;           // set by the --config file
   // A choice (addChoice): the spelling given, and what stores it once parsed.
   std::unique_ptr<std::string> choice;
   std::vector<std::string> choices;
@@ -37,13 +37,16 @@ namespace {
 
 template <class T>
 void checkRange(const std::string& where, T v, T lo, T hi) {
-  if (v < lo || v > hi) STARLING_THROW(ConfigError, where, " = ", v, " is out of range [", lo, ", ", hi, "]");
+  if (v < lo || v > hi)
+    STARLING_THROW(ConfigError, where, " = ", v, " is out of range [", lo, ", ", hi, "]");
 }
 
 // Flattens a TOML table into dotted keys (arrays are leaves).
-void flatten(const toml::table& t, const std::string& prefix, std::map<std::string, const toml::node*>& out) {
+void flatten(const toml::table& t, const std::string& prefix,
+             std::map<std::string, const toml::node*>& out) {
   for (const auto& [k, node] : t) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const auto* sub = node.as_table())
       flatten(*sub, key, out);
     else
@@ -54,8 +57,10 @@ void flatten(const toml::table& t, const std::string& prefix, std::map<std::stri
 }  // namespace
 
 Options::Options(std::string program, std::string description)
-    : program_(std::move(program)), app_(std::make_unique<CLI::App>(std::move(description), program_)) {
-  app_->add_option("--config", config_file_, "TOML file with any of the keys below (the command line wins)");
+    : program_(std::move(program)),
+      app_(std::make_unique<CLI::App>(std::move(description), program_)) {
+  app_->add_option("--config", config_file_,
+                   "TOML file with any of the keys below (the command line wins)");
   app_->get_formatter()->column_width(34);
 }
 
@@ -63,7 +68,8 @@ Options::~Options() = default;
 
 // Registers `--key` (given twice, the last wins) and how the config file sets it.
 template <class T>
-CLI::Option* Options::option(const std::string& key, T* v, const std::string& help, FromToml from_toml) {
+CLI::Option* Options::option(const std::string& key, T* v, const std::string& help,
+                             FromToml from_toml) {
   auto e = std::make_unique<Entry>();
   e->key = key;
   e->owners = owners_;
@@ -91,7 +97,8 @@ std::function<void(const toml::node&, const std::string&)> numberFromToml(T* v, 
       const int64_t x = *n.value<int64_t>();
       if constexpr (std::is_unsigned_v<T>) {
         if (x < 0) STARLING_THROW(ConfigError, where, " = ", x, " must not be negative");
-        checkRange(where, static_cast<uint64_t>(x), static_cast<uint64_t>(lo), static_cast<uint64_t>(hi));
+        checkRange(where, static_cast<uint64_t>(x), static_cast<uint64_t>(lo),
+                   static_cast<uint64_t>(hi));
       } else {
         checkRange(where, x, static_cast<int64_t>(lo), static_cast<int64_t>(hi));
       }
@@ -104,53 +111,70 @@ std::function<void(const toml::node&, const std::string&)> numberFromToml(T* v, 
 
 void Options::add(const std::string& key, std::string* v, const std::string& help) {
   option(key, v, help, {[v](const toml::node& n, const std::string& where) {
-    if (!n.is_string()) badType(where, "a string");
-    *v = std::string(*n.value<std::string>());
-  }})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+           if (!n.is_string()) badType(where, "a string");
+           *v = std::string(*n.value<std::string>());
+         }})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void Options::add(const std::string& key, bool* v, const std::string& help) {
   option(key, v, help + " (true/false)", {[v](const toml::node& n, const std::string& where) {
-    if (!n.is_boolean()) badType(where, "true or false");
-    *v = *n.value<bool>();
-  }})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+           if (!n.is_boolean()) badType(where, "true or false");
+           *v = *n.value<bool>();
+         }})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
-void Options::add(const std::string& key, double* v, const std::string& help, double lo, double hi) {
-  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+void Options::add(const std::string& key, double* v, const std::string& help, double lo,
+                  double hi) {
+  option(key, v, help, {numberFromToml(v, lo, hi)})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Range(lo, hi));
 }
 
 void Options::add(const std::string& key, float* v, const std::string& help, double lo, double hi) {
-  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+  option(key, v, help, {numberFromToml(v, lo, hi)})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Range(lo, hi));
 }
 
-void Options::add(const std::string& key, uint64_t* v, const std::string& help, uint64_t lo, uint64_t hi) {
-  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+void Options::add(const std::string& key, uint64_t* v, const std::string& help, uint64_t lo,
+                  uint64_t hi) {
+  option(key, v, help, {numberFromToml(v, lo, hi)})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Range(lo, hi));
 }
 
-void Options::add(const std::string& key, uint32_t* v, const std::string& help, uint64_t lo, uint64_t hi) {
-  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+void Options::add(const std::string& key, uint32_t* v, const std::string& help, uint64_t lo,
+                  uint64_t hi) {
+  option(key, v, help, {numberFromToml(v, lo, hi)})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Range(lo, hi));
 }
 
 void Options::add(const std::string& key, int* v, const std::string& help, int64_t lo, int64_t hi) {
-  option(key, v, help, {numberFromToml(v, lo, hi)})->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->check(CLI::Range(lo, hi));
+  option(key, v, help, {numberFromToml(v, lo, hi)})
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->check(CLI::Range(lo, hi));
 }
 
 void Options::add(const std::string& key, std::vector<std::string>* v, const std::string& help) {
   option(key, v, help, {[v](const toml::node& n, const std::string& where) {
-    const auto* arr = n.as_array();
-    if (!arr) badType(where, "an array of strings");
-    v->clear();
-    for (const auto& x : *arr) {
-      if (!x.is_string()) badType(where, "an array of strings");
-      v->push_back(std::string(*x.value<std::string>()));
-    }
-  }})->delimiter(',');
+           const auto* arr = n.as_array();
+           if (!arr) badType(where, "an array of strings");
+           v->clear();
+           for (const auto& x : *arr) {
+             if (!x.is_string()) badType(where, "an array of strings");
+             v->push_back(std::string(*x.value<std::string>()));
+           }
+         }})
+      ->delimiter(',');
 }
 
 void Options::addChoice(const std::string& key, std::vector<std::string> names, size_t initial,
                         const std::string& help, std::function<void(size_t)> set) {
-  STARLING_CHECK_ARG(initial < names.size(), "option ", key, ": its default is not one of its names");
+  STARLING_CHECK_ARG(initial < names.size(), "option ", key,
+                     ": its default is not one of its names");
   auto holder = std::make_unique<std::string>(names[initial]);
   std::string* shadow = holder.get();
   std::string listed;
@@ -252,7 +276,8 @@ Run with --help for more information.
       t = toml::parse_file(config_file_);
     } catch (const toml::parse_error& e) {
       const auto& s = e.source();
-      STARLING_THROW(ConfigError, config_file_, ":", s.begin.line, ":", s.begin.column, ": ", e.description());
+      STARLING_THROW(ConfigError, config_file_, ":", s.begin.line, ":", s.begin.column, ": ",
+                     e.description());
     }
     std::map<std::string, const toml::node*> leaves;
     flatten(t, "", leaves);
@@ -260,7 +285,9 @@ Run with --help for more information.
       Entry* entry = nullptr;
       for (auto& e : entries_)
         if (e->key == key) entry = e.get();
-      if (!entry) STARLING_THROW(ConfigError, config_file_, ": unknown key '", key, "' (", program_, " --help lists them)");
+      if (!entry)
+        STARLING_THROW(ConfigError, config_file_, ": unknown key '", key, "' (", program_,
+                       " --help lists them)");
       if (entry->option->count() > 0) continue;  // the command line wins
       entry->fromToml.set(*node, config_file_ + ": key '" + key + "'");
       entry->from_file = true;

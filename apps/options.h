@@ -21,8 +21,7 @@
 namespace CLI {
 class App;
 class Option;
-}
-
+}  // namespace CLI
 
 namespace starling::apps {
 
@@ -44,7 +43,7 @@ class Options {
   // One of `names` (its spelling in the file and on the command line), stored as the enum value
   // paired with it: any other spelling is a ConfigError (a bad command line) listing them.
   template <class E>
-    requires std::is_enum_v<E>
+  requires std::is_enum_v<E>
   void add(const std::string& key, E* v, const std::string& help,
            const std::vector<std::pair<std::string, E>>& names) {
     std::vector<std::string> spellings;

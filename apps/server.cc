@@ -222,8 +222,9 @@ int runServer(apps::Settings& c) {
   if (ec.scheme.scaffold && aggregator) {
     // One file serves the root, its aggregators and its clients: the setting is the
     // root's, and an aggregator relays what the root's tasks carry.
-    log->info("train.scaffold is the root's setting: this aggregator relays SCAFFOLD's control "
-              "variates when the root's tasks carry them");
+    log->info(
+        "train.scaffold is the root's setting: this aggregator relays SCAFFOLD's control "
+        "variates when the root's tasks carry them");
   } else if (ec.scheme.scaffold) {
     client::checkScaffoldTrainer(*trainer);
     // N must count clients: behind edge aggregators the registered peers are aggregators.
@@ -259,12 +260,13 @@ int runServer(apps::Settings& c) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != s.size()) STARLING_THROW(ConfigError, "security.aggregator_ids: '", s, "' is not an id");
+    if (used == 0 || used != s.size())
+      STARLING_THROW(ConfigError, "security.aggregator_ids: '", s, "' is not an id");
     fc.aggregator_ids.insert(id);
   }
   server::ZmqFleet fleet(ctx, fc, layout, log);
-  log->info("listening on {} | model {} ({} parameters, fingerprint {})", fleet.endpoint(), trainer->spec(),
-            layout->numel(), hexFingerprint(layout->fingerprint()));
+  log->info("listening on {} | model {} ({} parameters, fingerprint {})", fleet.endpoint(),
+            trainer->spec(), layout->numel(), hexFingerprint(layout->fingerprint()));
   apps::installStopHandlers();
   // SIGINT / SIGTERM end a wait or a phase within about 100 ms (server::Stopped), not when it
   // times out, and the round in progress is left for the restart.
@@ -286,7 +288,8 @@ int runServer(apps::Settings& c) {
     server::EdgeAggregator agg(ctx, ac, fleet, layout, log);
     log->info("aggregator {} relaying to {}", c.server.id, c.server.upstream);
     const bool finished = agg.run(apps::stopFlag());
-    log->info("{}; {} partials sent", finished ? "upstream ended the federation" : "stopped", agg.partialsSent());
+    log->info("{}; {} partials sent", finished ? "upstream ended the federation" : "stopped",
+              agg.partialsSent());
     return 0;
   }
 
@@ -318,7 +321,8 @@ int runServer(apps::Settings& c) {
           ec.checkpoint.empty() ? " (no state.checkpoint: from round 1)" : " from its checkpoint");
       return 0;
     }
-    std::string acc = r.test_accuracy ? fmt::format("  test accuracy {:5.1f}%", 100 * *r.test_accuracy) : "";
+    std::string acc =
+        r.test_accuracy ? fmt::format("  test accuracy {:5.1f}%", 100 * *r.test_accuracy) : "";
     if (r.applied)
       log->info(
           "round {:4}/{}  {} updates from {} of {} sampled  loss {:.4f}{}  up {:.1f} KB  down "

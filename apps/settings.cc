@@ -10,9 +10,12 @@ namespace starling::apps {
 
 const char* name(RoundMode m) {
   switch (m) {
-    case RoundMode::kSync: return "sync";
-    case RoundMode::kAsync: return "async";
-    case RoundMode::kSemisync: return "semisync";
+    case RoundMode::kSync:
+      return "sync";
+    case RoundMode::kAsync:
+      return "async";
+    case RoundMode::kSemisync:
+      return "semisync";
   }
   return "?";
 }
@@ -244,7 +247,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "semisync: rounds closing at round.deadline_seconds (starling-sim, simulated) or "
         "round.deadline_ms (the root) with whatever arrived, late updates joining a later round "
         "with their staleness weight (docs/simulation.md, docs/deployment.md)",
-        {{"sync", RoundMode::kSync}, {"async", RoundMode::kAsync}, {"semisync", RoundMode::kSemisync}});
+        {{"sync", RoundMode::kSync},
+         {"async", RoundMode::kAsync},
+         {"semisync", RoundMode::kSemisync}});
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
   o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");

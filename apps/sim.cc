@@ -264,7 +264,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
         launch.world_size == 1 ? "" : "s", c.sim.backend.c_str(), launch.source.c_str(),
         device.cuda() ? (device.str() + (launch.world_size > 1 ? " (rank 0)" : "")).c_str()
                       : "cpu");
-    std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(), loaded.train_path.c_str(),
+    std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(),
+                loaded.train_path.c_str(),
                 test ? (data::describe(*test) + " (" + loaded.test_path + ")").c_str() : "none");
     if (device_round)
       std::printf(
@@ -276,7 +277,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
               : "this compressor is compressed on the host (top-k, stc, rand-k, random-block, "
                 "sign, QSGD, PowerSGD and ACP-SGD are served)");
     if (c.data.stats || !c.data.stats_file.empty()) {
-      const data::PartitionStats st = data::partitionStats(train.labels, train.num_classes, clients.shards);
+      const data::PartitionStats st =
+          data::partitionStats(train.labels, train.num_classes, clients.shards);
       if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());
       if (!c.data.stats_file.empty()) data::writeStatsCsv(st, c.data.stats_file);
     }
@@ -356,25 +358,28 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     ec.shard_rank = static_cast<uint32_t>(launch.rank);
     ec.shard_count = static_cast<uint32_t>(launch.world_size);
     if (!ec.checkpoint.empty())
-      ec.optimizer_shard_file = ec.checkpoint + ".optimizer-" + std::to_string(launch.rank) + "-of-" +
-                                std::to_string(launch.world_size);
+      ec.optimizer_shard_file = ec.checkpoint + ".optimizer-" + std::to_string(launch.rank) +
+                                "-of-" + std::to_string(launch.world_size);
   }
   server::RoundEngine engine(layout, ec, std::move(init));
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = isatty(STDOUT_FILENO);
   const uint64_t first = engine.nextRound();
-  if (lead && engine.resumed()) std::printf("resumed at round %llu\n", static_cast<unsigned long long>(first));
+  if (lead && engine.resumed())
+    std::printf("resumed at round %llu\n", static_cast<unsigned long long>(first));
   std::optional<double> last_acc;
   while (!engine.done()) {
     const server::RoundRecord r = engine.runRound(fleet);
     if (!lead) continue;
     if (r.test_accuracy) last_acc = r.test_accuracy;
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double per_round = elapsed / static_cast<double>(r.round - first + 1);
     const double left = per_round * static_cast<double>(ec.rounds - r.round);
     char acc[32] = "", ef[48] = "";
     if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
-    if (auto g = r.metrics.find("ef_gain"); g != r.metrics.end()) std::snprintf(ef, sizeof ef, "  EF gain %.2f", g->second);
+    if (auto g = r.metrics.find("ef_gain"); g != r.metrics.end())
+      std::snprintf(ef, sizeof ef, "  EF gain %.2f", g->second);
     std::printf(
         "%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA "
         "%s%s",
@@ -389,7 +394,8 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     std::fflush(stdout);
   }
   if (lead) {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf(
         "\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
         "this worker; "

@@ -14,7 +14,8 @@ namespace ag = starling::aggregation;
 namespace {
 
 constexpr size_t kClients = 1000;
-constexpr size_t kDistinct = 16;  // distinct updates cycled through (64 MB of dense data: past the caches)
+constexpr size_t kDistinct =
+    16;  // distinct updates cycled through (64 MB of dense data: past the caches)
 
 ParamLayout flat(size_t n) {
   ParamLayout l;
@@ -23,8 +24,8 @@ ParamLayout flat(size_t n) {
 }
 
 std::shared_ptr<const ag::AggregateLayout> aggLayout(const ParamLayout& l) {
-  return std::make_shared<const ag::AggregateLayout>(std::make_shared<const ParamLayout>(l), 1, 0, nullptr,
-                                                     std::vector<std::string>{});
+  return std::make_shared<const ag::AggregateLayout>(std::make_shared<const ParamLayout>(l), 1, 0,
+                                                     nullptr, std::vector<std::string>{});
 }
 
 cz::Update header(const ParamLayout& l, size_t i) {
@@ -38,7 +39,8 @@ std::vector<cz::Update> denseUpdates(const ParamLayout& l) {
   const auto& x = input(l.numel() * kDistinct);
   for (size_t i = 0; i < kDistinct; ++i) {
     cz::Update u = header(l, i);
-    u.tensors = {cz::DenseF32{std::vector<float>(x.begin() + i * l.numel(), x.begin() + (i + 1) * l.numel())}};
+    u.tensors = {cz::DenseF32{
+        std::vector<float>(x.begin() + i * l.numel(), x.begin() + (i + 1) * l.numel())}};
     out.push_back(std::move(u));
   }
   return out;
@@ -83,8 +85,8 @@ std::vector<cz::Update> ternaryUpdates(const ParamLayout& l, size_t nnz) {
 std::vector<cz::Update> stc1pct(const ParamLayout& l) { return ternaryUpdates(l, l.numel() / 100); }
 
 // Accumulation alone: views of owned updates, already validated.
-void registerAccumulate(const std::string& name, ParamLayout layout, std::vector<cz::Update> (*make)(const ParamLayout&),
-                        bool validate) {
+void registerAccumulate(const std::string& name, ParamLayout layout,
+                        std::vector<cz::Update> (*make)(const ParamLayout&), bool validate) {
   benchmark::RegisterBenchmark(name.c_str(), [layout, make, validate](benchmark::State& st) {
     const auto updates = make(layout);
     std::vector<cz::UpdateView> views;
@@ -103,7 +105,8 @@ void registerAccumulate(const std::string& name, ParamLayout layout, std::vector
       }
       benchmark::DoNotOptimize(agg.buffer().data());
     }
-    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(kClients * payload / kDistinct));
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) *
+                         static_cast<int64_t>(kClients * payload / kDistinct));
   });
 }
 
@@ -113,8 +116,8 @@ void registerAccumulate(const std::string& name, ParamLayout layout, std::vector
 //   memcpy:    the reference, a memcpy of the same bytes
 enum class Path { kCopy, kZeroCopy, kMemcpy };
 
-void registerIngest(const std::string& name, ParamLayout layout, std::vector<cz::Update> (*make)(const ParamLayout&),
-                    Path path) {
+void registerIngest(const std::string& name, ParamLayout layout,
+                    std::vector<cz::Update> (*make)(const ParamLayout&), Path path) {
   benchmark::RegisterBenchmark(name.c_str(), [layout, make, path](benchmark::State& st) {
     std::vector<std::vector<uint8_t>> wire;
     for (const auto& u : make(layout)) wire.push_back(protocol::encodeUpdate(u));
@@ -172,7 +175,8 @@ void registerAggregationBenchmarks() {
       }
       benchmark::DoNotOptimize(dst.data());
     }
-    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(kClients * 4000000));
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) *
+                         static_cast<int64_t>(kClients * 4000000));
   });
   // Sparse updates: 10,000 non-zeros (top-k 1% of a 1M model) into a 1M model, and 10,000 vs
   // 100,000 non-zeros into a 25M model: the cost follows the non-zeros, not the model size.

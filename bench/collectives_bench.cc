@@ -86,16 +86,24 @@ void registerAll(std::vector<std::unique_ptr<sim::Collectives>>& groups) {
       };
       benchmark::RegisterBenchmark(name("allreduce_step", n, mib).c_str(),
                                    [run](benchmark::State& st) { run(st, false, true); })
-          ->Iterations(iters)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(iters)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
       benchmark::RegisterBenchmark(name("rs_step_ag", n, mib).c_str(),
                                    [run](benchmark::State& st) { run(st, true, true); })
-          ->Iterations(iters)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(iters)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
       benchmark::RegisterBenchmark(name("allreduce", n, mib).c_str(),
                                    [run](benchmark::State& st) { run(st, false, false); })
-          ->Iterations(iters)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(iters)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
       benchmark::RegisterBenchmark(name("rs_ag", n, mib).c_str(),
                                    [run](benchmark::State& st) { run(st, true, false); })
-          ->Iterations(iters)->Unit(benchmark::kMillisecond)->UseRealTime();
+          ->Iterations(iters)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     }
   }
 }
@@ -131,8 +139,10 @@ int runRank(std::vector<char*> args, const std::vector<int>& ports) {
   if (benchmark::ReportUnrecognizedArguments(n, kept.data())) return 1;
   registerAll(groups);
   std::unique_ptr<benchmark::BenchmarkReporter> display;
-  if (json) display = std::make_unique<benchmark::JSONReporter>();
-  else display = std::make_unique<benchmark::ConsoleReporter>();
+  if (json)
+    display = std::make_unique<benchmark::JSONReporter>();
+  else
+    display = std::make_unique<benchmark::ConsoleReporter>();
   starling::bench::Recorder rec(std::move(display));
   benchmark::RunSpecifiedBenchmarks(&rec);
   for (auto& g : groups) g->barrier();  // neither rank tears its group down under the other
@@ -140,10 +150,13 @@ int runRank(std::vector<char*> args, const std::vector<int>& ports) {
   std::vector<starling::bench::Ratio> ratios;
   for (size_t mib : kBucketsMiB) {
     for (size_t sz : kSizes) {
-      ratios.push_back({name("decoupled_over_allreduce_with_step", sz, mib), name("rs_step_ag", sz, mib),
-                        name("allreduce_step", sz, mib), "<= 1.0 (costs no more)"});
-      ratios.push_back({name("rs_ag_over_allreduce", sz, mib), name("rs_ag", sz, mib), name("allreduce", sz, mib),
-                        "no target: same bytes on the wire, Gloo ring all-reduce vs c10d send/recv to every peer"});
+      ratios.push_back({name("decoupled_over_allreduce_with_step", sz, mib),
+                        name("rs_step_ag", sz, mib), name("allreduce_step", sz, mib),
+                        "<= 1.0 (costs no more)"});
+      ratios.push_back({name("rs_ag_over_allreduce", sz, mib), name("rs_ag", sz, mib),
+                        name("allreduce", sz, mib),
+                        "no target: same bytes on the wire, Gloo ring all-reduce vs c10d send/recv "
+                        "to every peer"});
     }
   }
   if (!starling::bench::reportRatios(rec, ratios, ratios_out)) return 1;
@@ -184,7 +197,8 @@ int main(int argc, char** argv) {
     const std::vector<int> pids = sim::spawnLocalRanks(self, args, 2, first_port);
     const std::vector<int> st = sim::waitRanks(pids, std::chrono::minutes(30));
     if (st[0] != 0 || st[1] != 0) {
-      std::cerr << "starling-collectives-bench: ranks exited with " << st[0] << " and " << st[1] << "\n";
+      std::cerr << "starling-collectives-bench: ranks exited with " << st[0] << " and " << st[1]
+                << "\n";
       return 1;
     }
     return 0;

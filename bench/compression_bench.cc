@@ -1,9 +1,8 @@
+#include <Eigen/Core>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-
-#include <Eigen/Core>
 
 #include "bench/bench_common.h"
 #include "compression/lowrank.h"
@@ -38,7 +37,8 @@ void registerMemcpy(size_t n) {
       benchmark::DoNotOptimize(dst.data());
       benchmark::ClobberMemory();
     }
-    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(n * sizeof(float)));
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) *
+                         static_cast<int64_t>(n * sizeof(float)));
   });
 }
 
@@ -63,15 +63,18 @@ void registerCompress(const std::string& name, const std::string& spec, const Pa
     uint64_t round = 0;
     size_t bytes = 0;
     for (auto _ : st) {
-      auto p = c->compressWithFeedback(layout, x, state, cz::RoundContext{1, round++, 0, 1, shared.any() ? &shared : nullptr},
-                                       &ws);
+      auto p = c->compressWithFeedback(
+          layout, x, state, cz::RoundContext{1, round++, 0, 1, shared.any() ? &shared : nullptr},
+          &ws);
       bytes = 0;
       for (const auto& q : p) bytes += cz::payloadDataBytes(q);
       benchmark::DoNotOptimize(p.data());
     }
-    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(layout.numel() * sizeof(float)));
+    st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) *
+                         static_cast<int64_t>(layout.numel() * sizeof(float)));
     st.counters["payload_bytes"] = static_cast<double>(bytes);
-    st.counters["compression_ratio"] = static_cast<double>(layout.numel() * sizeof(float)) / static_cast<double>(bytes);
+    st.counters["compression_ratio"] =
+        static_cast<double>(layout.numel() * sizeof(float)) / static_cast<double>(bytes);
   });
 }
 
@@ -84,20 +87,25 @@ void registerCompressionBenchmarks() {
     for (const char* d : {"0.001", "0.01"}) {
       const std::string suffix = sizeName(n) + "/density:" + d;
       const double density = std::stod(d);
-      benchmark::RegisterBenchmark(("topk_select/" + suffix).c_str(), [n, density](benchmark::State& st) {
-        const auto& x = input(n);
-        std::vector<uint32_t> idx;
-        const size_t k = cz::countForDensity(density, n);
-        for (auto _ : st) {
-          cz::selectTopK(x, k, idx, 1);
-          benchmark::DoNotOptimize(idx.data());
-        }
-        st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(n * sizeof(float)));
-      });
+      benchmark::RegisterBenchmark(("topk_select/" + suffix).c_str(),
+                                   [n, density](benchmark::State& st) {
+                                     const auto& x = input(n);
+                                     std::vector<uint32_t> idx;
+                                     const size_t k = cz::countForDensity(density, n);
+                                     for (auto _ : st) {
+                                       cz::selectTopK(x, k, idx, 1);
+                                       benchmark::DoNotOptimize(idx.data());
+                                     }
+                                     st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) *
+                                                          static_cast<int64_t>(n * sizeof(float)));
+                                   });
       for (const char* c : {"topk", "stc", "randk", "randblock"})
-        registerCompress(std::string("compress/") + c + "/" + suffix, std::string(c) + ":density=" + d, layout);
-      registerCompress("randblock_select/" + suffix, std::string("randblock:ef=false,density=") + d, layout);
-      registerCompress("compress/topk_global/" + suffix, std::string("topk:scope=global,density=") + d, layout);
+        registerCompress(std::string("compress/") + c + "/" + suffix,
+                         std::string(c) + ":density=" + d, layout);
+      registerCompress("randblock_select/" + suffix, std::string("randblock:ef=false,density=") + d,
+                       layout);
+      registerCompress("compress/topk_global/" + suffix,
+                       std::string("topk:scope=global,density=") + d, layout);
     }
     for (const char* c : {"none", "fp16", "bf16", "sign", "qsgd", "acpsgd"})
       registerCompress(std::string("compress/") + c + "/" + sizeName(n), c, layout);

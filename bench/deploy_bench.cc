@@ -15,20 +15,22 @@
 //                                    of the encoded update's size, the ROUTER only receives.
 //   round/engine/<sec>/<kind>/<N>c   one whole RoundEngine::runRound over the ZmqFleet: dense
 //                                    downlink of the 1M model (the task the clients decode and
-//                                    apply), the pre-encoded update up, aggregation, optimizer step.
+//                                    apply), the pre-encoded update up, aggregation, optimizer
+//                                    step.
 //   round/raw/<sec>/<kind>/<N>c      the reference: the same bytes down (a frame of the task's
 //                                    size) and up (a frame of the update's size) over raw ZeroMQ.
 //   ingest|round/raw1m/...           the same raw transfers with every message cut into frames of
 //                                    1 MiB (Starling's chunk size; no headers, no reassembly copy):
 //                                    under CURVE, libzmq moves 1 MiB frames much faster than 4 MB
-//                                    ones (see docs/performance.md), so this is the stricter reference.
+//                                    ones (see docs/performance.md), so this is the stricter
+//                                    reference.
 //
 //   <sec> is curve (the default deployment: CurveZMQ, the ZAP allow-list on the fleet) or insecure;
 //   <kind> is dense (4 MB of f32 per update) or topk1pct (10,000 indices and values).
 //
 // Both sides use the same client loop: one thread sweeps its sockets with non-blocking receives and
-// sleeps (50 us, doubling up to 1 ms) after a sweep that found nothing. Server and clients each get their own ZeroMQ
-// context with one I/O thread, as two processes would.
+// sleeps (50 us, doubling up to 1 ms) after a sweep that found nothing. Server and clients each get
+// their own ZeroMQ context with one I/O thread, as two processes would.
 //
 // Memory (not a Google Benchmark case; a process per measurement so that the peak is its own):
 //   --memory_out=FILE       runs `--memory_one=10` and `--memory_one=1000` as child processes and
@@ -40,11 +42,10 @@
 //   --memory_task=dense     with either: each task carries the whole model (4 MB, a first round's
 //                           dense downlink) instead of an empty delta.
 #include <spawn.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <chrono>
@@ -119,7 +120,8 @@ size_t findOnce(const std::vector<uint8_t>& b, uint64_t v) {
   size_t at = SIZE_MAX, n = 0;
   for (size_t i = 0; i + 8 <= b.size(); ++i)
     if (std::memcmp(b.data() + i, &v, 8) == 0) at = i, ++n;
-  if (n != 1) throw std::runtime_error("placeholder found " + std::to_string(n) + " times in the update");
+  if (n != 1)
+    throw std::runtime_error("placeholder found " + std::to_string(n) + " times in the update");
   return at;
 }
 
@@ -267,7 +269,9 @@ class Farm {
           const auto kind = pr::peekKind(r->bytes());
           if (!kind) continue;
           switch (*kind) {
-            case pr::MessageKind::kWelcome: ++welcomed_; break;
+            case pr::MessageKind::kWelcome:
+              ++welcomed_;
+              break;
             case pr::MessageKind::kTask: {
               const pr::TaskMsg t = pr::decodeTask(r->bytes(), *layout);
               if (!t.model.empty()) {
@@ -278,9 +282,14 @@ class Farm {
               socks[i]->send(answer.bytes);
               break;
             }
-            case pr::MessageKind::kReject: ++rejects_; break;
-            case pr::MessageKind::kShutdown: ++shut; break;
-            default: break;
+            case pr::MessageKind::kReject:
+              ++rejects_;
+              break;
+            case pr::MessageKind::kShutdown:
+              ++shut;
+              break;
+            default:
+              break;
           }
         }
       }
@@ -328,8 +337,8 @@ void setCurve(zmq::socket_t& s, bool server, const Keys& keys, size_t client) {
 // `answer_bytes`, sent as frames of at most `frame_bytes`.
 class RawFarm {
  public:
-  RawFarm(std::string endpoint, bool insecure, const Keys& keys, size_t n, size_t down_bytes, size_t answer_bytes,
-          size_t frame_bytes)
+  RawFarm(std::string endpoint, bool insecure, const Keys& keys, size_t n, size_t down_bytes,
+          size_t answer_bytes, size_t frame_bytes)
       : ctx_(1), answer_(answer_bytes, 0x5a) {
     for (size_t i = 0; i < n; ++i) {
       socks_.emplace_back(ctx_, zmq::socket_type::dealer);
@@ -352,8 +361,9 @@ class RawFarm {
             got[i] -= down_bytes;
             // Copies, as ClientSocket::send does.
             for (size_t at = 0; at < answer_.size(); at += frame_bytes)
-              socks_[i].send(zmq::buffer(answer_.data() + at, std::min(frame_bytes, answer_.size() - at)),
-                             zmq::send_flags::none);
+              socks_[i].send(
+                  zmq::buffer(answer_.data() + at, std::min(frame_bytes, answer_.size() - at)),
+                  zmq::send_flags::none);
           }
         }
         idle.after(any);
@@ -398,7 +408,8 @@ struct RawServer {
     for (const auto& p : peers)
       for (size_t at = 0; at < down.size(); at += frame) {
         sock.send(zmq::buffer(p), zmq::send_flags::sndmore);
-        sock.send(zmq::buffer(down.data() + at, std::min(frame, down.size() - at)), zmq::send_flags::none);
+        sock.send(zmq::buffer(down.data() + at, std::min(frame, down.size() - at)),
+                  zmq::send_flags::none);
       }
     size_t bytes = 0;
     while (bytes < up * peers.size()) {
@@ -416,11 +427,13 @@ struct RawServer {
 size_t g_clients = 100;
 
 std::string caseName(const char* what, bool insecure, Kind kind, size_t n) {
-  return std::string(what) + "/" + (insecure ? "insecure" : "curve") + "/" + kindName(kind) + "/" + std::to_string(n) + "c";
+  return std::string(what) + "/" + (insecure ? "insecure" : "curve") + "/" + kindName(kind) + "/" +
+         std::to_string(n) + "c";
 }
 
 // The encoded sizes the raw reference moves: the task each client gets and the update it sends.
-size_t taskBytes(const sv::ModelStore& store, uint64_t held, sv::Downlink d, const std::string& compressor) {
+size_t taskBytes(const sv::ModelStore& store, uint64_t held, sv::Downlink d,
+                 const std::string& compressor) {
   pr::TaskMsg h;
   h.round = 1;
   h.nonce = 1;
@@ -470,8 +483,9 @@ void ingestFleet(benchmark::State& st, bool insecure, Kind kind) {
     const sv::PhaseReport rep = fleet.runPhase(task, clients, n, round->current());
     accepted += round->current().accepted();
     if (rep.completed.size() != n) {
-      st.SkipWithError(("phase incomplete: " + std::to_string(rep.completed.size()) + " of " + std::to_string(n) +
-                        ", refused " + std::to_string(fleet.refusedTotal()) + " " + farm.error())
+      st.SkipWithError(("phase incomplete: " + std::to_string(rep.completed.size()) + " of " +
+                        std::to_string(n) + ", refused " + std::to_string(fleet.refusedTotal()) +
+                        " " + farm.error())
                            .c_str());
       break;
     }
@@ -483,7 +497,8 @@ void ingestFleet(benchmark::State& st, bool insecure, Kind kind) {
   st.counters["refused"] = static_cast<double>(fleet.refusedTotal());
 }
 
-void rawExchange(benchmark::State& st, bool insecure, size_t down_bytes, size_t up_bytes, size_t frame_bytes) {
+void rawExchange(benchmark::State& st, bool insecure, size_t down_bytes, size_t up_bytes,
+                 size_t frame_bytes) {
   const size_t n = g_clients;
   const Keys keys = makeKeys(n);
   RawServer server(insecure, keys);
@@ -553,16 +568,21 @@ void registerAll(int iterations) {
     for (bool insecure : {false, true}) {
       const size_t n = g_clients;
       auto reg = [&](const std::string& name, auto fn) {
-        benchmark::RegisterBenchmark(name.c_str(), fn)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(iters);
+        benchmark::RegisterBenchmark(name.c_str(), fn)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond)
+            ->Iterations(iters);
       };
-      reg(caseName("ingest/fleet", insecure, kind, n), [=](benchmark::State& st) { ingestFleet(st, insecure, kind); });
+      reg(caseName("ingest/fleet", insecure, kind, n),
+          [=](benchmark::State& st) { ingestFleet(st, insecure, kind); });
       reg(caseName("ingest/raw", insecure, kind, n),
           [=](benchmark::State& st) { rawExchange(st, insecure, small_task, up, SIZE_MAX); });
       if (kind == Kind::kDense)  // the same bytes in frames of Starling's chunk size (1 MiB)
         reg(caseName("ingest/raw1m", insecure, kind, n),
             [=](benchmark::State& st) { rawExchange(st, insecure, small_task, up, kChunk); });
       if (!insecure) {
-        reg(caseName("round/engine", insecure, kind, n), [=](benchmark::State& st) { roundEngine(st, insecure, kind); });
+        reg(caseName("round/engine", insecure, kind, n),
+            [=](benchmark::State& st) { roundEngine(st, insecure, kind); });
         reg(caseName("round/raw", insecure, kind, n),
             [=](benchmark::State& st) { rawExchange(st, insecure, model_task, up, SIZE_MAX); });
         reg(caseName("round/raw1m", insecure, kind, n),
@@ -579,7 +599,8 @@ long statusKb(const char* field) {
   std::string line;
   const size_t len = std::strlen(field);
   while (std::getline(f, line))
-    if (line.compare(0, len, field) == 0 && line[len] == ':') return std::stol(line.substr(len + 1));
+    if (line.compare(0, len, field) == 0 && line[len] == ':')
+      return std::stol(line.substr(len + 1));
   return -1;
 }
 
@@ -647,23 +668,29 @@ int memoryOne(size_t n, bool dense_task) {
     refused_too_large = fleet.refused(starling::Errc::kTooLarge);
     for (size_t c = 0; c <= static_cast<size_t>(starling::kLastErrc); ++c)
       if (fleet.refused(static_cast<starling::Errc>(c)))
-        refused_codes += (refused_codes.empty() ? "" : ",") + std::string(starling::errcName(static_cast<starling::Errc>(c))) + ":" +
+        refused_codes += (refused_codes.empty() ? "" : ",") +
+                         std::string(starling::errcName(static_cast<starling::Errc>(c))) + ":" +
                          std::to_string(fleet.refused(static_cast<starling::Errc>(c)));
     hwm_phase = statusKb("VmHWM");
     fleet.finish("bench done");
     fleet.service(1000ms);
   }
   int status = 0;
-  for (int i = 0; i < 100 && waitpid(child, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(100ms);
+  for (int i = 0; i < 100 && waitpid(child, &status, WNOHANG) == 0; ++i)
+    std::this_thread::sleep_for(100ms);
   if (waitpid(child, &status, WNOHANG) == 0) {
     kill(child, SIGKILL);
     waitpid(child, &status, 0);
   }
-  std::cout << "{\"clients\": " << n << ", \"task\": \"" << (dense_task ? "dense model" : "empty delta")
-            << "\", \"completed\": " << completed << ", \"refused\": " << refused
-            << ", \"refused_too_large\": " << refused_too_large << ", \"refused_codes\": \"" << refused_codes << "\"" << ", \"phase_seconds\": " << phase_s << ", \"rss_start_kb\": " << rss_start
-            << ", \"rss_registered_kb\": " << rss_registered << ", \"hwm_after_phase_kb\": " << hwm_phase
-            << ", \"nofile_soft_before\": " << soft_before << ", \"nofile_used\": " << rl.rlim_cur << "}" << std::endl;
+  std::cout << "{\"clients\": " << n << ", \"task\": \""
+            << (dense_task ? "dense model" : "empty delta") << "\", \"completed\": " << completed
+            << ", \"refused\": " << refused << ", \"refused_too_large\": " << refused_too_large
+            << ", \"refused_codes\": \"" << refused_codes << "\""
+            << ", \"phase_seconds\": " << phase_s << ", \"rss_start_kb\": " << rss_start
+            << ", \"rss_registered_kb\": " << rss_registered
+            << ", \"hwm_after_phase_kb\": " << hwm_phase
+            << ", \"nofile_soft_before\": " << soft_before << ", \"nofile_used\": " << rl.rlim_cur
+            << "}" << std::endl;
   return completed == n ? 0 : 1;
 }
 
@@ -675,7 +702,8 @@ long jsonField(const std::string& js, const std::string& key) {
 int memoryOut(const std::string& out, bool dense_task) {
   std::map<size_t, std::string> res;
   for (size_t n : {size_t{10}, size_t{1000}}) {
-    const std::string cmd = "/proc/" + std::to_string(getpid()) + "/exe --memory_one=" + std::to_string(n) +
+    const std::string cmd = "/proc/" + std::to_string(getpid()) +
+                            "/exe --memory_one=" + std::to_string(n) +
                             (dense_task ? " --memory_task=dense" : "");
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return 1;
@@ -688,15 +716,21 @@ int memoryOut(const std::string& out, bool dense_task) {
       return 1;
     }
     while (!line.empty() && line.back() == '\n') line.pop_back();
-    if (rc != 0) std::cerr << "(not every client's update was accepted: see completed and refused)\n";
+    if (rc != 0)
+      std::cerr << "(not every client's update was accepted: see completed and refused)\n";
     std::cerr << line << "\n";
     res[n] = line;
   }
   const double model_bytes = kRows * kCols * 4.0;
-  const double reg = (jsonField(res[1000], "rss_registered_kb") - jsonField(res[10], "rss_registered_kb")) * 1024.0 / 990;
-  const double hwm = (jsonField(res[1000], "hwm_after_phase_kb") - jsonField(res[10], "hwm_after_phase_kb")) * 1024.0 / 990;
+  const double reg =
+      (jsonField(res[1000], "rss_registered_kb") - jsonField(res[10], "rss_registered_kb")) *
+      1024.0 / 990;
+  const double hwm =
+      (jsonField(res[1000], "hwm_after_phase_kb") - jsonField(res[10], "hwm_after_phase_kb")) *
+      1024.0 / 990;
   std::ostringstream js;
-  js << "{\n  \"task\": \"" << (dense_task ? "dense model (4 MB) to every client" : "empty delta") << "\",\n  \"runs\": [" << res[10] << ",\n           " << res[1000] << "],\n"
+  js << "{\n  \"task\": \"" << (dense_task ? "dense model (4 MB) to every client" : "empty delta")
+     << "\",\n  \"runs\": [" << res[10] << ",\n           " << res[1000] << "],\n"
      << "  \"bytes_per_registered_client\": " << reg << ",\n"
      << "  \"peak_bytes_per_client_with_a_dense_phase\": " << hwm << ",\n"
      << "  \"model_bytes\": " << model_bytes << ",\n"
@@ -716,12 +750,18 @@ int main(int argc, char** argv) {
   std::string memory_out;
   bool dense_task = false;
   const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
-    if (a.rfind("--clients=", 0) == 0) g_clients = std::stoul(a.substr(10));
-    else if (a.rfind("--deploy_iterations=", 0) == 0) iterations = std::stoi(a.substr(20));
-    else if (a.rfind("--memory_one=", 0) == 0) memory_one = std::stoul(a.substr(13));
-    else if (a.rfind("--memory_out=", 0) == 0) memory_out = a.substr(13);
-    else if (a == "--memory_task=dense") dense_task = true;
-    else return false;
+    if (a.rfind("--clients=", 0) == 0)
+      g_clients = std::stoul(a.substr(10));
+    else if (a.rfind("--deploy_iterations=", 0) == 0)
+      iterations = std::stoi(a.substr(20));
+    else if (a.rfind("--memory_one=", 0) == 0)
+      memory_one = std::stoul(a.substr(13));
+    else if (a.rfind("--memory_out=", 0) == 0)
+      memory_out = a.substr(13);
+    else if (a == "--memory_task=dense")
+      dense_task = true;
+    else
+      return false;
     return true;
   });
   if (memory_one) return memoryOne(memory_one, dense_task);
@@ -736,15 +776,16 @@ int main(int argc, char** argv) {
   for (const char* kind : {"dense", "topk1pct"}) {
     for (const char* sec : {"curve", "insecure"}) {
       const std::string s = std::string(sec) + "/" + kind + "/" + c;
-      ratios.push_back({"ingest_speed_vs_raw_zmq/" + s, "ingest/raw/" + s, "ingest/fleet/" + s, ">= 0.7"});
-      ratios.push_back({"ingest_speed_vs_raw_zmq_1MiB_frames/" + s, "ingest/raw1m/" + s, "ingest/fleet/" + s,
-                        ">= 0.7, against the same bytes in 1 MiB frames"});
+      ratios.push_back(
+          {"ingest_speed_vs_raw_zmq/" + s, "ingest/raw/" + s, "ingest/fleet/" + s, ">= 0.7"});
+      ratios.push_back({"ingest_speed_vs_raw_zmq_1MiB_frames/" + s, "ingest/raw1m/" + s,
+                        "ingest/fleet/" + s, ">= 0.7, against the same bytes in 1 MiB frames"});
     }
     const std::string s = std::string("curve/") + kind + "/" + c;
     ratios.push_back({"round_time_over_raw_transfers/" + s, "round/engine/" + s, "round/raw/" + s,
                       "no target: round overhead = value - 1"});
-    ratios.push_back({"round_time_over_raw_transfers_1MiB_frames/" + s, "round/engine/" + s, "round/raw1m/" + s,
-                      "no target: round overhead = value - 1"});
+    ratios.push_back({"round_time_over_raw_transfers_1MiB_frames/" + s, "round/engine/" + s,
+                      "round/raw1m/" + s, "no target: round overhead = value - 1"});
   }
   if (!starling::bench::reportRatios(rec, ratios, cl.ratios_out)) return 1;
   benchmark::Shutdown();

@@ -1,7 +1,7 @@
 #pragma once
-// Helpers of the LibTorch benchmarks. The image data: the first n examples of Fashion-MNIST's training split
-// when the Debian package is installed, n random 28x28 images with random labels (10 classes)
-// otherwise; which one is said on stderr.
+// Helpers of the LibTorch benchmarks. The image data: the first n examples of Fashion-MNIST's
+// training split when the Debian package is installed, n random 28x28 images with random labels (10
+// classes) otherwise; which one is said on stderr.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -41,8 +41,8 @@ inline auto threadsFlag(int& threads) {
   };
 }
 
-// Runs `a` then `b` once per benchmark iteration, each timed on its own (wall time): slow changes of
-// a shared machine's load hit both alike. Returns their total seconds.
+// Runs `a` then `b` once per benchmark iteration, each timed on its own (wall time): slow changes
+// of a shared machine's load hit both alike. Returns their total seconds.
 template <class A, class B>
 std::pair<double, double> pairedSeconds(benchmark::State& st, A&& a, B&& b) {
   using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock

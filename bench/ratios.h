@@ -1,10 +1,10 @@
 #pragma once
-// What Starling's bench binaries share: their command line (initBenchmarks, runBenchmarks), a reporter that keeps each benchmark's real
-// time while forwarding to the display reporter, and the ratios computed from those times (printed
-// to stderr, written as JSON with --ratios_out=FILE). A ratio is time(numerator) /
-// time(denominator) of two benchmarks of the same run; with --benchmark_repetitions the median of
-// the repetitions is used. Benchmarks are named by their registered name (no /iterations:N or
-// /real_time suffix).
+// What Starling's bench binaries share: their command line (initBenchmarks, runBenchmarks), a
+// reporter that keeps each benchmark's real time while forwarding to the display reporter, and the
+// ratios computed from those times (printed to stderr, written as JSON with --ratios_out=FILE). A
+// ratio is time(numerator) / time(denominator) of two benchmarks of the same run; with
+// --benchmark_repetitions the median of the repetitions is used. Benchmarks are named by their
+// registered name (no /iterations:N or /real_time suffix).
 #include <benchmark/benchmark.h>
 
 #include <fstream>
@@ -21,7 +21,8 @@ namespace starling::bench {
 // Forwards to the chosen display reporter and keeps each run's real time (ns per iteration).
 class Recorder : public benchmark::BenchmarkReporter {
  public:
-  explicit Recorder(std::unique_ptr<benchmark::BenchmarkReporter> inner) : inner_(std::move(inner)) {}
+  explicit Recorder(std::unique_ptr<benchmark::BenchmarkReporter> inner)
+      : inner_(std::move(inner)) {}
   bool ReportContext(const Context& c) override { return inner_->ReportContext(c); }
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& r : runs) {
@@ -46,10 +47,14 @@ class Recorder : public benchmark::BenchmarkReporter {
  private:
   static double multiplier(benchmark::TimeUnit u) {
     switch (u) {
-      case benchmark::kNanosecond: return 1;
-      case benchmark::kMicrosecond: return 1e3;
-      case benchmark::kMillisecond: return 1e6;
-      case benchmark::kSecond: return 1e9;
+      case benchmark::kNanosecond:
+        return 1;
+      case benchmark::kMicrosecond:
+        return 1e3;
+      case benchmark::kMillisecond:
+        return 1e6;
+      case benchmark::kSecond:
+        return 1e9;
     }
     return 1;
   }
@@ -64,7 +69,8 @@ struct Ratio {
 // Prints the ratios whose two benchmarks ran to stderr and, when `out` is not empty, writes them
 // as JSON ({"ratios": [{name, value, target, numerator, denominator}, ...]}). False when `out`
 // cannot be written.
-inline bool reportRatios(const Recorder& rec, const std::vector<Ratio>& ratios, const std::string& out) {
+inline bool reportRatios(const Recorder& rec, const std::vector<Ratio>& ratios,
+                         const std::string& out) {
   std::ostringstream js;
   js << "{\n  \"ratios\": [\n";
   bool first = true;
@@ -74,8 +80,9 @@ inline bool reportRatios(const Recorder& rec, const std::vector<Ratio>& ratios, 
     if (!a || !b) continue;  // filtered out or not built
     const double v = *a / *b;
     std::cerr << "  " << r.name << " = " << v << "   (target " << r.target << ")\n";
-    js << (first ? "" : ",\n") << "    {\"name\": \"" << r.name << "\", \"value\": " << v << ", \"target\": \"" << r.target
-       << "\", \"numerator\": \"" << r.numerator << "\", \"denominator\": \"" << r.denominator << "\"}";
+    js << (first ? "" : ",\n") << "    {\"name\": \"" << r.name << "\", \"value\": " << v
+       << ", \"target\": \"" << r.target << "\", \"numerator\": \"" << r.numerator
+       << "\", \"denominator\": \"" << r.denominator << "\"}";
     first = false;
   }
   js << "\n  ]\n}\n";
@@ -119,8 +126,10 @@ inline bool initBenchmarks(int argc, char** argv, CommandLine& cl,
 // Runs every registered benchmark, displayed on the console or as JSON, and keeps their times.
 inline std::unique_ptr<Recorder> runBenchmarks(bool json) {
   std::unique_ptr<benchmark::BenchmarkReporter> display;
-  if (json) display = std::make_unique<benchmark::JSONReporter>();
-  else display = std::make_unique<benchmark::ConsoleReporter>();
+  if (json)
+    display = std::make_unique<benchmark::JSONReporter>();
+  else
+    display = std::make_unique<benchmark::ConsoleReporter>();
   auto rec = std::make_unique<Recorder>(std::move(display));
   benchmark::RunSpecifiedBenchmarks(rec.get());
   return rec;

@@ -84,7 +84,8 @@ struct Cloud {
     }
   }
   void run() {
-    for (size_t s = 0; s < kSteps; ++s) benchmark::DoNotOptimize(cloud->step(1, acts[s], labels[s], kBatch));
+    for (size_t s = 0; s < kSteps; ++s)
+      benchmark::DoNotOptimize(cloud->step(1, acts[s], labels[s], kBatch));
   }
 };
 
@@ -101,7 +102,8 @@ void cloudBench(benchmark::State& st, std::string cut, uint32_t rank) {
 void pairedBench(benchmark::State& st, std::string cut, uint32_t rank) {
   Unsplit u;
   Cloud c(cut, rank);
-  const auto [us, cs] = bench::pairedSeconds(st, [&] { u.run(); }, [&] { c.run(); });
+  const auto [us, cs] = bench::pairedSeconds(
+      st, [&] { u.run(); }, [&] { c.run(); });
   const double steps = static_cast<double>(st.iterations()) * kSteps;
   st.counters["unsplit_ms"] = 1e3 * us / steps;
   st.counters["cloud_ms"] = 1e3 * cs / steps;
@@ -113,12 +115,16 @@ void pairedBench(benchmark::State& st, std::string cut, uint32_t rank) {
 int main(int argc, char** argv) {
   starling::bench::CommandLine cl;
   int threads = 1;
-  const bool ok = starling::bench::initBenchmarks(argc, argv, cl, starling::bench::threadsFlag(threads));
+  const bool ok =
+      starling::bench::initBenchmarks(argc, argv, cl, starling::bench::threadsFlag(threads));
   if (!ok) return 1;
   starling::torch_trainer::setThreads(threads);
   benchData();
-  benchmark::RegisterBenchmark("split_step/unsplit", unsplitBench)->Unit(benchmark::kMillisecond)->UseRealTime();
-  const std::vector<std::pair<std::string, uint32_t>> cuts = {{"conv1", 0}, {"conv2", 0}, {"fc1", 0}, {"conv2", 32}};
+  benchmark::RegisterBenchmark("split_step/unsplit", unsplitBench)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  const std::vector<std::pair<std::string, uint32_t>> cuts = {
+      {"conv1", 0}, {"conv2", 0}, {"fc1", 0}, {"conv2", 32}};
   std::vector<starling::bench::Ratio> ratios;
   for (const auto& [cut, rank] : cuts) {
     const std::string name = cut + (rank ? "/svd" + std::to_string(rank) : "");
@@ -128,8 +134,8 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("split_step/paired/" + name).c_str(), pairedBench, cut, rank)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
-    ratios.push_back({"cloud_step_over_unsplit_step/" + name, "split_step/cloud/" + name, "split_step/unsplit",
-                      "reported"});
+    ratios.push_back({"cloud_step_over_unsplit_step/" + name, "split_step/cloud/" + name,
+                      "split_step/unsplit", "reported"});
   }
   const auto rec = starling::bench::runBenchmarks(cl.json);
   if (!starling::bench::reportRatios(*rec, ratios, cl.ratios_out)) return 1;

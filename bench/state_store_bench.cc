@@ -94,7 +94,9 @@ void BM_StoreVisit(benchmark::State& st, uint64_t clients, bool resumable) {
   const uint64_t rss0 = resetPeak();
   std::string dir;
   if (resumable) {
-    dir = (std::filesystem::temp_directory_path() / ("starling-bench-store-" + std::to_string(::getpid()))).string();
+    dir = (std::filesystem::temp_directory_path() /
+           ("starling-bench-store-" + std::to_string(::getpid())))
+              .string();
     std::filesystem::remove_all(dir);
   }
   {
@@ -183,21 +185,33 @@ int main(int argc, char** argv) {
   // Named in full (the ratios find benchmarks by name); a fixed iteration count: one pass over the
   // 100,000 clients' shuffle.
   benchmark::RegisterBenchmark("store_visit/clients:1000", BM_StoreVisit, 1000, false)
-      ->Iterations(20000)->Unit(benchmark::kMicrosecond)->UseRealTime();
+      ->Iterations(20000)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("store_visit/clients:100000", BM_StoreVisit, 100000, false)
-      ->Iterations(100000)->Unit(benchmark::kMicrosecond)->UseRealTime();
+      ->Iterations(100000)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("store_visit/clients:100000/resumable", BM_StoreVisit, 100000, true)
-      ->Iterations(100000)->Unit(benchmark::kMicrosecond)->UseRealTime();
+      ->Iterations(100000)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("ref_unordered_map/clients:100000", BM_RefUnorderedMap, 100000)
-      ->Iterations(100000)->Unit(benchmark::kMicrosecond)->UseRealTime();
-  benchmark::RegisterBenchmark("ref_memcpy", BM_RefMemcpy)->Iterations(100000)->Unit(benchmark::kMicrosecond)->UseRealTime();
+      ->Iterations(100000)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("ref_memcpy", BM_RefMemcpy)
+      ->Iterations(100000)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   const auto rec = starling::bench::runBenchmarks(cl.json);
   const std::string ref_map = "ref_unordered_map/clients:100000";
   const std::string ref_cpy = "ref_memcpy";
   const std::vector<starling::bench::Ratio> ratios = {
       {"store_1k_clients_vs_unordered_map", "store_visit/clients:1000", ref_map, "report"},
       {"store_100k_clients_vs_unordered_map", "store_visit/clients:100000", ref_map, "report"},
-      {"store_100k_resumable_vs_unordered_map", "store_visit/clients:100000/resumable", ref_map, "report"},
+      {"store_100k_resumable_vs_unordered_map", "store_visit/clients:100000/resumable", ref_map,
+       "report"},
       {"store_100k_clients_vs_memcpy", "store_visit/clients:100000", ref_cpy, "report"},
       {"unordered_map_vs_memcpy", ref_map, ref_cpy, "report"},
   };

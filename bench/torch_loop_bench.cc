@@ -198,7 +198,8 @@ void eigenPaired(benchmark::State& st) {
 void paired(benchmark::State& st) {
   Bare b;
   Fit f;
-  const auto [bare_s, fit_s] = bench::pairedSeconds(st, [&] { b.epoch(); }, [&] { f.epoch(); });
+  const auto [bare_s, fit_s] = bench::pairedSeconds(
+      st, [&] { b.epoch(); }, [&] { f.epoch(); });
   const auto iters = static_cast<double>(st.iterations());
   st.counters["bare_ms"] = 1e3 * bare_s / iters;
   st.counters["trainer_ms"] = 1e3 * fit_s / iters;
@@ -285,8 +286,7 @@ int main(int argc, char** argv) {
 
   const auto rec = starling::bench::runBenchmarks(cl.json);
   const std::vector<starling::bench::Ratio> ratios = {
-      {"trainer_time_over_bare_loop/cnn", "cnn_fit/trainer", "cnn_fit/bare_loop",
-       "<= 1.10"},
+      {"trainer_time_over_bare_loop/cnn", "cnn_fit/trainer", "cnn_fit/bare_loop", "<= 1.10"},
       {"eigen_cnn_speed_vs_libtorch", "cnn_fit/trainer", "cnn_fit/eigen",
        ">= 0.7 (the lightweight client's CNN step against LibTorch's, one core)"},
       {"topk_encode_device_speedup", "topk_encode/host", "topk_encode/device",

@@ -9,7 +9,8 @@
 
 namespace starling::client {
 
-ClientAlgorithm::ClientAlgorithm(const compression::Compressor& compressor, Trainer& trainer, FitConfig config)
+ClientAlgorithm::ClientAlgorithm(const compression::Compressor& compressor, Trainer& trainer,
+                                 FitConfig config)
     : compressor_(compressor), trainer_(trainer), config_(config) {
   config_.check();
 }
@@ -135,8 +136,8 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     out.update.tensors = compressor_.compressWithFeedback(layout, {}, state, ctx, &workspace_);
     return out;
   }
-  STARLING_CHECK_ARG(global.size() == layout.numel(), "client ", client_id, ": global model has ", global.size(),
-                     " floats, the model needs ", layout.numel());
+  STARLING_CHECK_ARG(global.size() == layout.numel(), "client ", client_id, ": global model has ",
+                     global.size(), " floats, the model needs ", layout.numel());
   FitConfig cfg = config_;
   const bool scaffold = !server_control.empty();
   // The client checks too: its model spec is its own (the layout fingerprint omits momentum).
@@ -146,8 +147,9 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   // (a copy, committed to `state` with this round's result, so a throw leaves `state` as it was).
   std::unique_ptr<ControlVariateState> resolved;
   if (scaffold) {
-    STARLING_CHECK_ARG(server_control.size() == layout.numel(), "client ", client_id, ": the server control variate has ",
-                       server_control.size(), " floats, the model needs ", layout.numel());
+    STARLING_CHECK_ARG(server_control.size() == layout.numel(), "client ", client_id,
+                       ": the server control variate has ", server_control.size(),
+                       " floats, the model needs ", layout.numel());
     ci = state.find<ControlVariateState>(kControlVariate);
     if (ci && control_ack) {
       resolved = std::make_unique<ControlVariateState>(*ci);
@@ -156,11 +158,12 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
       ci = resolved.get();
     }
     if (ci && !ci->values.empty() && ci->values.size() != layout.numel())
-      STARLING_THROW(InvalidArgument, "client ", client_id, ": its SCAFFOLD control variate has ", ci->values.size(),
-                     " floats, the model needs ", layout.numel());
+      STARLING_THROW(InvalidArgument, "client ", client_id, ": its SCAFFOLD control variate has ",
+                     ci->values.size(), " floats, the model needs ", layout.numel());
     if (ci && ci->values.empty()) ci = nullptr;  // nothing committed yet: zeros
     correction_.resize(layout.numel());
-    for (size_t i = 0; i < correction_.size(); ++i) correction_[i] = server_control[i] - (ci ? ci->values[i] : 0.0f);
+    for (size_t i = 0; i < correction_.size(); ++i)
+      correction_[i] = server_control[i] - (ci ? ci->values[i] : 0.0f);
     cfg.correction = correction_;
   }
   // Step-ahead error feedback (ef_preview = a): training starts from global + a residual, and the
@@ -168,7 +171,8 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
   const compression::ErrorFeedback& ef = compressor_.feedback();
   const compression::ResidualState* preview =
       ef.preview > 0 ? compressor_.liveResidual(state, b.round) : nullptr;
-  if (preview && preview->values.size() != layout.numel()) preview = nullptr;  // compressWithFeedback refuses it
+  if (preview && preview->values.size() != layout.numel())
+    preview = nullptr;  // compressWithFeedback refuses it
   std::span<const float> start = global;
   if (preview) {
     const auto alpha = static_cast<float>(ef.preview);
@@ -218,13 +222,17 @@ void ClientAlgorithm::finish(PhaseResult& out, const compression::FeedbackStats&
   out.update.metrics = out.fit.metrics;
   if (compressor_.usesErrorFeedback() && compressor_.phases() == 1) {
     // The diagnostics of docs/compression.md, averaged by the server when declared.
-    // Capped well inside the server's metric bound (bounds.max_metric_abs), so that a diagnostic can
-    // never get an update refused: a client whose displacement is tiny but whose residual is not.
+    // Capped well inside the server's metric bound (bounds.max_metric_abs), so that a diagnostic
+    // can never get an update refused: a client whose displacement is tiny but whose residual is
+    // not.
     constexpr double kCap = 1e6;
-    if (stats.local_on_sent > 0) out.update.metrics.push_back({"ef_gain", std::min(stats.gain(), kCap)});
+    if (stats.local_on_sent > 0)
+      out.update.metrics.push_back({"ef_gain", std::min(stats.gain(), kCap)});
     if (stats.local_norm > 0)
-      out.update.metrics.push_back({"ef_residual_ratio", std::min(stats.residual_norm / stats.local_norm, kCap)});
-    out.update.metrics.push_back({"ef_residual_age", std::min(static_cast<double>(stats.residual_age), kCap)});
+      out.update.metrics.push_back(
+          {"ef_residual_ratio", std::min(stats.residual_norm / stats.local_norm, kCap)});
+    out.update.metrics.push_back(
+        {"ef_residual_age", std::min(static_cast<double>(stats.residual_age), kCap)});
   }
   out.update.header.num_examples = out.fit.num_examples;
 }

@@ -124,14 +124,18 @@ struct TurnRequest {
               const std::vector<std::string>& declared, uint64_t task_nonce = 1,
               std::span<const float> server_control = {},
               std::optional<uint64_t> ack = std::nullopt)
-      : broadcast(b), model(m), metrics(declared), nonce(task_nonce), control(server_control),
+      : broadcast(b),
+        model(m),
+        metrics(declared),
+        nonce(task_nonce),
+        control(server_control),
         control_ack(ack) {}
   const compression::PhaseBroadcast& broadcast;
-  std::span<const float> model;              // what the client trains from (phase 0)
-  const std::vector<std::string>& metrics;   // the server's declared metrics: only these are sent
+  std::span<const float> model;             // what the client trains from (phase 0)
+  const std::vector<std::string>& metrics;  // the server's declared metrics: only these are sent
   uint64_t nonce = 1;  // the task's; a simulated one's 1 (a deployed nonce is never 0: 8 bytes)
-  std::span<const float> control{};          // SCAFFOLD: the server's c; empty: none
-  std::optional<uint64_t> control_ack;       // SCAFFOLD deployed: the task's acknowledgement
+  std::span<const float> control{};     // SCAFFOLD: the server's c; empty: none
+  std::optional<uint64_t> control_ack;  // SCAFFOLD deployed: the task's acknowledgement
 };
 
 class ClientAlgorithm {

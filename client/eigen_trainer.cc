@@ -89,7 +89,8 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
   const auto n_params = static_cast<Eigen::Index>(
       trainable == 0 ? 0 : layout()[trainable - 1].offset + layout()[trainable - 1].numel);
   const ConstVectorMap anchor(cfg.prox_mu > 0 ? cfg.prox_anchor.data() : params.data(), n_params);
-  const ConstVectorMap corr(cfg.correction.empty() ? params.data() : cfg.correction.data(), n_params);
+  const ConstVectorMap corr(cfg.correction.empty() ? params.data() : cfg.correction.data(),
+                            n_params);
   VectorMap p(params.data(), n_params), gm(grad_.data(), n_params);
   const ConstVectorMap g(grad_.data(), n_params);
   const auto momentum = static_cast<float>(momentum_);
@@ -113,7 +114,7 @@ FitResult EigenTrainer::fit(std::span<float> caller_params, const DataView& data
       correct += st.correct;
       seen += n;
       if (mu > 0) gm.noalias() += mu * (p - anchor);  // FedProx
-      if (!cfg.correction.empty()) gm += corr;         // SCAFFOLD
+      if (!cfg.correction.empty()) gm += corr;        // SCAFFOLD
       if (momentum_ > 0) {
         v = momentum * v + g;
         p.noalias() -= lr * v;

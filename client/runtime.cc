@@ -32,7 +32,8 @@ void RuntimeConfig::validate() const {
   limits.validate();
   if (register_retry_ms < 10) STARLING_THROW(ConfigError, "register_retry_ms must be at least 10");
   if (server_silence_ms < 100)
-    STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ", server_silence_ms);
+    STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ",
+                   server_silence_ms);
   if (clock == nullptr) STARLING_THROW(ConfigError, "the client's clock is null");
   if (!state_file.empty()) {
     // Found before the first fit, not after it (the training would be lost with the write).
@@ -74,11 +75,12 @@ struct ClientRuntime::Impl {
         layout(t.layout()),
         model(layout.numel()),
         live(&st),
-        link(ctx, linkConfig(config), [this] { return registration(); },
-             [this](uint64_t session) {
-               return pr::encode(pr::HeartbeatMsg{config.client_id, session, live->last_round});
-             },
-             log, [this] { sent(); }) {}
+        link(
+            ctx, linkConfig(config), [this] { return registration(); },
+            [this](uint64_t session) {
+              return pr::encode(pr::HeartbeatMsg{config.client_id, session, live->last_round});
+            },
+            log, [this] { sent(); }) {}
 
   static UpstreamLinkConfig linkConfig(const RuntimeConfig& c) {
     UpstreamLinkConfig u;
@@ -144,7 +146,8 @@ struct ClientRuntime::Impl {
     ByteReader r(bytes, "client state " + config.state_file);
     if (r.u32() != kStateMagic) r.fail("not a Starling client state file");
     if (const uint32_t v = r.u32(); v != kStateVersion) r.fail("state format version ", v);
-    if (const uint64_t id = r.u64(); id != config.client_id) r.fail("the state of client ", id, ", this is client ", config.client_id);
+    if (const uint64_t id = r.u64(); id != config.client_id)
+      r.fail("the state of client ", id, ", this is client ", config.client_id);
     pending_nonce = r.u64();
     const uint64_t n = r.u64();
     if (n > r.remaining()) r.fail("truncated pending update");
@@ -159,8 +162,9 @@ struct ClientRuntime::Impl {
     double sq = 0.0;
     if (const auto* res = state.find<cz::ResidualState>(cz::kResidualComponent))
       for (float x : res->values) sq += static_cast<double>(x) * x;
-    log->info("client {}: state restored from {} ({} bytes, residual norm {:.9g}{})", config.client_id,
-              config.state_file, bytes.size(), std::sqrt(sq), link.lastAnswer().empty() ? "" : ", with an update awaiting its task");
+    log->info("client {}: state restored from {} ({} bytes, residual norm {:.9g}{})",
+              config.client_id, config.state_file, bytes.size(), std::sqrt(sq),
+              link.lastAnswer().empty() ? "" : ", with an update awaiting its task");
   }
 
   // Runs `work` on a second thread while this one keeps the link alive: heartbeats go out and the
@@ -200,12 +204,13 @@ struct ClientRuntime::Impl {
   }
 
   void onTask(std::span<const uint8_t> bytes, ClientState& state, RuntimeStats& stats) {
-    pr::TaskMsg t = pr::decodeTask(bytes, layout, pr::ControlLimits{config.limits.max_message_bytes});
+    pr::TaskMsg t =
+        pr::decodeTask(bytes, layout, pr::ControlLimits{config.limits.max_message_bytes});
     ++stats.tasks;
     stats.last_round = t.round;
     if (t.kind == pr::TaskKind::kFit && t.nonce == pending_nonce && !link.lastAnswer().empty()) {
-      log->info("client {}: round {} phase {} again; resending the update it already made", config.client_id, t.round,
-                t.phase);
+      log->info("client {}: round {} phase {} again; resending the update it already made",
+                config.client_id, t.round, t.phase);
       ++resent_same;
       link.resendAnswer();
       return;
@@ -213,8 +218,10 @@ struct ClientRuntime::Impl {
     if (!t.model.empty()) {
       if (t.base_version != 0 && t.base_version != held_version) {
         // The server thinks we hold another version (we restarted, or dropped a task): tell it.
-        log->warn("client {}: a model delta against version {}, but this client holds {}; registering again",
-                  config.client_id, t.base_version, held_version);
+        log->warn(
+            "client {}: a model delta against version {}, but this client holds {}; registering "
+            "again",
+            config.client_id, t.base_version, held_version);
         link.registerNow();
         return;
       }
@@ -225,26 +232,28 @@ struct ClientRuntime::Impl {
       const DataView& data = eval.size() ? eval : train;
       const EvalResult e = withHeartbeats([&] { return trainer.evaluate(model, data); });
       ++stats.evaluations_sent;
-      link.send(pr::encode(pr::EvaluationMsg{config.client_id, t.round, t.nonce, e.num_examples, e.loss, e.accuracy}));
+      link.send(pr::encode(pr::EvaluationMsg{config.client_id, t.round, t.nonce, e.num_examples,
+                                             e.loss, e.accuracy}));
       return;
     }
-    log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round, t.phase, train.size());
+    log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round,
+              t.phase, train.size());
     if (config.delay_ms)
-      withHeartbeats(
-          [&] {
-            // A slow device's delay, cut short by a stop like training.
-            const auto until = config.clock->now() + milliseconds(config.delay_ms);
-            while (config.clock->now() < until) {
-              if (stop && stop->load()) throw TrainingStopped("client: stopped while delaying");
-              std::this_thread::sleep_for(milliseconds(10));
-            }
-          });
+      withHeartbeats([&] {
+        // A slow device's delay, cut short by a stop like training.
+        const auto until = config.clock->now() + milliseconds(config.delay_ms);
+        while (config.clock->now() < until) {
+          if (stop && stop->load()) throw TrainingStopped("client: stopped while delaying");
+          std::this_thread::sleep_for(milliseconds(10));
+        }
+      });
     const cz::Compressor& comp = compressor(t.compressor);
     // SIGTERM ends training within a batch; nothing is sent or saved.
     const FitConfig fit = fitConfig(t.fit, stop);
     fit.check();
     auto shared = std::make_shared<const cz::SharedFactors>(std::move(t.shared));
-    const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
+    const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase,
+                               shared->factors.empty() ? nullptr : shared};
     ClientAlgorithm algorithm(comp, trainer, fit);
     // SCAFFOLD when the task carries the server's c: the control change travels with the update,
     // and c_i+ waits in the state for the server's acknowledgement of this round.
@@ -267,9 +276,10 @@ struct ClientRuntime::Impl {
   }
 };
 
-ClientRuntime::ClientRuntime(transport::Context& ctx, RuntimeConfig config, Trainer& trainer, DataView train,
-                             DataView eval, std::shared_ptr<spdlog::logger> log)
-    : impl_(std::make_unique<Impl>(ctx, std::move(config), trainer, train, eval, std::move(log), stats_)),
+ClientRuntime::ClientRuntime(transport::Context& ctx, RuntimeConfig config, Trainer& trainer,
+                             DataView train, DataView eval, std::shared_ptr<spdlog::logger> log)
+    : impl_(std::make_unique<Impl>(ctx, std::move(config), trainer, train, eval, std::move(log),
+                                   stats_)),
       state_(trainer.layout().fingerprint()) {
   impl_->loadState(state_);
 }
@@ -292,17 +302,21 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
     const auto kind = pr::peekKind(r->bytes());
     try {
       switch (*kind) {  // the link returns only a task, a shutdown or a refusal
-        case pr::MessageKind::kTask: s.onTask(r->bytes(), state_, stats_); break;
+        case pr::MessageKind::kTask:
+          s.onTask(r->bytes(), state_, stats_);
+          break;
         case pr::MessageKind::kReject:
           s.log->warn("client {}: the server refused a message: {}", s.config.client_id,
                       pr::decodeReject(r->bytes()).message);
           break;
         case pr::MessageKind::kShutdown: {
           const auto f = pr::decodeShutdown(r->bytes());
-          s.log->info("client {}: the server ended the federation: {}", s.config.client_id, f.reason);
+          s.log->info("client {}: the server ended the federation: {}", s.config.client_id,
+                      f.reason);
           return true;
         }
-        default: break;
+        default:
+          break;
       }
     } catch (const TrainingStopped& e) {
       // The state is as it was before the task (it is saved only with a finished update): the

@@ -50,13 +50,13 @@ struct RuntimeConfig {
   uint64_t client_id = 0;
   transport::SecurityConfig security;
   transport::TransportLimits limits;
-  std::string state_file;              // empty: state lives in memory only (its folder must exist)
-  uint32_t register_retry_ms = 1000;   // resend Register when no Welcome came in this long
+  std::string state_file;             // empty: state lives in memory only (its folder must exist)
+  uint32_t register_retry_ms = 1000;  // resend Register when no Welcome came in this long
   // Register again when nothing came from the server this long (net.server_silence_ms). The server
   // answers every heartbeat, and the client reads while it trains: only a server gone quiet
   // trips it, however long the fit.
   uint32_t server_silence_ms = 15000;
-  uint32_t delay_ms = 0;               // sleep this long before answering a fit task (simulates a slow device)
+  uint32_t delay_ms = 0;  // sleep this long before answering a fit task (simulates a slow device)
   // Heartbeats, registration retries, server silence, back-offs and the delay are measured in it
   // (core/clock.h; a test moves it forward).
   const Clock* clock = &steadyClock();
@@ -69,8 +69,8 @@ struct RuntimeConfig {
 class ClientRuntime {
  public:
   // `trainer`, `train` and `eval` (may be empty) must outlive the runtime.
-  ClientRuntime(transport::Context& ctx, RuntimeConfig config, Trainer& trainer, DataView train, DataView eval,
-                std::shared_ptr<spdlog::logger> log);
+  ClientRuntime(transport::Context& ctx, RuntimeConfig config, Trainer& trainer, DataView train,
+                DataView eval, std::shared_ptr<spdlog::logger> log);
   ~ClientRuntime();
 
   // Serves the federation until the server sends Shutdown (returns true) or `stop` becomes true

@@ -20,7 +20,8 @@ void FitConfig::check() const {
     STARLING_THROW(ConfigError, "fit: proximal term prox_mu=", prox_mu, " must be in [0, 10000]");
   // The proximal term alone scales w - anchor by (1 - lr mu) each step: it diverges from 2 on.
   if (lr * prox_mu >= 2)
-    STARLING_THROW(ConfigError, "fit: lr x prox_mu = ", lr * prox_mu, " must be below 2 (lr ", lr, ", prox_mu ", prox_mu,
+    STARLING_THROW(ConfigError, "fit: lr x prox_mu = ", lr * prox_mu, " must be below 2 (lr ", lr,
+                   ", prox_mu ", prox_mu,
                    "), or every step moves the model further from the global one");
 }
 
@@ -30,10 +31,11 @@ uint64_t FitConfig::steps(size_t examples) const {
 
 void checkGradientTerms(const FitConfig& cfg, size_t numel) {
   if (cfg.prox_mu > 0)
-    STARLING_CHECK_ARG(cfg.prox_anchor.size() == numel, "fit: the proximal anchor has ", cfg.prox_anchor.size(),
-                       " floats, the model ", numel);
-  STARLING_CHECK_ARG(cfg.correction.empty() || cfg.correction.size() == numel, "fit: the SCAFFOLD correction has ",
-                     cfg.correction.size(), " floats, the model ", numel);
+    STARLING_CHECK_ARG(cfg.prox_anchor.size() == numel, "fit: the proximal anchor has ",
+                       cfg.prox_anchor.size(), " floats, the model ", numel);
+  STARLING_CHECK_ARG(cfg.correction.empty() || cfg.correction.size() == numel,
+                     "fit: the SCAFFOLD correction has ", cfg.correction.size(),
+                     " floats, the model ", numel);
 }
 
 void checkDataView(const DataView& data, size_t features, uint32_t classes, bool reads_bytes) {

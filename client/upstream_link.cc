@@ -121,8 +121,9 @@ void UpstreamLink::upkeep() {
   const auto now = config_.clock->now();
   const UpstreamSession::Due due = session_.tick(now);
   if (due.silent)
-    log_->warn("{}: the server has been silent for {} ms (net.server_silence_ms); registering again",
-               config_.name, config_.silence_ms);
+    log_->warn(
+        "{}: the server has been silent for {} ms (net.server_silence_ms); registering again",
+        config_.name, config_.silence_ms);
   if (due.register_now) registerNow();
   if (due.heartbeat) {
     ++stats_.heartbeats;
@@ -152,9 +153,10 @@ void UpstreamLink::keep(transport::Received r) {
   if (pr::peekKind(r.bytes()) == pr::MessageKind::kShutdown) {
     kept_.clear();  // the federation is over: nothing kept matters now
   } else if (kept_.size() >= kMaxKept) {
-    log_->warn("{}: {} messages from the server wait for the work in progress; the oldest is "
-               "dropped (a server that sends tasks faster than they are done)",
-               config_.name, kept_.size());
+    log_->warn(
+        "{}: {} messages from the server wait for the work in progress; the oldest is "
+        "dropped (a server that sends tasks faster than they are done)",
+        config_.name, kept_.size());
     kept_.pop_front();
   }
   kept_.push_back(std::move(r));
@@ -206,8 +208,8 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
                                       static_cast<uint64_t>(busy_backoff_.count()) + 1));
               resend_at_ = now + wait;
               busy_backoff_ = std::min(busy_backoff_ * 2, milliseconds(5000));
-              log_->info("{}: the server is busy; sending the answer again in {} ms",
-                         config_.name, wait.count());
+              log_->info("{}: the server is busy; sending the answer again in {} ms", config_.name,
+                         wait.count());
             }
             return std::nullopt;
           case pr::RejectKind::kRegistrationRefused:
@@ -217,15 +219,18 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
                          config_.name, j.message);
               return std::nullopt;
             }
-            STARLING_THROW(UpstreamRefused, config_.name, ": the server refused it for good: ",
-                           j.message);
-          case pr::RejectKind::kRefused: return r;  // the owner's to log
+            STARLING_THROW(UpstreamRefused, config_.name,
+                           ": the server refused it for good: ", j.message);
+          case pr::RejectKind::kRefused:
+            return r;  // the owner's to log
         }
         return std::nullopt;
       }
       case pr::MessageKind::kTask:
-      case pr::MessageKind::kShutdown: return r;
-      default: failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(*kind));
+      case pr::MessageKind::kShutdown:
+        return r;
+      default:
+        failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(*kind));
     }
   } catch (const InputError& e) {
     log_->warn("{}: ignored a message from the server: {}", config_.name, e.what());

@@ -140,7 +140,7 @@ class UpstreamLink {
   static constexpr size_t kMaxKept = 8;
   std::deque<transport::Received> kept_;  // the owner's messages read while it worked
   void keep(transport::Received r);
-  uint64_t failures_logged_ = 0;                  // handshake failures already logged
+  uint64_t failures_logged_ = 0;                    // handshake failures already logged
   std::optional<Clock::time_point> failing_since_;  // the first failure of the current streak
   std::vector<uint8_t> answer_;
   std::optional<Clock::time_point> resend_at_;

@@ -7,7 +7,8 @@ UpstreamSession::UpstreamSession(Timings t, Steady::time_point now) : t_(t), las
 UpstreamSession::Due UpstreamSession::tick(Steady::time_point now) {
   Due d;
   // Not welcomed yet, or a registration again unanswered: send it again.
-  if ((!registered_ || awaiting_) && now - last_register_ > t_.register_retry) d.register_now = true;
+  if ((!registered_ || awaiting_) && now - last_register_ > t_.register_retry)
+    d.register_now = true;
   if (registered_ && !awaiting_ && now - last_heard_ > t_.silence) {
     last_heard_ = now;  // once per silent period, not on every turn
     d.register_now = d.silent = true;

@@ -1,8 +1,8 @@
 #include "compression/compressor.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <charconv>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -21,8 +21,9 @@ uint32_t absBits(float x) { return floatBits(x) & 0x7fffffffu; }
 // Throws naming the first value of `v` above kMaxCompressMagnitude or not finite.
 [[noreturn]] void tooLarge(const Compressor& c, std::span<const float> v, const char* what) {
   for (size_t i = 0; i < v.size(); ++i)
-    STARLING_CHECK_ARG(absBits(v[i]) <= kMaxInputBits, c.name(), ": ", what, " value ", i, " (", v[i],
-                       ") is not finite or exceeds ", kMaxCompressMagnitude, what[0] == 'r' ? " (diverged?)" : "");
+    STARLING_CHECK_ARG(absBits(v[i]) <= kMaxInputBits, c.name(), ": ", what, " value ", i, " (",
+                       v[i], ") is not finite or exceeds ", kMaxCompressMagnitude,
+                       what[0] == 'r' ? " (diverged?)" : "");
   STARLING_THROW(InternalError, c.name(), ": a value over the bound was not found again");
 }
 
@@ -82,7 +83,8 @@ void ResidualState::load(ByteReader& r, uint32_t version) {
   // corrupt or foreign state, refused here rather than after a round of training.
   for (size_t i = 0; i < values.size(); ++i)
     if (!(std::fabs(values[i]) <= kMaxCompressMagnitude))
-      r.fail("error-feedback residual value ", i, " (", values[i], ") is not finite or exceeds ", kMaxCompressMagnitude);
+      r.fail("error-feedback residual value ", i, " (", values[i], ") is not finite or exceeds ",
+             kMaxCompressMagnitude);
   round = version >= 2 ? r.u64() : 0;
 }
 
@@ -142,9 +144,10 @@ SharedFactors Compressor::nextShared(const ParamLayout& layout, const RoundConte
   return initialShared(layout, 0);
 }
 
-void Compressor::unexpected(const ParamLayout& layout, size_t t, const PayloadView& p, const char* want) const {
-  failInput(Errc::kUnexpectedEncoding, "tensor ", t, " '", layout[t].name, "' arrived as ", encodingName(p), "; ",
-            spec(), " sends ", want);
+void Compressor::unexpected(const ParamLayout& layout, size_t t, const PayloadView& p,
+                            const char* want) const {
+  failInput(Errc::kUnexpectedEncoding, "tensor ", t, " '", layout[t].name, "' arrived as ",
+            encodingName(p), "; ", spec(), " sends ", want);
 }
 
 std::vector<Payload> Compressor::compress(const ParamLayout& layout, std::span<const float> update,
@@ -163,14 +166,15 @@ void Compressor::checkFeedbackCall(const ParamLayout& layout, const ClientState&
                                    const RoundContext& ctx,
                                    const std::function<void()>& check_update) const {
   STARLING_CHECK_ARG(state.layoutFingerprint() == layout.fingerprint(), name(),
-                     ": client state belongs to another model (fingerprint ", state.layoutFingerprint(), " vs ",
-                     layout.fingerprint(), ")");
-  STARLING_CHECK_ARG(ctx.phase < phases(), name(), ": phase ", ctx.phase, " does not exist (", phases(), " phase",
-                     phases() == 1 ? "" : "s", " per round)");
+                     ": client state belongs to another model (fingerprint ",
+                     state.layoutFingerprint(), " vs ", layout.fingerprint(), ")");
+  STARLING_CHECK_ARG(ctx.phase < phases(), name(), ": phase ", ctx.phase, " does not exist (",
+                     phases(), " phase", phases() == 1 ? "" : "s", " per round)");
   check_update();
   const ResidualState* kept = state.find<ResidualState>(kResidualComponent);
-  STARLING_CHECK_ARG(!kept || kept->values.size() == layout.numel(), name(), ": the client state's residual has ",
-                     kept ? kept->values.size() : 0, " floats, the layout needs ", layout.numel());
+  STARLING_CHECK_ARG(!kept || kept->values.size() == layout.numel(), name(),
+                     ": the client state's residual has ", kept ? kept->values.size() : 0,
+                     " floats, the layout needs ", layout.numel());
   // Everything a caller can get wrong is checked before anything changes.
   checkRound(layout, state, ctx);
 }
@@ -245,7 +249,8 @@ std::vector<Payload> Compressor::compressWithFeedback(const ParamLayout& layout,
   // Phase 0 adds the residual when it is live (error feedback on, not older than ef_max_age).
   const ResidualState* live = ctx.phase == 0 ? liveResidual(state, ctx.round) : nullptr;
   if (ctx.phase > 0) {
-    STARLING_CHECK_ARG(kept != nullptr, name(), ": phase ", ctx.phase, " without a kept buffer from phase 0");
+    STARLING_CHECK_ARG(kept != nullptr, name(), ": phase ", ctx.phase,
+                       " without a kept buffer from phase 0");
     std::copy(kept->values.begin(), kept->values.end(), a);
   } else if (live) {
     const float* r = live->values.data();

@@ -14,8 +14,8 @@
 //                                                keeps what was not sent as the new residual and
 //                                                any other state the compressor carries (PowerSGD's
 //                                                pending phase and factors). Strong guarantee: on
-//                                                any throw, `state` is exactly as before (tested for
-//                                                every compressor).
+//                                                any throw, `state` is exactly as before (tested
+//                                                for every compressor).
 // And the round's structure, derived from the spec alone:
 //   phases()            1, or 2 for PowerSGD (P then Q inside one round)
 //   initialShared()     the factors shared in phase 0 of the first round (low-rank ones)
@@ -57,7 +57,9 @@ struct PhaseBroadcast {
   uint64_t round = 0;
   uint32_t phase = 0;
   std::shared_ptr<const SharedFactors> shared;
-  RoundContext context(uint64_t client_id) const { return {run_seed, round, phase, client_id, shared.get()}; }
+  RoundContext context(uint64_t client_id) const {
+    return {run_seed, round, phase, client_id, shared.get()};
+  }
 };
 
 // The error-feedback residual, layout-sized (component kResidualComponent), and the round in
@@ -174,28 +176,34 @@ class Compressor {
   virtual bool factorsAreUpdate(uint32_t /*phase*/) const { return true; }
   // `factor_sums[t]` is sum_i w_i F_i for each tensor with a shared factor this phase (empty
   // otherwise) and `total_weight` is sum_i w_i. `ctx` names the phase that just ended.
-  virtual SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
-                                   std::span<const std::span<const float>> factor_sums, double total_weight) const;
+  virtual SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx,
+                                   const SharedFactors& current,
+                                   std::span<const std::span<const float>> factor_sums,
+                                   double total_weight) const;
   // Throws InputError (kUnexpectedEncoding or kRoundMismatch) if tensor `t` of a received
   // update is not what this compressor sends in `ctx`'s round and phase. Validation of the
   // payload against the tensor (validatePayload) is separate.
-  virtual void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const = 0;
+  virtual void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                             const RoundContext& ctx) const = 0;
 
   // ---- the client side ----
-  // Read-only: `update` (layout.numel() floats, each |x| <= kMaxCompressMagnitude) compressed as it is, in phase 0; no state,
-  // no error feedback. Two-phase compressors use their one-phase form. Throws InvalidArgument.
-  std::vector<Payload> compress(const ParamLayout& layout, std::span<const float> update, const RoundContext& ctx) const;
+  // Read-only: `update` (layout.numel() floats, each |x| <= kMaxCompressMagnitude) compressed as it
+  // is, in phase 0; no state, no error feedback. Two-phase compressors use their one-phase form.
+  // Throws InvalidArgument.
+  std::vector<Payload> compress(const ParamLayout& layout, std::span<const float> update,
+                                const RoundContext& ctx) const;
 
   // In place with error feedback, for phase ctx.phase: phase 0 takes the client's update
-  // (layout-sized, each |x| <= kMaxCompressMagnitude, as is residual + update); later phases take an
-  // empty span and continue from the state. `state` must be bound to this layout
+  // (layout-sized, each |x| <= kMaxCompressMagnitude, as is residual + update); later phases take
+  // an empty span and continue from the state. `state` must be bound to this layout
   // (ClientState(layout.fingerprint())). Throws InvalidArgument on a size, fingerprint, magnitude,
   // phase or shared-factor problem; on any throw `state` is unchanged.
   // With ef_decay < 1 the kept residual is scaled after the round's last phase; the residual
   // records ctx.round. `stats`, when given, receives the diagnostics (one extra pass).
-  std::vector<Payload> compressWithFeedback(const ParamLayout& layout, std::span<const float> update,
-                                            ClientState& state, const RoundContext& ctx,
-                                            Workspace* workspace = nullptr, FeedbackStats* stats = nullptr) const;
+  std::vector<Payload> compressWithFeedback(const ParamLayout& layout,
+                                            std::span<const float> update, ClientState& state,
+                                            const RoundContext& ctx, Workspace* workspace = nullptr,
+                                            FeedbackStats* stats = nullptr) const;
 
   // ---- error feedback formed where the data lives (a GPU: torch_trainer/device_round.h) ----
   // A caller that forms residual + update and encodes it itself brackets its work with these two,
@@ -222,15 +230,16 @@ class Compressor {
   // buffer) and the implementation turns it into what must be kept, in place. Reads `state`
   // only; any other state change goes into `staged`. Phases >= 1 get the kept buffer as input.
   virtual std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
-                                      std::span<float> residual, const ClientState& state, const RoundContext& ctx,
-                                      StagedState& staged) const = 0;
+                                      std::span<float> residual, const ClientState& state,
+                                      const RoundContext& ctx, StagedState& staged) const = 0;
   // Throws InvalidArgument if the state or round context cannot serve this call (missing shared
   // factors, a phase out of order). Called before anything changes.
   virtual void checkRound(const ParamLayout& /*layout*/, const ClientState& /*state*/,
                           const RoundContext& /*ctx*/) const {}
 
   // Helper for checkReceived implementations.
-  [[noreturn]] void unexpected(const ParamLayout& layout, size_t t, const PayloadView& p, const char* want) const;
+  [[noreturn]] void unexpected(const ParamLayout& layout, size_t t, const PayloadView& p,
+                               const char* want) const;
 
  private:
   // compressWithFeedback's checks before anything changes; `check_update` checks the update (phase

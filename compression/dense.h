@@ -12,11 +12,13 @@ class DenseCompressor final : public Compressor {
   explicit DenseCompressor(DenseFormat format) : format_(format) {}
   std::string name() const override;
   std::string spec() const override { return name(); }
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   DenseFormat format_;

@@ -1,9 +1,8 @@
 #include "compression/lowrank.h"
 
+#include <Eigen/QR>
 #include <cmath>
 #include <sstream>
-
-#include <Eigen/QR>
 
 #include "core/error.h"
 #include "core/finite.h"
@@ -21,7 +20,8 @@ std::string optionText(const char* name, const LowRankOptions& o, bool powersgd)
   os << name << ":rank=" << o.rank << ",min_rate=" << exactText(o.min_compression_rate)
      << o.ef.specText();
   if (powersgd)
-    os << ",mode=" << (o.two_phase ? "two_phase" : "local") << ",warm_start=" << (o.warm_start ? "true" : "false");
+    os << ",mode=" << (o.two_phase ? "two_phase" : "local")
+       << ",warm_start=" << (o.warm_start ? "true" : "false");
   return os.str();
 }
 
@@ -38,7 +38,8 @@ std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> buf, s
 
 // An orthonormal dim x r factor from the stream (run_seed, round, kLowRankInit, tensor): round 0
 // is the initial factor; later rounds re-seed columns an aggregate left zero.
-std::vector<float> seededFactor(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t dim, uint32_t r) {
+std::vector<float> seededFactor(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t dim,
+                                uint32_t r) {
   RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kLowRankInit, tensor_index});
   std::vector<float> f(dim * r);
   for (float& x : f) x = static_cast<float>(rng.normal());
@@ -48,8 +49,8 @@ std::vector<float> seededFactor(uint64_t run_seed, uint64_t round, size_t tensor
 
 // Replaces the (numerically) zero columns of a dim x r factor by seeded ones, then
 // re-orthogonalizes if `orthonormal`. Every party computes the same result.
-void reseedZeroColumns(std::vector<float>& f, size_t dim, uint32_t r, bool orthonormal, uint64_t run_seed,
-                       uint64_t round, size_t t) {
+void reseedZeroColumns(std::vector<float>& f, size_t dim, uint32_t r, bool orthonormal,
+                       uint64_t run_seed, uint64_t round, size_t t) {
   FactorMap m(f.data(), static_cast<Eigen::Index>(dim), r);
   bool any = false;
   for (Eigen::Index c = 0; c < m.cols(); ++c) any |= !(m.col(c).norm() > 1e-30f);
@@ -63,7 +64,8 @@ void reseedZeroColumns(std::vector<float>& f, size_t dim, uint32_t r, bool ortho
 }
 
 // Orthogonalized factor sums as the opposite side's shared factors.
-SharedFactors orthogonalizedSums(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
+SharedFactors orthogonalizedSums(const ParamLayout& layout, const RoundContext& ctx,
+                                 const SharedFactors& current,
                                  std::span<const std::span<const float>> sums) {
   const bool was_q = current.fixed == SharedFactors::Side::kQ;
   SharedFactors next;
@@ -85,7 +87,8 @@ SharedFactors orthogonalizedSums(const ParamLayout& layout, const RoundContext& 
 void LowRankOptions::validate() const {
   if (rank == 0) STARLING_THROW(ConfigError, "low-rank: rank must be >= 1");
   if (!(min_compression_rate >= 1.0) || !std::isfinite(min_compression_rate))
-    STARLING_THROW(ConfigError, "low-rank: min_rate must be a finite number >= 1, got ", min_compression_rate);
+    STARLING_THROW(ConfigError, "low-rank: min_rate must be a finite number >= 1, got ",
+                   min_compression_rate);
   ef.validate("low-rank");
 }
 
@@ -293,14 +296,16 @@ void orthogonalize(float* data, size_t rows, size_t rank) {
   m = q.cast<float>();
 }
 
-SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptions& o, uint64_t run_seed) {
+SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptions& o,
+                                   uint64_t run_seed) {
   o.validate();
   SharedFactors s;
   s.fixed = SharedFactors::Side::kQ;
   s.factors.resize(layout.size());
   for (size_t t = 0; t < layout.size(); ++t)
     if (lowRankCompressible(layout[t], o.rank, o.min_compression_rate))
-      s.factors[t] = seededFactor(run_seed, 0, t, layout[t].cols(), effectiveRank(layout[t], o.rank));
+      s.factors[t] =
+          seededFactor(run_seed, 0, t, layout[t].cols(), effectiveRank(layout[t], o.rank));
   return s;
 }
 
@@ -310,27 +315,31 @@ const LowRankOptions* lowRankOptionsOf(const Compressor& c) {
   return nullptr;
 }
 
-void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o, const SharedFactors* shared,
-                        SharedFactors::Side side, const char* who) {
+void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o,
+                        const SharedFactors* shared, SharedFactors::Side side, const char* who) {
   const char* side_name = side == SharedFactors::Side::kQ ? "Q" : "P";
   if (shared == nullptr) {
     // A model with no tensor worth factoring shares nothing (RoundScheme broadcasts no factors).
     for (size_t t = 0; t < layout.size(); ++t)
-      STARLING_CHECK_ARG(!lowRankCompressible(layout[t], o.rank, o.min_compression_rate), who,
-                         ": the round context carries no shared factors; this round needs the shared ", side_name,
-                         " factors");
+      STARLING_CHECK_ARG(
+          !lowRankCompressible(layout[t], o.rank, o.min_compression_rate), who,
+          ": the round context carries no shared factors; this round needs the shared ", side_name,
+          " factors");
     return;
   }
-  STARLING_CHECK_ARG(shared->fixed == side, who, ": shared factors hold the wrong side (expected ", side_name, ")");
-  STARLING_CHECK_ARG(shared->factors.size() == layout.size(), who, ": shared factors cover ", shared->factors.size(),
-                     " tensors, the layout has ", layout.size());
+  STARLING_CHECK_ARG(shared->fixed == side, who, ": shared factors hold the wrong side (expected ",
+                     side_name, ")");
+  STARLING_CHECK_ARG(shared->factors.size() == layout.size(), who, ": shared factors cover ",
+                     shared->factors.size(), " tensors, the layout has ", layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
     size_t want = 0;
     if (lowRankCompressible(spec, o.rank, o.min_compression_rate))
-      want = (side == SharedFactors::Side::kQ ? spec.cols() : spec.rows()) * effectiveRank(spec, o.rank);
-    STARLING_CHECK_ARG(shared->factors[t].size() == want, who, ": shared ", side_name, " factor of tensor '",
-                       spec.name, "' has ", shared->factors[t].size(), " floats, expected ", want);
+      want = (side == SharedFactors::Side::kQ ? spec.cols() : spec.rows()) *
+             effectiveRank(spec, o.rank);
+    STARLING_CHECK_ARG(shared->factors[t].size() == want, who, ": shared ", side_name,
+                       " factor of tensor '", spec.name, "' has ", shared->factors[t].size(),
+                       " floats, expected ", want);
   }
 }
 
@@ -362,14 +371,16 @@ PowerSgdCompressor::PowerSgdCompressor(LowRankOptions o) : opt_(o) { opt_.valida
 
 std::string PowerSgdCompressor::spec() const { return optionText("powersgd", opt_, true); }
 
-SharedFactors PowerSgdCompressor::initialShared(const ParamLayout& layout, uint64_t run_seed) const {
+SharedFactors PowerSgdCompressor::initialShared(const ParamLayout& layout,
+                                                uint64_t run_seed) const {
   if (!opt_.two_phase) return Compressor::initialShared(layout, run_seed);
   return initialSharedFactors(layout, opt_, run_seed);
 }
 
 SharedFactors PowerSgdCompressor::nextShared(const ParamLayout& layout, const RoundContext& ctx,
                                              const SharedFactors& current,
-                                             std::span<const std::span<const float>> sums, double total_weight) const {
+                                             std::span<const std::span<const float>> sums,
+                                             double total_weight) const {
   if (!opt_.two_phase) return Compressor::initialShared(layout, ctx.run_seed);
   if (ctx.phase == 0) return orthogonalizedSums(layout, ctx, current, sums);  // P-hat
   // After phase Q: the next round's Q warm-starts from the mean Q, orthonormalized. Vogels et al.
@@ -378,14 +389,15 @@ SharedFactors PowerSgdCompressor::nextShared(const ParamLayout& layout, const Ro
   // but bounded Q) would push honest phase-P factors past the round's bounds and stall training.
   // Orthonormalizing Q = Q' R changes P_i = M_i Q' R by the triangular R on the right only, so
   // P-hat = orth(sum P_i) spans the same columns and the round's update is the same.
-  STARLING_CHECK_ARG(total_weight > 0 && std::isfinite(total_weight), "powersgd: phase Q ended with total weight ",
-                     total_weight);
+  STARLING_CHECK_ARG(total_weight > 0 && std::isfinite(total_weight),
+                     "powersgd: phase Q ended with total weight ", total_weight);
   SharedFactors next;
   next.fixed = SharedFactors::Side::kQ;
   next.factors.resize(layout.size());
   for (size_t t = 0; t < layout.size() && t < sums.size(); ++t) {
     if (sums[t].empty()) continue;
-    next.factors[t].assign(sums[t].begin(), sums[t].end());  // the 1/W scale vanishes in orthonormalization
+    next.factors[t].assign(sums[t].begin(),
+                           sums[t].end());  // the 1/W scale vanishes in orthonormalization
     const size_t dim = layout[t].cols();
     const auto r = static_cast<uint32_t>(sums[t].size() / dim);
     orthogonalize(next.factors[t].data(), dim, r);
@@ -401,7 +413,8 @@ void PowerSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, cons
     // Dense tensors travel whole in the first phase and as nothing in the second.
     if (opt_.two_phase && ctx.phase == 1) {
       const auto* s = std::get_if<SparseView>(&p);
-      if (!s || !s->indices.empty()) unexpected(layout, t, p, "an empty sparse payload in phase Q for a dense tensor");
+      if (!s || !s->indices.empty())
+        unexpected(layout, t, p, "an empty sparse payload in phase Q for a dense tensor");
     } else if (!std::holds_alternative<DenseF32View>(p)) {
       unexpected(layout, t, p, "dense_f32 for a tensor too small to factor");
     }
@@ -413,11 +426,12 @@ void PowerSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, cons
   const bool want_p = !opt_.two_phase || ctx.phase == 0, want_q = !opt_.two_phase || ctx.phase == 1;
   if (l->rank != r || l->p.empty() == want_p || l->q.empty() == want_q)
     failInput(Errc::kRoundMismatch, "tensor ", t, " '", spec.name, "' carries rank ", l->rank,
-              l->p.empty() ? "" : " P", l->q.empty() ? "" : " Q", "; ", this->spec(), " sends rank ", r,
-              want_p ? " P" : "", want_q ? " Q" : "", " in phase ", ctx.phase);
+              l->p.empty() ? "" : " P", l->q.empty() ? "" : " Q", "; ", this->spec(),
+              " sends rank ", r, want_p ? " P" : "", want_q ? " Q" : "", " in phase ", ctx.phase);
 }
 
-void PowerSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const {
+void PowerSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& state,
+                                    const RoundContext& ctx) const {
   if (!opt_.two_phase) return;
   const auto* ps = state.find<PowerSgdState>(kPowerSgdComponent);
   if (ctx.phase == 0) {
@@ -439,12 +453,13 @@ std::vector<float> PowerSgdCompressor::localStartFactor(const ParamLayout& layou
   return seededFactor(ctx.run_seed, 0, t, spec.cols(), r);
 }
 
-std::vector<Payload> PowerSgdCompressor::encodeLocal(const ParamLayout& layout, std::span<const float> input,
-                                                     std::span<float> residual, const ClientState& state,
-                                                     const RoundContext& ctx, StagedState& staged) const {
+std::vector<Payload> PowerSgdCompressor::encodeLocal(
+    const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+    const ClientState& state, const RoundContext& ctx, StagedState& staged) const {
   // A state without warm factors (a new client, or the read-only entry's empty state) uses the
   // seeded Q.
-  PowerSgdState* next = opt_.warm_start ? &staged.stage<PowerSgdState>(std::string(kPowerSgdComponent)) : nullptr;
+  PowerSgdState* next =
+      opt_.warm_start ? &staged.stage<PowerSgdState>(std::string(kPowerSgdComponent)) : nullptr;
   if (next) next->factors.resize(layout.size());
   std::vector<Payload> out;
   out.reserve(layout.size());
@@ -476,16 +491,21 @@ std::vector<Payload> PowerSgdCompressor::encodeLocal(const ParamLayout& layout, 
   return out;
 }
 
-std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
+std::vector<Payload> PowerSgdCompressor::encode(const ParamLayout& layout,
+                                                std::span<const float> input,
                                                 std::span<float> residual, const ClientState& state,
-                                                const RoundContext& ctx, StagedState& staged) const {
-  if (!opt_.two_phase || residual.empty()) return encodeLocal(layout, input, residual, state, ctx, staged);
+                                                const RoundContext& ctx,
+                                                StagedState& staged) const {
+  if (!opt_.two_phase || residual.empty())
+    return encodeLocal(layout, input, residual, state, ctx, staged);
   std::vector<Payload> out;
   out.reserve(layout.size());
   auto& next = staged.stage<PowerSgdState>(std::string(kPowerSgdComponent));
   // No shared factors: the model has no tensor worth factoring (checkSharedFactors allowed it).
   static const std::vector<float> kNoFactor;
-  auto factor = [&](size_t t) -> const std::vector<float>& { return ctx.shared ? ctx.shared->factors[t] : kNoFactor; };
+  auto factor = [&](size_t t) -> const std::vector<float>& {
+    return ctx.shared ? ctx.shared->factors[t] : kNoFactor;
+  };
   if (ctx.phase == 0) {
     // Phase P: P_i = M_i Q; M_i stays in the kept buffer for phase Q; dense tensors go whole.
     for (size_t t = 0; t < layout.size(); ++t) {
@@ -539,7 +559,8 @@ SharedFactors AcpSgdCompressor::initialShared(const ParamLayout& layout, uint64_
 
 SharedFactors AcpSgdCompressor::nextShared(const ParamLayout& layout, const RoundContext& ctx,
                                            const SharedFactors& current,
-                                           std::span<const std::span<const float>> sums, double /*total_weight*/) const {
+                                           std::span<const std::span<const float>> sums,
+                                           double /*total_weight*/) const {
   return orthogonalizedSums(layout, ctx, current, sums);
 }
 
@@ -547,7 +568,8 @@ void AcpSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const 
                                      const RoundContext& ctx) const {
   const TensorSpec& spec = layout[t];
   if (!lowRankCompressible(spec, opt_.rank, opt_.min_compression_rate)) {
-    if (!std::holds_alternative<DenseF32View>(p)) unexpected(layout, t, p, "dense_f32 for a tensor too small to factor");
+    if (!std::holds_alternative<DenseF32View>(p))
+      unexpected(layout, t, p, "dense_f32 for a tensor too small to factor");
     return;
   }
   const auto* l = std::get_if<LowRankView>(&p);
@@ -556,19 +578,22 @@ void AcpSgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const 
   const uint32_t r = effectiveRank(spec, opt_.rank);
   if (l->rank != r || !l->oneFactor() || l->p.empty() == fixed_q)
     failInput(Errc::kRoundMismatch, "tensor ", t, " '", spec.name, "' carries rank ", l->rank,
-              l->p.empty() ? "" : " P", l->q.empty() ? "" : " Q", "; this round of ", this->spec(), " sends rank ", r,
-              fixed_q ? " P only" : " Q only");
+              l->p.empty() ? "" : " P", l->q.empty() ? "" : " Q", "; this round of ", this->spec(),
+              " sends rank ", r, fixed_q ? " P only" : " Q only");
 }
 
 void AcpSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& /*state*/,
                                   const RoundContext& ctx) const {
   // Without shared factors only a model with no tensor worth factoring passes.
-  checkSharedFactors(layout, opt_, ctx.shared, ctx.shared ? ctx.shared->fixed : SharedFactors::Side::kQ, "acpsgd");
+  checkSharedFactors(layout, opt_, ctx.shared,
+                     ctx.shared ? ctx.shared->fixed : SharedFactors::Side::kQ, "acpsgd");
 }
 
-std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
-                                              std::span<float> residual, const ClientState& /*state*/,
-                                              const RoundContext& ctx, StagedState& /*staged*/) const {
+std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout,
+                                              std::span<const float> input,
+                                              std::span<float> residual,
+                                              const ClientState& /*state*/, const RoundContext& ctx,
+                                              StagedState& /*staged*/) const {
   static const SharedFactors kNone;
   const SharedFactors& shared = ctx.shared ? *ctx.shared : kNone;  // none: nothing is factored
   const bool fixed_q = shared.fixed == SharedFactors::Side::kQ;

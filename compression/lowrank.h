@@ -7,9 +7,10 @@
 //     phase P: with the round's shared Q, send P_i = M_i Q (dense tensors go whole); the
 //              aggregator sums and orthogonalizes them into P-hat (nextShared).
 //     phase Q: with the shared P-hat, send Q_i = M_i^T P-hat; residual_i = M_i - P-hat Q_i^T. The
-//              update is P-hat (sum_i w_i Q_i)^T / W; orth(sum_i w_i Q_i) warm-starts the next round
-//              (orthonormalized, unlike Vogels et al., so that its scale cannot grow and push honest
-//              phase-P factors past the round's bounds; P-hat, and so the update, is unchanged).
+//              update is P-hat (sum_i w_i Q_i)^T / W; orth(sum_i w_i Q_i) warm-starts the next
+//              round (orthonormalized, unlike Vogels et al., so that its scale cannot grow and push
+//              honest phase-P factors past the round's bounds; P-hat, and so the update, is
+//              unchanged).
 //     M_i is kept in the client's residual buffer between the phases (EF or not). A client that
 //     missed phase Q starts the next round with M_i as its residual (EF) or drops it (no EF).
 //   powersgd, mode=local: one phase, both factors: P = M Q; orthogonalize(P); Q = M^T P;
@@ -70,7 +71,8 @@ void orthogonalize(float* data, size_t rows, size_t rank);
 
 // The seeded factor every client starts from: side kQ, orthonormal cols x r per compressible
 // tensor, drawn from (run_seed, kLowRankInit, tensor index) only.
-SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptions& o, uint64_t run_seed);
+SharedFactors initialSharedFactors(const ParamLayout& layout, const LowRankOptions& o,
+                                   uint64_t run_seed);
 
 // Two-phase PowerSGD's and local PowerSGD's per-client state (component kPowerSgdComponent):
 // the warm-start Q per tensor (local mode) and whether phase Q is due.
@@ -100,18 +102,24 @@ class PowerSgdCompressor final : public Compressor {
   uint32_t phases() const override { return opt_.two_phase ? 2 : 1; }
   SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;
   bool factorsAreUpdate(uint32_t phase) const override { return !opt_.two_phase || phase == 1; }
-  SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
-                           std::span<const std::span<const float>> factor_sums, double total_weight) const override;
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx,
+                           const SharedFactors& current,
+                           std::span<const std::span<const float>> factor_sums,
+                           double total_weight) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
-  void checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
+  void checkRound(const ParamLayout& layout, const ClientState& state,
+                  const RoundContext& ctx) const override;
 
  private:
-  std::vector<Payload> encodeLocal(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                                   const ClientState& state, const RoundContext& ctx, StagedState& staged) const;
+  std::vector<Payload> encodeLocal(const ParamLayout& layout, std::span<const float> input,
+                                   std::span<float> residual, const ClientState& state,
+                                   const RoundContext& ctx, StagedState& staged) const;
   LowRankOptions opt_;
 };
 
@@ -124,14 +132,19 @@ class AcpSgdCompressor final : public Compressor {
   const LowRankOptions& options() const { return opt_; }
 
   SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;
-  SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx, const SharedFactors& current,
-                           std::span<const std::span<const float>> factor_sums, double total_weight) const override;
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx,
+                           const SharedFactors& current,
+                           std::span<const std::span<const float>> factor_sums,
+                           double total_weight) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
-  void checkRound(const ParamLayout& layout, const ClientState& state, const RoundContext& ctx) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
+  void checkRound(const ParamLayout& layout, const ClientState& state,
+                  const RoundContext& ctx) const override;
 
  private:
   LowRankOptions opt_;
@@ -142,7 +155,7 @@ const LowRankOptions* lowRankOptionsOf(const Compressor& c);
 
 // Checks that `shared` has side `side` and a factor of the right size for every compressed
 // tensor (and none for the others). Throws InvalidArgument.
-void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o, const SharedFactors* shared,
-                        SharedFactors::Side side, const char* who);
+void checkSharedFactors(const ParamLayout& layout, const LowRankOptions& o,
+                        const SharedFactors* shared, SharedFactors::Side side, const char* who);
 
 }  // namespace starling::compression

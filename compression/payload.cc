@@ -18,8 +18,9 @@ namespace {
 
 void requireSize(size_t got, size_t want, const TensorSpec& t, size_t ti, const char* field) {
   if (got != want)
-    fail(Errc::kSizeMismatch, t, ti, std::string(field) + " has " + std::to_string(got) + " entries, expected " +
-                                        std::to_string(want));
+    fail(Errc::kSizeMismatch, t, ti,
+         std::string(field) + " has " + std::to_string(got) + " entries, expected " +
+             std::to_string(want));
 }
 
 // One pass over floats: the largest magnitude's bit pattern (NaN and inf compare above every
@@ -73,24 +74,28 @@ FloatScan scanFloats(std::span<const float> v) {
 }
 
 // Checks every value is finite and returns the stats of the values as decoded.
-PayloadStats requireFinite(std::span<const float> v, const TensorSpec& t, size_t ti, const char* field) {
+PayloadStats requireFinite(std::span<const float> v, const TensorSpec& t, size_t ti,
+                           const char* field) {
   const FloatScan s = scanFloats(v);
   if (s.max_bits >= 0x7f800000u) {
     for (size_t i = 0; i < v.size(); ++i)
-      if (!std::isfinite(v[i])) fail(Errc::kNonFinite, t, ti, std::string(field) + "[" + std::to_string(i) + "] is not finite");
+      if (!std::isfinite(v[i]))
+        fail(Errc::kNonFinite, t, ti,
+             std::string(field) + "[" + std::to_string(i) + "] is not finite");
   }
   return {std::fabs(static_cast<double>(bitsFloat(s.max_bits))), s.sq};
 }
 
 // 16-bit dense values: an all-ones exponent (`exp_mask`) is inf or NaN.
 template <class Decode>
-PayloadStats halfStats(std::span<const uint16_t> v, const TensorSpec& t, size_t ti, const char* kind, uint16_t exp_mask,
-                       Decode decode) {
+PayloadStats halfStats(std::span<const uint16_t> v, const TensorSpec& t, size_t ti,
+                       const char* kind, uint16_t exp_mask, Decode decode) {
   requireSize(v.size(), t.numel, t, ti, (std::string(kind) + " values").c_str());
   PayloadStats s;
   for (size_t i = 0; i < v.size(); ++i) {
     if ((v[i] & exp_mask) == exp_mask)
-      fail(Errc::kNonFinite, t, ti, std::string(kind) + " value[" + std::to_string(i) + "] is not finite");
+      fail(Errc::kNonFinite, t, ti,
+           std::string(kind) + " value[" + std::to_string(i) + "] is not finite");
     const double x = decode(v[i]);
     s.max_abs = std::max(s.max_abs, std::fabs(x));
     s.sq_norm += x * x;
@@ -99,22 +104,27 @@ PayloadStats halfStats(std::span<const uint16_t> v, const TensorSpec& t, size_t 
 }
 
 void requireScalar(float x, const TensorSpec& t, size_t ti, const char* field) {
-  if (!std::isfinite(x) || x < 0.0f) fail(Errc::kNonFinite, t, ti, std::string(field) + " must be finite and >= 0");
+  if (!std::isfinite(x) || x < 0.0f)
+    fail(Errc::kNonFinite, t, ti, std::string(field) + " must be finite and >= 0");
 }
 
-void requirePadding(std::span<const uint8_t> bytes, size_t used_bits, const TensorSpec& t, size_t ti) {
+void requirePadding(std::span<const uint8_t> bytes, size_t used_bits, const TensorSpec& t,
+                    size_t ti) {
   if (bytes.empty() || used_bits % 8 == 0) return;
   const uint8_t mask = static_cast<uint8_t>(0xffu << (used_bits % 8));
-  if (bytes.back() & mask) fail(Errc::kBadPadding, t, ti, "non-zero padding bits after the last element");
+  if (bytes.back() & mask)
+    fail(Errc::kBadPadding, t, ti, "non-zero padding bits after the last element");
 }
 
 // The shared factor the other side of a one-factor payload uses, or a failure.
-std::span<const float> sharedFactor(const SharedFactors* shared, SharedFactors::Side want, const TensorSpec& t,
-                                    size_t ti, size_t rows, uint32_t rank) {
-  if (!shared || shared->fixed != want || ti >= shared->factors.size() || shared->factors[ti].size() != rows * rank)
+std::span<const float> sharedFactor(const SharedFactors* shared, SharedFactors::Side want,
+                                    const TensorSpec& t, size_t ti, size_t rows, uint32_t rank) {
+  if (!shared || shared->fixed != want || ti >= shared->factors.size() ||
+      shared->factors[ti].size() != rows * rank)
     fail(Errc::kMissingSharedFactor, t, ti,
-         std::string("carries one low-rank factor, but no shared ") + (want == SharedFactors::Side::kQ ? "Q" : "P") +
-             " factor of rank " + std::to_string(rank) + " is known for it");
+         std::string("carries one low-rank factor, but no shared ") +
+             (want == SharedFactors::Side::kQ ? "Q" : "P") + " factor of rank " +
+             std::to_string(rank) + " is known for it");
   return shared->factors[ti];
 }
 
@@ -158,23 +168,28 @@ double productSqNorm(const FactorStats& p, const FactorStats& q) {
   return std::max(s, 0.0);
 }
 
-using ConstFactor = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+using ConstFactor =
+    Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 
 Errc riceErrc(RiceCheck::Problem p) {
   switch (p) {
-    case RiceCheck::Problem::kParameter: return Errc::kLevelOutOfRange;
-    case RiceCheck::Problem::kBeyond: return Errc::kIndexOutOfRange;
-    case RiceCheck::Problem::kPadding: return Errc::kBadPadding;
-    default: return Errc::kSizeMismatch;
+    case RiceCheck::Problem::kParameter:
+      return Errc::kLevelOutOfRange;
+    case RiceCheck::Problem::kBeyond:
+      return Errc::kIndexOutOfRange;
+    case RiceCheck::Problem::kPadding:
+      return Errc::kBadPadding;
+    default:
+      return Errc::kSizeMismatch;
   }
 }
 
 }  // namespace
 
 const char* encodingName(size_t index) {
-  static constexpr const char* kNames[] = {"dense_f32", "dense_f16", "dense_bf16", "sparse",
-                                           "randblock", "lowrank",   "sign",       "qsgd",
-                                           "ternary"};
+  static constexpr const char* kNames[] = {"dense_f32", "dense_f16", "dense_bf16",
+                                           "sparse",    "randblock", "lowrank",
+                                           "sign",      "qsgd",      "ternary"};
   return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
@@ -189,11 +204,21 @@ PayloadView view(const Payload& p) {
                         [](const DenseF32& d) -> PayloadView { return DenseF32View{d.values}; },
                         [](const DenseF16& d) -> PayloadView { return DenseF16View{d.values}; },
                         [](const DenseBF16& d) -> PayloadView { return DenseBF16View{d.values}; },
-                        [](const Sparse& s) -> PayloadView { return SparseView{s.indices, s.values}; },
-                        [](const RandBlock& b) -> PayloadView { return RandBlockView{b.offset, b.values}; },
-                        [](const LowRank& l) -> PayloadView { return LowRankView{l.rows, l.cols, l.rank, l.p, l.q}; },
-                        [](const Sign& s) -> PayloadView { return SignView{s.scale, s.bits}; },
-                        [](const Qsgd& q) -> PayloadView { return QsgdView{q.norm, q.s, q.packed}; },
+                        [](const Sparse& s) -> PayloadView {
+                          return SparseView{s.indices, s.values};
+                        },
+                        [](const RandBlock& b) -> PayloadView {
+                          return RandBlockView{b.offset, b.values};
+                        },
+                        [](const LowRank& l) -> PayloadView {
+                          return LowRankView{l.rows, l.cols, l.rank, l.p, l.q};
+                        },
+                        [](const Sign& s) -> PayloadView {
+                          return SignView{s.scale, s.bits};
+                        },
+                        [](const Qsgd& q) -> PayloadView {
+                          return QsgdView{q.norm, q.s, q.packed};
+                        },
                         [](const Ternary& x) -> PayloadView {
                           return TernaryView{x.count, x.mu, x.rice, x.positions, x.signs};
                         },
@@ -202,16 +227,28 @@ PayloadView view(const Payload& p) {
 }
 
 Payload toOwned(const PayloadView& v) {
-  auto vec = [](auto s) { return std::vector<typename decltype(s)::value_type>(s.begin(), s.end()); };
+  auto vec = [](auto s) {
+    return std::vector<typename decltype(s)::value_type>(s.begin(), s.end());
+  };
   return std::visit(Overloaded{
                         [&](const DenseF32View& d) -> Payload { return DenseF32{vec(d.values)}; },
                         [&](const DenseF16View& d) -> Payload { return DenseF16{vec(d.values)}; },
                         [&](const DenseBF16View& d) -> Payload { return DenseBF16{vec(d.values)}; },
-                        [&](const SparseView& s) -> Payload { return Sparse{vec(s.indices), vec(s.values)}; },
-                        [&](const RandBlockView& b) -> Payload { return RandBlock{b.offset, vec(b.values)}; },
-                        [&](const LowRankView& l) -> Payload { return LowRank{l.rows, l.cols, l.rank, vec(l.p), vec(l.q)}; },
-                        [&](const SignView& s) -> Payload { return Sign{s.scale, vec(s.bits)}; },
-                        [&](const QsgdView& q) -> Payload { return Qsgd{q.norm, q.s, vec(q.packed)}; },
+                        [&](const SparseView& s) -> Payload {
+                          return Sparse{vec(s.indices), vec(s.values)};
+                        },
+                        [&](const RandBlockView& b) -> Payload {
+                          return RandBlock{b.offset, vec(b.values)};
+                        },
+                        [&](const LowRankView& l) -> Payload {
+                          return LowRank{l.rows, l.cols, l.rank, vec(l.p), vec(l.q)};
+                        },
+                        [&](const SignView& s) -> Payload {
+                          return Sign{s.scale, vec(s.bits)};
+                        },
+                        [&](const QsgdView& q) -> Payload {
+                          return Qsgd{q.norm, q.s, vec(q.packed)};
+                        },
                         [&](const TernaryView& x) -> Payload {
                           return Ternary{x.count, x.mu, x.rice, vec(x.positions), vec(x.signs)};
                         },
@@ -265,8 +302,8 @@ uint64_t sharedFactorsTag(const SharedFactors& s) {
   return h;
 }
 
-PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, const SharedFactors* shared,
-                             size_t ti) {
+PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t,
+                             const SharedFactors* shared, size_t ti) {
   const size_t n = t.numel;
   return std::visit(
       Overloaded{
@@ -275,14 +312,17 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
             return requireFinite(d.values, t, ti, "dense value");
           },
           [&](const DenseF16View& d) {
-            return halfStats(d.values, t, ti, "fp16", 0x7c00u, [](uint16_t h) { return halfToFloat(h); });
+            return halfStats(d.values, t, ti, "fp16", 0x7c00u,
+                             [](uint16_t h) { return halfToFloat(h); });
           },
           [&](const DenseBF16View& d) {
-            return halfStats(d.values, t, ti, "bf16", 0x7f80u, [](uint16_t h) { return bf16ToFloat(h); });
+            return halfStats(d.values, t, ti, "bf16", 0x7f80u,
+                             [](uint16_t h) { return bf16ToFloat(h); });
           },
           [&](const SparseView& s) {
             requireSize(s.values.size(), s.indices.size(), t, ti, "sparse values (vs indices)");
-            if (s.indices.size() > n) fail(Errc::kSizeMismatch, t, ti, "sparse payload has more entries than the tensor");
+            if (s.indices.size() > n)
+              fail(Errc::kSizeMismatch, t, ti, "sparse payload has more entries than the tensor");
             // Strictly increasing and the last below n means every index is in range. One
             // branch-free pass (it vectorises); the failing position is looked up only on failure.
             const uint32_t* idx = s.indices.data();
@@ -293,10 +333,12 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
               for (size_t i = 0; i < k; ++i) {
                 if (i > 0 && idx[i] <= idx[i - 1])
                   fail(Errc::kIndexOrder, t, ti,
-                       "sparse index " + std::to_string(idx[i]) + " at position " + std::to_string(i) +
+                       "sparse index " + std::to_string(idx[i]) + " at position " +
+                           std::to_string(i) +
                            " does not exceed the previous one (duplicate or unsorted)");
                 if (idx[i] >= n)
-                  fail(Errc::kIndexOutOfRange, t, ti, "sparse index " + std::to_string(idx[i]) + " >= numel " + std::to_string(n));
+                  fail(Errc::kIndexOutOfRange, t, ti,
+                       "sparse index " + std::to_string(idx[i]) + " >= numel " + std::to_string(n));
               }
             }
             return requireFinite(s.values, t, ti, "sparse value");
@@ -304,25 +346,35 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
           [&](const RandBlockView& b) {
             if (b.values.empty() || b.values.size() > n)
               fail(Errc::kSizeMismatch, t, ti,
-                   "random block of " + std::to_string(b.values.size()) + " values for numel " + std::to_string(n));
-            if (b.offset >= n) fail(Errc::kIndexOutOfRange, t, ti, "block offset " + std::to_string(b.offset) + " >= numel");
+                   "random block of " + std::to_string(b.values.size()) + " values for numel " +
+                       std::to_string(n));
+            if (b.offset >= n)
+              fail(Errc::kIndexOutOfRange, t, ti,
+                   "block offset " + std::to_string(b.offset) + " >= numel");
             return requireFinite(b.values, t, ti, "block value");
           },
           [&](const LowRankView& l) {
-            if (l.rows != t.rows() || l.cols != t.cols() || l.rank == 0 || l.rank > std::min(l.rows, l.cols))
+            if (l.rows != t.rows() || l.cols != t.cols() || l.rank == 0 ||
+                l.rank > std::min(l.rows, l.cols))
               fail(Errc::kShapeMismatch, t, ti,
                    "low-rank " + std::to_string(l.rows) + "x" + std::to_string(l.cols) + " rank " +
-                       std::to_string(l.rank) + " does not fit the matrix view " + std::to_string(t.rows()) + "x" +
-                       std::to_string(t.cols()));
-            if (l.p.empty() && l.q.empty()) fail(Errc::kSizeMismatch, t, ti, "low-rank payload has no factor");
+                       std::to_string(l.rank) + " does not fit the matrix view " +
+                       std::to_string(t.rows()) + "x" + std::to_string(t.cols()));
+            if (l.p.empty() && l.q.empty())
+              fail(Errc::kSizeMismatch, t, ti, "low-rank payload has no factor");
             if (!l.p.empty()) requireSize(l.p.size(), size_t{l.rows} * l.rank, t, ti, "P factor");
             if (!l.q.empty()) requireSize(l.q.size(), size_t{l.cols} * l.rank, t, ti, "Q factor");
-            const auto pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, ti, l.rows, l.rank) : l.p;
-            const auto qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, ti, l.cols, l.rank) : l.q;
+            const auto pv =
+                l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, ti, l.rows, l.rank)
+                            : l.p;
+            const auto qv =
+                l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, ti, l.cols, l.rank)
+                            : l.q;
             requireFinite(l.p, t, ti, "P value");
             requireFinite(l.q, t, ti, "Q value");
             // Every entry of P Q^T is a dot product of a row of P and a row of Q (Cauchy-Schwarz).
-            const FactorStats ps = factorStats(pv, l.rows, l.rank), qs = factorStats(qv, l.cols, l.rank);
+            const FactorStats ps = factorStats(pv, l.rows, l.rank),
+                              qs = factorStats(qv, l.cols, l.rank);
             return PayloadStats{ps.max_row_norm * qs.max_row_norm, productSqNorm(ps, qs)};
           },
           [&](const SignView& s) {
@@ -334,7 +386,8 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
           },
           [&](const QsgdView& q) {
             if (q.s == 0 || q.s > 0xffffu)
-              fail(Errc::kLevelOutOfRange, t, ti, "QSGD s=" + std::to_string(q.s) + " outside [1, 65535]");
+              fail(Errc::kLevelOutOfRange, t, ti,
+                   "QSGD s=" + std::to_string(q.s) + " outside [1, 65535]");
             const uint32_t bits = 1 + qsgdLevelBits(q.s);
             requireSize(q.packed.size(), packedBytes(n, bits), t, ti, "QSGD bytes");
             requireScalar(q.norm, t, ti, "QSGD norm");
@@ -346,8 +399,8 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
               const uint32_t level = r.get(bits) >> 1;
               if (level > q.s)
                 fail(Errc::kLevelOutOfRange, t, ti,
-                     "QSGD level " + std::to_string(level) + " at " + std::to_string(i) + " exceeds s=" +
-                         std::to_string(q.s));
+                     "QSGD level " + std::to_string(level) + " at " + std::to_string(i) +
+                         " exceeds s=" + std::to_string(q.s));
               max_level = std::max(max_level, level);
               sq_levels += static_cast<double>(level) * level;
             }
@@ -357,13 +410,17 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
           [&](const TernaryView& x) {
             if (x.count > n)
               fail(Errc::kSizeMismatch, t, ti,
-                   "ternary payload has " + std::to_string(x.count) + " positions for numel " + std::to_string(n));
+                   "ternary payload has " + std::to_string(x.count) + " positions for numel " +
+                       std::to_string(n));
             requireSize(x.signs.size(), packedBytes(x.count, 1), t, ti, "ternary sign bytes");
             requireScalar(x.mu, t, ti, "ternary mu");
             requirePadding(x.signs, x.count, t, ti);
             RiceCheck check;
-            if (!riceDecode(x.positions, x.count, x.rice, n, [](uint32_t) {}, &check))
-              fail(riceErrc(check.problem), t, ti, std::string("ternary positions: ") + check.why + " (position " + std::to_string(check.at) + ")");
+            if (!riceDecode(
+                    x.positions, x.count, x.rice, n, [](uint32_t) {}, &check))
+              fail(riceErrc(check.problem), t, ti,
+                   std::string("ternary positions: ") + check.why + " (position " +
+                       std::to_string(check.at) + ")");
             const double mu = x.mu;
             return PayloadStats{x.count ? mu : 0.0, mu * mu * static_cast<double>(x.count)};
           },
@@ -373,14 +430,16 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t, co
 
 void checkUpdateHeader(const ParamLayout& layout, const UpdateHeader& h, size_t tensors) {
   if (h.layout_fingerprint != layout.fingerprint())
-    failInput(Errc::kFingerprintMismatch, "update from client ", h.client_id, " is for model fingerprint ",
-              h.layout_fingerprint, ", expected ", layout.fingerprint());
+    failInput(Errc::kFingerprintMismatch, "update from client ", h.client_id,
+              " is for model fingerprint ", h.layout_fingerprint, ", expected ",
+              layout.fingerprint());
   if (tensors != layout.size())
     failInput(Errc::kTensorCountMismatch, "update from client ", h.client_id, " carries ", tensors,
               " tensors, the model has ", layout.size());
 }
 
-PayloadStats validateUpdate(const ParamLayout& layout, const UpdateView& u, const SharedFactors* shared) {
+PayloadStats validateUpdate(const ParamLayout& layout, const UpdateView& u,
+                            const SharedFactors* shared) {
   checkUpdateHeader(layout, u.header, u.tensors.size());
   PayloadStats total;
   for (size_t t = 0; t < layout.size(); ++t) {
@@ -391,86 +450,94 @@ PayloadStats validateUpdate(const ParamLayout& layout, const UpdateView& u, cons
   return total;
 }
 
-void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::span<float> out, float weight,
-                       const SharedFactors* shared, size_t ti) {
-  STARLING_ENFORCE(out.size() == t.numel, "accumulate: out has ", out.size(), " floats, tensor ", t.numel);
+void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::span<float> out,
+                       float weight, const SharedFactors* shared, size_t ti) {
+  STARLING_ENFORCE(out.size() == t.numel, "accumulate: out has ", out.size(), " floats, tensor ",
+                   t.numel);
   float* o = out.data();
   const size_t n = t.numel;
-  std::visit(
-      Overloaded{
-          [&](const DenseF32View& d) {
-            const float* v = d.values.data();
-            for (size_t i = 0; i < n; ++i) o[i] += weight * v[i];
-          },
-          [&](const DenseF16View& d) {
-            for (size_t i = 0; i < n; ++i) o[i] += weight * halfToFloat(d.values[i]);
-          },
-          [&](const DenseBF16View& d) {
-            for (size_t i = 0; i < n; ++i) o[i] += weight * bf16ToFloat(d.values[i]);
-          },
-          [&](const SparseView& s) {
-            const size_t k = s.indices.size();
-            const uint32_t* idx = s.indices.data();
-            const float* v = s.values.data();
-            for (size_t i = 0; i < k; ++i) o[idx[i]] += weight * v[i];
-          },
-          [&](const RandBlockView& b) {
-            const size_t len = b.values.size();
-            const size_t first = std::min(len, n - b.offset);
-            for (size_t i = 0; i < first; ++i) o[b.offset + i] += weight * b.values[i];
-            for (size_t i = first; i < len; ++i) o[i - first] += weight * b.values[i];
-          },
-          [&](const LowRankView& l) {
-            RowMatrixMap m(o, l.rows, l.cols);
-            const auto pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, ti, l.rows, l.rank) : l.p;
-            const auto qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, ti, l.cols, l.rank) : l.q;
-            ConstFactor p(pv.data(), l.rows, l.rank);
-            ConstFactor q(qv.data(), l.cols, l.rank);
-            m.noalias() += weight * (p * q.transpose());
-          },
-          [&](const SignView& s) {
-            const float pos = weight * s.scale;
-            for (size_t i = 0; i < n; ++i) o[i] += ((s.bits[i >> 3] >> (i & 7)) & 1u) ? -pos : pos;
-          },
-          [&](const QsgdView& q) {
-            const uint32_t bits = 1 + qsgdLevelBits(q.s);
-            // In double: weight * norm may exceed float's range even when every level is small.
-            const auto unit = static_cast<float>(static_cast<double>(weight) * q.norm / q.s);
-            BitReader r(q.packed.data());
-            for (size_t i = 0; i < n; ++i) {
-              const uint32_t field = r.get(bits);
-              // A zero level adds nothing, whatever the unit (0 * inf would be NaN; the bounds keep
-              // the unit finite, this keeps a zero a zero).
-              if ((field >> 1) == 0) continue;
-              const float v = unit * static_cast<float>(field >> 1);
-              o[i] += (field & 1u) ? -v : v;
-            }
-          },
-          [&](const TernaryView& x) {
-            const float pos = weight * x.mu;
-            size_t j = 0;
-            const bool ok = riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
-              o[i] += ((x.signs[j >> 3] >> (j & 7)) & 1u) ? -pos : pos;
-              ++j;
-            });
-            STARLING_ENFORCE(ok, "accumulate: ternary payload of tensor ", ti, " was not validated");
-          },
-      },
-      payload);
+  std::visit(Overloaded{
+                 [&](const DenseF32View& d) {
+                   const float* v = d.values.data();
+                   for (size_t i = 0; i < n; ++i) o[i] += weight * v[i];
+                 },
+                 [&](const DenseF16View& d) {
+                   for (size_t i = 0; i < n; ++i) o[i] += weight * halfToFloat(d.values[i]);
+                 },
+                 [&](const DenseBF16View& d) {
+                   for (size_t i = 0; i < n; ++i) o[i] += weight * bf16ToFloat(d.values[i]);
+                 },
+                 [&](const SparseView& s) {
+                   const size_t k = s.indices.size();
+                   const uint32_t* idx = s.indices.data();
+                   const float* v = s.values.data();
+                   for (size_t i = 0; i < k; ++i) o[idx[i]] += weight * v[i];
+                 },
+                 [&](const RandBlockView& b) {
+                   const size_t len = b.values.size();
+                   const size_t first = std::min(len, n - b.offset);
+                   for (size_t i = 0; i < first; ++i) o[b.offset + i] += weight * b.values[i];
+                   for (size_t i = first; i < len; ++i) o[i - first] += weight * b.values[i];
+                 },
+                 [&](const LowRankView& l) {
+                   RowMatrixMap m(o, l.rows, l.cols);
+                   const auto pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t,
+                                                              ti, l.rows, l.rank)
+                                               : l.p;
+                   const auto qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t,
+                                                              ti, l.cols, l.rank)
+                                               : l.q;
+                   ConstFactor p(pv.data(), l.rows, l.rank);
+                   ConstFactor q(qv.data(), l.cols, l.rank);
+                   m.noalias() += weight * (p * q.transpose());
+                 },
+                 [&](const SignView& s) {
+                   const float pos = weight * s.scale;
+                   for (size_t i = 0; i < n; ++i)
+                     o[i] += ((s.bits[i >> 3] >> (i & 7)) & 1u) ? -pos : pos;
+                 },
+                 [&](const QsgdView& q) {
+                   const uint32_t bits = 1 + qsgdLevelBits(q.s);
+                   // In double: weight * norm may exceed float's range even when every level is
+                   // small.
+                   const auto unit = static_cast<float>(static_cast<double>(weight) * q.norm / q.s);
+                   BitReader r(q.packed.data());
+                   for (size_t i = 0; i < n; ++i) {
+                     const uint32_t field = r.get(bits);
+                     // A zero level adds nothing, whatever the unit (0 * inf would be NaN; the
+                     // bounds keep the unit finite, this keeps a zero a zero).
+                     if ((field >> 1) == 0) continue;
+                     const float v = unit * static_cast<float>(field >> 1);
+                     o[i] += (field & 1u) ? -v : v;
+                   }
+                 },
+                 [&](const TernaryView& x) {
+                   const float pos = weight * x.mu;
+                   size_t j = 0;
+                   const bool ok = riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
+                     o[i] += ((x.signs[j >> 3] >> (j & 7)) & 1u) ? -pos : pos;
+                     ++j;
+                   });
+                   STARLING_ENFORCE(ok, "accumulate: ternary payload of tensor ", ti,
+                                    " was not validated");
+                 },
+             },
+             payload);
 }
 
-void densifyUpdate(const ParamLayout& layout, std::span<const PayloadView> tensors, std::span<float> out,
-                   const SharedFactors* shared) {
-  STARLING_CHECK_ARG(tensors.size() == layout.size(), "densify: ", tensors.size(), " payloads for ", layout.size(),
-                     " tensors");
-  STARLING_CHECK_ARG(out.size() == layout.numel(), "densify: out has ", out.size(), " floats, the layout needs ",
-                     layout.numel());
+void densifyUpdate(const ParamLayout& layout, std::span<const PayloadView> tensors,
+                   std::span<float> out, const SharedFactors* shared) {
+  STARLING_CHECK_ARG(tensors.size() == layout.size(), "densify: ", tensors.size(), " payloads for ",
+                     layout.size(), " tensors");
+  STARLING_CHECK_ARG(out.size() == layout.numel(), "densify: out has ", out.size(),
+                     " floats, the layout needs ", layout.numel());
   std::fill(out.begin(), out.end(), 0.0f);
-  for (size_t t = 0; t < layout.size(); ++t) accumulatePayload(tensors[t], layout[t], layout.slice(out, t), 1.0f, shared, t);
+  for (size_t t = 0; t < layout.size(); ++t)
+    accumulatePayload(tensors[t], layout[t], layout.slice(out, t), 1.0f, shared, t);
 }
 
-void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors, std::span<float> out,
-                   const SharedFactors* shared) {
+void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors,
+                   std::span<float> out, const SharedFactors* shared) {
   std::vector<PayloadView> views;
   views.reserve(tensors.size());
   for (const auto& p : tensors) views.push_back(view(p));
@@ -478,18 +545,19 @@ void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensor
 }
 
 size_t payloadDataBytes(const PayloadView& payload) {
-  return std::visit(Overloaded{
-                        [](const DenseF32View& d) { return d.values.size() * 4; },
-                        [](const DenseF16View& d) { return d.values.size() * 2; },
-                        [](const DenseBF16View& d) { return d.values.size() * 2; },
-                        [](const SparseView& s) { return s.indices.size() * 4 + s.values.size() * 4; },
-                        [](const RandBlockView& b) { return 4 + b.values.size() * 4; },
-                        [](const LowRankView& l) { return 12 + (l.p.size() + l.q.size()) * 4; },
-                        [](const SignView& s) { return 4 + s.bits.size(); },
-                        [](const QsgdView& q) { return 8 + q.packed.size(); },
-                        [](const TernaryView& x) { return 9 + x.positions.size() + x.signs.size(); },
-                    },
-                    payload);
+  return std::visit(
+      Overloaded{
+          [](const DenseF32View& d) { return d.values.size() * 4; },
+          [](const DenseF16View& d) { return d.values.size() * 2; },
+          [](const DenseBF16View& d) { return d.values.size() * 2; },
+          [](const SparseView& s) { return s.indices.size() * 4 + s.values.size() * 4; },
+          [](const RandBlockView& b) { return 4 + b.values.size() * 4; },
+          [](const LowRankView& l) { return 12 + (l.p.size() + l.q.size()) * 4; },
+          [](const SignView& s) { return 4 + s.bits.size(); },
+          [](const QsgdView& q) { return 8 + q.packed.size(); },
+          [](const TernaryView& x) { return 9 + x.positions.size() + x.signs.size(); },
+      },
+      payload);
 }
 
 }  // namespace starling::compression

@@ -78,7 +78,8 @@ struct Ternary {
   std::vector<uint8_t> signs;
 };
 
-using Payload = std::variant<DenseF32, DenseF16, DenseBF16, Sparse, RandBlock, LowRank, Sign, Qsgd, Ternary>;
+using Payload =
+    std::variant<DenseF32, DenseF16, DenseBF16, Sparse, RandBlock, LowRank, Sign, Qsgd, Ternary>;
 
 // ---------------------------------------------------------------- views
 
@@ -122,8 +123,8 @@ struct TernaryView {
 };
 
 // Same alternatives, same order as Payload: index() names the encoding in both.
-using PayloadView = std::variant<DenseF32View, DenseF16View, DenseBF16View, SparseView, RandBlockView, LowRankView,
-                                 SignView, QsgdView, TernaryView>;
+using PayloadView = std::variant<DenseF32View, DenseF16View, DenseBF16View, SparseView,
+                                 RandBlockView, LowRankView, SignView, QsgdView, TernaryView>;
 
 PayloadView view(const Payload& p);
 Payload toOwned(const PayloadView& v);
@@ -249,27 +250,29 @@ struct PayloadStats {
 // Checks a payload against the tensor it claims to describe: sizes, index ranges and order,
 // low-rank shapes, QSGD levels, padding bits, finite values. Throws InputError naming the tensor
 // and the problem. `shared` is required for a low-rank payload that carries only one factor.
-PayloadStats validatePayload(const PayloadView& p, const TensorSpec& t, const SharedFactors* shared = nullptr,
-                             size_t tensor_index = 0);
+PayloadStats validatePayload(const PayloadView& p, const TensorSpec& t,
+                             const SharedFactors* shared = nullptr, size_t tensor_index = 0);
 
 // Checks the update's fingerprint and tensor count against the layout (O(1)); throws InputError.
 void checkUpdateHeader(const ParamLayout& layout, const UpdateHeader& h, size_t tensors);
 // checkUpdateHeader, then validatePayload for every tensor; returns the whole update's stats
 // (max_abs over tensors, sq_norm summed).
-PayloadStats validateUpdate(const ParamLayout& layout, const UpdateView& u, const SharedFactors* shared = nullptr);
+PayloadStats validateUpdate(const ParamLayout& layout, const UpdateView& u,
+                            const SharedFactors* shared = nullptr);
 
 // out[j] += weight * decoded(p)[j] for the tensor's numel positions, without materialising the
 // decoded tensor. A one-factor low-rank payload uses `shared` for the other factor. The payload
 // must have passed validatePayload for this tensor.
-void accumulatePayload(const PayloadView& p, const TensorSpec& t, std::span<float> out, float weight,
-                       const SharedFactors* shared = nullptr, size_t tensor_index = 0);
+void accumulatePayload(const PayloadView& p, const TensorSpec& t, std::span<float> out,
+                       float weight, const SharedFactors* shared = nullptr,
+                       size_t tensor_index = 0);
 
 // Decodes a whole update's payloads (validated) into `out` (layout.numel() floats, overwritten).
 // For the paths that need an update dense: robust rules, tools and tests.
-void densifyUpdate(const ParamLayout& layout, std::span<const PayloadView> tensors, std::span<float> out,
-                   const SharedFactors* shared = nullptr);
-void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors, std::span<float> out,
-                   const SharedFactors* shared = nullptr);
+void densifyUpdate(const ParamLayout& layout, std::span<const PayloadView> tensors,
+                   std::span<float> out, const SharedFactors* shared = nullptr);
+void densifyUpdate(const ParamLayout& layout, const std::vector<Payload>& tensors,
+                   std::span<float> out, const SharedFactors* shared = nullptr);
 
 // Exact size of the payload's data on the wire, in bytes, excluding framing. protocol/ reports
 // the framed size of a whole message.

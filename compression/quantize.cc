@@ -19,7 +19,8 @@ void SignCompressor::checkReceived(const ParamLayout& layout, size_t t, const Pa
 
 std::vector<Payload> SignCompressor::encode(const ParamLayout& layout, std::span<const float> input,
                                             std::span<float> residual, const ClientState& /*state*/,
-                                            const RoundContext& /*ctx*/, StagedState& /*staged*/) const {
+                                            const RoundContext& /*ctx*/,
+                                            StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
@@ -42,7 +43,8 @@ std::vector<Payload> SignCompressor::encode(const ParamLayout& layout, std::span
 }
 
 void QsgdOptions::validate() const {
-  if (levels == 0 || levels > 0xffffu) STARLING_THROW(ConfigError, "qsgd: levels must be in [1, 65535], got ", levels);
+  if (levels == 0 || levels > 0xffffu)
+    STARLING_THROW(ConfigError, "qsgd: levels must be in [1, 65535], got ", levels);
   ef.validate("qsgd");
 }
 
@@ -59,13 +61,14 @@ void QsgdCompressor::checkReceived(const ParamLayout& layout, size_t t, const Pa
   const auto* q = std::get_if<QsgdView>(&p);
   if (!q) unexpected(layout, t, p, "qsgd");
   if (q->s != opt_.levels)
-    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' uses s=", q->s, ", ", spec(), " sends s=",
-              opt_.levels);
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' uses s=", q->s, ", ",
+              spec(), " sends s=", opt_.levels);
 }
 
 std::vector<Payload> QsgdCompressor::encode(const ParamLayout& layout, std::span<const float> input,
                                             std::span<float> residual, const ClientState& /*state*/,
-                                            const RoundContext& ctx, StagedState& /*staged*/) const {
+                                            const RoundContext& ctx,
+                                            StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   const uint32_t s = opt_.levels;

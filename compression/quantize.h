@@ -29,11 +29,13 @@ class SignCompressor final : public Compressor {
   std::string name() const override { return "sign"; }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   SignOptions opt_;
@@ -46,11 +48,13 @@ class QsgdCompressor final : public Compressor {
   std::string spec() const override;
   const QsgdOptions& options() const { return opt_; }
   const ErrorFeedback& feedback() const override { return opt_.ef; }
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   QsgdOptions opt_;

@@ -1,11 +1,11 @@
 #include "compression/registry.h"
 
+#include <sstream>
+
 #include "compression/dense.h"
 #include "compression/lowrank.h"
 #include "compression/quantize.h"
 #include "compression/sparsify.h"
-
-#include <sstream>
 
 namespace starling::compression {
 namespace {
@@ -33,7 +33,8 @@ SignOptions aheadSignDefaults() {
 // The error-feedback keys every compressor with error feedback accepts (compressor.h).
 ErrorFeedback readFeedback(OptionReader& r, ErrorFeedback d) {
   d.on = r.flag("ef", d.on);
-  if (!d.on) d = ErrorFeedback{};  // off: no variant applies (validate() refuses one given with ef=false)
+  if (!d.on)
+    d = ErrorFeedback{};  // off: no variant applies (validate() refuses one given with ef=false)
   d.decay = r.number("ef_decay", d.decay);
   d.preview = r.number("ef_preview", d.preview);
   d.max_age = r.count("ef_max_age", d.max_age);
@@ -42,8 +43,9 @@ ErrorFeedback readFeedback(OptionReader& r, ErrorFeedback d) {
 // The help text of those keys with a compressor's defaults.
 std::string feedbackHelp(const ErrorFeedback& d) {
   std::ostringstream os;
-  os << "ef=" << (d.on ? "true" : "false") << ", ef_decay=" << d.decay << " (residual kept x this), ef_preview="
-     << d.preview << " (train from global + this x residual), ef_max_age=" << d.max_age
+  os << "ef=" << (d.on ? "true" : "false") << ", ef_decay=" << d.decay
+     << " (residual kept x this), ef_preview=" << d.preview
+     << " (train from global + this x residual), ef_max_age=" << d.max_age
      << " (drop a residual older than this many rounds; 0: never)";
   return os.str();
 }
@@ -83,12 +85,14 @@ const CompressorRegistry& compressors() {
            [](OptionReader& r) {
              TopKOptions o;
              o.density = r.number("density", o.density);
-             o.scope = r.choice("scope", "layer", {"layer", "global"}) == "layer" ? TopKOptions::Scope::kLayer
-                                                                                : TopKOptions::Scope::kGlobal;
+             o.scope = r.choice("scope", "layer", {"layer", "global"}) == "layer"
+                           ? TopKOptions::Scope::kLayer
+                           : TopKOptions::Scope::kGlobal;
              o.ef = readFeedback(r, o.ef);
              return std::make_unique<TopKCompressor>(o);
            }},
-          {"stc", "sparse ternary (Sattler et al.): top-k, every kept value +-mu, with error feedback",
+          {"stc",
+           "sparse ternary (Sattler et al.): top-k, every kept value +-mu, with error feedback",
            "density=0.01, " + feedbackHelp(TopKOptions{}.ef),
            [](OptionReader& r) {
              TopKOptions o;
@@ -99,7 +103,10 @@ const CompressorRegistry& compressors() {
            }},
           {"randk", "k random positions per tensor with error feedback; index + value each",
            "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
-           [](OptionReader& r) { return std::make_unique<RandKCompressor>(readRandomSparsify(r, aheadSparsifyDefaults())); }},
+           [](OptionReader& r) {
+             return std::make_unique<RandKCompressor>(
+                 readRandomSparsify(r, aheadSparsifyDefaults()));
+           }},
           {"randblock", "one random contiguous block per tensor, shared offset, no indices",
            "density=0.01, offset=shared|client (one block offset per round, or per client), " +
                feedbackHelp(aheadSparsifyDefaults().ef),
@@ -108,13 +115,15 @@ const CompressorRegistry& compressors() {
              o.per_client_offset = r.choice("offset", "shared", {"shared", "client"}) == "client";
              return std::make_unique<RandBlockCompressor>(o);
            }},
-          {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor", feedbackHelp(aheadSignDefaults().ef),
+          {"sign", "EF-SignSGD: 1 bit per value plus a scale per tensor",
+           feedbackHelp(aheadSignDefaults().ef),
            [](OptionReader& r) {
              SignOptions o = aheadSignDefaults();
              o.ef = readFeedback(r, o.ef);
              return std::make_unique<SignCompressor>(o);
            }},
-          {"qsgd", "QSGD: unbiased stochastic levels, 1+log2(s+1) bits per value", "levels=16 (s), " + feedbackHelp(QsgdOptions{}.ef),
+          {"qsgd", "QSGD: unbiased stochastic levels, 1+log2(s+1) bits per value",
+           "levels=16 (s), " + feedbackHelp(QsgdOptions{}.ef),
            [](OptionReader& r) {
              QsgdOptions o;
              o.levels = r.count("levels", o.levels);
@@ -122,18 +131,26 @@ const CompressorRegistry& compressors() {
              return std::make_unique<QsgdCompressor>(o);
            }},
           {"powersgd",
-           "PowerSGD rank-r factors: two phases per round against shared factors (mode=two_phase), or P and Q "
+           "PowerSGD rank-r factors: two phases per round against shared factors (mode=two_phase), "
+           "or P and Q "
            "from each client (mode=local)",
-           "rank=4, min_rate=2, mode=two_phase|local, warm_start=true (local mode), " + feedbackHelp(aheadLowRankDefaults().ef),
-           [](OptionReader& r) { return std::make_unique<PowerSgdCompressor>(readLowRank(r, true)); }},
+           "rank=4, min_rate=2, mode=two_phase|local, warm_start=true (local mode), " +
+               feedbackHelp(aheadLowRankDefaults().ef),
+           [](OptionReader& r) {
+             return std::make_unique<PowerSgdCompressor>(readLowRank(r, true));
+           }},
           {"acpsgd", "ACP-SGD: one low-rank factor per round against the round's shared factor",
            "rank=4, min_rate=2, " + feedbackHelp(aheadLowRankDefaults().ef),
-           [](OptionReader& r) { return std::make_unique<AcpSgdCompressor>(readLowRank(r, false)); }},
+           [](OptionReader& r) {
+             return std::make_unique<AcpSgdCompressor>(readLowRank(r, false));
+           }},
       });
   return kRegistry;
 }
 
 std::unique_ptr<Compressor> makeCompressor(const Spec& spec) { return compressors().make(spec); }
-std::unique_ptr<Compressor> makeCompressor(std::string_view spec) { return compressors().make(spec); }
+std::unique_ptr<Compressor> makeCompressor(std::string_view spec) {
+  return compressors().make(spec);
+}
 
 }  // namespace starling::compression

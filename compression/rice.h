@@ -20,7 +20,8 @@
 namespace starling::compression {
 
 inline constexpr uint32_t kMaxRiceParameter = 31;
-static_assert(std::endian::native == std::endian::little, "riceDecode loads 8 stream bytes as one little-endian word");
+static_assert(std::endian::native == std::endian::little,
+              "riceDecode loads 8 stream bytes as one little-endian word");
 
 // Bits of the stream for these positions with parameter r.
 inline size_t riceBits(std::span<const uint32_t> idx, uint32_t r) {
@@ -58,7 +59,8 @@ inline uint32_t bestRiceParameter(std::span<const uint32_t> idx) {
 inline std::vector<uint8_t> riceEncode(std::span<const uint32_t> idx, uint32_t r) {
   if (r > kMaxRiceParameter) throw std::invalid_argument("riceEncode: parameter above 31");
   for (size_t j = 1; j < idx.size(); ++j)
-    if (idx[j] <= idx[j - 1]) throw std::invalid_argument("riceEncode: positions not strictly increasing");
+    if (idx[j] <= idx[j - 1])
+      throw std::invalid_argument("riceEncode: positions not strictly increasing");
   std::vector<uint8_t> out;
   BitWriter w(out, riceBits(idx, r), 1);
   uint32_t prev = 0;
@@ -87,7 +89,8 @@ struct RiceCheck {
   size_t at = 0;  // the position's ordinal where it failed
 };
 template <class F>
-bool riceDecode(std::span<const uint8_t> s, size_t count, uint32_t r, size_t n, F&& on, RiceCheck* check = nullptr) {
+bool riceDecode(std::span<const uint8_t> s, size_t count, uint32_t r, size_t n, F&& on,
+                RiceCheck* check = nullptr) {
   using P = RiceCheck::Problem;
   auto failed = [&](P problem, const char* why, size_t at) {
     if (check) *check = RiceCheck{problem, why, at};

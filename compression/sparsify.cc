@@ -14,7 +14,8 @@ namespace starling::compression {
 namespace {
 
 void checkDensity(double d, const char* who) {
-  if (!(d > 0.0 && d <= 1.0)) STARLING_THROW(ConfigError, who, ": density must be in (0, 1], got ", d);
+  if (!(d > 0.0 && d <= 1.0))
+    STARLING_THROW(ConfigError, who, ": density must be in (0, 1], got ", d);
 }
 
 // Sends input[idx]; a kept residual (the same memory as input) has the sent positions zeroed.
@@ -31,7 +32,8 @@ Sparse gather(std::span<const float> input, std::span<float> residual, std::vect
 // STC: sends sign(input[i]) * mu for the non-zero i in idx (ternaryPayload); a kept residual (the
 // same memory as input) keeps input[i] - sent[i]. Drops the exact zeros from idx in place (the
 // caller's buffer is reused).
-Ternary gatherTernary(std::span<const float> input, std::span<float> residual, std::vector<uint32_t>& idx) {
+Ternary gatherTernary(std::span<const float> input, std::span<float> residual,
+                      std::vector<uint32_t>& idx) {
   std::vector<float> values(idx.size());
   for (size_t j = 0; j < idx.size(); ++j) values[j] = input[idx[j]];
   Ternary x = ternaryPayload(idx, values);
@@ -50,7 +52,8 @@ std::span<float> sliceOrEmpty(const ParamLayout& layout, std::span<float> residu
 void TopKOptions::validate() const {
   const char* who = ternary ? "stc" : "topk";
   checkDensity(density, who);
-  if (ternary && scope != Scope::kLayer) STARLING_THROW(ConfigError, "stc: one mu per tensor needs scope=layer");
+  if (ternary && scope != Scope::kLayer)
+    STARLING_THROW(ConfigError, "stc: one mu per tensor needs scope=layer");
   ef.validate(who);
 }
 void RandomSparsifyOptions::validate() const {
@@ -65,7 +68,8 @@ std::string TopKCompressor::spec() const {
   if (opt_.ternary)
     os << "stc:density=" << exactText(opt_.density) << opt_.ef.specText();
   else
-    os << "topk:density=" << exactText(opt_.density) << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
+    os << "topk:density=" << exactText(opt_.density)
+       << ",scope=" << (opt_.scope == TopKOptions::Scope::kLayer ? "layer" : "global")
        << opt_.ef.specText();
   return os.str();
 }
@@ -85,16 +89,19 @@ void TopKCompressor::checkReceived(const ParamLayout& layout, size_t t, const Pa
   const auto* s = std::get_if<SparseView>(&p);
   if (!s) unexpected(layout, t, p, "sparse");
   // Layer scope sends exactly k per tensor; global scope splits one k over the tensors.
-  const size_t k = opt_.scope == TopKOptions::Scope::kLayer ? countForDensity(opt_.density, layout[t].numel)
-                                                            : countForDensity(opt_.density, layout.numel());
+  const size_t k = opt_.scope == TopKOptions::Scope::kLayer
+                       ? countForDensity(opt_.density, layout[t].numel)
+                       : countForDensity(opt_.density, layout.numel());
   if (opt_.scope == TopKOptions::Scope::kLayer ? s->indices.size() != k : s->indices.size() > k)
-    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ", s->indices.size(),
-              " top-k entries, ", spec(), " sends ", opt_.scope == TopKOptions::Scope::kLayer ? "" : "at most ", k);
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ",
+              s->indices.size(), " top-k entries, ", spec(), " sends ",
+              opt_.scope == TopKOptions::Scope::kLayer ? "" : "at most ", k);
 }
 
 std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span<const float> input,
                                             std::span<float> residual, const ClientState& /*state*/,
-                                            const RoundContext& ctx, StagedState& /*staged*/) const {
+                                            const RoundContext& ctx,
+                                            StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   std::vector<uint32_t> idx;
@@ -117,8 +124,10 @@ std::vector<Payload> TopKCompressor::encode(const ParamLayout& layout, std::span
     const TensorSpec& spec = layout[t];
     const size_t end = spec.offset + spec.numel;
     std::vector<uint32_t> local;
-    while (pos < idx.size() && idx[pos] < end) local.push_back(static_cast<uint32_t>(idx[pos++] - spec.offset));
-    out.emplace_back(gather(layout.slice(input, t), sliceOrEmpty(layout, residual, t), std::move(local)));
+    while (pos < idx.size() && idx[pos] < end)
+      local.push_back(static_cast<uint32_t>(idx[pos++] - spec.offset));
+    out.emplace_back(
+        gather(layout.slice(input, t), sliceOrEmpty(layout, residual, t), std::move(local)));
   }
   return out;
 }
@@ -155,8 +164,8 @@ Ternary ternaryTopK(std::span<const float> values, size_t k, uint64_t tie_seed) 
   return gatherTernary(values, {}, idx);
 }
 
-std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round, uint64_t client,
-                                    uint64_t sub) {
+std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round,
+                                    uint64_t client, uint64_t sub) {
   RngStream rng(StreamKey{run_seed, round, client, StreamPurpose::kRandK, sub});
   std::vector<uint32_t> idx;
   idx.reserve(k);
@@ -198,13 +207,15 @@ void RandKCompressor::checkReceived(const ParamLayout& layout, size_t t, const P
   if (!s) unexpected(layout, t, p, "sparse");
   const size_t k = countForDensity(opt_.density, layout[t].numel);
   if (s->indices.size() != k)
-    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ", s->indices.size(),
-              " random-k entries, ", spec(), " sends ", k);
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries ",
+              s->indices.size(), " random-k entries, ", spec(), " sends ", k);
 }
 
-std::vector<Payload> RandKCompressor::encode(const ParamLayout& layout, std::span<const float> input,
-                                             std::span<float> residual, const ClientState& /*state*/,
-                                             const RoundContext& ctx, StagedState& /*staged*/) const {
+std::vector<Payload> RandKCompressor::encode(const ParamLayout& layout,
+                                             std::span<const float> input,
+                                             std::span<float> residual,
+                                             const ClientState& /*state*/, const RoundContext& ctx,
+                                             StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
@@ -224,18 +235,21 @@ RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { op
 
 std::string RandBlockCompressor::spec() const {
   std::ostringstream os;
-  os << "randblock:density=" << exactText(opt_.density) << ",offset=" << (opt_.per_client_offset ? "client" : "shared")
-     << opt_.ef.specText();
+  os << "randblock:density=" << exactText(opt_.density)
+     << ",offset=" << (opt_.per_client_offset ? "client" : "shared") << opt_.ef.specText();
   return os.str();
 }
 
-uint32_t RandBlockCompressor::offsetFor(const RoundContext& ctx, size_t tensor_index, size_t numel) const {
+uint32_t RandBlockCompressor::offsetFor(const RoundContext& ctx, size_t tensor_index,
+                                        size_t numel) const {
   if (!opt_.per_client_offset) return blockOffset(ctx.run_seed, ctx.round, tensor_index, numel);
-  RngStream rng(StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kRandBlock, tensor_index});
+  RngStream rng(
+      StreamKey{ctx.run_seed, ctx.round, ctx.client_id, StreamPurpose::kRandBlock, tensor_index});
   return static_cast<uint32_t>(rng.below(numel));
 }
 
-uint32_t RandBlockCompressor::blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index, size_t numel) {
+uint32_t RandBlockCompressor::blockOffset(uint64_t run_seed, uint64_t round, size_t tensor_index,
+                                          size_t numel) {
   RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kRandBlock, tensor_index});
   return static_cast<uint32_t>(rng.below(numel));
 }
@@ -247,14 +261,14 @@ void RandBlockCompressor::checkReceived(const ParamLayout& layout, size_t t, con
   const size_t n = layout[t].numel;
   const uint32_t want = offsetFor(ctx, t, n);
   if (b->offset != want || b->values.size() != lengthFor(n))
-    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries a block of ", b->values.size(),
-              " values at offset ", b->offset, "; round ", ctx.round, " fixes ", countForDensity(opt_.density, n),
-              " values at offset ", want);
+    failInput(Errc::kRoundMismatch, "tensor ", t, " '", layout[t].name, "' carries a block of ",
+              b->values.size(), " values at offset ", b->offset, "; round ", ctx.round, " fixes ",
+              countForDensity(opt_.density, n), " values at offset ", want);
 }
 
-std::vector<Payload> RandBlockCompressor::encode(const ParamLayout& layout, std::span<const float> input,
-                                                 std::span<float> residual, const ClientState& /*state*/,
-                                                 const RoundContext& ctx, StagedState& /*staged*/) const {
+std::vector<Payload> RandBlockCompressor::encode(
+    const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
+    const ClientState& /*state*/, const RoundContext& ctx, StagedState& /*staged*/) const {
   std::vector<Payload> out;
   out.reserve(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {

@@ -45,11 +45,13 @@ class TopKCompressor final : public Compressor {
   std::string spec() const override;
   const TopKOptions& options() const { return opt_; }
   const ErrorFeedback& feedback() const override { return opt_.ef; }
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   TopKOptions opt_;
@@ -61,7 +63,8 @@ class RandKCompressor final : public Compressor {
   std::string name() const override { return "randk"; }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
   // The positions tensor `tensor_index` (of numel values) sends in the round and client of `ctx`:
   // sampleIndices' draw, ascending (the round on the device draws them here too).
@@ -69,8 +72,9 @@ class RandKCompressor final : public Compressor {
                                    size_t numel) const;
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   RandomSparsifyOptions opt_;
@@ -82,7 +86,8 @@ class RandBlockCompressor final : public Compressor {
   std::string name() const override { return "randblock"; }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
-  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p, const RoundContext& ctx) const override;
+  void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
+                     const RoundContext& ctx) const override;
 
   // The block offset of tensor `tensor_index` in `round`: the same for every client, or, with
   // offset=client, `client`'s own (the client argument is ignored for a shared offset).
@@ -92,8 +97,9 @@ class RandBlockCompressor final : public Compressor {
   size_t lengthFor(size_t numel) const { return countForDensity(opt_.density, numel); }
 
  protected:
-  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input, std::span<float> residual,
-                              const ClientState& state, const RoundContext& ctx, StagedState& staged) const override;
+  std::vector<Payload> encode(const ParamLayout& layout, std::span<const float> input,
+                              std::span<float> residual, const ClientState& state,
+                              const RoundContext& ctx, StagedState& staged) const override;
 
  private:
   RandomSparsifyOptions opt_;
@@ -101,8 +107,8 @@ class RandBlockCompressor final : public Compressor {
 
 // Random k distinct indices of [0, n), ascending, from the stream (run_seed, round, client,
 // kRandK, sub): Floyd's algorithm for small k, selection sampling otherwise.
-std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round, uint64_t client,
-                                    uint64_t sub);
+std::vector<uint32_t> sampleIndices(size_t n, size_t k, uint64_t run_seed, uint64_t round,
+                                    uint64_t client, uint64_t sub);
 
 // STC's encoding of `values` without a client: the k largest magnitudes (ties broken by
 // `tie_seed`, as selectTopK does), exact zeros among them dropped, sent as +-mu with mu their mean

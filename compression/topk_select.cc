@@ -94,7 +94,8 @@ std::vector<uint32_t> selectTopKBySort(std::span<const float> x, size_t k) {
 void selectTopK(std::span<const float> x, size_t k, std::vector<uint32_t>& out, uint64_t seed,
                 TopKSelectStats* stats) {
   const size_t n = x.size();
-  STARLING_CHECK_ARG(n < (size_t{1} << 32), "selectTopK: ", n, " elements exceed the u32 index range");
+  STARLING_CHECK_ARG(n < (size_t{1} << 32), "selectTopK: ", n,
+                     " elements exceed the u32 index range");
   TopKSelectStats local;
   TopKSelectStats& st = stats ? *stats : local;
   st = {};
@@ -123,7 +124,8 @@ void selectTopK(std::span<const float> x, size_t k, std::vector<uint32_t>& out, 
   // magnitude (fewer when n/128 is the limit; the count error is then larger but still bounded
   // by the rank margin below).
   const double q = static_cast<double>(k) / static_cast<double>(n);
-  const size_t s = std::min(std::max<size_t>(1024, n / 128), std::max<size_t>(1024, static_cast<size_t>(std::ceil(32.0 / q))));
+  const size_t s = std::min(std::max<size_t>(1024, n / 128),
+                            std::max<size_t>(1024, static_cast<size_t>(std::ceil(32.0 / q))));
   const size_t stride = n / s;
   RngStream rng(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTopkSample, n});
   const size_t start = static_cast<size_t>(rng.below(stride));
@@ -138,7 +140,8 @@ void selectTopK(std::span<const float> x, size_t k, std::vector<uint32_t>& out, 
   std::unique_ptr<Cand[]> cand(new Cand[cap + kBlock]);
   for (int attempt = 0; attempt < 6; ++attempt) {
     const size_t r = std::min(s, static_cast<size_t>(rank));
-    std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(r - 1), sample.end(), std::greater<float>());
+    std::nth_element(sample.begin(), sample.begin() + static_cast<ptrdiff_t>(r - 1), sample.end(),
+                     std::greater<float>());
     const float thr = sample[r - 1];
     const size_t c = collect(x, thr, cand.get(), cap);
     ++st.passes;

@@ -15,9 +15,9 @@
 namespace starling::compression {
 
 struct TopKSelectStats {
-  size_t passes = 0;       // candidate passes over the input
-  size_t candidates = 0;   // candidates in the final pass
-  bool fallback = false;   // exact selection over the whole input was needed
+  size_t passes = 0;      // candidate passes over the input
+  size_t candidates = 0;  // candidates in the final pass
+  bool fallback = false;  // exact selection over the whole input was needed
 };
 
 // Writes the k selected indices, ascending, into `out` (resized). `seed` only moves the sample's

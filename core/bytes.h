@@ -47,7 +47,8 @@ class ByteWriter {
     if constexpr (std::endian::native == std::endian::little) {
       if (!v.empty()) std::memcpy(out_.data() + at, v.data(), v.size() * 4);
     } else {
-      for (size_t i = 0; i < v.size(); ++i) store(out_.data() + at + 4 * i, std::bit_cast<uint32_t>(v[i]));
+      for (size_t i = 0; i < v.size(); ++i)
+        store(out_.data() + at + 4 * i, std::bit_cast<uint32_t>(v[i]));
     }
   }
   void bytes(const void* p, size_t n) {
@@ -79,7 +80,8 @@ class ByteWriter {
 
 class ByteReader {
  public:
-  ByteReader(std::span<const uint8_t> bytes, std::string what) : b_(bytes), what_(std::move(what)) {}
+  ByteReader(std::span<const uint8_t> bytes, std::string what)
+      : b_(bytes), what_(std::move(what)) {}
 
   uint8_t u8() { return static_cast<uint8_t>(getLe<uint8_t>()); }
   uint32_t u32() { return getLe<uint32_t>(); }
@@ -123,7 +125,8 @@ class ByteReader {
   }
   template <class... A>
   [[noreturn]] void fail(A&&... args) const {
-    STARLING_THROW(IoError, what_, ": ", std::forward<A>(args)..., " (at byte ", pos_, " of ", b_.size(), ")");
+    STARLING_THROW(IoError, what_, ": ", std::forward<A>(args)..., " (at byte ", pos_, " of ",
+                   b_.size(), ")");
   }
 
  private:
@@ -134,7 +137,8 @@ class ByteReader {
   T getLe() {
     need(sizeof(T));
     T v = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>(v | (static_cast<T>(b_[pos_ + i]) << (8 * i)));
+    for (size_t i = 0; i < sizeof(T); ++i)
+      v = static_cast<T>(v | (static_cast<T>(b_[pos_ + i]) << (8 * i)));
     pos_ += sizeof(T);
     return v;
   }

@@ -10,8 +10,8 @@ constexpr uint32_t kFormatVersion = 2;
 
 void checkName(std::string_view name) {
   STARLING_CHECK_ARG(!name.empty() && name.size() <= ClientState::kMaxNameLength,
-                     "client state: component name '", name, "' must have 1 to ", ClientState::kMaxNameLength,
-                     " characters");
+                     "client state: component name '", name, "' must have 1 to ",
+                     ClientState::kMaxNameLength, " characters");
 }
 
 }  // namespace
@@ -66,14 +66,16 @@ void ClientState::put(std::string name, std::unique_ptr<StateComponent> c) {
   entries_.insert(it, std::move(e));  // vector::insert of a movable type: strong guarantee
 }
 
-void ClientState::commit(std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>>& staged) {
+void ClientState::commit(
+    std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>>& staged) {
   size_t added = 0;
   for (size_t i = 0; i < staged.size(); ++i) {
     checkName(staged[i].first);
-    STARLING_CHECK_ARG(staged[i].second != nullptr, "client state: staged component '", staged[i].first, "' is null");
+    STARLING_CHECK_ARG(staged[i].second != nullptr, "client state: staged component '",
+                       staged[i].first, "' is null");
     for (size_t j = 0; j < i; ++j)
-      STARLING_CHECK_ARG(staged[j].first != staged[i].first, "client state: component '", staged[i].first,
-                         "' staged twice");
+      STARLING_CHECK_ARG(staged[j].first != staged[i].first, "client state: component '",
+                         staged[i].first, "' staged twice");
     added += findEntry(staged[i].first) == nullptr;
   }
   // The only step that allocates: the new entry list, built aside.
@@ -93,7 +95,8 @@ void ClientState::commit(std::vector<std::pair<std::string, std::unique_ptr<Stat
     it->raw.clear();
     it->is_raw = false;
   }
-  std::sort(next.begin(), next.end(), [](const Entry& a, const Entry& b) { return a.name < b.name; });
+  std::sort(next.begin(), next.end(),
+            [](const Entry& a, const Entry& b) { return a.name < b.name; });
   entries_.swap(next);
   staged.clear();
 }
@@ -140,7 +143,8 @@ void ClientState::loadChecked(std::span<const uint8_t> bytes) {
   ByteReader r(bytes, "client state");
   if (r.u32() != kMagic) r.fail("bad magic (not a Starling client state)");
   const uint32_t format = r.u32();
-  if (format != kFormatVersion) r.fail("format version ", format, " not supported (this build reads ", kFormatVersion, ")");
+  if (format != kFormatVersion)
+    r.fail("format version ", format, " not supported (this build reads ", kFormatVersion, ")");
   const uint64_t fingerprint = r.u64();
   const uint32_t count = r.u32();
   if (count > r.remaining() / 16) r.fail("claims ", count, " components");
@@ -187,7 +191,8 @@ void ClientState::loadChecked(std::span<const uint8_t> bytes) {
 
 size_t ClientState::memoryBytes() const {
   size_t b = 0;
-  for (const auto& e : entries_) b += e.raw.capacity() + (e.obj ? e.obj->memoryBytes() : 0) + e.name.capacity();
+  for (const auto& e : entries_)
+    b += e.raw.capacity() + (e.obj ? e.obj->memoryBytes() : 0) + e.name.capacity();
   return b;
 }
 

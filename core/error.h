@@ -51,7 +51,8 @@ std::string concat(Args&&... args) {
   (os << ... << std::forward<Args>(args));
   return os.str();
 }
-[[noreturn]] void enforceFailed(const char* cond, const char* file, int line, const std::string& msg);
+[[noreturn]] void enforceFailed(const char* cond, const char* file, int line,
+                                const std::string& msg);
 }  // namespace detail
 
 }  // namespace starling
@@ -61,15 +62,15 @@ std::string concat(Args&&... args) {
   throw ExceptionType(::starling::detail::concat(__VA_ARGS__))
 
 // Checks a caller's input; throws InvalidArgument with the streamed message when cond is false.
-#define STARLING_CHECK_ARG(cond, ...)                                     \
-  do {                                                                    \
+#define STARLING_CHECK_ARG(cond, ...)                                      \
+  do {                                                                     \
     if (!(cond)) STARLING_THROW(::starling::InvalidArgument, __VA_ARGS__); \
   } while (0)
 
 // Checks an internal invariant; throws InternalError naming the condition and place.
-#define STARLING_ENFORCE(cond, ...)                                                           \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      ::starling::detail::enforceFailed(#cond, __FILE__, __LINE__,                            \
-                                        ::starling::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
+#define STARLING_ENFORCE(cond, ...)                                                              \
+  do {                                                                                           \
+    if (!(cond))                                                                                 \
+      ::starling::detail::enforceFailed(                                                         \
+          #cond, __FILE__, __LINE__, ::starling::detail::concat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

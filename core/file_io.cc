@@ -43,12 +43,14 @@ void syncFolder(const std::filesystem::path& dir) {
 }
 }  // namespace
 
-void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes, unsigned mode) {
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes,
+                     unsigned mode) {
+  const std::filesystem::path dir =
+      path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   // A unique temporary name: several writers (threads, processes) may target one folder.
   std::random_device rd;
-  const std::filesystem::path tmp =
-      dir / (path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd()));
+  const std::filesystem::path tmp = dir / (path.filename().string() + ".tmp." +
+                                           std::to_string(::getpid()) + "." + std::to_string(rd()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) ioFail(tmp, "cannot create");
   try {
@@ -80,7 +82,9 @@ std::vector<uint8_t> readFile(const std::filesystem::path& path, uint64_t max_by
   if (!in) ioFail(path, "cannot open");
   in.seekg(0, std::ios::end);
   const auto size = static_cast<uint64_t>(in.tellg());
-  if (size > max_bytes) STARLING_THROW(IoError, path.string(), " is ", size, " bytes, more than the ", max_bytes, " allowed");
+  if (size > max_bytes)
+    STARLING_THROW(IoError, path.string(), " is ", size, " bytes, more than the ", max_bytes,
+                   " allowed");
   in.seekg(0);
   std::vector<uint8_t> out(size);
   if (size && !in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(size)))

@@ -10,7 +10,8 @@ namespace starling {
 // Writes `bytes` to `path` so that after a crash at any point the file holds either its old
 // content or the new one, never a mix: write a temporary file beside it, fsync it, rename it over
 // `path`, fsync the folder. `mode` is the new file's permission bits. Throws IoError.
-void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes, unsigned mode = 0644);
+void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes,
+                     unsigned mode = 0644);
 
 // Renames `from` over `to` (atomic on one file system) and fsyncs the folder, so that the rename
 // survives a crash. Throws IoError.

@@ -19,7 +19,8 @@ inline float bitsFloat(uint32_t u) {
 
 inline uint16_t floatToBf16(float f) {
   uint32_t u = floatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
@@ -29,10 +30,11 @@ inline uint16_t floatToHalf(float f) {
   const uint32_t u = floatBits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (absu < 0x38800000u) {                                               // subnormal or zero in half
-    if (absu < 0x33000000u) return static_cast<uint16_t>(sign);            // below half the smallest subnormal
+  if (absu < 0x38800000u) {  // subnormal or zero in half
+    if (absu < 0x33000000u)
+      return static_cast<uint16_t>(sign);  // below half the smallest subnormal
     const uint32_t exp = absu >> 23;
     const uint32_t mant = (absu & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exp;  // 14..24 -> mantissa shift into the 10-bit subnormal field

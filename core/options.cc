@@ -29,10 +29,12 @@ Spec Spec::parse(std::string_view text, std::string_view what) {
     const std::string_view item = rest.substr(0, comma);
     const auto eq = item.find('=');
     if (eq == std::string_view::npos)
-      STARLING_THROW(ConfigError, what, " spec '", text, "': option '", trim(item), "' is not key=value");
+      STARLING_THROW(ConfigError, what, " spec '", text, "': option '", trim(item),
+                     "' is not key=value");
     std::string key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
     if (key.empty() || value.empty())
-      STARLING_THROW(ConfigError, what, " spec '", text, "': option '", trim(item), "' has an empty key or value");
+      STARLING_THROW(ConfigError, what, " spec '", text, "': option '", trim(item),
+                     "' has an empty key or value");
     s.options.emplace_back(std::move(key), std::move(value));
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -40,15 +42,18 @@ Spec Spec::parse(std::string_view text, std::string_view what) {
   return s;
 }
 
-OptionReader::OptionReader(const Spec& spec, std::string what) : prefix_(what + " '" + spec.name + "'") {
+OptionReader::OptionReader(const Spec& spec, std::string what)
+    : prefix_(what + " '" + spec.name + "'") {
   for (const auto& kv : spec.options) {
     for (const auto& seen : values_)
-      if (seen.first == kv.first) STARLING_THROW(ConfigError, prefix_, ": option '", kv.first, "' given twice");
+      if (seen.first == kv.first)
+        STARLING_THROW(ConfigError, prefix_, ": option '", kv.first, "' given twice");
     values_.push_back(kv);
   }
 }
 
-void OptionReader::bad(const std::string& key, const std::string& value, const std::string& why) const {
+void OptionReader::bad(const std::string& key, const std::string& value,
+                       const std::string& why) const {
   STARLING_THROW(ConfigError, prefix_, ": option ", key, "='", value, "' ", why);
 }
 
@@ -67,7 +72,8 @@ double OptionReader::number(const std::string& key, double def) {
   if (!v) return def;
   double d = 0;
   auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), d);
-  if (ec != std::errc() || p != v->data() + v->size() || !std::isfinite(d)) bad(key, *v, "is not a finite number");
+  if (ec != std::errc() || p != v->data() + v->size() || !std::isfinite(d))
+    bad(key, *v, "is not a finite number");
   return d;
 }
 
@@ -76,7 +82,8 @@ uint32_t OptionReader::count(const std::string& key, uint32_t def) {
   if (!v) return def;
   uint32_t d = 0;
   auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), d);
-  if (ec != std::errc() || p != v->data() + v->size()) bad(key, *v, "is not a non-negative integer");
+  if (ec != std::errc() || p != v->data() + v->size())
+    bad(key, *v, "is not a non-negative integer");
   return d;
 }
 
@@ -88,7 +95,8 @@ bool OptionReader::flag(const std::string& key, bool def) {
   bad(key, *v, "is not true/false");
 }
 
-std::string OptionReader::choice(const std::string& key, const std::string& def, const std::set<std::string>& allowed) {
+std::string OptionReader::choice(const std::string& key, const std::string& def,
+                                 const std::set<std::string>& allowed) {
   auto v = take(key);
   if (!v) return def;
   if (!allowed.count(*v)) {

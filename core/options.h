@@ -25,7 +25,8 @@ class OptionReader {
   double number(const std::string& key, double def);
   uint32_t count(const std::string& key, uint32_t def);
   bool flag(const std::string& key, bool def);
-  std::string choice(const std::string& key, const std::string& def, const std::set<std::string>& allowed);
+  std::string choice(const std::string& key, const std::string& def,
+                     const std::set<std::string>& allowed);
   // A free-form value (a file path), trimmed; it cannot contain ',' (the option separator).
   std::string text(const std::string& key, const std::string& def);
   // Throws on any key not read; `accepted` lists the keys in the message.
@@ -33,7 +34,8 @@ class OptionReader {
 
  private:
   std::optional<std::string> take(const std::string& key);
-  [[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& why) const;
+  [[noreturn]] void bad(const std::string& key, const std::string& value,
+                        const std::string& why) const;
   std::string prefix_;
   std::vector<std::pair<std::string, std::string>> values_;
 };

@@ -40,8 +40,9 @@ size_t ParamLayout::add(std::string name, std::vector<int64_t> shape) {
   for (int64_t d : shape) {
     STARLING_CHECK_ARG(d > 0, "ParamLayout: tensor '", name, "' has a non-positive dimension in ",
                        describeShape(shape));
-    STARLING_CHECK_ARG(numel <= kMaxTensorNumel / static_cast<size_t>(d), "ParamLayout: tensor '", name,
-                       "' ", describeShape(shape), " has more than ", kMaxTensorNumel, " elements");
+    STARLING_CHECK_ARG(numel <= kMaxTensorNumel / static_cast<size_t>(d), "ParamLayout: tensor '",
+                       name, "' ", describeShape(shape), " has more than ", kMaxTensorNumel,
+                       " elements");
     numel *= static_cast<size_t>(d);
   }
   TensorSpec spec{std::move(name), std::move(shape), numel_, numel};
@@ -90,7 +91,8 @@ std::span<const float> ParamLayout::slice(std::span<const float> flat, size_t i)
 RowMatrixMap ParamLayout::matrix(std::span<float> flat, size_t i) const {
   auto s = slice(flat, i);
   const TensorSpec& t = tensors_[i];
-  return RowMatrixMap(s.data(), static_cast<Eigen::Index>(t.rows()), static_cast<Eigen::Index>(t.cols()));
+  return RowMatrixMap(s.data(), static_cast<Eigen::Index>(t.rows()),
+                      static_cast<Eigen::Index>(t.cols()));
 }
 
 ConstRowMatrixMap ParamLayout::matrix(std::span<const float> flat, size_t i) const {
@@ -103,7 +105,8 @@ ConstRowMatrixMap ParamLayout::matrix(std::span<const float> flat, size_t i) con
 std::string hexFingerprint(uint64_t fingerprint) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, fingerprint >>= 4) out[static_cast<size_t>(i)] = kDigits[fingerprint & 15];
+  for (int i = 15; i >= 0; --i, fingerprint >>= 4)
+    out[static_cast<size_t>(i)] = kDigits[fingerprint & 15];
   return out;
 }
 

@@ -3,6 +3,7 @@
 // contiguous float32 buffer. Every update, state and aggregate in Starling is a flat buffer read
 // through a layout. The fingerprint (a hash of names and shapes, in order) lets both ends of a
 // connection check that they speak about the same model before reading a single value.
+#include <Eigen/Core>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -11,11 +12,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include <Eigen/Core>
-
 namespace starling {
 
-using RowMatrixMap = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+using RowMatrixMap =
+    Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 using ConstRowMatrixMap =
     Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 using VectorMap = Eigen::Map<Eigen::VectorXf>;

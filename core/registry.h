@@ -31,10 +31,12 @@ class Registry {
   };
 
   // `what` names the kind of product in messages: "compressor", "aggregation rule", ...
-  Registry(std::string what, std::vector<Entry> entries) : what_(std::move(what)), entries_(std::move(entries)) {
+  Registry(std::string what, std::vector<Entry> entries)
+      : what_(std::move(what)), entries_(std::move(entries)) {
     for (size_t i = 0; i < entries_.size(); ++i)
       for (size_t j = 0; j < i; ++j)
-        STARLING_ENFORCE(entries_[i].name != entries_[j].name, what_, " '", entries_[i].name, "' registered twice");
+        STARLING_ENFORCE(entries_[i].name != entries_[j].name, what_, " '", entries_[i].name,
+                         "' registered twice");
   }
 
   const std::string& what() const { return what_; }

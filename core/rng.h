@@ -14,12 +14,12 @@ class ByteReader;
 enum class StreamPurpose : uint32_t {
   kTest = 0,
   kClientSampling = 1,
-  kTopkSample = 2,     // threshold sampling in top-k selection (affects speed only, never the result)
-  kRandK = 3,          // per-client random-k indices
-  kRandBlock = 4,      // per-round block offsets, shared by every client of the round
-  kQsgd = 5,           // per-client stochastic rounding
-  kLowRankInit = 6,    // initial PowerSGD / ACP-SGD factors, identical on every client
-  kTraining = 7,       // local training (shuffling, initialisation)
+  kTopkSample = 2,   // threshold sampling in top-k selection (affects speed only, never the result)
+  kRandK = 3,        // per-client random-k indices
+  kRandBlock = 4,    // per-round block offsets, shared by every client of the round
+  kQsgd = 5,         // per-client stochastic rounding
+  kLowRankInit = 6,  // initial PowerSGD / ACP-SGD factors, identical on every client
+  kTraining = 7,     // local training (shuffling, initialisation)
   kDataPartition = 8,  // splitting a data set among clients
   kBackoff = 9,        // a deployed client's or aggregator's jitter before sending again
   kSecAggGraph = 10,   // a round's SecAgg+ graph (public: every party draws the same)

@@ -12,8 +12,8 @@
 namespace starling {
 
 inline std::pair<size_t, size_t> shardRange(size_t n, int rank, int size) {
-  STARLING_CHECK_ARG(size > 0 && rank >= 0 && rank < size, "shardRange: rank ", rank, " is not in a group of size ",
-                     size);
+  STARLING_CHECK_ARG(size > 0 && rank >= 0 && rank < size, "shardRange: rank ", rank,
+                     " is not in a group of size ", size);
   const size_t w = static_cast<size_t>(size), r = static_cast<size_t>(rank);
   const size_t base = n / w, extra = n % w;
   const size_t begin = r * base + std::min(r, extra);

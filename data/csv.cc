@@ -16,7 +16,8 @@ namespace {
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -49,7 +50,8 @@ class Parser {
     cells_.clear();
     for (size_t start = 0;;) {
       const size_t comma = text.find(',', start);
-      cells_.push_back(trim(text.substr(start, comma == std::string_view::npos ? comma : comma - start)));
+      cells_.push_back(
+          trim(text.substr(start, comma == std::string_view::npos ? comma : comma - start)));
       if (comma == std::string_view::npos) break;
       start = comma + 1;
     }
@@ -106,7 +108,8 @@ class Parser {
     const auto y = parseNumber(cell);
     if (!y) failAt(0, "the label ", quote(cell), " is not a number");
     if (!(*y >= 0 && *y <= 255 && *y == std::floor(*y)))
-      failAt(0, "the label ", quote(cell), " is not a whole number in 0..255 (at most 256 classes)");
+      failAt(0, "the label ", quote(cell),
+             " is not a whole number in 0..255 (at most 256 classes)");
     if (o_.num_classes != 0 && *y >= o_.num_classes)
       failAt(0, "the label ", quote(cell), " is not below the number of classes, ", o_.num_classes);
     d_.labels.push_back(static_cast<uint8_t>(*y));
@@ -147,15 +150,15 @@ Dataset loadCsv(const std::string& path, const CsvOptions& options) {
     const size_t old = pending.size();  // holds no newline: search only the new bytes
     pending.append(reinterpret_cast<const char*>(chunk.data()), got);
     size_t start = 0;
-    for (size_t nl = pending.find('\n', old); nl != std::string::npos; nl = pending.find('\n', start)) {
+    for (size_t nl = pending.find('\n', old); nl != std::string::npos;
+         nl = pending.find('\n', start)) {
       p.line(std::string_view(pending).substr(start, nl - start));
       start = nl + 1;
     }
     pending.erase(0, start);
     if (got < chunk.size()) break;
   }
-  if (const std::string why = f.endState(); !why.empty())
-    STARLING_THROW(IoError, path, ": ", why);
+  if (const std::string why = f.endState(); !why.empty()) STARLING_THROW(IoError, path, ": ", why);
   if (!pending.empty()) p.line(pending);  // the last line without its newline
   return p.finish();
 }

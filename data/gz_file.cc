@@ -49,8 +49,7 @@ size_t GzFile::read(uint8_t* dst, size_t n) {
 std::string GzFile::endState() {
   int errnum = 0;
   const char* msg = gzerror(f_.get(), &errnum);
-  if (errnum == Z_BUF_ERROR)
-    return "the gzip stream is truncated (zlib: " + zlibMessage(msg) + ")";
+  if (errnum == Z_BUF_ERROR) return "the gzip stream is truncated (zlib: " + zlibMessage(msg) + ")";
   return {};
 }
 
@@ -61,9 +60,9 @@ void GzFile::readExactly(uint8_t* dst, size_t n, const std::string& what) {
 
 void GzFile::truncated(uint64_t got, uint64_t need, const std::string& what) {
   const std::string why = endState();
-  STARLING_THROW(IoError, path_, ": truncated: reading ", what, " needs ", need,
-                 " bytes but only ", got, " remain (the data ends at byte ", offset_, ")",
-                 why.empty() ? "" : "; ", why, "; the header does not match the file size");
+  STARLING_THROW(IoError, path_, ": truncated: reading ", what, " needs ", need, " bytes but only ",
+                 got, " remain (the data ends at byte ", offset_, ")", why.empty() ? "" : "; ", why,
+                 "; the header does not match the file size");
 }
 
 void GzFile::expectEnd(uint64_t announced) {
@@ -73,10 +72,9 @@ void GzFile::expectEnd(uint64_t announced) {
   for (size_t got; extra < (uint64_t{1} << 24) && (got = read(probe, sizeof probe)) > 0;)
     extra += got;
   if (extra > 0)
-    STARLING_THROW(
-        IoError, path_, ": ", extra >= (uint64_t{1} << 24) ? "at least " : "", extra,
-        " bytes follow the ", announced,
-        " bytes of data the header announces (the header does not match the file size)");
+    STARLING_THROW(IoError, path_, ": ", extra >= (uint64_t{1} << 24) ? "at least " : "", extra,
+                   " bytes follow the ", announced,
+                   " bytes of data the header announces (the header does not match the file size)");
   const std::string why = endState();
   if (!why.empty()) STARLING_THROW(IoError, path_, ": ", why);
 }

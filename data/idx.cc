@@ -36,12 +36,17 @@ uint64_t be64(const uint8_t* p) { return (uint64_t{be32(p)} << 32) | be32(p + 4)
 size_t typeSize(uint8_t type) {
   switch (type) {
     case kUByte:
-    case kSByte: return 1;
-    case kInt16: return 2;
+    case kSByte:
+      return 1;
+    case kInt16:
+      return 2;
     case kInt32:
-    case kFloat32: return 4;
-    case kFloat64: return 8;
-    default: return 0;
+    case kFloat32:
+      return 4;
+    case kFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -78,7 +83,8 @@ Header readHeader(GzFile& f, bool labels) {
                             : "a features file (2 or more dimensions: examples x features)";
   if (m[0] != 0 || m[1] != 0 || h.value_size == 0 || nd == 0) {
     std::string hint;
-    if ((magic >> 16) == 0x1f8b) hint = "; this looks like a gzip stream that is itself gzip-compressed";
+    if ((magic >> 16) == 0x1f8b)
+      hint = "; this looks like a gzip stream that is itself gzip-compressed";
     STARLING_THROW(IoError, f.path(), ": wrong magic number ", hex32(magic), ", expected ", kind,
                    ": ", kFormatHint, hint);
   }
@@ -96,7 +102,8 @@ Header readHeader(GzFile& f, bool labels) {
     STARLING_THROW(IoError, f.path(), ": the header announces ", nd,
                    " dimensions, more than the limit of ", kMaxIdxDims);
   uint8_t sizes[4 * kMaxIdxDims];
-  f.readExactly(sizes, 4 * nd, labels ? "the rest of the IDX label header" : "the rest of the IDX image header");
+  f.readExactly(sizes, 4 * nd,
+                labels ? "the rest of the IDX label header" : "the rest of the IDX image header");
   for (uint32_t i = 0; i < nd; ++i) h.dims.push_back(be32(sizes + 4 * i));
   return h;
 }
@@ -118,10 +125,14 @@ std::vector<uint8_t> readBody(GzFile& f, uint64_t n, const std::string& what) {
 // Value i of a body of the given type, as a double (exact for every type but float64).
 double valueAt(const std::vector<uint8_t>& raw, uint8_t type, size_t i) {
   switch (type) {
-    case kUByte: return raw[i];
-    case kSByte: return static_cast<int8_t>(raw[i]);
-    case kInt16: return static_cast<int16_t>((uint16_t{raw[2 * i]} << 8) | raw[2 * i + 1]);
-    case kInt32: return static_cast<int32_t>(be32(&raw[4 * i]));
+    case kUByte:
+      return raw[i];
+    case kSByte:
+      return static_cast<int8_t>(raw[i]);
+    case kInt16:
+      return static_cast<int16_t>((uint16_t{raw[2 * i]} << 8) | raw[2 * i + 1]);
+    case kInt32:
+      return static_cast<int32_t>(be32(&raw[4 * i]));
     case kFloat32: {
       const uint32_t bits = be32(&raw[4 * i]);
       float v;

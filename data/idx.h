@@ -37,8 +37,8 @@ inline constexpr uint32_t kMaxIdxDims = 8;                      // dimensions of
 // (i + 1) * features()) (row-major rows x cols "pixels") and the label labels[i] < num_classes.
 // Models that need an image (the CNN) read rows x cols; the others only features().
 struct Dataset {
-  size_t rows = 0, cols = 0;    // each example is rows x cols values
-  std::vector<float> images;    // size() * features() values (unsigned-byte IDX: pixel / 255)
+  size_t rows = 0, cols = 0;  // each example is rows x cols values
+  std::vector<float> images;  // size() * features() values (unsigned-byte IDX: pixel / 255)
   // Or, loaded with IdxOptions::keep_bytes from an unsigned-byte IDX file, the same values as
   // bytes (value = pixels[i] / 255.0f, exactly images' value), a quarter of the memory, and
   // `images` empty. Only the LibTorch trainer reads them; the Eigen trainers refuse such a set.

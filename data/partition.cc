@@ -203,11 +203,12 @@ class QuantityPartitioner final : public Partitioner {
   }
 
  protected:
-  Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients, uint64_t seed) const override {
+  Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients,
+                   uint64_t seed) const override {
     const size_t n = labels.size();
     if (uint64_t{min_size_} * clients > n)
-      STARLING_THROW(ConfigError, spec(), ": ", clients, " clients of at least ", min_size_, " examples need ",
-                     uint64_t{min_size_} * clients, ", the data set has ", n);
+      STARLING_THROW(ConfigError, spec(), ": ", clients, " clients of at least ", min_size_,
+                     " examples need ", uint64_t{min_size_} * clients, ", the data set has ", n);
     RngStream rng(partitionStreamKey(seed));
     std::vector<double> p(clients);
     sampleDirichlet(rng, alpha_, p);
@@ -224,7 +225,9 @@ class QuantityPartitioner final : public Partitioner {
       given += whole;
       frac[k] = {want - static_cast<double>(whole), k};
     }
-    std::sort(frac.begin(), frac.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::sort(frac.begin(), frac.end(), [](auto& a, auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
     for (size_t i = 0; given < rest; ++i, ++given) ++size[frac[i % clients].second];
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), size_t{0});
@@ -251,8 +254,9 @@ class SampledPartitioner final : public Partitioner {
  public:
   explicit SampledPartitioner(uint32_t size) : size_(size) {
     if (size_ == 0)
-      STARLING_THROW(ConfigError,
-                     "partitioner 'sampled': size=N is required (examples each client draws, >= 1)");
+      STARLING_THROW(
+          ConfigError,
+          "partitioner 'sampled': size=N is required (examples each client draws, >= 1)");
   }
   std::string name() const override { return "sampled"; }
   std::string spec() const override { return "sampled:size=" + std::to_string(size_); }
@@ -300,8 +304,8 @@ Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_class
     STARLING_ENFORCE(s.empty() || s.back() < labels.size(), spec(), " assigned example ", s.back(),
                      " of ", labels.size());
   }
-  STARLING_ENFORCE(withReplacement() || total == labels.size(), spec(), " assigned ", total,
-                   " of ", labels.size(), " examples");
+  STARLING_ENFORCE(withReplacement() || total == labels.size(), spec(), " assigned ", total, " of ",
+                   labels.size(), " examples");
   return shards;
 }
 
@@ -330,7 +334,8 @@ const Registry<Partitioner>& partitioners() {
                 }},
           Entry{"quantity",
                 "quantity skew: client sizes in Dirichlet(alpha) proportions, labels iid",
-                "alpha=0.5 (concentration, > 0; small = strong skew), min_size=1 (examples every client gets)",
+                "alpha=0.5 (concentration, > 0; small = strong skew), min_size=1 (examples every "
+                "client gets)",
                 [](OptionReader& r) -> std::unique_ptr<Partitioner> {
                   const double alpha = r.number("alpha", 0.5);
                   return std::make_unique<QuantityPartitioner>(alpha, r.count("min_size", 1));

@@ -34,7 +34,8 @@ std::optional<std::pair<size_t, size_t>> parseShape(const std::string& s) {
 
 // The file `name` of key `key`, relative to dir unless absolute; IoError naming both when absent.
 std::string resolve(const DataSource& s, const std::string& key, const std::string& name) {
-  if (name.empty()) STARLING_THROW(ConfigError, "data.", key, " is empty: it names the file to read");
+  if (name.empty())
+    STARLING_THROW(ConfigError, "data.", key, " is empty: it names the file to read");
   const fs::path p = fs::path(name).is_absolute() ? fs::path(name) : fs::path(s.dir) / name;
   std::error_code ec;
   if (fs::exists(p, ec)) return p.string();
@@ -46,9 +47,10 @@ std::string resolve(const DataSource& s, const std::string& key, const std::stri
   if (!fs::path(name).is_absolute() && !fs::is_directory(s.dir, ec))
     hint = " (data.dir = '" + s.dir + "' is not a folder)";
   if (isDefaultFashionMnist(s))
-    hint += ". These are Fashion-MNIST's files: install the Debian package dataset-fashion-mnist, "
-            "or set data.dir to the folder that holds them, or set data.format, data.train, ... "
-            "to your own data (starling-sim --help)";
+    hint +=
+        ". These are Fashion-MNIST's files: install the Debian package dataset-fashion-mnist, "
+        "or set data.dir to the folder that holds them, or set data.format, data.train, ... "
+        "to your own data (starling-sim --help)";
   STARLING_THROW(IoError, "data.", key, " = '", name, "': ", str, ": no such file", hint);
 }
 
@@ -60,7 +62,8 @@ Dataset keyed(F&& load, const std::string& key, const std::string& labels_key,
     return load();
   } catch (const IoError& e) {
     const std::string what = e.what();
-    const bool labels = !labels_path.empty() && what.compare(0, labels_path.size(), labels_path) == 0;
+    const bool labels =
+        !labels_path.empty() && what.compare(0, labels_path.size(), labels_path) == 0;
     STARLING_THROW(IoError, "data.", labels ? labels_key : key, ": ", what);
   }
 }
@@ -70,7 +73,8 @@ Dataset loadSplit(const DataSource& s, const std::string& key, const std::string
   const std::string path = resolve(s, key, name);
   *path_out = path;
   if (s.format == "csv")
-    return keyed([&] { return loadCsv(path, CsvOptions{.num_classes = s.num_classes}); }, key, "", "");
+    return keyed([&] { return loadCsv(path, CsvOptions{.num_classes = s.num_classes}); }, key, "",
+                 "");
   const std::string labels_key = key + "_labels";
   const std::string labels = resolve(s, labels_key, labels_name);
   return keyed(

@@ -39,7 +39,8 @@ double logAInt(double q, double sigma, uint64_t alpha) {
   for (uint64_t i = 0; i <= alpha; ++i) {
     const double di = static_cast<double>(i);
     const double t = logComb(static_cast<double>(alpha), di) + di * lq +
-                     (static_cast<double>(alpha) - di) * l1mq + (di * di - di) / (2 * sigma * sigma);
+                     (static_cast<double>(alpha) - di) * l1mq +
+                     (di * di - di) / (2 * sigma * sigma);
     acc = logAdd(acc, t);
   }
   return acc;
@@ -167,9 +168,9 @@ double noiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double 
   while (eps(hi) > target_epsilon) {
     hi *= 2;
     if (hi > 1e4)
-      STARLING_THROW(ConfigError, "no noise multiplier up to 1e4 gives epsilon <= ",
-                     target_epsilon, " after ", rounds, " rounds at sampling rate ", q,
-                     " and delta ", delta, ": raise privacy.target_epsilon or lower the rounds");
+      STARLING_THROW(ConfigError, "no noise multiplier up to 1e4 gives epsilon <= ", target_epsilon,
+                     " after ", rounds, " rounds at sampling rate ", q, " and delta ", delta,
+                     ": raise privacy.target_epsilon or lower the rounds");
   }
   double lo = 0;
   while (hi - lo > rel_tol * hi) {

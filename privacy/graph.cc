@@ -24,7 +24,8 @@ Neighbourhoods harary(std::span<const uint64_t> clients, uint32_t k, uint64_t ru
                       uint64_t round) {
   STARLING_CHECK_ARG(clients.size() >= 2, "secure aggregation needs at least 2 clients, got ",
                      clients.size());
-  STARLING_CHECK_ARG(k >= 2 && k % 2 == 0, "secagg.neighbours must be even and at least 2, got ", k);
+  STARLING_CHECK_ARG(k >= 2 && k % 2 == 0, "secagg.neighbours must be even and at least 2, got ",
+                     k);
   Neighbourhoods g;
   g.clients.assign(clients.begin(), clients.end());
   std::sort(g.clients.begin(), g.clients.end());

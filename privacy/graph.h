@@ -13,8 +13,8 @@
 namespace starling::privacy {
 
 struct Neighbourhoods {
-  std::vector<uint64_t> clients;               // the round's clients, ascending
-  std::vector<std::vector<uint64_t>> of;       // of[i]: the neighbours of clients[i], ascending
+  std::vector<uint64_t> clients;          // the round's clients, ascending
+  std::vector<std::vector<uint64_t>> of;  // of[i]: the neighbours of clients[i], ascending
   // The neighbours of `id` (InvalidArgument for a client not in the round).
   std::span<const uint64_t> neighbours(uint64_t id) const;
   bool adjacent(uint64_t a, uint64_t b) const;

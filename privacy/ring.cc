@@ -32,11 +32,13 @@ uint32_t RingSpec::bitsNeeded(uint64_t max_clients, uint64_t dim) {
 
 RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_t dim) {
   if (bits < kMinBits || bits > kMaxBits)
-    STARLING_THROW(ConfigError, "secagg.bits = ", bits, " must be in [", kMinBits, ", ",
-                   kMaxBits, "]");
+    STARLING_THROW(ConfigError, "secagg.bits = ", bits, " must be in [", kMinBits, ", ", kMaxBits,
+                   "]");
   if (!(std::isfinite(clip) && clip > 0))
-    STARLING_THROW(ConfigError, "the clipping bound must be finite and > 0 under secure "
-                                "aggregation (privacy.clip), got ", clip);
+    STARLING_THROW(ConfigError,
+                   "the clipping bound must be finite and > 0 under secure "
+                   "aggregation (privacy.clip), got ",
+                   clip);
   if (max_clients == 0) STARLING_THROW(ConfigError, "secure aggregation of 0 clients");
   if (dim == 0) STARLING_THROW(ConfigError, "secure aggregation of a model of 0 values");
   const double scaled = maxScaledClip(bits, max_clients);
@@ -74,13 +76,13 @@ void RingSpec::validate() const {
                    max_clients, " must be > 0 and finite");
   // The bound in long double: n (s C + 1) against 2^(b-1) - 1, each exactly representable up to
   // 2^64.
-  const long double worst = static_cast<long double>(max_clients) *
-                            (static_cast<long double>(scale) * clip + 1.0L);
+  const long double worst =
+      static_cast<long double>(max_clients) * (static_cast<long double>(scale) * clip + 1.0L);
   if (worst > static_cast<long double>(maxMagnitude()))
     STARLING_THROW(ConfigError, "ring: ", max_clients, " values of up to ", scale * clip + 1,
                    " (scale ", scale, " x clip ", clip, ", + 1 for rounding) can sum to ",
-                   static_cast<double>(worst), ", beyond the ", bits,
-                   "-bit ring's signed range (", maxMagnitude(), "): the sum would wrap");
+                   static_cast<double>(worst), ", beyond the ", bits, "-bit ring's signed range (",
+                   maxMagnitude(), "): the sum would wrap");
 }
 
 void encode(const RingSpec& r, std::span<const float> x, RngStream& rounding,

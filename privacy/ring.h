@@ -23,9 +23,9 @@
 namespace starling::privacy {
 
 struct RingSpec {
-  uint32_t bits = 32;   // the ring is Z_{2^bits}
-  double scale = 1.0;   // a value v is encoded as round(v * scale)
-  double clip = 1.0;    // |v| <= clip for every encoded value (the L2 clip bounds each coordinate)
+  uint32_t bits = 32;  // the ring is Z_{2^bits}
+  double scale = 1.0;  // a value v is encoded as round(v * scale)
+  double clip = 1.0;   // |v| <= clip for every encoded value (the L2 clip bounds each coordinate)
   uint64_t max_clients = 1;  // the most values one sum adds
   uint64_t dim = 1;          // values per update (the model's size)
 

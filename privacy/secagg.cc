@@ -148,7 +148,8 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
     const auto ks = key_shares[i].bytes(), ss = seed_shares[i].bytes();
     plain.insert(plain.end(), ks.begin(), ks.end());
     plain.insert(plain.end(), ss.begin(), ss.end());
-    const Key32 k = agree(cipher_, a.cipher_pk, p_.run_seed, p_.round, KeyPurpose::kShareEncryption);
+    const Key32 k =
+        agree(cipher_, a.cipher_pk, p_.run_seed, p_.round, KeyPurpose::kShareEncryption);
     out.push_back({id_, v, p_.round, seal(k, plain, shareContext(id_, v, p_.run_seed, p_.round))});
     sodium_memzero(plain.data(), plain.size());
     ++i;
@@ -171,8 +172,8 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
     if (e.from == id_) failInput(Errc::kWrongSender, "client ", id_, " was sent its own share");
     const auto a = advertised_.find(e.from);
     if (a == advertised_.end())
-      failInput(Errc::kNotNeighbour, "a share from client ", e.from,
-                ", not a neighbour of client ", id_, " that advertised keys");
+      failInput(Errc::kNotNeighbour, "a share from client ", e.from, ", not a neighbour of client ",
+                id_, " that advertised keys");
     const Key32 k =
         agree(cipher_, a->second.cipher_pk, p_.run_seed, p_.round, KeyPurpose::kShareEncryption);
     const auto plain = open(k, e.ciphertext, shareContext(e.from, id_, p_.run_seed, p_.round));
@@ -189,8 +190,8 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
       failInput(Errc::kInconsistentShares, "the share from client ", e.from, ": ", err.what());
     }
     if (ks.x != point(id_) || ss.x != point(id_))
-      failInput(Errc::kInconsistentShares, "the share from client ", e.from,
-                " is not at client ", id_, "'s point");
+      failInput(Errc::kInconsistentShares, "the share from client ", e.from, " is not at client ",
+                id_, "'s point");
     if (!held.emplace(e.from, std::make_pair(ks, ss)).second)
       failInput(Errc::kDuplicate, "two shares from client ", e.from);
   }
@@ -204,7 +205,8 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
   encode(p_.ring, x, rounding, m.words);
   applyMask(m.words, self_seed_, p_.round, MaskStream::kSelfMask, 0, p_.ring.bits, false);
   for (const auto& [v, shares] : held) {
-    const Key32 s = agree(mask_, advertised_.at(v).mask_pk, p_.run_seed, p_.round, KeyPurpose::kMask);
+    const Key32 s =
+        agree(mask_, advertised_.at(v).mask_pk, p_.run_seed, p_.round, KeyPurpose::kMask);
     applyMask(m.words, s, p_.round, MaskStream::kPairwiseMask, 0, p_.ring.bits,
               /*subtract=*/id_ > v);
   }
@@ -225,7 +227,8 @@ UnmaskResponse SecAggClient::unmask(const UnmaskRequest& request) {
     failInput(Errc::kDuplicate, "an unmask request names a client twice");
   for (uint64_t v : dropped)
     if (survived.count(v))
-      failInput(Errc::kRevealBoth, "asked for both shares of client ", v, " (its mask key and "
+      failInput(Errc::kRevealBoth, "asked for both shares of client ", v,
+                " (its mask key and "
                 "its self-mask seed): that would unmask its input");
   for (const auto* list : {&dropped, &survived})
     for (uint64_t v : *list) {
@@ -258,14 +261,17 @@ SecAggServer::SecAggServer(SecAggParams params, std::span<const uint64_t> client
 
 void SecAggServer::onAdvert(const KeyAdvert& a) {
   checkRound(a.round, p_.round, "an advertised key");
-  if (adverts_closed_) failInput(Errc::kLate, "client ", a.client, "'s keys after the phase closed");
+  if (adverts_closed_)
+    failInput(Errc::kLate, "client ", a.client, "'s keys after the phase closed");
   if (!std::binary_search(graph_.clients.begin(), graph_.clients.end(), a.client))
     failInput(Errc::kWrongSender, "client ", a.client, " is not in round ", p_.round);
-  if (adverts_.count(a.client)) failInput(Errc::kDuplicate, "client ", a.client, " advertised twice");
+  if (adverts_.count(a.client))
+    failInput(Errc::kDuplicate, "client ", a.client, " advertised twice");
   if (p_.signed_keys) {
     const auto it = verify_.find(a.client);
     if (it == verify_.end() || !verify(it->second, advertBytes(a, p_.run_seed), a.signature))
-      failInput(Errc::kBadSignature, "client ", a.client, "'s advertised keys are not signed by it");
+      failInput(Errc::kBadSignature, "client ", a.client,
+                "'s advertised keys are not signed by it");
   }
   adverts_.emplace(a.client, a);
 }
@@ -378,7 +384,8 @@ void SecAggServer::onUnmask(const UnmaskResponse& r) {
     if (!got.insert({s.of, s.mask_key}).second)
       failInput(Errc::kDuplicate, "client ", r.client, " revealed client ", s.of, "'s share twice");
     if (s.share.x != point(r.client))
-      failInput(Errc::kInconsistentShares, "client ", r.client, " revealed a share at another point");
+      failInput(Errc::kInconsistentShares, "client ", r.client,
+                " revealed a share at another point");
   }
   answers_.emplace(r.client, r);
 }
@@ -423,8 +430,8 @@ SecAggServer::Result SecAggServer::finish() {
     if (partners.empty()) continue;  // no survivor masked with it
     const auto& shares = revealed[{v, true}];
     if (shares.size() < p_.threshold)
-      return fail("dropped client " + std::to_string(v) + "'s mask key: " +
-                  std::to_string(shares.size()) + " shares revealed, " +
+      return fail("dropped client " + std::to_string(v) +
+                  "'s mask key: " + std::to_string(shares.size()) + " shares revealed, " +
                   std::to_string(p_.threshold) + " needed");
     DhKeyPair dropped;
     try {
@@ -434,10 +441,12 @@ SecAggServer::Result SecAggServer::finish() {
     }
     dropped.public_key = publicOf(dropped.secret_key);
     if (!equalKeys(dropped.public_key, adverts_.at(v).mask_pk))
-      return fail("dropped client " + std::to_string(v) +
-                  "'s mask-key shares rebuild another key than it advertised (inconsistent shares)");
+      return fail(
+          "dropped client " + std::to_string(v) +
+          "'s mask-key shares rebuild another key than it advertised (inconsistent shares)");
     for (uint64_t w : partners) {
-      const Key32 s = agree(dropped, adverts_.at(w).mask_pk, p_.run_seed, p_.round, KeyPurpose::kMask);
+      const Key32 s =
+          agree(dropped, adverts_.at(w).mask_pk, p_.run_seed, p_.round, KeyPurpose::kMask);
       // w added +PRG when w < v, -PRG when w > v: undo it.
       applyMask(sum, s, p_.round, MaskStream::kPairwiseMask, 0, p_.ring.bits,
                 /*subtract=*/w < v);

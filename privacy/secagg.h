@@ -12,7 +12,8 @@
 //   1 share keys   u receives its advertising neighbours' keys (>= t of them), splits s_u's secret
 //                  key and b_u t-of-n among them (Shamir, privacy/shamir.h; recipient v's point is
 //                  v + 1) and sends each pair of shares sealed to its recipient (privacy/crypto.h).
-//   2 masked input u receives the sealed shares of the neighbours that sent theirs (>= t), and sends
+//   2 masked input u receives the sealed shares of the neighbours that sent theirs (>= t), and
+//   sends
 //                  y_u = encode(x_u) + PRG(b_u) + sum over those neighbours v of +-PRG(s_uv) in
 //                  Z_2^b (+ when u < v), s_uv agreed from s_u and s_v.
 //   3 unmask       the server closes the masked inputs (U3) and asks each survivor for, per
@@ -130,8 +131,8 @@ class SecAggClient {
   DhKeyPair cipher_, mask_;
   Key32 self_seed_{};
   KeyAdvert advert_;
-  std::map<uint64_t, KeyAdvert> advertised_;                  // neighbours that advertised
-  std::map<uint64_t, std::pair<Share, Share>> held_;          // v -> (its mask key's, its seed's)
+  std::map<uint64_t, KeyAdvert> advertised_;          // neighbours that advertised
+  std::map<uint64_t, std::pair<Share, Share>> held_;  // v -> (its mask key's, its seed's)
   bool shared_ = false, masked_ = false, answered_ = false;
 };
 
@@ -158,9 +159,9 @@ class SecAggServer {
 
   struct Result {
     bool ok = false;
-    std::string reason;              // why not, when !ok
-    std::vector<uint64_t> sum;       // the survivors' inputs summed in the ring (dim words)
-    std::vector<uint64_t> survivors; // whose inputs it holds (ascending)
+    std::string reason;               // why not, when !ok
+    std::vector<uint64_t> sum;        // the survivors' inputs summed in the ring (dim words)
+    std::vector<uint64_t> survivors;  // whose inputs it holds (ascending)
   };
   // Rebuilds the secrets and unmasks; a result that is not ok reveals nothing.
   Result finish();
@@ -173,13 +174,13 @@ class SecAggServer {
   SecAggParams p_;
   Neighbourhoods graph_;
   std::map<uint64_t, Key32> verify_;
-  std::map<uint64_t, KeyAdvert> adverts_;                             // U1
-  std::map<uint64_t, std::vector<EncryptedShare>> shares_;            // U2: by sender
-  std::vector<uint64_t> sum_;                                         // the masked inputs' sum
-  std::set<uint64_t> masked_;                                         // U3 (as received)
+  std::map<uint64_t, KeyAdvert> adverts_;                   // U1
+  std::map<uint64_t, std::vector<EncryptedShare>> shares_;  // U2: by sender
+  std::vector<uint64_t> sum_;                               // the masked inputs' sum
+  std::set<uint64_t> masked_;                               // U3 (as received)
   bool adverts_closed_ = false, shares_closed_ = false, closed_ = false;
-  std::map<uint64_t, UnmaskRequest> asked_;                           // by client
-  std::map<uint64_t, UnmaskResponse> answers_;                        // U4
+  std::map<uint64_t, UnmaskRequest> asked_;     // by client
+  std::map<uint64_t, UnmaskResponse> answers_;  // U4
 };
 
 }  // namespace starling::privacy

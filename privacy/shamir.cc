@@ -91,7 +91,8 @@ Share Share::fromBytes(std::span<const uint8_t> b) {
                      " is not in 1 .. 2^61 - 2");
   for (size_t k = 0; k < 8; ++k) {
     s.y[k] = get(8 + 8 * k);
-    STARLING_CHECK_ARG(s.y[k] < kShamirPrime, "a share's value ", s.y[k], " is not in GF(2^61 - 1)");
+    STARLING_CHECK_ARG(s.y[k] < kShamirPrime, "a share's value ", s.y[k],
+                       " is not in GF(2^61 - 1)");
   }
   return s;
 }

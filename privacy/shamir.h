@@ -22,17 +22,18 @@ namespace starling::privacy {
 inline constexpr uint64_t kShamirPrime = (uint64_t{1} << 61) - 1;
 
 struct Share {
-  uint64_t x = 0;                  // the recipient's point, 1 .. p - 1
-  std::array<uint64_t, 8> y{};     // the 8 limbs' polynomials at x
+  uint64_t x = 0;               // the recipient's point, 1 .. p - 1
+  std::array<uint64_t, 8> y{};  // the 8 limbs' polynomials at x
   static constexpr size_t kBytes = 8 + 8 * 8;
   std::array<uint8_t, kBytes> bytes() const;  // little-endian x, then y
   // InvalidArgument for a point of 0 or beyond the field, or a value beyond it.
   static Share fromBytes(std::span<const uint8_t> b);
 };
 
-// One share per point of `xs` (distinct, 1 .. p - 1), any `threshold` (1 .. xs.size()) of which give
-// `secret` back.
-std::vector<Share> shamirSplit(const Key32& secret, uint32_t threshold, std::span<const uint64_t> xs);
+// One share per point of `xs` (distinct, 1 .. p - 1), any `threshold` (1 .. xs.size()) of which
+// give `secret` back.
+std::vector<Share> shamirSplit(const Key32& secret, uint32_t threshold,
+                               std::span<const uint64_t> xs);
 // The secret of `shares` (at least `threshold` of them; see the top of the file for the checks).
 Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold);
 

@@ -67,9 +67,13 @@ class Decoder {
 };
 
 std::vector<uint8_t> encodeUpdate(const compression::UpdateView& update);
-inline std::vector<uint8_t> encodeUpdate(const compression::Update& u) { return encodeUpdate(compression::view(u)); }
+inline std::vector<uint8_t> encodeUpdate(const compression::Update& u) {
+  return encodeUpdate(compression::view(u));
+}
 size_t encodedSize(const compression::UpdateView& update);
-inline size_t encodedSize(const compression::Update& u) { return encodedSize(compression::view(u)); }
+inline size_t encodedSize(const compression::Update& u) {
+  return encodedSize(compression::view(u));
+}
 
 std::vector<uint8_t> encodePartial(const compression::PartialView& partial);
 inline std::vector<uint8_t> encodePartial(const compression::PartialMessage& m) {
@@ -79,6 +83,7 @@ inline std::vector<uint8_t> encodePartial(const compression::PartialMessage& m) 
 // Decodes and fully validates an update (structure, then every payload against the layout with
 // validatePayload), returning an owned copy. For tools and tests; servers use Decoder + the round.
 compression::Update decodeUpdate(std::span<const uint8_t> bytes, const ParamLayout& layout,
-                                 const compression::SharedFactors* shared = nullptr, const DecodeLimits& limits = {});
+                                 const compression::SharedFactors* shared = nullptr,
+                                 const DecodeLimits& limits = {});
 
 }  // namespace starling::protocol

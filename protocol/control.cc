@@ -18,12 +18,14 @@ namespace fb = starling::wire;
 namespace cz = starling::compression;
 
 static_assert(static_cast<int>(MessageKind::kUpdate) == static_cast<int>(fb::Body::Update));
-static_assert(static_cast<int>(MessageKind::kPartial) == static_cast<int>(fb::Body::PartialAggregate));
+static_assert(static_cast<int>(MessageKind::kPartial) ==
+              static_cast<int>(fb::Body::PartialAggregate));
 static_assert(static_cast<int>(MessageKind::kChunk) == static_cast<int>(fb::Body::Chunk));
 static_assert(static_cast<int>(MessageKind::kShutdown) == static_cast<int>(fb::Body::Shutdown));
 static_assert(static_cast<int>(MessageKind::kSplitHello) == static_cast<int>(fb::Body::SplitHello));
 static_assert(static_cast<int>(MessageKind::kSplitReply) == static_cast<int>(fb::Body::SplitReply));
-static_assert(static_cast<int>(MessageKind::kSplitBottom) == static_cast<int>(fb::Body::SplitBottom));
+static_assert(static_cast<int>(MessageKind::kSplitBottom) ==
+              static_cast<int>(fb::Body::SplitBottom));
 static_assert(static_cast<int>(MessageKind::kSplitAverage) == static_cast<int>(fb::Body::MAX));
 
 namespace {
@@ -36,7 +38,8 @@ constexpr size_t kMaxSpec = 512;
 
 [[noreturn]] void fail(Errc code, const std::string& msg) { throw InputError(code, msg); }
 
-std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type, flatbuffers::Offset<void> body) {
+std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type,
+                            flatbuffers::Offset<void> body) {
   auto msg = fb::CreateMessage(b, kSchemaVersion, type, body);
   fb::FinishSizePrefixedMessageBuffer(b, msg);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
@@ -45,20 +48,20 @@ std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type, fl
 // Verifies and returns the body of the expected type. Control messages are a handful of tables
 // (a Task: root, body, fit, two per tensor, one per shared factor).
 template <class T>
-const T* body(std::span<const uint8_t> bytes, size_t max_bytes, fb::Body expected, size_t max_tables,
-              std::vector<uint64_t>& aligned) {
+const T* body(std::span<const uint8_t> bytes, size_t max_bytes, fb::Body expected,
+              size_t max_tables, std::vector<uint64_t>& aligned) {
   const fb::Message* m = detail::verifyMessage(bytes, max_bytes, max_tables, aligned);
   if (m->body_type() != expected || !m->body())
-    fail(Errc::kUnexpectedMessage, std::string("expected ") + detail::bodyName(expected) + ", got " +
-                                       detail::bodyName(m->body_type()));
+    fail(Errc::kUnexpectedMessage, std::string("expected ") + detail::bodyName(expected) +
+                                       ", got " + detail::bodyName(m->body_type()));
   return static_cast<const T*>(m->body());
 }
 
 std::string text(const flatbuffers::String* s, size_t max_len, const char* what) {
   if (!s) return {};
   if (s->size() > max_len)
-    fail(Errc::kSizeMismatch, std::string(what) + " of " + std::to_string(s->size()) + " bytes (at most " +
-                                  std::to_string(max_len) + ")");
+    fail(Errc::kSizeMismatch, std::string(what) + " of " + std::to_string(s->size()) +
+                                  " bytes (at most " + std::to_string(max_len) + ")");
   std::string out(s->c_str(), s->size());
   for (char c : out)
     if (!std::isprint(static_cast<unsigned char>(c)))
@@ -66,12 +69,14 @@ std::string text(const flatbuffers::String* s, size_t max_len, const char* what)
   return out;
 }
 
-std::vector<std::string> texts(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v, size_t max_n,
-                               size_t max_len, const char* what) {
+std::vector<std::string> texts(
+    const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v, size_t max_n,
+    size_t max_len, const char* what) {
   std::vector<std::string> out;
   if (!v) return out;
   if (v->size() > max_n)
-    fail(Errc::kSizeMismatch, std::to_string(v->size()) + " " + what + " (at most " + std::to_string(max_n) + ")");
+    fail(Errc::kSizeMismatch,
+         std::to_string(v->size()) + " " + what + " (at most " + std::to_string(max_n) + ")");
   for (flatbuffers::uoffset_t i = 0; i < v->size(); ++i) {
     std::string s = text(v->Get(i), max_len, what);
     if (s.empty()) fail(Errc::kMissingField, std::string("an empty entry in ") + what);
@@ -118,11 +123,13 @@ std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
   const uint16_t vt_size = u16(p + vt);
   const uint16_t obj_size = u16(p + vt + 2);
   constexpr uint16_t kBodyTypeSlot = 6;  // fb::Message::VT_BODY_TYPE
-  if (vt_size < kBodyTypeSlot + 2 || vt + kBodyTypeSlot + 2 > static_cast<int64_t>(n)) return std::nullopt;
+  if (vt_size < kBodyTypeSlot + 2 || vt + kBodyTypeSlot + 2 > static_cast<int64_t>(n))
+    return std::nullopt;
   const uint16_t field = u16(p + vt + kBodyTypeSlot);
   if (field == 0 || field >= obj_size || root + field >= n) return std::nullopt;
   const uint8_t type = p[root + field];
-  if (type < static_cast<uint8_t>(MessageKind::kUpdate) || type > static_cast<uint8_t>(MessageKind::kSplitAverage))
+  if (type < static_cast<uint8_t>(MessageKind::kUpdate) ||
+      type > static_cast<uint8_t>(MessageKind::kSplitAverage))
     return std::nullopt;
   return static_cast<MessageKind>(type);
 }
@@ -132,14 +139,16 @@ std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
 std::vector<uint8_t> encode(const RegisterMsg& m) {
   flatbuffers::FlatBufferBuilder b(256);
   auto caps = strings(b, m.capabilities);
-  auto body = fb::CreateRegister(b, m.client_id, static_cast<fb::Role>(m.role), m.layout_fingerprint, m.num_examples,
-                                 m.eval_examples, m.model_version, caps);
+  auto body =
+      fb::CreateRegister(b, m.client_id, static_cast<fb::Role>(m.role), m.layout_fingerprint,
+                         m.num_examples, m.eval_examples, m.model_version, caps);
   return finish(b, fb::Body::Register, body.Union());
 }
 
 std::vector<uint8_t> encode(const WelcomeMsg& m) {
   flatbuffers::FlatBufferBuilder b(128);
-  auto body = fb::CreateWelcome(b, m.client_id, m.session, m.heartbeat_ms, m.max_message_bytes, m.chunk_bytes);
+  auto body = fb::CreateWelcome(b, m.client_id, m.session, m.heartbeat_ms, m.max_message_bytes,
+                                m.chunk_bytes);
   return finish(b, fb::Body::Welcome, body.Union());
 }
 
@@ -151,14 +160,16 @@ std::vector<uint8_t> encode(const HeartbeatMsg& m) {
 
 std::vector<uint8_t> encode(const EvaluationMsg& m) {
   flatbuffers::FlatBufferBuilder b(128);
-  auto body = fb::CreateEvaluation(b, m.client_id, m.round, m.nonce, m.num_examples, m.loss, m.accuracy);
+  auto body =
+      fb::CreateEvaluation(b, m.client_id, m.round, m.nonce, m.num_examples, m.loss, m.accuracy);
   return finish(b, fb::Body::Evaluation, body.Union());
 }
 
 std::vector<uint8_t> encode(const RejectMsg& m) {
   flatbuffers::FlatBufferBuilder b(256);
   auto msg = b.CreateString(m.message.substr(0, kMaxText));
-  auto body = fb::CreateReject(b, static_cast<fb::RejectKind>(m.kind), m.code, m.round, m.nonce, msg);
+  auto body =
+      fb::CreateReject(b, static_cast<fb::RejectKind>(m.kind), m.code, m.round, m.nonce, msg);
   return finish(b, fb::Body::Reject, body.Union());
 }
 
@@ -181,7 +192,8 @@ std::vector<uint8_t> encode(const SplitStepMsg& m) {
   flatbuffers::FlatBufferBuilder b(m.activations.size() + m.labels.size() + 128);
   auto acts = b.CreateVector(m.activations.data(), m.activations.size());
   auto labels = b.CreateVector(m.labels);
-  auto body = fb::CreateSplitStep(b, m.session, m.step, static_cast<fb::SplitStepKind>(m.kind), m.examples, labels, acts);
+  auto body = fb::CreateSplitStep(b, m.session, m.step, static_cast<fb::SplitStepKind>(m.kind),
+                                  m.examples, labels, acts);
   return finish(b, fb::Body::SplitStep, body.Union());
 }
 
@@ -221,7 +233,8 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   flatbuffers::FlatBufferBuilder b(est);
   auto tensors = detail::encodeTensors(b, model);  // exactly as an update's tensors
   std::vector<flatbuffers::Offset<fb::SharedFactor>> shared;
-  for (const auto& f : h.shared.factors) shared.push_back(fb::CreateSharedFactor(b, b.CreateVector(f)));
+  for (const auto& f : h.shared.factors)
+    shared.push_back(fb::CreateSharedFactor(b, b.CreateVector(f)));
   auto tv = b.CreateVector(tensors);
   auto sv = b.CreateVector(shared);
   auto spec = b.CreateString(h.compressor);
@@ -253,7 +266,8 @@ void setTaskNonce(std::span<uint8_t> bytes, uint64_t nonce) {
   STARLING_CHECK_ARG(peekKind(bytes) == MessageKind::kTask, "setTaskNonce: not an encoded Task");
   auto* msg = fb::GetMutableSizePrefixedMessage(bytes.data());
   auto* task = static_cast<fb::Task*>(msg->mutable_body());
-  STARLING_CHECK_ARG(task && task->mutate_nonce(nonce), "setTaskNonce: the task was encoded without a nonce");
+  STARLING_CHECK_ARG(task && task->mutate_nonce(nonce),
+                     "setTaskNonce: the task was encoded without a nonce");
 }
 
 // ---------------------------------------------------------------- decoding
@@ -277,7 +291,8 @@ RegisterMsg decodeRegister(std::span<const uint8_t> bytes, const ControlLimits& 
 WelcomeMsg decodeWelcome(std::span<const uint8_t> bytes, const ControlLimits& limits) {
   std::vector<uint64_t> aligned;
   const auto* w = body<fb::Welcome>(bytes, limits.max_bytes, fb::Body::Welcome, 8, aligned);
-  WelcomeMsg m{w->client_id(), w->session(), w->heartbeat_ms(), w->max_message_bytes(), w->chunk_bytes()};
+  WelcomeMsg m{w->client_id(), w->session(), w->heartbeat_ms(), w->max_message_bytes(),
+               w->chunk_bytes()};
   if (m.heartbeat_ms == 0 || m.chunk_bytes == 0 || m.max_message_bytes == 0)
     fail(Errc::kMissingField, "welcome without heartbeat, chunk size or message bound");
   return m;
@@ -292,10 +307,12 @@ HeartbeatMsg decodeHeartbeat(std::span<const uint8_t> bytes, const ControlLimits
 EvaluationMsg decodeEvaluation(std::span<const uint8_t> bytes, const ControlLimits& limits) {
   std::vector<uint64_t> aligned;
   const auto* e = body<fb::Evaluation>(bytes, limits.max_bytes, fb::Body::Evaluation, 8, aligned);
-  EvaluationMsg m{e->client_id(), e->round(), e->nonce(), e->num_examples(), e->loss(), e->accuracy()};
+  EvaluationMsg m{e->client_id(),    e->round(), e->nonce(),
+                  e->num_examples(), e->loss(),  e->accuracy()};
   if (!std::isfinite(m.loss) || m.loss < 0 || !(m.accuracy >= 0.0 && m.accuracy <= 1.0))
     fail(Errc::kNonFinite, "evaluation with loss " + std::to_string(m.loss) + " and accuracy " +
-                               std::to_string(m.accuracy) + " (loss finite and >= 0, accuracy in [0, 1])");
+                               std::to_string(m.accuracy) +
+                               " (loss finite and >= 0, accuracy in [0, 1])");
   if (m.loss > limits.max_eval_loss) {
     std::ostringstream os;
     os << "evaluation with loss " << m.loss << ", above the bound " << limits.max_eval_loss;
@@ -309,8 +326,8 @@ RejectMsg decodeReject(std::span<const uint8_t> bytes, const ControlLimits& limi
   const auto* r = body<fb::Reject>(bytes, limits.max_bytes, fb::Body::Reject, 8, aligned);
   RejectMsg m;
   m.kind = static_cast<RejectKind>(r->kind());
-  if (m.kind != RejectKind::kRefused && m.kind != RejectKind::kNotRegistered && m.kind != RejectKind::kBusy &&
-      m.kind != RejectKind::kRegistrationRefused)
+  if (m.kind != RejectKind::kRefused && m.kind != RejectKind::kNotRegistered &&
+      m.kind != RejectKind::kBusy && m.kind != RejectKind::kRegistrationRefused)
     fail(Errc::kMissingField, "unknown reject kind");
   m.code = r->code();
   m.round = r->round();
@@ -330,7 +347,8 @@ SplitHelloMsg decodeSplitHello(std::span<const uint8_t> bytes, const ControlLimi
   const auto* h = body<fb::SplitHello>(bytes, limits.max_bytes, fb::Body::SplitHello, 8, aligned);
   SplitHelloMsg m{h->edge_id(), h->fingerprint(), text(h->up(), kMaxSpec, "up codec"),
                   text(h->down(), kMaxSpec, "down codec")};
-  if (m.up.empty() || m.down.empty()) fail(Errc::kMissingField, "split hello without its codec specs");
+  if (m.up.empty() || m.down.empty())
+    fail(Errc::kMissingField, "split hello without its codec specs");
   return m;
 }
 
@@ -349,9 +367,11 @@ SplitStepMsg decodeSplitStep(std::span<const uint8_t> bytes, const ControlLimits
   if (m.examples == 0) fail(Errc::kSizeMismatch, "split step of 0 examples");
   if (!s->labels() || s->labels()->size() != m.examples)
     fail(Errc::kSizeMismatch, "split step of " + std::to_string(m.examples) + " examples with " +
-                                  std::to_string(s->labels() ? s->labels()->size() : 0) + " labels");
+                                  std::to_string(s->labels() ? s->labels()->size() : 0) +
+                                  " labels");
   m.labels.assign(s->labels()->begin(), s->labels()->end());
-  if (!s->activations() || s->activations()->size() == 0) fail(Errc::kMissingField, "split step without activations");
+  if (!s->activations() || s->activations()->size() == 0)
+    fail(Errc::kMissingField, "split step without activations");
   m.activations.assign(s->activations()->begin(), s->activations()->end());
   return m;
 }
@@ -363,17 +383,20 @@ SplitReplyMsg decodeSplitReply(std::span<const uint8_t> bytes, const ControlLimi
   if (m.step == 0 && r->gradient() && r->gradient()->size() != 0)
     fail(Errc::kMissingField, "split reply to a hello (step 0) with a gradient");
   if (!std::isfinite(m.loss) || m.loss < 0)
-    fail(Errc::kNonFinite, "split reply with loss " + std::to_string(m.loss) + " (finite and >= 0)");
+    fail(Errc::kNonFinite,
+         "split reply with loss " + std::to_string(m.loss) + " (finite and >= 0)");
   if (r->gradient()) m.gradient.assign(r->gradient()->begin(), r->gradient()->end());
   return m;
 }
 
 namespace {
 std::vector<float> finiteFloats(const flatbuffers::Vector<float>* v, const char* what) {
-  if (!v || v->size() == 0) fail(Errc::kMissingField, std::string(what) + " without its parameters");
+  if (!v || v->size() == 0)
+    fail(Errc::kMissingField, std::string(what) + " without its parameters");
   std::vector<float> out(v->begin(), v->end());
   for (float x : out)
-    if (!std::isfinite(x)) fail(Errc::kNonFinite, std::string(what) + " with a non-finite parameter");
+    if (!std::isfinite(x))
+      fail(Errc::kNonFinite, std::string(what) + " with a non-finite parameter");
   return out;
 }
 }  // namespace
@@ -382,16 +405,19 @@ SplitBottomMsg decodeSplitBottom(std::span<const uint8_t> bytes, const ControlLi
   std::vector<uint64_t> aligned;
   const auto* m = body<fb::SplitBottom>(bytes, limits.max_bytes, fb::Body::SplitBottom, 8, aligned);
   SplitBottomMsg out{m->session(), m->epoch(), m->examples(), {}};
-  if (out.epoch == 0 || out.examples == 0) fail(Errc::kMissingField, "split bottom of epoch 0 or of 0 examples");
+  if (out.epoch == 0 || out.examples == 0)
+    fail(Errc::kMissingField, "split bottom of epoch 0 or of 0 examples");
   out.bottom = finiteFloats(m->bottom(), "split bottom");
   return out;
 }
 
 SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes, const ControlLimits& limits) {
   std::vector<uint64_t> aligned;
-  const auto* m = body<fb::SplitAverage>(bytes, limits.max_bytes, fb::Body::SplitAverage, 8, aligned);
+  const auto* m =
+      body<fb::SplitAverage>(bytes, limits.max_bytes, fb::Body::SplitAverage, 8, aligned);
   SplitAverageMsg out{m->session(), m->epoch(), m->edges(), {}};
-  if (out.epoch == 0 || out.edges == 0) fail(Errc::kMissingField, "split average of epoch 0 or of 0 edges");
+  if (out.epoch == 0 || out.edges == 0)
+    fail(Errc::kMissingField, "split average of epoch 0 or of 0 edges");
   out.bottom = finiteFloats(m->bottom(), "split average");
   return out;
 }
@@ -407,13 +433,14 @@ ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes) {
     fail(Errc::kBadChunk, "chunk of " + std::to_string(c->data()->size()) + " bytes, at most " +
                               std::to_string(max_chunk_bytes));
   if (m.count == 0 || m.index >= m.count || m.total_bytes == 0)
-    fail(Errc::kBadChunk, "chunk " + std::to_string(m.index) + " of " + std::to_string(m.count) + ", " +
-                              std::to_string(m.total_bytes) + " bytes in all");
+    fail(Errc::kBadChunk, "chunk " + std::to_string(m.index) + " of " + std::to_string(m.count) +
+                              ", " + std::to_string(m.total_bytes) + " bytes in all");
   m.data = std::span<const uint8_t>(c->data()->data(), c->data()->size());
   return m;
 }
 
-TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits) {
+TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout,
+                   const ControlLimits& limits) {
   std::vector<uint64_t> aligned;
   // A tensor is a few tables; an stc chain holds up to kMaxRefreshChain refreshes of every tensor
   // (one more passes the verifier, so that a chain too long is refused by name below).
@@ -432,17 +459,20 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
   m.base_version = t->base_version();
   m.deadline_ms = t->deadline_ms();
   m.metrics = texts(t->metrics(), kMaxTaskMetrics, 64, "metric names");
-  if (const auto* f = t->fit()) m.fit = FitSettings{f->epochs(), f->batch_size(), f->lr(), f->prox_mu()};
+  if (const auto* f = t->fit())
+    m.fit = FitSettings{f->epochs(), f->batch_size(), f->lr(), f->prox_mu()};
   if (m.nonce == 0) fail(Errc::kMissingField, "task without a nonce");
   // Bounded like the server's own configuration, so a hostile server cannot make a client train
   // forever.
-  if (m.kind == TaskKind::kFit && (m.fit.epochs == 0 || m.fit.epochs > 1000 || m.fit.batch_size == 0 ||
-                                   m.fit.batch_size > (1u << 20) || !(m.fit.lr > 0) || !(m.fit.lr <= 100) ||
-                                   !(m.fit.prox_mu >= 0) || !(m.fit.prox_mu <= 1e4) ||
-                                   !(static_cast<double>(m.fit.lr) * m.fit.prox_mu < 2.0)))
-    fail(Errc::kMissingField, "task with a bad fit config (epochs " + std::to_string(m.fit.epochs) + ", batch " +
-                                  std::to_string(m.fit.batch_size) + ", lr " + std::to_string(m.fit.lr) +
-                                  ", prox_mu " + std::to_string(m.fit.prox_mu) + ")");
+  if (m.kind == TaskKind::kFit &&
+      (m.fit.epochs == 0 || m.fit.epochs > 1000 || m.fit.batch_size == 0 ||
+       m.fit.batch_size > (1u << 20) || !(m.fit.lr > 0) || !(m.fit.lr <= 100) ||
+       !(m.fit.prox_mu >= 0) || !(m.fit.prox_mu <= 1e4) ||
+       !(static_cast<double>(m.fit.lr) * m.fit.prox_mu < 2.0)))
+    fail(Errc::kMissingField, "task with a bad fit config (epochs " + std::to_string(m.fit.epochs) +
+                                  ", batch " + std::to_string(m.fit.batch_size) + ", lr " +
+                                  std::to_string(m.fit.lr) + ", prox_mu " +
+                                  std::to_string(m.fit.prox_mu) + ")");
   // SCAFFOLD's server control variate: a phase-0 Fit task's, numel finite values.
   if (const auto* c = t->control()) {
     if (m.kind != TaskKind::kFit || m.phase != 0)
@@ -482,12 +512,12 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
       const TensorSpec& spec = layout.tensors()[i % per];
       cz::Payload p;
       if (!ft) fail(Errc::kMissingField, "model tensor " + std::to_string(i) + " is null");
-      if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF32 && ft->payload_as_DenseF32() &&
-          ft->payload_as_DenseF32()->values()) {
+      if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF32 &&
+          ft->payload_as_DenseF32() && ft->payload_as_DenseF32()->values()) {
         const auto* v = ft->payload_as_DenseF32()->values();
         p = cz::DenseF32{std::vector<float>(v->begin(), v->end())};
-      } else if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF16 && ft->payload_as_DenseF16() &&
-                 ft->payload_as_DenseF16()->values()) {
+      } else if (m.base_version == 0 && ft->payload_type() == fb::Payload::DenseF16 &&
+                 ft->payload_as_DenseF16() && ft->payload_as_DenseF16()->values()) {
         const auto* v = ft->payload_as_DenseF16()->values();
         p = cz::DenseF16{std::vector<uint16_t>(v->begin(), v->end())};
       } else if (chain && ft->payload_type() != fb::Payload::Ternary) {
@@ -533,20 +563,24 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, co
       m.model.push_back(std::move(p));
     }
   }
-  m.shared.fixed = t->shared_side() == 1 ? cz::SharedFactors::Side::kP : cz::SharedFactors::Side::kQ;
+  m.shared.fixed =
+      t->shared_side() == 1 ? cz::SharedFactors::Side::kP : cz::SharedFactors::Side::kQ;
   if (t->shared_side() > 1) fail(Errc::kMissingField, "unknown shared side");
   if (const auto* sh = t->shared(); sh && sh->size() != 0) {
     if (sh->size() != layout.size())
-      fail(Errc::kTensorCountMismatch, "task shares " + std::to_string(sh->size()) + " factors, the model has " +
+      fail(Errc::kTensorCountMismatch, "task shares " + std::to_string(sh->size()) +
+                                           " factors, the model has " +
                                            std::to_string(layout.size()) + " tensors");
     for (flatbuffers::uoffset_t i = 0; i < sh->size(); ++i) {
       const fb::SharedFactor* f = sh->Get(i);
       std::vector<float> vals;
       if (f && f->values()) vals.assign(f->values()->begin(), f->values()->end());
       if (vals.size() > layout.tensors()[i].numel)
-        fail(Errc::kShapeMismatch, "shared factor " + std::to_string(i) + " is larger than its tensor");
+        fail(Errc::kShapeMismatch,
+             "shared factor " + std::to_string(i) + " is larger than its tensor");
       for (float x : vals)
-        if (!std::isfinite(x)) fail(Errc::kNonFinite, "shared factor " + std::to_string(i) + " is not finite");
+        if (!std::isfinite(x))
+          fail(Errc::kNonFinite, "shared factor " + std::to_string(i) + " is not finite");
       m.shared.factors.push_back(std::move(vals));
     }
   }
@@ -560,8 +594,9 @@ void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                          (tensors.size() == per ||
                           (base_version != 0 && tensors.size() % per == 0 && !tensors.empty())),
                      "task model does not fit the layout");
-  STARLING_CHECK_ARG(base_version == 0 || base_version == held, "task model is a delta against version ", base_version,
-                     ", this client holds ", held);
+  STARLING_CHECK_ARG(base_version == 0 || base_version == held,
+                     "task model is a delta against version ", base_version, ", this client holds ",
+                     held);
   if (tensors.size() != per)
     for (const auto& p : tensors)
       STARLING_CHECK_ARG(std::holds_alternative<cz::Ternary>(p),

@@ -92,7 +92,7 @@ struct TaskMsg {
   // One payload per tensor, or against a base version a chain of stc refreshes: k x tensors
   // ternary payloads, refresh by refresh (k <= kMaxRefreshChain). Empty in phases > 0.
   std::vector<compression::Payload> model;
-  compression::SharedFactors shared;         // factors empty when the compressor shares none
+  compression::SharedFactors shared;  // factors empty when the compressor shares none
   FitSettings fit;
   uint32_t deadline_ms = 0;
   std::vector<std::string> metrics;
@@ -142,7 +142,8 @@ struct ChunkMsg {
   uint32_t index = 0;
   uint32_t count = 0;
   uint64_t total_bytes = 0;
-  std::span<const uint8_t> data;  // a view: into the caller's bytes (encode) or the message (decode)
+  std::span<const uint8_t>
+      data;  // a view: into the caller's bytes (encode) or the message (decode)
 };
 
 std::vector<uint8_t> encode(const RegisterMsg& m);
@@ -154,7 +155,8 @@ std::vector<uint8_t> encode(const ShutdownMsg& m);
 std::vector<uint8_t> encodeChunk(const ChunkMsg& m);
 // The task with `model` given as views (the server encodes one buffer per phase and patches the
 // nonce per client with setTaskNonce instead of encoding again).
-std::vector<uint8_t> encodeTask(const TaskMsg& header, std::span<const compression::PayloadView> model);
+std::vector<uint8_t> encodeTask(const TaskMsg& header,
+                                std::span<const compression::PayloadView> model);
 // Rewrites the nonce of an encoded task in place (the task must have been encoded with a non-zero
 // nonce, so the field is present). Throws InvalidArgument otherwise.
 void setTaskNonce(std::span<uint8_t> task_bytes, uint64_t nonce);
@@ -176,7 +178,7 @@ struct SplitStepMsg {
   uint64_t session = 0;
   uint64_t step = 0;  // >= 1
   SplitStepKind kind = SplitStepKind::kTrain;
-  uint32_t examples = 0;            // >= 1, = labels.size()
+  uint32_t examples = 0;  // >= 1, = labels.size()
   std::vector<uint8_t> labels;
   std::vector<uint8_t> activations;  // non-empty
 };
@@ -193,14 +195,14 @@ struct SplitReplyMsg {
 // SplitFed: an edge's bottom part after an epoch, and the cloud's average of them.
 struct SplitBottomMsg {
   uint64_t session = 0;
-  uint64_t epoch = 0;     // >= 1
-  uint64_t examples = 0;  // >= 1
+  uint64_t epoch = 0;         // >= 1
+  uint64_t examples = 0;      // >= 1
   std::vector<float> bottom;  // non-empty, finite
 };
 struct SplitAverageMsg {
   uint64_t session = 0;
-  uint64_t epoch = 0;   // >= 1
-  uint32_t edges = 0;   // >= 1
+  uint64_t epoch = 0;         // >= 1
+  uint32_t edges = 0;         // >= 1
   std::vector<float> bottom;  // non-empty, finite
 };
 
@@ -226,7 +228,8 @@ ShutdownMsg decodeShutdown(std::span<const uint8_t> bytes, const ControlLimits& 
 // values), each shared factor finite and no larger than its tensor (the compressor checks the
 // exact shapes before it uses them), and the fit settings within the bounds a server may set
 // (epochs <= 1000, batch <= 2^20, 0 < lr <= 100).
-TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout, const ControlLimits& limits = {});
+TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout,
+                   const ControlLimits& limits = {});
 // Split messages (owned copies). decodeSplitStep checks
 // step >= 1, a known kind, 1 <= examples = labels' count and activations present (the cloud checks
 // the activations' encoding against the cut, split/codec.h); decodeSplitReply checks the loss.
@@ -241,7 +244,8 @@ SplitReplyMsg decodeSplitReply(std::span<const uint8_t> bytes, const ControlLimi
 std::vector<uint8_t> encode(const SplitBottomMsg& m);
 std::vector<uint8_t> encode(const SplitAverageMsg& m);
 SplitBottomMsg decodeSplitBottom(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
-SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes, const ControlLimits& limits = {});
+SplitAverageMsg decodeSplitAverage(std::span<const uint8_t> bytes,
+                                   const ControlLimits& limits = {});
 
 // `data` views into `bytes`. Checks index < count, total_bytes > 0, data non-empty and at most
 // `max_chunk_bytes`.

@@ -14,12 +14,13 @@ namespace starling::protocol::detail {
 // trailing), the file identifier, the FlatBuffers structure with at most `max_tables` tables, and
 // the schema version. Realigns a misaligned buffer into `aligned` (adding its size to
 // `*realigned`), since views and FlatBuffers read scalars in place. Throws InputError.
-const wire::Message* verifyMessage(std::span<const uint8_t> bytes, size_t max_bytes, size_t max_tables,
-                                   std::vector<uint64_t>& aligned, uint64_t* realigned = nullptr);
+const wire::Message* verifyMessage(std::span<const uint8_t> bytes, size_t max_bytes,
+                                   size_t max_tables, std::vector<uint64_t>& aligned,
+                                   uint64_t* realigned = nullptr);
 
 // The tensors of an Update, PartialAggregate or Task, one per payload, in order.
-std::vector<flatbuffers::Offset<wire::Tensor>> encodeTensors(flatbuffers::FlatBufferBuilder& b,
-                                                              std::span<const compression::PayloadView> tensors);
+std::vector<flatbuffers::Offset<wire::Tensor>> encodeTensors(
+    flatbuffers::FlatBufferBuilder& b, std::span<const compression::PayloadView> tensors);
 
 // The name of a body type for messages ("unknown" for a value this build does not know).
 const char* bodyName(wire::Body b);

@@ -11,21 +11,20 @@
 // while waiting, and stops the client. Whatever goes wrong on the Python side (an exception in
 // fit(), a result of the wrong shape, dtype or a non-finite value) stops the runtime before the
 // update is encoded, and run() raises it: nothing is sent for that task.
+#include <pthread.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <pthread.h>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <functional>
 #include <future>
 #include <memory>
@@ -38,8 +37,8 @@
 
 #include "aggregation/bounds.h"
 #include "client/runtime.h"
-#include "client/upstream_link.h"
 #include "client/trainer.h"
+#include "client/upstream_link.h"
 #include "core/error.h"
 #include "data/idx.h"
 #include "data/partition.h"
@@ -114,9 +113,9 @@ class PythonThread {
   std::function<void()> job_;
 };
 
-// The learning rate (and prox_mu) travel as float32s (docs/protocol.md): 0.05 arrives as 0.05000000074...
-// Given to Python as the shortest decimal that is the same float32 (0.05), which is what the
-// user wrote and what a float32 optimizer rounds it to again.
+// The learning rate (and prox_mu) travel as float32s (docs/protocol.md): 0.05 arrives as
+// 0.05000000074... Given to Python as the shortest decimal that is the same float32 (0.05), which
+// is what the user wrote and what a float32 optimizer rounds it to again.
 double shortestFloat(double v) {
   const auto f = static_cast<float>(v);
   char buf[32];

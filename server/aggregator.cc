@@ -17,18 +17,22 @@ using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 using std::chrono::milliseconds;
 
 void AggregatorConfig::validate() const {
-  if (upstream.empty()) STARLING_THROW(ConfigError, "an aggregator needs an upstream endpoint (--server.upstream)");
+  if (upstream.empty())
+    STARLING_THROW(ConfigError, "an aggregator needs an upstream endpoint (--server.upstream)");
   security.validate(/*server_side=*/false);
   limits.validate();
   if (clock == nullptr) STARLING_THROW(ConfigError, "the aggregator's clock is null");
   if (upstream_silence_ms < 100)
-    STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ", upstream_silence_ms);
+    STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ",
+                   upstream_silence_ms);
   bounds.validate();
   if (!(resparsify_density >= 0.0 && resparsify_density <= 1.0))
-    STARLING_THROW(ConfigError, "aggregator.resparsify_density must be in [0, 1], got ", resparsify_density);
+    STARLING_THROW(ConfigError, "aggregator.resparsify_density must be in [0, 1], got ",
+                   resparsify_density);
   if (min_clients == 0) STARLING_THROW(ConfigError, "aggregator.min_clients must be at least 1");
   if (!(deadline_share > 0.0 && deadline_share < 1.0))
-    STARLING_THROW(ConfigError, "aggregator.deadline_share must be in (0, 1), got ", deadline_share);
+    STARLING_THROW(ConfigError, "aggregator.deadline_share must be in (0, 1), got ",
+                   deadline_share);
 }
 
 struct EdgeAggregator::Impl {
@@ -64,11 +68,12 @@ struct EdgeAggregator::Impl {
         layout(std::move(l)),
         log(lg ? std::move(lg) : spdlog::default_logger()),
         held(layout->numel()),
-        up(ctx, linkConfig(config), [this] { return registration(); },
-           [this](uint64_t session) {
-             return pr::encode(pr::HeartbeatMsg{config.id, session, previous_round});
-           },
-           log) {}
+        up(
+            ctx, linkConfig(config), [this] { return registration(); },
+            [this](uint64_t session) {
+              return pr::encode(pr::HeartbeatMsg{config.id, session, previous_round});
+            },
+            log) {}
 
   static client::UpstreamLinkConfig linkConfig(const AggregatorConfig& c) {
     client::UpstreamLinkConfig u;
@@ -139,7 +144,8 @@ struct EdgeAggregator::Impl {
   }
 
   void onTask(std::span<const uint8_t> bytes) {
-    pr::TaskMsg t = pr::decodeTask(bytes, *layout, pr::ControlLimits{config.limits.max_message_bytes});
+    pr::TaskMsg t =
+        pr::decodeTask(bytes, *layout, pr::ControlLimits{config.limits.max_message_bytes});
     // The task this aggregator answered last, sent again (the upstream resends a pending task
     // when a registration of ours, a retry, crossed it): its partial goes up again instead of the
     // phase running again, which would cost a whole deadline and make this aggregator miss the
@@ -153,8 +159,10 @@ struct EdgeAggregator::Impl {
       pr::applyModel(*layout, held_version, t.base_version, t.model, held);
       held_version = t.model_version;
       if (!model || model->version() >= held_version)
-        model = std::make_unique<ModelStore>(  // relays the broadcast model as it is: topk is a delta here
-            layout, config.downlink == Downlink::kDelta || config.downlink == Downlink::kTopK ? 4 : 0);
+        model = std::make_unique<ModelStore>(  // relays the broadcast model as it is: topk is a
+                                               // delta here
+            layout,
+            config.downlink == Downlink::kDelta || config.downlink == Downlink::kTopK ? 4 : 0);
       model->set(held, held_version);
     }
     if (!model) failInput(Errc::kMissingField, "a phase-", t.phase, " task before any model");
@@ -165,7 +173,9 @@ struct EdgeAggregator::Impl {
     // A later phase belongs to the round its phase 0 began (with or without SCAFFOLD).
     const bool scaffold = t.phase == 0 ? !t.control.empty() : previous_scaffold;
     ag::RoundScheme& s = scheme(t.compressor, scaffold);
-    auto shared = t.shared.factors.empty() ? nullptr : std::make_shared<const cz::SharedFactors>(std::move(t.shared));
+    auto shared = t.shared.factors.empty()
+                      ? nullptr
+                      : std::make_shared<const cz::SharedFactors>(std::move(t.shared));
     const cz::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared};
     const bool continues = t.phase > 0 && previous && previous_round == t.round &&
                            previous->broadcast().phase + 1 == t.phase;
@@ -184,8 +194,9 @@ struct EdgeAggregator::Impl {
     if (agg->count() == 0) {
       log->warn("round {} phase {}: no update from the subtree; nothing sent up", t.round, t.phase);
     } else {
-      cz::PartialMessage p = config.resparsify_density > 0 ? agg->partial().exportSparse(config.resparsify_density, residual)
-                                                           : agg->partial().exportDense();
+      cz::PartialMessage p = config.resparsify_density > 0
+                                 ? agg->partial().exportSparse(config.resparsify_density, residual)
+                                 : agg->partial().exportDense();
       p.header.nonce = t.nonce;
       answered_nonce = t.nonce;
       up.answer(pr::encodePartial(p));
@@ -194,8 +205,8 @@ struct EdgeAggregator::Impl {
         partial_round = t.round;
         partial_clients = rep.completed;
       }
-      log->info("round {} phase {}: sent the partial of {} updates ({} failed, {} refused)", t.round, t.phase,
-                agg->count(), rep.failed.size(), agg->rejected());
+      log->info("round {} phase {}: sent the partial of {} updates ({} failed, {} refused)",
+                t.round, t.phase, agg->count(), rep.failed.size(), agg->rejected());
     }
     previous = std::move(agg);
     previous_round = t.round;
@@ -225,9 +236,11 @@ struct EdgeAggregator::Impl {
     header.model.clear();
     header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);
     const cz::PhaseBroadcast none{t.run_seed, t.round, 0, nullptr};
-    const EvalReport ev = fleet.evaluate(PhaseTask{none, header, *model, config.downlink}, participants);
+    const EvalReport ev =
+        fleet.evaluate(PhaseTask{none, header, *model, config.downlink}, participants);
     if (ev.examples == 0) return;
-    up.send(pr::encode(pr::EvaluationMsg{config.id, t.round, t.nonce, ev.examples, ev.loss, ev.accuracy}));
+    up.send(pr::encode(
+        pr::EvaluationMsg{config.id, t.round, t.nonce, ev.examples, ev.loss, ev.accuracy}));
   }
 
   // A message from upstream for this aggregator (the link handled the session's): true on Shutdown.
@@ -235,7 +248,9 @@ struct EdgeAggregator::Impl {
     const auto kind = pr::peekKind(r.bytes());
     try {
       switch (*kind) {  // the link returns only a task, a shutdown or a refusal
-        case pr::MessageKind::kTask: onTask(r.bytes()); break;
+        case pr::MessageKind::kTask:
+          onTask(r.bytes());
+          break;
         case pr::MessageKind::kReject:
           log->warn("upstream refused a message: {}", pr::decodeReject(r.bytes()).message);
           break;
@@ -244,7 +259,8 @@ struct EdgeAggregator::Impl {
           fleet.finish(f.reason);
           return true;
         }
-        default: break;
+        default:
+          break;
       }
     } catch (const InputError& e) {
       log->warn("ignored a message from upstream: {}", e.what());
@@ -258,8 +274,10 @@ struct EdgeAggregator::Impl {
 };
 
 EdgeAggregator::EdgeAggregator(transport::Context& ctx, AggregatorConfig config, ZmqFleet& fleet,
-                               std::shared_ptr<const ParamLayout> layout, std::shared_ptr<spdlog::logger> log)
-    : impl_(std::make_unique<Impl>(ctx, std::move(config), fleet, std::move(layout), std::move(log))) {
+                               std::shared_ptr<const ParamLayout> layout,
+                               std::shared_ptr<spdlog::logger> log)
+    : impl_(std::make_unique<Impl>(ctx, std::move(config), fleet, std::move(layout),
+                                   std::move(log))) {
   fleet.setIdleHook([this] { impl_->upkeep(); });
 }
 

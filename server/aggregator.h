@@ -12,9 +12,9 @@
 // registered (again whenever that total changes). Its connection upstream is a client's
 // (client/upstream_link.h): while a phase runs it keeps heartbeating and reading upstream, so a
 // relayed phase of minutes is never taken for a silent upstream; a refusal for good
-// (client::UpstreamRefused: its key, its id, its model) ends run(). A killed aggregator costs its subtree's updates for that round only: the root's
-// deadline closes the round with the others. One thread runs it (the fleet's and the upstream
-// socket's owner).
+// (client::UpstreamRefused: its key, its id, its model) ends run(). A killed aggregator costs its
+// subtree's updates for that round only: the root's deadline closes the round with the others. One
+// thread runs it (the fleet's and the upstream socket's owner).
 #include <atomic>
 #include <memory>
 #include <string>
@@ -25,17 +25,17 @@
 namespace starling::server {
 
 struct AggregatorConfig {
-  std::string upstream;                 // e.g. tcp://root:7700
-  uint64_t id = 0;                      // its id upstream (its key's id on the upstream's allow-list)
-  transport::SecurityConfig security;   // client side: own key pair + the upstream's public key
+  std::string upstream;  // e.g. tcp://root:7700
+  uint64_t id = 0;       // its id upstream (its key's id on the upstream's allow-list)
+  transport::SecurityConfig security;  // client side: own key pair + the upstream's public key
   transport::TransportLimits limits;
-  std::string rule = "fedavg";          // must match the root's (a streaming rule)
+  std::string rule = "fedavg";  // must match the root's (a streaming rule)
   aggregation::ValidationBounds bounds;
   std::vector<std::string> metrics = {"train_loss"};
   Downlink downlink = Downlink::kDense;
-  double resparsify_density = 0.0;      // 0: exact dense partials
-  size_t min_clients = 1;               // registers upstream once this many of its clients registered
-  double deadline_share = 0.8;          // of the upstream task's deadline spent waiting for clients
+  double resparsify_density = 0.0;  // 0: exact dense partials
+  size_t min_clients = 1;           // registers upstream once this many of its clients registered
+  double deadline_share = 0.8;      // of the upstream task's deadline spent waiting for clients
   uint32_t register_retry_ms = 1000;
   uint32_t upstream_silence_ms = 15000;  // register again when upstream was silent this long
   // Registration retries, upstream silence and back-offs (core/clock.h; a test moves it forward).

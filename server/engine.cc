@@ -59,47 +59,60 @@ std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t n
 }
 
 void SamplingConfig::validate() const {
-  if (!(fraction > 0.0 && fraction <= 1.0)) STARLING_THROW(ConfigError, "sampling.fraction must be in (0, 1], got ", fraction);
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    STARLING_THROW(ConfigError, "sampling.fraction must be in (0, 1], got ", fraction);
   if (min_clients == 0) STARLING_THROW(ConfigError, "sampling.min_clients must be at least 1");
   if (min_available < min_clients)
-    STARLING_THROW(ConfigError, "sampling.min_available (", min_available, ") must be at least sampling.min_clients (",
-                   min_clients, ")");
+    STARLING_THROW(ConfigError, "sampling.min_available (", min_available,
+                   ") must be at least sampling.min_clients (", min_clients, ")");
   if (!(overcommit >= 1.0 && overcommit <= 10.0))
     STARLING_THROW(ConfigError, "sampling.overcommit must be in [1, 10], got ", overcommit);
   if (wait_ms == 0) STARLING_THROW(ConfigError, "sampling.wait_ms must be positive");
 }
 
 void EngineConfig::validate() const {
-  if (rounds == 0 || rounds > 10'000'000) STARLING_THROW(ConfigError, "rounds must be in [1, 10^7], got ", rounds);
+  if (rounds == 0 || rounds > 10'000'000)
+    STARLING_THROW(ConfigError, "rounds must be in [1, 10^7], got ", rounds);
   sampling.validate();
   completion.validate();
   scheme.bounds.validate();
-  if (fit.epochs == 0 || fit.epochs > 1000) STARLING_THROW(ConfigError, "fit.epochs must be in [1, 1000], got ", fit.epochs);
+  if (fit.epochs == 0 || fit.epochs > 1000)
+    STARLING_THROW(ConfigError, "fit.epochs must be in [1, 1000], got ", fit.epochs);
   if (fit.batch_size == 0) STARLING_THROW(ConfigError, "fit.batch_size must be positive");
-  if (!(fit.lr > 0.0f && fit.lr <= 100.0f)) STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
+  if (!(fit.lr > 0.0f && fit.lr <= 100.0f))
+    STARLING_THROW(ConfigError, "fit.lr must be in (0, 100], got ", fit.lr);
   if (!(fit.prox_mu >= 0.0f && fit.prox_mu <= 1e4f))
     STARLING_THROW(ConfigError, "train.prox_mu must be in [0, 10000], got ", fit.prox_mu);
   if (static_cast<double>(fit.lr) * fit.prox_mu >= 2.0)
-    STARLING_THROW(ConfigError, "train.lr x train.prox_mu = ", static_cast<double>(fit.lr) * fit.prox_mu,
+    STARLING_THROW(ConfigError,
+                   "train.lr x train.prox_mu = ", static_cast<double>(fit.lr) * fit.prox_mu,
                    " must be below 2: the proximal term would make every client diverge");
-  if (round_deadline_ms < 10) STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
-  if (delta_history > 64) STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
-  // Declared metrics become keys of the metrics file's JSON lines: plain names, none of the fixed keys.
+  if (round_deadline_ms < 10)
+    STARLING_THROW(ConfigError, "round.deadline_ms must be at least 10, got ", round_deadline_ms);
+  if (delta_history > 64)
+    STARLING_THROW(ConfigError, "downlink.history must be at most 64, got ", delta_history);
+  // Declared metrics become keys of the metrics file's JSON lines: plain names, none of the fixed
+  // keys.
   for (const auto& m : scheme.metrics) {
     for (char ch : m)
       if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-'))
-        STARLING_THROW(ConfigError, "metric name '", m, "' may hold only letters, digits, '_', '.' and '-'");
-    for (const char* fixed : {"round", "applied", "reason", "clients_selected", "clients_completed", "clients_failed",
-                              "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
-                              "test_loss", "sim_seconds", "makespan_seconds", "wall_seconds"})
-      if (m == fixed) STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
+        STARLING_THROW(ConfigError, "metric name '", m,
+                       "' may hold only letters, digits, '_', '.' and '-'");
+    for (const char* fixed :
+         {"round", "applied", "reason", "clients_selected", "clients_completed", "clients_failed",
+          "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
+          "test_loss", "sim_seconds", "makespan_seconds", "wall_seconds"})
+      if (m == fixed)
+        STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
   }
   if (!(downlink_density > 0.0 && downlink_density <= 1.0))
     STARLING_THROW(ConfigError, "downlink.density must be in (0, 1], got ", downlink_density);
   if (shard_count == 0 || shard_rank >= shard_count)
-    STARLING_THROW(ConfigError, "optimizer shard ", shard_rank, " of ", shard_count, " does not exist");
+    STARLING_THROW(ConfigError, "optimizer shard ", shard_rank, " of ", shard_count,
+                   " does not exist");
   if (shard_count > 1 && !checkpoint.empty() && optimizer_shard_file.empty())
-    STARLING_THROW(ConfigError, "a sharded server step with a checkpoint needs an optimizer shard file");
+    STARLING_THROW(ConfigError,
+                   "a sharded server step with a checkpoint needs an optimizer shard file");
 }
 
 protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t round,
@@ -149,15 +162,17 @@ std::string RoundRecord::json() const {
   o << "{\"round\":" << round << ",\"applied\":" << (applied ? "true" : "false");
   if (!reason.empty()) {
     o << ",\"reason\":\"";
-    for (char c : reason) o << (c == '"' || c == '\\' ? '\'' : (static_cast<unsigned char>(c) < 0x20 ? ' ' : c));
+    for (char c : reason)
+      o << (c == '"' || c == '\\' ? '\'' : (static_cast<unsigned char>(c) < 0x20 ? ' ' : c));
     o << '"';
   }
-  o << ",\"clients_selected\":" << clients_selected << ",\"clients_completed\":" << clients_completed
-    << ",\"clients_failed\":" << clients_failed << ",\"updates_rejected\":" << updates_rejected
-    << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
-    << ",\"model_version\":" << model_version;
+  o << ",\"clients_selected\":" << clients_selected
+    << ",\"clients_completed\":" << clients_completed << ",\"clients_failed\":" << clients_failed
+    << ",\"updates_rejected\":" << updates_rejected << ",\"uplink_bytes\":" << uplink_bytes
+    << ",\"downlink_bytes\":" << downlink_bytes << ",\"model_version\":" << model_version;
   if (train_loss) jsonNumber(o, "train_loss", *train_loss);
-  for (const auto& [name, value] : metrics) jsonNumber(o, name.c_str(), value);  // names checked by validate()
+  for (const auto& [name, value] : metrics)
+    jsonNumber(o, name.c_str(), value);  // names checked by validate()
   if (test_accuracy) jsonNumber(o, "test_accuracy", *test_accuracy);
   if (test_loss) jsonNumber(o, "test_loss", *test_loss);
   if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
@@ -175,10 +190,11 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
       model_(ModelStore::forDownlink(layout_, config_.downlink, config_.delta_history,
                                      config_.downlink_density)),
       carry_(scheme_.initialCarry()) {
-  STARLING_CHECK_ARG(initial.size() == layout_->numel(), "initial model of ", initial.size(), " values, the layout has ",
-                     layout_->numel());
+  STARLING_CHECK_ARG(initial.size() == layout_->numel(), "initial model of ", initial.size(),
+                     " values, the layout has ", layout_->numel());
   std::tie(shard_begin_, shard_end_) =
-      shardRange(layout_->numel(), static_cast<int>(config_.shard_rank), static_cast<int>(config_.shard_count));
+      shardRange(layout_->numel(), static_cast<int>(config_.shard_rank),
+                 static_cast<int>(config_.shard_count));
   optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
   if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
@@ -241,7 +257,8 @@ void RoundEngine::saveOptimizerShard() {
   w.u32(config_.shard_rank);
   w.u32(config_.shard_count);
   w.u32(previous_shard_entry_.empty() ? 1 : 2);
-  if (!previous_shard_entry_.empty()) w.bytes(previous_shard_entry_.data(), previous_shard_entry_.size());
+  if (!previous_shard_entry_.empty())
+    w.bytes(previous_shard_entry_.data(), previous_shard_entry_.size());
   w.bytes(entry.data(), entry.size());
   writeFileAtomic(config_.optimizer_shard_file, bytes);
   previous_shard_entry_ = std::move(entry);
@@ -250,17 +267,20 @@ void RoundEngine::saveOptimizerShard() {
 void RoundEngine::loadOptimizerShard(uint64_t next_round) {
   const std::string& path = config_.optimizer_shard_file;
   if (!std::filesystem::exists(path))
-    STARLING_THROW(IoError, "the checkpoint ", config_.checkpoint, " has its server optimizer in shards, and shard ",
-                   config_.shard_rank, "'s file ", path, " is missing");
+    STARLING_THROW(IoError, "the checkpoint ", config_.checkpoint,
+                   " has its server optimizer in shards, and shard ", config_.shard_rank,
+                   "'s file ", path, " is missing");
   const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
   ByteReader r(bytes, "optimizer shard file " + path);
   if (r.u32() != kShardFileMagic) r.fail("not a Starling optimizer shard file");
-  if (const uint32_t v = r.u32(); v != kShardFileVersion) r.fail("format version ", v, " is not ", kShardFileVersion);
-  if (r.u64() != layout_->fingerprint()) r.fail("the shard is of another model (layout fingerprint differs)");
+  if (const uint32_t v = r.u32(); v != kShardFileVersion)
+    r.fail("format version ", v, " is not ", kShardFileVersion);
+  if (r.u64() != layout_->fingerprint())
+    r.fail("the shard is of another model (layout fingerprint differs)");
   const uint32_t rank = r.u32(), count = r.u32();
   if (rank != config_.shard_rank || count != config_.shard_count)
-    r.fail("it is shard ", rank, " of ", count, ", this worker steps shard ", config_.shard_rank, " of ",
-           config_.shard_count);
+    r.fail("it is shard ", rank, " of ", count, ", this worker steps shard ", config_.shard_rank,
+           " of ", config_.shard_count);
   const uint32_t entries = r.u32();
   if (entries == 0 || entries > 2) r.fail(entries, " entries (1 or 2 expected)");
   std::vector<uint64_t> rounds;
@@ -278,9 +298,10 @@ void RoundEngine::loadOptimizerShard(uint64_t next_round) {
   }
   r.finish();
   if (std::find(rounds.begin(), rounds.end(), next_round) == rounds.end())
-    r.fail("it holds the optimizer before round ", rounds.back(), (rounds.size() == 2 ? " and before round " : ""),
-           (rounds.size() == 2 ? std::to_string(rounds.front()) : std::string()), ", the checkpoint resumes at round ",
-           next_round);
+    r.fail("it holds the optimizer before round ", rounds.back(),
+           (rounds.size() == 2 ? " and before round " : ""),
+           (rounds.size() == 2 ? std::to_string(rounds.front()) : std::string()),
+           ", the checkpoint resumes at round ", next_round);
 }
 
 void RoundEngine::loadCheckpoint() {
@@ -297,18 +318,20 @@ void RoundEngine::loadCheckpoint() {
   const uint32_t format = r.u32();
   if (format < 1 || format > kCheckpointVersion)
     r.fail("checkpoint format version ", format, " is not 1 to ", kCheckpointVersion);
-  if (r.u64() != layout_->fingerprint()) r.fail("the checkpoint is of another model (layout fingerprint differs)");
+  if (r.u64() != layout_->fingerprint())
+    r.fail("the checkpoint is of another model (layout fingerprint differs)");
   const uint64_t next = r.u64();
   const uint64_t version = r.u64();
   std::vector<float> model;
   r.floats(model);
-  if (model.size() != layout_->numel()) r.fail("model of ", model.size(), " values, the layout has ", layout_->numel());
+  if (model.size() != layout_->numel())
+    r.fail("model of ", model.size(), " values, the layout has ", layout_->numel());
   for (float x : model)
     if (!std::isfinite(x)) r.fail("the model holds a non-finite value");
   const uint32_t shards = format == 1 ? 1 : r.u32();
   if (shards != config_.shard_count)
-    r.fail("its server optimizer is in ", shards, " shard(s), this run steps it in ", config_.shard_count,
-           " (resume with as many workers and the same sharded-step setting)");
+    r.fail("its server optimizer is in ", shards, " shard(s), this run steps it in ",
+           config_.shard_count, " (resume with as many workers and the same sharded-step setting)");
   std::unique_ptr<ag::ServerOptimizer> opt;
   if (shards == 1) {
     opt = ag::makeServerOptimizer(config_.server_opt, layout_->numel());
@@ -364,15 +387,18 @@ void RoundEngine::loadCheckpoint() {
   } catch (const InvalidArgument& e) {
     r.fail("the checkpoint's round carry does not fit this compressor: ", e.what());
   }
-  if (next == 0 || version == 0) r.fail("round ", next, " / model version ", version, " out of range");
+  if (next == 0 || version == 0)
+    r.fail("round ", next, " / model version ", version, " out of range");
   // The store as it resumes, checked whole before anything of the engine changes.
   ModelStore store = model_;
   store.reset(std::move(model), version, std::move(broadcast));
   store.loadRefreshes(refreshes, "checkpoint " + config_.checkpoint + ", its downlink refreshes");
   next_round_ = next;
   model_ = std::move(store);
-  if (opt) optimizer_ = std::move(opt);
-  else loadOptimizerShard(next);
+  if (opt)
+    optimizer_ = std::move(opt);
+  else
+    loadOptimizerShard(next);
   carry_ = std::move(carry);
   control_ = std::move(control);
   control_acks_ = std::move(acks);
@@ -380,20 +406,23 @@ void RoundEngine::loadCheckpoint() {
   fleet_state_pending_ = true;
 }
 
-std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& available, uint64_t round,
-                                            size_t* target) const {
+std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& available,
+                                            uint64_t round, size_t* target) const {
   std::vector<ClientInfo> pool = available;
-  std::sort(pool.begin(), pool.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+  std::sort(pool.begin(), pool.end(),
+            [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
   const auto& s = config_.sampling;
   const size_t n = pool.size();
   const size_t wanted = s.clients_per_round > 0 ? s.clients_per_round : ceilFraction(s.fraction, n);
   *target = std::min(n, std::max(s.min_clients, wanted));
   const size_t chosen = std::min(n, ceilFraction(s.overcommit, *target));
   // Sampling is a pure function of (seed, round): the round number is the RNG position.
-  RngStream rng(StreamKey{config_.scheme.run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});
+  RngStream rng(
+      StreamKey{config_.scheme.run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});
   data::shuffleInPlace(std::span<ClientInfo>(pool), rng);
   pool.resize(chosen);
-  std::sort(pool.begin(), pool.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+  std::sort(pool.begin(), pool.end(),
+            [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
   return pool;
 }
 
@@ -431,8 +460,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   const std::vector<ClientInfo> available =
       fleet.waitForClients(s.min_available, std::chrono::milliseconds(s.wait_ms), rec.round);
   if (available.size() < s.min_available) {
-    rec.reason = "only " + std::to_string(available.size()) + " clients available, " + std::to_string(s.min_available) +
-                 " needed";
+    rec.reason = "only " + std::to_string(available.size()) + " clients available, " +
+                 std::to_string(s.min_available) + " needed";
     return finishRecord();
   }
   size_t target = 0;
@@ -460,7 +489,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     rec.uplink_bytes += rep.uplink_bytes;
     rec.downlink_bytes += rep.downlink_bytes;
     if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
-    if (rep.makespan_seconds) rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
+    if (rep.makespan_seconds)
+      rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
     failed.insert(rep.failed.begin(), rep.failed.end());
     if (header.phase == 0) counted = rep.completed;
     if (round->lastPhase() || rep.completed.empty()) break;
@@ -480,10 +510,13 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return finishRecord();
   }
   rec.clients_completed = result.count;
-  if (auto it = result.metrics.find("train_loss"); it != result.metrics.end()) rec.train_loss = it->second;
+  if (auto it = result.metrics.find("train_loss"); it != result.metrics.end())
+    rec.train_loss = it->second;
   for (const auto& [name, value] : result.metrics)
     if (name != "train_loss") rec.metrics[name] = value;
-  const ag::RoundDecision d = ag::decideRound(config_.completion, result.count, rec.clients_selected - std::min<uint64_t>(result.count, rec.clients_selected));
+  const ag::RoundDecision d = ag::decideRound(
+      config_.completion, result.count,
+      rec.clients_selected - std::min<uint64_t>(result.count, rec.clients_selected));
   if (!d.apply) {
     rec.reason = d.reason;
     return finishRecord();

@@ -36,7 +36,7 @@ namespace starling::server {
 struct ClientInfo {
   uint64_t id = 0;
   protocol::Role role = protocol::Role::kClient;
-  uint64_t num_examples = 0;   // registered training examples: the cap on the weight it claims
+  uint64_t num_examples = 0;  // registered training examples: the cap on the weight it claims
   uint64_t eval_examples = 0;
   uint64_t model_version = 0;  // the model version it holds, for the delta downlink
   // It registered the capability "downlink-qsgd": it may be sent the quantised downlinks (q8, q4;
@@ -46,12 +46,13 @@ struct ClientInfo {
 };
 
 struct SamplingConfig {
-  double fraction = 1.0;        // of the available clients, per round
-  size_t clients_per_round = 0;  // instead of `fraction` when > 0: this many, or all available if fewer
-  size_t min_clients = 1;       // results a round needs (and the fewest clients sampled)
-  size_t min_available = 1;     // wait until this many clients are registered
-  double overcommit = 1.0;      // sample this many times the target; close at the target
-  uint32_t wait_ms = 60000;     // how long to wait for min_available before giving up the round
+  double fraction = 1.0;  // of the available clients, per round
+  size_t clients_per_round =
+      0;                     // instead of `fraction` when > 0: this many, or all available if fewer
+  size_t min_clients = 1;    // results a round needs (and the fewest clients sampled)
+  size_t min_available = 1;  // wait until this many clients are registered
+  double overcommit = 1.0;   // sample this many times the target; close at the target
+  uint32_t wait_ms = 60000;  // how long to wait for min_available before giving up the round
   void validate() const;
 };
 
@@ -65,10 +66,10 @@ struct EngineConfig {
   uint32_t round_deadline_ms = 60000;  // per phase
   uint32_t eval_every = 0;             // federated evaluation every N rounds (0: never)
   Downlink downlink = Downlink::kDense;
-  size_t delta_history = 4;            // model versions kept for the delta and topk downlinks
-  double downlink_density = 0.01;      // topk downlink: fraction of the model refreshed per version
-  std::string checkpoint;              // file; empty: no checkpoints
-  std::string metrics;                 // JSON Lines file; empty: none
+  size_t delta_history = 4;        // model versions kept for the delta and topk downlinks
+  double downlink_density = 0.01;  // topk downlink: fraction of the model refreshed per version
+  std::string checkpoint;          // file; empty: no checkpoints
+  std::string metrics;             // JSON Lines file; empty: none
   // False on every simulator worker but the first: it resumes from the checkpoint like the others
   // but writes neither the checkpoint nor the metrics.
   bool write_files = true;
@@ -89,7 +90,7 @@ struct EngineConfig {
   // (controlAcks(): their next task tells them to commit that round's c_i+). Checkpointed with
   // the model.
   uint64_t scaffold_population = 0;
-  void validate() const;               // ConfigError naming the key
+  void validate() const;  // ConfigError naming the key
 };
 
 // SCAFFOLD's acknowledgements: per client (or edge aggregator) id, the last round whose control
@@ -123,10 +124,12 @@ std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t n
 
 struct PhaseReport {
   std::vector<uint64_t> completed;  // clients whose update (or partial) was accepted
-  std::vector<uint64_t> failed;     // clients that did not deliver in time, went silent, or were refused
+  std::vector<uint64_t>
+      failed;  // clients that did not deliver in time, went silent, or were refused
   uint64_t uplink_bytes = 0;
   uint64_t downlink_bytes = 0;
-  uint64_t refused = 0;  // messages the fleet refused during the phase (the aggregator's refusals included)
+  uint64_t refused =
+      0;  // messages the fleet refused during the phase (the aggregator's refusals included)
   // A simulated fleet's clock: the phase's simulated duration and its workers' makespan (wall
   // seconds of the busiest worker); nullopt for a real fleet.
   std::optional<double> sim_seconds, makespan_seconds;
@@ -193,12 +196,13 @@ class Fleet {
   virtual ~Fleet() = default;
   // The clients available for round `round` now, after waiting up to `timeout` until there are at
   // least `min` (a simulated fleet also applies its devices' availability in that round).
-  virtual std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout, uint64_t round) = 0;
+  virtual std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout,
+                                                 uint64_t round) = 0;
   // Delivers the phase's task to `participants` and adds what comes back to `agg` as it streams
   // in (never holding one update per client), until `target` results were accepted, every
   // participant answered or failed, or the task's deadline passed.
-  virtual PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
-                               aggregation::PhaseAggregator& agg) = 0;
+  virtual PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
+                               size_t target, aggregation::PhaseAggregator& agg) = 0;
   // Federated evaluation of the current model on the participants' held-out data.
   virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
   // The federation is over: tell the clients.
@@ -215,7 +219,8 @@ struct RoundRecord {
   uint64_t clients_selected = 0, clients_completed = 0, clients_failed = 0, updates_rejected = 0;
   uint64_t uplink_bytes = 0, downlink_bytes = 0;
   std::optional<double> train_loss;
-  std::map<std::string, double> metrics;  // the other declared metrics (weighted means), e.g. ef_gain
+  std::map<std::string, double>
+      metrics;  // the other declared metrics (weighted means), e.g. ef_gain
   std::optional<double> test_accuracy, test_loss;
   std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
   uint64_t model_version = 0;
@@ -247,7 +252,8 @@ class RoundEngine {
   // `initial` is the model to start from when there is no checkpoint to resume. Throws
   // ConfigError for a bad configuration and IoError for an unreadable checkpoint (a corrupt
   // checkpoint is never silently replaced by a fresh start).
-  RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config, std::vector<float> initial);
+  RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config,
+              std::vector<float> initial);
   ~RoundEngine();
 
   bool resumed() const { return resumed_; }
@@ -272,19 +278,21 @@ class RoundEngine {
   void loadCheckpoint();
   void saveOptimizerShard();
   void loadOptimizerShard(uint64_t next_round);
-  std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round, size_t* target) const;
+  std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round,
+                                 size_t* target) const;
   void updateControl(const aggregation::PartialAggregate& phase0, size_t available, uint64_t round,
                      const std::vector<uint64_t>& counted);
 
   std::shared_ptr<const ParamLayout> layout_;
   EngineConfig config_;
   aggregation::RoundScheme scheme_;
-  std::unique_ptr<aggregation::ServerOptimizer> optimizer_;  // of this engine's shard (the whole model unsharded)
+  std::unique_ptr<aggregation::ServerOptimizer>
+      optimizer_;  // of this engine's shard (the whole model unsharded)
   size_t shard_begin_ = 0, shard_end_ = 0;
   std::vector<uint8_t> previous_shard_entry_;  // the optimizer shard file's older entry
   std::vector<uint8_t> fleet_state_;           // FleetWorkers::saveState() at the last checkpoint
-  bool fleet_state_pending_ = false;            // loaded from a checkpoint, not yet restored
-  bool fleet_checked_ = false;                  // stepShards() agreed with shard_count
+  bool fleet_state_pending_ = false;           // loaded from a checkpoint, not yet restored
+  bool fleet_checked_ = false;                 // stepShards() agreed with shard_count
   ModelStore model_;
   aggregation::RoundCarry carry_;
   std::vector<float> control_;  // SCAFFOLD's c

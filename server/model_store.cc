@@ -75,10 +75,14 @@ cz::Qsgd quantizePow2(std::span<const float> values, uint32_t s) {
 
 const char* downlinkName(Downlink d) {
   switch (d) {
-    case Downlink::kDense: return "dense";
-    case Downlink::kFp16: return "fp16";
-    case Downlink::kDelta: return "delta";
-    case Downlink::kTopK: return "topk";
+    case Downlink::kDense:
+      return "dense";
+    case Downlink::kFp16:
+      return "fp16";
+    case Downlink::kDelta:
+      return "delta";
+    case Downlink::kTopK:
+      return "topk";
     case Downlink::kQ8:
       return "q8";
     case Downlink::kQ4:
@@ -96,7 +100,8 @@ ModelStore::ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history
       density_(topk_density),
       levels_(quant_levels),
       refresh_history_(quant_levels > 0 ? 1 : 0) {
-  STARLING_CHECK_ARG(density_ >= 0.0 && density_ <= 1.0, "downlink density must be in (0, 1], got ", density_);
+  STARLING_CHECK_ARG(density_ >= 0.0 && density_ <= 1.0, "downlink density must be in (0, 1], got ",
+                     density_);
   STARLING_CHECK_ARG(levels_ == 0 || (density_ == 0.0 && levels_ < 256),
                      "a quantised downlink has 1 to 255 levels and no density");
   versions_.push_back(Version{0, std::vector<float>(layout_->numel())});
@@ -121,11 +126,12 @@ ModelStore ModelStore::forDownlink(std::shared_ptr<const ParamLayout> layout, Do
 }
 
 void ModelStore::set(std::vector<float> model, uint64_t version) {
-  STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(), " values, layout has ", layout_->numel());
+  STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(),
+                     " values, layout has ", layout_->numel());
   const bool first = versions_.size() == 1 && versions_.back().version == 0;
   if (first) return reset(std::move(model), version);
-  STARLING_CHECK_ARG(version > versions_.back().version, "model version ", version, " does not follow ",
-                     versions_.back().version);
+  STARLING_CHECK_ARG(version > versions_.back().version, "model version ", version,
+                     " does not follow ", versions_.back().version);
   std::vector<float> next;
   if (!lossy()) {
     next = std::move(model);
@@ -156,7 +162,8 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
     next = versions_.back().values;
     std::vector<float> residual(server_.size());
     for (size_t i = 0; i < residual.size(); ++i) residual[i] = server_[i] - next[i];
-    compression::selectTopK(residual, compression::countForDensity(density_, residual.size()), picked_, version);
+    compression::selectTopK(residual, compression::countForDensity(density_, residual.size()),
+                            picked_, version);
     for (uint32_t i : picked_) next[i] = server_[i];
   }
   if (history_ == 0) versions_.clear();
@@ -165,7 +172,8 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
 }
 
 void ModelStore::reset(std::vector<float> model, uint64_t version, std::vector<float> broadcast) {
-  STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(), " values, layout has ", layout_->numel());
+  STARLING_CHECK_ARG(model.size() == layout_->numel(), "model of ", model.size(),
+                     " values, layout has ", layout_->numel());
   STARLING_CHECK_ARG(version > 0, "model version 0 is reserved for 'none'");
   STARLING_CHECK_ARG(broadcast.empty() || (lossy() && broadcast.size() == model.size()),
                      "a broadcast model is only given to a lossy store, and of the model's size");
@@ -226,7 +234,8 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
       if (v.version != held) continue;
       // Changed coordinates with their new values: 8 bytes each, so worth it below half changed.
       size_t changed = 0;
-      for (size_t i = 0; i < cur.size(); ++i) changed += std::memcmp(&cur[i], &v.values[i], sizeof(float)) != 0;
+      for (size_t i = 0; i < cur.size(); ++i)
+        changed += std::memcmp(&cur[i], &v.values[i], sizeof(float)) != 0;
       if (2 * changed >= cur.size()) break;
       out.base_version = held;
       for (const auto& t : tensors) {

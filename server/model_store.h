@@ -79,7 +79,7 @@ bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable);
 compression::Qsgd quantizePow2(std::span<const float> values, uint32_t s);
 
 struct EncodedModel {
-  uint64_t base_version = 0;                 // 0: whole model
+  uint64_t base_version = 0;  // 0: whole model
   std::vector<compression::Payload> tensors;
 };
 
@@ -99,7 +99,9 @@ class ModelStore {
   // The broadcast model: what tasks carry and clients train from (x-hat).
   std::span<const float> current() const { return versions_.back().values; }
   // The server's model x, which the round's step updates; the broadcast one unless lossy.
-  std::span<const float> server() const { return lossy() ? std::span<const float>(server_) : current(); }
+  std::span<const float> server() const {
+    return lossy() ? std::span<const float>(server_) : current();
+  }
   uint64_t version() const { return versions_.back().version; }
   bool lossy() const { return density_ > 0.0 || levels_ > 0; }
   // The stc downlink's store (forDownlink(..., kStc, ...)).

@@ -19,7 +19,8 @@ struct ZmqFleet::Phase {
   PhaseReport* report = nullptr;
   EvalReport* eval = nullptr;
   size_t accepted = 0;
-  std::unordered_map<uint64_t, std::vector<uint8_t>> encoded;  // task bytes by the version a client holds
+  std::unordered_map<uint64_t, std::vector<uint8_t>>
+      encoded;                   // task bytes by the version a client holds
   uint64_t encoded_for = 0;      // the task version `encoded` holds (asynchronous rounds move it)
   AsyncDriver* async = nullptr;  // asynchronous rounds: tasks stay open across server steps
   bool added = false;            // an update was added: driver.added() is due
@@ -52,15 +53,17 @@ std::mt19937_64 seededRng() {
 void FleetConfig::validate() const {
   security.validate(/*server_side=*/true);
   limits.validate();
-  if (heartbeat_ms < 10) STARLING_THROW(ConfigError, "heartbeat_ms must be at least 10, got ", heartbeat_ms);
+  if (heartbeat_ms < 10)
+    STARLING_THROW(ConfigError, "heartbeat_ms must be at least 10, got ", heartbeat_ms);
   if (silence_ms <= heartbeat_ms)
-    STARLING_THROW(ConfigError, "silence_ms (", silence_ms, ") must exceed heartbeat_ms (", heartbeat_ms, ")");
+    STARLING_THROW(ConfigError, "silence_ms (", silence_ms, ") must exceed heartbeat_ms (",
+                   heartbeat_ms, ")");
   if (max_examples == 0) STARLING_THROW(ConfigError, "max_examples must be positive");
   if (clock == nullptr) STARLING_THROW(ConfigError, "the fleet's clock is null");
 }
 
-ZmqFleet::ZmqFleet(transport::Context& ctx, FleetConfig config, std::shared_ptr<const ParamLayout> layout,
-                   std::shared_ptr<spdlog::logger> log)
+ZmqFleet::ZmqFleet(transport::Context& ctx, FleetConfig config,
+                   std::shared_ptr<const ParamLayout> layout, std::shared_ptr<spdlog::logger> log)
     : config_((config.validate(), std::move(config))),
       layout_(std::move(layout)),
       log_(log ? std::move(log) : spdlog::default_logger()),
@@ -85,7 +88,8 @@ std::vector<ClientInfo> ZmqFleet::available() const {
   const auto cutoff = config_.clock->now() - milliseconds(config_.silence_ms);
   for (const auto& [id, p] : clients_)
     if (p.last_seen >= cutoff) out.push_back(p.info);
-  std::sort(out.begin(), out.end(), [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+  std::sort(out.begin(), out.end(),
+            [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
   return out;
 }
 
@@ -105,13 +109,13 @@ uint64_t ZmqFleet::totalEvalExamples() const {
   return n;
 }
 
-void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round, uint64_t nonce,
-                      bool registration) {
+void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& what,
+                      uint64_t round, uint64_t nonce, bool registration) {
   ++refused_[static_cast<size_t>(code)];
   log_->warn("refused a message: {}", what);
   if (routing.empty()) return;
   pr::RejectMsg m;
-  m.kind = registration                 ? pr::RejectKind::kRegistrationRefused
+  m.kind = registration                   ? pr::RejectKind::kRegistrationRefused
            : code == Errc::kNotRegistered ? pr::RejectKind::kNotRegistered
                                           : pr::RejectKind::kRefused;
   m.code = static_cast<uint32_t>(code);
@@ -163,7 +167,8 @@ void ZmqFleet::handle(const transport::Received& r) {
   const auto bytes = r.bytes();
   const auto kind = pr::peekKind(bytes);
   if (!kind) {
-    refuse(r.peer, Errc::kMalformed, "not a Starling message (" + std::to_string(bytes.size()) + " bytes)");
+    refuse(r.peer, Errc::kMalformed,
+           "not a Starling message (" + std::to_string(bytes.size()) + " bytes)");
     return;
   }
   if (*kind == pr::MessageKind::kRegister) {
@@ -172,7 +177,8 @@ void ZmqFleet::handle(const transport::Received& r) {
   }
   Peer* peer = peerOf(r);
   if (!peer) {
-    refuse(r.peer, Errc::kNotRegistered, std::string(pr::kindName(*kind)) + " from a peer that has not registered");
+    refuse(r.peer, Errc::kNotRegistered,
+           std::string(pr::kindName(*kind)) + " from a peer that has not registered");
     return;
   }
   peer->last_seen = config_.clock->now();
@@ -180,22 +186,32 @@ void ZmqFleet::handle(const transport::Received& r) {
     switch (*kind) {
       case pr::MessageKind::kHeartbeat: {
         const auto h = pr::decodeHeartbeat(bytes);
-        if (h.client_id != peer->info.id) failInput(Errc::kWrongSender, "heartbeat names client ", h.client_id);
-        socket_.send(peer->routing, pr::encode(pr::HeartbeatMsg{peer->info.id, session_,
-                                                                phase_ ? phase_->task->header.round : 0}));
+        if (h.client_id != peer->info.id)
+          failInput(Errc::kWrongSender, "heartbeat names client ", h.client_id);
+        socket_.send(peer->routing,
+                     pr::encode(pr::HeartbeatMsg{peer->info.id, session_,
+                                                 phase_ ? phase_->task->header.round : 0}));
         return;
       }
-      case pr::MessageKind::kUpdate: handleUpdate(r, *peer, false); return;
-      case pr::MessageKind::kPartial: handleUpdate(r, *peer, true); return;
-      case pr::MessageKind::kEvaluation: handleEvaluation(r, *peer); return;
-      default: failInput(Errc::kUnexpectedMessage, "a client may not send ", pr::kindName(*kind));
+      case pr::MessageKind::kUpdate:
+        handleUpdate(r, *peer, false);
+        return;
+      case pr::MessageKind::kPartial:
+        handleUpdate(r, *peer, true);
+        return;
+      case pr::MessageKind::kEvaluation:
+        handleEvaluation(r, *peer);
+        return;
+      default:
+        failInput(Errc::kUnexpectedMessage, "a client may not send ", pr::kindName(*kind));
     }
   } catch (const InputError& e) {
     refuse(peer->routing, e.code(), "client " + std::to_string(peer->info.id) + ": " + e.what());
   } catch (const InvalidArgument& e) {
     // What the round cannot take at all (a partial aggregate under a robust rule, ...): refused
     // like any bad input; never let one peer's message end the server.
-    refuse(peer->routing, Errc::kUnexpectedMessage, "client " + std::to_string(peer->info.id) + ": " + e.what());
+    refuse(peer->routing, Errc::kUnexpectedMessage,
+           "client " + std::to_string(peer->info.id) + ": " + e.what());
   }
 }
 
@@ -204,17 +220,21 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   try {
     m = pr::decodeRegister(r.bytes());
     if (m.layout_fingerprint != layout_->fingerprint())
-      failInput(Errc::kFingerprintMismatch, "client ", m.client_id, " trains another model (layout fingerprint ",
-                hexFingerprint(m.layout_fingerprint), ", the server's is ", hexFingerprint(layout_->fingerprint()),
+      failInput(Errc::kFingerprintMismatch, "client ", m.client_id,
+                " trains another model (layout fingerprint ", hexFingerprint(m.layout_fingerprint),
+                ", the server's is ", hexFingerprint(layout_->fingerprint()),
                 "): model.spec and the data's shape and classes must be the server's");
     if (r.authenticated_id && *r.authenticated_id != m.client_id)
       failInput(Errc::kWrongSender, "a peer whose key is listed as client ", *r.authenticated_id,
                 " registered as client ", m.client_id);
-    if (m.num_examples == 0 || m.num_examples > config_.max_examples || m.eval_examples > config_.max_examples)
-      failInput(Errc::kBadWeight, "client ", m.client_id, " registers ", m.num_examples, " training and ",
-                m.eval_examples, " evaluation examples (1 to ", config_.max_examples, " allowed)");
+    if (m.num_examples == 0 || m.num_examples > config_.max_examples ||
+        m.eval_examples > config_.max_examples)
+      failInput(Errc::kBadWeight, "client ", m.client_id, " registers ", m.num_examples,
+                " training and ", m.eval_examples, " evaluation examples (1 to ",
+                config_.max_examples, " allowed)");
     if (m.role == pr::Role::kAggregator && !config_.aggregator_ids.count(m.client_id))
-      failInput(Errc::kWrongSender, "client ", m.client_id, " registers as an aggregator but is not listed as one");
+      failInput(Errc::kWrongSender, "client ", m.client_id,
+                " registers as an aggregator but is not listed as one");
   } catch (const InputError& e) {
     // What registering again cannot change, which the client is told to give up on: a key listed
     // under another id, another model. Not a weight out of bounds (an aggregator's subtree total
@@ -226,7 +246,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   auto [it, fresh] = clients_.try_emplace(m.client_id);
   Peer& p = it->second;
   const bool same_connection = !fresh && p.routing == r.peer;
-  if (!fresh && p.routing != r.peer) by_routing_.erase(p.routing);  // reconnected under a new routing id
+  if (!fresh && p.routing != r.peer)
+    by_routing_.erase(p.routing);  // reconnected under a new routing id
   p.routing = r.peer;
   p.info = ClientInfo{m.client_id, m.role, m.num_examples, m.eval_examples, m.model_version};
   p.info.qsgd_downlink = std::find(m.capabilities.begin(), m.capabilities.end(),
@@ -240,7 +261,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
                m.role == pr::Role::kAggregator ? "aggregator" : "client", m.client_id,
                m.num_examples, fresh ? "" : ", again");
   socket_.send(r.peer, pr::encode(pr::WelcomeMsg{m.client_id, session_, config_.heartbeat_ms,
-                                                 config_.limits.max_message_bytes, config_.limits.chunk_bytes}));
+                                                 config_.limits.max_message_bytes,
+                                                 config_.limits.chunk_bytes}));
   // A client that restarted in the middle of its task (a new connection), or that could not apply
   // it (it says which version it holds), gets the task again and carries on; a duplicate
   // registration does not. In asynchronous rounds its task is failed instead and a new one, on
@@ -320,7 +342,8 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     if (auto ex = expired_.find(id); ex != expired_.end() && ex->second.has(nonce))
       failInput(Errc::kLate, "an answer to a task whose phase already closed");
     if (!open) failInput(Errc::kWrongSender, "an update without a task");
-    if (nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an update with another task's nonce");
+    if (nonce != pend->second.nonce)
+      failInput(Errc::kBadNonce, "an update with another task's nonce");
   };
   // The answer, decoded and checked against its open task: an update from its client, or an edge
   // aggregator's partial of its clients' updates.
@@ -381,13 +404,16 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
   const uint64_t id = peer.info.id;
   auto pend = pending_.find(id);
   if (!phase_ || !phase_->eval || pend == pending_.end() || !pend->second.evaluate)
-    failInput(expired_.count(id) ? Errc::kLate : Errc::kWrongSender, "an evaluation without an evaluation task");
+    failInput(expired_.count(id) ? Errc::kLate : Errc::kWrongSender,
+              "an evaluation without an evaluation task");
   const pr::EvaluationMsg e = pr::decodeEvaluation(r.bytes());
-  if (e.client_id != id) failInput(Errc::kWrongSender, "an evaluation claiming to be client ", e.client_id);
-  if (e.nonce != pend->second.nonce) failInput(Errc::kBadNonce, "an evaluation with another task's nonce");
+  if (e.client_id != id)
+    failInput(Errc::kWrongSender, "an evaluation claiming to be client ", e.client_id);
+  if (e.nonce != pend->second.nonce)
+    failInput(Errc::kBadNonce, "an evaluation with another task's nonce");
   if (e.num_examples == 0 || e.num_examples > std::max<uint64_t>(pend->second.eval_examples, 1))
-    failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ", pend->second.eval_examples,
-              " registered");
+    failInput(Errc::kBadWeight, "an evaluation over ", e.num_examples, " examples; ",
+              pend->second.eval_examples, " registered");
   EvalReport& ev = *phase_->eval;
   ev.add(e.num_examples, e.loss,
          e.accuracy);  // losses bounded by the decoder, examples by registration
@@ -413,7 +439,8 @@ void ZmqFleet::expireSilent() {
   }
   // Forget clients silent for long (they re-register when they come back).
   for (auto it = clients_.begin(); it != clients_.end();) {
-    if (it->second.last_seen < cutoff - milliseconds(10 * config_.silence_ms) && !pending_.count(it->first)) {
+    if (it->second.last_seen < cutoff - milliseconds(10 * config_.silence_ms) &&
+        !pending_.count(it->first)) {
       by_routing_.erase(it->second.routing);
       it = clients_.erase(it);
     } else {
@@ -463,7 +490,8 @@ void ZmqFleet::service(milliseconds timeout) {
   } while (config_.clock->now() < until);
 }
 
-std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout, uint64_t /*round*/) {
+std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout,
+                                                 uint64_t /*round*/) {
   const auto until = config_.clock->now() + timeout;
   for (;;) {
     auto avail = available();
@@ -472,8 +500,8 @@ std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeou
   }
 }
 
-PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
-                               ag::PhaseAggregator& agg) {
+PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
+                               size_t target, ag::PhaseAggregator& agg) {
   PhaseReport report;
   auto rng = seededRng();
   Phase ph;
@@ -507,7 +535,8 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
   report.refused = refusedTotal() - refused_before;
   for (const auto& [id, p] : pending_) {
     report.failed.push_back(id);
-    log_->info("client {} did not deliver round {} phase {} in time", id, task.header.round, task.header.phase);
+    log_->info("client {} did not deliver round {} phase {} in time", id, task.header.round,
+               task.header.phase);
   }
   return report;
 }
@@ -542,7 +571,8 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
 }
 
 void ZmqFleet::finish(const std::string& reason) {
-  for (const auto& [id, p] : clients_) socket_.send(p.routing, pr::encode(pr::ShutdownMsg{0, reason}));
+  for (const auto& [id, p] : clients_)
+    socket_.send(p.routing, pr::encode(pr::ShutdownMsg{0, reason}));
   log_->info("federation finished: {}", reason);
 }
 

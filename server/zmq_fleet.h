@@ -39,7 +39,8 @@ struct FleetConfig {
   transport::TransportLimits limits;
   uint32_t heartbeat_ms = 1000;  // clients send a Heartbeat this often (told in the Welcome)
   uint32_t silence_ms = 5000;    // a client silent this long is failed for the phase and unlisted
-  uint64_t max_examples = 10'000'000;  // the most training (and evaluation) examples a peer may register
+  uint64_t max_examples =
+      10'000'000;  // the most training (and evaluation) examples a peer may register
   // The ids that may register as edge aggregators (their partial aggregates carry the weight of
   // many clients); every other id may only be a client.
   std::set<uint64_t> aggregator_ids;
@@ -101,9 +102,10 @@ class ZmqFleet final : public Fleet {
   std::string endpoint() const;
   uint64_t session() const { return session_; }
 
-  std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout, uint64_t round = 0) override;
-  PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants, size_t target,
-                       aggregation::PhaseAggregator& agg) override;
+  std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout,
+                                         uint64_t round = 0) override;
+  PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
+                       size_t target, aggregation::PhaseAggregator& agg) override;
   EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) override;
   void finish(const std::string& reason) override;
 
@@ -171,8 +173,8 @@ class ZmqFleet final : public Fleet {
   // Who sent `r`, for a log line: the client its key is listed as, the client registered on its
   // connection, or neither.
   std::string describePeer(const transport::Received& r) const;
-  void refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round = 0, uint64_t nonce = 0,
-              bool registration = false);
+  void refuse(const std::string& routing, Errc code, const std::string& what, uint64_t round = 0,
+              uint64_t nonce = 0, bool registration = false);
   bool sendTask(Peer& peer, uint64_t nonce);
   void expireSilent();
   Peer* peerOf(const transport::Received& r);
@@ -193,7 +195,9 @@ class ZmqFleet final : public Fleet {
     std::array<uint64_t, 4> nonces{};
     size_t next = 0;
     void add(uint64_t n) { nonces[next++ % nonces.size()] = n; }
-    bool has(uint64_t n) const { return n != 0 && std::find(nonces.begin(), nonces.end(), n) != nonces.end(); }
+    bool has(uint64_t n) const {
+      return n != 0 && std::find(nonces.begin(), nonces.end(), n) != nonces.end();
+    }
   };
   std::unordered_map<uint64_t, Expired> expired_;
   Phase* phase_ = nullptr;

@@ -105,7 +105,7 @@ struct AsyncSimConfig {
   // outlive the simulation; every worker constructs and runs its simulation with the same
   // configuration, and only the first one's store holds states.
   Collectives* workers = nullptr;
-  void validate() const;     // ConfigError naming the key
+  void validate() const;  // ConfigError naming the key
 };
 
 class AsyncSimulation {
@@ -163,9 +163,9 @@ class AsyncSimulation {
                                  std::span<const uint8_t> states);
   void takeUpdates(const std::vector<size_t>& owner, const std::vector<std::vector<uint8_t>>& got);
   bool loadState(uint64_t id, ClientState& out);  // false: it does not read back (a failure)
-  bool train(Waiting& w, ClientState& state);  // true: an update (job.update, job.up)
+  bool train(Waiting& w, ClientState& state);     // true: an update (job.update, job.up)
   bool trainAndKeep(Waiting& w, ClientState& state, bool keep);
-  void arrive(Waiting& w);                     // into in_flight_ at its finish
+  void arrive(Waiting& w);  // into in_flight_ at its finish
   void deliver();
   [[noreturn]] void stalled() const;
   void step(const std::function<void(const server::RoundRecord&)>& progress);

@@ -90,7 +90,8 @@ std::unique_ptr<Collectives> makeCollectives(std::string_view backend, const Lau
   options.validate();
   if (backend == "local") {
     if (info.world_size != 1) {
-      STARLING_THROW(ConfigError, "collectives backend 'local' is a group of one, but the launch says ",
+      STARLING_THROW(ConfigError,
+                     "collectives backend 'local' is a group of one, but the launch says ",
                      info.world_size, " processes (", info.source, "): use 'gloo' or 'nccl'");
     }
     return makeLocal();
@@ -98,12 +99,14 @@ std::unique_ptr<Collectives> makeCollectives(std::string_view backend, const Lau
   if (backend == "gloo") return makeGloo(info, options);
   if (backend == "nccl") {
     if (!ncclCompiled()) {
-      STARLING_THROW(ConfigError, "collectives backend 'nccl' is not in this build (it needs CUDA "
-                                  "and NCCL at configure time): use 'gloo'");
+      STARLING_THROW(ConfigError,
+                     "collectives backend 'nccl' is not in this build (it needs CUDA "
+                     "and NCCL at configure time): use 'gloo'");
     }
     return makeNccl(info, options);
   }
-  STARLING_THROW(ConfigError, "unknown collectives backend '", backend, "' (known: local, gloo, nccl)");
+  STARLING_THROW(ConfigError, "unknown collectives backend '", backend,
+                 "' (known: local, gloo, nccl)");
 }
 
 }  // namespace starling::simulator

@@ -13,13 +13,13 @@
 //
 // Buckets (MG-WFBP's merging). The buffer is already one flat tensor, so there is nothing small to
 // merge: the merging is done by construction. What the bucket size bounds instead is each
-// collective's working memory (Gloo's ring keeps about one bucket in flight, our Gloo reduce-scatter
-// a receive buffer of 2 (W-1)/W buckets, NCCL a device staging buffer of bucket_bytes), and it is
-// the unit of pipelining (Gloo's reduce-scatter and all-gather keep two buckets on the wire: bucket
-// k+1 travels while bucket k is summed). A buffer
-// larger than a bucket goes as several collectives of at most bucket_bytes each; for reduce-scatter
-// and all-gather a bucket holds one slice of every rank's shard (W slices of bucket_bytes / W), so
-// shards stay contiguous whatever the bucket size.
+// collective's working memory (Gloo's ring keeps about one bucket in flight, our Gloo
+// reduce-scatter a receive buffer of 2 (W-1)/W buckets, NCCL a device staging buffer of
+// bucket_bytes), and it is the unit of pipelining (Gloo's reduce-scatter and all-gather keep two
+// buckets on the wire: bucket k+1 travels while bucket k is summed). A buffer larger than a bucket
+// goes as several collectives of at most bucket_bytes each; for reduce-scatter and all-gather a
+// bucket holds one slice of every rank's shard (W slices of bucket_bytes / W), so shards stay
+// contiguous whatever the bucket size.
 //
 // Contract shared by every implementation:
 // - Collective calls: every rank calls the same methods in the same order with buffers of the same
@@ -113,7 +113,8 @@ std::unique_ptr<Collectives> makeLocal();
 // (into place). Per rank and bucket that is (W-1)/W of the bucket sent in each of the two, so
 // reduce-scatter + all-gather move the same bytes as one ring all-reduce (2 (W-1)/W of the buffer
 // per rank), in one round trip per bucket rather than a ring's W-1 dependent steps.
-std::unique_ptr<Collectives> makeGloo(const LaunchInfo& info, const CollectiveOptions& options = {});
+std::unique_ptr<Collectives> makeGloo(const LaunchInfo& info,
+                                      const CollectiveOptions& options = {});
 
 // By name: "local" (requires info.world_size == 1), "gloo", "nccl" (simulator/nccl_collectives.h).
 // ConfigError naming the backend for an unknown or unavailable one.

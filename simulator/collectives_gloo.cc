@@ -1,12 +1,13 @@
 // makeGloo (simulator/collectives.h): c10d's ProcessGroupGloo over the c10d TCPStore of
-// simulator/collectives_store.h. Needs the compile definition USE_C10D_GLOO (simulator/CMakeLists.txt).
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+// simulator/collectives_store.h. Needs the compile definition USE_C10D_GLOO
+// (simulator/CMakeLists.txt).
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "core/error.h"
 #include "simulator/collectives.h"
@@ -22,13 +23,15 @@ bool isLoopback(const std::string& addr) {
   return addr.rfind("127.", 0) == 0 || addr == "localhost" || addr == "::1";
 }
 
-std::shared_ptr<::gloo::transport::Device> glooDevice(const LaunchInfo& info, const CollectiveOptions& o) {
+std::shared_ptr<::gloo::transport::Device> glooDevice(const LaunchInfo& info,
+                                                      const CollectiveOptions& o) {
   std::string iface = o.gloo_interface;
   if (iface.empty()) {
     if (const char* env = std::getenv("GLOO_SOCKET_IFNAME"); env && *env) iface = env;
   }
   if (!iface.empty()) return c10d::ProcessGroupGloo::createDeviceForInterface(iface);
-  if (isLoopback(info.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (isLoopback(info.master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -39,7 +42,8 @@ at::Tensor view(float* p, size_t n) {
 // Per-bucket slices of every rank's shard (collectives.h, "Buckets"): bucket k holds, for each
 // rank j, [shard_j.begin + k c, min(shard_j.end, shard_j.begin + (k + 1) c)).
 struct ShardBuckets {
-  ShardBuckets(size_t n, int w, size_t bucket_floats) : size(w), chunk(std::max<size_t>(1, bucket_floats / w)) {
+  ShardBuckets(size_t n, int w, size_t bucket_floats)
+      : size(w), chunk(std::max<size_t>(1, bucket_floats / w)) {
     size_t longest = 0;
     for (int j = 0; j < w; ++j) {
       shards.push_back(Collectives::shardRange(n, j, w));
@@ -61,7 +65,10 @@ struct ShardBuckets {
 class GlooCollectives final : public Collectives {
  public:
   GlooCollectives(const LaunchInfo& info, const CollectiveOptions& o)
-      : rank_(info.rank), size_(info.world_size), opt_(o), bucket_floats_(o.bucket_bytes / sizeof(float)) {
+      : rank_(info.rank),
+        size_(info.world_size),
+        opt_(o),
+        bucket_floats_(o.bucket_bytes / sizeof(float)) {
     store_ = detail::connectStore(info, o.timeout, "gloo");
     detail::agreeOnValue(*store_, rank_, "bucket_bytes", std::to_string(o.bucket_bytes));
     try {
@@ -83,7 +90,8 @@ class GlooCollectives final : public Collectives {
   void allReduceSum(std::span<float> buf) override {
     guarded("allReduceSum", buf.size(), [&] {
       for (size_t off = 0; off < buf.size(); off += bucket_floats_) {
-        std::vector<at::Tensor> t{view(buf.data() + off, std::min(bucket_floats_, buf.size() - off))};
+        std::vector<at::Tensor> t{
+            view(buf.data() + off, std::min(bucket_floats_, buf.size() - off))};
         pg_->allreduce(t)->wait();
       }
     });
@@ -122,7 +130,9 @@ class GlooCollectives final : public Collectives {
         for (size_t p = 0; p < peers; ++p) {
           const int j = wrap(rank_ + 1 + static_cast<int>(p));
           const int tag = tagAt(base, k);
-          if (hi > lo) b.works.push_back(recv(scratch_.data() + ((k % kInFlight) * peers + p) * slot, hi - lo, j, tag));
+          if (hi > lo)
+            b.works.push_back(
+                recv(scratch_.data() + ((k % kInFlight) * peers + p) * slot, hi - lo, j, tag));
           const auto [slo, shi] = sb.slice(k, j);
           if (shi > slo) b.works.push_back(send(buf.data() + slo, shi - slo, j, tag));
         }
@@ -195,7 +205,8 @@ class GlooCollectives final : public Collectives {
   }
   void waitAll(Bucket& b) {
     for (auto& w : b.works)
-      if (!w->wait(opt_.timeout)) STARLING_THROW(IoError, "a send or receive of bucket ", b.k, " timed out");
+      if (!w->wait(opt_.timeout))
+        STARLING_THROW(IoError, "a send or receive of bucket ", b.k, " timed out");
   }
 
   template <class F>

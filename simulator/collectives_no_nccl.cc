@@ -7,8 +7,9 @@ namespace starling::simulator {
 bool ncclCompiled() noexcept { return false; }
 int ncclDeviceCount() noexcept { return 0; }
 std::unique_ptr<Collectives> makeNccl(const LaunchInfo&, const CollectiveOptions&) {
-  STARLING_THROW(ConfigError, "collectives backend 'nccl' is not in this build (configure with CUDA "
-                              "and NCCL: STARLING_CUDA=ON and nccl.h / libnccl in the CUDA toolkit)");
+  STARLING_THROW(ConfigError,
+                 "collectives backend 'nccl' is not in this build (configure with CUDA "
+                 "and NCCL: STARLING_CUDA=ON and nccl.h / libnccl in the CUDA toolkit)");
 }
 
 }  // namespace starling::simulator

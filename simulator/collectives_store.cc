@@ -1,9 +1,9 @@
 #include "simulator/collectives_store.h"
 
+#include <c10/util/Exception.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <c10/util/Exception.h>
 
 #include "core/error.h"
 
@@ -14,7 +14,8 @@ std::string describe(const std::exception& e) {
   return e.what();
 }
 
-c10::intrusive_ptr<c10d::Store> connectStore(const LaunchInfo& info, std::chrono::milliseconds timeout,
+c10::intrusive_ptr<c10d::Store> connectStore(const LaunchInfo& info,
+                                             std::chrono::milliseconds timeout,
                                              std::string_view group) {
   if (info.master_port <= 0 || info.master_port > 65535) {
     STARLING_THROW(ConfigError, "the rendezvous store needs a port in [1, 65535], got MASTER_PORT=",
@@ -47,12 +48,13 @@ void agreeOnValue(c10d::Store& store, int rank, const std::string& key, const st
     const std::vector<uint8_t> v = store.get(key);
     theirs.assign(v.begin(), v.end());
   } catch (const std::exception& e) {
-    STARLING_THROW(IoError, "rendezvous store: exchanging '", key, "' (rank ", rank, ") failed: ",
-                   describe(e));
+    STARLING_THROW(IoError, "rendezvous store: exchanging '", key, "' (rank ", rank,
+                   ") failed: ", describe(e));
   }
   if (theirs != value) {
-    STARLING_THROW(ConfigError, "collectives option ", key, " differs between ranks: rank 0 has ", theirs,
-                   ", rank ", rank, " has ", value, " (every rank must use the same options)");
+    STARLING_THROW(ConfigError, "collectives option ", key, " differs between ranks: rank 0 has ",
+                   theirs, ", rank ", rank, " has ", value,
+                   " (every rank must use the same options)");
   }
 }
 

@@ -2,12 +2,11 @@
 // Internal to simulator/ (not for other modules: it includes c10d): the rendezvous shared by the
 // Gloo and NCCL groups, and the conversion of LibTorch/Gloo exceptions into Starling's IoError.
 // Included only by simulator/collectives_gloo.cc and simulator/nccl_collectives.cc.
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <exception>
 #include <string>
 #include <string_view>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "simulator/launch.h"
 
@@ -18,7 +17,8 @@ namespace starling::simulator::detail {
 // info.master_addr:info.master_port. Waits up to `timeout` for all info.world_size ranks to
 // connect. Keys are prefixed with "starling/<group>/" so that groups sharing a store do not mix.
 // IoError naming the address, port, rank and cause on failure.
-c10::intrusive_ptr<c10d::Store> connectStore(const LaunchInfo& info, std::chrono::milliseconds timeout,
+c10::intrusive_ptr<c10d::Store> connectStore(const LaunchInfo& info,
+                                             std::chrono::milliseconds timeout,
                                              std::string_view group);
 
 // Every rank must pass the same value; rank 0 publishes its own under `key`, the others compare

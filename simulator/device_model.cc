@@ -95,8 +95,10 @@ void DeviceDistributions::validate() const {
   if (!(speed_median > 0) || !std::isfinite(speed_median))
     STARLING_THROW(ConfigError, "devices.speed_median must be positive, got ", speed_median);
   if (!(bandwidth_median > 0) || !std::isfinite(bandwidth_median))
-    STARLING_THROW(ConfigError, "devices.bandwidth_median must be positive, got ", bandwidth_median);
-  if (!(speed_sigma >= 0 && speed_sigma <= 5)) STARLING_THROW(ConfigError, "devices.speed_sigma must be in [0, 5], got ", speed_sigma);
+    STARLING_THROW(ConfigError, "devices.bandwidth_median must be positive, got ",
+                   bandwidth_median);
+  if (!(speed_sigma >= 0 && speed_sigma <= 5))
+    STARLING_THROW(ConfigError, "devices.speed_sigma must be in [0, 5], got ", speed_sigma);
   if (!(bandwidth_sigma >= 0 && bandwidth_sigma <= 5))
     STARLING_THROW(ConfigError, "devices.bandwidth_sigma must be in [0, 5], got ", bandwidth_sigma);
   if (!(availability > 0 && availability <= 1))
@@ -278,17 +280,19 @@ bool DevicePopulation::available(uint64_t client, uint64_t round, uint64_t seed)
   return rng.uniform() < a;
 }
 
-ClientTiming timeClient(const DeviceProfile& d, uint64_t client_id, uint64_t examples, uint32_t epochs,
-                        double reference_seconds_per_example, uint64_t downlink_bytes, uint64_t uplink_bytes) {
+ClientTiming timeClient(const DeviceProfile& d, uint64_t client_id, uint64_t examples,
+                        uint32_t epochs, double reference_seconds_per_example,
+                        uint64_t downlink_bytes, uint64_t uplink_bytes) {
   ClientTiming t;
   t.client_id = client_id;
-  t.compute_seconds =
-      static_cast<double>(examples) * static_cast<double>(epochs) * reference_seconds_per_example / d.speed;
+  t.compute_seconds = static_cast<double>(examples) * static_cast<double>(epochs) *
+                      reference_seconds_per_example / d.speed;
   t.transfer_seconds = static_cast<double>(downlink_bytes + uplink_bytes) / d.bandwidth;
   return t;
 }
 
-RoundTiming simulateRound(std::span<const ClientTiming> clients, size_t target, double deadline_seconds) {
+RoundTiming simulateRound(std::span<const ClientTiming> clients, size_t target,
+                          double deadline_seconds) {
   std::vector<const ClientTiming*> order;
   for (const auto& c : clients) order.push_back(&c);
   std::sort(order.begin(), order.end(), [](const ClientTiming* a, const ClientTiming* b) {

@@ -30,9 +30,9 @@ struct DeviceProfile {
 
 // Log-normal speed and bandwidth (the shape FedScale's device traces show), uniform availability.
 struct DeviceDistributions {
-  double speed_median = 1.0, speed_sigma = 0.0;              // sigma 0: every device the same
+  double speed_median = 1.0, speed_sigma = 0.0;  // sigma 0: every device the same
   double bandwidth_median = 1.25e6, bandwidth_sigma = 0.0;
-  double availability = 1.0;                                  // every client, every round
+  double availability = 1.0;  // every client, every round
   void validate() const;
 };
 
@@ -88,8 +88,9 @@ struct ClientTiming {
   double total() const { return compute_seconds + transfer_seconds; }
 };
 
-ClientTiming timeClient(const DeviceProfile& d, uint64_t client_id, uint64_t examples, uint32_t epochs,
-                        double reference_seconds_per_example, uint64_t downlink_bytes, uint64_t uplink_bytes);
+ClientTiming timeClient(const DeviceProfile& d, uint64_t client_id, uint64_t examples,
+                        uint32_t epochs, double reference_seconds_per_example,
+                        uint64_t downlink_bytes, uint64_t uplink_bytes);
 
 struct RoundTiming {
   std::vector<uint64_t> accepted;  // in order of finishing
@@ -99,6 +100,7 @@ struct RoundTiming {
 
 // The fastest `target` clients that finish within `deadline_seconds` (<= 0: no deadline) are
 // accepted. Ties by client id.
-RoundTiming simulateRound(std::span<const ClientTiming> clients, size_t target, double deadline_seconds);
+RoundTiming simulateRound(std::span<const ClientTiming> clients, size_t target,
+                          double deadline_seconds);
 
 }  // namespace starling::simulator

@@ -71,8 +71,9 @@ void fillMaster(LaunchInfo& info, const EnvLookup& env, const char* fallback_add
   }
   if (addr->empty()) STARLING_THROW(ConfigError, "environment variable ", addr_name, " is empty");
   if (!port) {
-    STARLING_THROW(ConfigError, "MASTER_PORT is not set: a world of ", info.world_size, " processes (",
-                   info.source, ") needs the port of rank 0's rendezvous store (e.g. export MASTER_PORT=29500)");
+    STARLING_THROW(ConfigError, "MASTER_PORT is not set: a world of ", info.world_size,
+                   " processes (", info.source,
+                   ") needs the port of rank 0's rendezvous store (e.g. export MASTER_PORT=29500)");
   }
   info.master_addr = *addr;
   info.master_port = parseInt("MASTER_PORT", *port, 1, 65535);
@@ -87,7 +88,8 @@ bool parseFamily(LaunchInfo& info, const EnvLookup& env, const Family& f) {
   info.world_size = parseInt(f.world, *world, 1, kMaxWorld);
   info.rank = parseInt(f.rank, *rank, 0, kMaxWorld);
   if (info.rank >= info.world_size) {
-    STARLING_THROW(ConfigError, f.rank, "=", info.rank, " is not below ", f.world, "=", info.world_size);
+    STARLING_THROW(ConfigError, f.rank, "=", info.rank, " is not below ", f.world, "=",
+                   info.world_size);
   }
   const std::optional<std::string> local = env(f.local);
   info.local_rank = local ? parseInt(f.local, *local, 0, kMaxWorld) : 0;
@@ -166,7 +168,8 @@ bool isLauncherVariable(std::string_view entry) {
 
 std::vector<int> spawnLocalRanks(const std::string& program, const std::vector<std::string>& args,
                                  int world_size, int port, const SpawnOptions& o) {
-  if (world_size < 1) STARLING_THROW(InvalidArgument, "spawnLocalRanks: world size ", world_size, " < 1");
+  if (world_size < 1)
+    STARLING_THROW(InvalidArgument, "spawnLocalRanks: world size ", world_size, " < 1");
   if (o.first_rank < 0 || o.first_rank > world_size)
     STARLING_THROW(InvalidArgument, "spawnLocalRanks: first rank ", o.first_rank, " outside [0, ",
                    world_size, "]");
@@ -267,7 +270,9 @@ std::vector<int> waitRanks(const std::vector<int>& pids, std::chrono::millisecon
   const auto until = std::chrono::steady_clock::now() + deadline;
   std::vector<int> status(pids.size(), 0);
   std::vector<bool> done(pids.size(), false);
-  auto decode = [](int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : -1; };
+  auto decode = [](int st) {
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : -1;
+  };
   size_t left = pids.size();
   while (left > 0) {
     for (size_t i = 0; i < pids.size(); ++i) {

@@ -42,7 +42,7 @@ struct LaunchInfo {
   // (torch_trainer/device.h) checks with it that sim.workers_per_gpu divides the node's workers.
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0 for a single process, which hosts no store
+  int master_port = 0;            // 0 for a single process, which hosts no store
   std::string source = "single";  // "torchrun", "slurm", "spawned", "single"
 };
 

@@ -7,13 +7,13 @@
 #include <cstdio>
 #include <fstream>
 
-
 namespace starling::simulator::lmdb {
 
 void fail(int rc, const std::filesystem::path& dir, const std::string& what) {
   std::string hint;
   if (rc == MDB_MAP_FULL) hint = " (raise the store's map_bytes: it bounds the spill file's size)";
-  STARLING_THROW(IoError, "client-state store ", dir.string(), ": ", what, ": ", mdb_strerror(rc), hint);
+  STARLING_THROW(IoError, "client-state store ", dir.string(), ": ", what, ": ", mdb_strerror(rc),
+                 hint);
 }
 
 Env::Env(const std::filesystem::path& dir, uint64_t map_bytes, unsigned max_dbs) : dir_(dir) {
@@ -21,8 +21,9 @@ Env::Env(const std::filesystem::path& dir, uint64_t map_bytes, unsigned max_dbs)
   try {
     check(mdb_env_set_mapsize(env_, static_cast<size_t>(map_bytes)), dir_, "setting the map size");
     check(mdb_env_set_maxdbs(env_, max_dbs), dir_, "setting the number of databases");
-    check(mdb_env_open(env_, dir_.c_str(), MDB_NOLOCK | MDB_NOSYNC | MDB_NOTLS | MDB_NORDAHEAD, 0600), dir_,
-          "opening the environment");
+    check(
+        mdb_env_open(env_, dir_.c_str(), MDB_NOLOCK | MDB_NOSYNC | MDB_NOTLS | MDB_NORDAHEAD, 0600),
+        dir_, "opening the environment");
     findMapping();
   } catch (...) {
     mdb_env_close(env_);
@@ -45,10 +46,13 @@ void Env::findMapping() {
     unsigned long start = 0, end = 0, offset = 0, inode = 0;
     char perms[8] = {};
     char dev[32] = {};
-    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %31s %lu", &start, &end, perms, &offset, dev, &inode) != 6) continue;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %31s %lu", &start, &end, perms, &offset, dev,
+                    &inode) != 6)
+      continue;
     if (inode != static_cast<unsigned long>(st.st_ino) || offset != 0) continue;
     unsigned major = 0, minor = 0;
-    if (std::sscanf(dev, "%x:%x", &major, &minor) != 2 || makedev(major, minor) != st.st_dev) continue;
+    if (std::sscanf(dev, "%x:%x", &major, &minor) != 2 || makedev(major, minor) != st.st_dev)
+      continue;
     map_ = reinterpret_cast<void*>(start);
     map_len_ = end - start;
     return;
@@ -72,7 +76,8 @@ WriteTxn::~WriteTxn() {
 
 MDB_dbi WriteTxn::open(const char* name, unsigned flags) {
   MDB_dbi dbi = 0;
-  if (const int rc = mdb_dbi_open(txn_, name, flags, &dbi)) fail(rc, env_.dir(), std::string("opening database '") + name + "'");
+  if (const int rc = mdb_dbi_open(txn_, name, flags, &dbi))
+    fail(rc, env_.dir(), std::string("opening database '") + name + "'");
   return dbi;
 }
 
@@ -85,12 +90,14 @@ bool WriteTxn::get(MDB_dbi dbi, MDB_val key, MDB_val& out) {
 
 void WriteTxn::put(MDB_dbi dbi, MDB_val key, std::span<const uint8_t> value) {
   MDB_val v = val(value);
-  if (const int rc = mdb_put(txn_, dbi, &key, &v, 0)) fail(rc, env_.dir(), "writing " + std::to_string(value.size()) + " bytes");
+  if (const int rc = mdb_put(txn_, dbi, &key, &v, 0))
+    fail(rc, env_.dir(), "writing " + std::to_string(value.size()) + " bytes");
 }
 
 uint8_t* WriteTxn::reserve(MDB_dbi dbi, MDB_val key, size_t size) {
   MDB_val v{size, nullptr};
-  if (const int rc = mdb_put(txn_, dbi, &key, &v, MDB_RESERVE)) fail(rc, env_.dir(), "writing " + std::to_string(size) + " bytes");
+  if (const int rc = mdb_put(txn_, dbi, &key, &v, MDB_RESERVE))
+    fail(rc, env_.dir(), "writing " + std::to_string(size) + " bytes");
   return static_cast<uint8_t*>(v.mv_data);
 }
 
@@ -101,7 +108,9 @@ bool WriteTxn::del(MDB_dbi dbi, MDB_val key) {
   return true;
 }
 
-void WriteTxn::drop(MDB_dbi dbi) { check(mdb_drop(txn_, dbi, 0), env_.dir(), "emptying a database"); }
+void WriteTxn::drop(MDB_dbi dbi) {
+  check(mdb_drop(txn_, dbi, 0), env_.dir(), "emptying a database");
+}
 
 void WriteTxn::commit() {
   MDB_txn* t = txn_;
@@ -115,7 +124,8 @@ Reader::~Reader() {
 
 void Reader::begin() {
   if (!txn_) {
-    check(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &txn_), env_.dir(), "beginning a read transaction");
+    check(mdb_txn_begin(env_.get(), nullptr, MDB_RDONLY, &txn_), env_.dir(),
+          "beginning a read transaction");
   } else {
     check(mdb_txn_renew(txn_), env_.dir(), "renewing a read transaction");
   }

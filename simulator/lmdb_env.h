@@ -35,7 +35,8 @@ struct Key {
   MDB_val val() { return MDB_val{8, b}; }
   static uint64_t decode(const MDB_val& v) {
     uint64_t id = 0;
-    for (size_t i = 0; i < v.mv_size && i < 8; ++i) id = (id << 8) | static_cast<const uint8_t*>(v.mv_data)[i];
+    for (size_t i = 0; i < v.mv_size && i < 8; ++i)
+      id = (id << 8) | static_cast<const uint8_t*>(v.mv_data)[i];
     return id;
   }
   uint8_t b[8];

@@ -24,8 +24,8 @@ using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
 void cudaCheck(cudaError_t e, const char* call, const char* op) {
   if (e != cudaSuccess) {
-    STARLING_THROW(IoError, "nccl collectives: ", call, " in ", op, " failed: ", cudaGetErrorName(e), " (",
-                   cudaGetErrorString(e), ")");
+    STARLING_THROW(IoError, "nccl collectives: ", call, " in ", op,
+                   " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
   }
 }
 
@@ -70,7 +70,8 @@ class NcclCollectives final : public Collectives {
     for (size_t off = 0; off < buf.size(); off += staging_n_) {
       const size_t m = std::min(staging_n_, buf.size() - off);
       upload(buf.data() + off, staging_, m, op);
-      enqueue(ncclAllReduce(staging_, staging_, m, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce", op);
+      enqueue(ncclAllReduce(staging_, staging_, m, ncclFloat, ncclSum, comm_, stream_),
+              "ncclAllReduce", op);
       download(staging_, buf.data() + off, m, op);
       waitStream(op);
     }
@@ -109,7 +110,8 @@ class NcclCollectives final : public Collectives {
       float* mine = staging_ + static_cast<size_t>(rank_) * chunk_;
       const auto [b, e] = slice(buf.size(), k, rank_);
       upload(buf.data() + b, mine, e - b, op);
-      enqueue(ncclAllGather(mine, staging_, chunk_, ncclFloat, comm_, stream_), "ncclAllGather", op);
+      enqueue(ncclAllGather(mine, staging_, chunk_, ncclFloat, comm_, stream_), "ncclAllGather",
+              op);
       for (int j = 0; j < size_; ++j) {
         const auto [jb, je] = slice(buf.size(), k, j);
         download(staging_ + static_cast<size_t>(j) * chunk_, buf.data() + jb, je - jb, op);
@@ -122,7 +124,8 @@ class NcclCollectives final : public Collectives {
   void barrier() override {
     const char* op = "barrier";
     DeviceGuard guard = begin(op);
-    enqueue(ncclAllReduce(staging_, staging_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce", op);
+    enqueue(ncclAllReduce(staging_, staging_, 1, ncclFloat, ncclSum, comm_, stream_),
+            "ncclAllReduce", op);
     waitStream(op);
   }
 
@@ -156,8 +159,8 @@ class NcclCollectives final : public Collectives {
       } catch (const IoError&) {
         throw;
       } catch (const std::exception& e) {
-        STARLING_THROW(IoError, "nccl collectives: exchanging the unique id (rank ", rank_, ") failed: ",
-                       detail::describe(e));
+        STARLING_THROW(IoError, "nccl collectives: exchanging the unique id (rank ", rank_,
+                       ") failed: ", detail::describe(e));
       }
     }
 
@@ -169,11 +172,13 @@ class NcclCollectives final : public Collectives {
     if (r != ncclSuccess && r != ncclInProgress) ncclCheck(r, "ncclCommInitRankConfig", "setup");
     waitComm("setup (ncclCommInitRankConfig)");
 
-    cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate", "setup");
+    cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate",
+              "setup");
     const size_t bucket_floats = std::max<size_t>(1, o.bucket_bytes / sizeof(float));
     chunk_ = std::max<size_t>(1, bucket_floats / static_cast<size_t>(size_));
     staging_n_ = std::max(bucket_floats, chunk_ * static_cast<size_t>(size_));
-    cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_), staging_n_ * sizeof(float)), "cudaMalloc", "setup");
+    cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_), staging_n_ * sizeof(float)),
+              "cudaMalloc", "setup");
   }
 
   // Frees what setup() made; no throw, no unbounded wait for peers.
@@ -226,11 +231,13 @@ class NcclCollectives final : public Collectives {
   // pinning the caller's span per call would cost more than it saves for one copy.
   void upload(const float* host, float* dev, size_t n, const char* op) {
     if (n == 0) return;
-    check(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync H2D", op);
+    check(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync H2D", op);
   }
   void download(const float* dev, float* host, size_t n, const char* op) {
     if (n == 0) return;
-    check(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync D2H", op);
+    check(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync D2H", op);
   }
 
   void check(cudaError_t e, const char* call, const char* op) {
@@ -243,8 +250,8 @@ class NcclCollectives final : public Collectives {
     if (r != ncclSuccess) {
       const std::string detail = comm_ ? std::string(" (") + ncclGetLastError(comm_) + ")" : "";
       fail();
-      STARLING_THROW(IoError, "nccl ", op, " on rank ", rank_, " of ", size_, ": ", call, " failed: ",
-                     ncclGetErrorString(r), detail);
+      STARLING_THROW(IoError, "nccl ", op, " on rank ", rank_, " of ", size_, ": ", call,
+                     " failed: ", ncclGetErrorString(r), detail);
     }
   }
   void enqueue(ncclResult_t r, const char* call, const char* op) {
@@ -274,7 +281,8 @@ class NcclCollectives final : public Collectives {
       if (q != cudaErrorNotReady) check(q, "cudaStreamQuery", op);
       ncclResult_t state = ncclSuccess;
       ncclCheck(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError", op);
-      if (state != ncclSuccess && state != ncclInProgress) ncclCheck(state, "(asynchronous error)", op);
+      if (state != ncclSuccess && state != ncclInProgress)
+        ncclCheck(state, "(asynchronous error)", op);
       if (Steady::now() > deadline) timedOut(op);
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -283,7 +291,8 @@ class NcclCollectives final : public Collectives {
   [[noreturn]] void timedOut(const char* op) {
     fail();
     STARLING_THROW(IoError, "nccl ", op, " on rank ", rank_, " of ", size_, " timed out after ",
-                   opt_.timeout.count(), " ms (a peer died or stayed silent); the communicator was aborted");
+                   opt_.timeout.count(),
+                   " ms (a peer died or stayed silent); the communicator was aborted");
   }
 
   // Aborts the communicator: after an error NCCL's state is unknown and peers may be stuck in it.

@@ -9,8 +9,8 @@
 //   Gloo (or one NCCL rank per device with several model replicas inside it).
 // - Memory: the interface takes host spans (the partial aggregate lives in host memory), so each
 //   bucket is copied to a device staging buffer (bucket_bytes, allocated once), reduced there and
-//   copied back on one CUDA stream. Entry points on device pointers (a partial aggregate kept on the
-//   GPU) would skip both copies; they are not written yet.
+//   copied back on one CUDA stream. Entry points on device pointers (a partial aggregate kept on
+//   the GPU) would skip both copies; they are not written yet.
 // - Reduce-scatter and all-gather are ncclReduceScatter / ncclAllGather in place on the staging
 //   buffer; NCCL needs equal counts per rank, so each bucket packs every rank's slice into W equal
 //   slots padded with zeros (at most W - 1 padding floats per bucket on the wire).
@@ -32,6 +32,7 @@ bool ncclCompiled() noexcept;
 // Number of CUDA devices this process can use; 0 (never an exception) without a GPU, driver or
 // CUDA build.
 int ncclDeviceCount() noexcept;
-std::unique_ptr<Collectives> makeNccl(const LaunchInfo& info, const CollectiveOptions& options = {});
+std::unique_ptr<Collectives> makeNccl(const LaunchInfo& info,
+                                      const CollectiveOptions& options = {});
 
 }  // namespace starling::simulator

@@ -14,15 +14,19 @@ SchedulePolicy parseSchedulePolicy(std::string_view s) {
   STARLING_THROW(ConfigError, "schedule must be lpt or round_robin, got '", s, "'");
 }
 
-const char* schedulePolicyName(SchedulePolicy p) { return p == SchedulePolicy::kLpt ? "lpt" : "round_robin"; }
+const char* schedulePolicyName(SchedulePolicy p) {
+  return p == SchedulePolicy::kLpt ? "lpt" : "round_robin";
+}
 
 CostModel::CostModel(int workers, double prior, double smoothing)
     : spe_(static_cast<size_t>(std::max(workers, 0)), prior),
       measured_(static_cast<size_t>(std::max(workers, 0)), false),
       smoothing_(smoothing) {
   STARLING_CHECK_ARG(workers >= 1, "a cost model needs at least one worker, got ", workers);
-  STARLING_CHECK_ARG(prior > 0 && std::isfinite(prior), "prior seconds per example must be positive, got ", prior);
-  STARLING_CHECK_ARG(smoothing > 0 && smoothing <= 1, "smoothing must be in (0, 1], got ", smoothing);
+  STARLING_CHECK_ARG(prior > 0 && std::isfinite(prior),
+                     "prior seconds per example must be positive, got ", prior);
+  STARLING_CHECK_ARG(smoothing > 0 && smoothing <= 1, "smoothing must be in (0, 1], got ",
+                     smoothing);
 }
 
 double CostModel::estimate(int worker, uint64_t examples, uint32_t epochs) const {
@@ -38,7 +42,8 @@ void CostModel::observe(int worker, uint64_t examples, uint32_t epochs, double s
   measured_[w] = true;
 }
 
-Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint32_t epochs, SchedulePolicy policy) {
+Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint32_t epochs,
+                    SchedulePolicy policy) {
   const int w = cost.workers();
   Assignment a;
   a.per_worker.assign(static_cast<size_t>(w), {});
@@ -60,7 +65,8 @@ Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint
       int best = 0;
       double best_finish = 0.0;
       for (int k = 0; k < w; ++k) {
-        const double finish = a.predicted_seconds[static_cast<size_t>(k)] + cost.estimate(k, jobs[i].examples, epochs);
+        const double finish = a.predicted_seconds[static_cast<size_t>(k)] +
+                              cost.estimate(k, jobs[i].examples, epochs);
         if (k == 0 || finish < best_finish) {
           best = k;
           best_finish = finish;

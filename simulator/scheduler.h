@@ -17,7 +17,8 @@
 namespace starling::simulator {
 
 enum class SchedulePolicy { kLpt, kRoundRobin };
-SchedulePolicy parseSchedulePolicy(std::string_view s);  // "lpt", "round_robin"; ConfigError otherwise
+SchedulePolicy parseSchedulePolicy(
+    std::string_view s);  // "lpt", "round_robin"; ConfigError otherwise
 const char* schedulePolicyName(SchedulePolicy p);
 
 struct ClientJob {
@@ -53,6 +54,7 @@ struct Assignment {
 
 // Assigns every job to a worker. Jobs are trained in the listed order within a worker (LPT:
 // longest first; round-robin: the order given).
-Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint32_t epochs, SchedulePolicy policy);
+Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint32_t epochs,
+                    SchedulePolicy policy);
 
 }  // namespace starling::simulator

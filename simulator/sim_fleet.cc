@@ -21,8 +21,8 @@ namespace cz = starling::compression;
 namespace pr = starling::protocol;
 using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
-SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer, ClientStateStore& store,
-                   Collectives& collectives, const data::Dataset* test)
+SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer,
+                   ClientStateStore& store, Collectives& collectives, const data::Dataset* test)
     : config_(config),
       clients_(clients),
       trainer_(trainer),
@@ -43,7 +43,8 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
       const uint64_t id = r.u64();
       const uint32_t w = r.u32();
       if (w >= static_cast<uint32_t>(collectives.size()))
-        r.fail("client ", id, " is at worker ", w, " of ", collectives.size(), " (resume with as many workers)");
+        r.fail("client ", id, " is at worker ", w, " of ", collectives.size(),
+               " (resume with as many workers)");
       home_[id] = static_cast<int>(w);
     }
     r.finish();
@@ -56,7 +57,8 @@ const cz::Compressor& SimFleet::compressor(const std::string& spec) {
   return *c;
 }
 
-std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::milliseconds, uint64_t round) {
+std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::milliseconds,
+                                                         uint64_t round) {
   std::vector<server::ClientInfo> out;
   // With windows of time: the engine's first call for a round samples its clients among those
   // online, and when none is, the clock moves on to the first that comes online (the same on every
@@ -90,11 +92,13 @@ void SimFleet::allReduceCounts(std::vector<uint64_t>& counts) {
   // Each count as four 16-bit pieces: a float sums up to 2^24 exactly, so up to 256 workers.
   std::vector<float> pieces(counts.size() * 4);
   for (size_t i = 0; i < counts.size(); ++i)
-    for (size_t k = 0; k < 4; ++k) pieces[4 * i + k] = static_cast<float>((counts[i] >> (16 * k)) & 0xffff);
+    for (size_t k = 0; k < 4; ++k)
+      pieces[4 * i + k] = static_cast<float>((counts[i] >> (16 * k)) & 0xffff);
   coll_.allReduceSum(pieces);
   for (size_t i = 0; i < counts.size(); ++i) {
     counts[i] = 0;
-    for (size_t k = 0; k < 4; ++k) counts[i] += static_cast<uint64_t>(pieces[4 * i + k]) << (16 * k);
+    for (size_t k = 0; k < 4; ++k)
+      counts[i] += static_cast<uint64_t>(pieces[4 * i + k]) << (16 * k);
   }
 }
 
@@ -138,7 +142,8 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   const bool per_client = h.phase == 0 && server::downlinkPerHeld(task.downlink);
   held_before_.clear();
   if (per_client) {
-    std::map<uint64_t, uint64_t> size_for;  // one encoding per version held, as ZmqFleet caches them
+    std::map<uint64_t, uint64_t>
+        size_for;  // one encoding per version held, as ZmqFleet caches them
     for (size_t i = 0; i < participants.size(); ++i) {
       const auto it = held_.find(participants[i].id);
       const uint64_t v = it == held_.end() ? 0 : it->second;
@@ -166,9 +171,9 @@ std::set<uint64_t> SimFleet::timeClients(const server::PhaseTask& task,
   std::vector<ClientTiming> timings;
   for (size_t i = 0; i < participants.size(); ++i) {
     const auto& c = participants[i];
-    const ClientTiming t = timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
-                                      config_.reference_seconds_per_example, bytes.down[i],
-                                      bytes.up[i]);
+    const ClientTiming t =
+        timeClient(clients_.devices[c.id], c.id, c.num_examples, h.fit.epochs,
+                   config_.reference_seconds_per_example, bytes.down[i], bytes.up[i]);
     // Offline before it would finish (the devices' windows of time): a dropout, as FedScale's.
     if (!clients_.devices.onlineAt(c.id, clock_ + t.total()))
       failed.insert(c.id);
@@ -242,8 +247,9 @@ void SimFleet::trainMine(const server::PhaseTask& task,
     try {
       store_.load(id, state_);
     } catch (const IoError& e) {  // its stored state does not read back: it fails this round
-      std::fprintf(stderr, "starling-sim: client %llu fails round %llu: %s\n", static_cast<unsigned long long>(id),
-                   static_cast<unsigned long long>(h.round), e.what());
+      std::fprintf(stderr, "starling-sim: client %llu fails round %llu: %s\n",
+                   static_cast<unsigned long long>(id), static_cast<unsigned long long>(h.round),
+                   e.what());
       counts.outcome(index[id]) = PhaseCounts::kFailed;
       continue;
     }
@@ -400,7 +406,8 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   if (version < 1 || version > 5) r.fail("version ", version, " is not 1 to 5");
   // Clients' states are where the run's workers left them (homes): the same workers must go on.
   if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
-    r.fail("the run had ", w, " worker(s), this one has ", coll_.size(), ": resume with as many workers");
+    r.fail("the run had ", w, " worker(s), this one has ", coll_.size(),
+           ": resume with as many workers");
   if (version <= 2 && r.u8() != 0)
     r.fail(
         "it was written by a SCAFFOLD run of an older build, whose simulator kept the control "
@@ -408,7 +415,8 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   std::map<uint64_t, uint64_t> held;
   if (version >= 2) {
     const uint64_t n = r.u64();
-    if (n > r.remaining() / 16) r.fail("claims ", n, " held model versions, only ", r.remaining(), " bytes left");
+    if (n > r.remaining() / 16)
+      r.fail("claims ", n, " held model versions, only ", r.remaining(), " bytes left");
     for (uint64_t i = 0; i < n; ++i) {
       const uint64_t id = r.u64();
       held[id] = r.u64();
@@ -459,7 +467,8 @@ void SimFleet::migrateStates() {
   for (size_t w = 0; w < assignment_.per_worker.size(); ++w)
     for (uint64_t id : assignment_.per_worker[w]) {
       auto it = home_.find(id);
-      if (it != home_.end() && it->second != static_cast<int>(w)) moves.push_back(Move{id, it->second, static_cast<int>(w)});
+      if (it != home_.end() && it->second != static_cast<int>(w))
+        moves.push_back(Move{id, it->second, static_cast<int>(w)});
       home_[id] = static_cast<int>(w);
     }
   if (moves.empty() || coll_.size() == 1) return;  // the same decision on every worker
@@ -483,13 +492,15 @@ void SimFleet::migrateStates() {
   for (size_t begin = 0; begin < moves.size();) {
     size_t end = begin;
     uint64_t bytes = 0;
-    while (end < moves.size() && (end == begin || bytes + sizes[end] <= kMigrationBatchBytes)) bytes += sizes[end++];
+    while (end < moves.size() && (end == begin || bytes + sizes[end] <= kMigrationBatchBytes))
+      bytes += sizes[end++];
     mine.clear();
     for (size_t i = begin; i < end; ++i) {
       if (moves[i].from != rank || sizes[i] == 0) continue;
       store_.load(moves[i].client, state_);
       state_.saveTo(blob);
-      STARLING_ENFORCE(blob.size() == sizes[i], "client ", moves[i].client, "'s state changed size while moving");
+      STARLING_ENFORCE(blob.size() == sizes[i], "client ", moves[i].client,
+                       "'s state changed size while moving");
       mine.insert(mine.end(), blob.begin(), blob.end());
     }
     const std::vector<std::vector<uint8_t>> all = allGatherBytes(coll_, mine);
@@ -501,7 +512,8 @@ void SimFleet::migrateStates() {
       const std::span<const uint8_t> bytes_of(all[from].data() + at[from], sizes[i]);
       at[from] += sizes[i];
       if (moves[i].from == rank) {
-        store_.store(moves[i].client, ClientState(trainer_.layout().fingerprint()));  // the sender keeps no copy
+        store_.store(moves[i].client,
+                     ClientState(trainer_.layout().fingerprint()));  // the sender keeps no copy
         continue;
       }
       if (moves[i].to != rank) continue;
@@ -516,16 +528,19 @@ void SimFleet::migrateStates() {
   }
 }
 
-server::EvalReport SimFleet::evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo>) {
+server::EvalReport SimFleet::evaluate(const server::PhaseTask& task,
+                                      std::span<const server::ClientInfo>) {
   server::EvalReport ev;
   if (!test_ || test_->size() == 0) return ev;
-  const size_t n = test_->size(), workers = static_cast<size_t>(coll_.size()), rank = static_cast<size_t>(coll_.rank());
+  const size_t n = test_->size(), workers = static_cast<size_t>(coll_.size()),
+               rank = static_cast<size_t>(coll_.rank());
   const size_t lo = n * rank / workers, hi = n * (rank + 1) / workers;
   std::vector<size_t> idx(hi - lo);
   std::iota(idx.begin(), idx.end(), lo);
   std::vector<float> sums(3, 0.0f);
   if (!idx.empty()) {
-    const client::EvalResult r = trainer_.evaluate(task.model.current(), client::DataView{test_, idx});
+    const client::EvalResult r =
+        trainer_.evaluate(task.model.current(), client::DataView{test_, idx});
     sums = {static_cast<float>(r.loss * static_cast<double>(r.num_examples)),
             static_cast<float>(std::llround(r.accuracy * static_cast<double>(r.num_examples))),
             static_cast<float>(r.num_examples)};

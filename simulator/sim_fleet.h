@@ -27,8 +27,9 @@
 //      only, and gatherModel() all-gathers the new model (DeAR's decoupling).
 //
 // Afterwards the engine's nextPhase()/finish() are pure functions of that buffer: every worker
-// derives the same next broadcast and model (with the sharded step, the same shard of it). Only streaming rules work across workers (a robust
-// rule needs every update in one place). Not thread-safe: one per worker process.
+// derives the same next broadcast and model (with the sharded step, the same shard of it). Only
+// streaming rules work across workers (a robust rule needs every update in one place). Not
+// thread-safe: one per worker process.
 #include <chrono>
 #include <map>
 #include <memory>
@@ -92,14 +93,17 @@ uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const compression::Comp
 class SimFleet final : public server::Fleet, public server::FleetWorkers {
  public:
   // Everything referenced must outlive the fleet. `test` (may be null) is what evaluate() uses.
-  SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer, ClientStateStore& store,
-           Collectives& collectives, const data::Dataset* test);
+  SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer,
+           ClientStateStore& store, Collectives& collectives, const data::Dataset* test);
 
-  std::vector<server::ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout, uint64_t round) override;
-  server::PhaseReport runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
-                               size_t target, aggregation::PhaseAggregator& agg) override;
+  std::vector<server::ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout,
+                                                 uint64_t round) override;
+  server::PhaseReport runPhase(const server::PhaseTask& task,
+                               std::span<const server::ClientInfo> participants, size_t target,
+                               aggregation::PhaseAggregator& agg) override;
   // Central evaluation of the task's model on the test set, split among the workers.
-  server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> participants) override;
+  server::EvalReport evaluate(const server::PhaseTask& task,
+                              std::span<const server::ClientInfo> participants) override;
   void finish(const std::string&) override {}
   server::FleetWorkers* workers() override { return this; }
   // Makes every client state durable, and where it is (before the engine writes its checkpoint).
@@ -185,9 +189,11 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   const data::Dataset* test_;
   CostModel cost_;
   std::map<std::string, std::unique_ptr<compression::Compressor>> compressors_;
-  Assignment assignment_;      // this round's, kept across its phases
-  std::map<uint64_t, int> home_;  // the worker holding each client's state (the same on every worker)
-  std::map<uint64_t, uint64_t> held_;  // the model version each client last downloaded (same everywhere)
+  Assignment assignment_;  // this round's, kept across its phases
+  std::map<uint64_t, int>
+      home_;  // the worker holding each client's state (the same on every worker)
+  std::map<uint64_t, uint64_t>
+      held_;  // the model version each client last downloaded (same everywhere)
   // The phase's participants' versions before its task (a quantised downlink's clients train
   // from what their task gives them).
   std::map<uint64_t, uint64_t> held_before_;
@@ -195,7 +201,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   double clock_ = 0.0;         // simulated seconds since the run began (the same everywhere)
   uint64_t waited_round_ = 0;  // the round of the last waitForClients call
   double wait_ = 0.0;          // the clock's wait for a client to come online, not yet reported
-  ClientState state_;  // reused for every client
+  ClientState state_;          // reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
 };
 

@@ -45,14 +45,18 @@ class FolderLock {
   explicit FolderLock(const fs::path& dir) {
     const fs::path p = dir / "lock";
     fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd_ < 0) STARLING_THROW(IoError, "client-state store ", dir.string(), ": cannot open ", p.string(), ": ", std::strerror(errno));
+    if (fd_ < 0)
+      STARLING_THROW(IoError, "client-state store ", dir.string(), ": cannot open ", p.string(),
+                     ": ", std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       ::close(fd_);
       if (err == EWOULDBLOCK)
-        STARLING_THROW(ConfigError, "client-state store ", dir.string(),
-                       ": the folder is in use by another client-state store (in this or another process)");
-      STARLING_THROW(IoError, "client-state store ", dir.string(), ": cannot lock ", p.string(), ": ", std::strerror(err));
+        STARLING_THROW(
+            ConfigError, "client-state store ", dir.string(),
+            ": the folder is in use by another client-state store (in this or another process)");
+      STARLING_THROW(IoError, "client-state store ", dir.string(), ": cannot lock ", p.string(),
+                     ": ", std::strerror(err));
     }
   }
   ~FolderLock() { ::close(fd_); }
@@ -66,7 +70,8 @@ class FolderLock {
 fs::path makeTempDir() {
   std::string templ = (fs::temp_directory_path() / "starling-state-XXXXXX").string();
   if (::mkdtemp(templ.data()) == nullptr)
-    STARLING_THROW(IoError, "client-state store: cannot create a temporary folder ", templ, ": ", std::strerror(errno));
+    STARLING_THROW(IoError, "client-state store: cannot create a temporary folder ", templ, ": ",
+                   std::strerror(errno));
   return templ;
 }
 
@@ -80,17 +85,21 @@ std::vector<uint8_t> u64Bytes(uint64_t v) {
 
 void StateStoreOptions::validate() const {
   if (map_bytes < (1ull << 20) || map_bytes > kMaxBytes)
-    STARLING_THROW(ConfigError, "state store: map_bytes = ", map_bytes, " must be in [1 MiB, 2^46] (", (1ull << 20),
-                   " to ", kMaxBytes, ")");
+    STARLING_THROW(ConfigError, "state store: map_bytes = ", map_bytes,
+                   " must be in [1 MiB, 2^46] (", (1ull << 20), " to ", kMaxBytes, ")");
   if (memory_bytes > kMaxBytes)
-    STARLING_THROW(ConfigError, "state store: memory_bytes = ", memory_bytes, " must be at most 2^46 (", kMaxBytes, ")");
+    STARLING_THROW(ConfigError, "state store: memory_bytes = ", memory_bytes,
+                   " must be at most 2^46 (", kMaxBytes, ")");
   if (resume && spill_dir.empty())
-    STARLING_THROW(ConfigError, "state store: resume = true needs spill_dir (the folder of the store to reopen)");
+    STARLING_THROW(
+        ConfigError,
+        "state store: resume = true needs spill_dir (the folder of the store to reopen)");
 }
 
 class ClientStateStore::Impl {
  public:
-  Impl(StateStoreOptions options, uint64_t fingerprint) : opt_(std::move(options)), fp_(fingerprint) {
+  Impl(StateStoreOptions options, uint64_t fingerprint)
+      : opt_(std::move(options)), fp_(fingerprint) {
     opt_.validate();
     if (opt_.spill_dir.empty()) {
       dir_ = makeTempDir();
@@ -136,8 +145,9 @@ class ClientStateStore::Impl {
   }
 
   void store(uint64_t id, const ClientState& s) {
-    STARLING_CHECK_ARG(s.layoutFingerprint() == fp_, "client-state store: client ", id, "'s state is bound to model ",
-                       s.layoutFingerprint(), ", the store to ", fp_);
+    STARLING_CHECK_ARG(s.layoutFingerprint() == fp_, "client-state store: client ", id,
+                       "'s state is bound to model ", s.layoutFingerprint(), ", the store to ",
+                       fp_);
     if (s.size() == 0) {
       erase(id);
       return;
@@ -164,7 +174,8 @@ class ClientStateStore::Impl {
     bool reuse = false;
     std::vector<uint8_t> blob;
     uint64_t new_cost = 0;
-    if (resident && it->second->blob.capacity() >= size && it->second->blob.capacity() <= size + size / 4) {
+    if (resident && it->second->blob.capacity() >= size &&
+        it->second->blob.capacity() <= size + size / 4) {
       reuse = true;
       new_cost = it->second->blob.capacity() + kEntryOverhead;
     } else {
@@ -296,14 +307,18 @@ class ClientStateStore::Impl {
     if (!owns_dir_) {
       std::error_code ec;
       fs::create_directories(dir_, ec);
-      if (ec) STARLING_THROW(IoError, "client-state store: cannot create the folder ", dir_.string(), ": ", ec.message());
-      if (!fs::is_directory(dir_)) STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(), " is not a folder");
+      if (ec)
+        STARLING_THROW(IoError, "client-state store: cannot create the folder ", dir_.string(),
+                       ": ", ec.message());
+      if (!fs::is_directory(dir_))
+        STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(), " is not a folder");
     }
     lock_ = std::make_unique<FolderLock>(dir_);
     const bool exists = ClientStateStore::holdsStore(dir_.string());
     if (exists && !opt_.resume)
       STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(),
-                     " already holds a client-state store: set resume = true to continue it, or choose another folder");
+                     " already holds a client-state store: set resume = true to continue it, or "
+                     "choose another folder");
     if (!exists && opt_.resume)
       STARLING_THROW(ConfigError, "state store: resume = true, but spill_dir ", dir_.string(),
                      " holds no client-state store (no data.mdb)");
@@ -330,14 +345,16 @@ class ClientStateStore::Impl {
         ByteReader pr(lmdb::span(v), "fingerprint record");
         stored_fp = pr.u64();
       } catch (const IoError& e) {
-        STARLING_THROW(IoError, "client-state store ", dir_.string(), ": not a readable store: ", e.what());
+        STARLING_THROW(IoError, "client-state store ", dir_.string(),
+                       ": not a readable store: ", e.what());
       }
       if (format != kMetaFormat)
-        STARLING_THROW(IoError, "client-state store ", dir_.string(), ": format ", format, " (this build reads ",
-                       kMetaFormat, ")");
+        STARLING_THROW(IoError, "client-state store ", dir_.string(), ": format ", format,
+                       " (this build reads ", kMetaFormat, ")");
       if (stored_fp != fp_)
-        STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(), " holds states of model fingerprint ",
-                       stored_fp, ", this run's model has ", fp_);
+        STARLING_THROW(ConfigError, "state store: spill_dir ", dir_.string(),
+                       " holds states of model fingerprint ", stored_fp, ", this run's model has ",
+                       fp_);
       rollBackToCheckpoint(t);
       countSpilled(t);
       if (t.get(meta_, lmdb::Key(kGenerationKey).val(), v)) {
@@ -365,7 +382,8 @@ class ClientStateStore::Impl {
     if (rc != MDB_NOTFOUND) lmdb::fail(rc, dir_, "reading the undo records");
     for (auto& [id, rec] : records) {
       if (rec.empty() || rec[0] > kUndoBlob)
-        STARLING_THROW(IoError, "client-state store ", dir_.string(), ": corrupt undo record for client ", id);
+        STARLING_THROW(IoError, "client-state store ", dir_.string(),
+                       ": corrupt undo record for client ", id);
       lmdb::Key key(id);
       if (rec[0] == kUndoAbsent)
         t.del(states_, key.val());
@@ -403,13 +421,14 @@ class ClientStateStore::Impl {
     try {
       out.loadFrom(bytes);
     } catch (const Error& e) {
-      STARLING_THROW(IoError, "client-state store ", dir_.string(), ": client ", id, ": stored state is corrupt: ", e.what());
+      STARLING_THROW(IoError, "client-state store ", dir_.string(), ": client ", id,
+                     ": stored state is corrupt: ", e.what());
     }
     if (out.layoutFingerprint() != fp_) {
       const uint64_t got = out.layoutFingerprint();
       out.reset(0);
-      STARLING_THROW(IoError, "client-state store ", dir_.string(), ": client ", id, ": stored state belongs to model ",
-                     got, ", not ", fp_);
+      STARLING_THROW(IoError, "client-state store ", dir_.string(), ": client ", id,
+                     ": stored state belongs to model ", got, ", not ", fp_);
     }
   }
 
@@ -427,7 +446,8 @@ class ClientStateStore::Impl {
           uint8_t* p = t.reserve(undo_, k.val(), old.mv_size + 1);
           p[0] = kUndoBlob;
           // `old` may have moved if the reserve touched its page: read it again.
-          if (!t.get(states_, k.val(), old)) STARLING_THROW(InternalError, "client-state store: entry vanished");
+          if (!t.get(states_, k.val(), old))
+            STARLING_THROW(InternalError, "client-state store: entry vanished");
           std::memcpy(p + 1, old.mv_data, old.mv_size);
           touched_ += old.mv_size;
         } else {
@@ -515,7 +535,9 @@ ClientStateStore::ClientStateStore(ClientStateStore&&) noexcept = default;
 ClientStateStore& ClientStateStore::operator=(ClientStateStore&&) noexcept = default;
 
 void ClientStateStore::load(uint64_t client_id, ClientState& out) { impl_->load(client_id, out); }
-void ClientStateStore::store(uint64_t client_id, const ClientState& s) { impl_->store(client_id, s); }
+void ClientStateStore::store(uint64_t client_id, const ClientState& s) {
+  impl_->store(client_id, s);
+}
 void ClientStateStore::flush(uint64_t generation) { impl_->flush(generation); }
 uint64_t ClientStateStore::generation() const { return impl_->generation(); }
 ClientStateStore::Stats ClientStateStore::stats() const { return impl_->stats(); }

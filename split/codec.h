@@ -54,7 +54,8 @@ class ActivationCodec {
   virtual std::string spec() const = 0;
   // Encodes `m` (rows x cols, finite values). Throws InvalidArgument on a size mismatch or a
   // non-finite value; `state` is then unchanged.
-  virtual std::vector<uint8_t> encode(std::span<const float> m, size_t rows, size_t cols, CodecState& state) const = 0;
+  virtual std::vector<uint8_t> encode(std::span<const float> m, size_t rows, size_t cols,
+                                      CodecState& state) const = 0;
 };
 
 const Registry<ActivationCodec>& activationCodecs();
@@ -65,8 +66,8 @@ std::unique_ptr<ActivationCodec> makeActivationCodec(std::string_view spec);
 // kShapeMismatch, kSizeMismatch, kIndexOutOfRange, kIndexOrder, kNonFinite, kValueTooLarge) for a
 // message that is not a well-formed encoding of such a matrix, or whose decoded values exceed
 // `max_abs`; `out` may then hold anything.
-void decodeActivation(std::span<const uint8_t> bytes, size_t rows, size_t cols, std::span<float> out,
-                      double max_abs = 1e30);
+void decodeActivation(std::span<const uint8_t> bytes, size_t rows, size_t cols,
+                      std::span<float> out, double max_abs = 1e30);
 
 // The kind byte of an encoding, and its name, for logs ("none", "int8", "topk", "lowrank").
 const char* activationKindName(uint8_t kind);

@@ -48,17 +48,20 @@ namespace starling::split {
 
 // What both sides compare at hello: the cut model's layouts (bottom and top, so the cut point and
 // the weight-side rank), the activation size and both codec specs.
-uint64_t sessionFingerprint(const SplitModel& model, const std::string& up, const std::string& down);
+uint64_t sessionFingerprint(const SplitModel& model, const std::string& up,
+                            const std::string& down);
 
 // The cloud's checkpoint: its top part, the training steps it has served, and the session
 // fingerprint (a checkpoint of another cut or codecs is refused). Written atomically.
-void saveCloudCheckpoint(const std::string& path, uint64_t fingerprint, uint64_t steps, std::span<const float> top);
+void saveCloudCheckpoint(const std::string& path, uint64_t fingerprint, uint64_t steps,
+                         std::span<const float> top);
 // nullopt when the file does not exist; IoError naming the file for anything else wrong with it.
 struct CloudCheckpoint {
   uint64_t steps = 0;
   std::vector<float> top;
 };
-std::optional<CloudCheckpoint> loadCloudCheckpoint(const std::string& path, uint64_t fingerprint, size_t numel);
+std::optional<CloudCheckpoint> loadCloudCheckpoint(const std::string& path, uint64_t fingerprint,
+                                                   size_t numel);
 
 struct CloudServerConfig {
   std::string bind = "tcp://127.0.0.1:5700";
@@ -70,10 +73,10 @@ struct CloudServerConfig {
   // Sessions at once; a hello beyond is refused (kBusy). Each keeps its last reply (up to the
   // largest step's gradient) to answer a repeated step, so memory grows with this.
   size_t max_sessions = 64;
-  std::string checkpoint;                          // "" : none
-  uint64_t checkpoint_every = 50;                  // training steps between checkpoints
-  uint64_t steps_done = 0;                         // from the checkpoint loaded at start
-  std::function<void(const std::string&)> log;     // progress and refusals (optional)
+  std::string checkpoint;                       // "" : none
+  uint64_t checkpoint_every = 50;               // training steps between checkpoints
+  uint64_t steps_done = 0;                      // from the checkpoint loaded at start
+  std::function<void(const std::string&)> log;  // progress and refusals (optional)
   // SplitFed: the number of edge devices whose bottoms are averaged after each epoch (0: off). An
   // epoch's average is sent to its contributors once that many bottoms came, or `splitfed_wait`
   // after the first one (an edge that vanished is left out); a bottom arriving after its epoch's
@@ -85,16 +88,16 @@ struct CloudServerConfig {
 
 struct CloudStats {
   uint64_t hellos = 0;
-  uint64_t steps = 0;             // training steps applied to the top part (including steps_done)
-  uint64_t evaluations = 0;       // evaluation steps
-  uint64_t refused = 0;           // messages refused (a Reject was sent, or the peer was dropped)
-  uint64_t duplicates = 0;        // repeated steps answered from the cache
-  uint64_t replies_dropped = 0;   // replies that could not be delivered (the edge vanished)
-  uint64_t timed_out = 0;         // sessions closed for silence
-  uint64_t goodbyes = 0;          // sessions closed by the edge
-  double compute_seconds = 0;     // in SplitCloud::step and evaluate
-  uint64_t averages = 0;          // SplitFed epochs averaged
-  uint64_t averages_short = 0;    // of them, averaged with fewer bottoms than splitfed_edges
+  uint64_t steps = 0;            // training steps applied to the top part (including steps_done)
+  uint64_t evaluations = 0;      // evaluation steps
+  uint64_t refused = 0;          // messages refused (a Reject was sent, or the peer was dropped)
+  uint64_t duplicates = 0;       // repeated steps answered from the cache
+  uint64_t replies_dropped = 0;  // replies that could not be delivered (the edge vanished)
+  uint64_t timed_out = 0;        // sessions closed for silence
+  uint64_t goodbyes = 0;         // sessions closed by the edge
+  double compute_seconds = 0;    // in SplitCloud::step and evaluate
+  uint64_t averages = 0;         // SplitFed epochs averaged
+  uint64_t averages_short = 0;   // of them, averaged with fewer bottoms than splitfed_edges
 };
 
 class SplitCloudServer {
@@ -126,7 +129,8 @@ class SplitCloudServer {
   void hello(const transport::Received& r);
   // The sender's session if it is `session` (refreshed); else a NotRegistered reject and null.
   // InputError (kWrongSender) when another key speaks in it.
-  Session* sessionOf(const transport::Received& r, uint64_t session, uint64_t request, const char* what);
+  Session* sessionOf(const transport::Received& r, uint64_t session, uint64_t request,
+                     const char* what);
   void step(const transport::Received& r);
   void refuse(const std::string& peer, int kind, Errc code, const std::string& message);
   void bottom(const transport::Received& r);
@@ -138,7 +142,7 @@ class SplitCloudServer {
   SplitCloud& cloud_;
   CloudServerConfig cfg_;
   std::unique_ptr<transport::ServerSocket> socket_;
-  std::map<std::string, Session> sessions_;  // by routing id
+  std::map<std::string, Session> sessions_;            // by routing id
   std::map<uint64_t, std::unique_ptr<FedEpoch>> fed_;  // SplitFed, by epoch (at most 4 kept)
   CloudStats stats_;
   uint64_t next_session_;
@@ -164,9 +168,9 @@ struct EdgeClientConfig {
 struct EdgeStepResult {
   double loss = 0;
   size_t correct = 0;
-  uint64_t up_bytes = 0;    // the encoded activations (what the codec produced)
-  uint64_t down_bytes = 0;  // the encoded gradient
-  double cloud_seconds = 0; // the cloud's compute time for the step
+  uint64_t up_bytes = 0;     // the encoded activations (what the codec produced)
+  uint64_t down_bytes = 0;   // the encoded gradient
+  double cloud_seconds = 0;  // the cloud's compute time for the step
 };
 
 struct EdgeClientStats {
@@ -178,7 +182,8 @@ struct EdgeClientStats {
 class SplitEdgeClient {
  public:
   SplitEdgeClient(transport::Context& context, SplitEdge& edge, EdgeClientConfig config);
-  ~SplitEdgeClient();  // says goodbye, best effort (the socket lingers up to limits.linger_ms, 500 ms if 0)
+  ~SplitEdgeClient();  // says goodbye, best effort (the socket lingers up to limits.linger_ms, 500
+                       // ms if 0)
   // Opens the session. ConfigError when the cloud serves another model or codecs (its message
   // says which), IoError when it does not answer within the tries.
   void connect();
@@ -186,7 +191,8 @@ class SplitEdgeClient {
   // down, the bottom's SGD step (with `train_bottom` false the cloud sends no gradient and the
   // bottom stays). IoError when the cloud does not answer; InvalidArgument when it refuses the
   // step (its code and message); InputError when its gradient lies (the bottom unchanged).
-  EdgeStepResult train(std::span<const float> x, std::span<const uint8_t> labels, size_t n, bool train_bottom = true);
+  EdgeStepResult train(std::span<const float> x, std::span<const uint8_t> labels, size_t n,
+                       bool train_bottom = true);
   // The whole model's loss and correct count on n examples: uncompressed activations, no update.
   EdgeStepResult evaluate(std::span<const float> x, std::span<const uint8_t> labels, size_t n);
   // SplitFed: sends the bottom part after `epoch` with its weight `examples`, waits (up to
@@ -198,7 +204,8 @@ class SplitEdgeClient {
 
  private:
   struct Answer;
-  Answer exchange(int kind, std::span<const uint8_t> labels, std::vector<uint8_t> activations, size_t n);
+  Answer exchange(int kind, std::span<const uint8_t> labels, std::vector<uint8_t> activations,
+                  size_t n);
   enum class Wait { kDone, kAgain, kTimeout };
   // Sends `bytes` and waits until `deadline` for a message `accept` takes (kDone). kAgain when the
   // cloud was busy or forgot our session (then session_ is 0); `refused` throws for any other
@@ -223,13 +230,13 @@ class SplitEdgeClient {
 // One epoch of an edge device over the network, as InProcessSplit::runEpoch does it for one edge
 // (the same shuffling for `shard` and cfg.seed, the same steps, so one networked edge computes what
 // the in-process mode does): every batch of train[idx] trained through the cloud, with
-// cfg.splitfed the SplitFed average (SplitEdgeClient::average, weighted by idx.size()), then the whole
-// model's loss and accuracy on test[test_idx] through the cloud (uncompressed activations, counted
-// as eval_bytes; skipped when test_idx is empty). `progress` is called after each step with the
-// steps done and the steps of the epoch.
-EpochRecord runEdgeEpoch(SplitEdgeClient& client, const SplitTrainConfig& cfg, uint32_t epoch, size_t shard,
-                         const data::Dataset& train, std::span<const size_t> idx, const data::Dataset& test,
-                         std::span<const size_t> test_idx,
+// cfg.splitfed the SplitFed average (SplitEdgeClient::average, weighted by idx.size()), then the
+// whole model's loss and accuracy on test[test_idx] through the cloud (uncompressed activations,
+// counted as eval_bytes; skipped when test_idx is empty). `progress` is called after each step with
+// the steps done and the steps of the epoch.
+EpochRecord runEdgeEpoch(SplitEdgeClient& client, const SplitTrainConfig& cfg, uint32_t epoch,
+                         size_t shard, const data::Dataset& train, std::span<const size_t> idx,
+                         const data::Dataset& test, std::span<const size_t> test_idx,
                          const std::function<void(size_t, size_t)>& progress = {});
 
 }  // namespace starling::split

@@ -23,7 +23,8 @@ class SplitCloud {
     double max_abs = 1e6;     // largest decoded activation value accepted
   };
   // `top`: the cloud's parameters (model.top().numel()); `down`: the gradient codec spec.
-  SplitCloud(SplitModel& model, std::vector<float> top, const std::string& down, double lr, Limits limits);
+  SplitCloud(SplitModel& model, std::vector<float> top, const std::string& down, double lr,
+             Limits limits);
   SplitCloud(SplitModel& model, std::vector<float> top, const std::string& down, double lr)
       : SplitCloud(model, std::move(top), down, lr, Limits{}) {}
 
@@ -37,8 +38,8 @@ class SplitCloud {
   // encodes the activations' gradient with this edge's codec state (unless `send_gradient` is
   // false). InputError for anything an edge can lie about (shape, sizes, values, labels, n); the
   // cloud's parameters and every state are then unchanged.
-  Reply step(uint64_t edge, std::span<const uint8_t> activations, std::span<const uint8_t> labels, size_t n,
-             bool send_gradient = true);
+  Reply step(uint64_t edge, std::span<const uint8_t> activations, std::span<const uint8_t> labels,
+             size_t n, bool send_gradient = true);
   // The loss and the number correct on n examples, without any update.
   Reply evaluate(std::span<const uint8_t> activations, std::span<const uint8_t> labels, size_t n);
   // Drops an edge's codec state (it vanished or said goodbye).

@@ -38,7 +38,8 @@ std::vector<float> flatGrads(const ParamLayout& layout, const std::vector<torch:
     const auto g = ts[i].grad();
     if (!g.defined()) continue;
     const auto c = g.to(torch::kCPU).contiguous();
-    std::copy_n(c.data_ptr<float>(), layout[i].numel, out.begin() + static_cast<std::ptrdiff_t>(layout[i].offset));
+    std::copy_n(c.data_ptr<float>(), layout[i].numel,
+                out.begin() + static_cast<std::ptrdiff_t>(layout[i].offset));
   }
   return out;
 }
@@ -49,12 +50,17 @@ torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& w, const torch::
 
 // The CNN in stages: 0 conv1+pool, 1 conv2+pool, 2 flatten+fc1+relu, 3 fc2. Stage s uses the
 // tensors 2s and 2s+1 of the whole layout.
-torch::Tensor cnnStage(int s, const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) {
+torch::Tensor cnnStage(int s, const torch::Tensor& h, const torch::Tensor& w,
+                       const torch::Tensor& b) {
   switch (s) {
-    case 0: return torch::max_pool2d(torch::relu(conv(h, w, b)), 2);
-    case 1: return torch::max_pool2d(torch::relu(conv(h, w, b)), 2);
-    case 2: return torch::relu(torch::linear(h.flatten(1), w, b));
-    default: return torch::linear(h, w, b);
+    case 0:
+      return torch::max_pool2d(torch::relu(conv(h, w, b)), 2);
+    case 1:
+      return torch::max_pool2d(torch::relu(conv(h, w, b)), 2);
+    case 2:
+      return torch::relu(torch::linear(h.flatten(1), w, b));
+    default:
+      return torch::linear(h, w, b);
   }
 }
 
@@ -74,8 +80,10 @@ struct Arch {
   size_t prefix = 0;
   virtual const ParamLayout& full() const = 0;
   virtual void init(std::span<float> p, uint64_t seed) const = 0;
-  virtual torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const = 0;
-  virtual torch::Tensor runTop(const std::vector<torch::Tensor>& p, const torch::Tensor& a) const = 0;
+  virtual torch::Tensor runBottom(const std::vector<torch::Tensor>& p,
+                                  const torch::Tensor& x) const = 0;
+  virtual torch::Tensor runTop(const std::vector<torch::Tensor>& p,
+                               const torch::Tensor& a) const = 0;
   virtual std::string name() const = 0;
 
   // Which tensors of full() are the edge's: [0, prefix) unless an architecture sets on_edge itself
@@ -101,7 +109,8 @@ struct Arch {
     const auto& w = f[split_proj];
     const auto out = static_cast<uint32_t>(w.shape[0]), in = static_cast<uint32_t>(w.shape[1]);
     if (r > std::min(out, in))
-      STARLING_THROW(ConfigError, "split: weight rank ", r, " exceeds ", w.name, "'s ", out, " x ", in);
+      STARLING_THROW(ConfigError, "split: weight rank ", r, " exceeds ", w.name, "'s ", out, " x ",
+                     in);
     rank = r;
   }
 };
@@ -114,19 +123,27 @@ struct CnnArch : Arch {
 
   CnnArch(int cut, size_t r, size_t c, uint32_t classes, uint32_t weight_rank, bool keep_skip)
       : rows(r), cols(c), cut_stage(cut) {
-    STARLING_CHECK_ARG(rows % 4 == 0 && cols % 4 == 0 && rows > 0 && cols > 0, "split: the cnn needs image sides ",
-                       "that are multiples of 4, got ", rows, "x", cols);
-    if (!keep_skip) STARLING_THROW(ConfigError, "split: the cnn has no skip connection across a cut (split.skip)");
+    STARLING_CHECK_ARG(rows % 4 == 0 && cols % 4 == 0 && rows > 0 && cols > 0,
+                       "split: the cnn needs image sides ", "that are multiples of 4, got ", rows,
+                       "x", cols);
+    if (!keep_skip)
+      STARLING_THROW(ConfigError,
+                     "split: the cnn has no skip connection across a cut (split.skip)");
     whole = torch_trainer::makeTorchTrainer("cnn", rows, cols, classes);
     const ParamLayout& f = whole->layout();
-    STARLING_ENFORCE(f.size() == 8, "split: the cnn's layout has ", f.size(), " tensors, 8 expected");
+    STARLING_ENFORCE(f.size() == 8, "split: the cnn's layout has ", f.size(),
+                     " tensors, 8 expected");
     prefix = 2 * static_cast<size_t>(cut_stage + 1);
-    act = cut_stage == 0 ? 32 * (rows / 2) * (cols / 2) : cut_stage == 1 ? 64 * (rows / 4) * (cols / 4) : 512;
+    act = cut_stage == 0   ? 32 * (rows / 2) * (cols / 2)
+          : cut_stage == 1 ? 64 * (rows / 4) * (cols / 4)
+                           : 512;
     if (weight_rank) {
       // The projection right after the cut is linear for conv2 (fc1) and fc1 (fc2).
       if (cut_stage == 0)
-        STARLING_THROW(ConfigError, "split: a weight-side cut needs a linear layer after the cut; after conv1 comes ",
-                       "conv2 (cut at conv2 or fc1)");
+        STARLING_THROW(
+            ConfigError,
+            "split: a weight-side cut needs a linear layer after the cut; after conv1 comes ",
+            "conv2 (cut at conv2 or fc1)");
       split_proj = prefix;
       checkRank(f, weight_rank);
       act = weight_rank;
@@ -137,8 +154,10 @@ struct CnnArch : Arch {
   void init(std::span<float> p, uint64_t seed) const override { whole->initParameters(p, seed); }
   std::string name() const override { return "cnn"; }
 
-  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const override {
-    torch::Tensor h = x.view({x.size(0), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)});
+  torch::Tensor runBottom(const std::vector<torch::Tensor>& p,
+                          const torch::Tensor& x) const override {
+    torch::Tensor h =
+        x.view({x.size(0), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)});
     for (int s = 0; s <= cut_stage; ++s) h = cnnStage(s, h, p[2 * s], p[2 * s + 1]);
     h = h.flatten(1);
     if (rank) h = torch::linear(h, p[2 * static_cast<size_t>(cut_stage + 1)]);  // S_r V_r^T
@@ -168,8 +187,8 @@ struct CnnArch : Arch {
 // hidden 256), then LN, the mean over tokens and a linear head. Cut points: "embed" (after the
 // patch embedding and the position table), "block1" (after the first block), "ffn2" (inside the
 // second block, before its FFN: the edge sends h1, the cloud runs LN2, the FFN and the skip). At
-// "ffn2" the weight-side cut splits the FFN's up-projection (the paper's cut): the edge runs LN2 and
-// S_r V_r^T and sends r values per token, plus h1 for the skip connection across the cut unless
+// "ffn2" the weight-side cut splits the FFN's up-projection (the paper's cut): the edge runs LN2
+// and S_r V_r^T and sends r values per token, plus h1 for the skip connection across the cut unless
 // the skip is removed (the paper's eliminated link: out = FFN(LN2(h1)), r values per token only).
 struct VitArch : Arch {
   static constexpr int64_t kPatch = 4, kWidth = 64, kHeads = 4, kHidden = 256, kBlocks = 2;
@@ -181,8 +200,9 @@ struct VitArch : Arch {
 
   VitArch(int c, size_t r, size_t co, uint32_t classes, uint32_t weight_rank, bool keep_skip)
       : rows(static_cast<int64_t>(r)), cols(static_cast<int64_t>(co)), cut(c), skip(keep_skip) {
-    STARLING_CHECK_ARG(r % kPatch == 0 && co % kPatch == 0 && r > 0 && co > 0, "split: the vit needs image sides ",
-                       "that are multiples of ", kPatch, ", got ", r, "x", co);
+    STARLING_CHECK_ARG(r % kPatch == 0 && co % kPatch == 0 && r > 0 && co > 0,
+                       "split: the vit needs image sides ", "that are multiples of ", kPatch,
+                       ", got ", r, "x", co);
     tokens = (rows / kPatch) * (cols / kPatch);
     layout.add("patch.weight", {kWidth, kPatch * kPatch});
     layout.add("patch.bias", {kWidth});
@@ -206,14 +226,17 @@ struct VitArch : Arch {
     layout.add("ln.bias", {kWidth});
     layout.add("head.weight", {static_cast<int64_t>(classes), kWidth});
     layout.add("head.bias", {static_cast<int64_t>(classes)});
-    const size_t b2 = 3 + kPerBlock;  // block2's first tensor
+    const size_t b2 = 3 + kPerBlock;                 // block2's first tensor
     prefix = cut == 0 ? 3 : cut == 1 ? b2 : b2 + 6;  // ffn2: block2 up to attn.out_bias on the edge
     act = static_cast<size_t>(tokens * kWidth);
     if (!keep_skip && cut != 2)
-      STARLING_THROW(ConfigError, "split: the vit's skip connection crosses the cut only at ffn2 (split.skip)");
+      STARLING_THROW(ConfigError,
+                     "split: the vit's skip connection crosses the cut only at ffn2 (split.skip)");
     if (weight_rank) {
       if (cut != 2)
-        STARLING_THROW(ConfigError, "split: the vit's weight-side cut splits the FFN's up-projection: cut at ffn2");
+        STARLING_THROW(
+            ConfigError,
+            "split: the vit's weight-side cut splits the FFN's up-projection: cut at ffn2");
       prefix = b2 + 8;  // LN2 on the edge too
       split_proj = b2 + 8;
       checkRank(layout, weight_rank);
@@ -231,14 +254,16 @@ struct VitArch : Arch {
     for (size_t i = 0; i < layout.size(); ++i) {
       const auto& t = layout[i];
       float* v = p.data() + t.offset;
-      const bool ln = t.name.find("ln") != std::string::npos && t.name.find(".weight") != std::string::npos;
+      const bool ln =
+          t.name.find("ln") != std::string::npos && t.name.find(".weight") != std::string::npos;
       if (t.name == "pos") {
         for (size_t j = 0; j < t.numel; ++j) v[j] = static_cast<float>(0.02 * rng.normal());
       } else if (ln) {
         std::fill(v, v + t.numel, 1.0f);
       } else if (t.shape.size() == 2) {
         const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape[1]));
-        for (size_t j = 0; j < t.numel; ++j) v[j] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
+        for (size_t j = 0; j < t.numel; ++j)
+          v[j] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
       } else {
         std::fill(v, v + t.numel, 0.0f);
       }
@@ -248,14 +273,18 @@ struct VitArch : Arch {
   torch::Tensor ln(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& b) const {
     return torch::layer_norm(h, {kWidth}, w, b, 1e-5);
   }
-  torch::Tensor attn(const torch::Tensor& z, const torch::Tensor* p) const {  // p: in_w, in_b, out_w, out_b
+  torch::Tensor attn(const torch::Tensor& z,
+                     const torch::Tensor* p) const {  // p: in_w, in_b, out_w, out_b
     const int64_t n = z.size(0), dh = kWidth / kHeads;
-    const auto qkv = torch::linear(z, p[0], p[1]).view({n, tokens, 3, kHeads, dh}).permute({2, 0, 3, 1, 4});
-    const auto att = torch::softmax(torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(double(dh)), -1);
+    const auto qkv =
+        torch::linear(z, p[0], p[1]).view({n, tokens, 3, kHeads, dh}).permute({2, 0, 3, 1, 4});
+    const auto att =
+        torch::softmax(torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(double(dh)), -1);
     const auto o = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({n, tokens, kWidth});
     return torch::linear(o, p[2], p[3]);
   }
-  torch::Tensor ffnRest(const torch::Tensor& u, const torch::Tensor& dw, const torch::Tensor& db) const {
+  torch::Tensor ffnRest(const torch::Tensor& u, const torch::Tensor& dw,
+                        const torch::Tensor& db) const {
     return torch::linear(torch::gelu(u), dw, db);
   }
   // A whole block from the tensors t[0..11] (ln1 w b, attn 4, ln2 w b, up w b, down w b).
@@ -267,17 +296,20 @@ struct VitArch : Arch {
     return torch::linear(ln(h, t[0], t[1]).mean(1), t[2], t[3]);
   }
 
-  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const override {
+  torch::Tensor runBottom(const std::vector<torch::Tensor>& p,
+                          const torch::Tensor& x) const override {
     const int64_t n = x.size(0), gr = rows / kPatch, gc = cols / kPatch;
-    const auto patches =
-        x.view({n, gr, kPatch, gc, kPatch}).permute({0, 1, 3, 2, 4}).reshape({n, tokens, kPatch * kPatch});
+    const auto patches = x.view({n, gr, kPatch, gc, kPatch})
+                             .permute({0, 1, 3, 2, 4})
+                             .reshape({n, tokens, kPatch * kPatch});
     torch::Tensor h = torch::linear(patches, p[0], p[1]) + p[2];
     if (cut >= 1) h = block(h, &p[3]);
     if (cut == 2) {
       const torch::Tensor* t = &p[3 + kPerBlock];
       h = h + attn(ln(h, t[0], t[1]), t + 2);  // h1
       if (rank) {
-        const auto z = torch::linear(ln(h, t[6], t[7]), p[prefix]);  // S_r V_r^T LN2(h1): r per token
+        const auto z =
+            torch::linear(ln(h, t[6], t[7]), p[prefix]);  // S_r V_r^T LN2(h1): r per token
         h = skip ? torch::cat({z, h}, 2) : z;
       }
     }
@@ -330,17 +362,23 @@ struct ResnetArch : Arch {
 
   ResnetArch(int c, size_t r, size_t co, uint32_t classes, uint32_t weight_rank, bool keep_skip)
       : rows(static_cast<int64_t>(r)), cols(static_cast<int64_t>(co)), cut(c + 1) {
-    STARLING_CHECK_ARG(r % 4 == 0 && co % 4 == 0 && r > 0 && co > 0, "split: the resnet needs image sides that are ",
-                       "multiples of 4, got ", r, "x", co);
+    STARLING_CHECK_ARG(r % 4 == 0 && co % 4 == 0 && r > 0 && co > 0,
+                       "split: the resnet needs image sides that are ", "multiples of 4, got ", r,
+                       "x", co);
     if (weight_rank)
-      STARLING_THROW(ConfigError, "split: the resnet has no linear projection right after a cut (split.weight_rank)");
-    if (!keep_skip) STARLING_THROW(ConfigError, "split: the resnet has no skip connection across a cut (split.skip)");
+      STARLING_THROW(
+          ConfigError,
+          "split: the resnet has no linear projection right after a cut (split.weight_rank)");
+    if (!keep_skip)
+      STARLING_THROW(ConfigError,
+                     "split: the resnet has no skip connection across a cut (split.skip)");
     whole = torch_trainer::makeTorchTrainer("resnet", r, co, classes);
     const ParamLayout& f = whole->layout();
     for (size_t i = 0; i < f.size(); ++i) {
       const std::string& n = f[i].name;
       bool edge = n.rfind("conv1.", 0) == 0 || n.rfind("bn1.", 0) == 0;
-      for (int s = 1; s <= cut; ++s) edge = edge || n.rfind("layer" + std::to_string(s) + ".", 0) == 0;
+      for (int s = 1; s <= cut; ++s)
+        edge = edge || n.rfind("layer" + std::to_string(s) + ".", 0) == 0;
       on_edge.push_back(edge);
     }
     const int64_t ch = int64_t{16} << (cut - 1), div = int64_t{1} << (cut - 1);
@@ -358,7 +396,8 @@ struct ResnetArch : Arch {
     const std::map<std::string, size_t>& at;
     const torch::Tensor& operator[](const std::string& n) const { return p[at.at(n)]; }
   };
-  static torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& w, int64_t stride, int64_t pad) {
+  static torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& w, int64_t stride,
+                            int64_t pad) {
     return torch::conv2d(x, w, c10::nullopt, at::IntArrayRef(stride), at::IntArrayRef(pad));
   }
   static torch::Tensor bn(const torch::Tensor& x, const Part& t, const std::string& k) {
@@ -370,10 +409,12 @@ struct ResnetArch : Arch {
     const int64_t stride = s == 1 ? 1 : 2;
     torch::Tensor o = torch::relu(bn(conv(h, t[k + "conv1.weight"], stride, 1), t, k + "bn1"));
     o = bn(conv(o, t[k + "conv2.weight"], 1, 1), t, k + "bn2");
-    const torch::Tensor skip = s == 1 ? h : bn(conv(h, t[k + "downsample.0.weight"], stride, 0), t, k + "downsample.1");
+    const torch::Tensor skip =
+        s == 1 ? h : bn(conv(h, t[k + "downsample.0.weight"], stride, 0), t, k + "downsample.1");
     return torch::relu(o + skip);
   }
-  torch::Tensor runBottom(const std::vector<torch::Tensor>& p, const torch::Tensor& x) const override {
+  torch::Tensor runBottom(const std::vector<torch::Tensor>& p,
+                          const torch::Tensor& x) const override {
     const Part t{p, bottom_at};
     torch::Tensor h = x.view({x.size(0), 1, rows, cols});
     h = torch::relu(bn(conv(h, t["conv1.weight"], 1, 1), t, "bn1"));
@@ -389,10 +430,11 @@ struct ResnetArch : Arch {
   }
 };
 
-std::unique_ptr<Arch> makeArch(const std::string& model, int cut, size_t rows, size_t cols, uint32_t classes,
-                               uint32_t rank, bool keep_skip) {
+std::unique_ptr<Arch> makeArch(const std::string& model, int cut, size_t rows, size_t cols,
+                               uint32_t classes, uint32_t rank, bool keep_skip) {
   if (model == "cnn") return std::make_unique<CnnArch>(cut, rows, cols, classes, rank, keep_skip);
-  if (model == "resnet") return std::make_unique<ResnetArch>(cut, rows, cols, classes, rank, keep_skip);
+  if (model == "resnet")
+    return std::make_unique<ResnetArch>(cut, rows, cols, classes, rank, keep_skip);
   return std::make_unique<VitArch>(cut, rows, cols, classes, rank, keep_skip);
 }
 
@@ -411,9 +453,10 @@ struct SplitModel::Impl {
   size_t edge_n = 0;
 
   torch::Tensor input(std::span<const float> x, size_t n) const {
-    return torch::from_blob(const_cast<float*>(x.data()),
-                            {static_cast<int64_t>(n), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
-                            torch::kFloat32);
+    return torch::from_blob(
+        const_cast<float*>(x.data()),
+        {static_cast<int64_t>(n), 1, static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
+        torch::kFloat32);
   }
 };
 
@@ -421,18 +464,20 @@ std::vector<std::string> SplitModel::cutPoints(const std::string& model) {
   if (model == "cnn") return {"conv1", "conv2", "fc1"};
   if (model == "vit") return {"embed", "block1", "ffn2"};
   if (model == "resnet") return {"layer1", "layer2", "layer3"};
-  STARLING_THROW(ConfigError, "split: model '", model, "' has no cut points (models with cut points: cnn, resnet, vit)");
+  STARLING_THROW(ConfigError, "split: model '", model,
+                 "' has no cut points (models with cut points: cnn, resnet, vit)");
 }
 
-SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
-                       uint32_t weight_rank, bool keep_skip)
+SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols,
+                       uint32_t classes, uint32_t weight_rank, bool keep_skip)
     : impl_(std::make_unique<Impl>()) {
   const auto cuts = cutPoints(model);
   const auto it = std::find(cuts.begin(), cuts.end(), cut);
   if (it == cuts.end()) {
     std::string list;
     for (const auto& c : cuts) list += (list.empty() ? "" : ", ") + c;
-    STARLING_THROW(ConfigError, "split: '", cut, "' is not a cut point of ", model, " (", list, ")");
+    STARLING_THROW(ConfigError, "split: '", cut, "' is not a cut point of ", model, " (", list,
+                   ")");
   }
   Impl& m = *impl_;
   m.model = model;
@@ -440,7 +485,8 @@ SplitModel::SplitModel(const std::string& model, const std::string& cut, size_t 
   m.rows = rows;
   m.cols = cols;
   m.classes = classes;
-  m.arch = makeArch(model, static_cast<int>(it - cuts.begin()), rows, cols, classes, weight_rank, keep_skip);
+  m.arch = makeArch(model, static_cast<int>(it - cuts.begin()), rows, cols, classes, weight_rank,
+                    keep_skip);
 }
 
 SplitModel::~SplitModel() = default;
@@ -452,10 +498,12 @@ size_t SplitModel::activationSize() const { return impl_->arch->act; }
 size_t SplitModel::features() const { return impl_->rows * impl_->cols; }
 uint32_t SplitModel::classes() const { return impl_->classes; }
 
-std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std::span<const float> whole) const {
+std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(
+    std::span<const float> whole) const {
   const Arch& a = *impl_->arch;
   const ParamLayout& f = full();
-  STARLING_CHECK_ARG(whole.size() == f.numel(), "split: ", whole.size(), " parameters, the model has ", f.numel());
+  STARLING_CHECK_ARG(whole.size() == f.numel(), "split: ", whole.size(),
+                     " parameters, the model has ", f.numel());
   std::vector<float> bottom, top;
   auto append = [&](std::vector<float>& to, size_t i) {
     to.insert(to.end(), whole.begin() + static_cast<std::ptrdiff_t>(f[i].offset),
@@ -468,20 +516,25 @@ std::pair<std::vector<float>, std::vector<float>> SplitModel::cutParameters(std:
       if (!a.on_edge[i]) append(top, i);
     return {std::move(bottom), std::move(top)};
   }
-  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r, then the rest of the top without W.
+  // W = U S V^T, truncated: the edge gets S_r V_r^T, the cloud U_r, then the rest of the top
+  // without W.
   const auto& ws = f[a.split_proj];
   torch::NoGradGuard no_grad;
-  const auto w = torch::from_blob(const_cast<float*>(whole.data() + ws.offset), ws.shape, torch::kFloat32).to(torch::kFloat64);
+  const auto w =
+      torch::from_blob(const_cast<float*>(whole.data() + ws.offset), ws.shape, torch::kFloat32)
+          .to(torch::kFloat64);
   // The ATen op: LibTorch 2.x removed the torch::linalg:: wrappers (torch/linalg.h).
   const auto [u, sv, vh] = torch::linalg_svd(w, /*full_matrices=*/false);
   const int64_t r = a.rank;
-  const auto v_part = (sv.slice(0, 0, r).unsqueeze(1) * vh.slice(0, 0, r)).to(torch::kFloat32).contiguous();
+  const auto v_part =
+      (sv.slice(0, 0, r).unsqueeze(1) * vh.slice(0, 0, r)).to(torch::kFloat32).contiguous();
   const auto u_part = u.slice(1, 0, r).to(torch::kFloat32).contiguous();
   bottom.insert(bottom.end(), v_part.data_ptr<float>(), v_part.data_ptr<float>() + v_part.numel());
   top.assign(u_part.data_ptr<float>(), u_part.data_ptr<float>() + u_part.numel());
   for (size_t i = 0; i < f.size(); ++i)
     if (!a.on_edge[i] && i != a.split_proj) append(top, i);
-  STARLING_ENFORCE(bottom.size() == a.bottom.numel() && top.size() == a.top.numel(), "split: weight-side cut sizes");
+  STARLING_ENFORCE(bottom.size() == a.bottom.numel() && top.size() == a.top.numel(),
+                   "split: weight-side cut sizes");
   return {std::move(bottom), std::move(top)};
 }
 
@@ -489,9 +542,11 @@ std::string SplitModel::describe() const {
   const Arch& a = *impl_->arch;
   std::string s = impl_->model + " cut at " + impl_->cut;
   if (a.rank) s += " with the next projection split at rank " + std::to_string(a.rank);
-  if (const auto* v = dynamic_cast<const VitArch*>(&a); v && !v->skip) s += ", the skip connection across it removed";
-  return s + ": " + std::to_string(a.act) + " values per example, " + std::to_string(a.bottom.numel()) +
-         " parameters on the edge, " + std::to_string(a.top.numel()) + " in the cloud";
+  if (const auto* v = dynamic_cast<const VitArch*>(&a); v && !v->skip)
+    s += ", the skip connection across it removed";
+  return s + ": " + std::to_string(a.act) + " values per example, " +
+         std::to_string(a.bottom.numel()) + " parameters on the edge, " +
+         std::to_string(a.top.numel()) + " in the cloud";
 }
 
 void SplitModel::setCloudDevice(const torch_trainer::Device& device) {
@@ -512,13 +567,14 @@ std::vector<float> SplitModel::initParameters(uint64_t seed) const {
   return p;
 }
 
-std::vector<float> SplitModel::edgeForward(std::span<const float> bottom_params, std::span<const float> x, size_t n) {
+std::vector<float> SplitModel::edgeForward(std::span<const float> bottom_params,
+                                           std::span<const float> x, size_t n) {
   Impl& m = *impl_;
   const Arch& a = *m.arch;
   STARLING_CHECK_ARG(bottom_params.size() == a.bottom.numel(), "split edge: ", bottom_params.size(),
                      " bottom parameters, the cut needs ", a.bottom.numel());
-  STARLING_CHECK_ARG(n > 0 && x.size() == n * features(), "split edge: ", x.size(), " input values for ", n,
-                     " examples of ", features());
+  STARLING_CHECK_ARG(n > 0 && x.size() == n * features(), "split edge: ", x.size(),
+                     " input values for ", n, " examples of ", features());
   m.edge_params = leaves(a.bottom, bottom_params, true, torch::kCPU);
   m.edge_out = a.runBottom(m.edge_params, m.input(x, n));
   m.edge_n = n;
@@ -530,10 +586,12 @@ std::vector<float> SplitModel::edgeBackward(std::span<const float> grad_activati
   Impl& m = *impl_;
   STARLING_CHECK_ARG(m.edge_out.defined(), "split edge: a backward pass without a forward pass");
   const Arch& a = *m.arch;
-  STARLING_CHECK_ARG(grad_activations.size() == m.edge_n * a.act, "split edge: an activation gradient of ",
-                     grad_activations.size(), " values, the forward pass produced ", m.edge_n * a.act);
+  STARLING_CHECK_ARG(grad_activations.size() == m.edge_n * a.act,
+                     "split edge: an activation gradient of ", grad_activations.size(),
+                     " values, the forward pass produced ", m.edge_n * a.act);
   const auto g = torch::from_blob(const_cast<float*>(grad_activations.data()),
-                                  {static_cast<int64_t>(m.edge_n), static_cast<int64_t>(a.act)}, torch::kFloat32);
+                                  {static_cast<int64_t>(m.edge_n), static_cast<int64_t>(a.act)},
+                                  torch::kFloat32);
   m.edge_out.backward(g);
   auto out = flatGrads(a.bottom, m.edge_params);
   m.edge_out = torch::Tensor();
@@ -541,16 +599,18 @@ std::vector<float> SplitModel::edgeBackward(std::span<const float> grad_activati
   return out;
 }
 
-SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params, std::span<const float> activations,
+SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params,
+                                              std::span<const float> activations,
                                               std::span<const uint8_t> labels, size_t n) {
   Impl& m = *impl_;
   const Arch& ar = *m.arch;
   STARLING_CHECK_ARG(top_params.size() == ar.top.numel(), "split cloud: ", top_params.size(),
                      " top parameters, the cut needs ", ar.top.numel());
-  STARLING_CHECK_ARG(n > 0 && activations.size() == n * ar.act && labels.size() == n, "split cloud: ",
-                     activations.size(), " activation values and ", labels.size(), " labels for ", n,
-                     " examples of ", ar.act);
-  for (uint8_t l : labels) STARLING_CHECK_ARG(l < m.classes, "split cloud: label ", int{l}, " of ", m.classes, " classes");
+  STARLING_CHECK_ARG(n > 0 && activations.size() == n * ar.act && labels.size() == n,
+                     "split cloud: ", activations.size(), " activation values and ", labels.size(),
+                     " labels for ", n, " examples of ", ar.act);
+  for (uint8_t l : labels)
+    STARLING_CHECK_ARG(l < m.classes, "split cloud: label ", int{l}, " of ", m.classes, " classes");
   auto params = leaves(ar.top, top_params, true, m.cloud);
   auto a = toDevice(torch::from_blob(const_cast<float*>(activations.data()),
                                      {static_cast<int64_t>(n), static_cast<int64_t>(ar.act)},
@@ -571,14 +631,17 @@ SplitModel::CloudResult SplitModel::cloudStep(std::span<const float> top_params,
   return r;
 }
 
-SplitModel::CloudResult SplitModel::evaluate(std::span<const float> bottom_params, std::span<const float> top_params,
-                                             std::span<const float> x, std::span<const uint8_t> labels, size_t n) {
+SplitModel::CloudResult SplitModel::evaluate(std::span<const float> bottom_params,
+                                             std::span<const float> top_params,
+                                             std::span<const float> x,
+                                             std::span<const uint8_t> labels, size_t n) {
   Impl& m = *impl_;
   const Arch& ar = *m.arch;
-  STARLING_CHECK_ARG(bottom_params.size() == ar.bottom.numel() && top_params.size() == ar.top.numel(),
-                     "split evaluate: parameter sizes do not fit the cut");
-  STARLING_CHECK_ARG(x.size() == n * features() && labels.size() == n, "split evaluate: ", x.size(), " inputs and ",
-                     labels.size(), " labels for ", n, " examples");
+  STARLING_CHECK_ARG(
+      bottom_params.size() == ar.bottom.numel() && top_params.size() == ar.top.numel(),
+      "split evaluate: parameter sizes do not fit the cut");
+  STARLING_CHECK_ARG(x.size() == n * features() && labels.size() == n, "split evaluate: ", x.size(),
+                     " inputs and ", labels.size(), " labels for ", n, " examples");
   torch::NoGradGuard no_grad;
   const auto bp = leaves(ar.bottom, bottom_params, false, m.cloud),
              tp = leaves(ar.top, top_params, false, m.cloud);

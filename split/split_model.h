@@ -51,13 +51,14 @@ class SplitModel {
   // S_r V_r^T (r x in, tensor "<layer>.svd_v") and sends r values per example instead of `in`; the
   // cloud applies U_r (out x r, "<layer>.svd_u") and the layer's bias. With r = min(out, in) the
   // model computes what the uncut one does. Only where a linear layer follows the cut (the CNN:
-  // conv2, before fc1; fc1, before fc2; the vit: ffn2); ConfigError elsewhere or for r > min(out, in).
+  // conv2, before fc1; fc1, before fc2; the vit: ffn2); ConfigError elsewhere or for r > min(out,
+  // in).
   //
   // `keep_skip` false removes the skip connection across the cut (the paper's eliminated link; the
   // vit at ffn2 only, ConfigError elsewhere): the second block's output is then FFN(LN2(h1))
   // without + h1, and with a weight-side cut only the r values per token cross.
-  SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols, uint32_t classes,
-             uint32_t weight_rank = 0, bool keep_skip = true);
+  SplitModel(const std::string& model, const std::string& cut, size_t rows, size_t cols,
+             uint32_t classes, uint32_t weight_rank = 0, bool keep_skip = true);
   ~SplitModel();
   SplitModel(const SplitModel&) = delete;
   SplitModel& operator=(const SplitModel&) = delete;
@@ -76,17 +77,19 @@ class SplitModel {
   size_t activationSize() const;      // values per example at the cut
   size_t features() const;            // rows x cols
   uint32_t classes() const;
-  std::string describe() const;       // "cnn cut at conv2: 3136 values per example"
+  std::string describe() const;  // "cnn cut at conv2: 3136 values per example"
 
   // The whole model's initial parameters for `seed` (torch_trainer's rule), in full()'s layout.
   std::vector<float> initParameters(uint64_t seed) const;
   // The edge's and the cloud's parameters from the whole model's (full() layout): a cut at a
   // tensor boundary, and with a weight-side cut the truncated SVD of the projection.
-  std::pair<std::vector<float>, std::vector<float>> cutParameters(std::span<const float> whole) const;
+  std::pair<std::vector<float>, std::vector<float>> cutParameters(
+      std::span<const float> whole) const;
 
   // Edge: the bottom's forward pass on `x` (n examples x features()), returning n x
   // activationSize() activations; keeps what edgeBackward needs.
-  std::vector<float> edgeForward(std::span<const float> bottom_params, std::span<const float> x, size_t n);
+  std::vector<float> edgeForward(std::span<const float> bottom_params, std::span<const float> x,
+                                 size_t n);
   // Edge: from d(loss)/d(activations) of the last edgeForward (n x activationSize()), the gradient
   // of the bottom's parameters (bottom().numel()). InvalidArgument without a forward pass or with
   // a gradient of another size.
@@ -95,17 +98,17 @@ class SplitModel {
   // Cloud: the top's forward pass on activations (n x activationSize()) with the mean
   // cross-entropy loss against `labels`, and its backward pass.
   struct CloudResult {
-    double loss = 0;                   // mean over the batch
-    size_t correct = 0;                // arg-max predictions equal to the label
-    std::vector<float> grad_top;       // top().numel()
+    double loss = 0;                      // mean over the batch
+    size_t correct = 0;                   // arg-max predictions equal to the label
+    std::vector<float> grad_top;          // top().numel()
     std::vector<float> grad_activations;  // n x activationSize()
   };
   CloudResult cloudStep(std::span<const float> top_params, std::span<const float> activations,
                         std::span<const uint8_t> labels, size_t n);
 
   // Both parts without gradients: the mean loss and the number correct on n examples.
-  CloudResult evaluate(std::span<const float> bottom_params, std::span<const float> top_params, std::span<const float> x,
-                       std::span<const uint8_t> labels, size_t n);
+  CloudResult evaluate(std::span<const float> bottom_params, std::span<const float> top_params,
+                       std::span<const float> x, std::span<const uint8_t> labels, size_t n);
 
  private:
   struct Impl;

@@ -17,29 +17,34 @@ void SplitTrainConfig::validate() const {
   makeActivationCodec(up);
   makeActivationCodec(down);
   if (batch_size == 0) STARLING_THROW(ConfigError, "train.batch_size must be at least 1");
-  if (!(lr > 0.0 && std::isfinite(lr))) STARLING_THROW(ConfigError, "train.lr must be a positive number, got ", lr);
+  if (!(lr > 0.0 && std::isfinite(lr)))
+    STARLING_THROW(ConfigError, "train.lr must be a positive number, got ", lr);
 }
 
 std::string EpochRecord::json() const {
   std::ostringstream o;
   o.precision(9);
-  o << "{\"round\":" << epoch << ",\"epoch\":" << epoch << ",\"steps\":" << steps << ",\"train_loss\":" << train_loss
-    << ",\"train_accuracy\":" << train_accuracy << ",\"test_accuracy\":" << test_accuracy
-    << ",\"test_loss\":" << test_loss << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
+  o << "{\"round\":" << epoch << ",\"epoch\":" << epoch << ",\"steps\":" << steps
+    << ",\"train_loss\":" << train_loss << ",\"train_accuracy\":" << train_accuracy
+    << ",\"test_accuracy\":" << test_accuracy << ",\"test_loss\":" << test_loss
+    << ",\"uplink_bytes\":" << uplink_bytes << ",\"downlink_bytes\":" << downlink_bytes
     << ",\"eval_bytes\":" << eval_bytes << ",\"cloud_seconds\":" << cloud_seconds
     << ",\"wall_seconds\":" << wall_seconds << "}";
   return o.str();
 }
 
-InProcessSplit::InProcessSplit(SplitModel& model, SplitTrainConfig config, std::vector<float> params, size_t edges)
+InProcessSplit::InProcessSplit(SplitModel& model, SplitTrainConfig config,
+                               std::vector<float> params, size_t edges)
     : model_(model), cfg_((config.validate(), std::move(config))) {
   STARLING_CHECK_ARG(edges >= 1, "split: at least one edge device");
   auto [bottom, top] = model.cutParameters(params);
   cloud_ = std::make_unique<SplitCloud>(model, std::move(top), cfg_.down, cfg_.lr);
-  for (size_t e = 0; e < edges; ++e) edges_.push_back(std::make_unique<SplitEdge>(model, bottom, cfg_.up, cfg_.lr));
+  for (size_t e = 0; e < edges; ++e)
+    edges_.push_back(std::make_unique<SplitEdge>(model, bottom, cfg_.up, cfg_.lr));
 }
 
-void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vector<float>& x, std::vector<uint8_t>& y) {
+void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vector<float>& x,
+                 std::vector<uint8_t>& y) {
   const size_t f = d.features();
   x.resize(which.size() * f);
   y.resize(which.size());
@@ -50,17 +55,20 @@ void gatherBatch(const data::Dataset& d, std::span<const size_t> which, std::vec
   }
 }
 
-EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, std::span<const size_t> idx, const data::Dataset* test,
-                                     std::span<const size_t> test_idx) {
+EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, std::span<const size_t> idx,
+                                     const data::Dataset* test, std::span<const size_t> test_idx) {
   STARLING_CHECK_ARG(edges_.size() == 1, "split: ", edges_.size(), " edges need one shard each");
-  return runEpoch(train, std::vector<std::vector<size_t>>{{idx.begin(), idx.end()}}, test, test_idx);
+  return runEpoch(train, std::vector<std::vector<size_t>>{{idx.begin(), idx.end()}}, test,
+                  test_idx);
 }
 
-EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vector<std::vector<size_t>>& shards,
+EpochRecord InProcessSplit::runEpoch(const data::Dataset& train,
+                                     const std::vector<std::vector<size_t>>& shards,
                                      const data::Dataset* test, std::span<const size_t> test_idx) {
-  STARLING_CHECK_ARG(train.features() == model_.features(), "split: the data has ", train.features(),
-                     " features per example, the model ", model_.features());
-  STARLING_CHECK_ARG(shards.size() == edges_.size(), "split: ", shards.size(), " shards for ", edges_.size(), " edges");
+  STARLING_CHECK_ARG(train.features() == model_.features(), "split: the data has ",
+                     train.features(), " features per example, the model ", model_.features());
+  STARLING_CHECK_ARG(shards.size() == edges_.size(), "split: ", shards.size(), " shards for ",
+                     edges_.size(), " edges");
   const auto t0 = std::chrono::steady_clock::now();
   EpochRecord rec;
   rec.epoch = ++epoch_;
@@ -84,7 +92,8 @@ EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vect
       rec.uplink_bytes += up.size();
       const auto c0 = std::chrono::steady_clock::now();
       const SplitCloud::Reply r = cloud_->step(e, up, y_, n, cfg_.train_bottom);
-      rec.cloud_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+      rec.cloud_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
       loss_sum += r.loss;
       correct += r.correct;
       ++rec.steps;
@@ -96,7 +105,8 @@ EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vect
     // SplitFed: the bottoms averaged by the aggregation library's streaming FedAvg (each edge's
     // bottom an update weighted by its examples), and the mean given back to every edge.
     auto layout = std::make_shared<const aggregation::AggregateLayout>(
-        std::make_shared<const ParamLayout>(model_.bottom()), rec.epoch, 0, nullptr, std::vector<std::string>{});
+        std::make_shared<const ParamLayout>(model_.bottom()), rec.epoch, 0, nullptr,
+        std::vector<std::string>{});
     aggregation::PartialAggregate sum(layout);
     for (size_t e = 0; e < edges_.size(); ++e) {
       const auto b = edges_[e]->bottom();
@@ -122,7 +132,8 @@ EpochRecord InProcessSplit::runEpoch(const data::Dataset& train, const std::vect
   return rec;
 }
 
-std::pair<double, double> InProcessSplit::evaluate(const data::Dataset& d, std::span<const size_t> idx, size_t edge) {
+std::pair<double, double> InProcessSplit::evaluate(const data::Dataset& d,
+                                                   std::span<const size_t> idx, size_t edge) {
   STARLING_CHECK_ARG(d.features() == model_.features(), "split: the test data has ", d.features(),
                      " features per example, the model ", model_.features());
   constexpr size_t kBatch = 256;

@@ -19,10 +19,10 @@
 namespace starling::testing {
 
 // The tests registered again under a oneDNN ISA (tests/CMakeLists.txt: starling_isa_tests) run
-// with DNNL_MAX_CPU_ISA set. Where that would repeat the default run -- a CPU without the ISA (oneDNN
-// quietly uses a lesser one) or whose best it is (AVX2 on a CPU without AVX-512) -- the binary
-// reports the test skipped instead (exit 77, ctest's SKIP_RETURN_CODE there). Returns 0 when the
-// tests should run.
+// with DNNL_MAX_CPU_ISA set. Where that would repeat the default run -- a CPU without the ISA
+// (oneDNN quietly uses a lesser one) or whose best it is (AVX2 on a CPU without AVX-512) -- the
+// binary reports the test skipped instead (exit 77, ctest's SKIP_RETURN_CODE there). Returns 0 when
+// the tests should run.
 inline int skipRepeatedIsa() {
   const char* isa = std::getenv("DNNL_MAX_CPU_ISA");
   if (isa == nullptr) return 0;
@@ -33,8 +33,10 @@ inline int skipRepeatedIsa() {
   if (name.rfind("AVX512", 0) == 0 && !__builtin_cpu_supports("avx512f")) {
     why = "this CPU has no AVX-512";
   } else if (name.rfind("AVX2", 0) == 0) {
-    if (!__builtin_cpu_supports("avx2")) why = "this CPU has no AVX2";
-    else if (!__builtin_cpu_supports("avx512f")) why = "AVX2 is this CPU's best: the default run";
+    if (!__builtin_cpu_supports("avx2"))
+      why = "this CPU has no AVX2";
+    else if (!__builtin_cpu_supports("avx512f"))
+      why = "AVX2 is this CPU's best: the default run";
   }
 #endif
   if (why == nullptr) return 0;

@@ -20,7 +20,8 @@ namespace starling::testing::alloc {
 inline std::atomic<long> count{0};    // allocations so far
 inline std::atomic<long> bytes{0};    // bytes requested so far
 inline std::atomic<long> largest{0};  // the largest single request so far
-inline std::atomic<long> fail_at{-1};  // fail when `count` reaches this (before counting it); -1: never
+inline std::atomic<long> fail_at{
+    -1};  // fail when `count` reaches this (before counting it); -1: never
 
 // Records one request; false if it must fail.
 inline bool record(size_t n) {
@@ -29,7 +30,8 @@ inline bool record(size_t n) {
   if (f >= 0 && c == f) return false;
   bytes.fetch_add(static_cast<long>(n), std::memory_order_relaxed);
   long seen = largest.load(std::memory_order_relaxed);
-  while (static_cast<long>(n) > seen && !largest.compare_exchange_weak(seen, static_cast<long>(n))) {
+  while (static_cast<long>(n) > seen &&
+         !largest.compare_exchange_weak(seen, static_cast<long>(n))) {
   }
   return true;
 }
@@ -46,7 +48,9 @@ __attribute__((noinline)) void* operator new(size_t n, const std::nothrow_t&) no
 }
 __attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
 __attribute__((noinline)) void operator delete(void* p, size_t) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+__attribute__((noinline)) void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 __attribute__((noinline)) inline void* alignedAllocate(size_t n, std::align_val_t al) noexcept {
   const auto a = static_cast<size_t>(al);
   const size_t rounded = ((n ? n : 1) + a - 1) / a * a;  // aligned_alloc wants a multiple of a

@@ -37,7 +37,8 @@ inline std::vector<float> randomVector(size_t n, uint64_t seed, double scale = 1
 }
 
 // Dense sum of all tensors' payloads, in layout order.
-inline std::vector<float> densify(const ParamLayout& layout, const std::vector<compression::Payload>& payloads,
+inline std::vector<float> densify(const ParamLayout& layout,
+                                  const std::vector<compression::Payload>& payloads,
                                   const compression::SharedFactors* shared = nullptr) {
   std::vector<float> out(layout.numel());
   compression::densifyUpdate(layout, payloads, out, shared);
@@ -46,7 +47,8 @@ inline std::vector<float> densify(const ParamLayout& layout, const std::vector<c
 
 inline double maxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
   return m;
 }
 
@@ -92,7 +94,8 @@ inline std::vector<uint8_t> stateBytes(const ClientState& s) {
 
 // Bitwise equality of two payloads (floats compared by their bits, so -0 != +0 and NaN == NaN).
 inline bool sameBits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 inline bool samePayload(const compression::Payload& a, const compression::Payload& b) {
   namespace cz = compression;
@@ -110,7 +113,8 @@ inline bool samePayload(const compression::Payload& a, const compression::Payloa
         else if constexpr (std::is_same_v<T, cz::RandBlock>)
           return x.offset == y.offset && sameBits(x.values, y.values);
         else if constexpr (std::is_same_v<T, cz::LowRank>)
-          return x.rows == y.rows && x.cols == y.cols && x.rank == y.rank && sameBits(x.p, y.p) && sameBits(x.q, y.q);
+          return x.rows == y.rows && x.cols == y.cols && x.rank == y.rank && sameBits(x.p, y.p) &&
+                 sameBits(x.q, y.q);
         else if constexpr (std::is_same_v<T, cz::Sign>)
           return std::memcmp(&x.scale, &y.scale, 4) == 0 && x.bits == y.bits;
         else if constexpr (std::is_same_v<T, cz::Ternary>)
@@ -121,7 +125,8 @@ inline bool samePayload(const compression::Payload& a, const compression::Payloa
       },
       a);
 }
-inline bool samePayloads(const std::vector<compression::Payload>& a, const std::vector<compression::Payload>& b) {
+inline bool samePayloads(const std::vector<compression::Payload>& a,
+                         const std::vector<compression::Payload>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
     if (!samePayload(a[i], b[i])) return false;
@@ -147,11 +152,12 @@ inline std::vector<std::string> allCompressorSpecs() {
   }
   // Error feedback's variants (compressor.h): a decayed residual, step-ahead training, a bounded
   // residual age, on one-phase and two-phase compressors.
-  for (const char* s : {"topk:scope=global", "topk:scope=global,ef=false", "powersgd:mode=local",
-                        "powersgd:mode=local,ef=false", "powersgd:mode=local,warm_start=false",
-                        "randblock:ef_decay=0.5,ef_preview=0", "topk:ef_decay=0.75,ef_max_age=2",
-                        "acpsgd:ef_decay=0.5,ef_preview=1", "powersgd:ef_decay=0.5", "sign:ef_decay=0.9",
-                        "qsgd:ef=true,ef_decay=0.5,ef_max_age=1", "randblock:offset=client"})
+  for (const char* s :
+       {"topk:scope=global", "topk:scope=global,ef=false", "powersgd:mode=local",
+        "powersgd:mode=local,ef=false", "powersgd:mode=local,warm_start=false",
+        "randblock:ef_decay=0.5,ef_preview=0", "topk:ef_decay=0.75,ef_max_age=2",
+        "acpsgd:ef_decay=0.5,ef_preview=1", "powersgd:ef_decay=0.5", "sign:ef_decay=0.9",
+        "qsgd:ef=true,ef_decay=0.5,ef_max_age=1", "randblock:offset=client"})
     specs.emplace_back(s);
   return specs;
 }

@@ -1,8 +1,8 @@
 #include "torch_trainer/device_compress.h"
 
-#include <map>
-
 #include <torch/torch.h>
+
+#include <map>
 
 #include "compression/exact_sum.h"
 #include "compression/lowrank.h"
@@ -467,8 +467,7 @@ const std::map<std::string, Encoder, std::less<>>& deviceTwins() {
        [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,
           const cz::RoundContext& ctx, const ClientState*, cz::StagedState*) {
          checkAcc(layout, acc, c.name().c_str());
-         return encodeRandBlock(hostCompressor<cz::RandBlockCompressor>(c), layout, acc, keep,
-                                ctx);
+         return encodeRandBlock(hostCompressor<cz::RandBlockCompressor>(c), layout, acc, keep, ctx);
        }},
       {"sign",
        [](const cz::Compressor& c, const ParamLayout& layout, torch::Tensor& acc, bool keep,

@@ -135,7 +135,7 @@ class DeviceRound final : public client::DeviceUpdate {
   client::Trainer& trainer_;
   // Device buffers for the start model, the residual and SCAFFOLD's server control variate.
   torch::Tensor start_, residual_, control_;
-  std::vector<float> kept_;         // the kept residual on the host, handed to the state
+  std::vector<float> kept_;  // the kept residual on the host, handed to the state
   uint64_t updates_ = 0;
 };
 

@@ -406,7 +406,7 @@ FitResult TorchTrainer::train(std::span<const float> from, const DataView& data,
       loss.backward();
       torch::NoGradGuard no_grad;
       if (mu > 0) grad_.add_(step_params, mu).add_(anchor, -mu);  // FedProx: + mu (w - anchor)
-      if (correction.defined()) grad_.add_(correction);  // SCAFFOLD
+      if (correction.defined()) grad_.add_(correction);           // SCAFFOLD
       if (momentum_ > 0) {
         velocity_.mul_(momentum_).add_(grad_);
         step_params.add_(velocity_, -cfg.lr);

@@ -10,7 +10,8 @@ Buffer BufferPool::take(uint64_t size) {
     // The smallest pooled buffer that fits and wastes at most half of itself.
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it)
-      if (it->capacity >= size && it->capacity <= 2 * size && (best == free_.end() || it->capacity < best->capacity))
+      if (it->capacity >= size && it->capacity <= 2 * size &&
+          (best == free_.end() || it->capacity < best->capacity))
         best = it;
     if (best != free_.end()) {
       Buffer b = std::move(*best);
@@ -28,8 +29,9 @@ void BufferPool::give(Buffer b) {
   std::lock_guard<std::mutex> lock(mu_);
   // Full: drop the smallest buffers first (large ones save the most page faults).
   while (pooled_ + b.capacity > max_pooled_ && !free_.empty()) {
-    auto smallest = std::min_element(free_.begin(), free_.end(),
-                                     [](const Buffer& x, const Buffer& y) { return x.capacity < y.capacity; });
+    auto smallest =
+        std::min_element(free_.begin(), free_.end(),
+                         [](const Buffer& x, const Buffer& y) { return x.capacity < y.capacity; });
     if (smallest->capacity > b.capacity) return;  // b is the smallest: free it instead
     pooled_ -= smallest->capacity;
     free_.erase(smallest);

@@ -59,8 +59,8 @@ struct Context::Impl {
   std::map<std::string, Bucket> handshakes_;
   bool takeHandshake(const std::string& domain, std::string_view key);
   void recordRefusal(const std::string& domain, Context::Refusal r);
-  uint64_t next_domain_ = 0;                                         // guarded by mu_
-  std::thread zap_;                                                  // started under mu_
+  uint64_t next_domain_ = 0;  // guarded by mu_
+  std::thread zap_;           // started under mu_
   std::unique_ptr<zmq::socket_t>
       stop_;  // PAIR to the ZAP thread; used under mu_ / in the destructor
 };

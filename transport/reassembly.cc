@@ -104,7 +104,8 @@ Reassembler::Outcome Reassembler::add(const std::string& peer, const protocol::C
   }
   if (c.data.size() > max_total_ - reserved_) {
     out.error = refuse(p, c.transfer, Errc::kBusy,
-                       "transfer " + str(c.transfer) + ": chunk " + str(c.index) + " does not fit in the reassembly budget (" +
+                       "transfer " + str(c.transfer) + ": chunk " + str(c.index) +
+                           " does not fit in the reassembly budget (" +
                            str(max_total_ - reserved_) + " of " + str(max_total_) + " bytes free)");
     return out;
   }

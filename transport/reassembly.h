@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "core/input_error.h"
-#include "transport/buffer_pool.h"
 #include "protocol/control.h"
+#include "transport/buffer_pool.h"
 
 namespace starling::transport::detail {
 

@@ -1,11 +1,12 @@
 #include "transport/socket.h"
 
-#include <atomic>
-#include <cmath>
 #include <zmq.h>
 
-#include "core/error.h"
+#include <atomic>
+#include <cmath>
 #include <cstring>
+
+#include "core/error.h"
 #include "transport/context_impl.h"
 #include "transport/socket_core.h"
 
@@ -163,8 +164,7 @@ ClientSocket::ClientSocket(Context& context, const std::string& connect_endpoint
     constexpr int kEvents = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
                             ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-    if (zmq_socket_monitor(core_->sock.handle(), addr.c_str(), kEvents) != 0)
-      throw zmq::error_t();
+    if (zmq_socket_monitor(core_->sock.handle(), addr.c_str(), kEvents) != 0) throw zmq::error_t();
     monitor_ = std::make_unique<zmq::socket_t>(context.impl().ctx, zmq::socket_type::pair);
     monitor_->set(zmq::sockopt::linger, 0);
     // libzmq's I/O thread sends each event with a blocking send (libzmq's GitHub issue 3575): an
@@ -234,24 +234,30 @@ void ClientSocket::readMonitor() {
         handshakes_.last = F::kNone;
         connected_ = dropped_ = false;
         break;
-      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: failed(F::kAuth); break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        failed(F::kAuth);
+        break;
       case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         failed(value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? F::kMechanism : F::kProtocol);
         break;
-      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: failed(F::kNoHandshake); break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        failed(F::kNoHandshake);
+        break;
       case ZMQ_EVENT_DISCONNECTED:
         // Dropped with its handshake unfinished: the server could not read this side's HELLO (it
         // holds another key pair than the one this client was given), or was not a ZMTP peer.
         if (connected_) failed(F::kNoHandshake);
         break;
-      default: break;
+      default:
+        break;
     }
   }
 }
 
 std::string HandshakeReport::advice() const {
   switch (last) {
-    case Failure::kNone: return {};
+    case Failure::kNone:
+      return {};
     case Failure::kAuth:
       if (status != 400)
         return "the server's authentication answered " + std::to_string(status) +

@@ -119,7 +119,8 @@ struct TransportStats {
   uint64_t refused_size = 0;
   // Transfers dropped for a chunk violation or a timeout, and multi-frame messages.
   uint64_t refused_chunk = 0;
-  uint64_t refused_busy = 0;  // transfers refused because the reassembly budget was full (kBusy: send again)
+  uint64_t refused_busy =
+      0;  // transfers refused because the reassembly budget was full (kBusy: send again)
   // Later chunks of a refused transfer, dropped silently.
   uint64_t ignored_chunks = 0;
   // send() calls that returned false.
@@ -192,12 +193,12 @@ class ServerSocket {
 struct HandshakeReport {
   enum class Failure : uint8_t {
     kNone = 0,
-    kAuth,           // the server's authentication refused (ZAP status: 400 the key is not on its
-                     // allow-list; 300 too many handshakes at once, 500 its own error)
-    kMechanism,      // one side runs CURVE, the other plain TCP (security.insecure)
-    kProtocol,       // another ZMTP or CURVE protocol error (a non-Starling peer)
-    kNoHandshake,    // connected, then dropped before any handshake finished (a wrong server
-                     // key, or a proxy whose server is down)
+    kAuth,         // the server's authentication refused (ZAP status: 400 the key is not on its
+                   // allow-list; 300 too many handshakes at once, 500 its own error)
+    kMechanism,    // one side runs CURVE, the other plain TCP (security.insecure)
+    kProtocol,     // another ZMTP or CURVE protocol error (a non-Starling peer)
+    kNoHandshake,  // connected, then dropped before any handshake finished (a wrong server
+                   // key, or a proxy whose server is down)
   };
   uint64_t succeeded = 0;  // handshakes that succeeded, in all
   uint64_t failed = 0;     // failed since the last success (0 after one)

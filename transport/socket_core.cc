@@ -208,7 +208,9 @@ void SocketCore::onChunk(const std::string& peer, std::optional<uint64_t> id,
   }
   if (out.error) {
     const Errc code = out.error->code();
-    ++(code == Errc::kTooLarge ? stats.refused_size : code == Errc::kBusy ? stats.refused_busy : stats.refused_chunk);
+    ++(code == Errc::kTooLarge ? stats.refused_size
+       : code == Errc::kBusy   ? stats.refused_busy
+                               : stats.refused_chunk);
     fail(peer, id, std::move(*out.error));
   }
   if (out.ignored) ++stats.ignored_chunks;

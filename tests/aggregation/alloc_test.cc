@@ -32,8 +32,8 @@ TEST_CASE("adding updates allocates nothing per client, for every compressor", "
       ClientState st(layout->fingerprint());
       Update u;
       u.header = {layout->fingerprint(), 1, 0, i, 5};
-      u.tensors = scheme.compressor().compressWithFeedback(*layout, testing::randomVector(layout->numel(), i, 0.1), st,
-                                                           b.context(i));
+      u.tensors = scheme.compressor().compressWithFeedback(
+          *layout, testing::randomVector(layout->numel(), i, 0.1), st, b.context(i));
       u.metrics = {{"loss", 0.5}};
       updates.push_back(std::move(u));
     }
@@ -44,12 +44,14 @@ TEST_CASE("adding updates allocates nothing per client, for every compressor", "
     long before = alloc::count.load();
     for (int rep = 0; rep < 100; ++rep)
       for (const auto& v : views) agg.addValidated(v, 5.0);
-    const long partial_allocs = alloc::count.load() - before;  // read before Catch's own macros allocate
+    const long partial_allocs =
+        alloc::count.load() - before;  // read before Catch's own macros allocate
 
     before = alloc::count.load();
     const long bytes_before = alloc::bytes.load();
     for (const auto& v : views) round->current().add(v);
-    const long round_allocs = alloc::count.load() - before, round_bytes = alloc::bytes.load() - bytes_before;
+    const long round_allocs = alloc::count.load() - before,
+               round_bytes = alloc::bytes.load() - bytes_before;
 
     INFO(spec);
     CHECK(partial_allocs == 0);

@@ -23,7 +23,8 @@ using namespace starling::compression;
 namespace {
 
 struct Setup {
-  std::shared_ptr<const ParamLayout> layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
+  std::shared_ptr<const ParamLayout> layout =
+      std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   std::unique_ptr<RoundScheme> scheme;
   std::unique_ptr<Round> round;
   explicit Setup(const std::string& compressor, const std::string& rule = "fedavg",
@@ -42,8 +43,8 @@ struct Setup {
     ClientState st(layout->fingerprint());
     Update u;
     u.header = {layout->fingerprint(), round->number(), round->phase(), c, examples};
-    u.tensors = scheme->compressor().compressWithFeedback(*layout, testing::randomVector(layout->numel(), c, 0.1), st,
-                                                          round->broadcast().context(c));
+    u.tensors = scheme->compressor().compressWithFeedback(
+        *layout, testing::randomVector(layout->numel(), c, 0.1), st, round->broadcast().context(c));
     return u;
   }
   std::vector<float> buffer() const {
@@ -52,7 +53,8 @@ struct Setup {
   }
 };
 
-// Adds `u` (through the wire) and returns the code it was rejected with; fails the test if accepted.
+// Adds `u` (through the wire) and returns the code it was rejected with; fails the test if
+// accepted.
 Errc rejectedWith(Setup& s, const Update& u) {
   const auto before = s.buffer();
   const auto bytes = protocol::encodeUpdate(u);
@@ -183,7 +185,8 @@ TEST_CASE("attack: sign with a huge scale, dense values near FLT_MAX", "[aggrega
   finishesFinite(d, 2);
 }
 
-TEST_CASE("attack: a client claiming 2^64 - 1 examples, or more than it registered", "[aggregation][attack]") {
+TEST_CASE("attack: a client claiming 2^64 - 1 examples, or more than it registered",
+          "[aggregation][attack]") {
   for (const char* rule : {"fedavg", "fedavg:clip=1", "median"}) {
     INFO(rule);
     Setup s("none", rule);
@@ -221,7 +224,8 @@ TEST_CASE("attack: replays, duplicates, late updates and phase skipping", "[aggr
   Setup s("powersgd");
   const PhaseBroadcast phase_p = s.round->broadcast();
   ClientState stranger_state(s.layout->fingerprint());  // trains phase P but never sends it
-  s.scheme->compressor().compressWithFeedback(*s.layout, testing::randomVector(s.layout->numel(), 9, 0.1),
+  s.scheme->compressor().compressWithFeedback(*s.layout,
+                                              testing::randomVector(s.layout->numel(), 9, 0.1),
                                               stranger_state, phase_p.context(9));
   const Update u = s.honest(1);
   s.round->current().add(view(u));
@@ -238,8 +242,8 @@ TEST_CASE("attack: replays, duplicates, late updates and phase skipping", "[aggr
   // Phase Q: only clients that took part in phase P.
   Update stranger;
   stranger.header = {s.layout->fingerprint(), 1, 1, 9, 20};
-  stranger.tensors =
-      s.scheme->compressor().compressWithFeedback(*s.layout, {}, stranger_state, s.round->broadcast().context(9));
+  stranger.tensors = s.scheme->compressor().compressWithFeedback(*s.layout, {}, stranger_state,
+                                                                 s.round->broadcast().context(9));
   CHECK(rejectedWith(s, stranger) == Errc::kWrongRound);
   CHECK(s.round->current().rejected(Errc::kWrongRound) == 1);
   // A phase-P update arriving after the round moved on to phase Q is late, not bogus.
@@ -273,7 +277,8 @@ TEST_CASE("attack: metrics that lie", "[aggregation][attack]") {
   finishesFinite(s, 1);
 }
 
-TEST_CASE("attack: a partial aggregate that lies about its weight or values", "[aggregation][attack]") {
+TEST_CASE("attack: a partial aggregate that lies about its weight or values",
+          "[aggregation][attack]") {
   Setup s("topk:density=0.05");
   auto edge = s.scheme->phaseAggregator(s.round->broadcast());
   for (uint64_t c = 0; c < 3; ++c) edge->add(view(s.honest(c)));
@@ -332,7 +337,8 @@ TEST_CASE("attack: a partial aggregate that lies about its weight or values", "[
   CHECK(r.count == 3);
 }
 
-TEST_CASE("attack: Krum with colluding attackers cannot select a non-finite update", "[aggregation][attack]") {
+TEST_CASE("attack: Krum with colluding attackers cannot select a non-finite update",
+          "[aggregation][attack]") {
   // Through the round: the attackers' overflowing low-rank updates never get in.
   Setup s("powersgd:mode=local", "krum:f=2");
   for (uint64_t c = 0; c < 7; ++c) {
@@ -350,7 +356,8 @@ TEST_CASE("attack: Krum with colluding attackers cannot select a non-finite upda
   CHECK_THROWS_WITH(s.round->finish(), Catch::Contains("needs at least 2f+3"));
   // Called directly on raw dense updates, the rule refuses non-finite input, and NaN distances
   // (inf - inf) never tie with honest scores.
-  DenseUpdates u = {{0, 0}, {0.1f, 0}, {0, 0.1f}, {0.1f, 0.1f}, {0.05f, 0.05f}, {INFINITY, 0}, {INFINITY, 0}};
+  DenseUpdates u = {{0, 0},         {0.1f, 0},     {0, 0.1f},    {0.1f, 0.1f},
+                    {0.05f, 0.05f}, {INFINITY, 0}, {INFINITY, 0}};
   std::vector<double> w(u.size(), 1.0);
   CHECK_THROWS_WITH(makeRule("krum:f=2")->combine(u, w), Catch::Contains("non-finite"));
   const auto scores = krumScores(u, 2);
@@ -358,7 +365,8 @@ TEST_CASE("attack: Krum with colluding attackers cannot select a non-finite upda
   CHECK(krumSelect(u, 2, 1)[0] < 5);
 }
 
-TEST_CASE("attack: one client's large but bounded phase-Q factor cannot stall later rounds", "[aggregation][attack]") {
+TEST_CASE("attack: one client's large but bounded phase-Q factor cannot stall later rounds",
+          "[aggregation][attack]") {
   // Reported in review: Q filled with 3000 passes every bound in phase Q; an unnormalized mean Q
   // then made every honest phase-P factor of every later round exceed the value bound.
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
@@ -378,7 +386,8 @@ TEST_CASE("attack: one client's large but bounded phase-Q factor cannot stall la
         if (c == kAttacker && r > 1) continue;  // the attacker leaves after round 1
         Update u;
         u.header = {layout->fingerprint(), r, b.phase, c, 20};
-        const auto upd = b.phase == 0 ? testing::randomVector(layout->numel(), 100 * r + c, 0.1) : std::vector<float>{};
+        const auto upd = b.phase == 0 ? testing::randomVector(layout->numel(), 100 * r + c, 0.1)
+                                      : std::vector<float>{};
         u.tensors = scheme.compressor().compressWithFeedback(*layout, upd, states[c], b.context(c));
         if (c == kAttacker && b.phase == 1)
           for (auto& p : u.tensors)
@@ -402,7 +411,8 @@ TEST_CASE("attack: one client's large but bounded phase-Q factor cannot stall la
   }
 }
 
-TEST_CASE("attack: a client cannot send or keep non-finite values from finite but huge inputs", "[compression][attack]") {
+TEST_CASE("attack: a client cannot send or keep non-finite values from finite but huge inputs",
+          "[compression][attack]") {
   const ParamLayout layout = testing::smallCnnLayout();
   for (const char* spec : {"qsgd", "powersgd:mode=local", "topk", "sign", "acpsgd"}) {
     auto c = makeCompressor(spec);
@@ -413,7 +423,8 @@ TEST_CASE("attack: a client cannot send or keep non-finite values from finite bu
     // 1e20 per value is within the compressor's input bound: every payload is finite.
     const std::vector<float> big(layout.numel(), 1e20f);
     const auto p = c->compressWithFeedback(layout, big, st, ctx);
-    for (size_t t = 0; t < layout.size(); ++t) CHECK_NOTHROW(validatePayload(view(p[t]), layout[t], q.any() ? &q : nullptr, t));
+    for (size_t t = 0; t < layout.size(); ++t)
+      CHECK_NOTHROW(validatePayload(view(p[t]), layout[t], q.any() ? &q : nullptr, t));
     // Beyond the bound, or a residual that would pass it, is refused and the state is unchanged.
     const std::vector<float> huge(layout.numel(), 2e38f);
     std::vector<uint8_t> before;

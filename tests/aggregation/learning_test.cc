@@ -8,7 +8,6 @@
 // Needs Fashion-MNIST (Debian package dataset-fashion-mnist, installed by make's bootstrap); a
 // missing data set fails with the loader's message rather than passing.
 #include <catch2/catch.hpp>
-
 #include <numeric>
 
 #include "aggregation/round_scheme.h"
@@ -58,7 +57,8 @@ Outcome federate(const std::string& spec, uint64_t rounds) {
   so.metrics = {"train_loss", "ef_gain"};
   const ag::RoundScheme scheme(layout, so);
   auto opt = ag::makeServerOptimizer("fedavg", layout->numel());
-  client::ClientAlgorithm alg(scheme.compressor(), *trainer, client::FitConfig{.epochs = 1, .batch_size = 32, .lr = 0.1});
+  client::ClientAlgorithm alg(scheme.compressor(), *trainer,
+                              client::FitConfig{.epochs = 1, .batch_size = 32, .lr = 0.1});
   std::vector<ClientState> states;
   for (size_t c = 0; c < s.shards.size(); ++c) states.emplace_back(layout->fingerprint());
   std::vector<float> global(layout->numel());
@@ -69,8 +69,8 @@ Outcome federate(const std::string& spec, uint64_t rounds) {
     auto round = scheme.begin(r, carry);
     for (;;) {
       for (size_t c = 0; c < s.shards.size(); ++c) {
-        const client::PhaseResult res =
-            alg.runPhase(round->broadcast(), c, global, client::DataView{&s.train, s.shards[c]}, states[c]);
+        const client::PhaseResult res = alg.runPhase(
+            round->broadcast(), c, global, client::DataView{&s.train, s.shards[c]}, states[c]);
         round->current().add(compression::view(res.update), ag::ClientLimits{s.shards[c].size()});
       }
       if (round->lastPhase()) break;
@@ -87,8 +87,9 @@ Outcome federate(const std::string& spec, uint64_t rounds) {
 
 }  // namespace
 
-TEST_CASE("random-block and ACP-SGD with their default error feedback learn within a few points of dense",
-          "[learning]") {
+TEST_CASE(
+    "random-block and ACP-SGD with their default error feedback learn within a few points of dense",
+    "[learning]") {
   constexpr uint64_t kRounds = 20;
   const double dense = federate("none", kRounds).accuracy;
   INFO("dense FedAvg: " << 100 * dense << "%");
@@ -98,8 +99,8 @@ TEST_CASE("random-block and ACP-SGD with their default error feedback learn with
   for (const char* spec : {"randblock:density=0.5", "acpsgd:rank=2", "acpsgd:rank=4"}) {
     const Outcome def = federate(spec, kRounds);
     const Outcome plain = federate(std::string(spec) + ",ef_preview=0", kRounds);
-    INFO(spec << ": default EF " << 100 * def.accuracy << "% (gain " << def.ef_gain << "), plain EF "
-              << 100 * plain.accuracy << "% (gain " << plain.ef_gain << ")");
+    INFO(spec << ": default EF " << 100 * def.accuracy << "% (gain " << def.ef_gain
+              << "), plain EF " << 100 * plain.accuracy << "% (gain " << plain.ef_gain << ")");
     CHECK(def.accuracy >= dense - 0.03);
     if (std::string(spec) != "acpsgd:rank=4") {
       // What plain error feedback does to a shared support: delayed mass arriving all at once.

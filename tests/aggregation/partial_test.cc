@@ -1,8 +1,8 @@
-#include <catch2/catch.hpp>
+#include "aggregation/partial.h"
 
+#include <catch2/catch.hpp>
 #include <numeric>
 
-#include "aggregation/partial.h"
 #include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "protocol/codec.h"
@@ -14,12 +14,13 @@ using namespace starling::compression;
 
 namespace {
 
-std::shared_ptr<const AggregateLayout> aggLayout(const ParamLayout& layout, const SharedFactors* shared = nullptr,
-                                                 std::vector<std::string> metrics = {"loss"}, uint64_t round = 2,
-                                                 uint32_t phase = 0) {
-  return std::make_shared<const AggregateLayout>(std::make_shared<const ParamLayout>(layout), round, phase,
-                                                 shared ? std::make_shared<const SharedFactors>(*shared) : nullptr,
-                                                 std::move(metrics));
+std::shared_ptr<const AggregateLayout> aggLayout(const ParamLayout& layout,
+                                                 const SharedFactors* shared = nullptr,
+                                                 std::vector<std::string> metrics = {"loss"},
+                                                 uint64_t round = 2, uint32_t phase = 0) {
+  return std::make_shared<const AggregateLayout>(
+      std::make_shared<const ParamLayout>(layout), round, phase,
+      shared ? std::make_shared<const SharedFactors>(*shared) : nullptr, std::move(metrics));
 }
 
 struct Updates {
@@ -28,7 +29,8 @@ struct Updates {
   std::vector<double> dense_mean;  // reference: decoded updates summed in double
 };
 
-Updates makeUpdates(const ParamLayout& layout, const std::string& spec, size_t clients, const SharedFactors* shared) {
+Updates makeUpdates(const ParamLayout& layout, const std::string& spec, size_t clients,
+                    const SharedFactors* shared) {
   auto c = makeCompressor(spec);
   Updates r;
   r.dense_mean.assign(layout.numel(), 0.0);
@@ -62,8 +64,8 @@ double maxDiff(const std::vector<float>& a, const std::vector<double>& b) {
 // Aggregates updates [lo, hi) as a random binary tree of partials; leaves add updates directly.
 // Inner nodes merge their children in process, or through the wire (exportDense -> encodePartial
 // -> Decoder::decodePartial -> mergeValidated), as an edge aggregator's partial reaches the root.
-PartialAggregate randomTree(const std::shared_ptr<const AggregateLayout>& L, const Updates& r, size_t lo, size_t hi,
-                            RngStream& rng, bool via_wire) {
+PartialAggregate randomTree(const std::shared_ptr<const AggregateLayout>& L, const Updates& r,
+                            size_t lo, size_t hi, RngStream& rng, bool via_wire) {
   PartialAggregate agg(L);
   if (hi - lo <= 2 || rng.below(4) == 0) {
     for (size_t i = lo; i < hi; ++i) agg.addValidated(view(r.updates[i]), r.weights[i]);
@@ -96,14 +98,17 @@ TEST_CASE("a random tree of partial aggregates equals the flat aggregate", "[agg
     std::string spec;
     const SharedFactors* shared;
   };
-  for (const Kind& k : {Kind{"none", nullptr}, Kind{"topk:density=0.05", nullptr}, Kind{"randblock:density=0.1", nullptr},
-                        Kind{"qsgd:levels=8", nullptr}, Kind{"sign", nullptr}, Kind{"fp16", nullptr},
-                        Kind{"powersgd:rank=2,mode=local", nullptr}, Kind{"acpsgd:rank=2", &shared}}) {
+  for (const Kind& k :
+       {Kind{"none", nullptr}, Kind{"topk:density=0.05", nullptr},
+        Kind{"randblock:density=0.1", nullptr}, Kind{"qsgd:levels=8", nullptr},
+        Kind{"sign", nullptr}, Kind{"fp16", nullptr}, Kind{"powersgd:rank=2,mode=local", nullptr},
+        Kind{"acpsgd:rank=2", &shared}}) {
     INFO(k.spec);
     const Updates r = makeUpdates(layout, k.spec, 13, k.shared);
     const auto L = aggLayout(layout, k.shared);
     PartialAggregate flat(L);
-    for (size_t i = 0; i < r.updates.size(); ++i) flat.addValidated(view(r.updates[i]), r.weights[i]);
+    for (size_t i = 0; i < r.updates.size(); ++i)
+      flat.addValidated(view(r.updates[i]), r.weights[i]);
     CHECK(maxDiff(flat.mean(), r.dense_mean) < 1e-5);
     for (uint64_t seed = 0; seed < 4; ++seed) {
       RngStream rng(StreamKey{seed, 0, 0, StreamPurpose::kTest, 0});
@@ -150,10 +155,12 @@ TEST_CASE("the partial aggregate is one buffer: adding buffers is merging", "[ag
 
 TEST_CASE("sparse and random-block accumulation equal their densified sums", "[aggregation]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  for (const char* spec : {"topk:density=0.02", "randk:density=0.02", "randblock:density=0.3", "sign"}) {
+  for (const char* spec :
+       {"topk:density=0.02", "randk:density=0.02", "randblock:density=0.3", "sign"}) {
     const Updates r = makeUpdates(layout, spec, 9, nullptr);
     PartialAggregate agg(aggLayout(layout));
-    for (size_t i = 0; i < r.updates.size(); ++i) agg.addValidated(view(r.updates[i]), r.weights[i]);
+    for (size_t i = 0; i < r.updates.size(); ++i)
+      agg.addValidated(view(r.updates[i]), r.weights[i]);
     INFO(spec);
     CHECK(maxDiff(agg.mean(), r.dense_mean) < 1e-6);
   }
@@ -219,8 +226,10 @@ TEST_CASE("bad input to a partial aggregate is refused and changes nothing", "[a
   agg.addValidated(view(r.updates[0]), 1.0);
   const std::vector<float> before(agg.buffer().begin(), agg.buffer().end());
   for (double w : {0.0, -1.0, std::nan(""), static_cast<double>(INFINITY)})
-    CHECK_THROWS_WITH(agg.addValidated(view(r.updates[1]), w), Catch::Contains("weight must be finite and > 0"));
-  CHECK_THROWS_WITH(agg.addValidated(view(r.updates[1]), 1.0, 1.5), Catch::Contains("scale must be in (0, 1]"));
+    CHECK_THROWS_WITH(agg.addValidated(view(r.updates[1]), w),
+                      Catch::Contains("weight must be finite and > 0"));
+  CHECK_THROWS_WITH(agg.addValidated(view(r.updates[1]), 1.0, 1.5),
+                    Catch::Contains("scale must be in (0, 1]"));
   Update shortu = r.updates[1];
   shortu.tensors.pop_back();
   CHECK_THROWS_WITH(agg.addValidated(view(shortu), 1.0), Catch::Contains("carries 5 tensors"));
@@ -229,20 +238,28 @@ TEST_CASE("bad input to a partial aggregate is refused and changes nothing", "[a
   CHECK_THROWS_WITH(empty.mean(), Catch::Contains("no updates"));
 }
 
-TEST_CASE("partials of another round, phase, shared factors or metric set do not merge", "[aggregation]") {
+TEST_CASE("partials of another round, phase, shared factors or metric set do not merge",
+          "[aggregation]") {
   const ParamLayout layout = testing::smallCnnLayout();
   LowRankOptions lo;
-  const SharedFactors a = initialSharedFactors(layout, lo, 1), b = initialSharedFactors(layout, lo, 2);
+  const SharedFactors a = initialSharedFactors(layout, lo, 1),
+                      b = initialSharedFactors(layout, lo, 2);
   PartialAggregate pa(aggLayout(layout, &a));
-  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &b))), Catch::Contains("cannot merge"));
-  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &a, {"loss"}, 3))), Catch::Contains("cannot merge"));
-  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &a, {"loss"}, 2, 1))), Catch::Contains("cannot merge"));
-  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &a, {"acc"}))), Catch::Contains("cannot merge"));
-  CHECK_NOTHROW(pa.merge(PartialAggregate(aggLayout(layout, &a))));  // an equal layout built elsewhere
+  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &b))),
+                    Catch::Contains("cannot merge"));
+  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &a, {"loss"}, 3))),
+                    Catch::Contains("cannot merge"));
+  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &a, {"loss"}, 2, 1))),
+                    Catch::Contains("cannot merge"));
+  CHECK_THROWS_WITH(pa.merge(PartialAggregate(aggLayout(layout, &a, {"acc"}))),
+                    Catch::Contains("cannot merge"));
+  CHECK_NOTHROW(
+      pa.merge(PartialAggregate(aggLayout(layout, &a))));  // an equal layout built elsewhere
   // A dense payload for a tensor that is factored this phase is refused.
   Update u;
   u.header.layout_fingerprint = layout.fingerprint();
-  for (size_t t = 0; t < layout.size(); ++t) u.tensors.push_back(DenseF32{std::vector<float>(layout[t].numel, 1.0f)});
+  for (size_t t = 0; t < layout.size(); ++t)
+    u.tensors.push_back(DenseF32{std::vector<float>(layout[t].numel, 1.0f)});
   CHECK_THROWS_WITH(pa.addValidated(view(u), 1.0), Catch::Contains("must be one low-rank factor"));
   // A one-factor payload is refused where the phase has no shared factor.
   PartialAggregate plain(aggLayout(layout));
@@ -254,7 +271,10 @@ TEST_CASE("partials of another round, phase, shared factors or metric set do not
   Update q = u;
   for (size_t t = 0; t < layout.size(); ++t)
     if (!a.factors[t].empty())
-      q.tensors[t] = LowRank{static_cast<uint32_t>(layout[t].rows()), static_cast<uint32_t>(layout[t].cols()), 4, {},
+      q.tensors[t] = LowRank{static_cast<uint32_t>(layout[t].rows()),
+                             static_cast<uint32_t>(layout[t].cols()),
+                             4,
+                             {},
                              std::vector<float>(layout[t].cols() * 4, 1.0f)};
   CHECK_THROWS_WITH(pa.addValidated(view(q), 1.0), Catch::Contains("must be one low-rank factor"));
 }
@@ -266,7 +286,8 @@ TEST_CASE("streaming FedAvg memory does not grow with the number of clients", "[
   const size_t bytes = agg.bufferBytes();
   CHECK(bytes == agg.layout().size() * sizeof(float));
   for (int rep = 0; rep < 250; ++rep)
-    for (size_t i = 0; i < r.updates.size(); ++i) agg.addValidated(view(r.updates[i]), r.weights[i]);
+    for (size_t i = 0; i < r.updates.size(); ++i)
+      agg.addValidated(view(r.updates[i]), r.weights[i]);
   CHECK(agg.count() == 1000);
   CHECK(agg.bufferBytes() == bytes);
 }

@@ -1,6 +1,7 @@
+#include "aggregation/robust.h"
+
 #include <catch2/catch.hpp>
 
-#include "aggregation/robust.h"
 #include "core/error.h"
 
 using namespace starling;
@@ -21,7 +22,8 @@ TEST_CASE("trimmed mean cuts int(beta * n) at each end", "[aggregation]") {
   // n = 4, beta = 0.2: int(0.8) = 0, plain mean
   CHECK(trimmedMean({{1}, {2}, {3}, {10}}, 0.2) == std::vector<float>{4});
   // n = 10, beta = 0.25: cut 2 each side
-  CHECK(trimmedMean({{-50}, {-40}, {1}, {2}, {3}, {4}, {5}, {6}, {70}, {80}}, 0.25) == std::vector<float>{3.5f});
+  CHECK(trimmedMean({{-50}, {-40}, {1}, {2}, {3}, {4}, {5}, {6}, {70}, {80}}, 0.25) ==
+        std::vector<float>{3.5f});
   CHECK_THROWS_WITH(trimmedMean({{1}}, 0.5), Catch::Contains("beta must be in [0, 0.5)"));
 }
 
@@ -33,7 +35,8 @@ TEST_CASE("krum picks the update closest to its neighbours", "[aggregation]") {
   CHECK(s == std::vector<double>{2, 2, 2, 2, 343});
   CHECK(krum(u, 1) == std::vector<float>{0, 0});  // tie: lowest index
   CHECK(krumSelect(u, 1, 3) == std::vector<size_t>{0, 1, 2});
-  CHECK_THROWS_WITH(krum(u, 2), Catch::Contains("needs at least 2f+3 = 7 updates, the round has 5"));
+  CHECK_THROWS_WITH(krum(u, 2),
+                    Catch::Contains("needs at least 2f+3 = 7 updates, the round has 5"));
 }
 
 TEST_CASE("multi-krum averages the kept updates by weight", "[aggregation]") {
@@ -52,8 +55,10 @@ TEST_CASE("bulyan requires n >= 4f + 3 and resists an outlier", "[aggregation]")
   // Repeated Krum (k = max(1, n - f - 2) neighbours) selects 3, 4, 2 (tie with 5: lower index),
   // 5, then 1 (tie with 6); the 3 values closest to the median 3 of {1..5} are {2, 3, 4}.
   CHECK(bulyan(u, 1) == std::vector<float>{3});
-  CHECK_THROWS_WITH(bulyan({{1}, {2}, {3}, {4}, {5}, {6}}, 1), Catch::Contains("needs at least 4f+3 = 7 updates"));
-  CHECK(bulyan({{1}, {2}, {3}}, 0) == std::vector<float>{2});  // f = 0: theta = beta = 3, plain mean
+  CHECK_THROWS_WITH(bulyan({{1}, {2}, {3}, {4}, {5}, {6}}, 1),
+                    Catch::Contains("needs at least 4f+3 = 7 updates"));
+  CHECK(bulyan({{1}, {2}, {3}}, 0) ==
+        std::vector<float>{2});  // f = 0: theta = beta = 3, plain mean
 }
 
 TEST_CASE("clipping scales an update to the norm bound", "[aggregation]") {

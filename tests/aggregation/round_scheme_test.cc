@@ -1,13 +1,12 @@
 // The in-process federation harness (the way gloo tests many ranks in one process): a root, edge
 // aggregators and N clients in one process, every message through the real encoder and decoder,
 // driven by the generic round loop for every compressor, flat and two-level.
-#include <catch2/catch.hpp>
-
-#include <functional>
+#include "aggregation/round_scheme.h"
 
 #include <Eigen/QR>
+#include <catch2/catch.hpp>
+#include <functional>
 
-#include "aggregation/round_scheme.h"
 #include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "protocol/codec.h"
@@ -32,8 +31,12 @@ struct Sent {
 // client sends to the root) or `edges` edge aggregators that each send the root one partial.
 class Federation {
  public:
-  Federation(std::shared_ptr<const ParamLayout> layout, RoundSchemeOptions o, size_t clients, size_t edges)
-      : layout_(std::move(layout)), scheme_(layout_, std::move(o)), edges_(edges), decoder_(*layout_) {
+  Federation(std::shared_ptr<const ParamLayout> layout, RoundSchemeOptions o, size_t clients,
+             size_t edges)
+      : layout_(std::move(layout)),
+        scheme_(layout_, std::move(o)),
+        edges_(edges),
+        decoder_(*layout_) {
     for (size_t c = 0; c < clients; ++c) states_.emplace_back(layout_->fingerprint());
     carry_ = scheme_.initialCarry();
   }
@@ -56,13 +59,17 @@ class Federation {
         Update u;
         u.header = {layout_->fingerprint(), r, b.phase, c, 10 + 3 * c};
         const auto upd = b.phase == 0 ? updateOf(*layout_, c, r) : std::vector<float>{};
-        u.tensors = scheme_.compressor().compressWithFeedback(*layout_, upd, states_[c], b.context(c));
+        u.tensors =
+            scheme_.compressor().compressWithFeedback(*layout_, upd, states_[c], b.context(c));
         if (b.phase == 0) u.metrics = {{"train_loss", static_cast<double>(c)}};
         const auto bytes = protocol::encodeUpdate(u);
         const UpdateView& v = decoder_.decodeUpdate(bytes);
-        if (edges_ == 0) round->current().add(v);
-        else edges[c % edges_]->add(v);
-        sent_.push_back({b.phase, c, static_cast<double>(u.header.num_examples), std::move(u), b.shared});
+        if (edges_ == 0)
+          round->current().add(v);
+        else
+          edges[c % edges_]->add(v);
+        sent_.push_back(
+            {b.phase, c, static_cast<double>(u.header.num_examples), std::move(u), b.shared});
       }
       for (size_t e = 0; e < edges_; ++e) {
         const auto bytes = protocol::encodePartial(edges[e]->partial().exportDense());
@@ -109,7 +116,8 @@ std::vector<std::string> everyCompressor() {
 
 // Reference: the weighted mean over clients of what each sent that belongs to the update,
 // densified with the factors its phase shared (in double).
-std::vector<double> referenceDelta(const ParamLayout& l, const Compressor& comp, const std::vector<Sent>& sent) {
+std::vector<double> referenceDelta(const ParamLayout& l, const Compressor& comp,
+                                   const std::vector<Sent>& sent) {
   std::vector<double> delta(l.numel(), 0.0);
   std::map<uint32_t, double> phase_weight;
   for (const auto& s : sent) phase_weight[s.phase] += s.weight;
@@ -118,9 +126,11 @@ std::vector<double> referenceDelta(const ParamLayout& l, const Compressor& comp,
     std::vector<Payload> parts = s.update.tensors;
     if (!comp.factorsAreUpdate(s.phase))
       for (auto& p : parts)
-        if (auto* lr = std::get_if<LowRank>(&p); lr && (lr->p.empty() != lr->q.empty())) p = Sparse{};
+        if (auto* lr = std::get_if<LowRank>(&p); lr && (lr->p.empty() != lr->q.empty()))
+          p = Sparse{};
     densifyUpdate(l, parts, dense, s.shared.get());
-    for (size_t i = 0; i < dense.size(); ++i) delta[i] += s.weight * dense[i] / phase_weight[s.phase];
+    for (size_t i = 0; i < dense.size(); ++i)
+      delta[i] += s.weight * dense[i] / phase_weight[s.phase];
   }
   return delta;
 }
@@ -136,14 +146,15 @@ double maxFactorDiff(const SharedFactors& a, const SharedFactors& b) {
   double m = 0;
   for (size_t t = 0; t < a.factors.size(); ++t) {
     REQUIRE(a.factors[t].size() == b.factors[t].size());
-    for (size_t i = 0; i < a.factors[t].size(); ++i) m = std::max(m, std::fabs(double(a.factors[t][i]) - b.factors[t][i]));
+    for (size_t i = 0; i < a.factors[t].size(); ++i)
+      m = std::max(m, std::fabs(double(a.factors[t][i]) - b.factors[t][i]));
   }
   return m;
 }
 
 // sum_i w_i F_i over the one-factor payloads of `phase`, per tensor.
-std::vector<std::vector<double>> factorSums(const ParamLayout& l, const std::vector<Sent>& sent, uint32_t phase,
-                                            double* total) {
+std::vector<std::vector<double>> factorSums(const ParamLayout& l, const std::vector<Sent>& sent,
+                                            uint32_t phase, double* total) {
   std::vector<std::vector<double>> sums(l.size());
   *total = 0;
   for (const auto& s : sent) {
@@ -172,7 +183,8 @@ TEST_CASE("every compressor runs through the generic loop, two-level equals flat
       INFO("round " << r);
       const RoundResult rf = flat.runRound(r), rt = tree.runRound(r);
       // The aggregate is the weighted mean of what the clients sent (the independent reference).
-      CHECK(maxDiff(rf.delta, referenceDelta(*layout, flat.scheme().compressor(), flat.sent())) < 1e-5);
+      CHECK(maxDiff(rf.delta, referenceDelta(*layout, flat.scheme().compressor(), flat.sent())) <
+            1e-5);
       // Hierarchy == flat, round after round (client states and carries evolve identically).
       CHECK(testing::maxAbsDiff(rf.delta, rt.delta) < 1e-5);
       CHECK(rf.count == rt.count);
@@ -185,7 +197,8 @@ TEST_CASE("every compressor runs through the generic loop, two-level equals flat
   }
 }
 
-TEST_CASE("ACP-SGD alternates its shared side and carries the orthogonalized factor sum", "[aggregation]") {
+TEST_CASE("ACP-SGD alternates its shared side and carries the orthogonalized factor sum",
+          "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   Federation f(layout, options("acpsgd:rank=2"), 5, 0);
   SharedFactors::Side expect = SharedFactors::Side::kQ;
@@ -206,15 +219,17 @@ TEST_CASE("ACP-SGD alternates its shared side and carries the orthogonalized fac
         continue;
       }
       std::vector<float> ref(sums[t].begin(), sums[t].end());
-      const size_t dim = res.next.shared.fixed == SharedFactors::Side::kP ? (*layout)[t].rows() : (*layout)[t].cols();
+      const size_t dim = res.next.shared.fixed == SharedFactors::Side::kP ? (*layout)[t].rows()
+                                                                          : (*layout)[t].cols();
       orthogonalize(ref.data(), dim, ref.size() / dim);
       CHECK(testing::maxAbsDiff(ref, res.next.shared.factors[t]) < 1e-4);
     }
   }
 }
 
-TEST_CASE("two-phase PowerSGD: P-hat from phase P, the orthonormalized mean Q carried to the next round",
-          "[aggregation]") {
+TEST_CASE(
+    "two-phase PowerSGD: P-hat from phase P, the orthonormalized mean Q carried to the next round",
+    "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   Federation f(layout, options("powersgd:rank=2"), 5, 0);
   REQUIRE(f.scheme().phases() == 2);
@@ -226,7 +241,8 @@ TEST_CASE("two-phase PowerSGD: P-hat from phase P, the orthonormalized mean Q ca
     const auto& p_hat = *f.broadcasts()[1].shared;
     CHECK(q.fixed == SharedFactors::Side::kQ);
     CHECK(p_hat.fixed == SharedFactors::Side::kP);
-    if (previous_next) CHECK(maxFactorDiff(q, *previous_next) == 0.0);  // the carry is what phase 0 shares
+    if (previous_next)
+      CHECK(maxFactorDiff(q, *previous_next) == 0.0);  // the carry is what phase 0 shares
     double w0 = 0, w1 = 0;
     const auto p_sums = factorSums(*layout, f.sent(), 0, &w0);
     const auto q_sums = factorSums(*layout, f.sent(), 1, &w1);
@@ -256,7 +272,8 @@ TEST_CASE("two-phase PowerSGD equals the dense PowerSGD step computed directly",
   for (uint64_t c = 0; c < 4; ++c) W += 10 + 3 * c;
   for (size_t t = 0; t < layout->size(); ++t) {
     const TensorSpec& spec = (*layout)[t];
-    const auto R = static_cast<Eigen::Index>(spec.rows()), C = static_cast<Eigen::Index>(spec.cols());
+    const auto R = static_cast<Eigen::Index>(spec.rows()),
+               C = static_cast<Eigen::Index>(spec.cols());
     std::vector<Mat> m;
     for (uint64_t c = 0; c < 4; ++c) {
       const auto u = Federation::updateOf(*layout, c, 1);
@@ -267,7 +284,9 @@ TEST_CASE("two-phase PowerSGD equals the dense PowerSGD step computed directly",
       for (uint64_t c = 0; c < 4; ++c) expect += (10.0 + 3 * c) / W * m[c];
     } else {
       const auto r = static_cast<Eigen::Index>(q0.factors[t].size()) / C;
-      const Mat q = Eigen::Map<const Eigen::Matrix<float, -1, -1, Eigen::RowMajor>>(q0.factors[t].data(), C, r).cast<double>();
+      const Mat q = Eigen::Map<const Eigen::Matrix<float, -1, -1, Eigen::RowMajor>>(
+                        q0.factors[t].data(), C, r)
+                        .cast<double>();
       Mat p = Mat::Zero(R, r);
       for (uint64_t c = 0; c < 4; ++c) p += (10.0 + 3 * c) * m[c] * q;
       const Mat p_hat = Eigen::HouseholderQR<Mat>(p).householderQ() * Mat::Identity(R, r);
@@ -284,8 +303,8 @@ TEST_CASE("two-phase PowerSGD equals the dense PowerSGD step computed directly",
 TEST_CASE("robust rules and clipping work on sparse and low-rank updates", "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   for (const char* spec : {"topk:density=0.1", "acpsgd:rank=2", "powersgd:rank=2", "qsgd"}) {
-    for (const char* rule : {"median", "trimmed_mean:beta=0.2", "krum:f=1", "multikrum:f=1,m=3", "bulyan:f=1",
-                             "fedavg:clip=0.5", "median:clip=0.5"}) {
+    for (const char* rule : {"median", "trimmed_mean:beta=0.2", "krum:f=1", "multikrum:f=1,m=3",
+                             "bulyan:f=1", "fedavg:clip=0.5", "median:clip=0.5"}) {
       INFO(spec << " with " << rule);
       Federation f(layout, options(spec, rule), 7, 0);
       const RoundResult res = f.runRound(1);
@@ -296,7 +315,8 @@ TEST_CASE("robust rules and clipping work on sparse and low-rank updates", "[agg
         std::vector<Payload> parts = s.update.tensors;
         if (!f.scheme().compressor().factorsAreUpdate(s.phase))
           for (auto& p : parts)
-            if (auto* lr = std::get_if<LowRank>(&p); lr && (lr->p.empty() != lr->q.empty())) p = Sparse{};
+            if (auto* lr = std::get_if<LowRank>(&p); lr && (lr->p.empty() != lr->q.empty()))
+              p = Sparse{};
         auto d = testing::densify(*layout, parts, s.shared.get());
         // Clipping is per phase, on everything the phase sent (the norm the round bounds).
         const auto all = testing::densify(*layout, s.update.tensors, s.shared.get());
@@ -320,7 +340,8 @@ TEST_CASE("robust rules and clipping work on sparse and low-rank updates", "[agg
         double total = 0;
         for (double x : w) total += x;
         for (size_t i = 0; i < u.size(); ++i)
-          for (size_t j = 0; j < expect.size(); ++j) expect[j] += static_cast<float>(w[i] / total) * u[i][j];
+          for (size_t j = 0; j < expect.size(); ++j)
+            expect[j] += static_cast<float>(w[i] / total) * u[i][j];
       } else {
         expect = f.scheme().rule().combine(u, w);
       }
@@ -334,9 +355,11 @@ TEST_CASE("robust rules refuse to run below the root", "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   const RoundScheme scheme(layout, options("topk", "median"));
   auto round = scheme.begin(1, scheme.initialCarry());
-  CHECK_THROWS_WITH(scheme.phaseAggregator(round->broadcast()), Catch::Contains("needs every update at the root"));
+  CHECK_THROWS_WITH(scheme.phaseAggregator(round->broadcast()),
+                    Catch::Contains("needs every update at the root"));
   PartialMessage m;
-  CHECK_THROWS_WITH(round->current().merge(view(m), 1), Catch::Contains("cannot merge partial aggregates"));
+  CHECK_THROWS_WITH(round->current().merge(view(m), 1),
+                    Catch::Contains("cannot merge partial aggregates"));
 }
 
 TEST_CASE("Flower differences: zero-example updates where weights are ignored", "[aggregation]") {
@@ -344,11 +367,13 @@ TEST_CASE("Flower differences: zero-example updates where weights are ignored", 
   auto zero = [&](const RoundScheme& s, uint64_t client) {
     Update u;
     u.header = {layout->fingerprint(), 1, 0, client, 0};
-    for (const auto& t : layout->tensors()) u.tensors.push_back(DenseF32{std::vector<float>(t.numel, 0.01f)});
+    for (const auto& t : layout->tensors())
+      u.tensors.push_back(DenseF32{std::vector<float>(t.numel, 0.01f)});
     (void)s;
     return u;
   };
-  for (const char* rule : {"median", "trimmed_mean", "krum", "bulyan", "fedavg:weight=uniform", "multikrum:weight=uniform"}) {
+  for (const char* rule : {"median", "trimmed_mean", "krum", "bulyan", "fedavg:weight=uniform",
+                           "multikrum:weight=uniform"}) {
     const RoundScheme s(layout, options("none", rule));
     auto round = s.begin(1, s.initialCarry());
     INFO(rule);
@@ -391,9 +416,12 @@ TEST_CASE("the round carry survives a checkpoint", "[aggregation]") {
 
 TEST_CASE("round scheme configuration is checked", "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
-  CHECK_THROWS_WITH(RoundScheme(layout, options("zip")), Catch::Contains("unknown compressor 'zip'"));
-  CHECK_THROWS_WITH(RoundScheme(layout, options("none", "mean")), Catch::Contains("unknown aggregation rule 'mean'"));
-  CHECK_THROWS_WITH(RoundScheme(layout, options("none", "fedavg:clip=-1")), Catch::Contains("clip must be >= 0"));
+  CHECK_THROWS_WITH(RoundScheme(layout, options("zip")),
+                    Catch::Contains("unknown compressor 'zip'"));
+  CHECK_THROWS_WITH(RoundScheme(layout, options("none", "mean")),
+                    Catch::Contains("unknown aggregation rule 'mean'"));
+  CHECK_THROWS_WITH(RoundScheme(layout, options("none", "fedavg:clip=-1")),
+                    Catch::Contains("clip must be >= 0"));
   RoundSchemeOptions o = options("none");
   o.bounds.max_abs_value = 1e30;
   CHECK_THROWS_WITH(RoundScheme(layout, o), Catch::Contains("exceeds 1e30"));
@@ -424,7 +452,8 @@ TEST_CASE("completion policy counts results against failures", "[aggregation]") 
   CHECK_THROWS_AS(decideRound(p, 1, 0), ConfigError);
 }
 
-TEST_CASE("PowerSGD's carried Q cannot grow until honest phase-P factors exceed the bounds", "[aggregation]") {
+TEST_CASE("PowerSGD's carried Q cannot grow until honest phase-P factors exceed the bounds",
+          "[aggregation]") {
   // Correlated updates of about 1 per entry: an unnormalized mean Q grew round after round until
   // honest phase-P factors (P_i = M_i Q) broke the value bound and every later round stalled.
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
@@ -472,7 +501,8 @@ TEST_CASE("a round checks the carry it starts from", "[aggregation]") {
   CHECK_THROWS_WITH(same.begin(2, RoundCarry{}), Catch::Contains("no shared factors"));
 }
 
-TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phase P", "[aggregation]") {
+TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phase P",
+          "[aggregation]") {
   const auto layout = std::make_shared<const ParamLayout>(testing::smallCnnLayout());
   const RoundScheme scheme(layout, options("powersgd:rank=2"));
   auto round = scheme.begin(1, scheme.initialCarry());
@@ -482,8 +512,9 @@ TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phas
     states.emplace_back(layout->fingerprint());
     Update u;
     u.header = {layout->fingerprint(), 1, 0, c, 10};
-    u.tensors = scheme.compressor().compressWithFeedback(*layout, testing::randomVector(layout->numel(), c, 0.1),
-                                                         states[c], round->broadcast().context(c));
+    u.tensors = scheme.compressor().compressWithFeedback(
+        *layout, testing::randomVector(layout->numel(), c, 0.1), states[c],
+        round->broadcast().context(c));
     if (c < 2) p_edge->add(view(u));  // client 2 trains phase P but its update never arrives
   }
   round->current().merge(view(p_edge->partial().exportDense()), 1);
@@ -492,7 +523,8 @@ TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phas
   for (uint64_t c = 0; c < 3; ++c) {
     Update u;
     u.header = {layout->fingerprint(), 1, 1, c, 10};
-    u.tensors = scheme.compressor().compressWithFeedback(*layout, {}, states[c], round->broadcast().context(c));
+    u.tensors = scheme.compressor().compressWithFeedback(*layout, {}, states[c],
+                                                         round->broadcast().context(c));
     if (c < 2) {
       CHECK_NOTHROW(q_edge->add(view(u)));
     } else {
@@ -500,5 +532,6 @@ TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phas
       CHECK(q_edge->rejected(Errc::kWrongRound) == 1);
     }
   }
-  CHECK_THROWS_WITH(scheme.phaseAggregator(round->broadcast(), q_edge.get()), Catch::Contains("not of the phase before"));
+  CHECK_THROWS_WITH(scheme.phaseAggregator(round->broadcast(), q_edge.get()),
+                    Catch::Contains("not of the phase before"));
 }

@@ -1,9 +1,10 @@
+#include "aggregation/server_optimizer.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "aggregation/server_optimizer.h"
 #include "core/error.h"
 
 using namespace starling;
@@ -21,7 +22,8 @@ void load(ServerOptimizer& o, std::span<const uint8_t> b) {
   o.loadState(r);
   r.finish();
 }
-std::vector<float> run(const std::string& spec, std::vector<float> x, const std::vector<std::vector<float>>& deltas) {
+std::vector<float> run(const std::string& spec, std::vector<float> x,
+                       const std::vector<std::vector<float>>& deltas) {
   auto opt = makeServerOptimizer(spec, x.size());
   for (const auto& d : deltas) opt->step(x, d);
   return x;
@@ -71,8 +73,10 @@ TEST_CASE("optimizer state survives a checkpoint", "[aggregation]") {
     CHECK(xa == xb);
   }
   auto adam = makeServerOptimizer("fedadam", 3);
-  CHECK_THROWS_WITH(load(*makeServerOptimizer("fedyogi", 3), save(*adam)), Catch::Contains("is for 'fedadam'"));
-  CHECK_THROWS_WITH(load(*makeServerOptimizer("fedadam", 4), save(*adam)), Catch::Contains("3 parameters"));
+  CHECK_THROWS_WITH(load(*makeServerOptimizer("fedyogi", 3), save(*adam)),
+                    Catch::Contains("is for 'fedadam'"));
+  CHECK_THROWS_WITH(load(*makeServerOptimizer("fedadam", 4), save(*adam)),
+                    Catch::Contains("3 parameters"));
   auto blob = save(*adam);
   blob.pop_back();
   CHECK_THROWS_AS(load(*makeServerOptimizer("fedadam", 3), blob), IoError);
@@ -81,25 +85,31 @@ TEST_CASE("optimizer state survives a checkpoint", "[aggregation]") {
   std::vector<float> xc = {1, 2, 3};
   c->step(xc, std::vector<float>{0.1f, 0.1f, 0.1f});
   auto wrong = save(*adam);
-  wrong[wrong.size() - 4] ^= 0xff;  // the last float's low mantissa byte: a valid state of another run
+  wrong[wrong.size() - 4] ^=
+      0xff;  // the last float's low mantissa byte: a valid state of another run
   CHECK_NOTHROW(load(*c, wrong));
   CHECK_THROWS_AS(load(*c, std::span(blob)), IoError);
   CHECK(save(*c) == wrong);
 }
 
 TEST_CASE("server optimizer configuration and input are checked", "[aggregation]") {
-  CHECK_THROWS_WITH(makeServerOptimizer("fedsgd", 3), Catch::Contains("unknown server optimizer 'fedsgd'"));
-  CHECK_THROWS_WITH(makeServerOptimizer("fedadam:eta=0", 3), Catch::Contains("eta must be finite and > 0"));
-  CHECK_THROWS_WITH(makeServerOptimizer("fedadam:beta1=1", 3), Catch::Contains("beta1 must be in [0, 1)"));
+  CHECK_THROWS_WITH(makeServerOptimizer("fedsgd", 3),
+                    Catch::Contains("unknown server optimizer 'fedsgd'"));
+  CHECK_THROWS_WITH(makeServerOptimizer("fedadam:eta=0", 3),
+                    Catch::Contains("eta must be finite and > 0"));
+  CHECK_THROWS_WITH(makeServerOptimizer("fedadam:beta1=1", 3),
+                    Catch::Contains("beta1 must be in [0, 1)"));
   CHECK_THROWS_WITH(makeServerOptimizer("fedadam:tau=-1", 3), Catch::Contains("tau"));
   CHECK_THROWS_WITH(makeServerOptimizer("fedadam:lr=1", 3), Catch::Contains("unknown option 'lr'"));
   CHECK(makeServerOptimizer("fedyogi:eta=0.01", 1)->options().spec() ==
         "fedyogi:eta=0.01,eta_l=0.1,beta1=0.9,beta2=0.99,tau=0.001");
   // fedavg has no moments: its options do not accept them.
-  CHECK_THROWS_WITH(makeServerOptimizer("fedavg:beta1=0.5", 3), Catch::Contains("unknown option 'beta1'"));
+  CHECK_THROWS_WITH(makeServerOptimizer("fedavg:beta1=0.5", 3),
+                    Catch::Contains("unknown option 'beta1'"));
   auto opt = makeServerOptimizer("fedadam", 2);
   std::vector<float> x = {1, 1};
-  CHECK_THROWS_WITH(opt->step(x, std::vector<float>{1, std::nanf("")}), Catch::Contains("not finite"));
+  CHECK_THROWS_WITH(opt->step(x, std::vector<float>{1, std::nanf("")}),
+                    Catch::Contains("not finite"));
   CHECK(x == std::vector<float>{1, 1});
   CHECK(opt->steps() == 0);
   CHECK_THROWS_AS(opt->step(x, std::vector<float>{1}), InvalidArgument);
@@ -107,7 +117,8 @@ TEST_CASE("server optimizer configuration and input are checked", "[aggregation]
 
 // A state no step could produce (an edited or corrupt checkpoint) is refused at load, before it
 // can make the model non-finite at the next step; the optimizer keeps its own state.
-TEST_CASE("a server optimizer state with non-finite or negative moments is refused", "[aggregation]") {
+TEST_CASE("a server optimizer state with non-finite or negative moments is refused",
+          "[aggregation]") {
   auto opt = makeServerOptimizer("fedadam:eta=0.1", 3);
   std::vector<float> x{1, 2, 3};
   opt->step(x, std::vector<float>{0.5f, -0.5f, 0.25f});

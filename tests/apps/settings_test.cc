@@ -366,9 +366,9 @@ TEST_CASE("round.mode's refusals are written once for the simulation and the roo
     std::vector<std::string> semisync{"--round.mode", "semisync", "--sampling.overcommit", "1.5"};
     if (self == apps::kSim) semisync.insert(semisync.end(), {"--round.deadline_seconds", "1"});
     CHECK_THAT(refused(self, semisync), Contains("over-commitment"));
-    CHECK_THAT(refused(self, {"--round.mode", "async", "--compression.compressor",
-                              "powersgd:rank=2"}),
-               Contains("several phases"));
+    CHECK_THAT(
+        refused(self, {"--round.mode", "async", "--compression.compressor", "powersgd:rank=2"}),
+        Contains("several phases"));
     CHECK_THAT(refused(self, {"--round.mode", "async", "--aggregation.rule", "median"}),
                Contains("keeps every update"));
     CHECK(refused(self, {"--round.mode", "async", "--async.staleness", "constant",

@@ -7,9 +7,9 @@
 
 #include "check_throws.h"
 #include "client/synthetic.h"
-#include "test_util.h"
 #include "compression/registry.h"
 #include "protocol/codec.h"
+#include "test_util.h"
 
 using namespace starling;
 using namespace starling::client;
@@ -30,7 +30,8 @@ std::vector<float> dense(const compression::Update& u, const ParamLayout& l) {
 
 }  // namespace
 
-TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral setting", "[client]") {
+TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral setting",
+          "[client]") {
   const data::Dataset d = testing::gaussianData(50, 5, 3, 2);
   const std::vector<size_t> idx = testing::allIndices(d);
   const DataView view{&d, idx};
@@ -56,7 +57,8 @@ TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral
   CHECK_FALSE(plain_state.has(kControlVariate));
   REQUIRE(first.control_delta.size() == n);
   const double K = 8, lr = 0.1;
-  for (size_t i = 0; i < n; ++i) CHECK(first.control_delta[i] == Approx(-u1[i] / (K * lr)).margin(1e-6));
+  for (size_t i = 0; i < n; ++i)
+    CHECK(first.control_delta[i] == Approx(-u1[i] / (K * lr)).margin(1e-6));
   const auto* ci = s.find<ControlVariateState>(kControlVariate);
   REQUIRE(ci != nullptr);
   CHECK(ci->values == first.control_delta);
@@ -80,15 +82,16 @@ TEST_CASE("SCAFFOLD: corrected steps, the control-variate update and its neutral
     CHECK(second.control_delta[i] == Approx(want).margin(1e-5));
   }
   const auto* ci2 = s.find<ControlVariateState>(kControlVariate);
-  for (size_t i = 0; i < n; ++i) CHECK(ci2->values[i] == Approx(ci_before[i] + second.control_delta[i]).margin(1e-6));
+  for (size_t i = 0; i < n; ++i)
+    CHECK(ci2->values[i] == Approx(ci_before[i] + second.control_delta[i]).margin(1e-6));
   CHECK(u2 != u1);
 
   // A server control variate of the wrong size, or one so large that training diverges, is
   // refused and the state (residual, control variate) stays as it was.
   std::vector<uint8_t> before, after;
   s.saveTo(before);
-  CHECK_THROWS_MATCHING(alg.runPhase(b, 3, global, view, s, std::span<const float>(c).first(n - 1)), InvalidArgument,
-                        Contains("server control variate"));
+  CHECK_THROWS_MATCHING(alg.runPhase(b, 3, global, view, s, std::span<const float>(c).first(n - 1)),
+                        InvalidArgument, Contains("server control variate"));
   s.saveTo(after);
   CHECK(before == after);
   const std::vector<float> huge(n, 3e37f);
@@ -201,7 +204,8 @@ TEST_CASE("SCAFFOLD deployed: c_i+ waits for the server's acknowledgement of its
   CHECK_THROWS_AS(old.load(rb, 2), IoError);
 }
 
-TEST_CASE("FedProx: the algorithm anchors the proximal term at the round's global model", "[client]") {
+TEST_CASE("FedProx: the algorithm anchors the proximal term at the round's global model",
+          "[client]") {
   const data::Dataset d = testing::gaussianData(60, 5, 3, 4);
   const std::vector<size_t> idx = testing::allIndices(d);
   auto t = makeTrainer("mlp:hidden=8", 5, 3);
@@ -241,14 +245,17 @@ TEST_CASE("ef_preview: local training starts from the global model plus the resi
   const FitConfig cfg{.epochs = 2, .batch_size = 8, .lr = 0.2};
   for (const double alpha : {0.0, 0.5, 1.0}) {
     INFO("ef_preview " << alpha);
-    const auto comp = compression::makeCompressor("randblock:density=0.25,ef_preview=" + std::to_string(alpha));
+    const auto comp =
+        compression::makeCompressor("randblock:density=0.25,ef_preview=" + std::to_string(alpha));
     REQUIRE(comp->feedback().preview == alpha);
     ClientAlgorithm alg(*comp, *t, cfg);
     ClientState s(l.fingerprint());
-    alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, view, s);  // leaves a residual
+    alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, view,
+                 s);  // leaves a residual
     const std::vector<float> r = testing::residualOf(s, n);
     REQUIRE(testing::maxAbs(r) > 0);
-    const PhaseResult res = alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, view, s);
+    const PhaseResult res =
+        alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, view, s);
     const std::vector<float> sent = testing::densify(l, res.update.tensors);
     const std::vector<float> kept = testing::residualOf(s, n);
     // By hand: the same stream, from global + alpha r.
@@ -268,9 +275,11 @@ TEST_CASE("ef_preview: local training starts from the global model plus the resi
   ClientAlgorithm alg(*comp, *t, cfg);
   ClientState s(l.fingerprint());
   alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, view, s);
-  const PhaseResult res = alg.runPhase(compression::PhaseBroadcast{7, 9, 0, nullptr}, 2, global, view, s);
+  const PhaseResult res =
+      alg.runPhase(compression::PhaseBroadcast{7, 9, 0, nullptr}, 2, global, view, s);
   ClientState fresh(l.fingerprint());
-  const PhaseResult clean = alg.runPhase(compression::PhaseBroadcast{7, 9, 0, nullptr}, 2, global, view, fresh);
+  const PhaseResult clean =
+      alg.runPhase(compression::PhaseBroadcast{7, 9, 0, nullptr}, 2, global, view, fresh);
   CHECK(testing::densify(l, res.update.tensors) == testing::densify(l, clean.update.tensors));
   CHECK(testing::residualOf(s, n) == testing::residualOf(fresh, n));
 }
@@ -290,23 +299,28 @@ TEST_CASE("the algorithm reports error feedback's diagnostics with the update", 
   const auto plain = compression::makeCompressor("randblock:density=0.25,ef_preview=0");
   ClientAlgorithm alg(*plain, *t, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.2});
   ClientState s(l.fingerprint());
-  const PhaseResult r1 = alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  const PhaseResult r1 =
+      alg.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, DataView{&d, idx}, s);
   CHECK(metric(r1, "ef_gain") == Approx(1.0));  // nothing waited: what is sent is the fresh update
   CHECK(metric(r1, "ef_residual_ratio") > 0.0);
   CHECK(metric(r1, "ef_residual_ratio") < 1.0);
   CHECK(metric(r1, "ef_residual_age") == 0.0);
-  const PhaseResult r3 = alg.runPhase(compression::PhaseBroadcast{7, 3, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  const PhaseResult r3 =
+      alg.runPhase(compression::PhaseBroadcast{7, 3, 0, nullptr}, 2, global, DataView{&d, idx}, s);
   CHECK(metric(r3, "ef_residual_age") == 2.0);
   CHECK(metric(r1, "train_loss") >= 0.0);
   // Without error feedback, none.
   const auto off = compression::makeCompressor("randblock:density=0.25,ef=false");
   ClientAlgorithm alg_off(*off, *t, FitConfig{.epochs = 1, .batch_size = 8, .lr = 0.2});
   ClientState s2(l.fingerprint());
-  const PhaseResult r0 = alg_off.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global, DataView{&d, idx}, s2);
+  const PhaseResult r0 = alg_off.runPhase(compression::PhaseBroadcast{7, 1, 0, nullptr}, 2, global,
+                                          DataView{&d, idx}, s2);
   CHECK(metric(r0, "ef_gain") == -1.0);
 }
 
-TEST_CASE("with step-ahead EF, FedProx anchors at the start point and the residual is not worn away", "[client]") {
+TEST_CASE(
+    "with step-ahead EF, FedProx anchors at the start point and the residual is not worn away",
+    "[client]") {
   // Zero-gradient data for the weights: every example is all-zero features, labels balanced, so
   // only the bias moves; the residual on the weights must come back whole in sent + kept.
   data::Dataset d = testing::gaussianData(30, 5, 3, 6);
@@ -332,11 +346,13 @@ TEST_CASE("with step-ahead EF, FedProx anchors at the start point and the residu
   std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
   items.emplace_back(std::string(compression::kResidualComponent), std::move(res));
   s.commit(items);
-  const PhaseResult out = alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  const PhaseResult out =
+      alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, DataView{&d, idx}, s);
   const auto sent = testing::densify(l, out.update.tensors);
   const auto kept = testing::residualOf(s, n);
   double worst = 0;
-  for (size_t i = 0; i < weights; ++i) worst = std::max(worst, std::fabs(double(sent[i]) + kept[i] - r[i]));
+  for (size_t i = 0; i < weights; ++i)
+    worst = std::max(worst, std::fabs(double(sent[i]) + kept[i] - r[i]));
   CHECK(worst <= 1e-6);  // anchored at global, the pull would have removed part of r
 }
 
@@ -356,7 +372,8 @@ TEST_CASE("the diagnostics are capped so that they can never get an update refus
   std::vector<std::pair<std::string, std::unique_ptr<StateComponent>>> items;
   items.emplace_back(std::string(compression::kResidualComponent), std::move(res));
   s.commit(items);
-  const PhaseResult out = alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, DataView{&d, idx}, s);
+  const PhaseResult out =
+      alg.runPhase(compression::PhaseBroadcast{7, 2, 0, nullptr}, 2, global, DataView{&d, idx}, s);
   size_t seen = 0;
   for (const auto& m : out.update.metrics)
     if (m.name.rfind("ef_", 0) == 0) {
@@ -390,8 +407,8 @@ TEST_CASE("a client's turn: the update as it is sent, whichever driver asked", "
   const PhaseResult direct = alg.runPhase(b, 2, global, DataView{&d, idx}, plain);
   REQUIRE(direct.update.metrics.size() > 1);  // train_loss and error feedback's diagnostics
   const std::vector<std::string> declared{"ef_gain"};
-  const PhaseResult r = alg.takeTurn(TurnRequest{b, global, declared, 42}, 2, DataView{&d, idx},
-                                     turned);
+  const PhaseResult r =
+      alg.takeTurn(TurnRequest{b, global, declared, 42}, 2, DataView{&d, idx}, turned);
   // The same training and encoding; only the declared metric, the task's nonce.
   compression::Update want = direct.update;
   std::erase_if(want.metrics, [](const Metric& m) { return m.name != "ef_gain"; });

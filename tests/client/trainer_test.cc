@@ -93,9 +93,9 @@ TEST_CASE("initial parameters are a function of the seed, with PyTorch's Linear 
     CHECK(s / static_cast<double>(v.size()) == Approx(1.0 / (3 * fan_in)).epsilon(tolerance));
   };
   const std::span<const float> av(a);
-  check(l.slice(av, 0), features, 0.03);  // 40000 draws
-  check(l.slice(av, 1), features, 0.4);   // 100 draws
-  check(l.slice(av, 2), 100, 0.15);       // 1000 draws
+  check(l.slice(av, 0), features, 0.03);                      // 40000 draws
+  check(l.slice(av, 1), features, 0.4);                       // 100 draws
+  check(l.slice(av, 2), 100, 0.15);                           // 1000 draws
   for (float x : l.slice(av, 3)) CHECK(std::abs(x) <= 0.1f);  // 10 draws: only the bound
   // Each tensor draws from its own stream: the bias is not a scaled copy of the weight's first
   // values (same stream, same bound, would give the same numbers).
@@ -361,7 +361,8 @@ TEST_CASE("trainer specs and model sizes are checked", "[client]") {
 // One step over the whole batch makes the extra gradient terms exact to check: with the data's
 // gradient g at the start p0, plain SGD gives p0 - lr g, FedProx p0 - lr (g + mu (p0 - anchor)),
 // SCAFFOLD p0 - lr (g + correction).
-TEST_CASE("FedProx's proximal term and SCAFFOLD's correction enter every step's gradient", "[client]") {
+TEST_CASE("FedProx's proximal term and SCAFFOLD's correction enter every step's gradient",
+          "[client]") {
   const data::Dataset d = testing::gaussianData(40, 5, 3, 11);
   std::vector<size_t> idx(d.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
@@ -415,10 +416,12 @@ TEST_CASE("FedProx's proximal term and SCAFFOLD's correction enter every step's 
     bad.prox_mu = 1.0;  // no anchor
     std::vector<float> p = p0;
     RngStream rng = trainingStream(0);
-    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument, Contains("proximal anchor"));
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument,
+                          Contains("proximal anchor"));
     bad = one;
     bad.correction = std::span<const float>(corr).first(n - 1);
-    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument, Contains("SCAFFOLD correction"));
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument,
+                          Contains("SCAFFOLD correction"));
     bad = one;
     bad.prox_mu = -1;
     CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), ConfigError, Contains("prox_mu"));

@@ -37,23 +37,28 @@ struct Pair {
   std::string peer;
 
   Pair()
-      : link(ctx,
-             [&] {
-               client::UpstreamLinkConfig c;
-               c.endpoint = server.endpoint();
-               c.security = plain();
-               c.id = 5;
-               c.name = "client 5";
-               return c;
-             }(),
-             [this] { return registration; },
-             [](uint64_t session) { return pr::encode(pr::HeartbeatMsg{5, session, 0}); }, nullptr) {}
+      : link(
+            ctx,
+            [&] {
+              client::UpstreamLinkConfig c;
+              c.endpoint = server.endpoint();
+              c.security = plain();
+              c.id = 5;
+              c.name = "client 5";
+              return c;
+            }(),
+            [this] { return registration; },
+            [](uint64_t session) {
+              return pr::encode(pr::HeartbeatMsg{5, session, 0});
+            },
+            nullptr) {}
 
   // The next message the server receives of `kind` (the link's upkeep runs meanwhile).
   std::optional<transport::Received> serverGets(pr::MessageKind kind) {
     for (int i = 0; i < 200; ++i) {
       link.upkeep();
-      if (auto r = server.receive(milliseconds(10)); r && r->ok() && pr::peekKind(r->bytes()) == kind) {
+      if (auto r = server.receive(milliseconds(10));
+          r && r->ok() && pr::peekKind(r->bytes()) == kind) {
         peer = r->peer;
         return r;
       }
@@ -85,7 +90,8 @@ TEST_CASE("upstream link: what comes while the owner works is kept, at most 8, a
   Pair p;
   p.welcome();
   // The owner "works": upkeep() only, no next(). Twenty owner messages arrive, then a Shutdown.
-  for (int i = 0; i < 20; ++i) p.server.send(p.peer, p.refused(pr::RejectKind::kRefused, std::to_string(i)));
+  for (int i = 0; i < 20; ++i)
+    p.server.send(p.peer, p.refused(pr::RejectKind::kRefused, std::to_string(i)));
   size_t kept = 0;
   for (int i = 0; i < 60; ++i) {  // reads everything that came (300 ms: all of it arrived)
     p.link.upkeep();
@@ -144,7 +150,7 @@ TEST_CASE("upstream link: with nothing to offer it withdraws: no heartbeats, a R
   Pair p;
   p.welcome();
   REQUIRE(p.serverGets(pr::MessageKind::kHeartbeat));  // heartbeats flow (every 100 ms)
-  p.registration.reset();  // an aggregator whose clients all left
+  p.registration.reset();                              // an aggregator whose clients all left
   p.link.registerNow();
   CHECK_FALSE(p.link.session().registered());
   // No heartbeat in the next 400 ms (four intervals) ...

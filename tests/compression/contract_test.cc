@@ -52,8 +52,9 @@ SharedFactors advance(const Compressor& c, const RoundContext& ctx, const Shared
 
 // One client's round through every phase; `shared` is the round's broadcast on entry and the next
 // round's on return.
-std::vector<std::vector<Payload>> clientRound(const Compressor& c, ClientState& st, uint64_t round, uint64_t client,
-                                              std::span<const float> update, SharedFactors& shared) {
+std::vector<std::vector<Payload>> clientRound(const Compressor& c, ClientState& st, uint64_t round,
+                                              uint64_t client, std::span<const float> update,
+                                              SharedFactors& shared) {
   std::vector<std::vector<Payload>> out;
   for (uint32_t phase = 0; phase < c.phases(); ++phase) {
     const RoundContext ctx{kSeed, round, phase, client, &shared};
@@ -73,7 +74,8 @@ struct Foreign final : StateComponent {
 };
 
 // name -> (version, bytes) of a serialized state (core/client_state.h's format).
-std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> components(const std::vector<uint8_t>& blob) {
+std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> components(
+    const std::vector<uint8_t>& blob) {
   ByteReader r(blob, "test");
   r.u32();
   r.u32();
@@ -91,8 +93,8 @@ std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> components(cons
 }
 
 // The blob with component `name` replaced (or added) by raw bytes: the envelope stays valid.
-std::vector<uint8_t> withComponent(const std::vector<uint8_t>& blob, const std::string& name, uint32_t version,
-                                   const std::vector<uint8_t>& bytes) {
+std::vector<uint8_t> withComponent(const std::vector<uint8_t>& blob, const std::string& name,
+                                   uint32_t version, const std::vector<uint8_t>& bytes) {
   auto comps = components(blob);
   comps[name] = {version, bytes};
   std::vector<uint8_t> out(blob.begin(), blob.begin() + 16);  // magic, format, fingerprint
@@ -115,8 +117,9 @@ std::string localFormOf(const std::string& spec) {
 
 }  // namespace
 
-TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, for every compressor",
-          "[compression]") {
+TEST_CASE(
+    "compressWithFeedback leaves the state byte-identical on every throw, for every compressor",
+    "[compression]") {
   const ParamLayout& layout = cnn();
   const size_t n = layout.numel();
   for (const auto& spec : testing::allCompressorSpecs()) {
@@ -125,15 +128,16 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
     SharedFactors shared = c->initialShared(layout, kSeed);
     ClientState lived(layout.fingerprint());
     lived.get<Foreign>("algo.extra");
-    for (uint64_t r = 0; r < 2; ++r) clientRound(*c, lived, r, 3, testing::randomVector(n, 50 + r), shared);
+    for (uint64_t r = 0; r < 2; ++r)
+      clientRound(*c, lived, r, 3, testing::randomVector(n, 50 + r), shared);
     const auto update = testing::randomVector(n, 60);
 
     // The states to break: after whole rounds, and (two-phase) between phase 0 and phase 1.
     struct Variant {
       std::string name;
       ClientState state;
-      uint32_t phase;          // the phase a correct call would run
-      SharedFactors shared;    // and its broadcast
+      uint32_t phase;        // the phase a correct call would run
+      SharedFactors shared;  // and its broadcast
     };
     std::vector<Variant> variants;
     variants.push_back({"after a round", lived.copy(), 0, shared});
@@ -141,7 +145,8 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
       ClientState mid = lived.copy();
       const RoundContext ctx0{kSeed, 2, 0, 3, &shared};
       const auto p0 = c->compressWithFeedback(layout, update, mid, ctx0);
-      variants.push_back({"between the phases", std::move(mid), 1, advance(*c, ctx0, shared, {p0})});
+      variants.push_back(
+          {"between the phases", std::move(mid), 1, advance(*c, ctx0, shared, {p0})});
     }
     for (auto& v : variants) {
       INFO(v.name);
@@ -170,7 +175,8 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
         expectThrowUnchanged("one value too many", [&] { call(longer, 0, &v.shared); });
         expectThrowUnchanged("no update", [&] { call(none(), 0, &v.shared); });
       } else {
-        expectThrowUnchanged("an update in a phase that continues from the state", [&] { call(update, 1, &v.shared); });
+        expectThrowUnchanged("an update in a phase that continues from the state",
+                             [&] { call(update, 1, &v.shared); });
       }
       expectThrowUnchanged("a phase past the last", [&] { call(good, c->phases(), &v.shared); });
       expectThrowUnchanged("phase 1000", [&] { call(good, 1000, &v.shared); });
@@ -179,9 +185,11 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
       if (needsShared(*c)) {
         expectThrowUnchanged("no shared factors", [&] { call(good, v.phase, nullptr); });
         SharedFactors flipped = v.shared;
-        flipped.fixed = flipped.fixed == SharedFactors::Side::kQ ? SharedFactors::Side::kP : SharedFactors::Side::kQ;
+        flipped.fixed = flipped.fixed == SharedFactors::Side::kQ ? SharedFactors::Side::kP
+                                                                 : SharedFactors::Side::kQ;
         if (c->phases() == 2)  // acpsgd takes either side; two-phase PowerSGD's side is the phase's
-          expectThrowUnchanged("shared factors of the other side", [&] { call(good, v.phase, &flipped); });
+          expectThrowUnchanged("shared factors of the other side",
+                               [&] { call(good, v.phase, &flipped); });
         LowRankOptions o;
         o.rank = 3;
         SharedFactors wrong_rank = initialSharedFactors(layout, o, kSeed);
@@ -189,24 +197,31 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
         for (size_t t = 0; t < layout.size(); ++t)
           if (!wrong_rank.factors[t].empty() && v.shared.fixed == SharedFactors::Side::kP)
             wrong_rank.factors[t].resize(layout[t].rows() * 3);
-        expectThrowUnchanged("shared factors of another rank", [&] { call(good, v.phase, &wrong_rank); });
+        expectThrowUnchanged("shared factors of another rank",
+                             [&] { call(good, v.phase, &wrong_rank); });
         SharedFactors fewer = v.shared;
         fewer.factors.pop_back();
-        expectThrowUnchanged("shared factors for fewer tensors", [&] { call(good, v.phase, &fewer); });
+        expectThrowUnchanged("shared factors for fewer tensors",
+                             [&] { call(good, v.phase, &fewer); });
       }
-      // The state itself is broken: a residual of the wrong size, or stored bytes that do not parse.
+      // The state itself is broken: a residual of the wrong size, or stored bytes that do not
+      // parse.
       {
         ClientState bad = st.copy();
         bad.get<ResidualState>(kResidualComponent).values.assign(n - 1, 0.5f);
         const auto bad_bytes = testing::stateBytes(bad);
-        CHECK_THROWS_AS(c->compressWithFeedback(layout, good, bad, RoundContext{kSeed, 2, v.phase, 3, &v.shared}), Error);
+        CHECK_THROWS_AS(c->compressWithFeedback(layout, good, bad,
+                                                RoundContext{kSeed, 2, v.phase, 3, &v.shared}),
+                        Error);
         CHECK(testing::stateBytes(bad) == bad_bytes);
       }
       // Stored bytes that do not parse (a float count that lies; a pending phase that cannot be),
       // read lazily: only when compressWithFeedback asks for the component.
-      for (const auto& [component, bytes] : std::vector<std::pair<std::string, std::vector<uint8_t>>>{
-               {std::string(kResidualComponent), {static_cast<uint8_t>(n), static_cast<uint8_t>(n >> 8),
-                                                  static_cast<uint8_t>(n >> 16), 0, 0, 0, 0, 0, 0, 0, 0, 0}},
+      for (const auto& [component, bytes] :
+           std::vector<std::pair<std::string, std::vector<uint8_t>>>{
+               {std::string(kResidualComponent),
+                {static_cast<uint8_t>(n), static_cast<uint8_t>(n >> 8),
+                 static_cast<uint8_t>(n >> 16), 0, 0, 0, 0, 0, 0, 0, 0, 0}},
                {std::string(kPowerSgdComponent), {7, 0, 0, 0, 0, 0, 0, 0, 0}}}) {
         INFO("corrupt component " << component);
         const auto corrupt = withComponent(testing::stateBytes(st), component, 1, bytes);
@@ -215,12 +230,15 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
         REQUIRE(testing::stateBytes(loaded) == corrupt);
         const bool reads = component == kResidualComponent || c->name() == "powersgd";
         if (reads) {
-          CHECK_THROWS_AS(c->compressWithFeedback(layout, good, loaded, RoundContext{kSeed, 2, v.phase, 3, &v.shared}),
+          CHECK_THROWS_AS(c->compressWithFeedback(layout, good, loaded,
+                                                  RoundContext{kSeed, 2, v.phase, 3, &v.shared}),
                           IoError);
           CHECK(testing::stateBytes(loaded) == corrupt);
         } else {
-          CHECK_NOTHROW(c->compressWithFeedback(layout, good, loaded, RoundContext{kSeed, 2, v.phase, 3, &v.shared}));
-          CHECK(components(testing::stateBytes(loaded)).at(component).second == bytes);  // passed through
+          CHECK_NOTHROW(c->compressWithFeedback(layout, good, loaded,
+                                                RoundContext{kSeed, 2, v.phase, 3, &v.shared}));
+          CHECK(components(testing::stateBytes(loaded)).at(component).second ==
+                bytes);  // passed through
         }
       }
       // A state bound to another model.
@@ -229,15 +247,18 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
         blob[8] ^= 1;  // the fingerprint's low byte
         ClientState other;
         other.loadFrom(blob);
-        CHECK_THROWS_WITH(c->compressWithFeedback(layout, good, other, RoundContext{kSeed, 2, v.phase, 3, &v.shared}),
+        CHECK_THROWS_WITH(c->compressWithFeedback(layout, good, other,
+                                                  RoundContext{kSeed, 2, v.phase, 3, &v.shared}),
                           Catch::Contains("another model"));
         CHECK(testing::stateBytes(other) == blob);
       }
       // After all that, the correct call works and gives what the state saved before gives.
       ClientState twin;
       twin.loadFrom(before);
-      const auto a = c->compressWithFeedback(layout, good, st, RoundContext{kSeed, 2, v.phase, 3, &v.shared});
-      const auto b = c->compressWithFeedback(layout, good, twin, RoundContext{kSeed, 2, v.phase, 3, &v.shared});
+      const auto a =
+          c->compressWithFeedback(layout, good, st, RoundContext{kSeed, 2, v.phase, 3, &v.shared});
+      const auto b = c->compressWithFeedback(layout, good, twin,
+                                             RoundContext{kSeed, 2, v.phase, 3, &v.shared});
       CHECK(testing::samePayloads(a, b));
       CHECK(testing::stateBytes(st) == testing::stateBytes(twin));
       CHECK(st.find<Foreign>("algo.extra")->v == std::vector<float>{1.0f, 2.0f, 3.0f});
@@ -245,7 +266,8 @@ TEST_CASE("compressWithFeedback leaves the state byte-identical on every throw, 
   }
 }
 
-TEST_CASE("the read-only compress writes nothing and keeps no state, for every compressor", "[compression]") {
+TEST_CASE("the read-only compress writes nothing and keeps no state, for every compressor",
+          "[compression]") {
   const ParamLayout& layout = cnn();
   const auto update = testing::randomVector(layout.numel(), 70);
   for (const auto& spec : testing::allCompressorSpecs()) {
@@ -263,23 +285,30 @@ TEST_CASE("the read-only compress writes nothing and keeps no state, for every c
     REQUIRE(a.size() == layout.size());
     // Nothing is remembered between calls: the same call gives the same payloads; and it is phase 0
     // whatever the context says.
-    CHECK(testing::samePayloads(c->compress(layout, input, RoundContext{kSeed, 3, 0, 5, &shared}), a));
-    CHECK(testing::samePayloads(c->compress(layout, input, RoundContext{kSeed, 3, 1, 5, &shared}), a));
-    for (size_t t = 0; t < layout.size(); ++t) CHECK_NOTHROW(validatePayload(view(a[t]), layout[t], &shared, t));
+    CHECK(testing::samePayloads(c->compress(layout, input, RoundContext{kSeed, 3, 0, 5, &shared}),
+                                a));
+    CHECK(testing::samePayloads(c->compress(layout, input, RoundContext{kSeed, 3, 1, 5, &shared}),
+                                a));
+    for (size_t t = 0; t < layout.size(); ++t)
+      CHECK_NOTHROW(validatePayload(view(a[t]), layout[t], &shared, t));
     // It is what the in-place entry sends for a client with no state yet (no residual to add); a
     // two-phase compressor uses its one-phase form.
-    const auto one_phase = c->phases() == 1 ? makeCompressor(spec) : makeCompressor(localFormOf(spec));
+    const auto one_phase =
+        c->phases() == 1 ? makeCompressor(spec) : makeCompressor(localFormOf(spec));
     REQUIRE(one_phase->phases() == 1);
     ClientState fresh(layout.fingerprint());
-    CHECK(testing::samePayloads(
-        one_phase->compressWithFeedback(layout, update, fresh, RoundContext{kSeed, 3, 0, 5, &shared}), a));
+    CHECK(testing::samePayloads(one_phase->compressWithFeedback(
+                                    layout, update, fresh, RoundContext{kSeed, 3, 0, 5, &shared}),
+                                a));
     // And it refuses what the in-place entry refuses, still writing nothing.
     auto bad = update;
     bad[100] = std::nanf("");
     const auto bad_copy = bad;
-    CHECK_THROWS_AS(c->compress(layout, bad, RoundContext{kSeed, 3, 0, 5, &shared}), InvalidArgument);
+    CHECK_THROWS_AS(c->compress(layout, bad, RoundContext{kSeed, 3, 0, 5, &shared}),
+                    InvalidArgument);
     CHECK(testing::sameBits(bad, bad_copy));
-    CHECK_THROWS_AS(c->compress(layout, std::span<const float>(update).first(10), RoundContext{kSeed, 3, 0, 5, &shared}),
+    CHECK_THROWS_AS(c->compress(layout, std::span<const float>(update).first(10),
+                                RoundContext{kSeed, 3, 0, 5, &shared}),
                     InvalidArgument);
   }
 }
@@ -297,7 +326,8 @@ TEST_CASE("the read-only compress of two-phase PowerSGD needs no shared factors"
   CHECK(testing::samePayloads(got, local->compress(layout, update, RoundContext{kSeed, 3, 0, 5})));
 }
 
-TEST_CASE("error feedback loses nothing, phase by phase, for every compressor with error feedback", "[compression]") {
+TEST_CASE("error feedback loses nothing, phase by phase, for every compressor with error feedback",
+          "[compression]") {
   const ParamLayout& layout = cnn();
   const size_t n = layout.numel();
   size_t tested = 0;
@@ -310,7 +340,10 @@ TEST_CASE("error feedback loses nothing, phase by phase, for every compressor wi
     const bool exact = c->name() == "topk" || c->name() == "randk" || c->name() == "randblock";
     // With ef_decay = B < 1 the residual kept after the round's last phase is B (acc - sent).
     const double decay = c->feedback().decay;
-    const double rel = exact && decay == 1.0 ? 0.0 : c->name() == "sign" || c->name() == "qsgd" || c->name() == "stc" || exact ? 1e-6 : 2e-5;
+    const double rel = exact && decay == 1.0 ? 0.0
+                       : c->name() == "sign" || c->name() == "qsgd" || c->name() == "stc" || exact
+                           ? 1e-6
+                           : 2e-5;
     SharedFactors shared = c->initialShared(layout, kSeed);
     ClientState st(layout.fingerprint());
     for (uint64_t round = 0; round < 3; ++round) {
@@ -326,14 +359,17 @@ TEST_CASE("error feedback loses nothing, phase by phase, for every compressor wi
       for (uint32_t phase = 0; phase < c->phases(); ++phase) {
         INFO("phase " << phase);
         const RoundContext ctx{kSeed, round, phase, 4, &shared};
-        const auto p = c->compressWithFeedback(layout, phase == 0 ? std::span<const float>(u) : none(), st, ctx);
+        const auto p = c->compressWithFeedback(
+            layout, phase == 0 ? std::span<const float>(u) : none(), st, ctx);
         REQUIRE(p.size() == layout.size());
         std::vector<float> decoded(n, 0.0f);
         for (size_t t = 0; t < layout.size(); ++t) {
           CHECK_NOTHROW(validatePayload(view(p[t]), layout[t], &shared, t));
           const auto* l = std::get_if<LowRank>(&p[t]);
-          if (l && l->p.empty() != l->q.empty() && !c->factorsAreUpdate(phase)) continue;  // shapes the next factor only
-          accumulatePayload(view(p[t]), layout[t], layout.slice(std::span<float>(decoded), t), 1.0f, &shared, t);
+          if (l && l->p.empty() != l->q.empty() && !c->factorsAreUpdate(phase))
+            continue;  // shapes the next factor only
+          accumulatePayload(view(p[t]), layout[t], layout.slice(std::span<float>(decoded), t), 1.0f,
+                            &shared, t);
         }
         const auto kept = testing::residualOf(st, n);
         const bool last = phase + 1 == c->phases();
@@ -360,18 +396,21 @@ TEST_CASE("error feedback loses nothing, phase by phase, for every compressor wi
   CHECK(tested >= 10);
 }
 
-TEST_CASE("threads sharing one compressor give exactly the serial payloads, for every compressor", "[compression]") {
+TEST_CASE("threads sharing one compressor give exactly the serial payloads, for every compressor",
+          "[compression]") {
   const ParamLayout& layout = cnn();
   constexpr size_t kClients = 8, kThreads = 4, kRounds = 2;
   std::vector<std::vector<float>> updates;
-  for (size_t i = 0; i < kClients * kRounds; ++i) updates.push_back(testing::randomVector(layout.numel(), 90 + i));
+  for (size_t i = 0; i < kClients * kRounds; ++i)
+    updates.push_back(testing::randomVector(layout.numel(), 90 + i));
   for (const auto& spec : testing::allCompressorSpecs()) {
     INFO(spec);
     const auto c = makeCompressor(spec);
     const uint32_t phases = c->phases();
     // Serial: every client of every phase in turn; the broadcasts follow from the payloads.
     std::vector<std::vector<SharedFactors>> broadcasts(kRounds);
-    std::vector<std::vector<std::vector<std::vector<Payload>>>> serial(kClients);  // [client][round][phase]
+    std::vector<std::vector<std::vector<std::vector<Payload>>>> serial(
+        kClients);  // [client][round][phase]
     std::vector<ClientState> states;
     for (size_t i = 0; i < kClients; ++i) states.emplace_back(layout.fingerprint());
     SharedFactors shared = c->initialShared(layout, kSeed);
@@ -385,7 +424,8 @@ TEST_CASE("threads sharing one compressor give exactly the serial payloads, for 
           RoundContext ci = ctx;
           ci.client_id = i;
           all.push_back(c->compressWithFeedback(
-              layout, phase == 0 ? std::span<const float>(updates[r * kClients + i]) : none(), states[i], ci));
+              layout, phase == 0 ? std::span<const float>(updates[r * kClients + i]) : none(),
+              states[i], ci));
           serial[i][r].push_back(all.back());
         }
         shared = advance(*c, ctx, shared, all);
@@ -408,8 +448,8 @@ TEST_CASE("threads sharing one compressor give exactly the serial payloads, for 
               threaded[i].emplace_back();
               for (uint32_t phase = 0; phase < phases; ++phase)
                 threaded[i][r].push_back(c->compressWithFeedback(
-                    layout, phase == 0 ? std::span<const float>(updates[r * kClients + i]) : none(), tstates[i],
-                    RoundContext{kSeed, r, phase, i, &broadcasts[r][phase]}, &ws));
+                    layout, phase == 0 ? std::span<const float>(updates[r * kClients + i]) : none(),
+                    tstates[i], RoundContext{kSeed, r, phase, i, &broadcasts[r][phase]}, &ws));
             }
         } catch (...) {
           errors[th] = std::current_exception();
@@ -480,14 +520,15 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("checkReceived accepts what a compressor sends and refuses other encodings", "[compression]") {
+TEST_CASE("checkReceived accepts what a compressor sends and refuses other encodings",
+          "[compression]") {
   const ParamLayout& layout = cnn();
   struct Sent {
     std::string spec;
     std::unique_ptr<Compressor> c;
-    std::vector<SharedFactors> broadcast;            // per phase of round 1
-    std::vector<std::vector<Payload>> payloads;      // per phase of round 1
-    std::vector<std::set<size_t>> encodings;         // per tensor: encodings sent (any phase)
+    std::vector<SharedFactors> broadcast;        // per phase of round 1
+    std::vector<std::vector<Payload>> payloads;  // per phase of round 1
+    std::vector<std::set<size_t>> encodings;     // per tensor: encodings sent (any phase)
   };
   std::vector<Sent> all;
   for (const auto& spec : testing::allCompressorSpecs()) {
@@ -499,7 +540,8 @@ TEST_CASE("checkReceived accepts what a compressor sends and refuses other encod
     for (uint32_t phase = 0; phase < s.c->phases(); ++phase) {
       s.broadcast.push_back(shared);
       const RoundContext ctx{kSeed, 1, phase, 2, &s.broadcast.back()};
-      s.payloads.push_back(s.c->compressWithFeedback(layout, phase == 0 ? std::span<const float>(u) : none(), st, ctx));
+      s.payloads.push_back(s.c->compressWithFeedback(
+          layout, phase == 0 ? std::span<const float>(u) : none(), st, ctx));
       shared = advance(*s.c, ctx, shared, {s.payloads.back()});
     }
     all.push_back(std::move(s));
@@ -512,18 +554,23 @@ TEST_CASE("checkReceived accepts what a compressor sends and refuses other encod
       for (size_t t = 0; t < layout.size(); ++t) {
         own[t] = a.payloads[phase][t].index();
         INFO("own tensor " << t << " phase " << phase);
-        CHECK(testing::errcOf([&] { a.c->checkReceived(layout, t, view(a.payloads[phase][t]), ctx); }) == "no error");
+        CHECK(testing::errcOf([&] {
+                a.c->checkReceived(layout, t, view(a.payloads[phase][t]), ctx);
+              }) == "no error");
       }
       for (const auto& b : all) {
         for (const auto& bp : b.payloads) {
           for (size_t t = 0; t < layout.size(); ++t) {
-            const std::string got = testing::errcOf([&] { a.c->checkReceived(layout, t, view(bp[t]), ctx); });
-            INFO("from " << b.spec << ", tensor " << t << " as " << encodingName(bp[t]) << ", phase " << phase);
+            const std::string got =
+                testing::errcOf([&] { a.c->checkReceived(layout, t, view(bp[t]), ctx); });
+            INFO("from " << b.spec << ", tensor " << t << " as " << encodingName(bp[t])
+                         << ", phase " << phase);
             if (bp[t].index() != own[t]) {
               CHECK(got == errcName(Errc::kUnexpectedEncoding));
             } else {
-              // The same encoding: accepted, or refused for a field the round fixes (or, for two-phase
-              // PowerSGD's phase Q of a dense tensor, anything but the empty sparse placeholder).
+              // The same encoding: accepted, or refused for a field the round fixes (or, for
+              // two-phase PowerSGD's phase Q of a dense tensor, anything but the empty sparse
+              // placeholder).
               CHECK((got == "no error" || got == errcName(Errc::kRoundMismatch) ||
                      got == errcName(Errc::kUnexpectedEncoding)));
             }
@@ -586,7 +633,8 @@ TEST_CASE("checkReceived refuses the fields a round fixes", "[compression]") {
         RoundContext other = mine;
         other.client_id = client + 10;
         const auto q = own->compress(layout, u, other);
-        if (std::get<RandBlock>(q[t]).offset != b.offset) CHECK(code(*own, t, p[t], other) == mismatch);
+        if (std::get<RandBlock>(q[t]).offset != b.offset)
+          CHECK(code(*own, t, p[t], other) == mismatch);
       }
     }
     CHECK(differ * 2 > tensors);  // per-client offsets are not the shared one
@@ -657,7 +705,8 @@ TEST_CASE("checkReceived refuses the fields a round fixes", "[compression]") {
     CHECK(code(*two, fc1, q_only, p0) == mismatch);
     CHECK(code(*two, fc1, p_only, p1) == mismatch);
     CHECK(code(*two, fc1, local[fc1], p0) == mismatch);
-    CHECK(code(*two, fc1, LowRank{both.rows, both.cols, 2, std::get<LowRank>(rank2[fc1]).p, {}}, p0) == mismatch);
+    CHECK(code(*two, fc1, LowRank{both.rows, both.cols, 2, std::get<LowRank>(rank2[fc1]).p, {}},
+               p0) == mismatch);
     // A tensor too small to factor goes whole in phase P and as an empty sparse payload in phase Q.
     CHECK(code(*two, bias, local[bias], p0) == ok);
     CHECK(code(*two, bias, Sparse{}, p1) == ok);
@@ -667,7 +716,7 @@ TEST_CASE("checkReceived refuses the fields a round fixes", "[compression]") {
     CHECK(code(*loc, fc1, local[fc1], ctx) == ok);
     CHECK(code(*loc, fc1, p_only, ctx) == mismatch);
     auto acp = makeCompressor("acpsgd");
-    CHECK(code(*acp, fc1, p_only, p0) == ok);         // shared Q: P only
+    CHECK(code(*acp, fc1, p_only, p0) == ok);  // shared Q: P only
     CHECK(code(*acp, fc1, q_only, p0) == mismatch);
     CHECK(code(*acp, fc1, local[fc1], p0) == mismatch);
   }

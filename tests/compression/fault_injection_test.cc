@@ -22,8 +22,9 @@ std::vector<uint8_t> bytesOf(const ClientState& s) {
 
 // Calls compressWithFeedback, failing its n-th allocation for n = 0, 1, ... until a call goes
 // through; returns how many failures were injected. `ok` is false if any failure changed the state.
-long injectUntilSuccess(const Compressor& c, const ParamLayout& layout, std::span<const float> update, ClientState& st,
-                        const RoundContext& ctx, Workspace* ws, bool& ok) {
+long injectUntilSuccess(const Compressor& c, const ParamLayout& layout,
+                        std::span<const float> update, ClientState& st, const RoundContext& ctx,
+                        Workspace* ws, bool& ok) {
   for (long n = 0;; ++n) {
     const auto before = bytesOf(st);
     testing::alloc::count = 0;
@@ -41,11 +42,13 @@ long injectUntilSuccess(const Compressor& c, const ParamLayout& layout, std::spa
 
 }  // namespace
 
-TEST_CASE("compressWithFeedback keeps the strong guarantee when any allocation fails", "[compression]") {
+TEST_CASE("compressWithFeedback keeps the strong guarantee when any allocation fails",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   std::vector<std::string> specs;
   for (const auto& e : compressors().entries()) specs.push_back(e.name);
-  for (const char* extra : {"powersgd:mode=local", "powersgd:ef=false", "topk:scope=global", "randblock:ef=false"})
+  for (const char* extra :
+       {"powersgd:mode=local", "powersgd:ef=false", "topk:scope=global", "randblock:ef=false"})
     specs.push_back(extra);
   for (const auto& spec : specs) {
     auto c = makeCompressor(spec);
@@ -56,7 +59,8 @@ TEST_CASE("compressWithFeedback keeps the strong guarantee when any allocation f
       Workspace* w = reuse_workspace ? &ws : nullptr;
       bool ok = true;
       long injected = 0;
-      for (uint64_t round = 1; round <= 2; ++round) {  // round 1 creates components, round 2 replaces them
+      for (uint64_t round = 1; round <= 2;
+           ++round) {  // round 1 creates components, round 2 replaces them
         const auto u = testing::randomVector(layout.numel(), round, 0.1);
         RoundContext ctx{4, round, 0, 1, q.any() ? &q : nullptr};
         injected += injectUntilSuccess(*c, layout, u, st, ctx, w, ok);
@@ -66,7 +70,8 @@ TEST_CASE("compressWithFeedback keeps the strong guarantee when any allocation f
           p_hat.factors.resize(layout.size());
           for (size_t t = 0; t < layout.size(); ++t)
             if (!q.factors[t].empty()) {
-              p_hat.factors[t].assign(layout[t].rows() * (q.factors[t].size() / layout[t].cols()), 0.0f);
+              p_hat.factors[t].assign(layout[t].rows() * (q.factors[t].size() / layout[t].cols()),
+                                      0.0f);
               for (size_t i = 0; i < p_hat.factors[t].size(); i += 3) p_hat.factors[t][i] = 1.0f;
             }
           RoundContext ctx_q{4, round, 1, 1, &p_hat};

@@ -1,8 +1,8 @@
-#include <catch2/catch.hpp>
+#include "compression/gtopk.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 
-#include "compression/gtopk.h"
 #include "compression/topk_select.h"
 #include "test_util.h"
 
@@ -26,7 +26,8 @@ std::vector<float> toDense(const Sparse& s, size_t n) {
 }
 
 // Sort-based reference of one tree node: densify the sum, keep the top-k of it by full sort.
-Sparse referenceMerge(const Sparse& a, const Sparse& b, size_t k, size_t n, std::vector<float>& dropped) {
+Sparse referenceMerge(const Sparse& a, const Sparse& b, size_t k, size_t n,
+                      std::vector<float>& dropped) {
   auto sum = toDense(a, n);
   auto bd = toDense(b, n);
   std::vector<bool> present(n, false);
@@ -38,12 +39,15 @@ Sparse referenceMerge(const Sparse& a, const Sparse& b, size_t k, size_t n, std:
   for (size_t i = 0; i < n; ++i)
     if (present[i]) cand.push_back({static_cast<uint32_t>(i), sum[i]});
   std::sort(cand.begin(), cand.end(), [](auto& x, auto& y) {
-    return std::fabs(x.second) > std::fabs(y.second) || (std::fabs(x.second) == std::fabs(y.second) && x.first < y.first);
+    return std::fabs(x.second) > std::fabs(y.second) ||
+           (std::fabs(x.second) == std::fabs(y.second) && x.first < y.first);
   });
   std::map<uint32_t, float> kept;
   for (size_t i = 0; i < cand.size(); ++i) {
-    if (i < k) kept[cand[i].first] = cand[i].second;
-    else dropped[cand[i].first] += cand[i].second;
+    if (i < k)
+      kept[cand[i].first] = cand[i].second;
+    else
+      dropped[cand[i].first] += cand[i].second;
   }
   Sparse out;
   for (auto& [i, v] : kept) {
@@ -66,7 +70,8 @@ TEST_CASE("a gTop-k merge tree over 8 updates matches the sort-based reference",
     std::sort(s.indices.begin(), s.indices.end());
     s.indices.erase(std::unique(s.indices.begin(), s.indices.end()), s.indices.end());
     s.values.resize(s.indices.size());
-    for (size_t j = 0; j < s.values.size(); ++j) s.values[j] = static_cast<float>(std::sin(w * 7.0 + s.indices[j]));
+    for (size_t j = 0; j < s.values.size(); ++j)
+      s.values[j] = static_cast<float>(std::sin(w * 7.0 + s.indices[j]));
     auto d = toDense(s, n);
     for (size_t i = 0; i < n; ++i) inputs_sum[i] += d[i];
     level.push_back(s);

@@ -22,7 +22,8 @@ ParamLayout matrixLayout(int64_t rows, int64_t cols) {
 }
 
 // U diag(s) V^T with random orthonormal U, V and the given singular values.
-std::vector<float> matrixWithSpectrum(size_t rows, size_t cols, const std::vector<float>& s, uint64_t seed) {
+std::vector<float> matrixWithSpectrum(size_t rows, size_t cols, const std::vector<float>& s,
+                                      uint64_t seed) {
   auto a = testing::randomVector(rows * s.size(), seed);
   auto b = testing::randomVector(cols * s.size(), seed + 1);
   orthogonalize(a.data(), rows, s.size());
@@ -185,7 +186,9 @@ TEST_CASE("powersgd power iteration converges under warm start", "[compression]"
   ClientState st = ClientState(layout.fingerprint());
   double first = 0, last = 0;
   for (int it = 0; it < 40; ++it) {
-    auto back = testing::densify(layout, c->compressWithFeedback(layout, update, st, RoundContext{1, static_cast<uint64_t>(it), 0, 1}));
+    auto back = testing::densify(
+        layout, c->compressWithFeedback(layout, update, st,
+                                        RoundContext{1, static_cast<uint64_t>(it), 0, 1}));
     for (size_t i = 0; i < back.size(); ++i) back[i] -= update[i];
     const double err = testing::norm2(back);
     if (it == 0) first = err;
@@ -197,8 +200,10 @@ TEST_CASE("powersgd power iteration converges under warm start", "[compression]"
   auto cold = makeCompressor("powersgd:rank=3,ef=false,mode=local,warm_start=false");
   ClientState cs = ClientState(layout.fingerprint());
   std::vector<float> b1, b2;
-  b1 = testing::densify(layout, cold->compressWithFeedback(layout, update, cs, RoundContext{1, 0, 0, 1}));
-  b2 = testing::densify(layout, cold->compressWithFeedback(layout, update, cs, RoundContext{1, 1, 0, 1}));
+  b1 = testing::densify(layout,
+                        cold->compressWithFeedback(layout, update, cs, RoundContext{1, 0, 0, 1}));
+  b2 = testing::densify(layout,
+                        cold->compressWithFeedback(layout, update, cs, RoundContext{1, 1, 0, 1}));
   CHECK(b1 == b2);
 }
 
@@ -211,7 +216,8 @@ TEST_CASE("local powersgd error feedback invariant", "[compression]") {
     const auto old = testing::residualOf(st, layout.numel());
     std::vector<float> expect(u.size());
     for (size_t i = 0; i < u.size(); ++i) expect[i] = u[i] + old[i];
-    auto sent = testing::densify(layout, c->compressWithFeedback(layout, u, st, RoundContext{1, round, 0, 1}));
+    auto sent = testing::densify(
+        layout, c->compressWithFeedback(layout, u, st, RoundContext{1, round, 0, 1}));
     const auto res = testing::residualOf(st, layout.numel());
     for (size_t i = 0; i < sent.size(); ++i) sent[i] += res[i];
     CHECK(testing::maxAbsDiff(sent, expect) < 1e-4);
@@ -220,8 +226,8 @@ TEST_CASE("local powersgd error feedback invariant", "[compression]") {
 
 TEST_CASE("only matrices that compress enough are low-rank", "[compression]") {
   ParamLayout l;
-  l.add("big", {64, 64});    // (64+64)*4*2 = 1024 < 4096
-  l.add("thin", {4, 64});    // r=4: (68)*4*2 = 544 > 256
+  l.add("big", {64, 64});  // (64+64)*4*2 = 1024 < 4096
+  l.add("thin", {4, 64});  // r=4: (68)*4*2 = 544 > 256
   l.add("vec", {1000});
   l.add("conv", {16, 3, 3, 3});  // 16 x 27: (43)*4*2 = 344 < 432
   CHECK(lowRankCompressible(l[0], 4, 2.0));
@@ -236,7 +242,8 @@ TEST_CASE("only matrices that compress enough are low-rank", "[compression]") {
   CHECK(shared.factors[3].size() == 27 * 4);
 }
 
-TEST_CASE("acpsgd sends one factor against the shared one and with error feedback", "[compression]") {
+TEST_CASE("acpsgd sends one factor against the shared one and with error feedback",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   LowRankOptions o;
   o.rank = 2;
@@ -288,11 +295,13 @@ TEST_CASE("acpsgd refuses a round without matching shared factors", "[compressio
   auto c = makeCompressor("acpsgd:rank=2");
   ClientState st = ClientState(layout.fingerprint());
   auto u = testing::randomVector(layout.numel(), 5);
-  CHECK_THROWS_WITH(c->compressWithFeedback(layout, u, st, RoundContext{}), Catch::Contains("no shared factors"));
+  CHECK_THROWS_WITH(c->compressWithFeedback(layout, u, st, RoundContext{}),
+                    Catch::Contains("no shared factors"));
   LowRankOptions o;
   o.rank = 3;
   auto wrong = initialSharedFactors(layout, o, 1);
-  CHECK_THROWS_WITH(c->compressWithFeedback(layout, u, st, RoundContext{1, 0, 0, 0, &wrong}), Catch::Contains("expected"));
+  CHECK_THROWS_WITH(c->compressWithFeedback(layout, u, st, RoundContext{1, 0, 0, 0, &wrong}),
+                    Catch::Contains("expected"));
   CHECK(st.size() == 0);  // untouched: no component was created
 }
 
@@ -308,7 +317,8 @@ TEST_CASE("two-phase powersgd with one client equals the local form", "[compress
   REQUIRE(local_c.phases() == 1);
   const auto u = testing::randomVector(layout.numel(), 3);
   ClientState local = ClientState(layout.fingerprint());
-  const auto ref = testing::densify(layout, local_c.compressWithFeedback(layout, u, local, RoundContext{9, 0, 0, 1}));
+  const auto ref = testing::densify(
+      layout, local_c.compressWithFeedback(layout, u, local, RoundContext{9, 0, 0, 1}));
 
   ClientState st = ClientState(layout.fingerprint());
   const SharedFactors q = c.initialShared(layout, 9);
@@ -330,7 +340,8 @@ TEST_CASE("two-phase powersgd with one client equals the local form", "[compress
       phat.factors[t] = lr->p;
       orthogonalize(phat.factors[t].data(), lr->rows, lr->rank);
     } else {
-      accumulatePayload(view(phase_p[t]), layout[t], layout.slice(std::span<float>(total), t), 1.0f);
+      accumulatePayload(view(phase_p[t]), layout[t], layout.slice(std::span<float>(total), t),
+                        1.0f);
     }
   }
   std::vector<std::span<const float>> sum_views(sums.begin(), sums.end());
@@ -343,16 +354,23 @@ TEST_CASE("two-phase powersgd with one client equals the local form", "[compress
   }
   auto phase_q = c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &next});
   for (size_t t = 0; t < layout.size(); ++t)
-    accumulatePayload(view(phase_q[t]), layout[t], layout.slice(std::span<float>(total), t), 1.0f, &next, t);
+    accumulatePayload(view(phase_q[t]), layout[t], layout.slice(std::span<float>(total), t), 1.0f,
+                      &next, t);
   CHECK(testing::maxAbsDiff(total, ref) < 1e-4);
-  CHECK(testing::maxAbsDiff(testing::residualOf(st, layout.numel()), testing::residualOf(local, layout.numel())) < 1e-4);
+  CHECK(testing::maxAbsDiff(testing::residualOf(st, layout.numel()),
+                            testing::residualOf(local, layout.numel())) < 1e-4);
   CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &next}),
                     Catch::Contains("without phase P"));
 }
 
-TEST_CASE("between the two PowerSGD phases a wrong call is refused and leaves the state intact", "[compression]") {
+TEST_CASE("between the two PowerSGD phases a wrong call is refused and leaves the state intact",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  PowerSgdCompressor c(LowRankOptions{.rank = 2, .min_compression_rate = 2.0, .ef = {.on = true}, .warm_start = true, .two_phase = true});
+  PowerSgdCompressor c(LowRankOptions{.rank = 2,
+                                      .min_compression_rate = 2.0,
+                                      .ef = {.on = true},
+                                      .warm_start = true,
+                                      .two_phase = true});
   const SharedFactors q = c.initialShared(layout, 9);
   ClientState st = ClientState(layout.fingerprint());
   const auto u = testing::randomVector(layout.numel(), 3);
@@ -360,22 +378,32 @@ TEST_CASE("between the two PowerSGD phases a wrong call is refused and leaves th
   REQUIRE(st.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
   const auto between = testing::stateBytes(st);
   // Phase Q continues from the state: it takes no update.
-  CHECK_THROWS_WITH(c.compressWithFeedback(layout, u, st, RoundContext{9, 0, 1, 1, &q}), Catch::Contains("takes no update"));
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, u, st, RoundContext{9, 0, 1, 1, &q}),
+                    Catch::Contains("takes no update"));
   // Phase Q needs P-hat, not the round's Q.
-  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &q}), Catch::Contains("wrong side"));
-  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1}), Catch::Contains("needs the shared P"));
-  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 2, 1}), Catch::Contains("does not exist"));
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1, &q}),
+                    Catch::Contains("wrong side"));
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 1, 1}),
+                    Catch::Contains("needs the shared P"));
+  CHECK_THROWS_WITH(c.compressWithFeedback(layout, {}, st, RoundContext{9, 0, 2, 1}),
+                    Catch::Contains("does not exist"));
   CHECK(testing::stateBytes(st) == between);
   CHECK(st.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
 }
 
-TEST_CASE("a two-phase client that missed phase Q carries its whole matrix into the next round", "[compression]") {
+TEST_CASE("a two-phase client that missed phase Q carries its whole matrix into the next round",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   for (bool ef : {true, false}) {
-    PowerSgdCompressor c(LowRankOptions{.rank = 2, .min_compression_rate = 2.0, .ef = {.on = ef}, .warm_start = true, .two_phase = true});
+    PowerSgdCompressor c(LowRankOptions{.rank = 2,
+                                        .min_compression_rate = 2.0,
+                                        .ef = {.on = ef},
+                                        .warm_start = true,
+                                        .two_phase = true});
     const SharedFactors q = c.initialShared(layout, 4);
     ClientState st = ClientState(layout.fingerprint());
-    const auto u1 = testing::randomVector(layout.numel(), 1), u2 = testing::randomVector(layout.numel(), 2);
+    const auto u1 = testing::randomVector(layout.numel(), 1),
+               u2 = testing::randomVector(layout.numel(), 2);
     c.compressWithFeedback(layout, u1, st, RoundContext{4, 0, 0, 1, &q});
     // Phase P of the next round (the client never ran phase Q): M = u1 + u2 with EF, u2 without.
     auto p = c.compressWithFeedback(layout, u2, st, RoundContext{4, 1, 0, 1, &q});
@@ -385,7 +413,9 @@ TEST_CASE("a two-phase client that missed phase Q carries its whole matrix into 
     Eigen::Map<const RowMatrix> qm(q.factors[fc1].data(), 256, 2);
     const RowMatrix want = layout.matrix(std::span<const float>(m), fc1) * qm;
     INFO("ef " << ef);
-    CHECK((Eigen::Map<const RowMatrix>(std::get<LowRank>(p[fc1]).p.data(), 64, 2) - want).cwiseAbs().maxCoeff() < 1e-4f);
+    CHECK((Eigen::Map<const RowMatrix>(std::get<LowRank>(p[fc1]).p.data(), 64, 2) - want)
+              .cwiseAbs()
+              .maxCoeff() < 1e-4f);
     // The kept buffer holds M on low-rank tensors and nothing on the dense ones (sent whole).
     const auto kept = testing::residualOf(st, layout.numel());
     for (size_t t = 0; t < layout.size(); ++t) {

@@ -1,8 +1,7 @@
 // Payloads and their views (compression/payload.h): view/toOwned, what validatePayload measures
 // against a dense reference for every encoding, accumulation, sizes and names.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 
 #include "compression/lowrank.h"
@@ -24,7 +23,9 @@ ParamLayout tiny() {
   return l;
 }
 
-std::vector<float> randomFactor(size_t n, uint64_t seed) { return testing::randomVector(n, seed, 0.7); }
+std::vector<float> randomFactor(size_t n, uint64_t seed) {
+  return testing::randomVector(n, seed, 0.7);
+}
 
 // One payload of every encoding (and every low-rank form) for tensor 0 of tiny(), with the shared
 // factors a one-factor payload needs.
@@ -53,7 +54,8 @@ std::vector<Sample> samples(const SharedFactors& shared_q, const SharedFactors& 
   out.push_back({"randblock", RandBlock{3, {0.5f, -0.25f}}});
   out.push_back({"lowrank rank 2", LowRank{6, 10, 2, randomFactor(12, 2), randomFactor(20, 3)}});
   out.push_back({"lowrank rank 1", LowRank{6, 10, 1, randomFactor(6, 4), randomFactor(10, 5)}});
-  out.push_back({"lowrank rank 1, a negative entry largest", LowRank{6, 10, 1, {0.1f, -3, 0.2f, 1, 0, 2}, randomFactor(10, 6)}});
+  out.push_back({"lowrank rank 1, a negative entry largest",
+                 LowRank{6, 10, 1, {0.1f, -3, 0.2f, 1, 0, 2}, randomFactor(10, 6)}});
   out.push_back({"lowrank P only", LowRank{6, 10, 2, randomFactor(12, 7), {}}, &shared_q});
   out.push_back({"lowrank Q only", LowRank{6, 10, 2, {}, randomFactor(20, 8)}, &shared_p});
   Sign s{0.75f, std::vector<uint8_t>(8)};
@@ -98,7 +100,8 @@ double maxRowNorm(std::span<const float> f, size_t rows, size_t r) {
 
 }  // namespace
 
-TEST_CASE("view and toOwned round-trip every encoding, and a view aliases its payload", "[compression]") {
+TEST_CASE("view and toOwned round-trip every encoding, and a view aliases its payload",
+          "[compression]") {
   const ParamLayout l = tiny();
   const SharedFactors q = initialSharedFactors(l, LowRankOptions{2, 1.0}, 1);
   SharedFactors p;
@@ -158,7 +161,8 @@ TEST_CASE("updates and partial aggregates view and copy back whole", "[compressi
   CHECK(v.header.client_id == 77u);
   CHECK(v.header.num_examples == 123u);
   REQUIRE(v.tensors.size() == 2);
-  CHECK(std::get<DenseF32View>(v.tensors[0]).values.data() == std::get<DenseF32>(u.tensors[0]).values.data());
+  CHECK(std::get<DenseF32View>(v.tensors[0]).values.data() ==
+        std::get<DenseF32>(u.tensors[0]).values.data());
   REQUIRE(v.metrics.size() == 2);
   CHECK(v.metrics[1].name == "acc");
   CHECK(v.metrics[1].name.data() == u.metrics[1].name.data());
@@ -179,14 +183,16 @@ TEST_CASE("updates and partial aggregates view and copy back whole", "[compressi
   CHECK(pv.header.shared_tag == 0x55u);
   CHECK(pv.header.count == 4u);
   CHECK(pv.header.total_weight == 7.5);
-  CHECK(std::get<DenseF32View>(pv.tensors[0]).values.data() == std::get<DenseF32>(m.tensors[0]).values.data());
+  CHECK(std::get<DenseF32View>(pv.tensors[0]).values.data() ==
+        std::get<DenseF32>(m.tensors[0]).values.data());
   REQUIRE(pv.metrics.size() == 1);
   CHECK(pv.metrics[0].name == "loss");
   CHECK(pv.metrics[0].weighted_sum == 3.0);
   CHECK(pv.metrics[0].weight == 7.5);
 }
 
-TEST_CASE("validatePayload measures what the decoded tensor holds, for every encoding", "[compression]") {
+TEST_CASE("validatePayload measures what the decoded tensor holds, for every encoding",
+          "[compression]") {
   const ParamLayout l = tiny();
   const SharedFactors q = initialSharedFactors(l, LowRankOptions{2, 1.0}, 1);
   SharedFactors p;
@@ -210,12 +216,14 @@ TEST_CASE("validatePayload measures what the decoded tensor holds, for every enc
       const RoundContext ctx0{1, 0, 0, 1, &cnn_shared.back()};
       SharedFactors phat = c->nextShared(cnn, ctx0, cnn_shared.back(), sums, 1.0);
       cnn_shared.push_back(std::move(phat));
-      sent.push_back({spec + " phase 1", c->compressWithFeedback(cnn, {}, st, RoundContext{1, 0, 1, 1, &cnn_shared.back()})});
+      sent.push_back(
+          {spec + " phase 1",
+           c->compressWithFeedback(cnn, {}, st, RoundContext{1, 0, 1, 1, &cnn_shared.back()})});
     }
   }
 
-  auto check = [](const std::string& what, const PayloadView& pv, const TensorSpec& t, const SharedFactors* shared,
-                  size_t ti) {
+  auto check = [](const std::string& what, const PayloadView& pv, const TensorSpec& t,
+                  const SharedFactors* shared, size_t ti) {
     INFO(what << " (" << encodingName(pv) << ")");
     const PayloadStats stats = validatePayload(pv, t, shared, ti);
     std::vector<float> dense(t.numel, 0.0f);
@@ -248,7 +256,8 @@ TEST_CASE("validatePayload measures what the decoded tensor holds, for every enc
     u.tensors = payloads;
     double max_abs = 0, sq = 0;
     for (size_t t = 0; t < cnn.size(); ++t) {
-      const PayloadStats s = check(spec + " tensor " + std::to_string(t), view(payloads[t]), cnn[t], &cnn_shared[k], t);
+      const PayloadStats s = check(spec + " tensor " + std::to_string(t), view(payloads[t]), cnn[t],
+                                   &cnn_shared[k], t);
       max_abs = std::max(max_abs, s.max_abs);
       sq += s.sq_norm;
     }
@@ -272,9 +281,11 @@ TEST_CASE("accumulatePayload adds weight times the decoded tensor", "[compressio
     std::vector<float> acc = testing::randomVector(60, 5);
     const auto start = acc;
     accumulatePayload(view(s.payload), l[0], acc, -0.375f, s.shared, 0);
-    for (size_t i = 0; i < 60; ++i) REQUIRE(acc[i] == Approx(start[i] - 0.375 * once[i]).epsilon(1e-6).margin(1e-6));
+    for (size_t i = 0; i < 60; ++i)
+      REQUIRE(acc[i] == Approx(start[i] - 0.375 * once[i]).epsilon(1e-6).margin(1e-6));
     std::vector<float> wrong(59);
-    CHECK_THROWS_AS(accumulatePayload(view(s.payload), l[0], wrong, 1.0f, s.shared, 0), InternalError);
+    CHECK_THROWS_AS(accumulatePayload(view(s.payload), l[0], wrong, 1.0f, s.shared, 0),
+                    InternalError);
   }
 }
 
@@ -284,24 +295,29 @@ TEST_CASE("payload data sizes are exact", "[compression]") {
   CHECK(payloadDataBytes(DenseBF16{std::vector<uint16_t>(60)}) == 120u);
   CHECK(payloadDataBytes(Sparse{{1, 2, 3}, {1, 2, 3}}) == 24u);
   CHECK(payloadDataBytes(RandBlock{5, std::vector<float>(9)}) == 4u + 36u);
-  CHECK(payloadDataBytes(LowRank{6, 10, 2, std::vector<float>(12), std::vector<float>(20)}) == 12u + 128u);
+  CHECK(payloadDataBytes(LowRank{6, 10, 2, std::vector<float>(12), std::vector<float>(20)}) ==
+        12u + 128u);
   CHECK(payloadDataBytes(LowRank{6, 10, 2, std::vector<float>(12), {}}) == 12u + 48u);
   CHECK(payloadDataBytes(Sign{1.0f, std::vector<uint8_t>(8)}) == 12u);
   CHECK(payloadDataBytes(Qsgd{1.0f, 5, std::vector<uint8_t>(30)}) == 38u);
 }
 
-TEST_CASE("checkUpdateHeader and validateUpdate refuse another model or tensor count", "[compression]") {
+TEST_CASE("checkUpdateHeader and validateUpdate refuse another model or tensor count",
+          "[compression]") {
   const ParamLayout l = tiny();
   Update u;
   u.header.layout_fingerprint = l.fingerprint();
   u.tensors = {DenseF32{std::vector<float>(60)}, DenseF32{std::vector<float>(13)}};
   CHECK_NOTHROW(validateUpdate(l, view(u)));
   u.header.layout_fingerprint ^= 1;
-  CHECK(testing::errcOf([&] { validateUpdate(l, view(u)); }) == errcName(Errc::kFingerprintMismatch));
+  CHECK(testing::errcOf([&] { validateUpdate(l, view(u)); }) ==
+        errcName(Errc::kFingerprintMismatch));
   u.header.layout_fingerprint ^= 1;
   u.tensors.pop_back();
-  CHECK(testing::errcOf([&] { validateUpdate(l, view(u)); }) == errcName(Errc::kTensorCountMismatch));
-  CHECK(testing::errcOf([&] { checkUpdateHeader(l, u.header, 3); }) == errcName(Errc::kTensorCountMismatch));
+  CHECK(testing::errcOf([&] { validateUpdate(l, view(u)); }) ==
+        errcName(Errc::kTensorCountMismatch));
+  CHECK(testing::errcOf([&] { checkUpdateHeader(l, u.header, 3); }) ==
+        errcName(Errc::kTensorCountMismatch));
   CHECK(testing::errcOf([&] { checkUpdateHeader(l, u.header, 2); }) == "no error");
 }
 
@@ -315,14 +331,16 @@ TEST_CASE("the shared-factor tag tells factors and sides apart", "[compression]"
   b = a;
   b.fixed = SharedFactors::Side::kP;
   CHECK(sharedFactorsTag(a) != sharedFactorsTag(b));
-  CHECK(sharedFactorsTag(a) != sharedFactorsTag(initialSharedFactors(l, LowRankOptions{2, 1.0}, 2)));
+  CHECK(sharedFactorsTag(a) !=
+        sharedFactorsTag(initialSharedFactors(l, LowRankOptions{2, 1.0}, 2)));
   CHECK(a.any());
   CHECK_FALSE(SharedFactors{SharedFactors::Side::kQ, {{}, {}}}.any());
 }
 
 // The low-rank max_abs is max_i ||P_i|| * max_j ||Q_j|| (payload.h): an upper bound that no
 // multiple of the true maximum bounds in turn. Rows of P orthogonal to rows of Q decode to zero.
-TEST_CASE("the low-rank magnitude bound is the product of the largest factor rows", "[compression]") {
+TEST_CASE("the low-rank magnitude bound is the product of the largest factor rows",
+          "[compression]") {
   ParamLayout l;
   l.add("m", {2, 2});
   const LowRank lr{2, 2, 2, {1, 0, 1, 0}, {0, 1, 0, 1}};

@@ -29,7 +29,8 @@ TEST_CASE("QSGD is unbiased (fixed seed and many rounds)", "[compression]") {
   std::vector<double> mean(64, 0.0);
   double max_dev = 0;
   for (int r = 0; r < rounds; ++r) {
-    auto back = testing::densify(layout, c->compress(layout, v, RoundContext{3, static_cast<uint64_t>(r), 0, 1}));
+    auto back = testing::densify(
+        layout, c->compress(layout, v, RoundContext{3, static_cast<uint64_t>(r), 0, 1}));
     for (size_t i = 0; i < 64; ++i) mean[i] += back[i];
   }
   const double norm = testing::norm2(v);

@@ -1,11 +1,11 @@
-#include <catch2/catch.hpp>
+#include "compression/sparsify.h"
 
+#include <catch2/catch.hpp>
 #include <set>
 
 #include "compression/dense.h"
 #include "compression/quantize.h"
 #include "compression/registry.h"
-#include "compression/sparsify.h"
 #include "compression/topk_select.h"
 #include "test_util.h"
 
@@ -27,9 +27,11 @@ void checkErrorFeedback(const std::string& spec, double rel_tol) {
     const auto old = testing::residualOf(st, layout.numel());
     std::vector<float> expect(layout.numel());
     for (size_t i = 0; i < expect.size(); ++i) expect[i] = update[i] + old[i];
-    auto payloads = c->compressWithFeedback(layout, update, st, RoundContext{1, round, 0, 5, shared});
+    auto payloads =
+        c->compressWithFeedback(layout, update, st, RoundContext{1, round, 0, 5, shared});
     REQUIRE(payloads.size() == layout.size());
-    for (size_t t = 0; t < layout.size(); ++t) validatePayload(view(payloads[t]), layout[t], shared, t);
+    for (size_t t = 0; t < layout.size(); ++t)
+      validatePayload(view(payloads[t]), layout[t], shared, t);
     auto sent = testing::densify(layout, payloads, shared);
     const auto res = testing::residualOf(st, layout.numel());
     for (size_t i = 0; i < sent.size(); ++i) sent[i] += res[i];
@@ -82,7 +84,8 @@ TEST_CASE("randblock picks the same block for every client of a round", "[compre
   std::vector<std::vector<uint32_t>> offsets;
   for (uint64_t client : {1, 2, 99}) {
     ClientState st = ClientState(layout.fingerprint());
-    auto p = c->compressWithFeedback(layout, testing::randomVector(layout.numel(), client), st, RoundContext{42, 3, 0, client});
+    auto p = c->compressWithFeedback(layout, testing::randomVector(layout.numel(), client), st,
+                                     RoundContext{42, 3, 0, client});
     std::vector<uint32_t> o;
     for (auto& x : p) o.push_back(std::get<RandBlock>(x).offset);
     offsets.push_back(o);
@@ -91,7 +94,8 @@ TEST_CASE("randblock picks the same block for every client of a round", "[compre
   CHECK(offsets[0] == offsets[2]);
   // Another round moves the blocks.
   ClientState st = ClientState(layout.fingerprint());
-  auto p = c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), st, RoundContext{42, 4, 0, 1});
+  auto p = c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), st,
+                                   RoundContext{42, 4, 0, 1});
   std::vector<uint32_t> o;
   for (auto& x : p) o.push_back(std::get<RandBlock>(x).offset);
   CHECK(o != offsets[0]);
@@ -123,7 +127,8 @@ TEST_CASE("compressors reject bad input and leave the state untouched", "[compre
   c->compressWithFeedback(layout, update, st, {});
   const auto before = testing::stateBytes(st);
   update[77] = std::nanf("");
-  CHECK_THROWS_WITH(c->compressWithFeedback(layout, update, st, {}), Catch::Contains("value 77 (nan) is not finite"));
+  CHECK_THROWS_WITH(c->compressWithFeedback(layout, update, st, {}),
+                    Catch::Contains("value 77 (nan) is not finite"));
   CHECK(testing::stateBytes(st) == before);
   std::vector<float> short_update(10);
   CHECK_THROWS_AS(c->compressWithFeedback(layout, short_update, st, {}), InvalidArgument);
@@ -141,7 +146,8 @@ TEST_CASE("dense codecs round-trip within their precision", "[compression]") {
   for (auto [spec, rel] : {std::pair{"none", 0.0}, {"fp16", 1.0 / 1024}, {"bf16", 1.0 / 128}}) {
     auto c = makeCompressor(spec);
     auto p = c->compress(layout, update, {});
-    for (size_t t = 0; t < layout.size(); ++t) REQUIRE_NOTHROW(validatePayload(view(p[t]), layout[t]));
+    for (size_t t = 0; t < layout.size(); ++t)
+      REQUIRE_NOTHROW(validatePayload(view(p[t]), layout[t]));
     auto back = testing::densify(layout, p);
     for (size_t i = 0; i < back.size(); ++i) {
       if (i == 3) continue;
@@ -151,7 +157,8 @@ TEST_CASE("dense codecs round-trip within their precision", "[compression]") {
   }
 }
 
-TEST_CASE("error feedback is exact on a model larger than the caches (streaming-store path)", "[compression]") {
+TEST_CASE("error feedback is exact on a model larger than the caches (streaming-store path)",
+          "[compression]") {
   // compressWithFeedback forms residual + update with non-temporal stores above 16 MB.
   ParamLayout layout;
   layout.add("w", {int64_t{5'000'003}});  // 20 MB, odd length: head and tail loops run too
@@ -161,10 +168,12 @@ TEST_CASE("error feedback is exact on a model larger than the caches (streaming-
   std::vector<float> old_residual(layout.numel(), 0.0f);
   for (uint64_t round = 0; round < 2; ++round) {
     const auto u = testing::randomVector(layout.numel(), 40 + round);
-    const auto sent = testing::densify(layout, c->compressWithFeedback(layout, u, st, RoundContext{1, round, 0, 1}, &ws));
+    const auto sent = testing::densify(
+        layout, c->compressWithFeedback(layout, u, st, RoundContext{1, round, 0, 1}, &ws));
     const auto& r = st.find<ResidualState>(kResidualComponent)->values;
     size_t mismatches = 0;
-    for (size_t i = 0; i < u.size(); ++i) mismatches += (sent[i] + r[i]) != (u[i] + old_residual[i]);
+    for (size_t i = 0; i < u.size(); ++i)
+      mismatches += (sent[i] + r[i]) != (u[i] + old_residual[i]);
     CHECK(mismatches == 0);  // exact: a sparsifier moves values, it does not round them
     old_residual = r;
   }

@@ -1,8 +1,7 @@
 // Client state as components (core/client_state.h) with the components compression/ owns: the
 // residual, PowerSGD's pending phase and factors, and a component compression/ knows nothing of.
-#include <catch2/catch.hpp>
-
 #include <bit>
+#include <catch2/catch.hpp>
 #include <limits>
 #include <map>
 
@@ -34,7 +33,8 @@ struct ControlVariate final : StateComponent {
 };
 
 // name -> (version, bytes) of a serialized state, read with the documented format.
-std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> components(const std::vector<uint8_t>& blob) {
+std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> components(
+    const std::vector<uint8_t>& blob) {
   ByteReader r(blob, "test");
   REQUIRE(r.u32() == 0x53434c53u);
   REQUIRE(r.u32() == 2u);
@@ -68,24 +68,29 @@ struct TwoPhase {
 
 }  // namespace
 
-TEST_CASE("a state stopped between PowerSGD's phases resumes exactly, and foreign components pass through",
-          "[compression]") {
+TEST_CASE(
+    "a state stopped between PowerSGD's phases resumes exactly, and foreign components pass "
+    "through",
+    "[compression]") {
   TwoPhase f;
   const ParamLayout& layout = f.layout;
   ClientState a(layout.fingerprint());
   // Round 0 complete, so the residual is not trivial; then phase P of round 1.
   {
-    auto p = f.c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{11, 0, 0, 3, &f.q});
+    auto p = f.c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a,
+                                       RoundContext{11, 0, 0, 3, &f.q});
     const SharedFactors ph = f.phat(p);
     f.c->compressWithFeedback(layout, {}, a, RoundContext{11, 0, 1, 3, &ph});
   }
   auto& cv = a.get<ControlVariate>(kForeign);
   cv.c = {1.5f, -2.0f, 3.25f};
   cv.steps = 42;
-  const auto phase_p = f.c->compressWithFeedback(layout, f.update, a, RoundContext{11, 1, 0, 3, &f.q});
+  const auto phase_p =
+      f.c->compressWithFeedback(layout, f.update, a, RoundContext{11, 1, 0, 3, &f.q});
   const SharedFactors ph = f.phat(phase_p);
   REQUIRE(a.find<PowerSgdState>(kPowerSgdComponent)->pending_phase == 1);
-  CHECK(a.names() == std::vector<std::string>{std::string(kForeign), std::string(kPowerSgdComponent),
+  CHECK(a.names() == std::vector<std::string>{std::string(kForeign),
+                                              std::string(kPowerSgdComponent),
                                               std::string(kResidualComponent)});
 
   std::vector<uint8_t> blob;
@@ -122,7 +127,8 @@ TEST_CASE("a state stopped between PowerSGD's phases resumes exactly, and foreig
     // A simulator worker's state: another client's components of other sizes, another round.
     ClientState b(layout.fingerprint());
     auto other = makeCompressor("powersgd:rank=2,mode=local");
-    other->compressWithFeedback(layout, testing::randomVector(layout.numel(), 9), b, RoundContext{11, 0, 0, 8});
+    other->compressWithFeedback(layout, testing::randomVector(layout.numel(), 9), b,
+                                RoundContext{11, 0, 0, 8});
     b.get<ResidualState>(kResidualComponent).values.reserve(layout.numel() + 100);
     const ResidualState* residual_obj = b.find<ResidualState>(kResidualComponent);
     const float* residual_buf = residual_obj->values.data();
@@ -151,11 +157,13 @@ TEST_CASE("a state stopped between PowerSGD's phases resumes exactly, and foreig
 
 TEST_CASE("a one-phase state round-trips and continues identically", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
-  for (const char* spec : {"topk:density=0.05", "powersgd:rank=2,mode=local", "sign", "randblock"}) {
+  for (const char* spec :
+       {"topk:density=0.05", "powersgd:rank=2,mode=local", "sign", "randblock"}) {
     INFO(spec);
     auto c = makeCompressor(spec);
     ClientState a(layout.fingerprint());
-    c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{1, 0, 0, 1});
+    c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a,
+                            RoundContext{1, 0, 0, 1});
     ClientState b;
     b.loadFrom(testing::stateBytes(a));
     CHECK(b.layoutFingerprint() == a.layoutFingerprint());
@@ -173,7 +181,8 @@ TEST_CASE("saveTo reuses the caller's buffer", "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   auto c = makeCompressor("topk");
   ClientState a(layout.fingerprint());
-  c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a, RoundContext{1, 0, 0, 1});
+  c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 1), a,
+                          RoundContext{1, 0, 0, 1});
   std::vector<uint8_t> buf;
   buf.reserve(4 * layout.numel() + 4096);
   buf.assign(17, 0xee);  // old contents are replaced, not appended to
@@ -184,7 +193,8 @@ TEST_CASE("saveTo reuses the caller's buffer", "[compression]") {
   CHECK(buf.capacity() == cap);
   CHECK(buf == testing::stateBytes(a));
   REQUIRE(buf.size() > 4);
-  CHECK(std::vector<uint8_t>(buf.begin(), buf.begin() + 4) == std::vector<uint8_t>{0x53, 0x4c, 0x43, 0x53});
+  CHECK(std::vector<uint8_t>(buf.begin(), buf.begin() + 4) ==
+        std::vector<uint8_t>{0x53, 0x4c, 0x43, 0x53});
   // The residual component (version 2) is a u64 count, the floats and the u64 round it was
   // written in, little-endian.
   const auto res = components(buf).at(std::string(kResidualComponent)).second;
@@ -207,7 +217,8 @@ TEST_CASE("saveTo reuses the caller's buffer", "[compression]") {
 
 // Error feedback in federated rounds (compressor.h, ErrorFeedback): the residual's round and the
 // stale-residual policy ef_max_age.
-TEST_CASE("a residual records its round and one older than ef_max_age is dropped, not added", "[compression]") {
+TEST_CASE("a residual records its round and one older than ef_max_age is dropped, not added",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const size_t n = layout.numel();
   const auto c = makeCompressor("topk:density=0.1,ef_max_age=3");
@@ -221,7 +232,8 @@ TEST_CASE("a residual records its round and one older than ef_max_age is dropped
     REQUIRE(testing::maxAbs(r1) > 0);
     const bool live = next - 1 <= 3;
     CHECK((c->liveResidual(st, next) != nullptr) == live);
-    const auto sent = testing::densify(layout, c->compressWithFeedback(layout, u2, st, RoundContext{7, next, 0, 3}));
+    const auto sent = testing::densify(
+        layout, c->compressWithFeedback(layout, u2, st, RoundContext{7, next, 0, 3}));
     const auto r2 = testing::residualOf(st, n);
     CHECK(st.find<ResidualState>(kResidualComponent)->round == next);
     // What was compressed: the update plus the old residual when live, the update alone when stale.
@@ -241,16 +253,19 @@ TEST_CASE("a residual records its round and one older than ef_max_age is dropped
   CHECK(makeCompressor("topk:ef=false")->liveResidual(st, 2) == nullptr);
 }
 
-TEST_CASE("the residual's round survives a save and a version-1 residual loads as of unknown age", "[compression]") {
+TEST_CASE("the residual's round survives a save and a version-1 residual loads as of unknown age",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto c = makeCompressor("randblock:density=0.1,ef_max_age=2");
   ClientState st(layout.fingerprint());
-  c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 3), st, RoundContext{7, 12, 0, 3});
+  c->compressWithFeedback(layout, testing::randomVector(layout.numel(), 3), st,
+                          RoundContext{7, 12, 0, 3});
   ClientState back(layout.fingerprint());
   back.loadFrom(testing::stateBytes(st));
   REQUIRE(back.find<ResidualState>(kResidualComponent) != nullptr);
   CHECK(back.find<ResidualState>(kResidualComponent)->round == 12);
-  CHECK(back.find<ResidualState>(kResidualComponent)->values == st.find<ResidualState>(kResidualComponent)->values);
+  CHECK(back.find<ResidualState>(kResidualComponent)->values ==
+        st.find<ResidualState>(kResidualComponent)->values);
   // The version-1 layout (floats only), as states written before the round was recorded.
   ResidualState old;
   std::vector<uint8_t> bytes;
@@ -264,19 +279,22 @@ TEST_CASE("the residual's round survives a save and a version-1 residual loads a
   CHECK_THROWS(old.load(bad, 3));
 }
 
-TEST_CASE("error feedback's options are checked and appear in the canonical spec", "[compression]") {
+TEST_CASE("error feedback's options are checked and appear in the canonical spec",
+          "[compression]") {
   CHECK(makeCompressor("randk:ef_decay=0.5,ef_preview=1,ef_max_age=7")->spec() ==
         "randk:density=0.01,ef=true,ef_decay=0.5,ef_preview=1,ef_max_age=7");
   CHECK(makeCompressor("topk:ef=false")->spec() == "topk:density=0.01,scope=layer,ef=false");
-  for (const char* bad : {"topk:ef_decay=0", "topk:ef_decay=1.5", "randk:ef_decay=-1", "acpsgd:ef_preview=2",
-                          "sign:ef_preview=-0.1", "qsgd:ef_max_age=-1", "randblock:ef_decay=nan"}) {
+  for (const char* bad :
+       {"topk:ef_decay=0", "topk:ef_decay=1.5", "randk:ef_decay=-1", "acpsgd:ef_preview=2",
+        "sign:ef_preview=-0.1", "qsgd:ef_max_age=-1", "randblock:ef_decay=nan"}) {
     INFO(bad);
     CHECK_THROWS_AS(makeCompressor(bad), ConfigError);
   }
   CHECK_THROWS_AS(makeCompressor("none:ef_decay=0.5"), ConfigError);  // dense has no error feedback
 }
 
-TEST_CASE("the diagnostics: what was sent against the fresh update on the same coordinates", "[compression]") {
+TEST_CASE("the diagnostics: what was sent against the fresh update on the same coordinates",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const size_t n = layout.numel();
   const auto c = makeCompressor("randblock:density=0.25,ef_preview=0");
@@ -287,8 +305,8 @@ TEST_CASE("the diagnostics: what was sent against the fresh update on the same c
   std::vector<float> r_before(n, 0.0f);
   for (uint64_t round = 1; round <= 4; ++round) {
     INFO("round " << round);
-    const auto sent = testing::densify(layout, c->compressWithFeedback(layout, u, st, RoundContext{7, round, 0, 3},
-                                                                       nullptr, &s));
+    const auto sent = testing::densify(
+        layout, c->compressWithFeedback(layout, u, st, RoundContext{7, round, 0, 3}, nullptr, &s));
     double s2 = 0, f2 = 0, u2 = 0;
     for (size_t i = 0; i < n; ++i) {
       u2 += double(u[i]) * u[i];
@@ -300,8 +318,10 @@ TEST_CASE("the diagnostics: what was sent against the fresh update on the same c
     CHECK(s.local_on_sent == Approx(std::sqrt(f2)).epsilon(1e-9));
     CHECK(s.residual_norm == Approx(testing::norm2(testing::residualOf(st, n))).epsilon(1e-9));
     CHECK(s.residual_age == (round == 1 ? 0u : 1u));
-    if (round == 1) CHECK(s.gain() == Approx(1.0));  // nothing waited yet
-    else CHECK(s.gain() > 1.0);                       // waiting coordinates arrive at once
+    if (round == 1)
+      CHECK(s.gain() == Approx(1.0));  // nothing waited yet
+    else
+      CHECK(s.gain() > 1.0);  // waiting coordinates arrive at once
   }
   // With ef_preview = 1 the local displacement includes the residual: a client whose update is
   // zero, whose model is where its residual says, sends exactly its own displacement (gain 1).
@@ -314,17 +334,21 @@ TEST_CASE("the diagnostics: what was sent against the fresh update on the same c
   CHECK(s.local_norm > 0.0);
 }
 
-TEST_CASE("a residual from the future is stale under a bounded age, and a corrupt residual is refused on load",
-          "[compression]") {
+TEST_CASE(
+    "a residual from the future is stale under a bounded age, and a corrupt residual is refused on "
+    "load",
+    "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto bounded = makeCompressor("topk:density=0.1,ef_max_age=3");
   const auto forever = makeCompressor("topk:density=0.1");
   ClientState st(layout.fingerprint());
-  bounded->compressWithFeedback(layout, testing::randomVector(layout.numel(), 8), st, RoundContext{7, 500, 0, 3});
+  bounded->compressWithFeedback(layout, testing::randomVector(layout.numel(), 8), st,
+                                RoundContext{7, 500, 0, 3});
   CHECK(bounded->liveResidual(st, 500) != nullptr);
   CHECK(bounded->liveResidual(st, 1) == nullptr);  // another run's state: its age is unknown
   CHECK(forever->liveResidual(st, 1) != nullptr);  // no bound: kept
-  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 2e30f}) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 2e30f}) {
     INFO(bad);
     std::vector<uint8_t> bytes;
     ByteWriter w(bytes);
@@ -336,12 +360,14 @@ TEST_CASE("a residual from the future is stale under a bounded age, and a corrup
   }
 }
 
-TEST_CASE("error feedback's keys need ef=true, and the canonical spec keeps every digit", "[compression]") {
+TEST_CASE("error feedback's keys need ef=true, and the canonical spec keeps every digit",
+          "[compression]") {
   CHECK_THROWS_WITH(makeCompressor("topk:ef=false,ef_decay=0.5"), Catch::Contains("need ef=true"));
   CHECK_THROWS_WITH(makeCompressor("randk:ef=false,ef_preview=1"), Catch::Contains("need ef=true"));
   CHECK_THROWS_AS(makeCompressor("topk:ef_decay=1e-300"), ConfigError);
   // randblock's own default (ef_preview=1) does not count as given: ef=false turns EF off cleanly.
-  CHECK(makeCompressor("randblock:ef=false")->spec() == "randblock:density=0.01,offset=shared,ef=false");
+  CHECK(makeCompressor("randblock:ef=false")->spec() ==
+        "randblock:density=0.01,offset=shared,ef=false");
   const auto c = makeCompressor("topk:ef_decay=0.12345678901234");
   CHECK(c->spec().find("ef_decay=0.12345678901234,") != std::string::npos);
   CHECK(makeCompressor(c->spec())->spec() == c->spec());  // reads back as the same compressor

@@ -1,8 +1,7 @@
 // The sparse ternary encoding (STC) and its Rice-coded positions: round trips, the shortest
 // parameter, the size it reaches, and every way a hostile stream can lie.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 
@@ -25,9 +24,12 @@ std::vector<uint32_t> randomPositions(size_t n, double density, uint32_t seed) {
   return idx;
 }
 
-std::vector<uint32_t> decodeAll(std::span<const uint8_t> s, size_t count, uint32_t r, size_t n, RiceCheck* check) {
+std::vector<uint32_t> decodeAll(std::span<const uint8_t> s, size_t count, uint32_t r, size_t n,
+                                RiceCheck* check) {
   std::vector<uint32_t> out;
-  if (!riceDecode(s, count, r, n, [&](uint32_t i) { out.push_back(i); }, check)) out.clear();
+  if (!riceDecode(
+          s, count, r, n, [&](uint32_t i) { out.push_back(i); }, check))
+    out.clear();
   return out;
 }
 
@@ -49,20 +51,25 @@ TEST_CASE("Rice-coded positions decode to what was encoded, with any parameter",
   }
   // The extremes: nothing, the first and the last position alone, every position.
   for (const std::vector<uint32_t>& idx :
-       {std::vector<uint32_t>{}, std::vector<uint32_t>{0}, std::vector<uint32_t>{99999}, std::vector<uint32_t>{0, 99999}}) {
+       {std::vector<uint32_t>{}, std::vector<uint32_t>{0}, std::vector<uint32_t>{99999},
+        std::vector<uint32_t>{0, 99999}}) {
     const uint32_t r = bestRiceParameter(idx);
     CHECK(decodeAll(riceEncode(idx, r), idx.size(), r, n, nullptr) == idx);
   }
 }
 
-TEST_CASE("the chosen Rice parameter gives the shortest stream, about log2(1/density) + 2 bits a position",
-          "[compression]") {
+TEST_CASE(
+    "the chosen Rice parameter gives the shortest stream, about log2(1/density) + 2 bits a "
+    "position",
+    "[compression]") {
   const size_t n = 1 << 20;
   for (double density : {0.001, 0.01, 0.05, 0.1, 0.5}) {
     const auto idx = randomPositions(n, density, 5);
     const uint32_t best = bestRiceParameter(idx);
-    for (uint32_t r = 0; r <= kMaxRiceParameter; ++r) CHECK(riceBits(idx, best) <= riceBits(idx, r));
-    const double per_position = static_cast<double>(riceBits(idx, best)) / static_cast<double>(idx.size());
+    for (uint32_t r = 0; r <= kMaxRiceParameter; ++r)
+      CHECK(riceBits(idx, best) <= riceBits(idx, r));
+    const double per_position =
+        static_cast<double>(riceBits(idx, best)) / static_cast<double>(idx.size());
     INFO("density " << density << ": " << per_position << " bits per position");
     // Golomb's bound for geometric gaps is about log2(1/density) + 1.5; a u32 index costs 32.
     CHECK(per_position <= std::log2(1.0 / density) + 2.0);
@@ -130,7 +137,8 @@ TEST_CASE("a hostile position stream is refused, never read past its end", "[com
   }
 }
 
-TEST_CASE("stc sends top-k's positions, each as +-mu, with mu the mean kept magnitude", "[compression]") {
+TEST_CASE("stc sends top-k's positions, each as +-mu, with mu the mean kept magnitude",
+          "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 17);
   const auto stc = makeCompressor("stc:density=0.1,ef=false");
@@ -160,14 +168,16 @@ TEST_CASE("stc sends top-k's positions, each as +-mu, with mu the mean kept magn
     size_t nonzero = 0;
     for (float v : dense) nonzero += v != 0.0f;
     CHECK(nonzero == s.indices.size());
-    for (size_t j = 0; j < s.indices.size(); ++j) CHECK(dense[s.indices[j]] == 2.0f * (s.values[j] < 0 ? -x.mu : x.mu));
+    for (size_t j = 0; j < s.indices.size(); ++j)
+      CHECK(dense[s.indices[j]] == 2.0f * (s.values[j] < 0 ? -x.mu : x.mu));
     // What travels: count, mu and the parameter (9 bytes), the Rice stream and a bit per position.
     CHECK(payloadDataBytes(got[t]) == 9 + x.positions.size() + (x.count + 7) / 8);
   }
 }
 
-TEST_CASE("stc does not send an exact zero as +-mu: a tensor with fewer than k non-zeros sends fewer",
-          "[compression]") {
+TEST_CASE(
+    "stc does not send an exact zero as +-mu: a tensor with fewer than k non-zeros sends fewer",
+    "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   auto update = testing::randomVector(layout.numel(), 31);
   // conv1.bias (16 values, k = 2 at 10%) keeps one non-zero; fc2.bias (10 values, k = 1) none.
@@ -214,18 +224,22 @@ TEST_CASE("stc does not send an exact zero as +-mu: a tensor with fewer than k n
 // + 2 bits of Rice code (the bound tested above) and one sign bit, 7.33 bits, so 8.7x less, and
 // dense's 4 bytes per coordinate are 87x an STC update's 0.05 x 7.33 bits. Per-tensor headers (9
 // bytes, and k rounded up on the small biases) take some of that: 8x and 80x are what must hold.
-TEST_CASE("stc's update is at least 8x smaller than top-k's at the same density, 80x smaller than dense at 5%",
-          "[compression]") {
+TEST_CASE(
+    "stc's update is at least 8x smaller than top-k's at the same density, 80x smaller than dense "
+    "at 5%",
+    "[compression]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 23);
   const RoundContext ctx{1, 0, 0, 3};
   auto bytes = [&](const char* spec) {
     size_t b = 0;
-    for (const auto& p : makeCompressor(spec)->compress(layout, update, ctx)) b += payloadDataBytes(p);
+    for (const auto& p : makeCompressor(spec)->compress(layout, update, ctx))
+      b += payloadDataBytes(p);
     return b;
   };
   const double dense = static_cast<double>(layout.numel()) * 4;
-  INFO("stc " << bytes("stc:density=0.05") << " topk " << bytes("topk:density=0.05") << " dense " << dense);
+  INFO("stc " << bytes("stc:density=0.05") << " topk " << bytes("topk:density=0.05") << " dense "
+              << dense);
   CHECK(bytes("topk:density=0.05") >= 8 * static_cast<double>(bytes("stc:density=0.05")));
   CHECK(dense >= 80 * static_cast<double>(bytes("stc:density=0.05")));
 }
@@ -275,6 +289,9 @@ TEST_CASE("a ternary payload that lies is refused with its reason", "[compressio
   x = good;
   x.count += 1;
   CHECK_THROWS_AS(stc->checkReceived(layout, 0, view(Payload{x}), ctx), InputError);
-  CHECK_THROWS_AS(stc->checkReceived(layout, 0, view(makeCompressor("topk:density=0.1")->compress(layout, update, ctx)[0]), ctx),
-                  InputError);
+  CHECK_THROWS_AS(
+      stc->checkReceived(layout, 0,
+                         view(makeCompressor("topk:density=0.1")->compress(layout, update, ctx)[0]),
+                         ctx),
+      InputError);
 }

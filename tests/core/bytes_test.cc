@@ -1,13 +1,12 @@
-#include <catch2/catch.hpp>
+#include "core/bytes.h"
 
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
-
-#include "core/bytes.h"
 
 using namespace starling;
 
@@ -24,8 +23,13 @@ std::vector<uint8_t> written(const std::function<void(ByteWriter&)>& f) {
 
 TEST_CASE("every type round-trips through ByteWriter and ByteReader", "[core]") {
   const float nan_payload = std::bit_cast<float>(0x7fc01234u);
-  const std::vector<float> floats = {0.0f, -0.0f, 1.5f, -3.25e-30f, std::numeric_limits<float>::max(),
-                                     std::numeric_limits<float>::denorm_min(), nan_payload,
+  const std::vector<float> floats = {0.0f,
+                                     -0.0f,
+                                     1.5f,
+                                     -3.25e-30f,
+                                     std::numeric_limits<float>::max(),
+                                     std::numeric_limits<float>::denorm_min(),
+                                     nan_payload,
                                      std::numeric_limits<float>::infinity()};
   const uint8_t raw[] = {9, 8, 7};
   const auto bytes = written([&](ByteWriter& w) {
@@ -84,8 +88,9 @@ TEST_CASE("the byte layout is little-endian whatever the host", "[core]") {
   CHECK(written([](ByteWriter& w) { w.f32(1.0f); }) == V{0x00, 0x00, 0x80, 0x3f});
   CHECK(written([](ByteWriter& w) { w.f64(-2.0); }) == V{0, 0, 0, 0, 0, 0, 0x00, 0xc0});
   CHECK(written([](ByteWriter& w) { w.str("ab"); }) == V{2, 0, 0, 0, 'a', 'b'});
-  CHECK(written([](ByteWriter& w) { w.floats(std::vector<float>{1.0f, -2.0f}); }) ==
-        V{2, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0});
+  CHECK(written([](ByteWriter& w) {
+          w.floats(std::vector<float>{1.0f, -2.0f});
+        }) == V{2, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0});
   // And the reader reads those bytes back the same way.
   const V le = {0x04, 0x03, 0x02, 0x01, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01};
   ByteReader r(le, "le");
@@ -102,8 +107,9 @@ TEST_CASE("the writer appends to the caller's vector and patches lengths", "[cor
   w.u32(7);
   w.patchU64(1, 0x1122334455667788ull);
   CHECK(w.size() == 13u);
-  CHECK(out == std::vector<uint8_t>{0xaa, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 7, 0, 0, 0});
-  CHECK(out.data() == data);  // within capacity: no reallocation
+  CHECK(out ==
+        std::vector<uint8_t>{0xaa, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 7, 0, 0, 0});
+  CHECK(out.data() == data);                         // within capacity: no reallocation
   CHECK_THROWS_AS(w.patchU64(6, 1), InternalError);  // 6 + 8 > 13
 }
 
@@ -121,7 +127,11 @@ TEST_CASE("every out-of-bounds read is an IoError naming the field and the offse
       {"f32", 4, [](ByteReader& r) { r.f32(); }},
       {"f64", 8, [](ByteReader& r) { r.f64(); }},
       {"view", 8, [](ByteReader& r) { r.view(8); }},
-      {"floats", 8, [](ByteReader& r) { std::vector<float> v; r.floats(v); }},  // its u64 count alone
+      {"floats", 8,
+       [](ByteReader& r) {
+         std::vector<float> v;
+         r.floats(v);
+       }},  // its u64 count alone
       // A string's u32 length fits from offsets 0..3, and then claims millions of bytes.
       {"str", 4, [](ByteReader& r) { r.str(std::numeric_limits<size_t>::max()); }},
   };
@@ -135,13 +145,15 @@ TEST_CASE("every out-of-bounds read is an IoError naming the field and the offse
         CHECK_NOTHROW(rd.read(r));
         continue;
       }
-      // The offset is where the field starts, or for a string whose length fits, where its bytes do.
+      // The offset is where the field starts, or for a string whose length fits, where its bytes
+      // do.
       const size_t at = rd.size <= left ? start + 4 : start;
       CHECK_THROWS_AS(rd.read(r), IoError);
       ByteReader again(b, "optimizer state");
       again.view(start);
-      CHECK_THROWS_WITH(rd.read(again), Catch::StartsWith("optimizer state: ") &&
-                                            Catch::Contains("(at byte " + std::to_string(at) + " of 7)"));
+      CHECK_THROWS_WITH(rd.read(again),
+                        Catch::StartsWith("optimizer state: ") &&
+                            Catch::Contains("(at byte " + std::to_string(at) + " of 7)"));
     }
   }
 }

@@ -1,11 +1,10 @@
 // ClientState (core/client_state.h) with components defined here: the envelope format, lazy
 // parsing, pass-through of unknown components, commit, and every kind of corrupt blob.
-#include <catch2/catch.hpp>
+#include "core/client_state.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "core/client_state.h"
 
 using namespace starling;
 
@@ -64,8 +63,8 @@ struct BlobWriter {
     w.u32(count);
     return *this;
   }
-  BlobWriter& component(const std::string& name, uint32_t version, const std::vector<uint8_t>& bytes,
-                        int64_t length_lie = 0) {
+  BlobWriter& component(const std::string& name, uint32_t version,
+                        const std::vector<uint8_t>& bytes, int64_t length_lie = 0) {
     w.str(name);
     w.u32(version);
     w.u64(static_cast<uint64_t>(static_cast<int64_t>(bytes.size()) + length_lie));
@@ -94,10 +93,11 @@ TEST_CASE("the serialized form is the documented little-endian envelope", "[core
       0x01, 0x00, 0x00, 0x00, 'a',                     // its name
       0x01, 0x00, 0x00, 0x00,                          // its version
       0x06, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // its length
-      0x02, 0x00, 0x00, 0x00, 'x', 'y',                // its bytes (Note::save)
+      0x02, 0x00, 0x00, 0x00, 'x',  'y',               // its bytes (Note::save)
   };
   CHECK(save(s) == want);
-  CHECK(save(ClientState(7)) == std::vector<uint8_t>{0x53, 0x4c, 0x43, 0x53, 2, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+  CHECK(save(ClientState(7)) == std::vector<uint8_t>{0x53, 0x4c, 0x43, 0x53, 2, 0, 0, 0, 7, 0,
+                                                     0,    0,    0,    0,    0, 0, 0, 0, 0, 0});
 }
 
 TEST_CASE("components are named, sorted, typed and erasable", "[core]") {
@@ -112,7 +112,9 @@ TEST_CASE("components are named, sorted, typed and erasable", "[core]") {
   CHECK(s.get<Note>("z.note").text == "last");
   CHECK_THROWS_AS(s.get<Vec>("z.note"), InternalError);  // two modules claiming one name
   CHECK_THROWS_AS(s.put("", std::make_unique<Note>()), InvalidArgument);
-  CHECK_THROWS_AS(s.put(std::string(ClientState::kMaxNameLength + 1, 'n'), std::make_unique<Note>()), InvalidArgument);
+  CHECK_THROWS_AS(
+      s.put(std::string(ClientState::kMaxNameLength + 1, 'n'), std::make_unique<Note>()),
+      InvalidArgument);
   CHECK_THROWS_AS(s.put("null", nullptr), InvalidArgument);
   CHECK(s.size() == 2u);
   s.erase("a.vec");
@@ -222,7 +224,8 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> corruptBlobs() {
   const auto note = noteBytes("xy");
   std::vector<std::pair<std::string, std::vector<uint8_t>>> bad;
   for (size_t n = 0; n < good.size(); ++n)
-    bad.push_back({"truncated to " + std::to_string(n) + " bytes", std::vector<uint8_t>(good.begin(), good.begin() + n)});
+    bad.push_back({"truncated to " + std::to_string(n) + " bytes",
+                   std::vector<uint8_t>(good.begin(), good.begin() + n)});
   auto flip = [&](size_t i, uint8_t x) {
     auto b = good;
     b[i] ^= x;
@@ -237,25 +240,46 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> corruptBlobs() {
     b.push_back(0);
     bad.push_back({"a trailing byte", b});
   }
-  bad.push_back({"component names out of order",
-                 BlobWriter().header(0x53434c53u, 2, 1, 2).component("b", 1, note).component("a", 1, note).b});
-  bad.push_back({"a repeated component name",
-                 BlobWriter().header(0x53434c53u, 2, 1, 2).component("a", 1, note).component("a", 1, note).b});
-  bad.push_back({"an empty component name", BlobWriter().header(0x53434c53u, 2, 1, 1).component("", 1, note).b});
+  bad.push_back({"component names out of order", BlobWriter()
+                                                     .header(0x53434c53u, 2, 1, 2)
+                                                     .component("b", 1, note)
+                                                     .component("a", 1, note)
+                                                     .b});
+  bad.push_back({"a repeated component name", BlobWriter()
+                                                  .header(0x53434c53u, 2, 1, 2)
+                                                  .component("a", 1, note)
+                                                  .component("a", 1, note)
+                                                  .b});
+  bad.push_back({"an empty component name",
+                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("", 1, note).b});
   bad.push_back({"a component name too long",
-                 BlobWriter().header(0x53434c53u, 2, 1, 1).component(std::string(ClientState::kMaxNameLength + 1, 'n'), 1, note).b});
-  bad.push_back({"a length one too long", BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note, +1).b});
-  bad.push_back({"a length one too short", BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note, -1).b});
-  bad.push_back({"a length of 2^64 - 1", BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note, -7).b});
-  bad.push_back({"a count that lies (more)", BlobWriter().header(0x53434c53u, 2, 1, 2).component("a", 1, note).b});
-  bad.push_back({"a count that lies (fewer)",
-                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note).component("b", 1, note).b});
-  bad.push_back({"a count of 2^32 - 1", BlobWriter().header(0x53434c53u, 2, 1, 0xffffffffu).component("a", 1, note).b});
-  // A component this state holds an object for is parsed while loading: its corruption is caught then.
-  bad.push_back({"a known component that does not parse",
-                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("held", 1, {0xff, 0xff, 0xff, 0xff}).b});
-  bad.push_back({"a known component with bytes left over",
-                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("held", 1, {0, 0, 0, 0, 9}).b});
+                 BlobWriter()
+                     .header(0x53434c53u, 2, 1, 1)
+                     .component(std::string(ClientState::kMaxNameLength + 1, 'n'), 1, note)
+                     .b});
+  bad.push_back({"a length one too long",
+                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note, +1).b});
+  bad.push_back({"a length one too short",
+                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note, -1).b});
+  bad.push_back({"a length of 2^64 - 1",
+                 BlobWriter().header(0x53434c53u, 2, 1, 1).component("a", 1, note, -7).b});
+  bad.push_back({"a count that lies (more)",
+                 BlobWriter().header(0x53434c53u, 2, 1, 2).component("a", 1, note).b});
+  bad.push_back({"a count that lies (fewer)", BlobWriter()
+                                                  .header(0x53434c53u, 2, 1, 1)
+                                                  .component("a", 1, note)
+                                                  .component("b", 1, note)
+                                                  .b});
+  bad.push_back({"a count of 2^32 - 1",
+                 BlobWriter().header(0x53434c53u, 2, 1, 0xffffffffu).component("a", 1, note).b});
+  // A component this state holds an object for is parsed while loading: its corruption is caught
+  // then.
+  bad.push_back(
+      {"a known component that does not parse",
+       BlobWriter().header(0x53434c53u, 2, 1, 1).component("held", 1, {0xff, 0xff, 0xff, 0xff}).b});
+  bad.push_back(
+      {"a known component with bytes left over",
+       BlobWriter().header(0x53434c53u, 2, 1, 1).component("held", 1, {0, 0, 0, 0, 9}).b});
   return bad;
 }
 
@@ -269,9 +293,11 @@ TEST_CASE("every corrupt blob is an IoError", "[core]") {
   // The hand-written blobs are well formed apart from their one fault.
   ClientState ok;
   const auto note = noteBytes("xy");
-  CHECK_NOTHROW(ok.loadFrom(BlobWriter().header(0x53434c53u, 2, 1, 2).component("a", 1, note).component("b", 1, note).b));
+  CHECK_NOTHROW(ok.loadFrom(
+      BlobWriter().header(0x53434c53u, 2, 1, 2).component("a", 1, note).component("b", 1, note).b));
   CHECK(ok.names() == std::vector<std::string>{"a", "b"});
-  CHECK_NOTHROW(usedState().loadFrom(BlobWriter().header(0x53434c53u, 2, 1, 1).component("held", 1, note).b));
+  CHECK_NOTHROW(
+      usedState().loadFrom(BlobWriter().header(0x53434c53u, 2, 1, 1).component("held", 1, note).b));
   for (const auto& [what, bytes] : corruptBlobs()) {
     INFO(what);
     ClientState s = usedState();

@@ -1,7 +1,8 @@
+#include "core/param_layout.h"
+
 #include <catch2/catch.hpp>
 
 #include "core/error.h"
-#include "core/param_layout.h"
 
 using namespace starling;
 
@@ -59,11 +60,11 @@ TEST_CASE("fingerprint depends on names and shapes and order only", "[core]") {
   };
   const auto base = make({{"w", {4, 3}}, {"b", {4}}});
   CHECK(base == make({{"w", {4, 3}}, {"b", {4}}}));
-  CHECK(base != make({{"w", {3, 4}}, {"b", {4}}}));   // same numel, other shape
-  CHECK(base != make({{"w", {12}}, {"b", {4}}}));      // same numel, other rank
-  CHECK(base != make({{"b", {4}}, {"w", {4, 3}}}));   // order
-  CHECK(base != make({{"W", {4, 3}}, {"b", {4}}}));   // name
-  CHECK(base != make({{"w", {4, 3}}}));               // prefix
+  CHECK(base != make({{"w", {3, 4}}, {"b", {4}}}));  // same numel, other shape
+  CHECK(base != make({{"w", {12}}, {"b", {4}}}));    // same numel, other rank
+  CHECK(base != make({{"b", {4}}, {"w", {4, 3}}}));  // order
+  CHECK(base != make({{"W", {4, 3}}, {"b", {4}}}));  // name
+  CHECK(base != make({{"w", {4, 3}}}));              // prefix
   CHECK(make({{"ab", {1}}, {"c", {1}}}) != make({{"a", {1}}, {"bc", {1}}}));  // name boundaries
   CHECK(make({}) != base);
 }

@@ -1,9 +1,8 @@
-#include <catch2/catch.hpp>
+#include "core/registry.h"
 
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
-
-#include "core/registry.h"
 
 using namespace starling;
 
@@ -41,7 +40,8 @@ ShapeRegistry shapes() {
                               (void)r.flag("exact", false);
                               return std::make_unique<Circle>(radius * scale);
                             }},
-                           {"nothing", "a broken factory", "", [](OptionReader&, double) { return std::unique_ptr<Shape>(); }},
+                           {"nothing", "a broken factory", "",
+                            [](OptionReader&, double) { return std::unique_ptr<Shape>(); }},
                        });
 }
 
@@ -68,25 +68,33 @@ TEST_CASE("a registry makes products by spec, passing its arguments", "[core]") 
 TEST_CASE("a registry's errors list what it accepts", "[core]") {
   const ShapeRegistry reg = shapes();
   CHECK_THROWS_AS(reg.make("hexagon", 1.0), ConfigError);
-  CHECK_THROWS_WITH(reg.make("hexagon", 1.0), Catch::Contains("unknown shape 'hexagon'") &&
-                                                  Catch::Contains("(registered: square, circle, nothing)"));
+  CHECK_THROWS_WITH(reg.make("hexagon", 1.0),
+                    Catch::Contains("unknown shape 'hexagon'") &&
+                        Catch::Contains("(registered: square, circle, nothing)"));
   CHECK_THROWS_AS(reg.entry("hexagon"), ConfigError);
   CHECK_THROWS_AS(reg.make("square:colour=red", 1.0), ConfigError);
-  CHECK_THROWS_WITH(reg.make("square:colour=red", 1.0),
-                    Catch::Contains("unknown option 'colour'") && Catch::Contains("(accepted: side=1 (length))"));
+  CHECK_THROWS_WITH(
+      reg.make("square:colour=red", 1.0),
+      Catch::Contains("unknown option 'colour'") && Catch::Contains("(accepted: side=1 (length))"));
   CHECK_THROWS_WITH(reg.make("circle:radius=1,side=2", 1.0),
-                    Catch::Contains("unknown option 'side'") && Catch::Contains("accepted: radius=1, exact=false"));
-  CHECK_THROWS_WITH(reg.make("square:side=big", 1.0), Catch::Contains("side") && Catch::Contains("not a finite number"));
+                    Catch::Contains("unknown option 'side'") &&
+                        Catch::Contains("accepted: radius=1, exact=false"));
+  CHECK_THROWS_WITH(reg.make("square:side=big", 1.0),
+                    Catch::Contains("side") && Catch::Contains("not a finite number"));
   CHECK_THROWS_AS(reg.make("", 1.0), ConfigError);
   // A factory that returns nothing is a bug in the registering module.
   CHECK_THROWS_AS(reg.make("nothing", 1.0), InternalError);
 }
 
 TEST_CASE("a registry refuses a name registered twice", "[core]") {
-  auto make = [](OptionReader&, double) -> std::unique_ptr<Shape> { return std::make_unique<Square>(1.0); };
-  CHECK_THROWS_WITH(ShapeRegistry("shape", {{"a", "", "", make}, {"b", "", "", make}, {"a", "", "", make}}),
-                    Catch::Contains("shape 'a' registered twice"));
-  CHECK_THROWS_AS(ShapeRegistry("shape", {{"a", "", "", make}, {"a", "", "", make}}), InternalError);
+  auto make = [](OptionReader&, double) -> std::unique_ptr<Shape> {
+    return std::make_unique<Square>(1.0);
+  };
+  CHECK_THROWS_WITH(
+      ShapeRegistry("shape", {{"a", "", "", make}, {"b", "", "", make}, {"a", "", "", make}}),
+      Catch::Contains("shape 'a' registered twice"));
+  CHECK_THROWS_AS(ShapeRegistry("shape", {{"a", "", "", make}, {"a", "", "", make}}),
+                  InternalError);
   CHECK_NOTHROW(ShapeRegistry("shape", {{"a", "", "", make}, {"b", "", "", make}}));
 }
 

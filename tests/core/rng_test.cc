@@ -1,10 +1,9 @@
-#include <catch2/catch.hpp>
+#include "core/rng.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
 #include <vector>
-
-#include "core/rng.h"
 
 using namespace starling;
 
@@ -17,11 +16,21 @@ TEST_CASE("a stream is a pure function of its key", "[core]") {
 TEST_CASE("every key field separates streams", "[core]") {
   const StreamKey base{7, 3, 11, StreamPurpose::kQsgd, 2};
   std::vector<StreamKey> keys = {base};
-  auto k = base; k.run_seed = 8; keys.push_back(k);
-  k = base; k.round = 4; keys.push_back(k);
-  k = base; k.client_id = 12; keys.push_back(k);
-  k = base; k.purpose = StreamPurpose::kRandK; keys.push_back(k);
-  k = base; k.sub = 3; keys.push_back(k);
+  auto k = base;
+  k.run_seed = 8;
+  keys.push_back(k);
+  k = base;
+  k.round = 4;
+  keys.push_back(k);
+  k = base;
+  k.client_id = 12;
+  keys.push_back(k);
+  k = base;
+  k.purpose = StreamPurpose::kRandK;
+  keys.push_back(k);
+  k = base;
+  k.sub = 3;
+  keys.push_back(k);
   std::set<uint64_t> firsts;
   for (const auto& key : keys) {
     RngStream r(key);

@@ -47,7 +47,8 @@ TEST_CASE("CSV rows load as label then features, with or without a header", "[da
             "label , a , b , c\r\n\r\n 2.0 , 0.5 ,-1, 1e-3\r\n   \n0,+4,0,2.25\r\n1,7,8,9");
   testing::writeGzip(dir.file("packed.csv.gz"), bytesOf(body));
   testing::writeGzip(dir.file("packed-without-suffix"), bytesOf(body));
-  for (const char* name : {"plain.csv", "header.csv", "messy.csv", "packed.csv.gz", "packed-without-suffix"}) {
+  for (const char* name :
+       {"plain.csv", "header.csv", "messy.csv", "packed.csv.gz", "packed-without-suffix"}) {
     INFO(name);
     const Dataset d = loadCsv(dir.file(name));
     REQUIRE(d.size() == 3);
@@ -88,13 +89,18 @@ TEST_CASE("a large CSV file spanning many read chunks loads every line", "[data]
 TEST_CASE("malformed CSV files are rejected naming the line and column", "[data]") {
   CHECK_THAT(csvError("1,2,3\n0,4,five\n"),
              Contains("line 2, column 3") && Contains("'five' is not a number"));
-  CHECK_THAT(csvError("label,a\n1,2\n0,\n"), Contains("line 3, column 2") && Contains("'' is not a number"));
-  CHECK_THAT(csvError("1,2,3\n0,4\n"), Contains("line 2 has 2 cells") && Contains("line 1 (the first example) has 3"));
+  CHECK_THAT(csvError("label,a\n1,2\n0,\n"),
+             Contains("line 3, column 2") && Contains("'' is not a number"));
+  CHECK_THAT(csvError("1,2,3\n0,4\n"),
+             Contains("line 2 has 2 cells") && Contains("line 1 (the first example) has 3"));
   CHECK_THAT(csvError("1,2,3\n0,4,5,6\n"), Contains("line 2 has 4 cells"));
-  CHECK_THAT(csvError("a,b,c,d\n1,2,3\n"), Contains("the header (line 1) has 4 cells") && Contains("has 3"));
+  CHECK_THAT(csvError("a,b,c,d\n1,2,3\n"),
+             Contains("the header (line 1) has 4 cells") && Contains("has 3"));
   CHECK_THAT(csvError("1\n2\n"), Contains("line 1 has 1 cell"));
-  CHECK_THAT(csvError("1,2\n1,3\nx,4\n"), Contains("line 3, column 1") && Contains("label 'x' is not a number"));
-  CHECK_THAT(csvError("1,2\n2.5,3\n"), Contains("line 2, column 1") && Contains("'2.5' is not a whole number"));
+  CHECK_THAT(csvError("1,2\n1,3\nx,4\n"),
+             Contains("line 3, column 1") && Contains("label 'x' is not a number"));
+  CHECK_THAT(csvError("1,2\n2.5,3\n"),
+             Contains("line 2, column 1") && Contains("'2.5' is not a whole number"));
   CHECK_THAT(csvError("1,2\n-1,3\n"), Contains("'-1' is not a whole number in 0..255"));
   CHECK_THAT(csvError("1,2\n256,3\n"), Contains("'256'"));
   CHECK_THAT(csvError("1,2\n5,3\n", CsvOptions{.num_classes = 5}),

@@ -7,10 +7,9 @@
 #include <new>
 
 #include "core/error.h"
+#include "counting_new.h"
 #include "data/idx.h"
 #include "data/idx_files.h"
-
-#include "counting_new.h"
 
 namespace alloc = starling::testing::alloc;
 
@@ -33,7 +32,8 @@ TEST_CASE("a header that lies about its size costs no memory", "[data]") {
     } catch (const IoError&) {
       threw = true;
     }
-    const size_t largest = static_cast<size_t>(alloc::largest.load());  // before Catch's macros allocate
+    const size_t largest =
+        static_cast<size_t>(alloc::largest.load());  // before Catch's macros allocate
     CHECK(threw);
     CHECK(largest < (size_t{1} << 20));
   }

@@ -5,8 +5,8 @@
 
 #include <atomic>
 #include <bit>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>

@@ -312,9 +312,9 @@ TEST_CASE("IDX features of any type and shape load as floats", "[data]") {
   }
   SECTION("non-finite or out-of-range values are refused") {
     const std::vector<float> nan{1.0f, std::numeric_limits<float>::quiet_NaN(), 0, 0, 0, 0};
-    CHECK_THROWS_MATCHING(load(0x00000d02, {3, 2}, testing::bigEndianBytes(nan)), IoError,
-                          Contains("x.gz") && Contains("example 0, feature 1") &&
-                              Contains("not a finite float"));
+    CHECK_THROWS_MATCHING(
+        load(0x00000d02, {3, 2}, testing::bigEndianBytes(nan)), IoError,
+        Contains("x.gz") && Contains("example 0, feature 1") && Contains("not a finite float"));
     const std::vector<double> big{0, 0, 0, 0, 0, 1e300};
     CHECK_THROWS_MATCHING(load(0x00000e02, {3, 2}, testing::bigEndianBytes(big)), IoError,
                           Contains("example 2, feature 1"));
@@ -342,12 +342,15 @@ TEST_CASE("IDX labels of wider integer types are checked against 0..255", "[data
   const Dataset d = labels(0x00000c01, testing::bigEndianBytes(ok));
   CHECK(d.labels == std::vector<uint8_t>{0, 3, 255, 3, 0});
   CHECK(d.num_classes == 256);
-  CHECK_THROWS_MATCHING(labels(0x00000c01, testing::bigEndianBytes(std::vector<int32_t>{0, 1, 256, 1, 0})),
-                        IoError, Contains("label 256 of example 2") && Contains("above 255"));
-  CHECK_THROWS_MATCHING(labels(0x00000b01, testing::bigEndianBytes(std::vector<int16_t>{0, 1, 2, -3, 0})),
-                        IoError, Contains("label -3 of example 3 is negative"));
-  CHECK_THROWS_MATCHING(labels(0x00000901, testing::bigEndianBytes(std::vector<int8_t>{0, -1, 2, 3, 0})),
-                        IoError, Contains("label -1 of example 1 is negative") && Contains(dir.file("lbl")));
+  CHECK_THROWS_MATCHING(
+      labels(0x00000c01, testing::bigEndianBytes(std::vector<int32_t>{0, 1, 256, 1, 0})), IoError,
+      Contains("label 256 of example 2") && Contains("above 255"));
+  CHECK_THROWS_MATCHING(
+      labels(0x00000b01, testing::bigEndianBytes(std::vector<int16_t>{0, 1, 2, -3, 0})), IoError,
+      Contains("label -3 of example 3 is negative"));
+  CHECK_THROWS_MATCHING(
+      labels(0x00000901, testing::bigEndianBytes(std::vector<int8_t>{0, -1, 2, 3, 0})), IoError,
+      Contains("label -1 of example 1 is negative") && Contains(dir.file("lbl")));
 }
 
 TEST_CASE("damaged gzip streams are rejected", "[data]") {

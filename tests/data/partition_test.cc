@@ -43,9 +43,9 @@ double meanClassesHeld(const std::vector<uint8_t>& y, uint32_t classes, const Pa
 
 TEST_CASE("every partitioner yields a disjoint cover, reproducible from its seed", "[data]") {
   const auto y = randomLabels(1000, 10, 1);
-  for (const char* spec : {"iid", "dirichlet", "dirichlet:alpha=0.1,min_size=5",
-                           "dirichlet:alpha=1,balance=true", "shards", "shards:per_client=3", "quantity",
-                           "quantity:alpha=0.2,min_size=10"}) {
+  for (const char* spec :
+       {"iid", "dirichlet", "dirichlet:alpha=0.1,min_size=5", "dirichlet:alpha=1,balance=true",
+        "shards", "shards:per_client=3", "quantity", "quantity:alpha=0.2,min_size=10"}) {
     INFO(spec);
     const auto part = makePartitioner(spec);
     for (size_t clients : {1, 7, 20}) {
@@ -174,7 +174,8 @@ TEST_CASE("partitioner arguments and options are checked", "[data]") {
   CHECK_THROWS_MATCHING(makePartitioner("shards:per_client=0"), ConfigError,
                         Contains("per_client=0"));
   CHECK_THROWS_MATCHING(makePartitioner("iid:alpha=1"), ConfigError, Contains("unknown option"));
-  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError, Contains("iid, dirichlet, quantity, shards, sampled"));
+  CHECK_THROWS_MATCHING(makePartitioner("niid"), ConfigError,
+                        Contains("iid, dirichlet, quantity, shards, sampled"));
 }
 
 TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
@@ -192,7 +193,9 @@ TEST_CASE("a partitioner's spec rebuilds the same partitioner", "[data]") {
   CHECK(partitioners().names() == "iid, dirichlet, quantity, shards, sampled");
 }
 
-TEST_CASE("quantity skew: sizes spread as alpha shrinks, every client gets min_size, labels stay mixed", "[data]") {
+TEST_CASE(
+    "quantity skew: sizes spread as alpha shrinks, every client gets min_size, labels stay mixed",
+    "[data]") {
   const auto y = randomLabels(6000, 10, 3);
   auto spread = [&](const char* spec) {
     const Partition p = makePartitioner(spec)->split(y, 10, 30, 5);
@@ -211,10 +214,13 @@ TEST_CASE("quantity skew: sizes spread as alpha shrinks, every client gets min_s
   const Partition p = makePartitioner("quantity:alpha=100")->split(y, 10, 30, 5);
   CHECK(meanClassesHeld(y, 10, p) > 9.5);
   CHECK_THROWS_AS(makePartitioner("quantity:alpha=0"), ConfigError);
-  CHECK_THROWS_WITH(makePartitioner("quantity:min_size=300")->split(y, 10, 30, 5), Contains("need 9000"));
+  CHECK_THROWS_WITH(makePartitioner("quantity:min_size=300")->split(y, 10, 30, 5),
+                    Contains("need 9000"));
 }
 
-TEST_CASE("sampled: a pool larger than the data set, each client drawing size examples with replacement", "[data]") {
+TEST_CASE(
+    "sampled: a pool larger than the data set, each client drawing size examples with replacement",
+    "[data]") {
   const uint32_t classes = 5;
   const auto y = randomLabels(200, classes, 11);
   const auto part = makePartitioner("sampled:size=40");
@@ -264,9 +270,11 @@ TEST_CASE("sampled: a pool larger than the data set, each client drawing size ex
 
 TEST_CASE("sampled: options and arguments are checked", "[data]") {
   CHECK_THROWS_MATCHING(makePartitioner("sampled"), ConfigError, Contains("size=N is required"));
-  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=0"), ConfigError, Contains("size=N is required"));
+  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=0"), ConfigError,
+                        Contains("size=N is required"));
   CHECK_THROWS_AS(makePartitioner("sampled:size=-3"), ConfigError);
-  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=4,alpha=1"), ConfigError, Contains("unknown option"));
+  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=4,alpha=1"), ConfigError,
+                        Contains("unknown option"));
   const auto part = makePartitioner("sampled:size=3");
   CHECK(part->spec() == "sampled:size=3");
   const std::vector<uint8_t> y{0, 1, 1};

@@ -40,7 +40,8 @@ DataSource idxSource(const TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("the data source loads IDX and CSV splits with classes and features from the data", "[data]") {
+TEST_CASE("the data source loads IDX and CSV splits with classes and features from the data",
+          "[data]") {
   TempDir dir;
   SECTION("idx") {
     writeIdxPair(dir, "tr-x.gz", "tr-y", 4, 6, {0, 1, 2, 1});
@@ -82,8 +83,8 @@ TEST_CASE("the data source loads IDX and CSV splits with classes and features fr
     CHECK(describe(cube) == "0 examples of 3x32x32 (flat: 3072 features), 10 classes");
     s.shape = "3x2";
     CHECK_THROWS_MATCHING(loadData(s), ConfigError,
-                          Contains("data.shape = '3x2' is 6 values") && Contains("have 4 features") &&
-                              Contains(dir.file("train.csv")));
+                          Contains("data.shape = '3x2' is 6 values") &&
+                              Contains("have 4 features") && Contains(dir.file("train.csv")));
   }
   SECTION("a given number of classes is kept") {
     writeIdxPair(dir, "tr-x.gz", "tr-y", 2, 2, {0, 1});
@@ -95,9 +96,10 @@ TEST_CASE("the data source loads IDX and CSV splits with classes and features fr
     CHECK_THROWS_MATCHING(loadData(s), ConfigError, Contains("data.num_classes = 1"));
     s.num_classes = 2;
     writeIdxPair(dir, "te-x.gz", "te-y", 2, 2, {1, 2});
-    CHECK_THROWS_MATCHING(loadData(s), IoError,
-                          Contains("data.test_labels: " + dir.file("te-y")) &&
-                              Contains("label 2 of example 1 is not below the number of classes, 2"));
+    CHECK_THROWS_MATCHING(
+        loadData(s), IoError,
+        Contains("data.test_labels: " + dir.file("te-y")) &&
+            Contains("label 2 of example 1 is not below the number of classes, 2"));
   }
 }
 
@@ -121,10 +123,12 @@ TEST_CASE("data source errors name the key and the file", "[data]") {
     // The defaults are Fashion-MNIST's: the message says where to get it.
     DataSource fm;
     fm.dir = dir.file("no-such-folder");
-    CHECK_THROWS_MATCHING(loadData(fm), IoError, Contains("dataset-fashion-mnist") && Contains("data.format"));
+    CHECK_THROWS_MATCHING(loadData(fm), IoError,
+                          Contains("dataset-fashion-mnist") && Contains("data.format"));
   }
   SECTION("an unpacked copy is found for a .gz name") {
-    testing::writePlain(dir.file("plain-x"), testing::imageFileBytes(1, 3, 3, std::vector<uint8_t>(9, 1)));
+    testing::writePlain(dir.file("plain-x"),
+                        testing::imageFileBytes(1, 3, 3, std::vector<uint8_t>(9, 1)));
     s.test = "plain-x.gz";
     s.test_labels = "te-y";
     CHECK(loadData(s).test_path == dir.file("plain-x"));
@@ -132,8 +136,9 @@ TEST_CASE("data source errors name the key and the file", "[data]") {
   SECTION("a bad file: the loader's message behind the right key") {
     testing::writePlain(dir.file("bad-y"), testing::labelFileBytes(3, {0, 1}));  // one label short
     s.train_labels = "bad-y";
-    CHECK_THROWS_MATCHING(loadData(s), IoError,
-                          Contains("data.train_labels: " + dir.file("bad-y")) && Contains("truncated"));
+    CHECK_THROWS_MATCHING(
+        loadData(s), IoError,
+        Contains("data.train_labels: " + dir.file("bad-y")) && Contains("truncated"));
     s = idxSource(dir);
     testing::writePlain(dir.file("bad-x"), testing::imageFileBytes(3, 3, 3, {}, 0x00000f03));
     s.train = "bad-x";
@@ -142,9 +147,10 @@ TEST_CASE("data source errors name the key and the file", "[data]") {
   }
   SECTION("splits with different feature counts") {
     writeIdxPair(dir, "te-x.gz", "te-y", 3, 4, {1});
-    CHECK_THROWS_MATCHING(loadData(s), ConfigError,
-                          Contains("data.test (" + dir.file("te-x.gz") + ") holds 1 examples of 3x4") &&
-                              Contains("data.train (" + dir.file("tr-x.gz")) && Contains("must agree"));
+    CHECK_THROWS_MATCHING(
+        loadData(s), ConfigError,
+        Contains("data.test (" + dir.file("te-x.gz") + ") holds 1 examples of 3x4") &&
+            Contains("data.train (" + dir.file("tr-x.gz")) && Contains("must agree"));
   }
   SECTION("bad values") {
     s.format = "parquet";

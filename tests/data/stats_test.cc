@@ -55,8 +55,9 @@ TEST_CASE("label skew is the total variation distance to the pooled label mix", 
   const PartitionStats st = partitionStats(y, 3, p);
   CHECK(st.pooledHistogram() == std::vector<size_t>{2 + 1, 2 + 2, 2});
   const double pool[3] = {3.0 / 9, 4.0 / 9, 2.0 / 9};
-  CHECK(st.labelSkew(0) == Approx(0.5 * (std::fabs(2.0 / 6 - pool[0]) + std::fabs(2.0 / 6 - pool[1]) +
-                                         std::fabs(2.0 / 6 - pool[2]))));
+  CHECK(st.labelSkew(0) ==
+        Approx(0.5 * (std::fabs(2.0 / 6 - pool[0]) + std::fabs(2.0 / 6 - pool[1]) +
+                      std::fabs(2.0 / 6 - pool[2]))));
   CHECK(st.labelSkew(1) == Approx(1 - pool[0]));  // one class: 1 - its share of the pool
   CHECK(st.labelSkew(2) == Approx(1 - pool[1]));
   CHECK(std::isnan(st.labelSkew(3)));

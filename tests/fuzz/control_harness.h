@@ -114,11 +114,13 @@ struct Misaligned {
 // `encode`), then: one byte off alignment it decodes to the same message, one byte short of its
 // bound it is refused, and the encoding of what it gave decodes to the same encoding.
 template <class Decode, class Encode>
-inline void checkCommon(std::span<const uint8_t> bytes, Decode decode, Encode encode, const char* what) {
+inline void checkCommon(std::span<const uint8_t> bytes, Decode decode, Encode encode,
+                        const char* what) {
   const auto first = encode(decode(bytes, bytes.size()));
   const Misaligned m(bytes);
   try {
-    if (encode(decode(m.bytes, bytes.size())) != first) bug(std::string(what) + ": misaligned bytes decode differently");
+    if (encode(decode(m.bytes, bytes.size())) != first)
+      bug(std::string(what) + ": misaligned bytes decode differently");
   } catch (const InputError&) {
     bug(std::string(what) + ": misaligned bytes refused");
   }
@@ -128,7 +130,8 @@ inline void checkCommon(std::span<const uint8_t> bytes, Decode decode, Encode en
   } catch (const InputError&) {
   }
   try {
-    if (encode(decode(first, first.size())) != first) bug(std::string(what) + ": encode/decode round trip changed it");
+    if (encode(decode(first, first.size())) != first)
+      bug(std::string(what) + ": encode/decode round trip changed it");
   } catch (const InputError&) {
     bug(std::string(what) + ": its own encoding is refused");
   }
@@ -150,14 +153,17 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
   require(t.kind == pr::TaskKind::kFit || t.kind == pr::TaskKind::kEvaluate, "task: unknown kind");
   if (t.kind == pr::TaskKind::kFit) {
     require(t.fit.epochs >= 1 && t.fit.epochs <= 1000, "task: epochs outside [1, 1000]");
-    require(t.fit.batch_size >= 1 && t.fit.batch_size <= (1u << 20), "task: batch outside [1, 2^20]");
+    require(t.fit.batch_size >= 1 && t.fit.batch_size <= (1u << 20),
+            "task: batch outside [1, 2^20]");
     require(t.fit.lr > 0 && t.fit.lr <= 100 && finite(t.fit.lr), "task: lr outside (0, 100]");
     require(t.fit.prox_mu >= 0 && t.fit.prox_mu <= 1e4, "task: prox_mu outside [0, 1e4]");
     require(static_cast<double>(t.fit.lr) * t.fit.prox_mu < 2.0, "task: lr x prox_mu not below 2");
   }
-  require(printable(t.compressor, 0, 512), "task: compressor spec longer than 512 or not printable");
+  require(printable(t.compressor, 0, 512),
+          "task: compressor spec longer than 512 or not printable");
   require(t.metrics.size() <= 64, "task: more than 64 metrics");
-  for (const auto& m : t.metrics) require(printable(m, 1, 64), "task: a metric name empty, long or not printable");
+  for (const auto& m : t.metrics)
+    require(printable(m, 1, 64), "task: a metric name empty, long or not printable");
   // One payload per tensor, or against a base version a chain of stc refreshes: whole multiples
   // of the tensors, every one ternary, at most kMaxRefreshChain.
   const size_t per = layout.size();
@@ -170,65 +176,67 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
     const size_t n = layout.tensors()[i % per].numel;
     require(!chain || std::holds_alternative<cz::Ternary>(t.model[i]),
             "task: a chain of refreshes holds a payload that is not ternary");
-    std::visit(Overloaded{
-                   [&](const cz::DenseF32& d) {
-                     require(t.base_version == 0, "task: dense f32 in a delta");
-                     require(d.values.size() == n, "task: dense f32 size differs from its tensor");
-                     for (float x : d.values)
-                       require(finite(x), "task: non-finite dense f32 value");
-                   },
-                   [&](const cz::DenseF16& d) {
-                     require(t.base_version == 0, "task: dense f16 in a delta");
-                     require(d.values.size() == n, "task: dense f16 size differs from its tensor");
-                     for (uint16_t h : d.values)
-                       require(finite(halfToFloat(h)), "task: non-finite dense f16 value");
-                   },
-                   [&](const cz::Sparse& s) {
-                     require(t.base_version != 0, "task: sparse in a whole model");
-                     require(s.indices.size() == s.values.size() && s.indices.size() <= n, "task: sparse sizes");
-                     for (size_t j = 0; j < s.indices.size(); ++j) {
-                       require(s.indices[j] < n, "task: sparse index out of range");
-                       require(j == 0 || s.indices[j] > s.indices[j - 1], "task: sparse indices not increasing");
-                       require(finite(s.values[j]), "task: non-finite sparse value");
-                     }
-                   },
-                   [&](const cz::Qsgd& q) {  // a quantised downlink: whole or a refresh to add
-                     require(q.s >= 1 && q.s <= 0xffff, "task: QSGD s outside [1, 65535]");
-                     require(q.norm >= 0.0f && q.norm <= 1e30f,
-                             "task: QSGD norm outside [0, 1e30]");
-                     const uint32_t bits = 1 + cz::qsgdLevelBits(q.s);
-                     require(q.packed.size() == cz::packedBytes(n, bits),
-                             "task: QSGD bytes differ from its tensor");
-                     cz::BitReader r(q.packed.data());
-                     for (size_t j = 0; j < n; ++j)
-                       require((r.get(bits) >> 1) <= q.s, "task: QSGD level above s");
-                   },
-                   [&](const cz::Ternary& x) {  // an stc refresh, alone or in a chain
-                     require(t.base_version != 0, "task: a ternary refresh in a whole model");
-                     require(x.count <= n, "task: more ternary positions than its tensor");
-                     require(x.mu >= 0.0f && x.mu <= 1e30f, "task: ternary mu outside [0, 1e30]");
-                     require(x.signs.size() == cz::packedBytes(x.count, 1),
-                             "task: ternary sign bytes differ from its count");
-                     size_t seen = 0;
-                     int64_t last = -1;
-                     const bool ok =
-                         cz::riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t p) {
-                           require(static_cast<int64_t>(p) > last && p < n,
-                                   "task: ternary positions not increasing within the tensor");
-                           last = p;
-                           ++seen;
-                         });
-                     require(ok && seen == x.count, "task: ternary positions do not decode");
-                   },
-                   [&](const auto&) {
-                     bug("task: a model payload neither dense f32/f16, sparse, QSGD nor ternary");
-                   },
-               },
-               t.model[i]);
+    std::visit(
+        Overloaded{
+            [&](const cz::DenseF32& d) {
+              require(t.base_version == 0, "task: dense f32 in a delta");
+              require(d.values.size() == n, "task: dense f32 size differs from its tensor");
+              for (float x : d.values) require(finite(x), "task: non-finite dense f32 value");
+            },
+            [&](const cz::DenseF16& d) {
+              require(t.base_version == 0, "task: dense f16 in a delta");
+              require(d.values.size() == n, "task: dense f16 size differs from its tensor");
+              for (uint16_t h : d.values)
+                require(finite(halfToFloat(h)), "task: non-finite dense f16 value");
+            },
+            [&](const cz::Sparse& s) {
+              require(t.base_version != 0, "task: sparse in a whole model");
+              require(s.indices.size() == s.values.size() && s.indices.size() <= n,
+                      "task: sparse sizes");
+              for (size_t j = 0; j < s.indices.size(); ++j) {
+                require(s.indices[j] < n, "task: sparse index out of range");
+                require(j == 0 || s.indices[j] > s.indices[j - 1],
+                        "task: sparse indices not increasing");
+                require(finite(s.values[j]), "task: non-finite sparse value");
+              }
+            },
+            [&](const cz::Qsgd& q) {  // a quantised downlink: whole or a refresh to add
+              require(q.s >= 1 && q.s <= 0xffff, "task: QSGD s outside [1, 65535]");
+              require(q.norm >= 0.0f && q.norm <= 1e30f, "task: QSGD norm outside [0, 1e30]");
+              const uint32_t bits = 1 + cz::qsgdLevelBits(q.s);
+              require(q.packed.size() == cz::packedBytes(n, bits),
+                      "task: QSGD bytes differ from its tensor");
+              cz::BitReader r(q.packed.data());
+              for (size_t j = 0; j < n; ++j)
+                require((r.get(bits) >> 1) <= q.s, "task: QSGD level above s");
+            },
+            [&](const cz::Ternary& x) {  // an stc refresh, alone or in a chain
+              require(t.base_version != 0, "task: a ternary refresh in a whole model");
+              require(x.count <= n, "task: more ternary positions than its tensor");
+              require(x.mu >= 0.0f && x.mu <= 1e30f, "task: ternary mu outside [0, 1e30]");
+              require(x.signs.size() == cz::packedBytes(x.count, 1),
+                      "task: ternary sign bytes differ from its count");
+              size_t seen = 0;
+              int64_t last = -1;
+              const bool ok = cz::riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t p) {
+                require(static_cast<int64_t>(p) > last && p < n,
+                        "task: ternary positions not increasing within the tensor");
+                last = p;
+                ++seen;
+              });
+              require(ok && seen == x.count, "task: ternary positions do not decode");
+            },
+            [&](const auto&) {
+              bug("task: a model payload neither dense f32/f16, sparse, QSGD nor ternary");
+            },
+        },
+        t.model[i]);
   }
-  require(t.shared.factors.empty() || t.shared.factors.size() == layout.size(), "task: shared factor count");
+  require(t.shared.factors.empty() || t.shared.factors.size() == layout.size(),
+          "task: shared factor count");
   for (size_t i = 0; i < t.shared.factors.size(); ++i) {
-    require(t.shared.factors[i].size() <= layout.tensors()[i].numel, "task: shared factor larger than its tensor");
+    require(t.shared.factors[i].size() <= layout.tensors()[i].numel,
+            "task: shared factor larger than its tensor");
     for (float x : t.shared.factors[i]) require(finite(x), "task: non-finite shared factor");
   }
   require(ownedBytes(t) <= input, "task: decoded into more bytes than the input holds");
@@ -298,7 +306,8 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
       bug("task: a delta applied onto another version than its base");
     } catch (const InvalidArgument&) {
     } catch (const std::exception& e) {
-      bug(std::string("task: a delta onto another version failed with something else than InvalidArgument: ") +
+      bug(std::string("task: a delta onto another version failed with something else than "
+                      "InvalidArgument: ") +
           e.what());
     }
   }
@@ -314,7 +323,10 @@ inline bool checkTask(std::span<const uint8_t> bytes, const ParamLayout& layout)
   checkTaskFields(t, layout, bytes.size());
   checkApply(t, layout);
   checkCommon(
-      bytes, [&](std::span<const uint8_t> b, size_t max) { return pr::decodeTask(b, layout, pr::ControlLimits{max}); },
+      bytes,
+      [&](std::span<const uint8_t> b, size_t max) {
+        return pr::decodeTask(b, layout, pr::ControlLimits{max});
+      },
       [](const pr::TaskMsg& m) { return encodeTaskMsg(m); }, "task");
   return true;
 }
@@ -327,21 +339,25 @@ inline bool checkChunk(std::span<const uint8_t> bytes, size_t max_chunk) {
     return false;
   }
   require(!c.data.empty() && c.data.size() <= max_chunk, "chunk: data empty or above its bound");
-  require(c.data.data() >= bytes.data() && c.data.data() + c.data.size() <= bytes.data() + bytes.size(),
-          "chunk: data outside the input");
-  require(c.count > 0 && c.index < c.count && c.total_bytes > 0, "chunk: index, count or total out of range");
+  require(
+      c.data.data() >= bytes.data() && c.data.data() + c.data.size() <= bytes.data() + bytes.size(),
+      "chunk: data outside the input");
+  require(c.count > 0 && c.index < c.count && c.total_bytes > 0,
+          "chunk: index, count or total out of range");
   const Misaligned m(bytes);
   try {
     pr::decodeChunk(m.bytes, max_chunk);
     bug("chunk: misaligned bytes decoded (they would be read in place)");
   } catch (const InputError& e) {
-    require(e.code() == Errc::kBadChunk, "chunk: misaligned bytes refused with another code than kBadChunk");
+    require(e.code() == Errc::kBadChunk,
+            "chunk: misaligned bytes refused with another code than kBadChunk");
   }
   const auto again = pr::encodeChunk(c);
   try {
     const pr::ChunkMsg d = pr::decodeChunk(again, max_chunk);
-    require(d.transfer == c.transfer && d.index == c.index && d.count == c.count && d.total_bytes == c.total_bytes &&
-                d.data.size() == c.data.size() && std::memcmp(d.data.data(), c.data.data(), c.data.size()) == 0,
+    require(d.transfer == c.transfer && d.index == c.index && d.count == c.count &&
+                d.total_bytes == c.total_bytes && d.data.size() == c.data.size() &&
+                std::memcmp(d.data.data(), c.data.data(), c.data.size()) == 0,
             "chunk: encode/decode round trip changed it");
   } catch (const InputError&) {
     bug("chunk: its own encoding is refused");
@@ -403,7 +419,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
                   [](const auto& m) { return pr::encode(m); }, "welcome");
       if (ok) {
         const auto w = pr::decodeWelcome(bytes);
-        require(w.heartbeat_ms != 0 && w.chunk_bytes != 0 && w.max_message_bytes != 0, "welcome: a zero bound");
+        require(w.heartbeat_ms != 0 && w.chunk_bytes != 0 && w.max_message_bytes != 0,
+                "welcome: a zero bound");
       }
       break;
     case K::kHeartbeat:
@@ -417,7 +434,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
         const auto e = pr::decodeEvaluation(bytes);
         require(std::isfinite(e.loss) && e.loss >= 0, "evaluation: loss non-finite or negative");
         require(e.loss <= pr::ControlLimits{}.max_eval_loss, "evaluation: loss over the bound");
-        require(std::isfinite(e.accuracy) && e.accuracy >= 0 && e.accuracy <= 1, "evaluation: accuracy outside [0, 1]");
+        require(std::isfinite(e.accuracy) && e.accuracy >= 0 && e.accuracy <= 1,
+                "evaluation: accuracy outside [0, 1]");
       }
       break;
     case K::kReject:
@@ -435,7 +453,9 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
     case K::kShutdown:
       ok = common([&](auto b, size_t max) { return pr::decodeShutdown(b, limits(max)); },
                   [](const auto& m) { return pr::encode(m); }, "shutdown");
-      if (ok) require(printable(pr::decodeShutdown(bytes).reason, 0, 1024), "shutdown: reason long or not printable");
+      if (ok)
+        require(printable(pr::decodeShutdown(bytes).reason, 0, 1024),
+                "shutdown: reason long or not printable");
       break;
     case K::kChunk:
       for (size_t max : kChunkBounds) ok |= checkChunk(bytes, max);
@@ -445,7 +465,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
                   [](const auto& m) { return pr::encode(m); }, "split hello");
       if (ok) {
         const auto h = pr::decodeSplitHello(bytes);
-        require(printable(h.up, 1, 512) && printable(h.down, 1, 512), "split hello: a codec spec empty, long or not printable");
+        require(printable(h.up, 1, 512) && printable(h.down, 1, 512),
+                "split hello: a codec spec empty, long or not printable");
       }
       break;
     case K::kSplitStep:
@@ -457,9 +478,11 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
         require(st.kind == pr::SplitStepKind::kTrain || st.kind == pr::SplitStepKind::kTrainTop ||
                     st.kind == pr::SplitStepKind::kEvaluate,
                 "split step: unknown kind");
-        require(st.examples >= 1 && st.labels.size() == st.examples, "split step: examples and labels disagree");
+        require(st.examples >= 1 && st.labels.size() == st.examples,
+                "split step: examples and labels disagree");
         require(!st.activations.empty(), "split step: no activations");
-        require(st.labels.size() + st.activations.size() <= n, "split step: more bytes decoded than the input holds");
+        require(st.labels.size() + st.activations.size() <= n,
+                "split step: more bytes decoded than the input holds");
       }
       break;
     case K::kSplitReply:
@@ -478,7 +501,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
       if (ok) {
         const auto m = pr::decodeSplitBottom(bytes);
         require(m.epoch >= 1 && m.examples >= 1, "split bottom: epoch or examples 0");
-        require(!m.bottom.empty() && m.bottom.size() * 4 <= n, "split bottom: empty or larger than the input");
+        require(!m.bottom.empty() && m.bottom.size() * 4 <= n,
+                "split bottom: empty or larger than the input");
         for (float x : m.bottom) require(std::isfinite(x), "split bottom: non-finite value");
       }
       break;
@@ -488,7 +512,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
       if (ok) {
         const auto m = pr::decodeSplitAverage(bytes);
         require(m.epoch >= 1 && m.edges >= 1, "split average: epoch or edges 0");
-        require(!m.bottom.empty() && m.bottom.size() * 4 <= n, "split average: empty or larger than the input");
+        require(!m.bottom.empty() && m.bottom.size() * 4 <= n,
+                "split average: empty or larger than the input");
         for (float x : m.bottom) require(std::isfinite(x), "split average: non-finite value");
       }
       break;
@@ -504,10 +529,11 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
 }
 
 inline constexpr pr::MessageKind kControlKinds[] = {
-    pr::MessageKind::kRegister, pr::MessageKind::kWelcome, pr::MessageKind::kHeartbeat, pr::MessageKind::kTask,
-    pr::MessageKind::kEvaluation, pr::MessageKind::kReject, pr::MessageKind::kShutdown, pr::MessageKind::kChunk,
-    pr::MessageKind::kSplitHello, pr::MessageKind::kSplitStep, pr::MessageKind::kSplitReply,
-    pr::MessageKind::kSplitBottom, pr::MessageKind::kSplitAverage};
+    pr::MessageKind::kRegister,    pr::MessageKind::kWelcome,    pr::MessageKind::kHeartbeat,
+    pr::MessageKind::kTask,        pr::MessageKind::kEvaluation, pr::MessageKind::kReject,
+    pr::MessageKind::kShutdown,    pr::MessageKind::kChunk,      pr::MessageKind::kSplitHello,
+    pr::MessageKind::kSplitStep,   pr::MessageKind::kSplitReply, pr::MessageKind::kSplitBottom,
+    pr::MessageKind::kSplitAverage};
 
 // Returns the kind that decoded (nullopt: refused, or an Update/PartialAggregate, which are
 // fuzz_decode.cc's). The bytes are read where they are; callers pass 8-byte aligned bytes, as the
@@ -527,7 +553,9 @@ inline std::optional<pr::MessageKind> checkControl(std::span<const uint8_t> byte
   std::optional<pr::MessageKind> found;
   for (pr::MessageKind k : kControlKinds)
     if (checkKind(bytes, k)) {
-      if (found) bug(std::string("both a ") + pr::kindName(*found) + " and a " + pr::kindName(k) + " decoded from the same bytes");
+      if (found)
+        bug(std::string("both a ") + pr::kindName(*found) + " and a " + pr::kindName(k) +
+            " decoded from the same bytes");
       found = k;
     }
   return found;
@@ -544,29 +572,40 @@ struct Seed {
 // without shared factors, against both layouts; the first and the last chunk of a transfer).
 inline std::vector<Seed> controlSeeds() {
   std::vector<Seed> out;
-  out.push_back({"register", pr::encode(pr::RegisterMsg{7, pr::Role::kClient, 0x1234, 60, 10, 2, {"fp16", "delta"}})});
-  out.push_back({"register-aggregator", pr::encode(pr::RegisterMsg{9, pr::Role::kAggregator, 0x1234, 600, 100, 0, {}})});
+  out.push_back({"register", pr::encode(pr::RegisterMsg{
+                                 7, pr::Role::kClient, 0x1234, 60, 10, 2, {"fp16", "delta"}})});
+  out.push_back({"register-aggregator",
+                 pr::encode(pr::RegisterMsg{9, pr::Role::kAggregator, 0x1234, 600, 100, 0, {}})});
   out.push_back({"welcome", pr::encode(pr::WelcomeMsg{7, 99, 500, 1u << 26, 1u << 20})});
   out.push_back({"heartbeat", pr::encode(pr::HeartbeatMsg{7, 99, 3})});
   out.push_back({"evaluation", pr::encode(pr::EvaluationMsg{7, 3, 41, 60, 0.25, 0.875})});
-  out.push_back({"reject", pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, 4, 3, 41, "stale round"})});
+  out.push_back(
+      {"reject", pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, 4, 3, 41, "stale round"})});
   out.push_back({"reject-busy", pr::encode(pr::RejectMsg{pr::RejectKind::kBusy, 0, 0, 0, ""})});
   out.push_back({"reject-registration",
                  pr::encode(pr::RejectMsg{pr::RejectKind::kRegistrationRefused, 28, 0, 0,
                                           "registration refused: listed as client 4"})});
   out.push_back({"shutdown", pr::encode(pr::ShutdownMsg{12, "training finished"})});
-  out.push_back({"split-hello", pr::encode(pr::SplitHelloMsg{3, 0xfeed, "lowrank:rank=4", "int8"})});
-  out.push_back({"split-step", pr::encode(pr::SplitStepMsg{7, 2, pr::SplitStepKind::kTrain, 3, {1, 4, 9},
-                                                            std::vector<uint8_t>(40, 0x41)})});
-  out.push_back({"split-step-evaluate", pr::encode(pr::SplitStepMsg{7, 3, pr::SplitStepKind::kEvaluate, 1, {2}, {0x41}})});
-  out.push_back({"split-reply", pr::encode(pr::SplitReplyMsg{7, 2, 0.5, 2, 1500, std::vector<uint8_t>(24, 0x41)})});
+  out.push_back(
+      {"split-hello", pr::encode(pr::SplitHelloMsg{3, 0xfeed, "lowrank:rank=4", "int8"})});
+  out.push_back(
+      {"split-step",
+       pr::encode(pr::SplitStepMsg{
+           7, 2, pr::SplitStepKind::kTrain, 3, {1, 4, 9}, std::vector<uint8_t>(40, 0x41)})});
+  out.push_back({"split-step-evaluate",
+                 pr::encode(pr::SplitStepMsg{7, 3, pr::SplitStepKind::kEvaluate, 1, {2}, {0x41}})});
+  out.push_back({"split-reply", pr::encode(pr::SplitReplyMsg{7, 2, 0.5, 2, 1500,
+                                                             std::vector<uint8_t>(24, 0x41)})});
   out.push_back({"split-reply-hello", pr::encode(pr::SplitReplyMsg{7, 0, 0, 0, 0, {}})});
-  out.push_back({"split-bottom", pr::encode(pr::SplitBottomMsg{7, 2, 600, {0.5f, -1.25f, 3.0f, 0.0f}})});
-  out.push_back({"split-average", pr::encode(pr::SplitAverageMsg{7, 2, 3, {0.25f, -1.0f, 2.5f, 0.125f}})});
+  out.push_back(
+      {"split-bottom", pr::encode(pr::SplitBottomMsg{7, 2, 600, {0.5f, -1.25f, 3.0f, 0.0f}})});
+  out.push_back(
+      {"split-average", pr::encode(pr::SplitAverageMsg{7, 2, 3, {0.25f, -1.0f, 2.5f, 0.125f}})});
   std::vector<uint8_t> payload(200);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 37 + 1);
   out.push_back({"chunk-first", pr::encodeChunk(pr::ChunkMsg{5, 0, 4, 200, {payload.data(), 64}})});
-  out.push_back({"chunk-last", pr::encodeChunk(pr::ChunkMsg{5, 3, 4, 200, {payload.data() + 192, 8}})});
+  out.push_back(
+      {"chunk-last", pr::encodeChunk(pr::ChunkMsg{5, 3, 4, 200, {payload.data() + 192, 8}})});
 
   auto task = [](pr::TaskKind kind, uint64_t base) {
     pr::TaskMsg t;
@@ -587,7 +626,8 @@ inline std::vector<Seed> controlSeeds() {
   {
     pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
     std::vector<float> w(96), b(8);
-    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(static_cast<int>(i % 9) - 4);
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = 0.01f * static_cast<float>(static_cast<int>(i % 9) - 4);
     for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * static_cast<float>(i);
     t.model = {cz::DenseF32{w}, cz::DenseF32{b}};
     out.push_back({"task-fit-f32", encodeTaskMsg(t)});
@@ -648,11 +688,13 @@ inline std::vector<Seed> controlSeeds() {
   {  // the softmax model: whole in f16 (fc.weight) and f32 (fc.bias), and a delta against it
     pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
     std::vector<uint16_t> w(soft.tensors()[0].numel);
-    for (size_t i = 0; i < w.size(); ++i) w[i] = floatToHalf(0.001f * static_cast<float>(static_cast<int>(i % 11) - 5));
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = floatToHalf(0.001f * static_cast<float>(static_cast<int>(i % 11) - 5));
     t.model = {cz::DenseF16{w}, cz::DenseF32{std::vector<float>(10, 0.1f)}};
     out.push_back({"task-softmax-f16", encodeTaskMsg(t)});
     pr::TaskMsg d = task(pr::TaskKind::kFit, 6);
-    d.model = {cz::Sparse{{0, 783, 784, 7839}, {0.25f, -0.25f, 1.0f, -1.0f}}, cz::Sparse{{9}, {0.125f}}};
+    d.model = {cz::Sparse{{0, 783, 784, 7839}, {0.25f, -0.25f, 1.0f, -1.0f}},
+               cz::Sparse{{9}, {0.125f}}};
     out.push_back({"task-softmax-delta", encodeTaskMsg(d)});
   }
   return out;

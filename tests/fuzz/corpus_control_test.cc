@@ -2,9 +2,8 @@
 // fuzzer's (tests/fuzz/corpus_reassembly) in the normal suite, through the same checks as the
 // fuzz targets (control_harness.h, reassembly_harness.h, which abort on a broken property), and
 // every single-byte corruption of every control seed and corpus file.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -26,7 +25,9 @@ struct Input {
   std::string name;
   std::vector<uint64_t> storage;
   size_t size = 0;
-  std::span<const uint8_t> bytes() const { return {reinterpret_cast<const uint8_t*>(storage.data()), size}; }
+  std::span<const uint8_t> bytes() const {
+    return {reinterpret_cast<const uint8_t*>(storage.data()), size};
+  }
 };
 
 Input aligned(std::string name, std::span<const uint8_t> b) {
@@ -40,7 +41,8 @@ std::vector<Input> readCorpus(const char* dir) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (!entry.is_regular_file()) continue;
     std::ifstream f(entry.path(), std::ios::binary);
-    const std::vector<uint8_t> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::vector<uint8_t> b((std::istreambuf_iterator<char>(f)),
+                                 std::istreambuf_iterator<char>());
     out.push_back(aligned(entry.path().filename().string(), b));
   }
   std::sort(out.begin(), out.end(), [](const Input& a, const Input& b) { return a.name < b.name; });
@@ -69,7 +71,8 @@ void corruptEveryByte(std::span<const uint8_t> good, Corruptions& n) {
 
 }  // namespace
 
-TEST_CASE("every control seed decodes as its own kind and holds the harness's properties", "[protocol][fuzz]") {
+TEST_CASE("every control seed decodes as its own kind and holds the harness's properties",
+          "[protocol][fuzz]") {
   std::map<K, int> kinds;
   for (const auto& s : ctl::controlSeeds()) {
     INFO("seed " << s.name);
@@ -79,8 +82,9 @@ TEST_CASE("every control seed decodes as its own kind and holds the harness's pr
     CHECK(kind == protocol::peekKind(in.bytes()));
     ++kinds[*kind];
   }
-  for (K k : {K::kRegister, K::kWelcome, K::kHeartbeat, K::kTask, K::kEvaluation, K::kReject, K::kShutdown, K::kChunk,
-              K::kSplitHello, K::kSplitStep, K::kSplitReply, K::kSplitBottom, K::kSplitAverage})
+  for (K k : {K::kRegister, K::kWelcome, K::kHeartbeat, K::kTask, K::kEvaluation, K::kReject,
+              K::kShutdown, K::kChunk, K::kSplitHello, K::kSplitStep, K::kSplitReply,
+              K::kSplitBottom, K::kSplitAverage})
     CHECK(kinds[k] >= 1);
 }
 
@@ -95,14 +99,16 @@ TEST_CASE("the control fuzz corpus replays cleanly and holds every seed", "[prot
   // The corpus holds what make_control_seeds writes (regenerate it if an encoding changed).
   for (const auto& s : ctl::controlSeeds()) {
     INFO("seed " << s.name);
-    const auto it = std::find_if(corpus.begin(), corpus.end(), [&](const Input& in) { return in.name == "seed-" + s.name; });
+    const auto it = std::find_if(corpus.begin(), corpus.end(),
+                                 [&](const Input& in) { return in.name == "seed-" + s.name; });
     REQUIRE(it != corpus.end());
     CHECK(std::equal(s.bytes.begin(), s.bytes.end(), it->bytes().begin(), it->bytes().end()));
   }
   CHECK(decoded >= ctl::controlSeeds().size());
 }
 
-TEST_CASE("every single-byte corruption of every control seed is refused or holds the properties", "[protocol][fuzz]") {
+TEST_CASE("every single-byte corruption of every control seed is refused or holds the properties",
+          "[protocol][fuzz]") {
   Corruptions n;
   for (const auto& in : readCorpus(STARLING_FUZZ_CONTROL_CORPUS)) {
     INFO("corpus file " << in.name);
@@ -148,7 +154,8 @@ TEST_CASE("the reassembly fuzz corpus replays cleanly", "[transport][fuzz]") {
   for (const auto& s : ra::reassemblySeeds()) {
     INFO("seed " << s.name);
     CHECK(std::any_of(corpus.begin(), corpus.end(), [&](const Input& in) {
-      return in.name == "seed-" + s.name && std::equal(s.bytes.begin(), s.bytes.end(), in.bytes().begin(), in.bytes().end());
+      return in.name == "seed-" + s.name &&
+             std::equal(s.bytes.begin(), s.bytes.end(), in.bytes().begin(), in.bytes().end());
     }));
   }
 }

@@ -2,7 +2,6 @@
 // suite, through the same harness as the fuzz target: every input is accepted by some scheme
 // with a finite aggregate, or refused with an InputError; the harness aborts on anything else.
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -17,7 +16,8 @@ TEST_CASE("the fuzz corpus replays cleanly through the server path", "[protocol]
   for (const auto& entry : std::filesystem::directory_iterator(STARLING_FUZZ_CORPUS)) {
     if (!entry.is_regular_file()) continue;
     std::ifstream f(entry.path(), std::ios::binary);
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)),
+                               std::istreambuf_iterator<char>());
     ++files;
     accepted += fuzz::checkInput(h, bytes) > 0;
   }

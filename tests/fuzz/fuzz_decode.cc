@@ -38,9 +38,11 @@ const std::vector<std::vector<uint8_t>>& seeds() {
   return s;
 }
 
-constexpr float kFloats[] = {INFINITY, -INFINITY, NAN, FLT_MAX, -FLT_MAX, 3e38f, 1e20f, 1e-45f, 0.0f, -0.0f,
-                             65504.0f, 1e4f, 1.0001e4f, 3000.0f, 30.0f, 1.0f};
-constexpr uint64_t kCounts[] = {0, 1, 2, 59, 61, 96, 10'000'000, 10'000'001, 1ull << 32, ~0ull, ~0ull - 1};
+constexpr float kFloats[] = {INFINITY,  -INFINITY, NAN,   FLT_MAX, -FLT_MAX, 3e38f,
+                             1e20f,     1e-45f,    0.0f,  -0.0f,   65504.0f, 1e4f,
+                             1.0001e4f, 3000.0f,   30.0f, 1.0f};
+constexpr uint64_t kCounts[] = {0,          1,          2,          59,    61,       96,
+                                10'000'000, 10'000'001, 1ull << 32, ~0ull, ~0ull - 1};
 
 float pickFloat(RngStream& r) { return kFloats[r.below(std::size(kFloats))]; }
 uint64_t pickCount(RngStream& r) { return kCounts[r.below(std::size(kCounts))]; }
@@ -51,64 +53,102 @@ void poke(std::vector<T>& v, RngStream& r, T x) {
 }
 
 void mutateFloats(cz::Payload& p, RngStream& r) {
-  std::visit(Overloaded{
-                 [&](cz::DenseF32& d) { poke(d.values, r, pickFloat(r)); },
-                 [&](cz::DenseF16& d) { poke<uint16_t>(d.values, r, static_cast<uint16_t>(r.next())); },
-                 [&](cz::DenseBF16& d) { poke<uint16_t>(d.values, r, static_cast<uint16_t>(r.next())); },
-                 [&](cz::Sparse& s) {
-                   if (r.below(2)) poke(s.values, r, pickFloat(r));
-                   else poke<uint32_t>(s.indices, r, static_cast<uint32_t>(r.below(200)));
-                 },
-                 [&](cz::RandBlock& b) {
-                   if (r.below(2)) poke(b.values, r, pickFloat(r));
-                   else b.offset = static_cast<uint32_t>(r.below(200));
-                 },
-                 [&](cz::LowRank& l) {
-                   switch (r.below(4)) {
-                     case 0: poke(l.p, r, pickFloat(r)); break;
-                     case 1: for (auto& x : l.q) x = pickFloat(r); break;
-                     case 2: l.rank = static_cast<uint32_t>(r.below(16)); break;
-                     default: (r.below(2) ? l.p : l.q).clear(); break;
-                   }
-                 },
-                 [&](cz::Sign& s) {
-                   if (r.below(2)) s.scale = pickFloat(r);
-                   else poke<uint8_t>(s.bits, r, static_cast<uint8_t>(r.next()));
-                 },
-                 [&](cz::Qsgd& q) {
-                   switch (r.below(3)) {
-                     case 0: q.norm = pickFloat(r); break;
-                     case 1: q.s = static_cast<uint32_t>(pickCount(r)); break;
-                     default: poke<uint8_t>(q.packed, r, static_cast<uint8_t>(r.next())); break;
-                   }
-                 },
-                 [&](cz::Ternary& x) {
-                   switch (r.below(5)) {
-                     case 0: x.mu = pickFloat(r); break;
-                     case 1: x.count = static_cast<uint32_t>(pickCount(r)); break;
-                     case 2: x.rice = static_cast<uint32_t>(r.below(40)); break;
-                     case 3: poke<uint8_t>(x.signs, r, static_cast<uint8_t>(r.next())); break;
-                     default: poke<uint8_t>(x.positions, r, static_cast<uint8_t>(r.next())); break;
-                   }
-                 },
-             },
-             p);
+  std::visit(
+      Overloaded{
+          [&](cz::DenseF32& d) { poke(d.values, r, pickFloat(r)); },
+          [&](cz::DenseF16& d) { poke<uint16_t>(d.values, r, static_cast<uint16_t>(r.next())); },
+          [&](cz::DenseBF16& d) { poke<uint16_t>(d.values, r, static_cast<uint16_t>(r.next())); },
+          [&](cz::Sparse& s) {
+            if (r.below(2))
+              poke(s.values, r, pickFloat(r));
+            else
+              poke<uint32_t>(s.indices, r, static_cast<uint32_t>(r.below(200)));
+          },
+          [&](cz::RandBlock& b) {
+            if (r.below(2))
+              poke(b.values, r, pickFloat(r));
+            else
+              b.offset = static_cast<uint32_t>(r.below(200));
+          },
+          [&](cz::LowRank& l) {
+            switch (r.below(4)) {
+              case 0:
+                poke(l.p, r, pickFloat(r));
+                break;
+              case 1:
+                for (auto& x : l.q) x = pickFloat(r);
+                break;
+              case 2:
+                l.rank = static_cast<uint32_t>(r.below(16));
+                break;
+              default:
+                (r.below(2) ? l.p : l.q).clear();
+                break;
+            }
+          },
+          [&](cz::Sign& s) {
+            if (r.below(2))
+              s.scale = pickFloat(r);
+            else
+              poke<uint8_t>(s.bits, r, static_cast<uint8_t>(r.next()));
+          },
+          [&](cz::Qsgd& q) {
+            switch (r.below(3)) {
+              case 0:
+                q.norm = pickFloat(r);
+                break;
+              case 1:
+                q.s = static_cast<uint32_t>(pickCount(r));
+                break;
+              default:
+                poke<uint8_t>(q.packed, r, static_cast<uint8_t>(r.next()));
+                break;
+            }
+          },
+          [&](cz::Ternary& x) {
+            switch (r.below(5)) {
+              case 0:
+                x.mu = pickFloat(r);
+                break;
+              case 1:
+                x.count = static_cast<uint32_t>(pickCount(r));
+                break;
+              case 2:
+                x.rice = static_cast<uint32_t>(r.below(40));
+                break;
+              case 3:
+                poke<uint8_t>(x.signs, r, static_cast<uint8_t>(r.next()));
+                break;
+              default:
+                poke<uint8_t>(x.positions, r, static_cast<uint8_t>(r.next()));
+                break;
+            }
+          },
+      },
+      p);
 }
 
 void mutateVectorLength(cz::Payload& p, RngStream& r) {
   auto resize = [&](auto& v) { v.resize(r.below(2) ? v.size() + 1 + r.below(8) : v.size() / 2); };
-  std::visit(Overloaded{[&](cz::DenseF32& d) { resize(d.values); }, [&](cz::DenseF16& d) { resize(d.values); },
-                        [&](cz::DenseBF16& d) { resize(d.values); }, [&](cz::Sparse& s) {
-                          if (r.below(2)) resize(s.values);
-                          else resize(s.indices);
-                        },
-                        [&](cz::RandBlock& b) { resize(b.values); }, [&](cz::LowRank& l) { resize(l.p); },
-                        [&](cz::Sign& s) { resize(s.bits); }, [&](cz::Qsgd& q) { resize(q.packed); },
-                        [&](cz::Ternary& x) {
-                          if (r.below(2)) resize(x.positions);
-                          else resize(x.signs);
-                        }},
-             p);
+  std::visit(
+      Overloaded{[&](cz::DenseF32& d) { resize(d.values); },
+                 [&](cz::DenseF16& d) { resize(d.values); },
+                 [&](cz::DenseBF16& d) { resize(d.values); },
+                 [&](cz::Sparse& s) {
+                   if (r.below(2))
+                     resize(s.values);
+                   else
+                     resize(s.indices);
+                 },
+                 [&](cz::RandBlock& b) { resize(b.values); }, [&](cz::LowRank& l) { resize(l.p); },
+                 [&](cz::Sign& s) { resize(s.bits); }, [&](cz::Qsgd& q) { resize(q.packed); },
+                 [&](cz::Ternary& x) {
+                   if (r.below(2))
+                     resize(x.positions);
+                   else
+                     resize(x.signs);
+                 }},
+      p);
 }
 
 // One structural change an attacker could make.
@@ -116,11 +156,17 @@ void mutate(cz::Update& u, RngStream& r) {
   const size_t t = u.tensors.empty() ? 0 : r.below(u.tensors.size());
   switch (r.below(9)) {
     case 0:
-    case 1: if (!u.tensors.empty()) mutateFloats(u.tensors[t], r); break;
-    case 2: u.header.num_examples = pickCount(r); break;
+    case 1:
+      if (!u.tensors.empty()) mutateFloats(u.tensors[t], r);
+      break;
+    case 2:
+      u.header.num_examples = pickCount(r);
+      break;
     case 3:
-      if (r.below(2)) u.header.round = r.below(2) ? fuzz::kRound : pickCount(r);
-      else u.header.phase = static_cast<uint32_t>(r.below(3));
+      if (r.below(2))
+        u.header.round = r.below(2) ? fuzz::kRound : pickCount(r);
+      else
+        u.header.phase = static_cast<uint32_t>(r.below(3));
       break;
     case 4: {  // another encoding in this tensor, taken from a seed
       const auto& s = seeds()[r.below(seeds().size())];
@@ -131,21 +177,29 @@ void mutate(cz::Update& u, RngStream& r) {
       }
       break;
     }
-    case 5: if (!u.tensors.empty()) mutateVectorLength(u.tensors[t], r); break;
+    case 5:
+      if (!u.tensors.empty()) mutateVectorLength(u.tensors[t], r);
+      break;
     case 6:
-      if (r.below(2) && !u.tensors.empty()) u.tensors.pop_back();
-      else if (!u.tensors.empty()) u.tensors.push_back(u.tensors[t]);
+      if (r.below(2) && !u.tensors.empty())
+        u.tensors.pop_back();
+      else if (!u.tensors.empty())
+        u.tensors.push_back(u.tensors[t]);
       break;
     case 7: {  // metrics: many, long, odd names, extreme values
       const size_t n = r.below(4) == 0 ? 40 : 1 + r.below(3);
       for (size_t i = 0; i < n; ++i) {
-        std::string name = r.below(4) == 0 ? std::string(70, 'm') : r.below(4) == 0 ? "bad name" : "loss";
+        std::string name = r.below(4) == 0   ? std::string(70, 'm')
+                           : r.below(4) == 0 ? "bad name"
+                                             : "loss";
         if (r.below(2)) name += std::to_string(i);
         u.metrics.push_back({name, static_cast<double>(pickFloat(r)) * (r.below(2) ? 1e300 : 1.0)});
       }
       break;
     }
-    default: u.header.client_id = r.next(); break;
+    default:
+      u.header.client_id = r.next();
+      break;
   }
 }
 
@@ -156,7 +210,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return 0;
 }
 
-extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned int seed) {
   RngStream r(StreamKey{seed, 0, kAnyClient, StreamPurpose::kTest, 1});
   if (r.below(2) == 0) return LLVMFuzzerMutate(data, size, max_size);
   cz::Update u;

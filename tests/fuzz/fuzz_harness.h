@@ -26,10 +26,18 @@ inline constexpr uint64_t kRound = 3;
 
 // One scheme per encoding family, with options matching fuzz::layout().
 inline const std::vector<std::string>& schemeSpecs() {
-  static const std::vector<std::string> kSpecs = {
-      "none", "fp16", "bf16", "topk:density=0.1", "stc:density=0.1", "randk:density=0.1", "randblock:density=0.1", "sign",
-      "qsgd:levels=3", "powersgd:rank=2,min_rate=1", "powersgd:rank=2,min_rate=1,mode=local",
-      "acpsgd:rank=2,min_rate=1"};
+  static const std::vector<std::string> kSpecs = {"none",
+                                                  "fp16",
+                                                  "bf16",
+                                                  "topk:density=0.1",
+                                                  "stc:density=0.1",
+                                                  "randk:density=0.1",
+                                                  "randblock:density=0.1",
+                                                  "sign",
+                                                  "qsgd:levels=3",
+                                                  "powersgd:rank=2,min_rate=1",
+                                                  "powersgd:rank=2,min_rate=1,mode=local",
+                                                  "acpsgd:rank=2,min_rate=1"};
   return kSpecs;
 }
 
@@ -61,12 +69,14 @@ inline void requireFinite(std::span<const float> v, const char* what) {
 struct HonestClient {
   uint64_t id;
   ClientState state;
-  compression::Update next(const aggregation::RoundScheme& scheme, const compression::PhaseBroadcast& b) {
+  compression::Update next(const aggregation::RoundScheme& scheme,
+                           const compression::PhaseBroadcast& b) {
     const ParamLayout& l = scheme.layout();
     std::vector<float> update;
     if (b.phase == 0) {
       update.resize(l.numel());
-      for (size_t i = 0; i < update.size(); ++i) update[i] = 0.01f * static_cast<float>(static_cast<int>(i % 7) - 3);
+      for (size_t i = 0; i < update.size(); ++i)
+        update[i] = 0.01f * static_cast<float>(static_cast<int>(i % 7) - 3);
     }
     compression::Update u;
     u.header = {l.fingerprint(), b.round, b.phase, id, 60};
@@ -80,8 +90,8 @@ struct HonestClient {
 // finish with a finite delta and finite shared factors. (A refused honest update or a round that
 // cannot finish is a denial of service: the harness aborts on it like on a non-finite value.)
 // `honest` has taken part in the phases before the current one.
-inline void honestRoundsStillWork(const aggregation::RoundScheme& scheme, std::unique_ptr<aggregation::Round> round,
-                                  HonestClient honest) {
+inline void honestRoundsStillWork(const aggregation::RoundScheme& scheme,
+                                  std::unique_ptr<aggregation::Round> round, HonestClient honest) {
   for (int r = 0; r < 2; ++r) {
     for (;;) {
       try {
@@ -89,11 +99,13 @@ inline void honestRoundsStillWork(const aggregation::RoundScheme& scheme, std::u
       } catch (const InputError&) {
         bug("an honest client was refused after an accepted input");
       }
-      requireFinite(round->current().partial().buffer(), "an accepted input made the aggregate non-finite");
+      requireFinite(round->current().partial().buffer(),
+                    "an accepted input made the aggregate non-finite");
       if (round->lastPhase()) break;
       round->nextPhase();
       if (round->broadcast().shared)
-        for (const auto& f : round->broadcast().shared->factors) requireFinite(f, "non-finite P-hat");
+        for (const auto& f : round->broadcast().shared->factors)
+          requireFinite(f, "non-finite P-hat");
     }
     aggregation::RoundResult res;
     try {
@@ -102,7 +114,8 @@ inline void honestRoundsStillWork(const aggregation::RoundScheme& scheme, std::u
       bug("a round with an accepted input could not finish");
     }
     requireFinite(res.delta, "an accepted input gave a non-finite delta");
-    for (const auto& f : res.next.shared.factors) requireFinite(f, "non-finite next shared factors");
+    for (const auto& f : res.next.shared.factors)
+      requireFinite(f, "non-finite next shared factors");
     if (r == 0) round = scheme.begin(round->number() + 1, res.next);
   }
 }
@@ -112,17 +125,20 @@ inline int checkInput(Harness& h, std::span<const uint8_t> bytes) {
   int accepted = 0;
   try {
     const compression::UpdateView& u = h.decoder.decodeUpdate(bytes);
-    const uint64_t id = u.header.client_id, twin = id ^ 1, honest_id = twin + 2;  // three distinct ids
+    const uint64_t id = u.header.client_id, twin = id ^ 1,
+                   honest_id = twin + 2;  // three distinct ids
     for (const auto& scheme : h.schemes) {
       // The input is offered at the phase it names (phase Q of a two-phase scheme included): the
-      // phases before it are played by honest clients under its id, its twin's and the honest one's.
+      // phases before it are played by honest clients under its id, its twin's and the honest
+      // one's.
       if (u.header.phase >= scheme->phases()) continue;
       auto round = scheme->begin(kRound, scheme->initialCarry());
       HonestClient honest{honest_id, ClientState(scheme->layout().fingerprint())};
       HonestClient self{id, ClientState(scheme->layout().fingerprint())};
       HonestClient other{twin, ClientState(scheme->layout().fingerprint())};
       while (round->phase() < u.header.phase) {
-        for (HonestClient* c : {&honest, &self, &other}) round->current().add(compression::view(c->next(*scheme, round->broadcast())));
+        for (HonestClient* c : {&honest, &self, &other})
+          round->current().add(compression::view(c->next(*scheme, round->broadcast())));
         round->nextPhase();
       }
       try {
@@ -154,7 +170,8 @@ inline int checkInput(Harness& h, std::span<const uint8_t> bytes) {
     } catch (const InputError&) {
       return 0;
     }
-    honestRoundsStillWork(*h.schemes[0], std::move(round), HonestClient{1, ClientState(h.layout->fingerprint())});
+    honestRoundsStillWork(*h.schemes[0], std::move(round),
+                          HonestClient{1, ClientState(h.layout->fingerprint())});
     return 1;
   } catch (const InputError&) {
     return 0;
@@ -174,10 +191,12 @@ inline std::vector<std::vector<uint8_t>> schemeSeeds(Harness& h) {
     auto round = scheme->begin(kRound, scheme->initialCarry());
     ClientState st(h.layout->fingerprint());
     std::vector<float> update(h.layout->numel());
-    for (size_t i = 0; i < update.size(); ++i) update[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
+    for (size_t i = 0; i < update.size(); ++i)
+      update[i] = 0.01f * static_cast<float>(static_cast<int>(i % 13) - 6);
     compression::Update u;
     u.header = {h.layout->fingerprint(), kRound, 0, 7, 60};
-    u.tensors = scheme->compressor().compressWithFeedback(*h.layout, update, st, round->broadcast().context(7));
+    u.tensors = scheme->compressor().compressWithFeedback(*h.layout, update, st,
+                                                          round->broadcast().context(7));
     u.metrics = {{"loss", 0.25}};
     out.push_back(protocol::encodeUpdate(u));
     if (scheme->phases() > 1) {  // and its phase-Q update, against the P-hat of that round
@@ -185,7 +204,8 @@ inline std::vector<std::vector<uint8_t>> schemeSeeds(Harness& h) {
       round->nextPhase();
       compression::Update q;
       q.header = {h.layout->fingerprint(), kRound, 1, 7, 60};
-      q.tensors = scheme->compressor().compressWithFeedback(*h.layout, {}, st, round->broadcast().context(7));
+      q.tensors = scheme->compressor().compressWithFeedback(*h.layout, {}, st,
+                                                            round->broadcast().context(7));
       out.push_back(protocol::encodeUpdate(q));
       continue;
     }

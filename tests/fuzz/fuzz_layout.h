@@ -47,12 +47,14 @@ inline std::vector<compression::Update> seedUpdates() {
   out.push_back(make(cz::DenseBF16{std::vector<uint16_t>(96, 0x3f80)}));
   out.push_back(make(cz::Sparse{{1, 5, 90}, {1.0f, -2.0f, 3.0f}}));
   out.push_back(make(cz::RandBlock{90, {1, 2, 3, 4, 5, 6, 7, 8}}));
-  out.push_back(make(cz::LowRank{8, 12, 2, std::vector<float>(16, 0.5f), std::vector<float>(24, 0.25f)}));
+  out.push_back(
+      make(cz::LowRank{8, 12, 2, std::vector<float>(16, 0.5f), std::vector<float>(24, 0.25f)}));
   out.push_back(make(cz::LowRank{8, 12, 2, std::vector<float>(16, 0.5f), {}}));
   out.push_back(make(cz::Sign{0.5f, std::vector<uint8_t>(12, 0xa5)}));
   out.push_back(make(cz::Qsgd{2.0f, 3, std::vector<uint8_t>(36, 0x24)}));
   // Positions 1, 5, 90 (gaps 1, 3, 84) with Rice parameter 4, signs + - +.
-  out.push_back(make(cz::Ternary{3, 0.75f, 4, cz::riceEncode(std::vector<uint32_t>{1, 5, 90}, 4), {0x02}}));
+  out.push_back(
+      make(cz::Ternary{3, 0.75f, 4, cz::riceEncode(std::vector<uint32_t>{1, 5, 90}, 4), {0x02}}));
   return out;
 }
 

@@ -14,12 +14,14 @@ int main(int argc, char** argv) {
   }
   starling::fuzz::Harness h;
   auto all = starling::fuzz::schemeSeeds(h);
-  for (const auto& u : starling::fuzz::seedUpdates()) all.push_back(starling::protocol::encodeUpdate(u));
+  for (const auto& u : starling::fuzz::seedUpdates())
+    all.push_back(starling::protocol::encodeUpdate(u));
   int i = 0;
   for (const auto& bytes : all) {
     const std::string path = std::string(argv[1]) + "/seed-" + std::to_string(i++);
     std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
     if (!f) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return 1;

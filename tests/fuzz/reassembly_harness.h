@@ -36,8 +36,8 @@
 namespace starling::fuzz::reassembly {
 
 namespace pr = starling::protocol;
-using transport::detail::Steady;
 using transport::detail::Reassembler;
+using transport::detail::Steady;
 
 [[noreturn]] inline void bug(const std::string& what) {
   std::fprintf(stderr, "reassembly fuzz harness: %s\n", what.c_str());
@@ -52,7 +52,16 @@ inline constexpr uint64_t kMaxTotal[] = {64, 1000, 5000, 1u << 17};
 inline constexpr auto kTimeout = std::chrono::milliseconds(100);
 inline constexpr size_t kPeers = 4;
 
-enum Op : uint8_t { kPlan = 0, kNext = 1, kRaw = 2, kEncoded = 3, kTick = 4, kAbort = 5, kRepeat = 6, kOps = 7 };
+enum Op : uint8_t {
+  kPlan = 0,
+  kNext = 1,
+  kRaw = 2,
+  kEncoded = 3,
+  kTick = 4,
+  kAbort = 5,
+  kRepeat = 6,
+  kOps = 7
+};
 
 class Reader {
  public:
@@ -110,7 +119,9 @@ class Run {
           }
           if (p.next >= p.count) break;
           const size_t at = p.chunk * p.next, len = std::min<size_t>(p.chunk, p.data.size() - at);
-          deliver(peer, pr::encodeChunk(pr::ChunkMsg{p.transfer, p.next, p.count, p.data.size(), {p.data.data() + at, len}}));
+          deliver(peer,
+                  pr::encodeChunk(pr::ChunkMsg{
+                      p.transfer, p.next, p.count, p.data.size(), {p.data.data() + at, len}}));
           ++p.next;
           break;
         }
@@ -134,13 +145,15 @@ class Run {
           auto errors = re_.expire(now_);
           for (auto& [name, err] : errors) {
             const size_t i = index(name);
-            require(shadow_[i].has_value(), "expire reported a peer without a transfer in progress");
+            require(shadow_[i].has_value(),
+                    "expire reported a peer without a transfer in progress");
             require(now_ - last_[i] >= kTimeout, "expire dropped a transfer before its timeout");
             shadow_[i].reset();
             ++stats_.expired;
           }
           for (size_t i = 0; i < kPeers; ++i)
-            require(!shadow_[i] || now_ - last_[i] < kTimeout, "expire kept a transfer idle past its timeout");
+            require(!shadow_[i] || now_ - last_[i] < kTimeout,
+                    "expire kept a transfer idle past its timeout");
           break;
         }
         case kAbort: {
@@ -190,10 +203,13 @@ class Run {
     const bool had = shadow_[peer].has_value();
     const auto out = re_.add(names_[peer], c, now_);
     last_[peer] = now_;
-    require(!out.abandoned || (had && c.index == 0), "an abandoned transfer without one in progress");
-    if (had && c.index == 0) require(out.abandoned.has_value(), "a new transfer did not report the one it abandoned");
+    require(!out.abandoned || (had && c.index == 0),
+            "an abandoned transfer without one in progress");
+    if (had && c.index == 0)
+      require(out.abandoned.has_value(), "a new transfer did not report the one it abandoned");
     if (out.ignored) {
-      require(!out.error && !out.complete && c.index != 0, "an ignored chunk with an outcome, or a start ignored");
+      require(!out.error && !out.complete && c.index != 0,
+              "an ignored chunk with an outcome, or a start ignored");
       ++stats_.ignored;
       return;
     }
@@ -212,9 +228,11 @@ class Run {
     }
     Shadow& s = *shadow_[peer];
     s.data.insert(s.data.end(), c.data.begin(), c.data.end());
-    require(s.data.size() <= s.total && s.total <= max_message_, "a transfer holds more than it announced or allowed");
+    require(s.data.size() <= s.total && s.total <= max_message_,
+            "a transfer holds more than it announced or allowed");
     if (out.complete) {
-      require(out.size == s.total && s.data.size() == s.total, "a completed message of another size than announced");
+      require(out.size == s.total && s.data.size() == s.total,
+              "a completed message of another size than announced");
       require(std::memcmp(out.complete.get(), s.data.data(), s.total) == 0,
               "a completed message differs from the chunk data that built it");
       shadow_[peer].reset();
@@ -229,7 +247,8 @@ class Run {
     for (const auto& s : shadow_)
       if (s) held += s->data.size();
     require(re_.reservedBytes() <= max_total_, "the reassembly budget was exceeded");
-    require(re_.reservedBytes() == held, "reservedBytes() differs from the bytes of the transfers in progress");
+    require(re_.reservedBytes() == held,
+            "reservedBytes() differs from the bytes of the transfers in progress");
     require(re_.peers() <= kPeers, "more peers than ever sent");
   }
 
@@ -271,7 +290,8 @@ class Writer {
     return *this;
   }
   Writer& repeat(size_t peer) { return op(kRepeat, peer); }
-  Writer& raw(size_t peer, uint8_t transfer, uint8_t index, uint8_t count, uint16_t total, uint8_t len_minus_1) {
+  Writer& raw(size_t peer, uint8_t transfer, uint8_t index, uint8_t count, uint16_t total,
+              uint8_t len_minus_1) {
     op(kRaw, peer);
     for (uint8_t b : {transfer, index, count}) out_.push_back(b);
     u16(total);
@@ -325,9 +345,19 @@ inline std::vector<Seed> reassemblySeeds() {
                                     .next(2)
                                     .bytes()});
   // Two transfers of 900 bytes against a budget of 1000: the second runs out of budget.
-  out.push_back({"budget", Writer(2, 1).plan(0, 1, 899, 299).plan(1, 2, 899, 299).next(0).next(1).next(0).next(1).next(0).next(1).bytes()});
+  out.push_back({"budget", Writer(2, 1)
+                               .plan(0, 1, 899, 299)
+                               .plan(1, 2, 899, 299)
+                               .next(0)
+                               .next(1)
+                               .next(0)
+                               .next(1)
+                               .next(0)
+                               .next(1)
+                               .bytes()});
   // A transfer idle past the timeout is dropped; its next chunk is refused, the one after ignored.
-  out.push_back({"expire", Writer(2, 3).plan(0, 9, 499, 99).next(0, 2).tick(60).tick(60).next(0, 2).bytes()});
+  out.push_back(
+      {"expire", Writer(2, 3).plan(0, 9, 499, 99).next(0, 2).tick(60).tick(60).next(0, 2).bytes()});
   // A repeated chunk, a restart of the same transfer, an abort, a chunk too large.
   out.push_back({"repeat-restart-abort", Writer(1, 2)
                                              .plan(0, 4, 299, 99)

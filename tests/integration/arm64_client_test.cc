@@ -18,14 +18,15 @@ const std::string kArm64Client = STARLING_ARM64_CLIENT;
 const std::string kQemu = STARLING_QEMU_AARCH64;
 }  // namespace
 
-TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native server", "[integration][arm64]") {
+TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native server",
+          "[integration][arm64]") {
   Federation f("arm64");
   f.clientKeys(0, 2);
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
-         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--round.deadline_ms",
-          "120000", "--net.silence_ms", "20000", "--state.metrics", f.path("metrics.jsonl"),
-          "--compression.compressor", "topk:density=0.05"});
+         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+          "--round.deadline_ms", "120000", "--net.silence_ms", "20000", "--state.metrics",
+          f.path("metrics.jsonl"), "--compression.compressor", "topk:density=0.05"});
   f.client(0, port, "server", 2);
   // The same command line as a native client, run by the emulator with the multiarch libc.
   f.start("client-1", {kQemu,
@@ -67,9 +68,12 @@ int main(int argc, char** argv) {
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   starling::testing::failEmptyTests(session);
   const Catch::ConfigData& c = session.configData();
-  const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
-  if (!listing && (kQemu.empty() || !std::filesystem::exists(kQemu) || !std::filesystem::exists(kArm64Client))) {
-    std::printf("no arm64 client (%s) or no qemu-aarch64 (%s): skipped\n", kArm64Client.c_str(), kQemu.c_str());
+  const bool listing =
+      c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
+  if (!listing && (kQemu.empty() || !std::filesystem::exists(kQemu) ||
+                   !std::filesystem::exists(kArm64Client))) {
+    std::printf("no arm64 client (%s) or no qemu-aarch64 (%s): skipped\n", kArm64Client.c_str(),
+                kQemu.c_str());
     return 77;
   }
   return session.run();

@@ -45,9 +45,14 @@ void startTree(Federation& f, int root_port, const std::vector<std::string>& roo
   f.root("root", root_port, f.allowList("allow-root", {"agg-100", "agg-101"}), args);
   const int p100 = freePort(), p101 = freePort();
   const std::vector<std::string> agg_args{"--aggregator.min_clients", "4"};
-  f.aggregator(100, p100, root_port, f.allowList("allow-100", {"client-0", "client-1", "client-2", "client-3"}), agg_args);
-  f.aggregator(101, p101, root_port, f.allowList("allow-101", {"client-4", "client-5", "client-6", "client-7"}), agg_args);
-  for (uint64_t c = 0; c < 8; ++c) f.client(c, c < 4 ? p100 : p101, c < 4 ? "agg-100" : "agg-101", 8);
+  f.aggregator(100, p100, root_port,
+               f.allowList("allow-100", {"client-0", "client-1", "client-2", "client-3"}),
+               agg_args);
+  f.aggregator(101, p101, root_port,
+               f.allowList("allow-101", {"client-4", "client-5", "client-6", "client-7"}),
+               agg_args);
+  for (uint64_t c = 0; c < 8; ++c)
+    f.client(c, c < 4 ? p100 : p101, c < 4 ? "agg-100" : "agg-101", 8);
 }
 
 }  // namespace
@@ -77,7 +82,8 @@ TEST_CASE("root, two aggregators and eight clients train for three rounds with a
   }
   CHECK(prev > 0.5);
   // Every process ends on its own when the root finishes: aggregators relay the Shutdown.
-  for (const std::string name : {"agg-100", "agg-101", "client-0", "client-7"}) CHECK(f.proc(name).wait(seconds(20)) == 0);
+  for (const std::string name : {"agg-100", "agg-101", "client-0", "client-7"})
+    CHECK(f.proc(name).wait(seconds(20)) == 0);
   CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 3);
 }
 
@@ -104,7 +110,10 @@ TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
          {"--train.scaffold", "true", "--server.role", "aggregator", "--server.id", "5",
           "--server.upstream", "tcp://127.0.0.1:1", "--security.insecure", "true"});
   const bool said = f.waitFor(
-      [&] { return f.log("aggregator").find("train.scaffold is the root's setting") != std::string::npos; },
+      [&] {
+        return f.log("aggregator").find("train.scaffold is the root's setting") !=
+               std::string::npos;
+      },
       seconds(20));
   INFO(f.log("aggregator"));
   CHECK(said);
@@ -278,12 +287,13 @@ TEST_CASE("a client killed mid-round: the round completes with the rest", "[inte
   f.clientKeys(0, 4);
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
-         {"--train.rounds", "3", "--sampling.min_available", "3", "--sampling.min_clients", "3", "--state.metrics",
-          f.path("metrics.jsonl"), "--round.deadline_ms", "30000"});
+         {"--train.rounds", "3", "--sampling.min_available", "3", "--sampling.min_clients", "3",
+          "--state.metrics", f.path("metrics.jsonl"), "--round.deadline_ms", "30000"});
   // The slow client registers first: started last on a loaded machine it could miss rounds 1 and 2
   // (the others fill min_available) and never be training in round 2. Round 1 then lasts its 4 s,
   // by which time the others have registered, so round 2 samples all four.
-  f.client(3, port, "server", 4, {"--client.delay_ms", "4000"});  // slow: still training when killed
+  f.client(3, port, "server", 4,
+           {"--client.delay_ms", "4000"});  // slow: still training when killed
   const bool registered = f.waitFor(
       [&] { return f.log("root").find("client 3 registered") != std::string::npos; }, seconds(60));
   INFO(f.allLogs());
@@ -385,15 +395,19 @@ TEST_CASE(
   for (uint64_t c : {0, 1, 3}) CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(30)) == 0);
 }
 
-TEST_CASE("the root killed with SIGKILL and restarted loses no completed round, and clients carry on",
-          "[integration][server]") {
+TEST_CASE(
+    "the root killed with SIGKILL and restarted loses no completed round, and clients carry on",
+    "[integration][server]") {
   Federation f("killroot");
   f.clientKeys(0, 3);
   const int port = freePort();
   const std::string allow = f.allowList("allow", {"client-0", "client-1", "client-2"});
-  const std::vector<std::string> args{"--train.rounds", "6", "--sampling.min_available", "3", "--sampling.min_clients",
-                                      "3", "--state.metrics", f.path("metrics.jsonl"), "--state.checkpoint",
-                                      f.path("ck.bin"), "--compression.compressor", "topk:density=0.1"};
+  const std::vector<std::string> args{"--train.rounds",           "6",
+                                      "--sampling.min_available", "3",
+                                      "--sampling.min_clients",   "3",
+                                      "--state.metrics",          f.path("metrics.jsonl"),
+                                      "--state.checkpoint",       f.path("ck.bin"),
+                                      "--compression.compressor", "topk:density=0.1"};
   f.root("root", port, allow, args);
   for (uint64_t c = 0; c < 3; ++c)
     f.client(c, port, "server", 3, {"--client.delay_ms", "300", "--log.level", "debug"});
@@ -539,8 +553,9 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   f.clientKeys(0, 2);
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
-         {"--train.rounds", "5", "--sampling.min_available", "2", "--sampling.min_clients", "1", "--state.metrics",
-          f.path("metrics.jsonl"), "--compression.compressor", "topk:density=0.01"});
+         {"--train.rounds", "5", "--sampling.min_available", "2", "--sampling.min_clients", "1",
+          "--state.metrics", f.path("metrics.jsonl"), "--compression.compressor",
+          "topk:density=0.01"});
   // min_available 2: after the kill the root waits for the restarted client before its next round
   // (on a loaded machine client-0 alone could otherwise finish every round before it is back).
   f.client(0, port, "server", 2);
@@ -574,7 +589,8 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   const double norm = std::stod(log.substr(p));
   CHECK(norm == Approx(std::sqrt(sq)).epsilon(1e-6));
   REQUIRE(f.proc("root").wait(seconds(60)) == 0);
-  CHECK(countOf(f.log("client-1"), "phase 0: training") >= 3);  // it took part again after the restart
+  CHECK(countOf(f.log("client-1"), "phase 0: training") >=
+        3);  // it took part again after the restart
 }
 
 TEST_CASE("a client whose key is not admitted is refused", "[integration][server]") {
@@ -615,16 +631,28 @@ TEST_CASE("a starling-client the root will not take exits with the reason",
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
          {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.wait_ms", "60000"});
-  std::vector<std::string> plain{binDir() + "/starling-client", "--client.server", Federation::endpoint(port),
-                                 "--client.id", "0", "--security.insecure", "--data.num_clients",
+  std::vector<std::string> plain{binDir() + "/starling-client",
+                                 "--client.server",
+                                 Federation::endpoint(port),
+                                 "--client.id",
+                                 "0",
+                                 "--security.insecure",
+                                 "--data.num_clients",
                                  "2"};
   for (const auto& x : Federation::clientArgs()) plain.push_back(x);
   f.start("plain", plain);
   // Client 1's key, given to a client that says it is client 0.
-  std::vector<std::string> other{binDir() + "/starling-client", "--client.server", Federation::endpoint(port),
-                                 "--client.id", "0", "--security.key",
-                                 f.keys() + "/client-1.key_secret", "--security.server_key",
-                                 f.keys() + "/server.key", "--data.num_clients", "2"};
+  std::vector<std::string> other{binDir() + "/starling-client",
+                                 "--client.server",
+                                 Federation::endpoint(port),
+                                 "--client.id",
+                                 "0",
+                                 "--security.key",
+                                 f.keys() + "/client-1.key_secret",
+                                 "--security.server_key",
+                                 f.keys() + "/server.key",
+                                 "--data.num_clients",
+                                 "2"};
   for (const auto& x : Federation::clientArgs()) other.push_back(x);
   f.start("other-id", other);
   for (const char* name : {"plain", "other-id"}) {
@@ -638,7 +666,8 @@ TEST_CASE("a starling-client the root will not take exits with the reason",
 
 // A straggler past the deadline: in process, on a fast clock (test_inproc).
 
-TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for that round", "[integration][server]") {
+TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for that round",
+          "[integration][server]") {
   Federation f("killagg");
   f.clientKeys(0, 4);
   f.namedKey("agg-100", 100);
@@ -652,8 +681,10 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
          {"--train.rounds", "1", "--sampling.min_available", "2", "--sampling.min_clients", "1",
           "--sampling.wait_ms", "60000", "--round.deadline_ms", "20000", "--state.metrics",
           f.path("metrics.jsonl"), "--security.aggregator_ids", "100,101"});
-  f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1"}), {"--aggregator.min_clients", "2"});
-  f.aggregator(101, p101, port, f.allowList("allow-101", {"client-2", "client-3"}), {"--aggregator.min_clients", "2"});
+  f.aggregator(100, p100, port, f.allowList("allow-100", {"client-0", "client-1"}),
+               {"--aggregator.min_clients", "2"});
+  f.aggregator(101, p101, port, f.allowList("allow-101", {"client-2", "client-3"}),
+               {"--aggregator.min_clients", "2"});
   f.client(0, p100, "agg-100", 4);
   f.client(1, p100, "agg-100", 4);
   f.client(2, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
@@ -684,8 +715,9 @@ TEST_CASE("a server at its upload memory bound tells clients to send again, and 
   // A dense softmax update is 31 KB, sent in 4 KiB chunks; the budget holds 40 KB in all.
   f.root("root", port, f.allowList("allow", names),
          {"--train.rounds", "2", "--sampling.min_available", "8", "--sampling.min_clients", "8",
-          "--compression.compressor", "none", "--net.max_message_bytes", "40000", "--net.max_reassembly_bytes",
-          "40000", "--round.deadline_ms", "60000", "--state.metrics", f.path("metrics.jsonl")});
+          "--compression.compressor", "none", "--net.max_message_bytes", "40000",
+          "--net.max_reassembly_bytes", "40000", "--round.deadline_ms", "60000", "--state.metrics",
+          f.path("metrics.jsonl")});
   // An admitted peer holds 20 KB of the budget with a transfer it has not finished, so every
   // honest upload finds the budget full until it finishes.
   zmq::context_t ctx;
@@ -707,7 +739,8 @@ TEST_CASE("a server at its upload memory bound tells clients to send again, and 
   for (uint64_t c = 0; c < 8; ++c) f.client(c, port, "server", 8, {"--net.chunk_bytes", "4096"});
   auto busyTold = [&] {
     for (uint64_t c = 0; c < 8; ++c)
-      if (f.log("client-" + std::to_string(c)).find("the server is busy") != std::string::npos) return true;
+      if (f.log("client-" + std::to_string(c)).find("the server is busy") != std::string::npos)
+        return true;
     return false;
   };
   const bool told = f.waitFor(busyTold, seconds(60));

@@ -24,7 +24,8 @@ class Federation {
   void keygen(std::vector<std::string> args) {
     args.insert(args.begin(), binDir() + "/starling-keygen");
     Proc p(args, dir_ / "keygen.log");
-    if (p.wait(std::chrono::seconds(30)) != 0) throw std::runtime_error("keygen failed: " + readText(dir_ / "keygen.log"));
+    if (p.wait(std::chrono::seconds(30)) != 0)
+      throw std::runtime_error("keygen failed: " + readText(dir_ / "keygen.log"));
   }
   void clientKeys(uint64_t first, uint64_t n) {
     keygen({"--out", keys(), "--clients", std::to_string(n), "--first-id", std::to_string(first)});
@@ -63,20 +64,34 @@ class Federation {
   }
 
   // The root: `allow` is an allow-list folder; extra arguments override.
-  Proc& root(const std::string& name, int port, const std::string& allow, std::vector<std::string> extra) {
-    std::vector<std::string> a{binDir() + "/starling-server", "--server.bind", endpoint(port), "--security.key",
-                               keys() + "/server.key_secret", "--security.clients", allow};
+  Proc& root(const std::string& name, int port, const std::string& allow,
+             std::vector<std::string> extra) {
+    std::vector<std::string> a{
+        binDir() + "/starling-server", "--server.bind",      endpoint(port), "--security.key",
+        keys() + "/server.key_secret", "--security.clients", allow};
     for (auto& x : fastServerArgs()) a.push_back(x);
     for (auto& x : extra) a.push_back(x);
     return start(name, a);
   }
   // An edge aggregator `id` (key NAME agg-ID) listening on `port`, upstream `upstream_port`.
-  Proc& aggregator(uint64_t id, int port, int upstream_port, const std::string& allow, std::vector<std::string> extra) {
+  Proc& aggregator(uint64_t id, int port, int upstream_port, const std::string& allow,
+                   std::vector<std::string> extra) {
     const std::string name = "agg-" + std::to_string(id);
-    std::vector<std::string> a{binDir() + "/starling-server", "--server.role", "aggregator", "--server.id",
-                               std::to_string(id), "--server.bind", endpoint(port), "--server.upstream",
-                               endpoint(upstream_port), "--security.key", keys() + "/" + name + ".key_secret",
-                               "--security.server_key", keys() + "/server.key", "--security.clients", allow};
+    std::vector<std::string> a{binDir() + "/starling-server",
+                               "--server.role",
+                               "aggregator",
+                               "--server.id",
+                               std::to_string(id),
+                               "--server.bind",
+                               endpoint(port),
+                               "--server.upstream",
+                               endpoint(upstream_port),
+                               "--security.key",
+                               keys() + "/" + name + ".key_secret",
+                               "--security.server_key",
+                               keys() + "/server.key",
+                               "--security.clients",
+                               allow};
     for (auto& x : fastServerArgs()) a.push_back(x);
     for (auto& x : extra) a.push_back(x);
     return start(name, a);
@@ -85,10 +100,19 @@ class Federation {
   // `server_key_name`.key.
   Proc& client(uint64_t id, int port, const std::string& server_key_name, uint64_t num_clients,
                std::vector<std::string> extra = {}) {
-    std::vector<std::string> a{binDir() + "/starling-client", "--client.server", endpoint(port), "--client.id",
-                               std::to_string(id), "--security.key", keys() + "/client-" + std::to_string(id) + ".key_secret",
-                               "--security.server_key", keys() + "/" + server_key_name + ".key", "--data.num_clients",
-                               std::to_string(num_clients), "--net.chunk_bytes", "65536"};
+    std::vector<std::string> a{binDir() + "/starling-client",
+                               "--client.server",
+                               endpoint(port),
+                               "--client.id",
+                               std::to_string(id),
+                               "--security.key",
+                               keys() + "/client-" + std::to_string(id) + ".key_secret",
+                               "--security.server_key",
+                               keys() + "/" + server_key_name + ".key",
+                               "--data.num_clients",
+                               std::to_string(num_clients),
+                               "--net.chunk_bytes",
+                               "65536"};
     for (auto& x : clientArgs()) a.push_back(x);
     for (auto& x : extra) a.push_back(x);
     return start("client-" + std::to_string(id), a);
@@ -119,7 +143,8 @@ class Federation {
   std::map<std::string, Proc> procs_;
 };
 
-// The rounds in a metrics file, with one field of each (as text), e.g. field(line, "clients_failed").
+// The rounds in a metrics file, with one field of each (as text), e.g. field(line,
+// "clients_failed").
 inline std::string field(const std::string& json, const std::string& key) {
   const std::string k = "\"" + key + "\":";
   const size_t p = json.find(k);

@@ -46,7 +46,9 @@ class Proc {
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
   }
-  Proc(Proc&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)), status_(o.status_) { o.pid_ = -1; }
+  Proc(Proc&& o) noexcept : pid_(o.pid_), log_(std::move(o.log_)), status_(o.status_) {
+    o.pid_ = -1;
+  }
   Proc& operator=(Proc&& o) noexcept {
     if (this != &o) {
       stop();
@@ -141,8 +143,9 @@ inline int freePort() {
 struct TempDir {
   std::filesystem::path path;
   explicit TempDir(const std::string& tag) {
-    path = std::filesystem::temp_directory_path() /
-           ("starling-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
+    path =
+        std::filesystem::temp_directory_path() /
+        ("starling-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
     std::filesystem::create_directories(path);
   }
   ~TempDir() {

@@ -41,7 +41,8 @@ const ParamLayout& serverLayout() {
 // A raw DEALER with hand-set CURVE options, speaking the protocol by hand.
 class Attacker {
  public:
-  Attacker(const std::string& endpoint, const std::string& key_secret, const std::string& server_key)
+  Attacker(const std::string& endpoint, const std::string& key_secret,
+           const std::string& server_key)
       : sock_(ctx_, zmq::socket_type::dealer) {
     const transport::CurveKeyPair own = transport::loadKeyPair(key_secret);
     sock_.set(zmq::sockopt::curve_serverkey, transport::loadPublicKey(server_key));
@@ -91,15 +92,25 @@ class Attacker {
         // An aligned copy: the decoders read FlatBuffers in place.
         std::vector<uint64_t> buf((m.size() + 7) / 8);
         std::memcpy(buf.data(), m.data(), m.size());
-        const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(buf.data()), m.size());
+        const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(buf.data()),
+                                             m.size());
         const auto kind = pr::peekKind(bytes);
         if (!kind) continue;
         switch (*kind) {
-          case pr::MessageKind::kWelcome: session_ = pr::decodeWelcome(bytes).session; break;
-          case pr::MessageKind::kTask: tasks.push_back(pr::decodeTask(bytes, serverLayout())); break;
-          case pr::MessageKind::kReject: rejects.push_back(pr::decodeReject(bytes)); break;
-          case pr::MessageKind::kShutdown: shutdown = true; break;
-          default: break;
+          case pr::MessageKind::kWelcome:
+            session_ = pr::decodeWelcome(bytes).session;
+            break;
+          case pr::MessageKind::kTask:
+            tasks.push_back(pr::decodeTask(bytes, serverLayout()));
+            break;
+          case pr::MessageKind::kReject:
+            rejects.push_back(pr::decodeReject(bytes));
+            break;
+          case pr::MessageKind::kShutdown:
+            shutdown = true;
+            break;
+          default:
+            break;
         }
         if (stop && stop(*kind)) return true;
       }
@@ -107,10 +118,13 @@ class Attacker {
   }
 
   // Sends `bytes` and waits for the Reject it earns; true when one with `code` came.
-  bool expectReject(std::span<const uint8_t> bytes, Errc code, milliseconds timeout = milliseconds(3000)) {
+  bool expectReject(std::span<const uint8_t> bytes, Errc code,
+                    milliseconds timeout = milliseconds(3000)) {
     const size_t before = rejects.size();
     send(bytes);
-    pump(timeout, [&](pr::MessageKind k) { return k == pr::MessageKind::kReject && rejects.size() > before; });
+    pump(timeout, [&](pr::MessageKind k) {
+      return k == pr::MessageKind::kReject && rejects.size() > before;
+    });
     if (rejects.size() == before) return false;
     return rejects.back().code == static_cast<uint32_t>(code);
   }
@@ -133,7 +147,8 @@ class Attacker {
 cz::Update honestUpdate(const pr::TaskMsg& task, uint64_t client_id, uint64_t examples) {
   const ParamLayout& l = serverLayout();
   std::vector<float> delta(l.numel());
-  for (size_t i = 0; i < delta.size(); ++i) delta[i] = 1e-3f * std::sin(0.37f * static_cast<float>(i));
+  for (size_t i = 0; i < delta.size(); ++i)
+    delta[i] = 1e-3f * std::sin(0.37f * static_cast<float>(i));
   const auto comp = cz::makeCompressor(task.compressor);
   cz::Update u;
   u.header.layout_fingerprint = l.fingerprint();
@@ -142,7 +157,8 @@ cz::Update honestUpdate(const pr::TaskMsg& task, uint64_t client_id, uint64_t ex
   u.header.client_id = client_id;
   u.header.num_examples = examples;
   u.header.nonce = task.nonce;
-  u.tensors = comp->compress(l, delta, cz::RoundContext{task.run_seed, task.round, task.phase, client_id, nullptr});
+  u.tensors = comp->compress(
+      l, delta, cz::RoundContext{task.run_seed, task.round, task.phase, client_id, nullptr});
   return u;
 }
 
@@ -160,19 +176,26 @@ std::vector<uint8_t> zeroPartial(const pr::TaskMsg& task) {
   p.header.count = 1;
   p.header.total_weight = 1.0;
   p.header.nonce = task.nonce;
-  for (size_t t = 0; t < l.size(); ++t) p.tensors.push_back(cz::DenseF32{std::vector<float>(l[t].numel, 0.0f)});
+  for (size_t t = 0; t < l.size(); ++t)
+    p.tensors.push_back(cz::DenseF32{std::vector<float>(l[t].numel, 0.0f)});
   return pr::encodePartial(p);
 }
 
 // `deadline_ms` bounds a phase; honest clients must make it even on a loaded CI machine under ASan
 // (a 3 s deadline once dropped one there), and a phase with the silent attacker lasts all of it.
-std::vector<std::string> rootArgs(Federation& f, const std::string& min_available, const std::string& deadline_ms,
+std::vector<std::string> rootArgs(Federation& f, const std::string& min_available,
+                                  const std::string& deadline_ms,
                                   std::vector<std::string> extra = {}) {
-  std::vector<std::string> a{"--train.rounds", "3", "--sampling.fraction", "1.0", "--sampling.min_available",
-                             min_available, "--sampling.min_clients", "3", "--sampling.wait_ms", "30000",
-                             "--round.deadline_ms", deadline_ms, "--compression.compressor", "topk:density=0.05",
-                             "--net.max_message_bytes", "2000000", "--state.checkpoint", f.path("ck.bin"),
-                             "--state.metrics", f.path("metrics.jsonl")};
+  std::vector<std::string> a{"--train.rounds",           "3",
+                             "--sampling.fraction",      "1.0",
+                             "--sampling.min_available", min_available,
+                             "--sampling.min_clients",   "3",
+                             "--sampling.wait_ms",       "30000",
+                             "--round.deadline_ms",      deadline_ms,
+                             "--compression.compressor", "topk:density=0.05",
+                             "--net.max_message_bytes",  "2000000",
+                             "--state.checkpoint",       f.path("ck.bin"),
+                             "--state.metrics",          f.path("metrics.jsonl")};
   for (auto& x : extra) a.push_back(x);
   return a;
 }
@@ -198,16 +221,18 @@ constexpr uint64_t kAttackerId = 3;
 
 }  // namespace
 
-TEST_CASE("an authenticated client that lies in every way changes nothing: the honest federation's model",
-          "[integration][server][attack]") {
+TEST_CASE(
+    "an authenticated client that lies in every way changes nothing: the honest federation's model",
+    "[integration][server][attack]") {
   // The same federation without the attacker: three honest clients (shards 0-2 of 4), same seeds.
   std::vector<float> honest_model;
   {
     Federation f("hostile-base");
     f.clientKeys(0, 4);
     const int port = freePort();
-    f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
-           rootArgs(f, "3", "60000"));  // everyone answers: the phase closes then, not at the deadline
+    f.root(
+        "root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
+        rootArgs(f, "3", "60000"));  // everyone answers: the phase closes then, not at the deadline
     for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
     const int rc = f.proc("root").wait(seconds(40));
     INFO(f.allLogs());
@@ -222,11 +247,13 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   f.clientKeys(0, 4);  // client-3's key is admitted: the attacker's
   const int port = freePort();
   // min_available 4: round 1 starts once the attacker registered, so it is sampled every round.
-  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}), rootArgs(f, "4", "10000"));
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
+         rootArgs(f, "4", "10000"));
   for (uint64_t c = 0; c < 3; ++c) f.client(c, port, "server", 4);
 
   const ParamLayout& layout = serverLayout();
-  Attacker a(Federation::endpoint(port), f.keys() + "/client-3.key_secret", f.keys() + "/server.key");
+  Attacker a(Federation::endpoint(port), f.keys() + "/client-3.key_secret",
+             f.keys() + "/server.key");
   a.setId(kAttackerId);
   pr::RegisterMsg reg;
   reg.client_id = kAttackerId;
@@ -234,10 +261,12 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   reg.num_examples = 1000;
   reg.eval_examples = 0;
   a.send(pr::encode(reg));
-  const bool welcomed = a.pump(seconds(20), [](pr::MessageKind k) { return k == pr::MessageKind::kWelcome; });
+  const bool welcomed =
+      a.pump(seconds(20), [](pr::MessageKind k) { return k == pr::MessageKind::kWelcome; });
   INFO(f.allLogs());
   REQUIRE(welcomed);
-  const bool tasked = a.pump(seconds(30), [](pr::MessageKind k) { return k == pr::MessageKind::kTask; });
+  const bool tasked =
+      a.pump(seconds(30), [](pr::MessageKind k) { return k == pr::MessageKind::kTask; });
   INFO(f.allLogs());
   REQUIRE(tasked);
   const pr::TaskMsg task = a.tasks.back();
@@ -339,7 +368,8 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   // 14. A PartialAggregate from a client, with its task's nonce.
   CHECK(a.expectReject(zeroPartial(task), Errc::kWrongSender));
   const auto attack_time = Steady::now() - t_attack;
-  CHECK(attack_time < milliseconds(9000));  // every attack of round 1 landed inside its phase (10 s)
+  CHECK(attack_time <
+        milliseconds(9000));  // every attack of round 1 landed inside its phase (10 s)
 
   // 15. Round 2: its honest-looking round-1 update, replayed.
   const bool tasked2 = a.pump(seconds(30), [&](pr::MessageKind k) {
@@ -369,15 +399,17 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   // Refusals by the round (index, NaN, norm, weight, round) are counted in the metrics.
   CHECK(std::stoull(field(lines[0], "updates_rejected")) >= 5);
 
-  for (const char* why : {"truncated", "too large", "not a Starling message", "fingerprint mismatch",
-                          "index out of range", "non-finite", "norm too large", "bad weight", "wrong round",
-                          "bad nonce", "wrong sender: an update claiming to be client 0",
-                          "registration refused: wrong sender", "rate limited",
-                          "wrong sender: a partial aggregate from a client", "late: an answer to a task"}) {
+  for (const char* why :
+       {"truncated", "too large", "not a Starling message", "fingerprint mismatch",
+        "index out of range", "non-finite", "norm too large", "bad weight", "wrong round",
+        "bad nonce", "wrong sender: an update claiming to be client 0",
+        "registration refused: wrong sender", "rate limited",
+        "wrong sender: a partial aggregate from a client", "late: an answer to a task"}) {
     INFO("refusal reason: " << why);
     CHECK(log.find(why) != std::string::npos);
   }
-  CHECK(countOf(log, "client 0 registered (") == 1);  // the attacker's Register as client 0 changed nothing
+  CHECK(countOf(log, "client 0 registered (") ==
+        1);  // the attacker's Register as client 0 changed nothing
 
   // The model is the honest federation's, up to float summation order.
   const Checkpoint ck = readCheckpoint(f.path("ck.bin"));
@@ -387,24 +419,28 @@ TEST_CASE("an authenticated client that lies in every way changes nothing: the h
   const double diff = maxRelDiff(ck.model, honest_model, &max_abs);
   CHECK(max_abs > 0.0);
   CHECK(diff <= 1e-5 * max_abs);
-  for (uint64_t c = 0; c < 3; ++c) CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(10)) == 0);
+  for (uint64_t c = 0; c < 3; ++c)
+    CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(10)) == 0);
 }
 
 // With a robust rule (median), partial aggregates cannot be merged (PhaseAggregator::merge throws
 // InvalidArgument, not InputError). A client key that registers with role Aggregator and sends a
 // PartialAggregate with its task's nonce must be refused, not end the server.
-TEST_CASE("a client registered as an aggregator cannot bring down a robust-rule root with a partial",
-          "[integration][server][attack]") {
+TEST_CASE(
+    "a client registered as an aggregator cannot bring down a robust-rule root with a partial",
+    "[integration][server][attack]") {
   Federation f("hostile-robust");
   f.clientKeys(0, 3);
   const int port = freePort();
   f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2"}),
-         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2", "--sampling.wait_ms",
-          "30000", "--round.deadline_ms", "10000", "--aggregation.rule", "median", "--compression.compressor",
-          "topk:density=0.05", "--state.metrics", f.path("metrics.jsonl")});
+         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+          "--sampling.wait_ms", "30000", "--round.deadline_ms", "10000", "--aggregation.rule",
+          "median", "--compression.compressor", "topk:density=0.05", "--state.metrics",
+          f.path("metrics.jsonl")});
   for (uint64_t c = 0; c < 2; ++c) f.client(c, port, "server", 3);
 
-  Attacker a(Federation::endpoint(port), f.keys() + "/client-2.key_secret", f.keys() + "/server.key");
+  Attacker a(Federation::endpoint(port), f.keys() + "/client-2.key_secret",
+             f.keys() + "/server.key");
   a.setId(2);
   pr::RegisterMsg reg;
   reg.client_id = 2;
@@ -412,14 +448,18 @@ TEST_CASE("a client registered as an aggregator cannot bring down a robust-rule 
   reg.layout_fingerprint = serverLayout().fingerprint();
   reg.num_examples = 1000;
   a.send(pr::encode(reg));
-  a.pump(seconds(20), [](pr::MessageKind k) { return k == pr::MessageKind::kWelcome || k == pr::MessageKind::kReject; });
+  a.pump(seconds(20), [](pr::MessageKind k) {
+    return k == pr::MessageKind::kWelcome || k == pr::MessageKind::kReject;
+  });
   // Refused at registration (one fix) or welcomed: then it gets a task and sends its partial.
-  if (a.session() != 0 && a.pump(seconds(30), [](pr::MessageKind k) { return k == pr::MessageKind::kTask; }))
+  if (a.session() != 0 &&
+      a.pump(seconds(30), [](pr::MessageKind k) { return k == pr::MessageKind::kTask; }))
     a.send(zeroPartial(a.tasks.back()));
   awaitShutdown(a, f.proc("root"), seconds(45));
   const int rc = f.proc("root").wait(seconds(10));
   INFO(f.allLogs());
-  CHECK(rc == 0);  // not "starling-server: aggregation rule median ... cannot merge partial aggregates" (rc 2)
+  CHECK(rc == 0);  // not "starling-server: aggregation rule median ... cannot merge partial
+                   // aggregates" (rc 2)
   const auto lines = readLines(f.path("metrics.jsonl"));
   REQUIRE(lines.size() == 2);
   for (const auto& l : lines) CHECK(field(l, "applied") == "true");
@@ -428,13 +468,15 @@ TEST_CASE("a client registered as an aggregator cannot bring down a robust-rule 
 // A malicious SERVER: a raw ROUTER holding the server's key welcomes a real starling-client, then
 // sends a Task whose compressor spec is unknown. The client must drop that task (not exit), and
 // still train the next, valid task and end on Shutdown.
-TEST_CASE("a client survives a task with an unknown compressor spec from its server", "[integration][client][attack]") {
+TEST_CASE("a client survives a task with an unknown compressor spec from its server",
+          "[integration][client][attack]") {
   Federation f("hostile-server");
   f.clientKeys(0, 1);
   const int port = freePort();
   zmq::context_t ctx;
   zmq::socket_t router(ctx, zmq::socket_type::router);
-  const transport::CurveKeyPair server_keys = transport::loadKeyPair(f.keys() + "/server.key_secret");
+  const transport::CurveKeyPair server_keys =
+      transport::loadKeyPair(f.keys() + "/server.key_secret");
   router.set(zmq::sockopt::curve_server, true);
   router.set(zmq::sockopt::curve_publickey, server_keys.public_key);
   router.set(zmq::sockopt::curve_secretkey, server_keys.secret_key);
@@ -456,7 +498,8 @@ TEST_CASE("a client survives a task with an unknown compressor spec from its ser
         peer = id.to_string();
         std::vector<uint64_t> buf((body.size() + 7) / 8);
         std::memcpy(buf.data(), body.data(), body.size());
-        if (pr::peekKind({reinterpret_cast<const uint8_t*>(buf.data()), body.size()}) == want) return true;
+        if (pr::peekKind({reinterpret_cast<const uint8_t*>(buf.data()), body.size()}) == want)
+          return true;
       }
     }
     return false;

@@ -235,8 +235,8 @@ TEST_CASE(
   // Low-rank phases relayed by each aggregator (PowerSGD: P, then Q, in every round; ACP-SGD:
   // one factor per round, alternating), the factors' sums and the orthogonalisation between them
   // the same as flat up to float rounding. Each client uploads in every phase
-  // (runSixClients checks rounds x phases updates). It replaces an earlier test in real processes, which
-  // compared with nothing.
+  // (runSixClients checks rounds x phases updates). It replaces an earlier test in real processes,
+  // which compared with nothing.
   for (const std::string spec : {"powersgd:rank=2", "acpsgd:rank=2"}) {
     CAPTURE(spec);
     checkTreeEqualsFlat(runSixClients(spec, 6, true), runSixClients(spec, 6, false), 6, 0.4, 1e-5);
@@ -1224,7 +1224,8 @@ TEST_CASE(
   // fraction of a second of real time (SlowTrainer), against a silence of 1 s on both the client
   // and the aggregator; the root fails a peer silent for 3 s.
   const data::Dataset& train = fashion("train", 600);
-  const auto fit_time = GENERATE(std::chrono::milliseconds(1500), std::chrono::milliseconds(10'000));
+  const auto fit_time =
+      GENERATE(std::chrono::milliseconds(1500), std::chrono::milliseconds(10'000));
   const bool tree = GENERATE(false, true);
   INFO("a fit of " << fit_time.count() << " ms, " << (tree ? "through an aggregator" : "flat"));
   InprocFederation f("logreg", train, iid(train, 1));

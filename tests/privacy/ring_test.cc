@@ -123,9 +123,10 @@ TEST_CASE("ring: decode reads two's complement in b bits", "[privacy][ring]") {
   CHECK_THROWS_AS(decode(r, bad, one), InvalidArgument);
 }
 
-TEST_CASE("ring: a configuration whose sum could wrap, or that rounds away the update, is refused "
-          "with the numbers",
-          "[privacy][ring]") {
+TEST_CASE(
+    "ring: a configuration whose sum could wrap, or that rounds away the update, is refused "
+    "with the numbers",
+    "[privacy][ring]") {
   // 10,000 clients of the CNN's 1,663,370 values in 32 bits: scaled to fit, one update's rounding
   // would cost 2^-7 of its norm (sqrt(d) / (2^31 / 10^4) = 1290 / 214,747), more than 2^-10. It
   // takes 35 bits: 2^34 / 10^4 >= 2^10 sqrt(d) = 1.32e6. The message says so.

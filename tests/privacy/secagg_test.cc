@@ -3,8 +3,8 @@
 // message refused with its own code.
 #include "privacy/secagg.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -54,10 +54,11 @@ struct Round {
   std::map<uint64_t, Key32> verify;
   std::map<uint64_t, std::unique_ptr<SecAggClient>> clients;
   std::unique_ptr<SecAggServer> server;
-  std::map<uint64_t, MaskedInput> masked;          // what the server received, per client
+  std::map<uint64_t, MaskedInput> masked;             // what the server received, per client
   std::map<uint64_t, std::vector<uint64_t>> encoded;  // each client's unmasked encoding
 
-  Round(SecAggParams params, std::vector<uint64_t> clients_ids) : p(params), ids(std::move(clients_ids)) {
+  Round(SecAggParams params, std::vector<uint64_t> clients_ids)
+      : p(params), ids(std::move(clients_ids)) {
     for (uint64_t c : ids) {
       std::vector<float> x(p.dim);
       for (size_t i = 0; i < p.dim; ++i) x[i] = 0.5f * std::sin(static_cast<float>(c * 31 + i));
@@ -65,7 +66,9 @@ struct Round {
     }
   }
 
-  RngStream rounding(uint64_t c) const { return RngStream(StreamKey{1, p.round, c, StreamPurpose::kQsgd, 0}); }
+  RngStream rounding(uint64_t c) const {
+    return RngStream(StreamKey{1, p.round, c, StreamPurpose::kQsgd, 0});
+  }
 
   SecAggServer::Result run() {
     if (p.signed_keys)
@@ -80,7 +83,8 @@ struct Round {
     for (uint64_t c : ids) server->onAdvert(clients[c]->advertise());
     for (uint64_t c : drop_after_advert) alive.erase(c);
     std::map<uint64_t, std::vector<EncryptedShare>> sent;
-    for (uint64_t c : alive) sent[c] = clients[c]->shareKeys(server->advertsFor(c), p.signed_keys ? &verify : nullptr);
+    for (uint64_t c : alive)
+      sent[c] = clients[c]->shareKeys(server->advertsFor(c), p.signed_keys ? &verify : nullptr);
     for (auto& [c, s] : sent) server->onShares(c, s);
     for (uint64_t c : drop_after_shares) alive.erase(c);
     std::vector<MaskedInput> group[2];
@@ -213,8 +217,7 @@ TEST_CASE("secagg: too few neighbours' shares is refused before anything is mask
   CHECK(codeOf([&] { r.run(); }) == Errc::kTooFewSurvivors);
 }
 
-TEST_CASE("secagg: the attacker's messages are refused, each with its code",
-          "[privacy][secagg]") {
+TEST_CASE("secagg: the attacker's messages are refused, each with its code", "[privacy][secagg]") {
   const SecAggParams p = params(16, 8, 4, 3);
   const auto ids = range(0, 8);
   SecAggServer server(p, ids);
@@ -395,24 +398,26 @@ TEST_CASE("secagg: with exactly t shares a lie is caught by the owner's commitme
     uint64_t lambda = 1;
     for (uint64_t h : holders)
       if (h != liar)
-        lambda = privacy::detail::fieldMul(lambda, privacy::detail::fieldMul(privacy::detail::fieldSub(0, h + 1),
-                                                           privacy::detail::fieldInverse(privacy::detail::fieldSub(
-                                                               liar + 1, h + 1))));
+        lambda = privacy::detail::fieldMul(
+            lambda, privacy::detail::fieldMul(
+                        privacy::detail::fieldSub(0, h + 1),
+                        privacy::detail::fieldInverse(privacy::detail::fieldSub(liar + 1, h + 1))));
     for (uint64_t id : ids) {
       if (dropped.count(id) || silent.count(id)) continue;
       UnmaskResponse resp = c[id]->unmask(server.unmaskRequestFor(id));
       if (id == liar)
         for (RevealedShare& s : resp.shares)
           if (s.of == target)
-            s.share.y[2] = privacy::detail::fieldAdd(s.share.y[2], privacy::detail::fieldInverse(lambda));
+            s.share.y[2] =
+                privacy::detail::fieldAdd(s.share.y[2], privacy::detail::fieldInverse(lambda));
       server.onUnmask(resp);
     }
     const auto res = server.finish();
     INFO(res.reason);
     CHECK_FALSE(res.ok);
     CHECK(res.sum.empty());
-    CHECK(res.reason.find(about_dropped ? "another key than it advertised"
-                                        : "did not commit to") != std::string::npos);
+    CHECK(res.reason.find(about_dropped ? "another key than it advertised" : "did not commit to") !=
+          std::string::npos);
   }
 }
 

@@ -1,5 +1,6 @@
-#include <catch2/catch.hpp>
+#include "protocol/codec.h"
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <set>
@@ -7,7 +8,6 @@
 #include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "fuzz/fuzz_layout.h"
-#include "protocol/codec.h"
 #include "test_util.h"
 
 using namespace starling;
@@ -103,7 +103,8 @@ TEST_CASE("the phase travels, and phase 0 costs no bytes", "[protocol]") {
   CHECK(phase1.size() > phase0.size());
 }
 
-TEST_CASE("every compressor's output round-trips in every phase and reports its exact size", "[protocol]") {
+TEST_CASE("every compressor's output round-trips in every phase and reports its exact size",
+          "[protocol]") {
   const ParamLayout layout = testing::smallCnnLayout();
   const auto update = testing::randomVector(layout.numel(), 1);
   for (const auto& spec : testing::allCompressorSpecs()) {
@@ -117,8 +118,8 @@ TEST_CASE("every compressor's output round-trips in every phase and reports its 
       u.header.phase = phase;
       u.header.num_examples = 10;
       const RoundContext ctx{1, 0, phase, 1, &shared};
-      u.tensors = c->compressWithFeedback(layout, phase == 0 ? std::span<const float>(update) : std::span<const float>(),
-                                          st, ctx);
+      u.tensors = c->compressWithFeedback(
+          layout, phase == 0 ? std::span<const float>(update) : std::span<const float>(), st, ctx);
       const auto bytes = encodeUpdate(u);
       CHECK(encodedSize(u) == bytes.size());
       const Update back = decodeUpdate(bytes, layout, &shared);
@@ -132,14 +133,16 @@ TEST_CASE("every compressor's output round-trips in every phase and reports its 
       // The next phase's shared factors, from this (only) client's factors.
       std::vector<std::span<const float>> sums(layout.size());
       for (size_t t = 0; t < layout.size(); ++t)
-        if (const auto* l = std::get_if<LowRank>(&u.tensors[t]); l && shared.any() && !shared.factors[t].empty())
+        if (const auto* l = std::get_if<LowRank>(&u.tensors[t]);
+            l && shared.any() && !shared.factors[t].empty())
           sums[t] = l->p.empty() ? std::span<const float>(l->q) : std::span<const float>(l->p);
       shared = c->nextShared(layout, ctx, shared, sums, 1.0);
     }
   }
 }
 
-TEST_CASE("the decoder yields views into the verified buffer and copies only a misaligned one", "[protocol]") {
+TEST_CASE("the decoder yields views into the verified buffer and copies only a misaligned one",
+          "[protocol]") {
   const ParamLayout layout = fuzz::layout();
   Decoder d(layout);
   for (const Update& u : fuzz::seedUpdates()) {
@@ -155,7 +158,9 @@ TEST_CASE("the decoder yields views into the verified buffer and copies only a m
       CHECK(testing::samePayload(toOwned(v.tensors[t]), u.tensors[t]));
     }
     REQUIRE(v.metrics.size() == 1);
-    CHECK(inside({reinterpret_cast<const uint8_t*>(v.metrics[0].name.data()), v.metrics[0].name.size()}, bytes));
+    CHECK(inside(
+        {reinterpret_cast<const uint8_t*>(v.metrics[0].name.data()), v.metrics[0].name.size()},
+        bytes));
 
     // The same message one byte off: decoded from the decoder's own aligned copy.
     std::vector<uint8_t> shifted(bytes.size() + 1);
@@ -177,10 +182,12 @@ TEST_CASE("a misaligned buffer decodes the same", "[protocol]") {
   std::vector<uint8_t> shifted(bytes.size() + 1);
   std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
   const Update u = decodeUpdate(std::span(shifted).subspan(1), layout);
-  CHECK(std::get<DenseF32>(u.tensors[0]).values == std::get<DenseF32>(fuzz::seedUpdates()[0].tensors[0]).values);
+  CHECK(std::get<DenseF32>(u.tensors[0]).values ==
+        std::get<DenseF32>(fuzz::seedUpdates()[0].tensors[0]).values);
 }
 
-TEST_CASE("a partial aggregate round-trips, and each decode entry refuses the other message", "[protocol]") {
+TEST_CASE("a partial aggregate round-trips, and each decode entry refuses the other message",
+          "[protocol]") {
   const ParamLayout layout = fuzz::layout();
   const PartialMessage m = samplePartial();
   const auto bytes = encodePartial(m);
@@ -209,7 +216,8 @@ TEST_CASE("a partial aggregate round-trips, and each decode entry refuses the ot
   const auto update = encodeUpdate(fuzz::seedUpdates()[0]);
   CHECK(testing::errcOf([&] { d.decodePartial(update); }) == errcName(Errc::kUnexpectedMessage));
   CHECK(testing::errcOf([&] { d.decodeUpdate(bytes); }) == errcName(Errc::kUnexpectedMessage));
-  CHECK(testing::errcOf([&] { decodeUpdate(bytes, layout); }) == errcName(Errc::kUnexpectedMessage));
+  CHECK(testing::errcOf([&] { decodeUpdate(bytes, layout); }) ==
+        errcName(Errc::kUnexpectedMessage));
   // The decoder still works after refusing.
   CHECK(d.decodeUpdate(update).tensors.size() == 2);
   CHECK(d.decodePartial(bytes).header.count == 5u);
@@ -231,9 +239,10 @@ TEST_CASE("decode limits are checked", "[protocol]") {
 
 // Golden encodings: a silent wire-format change fails here. Each value is the size and the 64-bit
 // FNV-1a of encodeUpdate(seed) for the ten seeds of fuzz::seedUpdates() (one per encoding) and of
-// encodePartial(samplePartial()). The bytes were checked by hand once (2026, flatc 2.0.8) against the
-// schema with
-//   flatc --json --strict-json --raw-binary --size-prefixed -o /tmp/x protocol/starling.fbs -- seed.bin
+// encodePartial(samplePartial()). The bytes were checked by hand once (2026, flatc 2.0.8) against
+// the schema with
+//   flatc --json --strict-json --raw-binary --size-prefixed -o /tmp/x protocol/starling.fbs --
+//   seed.bin
 // and every field of the JSON compared equal to what fuzz_layout.h / samplePartial() put in:
 // schema_version 1, body_type Update (PartialAggregate), layout_fingerprint 0x916a1118591efa2d,
 // round, client id, examples (phase absent: 0 is the default and is not written), each tensor's
@@ -262,8 +271,8 @@ TEST_CASE("golden bytes of one message per encoding", "[protocol]") {
   REQUIRE(seeds.size() == std::size(want));
   for (size_t i = 0; i < seeds.size(); ++i) {
     const auto bytes = encodeUpdate(seeds[i]);
-    INFO("seed " << i << " (" << encodingName(seeds[i].tensors[0]) << "): " << bytes.size() << " bytes, fnv1a 0x"
-                 << std::hex << testing::fnv1a(bytes));
+    INFO("seed " << i << " (" << encodingName(seeds[i].tensors[0]) << "): " << bytes.size()
+                 << " bytes, fnv1a 0x" << std::hex << testing::fnv1a(bytes));
     CHECK(bytes.size() == want[i].size);
     CHECK(testing::fnv1a(bytes) == want[i].hash);
   }

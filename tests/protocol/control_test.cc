@@ -40,7 +40,8 @@ TaskMsg sampleTask() {
 
 std::vector<cz::Payload> denseModel(const ParamLayout& l, uint64_t seed) {
   std::vector<cz::Payload> out;
-  for (const auto& t : l.tensors()) out.push_back(cz::DenseF32{randomVector(t.numel, seed + t.offset)});
+  for (const auto& t : l.tensors())
+    out.push_back(cz::DenseF32{randomVector(t.numel, seed + t.offset)});
   return out;
 }
 
@@ -68,8 +69,8 @@ TEST_CASE("control messages round-trip and peekKind names them", "[protocol]") {
   const auto wb = encode(WelcomeMsg{5, 77, 250, 1 << 20, 4096});
   CHECK(peekKind(wb) == MessageKind::kWelcome);
   const WelcomeMsg w = decodeWelcome(wb);
-  CHECK((w.client_id == 5 && w.session == 77 && w.heartbeat_ms == 250 && w.max_message_bytes == (1 << 20) &&
-         w.chunk_bytes == 4096));
+  CHECK((w.client_id == 5 && w.session == 77 && w.heartbeat_ms == 250 &&
+         w.max_message_bytes == (1 << 20) && w.chunk_bytes == 4096));
 
   const auto hb = encode(HeartbeatMsg{5, 77, 12});
   CHECK(peekKind(hb) == MessageKind::kHeartbeat);
@@ -79,13 +80,14 @@ TEST_CASE("control messages round-trip and peekKind names them", "[protocol]") {
   const auto eb = encode(EvaluationMsg{5, 12, 99, 100, 0.5, 0.875});
   CHECK(peekKind(eb) == MessageKind::kEvaluation);
   const EvaluationMsg e = decodeEvaluation(eb);
-  CHECK((e.client_id == 5 && e.round == 12 && e.nonce == 99 && e.num_examples == 100 && e.loss == 0.5 &&
-         e.accuracy == 0.875));
+  CHECK((e.client_id == 5 && e.round == 12 && e.nonce == 99 && e.num_examples == 100 &&
+         e.loss == 0.5 && e.accuracy == 0.875));
 
   const auto jb = encode(RejectMsg{RejectKind::kNotRegistered, 51, 3, 4, "who are you"});
   CHECK(peekKind(jb) == MessageKind::kReject);
   const RejectMsg j = decodeReject(jb);
-  CHECK((j.kind == RejectKind::kNotRegistered && j.code == 51 && j.round == 3 && j.nonce == 4 && j.message == "who are you"));
+  CHECK((j.kind == RejectKind::kNotRegistered && j.code == 51 && j.round == 3 && j.nonce == 4 &&
+         j.message == "who are you"));
 
   const auto sb = encode(ShutdownMsg{8, "done"});
   CHECK(peekKind(sb) == MessageKind::kShutdown);
@@ -106,10 +108,15 @@ TEST_CASE("a decoder refuses another message type, truncation and lies", "[proto
   CHECK(errcOf([&] { decodeHeartbeat(cut); }) == errcName(Errc::kTruncated));
   CHECK(errcOf([&] { decodeHeartbeat(hb, ControlLimits{16}); }) == errcName(Errc::kTooLarge));
   // A negative or NaN loss, an accuracy above 1.
-  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, -1.0, 0.5})); }) == errcName(Errc::kNonFinite));
-  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, std::nan(""), 0.5})); }) ==
-        errcName(Errc::kNonFinite));
-  CHECK(errcOf([&] { decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 0.1, 1.5})); }) == errcName(Errc::kNonFinite));
+  CHECK(errcOf([&] {
+          decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, -1.0, 0.5}));
+        }) == errcName(Errc::kNonFinite));
+  CHECK(errcOf([&] {
+          decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, std::nan(""), 0.5}));
+        }) == errcName(Errc::kNonFinite));
+  CHECK(errcOf([&] {
+          decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 0.1, 1.5}));
+        }) == errcName(Errc::kNonFinite));
   // A finite loss no model reaches (1.7e308 was once accepted, then overflowed the server's
   // weighted mean): refused above ControlLimits::max_eval_loss (1e9), accepted at it.
   CHECK(errcOf([&] {
@@ -121,8 +128,12 @@ TEST_CASE("a decoder refuses another message type, truncation and lies", "[proto
   CHECK(decodeEvaluation(encode(EvaluationMsg{1, 1, 1, 1, 1e9, 0.5})).loss == 1e9);
   // Chunks: index past count, count 0, data over the chunk size.
   const std::vector<uint8_t> data(100, 7);
-  CHECK(errcOf([&] { decodeChunk(encodeChunk(ChunkMsg{1, 3, 3, 300, data}), 4096); }) == errcName(Errc::kBadChunk));
-  CHECK(errcOf([&] { decodeChunk(encodeChunk(ChunkMsg{1, 0, 0, 300, data}), 4096); }) == errcName(Errc::kBadChunk));
+  CHECK(errcOf([&] {
+          decodeChunk(encodeChunk(ChunkMsg{1, 3, 3, 300, data}), 4096);
+        }) == errcName(Errc::kBadChunk));
+  CHECK(errcOf([&] {
+          decodeChunk(encodeChunk(ChunkMsg{1, 0, 0, 300, data}), 4096);
+        }) == errcName(Errc::kBadChunk));
   CHECK(errcOf([&] { decodeChunk(encodeChunk(ChunkMsg{1, 0, 2, 300, data}), 64); }) != "no error");
   // Too many capabilities.
   RegisterMsg r;
@@ -166,7 +177,8 @@ TEST_CASE("a task round-trips with its model and shared factors, the nonce is pa
   CHECK(d.metrics == t.metrics);
   CHECK(samePayloads(d.model, model));
   REQUIRE(d.shared.factors.size() == t.shared.factors.size());
-  for (size_t i = 0; i < t.shared.factors.size(); ++i) CHECK(sameBits(d.shared.factors[i], t.shared.factors[i]));
+  for (size_t i = 0; i < t.shared.factors.size(); ++i)
+    CHECK(sameBits(d.shared.factors[i], t.shared.factors[i]));
   CHECK(d.shared.fixed == t.shared.fixed);
 
   const size_t size_before = bytes.size();
@@ -180,40 +192,49 @@ TEST_CASE("a task round-trips with its model and shared factors, the nonce is pa
   CHECK(errcOf([&] { decodeTask(no_nonce, l); }) == errcName(Errc::kMissingField));
 }
 
-TEST_CASE("decodeTask refuses a model that does not fit, is not finite, or is the wrong kind", "[protocol]") {
+TEST_CASE("decodeTask refuses a model that does not fit, is not finite, or is the wrong kind",
+          "[protocol]") {
   const ParamLayout l = fuzz::layout();
   TaskMsg t = sampleTask();
   t.shared = {};
   auto model = denseModel(l, 1);
   // One tensor too few.
   std::vector<cz::Payload> short_model(model.begin(), model.end() - 1);
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(short_model)), l); }) == errcName(Errc::kTensorCountMismatch));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(short_model)), l); }) ==
+        errcName(Errc::kTensorCountMismatch));
   // A NaN in the model.
   auto nan_model = model;
   std::get<cz::DenseF32>(nan_model[1]).values[3] = std::numeric_limits<float>::quiet_NaN();
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(nan_model)), l); }) == errcName(Errc::kNonFinite));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(nan_model)), l); }) ==
+        errcName(Errc::kNonFinite));
   // A wrong size.
   auto long_model = model;
   std::get<cz::DenseF32>(long_model[1]).values.push_back(1.0f);
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(long_model)), l); }) == errcName(Errc::kSizeMismatch));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(long_model)), l); }) ==
+        errcName(Errc::kSizeMismatch));
   // Sparse values without a base version, and a dense model claiming one.
   std::vector<cz::Payload> sparse{cz::Sparse{{1}, {2.0f}}, cz::Sparse{{0}, {1.0f}}};
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(sparse)), l); }) == errcName(Errc::kUnexpectedEncoding));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(sparse)), l); }) ==
+        errcName(Errc::kUnexpectedEncoding));
   t.base_version = 4;
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) == errcName(Errc::kUnexpectedEncoding));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) ==
+        errcName(Errc::kUnexpectedEncoding));
   CHECK(decodeTask(encodeTask(t, views(sparse)), l).base_version == 4);
   // Unsorted delta indices.
   std::vector<cz::Payload> unsorted{cz::Sparse{{5, 1}, {2.0f, 1.0f}}, cz::Sparse{{0}, {1.0f}}};
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(unsorted)), l); }) == errcName(Errc::kIndexOrder));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(unsorted)), l); }) ==
+        errcName(Errc::kIndexOrder));
   // A shared factor larger than its tensor, or not finite.
   t.base_version = 0;
   t.shared.factors = {std::vector<float>(97, 1.0f), {}};
-  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) == errcName(Errc::kShapeMismatch));
+  CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) ==
+        errcName(Errc::kShapeMismatch));
   t.shared.factors = {std::vector<float>(24, std::numeric_limits<float>::infinity()), {}};
   CHECK(errcOf([&] { decodeTask(encodeTask(t, views(model)), l); }) == errcName(Errc::kNonFinite));
 }
 
-TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong base is refused", "[protocol]") {
+TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong base is refused",
+          "[protocol]") {
   const ParamLayout l = fuzz::layout();
   std::vector<float> model(l.numel(), 0.0f);
   const auto dense = denseModel(l, 9);
@@ -228,7 +249,8 @@ TEST_CASE("applyModel: whole models overwrite, deltas patch exactly, a wrong bas
   applyModel(l, 3, 0, half, model);
   CHECK(maxAbsDiff(model, densify(l, dense)) < 1e-2);
   std::vector<float> before = model;
-  const std::vector<cz::Payload> delta{cz::Sparse{{0, 95}, {1.5f, -2.5f}}, cz::Sparse{{7}, {0.25f}}};
+  const std::vector<cz::Payload> delta{cz::Sparse{{0, 95}, {1.5f, -2.5f}},
+                                       cz::Sparse{{7}, {0.25f}}};
   applyModel(l, 5, 5, delta, model);
   before[0] = 1.5f;
   before[95] = -2.5f;
@@ -307,16 +329,19 @@ TEST_CASE(
   CHECK_THROWS_AS(applyModel(l, 4, 0, chain, model), InvalidArgument);
 }
 
-TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps blow up", "[protocol]") {
+TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps blow up",
+          "[protocol]") {
   const ParamLayout l = fuzz::layout();
   const auto model = denseModel(l, 3);
   // lr 0.25 (sampleTask): the proximal term diverges once lr x mu reaches 2, i.e. mu = 8.
-  for (float mu : {-1.0f, 8.0f, 100.0f, 1e4f * 1.5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+  for (float mu :
+       {-1.0f, 8.0f, 100.0f, 1e4f * 1.5f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
     TaskMsg t = sampleTask();
     t.phase = 0;
     t.fit.prox_mu = mu;
     CAPTURE(mu);
-    CHECK_THROWS_MATCHING(decodeTask(encodeTask(t, views(model)), l), InputError, Contains("prox_mu"));
+    CHECK_THROWS_MATCHING(decodeTask(encodeTask(t, views(model)), l), InputError,
+                          Contains("prox_mu"));
   }
   TaskMsg t = sampleTask();
   t.fit.prox_mu = 7.5f;

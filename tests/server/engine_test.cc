@@ -31,7 +31,8 @@ struct World {
         trainer(client::makeTrainer("softmax", features, 4)) {}
   data::Dataset train;
   std::unique_ptr<client::Trainer> trainer;
-  std::shared_ptr<const ParamLayout> layout = std::make_shared<const ParamLayout>(trainer->layout());
+  std::shared_ptr<const ParamLayout> layout =
+      std::make_shared<const ParamLayout>(trainer->layout());
 
   std::vector<std::vector<size_t>> shards(size_t n) const {
     return data::makePartitioner("iid")->split(train.labels, train.num_classes, n, 3);
@@ -90,8 +91,10 @@ std::unique_ptr<server::RoundEngine> crashAfterFourRounds(const World& w,
 
 }  // namespace
 
-TEST_CASE("the engine trains through the real codecs, for one- and two-phase compressors", "[server]") {
-  for (const std::string spec : {"none", "topk:density=0.2", "powersgd:rank=2", "acpsgd:rank=2", "qsgd:levels=16"}) {
+TEST_CASE("the engine trains through the real codecs, for one- and two-phase compressors",
+          "[server]") {
+  for (const std::string spec :
+       {"none", "topk:density=0.2", "powersgd:rank=2", "acpsgd:rank=2", "qsgd:levels=16"}) {
     CAPTURE(spec);
     World w;
     InProcFleet fleet(*w.trainer, w.train, w.shards(8));
@@ -113,7 +116,8 @@ TEST_CASE("the engine trains through the real codecs, for one- and two-phase com
   }
 }
 
-TEST_CASE("a resumed engine equals an uninterrupted one, also after a crash mid-round", "[server]") {
+TEST_CASE("a resumed engine equals an uninterrupted one, also after a crash mid-round",
+          "[server]") {
   for (const std::string spec : {"topk:density=0.2", "powersgd:rank=2"}) {
     CAPTURE(spec);
     World w;
@@ -150,9 +154,9 @@ TEST_CASE("a resumed engine equals an uninterrupted one, also after a crash mid-
     int lines = 0;
     while (std::getline(in, line)) {
       ++lines;
-      for (const char* key : {"\"round\":", "\"clients_selected\":", "\"clients_completed\":", "\"clients_failed\":",
-                              "\"updates_rejected\":", "\"uplink_bytes\":", "\"downlink_bytes\":", "\"train_loss\":",
-                              "\"wall_seconds\":"})
+      for (const char* key : {"\"round\":", "\"clients_selected\":", "\"clients_completed\":",
+                              "\"clients_failed\":", "\"updates_rejected\":", "\"uplink_bytes\":",
+                              "\"downlink_bytes\":", "\"train_loss\":", "\"wall_seconds\":"})
         CHECK(line.find(key) != std::string::npos);
       CHECK(line.front() == '{');
       CHECK(line.back() == '}');
@@ -181,7 +185,8 @@ TEST_CASE("a corrupt or foreign checkpoint is an error, never a silent fresh sta
   writeFileAtomic(cfg.checkpoint, bytes);
   auto other = client::makeTrainer("mlp:hidden=8", 12, 4);
   auto other_layout = std::make_shared<const ParamLayout>(other->layout());
-  CHECK_THROWS_AS(server::RoundEngine(other_layout, cfg, std::vector<float>(other_layout->numel())), IoError);
+  CHECK_THROWS_AS(server::RoundEngine(other_layout, cfg, std::vector<float>(other_layout->numel())),
+                  IoError);
   // An asynchronous run's checkpoint of the same model is named as such.
   server::AsyncServerConfig ac;
   ac.scheme.compressor = "none";
@@ -225,7 +230,9 @@ TEST_CASE("over-commitment samples more clients and closes the phase at the targ
   CHECK(fleet.tasks_sent == 3);
 }
 
-TEST_CASE("downlink encodings: fp16 halves the bytes, a delta is exact and smaller for sparse changes", "[server]") {
+TEST_CASE(
+    "downlink encodings: fp16 halves the bytes, a delta is exact and smaller for sparse changes",
+    "[server]") {
   World w;
   server::ModelStore store(w.layout, 4);
   std::vector<float> v1 = w.init();
@@ -260,11 +267,13 @@ TEST_CASE("engine configuration errors name the key", "[server]") {
   World w;
   auto cfg = w.config("none", 1);
   cfg.sampling.fraction = 1.5;
-  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()), Catch::Contains("sampling.fraction"));
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()),
+                    Catch::Contains("sampling.fraction"));
   cfg = w.config("none", 1);
   cfg.sampling.min_available = 1;
   cfg.sampling.min_clients = 2;
-  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()), Catch::Contains("sampling.min_available"));
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()),
+                    Catch::Contains("sampling.min_available"));
   cfg = w.config("none", 1);
   cfg.fit.lr = 0.0f;
   CHECK_THROWS_WITH(server::RoundEngine(w.layout, cfg, w.init()), Catch::Contains("fit.lr"));
@@ -290,7 +299,8 @@ TEST_CASE("a delta downlink gives the clients the same models for fewer bytes", 
   CHECK(down[1] < down[0]);
 }
 
-TEST_CASE("every compressor and every aggregation rule runs through the engine and the codecs", "[server]") {
+TEST_CASE("every compressor and every aggregation rule runs through the engine and the codecs",
+          "[server]") {
   // A model with a tensor worth factoring (low-rank compressors factor fc.weight [4 x 40]).
   data::Dataset train = separableData(1600, 40, 4, 8);
   auto trainer = client::makeTrainer("softmax", 40, 4);
@@ -315,15 +325,18 @@ TEST_CASE("every compressor and every aggregation rule runs through the engine a
     });
     CHECK(applied == 3);
     for (float x : e.model().current()) REQUIRE(std::isfinite(x));
-    CHECK(!sameBits(std::vector<float>(e.model().current().begin(), e.model().current().end()), init));
+    CHECK(!sameBits(std::vector<float>(e.model().current().begin(), e.model().current().end()),
+                    init));
   };
   for (const auto& spec : allCompressorSpecs()) run(spec, "fedavg");
-  for (const std::string rule : {"median", "trimmed_mean", "krum:f=1", "multikrum:f=1", "bulyan:f=1", "fedavg:clip=1"})
+  for (const std::string rule :
+       {"median", "trimmed_mean", "krum:f=1", "multikrum:f=1", "bulyan:f=1", "fedavg:clip=1"})
     run("topk:density=0.3", rule);
 }
 
 // The lossy downlink (model_store.h): top-k of x - x-hat with the server's error feedback.
-TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothing, only delays", "[server]") {
+TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothing, only delays",
+          "[server]") {
   World w;
   const size_t n = w.layout->numel();
   server::ModelStore store(w.layout, 8, 0.1);
@@ -332,7 +345,8 @@ TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothi
   store.set(v1, 1);
   CHECK(sameBits(store.current(), v1));  // the first model is broadcast whole
   std::vector<float> x = v1;
-  for (size_t i = 0; i < n; ++i) x[i] += 0.01f * static_cast<float>((i * 7919) % 101);  // every coordinate moves
+  for (size_t i = 0; i < n; ++i)
+    x[i] += 0.01f * static_cast<float>((i * 7919) % 101);  // every coordinate moves
   store.set(x, 2);
   CHECK(sameBits(store.server(), x));
   // Exactly k coordinates took x's values, and they are the k largest |x - v1|.
@@ -357,7 +371,8 @@ TEST_CASE("a top-k downlink refreshes the k furthest coordinates and loses nothi
   protocol::applyModel(*w.layout, 1, d.base_version, d.tensors, client);
   CHECK(sameBits(client, std::vector<float>(store.current().begin(), store.current().end())));
   size_t delta_bytes = 0;
-  for (const auto& p : d.tensors) delta_bytes += compression::payloadDataBytes(compression::view(p));
+  for (const auto& p : d.tensors)
+    delta_bytes += compression::payloadDataBytes(compression::view(p));
   CHECK(delta_bytes == 8 * k);  // an index and a value per refreshed coordinate, against 4 n dense
   // The server's model standing still, x-hat reaches it after ceil(1 / density) versions.
   for (uint64_t v = 3; v <= 12; ++v) store.set(x, v);
@@ -685,7 +700,8 @@ TEST_CASE(
   CHECK(acc[3] > acc[0] - 0.1);
 }
 
-TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and resumes exactly", "[server]") {
+TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and resumes exactly",
+          "[server]") {
   World w;
   TempDir dir;
   uint64_t down[2] = {0, 0};
@@ -705,7 +721,8 @@ TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and 
     if (lossy) CHECK_FALSE(sameBits(e.model().current(), e.model().server()));  // x-hat lags x
   }
   CAPTURE(acc[0], acc[1], down[0], down[1]);
-  CHECK(down[1] < down[0]);  // tasks of this 52-value model are mostly header: the payloads are checked above
+  CHECK(down[1] <
+        down[0]);  // tasks of this 52-value model are mostly header: the payloads are checked above
   CHECK(acc[1] > w.accuracy(w.init()) + 0.2);  // the broadcast model learns
   CHECK(acc[1] > acc[0] - 0.1);
 
@@ -722,10 +739,12 @@ TEST_CASE("an engine with a top-k downlink learns with fewer downlink bytes and 
   // A lossless run refuses a checkpoint that holds a broadcast model.
   auto plain = cfg;
   plain.downlink = server::Downlink::kDelta;
-  CHECK_THROWS_WITH(server::RoundEngine(w.layout, plain, w.init()), Catch::Contains("broadcast model"));
+  CHECK_THROWS_WITH(server::RoundEngine(w.layout, plain, w.init()),
+                    Catch::Contains("broadcast model"));
 }
 
-TEST_CASE("declared metrics beyond train_loss reach the round record and its JSON line", "[server]") {
+TEST_CASE("declared metrics beyond train_loss reach the round record and its JSON line",
+          "[server]") {
   World w;
   InProcFleet fleet(*w.trainer, w.train, w.shards(4));
   auto cfg = w.config("randblock:density=0.25,ef_preview=0", 3);
@@ -738,7 +757,7 @@ TEST_CASE("declared metrics beyond train_loss reach the round record and its JSO
   CHECK(recs[0].metrics.at("ef_gain") == Approx(1.0));  // nothing waited in round 1
   CHECK(recs[0].metrics.at("ef_residual_age") == 0.0);
   CHECK(recs[1].metrics.at("ef_residual_age") == 1.0);  // every client took part in round 1
-  CHECK(recs[2].metrics.at("ef_gain") > 1.0);           // plain EF: waiting coordinates arrive at once
+  CHECK(recs[2].metrics.at("ef_gain") > 1.0);  // plain EF: waiting coordinates arrive at once
   CHECK(recs[2].metrics.count("ef_residual_ratio") == 0);  // not declared
   CHECK(recs[2].json().find("\"ef_gain\":") != std::string::npos);
   CHECK(recs[2].json().find("ef_residual_ratio") == std::string::npos);
@@ -746,7 +765,8 @@ TEST_CASE("declared metrics beyond train_loss reach the round record and its JSO
 
 // Found by review: a checkpoint at model version 1 (round 1 not applied) must resume, and a
 // lossless checkpoint resumed with a top-k downlink starts x-hat at the server's model.
-TEST_CASE("resume from a checkpoint at version 1 and a lossless checkpoint resumed as top-k", "[server]") {
+TEST_CASE("resume from a checkpoint at version 1 and a lossless checkpoint resumed as top-k",
+          "[server]") {
   World w;
   TempDir dir;
   auto cfg = w.config("none", 3);
@@ -782,11 +802,14 @@ TEST_CASE("resume from a checkpoint at version 1 and a lossless checkpoint resum
   lossy.downlink_density = 0.05;
   server::RoundEngine e(w.layout, lossy, w.init());
   REQUIRE(e.resumed());
-  CHECK(sameBits(std::vector<float>(e.model().current().begin(), e.model().current().end()), resumed_model));
-  CHECK(sameBits(std::vector<float>(e.model().server().begin(), e.model().server().end()), resumed_model));
+  CHECK(sameBits(std::vector<float>(e.model().current().begin(), e.model().current().end()),
+                 resumed_model));
+  CHECK(sameBits(std::vector<float>(e.model().server().begin(), e.model().server().end()),
+                 resumed_model));
 }
 
-TEST_CASE("a client holding the current version gets an empty delta, so evaluation costs no model", "[server]") {
+TEST_CASE("a client holding the current version gets an empty delta, so evaluation costs no model",
+          "[server]") {
   World w;
   server::ModelStore store(w.layout, 4, 0.1);
   store.set(w.init(), 1);
@@ -820,7 +843,8 @@ TEST_CASE("a client holding the current version gets an empty delta, so evaluati
   CHECK(eval_topk + 16 * 100 < eval_dense);
 }
 
-TEST_CASE("metric names that would break or repeat a key of the metrics file are refused", "[server]") {
+TEST_CASE("metric names that would break or repeat a key of the metrics file are refused",
+          "[server]") {
   World w;
   for (const char* bad : {"round", "wall_seconds", "a\"b", "x y", "tab\t"}) {
     auto cfg = w.config("none", 1);

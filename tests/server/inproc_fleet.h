@@ -29,10 +29,12 @@ class InProcFleet final : public server::Fleet {
     uint64_t held = 0;
   };
 
-  InProcFleet(client::Trainer& trainer, const data::Dataset& train, std::vector<std::vector<size_t>> shards)
+  InProcFleet(client::Trainer& trainer, const data::Dataset& train,
+              std::vector<std::vector<size_t>> shards)
       : trainer_(trainer), train_(train), decoder_(trainer.layout()) {
     for (size_t i = 0; i < shards.size(); ++i)
-      clients_.push_back(Client{i, std::move(shards[i]), ClientState(trainer.layout().fingerprint()),
+      clients_.push_back(Client{i, std::move(shards[i]),
+                                ClientState(trainer.layout().fingerprint()),
                                 std::vector<float>(trainer.layout().numel()), 0});
   }
 
@@ -41,16 +43,20 @@ class InProcFleet final : public server::Fleet {
   std::optional<uint64_t> crash_at_round;
   uint64_t tasks_sent = 0;
 
-  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds, uint64_t) override {
+  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
+                                                 uint64_t) override {
     std::vector<server::ClientInfo> out;
     for (const auto& c : clients_)
-      out.push_back(server::ClientInfo{c.id, protocol::Role::kClient, c.shard.size(), c.shard.size(), c.held});
+      out.push_back(server::ClientInfo{c.id, protocol::Role::kClient, c.shard.size(),
+                                       c.shard.size(), c.held});
     return out;
   }
 
-  server::PhaseReport runPhase(const server::PhaseTask& task, std::span<const server::ClientInfo> participants,
-                               size_t target, aggregation::PhaseAggregator& agg) override {
-    if (crash_at_round && task.header.round == *crash_at_round) throw std::runtime_error("simulated crash");
+  server::PhaseReport runPhase(const server::PhaseTask& task,
+                               std::span<const server::ClientInfo> participants, size_t target,
+                               aggregation::PhaseAggregator& agg) override {
+    if (crash_at_round && task.header.round == *crash_at_round)
+      throw std::runtime_error("simulated crash");
     server::PhaseReport rep;
     for (const auto& info : participants) {
       if (rep.completed.size() >= target) break;
@@ -74,7 +80,8 @@ class InProcFleet final : public server::Fleet {
     return rep;
   }
 
-  server::EvalReport evaluate(const server::PhaseTask& task, std::span<const server::ClientInfo> participants) override {
+  server::EvalReport evaluate(const server::PhaseTask& task,
+                              std::span<const server::ClientInfo> participants) override {
     server::EvalReport ev;
     for (const auto& info : participants) {
       Client& c = clients_.at(info.id);
@@ -85,9 +92,10 @@ class InProcFleet final : public server::Fleet {
       c.held = t.model_version;
       const auto r = trainer_.evaluate(c.model, client::DataView{&train_, c.shard});
       const double w = static_cast<double>(r.num_examples);
-      ev.loss = (ev.loss * static_cast<double>(ev.examples) + r.loss * w) / (static_cast<double>(ev.examples) + w);
-      ev.accuracy =
-          (ev.accuracy * static_cast<double>(ev.examples) + r.accuracy * w) / (static_cast<double>(ev.examples) + w);
+      ev.loss = (ev.loss * static_cast<double>(ev.examples) + r.loss * w) /
+                (static_cast<double>(ev.examples) + w);
+      ev.accuracy = (ev.accuracy * static_cast<double>(ev.examples) + r.accuracy * w) /
+                    (static_cast<double>(ev.examples) + w);
       ev.examples += r.num_examples;
       ++ev.clients;
     }
@@ -113,7 +121,8 @@ class InProcFleet final : public server::Fleet {
     auto& comp = compressors_[t.compressor];
     if (!comp) comp = compression::makeCompressor(t.compressor);
     auto shared = std::make_shared<const compression::SharedFactors>(std::move(t.shared));
-    const compression::PhaseBroadcast b{t.run_seed, t.round, t.phase, shared->factors.empty() ? nullptr : shared};
+    const compression::PhaseBroadcast b{t.run_seed, t.round, t.phase,
+                                        shared->factors.empty() ? nullptr : shared};
     client::FitConfig fit{.epochs = t.fit.epochs, .batch_size = t.fit.batch_size, .lr = t.fit.lr};
     fit.prox_mu = t.fit.prox_mu;
     client::ClientAlgorithm alg(*comp, trainer_, fit);

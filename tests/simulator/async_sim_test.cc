@@ -520,8 +520,7 @@ TEST_CASE("a synchronous round that waits for its clients to come online counts 
   CHECK(sync.fleet.clock() == Approx(*r1.sim_seconds + *r2.sim_seconds).epsilon(1e-12));
 }
 
-TEST_CASE("the synchronous clock times each client with its own update's bytes",
-          "[simulator]") {
+TEST_CASE("the synchronous clock times each client with its own update's bytes", "[simulator]") {
   // STC leaves zeros out and Rice-codes its positions, so its size depends on the values: a round
   // timed with a zero update's bytes (as every other compressor's) ended too early. Sign's and
   // QSGD's zero update left its scales out, and every zero metric: 4 to 8 bytes short each.

@@ -1,4 +1,5 @@
-// The simulator's collectives (simulator/collectives.h) and launch conventions (simulator/launch.h).
+// The simulator's collectives (simulator/collectives.h) and launch conventions
+// (simulator/launch.h).
 //
 // Multi-process cases run real Gloo groups: this binary spawns itself 2 or 3 times with the hidden
 // first argument --collectives-worker ROLE ... (its own main, below), as rank r of W on 127.0.0.1
@@ -47,16 +48,19 @@ namespace {
 
 constexpr int kFailedCheck = 1, kIoError = 2, kConfigError = 3, kOtherError = 4;
 
-#define WORKER_CHECK(cond, ...)                                                               \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      std::cerr << "rank check failed: " #cond " " << starling::detail::concat(__VA_ARGS__) << "\n"; \
-      std::exit(kFailedCheck);                                                                \
-    }                                                                                         \
+#define WORKER_CHECK(cond, ...)                                                             \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::cerr << "rank check failed: " #cond " " << starling::detail::concat(__VA_ARGS__) \
+                << "\n";                                                                    \
+      std::exit(kFailedCheck);                                                              \
+    }                                                                                       \
   } while (0)
 
 // Small integers, so every sum is exact whatever the reduction order.
-float valueAt(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 17) - 8); }
+float valueAt(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(rank) * 13) % 17) - 8);
+}
 
 // The FedAdam-like elementwise server step the decoupled path applies to its shard only.
 void serverStep(std::span<float> x) {
@@ -80,8 +84,8 @@ void roleSums(sim::Collectives& c, size_t bucket_bytes, const fs::path& out) {
   const int w = c.size(), r = c.rank();
   const size_t max_n = 300 * (bucket_bytes / sizeof(float));
   std::ostringstream hashes;
-  for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{1000}, size_t{12345},
-                   size_t{100003}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{1000},
+                   size_t{12345}, size_t{100003}}) {
     if (n > max_n) continue;
     std::vector<float> x(n), expected(n, 0.0f);
     for (size_t i = 0; i < n; ++i) {
@@ -95,28 +99,33 @@ void roleSums(sim::Collectives& c, size_t bucket_bytes, const fs::path& out) {
     std::vector<float> b = x;
     c.reduceScatterSum(b);
     const auto [lo, hi] = c.shard(n);
-    for (size_t i = lo; i < hi; ++i) WORKER_CHECK(b[i] == expected[i], "reduceScatterSum n=", n, " i=", i);
+    for (size_t i = lo; i < hi; ++i)
+      WORKER_CHECK(b[i] == expected[i], "reduceScatterSum n=", n, " i=", i);
     for (size_t i = 0; i < n; ++i) {
       if (i < lo || i >= hi) b[i] = std::numeric_limits<float>::quiet_NaN();
     }
     std::vector<float> stepped = b;
     c.allGather(b);
-    WORKER_CHECK((n == 0 || std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0), "allGather bits n=", n);
+    WORKER_CHECK((n == 0 || std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0),
+                 "allGather bits n=", n);
 
     serverStep(std::span<float>(stepped).subspan(lo, hi - lo));
     c.allGather(stepped);
     serverStep(a);
-    WORKER_CHECK((n == 0 || std::memcmp(a.data(), stepped.data(), n * sizeof(float)) == 0), "sharded step n=", n);
+    WORKER_CHECK((n == 0 || std::memcmp(a.data(), stepped.data(), n * sizeof(float)) == 0),
+                 "sharded step n=", n);
   }
   // Non-integer values: no exactness, but every rank must end with the same bits.
   const size_t n = std::min<size_t>(54321, max_n);
   std::vector<float> a(n);
-  for (size_t i = 0; i < n; ++i) a[i] = std::sin(0.001f * static_cast<float>(i) + 0.37f * static_cast<float>(r));
+  for (size_t i = 0; i < n; ++i)
+    a[i] = std::sin(0.001f * static_cast<float>(i) + 0.37f * static_cast<float>(r));
   std::vector<float> b = a;
   c.allReduceSum(a);
   c.reduceScatterSum(b);
   c.allGather(b);
-  for (size_t i = 0; i < n; ++i) WORKER_CHECK(std::abs(a[i] - b[i]) <= 1e-5f * (1 + std::abs(a[i])), "i=", i);
+  for (size_t i = 0; i < n; ++i)
+    WORKER_CHECK(std::abs(a[i] - b[i]) <= 1e-5f * (1 + std::abs(a[i])), "i=", i);
   hashes << fnv(a) << " " << fnv(b) << "\n";
   // allGatherBytes: every rank's bytes (rank 1 none, the others of lengths that are not multiples
   // of four, bytes 0 to 255, and words that are a signalling and a quiet NaN's bits), through
@@ -124,9 +133,9 @@ void roleSums(sim::Collectives& c, size_t bucket_bytes, const fs::path& out) {
   // 70,001 bytes need the second 16-bit piece of the sizes' all-reduce (in windows of one word
   // they would take 17,501 all-gathers).
   const auto bytesOf = [](int rank, bool big) {
-    std::vector<uint8_t> v(rank == 1             ? 0
+    std::vector<uint8_t> v(rank == 1            ? 0
                            : (rank == 2 && big) ? 70001
-                                                 : 1000 + 7 * static_cast<size_t>(rank) + 1);
+                                                : 1000 + 7 * static_cast<size_t>(rank) + 1);
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 131 + 17 * rank + 255);
     const uint8_t nans[8] = {0x01, 0x00, 0x80, 0x7f, 0x00, 0x00, 0xc0, 0xff};
     if (!v.empty()) std::memcpy(v.data(), nans, sizeof nans);
@@ -201,8 +210,10 @@ std::string slurp(const fs::path& p) {
   return s.str();
 }
 
-std::vector<std::string> workerArgs(const std::string& role, size_t bucket, int timeout_ms, const fs::path& out) {
-  return {"--collectives-worker", role, std::to_string(bucket), std::to_string(timeout_ms), out.string()};
+std::vector<std::string> workerArgs(const std::string& role, size_t bucket, int timeout_ms,
+                                    const fs::path& out) {
+  return {"--collectives-worker", role, std::to_string(bucket), std::to_string(timeout_ms),
+          out.string()};
 }
 
 std::vector<std::string> stderrFiles(const fs::path& dir, int w) {
@@ -231,9 +242,11 @@ std::string configError(const Env& env) {
 
 }  // namespace
 
-TEST_CASE("shardRange covers 0..n-1 exactly once, in rank order, sizes within one", "[simulator][collectives]") {
+TEST_CASE("shardRange covers 0..n-1 exactly once, in rank order, sizes within one",
+          "[simulator][collectives]") {
   for (int w = 1; w <= 9; ++w) {
-    for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{5}, size_t{8}, size_t{9}, size_t{1000003}}) {
+    for (size_t n :
+         {size_t{0}, size_t{1}, size_t{2}, size_t{5}, size_t{8}, size_t{9}, size_t{1000003}}) {
       size_t next = 0, lo = n, hi = 0;
       for (int r = 0; r < w; ++r) {
         const auto [b, e] = sim::Collectives::shardRange(n, r, w);
@@ -273,16 +286,19 @@ TEST_CASE("a local group of one leaves buffers unchanged", "[simulator][collecti
   CHECK(sim::makeCollectives("local", sim::LaunchInfo{})->size() == 1);
 }
 
-TEST_CASE("bad collective options and backends are ConfigErrors naming them", "[simulator][collectives]") {
+TEST_CASE("bad collective options and backends are ConfigErrors naming them",
+          "[simulator][collectives]") {
   sim::CollectiveOptions o;
   o.bucket_bytes = 0;
   CHECK_THROWS_WITH(o.validate(), Catch::Contains("bucket_bytes"));
   o = {};
   o.timeout = 0ms;
   CHECK_THROWS_WITH(o.validate(), Catch::Contains("timeout"));
-  CHECK_THROWS_WITH(sim::makeCollectives("mpi", sim::LaunchInfo{}), Catch::Contains("unknown collectives backend 'mpi'"));
+  CHECK_THROWS_WITH(sim::makeCollectives("mpi", sim::LaunchInfo{}),
+                    Catch::Contains("unknown collectives backend 'mpi'"));
   sim::LaunchInfo two{0, 2, 0, 2, "127.0.0.1", 29500, "torchrun"};
-  CHECK_THROWS_WITH(sim::makeCollectives("local", two), Catch::Contains("'local' is a group of one"));
+  CHECK_THROWS_WITH(sim::makeCollectives("local", two),
+                    Catch::Contains("'local' is a group of one"));
 }
 
 TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][launch]") {
@@ -293,8 +309,11 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     CHECK(i.world_size == 1);
   }
   SECTION("torchrun") {
-    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup(
-        {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}}));
+    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"RANK", "3"},
+                                                           {"WORLD_SIZE", "8"},
+                                                           {"LOCAL_RANK", "1"},
+                                                           {"MASTER_ADDR", "10.0.0.1"},
+                                                           {"MASTER_PORT", "29500"}}));
     CHECK(i.source == "torchrun");
     CHECK(i.rank == 3);
     CHECK(i.world_size == 8);
@@ -303,15 +322,22 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     CHECK(i.master_port == 29500);
   }
   SECTION("torchrun's variables win over SLURM's (srun torchrun ...)") {
-    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"RANK", "5"}, {"WORLD_SIZE", "6"}, {"MASTER_ADDR", "h"},
-                                                           {"MASTER_PORT", "1"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}));
+    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"RANK", "5"},
+                                                           {"WORLD_SIZE", "6"},
+                                                           {"MASTER_ADDR", "h"},
+                                                           {"MASTER_PORT", "1"},
+                                                           {"SLURM_PROCID", "0"},
+                                                           {"SLURM_NTASKS", "2"}}));
     CHECK(i.source == "torchrun");
     CHECK(i.rank == 5);
     CHECK(i.local_rank == 0);
   }
   SECTION("slurm, master address from SLURM_LAUNCH_NODE_IPADDR") {
-    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
-                                                           {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"}, {"MASTER_PORT", "12345"}}));
+    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"SLURM_PROCID", "2"},
+                                                           {"SLURM_NTASKS", "4"},
+                                                           {"SLURM_LOCALID", "0"},
+                                                           {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"},
+                                                           {"MASTER_PORT", "12345"}}));
     CHECK(i.source == "slurm");
     CHECK(i.rank == 2);
     CHECK(i.world_size == 4);
@@ -319,14 +345,18 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
     CHECK(i.master_port == 12345);
   }
   SECTION("slurm, MASTER_ADDR wins over the launch node") {
-    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"MASTER_ADDR", "node7"},
-                                                           {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"}, {"MASTER_PORT", "1"}}));
+    const sim::LaunchInfo i = sim::parseLaunchInfo(lookup({{"SLURM_PROCID", "0"},
+                                                           {"SLURM_NTASKS", "2"},
+                                                           {"MASTER_ADDR", "node7"},
+                                                           {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"},
+                                                           {"MASTER_PORT", "1"}}));
     CHECK(i.master_addr == "node7");
   }
   SECTION("spawned: spawnEnvironment round-trips") {
     const sim::LaunchInfo in{1, 3, 1, 3, "127.0.0.1", 4242, "spawned"};
     Env env;
-    for (const std::string& kv : sim::spawnEnvironment(in)) env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    for (const std::string& kv : sim::spawnEnvironment(in))
+      env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
     const sim::LaunchInfo i = sim::parseLaunchInfo(lookup(env));
     CHECK(i.source == "spawned");
     CHECK(i.rank == 1);
@@ -364,36 +394,51 @@ TEST_CASE("launch info from torchrun, SLURM and a single process", "[simulator][
   }
 }
 
-TEST_CASE("inconsistent launch variables are ConfigErrors naming the variable", "[simulator][launch]") {
+TEST_CASE("inconsistent launch variables are ConfigErrors naming the variable",
+          "[simulator][launch]") {
   const Env master{{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
   auto with = [&](Env e) {
     e.insert(master.begin(), master.end());
     return e;
   };
-  CHECK_THAT(configError(with({{"RANK", "2"}, {"WORLD_SIZE", "2"}})), Catch::Contains("RANK=2 is not below WORLD_SIZE=2"));
-  CHECK_THAT(configError(with({{"RANK", "x1"}, {"WORLD_SIZE", "2"}})), Catch::Contains("RANK='x1'"));
-  CHECK_THAT(configError(with({{"RANK", "1"}, {"WORLD_SIZE", "2 "}})), Catch::Contains("WORLD_SIZE='2 '"));
+  CHECK_THAT(configError(with({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
+             Catch::Contains("RANK=2 is not below WORLD_SIZE=2"));
+  CHECK_THAT(configError(with({{"RANK", "x1"}, {"WORLD_SIZE", "2"}})),
+             Catch::Contains("RANK='x1'"));
+  CHECK_THAT(configError(with({{"RANK", "1"}, {"WORLD_SIZE", "2 "}})),
+             Catch::Contains("WORLD_SIZE='2 '"));
   CHECK_THAT(configError(with({{"RANK", "-1"}, {"WORLD_SIZE", "2"}})), Catch::Contains("RANK"));
-  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "0"}})), Catch::Contains("WORLD_SIZE=0 is out of range"));
-  CHECK_THAT(configError(with({{"RANK", "0"}})), Catch::Contains("RANK is set but WORLD_SIZE is not"));
-  CHECK_THAT(configError(with({{"WORLD_SIZE", "2"}})), Catch::Contains("WORLD_SIZE is set but RANK is not"));
-  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}})), Catch::Contains("LOCAL_RANK=2"));
+  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "0"}})),
+             Catch::Contains("WORLD_SIZE=0 is out of range"));
+  CHECK_THAT(configError(with({{"RANK", "0"}})),
+             Catch::Contains("RANK is set but WORLD_SIZE is not"));
+  CHECK_THAT(configError(with({{"WORLD_SIZE", "2"}})),
+             Catch::Contains("WORLD_SIZE is set but RANK is not"));
+  CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}})),
+             Catch::Contains("LOCAL_RANK=2"));
   CHECK_THAT(
       configError(with(
           {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
       Catch::Contains("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"));
   CHECK_THAT(configError(with({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "two"}})),
              Catch::Contains("LOCAL_WORLD_SIZE='two'"));
-  CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}), Catch::Contains("MASTER_ADDR is not set"));
-  CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}), Catch::Contains("MASTER_PORT is not set"));
-  CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
-             Catch::Contains("MASTER_PORT=70000 is out of range"));
-  CHECK_THAT(configError({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}), Catch::Contains("SLURM_PROCID=4 is not below SLURM_NTASKS=4"));
+  CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
+             Catch::Contains("MASTER_ADDR is not set"));
+  CHECK_THAT(configError({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
+             Catch::Contains("MASTER_PORT is not set"));
+  CHECK_THAT(
+      configError(
+          {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
+      Catch::Contains("MASTER_PORT=70000 is out of range"));
+  CHECK_THAT(configError({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}),
+             Catch::Contains("SLURM_PROCID=4 is not below SLURM_NTASKS=4"));
   CHECK_THAT(configError({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "1"}}),
              Catch::Contains("nor is SLURM_LAUNCH_NODE_IPADDR"));
-  CHECK_THAT(configError({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LAUNCH_NODE_IPADDR", "h"}}),
+  CHECK_THAT(configError(
+                 {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LAUNCH_NODE_IPADDR", "h"}}),
              Catch::Contains("MASTER_PORT is not set"));
-  CHECK_THAT(configError({{"SLURM_NTASKS", "2"}}), Catch::Contains("SLURM_NTASKS is set but SLURM_PROCID is not"));
+  CHECK_THAT(configError({{"SLURM_NTASKS", "2"}}),
+             Catch::Contains("SLURM_NTASKS is set but SLURM_PROCID is not"));
   // A world of one needs no master.
   CHECK(sim::parseLaunchInfo(lookup({{"RANK", "0"}, {"WORLD_SIZE", "1"}})).world_size == 1);
 }
@@ -408,8 +453,9 @@ TEST_CASE("Gloo: all-reduce, reduce-scatter and all-gather give exact sums acros
   TempDir dir;
   INFO("world " << world << ", bucket " << bucket << " bytes");
   const auto t0 = std::chrono::steady_clock::now();
-  const auto pids = sim::spawnLocalRanks(self_exe, workerArgs("sums", bucket, 30000, dir.path), world,
-                                         sim::freeLoopbackPort(), stderrFiles(dir.path, world));
+  const auto pids =
+      sim::spawnLocalRanks(self_exe, workerArgs("sums", bucket, 30000, dir.path), world,
+                           sim::freeLoopbackPort(), stderrFiles(dir.path, world));
   const std::vector<int> st = sim::waitRanks(pids, 120s);
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r << " stderr: " << slurp(dir.path / ("stderr" + std::to_string(r) + ".txt")));
@@ -417,9 +463,11 @@ TEST_CASE("Gloo: all-reduce, reduce-scatter and all-gather give exact sums acros
   }
   const std::string h0 = slurp(dir.path / "rank0.txt");
   CHECK_FALSE(h0.empty());
-  for (int r = 1; r < world; ++r) CHECK(slurp(dir.path / ("rank" + std::to_string(r) + ".txt")) == h0);
+  for (int r = 1; r < world; ++r)
+    CHECK(slurp(dir.path / ("rank" + std::to_string(r) + ".txt")) == h0);
   std::cerr << "gloo sums, world " << world << ", bucket " << bucket << ": "
-            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s\n";
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+            << " s\n";
 }
 
 TEST_CASE("Gloo: a rank killed mid-collective makes its peer fail with an IoError in bounded time",
@@ -430,18 +478,19 @@ TEST_CASE("Gloo: a rank killed mid-collective makes its peer fail with an IoErro
   INFO(role);
   TempDir dir;
   const int timeout_ms = role == "dead" ? 60000 : 2000;  // "dead" must not need the timeout
-  const auto pids = sim::spawnLocalRanks(self_exe, workerArgs(role, 4 << 20, timeout_ms, dir.path), 2,
-                                         sim::freeLoopbackPort(), stderrFiles(dir.path, 2));
+  const auto pids = sim::spawnLocalRanks(self_exe, workerArgs(role, 4 << 20, timeout_ms, dir.path),
+                                         2, sim::freeLoopbackPort(), stderrFiles(dir.path, 2));
   // Both ranks are connected once both have written their ready files; rank 0 writes its own
   // just before its all-reduces. Whether the kill lands before its first all-reduce or inside one,
   // the pair's connection is broken and the next read fails: "dead" never waits for the timeout.
   REQUIRE(starling::testing::waitForFiles(
-      dir.path,
-      [&] { return fs::exists(dir.path / "ready0") && fs::exists(dir.path / "ready1"); }, 60s));
+      dir.path, [&] { return fs::exists(dir.path / "ready0") && fs::exists(dir.path / "ready1"); },
+      60s));
   const auto t0 = std::chrono::steady_clock::now();
   if (role == "dead") kill(pids[1], SIGKILL);
   const std::vector<int> st0 = sim::waitRanks({pids[0]}, 30s);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   sim::waitRanks({pids[1]}, 0ms);  // kills the silent one; reaps the dead one
   const std::string err = slurp(dir.path / "stderr0.txt");
   INFO("rank 0 took " << seconds << " s; stderr: " << err);
@@ -451,11 +500,12 @@ TEST_CASE("Gloo: a rank killed mid-collective makes its peer fail with an IoErro
   std::cerr << "gloo " << role << ": rank 0 failed after " << seconds << " s\n";
 }
 
-TEST_CASE("Gloo: rendezvous failures are errors, not hangs", "[simulator][collectives][integration]") {
+TEST_CASE("Gloo: rendezvous failures are errors, not hangs",
+          "[simulator][collectives][integration]") {
   SECTION("ranks with different bucket sizes: ConfigError naming the option") {
     TempDir dir;
-    const auto pids = sim::spawnLocalRanks(self_exe, workerArgs("mismatch", 4096, 20000, dir.path), 2,
-                                           sim::freeLoopbackPort(), stderrFiles(dir.path, 2));
+    const auto pids = sim::spawnLocalRanks(self_exe, workerArgs("mismatch", 4096, 20000, dir.path),
+                                           2, sim::freeLoopbackPort(), stderrFiles(dir.path, 2));
     // Rank 1 refuses at once; rank 0 would wait for it until its timeout, so it is killed then.
     const std::vector<int> st1 = sim::waitRanks({pids[1]}, 60s);
     sim::waitRanks({pids[0]}, 0ms);
@@ -468,12 +518,13 @@ TEST_CASE("Gloo: rendezvous failures are errors, not hangs", "[simulator][collec
     TempDir dir;
     const int port = sim::freeLoopbackPort();
     // Spawn a world of 2 and kill rank 0 at once: rank 1 has no store to connect to.
-    const auto pids = sim::spawnLocalRanks(self_exe, workerArgs("sums", 4096, 2000, dir.path), 2, port,
-                                           stderrFiles(dir.path, 2));
+    const auto pids = sim::spawnLocalRanks(self_exe, workerArgs("sums", 4096, 2000, dir.path), 2,
+                                           port, stderrFiles(dir.path, 2));
     kill(pids[0], SIGKILL);
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int> st = sim::waitRanks(pids, 30s);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string err1 = slurp(dir.path / "stderr1.txt");
     INFO("took " << seconds << " s; " << err1);
     CHECK(st[1] == kIoError);

@@ -27,7 +27,8 @@ float valueAt(int rank, size_t i) {
 
 }  // namespace
 
-TEST_CASE("NCCL, world of one: all-reduce, reduce-scatter and all-gather keep the buffer", "[simulator][nccl]") {
+TEST_CASE("NCCL, world of one: all-reduce, reduce-scatter and all-gather keep the buffer",
+          "[simulator][nccl]") {
   const size_t bucket = GENERATE(size_t{4} << 20, size_t{40});
   sim::CollectiveOptions o;
   o.bucket_bytes = bucket;
@@ -55,7 +56,8 @@ int main(int argc, char** argv) {
   starling::testing::failEmptyTests(session);
   const Catch::ConfigData& c = session.configData();
   // Listing (catch_discover_tests runs --list-test-names-only at build time) needs no GPU.
-  const bool listing = c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
+  const bool listing =
+      c.listTests || c.listTestNamesOnly || c.listTags || c.listReporters || c.showHelp;
   if (!listing && sim::ncclDeviceCount() == 0) {
     // Without a device, the error contract still holds: makeNccl is an IoError, never a crash.
     try {

@@ -21,8 +21,8 @@ using namespace starling::simulator;
 namespace {
 
 // The makespan the workers would really see: each worker's true seconds per example.
-double trueMakespan(const Assignment& a, const std::vector<double>& spe, const std::map<uint64_t, uint64_t>& examples,
-                    uint32_t epochs) {
+double trueMakespan(const Assignment& a, const std::vector<double>& spe,
+                    const std::map<uint64_t, uint64_t>& examples, uint32_t epochs) {
   double worst = 0;
   for (size_t w = 0; w < a.per_worker.size(); ++w) {
     double t = 0;
@@ -68,13 +68,16 @@ TEST_CASE("LPT's makespan beats round-robin on a skewed workload", "[simulator]"
   cost.observe(1, 1000, 1, 0.2);
   CHECK(cost.secondsPerExample(1) == Approx(2e-4));
   const double lpt = trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kLpt), spe, examples, 1);
-  const double rr = trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kRoundRobin), spe, examples, 1);
+  const double rr =
+      trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kRoundRobin), spe, examples, 1);
   CHECK(lpt < rr);
   // And LPT is close to the ideal split of the total work between the two speeds.
   double work = 0;
   for (const auto& j : jobs) work += static_cast<double>(j.examples);
   const double ideal = work / (1 / spe[0] + 1 / spe[1]);
-  const uint64_t biggest = std::max_element(jobs.begin(), jobs.end(), [](auto& a, auto& b) { return a.examples < b.examples; })->examples;
+  const uint64_t biggest = std::max_element(jobs.begin(), jobs.end(), [](auto& a, auto& b) {
+                             return a.examples < b.examples;
+                           })->examples;
   CHECK(lpt <= ideal + spe[1] * static_cast<double>(biggest));
 }
 
@@ -97,7 +100,7 @@ TEST_CASE("a simulated round lasts until its last accepted client, the deadline 
           "[simulator]") {
   const DeviceProfile fast{2.0, 1e6, 1.0}, slow{0.5, 1e5, 1.0};
   const ClientTiming a = timeClient(fast, 1, 1000, 2, 1e-3, 100'000, 50'000);
-  CHECK(a.compute_seconds == Approx(1.0));   // 1000 x 2 x 1e-3 / 2
+  CHECK(a.compute_seconds == Approx(1.0));    // 1000 x 2 x 1e-3 / 2
   CHECK(a.transfer_seconds == Approx(0.15));  // 150 kB at 1 MB/s
   const ClientTiming b = timeClient(slow, 2, 1000, 2, 1e-3, 100'000, 50'000);
   CHECK(b.total() == Approx(4.0 + 1.5));
@@ -118,7 +121,8 @@ TEST_CASE("a simulated round lasts until its last accepted client, the deadline 
   CHECK(r.seconds == Approx(0.1));
 }
 
-TEST_CASE("device populations: sampled deterministically, or read from a trace with clear errors", "[simulator]") {
+TEST_CASE("device populations: sampled deterministically, or read from a trace with clear errors",
+          "[simulator]") {
   DeviceDistributions d;
   d.speed_sigma = 0.5;
   d.bandwidth_sigma = 1.0;
@@ -137,24 +141,30 @@ TEST_CASE("device populations: sampled deterministically, or read from a trace w
   d.availability = 0;
   CHECK_THROWS_AS(DevicePopulation::sample(3, d, 1), ConfigError);
 
-  const auto dir = std::filesystem::temp_directory_path() / ("starling-trace-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("starling-trace-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream((dir / name).string()) << text;
     return (dir / name).string();
   };
-  const auto good = write("good.csv", "# a trace\nclient,speed,bandwidth,availability\n1,0.5,1e6,1\n0,2,5e5,0\n");
+  const auto good =
+      write("good.csv", "# a trace\nclient,speed,bandwidth,availability\n1,0.5,1e6,1\n0,2,5e5,0\n");
   const auto t = DevicePopulation::fromCsv(good, 2);
   CHECK(t[1].speed == 0.5);
   CHECK(t[0].bandwidth == 5e5);
   CHECK_FALSE(t.available(0, 1, 1));
   CHECK(t.available(1, 1, 1));
   CHECK_THROWS_WITH(DevicePopulation::fromCsv(good, 3), Catch::Contains("client 2 is missing"));
-  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("dup.csv", "client,speed,bandwidth,availability\n0,1,1,1\n0,1,1,1\n"), 2),
-                    Catch::Contains("appears twice"));
-  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("neg.csv", "client,speed,bandwidth,availability\n0,-1,1,1\n"), 1),
+  CHECK_THROWS_WITH(
+      DevicePopulation::fromCsv(
+          write("dup.csv", "client,speed,bandwidth,availability\n0,1,1,1\n0,1,1,1\n"), 2),
+      Catch::Contains("appears twice"));
+  CHECK_THROWS_WITH(DevicePopulation::fromCsv(
+                        write("neg.csv", "client,speed,bandwidth,availability\n0,-1,1,1\n"), 1),
                     Catch::Contains(":2: speed must be positive"));
-  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("hdr.csv", "id,speed\n0,1\n"), 1), Catch::Contains("header"));
+  CHECK_THROWS_WITH(DevicePopulation::fromCsv(write("hdr.csv", "id,speed\n0,1\n"), 1),
+                    Catch::Contains("header"));
   CHECK_THROWS_AS(DevicePopulation::fromCsv((dir / "none.csv").string(), 1), IoError);
   std::filesystem::remove_all(dir);
 }

@@ -26,7 +26,8 @@ struct Federation {
   explicit Federation(size_t n_clients, bool with_scaffold)
       : train(testing::gaussianData(400, 6, 3, 17)), scaffold(with_scaffold) {
     clients.train = &train;
-    clients.shards = data::makePartitioner("dirichlet:alpha=0.3")->split(train.labels, train.num_classes, n_clients, 3);
+    clients.shards = data::makePartitioner("dirichlet:alpha=0.3")
+                         ->split(train.labels, train.num_classes, n_clients, 3);
     clients.devices = sim::DevicePopulation::sample(n_clients, sim::DeviceDistributions{}, 3);
     fleet = std::make_unique<sim::SimFleet>(sim::SimFleetConfig{}, clients, *trainer, store, *coll,
                                             nullptr);
@@ -37,7 +38,8 @@ struct Federation {
     ec.scheme.compressor = "none";
     ec.scheme.scaffold = scaffold;
     ec.scaffold_population = scaffold ? clients.shards.size() : 0;
-    ec.sampling.fraction = static_cast<double>(per_round) / static_cast<double>(clients.shards.size());
+    ec.sampling.fraction =
+        static_cast<double>(per_round) / static_cast<double>(clients.shards.size());
     ec.fit = protocol::FitSettings{2, 16, 0.1f};
     return ec;
   }
@@ -77,7 +79,7 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
     REQUIRE(ci->values.size() == c.size());
     for (size_t j = 0; j < c.size(); ++j) mean[j] += ci->values[j] / static_cast<double>(n);
   }
-  CHECK(with_state > 3);       // several rounds reached different clients
+  CHECK(with_state > 3);  // several rounds reached different clients
   CHECK(with_state <= n);
   double scale = 0, diff = 0;
   for (size_t j = 0; j < c.size(); ++j) {
@@ -124,7 +126,8 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
   CHECK_THROWS_AS(again.fleet->restoreState(truncated), IoError);
   std::vector<uint8_t> other_world = saved;
   other_world[4] = 2;  // u32 workers, little-endian, after the u32 version
-  CHECK_THROWS_MATCHING(again.fleet->restoreState(other_world), IoError, Contains("as many workers"));
+  CHECK_THROWS_MATCHING(again.fleet->restoreState(other_world), IoError,
+                        Contains("as many workers"));
   const std::vector<uint8_t> old_scaffold{2, 0, 0, 0, 1,
                                           0, 0, 0, 1};  // version 2, 1 worker, SCAFFOLD
   CHECK_THROWS_MATCHING(again.fleet->restoreState(old_scaffold), IoError, Contains("older build"));

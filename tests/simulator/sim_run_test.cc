@@ -22,7 +22,8 @@ namespace {
 
 // On the CPU whatever the build: the runs compare results bit for bit across worker counts and
 // resumes, which a GPU gives only to float rounding (make gpu-check covers the GPU).
-std::vector<std::string> simArgs(const TempDir& dir, const std::string& tag, int workers, int rounds) {
+std::vector<std::string> simArgs(const TempDir& dir, const std::string& tag, int workers,
+                                 int rounds) {
   return {binDir() + "/starling-sim",
           "--config",
           std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
@@ -53,7 +54,8 @@ std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<
 
 }  // namespace
 
-TEST_CASE("one worker and two workers give the same run for the same seed", "[simulator][integration][isa]") {
+TEST_CASE("one worker and two workers give the same run for the same seed",
+          "[simulator][integration][isa]") {
   TempDir dir("sim");
   Proc one(simArgs(dir, "w1", 1, 3), dir / "w1.log");
   REQUIRE(one.wait(seconds(300)) == 0);
@@ -69,8 +71,10 @@ TEST_CASE("one worker and two workers give the same run for the same seed", "[si
     // differs between one worker and two.
     CHECK(field(a[i], "clients_completed") == field(b[i], "clients_completed"));
     CHECK(field(a[i], "uplink_bytes") == field(b[i], "uplink_bytes"));
-    CHECK(std::stod(field(a[i], "train_loss")) == Approx(std::stod(field(b[i], "train_loss"))).epsilon(1e-5));
-    CHECK(std::stod(field(a[i], "test_accuracy")) == Approx(std::stod(field(b[i], "test_accuracy"))).margin(2e-3));
+    CHECK(std::stod(field(a[i], "train_loss")) ==
+          Approx(std::stod(field(b[i], "train_loss"))).epsilon(1e-5));
+    CHECK(std::stod(field(a[i], "test_accuracy")) ==
+          Approx(std::stod(field(b[i], "test_accuracy"))).margin(2e-3));
   }
   const auto [diff, scale] = modelDiff(dir / "w1.ckpt", dir / "w2.ckpt");
   CHECK(diff <= 1e-4 * scale);
@@ -200,7 +204,8 @@ TEST_CASE("a simulation resumed from its checkpoint finishes the run", "[simulat
 
 TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][integration]") {
   TempDir dir("simbad");
-  Proc p({binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+  Proc p({binDir() + "/starling-sim", "--config",
+          std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
           "--sampling.clients_per_round", "500"},
          dir / "bad.log");
   CHECK(p.wait(seconds(60)) == 2);
@@ -209,8 +214,9 @@ TEST_CASE("a bad configuration names the key and starts nothing", "[simulator][i
   CHECK(q.wait(seconds(60)) == 2);
   CHECK(readText(dir / "bad2.log").find("transformer") != std::string::npos);
   // A robust rule cannot be split among workers (it needs every update in one place).
-  Proc r({binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
-          "--sim.workers", "2", "--aggregation.rule", "median"},
+  Proc r({binDir() + "/starling-sim", "--config",
+          std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml", "--sim.workers", "2",
+          "--aggregation.rule", "median"},
          dir / "bad3.log");
   CHECK(r.wait(seconds(120)) == 2);
   CHECK(readText(dir / "bad3.log").find("not a streaming rule") != std::string::npos);
@@ -302,7 +308,8 @@ TEST_CASE("device settings no worker can meet stop the run before any worker sta
   CHECK(log3.find("use sim.backend = gloo") != std::string::npos);
 }
 
-TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted one", "[simulator][integration]") {
+TEST_CASE("a simulation killed with SIGKILL and resumed equals an uninterrupted one",
+          "[simulator][integration]") {
   TempDir dir("simkill");
   auto args = [&](const std::string& tag, int rounds) {
     auto a = simArgs(dir, tag, 2, rounds);
@@ -375,7 +382,8 @@ TEST_CASE("every configuration in examples/sim runs", "[simulator][integration]"
             "--data.train_labels", "train-y",         "--data.test",  "test-x",
             "--data.test_labels",  "test-y"};
   }
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(STARLING_SOURCE_DIR) + "/examples/sim")) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(STARLING_SOURCE_DIR) + "/examples/sim")) {
     if (entry.path().extension() != ".toml") continue;
     CAPTURE(entry.path().string());
     // One round and a small pool keep it short; everything else is the file's.
@@ -403,10 +411,12 @@ namespace {
 
 // quick.toml with FedAdam (its moments are the state the sharded step splits) and dense updates
 // (no client state, so that a resumed run can equal an uninterrupted one without a state.dir).
-std::vector<std::string> adamArgs(const TempDir& dir, const std::string& tag, int workers, int rounds, bool sharded) {
+std::vector<std::string> adamArgs(const TempDir& dir, const std::string& tag, int workers,
+                                  int rounds, bool sharded) {
   auto a = simArgs(dir, tag, workers, rounds);
-  a.insert(a.end(), {"--aggregation.server_opt", "fedadam:eta=0.01", "--compression.compressor", "none",
-                     "--sim.sharded_step", sharded ? "true" : "false", "--sim.bucket_bytes", "4096"});
+  a.insert(a.end(),
+           {"--aggregation.server_opt", "fedadam:eta=0.01", "--compression.compressor", "none",
+            "--sim.sharded_step", sharded ? "true" : "false", "--sim.bucket_bytes", "4096"});
   return a;
 }
 
@@ -415,7 +425,8 @@ std::vector<std::string> adamArgs(const TempDir& dir, const std::string& tag, in
 TEST_CASE("the sharded server step equals an all-reduce followed by one whole optimizer step",
           "[simulator][integration]") {
   TempDir dir("simshard");
-  // Three workers: 7,850 parameters split 2617/2617/2616, buckets of 1,024 floats (several per shard).
+  // Three workers: 7,850 parameters split 2617/2617/2616, buckets of 1,024 floats (several per
+  // shard).
   for (int workers : {2, 3}) {
     CAPTURE(workers);
     const std::string n = std::to_string(workers);
@@ -428,16 +439,19 @@ TEST_CASE("the sharded server step equals an all-reduce followed by one whole op
     const int rc = whole.wait(seconds(300));
     INFO(readText(dir / (s + ".log")) << readText(dir / (w + ".log")));
     REQUIRE(rc == 0);
-    // Each worker kept only its shard of FedAdam's moments: one file per worker, beside the checkpoint.
+    // Each worker kept only its shard of FedAdam's moments: one file per worker, beside the
+    // checkpoint.
     for (int r = 0; r < workers; ++r)
-      CHECK(std::filesystem::exists(dir / (s + ".ckpt.optimizer-" + std::to_string(r) + "-of-" + n)));
+      CHECK(
+          std::filesystem::exists(dir / (s + ".ckpt.optimizer-" + std::to_string(r) + "-of-" + n)));
     CHECK_FALSE(std::filesystem::exists(dir / (w + ".ckpt.optimizer-0-of-" + n)));
     const auto a = readLines(dir / (s + ".jsonl")), b = readLines(dir / (w + ".jsonl"));
     REQUIRE(a.size() == 4);
     REQUIRE(b.size() == 4);
     for (size_t i = 0; i < 4; ++i) {
       CHECK(field(a[i], "uplink_bytes") == field(b[i], "uplink_bytes"));
-      CHECK(std::stod(field(a[i], "test_accuracy")) == Approx(std::stod(field(b[i], "test_accuracy"))).margin(1e-3));
+      CHECK(std::stod(field(a[i], "test_accuracy")) ==
+            Approx(std::stod(field(b[i], "test_accuracy"))).margin(1e-3));
     }
     // The same model up to the order of float sums (a reduce-scatter adds peers in rank order,
     // Gloo's ring all-reduce in ring order); after 4 FedAdam steps the model is far from its start.
@@ -461,7 +475,8 @@ TEST_CASE("a sharded run resumes its optimizer shards, also when a crash left th
   std::filesystem::copy_file(dir / "cut.ckpt", dir / "cut-2.ckpt");
   Proc three(adamArgs(dir, "cut", 2, 3, true), dir / "cut.log");
   REQUIRE(three.wait(seconds(300)) == 0);
-  std::filesystem::copy_file(dir / "cut-2.ckpt", dir / "cut.ckpt", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(dir / "cut-2.ckpt", dir / "cut.ckpt",
+                             std::filesystem::copy_options::overwrite_existing);
   std::filesystem::resize_file(dir / "cut.jsonl", 0);
   Proc again(adamArgs(dir, "cut", 2, 4, true), dir / "cut.log");
   const int rc = again.wait(seconds(300));
@@ -513,7 +528,8 @@ TEST_CASE("clients unavailable per their trace are never sampled", "[simulator][
   };
   // The control: with everyone available, 10 clients are sampled every round (so the check below
   // can see a trace that is ignored).
-  for (const auto& line : run("all", trace("all.csv", false))) CHECK(std::stoi(field(line, "clients_selected")) == 10);
+  for (const auto& line : run("all", trace("all.csv", false)))
+    CHECK(std::stoi(field(line, "clients_selected")) == 10);
   for (const auto& line : run("five", trace("five.csv", true))) {
     INFO(line);
     // FedScale's semantics: clients_per_round, or every available client when fewer are.
@@ -536,16 +552,29 @@ TEST_CASE(
       const int y = (i * 7) % 3;
       if (count) ++class_count[y];
       f << y;
-      for (int j = 0; j < 8; ++j) f << "," << ((j % 3 == y) ? 1.0 : 0.0) + 0.1 * ((i * 13 + j * 5) % 11 - 5);
+      for (int j = 0; j < 8; ++j)
+        f << "," << ((j % 3 == y) ? 1.0 : 0.0) + 0.1 * ((i * 13 + j * 5) % 11 - 5);
       f << "\n";
     }
   };
   write("train.csv", 300, true);
   write("test.csv", 60, false);
   const auto args = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a{binDir() + "/starling-sim", "--config", std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
-                               "--sim.workers", "1", "--train.rounds", "2", "--data.format", "csv", "--data.dir", dir.path.string(),
-                               "--data.train", "train.csv", "--data.test", "test.csv"};
+    std::vector<std::string> a{binDir() + "/starling-sim",
+                               "--config",
+                               std::string(STARLING_SOURCE_DIR) + "/examples/sim/quick.toml",
+                               "--sim.workers",
+                               "1",
+                               "--train.rounds",
+                               "2",
+                               "--data.format",
+                               "csv",
+                               "--data.dir",
+                               dir.path.string(),
+                               "--data.train",
+                               "train.csv",
+                               "--data.test",
+                               "test.csv"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
@@ -555,11 +584,13 @@ TEST_CASE(
   const int rc = ok.wait(seconds(300));
   INFO(readText(dir / "ok.log"));
   REQUIRE(rc == 0);
-  CHECK(readText(dir / "ok.log").find("300 examples of 8 features, 3 classes") != std::string::npos);
+  CHECK(readText(dir / "ok.log").find("300 examples of 8 features, 3 classes") !=
+        std::string::npos);
   const auto metrics = readLines(dir / "m.jsonl");
   REQUIRE(metrics.size() == 2);
   CHECK(!field(metrics[1], "test_accuracy").empty());
-  // stats.csv: a header and one line per client (quick.toml: 20, iid) whose counts add up to the data.
+  // stats.csv: a header and one line per client (quick.toml: 20, iid) whose counts add up to the
+  // data.
   const auto stats = readLines(dir / "stats.csv");
   REQUIRE(stats.size() == 21);
   CHECK(stats[0] == "client,examples,classes_held,label_skew,class_0,class_1,class_2");
@@ -613,18 +644,26 @@ TEST_CASE(
   CHECK(cnn_log.find("data.shape") != std::string::npos);
 }
 
-TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings", "[simulator][integration]") {
+TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings",
+          "[simulator][integration]") {
   TempDir dir("simalgo");
   // One client in the pool: after its first round SCAFFOLD's c equals that client's c_i, so its
   // correction c - c_i is exactly zero and every round is FedAvg's, bit for bit.
   const auto one = [&](const std::string& tag, std::initializer_list<std::string> more) {
     return with(simArgs(dir, tag, 1, 3), more);
   };
-  const std::initializer_list<std::string> pool1 = {"--data.num_clients", "1", "--sampling.clients_per_round", "1",
-                                                    "--compression.compressor", "none", "--data.partition", "iid"};
+  const std::initializer_list<std::string> pool1 = {"--data.num_clients",
+                                                    "1",
+                                                    "--sampling.clients_per_round",
+                                                    "1",
+                                                    "--compression.compressor",
+                                                    "none",
+                                                    "--data.partition",
+                                                    "iid"};
   Proc fedavg(with(one("fedavg", {}), pool1), dir / "fedavg.log");
   REQUIRE(fedavg.wait(seconds(300)) == 0);
-  Proc scaffold(with(with(one("scaffold", {}), pool1), {"--train.scaffold", "true"}), dir / "scaffold.log");
+  Proc scaffold(with(with(one("scaffold", {}), pool1), {"--train.scaffold", "true"}),
+                dir / "scaffold.log");
   const int rc = scaffold.wait(seconds(300));
   INFO(readText(dir / "scaffold.log"));
   REQUIRE(rc == 0);
@@ -633,8 +672,10 @@ TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings", "[s
   // the size of the model.
   const auto fa = readLines(dir / "fedavg.jsonl"), sc = readLines(dir / "scaffold.jsonl");
   REQUIRE(sc.size() == 3);
-  CHECK(std::stoull(field(sc[0], "uplink_bytes")) > std::stoull(field(fa[0], "uplink_bytes")) + 4 * 7850);
-  CHECK(std::stoull(field(sc[0], "downlink_bytes")) > std::stoull(field(fa[0], "downlink_bytes")) + 4 * 7850);
+  CHECK(std::stoull(field(sc[0], "uplink_bytes")) >
+        std::stoull(field(fa[0], "uplink_bytes")) + 4 * 7850);
+  CHECK(std::stoull(field(sc[0], "downlink_bytes")) >
+        std::stoull(field(fa[0], "downlink_bytes")) + 4 * 7850);
 
   // FedProx with mu = 0 is FedAvg; with mu > 0 the model moves less from where it starts.
   Proc prox0(with(one("prox0", {}), {"--train.prox_mu", "0"}), dir / "prox0.log");
@@ -651,14 +692,16 @@ TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings", "[s
   CHECK(readText(dir / "bad.log").find("train.prox_mu") != std::string::npos);
 }
 
-TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted one", "[simulator][integration]") {
+TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted one",
+          "[simulator][integration]") {
   TempDir dir("simscaffold");
   // Two workers (the sharded step), states spilled to a kept folder: c is in the checkpoint, each
   // c_i in the store of the worker that trained that client last.
   auto args = [&](const std::string& tag, int rounds) {
     return with(simArgs(dir, tag, 2, rounds),
                 {"--train.scaffold", "true", "--compression.compressor", "none", "--data.partition",
-                 "dirichlet:alpha=0.3", "--state.dir", dir / (tag + "-states"), "--state.memory_bytes", "1048576"});
+                 "dirichlet:alpha=0.3", "--state.dir", dir / (tag + "-states"),
+                 "--state.memory_bytes", "1048576"});
   };
   Proc ref(args("ref", 4), dir / "ref.log");
   REQUIRE(ref.wait(seconds(300)) == 0);
@@ -674,8 +717,9 @@ TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted on
   CHECK(diff <= 1e-5 * scale);
   // Without a state.dir the states are kept beside the checkpoint: the same exact resume.
   auto beside = [&](const std::string& tag, int rounds) {
-    return with(simArgs(dir, tag, 2, rounds), {"--train.scaffold", "true", "--compression.compressor", "none",
-                                               "--data.partition", "dirichlet:alpha=0.3"});
+    return with(simArgs(dir, tag, 2, rounds),
+                {"--train.scaffold", "true", "--compression.compressor", "none", "--data.partition",
+                 "dirichlet:alpha=0.3"});
   };
   Proc b1(beside("beside", 2), dir / "beside.log");
   REQUIRE(b1.wait(seconds(300)) == 0);
@@ -685,19 +729,21 @@ TEST_CASE("a SCAFFOLD run resumed from its checkpoint equals an uninterrupted on
   const auto [diff2, scale2] = modelDiff(dir / "ref.ckpt", dir / "beside.ckpt");
   CHECK(diff2 <= 1e-5 * scale2);
   // SCAFFOLD with momentum is refused (its control-variate update assumes plain SGD).
-  Proc momentum(with(beside("momentum", 1), {"--model.spec", "logreg:momentum=0.9"}), dir / "momentum.log");
+  Proc momentum(with(beside("momentum", 1), {"--model.spec", "logreg:momentum=0.9"}),
+                dir / "momentum.log");
   CHECK(momentum.wait(seconds(120)) == 2);
   CHECK(readText(dir / "momentum.log").find("momentum") != std::string::npos);
   // Without SCAFFOLD the same checkpoint cannot be continued silently.
   auto plain = simArgs(dir, "cut", 2, 6);
-  Proc wrong(with(plain, {"--compression.compressor", "none", "--data.partition", "dirichlet:alpha=0.3", "--state.dir",
-                          dir / "cut-states"}),
+  Proc wrong(with(plain, {"--compression.compressor", "none", "--data.partition",
+                          "dirichlet:alpha=0.3", "--state.dir", dir / "cut-states"}),
              dir / "wrong.log");
   CHECK(wrong.wait(seconds(120)) != 0);
   CHECK(readText(dir / "wrong.log").find("SCAFFOLD") != std::string::npos);
 }
 
-TEST_CASE("a checkpoint resumes only with as many workers, sharded step or not", "[simulator][integration]") {
+TEST_CASE("a checkpoint resumes only with as many workers, sharded step or not",
+          "[simulator][integration]") {
   TempDir dir("simworkers");
   for (const char* sharded : {"false", "true"}) {
     CAPTURE(sharded);
@@ -705,7 +751,8 @@ TEST_CASE("a checkpoint resumes only with as many workers, sharded step or not",
     Proc two(with(simArgs(dir, tag, 2, 2), {"--sim.sharded_step", sharded}), dir / (tag + ".log"));
     REQUIRE(two.wait(seconds(300)) == 0);
     const auto before = starling::readFile(dir / (tag + ".ckpt"), uint64_t{1} << 30);
-    Proc three(with(simArgs(dir, tag, 3, 4), {"--sim.sharded_step", sharded}), dir / (tag + "-3.log"));
+    Proc three(with(simArgs(dir, tag, 3, 4), {"--sim.sharded_step", sharded}),
+               dir / (tag + "-3.log"));
     CHECK(three.wait(seconds(120)) == 2);
     CHECK(readText(dir / (tag + "-3.log")).find("as many workers") != std::string::npos);
     CHECK(starling::readFile(dir / (tag + ".ckpt"), uint64_t{1} << 30) == before);  // untouched
@@ -717,8 +764,9 @@ TEST_CASE("client states that move between workers arrive intact", "[simulator][
   // 8 clients, 4 per round, 10 rounds, top-k residuals spilled past a 1 MB bound: the scheduler
   // moves clients between the two workers, and their residuals must follow them exactly.
   auto args = [&](const std::string& tag, int workers) {
-    return with(simArgs(dir, tag, workers, 10), {"--data.num_clients", "8", "--sampling.clients_per_round", "4",
-                                                 "--state.memory_bytes", "1048576"});
+    return with(simArgs(dir, tag, workers, 10),
+                {"--data.num_clients", "8", "--sampling.clients_per_round", "4",
+                 "--state.memory_bytes", "1048576"});
   };
   Proc one(args("m1", 1), dir / "m1.log");
   REQUIRE(one.wait(seconds(300)) == 0);

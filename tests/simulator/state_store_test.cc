@@ -177,8 +177,9 @@ TEST_CASE("state store: memory stays under the bound with 20k clients", "[simula
   CHECK(ok);
   const uint64_t rss1 = procStatus("VmRSS:");
   const auto stats = st.stats();
-  INFO("VmRSS before " << rss0 << ", after " << rss1 << " (RssFile " << procStatus("RssFile:") << "), memory "
-                       << stats.memory_bytes << ", spilled " << stats.spilled_bytes);
+  INFO("VmRSS before " << rss0 << ", after " << rss1 << " (RssFile " << procStatus("RssFile:")
+                       << "), memory " << stats.memory_bytes << ", spilled "
+                       << stats.spilled_bytes);
   CHECK(stats.clients == 20000);
   CHECK(stats.memory_bytes <= kBound);
   CHECK(stats.spilled_bytes > 70u << 20);  // ~80 MB went to disk ...
@@ -222,7 +223,8 @@ TEST_CASE("state store: the least recently used states spill first", "[simulator
   CHECK(st.stats().loads_from_disk == 2);
 }
 
-TEST_CASE("state store: an empty state is stored as nothing and an unknown client loads empty", "[simulator]") {
+TEST_CASE("state store: an empty state is stored as nothing and an unknown client loads empty",
+          "[simulator]") {
   StateStoreOptions o;
   o.memory_bytes = 5000;  // one state of about 4 KB
   ClientStateStore st(o, kFp);
@@ -248,7 +250,8 @@ TEST_CASE("state store: an empty state is stored as nothing and an unknown clien
   CHECK(loaded(st, 2) == bytesOf(makeState(2, 1000)));
 
   // A state of another model is refused.
-  CHECK_THROWS_MATCHING(st.store(4, ClientState(kFp + 1)), InvalidArgument, Contains("bound to model"));
+  CHECK_THROWS_MATCHING(st.store(4, ClientState(kFp + 1)), InvalidArgument,
+                        Contains("bound to model"));
 }
 
 TEST_CASE("state store: flush + reopen sees every state of the checkpoint", "[simulator]") {
@@ -284,7 +287,8 @@ TEST_CASE("state store: flush + reopen sees every state of the checkpoint", "[si
   }
 }
 
-TEST_CASE("state store: after kill -9 a reopened store holds exactly the last flush", "[simulator]") {
+TEST_CASE("state store: after kill -9 a reopened store holds exactly the last flush",
+          "[simulator]") {
   TempDir dir;
   std::map<uint64_t, std::vector<uint8_t>> checkpoint;
   {
@@ -380,29 +384,35 @@ TEST_CASE("state store: bad options and folders are ConfigErrors", "[simulator]"
 
   TempDir dir;
   // Resuming a folder that holds no store.
-  CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0, true), kFp), ConfigError, Contains("no data.mdb"));
+  CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0, true), kFp), ConfigError,
+                        Contains("no data.mdb"));
   {
     ClientStateStore st(persistent(dir.path, 0), kFp);
     // The same folder twice in one process.
-    CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0, true), kFp), ConfigError, Contains("in use"));
+    CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0, true), kFp), ConfigError,
+                          Contains("in use"));
   }
   // Creating over an existing store; resuming with another model.
-  CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0), kFp), ConfigError, Contains("resume = true"));
-  CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0, true), kFp + 1), ConfigError, Contains("fingerprint"));
+  CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0), kFp), ConfigError,
+                        Contains("resume = true"));
+  CHECK_THROWS_MATCHING(ClientStateStore(persistent(dir.path, 0, true), kFp + 1), ConfigError,
+                        Contains("fingerprint"));
   // A file where a folder should be.
   const fs::path file = dir.path / "a-file";
   std::ofstream(file) << "x";
   CHECK_THROWS_AS(ClientStateStore(persistent(file, 0), kFp), Error);
 }
 
-TEST_CASE("state store: a full map is an IoError naming LMDB's error and the folder", "[simulator]") {
+TEST_CASE("state store: a full map is an IoError naming LMDB's error and the folder",
+          "[simulator]") {
   StateStoreOptions o;
   o.memory_bytes = 0;
   o.map_bytes = 1 << 20;
   ClientStateStore st(o, kFp);
   const ClientState big = makeState(1, 512 << 10);  // 2 MB
-  CHECK_THROWS_MATCHING(st.store(1, big), IoError,
-                        Contains("MDB_MAP_FULL") && Contains(st.spillDir().string()) && Contains("map_bytes"));
+  CHECK_THROWS_MATCHING(
+      st.store(1, big), IoError,
+      Contains("MDB_MAP_FULL") && Contains(st.spillDir().string()) && Contains("map_bytes"));
   CHECK(st.stats().clients == 0);  // nothing half-stored
   const ClientState small = makeState(2, 100);
   st.store(2, small);

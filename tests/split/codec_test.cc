@@ -2,16 +2,15 @@
 // its state across calls, and a receiver that refuses every lie a sender can tell.
 #include "split/codec.h"
 
-#include <catch2/catch.hpp>
-
-#include <cmath>
 #include <bit>
+#include <catch2/catch.hpp>
+#include <cmath>
 #include <limits>
 
 #include "check_throws.h"
-#include "test_util.h"
 #include "core/input_error.h"
 #include "core/rng.h"
+#include "test_util.h"
 
 using namespace starling;
 using namespace starling::split;
@@ -47,8 +46,8 @@ double frob(const std::vector<float>& a) {
   return std::sqrt(s);
 }
 
-std::vector<float> roundTrip(const ActivationCodec& c, const std::vector<float>& m, size_t rows, size_t cols,
-                             CodecState& st, size_t* bytes = nullptr) {
+std::vector<float> roundTrip(const ActivationCodec& c, const std::vector<float>& m, size_t rows,
+                             size_t cols, CodecState& st, size_t* bytes = nullptr) {
   const auto wire = c.encode(m, rows, cols, st);
   if (bytes) *bytes = wire.size();
   std::vector<float> out(rows * cols);
@@ -158,10 +157,11 @@ TEST_CASE("lowrank with error feedback loses nothing across calls of one shape",
 }
 
 TEST_CASE("codec specs and encoder inputs are checked", "[split]") {
-  CHECK(makeActivationCodec("lowrank:rank=3,iters=2,ef=true")->spec() == "lowrank:rank=3,iters=2,ef=true");
+  CHECK(makeActivationCodec("lowrank:rank=3,iters=2,ef=true")->spec() ==
+        "lowrank:rank=3,iters=2,ef=true");
   CHECK(makeActivationCodec("topk:density=0.25")->spec() == "topk:density=0.25");
-  for (const char* bad : {"zip", "topk:density=0", "topk:density=2", "lowrank:rank=0", "lowrank:iters=0",
-                          "lowrank:iters=99", "int8:bits=4"}) {
+  for (const char* bad : {"zip", "topk:density=0", "topk:density=2", "lowrank:rank=0",
+                          "lowrank:iters=0", "lowrank:iters=99", "int8:bits=4"}) {
     INFO(bad);
     CHECK_THROWS_AS(makeActivationCodec(bad), ConfigError);
   }
@@ -201,7 +201,8 @@ TEST_CASE("a receiver refuses every lie about the matrix, its sizes and its valu
     CHECK(code(wire, rows + 1, cols) == errcName(Errc::kShapeMismatch));
     // Every truncation and one trailing byte.
     for (size_t cut = 0; cut < wire.size(); ++cut) {
-      const std::vector<uint8_t> shorter(wire.begin(), wire.begin() + static_cast<std::ptrdiff_t>(cut));
+      const std::vector<uint8_t> shorter(wire.begin(),
+                                         wire.begin() + static_cast<std::ptrdiff_t>(cut));
       CHECK(code(shorter) != ok);
     }
     auto longer = wire;

@@ -4,15 +4,14 @@
 #include "split/split_model.h"
 
 #include <catch2/catch.hpp>
-
 #include <cmath>
 
 #include "check_throws.h"
 #include "client/synthetic.h"
 #include "core/input_error.h"
 #include "split/roles.h"
-#include "split/trainer.h"
 #include "split/split_data.h"
+#include "split/trainer.h"
 #include "test_util.h"
 #include "torch_trainer/torch_trainer.h"
 
@@ -31,7 +30,8 @@ data::Dataset images(size_t n, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
+TEST_CASE("one uncompressed split step equals one step of the unsplit model, at every cut",
+          "[split]") {
   const data::Dataset d = images(24, 3);
   const std::vector<size_t> idx = testing::allIndices(d);
   const float lr = 0.05f;
@@ -45,7 +45,8 @@ TEST_CASE("one uncompressed split step equals one step of the unsplit model, at 
     REQUIRE(whole->layout().numel() == init.size());
     std::vector<float> ref = init;
     RngStream rng(StreamKey{1, 1, 1, StreamPurpose::kTraining, 0});
-    whole->fit(ref, client::DataView{&d, idx}, client::FitConfig{.epochs = 1, .batch_size = 24, .lr = lr}, rng);
+    whole->fit(ref, client::DataView{&d, idx},
+               client::FitConfig{.epochs = 1, .batch_size = 24, .lr = lr}, rng);
     // Split: edge forward, cloud step, edge backward, then the same SGD step on each part.
     const size_t nb = sm.bottom().numel();
     std::vector<float> bottom(init.begin(), init.begin() + static_cast<std::ptrdiff_t>(nb));
@@ -63,7 +64,7 @@ TEST_CASE("one uncompressed split step equals one step of the unsplit model, at 
       scale = std::max(scale, std::fabs(double(ref[i]) - init[i]));
     }
     CAPTURE(worst, scale);
-    CHECK(scale > 0);             // the step moved the model
+    CHECK(scale > 0);              // the step moved the model
     CHECK(worst <= 1e-4 * scale);  // float rounding only (measured: about 2e-6 of the step)
     CHECK(cloud.loss > 0);
   }
@@ -80,21 +81,25 @@ TEST_CASE("cut points, sizes and bad shapes are checked", "[split]") {
   CHECK(sm.bottom().size() == 4);
   CHECK(sm.top().size() == 4);
   const auto p = sm.initParameters(1);
-  const std::vector<float> bottom(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(sm.bottom().numel()));
-  const std::vector<float> top(p.begin() + static_cast<std::ptrdiff_t>(sm.bottom().numel()), p.end());
+  const std::vector<float> bottom(p.begin(),
+                                  p.begin() + static_cast<std::ptrdiff_t>(sm.bottom().numel()));
+  const std::vector<float> top(p.begin() + static_cast<std::ptrdiff_t>(sm.bottom().numel()),
+                               p.end());
   CHECK_THROWS_AS(sm.edgeBackward(std::vector<float>(10)), InvalidArgument);  // no forward pass yet
   const std::vector<float> x(2 * 784, 0.5f);
-  CHECK_THROWS_AS(sm.edgeForward(top, x, 2), InvalidArgument);               // the wrong part
-  CHECK_THROWS_AS(sm.edgeForward(bottom, x, 3), InvalidArgument);            // inputs for 2
+  CHECK_THROWS_AS(sm.edgeForward(top, x, 2), InvalidArgument);     // the wrong part
+  CHECK_THROWS_AS(sm.edgeForward(bottom, x, 3), InvalidArgument);  // inputs for 2
   const auto act = sm.edgeForward(bottom, x, 2);
   CHECK_THROWS_AS(sm.edgeBackward(std::vector<float>(act.size() - 1)), InvalidArgument);
   const std::vector<uint8_t> labels{1, 2}, bad{1, 10};
-  CHECK_THROWS_AS(sm.cloudStep(top, std::vector<float>(act.size() + 1), labels, 2), InvalidArgument);
+  CHECK_THROWS_AS(sm.cloudStep(top, std::vector<float>(act.size() + 1), labels, 2),
+                  InvalidArgument);
   CHECK_THROWS_AS(sm.cloudStep(top, act, bad, 2), InvalidArgument);
   CHECK_NOTHROW(sm.cloudStep(top, act, labels, 2));
 }
 
-TEST_CASE("in-process split training: the loss falls, compressed activations cost fewer bytes", "[split]") {
+TEST_CASE("in-process split training: the loss falls, compressed activations cost fewer bytes",
+          "[split]") {
   const data::Dataset d = quadrants(128, 5);
   const std::vector<size_t> idx = testing::allIndices(d);
   SplitModel sm("cnn", "conv2", 8, 8, 4);
@@ -138,7 +143,8 @@ TEST_CASE("in-process split training: the loss falls, compressed activations cos
 
 TEST_CASE("the weight-side cut at full rank computes what the uncut model does", "[split]") {
   const data::Dataset d = images(16, 4);
-  for (const auto& [cut, full_rank] : std::vector<std::pair<std::string, uint32_t>>{{"conv2", 256}, {"fc1", 4}}) {
+  for (const auto& [cut, full_rank] :
+       std::vector<std::pair<std::string, uint32_t>>{{"conv2", 256}, {"fc1", 4}}) {
     INFO("cut " << cut);
     SplitModel plain("cnn", cut, 8, 8, 4);
     SplitModel svd("cnn", cut, 8, 8, 4, full_rank);
@@ -165,16 +171,19 @@ TEST_CASE("the weight-side cut at full rank computes what the uncut model does",
     CHECK(low.activationSize() == full_rank / 2);
     CHECK(std::isfinite(low.evaluate(lb, lt, d.images, d.labels, d.size()).loss));
   }
-  CHECK_THROWS_AS(SplitModel("cnn", "conv1", 8, 8, 4, 4), ConfigError);   // conv2 follows: not a projection
-  CHECK_THROWS_AS(SplitModel("cnn", "fc1", 8, 8, 4, 5), ConfigError);     // fc2 is 4 x 512
+  CHECK_THROWS_AS(SplitModel("cnn", "conv1", 8, 8, 4, 4),
+                  ConfigError);  // conv2 follows: not a projection
+  CHECK_THROWS_AS(SplitModel("cnn", "fc1", 8, 8, 4, 5), ConfigError);  // fc2 is 4 x 512
   CHECK(SplitModel("cnn", "conv2", 28, 28, 10, 32).describe().find("rank 32") != std::string::npos);
 }
 
-
-TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps its own codec state", "[split]") {
+TEST_CASE(
+    "the cloud refuses an edge's lies and changes nothing, each edge keeps its own codec state",
+    "[split]") {
   SplitModel sm("cnn", "conv2", 8, 8, 4);
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
-  SplitCloud cloud(sm, top, "lowrank:rank=2", 0.05, SplitCloud::Limits{.max_batch = 8, .max_abs = 1e6});
+  SplitCloud cloud(sm, top, "lowrank:rank=2", 0.05,
+                   SplitCloud::Limits{.max_batch = 8, .max_abs = 1e6});
   SplitEdge edge(sm, bottom, "int8", 0.05);
   const data::Dataset d = quadrants(8, 1);
   const auto up = edge.forward(d.images, 8);
@@ -183,14 +192,16 @@ TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps
     return testing::errcOf([&] { cloud.step(1, a, labels, n); });
   };
   CHECK(refuse(up, d.labels, 7) == errcName(Errc::kSizeMismatch));  // the activations are for 8
-  CHECK(refuse(up, std::span<const uint8_t>(d.labels).first(7), 8) == errcName(Errc::kSizeMismatch));
+  CHECK(refuse(up, std::span<const uint8_t>(d.labels).first(7), 8) ==
+        errcName(Errc::kSizeMismatch));
   std::vector<uint8_t> bad_labels = d.labels;
   bad_labels[3] = 4;
   CHECK(refuse(up, bad_labels, 8) == errcName(Errc::kIndexOutOfRange));
   CHECK(refuse(std::span<const uint8_t>(up).first(up.size() - 1), d.labels, 8) != "no error");
   const data::Dataset big = quadrants(9, 1);
   SplitEdge edge9(sm, bottom, "none", 0.05);
-  CHECK(refuse(edge9.forward(big.images, 9), big.labels, 9) == errcName(Errc::kSizeMismatch));  // over max_batch
+  CHECK(refuse(edge9.forward(big.images, 9), big.labels, 9) ==
+        errcName(Errc::kSizeMismatch));  // over max_batch
   CHECK(std::equal(before.begin(), before.end(), cloud.top().begin()));
   CHECK(cloud.edges() == 0);  // no refused step created an edge's state
   // Honest steps from two edges: each has its own low-rank warm start.
@@ -202,7 +213,8 @@ TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps
   CHECK(cloud.edges() == 2);
   cloud.forget(2);
   CHECK(cloud.edges() == 1);
-  CHECK_FALSE(std::equal(before.begin(), before.end(), cloud.top().begin()));  // the top part learned
+  CHECK_FALSE(
+      std::equal(before.begin(), before.end(), cloud.top().begin()));  // the top part learned
   // A step that would make the top part non-finite is refused and changes nothing.
   std::vector<float> blown(top.begin(), top.end());
   for (float& v : blown) v = 1e30f;
@@ -220,10 +232,12 @@ TEST_CASE("the cloud refuses an edge's lies and changes nothing, each edge keeps
   CHECK_FALSE(std::equal(b0.begin(), b0.end(), edge.bottom().begin()));
 }
 
-TEST_CASE("two edges share one cloud, interleaved, and SplitFed averages their bottoms", "[split]") {
+TEST_CASE("two edges share one cloud, interleaved, and SplitFed averages their bottoms",
+          "[split]") {
   const data::Dataset d = quadrants(128, 5);
   std::vector<std::vector<size_t>> shards(2);
-  for (size_t i = 0; i < d.size(); ++i) shards[(i / 4) % 2].push_back(i);  // every class on both edges
+  for (size_t i = 0; i < d.size(); ++i)
+    shards[(i / 4) % 2].push_back(i);  // every class on both edges
   const std::vector<size_t> all = testing::allIndices(d);
   SplitModel sm("cnn", "conv2", 8, 8, 4);
   for (const bool splitfed : {false, true}) {
@@ -261,10 +275,12 @@ TEST_CASE("SplitFed gives every edge the examples-weighted mean of their bottoms
   // The epochs computed the same steps; SplitFed then averaged the two bottoms, 48 : 80.
   const auto b0 = apart.bottom(0), b1 = apart.bottom(1);
   std::vector<float> want(b0.size());
-  for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>((48.0 * b0[i] + 80.0 * b1[i]) / 128.0);
+  for (size_t i = 0; i < want.size(); ++i)
+    want[i] = static_cast<float>((48.0 * b0[i] + 80.0 * b1[i]) / 128.0);
   CHECK(testing::maxAbsDiff({fed.bottom(0).begin(), fed.bottom(0).end()}, want) < 1e-6);
   CHECK(testing::maxAbsDiff({fed.bottom(1).begin(), fed.bottom(1).end()}, want) < 1e-6);
-  CHECK(testing::maxAbsDiff({b0.begin(), b0.end()}, {b1.begin(), b1.end()}) > 1e-4);  // there was something to average
+  CHECK(testing::maxAbsDiff({b0.begin(), b0.end()}, {b1.begin(), b1.end()}) >
+        1e-4);  // there was something to average
   const std::vector<float> top_a(apart.top().begin(), apart.top().end());
   CHECK(testing::maxAbsDiff({fed.top().begin(), fed.top().end()}, top_a) == 0);
 }
@@ -317,8 +333,9 @@ TEST_CASE("the vit: split steps at every cut give the whole model's gradient", "
   std::vector<float> along_g = grads[0];
   const double gn = testing::norm2(along_g);
   for (float& x : along_g) x = static_cast<float>(x / gn);
-  for (const auto& v : {along_g, direction({"patch.weight", "patch.bias"}),
-                        direction({"block2.ffn.up_weight", "block2.ffn.down_weight", "block2.ln2.weight"})}) {
+  for (const auto& v :
+       {along_g, direction({"patch.weight", "patch.bias"}),
+        direction({"block2.ffn.up_weight", "block2.ffn.down_weight", "block2.ln2.weight"})}) {
     const double eps = 1e-2;
     std::vector<float> plus = init, minus = init;
     for (size_t i = 0; i < init.size(); ++i) {
@@ -339,7 +356,7 @@ TEST_CASE(
     "[split]") {
   const data::Dataset d = images(16, 4);
   SplitModel plain("vit", "ffn2", 8, 8, 4);
-  SplitModel svd("vit", "ffn2", 8, 8, 4, 64);  // the up-projection is 256 x 64
+  SplitModel svd("vit", "ffn2", 8, 8, 4, 64);    // the up-projection is 256 x 64
   CHECK(svd.activationSize() == 4 * (64 + 64));  // r values and h1 per token
   const auto init = plain.initParameters(9);
   const auto [pb, pt] = plain.cutParameters(init);
@@ -356,12 +373,14 @@ TEST_CASE(
   SplitModel cut_skip("vit", "ffn2", 8, 8, 4, 16, false);
   CHECK(cut_skip.activationSize() == 4 * 16);
   const auto [nb, nt] = cut_skip.cutParameters(init);
-  CHECK(cut_skip.evaluate(nb, nt, d.images, d.labels, d.size()).loss != Approx(a.loss).epsilon(1e-3));
+  CHECK(cut_skip.evaluate(nb, nt, d.images, d.labels, d.size()).loss !=
+        Approx(a.loss).epsilon(1e-3));
   const data::Dataset q = quadrants(128, 5);
   const auto idx = testing::allIndices(q);
   SplitTrainConfig cfg;
   cfg.batch_size = 8;
-  cfg.lr = 0.01;  // plain SGD on a transformer: larger steps are erratic here (measured: 0.02 reaches 0.99 too)
+  cfg.lr = 0.01;  // plain SGD on a transformer: larger steps are erratic here (measured: 0.02
+                  // reaches 0.99 too)
   SplitModel q_model("vit", "ffn2", 8, 8, 4, 16, false);
   InProcessSplit run(q_model, cfg, q_model.initParameters(3));
   const auto before = run.evaluate(q, idx);
@@ -377,10 +396,13 @@ TEST_CASE(
   CHECK_THROWS_AS(SplitModel("vit", "block1", 8, 8, 4, 0, false), ConfigError);
   CHECK_THROWS_AS(SplitModel("vit", "ffn2", 8, 8, 4, 65), ConfigError);
   CHECK_THROWS_AS(SplitModel("cnn", "conv2", 8, 8, 4, 16, false), ConfigError);
-  CHECK_THROWS_AS(SplitModel("vit", "ffn2", 10, 10, 4), InvalidArgument);  // sides not multiples of 4
+  CHECK_THROWS_AS(SplitModel("vit", "ffn2", 10, 10, 4),
+                  InvalidArgument);  // sides not multiples of 4
 }
 
-TEST_CASE("the resnet: one uncompressed split step equals one step of the unsplit model, at every cut", "[split]") {
+TEST_CASE(
+    "the resnet: one uncompressed split step equals one step of the unsplit model, at every cut",
+    "[split]") {
   const data::Dataset d = images(24, 3);
   const std::vector<size_t> idx = testing::allIndices(d);
   const float lr = 0.05f;
@@ -396,7 +418,8 @@ TEST_CASE("the resnet: one uncompressed split step equals one step of the unspli
     REQUIRE(whole->layout().numel() == init.size());
     std::vector<float> ref = init;
     RngStream rng(StreamKey{1, 1, 1, StreamPurpose::kTraining, 0});
-    whole->fit(ref, client::DataView{&d, idx}, client::FitConfig{.epochs = 1, .batch_size = 24, .lr = lr}, rng);
+    whole->fit(ref, client::DataView{&d, idx},
+               client::FitConfig{.epochs = 1, .batch_size = 24, .lr = lr}, rng);
     auto [bottom, top] = sm.cutParameters(init);
     REQUIRE(bottom.size() + top.size() == init.size());
     const auto act = sm.edgeForward(bottom, d.images, d.size());
@@ -408,16 +431,19 @@ TEST_CASE("the resnet: one uncompressed split step equals one step of the unspli
     // also moves BatchNorm's running statistics, which the split step leaves as they are).
     double worst = 0, scale = 0;
     size_t params = 0;
-    for (const auto& [part, values] : {std::pair{&sm.bottom(), &bottom}, std::pair{&sm.top(), &top}})
+    for (const auto& [part, values] :
+         {std::pair{&sm.bottom(), &bottom}, std::pair{&sm.top(), &top}})
       for (const auto& t : part->tensors()) {
         const auto wi = sm.full().find(t.name);
         REQUIRE(wi.has_value());
         const auto* w = &sm.full()[*wi];
         const bool buffer = t.name.find("running_") != std::string::npos;
         for (size_t j = 0; j < t.numel; ++j) {
-          const double got = (*values)[t.offset + j], want = buffer ? init[w->offset + j] : ref[w->offset + j];
+          const double got = (*values)[t.offset + j],
+                       want = buffer ? init[w->offset + j] : ref[w->offset + j];
           worst = std::max(worst, std::fabs(got - want));
-          if (!buffer) scale = std::max(scale, std::fabs(double(ref[w->offset + j]) - init[w->offset + j]));
+          if (!buffer)
+            scale = std::max(scale, std::fabs(double(ref[w->offset + j]) - init[w->offset + j]));
         }
         params += buffer ? 0 : 1;
       }
@@ -425,11 +451,13 @@ TEST_CASE("the resnet: one uncompressed split step equals one step of the unspli
     CHECK(scale > 0);
     CHECK(worst <= 1e-4 * scale);
   }
-  CHECK_THROWS_AS(SplitModel("resnet", "layer2", 28, 28, 10, 8), ConfigError);  // no weight-side cut
+  CHECK_THROWS_AS(SplitModel("resnet", "layer2", 28, 28, 10, 8),
+                  ConfigError);  // no weight-side cut
   CHECK(SplitModel("resnet", "layer3", 28, 28, 10).activationSize() == 64 * 7 * 7);
 }
 
-TEST_CASE("a step whose update would overflow the cloud's top part is refused and changes nothing", "[split]") {
+TEST_CASE("a step whose update would overflow the cloud's top part is refused and changes nothing",
+          "[split]") {
   SplitModel sm("cnn", "conv2", 8, 8, 4);
   auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   const data::Dataset d = quadrants(8, 1);

@@ -2,10 +2,9 @@
 // in-process mode computes; the cloud refuses every lie and changes nothing; a vanished edge's
 // session is closed while another edge carries on; a restarted cloud goes on from its checkpoint
 // and the edge opens a new session by itself; CURVE admits only listed keys under their own ids.
-#include "split/net.h"
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -14,11 +13,11 @@
 #include <future>
 #include <mutex>
 #include <thread>
-#include <unistd.h>
 
 #include "client/synthetic.h"
 #include "core/input_error.h"
 #include "protocol/control.h"
+#include "split/net.h"
 #include "split/split_data.h"
 #include "test_util.h"
 #include "transport/keys.h"
@@ -114,7 +113,8 @@ transport::SecurityConfig insecure() {
   return s;
 }
 
-CloudServerConfig cloudConfig(const SplitModel& sm, const std::string& up, const std::string& down) {
+CloudServerConfig cloudConfig(const SplitModel& sm, const std::string& up,
+                              const std::string& down) {
   CloudServerConfig c;
   c.bind = "tcp://127.0.0.1:*";
   c.security = insecure();
@@ -124,8 +124,8 @@ CloudServerConfig cloudConfig(const SplitModel& sm, const std::string& up, const
   return c;
 }
 
-EdgeClientConfig edgeConfig(const SplitModel& sm, const std::string& endpoint, uint64_t id, const std::string& up,
-                            const std::string& down) {
+EdgeClientConfig edgeConfig(const SplitModel& sm, const std::string& endpoint, uint64_t id,
+                            const std::string& up, const std::string& down) {
   EdgeClientConfig c;
   c.cloud = endpoint;
   c.security = insecure();
@@ -160,7 +160,8 @@ struct RawPeer {
 };
 
 std::filesystem::path tempDir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("starling-split-net-" + name + "-" + std::to_string(::getpid()));
+  auto p = std::filesystem::temp_directory_path() /
+           ("starling-split-net-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;
@@ -216,7 +217,8 @@ TEST_CASE("one networked edge computes what the in-process mode computes", "[spl
   CHECK(testing::maxAbsDiff({edge.bottom().begin(), edge.bottom().end()}, want_bottom) < 1e-5);
 }
 
-TEST_CASE("the split cloud refuses every lie, changes nothing, and answers a repeated step once", "[split][net]") {
+TEST_CASE("the split cloud refuses every lie, changes nothing, and answers a repeated step once",
+          "[split][net]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   CloudThread cloud(top, cloudConfig(sm, "none", "none"), "none");
@@ -227,7 +229,8 @@ TEST_CASE("the split cloud refuses every lie, changes nothing, and answers a rep
   SplitEdge edge(edge_model, bottom, "none", 0.05);
   const std::vector<uint8_t> acts = edge.forward(d.images, 8);
   const uint64_t fp = sessionFingerprint(sm, "none", "none");
-  auto stepMsg = [&](uint64_t session, uint64_t step, std::vector<uint8_t> labels, std::vector<uint8_t> a) {
+  auto stepMsg = [&](uint64_t session, uint64_t step, std::vector<uint8_t> labels,
+                     std::vector<uint8_t> a) {
     pr::SplitStepMsg m;
     m.session = session;
     m.step = step;
@@ -239,8 +242,10 @@ TEST_CASE("the split cloud refuses every lie, changes nothing, and answers a rep
   // No session yet.
   CHECK(peer.ask(stepMsg(1, 1, d.labels, acts)) == errcName(Errc::kNotRegistered));
   // Another model or other codecs.
-  CHECK(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp ^ 1, "none", "none"})) == errcName(Errc::kFingerprintMismatch));
-  CHECK(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp, "int8", "none"})) == errcName(Errc::kFingerprintMismatch));
+  CHECK(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp ^ 1, "none", "none"})) ==
+        errcName(Errc::kFingerprintMismatch));
+  CHECK(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp, "int8", "none"})) ==
+        errcName(Errc::kFingerprintMismatch));
   // Not a Starling message; a message a cloud does not take.
   CHECK(peer.ask(std::vector<uint8_t>(64, 0x5a)) == errcName(Errc::kMalformed));
   CHECK(peer.ask(pr::encode(pr::HeartbeatMsg{5, 1, 1})) == errcName(Errc::kUnexpectedMessage));
@@ -248,10 +253,12 @@ TEST_CASE("the split cloud refuses every lie, changes nothing, and answers a rep
   REQUIRE(peer.ask(pr::encode(pr::SplitHelloMsg{5, fp, "none", "none"}), &hello) == "reply");
   CHECK(hello.step == 0);
   const uint64_t s = hello.session;
-  CHECK(peer.ask(stepMsg(s + 1, 1, d.labels, acts)) == errcName(Errc::kNotRegistered));  // someone else's session
+  CHECK(peer.ask(stepMsg(s + 1, 1, d.labels, acts)) ==
+        errcName(Errc::kNotRegistered));  // someone else's session
   // Activations that lie about their shape or size, labels out of range, values out of bounds.
-  CHECK(peer.ask(stepMsg(s, 1, std::vector<uint8_t>(d.labels.begin(), d.labels.begin() + 7), acts)) ==
-        errcName(Errc::kShapeMismatch));  // 8 rows of activations for 7 examples
+  CHECK(
+      peer.ask(stepMsg(s, 1, std::vector<uint8_t>(d.labels.begin(), d.labels.begin() + 7), acts)) ==
+      errcName(Errc::kShapeMismatch));  // 8 rows of activations for 7 examples
   auto truncated = acts;
   truncated.resize(truncated.size() - 4);
   CHECK(peer.ask(stepMsg(s, 1, d.labels, truncated)) != "reply");
@@ -262,7 +269,8 @@ TEST_CASE("the split cloud refuses every lie, changes nothing, and answers a rep
   const float big = 1e30f;
   for (size_t i = 10; i + 4 <= huge.size(); i += 4) std::memcpy(huge.data() + i, &big, 4);
   CHECK(peer.ask(stepMsg(s, 1, d.labels, huge)) == errcName(Errc::kValueTooLarge));
-  // One honest step; the same step again gets the same answer and no second update; an older one is late.
+  // One honest step; the same step again gets the same answer and no second update; an older one is
+  // late.
   pr::SplitReplyMsg first, again;
   REQUIRE(peer.ask(stepMsg(s, 1, d.labels, acts), &first) == "reply");
   REQUIRE(peer.ask(stepMsg(s, 1, d.labels, acts), &again) == "reply");
@@ -296,7 +304,8 @@ TEST_CASE("a vanished edge's session is closed and another edge carries on", "[s
   {  // edge 5 opens a session, sends a step and is gone before the answer
     RawPeer gone(ctx, cloud.endpoint());
     pr::SplitReplyMsg hello;
-    REQUIRE(gone.ask(pr::encode(pr::SplitHelloMsg{5, sessionFingerprint(sm, "none", "none"), "none", "none"}),
+    REQUIRE(gone.ask(pr::encode(pr::SplitHelloMsg{5, sessionFingerprint(sm, "none", "none"), "none",
+                                                  "none"}),
                      &hello) == "reply");
     SplitModel m = model();
     SplitEdge e(m, bottom, "none", 0.05);
@@ -323,18 +332,19 @@ TEST_CASE("a vanished edge's session is closed and another edge carries on", "[s
     REQUIRE(cloud.waitStats([](const CloudStats& st) { return st.timed_out >= 1; }));
   }
   // Edge 6 has said goodbye, or is silent and times out too.
-  REQUIRE(
-      cloud.waitStats([](const CloudStats& st) { return st.timed_out + st.goodbyes == 2; }));
+  REQUIRE(cloud.waitStats([](const CloudStats& st) { return st.timed_out + st.goodbyes == 2; }));
   cloud.stop();
   const auto& st = cloud.stats();
   CHECK(st.hellos == 2);
   CHECK(st.timed_out >= 1);  // edge 5 (and edge 6 unless its goodbye came first)
   CHECK(st.timed_out + st.goodbyes == 2);
-  CHECK((st.steps == 4 || st.steps == 5));  // edge 5's step applied if it arrived before it vanished
+  CHECK(
+      (st.steps == 4 || st.steps == 5));  // edge 5's step applied if it arrived before it vanished
   CHECK(cloud.sessions() == 0);
 }
 
-TEST_CASE("a restarted cloud goes on from its checkpoint and the edge opens a new session", "[split][net]") {
+TEST_CASE("a restarted cloud goes on from its checkpoint and the edge opens a new session",
+          "[split][net]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   const auto dir = tempDir("restart");
@@ -382,8 +392,10 @@ TEST_CASE("a restarted cloud goes on from its checkpoint and the edge opens a ne
     CHECK(testing::maxAbsDiff(second.top(), top_after_first) > 0);
   }
   // A checkpoint of another cut or codecs, or a damaged one, is refused.
-  CHECK_THROWS_AS(loadCloudCheckpoint(cfg.checkpoint, cfg.fingerprint ^ 1, sm.top().numel()), IoError);
-  CHECK_THROWS_AS(loadCloudCheckpoint(cfg.checkpoint, cfg.fingerprint, sm.top().numel() + 1), IoError);
+  CHECK_THROWS_AS(loadCloudCheckpoint(cfg.checkpoint, cfg.fingerprint ^ 1, sm.top().numel()),
+                  IoError);
+  CHECK_THROWS_AS(loadCloudCheckpoint(cfg.checkpoint, cfg.fingerprint, sm.top().numel() + 1),
+                  IoError);
   std::filesystem::resize_file(cfg.checkpoint, 40);
   CHECK_THROWS_AS(loadCloudCheckpoint(cfg.checkpoint, cfg.fingerprint, sm.top().numel()), IoError);
   CHECK_FALSE(loadCloudCheckpoint((dir / "absent.bin").string(), cfg.fingerprint, 1).has_value());
@@ -393,7 +405,8 @@ TEST_CASE("a restarted cloud goes on from its checkpoint and the edge opens a ne
 TEST_CASE("under CURVE the cloud admits listed keys under their own ids only", "[split][net]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
-  const transport::CurveKeyPair server = transport::generateKeyPair(), listed = transport::generateKeyPair(),
+  const transport::CurveKeyPair server = transport::generateKeyPair(),
+                                listed = transport::generateKeyPair(),
                                 stranger = transport::generateKeyPair();
   auto allow = std::make_shared<transport::AllowList>();
   allow->add(7, listed.public_key, "test");
@@ -431,8 +444,10 @@ TEST_CASE("under CURVE the cloud admits listed keys under their own ids only", "
   CHECK(cloud.stats().hellos == 1);
 }
 
-TEST_CASE("SplitFed over the network: the examples-weighted mean of the edges' bottoms, a missing edge left out",
-          "[split][net]") {
+TEST_CASE(
+    "SplitFed over the network: the examples-weighted mean of the edges' bottoms, a missing edge "
+    "left out",
+    "[split][net]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   CloudServerConfig cfg = cloudConfig(sm, "none", "none");
@@ -489,8 +504,9 @@ TEST_CASE("SplitFed over the network: the examples-weighted mean of the edges' b
   // Lies: a bottom of another size, one over the value bound, an absurd weight.
   RawPeer peer(ctx, cloud.endpoint());
   pr::SplitReplyMsg hello;
-  REQUIRE(peer.ask(pr::encode(pr::SplitHelloMsg{12, sessionFingerprint(sm, "none", "none"), "none", "none"}), &hello) ==
-          "reply");
+  REQUIRE(peer.ask(pr::encode(pr::SplitHelloMsg{12, sessionFingerprint(sm, "none", "none"), "none",
+                                                "none"}),
+                   &hello) == "reply");
   auto lie = [&](std::vector<float> b, uint64_t examples) {
     return peer.ask(pr::encode(pr::SplitBottomMsg{hello.session, 3, examples, std::move(b)}));
   };
@@ -545,8 +561,10 @@ TEST_CASE(
   CHECK(cloud.checkpointFailed());  // the final checkpoint reports its failure to the caller
 }
 
-TEST_CASE("a hello sent again keeps its session, a repeated step is answered once, refusals echo their request",
-          "[split][net]") {
+TEST_CASE(
+    "a hello sent again keeps its session, a repeated step is answered once, refusals echo their "
+    "request",
+    "[split][net]") {
   SplitModel sm = model();
   const auto [bottom, top] = sm.cutParameters(sm.initParameters(2));
   CloudThread cloud(top, cloudConfig(sm, "none", "none"), "none");
@@ -596,7 +614,8 @@ TEST_CASE(
   edge.forward(d.images, 8);
   const auto none = makeActivationCodec("none");
   CodecState st;
-  const auto huge = none->encode(std::vector<float>(8 * sm.activationSize(), 1e20f), 8, sm.activationSize(), st);
+  const auto huge =
+      none->encode(std::vector<float>(8 * sm.activationSize(), 1e20f), 8, sm.activationSize(), st);
   CHECK_THROWS_AS(edge.backward(huge), InputError);
   CHECK(std::equal(bottom.begin(), bottom.end(), edge.bottom().begin()));
   SplitModel with("vit", "ffn2", 8, 8, 4), without("vit", "ffn2", 8, 8, 4, 0, false);

@@ -93,7 +93,7 @@ inline void checkPayloadsEqual(const std::vector<compression::Payload>& cpu,
 inline void checkDeviceTopKMatchesCpu(const torch::Device& device) {
   ParamLayout layout = smallCnnLayout();
   layout.add("big.weight", {512, 3136});  // the CNN's largest tensor: LibTorch's large-input paths
-  layout.add("head.scale", {1});  // a tensor of one value: k = 1 = n
+  layout.add("head.scale", {1});          // a tensor of one value: k = 1 = n
   const size_t n = layout.numel();
   const std::vector<std::vector<float>> inputs = {randomVector(n, 3), tiedValues(n, 4),
                                                   std::vector<float>(n, 0.0f)};

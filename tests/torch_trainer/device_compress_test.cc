@@ -1,9 +1,9 @@
 // The device's top-k selection and its top-k, stc, rand-k, random-block, sign and QSGD encodings
 // (torch_trainer/device_compress.h) against the CPU compressors, here on CPU tensors;
 // test_torch_gpu runs the same checks on a GPU.
-#include "torch_trainer/device_compress_check.h"
-
 #include <set>
+
+#include "torch_trainer/device_compress_check.h"
 
 using namespace starling;
 

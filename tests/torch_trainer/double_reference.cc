@@ -46,7 +46,8 @@ struct Ops {
   }
   Tensor p(const Tensor& x, int64_t fwd_terms, int64_t bwd_terms) const {
     if (!mca) return x;
-    return Perturb::apply(x, fwd_terms ? scale(fwd_terms) : 0.0, bwd_terms ? scale(bwd_terms) : 0.0);
+    return Perturb::apply(x, fwd_terms ? scale(fwd_terms) : 0.0,
+                          bwd_terms ? scale(bwd_terms) : 0.0);
   }
 
   Tensor conv(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b, int64_t stride,
@@ -138,7 +139,8 @@ struct Model {
       return o.linear(h, at("fc2.weight"), at("fc2.bias"));
     }
     if (cfg.model == "cnn") {
-      Tensor h = torch::max_pool2d(torch::relu(o.conv(x, at("conv1.weight"), at("conv1.bias"), 1, 2)), 2);
+      Tensor h =
+          torch::max_pool2d(torch::relu(o.conv(x, at("conv1.weight"), at("conv1.bias"), 1, 2)), 2);
       h = torch::max_pool2d(torch::relu(o.conv(h, at("conv2.weight"), at("conv2.bias"), 1, 2)), 2);
       h = torch::relu(o.linear(h.flatten(1), at("fc1.weight"), at("fc1.bias")));
       return o.linear(h, at("fc2.weight"), at("fc2.bias"));
@@ -152,7 +154,8 @@ struct Model {
     for (int s = 0; s < 3; ++s) {
       const std::string p = "layer" + std::to_string(s + 1) + ".0.";
       const int64_t stride = s == 0 ? 1 : 2;
-      Tensor y = torch::relu(norm(o.conv(h, at(p + "conv1.weight"), c10::nullopt, stride, 1), p + "bn1"));
+      Tensor y =
+          torch::relu(norm(o.conv(h, at(p + "conv1.weight"), c10::nullopt, stride, 1), p + "bn1"));
       y = norm(o.conv(y, at(p + "conv2.weight"), c10::nullopt, 1, 1), p + "bn2");
       const Tensor skip =
           layout.find(p + "downsample.0.weight")
@@ -168,7 +171,8 @@ struct Model {
     std::vector<double> out(layout.numel());
     for (size_t i = 0; i < tensors.size(); ++i) {
       const Tensor t = tensors[i].detach().contiguous().view(-1);
-      std::copy_n(t.data_ptr<double>(), t.numel(), out.begin() + static_cast<long>(layout[i].offset));
+      std::copy_n(t.data_ptr<double>(), t.numel(),
+                  out.begin() + static_cast<long>(layout[i].offset));
     }
     return out;
   }
@@ -201,8 +205,8 @@ Tensor vec(std::span<const float> v, size_t n) {
 }  // namespace
 
 ReferenceResult referenceFit(const ReferenceConfig& cfg, const ParamLayout& layout,
-                                 const data::Dataset& d, std::span<const size_t> indices,
-                                 std::span<const float> start, RngStream rng, const Mca* mca) {
+                             const data::Dataset& d, std::span<const size_t> indices,
+                             std::span<const float> start, RngStream rng, const Mca* mca) {
   STARLING_ENFORCE(start.size() == layout.numel(), "start has ", start.size(), " values");
   const Ops o{mca != nullptr};
   if (mca) torch::manual_seed(mca->seed);

@@ -10,12 +10,13 @@
 // - what float32 arithmetic of that computation can promise: referenceFit() with `mca`, the same
 //   computation with Monte Carlo arithmetic (Parker 1997; the method of Verificarlo and CADNA):
 //   every value a float32 trainer rounds is perturbed by a random relative error of its rounding's
-//   size, sqrt(n) units of float32 rounding (2^-24) for a sum of n terms (the probabilistic bound of
-//   Higham and Mary 2019), and every stored parameter, velocity and running statistic is rounded to
-//   float32. A few such samples spread as a float32 computation of the same step may: cancellation
-//   (the conv1 gradient over many images) widens the spread, and so does a max-pool window whose
-//   two largest inputs, or a ReLU input, lie within rounding of each other (a near-tie), where a
-//   float32 trainer may route the gradient either way and the step moves by a finite amount.
+//   size, sqrt(n) units of float32 rounding (2^-24) for a sum of n terms (the probabilistic bound
+//   of Higham and Mary 2019), and every stored parameter, velocity and running statistic is rounded
+//   to float32. A few such samples spread as a float32 computation of the same step may:
+//   cancellation (the conv1 gradient over many images) widens the spread, and so does a max-pool
+//   window whose two largest inputs, or a ReLU input, lie within rounding of each other (a
+//   near-tie), where a float32 trainer may route the gradient either way and the step moves by a
+//   finite amount.
 // MCA perturbs only values, never a decision the trainers do not take: the ops that round nothing
 // (ReLU, max-pooling, the ordering of the batches) are exact here too.
 //
@@ -32,7 +33,7 @@
 namespace starling::testing {
 
 struct ReferenceConfig {
-  std::string model;  // "logreg", "mlp", "cnn" or "resnet"
+  std::string model;    // "logreg", "mlp", "cnn" or "resnet"
   uint32_t hidden = 0;  // mlp
   double momentum = 0;
   double lr = 0.1;
@@ -56,9 +57,8 @@ struct ReferenceResult {
 // shuffle (data::shuffleInPlace on a copy of `indices`, epoch by epoch). Exact in double without
 // `mca`; one Monte Carlo sample with it.
 ReferenceResult referenceFit(const ReferenceConfig& cfg, const ParamLayout& layout,
-                                 const data::Dataset& d, std::span<const size_t> indices,
-                                 std::span<const float> start, RngStream rng,
-                                 const Mca* mca = nullptr);
+                             const data::Dataset& d, std::span<const size_t> indices,
+                             std::span<const float> start, RngStream rng, const Mca* mca = nullptr);
 
 // The mean cross-entropy of `params` over `indices` in evaluation mode (BatchNorm on its running
 // statistics), in double.

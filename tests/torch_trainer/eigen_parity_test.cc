@@ -120,12 +120,13 @@ TEST_CASE("Eigen and LibTorch models: the same forward pass, step and local epoc
       std::span<const size_t> examples;
       uint64_t stream;
     };
-    for (const Run& run : {Run{"step", std::span<const size_t>(idx).subspan(64, 16), 1},
-                           Run{"epoch", idx, 2}}) {
+    for (const Run& run :
+         {Run{"step", std::span<const size_t>(idx).subspan(64, 16), 1}, Run{"epoch", idx, 2}}) {
       const RngStream rng(StreamKey{1, run.stream, 7, StreamPurpose::kTraining, 0});
       const testing::Reference reference(k.ref, l, d, run.examples, start, rng);
       const DataView data{&d, run.examples};
-      const bool step = run.examples.size() < idx.size(), resnet = l.find("bn1.running_mean").has_value();
+      const bool step = run.examples.size() < idx.size(),
+                 resnet = l.find("bn1.running_mean").has_value();
       for (const auto* trainer : {&p.eigen, &p.torch}) {
         INFO(run.what << ", " << (trainer == &p.eigen ? "Eigen" : "LibTorch"));
         std::vector<float> params(start);
@@ -227,9 +228,10 @@ TEST_CASE("Eigen and LibTorch models: odd image sizes, where pooling and strides
   }
 }
 
-TEST_CASE("a CNN step through a max-pool near-tie: float32 promises less, and both trainers keep "
-          "to it",
-          "[torch_trainer][parity][isa]") {
+TEST_CASE(
+    "a CNN step through a max-pool near-tie: float32 promises less, and both trainers keep "
+    "to it",
+    "[torch_trainer][parity][isa]") {
   // On this batch the second max-pool has a window whose two largest inputs differ by
   // 6.2e-8 of their value (0.1075268751 and 0.1075268685 in double), within float32's rounding.
   // Some of oneDNN's kernels pick the other input than the double computation and the Eigen

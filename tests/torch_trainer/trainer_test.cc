@@ -416,6 +416,7 @@ TEST_CASE("LibTorch fit adds FedProx's and SCAFFOLD's gradient terms to the trai
     bad.correction = std::span<const float>(corr).first(n - 1);
     std::vector<float> p = p0;
     RngStream rng = trainingStream(0);
-    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument, Contains("SCAFFOLD correction"));
+    CHECK_THROWS_MATCHING(t->fit(p, DataView{&d, idx}, bad, rng), InvalidArgument,
+                          Contains("SCAFFOLD correction"));
   }
 }

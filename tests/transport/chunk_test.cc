@@ -186,7 +186,8 @@ TEST_CASE("forged chunk sequences are refused and the server keeps serving", "[t
   honestClientGetsThrough(ctx, server, 33);
 }
 
-TEST_CASE("max_reassembly_bytes bounds the bytes all peers' partial transfers hold together", "[transport]") {
+TEST_CASE("max_reassembly_bytes bounds the bytes all peers' partial transfers hold together",
+          "[transport]") {
   Context ctx;
   TransportLimits limits = testLimits();
   limits.max_message_bytes = 40000;
@@ -225,7 +226,8 @@ TEST_CASE("max_reassembly_bytes bounds the bytes all peers' partial transfers ho
   CHECK(done_b->bytes().size() == total_b);
 }
 
-TEST_CASE("announcing huge transfers without sending them does not lock honest uploads out", "[transport]") {
+TEST_CASE("announcing huge transfers without sending them does not lock honest uploads out",
+          "[transport]") {
   Context ctx;
   TransportLimits limits = testLimits();
   limits.max_message_bytes = 40000;
@@ -234,7 +236,8 @@ TEST_CASE("announcing huge transfers without sending them does not lock honest u
   // Three connections each announce a maximal transfer and send one chunk of it.
   std::vector<std::unique_ptr<RawDealer>> squatters;
   for (int i = 0; i < 3; ++i) {
-    squatters.push_back(std::make_unique<RawDealer>(server.endpoint(), "squatter-" + std::to_string(i)));
+    squatters.push_back(
+        std::make_unique<RawDealer>(server.endpoint(), "squatter-" + std::to_string(i)));
     squatters.back()->chunk(1, 0, 10, 40000, pattern(4096, 70 + i));
     squatters.back()->send(bytesOf("ping"));  // the ping comes after the chunk: the chunk is in
     auto ping = receiveMessage(server);

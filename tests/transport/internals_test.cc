@@ -80,7 +80,8 @@ TEST_CASE("reassembly releases its reservation on every path", "[transport]") {
   CHECK(re.peers() == 0);  // idle peers are forgotten too
 }
 
-TEST_CASE("the buffer pool reuses buffers, stays within its bound, and outlives nothing", "[transport]") {
+TEST_CASE("the buffer pool reuses buffers, stays within its bound, and outlives nothing",
+          "[transport]") {
   using starling::transport::detail::Buffer;
   using starling::transport::detail::BufferPool;
   auto pool = std::make_shared<BufferPool>(/*max_pooled=*/10000);

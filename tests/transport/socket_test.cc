@@ -191,7 +191,7 @@ TEST_CASE("the ZAP handler rations each key's handshakes", "[transport]") {
   // test above.)
   size_t refused_key = 0;
   std::map<std::pair<int, int>, int> seen;  // (kind, succeeded) -> sockets, for a failure's message
-  for (int pass = 0; pass < 50; ++pass)  // their events come within this (bounded)
+  for (int pass = 0; pass < 50; ++pass)     // their events come within this (bounded)
     for (auto& c : many) (void)c->receive(1ms);
   for (auto& c : many) {
     const HandshakeReport& h = c->handshakes();
@@ -199,7 +199,8 @@ TEST_CASE("the ZAP handler rations each key's handshakes", "[transport]") {
     ++seen[{static_cast<int>(h.last), static_cast<int>(h.succeeded)}];
   }
   for (const auto& [k, n] : seen)
-    UNSCOPED_INFO("last failure " << k.first << ", succeeded " << k.second << ": " << n << " sockets");
+    UNSCOPED_INFO("last failure " << k.first << ", succeeded " << k.second << ": " << n
+                                  << " sockets");
   CHECK(refused_key == 0);
   many.clear();
 }
@@ -221,7 +222,7 @@ TEST_CASE("connections that name no routing id get their own, a new one after a 
     REQUIRE_FALSE(first_peer.empty());
     CHECK(first_peer[0] ==
           '\0');  // a zero byte first: ZeroMQ's own (a peer naming one could copy it)
-  }  // the first client is gone (socket and context destroyed: as if its process died)
+  }               // the first client is gone (socket and context destroyed: as if its process died)
   // Restarted: a new connection, a new id, reached under it.
   Context client_ctx;
   ClientSocket second(client_ctx, server.endpoint(), keys.clientSide(keys.clients[0]),
@@ -284,8 +285,7 @@ bool waitHandshakes(ClientSocket& c, const std::function<bool(const HandshakeRep
 }
 }  // namespace
 
-TEST_CASE("a client's socket counts its refused handshakes and says what to check",
-          "[transport]") {
+TEST_CASE("a client's socket counts its refused handshakes and says what to check", "[transport]") {
   // Each of these once waited in silence, the client never told why.
   const Keys keys(1);
   Context server_ctx, client_ctx;
