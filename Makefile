@@ -4,7 +4,7 @@ JOBS ?= 2
 
 .PHONY: all bootstrap configure build arm64 test test-arm64 test-asan demo bench bench-speed fuzz \
         bench-peers bench-peers-deploy bench-peers-scale test-peers test-privacy fuzz-configure fuzz-control fuzz-reassembly clean gpu-deps gpu-check torch-wheel \
-        build-torch2 test-torch2
+        build-torch2 test-torch2 check-format
 
 all: build
 
@@ -64,7 +64,7 @@ demo: build
 bench: build
 	$(BUILD_DIR)/bin/starling-bench --benchmark_format=json --benchmark_out=$(BUILD_DIR)/bench.json
 
-# Issue 8, "Speed": starling-sim (2 workers) against a plain PyTorch FedAvg loop, the bare LibTorch
+# Speed: starling-sim (2 workers) against a plain PyTorch FedAvg loop, the bare LibTorch
 # loop and two concurrent ones, 3 interleaved repetitions (about 10 min; docs/performance.md). Its
 # own Release build in $(SPEED_BUILD_DIR). Needs Debian's python3-torch, which the bootstrap
 # installs (scripts/bootstrap.sh); the script says so when it is missing.
@@ -97,11 +97,15 @@ test-privacy: build
 	STARLING_PRIVACY_VENV=$(PRIVACY_VENV) bash scripts/privacy-venv.sh
 	STARLING_PRIVACY_VENV=$(PRIVACY_VENV) ctest --test-dir $(BUILD_DIR) --output-on-failure -L oracle
 
+# Every tracked C++ and CUDA file as clang-format writes it (.clang-format). .ci/run runs it.
+check-format: bootstrap
+	bash scripts/check-format.sh
+
 bench-peers: build
 	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
 	$(PEERS_VENV)/bin/python bench/peers/run.py --starling-bin $(BUILD_DIR)/bin --out $(BUILD_DIR)/peers.json $(PEERS_ARGS)
 
-# Issue 21, "Scale against the peers": the three systems with 1,000 and 100,000 clients in the
+# Scale against the peers: the three systems with 1,000 and 100,000 clients in the
 # pool, stateless and stateful: startup, s/round, peak RSS of the process tree, or the failure
 # (bench/peers/scale.py). SCALE_ARGS passes more options, e.g. SCALE_ARGS="--pools 1000 --timeout 300".
 SCALE_ARGS ?=
@@ -109,7 +113,7 @@ bench-peers-scale: build
 	STARLING_PEERS_VENV=$(PEERS_VENV) bash scripts/peers-venv.sh
 	$(PEERS_VENV)/bin/python bench/peers/scale.py --starling-bin $(BUILD_DIR)/bin --out $(BUILD_DIR)/peers-scale.json $(SCALE_ARGS)
 
-# Issue 21, "Deployment against Flower": Flower's SuperLink with N SuperNodes (Deployment Runtime,
+# Deployment against Flower: Flower's SuperLink with N SuperNodes (Deployment Runtime,
 # `flwr run`) against Starling's root with N Python clients on 127.0.0.1, the same dense update of
 # 1,000,010 float32 values, N = 10 and 100 interleaved: updates/s, server and total peak RSS
 # (bench/peers/deploy.py). DEPLOY_ARGS passes more options, e.g. DEPLOY_ARGS="--clients 2 --rounds 2".

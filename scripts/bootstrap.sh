@@ -9,7 +9,7 @@ set -euo pipefail
 
 PACKAGES=(
   # toolchain
-  build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
+  build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev clang-format
   # core / protocol / compression
   libeigen3-dev libflatbuffers-dev flatbuffers-compiler zlib1g-dev
   # deployment
