@@ -41,7 +41,7 @@
 // to float rounding; docs/protocol.md says where it differs, and what the root trusts an
 // aggregator with.
 //
-// Not yet (refused where it is configured): SCAFFOLD.
+// SCAFFOLD is refused where it is configured (apps::checkRoundMode says why).
 #include <chrono>
 #include <cstdint>
 #include <functional>

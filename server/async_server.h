@@ -16,7 +16,8 @@
 // the optimizer's state and the buffer with its sums atomically (core/file_io.h), and a server
 // constructed with the same configuration resumes from it with loadCheckpoint(), every buffered
 // update kept: its next step is the one the saved server would have taken, bit for bit (tested).
-// Not yet: SCAFFOLD.
+// SCAFFOLD is refused (apps::checkRoundMode says why: a buffered step mixes model versions, and
+// SCAFFOLD's control variate needs every counted client to have trained against the same c).
 #include <cstdint>
 #include <memory>
 #include <span>

@@ -65,7 +65,7 @@
 // trainer's arithmetic does not depend on its thread count, and it resumes with any number of
 // workers.
 //
-// Not yet: SCAFFOLD.
+// SCAFFOLD is refused where it is configured (apps::checkRoundMode says why).
 #include <cstdint>
 #include <functional>
 #include <map>
