@@ -71,8 +71,10 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
   // against it; a buffered step mixes updates trained from several versions (and several c), so
   // the correction no longer cancels the clients' drift: refused rather than run wrong.
   if (e.scheme.scaffold)
-    no("SCAFFOLD (its control variate needs every counted client to have trained against the "
-       "same c, and a buffered step mixes versions): set train.scaffold = false");
+    STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root",
+                   " does not run SCAFFOLD: its control variate needs every counted client to "
+                   "have trained against the same c, and a buffered step mixes model versions "
+                   "(set train.scaffold = false, or round.mode = sync)");
   if (e.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (sim) {
     const bool semisync = s.round.mode == RoundMode::kSemisync;

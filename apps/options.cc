@@ -250,9 +250,7 @@ int Options::parse(int argc, char** argv) {
     // name first), and every bad command line exits 2, like a bad configuration file (CLI11's own
     // codes, e.g. 105 for a value out of range, would differ by the kind of mistake).
     if (e.get_exit_code() == 0) return app_->exit(e);
-    std::fprintf(stderr, "%s: %s
-Run with --help for more information.
-", program_.c_str(),
+    std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", program_.c_str(),
                  e.what());
     return 2;
   }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "client/trainer.h"
@@ -120,19 +121,21 @@ FitConfig fitConfig(const protocol::FitSettings& f, const std::atomic<bool>* sto
 // What a task asks of one client's turn, however it reached the client: decoded from the wire
 // (the client runtime) or made by a simulator.
 struct TurnRequest {
-  TurnRequest(const compression::PhaseBroadcast& b, std::span<const float> m,
-              const std::vector<std::string>& declared, uint64_t task_nonce = 1,
+  TurnRequest(compression::PhaseBroadcast b, std::span<const float> m,
+              std::vector<std::string> declared, uint64_t task_nonce = 1,
               std::span<const float> server_control = {},
               std::optional<uint64_t> ack = std::nullopt)
-      : broadcast(b),
+      : broadcast(std::move(b)),
         model(m),
-        metrics(declared),
+        metrics(std::move(declared)),
         nonce(task_nonce),
         control(server_control),
         control_ack(ack) {}
-  const compression::PhaseBroadcast& broadcast;
-  std::span<const float> model;             // what the client trains from (phase 0)
-  const std::vector<std::string>& metrics;  // the server's declared metrics: only these are sent
+  // Held by value (a broadcast shares its factors), so a request made from temporaries is whole;
+  // the spans are views: what they show must outlive the request.
+  compression::PhaseBroadcast broadcast;
+  std::span<const float> model;      // what the client trains from (phase 0)
+  std::vector<std::string> metrics;  // the server's declared metrics: only these are sent
   uint64_t nonce = 1;  // the task's; a simulated one's 1 (a deployed nonce is never 0: 8 bytes)
   std::span<const float> control{};     // SCAFFOLD: the server's c; empty: none
   std::optional<uint64_t> control_ack;  // SCAFFOLD deployed: the task's acknowledgement

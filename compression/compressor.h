@@ -164,11 +164,12 @@ class Compressor {
   // is off, or it is older than ef_max_age rounds (it is then dropped by the next call).
   const ResidualState* liveResidual(const ClientState& state, uint64_t round) const;
 
-  // Whether the wire size of a phase-0 update depends on its values, not only on the layout and
-  // the round (STC's Rice-coded positions, and it leaves zeros out; top-k always sends k, the
-  // quantizers their bits, the low-rank ones their factors). A simulated clock times such a
-  // client only once its update is made.
-  virtual bool sizeDependsOnValues() const { return false; }
+  // Whether the wire size of a phase-0 update varies with its values or its client, not only with
+  // the layout and the round: STC's (Rice-coded positions, zeros left out) and random-block's with
+  // per-client offsets (an offset of 0 is left out of the message); top-k always sends k, the
+  // quantizers their bits, the low-rank ones their factors. A simulated clock times such a client
+  // only once its update is made.
+  virtual bool updateSizeVaries() const { return false; }
 
   // ---- the round's structure ----
   virtual uint32_t phases() const { return 1; }

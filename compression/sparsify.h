@@ -41,7 +41,7 @@ class TopKCompressor final : public Compressor {
  public:
   explicit TopKCompressor(TopKOptions o);
   std::string name() const override { return opt_.ternary ? "stc" : "topk"; }
-  bool sizeDependsOnValues() const override { return opt_.ternary; }
+  bool updateSizeVaries() const override { return opt_.ternary; }
   std::string spec() const override;
   const TopKOptions& options() const { return opt_; }
   const ErrorFeedback& feedback() const override { return opt_.ef; }
@@ -84,6 +84,7 @@ class RandBlockCompressor final : public Compressor {
  public:
   explicit RandBlockCompressor(RandomSparsifyOptions o);
   std::string name() const override { return "randblock"; }
+  bool updateSizeVaries() const override { return opt_.per_client_offset; }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,

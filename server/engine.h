@@ -238,7 +238,9 @@ class MetricsLog {
   // One line; IoError naming the file when it cannot be appended to.
   void append(const RoundRecord& rec) const { appendLine(rec.json()); }
   void appendLine(const std::string& json) const;
-  // For a run resumed from a checkpoint that holds the record `json` of round (or step) `round`:
+  // For a run resumed from a checkpoint that holds the record `json` of round (or step) `round`
+  // (the asynchronous simulation's does; the round engine's and the root's do not, and a kill
+  // between their checkpoint and their line loses the line):
   // a partial last line (the kill came in the middle of it) is cut, and the record is appended
   // unless the file's last line is of that round or a later one.
   void complete(uint64_t round, const std::string& json) const;

@@ -110,9 +110,9 @@ uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const cz::Compressor& c
   u.header = {layout.fingerprint(), broadcast.round, 0, client_id, 1, 1};
   // FlatBuffers leaves a field at its default out: a zero scale (sign, QSGD) or metric would be
   // bytes short of any client's, so an update of ones, unless zeros give the least (STC).
-  const float fill = comp.sizeDependsOnValues() ? 0.0f : 1.0f;
+  const float fill = comp.updateSizeVaries() ? 0.0f : 1.0f;
   const std::vector<float> values(layout.numel(), fill);
-  u.tensors = comp.compress(layout, values, broadcast.context(0));
+  u.tensors = comp.compress(layout, values, broadcast.context(client_id));
   for (const auto& m : metrics) u.metrics.push_back(Metric{m, fill});
   if (with_control) u.control.assign(layout.numel(), 0.0f);
   return pr::encodedSize(u);
@@ -132,8 +132,11 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   // SCAFFOLD: the task carries c (in the task's size, as encoded), each update its change.
   if (h.phase == 0) {
     b.update = phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty());
-    b.update_of_zero =
-        phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty(), 0);
+    const bool has_zero = std::any_of(participants.begin(), participants.end(),
+                                      [](const server::ClientInfo& c) { return c.id == 0; });
+    if (has_zero)  // client 0's id is left out of its messages
+      b.update_of_zero =
+          phaseZeroUpdateBytes(layout, comp, task.broadcast, h.metrics, !h.control.empty(), 0);
   }
   b.down.assign(participants.size(), b.task);
   b.up.resize(participants.size());
@@ -257,9 +260,9 @@ void SimFleet::trainMine(const server::PhaseTask& task,
       const client::TurnRequest turn{task.broadcast, modelOf(id), h.metrics, 1, h.control};
       client::PhaseResult res = algorithm.takeTurn(turn, id, data, state_);
       const uint64_t size = pr::encodedSize(res.update);
+      counts.size(index[id]) = size;
       if (held) {
-        counts.size(index[id]) = size;
-        held->push_back(Held{id, index[id], std::move(res.update), std::move(state_)});
+        held->push_back(Held{id, index[id], size, std::move(res.update), std::move(state_)});
         state_ = ClientState(trainer_.layout().fingerprint());
       } else {
         counts.uplink() += size;
@@ -306,67 +309,81 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   const cz::Compressor& comp = compressor(h.compressor);
   PhaseBytes bytes = phaseBytes(task, participants, comp);
   const bool later = h.phase != 0 && assignment_round_ == h.round;
-  // STC's sizes are known once its updates are made: every participant trains first.
-  const bool measure = !later && comp.sizeDependsOnValues();
-  std::set<uint64_t> failed;
+  // STC's sizes are known once its updates are made: every participant trains first. When the
+  // clock cannot turn anyone away (no deadline, no over-commitment, no windows of time) the updates
+  // go into the aggregate as they are made; otherwise each waits, with its state, until the clock
+  // has decided (memory: this worker's share of the phase's states).
+  const bool measure = !later && comp.updateSizeVaries();
+  const bool everyone = target >= participants.size() && !(config_.deadline_seconds > 0) &&
+                        !clients_.devices.hasWindows();
+  // Per participant its outcome and its update's bytes, and each worker's training: summed over
+  // the workers.
   PhaseCounts counts(participants.size(), coll_.size());
-  PhaseCounts work(participants.size(), coll_.size());  // the training's, when measured
+  std::set<uint64_t> failed;
+  std::vector<Held> held;
   if (later) {
     rep.sim_seconds = laterPhaseSeconds(participants, bytes);
-  } else if (measure) {
-    std::vector<uint64_t> ids;
-    for (const auto& c : participants) ids.push_back(c.id);
-    assign(std::move(ids), h.fit.epochs, h.round);
-    std::vector<Held> held;
-    trainMine(task, participants, comp, agg, work, &held);
-    allReduceCounts(work.values);
-    for (size_t i = 0; i < participants.size(); ++i)
-      if (work.outcome(i) == PhaseCounts::kCompleted) bytes.up[i] = work.size(i);
-    failed = timeClients(task, participants, target, bytes, rep);
-    // The accepted ones, in id order as trainMine's; a straggler's state stays as it was.
-    for (Held& c : held) {
-      if (failed.count(c.id)) continue;
-      try {
-        agg.add(cz::view(c.update), aggregation::ClientLimits{clients_.shards[c.id].size()});
-      } catch (const InvalidArgument&) {
-        counts.outcome(c.index) = PhaseCounts::kFailed;
-        continue;
-      }
-      store_.store(c.id, c.state);
-      counts.uplink() += work.size(c.index);
-      counts.outcome(c.index) = PhaseCounts::kCompleted;
-    }
-  } else {
+  } else if (!measure) {
     failed = timeClients(task, participants, target, bytes, rep);
     std::vector<uint64_t> accepted;
     for (const auto& c : participants)
       if (!failed.count(c.id)) accepted.push_back(c.id);
     assign(std::move(accepted), h.fit.epochs, h.round);
+  } else {
+    std::vector<uint64_t> ids;
+    for (const auto& c : participants) ids.push_back(c.id);
+    assign(std::move(ids), h.fit.epochs, h.round);
+    trainMine(task, participants, comp, agg, counts, everyone ? nullptr : &held);
+    allReduceCounts(counts.values);
+    for (size_t i = 0; i < participants.size(); ++i)
+      if (counts.outcome(i) == PhaseCounts::kCompleted) bytes.up[i] = counts.size(i);
+    failed = timeClients(task, participants, target, bytes, rep);
   }
   clock_ += rep.sim_seconds.value_or(0.0);  // the same on every worker
   // A wait for the first client to come online (waitForClients) is part of the round.
   if (wait_ > 0) rep.sim_seconds = rep.sim_seconds.value_or(0.0) + wait_;
   wait_ = 0.0;
-  if (!measure) trainMine(task, participants, comp, agg, counts);
+  if (!measure) {
+    trainMine(task, participants, comp, agg, counts);
+  } else if (!everyone) {
+    // The accepted ones, in id order as trainMine's; a straggler's state stays as it was. An
+    // update the aggregator refuses was sent: its bytes count, as in the other path.
+    PhaseCounts added(participants.size(), coll_.size());
+    for (Held& c : held) {
+      if (failed.count(c.id)) continue;
+      added.uplink() += c.bytes;
+      try {
+        agg.add(cz::view(c.update), aggregation::ClientLimits{clients_.shards[c.id].size()});
+      } catch (const InvalidArgument&) {
+        added.outcome(c.index) = PhaseCounts::kFailed;
+        continue;
+      }
+      store_.store(c.id, c.state);
+      added.outcome(c.index) = PhaseCounts::kCompleted;
+    }
+    held.clear();
+    allReduceCounts(added.values);
+    for (size_t i = 0; i < participants.size(); ++i)
+      if (counts.outcome(i) != PhaseCounts::kFailed) counts.outcome(i) = added.outcome(i);
+    counts.uplink() = added.uplink();
+  }
   reduceGlobal(task, comp, agg);
-  allReduceCounts(counts.values);
+  if (!measure) allReduceCounts(counts.values);
 
   for (size_t i = 0; i < participants.size(); ++i) {
     if (counts.outcome(i) == PhaseCounts::kCompleted)
       rep.completed.push_back(participants[i].id);
-    else if (counts.outcome(i) == PhaseCounts::kFailed ||
-             (measure && work.outcome(i) == PhaseCounts::kFailed))
+    else if (counts.outcome(i) == PhaseCounts::kFailed)
       failed.insert(participants[i].id);
   }
   rep.failed.assign(failed.begin(), failed.end());
   rep.uplink_bytes = counts.uplink();
   rep.downlink_bytes = std::accumulate(bytes.down.begin(), bytes.down.end(), uint64_t{0});
-  PhaseCounts& trained = measure ? work : counts;  // the training's work and time
   double makespan = 0.0;
   for (int w = 0; w < coll_.size(); ++w) {
-    const double sec = static_cast<double>(trained.micros(w)) * 1e-6;
+    const double sec = static_cast<double>(counts.micros(w)) * 1e-6;
     makespan = std::max(makespan, sec);
-    if (h.phase == 0) cost_.observe(w, trained.work(w), 1, sec);  // identical on every worker
+    if (h.phase == 0) cost_.observe(w, counts.work(w), 1, sec);  // identical on every worker
   }
   rep.makespan_seconds = makespan;
   return rep;

@@ -7,10 +7,11 @@
 //   1. times every sampled client on the simulated clock (device speed and bandwidth, the exact
 //      wire sizes of its task and update) and accepts the fastest `target` within the deadline
 //      (over-commitment and stragglers, FedScale's semantics); stragglers do not train. When the
-//      update's size depends on its values (STC), every sampled client trains first (steps 2 and
-//      3, its update and state held in memory), the workers share the sizes, the clock accepts
-//      by them, and only the accepted clients' updates are added and their states kept: a
-//      straggler's training is spent, its state as it was;
+//      update's size varies from client to client (Compressor::updateSizeVaries: STC, random-block
+//      with per-client offsets), every sampled client trains first (steps 2 and 3), the workers
+//      share the sizes and the clock accepts by them; when the clock may turn a client away, each
+//      update waits with its state and only the accepted ones are added and their states kept (a
+//      straggler's training is spent, its state as it was);
 //   2. assigns the accepted clients to workers, longest job first by a cost model every worker
 //      holds identically (scheduler.h), and keeps that assignment for the round's later phases
 //      (a client stays on one worker: its PowerSGD phase Q needs its phase-P state); a client's
@@ -78,13 +79,14 @@ struct SimClients {
 };
 
 // The wire bytes of a phase-0 update under `broadcast` before any client made one: an update of
-// ones with the declared metrics (and SCAFFOLD's control change when `with_control`). Exact for
-// every compressor whose size does not depend on the values (Compressor::sizeDependsOnValues:
-// top-k sends k, low-rank its factors, quantizers their bits; an update of zeros would be bytes
-// short, its zero scale left out); for STC, which leaves zeros out, a zero update's: the least an
-// update can take. Of client `client_id`: an id of 0 is left out of a message, a few bytes fewer
-// than any other's. Both simulated clocks time clients with it, or, for STC, with each client's
-// own.
+// ones with the declared metrics at 1 (and SCAFFOLD's control change when `with_control`), of
+// client `client_id` (an id of 0 is left out of a message: a few bytes fewer than any other's).
+// Exact when the compressor's size does not vary (Compressor::updateSizeVaries: top-k sends k,
+// low-rank its factors, quantizers their bits; an update of zeros would be bytes short, its zero
+// scale left out) and every declared metric is sent and non-zero (a metric at 0 is left out too:
+// error feedback's diagnostics on a client's first round). For STC, which leaves zeros out, a zero
+// update's: the least an update can take. Both simulated clocks time clients with it, or, when
+// the size varies, the synchronous one with each client's own.
 uint64_t phaseZeroUpdateBytes(const ParamLayout& layout, const compression::Compressor& comp,
                               const compression::PhaseBroadcast& broadcast,
                               const std::vector<std::string>& metrics, bool with_control,
@@ -145,10 +147,11 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
     std::vector<uint64_t> values;
     size_t np;
   };
-  // A client trained before the clock decided whether it is accepted (sizeDependsOnValues()).
+  // A client trained before the clock decided whether it is accepted (updateSizeVaries()).
   struct Held {
     uint64_t id = 0;
-    size_t index = 0;  // among the participants
+    size_t index = 0;    // among the participants
+    uint64_t bytes = 0;  // its update's, on the wire
     compression::Update update;
     ClientState state;
   };

@@ -376,9 +376,13 @@ TEST_CASE("round.mode's refusals are written once for the simulation and the roo
               .empty());
   }
   CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--train.scaffold", "true"}),
+             Contains("at the root") && Contains("same c"));
+  CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--sampling.overcommit", "2"}),
              Contains("at the root") && Contains("docs/deployment.md"));
   CHECK_THAT(refused(apps::kSim, {"--round.mode", "semisync"}),
              Contains("needs round.deadline_seconds > 0"));
+  // The root's rounds are round.deadline_ms long: it needs no simulated length.
+  CHECK(refused(apps::kServer, {"--round.mode", "semisync"}).empty());
   CHECK_THAT(refused(apps::kSim, {"--round.mode", "async", "--round.deadline_seconds", "3"}),
              Contains("a round deadline"));
   CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--server.role", "aggregator"}),

@@ -434,4 +434,15 @@ TEST_CASE("a client's turn: the update as it is sent, whichever driver asked", "
   CHECK(sc.update.control.size() == l.numel());
   CHECK(sc.control_delta.empty());
   CHECK(sc.update.metrics.empty());  // no error feedback: nothing declared was made
+  const auto* committed = s.find<ControlVariateState>(kControlVariate);
+  REQUIRE(committed != nullptr);
+  CHECK(committed->pending_round == 0);
+  // A deployed task's acknowledgement reaches the algorithm: this round's c_i+ waits for it.
+  ClientState deployed(l.fingerprint());
+  const PhaseResult acked = plain_sgd.takeTurn(TurnRequest{b, global, declared, 1, c0, uint64_t{0}},
+                                               2, DataView{&d, idx}, deployed);
+  CHECK(acked.update.control == sc.update.control);
+  const auto* pending = deployed.find<ControlVariateState>(kControlVariate);
+  REQUIRE(pending != nullptr);
+  CHECK(pending->pending_round == 1);
 }

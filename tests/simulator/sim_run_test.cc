@@ -80,6 +80,41 @@ TEST_CASE("one worker and two workers give the same run for the same seed",
   CHECK(diff <= 1e-4 * scale);
 }
 
+TEST_CASE("STC with over-commitment: one worker and two workers accept the same clients",
+          "[simulator][integration]") {
+  // STC's update sizes vary, so every sampled client trains first and the clock accepts by each
+  // one's bytes (the devices are identical here: only the sizes decide who is a straggler). The
+  // sizes are all-reduced: both runs must accept the same clients and time the same rounds.
+  TempDir dir("simstc");
+  const auto args = [&](const std::string& tag, int workers) {
+    return with(simArgs(dir, tag, workers, 3),
+                {"--compression.compressor", "stc:density=0.05", "--sampling.overcommit", "1.6"});
+  };
+  Proc one(args("w1", 1), dir / "w1.log");
+  REQUIRE(one.wait(seconds(300)) == 0);
+  Proc two(args("w2", 2), dir / "w2.log");
+  const int rc = two.wait(seconds(300));
+  INFO(readText(dir / "w1.log") << readText(dir / "w2.log"));
+  REQUIRE(rc == 0);
+  const auto a = readLines(dir / "w1.jsonl"), b = readLines(dir / "w2.jsonl");
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    const int selected = std::stoi(field(a[i], "clients_selected"));
+    CHECK(selected > 5);  // over-committed
+    CHECK(field(a[i], "clients_completed") == "5");
+    CHECK(std::stoi(field(a[i], "clients_failed")) == selected - 5);  // stragglers by their bytes
+    CHECK(field(b[i], "clients_selected") == field(a[i], "clients_selected"));
+    CHECK(field(b[i], "clients_completed") == field(a[i], "clients_completed"));
+    CHECK(field(b[i], "uplink_bytes") == field(a[i], "uplink_bytes"));
+    CHECK(field(b[i], "sim_seconds") == field(a[i], "sim_seconds"));
+    CHECK(std::stod(field(a[i], "train_loss")) ==
+          Approx(std::stod(field(b[i], "train_loss"))).epsilon(1e-5));
+  }
+  const auto [diff, scale] = modelDiff(dir / "w1.ckpt", dir / "w2.ckpt");
+  CHECK(diff <= 1e-4 * scale);
+}
+
 TEST_CASE("FedBuff on one, two and three workers is one run, and resumes with any number of them",
           "[simulator][integration][isa]") {
   // stc with error feedback: every client keeps a residual, which the first worker's store holds
