@@ -92,11 +92,9 @@ std::unique_ptr<ControlVariateState> nextControl(const ControlVariateState* ci,
 }  // namespace
 
 void checkScaffoldTrainer(const Trainer& trainer) {
-  const std::string spec = trainer.spec();
-  const size_t at = spec.find("momentum=");
-  if (at != std::string::npos && std::strtod(spec.c_str() + at + 9, nullptr) != 0.0)
-    STARLING_THROW(ConfigError, "train.scaffold needs plain local SGD, and model.spec = '", spec,
-                   "' uses momentum (set momentum=0)");
+  if (trainer.momentum() != 0.0)
+    STARLING_THROW(ConfigError, "train.scaffold needs plain local SGD, and model.spec = '",
+                   trainer.spec(), "' uses momentum ", trainer.momentum(), " (set momentum=0)");
 }
 
 FitConfig fitConfig(const protocol::FitSettings& f, const std::atomic<bool>* stop) {

@@ -39,6 +39,7 @@ class EigenTrainer final : public Trainer {
   std::string name() const override { return model_->name(); }
   // The model's spec, with ",momentum=M" (or ":momentum=M") when momentum is not 0.
   std::string spec() const override;
+  double momentum() const override { return momentum_; }
   const ParamLayout& layout() const override { return model_->layout(); }
   size_t features() const override { return model_->features(); }
   uint32_t classes() const override { return model_->classes(); }

@@ -110,6 +110,8 @@ class Trainer {
   virtual std::string name() const = 0;
   // The full spec with every option, e.g. "mlp:hidden=200".
   virtual std::string spec() const = 0;
+  // SGD momentum of fit() (0: plain SGD, what SCAFFOLD needs; checkScaffoldTrainer asks this).
+  virtual double momentum() const { return 0.0; }
   // The parameters' names and shapes; params spans must have layout().numel() floats.
   virtual const ParamLayout& layout() const = 0;
   // Input width and number of classes the model was built for.

@@ -59,6 +59,7 @@ class TorchTrainer final : public client::Trainer {
   }
 
   std::string name() const override { return net_->name(); }
+  double momentum() const override { return momentum_; }
   std::string spec() const override {
     std::string s = net_->spec();
     if (momentum_ == 0) return s;

@@ -6,6 +6,7 @@
 
 #include "check_throws.h"
 #include "client/address_check.h"
+#include "client/algorithm.h"
 #include "client/synthetic.h"
 #include "core/error.h"
 #include "emulated.h"
@@ -69,6 +70,14 @@ TEST_CASE("trainers lay out their parameters by name and shape", "[client]") {
   CHECK(makeTrainer("cnn", 30, 29, 10)->layout()[4].shape == std::vector<int64_t>{512, 64 * 7 * 7});
   CHECK(makeTrainer("cnn:momentum=0.9", 28, 28, 10)->spec() == "cnn:momentum=0.9");
   CHECK(makeTrainer("mlp:hidden=8,momentum=0.5", 4, 2)->spec() == "mlp:hidden=8,momentum=0.5");
+  // The momentum is the trainer's to say, not a spec string's to be searched: SCAFFOLD refuses it.
+  CHECK(makeTrainer("cnn:momentum=0.9", 28, 28, 10)->momentum() == 0.9);
+  CHECK(makeTrainer("mlp:hidden=8,momentum=0", 4, 2)->momentum() == 0.0);
+  CHECK(makeTrainer("softmax", 4, 2)->momentum() == 0.0);
+  CHECK_NOTHROW(checkScaffoldTrainer(*makeTrainer("mlp:hidden=8", 4, 2)));
+  CHECK_NOTHROW(checkScaffoldTrainer(*makeTrainer("mlp:hidden=8,momentum=0", 4, 2)));
+  CHECK_THROWS_MATCHING(checkScaffoldTrainer(*makeTrainer("mlp:hidden=8,momentum=0.5", 4, 2)),
+                        ConfigError, Contains("uses momentum 0.5"));
 }
 
 TEST_CASE("initial parameters are a function of the seed, with PyTorch's Linear and Conv scales",

@@ -50,6 +50,7 @@ class SlowTrainer final : public client::Trainer {
       : inner_(std::move(inner)), clock_(clock), duration_(duration) {}
   std::string name() const override { return inner_->name(); }
   std::string spec() const override { return inner_->spec(); }
+  double momentum() const override { return inner_->momentum(); }
   const ParamLayout& layout() const override { return inner_->layout(); }
   size_t features() const override { return inner_->features(); }
   uint32_t classes() const override { return inner_->classes(); }

@@ -147,6 +147,7 @@ TEST_CASE("LibTorch training raises accuracy on separable data", "[torch_trainer
     for (const char* spec : {"logreg", "mlp:hidden=16", "mlp:hidden=16,momentum=0.9"}) {
       INFO(spec);
       auto t = makeTorchTrainer(spec, d);
+      CHECK(t->momentum() == (std::string(spec).find("momentum") != std::string::npos ? 0.9 : 0.0));
       std::vector<float> params(t->layout().numel());
       t->initParameters(params, 3);
       const client::EvalResult before = t->evaluate(params, view);
