@@ -400,6 +400,7 @@ void AsyncSimulation::start(uint64_t id) {
   w.job.down = taskBytes(held_[id]);
   held_[id] = v;  // it downloads the version (a dropout too)
   const uint64_t previous = last_version_[id];
+  w.previous = previous;
   busy_[id] = 1;
   last_version_[id] = v;
   ++window_.started;
@@ -447,7 +448,9 @@ bool AsyncSimulation::trainAndKeep(Waiting& w, ClientState& state, bool keep) {
   bool ok = false;
   try {
     ok = train(w, state);
-    if (ok && keep) store_.store(w.id, state);
+    // A client that drops out keeps its state as it was (its update is sent, to every worker,
+    // and dropped where each worker decides the same: takeUpdates, trainWaiting).
+    if (ok && keep && !finishesOffline(w)) store_.store(w.id, state);
   } catch (const IoError& e) {
     clientFails(w.id, e.what());
     ok = false;
@@ -460,10 +463,33 @@ bool AsyncSimulation::trainAndKeep(Waiting& w, ClientState& state, bool keep) {
 }
 
 void AsyncSimulation::arrive(Waiting& w) {
+  const ClientTiming t = timeClient(clients_.devices[w.id], w.id, w.job.examples,
+                                    config_.fit.epochs, config_.reference_seconds_per_example,
+                                    w.job.down, w.job.update ? w.job.up : w.timed_up);
+  in_flight_.emplace(std::pair{w.start + t.total(), w.id}, std::move(w.job));
+}
+
+bool AsyncSimulation::finishesOffline(const Waiting& w) const {
+  if (!w.job.update || !clients_.devices.hasWindows() ||
+      !server_.scheme().compressor().updateSizeVaries())
+    return false;
   const ClientTiming t =
       timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
                  config_.reference_seconds_per_example, w.job.down, w.job.up);
-  in_flight_.emplace(std::pair{w.start + t.total(), w.id}, std::move(w.job));
+  return !clients_.devices.onlineAt(w.id, w.start + t.total());
+}
+
+// As start() drops a client whose estimated finish falls outside its windows: it fails when it
+// would have finished, uploads nothing, and may try this version again if one of its windows is
+// long enough.
+void AsyncSimulation::dropOut(Waiting& w) {
+  const ClientTiming t =
+      timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
+                 config_.reference_seconds_per_example, w.job.down, w.job.up);
+  if (t.total() <= clients_.devices.longestOnline(w.id)) last_version_[w.id] = w.previous;
+  w.timed_up = w.job.up;
+  w.job.update.reset();
+  w.job.up = 0;
 }
 
 void AsyncSimulation::trainWaiting() {
@@ -471,7 +497,11 @@ void AsyncSimulation::trainWaiting() {
   if (config_.workers && config_.workers->size() > 1) return trainShared();
   const auto t0 = Steady::now();
   for (Waiting& w : waiting_) {
-    if (loadState(w.id, state_) && trainAndKeep(w, state_, true)) ++trained_;
+    const bool trained = loadState(w.id, state_) && trainAndKeep(w, state_, true);
+    if (finishesOffline(w))
+      dropOut(w);
+    else if (trained)
+      ++trained_;
     arrive(w);
   }
   waiting_.clear();
@@ -610,15 +640,19 @@ void AsyncSimulation::takeUpdates(const std::vector<size_t>& owner,
         wt.job.update.reset();
         wt.job.up = 0;
       }
+      const bool offline = finishesOffline(wt);  // the same on every worker
       if (owner[i] != 0) {
-        if (first) {
+        if (first && !offline) {
           takeState(r, returned, trainer_.layout().fingerprint());
           store_.store(wt.id, returned);
         } else {
           r.view(r.u64());
         }
       }
-      if (wt.job.update) ++trained_;
+      if (offline)
+        dropOut(wt);
+      else if (wt.job.update)
+        ++trained_;
     }
     arrive(wt);
   }

@@ -18,6 +18,10 @@
 // windows, a client that comes online while fewer than C train starts then, and one offline at its
 // finish is a dropout: it does not train, its state stays as it was, it counts as failed when it
 // would have finished, and it may try again on the version if one of its windows is long enough.
+// Its finish is known at its start from phaseZeroUpdateBytes, except when the compressor's update
+// sizes vary (Compressor::updateSizeVaries: STC, random-block with per-client offsets): such a
+// client is judged again once trained, by its own bytes, and drops out then if it is offline by
+// its finish (trained, its update and new state discarded).
 // None may qualify: fewer than C train until the version moves on, and when no client is in flight
 // and none can start, the server cannot reach K and run() throws Error saying why (diverging
 // clients, refused updates, availability). A client trains on the one model replica, by the time
@@ -139,6 +143,8 @@ class AsyncSimulation {
   };
   struct Waiting {  // started, not trained yet (see "Several workers" above)
     uint64_t id = 0, held_before = 0;
+    uint64_t previous = 0;               // the version it last started on before this one
+    uint64_t timed_up = 0;               // a dropout's update bytes, which time its failure
     double start = 0.0, earliest = 0.0;  // its start, and its finish with an empty update
     InFlight job;
   };
@@ -166,6 +172,11 @@ class AsyncSimulation {
   bool train(Waiting& w, ClientState& state);     // true: an update (job.update, job.up)
   bool trainAndKeep(Waiting& w, ClientState& state, bool keep);
   void arrive(Waiting& w);  // into in_flight_ at its finish
+  // Whether a trained client is offline by its finish with its own update's bytes, which its start
+  // could not know (the compressor's sizes vary: STC's, random-block's per-client offsets): a pure
+  // function of the shared state, the same on every worker. dropOut() makes it a dropout.
+  bool finishesOffline(const Waiting& w) const;
+  void dropOut(Waiting& w);
   void deliver();
   [[noreturn]] void stalled() const;
   void step(const std::function<void(const server::RoundRecord&)>& progress);

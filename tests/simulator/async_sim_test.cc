@@ -10,8 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <numeric>
 #include <set>
+#include <sstream>
 
 #include "check_throws.h"
 #include "client/synthetic.h"
@@ -505,6 +507,40 @@ TEST_CASE("FedBuff: a client that drops out tries again in a window long enough,
                       Catch::Matchers::Contains("cannot step at model version 1") &&
                           Catch::Matchers::Contains("availability_trace"));
   }
+}
+
+TEST_CASE("FedBuff with STC judges a client's window by its own update's bytes",
+          "[simulator][async]") {
+  TempDir dir("asyncstcwindow");
+  const size_t per_client = 40;
+  const std::string stc = "stc:density=0.3";
+  // The client alone, always online: its time with its own update, and with an empty one (what
+  // its start can know).
+  Setup probe(1, per_client, sim::DevicePopulation::sample(1, sim::DeviceDistributions{}, 3), false,
+              40);
+  const Run free = runAsync(probe, probe.serverConfig(1, 20, stc), probe.simConfig(1, 1));
+  REQUIRE(free.steps.size() == 1);
+  const double took = *free.steps[0].sim_seconds;
+  const server::AsyncServer server(probe.layout(), probe.serverConfig(1, 20, stc), probe.init());
+  const uint64_t empty =
+      sim::phaseZeroUpdateBytes(probe.trainer->layout(), server.scheme().compressor(),
+                                server.broadcast(1), server.scheme().options().metrics, false, 0);
+  const sim::DeviceProfile d;
+  const double estimate =
+      per_client * 1e-3 + static_cast<double>(free.steps[0].downlink_bytes + empty) / d.bandwidth;
+  REQUIRE(estimate < took);
+  // Online from 0 until between the two, every 100 s: the estimate fits, the client's own update
+  // does not, and no window is long enough to try again. It drops out: the server never steps.
+  REQUIRE(took - estimate > 1e-5);
+  std::ostringstream window;
+  window << std::setprecision(17) << "0,100,0," << (estimate + took) / 2 << "\n";
+  Setup s(1, per_client, withWindows(dir, 1, window.str()), false, 40);
+  server::AsyncServer stepped(s.layout(), s.serverConfig(1, 20, stc), s.init());
+  sim::AsyncSimulation simulation(s.simConfig(1, 1), s.clients, *s.trainer, s.store, stepped,
+                                  nullptr);
+  CHECK_THROWS_WITH(simulation.run(), Catch::Matchers::Contains("cannot step at model version 1"));
+  CHECK(simulation.accepted() == std::vector<uint64_t>{0});
+  CHECK(s.store.stats().clients == 0);  // trained, dropped out: its state as it was (none)
 }
 
 TEST_CASE("a synchronous round that waits for its clients to come online counts the wait",
