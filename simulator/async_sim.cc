@@ -405,7 +405,9 @@ void AsyncSimulation::start(uint64_t id) {
   last_version_[id] = v;
   ++window_.started;
   window_.downlink += w.job.down;
-  if (clients_.devices.hasWindows()) {
+  // Offline by its finish: known now, unless the update's size varies (then once it is trained,
+  // by its own bytes: finishesOffline).
+  if (clients_.devices.hasWindows() && !server_.scheme().compressor().updateSizeVaries()) {
     const ClientTiming t =
         timeClient(clients_.devices[id], id, w.job.examples, config_.fit.epochs,
                    config_.reference_seconds_per_example, w.job.down, updateBytes());
@@ -479,9 +481,10 @@ bool AsyncSimulation::finishesOffline(const Waiting& w) const {
   return !clients_.devices.onlineAt(w.id, w.start + t.total());
 }
 
-// As start() drops a client whose estimated finish falls outside its windows: it fails when it
+// As start() drops a client whose finish it knows to fall outside its windows: it fails when it
 // would have finished, uploads nothing, and may try this version again if one of its windows is
-// long enough.
+// long enough. It has trained (clientsTrained counts it, as the synchronous fleet counts a
+// straggler it trained).
 void AsyncSimulation::dropOut(Waiting& w) {
   const ClientTiming t =
       timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
@@ -497,11 +500,8 @@ void AsyncSimulation::trainWaiting() {
   if (config_.workers && config_.workers->size() > 1) return trainShared();
   const auto t0 = Steady::now();
   for (Waiting& w : waiting_) {
-    const bool trained = loadState(w.id, state_) && trainAndKeep(w, state_, true);
-    if (finishesOffline(w))
-      dropOut(w);
-    else if (trained)
-      ++trained_;
+    if (loadState(w.id, state_) && trainAndKeep(w, state_, true)) ++trained_;
+    if (finishesOffline(w)) dropOut(w);
     arrive(w);
   }
   waiting_.clear();
@@ -649,10 +649,8 @@ void AsyncSimulation::takeUpdates(const std::vector<size_t>& owner,
           r.view(r.u64());
         }
       }
-      if (offline)
-        dropOut(wt);
-      else if (wt.job.update)
-        ++trained_;
+      if (wt.job.update) ++trained_;
+      if (offline) dropOut(wt);
     }
     arrive(wt);
   }

@@ -20,8 +20,8 @@
 // would have finished, and it may try again on the version if one of its windows is long enough.
 // Its finish is known at its start from phaseZeroUpdateBytes, except when the compressor's update
 // sizes vary (Compressor::updateSizeVaries: STC, random-block with per-client offsets): such a
-// client is judged again once trained, by its own bytes, and drops out then if it is offline by
-// its finish (trained, its update and new state discarded).
+// client is judged once trained, by its own bytes, and drops out then if it is offline by its
+// finish (trained, its update and new state discarded). In both asynchronous modes.
 // None may qualify: fewer than C train until the version moves on, and when no client is in flight
 // and none can start, the server cannot reach K and run() throws Error saying why (diverging
 // clients, refused updates, availability). A client trains on the one model replica, by the time

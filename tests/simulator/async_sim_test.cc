@@ -522,9 +522,10 @@ TEST_CASE("FedBuff with STC judges a client's window by its own update's bytes",
   REQUIRE(free.steps.size() == 1);
   const double took = *free.steps[0].sim_seconds;
   const server::AsyncServer server(probe.layout(), probe.serverConfig(1, 20, stc), probe.init());
+  // The estimate a start could make (phaseZeroUpdateBytes, as for any client but 0: the larger).
   const uint64_t empty =
       sim::phaseZeroUpdateBytes(probe.trainer->layout(), server.scheme().compressor(),
-                                server.broadcast(1), server.scheme().options().metrics, false, 0);
+                                server.broadcast(1), server.scheme().options().metrics, false);
   const sim::DeviceProfile d;
   const double estimate =
       per_client * 1e-3 + static_cast<double>(free.steps[0].downlink_bytes + empty) / d.bandwidth;
@@ -539,6 +540,9 @@ TEST_CASE("FedBuff with STC judges a client's window by its own update's bytes",
   sim::AsyncSimulation simulation(s.simConfig(1, 1), s.clients, *s.trainer, s.store, stepped,
                                   nullptr);
   CHECK_THROWS_WITH(simulation.run(), Catch::Matchers::Contains("cannot step at model version 1"));
+  // It failed when its own update would have finished: trained, judged, dropped.
+  CHECK(simulation.now() == Approx(took).epsilon(1e-12));
+  CHECK(simulation.clientsTrained() == 1);
   CHECK(simulation.accepted() == std::vector<uint64_t>{0});
   CHECK(s.store.stats().clients == 0);  // trained, dropped out: its state as it was (none)
 }

@@ -164,8 +164,23 @@ TEST_CASE("FedBuff on one, two and three workers is one run, and resumes with an
         CHECK(field(other[i], key) == field(ref[i], key));
       }
   };
+  // Windows of time: a client online for about its training time drops out when its own STC
+  // update takes it past its window, which every worker judges alike once it is trained.
+  {
+    std::ofstream trace(dir / "windows.csv");
+    trace << "client,period,start,end\n";
+    for (int c = 0; c < 20; ++c) trace << c << ",8,0," << 2.9 + 0.02 * c << "\n";
+  }
+  for (const char* tag : {"v1", "v2"})
+    runOk(with(args(tag, tag[1] - '0', 8), {"--devices.availability_trace", dir / "windows.csv"}),
+          std::string(tag) + ".log");
   for (const char* tag : {"w2", "w3", "cut"}) same("w1", tag);
   same("s1", "s2");
+  same("v1", "v2");
+  uint64_t dropped = 0;
+  for (const auto& line : readLines(dir / "v1.jsonl"))
+    dropped += std::stoull(field(line, "clients_failed"));
+  CHECK(dropped > 0);
   CHECK(field(readLines(dir / "s1.jsonl")[0], "applied") == "false");
   // The first worker's store holds step 8's states and the checkpoint is gone: every worker
   // refuses with the first worker's reason, none fails in a collective.
