@@ -22,7 +22,7 @@ enum class StreamPurpose : uint32_t {
   kTraining = 7,     // local training (shuffling, initialisation)
   kDataPartition = 8,  // splitting a data set among clients
   kBackoff = 9,        // a deployed client's or aggregator's jitter before sending again
-  kSecAggGraph = 10,   // a round's SecAgg+ graph (public: every party draws the same)
+  // 10 was a round's SecAgg+ graph: privacy/ draws only from libsodium (privacy/crypto.h).
 };
 
 // Use kAnyClient as the client id of a stream shared by every client of a round.

@@ -67,34 +67,71 @@ Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint
   return out;
 }
 
-void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStream purpose,
-               uint32_t index, uint32_t bits, bool subtract) {
+KeyStream::KeyStream(const Key32& key, uint64_t round, MaskStream purpose, uint32_t index)
+    : key_(key) {
   ensureSodium();
-  STARLING_CHECK_ARG(bits >= 1 && bits <= 64, "applyMask: bits = ", bits);
   // IETF ChaCha20: a 12-byte nonce (the round's low 7 bytes, the purpose, the index) and a 32-bit
   // block counter, so one stream gives 2^32 blocks of 64 bytes: 2^35 words, far above any model.
-  uint8_t nonce[crypto_stream_chacha20_ietf_NONCEBYTES] = {};
-  for (int i = 0; i < 7; ++i) nonce[i] = static_cast<uint8_t>(round >> (8 * i));
-  nonce[7] = static_cast<uint8_t>(purpose);
-  for (int i = 0; i < 4; ++i) nonce[8 + i] = static_cast<uint8_t>(index >> (8 * i));
+  for (int i = 0; i < 7; ++i) nonce_[i] = static_cast<uint8_t>(round >> (8 * i));
+  nonce_[7] = static_cast<uint8_t>(purpose);
+  for (int i = 0; i < 4; ++i) nonce_[8 + i] = static_cast<uint8_t>(index >> (8 * i));
+}
+
+KeyStream::~KeyStream() {
+  sodium_memzero(key_.data(), key_.size());
+  sodium_memzero(words_.data(), sizeof words_);
+}
+
+void KeyStream::refill() {
+  static_assert(crypto_stream_chacha20_ietf_NONCEBYTES == 12);
+  std::array<uint8_t, kWords * 8> buf{};  // the stream itself: XOR onto zeros
+  crypto_stream_chacha20_ietf_xor_ic(buf.data(), buf.data(), buf.size(), nonce_.data(), block_,
+                                     key_.data());
+  block_ += static_cast<uint32_t>(buf.size() / 64);
+  for (size_t i = 0; i < kWords; ++i) {
+    uint64_t w = 0;
+    for (int b = 0; b < 8; ++b) w |= static_cast<uint64_t>(buf[i * 8 + b]) << (8 * b);
+    words_[i] = w;
+  }
+  sodium_memzero(buf.data(), buf.size());
+  at_ = 0;
+}
+
+uint64_t KeyStream::next() {
+  if (at_ == kWords) refill();
+  return words_[at_++];
+}
+
+uint64_t KeyStream::below(uint64_t n) {
+  STARLING_CHECK_ARG(n >= 1, "KeyStream::below(0)");
+  // The largest multiple of n in [0, 2^64) is 2^64 - (2^64 mod n).
+  const uint64_t reject_from = 0 - ((0 - n) % n);
+  for (;;) {
+    const uint64_t w = next();
+    if (reject_from == 0 || w < reject_from) return w % n;
+  }
+}
+
+Key32 publicKey(const std::string& label, uint64_t run, uint64_t round) {
+  ensureSodium();
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, 32);
+  crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(label.data()), label.size());
+  putU64(st, run);
+  putU64(st, round);
+  Key32 out;
+  crypto_generichash_final(&st, out.data(), out.size());
+  return out;
+}
+
+void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStream purpose,
+               uint32_t index, uint32_t bits, bool subtract) {
+  STARLING_CHECK_ARG(bits >= 1 && bits <= 64, "applyMask: bits = ", bits);
   const uint64_t m = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-  // In chunks: the stream's bytes then the words, little-endian.
-  constexpr size_t kChunkWords = 4096;
-  std::array<uint8_t, kChunkWords * 8> buf;
-  for (size_t done = 0; done < x.size();) {
-    const size_t n = std::min(kChunkWords, x.size() - done);
-    // The stream itself (XOR onto zeros); block counter: words done / 8 (a block holds 8 words),
-    // chunks being whole blocks.
-    std::fill_n(buf.begin(), n * 8, uint8_t{0});
-    crypto_stream_chacha20_ietf_xor_ic(buf.data(), buf.data(), n * 8, nonce,
-                                       static_cast<uint32_t>(done / 8), key.data());
-    for (size_t i = 0; i < n; ++i) {
-      uint64_t w = 0;
-      for (int b = 0; b < 8; ++b) w |= static_cast<uint64_t>(buf[i * 8 + b]) << (8 * b);
-      w &= m;
-      x[done + i] = (subtract ? x[done + i] - w : x[done + i] + w) & m;
-    }
-    done += n;
+  KeyStream stream(key, round, purpose, index);
+  for (uint64_t& v : x) {
+    const uint64_t w = stream.next() & m;
+    v = (subtract ? v - w : v + w) & m;
   }
 }
 

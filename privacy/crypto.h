@@ -43,7 +43,42 @@ Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint
             KeyPurpose purpose);
 
 // What a ChaCha20 stream expands into: domain separation of the streams of one key.
-enum class MaskStream : uint8_t { kPairwiseMask = 1, kSelfMask = 2, kNoise = 3 };
+enum class MaskStream : uint8_t {
+  kPairwiseMask = 1,
+  kSelfMask = 2,
+  kNoise = 3,
+  kRounding = 4,  // a client's stochastic rounding into the ring (privacy/ring.h)
+  kGraph = 5,     // a round's SecAgg+ graph (privacy/graph.h), from a public key
+};
+
+// The 64-bit little-endian words of the ChaCha20 stream keyed by `key` with the nonce (round,
+// purpose, index), in order: what applyMask adds, and every draw the privacy code makes (stochastic
+// rounding, the graph's permutation), so that none comes from core/rng's statistical streams.
+class KeyStream {
+ public:
+  KeyStream(const Key32& key, uint64_t round, MaskStream purpose, uint32_t index);
+  ~KeyStream();  // the key and the buffered words wiped
+  KeyStream(const KeyStream&) = delete;
+  KeyStream& operator=(const KeyStream&) = delete;
+  uint64_t next();
+  // Uniform in [0, n) (n >= 1), unbiased: words at or above the largest multiple of n are redrawn.
+  uint64_t below(uint64_t n);
+  // Uniform in [0, 1): the top 53 bits of a word.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+ private:
+  void refill();
+  static constexpr size_t kWords = 512;  // 64 ChaCha20 blocks at a time
+  Key32 key_;
+  std::array<uint8_t, 12> nonce_{};
+  uint32_t block_ = 0;
+  std::array<uint64_t, kWords> words_{};
+  size_t at_ = kWords;
+};
+
+// A key every party derives alike from public values: BLAKE2b of `label`, run and round. For
+// draws that must be the same everywhere and hide nothing (a round's SecAgg+ graph).
+Key32 publicKey(const std::string& label, uint64_t run, uint64_t round);
 
 // Adds (subtract: subtracts) to `x` the ring elements of the ChaCha20 stream keyed by `key` with
 // the nonce (round, purpose, index): element i is the stream's 64-bit little-endian word i masked

@@ -4,8 +4,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "core/rng.h"
-#include "data/sampling.h"
+#include "privacy/crypto.h"
 
 namespace starling::privacy {
 
@@ -32,11 +31,13 @@ Neighbourhoods harary(std::span<const uint64_t> clients, uint32_t k, uint64_t ru
   STARLING_CHECK_ARG(std::adjacent_find(g.clients.begin(), g.clients.end()) == g.clients.end(),
                      "a round's clients must be distinct");
   const size_t n = g.clients.size();
-  // The cyclic order: a permutation of the positions drawn from the round's public stream.
+  // The cyclic order: a permutation of the positions (Fisher-Yates) drawn from the ChaCha20 stream
+  // of a key every party derives from the run and the round (public: the graph hides nothing).
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
-  RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kSecAggGraph, 0});
-  data::shuffleInPlace(std::span<size_t>(order), rng);
+  KeyStream draws(publicKey("starling secagg graph v1", run_seed, round), round, MaskStream::kGraph,
+                  0);
+  for (size_t i = n - 1; i > 0; --i) std::swap(order[i], order[draws.below(i + 1)]);
   g.of.assign(n, {});
   const size_t half = std::min<size_t>(k / 2, (n - 1) / 2);
   const bool complete = k + 1 >= n;

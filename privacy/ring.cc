@@ -85,10 +85,11 @@ void RingSpec::validate() const {
                    maxMagnitude(), "): the sum would wrap");
 }
 
-void encode(const RingSpec& r, std::span<const float> x, RngStream& rounding,
+void encode(const RingSpec& r, std::span<const float> x, const Key32& rounding_key, uint64_t round,
             std::span<uint64_t> out) {
   STARLING_CHECK_ARG(x.size() == out.size(), "encode: ", x.size(), " values into ", out.size());
   const uint64_t m = r.mask();
+  KeyStream rounding(rounding_key, round, MaskStream::kRounding, 0);
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i];
     if (!std::isfinite(v) || std::abs(v) > r.clip)

@@ -13,12 +13,14 @@
 // norm up to clip: scale clip >= 2^10 sqrt(d)), with the numbers and the bits it would take,
 // before round 1.
 //
-// Elements are uint64 holding a value below 2^b (b in 8..64). No secret is drawn here: the
-// rounding's randomness is the caller's seeded stream (reproducible; rounding hides nothing).
+// Elements are uint64 holding a value below 2^b (b in 8..64). The rounding draws from libsodium's
+// ChaCha20 stream of a key the caller holds (a client's fresh randomKey() each round;
+// privacy/crypto.h), never from core/rng's statistical streams: under distributed DP the rounding
+// is part of the mechanism, and its randomness must be as unpredictable as the noise's.
 #include <cstdint>
 #include <span>
 
-#include "core/rng.h"
+#include "privacy/crypto.h"
 
 namespace starling::privacy {
 
@@ -48,9 +50,11 @@ struct RingSpec {
   uint64_t maxMagnitude() const { return (uint64_t{1} << (bits - 1)) - 1; }
 };
 
-// out[i] = round_stochastic(x[i] * scale) mod 2^b. InvalidArgument when a value is not finite or
-// above clip in magnitude (the caller clips first), or the sizes differ.
-void encode(const RingSpec& r, std::span<const float> x, RngStream& rounding,
+// out[i] = round_stochastic(x[i] * scale) mod 2^b, value i rounded up with the probability of its
+// fraction by word i of the ChaCha20 stream of (rounding_key, round, MaskStream::kRounding).
+// InvalidArgument when a value is not finite or above clip in magnitude (the caller clips first),
+// or the sizes differ.
+void encode(const RingSpec& r, std::span<const float> x, const Key32& rounding_key, uint64_t round,
             std::span<uint64_t> out);
 // out[i] = signed(sum[i]) / scale: the sum of encoded values read back (InvalidArgument for a
 // word at or above 2^b, which no sum of ring elements holds).

@@ -160,7 +160,7 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
 }
 
 MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
-                                      std::span<const float> x, RngStream& rounding) {
+                                      std::span<const float> x, const Key32& rounding_key) {
   if (!shared_) failInput(Errc::kWrongRound, "client ", id_, ": masked input before its shares");
   if (masked_) failInput(Errc::kDuplicate, "client ", id_, " already sent its masked input");
   STARLING_CHECK_ARG(x.size() == p_.dim, "secagg: an input of ", x.size(), " values, the round's ",
@@ -202,7 +202,7 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
   m.round = p_.round;
   m.clients = {id_};
   m.words.assign(p_.dim, 0);
-  encode(p_.ring, x, rounding, m.words);
+  encode(p_.ring, x, rounding_key, p_.round, m.words);
   applyMask(m.words, self_seed_, p_.round, MaskStream::kSelfMask, 0, p_.ring.bits, false);
   for (const auto& [v, shares] : held) {
     const Key32 s =

@@ -47,7 +47,6 @@
 #include <vector>
 
 #include "core/input_error.h"
-#include "core/rng.h"
 #include "privacy/crypto.h"
 #include "privacy/graph.h"
 #include "privacy/ring.h"
@@ -115,9 +114,11 @@ class SecAggClient {
   // advertised.
   std::vector<EncryptedShare> shareKeys(std::span<const KeyAdvert> adverts,
                                         const std::map<uint64_t, Key32>* verify = nullptr);
-  // Phase 2: the shares addressed to it; x (dim values, clipped to the ring's clip).
+  // Phase 2: the shares addressed to it; x (dim values, clipped to the ring's clip), rounded into
+  // the ring by the stream of `rounding_key` (privacy/ring.h: a fresh randomKey() each round; a
+  // test's fixed key reproduces a rounding).
   MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x,
-                          RngStream& rounding);
+                          const Key32& rounding_key);
   // Phase 3: answered once; refuses a request for both shares of one client.
   UnmaskResponse unmask(const UnmaskRequest& request);
 

@@ -4,6 +4,7 @@
 // signatures.
 #include "privacy/crypto.h"
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
@@ -111,4 +112,39 @@ TEST_CASE("crypto: signatures verify for their key and message only", "[privacy]
   Signature bad = sig;
   bad[10] ^= 0x40;
   CHECK_FALSE(verify(s.public_key, msg, bad));
+}
+
+TEST_CASE("crypto: KeyStream's words are applyMask's, and its draws are uniform",
+          "[privacy][crypto]") {
+  Key32 k{};
+  k[0] = 9;
+  // The words applyMask adds, in order (the RFC vector above pins the stream itself).
+  std::vector<uint64_t> x(2000, 0);
+  applyMask(x, k, 7, MaskStream::kRounding, 0, 64, false);
+  KeyStream s(k, 7, MaskStream::kRounding, 0);
+  for (uint64_t w : x) CHECK(s.next() == w);
+  // Another purpose, another stream.
+  KeyStream graph(k, 7, MaskStream::kGraph, 0);
+  CHECK(graph.next() != x[0]);
+  // below(n): in range, each value about 1/n of the time (6 standard deviations), and below(1)
+  // is 0; uniform() in [0, 1).
+  KeyStream d(k, 1, MaskStream::kGraph, 0);
+  const uint64_t n = 3, draws = 30'000;
+  std::array<uint64_t, 3> seen{};
+  for (uint64_t i = 0; i < draws; ++i) {
+    const uint64_t v = d.below(n);
+    REQUIRE(v < n);
+    ++seen[v];
+  }
+  const double mean = double(draws) / n, sd = std::sqrt(draws * (1.0 / n) * (1 - 1.0 / n));
+  for (uint64_t c : seen) CHECK(std::abs(double(c) - mean) < 6 * sd);
+  CHECK(d.below(1) == 0);
+  for (int i = 0; i < 1000; ++i) {
+    const double u = d.uniform();
+    CHECK((u >= 0.0 && u < 1.0));
+  }
+  // The same public values give every party the same key; other values another.
+  CHECK(publicKey("l", 1, 2) == publicKey("l", 1, 2));
+  CHECK(publicKey("l", 1, 2) != publicKey("l", 1, 3));
+  CHECK(publicKey("l", 1, 2) != publicKey("m", 1, 2));
 }

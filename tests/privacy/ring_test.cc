@@ -7,9 +7,19 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"  // the test data of the masks test (never the privacy code's draws)
 
 using namespace starling;
 using namespace starling::privacy;
+
+namespace {
+// A fixed rounding key per number: tests reproduce what a client's fresh randomKey() would make.
+Key32 testKey(uint64_t n) {
+  Key32 k{};
+  for (int i = 0; i < 8; ++i) k[static_cast<size_t>(i)] = static_cast<uint8_t>(n >> (8 * i));
+  return k;
+}
+}  // namespace
 
 TEST_CASE("ring: the chosen scale keeps the worst-case sum inside the signed range",
           "[privacy][ring]") {
@@ -31,12 +41,11 @@ TEST_CASE("ring: the sum of n clients at the clip, rounded up, decodes without w
   // The adversarial case of the bound: every client sends +clip (or -clip) everywhere.
   const uint64_t n = 37;
   const RingSpec r = RingSpec::fit(24, 1.0, n, 1);
-  RngStream rng(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
   for (float sign : {1.0f, -1.0f}) {
     std::vector<uint64_t> acc(3, 0), enc(3);
     for (uint64_t c = 0; c < n; ++c) {
       const std::vector<float> x(3, sign * 1.0f);
-      encode(r, x, rng, enc);
+      encode(r, x, testKey(c), 1, enc);
       add(r, acc, enc);
     }
     std::vector<float> out(3);
@@ -53,11 +62,10 @@ TEST_CASE("ring: stochastic rounding is unbiased", "[privacy][ring]") {
   r.scale = 4;
   r.clip = 1;
   r.max_clients = 1;
-  RngStream rng(StreamKey{7, 0, 0, StreamPurpose::kTest, 0});
   const size_t n = 200'000;
   std::vector<float> x(n, 0.3f);
   std::vector<uint64_t> enc(n);
-  encode(r, x, rng, enc);
+  encode(r, x, testKey(7), 1, enc);
   double sum = 0;
   size_t ones = 0, twos = 0;
   for (uint64_t w : enc) {
@@ -69,7 +77,7 @@ TEST_CASE("ring: stochastic rounding is unbiased", "[privacy][ring]") {
   CHECK(std::abs(sum / n - 4 * 0.3f) < 6 * std::sqrt(0.16 / n));
   // Negative values round the same way, mirrored.
   std::vector<float> neg(n, -0.3f);
-  encode(r, neg, rng, enc);
+  encode(r, neg, testKey(8), 1, enc);
   std::vector<float> dec(n);
   decode(r, enc, dec);
   double s2 = 0;
@@ -162,10 +170,38 @@ TEST_CASE(
 
 TEST_CASE("ring: a value beyond the clip, or not finite, is not encoded", "[privacy][ring]") {
   const RingSpec r = RingSpec::fit(32, 1.0, 4, 4);
-  RngStream rng(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
   std::vector<uint64_t> out(1);
   for (float bad : {1.0001f, -1.5f, std::nanf(""), INFINITY}) {
     const std::vector<float> x{bad};
-    CHECK_THROWS_AS(encode(r, x, rng, out), InvalidArgument);
+    CHECK_THROWS_AS(encode(r, x, testKey(1), 1, out), InvalidArgument);
+  }
+}
+
+TEST_CASE("ring: the rounding is the key's stream: the same key and round, the same words",
+          "[privacy][ring]") {
+  // libsodium's ChaCha20 (privacy/crypto.h), never a statistical stream: a client's fresh key
+  // makes its rounding unpredictable; a fixed key reproduces it.
+  RingSpec r;
+  r.bits = 32;
+  r.scale = 4;
+  r.clip = 1;
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.37f * std::sin(static_cast<float>(i));
+  const auto enc = [&](const Key32& k, uint64_t round) {
+    std::vector<uint64_t> out(x.size());
+    encode(r, x, k, round, out);
+    return out;
+  };
+  CHECK(enc(testKey(3), 5) == enc(testKey(3), 5));
+  CHECK(enc(testKey(3), 5) != enc(testKey(4), 5));
+  CHECK(enc(testKey(3), 5) != enc(testKey(3), 6));
+  // Up with the fraction's probability, as the stream's word i says.
+  KeyStream words(testKey(3), 5, MaskStream::kRounding, 0);
+  const auto got = enc(testKey(3), 5);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double scaled = static_cast<double>(x[i]) * r.scale;
+    const auto lo = static_cast<int64_t>(std::floor(scaled));
+    const int64_t want = lo + (words.uniform() < scaled - static_cast<double>(lo) ? 1 : 0);
+    CHECK(got[i] == (static_cast<uint64_t>(want) & r.mask()));
   }
 }

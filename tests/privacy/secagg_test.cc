@@ -4,19 +4,23 @@
 #include "privacy/secagg.h"
 
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
+#include "check_throws.h"
 #include "core/error.h"
 
 using namespace starling;
 using namespace starling::privacy;
 
 namespace {
+using starling::testing::codeOf;
 
 SecAggParams params(size_t dim, uint64_t clients, uint32_t k = 4, uint32_t t = 3,
                     bool signed_keys = false) {
@@ -29,16 +33,6 @@ SecAggParams params(size_t dim, uint64_t clients, uint32_t k = 4, uint32_t t = 3
   p.ring = RingSpec::fit(32, 1.0, clients, dim);
   p.signed_keys = signed_keys;
   return p;
-}
-
-Errc codeOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.code();
-  }
-  FAIL("no InputError");
-  return Errc::kMalformed;
 }
 
 // A round of SecAgg+ among `ids`: each client's input, who drops after which phase, whether the
@@ -66,8 +60,12 @@ struct Round {
     }
   }
 
-  RngStream rounding(uint64_t c) const {
-    return RngStream(StreamKey{1, p.round, c, StreamPurpose::kQsgd, 0});
+  // A fixed rounding key per client (a deployed client draws a fresh randomKey() each round).
+  static Key32 rounding(uint64_t c) {
+    Key32 k{};
+    for (int i = 0; i < 8; ++i) k[static_cast<size_t>(i)] = static_cast<uint8_t>(c >> (8 * i));
+    k[31] = 0x5a;
+    return k;
   }
 
   SecAggServer::Result run() {
@@ -89,12 +87,10 @@ struct Round {
     for (uint64_t c : drop_after_shares) alive.erase(c);
     std::vector<MaskedInput> group[2];
     for (uint64_t c : alive) {
-      RngStream r = rounding(c);
-      MaskedInput m = clients[c]->maskedInput(server->sharesFor(c), inputs[c], r);
+      MaskedInput m = clients[c]->maskedInput(server->sharesFor(c), inputs[c], rounding(c));
       masked[c] = m;
-      RngStream r2 = rounding(c);
       std::vector<uint64_t> e(p.dim);
-      encode(p.ring, inputs[c], r2, e);
+      encode(p.ring, inputs[c], rounding(c), p.round, e);
       encoded[c] = e;
       group[c % 2].push_back(std::move(m));
     }
@@ -168,17 +164,43 @@ TEST_CASE("secagg: the server gets exactly the sum of the inputs, and nothing el
 
 TEST_CASE("secagg: dropouts at every phase leave the survivors' exact sum", "[privacy][secagg]") {
   // 16 clients, k = 6, t = 3: one drops after advertising, two after sharing, one after its
-  // masked input (before unmasking).
-  Round r(params(64, 16, 6, 3), range(0, 16));
-  r.drop_after_advert = {3};
-  r.drop_after_shares = {5, 9};
-  r.drop_after_masked = {12};
+  // masked input (before unmasking). Which four: the first (in order) that leave every client at
+  // least t neighbours to answer the unmasking, in the round's graph.
+  const SecAggParams p = params(64, 16, 6, 3);
+  const std::vector<uint64_t> ids = range(0, 16);
+  const Neighbourhoods g = harary(ids, p.neighbours, p.run_seed, p.round);
+  const auto enough = [&](std::set<uint64_t> gone) {
+    for (uint64_t u : ids) {
+      uint32_t answering = 0;
+      for (uint64_t v : g.neighbours(u)) answering += gone.count(v) ? 0 : 1;
+      if (answering < p.threshold) return false;
+    }
+    return true;
+  };
+  // After the advert, after the shares (two), after the masked input.
+  const auto pick = [&]() -> std::optional<std::array<uint64_t, 4>> {
+    for (uint64_t a = 0; a < 16; ++a)
+      for (uint64_t b = 0; b < 16; ++b)
+        for (uint64_t c = b + 1; c < 16; ++c)
+          for (uint64_t m = 0; m < 16; ++m)
+            if (std::set<uint64_t>{a, b, c, m}.size() == 4 && enough({a, b, c, m}))
+              return std::array<uint64_t, 4>{a, b, c, m};
+    return std::nullopt;
+  };
+  const auto found = pick();
+  REQUIRE(found);
+  const std::array<uint64_t, 4> d = *found;
+  Round r(p, ids);
+  r.drop_after_advert = {d[0]};
+  r.drop_after_shares = {d[1], d[2]};
+  r.drop_after_masked = {d[3]};
   const auto res = r.run();
+  INFO(res.reason);
   REQUIRE(res.ok);
   std::vector<uint64_t> want;
-  for (uint64_t c : range(0, 16))
-    if (c != 3 && c != 5 && c != 9) want.push_back(c);
-  CHECK(res.survivors == want);  // 12 sent its input: it is in the sum
+  for (uint64_t c : ids)
+    if (c != d[0] && c != d[1] && c != d[2]) want.push_back(c);
+  CHECK(res.survivors == want);  // the last one sent its input: it is in the sum
   CHECK(res.sum == r.expected());
 }
 
@@ -263,7 +285,7 @@ TEST_CASE("secagg: the attacker's messages are refused, each with its code", "[p
     SecAggClient fresh(p, 0, ids);  // a fresh client 0 cannot open shares sealed to the real one
     (void)fresh.shareKeys(server.advertsFor(0));
     std::vector<EncryptedShare> mine = server.sharesFor(0);
-    RngStream r(StreamKey{1, 0, 0, StreamPurpose::kTest, 0});
+    const Key32 r = Round::rounding(0);
     const std::vector<float> x(p.dim, 0.1f);
     CHECK(codeOf([&] { fresh.maskedInput(mine, x, r); }) == Errc::kInconsistentShares);
     mine[0].ciphertext[30] ^= 1;
@@ -271,7 +293,7 @@ TEST_CASE("secagg: the attacker's messages are refused, each with its code", "[p
   }
   std::map<uint64_t, MaskedInput> masked;
   for (uint64_t id : ids) {
-    RngStream r(StreamKey{1, 0, id, StreamPurpose::kTest, 0});
+    const Key32 r = Round::rounding(id);
     masked[id] = c[id]->maskedInput(server.sharesFor(id), std::vector<float>(p.dim, 0.25f), r);
   }
   SECTION("a masked input of the wrong length, beyond the ring, replayed, or of another round") {
@@ -386,7 +408,7 @@ TEST_CASE("secagg: with exactly t shares a lie is caught by the owner's commitme
     for (uint64_t id : ids) server.onShares(id, sh[id]);
     for (uint64_t id : ids) {
       if (dropped.count(id)) continue;
-      RngStream r(StreamKey{1, 0, id, starling::StreamPurpose::kTest, 0});
+      const Key32 r = Round::rounding(id);
       server.onMaskedInput(
           c[id]->maskedInput(server.sharesFor(id), std::vector<float>(p.dim, 0.1f), r));
     }
