@@ -18,6 +18,7 @@ using namespace starling::compression;
 using Catch::Matchers::Contains;
 
 namespace {
+using starling::testing::codeOf;
 
 std::shared_ptr<const ParamLayout> threeValues() {
   auto l = std::make_shared<ParamLayout>();
@@ -33,16 +34,6 @@ Update dense(const ParamLayout& l, uint64_t id, uint64_t from, uint64_t n,
   u.tensors = {DenseF32{std::move(values)}};
   u.metrics = {{"train_loss", loss}};
   return u;
-}
-
-Errc codeOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.code();
-  }
-  FAIL("no InputError");
-  return Errc::kMalformed;
 }
 
 PhaseBroadcast buf_broadcast(const RoundScheme& scheme, uint64_t v) {

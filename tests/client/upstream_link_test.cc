@@ -75,6 +75,21 @@ struct Pair {
     REQUIRE(link.session().registered());
     REQUIRE_FALSE(link.session().awaitingWelcome());
   }
+  // Sends `messages` to the link and runs its upkeep only (the owner "works": no next()) until
+  // the link has read them all, by the bytes it counts (at most 10 s).
+  void sendWhileWorking(const std::vector<std::vector<uint8_t>>& messages) {
+    uint64_t expect = link.stats().downlink_bytes;
+    for (const auto& m : messages) {
+      server.send(peer, m);
+      expect += m.size();
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (link.stats().downlink_bytes < expect && std::chrono::steady_clock::now() < until) {
+      link.upkeep();
+      std::this_thread::yield();
+    }
+    REQUIRE(link.stats().downlink_bytes >= expect);
+  }
   std::vector<uint8_t> refused(pr::RejectKind kind, const std::string& why) {
     pr::RejectMsg m;
     m.kind = kind;
@@ -90,13 +105,11 @@ TEST_CASE("upstream link: what comes while the owner works is kept, at most 8, a
   Pair p;
   p.welcome();
   // The owner "works": upkeep() only, no next(). Twenty owner messages arrive, then a Shutdown.
+  std::vector<std::vector<uint8_t>> twenty;
   for (int i = 0; i < 20; ++i)
-    p.server.send(p.peer, p.refused(pr::RejectKind::kRefused, std::to_string(i)));
+    twenty.push_back(p.refused(pr::RejectKind::kRefused, std::to_string(i)));
+  p.sendWhileWorking(twenty);
   size_t kept = 0;
-  for (int i = 0; i < 60; ++i) {  // reads everything that came (300 ms: all of it arrived)
-    p.link.upkeep();
-    std::this_thread::sleep_for(milliseconds(5));
-  }
   // At most 8 kept: the newest.
   std::vector<std::string> got;
   while (auto r = p.link.next(milliseconds(20))) {
@@ -107,12 +120,9 @@ TEST_CASE("upstream link: what comes while the owner works is kept, at most 8, a
   REQUIRE_FALSE(got.empty());
   CHECK(got.back() == "19");
   // A Shutdown replaces what was kept.
-  for (int i = 0; i < 5; ++i) p.server.send(p.peer, p.refused(pr::RejectKind::kRefused, "stale"));
-  p.server.send(p.peer, pr::encode(pr::ShutdownMsg{3, "done"}));
-  for (int i = 0; i < 60; ++i) {
-    p.link.upkeep();
-    std::this_thread::sleep_for(milliseconds(5));
-  }
+  std::vector<std::vector<uint8_t>> then(5, p.refused(pr::RejectKind::kRefused, "stale"));
+  then.push_back(pr::encode(pr::ShutdownMsg{3, "done"}));
+  p.sendWhileWorking(then);
   auto first = p.link.next(milliseconds(20));
   REQUIRE(first);
   CHECK(pr::peekKind(first->bytes()) == pr::MessageKind::kShutdown);
