@@ -102,9 +102,7 @@ void AsyncRootConfig::validate() const {
 AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfig server,
                      AsyncRootConfig config, std::vector<float> initial)
     : config_((config.validate(), std::move(config))),
-      server_(std::move(layout), std::move(server), std::move(initial)),
-      broadcast_(server_.broadcast(1)),
-      since_(std::chrono::steady_clock::now()) {
+      server_(std::move(layout), std::move(server), std::move(initial)) {
   if (config_.round_ms == 0 && !config_.aggregators &&
       config_.fleet.min_available < server_.config().async.buffer_size)
     STARLING_THROW(ConfigError, "async.buffer_size = ", server_.config().async.buffer_size,
@@ -127,7 +125,6 @@ AsyncRoot::AsyncRoot(std::shared_ptr<const ParamLayout> layout, AsyncServerConfi
     }
     replayJournal();
   }
-  refreshTask();
 }
 
 AsyncRoot::~AsyncRoot() = default;
@@ -209,20 +206,6 @@ void AsyncRoot::replayJournal() {
   if (replayed_ > 0) resumed_ = true;
 }
 
-void AsyncRoot::refreshTask() {
-  const uint64_t v = server_.version();
-  broadcast_ = server_.broadcast(v);
-  // An asynchronous update's round field is the version it trained from.
-  protocol::TaskMsg h =
-      fitTaskHeader(server_.scheme(), v, v, config_.fit, config_.fleet.task_deadline_ms);
-  // In place: the fleet holds the task's address across steps.
-  task_.emplace(PhaseTask{broadcast_, std::move(h), server_.model(), server_.config().downlink});
-}
-
-bool AsyncRoot::mayStart(uint64_t client) const {
-  return !server_.hasUpdate(client, server_.version());
-}
-
 // The whole server, then a new journal that follows it.
 void AsyncRoot::checkpoint() {
   if (config_.checkpoint.empty()) return;
@@ -230,117 +213,40 @@ void AsyncRoot::checkpoint() {
   journal_->start(server_.steps(), server_.version());
 }
 
-void AsyncRoot::sent(uint64_t bytes) {
-  ++started_;
-  downlink_ += bytes;
+void AsyncRoot::taken(const AsyncArrival& a) {
+  if (journal_)
+    journal_->append(a.partial ? kJournalPartial : kJournalUpdate,
+                     a.partial ? a.client : a.update->header.client_id,
+                     a.partial ? 0 : a.limits.max_examples, a.message);
 }
 
-void AsyncRoot::failed(uint64_t /*client*/, const char* /*why*/) { ++failed_; }
-
-// Accepted once it is in the journal (an IoError there ends the run: the disk failed). The
-// server's refusal (InputError, nothing changed) is journaled too, so that a resumed step counts
-// it.
-void AsyncRoot::journaled(uint8_t kind, uint64_t sender, uint64_t cap,
-                          std::span<const uint8_t> message, const std::function<void()>& add) {
-  try {
-    add();
-  } catch (const InputError&) {
-    if (journal_) journal_->append(kJournalRefused, sender, 0, {});
-    throw;
-  }
-  if (journal_) journal_->append(kind, sender, cap, message);
-  uplink_ += message.size();
+void AsyncRoot::refused(const AsyncArrival& a) {
+  if (journal_)
+    journal_->append(kJournalRefused, a.partial ? a.client : a.update->header.client_id, 0, {});
 }
 
-void AsyncRoot::add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-                    std::span<const uint8_t> message) {
-  journaled(kJournalUpdate, u.header.client_id, limits.max_examples, message,
-            [&] { server_.add(u, limits); });
-}
+void AsyncRoot::stepped(const RoundRecord& /*rec*/) { checkpoint(); }
 
-void AsyncRoot::addPartial(const compression::PartialView& p, uint64_t source,
-                           std::span<const uint8_t> message) {
-  journaled(kJournalPartial, source, 0, message, [&] { server_.addPartial(p, source); });
-}
-
-void AsyncRoot::added() {
-  // FedBuff steps every K updates; a semi-synchronous round steps at its end (tick()). Until
-  // then the journal holds the update.
-  if (config_.round_ms != 0 || !server_.ready()) {
-    if (accepted_) accepted_();
-    return;
-  }
-  stepped(server_.step(), true);
-}
-
-size_t AsyncRoot::tick(std::chrono::steady_clock::time_point now, size_t open) {
-  const size_t c = config_.fleet.concurrency, room = open < c ? c - open : 0;
-  if (config_.round_ms == 0) {
-    // A root killed after journaling the K-th update and before its step resumes with a full
-    // buffer: the step comes now, as it would have.
-    if (server_.ready()) stepped(server_.step(), false);
-    return room;  // FedBuff: a free slot is filled at once
-  }
-  last_tick_ = now;
-  if (!round_live_) {
-    // Nothing open and nothing buffered: the round starts with its first task (handedOut). With
-    // updates buffered (one that came back before this turn, or a resumed checkpoint's), now.
-    if (open == 0 && server_.buffered() == 0) return room;
-    round_live_ = true;
-    round_start_ = now;
-  }
-  if (now - round_start_ >= std::chrono::milliseconds(config_.round_ms)) {
-    stepped(server_.buffered() > 0 ? server_.step()
-                                   : server_.skip("no update was accepted in the round"),
-            false);
-    round_start_ = now;  // the round's length includes its step (and evaluation)
-    round_live_ = open > 0;
-    handing_out_ = true;
-  }
-  // A round hands tasks out once, at its start; a root waiting for its first task keeps asking.
-  return (handing_out_ || !round_live_) ? room : 0;
-}
-
-void AsyncRoot::handedOut(size_t sent) {
-  if (config_.round_ms == 0) return;
-  if (sent > 0 && !round_live_) {  // the round's first task: its clock starts
-    round_live_ = true;
-    round_start_ = last_tick_;
-  }
-  // Once a live round had its turn, a client that finishes early, or registers late, waits for
-  // the next round.
-  if (round_live_) handing_out_ = false;
-}
-
-void AsyncRoot::stepped(RoundRecord rec, bool on_update) {
-  rec.clients_selected = started_;
-  rec.clients_failed = failed_;
-  rec.uplink_bytes = uplink_;
-  rec.downlink_bytes = downlink_;
-  const auto now = std::chrono::steady_clock::now();
-  rec.wall_seconds = std::chrono::duration<double>(now - since_).count();
-  since_ = now;
-  started_ = downlink_ = uplink_ = failed_ = 0;
-  checkpoint();
-  // After the checkpoint: an evaluation that fails loses nothing of the step.
-  if (rec.applied && config_.eval_every != 0 && config_.evaluate &&
-      rec.round % config_.eval_every == 0) {
-    if (const auto r = config_.evaluate(server_.model().current())) {
-      rec.test_loss = r->first;
-      rec.test_accuracy = r->second;
-    }
-  }
-  MetricsLog(config_.metrics).append(rec);
-  refreshTask();
-  if (on_update && accepted_) accepted_();
-  if (progress_) progress_(rec);
+void AsyncRoot::run(AsyncFleet& clients, const std::function<void(const RoundRecord&)>& progress,
+                    const std::function<void()>& accepted) {
+  if (done()) return;
+  AsyncEngineConfig ec;
+  ec.steps = config_.steps;
+  ec.concurrency = config_.fleet.concurrency;
+  ec.round_seconds = config_.round_ms / 1000.0;
+  ec.wait_for_first_task = true;  // a root waiting for clients takes no empty steps
+  ec.fit = config_.fit;
+  ec.task_deadline_ms = config_.fleet.task_deadline_ms;
+  ec.eval_every = config_.eval_every;
+  ec.evaluate = config_.evaluate;
+  ec.metrics = config_.metrics;
+  AsyncEngine engine(server_, std::move(ec), this);
+  engine.run(clients, progress, accepted);
 }
 
 void AsyncRoot::run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress,
                     const std::function<void()>& accepted) {
-  progress_ = progress;
-  accepted_ = accepted;
-  if (!done()) fleet.runAsync(*this, config_.fleet);
+  if (!done()) run(*fleet.asyncFleet(config_.fleet), progress, accepted);
   fleet.finish("all " + std::to_string(config_.steps) + " steps done");
 }
 

@@ -1,12 +1,13 @@
 #pragma once
 // The root's asynchronous rounds (FedBuff over the network). The same server step as the
 // simulator's (server::AsyncServer: the staleness-weighted buffer, the optimizer, the model's
-// versions) driven by the ZeroMQ fleet's asynchronous loop (ZmqFleet::runAsync): up to C clients
-// train at once, each on the version current when its task left; every accepted update goes into
-// the buffer, and every K a step makes the next version.
+// versions) and the same loop (server::AsyncEngine, server/async_engine.h), here over the ZeroMQ
+// fleet's asynchronous rounds (ZmqFleet::asyncFleet): up to C clients train at once, each on the
+// version current when its task left; every accepted update goes into the buffer, and every K a
+// step makes the next version. What this class adds is the root's durability (below).
 //
-//   fleet.runAsync(root): idle client -> task of version v -> update from v -> accept(): add,
-//   journal; after K: step, checkpoint, new journal, metrics line -> the next tasks carry v + 1
+//   engine: idle client -> task of version v -> update from v -> the server adds it -> journal;
+//   after K: step -> (evaluation) -> checkpoint, new journal -> metrics line -> tasks of v + 1
 //
 // Crash safety: with state.checkpoint every accepted update is appended, as it arrived, to the
 // journal (CHECKPOINT.journal) and fsynced before the next message is handled, and the whole
@@ -29,8 +30,9 @@
 // steps); its length includes the step.
 //
 // Evaluation: the clients are busy training, so the root evaluates the model itself, every
-// eval_every steps, with `evaluate` (starling-server passes its trainer on data.test); the
-// record's test_loss and test_accuracy carry it. Federated evaluation (the clients' shares)
+// eval_every steps, with `evaluate` (starling-server passes its trainer on data.test), before the
+// step's checkpoint (a kill during it loses nothing: the journal's updates make the step again);
+// the record's test_loss and test_accuracy carry it. Federated evaluation (the clients' shares)
 // runs in synchronous rounds only.
 //
 // Edge aggregators: a task to an aggregator is one of C; it relays the task to its clients as a
@@ -52,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/async_engine.h"
 #include "server/async_server.h"
 #include "server/zmq_fleet.h"
 
@@ -75,7 +78,7 @@ struct AsyncRootConfig {
   void validate() const;   // ConfigError naming the key
 };
 
-class AsyncRoot final : public AsyncDriver {
+class AsyncRoot final : private AsyncDurability {
  public:
   // Resumes from config.checkpoint when the file exists (IoError if it is unreadable, corrupt, or
   // of another configuration: never silently replaced by a fresh start), and from its journal;
@@ -93,56 +96,33 @@ class AsyncRoot final : public AsyncDriver {
   uint64_t tornBytes() const { return torn_bytes_; }
   const AsyncServer& server() const { return server_; }
   const AsyncRootConfig& config() const { return config_; }
+  bool done() const { return server_.steps() >= config_.steps; }
 
-  // Steps until done(), calling `progress` after each step and `accepted` after each accepted
-  // update (both once it is checkpointed); then fleet.finish(). Stopped (SIGTERM) passes through
-  // with everything accepted checkpointed.
+  // The buffered engine (server/async_engine.h) over the fleet's asynchronous rounds
+  // (ZmqFleet::asyncFleet) until done(), calling `progress` after each step and `accepted` after
+  // each accepted update (both once it is durable); then fleet.finish(). Stopped (SIGTERM) passes
+  // through with everything accepted checkpointed.
   void run(ZmqFleet& fleet, const std::function<void(const RoundRecord&)>& progress = {},
            const std::function<void()>& accepted = {});
-
-  // AsyncDriver
-  const PhaseTask& currentTask() override { return *task_; }
-  bool mayStart(uint64_t client) const override;
-  void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-           std::span<const uint8_t> message) override;
-  void addPartial(const compression::PartialView& p, uint64_t source,
-                  std::span<const uint8_t> message) override;
-  void added() override;
-  void sent(uint64_t bytes) override;
-  void failed(uint64_t client, const char* why) override;
-  bool done() const override { return server_.steps() >= config_.steps; }
-  size_t tick(std::chrono::steady_clock::time_point now, size_t open) override;
-  void handedOut(size_t sent) override;
+  // The same over any AsyncFleet (a test's scripted one), without finish().
+  void run(AsyncFleet& clients, const std::function<void(const RoundRecord&)>& progress = {},
+           const std::function<void()>& accepted = {});
 
  private:
   struct Journal;
-  void refreshTask();
+  // AsyncDurability: every accepted update, and every refusal, into the journal (fsynced); at
+  // every step the whole server, then a new journal.
+  void taken(const AsyncArrival& a) override;
+  void refused(const AsyncArrival& a) override;
+  void stepped(const RoundRecord& rec) override;
   void checkpoint();
   void replayJournal();
-  // Runs `add` (the server's add of one message) and journals the message as `kind`, or, when
-  // the server refuses it (InputError, rethrown), the refusal.
-  void journaled(uint8_t kind, uint64_t sender, uint64_t cap, std::span<const uint8_t> message,
-                 const std::function<void()>& add);
-  // After a step or a skipped round: the record, the checkpoint, the next version's task;
-  // `on_update`: the step came with an accepted update (run()'s `accepted` is called).
-  void stepped(RoundRecord rec, bool on_update);
 
   AsyncRootConfig config_;
   AsyncServer server_;
-  compression::PhaseBroadcast broadcast_;
-  std::optional<PhaseTask> task_;
-  std::function<void(const RoundRecord&)> progress_;
-  std::function<void()> accepted_;
-  // Since the last step: tasks sent, their bytes, updates' bytes, tasks failed.
-  uint64_t started_ = 0, downlink_ = 0, uplink_ = 0, failed_ = 0;
-  std::chrono::steady_clock::time_point since_;
   bool resumed_ = false;
   std::unique_ptr<Journal> journal_;
   uint64_t replayed_ = 0, refusals_replayed_ = 0, torn_bytes_ = 0;
-  // Semi-synchronous rounds: whether the round's clock runs (it started at round_start_), and
-  // whether its one hand-out pass is still to come.
-  bool round_live_ = false, handing_out_ = true;
-  std::chrono::steady_clock::time_point round_start_{}, last_tick_{};
 };
 
 }  // namespace starling::server

@@ -22,8 +22,8 @@ struct ZmqFleet::Phase {
   std::unordered_map<uint64_t, std::vector<uint8_t>>
       encoded;                   // task bytes by the version a client holds
   uint64_t encoded_for = 0;      // the task version `encoded` holds (asynchronous rounds move it)
-  AsyncDriver* async = nullptr;  // asynchronous rounds: tasks stay open across server steps
-  bool added = false;            // an update was added: driver.added() is due
+  AsyncIntake* async = nullptr;  // asynchronous rounds: tasks stay open across server steps
+  bool event = false;            // asynchronous rounds: an answer or a failure was taken
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -274,7 +274,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   if (phase_->async) {
     expired_[m.client_id].add(q.nonce);
     pending_.erase(pend);
-    phase_->async->failed(m.client_id, "registered again");
+    phase_->async->failed(m.client_id);
+    phase_->event = true;
   } else if (sendTask(p, q.nonce)) {
     q.sent_to = p.routing;
     q.sent_version = p.info.model_version;
@@ -316,7 +317,7 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   if (ok) {
     if (ph.report) ph.report->downlink_bytes += msg.size();
     if (ph.eval) ph.eval->downlink_bytes += msg.size();
-    if (ph.async) ph.async->sent(msg.size());
+    if (ph.async) ph.async->started(msg.size());
   }
   return ok;
 }
@@ -371,18 +372,23 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
       if (from != task.task_version)
         failInput(Errc::kWrongRound, p ? "a partial" : "an update", " from model version ", from,
                   " to a task of version ", task.task_version);
-      if (p) {
-        checkPartialWeight(*p, task.num_examples);
-        phase_->async->addPartial(*p, id, bytes);
-      } else {
-        phase_->async->add(*u, ag::ClientLimits{task.num_examples}, bytes);
-      }
-      phase_->added = true;
+      if (p) checkPartialWeight(*p, task.num_examples);
+      AsyncArrival a;
+      a.client = id;
+      a.update = u;
+      a.partial = p;
+      a.limits = ag::ClientLimits{task.num_examples};
+      a.message = bytes;
+      a.bytes = bytes.size();
+      phase_->async->take(a);
+      phase_->event = true;
     } catch (const InputError&) {
-      phase_->async->failed(id, "its update was refused");
+      phase_->async->failed(id);
+      phase_->event = true;
       throw;
     } catch (const InvalidArgument&) {
-      phase_->async->failed(id, "its update was refused");
+      phase_->async->failed(id);
+      phase_->event = true;
       throw;
     }
     return;
@@ -430,7 +436,10 @@ void ZmqFleet::expireSilent() {
     if (c == clients_.end() || c->second.last_seen < cutoff) {
       log_->warn("client {} went silent; failed for this phase", it->first);
       if (phase_ && phase_->report) phase_->report->failed.push_back(it->first);
-      if (phase_ && phase_->async) phase_->async->failed(it->first, "went silent");
+      if (phase_ && phase_->async) {
+        phase_->async->failed(it->first);
+        phase_->event = true;
+      }
       expired_[it->first].add(it->second.nonce);
       it = pending_.erase(it);
     } else {
@@ -576,99 +585,134 @@ void ZmqFleet::finish(const std::string& reason) {
   log_->info("federation finished: {}", reason);
 }
 
-void ZmqFleet::runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt) {
-  STARLING_CHECK_ARG(opt.concurrency >= 1 && opt.task_deadline_ms >= 10,
-                     "asynchronous rounds need a concurrency of at least 1 and a task deadline of "
-                     "at least 10 ms");
-  auto rng = seededRng();
-  Phase ph;
-  ph.async = &driver;
-  ph.task = &driver.currentTask();
-  phase_ = &ph;
-  pending_.clear();
-  PhaseReset reset{this};
-  std::vector<Peer*> idle;
-  // Tasks are handed out when one closed, or every 50 ms (registrations, a new version): not on
-  // every heartbeat, which would sort the registry per message.
-  size_t pending_then = ~size_t{0};
-  auto filled_at = config_.clock->now() - milliseconds(1000);
-  auto stall_said = config_.clock->now() - std::chrono::seconds(3600);
-  const auto afterMessage = [&] {
-    if (ph.added) {
-      ph.added = false;
-      driver.added();  // outside handle(): a failure to step or checkpoint ends the run
+// The fleet in asynchronous rounds (asyncFleet()): the buffered engine's AsyncFleet on the
+// fleet's clock. Its phase lives as long as it does.
+class ZmqFleet::Async final : public AsyncFleet {
+ public:
+  Async(ZmqFleet& f, const AsyncFleetOptions& opt)
+      : f_(f), opt_((check(f, opt), opt)), rng_(seededRng()), reset_{&f} {
+    f.pending_.clear();
+    f.phase_ = &ph_;
+    const auto now = f.config_.clock->now();
+    filled_at_ = now - milliseconds(1000);
+    stall_said_ = now - std::chrono::seconds(3600);
+  }
+
+  double now() const override {
+    return std::chrono::duration<double>(f_.config_.clock->now().time_since_epoch()).count();
+  }
+  size_t open() const override { return f_.pending_.size(); }
+
+  // Handed out when a task closed, the server stepped, or every 50 ms (registrations): not on
+  // every turn, which would sort the registry each time.
+  size_t start(size_t n, AsyncIntake& in) override {
+    ph_.async = &in;
+    ph_.task = &in.task();
+    const auto now = f_.config_.clock->now();
+    const size_t room =
+        f_.pending_.size() < opt_.concurrency ? opt_.concurrency - f_.pending_.size() : 0;
+    const size_t slots = std::min(n, room);
+    if (slots == 0) return 0;
+    if (f_.pending_.size() == pending_then_ && in.steps() == steps_then_ &&
+        now - filled_at_ < milliseconds(50))
+      return 0;
+    filled_at_ = now;
+    pending_then_ = f_.pending_.size();
+    steps_then_ = in.steps();
+    const uint64_t version = ph_.task->header.model_version;
+    const std::vector<ClientInfo> avail = f_.available();
+    if (avail.size() < opt_.min_available) return 0;
+    idle_.clear();
+    for (const ClientInfo& c : avail)
+      if (!f_.pending_.count(c.id) && in.mayStart(c.id)) idle_.push_back(&f_.clients_.at(c.id));
+    std::shuffle(idle_.begin(), idle_.end(), rng_);
+    size_t handed = 0;
+    for (Peer* p : idle_) {
+      if (handed >= slots) break;
+      const uint64_t nonce = randomNonZero(rng_);
+      if (!f_.sendTask(*p, nonce)) continue;
+      Pending q{nonce,        false,      p->info.num_examples, p->info.eval_examples,
+                p->info.role, p->routing, p->info.model_version};
+      q.task_version = version;
+      q.deadline = now + milliseconds(opt_.task_deadline_ms);
+      f_.pending_[p->info.id] = q;
+      ++handed;
     }
-  };
-  while (!driver.done()) {
-    const auto now = config_.clock->now();
-    const size_t room = pending_.size() < opt.concurrency ? opt.concurrency - pending_.size() : 0;
-    const size_t slots = std::min(driver.tick(now, pending_.size()), room);
-    if (driver.done()) break;  // tick() took the last step
-    ph.task = &driver.currentTask();
-    const uint64_t version = ph.task->header.model_version;
-    if (slots > 0 && (pending_.size() != pending_then || now - filled_at >= milliseconds(50))) {
-      filled_at = now;
-      const std::vector<ClientInfo> avail = available();
-      size_t handed = 0;
-      if (avail.size() >= opt.min_available) {
-        idle.clear();
-        for (const ClientInfo& c : avail)
-          if (!pending_.count(c.id) && driver.mayStart(c.id)) idle.push_back(&clients_.at(c.id));
-        std::shuffle(idle.begin(), idle.end(), rng);
-        for (Peer* p : idle) {
-          if (handed >= slots) break;
-          const uint64_t nonce = randomNonZero(rng);
-          if (!sendTask(*p, nonce)) continue;
-          Pending q{nonce,        false,      p->info.num_examples, p->info.eval_examples,
-                    p->info.role, p->routing, p->info.model_version};
-          q.task_version = version;
-          q.deadline = now + milliseconds(opt.task_deadline_ms);
-          pending_[p->info.id] = q;
-          ++handed;
-        }
-        // Nothing open and no one may start: every available client has sent its update from
-        // this version, and the version has not moved on (FedBuff: a step needs K clients on a
-        // version).
-        if (pending_.empty() && idle.empty() && now - stall_said >= std::chrono::seconds(30)) {
-          stall_said = now;
-          log_->warn(
-              "no peer can start a task: the {} available clients and edge aggregators each sent "
-              "an update from model version {}; waiting for more to register",
-              avail.size(), version);
-        }
-      }
-      // Told even when too few clients are registered for a pass: a semi-synchronous round hands
-      // tasks out at its start only.
-      driver.handedOut(handed);
-      pending_then = pending_.size();
+    pending_then_ = f_.pending_.size();
+    // Nothing open and no one may start: every available client has sent its update from this
+    // version, and the version has not moved on (FedBuff: a step needs K clients on a version).
+    if (f_.pending_.empty() && idle_.empty() && now - stall_said_ >= std::chrono::seconds(30)) {
+      stall_said_ = now;
+      f_.log_->warn(
+          "no peer can start a task: the {} available clients and edge aggregators each sent an "
+          "update from model version {}; waiting for more to register",
+          avail.size(), version);
     }
-    // One message, then whatever else is queued (at most 1,000 more per turn, so that a flood
-    // cannot starve the hand-outs and a round's end): a step, its checkpoint or the root's
-    // evaluation can keep the loop away longer than net.silence_ms, and the heartbeats that
-    // arrived meanwhile are seen before anyone is failed as silent.
-    poll(milliseconds(100));
-    afterMessage();
-    for (int more = 0; more < 1000 && !driver.done(); ++more) {
-      const auto r = socket_.receive(milliseconds(0));
+    return handed;
+  }
+
+  // One message (waiting up to 100 ms, or until `until`), then whatever else is queued, one
+  // taken answer per call; once the queue is empty, the silent and the late are failed.
+  AsyncEvent next(double until, AsyncIntake& in) override {
+    ph_.async = &in;
+    ph_.task = &in.task();
+    ph_.event = false;
+    if (!draining_) {
+      const double wait_ms = (until - now()) * 1000.0;
+      f_.poll(milliseconds(wait_ms >= 100.0 ? 100 : wait_ms <= 0.0 ? 0 : int64_t(wait_ms)));
+      draining_ = true;
+      drained_ = 0;
+      if (ph_.event) return AsyncEvent::kTaken;
+    }
+    while (drained_ < 1000) {
+      const auto r = f_.socket_.receive(milliseconds(0));
       if (!r) break;
-      handle(*r);
-      afterMessage();
+      ++drained_;
+      f_.handle(*r);
+      if (ph_.event) return AsyncEvent::kTaken;
     }
-    expireSilent();
-    const auto after = config_.clock->now();
-    for (auto it = pending_.begin(); it != pending_.end();) {
+    draining_ = false;
+    f_.expireSilent();
+    const auto after = f_.config_.clock->now();
+    for (auto it = f_.pending_.begin(); it != f_.pending_.end();) {
       if (it->second.deadline < after) {
-        log_->info("client {} did not deliver its task of version {} in time", it->first,
-                   it->second.task_version);
-        expired_[it->first].add(it->second.nonce);
+        f_.log_->info("client {} did not deliver its task of version {} in time", it->first,
+                      it->second.task_version);
+        f_.expired_[it->first].add(it->second.nonce);
         const uint64_t id = it->first;
-        it = pending_.erase(it);
-        driver.failed(id, "did not deliver in time");
+        it = f_.pending_.erase(it);
+        in.failed(id);
+        ph_.event = true;
       } else {
         ++it;
       }
     }
+    return ph_.event ? AsyncEvent::kTaken : AsyncEvent::kNothing;
   }
+
+ private:
+  static void check(const ZmqFleet& f, const AsyncFleetOptions& opt) {
+    STARLING_CHECK_ARG(opt.concurrency >= 1 && opt.task_deadline_ms >= 10,
+                       "asynchronous rounds need a concurrency of at least 1 and a task deadline "
+                       "of at least 10 ms");
+    STARLING_CHECK_ARG(f.phase_ == nullptr, "the fleet is in a phase already");
+  }
+
+  ZmqFleet& f_;
+  AsyncFleetOptions opt_;
+  std::mt19937_64 rng_;
+  Phase ph_;
+  PhaseReset reset_;  // declared after ph_: closes the tasks before ph_ goes
+  std::vector<Peer*> idle_;
+  size_t pending_then_ = ~size_t{0};
+  uint64_t steps_then_ = ~uint64_t{0};
+  Steady::time_point filled_at_{}, stall_said_{};
+  bool draining_ = false;
+  size_t drained_ = 0;
+};
+
+std::unique_ptr<AsyncFleet> ZmqFleet::asyncFleet(const AsyncFleetOptions& opt) {
+  return std::make_unique<Async>(*this, opt);
 }
 
 }  // namespace starling::server

@@ -24,6 +24,7 @@
 
 #include "core/clock.h"
 #include "protocol/codec.h"
+#include "server/async_engine.h"
 #include "server/engine.h"
 #include "transport/socket.h"
 
@@ -47,44 +48,6 @@ struct FleetConfig {
   // The time deadlines, silence and waits are measured in (core/clock.h; a test moves it forward).
   const Clock* clock = &steadyClock();
   void validate() const;
-};
-
-// What the fleet's asynchronous rounds ask of their driver (server/async_root.h): the task a
-// client starting now trains on, and what to do with each update. Called on the fleet's thread.
-class AsyncDriver {
- public:
-  virtual ~AsyncDriver() = default;
-  // The current version's fit task (phase 0; header.round = header.model_version = the version).
-  // The reference stays valid, at the same address, for the driver's life; its contents change
-  // when the version does.
-  virtual const PhaseTask& currentTask() = 0;
-  // Whether `client` may start a task on the current version (one accepted update per version).
-  virtual bool mayStart(uint64_t client) const = 0;
-  // An update to a task of this fleet's, its sender, nonce and version already checked, with the
-  // message it came in: the driver adds it (InputError refuses it, counted by the fleet, and
-  // nothing changes; any other error, such as the driver's journal failing, ends runAsync).
-  virtual void add(const compression::UpdateView& u, const aggregation::ClientLimits& limits,
-                   std::span<const uint8_t> message) = 0;
-  // An edge aggregator's partial aggregate answering its task (sender, nonce, version and its
-  // weight against what the aggregator registered already checked): as add().
-  virtual void addPartial(const compression::PartialView& p, uint64_t source,
-                          std::span<const uint8_t> message) = 0;
-  // After an add() or addPartial() that was taken, once the message is handled: the driver steps
-  // when its buffer is full and checkpoints. What this throws ends runAsync (it is not the client's
-  // doing).
-  virtual void added() = 0;
-  virtual void sent(uint64_t bytes) = 0;                      // a task went out
-  virtual void failed(uint64_t client, const char* why) = 0;  // a task expired, unanswered
-  virtual bool done() const = 0;                              // every step is taken
-  // On every turn of the loop (about every 100 ms at most), with the fleet's clock and the tasks
-  // open: how many more tasks may go out now (the fleet hands out at most that many, and never
-  // more than AsyncFleetOptions::concurrency open). A driver that steps on time (semi-synchronous
-  // rounds) steps here; what this throws ends runAsync.
-  virtual size_t tick(std::chrono::steady_clock::time_point now, size_t open) = 0;
-  // After each turn at which tick() allowed tasks (and the hand-out was not throttled): how many
-  // went out (0 when none of the available clients may start, or fewer than min_available are
-  // registered).
-  virtual void handedOut(size_t sent) = 0;
 };
 
 struct AsyncFleetOptions {
@@ -116,16 +79,21 @@ class ZmqFleet final : public Fleet {
   // service()) throws server::Stopped within about 100 ms instead of waiting out its timeout.
   void setStopFlag(const std::atomic<bool>* stop) { stop_ = stop; }
 
-  // Asynchronous rounds (FedBuff at the root): keeps up to `opt.concurrency` clients
-  // training, each on the version current when its task left, until driver.done(). A client gets
-  // a task when it is registered, idle, and driver.mayStart() it; its update must come from the
-  // task's version (kWrongRound otherwise). A task unanswered at its deadline, or whose client
-  // went silent or registered again (it lost the task), is failed and the client may start
-  // again. An edge aggregator is given tasks as a client is: it relays the task to its clients
-  // (a synchronous phase of its subtree) and answers with one partial aggregate of the task's
-  // version, which the driver takes with addPartial(); its task is one of the concurrency's
-  // slots. Throws Stopped as a phase does; nothing is lost then that the driver has accepted.
-  void runAsync(AsyncDriver& driver, const AsyncFleetOptions& opt);
+  // Asynchronous rounds (FedBuff and semi-synchronous rounds at the root): this fleet as the
+  // buffered engine's AsyncFleet (server/async_engine.h), on the fleet's clock, for as long as
+  // the returned object lives (it closes every task still open when it goes). start() gives a
+  // task to registered, idle clients the engine may start, once at least `opt.min_available`
+  // peers are registered and never more than `opt.concurrency` open; an update must come from
+  // its task's version (kWrongRound otherwise). A task unanswered at its deadline, or whose
+  // client went silent or registered again (it lost the task), is failed and the client may start
+  // again. An edge aggregator is given tasks as a client is: it relays the task to its clients (a
+  // synchronous phase of its subtree) and answers with one partial aggregate of the task's
+  // version; its task is one of the concurrency's slots. next() waits at most about 100 ms per
+  // turn, then takes whatever else is queued (at most 1,000 messages, so that a flood cannot
+  // starve the hand-outs and a round's end) before failing anyone as silent or late: a step, its
+  // checkpoint or the root's evaluation can keep the loop away longer than net.silence_ms.
+  // Throws Stopped as a phase does.
+  std::unique_ptr<AsyncFleet> asyncFleet(const AsyncFleetOptions& opt);
 
   // Serves registrations and heartbeats for `timeout` outside a phase.
   void service(std::chrono::milliseconds timeout);
@@ -165,6 +133,7 @@ class ZmqFleet final : public Fleet {
   };
   struct Phase;  // the state of the phase being run
   struct PhaseReset;
+  class Async;  // asyncFleet()
 
   void handle(const transport::Received& r);
   void handleRegister(const transport::Received& r);

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "protocol/codec.h"
+#include "server/async_engine.h"
 
 namespace starling::simulator {
 namespace cz = starling::compression;
@@ -389,7 +390,7 @@ void clientFails(uint64_t id, const std::string& why) {
 // is held until its simulated finish. A client offline by then (the devices' windows of time) is a
 // dropout: it is not trained and its state is left as it was; it may try again on this version if
 // one of its windows is long enough for its training.
-void AsyncSimulation::start(uint64_t id) {
+void AsyncSimulation::startClient(uint64_t id, server::AsyncIntake& in) {
   const uint64_t v = server_.version();
   Waiting w;
   w.id = id;
@@ -403,8 +404,7 @@ void AsyncSimulation::start(uint64_t id) {
   w.previous = previous;
   busy_[id] = 1;
   last_version_[id] = v;
-  ++window_.started;
-  window_.downlink += w.job.down;
+  in.started(w.job.down);
   // Offline by its finish: known now, unless the update's size varies (then once it is trained,
   // by its own bytes: finishesOffline).
   if (clients_.devices.hasWindows() && !server_.scheme().compressor().updateSizeVaries()) {
@@ -694,8 +694,9 @@ bool AsyncSimulation::online(uint64_t client) const {
              : clients_.devices.available(client, server_.version(), config_.seed);
 }
 
-void AsyncSimulation::fill() {
-  if (flying() >= config_.concurrency) return;
+size_t AsyncSimulation::fill(server::AsyncIntake& in) {
+  size_t started = 0;
+  if (flying() >= config_.concurrency) return started;
   const uint64_t v = server_.version();
   std::vector<uint64_t> idle;
   for (uint64_t c = 0; c < clients_.shards.size(); ++c)
@@ -707,148 +708,123 @@ void AsyncSimulation::fill() {
     const uint64_t id = idle[i];
     idle[i] = idle.back();
     idle.pop_back();
-    start(id);
+    startClient(id, in);
+    ++started;
   }
+  return started;
 }
 
-void AsyncSimulation::evaluate(server::RoundRecord& rec) {
-  if (!lead() || !test_ || test_->size() == 0) return;
+std::optional<std::pair<double, double>> AsyncSimulation::evaluate(std::span<const float> model) {
+  if (!test_ || test_->size() == 0) return std::nullopt;
   std::vector<size_t> idx(test_->size());
   std::iota(idx.begin(), idx.end(), size_t{0});
-  const client::EvalResult r =
-      trainer_.evaluate(server_.model().current(), client::DataView{test_, idx});
-  rec.test_accuracy = r.accuracy;
-  rec.test_loss = r.loss;
+  const client::EvalResult r = trainer_.evaluate(model, client::DataView{test_, idx});
+  return std::pair{r.loss, r.accuracy};
 }
 
-// The first arrival: its update goes to the server (refused if too stale or out of bounds); the
-// caller steps when K were accepted (FedBuff) or at the round's end (semi-synchronous).
-void AsyncSimulation::deliver() {
+// The first arrival: its update goes to the engine (the server refuses it if too stale or out of
+// bounds); the engine steps when K were accepted (FedBuff) or at the round's end
+// (semi-synchronous).
+void AsyncSimulation::deliver(server::AsyncIntake& in) {
   auto node = in_flight_.extract(in_flight_.begin());
   const uint64_t id = node.key().second;
   InFlight& job = node.mapped();
   busy_[id] = 0;
-  window_.uplink += job.up;
-  ++window_.arrived;
   if (!job.update) {
-    ++window_.failed;
+    in.failed(id);
     return;
   }
   try {
-    server_.add(cz::view(*job.update), aggregation::ClientLimits{job.examples});
+    const cz::UpdateView u = cz::view(*job.update);
+    server::AsyncArrival a;
+    a.client = id;
+    a.update = &u;
+    a.limits = aggregation::ClientLimits{job.examples};
+    a.bytes = job.up;
+    in.take(a);
     ++accepted_[id];
-    ++window_.accepted;
   } catch (const InputError&) {  // counted by the server (too stale, a bound)
   }
 }
 
-// The server steps now with what it buffered (a semi-synchronous round without an update is
-// recorded as not applied), and the step's record goes out.
-void AsyncSimulation::step(const std::function<void(const server::RoundRecord&)>& progress) {
-  trainWaiting();  // on the version they started on, before it moves on
-  server::RoundRecord rec =
-      server_.buffered() > 0
-          ? server_.step()
-          : server_.skip(
-                window_.arrived == 0
-                    ? "no update arrived before the round's deadline"
-                    : "no update was accepted before the round's deadline (" +
-                          std::to_string(window_.failed) + " failed to train, " +
-                          std::to_string(window_.arrived - window_.accepted - window_.failed) +
-                          " refused)");
-  rec.sim_seconds = now_ - last_step_;
-  rec.makespan_seconds = window_.train_seconds;
-  rec.uplink_bytes = window_.uplink;
-  rec.downlink_bytes = window_.downlink;
-  rec.clients_selected = window_.started;
-  rec.clients_failed = window_.failed;
-  last_step_ = now_;
-  window_ = Window{};
-  if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) evaluate(rec);
-  if (!lead()) return;
-  // The checkpoint in two phases around the clients' states (resume()), then the record.
-  if (!config_.checkpoint.empty()) {
-    const std::string next = config_.checkpoint + ".next";
-    writeFileAtomic(next, checkpointBytes(rec.json()));
-    store_.flush(server_.steps());
-    renameDurable(next, config_.checkpoint);
-  }
-  server::MetricsLog(config_.metrics_file).append(rec);
-  if (progress) progress(rec);
+size_t AsyncSimulation::start(size_t /*n: C less those in flight*/, server::AsyncIntake& in) {
+  const size_t started = fill(in);
+  // A semi-synchronous round's clients all start at its start: they train now.
+  if (config_.round_seconds > 0) trainWaiting();
+  return started;
 }
 
-void AsyncSimulation::deliverInstant(
-    const std::function<void(const server::RoundRecord&)>& progress) {
-  while (!in_flight_.empty() && in_flight_.begin()->first.first == now_ &&
-         server_.steps() < config_.steps) {
-    deliver();
-    if (server_.ready()) step(progress);
+// The event clock: the first arrival (training the waiting clients when one of them might come
+// first), or with windows of time in FedBuff a client that comes online before it while fewer
+// than C train (the clock moves on to it, and the engine starts it).
+server::AsyncEvent AsyncSimulation::next(double until, server::AsyncIntake& in) {
+  if (until <= now_) {  // what is due at this instant
+    if (!in_flight_.empty() && in_flight_.begin()->first.first == now_) {
+      deliver(in);
+      return server::AsyncEvent::kTaken;
+    }
+    return server::AsyncEvent::kNothing;
   }
+  if (config_.round_seconds == 0 && clients_.devices.hasWindows() &&
+      flying() < config_.concurrency) {
+    const double next_start = nextStart();
+    if (next_start < settleFirstArrival() && next_start <= until) {
+      STARLING_ENFORCE(next_start > now_, "a client online now was not started");
+      now_ = next_start;
+      return server::AsyncEvent::kNothing;
+    }
+  }
+  const double first = settleFirstArrival();
+  if (in_flight_.empty()) {
+    // Every client that could train on this version did (or none is available, or will be).
+    if (until == kNever) return server::AsyncEvent::kStalled;
+    now_ = until;
+    return server::AsyncEvent::kNothing;
+  }
+  if (first > until) {
+    now_ = until;
+    return server::AsyncEvent::kNothing;
+  }
+  now_ = first;
+  deliver(in);
+  return server::AsyncEvent::kTaken;
+}
+
+bool AsyncSimulation::canProgress() const {
+  return !in_flight_.empty() || !waiting_.empty() ||
+         nextStart() < std::numeric_limits<double>::infinity();
+}
+
+void AsyncSimulation::record(server::RoundRecord& rec) {
+  rec.sim_seconds = now_ - last_step_;
+  rec.makespan_seconds = window_.train_seconds;
+  last_step_ = now_;
+  window_ = Window{};
+}
+
+// The checkpoint in two phases around the clients' states (resume()), before the step's metrics
+// line.
+void AsyncSimulation::stepped(const server::RoundRecord& rec) {
+  if (config_.checkpoint.empty()) return;
+  const std::string next = config_.checkpoint + ".next";
+  writeFileAtomic(next, checkpointBytes(rec.json()));
+  store_.flush(server_.steps());
+  renameDurable(next, config_.checkpoint);
 }
 
 void AsyncSimulation::run(const std::function<void(const server::RoundRecord&)>& progress) {
-  if (config_.round_seconds > 0) return runRounds(progress);
-  // A resumed run stopped at a step, maybe among arrivals of one simulated instant: those come in
-  // first, as they would have.
-  if (resumed_) deliverInstant(progress);
-  fill();
-  while (server_.steps() < config_.steps) {
-    // With windows of time, a client may come online before the next arrival: the clock moves
-    // on to it when fewer than C train (when none trains, to whichever client comes first).
-    if (clients_.devices.hasWindows() && flying() < config_.concurrency) {
-      const double next_start = nextStart();
-      if (next_start < settleFirstArrival()) {
-        STARLING_ENFORCE(next_start > now_, "a client online now was not started");
-        now_ = next_start;
-        fill();
-        continue;
-      }
-    }
-    const double next = settleFirstArrival();
-    // Every client that could train on this version did (or none is available, or will be): the
-    // server cannot reach K.
-    if (in_flight_.empty()) stalled();
-    // Every arrival of this simulated instant before the idle slots are filled: clients that
-    // finish together all hand in before anyone starts on what they produced.
-    now_ = next;
-    deliverInstant(progress);
-    fill();
-  }
-}
-
-// Nothing is in flight and no client can start on this version (every available one trained on
-// it or an older one): the version can never move on.
-void AsyncSimulation::stalled() const {
-  STARLING_THROW(
-      Error, "the server cannot step at model version ", server_.version(), " (",
-      server_.buffered(), " updates buffered",
-      config_.round_seconds > 0
-          ? ""
-          : ", " + std::to_string(server_.config().async.buffer_size) + " needed",
-      "): every available client trained on this version or an older one (since the last step: ",
-      window_.arrived, " arrived, ", window_.failed, " failed to train, ",
-      window_.arrived - window_.accepted - window_.failed,
-      " refused). Check train.lr (diverging clients, or a step that made the model non-finite), "
-      "bounds.* (refused updates), devices.availability or devices.availability_trace (clients "
-      "never online long enough to train), async.buffer_size and async.max_staleness");
-}
-
-// Semi-synchronous rounds: at each round's start the idle clients top the in-flight ones up to C;
-// at its deadline the server steps with whatever arrived, and the clients still training go on,
-// their updates joining a later round with their staleness.
-void AsyncSimulation::runRounds(const std::function<void(const server::RoundRecord&)>& progress) {
-  while (server_.steps() < config_.steps) {
-    fill();
-    trainWaiting();  // a round's clients all start at its start
-    if (in_flight_.empty() && !(nextStart() < std::numeric_limits<double>::infinity())) stalled();
-    const double deadline = last_step_ + config_.round_seconds;
-    while (!in_flight_.empty() && in_flight_.begin()->first.first <= deadline) {
-      now_ = in_flight_.begin()->first.first;
-      deliver();
-    }
-    now_ = deadline;
-    step(progress);
-  }
+  server::AsyncEngineConfig ec;
+  ec.steps = config_.steps;
+  ec.concurrency = config_.concurrency;
+  ec.round_seconds = config_.round_seconds;
+  ec.wait_for_first_task = false;  // the event clock: every round starts at the previous step
+  ec.fit = config_.fit;
+  ec.eval_every = config_.eval_every;
+  ec.evaluate = [this](std::span<const float> model) { return evaluate(model); };
+  ec.metrics = config_.metrics_file;
+  ec.lead = lead();
+  server::AsyncEngine engine(server_, std::move(ec), this);
+  engine.run(*this, progress);
 }
 
 }  // namespace starling::simulator

@@ -4,7 +4,10 @@
 // (server/async_server.h) steps every K accepted updates, weighting each by its staleness. The
 // concurrency is simulated, not serialized: every client's duration comes from the device model
 // (simulator/device_model.h: its speed and bandwidth, the exact bytes of its task and its update),
-// and events are taken in the order of their simulated finish.
+// and events are taken in the order of their simulated finish. The loop (when to start, when to
+// step, the step's record, evaluation, the metrics line) is the buffered engine's, written once
+// for the root and this simulation (server/async_engine.h); this class is its fleet on the event
+// clock (start: the picker below; next: the first finish) and its durability (the checkpoint).
 //
 //   t = 0: C clients start on version 1
 //   each finish, in simulated time: its update goes to the server (refused beyond the staleness
@@ -82,6 +85,7 @@
 #include "client/trainer.h"
 #include "compression/payload.h"
 #include "core/rng.h"
+#include "server/async_engine.h"
 #include "server/async_server.h"
 #include "simulator/collectives.h"
 #include "simulator/sim_fleet.h"
@@ -112,7 +116,7 @@ struct AsyncSimConfig {
   void validate() const;  // ConfigError naming the key
 };
 
-class AsyncSimulation {
+class AsyncSimulation final : private server::AsyncFleet, private server::AsyncDurability {
  public:
   // Everything referenced must outlive the simulation. `test` may be null (no evaluation).
   // ConfigError for a bad configuration, or fewer clients with data than the server's K. With
@@ -130,7 +134,7 @@ class AsyncSimulation {
   // the clients started in it. Error when the server cannot reach K (above).
   void run(const std::function<void(const server::RoundRecord&)>& progress = {});
 
-  double now() const { return now_; }  // simulated seconds since the start
+  double now() const override { return now_; }  // simulated seconds since the start
   bool resumed() const { return resumed_; }
   uint64_t clientsTrained() const { return trained_; }
   // Per client id: its updates the server accepted so far.
@@ -148,14 +152,24 @@ class AsyncSimulation {
     double start = 0.0, earliest = 0.0;  // its start, and its finish with an empty update
     InFlight job;
   };
-  struct Window {  // what happened since the last step
-    uint64_t started = 0, arrived = 0, accepted = 0, failed = 0, uplink = 0, downlink = 0;
+  struct Window {  // what happened since the last step (the engine counts the rest)
     double train_seconds = 0.0;
   };
+  // server::AsyncFleet, on the event clock (see above), and server::AsyncDurability: the
+  // checkpoint.
+  size_t open() const override { return flying(); }
+  size_t start(size_t n, server::AsyncIntake& in) override;
+  server::AsyncEvent next(double until, server::AsyncIntake& in) override;
+  bool canProgress() const override;
+  void beforeStep() override { trainWaiting(); }  // on the version they started on
+  void record(server::RoundRecord& rec) override;
+  void stepped(const server::RoundRecord& rec) override;
+
   bool online(uint64_t client) const;
   double nextStart() const;
-  void fill();  // starts idle clients until C are in flight (or none is idle and available)
-  void start(uint64_t client);
+  // Starts idle clients until C are in flight (or none is idle and available); how many.
+  size_t fill(server::AsyncIntake& in);
+  void startClient(uint64_t client, server::AsyncIntake& in);
   bool lead() const { return !config_.workers || config_.workers->rank() == 0; }
   size_t flying() const { return in_flight_.size() + waiting_.size(); }
   // The first finish of the clients in flight (infinity: none), after training the waiting ones
@@ -177,11 +191,7 @@ class AsyncSimulation {
   // function of the shared state, the same on every worker. dropOut() makes it a dropout.
   bool finishesOffline(const Waiting& w) const;
   void dropOut(Waiting& w);
-  void deliver();
-  [[noreturn]] void stalled() const;
-  void step(const std::function<void(const server::RoundRecord&)>& progress);
-  // Every arrival at the current instant, stepping whenever K are buffered.
-  void deliverInstant(const std::function<void(const server::RoundRecord&)>& progress);
+  void deliver(server::AsyncIntake& in);
   void resume();
   // The first worker's part of resume(): the checkpoint's bytes (none: start over), its step
   // checked against the store's. IoError when it cannot resume.
@@ -190,10 +200,9 @@ class AsyncSimulation {
   std::vector<uint8_t> checkpointBytes(const std::string& record) const;
   void loadCheckpoint(std::span<const uint8_t> bytes);
   void completeMetrics(uint64_t step, const std::string& record) const;
-  void runRounds(const std::function<void(const server::RoundRecord&)>& progress);
   uint64_t taskBytes(uint64_t held);
   uint64_t updateBytes();
-  void evaluate(server::RoundRecord& rec);
+  std::optional<std::pair<double, double>> evaluate(std::span<const float> model);
 
   AsyncSimConfig config_;
   const SimClients& clients_;

@@ -1168,7 +1168,7 @@ TEST_CASE(
     const auto records = f.records();
     REQUIRE(records.size() == 2);
     CHECK_FALSE(records[0].applied);
-    CHECK(records[0].reason == "no update was accepted in the round");
+    CHECK(records[0].reason == "no update arrived before the round's deadline");
     CHECK(records[0].model_version == 1);
     // The update of version 1 arrives in round 2, on version 1 still: not stale.
     CHECK(records[1].applied);

@@ -20,6 +20,51 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+// A fleet for the asynchronous root's engine (server/async_engine.h) that answers with the
+// updates it is given, one per turn, and then stops (server::Stopped, as SIGTERM does): a root
+// "killed" with exactly those taken. With stop_after_take the last one is taken (journaled) and
+// the root stopped before the engine can step on it.
+class ScriptFleet final : public server::AsyncFleet {
+ public:
+  std::vector<compression::Update> script;
+  bool stop_after_take = false;
+  size_t refused = 0;  // by the server (InputError)
+  double now() const override { return 0.0; }
+  size_t open() const override { return 0; }
+  size_t start(size_t, server::AsyncIntake&) override { return 0; }
+  server::AsyncEvent next(double, server::AsyncIntake& in) override {
+    if (next_ == script.size()) throw server::Stopped("the script is done");
+    const compression::Update& u = script[next_++];
+    const std::vector<uint8_t> message = protocol::encodeUpdate(u);
+    const compression::UpdateView v = compression::view(u);
+    server::AsyncArrival a;
+    a.client = u.header.client_id;
+    a.update = &v;
+    a.limits = aggregation::ClientLimits{10};
+    a.message = message;
+    a.bytes = message.size();
+    try {
+      in.take(a);
+    } catch (const InputError&) {
+      ++refused;
+      in.failed(a.client);
+    }
+    if (stop_after_take && next_ == script.size()) throw server::Stopped("killed");
+    return server::AsyncEvent::kTaken;
+  }
+
+ private:
+  size_t next_ = 0;
+};
+
+// Runs `root` over `fleet` until the script is done; what it took is durable then.
+void runScript(server::AsyncRoot& root, ScriptFleet& fleet) {
+  try {
+    root.run(static_cast<server::AsyncFleet&>(fleet));
+  } catch (const server::Stopped&) {
+  }
+}
+
 std::shared_ptr<const ParamLayout> smallLayout() {
   auto l = std::make_shared<ParamLayout>();
   l->add("w", {4, 5});
@@ -184,10 +229,9 @@ TEST_CASE(
     return std::make_unique<server::AsyncRoot>(l, config("fedavg"), c, init);
   };
   const auto give = [&](server::AsyncRoot& root, uint64_t client, uint64_t seed) {
-    const compression::Update u = randomUpdate(*l, client, root.server().version(), 4, seed);
-    const std::vector<uint8_t> message = protocol::encodeUpdate(u);
-    root.add(compression::view(u), aggregation::ClientLimits{10}, message);
-    root.added();
+    ScriptFleet f;
+    f.script.push_back(randomUpdate(*l, client, root.server().version(), 4, seed));
+    runScript(root, f);
   };
   // K = 3: four updates give a step and one buffered; the reference never stops.
   auto ref = rootAt("ref.ckpt");
@@ -275,13 +319,16 @@ TEST_CASE(
   {
     auto full = rootAt("full.ckpt");
     for (uint64_t c = 0; c < 2; ++c) give(*full, c, 10 + c);
-    const compression::Update u = randomUpdate(*l, 2, 1, 4, 12);
-    full->add(compression::view(u), aggregation::ClientLimits{10}, protocol::encodeUpdate(u));
+    ScriptFleet f;
+    f.script.push_back(randomUpdate(*l, 2, 1, 4, 12));
+    f.stop_after_take = true;
+    runScript(*full, f);
     REQUIRE(full->server().ready());
   }
   auto full = rootAt("full.ckpt");
   CHECK(full->server().buffered() == 3);
-  full->tick(std::chrono::steady_clock::now(), 0);
+  ScriptFleet none;
+  runScript(*full, none);
   CHECK(full->server().steps() == 1);
   CHECK(full->server().buffered() == 0);
   auto ref1 = rootAt("ref1.ckpt");
@@ -306,15 +353,10 @@ TEST_CASE(
   };
   // true: accepted; false: refused by the server (a second update from a client and version).
   const auto give = [&](server::AsyncRoot& root, uint64_t client) {
-    const compression::Update u = randomUpdate(*l, client, root.server().version(), 4, client);
-    const std::vector<uint8_t> message = protocol::encodeUpdate(u);
-    try {
-      root.add(compression::view(u), aggregation::ClientLimits{10}, message);
-    } catch (const InputError&) {
-      return false;
-    }
-    root.added();
-    return true;
+    ScriptFleet f;
+    f.script.push_back(randomUpdate(*l, client, root.server().version(), 4, client));
+    runScript(root, f);
+    return f.refused == 0;
   };
   const auto rejected = [&](const std::string& tag) {
     const std::vector<uint8_t> b = readFile(dir.path / (tag + ".jsonl"), 1 << 20);
