@@ -8,13 +8,11 @@ namespace starling::server {
 
 namespace {
 double wallNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
 
-AsyncEngine::AsyncEngine(AsyncServer& server, AsyncEngineConfig config,
-                         AsyncDurability* durability)
+AsyncEngine::AsyncEngine(AsyncServer& server, AsyncEngineConfig config, AsyncDurability* durability)
     : server_(server),
       config_(std::move(config)),
       durability_(durability),
@@ -29,7 +27,8 @@ void AsyncEngine::refreshTask() {
   const uint64_t v = server_.version();
   broadcast_ = server_.broadcast(v);
   // An asynchronous update's round field is the version it trained from.
-  protocol::TaskMsg h = fitTaskHeader(server_.scheme(), v, v, config_.fit, config_.task_deadline_ms);
+  protocol::TaskMsg h =
+      fitTaskHeader(server_.scheme(), v, v, config_.fit, config_.task_deadline_ms);
   // In place: a fleet holds the task's address across steps.
   task_.emplace(PhaseTask{broadcast_, std::move(h), server_.model(), server_.config().downlink});
 }
@@ -123,8 +122,7 @@ void AsyncEngine::runBuffered(AsyncFleet& fleet) {
 // step.
 void AsyncEngine::runRounds(AsyncFleet& fleet) {
   double round_start = fleet.now();
-  bool live =
-      !config_.wait_for_first_task || fleet.open() > 0 || server_.buffered() > 0;
+  bool live = !config_.wait_for_first_task || fleet.open() > 0 || server_.buffered() > 0;
   while (!done()) {
     const double at = fleet.now();
     const size_t started = top(fleet);  // the round's one hand-out

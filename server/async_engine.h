@@ -41,9 +41,9 @@ struct AsyncArrival {
   uint64_t client = 0;
   const compression::UpdateView* update = nullptr;
   const compression::PartialView* partial = nullptr;
-  aggregation::ClientLimits limits;     // the sender's registered examples (the weight's cap)
-  std::span<const uint8_t> message;     // the bytes as received (a root journals them); may be empty
-  uint64_t bytes = 0;                   // what it cost on the uplink
+  aggregation::ClientLimits limits;  // the sender's registered examples (the weight's cap)
+  std::span<const uint8_t> message;  // the bytes as received (a root journals them); may be empty
+  uint64_t bytes = 0;                // what it cost on the uplink
 };
 
 // The engine, as a fleet sees it (called on the fleet's thread, from start() and next()).
@@ -108,7 +108,7 @@ class AsyncDurability {
 };
 
 struct AsyncEngineConfig {
-  uint64_t steps = 10;     // server steps to take (train.rounds)
+  uint64_t steps = 10;      // server steps to take (train.rounds)
   size_t concurrency = 10;  // C: tasks open at once
   // > 0: semi-synchronous rounds of this many seconds on the fleet's clock; 0: FedBuff.
   double round_seconds = 0.0;
