@@ -339,8 +339,6 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("client.server", &s.client.server, "the server (root or aggregator) endpoint");
   o.add("client.id", &s.client.id,
         "this client's id: its key's id on the server's allow-list, and its data shard", 0, ~0ull);
-  o.add("client.delay_ms", &s.client.delay_ms,
-        "wait this long before answering each training task (simulates a slow device)", 0, 3600000);
   use(kDeploy);
   o.add("log.level", &s.log_level, "trace, debug, info, warn, error");
   o.setOwners({});

@@ -145,7 +145,6 @@ struct Settings {
   struct Client {
     std::string server = "tcp://127.0.0.1:7700";
     uint64_t id = 0;
-    uint32_t delay_ms = 0;
   } client;
   std::string log_level = "info";
 };

@@ -238,15 +238,6 @@ struct ClientRuntime::Impl {
     }
     log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round,
               t.phase, train.size());
-    if (config.delay_ms)
-      withHeartbeats([&] {
-        // A slow device's delay, cut short by a stop like training.
-        const auto until = config.clock->now() + milliseconds(config.delay_ms);
-        while (config.clock->now() < until) {
-          if (stop && stop->load()) throw TrainingStopped("client: stopped while delaying");
-          std::this_thread::sleep_for(milliseconds(10));
-        }
-      });
     const cz::Compressor& comp = compressor(t.compressor);
     // SIGTERM ends training within a batch; nothing is sent or saved.
     const FitConfig fit = fitConfig(t.fit, stop);

@@ -56,8 +56,7 @@ struct RuntimeConfig {
   // answers every heartbeat, and the client reads while it trains: only a server gone quiet
   // trips it, however long the fit.
   uint32_t server_silence_ms = 15000;
-  uint32_t delay_ms = 0;  // sleep this long before answering a fit task (simulates a slow device)
-  // Heartbeats, registration retries, server silence, back-offs and the delay are measured in it
+  // Heartbeats, registration retries, server silence, and back-offs are measured in it
   // (core/clock.h; a test moves it forward).
   const Clock* clock = &steadyClock();
   // Called on the runtime's thread with the statistics after each message it sends (a progress

@@ -106,7 +106,7 @@ insecure = true
 heartbeat_ms = 300
 chunk_bytes = 65536
 [client]
-delay_ms = 5
+id = 5
 [log]
 level = "warn"
 )";
@@ -137,7 +137,7 @@ TEST_CASE("one file, three programs: the experiment's keys mean the same in each
     // A key of another program is read (checked) too; the program does not use it.
     CHECK(s->sim.workers == 3);
     CHECK(s->server.bind == "tcp://127.0.0.1:9999");
-    CHECK(s->client.delay_ms == 5);
+    CHECK(s->client.id == 5);
   }
   // The rounds: the simulation's engine and the root's engine get the same configuration.
   const server::EngineConfig a = apps::engineConfig(sim.s), b = apps::engineConfig(server.s);

@@ -224,7 +224,7 @@ TEST_CASE(
   // round 2.
   f.client(0, port, "server", 30);
   f.client(1, port, "server", 30);
-  f.client(2, port, "server", 30, {"--client.delay_ms", "6000"});
+  f.slowClient(2, port, "server", 30, 6000);
   const int rc = f.proc("root").wait(seconds(120));
   INFO(f.allLogs());
   REQUIRE(rc == 0);
@@ -292,8 +292,7 @@ TEST_CASE("a client killed mid-round: the round completes with the rest", "[inte
   // The slow client registers first: started last on a loaded machine it could miss rounds 1 and 2
   // (the others fill min_available) and never be training in round 2. Round 1 then lasts its 4 s,
   // by which time the others have registered, so round 2 samples all four.
-  f.client(3, port, "server", 4,
-           {"--client.delay_ms", "4000"});  // slow: still training when killed
+  f.slowClient(3, port, "server", 4, 4000);  // slow: still training when killed
   const bool registered = f.waitFor(
       [&] { return f.log("root").find("client 3 registered") != std::string::npos; }, seconds(60));
   INFO(f.allLogs());
@@ -338,7 +337,7 @@ TEST_CASE(
   // until the root is killed: nothing races the kill.
   f.client(0, port, "server", 4);
   f.client(1, port, "server", 4);
-  f.client(2, port, "server", 4, {"--client.delay_ms", "3600000"});
+  f.slowClient(2, port, "server", 4, 3600000);
   // The checkpoint read as the restarted root reads it (the deployed softmax on 28 x 28, 10
   // classes).
   const auto layout =
@@ -410,7 +409,7 @@ TEST_CASE(
                                       "--compression.compressor", "topk:density=0.1"};
   f.root("root", port, allow, args);
   for (uint64_t c = 0; c < 3; ++c)
-    f.client(c, port, "server", 3, {"--client.delay_ms", "300", "--log.level", "debug"});
+    f.slowClient(c, port, "server", 3, 300, {"--log.level", "debug"});
   awaitRounds(f, 2, seconds(60));
   f.proc("root").signal(SIGKILL);
   REQUIRE(f.proc("root").wait(seconds(10)) == 128 + SIGKILL);
@@ -499,7 +498,7 @@ TEST_CASE("SIGTERM stops the root at once, waiting or mid-phase, and costs no co
   stopRoot("waiting for clients");
   // 2. In the middle of round 1's phase: client 1 trains for 30 s.
   f.root("root", port, allow, args);
-  f.client(1, port, "server", 2, {"--client.delay_ms", "30000"});
+  f.slowClient(1, port, "server", 2, 30000);
   REQUIRE(f.waitFor(
       [&] { return f.log("client-1").find("round 1 phase 0: training") != std::string::npos; },
       seconds(30)));
@@ -560,7 +559,7 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   // (on a loaded machine client-0 alone could otherwise finish every round before it is back).
   f.client(0, port, "server", 2);
   const std::string state = f.path("client-1.state");
-  f.client(1, port, "server", 2, {"--state.file", state, "--client.delay_ms", "200"});
+  f.slowClient(1, port, "server", 2, 200, {"--state.file", state});
   awaitRounds(f, 2, seconds(60));
   f.proc("client-1").signal(SIGKILL);
   f.proc("client-1").wait(seconds(10));
@@ -579,7 +578,7 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   REQUIRE(res != nullptr);
   for (float x : res->values) sq += static_cast<double>(x) * x;
   REQUIRE(sq > 0.0);  // top-k 1% keeps almost all of the update as residual
-  f.client(1, port, "server", 2, {"--state.file", state, "--client.delay_ms", "200"});
+  f.slowClient(1, port, "server", 2, 200, {"--state.file", state});
   const bool restored = f.waitFor(
       [&] { return f.log("client-1").find("residual norm") != std::string::npos; }, seconds(30));
   INFO(f.allLogs());
@@ -687,8 +686,8 @@ TEST_CASE("an aggregator killed mid-round costs only its subtree's updates for t
                {"--aggregator.min_clients", "2"});
   f.client(0, p100, "agg-100", 4);
   f.client(1, p100, "agg-100", 4);
-  f.client(2, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
-  f.client(3, p101, "agg-101", 4, {"--client.delay_ms", "4000"});
+  f.slowClient(2, p101, "agg-101", 4, 4000);
+  f.slowClient(3, p101, "agg-101", 4, 4000);
   const bool relaying = f.waitFor(
       [&] { return f.log("agg-101").find("round 1 phase 0: relaying") != std::string::npos; },
       seconds(60));

@@ -100,22 +100,31 @@ class Federation {
   // `server_key_name`.key.
   Proc& client(uint64_t id, int port, const std::string& server_key_name, uint64_t num_clients,
                std::vector<std::string> extra = {}) {
-    std::vector<std::string> a{binDir() + "/starling-client",
-                               "--client.server",
-                               endpoint(port),
-                               "--client.id",
-                               std::to_string(id),
-                               "--security.key",
-                               keys() + "/client-" + std::to_string(id) + ".key_secret",
-                               "--security.server_key",
-                               keys() + "/" + server_key_name + ".key",
-                               "--data.num_clients",
-                               std::to_string(num_clients),
-                               "--net.chunk_bytes",
-                               "65536"};
+    return start(
+        "client-" + std::to_string(id),
+        clientArgv({binDir() + "/starling-client"}, id, port, server_key_name, num_clients, extra));
+  }
+  // The same client on a slow device: each fit first waits `wait_ms` (starling-test-slow-client,
+  // tests/integration/slow_client.cc).
+  Proc& slowClient(uint64_t id, int port, const std::string& server_key_name, uint64_t num_clients,
+                   uint64_t wait_ms, std::vector<std::string> extra = {}) {
+    return start("client-" + std::to_string(id),
+                 clientArgv({binDir() + "/starling-test-slow-client", "--test.wait_ms",
+                             std::to_string(wait_ms)},
+                            id, port, server_key_name, num_clients, extra));
+  }
+  std::vector<std::string> clientArgv(std::vector<std::string> a, uint64_t id, int port,
+                                      const std::string& server_key_name, uint64_t num_clients,
+                                      const std::vector<std::string>& extra) {
+    for (const std::string& x : std::vector<std::string>{
+             "--client.server", endpoint(port), "--client.id", std::to_string(id), "--security.key",
+             keys() + "/client-" + std::to_string(id) + ".key_secret", "--security.server_key",
+             keys() + "/" + server_key_name + ".key", "--data.num_clients",
+             std::to_string(num_clients), "--net.chunk_bytes", "65536"})
+      a.push_back(x);
     for (auto& x : clientArgs()) a.push_back(x);
     for (auto& x : extra) a.push_back(x);
-    return start("client-" + std::to_string(id), a);
+    return a;
   }
 
   Proc& start(const std::string& name, const std::vector<std::string>& argv) {

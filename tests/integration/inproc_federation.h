@@ -35,6 +35,7 @@
 #include "server/engine.h"
 #include "server/zmq_fleet.h"
 #include "transport/context.h"
+#include "wait_trainer.h"
 
 namespace starling::testing {
 
@@ -75,6 +76,12 @@ class SlowTrainer final : public client::Trainer {
   std::unique_ptr<client::Trainer> inner_;
   SkewClock& clock_;
   std::chrono::nanoseconds duration_;
+};
+
+// A client on a slow device (WaitTrainer): each fit waits `wait` of the federation's clock.
+struct SlowDevice {
+  std::chrono::milliseconds wait{0};
+  client::RuntimeConfig rc = {};
 };
 
 // Every node's log lines, in memory, readable while they write.
@@ -236,9 +243,10 @@ class InprocFederation {
   }
 
   // Client `id` (shard id) connecting to `server`; every fit takes `fit_time` of the federation's
-  // clock (SlowTrainer) when it is not zero.
+  // clock (SlowTrainer, which moves the clock) when it is not zero, and first waits `wait` of it
+  // (WaitTrainer, which waits for others to move it) when that is not zero.
   void client(uint64_t id, const std::string& server, client::RuntimeConfig rc = {},
-              std::chrono::nanoseconds fit_time = {}) {
+              std::chrono::nanoseconds fit_time = {}, std::chrono::nanoseconds wait = {}) {
     const std::string name = "client-" + std::to_string(id);
     Node& n = node(name);
     rc.server = server;
@@ -250,11 +258,13 @@ class InprocFederation {
       live_[id] = st;
       cv_.notify_all();
     };
-    n.thread = std::thread([this, &n, rc, id, name, fit_time] {
+    n.thread = std::thread([this, &n, rc, id, name, fit_time, wait] {
       guard(name, [&] {
         std::unique_ptr<client::Trainer> trainer = makeTrainer();
         if (fit_time.count() > 0)
           trainer = std::make_unique<SlowTrainer>(std::move(trainer), clock_, fit_time);
+        if (wait.count() > 0)
+          trainer = std::make_unique<WaitTrainer>(std::move(trainer), clock_, wait);
         const client::DataView tv{&train_, shards_.at(id)};
         const client::DataView ev = test_ && id < test_shards_.size()
                                         ? client::DataView{test_, test_shards_[id]}
@@ -269,6 +279,9 @@ class InprocFederation {
         cv_.notify_all();
       });
     });
+  }
+  void client(uint64_t id, const std::string& server, const SlowDevice& device) {
+    client(id, server, device.rc, {}, device.wait);
   }
   // Stops client `id` and waits for its thread (its socket closed, as a device that went away).
   void stopClient(uint64_t id) { stopNode("client-" + std::to_string(id)); }

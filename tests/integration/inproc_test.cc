@@ -16,6 +16,7 @@
 
 using namespace starling;
 using starling::testing::InprocFederation;
+using starling::testing::SlowDevice;
 using std::chrono::seconds;
 namespace cz = starling::compression;
 
@@ -336,8 +337,8 @@ TEST_CASE(
   rc.server_silence_ms = 36'000'000;
   f.client(0, "inproc://root", rc);
   f.client(1, "inproc://root", rc);
-  client::RuntimeConfig slow = rc;
-  slow.delay_ms = 90'000;  // a minute and a half per task: past every deadline, into the next round
+  // A minute and a half per task: past every deadline, into the next round.
+  const SlowDevice slow{std::chrono::milliseconds(90'000), rc};
   f.client(2, "inproc://root", slow);
   // 50x: the deadline passes in about 1.2 s of real time, the prompt clients answer within a few
   // of the clock's seconds.
@@ -395,8 +396,8 @@ TEST_CASE(
     rc.server_silence_ms = 36'000'000;
     f.client(0, at, rc);
     f.client(1, at, rc);
-    client::RuntimeConfig slow = rc;
-    slow.delay_ms = 90'000;  // past every deadline (the aggregator's share of it too)
+    const SlowDevice slow{std::chrono::milliseconds(90'000),
+                          rc};  // past every deadline (the aggregator's too)
     f.client(2, at, slow);
     const bool ended = f.fastForward(f.clientsEnded({0, 1, 2}), std::chrono::seconds(1),
                                      std::chrono::seconds(120));
@@ -756,8 +757,7 @@ std::string stopWithTwoBuffered(InprocFederation& f, const server::AsyncServerCo
   fc.bind = "tcp://127.0.0.1:*";
   f.asyncRoot(sc, rc, fc);
   const std::string endpoint = f.rootEndpoint();
-  client::RuntimeConfig stuck;
-  stuck.delay_ms = 1'000'000'000;
+  const SlowDevice stuck{std::chrono::milliseconds(1'000'000'000)};
   f.client(0, endpoint);
   f.client(1, endpoint);
   f.client(2, endpoint, stuck);
@@ -858,8 +858,7 @@ TEST_CASE(
   server::AsyncServerConfig sc = asyncServerConfig(2, 10);
   sc.scheme.compressor = "none";  // the liar's dense updates are the compressor's encoding
   f.asyncRoot(sc, asyncRootConfig(10, 3, 3));
-  client::RuntimeConfig slow;
-  slow.delay_ms = 300;
+  const SlowDevice slow{std::chrono::milliseconds(300)};
   for (uint64_t id = 0; id < 2; ++id) f.client(id, "inproc://root", slow);
 
   // The liar: client 9, registered with 100 examples, speaking the protocol by hand.
@@ -978,9 +977,7 @@ TEST_CASE(
   ac.min_clients = 3;
   ac.upstream_silence_ms = 600'000;
   f.aggregator(100, "inproc://root", ac, {}, 600'000);
-  client::RuntimeConfig quick, late;
-  quick.delay_ms = 1000;
-  late.delay_ms = 15'000;
+  const SlowDevice quick{std::chrono::milliseconds(1000)}, late{std::chrono::milliseconds(15'000)};
   for (uint64_t id = 0; id < 5; ++id)
     f.client(id, id < 3 ? "inproc://agg-100" : "inproc://root", id < 3 ? late : quick);
   const bool done = f.fastForward(f.rootDone(), std::chrono::milliseconds(100), seconds(120));
@@ -1016,8 +1013,7 @@ TEST_CASE(
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   fc.aggregator_ids = {100};
   f.asyncRoot(sc, rc, fc);
-  client::RuntimeConfig slow;
-  slow.delay_ms = 300;
+  const SlowDevice slow{std::chrono::milliseconds(300)};
   for (uint64_t id = 0; id < 2; ++id) f.client(id, "inproc://root", slow);
   // The liar: aggregator 100, registered with 100 examples below it.
   const auto layout =
@@ -1065,9 +1061,8 @@ TEST_CASE(
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   fc.silence_ms = 600'000;  // heartbeats on a fast clock: no one is failed for silence
   f.asyncRoot(asyncServerConfig(2, 10), rc, fc);
-  client::RuntimeConfig quick, stuck;
-  quick.delay_ms = 200;
-  stuck.delay_ms = 8000;  // past every deadline
+  const SlowDevice quick{std::chrono::milliseconds(200)},
+      stuck{std::chrono::milliseconds(8000)};  // stuck: past every deadline
   f.client(0, "inproc://root", quick);
   f.client(1, "inproc://root", quick);
   f.client(2, "inproc://root", stuck);
@@ -1097,9 +1092,8 @@ TEST_CASE(
   // one version: a semi-synchronous round does not wait for it.
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   fc.silence_ms = 600'000;  // heartbeats on a fast clock: no one is failed for silence
-  client::RuntimeConfig quick, late;
-  quick.delay_ms = 1000;
-  late.delay_ms = 15'000;  // a round and a half: each update lands in the middle of a later round
+  // late: a round and a half, so that each update lands in the middle of a later round.
+  const SlowDevice quick{std::chrono::milliseconds(1000)}, late{std::chrono::milliseconds(15'000)};
   const data::Dataset& train = fashion("train", 900);
   SECTION("a late update joins the next round") {
     InprocFederation f("logreg", train, iid(train, 3));

@@ -8,9 +8,10 @@
 #include "server/async_engine.h"
 
 #include <catch2/catch.hpp>
-#include "check_throws.h"
 #include <map>
 #include <random>
+
+#include "check_throws.h"
 
 using namespace starling;
 using Catch::Matchers::Contains;
