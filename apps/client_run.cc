@@ -1,11 +1,10 @@
 // The body of starling-client and starling-client-torch (apps/client_main.h): the settings, the
 // client's shard of the data, its trainer (apps/deploy_models.h: Eigen or LibTorch, whichever the
 // program links), and the client runtime until the federation ends or SIGTERM.
-#include "apps/client_main.h"
-
 #include <algorithm>
 #include <cstdio>
 
+#include "apps/client_main.h"
 #include "apps/common.h"
 #include "apps/deploy_models.h"
 #include "client/runtime.h"

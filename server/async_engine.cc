@@ -58,6 +58,9 @@ void AsyncEngine::take(const AsyncArrival& a) {
     ++window_.refused;
     if (durability_ && config_.lead) durability_->refused(a);
     throw;
+  } catch (const InvalidArgument&) {  // what the buffer cannot take at all: refused, not journaled
+    ++window_.refused;
+    throw;
   }
   ++window_.accepted;
   if (durability_ && config_.lead) durability_->taken(a);
@@ -129,7 +132,10 @@ void AsyncEngine::runRounds(AsyncFleet& fleet) {
     if (!live) {
       if (started == 0 && fleet.open() == 0 && server_.buffered() == 0) {
         // Nothing to run a round on yet: wait a turn (registrations), then ask again.
-        if (fleet.next(at + 0.1, *this) == AsyncEvent::kTaken) afterTaken(fleet);
+        if (!fleet.canProgress()) stalled();
+        const AsyncEvent e = fleet.next(at + 0.1, *this);
+        if (e == AsyncEvent::kStalled) stalled();
+        if (e == AsyncEvent::kTaken) afterTaken(fleet);
         continue;
       }
       live = true;
@@ -170,7 +176,8 @@ void AsyncEngine::step(AsyncFleet& fleet) {
   window_ = Window{};
   fleet.record(rec);
   if (config_.lead) {
-    if (config_.eval_every != 0 && config_.evaluate && rec.round % config_.eval_every == 0) {
+    if (config_.eval_every != 0 && config_.evaluate && rec.round % config_.eval_every == 0 &&
+        (rec.applied || !config_.eval_applied_only)) {
       if (const auto r = config_.evaluate(server_.model().current())) {
         rec.test_loss = r->first;
         rec.test_accuracy = r->second;

@@ -57,11 +57,13 @@ class AsyncIntake {
   // Whether `client` may start a task on the current version (one accepted update per version).
   virtual bool mayStart(uint64_t client) const = 0;
   virtual void started(uint64_t bytes) = 0;  // a task went out, `bytes` on the downlink
-  // An answer to a task: the server adds it, or refuses it with InputError (nothing changed; the
-  // fleet answers its sender). Another error (a journal that cannot be written) ends the run.
+  // An answer to a task: the server adds it, or refuses it with InputError, or InvalidArgument
+  // for what the buffer cannot take at all (nothing changed; counted as refused, not as failed;
+  // the fleet answers its sender). An IoError (a journal that cannot be written) ends the run.
   virtual void take(const AsyncArrival& a) = 0;
-  // A task ended without an answer the server saw: it expired, its client went silent or
-  // registered again, the fleet refused the answer, or (simulated) the training failed.
+  // A task ended without an answer that reached the server: it expired, its client went silent
+  // or registered again, the fleet refused the answer (another version's, a partial over its
+  // weight), or (simulated) the training failed.
   virtual void failed(uint64_t client) = 0;
 };
 
@@ -83,7 +85,8 @@ class AsyncFleet {
   virtual size_t start(size_t n, AsyncIntake& in) = 0;
   // Takes what comes until one arrival or failure was taken (kTaken), `until` passed, or the
   // fleet's turn ended (kNothing), or nothing can ever come (kStalled; a simulated fleet's, with
-  // until = kNever). With until <= now(): only what is due now, without waiting.
+  // until = kNever). With until <= now(): only what is due now, without waiting. A kNothing for a
+  // later `until` must have moved now() on (or waited a turn), or the engine spins.
   virtual AsyncEvent next(double until, AsyncIntake& in) = 0;
   // Whether anything can still come at this version: a task in flight, or a client that may
   // start later. A real fleet always can (clients may register).
@@ -121,6 +124,7 @@ struct AsyncEngineConfig {
   // Every eval_every steps (0: never), on the lead: the model's test loss and accuracy, or
   // nothing (an evaluation that failed, which `evaluate` reports itself).
   uint32_t eval_every = 0;
+  bool eval_applied_only = false;  // not after a step that was not applied (the root's)
   std::function<std::optional<std::pair<double, double>>(std::span<const float> model)> evaluate;
   std::string metrics;  // JSON Lines, one record per step (appended); empty: none
   bool lead = true;     // the worker that evaluates, makes steps durable, writes and reports

@@ -238,6 +238,7 @@ void AsyncRoot::run(AsyncFleet& clients, const std::function<void(const RoundRec
   ec.fit = config_.fit;
   ec.task_deadline_ms = config_.fleet.task_deadline_ms;
   ec.eval_every = config_.eval_every;
+  ec.eval_applied_only = true;
   ec.evaluate = config_.evaluate;
   ec.metrics = config_.metrics;
   AsyncEngine engine(server_, std::move(ec), this);

@@ -68,7 +68,7 @@ struct AsyncRootConfig {
   // so FedBuff's K needs no K peers (fleet.min_available is not held against it).
   bool aggregators = false;
   // After each applied step whose number (skipped rounds counted) is a multiple of eval_every
-  // (0: never), once the step is checkpointed: the broadcast model's test loss and accuracy, or
+  // (0: never), before the step's checkpoint: the broadcast model's test loss and accuracy, or
   // nothing (an evaluation that failed, which `evaluate` reports itself).
   uint32_t eval_every = 0;
   std::function<std::optional<std::pair<double, double>>(std::span<const float> model)> evaluate;

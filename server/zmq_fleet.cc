@@ -188,9 +188,9 @@ void ZmqFleet::handle(const transport::Received& r) {
         const auto h = pr::decodeHeartbeat(bytes);
         if (h.client_id != peer->info.id)
           failInput(Errc::kWrongSender, "heartbeat names client ", h.client_id);
-        socket_.send(peer->routing,
-                     pr::encode(pr::HeartbeatMsg{peer->info.id, session_,
-                                                 phase_ ? phase_->task->header.round : 0}));
+        socket_.send(peer->routing, pr::encode(pr::HeartbeatMsg{
+                                        peer->info.id, session_,
+                                        phase_ && phase_->task ? phase_->task->header.round : 0}));
         return;
       }
       case pr::MessageKind::kUpdate:
@@ -367,30 +367,27 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     const Pending task = pend->second;
     expired_[id].add(nonce);
     pending_.erase(pend);
+    // Refused here (before the buffer): the task failed. Refused by the buffer (take() throws,
+    // counted as refused): answered the same way, not a failure.
+    phase_->event = true;
+    const uint64_t from = p ? p->header.round : u->header.round;
     try {
-      const uint64_t from = p ? p->header.round : u->header.round;
       if (from != task.task_version)
         failInput(Errc::kWrongRound, p ? "a partial" : "an update", " from model version ", from,
                   " to a task of version ", task.task_version);
       if (p) checkPartialWeight(*p, task.num_examples);
-      AsyncArrival a;
-      a.client = id;
-      a.update = u;
-      a.partial = p;
-      a.limits = ag::ClientLimits{task.num_examples};
-      a.message = bytes;
-      a.bytes = bytes.size();
-      phase_->async->take(a);
-      phase_->event = true;
     } catch (const InputError&) {
       phase_->async->failed(id);
-      phase_->event = true;
-      throw;
-    } catch (const InvalidArgument&) {
-      phase_->async->failed(id);
-      phase_->event = true;
       throw;
     }
+    AsyncArrival a;
+    a.client = id;
+    a.update = u;
+    a.partial = p;
+    a.limits = ag::ClientLimits{task.num_examples};
+    a.message = bytes;
+    a.bytes = bytes.size();
+    phase_->async->take(a);
     return;
   }
   if (p) {
@@ -659,7 +656,11 @@ class ZmqFleet::Async final : public AsyncFleet {
     ph_.event = false;
     if (!draining_) {
       const double wait_ms = (until - now()) * 1000.0;
-      f_.poll(milliseconds(wait_ms >= 100.0 ? 100 : wait_ms <= 0.0 ? 0 : int64_t(wait_ms)));
+      // Asked for what is due now: the turn's queue was taken already (the engine drains after
+      // each event; a new turn waits for the next call with a later `until`).
+      if (wait_ms <= 0.0 && turned_) return AsyncEvent::kNothing;
+      turned_ = true;
+      f_.poll(milliseconds(wait_ms >= 100.0 ? 100 : wait_ms <= 0.0 ? 0 : int64_t(wait_ms) + 1));
       draining_ = true;
       drained_ = 0;
       if (ph_.event) return AsyncEvent::kTaken;
@@ -707,7 +708,7 @@ class ZmqFleet::Async final : public AsyncFleet {
   size_t pending_then_ = ~size_t{0};
   uint64_t steps_then_ = ~uint64_t{0};
   Steady::time_point filled_at_{}, stall_said_{};
-  bool draining_ = false;
+  bool draining_ = false, turned_ = false;
   size_t drained_ = 0;
 };
 

@@ -1046,6 +1046,11 @@ TEST_CASE(
     rejected += r.updates_rejected;
   }
   CHECK(rejected == 1);  // the NaN: the buffer's refusal (the rest, the fleet's)
+  // The tasks that failed: the two refused before the buffer (another version's, over its weight);
+  // the NaN reached the buffer and is its refusal, not a failure.
+  uint64_t failed = 0;
+  for (const auto& r : records) failed += r.clients_failed;
+  CHECK(failed == 2);
   const std::vector<float> model = f.model();
   CHECK(std::all_of(model.begin(), model.end(), [](float x) { return std::isfinite(x); }));
 }

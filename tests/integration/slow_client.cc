@@ -23,10 +23,10 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> rest{argv[0]};
   for (int i = 3; i < argc; ++i) rest.push_back(argv[i]);
-  return starling::apps::clientMain(
-      static_cast<int>(rest.size()), rest.data(),
-      [wait_ms](std::unique_ptr<starling::client::Trainer> inner) {
-        return std::make_unique<starling::testing::WaitTrainer>(
-            std::move(inner), starling::steadyClock(), std::chrono::milliseconds(wait_ms));
-      });
+  return starling::apps::clientMain(static_cast<int>(rest.size()), rest.data(),
+                                    [wait_ms](std::unique_ptr<starling::client::Trainer> inner) {
+                                      return std::make_unique<starling::testing::WaitTrainer>(
+                                          std::move(inner), starling::steadyClock(),
+                                          std::chrono::milliseconds(wait_ms));
+                                    });
 }
