@@ -44,20 +44,11 @@ namespace starling::testing {
 // trains for minutes, in a fraction of a second). 20 ms a step keeps the clock at about
 // 20 times real time: the waiting loops poll every 5 to 50 ms of real time, and a silence of a
 // second on this clock is then still tens of polls.
-class SlowTrainer final : public client::Trainer {
+class SlowTrainer final : public WrappedTrainer {
  public:
   SlowTrainer(std::unique_ptr<client::Trainer> inner, SkewClock& clock,
               std::chrono::nanoseconds duration)
-      : inner_(std::move(inner)), clock_(clock), duration_(duration) {}
-  std::string name() const override { return inner_->name(); }
-  std::string spec() const override { return inner_->spec(); }
-  double momentum() const override { return inner_->momentum(); }
-  const ParamLayout& layout() const override { return inner_->layout(); }
-  size_t features() const override { return inner_->features(); }
-  uint32_t classes() const override { return inner_->classes(); }
-  void initParameters(std::span<float> params, uint64_t seed) const override {
-    inner_->initParameters(params, seed);
-  }
+      : WrappedTrainer(std::move(inner)), clock_(clock), duration_(duration) {}
   client::FitResult fit(std::span<float> params, const client::DataView& data,
                         const client::FitConfig& cfg, RngStream& rng) override {
     const auto step = std::chrono::nanoseconds(std::chrono::milliseconds(20));
@@ -65,15 +56,10 @@ class SlowTrainer final : public client::Trainer {
       clock_.advance(std::min(left, step));
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    return inner_->fit(params, data, cfg, rng);
-  }
-  client::EvalResult evaluate(std::span<const float> params,
-                              const client::DataView& data) override {
-    return inner_->evaluate(params, data);
+    return WrappedTrainer::fit(params, data, cfg, rng);
   }
 
  private:
-  std::unique_ptr<client::Trainer> inner_;
   SkewClock& clock_;
   std::chrono::nanoseconds duration_;
 };

@@ -162,9 +162,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "semi-synchronous rounds in the buffered engine close at their deadline with what arrived, "
-    "one at the deadline included; a late update joins the next round; an empty round is not "
-    "applied",
+    "semi-synchronous rounds in the buffered engine close at their deadline with what arrived up "
+    "to it and a late update joins the next round and an empty round is not applied",
     "[server][async]") {
   const auto l = smallLayout();
   SECTION("an answer at the deadline is in the round; a late one joins the next") {
