@@ -102,6 +102,33 @@ void AsyncOptions::validate() const {
   Staleness::parse(staleness);
 }
 
+void AsyncOptions::checkWeightAtBound() const {
+  const double at_bound = Staleness::parse(staleness).weight(max_staleness);
+  if (!(at_bound >= 1e-6))
+    STARLING_THROW(ConfigError, "async.staleness = '", staleness, "' weighs an update ",
+                   max_staleness, " versions old (async.max_staleness) ", at_bound,
+                   ", below 1e-6: it would count toward K and add nothing; lower "
+                   "async.max_staleness");
+}
+
+void checkBufferable(const compression::Compressor& compressor, const AggregationRule& rule,
+                     bool scaffold) {
+  if (scaffold)
+    STARLING_THROW(ConfigError,
+                   "does not run SCAFFOLD: its control variate needs every counted client to have "
+                   "trained against the same c, and a buffered step mixes model versions (set "
+                   "train.scaffold = false, or round.mode = sync)");
+  if (compressor.phases() != 1 || compressor.sharesFactors())
+    STARLING_THROW(ConfigError, "does not run ",
+                   compressor.phases() != 1 ? "a compressor of several phases"
+                                            : "a compressor that shares factors across rounds",
+                   " (compression.compressor = '", compressor.spec(),
+                   "'): its step needs a one-phase compressor without shared factors");
+  if (!rule.streaming())
+    STARLING_THROW(ConfigError, "does not run a rule that keeps every update (aggregation.rule = '",
+                   rule.spec(), "'): its step needs a streaming rule, fedavg, clipped or not");
+}
+
 AsyncBuffer::AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64_t version)
     : scheme_(scheme),
       opt_((options.validate(), std::move(options))),
@@ -109,28 +136,12 @@ AsyncBuffer::AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64
       version_(version) {
   STARLING_CHECK_ARG(version >= 1, "asynchronous aggregation: the model version starts at 1, got ",
                      version);
-  const RoundCarry carry = scheme.initialCarry();
-  const bool shares = std::any_of(carry.shared.factors.begin(), carry.shared.factors.end(),
-                                  [](const auto& f) { return !f.empty(); });
-  if (scheme.phases() != 1 || shares)
-    STARLING_THROW(
-        ConfigError,
-        "asynchronous aggregation needs a one-phase compressor without shared factors; '",
-        scheme.compressor().spec(), "' has ", scheme.phases(), " phase(s)",
-        scheme.phases() == 1 ? " and shares factors across rounds" : "");
-  if (!scheme.rule().streaming())
-    STARLING_THROW(ConfigError,
-                   "asynchronous aggregation needs a streaming rule (fedavg, clipped or not); '",
-                   scheme.options().rule, "' keeps every update");
-  if (scheme.options().scaffold)
-    STARLING_THROW(
-        ConfigError,
-        "asynchronous aggregation does not run SCAFFOLD yet (its step has no control sum)");
-  const double at_bound = staleness_.weight(opt_.max_staleness);
-  if (!(at_bound >= 1e-6))
-    STARLING_THROW(ConfigError, "staleness '", opt_.staleness, "' weighs an update ",
-                   opt_.max_staleness, " versions old (max_staleness) ", at_bound,
-                   ", below 1e-6: it would count toward K and add nothing; lower max_staleness");
+  try {
+    checkBufferable(scheme.compressor(), scheme.rule(), scheme.options().scaffold);
+  } catch (const ConfigError& e) {
+    STARLING_THROW(ConfigError, "asynchronous aggregation ", e.what());
+  }
+  opt_.checkWeightAtBound();
 }
 
 PhaseBroadcast AsyncBuffer::broadcast(uint64_t v) const {

@@ -65,15 +65,25 @@ struct AsyncOptions {
   uint64_t max_staleness = 20;  // an update trained more than this many versions ago is refused
   std::string staleness = "polynomial:a=0.5";
   void validate() const;  // ConfigError naming the option
+  // The weight at the staleness bound is at least 1e-6 (an update there would count toward K and
+  // add nothing): ConfigError naming both keys otherwise.
+  void checkWeightAtBound() const;
 };
+
+// What a buffered step cannot take, as a ConfigError whose message continues its subject ("does
+// not run ...", the caller names the mode) and names what to change: a compressor of
+// several phases or with factors shared across rounds, a rule that keeps every update (one that
+// does not stream), SCAFFOLD (its control variate needs every counted client to have trained
+// against the same c, and a buffered step mixes model versions). AsyncBuffer checks this, and
+// apps::checkRoundMode before a run starts.
+void checkBufferable(const compression::Compressor& compressor, const AggregationRule& rule,
+                     bool scaffold);
 
 class AsyncBuffer {
  public:
-  // `scheme` must outlive the buffer. Its compressor must have one phase and no shared factors
-  // (powersgd:mode=local qualifies), its rule must stream (FedAvg's weighted sum, clipped or not),
-  // it must not be SCAFFOLD's (the step has no control sum yet), and the weight at the staleness
-  // bound must be at least 1e-6: ConfigError otherwise. `version`: the server model's version now
-  // (>= 1).
+  // `scheme` must outlive the buffer and pass checkBufferable() (powersgd:mode=local does), and
+  // the weight at the staleness bound must be at least 1e-6 (checkWeightAtBound): ConfigError
+  // otherwise. `version`: the server model's version now (>= 1).
   AsyncBuffer(const RoundScheme& scheme, AsyncOptions options, uint64_t version = 1);
 
   uint64_t version() const { return version_; }

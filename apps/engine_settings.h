@@ -51,8 +51,8 @@ inline server::EngineConfig engineConfig(const Settings& s) {
 // round.mode, every refusal written once for starling-sim and starling-server (`self`), before
 // anything is read or bound, naming the key: async.* is checked in any mode (a file's typo shows
 // before it is run asynchronously); the buffered modes refuse what the buffered server step cannot
-// take (one phase, no shared factors, a streaming rule, a weight at the staleness bound of at least
-// 1e-6: aggregation::AsyncBuffer checks the same) and what they do not run yet.
+// take (aggregation::checkBufferable and AsyncOptions::checkWeightAtBound, which AsyncBuffer
+// checks too) and what they do not run yet.
 inline void checkRoundMode(const Settings& s, Program self, const server::EngineConfig& e) {
   aggregation::AsyncOptions{s.async.buffer_size, s.async.max_staleness, s.async.staleness}
       .validate();
@@ -67,14 +67,14 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
     STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root", " does not run ",
                    what, " yet (", sim ? "docs/simulation.md" : "docs/deployment.md", ")");
   };
-  // SCAFFOLD's server control variate moves by the mean change of the clients that trained
-  // against it; a buffered step mixes updates trained from several versions (and several c), so
-  // the correction no longer cancels the clients' drift: refused rather than run wrong.
-  if (e.scheme.scaffold)
-    STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root",
-                   " does not run SCAFFOLD: its control variate needs every counted client to "
-                   "have trained against the same c, and a buffered step mixes model versions "
-                   "(set train.scaffold = false, or round.mode = sync)");
+  // What the buffered step itself cannot take (the buffer checks the same, once built), SCAFFOLD
+  // first.
+  try {
+    aggregation::checkBufferable(*compression::makeCompressor(e.scheme.compressor),
+                                 *aggregation::makeRule(e.scheme.rule), e.scheme.scaffold);
+  } catch (const ConfigError& x) {
+    STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root", " ", x.what());
+  }
   if (e.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (sim) {
     const bool semisync = s.round.mode == RoundMode::kSemisync;
@@ -90,21 +90,8 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
                    " needs async.concurrency (or sampling.clients_per_round): how many clients "
                    "train at once");
   }
-  const auto scheme = [&](const std::string& what) {
-    STARLING_THROW(ConfigError, "round.mode = ", mode, " does not run ", what, " yet");
-  };
-  if (compression::makeCompressor(e.scheme.compressor)->phases() != 1)
-    scheme("a compressor of several phases (compression.compressor = '" + e.scheme.compressor +
-           "')");
-  if (!aggregation::makeRule(e.scheme.rule)->streaming())
-    scheme("a rule that keeps every update (aggregation.rule = '" + e.scheme.rule +
-           "'): use fedavg, clipped or not");
-  const double at_bound =
-      aggregation::Staleness::parse(s.async.staleness).weight(s.async.max_staleness);
-  if (!(at_bound >= 1e-6))
-    STARLING_THROW(ConfigError, "async.staleness = '", s.async.staleness, "' weighs an update ",
-                   s.async.max_staleness, " versions old (async.max_staleness) ", at_bound,
-                   ", below 1e-6: lower async.max_staleness");
+  aggregation::AsyncOptions{s.async.buffer_size, s.async.max_staleness, s.async.staleness}
+      .checkWeightAtBound();
 }
 
 // round.mode = async: the server step's configuration (the same in starling-sim and at the root).

@@ -25,6 +25,19 @@ class Option;
 
 namespace starling::apps {
 
+// An enum option's spellings, each with its value: the one table that Options::add (below) parses
+// with and spellingOf() names a value by.
+template <class E>
+using Spellings = std::vector<std::pair<std::string, E>>;
+
+// The spelling of `v` in `names`, or "?" when it has none.
+template <class E>
+const char* spellingOf(const Spellings<E>& names, E v) {
+  for (const auto& [spelling, value] : names)
+    if (value == v) return spelling.c_str();
+  return "?";
+}
+
 class Options {
  public:
   // `description` is the --help header.

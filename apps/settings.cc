@@ -8,23 +8,28 @@
 
 namespace starling::apps {
 
-const char* name(RoundMode m) {
-  switch (m) {
-    case RoundMode::kSync:
-      return "sync";
-    case RoundMode::kAsync:
-      return "async";
-    case RoundMode::kSemisync:
-      return "semisync";
-  }
-  return "?";
+namespace {
+// Each mode's spellings, once: parsed by declareSettings, named by name().
+const Spellings<RoundMode>& roundModes() {
+  static const Spellings<RoundMode> t{
+      {"sync", RoundMode::kSync}, {"async", RoundMode::kAsync}, {"semisync", RoundMode::kSemisync}};
+  return t;
 }
-
-const char* name(ServerRole r) { return r == ServerRole::kRoot ? "root" : "aggregator"; }
-
-const char* name(DeviceRound d) {
-  return d == DeviceRound::kAuto ? "auto" : d == DeviceRound::kOn ? "on" : "off";
+const Spellings<ServerRole>& serverRoles() {
+  static const Spellings<ServerRole> t{{"root", ServerRole::kRoot},
+                                       {"aggregator", ServerRole::kAggregator}};
+  return t;
 }
+const Spellings<DeviceRound>& deviceRounds() {
+  static const Spellings<DeviceRound> t{
+      {"auto", DeviceRound::kAuto}, {"on", DeviceRound::kOn}, {"off", DeviceRound::kOff}};
+  return t;
+}
+}  // namespace
+
+const char* name(RoundMode m) { return spellingOf(roundModes(), m); }
+const char* name(ServerRole r) { return spellingOf(serverRoles(), r); }
+const char* name(DeviceRound d) { return spellingOf(deviceRounds(), d); }
 namespace {
 
 // The programs of `mask`.
@@ -247,9 +252,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "semisync: rounds closing at round.deadline_seconds (starling-sim, simulated) or "
         "round.deadline_ms (the root) with whatever arrived, late updates joining a later round "
         "with their staleness weight (docs/simulation.md, docs/deployment.md)",
-        {{"sync", RoundMode::kSync},
-         {"async", RoundMode::kAsync},
-         {"semisync", RoundMode::kSemisync}});
+        roundModes());
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
   o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");
@@ -280,7 +283,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "ACP-SGD; the dense ones and SCAFFOLD stay on the host): auto (on a GPU), on, off. The "
         "same results "
         "either way. docs/gpu.md",
-        {{"auto", DeviceRound::kAuto}, {"on", DeviceRound::kOn}, {"off", DeviceRound::kOff}});
+        deviceRounds());
   o.add("sim.workers_per_gpu", &s.sim.workers_per_gpu,
         "workers sharing one GPU (each its own model replica); must divide the workers on a "
         "machine",
@@ -313,8 +316,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   // The deployment.
   use(kServer);
   o.add("server.role", &s.server.role,
-        "root (runs the rounds) or aggregator (relays a subtree to an upstream)",
-        {{"root", ServerRole::kRoot}, {"aggregator", ServerRole::kAggregator}});
+        "root (runs the rounds) or aggregator (relays a subtree to an upstream)", serverRoles());
   o.add("server.bind", &s.server.bind, "endpoint to listen on for clients (and aggregators)");
   o.add("server.upstream", &s.server.upstream,
         "aggregator: the upstream server's endpoint, e.g. tcp://10.0.0.1:7700");

@@ -39,9 +39,12 @@ constexpr uint32_t kVersion = 1;
 
 enum class Role { kPretrain, kInproc, kCloud, kEdge };
 enum class Shift { kClasses, kNoise, kRotate };
-const char* name(Shift x) {
-  return x == Shift::kClasses ? "classes" : x == Shift::kNoise ? "noise" : "rotate";
+const apps::Spellings<Shift>& shifts() {
+  static const apps::Spellings<Shift> t{
+      {"classes", Shift::kClasses}, {"noise", Shift::kNoise}, {"rotate", Shift::kRotate}};
+  return t;
 }
+const char* name(Shift x) { return apps::spellingOf(shifts(), x); }
 
 struct Config {
   Role role = Role::kInproc;
@@ -423,7 +426,7 @@ int main(int argc, char** argv) {
         "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian "
         "noise added) or "
         "rotate (private: turned 90 degrees)",
-        {{"classes", Shift::kClasses}, {"noise", Shift::kNoise}, {"rotate", Shift::kRotate}});
+        shifts());
   o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
   o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)",
         0, 1u << 30);

@@ -173,6 +173,10 @@ class Compressor {
 
   // ---- the round's structure ----
   virtual uint32_t phases() const { return 1; }
+  // Whether factors are shared across rounds (initialShared() is not empty for a layout with a
+  // matrix): ACP-SGD's, and two-phase PowerSGD's. A buffered step (aggregation/async_buffer.h)
+  // cannot take them.
+  virtual bool sharesFactors() const { return false; }
   virtual SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const;
   virtual bool factorsAreUpdate(uint32_t /*phase*/) const { return true; }
   // `factor_sums[t]` is sum_i w_i F_i for each tensor with a shared factor this phase (empty

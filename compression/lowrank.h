@@ -100,6 +100,7 @@ class PowerSgdCompressor final : public Compressor {
                                       const RoundContext& ctx) const;
 
   uint32_t phases() const override { return opt_.two_phase ? 2 : 1; }
+  bool sharesFactors() const override { return opt_.two_phase; }
   SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;
   bool factorsAreUpdate(uint32_t phase) const override { return !opt_.two_phase || phase == 1; }
   SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx,
@@ -131,6 +132,7 @@ class AcpSgdCompressor final : public Compressor {
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }
 
+  bool sharesFactors() const override { return true; }
   SharedFactors initialShared(const ParamLayout& layout, uint64_t run_seed) const override;
   SharedFactors nextShared(const ParamLayout& layout, const RoundContext& ctx,
                            const SharedFactors& current,

@@ -32,7 +32,8 @@ Neighbourhoods harary(std::span<const uint64_t> clients, uint32_t k, uint64_t ru
                      "a round's clients must be distinct");
   const size_t n = g.clients.size();
   // The cyclic order: a permutation of the positions (Fisher-Yates) drawn from the ChaCha20 stream
-  // of a key every party derives from the run and the round (public: the graph hides nothing).
+  // of a key every party derives from the run and the round (public: the graph hides nothing);
+  // not data::shuffleInPlace, which draws from core/rng's statistical streams.
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   KeyStream draws(publicKey("starling secagg graph v1", run_seed, round), round, MaskStream::kGraph,

@@ -160,6 +160,11 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
 }
 
 MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
+                                      std::span<const float> x) {
+  return maskedInput(to_me, x, randomKey());
+}
+
+MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
                                       std::span<const float> x, const Key32& rounding_key) {
   if (!shared_) failInput(Errc::kWrongRound, "client ", id_, ": masked input before its shares");
   if (masked_) failInput(Errc::kDuplicate, "client ", id_, " already sent its masked input");

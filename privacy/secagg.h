@@ -115,8 +115,9 @@ class SecAggClient {
   std::vector<EncryptedShare> shareKeys(std::span<const KeyAdvert> adverts,
                                         const std::map<uint64_t, Key32>* verify = nullptr);
   // Phase 2: the shares addressed to it; x (dim values, clipped to the ring's clip), rounded into
-  // the ring by the stream of `rounding_key` (privacy/ring.h: a fresh randomKey() each round; a
-  // test's fixed key reproduces a rounding).
+  // the ring by a fresh randomKey()'s stream (privacy/ring.h).
+  MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x);
+  // The same with the rounding stream of `rounding_key`: a test's fixed key reproduces a rounding.
   MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x,
                           const Key32& rounding_key);
   // Phase 3: answered once; refuses a request for both shares of one client.

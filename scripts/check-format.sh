@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 fmt=${CLANG_FORMAT:-clang-format}
 command -v "$fmt" >/dev/null || { echo "check-format: $fmt not found (scripts/bootstrap.sh installs it)" >&2; exit 2; }
+# Another major version writes another style: checking (or --fix) with it would list, or rewrite,
+# the whole tree.
+version=$("$fmt" --version 2>&1 | head -n 1)
+[[ $version =~ version\ 14\. ]] || { echo "check-format: $fmt is '$version'; the tree is written by clang-format 14 (Debian 12's; scripts/bootstrap.sh installs it, CLANG_FORMAT names another binary)" >&2; exit 2; }
 mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' '*.cpp' '*.hpp')
 if [[ ${1:-} == --fix ]]; then
   "$fmt" -i "${files[@]}"

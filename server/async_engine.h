@@ -38,7 +38,7 @@ namespace starling::server {
 // An answer to a task: a client's update or an edge aggregator's partial aggregate (exactly one
 // is set), valid for the duration of AsyncIntake::take().
 struct AsyncArrival {
-  uint64_t client = 0;
+  uint64_t client = 0;  // the sender (the fleet checked an update names it)
   const compression::UpdateView* update = nullptr;
   const compression::PartialView* partial = nullptr;
   aggregation::ClientLimits limits;  // the sender's registered examples (the weight's cap)

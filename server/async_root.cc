@@ -215,14 +215,12 @@ void AsyncRoot::checkpoint() {
 
 void AsyncRoot::taken(const AsyncArrival& a) {
   if (journal_)
-    journal_->append(a.partial ? kJournalPartial : kJournalUpdate,
-                     a.partial ? a.client : a.update->header.client_id,
+    journal_->append(a.partial ? kJournalPartial : kJournalUpdate, a.client,
                      a.partial ? 0 : a.limits.max_examples, a.message);
 }
 
 void AsyncRoot::refused(const AsyncArrival& a) {
-  if (journal_)
-    journal_->append(kJournalRefused, a.partial ? a.client : a.update->header.client_id, 0, {});
+  if (journal_) journal_->append(kJournalRefused, a.client, 0, {});
 }
 
 void AsyncRoot::stepped(const RoundRecord& /*rec*/) { checkpoint(); }

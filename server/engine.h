@@ -229,15 +229,13 @@ struct RoundRecord {
 };
 
 // The run's metrics file: JSON Lines, one RoundRecord per round or server step, appended the same
-// way by every driver (the round engine, the root's asynchronous rounds, the asynchronous
-// simulation). An empty path: none, and every call does nothing.
+// way by both engines (RoundEngine, and AsyncEngine for the root and the simulation). An empty
+// path: none, and every call does nothing.
 class MetricsLog {
  public:
   explicit MetricsLog(std::string path = {}) : path_(std::move(path)) {}
-  const std::string& path() const { return path_; }
   // One line; IoError naming the file when it cannot be appended to.
   void append(const RoundRecord& rec) const { appendLine(rec.json()); }
-  void appendLine(const std::string& json) const;
   // For a run resumed from a checkpoint that holds the record `json` of round (or step) `round`
   // (the asynchronous simulation's does; the round engine's and the root's do not, and a kill
   // between their checkpoint and their line loses the line):
@@ -246,6 +244,7 @@ class MetricsLog {
   void complete(uint64_t round, const std::string& json) const;
 
  private:
+  void appendLine(const std::string& json) const;
   std::string path_;
 };
 

@@ -352,7 +352,7 @@ void AsyncSimulation::completeMetrics(uint64_t step, const std::string& record) 
 // The task of the current version for a client that holds version `held` (0: none), in the
 // server's downlink encoding: a dense or fp16 task has one size, a delta or top-k one depends on
 // what the client holds (one encoding per version held, as a root caches them).
-uint64_t AsyncSimulation::taskBytes(uint64_t held) {
+uint64_t AsyncSimulation::taskBytes(uint64_t held, const server::PhaseTask& task) {
   const uint64_t v = server_.version();
   const server::Downlink mode = server_.config().downlink;
   const bool per_held = server::downlinkPerHeld(mode);
@@ -362,21 +362,29 @@ uint64_t AsyncSimulation::taskBytes(uint64_t held) {
   }
   const uint64_t key = per_held ? held : 0;
   if (const auto it = task_bytes_.find(key); it != task_bytes_.end()) return it->second;
-  // No deadline on the simulated clock (round.deadline_seconds is not a task's).
-  const pr::TaskMsg h = server::fitTaskHeader(server_.scheme(), v, v, config_.fit, 0);
-  const cz::PhaseBroadcast b = server_.broadcast(v);
-  const uint64_t bytes =
-      server::encodeTask(server::PhaseTask{b, h, server_.model(), mode}, key).size();
+  // The engine's task of the version (no deadline on the simulated clock: round.deadline_seconds
+  // is not a task's).
+  const uint64_t bytes = server::encodeTask(task, key).size();
   task_bytes_.emplace(key, bytes);
   return bytes;
 }
 
-// The bytes of one update, before it is made (phaseZeroUpdateBytes, sim_fleet.h).
-uint64_t AsyncSimulation::updateBytes() {
-  if (update_bytes_ == 0)
-    update_bytes_ = phaseZeroUpdateBytes(trainer_.layout(), server_.scheme().compressor(),
-                                         server_.broadcast(server_.version()), declared_, false);
-  return update_bytes_;
+// The bytes of client `id`'s update, before it is made (phaseZeroUpdateBytes, sim_fleet.h): one
+// size for every client but client 0, whose id is left out of its messages.
+uint64_t AsyncSimulation::updateBytes(uint64_t id) {
+  uint64_t& bytes = update_bytes_[id == 0 ? 0 : 1];
+  if (bytes == 0)
+    bytes = phaseZeroUpdateBytes(trainer_.layout(), server_.scheme().compressor(),
+                                 server_.broadcast(server_.version()), declared_, false,
+                                 id == 0 ? 0 : 1);
+  return bytes;
+}
+
+// Its time from its start to its finish with `up` bytes of update (simulator/device_model.h).
+double AsyncSimulation::timeOf(const Waiting& w, uint64_t up) const {
+  return timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
+                    config_.reference_seconds_per_example, w.job.down, up)
+      .total();
 }
 
 namespace {
@@ -398,30 +406,25 @@ void AsyncSimulation::startClient(uint64_t id, server::AsyncIntake& in) {
   w.held_before = held_[id];
   w.job.version = v;
   w.job.examples = clients_.shards[id].size();
-  w.job.down = taskBytes(held_[id]);
+  w.job.down = taskBytes(held_[id], in.task());
   held_[id] = v;  // it downloads the version (a dropout too)
-  const uint64_t previous = last_version_[id];
-  w.previous = previous;
+  w.previous = last_version_[id];
   busy_[id] = 1;
   last_version_[id] = v;
   in.started(w.job.down);
   // Offline by its finish: known now, unless the update's size varies (then once it is trained,
   // by its own bytes: finishesOffline).
   if (clients_.devices.hasWindows() && !server_.scheme().compressor().updateSizeVaries()) {
-    const ClientTiming t =
-        timeClient(clients_.devices[id], id, w.job.examples, config_.fit.epochs,
-                   config_.reference_seconds_per_example, w.job.down, updateBytes());
-    if (!clients_.devices.onlineAt(id, now_ + t.total())) {
-      if (t.total() <= clients_.devices.longestOnline(id)) last_version_[id] = previous;
-      in_flight_.emplace(std::pair{now_ + t.total(), id}, std::move(w.job));  // arrives failed
+    const double total = timeOf(w, updateBytes(id));
+    if (!clients_.devices.onlineAt(id, now_ + total)) {
+      mayRetry(w, total);
+      in_flight_.emplace(std::pair{now_ + total, id}, std::move(w.job));  // arrives failed
       return;
     }
   }
   // A failed client still takes its download and its compute time before the server notices: the
   // earliest it can finish is with nothing to upload.
-  w.earliest = now_ + timeClient(clients_.devices[id], id, w.job.examples, config_.fit.epochs,
-                                 config_.reference_seconds_per_example, w.job.down, 0)
-                          .total();
+  w.earliest = now_ + timeOf(w, 0);
   waiting_.push_back(std::move(w));
 }
 
@@ -465,20 +468,20 @@ bool AsyncSimulation::trainAndKeep(Waiting& w, ClientState& state, bool keep) {
 }
 
 void AsyncSimulation::arrive(Waiting& w) {
-  const ClientTiming t = timeClient(clients_.devices[w.id], w.id, w.job.examples,
-                                    config_.fit.epochs, config_.reference_seconds_per_example,
-                                    w.job.down, w.job.update ? w.job.up : w.timed_up);
-  in_flight_.emplace(std::pair{w.start + t.total(), w.id}, std::move(w.job));
+  const double total = timeOf(w, w.job.update ? w.job.up : w.timed_up);
+  in_flight_.emplace(std::pair{w.start + total, w.id}, std::move(w.job));
+}
+
+// A dropout whose training fits in one of its windows may try this version again.
+void AsyncSimulation::mayRetry(const Waiting& w, double total) {
+  if (total <= clients_.devices.longestOnline(w.id)) last_version_[w.id] = w.previous;
 }
 
 bool AsyncSimulation::finishesOffline(const Waiting& w) const {
   if (!w.job.update || !clients_.devices.hasWindows() ||
       !server_.scheme().compressor().updateSizeVaries())
     return false;
-  const ClientTiming t =
-      timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
-                 config_.reference_seconds_per_example, w.job.down, w.job.up);
-  return !clients_.devices.onlineAt(w.id, w.start + t.total());
+  return !clients_.devices.onlineAt(w.id, w.start + timeOf(w, w.job.up));
 }
 
 // As start() drops a client whose finish it knows to fall outside its windows: it fails when it
@@ -486,10 +489,7 @@ bool AsyncSimulation::finishesOffline(const Waiting& w) const {
 // long enough. It has trained (clientsTrained counts it, as the synchronous fleet counts a
 // straggler it trained).
 void AsyncSimulation::dropOut(Waiting& w) {
-  const ClientTiming t =
-      timeClient(clients_.devices[w.id], w.id, w.job.examples, config_.fit.epochs,
-                 config_.reference_seconds_per_example, w.job.down, w.job.up);
-  if (t.total() <= clients_.devices.longestOnline(w.id)) last_version_[w.id] = w.previous;
+  mayRetry(w, timeOf(w, w.job.up));
   w.timed_up = w.job.up;
   w.job.update.reset();
   w.job.up = 0;

@@ -200,8 +200,10 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
   std::vector<uint8_t> checkpointBytes(const std::string& record) const;
   void loadCheckpoint(std::span<const uint8_t> bytes);
   void completeMetrics(uint64_t step, const std::string& record) const;
-  uint64_t taskBytes(uint64_t held);
-  uint64_t updateBytes();
+  uint64_t taskBytes(uint64_t held, const server::PhaseTask& task);
+  uint64_t updateBytes(uint64_t id);
+  double timeOf(const Waiting& w, uint64_t up) const;
+  void mayRetry(const Waiting& w, double total);
   std::optional<std::pair<double, double>> evaluate(std::span<const float> model);
 
   AsyncSimConfig config_;
@@ -223,7 +225,8 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
   ClientState state_;  // reused for every client
   std::vector<std::string> declared_;
   std::map<uint64_t, uint64_t> task_bytes_;  // of the current version, per version held
-  uint64_t task_version_ = 0, update_bytes_ = 0;
+  uint64_t task_version_ = 0;
+  uint64_t update_bytes_[2] = {0, 0};  // client 0's, every other client's
   double now_ = 0.0, last_step_ = 0.0;
   uint64_t trained_ = 0;
   Window window_;

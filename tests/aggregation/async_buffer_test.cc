@@ -356,6 +356,10 @@ TEST_CASE("asynchronous aggregation refuses what it cannot do, naming it", "[agg
   two.compressor = "powersgd:rank=1";
   CHECK_THROWS_MATCHING(AsyncBuffer(RoundScheme(l, two), AsyncOptions{}), ConfigError,
                         Contains("one-phase"));
+  RoundSchemeOptions acp;
+  acp.compressor = "acpsgd:rank=1";  // one phase, its factors shared across rounds
+  CHECK_THROWS_MATCHING(AsyncBuffer(RoundScheme(l, acp), AsyncOptions{}), ConfigError,
+                        Contains("shares factors across rounds"));
   RoundSchemeOptions robust;
   robust.rule = "median";
   CHECK_THROWS_MATCHING(AsyncBuffer(RoundScheme(l, robust), AsyncOptions{}), ConfigError,

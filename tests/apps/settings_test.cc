@@ -371,6 +371,10 @@ TEST_CASE("round.mode's refusals are written once for the simulation and the roo
         Contains("several phases"));
     CHECK_THAT(refused(self, {"--round.mode", "async", "--aggregation.rule", "median"}),
                Contains("keeps every update"));
+    // One phase, but factors shared across rounds: refused here too, before any data is read.
+    CHECK_THAT(
+        refused(self, {"--round.mode", "async", "--compression.compressor", "acpsgd:rank=1"}),
+        Contains("shares factors across rounds"));
     CHECK(refused(self, {"--round.mode", "async", "--async.staleness", "constant",
                          "--async.max_staleness", "5"})
               .empty());

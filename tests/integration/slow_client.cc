@@ -17,8 +17,11 @@ int main(int argc, char** argv) {
   }
   char* end = nullptr;
   const unsigned long long wait_ms = std::strtoull(argv[2], &end, 10);
-  if (end == argv[2] || *end != '\0') {
-    std::fprintf(stderr, "%s: --test.wait_ms takes milliseconds, got '%s'\n", argv[0], argv[2]);
+  // strtoull takes "-1" as 2^64 - 1: digits only, at most an hour.
+  if (end == argv[2] || *end != '\0' || argv[2][0] < '0' || argv[2][0] > '9' ||
+      wait_ms > 3'600'000) {
+    std::fprintf(stderr, "%s: --test.wait_ms takes 0 to 3600000 milliseconds, got '%s'\n", argv[0],
+                 argv[2]);
     return 2;
   }
   std::vector<char*> rest{argv[0]};

@@ -139,6 +139,19 @@ TEST_CASE("crypto: KeyStream's words are applyMask's, and its draws are uniform"
   const double mean = double(draws) / n, sd = std::sqrt(draws * (1.0 / n) * (1 - 1.0 / n));
   for (uint64_t c : seen) CHECK(std::abs(double(c) - mean) < 6 * sd);
   CHECK(d.below(1) == 0);
+  // n = 2^63 + 1: the largest multiple of n below 2^64 is n itself, so almost half the words are
+  // redrawn (header's contract), which a twin of the stream shows word by word.
+  const uint64_t big = (uint64_t{1} << 63) + 1;
+  KeyStream e(k, 2, MaskStream::kGraph, 0), twin(k, 2, MaskStream::kGraph, 0);
+  uint64_t redrawn = 0;
+  const uint64_t big_draws = 4'000;
+  for (uint64_t i = 0; i < big_draws; ++i) {
+    uint64_t w = twin.next();
+    for (; w >= big; w = twin.next()) ++redrawn;
+    REQUIRE(e.below(big) == w);
+  }
+  CHECK(std::abs(double(redrawn) / double(big_draws + redrawn) - 0.5) <
+        6 * 0.5 / std::sqrt(double(big_draws + redrawn)));
   for (int i = 0; i < 1000; ++i) {
     const double u = d.uniform();
     CHECK((u >= 0.0 && u < 1.0));

@@ -7,19 +7,13 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/rng.h"  // the test data of the masks test (never the privacy code's draws)
+#include "privacy/crypto.h"
+#include "test_keys.h"
 
 using namespace starling;
 using namespace starling::privacy;
 
-namespace {
-// A fixed rounding key per number: tests reproduce what a client's fresh randomKey() would make.
-Key32 testKey(uint64_t n) {
-  Key32 k{};
-  for (int i = 0; i < 8; ++i) k[static_cast<size_t>(i)] = static_cast<uint8_t>(n >> (8 * i));
-  return k;
-}
-}  // namespace
+using starling::testing::testKey;
 
 TEST_CASE("ring: the chosen scale keeps the worst-case sum inside the signed range",
           "[privacy][ring]") {
@@ -86,7 +80,8 @@ TEST_CASE("ring: stochastic rounding is unbiased", "[privacy][ring]") {
 }
 
 TEST_CASE("ring: masks that cancel leave the exact sum, in every width", "[privacy][ring]") {
-  RngStream rng(StreamKey{3, 0, 0, StreamPurpose::kTest, 0});
+  // Values and masks as the privacy code draws them: ChaCha20 words (privacy/crypto.h).
+  KeyStream rng(testKey(3), 1, MaskStream::kPairwiseMask, 0);
   for (uint32_t bits : {8u, 17u, 32u, 63u, 64u}) {
     INFO(bits << " bits");
     RingSpec r;

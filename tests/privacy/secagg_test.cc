@@ -15,6 +15,7 @@
 
 #include "check_throws.h"
 #include "core/error.h"
+#include "test_keys.h"
 
 using namespace starling;
 using namespace starling::privacy;
@@ -44,6 +45,8 @@ struct Round {
   std::map<uint64_t, std::vector<float>> inputs;
   std::set<uint64_t> drop_after_advert, drop_after_shares, drop_after_masked;
   bool tree = false;
+  // The clients draw their rounding keys as deployed (a fresh randomKey() each): no expected().
+  bool fresh_rounding = false;
   std::map<uint64_t, SigningKeyPair> signing;
   std::map<uint64_t, Key32> verify;
   std::map<uint64_t, std::unique_ptr<SecAggClient>> clients;
@@ -61,12 +64,7 @@ struct Round {
   }
 
   // A fixed rounding key per client (a deployed client draws a fresh randomKey() each round).
-  static Key32 rounding(uint64_t c) {
-    Key32 k{};
-    for (int i = 0; i < 8; ++i) k[static_cast<size_t>(i)] = static_cast<uint8_t>(c >> (8 * i));
-    k[31] = 0x5a;
-    return k;
-  }
+  static Key32 rounding(uint64_t c) { return testing::testKey(c, 0x5a); }
 
   SecAggServer::Result run() {
     if (p.signed_keys)
@@ -87,11 +85,15 @@ struct Round {
     for (uint64_t c : drop_after_shares) alive.erase(c);
     std::vector<MaskedInput> group[2];
     for (uint64_t c : alive) {
-      MaskedInput m = clients[c]->maskedInput(server->sharesFor(c), inputs[c], rounding(c));
+      MaskedInput m = fresh_rounding
+                          ? clients[c]->maskedInput(server->sharesFor(c), inputs[c])
+                          : clients[c]->maskedInput(server->sharesFor(c), inputs[c], rounding(c));
       masked[c] = m;
-      std::vector<uint64_t> e(p.dim);
-      encode(p.ring, inputs[c], rounding(c), p.round, e);
-      encoded[c] = e;
+      if (!fresh_rounding) {
+        std::vector<uint64_t> e(p.dim);
+        encode(p.ring, inputs[c], rounding(c), p.round, e);
+        encoded[c] = e;
+      }
       group[c % 2].push_back(std::move(m));
     }
     for (uint64_t c : drop_after_masked) alive.erase(c);
@@ -160,6 +162,27 @@ TEST_CASE("secagg: the server gets exactly the sum of the inputs, and nothing el
     }
     CHECK(m.words != r.encoded.at(c));
   }
+}
+
+TEST_CASE("secagg: clients that draw their own rounding keys give the sum within the rounding",
+          "[privacy][secagg]") {
+  std::vector<std::vector<uint64_t>> sums;
+  for (int run = 0; run < 2; ++run) {
+    Round r(params(257, 12), range(100, 12));
+    r.fresh_rounding = true;
+    const auto res = r.run();
+    REQUIRE(res.ok);
+    std::vector<float> dec(r.p.dim);
+    decode(r.p.ring, res.sum, dec);
+    for (size_t i = 0; i < r.p.dim; ++i) {
+      double want = 0;
+      for (const auto& [c, x] : r.inputs) want += x[i];
+      CHECK(std::abs(dec[i] - want) <= 12.0 / r.p.ring.scale + 1e-5 * std::abs(want));
+    }
+    sums.push_back(res.sum);
+  }
+  // Fresh keys each time: the stochastic roundings (and so the sums' low bits) differ.
+  CHECK(sums[0] != sums[1]);
 }
 
 TEST_CASE("secagg: dropouts at every phase leave the survivors' exact sum", "[privacy][secagg]") {
