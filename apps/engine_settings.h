@@ -2,6 +2,8 @@
 // The round engine's configuration from the shared keys (apps/settings.h), for starling-server's
 // root and starling-sim: one conversion, so the same file means the same rounds in both.
 #include <algorithm>
+#include <charconv>
+#include <string>
 
 #include "aggregation/rule.h"
 #include "apps/settings.h"
@@ -36,6 +38,21 @@ inline server::EngineConfig engineConfig(const Settings& s) {
   e.sampling.min_available = std::max<uint64_t>(s.sampling.min_available, 1);
   e.sampling.overcommit = s.sampling.overcommit;
   e.sampling.wait_ms = s.sampling.wait_ms;
+  e.sampling.poisson_rate = s.sampling.poisson_rate;
+  if (s.privacy.dp == DpMode::kCentral) {
+    e.dp.enabled = true;
+    e.dp.clip = s.privacy.clip;
+    e.dp.noise_multiplier = s.privacy.noise_multiplier;
+    e.dp.target_epsilon = s.privacy.target_epsilon;
+    e.dp.delta = s.privacy.delta;
+    e.dp.seeded_noise = s.privacy.seeded_noise;
+    // The rule DP-FedAvg calibrates its noise to (resolveSettings refused any other): every update
+    // clipped to C, weighing alike. The clip in its shortest exact spelling, so that the rule's
+    // clip is privacy.clip to the bit.
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof buf, s.privacy.clip).ptr;
+    e.scheme.rule = "fedavg:weight=uniform,clip=" + std::string(buf, end);
+  }
   e.completion.min_results = s.sampling.min_clients;
   e.completion.min_completion_rate = s.round.min_completion_rate;
   e.round_deadline_ms = s.round.deadline_ms;
@@ -56,9 +73,23 @@ inline server::EngineConfig engineConfig(const Settings& s) {
 inline void checkRoundMode(const Settings& s, Program self, const server::EngineConfig& e) {
   aggregation::AsyncOptions{s.async.buffer_size, s.async.max_staleness, s.async.staleness}
       .validate();
-  if (!buffered(s.round.mode)) return;
   const bool sim = self == kSim;
   const char* mode = name(s.round.mode);
+  if (e.dp.enabled) {
+    if (buffered(s.round.mode))
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = central runs in synchronous rounds only: round.mode "
+                     "= ",
+                     mode,
+                     " steps on whatever arrived, mixing model versions, and samples "
+                     "no one by Poisson, so the accountant could not say what it guarantees");
+    if (!sim && (s.server.role == ServerRole::kAggregator || !s.server.aggregator_ids.empty()))
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = central does not run through edge aggregators yet: "
+                     "an aggregator relays each task to all its clients, so the root's Poisson "
+                     "sampling would sample aggregators, not clients (docs/privacy.md)");
+  }
+  if (!buffered(s.round.mode)) return;
   if (!sim && s.server.role == ServerRole::kAggregator)
     STARLING_THROW(ConfigError,
                    "round.mode is the root's setting: an edge aggregator relays the tasks it gets, "
@@ -76,6 +107,7 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
     STARLING_THROW(ConfigError, "round.mode = ", mode, sim ? "" : " at the root", " ", x.what());
   }
   if (e.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
+  if (e.sampling.poisson_rate > 0) no("Poisson sampling (sampling.poisson_rate)");
   if (sim) {
     const bool semisync = s.round.mode == RoundMode::kSemisync;
     if (!semisync && s.round.deadline_seconds > 0)

@@ -307,9 +307,21 @@ int runServer(apps::Settings& c) {
             : ec.scaffold_population
                 ? fmt::format(" | SCAFFOLD on (N = {} clients)", ec.scaffold_population)
                 : std::string(" | SCAFFOLD on (N = the clients available each round)"));
-  if (ec.sampling.clients_per_round > 0)
+  if (ec.sampling.poisson_rate > 0)
+    log->info(
+        "Poisson sampling: each client with probability {}; each round waits for {} "
+        "registered",
+        ec.sampling.poisson_rate, ec.sampling.min_available);
+  else if (ec.sampling.clients_per_round > 0)
     log->info("sampling {} clients per round; each round waits for {} registered",
               ec.sampling.clients_per_round, ec.sampling.min_available);
+  if (const privacy::CentralDp* dp = engine.dp())
+    log->info(
+        "central DP: clip {}, noise multiplier {:.4f}, epsilon {:.3f} after {} rounds "
+        "(delta {}){}",
+        dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds), ec.rounds,
+        dp->config().delta,
+        dp->config().seeded_noise ? " | seeded noise: anyone with model.seed can remove it" : "");
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;
     try {
@@ -326,14 +338,18 @@ int runServer(apps::Settings& c) {
     if (r.applied)
       log->info(
           "round {:4}/{}  {} updates from {} of {} sampled  loss {:.4f}{}  up {:.1f} KB  down "
-          "{:.1f} KB  {:.2f} s",
+          "{:.1f} KB  {:.2f} s{}",
           r.round, ec.rounds, r.clients_completed, r.clients_selected - r.clients_failed,
           r.clients_selected, r.train_loss.value_or(0.0), acc, r.uplink_bytes / 1024.0,
-          r.downlink_bytes / 1024.0, r.wall_seconds);
+          r.downlink_bytes / 1024.0, r.wall_seconds,
+          r.dp_epsilon ? fmt::format("  epsilon {:.3f}", *r.dp_epsilon) : "");
     else
       log->warn("round {:4}/{}  not applied: {}", r.round, ec.rounds, r.reason);
   }
-  if (engine.done()) fleet.finish("all " + std::to_string(ec.rounds) + " rounds done");
+  if (engine.done()) {
+    log->info("{}", engine.doneReason());
+    fleet.finish(engine.doneReason());
+  }
   return 0;
 }
 

@@ -25,8 +25,13 @@ const Spellings<DeviceRound>& deviceRounds() {
       {"auto", DeviceRound::kAuto}, {"on", DeviceRound::kOn}, {"off", DeviceRound::kOff}};
   return t;
 }
+const Spellings<DpMode>& dpModes() {
+  static const Spellings<DpMode> t{{"off", DpMode::kOff}, {"central", DpMode::kCentral}};
+  return t;
+}
 }  // namespace
 
+const char* name(DpMode m) { return spellingOf(dpModes(), m); }
 const char* name(RoundMode m) { return spellingOf(roundModes(), m); }
 const char* name(ServerRole r) { return spellingOf(serverRoles(), r); }
 const char* name(DeviceRound d) { return spellingOf(deviceRounds(), d); }
@@ -173,6 +178,37 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         0, 1u << 30);
   o.add("sampling.wait_ms", &s.sampling.wait_ms,
         "how long a round waits for sampling.min_available clients", 1, 86400000);
+  use(kRound);
+  o.add("sampling.poisson_rate", &s.sampling.poisson_rate,
+        "Poisson sampling: each available client is sampled on its own with this probability, "
+        "instead of sampling.clients_per_round and sampling.fraction (0: off); what "
+        "privacy.dp's accountant assumes",
+        0, 1);
+  o.add("privacy.dp", &s.privacy.dp,
+        "differential privacy: off, or central (DP-FedAvg: each update clipped to privacy.clip, "
+        "every update weighing alike, Gaussian noise of privacy.noise_multiplier x clip added to "
+        "the sum at the root, which is trusted; synchronous rounds with "
+        "sampling.poisson_rate; docs/privacy.md)",
+        dpModes());
+  o.add("privacy.clip", &s.privacy.clip,
+        "privacy.dp: the L2 norm every update is clipped to (the root's and every edge "
+        "aggregator's rule clips it)",
+        0, 1e30);
+  o.add("privacy.noise_multiplier", &s.privacy.noise_multiplier,
+        "privacy.dp: the noise's standard deviation over privacy.clip (0: the smallest that keeps "
+        "privacy.target_epsilon over train.rounds)",
+        0, 1e4);
+  o.add("privacy.target_epsilon", &s.privacy.target_epsilon,
+        "privacy.dp: the run's budget; a run whose rounds would spend more is refused before "
+        "round 1 (0: none, epsilon is reported in every round's record)",
+        0, 1e6);
+  o.add("privacy.delta", &s.privacy.delta, "privacy.dp: the delta of (epsilon, delta)", 1e-300,
+        0.5);
+  use(kServer);
+  o.add("privacy.seeded_noise", &s.privacy.seeded_noise,
+        "privacy.dp at the root: draw the noise and the sample from the run seed (model.seed), "
+        "reproducible as in the simulator, instead of the system's random source; anyone who "
+        "knows the seed can then remove the noise (tests, comparisons with a simulation)");
 
   use(kRound);
   o.add("compression.compressor", &s.compression.compressor,
@@ -369,6 +405,32 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   // Asynchronous steps run on one worker: its default there, so that a file need only say
   // round.mode = async (a sim.workers above 1 that it gives is refused).
   if (self == kSim && buffered(s.round.mode) && !o.given("sim.workers")) s.sim.workers = 1;
+  if (self != kClient && s.sampling.poisson_rate > 0) {
+    for (const char* k : {"sampling.clients_per_round", "sampling.fraction", "sampling.overcommit"})
+      if (o.given(k))
+        STARLING_THROW(ConfigError, "sampling.poisson_rate and ", k,
+                       " are both set: Poisson sampling draws each client on its own");
+    // A round samples from whoever is there: it waits for one client unless told otherwise.
+    if (!o.given("sampling.min_available")) s.sampling.min_available = s.sampling.min_clients;
+  }
+  if (self != kClient && s.privacy.dp != DpMode::kOff) {
+    if (!o.given("privacy.clip"))
+      STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
+                     " needs privacy.clip: the L2 norm each update is clipped to");
+    if (s.aggregation.rule != "fedavg")
+      STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
+                     " sets the rule itself (fedavg with uniform weights and clip = privacy.clip): "
+                     "leave aggregation.rule out (it is ",
+                     s.aggregation.rule, ")");
+  } else if (self != kClient) {
+    for (const char* k : {"privacy.clip", "privacy.noise_multiplier", "privacy.target_epsilon",
+                          "privacy.delta", "privacy.seeded_noise"})
+      if (o.given(k))
+        STARLING_THROW(ConfigError, k,
+                       " is set but privacy.dp is off: set privacy.dp = central "
+                       "(or leave ",
+                       k, " out)");
+  }
   if (self == kClient && s.client.id >= s.data.num_clients)
     STARLING_THROW(ConfigError, "client.id ", s.client.id, " must be below data.num_clients ",
                    s.data.num_clients, " (client i trains shard i)");

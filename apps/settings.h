@@ -37,6 +37,9 @@ const char* name(ServerRole r);
 // sim.device_round: a client's update formed where its model trains (auto: on a GPU).
 enum class DeviceRound { kAuto, kOn, kOff };
 const char* name(DeviceRound d);
+// privacy.dp: no differential privacy, or client-level DP with a trusted server (privacy/dp.h).
+enum class DpMode { kOff, kCentral };
+const char* name(DpMode m);
 
 struct Settings {
   struct Model {
@@ -68,6 +71,7 @@ struct Settings {
     uint64_t min_available = 0;  // 0: clients_per_round when sampling by count, else 1
     double overcommit = 1.0;
     uint32_t wait_ms = 60000;
+    double poisson_rate = 0.0;  // > 0: Poisson sampling instead of the two above
   } sampling;
   struct Compression {
     std::string compressor = "topk:density=0.01";
@@ -90,6 +94,12 @@ struct Settings {
     uint64_t history = 4;
   } downlink;
   uint32_t eval_every = 5;
+  // Differential privacy (docs/privacy.md; privacy::CentralDpConfig's defaults).
+  struct Privacy {
+    DpMode dp = DpMode::kOff;
+    double clip = 0.0, noise_multiplier = 0.0, target_epsilon = 0.0, delta = 1e-5;
+    bool seeded_noise = false;  // the root's; a simulation's noise is always seeded
+  } privacy;
   struct Round {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits
     double min_completion_rate = 0.0;

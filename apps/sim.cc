@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "aggregation/rule.h"
@@ -150,6 +151,9 @@ int runAsync(const apps::Settings& c, const server::EngineConfig& ec,
 int runSim(int argc, char** argv, apps::Settings& c) {
   // Every spec and value is checked before data is loaded or a worker started.
   server::EngineConfig ec = apps::engineConfig(c);
+  // Every worker steps alike, and a simulation keeps no secret: its noise and sample come from
+  // the run seed (privacy/dp.h).
+  ec.dp.seeded_noise = true;
   compression::makeCompressor(ec.scheme.compressor);
   aggregation::makeRule(ec.scheme.rule);
   aggregation::makeServerOptimizer(ec.server_opt, 1);
@@ -161,10 +165,10 @@ int runSim(int argc, char** argv, apps::Settings& c) {
                                          c.devices.availability};
   devices.validate();
   const uint64_t num_clients = c.data.num_clients;
-  STARLING_CHECK_ARG(
-      c.sampling.clients_per_round >= 1 && c.sampling.clients_per_round <= num_clients,
-      "sampling.clients_per_round (", c.sampling.clients_per_round,
-      ") must be in [1, data.num_clients = ", num_clients, "]");
+  STARLING_CHECK_ARG(c.sampling.poisson_rate > 0 || (c.sampling.clients_per_round >= 1 &&
+                                                     c.sampling.clients_per_round <= num_clients),
+                     "sampling.clients_per_round (", c.sampling.clients_per_round,
+                     ") must be in [1, data.num_clients = ", num_clients, "]");
   // FedScale's semantics: this many per round, or every available client if fewer are available.
   // Every simulated client is registered: no waiting, a round needs one result, and the engine's
   // real-time deadline is the simulated deadline's (round.deadline_seconds) to enforce.
@@ -256,10 +260,14 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   ec.scaffold_population = ec.scheme.scaffold ? num_clients : 0;
   if (lead) {
     std::printf(
-        "starling-sim: %s (%zu parameters) | %llu clients, %s | %llu per round | %s | %s | %d "
+        "starling-sim: %s (%zu parameters) | %llu clients, %s | %s | %s | %s | %d "
         "worker%s (%s, %s) on %s\n",
         trainer->spec().c_str(), layout->numel(), static_cast<unsigned long long>(num_clients),
-        c.data.partition.c_str(), static_cast<unsigned long long>(c.sampling.clients_per_round),
+        c.data.partition.c_str(),
+        (c.sampling.poisson_rate > 0
+             ? "each client sampled with probability " + std::to_string(c.sampling.poisson_rate)
+             : std::to_string(c.sampling.clients_per_round) + " per round")
+            .c_str(),
         ec.scheme.compressor.c_str(), ec.scheme.rule.c_str(), launch.world_size,
         launch.world_size == 1 ? "" : "s", c.sim.backend.c_str(), launch.source.c_str(),
         device.cuda() ? (device.str() + (launch.world_size > 1 ? " (rank 0)" : "")).c_str()
@@ -367,6 +375,12 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   const uint64_t first = engine.nextRound();
   if (lead && engine.resumed())
     std::printf("resumed at round %llu\n", static_cast<unsigned long long>(first));
+  if (const privacy::CentralDp* dp = engine.dp(); lead && dp)
+    std::printf(
+        "central DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
+        "(delta %g; noise from the run seed)\n",
+        dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds),
+        static_cast<unsigned long long>(ec.rounds), dp->config().delta);
   std::optional<double> last_acc;
   while (!engine.done()) {
     const server::RoundRecord r = engine.runRound(fleet);
@@ -376,10 +390,13 @@ int runSim(int argc, char** argv, apps::Settings& c) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double per_round = elapsed / static_cast<double>(r.round - first + 1);
     const double left = per_round * static_cast<double>(ec.rounds - r.round);
-    char acc[32] = "", ef[48] = "";
+    char acc[32] = "", ef[80] = "";
     if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
     if (auto g = r.metrics.find("ef_gain"); g != r.metrics.end())
       std::snprintf(ef, sizeof ef, "  EF gain %.2f", g->second);
+    if (r.dp_epsilon)
+      std::snprintf(ef + std::strlen(ef), sizeof ef - std::strlen(ef), "  epsilon %.3f",
+                    *r.dp_epsilon);
     std::printf(
         "%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA "
         "%s%s",
@@ -397,10 +414,11 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf(
-        "\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
-        "this worker; "
+        "\nstarling-sim: %llu rounds in %.1f s (%s); final test accuracy %s; %llu clients trained "
+        "on this worker; "
         "%llu client states moved between workers%s\n",
-        static_cast<unsigned long long>(ec.rounds - first + 1), secs,
+        static_cast<unsigned long long>(engine.nextRound() - first), secs,
+        engine.doneReason().c_str(),
         last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
         static_cast<unsigned long long>(fleet.clientsTrained()),
         static_cast<unsigned long long>(fleet.statesMigrated()),

@@ -49,6 +49,7 @@ enum class MaskStream : uint8_t {
   kNoise = 3,
   kRounding = 4,  // a client's stochastic rounding into the ring (privacy/ring.h)
   kGraph = 5,     // a round's SecAgg+ graph (privacy/graph.h), from a public key
+  kSampling = 6,  // a round's Poisson sampling (server/engine.h)
 };
 
 // The 64-bit little-endian words of the ChaCha20 stream keyed by `key` with the nonce (round,

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "compression/registry.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
@@ -68,6 +69,13 @@ void SamplingConfig::validate() const {
   if (!(overcommit >= 1.0 && overcommit <= 10.0))
     STARLING_THROW(ConfigError, "sampling.overcommit must be in [1, 10], got ", overcommit);
   if (wait_ms == 0) STARLING_THROW(ConfigError, "sampling.wait_ms must be positive");
+  if (!(poisson_rate >= 0.0 && poisson_rate <= 1.0))
+    STARLING_THROW(ConfigError, "sampling.poisson_rate must be in [0, 1] (0: off), got ",
+                   poisson_rate);
+  if (poisson_rate > 0 && overcommit != 1.0)
+    STARLING_THROW(ConfigError,
+                   "sampling.poisson_rate samples each client on its own: sampling.overcommit "
+                   "(a fixed number sampled beyond a target) does not apply");
 }
 
 void EngineConfig::validate() const {
@@ -101,7 +109,7 @@ void EngineConfig::validate() const {
     for (const char* fixed :
          {"round", "applied", "reason", "clients_selected", "clients_completed", "clients_failed",
           "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
-          "test_loss", "sim_seconds", "makespan_seconds", "wall_seconds"})
+          "test_loss", "sim_seconds", "makespan_seconds", "dp_epsilon", "wall_seconds"})
       if (m == fixed)
         STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
   }
@@ -113,6 +121,36 @@ void EngineConfig::validate() const {
   if (shard_count > 1 && !checkpoint.empty() && optimizer_shard_file.empty())
     STARLING_THROW(ConfigError,
                    "a sharded server step with a checkpoint needs an optimizer shard file");
+  dp.validate();
+  if (dp.enabled) {
+    if (sampling.poisson_rate == 0)
+      STARLING_THROW(
+          ConfigError,
+          "privacy.dp = central needs sampling.poisson_rate: its accountant assumes "
+          "every client is sampled on its own with probability q (a fixed number per "
+          "round, sampling.clients_per_round or sampling.fraction, is another mechanism)");
+    if (scheme.scaffold)
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = central does not take train.scaffold: the control variates "
+                     "would be a second release of each client's data, unclipped and unnoised");
+    const auto rule = ag::makeRule(scheme.rule);
+    if (!rule->streaming() || rule->weightsByExamples() || rule->clipNorm() != dp.clip)
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = central needs the rule fedavg with uniform weights "
+                     "and clip = privacy.clip (",
+                     dp.clip, "), got ", rule->spec(),
+                     ": the noise is calibrated to one client moving the sum by at most the clip");
+    const auto c = compression::makeCompressor(scheme.compressor);
+    if (c->phases() > 1 || c->sharesFactors())
+      STARLING_THROW(ConfigError, "privacy.dp = central does not take the compressor ",
+                     scheme.compressor, ": ",
+                     c->phases() > 1 ? "its update is formed over several phases, each clipped "
+                                       "on its own, so no one clip bounds the update"
+                                     : "it shares factors across rounds, so a round's release "
+                                       "depends on the last");
+    // The budget (and sigma from the target), refused with the numbers before round 1.
+    privacy::CentralDp(dp, sampling.poisson_rate, rounds, scheme.run_seed);
+  }
 }
 
 protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t round,
@@ -177,6 +215,7 @@ std::string RoundRecord::json() const {
   if (test_loss) jsonNumber(o, "test_loss", *test_loss);
   if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
   if (makespan_seconds) jsonNumber(o, "makespan_seconds", *makespan_seconds);
+  if (dp_epsilon) jsonNumber(o, "dp_epsilon", *dp_epsilon);
   jsonNumber(o, "wall_seconds", wall_seconds);
   o << '}';
   return o.str();
@@ -198,6 +237,10 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
   optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
   if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
+  if (config_.dp.enabled) {
+    dp_ = std::make_unique<privacy::CentralDp>(config_.dp, config_.sampling.poisson_rate,
+                                               config_.rounds, config_.scheme.run_seed);
+  }
   if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
     loadCheckpoint();
     resumed_ = true;
@@ -413,6 +456,17 @@ std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& avail
             [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
   const auto& s = config_.sampling;
   const size_t n = pool.size();
+  if (s.poisson_rate > 0) {
+    // Poisson sampling: each client (in id order) on its own draw, from a ChaCha20 stream.
+    privacy::KeyStream draws =
+        dp_ ? dp_->samplingStream(round)
+            : privacy::KeyStream(
+                  privacy::publicKey("starling poisson sampling", config_.scheme.run_seed, round),
+                  round, privacy::MaskStream::kSampling, 0);
+    std::erase_if(pool, [&](const ClientInfo&) { return !(draws.uniform() < s.poisson_rate); });
+    *target = pool.size();
+    return pool;
+  }
   const size_t wanted = s.clients_per_round > 0 ? s.clients_per_round : ceilFraction(s.fraction, n);
   *target = std::min(n, std::max(s.min_clients, wanted));
   const size_t chosen = std::min(n, ceilFraction(s.overcommit, *target));
@@ -467,6 +521,12 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   size_t target = 0;
   std::vector<ClientInfo> active = sample(available, rec.round, &target);
   rec.clients_selected = active.size();
+  if (dp_) rec.dp_epsilon = dp_->epsilon(rec.round);
+  if (active.empty()) {
+    rec.reason = "Poisson sampling (rate " + std::to_string(config_.sampling.poisson_rate) +
+                 ") chose none of the " + std::to_string(available.size()) + " available clients";
+    return finishRecord();
+  }
 
   protocol::TaskMsg header =
       fitTaskHeader(scheme_, rec.round, model_.version(), config_.fit, config_.round_deadline_ms);
@@ -521,6 +581,10 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     rec.reason = d.reason;
     return finishRecord();
   }
+  if (dp_)
+    dp_->privatize(result.delta, result.total_weight,
+                   config_.sampling.poisson_rate * static_cast<double>(available.size()),
+                   rec.round);
   std::vector<float> next(model_.server().begin(), model_.server().end());
   const size_t shard_n = shard_end_ - shard_begin_;
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
@@ -588,12 +652,20 @@ void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t avail
   for (uint64_t id : counted) control_acks_[id] = round;
 }
 
+std::string RoundEngine::doneReason() const {
+  if (next_round_ <= config_.rounds && dp_ && !dp_->withinBudget(next_round_))
+    return "the privacy budget is spent: round " + std::to_string(next_round_) +
+           " would take epsilon past privacy.target_epsilon " +
+           std::to_string(config_.dp.target_epsilon);
+  return "all " + std::to_string(config_.rounds) + " rounds done";
+}
+
 void RoundEngine::run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress) {
   while (!done()) {
     const RoundRecord rec = runRound(fleet);
     if (progress) progress(rec);
   }
-  fleet.finish("all " + std::to_string(config_.rounds) + " rounds done");
+  fleet.finish(doneReason());
 }
 
 }  // namespace starling::server

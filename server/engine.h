@@ -5,8 +5,9 @@
 // (tests) and the simulator are others. The engine drives the generic round loop of
 // aggregation/round_scheme.h and never names a compressor:
 //
-//   wait for clients -> sample -> for each phase: fleet.runPhase(task, sampled, agg)
-//   -> round.finish() -> completion policy -> optimizer step -> checkpoint -> metrics line
+//   wait for clients -> sample (by count, or by Poisson) -> for each phase:
+//   fleet.runPhase(task, sampled, agg) -> round.finish() -> completion policy
+//   -> (central DP) noise on the mean -> optimizer step -> checkpoint -> metrics line
 //   -> (every eval_every rounds) fleet.evaluate()
 //
 // Durability: after every round (applied or skipped) the engine writes its checkpoint atomically
@@ -28,6 +29,7 @@
 
 #include "aggregation/round_scheme.h"
 #include "aggregation/server_optimizer.h"
+#include "privacy/dp.h"
 #include "protocol/control.h"
 #include "server/model_store.h"
 
@@ -53,6 +55,11 @@ struct SamplingConfig {
   size_t min_available = 1;  // wait until this many clients are registered
   double overcommit = 1.0;   // sample this many times the target; close at the target
   uint32_t wait_ms = 60000;  // how long to wait for min_available before giving up the round
+  // Poisson sampling (> 0): every available client is sampled independently with this probability,
+  // instead of fraction and clients_per_round: the sampling differential privacy's accountant
+  // assumes (privacy/dp.h). Its draws are ChaCha20's (privacy::KeyStream), keyed by the run seed,
+  // or, under central DP, by the mechanism's key (secret unless privacy.seeded_noise).
+  double poisson_rate = 0.0;
   void validate() const;
 };
 
@@ -90,6 +97,13 @@ struct EngineConfig {
   // (controlAcks(): their next task tells them to commit that round's c_i+). Checkpointed with
   // the model.
   uint64_t scaffold_population = 0;
+  // Client-level differential privacy with a trusted server (privacy/dp.h): needs Poisson sampling
+  // and the rule fedavg with uniform weights and clip = dp.clip (the settings compose it), a
+  // compressor of one phase that shares no factors, and no SCAFFOLD; refused otherwise, with the
+  // reason. Each applied round's mean is privatised before the server step; every record carries
+  // the epsilon spent after it; a run whose rounds would exceed dp.target_epsilon is refused at
+  // construction, and run() stops before a round that would exceed it.
+  privacy::CentralDpConfig dp;
   void validate() const;  // ConfigError naming the key
 };
 
@@ -223,6 +237,7 @@ struct RoundRecord {
       metrics;  // the other declared metrics (weighted means), e.g. ef_gain
   std::optional<double> test_accuracy, test_loss;
   std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
+  std::optional<double> dp_epsilon;  // central DP: epsilon spent after this round (all so far)
   uint64_t model_version = 0;
   double wall_seconds = 0.0;
   std::string json() const;  // one JSON object, no newline
@@ -259,7 +274,12 @@ class RoundEngine {
 
   bool resumed() const { return resumed_; }
   uint64_t nextRound() const { return next_round_; }
-  bool done() const { return next_round_ > config_.rounds; }
+  // Every round run, or (central DP) the next would exceed the privacy budget.
+  bool done() const {
+    return next_round_ > config_.rounds || (dp_ && !dp_->withinBudget(next_round_));
+  }
+  // Why done(): what a driver tells its fleet's clients (Fleet::finish).
+  std::string doneReason() const;
   const ModelStore& model() const { return model_; }
   const aggregation::RoundScheme& scheme() const { return scheme_; }
   const EngineConfig& config() const { return config_; }
@@ -271,7 +291,10 @@ class RoundEngine {
   // Runs round nextRound(). A round without enough clients, or one the completion policy
   // refuses, is recorded as not applied; the round number advances either way.
   RoundRecord runRound(Fleet& fleet);
-  // Rounds until done(), calling `progress` after each; then fleet.finish().
+  // Central DP's mechanism and accountant (null without privacy.dp).
+  const privacy::CentralDp* dp() const { return dp_.get(); }
+
+  // Rounds until done(), calling `progress` after each; then fleet.finish(doneReason()).
   void run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
 
  private:
@@ -298,6 +321,7 @@ class RoundEngine {
   aggregation::RoundCarry carry_;
   std::vector<float> control_;  // SCAFFOLD's c
   ControlAcks control_acks_;
+  std::unique_ptr<privacy::CentralDp> dp_;
   uint64_t next_round_ = 1;
   bool resumed_ = false;
 };

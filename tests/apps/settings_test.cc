@@ -394,3 +394,100 @@ TEST_CASE("round.mode's refusals are written once for the simulation and the roo
   CHECK_THAT(refused(apps::kServer, {"--round.mode", "async", "--sampling.fraction", "0.5"}),
              Contains("needs async.concurrency"));
 }
+
+TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the keys",
+          "[apps][settings][dp]") {
+  using Catch::Matchers::Contains;
+  // Parse, resolve, convert and check as a program does before reading data; the error, or "".
+  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
+    auto p = parse(self, std::move(args));
+    REQUIRE(p.rc == -1);
+    try {
+      apps::resolveSettings(*p.o, p.s, self);
+      const server::EngineConfig e = apps::engineConfig(p.s);
+      apps::checkRoundMode(p.s, self, e);
+      e.validate();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return {};
+  };
+  const std::vector<std::string> dp{"--privacy.dp",
+                                    "central",
+                                    "--privacy.clip",
+                                    "0.3",
+                                    "--privacy.noise_multiplier",
+                                    "1.1",
+                                    "--sampling.poisson_rate",
+                                    "0.2"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = dp;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  for (Program self : {apps::kSim, apps::kServer}) {
+    INFO(self);
+    CHECK(refused(self, dp).empty());
+    // The rule: fedavg, uniform, clipped at privacy.clip to the bit (0.1 + 0.2 is not 0.3).
+    auto p = parse(self, {"--privacy.dp", "central", "--privacy.clip", "0.30000000000000004",
+                          "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.5"});
+    apps::resolveSettings(*p.o, p.s, self);
+    const server::EngineConfig e = apps::engineConfig(p.s);
+    const auto rule = aggregation::makeRule(e.scheme.rule);
+    CHECK(rule->clipNorm() == 0.1 + 0.2);
+    CHECK_FALSE(rule->weightsByExamples());
+    CHECK(e.dp.enabled);
+    CHECK(e.sampling.poisson_rate == 0.5);
+    CHECK_NOTHROW(e.validate());
+
+    CHECK_THAT(refused(self, {"--privacy.dp", "central", "--privacy.noise_multiplier", "1",
+                              "--sampling.poisson_rate", "0.5"}),
+               Contains("needs privacy.clip"));
+    CHECK_THAT(refused(self, with({"--aggregation.rule", "median"})),
+               Contains("leave aggregation.rule out"));
+    CHECK_THAT(refused(self, {"--privacy.dp", "central", "--privacy.clip", "1",
+                              "--privacy.noise_multiplier", "1"}),
+               Contains("needs sampling.poisson_rate"));
+    CHECK_THAT(refused(self, {"--privacy.clip", "1"}), Contains("privacy.dp is off"));
+    CHECK_THAT(refused(self, {"--privacy.target_epsilon", "1"}), Contains("privacy.dp is off"));
+    CHECK_THAT(refused(self, with({"--round.mode", "async"})), Contains("synchronous rounds only"));
+    std::vector<std::string> semisync{"--round.mode", "semisync"};
+    if (self == apps::kSim) semisync.insert(semisync.end(), {"--round.deadline_seconds", "1"});
+    CHECK_THAT(refused(self, with(semisync)), Contains("synchronous rounds only"));
+    CHECK_THAT(refused(self, with({"--compression.compressor", "powersgd:rank=2"})),
+               Contains("several phases"));
+    CHECK_THAT(refused(self, with({"--train.scaffold", "true"})), Contains("train.scaffold"));
+    CHECK_THAT(refused(self, with({"--privacy.noise_multiplier", "0"})),
+               Contains("epsilon would be infinite"));
+    // A budget that 50 rounds at this noise would exceed, refused with what fits.
+    CHECK_THAT(refused(self, with({"--privacy.target_epsilon", "1", "--train.rounds", "50"})),
+               Contains("rounds fit that budget"));
+    CHECK(refused(self, with({"--privacy.target_epsilon", "1", "--train.rounds", "50",
+                              "--privacy.noise_multiplier", "0"}))
+              .empty());
+    CHECK_THAT(refused(self, with({"--sampling.clients_per_round", "5"})),
+               Contains("sampling.poisson_rate and sampling.clients_per_round are both set"));
+  }
+  for (Program self : {apps::kSim, apps::kServer})
+    CHECK_THAT(refused(self, {"--round.mode", "async", "--sampling.poisson_rate", "0.5"}),
+               Contains("does not run Poisson sampling"));
+  CHECK_THAT(refused(apps::kServer, with({"--sampling.fraction", "0.5"})), Contains("both set"));
+  CHECK_THAT(refused(apps::kServer, with({"--security.aggregator_ids", "7"})),
+             Contains("edge aggregators"));
+  CHECK_THAT(refused(apps::kServer, with({"--server.role", "aggregator"})),
+             Contains("edge aggregators"));
+  // A client ignores the privacy keys of a shared file (they are the root's and the simulator's).
+  {
+    testing::TempDir dir;
+    const std::string file = write(dir, "dp.toml",
+                                   "[privacy]\ndp = \"central\"\nclip = 0.5\n"
+                                   "noise_multiplier = 1\n[sampling]\npoisson_rate = 0.5\n");
+    auto c = parse(apps::kClient, {"--config", file});
+    REQUIRE(c.rc == -1);
+    CHECK_NOTHROW(apps::resolveSettings(*c.o, c.s, apps::kClient));
+  }
+  // The root waits for one registered client under Poisson sampling unless told otherwise.
+  auto p = parse(apps::kServer, dp);
+  apps::resolveSettings(*p.o, p.s, apps::kServer);
+  CHECK(p.s.sampling.min_available == 1);
+}

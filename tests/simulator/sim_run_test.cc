@@ -841,19 +841,31 @@ TEST_CASE("client states that move between workers arrive intact", "[simulator][
 // SCAFFOLD (its control variates crossing the network and the workers).
 TEST_CASE("one configuration file: the simulation and a deployment train the same model",
           "[simulator][integration][deployment]") {
-  for (const bool scaffold : {false, true}) {
-    DYNAMIC_SECTION((scaffold ? "SCAFFOLD" : "FedAvg, top-k with error feedback")) {
-      Federation f(scaffold ? "oneconfig-scaffold" : "oneconfig-fedavg");
+  // Central DP: Poisson sampling and the noise drawn from the run seed in both (the root's
+  // privacy.seeded_noise), so both sample the same clients and add the same noise.
+  enum Kind { kFedAvg, kScaffold, kDp };
+  for (const Kind kind : {kFedAvg, kScaffold, kDp}) {
+    const bool scaffold = kind == kScaffold;
+    DYNAMIC_SECTION((kind == kScaffold ? "SCAFFOLD"
+                     : kind == kDp     ? "central DP, top-k with error feedback"
+                                       : "FedAvg, top-k with error feedback")) {
+      Federation f(kind == kScaffold ? "oneconfig-scaffold"
+                   : kind == kDp     ? "oneconfig-dp"
+                                     : "oneconfig-fedavg");
       const std::string toml = f.path("federation.toml");
       {
         std::ofstream t(toml);
         t << "[model]\nspec = \"logreg\"\nseed = 3\n"
           << "[data]\nnum_clients = 4\npartition = \"sampled:size=300\"\n"
           << "[train]\nrounds = 3\nbatch_size = 16\nlr = 0.1\nscaffold = "
-          << (scaffold ? "true" : "false") << "\n[sampling]\nclients_per_round = 4\n"
+          << (scaffold ? "true" : "false") << "\n[sampling]\n"
+          << (kind == kDp ? "poisson_rate = 0.7\nmin_available = 4\n" : "clients_per_round = 4\n")
           << "[compression]\ncompressor = \"" << (scaffold ? "none" : "topk:density=0.1") << "\"\n"
           << "[eval]\nevery = 3\n[sim]\nworkers = 2\ndevice = \"cpu\"\n"
           << "[net]\nheartbeat_ms = 200\nsilence_ms = 5000\n";
+        if (kind == kDp)
+          t << "[privacy]\ndp = \"central\"\nclip = 0.5\nnoise_multiplier = 0.4\n"
+            << "seeded_noise = true\n";
       }
       Proc sim({binDir() + "/starling-sim", "--config", toml, "--state.checkpoint",
                 f.path("sim.ckpt"), "--state.metrics", f.path("sim.jsonl")},
@@ -884,7 +896,15 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
       for (size_t r = 0; r < 3; ++r) {
         INFO("round " << r + 1 << "\nsim " << s[r] << "\ndeployed " << d[r]);
         CHECK(field(d[r], "applied") == "true");
-        CHECK(field(d[r], "clients_completed") == "4");
+        if (kind == kDp) {
+          // The same sample (not always everyone), the same epsilon.
+          CHECK(field(d[r], "clients_selected") == field(s[r], "clients_selected"));
+          CHECK(field(d[r], "clients_completed") == field(s[r], "clients_selected"));
+          CHECK(field(d[r], "dp_epsilon") == field(s[r], "dp_epsilon"));
+          CHECK(std::stod(field(d[r], "dp_epsilon")) > 0);
+        } else {
+          CHECK(field(d[r], "clients_completed") == "4");
+        }
         const double ls = std::stod(field(s[r], "train_loss")),
                      ld = std::stod(field(d[r], "train_loss"));
         CHECK(std::fabs(ls - ld) <= 1e-4 * std::fabs(ls));

@@ -1,0 +1,81 @@
+#pragma once
+// Client-level differential privacy with a trusted server (DP-FedAvg, McMahan, Ramage, Talwar,
+// Zhang 2018): each round samples every available client independently with probability q
+// (Poisson sampling), clips each update to L2 norm C, weighs every update alike, and releases
+//
+//   delta_t = (sum of the clipped updates + N(0, (sigma C)^2 I)) / (q N)
+//
+// where N is the number of clients available at the round's start, so q N is the expected number
+// of updates (a fixed denominator: with the actual count the release's sensitivity would not be
+// C). One client's presence or absence moves the sum by at most C, so each round is the
+// subsampled Gaussian mechanism the RDP accountant (privacy/accountant.h) composes.
+//
+// What this does not cover, and the engine refuses (docs/privacy.md): a rule that is not the
+// clipped uniform mean (a robust rule's sensitivity is not the sum's), a compressor whose update
+// is formed over several phases or shares factors across rounds (a phase's clip is not the
+// update's), SCAFFOLD (the control variates are a second release), sampling that is not Poisson,
+// and buffered asynchronous steps (they mix model versions and do not sample by Poisson).
+//
+// The noise comes from libsodium's ChaCha20 (KeyStream, MaskStream::kNoise), keyed by
+// randombytes, or, with seeded_noise, by a key derived from the run seed: reproducible, which
+// the simulator needs (every worker steps alike) and tests use, but then anyone who knows the
+// seed can subtract the noise: a deployment keeps the default. Standard normals by Box-Muller on
+// 53-bit uniforms, in double; like every floating-point Gaussian sampler it is not exactly the
+// ideal mechanism (docs/privacy.md says what that means).
+#include <cstdint>
+#include <span>
+
+#include "privacy/accountant.h"
+#include "privacy/crypto.h"
+
+namespace starling::privacy {
+
+struct CentralDpConfig {
+  bool enabled = false;
+  double clip = 0.0;              // C: each update's L2 norm is clipped to it
+  double noise_multiplier = 0.0;  // sigma; 0: the smallest that keeps target_epsilon
+  double target_epsilon = 0.0;    // the run's budget; 0: none (epsilon is still reported)
+  double delta = 1e-5;
+  bool seeded_noise = false;
+  // ConfigError naming the privacy.* key: C not positive, a negative or non-finite sigma or
+  // target, no noise at all (epsilon would be infinite), delta outside (0, 1).
+  void validate() const;
+};
+
+// One standard normal draw from `s` (Box-Muller, two uniforms per draw).
+double standardNormal(KeyStream& s);
+
+class CentralDp {
+ public:
+  // `q`: the Poisson sampling rate in (0, 1]; `rounds`: the run's rounds; `run_seed`: for
+  // seeded_noise. Resolves sigma from the target when it is 0, and refuses (ConfigError, with
+  // the numbers and what would fit) a run whose rounds would spend more than its target.
+  CentralDp(const CentralDpConfig& config, double q, uint64_t rounds, uint64_t run_seed);
+
+  const CentralDpConfig& config() const { return config_; }
+  double noiseMultiplier() const { return sigma_; }
+  double q() const { return accountant_.q(); }
+  // Epsilon spent after `rounds` rounds (every round counts, applied or not).
+  double epsilon(uint64_t rounds) const { return accountant_.epsilon(rounds); }
+  // True unless a target is set and `rounds` rounds would exceed it.
+  bool withinBudget(uint64_t rounds) const;
+
+  // `mean` (the clipped updates' uniform mean, total weight `total_weight`, i.e. their count)
+  // becomes (mean * total_weight + N(0, (sigma C)^2 I)) / expected_weight: round `round`'s noise.
+  // InvalidArgument unless expected_weight > 0 and total_weight >= 0, both finite.
+  void privatize(std::span<float> mean, double total_weight, double expected_weight,
+                 uint64_t round) const;
+  // The stream round `round`'s Poisson sampling draws from: the mechanism's key, so that the
+  // sample is as secret as the noise.
+  KeyStream samplingStream(uint64_t round) const {
+    return KeyStream(key_, round, MaskStream::kSampling, 0);
+  }
+
+ private:
+  CentralDpConfig config_;
+  double sigma_ = 0.0;
+  RdpAccountant accountant_;
+  Key32 key_{};
+};
+
+}  // namespace starling::privacy

@@ -1,0 +1,305 @@
+// Central differential privacy in the round engine (EngineConfig::dp, privacy/dp.h), against a
+// fleet whose clients send updates the test chooses: Poisson sampling, each update clipped and
+// weighing alike, the noise's scale at the fixed denominator, epsilon in every record, the
+// budget, and what is refused with the reason.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "check_throws.h"
+#include "privacy/accountant.h"
+#include "server/engine.h"
+
+using namespace starling;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::shared_ptr<const ParamLayout> layout() {
+  auto l = std::make_shared<ParamLayout>();
+  l->add("w", {64, 32});
+  l->add("b", {64});
+  return l;
+}
+
+// `n` clients, always available; client c's update in round r is update(c, r).
+class VectorFleet final : public server::Fleet {
+ public:
+  VectorFleet(std::shared_ptr<const ParamLayout> l, size_t n,
+              std::function<std::vector<float>(uint64_t, uint64_t)> update)
+      : layout_(std::move(l)), n_(n), update_(std::move(update)) {}
+
+  std::map<uint64_t, std::vector<uint64_t>> sampled;  // round -> participants
+
+  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
+                                                 uint64_t) override {
+    std::vector<server::ClientInfo> out;
+    for (uint64_t c = 0; c < n_; ++c) out.push_back({c, protocol::Role::kClient, 100, 0, 0});
+    return out;
+  }
+  server::PhaseReport runPhase(const server::PhaseTask& task,
+                               std::span<const server::ClientInfo> participants, size_t,
+                               aggregation::PhaseAggregator& agg) override {
+    server::PhaseReport rep;
+    auto& s = sampled[task.header.round];
+    for (const auto& p : participants) {
+      s.push_back(p.id);
+      const std::vector<float> x = update_(p.id, task.header.round);
+      compression::Update u;
+      u.header = {layout_->fingerprint(), task.header.round, 0, p.id, 100};
+      for (size_t t = 0; t < layout_->size(); ++t) {
+        const auto sl = layout_->slice(std::span<const float>(x), t);
+        u.tensors.push_back(compression::DenseF32{{sl.begin(), sl.end()}});
+      }
+      u.metrics = {{"train_loss", 1.0}};
+      agg.add(compression::view(u));
+      rep.completed.push_back(p.id);
+    }
+    return rep;
+  }
+  server::EvalReport evaluate(const server::PhaseTask&,
+                              std::span<const server::ClientInfo>) override {
+    return {};
+  }
+  void finish(const std::string& reason) override { finished = reason; }
+  std::string finished;
+
+ private:
+  std::shared_ptr<const ParamLayout> layout_;
+  size_t n_;
+  std::function<std::vector<float>(uint64_t, uint64_t)> update_;
+};
+
+server::EngineConfig dpConfig(double q, double clip, double sigma, uint64_t rounds) {
+  server::EngineConfig c;
+  c.rounds = rounds;
+  c.scheme.compressor = "none";
+  c.scheme.run_seed = 17;
+  std::ostringstream rule;
+  rule << "fedavg:weight=uniform,clip=" << clip;
+  c.scheme.rule = rule.str();
+  c.sampling.poisson_rate = q;
+  c.dp.enabled = true;
+  c.dp.clip = clip;
+  c.dp.noise_multiplier = sigma;
+  c.dp.seeded_noise = true;
+  return c;
+}
+
+std::vector<float> constant(size_t n, float v) { return std::vector<float>(n, v); }
+
+}  // namespace
+
+TEST_CASE("Poisson sampling draws every client on its own with the rate", "[server][dp]") {
+  const auto l = layout();
+  const size_t n = 200, rounds = 200;
+  const double q = 0.25;
+  server::EngineConfig c = dpConfig(q, 1.0, 1.0, rounds);
+  c.dp.enabled = false;  // Poisson sampling alone
+  c.scheme.rule = "fedavg";
+  VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); });
+  server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0.0f));
+  std::vector<size_t> per_client(n, 0);
+  double total = 0;
+  std::set<std::vector<uint64_t>> distinct;
+  for (size_t r = 1; r <= rounds; ++r) {
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK(rec.clients_selected == fleet.sampled[r].size());
+    CHECK_FALSE(rec.dp_epsilon);  // no DP, no epsilon
+    total += double(rec.clients_selected);
+    for (uint64_t id : fleet.sampled[r]) ++per_client[id];
+    distinct.insert(fleet.sampled[r]);
+  }
+  // The mean sample size, and every client's count, within six standard deviations.
+  const double mean = total / rounds, sd_mean = std::sqrt(n * q * (1 - q) / rounds);
+  CHECK(std::fabs(mean - n * q) < 6 * sd_mean);
+  const double sd_client = std::sqrt(rounds * q * (1 - q));
+  size_t outside = 0;
+  for (size_t k : per_client) outside += std::fabs(double(k) - rounds * q) > 6 * sd_client;
+  CHECK(outside == 0);
+  CHECK(distinct.size() == rounds);  // no two rounds drew the same set
+
+  // The same seed samples alike; another seed otherwise.
+  VectorFleet again(l, n, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); });
+  server::RoundEngine same(l, c, std::vector<float>(l->numel(), 0.0f));
+  for (int r = 0; r < 3; ++r) same.runRound(again);
+  for (uint64_t r = 1; r <= 3; ++r) CHECK(again.sampled[r] == fleet.sampled[r]);
+  c.scheme.run_seed = 18;
+  VectorFleet other(l, n, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); });
+  server::RoundEngine reseeded(l, c, std::vector<float>(l->numel(), 0.0f));
+  reseeded.runRound(other);
+  CHECK(other.sampled[1] != fleet.sampled[1]);
+}
+
+TEST_CASE("central DP: one client's pull is the clip over the expected count, whatever it sends",
+          "[server][dp]") {
+  // The attacker's test: client 0 sends an update of norm ~1e4 in every coordinate's direction,
+  // the others small ones. Each is clipped to C, the sum divided by q N, and the noise's standard
+  // deviation is sigma C / (q N).
+  const auto l = layout();
+  const size_t n = 8, numel = l->numel();
+  const double q = 1.0, clip = 0.5, sigma = 1e-3;
+  const auto update = [&](uint64_t c, uint64_t) {
+    return c == 0 ? constant(numel, 200.0f) : constant(numel, 1e-4f * float(c));
+  };
+  VectorFleet fleet(l, n, update);
+  server::RoundEngine engine(l, dpConfig(q, clip, sigma, 3), std::vector<float>(numel, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  REQUIRE(rec.applied);
+  CHECK(rec.clients_selected == n);
+  // The expected delta in double: every update clipped to C, the sum over q N.
+  std::vector<double> want(numel, 0.0);
+  for (uint64_t c = 0; c < n; ++c) {
+    const auto u = update(c, 1);
+    double norm = 0;
+    for (float v : u) norm += double(v) * v;
+    norm = std::sqrt(norm);
+    const double s = norm > clip ? clip / norm : 1.0;
+    for (size_t i = 0; i < numel; ++i) want[i] += s * u[i] / (q * n);
+  }
+  const double sd = sigma * clip / (q * n);
+  double worst = 0;
+  const auto model = engine.model().current();
+  for (size_t i = 0; i < numel; ++i) worst = std::max(worst, std::fabs(model[i] - want[i]));
+  CHECK(worst < 6 * sd + 1e-6);
+  CHECK(worst > 0);  // noise was added
+  // Without clipping client 0 alone would have moved each coordinate by 25.
+  CHECK(model[0] < 0.01);
+}
+
+TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in every record",
+          "[server][dp]") {
+  const auto l = layout();
+  const size_t n = 40, numel = l->numel(), rounds = 6;
+  const double q = 0.5, clip = 0.25, sigma = 1.5;
+  // Zero updates: the model moves by the noise alone, sd sigma C / (q N) per round.
+  VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
+  server::EngineConfig c = dpConfig(q, clip, sigma, rounds);
+  server::RoundEngine engine(l, c, std::vector<float>(numel, 0.0f));
+  const privacy::RdpAccountant oracle(q, sigma, c.dp.delta);
+  std::vector<float> before(numel, 0.0f);
+  for (uint64_t r = 1; r <= rounds; ++r) {
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(rec.applied);
+    REQUIRE(rec.dp_epsilon);
+    CHECK(*rec.dp_epsilon == oracle.epsilon(r));
+    CHECK(rec.json().find("\"dp_epsilon\":") != std::string::npos);
+    const auto now = engine.model().current();
+    double sum = 0, sq = 0;
+    for (size_t i = 0; i < numel; ++i) {
+      const double d = double(now[i]) - before[i];
+      sum += d;
+      sq += d * d;
+    }
+    const double want = sigma * clip / (q * n), m = sum / numel;
+    CHECK(std::fabs(m) < 6 * want / std::sqrt(double(numel)));
+    CHECK(std::fabs(std::sqrt(sq / numel - m * m) / want - 1) < 6 * std::sqrt(0.5 / numel));
+    before.assign(now.begin(), now.end());
+  }
+  CHECK(engine.done());
+  CHECK(engine.doneReason() == "all 6 rounds done");
+  // Two engines with the run seed's noise are one run; the system's random noise is another.
+  VectorFleet f2(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
+  server::RoundEngine twin(l, c, std::vector<float>(numel, 0.0f));
+  twin.run(f2);
+  CHECK(std::vector<float>(twin.model().current().begin(), twin.model().current().end()) == before);
+  CHECK(f2.finished == "all 6 rounds done");
+  c.dp.seeded_noise = false;
+  VectorFleet f3(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
+  server::RoundEngine fresh(l, c, std::vector<float>(numel, 0.0f));
+  fresh.runRound(f3);
+  CHECK(f3.sampled[1] != fleet.sampled[1]);  // its sample is drawn with its secret key too
+}
+
+TEST_CASE("central DP: a round Poisson sampling leaves empty is recorded, and counted",
+          "[server][dp]") {
+  const auto l = layout();
+  VectorFleet fleet(l, 2, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.01f); });
+  server::RoundEngine engine(l, dpConfig(0.02, 1.0, 2.0, 40), std::vector<float>(l->numel(), 0));
+  size_t empty = 0;
+  for (int r = 0; r < 40; ++r) {
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(rec.dp_epsilon);
+    CHECK(*rec.dp_epsilon == engine.dp()->epsilon(rec.round));
+    if (rec.clients_selected == 0) {
+      ++empty;
+      CHECK_FALSE(rec.applied);
+      CHECK_THAT(rec.reason, Contains("chose none of the 2 available clients"));
+    }
+  }
+  CHECK(empty > 30);  // 0.98^2 of the rounds, about 38
+}
+
+TEST_CASE(
+    "central DP: a budget the rounds would exceed is refused before round 1, with the "
+    "rounds that fit; a target alone derives the noise",
+    "[server][dp]") {
+  const auto l = layout();
+  server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 200);
+  c.dp.target_epsilon = 3.0;
+  const uint64_t fit = privacy::RdpAccountant(0.1, 1.0, c.dp.delta).roundsWithin(3.0, 200);
+  REQUIRE(fit > 0);
+  REQUIRE(fit < 200);
+  CHECK_THROWS_MATCHING(server::RoundEngine(l, c, std::vector<float>(l->numel(), 0)), ConfigError,
+                        Contains(std::to_string(fit) + " rounds fit that budget"));
+  c.rounds = fit;
+  server::RoundEngine ok(l, c, std::vector<float>(l->numel(), 0));
+  CHECK(ok.dp()->epsilon(fit) <= 3.0);
+  c.rounds = 200;
+  c.dp.noise_multiplier = 0;
+  server::RoundEngine derived(l, c, std::vector<float>(l->numel(), 0));
+  CHECK(derived.dp()->noiseMultiplier() > 1.0);
+  CHECK(derived.dp()->epsilon(200) <= 3.0 * (1 + 1e-9));
+}
+
+TEST_CASE("central DP refuses what its guarantee does not cover, saying why", "[server][dp]") {
+  const auto l = layout();
+  const auto refused = [&](const server::EngineConfig& c, const std::string& why) {
+    CHECK_THROWS_MATCHING(server::RoundEngine(l, c, std::vector<float>(l->numel(), 0)), ConfigError,
+                          Contains(why));
+  };
+  server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 10);
+  {
+    auto x = c;
+    x.sampling.poisson_rate = 0;
+    refused(x, "needs sampling.poisson_rate");
+  }
+  {
+    auto x = c;
+    x.scheme.scaffold = true;
+    refused(x, "does not take train.scaffold");
+  }
+  for (const char* rule : {"fedavg", "fedavg:weight=uniform,clip=2", "fedavg:weight=uniform",
+                           "median:clip=1", "trimmed_mean:clip=1"}) {
+    auto x = c;
+    x.scheme.rule = rule;
+    INFO(rule);
+    refused(x, "needs the rule fedavg with uniform weights and clip = privacy.clip");
+  }
+  for (const char* comp : {"powersgd:rank=2", "acpsgd:rank=2"}) {
+    auto x = c;
+    x.scheme.compressor = comp;
+    INFO(comp);
+    refused(x, "does not take the compressor");
+  }
+  {
+    auto x = c;
+    x.sampling.overcommit = 2;
+    refused(x, "sampling.overcommit");
+  }
+  {
+    auto x = c;
+    x.dp.noise_multiplier = 0;
+    refused(x, "epsilon would be infinite");
+  }
+  // What composes runs: a one-phase sparsifier with error feedback, quantisers.
+  for (const char* comp : {"topk:density=0.1", "randblock:density=0.1", "qsgd:levels=16", "sign"}) {
+    auto x = c;
+    x.scheme.compressor = comp;
+    INFO(comp);
+    CHECK_NOTHROW(server::RoundEngine(l, x, std::vector<float>(l->numel(), 0)));
+  }
+}
