@@ -46,6 +46,7 @@ inline server::EngineConfig engineConfig(const Settings& s) {
     e.dp.target_epsilon = s.privacy.target_epsilon;
     e.dp.delta = s.privacy.delta;
     e.dp.seeded_noise = s.privacy.seeded_noise;
+    e.dp.population = s.data.num_clients;  // resolveSettings: given at the root
     // The rule DP-FedAvg calibrates its noise to (resolveSettings refused any other): every update
     // clipped to C, weighing alike. The clip in its shortest exact spelling, so that the rule's
     // clip is privacy.clip to the bit.

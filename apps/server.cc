@@ -346,10 +346,7 @@ int runServer(apps::Settings& c) {
     else
       log->warn("round {:4}/{}  not applied: {}", r.round, ec.rounds, r.reason);
   }
-  if (engine.done()) {
-    log->info("{}", engine.doneReason());
-    fleet.finish(engine.doneReason());
-  }
+  if (engine.done()) fleet.finish("all " + std::to_string(ec.rounds) + " rounds done");
   return 0;
 }
 

@@ -187,13 +187,12 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("privacy.dp", &s.privacy.dp,
         "differential privacy: off, or central (DP-FedAvg: each update clipped to privacy.clip, "
         "every update weighing alike, Gaussian noise of privacy.noise_multiplier x clip added to "
-        "the sum at the root, which is trusted; synchronous rounds with "
-        "sampling.poisson_rate; docs/privacy.md)",
+        "the sum at the root, which is trusted, divided by sampling.poisson_rate x "
+        "data.num_clients; synchronous rounds with sampling.poisson_rate; docs/privacy.md)",
         dpModes());
   o.add("privacy.clip", &s.privacy.clip,
-        "privacy.dp: the L2 norm every update is clipped to (the root's and every edge "
-        "aggregator's rule clips it)",
-        0, 1e30);
+        "privacy.dp: the L2 norm every update is clipped to (the root clips what it decodes)", 0,
+        1e30);
   o.add("privacy.noise_multiplier", &s.privacy.noise_multiplier,
         "privacy.dp: the noise's standard deviation over privacy.clip (0: the smallest that keeps "
         "privacy.target_epsilon over train.rounds)",
@@ -406,7 +405,8 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   // round.mode = async (a sim.workers above 1 that it gives is refused).
   if (self == kSim && buffered(s.round.mode) && !o.given("sim.workers")) s.sim.workers = 1;
   if (self != kClient && s.sampling.poisson_rate > 0) {
-    for (const char* k : {"sampling.clients_per_round", "sampling.fraction", "sampling.overcommit"})
+    // (sampling.overcommit with it is the engine's refusal: EngineConfig::validate.)
+    for (const char* k : {"sampling.clients_per_round", "sampling.fraction"})
       if (o.given(k))
         STARLING_THROW(ConfigError, "sampling.poisson_rate and ", k,
                        " are both set: Poisson sampling draws each client on its own");
@@ -417,6 +417,11 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
     if (!o.given("privacy.clip"))
       STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
                      " needs privacy.clip: the L2 norm each update is clipped to");
+    if (self == kServer && !o.given("data.num_clients"))
+      STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
+                     " at the root needs data.num_clients: the public number of clients whose "
+                     "sampled part (sampling.poisson_rate x data.num_clients) each round's sum is "
+                     "divided by, whoever is online");
     if (s.aggregation.rule != "fedavg")
       STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
                      " sets the rule itself (fedavg with uniform weights and clip = privacy.clip): "

@@ -154,6 +154,7 @@ int runSim(int argc, char** argv, apps::Settings& c) {
   // Every worker steps alike, and a simulation keeps no secret: its noise and sample come from
   // the run seed (privacy/dp.h).
   ec.dp.seeded_noise = true;
+  ec.dp.population = c.data.num_clients;
   compression::makeCompressor(ec.scheme.compressor);
   aggregation::makeRule(ec.scheme.rule);
   aggregation::makeServerOptimizer(ec.server_opt, 1);
@@ -414,11 +415,10 @@ int runSim(int argc, char** argv, apps::Settings& c) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf(
-        "\nstarling-sim: %llu rounds in %.1f s (%s); final test accuracy %s; %llu clients trained "
-        "on this worker; "
+        "\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
+        "this worker; "
         "%llu client states moved between workers%s\n",
-        static_cast<unsigned long long>(engine.nextRound() - first), secs,
-        engine.doneReason().c_str(),
+        static_cast<unsigned long long>(ec.rounds - first + 1), secs,
         last_acc ? (std::to_string(100 * *last_acc).substr(0, 5) + "%").c_str() : "n/a",
         static_cast<unsigned long long>(fleet.clientsTrained()),
         static_cast<unsigned long long>(fleet.statesMigrated()),

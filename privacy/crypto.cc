@@ -112,6 +112,20 @@ uint64_t KeyStream::below(uint64_t n) {
   }
 }
 
+double keyedUniform(const Key32& key, uint64_t round, MaskStream purpose, uint64_t index) {
+  ensureSodium();
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, key.data(), key.size(), 8);
+  putU64(st, round);
+  putU64(st, static_cast<uint64_t>(purpose));
+  putU64(st, index);
+  uint8_t out[8];
+  crypto_generichash_final(&st, out, sizeof out);
+  uint64_t w = 0;
+  for (int i = 7; i >= 0; --i) w = (w << 8) | out[i];
+  return static_cast<double>(w >> 11) * 0x1.0p-53;
+}
+
 Key32 publicKey(const std::string& label, uint64_t run, uint64_t round) {
   ensureSodium();
   crypto_generichash_state st;

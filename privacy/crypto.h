@@ -77,6 +77,11 @@ class KeyStream {
   size_t at_ = kWords;
 };
 
+// A uniform draw in [0, 1) of its own for each (round, purpose, index) under `key`: the top 53 bits
+// of BLAKE2b keyed by `key` over them. One client's draw depends on nothing but its id (a Poisson
+// sample: who else is online changes no one's draw).
+double keyedUniform(const Key32& key, uint64_t round, MaskStream purpose, uint64_t index);
+
 // A key every party derives alike from public values: BLAKE2b of `label`, run and round. For
 // draws that must be the same everywhere and hide nothing (a round's SecAgg+ graph).
 Key32 publicKey(const std::string& label, uint64_t run, uint64_t round);

@@ -6,19 +6,6 @@
 #include "core/error.h"
 
 namespace starling::privacy {
-namespace {
-
-double resolveSigma(const CentralDpConfig& c, double q, uint64_t rounds) {
-  c.validate();
-  if (!(q > 0 && q <= 1))
-    STARLING_THROW(ConfigError,
-                   "differential privacy needs a Poisson sampling rate in (0, 1], got ", q);
-  if (c.noise_multiplier > 0) return c.noise_multiplier;
-  return noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
-}
-
-}  // namespace
-
 void CentralDpConfig::validate() const {
   if (!enabled) return;
   if (!(std::isfinite(clip) && clip > 0))
@@ -35,6 +22,10 @@ void CentralDpConfig::validate() const {
                    "privacy.noise_multiplier, or privacy.target_epsilon to derive it");
   if (!(delta > 0 && delta < 1))
     STARLING_THROW(ConfigError, "privacy.delta must be in (0, 1), got ", delta);
+  if (population == 0)
+    STARLING_THROW(ConfigError,
+                   "differential privacy needs the population (data.num_clients): the public "
+                   "number of clients whose sampled part the sum is divided by");
 }
 
 double standardNormal(KeyStream& s) {
@@ -43,31 +34,46 @@ double standardNormal(KeyStream& s) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
+double CentralDp::resolveSigma(const CentralDpConfig& c, double q, uint64_t rounds) {
+  c.validate();
+  if (!(q > 0 && q <= 1))
+    STARLING_THROW(ConfigError,
+                   "differential privacy needs a Poisson sampling rate in (0, 1], got ", q);
+  if (q * static_cast<double>(c.population) < 1)
+    STARLING_THROW(ConfigError, "sampling.poisson_rate ", q, " of a population of ", c.population,
+                   " expects ", q * static_cast<double>(c.population),
+                   " clients a round, fewer than one: the mean would be one update magnified");
+  const double sigma = c.noise_multiplier > 0
+                           ? c.noise_multiplier
+                           : noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
+  const RdpAccountant accountant(q, sigma, c.delta);
+  // The accountant's epsilon carries its own rounding: a sigma derived for exactly this budget
+  // may land a hair above it.
+  if (c.target_epsilon > 0 && accountant.epsilon(rounds) > c.target_epsilon * (1 + 1e-9)) {
+    const uint64_t fit = accountant.roundsWithin(c.target_epsilon, rounds);
+    std::string derived = "none up to 1e4 does";
+    try {
+      derived = std::to_string(noiseForEpsilon(c.target_epsilon, q, rounds, c.delta));
+    } catch (const ConfigError&) {
+    }
+    STARLING_THROW(ConfigError, rounds, " rounds at noise multiplier ", sigma,
+                   " and sampling rate ", q, " spend epsilon ", accountant.epsilon(rounds),
+                   " (delta ", c.delta, "), more than privacy.target_epsilon ", c.target_epsilon,
+                   ": ", fit, " rounds fit that budget; for ", rounds,
+                   " rounds leave privacy.noise_multiplier out to derive one (", derived, ")");
+  }
+  return sigma;
+}
+
 CentralDp::CentralDp(const CentralDpConfig& config, double q, uint64_t rounds, uint64_t run_seed)
     : config_(config),
       sigma_(resolveSigma(config, q, rounds)),
       accountant_(q, sigma_, config.delta) {
-  if (config_.target_epsilon > 0 && !withinBudget(rounds)) {
-    const uint64_t fit = accountant_.roundsWithin(config_.target_epsilon, rounds);
-    std::string derived = "none up to 1e4 does";
-    try {
-      derived = std::to_string(noiseForEpsilon(config_.target_epsilon, q, rounds, config_.delta));
-    } catch (const ConfigError&) {
-    }
-    STARLING_THROW(ConfigError, rounds, " rounds at noise multiplier ", sigma_,
-                   " and sampling rate ", q, " spend epsilon ", epsilon(rounds), " (delta ",
-                   config_.delta, "), more than privacy.target_epsilon ", config_.target_epsilon,
-                   ": ", fit, " rounds fit that budget; for ", rounds,
-                   " rounds leave privacy.noise_multiplier out to derive one (", derived, ")");
-  }
   key_ = config_.seeded_noise ? publicKey("starling central dp noise", run_seed, 0) : randomKey();
 }
 
-bool CentralDp::withinBudget(uint64_t rounds) const {
-  if (config_.target_epsilon <= 0 || rounds == 0) return true;
-  // The accountant's epsilon carries its own rounding: a sigma derived for exactly this budget
-  // may land a hair above it.
-  return epsilon(rounds) <= config_.target_epsilon * (1 + 1e-9);
+double CentralDp::expectedWeight() const {
+  return accountant_.q() * static_cast<double>(config_.population);
 }
 
 void CentralDp::privatize(std::span<float> mean, double total_weight, double expected_weight,

@@ -5,10 +5,15 @@
 //
 //   delta_t = (sum of the clipped updates + N(0, (sigma C)^2 I)) / (q N)
 //
-// where N is the number of clients available at the round's start, so q N is the expected number
-// of updates (a fixed denominator: with the actual count the release's sensitivity would not be
-// C). One client's presence or absence moves the sum by at most C, so each round is the
-// subsampled Gaussian mechanism the RDP accountant (privacy/accountant.h) composes.
+// where N is the run's population, a public number fixed for the run (the simulation's
+// data.num_clients, the root's data.num_clients), so q N is the expected number of updates: a
+// fixed denominator, which reveals nothing (with the count itself, or with the clients online, the
+// release's scale would depend on who took part). One client's presence or absence moves the sum
+// by at most C, so each round is the subsampled Gaussian mechanism the RDP accountant
+// (privacy/accountant.h) composes.
+//
+// What is protected is what the models reveal: the root, which is trusted, also keeps the round's
+// records (counts, bytes, the clients' mean train_loss), which are exact and not covered.
 //
 // What this does not cover, and the engine refuses (docs/privacy.md): a rule that is not the
 // clipped uniform mean (a robust rule's sensitivity is not the sum's), a compressor whose update
@@ -21,7 +26,8 @@
 // the simulator needs (every worker steps alike) and tests use, but then anyone who knows the
 // seed can subtract the noise: a deployment keeps the default. Standard normals by Box-Muller on
 // 53-bit uniforms, in double; like every floating-point Gaussian sampler it is not exactly the
-// ideal mechanism (docs/privacy.md says what that means).
+// ideal mechanism: its tails end at |z| = 8.57, and its values are doubles rounded to float
+// (docs/privacy.md says what that means).
 #include <cstdint>
 #include <span>
 
@@ -37,8 +43,9 @@ struct CentralDpConfig {
   double target_epsilon = 0.0;    // the run's budget; 0: none (epsilon is still reported)
   double delta = 1e-5;
   bool seeded_noise = false;
+  uint64_t population = 0;  // N: the sum is divided by q N
   // ConfigError naming the privacy.* key: C not positive, a negative or non-finite sigma or
-  // target, no noise at all (epsilon would be infinite), delta outside (0, 1).
+  // target, no noise at all (epsilon would be infinite), delta outside (0, 1), no population.
   void validate() const;
 };
 
@@ -47,9 +54,13 @@ double standardNormal(KeyStream& s);
 
 class CentralDp {
  public:
+  // The noise multiplier a run of `rounds` rounds at sampling rate `q` takes: the configured one,
+  // or the smallest that keeps the target. ConfigError (with the numbers and what would fit) for a
+  // bad configuration, a rate outside (0, 1], q N below 1, or rounds that would exceed the target.
+  static double resolveSigma(const CentralDpConfig& config, double q, uint64_t rounds);
   // `q`: the Poisson sampling rate in (0, 1]; `rounds`: the run's rounds; `run_seed`: for
-  // seeded_noise. Resolves sigma from the target when it is 0, and refuses (ConfigError, with
-  // the numbers and what would fit) a run whose rounds would spend more than its target.
+  // seeded_noise. Sigma is resolveSigma()'s (its refusals too). A run never spends past its
+  // target: one whose rounds would is refused here, before round 1.
   CentralDp(const CentralDpConfig& config, double q, uint64_t rounds, uint64_t run_seed);
 
   const CentralDpConfig& config() const { return config_; }
@@ -57,19 +68,17 @@ class CentralDp {
   double q() const { return accountant_.q(); }
   // Epsilon spent after `rounds` rounds (every round counts, applied or not).
   double epsilon(uint64_t rounds) const { return accountant_.epsilon(rounds); }
-  // True unless a target is set and `rounds` rounds would exceed it.
-  bool withinBudget(uint64_t rounds) const;
 
+  // q N, what privatize() divides the sum by.
+  double expectedWeight() const;
   // `mean` (the clipped updates' uniform mean, total weight `total_weight`, i.e. their count)
   // becomes (mean * total_weight + N(0, (sigma C)^2 I)) / expected_weight: round `round`'s noise.
   // InvalidArgument unless expected_weight > 0 and total_weight >= 0, both finite.
   void privatize(std::span<float> mean, double total_weight, double expected_weight,
                  uint64_t round) const;
-  // The stream round `round`'s Poisson sampling draws from: the mechanism's key, so that the
-  // sample is as secret as the noise.
-  KeyStream samplingStream(uint64_t round) const {
-    return KeyStream(key_, round, MaskStream::kSampling, 0);
-  }
+  // The key Poisson sampling draws under (keyedUniform, MaskStream::kSampling, one draw per client
+  // id): the mechanism's, so that the sample is as secret as the noise.
+  const Key32& samplingKey() const { return key_; }
 
  private:
   CentralDpConfig config_;

@@ -1,6 +1,7 @@
 #include "server/engine.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -26,7 +27,7 @@ namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
 // Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
 // inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
-constexpr uint32_t kCheckpointVersion = 6;
+constexpr uint32_t kCheckpointVersion = 7;
 constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
 constexpr uint32_t kShardFileVersion = 1;
 
@@ -149,7 +150,7 @@ void EngineConfig::validate() const {
                                      : "it shares factors across rounds, so a round's release "
                                        "depends on the last");
     // The budget (and sigma from the target), refused with the numbers before round 1.
-    privacy::CentralDp(dp, sampling.poisson_rate, rounds, scheme.run_seed);
+    privacy::CentralDp::resolveSigma(dp, sampling.poisson_rate, rounds);
   }
 }
 
@@ -279,6 +280,13 @@ void RoundEngine::saveCheckpoint() const {
   // Format 6: the quantised or stc downlink's refreshes (ModelStore::saveRefreshes; 0 bytes for
   // the other downlinks).
   model_.writeRefreshes(w);
+  // Format 7: central DP's accounting, (q, sigma, delta) of every round so far (a flag 0 without).
+  w.u8(dp_ ? 1 : 0);
+  if (dp_) {
+    w.f64(dp_->q());
+    w.f64(dp_->noiseMultiplier());
+    w.f64(dp_->config().delta);
+  }
   writeFileAtomic(config_.checkpoint, bytes);
 }
 
@@ -408,7 +416,32 @@ void RoundEngine::loadCheckpoint() {
   }
   const std::vector<uint8_t> refreshes =
       format >= 6 ? ModelStore::readRefreshes(r) : std::vector<uint8_t>();
+  std::optional<std::array<double, 3>> accounted;  // its rounds' (q, sigma, delta)
+  if (format >= 7) {
+    const uint8_t flag = r.u8();
+    if (flag > 1) r.fail("central DP's flag is ", flag);
+    if (flag) accounted = std::array<double, 3>{r.f64(), r.f64(), r.f64()};
+  }
   r.finish();
+  // Epsilon in the records assumes every round so far ran with this run's (q, sigma, delta).
+  if (dp_ && !accounted && next > 1)
+    r.fail("its ", next - 1,
+           " rounds ran without central DP (or were written by a build before format 7, which "
+           "kept no DP accounting): this run's epsilon would not count them; start a new run, or "
+           "resume without privacy.dp");
+  if (!dp_ && accounted)
+    r.fail(
+        "its rounds ran under central DP: resume with the same privacy.* settings (a resume "
+        "without them would release models without noise)");
+  if (dp_ && accounted) {
+    const std::array<double, 3> now{dp_->q(), dp_->noiseMultiplier(), dp_->config().delta};
+    if (*accounted != now)
+      r.fail("its rounds were accounted at sampling rate ", (*accounted)[0], ", noise multiplier ",
+             (*accounted)[1], " and delta ", (*accounted)[2], ", this run's are ", now[0], ", ",
+             now[1], " and ", now[2],
+             ": resume with the same sampling.poisson_rate, privacy.* and train.rounds (a "
+             "noise multiplier derived from a target depends on the rounds)");
+  }
   if (control.size() != control_.size()) {
     if (format < 4)
       r.fail("it was written by an older build (format ", format,
@@ -457,13 +490,14 @@ std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& avail
   const auto& s = config_.sampling;
   const size_t n = pool.size();
   if (s.poisson_rate > 0) {
-    // Poisson sampling: each client (in id order) on its own draw, from a ChaCha20 stream.
-    privacy::KeyStream draws =
-        dp_ ? dp_->samplingStream(round)
-            : privacy::KeyStream(
-                  privacy::publicKey("starling poisson sampling", config_.scheme.run_seed, round),
-                  round, privacy::MaskStream::kSampling, 0);
-    std::erase_if(pool, [&](const ClientInfo&) { return !(draws.uniform() < s.poisson_rate); });
+    // Poisson sampling: each client on a draw of its own, a function of its id and the round.
+    const privacy::Key32 key =
+        dp_ ? dp_->samplingKey()
+            : privacy::publicKey("starling poisson sampling", config_.scheme.run_seed, 0);
+    std::erase_if(pool, [&](const ClientInfo& c) {
+      return !(privacy::keyedUniform(key, round, privacy::MaskStream::kSampling, c.id) <
+               s.poisson_rate);
+    });
     *target = pool.size();
     return pool;
   }
@@ -485,14 +519,23 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   RoundRecord rec;
   rec.round = next_round_;
   rec.model_version = model_.version();
-  auto finishRecord = [&] {
-    rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Every round counts for central DP, whatever becomes of it.
+  if (dp_) rec.dp_epsilon = dp_->epsilon(rec.round);
+  bool persisted = false;
+  // The round is over: its state made durable (once), then its metrics line.
+  auto persist = [&] {
+    if (persisted) return;
+    persisted = true;
     ++next_round_;
     FleetWorkers* workers = fleet.workers();
     fleet_state_ = workers ? workers->saveState() : std::vector<uint8_t>{};
     saveOptimizerShard();
     if (workers) workers->checkpoint();
     saveCheckpoint();
+  };
+  auto finishRecord = [&] {
+    rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    persist();
     if (config_.write_files) MetricsLog(config_.metrics).append(rec);
     return rec;
   };
@@ -519,9 +562,17 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return finishRecord();
   }
   size_t target = 0;
-  std::vector<ClientInfo> active = sample(available, rec.round, &target);
+  std::vector<ClientInfo> active;
+  if (dp_) {
+    // Central DP samples clients only: an edge aggregator's partial holds updates the root
+    // cannot clip.
+    std::vector<ClientInfo> clients = available;
+    std::erase_if(clients, [](const ClientInfo& c) { return c.role != protocol::Role::kClient; });
+    active = sample(clients, rec.round, &target);
+  } else {
+    active = sample(available, rec.round, &target);
+  }
   rec.clients_selected = active.size();
-  if (dp_) rec.dp_epsilon = dp_->epsilon(rec.round);
   if (active.empty()) {
     rec.reason = "Poisson sampling (rate " + std::to_string(config_.sampling.poisson_rate) +
                  ") chose none of the " + std::to_string(available.size()) + " available clients";
@@ -552,6 +603,13 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     if (rep.makespan_seconds)
       rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
     failed.insert(rep.failed.begin(), rep.failed.end());
+    if (dp_ && !round->current().sources().empty()) {
+      rec.clients_failed = failed.size();
+      rec.reason =
+          "central DP: a partial aggregate was merged (from an edge aggregator), whose updates "
+          "the root cannot clip; the round is not applied";
+      return finishRecord();
+    }
     if (header.phase == 0) counted = rep.completed;
     if (round->lastPhase() || rep.completed.empty()) break;
     round->nextPhase();
@@ -581,10 +639,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     rec.reason = d.reason;
     return finishRecord();
   }
-  if (dp_)
-    dp_->privatize(result.delta, result.total_weight,
-                   config_.sampling.poisson_rate * static_cast<double>(available.size()),
-                   rec.round);
+  if (dp_) dp_->privatize(result.delta, result.total_weight, dp_->expectedWeight(), rec.round);
   std::vector<float> next(model_.server().begin(), model_.server().end());
   const size_t shard_n = shard_end_ - shard_begin_;
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
@@ -602,6 +657,9 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   rec.model_version = model_.version();
 
   if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) {
+    // Under central DP the round is durable before its model leaves for evaluation: a crash
+    // during it cannot make the round run again with another sample and other noise.
+    if (dp_) persist();
     try {
       std::vector<ClientInfo> evaluators;
       for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0), rec.round))
@@ -652,20 +710,12 @@ void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t avail
   for (uint64_t id : counted) control_acks_[id] = round;
 }
 
-std::string RoundEngine::doneReason() const {
-  if (next_round_ <= config_.rounds && dp_ && !dp_->withinBudget(next_round_))
-    return "the privacy budget is spent: round " + std::to_string(next_round_) +
-           " would take epsilon past privacy.target_epsilon " +
-           std::to_string(config_.dp.target_epsilon);
-  return "all " + std::to_string(config_.rounds) + " rounds done";
-}
-
 void RoundEngine::run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress) {
   while (!done()) {
     const RoundRecord rec = runRound(fleet);
     if (progress) progress(rec);
   }
-  fleet.finish(doneReason());
+  fleet.finish("all " + std::to_string(config_.rounds) + " rounds done");
 }
 
 }  // namespace starling::server

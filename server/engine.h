@@ -99,10 +99,14 @@ struct EngineConfig {
   uint64_t scaffold_population = 0;
   // Client-level differential privacy with a trusted server (privacy/dp.h): needs Poisson sampling
   // and the rule fedavg with uniform weights and clip = dp.clip (the settings compose it), a
-  // compressor of one phase that shares no factors, and no SCAFFOLD; refused otherwise, with the
-  // reason. Each applied round's mean is privatised before the server step; every record carries
-  // the epsilon spent after it; a run whose rounds would exceed dp.target_epsilon is refused at
-  // construction, and run() stops before a round that would exceed it.
+  // compressor of one phase that shares no factors, no SCAFFOLD, and dp.population; refused
+  // otherwise, with the reason. Only clients are sampled (an edge aggregator's partial holds
+  // updates the root cannot clip: a round with one is not applied). Each applied round's mean is
+  // privatised before the server step, and the round is checkpointed before its model is sent out
+  // to be evaluated (a crash then cannot make the round run again with other noise); every record
+  // carries the epsilon spent after it; a run whose rounds would exceed dp.target_epsilon is
+  // refused at construction. The checkpoint keeps (q, sigma, delta): a resume under other privacy
+  // settings, or a DP run from a checkpoint of rounds without DP, is refused.
   privacy::CentralDpConfig dp;
   void validate() const;  // ConfigError naming the key
 };
@@ -274,12 +278,7 @@ class RoundEngine {
 
   bool resumed() const { return resumed_; }
   uint64_t nextRound() const { return next_round_; }
-  // Every round run, or (central DP) the next would exceed the privacy budget.
-  bool done() const {
-    return next_round_ > config_.rounds || (dp_ && !dp_->withinBudget(next_round_));
-  }
-  // Why done(): what a driver tells its fleet's clients (Fleet::finish).
-  std::string doneReason() const;
+  bool done() const { return next_round_ > config_.rounds; }
   const ModelStore& model() const { return model_; }
   const aggregation::RoundScheme& scheme() const { return scheme_; }
   const EngineConfig& config() const { return config_; }
@@ -294,7 +293,7 @@ class RoundEngine {
   // Central DP's mechanism and accountant (null without privacy.dp).
   const privacy::CentralDp* dp() const { return dp_.get(); }
 
-  // Rounds until done(), calling `progress` after each; then fleet.finish(doneReason()).
+  // Rounds until done(), calling `progress` after each; then fleet.finish().
   void run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
 
  private:

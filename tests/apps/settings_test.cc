@@ -419,7 +419,9 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
                                     "--privacy.noise_multiplier",
                                     "1.1",
                                     "--sampling.poisson_rate",
-                                    "0.2"};
+                                    "0.2",
+                                    "--data.num_clients",
+                                    "500"};
   const auto with = [&](std::vector<std::string> more) {
     std::vector<std::string> a = dp;
     a.insert(a.end(), more.begin(), more.end());
@@ -430,7 +432,8 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
     CHECK(refused(self, dp).empty());
     // The rule: fedavg, uniform, clipped at privacy.clip to the bit (0.1 + 0.2 is not 0.3).
     auto p = parse(self, {"--privacy.dp", "central", "--privacy.clip", "0.30000000000000004",
-                          "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.5"});
+                          "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.5",
+                          "--data.num_clients", "40"});
     apps::resolveSettings(*p.o, p.s, self);
     const server::EngineConfig e = apps::engineConfig(p.s);
     const auto rule = aggregation::makeRule(e.scheme.rule);
@@ -438,6 +441,7 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
     CHECK_FALSE(rule->weightsByExamples());
     CHECK(e.dp.enabled);
     CHECK(e.sampling.poisson_rate == 0.5);
+    CHECK(e.dp.population == 40);
     CHECK_NOTHROW(e.validate());
 
     CHECK_THAT(refused(self, {"--privacy.dp", "central", "--privacy.noise_multiplier", "1",
@@ -446,7 +450,7 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
     CHECK_THAT(refused(self, with({"--aggregation.rule", "median"})),
                Contains("leave aggregation.rule out"));
     CHECK_THAT(refused(self, {"--privacy.dp", "central", "--privacy.clip", "1",
-                              "--privacy.noise_multiplier", "1"}),
+                              "--privacy.noise_multiplier", "1", "--data.num_clients", "50"}),
                Contains("needs sampling.poisson_rate"));
     CHECK_THAT(refused(self, {"--privacy.clip", "1"}), Contains("privacy.dp is off"));
     CHECK_THAT(refused(self, {"--privacy.target_epsilon", "1"}), Contains("privacy.dp is off"));
@@ -465,12 +469,21 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
     CHECK(refused(self, with({"--privacy.target_epsilon", "1", "--train.rounds", "50",
                               "--privacy.noise_multiplier", "0"}))
               .empty());
+    CHECK_THAT(refused(self, with({"--sampling.overcommit", "2"})),
+               Contains("sampling.overcommit"));
+    CHECK_THAT(refused(self, with({"--sampling.poisson_rate", "0.001"})),
+               Contains("fewer than one"));
     CHECK_THAT(refused(self, with({"--sampling.clients_per_round", "5"})),
                Contains("sampling.poisson_rate and sampling.clients_per_round are both set"));
   }
   for (Program self : {apps::kSim, apps::kServer})
     CHECK_THAT(refused(self, {"--round.mode", "async", "--sampling.poisson_rate", "0.5"}),
                Contains("does not run Poisson sampling"));
+  // The root's denominator is public: data.num_clients, not whoever is online.
+  CHECK_THAT(
+      refused(apps::kServer, {"--privacy.dp", "central", "--privacy.clip", "1",
+                              "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.5"}),
+      Contains("needs data.num_clients"));
   CHECK_THAT(refused(apps::kServer, with({"--sampling.fraction", "0.5"})), Contains("both set"));
   CHECK_THAT(refused(apps::kServer, with({"--security.aggregator_ids", "7"})),
              Contains("edge aggregators"));

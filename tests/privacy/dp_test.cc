@@ -25,6 +25,7 @@ CentralDpConfig config(double clip, double sigma, double target = 0.0) {
   c.noise_multiplier = sigma;
   c.target_epsilon = target;
   c.seeded_noise = true;
+  c.population = 1000;
   return c;
 }
 
@@ -112,10 +113,10 @@ TEST_CASE("dp: seeded noise is the run seed's and the round's, random noise is n
   const CentralDp x(r, 0.1, 10, 5), y(r, 0.1, 10, 5);
   CHECK(draw(x, 3) != draw(y, 3));
   CHECK(draw(x, 3) != draw(a, 3));
-  // The sampling stream is keyed alike: seeded ones agree, random ones do not.
-  CHECK(a.samplingStream(2).next() == b.samplingStream(2).next());
-  CHECK(a.samplingStream(2).next() != a.samplingStream(3).next());
-  CHECK(x.samplingStream(2).next() != y.samplingStream(2).next());
+  // The sampling key is the noise's: seeded ones agree, random ones do not.
+  CHECK(a.samplingKey() == b.samplingKey());
+  CHECK(a.samplingKey() != other_seed.samplingKey());
+  CHECK(x.samplingKey() != y.samplingKey());
 }
 
 TEST_CASE("dp: sigma from a target keeps the budget, and a budget the rounds exceed is refused",
@@ -128,7 +129,7 @@ TEST_CASE("dp: sigma from a target keeps the budget, and a budget the rounds exc
   const double sigma = dp.noiseMultiplier();
   CHECK(sigma > 0.3);
   CHECK(dp.epsilon(rounds) <= target * (1 + 1e-9));
-  CHECK(dp.withinBudget(rounds));
+  CHECK(CentralDp::resolveSigma(c, q, rounds) == sigma);
   // The smallest such sigma (within the calibration's tolerance): 1% less spends too much.
   CHECK(RdpAccountant(q, sigma * 0.99, delta).epsilon(rounds) > target);
   // Epsilon is the accountant's, round by round.
@@ -141,13 +142,15 @@ TEST_CASE("dp: sigma from a target keeps the budget, and a budget the rounds exc
   REQUIRE(fit < rounds);
   CHECK_THROWS_MATCHING(CentralDp(half, q, rounds, 1), ConfigError,
                         Contains(std::to_string(fit) + " rounds fit that budget"));
-  // Those rounds are accepted.
-  CHECK(CentralDp(half, q, fit, 1).withinBudget(fit));
+  // Those rounds are accepted, one more is not.
+  CHECK(CentralDp::resolveSigma(half, q, fit) == sigma / 2);
+  CHECK_THROWS_MATCHING(CentralDp::resolveSigma(half, q, fit + 1), ConfigError,
+                        Contains(std::to_string(fit) + " rounds fit that budget"));
   // A noise multiplier with no target: any number of rounds, epsilon reported.
   CentralDpConfig open = config(1.0, 0.5);
   const CentralDp unbounded(open, q, 100000, 1);
-  CHECK(unbounded.withinBudget(100000));
   CHECK(std::isfinite(unbounded.epsilon(100000)));
+  CHECK(unbounded.epsilon(100000) > unbounded.epsilon(1000));
 }
 
 TEST_CASE("dp: configurations without a finite epsilon are refused", "[privacy][dp]") {
@@ -171,6 +174,13 @@ TEST_CASE("dp: configurations without a finite epsilon are refused", "[privacy][
                         Contains("sampling rate"));
   CHECK_THROWS_MATCHING(CentralDp(config(1.0, 1.0), 1.5, 10, 1), ConfigError,
                         Contains("sampling rate"));
+  // No population, or one whose sampled part is under one client a round.
+  CentralDpConfig nobody = config(1.0, 1.0);
+  nobody.population = 0;
+  CHECK_THROWS_MATCHING(nobody.validate(), ConfigError, Contains("population"));
+  nobody.population = 50;
+  CHECK_THROWS_MATCHING(CentralDp(nobody, 0.01, 10, 1), ConfigError, Contains("fewer than one"));
+  CHECK(CentralDp(nobody, 0.02, 10, 1).expectedWeight() == 0.02 * 50);
   // A target no noise up to 1e4 keeps.
   CHECK_THROWS_AS(CentralDp(config(1.0, 0.0, 1e-6), 1.0, 1000, 1), ConfigError);
   // Bad weights are refused, the vector unchanged.

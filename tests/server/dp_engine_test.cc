@@ -12,6 +12,7 @@
 #include "check_throws.h"
 #include "privacy/accountant.h"
 #include "server/engine.h"
+#include "temp_dir.h"
 
 using namespace starling;
 using Catch::Matchers::Contains;
@@ -33,11 +34,18 @@ class VectorFleet final : public server::Fleet {
       : layout_(std::move(l)), n_(n), update_(std::move(update)) {}
 
   std::map<uint64_t, std::vector<uint64_t>> sampled;  // round -> participants
+  std::set<uint64_t> aggregators;                     // these ids register as edge aggregators
+  // The fleet adds its participants' updates to a partial of its own and merges that (a lying
+  // edge aggregator's way past the root's clip).
+  bool as_partial = false;
 
   std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
                                                  uint64_t) override {
     std::vector<server::ClientInfo> out;
-    for (uint64_t c = 0; c < n_; ++c) out.push_back({c, protocol::Role::kClient, 100, 0, 0});
+    for (uint64_t c = 0; c < n_; ++c)
+      out.push_back({c,
+                     aggregators.count(c) ? protocol::Role::kAggregator : protocol::Role::kClient,
+                     100, 0, 0});
     return out;
   }
   server::PhaseReport runPhase(const server::PhaseTask& task,
@@ -45,6 +53,11 @@ class VectorFleet final : public server::Fleet {
                                aggregation::PhaseAggregator& agg) override {
     server::PhaseReport rep;
     auto& s = sampled[task.header.round];
+    aggregation::RoundSchemeOptions o;
+    o.compressor = "none";
+    o.rule = "fedavg:weight=uniform";  // as the root's under DP: its checks pass
+    const aggregation::RoundScheme scheme(layout_, o);
+    const auto edge = scheme.phaseAggregator(task.broadcast);
     for (const auto& p : participants) {
       s.push_back(p.id);
       const std::vector<float> x = update_(p.id, task.header.round);
@@ -55,8 +68,12 @@ class VectorFleet final : public server::Fleet {
         u.tensors.push_back(compression::DenseF32{{sl.begin(), sl.end()}});
       }
       u.metrics = {{"train_loss", 1.0}};
-      agg.add(compression::view(u));
+      (as_partial ? *edge : agg).add(compression::view(u));
       rep.completed.push_back(p.id);
+    }
+    if (as_partial) {
+      const compression::PartialMessage m = edge->partial().exportDense();
+      agg.merge(compression::view(m), 999);
     }
     return rep;
   }
@@ -73,7 +90,8 @@ class VectorFleet final : public server::Fleet {
   std::function<std::vector<float>(uint64_t, uint64_t)> update_;
 };
 
-server::EngineConfig dpConfig(double q, double clip, double sigma, uint64_t rounds) {
+server::EngineConfig dpConfig(double q, double clip, double sigma, uint64_t rounds,
+                              uint64_t population) {
   server::EngineConfig c;
   c.rounds = rounds;
   c.scheme.compressor = "none";
@@ -86,6 +104,7 @@ server::EngineConfig dpConfig(double q, double clip, double sigma, uint64_t roun
   c.dp.clip = clip;
   c.dp.noise_multiplier = sigma;
   c.dp.seeded_noise = true;
+  c.dp.population = population;
   return c;
 }
 
@@ -97,7 +116,7 @@ TEST_CASE("Poisson sampling draws every client on its own with the rate", "[serv
   const auto l = layout();
   const size_t n = 200, rounds = 200;
   const double q = 0.25;
-  server::EngineConfig c = dpConfig(q, 1.0, 1.0, rounds);
+  server::EngineConfig c = dpConfig(q, 1.0, 1.0, rounds, n);
   c.dp.enabled = false;  // Poisson sampling alone
   c.scheme.rule = "fedavg";
   VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); });
@@ -146,7 +165,7 @@ TEST_CASE("central DP: one client's pull is the clip over the expected count, wh
     return c == 0 ? constant(numel, 200.0f) : constant(numel, 1e-4f * float(c));
   };
   VectorFleet fleet(l, n, update);
-  server::RoundEngine engine(l, dpConfig(q, clip, sigma, 3), std::vector<float>(numel, 0.0f));
+  server::RoundEngine engine(l, dpConfig(q, clip, sigma, 3, n), std::vector<float>(numel, 0.0f));
   const server::RoundRecord rec = engine.runRound(fleet);
   REQUIRE(rec.applied);
   CHECK(rec.clients_selected == n);
@@ -177,7 +196,7 @@ TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in ev
   const double q = 0.5, clip = 0.25, sigma = 1.5;
   // Zero updates: the model moves by the noise alone, sd sigma C / (q N) per round.
   VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
-  server::EngineConfig c = dpConfig(q, clip, sigma, rounds);
+  server::EngineConfig c = dpConfig(q, clip, sigma, rounds, n);
   server::RoundEngine engine(l, c, std::vector<float>(numel, 0.0f));
   const privacy::RdpAccountant oracle(q, sigma, c.dp.delta);
   std::vector<float> before(numel, 0.0f);
@@ -200,7 +219,6 @@ TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in ev
     before.assign(now.begin(), now.end());
   }
   CHECK(engine.done());
-  CHECK(engine.doneReason() == "all 6 rounds done");
   // Two engines with the run seed's noise are one run; the system's random noise is another.
   VectorFleet f2(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
   server::RoundEngine twin(l, c, std::vector<float>(numel, 0.0f));
@@ -218,7 +236,8 @@ TEST_CASE("central DP: a round Poisson sampling leaves empty is recorded, and co
           "[server][dp]") {
   const auto l = layout();
   VectorFleet fleet(l, 2, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.01f); });
-  server::RoundEngine engine(l, dpConfig(0.02, 1.0, 2.0, 40), std::vector<float>(l->numel(), 0));
+  server::RoundEngine engine(l, dpConfig(0.02, 1.0, 2.0, 40, 100),
+                             std::vector<float>(l->numel(), 0));
   size_t empty = 0;
   for (int r = 0; r < 40; ++r) {
     const server::RoundRecord rec = engine.runRound(fleet);
@@ -238,7 +257,7 @@ TEST_CASE(
     "rounds that fit; a target alone derives the noise",
     "[server][dp]") {
   const auto l = layout();
-  server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 200);
+  server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 200, 100);
   c.dp.target_epsilon = 3.0;
   const uint64_t fit = privacy::RdpAccountant(0.1, 1.0, c.dp.delta).roundsWithin(3.0, 200);
   REQUIRE(fit > 0);
@@ -261,7 +280,7 @@ TEST_CASE("central DP refuses what its guarantee does not cover, saying why", "[
     CHECK_THROWS_MATCHING(server::RoundEngine(l, c, std::vector<float>(l->numel(), 0)), ConfigError,
                           Contains(why));
   };
-  server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 10);
+  server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 10, 100);
   {
     auto x = c;
     x.sampling.poisson_rate = 0;
@@ -302,4 +321,97 @@ TEST_CASE("central DP refuses what its guarantee does not cover, saying why", "[
     INFO(comp);
     CHECK_NOTHROW(server::RoundEngine(l, x, std::vector<float>(l->numel(), 0)));
   }
+}
+
+TEST_CASE("central DP: every record carries epsilon, a round without enough clients too",
+          "[server][dp]") {
+  const auto l = layout();
+  VectorFleet fleet(l, 3, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); });
+  server::EngineConfig c = dpConfig(0.5, 1.0, 1.0, 4, 100);
+  c.sampling.min_available = 5;  // never met: every round skipped
+  c.sampling.wait_ms = 1;
+  server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0));
+  for (uint64_t r = 1; r <= 2; ++r) {
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK_THAT(rec.reason, Contains("clients available"));
+    REQUIRE(rec.dp_epsilon);
+    CHECK(*rec.dp_epsilon == engine.dp()->epsilon(r));
+  }
+}
+
+TEST_CASE("central DP samples clients only, and a round with a merged partial is not applied",
+          "[server][dp]") {
+  const auto l = layout();
+  const size_t n = 30;
+  VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.01f); });
+  for (uint64_t a = 0; a < n; a += 2) fleet.aggregators.insert(a);
+  server::RoundEngine engine(l, dpConfig(1.0, 1.0, 1.0, 3, n), std::vector<float>(l->numel(), 0));
+  REQUIRE(engine.runRound(fleet).applied);
+  CHECK(fleet.sampled[1].size() == n / 2);
+  for (uint64_t id : fleet.sampled[1]) CHECK(id % 2 == 1);
+  // A fleet that merges a partial (updates the root never saw, so never clipped) is refused.
+  fleet.as_partial = true;
+  const auto before =
+      std::vector<float>(engine.model().current().begin(), engine.model().current().end());
+  const server::RoundRecord rec = engine.runRound(fleet);
+  CHECK_FALSE(rec.applied);
+  CHECK_THAT(rec.reason, Contains("partial aggregate"));
+  CHECK(std::vector<float>(engine.model().current().begin(), engine.model().current().end()) ==
+        before);
+  // Without DP the same partial is merged and applied.
+  server::EngineConfig plain = dpConfig(1.0, 1.0, 1.0, 3, n);
+  plain.dp.enabled = false;
+  plain.scheme.rule = "fedavg";
+  server::RoundEngine open(l, plain, std::vector<float>(l->numel(), 0));
+  CHECK(open.runRound(fleet).applied);
+}
+
+TEST_CASE("central DP's accounting is in the checkpoint: a resume under other settings is refused",
+          "[server][dp]") {
+  const auto l = layout();
+  const size_t n = 20;
+  testing::TempDir dir;
+  const auto zero = [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); };
+  server::EngineConfig c = dpConfig(0.5, 1.0, 1.2, 6, n);
+  c.checkpoint = (dir.path / "ck.bin").string();
+  {
+    VectorFleet fleet(l, n, zero);
+    server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0));
+    for (int r = 0; r < 3; ++r) engine.runRound(fleet);
+  }
+  {
+    // The same settings resume, and epsilon goes on from round 4.
+    VectorFleet fleet(l, n, zero);
+    server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0));
+    REQUIRE(engine.resumed());
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK(rec.round == 4);
+    CHECK(*rec.dp_epsilon == privacy::RdpAccountant(0.5, 1.2, c.dp.delta).epsilon(4));
+  }
+  const auto refused = [&](const server::EngineConfig& x, const std::string& why) {
+    CHECK_THROWS_MATCHING(server::RoundEngine(l, x, std::vector<float>(l->numel(), 0)), IoError,
+                          Contains(why));
+  };
+  auto other_sigma = c;
+  other_sigma.dp.noise_multiplier = 1.5;
+  refused(other_sigma, "accounted at sampling rate 0.5, noise multiplier 1.2");
+  auto other_rate = c;
+  other_rate.sampling.poisson_rate = 0.25;
+  refused(other_rate, "accounted at");
+  auto without = c;
+  without.dp.enabled = false;
+  without.scheme.rule = "fedavg";
+  refused(without, "ran under central DP");
+  // A checkpoint of rounds without DP does not resume as a DP run.
+  auto plain = without;
+  plain.checkpoint = (dir.path / "plain.bin").string();
+  {
+    VectorFleet fleet(l, n, zero);
+    server::RoundEngine engine(l, plain, std::vector<float>(l->numel(), 0));
+    engine.runRound(fleet);
+  }
+  auto dp_on_plain = c;
+  dp_on_plain.checkpoint = plain.checkpoint;
+  refused(dp_on_plain, "ran without central DP");
 }

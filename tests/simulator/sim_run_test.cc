@@ -895,7 +895,9 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
       REQUIRE(d.size() == 3);
       for (size_t r = 0; r < 3; ++r) {
         INFO("round " << r + 1 << "\nsim " << s[r] << "\ndeployed " << d[r]);
-        CHECK(field(d[r], "applied") == "true");
+        // (Poisson sampling may leave a round empty: then neither applies it.)
+        CHECK(field(d[r], "applied") ==
+              (field(s[r], "clients_selected") == "0" ? "false" : "true"));
         if (kind == kDp) {
           // The same sample (not always everyone), the same epsilon.
           CHECK(field(d[r], "clients_selected") == field(s[r], "clients_selected"));
