@@ -210,6 +210,9 @@ int runServer(apps::Settings& c) {
   const bool async = buffered(c.round.mode);  // FedBuff or semi-synchronous: the buffered step
   server::EngineConfig ec = apps::engineConfig(c);
   apps::checkRoundMode(c, apps::kServer, ec);
+  // The root's rounds (central DP's budget among them) are refused before data is read or a port
+  // bound; an edge aggregator runs no engine.
+  if (!aggregator && !async) ec.validate();
   if (aggregator && server::wholeModelQuantised(ec.downlink))
     STARLING_THROW(ConfigError, "downlink.mode = ", c.downlink.mode,
                    " is the root's: an edge aggregator relays the model it holds (dense, fp16 or "

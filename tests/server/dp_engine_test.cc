@@ -4,6 +4,7 @@
 // budget, and what is refused with the reason.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -45,7 +46,7 @@ class VectorFleet final : public server::Fleet {
     for (uint64_t c = 0; c < n_; ++c)
       out.push_back({c,
                      aggregators.count(c) ? protocol::Role::kAggregator : protocol::Role::kClient,
-                     100, 0, 0});
+                     100, 10, 0});
     return out;
   }
   server::PhaseReport runPhase(const server::PhaseTask& task,
@@ -77,8 +78,11 @@ class VectorFleet final : public server::Fleet {
     }
     return rep;
   }
-  server::EvalReport evaluate(const server::PhaseTask&,
+  // Called in evaluate() (a probe of what is durable then); may throw to stop the run.
+  std::function<void(uint64_t round)> on_evaluate;
+  server::EvalReport evaluate(const server::PhaseTask& task,
                               std::span<const server::ClientInfo>) override {
+    if (on_evaluate) on_evaluate(task.header.round);
     return {};
   }
   void finish(const std::string& reason) override { finished = reason; }
@@ -192,11 +196,13 @@ TEST_CASE("central DP: one client's pull is the clip over the expected count, wh
 TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in every record",
           "[server][dp]") {
   const auto l = layout();
-  const size_t n = 40, numel = l->numel(), rounds = 6;
+  // 40 clients online of a population of 100: the denominator is q x 100, the public number,
+  // not q x 40.
+  const size_t n = 40, population = 100, numel = l->numel(), rounds = 6;
   const double q = 0.5, clip = 0.25, sigma = 1.5;
   // Zero updates: the model moves by the noise alone, sd sigma C / (q N) per round.
   VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
-  server::EngineConfig c = dpConfig(q, clip, sigma, rounds, n);
+  server::EngineConfig c = dpConfig(q, clip, sigma, rounds, population);
   server::RoundEngine engine(l, c, std::vector<float>(numel, 0.0f));
   const privacy::RdpAccountant oracle(q, sigma, c.dp.delta);
   std::vector<float> before(numel, 0.0f);
@@ -213,12 +219,11 @@ TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in ev
       sum += d;
       sq += d * d;
     }
-    const double want = sigma * clip / (q * n), m = sum / numel;
+    const double want = sigma * clip / (q * population), m = sum / numel;
     CHECK(std::fabs(m) < 6 * want / std::sqrt(double(numel)));
     CHECK(std::fabs(std::sqrt(sq / numel - m * m) / want - 1) < 6 * std::sqrt(0.5 / numel));
     before.assign(now.begin(), now.end());
   }
-  CHECK(engine.done());
   // Two engines with the run seed's noise are one run; the system's random noise is another.
   VectorFleet f2(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
   server::RoundEngine twin(l, c, std::vector<float>(numel, 0.0f));
@@ -350,6 +355,15 @@ TEST_CASE("central DP samples clients only, and a round with a merged partial is
   REQUIRE(engine.runRound(fleet).applied);
   CHECK(fleet.sampled[1].size() == n / 2);
   for (uint64_t id : fleet.sampled[1]) CHECK(id % 2 == 1);
+  {
+    // At a rate below 1 too: aggregators are left out before the draws.
+    VectorFleet f(l, 200, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.01f); });
+    for (uint64_t a = 0; a < 200; a += 2) f.aggregators.insert(a);
+    server::RoundEngine e(l, dpConfig(0.5, 1.0, 1.0, 3, 200), std::vector<float>(l->numel(), 0));
+    e.runRound(f);
+    CHECK(f.sampled[1].size() > 20);
+    for (uint64_t id : f.sampled[1]) CHECK(id % 2 == 1);
+  }
   // A fleet that merges a partial (updates the root never saw, so never clipped) is refused.
   fleet.as_partial = true;
   const auto before =
@@ -414,4 +428,67 @@ TEST_CASE("central DP's accounting is in the checkpoint: a resume under other se
   auto dp_on_plain = c;
   dp_on_plain.checkpoint = plain.checkpoint;
   refused(dp_on_plain, "ran without central DP");
+}
+
+TEST_CASE("Poisson sampling: a client's draw is its own, whoever else is online", "[server][dp]") {
+  // Each client is in or out of a round's sample by its id alone: with half the clients gone, the
+  // ones left are sampled exactly as before (a stream read in id order would shift every draw).
+  const auto l = layout();
+  const auto zero = [&](uint64_t, uint64_t) { return constant(l->numel(), 0.0f); };
+  for (const bool dp : {false, true}) {
+    INFO((dp ? "central DP" : "Poisson sampling alone"));
+    server::EngineConfig c = dpConfig(0.3, 1.0, 1.0, 5, 100);
+    if (!dp) {
+      c.dp.enabled = false;
+      c.scheme.rule = "fedavg";
+    }
+    VectorFleet all(l, 100, zero);
+    server::RoundEngine e1(l, c, std::vector<float>(l->numel(), 0));
+    for (int r = 0; r < 5; ++r) e1.runRound(all);
+    // The same run with clients 50..99 gone.
+    VectorFleet low(l, 50, zero);
+    server::RoundEngine e2(l, c, std::vector<float>(l->numel(), 0));
+    for (int r = 0; r < 5; ++r) e2.runRound(low);
+    for (uint64_t r = 1; r <= 5; ++r) {
+      std::vector<uint64_t> want;
+      for (uint64_t id : all.sampled[r])
+        if (id < 50) want.push_back(id);
+      CHECK(low.sampled[r] == want);
+    }
+  }
+}
+
+TEST_CASE("central DP: the round is checkpointed before its model is evaluated", "[server][dp]") {
+  // A crash during the evaluation must not make the root run the round again with another
+  // sample and other noise: when the evaluation starts, the checkpoint already resumes after it.
+  const auto l = layout();
+  testing::TempDir dir;
+  server::EngineConfig c = dpConfig(0.5, 1.0, 1.0, 4, 20);
+  c.checkpoint = (dir.path / "ck.bin").string();
+  c.metrics = (dir.path / "m.jsonl").string();
+  c.eval_every = 1;
+  const auto lines = [&] {
+    std::ifstream f(c.metrics);
+    size_t k = 0;
+    for (std::string s; std::getline(f, s);) ++k;
+    return k;
+  };
+  VectorFleet fleet(l, 20, [&](uint64_t, uint64_t) { return constant(l->numel(), 0.01f); });
+  std::vector<uint64_t> resumes_at;
+  fleet.on_evaluate = [&](uint64_t round) {
+    server::RoundEngine probe(l, c, std::vector<float>(l->numel(), 0));
+    resumes_at.push_back(probe.nextRound());
+    if (round == 3) throw IoError("the evaluation failed");
+  };
+  server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0));
+  REQUIRE(engine.runRound(fleet).applied);
+  REQUIRE(engine.runRound(fleet).applied);
+  CHECK(resumes_at == std::vector<uint64_t>{2, 3});
+  CHECK(lines() == 2);
+  // An error in the evaluation: the round stays done, and its line is written once.
+  CHECK_THROWS_AS(engine.runRound(fleet), IoError);
+  CHECK(engine.nextRound() == 4);
+  CHECK(lines() == 3);
+  server::RoundEngine resumed(l, c, std::vector<float>(l->numel(), 0));
+  CHECK(resumed.nextRound() == 4);
 }

@@ -893,12 +893,15 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
       const auto s = readLines(f.path("sim.jsonl")), d = readLines(f.path("root.jsonl"));
       REQUIRE(s.size() == 3);
       REQUIRE(d.size() == 3);
+      int partial_rounds = 0;  // central DP: rounds that sampled some of the clients, not all
       for (size_t r = 0; r < 3; ++r) {
         INFO("round " << r + 1 << "\nsim " << s[r] << "\ndeployed " << d[r]);
-        // (Poisson sampling may leave a round empty: then neither applies it.)
-        CHECK(field(d[r], "applied") ==
-              (field(s[r], "clients_selected") == "0" ? "false" : "true"));
+        // At rate 0.7 a round of 4 clients is empty with probability 0.8%: none of this seed's
+        // is (an empty round would leave no loss to compare; another seed would be needed).
+        REQUIRE(field(s[r], "clients_selected") != "0");
+        CHECK(field(d[r], "applied") == "true");
         if (kind == kDp) {
+          if (field(s[r], "clients_selected") != "4") ++partial_rounds;
           // The same sample (not always everyone), the same epsilon.
           CHECK(field(d[r], "clients_selected") == field(s[r], "clients_selected"));
           CHECK(field(d[r], "clients_completed") == field(s[r], "clients_selected"));
@@ -914,6 +917,7 @@ TEST_CASE("one configuration file: the simulation and a deployment train the sam
           CHECK(field(s[r], "uplink_bytes") == field(d[r], "uplink_bytes"));
         }
       }
+      if (kind == kDp) CHECK(partial_rounds > 0);  // the sample was not everyone every round
       CHECK(std::fabs(std::stod(field(s[2], "test_accuracy")) -
                       std::stod(field(d[2], "test_accuracy"))) <= 2e-3);
       const auto [diff, scale] = modelDiff(f.path("sim.ckpt"), f.path("root.ckpt"));
