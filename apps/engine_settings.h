@@ -45,6 +45,8 @@ inline server::EngineConfig engineConfig(const Settings& s) {
     e.dp.noise_multiplier = s.privacy.noise_multiplier;
     e.dp.target_epsilon = s.privacy.target_epsilon;
     e.dp.delta = s.privacy.delta;
+    e.dp.accountant = s.privacy.accountant == DpAccountantKind::kRdp ? privacy::DpAccountant::kRdp
+                                                                     : privacy::DpAccountant::kPld;
     e.dp.seeded_noise = s.privacy.seeded_noise;
     e.dp.population = s.data.num_clients;  // resolveSettings: given at the root
     // The rule DP-FedAvg calibrates its noise to (resolveSettings refused any other): every update

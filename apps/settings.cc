@@ -29,9 +29,15 @@ const Spellings<DpMode>& dpModes() {
   static const Spellings<DpMode> t{{"off", DpMode::kOff}, {"central", DpMode::kCentral}};
   return t;
 }
+const Spellings<DpAccountantKind>& dpAccountants() {
+  static const Spellings<DpAccountantKind> t{{"pld", DpAccountantKind::kPld},
+                                             {"rdp", DpAccountantKind::kRdp}};
+  return t;
+}
 }  // namespace
 
 const char* name(DpMode m) { return spellingOf(dpModes(), m); }
+const char* name(DpAccountantKind a) { return spellingOf(dpAccountants(), a); }
 const char* name(RoundMode m) { return spellingOf(roundModes(), m); }
 const char* name(ServerRole r) { return spellingOf(serverRoles(), r); }
 const char* name(DeviceRound d) { return spellingOf(deviceRounds(), d); }
@@ -203,6 +209,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         0, 1e6);
   o.add("privacy.delta", &s.privacy.delta, "privacy.dp: the delta of (epsilon, delta)", 1e-300,
         0.5);
+  o.add("privacy.accountant", &s.privacy.accountant,
+        "privacy.dp: pld (privacy loss distributions: the tight epsilon, less noise for a budget) "
+        "or rdp (Renyi DP: an upper bound, as Opacus and TF Privacy report)",
+        dpAccountants());
   use(kServer);
   o.add("privacy.seeded_noise", &s.privacy.seeded_noise,
         "privacy.dp at the root: draw the noise and the sample from the run seed (model.seed), "
@@ -429,7 +439,7 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      s.aggregation.rule, ")");
   } else if (self != kClient) {
     for (const char* k : {"privacy.clip", "privacy.noise_multiplier", "privacy.target_epsilon",
-                          "privacy.delta", "privacy.seeded_noise"})
+                          "privacy.delta", "privacy.seeded_noise", "privacy.accountant"})
       if (o.given(k))
         STARLING_THROW(ConfigError, k,
                        " is set but privacy.dp is off: set privacy.dp = central "

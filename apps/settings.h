@@ -40,6 +40,9 @@ const char* name(DeviceRound d);
 // privacy.dp: no differential privacy, or client-level DP with a trusted server (privacy/dp.h).
 enum class DpMode { kOff, kCentral };
 const char* name(DpMode m);
+// privacy.accountant: privacy::DpAccountant's spellings (pld, the tight one; rdp).
+enum class DpAccountantKind { kPld, kRdp };
+const char* name(DpAccountantKind a);
 
 struct Settings {
   struct Model {
@@ -97,6 +100,7 @@ struct Settings {
   // Differential privacy (docs/privacy.md; privacy::CentralDpConfig's defaults).
   struct Privacy {
     DpMode dp = DpMode::kOff;
+    DpAccountantKind accountant = DpAccountantKind::kPld;
     double clip = 0.0, noise_multiplier = 0.0, target_epsilon = 0.0, delta = 1e-5;
     bool seeded_noise = false;  // the root's; a simulation's noise is always seeded
   } privacy;

@@ -43,38 +43,54 @@ double CentralDp::resolveSigma(const CentralDpConfig& c, double q, uint64_t roun
     STARLING_THROW(ConfigError, "sampling.poisson_rate ", q, " of a population of ", c.population,
                    " expects ", q * static_cast<double>(c.population),
                    " clients a round, fewer than one: the mean would be one update magnified");
-  const double sigma = c.noise_multiplier > 0
-                           ? c.noise_multiplier
-                           : noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
-  const RdpAccountant accountant(q, sigma, c.delta);
+  const bool pld = c.accountant == DpAccountant::kPld;
+  const auto derive = [&] {
+    return pld ? pldNoiseForEpsilon(c.target_epsilon, q, rounds, c.delta, 1e-4, kRunPldGrid)
+               : noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
+  };
+  const double sigma = c.noise_multiplier > 0 ? c.noise_multiplier : derive();
+  const double spent = accountantEpsilon(c, q, sigma, rounds);
   // The accountant's epsilon carries its own rounding: a sigma derived for exactly this budget
   // may land a hair above it.
-  if (c.target_epsilon > 0 && accountant.epsilon(rounds) > c.target_epsilon * (1 + 1e-9)) {
-    const uint64_t fit = accountant.roundsWithin(c.target_epsilon, rounds);
+  if (c.target_epsilon > 0 && spent > c.target_epsilon * (1 + 1e-9)) {
+    const uint64_t fit =
+        pld ? PldAccountant(q, sigma, c.delta, kRunPldGrid).roundsWithin(c.target_epsilon, rounds)
+            : RdpAccountant(q, sigma, c.delta).roundsWithin(c.target_epsilon, rounds);
     std::string derived = "none up to 1e4 does";
     try {
-      derived = std::to_string(noiseForEpsilon(c.target_epsilon, q, rounds, c.delta));
+      derived = std::to_string(derive());
     } catch (const ConfigError&) {
     }
     STARLING_THROW(ConfigError, rounds, " rounds at noise multiplier ", sigma,
-                   " and sampling rate ", q, " spend epsilon ", accountant.epsilon(rounds),
-                   " (delta ", c.delta, "), more than privacy.target_epsilon ", c.target_epsilon,
-                   ": ", fit, " rounds fit that budget; for ", rounds,
+                   " and sampling rate ", q, " spend epsilon ", spent, " (delta ", c.delta, ", ",
+                   pld ? "PLD" : "RDP", " accountant), more than privacy.target_epsilon ",
+                   c.target_epsilon, ": ", fit, " rounds fit that budget; for ", rounds,
                    " rounds leave privacy.noise_multiplier out to derive one (", derived, ")");
   }
   return sigma;
 }
 
+double CentralDp::accountantEpsilon(const CentralDpConfig& c, double q, double sigma,
+                                    uint64_t rounds) {
+  return c.accountant == DpAccountant::kPld
+             ? PldAccountant(q, sigma, c.delta, kRunPldGrid).epsilon(rounds)
+             : RdpAccountant(q, sigma, c.delta).epsilon(rounds);
+}
+
 CentralDp::CentralDp(const CentralDpConfig& config, double q, uint64_t rounds, uint64_t run_seed)
-    : config_(config),
-      sigma_(resolveSigma(config, q, rounds)),
-      accountant_(q, sigma_, config.delta) {
+    : config_(config), q_(q), sigma_(resolveSigma(config, q, rounds)) {
+  if (config_.accountant == DpAccountant::kPld)
+    pld_.emplace(q_, sigma_, config_.delta, kRunPldGrid);
+  else
+    rdp_.emplace(q_, sigma_, config_.delta);
   key_ = config_.seeded_noise ? publicKey("starling central dp noise", run_seed, 0) : randomKey();
 }
 
-double CentralDp::expectedWeight() const {
-  return accountant_.q() * static_cast<double>(config_.population);
+double CentralDp::epsilon(uint64_t rounds) const {
+  return pld_ ? pld_->epsilon(rounds) : rdp_->epsilon(rounds);
 }
+
+double CentralDp::expectedWeight() const { return q_ * static_cast<double>(config_.population); }
 
 void CentralDp::privatize(std::span<float> mean, double total_weight, double expected_weight,
                           uint64_t round) const {

@@ -217,6 +217,24 @@ def make_cnn(classes=NUM_CLASSES):
     return fedavg_loop.make_cnn(classes)
 
 
+def make_mlp(hidden=200, classes=NUM_CLASSES, features=28 * 28):
+    """torch_trainer/models.cc's "mlp" (mlp:hidden=200): flatten, fc1 features->hidden, ReLU,
+    fc2 hidden->classes (159,010 parameters at the defaults), PyTorch's default initialisation;
+    the parameter names fc1.weight, fc1.bias, fc2.weight, fc2.bias as Starling's."""
+    import torch.nn as nn
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(features, hidden)
+            self.fc2 = nn.Linear(hidden, classes)
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x.flatten(1)).relu())
+
+    return Mlp()
+
+
 def train_local(model, x, y, seed):
     """One client's local training: EPOCHS epochs of plain SGD over (x, y) (torch tensors) in a
     fresh seeded order each epoch, the last batch partial. Returns (examples, mean train loss)."""

@@ -442,6 +442,14 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
     CHECK(e.dp.enabled);
     CHECK(e.sampling.poisson_rate == 0.5);
     CHECK(e.dp.population == 40);
+    CHECK(e.dp.accountant == privacy::DpAccountant::kPld);  // the tight one by default
+    auto r = parse(self, {"--privacy.dp", "central", "--privacy.clip", "1",
+                          "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.5",
+                          "--data.num_clients", "40", "--privacy.accountant", "rdp"});
+    REQUIRE(r.rc == -1);
+    apps::resolveSettings(*r.o, r.s, self);
+    CHECK(apps::engineConfig(r.s).dp.accountant == privacy::DpAccountant::kRdp);
+    CHECK(parse(self, {"--privacy.accountant", "moments"}).rc != -1);
     CHECK_NOTHROW(e.validate());
 
     CHECK_THAT(refused(self, {"--privacy.dp", "central", "--privacy.noise_multiplier", "1",

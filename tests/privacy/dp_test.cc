@@ -122,35 +122,62 @@ TEST_CASE("dp: seeded noise is the run seed's and the round's, random noise is n
 TEST_CASE("dp: sigma from a target keeps the budget, and a budget the rounds exceed is refused",
           "[privacy][dp]") {
   const double q = 0.01, delta = 1e-5, target = 2.0;
-  const uint64_t rounds = 500;
-  CentralDpConfig c = config(1.0, 0.0, target);
-  c.delta = delta;
-  const CentralDp dp(c, q, rounds, 1);
-  const double sigma = dp.noiseMultiplier();
-  CHECK(sigma > 0.3);
-  CHECK(dp.epsilon(rounds) <= target * (1 + 1e-9));
-  CHECK(CentralDp::resolveSigma(c, q, rounds) == sigma);
-  // The smallest such sigma (within the calibration's tolerance): 1% less spends too much.
-  CHECK(RdpAccountant(q, sigma * 0.99, delta).epsilon(rounds) > target);
-  // Epsilon is the accountant's, round by round.
-  for (uint64_t t : {1, 10, 499}) CHECK(dp.epsilon(t) == RdpAccountant(q, sigma, delta).epsilon(t));
+  const uint64_t rounds = 200;
+  for (const DpAccountant kind : {DpAccountant::kPld, DpAccountant::kRdp}) {
+    const bool pld = kind == DpAccountant::kPld;
+    INFO((pld ? "PLD" : "RDP"));
+    // The accountant the run uses, as a function of sigma and rounds.
+    const auto spent = [&](double sigma, uint64_t t) {
+      return pld ? PldAccountant(q, sigma, delta, kRunPldGrid).epsilon(t)
+                 : RdpAccountant(q, sigma, delta).epsilon(t);
+    };
+    CentralDpConfig c = config(1.0, 0.0, target);
+    c.delta = delta;
+    c.accountant = kind;
+    const CentralDp dp(c, q, rounds, 1);
+    const double sigma = dp.noiseMultiplier();
+    CHECK(sigma > 0.3);
+    CHECK(dp.epsilon(rounds) <= target * (1 + 1e-9));
+    CHECK(CentralDp::resolveSigma(c, q, rounds) == sigma);
+    // The smallest such sigma (within the calibration's tolerance): 1% less spends too much.
+    CHECK(spent(sigma * 0.99, rounds) > target);
+    // Epsilon is the accountant's, round by round.
+    for (uint64_t t : {1, 10, 199}) CHECK(dp.epsilon(t) == spent(sigma, t));
 
-  // The same budget with half that noise: refused, with how many rounds would fit.
-  CentralDpConfig half = c;
-  half.noise_multiplier = sigma / 2;
-  const uint64_t fit = RdpAccountant(q, sigma / 2, delta).roundsWithin(target, rounds);
-  REQUIRE(fit < rounds);
-  CHECK_THROWS_MATCHING(CentralDp(half, q, rounds, 1), ConfigError,
-                        Contains(std::to_string(fit) + " rounds fit that budget"));
-  // Those rounds are accepted, one more is not.
-  CHECK(CentralDp::resolveSigma(half, q, fit) == sigma / 2);
-  CHECK_THROWS_MATCHING(CentralDp::resolveSigma(half, q, fit + 1), ConfigError,
-                        Contains(std::to_string(fit) + " rounds fit that budget"));
-  // A noise multiplier with no target: any number of rounds, epsilon reported.
-  CentralDpConfig open = config(1.0, 0.5);
-  const CentralDp unbounded(open, q, 100000, 1);
-  CHECK(std::isfinite(unbounded.epsilon(100000)));
-  CHECK(unbounded.epsilon(100000) > unbounded.epsilon(1000));
+    // The same budget with less noise (the first of 90%, 80%, ... of it whose budget some rounds
+    // fit, but not all): refused, with how many rounds would fit.
+    const auto fitting = [&](double s) {
+      return pld ? PldAccountant(q, s, delta, kRunPldGrid).roundsWithin(target, rounds)
+                 : RdpAccountant(q, s, delta).roundsWithin(target, rounds);
+    };
+    double less = sigma;
+    uint64_t fit = 0;
+    for (double f = 0.9; f > 0.2 && (fit == 0 || fit >= rounds); f -= 0.1) {
+      less = sigma * f;
+      fit = fitting(less);
+    }
+    REQUIRE(fit > 0);
+    REQUIRE(fit < rounds);
+    CentralDpConfig half = c;
+    half.noise_multiplier = less;
+    CHECK_THROWS_MATCHING(CentralDp(half, q, rounds, 1), ConfigError,
+                          Contains(std::to_string(fit) + " rounds fit that budget"));
+    // Those rounds are accepted, one more is not.
+    CHECK(CentralDp::resolveSigma(half, q, fit) == less);
+    CHECK_THROWS_MATCHING(CentralDp::resolveSigma(half, q, fit + 1), ConfigError,
+                          Contains(std::to_string(fit) + " rounds fit that budget"));
+    // A noise multiplier with no target: any number of rounds, epsilon reported.
+    CentralDpConfig open = config(1.0, 0.5);
+    open.accountant = kind;
+    const CentralDp unbounded(open, q, 100000, 1);
+    CHECK(std::isfinite(unbounded.epsilon(100000)));
+    CHECK(unbounded.epsilon(100000) > unbounded.epsilon(1000));
+  }
+  // PLD is the tight one: less noise for the same budget.
+  CentralDpConfig c = config(1.0, 0.0, target);
+  CentralDpConfig r = c;
+  r.accountant = DpAccountant::kRdp;
+  CHECK(CentralDp::resolveSigma(c, q, rounds) < 0.95 * CentralDp::resolveSigma(r, q, rounds));
 }
 
 TEST_CASE("dp: configurations without a finite epsilon are refused", "[privacy][dp]") {

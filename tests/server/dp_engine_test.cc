@@ -204,7 +204,8 @@ TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in ev
   VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
   server::EngineConfig c = dpConfig(q, clip, sigma, rounds, population);
   server::RoundEngine engine(l, c, std::vector<float>(numel, 0.0f));
-  const privacy::RdpAccountant oracle(q, sigma, c.dp.delta);
+  // The run's accountant: PLD by default.
+  const privacy::PldAccountant oracle(q, sigma, c.dp.delta, privacy::kRunPldGrid);
   std::vector<float> before(numel, 0.0f);
   for (uint64_t r = 1; r <= rounds; ++r) {
     const server::RoundRecord rec = engine.runRound(fleet);
@@ -264,7 +265,8 @@ TEST_CASE(
   const auto l = layout();
   server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 200, 100);
   c.dp.target_epsilon = 3.0;
-  const uint64_t fit = privacy::RdpAccountant(0.1, 1.0, c.dp.delta).roundsWithin(3.0, 200);
+  const uint64_t fit =
+      privacy::PldAccountant(0.1, 1.0, c.dp.delta, privacy::kRunPldGrid).roundsWithin(3.0, 200);
   REQUIRE(fit > 0);
   REQUIRE(fit < 200);
   CHECK_THROWS_MATCHING(server::RoundEngine(l, c, std::vector<float>(l->numel(), 0)), ConfigError,
@@ -401,7 +403,8 @@ TEST_CASE("central DP's accounting is in the checkpoint: a resume under other se
     REQUIRE(engine.resumed());
     const server::RoundRecord rec = engine.runRound(fleet);
     CHECK(rec.round == 4);
-    CHECK(*rec.dp_epsilon == privacy::RdpAccountant(0.5, 1.2, c.dp.delta).epsilon(4));
+    CHECK(*rec.dp_epsilon ==
+          privacy::PldAccountant(0.5, 1.2, c.dp.delta, privacy::kRunPldGrid).epsilon(4));
   }
   const auto refused = [&](const server::EngineConfig& x, const std::string& why) {
     CHECK_THROWS_MATCHING(server::RoundEngine(l, x, std::vector<float>(l->numel(), 0)), IoError,
