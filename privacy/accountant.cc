@@ -23,15 +23,6 @@ double logComb(double n, double k) {
   return std::lgamma(n + 1) - std::lgamma(k + 1) - std::lgamma(n - k + 1);
 }
 
-// log(erfc(x)), accurate where erfc underflows: for large x, erfc(x) = exp(-x^2) / (x sqrt(pi))
-// (1 - 1/(2x^2) + 3/(4x^4) - 15/(8x^6) + ...).
-double logErfc(double x) {
-  if (x < 20) return std::log(std::erfc(x));
-  const double inv2 = 1.0 / (x * x);
-  const double series = 1 - 0.5 * inv2 + 0.75 * inv2 * inv2 - 1.875 * inv2 * inv2 * inv2;
-  return -x * x - std::log(x) - 0.5 * std::log(M_PI) + std::log(series);
-}
-
 // Integer alpha: A_alpha = sum_i C(alpha, i) q^i (1-q)^(alpha-i) exp((i^2 - i) / (2 sigma^2)).
 double logAInt(double q, double sigma, uint64_t alpha) {
   double acc = -kInf;
@@ -72,6 +63,15 @@ double logAFrac(double q, double sigma, double alpha) {
 }
 
 }  // namespace
+
+// log(erfc(x)), accurate where erfc underflows: for large x, erfc(x) = exp(-x^2) / (x sqrt(pi))
+// (1 - 1/(2x^2) + 3/(4x^4) - 15/(8x^6) + ...).
+double logErfc(double x) {
+  if (x < 20) return std::log(std::erfc(x));
+  const double inv2 = 1.0 / (x * x);
+  const double series = 1 - 0.5 * inv2 + 0.75 * inv2 * inv2 - 1.875 * inv2 * inv2 * inv2;
+  return -x * x - std::log(x) - 0.5 * std::log(M_PI) + std::log(series);
+}
 
 const std::vector<double>& defaultOrders() {
   static const std::vector<double> orders = [] {

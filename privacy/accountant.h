@@ -20,6 +20,9 @@
 
 namespace starling::privacy {
 
+// log(erfc(x)), accurate where erfc underflows (the asymptotic series beyond x = 20).
+double logErfc(double x);
+
 // dp-accounting's default RDP orders: 1.1, 1.2, ..., 10.9, 11, 12, ..., 63, 128, 256, 512, 1024.
 const std::vector<double>& defaultOrders();
 

@@ -56,7 +56,7 @@ double CentralDp::resolveSigma(const CentralDpConfig& c, double q, uint64_t roun
     const uint64_t fit =
         pld ? PldAccountant(q, sigma, c.delta, kRunPldGrid).roundsWithin(c.target_epsilon, rounds)
             : RdpAccountant(q, sigma, c.delta).roundsWithin(c.target_epsilon, rounds);
-    std::string derived = "none up to 1e4 does";
+    std::string derived = "none does";
     try {
       derived = std::to_string(derive());
     } catch (const ConfigError&) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "privacy/accountant.h"
 
 namespace starling::privacy {
 namespace {
@@ -23,8 +24,9 @@ double logAdd(double a, double b) {
   const double hi = std::max(a, b), lo = std::min(a, b);
   return hi + std::log1p(std::exp(lo - hi));
 }
-double upper(double z) { return 0.5 * std::erfc(z / std::sqrt(2.0)); }   // P(Z > z)
-double lower(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }  // P(Z <= z)
+// log P(Z > z) and log P(Z <= z), Z standard normal, finite far into the tails.
+double logUpper(double z) { return std::log(0.5) + logErfc(z / std::sqrt(2.0)); }
+double logLower(double z) { return logUpper(-z); }
 
 // One neighbouring relation's privacy loss as an increasing function g of y:
 //   remove: y ~ (1 - q) N(0, s^2) + q N(1, s^2), g(y) = l(y);
@@ -49,26 +51,6 @@ struct Relation {
     return s * s * (w - std::log(q)) + 0.5;
   }
   double g(double y) const { return remove ? l(y) : -l(-y); }
-  // The y with g(y) = v; none when v is beyond g's range (the add relation's losses are below
-  // -log(1 - q)).
-  std::optional<double> gInv(double v) const {
-    if (remove) return lInv(v);
-    const auto x = lInv(-v);
-    if (!x) return std::nullopt;
-    return -*x;
-  }
-  double cdf(double t) const {
-    return remove ? (1 - q) * lower(t / s) + q * lower((t - 1) / s) : lower(t / s);
-  }
-  double sf(double t) const {
-    return remove ? (1 - q) * upper(t / s) + q * upper((t - 1) / s) : upper(t / s);
-  }
-  // P(a < y <= b), from whichever tail keeps its precision.
-  double mass(double a, double b) const {
-    if (b <= 0.5) return cdf(b) - cdf(a);
-    if (a >= 0.5) return sf(a) - sf(b);
-    return 1 - cdf(a) - sf(b);
-  }
 };
 
 // Losses k h for k in [lo, lo + p.size()), and an infinite loss of mass `inf`.
@@ -78,20 +60,24 @@ struct Pmf {
   double inf = 0;
 };
 
-// One round's exact delta(eps) = P(L > eps) - e^eps Q(L > eps) for the relation's pair.
+// One round's exact delta(eps) = P(L > eps) - e^eps Q(L > eps) for the relation's pair, its
+// large terms in log space (e^eps alone overflows past eps = 709).
 double exactDelta(const Relation& r, double eps) {
+  const double s = r.s;
   if (r.remove) {
-    // L = l(y) > eps <=> y > l^-1(eps); all of it below l's floor.
+    // L = l(y) > eps <=> y > x = l^-1(eps), y from the mixture against N(0, s^2): delta =
+    // q P(N(1) > x) - (e^eps - (1 - q)) P(N(0) > x); all of it when eps is below l's floor.
     const std::optional<double> x = r.lInv(eps);
     if (!x) return -std::expm1(eps);
-    const double s = r.s;
-    return (1 - r.q) * upper(*x / s) + r.q * upper((*x - 1) / s) - std::exp(eps) * upper(*x / s);
+    const double w = r.q == 1 ? eps : eps + std::log1p(-(1 - r.q) * std::exp(-eps));
+    return r.q * std::exp(logUpper((*x - 1) / s)) - std::exp(w + logUpper(*x / s));
   }
-  // L = -l(x), x ~ N(0, s^2) against the mixture: L > eps <=> l(x) < -eps <=> x < l^-1(-eps).
+  // L = -l(x), x ~ N(0, s^2) against the mixture: L > eps <=> x < l^-1(-eps): delta =
+  // P(N(0) < x) - e^eps ((1 - q) P(N(0) < x) + q P(N(1) < x)); nothing when no x has such a loss.
   const std::optional<double> x = r.lInv(-eps);
   if (!x) return 0.0;
-  const double s = r.s;
-  return lower(*x / s) - std::exp(eps) * ((1 - r.q) * lower(*x / s) + r.q * lower((*x - 1) / s));
+  const double lo0 = logLower(*x / s), lo1 = logLower((*x - 1) / s);
+  return std::exp(lo0) - std::exp(eps + logAdd(std::log1p(-r.q) + lo0, std::log(r.q) + lo1));
 }
 
 // The connect-the-dots PMF (Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022): losses on the
@@ -107,25 +93,22 @@ std::optional<Pmf> discretize(const Relation& r, double h) {
   const auto kmin = static_cast<int64_t>(std::floor(r.g(y_lo) / h));
   const auto kmax = static_cast<int64_t>(std::ceil(r.g(y_hi) / h)) + 1;
   const auto n = static_cast<size_t>(kmax - kmin + 1);
-  std::vector<double> d(n), e(n);
-  for (size_t i = 0; i < n; ++i) {
-    e[i] = static_cast<double>(kmin + static_cast<int64_t>(i)) * h;
-    d[i] = std::max(0.0, exactDelta(r, e[i]));
-  }
+  std::vector<double> d(n);
+  for (size_t i = 0; i < n; ++i)
+    d[i] = std::max(0.0, exactDelta(r, static_cast<double>(kmin + static_cast<int64_t>(i)) * h));
   Pmf pmf;
   pmf.lo = kmin;
   pmf.p.assign(n, 0.0);
   pmf.inf = d[n - 1];
-  // B of the segment above each point, from the top (B = 0 above the last: only infinity).
-  double above = 0.0;  // B_i
-  double mass = 0.0;   // what the points above i hold, with the infinite loss
-  for (size_t i = n - 1; i-- > 0;) {
-    const double b = std::max(0.0, (d[i] - d[i + 1]) / (std::exp(e[i + 1]) - std::exp(e[i])));
-    // The point above this segment takes the slope's change.
-    const double p = std::max(0.0, std::exp(e[i + 1]) * (b - above));
+  // With D_i = d_i - d_i+1 (and D = 0 above the last point), the mass at point i + 1 is
+  // (e^h D_i - D_i+1) / (e^h - 1): e^eps_i B's change, written without e^eps itself.
+  const double eh = std::exp(h), em1 = std::expm1(h);
+  double mass = 0.0;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    const double gap = d[i] - d[i + 1], next = i + 2 < n ? d[i + 1] - d[i + 2] : 0.0;
+    const double p = std::max(0.0, (eh * gap - next) / em1);
     pmf.p[i + 1] = p;
     mass += p;
-    above = b;
   }
   pmf.p[0] = std::max(0.0, 1.0 - mass - pmf.inf);
   return pmf;
@@ -180,7 +163,9 @@ std::optional<Composed> compose(const Pmf& one, uint64_t rounds, double h) {
   // Composed index K sits at K mod n: position i holds the K of [base, base + n) congruent to it.
   for (size_t i = 0; i < n; ++i)
     c.p[i] = std::max(0.0, x[at(c.base + static_cast<int64_t>(i))].real());
-  c.inf = -std::expm1(t * std::log1p(-std::min(one.inf, 1.0)));
+  // The mass Chernoff's bound leaves outside the window (at most e^-40 each side) aliased into it:
+  // counted as infinite loss, so that it can only raise epsilon.
+  c.inf = std::min(1.0, -std::expm1(t * std::log1p(-std::min(one.inf, 1.0))) + 2 * std::exp(-40.0));
   return c;
 }
 
@@ -236,8 +221,10 @@ double PldAccountant::epsilon(uint64_t rounds) const {
   double eps = 0.0;
   for (const bool remove : {true, false}) {
     const Relation r{q_, sigma_, remove};
-    // A window too wide for memory: a coarser grid (still pessimistic, a little less tight).
+    // A window too wide for memory: a coarser grid (still pessimistic, a little less tight); past
+    // a grid step of 1 nothing is worth reporting (a loss that wide is no privacy).
     for (double h = h_;; h *= 2) {
+      if (h > 1) return kInf;
       std::shared_ptr<const Pmf> one;
       {
         std::lock_guard<std::mutex> lock(cache_->mutex);
@@ -280,8 +267,9 @@ double pldNoiseForEpsilon(double target_epsilon, double q, uint64_t rounds, doub
   while (eps(hi) > target_epsilon) {
     hi *= 2;
     if (hi > 1e4)
-      STARLING_THROW(ConfigError, "no noise multiplier up to 1e4 gives epsilon <= ", target_epsilon,
-                     " after ", rounds, " rounds at sampling rate ", q, " and delta ", delta,
+      STARLING_THROW(ConfigError,
+                     "no noise multiplier up to 8192 gives epsilon <= ", target_epsilon, " after ",
+                     rounds, " rounds at sampling rate ", q, " and delta ", delta,
                      ": raise privacy.target_epsilon or lower the rounds");
   }
   double lo = hi / 2;

@@ -260,7 +260,7 @@ TEST_CASE("central DP: a round Poisson sampling leaves empty is recorded, and co
 
 TEST_CASE(
     "central DP: a budget the rounds would exceed is refused before round 1, with the "
-    "rounds that fit; a target alone derives the noise",
+    "rounds that fit, and a target alone derives the noise",
     "[server][dp]") {
   const auto l = layout();
   server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 200, 100);
