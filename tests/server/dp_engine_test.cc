@@ -109,6 +109,9 @@ server::EngineConfig dpConfig(double q, double clip, double sigma, uint64_t roun
   c.dp.noise_multiplier = sigma;
   c.dp.seeded_noise = true;
   c.dp.population = population;
+  // RDP: its epsilon is a closed sum, where PLD's composes by FFT every round (minutes under the
+  // sanitizers); the test of the noise's scale runs the default, PLD.
+  c.dp.accountant = privacy::DpAccountant::kRdp;
   return c;
 }
 
@@ -203,8 +206,9 @@ TEST_CASE("central DP: the noise's scale at the fixed denominator, epsilon in ev
   // Zero updates: the model moves by the noise alone, sd sigma C / (q N) per round.
   VectorFleet fleet(l, n, [&](uint64_t, uint64_t) { return constant(numel, 0.0f); });
   server::EngineConfig c = dpConfig(q, clip, sigma, rounds, population);
+  c.dp.accountant = server::EngineConfig{}.dp.accountant;  // the default: PLD
+  REQUIRE(c.dp.accountant == privacy::DpAccountant::kPld);
   server::RoundEngine engine(l, c, std::vector<float>(numel, 0.0f));
-  // The run's accountant: PLD by default.
   const privacy::PldAccountant oracle(q, sigma, c.dp.delta, privacy::kRunPldGrid);
   std::vector<float> before(numel, 0.0f);
   for (uint64_t r = 1; r <= rounds; ++r) {
@@ -265,8 +269,7 @@ TEST_CASE(
   const auto l = layout();
   server::EngineConfig c = dpConfig(0.1, 1.0, 1.0, 200, 100);
   c.dp.target_epsilon = 3.0;
-  const uint64_t fit =
-      privacy::PldAccountant(0.1, 1.0, c.dp.delta, privacy::kRunPldGrid).roundsWithin(3.0, 200);
+  const uint64_t fit = privacy::RdpAccountant(0.1, 1.0, c.dp.delta).roundsWithin(3.0, 200);
   REQUIRE(fit > 0);
   REQUIRE(fit < 200);
   CHECK_THROWS_MATCHING(server::RoundEngine(l, c, std::vector<float>(l->numel(), 0)), ConfigError,
@@ -403,8 +406,7 @@ TEST_CASE("central DP's accounting is in the checkpoint: a resume under other se
     REQUIRE(engine.resumed());
     const server::RoundRecord rec = engine.runRound(fleet);
     CHECK(rec.round == 4);
-    CHECK(*rec.dp_epsilon ==
-          privacy::PldAccountant(0.5, 1.2, c.dp.delta, privacy::kRunPldGrid).epsilon(4));
+    CHECK(*rec.dp_epsilon == privacy::RdpAccountant(0.5, 1.2, c.dp.delta).epsilon(4));
   }
   const auto refused = [&](const server::EngineConfig& x, const std::string& why) {
     CHECK_THROWS_MATCHING(server::RoundEngine(l, x, std::vector<float>(l->numel(), 0)), IoError,
