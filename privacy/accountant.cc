@@ -146,9 +146,9 @@ double RdpAccountant::epsilon(uint64_t rounds) const {
   return epsilonFromRdp(defaultOrders(), composed, delta_);
 }
 
-uint64_t RdpAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
-  // epsilon grows with the rounds: the largest T with epsilon(T) <= budget, by bisection.
-  if (epsilon(1) > budget) return 0;
+uint64_t lastRoundWithin(const std::function<double(uint64_t)>& epsilon, double budget,
+                         uint64_t max_rounds) {
+  if (max_rounds == 0 || epsilon(1) > budget) return 0;
   uint64_t lo = 1, hi = max_rounds;
   if (epsilon(hi) <= budget) return hi;
   while (hi - lo > 1) {
@@ -156,6 +156,10 @@ uint64_t RdpAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
     (epsilon(mid) <= budget ? lo : hi) = mid;
   }
   return lo;
+}
+
+uint64_t RdpAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
+  return lastRoundWithin([&](uint64_t t) { return epsilon(t); }, budget, max_rounds);
 }
 
 double noiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double delta,

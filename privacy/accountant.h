@@ -15,6 +15,7 @@
 // clients by Poisson sampling with rate q (sampling.poisson). Fixed-size sampling without
 // replacement is another mechanism (Wang, Balle, Kasiviswanathan 2019), not accounted here.
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -52,6 +53,11 @@ class RdpAccountant {
   double q_, sigma_, delta_;
   std::vector<double> rdp_;  // one round, at defaultOrders()
 };
+
+// The largest T in [0, max_rounds] with epsilon(T) <= budget, for an epsilon that grows with the
+// rounds (bisection; either accountant's roundsWithin).
+uint64_t lastRoundWithin(const std::function<double(uint64_t)>& epsilon, double budget,
+                         uint64_t max_rounds);
 
 // The smallest noise multiplier (within rel_tol) whose epsilon after `rounds` rounds is at most
 // `target_epsilon`; ConfigError when none up to 1e4 is (a target too small for these rounds).

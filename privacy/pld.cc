@@ -247,14 +247,7 @@ double PldAccountant::epsilon(uint64_t rounds) const {
 }
 
 uint64_t PldAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
-  if (epsilon(1) > budget) return 0;
-  uint64_t lo = 1, hi = max_rounds;
-  if (epsilon(hi) <= budget) return hi;
-  while (hi - lo > 1) {
-    const uint64_t mid = lo + (hi - lo) / 2;
-    (epsilon(mid) <= budget ? lo : hi) = mid;
-  }
-  return lo;
+  return lastRoundWithin([&](uint64_t t) { return epsilon(t); }, budget, max_rounds);
 }
 
 double pldNoiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double delta,
