@@ -327,13 +327,24 @@ int runServer(apps::Settings& c) {
         dp->config().seeded_noise ? " | seeded noise: anyone with model.seed can remove it" : "");
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;
+    const uint64_t round = engine.nextRound();
     try {
       r = engine.runRound(fleet);
     } catch (const server::Stopped&) {
-      log->info(
-          "stopped during round {}: it was not recorded and runs again when the server restarts{}",
-          engine.nextRound(),
-          ec.checkpoint.empty() ? " (no state.checkpoint: from round 1)" : " from its checkpoint");
+      if (engine.nextRound() > round)  // stopped in its evaluation: the round was applied and kept
+        log->info(
+            "stopped during round {}'s evaluation: the round was recorded (without test metrics); "
+            "a restart goes on at round {}{}",
+            round, engine.nextRound(),
+            ec.checkpoint.empty() ? " (no state.checkpoint: from round 1)"
+                                  : " from its checkpoint");
+      else
+        log->info(
+            "stopped during round {}: it was not recorded and runs again when the server "
+            "restarts{}",
+            round,
+            ec.checkpoint.empty() ? " (no state.checkpoint: from round 1)"
+                                  : " from its checkpoint");
       return 0;
     }
     std::string acc =
