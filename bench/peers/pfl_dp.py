@@ -53,7 +53,6 @@ PROG = "pfl_dp.py"
 try:
     import numpy as np
     import torch
-    import torch.nn.functional as F
     from pfl.version import __version__ as pfl_version
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
@@ -62,7 +61,7 @@ try:
     from pfl.data.federated_dataset import FederatedDataset
     from pfl.data.sampling import get_user_sampler
     from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
-    from pfl.metrics import Metrics, Weighted
+    from pfl.metrics import Metrics
     from pfl.model.pytorch import PyTorchModel
     from pfl.privacy import PLDPrivacyAccountant, RDPPrivacyAccountant
     from pfl.privacy.gaussian_mechanism import GaussianMechanism
@@ -71,28 +70,6 @@ try:
 except ImportError as e:
     common.die(PROG, f"{e}: run it with the peers' virtual environment (bash scripts/peers-venv.sh; "
                      "then $STARLING_PEERS_VENV/bin/python, default ~/.cache/starling/peers-venv)")
-
-
-def make_module(hidden):
-    """The MLP with the two methods pfl's PyTorchModel calls: loss(*data), metrics(*data)."""
-    net = common.make_mlp(hidden)
-
-    class PflMlp(type(net)):
-        def loss(self, x, y, eval=False):
-            self.eval() if eval else self.train()
-            return F.cross_entropy(self(x), y.long())
-
-        def metrics(self, x, y, eval=True):
-            self.eval() if eval else self.train()
-            with torch.no_grad():
-                out = self(x)
-                loss = F.cross_entropy(out, y.long(), reduction="sum").item()
-                correct = (out.argmax(1) == y).sum().item()
-            n = len(y)
-            return {"loss": Weighted(loss, n), "accuracy": Weighted(correct, n)}
-
-    net.__class__ = PflMlp
-    return net
 
 
 class AggregateProbe(TrainingProcessCallback):
@@ -199,7 +176,7 @@ def main():
         print(f"{PROG}: epsilon {eps}: sigma PLD {pld.noise_parameter:.4f} ({pld_s:.1f} s), "
               f"RDP {rdp.noise_parameter:.4f} ({rdp_s:.1f} s); using {a.accountant}", file=sys.stderr, flush=True)
 
-    module = make_module(a.hidden)
+    module = pfl_sim.make_module(common.make_mlp(a.hidden))
     model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
     algorithm_params = NNAlgorithmParams(central_num_iterations=a.rounds,

@@ -136,9 +136,10 @@ except ImportError as e:
                      "then $STARLING_PEERS_VENV/bin/python, default ~/.cache/starling/peers-venv)")
 
 
-def make_module():
-    """The CNN with the two methods pfl's PyTorchModel calls: loss(*data), metrics(*data)."""
-    net = common.make_cnn()
+def make_module(net=None):
+    """`net` (the CNN by default; pfl_dp.py passes the MLP) with the two methods pfl's
+    PyTorchModel calls: loss(*data), metrics(*data)."""
+    net = common.make_cnn() if net is None else net
 
     class PflCnn(type(net)):
         def loss(self, x, y, eval=False):
