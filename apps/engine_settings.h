@@ -56,6 +56,12 @@ inline server::EngineConfig engineConfig(const Settings& s) {
     const auto end = std::to_chars(buf, buf + sizeof buf, s.privacy.clip).ptr;
     e.scheme.rule = "fedavg:weight=uniform,clip=" + std::string(buf, end);
   }
+  if (s.secagg.enabled) {
+    e.secagg = {true, s.secagg.neighbours, s.secagg.threshold, s.secagg.bits, s.secagg.clip};
+    // The server sees the sum only: every update weighs alike (clipped by its client; under
+    // central DP the rule above says so already).
+    if (s.privacy.dp == DpMode::kOff) e.scheme.rule = "fedavg:weight=uniform";
+  }
   e.completion.min_results = s.sampling.min_clients;
   e.completion.min_completion_rate = s.round.min_completion_rate;
   e.round_deadline_ms = s.round.deadline_ms;

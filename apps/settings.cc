@@ -213,6 +213,26 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "privacy.dp: pld (privacy loss distributions: the tight epsilon, less noise for a budget) "
         "or rdp (Renyi DP: an upper bound, as Opacus and TF Privacy report)",
         dpAccountants());
+  o.add("secagg.enabled", &s.secagg.enabled,
+        "secure aggregation (SecAgg+): each client masks its update, clipped to secagg.clip, in "
+        "a ring, and the server learns only the sum (every update weighing alike; the compressor "
+        "none; synchronous rounds; starling-sim on one worker so far; docs/privacy.md)");
+  o.add("secagg.neighbours", &s.secagg.neighbours,
+        "secagg: the neighbours each client masks and shares with (even; 0: the smallest even "
+        "number >= 2 log2 of the round's clients, at least 4; all of them when fewer)",
+        0, 1024);
+  o.add("secagg.threshold", &s.secagg.threshold,
+        "secagg: the shares that rebuild a client's secrets (0: half its neighbours and one); a "
+        "client with fewer surviving neighbours cannot be unmasked",
+        0, 1024);
+  o.add("secagg.bits", &s.secagg.bits,
+        "secagg: the ring Z_2^bits the masked updates travel in (bits per value); too few for the "
+        "round's clients and the model are refused with the bits it takes",
+        8, 64);
+  o.add("secagg.clip", &s.secagg.clip,
+        "secagg: the L2 norm each client clips its update to before masking (under privacy.dp: "
+        "privacy.clip, its default)",
+        0, 1e30);
   use(kServer);
   o.add("privacy.seeded_noise", &s.privacy.seeded_noise,
         "privacy.dp at the root: draw the noise and the sample from the run seed (model.seed), "
@@ -445,6 +465,46 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                        " is set but privacy.dp is off: set privacy.dp = central "
                        "(or leave ",
                        k, " out)");
+  }
+  // Secure aggregation runs on one worker: its default there, as for asynchronous steps.
+  if (self == kSim && s.secagg.enabled && !o.given("sim.workers")) s.sim.workers = 1;
+  // The masked words replace the update: the compressor none, unless a file says otherwise
+  // (which the engine then refuses with the reason).
+  if (s.secagg.enabled && !o.given("compression.compressor")) s.compression.compressor = "none";
+  if (self != kClient && s.secagg.enabled) {
+    if (self == kServer)
+      STARLING_THROW(ConfigError,
+                     "secagg.enabled: the deployed root and its clients do not run secure "
+                     "aggregation yet (starling-sim does; docs/privacy.md says what remains)");
+    if (buffered(s.round.mode))
+      STARLING_THROW(ConfigError,
+                     "secagg.enabled runs in synchronous rounds only, not round.mode "
+                     "= ",
+                     name(s.round.mode), ": its steps need every sampled client of one round");
+    if (s.sim.workers > 1)
+      STARLING_THROW(ConfigError,
+                     "secagg.enabled runs in the simulator on one worker so far, not "
+                     "sim.workers = ",
+                     s.sim.workers);
+    if (!o.given("secagg.clip")) {
+      if (s.privacy.dp == DpMode::kOff)
+        STARLING_THROW(ConfigError,
+                       "secagg.enabled needs secagg.clip: the L2 norm each client "
+                       "clips its update to before masking (near the median update "
+                       "norm of a run without it)");
+      s.secagg.clip = s.privacy.clip;
+    }
+    if (s.aggregation.rule != "fedavg")
+      STARLING_THROW(ConfigError,
+                     "secagg.enabled sets the rule itself (fedavg with uniform "
+                     "weights: the server sees only the sum): leave aggregation.rule "
+                     "out (it is ",
+                     s.aggregation.rule, ")");
+  } else if (self != kClient) {
+    for (const char* k : {"secagg.neighbours", "secagg.threshold", "secagg.bits", "secagg.clip"})
+      if (o.given(k))
+        STARLING_THROW(ConfigError, k, " is set but secagg.enabled is not (set it, or leave ", k,
+                       " out)");
   }
   if (self == kClient && s.client.id >= s.data.num_clients)
     STARLING_THROW(ConfigError, "client.id ", s.client.id, " must be below data.num_clients ",

@@ -104,6 +104,12 @@ struct Settings {
     double clip = 0.0, noise_multiplier = 0.0, target_epsilon = 0.0, delta = 1e-5;
     bool seeded_noise = false;  // the root's; a simulation's noise is always seeded
   } privacy;
+  // Secure aggregation (SecAgg+; server/secure_round.h): synchronous rounds of the simulator.
+  struct SecAgg {
+    bool enabled = false;
+    uint32_t neighbours = 0, threshold = 0, bits = 32;
+    double clip = 0.0;  // 0 under privacy.dp: privacy.clip
+  } secagg;
   struct Round {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits
     double min_completion_rate = 0.0;

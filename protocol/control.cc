@@ -26,7 +26,11 @@ static_assert(static_cast<int>(MessageKind::kSplitHello) == static_cast<int>(fb:
 static_assert(static_cast<int>(MessageKind::kSplitReply) == static_cast<int>(fb::Body::SplitReply));
 static_assert(static_cast<int>(MessageKind::kSplitBottom) ==
               static_cast<int>(fb::Body::SplitBottom));
-static_assert(static_cast<int>(MessageKind::kSplitAverage) == static_cast<int>(fb::Body::MAX));
+static_assert(static_cast<int>(MessageKind::kSplitAverage) ==
+              static_cast<int>(fb::Body::SplitAverage));
+static_assert(static_cast<int>(MessageKind::kSecAggSetup) ==
+              static_cast<int>(fb::Body::SecAggSetup));
+static_assert(static_cast<int>(MessageKind::kSecAggReveal) == static_cast<int>(fb::Body::MAX));
 
 namespace {
 
@@ -129,7 +133,7 @@ std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
   if (field == 0 || field >= obj_size || root + field >= n) return std::nullopt;
   const uint8_t type = p[root + field];
   if (type < static_cast<uint8_t>(MessageKind::kUpdate) ||
-      type > static_cast<uint8_t>(MessageKind::kSplitAverage))
+      type > static_cast<uint8_t>(MessageKind::kSecAggReveal))
     return std::nullopt;
   return static_cast<MessageKind>(type);
 }

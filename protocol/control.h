@@ -37,6 +37,13 @@ enum class MessageKind : uint8_t {
   kSplitReply = 13,
   kSplitBottom = 14,
   kSplitAverage = 15,
+  kSecAggSetup = 16,  // secure aggregation (protocol/secagg_wire.h)
+  kSecAggKeys = 17,
+  kSecAggAdverts = 18,
+  kSecAggShares = 19,
+  kSecAggMasked = 20,
+  kSecAggUnmask = 21,
+  kSecAggReveal = 22,
 };
 const char* kindName(MessageKind k);
 

@@ -22,6 +22,7 @@
 
 namespace starling::server {
 namespace ag = starling::aggregation;
+namespace cz = starling::compression;
 
 namespace {
 constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
@@ -152,6 +153,58 @@ void EngineConfig::validate() const {
     // The budget (and sigma from the target), refused with the numbers before round 1.
     privacy::CentralDp::resolveSigma(dp, sampling.poisson_rate, rounds);
   }
+  if (secagg.enabled) {
+    if (scheme.compressor != "none")
+      STARLING_THROW(ConfigError, secureCompressorRefusal(scheme.compressor));
+    if (scheme.scaffold)
+      STARLING_THROW(ConfigError,
+                     "secagg.enabled does not take train.scaffold: each client's control change "
+                     "would travel in the clear beside its masked update");
+    const auto rule = ag::makeRule(scheme.rule);
+    if (!rule->streaming() || rule->weightsByExamples())
+      STARLING_THROW(ConfigError, "secagg.enabled needs the rule fedavg with uniform weights, got ",
+                     rule->spec(),
+                     ": the server sees only the sum of the clients' updates, so it can neither "
+                     "weight each by its examples nor run a robust rule over them");
+    if (shard_count > 1)
+      STARLING_THROW(ConfigError, "secagg.enabled does not take a sharded server step");
+    if (dp.enabled && secagg.clip != dp.clip)
+      STARLING_THROW(ConfigError, "secagg.clip (", secagg.clip, ") must equal privacy.clip (",
+                     dp.clip,
+                     ") under central DP: the clients clip, and the noise is "
+                     "calibrated to that clip");
+    // The ring is checked against the most clients a round can sample when the sampling says
+    // (a count); with Poisson sampling or a fraction, each round's own count is (a round whose
+    // sum would not fit is not applied, with the reason).
+    secagg.validate(secureMaxClients(sampling), 1);
+  }
+}
+
+uint64_t secureMaxClients(const SamplingConfig& s) {
+  return s.poisson_rate == 0 && s.clients_per_round > 0
+             ? static_cast<uint64_t>(
+                   std::ceil(static_cast<double>(s.clients_per_round) * s.overcommit))
+             : 1;
+}
+
+std::string secureCompressorRefusal(const std::string& spec) {
+  const std::string name = spec.substr(0, spec.find(':'));
+  std::string why;
+  if (name == "topk" || name == "stc" || name == "gtopk" || name == "sign" || name == "qsgd")
+    why =
+        "its clients send values on supports (or scales) of their own, and a coordinate only "
+        "one client touched is that client's value in the sum: it cannot be aggregated "
+        "securely";
+  else
+    why =
+        "secure aggregation sends each update as dense masked ring words; composing it with "
+        "this compressor (a shared support, a shared scale, or factor sums phase by phase) "
+        "is not built yet";
+  return "secagg.enabled takes the compressor none, not " + spec + ": " + why;
+}
+
+PhaseReport Fleet::exchange(SecureStage, SecureRound&, std::span<const ClientInfo>, uint32_t) {
+  STARLING_THROW(ConfigError, "this fleet cannot run secure aggregation (secagg.enabled)");
 }
 
 protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t round,
@@ -238,6 +291,8 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
   optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
   if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
+  if (config_.secagg.enabled)  // the ring for the most clients a round samples, when known
+    config_.secagg.validate(secureMaxClients(config_.sampling), layout_->numel());
   if (config_.dp.enabled) {
     dp_ = std::make_unique<privacy::CentralDp>(config_.dp, config_.sampling.poisson_rate,
                                                config_.rounds, config_.scheme.run_seed);
@@ -592,7 +647,14 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   std::set<uint64_t> failed;
   std::vector<uint64_t>
       counted;  // phase 0's accepted clients: their control changes are in the sum
-  for (;;) {
+  if (config_.secagg.enabled) {
+    const PhaseTask task{round->broadcast(), header, model_, config_.downlink};
+    if (!secureSum(fleet, task, active, target, round->current(), rec, failed)) {
+      rec.clients_failed = failed.size();
+      return finishRecord();
+    }
+  }
+  for (; !config_.secagg.enabled;) {
     header.phase = round->phase();
     if (header.phase == 0)
       header.control = control_;  // SCAFFOLD's c, phase 0 only
@@ -698,6 +760,81 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     }
   }
   return finishRecord();
+}
+
+// Secure aggregation's four steps for the sampled clients (server/secure_round.h), then the
+// survivors' sum merged into `agg` as one partial of uniform weights (the bound n C checked).
+// False, with rec.reason, when the round has no sum to apply.
+bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
+                            size_t target, ag::PhaseAggregator& agg, RoundRecord& rec,
+                            std::set<uint64_t>& failed) {
+  const auto account = [&](const PhaseReport& rep) {
+    rec.updates_rejected += rep.refused;
+    rec.uplink_bytes += rep.uplink_bytes;
+    rec.downlink_bytes += rep.downlink_bytes;
+    if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
+    if (rep.makespan_seconds)
+      rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
+    failed.insert(rep.failed.begin(), rep.failed.end());
+    std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
+    std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
+  };
+  std::vector<uint64_t> ids;
+  for (const auto& c : active) ids.push_back(c.id);
+  std::unique_ptr<SecureRound> sr;
+  try {
+    if (ids.size() < 3)
+      STARLING_THROW(InvalidArgument,
+                     "secure aggregation needs at least 3 clients a round (with "
+                     "2, each would learn the other's update from the sum), got ",
+                     ids.size());
+    sr = std::make_unique<SecureRound>(
+        config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, ids.size(), layout_->numel()),
+        ids);
+  } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
+    rec.reason = e.what();
+    return false;
+  }
+  for (const SecureStage stage : {SecureStage::kAdvertise, SecureStage::kShareKeys}) {
+    account(fleet.exchange(stage, *sr, active, config_.round_deadline_ms));
+    if (active.empty()) break;
+  }
+  if (!active.empty()) {
+    PhaseTask task = plain;
+    task.secure = sr.get();
+    account(fleet.runPhase(task, active, std::min(target, active.size()), agg));
+  }
+  if (!active.empty())
+    account(fleet.exchange(SecureStage::kUnmask, *sr, active, config_.round_deadline_ms));
+  SecureRound::Outcome out = sr->finish();
+  if (!out.ok) {
+    rec.reason = out.reason;
+    return false;
+  }
+  cz::PartialMessage pm;
+  pm.header = {layout_->fingerprint(),
+               rec.round,
+               0,
+               agg.partial().layout().sharedTag(),
+               out.survivors.size(),
+               static_cast<double>(out.survivors.size()),
+               0};
+  for (const auto& t : layout_->tensors()) {
+    const auto first = out.sum.begin() + static_cast<std::ptrdiff_t>(t.offset);
+    pm.tensors.push_back(
+        cz::DenseF32{std::vector<float>(first, first + static_cast<std::ptrdiff_t>(t.numel))});
+  }
+  for (const auto& [name, v] : out.metrics)
+    if (std::find(config_.scheme.metrics.begin(), config_.scheme.metrics.end(), name) !=
+        config_.scheme.metrics.end())
+      pm.metrics.push_back(cz::MetricSum{name, v.first, v.second});
+  try {
+    agg.merge(cz::view(pm), kSecureSource);
+  } catch (const InputError& e) {
+    rec.reason = std::string("secure aggregation: the unmasked sum was refused: ") + e.what();
+    return false;
+  }
+  return true;
 }
 
 // SCAFFOLD, option II: c += (1/N) sum over the clients whose update was accepted of

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -32,6 +33,7 @@
 #include "privacy/dp.h"
 #include "protocol/control.h"
 #include "server/model_store.h"
+#include "server/secure_round.h"
 
 namespace starling::server {
 
@@ -108,8 +110,24 @@ struct EngineConfig {
   // refused at construction. The checkpoint keeps (q, sigma, delta): a resume under other privacy
   // settings, or a DP run from a checkpoint of rounds without DP, is refused.
   privacy::CentralDpConfig dp;
+  // Secure aggregation, SecAgg+ (server/secure_round.h): each round's clients mask their clipped
+  // updates in a ring, and the engine (through the fleet's exchange()) learns only their sum. It
+  // needs the rule fedavg with uniform weights (the sum is of unweighted updates), the dense
+  // compressor "none" (the masked words replace the update), one optimizer shard, no SCAFFOLD;
+  // refused otherwise, with the reason. A round with fewer than 3 clients, or whose survivors
+  // are too few to unmask, is not applied, with the reason. Composes with central DP (the noise
+  // is added to the unmasked sum).
+  SecAggConfig secagg;
   void validate() const;  // ConfigError naming the key
 };
+
+// Secure aggregation: why `compressor` (a spec) is refused with it, for the ConfigError.
+std::string secureCompressorRefusal(const std::string& compressor);
+// The most clients a round of this sampling can have when it says (a count, over-committed);
+// 1 when each round's own count decides (Poisson sampling, a fraction).
+uint64_t secureMaxClients(const SamplingConfig& s);
+// The source id under which the engine merges a secure round's unmasked sum.
+inline constexpr uint64_t kSecureSource = ~uint64_t{0};
 
 // SCAFFOLD's acknowledgements: per client (or edge aggregator) id, the last round whose control
 // change was counted into c. A deployed fleet writes a client's into its phase-0 task
@@ -124,6 +142,11 @@ struct PhaseTask {
   const ModelStore& model;
   Downlink downlink;
   const ControlAcks* control_acks = nullptr;  // with header.control: each client's control_ack
+  // Secure aggregation's masked-input step: each participant is given request(kMaskedInput, id)
+  // with its task, trains, and answers with its masked input, which the fleet hands to
+  // reply(kMaskedInput, id, bytes) instead of adding an update to the aggregate (a refused one
+  // fails the client). Null: a plain phase.
+  SecureRound* secure = nullptr;
 };
 
 // The header of a fit task of `round` on model `version` (every field but the phase, SCAFFOLD's
@@ -221,6 +244,13 @@ class Fleet {
   // participant answered or failed, or the task's deadline passed.
   virtual PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
                                size_t target, aggregation::PhaseAggregator& agg) = 0;
+  // Secure aggregation (EngineConfig::secagg): step `stage` of `round` (not the masked input,
+  // which runPhase carries): gives each participant round.request(stage, id) and hands its answer
+  // to round.reply(stage, id, bytes) (an InputError refuses it: the client fails the step), until
+  // every participant answered or failed or `deadline_ms` passed. `completed`: whose answer was
+  // taken. A fleet that cannot run secure aggregation keeps this default, a ConfigError.
+  virtual PhaseReport exchange(SecureStage stage, SecureRound& round,
+                               std::span<const ClientInfo> participants, uint32_t deadline_ms);
   // Federated evaluation of the current model on the participants' held-out data.
   virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
   // The federation is over: tell the clients.
@@ -303,6 +333,9 @@ class RoundEngine {
   void loadOptimizerShard(uint64_t next_round);
   std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round,
                                  size_t* target) const;
+  bool secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
+                 size_t target, aggregation::PhaseAggregator& agg, RoundRecord& rec,
+                 std::set<uint64_t>& failed);
   void updateControl(const aggregation::PartialAggregate& phase0, size_t available, uint64_t round,
                      const std::vector<uint64_t>& counted);
 

@@ -142,6 +142,17 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   b.up.resize(participants.size());
   for (size_t i = 0; i < participants.size(); ++i)
     b.up[i] = participants[i].id == 0 ? b.update_of_zero : b.update;
+  if (task.secure) {
+    // Secure aggregation: each task comes with the shares addressed to its client, and the
+    // client answers with its masked input (metrics as phaseZeroUpdateBytes counts them).
+    std::vector<Metric> metrics;
+    for (const auto& m : h.metrics) metrics.push_back(Metric{m, 1.0});
+    for (size_t i = 0; i < participants.size(); ++i) {
+      b.down[i] +=
+          task.secure->request(server::SecureStage::kMaskedInput, participants[i].id).size();
+      b.up[i] = task.secure->maskedBytes(participants[i].id, metrics);
+    }
+  }
   const bool per_client = h.phase == 0 && server::downlinkPerHeld(task.downlink);
   held_before_.clear();
   if (per_client) {
@@ -264,6 +275,22 @@ void SimFleet::trainMine(const server::PhaseTask& task,
       if (held) {
         held->push_back(Held{id, index[id], size, std::move(res.update), std::move(state_)});
         state_ = ClientState(trainer_.layout().fingerprint());
+      } else if (task.secure) {
+        // Its update, dense, clipped and masked by its own side; what it sends is the masked
+        // input (refused: the client fails, its state as it was).
+        std::vector<float> x(trainer_.layout().numel());
+        cz::densifyUpdate(trainer_.layout(), res.update.tensors, x);
+        const std::vector<uint8_t> masked = parties_.at(id).mask(
+            task.secure->request(server::SecureStage::kMaskedInput, id), x, res.update.metrics);
+        counts.size(index[id]) = masked.size();
+        counts.uplink() += masked.size();
+        try {
+          task.secure->reply(server::SecureStage::kMaskedInput, id, masked);
+        } catch (const InputError&) {
+          counts.outcome(index[id]) = PhaseCounts::kFailed;
+          continue;
+        }
+        store_.store(id, state_);
       } else {
         counts.uplink() += size;
         agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
@@ -386,6 +413,56 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
     if (h.phase == 0) cost_.observe(w, counts.work(w), 1, sec);  // identical on every worker
   }
   rep.makespan_seconds = makespan;
+  return rep;
+}
+
+server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::SecureRound& round,
+                                       std::span<const server::ClientInfo> participants,
+                                       uint32_t /*deadline_ms: the simulated clock's own*/) {
+  if (coll_.size() > 1)
+    STARLING_THROW(ConfigError,
+                   "secure aggregation runs in the simulator on one worker (sim.workers = 1) so "
+                   "far: its clients' key exchange is not shared among workers");
+  server::PhaseReport rep;
+  if (stage == server::SecureStage::kAdvertise) parties_.clear();
+  double longest = 0.0;
+  for (const auto& c : participants) {
+    const std::vector<uint8_t> req = round.request(stage, c.id);
+    rep.downlink_bytes += req.size();
+    std::vector<uint8_t> answer;
+    try {
+      if (stage == server::SecureStage::kAdvertise) {
+        answer = parties_.try_emplace(c.id, c.id).first->second.setup(req);
+      } else {
+        client::SecureParty& party = parties_.at(c.id);
+        answer =
+            stage == server::SecureStage::kShareKeys ? party.shareKeys(req) : party.unmask(req);
+      }
+    } catch (const InputError&) {  // the client refused the request: it drops out
+      rep.failed.push_back(c.id);
+      continue;
+    }
+    const ClientTiming t =
+        timeClient(clients_.devices[c.id], c.id, c.num_examples, 0,
+                   config_.reference_seconds_per_example, req.size(), answer.size());
+    if (!clients_.devices.onlineAt(c.id, clock_ + t.total()) ||
+        (config_.deadline_seconds > 0 && t.total() > config_.deadline_seconds)) {
+      rep.failed.push_back(c.id);
+      continue;
+    }
+    longest = std::max(longest, t.total());
+    rep.uplink_bytes += answer.size();
+    try {
+      round.reply(stage, c.id, answer);
+      rep.completed.push_back(c.id);
+    } catch (const InputError&) {
+      ++rep.refused;
+      rep.failed.push_back(c.id);
+    }
+  }
+  clock_ += longest;
+  rep.sim_seconds = longest;
+  rep.makespan_seconds = 0.0;
   return rep;
 }
 

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "client/algorithm.h"
+#include "client/secure_party.h"
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "server/engine.h"
@@ -103,6 +104,13 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   server::PhaseReport runPhase(const server::PhaseTask& task,
                                std::span<const server::ClientInfo> participants, size_t target,
                                aggregation::PhaseAggregator& agg) override;
+  // Secure aggregation's exchange steps (advertise, share keys, unmask): each participant's real
+  // client side (client::SecureParty) answers the engine's request, timed on the simulated clock
+  // by its bytes (a client offline before its answer arrives, or past the deadline, fails the
+  // step). One worker only so far (ConfigError otherwise).
+  server::PhaseReport exchange(server::SecureStage stage, server::SecureRound& round,
+                               std::span<const server::ClientInfo> participants,
+                               uint32_t deadline_ms) override;
   // Central evaluation of the task's model on the test set, split among the workers.
   server::EvalReport evaluate(const server::PhaseTask& task,
                               std::span<const server::ClientInfo> participants) override;
@@ -206,6 +214,8 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   double wait_ = 0.0;          // the clock's wait for a client to come online, not yet reported
   ClientState state_;          // reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
+  // Secure aggregation: the round's clients' own sides, made at its advertise step.
+  std::map<uint64_t, client::SecureParty> parties_;
 };
 
 }  // namespace starling::simulator

@@ -512,3 +512,55 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
   apps::resolveSettings(*p.o, p.s, apps::kServer);
   CHECK(p.s.sampling.min_available == 1);
 }
+
+TEST_CASE(
+    "secagg.*: the simulator composes its rule and one worker, and the refusals name the keys",
+    "[apps][settings][secagg]") {
+  using Catch::Matchers::Contains;
+  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
+    auto p = parse(self, std::move(args));
+    REQUIRE(p.rc == -1);
+    try {
+      apps::resolveSettings(*p.o, p.s, self);
+      const server::EngineConfig e = apps::engineConfig(p.s);
+      apps::checkRoundMode(p.s, self, e);
+      e.validate();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return {};
+  };
+  auto p = parse(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2"});
+  REQUIRE(p.rc == -1);
+  apps::resolveSettings(*p.o, p.s, Program::kSim);
+  CHECK(p.s.sim.workers == 1);
+  const server::EngineConfig e = apps::engineConfig(p.s);
+  CHECK(e.secagg.enabled);
+  CHECK(e.secagg.clip == 2.0);
+  CHECK(e.scheme.rule == "fedavg:weight=uniform");
+  CHECK(e.scheme.compressor == "none");  // the default's top-k would be refused
+  // Under central DP the clip is privacy.clip's.
+  auto d = parse(Program::kSim,
+                 {"--secagg.enabled", "true", "--privacy.dp", "central", "--privacy.clip", "0.5",
+                  "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.2"});
+  REQUIRE(d.rc == -1);
+  apps::resolveSettings(*d.o, d.s, Program::kSim);
+  CHECK(apps::engineConfig(d.s).secagg.clip == 0.5);
+  CHECK(refused(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2"}).empty());
+  CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2"}),
+             Contains("do not run secure aggregation yet"));
+  CHECK_THAT(refused(Program::kSim, {"--secagg.enabled", "true"}), Contains("needs secagg.clip"));
+  CHECK_THAT(refused(Program::kSim,
+                     {"--secagg.enabled", "true", "--secagg.clip", "2", "--sim.workers", "2"}),
+             Contains("one worker"));
+  CHECK_THAT(refused(Program::kSim,
+                     {"--secagg.enabled", "true", "--secagg.clip", "2", "--round.mode", "async"}),
+             Contains("synchronous rounds only"));
+  CHECK_THAT(refused(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2",
+                                     "--aggregation.rule", "median"}),
+             Contains("leave aggregation.rule out"));
+  CHECK_THAT(refused(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2",
+                                     "--compression.compressor", "stc:density=0.05"}),
+             Contains("a coordinate only one client touched"));
+  CHECK_THAT(refused(Program::kSim, {"--secagg.bits", "40"}), Contains("secagg.enabled is not"));
+}

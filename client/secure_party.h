@@ -1,0 +1,60 @@
+#pragma once
+// A client's side of secure aggregation (SecAgg+, privacy/secagg.h) on the wire messages of
+// protocol/secagg_wire.h: the one implementation the simulator's clients and a deployed client
+// run. One party per client; each round's setup starts it afresh (fresh keys, every earlier
+// round's secrets forgotten).
+//
+//   setup(SecAggSetup)      -> SecAggKeys     its advertised keys
+//   shareKeys(SecAggAdverts) -> SecAggShares  its key and seed shared among its neighbours
+//   mask(SecAggShares, x)   -> SecAggMasked   x clipped to the ring's clip in L2, then each
+//                                             coordinate to [-clip, clip], rounded into the
+//                                             ring and masked
+//   unmask(SecAggUnmask)    -> SecAggReveal   answered once; both shares of one client refused
+//
+// Every message is checked before its state changes: a message of another round (kWrongRound),
+// shares addressed to another client (kWrongSender), a step out of order (kUnexpectedMessage),
+// and privacy/secagg.h's checks. InputError, the party unchanged.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "core/metric.h"
+#include "privacy/secagg.h"
+#include "protocol/secagg_wire.h"
+
+namespace starling::client {
+
+class SecureParty {
+ public:
+  // `signing`: its long-term key, when rounds sign their adverts (must outlive the party).
+  explicit SecureParty(uint64_t id, const privacy::SigningKeyPair* signing = nullptr,
+                       protocol::SecAggLimits limits = {});
+
+  std::vector<uint8_t> setup(std::span<const uint8_t> setup_msg);
+  std::vector<uint8_t> shareKeys(std::span<const uint8_t> adverts_msg);
+  // `x`: the round's dim values (its update, dense); `metrics` travel in the clear.
+  std::vector<uint8_t> mask(std::span<const uint8_t> shares_msg, std::span<const float> x,
+                            std::span<const Metric> metrics = {});
+  std::vector<uint8_t> unmask(std::span<const uint8_t> unmask_msg);
+
+  uint64_t id() const { return id_; }
+  // The round of the last setup (0: none).
+  uint64_t round() const { return params_.round; }
+  const privacy::SecAggParams& params() const { return params_; }
+
+ private:
+  void checkRound(uint64_t round, const char* what) const;
+
+  uint64_t id_;
+  const privacy::SigningKeyPair* signing_;
+  protocol::SecAggLimits limits_;
+  privacy::SecAggParams params_;
+  std::optional<privacy::SecAggClient> client_;
+};
+
+// x scaled to L2 norm at most `clip` (unchanged when within it), then each coordinate clamped to
+// [-clip, clip] (the scaled values may pass it by a rounding). Non-finite values: InvalidArgument.
+std::vector<float> clipForRing(std::span<const float> x, double clip);
+
+}  // namespace starling::client

@@ -1,0 +1,92 @@
+#pragma once
+// The wire messages of secure aggregation (SecAgg+, privacy/secagg.h) in the round: encode and
+// decode of the seven tables of protocol/starling.fbs that carry its four steps.
+//
+//   step 0 advertise    server -> client  SecAggSetup    (the round's parameters and clients)
+//                       client -> server  SecAggKeys     (its KeyAdvert)
+//   step 1 share keys   server -> client  SecAggAdverts  (its neighbours' adverts)
+//                       client -> server  SecAggShares   (one sealed share pair per neighbour)
+//   step 2 masked input server -> client  SecAggShares   (the shares addressed to it)
+//                       client -> server  SecAggMasked   (its masked input, packed to b bits)
+//   step 3 unmask       server -> client  SecAggUnmask
+//                       client -> server  SecAggReveal
+//
+// Decoders treat the bytes as hostile: the FlatBuffers structure with a table budget from the
+// limits, every field present and of its exact size (keys 32 bytes, signatures 64, shares
+// privacy::Share::kBytes, the packed words exactly ceil(dim * bits / 8) bytes), counts within
+// the limits, client lists ascending without repeats, metrics finite with printable names.
+// InputError with its own code (kMissingField, kSizeMismatch, kUnexpectedMessage, kNonFinite,
+// kDuplicate) on any failure; nothing partial is returned. What the protocol then checks (a
+// neighbour, the round, a replay) is privacy/secagg.h's.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/metric.h"
+#include "privacy/secagg.h"
+
+namespace starling::protocol {
+
+struct SecAggLimits {
+  size_t max_bytes = size_t{1} << 30;
+  uint64_t max_clients = uint64_t{1} << 20;  // clients a round's setup may name
+  uint32_t max_neighbours = 1024;            // adverts, shares and reveals one message may carry
+  size_t max_metrics = 32, max_metric_name = 64;
+};
+
+struct SecAggSetupMsg {
+  uint64_t nonce = 0;
+  privacy::SecAggParams params;   // round and run seed included
+  std::vector<uint64_t> clients;  // ascending
+};
+struct SecAggKeysMsg {
+  uint64_t nonce = 0;
+  privacy::KeyAdvert advert;
+};
+struct SecAggAdvertsMsg {
+  uint64_t round = 0, nonce = 0;
+  std::vector<privacy::KeyAdvert> adverts;
+};
+struct SecAggSharesMsg {
+  uint64_t client = 0, round = 0, nonce = 0;
+  std::vector<privacy::EncryptedShare> shares;
+};
+struct SecAggMaskedMsg {
+  uint64_t client = 0, nonce = 0;
+  uint32_t bits = 0;
+  privacy::MaskedInput input;  // round, contributors, words (each below 2^bits)
+  std::vector<Metric> metrics;
+};
+struct SecAggUnmaskMsg {
+  uint64_t nonce = 0;
+  privacy::UnmaskRequest request;
+};
+struct SecAggRevealMsg {
+  uint64_t nonce = 0;
+  privacy::UnmaskResponse response;
+};
+
+std::vector<uint8_t> encode(const SecAggSetupMsg& m);
+std::vector<uint8_t> encode(const SecAggKeysMsg& m);
+std::vector<uint8_t> encode(const SecAggAdvertsMsg& m);
+std::vector<uint8_t> encode(const SecAggSharesMsg& m);
+std::vector<uint8_t> encode(const SecAggMaskedMsg& m);
+std::vector<uint8_t> encode(const SecAggUnmaskMsg& m);
+std::vector<uint8_t> encode(const SecAggRevealMsg& m);
+
+SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+SecAggKeysMsg decodeSecAggKeys(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+SecAggAdvertsMsg decodeSecAggAdverts(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+SecAggSharesMsg decodeSecAggShares(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+// `dim`: the words the round's inputs have (kSizeMismatch for another count, before unpacking).
+SecAggMaskedMsg decodeSecAggMasked(std::span<const uint8_t> bytes, uint64_t dim,
+                                   const SecAggLimits& l = {});
+SecAggUnmaskMsg decodeSecAggUnmask(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+
+// The size of a masked input's message for `dim` words of `bits` bits from one client with
+// `metrics` (each non-zero: FlatBuffers leaves a zero out), for a simulated clock.
+size_t secAggMaskedBytes(uint64_t dim, uint32_t bits, uint64_t client,
+                         std::span<const Metric> metrics);
+
+}  // namespace starling::protocol

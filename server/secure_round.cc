@@ -1,0 +1,208 @@
+#include "server/secure_round.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "privacy/crypto.h"
+#include "privacy/ring.h"
+
+namespace starling::server {
+namespace pr = starling::protocol;
+namespace pv = starling::privacy;
+
+namespace {
+
+uint32_t autoNeighbours(uint64_t n) {
+  uint32_t lg = 0;
+  while ((uint64_t{1} << lg) < n) ++lg;
+  uint32_t k = std::max<uint32_t>(4, 2 * lg);
+  return k + (k % 2);
+}
+
+uint64_t freshNonce() {
+  const pv::Key32 k = pv::randomKey();
+  uint64_t n = 0;
+  std::memcpy(&n, k.data(), sizeof n);
+  return n == 0 ? 1 : n;  // never 0: a zero field is left out, and every message's size is fixed
+}
+
+const pv::SecAggParams& atLeastThree(const pv::SecAggParams& p, std::span<const uint64_t> clients) {
+  if (clients.size() < 3)
+    STARLING_THROW(InvalidArgument,
+                   "secure aggregation needs at least 3 clients a round (with 2, each would learn "
+                   "the other's update from the sum), got ",
+                   clients.size());
+  return p;
+}
+
+}  // namespace
+
+void SecAggConfig::validate(uint64_t max_clients, uint64_t dim) const {
+  if (!enabled) return;
+  if (neighbours != 0 && (neighbours < 2 || neighbours % 2 != 0))
+    STARLING_THROW(ConfigError,
+                   "secagg.neighbours must be 0 (chosen per round) or even and at "
+                   "least 2, got ",
+                   neighbours);
+  if (threshold != 0 && (threshold < 2 || (neighbours != 0 && threshold > neighbours)))
+    STARLING_THROW(ConfigError,
+                   "secagg.threshold must be 0 (half the neighbours and one) or in "
+                   "[2, secagg.neighbours], got ",
+                   threshold);
+  if (!(std::isfinite(clip) && clip > 0))
+    STARLING_THROW(ConfigError,
+                   "secagg.clip must be finite and > 0 (the L2 bound each client "
+                   "clips its update to before masking), got ",
+                   clip);
+  (void)pv::RingSpec::fit(bits, clip, std::max<uint64_t>(max_clients, 1), dim);
+}
+
+pv::SecAggParams SecAggConfig::paramsFor(uint64_t run_seed, uint64_t round, uint64_t n,
+                                         uint64_t dim) const {
+  pv::SecAggParams p;
+  p.run_seed = run_seed;
+  p.round = round;
+  p.neighbours = neighbours != 0 ? neighbours : autoNeighbours(n);
+  // The neighbours a client really has: all the others when the graph is complete.
+  const uint64_t have = std::min<uint64_t>(p.neighbours, n > 0 ? n - 1 : 0);
+  p.threshold = threshold != 0 ? threshold : static_cast<uint32_t>(have / 2 + 1);
+  p.ring = pv::RingSpec::fit(bits, clip, n, dim);
+  p.dim = dim;
+  return p;
+}
+
+const char* stageName(SecureStage s) {
+  switch (s) {
+    case SecureStage::kAdvertise:
+      return "advertise keys";
+    case SecureStage::kShareKeys:
+      return "share keys";
+    case SecureStage::kMaskedInput:
+      return "masked input";
+    case SecureStage::kUnmask:
+      return "unmask";
+  }
+  return "unknown";
+}
+
+SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clients,
+                         pr::SecAggLimits limits)
+    : params_(std::move(params)),
+      limits_(limits),
+      nonce_(freshNonce()),
+      server_(atLeastThree(params_, clients), clients),
+      clients_(clients.begin(), clients.end()) {}
+
+std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
+  STARLING_ENFORCE(clients_.count(client), "secagg: a request for a client not in the round");
+  switch (stage) {
+    case SecureStage::kAdvertise:
+      return pr::encode(pr::SecAggSetupMsg{
+          nonce_, params_, std::vector<uint64_t>(clients_.begin(), clients_.end())});
+    case SecureStage::kShareKeys:
+      return pr::encode(pr::SecAggAdvertsMsg{params_.round, nonce_, server_.advertsFor(client)});
+    case SecureStage::kMaskedInput:
+      return pr::encode(
+          pr::SecAggSharesMsg{client, params_.round, nonce_, server_.sharesFor(client)});
+    case SecureStage::kUnmask:
+      return pr::encode(pr::SecAggUnmaskMsg{nonce_, server_.unmaskRequestFor(client)});
+  }
+  STARLING_THROW(InvalidArgument, "secagg: no such step");
+}
+
+void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) {
+  const auto check = [&](uint64_t from, uint64_t round, uint64_t nonce) {
+    if (from != client)
+      throw InputError(Errc::kWrongSender, "secagg: client " + std::to_string(client) +
+                                               " sent a message of client " + std::to_string(from));
+    if (round != params_.round)
+      throw InputError(Errc::kWrongRound, "secagg: client " + std::to_string(client) +
+                                              " answered for round " + std::to_string(round) +
+                                              " in round " + std::to_string(params_.round));
+    if (nonce != nonce_)
+      throw InputError(Errc::kLate, "secagg: client " + std::to_string(client) +
+                                        " answered another exchange (a replay)");
+    if (answered_[static_cast<size_t>(stage)].count(client))
+      throw InputError(Errc::kDuplicate, "secagg: client " + std::to_string(client) +
+                                             " answered step " + stageName(stage) + " twice");
+  };
+  switch (stage) {
+    case SecureStage::kAdvertise: {
+      const pr::SecAggKeysMsg m = pr::decodeSecAggKeys(bytes, limits_);
+      check(m.advert.client, m.advert.round, m.nonce);
+      server_.onAdvert(m.advert);
+      break;
+    }
+    case SecureStage::kShareKeys: {
+      const pr::SecAggSharesMsg m = pr::decodeSecAggShares(bytes, limits_);
+      check(m.client, m.round, m.nonce);
+      server_.onShares(client, m.shares);
+      break;
+    }
+    case SecureStage::kMaskedInput: {
+      const pr::SecAggMaskedMsg m = pr::decodeSecAggMasked(bytes, params_.dim, limits_);
+      check(m.client, m.input.round, m.nonce);
+      if (m.bits != params_.ring.bits)
+        throw InputError(Errc::kSizeMismatch, "secagg: client " + std::to_string(client) +
+                                                  " masked in a ring of " + std::to_string(m.bits) +
+                                                  " bits, the round's has " +
+                                                  std::to_string(params_.ring.bits));
+      if (m.input.clients != std::vector<uint64_t>{client})
+        throw InputError(Errc::kWrongSender, "secagg: client " + std::to_string(client) +
+                                                 " sent a masked input of other clients");
+      server_.onMaskedInput(m.input);
+      for (const auto& x : m.metrics) {
+        auto& [sum, count] = metrics_[x.name];
+        sum += x.value;
+        count += 1;
+      }
+      break;
+    }
+    case SecureStage::kUnmask: {
+      const pr::SecAggRevealMsg m = pr::decodeSecAggReveal(bytes, limits_);
+      check(m.response.client, m.response.round, m.nonce);
+      server_.onUnmask(m.response);
+      break;
+    }
+  }
+  answered_[static_cast<size_t>(stage)].insert(client);
+}
+
+size_t SecureRound::maskedBytes(uint64_t client, std::span<const Metric> metrics) const {
+  return pr::secAggMaskedBytes(params_.dim, params_.ring.bits, client, metrics);
+}
+
+SecureRound::Outcome SecureRound::finish() {
+  STARLING_ENFORCE(!finished_, "secagg: a round finished twice");
+  finished_ = true;
+  Outcome out;
+  pv::SecAggServer::Result r = server_.finish();
+  if (!r.ok) {
+    out.reason = "secure aggregation: " + r.reason;
+    return out;
+  }
+  out.survivors = std::move(r.survivors);
+  out.sum.resize(params_.dim);
+  pv::decode(params_.ring, r.sum, out.sum);
+  // The one bound the server can still check: each survivor clipped to C, so the sum's norm is
+  // at most n C, plus each coordinate's rounding (at most n / scale).
+  const double n = static_cast<double>(out.survivors.size());
+  double sq = 0.0;
+  for (float v : out.sum) sq += static_cast<double>(v) * v;
+  const double bound =
+      n * (params_.ring.clip + std::sqrt(static_cast<double>(params_.dim)) / params_.ring.scale);
+  if (!(std::sqrt(sq) <= bound * (1 + 1e-6))) {
+    out.reason = "secure aggregation: the unmasked sum's norm " + std::to_string(std::sqrt(sq)) +
+                 " exceeds the survivors' count times the clip (" + std::to_string(bound) +
+                 "): a client masked an update it had not clipped";
+    out.sum.clear();
+    return out;
+  }
+  for (const auto& [name, v] : metrics_) out.metrics[name] = v;
+  out.ok = true;
+  return out;
+}
+
+}  // namespace starling::server

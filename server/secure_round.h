@@ -1,0 +1,88 @@
+#pragma once
+// Secure aggregation (SecAgg+, privacy/secagg.h) as the round engine runs it: the server's side
+// of one round over the wire messages of protocol/secagg_wire.h. The engine makes one per round
+// for its sampled clients and drives its four steps through the fleet (server/engine.h):
+//
+//   kAdvertise    Fleet::exchange: request(kAdvertise, c) is the round's setup, reply its keys
+//   kShareKeys    Fleet::exchange: the neighbours' adverts, reply the client's sealed shares
+//   kMaskedInput  Fleet::runPhase with PhaseTask::secure: the client trains; request is the
+//                 shares addressed to it, reply its masked input (its update clipped to the
+//                 ring's clip, client/secure_party.h) instead of an update
+//   kUnmask       Fleet::exchange: what it must reveal, reply the shares
+//
+// then finish(): the survivors' sum, decoded from the ring, checked against n times the clip, or
+// the reason the round has none. A client that does not answer a step drops out of the rest;
+// privacy/secagg.h removes what it left behind. Every reply is checked (sender, round, this
+// round's nonce, then the protocol's checks) and refused with InputError, nothing changed.
+// Not thread-safe: the fleet calls it from its one thread.
+#include <cstdint>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/metric.h"
+#include "privacy/secagg.h"
+#include "protocol/secagg_wire.h"
+
+namespace starling::server {
+
+// secagg.*: 0 for neighbours or threshold: chosen per round (below).
+struct SecAggConfig {
+  bool enabled = false;
+  uint32_t neighbours = 0;  // k, even; 0: the smallest even number >= 2 log2(n), at least 4
+  uint32_t threshold = 0;   // t, in [2, k]; 0: k / 2 + 1 (of the neighbours a round has)
+  uint32_t bits = 32;       // the ring Z_2^bits, 8 to 64
+  double clip = 0.0;        // L2 bound each client clips its update to before masking (> 0)
+  // ConfigError naming the key; with `max_clients` (the most clients a round may sample) and the
+  // model's `dim`, also a ring in which their sum could wrap or rounding would cost more than
+  // privacy::RingSpec allows, with the bits it would take.
+  void validate(uint64_t max_clients, uint64_t dim) const;
+  // The round's parameters for its n clients.
+  privacy::SecAggParams paramsFor(uint64_t run_seed, uint64_t round, uint64_t n,
+                                  uint64_t dim) const;
+};
+
+enum class SecureStage : uint8_t { kAdvertise = 0, kShareKeys = 1, kMaskedInput = 2, kUnmask = 3 };
+const char* stageName(SecureStage s);
+
+class SecureRound {
+ public:
+  // `clients`: the round's sample (at least 3: with 2, each would learn the other's input from the
+  // sum; InvalidArgument).
+  SecureRound(privacy::SecAggParams params, std::span<const uint64_t> clients,
+              protocol::SecAggLimits limits = {});
+
+  const privacy::SecAggParams& params() const { return params_; }
+  std::vector<uint8_t> request(SecureStage stage, uint64_t client);
+  void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes);
+  // The clients whose reply of `stage` was taken.
+  const std::set<uint64_t>& answered(SecureStage stage) const {
+    return answered_[static_cast<size_t>(stage)];
+  }
+  // The size of a masked input's message from `client` with these metrics (the simulated clock's).
+  size_t maskedBytes(uint64_t client, std::span<const Metric> metrics) const;
+
+  struct Outcome {
+    bool ok = false;
+    std::string reason;               // why not, when !ok
+    std::vector<float> sum;           // the survivors' clipped updates summed (dim values)
+    std::vector<uint64_t> survivors;  // whose inputs the sum holds
+    std::map<std::string, std::pair<double, double>> metrics;  // name -> (sum, count)
+  };
+  // Once, after the unmask step.
+  Outcome finish();
+
+ private:
+  privacy::SecAggParams params_;
+  protocol::SecAggLimits limits_;
+  uint64_t nonce_;
+  privacy::SecAggServer server_;
+  std::set<uint64_t> clients_;
+  std::set<uint64_t> answered_[4];
+  std::map<std::string, std::pair<double, double>> metrics_;
+  bool finished_ = false;
+};
+
+}  // namespace starling::server

@@ -1,0 +1,384 @@
+// Secure aggregation in the round engine (EngineConfig::secagg, server/secure_round.h), against a
+// fleet whose clients are real client sides (client::SecureParty) with updates the test chooses:
+// the applied model is the plain mean within the ring's rounding, dropouts at each step leave the
+// survivors' mean, too few survivors or a cheating client leave the round not applied with the
+// reason, hostile replies are refused with their codes, and what is refused at configuration.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "check_throws.h"
+#include "client/secure_party.h"
+#include "protocol/secagg_wire.h"
+#include "server/engine.h"
+
+using namespace starling;
+using Catch::Matchers::Contains;
+using server::SecureStage;
+
+namespace {
+
+std::shared_ptr<const ParamLayout> layout() {
+  auto l = std::make_shared<ParamLayout>();
+  l->add("w", {16, 8});
+  l->add("b", {16});
+  return l;
+}
+
+// `n` clients, always available; client c's update in round r is update(c, r). drop_at[c] = s:
+// client c does not answer step s (and drops out of the rest).
+class SecureFleet final : public server::Fleet {
+ public:
+  SecureFleet(std::shared_ptr<const ParamLayout> l, size_t n,
+              std::function<std::vector<float>(uint64_t, uint64_t)> update)
+      : layout_(std::move(l)), n_(n), update_(std::move(update)) {}
+
+  std::map<uint64_t, SecureStage> drop_at;
+  // Replaces a client's reply before the engine gets it (an attacker's).
+  std::function<std::vector<uint8_t>(SecureStage, uint64_t, std::vector<uint8_t>)> tamper;
+  std::map<uint64_t, std::vector<uint64_t>> completed;  // round -> masked inputs taken
+  uint64_t refused = 0;
+
+  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
+                                                 uint64_t) override {
+    std::vector<server::ClientInfo> out;
+    for (uint64_t c = 0; c < n_; ++c) out.push_back({c, protocol::Role::kClient, 100, 10, 0});
+    return out;
+  }
+  server::PhaseReport exchange(SecureStage stage, server::SecureRound& round,
+                               std::span<const server::ClientInfo> participants,
+                               uint32_t) override {
+    server::PhaseReport rep;
+    if (stage == SecureStage::kAdvertise) parties_.clear();
+    for (const auto& c : participants) {
+      if (dropsAt(c.id, stage)) {
+        rep.failed.push_back(c.id);
+        continue;
+      }
+      const auto req = round.request(stage, c.id);
+      std::vector<uint8_t> ans;
+      if (stage == SecureStage::kAdvertise)
+        ans = parties_.try_emplace(c.id, c.id).first->second.setup(req);
+      else if (stage == SecureStage::kShareKeys)
+        ans = parties_.at(c.id).shareKeys(req);
+      else
+        ans = parties_.at(c.id).unmask(req);
+      deliver(stage, round, c.id, std::move(ans), rep);
+    }
+    return rep;
+  }
+  server::PhaseReport runPhase(const server::PhaseTask& task,
+                               std::span<const server::ClientInfo> participants, size_t,
+                               aggregation::PhaseAggregator&) override {
+    REQUIRE(task.secure != nullptr);  // under secagg no plain phase is run
+    server::PhaseReport rep;
+    for (const auto& c : participants) {
+      if (dropsAt(c.id, SecureStage::kMaskedInput)) {
+        rep.failed.push_back(c.id);
+        continue;
+      }
+      const auto req = task.secure->request(SecureStage::kMaskedInput, c.id);
+      const std::vector<Metric> metrics{{"train_loss", 1.0 + static_cast<double>(c.id)}};
+      auto ans = parties_.at(c.id).mask(req, update_(c.id, task.header.round), metrics);
+      deliver(SecureStage::kMaskedInput, *task.secure, c.id, std::move(ans), rep);
+    }
+    for (uint64_t id : rep.completed) completed[task.header.round].push_back(id);
+    return rep;
+  }
+  server::EvalReport evaluate(const server::PhaseTask&,
+                              std::span<const server::ClientInfo>) override {
+    return {};
+  }
+  void finish(const std::string&) override {}
+
+  std::map<uint64_t, client::SecureParty>& parties() { return parties_; }
+
+ private:
+  bool dropsAt(uint64_t id, SecureStage s) const {
+    const auto it = drop_at.find(id);
+    return it != drop_at.end() && static_cast<int>(s) >= static_cast<int>(it->second);
+  }
+  void deliver(SecureStage stage, server::SecureRound& round, uint64_t id, std::vector<uint8_t> ans,
+               server::PhaseReport& rep) {
+    if (tamper) ans = tamper(stage, id, std::move(ans));
+    try {
+      round.reply(stage, id, ans);
+      rep.completed.push_back(id);
+    } catch (const InputError&) {
+      ++rep.refused;
+      ++refused;
+      rep.failed.push_back(id);
+    }
+  }
+
+  std::shared_ptr<const ParamLayout> layout_;
+  size_t n_;
+  std::function<std::vector<float>(uint64_t, uint64_t)> update_;
+  std::map<uint64_t, client::SecureParty> parties_;
+};
+
+server::EngineConfig secureConfig(uint64_t clients_per_round, double clip) {
+  server::EngineConfig c;
+  c.rounds = 1;
+  c.scheme.compressor = "none";
+  c.scheme.rule = "fedavg:weight=uniform";
+  c.scheme.run_seed = 5;
+  c.scheme.metrics = {"train_loss"};
+  c.sampling.clients_per_round = clients_per_round;
+  c.server_opt = "fedavg";
+  c.secagg.enabled = true;
+  c.secagg.clip = clip;
+  return c;
+}
+
+// Client c's update: distinct values of either sign, norm below 1.
+std::vector<float> updateOf(uint64_t c, size_t n) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(0.02 * std::sin(0.7 * static_cast<double>(i) + 1.3 * c));
+  return x;
+}
+
+// The model after one FedAvg step (server lr 1) from zeros: the mean of `who`'s updates, in double.
+std::vector<double> meanOf(const std::vector<uint64_t>& who, size_t n) {
+  std::vector<double> m(n, 0.0);
+  for (uint64_t c : who) {
+    const auto x = updateOf(c, n);
+    for (size_t i = 0; i < n; ++i) m[i] += x[i];
+  }
+  for (double& v : m) v /= static_cast<double>(who.size());
+  return m;
+}
+
+double maxDiff(std::span<const float> a, const std::vector<double>& b) {
+  double d = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("secure aggregation: the engine applies the clients' mean, within the ring's rounding",
+          "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+  server::RoundEngine engine(l, secureConfig(12, 1.0), std::vector<float>(n, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  REQUIRE(rec.applied);
+  CHECK(rec.clients_completed == 12);
+  CHECK(rec.uplink_bytes == 0);  // this fleet counts none; the simulator's do (sim test)
+  std::vector<uint64_t> all(12);
+  for (uint64_t c = 0; c < 12; ++c) all[c] = c;
+  // The ring's scale for 12 clients of this model: a mean off by more than 12 / (12 scale) per
+  // value would be a wrong sum, not rounding.
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
+  const double tol = 1.0 / p.ring.scale + 1e-7;
+  CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= tol);
+  // Not the plain sum's bits: the model is the ring's mean, so the check above is not vacuous:
+  // another client's update out of the mean moves it far beyond the tolerance.
+  std::vector<uint64_t> eleven(all.begin(), all.end() - 1);
+  CHECK(maxDiff(engine.model().server(), meanOf(eleven, n)) > 100 * tol);
+  // The declared metric is the survivors' plain mean (in the clear).
+  REQUIRE(rec.train_loss.has_value());
+  CHECK(*rec.train_loss == Approx(1.0 + 5.5));
+}
+
+TEST_CASE("secure aggregation: dropouts at each step leave the survivors' mean", "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  for (const SecureStage s : {SecureStage::kAdvertise, SecureStage::kShareKeys,
+                              SecureStage::kMaskedInput, SecureStage::kUnmask}) {
+    DYNAMIC_SECTION("a client drops at " << server::stageName(s)) {
+      SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+      fleet.drop_at[3] = s;
+      fleet.drop_at[7] = s;
+      server::RoundEngine engine(l, secureConfig(12, 1.0), std::vector<float>(n, 0.0f));
+      const server::RoundRecord rec = engine.runRound(fleet);
+      REQUIRE(rec.applied);
+      CHECK(rec.clients_failed == 2);
+      // Who is in the sum: everyone who sent a masked input (a client lost after it is unmasked
+      // by its neighbours' shares of its seed).
+      std::vector<uint64_t> in = fleet.completed.at(1);
+      CHECK(in.size() == (s == SecureStage::kUnmask ? 12u : 10u));
+      CHECK(rec.clients_completed == in.size());
+      const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
+      CHECK(maxDiff(engine.model().server(), meanOf(in, n)) <= 1.0 / p.ring.scale + 1e-7);
+    }
+  }
+}
+
+TEST_CASE("secure aggregation: too few survivors, too few clients, or a cheat apply nothing",
+          "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  SECTION("most clients drop after masking: their masks cannot be removed") {
+    SecureFleet fleet(l, 8, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    for (uint64_t c = 0; c < 6; ++c) fleet.drop_at[c] = SecureStage::kUnmask;
+    server::RoundEngine engine(l, secureConfig(8, 1.0), std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK_THAT(rec.reason, Contains("secure aggregation"));
+    CHECK(engine.model().version() == 1);
+    for (float v : engine.model().server()) REQUIRE(v == 0.0f);
+  }
+  SECTION("a round of two clients") {
+    SecureFleet fleet(l, 2, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    server::RoundEngine engine(l, secureConfig(2, 1.0), std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK_THAT(rec.reason, Contains("at least 3 clients"));
+  }
+  SECTION("a client masks an update far beyond the clip: the sum's norm gives it away") {
+    SecureFleet fleet(l, 6, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    // Client 2 encodes, not its clipped update, but words for values of the clip everywhere
+    // (each within the ring's per-value bound, far over its L2 bound).
+    fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
+      if (s != SecureStage::kMaskedInput || id != 2) return ans;
+      protocol::SecAggMaskedMsg m = protocol::decodeSecAggMasked(ans, n);
+      const auto& p = fleet.parties().at(2).params();
+      const uint64_t big = static_cast<uint64_t>(std::floor(p.ring.scale * p.ring.clip));
+      for (auto& w : m.input.words) w = (w + big) & p.ring.mask();
+      return protocol::encode(m);
+    };
+    server::RoundEngine engine(l, secureConfig(6, 1.0), std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK_THAT(rec.reason, Contains("a client masked an update it had not clipped"));
+  }
+}
+
+TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 6, n);
+  const std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5};
+  server::SecureRound round(p, ids);
+  std::map<uint64_t, client::SecureParty> parties;
+  std::map<uint64_t, std::vector<uint8_t>> keys;
+  for (uint64_t c : ids)
+    keys[c] =
+        parties.try_emplace(c, c).first->second.setup(round.request(SecureStage::kAdvertise, c));
+  // Client 1's keys claimed by client 0's connection.
+  CHECK(testing::codeOf([&] { round.reply(SecureStage::kAdvertise, 0, keys[1]); }) ==
+        Errc::kWrongSender);
+  // Keys from another exchange of this round (a restarted root's earlier run): another nonce.
+  server::SecureRound earlier(p, ids);
+  client::SecureParty other(0);
+  const auto old_keys = other.setup(earlier.request(SecureStage::kAdvertise, 0));
+  CHECK(testing::codeOf([&] { round.reply(SecureStage::kAdvertise, 0, old_keys); }) == Errc::kLate);
+  // Another step's message in its place.
+  CHECK(testing::codeOf([&] {
+          round.reply(SecureStage::kAdvertise, 0, round.request(SecureStage::kAdvertise, 0));
+        }) == Errc::kUnexpectedMessage);
+  for (uint64_t c : ids) round.reply(SecureStage::kAdvertise, c, keys[c]);
+  CHECK(testing::codeOf([&] { round.reply(SecureStage::kAdvertise, 0, keys[0]); }) ==
+        Errc::kDuplicate);
+  for (uint64_t c : ids)
+    round.reply(SecureStage::kShareKeys, c,
+                parties.at(c).shareKeys(round.request(SecureStage::kShareKeys, c)));
+  // A masked input of another length is refused before it is unpacked.
+  protocol::SecAggMaskedMsg bad;
+  bad.client = 0;
+  bad.bits = p.ring.bits;
+  bad.input.round = 1;
+  bad.input.clients = {0};
+  bad.input.words.assign(n - 1, 0);
+  CHECK(testing::codeOf([&] {
+          round.reply(SecureStage::kMaskedInput, 0, protocol::encode(bad));
+        }) == Errc::kSizeMismatch);
+  // Shares addressed to client 1 given to client 0: its side refuses them.
+  const auto to1 = round.request(SecureStage::kMaskedInput, 1);
+  CHECK(testing::codeOf([&] { (void)parties.at(0).mask(to1, updateOf(0, n)); }) ==
+        Errc::kWrongSender);
+  // A masked input naming other contributors than its sender.
+  auto m0 = parties.at(0).mask(round.request(SecureStage::kMaskedInput, 0), updateOf(0, n));
+  protocol::SecAggMaskedMsg two = protocol::decodeSecAggMasked(m0, n);
+  two.input.clients = {0, 1};
+  CHECK(testing::codeOf([&] {
+          round.reply(SecureStage::kMaskedInput, 0, protocol::encode(two));
+        }) == Errc::kWrongSender);
+  round.reply(SecureStage::kMaskedInput, 0, m0);
+  CHECK(testing::codeOf([&] { round.reply(SecureStage::kMaskedInput, 0, m0); }) ==
+        Errc::kDuplicate);
+}
+
+TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed ones",
+          "[secagg]") {
+  protocol::SecAggMaskedMsg m;
+  m.client = 9;
+  m.nonce = 77;
+  m.bits = 37;
+  m.input.round = 4;
+  m.input.clients = {9};
+  const uint64_t mask = (uint64_t{1} << 37) - 1;
+  for (uint64_t i = 0; i < 101; ++i) m.input.words.push_back((i * 0x9e3779b97f4a7c15ull) & mask);
+  m.metrics = {{"train_loss", 0.25}};
+  const auto bytes = protocol::encode(m);
+  // 101 words of 37 bits: 468 bytes of payload, not 808 as 64-bit words would take.
+  CHECK(bytes.size() < 101 * 5 + 200);
+  const protocol::SecAggMaskedMsg back = protocol::decodeSecAggMasked(bytes, 101);
+  CHECK(back.input.words == m.input.words);
+  CHECK(back.client == 9);
+  CHECK(back.nonce == 77);
+  CHECK(back.input.round == 4);
+  CHECK(back.metrics.size() == 1);
+  CHECK(protocol::secAggMaskedBytes(101, 37, 9, m.metrics) == bytes.size());
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggMasked(bytes, 100); }) ==
+        Errc::kSizeMismatch);
+  m.metrics = {{"train_loss", std::nan("")}};
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggMasked(protocol::encode(m), 101); }) ==
+        Errc::kNonFinite);
+  m.metrics.clear();
+  m.input.clients = {9, 9};
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggMasked(protocol::encode(m), 101); }) ==
+        Errc::kDuplicate);
+  // A setup whose threshold exceeds its neighbours is refused by the client's decoder.
+  const auto p = server::SecAggConfig{true, 4, 0, 32, 1.0}.paramsFor(5, 1, 10, 100);
+  protocol::SecAggSetupMsg s{1, p, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  s.params.threshold = 9;
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSetup(protocol::encode(s)); }) ==
+        Errc::kMissingField);
+  // A client left out of the round's clients refuses its setup.
+  s.params.threshold = 3;
+  client::SecureParty outsider(42);
+  CHECK(testing::codeOf([&] { (void)outsider.setup(protocol::encode(s)); }) == Errc::kWrongSender);
+}
+
+TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[secagg]") {
+  const auto l = layout();
+  const auto refused = [&](server::EngineConfig c) {
+    try {
+      server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0.0f));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto c = secureConfig(10, 1.0);
+  c.scheme.compressor = "topk:density=0.1";
+  CHECK_THAT(refused(c), Contains("a coordinate only one client touched"));
+  c = secureConfig(10, 1.0);
+  c.scheme.compressor = "randblock:density=0.1";
+  CHECK_THAT(refused(c), Contains("not built yet"));
+  c = secureConfig(10, 1.0);
+  c.scheme.rule = "fedavg";
+  CHECK_THAT(refused(c), Contains("uniform weights"));
+  c = secureConfig(10, 1.0);
+  c.scheme.rule = "median";
+  CHECK_THAT(refused(c), Contains("uniform weights"));
+  c = secureConfig(10, 1.0);
+  c.secagg.clip = 0;
+  CHECK_THAT(refused(c), Contains("secagg.clip"));
+  c = secureConfig(10, 1.0);
+  c.secagg.neighbours = 5;
+  CHECK_THAT(refused(c), Contains("secagg.neighbours"));
+  // 10,000 clients a round of a model of 144 values do not fit 16 bits: the bits it takes.
+  c = secureConfig(10000, 1.0);
+  c.secagg.bits = 16;
+  CHECK_THAT(refused(c), Contains("it takes secagg.bits"));
+  c = secureConfig(10, 1.0);
+  CHECK(refused(c) == "accepted");
+}
