@@ -42,12 +42,18 @@ std::vector<uint8_t> SecureParty::shareKeys(std::span<const uint8_t> bytes) {
   pr::SecAggAdvertsMsg m = pr::decodeSecAggAdverts(bytes, limits_);
   checkRound(m.round, "adverts");
   for (const auto& a : m.adverts) checkRound(a.round, "an advert");
-  pr::SecAggSharesMsg out{id_, params_.round, m.nonce, client_->shareKeys(m.adverts)};
+  pr::SecAggSharesMsg out{id_, params_.round, m.nonce, {}};
+  try {
+    out.shares = client_->shareKeys(m.adverts);
+  } catch (const InvalidArgument& e) {  // a key no agreement can use (a low-order point)
+    throw InputError(Errc::kMalformed, std::string("secagg: ") + e.what());
+  }
   return pr::encode(out);
 }
 
 std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span<const float> x,
-                                       std::span<const Metric> metrics) {
+                                       std::span<const Metric> metrics,
+                                       const pv::Key32* rounding_key) {
   pr::SecAggSharesMsg m = pr::decodeSecAggShares(bytes, limits_);
   checkRound(m.round, "shares");
   if (m.client != id_)
@@ -61,7 +67,8 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
   out.client = id_;
   out.nonce = m.nonce;
   out.bits = params_.ring.bits;
-  out.input = client_->maskedInput(m.shares, clipped);
+  out.input = rounding_key ? client_->maskedInput(m.shares, clipped, *rounding_key)
+                           : client_->maskedInput(m.shares, clipped);
   out.metrics.assign(metrics.begin(), metrics.end());
   return pr::encode(out);
 }

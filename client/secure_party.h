@@ -33,9 +33,12 @@ class SecureParty {
 
   std::vector<uint8_t> setup(std::span<const uint8_t> setup_msg);
   std::vector<uint8_t> shareKeys(std::span<const uint8_t> adverts_msg);
-  // `x`: the round's dim values (its update, dense); `metrics` travel in the clear.
+  // `x`: the round's dim values (its update, dense); `metrics` travel in the clear. The rounding
+  // into the ring draws from a fresh random key, or from `rounding_key` when given (the
+  // simulator's, from the run seed: a simulated run is then a function of its seed).
   std::vector<uint8_t> mask(std::span<const uint8_t> shares_msg, std::span<const float> x,
-                            std::span<const Metric> metrics = {});
+                            std::span<const Metric> metrics = {},
+                            const privacy::Key32* rounding_key = nullptr);
   std::vector<uint8_t> unmask(std::span<const uint8_t> unmask_msg);
 
   uint64_t id() const { return id_; }

@@ -23,5 +23,10 @@ struct Neighbourhoods {
 // `clients`: distinct ids (any order). InvalidArgument for fewer than 2 clients, an odd or zero k.
 Neighbourhoods harary(std::span<const uint64_t> clients, uint32_t k, uint64_t run_seed,
                       uint64_t round);
+// The neighbours of `id` alone, ascending: harary(...).neighbours(id), without keeping the rest
+// (what a client needs: O(n) time, O(k) memory). InvalidArgument as harary's, or for an id that
+// is not one of the clients.
+std::vector<uint64_t> hararyNeighbours(std::span<const uint64_t> clients, uint32_t k,
+                                       uint64_t run_seed, uint64_t round, uint64_t id);
 
 }  // namespace starling::privacy

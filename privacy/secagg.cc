@@ -94,11 +94,11 @@ SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uin
                            const SigningKeyPair* signing)
     : p_((params.validate(), std::move(params))),
       id_(id),
-      graph_((checkIds(clients), harary(clients, p_.neighbours, p_.run_seed, p_.round))),
+      neighbours_(
+          (checkIds(clients), hararyNeighbours(clients, p_.neighbours, p_.run_seed, p_.round, id))),
       cipher_(DhKeyPair::generate()),
       mask_(DhKeyPair::generate()),
       self_seed_(randomKey()) {
-  (void)graph_.neighbours(id);  // InvalidArgument unless it is one of the round's clients
   if (p_.signed_keys && signing == nullptr)
     STARLING_THROW(ConfigError, "secagg with signed keys: client ", id, " has no signing key");
   advert_.client = id;
@@ -118,7 +118,7 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
   for (const KeyAdvert& a : adverts) {
     checkRound(a.round, p_.round, "an advertised key");
     if (a.client == id_) failInput(Errc::kWrongSender, "client ", id_, " was sent its own key");
-    if (!graph_.adjacent(id_, a.client))
+    if (!std::binary_search(neighbours_.begin(), neighbours_.end(), a.client))
       failInput(Errc::kNotNeighbour, "client ", a.client, " is not a neighbour of client ", id_);
     if (p_.signed_keys) {
       const Key32* signer = nullptr;
@@ -327,8 +327,11 @@ std::vector<EncryptedShare> SecAggServer::sharesFor(uint64_t client) {
 
 void SecAggServer::onMaskedInput(const MaskedInput& m) {
   checkRound(m.round, p_.round, "a masked input");
-  shares_closed_ = true;
   if (closed_) failInput(Errc::kLate, "a masked input after the round's inputs closed");
+  // Only once the shares were handed out (sharesFor closed them): an early one, refused, must not
+  // close the honest clients' shares either.
+  if (!shares_closed_)
+    failInput(Errc::kWrongRound, "a masked input before the round's shares were handed out");
   if (m.words.size() != p_.dim)
     failInput(Errc::kSizeMismatch, "a masked input of ", m.words.size(), " words, the round's ",
               p_.dim);

@@ -124,12 +124,13 @@ class SecAggClient {
   UnmaskResponse unmask(const UnmaskRequest& request);
 
   uint64_t id() const { return id_; }
-  const Neighbourhoods& graph() const { return graph_; }
+  // Its neighbours in the round's graph (ascending): all it keeps of the graph.
+  std::span<const uint64_t> neighbours() const { return neighbours_; }
 
  private:
   SecAggParams p_;
   uint64_t id_;
-  Neighbourhoods graph_;
+  std::vector<uint64_t> neighbours_;
   DhKeyPair cipher_, mask_;
   Key32 self_seed_{};
   KeyAdvert advert_;

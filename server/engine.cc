@@ -168,6 +168,13 @@ void EngineConfig::validate() const {
                      "weight each by its examples nor run a robust rule over them");
     if (shard_count > 1)
       STARLING_THROW(ConfigError, "secagg.enabled does not take a sharded server step");
+    // The unmasked sum of n updates clipped to C is within n C in norm and per value: it must
+    // pass the bounds every partial is checked against.
+    if (secagg.clip > scheme.bounds.max_update_norm || secagg.clip > scheme.bounds.max_abs_value)
+      STARLING_THROW(ConfigError, "secagg.clip (", secagg.clip,
+                     ") must not exceed bounds.max_norm (", scheme.bounds.max_update_norm,
+                     ") nor bounds.max_abs (", scheme.bounds.max_abs_value,
+                     "): the unmasked sum is checked against them");
     if (dp.enabled && secagg.clip != dp.clip)
       STARLING_THROW(ConfigError, "secagg.clip (", secagg.clip, ") must equal privacy.clip (",
                      dp.clip,
@@ -624,9 +631,9 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   }
   size_t target = 0;
   std::vector<ClientInfo> active;
-  if (dp_) {
+  if (dp_ || config_.secagg.enabled) {
     // Central DP samples clients only: an edge aggregator's partial holds updates the root
-    // cannot clip.
+    // cannot clip. Secure aggregation too: edge aggregators do not relay its steps yet.
     std::vector<ClientInfo> clients = available;
     std::erase_if(clients, [](const ClientInfo& c) { return c.role != protocol::Role::kClient; });
     active = sample(clients, rec.round, &target);
@@ -790,7 +797,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      ids.size());
     sr = std::make_unique<SecureRound>(
         config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, ids.size(), layout_->numel()),
-        ids);
+        ids, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs});
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
     return false;
@@ -811,6 +818,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     rec.reason = out.reason;
     return false;
   }
+  // A client lost after its masked input is in the sum (its neighbours unmasked it): not failed.
+  for (uint64_t id : out.survivors) failed.erase(id);
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,
@@ -831,6 +840,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   try {
     agg.merge(cz::view(pm), kSecureSource);
   } catch (const InputError& e) {
+    ++rec.updates_rejected;
     rec.reason = std::string("secure aggregation: the unmasked sum was refused: ") + e.what();
     return false;
   }

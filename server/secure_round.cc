@@ -51,6 +51,14 @@ void SecAggConfig::validate(uint64_t max_clients, uint64_t dim) const {
                    "secagg.threshold must be 0 (half the neighbours and one) or in "
                    "[2, secagg.neighbours], got ",
                    threshold);
+  if (threshold != 0 && neighbours != 0 && 2 * threshold <= neighbours)
+    STARLING_THROW(ConfigError, "secagg.threshold (", threshold,
+                   ") must exceed half of "
+                   "secagg.neighbours (",
+                   neighbours,
+                   "): with fewer, a server could ask half of "
+                   "a client's neighbours for its seed and the other half for its mask key, and "
+                   "unmask its update alone");
   if (!(std::isfinite(clip) && clip > 0))
     STARLING_THROW(ConfigError,
                    "secagg.clip must be finite and > 0 (the L2 bound each client "
@@ -68,6 +76,12 @@ pv::SecAggParams SecAggConfig::paramsFor(uint64_t run_seed, uint64_t round, uint
   // The neighbours a client really has: all the others when the graph is complete.
   const uint64_t have = std::min<uint64_t>(p.neighbours, n > 0 ? n - 1 : 0);
   p.threshold = threshold != 0 ? threshold : static_cast<uint32_t>(have / 2 + 1);
+  // t > half the neighbours a client has: with fewer, a server could ask one half for a client's
+  // seed and the other for its mask key, and unmask it alone. And no more than it has.
+  if (p.threshold > have || 2 * static_cast<uint64_t>(p.threshold) <= have)
+    STARLING_THROW(InvalidArgument, "secagg.threshold = ", p.threshold, " does not fit a round of ",
+                   n, " clients, where each has ", have,
+                   " neighbours: it must exceed half of them and not exceed them");
   p.ring = pv::RingSpec::fit(bits, clip, n, dim);
   p.dim = dim;
   return p;
@@ -88,15 +102,20 @@ const char* stageName(SecureStage s) {
 }
 
 SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clients,
-                         pr::SecAggLimits limits)
+                         SecureMetricRules metrics, pr::SecAggLimits limits)
     : params_(std::move(params)),
+      rules_(std::move(metrics)),
       limits_(limits),
       nonce_(freshNonce()),
+      probe_(pv::DhKeyPair::generate()),
       server_(atLeastThree(params_, clients), clients),
       clients_(clients.begin(), clients.end()) {}
 
 std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
   STARLING_ENFORCE(clients_.count(client), "secagg: a request for a client not in the round");
+  STARLING_CHECK_ARG(static_cast<int>(stage) >= open_, "secagg: step ", stageName(stage),
+                     " requested after a later one");
+  open_ = static_cast<int>(stage);
   switch (stage) {
     case SecureStage::kAdvertise:
       return pr::encode(pr::SecAggSetupMsg{
@@ -128,10 +147,24 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
       throw InputError(Errc::kDuplicate, "secagg: client " + std::to_string(client) +
                                              " answered step " + stageName(stage) + " twice");
   };
+  if (static_cast<int>(stage) != open_)
+    throw InputError(static_cast<int>(stage) < open_ ? Errc::kLate : Errc::kUnexpectedMessage,
+                     std::string("secagg: client ") + std::to_string(client) + "'s reply of step " +
+                         stageName(stage) + ", which is not open");
   switch (stage) {
     case SecureStage::kAdvertise: {
       const pr::SecAggKeysMsg m = pr::decodeSecAggKeys(bytes, limits_);
       check(m.advert.client, m.advert.round, m.nonce);
+      // A low-order point would make every neighbour's key agreement fail (or give a key anyone
+      // knows): refused here, before a neighbour sees it.
+      for (const pv::Key32* pk : {&m.advert.cipher_pk, &m.advert.mask_pk}) {
+        try {
+          (void)pv::agree(probe_, *pk, params_.run_seed, params_.round, pv::KeyPurpose::kMask);
+        } catch (const InvalidArgument&) {
+          throw InputError(Errc::kMalformed, "secagg: client " + std::to_string(client) +
+                                                 " advertised a low-order public key");
+        }
+      }
       server_.onAdvert(m.advert);
       break;
     }
@@ -152,6 +185,18 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
       if (m.input.clients != std::vector<uint64_t>{client})
         throw InputError(Errc::kWrongSender, "secagg: client " + std::to_string(client) +
                                                  " sent a masked input of other clients");
+      for (const auto& x : m.metrics) {
+        if (std::find(rules_.declared.begin(), rules_.declared.end(), x.name) ==
+            rules_.declared.end())
+          throw InputError(Errc::kUnexpectedEncoding, "secagg: client " + std::to_string(client) +
+                                                          " sent metric " + x.name +
+                                                          ", which the round did not declare");
+        if (!(std::fabs(x.value) <= rules_.max_abs))
+          throw InputError(Errc::kValueTooLarge, "secagg: client " + std::to_string(client) +
+                                                     "'s metric " + x.name + " is " +
+                                                     std::to_string(x.value) + ", beyond " +
+                                                     std::to_string(rules_.max_abs));
+      }
       server_.onMaskedInput(m.input);
       for (const auto& x : m.metrics) {
         auto& [sum, count] = metrics_[x.name];
@@ -178,9 +223,19 @@ SecureRound::Outcome SecureRound::finish() {
   STARLING_ENFORCE(!finished_, "secagg: a round finished twice");
   finished_ = true;
   Outcome out;
-  pv::SecAggServer::Result r = server_.finish();
+  pv::SecAggServer::Result r;
+  try {
+    r = server_.finish();
+  } catch (const Error& e) {  // a secret rebuilt from revealed shares that is no key, ...
+    out.reason = std::string("secure aggregation: the unmasking failed: ") + e.what();
+    return out;
+  }
   if (!r.ok) {
     out.reason = "secure aggregation: " + r.reason;
+    return out;
+  }
+  if (r.survivors.empty()) {
+    out.reason = "secure aggregation: no client's masked input arrived";
     return out;
   }
   out.survivors = std::move(r.survivors);

@@ -10,7 +10,8 @@
 //                 ring's clip, client/secure_party.h) instead of an update
 //   kUnmask       Fleet::exchange: what it must reveal, reply the shares
 //
-// then finish(): the survivors' sum, decoded from the ring, checked against n times the clip, or
+// then finish(): the survivors' sum, decoded from the ring, checked against n times the clip (which
+// catches a gross cheat only: a client may still move the mean anywhere within that bound), or
 // the reason the round has none. A client that does not answer a step drops out of the rest;
 // privacy/secagg.h removes what it left behind. Every reply is checked (sender, round, this
 // round's nonce, then the protocol's checks) and refused with InputError, nothing changed.
@@ -47,15 +48,27 @@ struct SecAggConfig {
 enum class SecureStage : uint8_t { kAdvertise = 0, kShareKeys = 1, kMaskedInput = 2, kUnmask = 3 };
 const char* stageName(SecureStage s);
 
+// What the server checks of a masked input's metrics (in the clear): declared names only, and
+// each within max_abs (aggregation/bounds.h's max_metric_abs); a masked input whose metrics are
+// not is refused, and its client drops out, rather than one client's metric voiding the round.
+struct SecureMetricRules {
+  std::vector<std::string> declared;
+  double max_abs = 1e9;
+};
+
 class SecureRound {
  public:
   // `clients`: the round's sample (at least 3: with 2, each would learn the other's input from the
   // sum; InvalidArgument).
   SecureRound(privacy::SecAggParams params, std::span<const uint64_t> clients,
-              protocol::SecAggLimits limits = {});
+              SecureMetricRules metrics = {}, protocol::SecAggLimits limits = {});
 
   const privacy::SecAggParams& params() const { return params_; }
+  // Opens `stage` (the steps open in order; an earlier one again is an InvalidArgument) and gives
+  // `client`'s request of it.
   std::vector<uint8_t> request(SecureStage stage, uint64_t client);
+  // A reply of the open step only: one of an earlier step is late (kLate), of a later one
+  // unexpected (kUnexpectedMessage), and neither changes anything.
   void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes);
   // The clients whose reply of `stage` was taken.
   const std::set<uint64_t>& answered(SecureStage stage) const {
@@ -76,9 +89,12 @@ class SecureRound {
 
  private:
   privacy::SecAggParams params_;
+  SecureMetricRules rules_;
   protocol::SecAggLimits limits_;
   uint64_t nonce_;
+  privacy::DhKeyPair probe_;  // agrees with every advertised key once: a low-order one is refused
   privacy::SecAggServer server_;
+  int open_ = -1;  // the step open (SecureStage), -1 before the first request
   std::set<uint64_t> clients_;
   std::set<uint64_t> answered_[4];
   std::map<std::string, std::pair<double, double>> metrics_;

@@ -13,6 +13,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "privacy/crypto.h"
 #include "protocol/codec.h"
 #include "protocol/control.h"
 
@@ -142,17 +143,6 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
   b.up.resize(participants.size());
   for (size_t i = 0; i < participants.size(); ++i)
     b.up[i] = participants[i].id == 0 ? b.update_of_zero : b.update;
-  if (task.secure) {
-    // Secure aggregation: each task comes with the shares addressed to its client, and the
-    // client answers with its masked input (metrics as phaseZeroUpdateBytes counts them).
-    std::vector<Metric> metrics;
-    for (const auto& m : h.metrics) metrics.push_back(Metric{m, 1.0});
-    for (size_t i = 0; i < participants.size(); ++i) {
-      b.down[i] +=
-          task.secure->request(server::SecureStage::kMaskedInput, participants[i].id).size();
-      b.up[i] = task.secure->maskedBytes(participants[i].id, metrics);
-    }
-  }
   const bool per_client = h.phase == 0 && server::downlinkPerHeld(task.downlink);
   held_before_.clear();
   if (per_client) {
@@ -169,6 +159,17 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
       const auto it = held_.find(c.id);
       held_before_[c.id] = it == held_.end() ? 0 : it->second;
       held_[c.id] = h.model_version;
+    }
+  }
+  if (task.secure) {
+    // Secure aggregation: each task comes with the shares addressed to its client, and the
+    // client answers with its masked input (metrics as phaseZeroUpdateBytes counts them).
+    std::vector<Metric> metrics;
+    for (const auto& m : h.metrics) metrics.push_back(Metric{m, 1.0});
+    for (size_t i = 0; i < participants.size(); ++i) {
+      b.down[i] +=
+          task.secure->request(server::SecureStage::kMaskedInput, participants[i].id).size();
+      b.up[i] = task.secure->maskedBytes(participants[i].id, metrics);
     }
   }
   return b;
@@ -280,13 +281,18 @@ void SimFleet::trainMine(const server::PhaseTask& task,
         // input (refused: the client fails, its state as it was).
         std::vector<float> x(trainer_.layout().numel());
         cz::densifyUpdate(trainer_.layout(), res.update.tensors, x);
-        const std::vector<uint8_t> masked = parties_.at(id).mask(
-            task.secure->request(server::SecureStage::kMaskedInput, id), x, res.update.metrics);
-        counts.size(index[id]) = masked.size();
-        counts.uplink() += masked.size();
+        // Rounded by a key from the run seed: the simulated run is a function of its seed (the
+        // sum in the ring is the roundings' alone; the masks cancel exactly).
+        const privacy::Key32 rounding = privacy::publicKey(
+            "starling sim secagg rounding " + std::to_string(id), h.run_seed, h.round);
         try {
+          const std::vector<uint8_t> masked =
+              parties_.at(id).mask(task.secure->request(server::SecureStage::kMaskedInput, id), x,
+                                   res.update.metrics, &rounding);
+          counts.size(index[id]) = masked.size();
+          counts.uplink() += masked.size();
           task.secure->reply(server::SecureStage::kMaskedInput, id, masked);
-        } catch (const InputError&) {
+        } catch (const InputError&) {  // its side or the server's refused: it drops out
           counts.outcome(index[id]) = PhaseCounts::kFailed;
           continue;
         }
@@ -424,7 +430,13 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
                    "secure aggregation runs in the simulator on one worker (sim.workers = 1) so "
                    "far: its clients' key exchange is not shared among workers");
   server::PhaseReport rep;
-  if (stage == server::SecureStage::kAdvertise) parties_.clear();
+  double waited = 0.0;
+  if (stage == server::SecureStage::kAdvertise) {
+    parties_.clear();
+    // A wait for the first client to come online (waitForClients) is part of the round.
+    waited = wait_;
+    wait_ = 0.0;
+  }
   double longest = 0.0;
   for (const auto& c : participants) {
     const std::vector<uint8_t> req = round.request(stage, c.id);
@@ -438,7 +450,7 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
         answer =
             stage == server::SecureStage::kShareKeys ? party.shareKeys(req) : party.unmask(req);
       }
-    } catch (const InputError&) {  // the client refused the request: it drops out
+    } catch (const Error&) {  // the client refused the request (InputError, InvalidArgument)
       rep.failed.push_back(c.id);
       continue;
     }
@@ -455,13 +467,15 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
     try {
       round.reply(stage, c.id, answer);
       rep.completed.push_back(c.id);
-    } catch (const InputError&) {
+    } catch (const Error&) {  // refused (InputError, InvalidArgument): it drops out
       ++rep.refused;
       rep.failed.push_back(c.id);
     }
   }
+  // A step with a client that never answers lasts until the deadline, as at a root.
+  if (!rep.failed.empty() && config_.deadline_seconds > 0) longest = config_.deadline_seconds;
   clock_ += longest;
-  rep.sim_seconds = longest;
+  rep.sim_seconds = waited + longest;
   rep.makespan_seconds = 0.0;
   return rep;
 }

@@ -390,6 +390,13 @@ inline void othersRefuse(std::span<const uint8_t> bytes, std::optional<pr::Messa
   refuses(K::kSplitReply, [&] { pr::decodeSplitReply(bytes); });
   refuses(K::kSplitBottom, [&] { pr::decodeSplitBottom(bytes); });
   refuses(K::kSplitAverage, [&] { pr::decodeSplitAverage(bytes); });
+  refuses(K::kSecAggSetup, [&] { pr::decodeSecAggSetup(bytes); });
+  refuses(K::kSecAggKeys, [&] { pr::decodeSecAggKeys(bytes); });
+  refuses(K::kSecAggAdverts, [&] { pr::decodeSecAggAdverts(bytes); });
+  refuses(K::kSecAggShares, [&] { pr::decodeSecAggShares(bytes); });
+  refuses(K::kSecAggMasked, [&] { pr::decodeSecAggMasked(bytes, 16); });
+  refuses(K::kSecAggUnmask, [&] { pr::decodeSecAggUnmask(bytes); });
+  refuses(K::kSecAggReveal, [&] { pr::decodeSecAggReveal(bytes); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().small); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().softmax); });
 }

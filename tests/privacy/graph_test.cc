@@ -70,3 +70,26 @@ TEST_CASE("graph: the same for every party from the round's seed, another each r
   CHECK(a.of != c.of);
   CHECK(a.of != d.of);
 }
+
+TEST_CASE("graph: a client's own neighbours alone are its row of the whole graph",
+          "[privacy][graph]") {
+  for (const auto& [n, k] : std::vector<std::pair<uint64_t, uint32_t>>{{100, 8}, {5, 8}, {31, 6}}) {
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < n; ++i) ids.push_back(3 * i + 7);
+    const Neighbourhoods g = harary(ids, k, 11, 4);
+    for (uint64_t id : ids) {
+      const std::vector<uint64_t> mine = hararyNeighbours(ids, k, 11, 4, id);
+      const auto row = g.neighbours(id);
+      REQUIRE(std::vector<uint64_t>(row.begin(), row.end()) == mine);
+    }
+    // Another round's graph is another: the row is not the same by construction.
+    size_t differ = 0;
+    for (uint64_t id : ids) {
+      const auto row = g.neighbours(id);
+      differ +=
+          std::vector<uint64_t>(row.begin(), row.end()) != hararyNeighbours(ids, k, 11, 5, id);
+    }
+    CHECK((n <= k + 1 ? differ == 0 : differ > 0));
+  }
+  CHECK_THROWS_AS(hararyNeighbours(std::vector<uint64_t>{1, 2, 3}, 2, 1, 1, 4), InvalidArgument);
+}

@@ -198,7 +198,8 @@ TEST_CASE("secure aggregation: dropouts at each step leave the survivors' mean",
       server::RoundEngine engine(l, secureConfig(12, 1.0), std::vector<float>(n, 0.0f));
       const server::RoundRecord rec = engine.runRound(fleet);
       REQUIRE(rec.applied);
-      CHECK(rec.clients_failed == 2);
+      // A client lost at the unmask step is in the sum: not failed.
+      CHECK(rec.clients_failed == (s == SecureStage::kUnmask ? 0u : 2u));
       // Who is in the sum: everyone who sent a masked input (a client lost after it is unmasked
       // by its neighbours' shares of its seed).
       std::vector<uint64_t> in = fleet.completed.at(1);
@@ -223,6 +224,15 @@ TEST_CASE("secure aggregation: too few survivors, too few clients, or a cheat ap
     CHECK_THAT(rec.reason, Contains("secure aggregation"));
     CHECK(engine.model().version() == 1);
     for (float v : engine.model().server()) REQUIRE(v == 0.0f);
+  }
+  SECTION("a threshold the round's clients cannot meet") {
+    SecureFleet fleet(l, 4, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    auto c = secureConfig(4, 1.0);
+    c.secagg.threshold = 4;  // each of 4 clients has 3 neighbours
+    server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK_THAT(rec.reason, Contains("secagg.threshold = 4 does not fit a round of 4 clients"));
   }
   SECTION("a round of two clients") {
     SecureFleet fleet(l, 2, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
@@ -255,7 +265,7 @@ TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[
   const size_t n = l->numel();
   const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 6, n);
   const std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5};
-  server::SecureRound round(p, ids);
+  server::SecureRound round(p, ids, server::SecureMetricRules{{"train_loss"}, 1e9});
   std::map<uint64_t, client::SecureParty> parties;
   std::map<uint64_t, std::vector<uint8_t>> keys;
   for (uint64_t c : ids)
@@ -279,7 +289,18 @@ TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[
   for (uint64_t c : ids)
     round.reply(SecureStage::kShareKeys, c,
                 parties.at(c).shareKeys(round.request(SecureStage::kShareKeys, c)));
-  // A masked input of another length is refused before it is unpacked.
+  // A masked input while the share-keys step is still open: unexpected, and it closes nothing.
+  protocol::SecAggMaskedMsg early;
+  early.client = 5;
+  early.bits = p.ring.bits;
+  early.input.round = 1;
+  early.input.clients = {5};
+  early.input.words.assign(n, 0);
+  CHECK(testing::codeOf([&] {
+          round.reply(SecureStage::kMaskedInput, 5, protocol::encode(early));
+        }) == Errc::kUnexpectedMessage);
+  // A masked input of another length is refused before it is unpacked (the step now open).
+  (void)round.request(SecureStage::kMaskedInput, 0);
   protocol::SecAggMaskedMsg bad;
   bad.client = 0;
   bad.bits = p.ring.bits;
@@ -300,9 +321,94 @@ TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[
   CHECK(testing::codeOf([&] {
           round.reply(SecureStage::kMaskedInput, 0, protocol::encode(two));
         }) == Errc::kWrongSender);
+  // Metrics in the clear: a name the round did not declare, or a value beyond the bound.
+  const auto withMetric = [&](const std::string& name, double v) {
+    protocol::SecAggMaskedMsg x = protocol::decodeSecAggMasked(m0, n);
+    x.metrics = {{name, v}};
+    return protocol::encode(x);
+  };
+  CHECK(testing::codeOf([&] {
+          round.reply(SecureStage::kMaskedInput, 0, withMetric("accuracy", 0.5));
+        }) == Errc::kUnexpectedEncoding);
+  CHECK(testing::codeOf([&] {
+          round.reply(SecureStage::kMaskedInput, 0, withMetric("train_loss", 1e300));
+        }) == Errc::kValueTooLarge);
   round.reply(SecureStage::kMaskedInput, 0, m0);
   CHECK(testing::codeOf([&] { round.reply(SecureStage::kMaskedInput, 0, m0); }) ==
         Errc::kDuplicate);
+  // A reply of a step already past is late.
+  CHECK(testing::codeOf([&] { round.reply(SecureStage::kAdvertise, 0, keys[0]); }) == Errc::kLate);
+  // The early masked input closed nothing: the others' honest inputs, the unmasking, the sum.
+  for (uint64_t c : ids)
+    if (c != 0)
+      round.reply(SecureStage::kMaskedInput, c,
+                  parties.at(c).mask(round.request(SecureStage::kMaskedInput, c), updateOf(c, n)));
+  for (uint64_t c : ids)
+    round.reply(SecureStage::kUnmask, c,
+                parties.at(c).unmask(round.request(SecureStage::kUnmask, c)));
+  const server::SecureRound::Outcome out = round.finish();
+  REQUIRE(out.ok);
+  CHECK(out.survivors == ids);
+}
+
+TEST_CASE("secure aggregation: a low-order advertised key is refused before a neighbour sees it",
+          "[secagg]") {
+  const size_t n = 40;
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 4, n);
+  const std::vector<uint64_t> ids{0, 1, 2, 3};
+  server::SecureRound round(p, ids);
+  client::SecureParty party(2);
+  protocol::SecAggKeysMsg k =
+      protocol::decodeSecAggKeys(party.setup(round.request(SecureStage::kAdvertise, 2)));
+  for (const bool cipher : {true, false}) {
+    protocol::SecAggKeysMsg bad = k;
+    (cipher ? bad.advert.cipher_pk : bad.advert.mask_pk).fill(0);  // the identity: low order
+    CHECK(testing::codeOf([&] {
+            round.reply(SecureStage::kAdvertise, 2, protocol::encode(bad));
+          }) == Errc::kMalformed);
+  }
+  round.reply(SecureStage::kAdvertise, 2, protocol::encode(k));  // its own keys still taken
+  CHECK(round.answered(SecureStage::kAdvertise).count(2) == 1);
+}
+
+TEST_CASE("secure aggregation: one client's metric beyond the bound drops that client only",
+          "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  SecureFleet fleet(l, 8, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+  fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
+    if (s != SecureStage::kMaskedInput || id != 4) return ans;
+    protocol::SecAggMaskedMsg m = protocol::decodeSecAggMasked(ans, n);
+    m.metrics = {{"train_loss", 1e300}};
+    return protocol::encode(m);
+  };
+  server::RoundEngine engine(l, secureConfig(8, 1.0), std::vector<float>(n, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  REQUIRE(rec.applied);
+  CHECK(rec.clients_completed == 7);
+  CHECK(rec.updates_rejected == 1);
+  CHECK(rec.clients_failed == 1);
+  const std::vector<uint64_t> in{0, 1, 2, 3, 5, 6, 7};
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 8, n);
+  CHECK(maxDiff(engine.model().server(), meanOf(in, n)) <= 1.0 / p.ring.scale + 1e-7);
+}
+
+TEST_CASE("secure aggregation: masked words pack to their bits and back, 8 to 64 bits",
+          "[secagg]") {
+  for (const uint32_t bits : {8u, 31u, 32u, 33u, 63u, 64u}) {
+    const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    protocol::SecAggMaskedMsg m;
+    m.client = 3;
+    m.nonce = 1;
+    m.bits = bits;
+    m.input.round = 2;
+    m.input.clients = {3};
+    for (uint64_t i = 0; i < 257; ++i) m.input.words.push_back((i * 0x9e3779b97f4a7c15ull) & mask);
+    m.input.words[0] = mask;  // every bit set
+    m.input.words[1] = 0;
+    const auto bytes = protocol::encode(m);
+    CHECK(protocol::decodeSecAggMasked(bytes, 257).input.words == m.input.words);
+  }
 }
 
 TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed ones",
@@ -375,6 +481,13 @@ TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[seca
   c = secureConfig(10, 1.0);
   c.secagg.neighbours = 5;
   CHECK_THAT(refused(c), Contains("secagg.neighbours"));
+  c = secureConfig(10, 1.0);
+  c.secagg.neighbours = 8;
+  c.secagg.threshold = 4;  // half: a server could unmask one client alone
+  CHECK_THAT(refused(c), Contains("must exceed half"));
+  c = secureConfig(10, 1.0);
+  c.secagg.clip = 2e5;  // beyond bounds.max_norm: honest sums would be refused
+  CHECK_THAT(refused(c), Contains("bounds.max_norm"));
   // 10,000 clients a round of a model of 144 values do not fit 16 bits: the bits it takes.
   c = secureConfig(10000, 1.0);
   c.secagg.bits = 16;
