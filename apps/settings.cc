@@ -472,16 +472,20 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   // (which the engine then refuses with the reason).
   if (s.secagg.enabled && !o.given("compression.compressor")) s.compression.compressor = "none";
   if (self != kClient && s.secagg.enabled) {
-    if (self == kServer)
+    if (self == kServer && s.server.role != ServerRole::kRoot)
       STARLING_THROW(ConfigError,
-                     "secagg.enabled: the deployed root and its clients do not run secure "
-                     "aggregation yet (starling-sim does; docs/privacy.md says what remains)");
+                     "secagg.enabled is the root's (an edge aggregator does not relay secure "
+                     "aggregation's steps yet): leave it out of server.role = aggregator");
+    if (self == kServer && !s.server.aggregator_ids.empty())
+      STARLING_THROW(ConfigError,
+                     "secagg.enabled does not run through edge aggregators yet "
+                     "(security.aggregator_ids is set): its steps reach clients of the root only");
     if (buffered(s.round.mode))
       STARLING_THROW(ConfigError,
                      "secagg.enabled runs in synchronous rounds only, not round.mode "
                      "= ",
                      name(s.round.mode), ": its steps need every sampled client of one round");
-    if (s.sim.workers > 1)
+    if (self == kSim && s.sim.workers > 1)
       STARLING_THROW(ConfigError,
                      "secagg.enabled runs in the simulator on one worker so far, not "
                      "sim.workers = ",

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "client/algorithm.h"
+#include "client/secure_party.h"
 #include "client/upstream_link.h"
 #include "compression/registry.h"
 #include "core/bytes.h"
@@ -64,6 +65,11 @@ struct ClientRuntime::Impl {
   RuntimeStats* live = nullptr;             // the runtime's statistics, updated as messages go
   const std::atomic<bool>* stop = nullptr;  // run()'s flag, read by training
   UpstreamLink link;                        // the server above: session, heartbeats, reading
+  // Secure aggregation: this client's side (made at its first setup), and the shares the server
+  // sent for the round's masked input (bytes, checked again when they are used).
+  std::optional<SecureParty> party;
+  std::vector<uint8_t> shares;
+  uint64_t shares_round = 0;
 
   Impl(transport::Context& ctx, RuntimeConfig c, Trainer& t, DataView tr, DataView ev,
        std::shared_ptr<spdlog::logger> l, RuntimeStats& st)
@@ -203,6 +209,43 @@ struct ClientRuntime::Impl {
     return *it->second;
   }
 
+  // Secure aggregation's steps other than the masked input (client/secure_party.h): each answered
+  // at once; the shares for the masked input are kept for the round's secure fit task.
+  void onSecure(pr::MessageKind kind, std::span<const uint8_t> bytes) {
+    if (kind == pr::MessageKind::kSecAggSetup) {
+      if (!party) party.emplace(config.client_id);
+      std::vector<uint8_t> keys = party->setup(bytes);
+      shares.clear();
+      shares_round = 0;
+      log->info("client {}: round {}: secure aggregation with {} neighbours, threshold {}",
+                config.client_id, party->round(), party->params().neighbours,
+                party->params().threshold);
+      link.send(keys);
+      return;
+    }
+    if (!party)
+      failInput(Errc::kUnexpectedMessage, "a secure-aggregation ", pr::kindName(kind),
+                " before any setup");
+    switch (kind) {
+      case pr::MessageKind::kSecAggAdverts:
+        link.send(party->shareKeys(bytes));
+        return;
+      case pr::MessageKind::kSecAggShares: {
+        const pr::SecAggSharesMsg m = pr::decodeSecAggShares(bytes);
+        if (m.client != config.client_id || m.round != party->round())
+          failInput(Errc::kWrongSender, "shares for client ", m.client, " of round ", m.round);
+        shares.assign(bytes.begin(), bytes.end());
+        shares_round = m.round;
+        return;
+      }
+      case pr::MessageKind::kSecAggUnmask:
+        link.send(party->unmask(bytes));
+        return;
+      default:
+        failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(kind));
+    }
+  }
+
   void onTask(std::span<const uint8_t> bytes, ClientState& state, RuntimeStats& stats) {
     pr::TaskMsg t =
         pr::decodeTask(bytes, layout, pr::ControlLimits{config.limits.max_message_bytes});
@@ -257,7 +300,19 @@ struct ClientRuntime::Impl {
           "client {}: round {}'s SCAFFOLD control change was not counted by the server "
           "(acknowledged: round {}); dropped",
           config.client_id, res.control_dropped, t.control_ack.value_or(0));
-    std::vector<uint8_t> update = pr::encodeUpdate(res.update);
+    std::vector<uint8_t> update;
+    if (t.secure) {
+      // Secure aggregation: the update, clipped and masked with the shares sent before the task,
+      // is all that leaves (never the update in the clear).
+      if (!party || shares_round != t.round || party->round() != t.round)
+        failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
+                  " without that round's shares; nothing sent");
+      std::vector<float> x(layout.numel());
+      cz::densifyUpdate(layout, res.update.tensors, x);
+      update = party->mask(shares, x, res.update.metrics);
+    } else {
+      update = pr::encodeUpdate(res.update);
+    }
     link.restoreAnswer(std::move(update));
     pending_nonce = t.nonce;
     saveState(state);  // before sending: a crash now resends this update, never retrains
@@ -295,6 +350,12 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
       switch (*kind) {  // the link returns only a task, a shutdown or a refusal
         case pr::MessageKind::kTask:
           s.onTask(r->bytes(), state_, stats_);
+          break;
+        case pr::MessageKind::kSecAggSetup:
+        case pr::MessageKind::kSecAggAdverts:
+        case pr::MessageKind::kSecAggShares:
+        case pr::MessageKind::kSecAggUnmask:
+          s.onSecure(*kind, r->bytes());
           break;
         case pr::MessageKind::kReject:
           s.log->warn("client {}: the server refused a message: {}", s.config.client_id,

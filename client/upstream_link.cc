@@ -228,6 +228,10 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
       }
       case pr::MessageKind::kTask:
       case pr::MessageKind::kShutdown:
+      case pr::MessageKind::kSecAggSetup:  // secure aggregation's steps: the owner's
+      case pr::MessageKind::kSecAggAdverts:
+      case pr::MessageKind::kSecAggShares:
+      case pr::MessageKind::kSecAggUnmask:
         return r;
       default:
         failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(*kind));

@@ -252,7 +252,7 @@ std::vector<uint8_t> encodeTask(const TaskMsg& h, std::span<const cz::PayloadVie
   auto body = fb::CreateTask(b, static_cast<fb::TaskKind>(h.kind), h.round, h.phase, h.nonce,
                              h.run_seed, spec, h.model_version, h.base_version, tv,
                              static_cast<uint8_t>(h.shared.fixed), sv, fit, h.deadline_ms, metrics,
-                             control, h.control.empty() ? 0 : h.control_ack.value_or(0));
+                             control, h.control.empty() ? 0 : h.control_ack.value_or(0), h.secure);
   b.ForceDefaults(false);
   return finish(b, fb::Body::Task, body.Union());
 }
@@ -477,6 +477,9 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout,
                                   ", batch " + std::to_string(m.fit.batch_size) + ", lr " +
                                   std::to_string(m.fit.lr) + ", prox_mu " +
                                   std::to_string(m.fit.prox_mu) + ")");
+  m.secure = t->secure();
+  if (m.secure && (m.kind != TaskKind::kFit || m.phase != 0))
+    fail(Errc::kUnexpectedMessage, "a secure-aggregation flag on a task other than a phase-0 fit");
   // SCAFFOLD's server control variate: a phase-0 Fit task's, numel finite values.
   if (const auto* c = t->control()) {
     if (m.kind != TaskKind::kFit || m.phase != 0)

@@ -112,6 +112,10 @@ struct TaskMsg {
   // setTaskControlAck. Decoded as nullopt when absent (a server older than the field, which
   // counted every change it got: the client then commits at once, as it did then).
   std::optional<uint64_t> control_ack;
+  // Secure aggregation's masked-input step (server/secure_round.h): the client answers with its
+  // masked input (client/secure_party.h), made with the shares the server sent just before,
+  // never with its update in the clear. A phase-0 fit task only.
+  bool secure = false;
 };
 
 struct EvaluationMsg {

@@ -809,6 +809,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   if (!active.empty()) {
     PhaseTask task = plain;
     task.secure = sr.get();
+    task.header.secure = true;
     account(fleet.runPhase(task, active, std::min(target, active.size()), agg));
   }
   if (!active.empty())

@@ -20,10 +20,12 @@ struct ZmqFleet::Phase {
   EvalReport* eval = nullptr;
   size_t accepted = 0;
   std::unordered_map<uint64_t, std::vector<uint8_t>>
-      encoded;                   // task bytes by the version a client holds
-  uint64_t encoded_for = 0;      // the task version `encoded` holds (asynchronous rounds move it)
-  AsyncIntake* async = nullptr;  // asynchronous rounds: tasks stay open across server steps
-  bool event = false;            // asynchronous rounds: an answer or a failure was taken
+      encoded;                    // task bytes by the version a client holds
+  uint64_t encoded_for = 0;       // the task version `encoded` holds (asynchronous rounds move it)
+  AsyncIntake* async = nullptr;   // asynchronous rounds: tasks stay open across server steps
+  bool event = false;             // asynchronous rounds: an answer or a failure was taken
+  SecureRound* secure = nullptr;  // secure aggregation: the round whose step this is
+  SecureStage stage = SecureStage::kAdvertise;
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -202,6 +204,12 @@ void ZmqFleet::handle(const transport::Received& r) {
       case pr::MessageKind::kEvaluation:
         handleEvaluation(r, *peer);
         return;
+      case pr::MessageKind::kSecAggKeys:
+      case pr::MessageKind::kSecAggShares:
+      case pr::MessageKind::kSecAggMasked:
+      case pr::MessageKind::kSecAggReveal:
+        handleSecure(r, *peer, *kind);
+        return;
       default:
         failInput(Errc::kUnexpectedMessage, "a client may not send ", pr::kindName(*kind));
     }
@@ -271,6 +279,9 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   if (pend == pending_.end() || !phase_ || pend->second.evaluate) return;
   Pending& q = pend->second;
   if (same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) return;
+  // A secure-aggregation step has no task to send again: its answer may still come (from the new
+  // connection), or the client fails the step at the deadline.
+  if (!phase_->task) return;
   if (phase_->async) {
     expired_[m.client_id].add(q.nonce);
     pending_.erase(pend);
@@ -334,6 +345,9 @@ void checkPartialWeight(const compression::PartialView& p, uint64_t cap) {
 
 void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool partial) {
   const uint64_t id = peer.info.id;
+  if (phase_ && phase_->secure)
+    failInput(Errc::kUnexpectedMessage, partial ? "a partial aggregate" : "an update",
+              " in the clear during a secure-aggregation step");
   auto pend = pending_.find(id);
   const bool open =
       phase_ && (phase_->agg || phase_->async) && pend != pending_.end() && !pend->second.evaluate;
@@ -401,6 +415,44 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   ++phase_->accepted;
   expired_[id].add(nonce);
   pending_.erase(pend);
+}
+
+namespace {
+pr::MessageKind answerOf(SecureStage s) {
+  switch (s) {
+    case SecureStage::kAdvertise:
+      return pr::MessageKind::kSecAggKeys;
+    case SecureStage::kShareKeys:
+      return pr::MessageKind::kSecAggShares;
+    case SecureStage::kMaskedInput:
+      return pr::MessageKind::kSecAggMasked;
+    case SecureStage::kUnmask:
+      return pr::MessageKind::kSecAggReveal;
+  }
+  return pr::MessageKind::kSecAggKeys;
+}
+}  // namespace
+
+void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::MessageKind kind) {
+  const uint64_t id = peer.info.id;
+  auto pend = pending_.find(id);
+  if (!phase_ || !phase_->secure || pend == pending_.end() || pend->second.evaluate ||
+      kind != answerOf(phase_->stage))
+    failInput(expired_.count(id) ? Errc::kLate : Errc::kUnexpectedMessage, "a ", pr::kindName(kind),
+              " without its open secure-aggregation step");
+  const uint64_t nonce = pend->second.nonce;
+  // Whatever the round makes of it, the client's step is over: an answer refused fails it.
+  expired_[id].add(nonce);
+  pending_.erase(pend);
+  try {
+    phase_->secure->reply(phase_->stage, id, r.bytes());
+  } catch (const InputError&) {
+    phase_->report->failed.push_back(id);
+    throw;
+  }
+  phase_->report->uplink_bytes += r.bytes().size();
+  phase_->report->completed.push_back(id);
+  ++phase_->accepted;
 }
 
 void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
@@ -506,6 +558,49 @@ std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeou
   }
 }
 
+PhaseReport ZmqFleet::exchange(SecureStage stage, SecureRound& round,
+                               std::span<const ClientInfo> participants, uint32_t deadline_ms) {
+  PhaseReport report;
+  auto rng = seededRng();
+  Phase ph;
+  ph.secure = &round;
+  ph.stage = stage;
+  ph.report = &report;
+  phase_ = &ph;
+  pending_.clear();
+  PhaseReset reset{this};
+  for (const ClientInfo& c : participants) {
+    auto it = clients_.find(c.id);
+    if (it == clients_.end()) {
+      report.failed.push_back(c.id);
+      continue;
+    }
+    const std::vector<uint8_t> request = round.request(stage, c.id);
+    if (!socket_.send(it->second.routing, request)) {
+      report.failed.push_back(c.id);
+      continue;
+    }
+    report.downlink_bytes += request.size();
+    pending_[c.id] = Pending{randomNonZero(rng),           false,
+                             it->second.info.num_examples, it->second.info.eval_examples,
+                             it->second.info.role,         it->second.routing,
+                             it->second.info.model_version};
+  }
+  const uint64_t refused_before = refusedTotal();
+  const auto deadline = config_.clock->now() + milliseconds(deadline_ms);
+  while (!pending_.empty() && config_.clock->now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
+    expireSilent();
+  }
+  report.refused = refusedTotal() - refused_before;
+  for (const auto& [id, p] : pending_) {
+    report.failed.push_back(id);
+    log_->info("client {} did not answer secure aggregation's {} step of round {} in time", id,
+               stageName(stage), round.params().round);
+  }
+  return report;
+}
+
 PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
                                size_t target, ag::PhaseAggregator& agg) {
   PhaseReport report;
@@ -514,12 +609,23 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
   ph.task = &task;
   ph.agg = &agg;
   ph.report = &report;
+  ph.secure = task.secure;
+  ph.stage = SecureStage::kMaskedInput;
   phase_ = &ph;
   pending_.clear();
   PhaseReset reset{this};
   for (const ClientInfo& c : participants) {
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
+    if (it != clients_.end() && task.secure) {
+      // Its shares first: the task that follows on the same connection is answered with them.
+      const std::vector<uint8_t> shares = task.secure->request(SecureStage::kMaskedInput, c.id);
+      if (!socket_.send(it->second.routing, shares)) {
+        report.failed.push_back(c.id);
+        continue;
+      }
+      report.downlink_bytes += shares.size();
+    }
     if (it == clients_.end() || !sendTask(it->second, nonce)) {
       report.failed.push_back(c.id);
       continue;

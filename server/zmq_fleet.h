@@ -70,6 +70,14 @@ class ZmqFleet final : public Fleet {
   PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
                        size_t target, aggregation::PhaseAggregator& agg) override;
   EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) override;
+  // Secure aggregation's exchange steps (server/secure_round.h): each participant is sent its
+  // request, and its answer (of that step's kind only, from it, while the step is open) goes to
+  // the round; an answer the round refuses fails the client for the step, as silence or the
+  // deadline (`deadline_ms`) does. The masked-input step is runPhase's, with PhaseTask::secure:
+  // each client gets its shares just before its task, and only a masked input answers it (an
+  // update in the clear is refused).
+  PhaseReport exchange(SecureStage stage, SecureRound& round,
+                       std::span<const ClientInfo> participants, uint32_t deadline_ms) override;
   void finish(const std::string& reason) override;
 
   // Called on every turn of the fleet's receive loops (about every 100 ms at most), on the
@@ -138,6 +146,7 @@ class ZmqFleet final : public Fleet {
   void handle(const transport::Received& r);
   void handleRegister(const transport::Received& r);
   void handleUpdate(const transport::Received& r, Peer& peer, bool partial);
+  void handleSecure(const transport::Received& r, Peer& peer, protocol::MessageKind kind);
   void handleEvaluation(const transport::Received& r, Peer& peer);
   // Who sent `r`, for a log line: the client its key is listed as, the client registered on its
   // connection, or neither.

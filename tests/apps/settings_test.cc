@@ -547,8 +547,19 @@ TEST_CASE(
   apps::resolveSettings(*d.o, d.s, Program::kSim);
   CHECK(apps::engineConfig(d.s).secagg.clip == 0.5);
   CHECK(refused(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2"}).empty());
-  CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2"}),
-             Contains("do not run secure aggregation yet"));
+  // The root runs it too (its clients are reached directly), with the same composed rule.
+  CHECK(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2"}).empty());
+  auto r = parse(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2"});
+  REQUIRE(r.rc == -1);
+  apps::resolveSettings(*r.o, r.s, Program::kServer);
+  CHECK(apps::engineConfig(r.s).scheme.rule == "fedavg:weight=uniform");
+  CHECK(apps::engineConfig(r.s).scheme.compressor == "none");
+  CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
+                                        "--security.aggregator_ids", "100"}),
+             Contains("does not run through edge aggregators yet"));
+  CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
+                                        "--server.role", "aggregator"}),
+             Contains("is the root's"));
   CHECK_THAT(refused(Program::kSim, {"--secagg.enabled", "true"}), Contains("needs secagg.clip"));
   CHECK_THAT(refused(Program::kSim,
                      {"--secagg.enabled", "true", "--secagg.clip", "2", "--sim.workers", "2"}),

@@ -1262,3 +1262,161 @@ TEST_CASE(
     CHECK(f.aggregatorStats(100).registrations == 1);
   }
 }
+
+namespace {
+
+// Six clients of the root over `rounds` rounds with the dense compressor and uniform weights,
+// under secure aggregation or not: the records and the root's model.
+TreeRun runSecure(bool secure, uint64_t rounds) {
+  const data::Dataset& train = fashion("train", 1200);
+  InprocFederation f("logreg", train, iid(train, 6));
+  server::EngineConfig ec = engineConfig(rounds);
+  ec.scheme.compressor = "none";
+  ec.scheme.rule = "fedavg:weight=uniform";
+  ec.scheme.metrics = {"train_loss"};
+  ec.downlink = server::Downlink::kDense;
+  ec.sampling.clients_per_round = 6;
+  ec.sampling.min_available = 6;
+  ec.sampling.min_clients = 6;
+  ec.completion.min_results = 6;
+  ec.secagg.enabled = secure;
+  ec.secagg.clip = 100;
+  f.root(ec);
+  for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  TreeRun out;
+  for (uint64_t id = 0; id < 6; ++id) {
+    REQUIRE(f.waitClientEnded(id, seconds(30)));
+    CHECK(f.stats(id).updates_sent == rounds);  // a masked input each round, under secagg
+    out.update_bytes += f.stats(id).update_bytes;
+  }
+  out.records = f.records();
+  out.model = f.model();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in process: secure aggregation at the root gives the plain uniform mean's model within the "
+    "ring's rounding",
+    "[integration][inproc][secagg]") {
+  const TreeRun plain = runSecure(false, 2), secure = runSecure(true, 2);
+  REQUIRE(secure.records.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(secure.records[i].applied);
+    CHECK(secure.records[i].clients_completed == 6);
+    CHECK(secure.records[i].clients_failed == 0);
+    // Every masked input is the dense update's size (32-bit words); the keys and shares add
+    // a little on top, both ways.
+    CHECK(secure.records[i].uplink_bytes > plain.records[i].uplink_bytes);
+    CHECK(secure.records[i].uplink_bytes < 1.1 * plain.records[i].uplink_bytes);
+    CHECK(secure.records[i].downlink_bytes > plain.records[i].downlink_bytes);
+    REQUIRE(secure.records[i].train_loss);
+    CHECK(*secure.records[i].train_loss == Approx(*plain.records[i].train_loss).epsilon(1e-3));
+  }
+  const auto [diff, scale] = starling::testing::modelDiff(plain.model, secure.model);
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-4 * scale);
+  CHECK(diff > 0);  // the ring's rounding: the root never had the plain sum
+}
+
+TEST_CASE(
+    "in process: under secure aggregation a client gone silent drops out of the round, which the "
+    "others finish",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 800);
+  InprocFederation f("logreg", train, iid(train, 4));
+  server::EngineConfig ec = engineConfig(2);
+  ec.scheme.compressor = "none";
+  ec.scheme.rule = "fedavg:weight=uniform";
+  ec.downlink = server::Downlink::kDense;
+  ec.sampling.clients_per_round = 4;
+  ec.sampling.min_available = 4;
+  ec.sampling.min_clients = 3;
+  ec.completion.min_results = 3;
+  ec.secagg.enabled = true;
+  ec.secagg.clip = 100;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 120'000;
+  f.root(ec, fc);
+  client::RuntimeConfig rc;
+  rc.server_silence_ms = 3'600'000;
+  for (uint64_t id = 0; id < 4; ++id) f.client(id, "inproc://root", rc);
+  REQUIRE(f.waitRounds(1, seconds(60)));
+  CHECK(f.records()[0].clients_completed == 4);
+  f.stopClient(3);  // still listed: round 2 samples it, and it answers no step
+  f.clock().advance(std::chrono::milliseconds(119'500));
+  const bool second = f.waitRounds(2, seconds(60));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(second);
+  const server::RoundRecord r = f.records()[1];
+  CHECK(r.applied);
+  CHECK(r.clients_selected == 4);
+  CHECK(r.clients_completed == 3);
+  CHECK(r.clients_failed == 1);
+}
+
+TEST_CASE(
+    "in process: under secure aggregation a lying client's keys, its update in the clear and an "
+    "answer out of step are refused, and the honest clients' round is applied",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 600);
+  InprocFederation f("logreg", train, iid(train, 3));
+  server::EngineConfig ec = engineConfig(1);
+  ec.scheme.compressor = "none";
+  ec.scheme.rule = "fedavg:weight=uniform";
+  ec.downlink = server::Downlink::kDense;
+  ec.sampling.clients_per_round = 4;
+  ec.sampling.min_available = 4;
+  ec.sampling.min_clients = 3;
+  ec.completion.min_results = 3;
+  ec.round_deadline_ms = 2'000;
+  ec.secagg.enabled = true;
+  ec.secagg.clip = 100;
+  f.root(ec);
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
+  auto layout = std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
+  ByHand liar(f, layout, 3, 200, protocol::Role::kClient);
+  protocol::SecAggSetupMsg setup;
+  const bool got = liar.pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
+    if (k != protocol::MessageKind::kSecAggSetup) return false;
+    setup = protocol::decodeSecAggSetup(b);
+    return true;
+  });
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(got);
+  CHECK(setup.clients == std::vector<uint64_t>{0, 1, 2, 3});
+  // Keys claiming to be client 0's, from the liar's connection.
+  protocol::SecAggKeysMsg keys;
+  keys.nonce = setup.nonce;
+  keys.advert.client = 0;
+  keys.advert.round = setup.params.round;
+  keys.advert.cipher_pk = privacy::DhKeyPair::generate().public_key;
+  keys.advert.mask_pk = privacy::DhKeyPair::generate().public_key;
+  CHECK(liar.answer(protocol::encode(keys)) == Errc::kWrongSender);
+  // Its step is over: an update in the clear, and an answer of another step, are refused too.
+  protocol::TaskMsg fake;
+  fake.round = setup.params.round;
+  fake.nonce = 1;
+  CHECK(liar.answer(liar.update(fake, setup.params.round, 3, 200, 0.5f)) ==
+        Errc::kUnexpectedMessage);
+  protocol::SecAggRevealMsg reveal;
+  reveal.nonce = setup.nonce;
+  reveal.response.client = 3;
+  reveal.response.round = setup.params.round;
+  CHECK(liar.answer(protocol::encode(reveal)) == Errc::kLate);
+  // The honest three finish the round without it (the liar keeps heartbeating: no silence).
+  const bool done = liar.pump(seconds(60), [&](protocol::MessageKind k, auto) {
+    return k == protocol::MessageKind::kShutdown;
+  });
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].applied);
+  CHECK(records[0].clients_completed == 3);
+  CHECK(records[0].clients_failed == 1);
+}

@@ -495,3 +495,33 @@ TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[seca
   c = secureConfig(10, 1.0);
   CHECK(refused(c) == "accepted");
 }
+
+TEST_CASE("secure aggregation: a curious root sees masked inputs that look uniform, and the sum",
+          "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  SecureFleet fleet(l, 10, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+  std::map<uint64_t, std::vector<uint64_t>> seen;  // what the root received, per client
+  fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
+    if (s == SecureStage::kMaskedInput) seen[id] = protocol::decodeSecAggMasked(ans, n).input.words;
+    return ans;
+  };
+  server::RoundEngine engine(l, secureConfig(10, 1.0), std::vector<float>(n, 0.0f));
+  REQUIRE(engine.runRound(fleet).applied);
+  REQUIRE(seen.size() == 10);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 10, n);
+  // Each masked input's bits are balanced as uniform words' are: 144 x 32 bits, the share of ones
+  // within 4.5 standard errors of 1/2. The input itself, encoded without masks, is not (its
+  // values are small: the high bits are all 0 or all 1), so the test tells the two apart.
+  const auto onesShare = [&](const std::vector<uint64_t>& words) {
+    uint64_t ones = 0;
+    for (uint64_t w : words) ones += static_cast<uint64_t>(__builtin_popcountll(w));
+    return static_cast<double>(ones) / static_cast<double>(words.size() * p.ring.bits);
+  };
+  const double se = std::sqrt(0.25 / static_cast<double>(n * p.ring.bits));
+  for (const auto& [id, words] : seen) CHECK(std::fabs(onesShare(words) - 0.5) <= 4.5 * se);
+  std::vector<uint64_t> plain(n);
+  const std::vector<float> x = client::clipForRing(updateOf(3, n), p.ring.clip);
+  privacy::encode(p.ring, x, privacy::randomKey(), 1, plain);
+  CHECK(std::fabs(onesShare(plain) - 0.5) > 4.5 * se);
+}
