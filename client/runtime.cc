@@ -307,9 +307,13 @@ struct ClientRuntime::Impl {
       if (!party || shares_round != t.round || party->round() != t.round)
         failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
                   " without that round's shares; nothing sent");
-      std::vector<float> x(layout.numel());
-      cz::densifyUpdate(layout, res.update.tensors, x);
-      update = party->mask(shares, x, res.update.metrics);
+      // On the training thread, heartbeats going on: masking a large model takes seconds on a
+      // busy device, which the server must not take for silence.
+      update = withHeartbeats([&] {
+        std::vector<float> x(layout.numel());
+        cz::densifyUpdate(layout, res.update.tensors, x);
+        return party->mask(shares, x, res.update.metrics);
+      });
     } else {
       update = pr::encodeUpdate(res.update);
     }

@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 
@@ -141,12 +142,34 @@ Key32 publicKey(const std::string& label, uint64_t run, uint64_t round) {
 void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStream purpose,
                uint32_t index, uint32_t bits, bool subtract) {
   STARLING_CHECK_ARG(bits >= 1 && bits <= 64, "applyMask: bits = ", bits);
+  ensureSodium();
   const uint64_t m = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-  KeyStream stream(key, round, purpose, index);
-  for (uint64_t& v : x) {
-    const uint64_t w = stream.next() & m;
-    v = (subtract ? v - w : v + w) & m;
+  // The stream's bytes, a chunk at a time (whole 64-byte blocks, so that the chunks are one
+  // stream), read as little-endian words of 4 bytes for a ring of at most 32 bits (half the
+  // stream), of 8 otherwise: KeyStream's words, then.
+  const size_t width = bits <= 32 ? 4 : 8;
+  constexpr size_t kChunkWords = 4096;
+  std::array<uint8_t, 12> nonce{};
+  for (int i = 0; i < 7; ++i) nonce[i] = static_cast<uint8_t>(round >> (8 * i));
+  nonce[7] = static_cast<uint8_t>(purpose);
+  for (int i = 0; i < 4; ++i) nonce[8 + i] = static_cast<uint8_t>(index >> (8 * i));
+  std::vector<uint8_t> buf(kChunkWords * width);
+  uint32_t block = 0;
+  for (size_t off = 0; off < x.size(); off += kChunkWords) {
+    const size_t n = std::min(kChunkWords, x.size() - off);
+    const size_t bytes = (n * width + 63) / 64 * 64;
+    std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(bytes), 0);
+    crypto_stream_chacha20_ietf_xor_ic(buf.data(), buf.data(), bytes, nonce.data(), block,
+                                       key.data());
+    block += static_cast<uint32_t>(bytes / 64);
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t w = 0;
+      for (size_t b = 0; b < width; ++b) w |= static_cast<uint64_t>(buf[i * width + b]) << (8 * b);
+      uint64_t& v = x[off + i];
+      v = (subtract ? v - (w & m) : v + (w & m)) & m;
+    }
   }
+  sodium_memzero(buf.data(), buf.size());
 }
 
 std::vector<uint8_t> seal(const Key32& key, std::span<const uint8_t> plaintext,

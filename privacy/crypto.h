@@ -87,8 +87,9 @@ double keyedUniform(const Key32& key, uint64_t round, MaskStream purpose, uint64
 Key32 publicKey(const std::string& label, uint64_t run, uint64_t round);
 
 // Adds (subtract: subtracts) to `x` the ring elements of the ChaCha20 stream keyed by `key` with
-// the nonce (round, purpose, index): element i is the stream's 64-bit little-endian word i masked
-// to `bits`. Arithmetic mod 2^bits.
+// the nonce (round, purpose, index): element i is the stream's little-endian word i, of 32 bits
+// in a ring of at most 32 bits (half the stream to generate) and of 64 otherwise (KeyStream's
+// words), masked to `bits`. Arithmetic mod 2^bits.
 void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStream purpose,
                uint32_t index, uint32_t bits, bool subtract);
 

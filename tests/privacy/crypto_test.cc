@@ -49,10 +49,19 @@ TEST_CASE("crypto: a mask is ChaCha20's stream (RFC 8439, 2.3.2)", "[privacy][cr
     for (int b = 0; b < 8; ++b) want |= static_cast<uint64_t>(block1[8 * w + b]) << (8 * b);
     CHECK(x[8 + w] == want);
   }
-  // In a narrower ring, the same words masked to its bits.
-  std::vector<uint64_t> y(16, 0);
+  // In a ring of more than 32 bits, the same words masked to its bits.
+  std::vector<uint64_t> z(16, 0);
+  applyMask(z, key, 0x09000000, static_cast<MaskStream>(0x4a), 0, 40, false);
+  for (int w = 0; w < 16; ++w) CHECK(z[w] == (x[w] & ((uint64_t{1} << 40) - 1)));
+  // In a ring of at most 32 bits, the stream's 4-byte words (half the stream): block 1 is words
+  // 16 .. 31, each masked to the ring's bits.
+  std::vector<uint64_t> y(32, 0);
   applyMask(y, key, 0x09000000, static_cast<MaskStream>(0x4a), 0, 20, false);
-  for (int w = 0; w < 16; ++w) CHECK(y[w] == (x[w] & ((uint64_t{1} << 20) - 1)));
+  for (int w = 0; w < 16; ++w) {
+    uint64_t want = 0;
+    for (int b = 0; b < 4; ++b) want |= static_cast<uint64_t>(block1[4 * w + b]) << (8 * b);
+    CHECK(y[16 + w] == (want & ((uint64_t{1} << 20) - 1)));
+  }
 }
 
 TEST_CASE("crypto: a pair's masks cancel, across chunk boundaries, and look uniform",
