@@ -279,6 +279,12 @@ struct ClientRuntime::Impl {
                                              e.loss, e.accuracy}));
       return;
     }
+    if (t.secure && (!party || shares_round != t.round || party->round() != t.round))
+      failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
+                " without that round's shares; nothing trained or sent");
+    if (!t.secure && party && party->round() == t.round && t.kind == pr::TaskKind::kFit)
+      failInput(Errc::kUnexpectedMessage, "a fit task in the clear for round ", t.round,
+                ", which runs secure aggregation; nothing trained or sent");
     log->info("client {}: round {} phase {}: training on {} examples", config.client_id, t.round,
               t.phase, train.size());
     const cz::Compressor& comp = compressor(t.compressor);
@@ -304,9 +310,6 @@ struct ClientRuntime::Impl {
     if (t.secure) {
       // Secure aggregation: the update, clipped and masked with the shares sent before the task,
       // is all that leaves (never the update in the clear).
-      if (!party || shares_round != t.round || party->round() != t.round)
-        failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
-                  " without that round's shares; nothing sent");
       // On the training thread, heartbeats going on: masking a large model takes seconds on a
       // busy device, which the server must not take for silence.
       update = withHeartbeats([&] {

@@ -27,6 +27,15 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
   if (!std::binary_search(m.clients.begin(), m.clients.end(), id_))
     throw InputError(Errc::kWrongSender, "secagg: a setup for a round client " +
                                              std::to_string(id_) + " is not one of");
+  // What makes the round safe for this client, whatever the server says: at least 3 clients
+  // (with 2, the other learns its update from the sum) and a threshold above half of its
+  // neighbours (else the server could ask half of them for its seed and half for its mask key).
+  const uint64_t have = std::min<uint64_t>(m.params.neighbours, m.clients.size() - 1);
+  if (m.clients.size() < 3 || 2 * static_cast<uint64_t>(m.params.threshold) <= have)
+    throw InputError(Errc::kMissingField,
+                     "secagg: a setup of " + std::to_string(m.clients.size()) +
+                         " clients and threshold " + std::to_string(m.params.threshold) + " of " +
+                         std::to_string(have) + " neighbours, which would not hide its update");
   if (m.params.signed_keys)  // the root would need to send its clients' long-term keys too
     throw InputError(Errc::kMissingField,
                      "secagg: a round with signed keys, which this client does not run yet");

@@ -148,6 +148,9 @@ void applyMask(std::span<uint64_t> x, const Key32& key, uint64_t round, MaskStre
   // stream), read as little-endian words of 4 bytes for a ring of at most 32 bits (half the
   // stream), of 8 otherwise: KeyStream's words, then.
   const size_t width = bits <= 32 ? 4 : 8;
+  // IETF ChaCha20's 32-bit block counter: 2^32 blocks of 64 bytes, far above any model.
+  STARLING_CHECK_ARG(x.size() / (64 / width) < (uint64_t{1} << 32) - 1,
+                     "applyMask: a vector beyond one ChaCha20 stream");
   constexpr size_t kChunkWords = 4096;
   std::array<uint8_t, 12> nonce{};
   for (int i = 0; i < 7; ++i) nonce[i] = static_cast<uint8_t>(round >> (8 * i));

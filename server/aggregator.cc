@@ -184,6 +184,10 @@ struct EdgeAggregator::Impl {
     std::vector<ClientInfo> participants;
     for (const ClientInfo& c : fleet.available())
       if (t.phase == 0 || (continues && previous->hasClient(c.id))) participants.push_back(c);
+    if (t.secure)  // the root would need this aggregator to relay secure aggregation's steps
+      failInput(Errc::kUnexpectedMessage,
+                "a secure-aggregation task, which an edge aggregator "
+                "does not relay yet");
     pr::TaskMsg header = t;
     header.model.clear();
     header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);

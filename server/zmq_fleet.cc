@@ -279,9 +279,26 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   if (pend == pending_.end() || !phase_ || pend->second.evaluate) return;
   Pending& q = pend->second;
   if (same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) return;
-  // A secure-aggregation step has no task to send again: its answer may still come (from the new
-  // connection), or the client fails the step at the deadline.
-  if (!phase_->task) return;
+  if (phase_->secure) {
+    // Secure aggregation: at the advertise step the setup again (a restarted client makes new
+    // keys); at any later step the client may have lost its side of the round (a restart), and
+    // could then never answer: it drops out now instead of holding the step to its deadline.
+    if (phase_->stage == SecureStage::kAdvertise && !phase_->task) {
+      if (socket_.send(p.routing, phase_->secure->request(SecureStage::kAdvertise, m.client_id))) {
+        q.sent_to = p.routing;
+        q.sent_version = p.info.model_version;
+      }
+      return;
+    }
+    log_->info(
+        "client {} registered again during secure aggregation's {} step; it drops out of "
+        "the round",
+        m.client_id, stageName(phase_->stage));
+    expired_[m.client_id].add(q.nonce);
+    pending_.erase(pend);
+    phase_->report->failed.push_back(m.client_id);
+    return;
+  }
   if (phase_->async) {
     expired_[m.client_id].add(q.nonce);
     pending_.erase(pend);
@@ -436,10 +453,11 @@ pr::MessageKind answerOf(SecureStage s) {
 void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::MessageKind kind) {
   const uint64_t id = peer.info.id;
   auto pend = pending_.find(id);
-  if (!phase_ || !phase_->secure || pend == pending_.end() || pend->second.evaluate ||
-      kind != answerOf(phase_->stage))
-    failInput(expired_.count(id) ? Errc::kLate : Errc::kUnexpectedMessage, "a ", pr::kindName(kind),
-              " without its open secure-aggregation step");
+  if (!phase_ || !phase_->secure || kind != answerOf(phase_->stage))
+    failInput(Errc::kUnexpectedMessage, "a ", pr::kindName(kind),
+              " when no secure-aggregation step takes it");
+  if (pend == pending_.end() || pend->second.evaluate)
+    failInput(Errc::kLate, "a ", pr::kindName(kind), " after its step closed for client ", id);
   const uint64_t nonce = pend->second.nonce;
   // Whatever the round makes of it, the client's step is over: an answer refused fails it.
   expired_[id].add(nonce);

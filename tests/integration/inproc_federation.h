@@ -320,6 +320,14 @@ class InprocFederation {
       return it != live_.end() && it->second.heartbeats >= n;
     };
   }
+  // A condition: client `id` has sent at least `n` updates (masked inputs under secure
+  // aggregation).
+  std::function<bool()> updatesSent(uint64_t id, uint64_t n) {
+    return [this, id, n] {
+      const auto it = live_.find(id);
+      return it != live_.end() && it->second.updates_sent >= n;
+    };
+  }
   // A client's statistics as of the last message it sent.
   client::RuntimeStats liveStats(uint64_t id) {
     std::lock_guard lock(mu_);

@@ -1361,7 +1361,7 @@ TEST_CASE(
 
 TEST_CASE(
     "in process: under secure aggregation a lying client's keys, its update in the clear and an "
-    "answer out of step are refused, and the honest clients' round is applied",
+    "answer of another step are refused, and the honest clients' round is applied",
     "[integration][inproc][secagg]") {
   const data::Dataset& train = fashion("train", 600);
   InprocFederation f("logreg", train, iid(train, 3));
@@ -1389,15 +1389,8 @@ TEST_CASE(
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(got);
   CHECK(setup.clients == std::vector<uint64_t>{0, 1, 2, 3});
-  // Keys claiming to be client 0's, from the liar's connection.
-  protocol::SecAggKeysMsg keys;
-  keys.nonce = setup.nonce;
-  keys.advert.client = 0;
-  keys.advert.round = setup.params.round;
-  keys.advert.cipher_pk = privacy::DhKeyPair::generate().public_key;
-  keys.advert.mask_pk = privacy::DhKeyPair::generate().public_key;
-  CHECK(liar.answer(protocol::encode(keys)) == Errc::kWrongSender);
-  // Its step is over: an update in the clear, and an answer of another step, are refused too.
+  // While its advertise step is open (the round waits for it: the federation's clock stands
+  // still, so the deadline never comes), an update in the clear and an answer of another step.
   protocol::TaskMsg fake;
   fake.round = setup.params.round;
   fake.nonce = 1;
@@ -1407,7 +1400,15 @@ TEST_CASE(
   reveal.nonce = setup.nonce;
   reveal.response.client = 3;
   reveal.response.round = setup.params.round;
-  CHECK(liar.answer(protocol::encode(reveal)) == Errc::kLate);
+  CHECK(liar.answer(protocol::encode(reveal)) == Errc::kUnexpectedMessage);
+  // Keys claiming to be client 0's, from the liar's connection: refused, and its step is over.
+  protocol::SecAggKeysMsg keys;
+  keys.nonce = setup.nonce;
+  keys.advert.client = 0;
+  keys.advert.round = setup.params.round;
+  keys.advert.cipher_pk = privacy::DhKeyPair::generate().public_key;
+  keys.advert.mask_pk = privacy::DhKeyPair::generate().public_key;
+  CHECK(liar.answer(protocol::encode(keys)) == Errc::kWrongSender);
   // The honest three finish the round without it (the liar keeps heartbeating: no silence).
   const bool done = liar.pump(seconds(60), [&](protocol::MessageKind k, auto) {
     return k == protocol::MessageKind::kShutdown;
@@ -1419,4 +1420,45 @@ TEST_CASE(
   CHECK(records[0].applied);
   CHECK(records[0].clients_completed == 3);
   CHECK(records[0].clients_failed == 1);
+}
+
+TEST_CASE(
+    "in process: under secure aggregation a client that never sends its masked input is unmasked "
+    "out of the round at the deadline, and the others' round is applied",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 800);
+  InprocFederation f("logreg", train, iid(train, 4));
+  server::EngineConfig ec = engineConfig(1);
+  ec.scheme.compressor = "none";
+  ec.scheme.rule = "fedavg:weight=uniform";
+  ec.downlink = server::Downlink::kDense;
+  ec.sampling.clients_per_round = 4;
+  ec.sampling.min_available = 4;
+  ec.sampling.min_clients = 3;
+  ec.completion.min_results = 3;
+  ec.round_deadline_ms = 60'000;
+  ec.secagg.enabled = true;
+  ec.secagg.clip = 100;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 600'000;  // no one is taken for silent when the clock jumps
+  f.root(ec, fc);
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
+  // Client 3 takes part in the first two steps, then trains for ever (its fit waits on the
+  // federation's clock): it drops out after sharing its keys.
+  f.client(3, "inproc://root", SlowDevice{std::chrono::milliseconds(1'000'000'000)});
+  const bool masked = f.waitFor(
+      [&, sent = std::vector{f.updatesSent(0, 1), f.updatesSent(1, 1), f.updatesSent(2, 1)}] {
+        return std::all_of(sent.begin(), sent.end(), [](const auto& c) { return c(); });
+      },
+      seconds(60));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(masked);
+  f.clock().advance(std::chrono::milliseconds(61'000));  // past the masked-input step's deadline
+  const bool done = f.waitRounds(1, seconds(60));
+  REQUIRE(done);
+  const server::RoundRecord r = f.records()[0];
+  CHECK(r.applied);
+  CHECK(r.clients_selected == 4);
+  CHECK(r.clients_completed == 3);
+  CHECK(r.clients_failed == 1);
 }

@@ -127,11 +127,22 @@ TEST_CASE("crypto: KeyStream's words are applyMask's, and its draws are uniform"
           "[privacy][crypto]") {
   Key32 k{};
   k[0] = 9;
-  // The words applyMask adds, in order (the RFC vector above pins the stream itself).
-  std::vector<uint64_t> x(2000, 0);
+  // The words applyMask adds, in order (the RFC vector above pins the stream itself), over three
+  // of its chunks and a part: one stream, never restarted at a chunk (a restart would reuse the
+  // stream within one vector, and the difference of two masked values would show).
+  std::vector<uint64_t> x(3 * 4096 + 17, 0);
   applyMask(x, k, 7, MaskStream::kRounding, 0, 64, false);
   KeyStream s(k, 7, MaskStream::kRounding, 0);
-  for (uint64_t w : x) CHECK(s.next() == w);
+  for (uint64_t w : x) REQUIRE(s.next() == w);
+  // In a ring of at most 32 bits, the stream's 32-bit words: the halves of KeyStream's, low first.
+  std::vector<uint64_t> h(3 * 4096 + 17, 0);
+  applyMask(h, k, 7, MaskStream::kRounding, 0, 32, false);
+  KeyStream s32(k, 7, MaskStream::kRounding, 0);
+  for (size_t i = 0; i < h.size(); i += 2) {
+    const uint64_t w = s32.next();
+    REQUIRE(h[i] == (w & 0xffffffffu));
+    if (i + 1 < h.size()) REQUIRE(h[i + 1] == (w >> 32));
+  }
   // Another purpose, another stream.
   KeyStream graph(k, 7, MaskStream::kGraph, 0);
   CHECK(graph.next() != x[0]);
