@@ -1265,22 +1265,30 @@ TEST_CASE(
 
 namespace {
 
+// A root's rounds under secure aggregation: `rounds` of `clients` clients each (at least
+// `min_clients` results), the dense compressor, uniform weights, clip 100.
+server::EngineConfig secureEngine(uint64_t rounds, uint64_t clients, uint64_t min_clients) {
+  server::EngineConfig ec = engineConfig(rounds);
+  ec.scheme.compressor = "none";
+  ec.scheme.rule = "fedavg:weight=uniform";
+  ec.downlink = server::Downlink::kDense;
+  ec.sampling.clients_per_round = clients;
+  ec.sampling.min_available = clients;
+  ec.sampling.min_clients = min_clients;
+  ec.completion.min_results = min_clients;
+  ec.secagg.enabled = true;
+  ec.secagg.clip = 100;
+  return ec;
+}
+
 // Six clients of the root over `rounds` rounds with the dense compressor and uniform weights,
 // under secure aggregation or not: the records and the root's model.
 TreeRun runSecure(bool secure, uint64_t rounds) {
   const data::Dataset& train = fashion("train", 1200);
   InprocFederation f("logreg", train, iid(train, 6));
-  server::EngineConfig ec = engineConfig(rounds);
-  ec.scheme.compressor = "none";
-  ec.scheme.rule = "fedavg:weight=uniform";
+  server::EngineConfig ec = secureEngine(rounds, 6, 6);
   ec.scheme.metrics = {"train_loss"};
-  ec.downlink = server::Downlink::kDense;
-  ec.sampling.clients_per_round = 6;
-  ec.sampling.min_available = 6;
-  ec.sampling.min_clients = 6;
-  ec.completion.min_results = 6;
   ec.secagg.enabled = secure;
-  ec.secagg.clip = 100;
   f.root(ec);
   for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
   const bool done = f.waitRootDone(seconds(120));
@@ -1329,16 +1337,7 @@ TEST_CASE(
     "[integration][inproc][secagg]") {
   const data::Dataset& train = fashion("train", 800);
   InprocFederation f("logreg", train, iid(train, 4));
-  server::EngineConfig ec = engineConfig(2);
-  ec.scheme.compressor = "none";
-  ec.scheme.rule = "fedavg:weight=uniform";
-  ec.downlink = server::Downlink::kDense;
-  ec.sampling.clients_per_round = 4;
-  ec.sampling.min_available = 4;
-  ec.sampling.min_clients = 3;
-  ec.completion.min_results = 3;
-  ec.secagg.enabled = true;
-  ec.secagg.clip = 100;
+  server::EngineConfig ec = secureEngine(2, 4, 3);
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   fc.silence_ms = 120'000;
   f.root(ec, fc);
@@ -1365,17 +1364,8 @@ TEST_CASE(
     "[integration][inproc][secagg]") {
   const data::Dataset& train = fashion("train", 600);
   InprocFederation f("logreg", train, iid(train, 3));
-  server::EngineConfig ec = engineConfig(1);
-  ec.scheme.compressor = "none";
-  ec.scheme.rule = "fedavg:weight=uniform";
-  ec.downlink = server::Downlink::kDense;
-  ec.sampling.clients_per_round = 4;
-  ec.sampling.min_available = 4;
-  ec.sampling.min_clients = 3;
-  ec.completion.min_results = 3;
+  server::EngineConfig ec = secureEngine(1, 4, 3);
   ec.round_deadline_ms = 2'000;
-  ec.secagg.enabled = true;
-  ec.secagg.clip = 100;
   f.root(ec);
   for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
   auto layout = std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
@@ -1428,17 +1418,8 @@ TEST_CASE(
     "[integration][inproc][secagg]") {
   const data::Dataset& train = fashion("train", 800);
   InprocFederation f("logreg", train, iid(train, 4));
-  server::EngineConfig ec = engineConfig(1);
-  ec.scheme.compressor = "none";
-  ec.scheme.rule = "fedavg:weight=uniform";
-  ec.downlink = server::Downlink::kDense;
-  ec.sampling.clients_per_round = 4;
-  ec.sampling.min_available = 4;
-  ec.sampling.min_clients = 3;
-  ec.completion.min_results = 3;
+  server::EngineConfig ec = secureEngine(1, 4, 3);
   ec.round_deadline_ms = 60'000;
-  ec.secagg.enabled = true;
-  ec.secagg.clip = 100;
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   fc.silence_ms = 600'000;  // no one is taken for silent when the clock jumps
   f.root(ec, fc);
