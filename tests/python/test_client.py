@@ -178,6 +178,34 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual([r["clients_completed"] for r in m], [2, 2])
         self.assertAlmostEqual(m[0]["train_loss"], 1.75, places=12)
 
+    def test_python_clients_take_part_in_secure_aggregation(self):
+        # Three Python clients under SecAgg+ (the runtime runs the protocol, not the user's code):
+        # +1, +4 and +7, weighing alike (the root sees only their sum), so round 1 moves the zero
+        # model to 4 everywhere, within the ring's rounding; the losses travel in the clear.
+        port = free_port()
+        self.fed.root(port, ["client-0", "client-1", "client-2"], rounds=2,
+                      extra=["--sampling.min_available", "3", "--secagg.enabled", "true",
+                             "--secagg.clip", "100"])
+        users = [Shifter(1.0, 100, 1.0), Shifter(4.0, 300, 2.0), Shifter(7.0, 50, 3.0)]
+        clients = [starling.Client(u, num_examples=u.num_examples, **self.fed.client_kwargs(port, i))
+                   for i, u in enumerate(users)]
+        runs = [run_in_thread(c) for c in clients]
+        join(runs, clients, logs=lambda: self.fed.log("root"))
+        for r in runs:
+            self.assertNotIn("error", r, msg=self.fed.log("root"))
+            self.assertTrue(r["result"], "the server ended the federation")
+        for u in users:
+            self.assertEqual(len(u.seen), 2)
+            for p in u.seen[1]:
+                self.assertTrue(np.all(np.abs(p - 4.0) < 1e-5), p)
+        for c in clients:
+            self.assertEqual(c.stats["updates_sent"], 2)  # its masked inputs
+        m = self.fed.metrics()
+        self.assertEqual(len(m), 2)
+        self.assertTrue(all(r["applied"] for r in m))
+        self.assertEqual([r["clients_completed"] for r in m], [3, 3])
+        self.assertAlmostEqual(m[0]["train_loss"], 2.0, places=9)
+
     def test_the_servers_compressor_and_error_feedback_apply_to_a_python_client(self):
         # Top-k with error feedback, one client adding 1 to every parameter each round. Round 1
         # sends k of the 15 ones; round 2's delta is 1 everywhere plus the residual (1 where
