@@ -510,18 +510,31 @@ TEST_CASE("secure aggregation: a curious root sees masked inputs that look unifo
   REQUIRE(engine.runRound(fleet).applied);
   REQUIRE(seen.size() == 10);
   const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 10, n);
-  // Each masked input's bits are balanced as uniform words' are: 144 x 32 bits, the share of ones
-  // within 4.5 standard errors of 1/2. The input itself, encoded without masks, is not (its
-  // values are small: the high bits are all 0 or all 1), so the test tells the two apart.
+  // Each masked input looks like uniform words, by two simple tests: its bits are balanced (144 x
+  // 32 bits, the share of ones within 5 standard errors of 1/2), and few of its words have
+  // their top 9 bits all equal (a uniform word does with probability 2^-8: 0.56 of 144 expected;
+  // 9 or more has a probability of about 1e-9). The input itself, encoded without masks, fails
+  // the second: its values are small (|v| scale < 2^22), so every word's top bits repeat its sign.
   const auto onesShare = [&](const std::vector<uint64_t>& words) {
     uint64_t ones = 0;
     for (uint64_t w : words) ones += static_cast<uint64_t>(__builtin_popcountll(w));
     return static_cast<double>(ones) / static_cast<double>(words.size() * p.ring.bits);
   };
+  const auto signLike = [&](const std::vector<uint64_t>& words) {
+    size_t count = 0;
+    for (uint64_t w : words) {
+      const uint64_t top = (w >> (p.ring.bits - 9)) & 0x1ff;
+      count += top == 0 || top == 0x1ff;
+    }
+    return count;
+  };
   const double se = std::sqrt(0.25 / static_cast<double>(n * p.ring.bits));
-  for (const auto& [id, words] : seen) CHECK(std::fabs(onesShare(words) - 0.5) <= 4.5 * se);
+  for (const auto& [id, words] : seen) {
+    CHECK(std::fabs(onesShare(words) - 0.5) <= 5 * se);
+    CHECK(signLike(words) <= 8);
+  }
   std::vector<uint64_t> plain(n);
   const std::vector<float> x = client::clipForRing(updateOf(3, n), p.ring.clip);
   privacy::encode(p.ring, x, privacy::randomKey(), 1, plain);
-  CHECK(std::fabs(onesShare(plain) - 0.5) > 4.5 * se);
+  CHECK(signLike(plain) == n);
 }
