@@ -96,12 +96,7 @@ size_t estimate(std::span<const cz::PayloadView> tensors) {
   return e;
 }
 
-std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type,
-                            flatbuffers::Offset<void> body) {
-  auto msg = fb::CreateMessage(b, kSchemaVersion, type, body);
-  fb::FinishSizePrefixedMessageBuffer(b, msg);
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
-}
+using detail::finish;
 
 // ---------------------------------------------------------------- decoding
 
@@ -211,6 +206,13 @@ const wire::Message* verifyMessage(std::span<const uint8_t> bytes, size_t max_by
     fail(Errc::kUnsupportedVersion, "schema version " + std::to_string(msg->schema_version()) +
                                         ", this build speaks " + std::to_string(kSchemaVersion));
   return msg;
+}
+
+std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type,
+                            flatbuffers::Offset<void> body) {
+  auto msg = fb::CreateMessage(b, kSchemaVersion, type, body);
+  fb::FinishSizePrefixedMessageBuffer(b, msg);
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
 
 const char* bodyName(fb::Body b) {

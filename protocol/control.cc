@@ -42,24 +42,8 @@ constexpr size_t kMaxSpec = 512;
 
 [[noreturn]] void fail(Errc code, const std::string& msg) { throw InputError(code, msg); }
 
-std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, fb::Body type,
-                            flatbuffers::Offset<void> body) {
-  auto msg = fb::CreateMessage(b, kSchemaVersion, type, body);
-  fb::FinishSizePrefixedMessageBuffer(b, msg);
-  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
-}
-
-// Verifies and returns the body of the expected type. Control messages are a handful of tables
-// (a Task: root, body, fit, two per tensor, one per shared factor).
-template <class T>
-const T* body(std::span<const uint8_t> bytes, size_t max_bytes, fb::Body expected,
-              size_t max_tables, std::vector<uint64_t>& aligned) {
-  const fb::Message* m = detail::verifyMessage(bytes, max_bytes, max_tables, aligned);
-  if (m->body_type() != expected || !m->body())
-    fail(Errc::kUnexpectedMessage, std::string("expected ") + detail::bodyName(expected) +
-                                       ", got " + detail::bodyName(m->body_type()));
-  return static_cast<const T*>(m->body());
-}
+using detail::body;
+using detail::finish;
 
 std::string text(const flatbuffers::String* s, size_t max_len, const char* what) {
   if (!s) return {};

@@ -3,9 +3,11 @@
 // read (codec.cc's Decoder and control.cc's decoders share them).
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "compression/payload.h"
+#include "core/input_error.h"
 #include "protocol/starling_generated.h"
 
 namespace starling::protocol::detail {
@@ -24,5 +26,20 @@ std::vector<flatbuffers::Offset<wire::Tensor>> encodeTensors(
 
 // The name of a body type for messages ("unknown" for a value this build does not know).
 const char* bodyName(wire::Body b);
+
+// Finishes `body` as a size-prefixed Message of the current schema version: the bytes that travel.
+std::vector<uint8_t> finish(flatbuffers::FlatBufferBuilder& b, wire::Body type,
+                            flatbuffers::Offset<void> body);
+
+// verifyMessage, then the body of the `expected` type (kUnexpectedMessage for another).
+template <class T>
+const T* body(std::span<const uint8_t> bytes, size_t max_bytes, wire::Body expected,
+              size_t max_tables, std::vector<uint64_t>& aligned) {
+  const wire::Message* m = verifyMessage(bytes, max_bytes, max_tables, aligned);
+  if (m->body_type() != expected || !m->body())
+    throw InputError(Errc::kUnexpectedMessage, std::string("expected ") + bodyName(expected) +
+                                                   ", got " + bodyName(m->body_type()));
+  return static_cast<const T*>(m->body());
+}
 
 }  // namespace starling::protocol::detail

@@ -32,6 +32,25 @@ constexpr uint32_t kCheckpointVersion = 7;
 constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
 constexpr uint32_t kShardFileVersion = 1;
 
+// A phase's (or a secure step's) report into the round's record: `rejected` refusals, the bytes,
+// the simulated seconds, and who failed.
+void addPhase(RoundRecord& rec, const PhaseReport& rep, uint64_t rejected,
+              std::set<uint64_t>& failed) {
+  rec.updates_rejected += rejected;
+  rec.uplink_bytes += rep.uplink_bytes;
+  rec.downlink_bytes += rep.downlink_bytes;
+  if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
+  if (rep.makespan_seconds)
+    rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
+  failed.insert(rep.failed.begin(), rep.failed.end());
+}
+
+// The next phase or step goes to those whose answer was accepted.
+void keepCompleted(std::vector<ClientInfo>& active, const PhaseReport& rep) {
+  const std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
+  std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
+}
+
 size_t ceilFraction(double f, size_t n) {
   return static_cast<size_t>(std::ceil(f * static_cast<double>(n) - 1e-9));
 }
@@ -671,13 +690,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
                          control_.empty() ? nullptr : &control_acks_};
     const size_t want = round->phase() == 0 ? target : active.size();
     PhaseReport rep = fleet.runPhase(task, active, want, round->current());
-    rec.updates_rejected += std::max(rep.refused, round->current().rejected());
-    rec.uplink_bytes += rep.uplink_bytes;
-    rec.downlink_bytes += rep.downlink_bytes;
-    if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
-    if (rep.makespan_seconds)
-      rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
-    failed.insert(rep.failed.begin(), rep.failed.end());
+    addPhase(rec, rep, std::max(rep.refused, round->current().rejected()), failed);
     if (dp_ && !round->current().sources().empty()) {
       rec.clients_failed = failed.size();
       rec.clients_completed = round->current().count();
@@ -689,8 +702,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     if (header.phase == 0) counted = rep.completed;
     if (round->lastPhase() || rep.completed.empty()) break;
     round->nextPhase();
-    std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
-    std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
+    keepCompleted(active, rep);
   }
   rec.clients_failed = failed.size();
   header.control.clear();
@@ -776,15 +788,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                             size_t target, ag::PhaseAggregator& agg, RoundRecord& rec,
                             std::set<uint64_t>& failed) {
   const auto account = [&](const PhaseReport& rep) {
-    rec.updates_rejected += rep.refused;
-    rec.uplink_bytes += rep.uplink_bytes;
-    rec.downlink_bytes += rep.downlink_bytes;
-    if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
-    if (rep.makespan_seconds)
-      rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
-    failed.insert(rep.failed.begin(), rep.failed.end());
-    std::set<uint64_t> ok(rep.completed.begin(), rep.completed.end());
-    std::erase_if(active, [&](const ClientInfo& c) { return !ok.count(c.id); });
+    addPhase(rec, rep, rep.refused, failed);
+    keepCompleted(active, rep);
   };
   std::vector<uint64_t> ids;
   for (const auto& c : active) ids.push_back(c.id);
