@@ -313,8 +313,8 @@ struct ClientRuntime::Impl {
       // On the training thread, heartbeats going on: masking a large model takes seconds on a
       // busy device, which the server must not take for silence.
       update = withHeartbeats([&] {
-        std::vector<float> x(layout.numel());
-        cz::densifyUpdate(layout, res.update.tensors, x);
+        const std::vector<float> x =
+            secureInput(layout, comp, b.context(config.client_id), res.update.tensors);
         return party->mask(shares, x, res.update.metrics);
       });
     } else {

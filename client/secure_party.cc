@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "compression/payload.h"
 #include "core/error.h"
 
 namespace starling::client {
@@ -86,6 +87,18 @@ std::vector<uint8_t> SecureParty::unmask(std::span<const uint8_t> bytes) {
   pr::SecAggUnmaskMsg m = pr::decodeSecAggUnmask(bytes, limits_);
   checkRound(m.request.round, "an unmask request");
   return pr::encode(pr::SecAggRevealMsg{m.nonce, client_->unmask(m.request)});
+}
+
+std::vector<float> secureInput(const ParamLayout& layout, const compression::Compressor& compressor,
+                               const compression::RoundContext& ctx,
+                               const std::vector<compression::Payload>& update) {
+  const compression::SharedSupport support = compressor.sharedSupport(layout, ctx);
+  std::vector<float> dense(layout.numel());
+  compression::densifyUpdate(layout, update, dense);
+  if (support.all) return dense;
+  std::vector<float> out(support.size(dense.size()));
+  support.gather(dense, out);
+  return out;
 }
 
 std::vector<float> clipForRing(std::span<const float> x, double clip) {

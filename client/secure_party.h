@@ -19,7 +19,9 @@
 #include <span>
 #include <vector>
 
+#include "compression/compressor.h"
 #include "core/metric.h"
+#include "core/param_layout.h"
 #include "privacy/secagg.h"
 #include "protocol/secagg_wire.h"
 
@@ -55,6 +57,15 @@ class SecureParty {
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;
 };
+
+// What a client's update adds to a secure round: its coordinates on the round's shared support
+// (compression::SharedSupport), in the support's order, from `update`'s phase-0 payloads as
+// `compressor` sent them in `ctx`'s round. The masked input is this many values, so a shared
+// support of k coordinates sends k ring words, not the model's numel. InvalidArgument when the
+// compressor shares no support.
+std::vector<float> secureInput(const ParamLayout& layout, const compression::Compressor& compressor,
+                               const compression::RoundContext& ctx,
+                               const std::vector<compression::Payload>& update);
 
 // x scaled to L2 norm at most `clip` (unchanged when within it), then each coordinate clamped to
 // [-clip, clip] (the scaled values may pass it by a rounding). Non-finite values: InvalidArgument.

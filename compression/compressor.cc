@@ -1,5 +1,6 @@
 #include "compression/compressor.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -112,6 +113,40 @@ std::string ErrorFeedback::specText() const {
 const ErrorFeedback& Compressor::feedback() const {
   static const ErrorFeedback kOff;
   return kOff;
+}
+
+void SharedSupport::gather(std::span<const float> dense, std::span<float> out) const {
+  STARLING_CHECK_ARG(out.size() == size(dense.size()), "a shared support of ", size(dense.size()),
+                     " values gathered into ", out.size());
+  if (all) {
+    std::copy(dense.begin(), dense.end(), out.begin());
+    return;
+  }
+  for (size_t j = 0; j < positions.size(); ++j) {
+    STARLING_CHECK_ARG(positions[j] < dense.size(), "a shared support's position ", positions[j],
+                       " is outside a model of ", dense.size(), " values");
+    out[j] = dense[positions[j]];
+  }
+}
+
+void SharedSupport::scatter(std::span<const float> values, std::span<float> dense) const {
+  STARLING_CHECK_ARG(values.size() == size(dense.size()), "a shared support of ",
+                     size(dense.size()), " values scattered from ", values.size());
+  if (all) {
+    std::copy(values.begin(), values.end(), dense.begin());
+    return;
+  }
+  std::fill(dense.begin(), dense.end(), 0.0f);
+  for (size_t j = 0; j < positions.size(); ++j) {
+    STARLING_CHECK_ARG(positions[j] < dense.size(), "a shared support's position ", positions[j],
+                       " is outside a model of ", dense.size(), " values");
+    dense[positions[j]] = values[j];
+  }
+}
+
+SharedSupport Compressor::sharedSupport(const ParamLayout&, const RoundContext&) const {
+  STARLING_THROW(InvalidArgument, spec(),
+                 " chooses each client's support (or scale): no support is shared by the round");
 }
 
 const ResidualState* Compressor::liveResidual(const ClientState& state, uint64_t round) const {

@@ -62,6 +62,22 @@ struct PhaseBroadcast {
   }
 };
 
+// The coordinates every client of a round sends, fixed by the round alone (its seed and number),
+// never by a client's values or id: what secure aggregation can add, since it sums masked vectors
+// coordinate by coordinate (a coordinate only one client chose would be that client's value in the
+// sum). Either every coordinate in layout order (all), or `positions`: flat layout positions,
+// tensor by tensor, each tensor's in the order its payload carries them (a random block's wrap,
+// rand-k's ascending draw).
+struct SharedSupport {
+  bool all = true;
+  std::vector<uint32_t> positions;  // when !all
+  size_t size(size_t numel) const { return all ? numel : positions.size(); }
+  // out[j] = dense[position j] (dense: numel values, out: size(numel)); InvalidArgument on sizes.
+  void gather(std::span<const float> dense, std::span<float> out) const;
+  // dense[position j] = values[j], every other coordinate 0; InvalidArgument on sizes.
+  void scatter(std::span<const float> values, std::span<float> dense) const;
+};
+
 // The error-feedback residual, layout-sized (component kResidualComponent), and the round in
 // which it was last written (0: unknown, a version-1 state). Two-phase PowerSGD also keeps its
 // accumulated matrix here between phase P and phase Q.
@@ -173,6 +189,14 @@ class Compressor {
 
   // ---- the round's structure ----
   virtual uint32_t phases() const { return 1; }
+  // Whether every client of a round sends on the same coordinates, fixed by the round alone
+  // (SharedSupport): the dense codecs (every coordinate), randblock with its shared offset, randk
+  // with positions=shared. Top-k, STC, gTop-k, sign and QSGD choose per client (their supports or
+  // scales), the low-rank ones send factors.
+  virtual bool supportIsShared() const { return false; }
+  // That support in ctx's round and phase (ctx.client_id is not read): the coordinates a client's
+  // phase-0 payloads are nonzero on at most. InvalidArgument when !supportIsShared().
+  virtual SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const;
   // Whether factors are shared across rounds (initialShared() is not empty for a layout with a
   // matrix): ACP-SGD's, and two-phase PowerSGD's. A buffered step (aggregation/async_buffer.h)
   // cannot take them.

@@ -12,6 +12,8 @@ class DenseCompressor final : public Compressor {
   explicit DenseCompressor(DenseFormat format) : format_(format) {}
   std::string name() const override;
   std::string spec() const override { return name(); }
+  bool supportIsShared() const override { return true; }
+  SharedSupport sharedSupport(const ParamLayout&, const RoundContext&) const override { return {}; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
                      const RoundContext& ctx) const override;
 

@@ -102,10 +102,13 @@ const CompressorRegistry& compressors() {
              return std::make_unique<TopKCompressor>(o);
            }},
           {"randk", "k random positions per tensor with error feedback; index + value each",
-           "density=0.01, " + feedbackHelp(aheadSparsifyDefaults().ef),
+           "density=0.01, positions=client|shared (each client's own draw, or the round's for "
+           "every client), " +
+               feedbackHelp(aheadSparsifyDefaults().ef),
            [](OptionReader& r) {
-             return std::make_unique<RandKCompressor>(
-                 readRandomSparsify(r, aheadSparsifyDefaults()));
+             RandomSparsifyOptions o = readRandomSparsify(r, aheadSparsifyDefaults());
+             o.shared_positions = r.choice("positions", "client", {"client", "shared"}) == "shared";
+             return std::make_unique<RandKCompressor>(o);
            }},
           {"randblock", "one random contiguous block per tensor, shared offset, no indices",
            "density=0.01, offset=shared|client (one block offset per round, or per client), " +

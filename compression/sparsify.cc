@@ -197,7 +197,8 @@ RandKCompressor::RandKCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.valid
 
 std::string RandKCompressor::spec() const {
   std::ostringstream os;
-  os << "randk:density=" << exactText(opt_.density) << opt_.ef.specText();
+  os << "randk:density=" << exactText(opt_.density)
+     << ",positions=" << (opt_.shared_positions ? "shared" : "client") << opt_.ef.specText();
   return os.str();
 }
 
@@ -228,7 +229,18 @@ std::vector<Payload> RandKCompressor::encode(const ParamLayout& layout,
 std::vector<uint32_t> RandKCompressor::indicesFor(const RoundContext& ctx, size_t tensor_index,
                                                   size_t numel) const {
   return sampleIndices(numel, countForDensity(opt_.density, numel), ctx.run_seed, ctx.round,
-                       ctx.client_id, tensor_index);
+                       opt_.shared_positions ? kAnyClient : ctx.client_id, tensor_index);
+}
+
+SharedSupport RandKCompressor::sharedSupport(const ParamLayout& layout,
+                                             const RoundContext& ctx) const {
+  STARLING_CHECK_ARG(opt_.shared_positions, spec(),
+                     " draws each client's positions: no support is shared");
+  SharedSupport s{false, {}};
+  for (size_t t = 0; t < layout.size(); ++t)
+    for (uint32_t i : indicesFor(ctx, t, layout[t].numel))
+      s.positions.push_back(static_cast<uint32_t>(layout[t].offset + i));
+  return s;
 }
 
 RandBlockCompressor::RandBlockCompressor(RandomSparsifyOptions o) : opt_(o) { opt_.validate(); }
@@ -252,6 +264,19 @@ uint32_t RandBlockCompressor::blockOffset(uint64_t run_seed, uint64_t round, siz
                                           size_t numel) {
   RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kRandBlock, tensor_index});
   return static_cast<uint32_t>(rng.below(numel));
+}
+
+SharedSupport RandBlockCompressor::sharedSupport(const ParamLayout& layout,
+                                                 const RoundContext& ctx) const {
+  STARLING_CHECK_ARG(!opt_.per_client_offset, spec(),
+                     " places each client's block: no support is shared");
+  SharedSupport s{false, {}};
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const size_t n = layout[t].numel, len = lengthFor(n), at = offsetFor(ctx, t, n);
+    for (size_t j = 0; j < len; ++j)
+      s.positions.push_back(static_cast<uint32_t>(layout[t].offset + (at + j) % n));
+  }
+  return s;
 }
 
 void RandBlockCompressor::checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,

@@ -6,7 +6,8 @@
 //   stc       top-k's positions per tensor sent as +-mu (sparse ternary, Sattler et al. 2019): one
 //             sign bit each, Rice-coded positions, one mu per tensor (TopKCompressor, ternary).
 //   randk     k uniformly random positions per tensor from the client's own seeded stream;
-//             sends indices + values.
+//             sends indices + values; positions=shared draws them from the round's stream
+//             instead, the same for every client (a support secure aggregation can sum).
 //   randblock one contiguous block of k values per tensor (wrapping at the end), at an offset
 //             drawn from the round's stream shared by every client, so no indices travel and a
 //             server adds all clients' blocks at the same place (Eghlidi & Jaggi); offset=client
@@ -34,6 +35,9 @@ struct RandomSparsifyOptions {
   // values), or one per client (offset=client: the round's blocks cover about clients x density of
   // each tensor, as rand-k's positions do, still without indices).
   bool per_client_offset = false;
+  // randk only: the positions drawn from the round's stream, the same for every client
+  // (positions=shared), where by default each client draws its own.
+  bool shared_positions = false;
   void validate() const;
 };
 
@@ -62,12 +66,15 @@ class RandKCompressor final : public Compressor {
   explicit RandKCompressor(RandomSparsifyOptions o);
   std::string name() const override { return "randk"; }
   std::string spec() const override;
+  bool supportIsShared() const override { return opt_.shared_positions; }
+  SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
                      const RoundContext& ctx) const override;
 
-  // The positions tensor `tensor_index` (of numel values) sends in the round and client of `ctx`:
-  // sampleIndices' draw, ascending (the round on the device draws them here too).
+  // The positions tensor `tensor_index` (of numel values) sends in the round and client of `ctx`
+  // (with positions=shared, in its round: every client's the same): sampleIndices' draw,
+  // ascending (the round on the device draws them here too).
   std::vector<uint32_t> indicesFor(const RoundContext& ctx, size_t tensor_index,
                                    size_t numel) const;
 
@@ -86,6 +93,8 @@ class RandBlockCompressor final : public Compressor {
   std::string name() const override { return "randblock"; }
   bool updateSizeVaries() const override { return opt_.per_client_offset; }
   std::string spec() const override;
+  bool supportIsShared() const override { return !opt_.per_client_offset; }
+  SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
                      const RoundContext& ctx) const override;

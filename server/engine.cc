@@ -173,8 +173,10 @@ void EngineConfig::validate() const {
     privacy::CentralDp::resolveSigma(dp, sampling.poisson_rate, rounds);
   }
   if (secagg.enabled) {
-    if (scheme.compressor != "none")
-      STARLING_THROW(ConfigError, secureCompressorRefusal(scheme.compressor));
+    if (const std::string why =
+            secureCompressorRefusal(*compression::makeCompressor(scheme.compressor));
+        !why.empty())
+      STARLING_THROW(ConfigError, why);
     if (scheme.scaffold)
       STARLING_THROW(ConfigError,
                      "secagg.enabled does not take train.scaffold: each client's control change "
@@ -213,20 +215,42 @@ uint64_t secureMaxClients(const SamplingConfig& s) {
              : 1;
 }
 
-std::string secureCompressorRefusal(const std::string& spec) {
-  const std::string name = spec.substr(0, spec.find(':'));
+std::string secureCompressorRefusal(const cz::Compressor& c) {
+  const std::string name = c.name();
   std::string why;
-  if (name == "topk" || name == "stc" || name == "gtopk" || name == "sign" || name == "qsgd")
+  if (name == "fp16" || name == "bf16")
+    why =
+        "the masked words are secagg.bits wide whatever the format, so it would only round "
+        "twice: for fewer bytes lower secagg.bits (the ring is a quantisation of one scale for "
+        "the round)";
+  else if (c.phases() > 1 || c.sharesFactors())
+    why =
+        "its update is formed from factor sums phase by phase, and secure aggregation does "
+        "not run a round's phases yet";
+  else if (name == "randk" && !c.supportIsShared())
+    why =
+        "each client draws its own positions, and a coordinate only one client touched is "
+        "that client's value in the sum: use randk:positions=shared (the round's positions for "
+        "every client)";
+  else if (name == "randblock" && !c.supportIsShared())
+    why =
+        "each client places its own block, and a coordinate only one client touched is that "
+        "client's value in the sum: use the default offset=shared";
+  else if (!c.supportIsShared())
     why =
         "its clients send values on supports (or scales) of their own, and a coordinate only "
         "one client touched is that client's value in the sum: it cannot be aggregated "
         "securely";
-  else
-    why =
-        "secure aggregation sends each update as dense masked ring words; composing it with "
-        "this compressor (a shared support, a shared scale, or factor sums phase by phase) "
-        "is not built yet";
-  return "secagg.enabled takes the compressor none, not " + spec + ": " + why;
+  if (why.empty()) return why;
+  return "secagg.enabled takes a compressor whose support the round shares (none, "
+         "randblock, randk:positions=shared), not " +
+         c.spec() + ": " + why;
+}
+
+uint64_t secureDim(const cz::Compressor& c, const ParamLayout& layout, uint64_t run_seed,
+                   uint64_t round) {
+  return c.sharedSupport(layout, cz::RoundContext{run_seed, round, 0, 0, nullptr})
+      .size(layout.numel());
 }
 
 PhaseReport Fleet::exchange(SecureStage, SecureRound&, std::span<const ClientInfo>, uint32_t) {
@@ -318,7 +342,8 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
   model_.set(std::move(initial), 1);
   if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
   if (config_.secagg.enabled)  // the ring for the most clients a round samples, when known
-    config_.secagg.validate(secureMaxClients(config_.sampling), layout_->numel());
+    config_.secagg.validate(secureMaxClients(config_.sampling),
+                            secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, 1));
   if (config_.dp.enabled) {
     dp_ = std::make_unique<privacy::CentralDp>(config_.dp, config_.sampling.poisson_rate,
                                                config_.rounds, config_.scheme.run_seed);
@@ -801,7 +826,9 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      "2, each would learn the other's update from the sum), got ",
                      ids.size());
     sr = std::make_unique<SecureRound>(
-        config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, ids.size(), layout_->numel()),
+        config_.secagg.paramsFor(
+            config_.scheme.run_seed, rec.round, ids.size(),
+            secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, rec.round)),
         ids, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs});
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
@@ -834,8 +861,13 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                out.survivors.size(),
                static_cast<double>(out.survivors.size()),
                0};
+  // The sum on the round's shared support, every other coordinate 0 (no client sent one).
+  std::vector<float> dense(layout_->numel());
+  scheme_.compressor()
+      .sharedSupport(*layout_, cz::RoundContext{config_.scheme.run_seed, rec.round, 0, 0, nullptr})
+      .scatter(out.sum, dense);
   for (const auto& t : layout_->tensors()) {
-    const auto first = out.sum.begin() + static_cast<std::ptrdiff_t>(t.offset);
+    const auto first = dense.begin() + static_cast<std::ptrdiff_t>(t.offset);
     pm.tensors.push_back(
         cz::DenseF32{std::vector<float>(first, first + static_cast<std::ptrdiff_t>(t.numel))});
   }

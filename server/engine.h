@@ -121,8 +121,13 @@ struct EngineConfig {
   void validate() const;  // ConfigError naming the key
 };
 
-// Secure aggregation: why `compressor` (a spec) is refused with it, for the ConfigError.
-std::string secureCompressorRefusal(const std::string& compressor);
+// Secure aggregation: why `compressor` is refused with it, for the ConfigError; empty when it
+// composes (a support the round shares, compression::Compressor::supportIsShared, in one phase).
+std::string secureCompressorRefusal(const compression::Compressor& compressor);
+// The values one client's masked input carries in `round` of this compressor: its shared
+// support's size (the model's numel when dense).
+uint64_t secureDim(const compression::Compressor& compressor, const ParamLayout& layout,
+                   uint64_t run_seed, uint64_t round);
 // The most clients a round of this sampling can have when it says (a count, over-committed);
 // 1 when each round's own count decides (Poisson sampling, a fraction).
 uint64_t secureMaxClients(const SamplingConfig& s);

@@ -277,10 +277,10 @@ void SimFleet::trainMine(const server::PhaseTask& task,
         held->push_back(Held{id, index[id], size, std::move(res.update), std::move(state_)});
         state_ = ClientState(trainer_.layout().fingerprint());
       } else if (task.secure) {
-        // Its update, dense, clipped and masked by its own side; what it sends is the masked
-        // input (refused: the client fails, its state as it was).
-        std::vector<float> x(trainer_.layout().numel());
-        cz::densifyUpdate(trainer_.layout(), res.update.tensors, x);
+        // Its update on the round's shared support, clipped and masked by its own side; what it
+        // sends is the masked input (refused: the client fails, its state as it was).
+        const std::vector<float> x = client::secureInput(
+            trainer_.layout(), comp, task.broadcast.context(id), res.update.tensors);
         // Rounded by a key from the run seed: the simulated run is a function of its seed (the
         // sum in the ring is the roundings' alone; the masks cancel exactly).
         const privacy::Key32 rounding = privacy::publicKey(

@@ -178,3 +178,83 @@ TEST_CASE("error feedback is exact on a model larger than the caches (streaming-
     old_residual = r;
   }
 }
+
+// Secure aggregation sums masked vectors coordinate by coordinate, so it takes only a support the
+// round fixes for every client (SharedSupport): each client's phase-0 payloads lie on it, in its
+// order, whoever the client; other rounds draw other supports.
+TEST_CASE("a shared support holds every client's payload, in the payload's order",
+          "[compression][secagg]") {
+  const ParamLayout layout = testing::smallCnnLayout();
+  for (const char* spec : {"randblock:density=0.1", "randk:density=0.1,positions=shared", "none"}) {
+    INFO(spec);
+    const auto c = makeCompressor(spec);
+    REQUIRE(c->supportIsShared());
+    const SharedSupport s = c->sharedSupport(layout, RoundContext{7, 3, 0, 1, nullptr});
+    CHECK(s.all == (std::string(spec) == "none"));
+    for (uint64_t client : {1, 2, 90}) {
+      // The support ignores the client; the client's payloads lie on it.
+      const SharedSupport mine = c->sharedSupport(layout, RoundContext{7, 3, 0, client, nullptr});
+      CHECK(mine.positions == s.positions);
+      const auto update = testing::randomVector(layout.numel(), 40 + client);
+      const auto payloads = c->compress(layout, update, RoundContext{7, 3, 0, client, nullptr});
+      const auto dense = testing::densify(layout, payloads, nullptr);
+      std::vector<float> on(s.size(layout.numel()));
+      s.gather(dense, on);
+      // What the payloads carry, tensor by tensor, in their order.
+      std::vector<float> carried;
+      for (const auto& p : payloads) {
+        if (const auto* b = std::get_if<RandBlock>(&p))
+          carried.insert(carried.end(), b->values.begin(), b->values.end());
+        else if (const auto* sp = std::get_if<Sparse>(&p))
+          carried.insert(carried.end(), sp->values.begin(), sp->values.end());
+        else
+          carried.insert(carried.end(), std::get<DenseF32>(p).values.begin(),
+                         std::get<DenseF32>(p).values.end());
+      }
+      CHECK(on == carried);
+      // Nothing outside the support: scattering back gives the densified update.
+      std::vector<float> back(layout.numel(), 5.0f);
+      s.scatter(on, back);
+      CHECK(back == dense);
+    }
+    if (!s.all) {
+      std::set<uint32_t> distinct(s.positions.begin(), s.positions.end());
+      CHECK(distinct.size() == s.positions.size());
+      CHECK(s.positions.size() < layout.numel() / 5);
+      CHECK(c->sharedSupport(layout, RoundContext{7, 4, 0, 1, nullptr}).positions != s.positions);
+      CHECK(c->sharedSupport(layout, RoundContext{8, 3, 0, 1, nullptr}).positions != s.positions);
+    }
+  }
+  // rand-k's own draw differs per client; the shared one does not.
+  const auto own = makeCompressor("randk:density=0.1");
+  const auto shared = makeCompressor("randk:density=0.1,positions=shared");
+  CHECK(own->spec().find("positions=client") != std::string::npos);
+  CHECK(makeCompressor(shared->spec())->spec() == shared->spec());
+  CHECK(std::get<Sparse>(own->compress(layout, testing::randomVector(layout.numel(), 1),
+                                       RoundContext{7, 3, 0, 1, nullptr})[0])
+            .indices !=
+        std::get<Sparse>(own->compress(layout, testing::randomVector(layout.numel(), 1),
+                                       RoundContext{7, 3, 0, 2, nullptr})[0])
+            .indices);
+  CHECK(std::get<Sparse>(shared->compress(layout, testing::randomVector(layout.numel(), 1),
+                                          RoundContext{7, 3, 0, 1, nullptr})[0])
+            .indices ==
+        std::get<Sparse>(shared->compress(layout, testing::randomVector(layout.numel(), 2),
+                                          RoundContext{7, 3, 0, 2, nullptr})[0])
+            .indices);
+  // Those whose support or scale is each client's own share none.
+  for (const char* spec : {"topk:density=0.1", "stc:density=0.1", "sign", "qsgd", "randk",
+                           "randblock:offset=client", "powersgd:rank=2", "acpsgd:rank=2"}) {
+    INFO(spec);
+    const auto c = makeCompressor(spec);
+    CHECK_FALSE(c->supportIsShared());
+    CHECK_THROWS_AS(c->sharedSupport(layout, RoundContext{7, 3, 0, 1, nullptr}), InvalidArgument);
+  }
+  // Sizes are checked.
+  const SharedSupport s = makeCompressor("randblock:density=0.1")->sharedSupport(layout, {});
+  std::vector<float> dense(layout.numel()), few(3);
+  CHECK_THROWS_AS(s.gather(dense, few), InvalidArgument);
+  CHECK_THROWS_AS(s.scatter(few, dense), InvalidArgument);
+  std::vector<float> short_model(10), out(s.positions.size());
+  CHECK_THROWS_AS(s.gather(short_model, out), InvalidArgument);
+}

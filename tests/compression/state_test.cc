@@ -282,7 +282,7 @@ TEST_CASE("the residual's round survives a save and a version-1 residual loads a
 TEST_CASE("error feedback's options are checked and appear in the canonical spec",
           "[compression]") {
   CHECK(makeCompressor("randk:ef_decay=0.5,ef_preview=1,ef_max_age=7")->spec() ==
-        "randk:density=0.01,ef=true,ef_decay=0.5,ef_preview=1,ef_max_age=7");
+        "randk:density=0.01,positions=client,ef=true,ef_decay=0.5,ef_preview=1,ef_max_age=7");
   CHECK(makeCompressor("topk:ef=false")->spec() == "topk:density=0.01,scope=layer,ef=false");
   for (const char* bad :
        {"topk:ef_decay=0", "topk:ef_decay=1.5", "randk:ef_decay=-1", "acpsgd:ef_preview=2",

@@ -1281,13 +1281,14 @@ server::EngineConfig secureEngine(uint64_t rounds, uint64_t clients, uint64_t mi
   return ec;
 }
 
-// Six clients of the root over `rounds` rounds with the dense compressor and uniform weights,
-// under secure aggregation or not: the records and the root's model.
-TreeRun runSecure(bool secure, uint64_t rounds) {
+// Six clients of the root over `rounds` rounds with `compressor` (dense by default) and uniform
+// weights, under secure aggregation or not: the records and the root's model.
+TreeRun runSecure(bool secure, uint64_t rounds, const std::string& compressor = "none") {
   const data::Dataset& train = fashion("train", 1200);
   InprocFederation f("logreg", train, iid(train, 6));
   server::EngineConfig ec = secureEngine(rounds, 6, 6);
   ec.scheme.metrics = {"train_loss"};
+  ec.scheme.compressor = compressor;
   ec.secagg.enabled = secure;
   f.root(ec);
   for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
@@ -1329,6 +1330,30 @@ TEST_CASE(
   CHECK(scale > 0);
   CHECK(diff <= 1e-4 * scale);
   CHECK(diff > 0);  // the ring's rounding: the root never had the plain sum
+}
+
+TEST_CASE(
+    "in process: secure aggregation of rand-k on the round's positions: the plain rand-k model "
+    "from k words a client",
+    "[integration][inproc][secagg]") {
+  const std::string spec = "randk:density=0.1,positions=shared";
+  const TreeRun plain = runSecure(false, 2, spec), secure = runSecure(true, 2, spec),
+                dense = runSecure(true, 2);
+  REQUIRE(secure.records.size() == 2);
+  REQUIRE(dense.records.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(secure.records[i].applied);
+    CHECK(secure.records[i].clients_completed == 6);
+    // Each client masks its k values (a tenth of the model's) where a dense secure round masks
+    // all of them; the protocol's keys and shares come on top of either.
+    CHECK(secure.records[i].uplink_bytes < 0.2 * dense.records[i].uplink_bytes);
+    CHECK(secure.records[i].uplink_bytes < plain.records[i].uplink_bytes + 1500 * 6);
+  }
+  const auto [diff, scale] = starling::testing::modelDiff(plain.model, secure.model);
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-4 * scale);
+  CHECK(diff > 0);  // the ring's rounding: the root never had the plain sum
+  CHECK(starling::testing::modelDiff(dense.model, secure.model).diff > 1e-2 * scale);
 }
 
 TEST_CASE(
