@@ -474,12 +474,8 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   if (self != kClient && s.secagg.enabled) {
     if (self == kServer && s.server.role != ServerRole::kRoot)
       STARLING_THROW(ConfigError,
-                     "secagg.enabled is the root's (an edge aggregator does not relay secure "
-                     "aggregation's steps yet): leave it out of server.role = aggregator");
-    if (self == kServer && !s.server.aggregator_ids.empty())
-      STARLING_THROW(ConfigError,
-                     "secagg.enabled does not run through edge aggregators yet "
-                     "(security.aggregator_ids is set): its steps reach clients of the root only");
+                     "secagg.enabled is the root's (an edge aggregator relays the root's "
+                     "secure aggregation without it): leave it out of server.role = aggregator");
     if (buffered(s.round.mode))
       STARLING_THROW(ConfigError,
                      "secagg.enabled runs in synchronous rounds only, not round.mode "

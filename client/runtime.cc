@@ -315,6 +315,10 @@ struct ClientRuntime::Impl {
       update = withHeartbeats([&] {
         const std::vector<float> x =
             secureInput(layout, comp, b.context(config.client_id), res.update.tensors);
+        if (config.secagg_rounding) {
+          const privacy::Key32 key = config.secagg_rounding(t.round);
+          return party->mask(shares, x, res.update.metrics, &key);
+        }
         return party->mask(shares, x, res.update.metrics);
       });
     } else {

@@ -29,6 +29,7 @@
 #include "compression/compressor.h"
 #include "core/client_state.h"
 #include "core/clock.h"
+#include "privacy/crypto.h"
 #include "transport/socket.h"
 
 namespace spdlog {
@@ -62,6 +63,10 @@ struct RuntimeConfig {
   // Called on the runtime's thread with the statistics after each message it sends (a progress
   // display, or a test waiting for the client to have done something); empty: none.
   std::function<void(const RuntimeStats&)> on_sent;
+  // Secure aggregation: the key of round r's stochastic rounding into the ring. Empty (the
+  // default): a fresh random key each round, as the privacy of distributed noise needs; a test
+  // gives one fixed by the round to compare two federations' sums bit for bit.
+  std::function<privacy::Key32(uint64_t round)> secagg_rounding;
   void validate() const;
 };
 

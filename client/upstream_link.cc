@@ -232,6 +232,7 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
       case pr::MessageKind::kSecAggAdverts:
       case pr::MessageKind::kSecAggShares:
       case pr::MessageKind::kSecAggUnmask:
+      case pr::MessageKind::kSecAggRelay:  // an edge aggregator's relay of them
         return r;
       default:
         failInput(Errc::kUnexpectedMessage, "a server may not send ", pr::kindName(*kind));

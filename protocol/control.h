@@ -44,6 +44,7 @@ enum class MessageKind : uint8_t {
   kSecAggMasked = 20,
   kSecAggUnmask = 21,
   kSecAggReveal = 22,
+  kSecAggRelay = 23,
 };
 const char* kindName(MessageKind k);
 

@@ -192,6 +192,21 @@ std::vector<uint8_t> encode(const SecAggRevealMsg& m) {
   return finish(b, fb::Body::SecAggReveal, body.Union());
 }
 
+std::vector<uint8_t> encode(const SecAggRelayMsg& m) {
+  size_t bytes = 256;
+  for (const auto& it : m.items) bytes += it.message.size() + 32;
+  flatbuffers::FlatBufferBuilder b(bytes);
+  std::vector<flatbuffers::Offset<fb::SecAggRelayed>> v;
+  v.reserve(m.items.size());
+  for (const auto& it : m.items)
+    v.push_back(
+        fb::CreateSecAggRelayed(b, it.client, it.message.empty() ? 0 : b.CreateVector(it.message)));
+  auto items = b.CreateVector(v);
+  auto body = fb::CreateSecAggRelay(b, m.from, m.round, m.nonce, static_cast<uint8_t>(m.stage),
+                                    m.deadline_ms, items);
+  return finish(b, fb::Body::SecAggRelay, body.Union());
+}
+
 size_t secAggMaskedBytes(uint64_t dim, uint32_t bits, uint64_t client,
                          std::span<const Metric> metrics) {
   SecAggMaskedMsg m;
@@ -355,6 +370,46 @@ SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggL
       fail(Errc::kInconsistentShares, std::string("secagg: ") + e.what());
     }
     out.response.shares.push_back(r);
+  }
+  return out;
+}
+
+SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLimits& l) {
+  std::vector<uint64_t> aligned;
+  const auto* m = body<fb::SecAggRelay>(bytes, l.max_bytes, fb::Body::SecAggRelay,
+                                        8 + 2 * static_cast<size_t>(l.max_clients), aligned);
+  SecAggRelayMsg out;
+  out.from = m->from();
+  out.round = m->round();
+  out.nonce = m->nonce();
+  out.deadline_ms = m->deadline_ms();
+  if (m->stage() > static_cast<uint8_t>(RelayStage::kUnmask))
+    fail(Errc::kUnexpectedEncoding,
+         "secagg relay: stage " + std::to_string(m->stage()) + " is none of 0 to 4");
+  out.stage = static_cast<RelayStage>(m->stage());
+  const bool roster = out.stage == RelayStage::kRoster;
+  if (!m->items()) {
+    if (!roster) fail(Errc::kMissingField, "secagg relay: no items");
+    return out;
+  }
+  countWithin(m->items(), l.max_clients, "relayed items");
+  out.items.reserve(m->items()->size());
+  for (flatbuffers::uoffset_t i = 0; i < m->items()->size(); ++i) {
+    const fb::SecAggRelayed* x = m->items()->Get(i);
+    if (!x) fail(Errc::kMissingField, "secagg relay: an empty item");
+    if (!out.items.empty() && x->client() <= out.items.back().client)
+      fail(Errc::kDuplicate, "secagg relay: clients not strictly ascending (" +
+                                 std::to_string(out.items.back().client) + ", then " +
+                                 std::to_string(x->client()) + ")");
+    const bool has = x->message() && x->message()->size() > 0;
+    if (roster && has)
+      fail(Errc::kUnexpectedEncoding, "secagg relay: a roster item with a message");
+    if (!roster && !has)
+      fail(Errc::kMissingField,
+           "secagg relay: client " + std::to_string(x->client()) + "'s item without its message");
+    SecAggRelayMsg::Item item{x->client(), {}};
+    if (has) item.message.assign(x->message()->begin(), x->message()->end());
+    out.items.push_back(std::move(item));
   }
   return out;
 }

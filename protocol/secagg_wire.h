@@ -11,6 +11,10 @@
 //   step 3 unmask       server -> client  SecAggUnmask
 //                       client -> server  SecAggReveal
 //
+// Through an edge aggregator (one level), SecAggRelay carries a step's messages for the
+// aggregator's clients, each as it is, both ways (RelayStage); the masked inputs come back as one
+// SecAggMasked, their ring sum, whose contributors are the aggregator's clients.
+//
 // Decoders treat the bytes as hostile: the FlatBuffers structure with a table budget from the
 // limits, every field present and of its exact size (keys 32 bytes, signatures 64, shares
 // privacy::Share::kBytes, the packed words exactly ceil(dim * bits / 8) bytes), counts within
@@ -66,6 +70,27 @@ struct SecAggRevealMsg {
   privacy::UnmaskResponse response;
 };
 
+// What a SecAggRelay carries: the clients an aggregator brings (kRoster, no messages), or one
+// step's messages (the root's requests, the clients' answers).
+enum class RelayStage : uint8_t {
+  kRoster = 0,
+  kAdvertise = 1,
+  kShareKeys = 2,
+  kMaskedInput = 3,  // the shares, before the secure task (answered by a SecAggMasked)
+  kUnmask = 4,
+};
+struct SecAggRelayMsg {
+  uint64_t from = 0;  // the aggregator on its answers, 0 from the root
+  uint64_t round = 0, nonce = 0;
+  RelayStage stage = RelayStage::kRoster;
+  uint32_t deadline_ms = 0;  // from the root: how long the step lasts there
+  struct Item {
+    uint64_t client = 0;
+    std::vector<uint8_t> message;  // a whole message of the step (empty for kRoster)
+  };
+  std::vector<Item> items;  // clients strictly ascending
+};
+
 std::vector<uint8_t> encode(const SecAggSetupMsg& m);
 std::vector<uint8_t> encode(const SecAggKeysMsg& m);
 std::vector<uint8_t> encode(const SecAggAdvertsMsg& m);
@@ -73,6 +98,7 @@ std::vector<uint8_t> encode(const SecAggSharesMsg& m);
 std::vector<uint8_t> encode(const SecAggMaskedMsg& m);
 std::vector<uint8_t> encode(const SecAggUnmaskMsg& m);
 std::vector<uint8_t> encode(const SecAggRevealMsg& m);
+std::vector<uint8_t> encode(const SecAggRelayMsg& m);
 
 SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 SecAggKeysMsg decodeSecAggKeys(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
@@ -83,6 +109,9 @@ SecAggMaskedMsg decodeSecAggMasked(std::span<const uint8_t> bytes, uint64_t dim,
                                    const SecAggLimits& l = {});
 SecAggUnmaskMsg decodeSecAggUnmask(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+// Items within max_clients, clients strictly ascending, a stage of RelayStage, kRoster's items
+// without messages and the others' with one (not decoded here: each is its step's message).
+SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 
 // The size of a masked input's message for `dim` words of `bits` bits from one client with
 // `metrics` (each non-zero: FlatBuffers leaves a zero out), for a simulated clock.

@@ -2,12 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 
 #include "client/upstream_link.h"
 #include "core/error.h"
 #include "protocol/control.h"
+#include "protocol/secagg_wire.h"
+#include "server/secure_relay.h"
 
 namespace starling::server {
 namespace ag = starling::aggregation;
@@ -57,6 +60,9 @@ struct EdgeAggregator::Impl {
   uint64_t answered_nonce = 0;  // the upstream task the link's lastAnswer() answers
   uint64_t partials = 0;
   uint64_t registered_examples = 0, registered_eval = 0;  // as last registered upstream
+  // Secure aggregation relayed for the root (server/secure_relay.h): the round's state between
+  // its steps.
+  SecureRelay relay;
   // The connection upstream, a client's (client/upstream_link.h): session, heartbeats, reading
   // while a phase is relayed, the Busy back-off.
   client::UpstreamLink up;
@@ -68,6 +74,8 @@ struct EdgeAggregator::Impl {
         layout(std::move(l)),
         log(lg ? std::move(lg) : spdlog::default_logger()),
         held(layout->numel()),
+        relay(config.id, SecureMetricRules{config.metrics, config.bounds.max_metric_abs},
+              pr::SecAggLimits{config.limits.max_message_bytes}),
         up(
             ctx, linkConfig(config), [this] { return registration(); },
             [this](uint64_t session) {
@@ -184,10 +192,10 @@ struct EdgeAggregator::Impl {
     std::vector<ClientInfo> participants;
     for (const ClientInfo& c : fleet.available())
       if (t.phase == 0 || (continues && previous->hasClient(c.id))) participants.push_back(c);
-    if (t.secure)  // the root would need this aggregator to relay secure aggregation's steps
-      failInput(Errc::kUnexpectedMessage,
-                "a secure-aggregation task, which an edge aggregator "
-                "does not relay yet");
+    if (t.secure) {
+      secureTask(t, b, *agg);
+      return;
+    }
     pr::TaskMsg header = t;
     header.model.clear();
     header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);
@@ -215,6 +223,68 @@ struct EdgeAggregator::Impl {
     previous = std::move(agg);
     previous_round = t.round;
     previous_scaffold = scaffold;
+  }
+
+  // Its clients that take part in the relay's step: available now, and sent a message of it.
+  std::vector<ClientInfo> relayParticipants() const {
+    std::vector<ClientInfo> out;
+    for (const ClientInfo& c : fleet.available())
+      if (c.role == pr::Role::kClient && relay.inStep(relay.stage(), c.id)) out.push_back(c);
+    return out;
+  }
+
+  // Secure aggregation relayed (one level: its clients are clients): the root's roster question
+  // is answered with the clients available now; a step's messages go to those clients and their
+  // answers back up in one relay; the shares of the masked-input step wait for the secure task.
+  void onRelay(std::span<const uint8_t> bytes) {
+    const pr::SecAggRelayMsg m =
+        pr::decodeSecAggRelay(bytes, pr::SecAggLimits{config.limits.max_message_bytes});
+    if (m.stage == pr::RelayStage::kRoster) {
+      pr::SecAggRelayMsg a{config.id, m.round, m.nonce, pr::RelayStage::kRoster, 0, {}};
+      std::vector<uint64_t> ids;
+      for (const ClientInfo& c : fleet.available())
+        if (c.role == pr::Role::kClient) ids.push_back(c.id);
+      std::sort(ids.begin(), ids.end());
+      for (uint64_t id : ids) a.items.push_back({id, {}});
+      log->info("round {}: brings {} clients to secure aggregation", m.round, ids.size());
+      up.send(pr::encode(a));
+      return;
+    }
+    relay.take(m);
+    if (relay.stage() == SecureStage::kMaskedInput) return;  // the secure task follows
+    const std::vector<ClientInfo> participants = relayParticipants();
+    const PhaseReport rep =
+        fleet.exchange(relay.stage(), relay, participants,
+                       static_cast<uint32_t>(m.deadline_ms * config.deadline_share));
+    log->info("round {}: secure aggregation's {} step relayed for {} of {} clients", m.round,
+              stageName(relay.stage()), rep.completed.size(), relay.clients().size());
+    up.send(relay.answerUp());
+  }
+
+  // The masked-input step relayed: its clients train and mask (their shares sent before the
+  // task), and their masked inputs' ring sum goes up, as the task's answer.
+  void secureTask(const pr::TaskMsg& t, const cz::PhaseBroadcast& b, ag::PhaseAggregator& agg) {
+    if (relay.stage() != SecureStage::kMaskedInput || relay.round() != t.round)
+      failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
+                " without that round's shares");
+    const std::vector<ClientInfo> participants = relayParticipants();
+    pr::TaskMsg header = t;
+    header.model.clear();
+    header.deadline_ms = static_cast<uint32_t>(t.deadline_ms * config.deadline_share);
+    PhaseTask task{b, header, *model, config.downlink};
+    task.secure = &relay;
+    log->info("round {}: secure aggregation's masked inputs relayed from {} clients", t.round,
+              participants.size());
+    (void)fleet.runPhase(task, participants, participants.size(), agg);
+    const auto sum = relay.maskedUp();
+    if (!sum) {
+      log->warn("round {}: no masked input from the subtree; nothing sent up", t.round);
+      return;
+    }
+    answered_nonce = t.nonce;
+    up.answer(*sum);
+    ++partials;
+    log->info("round {}: sent the ring sum of {} masked inputs", t.round, relay.masked().size());
   }
 
   // The upstream counted this aggregator's control changes of round `acked` (TaskMsg::control_ack):
@@ -254,6 +324,9 @@ struct EdgeAggregator::Impl {
       switch (*kind) {  // the link returns only a task, a shutdown or a refusal
         case pr::MessageKind::kTask:
           onTask(r.bytes());
+          break;
+        case pr::MessageKind::kSecAggRelay:
+          onRelay(r.bytes());
           break;
         case pr::MessageKind::kReject:
           log->warn("upstream refused a message: {}", pr::decodeReject(r.bytes()).message);

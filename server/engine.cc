@@ -253,8 +253,13 @@ uint64_t secureDim(const cz::Compressor& c, const ParamLayout& layout, uint64_t 
       .size(layout.numel());
 }
 
-PhaseReport Fleet::exchange(SecureStage, SecureRound&, std::span<const ClientInfo>, uint32_t) {
+PhaseReport Fleet::exchange(SecureStage, SecureSteps&, std::span<const ClientInfo>, uint32_t) {
   STARLING_THROW(ConfigError, "this fleet cannot run secure aggregation (secagg.enabled)");
+}
+
+std::map<uint64_t, std::vector<uint64_t>> Fleet::secureRoster(std::span<const ClientInfo>, uint64_t,
+                                                              uint32_t) {
+  return {};
 }
 
 protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t round,
@@ -675,9 +680,9 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   }
   size_t target = 0;
   std::vector<ClientInfo> active;
-  if (dp_ || config_.secagg.enabled) {
+  if (dp_) {
     // Central DP samples clients only: an edge aggregator's partial holds updates the root
-    // cannot clip. Secure aggregation too: edge aggregators do not relay its steps yet.
+    // cannot clip (under secure aggregation too: its sampling is of clients).
     std::vector<ClientInfo> clients = available;
     std::erase_if(clients, [](const ClientInfo& c) { return c.role != protocol::Role::kClient; });
     active = sample(clients, rec.round, &target);
@@ -816,8 +821,30 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     addPhase(rec, rep, rep.refused, failed);
     keepCompleted(active, rep);
   };
-  std::vector<uint64_t> ids;
-  for (const auto& c : active) ids.push_back(c.id);
+  // The round's clients: those sampled, and those the sampled edge aggregators bring (each
+  // client once: one an aggregator claims twice, or beside the root's own, is left out).
+  std::set<uint64_t> ids;
+  std::vector<ClientInfo> aggregators;
+  for (const auto& c : active) {
+    if (c.role == protocol::Role::kAggregator)
+      aggregators.push_back(c);
+    else
+      ids.insert(c.id);
+  }
+  std::map<uint64_t, std::vector<uint64_t>> relayed;
+  if (!aggregators.empty()) {
+    relayed = fleet.secureRoster(aggregators, rec.round, config_.round_deadline_ms);
+    for (auto& [peer, cs] : relayed)
+      std::erase_if(cs, [&](uint64_t c) { return !ids.insert(c).second; });
+    std::erase_if(active, [&](const ClientInfo& c) {
+      if (c.role != protocol::Role::kAggregator) return false;
+      const auto it = relayed.find(c.id);
+      if (it != relayed.end() && !it->second.empty()) return false;
+      failed.insert(c.id);
+      return true;
+    });
+    std::erase_if(relayed, [](const auto& r) { return r.second.empty(); });
+  }
   std::unique_ptr<SecureRound> sr;
   try {
     if (ids.size() < 3)
@@ -825,11 +852,13 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      "secure aggregation needs at least 3 clients a round (with "
                      "2, each would learn the other's update from the sum), got ",
                      ids.size());
+    const std::vector<uint64_t> all(ids.begin(), ids.end());
     sr = std::make_unique<SecureRound>(
         config_.secagg.paramsFor(
-            config_.scheme.run_seed, rec.round, ids.size(),
+            config_.scheme.run_seed, rec.round, all.size(),
             secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, rec.round)),
-        ids, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs});
+        all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
+        protocol::SecAggLimits{}, std::move(relayed));
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
     return false;

@@ -151,7 +151,7 @@ struct PhaseTask {
   // with its task, trains, and answers with its masked input, which the fleet hands to
   // reply(kMaskedInput, id, bytes) instead of adding an update to the aggregate (a refused one
   // fails the client). Null: a plain phase.
-  SecureRound* secure = nullptr;
+  SecureSteps* secure = nullptr;
 };
 
 // The header of a fit task of `round` on model `version` (every field but the phase, SCAFFOLD's
@@ -254,8 +254,15 @@ class Fleet {
   // to round.reply(stage, id, bytes) (an InputError refuses it: the client fails the step), until
   // every participant answered or failed or `deadline_ms` passed. `completed`: whose answer was
   // taken. A fleet that cannot run secure aggregation keeps this default, a ConfigError.
-  virtual PhaseReport exchange(SecureStage stage, SecureRound& round,
+  // A participant that is an edge aggregator gets the requests of the clients it relays
+  // (round.relayedBy) in one message and answers with theirs (one level of aggregators).
+  virtual PhaseReport exchange(SecureStage stage, SecureSteps& round,
                                std::span<const ClientInfo> participants, uint32_t deadline_ms);
+  // Secure aggregation through edge aggregators: asks each of `aggregators` which of its clients
+  // it brings to round `round`, within `deadline_ms`; the answers by aggregator (one that does not
+  // answer is left out). The default: none (a fleet without aggregators).
+  virtual std::map<uint64_t, std::vector<uint64_t>> secureRoster(
+      std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms);
   // Federated evaluation of the current model on the participants' held-out data.
   virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
   // The federation is over: tell the clients.

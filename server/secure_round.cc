@@ -101,15 +101,49 @@ const char* stageName(SecureStage s) {
   return "unknown";
 }
 
+std::span<const uint64_t> SecureSteps::relayedBy(uint64_t) const { return {}; }
+
+void SecureSteps::replyRelayed(uint64_t peer, std::span<const uint8_t>) {
+  throw InputError(Errc::kUnexpectedMessage,
+                   "secagg: edge aggregator " + std::to_string(peer) +
+                       " sent a ring sum of masked inputs, which only the root takes (secure "
+                       "aggregation runs through one level of aggregators)");
+}
+
 SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clients,
-                         SecureMetricRules metrics, pr::SecAggLimits limits)
+                         SecureMetricRules metrics, pr::SecAggLimits limits,
+                         std::map<uint64_t, std::vector<uint64_t>> relayed)
     : params_(std::move(params)),
       rules_(std::move(metrics)),
       limits_(limits),
       nonce_(freshNonce()),
       probe_(pv::DhKeyPair::generate()),
       server_(atLeastThree(params_, clients), clients),
-      clients_(clients.begin(), clients.end()) {}
+      clients_(clients.begin(), clients.end()),
+      relayed_(std::move(relayed)) {
+  std::set<uint64_t> seen;
+  for (auto& [peer, cs] : relayed_) {
+    std::sort(cs.begin(), cs.end());
+    for (uint64_t c : cs) {
+      STARLING_CHECK_ARG(clients_.count(c), "secagg: aggregator ", peer, " relays client ", c,
+                         ", which is not in the round");
+      STARLING_CHECK_ARG(seen.insert(c).second, "secagg: client ", c,
+                         " is relayed by two aggregators");
+    }
+  }
+}
+
+std::span<const uint64_t> SecureRound::relayedBy(uint64_t peer) const {
+  const auto it = relayed_.find(peer);
+  return it == relayed_.end() ? std::span<const uint64_t>{} : it->second;
+}
+
+bool SecureRound::inStep(SecureStage stage, uint64_t client) const {
+  if (!clients_.count(client)) return false;
+  for (int s = 0; s < static_cast<int>(stage); ++s)
+    if (!answered_[s].count(client)) return false;
+  return true;
+}
 
 std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
   STARLING_ENFORCE(clients_.count(client), "secagg: a request for a client not in the round");
@@ -177,26 +211,10 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
     case SecureStage::kMaskedInput: {
       const pr::SecAggMaskedMsg m = pr::decodeSecAggMasked(bytes, params_.dim, limits_);
       check(m.client, m.input.round, m.nonce);
-      if (m.bits != params_.ring.bits)
-        throw InputError(Errc::kSizeMismatch, "secagg: client " + std::to_string(client) +
-                                                  " masked in a ring of " + std::to_string(m.bits) +
-                                                  " bits, the round's has " +
-                                                  std::to_string(params_.ring.bits));
       if (m.input.clients != std::vector<uint64_t>{client})
         throw InputError(Errc::kWrongSender, "secagg: client " + std::to_string(client) +
                                                  " sent a masked input of other clients");
-      for (const auto& x : m.metrics) {
-        if (std::find(rules_.declared.begin(), rules_.declared.end(), x.name) ==
-            rules_.declared.end())
-          throw InputError(Errc::kUnexpectedEncoding, "secagg: client " + std::to_string(client) +
-                                                          " sent metric " + x.name +
-                                                          ", which the round did not declare");
-        if (!(std::fabs(x.value) <= rules_.max_abs))
-          throw InputError(Errc::kValueTooLarge, "secagg: client " + std::to_string(client) +
-                                                     "'s metric " + x.name + " is " +
-                                                     std::to_string(x.value) + ", beyond " +
-                                                     std::to_string(rules_.max_abs));
-      }
+      checkMasked(m, "client " + std::to_string(client), 1.0);
       server_.onMaskedInput(m.input);
       for (const auto& x : m.metrics) {
         auto& [sum, count] = metrics_[x.name];
@@ -213,6 +231,59 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
     }
   }
   answered_[static_cast<size_t>(stage)].insert(client);
+}
+
+void SecureRound::checkMasked(const pr::SecAggMaskedMsg& m, const std::string& who,
+                              double count) const {
+  if (m.bits != params_.ring.bits)
+    throw InputError(Errc::kSizeMismatch, "secagg: " + who + " masked in a ring of " +
+                                              std::to_string(m.bits) + " bits, the round's has " +
+                                              std::to_string(params_.ring.bits));
+  for (const auto& x : m.metrics) {
+    if (std::find(rules_.declared.begin(), rules_.declared.end(), x.name) == rules_.declared.end())
+      throw InputError(Errc::kUnexpectedEncoding, "secagg: " + who + " sent metric " + x.name +
+                                                      ", which the round did not declare");
+    if (!(std::fabs(x.value) <= rules_.max_abs * count))
+      throw InputError(Errc::kValueTooLarge, "secagg: " + who + "'s metric " + x.name + " is " +
+                                                 std::to_string(x.value) + ", beyond " +
+                                                 std::to_string(rules_.max_abs * count));
+  }
+}
+
+void SecureRound::replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) {
+  const std::string who = "aggregator " + std::to_string(peer);
+  if (open_ != static_cast<int>(SecureStage::kMaskedInput))
+    throw InputError(open_ < static_cast<int>(SecureStage::kMaskedInput) ? Errc::kUnexpectedMessage
+                                                                         : Errc::kLate,
+                     "secagg: " + who + "'s masked inputs when that step is not open");
+  const pr::SecAggMaskedMsg m = pr::decodeSecAggMasked(bytes, params_.dim, limits_);
+  if (m.client != peer)
+    throw InputError(Errc::kWrongSender, "secagg: " + who + " sent masked inputs named for " +
+                                             std::to_string(m.client));
+  if (m.input.round != params_.round)
+    throw InputError(Errc::kWrongRound, "secagg: " + who + " sent masked inputs of round " +
+                                            std::to_string(m.input.round));
+  if (m.nonce != nonce_)
+    throw InputError(Errc::kLate, "secagg: " + who + " answered another exchange (a replay)");
+  const std::span<const uint64_t> mine = relayedBy(peer);
+  auto& done = answered_[static_cast<size_t>(SecureStage::kMaskedInput)];
+  for (uint64_t c : m.input.clients) {
+    if (!std::binary_search(mine.begin(), mine.end(), c) || !inStep(SecureStage::kMaskedInput, c))
+      throw InputError(Errc::kWrongSender, "secagg: " + who + " sent the masked input of client " +
+                                               std::to_string(c) +
+                                               ", which it does not relay in this step");
+    if (done.count(c))
+      throw InputError(Errc::kDuplicate,
+                       "secagg: client " + std::to_string(c) + "'s masked input arrived twice");
+  }
+  checkMasked(m, who, static_cast<double>(m.input.clients.size()));
+  server_.onMaskedInput(m.input);
+  for (const auto& x : m.metrics) {
+    auto& [sum, count] = metrics_[x.name];
+    sum += x.value;
+    count += static_cast<double>(m.input.clients.size());
+  }
+  done.insert(m.input.clients.begin(), m.input.clients.end());
 }
 
 size_t SecureRound::maskedBytes(uint64_t client, std::span<const Metric> metrics) const {

@@ -56,26 +56,62 @@ struct SecureMetricRules {
   double max_abs = 1e9;
 };
 
-class SecureRound {
+// One side of a round's secure steps as a fleet drives them: what each client is sent, and what is
+// made of its answer. The root's is SecureRound; an edge aggregator's is SecureRelay
+// (server/secure_relay.h), which forwards its upstream's messages and adds its clients' masked
+// inputs in the ring. A fleet sends request(stage, c) to each participant c and hands its answer
+// to reply(stage, c, bytes); a participant that is an edge aggregator (one level) is sent the
+// requests of the clients it relays (relayedBy) in one SecAggRelay, and its answers are handed
+// over one by one, its masked inputs' ring sum to replyRelayed.
+class SecureSteps {
+ public:
+  virtual ~SecureSteps() = default;
+  virtual std::vector<uint8_t> request(SecureStage stage, uint64_t client) = 0;
+  virtual void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) = 0;
+  // The size of a masked input's message from `client` with these metrics (the simulated clock's).
+  virtual size_t maskedBytes(uint64_t client, std::span<const Metric> metrics) const = 0;
+  // The round and the nonce every message of its exchanges carries.
+  virtual uint64_t round() const = 0;
+  virtual uint64_t nonce() const = 0;
+  // The clients edge aggregator `peer` relays (empty for a client, and below the root).
+  virtual std::span<const uint64_t> relayedBy(uint64_t peer) const;
+  // Whether `client` takes part in `stage`: it answered every step before it.
+  virtual bool inStep(SecureStage stage, uint64_t client) const = 0;
+  // The masked-input step's answer of edge aggregator `peer`: the ring sum of some of the clients
+  // it relays (InputError when it is not; the root's only).
+  virtual void replyRelayed(uint64_t peer, std::span<const uint8_t> bytes);
+};
+
+class SecureRound final : public SecureSteps {
  public:
   // `clients`: the round's sample (at least 3: with 2, each would learn the other's input from the
-  // sum; InvalidArgument).
+  // sum; InvalidArgument). `relayed`: edge aggregator -> the clients (among `clients`) it relays,
+  // each client under one aggregator at most (InvalidArgument).
   SecureRound(privacy::SecAggParams params, std::span<const uint64_t> clients,
-              SecureMetricRules metrics = {}, protocol::SecAggLimits limits = {});
+              SecureMetricRules metrics = {}, protocol::SecAggLimits limits = {},
+              std::map<uint64_t, std::vector<uint64_t>> relayed = {});
 
   const privacy::SecAggParams& params() const { return params_; }
+  uint64_t round() const override { return params_.round; }
+  uint64_t nonce() const override { return nonce_; }
   // Opens `stage` (the steps open in order; an earlier one again is an InvalidArgument) and gives
   // `client`'s request of it.
-  std::vector<uint8_t> request(SecureStage stage, uint64_t client);
+  std::vector<uint8_t> request(SecureStage stage, uint64_t client) override;
   // A reply of the open step only: one of an earlier step is late (kLate), of a later one
   // unexpected (kUnexpectedMessage), and neither changes anything.
-  void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes);
+  void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) override;
+  // An aggregator's ring sum of the masked inputs of clients it relays (the open step must be the
+  // masked input's): its contributors must be clients it relays, each given its shares and none
+  // answered already (kWrongSender, kDuplicate), its metrics declared, each within max_abs times
+  // its contributors (they are sums). Nothing changes when refused.
+  void replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) override;
+  std::span<const uint64_t> relayedBy(uint64_t peer) const override;
+  bool inStep(SecureStage stage, uint64_t client) const override;
   // The clients whose reply of `stage` was taken.
   const std::set<uint64_t>& answered(SecureStage stage) const {
     return answered_[static_cast<size_t>(stage)];
   }
-  // The size of a masked input's message from `client` with these metrics (the simulated clock's).
-  size_t maskedBytes(uint64_t client, std::span<const Metric> metrics) const;
+  size_t maskedBytes(uint64_t client, std::span<const Metric> metrics) const override;
 
   struct Outcome {
     bool ok = false;
@@ -95,7 +131,12 @@ class SecureRound {
   privacy::DhKeyPair probe_;  // agrees with every advertised key once: a low-order one is refused
   privacy::SecAggServer server_;
   int open_ = -1;  // the step open (SecureStage), -1 before the first request
+  // A masked input's checks other than its sender's: the round, nonce and ring, its metrics
+  // against the rules for `count` contributors (sums when more than one).
+  void checkMasked(const protocol::SecAggMaskedMsg& m, const std::string& who, double count) const;
+
   std::set<uint64_t> clients_;
+  std::map<uint64_t, std::vector<uint64_t>> relayed_;
   std::set<uint64_t> answered_[4];
   std::map<std::string, std::pair<double, double>> metrics_;
   bool finished_ = false;

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "server/secure_relay.h"
 
 namespace starling::server {
 namespace ag = starling::aggregation;
@@ -24,8 +25,11 @@ struct ZmqFleet::Phase {
   uint64_t encoded_for = 0;       // the task version `encoded` holds (asynchronous rounds move it)
   AsyncIntake* async = nullptr;   // asynchronous rounds: tasks stay open across server steps
   bool event = false;             // asynchronous rounds: an answer or a failure was taken
-  SecureRound* secure = nullptr;  // secure aggregation: the round whose step this is
+  SecureSteps* secure = nullptr;  // secure aggregation: the round whose step this is
   SecureStage stage = SecureStage::kAdvertise;
+  // secureRoster(): the aggregators' answers, and the relay's nonce they must carry.
+  std::map<uint64_t, std::vector<uint64_t>>* roster = nullptr;
+  uint64_t roster_round = 0, roster_nonce = 0;
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -210,6 +214,9 @@ void ZmqFleet::handle(const transport::Received& r) {
       case pr::MessageKind::kSecAggReveal:
         handleSecure(r, *peer, *kind);
         return;
+      case pr::MessageKind::kSecAggRelay:
+        handleRelay(r, *peer);
+        return;
       default:
         failInput(Errc::kUnexpectedMessage, "a client may not send ", pr::kindName(*kind));
     }
@@ -279,11 +286,13 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   if (pend == pending_.end() || !phase_ || pend->second.evaluate) return;
   Pending& q = pend->second;
   if (same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) return;
-  if (phase_->secure) {
+  if (phase_->secure || phase_->roster) {
     // Secure aggregation: at the advertise step the setup again (a restarted client makes new
     // keys); at any later step the client may have lost its side of the round (a restart), and
-    // could then never answer: it drops out now instead of holding the step to its deadline.
-    if (phase_->stage == SecureStage::kAdvertise && !phase_->task) {
+    // could then never answer: it drops out now instead of holding the step to its deadline. An
+    // edge aggregator that registers again has lost its relay of the round: it drops out too.
+    if (phase_->secure && phase_->stage == SecureStage::kAdvertise && !phase_->task &&
+        p.info.role != pr::Role::kAggregator) {
       if (socket_.send(p.routing, phase_->secure->request(SecureStage::kAdvertise, m.client_id))) {
         q.sent_to = p.routing;
         q.sent_version = p.info.model_version;
@@ -293,7 +302,7 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
     log_->info(
         "client {} registered again during secure aggregation's {} step; it drops out of "
         "the round",
-        m.client_id, stageName(phase_->stage));
+        m.client_id, phase_->roster ? "roster" : stageName(phase_->stage));
     expired_[m.client_id].add(q.nonce);
     pending_.erase(pend);
     phase_->report->failed.push_back(m.client_id);
@@ -456,6 +465,11 @@ void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::Messag
   if (!phase_ || !phase_->secure || kind != answerOf(phase_->stage))
     failInput(Errc::kUnexpectedMessage, "a ", pr::kindName(kind),
               " when no secure-aggregation step takes it");
+  // An edge aggregator answers the masked-input step with its clients' ring sum; its other steps'
+  // answers come in a SecAggRelay (a message of another kind does not close its step).
+  if (peer.info.role == pr::Role::kAggregator && kind != pr::MessageKind::kSecAggMasked)
+    failInput(Errc::kUnexpectedMessage, "edge aggregator ", id, " sent a ", pr::kindName(kind),
+              " of its own");
   if (pend == pending_.end() || pend->second.evaluate)
     failInput(Errc::kLate, "a ", pr::kindName(kind), " after its step closed for client ", id);
   const uint64_t nonce = pend->second.nonce;
@@ -463,7 +477,11 @@ void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::Messag
   expired_[id].add(nonce);
   pending_.erase(pend);
   try {
-    phase_->secure->reply(phase_->stage, id, r.bytes());
+    if (peer.info.role == pr::Role::kAggregator) {
+      phase_->secure->replyRelayed(id, r.bytes());
+    } else {
+      phase_->secure->reply(phase_->stage, id, r.bytes());
+    }
   } catch (const InputError&) {
     phase_->report->failed.push_back(id);
     throw;
@@ -471,6 +489,101 @@ void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::Messag
   phase_->report->uplink_bytes += r.bytes().size();
   phase_->report->completed.push_back(id);
   ++phase_->accepted;
+}
+
+// An edge aggregator's relayed answers: the clients it brings (secureRoster), or its clients'
+// answers of the open exchange step, each handed to the round as if the client had sent it (one
+// refused is refused to the aggregator and fails that client only).
+void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
+  const uint64_t id = peer.info.id;
+  if (peer.info.role != pr::Role::kAggregator)
+    failInput(Errc::kUnexpectedMessage, "client ", id, " relayed secure-aggregation messages");
+  const pr::SecAggRelayMsg m =
+      pr::decodeSecAggRelay(r.bytes(), pr::SecAggLimits{config_.limits.max_message_bytes});
+  if (m.from != id) failInput(Errc::kWrongSender, "a relay from ", id, " names ", m.from);
+  auto pend = pending_.find(id);
+  const bool roster = phase_ && phase_->roster;
+  if (!phase_ || (!roster && (!phase_->secure || phase_->task)))
+    failInput(Errc::kUnexpectedMessage, "a secure-aggregation relay when no step takes it");
+  if (pend == pending_.end() || pend->second.evaluate)
+    failInput(Errc::kLate, "a secure-aggregation relay after its step closed for aggregator ", id);
+  const pr::RelayStage want = roster ? pr::RelayStage::kRoster : relayStageOf(phase_->stage);
+  const uint64_t round = roster ? phase_->roster_round : phase_->secure->round();
+  const uint64_t nonce = roster ? phase_->roster_nonce : phase_->secure->nonce();
+  if (m.stage != want || m.round != round || m.nonce != nonce)
+    failInput(Errc::kLate, "aggregator ", id, "'s relay of another step or exchange");
+  expired_[id].add(pend->second.nonce);
+  pending_.erase(pend);
+  phase_->report->uplink_bytes += r.bytes().size();
+  phase_->report->completed.push_back(id);
+  ++phase_->accepted;
+  if (roster) {
+    std::vector<uint64_t>& cs = (*phase_->roster)[id];
+    for (const auto& it : m.items) cs.push_back(it.client);
+    return;
+  }
+  const std::span<const uint64_t> mine = phase_->secure->relayedBy(id);
+  for (const auto& it : m.items) {
+    try {
+      if (!std::binary_search(mine.begin(), mine.end(), it.client) ||
+          !phase_->secure->inStep(phase_->stage, it.client))
+        failInput(Errc::kWrongSender, "aggregator ", id, " relayed an answer of client ", it.client,
+                  ", which it does not relay in this step");
+      phase_->secure->reply(phase_->stage, it.client, it.message);
+    } catch (const InputError& e) {
+      refuse(peer.routing, e.code(),
+             "aggregator " + std::to_string(id) + ", client " + std::to_string(it.client) + ": " +
+                 e.what());
+    }
+  }
+}
+
+bool ZmqFleet::sendRelay(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
+                         uint64_t& bytes) {
+  pr::SecAggRelayMsg m{0, round.round(), round.nonce(), relayStageOf(stage), deadline_ms, {}};
+  for (uint64_t c : round.relayedBy(peer.info.id))
+    if (round.inStep(stage, c)) m.items.push_back({c, round.request(stage, c)});
+  if (m.items.empty()) return false;
+  const std::vector<uint8_t> msg = pr::encode(m);
+  if (!socket_.send(peer.routing, msg)) return false;
+  bytes += msg.size();
+  return true;
+}
+
+std::map<uint64_t, std::vector<uint64_t>> ZmqFleet::secureRoster(
+    std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms) {
+  std::map<uint64_t, std::vector<uint64_t>> roster;
+  PhaseReport report;
+  auto rng = seededRng();
+  Phase ph;
+  ph.report = &report;
+  ph.roster = &roster;
+  ph.roster_round = round;
+  ph.roster_nonce = randomNonZero(rng);
+  phase_ = &ph;
+  pending_.clear();
+  PhaseReset reset{this};
+  const std::vector<uint8_t> ask = pr::encode(
+      pr::SecAggRelayMsg{0, round, ph.roster_nonce, pr::RelayStage::kRoster, deadline_ms, {}});
+  for (const ClientInfo& c : aggregators) {
+    auto it = clients_.find(c.id);
+    if (it == clients_.end() || it->second.info.role != pr::Role::kAggregator ||
+        !socket_.send(it->second.routing, ask))
+      continue;
+    pending_[c.id] = Pending{randomNonZero(rng),           false,
+                             it->second.info.num_examples, it->second.info.eval_examples,
+                             it->second.info.role,         it->second.routing,
+                             it->second.info.model_version};
+  }
+  const auto deadline = config_.clock->now() + milliseconds(deadline_ms);
+  while (!pending_.empty() && config_.clock->now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
+    expireSilent();
+  }
+  for (const auto& [id, p] : pending_)
+    log_->info("edge aggregator {} did not say which clients it brings to round {} in time", id,
+               round);
+  return roster;
 }
 
 void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
@@ -525,6 +638,14 @@ void ZmqFleet::expireSilent() {
   }
 }
 
+void ZmqFleet::takeQueued() {
+  for (size_t i = 0; i < 1000 && !pending_.empty(); ++i) {
+    auto r = socket_.receive(milliseconds(0));
+    if (!r) return;
+    handle(*r);
+  }
+}
+
 void ZmqFleet::poll(milliseconds timeout) {
   if (stop_ && stop_->load()) STARLING_THROW(Stopped, "asked to stop");
   if (auto r = socket_.receive(std::clamp(timeout, milliseconds(0), milliseconds(100)))) handle(*r);
@@ -576,7 +697,7 @@ std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeou
   }
 }
 
-PhaseReport ZmqFleet::exchange(SecureStage stage, SecureRound& round,
+PhaseReport ZmqFleet::exchange(SecureStage stage, SecureSteps& round,
                                std::span<const ClientInfo> participants, uint32_t deadline_ms) {
   PhaseReport report;
   auto rng = seededRng();
@@ -593,12 +714,19 @@ PhaseReport ZmqFleet::exchange(SecureStage stage, SecureRound& round,
       report.failed.push_back(c.id);
       continue;
     }
-    const std::vector<uint8_t> request = round.request(stage, c.id);
-    if (!socket_.send(it->second.routing, request)) {
-      report.failed.push_back(c.id);
-      continue;
+    if (it->second.info.role == pr::Role::kAggregator) {
+      if (!sendRelay(it->second, round, stage, deadline_ms, report.downlink_bytes)) {
+        report.failed.push_back(c.id);
+        continue;
+      }
+    } else {
+      const std::vector<uint8_t> request = round.request(stage, c.id);
+      if (!socket_.send(it->second.routing, request)) {
+        report.failed.push_back(c.id);
+        continue;
+      }
+      report.downlink_bytes += request.size();
     }
-    report.downlink_bytes += request.size();
     pending_[c.id] = Pending{randomNonZero(rng),           false,
                              it->second.info.num_examples, it->second.info.eval_examples,
                              it->second.info.role,         it->second.routing,
@@ -610,11 +738,12 @@ PhaseReport ZmqFleet::exchange(SecureStage stage, SecureRound& round,
     poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
   }
+  takeQueued();
   report.refused = refusedTotal() - refused_before;
   for (const auto& [id, p] : pending_) {
     report.failed.push_back(id);
     log_->info("client {} did not answer secure aggregation's {} step of round {} in time", id,
-               stageName(stage), round.params().round);
+               stageName(stage), round.round());
   }
   return report;
 }
@@ -636,13 +765,22 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
     if (it != clients_.end() && task.secure) {
-      // Its shares first: the task that follows on the same connection is answered with them.
-      const std::vector<uint8_t> shares = task.secure->request(SecureStage::kMaskedInput, c.id);
-      if (!socket_.send(it->second.routing, shares)) {
-        report.failed.push_back(c.id);
-        continue;
+      // Its shares first (an aggregator's, those of its clients): the task that follows on the
+      // same connection is answered with them.
+      if (it->second.info.role == pr::Role::kAggregator) {
+        if (!sendRelay(it->second, *task.secure, SecureStage::kMaskedInput, task.header.deadline_ms,
+                       report.downlink_bytes)) {
+          report.failed.push_back(c.id);
+          continue;
+        }
+      } else {
+        const std::vector<uint8_t> shares = task.secure->request(SecureStage::kMaskedInput, c.id);
+        if (!socket_.send(it->second.routing, shares)) {
+          report.failed.push_back(c.id);
+          continue;
+        }
+        report.downlink_bytes += shares.size();
       }
-      report.downlink_bytes += shares.size();
     }
     if (it == clients_.end() || !sendTask(it->second, nonce)) {
       report.failed.push_back(c.id);
@@ -662,6 +800,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
     poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
   }
+  if (ph.accepted < target) takeQueued();
   report.refused = refusedTotal() - refused_before;
   for (const auto& [id, p] : pending_) {
     report.failed.push_back(id);

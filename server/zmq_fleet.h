@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -76,8 +77,19 @@ class ZmqFleet final : public Fleet {
   // deadline (`deadline_ms`) does. The masked-input step is runPhase's, with PhaseTask::secure:
   // each client gets its shares just before its task, and only a masked input answers it (an
   // update in the clear is refused).
-  PhaseReport exchange(SecureStage stage, SecureRound& round,
+  // A participant that is an edge aggregator is sent, in one SecAggRelay, the requests of the
+  // clients it relays that take part in the step, and answers with theirs in one SecAggRelay,
+  // each handed to the round (a refused one fails that client, not the aggregator); at the
+  // masked-input step it is sent their shares, then the secure task, and answers with their
+  // masked inputs' ring sum (round.replyRelayed). An edge aggregator's own fleet runs the same
+  // steps for its clients with its SecureRelay (server/secure_relay.h).
+  PhaseReport exchange(SecureStage stage, SecureSteps& round,
                        std::span<const ClientInfo> participants, uint32_t deadline_ms) override;
+  // Each aggregator is sent a SecAggRelay of stage kRoster and answers with the clients it will
+  // bring; one that does not answer within `deadline_ms` is left out.
+  std::map<uint64_t, std::vector<uint64_t>> secureRoster(std::span<const ClientInfo> aggregators,
+                                                         uint64_t round,
+                                                         uint32_t deadline_ms) override;
   void finish(const std::string& reason) override;
 
   // Called on every turn of the fleet's receive loops (about every 100 ms at most), on the
@@ -147,6 +159,11 @@ class ZmqFleet final : public Fleet {
   void handleRegister(const transport::Received& r);
   void handleUpdate(const transport::Received& r, Peer& peer, bool partial);
   void handleSecure(const transport::Received& r, Peer& peer, protocol::MessageKind kind);
+  void handleRelay(const transport::Received& r, Peer& peer);
+  // Sends edge aggregator `peer` the step's requests of the clients it relays that take part in
+  // it; false when there are none or the send failed.
+  bool sendRelay(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
+                 uint64_t& bytes);
   void handleEvaluation(const transport::Received& r, Peer& peer);
   // Who sent `r`, for a log line: the client its key is listed as, the client registered on its
   // connection, or neither.
@@ -157,6 +174,9 @@ class ZmqFleet final : public Fleet {
   void expireSilent();
   Peer* peerOf(const transport::Received& r);
   void poll(std::chrono::milliseconds timeout);
+  // At a step's deadline, what is already queued for it (at most 1,000 messages): an answer
+  // that arrived in time counts, however late the loop came round to it.
+  void takeQueued();
 
   FleetConfig config_;
   std::shared_ptr<const ParamLayout> layout_;

@@ -422,7 +422,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   return rep;
 }
 
-server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::SecureRound& round,
+server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::SecureSteps& round,
                                        std::span<const server::ClientInfo> participants,
                                        uint32_t /*deadline_ms: the simulated clock's own*/) {
   if (coll_.size() > 1)

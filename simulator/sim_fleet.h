@@ -108,7 +108,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   // client side (client::SecureParty) answers the engine's request, timed on the simulated clock
   // by its bytes (a client offline before its answer arrives, or past the deadline, fails the
   // step). One worker only so far (ConfigError otherwise).
-  server::PhaseReport exchange(server::SecureStage stage, server::SecureRound& round,
+  server::PhaseReport exchange(server::SecureStage stage, server::SecureSteps& round,
                                std::span<const server::ClientInfo> participants,
                                uint32_t deadline_ms) override;
   // Central evaluation of the task's model on the test set, split among the workers.

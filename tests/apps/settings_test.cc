@@ -554,9 +554,17 @@ TEST_CASE(
   apps::resolveSettings(*r.o, r.s, Program::kServer);
   CHECK(apps::engineConfig(r.s).scheme.rule == "fedavg:weight=uniform");
   CHECK(apps::engineConfig(r.s).scheme.compressor == "none");
-  CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
-                                        "--security.aggregator_ids", "100"}),
-             Contains("does not run through edge aggregators yet"));
+  // Through edge aggregators (they relay its steps), but not under central DP (its sampling is of
+  // clients).
+  CHECK(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
+                                   "--security.aggregator_ids", "100"})
+            .empty());
+  CHECK_THAT(
+      refused(Program::kServer,
+              {"--secagg.enabled", "true", "--security.aggregator_ids", "100", "--privacy.dp",
+               "central", "--privacy.clip", "1", "--privacy.noise_multiplier", "1",
+               "--sampling.poisson_rate", "0.5", "--data.num_clients", "10"}),
+      Contains("edge aggregators"));
   CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
                                         "--server.role", "aggregator"}),
              Contains("is the root's"));

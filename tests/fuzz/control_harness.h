@@ -397,6 +397,7 @@ inline void othersRefuse(std::span<const uint8_t> bytes, std::optional<pr::Messa
   refuses(K::kSecAggMasked, [&] { pr::decodeSecAggMasked(bytes, 16); });
   refuses(K::kSecAggUnmask, [&] { pr::decodeSecAggUnmask(bytes); });
   refuses(K::kSecAggReveal, [&] { pr::decodeSecAggReveal(bytes); });
+  refuses(K::kSecAggRelay, [&] { pr::decodeSecAggRelay(bytes); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().small); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().softmax); });
 }
@@ -502,6 +503,7 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
     case K::kSecAggMasked:
     case K::kSecAggUnmask:
     case K::kSecAggReveal:
+    case K::kSecAggRelay:
       try {
         const pr::SecAggLimits l{n};
         if (kind == K::kSecAggSetup) (void)pr::decodeSecAggSetup(bytes, l);
@@ -511,6 +513,15 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
         if (kind == K::kSecAggMasked) (void)pr::decodeSecAggMasked(bytes, 16, l);
         if (kind == K::kSecAggUnmask) (void)pr::decodeSecAggUnmask(bytes, l);
         if (kind == K::kSecAggReveal) (void)pr::decodeSecAggReveal(bytes, l);
+        if (kind == K::kSecAggRelay) {
+          const pr::SecAggRelayMsg m = pr::decodeSecAggRelay(bytes, l);
+          for (size_t i = 1; i < m.items.size(); ++i)
+            require(m.items[i].client > m.items[i - 1].client, "secagg relay: clients unordered");
+          for (const auto& it : m.items)
+            require(it.message.size() <= n &&
+                        (m.stage == pr::RelayStage::kRoster) == it.message.empty(),
+                    "secagg relay: an item's message does not fit its stage");
+        }
         ok = true;
       } catch (const InputError&) {
         ok = false;

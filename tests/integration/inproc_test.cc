@@ -696,6 +696,8 @@ struct ByHand {
     REQUIRE(got);
     return t;
   }
+  // Sends `bytes` and reads nothing.
+  void send(const std::vector<uint8_t>& bytes) { REQUIRE(sock_.send(bytes)); }
   // What the root answers to `bytes`: the Reject's code, or nullopt when none came in 500 ms.
   std::optional<Errc> answer(const std::vector<uint8_t>& bytes) {
     const size_t before = rejects_.size();
@@ -1467,4 +1469,181 @@ TEST_CASE(
   CHECK(r.clients_selected == 4);
   CHECK(r.clients_completed == 3);
   CHECK(r.clients_failed == 1);
+}
+
+namespace {
+
+// Six clients under secure aggregation for `rounds` rounds, flat (all on the root) or through two
+// edge aggregators of three each, the clients' roundings into the ring fixed by the round
+// (RuntimeConfig::secagg_rounding). `silent`: a client (behind aggregator 100 in the tree) that
+// trains for ever in round 1, so it drops out after sharing its keys.
+TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent = std::nullopt) {
+  const data::Dataset& train = fashion("train", 1200);
+  InprocFederation f("logreg", train, iid(train, 6));
+  server::EngineConfig ec = secureEngine(rounds, tree ? 2 : 6, tree ? 2 : 6);
+  ec.scheme.metrics = {"train_loss"};
+  ec.completion.min_results = 1;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  if (silent) {
+    ec.round_deadline_ms = 60'000;
+    fc.silence_ms = 600'000;  // no one is taken for silent when the clock jumps
+  }
+  if (tree) fc.aggregator_ids = {100, 101};
+  f.root(ec, fc);
+  server::AggregatorConfig ac;
+  ac.min_clients = 3;
+  // Where the clock jumps, no one is taken for silent: clients by their aggregator, an aggregator
+  // by the root, the root by an aggregator.
+  if (silent) ac.upstream_silence_ms = 3'600'000;
+  if (tree) {
+    f.aggregator(100, "inproc://root", ac, {}, silent ? 600'000 : 3000);
+    f.aggregator(101, "inproc://root", ac, {}, silent ? 600'000 : 3000);
+  }
+  client::RuntimeConfig rc;
+  rc.secagg_rounding = [](uint64_t round) {
+    return privacy::publicKey("inproc test rounding", 7, round);
+  };
+  if (silent) rc.server_silence_ms = 3'600'000;
+  for (uint64_t id = 0; id < 6; ++id) {
+    const std::string to =
+        tree ? (id < 3 ? "inproc://agg-100" : "inproc://agg-101") : "inproc://root";
+    if (silent && id == *silent)
+      f.client(id, to, rc, std::chrono::nanoseconds{}, std::chrono::milliseconds(1'000'000'000));
+    else
+      f.client(id, to, rc);
+  }
+  if (silent) {
+    std::vector<std::function<bool()>> sent;
+    for (uint64_t id = 0; id < 6; ++id)
+      if (id != *silent) sent.push_back(f.updatesSent(id, 1));
+    const bool masked = f.waitFor(
+        [&] { return std::all_of(sent.begin(), sent.end(), [](const auto& c) { return c(); }); },
+        seconds(60));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(masked);
+    // Past the deadline of the masked-input step where the client is waited for: the flat
+    // root's (60 s), or its aggregator's (80% of it), before the root's, which then has both
+    // aggregators' sums and needs no deadline.
+    f.clock().advance(std::chrono::milliseconds(tree ? 49'000 : 61'000));
+  }
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  TreeRun out;
+  for (uint64_t id = 0; id < 6; ++id) {
+    if (silent && id == *silent) continue;
+    REQUIRE(f.waitClientEnded(id, seconds(30)));
+    out.update_bytes += f.stats(id).update_bytes;
+  }
+  out.records = f.records();
+  out.model = f.model();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in process: secure aggregation through two edge aggregators gives the flat federation's "
+    "model bit for bit",
+    "[integration][inproc][secagg]") {
+  const TreeRun tree = runSecureSix(true, 2), flat = runSecureSix(false, 2);
+  REQUIRE(tree.records.size() == 2);
+  REQUIRE(flat.records.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    INFO("round " << i + 1 << ": " << tree.records[i].reason);
+    CHECK(tree.records[i].applied);
+    CHECK(flat.records[i].applied);
+    CHECK(tree.records[i].clients_completed == 6);
+    CHECK(flat.records[i].clients_completed == 6);
+    // The aggregators send the root one ring sum each where the flat root takes six inputs.
+    CHECK(tree.records[i].uplink_bytes < flat.records[i].uplink_bytes);
+    REQUIRE(tree.records[i].train_loss);
+    CHECK(*tree.records[i].train_loss == Approx(*flat.records[i].train_loss).epsilon(1e-12));
+  }
+  // The ring sum is exact: grouped by aggregator or not, the same integers, the same model.
+  CHECK(tree.model == flat.model);
+  CHECK(tree.update_bytes == flat.update_bytes);
+  // And not a model that did not move: the rounds were applied from the clients' updates.
+  CHECK(std::any_of(tree.model.begin(), tree.model.end(), [](float v) { return v != 0.0f; }));
+}
+
+TEST_CASE(
+    "in process: through an edge aggregator, a client that drops after sharing its keys is "
+    "unmasked out of the sum, as flat",
+    "[integration][inproc][secagg]") {
+  const TreeRun tree = runSecureSix(true, 1, 1), flat = runSecureSix(false, 1, 1);
+  REQUIRE(tree.records.size() == 1);
+  REQUIRE(flat.records.size() == 1);
+  CHECK(tree.records[0].applied);
+  CHECK(tree.records[0].clients_completed == 5);
+  CHECK(flat.records[0].clients_completed == 5);
+  CHECK(tree.model == flat.model);
+}
+
+TEST_CASE(
+    "in process: under secure aggregation a lying edge aggregator's claims are refused (a client "
+    "of the root, answers for clients it does not relay, keys of its own), and the round is "
+    "applied",
+    "[integration][inproc][secagg]") {
+  // Six honest clients: with the two the liar invents (which never answer), each still has
+  // enough neighbours that advertised for its threshold.
+  const data::Dataset& train = fashion("train", 1200);
+  InprocFederation f("logreg", train, iid(train, 6));
+  server::EngineConfig ec = secureEngine(1, 7, 6);
+  ec.round_deadline_ms = 2'000;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.aggregator_ids = {200};
+  f.root(ec, fc);
+  for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
+  auto layout = std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
+  ByHand liar(f, layout, 200, 300, protocol::Role::kAggregator);
+  const auto relayOf = [&](protocol::RelayStage stage) {
+    protocol::SecAggRelayMsg m;
+    const bool got =
+        liar.pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
+          if (k != protocol::MessageKind::kSecAggRelay) return false;
+          m = protocol::decodeSecAggRelay(b);
+          return m.stage == stage;
+        });
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(got);
+    return m;
+  };
+  // It claims client 0, the root's own, besides two clients of its own.
+  const protocol::SecAggRelayMsg ask = relayOf(protocol::RelayStage::kRoster);
+  protocol::SecAggRelayMsg roster{200, ask.round, ask.nonce, protocol::RelayStage::kRoster, 0, {}};
+  for (uint64_t c : {0, 10, 11}) roster.items.push_back({c, {}});
+  liar.send(protocol::encode(roster));
+  // The round's setup names its own two, not client 0 twice.
+  const protocol::SecAggRelayMsg adv = relayOf(protocol::RelayStage::kAdvertise);
+  REQUIRE(adv.items.size() == 2);
+  CHECK(adv.items[0].client == 10);
+  CHECK(adv.items[1].client == 11);
+  const protocol::SecAggSetupMsg setup = protocol::decodeSecAggSetup(adv.items[0].message);
+  CHECK(setup.clients == std::vector<uint64_t>{0, 1, 2, 3, 4, 5, 10, 11});
+  // Keys for client 0, which it does not relay, inside its relayed answer: refused.
+  protocol::SecAggKeysMsg keys;
+  keys.nonce = setup.nonce;
+  keys.advert.client = 0;
+  keys.advert.round = setup.params.round;
+  keys.advert.cipher_pk = privacy::DhKeyPair::generate().public_key;
+  keys.advert.mask_pk = privacy::DhKeyPair::generate().public_key;
+  protocol::SecAggRelayMsg answer{200,       adv.round,
+                                  adv.nonce, protocol::RelayStage::kAdvertise,
+                                  0,         {{0, protocol::encode(keys)}}};
+  CHECK(liar.answer(protocol::encode(answer)) == Errc::kWrongSender);
+  // Its own keys, as if it were a client: refused, whatever step is open (an aggregator sends
+  // none).
+  keys.advert.client = 200;
+  CHECK(liar.answer(protocol::encode(keys)) == Errc::kUnexpectedMessage);
+  // The six honest clients finish the round; the aggregator's two never advertised.
+  const bool done = liar.pump(seconds(60), [&](protocol::MessageKind k, auto) {
+    return k == protocol::MessageKind::kShutdown;
+  });
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const auto records = f.records();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].applied);
+  CHECK(records[0].clients_completed == 6);
 }

@@ -14,6 +14,7 @@
 #include "compression/registry.h"
 #include "protocol/secagg_wire.h"
 #include "server/engine.h"
+#include "server/secure_relay.h"
 #include "test_util.h"
 
 using namespace starling;
@@ -49,7 +50,7 @@ class SecureFleet final : public server::Fleet {
     for (uint64_t c = 0; c < n_; ++c) out.push_back({c, protocol::Role::kClient, 100, 10, 0});
     return out;
   }
-  server::PhaseReport exchange(SecureStage stage, server::SecureRound& round,
+  server::PhaseReport exchange(SecureStage stage, server::SecureSteps& round,
                                std::span<const server::ClientInfo> participants,
                                uint32_t) override {
     server::PhaseReport rep;
@@ -107,7 +108,7 @@ class SecureFleet final : public server::Fleet {
     const auto it = drop_at.find(id);
     return it != drop_at.end() && static_cast<int>(s) >= static_cast<int>(it->second);
   }
-  void deliver(SecureStage stage, server::SecureRound& round, uint64_t id, std::vector<uint8_t> ans,
+  void deliver(SecureStage stage, server::SecureSteps& round, uint64_t id, std::vector<uint8_t> ans,
                server::PhaseReport& rep) {
     if (tamper) ans = tamper(stage, id, std::move(ans));
     try {
@@ -608,4 +609,196 @@ TEST_CASE("secure aggregation: a curious root sees masked inputs that look unifo
   const std::vector<float> x = client::clipForRing(updateOf(3, n), p.ring.clip);
   privacy::encode(p.ring, x, privacy::randomKey(), 1, plain);
   CHECK(signLike(plain) == n);
+}
+
+namespace {
+
+// One round of 8 clients, 0-2 relayed by edge aggregator 100 and 3-5 by 101 (server::SecureRelay),
+// 6 and 7 the root's own, each client's rounding fixed: the protocol driven by hand, as the
+// fleets drive it (server/zmq_fleet.cc).
+struct RelayedRound {
+  static constexpr uint64_t kDim = 100;
+  std::map<uint64_t, std::vector<uint64_t>> relayed{{100, {0, 1, 2}}, {101, {3, 4, 5}}};
+  privacy::SecAggParams params = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 8, kDim);
+  std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5, 6, 7};
+  server::SecureMetricRules rules{{"train_loss"}, 10.0};
+  server::SecureRound round{params, ids, rules, {}, relayed};
+  std::map<uint64_t, server::SecureRelay> relays;
+  std::map<uint64_t, client::SecureParty> parties;
+
+  RelayedRound() {
+    for (uint64_t a : {100, 101}) relays.try_emplace(a, a, rules);
+  }
+  std::vector<uint8_t> answer(SecureStage s, uint64_t c, const std::vector<uint8_t>& req) {
+    if (s == SecureStage::kAdvertise) return parties.try_emplace(c, c).first->second.setup(req);
+    auto& p = parties.at(c);
+    if (s == SecureStage::kShareKeys) return p.shareKeys(req);
+    if (s == SecureStage::kUnmask) return p.unmask(req);
+    const privacy::Key32 key = privacy::publicKey("relay test rounding", c, 1);
+    const std::vector<Metric> metrics{{"train_loss", 1.0 + static_cast<double>(c)}};
+    return p.mask(req, updateOf(c, kDim), metrics, &key);
+  }
+  // What the root sends aggregator `a` for step `s`.
+  protocol::SecAggRelayMsg down(uint64_t a, SecureStage s) {
+    protocol::SecAggRelayMsg m{0, round.round(), round.nonce(), server::relayStageOf(s), 1000, {}};
+    for (uint64_t c : round.relayedBy(a))
+      if (round.inStep(s, c)) m.items.push_back({c, round.request(s, c)});
+    return protocol::decodeSecAggRelay(protocol::encode(m));
+  }
+  // Aggregator `a` relays step `s` to its clients; what it sends up (a relay, or the ring sum).
+  std::vector<uint8_t> relay(uint64_t a, SecureStage s) {
+    server::SecureRelay& r = relays.at(a);
+    r.take(down(a, s));
+    for (uint64_t c : r.clients()) r.reply(s, c, answer(s, c, r.request(s, c)));
+    return s == SecureStage::kMaskedInput ? *r.maskedUp() : r.answerUp();
+  }
+  void up(uint64_t a, SecureStage s, const std::vector<uint8_t>& bytes) {
+    if (s == SecureStage::kMaskedInput) {
+      round.replyRelayed(a, bytes);
+      return;
+    }
+    for (const auto& it : protocol::decodeSecAggRelay(bytes).items)
+      round.reply(s, it.client, it.message);
+  }
+  void direct(SecureStage s) {
+    for (uint64_t c : {6, 7}) round.reply(s, c, answer(s, c, round.request(s, c)));
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "secure aggregation through edge aggregators: their ring sums give the flat sum bit for bit",
+    "[secagg]") {
+  RelayedRound tree;
+  for (const SecureStage s : {SecureStage::kAdvertise, SecureStage::kShareKeys,
+                              SecureStage::kMaskedInput, SecureStage::kUnmask}) {
+    tree.direct(s);
+    for (uint64_t a : {100, 101}) tree.up(a, s, tree.relay(a, s));
+  }
+  // The same clients, roundings and updates, every one answering the root itself.
+  RelayedRound flat;
+  server::SecureRound plain(flat.params, flat.ids, flat.rules);
+  for (const SecureStage s : {SecureStage::kAdvertise, SecureStage::kShareKeys,
+                              SecureStage::kMaskedInput, SecureStage::kUnmask})
+    for (uint64_t c : flat.ids) plain.reply(s, c, flat.answer(s, c, plain.request(s, c)));
+  const auto t = tree.round.finish(), f = plain.finish();
+  INFO(t.reason << f.reason);
+  REQUIRE(t.ok);
+  REQUIRE(f.ok);
+  CHECK(t.survivors == f.survivors);
+  CHECK(t.survivors.size() == 8);
+  CHECK(t.sum == f.sum);  // bit for bit: the same integers, added in another grouping
+  CHECK(maxDiff(t.sum, [&] {
+          auto m = meanOf(tree.ids, RelayedRound::kDim);
+          for (double& v : m) v *= 8;
+          return m;
+        }()) <= 8.0 / tree.params.ring.scale + 1e-6);
+  CHECK(t.metrics.at("train_loss") == f.metrics.at("train_loss"));
+  CHECK(t.metrics.at("train_loss").second == 8);
+}
+
+TEST_CASE("secure aggregation through edge aggregators: a lying aggregator's sums are refused",
+          "[secagg]") {
+  RelayedRound tree;
+  for (const SecureStage s : {SecureStage::kAdvertise, SecureStage::kShareKeys}) {
+    tree.direct(s);
+    for (uint64_t a : {100, 101}) tree.up(a, s, tree.relay(a, s));
+  }
+  const SecureStage m = SecureStage::kMaskedInput;
+  tree.direct(m);
+  const std::vector<uint8_t> sum100 = tree.relay(100, m), sum101 = tree.relay(101, m);
+  const auto code = [&](uint64_t a, const std::vector<uint8_t>& bytes) {
+    return testing::codeOf([&] { tree.round.replyRelayed(a, bytes); });
+  };
+  // Aggregator 100 passes off 101's clients' inputs as its own.
+  protocol::SecAggMaskedMsg stolen = protocol::decodeSecAggMasked(sum101, RelayedRound::kDim);
+  stolen.client = 100;
+  CHECK(code(100, protocol::encode(stolen)) == Errc::kWrongSender);
+  // A sum named for another aggregator, of another exchange, with metrics beyond what its three
+  // clients can sum to (10 each).
+  CHECK(code(101, sum100) == Errc::kWrongSender);
+  protocol::SecAggMaskedMsg replay = protocol::decodeSecAggMasked(sum100, RelayedRound::kDim);
+  replay.nonce ^= 1;
+  CHECK(code(100, protocol::encode(replay)) == Errc::kLate);
+  protocol::SecAggMaskedMsg loud = protocol::decodeSecAggMasked(sum100, RelayedRound::kDim);
+  loud.metrics = {{"train_loss", 31.0}};
+  CHECK(code(100, protocol::encode(loud)) == Errc::kValueTooLarge);
+  // A root client's input sent through an aggregator: not its to send.
+  protocol::SecAggMaskedMsg direct = protocol::decodeSecAggMasked(sum100, RelayedRound::kDim);
+  direct.input.clients = {0, 1, 6};
+  CHECK(code(100, protocol::encode(direct)) == Errc::kWrongSender);
+  // None of it counted: the honest sums are taken once, a second time refused.
+  REQUIRE_NOTHROW(tree.round.replyRelayed(100, sum100));
+  CHECK(code(100, sum100) == Errc::kDuplicate);
+  REQUIRE_NOTHROW(tree.round.replyRelayed(101, sum101));
+  tree.direct(SecureStage::kUnmask);
+  for (uint64_t a : {100, 101})
+    tree.up(a, SecureStage::kUnmask, tree.relay(a, SecureStage::kUnmask));
+  const auto out = tree.round.finish();
+  INFO(out.reason);
+  CHECK(out.ok);
+  CHECK(out.survivors.size() == 8);
+}
+
+TEST_CASE("secure aggregation's relay refuses what an aggregator must not forward or add",
+          "[secagg]") {
+  RelayedRound tree;
+  server::SecureRelay& r = tree.relays.at(100);
+  // A step before the round's setup.
+  tree.direct(SecureStage::kAdvertise);
+  protocol::SecAggRelayMsg early = tree.down(100, SecureStage::kAdvertise);
+  early.stage = protocol::RelayStage::kShareKeys;
+  CHECK(testing::codeOf([&] { r.take(early); }) == Errc::kUnexpectedMessage);
+  // Setups that differ between its clients (a root showing each another round).
+  protocol::SecAggRelayMsg split = tree.down(100, SecureStage::kAdvertise);
+  split.items[1].message = split.items[0].message;
+  split.items[1].message.back() ^= 1;
+  CHECK(testing::codeOf([&] { r.take(split); }) == Errc::kInconsistentShares);
+  r.take(tree.down(100, SecureStage::kAdvertise));
+  // An answer of another kind, or of a client it was not sent the step of.
+  CHECK(testing::codeOf([&] {
+          r.reply(SecureStage::kAdvertise, 0, r.request(SecureStage::kAdvertise, 0));
+        }) == Errc::kUnexpectedMessage);
+  const auto keys0 = tree.answer(SecureStage::kAdvertise, 0, r.request(SecureStage::kAdvertise, 0));
+  CHECK(testing::codeOf([&] { r.reply(SecureStage::kAdvertise, 6, keys0); }) ==
+        Errc::kUnexpectedMessage);
+  r.reply(SecureStage::kAdvertise, 0, keys0);
+  CHECK(testing::codeOf([&] { r.reply(SecureStage::kAdvertise, 0, keys0); }) == Errc::kDuplicate);
+}
+
+TEST_CASE("secure aggregation's relay message: round trip and hostile bytes", "[secagg]") {
+  protocol::SecAggRelayMsg m{
+      100, 3, 77, protocol::RelayStage::kShareKeys, 1500, {{1, {1, 2, 3}}, {4, {9}}}};
+  const auto back = protocol::decodeSecAggRelay(protocol::encode(m));
+  CHECK(back.from == 100);
+  CHECK(back.round == 3);
+  CHECK(back.nonce == 77);
+  CHECK(back.stage == protocol::RelayStage::kShareKeys);
+  CHECK(back.deadline_ms == 1500);
+  REQUIRE(back.items.size() == 2);
+  CHECK(back.items[1].client == 4);
+  CHECK(back.items[0].message == std::vector<uint8_t>{1, 2, 3});
+  const auto code = [](const protocol::SecAggRelayMsg& x) {
+    return testing::codeOf([&] { (void)protocol::decodeSecAggRelay(protocol::encode(x)); });
+  };
+  auto bad = m;
+  std::swap(bad.items[0], bad.items[1]);
+  CHECK(code(bad) == Errc::kDuplicate);
+  bad = m;
+  bad.items[1].message.clear();
+  CHECK(code(bad) == Errc::kMissingField);
+  bad = m;
+  bad.stage = protocol::RelayStage::kRoster;
+  CHECK(code(bad) == Errc::kUnexpectedEncoding);  // a roster carries ids only
+  bad = m;
+  bad.stage = static_cast<protocol::RelayStage>(9);
+  CHECK(code(bad) == Errc::kUnexpectedEncoding);
+  bad = m;
+  bad.items.resize(5, {});
+  for (size_t i = 0; i < 5; ++i) bad.items[i] = {i, {1}};
+  CHECK(testing::codeOf([&] {
+          (void)protocol::decodeSecAggRelay(protocol::encode(bad),
+                                            protocol::SecAggLimits{1 << 20, 4});
+        }) == Errc::kSizeMismatch);
 }
