@@ -144,6 +144,13 @@ void SharedSupport::scatter(std::span<const float> values, std::span<float> dens
   }
 }
 
+std::string Compressor::secureRefusal() const {
+  if (supportIsShared() && phases() == 1 && !sharesFactors()) return {};
+  return "its clients send values on supports (or scales) of their own, and a coordinate only "
+         "one client touched is that client's value in the sum: it cannot be aggregated "
+         "securely";
+}
+
 SharedSupport Compressor::sharedSupport(const ParamLayout&, const RoundContext&) const {
   STARLING_THROW(InvalidArgument, spec(),
                  " chooses each client's support (or scale): no support is shared by the round");

@@ -197,6 +197,10 @@ class Compressor {
   // That support in ctx's round and phase (ctx.client_id is not read): the coordinates a client's
   // phase-0 payloads are nonzero on at most. InvalidArgument when !supportIsShared().
   virtual SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const;
+  // Why a secure sum (SecAgg+: masked vectors added coordinate by coordinate) cannot take this
+  // compressor's updates, and what to use instead; empty when it can (a shared support, one
+  // phase). The default: a support or scale of each client's own.
+  virtual std::string secureRefusal() const;
   // Whether factors are shared across rounds (initialShared() is not empty for a layout with a
   // matrix): ACP-SGD's, and two-phase PowerSGD's. A buffered step (aggregation/async_buffer.h)
   // cannot take them.

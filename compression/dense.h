@@ -13,6 +13,12 @@ class DenseCompressor final : public Compressor {
   std::string name() const override;
   std::string spec() const override { return name(); }
   bool supportIsShared() const override { return true; }
+  std::string secureRefusal() const override {
+    if (format_ == DenseFormat::kF32) return {};
+    return "the masked words are secagg.bits wide whatever the format, so it would only round "
+           "twice: for fewer bytes lower secagg.bits (the ring is a quantisation of one scale for "
+           "the round)";
+  }
   SharedSupport sharedSupport(const ParamLayout&, const RoundContext&) const override { return {}; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
                      const RoundContext& ctx) const override;

@@ -91,6 +91,10 @@ class PowerSgdCompressor final : public Compressor {
  public:
   explicit PowerSgdCompressor(LowRankOptions o);
   std::string name() const override { return "powersgd"; }
+  std::string secureRefusal() const override {
+    return "its update is formed from factor sums phase by phase, and secure aggregation does "
+           "not run a round's phases yet";
+  }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }
@@ -128,6 +132,10 @@ class AcpSgdCompressor final : public Compressor {
  public:
   explicit AcpSgdCompressor(LowRankOptions o);
   std::string name() const override { return "acpsgd"; }
+  std::string secureRefusal() const override {
+    return "its update is formed from factor sums phase by phase, and secure aggregation does "
+           "not run a round's phases yet";
+  }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }

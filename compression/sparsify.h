@@ -67,6 +67,12 @@ class RandKCompressor final : public Compressor {
   std::string name() const override { return "randk"; }
   std::string spec() const override;
   bool supportIsShared() const override { return opt_.shared_positions; }
+  std::string secureRefusal() const override {
+    if (opt_.shared_positions) return {};
+    return "each client draws its own positions, and a coordinate only one client touched is "
+           "that client's value in the sum: use randk:positions=shared (the round's positions "
+           "for every client)";
+  }
   SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,
@@ -94,6 +100,11 @@ class RandBlockCompressor final : public Compressor {
   bool updateSizeVaries() const override { return opt_.per_client_offset; }
   std::string spec() const override;
   bool supportIsShared() const override { return !opt_.per_client_offset; }
+  std::string secureRefusal() const override {
+    if (!opt_.per_client_offset) return {};
+    return "each client places its own block, and a coordinate only one client touched is that "
+           "client's value in the sum: use the default offset=shared";
+  }
   SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   void checkReceived(const ParamLayout& layout, size_t t, const PayloadView& p,

@@ -54,6 +54,9 @@
 
 namespace starling::privacy {
 
+// Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
+inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;
+
 struct SecAggParams {
   uint64_t run_seed = 0, round = 0;
   uint32_t neighbours = 8;  // k: even; n <= k + 1 is the complete graph (SecAgg)

@@ -193,7 +193,7 @@ std::vector<uint8_t> encode(const SecAggRevealMsg& m) {
 }
 
 std::vector<uint8_t> encode(const SecAggRelayMsg& m) {
-  size_t bytes = 256;
+  size_t bytes = 256 + m.common.size();
   for (const auto& it : m.items) bytes += it.message.size() + 32;
   flatbuffers::FlatBufferBuilder b(bytes);
   std::vector<flatbuffers::Offset<fb::SecAggRelayed>> v;
@@ -202,8 +202,9 @@ std::vector<uint8_t> encode(const SecAggRelayMsg& m) {
     v.push_back(
         fb::CreateSecAggRelayed(b, it.client, it.message.empty() ? 0 : b.CreateVector(it.message)));
   auto items = b.CreateVector(v);
+  auto common = m.common.empty() ? 0 : b.CreateVector(m.common);
   auto body = fb::CreateSecAggRelay(b, m.from, m.round, m.nonce, static_cast<uint8_t>(m.stage),
-                                    m.deadline_ms, items);
+                                    m.deadline_ms, items, common);
   return finish(b, fb::Body::SecAggRelay, body.Union());
 }
 
@@ -388,6 +389,13 @@ SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLim
          "secagg relay: stage " + std::to_string(m->stage()) + " is none of 0 to 4");
   out.stage = static_cast<RelayStage>(m->stage());
   const bool roster = out.stage == RelayStage::kRoster;
+  if (m->common() && m->common()->size() > 0) {
+    if (out.stage != RelayStage::kAdvertise)
+      fail(Errc::kUnexpectedEncoding, "secagg relay: a common message outside the advertise step");
+    out.common.assign(m->common()->begin(), m->common()->end());
+  }
+  // Items carry no message in a roster and beside a common one.
+  const bool bare = roster || !out.common.empty();
   if (!m->items()) {
     if (!roster) fail(Errc::kMissingField, "secagg relay: no items");
     return out;
@@ -402,9 +410,11 @@ SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLim
                                  std::to_string(out.items.back().client) + ", then " +
                                  std::to_string(x->client()) + ")");
     const bool has = x->message() && x->message()->size() > 0;
-    if (roster && has)
-      fail(Errc::kUnexpectedEncoding, "secagg relay: a roster item with a message");
-    if (!roster && !has)
+    if (bare && has)
+      fail(Errc::kUnexpectedEncoding,
+           roster ? "secagg relay: a roster item with a message"
+                  : "secagg relay: an item with a message beside the common one");
+    if (!bare && !has)
       fail(Errc::kMissingField,
            "secagg relay: client " + std::to_string(x->client()) + "'s item without its message");
     SecAggRelayMsg::Item item{x->client(), {}};

@@ -89,6 +89,9 @@ struct SecAggRelayMsg {
     std::vector<uint8_t> message;  // a whole message of the step (empty for kRoster)
   };
   std::vector<Item> items;  // clients strictly ascending
+  // The root's advertise step: the one setup every item's client is sent (their items carry no
+  // message); empty otherwise.
+  std::vector<uint8_t> common;
 };
 
 std::vector<uint8_t> encode(const SecAggSetupMsg& m);
@@ -109,8 +112,11 @@ SecAggMaskedMsg decodeSecAggMasked(std::span<const uint8_t> bytes, uint64_t dim,
                                    const SecAggLimits& l = {});
 SecAggUnmaskMsg decodeSecAggUnmask(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
-// Items within max_clients, clients strictly ascending, a stage of RelayStage, kRoster's items
-// without messages and the others' with one (not decoded here: each is its step's message).
+// Items within max_clients, clients strictly ascending, a stage of RelayStage; kRoster's items
+// without messages and no common message; kAdvertise either the root's (a common setup, items
+// without messages) or an aggregator's (a message in each item, no common one); the others' items
+// each with a message and no common one (messages are not decoded here: each is its step's).
+// InputError: kDuplicate, kSizeMismatch, kUnexpectedEncoding, kMissingField.
 SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 
 // The size of a masked input's message for `dim` words of `bits` bits from one client with

@@ -74,8 +74,7 @@ struct EdgeAggregator::Impl {
         layout(std::move(l)),
         log(lg ? std::move(lg) : spdlog::default_logger()),
         held(layout->numel()),
-        relay(config.id, SecureMetricRules{config.metrics, config.bounds.max_metric_abs},
-              pr::SecAggLimits{config.limits.max_message_bytes}),
+        relay(config.id, pr::SecAggLimits{config.limits.max_message_bytes}),
         up(
             ctx, linkConfig(config), [this] { return registration(); },
             [this](uint64_t session) {
@@ -240,7 +239,7 @@ struct EdgeAggregator::Impl {
     const pr::SecAggRelayMsg m =
         pr::decodeSecAggRelay(bytes, pr::SecAggLimits{config.limits.max_message_bytes});
     if (m.stage == pr::RelayStage::kRoster) {
-      pr::SecAggRelayMsg a{config.id, m.round, m.nonce, pr::RelayStage::kRoster, 0, {}};
+      pr::SecAggRelayMsg a{config.id, m.round, m.nonce, pr::RelayStage::kRoster, 0, {}, {}};
       std::vector<uint64_t> ids;
       for (const ClientInfo& c : fleet.available())
         if (c.role == pr::Role::kClient) ids.push_back(c.id);
@@ -267,6 +266,7 @@ struct EdgeAggregator::Impl {
     if (relay.stage() != SecureStage::kMaskedInput || relay.round() != t.round)
       failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
                 " without that round's shares");
+    relay.setMetricRules(SecureMetricRules{t.metrics, config.bounds.max_metric_abs});
     const std::vector<ClientInfo> participants = relayParticipants();
     pr::TaskMsg header = t;
     header.model.clear();

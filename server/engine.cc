@@ -216,31 +216,7 @@ uint64_t secureMaxClients(const SamplingConfig& s) {
 }
 
 std::string secureCompressorRefusal(const cz::Compressor& c) {
-  const std::string name = c.name();
-  std::string why;
-  if (name == "fp16" || name == "bf16")
-    why =
-        "the masked words are secagg.bits wide whatever the format, so it would only round "
-        "twice: for fewer bytes lower secagg.bits (the ring is a quantisation of one scale for "
-        "the round)";
-  else if (c.phases() > 1 || c.sharesFactors())
-    why =
-        "its update is formed from factor sums phase by phase, and secure aggregation does "
-        "not run a round's phases yet";
-  else if (name == "randk" && !c.supportIsShared())
-    why =
-        "each client draws its own positions, and a coordinate only one client touched is "
-        "that client's value in the sum: use randk:positions=shared (the round's positions for "
-        "every client)";
-  else if (name == "randblock" && !c.supportIsShared())
-    why =
-        "each client places its own block, and a coordinate only one client touched is that "
-        "client's value in the sum: use the default offset=shared";
-  else if (!c.supportIsShared())
-    why =
-        "its clients send values on supports (or scales) of their own, and a coordinate only "
-        "one client touched is that client's value in the sum: it cannot be aggregated "
-        "securely";
+  const std::string why = c.secureRefusal();
   if (why.empty()) return why;
   return "secagg.enabled takes a compressor whose support the round shares (none, "
          "randblock, randk:positions=shared), not " +
@@ -257,8 +233,9 @@ PhaseReport Fleet::exchange(SecureStage, SecureSteps&, std::span<const ClientInf
   STARLING_THROW(ConfigError, "this fleet cannot run secure aggregation (secagg.enabled)");
 }
 
-std::map<uint64_t, std::vector<uint64_t>> Fleet::secureRoster(std::span<const ClientInfo>, uint64_t,
-                                                              uint32_t) {
+std::map<uint64_t, std::vector<uint64_t>> Fleet::secureRoster(
+    std::span<const ClientInfo> aggregators, uint64_t, uint32_t, PhaseReport& report) {
+  for (const auto& a : aggregators) report.failed.push_back(a.id);
   return {};
 }
 
@@ -817,12 +794,15 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
                             size_t target, ag::PhaseAggregator& agg, RoundRecord& rec,
                             std::set<uint64_t>& failed) {
+  // Failures are the round's clients' (below); a step's report says which peers failed it, an
+  // edge aggregator among them.
+  std::set<uint64_t> peers_failed;
   const auto account = [&](const PhaseReport& rep) {
-    addPhase(rec, rep, rep.refused, failed);
+    addPhase(rec, rep, rep.refused, peers_failed);
     keepCompleted(active, rep);
   };
-  // The round's clients: those sampled, and those the sampled edge aggregators bring (each
-  // client once: one an aggregator claims twice, or beside the root's own, is left out).
+  // The round's clients: those sampled, and those the sampled edge aggregators bring. A client
+  // two aggregators name, or one of the root's own, is left out of every aggregator's.
   std::set<uint64_t> ids;
   std::vector<ClientInfo> aggregators;
   for (const auto& c : active) {
@@ -833,18 +813,25 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   }
   std::map<uint64_t, std::vector<uint64_t>> relayed;
   if (!aggregators.empty()) {
-    relayed = fleet.secureRoster(aggregators, rec.round, config_.round_deadline_ms);
-    for (auto& [peer, cs] : relayed)
-      std::erase_if(cs, [&](uint64_t c) { return !ids.insert(c).second; });
-    std::erase_if(active, [&](const ClientInfo& c) {
-      if (c.role != protocol::Role::kAggregator) return false;
-      const auto it = relayed.find(c.id);
-      if (it != relayed.end() && !it->second.empty()) return false;
-      failed.insert(c.id);
-      return true;
-    });
+    // The roster is answered at once (no client is asked): a quarter of the deadline.
+    PhaseReport roster;
+    relayed = fleet.secureRoster(aggregators, rec.round, config_.round_deadline_ms / 4, roster);
+    addPhase(rec, roster, roster.refused, peers_failed);
+    std::map<uint64_t, int> named;
+    for (const auto& [peer, cs] : relayed)
+      for (uint64_t c : cs) ++named[c];
+    for (auto& [peer, cs] : relayed) {
+      std::erase_if(cs, [&](uint64_t c) { return named[c] > 1 || ids.count(c); });
+      for (uint64_t c : cs) ids.insert(c);
+    }
     std::erase_if(relayed, [](const auto& r) { return r.second.empty(); });
+    std::erase_if(active, [&](const ClientInfo& c) {
+      return c.role == protocol::Role::kAggregator && !relayed.count(c.id);
+    });
   }
+  rec.clients_selected = ids.size();
+  const cz::SharedSupport support = scheme_.compressor().sharedSupport(
+      *layout_, cz::RoundContext{config_.scheme.run_seed, rec.round, 0, 0, nullptr});
   std::unique_ptr<SecureRound> sr;
   try {
     if (ids.size() < 3)
@@ -854,13 +841,13 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      ids.size());
     const std::vector<uint64_t> all(ids.begin(), ids.end());
     sr = std::make_unique<SecureRound>(
-        config_.secagg.paramsFor(
-            config_.scheme.run_seed, rec.round, all.size(),
-            secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, rec.round)),
+        config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
+                                 support.size(layout_->numel())),
         all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
         protocol::SecAggLimits{}, std::move(relayed));
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
+    failed.insert(peers_failed.begin(), peers_failed.end());
     return false;
   }
   for (const SecureStage stage : {SecureStage::kAdvertise, SecureStage::kShareKeys}) {
@@ -871,17 +858,25 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     PhaseTask task = plain;
     task.secure = sr.get();
     task.header.secure = true;
-    account(fleet.runPhase(task, active, std::min(target, active.size()), agg));
+    // An edge aggregator's subtree answers as one: with one, every peer is waited for.
+    const size_t want = aggregators.empty() ? std::min(target, active.size()) : active.size();
+    account(fleet.runPhase(task, active, want, agg));
   }
   if (!active.empty())
     account(fleet.exchange(SecureStage::kUnmask, *sr, active, config_.round_deadline_ms));
   SecureRound::Outcome out = sr->finish();
+  // The failed: the round's clients whose input is not in the sum (a client lost after its
+  // masked input is in it, unmasked by its neighbours: not failed), or, with no sum, whose input
+  // never arrived.
+  const std::set<uint64_t> in = out.ok
+                                    ? std::set<uint64_t>(out.survivors.begin(), out.survivors.end())
+                                    : sr->answered(SecureStage::kMaskedInput);
+  for (uint64_t id : ids)
+    if (!in.count(id)) failed.insert(id);
   if (!out.ok) {
     rec.reason = out.reason;
     return false;
   }
-  // A client lost after its masked input is in the sum (its neighbours unmasked it): not failed.
-  for (uint64_t id : out.survivors) failed.erase(id);
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,
@@ -892,9 +887,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                0};
   // The sum on the round's shared support, every other coordinate 0 (no client sent one).
   std::vector<float> dense(layout_->numel());
-  scheme_.compressor()
-      .sharedSupport(*layout_, cz::RoundContext{config_.scheme.run_seed, rec.round, 0, 0, nullptr})
-      .scatter(out.sum, dense);
+  support.scatter(out.sum, dense);
   for (const auto& t : layout_->tensors()) {
     const auto first = dense.begin() + static_cast<std::ptrdiff_t>(t.offset);
     pm.tensors.push_back(

@@ -261,8 +261,10 @@ class Fleet {
   // Secure aggregation through edge aggregators: asks each of `aggregators` which of its clients
   // it brings to round `round`, within `deadline_ms`; the answers by aggregator (one that does not
   // answer is left out). The default: none (a fleet without aggregators).
+  // `report`: the bytes, refusals and the aggregators that did not answer.
   virtual std::map<uint64_t, std::vector<uint64_t>> secureRoster(
-      std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms);
+      std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms,
+      PhaseReport& report);
   // Federated evaluation of the current model on the participants' held-out data.
   virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
   // The federation is over: tell the clients.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "privacy/ring.h"
@@ -11,50 +12,20 @@ namespace starling::server {
 namespace pr = starling::protocol;
 namespace pv = starling::privacy;
 
-namespace {
-
-pr::MessageKind answerKind(SecureStage s) {
-  switch (s) {
-    case SecureStage::kAdvertise:
-      return pr::MessageKind::kSecAggKeys;
-    case SecureStage::kShareKeys:
-      return pr::MessageKind::kSecAggShares;
-    case SecureStage::kMaskedInput:
-      return pr::MessageKind::kSecAggMasked;
-    case SecureStage::kUnmask:
-      return pr::MessageKind::kSecAggReveal;
-  }
-  return pr::MessageKind::kSecAggKeys;
+SecureRelay::SecureRelay(uint64_t self, pr::SecAggLimits limits) : self_(self), limits_(limits) {
+  rules_.all = true;
 }
-
-}  // namespace
-
-pr::RelayStage relayStageOf(SecureStage s) {
-  return static_cast<pr::RelayStage>(static_cast<uint8_t>(s) + 1);
-}
-
-SecureStage secureStageOf(pr::RelayStage s) {
-  STARLING_CHECK_ARG(s != pr::RelayStage::kRoster, "secagg relay: the roster is no secure step");
-  return static_cast<SecureStage>(static_cast<uint8_t>(s) - 1);
-}
-
-SecureRelay::SecureRelay(uint64_t self, SecureMetricRules metrics, pr::SecAggLimits limits)
-    : self_(self), rules_(std::move(metrics)), limits_(limits) {}
 
 void SecureRelay::take(const pr::SecAggRelayMsg& m) {
   const SecureStage stage = secureStageOf(m.stage);
   if (m.items.empty())
     throw InputError(Errc::kMissingField,
-                     "secagg relay: a step for none of this aggregator's "
-                     "clients");
+                     "secagg relay: a step for none of this aggregator's clients");
   if (stage == SecureStage::kAdvertise) {
-    // A new round: every client is sent the same setup, which tells the ring and the inputs' size.
-    for (const auto& it : m.items)
-      if (it.message != m.items.front().message)
-        throw InputError(Errc::kInconsistentShares, "secagg relay: the setup for client " +
-                                                        std::to_string(it.client) +
-                                                        " differs from the others'");
-    const pr::SecAggSetupMsg setup = pr::decodeSecAggSetup(m.items.front().message, limits_);
+    // A new round: every client is sent the one setup, which tells the ring and the inputs' size.
+    if (m.common.empty())
+      throw InputError(Errc::kMissingField, "secagg relay: an advertise step without its setup");
+    const pr::SecAggSetupMsg setup = pr::decodeSecAggSetup(m.common, limits_);
     if (setup.params.round != m.round || setup.nonce != m.nonce)
       throw InputError(Errc::kWrongRound, "secagg relay: a setup of round " +
                                               std::to_string(setup.params.round) +
@@ -78,15 +49,29 @@ void SecureRelay::take(const pr::SecAggRelayMsg& m) {
                                               " of round " + std::to_string(m.round) +
                                               ", another exchange than round " +
                                               std::to_string(params_.round) + "'s setup");
-    if (static_cast<int>(stage) < static_cast<int>(stage_))
-      throw InputError(Errc::kLate, "secagg relay: step " + std::string(stageName(stage)) +
-                                        " after step " + stageName(stage_));
+    // Each step once, in order (a masked-input step again would leave contributors named whose
+    // inputs it no longer holds).
+    if (static_cast<int>(stage) <= static_cast<int>(stage_))
+      throw InputError(stage == stage_ ? Errc::kDuplicate : Errc::kLate,
+                       "secagg relay: step " + std::string(stageName(stage)) + " after step " +
+                           stageName(stage_));
+    for (const auto& it : m.items)
+      if (it.message.empty())
+        throw InputError(Errc::kMissingField, "secagg relay: no message of step " +
+                                                  std::string(stageName(stage)) + " for client " +
+                                                  std::to_string(it.client));
   }
   stage_ = stage;
   requests_.clear();
   answers_.clear();
-  for (const auto& it : m.items) requests_[it.client] = it.message;
+  for (const auto& it : m.items)
+    requests_[it.client] = stage == SecureStage::kAdvertise ? m.common : it.message;
   if (stage == SecureStage::kMaskedInput) sum_.assign(params_.dim, 0);
+}
+
+void SecureRelay::setMetricRules(SecureMetricRules rules) {
+  rules_ = std::move(rules);
+  rules_.all = true;
 }
 
 std::vector<uint64_t> SecureRelay::clients() const {
@@ -107,37 +92,49 @@ std::vector<uint8_t> SecureRelay::request(SecureStage stage, uint64_t client) {
 }
 
 void SecureRelay::reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) {
-  const std::string who = "secagg relay: client " + std::to_string(client);
+  const std::string who = "client " + std::to_string(client);
   if (stage != stage_ || !requests_.count(client))
-    throw InputError(Errc::kUnexpectedMessage,
-                     who + " answered step " + stageName(stage) + ", which it was not sent");
+    throw InputError(Errc::kUnexpectedMessage, "secagg relay: " + who + " answered step " +
+                                                   stageName(stage) + ", which it was not sent");
   if (pr::peekKind(bytes) != answerKind(stage))
-    throw InputError(Errc::kUnexpectedMessage,
-                     who + " answered step " + stageName(stage) + " with another message");
+    throw InputError(Errc::kUnexpectedMessage, "secagg relay: " + who + " answered step " +
+                                                   stageName(stage) + " with another message");
   if (stage != SecureStage::kMaskedInput) {
+    // Decoded with the round's bounds (an answer names its sender, round and exchange, and carries
+    // at most one share per neighbour): what goes up is no larger than an honest answer.
+    pr::SecAggLimits l = limits_;
+    l.max_neighbours = std::min<uint32_t>(l.max_neighbours, params_.neighbours);
+    uint64_t from = 0, round = 0, nonce = 0;
+    if (stage == SecureStage::kAdvertise) {
+      const auto k = pr::decodeSecAggKeys(bytes, l);
+      std::tie(from, round, nonce) = std::tuple{k.advert.client, k.advert.round, k.nonce};
+    } else if (stage == SecureStage::kShareKeys) {
+      const auto k = pr::decodeSecAggShares(bytes, l);
+      std::tie(from, round, nonce) = std::tuple{k.client, k.round, k.nonce};
+    } else {
+      const auto k = pr::decodeSecAggReveal(bytes, l);
+      std::tie(from, round, nonce) = std::tuple{k.response.client, k.response.round, k.nonce};
+    }
+    if (from != client)
+      throw InputError(Errc::kWrongSender, "secagg relay: " + who + " sent an answer of client " +
+                                               std::to_string(from));
+    if (round != params_.round || nonce != nonce_)
+      throw InputError(Errc::kWrongRound,
+                       "secagg relay: " + who + " answered another round or exchange");
     if (!answers_.emplace(client, std::vector<uint8_t>(bytes.begin(), bytes.end())).second)
-      throw InputError(Errc::kDuplicate, who + " answered step " + stageName(stage) + " twice");
+      throw InputError(Errc::kDuplicate,
+                       "secagg relay: " + who + " answered step " + stageName(stage) + " twice");
     return;
   }
   const pr::SecAggMaskedMsg m = pr::decodeSecAggMasked(bytes, params_.dim, limits_);
   if (m.client != client || m.input.clients != std::vector<uint64_t>{client})
-    throw InputError(Errc::kWrongSender, who + " sent a masked input of other clients");
-  if (m.input.round != params_.round || m.nonce != nonce_)
-    throw InputError(Errc::kWrongRound, who + " sent a masked input of another exchange");
-  if (m.bits != params_.ring.bits)
-    throw InputError(Errc::kSizeMismatch, who + " masked in a ring of " + std::to_string(m.bits) +
-                                              " bits, the round's has " +
-                                              std::to_string(params_.ring.bits));
-  if (masked_.count(client)) throw InputError(Errc::kDuplicate, who + "'s masked input twice");
-  // Its metrics travel in the clear and go up summed: one client's must not void its subtree's.
-  for (const auto& x : m.metrics) {
-    if (std::find(rules_.declared.begin(), rules_.declared.end(), x.name) == rules_.declared.end())
-      throw InputError(Errc::kUnexpectedEncoding,
-                       who + " sent metric " + x.name + ", which the round did not declare");
-    if (!(std::fabs(x.value) <= rules_.max_abs))
-      throw InputError(Errc::kValueTooLarge, who + "'s metric " + x.name + " is beyond " +
-                                                 std::to_string(rules_.max_abs));
-  }
+    throw InputError(Errc::kWrongSender,
+                     "secagg relay: " + who + " sent a masked input of other clients");
+  if (masked_.count(client))
+    throw InputError(Errc::kDuplicate, "secagg relay: " + who + "'s masked input twice");
+  // Its metrics travel in the clear and go up summed: one client's must not void its subtree's,
+  // and each declared one must be there (the root counts a sum's metrics by its contributors).
+  checkMaskedInput(m, params_, nonce_, rules_, who, 1.0);
   pv::add(params_.ring, sum_, m.input.words);
   masked_.insert(client);
   for (const auto& x : m.metrics) metrics_[x.name] += x.value;
@@ -148,7 +145,7 @@ size_t SecureRelay::maskedBytes(uint64_t client, std::span<const Metric> metrics
 }
 
 std::vector<uint8_t> SecureRelay::answerUp() const {
-  pr::SecAggRelayMsg m{self_, params_.round, nonce_, relayStageOf(stage_), 0, {}};
+  pr::SecAggRelayMsg m{self_, params_.round, nonce_, relayStageOf(stage_), 0, {}, {}};
   for (const auto& [c, bytes] : answers_) m.items.push_back({c, bytes});
   return pr::encode(m);
 }

@@ -11,8 +11,11 @@
 // between clients (which it cannot open), and masked inputs, not their updates.
 //
 //   take(relay)        a step's messages from upstream (kAdvertise starts a round: the setup
-//                      is read from them; a later step must be the same round's and exchange's)
-//   request / reply    SecureSteps, for its fleet
+//                      is read from its one common message; a later step must be the same round's
+//                      and exchange's, and come after the last)
+//   setMetricRules     the round's declared metrics (from the secure task), before its inputs
+//   request / reply    SecureSteps, for its fleet: each answer decoded with the round's bounds and
+//                      checked (sender, round, exchange) before it is kept or added
 //   answerUp()         the step's answers, for upstream
 //   maskedUp()         the masked inputs' ring sum (none when no client's arrived)
 //
@@ -32,22 +35,32 @@ namespace starling::server {
 
 class SecureRelay final : public SecureSteps {
  public:
-  // `self`: the aggregator's id upstream (its answers name it). `metrics`: what a client's masked
-  // input may carry in the clear (checked per client: one client's metric must not void the
-  // subtree's sum at the root).
-  SecureRelay(uint64_t self, SecureMetricRules metrics, protocol::SecAggLimits limits = {});
+  // `self`: the aggregator's id upstream (its answers name it).
+  explicit SecureRelay(uint64_t self, protocol::SecAggLimits limits = {});
 
-  // A step's relay from upstream (not kRoster). InputError, nothing changed: a setup that does
-  // not decode or differs between clients, a later step of another round or exchange, or one
-  // before the round's setup.
+  // A step's relay from upstream (not kRoster: InvalidArgument). InputError, nothing changed: no
+  // items (kMissingField); at kAdvertise no setup (kMissingField), one that does not decode (its
+  // codes), of another round or exchange (kWrongRound), or an item's client not in it
+  // (kWrongSender); a later step before any setup (kUnexpectedMessage), of another round or
+  // exchange (kWrongRound), again (kDuplicate), before the last (kLate), or an item without its
+  // message (kMissingField).
   void take(const protocol::SecAggRelayMsg& m);
+  // What a client's masked input may carry in the clear, from the round's secure task: declared
+  // metrics, each within max_abs, and every declared one (checked per client: one client's metric
+  // must not void the subtree's sum at the root, and the root counts a sum's metrics by its
+  // contributors).
+  void setMetricRules(SecureMetricRules rules);
   // The step the last take() opened, and the clients it carries a message for.
   SecureStage stage() const { return stage_; }
   std::vector<uint64_t> clients() const;
 
   std::vector<uint8_t> request(SecureStage stage, uint64_t client) override;
-  // An exchange step's answer is kept as it is (its kind the step's; one a client); a masked
-  // input is checked and added to the ring sum. InputError, nothing changed.
+  // An exchange step's answer is decoded with the round's bounds (at most one share per
+  // neighbour) and kept as it is; a masked input is checked (checkMaskedInput) and added to the
+  // ring sum. InputError, nothing changed: a step or client it was not sent, or another kind
+  // (kUnexpectedMessage), another sender (kWrongSender), round or exchange (kWrongRound for an
+  // exchange step's answer; checkMaskedInput's codes for a masked input), twice (kDuplicate), and
+  // the decoders' codes.
   void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) override;
   size_t maskedBytes(uint64_t client, std::span<const Metric> metrics) const override;
   uint64_t round() const override { return params_.round; }
@@ -75,9 +88,5 @@ class SecureRelay final : public SecureSteps {
   std::set<uint64_t> masked_;
   std::map<std::string, double> metrics_;  // their sums
 };
-
-// The relay stage of a secure step, and back (kRoster has no step: InvalidArgument).
-protocol::RelayStage relayStageOf(SecureStage s);
-SecureStage secureStageOf(protocol::RelayStage s);
 
 }  // namespace starling::server

@@ -101,13 +101,96 @@ const char* stageName(SecureStage s) {
   return "unknown";
 }
 
+pr::MessageKind answerKind(SecureStage s) {
+  switch (s) {
+    case SecureStage::kAdvertise:
+      return pr::MessageKind::kSecAggKeys;
+    case SecureStage::kShareKeys:
+      return pr::MessageKind::kSecAggShares;
+    case SecureStage::kMaskedInput:
+      return pr::MessageKind::kSecAggMasked;
+    case SecureStage::kUnmask:
+      return pr::MessageKind::kSecAggReveal;
+  }
+  return pr::MessageKind::kSecAggKeys;
+}
+
+static_assert(static_cast<int>(pr::RelayStage::kAdvertise) ==
+              static_cast<int>(SecureStage::kAdvertise) + 1);
+static_assert(static_cast<int>(pr::RelayStage::kShareKeys) ==
+              static_cast<int>(SecureStage::kShareKeys) + 1);
+static_assert(static_cast<int>(pr::RelayStage::kMaskedInput) ==
+              static_cast<int>(SecureStage::kMaskedInput) + 1);
+static_assert(static_cast<int>(pr::RelayStage::kUnmask) ==
+              static_cast<int>(SecureStage::kUnmask) + 1);
+
+pr::RelayStage relayStageOf(SecureStage s) {
+  return static_cast<pr::RelayStage>(static_cast<uint8_t>(s) + 1);
+}
+
+SecureStage secureStageOf(pr::RelayStage s) {
+  STARLING_CHECK_ARG(s != pr::RelayStage::kRoster, "secagg relay: the roster is no secure step");
+  return static_cast<SecureStage>(static_cast<uint8_t>(s) - 1);
+}
+
+void checkMaskedInput(const pr::SecAggMaskedMsg& m, const pv::SecAggParams& params, uint64_t nonce,
+                      const SecureMetricRules& rules, const std::string& who, double count) {
+  if (m.input.round != params.round)
+    throw InputError(Errc::kWrongRound, "secagg: " + who + " sent a masked input of round " +
+                                            std::to_string(m.input.round) + " in round " +
+                                            std::to_string(params.round));
+  if (m.nonce != nonce)
+    throw InputError(Errc::kLate, "secagg: " + who + " answered another exchange (a replay)");
+  if (m.bits != params.ring.bits)
+    throw InputError(Errc::kSizeMismatch, "secagg: " + who + " masked in a ring of " +
+                                              std::to_string(m.bits) + " bits, the round's has " +
+                                              std::to_string(params.ring.bits));
+  for (const auto& x : m.metrics) {
+    if (std::find(rules.declared.begin(), rules.declared.end(), x.name) == rules.declared.end())
+      throw InputError(Errc::kUnexpectedEncoding, "secagg: " + who + " sent metric " + x.name +
+                                                      ", which the round did not declare");
+    if (!(std::fabs(x.value) <= rules.max_abs * count))
+      throw InputError(Errc::kValueTooLarge, "secagg: " + who + "'s metric " + x.name + " is " +
+                                                 std::to_string(x.value) + ", beyond " +
+                                                 std::to_string(rules.max_abs * count));
+  }
+  if (rules.all)
+    for (const auto& name : rules.declared)
+      if (std::none_of(m.metrics.begin(), m.metrics.end(),
+                       [&](const Metric& x) { return x.name == name; }))
+        throw InputError(Errc::kMissingField, "secagg: " + who + " sent no metric " + name +
+                                                  ", which the round declared");
+}
+
 std::span<const uint64_t> SecureSteps::relayedBy(uint64_t) const { return {}; }
+
+void SecureSteps::replyVia(uint64_t peer, SecureStage, uint64_t, std::span<const uint8_t>) {
+  throw InputError(Errc::kUnexpectedMessage,
+                   "secagg: " + std::to_string(peer) +
+                       " relayed a client's answer, which only the root takes (secure "
+                       "aggregation runs through one level of aggregators)");
+}
 
 void SecureSteps::replyRelayed(uint64_t peer, std::span<const uint8_t>) {
   throw InputError(Errc::kUnexpectedMessage,
-                   "secagg: edge aggregator " + std::to_string(peer) +
+                   "secagg: " + std::to_string(peer) +
                        " sent a ring sum of masked inputs, which only the root takes (secure "
                        "aggregation runs through one level of aggregators)");
+}
+
+pr::SecAggRelayMsg relayRequest(SecureSteps& round, uint64_t peer, SecureStage stage,
+                                uint32_t deadline_ms) {
+  pr::SecAggRelayMsg m{0, round.round(), round.nonce(), relayStageOf(stage), deadline_ms, {}, {}};
+  for (uint64_t c : round.relayedBy(peer)) {
+    if (!round.inStep(stage, c)) continue;
+    if (stage != SecureStage::kAdvertise) {
+      m.items.push_back({c, round.request(stage, c)});
+    } else {  // every client is sent the same setup: once
+      if (m.common.empty()) m.common = round.request(stage, c);
+      m.items.push_back({c, {}});
+    }
+  }
+  return m;
 }
 
 SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clients,
@@ -133,6 +216,16 @@ SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clie
   }
 }
 
+void SecureRound::replyVia(uint64_t peer, SecureStage stage, uint64_t client,
+                           std::span<const uint8_t> bytes) {
+  const std::span<const uint64_t> mine = relayedBy(peer);
+  if (!std::binary_search(mine.begin(), mine.end(), client) || !inStep(stage, client))
+    throw InputError(Errc::kWrongSender,
+                     "secagg: " + std::to_string(peer) + " relayed an answer of client " +
+                         std::to_string(client) + ", which it does not relay in this step");
+  reply(stage, client, bytes);
+}
+
 std::span<const uint64_t> SecureRound::relayedBy(uint64_t peer) const {
   const auto it = relayed_.find(peer);
   return it == relayed_.end() ? std::span<const uint64_t>{} : it->second;
@@ -146,7 +239,8 @@ bool SecureRound::inStep(SecureStage stage, uint64_t client) const {
 }
 
 std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
-  STARLING_ENFORCE(clients_.count(client), "secagg: a request for a client not in the round");
+  STARLING_CHECK_ARG(clients_.count(client), "secagg: a request for ", client,
+                     ", which is not a client of the round");
   STARLING_CHECK_ARG(static_cast<int>(stage) >= open_, "secagg: step ", stageName(stage),
                      " requested after a later one");
   open_ = static_cast<int>(stage);
@@ -214,7 +308,7 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
       if (m.input.clients != std::vector<uint64_t>{client})
         throw InputError(Errc::kWrongSender, "secagg: client " + std::to_string(client) +
                                                  " sent a masked input of other clients");
-      checkMasked(m, "client " + std::to_string(client), 1.0);
+      checkMaskedInput(m, params_, nonce_, rules_, "client " + std::to_string(client), 1.0);
       server_.onMaskedInput(m.input);
       for (const auto& x : m.metrics) {
         auto& [sum, count] = metrics_[x.name];
@@ -233,23 +327,6 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
   answered_[static_cast<size_t>(stage)].insert(client);
 }
 
-void SecureRound::checkMasked(const pr::SecAggMaskedMsg& m, const std::string& who,
-                              double count) const {
-  if (m.bits != params_.ring.bits)
-    throw InputError(Errc::kSizeMismatch, "secagg: " + who + " masked in a ring of " +
-                                              std::to_string(m.bits) + " bits, the round's has " +
-                                              std::to_string(params_.ring.bits));
-  for (const auto& x : m.metrics) {
-    if (std::find(rules_.declared.begin(), rules_.declared.end(), x.name) == rules_.declared.end())
-      throw InputError(Errc::kUnexpectedEncoding, "secagg: " + who + " sent metric " + x.name +
-                                                      ", which the round did not declare");
-    if (!(std::fabs(x.value) <= rules_.max_abs * count))
-      throw InputError(Errc::kValueTooLarge, "secagg: " + who + "'s metric " + x.name + " is " +
-                                                 std::to_string(x.value) + ", beyond " +
-                                                 std::to_string(rules_.max_abs * count));
-  }
-}
-
 void SecureRound::replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) {
   const std::string who = "aggregator " + std::to_string(peer);
   if (open_ != static_cast<int>(SecureStage::kMaskedInput))
@@ -260,11 +337,6 @@ void SecureRound::replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) {
   if (m.client != peer)
     throw InputError(Errc::kWrongSender, "secagg: " + who + " sent masked inputs named for " +
                                              std::to_string(m.client));
-  if (m.input.round != params_.round)
-    throw InputError(Errc::kWrongRound, "secagg: " + who + " sent masked inputs of round " +
-                                            std::to_string(m.input.round));
-  if (m.nonce != nonce_)
-    throw InputError(Errc::kLate, "secagg: " + who + " answered another exchange (a replay)");
   const std::span<const uint64_t> mine = relayedBy(peer);
   auto& done = answered_[static_cast<size_t>(SecureStage::kMaskedInput)];
   for (uint64_t c : m.input.clients) {
@@ -276,7 +348,7 @@ void SecureRound::replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) {
       throw InputError(Errc::kDuplicate,
                        "secagg: client " + std::to_string(c) + "'s masked input arrived twice");
   }
-  checkMasked(m, who, static_cast<double>(m.input.clients.size()));
+  checkMaskedInput(m, params_, nonce_, rules_, who, static_cast<double>(m.input.clients.size()));
   server_.onMaskedInput(m.input);
   for (const auto& x : m.metrics) {
     auto& [sum, count] = metrics_[x.name];

@@ -25,6 +25,7 @@
 
 #include "core/metric.h"
 #include "privacy/secagg.h"
+#include "protocol/control.h"
 #include "protocol/secagg_wire.h"
 
 namespace starling::server {
@@ -47,40 +48,69 @@ struct SecAggConfig {
 
 enum class SecureStage : uint8_t { kAdvertise = 0, kShareKeys = 1, kMaskedInput = 2, kUnmask = 3 };
 const char* stageName(SecureStage s);
+// The kind of message a client answers step `s` with.
+protocol::MessageKind answerKind(SecureStage s);
+// The relay stage of a secure step, and back (kRoster has no step: InvalidArgument).
+protocol::RelayStage relayStageOf(SecureStage s);
+SecureStage secureStageOf(protocol::RelayStage s);
 
 // What the server checks of a masked input's metrics (in the clear): declared names only, and
-// each within max_abs (aggregation/bounds.h's max_metric_abs); a masked input whose metrics are
-// not is refused, and its client drops out, rather than one client's metric voiding the round.
+// each within max_abs (aggregation/bounds.h's max_metric_abs) times the inputs it sums; a masked
+// input whose metrics are not is refused, and its client drops out, rather than one client's
+// metric voiding the round. `all`: every declared metric present (an edge aggregator's check of
+// its clients, whose metrics it sends up as sums counted by contributor).
 struct SecureMetricRules {
   std::vector<std::string> declared;
   double max_abs = 1e9;
+  bool all = false;
 };
+
+// A masked input's checks against its round (its sender's are the caller's): the round
+// (kWrongRound), the exchange's nonce (kLate), the ring's bits (kSizeMismatch), and its metrics
+// against `rules` for `count` inputs (kUnexpectedEncoding, kValueTooLarge, kMissingField). The
+// root's and an edge aggregator's one check. `who` names the sender in the message.
+void checkMaskedInput(const protocol::SecAggMaskedMsg& m, const privacy::SecAggParams& params,
+                      uint64_t nonce, const SecureMetricRules& rules, const std::string& who,
+                      double count);
 
 // One side of a round's secure steps as a fleet drives them: what each client is sent, and what is
 // made of its answer. The root's is SecureRound; an edge aggregator's is SecureRelay
 // (server/secure_relay.h), which forwards its upstream's messages and adds its clients' masked
-// inputs in the ring. A fleet sends request(stage, c) to each participant c and hands its answer
-// to reply(stage, c, bytes); a participant that is an edge aggregator (one level) is sent the
-// requests of the clients it relays (relayedBy) in one SecAggRelay, and its answers are handed
-// over one by one, its masked inputs' ring sum to replyRelayed.
+// inputs in the ring. A fleet sends request(stage, c) to each participant c that is inStep and
+// hands its answer to reply(stage, c, bytes); a participant that relays clients (relayedBy, one
+// level of edge aggregators, the root's only) is sent relayRequest(), and each answer it relays
+// goes to replyVia, its masked inputs' ring sum to replyRelayed.
 class SecureSteps {
  public:
   virtual ~SecureSteps() = default;
+  // `client`'s message of `stage` (InvalidArgument when it is sent none: !inStep).
   virtual std::vector<uint8_t> request(SecureStage stage, uint64_t client) = 0;
+  // `client`'s answer of `stage`; InputError, nothing changed, when refused.
   virtual void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) = 0;
   // The size of a masked input's message from `client` with these metrics (the simulated clock's).
   virtual size_t maskedBytes(uint64_t client, std::span<const Metric> metrics) const = 0;
-  // The round and the nonce every message of its exchanges carries.
+  // The round and the nonce every message of its exchanges carries (0 before the first).
   virtual uint64_t round() const = 0;
   virtual uint64_t nonce() const = 0;
-  // The clients edge aggregator `peer` relays (empty for a client, and below the root).
-  virtual std::span<const uint64_t> relayedBy(uint64_t peer) const;
-  // Whether `client` takes part in `stage`: it answered every step before it.
+  // Whether `client` is sent `stage`'s request: at the root, a client of the round that answered
+  // every step before it; at an aggregator, one its upstream sent a message of the step for.
   virtual bool inStep(SecureStage stage, uint64_t client) const = 0;
-  // The masked-input step's answer of edge aggregator `peer`: the ring sum of some of the clients
-  // it relays (InputError when it is not; the root's only).
+  // The clients peer `peer` relays (empty: none; an edge aggregator's below the root).
+  virtual std::span<const uint64_t> relayedBy(uint64_t peer) const;
+  // An answer `peer` relays for `client`: refused (kWrongSender) unless `peer` relays it in this
+  // step, then as reply(). The root's only (kUnexpectedMessage elsewhere).
+  virtual void replyVia(uint64_t peer, SecureStage stage, uint64_t client,
+                        std::span<const uint8_t> bytes);
+  // The masked-input step's answer of `peer`: the ring sum of some of the clients it relays. The
+  // root's only (kUnexpectedMessage elsewhere).
   virtual void replyRelayed(uint64_t peer, std::span<const uint8_t> bytes);
 };
+
+// The relay the root sends edge aggregator `peer` for `stage`: the requests of the clients it
+// relays that are in the step (at kAdvertise their one setup once, as `common`), with the step's
+// deadline. No items when none is in the step.
+protocol::SecAggRelayMsg relayRequest(SecureSteps& round, uint64_t peer, SecureStage stage,
+                                      uint32_t deadline_ms);
 
 class SecureRound final : public SecureSteps {
  public:
@@ -100,11 +130,15 @@ class SecureRound final : public SecureSteps {
   // A reply of the open step only: one of an earlier step is late (kLate), of a later one
   // unexpected (kUnexpectedMessage), and neither changes anything.
   void reply(SecureStage stage, uint64_t client, std::span<const uint8_t> bytes) override;
-  // An aggregator's ring sum of the masked inputs of clients it relays (the open step must be the
-  // masked input's): its contributors must be clients it relays, each given its shares and none
-  // answered already (kWrongSender, kDuplicate), its metrics declared, each within max_abs times
-  // its contributors (they are sums). Nothing changes when refused.
+  // An aggregator's ring sum of the masked inputs of clients it relays: refused when the
+  // masked-input step is not open (kUnexpectedMessage before, kLate after), when it names another
+  // sender (kWrongSender), when a contributor is not a client it relays in the step
+  // (kWrongSender) or answered already (kDuplicate), and by checkMaskedInput (its metrics within
+  // max_abs times its contributors: they are sums); the decoder's codes. Nothing changes when
+  // refused.
   void replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) override;
+  void replyVia(uint64_t peer, SecureStage stage, uint64_t client,
+                std::span<const uint8_t> bytes) override;
   std::span<const uint64_t> relayedBy(uint64_t peer) const override;
   bool inStep(SecureStage stage, uint64_t client) const override;
   // The clients whose reply of `stage` was taken.
@@ -131,10 +165,6 @@ class SecureRound final : public SecureSteps {
   privacy::DhKeyPair probe_;  // agrees with every advertised key once: a low-order one is refused
   privacy::SecAggServer server_;
   int open_ = -1;  // the step open (SecureStage), -1 before the first request
-  // A masked input's checks other than its sender's: the round, nonce and ring, its metrics
-  // against the rules for `count` contributors (sums when more than one).
-  void checkMasked(const protocol::SecAggMaskedMsg& m, const std::string& who, double count) const;
-
   std::set<uint64_t> clients_;
   std::map<uint64_t, std::vector<uint64_t>> relayed_;
   std::set<uint64_t> answered_[4];

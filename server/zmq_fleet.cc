@@ -30,6 +30,7 @@ struct ZmqFleet::Phase {
   // secureRoster(): the aggregators' answers, and the relay's nonce they must carry.
   std::map<uint64_t, std::vector<uint64_t>>* roster = nullptr;
   uint64_t roster_round = 0, roster_nonce = 0;
+  bool closing = false;  // past its deadline, taking what is queued (takeQueued)
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -250,6 +251,9 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
     if (m.role == pr::Role::kAggregator && !config_.aggregator_ids.count(m.client_id))
       failInput(Errc::kWrongSender, "client ", m.client_id,
                 " registers as an aggregator but is not listed as one");
+    if (m.role == pr::Role::kClient && config_.aggregator_ids.count(m.client_id))
+      failInput(Errc::kWrongSender, "aggregator ", m.client_id,
+                " registers as a client (it is listed as an aggregator)");
   } catch (const InputError& e) {
     // What registering again cannot change, which the client is told to give up on: a key listed
     // under another id, another model. Not a weight out of bounds (an aggregator's subtree total
@@ -283,7 +287,7 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
   // registration does not. In asynchronous rounds its task is failed instead and a new one, on
   // the current version, follows (the task's version may be gone from the delta history).
   auto pend = pending_.find(m.client_id);
-  if (pend == pending_.end() || !phase_ || pend->second.evaluate) return;
+  if (pend == pending_.end() || !phase_ || phase_->closing || pend->second.evaluate) return;
   Pending& q = pend->second;
   if (same_connection && q.sent_to == r.peer && m.model_version == q.sent_version) return;
   if (phase_->secure || phase_->roster) {
@@ -292,7 +296,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
     // could then never answer: it drops out now instead of holding the step to its deadline. An
     // edge aggregator that registers again has lost its relay of the round: it drops out too.
     if (phase_->secure && phase_->stage == SecureStage::kAdvertise && !phase_->task &&
-        p.info.role != pr::Role::kAggregator) {
+        phase_->secure->relayedBy(m.client_id).empty() &&
+        phase_->secure->inStep(SecureStage::kAdvertise, m.client_id)) {
       if (socket_.send(p.routing, phase_->secure->request(SecureStage::kAdvertise, m.client_id))) {
         q.sent_to = p.routing;
         q.sent_version = p.info.model_version;
@@ -443,31 +448,16 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   pending_.erase(pend);
 }
 
-namespace {
-pr::MessageKind answerOf(SecureStage s) {
-  switch (s) {
-    case SecureStage::kAdvertise:
-      return pr::MessageKind::kSecAggKeys;
-    case SecureStage::kShareKeys:
-      return pr::MessageKind::kSecAggShares;
-    case SecureStage::kMaskedInput:
-      return pr::MessageKind::kSecAggMasked;
-    case SecureStage::kUnmask:
-      return pr::MessageKind::kSecAggReveal;
-  }
-  return pr::MessageKind::kSecAggKeys;
-}
-}  // namespace
-
 void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::MessageKind kind) {
   const uint64_t id = peer.info.id;
   auto pend = pending_.find(id);
-  if (!phase_ || !phase_->secure || kind != answerOf(phase_->stage))
+  if (!phase_ || !phase_->secure || kind != answerKind(phase_->stage))
     failInput(Errc::kUnexpectedMessage, "a ", pr::kindName(kind),
               " when no secure-aggregation step takes it");
   // An edge aggregator answers the masked-input step with its clients' ring sum; its other steps'
   // answers come in a SecAggRelay (a message of another kind does not close its step).
-  if (peer.info.role == pr::Role::kAggregator && kind != pr::MessageKind::kSecAggMasked)
+  const bool relays = !phase_->secure->relayedBy(id).empty();
+  if (relays && kind != pr::MessageKind::kSecAggMasked)
     failInput(Errc::kUnexpectedMessage, "edge aggregator ", id, " sent a ", pr::kindName(kind),
               " of its own");
   if (pend == pending_.end() || pend->second.evaluate)
@@ -477,7 +467,7 @@ void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::Messag
   expired_[id].add(nonce);
   pending_.erase(pend);
   try {
-    if (peer.info.role == pr::Role::kAggregator) {
+    if (relays) {
       phase_->secure->replyRelayed(id, r.bytes());
     } else {
       phase_->secure->reply(phase_->stage, id, r.bytes());
@@ -501,6 +491,8 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
   const pr::SecAggRelayMsg m =
       pr::decodeSecAggRelay(r.bytes(), pr::SecAggLimits{config_.limits.max_message_bytes});
   if (m.from != id) failInput(Errc::kWrongSender, "a relay from ", id, " names ", m.from);
+  if (!m.common.empty())
+    failInput(Errc::kUnexpectedEncoding, "aggregator ", id, " relayed a setup of its own");
   auto pend = pending_.find(id);
   const bool roster = phase_ && phase_->roster;
   if (!phase_ || (!roster && (!phase_->secure || phase_->task)))
@@ -510,8 +502,24 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
   const pr::RelayStage want = roster ? pr::RelayStage::kRoster : relayStageOf(phase_->stage);
   const uint64_t round = roster ? phase_->roster_round : phase_->secure->round();
   const uint64_t nonce = roster ? phase_->roster_nonce : phase_->secure->nonce();
-  if (m.stage != want || m.round != round || m.nonce != nonce)
-    failInput(Errc::kLate, "aggregator ", id, "'s relay of another step or exchange");
+  if (m.round != round || m.nonce != nonce)
+    failInput(Errc::kLate, "aggregator ", id, "'s relay of another exchange");
+  if (m.stage != want)
+    failInput(Errc::kUnexpectedMessage, "aggregator ", id, "'s relay of another step");
+  if (roster) {
+    // The clients it brings: none of this root's own nor an aggregator, within the ids secure
+    // aggregation takes, at most kMaxRoster (a client two aggregators name is dropped from both
+    // by the engine).
+    if (m.items.size() > kMaxRoster)
+      failInput(Errc::kSizeMismatch, "aggregator ", id, " names ", m.items.size(),
+                " clients, at most ", kMaxRoster, " allowed");
+    for (const auto& it : m.items)
+      if (clients_.count(it.client) || config_.aggregator_ids.count(it.client) ||
+          it.client >= privacy::kMaxSecAggId)
+        failInput(Errc::kWrongSender, "aggregator ", id, " names client ", it.client,
+                  ", which it cannot relay (the root's own, an aggregator, or an id beyond ",
+                  privacy::kMaxSecAggId, ")");
+  }
   expired_[id].add(pend->second.nonce);
   pending_.erase(pend);
   phase_->report->uplink_bytes += r.bytes().size();
@@ -522,14 +530,9 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
     for (const auto& it : m.items) cs.push_back(it.client);
     return;
   }
-  const std::span<const uint64_t> mine = phase_->secure->relayedBy(id);
   for (const auto& it : m.items) {
     try {
-      if (!std::binary_search(mine.begin(), mine.end(), it.client) ||
-          !phase_->secure->inStep(phase_->stage, it.client))
-        failInput(Errc::kWrongSender, "aggregator ", id, " relayed an answer of client ", it.client,
-                  ", which it does not relay in this step");
-      phase_->secure->reply(phase_->stage, it.client, it.message);
+      phase_->secure->replyVia(id, phase_->stage, it.client, it.message);
     } catch (const InputError& e) {
       refuse(peer.routing, e.code(),
              "aggregator " + std::to_string(id) + ", client " + std::to_string(it.client) + ": " +
@@ -538,22 +541,26 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
   }
 }
 
-bool ZmqFleet::sendRelay(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
-                         uint64_t& bytes) {
-  pr::SecAggRelayMsg m{0, round.round(), round.nonce(), relayStageOf(stage), deadline_ms, {}};
-  for (uint64_t c : round.relayedBy(peer.info.id))
-    if (round.inStep(stage, c)) m.items.push_back({c, round.request(stage, c)});
-  if (m.items.empty()) return false;
-  const std::vector<uint8_t> msg = pr::encode(m);
+bool ZmqFleet::sendStep(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
+                        uint64_t& bytes) {
+  std::vector<uint8_t> msg;
+  if (!round.relayedBy(peer.info.id).empty()) {
+    const pr::SecAggRelayMsg m = relayRequest(round, peer.info.id, stage, deadline_ms);
+    if (m.items.empty()) return false;
+    msg = pr::encode(m);
+  } else {
+    if (!round.inStep(stage, peer.info.id)) return false;
+    msg = round.request(stage, peer.info.id);
+  }
   if (!socket_.send(peer.routing, msg)) return false;
   bytes += msg.size();
   return true;
 }
 
 std::map<uint64_t, std::vector<uint64_t>> ZmqFleet::secureRoster(
-    std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms) {
+    std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms,
+    PhaseReport& report) {
   std::map<uint64_t, std::vector<uint64_t>> roster;
-  PhaseReport report;
   auto rng = seededRng();
   Phase ph;
   ph.report = &report;
@@ -564,25 +571,33 @@ std::map<uint64_t, std::vector<uint64_t>> ZmqFleet::secureRoster(
   pending_.clear();
   PhaseReset reset{this};
   const std::vector<uint8_t> ask = pr::encode(
-      pr::SecAggRelayMsg{0, round, ph.roster_nonce, pr::RelayStage::kRoster, deadline_ms, {}});
+      pr::SecAggRelayMsg{0, round, ph.roster_nonce, pr::RelayStage::kRoster, deadline_ms, {}, {}});
   for (const ClientInfo& c : aggregators) {
     auto it = clients_.find(c.id);
     if (it == clients_.end() || it->second.info.role != pr::Role::kAggregator ||
-        !socket_.send(it->second.routing, ask))
+        !socket_.send(it->second.routing, ask)) {
+      report.failed.push_back(c.id);
       continue;
+    }
+    report.downlink_bytes += ask.size();
     pending_[c.id] = Pending{randomNonZero(rng),           false,
                              it->second.info.num_examples, it->second.info.eval_examples,
                              it->second.info.role,         it->second.routing,
                              it->second.info.model_version};
   }
+  const uint64_t refused_before = refusedTotal();
   const auto deadline = config_.clock->now() + milliseconds(deadline_ms);
   while (!pending_.empty() && config_.clock->now() < deadline) {
     poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
   }
-  for (const auto& [id, p] : pending_)
+  takeQueued();
+  report.refused = refusedTotal() - refused_before;
+  for (const auto& [id, p] : pending_) {
+    report.failed.push_back(id);
     log_->info("edge aggregator {} did not say which clients it brings to round {} in time", id,
                round);
+  }
   return roster;
 }
 
@@ -638,8 +653,10 @@ void ZmqFleet::expireSilent() {
   }
 }
 
-void ZmqFleet::takeQueued() {
-  for (size_t i = 0; i < 1000 && !pending_.empty(); ++i) {
+void ZmqFleet::takeQueued(size_t target) {
+  if (!phase_) return;
+  phase_->closing = true;  // no task is sent again now
+  for (size_t i = 0; i < 1000 && !pending_.empty() && phase_->accepted < target; ++i) {
     auto r = socket_.receive(milliseconds(0));
     if (!r) return;
     handle(*r);
@@ -714,18 +731,9 @@ PhaseReport ZmqFleet::exchange(SecureStage stage, SecureSteps& round,
       report.failed.push_back(c.id);
       continue;
     }
-    if (it->second.info.role == pr::Role::kAggregator) {
-      if (!sendRelay(it->second, round, stage, deadline_ms, report.downlink_bytes)) {
-        report.failed.push_back(c.id);
-        continue;
-      }
-    } else {
-      const std::vector<uint8_t> request = round.request(stage, c.id);
-      if (!socket_.send(it->second.routing, request)) {
-        report.failed.push_back(c.id);
-        continue;
-      }
-      report.downlink_bytes += request.size();
+    if (!sendStep(it->second, round, stage, deadline_ms, report.downlink_bytes)) {
+      report.failed.push_back(c.id);
+      continue;
     }
     pending_[c.id] = Pending{randomNonZero(rng),           false,
                              it->second.info.num_examples, it->second.info.eval_examples,
@@ -767,19 +775,10 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
     if (it != clients_.end() && task.secure) {
       // Its shares first (an aggregator's, those of its clients): the task that follows on the
       // same connection is answered with them.
-      if (it->second.info.role == pr::Role::kAggregator) {
-        if (!sendRelay(it->second, *task.secure, SecureStage::kMaskedInput, task.header.deadline_ms,
-                       report.downlink_bytes)) {
-          report.failed.push_back(c.id);
-          continue;
-        }
-      } else {
-        const std::vector<uint8_t> shares = task.secure->request(SecureStage::kMaskedInput, c.id);
-        if (!socket_.send(it->second.routing, shares)) {
-          report.failed.push_back(c.id);
-          continue;
-        }
-        report.downlink_bytes += shares.size();
+      if (!sendStep(it->second, *task.secure, SecureStage::kMaskedInput, task.header.deadline_ms,
+                    report.downlink_bytes)) {
+        report.failed.push_back(c.id);
+        continue;
       }
     }
     if (it == clients_.end() || !sendTask(it->second, nonce)) {
@@ -800,7 +799,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
     poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
   }
-  if (ph.accepted < target) takeQueued();
+  if (ph.accepted < target) takeQueued(target);
   report.refused = refusedTotal() - refused_before;
   for (const auto& [id, p] : pending_) {
     report.failed.push_back(id);

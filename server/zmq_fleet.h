@@ -86,10 +86,14 @@ class ZmqFleet final : public Fleet {
   PhaseReport exchange(SecureStage stage, SecureSteps& round,
                        std::span<const ClientInfo> participants, uint32_t deadline_ms) override;
   // Each aggregator is sent a SecAggRelay of stage kRoster and answers with the clients it will
-  // bring; one that does not answer within `deadline_ms` is left out.
+  // bring; one that does not answer within `deadline_ms` is left out. A roster is refused whole
+  // (kSizeMismatch, kWrongSender) beyond kMaxRoster clients, or naming a peer registered at this
+  // root, a listed aggregator, or an id secure aggregation cannot take.
   std::map<uint64_t, std::vector<uint64_t>> secureRoster(std::span<const ClientInfo> aggregators,
-                                                         uint64_t round,
-                                                         uint32_t deadline_ms) override;
+                                                         uint64_t round, uint32_t deadline_ms,
+                                                         PhaseReport& report) override;
+  // The most clients an edge aggregator may bring to a secure round.
+  static constexpr size_t kMaxRoster = 100'000;
   void finish(const std::string& reason) override;
 
   // Called on every turn of the fleet's receive loops (about every 100 ms at most), on the
@@ -160,10 +164,11 @@ class ZmqFleet final : public Fleet {
   void handleUpdate(const transport::Received& r, Peer& peer, bool partial);
   void handleSecure(const transport::Received& r, Peer& peer, protocol::MessageKind kind);
   void handleRelay(const transport::Received& r, Peer& peer);
-  // Sends edge aggregator `peer` the step's requests of the clients it relays that take part in
-  // it; false when there are none or the send failed.
-  bool sendRelay(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
-                 uint64_t& bytes);
+  // Sends `peer` its message of `stage`: an edge aggregator that relays clients of the round the
+  // requests of those in the step (relayRequest), a client its request; false (nothing sent) when
+  // it has none or the send failed. Adds the bytes sent to `bytes`.
+  bool sendStep(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
+                uint64_t& bytes);
   void handleEvaluation(const transport::Received& r, Peer& peer);
   // Who sent `r`, for a log line: the client its key is listed as, the client registered on its
   // connection, or neither.
@@ -174,9 +179,10 @@ class ZmqFleet final : public Fleet {
   void expireSilent();
   Peer* peerOf(const transport::Received& r);
   void poll(std::chrono::milliseconds timeout);
-  // At a step's deadline, what is already queued for it (at most 1,000 messages): an answer
-  // that arrived in time counts, however late the loop came round to it.
-  void takeQueued();
+  // At a step's deadline, what is already queued for it (at most 1,000 messages, until `target`
+  // answers were accepted): an answer that arrived in time counts, however late the loop came
+  // round to it. No task is sent again from then on (a registration then does not get it).
+  void takeQueued(size_t target = SIZE_MAX);
 
   FleetConfig config_;
   std::shared_ptr<const ParamLayout> layout_;

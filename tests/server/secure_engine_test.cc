@@ -202,13 +202,12 @@ TEST_CASE("secure aggregation of a shared support: the compressed mean from k ri
     DYNAMIC_SECTION(spec) {
       SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
       const auto comp = compression::makeCompressor(spec);
+      // A quarter of each tensor: 32 of w's 128 values and 4 of b's 16.
       const uint64_t dim = server::secureDim(*comp, *l, 5, 1);
-      CHECK(dim == comp->sharedSupport(*l, {5, 1, 0, 0, nullptr}).positions.size());
-      CHECK(dim < n / 3);
-      std::map<uint64_t, size_t> words;  // per client, the masked words the root received
+      CHECK(dim == 36);
+      std::map<uint64_t, std::vector<uint8_t>> inputs;  // per client, what the root received
       fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
-        if (s == SecureStage::kMaskedInput)
-          words[id] = protocol::decodeSecAggMasked(ans, dim).input.words.size();
+        if (s == SecureStage::kMaskedInput) inputs[id] = ans;
         return ans;
       };
       auto c = secureConfig(12, 1.0);
@@ -216,8 +215,15 @@ TEST_CASE("secure aggregation of a shared support: the compressed mean from k ri
       server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
       const server::RoundRecord rec = engine.runRound(fleet);
       REQUIRE(rec.applied);
-      REQUIRE(words.size() == 12);
-      for (const auto& [id, w] : words) CHECK(w == dim);
+      REQUIRE(inputs.size() == 12);
+      for (const auto& [id, bytes] : inputs) {
+        // dim words, not the model's n: a masked input of n words would not decode, and the
+        // message is smaller than the n words alone.
+        CHECK(protocol::decodeSecAggMasked(bytes, dim).input.words.size() == dim);
+        CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggMasked(bytes, n); }) ==
+              Errc::kSizeMismatch);
+        CHECK(bytes.size() < 4 * n);
+      }
       // The mean of what each client's compressor sent (its own block or positions of the
       // round), in double, within the ring's rounding for 12 clients of dim values.
       std::vector<double> want(n, 0.0);
@@ -627,7 +633,7 @@ struct RelayedRound {
   std::map<uint64_t, client::SecureParty> parties;
 
   RelayedRound() {
-    for (uint64_t a : {100, 101}) relays.try_emplace(a, a, rules);
+    for (uint64_t a : {100, 101}) relays.try_emplace(a, a);
   }
   std::vector<uint8_t> answer(SecureStage s, uint64_t c, const std::vector<uint8_t>& req) {
     if (s == SecureStage::kAdvertise) return parties.try_emplace(c, c).first->second.setup(req);
@@ -640,15 +646,13 @@ struct RelayedRound {
   }
   // What the root sends aggregator `a` for step `s`.
   protocol::SecAggRelayMsg down(uint64_t a, SecureStage s) {
-    protocol::SecAggRelayMsg m{0, round.round(), round.nonce(), server::relayStageOf(s), 1000, {}};
-    for (uint64_t c : round.relayedBy(a))
-      if (round.inStep(s, c)) m.items.push_back({c, round.request(s, c)});
-    return protocol::decodeSecAggRelay(protocol::encode(m));
+    return protocol::decodeSecAggRelay(protocol::encode(server::relayRequest(round, a, s, 1000)));
   }
   // Aggregator `a` relays step `s` to its clients; what it sends up (a relay, or the ring sum).
   std::vector<uint8_t> relay(uint64_t a, SecureStage s) {
     server::SecureRelay& r = relays.at(a);
     r.take(down(a, s));
+    if (s == SecureStage::kMaskedInput) r.setMetricRules(rules);  // from the secure task
     for (uint64_t c : r.clients()) r.reply(s, c, answer(s, c, r.request(s, c)));
     return s == SecureStage::kMaskedInput ? *r.maskedUp() : r.answerUp();
   }
@@ -750,11 +754,17 @@ TEST_CASE("secure aggregation's relay refuses what an aggregator must not forwar
   protocol::SecAggRelayMsg early = tree.down(100, SecureStage::kAdvertise);
   early.stage = protocol::RelayStage::kShareKeys;
   CHECK(testing::codeOf([&] { r.take(early); }) == Errc::kUnexpectedMessage);
-  // Setups that differ between its clients (a root showing each another round).
-  protocol::SecAggRelayMsg split = tree.down(100, SecureStage::kAdvertise);
-  split.items[1].message = split.items[0].message;
-  split.items[1].message.back() ^= 1;
-  CHECK(testing::codeOf([&] { r.take(split); }) == Errc::kInconsistentShares);
+  // An advertise step without its setup, or with a setup of another round.
+  protocol::SecAggRelayMsg bare = tree.down(100, SecureStage::kAdvertise);
+  REQUIRE(bare.common.size() > 0);
+  for (const auto& it : bare.items) CHECK(it.message.empty());  // the setup travels once
+  bare.common.clear();
+  CHECK(testing::codeOf([&] { r.take(bare); }) == Errc::kMissingField);
+  protocol::SecAggRelayMsg other = tree.down(100, SecureStage::kAdvertise);
+  protocol::SecAggSetupMsg setup = protocol::decodeSecAggSetup(other.common);
+  setup.params.round = 2;
+  other.common = protocol::encode(setup);
+  CHECK(testing::codeOf([&] { r.take(other); }) == Errc::kWrongRound);
   r.take(tree.down(100, SecureStage::kAdvertise));
   // An answer of another kind, or of a client it was not sent the step of.
   CHECK(testing::codeOf([&] {
@@ -763,13 +773,25 @@ TEST_CASE("secure aggregation's relay refuses what an aggregator must not forwar
   const auto keys0 = tree.answer(SecureStage::kAdvertise, 0, r.request(SecureStage::kAdvertise, 0));
   CHECK(testing::codeOf([&] { r.reply(SecureStage::kAdvertise, 6, keys0); }) ==
         Errc::kUnexpectedMessage);
+  // Another client's keys as its own.
+  CHECK(testing::codeOf([&] { r.reply(SecureStage::kAdvertise, 1, keys0); }) == Errc::kWrongSender);
   r.reply(SecureStage::kAdvertise, 0, keys0);
   CHECK(testing::codeOf([&] { r.reply(SecureStage::kAdvertise, 0, keys0); }) == Errc::kDuplicate);
+  // The same step's relay again, once it moved on: refused.
+  for (uint64_t c : {1, 2})
+    r.reply(SecureStage::kAdvertise, c,
+            tree.answer(SecureStage::kAdvertise, c, r.request(SecureStage::kAdvertise, c)));
+  tree.up(100, SecureStage::kAdvertise, r.answerUp());
+  for (uint64_t a : {101})
+    tree.up(a, SecureStage::kAdvertise, tree.relay(a, SecureStage::kAdvertise));
+  const protocol::SecAggRelayMsg share = tree.down(100, SecureStage::kShareKeys);
+  r.take(share);
+  CHECK(testing::codeOf([&] { r.take(share); }) == Errc::kDuplicate);
 }
 
 TEST_CASE("secure aggregation's relay message: round trip and hostile bytes", "[secagg]") {
   protocol::SecAggRelayMsg m{
-      100, 3, 77, protocol::RelayStage::kShareKeys, 1500, {{1, {1, 2, 3}}, {4, {9}}}};
+      100, 3, 77, protocol::RelayStage::kShareKeys, 1500, {{1, {1, 2, 3}}, {4, {9}}}, {}};
   const auto back = protocol::decodeSecAggRelay(protocol::encode(m));
   CHECK(back.from == 100);
   CHECK(back.round == 3);
@@ -791,6 +813,13 @@ TEST_CASE("secure aggregation's relay message: round trip and hostile bytes", "[
   bad = m;
   bad.stage = protocol::RelayStage::kRoster;
   CHECK(code(bad) == Errc::kUnexpectedEncoding);  // a roster carries ids only
+  bad = m;
+  bad.common = {5, 5};  // a common message outside the advertise step
+  CHECK(code(bad) == Errc::kUnexpectedEncoding);
+  bad.stage = protocol::RelayStage::kAdvertise;  // beside items with messages of their own
+  CHECK(code(bad) == Errc::kUnexpectedEncoding);
+  for (auto& it : bad.items) it.message.clear();
+  CHECK(protocol::decodeSecAggRelay(protocol::encode(bad)).common == std::vector<uint8_t>{5, 5});
   bad = m;
   bad.stage = static_cast<protocol::RelayStage>(9);
   CHECK(code(bad) == Errc::kUnexpectedEncoding);

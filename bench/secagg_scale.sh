@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The cost of SecAgg+ as the round grows (docs/performance.md, "Secure aggregation at 1,000 and
+# 10,000 clients a round"): starling-sim with the real protocol among its simulated clients, one
+# worker, every client of a pool of N taking part in ROUNDS rounds (sampled:size=60 shards of
+# Fashion-MNIST, the MODEL, dense updates of uniform weights), once in the clear and once under
+# secagg.enabled. Per client a round: the uplink and downlink bytes, what secure aggregation adds
+# to them (against the dense update's bytes), and the wall seconds the round took (one thread: the
+# clients' training, masking and the server's unmasking, all on it), and the whole run's CPU
+# seconds and peak memory (/usr/bin/time: start-up included, the same in both). Runs are skipped
+# when their metrics file is complete, so the script resumes.
+#
+# Usage: bench/secagg_scale.sh [OUT] [BIN]
+#   OUT  folder of the metrics files (default secagg-scale)
+#   BIN  starling-sim (default build/bin/starling-sim)
+# Environment: SIZES ("100 1000 10000"), ROUNDS (2), MODEL (mlp), CLIP (0.3).
+set -euo pipefail
+out=${1:-secagg-scale}
+bin=${2:-build/bin/starling-sim}
+sizes=${SIZES:-100 1000 10000}
+rounds=${ROUNDS:-2}
+model=${MODEL:-mlp}
+clip=${CLIP:-0.3}
+[ -x "$bin" ] || { echo "secagg_scale: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
+mkdir -p "$out"
+
+for n in $sizes; do
+  for mode in plain secagg; do
+    f="$out/n$n-$mode.jsonl"
+    if [ -f "$f" ] && [ "$(wc -l < "$f")" -ge "$rounds" ]; then continue; fi
+    rm -f "$f"
+    if [ "$mode" = secagg ]; then
+      extra=(--secagg.enabled true --secagg.clip "$clip")
+    else
+      extra=(--aggregation.rule "fedavg:weight=uniform,clip=$clip")
+    fi
+    echo "secagg_scale: $n clients a round, $mode" >&2
+    /usr/bin/time -o "$out/n$n-$mode.time" -f "%U %S %M" \
+      "$bin" --model.spec "$model" --data.num_clients "$n" --data.partition sampled:size=60 \
+      --sampling.clients_per_round "$n" --train.rounds "$rounds" \
+      --train.lr 0.1 --train.batch_size 20 --compression.compressor none --eval.every 0 \
+      --sim.workers 1 --sim.device cpu --state.metrics "$f" "${extra[@]}" > "$out/n$n-$mode.log" 2>&1
+  done
+done
+
+python3 - "$out" $sizes <<'PY'
+import json, sys, os
+out, sizes = sys.argv[1], sys.argv[2:]
+print("| clients a round | uplink / client, plain | under SecAgg+ | added (of the dense update) "
+      "| downlink / client, plain | under SecAgg+ | seconds a round, plain | under SecAgg+ "
+      "| run's CPU s, plain | under SecAgg+ | peak memory, plain | under SecAgg+ |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for n in sizes:
+    rows = {}
+    for mode in ("plain", "secagg"):
+        path = os.path.join(out, f"n{n}-{mode}.jsonl")
+        if not os.path.exists(path):
+            break
+        recs = [json.loads(l) for l in open(path)]
+        done = sum(r["clients_completed"] for r in recs)
+        user, system, rss = open(os.path.join(out, f"n{n}-{mode}.time")).read().split()[-3:]
+        rows[mode] = (sum(r["uplink_bytes"] for r in recs) / done,
+                      sum(r["downlink_bytes"] for r in recs) / done,
+                      sum(r["wall_seconds"] for r in recs) / len(recs),
+                      float(user) + float(system), int(rss) / 1024)
+    if len(rows) < 2:
+        continue
+    p, s = rows["plain"], rows["secagg"]
+    print(f"| {int(n):,} | {p[0]:,.0f} B | {s[0]:,.0f} B | {s[0] - p[0]:,.0f} B ({100 * (s[0] - p[0]) / p[0]:.2f}%) "
+          f"| {p[1]:,.0f} B | {s[1]:,.0f} B | {p[2]:.1f} | {s[2]:.1f} | {p[3]:.0f} | {s[3]:.0f} "
+          f"| {p[4]:,.0f} MB | {s[4]:,.0f} MB |")
+PY
