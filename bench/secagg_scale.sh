@@ -12,7 +12,9 @@
 # Usage: bench/secagg_scale.sh [OUT] [BIN]
 #   OUT  folder of the metrics files (default secagg-scale)
 #   BIN  starling-sim (default build/bin/starling-sim)
-# Environment: SIZES ("100 1000 10000"), ROUNDS (2), MODEL (mlp), CLIP (0.3).
+# Environment: SIZES ("100 1000 10000"), ROUNDS (2), MODEL (mlp), CLIP (0.3), BITS_FOR (the ring's
+# bits by size, "10000:33": at 10,000 clients of the MLP 32 bits would round away too much, and
+# starling-sim refuses them with the bits it takes; 32 otherwise).
 set -euo pipefail
 out=${1:-secagg-scale}
 bin=${2:-build/bin/starling-sim}
@@ -20,6 +22,12 @@ sizes=${SIZES:-100 1000 10000}
 rounds=${ROUNDS:-2}
 model=${MODEL:-mlp}
 clip=${CLIP:-0.3}
+bits_for=${BITS_FOR:-10000:33}
+bits_of() {
+  local b
+  for b in $bits_for; do [ "${b%%:*}" = "$1" ] && { echo "${b#*:}"; return; }; done
+  echo 32
+}
 [ -x "$bin" ] || { echo "secagg_scale: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
 mkdir -p "$out"
 
@@ -29,7 +37,7 @@ for n in $sizes; do
     if [ -f "$f" ] && [ "$(wc -l < "$f")" -ge "$rounds" ]; then continue; fi
     rm -f "$f"
     if [ "$mode" = secagg ]; then
-      extra=(--secagg.enabled true --secagg.clip "$clip")
+      extra=(--secagg.enabled true --secagg.clip "$clip" --secagg.bits "$(bits_of "$n")")
     else
       extra=(--aggregation.rule "fedavg:weight=uniform,clip=$clip")
     fi

@@ -580,24 +580,12 @@ std::map<uint64_t, std::vector<uint64_t>> ZmqFleet::secureRoster(
       continue;
     }
     report.downlink_bytes += ask.size();
-    pending_[c.id] = Pending{randomNonZero(rng),           false,
-                             it->second.info.num_examples, it->second.info.eval_examples,
-                             it->second.info.role,         it->second.routing,
-                             it->second.info.model_version};
+    pending_[c.id] = pendingOf(it->second, randomNonZero(rng));
   }
-  const uint64_t refused_before = refusedTotal();
-  const auto deadline = config_.clock->now() + milliseconds(deadline_ms);
-  while (!pending_.empty() && config_.clock->now() < deadline) {
-    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
-    expireSilent();
-  }
-  takeQueued();
-  report.refused = refusedTotal() - refused_before;
-  for (const auto& [id, p] : pending_) {
-    report.failed.push_back(id);
+  awaitAnswers(deadline_ms, report, [&](uint64_t id) {
     log_->info("edge aggregator {} did not say which clients it brings to round {} in time", id,
                round);
-  }
+  });
   return roster;
 }
 
@@ -650,6 +638,27 @@ void ZmqFleet::expireSilent() {
     } else {
       ++it;
     }
+  }
+}
+
+ZmqFleet::Pending ZmqFleet::pendingOf(const Peer& p, uint64_t nonce, bool evaluate) const {
+  return Pending{nonce,       evaluate,  p.info.num_examples, p.info.eval_examples,
+                 p.info.role, p.routing, p.info.model_version};
+}
+
+void ZmqFleet::awaitAnswers(uint32_t deadline_ms, PhaseReport& report,
+                            const std::function<void(uint64_t)>& missed) {
+  const uint64_t refused_before = refusedTotal();
+  const auto deadline = config_.clock->now() + milliseconds(deadline_ms);
+  while (!pending_.empty() && config_.clock->now() < deadline) {
+    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
+    expireSilent();
+  }
+  takeQueued();
+  report.refused = refusedTotal() - refused_before;
+  for (const auto& [id, p] : pending_) {
+    report.failed.push_back(id);
+    missed(id);
   }
 }
 
@@ -735,24 +744,12 @@ PhaseReport ZmqFleet::exchange(SecureStage stage, SecureSteps& round,
       report.failed.push_back(c.id);
       continue;
     }
-    pending_[c.id] = Pending{randomNonZero(rng),           false,
-                             it->second.info.num_examples, it->second.info.eval_examples,
-                             it->second.info.role,         it->second.routing,
-                             it->second.info.model_version};
+    pending_[c.id] = pendingOf(it->second, randomNonZero(rng));
   }
-  const uint64_t refused_before = refusedTotal();
-  const auto deadline = config_.clock->now() + milliseconds(deadline_ms);
-  while (!pending_.empty() && config_.clock->now() < deadline) {
-    poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
-    expireSilent();
-  }
-  takeQueued();
-  report.refused = refusedTotal() - refused_before;
-  for (const auto& [id, p] : pending_) {
-    report.failed.push_back(id);
+  awaitAnswers(deadline_ms, report, [&](uint64_t id) {
     log_->info("client {} did not answer secure aggregation's {} step of round {} in time", id,
                stageName(stage), round.round());
-  }
+  });
   return report;
 }
 
@@ -785,13 +782,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
       report.failed.push_back(c.id);
       continue;
     }
-    pending_[c.id] = Pending{nonce,
-                             false,
-                             it->second.info.num_examples,
-                             it->second.info.eval_examples,
-                             it->second.info.role,
-                             it->second.routing,
-                             it->second.info.model_version};
+    pending_[c.id] = pendingOf(it->second, nonce);
   }
   const uint64_t refused_before = refusedTotal();
   const auto deadline = config_.clock->now() + milliseconds(task.header.deadline_ms);
@@ -822,13 +813,7 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
     auto it = clients_.find(c.id);
     const uint64_t nonce = randomNonZero(rng);
     if (it != clients_.end() && sendTask(it->second, nonce))
-      pending_[c.id] = Pending{nonce,
-                               true,
-                               it->second.info.num_examples,
-                               it->second.info.eval_examples,
-                               it->second.info.role,
-                               it->second.routing,
-                               it->second.info.model_version};
+      pending_[c.id] = pendingOf(it->second, nonce, true);
   }
   const auto deadline = config_.clock->now() + milliseconds(task.header.deadline_ms);
   while (!pending_.empty() && config_.clock->now() < deadline) {

@@ -183,6 +183,13 @@ class ZmqFleet final : public Fleet {
   // answers were accepted): an answer that arrived in time counts, however late the loop came
   // round to it. No task is sent again from then on (a registration then does not get it).
   void takeQueued(size_t target = SIZE_MAX);
+  // A task or step sent to `p` now, with `nonce` (its caps frozen).
+  Pending pendingOf(const Peer& p, uint64_t nonce, bool evaluate = false) const;
+  // A secure step's wait: until every pending peer answered or `deadline_ms` passed (then what is
+  // queued is taken); each peer still pending fails the step in `report` (its refusals counted
+  // there too), and is named to `missed`.
+  void awaitAnswers(uint32_t deadline_ms, PhaseReport& report,
+                    const std::function<void(uint64_t)>& missed);
 
   FleetConfig config_;
   std::shared_ptr<const ParamLayout> layout_;
