@@ -56,7 +56,8 @@ inline server::EngineConfig engineConfig(const Settings& s) {
     const auto end = std::to_chars(buf, buf + sizeof buf, s.privacy.clip).ptr;
     e.scheme.rule = "fedavg:weight=uniform,clip=" + std::string(buf, end);
   }
-  if (s.secagg.enabled) {
+  // An edge aggregator relays its root's secure aggregation: the keys are the root's.
+  if (s.secagg.enabled && s.server.role == ServerRole::kRoot) {
     e.secagg = {true, s.secagg.neighbours, s.secagg.threshold, s.secagg.bits, s.secagg.clip};
     // The server sees the sum only: every update weighs alike (clipped by its client; under
     // central DP the rule above says so already).

@@ -222,6 +222,10 @@ int runServer(apps::Settings& c) {
   aggregation::makeServerOptimizer(ec.server_opt, 1);
   const ModelShape shape = modelShape(c);
   auto trainer = apps::makeDeployedTrainer(c.model.spec, shape.rows, shape.cols, shape.classes);
+  if (c.secagg.enabled && aggregator)
+    log->info(
+        "secagg.enabled is the root's setting: this aggregator relays the root's secure "
+        "aggregation (its steps to its clients, their masked inputs' ring sum up)");
   if (ec.scheme.scaffold && aggregator) {
     // One file serves the root, its aggregators and its clients: the setting is the
     // root's, and an aggregator relays what the root's tasks carry.

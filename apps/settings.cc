@@ -471,11 +471,11 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   // The masked words replace the update: the compressor none, unless a file says otherwise
   // (which the engine then refuses with the reason).
   if (s.secagg.enabled && !o.given("compression.compressor")) s.compression.compressor = "none";
-  if (self != kClient && s.secagg.enabled) {
-    if (self == kServer && s.server.role != ServerRole::kRoot)
-      STARLING_THROW(ConfigError,
-                     "secagg.enabled is the root's (an edge aggregator relays the root's "
-                     "secure aggregation without it): leave it out of server.role = aggregator");
+  // One file serves the root, its aggregators and its clients: secagg.* are the root's (and the
+  // simulator's); an edge aggregator relays whatever its root's rounds run (apps/server.cc says
+  // so), as a client does.
+  const bool relays = self == kServer && s.server.role != ServerRole::kRoot;
+  if (self != kClient && !relays && s.secagg.enabled) {
     if (buffered(s.round.mode))
       STARLING_THROW(ConfigError,
                      "secagg.enabled runs in synchronous rounds only, not round.mode "
@@ -500,7 +500,7 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      "weights: the server sees only the sum): leave aggregation.rule "
                      "out (it is ",
                      s.aggregation.rule, ")");
-  } else if (self != kClient) {
+  } else if (self != kClient && !relays) {
     for (const char* k : {"secagg.neighbours", "secagg.threshold", "secagg.bits", "secagg.clip"})
       if (o.given(k))
         STARLING_THROW(ConfigError, k, " is set but secagg.enabled is not (set it, or leave ", k,

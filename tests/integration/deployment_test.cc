@@ -87,6 +87,38 @@ TEST_CASE("root, two aggregators and eight clients train for three rounds with a
   CHECK(countOf(f.log("agg-100"), "sent the partial of 4 updates") == 3);
 }
 
+TEST_CASE(
+    "root, two aggregators and eight clients under secure aggregation: each aggregator relays its "
+    "clients' steps and sends one ring sum, and the model learns",
+    "[integration][server][secagg]") {
+  Federation f("tree-secagg");
+  const int port = freePort();
+  startTree(f, port,
+            {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+             "--eval.every", "1", "--secagg.enabled", "true", "--secagg.clip", "5",
+             "--state.metrics", f.path("metrics.jsonl"), "--round.deadline_ms", "30000"});
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 3);
+  double prev = 0.0;
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_selected") == "8");  // the round's clients, not its two peers
+    CHECK(field(l, "clients_completed") == "8");
+    CHECK(field(l, "clients_failed") == "0");
+    const double acc = std::stod(field(l, "test_accuracy"));
+    CHECK(acc > prev);
+    prev = acc;
+  }
+  CHECK(prev > 0.5);
+  for (const std::string name : {"agg-100", "agg-101", "client-0", "client-7"})
+    CHECK(f.proc(name).wait(seconds(20)) == 0);
+  CHECK(countOf(f.log("agg-100"), "sent the ring sum of 4 masked inputs") == 3);
+  CHECK(countOf(f.log("agg-101"), "sent the ring sum of 4 masked inputs") == 3);
+}
+
 TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
           "[integration][server][scaffold]") {
   Federation f("scaffold-config");
