@@ -136,12 +136,11 @@ void SharedSupport::scatter(std::span<const float> values, std::span<float> dens
     std::copy(values.begin(), values.end(), dense.begin());
     return;
   }
-  std::fill(dense.begin(), dense.end(), 0.0f);
-  for (size_t j = 0; j < positions.size(); ++j) {
-    STARLING_CHECK_ARG(positions[j] < dense.size(), "a shared support's position ", positions[j],
+  for (uint32_t p : positions)  // all checked before `dense` changes
+    STARLING_CHECK_ARG(p < dense.size(), "a shared support's position ", p,
                        " is outside a model of ", dense.size(), " values");
-    dense[positions[j]] = values[j];
-  }
+  std::fill(dense.begin(), dense.end(), 0.0f);
+  for (size_t j = 0; j < positions.size(); ++j) dense[positions[j]] = values[j];
 }
 
 std::string Compressor::secureRefusal() const {

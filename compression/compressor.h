@@ -74,7 +74,8 @@ struct SharedSupport {
   size_t size(size_t numel) const { return all ? numel : positions.size(); }
   // out[j] = dense[position j] (dense: numel values, out: size(numel)); InvalidArgument on sizes.
   void gather(std::span<const float> dense, std::span<float> out) const;
-  // dense[position j] = values[j], every other coordinate 0; InvalidArgument on sizes.
+  // dense[position j] = values[j], every other coordinate 0; InvalidArgument on sizes or a
+  // position outside `dense`, `dense` unchanged.
   void scatter(std::span<const float> values, std::span<float> dense) const;
 };
 

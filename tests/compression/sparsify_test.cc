@@ -257,4 +257,11 @@ TEST_CASE("a shared support holds every client's payload, in the payload's order
   CHECK_THROWS_AS(s.scatter(few, dense), InvalidArgument);
   std::vector<float> short_model(10), out(s.positions.size());
   CHECK_THROWS_AS(s.gather(short_model, out), InvalidArgument);
+  // A position outside the model: refused before anything is written.
+  std::vector<float> small(s.positions.size() + 1, 3.0f);
+  SharedSupport outside = s;
+  outside.positions.back() = static_cast<uint32_t>(small.size());
+  CHECK_THROWS_AS(outside.scatter(std::vector<float>(outside.positions.size(), 1.0f), small),
+                  InvalidArgument);
+  CHECK(std::all_of(small.begin(), small.end(), [](float v) { return v == 3.0f; }));
 }
