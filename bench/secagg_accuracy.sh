@@ -9,6 +9,7 @@
 #               BLOCK_BITS bits a value)
 #   dense-eps1  central DP at epsilon 1, delta 1e-5  (under SecAgg the root adds the noise to the
 #               unmasked sum)
+#   block-m     block with server momentum (fedavgm, eta 1, beta1 0.9) on the round's mean
 # Every run writes OUT/<variant>-<plain|secagg>.jsonl and is skipped when that file already has
 # ROUNDS lines (the script resumes). Then one table row per run: the mean of the last five
 # evaluations, the final one, and the mean uplink bytes per client a round.
@@ -17,7 +18,7 @@
 #   OUT  folder of the metrics files (default secagg-accuracy)
 #   BIN  starling-sim (default build/bin/starling-sim)
 # Environment: POOL (10000), Q (0.01), ROUNDS (300), CLIP (0.3), MODEL (mlp), SEED (1),
-# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), VARIANTS ("dense block dense-eps1").
+# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), VARIANTS ("dense block dense-eps1 block-m").
 set -euo pipefail
 out=${1:-secagg-accuracy}
 bin=${2:-build/bin/starling-sim}
@@ -30,7 +31,7 @@ seed=${SEED:-1}
 eval_every=${EVAL_EVERY:-10}
 block=${BLOCK:-0.05}
 block_bits=${BLOCK_BITS:-26}
-variants=${VARIANTS:-dense block dense-eps1}
+variants=${VARIANTS:-dense block dense-eps1 block-m}
 [ -x "$bin" ] || { echo "secagg_accuracy: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
 mkdir -p "$out"
 
@@ -44,12 +45,13 @@ for v in $variants; do
     case "$v" in
       dense) ;;
       block) comp="randblock:density=$block" ;;
+      block-m) comp="randblock:density=$block"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       dense-eps1) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5) ;;
-      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1)" >&2; exit 2 ;;
+      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m)" >&2; exit 2 ;;
     esac
     if [ "$mode" = secagg ]; then
       extra+=(--secagg.enabled true --secagg.clip "$clip")
-      [ "$v" = block ] && extra+=(--secagg.bits "$block_bits")
+      [ "${v%-m}" = block ] && extra+=(--secagg.bits "$block_bits")
     elif [ "$v" != dense-eps1 ]; then
       extra+=(--aggregation.rule "fedavg:weight=uniform,clip=$clip")
     fi
