@@ -1267,6 +1267,26 @@ TEST_CASE(
 
 namespace {
 
+// The run of a federation of `clients` clients once its root is done: its records, model and the
+// clients' update bytes, every client told to end by the Shutdown (but `gone`, which never ends
+// its fit); with `masked_each`, each sent that many updates (a masked input a round).
+TreeRun secureRun(InprocFederation& f, uint64_t clients, uint64_t masked_each,
+                  std::optional<uint64_t> gone = std::nullopt) {
+  const bool done = f.waitRootDone(seconds(120));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  TreeRun out;
+  for (uint64_t id = 0; id < clients; ++id) {
+    if (gone && id == *gone) continue;
+    REQUIRE(f.waitClientEnded(id, seconds(30)));
+    if (masked_each) CHECK(f.stats(id).updates_sent == masked_each);
+    out.update_bytes += f.stats(id).update_bytes;
+  }
+  out.records = f.records();
+  out.model = f.model();
+  return out;
+}
+
 // A root's rounds under secure aggregation: `rounds` of `clients` clients each (at least
 // `min_clients` results), the dense compressor, uniform weights, clip 100.
 server::EngineConfig secureEngine(uint64_t rounds, uint64_t clients, uint64_t min_clients) {
@@ -1294,18 +1314,7 @@ TreeRun runSecure(bool secure, uint64_t rounds, const std::string& compressor = 
   ec.secagg.enabled = secure;
   f.root(ec);
   for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
-  const bool done = f.waitRootDone(seconds(120));
-  INFO(f.error() << "\n" << f.logs());
-  REQUIRE(done);
-  TreeRun out;
-  for (uint64_t id = 0; id < 6; ++id) {
-    REQUIRE(f.waitClientEnded(id, seconds(30)));
-    CHECK(f.stats(id).updates_sent == rounds);  // a masked input each round, under secagg
-    out.update_bytes += f.stats(id).update_bytes;
-  }
-  out.records = f.records();
-  out.model = f.model();
-  return out;
+  return secureRun(f, 6, rounds);
 }
 
 }  // namespace
@@ -1528,18 +1537,7 @@ TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent 
                              : static_cast<int64_t>(ec.round_deadline_ms);
     f.clock().advance(std::chrono::milliseconds(waited + 1'000));
   }
-  const bool done = f.waitRootDone(seconds(120));
-  INFO(f.error() << "\n" << f.logs());
-  REQUIRE(done);
-  TreeRun out;
-  for (uint64_t id = 0; id < 6; ++id) {
-    if (silent && id == *silent) continue;
-    REQUIRE(f.waitClientEnded(id, seconds(30)));
-    out.update_bytes += f.stats(id).update_bytes;
-  }
-  out.records = f.records();
-  out.model = f.model();
-  return out;
+  return secureRun(f, 6, 0, silent);
 }
 
 }  // namespace

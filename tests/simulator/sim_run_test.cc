@@ -52,6 +52,20 @@ std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<
   return a;
 }
 
+// One secure-aggregation comparison's run of quick.toml on one worker: `rounds` rounds with
+// `compressor`, under secagg (clip 100) or in the clear with the same uniform weights; fails the
+// test, with its log, unless it ends well.
+void runSecureOrPlain(const TempDir& dir, const std::string& tag, int rounds,
+                      const std::string& compressor, bool secure) {
+  auto a = with(simArgs(dir, tag, 1, rounds), {"--compression.compressor", compressor});
+  a = secure ? with(a, {"--secagg.enabled", "true", "--secagg.clip", "100"})
+             : with(a, {"--aggregation.rule", "fedavg:weight=uniform"});
+  Proc p(a, dir / (tag + ".log"));
+  const int rc = p.wait(seconds(300));
+  INFO(readText(dir / (tag + ".log")));
+  REQUIRE(rc == 0);
+}
+
 }  // namespace
 
 TEST_CASE("one worker and two workers give the same run for the same seed",
@@ -1068,22 +1082,11 @@ TEST_CASE(
     "starling-sim runs secure aggregation: the plain mean's model, reproducible and resumable",
     "[simulator][integration][secagg]") {
   TempDir dir("simsecagg");
-  const auto args = [&](const std::string& tag, int rounds, bool secure) {
-    auto a = with(simArgs(dir, tag, 1, rounds), {"--compression.compressor", "none"});
-    if (secure) return with(a, {"--secagg.enabled", "true", "--secagg.clip", "100"});
-    return with(a, {"--aggregation.rule", "fedavg:weight=uniform"});
-  };
-  const auto run = [&](const std::vector<std::string>& a, const std::string& tag) {
-    Proc p(a, dir / (tag + ".log"));
-    const int rc = p.wait(seconds(300));
-    INFO(readText(dir / (tag + ".log")));
-    REQUIRE(rc == 0);
-  };
-  run(args("plain", 3, false), "plain");
-  run(args("sec", 3, true), "sec");
-  run(args("again", 3, true), "again");
-  run(args("resumed", 2, true), "resumed");
-  run(args("resumed", 3, true), "resumed2");  // the same checkpoint, one round more
+  runSecureOrPlain(dir, "plain", 3, "none", false);
+  runSecureOrPlain(dir, "sec", 3, "none", true);
+  runSecureOrPlain(dir, "again", 3, "none", true);
+  runSecureOrPlain(dir, "resumed", 2, "none", true);
+  runSecureOrPlain(dir, "resumed", 3, "none", true);  // the same checkpoint, one round more
   const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl");
   REQUIRE(p.size() == 3);
   REQUIRE(s.size() == 3);
@@ -1115,21 +1118,10 @@ TEST_CASE(
 TEST_CASE("starling-sim runs secure aggregation over random-block: k words a client, its model",
           "[simulator][integration][secagg]") {
   TempDir dir("simsecaggblock");
-  const auto args = [&](const std::string& tag, const std::string& compressor, bool secure) {
-    auto a = with(simArgs(dir, tag, 1, 3), {"--compression.compressor", compressor});
-    if (secure) return with(a, {"--secagg.enabled", "true", "--secagg.clip", "100"});
-    return with(a, {"--aggregation.rule", "fedavg:weight=uniform"});
-  };
-  const auto run = [&](const std::vector<std::string>& a, const std::string& tag) {
-    Proc p(a, dir / (tag + ".log"));
-    const int rc = p.wait(seconds(300));
-    INFO(readText(dir / (tag + ".log")));
-    REQUIRE(rc == 0);
-  };
-  run(args("plain", "randblock:density=0.1", false), "plain");
-  run(args("sec", "randblock:density=0.1", true), "sec");
-  run(args("dense", "none", true), "dense");
-  run(args("plaindense", "none", false), "plaindense");
+  runSecureOrPlain(dir, "plain", 3, "randblock:density=0.1", false);
+  runSecureOrPlain(dir, "sec", 3, "randblock:density=0.1", true);
+  runSecureOrPlain(dir, "dense", 3, "none", true);
+  runSecureOrPlain(dir, "plaindense", 3, "none", false);
   const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl"),
              d = readLines(dir / "dense.jsonl"), pd = readLines(dir / "plaindense.jsonl");
   REQUIRE(p.size() == 3);
