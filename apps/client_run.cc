@@ -80,8 +80,9 @@ int apps::clientMain(int argc, char** argv, const TrainerWrap& wrap) {
                   "Every key can be set in a TOML file (--config) or on the command line (which "
                   "wins); the file may be the simulation's (docs/configuration.md). Client i "
                   "trains shard i of the data.* files split as data.partition with model.seed.");
-  apps::declareSettings(o, c, apps::kClient,
-                        {apps::deployedModelsHelp(), compression::compressors().help(), "", ""});
+  apps::declareSettings(
+      o, c, apps::kClient,
+      {apps::deployedModelsHelp(), compression::compressors().help(), "", "", ""});
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
     apps::resolveSettings(o, c, apps::kClient);

@@ -381,7 +381,7 @@ int main(int argc, char** argv) {
   apps::declareSettings(
       o, c, apps::kServer,
       {apps::deployedModelsHelp(), compression::compressors().help(),
-       aggregation::aggregationRules().help(), aggregation::serverOptimizers().help()});
+       aggregation::aggregationRules().help(), aggregation::serverOptimizers().help(), ""});
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
     apps::resolveSettings(o, c, apps::kServer);

@@ -34,6 +34,19 @@ const Spellings<DpAccountantKind>& dpAccountants() {
                                              {"rdp", DpAccountantKind::kRdp}};
   return t;
 }
+const Spellings<SplitRole>& splitRoles() {
+  static const Spellings<SplitRole> t{{"pretrain", SplitRole::kPretrain},
+                                      {"inproc", SplitRole::kInproc},
+                                      {"cloud", SplitRole::kCloud},
+                                      {"edge", SplitRole::kEdge}};
+  return t;
+}
+const Spellings<SplitShift>& splitShifts() {
+  static const Spellings<SplitShift> t{{"classes", SplitShift::kClasses},
+                                       {"noise", SplitShift::kNoise},
+                                       {"rotate", SplitShift::kRotate}};
+  return t;
+}
 }  // namespace
 
 const char* name(DpMode m) { return spellingOf(dpModes(), m); }
@@ -41,6 +54,8 @@ const char* name(DpAccountantKind a) { return spellingOf(dpAccountants(), a); }
 const char* name(RoundMode m) { return spellingOf(roundModes(), m); }
 const char* name(ServerRole r) { return spellingOf(serverRoles(), r); }
 const char* name(DeviceRound d) { return spellingOf(deviceRounds(), d); }
+const char* name(SplitRole r) { return spellingOf(splitRoles(), r); }
+const char* name(SplitShift x) { return spellingOf(splitShifts(), x); }
 namespace {
 
 // The programs of `mask`.
@@ -48,21 +63,20 @@ std::vector<std::string> programs(unsigned mask) {
   std::vector<std::string> out;
   for (const auto& [bit, name] :
        {std::pair{kSim, "starling-sim"}, std::pair{kServer, "starling-server"},
-        std::pair{kClient, "starling-client"}})
+        std::pair{kClient, "starling-client"}, std::pair{kSplit, "starling-split"}})
     if (mask & bit) out.emplace_back(name);
   return out;
 }
 
-}  // namespace
-
+// The security.* and net.* keys of a connection: the deployment's and starling-split's.
 void declareNet(Options& o, Settings::Net& n, const std::function<void(unsigned)>& use) {
-  constexpr unsigned kDeploy = kServer | kClient;
+  constexpr unsigned kDeploy = kServer | kClient | kSplit;
   use(kDeploy);
   o.add("security.insecure", &n.insecure,
         "plain TCP without CURVE authentication or encryption (tests, trusted networks only; "
         "announced loudly)");
   o.add("security.key", &n.key, "this side's secret key file NAME.key_secret (starling-keygen)");
-  use(kServer);
+  use(kServer | kSplit);
   o.add("security.clients", &n.clients,
         "admitted client keys: a folder of NAME.key files or an 'id key' file");
   use(kDeploy);
@@ -81,6 +95,103 @@ void declareNet(Options& o, Settings::Net& n, const std::function<void(unsigned)
   o.add("net.burst", &n.burst, "messages a peer may send in a burst", 1, 1e7);
 }
 
+}  // namespace
+
+namespace {
+
+// starling-split's own keys.
+void declareSplit(Options& o, Settings::Split& c, const RegistryHelp& help) {
+  o.add("role", &c.role,
+        "starling-split: pretrain (write the pre-trained model), inproc (edge and cloud in one "
+        "process), cloud (serve the top part over ZeroMQ) or edge (fine-tune through a cloud)",
+        splitRoles());
+  o.add("device", &c.device,
+        "starling-split: where the cloud's part (--role cloud, inproc) and pre-training compute: "
+        "auto (a GPU when LibTorch sees one), cpu, cuda or cuda:N; an edge's part runs on the CPU. "
+        "docs/gpu.md");
+  o.add("data.shift", &c.shift,
+        "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian "
+        "noise added) or rotate (private: turned 90 degrees)",
+        splitShifts());
+  o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
+  o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)",
+        0, 1u << 30);
+  o.add("data.max_test", &c.max_test, "at most this many test examples of the part (0: all)", 0,
+        1u << 30);
+  o.add(
+      "split.cut", &c.cut,
+      "where the model is cut: conv1, conv2 or fc1 (cnn); layer1, layer2 or layer3 (resnet; "
+      "layer2 when the cnn's default conv2 is left); embed, block1 or ffn2 (vit; ffn2 by default)");
+  o.add("split.weight_rank", &c.weight_rank,
+        "the paper's weight-side cut: the projection after the cut (fc1 after conv2, fc2 after "
+        "fc1) is split by truncated SVD, S_r V_r^T on the edge and U_r in the cloud, so r values "
+        "per example cross (0: off); vit at ffn2: the FFN's up-projection, r values per token "
+        "(plus the skip's 64 unless split.skip = false)",
+        0, 1u << 20);
+  o.add("split.skip", &c.skip,
+        "keep the skip connection across the cut (vit at ffn2: false removes it, the paper's "
+        "eliminated link, so with split.weight_rank only r values per token cross)");
+  o.add("split.up", &c.up, "activation codec, edge to cloud:" + help.split_codecs);
+  o.add("split.down", &c.down, "gradient codec, cloud to edge (the same codecs)");
+  o.add("split.train_bottom", &c.train_bottom,
+        "fine-tune the edge's part too (false: only the cloud's)");
+  o.add("split.edges", &c.edges,
+        "edge devices sharing the one cloud part, served interleaved, each with its own codec "
+        "state and bottom part (the private part dealt among them)",
+        1, 1024);
+  o.add("split.splitfed", &c.splitfed,
+        "SplitFed: average the edges' bottom parts after each epoch (--role inproc; --role edge: "
+        "through the cloud, which sets cloud.splitfed_edges)");
+  o.add("split.pretrained", &c.pretrained,
+        "the pre-trained model: written by --role pretrain, read by the other roles");
+  o.add("split.splitfed_wait_ms", &c.splitfed_wait_ms,
+        "SplitFed over the network: the cloud averages what it has this long after an epoch's "
+        "first bottom; an edge waits this long plus twice edge.step_timeout_ms for the average",
+        100, 86400000);
+  o.add("pretrain.epochs", &c.pretrain_epochs, "epochs of pre-training", 1, 1000);
+  o.add("cloud.bind", &c.cloud.bind, "--role cloud: the endpoint to serve edge devices on");
+  o.add("cloud.checkpoint", &c.cloud.checkpoint,
+        "--role cloud: the top part's checkpoint, written atomically every "
+        "cloud.checkpoint_every training steps and at exit, and loaded at start when it exists "
+        "(a restarted cloud goes on from it)");
+  o.add("cloud.checkpoint_every", &c.cloud.checkpoint_every,
+        "--role cloud: training steps between checkpoints", 1, ~0ull);
+  o.add("cloud.edge_timeout_ms", &c.cloud.edge_timeout_ms,
+        "--role cloud: an edge device silent this long loses its session and codec state", 100,
+        86400000);
+  o.add("cloud.exit_after", &c.cloud.exit_after,
+        "--role cloud: exit after this many edge devices said goodbye (0: serve until SIGINT or "
+        "SIGTERM)",
+        0, ~0ull);
+  o.add("cloud.max_sessions", &c.cloud.max_sessions,
+        "--role cloud: edge devices served at once (each keeps its last reply for a repeated "
+        "step); more are refused",
+        1, 1u << 20);
+  o.add("cloud.max_batch", &c.cloud.max_batch,
+        "--role cloud: the most examples one step may carry (a larger one is refused); "
+        "evaluation steps use 256",
+        256, 1u << 20);
+  o.add("cloud.splitfed_edges", &c.cloud.splitfed_edges,
+        "--role cloud: SplitFed over the network: average this many edges' bottom parts after "
+        "each epoch (0: off; the edges set split.splitfed = true)",
+        0, 1u << 20);
+  o.add("edge.cloud", &c.edge.cloud, "--role edge: the cloud's endpoint");
+  o.add("edge.id", &c.edge.id,
+        "--role edge: this edge device's id (under CURVE, its key's id on the cloud's allow-list)",
+        0, ~0ull);
+  o.add("edge.shard", &c.edge.shard,
+        "--role edge: which part of the private data this edge holds: shard edge.shard of "
+        "split.edges, dealt as in --role inproc",
+        0, 1023);
+  o.add("edge.step_timeout_ms", &c.edge.step_timeout_ms,
+        "--role edge: how long to wait for the cloud's answer before sending a step again", 10,
+        3600000);
+  o.add("edge.tries", &c.edge.tries, "--role edge: tries per step (and per hello) before giving up",
+        1, 1000);
+}
+
+}  // namespace
+
 void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& help) {
   // The keys declared after use(mask) are used by the programs of `mask`.
   const auto use = [&](unsigned mask) {
@@ -90,14 +201,15 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
                      kDeploy = kServer | kClient;
 
   // The experiment.
-  use(kAll);
+  use(kAll | kSplit);
   o.add("model.spec", &s.model.spec,
         "model spec (the simulation's LibTorch model and the deployed clients' Eigen model are "
-        "the same: layout, initialisation, step):" +
+        "the same: layout, initialisation, step; starling-split's models have cut points):" +
             help.models);
   o.add("model.seed", &s.model.seed,
-        "run seed: the data split, the initial model, sampling, compression streams, devices", 0,
-        ~0ull);
+        "run seed: the data split, the initial model, sampling, compression streams, devices "
+        "(starling-split: initialisation, shuffling and data.shift's noise)",
+        0, ~0ull);
   use(kServer);
   o.add("model.rows", &s.model.rows,
         "image rows of the clients' examples (1: flat); 0: from the data.* files when the server "
@@ -112,9 +224,12 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("data.format", &s.data.source.format,
         "idx (a features file and a label file per split) or csv (one file per split: "
         "label,feature1,...). docs/simulation.md, section Data, gives both formats");
+  use(kAll | kSplit);
   o.add("data.dir", &s.data.source.dir,
         "folder of the data files (relative names below are taken in it); the default holds "
-        "Fashion-MNIST (Debian package dataset-fashion-mnist)");
+        "Fashion-MNIST (Debian package dataset-fashion-mnist; starling-split reads its "
+        "Fashion-MNIST files there)");
+  use(kAll);
   o.add(
       "data.train", &s.data.source.train,
       "training split: the IDX features file (2+ dimensions: examples x d1 x ...; unsigned "
@@ -148,9 +263,14 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
 
   use(kRound);
   o.add("train.rounds", &s.train.rounds, "federated rounds", 1, 10'000'000);
-  o.add("train.epochs", &s.train.fit.epochs, "local epochs per round", 1, 1000);
-  o.add("train.batch_size", &s.train.fit.batch_size, "local minibatch size", 1, 1u << 20);
-  o.add("train.lr", &s.train.fit.lr, "client learning rate", 1e-7, 100);
+  use(kRound | kSplit);
+  o.add("train.epochs", &s.train.fit.epochs,
+        "local epochs per round (starling-split: epochs of split fine-tuning)", 1, 1000);
+  o.add("train.batch_size", &s.train.fit.batch_size,
+        "local minibatch size (starling-split: pre-training and fine-tuning)", 1, 1u << 20);
+  o.add("train.lr", &s.train.fit.lr,
+        "client learning rate (starling-split: SGD's, pre-training and fine-tuning)", 1e-7, 100);
+  use(kRound);
   o.add("train.prox_mu", &s.train.fit.prox_mu, "FedProx's proximal term mu (0: FedAvg's local SGD)",
         0, 1e4);
   o.add("train.scaffold", &s.train.scaffold,
@@ -320,7 +440,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         roundModes());
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
-  o.add("state.metrics", &s.state.metrics, "per-round metrics, JSON Lines (appended)");
+  use(kRound | kSplit);
+  o.add("state.metrics", &s.state.metrics,
+        "per-round metrics, JSON Lines (appended; starling-split: per epoch)");
   use(kSim);
   o.add("state.memory_bytes", &s.state.memory_bytes,
         "client-state memory per worker before spilling to LMDB", 1 << 20, uint64_t{1} << 40);
@@ -337,7 +459,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("sim.workers", &s.sim.workers,
         "worker processes to start on this machine (ignored under torchrun or srun)", 1, 256);
   o.add("sim.backend", &s.sim.backend, "collectives: gloo (CPU) or nccl (GPU builds)");
-  o.add("sim.threads", &s.sim.threads, "LibTorch threads per worker", 1, 256);
+  use(kSim | kSplit);
+  o.add("sim.threads", &s.sim.threads, "LibTorch threads per worker (starling-split: its own)", 1,
+        256);
+  use(kSim);
   o.add("sim.device", &s.sim.device,
         "where workers train: auto (a GPU when LibTorch sees one, else the CPU), cpu, cuda (each "
         "worker its GPU: local rank / sim.workers_per_gpu among CUDA_VISIBLE_DEVICES) or cuda:N. "
@@ -406,8 +531,13 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("client.server", &s.client.server, "the server (root or aggregator) endpoint");
   o.add("client.id", &s.client.id,
         "this client's id: its key's id on the server's allow-list, and its data shard", 0, ~0ull);
-  use(kDeploy);
-  o.add("log.level", &s.log_level, "trace, debug, info, warn, error");
+  use(kDeploy | kSplit);
+  o.add("log.level", &s.log_level,
+        "trace, debug, info, warn, error (starling-split: --role cloud and edge)");
+
+  // Split fine-tuning (starling-split, docs/split.md).
+  use(kSplit);
+  declareSplit(o, s.split, help);
   o.setOwners({});
 }
 

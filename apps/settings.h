@@ -7,7 +7,10 @@
 //   aggregation.*, bounds.*, downlink.*, eval.every, state.checkpoint, state.metrics) means the
 //   same in the simulation and the deployment, with the same defaults;
 // - sim.*, devices.* and the simulated clock's keys are starling-sim's; server.*, security.*,
-//   net.*, client.* and the deployment's waits are the deployment's.
+//   net.*, client.* and the deployment's waits are the deployment's;
+// - starling-split's own keys (role, device, split.*, cloud.*, edge.*, ...) are its, and it shares
+//   model.*, data.dir, train.epochs/batch_size/lr, state.metrics, sim.threads, log.level and the
+//   connection's keys with the others.
 // A program checks every key of the file (type, range) and ignores those it does not use; on its
 // command line a key it does not use is an error (apps/options.h). docs/configuration.md lists
 // the keys by program.
@@ -24,7 +27,7 @@
 
 namespace starling::apps {
 
-enum Program : unsigned { kSim = 1, kServer = 2, kClient = 4 };
+enum Program : unsigned { kSim = 1, kServer = 2, kClient = 4, kSplit = 8 };
 
 // round.mode: rounds that wait for their clients (the round engine), FedBuff's buffered steps, or
 // rounds that close at a deadline with whatever arrived (the buffered step on a clock).
@@ -43,6 +46,14 @@ const char* name(DpMode m);
 // privacy.accountant: privacy::DpAccountant's spellings (pld, the tight one; rdp).
 enum class DpAccountantKind { kPld, kRdp };
 const char* name(DpAccountantKind a);
+
+// starling-split's role: pretrain (writes the pre-trained model), inproc (edge and cloud in one
+// process), cloud (serves the top part over ZeroMQ) or edge (fine-tunes through a cloud).
+enum class SplitRole { kPretrain, kInproc, kCloud, kEdge };
+const char* name(SplitRole r);
+// data.shift: starling-split's public and private parts of Fashion-MNIST.
+enum class SplitShift { kClasses, kNoise, kRotate };
+const char* name(SplitShift s);
 
 struct Settings {
   struct Model {
@@ -167,17 +178,45 @@ struct Settings {
     uint64_t id = 0;
   } client;
   std::string log_level = "info";
+  // starling-split's own keys (docs/split.md); it shares model.spec, model.seed, data.dir,
+  // train.epochs, train.batch_size, train.lr, state.metrics, sim.threads, log.level, security.*
+  // and net.* with the other programs.
+  struct Split {
+    SplitRole role = SplitRole::kInproc;
+    std::string device = "auto";  // the cloud's part and pre-training
+    SplitShift shift = SplitShift::kClasses;
+    double noise = 0.5;
+    uint64_t max_train = 0, max_test = 0;
+    std::string cut = "conv2";
+    uint32_t weight_rank = 0;
+    bool skip = true;
+    uint64_t edges = 1;
+    std::string up = "none", down = "none";  // split::SplitTrainConfig's defaults
+    bool train_bottom = true, splitfed = false;
+    std::string pretrained = "split-pretrained.bin";
+    uint32_t pretrain_epochs = 1;
+    uint64_t splitfed_wait_ms = 300000;
+    struct Cloud {
+      std::string bind = "tcp://127.0.0.1:5700";
+      std::string checkpoint = "split-cloud.bin";
+      uint64_t checkpoint_every = 50, edge_timeout_ms = 60000, exit_after = 0;
+      uint32_t splitfed_edges = 0;
+      uint64_t max_sessions = 64, max_batch = 1024;
+    } cloud;
+    struct Edge {
+      std::string cloud = "tcp://127.0.0.1:5700";
+      uint64_t id = 1, shard = 0, step_timeout_ms = 10000;
+      uint32_t tries = 6;
+    } edge;
+  } split;
 };
 
 // The registries' --help texts (each program has its own models; the edge build has no
 // aggregation): empty for what `self` does not use.
 struct RegistryHelp {
   std::string models, compressors, rules, server_optimizers;
+  std::string split_codecs;  // starling-split's activation codecs
 };
-
-// The security.* and net.* keys of a connection (also starling-split's). `use(mask)` is called
-// before the keys of the programs in `mask` (declareSettings marks them foreign or not).
-void declareNet(Options& o, Settings::Net& n, const std::function<void(unsigned)>& use);
 
 // Declares every key on `o`, bound to `s`; the keys `self` does not use are foreign.
 void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& help);

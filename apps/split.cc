@@ -37,57 +37,29 @@ namespace {
 constexpr uint32_t kMagic = 0x53504c54;  // "TLPS" little-endian: a pre-trained checkpoint
 constexpr uint32_t kVersion = 1;
 
-enum class Role { kPretrain, kInproc, kCloud, kEdge };
-enum class Shift { kClasses, kNoise, kRotate };
-const apps::Spellings<Shift>& shifts() {
-  static const apps::Spellings<Shift> t{
-      {"classes", Shift::kClasses}, {"noise", Shift::kNoise}, {"rotate", Shift::kRotate}};
+using Shift = apps::SplitShift;
+using Role = apps::SplitRole;
+using Settings = apps::Settings;
+
+// The training configuration of split/trainer.h from the shared keys.
+split::SplitTrainConfig trainConfig(const Settings& c) {
+  split::SplitTrainConfig t;
+  t.up = c.split.up;
+  t.down = c.split.down;
+  t.batch_size = c.train.fit.batch_size;
+  t.lr = c.train.fit.lr;
+  t.train_bottom = c.split.train_bottom;
+  t.splitfed = c.split.splitfed;
+  t.seed = c.model.seed;
+  t.validate();
   return t;
 }
-const char* name(Shift x) { return apps::spellingOf(shifts(), x); }
-
-struct Config {
-  Role role = Role::kInproc;
-  std::string device = "auto";
-  std::string data_dir = data::kDefaultFashionMnistDir;
-  Shift shift = Shift::kClasses;
-  double noise = 0.5;
-  uint64_t max_train = 0, max_test = 0;
-  std::string model = "cnn";
-  std::string cut = "conv2";
-  uint32_t weight_rank = 0;
-  bool skip = true;
-  uint64_t edges = 1;
-  uint64_t seed = 1;
-  std::string pretrained = "split-pretrained.bin";
-  uint32_t pretrain_epochs = 1;
-  uint32_t epochs = 3;
-  split::SplitTrainConfig train;
-  std::string metrics;
-  int threads = 2;
-  apps::Settings::Net net;
-  std::string bind = "tcp://127.0.0.1:5700";
-  std::string cloud = "tcp://127.0.0.1:5700";
-  std::string checkpoint = "split-cloud.bin";
-  uint64_t checkpoint_every = 50;
-  uint64_t edge_timeout_ms = 60000;
-  uint64_t exit_after = 0;
-  uint32_t splitfed_edges = 0;
-  uint64_t max_sessions = 64;
-  uint64_t max_batch = 1024;
-  uint64_t splitfed_wait_ms = 300000;
-  uint64_t edge_id = 1;
-  uint64_t shard = 0;
-  uint64_t step_timeout_ms = 10000;
-  uint32_t tries = 6;
-  std::string log_level = "info";
-};
 
 // The examples of `d` in the public (private = false) or private part, at most `max` (0: all).
-std::vector<size_t> part(const data::Dataset& d, const Config& c, bool priv, uint64_t max) {
+std::vector<size_t> part(const data::Dataset& d, const Settings& c, bool priv, uint64_t max) {
   std::vector<size_t> idx;
   for (size_t i = 0; i < d.size(); ++i) {
-    if (c.shift == Shift::kClasses && (d.labels[i] >= 5) != priv) continue;
+    if (c.split.shift == Shift::kClasses && (d.labels[i] >= 5) != priv) continue;
     idx.push_back(i);
     if (max && idx.size() == max) break;
   }
@@ -95,12 +67,12 @@ std::vector<size_t> part(const data::Dataset& d, const Config& c, bool priv, uin
 }
 
 // The private part's distribution shift applied to a copy of the data set.
-data::Dataset shifted(const data::Dataset& d, const Config& c, uint64_t stream) {
+data::Dataset shifted(const data::Dataset& d, const Settings& c, uint64_t stream) {
   data::Dataset s = d;
-  if (c.shift == Shift::kNoise) {
-    RngStream rng(StreamKey{c.seed, stream, kAnyClient, StreamPurpose::kDataPartition, 1});
-    for (float& x : s.images) x += static_cast<float>(c.noise * rng.normal());
-  } else if (c.shift == Shift::kRotate) {
+  if (c.split.shift == Shift::kNoise) {
+    RngStream rng(StreamKey{c.model.seed, stream, kAnyClient, StreamPurpose::kDataPartition, 1});
+    for (float& x : s.images) x += static_cast<float>(c.split.noise * rng.normal());
+  } else if (c.split.shift == Shift::kRotate) {
     const size_t r = d.rows, k = d.cols, f = d.features();
     STARLING_CHECK_ARG(r == k, "data.shift rotate needs square images, got ", r, "x", k);
     for (size_t e = 0; e < d.size(); ++e)
@@ -142,47 +114,48 @@ std::vector<float> loadPretrained(const std::string& path, const ParamLayout& la
 
 // --role cloud: the top part served over ZeroMQ until SIGINT / SIGTERM (or cloud.exit_after
 // goodbyes); its checkpoint is loaded at start when it exists.
-int runCloud(Config& c, split::SplitModel& sm) {
+int runCloud(const Settings& c, const split::SplitTrainConfig& t, split::SplitModel& sm) {
   apps::installStopHandlers();
   auto log = apps::makeLogger("split-cloud", c.log_level, c.net.insecure);
-  const uint64_t fp = split::sessionFingerprint(sm, c.train.up, c.train.down);
+  const uint64_t fp = split::sessionFingerprint(sm, t.up, t.down);
   std::vector<float> top;
   uint64_t steps_done = 0;
-  if (auto ck = split::loadCloudCheckpoint(c.checkpoint, fp, sm.top().numel())) {
+  if (auto ck = split::loadCloudCheckpoint(c.split.cloud.checkpoint, fp, sm.top().numel())) {
     top = std::move(ck->top);
     steps_done = ck->steps;
-    log->info("resumed from {} after {} training steps", c.checkpoint, steps_done);
+    log->info("resumed from {} after {} training steps", c.split.cloud.checkpoint, steps_done);
   } else {
-    top = sm.cutParameters(loadPretrained(c.pretrained, sm.full())).second;
-    log->info("the top part from the pre-trained model {}", c.pretrained);
+    top = sm.cutParameters(loadPretrained(c.split.pretrained, sm.full())).second;
+    log->info("the top part from the pre-trained model {}", c.split.pretrained);
   }
-  split::SplitCloud cloud(sm, std::move(top), c.train.down, c.train.lr,
-                          split::SplitCloud::Limits{.max_batch = c.max_batch, .max_abs = 1e6});
+  split::SplitCloud cloud(
+      sm, std::move(top), t.down, t.lr,
+      split::SplitCloud::Limits{.max_batch = c.split.cloud.max_batch, .max_abs = 1e6});
   split::CloudServerConfig cfg;
-  cfg.bind = c.bind;
+  cfg.bind = c.split.cloud.bind;
   cfg.security = apps::security(c.net, true, false);
   cfg.limits = apps::transportLimits(c.net);
   cfg.fingerprint = fp;
-  cfg.up = c.train.up;
-  cfg.down = c.train.down;
-  cfg.edge_timeout = std::chrono::milliseconds(c.edge_timeout_ms);
-  cfg.checkpoint = c.checkpoint;
-  cfg.checkpoint_every = c.checkpoint_every;
+  cfg.up = t.up;
+  cfg.down = t.down;
+  cfg.edge_timeout = std::chrono::milliseconds(c.split.cloud.edge_timeout_ms);
+  cfg.checkpoint = c.split.cloud.checkpoint;
+  cfg.checkpoint_every = c.split.cloud.checkpoint_every;
   cfg.steps_done = steps_done;
-  cfg.splitfed_edges = c.splitfed_edges;
-  cfg.max_sessions = c.max_sessions;
-  cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms);
+  cfg.splitfed_edges = c.split.cloud.splitfed_edges;
+  cfg.max_sessions = c.split.cloud.max_sessions;
+  cfg.splitfed_wait = std::chrono::milliseconds(c.split.splitfed_wait_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   transport::Context ctx;
   split::SplitCloudServer server(ctx, cloud, cfg);
   log->info("{}; serving on {} (up {}, down {}{}), the top part on {}", sm.describe(),
-            server.endpoint(), c.train.up, c.train.down,
+            server.endpoint(), t.up, t.down,
             c.net.insecure ? ", INSECURE: no authentication or encryption" : ", CURVE",
             sm.cloudDevice().str());
   auto last = std::chrono::steady_clock::now();
   uint64_t last_steps = server.stats().steps;
   while (!apps::stopFlag().load() &&
-         (c.exit_after == 0 || server.stats().goodbyes < c.exit_after)) {
+         (c.split.cloud.exit_after == 0 || server.stats().goodbyes < c.split.cloud.exit_after)) {
     server.poll(std::chrono::milliseconds(200));
     const auto now = std::chrono::steady_clock::now();
     if (now - last >= std::chrono::seconds(10) && server.stats().steps != last_steps) {
@@ -204,69 +177,71 @@ int runCloud(Config& c, split::SplitModel& sm) {
       "{}, replies "
       "dropped {}, sessions timed out {}; checkpoint {}",
       st.steps, st.steps - steps_done, st.evaluations, st.refused, st.duplicates,
-      st.replies_dropped, st.timed_out, c.checkpoint);
+      st.replies_dropped, st.timed_out, c.split.cloud.checkpoint);
   return 0;
 }
 
 // --role edge: fine-tunes this edge's bottom part on its shard of the private part through the
 // cloud.
-int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train,
-            const std::vector<size_t>& idx, const data::Dataset& priv_test,
-            const std::vector<size_t>& test_idx) {
+int runEdge(const Settings& c, const split::SplitTrainConfig& t, split::SplitModel& sm,
+            const data::Dataset& priv_train, const std::vector<size_t>& idx,
+            const data::Dataset& priv_test, const std::vector<size_t>& test_idx) {
   apps::installStopHandlers();
   auto log = apps::makeLogger("split-edge", c.log_level, c.net.insecure);
-  if (c.shard >= c.edges)
-    STARLING_THROW(ConfigError, "edge.shard (", c.shard, ") must be below split.edges (", c.edges,
-                   ")");
+  if (c.split.edge.shard >= c.split.edges)
+    STARLING_THROW(ConfigError, "edge.shard (", c.split.edge.shard, ") must be below split.edges (",
+                   c.split.edges, ")");
   std::vector<size_t> mine;
-  for (size_t i = c.shard; i < idx.size(); i += c.edges)
+  for (size_t i = c.split.edge.shard; i < idx.size(); i += c.split.edges)
     mine.push_back(idx[i]);  // dealt as in --role inproc
   if (mine.empty())
-    STARLING_THROW(ConfigError, "edge.shard ", c.shard, " of ", c.edges, " holds no examples");
-  const auto bottom = sm.cutParameters(loadPretrained(c.pretrained, sm.full())).first;
-  split::SplitEdge edge(sm, bottom, c.train.up, c.train.lr);
+    STARLING_THROW(ConfigError, "edge.shard ", c.split.edge.shard, " of ", c.split.edges,
+                   " holds no examples");
+  const auto bottom = sm.cutParameters(loadPretrained(c.split.pretrained, sm.full())).first;
+  split::SplitEdge edge(sm, bottom, t.up, t.lr);
   split::EdgeClientConfig cfg;
-  cfg.cloud = c.cloud;
+  cfg.cloud = c.split.edge.cloud;
   cfg.security = apps::security(c.net, false, true);
   cfg.limits = apps::transportLimits(c.net);
-  cfg.edge_id = c.edge_id;
-  cfg.fingerprint = split::sessionFingerprint(sm, c.train.up, c.train.down);
-  cfg.up = c.train.up;
-  cfg.down = c.train.down;
-  cfg.step_timeout = std::chrono::milliseconds(c.step_timeout_ms);
-  cfg.tries = c.tries;
+  cfg.edge_id = c.split.edge.id;
+  cfg.fingerprint = split::sessionFingerprint(sm, t.up, t.down);
+  cfg.up = t.up;
+  cfg.down = t.down;
+  cfg.step_timeout = std::chrono::milliseconds(c.split.edge.step_timeout_ms);
+  cfg.tries = c.split.edge.tries;
   // Longer than the cloud waits (from its first bottom) for an epoch's missing edges.
-  cfg.splitfed_wait = std::chrono::milliseconds(c.splitfed_wait_ms + 2 * c.step_timeout_ms);
+  cfg.splitfed_wait =
+      std::chrono::milliseconds(c.split.splitfed_wait_ms + 2 * c.split.edge.step_timeout_ms);
   cfg.log = [&](const std::string& s) { log->info("{}", s); };
   transport::Context ctx;
   split::SplitEdgeClient client(ctx, edge, cfg);
   client.connect();
   std::ofstream metrics;  // opened once the cloud took us: a refused edge leaves no file behind
-  if (!c.metrics.empty()) {
-    metrics.open(c.metrics, std::ios::app);
-    if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.metrics, "'");
+  if (!c.state.metrics.empty()) {
+    metrics.open(c.state.metrics, std::ios::app);
+    if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.state.metrics, "'");
   }
   log->info("{}; edge {} (shard {} of {}): {} private examples, {} epoch(s), up {}, down {}",
-            sm.describe(), c.edge_id, c.shard, c.edges, mine.size(), c.epochs, c.train.up,
-            c.train.down);
+            sm.describe(), c.split.edge.id, c.split.edge.shard, c.split.edges, mine.size(),
+            c.train.fit.epochs, t.up, t.down);
   uint64_t up = 0, down = 0;
-  for (uint32_t e = 1; e <= c.epochs && !apps::stopFlag().load(); ++e) {
+  for (uint32_t e = 1; e <= c.train.fit.epochs && !apps::stopFlag().load(); ++e) {
     auto shown = std::chrono::steady_clock::now();
-    const split::EpochRecord rec =
-        split::runEdgeEpoch(client, c.train, e, c.shard, priv_train, mine, priv_test, test_idx,
-                            [&](size_t done, size_t all) {
-                              const auto now = std::chrono::steady_clock::now();
-                              if (now - shown < std::chrono::seconds(10)) return;
-                              shown = now;
-                              log->info("epoch {}/{}: step {}/{}", e, c.epochs, done, all);
-                            });
+    const split::EpochRecord rec = split::runEdgeEpoch(
+        client, t, e, c.split.edge.shard, priv_train, mine, priv_test, test_idx,
+        [&](size_t done, size_t all) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - shown < std::chrono::seconds(10)) return;
+          shown = now;
+          log->info("epoch {}/{}: step {}/{}", e, c.train.fit.epochs, done, all);
+        });
     up += rec.uplink_bytes;
     down += rec.downlink_bytes;
     log->info(
         "epoch {}/{}  train loss {:.4f}  private test accuracy {:.1f}%  up {:.2f} MB  down {:.2f} "
         "MB  cloud "
         "{:.2f} ms/step  {:.1f} s",
-        e, c.epochs, rec.train_loss, 100 * rec.test_accuracy, rec.uplink_bytes / 1e6,
+        e, c.train.fit.epochs, rec.train_loss, 100 * rec.test_accuracy, rec.uplink_bytes / 1e6,
         rec.downlink_bytes / 1e6, 1e3 * rec.cloud_seconds / static_cast<double>(rec.steps),
         rec.wall_seconds);
     if (metrics) metrics << rec.json() << '\n' << std::flush;
@@ -281,112 +256,112 @@ int runEdge(Config& c, split::SplitModel& sm, const data::Dataset& priv_train,
   return apps::stopFlag().load() ? 1 : 0;
 }
 
-int run(Config& c) {
-  c.train.validate();
-  c.train.seed = c.seed;
-  if (c.model != "cnn" &&
-      c.cut == "conv2") {  // the default names a cnn layer: take the model's middle cut
-    const auto cuts = split::SplitModel::cutPoints(c.model);
-    c.cut = c.model == "vit" ? "ffn2" : cuts[1];
+int run(Settings& c) {
+  const split::SplitTrainConfig t = trainConfig(c);
+  if (c.model.spec != "cnn" &&
+      c.split.cut == "conv2") {  // the default names a cnn layer: take the model's middle cut
+    const auto cuts = split::SplitModel::cutPoints(c.model.spec);
+    c.split.cut = c.model.spec == "vit" ? "ffn2" : cuts[1];
   }
-  split::SplitModel sm(c.model, c.cut, 28, 28, 10, c.weight_rank, c.skip);
+  split::SplitModel sm(c.model.spec, c.split.cut, 28, 28, 10, c.split.weight_rank, c.split.skip);
   // The cloud's part (and pre-training) may run on a GPU; an edge device trains on its CPU.
   torch_trainer::Device device;
-  if (c.role == Role::kEdge) {
-    if (c.device.rfind("cuda", 0) == 0)
-      STARLING_THROW(ConfigError, "--device ", c.device,
+  if (c.split.role == Role::kEdge) {
+    if (c.split.device.rfind("cuda", 0) == 0)
+      STARLING_THROW(ConfigError, "--device ", c.split.device,
                      ": an edge device runs its part on the CPU; --device applies to "
                      "--role cloud, inproc (the cloud's part) and pretrain");
-    if (c.device != "auto")
-      torch_trainer::chooseDevice(c.device);  // refuses a setting that is none of them
+    if (c.split.device != "auto")
+      torch_trainer::chooseDevice(c.split.device);  // refuses a setting that is none of them
   } else {
-    device = torch_trainer::chooseDevice(c.device);
+    device = torch_trainer::chooseDevice(c.split.device);
     if (device.cuda()) torch_trainer::useReproducibleCuda();
     sm.setCloudDevice(device);
   }
-  torch_trainer::setThreads(c.threads);
-  if (c.role == Role::kCloud) return runCloud(c, sm);  // no data set needed
-  std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data_dir.c_str());
-  const data::Dataset train = data::loadFashionMnist(c.data_dir, "train");
-  const data::Dataset test = data::loadFashionMnist(c.data_dir, "t10k");
+  torch_trainer::setThreads(c.sim.threads);
+  if (c.split.role == Role::kCloud) return runCloud(c, t, sm);  // no data set needed
+  std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data.source.dir.c_str());
+  const data::Dataset train = data::loadFashionMnist(c.data.source.dir, "train");
+  const data::Dataset test = data::loadFashionMnist(c.data.source.dir, "t10k");
 
-  if (c.role == Role::kPretrain) {
-    const auto idx = part(train, c, false, c.max_train);
-    const auto test_idx = part(test, c, false, c.max_test);
-    std::vector<float> p = sm.initParameters(c.seed);
+  if (c.split.role == Role::kPretrain) {
+    const auto idx = part(train, c, false, c.split.max_train);
+    const auto test_idx = part(test, c, false, c.split.max_test);
+    std::vector<float> p = sm.initParameters(c.model.seed);
     std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n",
-                c.model.c_str(), name(c.shift), idx.size(), c.pretrain_epochs);
-    if (c.model != "vit") {  // torch_trainer's model and trainer
-      auto whole = torch_trainer::makeTorchTrainer(c.model, train, device);
-      for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
-        RngStream rng(StreamKey{c.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
-        const client::FitConfig fit{
-            .epochs = 1, .batch_size = c.train.batch_size, .lr = c.train.lr};
+                c.model.spec.c_str(), apps::name(c.split.shift), idx.size(),
+                c.split.pretrain_epochs);
+    if (c.model.spec != "vit") {  // torch_trainer's model and trainer
+      auto whole = torch_trainer::makeTorchTrainer(c.model.spec, train, device);
+      for (uint32_t e = 1; e <= c.split.pretrain_epochs; ++e) {
+        RngStream rng(StreamKey{c.model.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
+        const client::FitConfig fit{.epochs = 1, .batch_size = t.batch_size, .lr = t.lr};
         const auto r = whole->fit(p, client::DataView{&train, idx}, fit, rng);
         const auto ev = whole->evaluate(p, client::DataView{&test, test_idx});
         std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e,
-                    c.pretrain_epochs, r.metrics.empty() ? 0.0 : r.metrics[0].value,
+                    c.split.pretrain_epochs, r.metrics.empty() ? 0.0 : r.metrics[0].value,
                     100 * ev.accuracy);
         std::fflush(stdout);
       }
     } else {  // split/'s own models: uncompressed split steps are the whole model's steps (tested)
-      split::SplitModel whole(c.model, split::SplitModel::cutPoints(c.model)[0], 28, 28, 10);
+      split::SplitModel whole(c.model.spec, split::SplitModel::cutPoints(c.model.spec)[0], 28, 28,
+                              10);
       whole.setCloudDevice(device);
       split::SplitTrainConfig cfg;
-      cfg.batch_size = c.train.batch_size;
-      cfg.lr = c.train.lr;
-      cfg.seed = c.seed;
+      cfg.batch_size = t.batch_size;
+      cfg.lr = t.lr;
+      cfg.seed = c.model.seed;
       split::InProcessSplit run(whole, cfg, p);
-      for (uint32_t e = 1; e <= c.pretrain_epochs; ++e) {
+      for (uint32_t e = 1; e <= c.split.pretrain_epochs; ++e) {
         const auto r = run.runEpoch(train, idx, &test, test_idx);
         std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e,
-                    c.pretrain_epochs, r.train_loss, 100 * r.test_accuracy);
+                    c.split.pretrain_epochs, r.train_loss, 100 * r.test_accuracy);
         std::fflush(stdout);
       }
       p.assign(run.bottom().begin(), run.bottom().end());
       p.insert(p.end(), run.top().begin(), run.top().end());
     }
-    savePretrained(c.pretrained, sm.full(), p);
-    std::printf("wrote %s\n", c.pretrained.c_str());
+    savePretrained(c.split.pretrained, sm.full(), p);
+    std::printf("wrote %s\n", c.split.pretrained.c_str());
     return 0;
   }
 
   // Fine-tuning, split, on the private part.
-  const std::vector<float> p = loadPretrained(c.pretrained, sm.full());
+  const std::vector<float> p = loadPretrained(c.split.pretrained, sm.full());
   const data::Dataset priv_train = shifted(train, c, 1), priv_test = shifted(test, c, 2);
-  const auto idx = part(priv_train, c, true, c.max_train);
-  const auto test_idx = part(priv_test, c, true, c.max_test);
-  STARLING_CHECK_ARG(c.edges <= idx.size(), "split.edges (", c.edges, ") exceeds the ", idx.size(),
-                     " private examples");
-  if (c.role == Role::kEdge) return runEdge(c, sm, priv_train, idx, priv_test, test_idx);
+  const auto idx = part(priv_train, c, true, c.split.max_train);
+  const auto test_idx = part(priv_test, c, true, c.split.max_test);
+  STARLING_CHECK_ARG(c.split.edges <= idx.size(), "split.edges (", c.split.edges, ") exceeds the ",
+                     idx.size(), " private examples");
+  if (c.split.role == Role::kEdge) return runEdge(c, t, sm, priv_train, idx, priv_test, test_idx);
   // The private part dealt round-robin among the edge devices (each sees every class).
-  std::vector<std::vector<size_t>> shards(c.edges);
-  for (size_t i = 0; i < idx.size(); ++i) shards[i % c.edges].push_back(idx[i]);
-  split::InProcessSplit run(sm, c.train, p, c.edges);
+  std::vector<std::vector<size_t>> shards(c.split.edges);
+  for (size_t i = 0; i < idx.size(); ++i) shards[i % c.split.edges].push_back(idx[i]);
+  split::InProcessSplit run(sm, t, p, c.split.edges);
   std::printf(
       "%s\nfine-tuning split on the private part (%s): %zu examples on %zu edge device(s)%s, %u "
       "epoch(s), "
       "up %s, down %s%s\n",
-      sm.describe().c_str(), name(c.shift), idx.size(), static_cast<size_t>(c.edges),
-      c.edges > 1 && c.train.splitfed ? " (SplitFed)" : "", c.epochs, c.train.up.c_str(),
-      c.train.down.c_str(), c.train.train_bottom ? "" : ", bottom frozen");
+      sm.describe().c_str(), apps::name(c.split.shift), idx.size(),
+      static_cast<size_t>(c.split.edges), c.split.edges > 1 && t.splitfed ? " (SplitFed)" : "",
+      c.train.fit.epochs, t.up.c_str(), t.down.c_str(), t.train_bottom ? "" : ", bottom frozen");
   const auto [l0, a0] = run.evaluate(priv_test, test_idx);
   std::printf("epoch 0  private test accuracy %.1f%% (the pre-trained model)\n", 100 * a0);
   (void)l0;
   std::ofstream metrics;
-  if (!c.metrics.empty()) {
-    metrics.open(c.metrics, std::ios::app);
-    if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.metrics, "'");
+  if (!c.state.metrics.empty()) {
+    metrics.open(c.state.metrics, std::ios::app);
+    if (!metrics) STARLING_THROW(IoError, "cannot open the metrics file '", c.state.metrics, "'");
   }
   uint64_t up = 0, down = 0;
-  for (uint32_t e = 1; e <= c.epochs; ++e) {
+  for (uint32_t e = 1; e <= c.train.fit.epochs; ++e) {
     const split::EpochRecord rec = run.runEpoch(priv_train, shards, &priv_test, test_idx);
     up += rec.uplink_bytes;
     down += rec.downlink_bytes;
     std::printf(
         "epoch %u/%u  train loss %.4f  private test accuracy %.1f%%  up %.2f MB  down %.2f MB  "
         "%.1f s\n",
-        e, c.epochs, rec.train_loss, 100 * rec.test_accuracy, rec.uplink_bytes / 1e6,
+        e, c.train.fit.epochs, rec.train_loss, 100 * rec.test_accuracy, rec.uplink_bytes / 1e6,
         rec.downlink_bytes / 1e6, rec.wall_seconds);
     std::fflush(stdout);
     if (metrics) metrics << rec.json() << '\n' << std::flush;
@@ -399,7 +374,7 @@ int run(Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Config c;
+  Settings c;
   apps::Options o(
       "starling-split",
       "starling-split: split fine-tuning between an edge device and the cloud, with compressed "
@@ -409,120 +384,10 @@ int main(int argc, char** argv) {
       "counting the\n"
       "exact bytes that would cross. Every key can be set in a TOML file (--config) or on the "
       "command line.");
-  o.add("role", &c.role,
-        "pretrain (write the pre-trained model), inproc (edge and cloud in one process), cloud "
-        "(serve the top part "
-        "over ZeroMQ) or edge (fine-tune through a cloud)",
-        {{"pretrain", Role::kPretrain},
-         {"inproc", Role::kInproc},
-         {"cloud", Role::kCloud},
-         {"edge", Role::kEdge}});
-  o.add("device", &c.device,
-        "where the cloud's part (--role cloud, inproc) and pre-training compute: auto (a GPU when "
-        "LibTorch sees one), "
-        "cpu, cuda or cuda:N; an edge's part runs on the CPU. docs/gpu.md");
-  o.add("data.dir", &c.data_dir, "Fashion-MNIST's folder (Debian package dataset-fashion-mnist)");
-  o.add("data.shift", &c.shift,
-        "public and private parts: classes (public 0-4, private 5-9), noise (private: Gaussian "
-        "noise added) or "
-        "rotate (private: turned 90 degrees)",
-        shifts());
-  o.add("data.noise", &c.noise, "data.shift noise: the noise's standard deviation", 0, 10);
-  o.add("data.max_train", &c.max_train, "at most this many training examples of the part (0: all)",
-        0, 1u << 30);
-  o.add("data.max_test", &c.max_test, "at most this many test examples of the part (0: all)", 0,
-        1u << 30);
-  o.add("model.spec", &c.model,
-        "the model (with cut points): cnn, resnet (ResNet-8), or vit (a small vision transformer "
-        "over 4x4 patches)");
-  o.add("model.seed", &c.seed, "initialization, shuffling and noise seed", 0, ~0ull);
-  o.add(
-      "split.cut", &c.cut,
-      "where the model is cut: conv1, conv2 or fc1 (cnn); layer1, layer2 or layer3 (resnet; "
-      "layer2 when the cnn's default conv2 is left); embed, block1 or ffn2 (vit; ffn2 by default)");
-  o.add("split.weight_rank", &c.weight_rank,
-        "the paper's weight-side cut: the projection after the cut (fc1 after conv2, fc2 after "
-        "fc1) is split by "
-        "truncated SVD, S_r V_r^T on the edge and U_r in the cloud, so r values per example cross "
-        "(0: off); vit at "
-        "ffn2: the FFN's up-projection, r values per token (plus the skip's 64 unless split.skip = "
-        "false)",
-        0, 1u << 20);
-  o.add("split.skip", &c.skip,
-        "keep the skip connection across the cut (vit at ffn2: false removes it, the paper's "
-        "eliminated link, so with "
-        "split.weight_rank only r values per token cross)");
-  o.add("split.up", &c.train.up,
-        "activation codec, edge to cloud:" + split::activationCodecs().help());
-  o.add("split.down", &c.train.down, "gradient codec, cloud to edge (the same codecs)");
-  o.add("split.train_bottom", &c.train.train_bottom,
-        "fine-tune the edge's part too (false: only the cloud's)");
-  o.add("split.edges", &c.edges,
-        "edge devices sharing the one cloud part, served interleaved, each with its own "
-        "codec state and bottom part (the private part dealt among them)",
-        1, 1024);
-  o.add("split.splitfed", &c.train.splitfed,
-        "SplitFed: average the edges' bottom parts after each epoch (--role inproc; --role edge: "
-        "through the cloud, "
-        "which sets cloud.splitfed_edges)");
-  o.add("split.pretrained", &c.pretrained,
-        "the pre-trained model: written by --role pretrain, read by --role inproc");
-  o.add("pretrain.epochs", &c.pretrain_epochs, "epochs of pre-training", 1, 1000);
-  o.add("train.epochs", &c.epochs, "epochs of split fine-tuning", 1, 100000);
-  o.add("train.batch_size", &c.train.batch_size, "minibatch size (pre-training and fine-tuning)", 1,
-        1u << 20);
-  o.add("train.lr", &c.train.lr, "SGD learning rate (pre-training and fine-tuning)", 1e-7, 100);
-  o.add("state.metrics", &c.metrics,
-        "per-epoch metrics, JSON Lines (appended; tools/plot_runs.py draws them)");
-  o.add("sim.threads", &c.threads, "LibTorch threads", 1, 256);
-  o.add("cloud.bind", &c.bind, "--role cloud: the endpoint to serve edge devices on");
-  o.add("cloud.checkpoint", &c.checkpoint,
-        "--role cloud: the top part's checkpoint, written atomically every cloud.checkpoint_every "
-        "training steps and at "
-        "exit, and loaded at start when it exists (a restarted cloud goes on from it)");
-  o.add("cloud.checkpoint_every", &c.checkpoint_every,
-        "--role cloud: training steps between checkpoints", 1, ~0ull);
-  o.add("cloud.edge_timeout_ms", &c.edge_timeout_ms,
-        "--role cloud: an edge device silent this long loses its session and codec state", 100,
-        86400000);
-  o.add("cloud.exit_after", &c.exit_after,
-        "--role cloud: exit after this many edge devices said goodbye (0: serve until SIGINT or "
-        "SIGTERM)",
-        0, ~0ull);
-  o.add("cloud.max_sessions", &c.max_sessions,
-        "--role cloud: edge devices served at once (each keeps its last reply for a repeated "
-        "step); more are refused",
-        1, 1u << 20);
-  o.add("cloud.max_batch", &c.max_batch,
-        "--role cloud: the most examples one step may carry (a larger one is refused); evaluation "
-        "steps use 256",
-        256, 1u << 20);
-  o.add("cloud.splitfed_edges", &c.splitfed_edges,
-        "--role cloud: SplitFed over the network: average this many edges' bottom parts after each "
-        "epoch (0: off; "
-        "the edges set split.splitfed = true)",
-        0, 1u << 20);
-  o.add("split.splitfed_wait_ms", &c.splitfed_wait_ms,
-        "SplitFed over the network: the cloud averages what it has this long after an epoch's "
-        "first bottom; an edge "
-        "waits this long plus twice edge.step_timeout_ms for the average",
-        100, 86400000);
-  o.add("edge.cloud", &c.cloud, "--role edge: the cloud's endpoint");
-  o.add("edge.id", &c.edge_id,
-        "--role edge: this edge device's id (under CURVE, its key's id on the cloud's allow-list)",
-        0, ~0ull);
-  o.add("edge.shard", &c.shard,
-        "--role edge: which part of the private data this edge holds: shard edge.shard of "
-        "split.edges, dealt as in "
-        "--role inproc",
-        0, 1023);
-  o.add("edge.step_timeout_ms", &c.step_timeout_ms,
-        "--role edge: how long to wait for the cloud's answer before sending a step again", 10,
-        3600000);
-  o.add("edge.tries", &c.tries, "--role edge: tries per step (and per hello) before giving up", 1,
-        1000);
-  o.add("log.level", &c.log_level, "--role cloud and edge: trace, debug, info, warn or error");
-  apps::declareNet(o, c.net, [](unsigned) {});
+  apps::RegistryHelp help;
+  help.models = " cnn, resnet (ResNet-8), or vit (a small vision transformer over 4x4 patches)";
+  help.split_codecs = split::activationCodecs().help();
+  apps::declareSettings(o, c, apps::kSplit, help);
   if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
   try {
     return run(c);

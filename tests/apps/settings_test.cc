@@ -313,6 +313,86 @@ TEST_CASE(
   CHECK(apps::engineConfig(root.s).sampling.min_available == 2);
 }
 
+TEST_CASE("starling-split takes the shared keys: one file, read alike by it and the others",
+          "[apps][settings]") {
+  testing::TempDir dir("settings-split");
+  // The shared keys away from their defaults, and keys of starling-split's own.
+  const std::string file = write(dir, "s.toml", R"(
+role = "cloud"
+device = "cpu"
+[model]
+spec = "vit"
+seed = 9
+[data]
+dir = "/srv/fmnist"
+shift = "rotate"
+max_train = 600
+[train]
+epochs = 4
+batch_size = 16
+lr = 0.125
+[state]
+metrics = "split.jsonl"
+[sim]
+threads = 3
+[split]
+cut = "ffn2"
+up = "lowrank:rank=8"
+edges = 2
+[cloud]
+exit_after = 2
+[edge]
+shard = 1
+[security]
+insecure = true
+[log]
+level = "warn"
+)");
+  auto split = parse(apps::kSplit, {"--config", file});
+  REQUIRE(split.rc == -1);
+  const Settings& c = split.s;
+  CHECK(c.split.role == apps::SplitRole::kCloud);
+  CHECK(c.split.device == "cpu");
+  CHECK(c.split.shift == apps::SplitShift::kRotate);
+  CHECK(c.split.max_train == 600);
+  CHECK(c.split.cut == "ffn2");
+  CHECK(c.split.up == "lowrank:rank=8");
+  CHECK(c.split.edges == 2);
+  CHECK(c.split.cloud.exit_after == 2);
+  CHECK(c.split.edge.shard == 1);
+  // The shared keys land where every program reads them.
+  for (Program p : {apps::kSplit, apps::kSim, apps::kServer, apps::kClient}) {
+    auto r = parse(p, {"--config", file});
+    REQUIRE(r.rc == -1);
+    CHECK(r.s.model.spec == "vit");
+    CHECK(r.s.model.seed == 9);
+    CHECK(r.s.data.source.dir == "/srv/fmnist");
+    CHECK(r.s.train.fit.epochs == 4);
+    CHECK(r.s.train.fit.batch_size == 16);
+    CHECK(r.s.train.fit.lr == 0.125f);
+    CHECK(r.s.state.metrics == "split.jsonl");
+    CHECK(r.s.sim.threads == 3);
+    CHECK(r.s.net.insecure);
+    CHECK(r.s.log_level == "warn");
+    CHECK(r.s.split.edges == 2);  // read (checked) by every program, used by starling-split
+  }
+  // One range for every program: a value starling-split once took (train.epochs up to 100,000)
+  // is refused by it as by the others, and a split key out of range fails the simulation's file.
+  CHECK(parse(apps::kSplit, {"--train.epochs", "5000"}).rc == 2);
+  CHECK(parse(apps::kSim, {"--train.epochs", "5000"}).rc == 2);
+  const std::string bad = write(dir, "b.toml", "[split]\nedges = 0\n");
+  for (Program p : {apps::kSplit, apps::kSim, apps::kServer, apps::kClient})
+    CHECK(parse(p, {"--config", bad}).rc == 2);
+  const std::string role = write(dir, "r.toml", "role = \"fog\"\n");
+  CHECK(parse(apps::kSim, {"--config", role}).rc == 2);
+  // On the command line, each program takes its own keys only.
+  CHECK(parse(apps::kSplit, {"--sampling.clients_per_round", "3"}).rc == 2);
+  CHECK(parse(apps::kSplit, {"--sim.workers", "2"}).rc == 2);
+  CHECK(parse(apps::kSim, {"--split.cut", "conv1"}).rc == 2);
+  CHECK(parse(apps::kServer, {"--role", "edge"}).rc == 2);
+  CHECK(parse(apps::kSplit, {"--role", "edge", "--edge.id", "4", "--sim.threads", "2"}).rc == -1);
+}
+
 TEST_CASE("round.mode and server.role are choices: another spelling is refused, listing them",
           "[apps][settings]") {
   testing::TempDir dir("settings-choices");
