@@ -22,6 +22,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "core/rng.h"
 #include "data/idx.h"
 #include "split/net.h"
@@ -34,8 +35,9 @@ using namespace starling;
 
 namespace {
 
-constexpr uint32_t kMagic = 0x53504c54;  // "TLPS" little-endian: a pre-trained checkpoint
-constexpr uint32_t kVersion = 1;
+// A pre-trained checkpoint; version 2 is version 1 in the files' frame (core/framed_file.h).
+constexpr FileFormat kPretrainedFile{0x53504c54 /* "TLPS" */, "Starling pre-trained checkpoint", 1,
+                                     2, 2};
 
 using Shift = apps::SplitShift;
 using Role = apps::SplitRole;
@@ -86,11 +88,9 @@ data::Dataset shifted(const data::Dataset& d, const Settings& c, uint64_t stream
 void savePretrained(const std::string& path, const ParamLayout& layout, std::span<const float> p) {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(kMagic);
-  w.u32(kVersion);
   w.u64(layout.fingerprint());
   w.floats(p);
-  writeFileAtomic(path, bytes);
+  writeFramed(path, kPretrainedFile, bytes);
 }
 
 std::vector<float> loadPretrained(const std::string& path, const ParamLayout& layout) {
@@ -98,9 +98,8 @@ std::vector<float> loadPretrained(const std::string& path, const ParamLayout& la
     STARLING_THROW(IoError, "split.pretrained '", path,
                    "' does not exist: write it first with --role pretrain");
   const auto bytes = readFile(path, uint64_t{4} << 30);
-  ByteReader r(bytes, "pre-trained checkpoint " + path);
-  if (r.u32() != kMagic) r.fail("not a Starling pre-trained checkpoint");
-  if (const uint32_t v = r.u32(); v != kVersion) r.fail("version ", v, " is not ", kVersion);
+  const std::string what = "pre-trained checkpoint " + path;
+  ByteReader r(unframe(kPretrainedFile, bytes, what).payload, what);
   if (r.u64() != layout.fingerprint())
     r.fail("it is of another model (layout fingerprint differs)");
   std::vector<float> p;

@@ -15,6 +15,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "protocol/codec.h"
 #include "protocol/control.h"
 
@@ -24,8 +25,8 @@ namespace cz = starling::compression;
 using std::chrono::milliseconds;
 
 namespace {
-constexpr uint32_t kStateMagic = 0x4c434c53;  // "SLCL"
-constexpr uint32_t kStateVersion = 1;
+// The client's state file; version 2 is version 1 in the files' frame (core/framed_file.h).
+constexpr FileFormat kStateFile{0x4c434c53 /* "SLCL" */, "Starling client state file", 1, 2, 2};
 }  // namespace
 
 void RuntimeConfig::validate() const {
@@ -134,8 +135,6 @@ struct ClientRuntime::Impl {
     std::vector<uint8_t> out, blob;
     state.saveTo(blob);
     ByteWriter w(out);
-    w.u32(kStateMagic);
-    w.u32(kStateVersion);
     w.u64(config.client_id);
     const std::vector<uint8_t>& pending = link.lastAnswer();
     w.u64(pending_nonce);
@@ -143,15 +142,14 @@ struct ClientRuntime::Impl {
     w.bytes(pending.data(), pending.size());
     w.u64(blob.size());
     w.bytes(blob.data(), blob.size());
-    writeFileAtomic(config.state_file, out, 0600);
+    writeFramed(config.state_file, kStateFile, out, 0600);
   }
 
   void loadState(ClientState& state) {
     if (config.state_file.empty() || !std::filesystem::exists(config.state_file)) return;
     const std::vector<uint8_t> bytes = readFile(config.state_file, uint64_t{16} << 30);
-    ByteReader r(bytes, "client state " + config.state_file);
-    if (r.u32() != kStateMagic) r.fail("not a Starling client state file");
-    if (const uint32_t v = r.u32(); v != kStateVersion) r.fail("state format version ", v);
+    const std::string what = "client state " + config.state_file;
+    ByteReader r(unframe(kStateFile, bytes, what).payload, what);
     if (const uint64_t id = r.u64(); id != config.client_id)
       r.fail("the state of client ", id, ", this is client ", config.client_id);
     pending_nonce = r.u64();

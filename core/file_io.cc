@@ -45,6 +45,12 @@ void syncFolder(const std::filesystem::path& dir) {
 
 void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes,
                      unsigned mode) {
+  const std::span<const uint8_t> parts[1] = {bytes};
+  writeFileAtomic(path, std::span<const std::span<const uint8_t>>(parts), mode);
+}
+
+void writeFileAtomic(const std::filesystem::path& path,
+                     std::span<const std::span<const uint8_t>> parts, unsigned mode) {
   const std::filesystem::path dir =
       path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   // A unique temporary name: several writers (threads, processes) may target one folder.
@@ -54,7 +60,7 @@ void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t>
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) ioFail(tmp, "cannot create");
   try {
-    writeAll(fd, bytes, tmp);
+    for (const auto& bytes : parts) writeAll(fd, bytes, tmp);
     if (::fsync(fd) != 0) ioFail(tmp, "cannot fsync");
   } catch (...) {
     ::close(fd);

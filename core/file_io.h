@@ -12,6 +12,9 @@ namespace starling {
 // `path`, fsync the folder. `mode` is the new file's permission bits. Throws IoError.
 void writeFileAtomic(const std::filesystem::path& path, std::span<const uint8_t> bytes,
                      unsigned mode = 0644);
+// The same, the file being `parts` one after another.
+void writeFileAtomic(const std::filesystem::path& path,
+                     std::span<const std::span<const uint8_t>> parts, unsigned mode = 0644);
 
 // Renames `from` over `to` (atomic on one file system) and fsyncs the folder, so that the rename
 // survives a crash. Throws IoError.

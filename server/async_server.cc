@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/finite.h"
+#include "core/framed_file.h"
 
 namespace starling::server {
 
@@ -98,15 +99,25 @@ uint32_t bufferFormat(uint32_t format) {
 }
 }  // namespace
 
+// The checkpoint file: the server's state (save()) in the files' frame (core/framed_file.h); an
+// older file is the state alone.
+constexpr FileFormat kAsyncFile{0x46434c53 /* "SLCF" */, "checkpoint of asynchronous rounds", 1, 1,
+                                1};
+
 void AsyncServer::saveCheckpoint(const std::string& path) const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
   save(w);
-  writeFileAtomic(path, bytes);
+  writeFramed(path, kAsyncFile, bytes);
 }
 
 void AsyncServer::loadCheckpoint(const std::string& path) {
-  load(readFile(path, uint64_t{64} << 30), "checkpoint " + path);
+  const std::vector<uint8_t> file = readFile(path, uint64_t{64} << 30);
+  const std::string what = "checkpoint " + path;
+  if (hasMagic(file, kAsyncMagic))
+    load(file, what);  // formats 1 to 3, before the frame
+  else
+    load(unframe(kAsyncFile, file, what).payload, what);
 }
 
 void AsyncServer::save(ByteWriter& w) const {

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "core/finite.h"
+#include "core/framed_file.h"
 #include "core/rng.h"
 #include "core/shard.h"
 #include "data/sampling.h"
@@ -25,12 +26,12 @@ namespace ag = starling::aggregation;
 namespace cz = starling::compression;
 
 namespace {
-constexpr uint32_t kCheckpointMagic = 0x4b434c53;  // "SLCK"
 // Version 2 adds the number of optimizer shards after the model: 1, then the optimizer's state
 // inline (version 1's layout); more, then the states are in the workers' optimizer shard files.
-constexpr uint32_t kCheckpointVersion = 7;
-constexpr uint32_t kShardFileMagic = 0x534f4c53;  // "SLOS"
-constexpr uint32_t kShardFileVersion = 1;
+// Version 8 is version 7 in the files' frame (core/framed_file.h).
+constexpr FileFormat kCheckpointFile{0x4b434c53 /* "SLCK" */, "Starling checkpoint", 1, 8, 8};
+// Version 2 is version 1 in the frame.
+constexpr FileFormat kShardFile{0x534f4c53 /* "SLOS" */, "Starling optimizer shard file", 1, 2, 2};
 
 // A phase's (or a secure step's) report into the round's record: `rejected` refusals, the bytes,
 // the simulated seconds, and who failed.
@@ -342,8 +343,6 @@ void RoundEngine::saveCheckpoint() const {
   if (config_.checkpoint.empty() || !config_.write_files) return;
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(kCheckpointMagic);
-  w.u32(kCheckpointVersion);
   w.u64(layout_->fingerprint());
   w.u64(next_round_);
   w.u64(model_.version());
@@ -375,11 +374,11 @@ void RoundEngine::saveCheckpoint() const {
     w.f64(dp_->noiseMultiplier());
     w.f64(dp_->config().delta);
   }
-  writeFileAtomic(config_.checkpoint, bytes);
+  writeFramed(config_.checkpoint, kCheckpointFile, bytes);
 }
 
-// The optimizer shard file: magic, version, model fingerprint, shard rank and count, then one or
-// two entries (next round, optimizer state), the newest last.
+// The optimizer shard file, framed: model fingerprint, shard rank and count, then one or two
+// entries (next round, optimizer state), the newest last.
 void RoundEngine::saveOptimizerShard() {
   if (config_.shard_count == 1 || config_.checkpoint.empty()) return;
   std::vector<uint8_t> entry;
@@ -390,8 +389,6 @@ void RoundEngine::saveOptimizerShard() {
   }
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(kShardFileMagic);
-  w.u32(kShardFileVersion);
   w.u64(layout_->fingerprint());
   w.u32(config_.shard_rank);
   w.u32(config_.shard_count);
@@ -399,7 +396,7 @@ void RoundEngine::saveOptimizerShard() {
   if (!previous_shard_entry_.empty())
     w.bytes(previous_shard_entry_.data(), previous_shard_entry_.size());
   w.bytes(entry.data(), entry.size());
-  writeFileAtomic(config_.optimizer_shard_file, bytes);
+  writeFramed(config_.optimizer_shard_file, kShardFile, bytes);
   previous_shard_entry_ = std::move(entry);
 }
 
@@ -409,11 +406,10 @@ void RoundEngine::loadOptimizerShard(uint64_t next_round) {
     STARLING_THROW(IoError, "the checkpoint ", config_.checkpoint,
                    " has its server optimizer in shards, and shard ", config_.shard_rank,
                    "'s file ", path, " is missing");
-  const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
-  ByteReader r(bytes, "optimizer shard file " + path);
-  if (r.u32() != kShardFileMagic) r.fail("not a Starling optimizer shard file");
-  if (const uint32_t v = r.u32(); v != kShardFileVersion)
-    r.fail("format version ", v, " is not ", kShardFileVersion);
+  const std::vector<uint8_t> file = readFile(path, uint64_t{64} << 30);
+  const std::string what = "optimizer shard file " + path;
+  const std::span<const uint8_t> bytes = unframe(kShardFile, file, what).payload;
+  ByteReader r(bytes, what);
   if (r.u64() != layout_->fingerprint())
     r.fail("the shard is of another model (layout fingerprint differs)");
   const uint32_t rank = r.u32(), count = r.u32();
@@ -444,19 +440,18 @@ void RoundEngine::loadOptimizerShard(uint64_t next_round) {
 }
 
 void RoundEngine::loadCheckpoint() {
-  const std::vector<uint8_t> bytes = readFile(config_.checkpoint, uint64_t{64} << 30);
-  ByteReader r(bytes, "checkpoint " + config_.checkpoint);
-  if (const uint32_t magic = r.u32(); magic != kCheckpointMagic) {
-    // The asynchronous root's (server/async_server.cc) and simulator's (simulator/async_sim.cc).
-    if (magic == 0x41434c53 || magic == 0x4d495341)
-      r.fail(
-          "a checkpoint of asynchronous rounds: it resumes only with the round.mode "
-          "(async or semisync) that wrote it");
-    r.fail("not a Starling checkpoint");
-  }
-  const uint32_t format = r.u32();
-  if (format < 1 || format > kCheckpointVersion)
-    r.fail("checkpoint format version ", format, " is not 1 to ", kCheckpointVersion);
+  const std::vector<uint8_t> file = readFile(config_.checkpoint, uint64_t{64} << 30);
+  const std::string what = "checkpoint " + config_.checkpoint;
+  // The asynchronous root's (server/async_root.cc, async_server.cc) and simulator's
+  // (simulator/async_sim.cc).
+  for (uint32_t magic : {0x41434c53u, 0x46434c53u, 0x4d495341u})
+    if (hasMagic(file, magic))
+      STARLING_THROW(IoError, what,
+                     ": a checkpoint of asynchronous rounds: it resumes only with the round.mode "
+                     "(async or semisync) that wrote it");
+  const Unframed u = unframe(kCheckpointFile, file, what);
+  ByteReader r(u.payload, what);
+  const uint32_t format = u.version;
   if (r.u64() != layout_->fingerprint())
     r.fail("the checkpoint is of another model (layout fingerprint differs)");
   const uint64_t next = r.u64();
@@ -480,7 +475,7 @@ void RoundEngine::loadCheckpoint() {
   std::vector<uint8_t> fleet_state;
   if (format >= 2) {
     const uint64_t n = r.u64();
-    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, bytes.size())));
+    const auto v = r.view(static_cast<size_t>(std::min<uint64_t>(n, u.payload.size())));
     if (v.size() != n) r.fail("fleet state of ", n, " bytes is truncated");
     fleet_state.assign(v.begin(), v.end());
   }

@@ -14,6 +14,7 @@
 #include "client/algorithm.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "protocol/codec.h"
 #include "server/async_engine.h"
 
@@ -76,9 +77,12 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
 }
 
 namespace {
-constexpr uint32_t kSimMagic = 0x4d495341;  // "ASIM"
-// 3: the device population's fingerprint after the data split's.
-constexpr uint32_t kSimFormat = 3;
+// 3: the device population's fingerprint after the data split's; 4: format 3 in the files' frame
+// (core/framed_file.h).
+constexpr FileFormat kSimFile{0x4d495341 /* "ASIM" */,
+                              "checkpoint of an asynchronous simulation (round.mode = async or "
+                              "semisync)",
+                              3, 4, 4};
 
 // What the run's clients are: the training set's size and every shard's indices (FNV-1a).
 uint64_t clientsFingerprint(const SimClients& c) {
@@ -92,24 +96,23 @@ uint64_t clientsFingerprint(const SimClients& c) {
   return fnv1a(bytes);
 }
 
-// The step a checkpoint file was written at (its header), or nullopt if it is not one.
+// The step a whole checkpoint file was written at, or nullopt if it is not one (or is damaged).
 std::optional<uint64_t> stepOf(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint8_t head[16];
-  if (!in.read(reinterpret_cast<char*>(head), sizeof head)) return std::nullopt;
-  ByteReader r(std::span<const uint8_t>(head, sizeof head), path.string());
-  if (r.u32() != kSimMagic || r.u32() != kSimFormat) return std::nullopt;
-  return r.u64();
+  try {
+    const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
+    ByteReader r(unframe(kSimFile, bytes, path.string()).payload, path.string());
+    return r.u64();
+  } catch (const IoError&) {
+    return std::nullopt;
+  }
 }
 }  // namespace
 
-// A checkpoint's head: its magic, its format, and the step it was written at.
-uint64_t AsyncSimulation::checkpointStep(ByteReader& r) {
-  if (r.u32() != kSimMagic)
-    r.fail("not a checkpoint of an asynchronous simulation (round.mode = async or semisync)");
-  if (const uint32_t f = r.u32(); f != kSimFormat)
-    r.fail("format version ", f, " is not ", kSimFormat, " (written by another build)");
-  return r.u64();
+// A checkpoint's fields after its frame, from the step it was written at on (a reader over them,
+// kept by the caller with the bytes).
+ByteReader AsyncSimulation::checkpointFields(std::span<const uint8_t> bytes,
+                                             const std::string& what) {
+  return ByteReader(unframe(kSimFile, bytes, what).payload, what);
 }
 
 // A checkpoint is written in two phases around the state store's flush, which records the step
@@ -181,8 +184,8 @@ std::vector<uint8_t> AsyncSimulation::settledCheckpoint() {
     return {};
   }
   std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
-  ByteReader r(bytes, "checkpoint " + config_.checkpoint);
-  if (const uint64_t step = checkpointStep(r); step != generation)
+  ByteReader r = checkpointFields(bytes, "checkpoint " + config_.checkpoint);
+  if (const uint64_t step = r.u64(); step != generation)
     r.fail("it was written at step ", step, ", and the client-state store ",
            store_.spillDir().string(), " holds the states of ",
            generation == 0 ? "no step" : "step " + std::to_string(generation),
@@ -194,8 +197,6 @@ std::vector<uint8_t> AsyncSimulation::settledCheckpoint() {
 std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record) const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(kSimMagic);
-  w.u32(kSimFormat);
   w.u64(server_.steps());
   w.u64(clients_.shards.size());
   w.u64(clients_fingerprint_);
@@ -244,8 +245,8 @@ std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record)
 // Everything is checked before anything changes: the server is loaded into a copy first.
 void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   const std::string what = "checkpoint " + config_.checkpoint;
-  ByteReader r(bytes, what);
-  const uint64_t step = checkpointStep(r);  // the first worker checked it against its store
+  ByteReader r = checkpointFields(bytes, what);
+  const uint64_t step = r.u64();  // the first worker checked it against its store
   const uint64_t n = clients_.shards.size();
   const auto same = [&](auto saved, auto now, const char* key) {
     if (saved != now) r.fail("it was written with ", key, " = ", saved, ", this run has ", now);
@@ -807,7 +808,7 @@ void AsyncSimulation::record(server::RoundRecord& rec) {
 void AsyncSimulation::stepped(const server::RoundRecord& rec) {
   if (config_.checkpoint.empty()) return;
   const std::string next = config_.checkpoint + ".next";
-  writeFileAtomic(next, checkpointBytes(rec.json()));
+  writeFramed(next, kSimFile, checkpointBytes(rec.json()));
   store_.flush(server_.steps());
   renameDurable(next, config_.checkpoint);
 }

@@ -196,7 +196,8 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
   // The first worker's part of resume(): the checkpoint's bytes (none: start over), its step
   // checked against the store's. IoError when it cannot resume.
   std::vector<uint8_t> settledCheckpoint();
-  static uint64_t checkpointStep(ByteReader& r);
+  static ByteReader checkpointFields(std::span<const uint8_t> bytes, const std::string& what);
+  // The checkpoint's fields, framed by stepped().
   std::vector<uint8_t> checkpointBytes(const std::string& record) const;
   void loadCheckpoint(std::span<const uint8_t> bytes);
   void completeMetrics(uint64_t step, const std::string& record) const;

@@ -13,11 +13,19 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "privacy/crypto.h"
 #include "protocol/codec.h"
 #include "protocol/control.h"
 
 namespace starling::simulator {
+
+namespace {
+// Which worker holds each client's state: (client, worker) pairs in the files' frame
+// (core/framed_file.h).
+constexpr FileFormat kHomesFile{0x4d484c53 /* "SLHM" */, "file of the client states' workers", 1, 1,
+                                1};
+}  // namespace
 namespace cz = starling::compression;
 namespace pr = starling::protocol;
 using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
@@ -36,7 +44,11 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
   if (!config_.homes_file.empty() && std::filesystem::exists(config_.homes_file)) {
-    const std::vector<uint8_t> bytes = readFile(config_.homes_file, uint64_t{1} << 32);
+    const std::vector<uint8_t> file = readFile(config_.homes_file, uint64_t{1} << 32);
+    // Before the frame the file was the list alone (no client count's low word is the magic).
+    const std::span<const uint8_t> bytes =
+        hasMagic(file, kHomesFile.magic) ? unframe(kHomesFile, file, config_.homes_file).payload
+                                         : std::span<const uint8_t>(file);
     ByteReader r(bytes, config_.homes_file);
     const uint64_t n = r.u64();
     if (n > r.remaining() / 12) r.fail("claims ", n, " clients");
@@ -563,7 +575,7 @@ void SimFleet::writeHomes() const {
     w.u64(id);
     w.u32(static_cast<uint32_t>(worker));
   }
-  writeFileAtomic(config_.homes_file, bytes);
+  writeFramed(config_.homes_file, kHomesFile, bytes);
 }
 
 void SimFleet::migrateStates() {

@@ -9,6 +9,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "core/input_error.h"
 #include "core/rng.h"
 #include "data/sampling.h"
@@ -21,8 +22,9 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr uint32_t kCloudMagic = 0x43504c53;  // "SLPC" little-endian: a split cloud checkpoint
-constexpr uint32_t kCloudVersion = 1;
+// A split cloud checkpoint; version 2 is version 1 in the files' frame (core/framed_file.h).
+constexpr FileFormat kCloudFile{0x43504c53 /* "SLPC" */, "Starling split cloud checkpoint", 1, 2,
+                                2};
 
 uint64_t fnv(uint64_t h, std::string_view s) {
   for (unsigned char c : s) {
@@ -58,22 +60,18 @@ void saveCloudCheckpoint(const std::string& path, uint64_t fingerprint, uint64_t
                          std::span<const float> top) {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(kCloudMagic);
-  w.u32(kCloudVersion);
   w.u64(fingerprint);
   w.u64(steps);
   w.floats(top);
-  writeFileAtomic(path, bytes);
+  writeFramed(path, kCloudFile, bytes);
 }
 
 std::optional<CloudCheckpoint> loadCloudCheckpoint(const std::string& path, uint64_t fingerprint,
                                                    size_t numel) {
   if (!std::filesystem::exists(path)) return std::nullopt;
   const auto bytes = readFile(path, uint64_t{4} << 30);
-  ByteReader r(bytes, "split cloud checkpoint " + path);
-  if (r.u32() != kCloudMagic) r.fail("not a Starling split cloud checkpoint");
-  if (const uint32_t v = r.u32(); v != kCloudVersion)
-    r.fail("version ", v, " is not ", kCloudVersion);
+  const std::string what = "split cloud checkpoint " + path;
+  ByteReader r(unframe(kCloudFile, bytes, what).payload, what);
   if (r.u64() != fingerprint)
     r.fail("it is of another cut model or other codecs (fingerprint differs)");
   CloudCheckpoint c;

@@ -14,6 +14,7 @@
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "core/client_state.h"
+#include "core/framed_file.h"
 #include "integration/federation.h"
 #include "protocol/control.h"
 #include "server/async_server.h"
@@ -597,10 +598,9 @@ TEST_CASE("a restarted client keeps its error-feedback residual", "[integration]
   f.proc("client-1").wait(seconds(10));
   // The residual the file holds at the kill (written before each upload).
   const auto bytes = readFile(state, uint64_t{1} << 30);
-  ByteReader r(bytes, state);
-  r.u32();
-  r.u32();
-  r.u64();
+  ByteReader r(unframe(FileFormat{0x4c434c53, "client state file", 1, 2, 2}, bytes, state).payload,
+               state);
+  r.u64();  // the client's id, the pending update's nonce and bytes, then its state
   r.u64();
   r.view(r.u64());
   ClientState s;

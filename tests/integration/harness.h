@@ -23,6 +23,7 @@
 
 #include "core/bytes.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "tests/wait_for.h"
 
 extern char** environ;
@@ -162,11 +163,11 @@ struct Checkpoint {
 };
 inline Checkpoint readCheckpoint(const std::string& path) {
   const auto bytes = readFile(path, uint64_t{1} << 30);
-  ByteReader r(bytes, path);
+  // The engine's checkpoint in the files' frame (core/framed_file.h), format 8.
+  ByteReader r(unframe(FileFormat{0x4b434c53, "Starling checkpoint", 8, 8, 8}, bytes, path).payload,
+               path);
   Checkpoint c;
-  r.u32();
-  r.u32();
-  r.u64();
+  r.u64();  // the layout's fingerprint
   c.next_round = r.u64();
   c.version = r.u64();
   r.floats(c.model);

@@ -125,6 +125,21 @@ TEST_CASE(
   REQUIRE(a.buffered() == 2);
   a.saveCheckpoint(ck);
 
+  // A file from before the files' frame (the server's state alone) is read as the framed one.
+  {
+    std::vector<uint8_t> bare;
+    ByteWriter bw(bare);
+    a.save(bw);
+    const std::string old = (dir.path / "old.ckpt").string();
+    writeFileAtomic(old, bare);
+    server::AsyncServer o(l, cfg, std::vector<float>(l->numel(), 0.0f));
+    o.loadCheckpoint(old);
+    CHECK(o.steps() == 1);
+    CHECK(o.buffered() == 2);
+    CHECK(modelOf(o) == modelOf(a));
+    CHECK(readFile(ck, 1 << 20) != bare);  // the framed file is another file
+  }
+
   server::AsyncServer b(l, cfg, std::vector<float>(l->numel(), 0.0f));
   b.loadCheckpoint(ck);
   CHECK(b.steps() == 1);
@@ -178,6 +193,11 @@ TEST_CASE(
   const std::string cut = (dir.path / "cut.ckpt").string();
   writeFileAtomic(cut, std::span<const uint8_t>(bytes).first(bytes.size() - 9));
   refused(cfg, cut, "truncated");
+  auto flipped = bytes;
+  flipped[bytes.size() - 5] ^= 0x10;
+  const std::string damaged = (dir.path / "damaged.ckpt").string();
+  writeFileAtomic(damaged, flipped);
+  refused(cfg, damaged, "damaged");
   const std::string sync = (dir.path / "sync.ckpt").string();
   bytes[0] ^= 0xff;
   writeFileAtomic(sync, bytes);

@@ -10,6 +10,7 @@
 #include "check_throws.h"
 #include "client/synthetic.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "data/partition.h"
 #include "server/async_server.h"
 #include "server/inproc_fleet.h"
@@ -176,11 +177,17 @@ TEST_CASE("a corrupt or foreign checkpoint is an error, never a silent fresh sta
     e.runRound(fleet);
   }
   std::vector<uint8_t> bytes = readFile(cfg.checkpoint, 1 << 20);
+  // A flipped byte inside the model's values would parse: the frame's checksum refuses it.
   auto corrupt = bytes;
-  corrupt[bytes.size() / 2] ^= 0xff;  // a flipped byte inside the model values may still parse...
-  corrupt.resize(bytes.size() - 3);   // ...but a truncated file never does
+  corrupt[bytes.size() / 2] ^= 0x01;
   writeFileAtomic(cfg.checkpoint, corrupt);
-  CHECK_THROWS_AS(server::RoundEngine(w.layout, cfg, w.init()), IoError);
+  CHECK_THROWS_MATCHING(server::RoundEngine(w.layout, cfg, w.init()), IoError,
+                        Catch::Matchers::Contains("damaged"));
+  corrupt = bytes;
+  corrupt.resize(bytes.size() - 3);
+  writeFileAtomic(cfg.checkpoint, corrupt);
+  CHECK_THROWS_MATCHING(server::RoundEngine(w.layout, cfg, w.init()), IoError,
+                        Catch::Matchers::Contains("truncated"));
   // Another model's checkpoint.
   writeFileAtomic(cfg.checkpoint, bytes);
   auto other = client::makeTrainer("mlp:hidden=8", 12, 4);
@@ -193,6 +200,44 @@ TEST_CASE("a corrupt or foreign checkpoint is an error, never a silent fresh sta
   server::AsyncServer(w.layout, ac, w.init()).saveCheckpoint(cfg.checkpoint);
   CHECK_THROWS_MATCHING(server::RoundEngine(w.layout, cfg, w.init()), IoError,
                         Catch::Matchers::Contains("a checkpoint of asynchronous rounds"));
+}
+
+TEST_CASE("a checkpoint from before the files' frame (format 7) still resumes, to the same state",
+          "[server]") {
+  World w;
+  TempDir dir;
+  auto cfg = w.config("topk:density=0.2", 4);
+  cfg.checkpoint = (dir.path / "ck.bin").string();
+  {
+    InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+    server::RoundEngine e(w.layout, cfg, w.init());
+    e.runRound(fleet);
+    e.runRound(fleet);
+  }
+  const std::vector<uint8_t> bytes = readFile(cfg.checkpoint, 1 << 20);
+  // Format 7's file: the magic, the version, then the fields the frame now carries.
+  const Unframed u = unframe(FileFormat{0x4b434c53, "Starling checkpoint", 1, 8, 8}, bytes, "ck");
+  REQUIRE(u.framed);
+  std::vector<uint8_t> old;
+  ByteWriter ow(old);
+  ow.u32(0x4b434c53);
+  ow.u32(7);
+  ow.bytes(u.payload.data(), u.payload.size());
+  InProcFleet fleet(*w.trainer, w.train, w.shards(4));
+  server::RoundEngine now(w.layout, cfg, w.init());
+  writeFileAtomic(cfg.checkpoint, old);
+  server::RoundEngine before(w.layout, cfg, w.init());
+  REQUIRE(before.resumed());
+  CHECK(before.nextRound() == now.nextRound());
+  CHECK(sameBits(modelOf(before), modelOf(now)));
+  // Both go on alike, and the old file is written anew in the frame.
+  InProcFleet fleet2(*w.trainer, w.train, w.shards(4));
+  now.runRound(fleet);
+  before.runRound(fleet2);
+  CHECK(sameBits(modelOf(before), modelOf(now)));
+  CHECK(unframe(FileFormat{0x4b434c53, "Starling checkpoint", 1, 8, 8},
+                readFile(cfg.checkpoint, 1 << 20), "ck")
+            .framed);
 }
 
 TEST_CASE("a round without enough results is not applied and the model stays", "[server]") {

@@ -17,6 +17,9 @@
 
 #include "check_throws.h"
 #include "client/synthetic.h"
+#include "core/bytes.h"
+#include "core/file_io.h"
+#include "core/framed_file.h"
 #include "data/partition.h"
 #include "server/engine.h"
 #include "simulator/sim_fleet.h"
@@ -739,12 +742,16 @@ TEST_CASE(
     bool empty_first;
     server::Downlink downlink = server::Downlink::kDense;
     size_t features = 6;
+    bool format3 = false;  // the checkpoint rewritten as before the files' frame
   };
   std::vector<Case> cases;
   // Identical clients (client 0 without data, so that every other task and update has the same
   // bytes): five finish at one instant, and steps fall among them.
   cases.push_back({"fedbuff", sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), 3, 5,
                    0.0, true});
+  cases.push_back({"fedbuff-format3",
+                   sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), 3, 5, 0.0, true,
+                   server::Downlink::kDense, 6, true});
   sim::DeviceDistributions dd;
   dd.speed_sigma = 0.8;
   cases.push_back({"semisync", sim::DevicePopulation::sample(n, dd, 4), 3, 5, 0.02, false});
@@ -774,6 +781,19 @@ TEST_CASE(
     const Run first = runStored(s, sc, ac, cut, true, false, &resumed);
     CHECK_FALSE(resumed);
     REQUIRE(first.steps.size() == 4);
+    if (c.format3) {
+      // Format 3: the magic, the version, then the fields the frame now carries.
+      const std::filesystem::path ck = cut / "ck.bin";
+      const std::vector<uint8_t> bytes = readFile(ck, 1 << 24);
+      const Unframed u = unframe(FileFormat{0x4d495341, "async", 3, 4, 4}, bytes, "ck");
+      REQUIRE(u.framed);
+      std::vector<uint8_t> old;
+      ByteWriter ow(old);
+      ow.u32(0x4d495341);
+      ow.u32(3);
+      ow.bytes(u.payload.data(), u.payload.size());
+      writeFileAtomic(ck, old);
+    }
     ac.steps = 9;
     const Run rest = runStored(s, sc, ac, cut, true, true, &resumed);
     CHECK(resumed);
