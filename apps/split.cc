@@ -255,77 +255,54 @@ int runEdge(const Settings& c, const split::SplitTrainConfig& t, split::SplitMod
   return apps::stopFlag().load() ? 1 : 0;
 }
 
-int run(Settings& c) {
-  const split::SplitTrainConfig t = trainConfig(c);
-  if (c.model.spec != "cnn" &&
-      c.split.cut == "conv2") {  // the default names a cnn layer: take the model's middle cut
-    const auto cuts = split::SplitModel::cutPoints(c.model.spec);
-    c.split.cut = c.model.spec == "vit" ? "ffn2" : cuts[1];
-  }
-  split::SplitModel sm(c.model.spec, c.split.cut, 28, 28, 10, c.split.weight_rank, c.split.skip);
-  // The cloud's part (and pre-training) may run on a GPU; an edge device trains on its CPU.
-  torch_trainer::Device device;
-  if (c.split.role == Role::kEdge) {
-    if (c.split.device.rfind("cuda", 0) == 0)
-      STARLING_THROW(ConfigError, "--device ", c.split.device,
-                     ": an edge device runs its part on the CPU; --device applies to "
-                     "--role cloud, inproc (the cloud's part) and pretrain");
-    if (c.split.device != "auto")
-      torch_trainer::chooseDevice(c.split.device);  // refuses a setting that is none of them
-  } else {
-    device = torch_trainer::chooseDevice(c.split.device);
-    if (device.cuda()) torch_trainer::useReproducibleCuda();
-    sm.setCloudDevice(device);
-  }
-  torch_trainer::setThreads(c.sim.threads);
-  if (c.split.role == Role::kCloud) return runCloud(c, t, sm);  // no data set needed
-  std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data.source.dir.c_str());
-  const data::Dataset train = data::loadFashionMnist(c.data.source.dir, "train");
-  const data::Dataset test = data::loadFashionMnist(c.data.source.dir, "t10k");
-
-  if (c.split.role == Role::kPretrain) {
-    const auto idx = part(train, c, false, c.split.max_train);
-    const auto test_idx = part(test, c, false, c.split.max_test);
-    std::vector<float> p = sm.initParameters(c.model.seed);
-    std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n",
-                c.model.spec.c_str(), apps::name(c.split.shift), idx.size(),
-                c.split.pretrain_epochs);
-    if (c.model.spec != "vit") {  // torch_trainer's model and trainer
-      auto whole = torch_trainer::makeTorchTrainer(c.model.spec, train, device);
-      for (uint32_t e = 1; e <= c.split.pretrain_epochs; ++e) {
-        RngStream rng(StreamKey{c.model.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
-        const client::FitConfig fit{.epochs = 1, .batch_size = t.batch_size, .lr = t.lr};
-        const auto r = whole->fit(p, client::DataView{&train, idx}, fit, rng);
-        const auto ev = whole->evaluate(p, client::DataView{&test, test_idx});
-        std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e,
-                    c.split.pretrain_epochs, r.metrics.empty() ? 0.0 : r.metrics[0].value,
-                    100 * ev.accuracy);
-        std::fflush(stdout);
-      }
-    } else {  // split/'s own models: uncompressed split steps are the whole model's steps (tested)
-      split::SplitModel whole(c.model.spec, split::SplitModel::cutPoints(c.model.spec)[0], 28, 28,
-                              10);
-      whole.setCloudDevice(device);
-      split::SplitTrainConfig cfg;
-      cfg.batch_size = t.batch_size;
-      cfg.lr = t.lr;
-      cfg.seed = c.model.seed;
-      split::InProcessSplit run(whole, cfg, p);
-      for (uint32_t e = 1; e <= c.split.pretrain_epochs; ++e) {
-        const auto r = run.runEpoch(train, idx, &test, test_idx);
-        std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e,
-                    c.split.pretrain_epochs, r.train_loss, 100 * r.test_accuracy);
-        std::fflush(stdout);
-      }
-      p.assign(run.bottom().begin(), run.bottom().end());
-      p.insert(p.end(), run.top().begin(), run.top().end());
+// --role pretrain: the whole model trained on the public part, written to split.pretrained.
+int runPretrain(const Settings& c, const split::SplitTrainConfig& t, split::SplitModel& sm,
+                const torch_trainer::Device& device, const data::Dataset& train,
+                const data::Dataset& test) {
+  const auto idx = part(train, c, false, c.split.max_train);
+  const auto test_idx = part(test, c, false, c.split.max_test);
+  std::vector<float> p = sm.initParameters(c.model.seed);
+  std::printf("pre-training %s on the public part (%s): %zu examples, %u epoch(s)\n",
+              c.model.spec.c_str(), apps::name(c.split.shift), idx.size(), c.split.pretrain_epochs);
+  if (c.model.spec != "vit") {  // torch_trainer's model and trainer
+    auto whole = torch_trainer::makeTorchTrainer(c.model.spec, train, device);
+    for (uint32_t e = 1; e <= c.split.pretrain_epochs; ++e) {
+      RngStream rng(StreamKey{c.model.seed, e, kAnyClient, StreamPurpose::kTraining, 0});
+      const client::FitConfig fit{.epochs = 1, .batch_size = t.batch_size, .lr = t.lr};
+      const auto r = whole->fit(p, client::DataView{&train, idx}, fit, rng);
+      const auto ev = whole->evaluate(p, client::DataView{&test, test_idx});
+      std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e,
+                  c.split.pretrain_epochs, r.metrics.empty() ? 0.0 : r.metrics[0].value,
+                  100 * ev.accuracy);
+      std::fflush(stdout);
     }
-    savePretrained(c.split.pretrained, sm.full(), p);
-    std::printf("wrote %s\n", c.split.pretrained.c_str());
-    return 0;
+  } else {  // split/'s own models: uncompressed split steps are the whole model's steps (tested)
+    split::SplitModel whole(c.model.spec, split::SplitModel::cutPoints(c.model.spec)[0], 28, 28,
+                            10);
+    whole.setCloudDevice(device);
+    split::SplitTrainConfig cfg;
+    cfg.batch_size = t.batch_size;
+    cfg.lr = t.lr;
+    cfg.seed = c.model.seed;
+    split::InProcessSplit run(whole, cfg, p);
+    for (uint32_t e = 1; e <= c.split.pretrain_epochs; ++e) {
+      const auto r = run.runEpoch(train, idx, &test, test_idx);
+      std::printf("epoch %u/%u  train loss %.4f  public test accuracy %.1f%%\n", e,
+                  c.split.pretrain_epochs, r.train_loss, 100 * r.test_accuracy);
+      std::fflush(stdout);
+    }
+    p.assign(run.bottom().begin(), run.bottom().end());
+    p.insert(p.end(), run.top().begin(), run.top().end());
   }
+  savePretrained(c.split.pretrained, sm.full(), p);
+  std::printf("wrote %s\n", c.split.pretrained.c_str());
+  return 0;
+}
 
-  // Fine-tuning, split, on the private part.
+// --role inproc and edge: fine-tuning, split, on the private part (edge: this edge's shard of it,
+// through the cloud).
+int runFineTuning(const Settings& c, const split::SplitTrainConfig& t, split::SplitModel& sm,
+                  const data::Dataset& train, const data::Dataset& test) {
   const std::vector<float> p = loadPretrained(c.split.pretrained, sm.full());
   const data::Dataset priv_train = shifted(train, c, 1), priv_test = shifted(test, c, 2);
   const auto idx = part(priv_train, c, true, c.split.max_train);
@@ -368,6 +345,38 @@ int run(Settings& c) {
   std::printf("\ntraffic: %.2f MB up, %.2f MB down, %.2f MB in all\n", up / 1e6, down / 1e6,
               (up + down) / 1e6);
   return 0;
+}
+
+int run(Settings& c) {
+  const split::SplitTrainConfig t = trainConfig(c);
+  if (c.model.spec != "cnn" &&
+      c.split.cut == "conv2") {  // the default names a cnn layer: take the model's middle cut
+    const auto cuts = split::SplitModel::cutPoints(c.model.spec);
+    c.split.cut = c.model.spec == "vit" ? "ffn2" : cuts[1];
+  }
+  split::SplitModel sm(c.model.spec, c.split.cut, 28, 28, 10, c.split.weight_rank, c.split.skip);
+  // The cloud's part (and pre-training) may run on a GPU; an edge device trains on its CPU.
+  torch_trainer::Device device;
+  if (c.split.role == Role::kEdge) {
+    if (c.split.device.rfind("cuda", 0) == 0)
+      STARLING_THROW(ConfigError, "--device ", c.split.device,
+                     ": an edge device runs its part on the CPU; --device applies to "
+                     "--role cloud, inproc (the cloud's part) and pretrain");
+    if (c.split.device != "auto")
+      torch_trainer::chooseDevice(c.split.device);  // refuses a setting that is none of them
+  } else {
+    device = torch_trainer::chooseDevice(c.split.device);
+    if (device.cuda()) torch_trainer::useReproducibleCuda();
+    sm.setCloudDevice(device);
+  }
+  torch_trainer::setThreads(c.sim.threads);
+  if (c.split.role == Role::kCloud) return runCloud(c, t, sm);  // no data set needed
+  std::printf("starling-split: loading Fashion-MNIST from %s\n", c.data.source.dir.c_str());
+  const data::Dataset train = data::loadFashionMnist(c.data.source.dir, "train");
+  const data::Dataset test = data::loadFashionMnist(c.data.source.dir, "t10k");
+
+  if (c.split.role == Role::kPretrain) return runPretrain(c, t, sm, device, train, test);
+  return runFineTuning(c, t, sm, train, test);
 }
 
 }  // namespace

@@ -544,4 +544,38 @@ ClientStateStore::Stats ClientStateStore::stats() const { return impl_->stats();
 const std::filesystem::path& ClientStateStore::spillDir() const { return impl_->dir(); }
 uint64_t ClientStateStore::layoutFingerprint() const { return impl_->fingerprint(); }
 
+ClientStatesPlan planClientStates(const ClientStatesSite& site) {
+  ClientStatesPlan plan;
+  plan.options.memory_bytes = site.memory_bytes;
+  // With a checkpoint the client states must survive a crash too (error-feedback residuals,
+  // SCAFFOLD's c_i): they are kept beside it unless state.dir says where.
+  plan.folder = site.dir;
+  if (plan.folder.empty() && !site.checkpoint.empty()) plan.folder = site.checkpoint + ".states";
+  // Buffered workers keep every state in the first one's store (simulator/async_sim.h).
+  if (site.buffered && !site.lead) plan.folder.clear();
+  if (plan.folder.empty()) return plan;
+  plan.options.spill_dir = plan.folder + "/worker-" + std::to_string(site.rank);
+  const bool stored = ClientStateStore::holdsStore(plan.options.spill_dir);
+  if (site.buffered)
+    plan.options.resume = !site.checkpoint.empty() && stored;
+  else
+    plan.options.resume = stored || (!site.checkpoint.empty() && fs::exists(site.checkpoint) &&
+                                     fs::exists(plan.options.spill_dir));
+  return plan;
+}
+
+void checkClientStates(const ClientStatesSite& site, const ClientStatesPlan& plan,
+                       const ClientStateStore& store) {
+  if (site.buffered || !plan.options.resume || store.stats().clients == 0) return;
+  if (!site.checkpoint.empty() && fs::exists(site.checkpoint)) return;
+  STARLING_THROW(ConfigError, "the client-state folder ", plan.options.spill_dir, " holds ",
+                 store.stats().clients, " clients' states of an earlier run, ",
+                 site.checkpoint.empty()
+                     ? "and no state.checkpoint resumes them: remove it, or set state.dir to "
+                       "another folder"
+                     : "and its checkpoint " + site.checkpoint +
+                           " is missing: restore the checkpoint, or remove " + plan.folder +
+                           " to start over");
+}
+
 }  // namespace starling::simulator

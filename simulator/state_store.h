@@ -121,4 +121,37 @@ class ClientStateStore {
   std::unique_ptr<Impl> impl_;
 };
 
+// Where a simulation keeps its client states and whether it reopens them: the rules of
+// state.dir beside state.checkpoint, written once for starling-sim's synchronous and buffered
+// runs (docs/simulation.md).
+struct ClientStatesSite {
+  std::string dir;         // state.dir; empty: CHECKPOINT.states with a checkpoint, else none
+  std::string checkpoint;  // state.checkpoint; empty: none
+  int rank = 0;            // this worker's
+  bool buffered = false;   // round.mode = async or semisync
+  bool lead = true;        // the first worker (a buffered run keeps every state in its store)
+  uint64_t memory_bytes = uint64_t{256} << 20;
+};
+
+struct ClientStatesPlan {
+  StateStoreOptions options;  // spill_dir empty: a temporary folder
+  std::string folder;         // the run's state folder (dir/worker-R is this worker's); empty: none
+};
+
+// The store's options for `site`:
+// - a buffered run reopens whatever store is there when it has a checkpoint: the checkpoint names
+//   the step its states are at (the asynchronous simulation refuses a pair that does not match,
+//   and a store killed before its first checkpoint reopens empty);
+// - a synchronous run reopens the states its workers flushed at the checkpoint; one without its
+//   checkpoint reopens the folder too (so a run still using it is refused by its lock) and is
+//   checked by checkClientStates.
+ClientStatesPlan planClientStates(const ClientStatesSite& site);
+
+// A synchronous run's states that no checkpoint resumes, said in the settings' words: a store
+// never flushed (killed before its first checkpoint) reopens empty and the run starts over;
+// flushed states whose checkpoint is gone, or an earlier run's without one, are a ConfigError
+// naming what to restore or remove.
+void checkClientStates(const ClientStatesSite& site, const ClientStatesPlan& plan,
+                       const ClientStateStore& store);
+
 }  // namespace starling::simulator

@@ -463,3 +463,73 @@ TEST_CASE("state store: a flush's generation is what a resumed store reports, wh
   ClientStateStore st(o, kFp);
   CHECK(st.generation() == 0);
 }
+
+TEST_CASE("a simulation's client-state folder: where it is, when it reopens, what is refused",
+          "[simulator]") {
+  TempDir dir("states-site");
+  const std::string ck = (dir.path / "run.ckpt").string();
+  ClientStatesSite site;
+  site.checkpoint = ck;
+  site.rank = 1;
+  site.memory_bytes = 1 << 20;
+  // Beside the checkpoint by default, one folder per worker; nothing to reopen yet.
+  ClientStatesPlan plan = planClientStates(site);
+  CHECK(plan.folder == ck + ".states");
+  CHECK(plan.options.spill_dir == ck + ".states/worker-1");
+  CHECK(plan.options.memory_bytes == uint64_t{1} << 20);
+  CHECK_FALSE(plan.options.resume);
+  // state.dir wins; without a checkpoint or state.dir there is no folder (a temporary one).
+  site.dir = (dir.path / "mine").string();
+  CHECK(planClientStates(site).options.spill_dir == site.dir + "/worker-1");
+  site.dir.clear();
+  ClientStatesSite bare = site;
+  bare.checkpoint.clear();
+  CHECK(planClientStates(bare).folder.empty());
+  CHECK(planClientStates(bare).options.spill_dir.empty());
+  // A buffered run keeps every state in the first worker's store.
+  ClientStatesSite other = site;
+  other.buffered = true;
+  other.lead = false;
+  CHECK(planClientStates(other).options.spill_dir.empty());
+
+  // A synchronous run flushes states, then loses its checkpoint: the folder reopens and is
+  // refused, naming the checkpoint to restore and the folder to remove.
+  {
+    plan = planClientStates(site);
+    auto opts = plan.options;
+    opts.map_bytes = 1ull << 30;
+    ClientStateStore st(opts, kFp);
+    st.store(3, makeState(3, 8));
+    st.flush(1);
+  }
+  plan = planClientStates(site);
+  CHECK(plan.options.resume);  // stored, though no checkpoint exists
+  {
+    auto opts = plan.options;
+    opts.map_bytes = 1ull << 30;
+    ClientStateStore st(opts, kFp);
+    CHECK_THROWS_MATCHING(checkClientStates(site, plan, st), ConfigError,
+                          Contains("1 clients' states of an earlier run") &&
+                              Contains("restore the checkpoint") && Contains(plan.folder));
+    ClientStatesSite none = site;
+    none.checkpoint.clear();
+    none.dir = plan.folder;
+    CHECK_THROWS_MATCHING(checkClientStates(none, plan, st), ConfigError,
+                          Contains("no state.checkpoint resumes them"));
+    // With its checkpoint there, the states are the checkpoint's: taken.
+    std::ofstream(ck) << "x";
+    CHECK_NOTHROW(checkClientStates(site, plan, st));
+    // A buffered run's checkpoint names the step its states are at: not refused here.
+    ClientStatesSite async = site;
+    async.buffered = true;
+    std::filesystem::remove(ck);
+    CHECK_NOTHROW(checkClientStates(async, plan, st));
+  }
+  // A buffered run reopens a store only with its checkpoint set.
+  ClientStatesSite async = site;
+  async.buffered = true;
+  CHECK(planClientStates(async).options.resume);
+  async.checkpoint.clear();
+  async.dir = site.checkpoint + ".states";
+  CHECK_FALSE(planClientStates(async).options.resume);
+}

@@ -1,0 +1,465 @@
+// starling-sim's main (apps/sim_run.h): a simulation built from the settings, step by step.
+#include "apps/sim_run.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "aggregation/rule.h"
+#include "aggregation/server_optimizer.h"
+#include "apps/engine_settings.h"
+#include "apps/settings.h"
+#include "client/algorithm.h"
+#include "client/trainer.h"
+#include "compression/registry.h"
+#include "core/error.h"
+#include "data/idx.h"
+#include "data/partition.h"
+#include "data/source.h"
+#include "data/stats.h"
+#include "server/async_server.h"
+#include "server/engine.h"
+#include "simulator/async_sim.h"
+#include "simulator/collectives.h"
+#include "simulator/launch.h"
+#include "simulator/sim_fleet.h"
+#include "simulator/state_store.h"
+#include "torch_trainer/device.h"
+#include "torch_trainer/device_round.h"
+#include "torch_trainer/threads.h"
+#include "torch_trainer/torch_trainer.h"
+
+namespace starling::apps {
+namespace {
+namespace sim = starling::simulator;
+
+std::string eta(double seconds) {
+  char buf[32];
+  const int s = static_cast<int>(seconds);
+  std::snprintf(buf, sizeof buf, "%d:%02d", s / 60, s % 60);
+  return buf;
+}
+
+// sim.device_round: whether the clients' updates are formed and compressed on the trainer's
+// device (auto: when that is a GPU).
+bool deviceRoundOn(DeviceRound setting, const torch_trainer::Device& device) {
+  return setting == DeviceRound::kOn || (setting == DeviceRound::kAuto && device.cuda());
+}
+
+// The end of a run's summary line: how many updates the round on the device made.
+std::string deviceRoundNote(const client::DeviceUpdate* d) {
+  return d ? "; " + std::to_string(d->updates()) + " updates formed on the device" : "";
+}
+
+std::string accuracyNote(const std::optional<double>& acc) {
+  return acc ? std::to_string(100 * *acc).substr(0, 5) + "%" : "n/a";
+}
+
+// What a simulation is before anything is loaded: the round engine's configuration, the launch
+// (this worker among how many), the device its trainer uses, the simulated devices.
+struct SimPlan {
+  server::EngineConfig ec;
+  sim::LaunchInfo launch;
+  uint64_t world = 1;
+  bool buffered = false;  // FedBuff or semisync: simulator/async_sim.h
+  torch_trainer::Device device;
+  sim::SchedulePolicy policy = sim::SchedulePolicy::kLpt;
+  sim::DeviceDistributions devices;
+};
+
+// Every spec and value checked before data is loaded or a worker started: each refusal once,
+// naming its key.
+SimPlan planSimulation(const Settings& c) {
+  SimPlan p;
+  server::EngineConfig& ec = p.ec;
+  ec = engineConfig(c);
+  // Every worker steps alike, and a simulation keeps no secret: its noise and sample come from
+  // the run seed (privacy/dp.h).
+  ec.dp.seeded_noise = true;
+  ec.dp.population = c.data.num_clients;
+  compression::makeCompressor(ec.scheme.compressor);
+  aggregation::makeRule(ec.scheme.rule);
+  aggregation::makeServerOptimizer(ec.server_opt, 1);
+  data::makePartitioner(c.data.partition);
+  c.data.source.validate();
+  p.policy = sim::parseSchedulePolicy(c.sim.schedule);
+  p.devices = sim::DeviceDistributions{c.devices.speed_median, c.devices.speed_sigma,
+                                       c.devices.bandwidth_median, c.devices.bandwidth_sigma,
+                                       c.devices.availability};
+  p.devices.validate();
+  STARLING_CHECK_ARG(
+      c.sampling.poisson_rate > 0 ||
+          (c.sampling.clients_per_round >= 1 && c.sampling.clients_per_round <= c.data.num_clients),
+      "sampling.clients_per_round (", c.sampling.clients_per_round,
+      ") must be in [1, data.num_clients = ", c.data.num_clients, "]");
+  // FedScale's semantics: this many per round, or every available client if fewer are available.
+  // Every simulated client is registered: no waiting, a round needs one result, and the engine's
+  // real-time deadline is the simulated deadline's (round.deadline_seconds) to enforce.
+  ec.sampling.min_clients = 1;
+  ec.sampling.min_available = 1;
+  ec.completion.min_results = 1;
+  ec.completion.min_completion_rate = 0;
+  ec.round_deadline_ms = 3'600'000;
+  ec.validate();
+  p.launch = sim::launchInfoFromEnvironment();
+  p.world = p.launch.world_size > 1 ? static_cast<uint64_t>(p.launch.world_size) : c.sim.workers;
+  p.buffered = buffered(c.round.mode);
+  checkRoundMode(c, kSim, ec);
+  // A robust rule needs every update in one place: across workers only streaming rules add up
+  // (asynchronous workers each add every update).
+  if (p.world > 1 && !p.buffered && !aggregation::makeRule(ec.scheme.rule)->streaming())
+    STARLING_THROW(ConfigError, "aggregation.rule = '", ec.scheme.rule,
+                   "' is not a streaming rule and cannot be split among ", p.world,
+                   " workers; use sim.workers = 1 or a streaming rule (fedavg)");
+  // The device is checked before workers start: a setting no worker can meet fails once, here.
+  torch_trainer::WorkerPlacement placement{p.launch.local_rank, p.launch.local_world_size,
+                                           static_cast<int>(c.sim.workers_per_gpu)};
+  if (p.launch.world_size == 1) placement.local_workers = static_cast<int>(c.sim.workers);
+  p.device = torch_trainer::chooseDevice(c.sim.device, placement);
+  // NCCL takes one rank per GPU, the local rank's (simulator/nccl_collectives.cc): workers sharing
+  // a GPU, or pinned to one, need Gloo.
+  if (c.sim.backend == "nccl" && (c.sim.workers_per_gpu > 1 || c.sim.device.rfind("cuda:", 0) == 0))
+    STARLING_THROW(
+        ConfigError,
+        "sim.backend = nccl takes one worker per GPU (the GPU of its local rank): with ",
+        c.sim.workers_per_gpu > 1 ? "sim.workers_per_gpu > 1" : "sim.device = " + c.sim.device,
+        " use sim.backend = gloo");
+  return p;
+}
+
+// The simulation's parts every worker holds: the data set, the clients (their shards and
+// devices), the trainer and the round on the device. Not movable: the clients point at the data.
+struct SimParts {
+  data::LoadedData loaded;
+  sim::SimClients clients;
+  std::unique_ptr<client::Trainer> trainer;
+  std::shared_ptr<const ParamLayout> layout;
+  std::unique_ptr<client::DeviceUpdate> device_round;
+  const data::Dataset* test() const { return loaded.test ? &*loaded.test : nullptr; }
+};
+
+std::unique_ptr<SimParts> loadSimulation(const Settings& c, SimPlan& plan) {
+  auto parts = std::make_unique<SimParts>();
+  // Every worker holds the data set: as bytes where the file has them (the LibTorch trainer reads
+  // them as value / 255, the values of floats exactly), a quarter of the memory.
+  data::DataSource source = c.data.source;
+  source.keep_bytes = true;
+  parts->loaded = data::loadData(source);
+  const data::Dataset& train = parts->loaded.train;
+  const uint64_t n = c.data.num_clients;
+  sim::SimClients& clients = parts->clients;
+  clients.train = &train;
+  clients.shards = data::makePartitioner(c.data.partition)
+                       ->split(train.labels, train.num_classes, n, c.model.seed);
+  clients.devices = c.devices.trace.empty()
+                        ? sim::DevicePopulation::sample(n, plan.devices, c.model.seed)
+                        : sim::DevicePopulation::fromCsv(c.devices.trace, n);
+  if (!c.devices.availability_trace.empty())
+    clients.devices.loadWindows(c.devices.availability_trace);
+  try {
+    parts->trainer = torch_trainer::makeTorchTrainer(c.model.spec, train, plan.device);
+  } catch (const InvalidArgument& e) {  // the model does not fit the data's shape or classes
+    STARLING_THROW(ConfigError, "model.spec = '", c.model.spec, "' does not fit data.train (",
+                   parts->loaded.train_path, ": ", data::describe(train), "): ", e.what(),
+                   train.rows == 1 ? " (the examples are flat: data.shape = ROWSxCOLS views them "
+                                     "as images; logreg and mlp "
+                                     "take any shape)"
+                                   : "");
+  }
+  parts->layout = std::make_shared<const ParamLayout>(parts->trainer->layout());
+  if (deviceRoundOn(c.sim.device_round, plan.device))
+    parts->device_round = torch_trainer::makeDeviceUpdate(*parts->trainer);
+  // SCAFFOLD is the round engine's, as in a deployment: c lives in the engine (and its
+  // checkpoint), N is the simulated population.
+  if (plan.ec.scheme.scaffold) client::checkScaffoldTrainer(*parts->trainer);
+  plan.ec.scaffold_population = plan.ec.scheme.scaffold ? n : 0;
+  return parts;
+}
+
+// The first worker's account of the run before it starts, and the data files it was asked for.
+void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
+  const server::EngineConfig& ec = plan.ec;
+  const data::Dataset& train = parts.loaded.train;
+  const int world = plan.launch.world_size;
+  std::printf(
+      "starling-sim: %s (%zu parameters) | %llu clients, %s | %s | %s | %s | %d "
+      "worker%s (%s, %s) on %s\n",
+      parts.trainer->spec().c_str(), parts.layout->numel(),
+      static_cast<unsigned long long>(c.data.num_clients), c.data.partition.c_str(),
+      (c.sampling.poisson_rate > 0
+           ? "each client sampled with probability " + std::to_string(c.sampling.poisson_rate)
+           : std::to_string(c.sampling.clients_per_round) + " per round")
+          .c_str(),
+      ec.scheme.compressor.c_str(), ec.scheme.rule.c_str(), world, world == 1 ? "" : "s",
+      c.sim.backend.c_str(), plan.launch.source.c_str(),
+      plan.device.cuda() ? (plan.device.str() + (world > 1 ? " (rank 0)" : "")).c_str() : "cpu");
+  std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(),
+              parts.loaded.train_path.c_str(),
+              parts.test()
+                  ? (data::describe(*parts.test()) + " (" + parts.loaded.test_path + ")").c_str()
+                  : "none");
+  if (parts.device_round)
+    std::printf(
+        "round on the device (sim.device_round = %s): %s\n", name(c.sim.device_round),
+        parts.device_round->serves(*compression::makeCompressor(ec.scheme.compressor))
+            ? (ec.scheme.scaffold ? "each update formed and compressed where it trains, "
+                                    "with SCAFFOLD's control change"
+                                  : "each update formed and compressed where it trains")
+            : "this compressor is compressed on the host (top-k, stc, rand-k, random-block, "
+              "sign, QSGD, PowerSGD and ACP-SGD are served)");
+  if (c.data.stats || !c.data.stats_file.empty()) {
+    const data::PartitionStats st =
+        data::partitionStats(train.labels, train.num_classes, parts.clients.shards);
+    if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());
+    if (!c.data.stats_file.empty()) data::writeStatsCsv(st, c.data.stats_file);
+  }
+  if (!c.data.split_file.empty())
+    data::writeSplit(parts.clients.shards, train.size(),
+                     "partition " + c.data.partition + ", model.seed " +
+                         std::to_string(c.model.seed) + ", train " + parts.loaded.train_path,
+                     c.data.split_file);
+  std::fflush(stdout);
+}
+
+// FedBuff or semi-synchronous rounds: the buffered engine on the simulated event clock.
+void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
+                 sim::ClientStateStore& store, sim::Collectives& workers, bool lead) {
+  const server::EngineConfig& ec = plan.ec;
+  client::Trainer& trainer = *parts.trainer;
+  std::vector<float> init(parts.layout->numel());
+  trainer.initParameters(init, c.model.seed);
+  server::AsyncServer server(parts.layout, asyncServerConfig(c, ec), std::move(init));
+  sim::AsyncSimConfig ac;
+  ac.steps = ec.rounds;
+  ac.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
+  if (c.round.mode == RoundMode::kSemisync) ac.round_seconds = c.round.deadline_seconds;
+  ac.reference_seconds_per_example = c.sim.reference_spe;
+  ac.seed = c.model.seed;
+  ac.fit = ec.fit;
+  ac.eval_every = ec.eval_every;
+  ac.metrics_file = ec.metrics;
+  ac.checkpoint = ec.checkpoint;
+  ac.device_update = parts.device_round.get();
+  ac.workers = &workers;  // only the first one writes metrics and checkpoints
+  sim::AsyncSimulation simulation(ac, parts.clients, trainer, store, server, parts.test());
+  if (!lead) {  // the first worker reports
+    simulation.run();
+    return;
+  }
+  if (simulation.resumed())
+    std::printf(
+        "resumed at step %llu (model version %llu, %llu updates buffered, %.1f simulated s)\n",
+        static_cast<unsigned long long>(server.steps() + 1),
+        static_cast<unsigned long long>(server.version()),
+        static_cast<unsigned long long>(server.buffered()), simulation.now());
+  if (ac.round_seconds > 0)
+    std::printf(
+        "semi-synchronous rounds of %g simulated s: up to %llu clients training at once, late "
+        "updates weighted by staleness %s up to %llu\n",
+        ac.round_seconds, static_cast<unsigned long long>(ac.concurrency),
+        c.async.staleness.c_str(), static_cast<unsigned long long>(c.async.max_staleness));
+  else
+    std::printf(
+        "async (FedBuff): %llu clients training at once, a step every %llu updates, staleness %s "
+        "up to %llu\n",
+        static_cast<unsigned long long>(ac.concurrency),
+        static_cast<unsigned long long>(c.async.buffer_size), c.async.staleness.c_str(),
+        static_cast<unsigned long long>(c.async.max_staleness));
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDOUT_FILENO);
+  std::optional<double> last_acc;
+  const auto metric = [](const server::RoundRecord& r, const char* name) {
+    const auto it = r.metrics.find(name);
+    return it == r.metrics.end() ? 0.0 : it->second;  // a round where nothing arrived has none
+  };
+  simulation.run([&](const server::RoundRecord& r) {
+    if (r.test_accuracy) last_acc = r.test_accuracy;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double left =
+        elapsed / static_cast<double>(r.round) * static_cast<double>(ac.steps - r.round);
+    char acc[32] = "";
+    if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
+    std::printf(
+        "%sstep %4llu/%llu%s  loss %.4f  staleness %.1f (max %.0f)  refused %llu  sim %.1f s  ETA "
+        "%s%s",
+        tty ? "\r" : "", static_cast<unsigned long long>(r.round),
+        static_cast<unsigned long long>(ac.steps), acc, r.train_loss.value_or(0.0),
+        metric(r, "staleness_mean"), metric(r, "staleness_max"),
+        static_cast<unsigned long long>(r.updates_rejected), simulation.now(), eta(left).c_str(),
+        tty ? "" : "\n");
+    if (tty && r.test_accuracy) std::printf("\n");
+    std::fflush(stdout);
+  });
+  std::printf(
+      "\nstarling-sim: %llu steps in %.1f s (%.1f simulated s); final test accuracy %s; %llu "
+      "clients trained%s\n",
+      static_cast<unsigned long long>(ac.steps),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      simulation.now(), accuracyNote(last_acc).c_str(),
+      static_cast<unsigned long long>(simulation.clientsTrained()),
+      deviceRoundNote(parts.device_round.get()).c_str());
+}
+
+// Synchronous rounds: the round engine over the simulated fleet, each worker training its share.
+void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
+                    const sim::ClientStatesPlan& states, sim::ClientStateStore& store,
+                    sim::Collectives& workers, bool lead) {
+  server::EngineConfig& ec = plan.ec;
+  const sim::LaunchInfo& launch = plan.launch;
+  const bool sharded = c.sim.sharded_step && launch.world_size > 1;
+  sim::SimFleetConfig fc{
+      plan.policy, c.sim.reference_spe, c.round.deadline_seconds, c.model.seed, {}, sharded};
+  if (!states.folder.empty()) fc.homes_file = states.options.spill_dir + "/homes.bin";
+  fc.durable_states = !ec.checkpoint.empty();
+  fc.device_update = parts.device_round.get();
+  sim::SimFleet fleet(fc, parts.clients, *parts.trainer, store, workers, parts.test());
+
+  std::vector<float> init(parts.layout->numel());
+  parts.trainer->initParameters(init, c.model.seed);
+  ec.write_files = lead;
+  if (sharded) {
+    ec.shard_rank = static_cast<uint32_t>(launch.rank);
+    ec.shard_count = static_cast<uint32_t>(launch.world_size);
+    if (!ec.checkpoint.empty())
+      ec.optimizer_shard_file = ec.checkpoint + ".optimizer-" + std::to_string(launch.rank) +
+                                "-of-" + std::to_string(launch.world_size);
+  }
+  server::RoundEngine engine(parts.layout, ec, std::move(init));
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDOUT_FILENO);
+  const uint64_t first = engine.nextRound();
+  if (lead && engine.resumed())
+    std::printf("resumed at round %llu\n", static_cast<unsigned long long>(first));
+  if (const privacy::CentralDp* dp = engine.dp(); lead && dp)
+    std::printf(
+        "central DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
+        "(delta %g; noise from the run seed)\n",
+        dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds),
+        static_cast<unsigned long long>(ec.rounds), dp->config().delta);
+  std::optional<double> last_acc;
+  while (!engine.done()) {
+    const server::RoundRecord r = engine.runRound(fleet);
+    if (!lead) continue;
+    if (r.test_accuracy) last_acc = r.test_accuracy;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double per_round = elapsed / static_cast<double>(r.round - first + 1);
+    const double left = per_round * static_cast<double>(ec.rounds - r.round);
+    char acc[32] = "", ef[80] = "";
+    if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
+    if (auto g = r.metrics.find("ef_gain"); g != r.metrics.end())
+      std::snprintf(ef, sizeof ef, "  EF gain %.2f", g->second);
+    if (r.dp_epsilon)
+      std::snprintf(ef + std::strlen(ef), sizeof ef - std::strlen(ef), "  epsilon %.3f",
+                    *r.dp_epsilon);
+    std::printf(
+        "%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA "
+        "%s%s",
+        tty ? "\r" : "", static_cast<unsigned long long>(r.round),
+        static_cast<unsigned long long>(ec.rounds), acc, r.train_loss.value_or(0.0), ef,
+        r.clients_completed ? static_cast<double>(r.uplink_bytes) / 1024.0 /
+                                  static_cast<double>(r.clients_completed)
+                            : 0.0,
+        r.makespan_seconds.value_or(0.0), r.sim_seconds.value_or(0.0), eta(left).c_str(),
+        tty ? "" : "\n");
+    if (tty && r.test_accuracy) std::printf("\n");
+    std::fflush(stdout);
+  }
+  if (lead) {
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf(
+        "\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
+        "this worker; "
+        "%llu client states moved between workers%s\n",
+        static_cast<unsigned long long>(ec.rounds - first + 1), secs,
+        accuracyNote(last_acc).c_str(), static_cast<unsigned long long>(fleet.clientsTrained()),
+        static_cast<unsigned long long>(fleet.statesMigrated()),
+        deviceRoundNote(parts.device_round.get()).c_str());
+  }
+}
+
+int runSim(int argc, char** argv, const Settings& c) {
+  SimPlan plan = planSimulation(c);
+  sim::LaunchInfo& launch = plan.launch;
+  // Without a launcher, this process is rank 0 of sim.workers and starts the others.
+  sim::LocalWorld local;
+  if (launch.world_size == 1 && c.sim.workers > 1) {
+    local = sim::startLocalWorld(static_cast<int>(c.sim.workers),
+                                 std::vector<std::string>(argv + 1, argv + argc));
+    launch = local.self;
+  }
+  // When this rank 0 stops on an error, the workers it started are given a moment to say theirs
+  // (they die with it): each reports what it found, a worker that waits on rank 0 is killed then.
+  const struct ChildrenOnError {
+    const sim::LocalWorld& world;
+    int uncaught = std::uncaught_exceptions();
+    ~ChildrenOnError() {
+      if (!world.children.empty() && std::uncaught_exceptions() > uncaught)
+        sim::waitRanks(world.children, std::chrono::seconds(20));
+    }
+  } children_on_error{local};
+  const bool lead = launch.rank == 0;
+  if (plan.device.cuda())
+    torch_trainer::useReproducibleCuda();  // a GPU run is the CPU run's experiment
+  torch_trainer::setThreads(c.sim.threads);
+
+  const std::unique_ptr<SimParts> parts = loadSimulation(c, plan);
+  if (lead) describe(c, plan, *parts);
+
+  sim::CollectiveOptions co;
+  co.bucket_bytes = c.sim.bucket_bytes;
+  auto workers =
+      launch.world_size == 1 ? sim::makeLocal() : sim::makeCollectives(c.sim.backend, launch, co);
+  const sim::ClientStatesSite site{c.state.dir, plan.ec.checkpoint,  launch.rank, plan.buffered,
+                                   lead,        c.state.memory_bytes};
+  const sim::ClientStatesPlan states = sim::planClientStates(site);
+  sim::ClientStateStore store(states.options, parts->layout->fingerprint());
+  sim::checkClientStates(site, states, store);
+  if (plan.buffered)
+    runBuffered(c, plan, *parts, store, *workers, lead);
+  else
+    runSynchronous(c, plan, *parts, states, store, *workers, lead);
+  int rc = 0;
+  for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
+    std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,
+                 status < 0 ? "signal" : "exit status", status < 0 ? -status : status);
+    rc = 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int simMain(int argc, char** argv) {
+  Settings c;
+  Options o(
+      "starling-sim",
+      "starling-sim: federated training of many simulated clients on few worker processes\n"
+      "(FedML Parrot style: sequential training per worker, local then global aggregation over "
+      "c10d).\n"
+      "Every key can be set in a TOML file (--config) or on the command line (which wins); the\n"
+      "same file runs as a deployment (docs/configuration.md).\n"
+      "docs/simulation.md explains the configuration, the launch modes and the outputs.");
+  declareSettings(
+      o, c, kSim,
+      {torch_trainer::torchTrainers().help(), compression::compressors().help(),
+       aggregation::aggregationRules().help(), aggregation::serverOptimizers().help(), ""});
+  if (const int rc = o.parse(argc, argv); rc >= 0) return rc;
+  try {
+    resolveSettings(o, c, kSim);
+    return runSim(argc, argv, c);
+  } catch (const starling::Error& e) {
+    std::fprintf(stderr, "starling-sim: %s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace starling::apps
