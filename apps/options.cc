@@ -225,7 +225,9 @@ int Options::parse(int argc, char** argv) {
     for (const auto& o : entries_)
       if (o->owners.empty() && o->key.compare(0, section.size() + 1, section + ".") == 0)
         mine = true;
-    const std::string name = mine ? e->key : section + ".*";
+    // A key without a section (starling-split's role and device) is named as it is.
+    const bool sectioned = e->key.find('.') != std::string::npos;
+    const std::string name = mine || !sectioned ? e->key : section + ".*";
     for (const auto& program : e->owners) {  // listed under each program that uses it
       auto& v = foreign[program];
       if (std::find(v.begin(), v.end(), name) == v.end()) v.push_back(name);

@@ -141,6 +141,9 @@ struct SimParts {
   std::shared_ptr<const ParamLayout> layout;
   std::unique_ptr<client::DeviceUpdate> device_round;
   const data::Dataset* test() const { return loaded.test ? &*loaded.test : nullptr; }
+  SimParts() = default;
+  SimParts(SimParts&&) = delete;  // clients.train points at loaded.train
+  SimParts& operator=(SimParts&&) = delete;
 };
 
 std::unique_ptr<SimParts> loadSimulation(const Settings& c, SimPlan& plan) {

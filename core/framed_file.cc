@@ -23,12 +23,21 @@ uint64_t foldWord(uint64_t h, uint64_t v) {
 }  // namespace
 
 uint64_t frameChecksum(std::span<const uint8_t> payload) {
-  uint64_t lane[4] = {1469598103934665603ull, 0x84222325cbf29ce4ull, 0x9e3779b97f4a7c15ull,
-                      0xc2b2ae3d27d4eb4full};
+  // xxHash64's round on four lanes of 64-bit little-endian words (a rotation between the
+  // multiplications, so that a change reaches every bit: a multiplication alone only carries
+  // upwards, and two flips of a lane's top bit would cancel), then the lanes, the tail bytes and
+  // the length folded by FNV-1a.
+  constexpr uint64_t kP1 = 0x9e3779b185ebca87ull, kP2 = 0xc2b2ae3d27d4eb4full;
+  const auto round = [&](uint64_t lane, uint64_t w) {
+    lane += w * kP2;
+    lane = (lane << 31) | (lane >> 33);
+    return lane * kP1;
+  };
+  uint64_t lane[4] = {kP1 + kP2, kP2, 0, 0 - kP1};
   const size_t n = payload.size(), blocks = n / 32;
   const uint8_t* p = payload.data();
   for (size_t b = 0; b < blocks; ++b, p += 32)
-    for (int i = 0; i < 4; ++i) lane[i] = (lane[i] ^ le64(p + 8 * i)) * kPrime;
+    for (int i = 0; i < 4; ++i) lane[i] = round(lane[i], le64(p + 8 * i));
   uint64_t h = 1469598103934665603ull;
   for (uint64_t l : lane) h = foldWord(h, l);
   for (size_t i = blocks * 32; i < n; ++i) h = (h ^ payload[i]) * kPrime;
@@ -86,8 +95,8 @@ Unframed unframe(const FileFormat& f, std::span<const uint8_t> bytes, const std:
   const uint64_t length = r.u64(), sum = r.u64();
   if (length != r.remaining())
     r.fail(length > r.remaining() ? "truncated" : "trailing bytes", ": the frame holds ", length,
-           " bytes of ", f.name, ", the file ", r.remaining(),
-           " (a partial copy?): restore the file, or start over without it");
+           " bytes of ", f.name, " after its 24-byte header, the file ", bytes.size(),
+           " bytes in all", " (a partial copy?): restore the file, or start over without it");
   u.payload = bytes.subspan(kHeader);
   u.framed = true;
   if (frameChecksum(u.payload) != sum)

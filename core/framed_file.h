@@ -29,7 +29,7 @@ struct FileFormat {
   uint32_t current = 1;  // the version written
 };
 
-// A checksum of `payload` for accidental damage (not a MAC): FNV-1a's step on four lanes of
+// A checksum of `payload` for accidental damage (not a MAC): xxHash64's round on four lanes of
 // 64-bit little-endian words, the lanes, the tail bytes and the length then folded by FNV-1a. The
 // same value on every CPU.
 uint64_t frameChecksum(std::span<const uint8_t> payload);

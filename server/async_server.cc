@@ -114,10 +114,19 @@ void AsyncServer::saveCheckpoint(const std::string& path) const {
 void AsyncServer::loadCheckpoint(const std::string& path) {
   const std::vector<uint8_t> file = readFile(path, uint64_t{64} << 30);
   const std::string what = "checkpoint " + path;
-  if (hasMagic(file, kAsyncMagic))
+  if (hasMagic(file, kAsyncMagic)) {
     load(file, what);  // formats 1 to 3, before the frame
-  else
-    load(unframe(kAsyncFile, file, what).payload, what);
+    return;
+  }
+  if (hasMagic(file, 0x4b434c53))  // "SLCK": the round engine's (server/engine.cc)
+    STARLING_THROW(IoError, what,
+                   ": not a checkpoint of asynchronous rounds: a synchronous run's checkpoint "
+                   "resumes only with round.mode = sync");
+  if (hasMagic(file, 0x4d495341))  // "ASIM": simulator/async_sim.cc
+    STARLING_THROW(IoError, what,
+                   ": a simulation's checkpoint of asynchronous rounds: it resumes only in "
+                   "starling-sim");
+  load(unframe(kAsyncFile, file, what).payload, what);
 }
 
 void AsyncServer::save(ByteWriter& w) const {

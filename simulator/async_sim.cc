@@ -96,15 +96,20 @@ uint64_t clientsFingerprint(const SimClients& c) {
   return fnv1a(bytes);
 }
 
-// The step a whole checkpoint file was written at, or nullopt if it is not one (or is damaged).
+// The step a checkpoint file was written at (read from its head: the frame's magic and version,
+// then the step, behind the frame's length and checksum from format 4), or nullopt if it is not
+// one. The checksum is not checked here: a damaged file is renamed as a whole one would be, and
+// its reader (checkpointFields) refuses it saying so, the file kept.
 std::optional<uint64_t> stepOf(const std::filesystem::path& path) {
-  try {
-    const std::vector<uint8_t> bytes = readFile(path, uint64_t{64} << 30);
-    ByteReader r(unframe(kSimFile, bytes, path.string()).payload, path.string());
-    return r.u64();
-  } catch (const IoError&) {
-    return std::nullopt;
-  }
+  std::ifstream in(path, std::ios::binary);
+  uint8_t head[32];
+  if (!in.read(reinterpret_cast<char*>(head), sizeof head)) return std::nullopt;
+  ByteReader r(std::span<const uint8_t>(head, sizeof head), path.string());
+  if (r.u32() != kSimFile.magic) return std::nullopt;
+  const uint32_t version = r.u32();
+  if (version < kSimFile.oldest || version > kSimFile.current) return std::nullopt;
+  if (version >= kSimFile.framed_since) r.view(16);  // the length and the checksum
+  return r.u64();
 }
 }  // namespace
 

@@ -196,6 +196,8 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
   // The first worker's part of resume(): the checkpoint's bytes (none: start over), its step
   // checked against the store's. IoError when it cannot resume.
   std::vector<uint8_t> settledCheckpoint();
+  // A reader of the checkpoint's fields after its frame (checked): a view into `bytes`, which
+  // must outlive it.
   static ByteReader checkpointFields(std::span<const uint8_t> bytes, const std::string& what);
   // The checkpoint's fields, framed by stepped().
   std::vector<uint8_t> checkpointBytes(const std::string& record) const;

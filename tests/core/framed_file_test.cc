@@ -127,6 +127,22 @@ TEST_CASE("the frame's checksum follows every bit and the length, wherever the b
       q[i] ^= static_cast<uint8_t>(1u << b);
       CHECK(frameChecksum(q) != sum);
     }
+  // Two flips of one bit position in words of one lane (32 bytes apart: a float's sign bit twice)
+  // do not cancel; nor does any pair of flips in two words.
+  const auto q0 = payloadOf(128);
+  const uint64_t s0 = frameChecksum(q0);
+  size_t pairs = 0, same = 0;
+  for (size_t w1 = 0; w1 < 16; ++w1)
+    for (size_t w2 = w1 + 1; w2 < 16; ++w2)
+      for (int bit = 0; bit < 64; bit += (w2 - w1) % 4 == 0 ? 1 : 7) {
+        auto q = q0;
+        q[8 * w1 + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+        q[8 * w2 + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+        ++pairs;
+        same += frameChecksum(q) == s0;
+      }
+  CHECK(pairs > 1000);
+  CHECK(same == 0);
   // Zeros appended change it (the length is in it), and so does a block's lanes swapped.
   std::vector<uint8_t> zeros(64, 0), more(65, 0);
   CHECK(frameChecksum(zeros) != frameChecksum(more));

@@ -11,6 +11,7 @@
 
 #include "check_throws.h"
 #include "core/file_io.h"
+#include "core/framed_file.h"
 #include "protocol/codec.h"
 #include "server/async_root.h"
 #include "temp_dir.h"
@@ -202,6 +203,10 @@ TEST_CASE(
   bytes[0] ^= 0xff;
   writeFileAtomic(sync, bytes);
   refused(cfg, sync, "not a checkpoint of asynchronous rounds");
+  // A synchronous run's checkpoint is named as such.
+  const std::string engine = (dir.path / "engine.ckpt").string();
+  writeFramed(engine, FileFormat{0x4b434c53 /* the engine's */, "engine", 8, 8, 8}, bytes);
+  refused(cfg, engine, "resumes only with round.mode = sync");
 }
 
 TEST_CASE(

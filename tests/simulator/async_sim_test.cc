@@ -888,6 +888,15 @@ TEST_CASE(
     CHECK(resumed);
     CHECK_FALSE(fs::exists(run / "ck.bin.next"));
   }
+  SECTION("a damaged checkpoint beside its flushed states is refused as damaged, and kept") {
+    leave("ck3", "ck4", "states4");
+    std::vector<uint8_t> bytes = readFile(run / "ck.bin.next", 1 << 24);
+    bytes[bytes.size() - 9] ^= 0x04;
+    writeFileAtomic(run / "ck.bin.next", bytes);
+    CHECK_THROWS_MATCHING(runStored(s, sc, ac, run, true, true), IoError,
+                          Catch::Matchers::Contains("damaged"));
+    CHECK(readFile(run / "ck.bin", 1 << 24) == bytes);  // step 4's, renamed as its states are
+  }
   SECTION("killed after step 4's checkpoint was written beside, before the states' flush") {
     leave("ck3", "ck4", "states3");
     sameAsWhole(runStored(s, sc, ac, run, true, true, &resumed), 3);
