@@ -412,6 +412,14 @@ SecAggServer::Result SecAggServer::finish() {
   for (const auto& [c, r] : answers_)
     for (const RevealedShare& s : r.shares) revealed[{s.of, s.mask_key}].push_back(s.share);
   std::vector<uint64_t> sum = sum_;
+  // A revealer whose share is off the polynomial the others define lied (or its share was
+  // damaged): the secret is decoded without it (shamirRecover) and it is named.
+  std::set<uint64_t> liars;
+  const auto recover = [&](const std::vector<Share>& shares) {
+    Recovered r = shamirRecover(shares, p_.threshold);
+    for (uint64_t x : r.wrong) liars.insert(x - 1);  // point(c) = c + 1
+    return r.secret;
+  };
   // Survivors: their self masks.
   for (uint64_t u : masked_) {
     const auto& shares = revealed[{u, false}];
@@ -420,7 +428,7 @@ SecAggServer::Result SecAggServer::finish() {
                   " shares revealed, " + std::to_string(p_.threshold) + " needed");
     Key32 seed;
     try {
-      seed = shamirCombine(shares, p_.threshold);
+      seed = recover(shares);
     } catch (const InvalidArgument& e) {
       return fail("client " + std::to_string(u) + "'s self-mask shares: " + e.what());
     }
@@ -443,7 +451,7 @@ SecAggServer::Result SecAggServer::finish() {
                   std::to_string(p_.threshold) + " needed");
     DhKeyPair dropped;
     try {
-      dropped.secret_key = shamirCombine(shares, p_.threshold);
+      dropped.secret_key = recover(shares);
     } catch (const InvalidArgument& e) {
       return fail("dropped client " + std::to_string(v) + "'s mask-key shares: " + e.what());
     }
@@ -464,6 +472,7 @@ SecAggServer::Result SecAggServer::finish() {
   res.ok = true;
   res.sum = std::move(sum);
   res.survivors.assign(masked_.begin(), masked_.end());
+  res.liars.assign(liars.begin(), liars.end());
   return res;
 }
 

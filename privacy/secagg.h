@@ -168,6 +168,10 @@ class SecAggServer {
     std::string reason;               // why not, when !ok
     std::vector<uint64_t> sum;        // the survivors' inputs summed in the ring (dim words)
     std::vector<uint64_t> survivors;  // whose inputs it holds (ascending)
+    // Who revealed a share off the polynomial the others' shares define (ascending): the secrets
+    // are decoded without them (Berlekamp-Welch, privacy/shamir.h), as long as at most
+    // floor((m - t) / 2) of the m shares of a secret are wrong; more fail the round.
+    std::vector<uint64_t> liars;
   };
   // Rebuilds the secrets and unmasks; a result that is not ok reveals nothing.
   Result finish();

@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <set>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -51,6 +52,86 @@ uint64_t interpolate(std::span<const uint64_t> xs, std::span<const uint64_t> ys,
     acc = fieldAdd(acc, fieldMul(ys[i], fieldMul(num, fieldInverse(den))));
   }
   return acc;
+}
+
+namespace {
+// A solution of the linear system a z = b over GF(p) (a: rows x cols, row-major, b: rows), free
+// unknowns 0, or nullopt when it has none. Gaussian elimination with the first non-zero pivot.
+std::optional<std::vector<uint64_t>> solve(std::vector<uint64_t> a, std::vector<uint64_t> b,
+                                           size_t rows, size_t cols) {
+  std::vector<size_t> pivot_col;
+  size_t r = 0;
+  for (size_t c = 0; c < cols && r < rows; ++c) {
+    size_t found = rows;
+    for (size_t i = r; i < rows; ++i)
+      if (a[i * cols + c] != 0) {
+        found = i;
+        break;
+      }
+    if (found == rows) continue;
+    if (found != r) {
+      for (size_t j = 0; j < cols; ++j) std::swap(a[r * cols + j], a[found * cols + j]);
+      std::swap(b[r], b[found]);
+    }
+    const uint64_t inv = fieldInverse(a[r * cols + c]);
+    for (size_t j = c; j < cols; ++j) a[r * cols + j] = fieldMul(a[r * cols + j], inv);
+    b[r] = fieldMul(b[r], inv);
+    for (size_t i = 0; i < rows; ++i) {
+      if (i == r || a[i * cols + c] == 0) continue;
+      const uint64_t f = a[i * cols + c];
+      for (size_t j = c; j < cols; ++j)
+        a[i * cols + j] = fieldSub(a[i * cols + j], fieldMul(f, a[r * cols + j]));
+      b[i] = fieldSub(b[i], fieldMul(f, b[r]));
+    }
+    pivot_col.push_back(c);
+    ++r;
+  }
+  for (size_t i = r; i < rows; ++i)
+    if (b[i] != 0) return std::nullopt;  // 0 = b[i]: inconsistent
+  std::vector<uint64_t> z(cols, 0);
+  for (size_t i = 0; i < r; ++i) z[pivot_col[i]] = b[i];
+  return z;
+}
+}  // namespace
+
+std::optional<std::vector<uint64_t>> decodeReedSolomon(std::span<const uint64_t> xs,
+                                                       std::span<const uint64_t> ys, size_t k) {
+  const size_t n = xs.size();
+  STARLING_CHECK_ARG(ys.size() == n && k >= 1 && k <= n, "decodeReedSolomon: ", n, " points, ",
+                     ys.size(), " values, degree < ", k);
+  const size_t e = (n - k) / 2;
+  // Q(x_i) = y_i E(x_i) with E monic of degree e and Q of degree < k + e: unknowns Q_0 ..
+  // Q_{k+e-1}, E_0 .. E_{e-1}; each point gives sum_j Q_j x^j - y sum_j E_j x^j = y x^e.
+  const size_t cols = k + 2 * e;
+  std::vector<uint64_t> a(n * cols), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t pw = 1;
+    for (size_t j = 0; j < k + e; ++j) {  // j reaches e: k >= 1
+      a[i * cols + j] = pw;
+      if (j < e) a[i * cols + k + e + j] = fieldSub(0, fieldMul(ys[i], pw));
+      if (j == e) b[i] = fieldMul(ys[i], pw);
+      pw = fieldMul(pw, xs[i]);
+    }
+  }
+  const auto z = solve(std::move(a), std::move(b), n, cols);
+  if (!z) return std::nullopt;
+  // P = Q / E, which must divide exactly.
+  std::vector<uint64_t> rem(z->begin(), z->begin() + static_cast<std::ptrdiff_t>(k + e));
+  std::vector<uint64_t> den(z->begin() + static_cast<std::ptrdiff_t>(k + e), z->end());
+  den.push_back(1);  // monic
+  std::vector<uint64_t> quot(k, 0);
+  for (size_t d = k; d-- > 0;) {
+    const uint64_t c = rem[d + e];  // the leading coefficient left (E is monic)
+    quot[d] = c;
+    if (c == 0) continue;
+    for (size_t j = 0; j <= e; ++j) rem[d + j] = fieldSub(rem[d + j], fieldMul(c, den[j]));
+  }
+  for (size_t j = 0; j < e; ++j)
+    if (rem[j] != 0) return std::nullopt;
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += evaluate(quot, xs[i]) != ys[i];
+  if (wrong > e) return std::nullopt;
+  return quot;
 }
 
 }  // namespace detail
@@ -147,6 +228,42 @@ Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
                      " is not 32 bits)");
     for (int b = 0; b < 4; ++b) out[4 * k + b] = static_cast<uint8_t>(limb >> (8 * b));
   }
+  return out;
+}
+
+Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
+  // The checks and the common case: every share on the first threshold's polynomials.
+  try {
+    return Recovered{shamirCombine(shares, threshold), {}};
+  } catch (const InvalidArgument& e) {
+    if (std::string_view(e.what()).find("is not on the polynomial") == std::string_view::npos)
+      throw;
+  }
+  const size_t n = shares.size();
+  std::vector<uint64_t> xs(n), ys(n);
+  for (size_t i = 0; i < n; ++i) xs[i] = shares[i].x;
+  Recovered out;
+  std::set<uint64_t> wrong;
+  for (size_t k = 0; k < 8; ++k) {
+    for (size_t i = 0; i < n; ++i) ys[i] = shares[i].y[k];
+    const auto poly = detail::decodeReedSolomon(xs, ys, threshold);
+    if (!poly)
+      STARLING_THROW(InvalidArgument, "shamir: too many inconsistent shares (more than ",
+                     (n - threshold) / 2, " of ", n, " are off the polynomial of degree < ",
+                     threshold, ")");
+    for (size_t i = 0; i < n; ++i)
+      if (detail::evaluate(*poly, xs[i]) != ys[i]) wrong.insert(xs[i]);
+    const uint64_t limb = (*poly)[0];
+    if (limb >> 32)
+      STARLING_THROW(InvalidArgument, "shamir: inconsistent shares (a limb of ", limb,
+                     " is not 32 bits)");
+    for (int b = 0; b < 4; ++b) out.secret[4 * k + b] = static_cast<uint8_t>(limb >> (8 * b));
+  }
+  // Wrong in different limbs, they may together be more than one decoding corrects.
+  if (wrong.size() > (n - threshold) / 2)
+    STARLING_THROW(InvalidArgument, "shamir: too many inconsistent shares (", wrong.size(), " of ",
+                   n, " are wrong, at most ", (n - threshold) / 2, " can be corrected)");
+  out.wrong.assign(wrong.begin(), wrong.end());
   return out;
 }
 

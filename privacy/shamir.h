@@ -12,6 +12,7 @@
 // shares"), and that each limb fits 32 bits.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,6 +38,19 @@ std::vector<Share> shamirSplit(const Key32& secret, uint32_t threshold,
 // The secret of `shares` (at least `threshold` of them; see the top of the file for the checks).
 Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold);
 
+// The secret of `shares` when some of them may be wrong (a revealer that lies): each limb's
+// polynomial is decoded by Berlekamp-Welch, which corrects up to floor((m - threshold) / 2) wrong
+// shares among m, and `wrong` names the points of the shares not on the decoded polynomials (a
+// share wrong in any limb), ascending. The same checks as shamirCombine on the points and values;
+// InvalidArgument when more shares are wrong than can be corrected ("too many inconsistent
+// shares") or a limb is not 32 bits. With m = threshold nothing can be detected: the caller
+// checks the secret against its commitment.
+struct Recovered {
+  Key32 secret{};
+  std::vector<uint64_t> wrong;
+};
+Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold);
+
 namespace detail {
 uint64_t fieldMul(uint64_t a, uint64_t b);
 uint64_t fieldAdd(uint64_t a, uint64_t b);
@@ -46,6 +60,10 @@ uint64_t fieldInverse(uint64_t a);  // a != 0
 uint64_t evaluate(std::span<const uint64_t> coeffs, uint64_t x);
 // f(at) of the polynomial of degree < points.size() through (xs[i], ys[i]).
 uint64_t interpolate(std::span<const uint64_t> xs, std::span<const uint64_t> ys, uint64_t at);
+// The coefficients of the polynomial P of degree < k that agrees with all but at most
+// floor((n - k) / 2) of the n points (xs[i], ys[i]) (Berlekamp-Welch), or nullopt when none does.
+std::optional<std::vector<uint64_t>> decodeReedSolomon(std::span<const uint64_t> xs,
+                                                       std::span<const uint64_t> ys, size_t k);
 }  // namespace detail
 
 }  // namespace starling::privacy

@@ -872,6 +872,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     rec.reason = out.reason;
     return false;
   }
+  // A revealed share that was wrong is a refused answer; the secrets were decoded without it.
+  rec.updates_rejected += out.liars.size();
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,

@@ -382,6 +382,7 @@ SecureRound::Outcome SecureRound::finish() {
     return out;
   }
   out.survivors = std::move(r.survivors);
+  out.liars = std::move(r.liars);
   out.sum.resize(params_.dim);
   pv::decode(params_.ring, r.sum, out.sum);
   // The one bound the server can still check: each survivor clipped to C, so the sum's norm is

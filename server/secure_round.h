@@ -153,6 +153,8 @@ class SecureRound final : public SecureSteps {
     std::vector<float> sum;           // the survivors' clipped updates summed (dim values)
     std::vector<uint64_t> survivors;  // whose inputs the sum holds
     std::map<std::string, std::pair<double, double>> metrics;  // name -> (sum, count)
+    // Who revealed a wrong share at the unmask step (decoded around: the sum is the honest one).
+    std::vector<uint64_t> liars;
   };
   // Once, after the unmask step.
   Outcome finish();

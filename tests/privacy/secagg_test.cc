@@ -44,6 +44,9 @@ struct Round {
   std::vector<uint64_t> ids;
   std::map<uint64_t, std::vector<float>> inputs;
   std::set<uint64_t> drop_after_advert, drop_after_shares, drop_after_masked;
+  // Clients that reveal wrong shares at the unmask step (limb `lie_limb` of each moved).
+  std::set<uint64_t> liars;
+  size_t lie_limb = 3;
   bool tree = false;
   // The clients draw their rounding keys as deployed (a fresh randomKey() each): no expected().
   bool fresh_rounding = false;
@@ -116,7 +119,13 @@ struct Round {
         for (const MaskedInput& m : g) server->onMaskedInput(m);
     }
     for (uint64_t c : alive)
-      if (masked.count(c)) server->onUnmask(clients[c]->unmask(server->unmaskRequestFor(c)));
+      if (masked.count(c)) {
+        UnmaskResponse resp = clients[c]->unmask(server->unmaskRequestFor(c));
+        if (liars.count(c))
+          for (RevealedShare& s : resp.shares)
+            s.share.y[lie_limb] = (s.share.y[lie_limb] + 7 + c) % kShamirPrime;
+        server->onUnmask(resp);
+      }
     return server->finish();
   }
 
@@ -368,6 +377,43 @@ TEST_CASE("secagg: the attacker's messages are refused, each with its code", "[p
     CHECK_FALSE(res.ok);
     CHECK(res.sum.empty());
     CHECK(res.reason.find("inconsistent") != std::string::npos);
+  }
+}
+
+TEST_CASE("secagg: wrong revealed shares among enough honest ones are decoded around and named",
+          "[privacy][secagg]") {
+  // 12 clients, k = 10 (each misses one), t = 6: a secret has 10 shares when all answer, 2 wrong
+  // corrected; 9 when one neighbour dropped, 1 corrected.
+  const SecAggParams p = params(33, 12, 10, 6);
+  SECTION("two liars, every survivor's seed decoded around them") {
+    Round r(p, range(0, 12));
+    r.liars = {2, 9};
+    const auto res = r.run();
+    REQUIRE(res.ok);
+    CHECK(res.liars == std::vector<uint64_t>{2, 9});
+    CHECK(res.survivors == range(0, 12));
+    CHECK(res.sum == r.expected());  // the honest sum, bit for bit
+  }
+  SECTION("a liar, and a dropped client's mask key rebuilt around it") {
+    Round r(p, range(0, 12));
+    r.drop_after_shares = {5};
+    r.liars = {8};
+    r.lie_limb = 0;
+    const auto res = r.run();
+    REQUIRE(res.ok);
+    CHECK(res.liars == std::vector<uint64_t>{8});
+    std::vector<uint64_t> survivors = range(0, 12);
+    survivors.erase(survivors.begin() + 5);
+    CHECK(res.survivors == survivors);
+    CHECK(res.sum == r.expected());
+  }
+  SECTION("more liars than a secret's shares correct: the round fails, revealing nothing") {
+    Round r(p, range(0, 12));
+    r.liars = {1, 2, 3, 4};  // every other client has at least 3 of them as neighbours
+    const auto res = r.run();
+    CHECK_FALSE(res.ok);
+    CHECK(res.sum.empty());
+    CHECK(res.reason.find("too many inconsistent shares") != std::string::npos);
   }
 }
 

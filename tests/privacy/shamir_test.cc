@@ -117,3 +117,75 @@ TEST_CASE("shamir: a share's bytes round-trip and are checked", "[privacy][shami
   for (int i = 8; i < 16; ++i) b[i] = 0xff;  // a value of 2^64 - 1
   CHECK_THROWS_AS(Share::fromBytes(b), InvalidArgument);
 }
+
+TEST_CASE("shamir: up to (m - t) / 2 wrong shares are decoded around and named, more refused",
+          "[privacy][shamir]") {
+  // m = 9 shares, t = 4: up to 2 wrong shares are corrected, whichever limbs they alter.
+  const Key32 secret = randomKey();
+  std::vector<uint64_t> xs;
+  for (uint64_t x = 1; x <= 9; ++x) xs.push_back(x * 7919);
+  const std::vector<Share> shares = shamirSplit(secret, 4, xs);
+  // Honest shares: nothing named.
+  Recovered r = shamirRecover(shares, 4);
+  CHECK(r.secret == secret);
+  CHECK(r.wrong.empty());
+  for (size_t a = 0; a < shares.size(); ++a)
+    for (size_t b = a; b < shares.size(); ++b) {
+      INFO("wrong shares at " << a << " and " << b);
+      std::vector<Share> bad = shares;
+      bad[a].y[a % 8] = fieldAdd(bad[a].y[a % 8], 12345);   // one limb
+      for (uint64_t& y : bad[b].y) y = fieldAdd(y, b + 1);  // every limb
+      r = shamirRecover(bad, 4);
+      CHECK(r.secret == secret);
+      std::vector<uint64_t> want{xs[a]};
+      if (b != a) want.push_back(xs[b]);
+      CHECK(r.wrong == want);
+      // shamirCombine refuses what shamirRecover decodes around.
+      CHECK_THROWS_AS(shamirCombine(bad, 4), InvalidArgument);
+    }
+  // Three wrong shares are more than 9 shares of degree < 4 can correct: refused, never a wrong
+  // secret passed off as right.
+  for (size_t a = 0; a + 2 < shares.size(); ++a) {
+    std::vector<Share> bad = shares;
+    for (size_t i = a; i < a + 3; ++i)
+      for (uint64_t& y : bad[i].y) y = fieldAdd(y, 1000 + i);
+    CHECK_THROWS_WITH(shamirRecover(bad, 4), Catch::Matchers::Contains("too many inconsistent"));
+  }
+  // Wrong in different limbs, two shares each alone correctable, three together are not.
+  std::vector<Share> spread = shares;
+  spread[0].y[0] = fieldAdd(spread[0].y[0], 1);
+  spread[1].y[1] = fieldAdd(spread[1].y[1], 1);
+  spread[2].y[2] = fieldAdd(spread[2].y[2], 1);
+  CHECK_THROWS_AS(shamirRecover(spread, 4), InvalidArgument);
+  // The checks on points and values stay.
+  std::vector<Share> twice = shares;
+  twice[1].x = twice[0].x;
+  CHECK_THROWS_AS(shamirRecover(twice, 4), InvalidArgument);
+}
+
+TEST_CASE("shamir: Berlekamp-Welch finds the polynomial of random codes with errors",
+          "[privacy][shamir]") {
+  // Polynomials of degree < k at n points, e = (n - k) / 2 values replaced: decoded exactly; the
+  // same without errors; for several (n, k).
+  uint64_t seed = 1;
+  const auto next = [&] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (seed >> 3) % p;
+  };
+  for (const auto& [n, k] : {std::pair<size_t, size_t>{5, 1}, {7, 3}, {12, 5}, {30, 16}, {3, 3}}) {
+    std::vector<uint64_t> coeffs(k), xs(n), ys(n);
+    for (auto& c : coeffs) c = next();
+    for (size_t i = 0; i < n; ++i) {
+      xs[i] = i + 1;
+      ys[i] = evaluate(coeffs, xs[i]);
+    }
+    auto clean = decodeReedSolomon(xs, ys, k);
+    REQUIRE(clean);
+    CHECK(*clean == coeffs);
+    const size_t e = (n - k) / 2;
+    for (size_t i = 0; i < e; ++i) ys[(3 * i + 1) % n] = fieldAdd(ys[(3 * i + 1) % n], next() | 1);
+    auto decoded = decodeReedSolomon(xs, ys, k);
+    REQUIRE(decoded);
+    CHECK(*decoded == coeffs);
+  }
+}

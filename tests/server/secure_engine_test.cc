@@ -12,6 +12,7 @@
 #include "check_throws.h"
 #include "client/secure_party.h"
 #include "compression/registry.h"
+#include "privacy/shamir.h"
 #include "protocol/secagg_wire.h"
 #include "server/engine.h"
 #include "server/secure_relay.h"
@@ -319,6 +320,29 @@ TEST_CASE("secure aggregation: too few survivors, too few clients, or a cheat ap
     CHECK_FALSE(rec.applied);
     CHECK_THAT(rec.reason, Contains("a client masked an update it had not clipped"));
   }
+}
+
+TEST_CASE("secure aggregation: a client revealing wrong shares is decoded around and counted",
+          "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  // 12 clients: 8 neighbours each, threshold 5, so one wrong share of a secret's 8 is corrected.
+  SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+  fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
+    if (s != SecureStage::kUnmask || id != 3) return ans;
+    protocol::SecAggRevealMsg m = protocol::decodeSecAggReveal(ans);
+    for (auto& r : m.response.shares) r.share.y[2] = (r.share.y[2] + 1) % privacy::kShamirPrime;
+    return protocol::encode(m);
+  };
+  server::RoundEngine engine(l, secureConfig(12, 1.0), std::vector<float>(n, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  REQUIRE(rec.applied);
+  CHECK(rec.updates_rejected == 1);  // its answer, decoded around
+  CHECK(rec.clients_completed == 12);
+  std::vector<uint64_t> all(12);
+  for (uint64_t c = 0; c < 12; ++c) all[c] = c;
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
+  CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= 1.0 / p.ring.scale + 1e-7);
 }
 
 TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[secagg]") {
