@@ -415,7 +415,11 @@ SecAggServer::Result SecAggServer::finish() {
   // A revealer whose share is off the polynomial the others define lied (or its share was
   // damaged): the secret is decoded without it (shamirRecover) and it is named.
   std::set<uint64_t> liars;
-  const auto recover = [&](const std::vector<Share>& shares) {
+  const auto recover = [&](const std::vector<Share>& all) {
+    std::vector<Share> shares;
+    for (const Share& s : all)
+      if (!liars.count(s.x - 1)) shares.push_back(s);
+    if (shares.size() < p_.threshold) shares = all;
     Recovered r = shamirRecover(shares, p_.threshold);
     for (uint64_t x : r.wrong) liars.insert(x - 1);  // point(c) = c + 1
     return r.secret;

@@ -168,9 +168,12 @@ class SecAggServer {
     std::string reason;               // why not, when !ok
     std::vector<uint64_t> sum;        // the survivors' inputs summed in the ring (dim words)
     std::vector<uint64_t> survivors;  // whose inputs it holds (ascending)
-    // Who revealed a share off the polynomial the others' shares define (ascending): the secrets
-    // are decoded without them (Berlekamp-Welch, privacy/shamir.h), as long as at most
-    // floor((m - t) / 2) of the m shares of a secret are wrong; more fail the round.
+    // Whose revealed share was off the polynomial the other shares define (ascending): the
+    // secrets are decoded around them (Berlekamp-Welch, privacy/shamir.h), as long as at most
+    // floor((m - t) / 2) of the m shares of a secret are wrong; more fail the round. The server
+    // cannot tell who lied: the revealer, or the secret's owner, which dealt it a wrong share (a
+    // recipient cannot check the share it holds). Once named, a client's shares are left out of
+    // the later secrets that have enough without them (each liar costs one decoding).
     std::vector<uint64_t> liars;
   };
   // Rebuilds the secrets and unmasks; a result that is not ok reveals nothing.

@@ -3,7 +3,6 @@
 #include <sodium.h>
 
 #include <set>
-#include <string_view>
 
 #include "core/error.h"
 
@@ -231,14 +230,33 @@ Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
   return out;
 }
 
-Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
-  // The checks and the common case: every share on the first threshold's polynomials.
-  try {
-    return Recovered{shamirCombine(shares, threshold), {}};
-  } catch (const InvalidArgument& e) {
-    if (std::string_view(e.what()).find("is not on the polynomial") == std::string_view::npos)
-      throw;
+namespace {
+// Whether every share lies on the polynomials the first `threshold` define (the points checked).
+bool onePolynomial(std::span<const Share> shares, uint32_t threshold) {
+  std::vector<uint64_t> xs(threshold), ys(threshold);
+  for (size_t i = 0; i < threshold; ++i) xs[i] = shares[i].x;
+  for (size_t k = 0; k < 8; ++k) {
+    for (size_t i = 0; i < threshold; ++i) ys[i] = shares[i].y[k];
+    for (size_t i = threshold; i < shares.size(); ++i)
+      if (detail::interpolate(xs, ys, shares[i].x) != shares[i].y[k]) return false;
   }
+  return true;
+}
+}  // namespace
+
+Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
+  // The checks of points and values, and the common case: every share on one polynomial.
+  STARLING_CHECK_ARG(threshold >= 1, "shamir: threshold 0");
+  if (shares.size() < threshold)
+    STARLING_THROW(InvalidArgument, "shamir: ", shares.size(), " shares, ", threshold, " needed");
+  std::set<uint64_t> seen;
+  for (const Share& s : shares) {
+    STARLING_CHECK_ARG(s.x != 0 && s.x < kShamirPrime && seen.insert(s.x).second,
+                       "shamir: the shares' points must be distinct and in 1 .. 2^61 - 2 (", s.x,
+                       ")");
+    for (uint64_t v : s.y) STARLING_CHECK_ARG(v < kShamirPrime, "shamir: a value beyond the field");
+  }
+  if (onePolynomial(shares, threshold)) return Recovered{shamirCombine(shares, threshold), {}};
   const size_t n = shares.size();
   std::vector<uint64_t> xs(n), ys(n);
   for (size_t i = 0; i < n; ++i) xs[i] = shares[i].x;
@@ -259,7 +277,9 @@ Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
                      " is not 32 bits)");
     for (int b = 0; b < 4; ++b) out.secret[4 * k + b] = static_cast<uint8_t>(limb >> (8 * b));
   }
-  // Wrong in different limbs, they may together be more than one decoding corrects.
+  // Wrong in different limbs, they may together be more than one decoding corrects. (A limb
+  // decoded to a wrong polynomial, when more than e of its shares are wrong, may name honest
+  // points: the caller's commitment check then fails the secret.)
   if (wrong.size() > (n - threshold) / 2)
     STARLING_THROW(InvalidArgument, "shamir: too many inconsistent shares (", wrong.size(), " of ",
                    n, " are wrong, at most ", (n - threshold) / 2, " can be corrected)");

@@ -131,7 +131,8 @@ void EngineConfig::validate() const {
     for (const char* fixed :
          {"round", "applied", "reason", "clients_selected", "clients_completed", "clients_failed",
           "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
-          "test_loss", "sim_seconds", "makespan_seconds", "dp_epsilon", "wall_seconds"})
+          "test_loss", "sim_seconds", "makespan_seconds", "dp_epsilon", "wall_seconds",
+          "secagg_wrong_shares"})
       if (m == fixed)
         STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
   }
@@ -303,6 +304,12 @@ std::string RoundRecord::json() const {
   if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
   if (makespan_seconds) jsonNumber(o, "makespan_seconds", *makespan_seconds);
   if (dp_epsilon) jsonNumber(o, "dp_epsilon", *dp_epsilon);
+  if (!secagg_wrong_shares.empty()) {
+    o << ",\"secagg_wrong_shares\":[";
+    for (size_t i = 0; i < secagg_wrong_shares.size(); ++i)
+      o << (i ? "," : "") << secagg_wrong_shares[i];
+    o << ']';
+  }
   jsonNumber(o, "wall_seconds", wall_seconds);
   o << '}';
   return o.str();
@@ -872,8 +879,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     rec.reason = out.reason;
     return false;
   }
-  // A revealed share that was wrong is a refused answer; the secrets were decoded without it.
-  rec.updates_rejected += out.liars.size();
+  // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
+  rec.secagg_wrong_shares = out.liars;
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,

@@ -286,6 +286,10 @@ struct RoundRecord {
   std::optional<double> test_accuracy, test_loss;
   std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
   std::optional<double> dp_epsilon;  // central DP: epsilon spent after this round (all so far)
+  // Secure aggregation: the clients whose revealed share was wrong and decoded around (each the
+  // revealer or the secret's owner, which dealt it; their updates are in the sum). In the JSON
+  // line when there are some.
+  std::vector<uint64_t> secagg_wrong_shares;
   uint64_t model_version = 0;
   double wall_seconds = 0.0;
   std::string json() const;  // one JSON object, no newline

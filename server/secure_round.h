@@ -153,7 +153,8 @@ class SecureRound final : public SecureSteps {
     std::vector<float> sum;           // the survivors' clipped updates summed (dim values)
     std::vector<uint64_t> survivors;  // whose inputs the sum holds
     std::map<std::string, std::pair<double, double>> metrics;  // name -> (sum, count)
-    // Who revealed a wrong share at the unmask step (decoded around: the sum is the honest one).
+    // Whose revealed share at the unmask step was wrong (decoded around: the sum is the honest
+    // one): the revealer, or the owner that dealt it (privacy::SecAggServer::Result::liars).
     std::vector<uint64_t> liars;
   };
   // Once, after the unmask step.

@@ -337,8 +337,10 @@ TEST_CASE("secure aggregation: a client revealing wrong shares is decoded around
   server::RoundEngine engine(l, secureConfig(12, 1.0), std::vector<float>(n, 0.0f));
   const server::RoundRecord rec = engine.runRound(fleet);
   REQUIRE(rec.applied);
-  CHECK(rec.updates_rejected == 1);  // its answer, decoded around
-  CHECK(rec.clients_completed == 12);
+  CHECK(rec.secagg_wrong_shares == std::vector<uint64_t>{3});  // decoded around, named
+  CHECK(rec.json().find("\"secagg_wrong_shares\":[3]") != std::string::npos);
+  CHECK(rec.updates_rejected == 0);
+  CHECK(rec.clients_completed == 12);  // its update is in the sum
   std::vector<uint64_t> all(12);
   for (uint64_t c = 0; c < 12; ++c) all[c] = c;
   const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
