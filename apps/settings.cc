@@ -336,7 +336,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("secagg.enabled", &s.secagg.enabled,
         "secure aggregation (SecAgg+): each client masks its update, clipped to secagg.clip, in "
         "a ring, and the server learns only the sum (every update weighing alike; the compressor "
-        "none; synchronous rounds; starling-sim on one worker so far; docs/privacy.md)");
+        "none; synchronous rounds; docs/privacy.md)");
   o.add("secagg.neighbours", &s.secagg.neighbours,
         "secagg: the neighbours each client masks and shares with (even; 0: the smallest even "
         "number >= 2 log2 of the round's clients, at least 4; all of them when fewer)",
@@ -482,7 +482,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "assigning clients to workers: lpt (by estimated cost) or round_robin");
   o.add("sim.sharded_step", &s.sim.sharded_step,
         "global aggregation as reduce-scatter, server optimizer on each worker's shard, "
-        "all-gather (else all-reduce and every worker steps the whole model)");
+        "all-gather (else all-reduce and every worker steps the whole model; under secagg.enabled "
+        "every worker steps the whole model with the one unmasked sum)");
   o.add("sim.bucket_bytes", &s.sim.bucket_bytes, "largest single collective, bytes", 1024,
         uint64_t{1} << 34);
   o.add("sim.reference_seconds_per_example", &s.sim.reference_spe,
@@ -596,8 +597,6 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                        "(or leave ",
                        k, " out)");
   }
-  // Secure aggregation runs on one worker: its default there, as for asynchronous steps.
-  if (self == kSim && s.secagg.enabled && !o.given("sim.workers")) s.sim.workers = 1;
   // The masked words replace the update: the compressor none, unless a file says otherwise
   // (which the engine then refuses with the reason).
   if (s.secagg.enabled && !o.given("compression.compressor")) s.compression.compressor = "none";
@@ -611,11 +610,6 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      "secagg.enabled runs in synchronous rounds only, not round.mode "
                      "= ",
                      name(s.round.mode), ": its steps need every sampled client of one round");
-    if (self == kSim && s.sim.workers > 1)
-      STARLING_THROW(ConfigError,
-                     "secagg.enabled runs in the simulator on one worker so far, not "
-                     "sim.workers = ",
-                     s.sim.workers);
     if (!o.given("secagg.clip")) {
       if (s.privacy.dp == DpMode::kOff)
         STARLING_THROW(ConfigError,

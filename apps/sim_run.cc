@@ -316,7 +316,8 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
                     sim::Collectives& workers, bool lead) {
   server::EngineConfig& ec = plan.ec;
   const sim::LaunchInfo& launch = plan.launch;
-  const bool sharded = c.sim.sharded_step && launch.world_size > 1;
+  // Under secure aggregation every worker unmasks the one sum and steps the whole model with it.
+  const bool sharded = c.sim.sharded_step && launch.world_size > 1 && !ec.secagg.enabled;
   sim::SimFleetConfig fc{
       plan.policy, c.sim.reference_spe, c.round.deadline_seconds, c.model.seed, {}, sharded};
   if (!states.folder.empty()) fc.homes_file = states.options.spill_dir + "/homes.bin";

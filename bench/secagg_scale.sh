@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cost of SecAgg+ as the round grows (docs/performance.md, "Secure aggregation at 1,000 and
-# 10,000 clients a round"): starling-sim with the real protocol among its simulated clients, one
-# worker, every client of a pool of N taking part in ROUNDS rounds (sampled:size=60 shards of
+# 10,000 clients a round"): starling-sim with the real protocol among its simulated clients, on
+# WORKERS workers, every client of a pool of N taking part in ROUNDS rounds (sampled:size=60 shards of
 # Fashion-MNIST, the MODEL, dense updates of uniform weights), once in the clear and once under
 # secagg.enabled. Per client a round: the uplink and downlink bytes, what secure aggregation adds
 # to them (against the dense update's bytes), and the wall seconds the round took (one thread: the
@@ -14,7 +14,8 @@
 #   BIN  starling-sim (default build/bin/starling-sim)
 # Environment: SIZES ("100 1000 10000"), ROUNDS (2), MODEL (mlp), CLIP (0.3), BITS_FOR (the ring's
 # bits by size, "10000:33": at 10,000 clients of the MLP 32 bits would round away too much, and
-# starling-sim refuses them with the bits it takes; 32 otherwise).
+# starling-sim refuses them with the bits it takes; 32 otherwise), WORKERS (1; each run's files
+# are named by it from 2 on: n1000-secagg-w2.jsonl).
 set -euo pipefail
 out=${1:-secagg-scale}
 bin=${2:-build/bin/starling-sim}
@@ -23,6 +24,9 @@ rounds=${ROUNDS:-2}
 model=${MODEL:-mlp}
 clip=${CLIP:-0.3}
 bits_for=${BITS_FOR:-10000:33}
+workers=${WORKERS:-1}
+tag=""
+[ "$workers" = 1 ] || tag="-w$workers"
 bits_of() {
   local b
   for b in $bits_for; do [ "${b%%:*}" = "$1" ] && { echo "${b#*:}"; return; }; done
@@ -33,7 +37,7 @@ mkdir -p "$out"
 
 for n in $sizes; do
   for mode in plain secagg; do
-    f="$out/n$n-$mode.jsonl"
+    f="$out/n$n-$mode$tag.jsonl"
     if [ -f "$f" ] && [ "$(wc -l < "$f")" -ge "$rounds" ]; then continue; fi
     rm -f "$f"
     if [ "$mode" = secagg ]; then
@@ -42,17 +46,17 @@ for n in $sizes; do
       extra=(--aggregation.rule "fedavg:weight=uniform,clip=$clip")
     fi
     echo "secagg_scale: $n clients a round, $mode" >&2
-    /usr/bin/time -o "$out/n$n-$mode.time" -f "%U %S %M" \
+    /usr/bin/time -o "$out/n$n-$mode$tag.time" -f "%U %S %M" \
       "$bin" --model.spec "$model" --data.num_clients "$n" --data.partition sampled:size=60 \
       --sampling.clients_per_round "$n" --train.rounds "$rounds" \
       --train.lr 0.1 --train.batch_size 20 --compression.compressor none --eval.every 0 \
-      --sim.workers 1 --sim.device cpu --state.metrics "$f" "${extra[@]}" > "$out/n$n-$mode.log" 2>&1
+      --sim.workers "$workers" --sim.device cpu --state.metrics "$f" "${extra[@]}" > "$out/n$n-$mode$tag.log" 2>&1
   done
 done
 
-python3 - "$out" $sizes <<'PY'
+python3 - "$out" "$tag" $sizes <<'PY'
 import json, sys, os
-out, sizes = sys.argv[1], sys.argv[2:]
+out, tag, sizes = sys.argv[1], sys.argv[2], sys.argv[3:]
 print("| clients a round | uplink / client, plain | under SecAgg+ | added (of the dense update) "
       "| downlink / client, plain | under SecAgg+ | seconds a round, plain | under SecAgg+ "
       "| run's CPU s, plain | under SecAgg+ | peak memory, plain | under SecAgg+ |")
@@ -60,12 +64,12 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for n in sizes:
     rows = {}
     for mode in ("plain", "secagg"):
-        path = os.path.join(out, f"n{n}-{mode}.jsonl")
+        path = os.path.join(out, f"n{n}-{mode}{tag}.jsonl")
         if not os.path.exists(path):
             break
         recs = [json.loads(l) for l in open(path)]
         done = sum(r["clients_completed"] for r in recs)
-        user, system, rss = open(os.path.join(out, f"n{n}-{mode}.time")).read().split()[-3:]
+        user, system, rss = open(os.path.join(out, f"n{n}-{mode}{tag}.time")).read().split()[-3:]
         rows[mode] = (sum(r["uplink_bytes"] for r in recs) / done,
                       sum(r["downlink_bytes"] for r in recs) / done,
                       sum(r["wall_seconds"] for r in recs) / len(recs),

@@ -847,6 +847,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                                  support.size(layout_->numel())),
         all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
         protocol::SecAggLimits{}, std::move(relayed));
+    if (FleetWorkers* workers = fleet.workers()) sr->setNonce(workers->agreeNonce(sr->nonce()));
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
     failed.insert(peers_failed.begin(), peers_failed.end());

@@ -234,6 +234,9 @@ class FleetWorkers {
   // restoreState() gets it back once, before the first round after a resume.
   virtual std::vector<uint8_t> saveState() const = 0;
   virtual void restoreState(std::span<const uint8_t> bytes) = 0;
+  // Secure aggregation: the nonce of the round's exchange, `mine` being this worker's fresh one;
+  // every worker's engine must use one (the first worker's), as each answers for its own clients.
+  virtual uint64_t agreeNonce(uint64_t mine) { return mine; }
 };
 
 // The seam between the round engine and whatever reaches the clients.

@@ -238,6 +238,11 @@ bool SecureRound::inStep(SecureStage stage, uint64_t client) const {
   return true;
 }
 
+void SecureRound::setNonce(uint64_t nonce) {
+  STARLING_CHECK_ARG(open_ == -1, "secagg: the nonce is set before the exchange's first request");
+  nonce_ = nonce;
+}
+
 std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
   STARLING_CHECK_ARG(clients_.count(client), "secagg: a request for ", client,
                      ", which is not a client of the round");
@@ -310,11 +315,7 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
                                                  " sent a masked input of other clients");
       checkMaskedInput(m, params_, nonce_, rules_, "client " + std::to_string(client), 1.0);
       server_.onMaskedInput(m.input);
-      for (const auto& x : m.metrics) {
-        auto& [sum, count] = metrics_[x.name];
-        sum += x.value;
-        count += 1;
-      }
+      for (const auto& x : m.metrics) metrics_[x.name][client] = {x.value, 1.0};
       break;
     }
     case SecureStage::kUnmask: {
@@ -351,7 +352,7 @@ void SecureRound::replyRelayed(uint64_t peer, std::span<const uint8_t> bytes) {
   checkMaskedInput(m, params_, nonce_, rules_, who, static_cast<double>(m.input.clients.size()));
   server_.onMaskedInput(m.input);
   for (const auto& x : m.metrics) {
-    auto& [sum, count] = metrics_[x.name];
+    auto& [sum, count] = metrics_[x.name][peer];  // an aggregator may send several sums
     sum += x.value;
     count += static_cast<double>(m.input.clients.size());
   }
@@ -399,7 +400,13 @@ SecureRound::Outcome SecureRound::finish() {
     out.sum.clear();
     return out;
   }
-  for (const auto& [name, v] : metrics_) out.metrics[name] = v;
+  for (const auto& [name, by_sender] : metrics_) {
+    auto& [sum, count] = out.metrics[name];
+    for (const auto& [sender, v] : by_sender) {
+      sum += v.first;
+      count += v.second;
+    }
+  }
   out.ok = true;
   return out;
 }

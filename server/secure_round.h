@@ -124,6 +124,9 @@ class SecureRound final : public SecureSteps {
   const privacy::SecAggParams& params() const { return params_; }
   uint64_t round() const override { return params_.round; }
   uint64_t nonce() const override { return nonce_; }
+  // Another nonce for the exchange, before its first request (InvalidArgument after): the one
+  // every worker of a simulation agrees on (FleetWorkers::agreeNonce).
+  void setNonce(uint64_t nonce);
   // Opens `stage` (the steps open in order; an earlier one again is an InvalidArgument) and gives
   // `client`'s request of it.
   std::vector<uint8_t> request(SecureStage stage, uint64_t client) override;
@@ -171,7 +174,10 @@ class SecureRound final : public SecureSteps {
   std::set<uint64_t> clients_;
   std::map<uint64_t, std::vector<uint64_t>> relayed_;
   std::set<uint64_t> answered_[4];
-  std::map<std::string, std::pair<double, double>> metrics_;
+  // Per metric, each sender's (sum, count) by sender id (a client, or an aggregator for its
+  // ring sum): summed in id order at finish(), so that the order the replies came in (the
+  // network's, or the simulator's workers') does not change the round's bits.
+  std::map<std::string, std::map<uint64_t, std::pair<double, double>>> metrics_;
   bool finished_ = false;
 };
 

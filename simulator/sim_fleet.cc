@@ -21,6 +21,8 @@
 namespace starling::simulator {
 
 namespace {
+// Masked inputs sent to every worker at once, at most (each worker's; a client's at least).
+constexpr size_t kSecureBatchBytes = size_t{64} << 20;
 // Which worker holds each client's state: (client, worker) pairs in the files' frame
 // (core/framed_file.h).
 constexpr FileFormat kHomesFile{0x4d484c53 /* "SLHM" */, "file of the client states' workers", 1, 1,
@@ -268,8 +270,40 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   // fleet that takes its clients by id does; a real root adds them as they arrive).
   std::sort(mine.begin(), mine.end());
   uint64_t work = 0;
+  // Secure aggregation on several workers: the masked inputs go to every worker's engine in
+  // batches, as many on every worker (each knows the others' shares of the phase).
+  const bool pooled = task.secure && coll_.size() > 1;
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> pending;
+  std::map<uint64_t, ClientState> pending_states;
+  size_t per_batch = 1, batches = 0, sent_batches = 0;
+  if (pooled && !participants.empty()) {
+    std::vector<Metric> declared;
+    for (const auto& m : h.metrics) declared.push_back(Metric{m, 1.0});
+    const size_t msg = task.secure->maskedBytes(participants[0].id, declared);
+    per_batch = std::max<size_t>(1, kSecureBatchBytes / std::max<size_t>(1, msg));
+    for (const auto& ids : assignment_.per_worker) {
+      size_t n = 0;
+      for (uint64_t id : ids) n += index.count(id);
+      batches = std::max(batches, (n + per_batch - 1) / per_batch);
+    }
+  }
+  const auto flush = [&] {
+    replyMasked(*task.secure, pending, index, counts);
+    for (auto& [id, st] : pending_states)
+      if (counts.outcome(index.at(id)) == PhaseCounts::kCompleted) {
+        store_.store(id, st);
+        if (h.phase == 0) work += clients_.shards[id].size() * h.fit.epochs;
+        ++trained_;
+      }
+    pending.clear();
+    pending_states.clear();
+    ++sent_batches;
+  };
   const auto t_start = Steady::now();
+  size_t at = 0;
   for (uint64_t id : mine) {
+    if (pooled && at > 0 && at % per_batch == 0) flush();
+    ++at;
     const client::DataView data{clients_.train, clients_.shards[id]};
     try {
       store_.load(id, state_);
@@ -303,6 +337,12 @@ void SimFleet::trainMine(const server::PhaseTask& task,
                                    res.update.metrics, &rounding);
           counts.size(index[id]) = masked.size();
           counts.uplink() += masked.size();
+          if (pooled) {  // its verdict, and its state's storing, after the batch's replies
+            pending.emplace_back(id, masked);
+            pending_states.emplace(id, std::move(state_));
+            state_ = ClientState(trainer_.layout().fingerprint());
+            continue;
+          }
           task.secure->reply(server::SecureStage::kMaskedInput, id, masked);
         } catch (const InputError&) {  // its side or the server's refused: it drops out
           counts.outcome(index[id]) = PhaseCounts::kFailed;
@@ -323,6 +363,8 @@ void SimFleet::trainMine(const server::PhaseTask& task,
       counts.outcome(index[id]) = PhaseCounts::kFailed;
     }
   }
+  if (pooled)
+    while (sent_batches < batches) flush();
   const double seconds = std::chrono::duration<double>(Steady::now() - t_start).count();
   counts.work(coll_.rank()) = work;
   counts.micros(coll_.rank()) = static_cast<uint64_t>(seconds * 1e6);
@@ -343,6 +385,54 @@ void SimFleet::reduceGlobal(const server::PhaseTask& task, const cz::Compressor&
     std::fill(dense.begin() + static_cast<std::ptrdiff_t>(hi), dense.end(), 0.0f);
   } else {
     coll_.allReduceSum(buf);
+  }
+}
+
+uint64_t SimFleet::agreeNonce(uint64_t mine) {
+  if (coll_.size() == 1) return mine;
+  std::vector<uint8_t> out;
+  ByteWriter(out).u64(mine);
+  const auto all = allGatherBytes(coll_, out);
+  ByteReader r(all.at(0), "the first worker's nonce");
+  const uint64_t first = r.u64();
+  r.finish();
+  return first;
+}
+
+bool SimFleet::ownsSecure(uint64_t id) const {
+  if (coll_.size() == 1) return true;
+  const auto it = secure_owner_.find(id);
+  return it != secure_owner_.end() && it->second == coll_.rank();
+}
+
+void SimFleet::replyMasked(server::SecureSteps& round,
+                           std::vector<std::pair<uint64_t, std::vector<uint8_t>>>& mine,
+                           const std::map<uint64_t, size_t>& index, PhaseCounts& counts) {
+  std::vector<uint8_t> out;
+  ByteWriter w(out);
+  w.u64(mine.size());
+  for (const auto& [id, bytes] : mine) {
+    w.u64(id);
+    w.u64(bytes.size());
+    w.bytes(bytes.data(), bytes.size());
+  }
+  const std::vector<std::vector<uint8_t>> all = allGatherBytes(coll_, out);
+  for (size_t r = 0; r < all.size(); ++r) {
+    ByteReader rd(all[r], "worker " + std::to_string(r) + "'s masked inputs");
+    const uint64_t n = rd.u64();
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t id = rd.u64();
+      const std::span<const uint8_t> bytes = rd.view(rd.u64());
+      bool taken = true;
+      try {
+        round.reply(server::SecureStage::kMaskedInput, id, bytes);
+      } catch (const InputError&) {  // refused: it drops out (on every worker alike)
+        taken = false;
+      }
+      if (static_cast<int>(r) == coll_.rank())
+        counts.outcome(index.at(id)) = taken ? PhaseCounts::kCompleted : PhaseCounts::kFailed;
+    }
+    rd.finish();
   }
 }
 
@@ -373,7 +463,17 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
     std::vector<uint64_t> accepted;
     for (const auto& c : participants)
       if (!failed.count(c.id)) accepted.push_back(c.id);
-    assign(std::move(accepted), h.fit.epochs, h.round);
+    if (task.secure && coll_.size() > 1) {
+      // Each client trains and masks where its side of the round lives.
+      assignment_ = Assignment{};
+      assignment_.per_worker.resize(static_cast<size_t>(coll_.size()));
+      for (uint64_t id : accepted)
+        assignment_.per_worker.at(static_cast<size_t>(secure_owner_.at(id))).push_back(id);
+      assignment_round_ = h.round;
+      migrateStates();
+    } else {
+      assign(std::move(accepted), h.fit.epochs, h.round);
+    }
   } else {
     std::vector<uint64_t> ids;
     for (const auto& c : participants) ids.push_back(c.id);
@@ -437,38 +537,75 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
 server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::SecureSteps& round,
                                        std::span<const server::ClientInfo> participants,
                                        uint32_t /*deadline_ms: the simulated clock's own*/) {
-  if (coll_.size() > 1)
-    STARLING_THROW(ConfigError,
-                   "secure aggregation runs in the simulator on one worker (sim.workers = 1) so "
-                   "far: its clients' key exchange is not shared among workers");
   server::PhaseReport rep;
   double waited = 0.0;
   if (stage == server::SecureStage::kAdvertise) {
     parties_.clear();
+    // Each participant's side lives on one worker for the round, dealt round-robin by id.
+    secure_owner_.clear();
+    std::vector<uint64_t> ids;
+    for (const auto& c : participants) ids.push_back(c.id);
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size(); ++i)
+      secure_owner_[ids[i]] = static_cast<int>(i % static_cast<size_t>(coll_.size()));
     // A wait for the first client to come online (waitForClients) is part of the round.
     waited = wait_;
     wait_ = 0.0;
   }
-  double longest = 0.0;
-  for (const auto& c : participants) {
-    const std::vector<uint8_t> req = round.request(stage, c.id);
-    rep.downlink_bytes += req.size();
-    std::vector<uint8_t> answer;
+  // Each worker's own participants answer (an empty answer: the client refused the request).
+  std::map<uint64_t, std::vector<uint8_t>> answers;
+  std::vector<size_t> request_bytes(participants.size());
+  for (size_t i = 0; i < participants.size(); ++i) {
+    const uint64_t id = participants[i].id;
+    const std::vector<uint8_t> req = round.request(stage, id);
+    request_bytes[i] = req.size();
+    if (!ownsSecure(id)) continue;
+    std::vector<uint8_t>& answer = answers[id];
     try {
       if (stage == server::SecureStage::kAdvertise) {
-        answer = parties_.try_emplace(c.id, c.id).first->second.setup(req);
+        answer = parties_.try_emplace(id, id).first->second.setup(req);
       } else {
-        client::SecureParty& party = parties_.at(c.id);
+        client::SecureParty& party = parties_.at(id);
         answer =
             stage == server::SecureStage::kShareKeys ? party.shareKeys(req) : party.unmask(req);
       }
     } catch (const Error&) {  // the client refused the request (InputError, InvalidArgument)
+      answer.clear();
+    }
+  }
+  if (coll_.size() > 1) {
+    std::vector<uint8_t> out;
+    ByteWriter w(out);
+    w.u64(answers.size());
+    for (const auto& [id, bytes] : answers) {
+      w.u64(id);
+      w.u64(bytes.size());
+      w.bytes(bytes.data(), bytes.size());
+    }
+    answers.clear();
+    for (const auto& theirs : allGatherBytes(coll_, out)) {
+      ByteReader rd(theirs, "a worker's secure-aggregation answers");
+      for (uint64_t n = rd.u64(); n > 0; --n) {
+        const uint64_t id = rd.u64();
+        const auto bytes = rd.view(rd.u64());
+        answers[id].assign(bytes.begin(), bytes.end());
+      }
+      rd.finish();
+    }
+  }
+  // Every worker takes every answer, in the participants' order.
+  double longest = 0.0;
+  for (size_t i = 0; i < participants.size(); ++i) {
+    const auto& c = participants[i];
+    rep.downlink_bytes += request_bytes[i];
+    const std::vector<uint8_t>& answer = answers.at(c.id);
+    if (answer.empty()) {
       rep.failed.push_back(c.id);
       continue;
     }
     const ClientTiming t =
         timeClient(clients_.devices[c.id], c.id, c.num_examples, 0,
-                   config_.reference_seconds_per_example, req.size(), answer.size());
+                   config_.reference_seconds_per_example, request_bytes[i], answer.size());
     if (!clients_.devices.onlineAt(c.id, clock_ + t.total()) ||
         (config_.deadline_seconds > 0 && t.total() > config_.deadline_seconds)) {
       rep.failed.push_back(c.id);

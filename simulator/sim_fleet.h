@@ -107,7 +107,11 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   // Secure aggregation's exchange steps (advertise, share keys, unmask): each participant's real
   // client side (client::SecureParty) answers the engine's request, timed on the simulated clock
   // by its bytes (a client offline before its answer arrives, or past the deadline, fails the
-  // step). One worker only so far (ConfigError otherwise).
+  // step). On several workers each client's side lives on one worker for the round (its owner,
+  // dealt round-robin over the advertise step's participants by id), which answers for it, trains
+  // it and masks its input; the answers and the masked inputs go to every worker
+  // (allGatherBytes), whose engines take them in the same order: one run, whatever the number of
+  // workers.
   server::PhaseReport exchange(server::SecureStage stage, server::SecureSteps& round,
                                std::span<const server::ClientInfo> participants,
                                uint32_t deadline_ms) override;
@@ -122,6 +126,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   void gatherModel(std::span<float> model) override;
   std::vector<uint8_t> saveState() const override;
   void restoreState(std::span<const uint8_t> bytes) override;
+  uint64_t agreeNonce(uint64_t mine) override;
 
   const CostModel& cost() const { return cost_; }
   // Clients this worker trained so far (all phases).
@@ -214,8 +219,17 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   double wait_ = 0.0;          // the clock's wait for a client to come online, not yet reported
   ClientState state_;          // reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
-  // Secure aggregation: the round's clients' own sides, made at its advertise step.
+  // Secure aggregation: the round's clients' own sides, made at its advertise step (on several
+  // workers, only those this worker owns), and every participant's owner.
   std::map<uint64_t, client::SecureParty> parties_;
+  std::map<uint64_t, int> secure_owner_;
+  bool ownsSecure(uint64_t id) const;
+  // The masked inputs this worker made (client, message), to every worker's engine in batches
+  // of at most kSecureBatchBytes: each worker replies with every worker's, in rank order; a
+  // refused one fails its client (on its owner, which counts it).
+  void replyMasked(server::SecureSteps& round,
+                   std::vector<std::pair<uint64_t, std::vector<uint8_t>>>& mine,
+                   const std::map<uint64_t, size_t>& index, PhaseCounts& counts);
 };
 
 }  // namespace starling::simulator

@@ -52,12 +52,12 @@ std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<
   return a;
 }
 
-// One secure-aggregation comparison's run of quick.toml on one worker: `rounds` rounds with
-// `compressor`, under secagg (clip 100) or in the clear with the same uniform weights; fails the
-// test, with its log, unless it ends well.
+// One secure-aggregation comparison's run of quick.toml on `workers` workers: `rounds` rounds
+// with `compressor`, under secagg (clip 100) or in the clear with the same uniform weights; fails
+// the test, with its log, unless it ends well.
 void runSecureOrPlain(const TempDir& dir, const std::string& tag, int rounds,
-                      const std::string& compressor, bool secure) {
-  auto a = with(simArgs(dir, tag, 1, rounds), {"--compression.compressor", compressor});
+                      const std::string& compressor, bool secure, int workers = 1) {
+  auto a = with(simArgs(dir, tag, workers, rounds), {"--compression.compressor", compressor});
   a = secure ? with(a, {"--secagg.enabled", "true", "--secagg.clip", "100"})
              : with(a, {"--aggregation.rule", "fedavg:weight=uniform"});
   Proc p(a, dir / (tag + ".log"));
@@ -1087,7 +1087,22 @@ TEST_CASE(
   runSecureOrPlain(dir, "again", 3, "none", true);
   runSecureOrPlain(dir, "resumed", 2, "none", true);
   runSecureOrPlain(dir, "resumed", 3, "none", true);  // the same checkpoint, one round more
+  // On two and three workers (each client's side of the round on one of them, the answers and
+  // masked inputs to every worker): the one-worker run, to the bit, bytes and metrics included.
+  runSecureOrPlain(dir, "two", 3, "none", true, 2);
+  runSecureOrPlain(dir, "three", 2, "none", true, 3);
+  runSecureOrPlain(dir, "three", 3, "none", true, 3);  // resumed on three
   const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl");
+  for (const char* tag : {"two", "three"}) {
+    INFO(tag);
+    const auto w = readLines(dir / (std::string(tag) + ".jsonl"));
+    REQUIRE(w.size() == 3);
+    for (size_t i = 0; i < 3; ++i)
+      for (const char* key : {"clients_completed", "clients_failed", "uplink_bytes",
+                              "downlink_bytes", "train_loss", "test_accuracy", "sim_seconds"})
+        CHECK(field(w[i], key) == field(s[i], key));
+    CHECK(modelDiff(dir / "sec.ckpt", dir / (std::string(tag) + ".ckpt")).first == 0.0);
+  }
   REQUIRE(p.size() == 3);
   REQUIRE(s.size() == 3);
   for (size_t i = 0; i < 3; ++i) {
@@ -1122,6 +1137,10 @@ TEST_CASE("starling-sim runs secure aggregation over random-block: k words a cli
   runSecureOrPlain(dir, "sec", 3, "randblock:density=0.1", true);
   runSecureOrPlain(dir, "dense", 3, "none", true);
   runSecureOrPlain(dir, "plaindense", 3, "none", false);
+  // Two workers: the same run to the bit (each client's error-feedback residual follows it to the
+  // worker that holds its side of the round).
+  runSecureOrPlain(dir, "sec2", 3, "randblock:density=0.1", true, 2);
+  CHECK(modelDiff(dir / "sec.ckpt", dir / "sec2.ckpt").first == 0.0);
   const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl"),
              d = readLines(dir / "dense.jsonl"), pd = readLines(dir / "plaindense.jsonl");
   REQUIRE(p.size() == 3);
