@@ -200,7 +200,10 @@ std::vector<Share> shamirSplit(const Key32& secret, uint32_t threshold,
   return out;
 }
 
-Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
+namespace {
+// What combining needs of the shares: at least `threshold`, distinct points in the field, values
+// in it (InvalidArgument otherwise).
+void checkShares(std::span<const Share> shares, uint32_t threshold) {
   STARLING_CHECK_ARG(threshold >= 1, "shamir: threshold 0");
   if (shares.size() < threshold)
     STARLING_THROW(InvalidArgument, "shamir: ", shares.size(), " shares, ", threshold, " needed");
@@ -211,6 +214,11 @@ Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
                        ")");
     for (uint64_t v : s.y) STARLING_CHECK_ARG(v < kShamirPrime, "shamir: a value beyond the field");
   }
+}
+}  // namespace
+
+Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
+  checkShares(shares, threshold);
   std::vector<uint64_t> xs(threshold), ys(threshold);
   for (size_t i = 0; i < threshold; ++i) xs[i] = shares[i].x;
   Key32 out{};
@@ -246,16 +254,7 @@ bool onePolynomial(std::span<const Share> shares, uint32_t threshold) {
 
 Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
   // The checks of points and values, and the common case: every share on one polynomial.
-  STARLING_CHECK_ARG(threshold >= 1, "shamir: threshold 0");
-  if (shares.size() < threshold)
-    STARLING_THROW(InvalidArgument, "shamir: ", shares.size(), " shares, ", threshold, " needed");
-  std::set<uint64_t> seen;
-  for (const Share& s : shares) {
-    STARLING_CHECK_ARG(s.x != 0 && s.x < kShamirPrime && seen.insert(s.x).second,
-                       "shamir: the shares' points must be distinct and in 1 .. 2^61 - 2 (", s.x,
-                       ")");
-    for (uint64_t v : s.y) STARLING_CHECK_ARG(v < kShamirPrime, "shamir: a value beyond the field");
-  }
+  checkShares(shares, threshold);
   if (onePolynomial(shares, threshold)) return Recovered{shamirCombine(shares, threshold), {}};
   const size_t n = shares.size();
   std::vector<uint64_t> xs(n), ys(n);

@@ -21,6 +21,30 @@
 namespace starling::simulator {
 
 namespace {
+// (client, message) pairs between workers: a count, then each client's id, length and bytes.
+std::vector<uint8_t> packMessages(std::span<const std::pair<uint64_t, std::vector<uint8_t>>> m) {
+  std::vector<uint8_t> out;
+  ByteWriter w(out);
+  w.u64(m.size());
+  for (const auto& [id, bytes] : m) {
+    w.u64(id);
+    w.u64(bytes.size());
+    w.bytes(bytes.data(), bytes.size());
+  }
+  return out;
+}
+std::vector<std::pair<uint64_t, std::vector<uint8_t>>> unpackMessages(
+    std::span<const uint8_t> bytes, const std::string& what) {
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> out;
+  ByteReader r(bytes, what);
+  for (uint64_t n = r.u64(); n > 0; --n) {
+    const uint64_t id = r.u64();
+    const auto b = r.view(r.u64());
+    out.emplace_back(id, std::vector<uint8_t>(b.begin(), b.end()));
+  }
+  r.finish();
+  return out;
+}
 // Masked inputs sent to every worker at once, at most (each worker's; a client's at least).
 constexpr size_t kSecureBatchBytes = size_t{64} << 20;
 // Which worker holds each client's state: (client, worker) pairs in the files' frame
@@ -408,21 +432,10 @@ bool SimFleet::ownsSecure(uint64_t id) const {
 void SimFleet::replyMasked(server::SecureSteps& round,
                            std::vector<std::pair<uint64_t, std::vector<uint8_t>>>& mine,
                            const std::map<uint64_t, size_t>& index, PhaseCounts& counts) {
-  std::vector<uint8_t> out;
-  ByteWriter w(out);
-  w.u64(mine.size());
-  for (const auto& [id, bytes] : mine) {
-    w.u64(id);
-    w.u64(bytes.size());
-    w.bytes(bytes.data(), bytes.size());
-  }
-  const std::vector<std::vector<uint8_t>> all = allGatherBytes(coll_, out);
+  const std::vector<std::vector<uint8_t>> all = allGatherBytes(coll_, packMessages(mine));
   for (size_t r = 0; r < all.size(); ++r) {
-    ByteReader rd(all[r], "worker " + std::to_string(r) + "'s masked inputs");
-    const uint64_t n = rd.u64();
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t id = rd.u64();
-      const std::span<const uint8_t> bytes = rd.view(rd.u64());
+    for (const auto& [id, bytes] :
+         unpackMessages(all[r], "worker " + std::to_string(r) + "'s masked inputs")) {
       bool taken = true;
       try {
         round.reply(server::SecureStage::kMaskedInput, id, bytes);
@@ -432,7 +445,6 @@ void SimFleet::replyMasked(server::SecureSteps& round,
       if (static_cast<int>(r) == coll_.rank())
         counts.outcome(index.at(id)) = taken ? PhaseCounts::kCompleted : PhaseCounts::kFailed;
     }
-    rd.finish();
   }
 }
 
@@ -574,24 +586,12 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
     }
   }
   if (coll_.size() > 1) {
-    std::vector<uint8_t> out;
-    ByteWriter w(out);
-    w.u64(answers.size());
-    for (const auto& [id, bytes] : answers) {
-      w.u64(id);
-      w.u64(bytes.size());
-      w.bytes(bytes.data(), bytes.size());
-    }
+    const std::vector<std::pair<uint64_t, std::vector<uint8_t>>> mine(answers.begin(),
+                                                                      answers.end());
     answers.clear();
-    for (const auto& theirs : allGatherBytes(coll_, out)) {
-      ByteReader rd(theirs, "a worker's secure-aggregation answers");
-      for (uint64_t n = rd.u64(); n > 0; --n) {
-        const uint64_t id = rd.u64();
-        const auto bytes = rd.view(rd.u64());
-        answers[id].assign(bytes.begin(), bytes.end());
-      }
-      rd.finish();
-    }
+    for (const auto& theirs : allGatherBytes(coll_, packMessages(mine)))
+      for (auto& [id, bytes] : unpackMessages(theirs, "a worker's secure-aggregation answers"))
+        answers[id] = std::move(bytes);
   }
   // Every worker takes every answer, in the participants' order.
   double longest = 0.0;
