@@ -486,6 +486,11 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "every worker steps the whole model with the one unmasked sum)");
   o.add("sim.bucket_bytes", &s.sim.bucket_bytes, "largest single collective, bytes", 1024,
         uint64_t{1} << 34);
+  o.add("sim.secagg_batch_bytes", &s.sim.secagg_batch_bytes,
+        "secagg.enabled on several workers: the masked inputs (and their clients' states) gathered "
+        "to every worker at once, all workers' together, at most (one client's a worker at "
+        "least): the memory it takes against the number of collectives",
+        1, uint64_t{1} << 40);
   o.add("sim.reference_seconds_per_example", &s.sim.reference_spe,
         "the simulated clock's reference device: seconds per example at speed 1", 1e-9, 1e3);
   o.add("devices.trace", &s.devices.trace,

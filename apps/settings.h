@@ -148,6 +148,7 @@ struct Settings {
     std::string schedule = "lpt";
     bool sharded_step = true;
     uint64_t bucket_bytes = uint64_t{16} << 20;
+    uint64_t secagg_batch_bytes = uint64_t{256} << 20;  // simulator::SimFleetConfig's
     double reference_spe = 1e-3;
   } sim;
   struct Devices {

@@ -323,6 +323,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   if (!states.folder.empty()) fc.homes_file = states.options.spill_dir + "/homes.bin";
   fc.durable_states = !ec.checkpoint.empty();
   fc.device_update = parts.device_round.get();
+  fc.secure_batch_bytes = c.sim.secagg_batch_bytes;
   sim::SimFleet fleet(fc, parts.clients, *parts.trainer, store, workers, parts.test());
 
   std::vector<float> init(parts.layout->numel());

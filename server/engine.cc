@@ -847,12 +847,13 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                                  support.size(layout_->numel())),
         all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
         protocol::SecAggLimits{}, std::move(relayed));
-    if (FleetWorkers* workers = fleet.workers()) sr->setNonce(workers->agreeNonce(sr->nonce()));
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
     failed.insert(peers_failed.begin(), peers_failed.end());
     return false;
   }
+  // Outside the refusals above: a collective's failure stops every worker, not this one's round.
+  if (FleetWorkers* workers = fleet.workers()) sr->setNonce(workers->agreeNonce(sr->nonce()));
   for (const SecureStage stage : {SecureStage::kAdvertise, SecureStage::kShareKeys}) {
     account(fleet.exchange(stage, *sr, active, config_.round_deadline_ms));
     if (active.empty()) break;

@@ -45,8 +45,6 @@ std::vector<std::pair<uint64_t, std::vector<uint8_t>>> unpackMessages(
   r.finish();
   return out;
 }
-// Masked inputs sent to every worker at once, at most (each worker's; a client's at least).
-constexpr size_t kSecureBatchBytes = size_t{64} << 20;
 // Which worker holds each client's state: (client, worker) pairs in the files' frame
 // (core/framed_file.h).
 constexpr FileFormat kHomesFile{0x4d484c53 /* "SLHM" */, "file of the client states' workers", 1, 1,
@@ -303,8 +301,12 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   if (pooled && !participants.empty()) {
     std::vector<Metric> declared;
     for (const auto& m : h.metrics) declared.push_back(Metric{m, 1.0});
-    const size_t msg = task.secure->maskedBytes(participants[0].id, declared);
-    per_batch = std::max<size_t>(1, kSecureBatchBytes / std::max<size_t>(1, msg));
+    // A client's masked input, and its state held beside it until its verdict (an error-feedback
+    // residual is the model's size whatever the compressor sends): the same estimate everywhere.
+    const uint64_t client_bytes = task.secure->maskedBytes(participants[0].id, declared) +
+                                  4 * uint64_t{trainer_.layout().numel()};
+    const uint64_t per_worker = config_.secure_batch_bytes / static_cast<uint64_t>(coll_.size());
+    per_batch = static_cast<size_t>(std::max<uint64_t>(1, per_worker / client_bytes));
     for (const auto& ids : assignment_.per_worker) {
       size_t n = 0;
       for (uint64_t id : ids) n += index.count(id);
@@ -441,6 +443,8 @@ void SimFleet::replyMasked(server::SecureSteps& round,
         round.reply(server::SecureStage::kMaskedInput, id, bytes);
       } catch (const InputError&) {  // refused: it drops out (on every worker alike)
         taken = false;
+      } catch (const InvalidArgument&) {
+        taken = false;
       }
       if (static_cast<int>(r) == coll_.rank())
         counts.outcome(index.at(id)) = taken ? PhaseCounts::kCompleted : PhaseCounts::kFailed;
@@ -553,13 +557,32 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
   double waited = 0.0;
   if (stage == server::SecureStage::kAdvertise) {
     parties_.clear();
-    // Each participant's side lives on one worker for the round, dealt round-robin by id.
+    // Each participant's side lives on one worker for the round: the one holding its state while
+    // that worker has fewer than its share (no state moves), the others each to the worker with
+    // the fewest (the lowest rank of those). The same on every worker.
     secure_owner_.clear();
     std::vector<uint64_t> ids;
     for (const auto& c : participants) ids.push_back(c.id);
     std::sort(ids.begin(), ids.end());
-    for (size_t i = 0; i < ids.size(); ++i)
-      secure_owner_[ids[i]] = static_cast<int>(i % static_cast<size_t>(coll_.size()));
+    const auto workers = static_cast<size_t>(coll_.size());
+    const size_t cap = (ids.size() + workers - 1) / workers;
+    std::vector<size_t> owned(workers, 0);
+    std::vector<uint64_t> rest;
+    for (uint64_t id : ids) {
+      const auto home = home_.find(id);
+      if (home != home_.end() && owned[static_cast<size_t>(home->second)] < cap) {
+        secure_owner_[id] = home->second;
+        ++owned[static_cast<size_t>(home->second)];
+      } else {
+        rest.push_back(id);
+      }
+    }
+    for (uint64_t id : rest) {
+      const auto w =
+          static_cast<size_t>(std::min_element(owned.begin(), owned.end()) - owned.begin());
+      secure_owner_[id] = static_cast<int>(w);
+      ++owned[w];
+    }
     // A wait for the first client to come online (waitForClients) is part of the round.
     waited = wait_;
     wait_ = 0.0;

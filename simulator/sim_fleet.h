@@ -70,6 +70,9 @@ struct SimFleetConfig {
   // The round on the device (client::DeviceUpdate, torch_trainer/device_round.h) for the clients'
   // phase 0; null: the host. Must outlive the fleet.
   client::DeviceUpdate* device_update = nullptr;
+  // Secure aggregation on several workers: the masked inputs (and their clients' states) gathered
+  // at once, all workers' together, at most (one client's a worker at least).
+  uint64_t secure_batch_bytes = uint64_t{256} << 20;
 };
 
 // The simulated population: data shards and devices (identical on every worker).

@@ -56,8 +56,10 @@ std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<
 // with `compressor`, under secagg (clip 100) or in the clear with the same uniform weights; fails
 // the test, with its log, unless it ends well.
 void runSecureOrPlain(const TempDir& dir, const std::string& tag, int rounds,
-                      const std::string& compressor, bool secure, int workers = 1) {
+                      const std::string& compressor, bool secure, int workers = 1,
+                      std::initializer_list<std::string> more = {}) {
   auto a = with(simArgs(dir, tag, workers, rounds), {"--compression.compressor", compressor});
+  a = with(a, more);
   a = secure ? with(a, {"--secagg.enabled", "true", "--secagg.clip", "100"})
              : with(a, {"--aggregation.rule", "fedavg:weight=uniform"});
   Proc p(a, dir / (tag + ".log"));
@@ -1092,6 +1094,20 @@ TEST_CASE(
   runSecureOrPlain(dir, "two", 3, "none", true, 2);
   runSecureOrPlain(dir, "three", 2, "none", true, 3);
   runSecureOrPlain(dir, "three", 3, "none", true, 3);  // resumed on three
+  // Three clients a round on four workers (one of them owns no one), the masked inputs gathered
+  // one client's at a time: the one-worker run of three clients a round, to the bit.
+  for (int w : {1, 4})
+    runSecureOrPlain(dir, "small" + std::to_string(w), 2, "none", true, w,
+                     {"--sampling.clients_per_round", "3", "--sim.secagg_batch_bytes", "1"});
+  {
+    const auto a = readLines(dir / "small1.jsonl"), b = readLines(dir / "small4.jsonl");
+    REQUIRE(a.size() == 2);
+    REQUIRE(b.size() == 2);
+    for (size_t i = 0; i < 2; ++i)
+      for (const char* key : {"clients_completed", "uplink_bytes", "downlink_bytes", "train_loss"})
+        CHECK(field(a[i], key) == field(b[i], key));
+    CHECK(modelDiff(dir / "small1.ckpt", dir / "small4.ckpt").first == 0.0);
+  }
   const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl");
   for (const char* tag : {"two", "three"}) {
     INFO(tag);
@@ -1139,8 +1155,15 @@ TEST_CASE("starling-sim runs secure aggregation over random-block: k words a cli
   runSecureOrPlain(dir, "plaindense", 3, "none", false);
   // Two workers: the same run to the bit (each client's error-feedback residual follows it to the
   // worker that holds its side of the round).
-  runSecureOrPlain(dir, "sec2", 3, "randblock:density=0.1", true, 2);
+  runSecureOrPlain(dir, "sec2", 3, "randblock:density=0.1", true, 2,
+                   {"--sim.secagg_batch_bytes", "1"});
   CHECK(modelDiff(dir / "sec.ckpt", dir / "sec2.ckpt").first == 0.0);
+  // The first worker trained only its share (the other trained the rest, in batches of one).
+  const std::string log2 = readText(dir / "sec2.log");
+  const size_t at = log2.find("clients trained on this worker");
+  REQUIRE(at != std::string::npos);
+  const size_t from = log2.rfind(';', at) + 2;
+  CHECK(std::stoul(log2.substr(from)) < 15);  // of 3 rounds x 5 clients
   const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl"),
              d = readLines(dir / "dense.jsonl"), pd = readLines(dir / "plaindense.jsonl");
   REQUIRE(p.size() == 3);
