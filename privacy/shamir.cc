@@ -217,49 +217,61 @@ void checkShares(std::span<const Share> shares, uint32_t threshold) {
 }
 }  // namespace
 
-Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
-  checkShares(shares, threshold);
+namespace {
+// The first share off the polynomials the first `threshold` define (the points checked), if any.
+std::optional<size_t> firstOff(std::span<const Share> shares, uint32_t threshold) {
   std::vector<uint64_t> xs(threshold), ys(threshold);
   for (size_t i = 0; i < threshold; ++i) xs[i] = shares[i].x;
-  Key32 out{};
   for (size_t k = 0; k < 8; ++k) {
     for (size_t i = 0; i < threshold; ++i) ys[i] = shares[i].y[k];
-    const uint64_t limb = detail::interpolate(xs, ys, 0);
-    // Every further share must lie on the same polynomial.
     for (size_t i = threshold; i < shares.size(); ++i)
-      if (detail::interpolate(xs, ys, shares[i].x) != shares[i].y[k])
-        STARLING_THROW(InvalidArgument, "shamir: inconsistent shares (the share at ", shares[i].x,
-                       " is not on the polynomial of the first ", threshold, ")");
-    if (limb >> 32)
-      STARLING_THROW(InvalidArgument, "shamir: inconsistent shares (a limb of ", limb,
+      if (detail::interpolate(xs, ys, shares[i].x) != shares[i].y[k]) return i;
+  }
+  return std::nullopt;
+}
+
+// The secret of the limbs' constant terms `limbs` (InvalidArgument for one past 32 bits).
+Key32 secretOf(const std::array<uint64_t, 8>& limbs) {
+  Key32 out{};
+  for (size_t k = 0; k < 8; ++k) {
+    if (limbs[k] >> 32)
+      STARLING_THROW(InvalidArgument, "shamir: inconsistent shares (a limb of ", limbs[k],
                      " is not 32 bits)");
-    for (int b = 0; b < 4; ++b) out[4 * k + b] = static_cast<uint8_t>(limb >> (8 * b));
+    for (int b = 0; b < 4; ++b) out[4 * k + b] = static_cast<uint8_t>(limbs[k] >> (8 * b));
   }
   return out;
 }
 
-namespace {
-// Whether every share lies on the polynomials the first `threshold` define (the points checked).
-bool onePolynomial(std::span<const Share> shares, uint32_t threshold) {
+// The secret the first `threshold` shares give.
+Key32 secretOfFirst(std::span<const Share> shares, uint32_t threshold) {
   std::vector<uint64_t> xs(threshold), ys(threshold);
   for (size_t i = 0; i < threshold; ++i) xs[i] = shares[i].x;
+  std::array<uint64_t, 8> limbs{};
   for (size_t k = 0; k < 8; ++k) {
     for (size_t i = 0; i < threshold; ++i) ys[i] = shares[i].y[k];
-    for (size_t i = threshold; i < shares.size(); ++i)
-      if (detail::interpolate(xs, ys, shares[i].x) != shares[i].y[k]) return false;
+    limbs[k] = detail::interpolate(xs, ys, 0);
   }
-  return true;
+  return secretOf(limbs);
 }
 }  // namespace
+
+Key32 shamirCombine(std::span<const Share> shares, uint32_t threshold) {
+  checkShares(shares, threshold);
+  if (const auto off = firstOff(shares, threshold))
+    STARLING_THROW(InvalidArgument, "shamir: inconsistent shares (the share at ", shares[*off].x,
+                   " is not on the polynomial of the first ", threshold, ")");
+  return secretOfFirst(shares, threshold);
+}
 
 Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
   // The checks of points and values, and the common case: every share on one polynomial.
   checkShares(shares, threshold);
-  if (onePolynomial(shares, threshold)) return Recovered{shamirCombine(shares, threshold), {}};
+  if (!firstOff(shares, threshold)) return Recovered{secretOfFirst(shares, threshold), {}};
   const size_t n = shares.size();
   std::vector<uint64_t> xs(n), ys(n);
   for (size_t i = 0; i < n; ++i) xs[i] = shares[i].x;
   Recovered out;
+  std::array<uint64_t, 8> limbs{};
   std::set<uint64_t> wrong;
   for (size_t k = 0; k < 8; ++k) {
     for (size_t i = 0; i < n; ++i) ys[i] = shares[i].y[k];
@@ -270,11 +282,7 @@ Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
                      threshold, ")");
     for (size_t i = 0; i < n; ++i)
       if (detail::evaluate(*poly, xs[i]) != ys[i]) wrong.insert(xs[i]);
-    const uint64_t limb = (*poly)[0];
-    if (limb >> 32)
-      STARLING_THROW(InvalidArgument, "shamir: inconsistent shares (a limb of ", limb,
-                     " is not 32 bits)");
-    for (int b = 0; b < 4; ++b) out.secret[4 * k + b] = static_cast<uint8_t>(limb >> (8 * b));
+    limbs[k] = (*poly)[0];
   }
   // Wrong in different limbs, they may together be more than one decoding corrects. (A limb
   // decoded to a wrong polynomial, when more than e of its shares are wrong, may name honest
@@ -282,6 +290,7 @@ Recovered shamirRecover(std::span<const Share> shares, uint32_t threshold) {
   if (wrong.size() > (n - threshold) / 2)
     STARLING_THROW(InvalidArgument, "shamir: too many inconsistent shares (", wrong.size(), " of ",
                    n, " are wrong, at most ", (n - threshold) / 2, " can be corrected)");
+  out.secret = secretOf(limbs);
   out.wrong.assign(wrong.begin(), wrong.end());
   return out;
 }

@@ -12,6 +12,7 @@
 #include "core/file_io.h"
 #include "core/framed_file.h"
 #include "data/partition.h"
+#include "pre_frame.h"
 #include "server/async_server.h"
 #include "server/inproc_fleet.h"
 #include "temp_dir.h"
@@ -214,15 +215,9 @@ TEST_CASE("a checkpoint from before the files' frame (format 7) still resumes, t
     e.runRound(fleet);
     e.runRound(fleet);
   }
-  const std::vector<uint8_t> bytes = readFile(cfg.checkpoint, 1 << 20);
   // Format 7's file: the magic, the version, then the fields the frame now carries.
-  const Unframed u = unframe(FileFormat{0x4b434c53, "Starling checkpoint", 1, 8, 8}, bytes, "ck");
-  REQUIRE(u.framed);
-  std::vector<uint8_t> old;
-  ByteWriter ow(old);
-  ow.u32(0x4b434c53);
-  ow.u32(7);
-  ow.bytes(u.payload.data(), u.payload.size());
+  const std::vector<uint8_t> old =
+      testing::asPreFrame(readFile(cfg.checkpoint, 1 << 20), 0x4b434c53 /* "SLCK" */, 7);
   InProcFleet fleet(*w.trainer, w.train, w.shards(4));
   server::RoundEngine now(w.layout, cfg, w.init());
   writeFileAtomic(cfg.checkpoint, old);

@@ -21,6 +21,7 @@
 #include "core/file_io.h"
 #include "core/framed_file.h"
 #include "data/partition.h"
+#include "pre_frame.h"
 #include "server/engine.h"
 #include "simulator/sim_fleet.h"
 #include "temp_dir.h"
@@ -784,15 +785,7 @@ TEST_CASE(
     if (c.format3) {
       // Format 3: the magic, the version, then the fields the frame now carries.
       const std::filesystem::path ck = cut / "ck.bin";
-      const std::vector<uint8_t> bytes = readFile(ck, 1 << 24);
-      const Unframed u = unframe(FileFormat{0x4d495341, "async", 3, 4, 4}, bytes, "ck");
-      REQUIRE(u.framed);
-      std::vector<uint8_t> old;
-      ByteWriter ow(old);
-      ow.u32(0x4d495341);
-      ow.u32(3);
-      ow.bytes(u.payload.data(), u.payload.size());
-      writeFileAtomic(ck, old);
+      writeFileAtomic(ck, testing::asPreFrame(readFile(ck, 1 << 24), 0x4d495341 /* "ASIM" */, 3));
     }
     ac.steps = 9;
     const Run rest = runStored(s, sc, ac, cut, true, true, &resumed);
