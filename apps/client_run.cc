@@ -28,6 +28,11 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
   rc.limits = apps::transportLimits(c.net);
   rc.state_file = c.state.file;
   rc.server_silence_ms = c.net.server_silence_ms;
+  // The rounds of secure aggregation it takes part in, and whose keys it trusts (its key file's
+  // certified signing key, the authority's public key).
+  rc.secagg_trust = client::loadSecAggTrust(
+      c.secagg.threat == apps::SecAggThreat::kMaliciousServer, c.secagg.authority,
+      c.net.insecure ? std::string() : c.net.key, c.client.id);
   rc.validate();
   // Its training shard (the same split every client computes, from the labels) and an IID share of
   // the test set: only those examples are kept, never the whole data set. A shard

@@ -58,7 +58,7 @@ inline server::EngineConfig engineConfig(const Settings& s) {
   }
   // An edge aggregator relays its root's secure aggregation: the keys are the root's.
   if (s.secagg.enabled && s.server.role == ServerRole::kRoot) {
-    e.secagg = {true, s.secagg.neighbours, s.secagg.threshold, s.secagg.bits, s.secagg.clip};
+    e.secagg = {true, s.secagg.neighbours, s.secagg.threshold, s.secagg.bits, s.secagg.clip, {}};
     // The server sees the sum only: every update weighs alike (clipped by its client; under
     // central DP the rule above says so already).
     if (s.privacy.dp == DpMode::kOff) e.scheme.rule = "fedavg:weight=uniform";

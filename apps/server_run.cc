@@ -24,6 +24,7 @@
 #include "server/async_root.h"
 #include "server/engine.h"
 #include "server/zmq_fleet.h"
+#include "transport/keys.h"
 
 namespace starling::apps {
 namespace {
@@ -207,6 +208,9 @@ server::EngineConfig checkServer(const apps::Settings& c) {
   const bool aggregator = c.server.role == apps::ServerRole::kAggregator;
   const bool async = buffered(c.round.mode);  // FedBuff or semi-synchronous: the buffered step
   server::EngineConfig ec = apps::engineConfig(c);
+  // The malicious-server threat model: the adverts' credentials are checked against the authority.
+  if (ec.secagg.enabled && c.secagg.threat == apps::SecAggThreat::kMaliciousServer)
+    ec.secagg.authority = transport::loadAuthorityKey(c.secagg.authority);
   apps::checkRoundMode(c, apps::kServer, ec);
   if (!aggregator && !async) ec.validate();
   if (aggregator && server::wholeModelQuantised(ec.downlink))
@@ -328,6 +332,12 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
   else if (ec.sampling.clients_per_round > 0)
     log.info("sampling {} clients per round; each round waits for {} registered",
              ec.sampling.clients_per_round, ec.sampling.min_available);
+  if (ec.secagg.enabled)
+    log.info("secure aggregation (SecAgg+): clip {}, ring of {} bits, threat model {}",
+             ec.secagg.clip, ec.secagg.bits,
+             ec.secagg.authority
+                 ? "malicious-server (adverts signed, certified by " + c.secagg.authority + ")"
+                 : std::string("semi-honest"));
   if (const privacy::CentralDp* dp = engine.dp())
     log.info(
         "central DP: clip {}, noise multiplier {:.4f}, epsilon {:.3f} after {} rounds "

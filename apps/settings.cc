@@ -29,6 +29,11 @@ const Spellings<DpMode>& dpModes() {
   static const Spellings<DpMode> t{{"off", DpMode::kOff}, {"central", DpMode::kCentral}};
   return t;
 }
+const Spellings<SecAggThreat>& secaggThreats() {
+  static const Spellings<SecAggThreat> t{{"semi-honest", SecAggThreat::kSemiHonest},
+                                         {"malicious-server", SecAggThreat::kMaliciousServer}};
+  return t;
+}
 const Spellings<DpAccountantKind>& dpAccountants() {
   static const Spellings<DpAccountantKind> t{{"pld", DpAccountantKind::kPld},
                                              {"rdp", DpAccountantKind::kRdp}};
@@ -50,6 +55,7 @@ const Spellings<SplitShift>& splitShifts() {
 }  // namespace
 
 const char* name(DpMode m) { return spellingOf(dpModes(), m); }
+const char* name(SecAggThreat t) { return spellingOf(secaggThreats(), t); }
 const char* name(DpAccountantKind a) { return spellingOf(dpAccountants(), a); }
 const char* name(RoundMode m) { return spellingOf(roundModes(), m); }
 const char* name(ServerRole r) { return spellingOf(serverRoles(), r); }
@@ -353,6 +359,18 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "secagg: the L2 norm each client clips its update to before masking (under privacy.dp: "
         "privacy.clip, its default)",
         0, 1e30);
+  use(kAll);
+  o.add("secagg.threat", &s.secagg.threat,
+        "secagg: semi-honest (the root and aggregators follow the protocol while they look) or "
+        "malicious-server (each client signs its advertised keys with a signing key the "
+        "federation authority certified, and every party checks them: a root or aggregator "
+        "that swaps a key or invents a client is caught; a client refuses rounds that do not "
+        "sign; docs/privacy.md)",
+        secaggThreats());
+  use(kDeploy);
+  o.add("secagg.authority", &s.secagg.authority,
+        "secagg.threat = malicious-server: the federation authority's public key file "
+        "(starling-keygen --new-authority; its .key_secret stays off the root)");
   use(kServer);
   o.add("privacy.seeded_noise", &s.privacy.seeded_noise,
         "privacy.dp at the root: draw the noise and the sample from the run seed (model.seed), "
@@ -629,8 +647,15 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      "weights: the server sees only the sum): leave aggregation.rule "
                      "out (it is ",
                      s.aggregation.rule, ")");
+    if (self == kServer && s.secagg.threat == SecAggThreat::kMaliciousServer &&
+        s.secagg.authority.empty())
+      STARLING_THROW(ConfigError,
+                     "secagg.threat = malicious-server needs secagg.authority: the federation "
+                     "authority's public key file (starling-keygen --new-authority), whose "
+                     "certificates the clients' signing keys carry");
   } else if (self != kClient && !relays) {
-    for (const char* k : {"secagg.neighbours", "secagg.threshold", "secagg.bits", "secagg.clip"})
+    for (const char* k : {"secagg.neighbours", "secagg.threshold", "secagg.bits", "secagg.clip",
+                          "secagg.threat", "secagg.authority"})
       if (o.given(k))
         STARLING_THROW(ConfigError, k, " is set but secagg.enabled is not (set it, or leave ", k,
                        " out)");

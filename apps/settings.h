@@ -43,6 +43,11 @@ const char* name(DeviceRound d);
 // privacy.dp: no differential privacy, or client-level DP with a trusted server (privacy/dp.h).
 enum class DpMode { kOff, kCentral };
 const char* name(DpMode m);
+// secagg.threat: what secure aggregation defends against (docs/privacy.md): a server that follows
+// the protocol while it looks (semi-honest), or one that may swap clients' keys or invent clients
+// (malicious-server: the advertised keys are signed and certified by the federation authority).
+enum class SecAggThreat { kSemiHonest, kMaliciousServer };
+const char* name(SecAggThreat t);
 // privacy.accountant: privacy::DpAccountant's spellings (pld, the tight one; rdp).
 enum class DpAccountantKind { kPld, kRdp };
 const char* name(DpAccountantKind a);
@@ -120,6 +125,8 @@ struct Settings {
     bool enabled = false;
     uint32_t neighbours = 0, threshold = 0, bits = 32;
     double clip = 0.0;  // 0 under privacy.dp: privacy.clip
+    SecAggThreat threat = SecAggThreat::kSemiHonest;
+    std::string authority;  // the authority's public key file (malicious-server; deployed)
   } secagg;
   struct Round {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits

@@ -82,6 +82,9 @@ SimPlan planSimulation(const Settings& c) {
   // the run seed (privacy/dp.h).
   ec.dp.seeded_noise = true;
   ec.dp.population = c.data.num_clients;
+  // The malicious-server threat model's signed keys, the simulation its own authority.
+  if (ec.secagg.enabled && c.secagg.threat == SecAggThreat::kMaliciousServer)
+    ec.secagg.authority = sim::simAuthority(c.model.seed).public_key;
   compression::makeCompressor(ec.scheme.compressor);
   aggregation::makeRule(ec.scheme.rule);
   aggregation::makeServerOptimizer(ec.server_opt, 1);
@@ -324,6 +327,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   fc.durable_states = !ec.checkpoint.empty();
   fc.device_update = parts.device_round.get();
   fc.secure_batch_bytes = c.sim.secagg_batch_bytes;
+  fc.secure_signed = ec.secagg.authority.has_value();
   sim::SimFleet fleet(fc, parts.clients, *parts.trainer, store, workers, parts.test());
 
   std::vector<float> init(parts.layout->numel());

@@ -37,6 +37,7 @@ void RuntimeConfig::validate() const {
     STARLING_THROW(ConfigError, "net.server_silence_ms must be at least 100, got ",
                    server_silence_ms);
   if (clock == nullptr) STARLING_THROW(ConfigError, "the client's clock is null");
+  secagg_trust.validate(client_id);
   if (!state_file.empty()) {
     // Found before the first fit, not after it (the training would be lost with the write).
     const std::filesystem::path dir = std::filesystem::path(state_file).parent_path();
@@ -211,13 +212,14 @@ struct ClientRuntime::Impl {
   // at once; the shares for the masked input are kept for the round's secure fit task.
   void onSecure(pr::MessageKind kind, std::span<const uint8_t> bytes) {
     if (kind == pr::MessageKind::kSecAggSetup) {
-      if (!party) party.emplace(config.client_id);
+      if (!party) party.emplace(config.client_id, config.secagg_trust);
       std::vector<uint8_t> keys = party->setup(bytes);
       shares.clear();
       shares_round = 0;
-      log->info("client {}: round {}: secure aggregation with {} neighbours, threshold {}",
+      log->info("client {}: round {}: secure aggregation with {} neighbours, threshold {}{}",
                 config.client_id, party->round(), party->params().neighbours,
-                party->params().threshold);
+                party->params().threshold,
+                party->params().signed_keys ? ", keys signed and certified" : "");
       link.send(keys);
       return;
     }

@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "client/secure_party.h"
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "core/client_state.h"
@@ -67,6 +68,8 @@ struct RuntimeConfig {
   // default): a fresh random key each round, as the privacy of distributed noise needs; a test
   // gives one fixed by the round to compare two federations' sums bit for bit.
   std::function<privacy::Key32(uint64_t round)> secagg_rounding;
+  // Secure aggregation: which rounds it runs and whose keys it trusts (client/secure_party.h).
+  SecAggTrust secagg_trust;
   void validate() const;
 };
 

@@ -2,16 +2,70 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "compression/payload.h"
 #include "core/error.h"
+#include "transport/keys.h"
 
 namespace starling::client {
 namespace pr = starling::protocol;
 namespace pv = starling::privacy;
 
-SecureParty::SecureParty(uint64_t id, const pv::SigningKeyPair* signing, pr::SecAggLimits limits)
-    : id_(id), signing_(signing), limits_(limits) {}
+void SecAggTrust::validate(uint64_t id) const {
+  if (require_signed && !authority)
+    STARLING_THROW(ConfigError,
+                   "secagg.threat = malicious-server needs secagg.authority: the federation "
+                   "authority's public key file (starling-keygen --authority)");
+  if (require_signed && !signer)
+    STARLING_THROW(ConfigError,
+                   "secagg.threat = malicious-server needs a signing key and its certificate in "
+                   "this client's key file (starling-keygen --clients N --authority ...)");
+  if (signer && authority && !pv::credentialValid(*authority, id, signer->credential))
+    STARLING_THROW(ConfigError,
+                   "the certificate in this client's key file is not the authority's "
+                   "for client id ",
+                   id, " (certified for another id, or by another authority)");
+  if (signer && !pv::equalKeys(signer->key.public_key, signer->credential.signing_key))
+    STARLING_THROW(ConfigError,
+                   "the certificate in this client's key file is not of its "
+                   "signing key");
+}
+
+SecAggTrust loadSecAggTrust(bool require_signed, const std::string& authority_file,
+                            const std::string& key_file, uint64_t id) {
+  SecAggTrust t;
+  t.require_signed = require_signed;
+  if (!authority_file.empty()) t.authority = transport::loadAuthorityKey(authority_file);
+  if (!key_file.empty()) {
+    const transport::KeyFile k = transport::loadKeyFile(key_file);
+    if (k.signing && k.signing->seed && k.signing->certificate) {
+      pv::SecAggSigner signer;
+      signer.key = pv::SigningKeyPair::fromSeed(*k.signing->seed);
+      if (!pv::equalKeys(signer.key.public_key, k.signing->public_key))
+        STARLING_THROW(ConfigError, key_file,
+                       ": its signing-key is not the secret of its signing-public-key");
+      signer.credential = {k.signing->public_key, *k.signing->certificate};
+      t.signer = signer;
+    } else if (require_signed) {
+      STARLING_THROW(ConfigError, key_file,
+                     ": no signing-key and certificate lines, which secagg.threat = "
+                     "malicious-server needs (starling-keygen --clients N --authority "
+                     "authority.key_secret writes them)");
+    }
+  } else if (require_signed) {
+    STARLING_THROW(ConfigError,
+                   "secagg.threat = malicious-server needs this client's key file (security.key), "
+                   "which carries its certified signing key");
+  }
+  t.validate(id);
+  return t;
+}
+
+SecureParty::SecureParty(uint64_t id, SecAggTrust trust, pr::SecAggLimits limits)
+    : id_(id), trust_(std::move(trust)), limits_(limits) {
+  trust_.validate(id_);
+}
 
 void SecureParty::checkRound(uint64_t round, const char* what) const {
   if (!client_)
@@ -37,13 +91,20 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
                      "secagg: a setup of " + std::to_string(m.clients.size()) +
                          " clients and threshold " + std::to_string(m.params.threshold) + " of " +
                          std::to_string(have) + " neighbours, which would not hide its update");
-  if (m.params.signed_keys)  // the root would need to send its clients' long-term keys too
+  // Which rounds it runs: signed ones only under the malicious-server threat model (a server that
+  // does not sign could swap its neighbours' keys), and signed ones only with its credential.
+  if (trust_.require_signed && !m.params.signed_keys)
+    throw InputError(Errc::kBadSignature,
+                     "secagg: a round whose keys are not signed, which this client refuses "
+                     "(secagg.threat = malicious-server: an unsigned key could be a server's)");
+  if (m.params.signed_keys && (!trust_.signer || !trust_.authority))
     throw InputError(Errc::kMissingField,
-                     "secagg: a round with signed keys, which this client does not run yet");
+                     "secagg: a round with signed keys, and this client has no signing key or "
+                     "no secagg.authority (docs/privacy.md)");
   // A new round: whatever the last one held goes (a restarted root runs a round again with new
   // keys; nothing of the old one is kept to be asked about).
   client_.reset();
-  client_.emplace(m.params, id_, m.clients, signing_);
+  client_.emplace(m.params, id_, m.clients, trust_.signer ? &*trust_.signer : nullptr);
   params_ = m.params;
   return pr::encode(pr::SecAggKeysMsg{m.nonce, client_->advertise()});
 }
@@ -54,7 +115,9 @@ std::vector<uint8_t> SecureParty::shareKeys(std::span<const uint8_t> bytes) {
   for (const auto& a : m.adverts) checkRound(a.round, "an advert");
   pr::SecAggSharesMsg out{id_, params_.round, m.nonce, {}};
   try {
-    out.shares = client_->shareKeys(m.adverts);
+    out.shares = client_->shareKeys(m.adverts, trust_.authority ? &*trust_.authority : nullptr);
+  } catch (const InputError&) {  // the protocol's refusals keep their codes
+    throw;
   } catch (const InvalidArgument& e) {  // a key no agreement can use (a low-order point)
     throw InputError(Errc::kMalformed, std::string("secagg: ") + e.what());
   }

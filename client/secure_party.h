@@ -27,11 +27,33 @@
 
 namespace starling::client {
 
+// What a client trusts in secure rounds: secagg.threat, secagg.authority and the signing key and
+// credential of its key file (transport/keys.h). Under the malicious-server threat model the
+// client takes part only in rounds whose adverts are signed, and checks each neighbour's against
+// the authority (privacy/crypto.h's Credential): a root or aggregator that swaps a key, or answers
+// for a client it invents, is refused (kBadSignature).
+struct SecAggTrust {
+  // secagg.threat = malicious-server: a setup whose keys are not signed is refused (kBadSignature).
+  bool require_signed = false;
+  std::optional<privacy::Key32> authority;      // whose credentials it accepts
+  std::optional<privacy::SecAggSigner> signer;  // its own signing key and credential
+  // ConfigError when require_signed lacks the authority or the signer, or the signer's
+  // credential is not the authority's for `id` (a key file certified for another id, or by
+  // another authority).
+  void validate(uint64_t id) const;
+};
+
+// A deployed client's trust: `require_signed` (secagg.threat = malicious-server), the authority's
+// public file `authority_file` (secagg.authority; empty: none) and the signing lines of its own
+// key file `key_file` (its NAME.key_secret, security.key; empty: none), for client `id`; then
+// validate(id). ConfigError naming the file for a signing key that is not its signing-public-key's,
+// a key file without signing lines under require_signed, and validate()'s refusals.
+SecAggTrust loadSecAggTrust(bool require_signed, const std::string& authority_file,
+                            const std::string& key_file, uint64_t id);
+
 class SecureParty {
  public:
-  // `signing`: its long-term key, when rounds sign their adverts (must outlive the party).
-  explicit SecureParty(uint64_t id, const privacy::SigningKeyPair* signing = nullptr,
-                       protocol::SecAggLimits limits = {});
+  explicit SecureParty(uint64_t id, SecAggTrust trust = {}, protocol::SecAggLimits limits = {});
 
   std::vector<uint8_t> setup(std::span<const uint8_t> setup_msg);
   std::vector<uint8_t> shareKeys(std::span<const uint8_t> adverts_msg);
@@ -52,7 +74,7 @@ class SecureParty {
   void checkRound(uint64_t round, const char* what) const;
 
   uint64_t id_;
-  const privacy::SigningKeyPair* signing_;
+  SecAggTrust trust_;
   protocol::SecAggLimits limits_;
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;

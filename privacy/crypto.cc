@@ -212,6 +212,31 @@ SigningKeyPair SigningKeyPair::generate() {
   return k;
 }
 
+SigningKeyPair SigningKeyPair::fromSeed(const Key32& seed) {
+  ensureSodium();
+  SigningKeyPair k;
+  crypto_sign_seed_keypair(k.public_key.data(), k.secret_key.data(), seed.data());
+  return k;
+}
+
+namespace {
+std::vector<uint8_t> credentialBytes(uint64_t id, const Key32& signing_key) {
+  static constexpr char kDomain[] = "starling client credential v1";
+  std::vector<uint8_t> b(kDomain, kDomain + sizeof kDomain - 1);
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(id >> (8 * i)));
+  b.insert(b.end(), signing_key.begin(), signing_key.end());
+  return b;
+}
+}  // namespace
+
+Signature certify(const SigningKeyPair& authority, uint64_t id, const Key32& signing_key) {
+  return sign(authority, credentialBytes(id, signing_key));
+}
+
+bool credentialValid(const Key32& authority, uint64_t id, const Credential& c) {
+  return verify(authority, credentialBytes(id, c.signing_key), c.certificate);
+}
+
 Signature sign(const SigningKeyPair& key, std::span<const uint8_t> message) {
   ensureSodium();
   Signature s;

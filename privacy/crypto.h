@@ -109,10 +109,25 @@ struct SigningKeyPair {
   Key32 public_key{};
   std::array<uint8_t, 64> secret_key{};
   static SigningKeyPair generate();
+  // The pair of a 32-byte seed (what a key file keeps): the same seed, the same pair.
+  static SigningKeyPair fromSeed(const Key32& seed);
 };
 using Signature = std::array<uint8_t, 64>;
 Signature sign(const SigningKeyPair& key, std::span<const uint8_t> message);
 bool verify(const Key32& public_key, std::span<const uint8_t> message, const Signature& sig);
+
+// A client's credential under the malicious-server threat model: its long-term signing key, and
+// the federation authority's signature over it and the client's id ("starling client credential
+// v1" || id || signing key). The authority is an Ed25519 key its operator keeps off the root
+// (starling-keygen --authority); every party holds its public half. A root or an aggregator that
+// swaps a client's advertised keys, or answers for a client it invents, would need the authority's
+// secret key to certify the signing key it signs them with.
+struct Credential {
+  Key32 signing_key{};
+  Signature certificate{};
+};
+Signature certify(const SigningKeyPair& authority, uint64_t id, const Key32& signing_key);
+bool credentialValid(const Key32& authority, uint64_t id, const Credential& c);
 
 // Compares in constant time.
 bool equalKeys(const Key32& a, const Key32& b);

@@ -88,10 +88,15 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, uint64_t run_seed) {
   return b;
 }
 
+bool advertSigned(const KeyAdvert& a, const Key32& authority, uint64_t run_seed) {
+  return credentialValid(authority, a.client, a.credential) &&
+         verify(a.credential.signing_key, advertBytes(a, run_seed), a.signature);
+}
+
 // ---------------------------------------------------------------- client
 
 SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uint64_t> clients,
-                           const SigningKeyPair* signing)
+                           const SecAggSigner* signer)
     : p_((params.validate(), std::move(params))),
       id_(id),
       neighbours_(
@@ -99,20 +104,23 @@ SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uin
       cipher_(DhKeyPair::generate()),
       mask_(DhKeyPair::generate()),
       self_seed_(randomKey()) {
-  if (p_.signed_keys && signing == nullptr)
+  if (p_.signed_keys && signer == nullptr)
     STARLING_THROW(ConfigError, "secagg with signed keys: client ", id, " has no signing key");
   advert_.client = id;
   advert_.round = p_.round;
   advert_.cipher_pk = cipher_.public_key;
   advert_.mask_pk = mask_.public_key;
   advert_.self_mask_hash = hashKey(self_seed_);
-  if (p_.signed_keys) advert_.signature = sign(*signing, advertBytes(advert_, p_.run_seed));
+  if (p_.signed_keys) {
+    advert_.signature = sign(signer->key, advertBytes(advert_, p_.run_seed));
+    advert_.credential = signer->credential;
+  }
 }
 
 KeyAdvert SecAggClient::advertise() const { return advert_; }
 
 std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> adverts,
-                                                    const std::map<uint64_t, Key32>* verify) {
+                                                    const Key32* authority) {
   if (shared_) failInput(Errc::kDuplicate, "client ", id_, " already shared its keys");
   std::map<uint64_t, KeyAdvert> got;
   for (const KeyAdvert& a : adverts) {
@@ -120,14 +128,10 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
     if (a.client == id_) failInput(Errc::kWrongSender, "client ", id_, " was sent its own key");
     if (!std::binary_search(neighbours_.begin(), neighbours_.end(), a.client))
       failInput(Errc::kNotNeighbour, "client ", a.client, " is not a neighbour of client ", id_);
-    if (p_.signed_keys) {
-      const Key32* signer = nullptr;
-      if (verify)
-        if (const auto it = verify->find(a.client); it != verify->end()) signer = &it->second;
-      if (!signer || !privacy::verify(*signer, advertBytes(a, p_.run_seed), a.signature))
-        failInput(Errc::kBadSignature, "the key advertised for client ", a.client,
-                  " is not signed by its signing key (a server that substituted it?)");
-    }
+    if (p_.signed_keys && (!authority || !advertSigned(a, *authority, p_.run_seed)))
+      failInput(Errc::kBadSignature, "the key advertised for client ", a.client,
+                " is not signed with a key the authority certified for it (a server that "
+                "substituted it, or a client it invented?)");
     if (!got.emplace(a.client, a).second)
       failInput(Errc::kDuplicate, "client ", a.client, "'s key advertised twice");
   }
@@ -254,13 +258,13 @@ UnmaskResponse SecAggClient::unmask(const UnmaskRequest& request) {
 // ---------------------------------------------------------------- server
 
 SecAggServer::SecAggServer(SecAggParams params, std::span<const uint64_t> clients,
-                           const std::map<uint64_t, Key32>* verify)
+                           const Key32* authority)
     : p_((params.validate(), std::move(params))),
       graph_((checkIds(clients), harary(clients, p_.neighbours, p_.run_seed, p_.round))),
       sum_(p_.dim, 0) {
   if (p_.signed_keys) {
-    if (!verify) STARLING_THROW(ConfigError, "secagg with signed keys: no clients' signing keys");
-    verify_ = *verify;
+    if (!authority) STARLING_THROW(ConfigError, "secagg with signed keys: no authority's key");
+    authority_ = *authority;
   }
 }
 
@@ -273,10 +277,9 @@ void SecAggServer::onAdvert(const KeyAdvert& a) {
   if (adverts_.count(a.client))
     failInput(Errc::kDuplicate, "client ", a.client, " advertised twice");
   if (p_.signed_keys) {
-    const auto it = verify_.find(a.client);
-    if (it == verify_.end() || !verify(it->second, advertBytes(a, p_.run_seed), a.signature))
+    if (!advertSigned(a, authority_, p_.run_seed))
       failInput(Errc::kBadSignature, "client ", a.client,
-                "'s advertised keys are not signed by it");
+                "'s advertised keys are not signed with a key the authority certified for it");
   }
   adverts_.emplace(a.client, a);
 }

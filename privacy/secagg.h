@@ -6,9 +6,12 @@
 // (privacy/graph.h) and masks and shares only among its k neighbours, with threshold t.
 //
 //   0 advertise    client u: two fresh X25519 pairs (c_u for encrypting shares, s_u for masks), a
-//                  fresh self-mask seed b_u; sends both public keys and a hash of b_u, signed with
-//                  its long-term Ed25519 key when the run checks signatures
-//                  (SecAggParams::signed_keys: a server that swaps a key is caught).
+//                  fresh self-mask seed b_u; sends both public keys and a hash of b_u. When the
+//                  run signs its keys (SecAggParams::signed_keys, secagg.threat =
+//                  malicious-server), it signs them with its long-term Ed25519 key and sends its
+//                  credential (privacy/crypto.h): that key certified by the federation's
+//                  authority. Every party checks both against the authority's public key, so a
+//                  server that swaps a key, or answers for a client it invents, is caught.
 //   1 share keys   u receives its advertising neighbours' keys (>= t of them), splits s_u's secret
 //                  key and b_u t-of-n among them (Shamir, privacy/shamir.h; recipient v's point is
 //                  v + 1) and sends each pair of shares sealed to its recipient (privacy/crypto.h).
@@ -63,14 +66,21 @@ struct SecAggParams {
   uint32_t threshold = 5;   // t: shares that rebuild a secret, in 2 .. k
   RingSpec ring;
   size_t dim = 0;            // values per input
-  bool signed_keys = false;  // malicious-server threat model: adverts carry Ed25519 signatures
+  bool signed_keys = false;  // malicious-server threat model: adverts signed and certified
   void validate() const;     // ConfigError naming the field
 };
 
 struct KeyAdvert {
   uint64_t client = 0, round = 0;
   Key32 cipher_pk{}, mask_pk{}, self_mask_hash{};
-  Signature signature{};  // all zero unless signed_keys
+  Signature signature{};    // all zero unless signed_keys
+  Credential credential{};  // all zero unless signed_keys
+};
+
+// A client's long-term signing key and its credential (the authority's certificate of it).
+struct SecAggSigner {
+  SigningKeyPair key;
+  Credential credential;
 };
 
 struct EncryptedShare {
@@ -103,20 +113,23 @@ struct UnmaskResponse {
 
 // What a signature covers: the advert's fields and the run (bytes, for sign/verify).
 std::vector<uint8_t> advertBytes(const KeyAdvert& a, uint64_t run_seed);
+// Whether a signed advert is its client's: its credential certified by `authority` for a.client,
+// and its signature made with the credential's key.
+bool advertSigned(const KeyAdvert& a, const Key32& authority, uint64_t run_seed);
 
 class SecAggClient {
  public:
-  // `clients`: the round's clients (any order; `id` among them). `signing`: its long-term key
-  // (required when params.signed_keys, else ignored).
+  // `clients`: the round's clients (any order; `id` among them). `signer`: its long-term key and
+  // credential (required when params.signed_keys, else ignored).
   SecAggClient(SecAggParams params, uint64_t id, std::span<const uint64_t> clients,
-               const SigningKeyPair* signing = nullptr);
+               const SecAggSigner* signer = nullptr);
 
   KeyAdvert advertise() const;
-  // Phase 1: the adverts the server forwarded (its neighbours'; `verify`: the round's clients'
-  // long-term public keys, required when signed_keys). The shares to send, one per neighbour that
-  // advertised.
+  // Phase 1: the adverts the server forwarded (its neighbours'; `authority`: the public key whose
+  // credentials it accepts, required when signed_keys). The shares to send, one per neighbour
+  // that advertised.
   std::vector<EncryptedShare> shareKeys(std::span<const KeyAdvert> adverts,
-                                        const std::map<uint64_t, Key32>* verify = nullptr);
+                                        const Key32* authority = nullptr);
   // Phase 2: the shares addressed to it; x (dim values, clipped to the ring's clip), rounded into
   // the ring by a fresh randomKey()'s stream (privacy/ring.h).
   MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x);
@@ -144,9 +157,9 @@ class SecAggClient {
 
 class SecAggServer {
  public:
-  // `clients`: the round's clients. `verify`: their long-term public keys (signed_keys).
+  // `clients`: the round's clients. `authority`: whose credentials it accepts (signed_keys).
   SecAggServer(SecAggParams params, std::span<const uint64_t> clients,
-               const std::map<uint64_t, Key32>* verify = nullptr);
+               const Key32* authority = nullptr);
 
   // Each phase closes when the next begins: the first advertsFor() closes the adverts (U1), the
   // first sharesFor() or masked input closes the shares (U2), the first unmaskRequestFor() or
@@ -186,7 +199,7 @@ class SecAggServer {
 
   SecAggParams p_;
   Neighbourhoods graph_;
-  std::map<uint64_t, Key32> verify_;
+  Key32 authority_{};
   std::map<uint64_t, KeyAdvert> adverts_;                   // U1
   std::map<uint64_t, std::vector<EncryptedShare>> shares_;  // U2: by sender
   std::vector<uint64_t> sum_;                               // the masked inputs' sum

@@ -66,9 +66,13 @@ flatbuffers::Offset<fb::SecAggKeys> keys(flatbuffers::FlatBufferBuilder& b, cons
   auto c = b.CreateVector(a.cipher_pk.data(), a.cipher_pk.size());
   auto m = b.CreateVector(a.mask_pk.data(), a.mask_pk.size());
   auto h = b.CreateVector(a.self_mask_hash.data(), a.self_mask_hash.size());
-  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> s;
-  if (is_signed) s = b.CreateVector(a.signature.data(), a.signature.size());
-  return fb::CreateSecAggKeys(b, a.client, a.round, nonce, c, m, h, s);
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> s, sk, cert;
+  if (is_signed) {
+    s = b.CreateVector(a.signature.data(), a.signature.size());
+    sk = b.CreateVector(a.credential.signing_key.data(), a.credential.signing_key.size());
+    cert = b.CreateVector(a.credential.certificate.data(), a.credential.certificate.size());
+  }
+  return fb::CreateSecAggKeys(b, a.client, a.round, nonce, c, m, h, s, sk, cert);
 }
 
 pv::KeyAdvert advertOf(const fb::SecAggKeys* k) {
@@ -79,7 +83,12 @@ pv::KeyAdvert advertOf(const fb::SecAggKeys* k) {
   a.cipher_pk = fixed<32>(k->cipher_pk(), "cipher public key");
   a.mask_pk = fixed<32>(k->mask_pk(), "mask public key");
   a.self_mask_hash = fixed<32>(k->self_mask_hash(), "self-mask hash");
-  if (k->signature()) a.signature = fixed<64>(k->signature(), "signature");
+  // A signed advert carries its credential whole; an unsigned one none of it.
+  if (k->signature() || k->signing_key() || k->certificate()) {
+    a.signature = fixed<64>(k->signature(), "signature");
+    a.credential.signing_key = fixed<32>(k->signing_key(), "signing key");
+    a.credential.certificate = fixed<64>(k->certificate(), "certificate");
+  }
   return a;
 }
 

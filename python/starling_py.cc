@@ -365,7 +365,8 @@ class Client {
   Client(py::object client, std::string server, uint64_t client_id, const LayoutList& layout,
          uint64_t num_examples, uint64_t eval_examples, bool insecure, std::string key,
          std::string server_key, std::string state_file, const std::string& log_level,
-         uint32_t register_retry_ms, uint32_t server_silence_ms)
+         uint32_t register_retry_ms, uint32_t server_silence_ms, const std::string& secagg_threat,
+         const std::string& secagg_authority)
       : trainer_(std::move(client), makeLayout(layout), python_) {
     if (num_examples == 0) throw py::value_error("num_examples must be at least 1");
     if (num_examples > kMaxExamples || eval_examples > kMaxExamples)
@@ -392,6 +393,14 @@ class Client {
       config_.security.own = transport::loadKeyPair(key);
       config_.security.server_public_key = transport::loadPublicKey(server_key);
     }
+    if (secagg_threat != "semi-honest" && secagg_threat != "malicious-server")
+      throw py::value_error("secagg_threat '" + secagg_threat +
+                            "' is not one of semi-honest, malicious-server");
+    // Its key file's certified signing key and the authority's public key (secure aggregation
+    // under the malicious-server threat model, client/secure_party.h), as starling-client's.
+    config_.secagg_trust =
+        client::loadSecAggTrust(secagg_threat == "malicious-server", secagg_authority,
+                                insecure ? std::string() : key, client_id);
     config_.validate();
     auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
     log_ = std::make_shared<spdlog::logger>("starling-py-" + std::to_string(client_id), sink);
@@ -581,11 +590,13 @@ PYBIND11_MODULE(_starling, m) {
 
   py::class_<Client>(m, "Client")
       .def(py::init<py::object, std::string, uint64_t, const LayoutList&, uint64_t, uint64_t, bool,
-                    std::string, std::string, std::string, std::string, uint32_t, uint32_t>(),
+                    std::string, std::string, std::string, std::string, uint32_t, uint32_t,
+                    std::string, std::string>(),
            py::arg("client"), py::arg("server"), py::arg("client_id"), py::arg("layout"),
            py::arg("num_examples"), py::arg("eval_examples"), py::arg("insecure"), py::arg("key"),
            py::arg("server_key"), py::arg("state_file"), py::arg("log_level"),
-           py::arg("register_retry_ms"), py::arg("server_silence_ms"))
+           py::arg("register_retry_ms"), py::arg("server_silence_ms"), py::arg("secagg_threat"),
+           py::arg("secagg_authority"))
       .def("run", &Client::run)
       .def("stop", &Client::stop)
       .def_property_readonly("stats", &Client::stats)

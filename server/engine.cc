@@ -846,7 +846,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
         config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
                                  support.size(layout_->numel())),
         all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
-        protocol::SecAggLimits{}, std::move(relayed));
+        protocol::SecAggLimits{}, std::move(relayed),
+        config_.secagg.authority ? &*config_.secagg.authority : nullptr);
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
     failed.insert(peers_failed.begin(), peers_failed.end());

@@ -84,6 +84,7 @@ pv::SecAggParams SecAggConfig::paramsFor(uint64_t run_seed, uint64_t round, uint
                    " neighbours: it must exceed half of them and not exceed them");
   p.ring = pv::RingSpec::fit(bits, clip, n, dim);
   p.dim = dim;
+  p.signed_keys = authority.has_value();
   return p;
 }
 
@@ -195,13 +196,14 @@ pr::SecAggRelayMsg relayRequest(SecureSteps& round, uint64_t peer, SecureStage s
 
 SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clients,
                          SecureMetricRules metrics, pr::SecAggLimits limits,
-                         std::map<uint64_t, std::vector<uint64_t>> relayed)
+                         std::map<uint64_t, std::vector<uint64_t>> relayed,
+                         const pv::Key32* authority)
     : params_(std::move(params)),
       rules_(std::move(metrics)),
       limits_(limits),
       nonce_(freshNonce()),
       probe_(pv::DhKeyPair::generate()),
-      server_(atLeastThree(params_, clients), clients),
+      server_(atLeastThree(params_, clients), clients, authority),
       clients_(clients.begin(), clients.end()),
       relayed_(std::move(relayed)) {
   std::set<uint64_t> seen;

@@ -18,6 +18,7 @@
 // Not thread-safe: the fleet calls it from its one thread.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -37,6 +38,10 @@ struct SecAggConfig {
   uint32_t threshold = 0;   // t, in [2, k]; 0: k / 2 + 1 (of the neighbours a round has)
   uint32_t bits = 32;       // the ring Z_2^bits, 8 to 64
   double clip = 0.0;        // L2 bound each client clips its update to before masking (> 0)
+  // secagg.threat = malicious-server: the federation authority's public key (secagg.authority).
+  // Rounds then sign their advertised keys, and every party checks each advert's credential
+  // against it (privacy/crypto.h); empty: semi-honest, unsigned.
+  std::optional<privacy::Key32> authority;
   // ConfigError naming the key; with `max_clients` (the most clients a round may sample) and the
   // model's `dim`, also a ring in which their sum could wrap or rounding would cost more than
   // privacy::RingSpec allows, with the bits it would take.
@@ -116,10 +121,12 @@ class SecureRound final : public SecureSteps {
  public:
   // `clients`: the round's sample (at least 3: with 2, each would learn the other's input from the
   // sum; InvalidArgument). `relayed`: edge aggregator -> the clients (among `clients`) it relays,
-  // each client under one aggregator at most (InvalidArgument).
+  // each client under one aggregator at most (InvalidArgument). `authority`: whose credentials a
+  // signed round's adverts must carry (required when params.signed_keys: ConfigError).
   SecureRound(privacy::SecAggParams params, std::span<const uint64_t> clients,
               SecureMetricRules metrics = {}, protocol::SecAggLimits limits = {},
-              std::map<uint64_t, std::vector<uint64_t>> relayed = {});
+              std::map<uint64_t, std::vector<uint64_t>> relayed = {},
+              const privacy::Key32* authority = nullptr);
 
   const privacy::SecAggParams& params() const { return params_; }
   uint64_t round() const override { return params_.round; }

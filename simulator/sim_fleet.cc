@@ -598,7 +598,11 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
     std::vector<uint8_t>& answer = answers[id];
     try {
       if (stage == server::SecureStage::kAdvertise) {
-        answer = parties_.try_emplace(id, id).first->second.setup(req);
+        answer = parties_
+                     .try_emplace(
+                         id, id,
+                         config_.secure_signed ? simTrust(config_.seed, id) : client::SecAggTrust{})
+                     .first->second.setup(req);
       } else {
         client::SecureParty& party = parties_.at(id);
         answer =
@@ -833,6 +837,25 @@ server::EvalReport SimFleet::evaluate(const server::PhaseTask& task,
     ev.accuracy = sums[1] / sums[2];
   }
   return ev;
+}
+
+privacy::SigningKeyPair simAuthority(uint64_t run_seed) {
+  return privacy::SigningKeyPair::fromSeed(
+      privacy::publicKey("starling simulated authority", run_seed, 0));
+}
+
+client::SecAggTrust simTrust(uint64_t run_seed, uint64_t client) {
+  const privacy::SigningKeyPair authority = simAuthority(run_seed);
+  client::SecAggTrust t;
+  t.require_signed = true;
+  t.authority = authority.public_key;
+  privacy::SecAggSigner signer;
+  signer.key = privacy::SigningKeyPair::fromSeed(
+      privacy::publicKey("starling simulated signing key", run_seed, client));
+  signer.credential = {signer.key.public_key,
+                       privacy::certify(authority, client, signer.key.public_key)};
+  t.signer = signer;
+  return t;
 }
 
 }  // namespace starling::simulator

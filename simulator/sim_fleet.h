@@ -73,7 +73,16 @@ struct SimFleetConfig {
   // Secure aggregation on several workers: the masked inputs (and their clients' states) gathered
   // at once, all workers' together, at most (one client's a worker at least).
   uint64_t secure_batch_bytes = uint64_t{256} << 20;
+  // secagg.threat = malicious-server: the clients sign their advertised keys with signing keys
+  // certified by simAuthority(seed), and check their neighbours' (as deployed clients do).
+  bool secure_signed = false;
 };
+
+// Under secagg.threat = malicious-server a simulation plays the federation's authority itself:
+// its key, and each client's signing key and certificate, derived from the run seed (a
+// simulation keeps no secret from itself; what it measures is the protocol's bytes and work).
+privacy::SigningKeyPair simAuthority(uint64_t run_seed);
+client::SecAggTrust simTrust(uint64_t run_seed, uint64_t client);
 
 // The simulated population: data shards and devices (identical on every worker).
 struct SimClients {

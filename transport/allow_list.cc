@@ -58,6 +58,10 @@ AllowList AllowList::load(const fs::path& path) {
               files.end());  // deterministic order, so errors name files the same way
     for (const auto& f : files) {
       const KeyFile k = loadKeyFile(f);
+      if (k.public_key.empty())
+        STARLING_THROW(ConfigError, f.string(),
+                       ": an authority's key file, not a client's (keep it out of the allow-list "
+                       "folder)");
       if (!k.id)
         STARLING_THROW(ConfigError, f.string(),
                        ": no `id = N` line; every *.key file in an allow-list folder must carry "

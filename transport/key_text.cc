@@ -1,5 +1,7 @@
 #include "transport/key_text.h"
 
+#include <zmq.h>
+
 #include <fstream>
 #include <iterator>
 
@@ -46,6 +48,15 @@ std::optional<uint64_t> parseU64(std::string_view s) {
   return v;
 }
 
+std::optional<std::string> z85Decode(std::string_view s, size_t chars) {
+  if (s.size() != chars || chars % 5 != 0) return std::nullopt;
+  const std::string z(s);
+  std::string bin(chars / 5 * 4, '\0');
+  if (zmq_z85_decode(reinterpret_cast<uint8_t*>(bin.data()), z.c_str()) == nullptr)
+    return std::nullopt;
+  return bin;
+}
+
 KeyFields parseKeyText(std::string_view text, const std::string& where) {
   KeyFields f;
   int id_line = 0;
@@ -85,8 +96,26 @@ KeyFields parseKeyText(std::string_view text, const std::string& where) {
       if (!isZ85Key(key)) bad(name, " is not a 40-character Z85 CURVE key");
       (pub ? f.public_key : f.secret_key) = std::string(key);
       seen = line_no;
+    } else if (name == "signing-key" || name == "signing-public-key" || name == "certificate") {
+      const bool cert = name == "certificate";
+      int& seen = cert                    ? f.certificate_line
+                  : name == "signing-key" ? f.signing_line
+                                          : f.signing_public_line;
+      if (seen) bad("second ", name, " (first on line ", seen, ")");
+      if (value.size() < 2 || value.front() != '"' || value.back() != '"')
+        bad(name, " must be a quoted Z85 string: ", name, " = \"...\"");
+      const std::string_view z85 = value.substr(1, value.size() - 2);
+      const size_t chars = cert ? 80 : 40;
+      if (!z85Decode(z85, chars))
+        bad(name, " is not a ", chars, "-character Z85 string (", cert ? 64 : 32, " bytes)");
+      (cert                    ? f.certificate
+       : name == "signing-key" ? f.signing_key
+                               : f.signing_public_key) = std::string(z85);
+      seen = line_no;
     } else {
-      bad("unknown name \"", name, "\" (expected id, public-key or secret-key)");
+      bad("unknown name \"", name,
+          "\" (expected id, public-key, secret-key, signing-key, signing-public-key or "
+          "certificate)");
     }
   }
   return f;

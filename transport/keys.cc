@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -44,12 +45,41 @@ std::string publicKeyOf(std::string_view z85_secret_key) {
   return std::string(pub.data(), 40);
 }
 
+namespace {
+template <size_t N>
+std::array<uint8_t, N> bytesOf(const std::string& z85) {
+  const auto bin = detail::z85Decode(z85, N / 4 * 5);
+  std::array<uint8_t, N> out{};
+  std::copy(bin->begin(), bin->end(), out.begin());  // parseKeyText checked it decodes
+  return out;
+}
+}  // namespace
+
 KeyFile loadKeyFile(const fs::path& path) {
   const std::string where = path.string();
   const auto fields = detail::parseKeyText(detail::readSmallFile(path), where);
   KeyFile k;
   k.id = fields.id;
-  if (!fields.public_key) STARLING_THROW(ConfigError, where, ": no public-key line");
+  if (fields.signing_public_key) {
+    SigningLines s;
+    s.public_key = bytesOf<32>(*fields.signing_public_key);
+    if (fields.signing_key) s.seed = bytesOf<32>(*fields.signing_key);
+    if (fields.certificate) s.certificate = bytesOf<64>(*fields.certificate);
+    k.signing = s;
+  } else if (fields.signing_key || fields.certificate) {
+    STARLING_THROW(ConfigError, where, ":",
+                   fields.signing_key ? fields.signing_line : fields.certificate_line, ": ",
+                   fields.signing_key ? "signing-key" : "certificate",
+                   " without a signing-public-key line");
+  }
+  if (!fields.public_key) {
+    if (!k.signing) STARLING_THROW(ConfigError, where, ": no public-key line");
+    if (fields.secret_key || k.id || k.signing->certificate)
+      STARLING_THROW(ConfigError, where,
+                     ": no public-key line (only an authority's file has none, and it has no "
+                     "secret-key, id or certificate)");
+    return k;  // an authority's
+  }
   k.public_key = *fields.public_key;
   if (fields.secret_key) {
     if (publicKeyOf(*fields.secret_key) != k.public_key)
@@ -68,7 +98,26 @@ CurveKeyPair loadKeyPair(const fs::path& key_secret_path) {
   return {k.public_key, *k.secret_key};
 }
 
-std::string loadPublicKey(const fs::path& key_path) { return loadKeyFile(key_path).public_key; }
+std::string loadPublicKey(const fs::path& key_path) {
+  KeyFile k = loadKeyFile(key_path);
+  if (k.public_key.empty())
+    STARLING_THROW(ConfigError, key_path.string(),
+                   ": an authority's key file (signing lines only), not a CURVE key");
+  return k.public_key;
+}
+
+std::array<uint8_t, 32> loadAuthorityKey(const fs::path& path) {
+  const KeyFile k = loadKeyFile(path);
+  if (!k.signing)
+    STARLING_THROW(ConfigError, path.string(),
+                   ": no signing-public-key line (give the authority's public file, written by "
+                   "starling-keygen --authority)");
+  if (k.signing->certificate || !k.public_key.empty())
+    STARLING_THROW(ConfigError, path.string(),
+                   ": a client's key file, not the authority's (starling-keygen --authority "
+                   "writes it)");
+  return k.signing->public_key;
+}
 
 namespace {
 
@@ -131,9 +180,25 @@ void writeAtomically(const fs::path& target, const std::string& text, mode_t mod
   fsyncDir(target.parent_path());
 }
 
-std::string keyText(const CurveKeyPair& pair, std::optional<uint64_t> id, bool secret) {
+template <size_t N>
+std::string z85(const std::array<uint8_t, N>& bytes) {
+  static_assert(N % 4 == 0);
+  std::array<char, N / 4 * 5 + 1> out{};
+  zmq_z85_encode(out.data(), bytes.data(), N);
+  return std::string(out.data(), N / 4 * 5);
+}
+
+// `pair`: null for an authority's files.
+std::string keyText(const CurveKeyPair* pair, std::optional<uint64_t> id, bool secret,
+                    const SigningLines* signing) {
   std::ostringstream os;
-  if (secret)
+  if (!pair)
+    os << (secret ? "# Starling federation authority. SECRET: keep it off the root and the "
+                    "clients (mode 0600);\n# it certifies clients' signing keys "
+                    "(starling-keygen --clients N --authority THIS).\n"
+                  : "# Starling federation authority's public key: every root and client "
+                    "under secagg.threat =\n# malicious-server is given it (secagg.authority).\n");
+  else if (secret)
     os << "# Starling CURVE key pair. SECRET: keep it with its owner (mode 0600), never share "
           "it.\n";
   else
@@ -141,20 +206,22 @@ std::string keyText(const CurveKeyPair& pair, std::optional<uint64_t> id, bool s
           "allow-list\n"
           "# folder, the server's is what clients pass as --server-key.\n";
   if (id) os << "id = " << *id << "\n";
-  os << "public-key = \"" << pair.public_key << "\"\n";
-  if (secret) os << "secret-key = \"" << pair.secret_key << "\"\n";
+  if (pair) os << "public-key = \"" << pair->public_key << "\"\n";
+  if (pair && secret) os << "secret-key = \"" << pair->secret_key << "\"\n";
+  if (signing) {
+    os << "signing-public-key = \"" << z85(signing->public_key) << "\"\n";
+    if (signing->certificate) os << "certificate = \"" << z85(*signing->certificate) << "\"\n";
+    if (secret && signing->seed) os << "signing-key = \"" << z85(*signing->seed) << "\"\n";
+  }
   return os.str();
 }
 
-}  // namespace
-
-void writeKeyFiles(const fs::path& dir, std::string_view name, const CurveKeyPair& pair,
-                   std::optional<uint64_t> id, bool force) {
+// Writes dir/NAME.key_secret, then dir/NAME.key.
+void writePair(const fs::path& dir, std::string_view name, const CurveKeyPair* pair,
+               std::optional<uint64_t> id, bool force, const SigningLines* signing) {
   if (!validName(name))
     STARLING_THROW(ConfigError, "key name \"", name,
                    "\" must be 1..100 characters of [A-Za-z0-9._-] and not start with '.'");
-  if (!isZ85Key(pair.public_key) || publicKeyOf(pair.secret_key) != pair.public_key)
-    STARLING_THROW(ConfigError, "key pair for \"", name, "\" is not a valid CURVE pair");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) STARLING_THROW(IoError, "cannot create folder ", dir.string(), ": ", ec.message());
@@ -165,8 +232,24 @@ void writeKeyFiles(const fs::path& dir, std::string_view name, const CurveKeyPai
       if (fs::exists(p, ec))
         STARLING_THROW(ConfigError, p.string(), " already exists (use --force to overwrite)");
   }
-  writeAtomically(sec, keyText(pair, id, true), 0600, force);
-  writeAtomically(pub, keyText(pair, id, false), 0644, force);
+  writeAtomically(sec, keyText(pair, id, true, signing), 0600, force);
+  writeAtomically(pub, keyText(pair, id, false, signing), 0644, force);
+}
+
+}  // namespace
+
+void writeKeyFiles(const fs::path& dir, std::string_view name, const CurveKeyPair& pair,
+                   std::optional<uint64_t> id, bool force, const SigningLines* signing) {
+  if (!isZ85Key(pair.public_key) || publicKeyOf(pair.secret_key) != pair.public_key)
+    STARLING_THROW(ConfigError, "key pair for \"", name, "\" is not a valid CURVE pair");
+  writePair(dir, name, &pair, id, force, signing);
+}
+
+void writeAuthorityFiles(const fs::path& dir, std::string_view name, const SigningLines& signing,
+                         bool force) {
+  if (!signing.seed || signing.certificate)
+    STARLING_THROW(ConfigError, "an authority's key files need its seed and no certificate");
+  writePair(dir, name, nullptr, std::nullopt, force, &signing);
 }
 
 }  // namespace starling::transport

@@ -150,6 +150,12 @@ class Client:
     server_silence_ms: register again when nothing came from the server this long
         (net.server_silence_ms of the C++ programs). The runtime reads the server and heartbeats
         while fit() runs, so a fit of any length is not mistaken for a silent server.
+    secagg_threat / secagg_authority: secure aggregation's threat model, as the C++ client's
+        secagg.threat and secagg.authority (docs/privacy.md). "malicious-server": the client takes
+        part only in rounds whose keys are signed, signs its own with the certified signing key in
+        its key file (starling-keygen --authority), and checks its neighbours' against the
+        authority's public key file secagg_authority. The runtime runs the protocol; fit() sees
+        none of it.
 
     Everything is checked here, before anything connects. run() raises UpstreamRefused (a
     ConnectionRefusedError) when the server will not take this client: its key is not on the
@@ -159,7 +165,8 @@ class Client:
 
     def __init__(self, client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
                  server_key=None, insecure=False, state_file=None, log_level="info",
-                 register_retry_ms=1000, server_silence_ms=15000):
+                 register_retry_ms=1000, server_silence_ms=15000, secagg_threat="semi-honest",
+                 secagg_authority=None):
         if not callable(getattr(client, "fit", None)):
             raise TypeError("client must have a fit(parameters, config) method (see starling.NumPyClient)")
         client_id = _count("client_id", client_id, 0, 2**64 - 1)
@@ -175,7 +182,8 @@ class Client:
         self._client = _starling.Client(client, server, int(client_id), layout, int(num_examples),
                                         int(eval_examples), bool(insecure), key or "", server_key or "",
                                         state_file or "", log_level, int(register_retry_ms),
-                                        int(server_silence_ms))
+                                        int(server_silence_ms), str(secagg_threat),
+                                        secagg_authority or "")
 
     def run(self):
         """Serves the federation until the server ends it (returns True), stop() (False) or
@@ -205,7 +213,8 @@ class Client:
 
 def start_client(client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
                  server_key=None, insecure=False, state_file=None, log_level="info",
-                 register_retry_ms=1000, server_silence_ms=15000):
+                 register_retry_ms=1000, server_silence_ms=15000, secagg_threat="semi-honest",
+                 secagg_authority=None):
     """Builds a Client (its arguments, described there) and runs it: serves the federation until
     the server ends it (returns True), Ctrl-C (KeyboardInterrupt) or an error. Raises what fit()
     or evaluate() raised, UpstreamRefused when the server will not take this client, and
@@ -217,4 +226,5 @@ def start_client(client, *, server, client_id, layout, num_examples, eval_exampl
     return Client(client, server=server, client_id=client_id, layout=layout, num_examples=num_examples,
                   eval_examples=eval_examples, key=key, server_key=server_key, insecure=insecure,
                   state_file=state_file, log_level=log_level, register_retry_ms=register_retry_ms,
-                  server_silence_ms=server_silence_ms).run()
+                  server_silence_ms=server_silence_ms, secagg_threat=secagg_threat,
+                  secagg_authority=secagg_authority).run()

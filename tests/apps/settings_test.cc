@@ -664,4 +664,26 @@ TEST_CASE("secagg.*: the simulator composes its rule, and the refusals name the 
                                      "--compression.compressor", "stc:density=0.05"}),
              Contains("a coordinate only one client touched"));
   CHECK_THAT(refused(Program::kSim, {"--secagg.bits", "40"}), Contains("secagg.enabled is not"));
+  // The malicious-server threat model: the root needs the authority's key; the simulator plays
+  // the authority (its key the run seed's); a threat without secure aggregation is refused.
+  CHECK_THAT(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
+                                        "--secagg.threat", "malicious-server"}),
+             Contains("needs secagg.authority"));
+  CHECK(refused(Program::kServer,
+                {"--secagg.enabled", "true", "--secagg.clip", "2", "--secagg.threat",
+                 "malicious-server", "--secagg.authority", "a.key"})
+            .empty());
+  CHECK(refused(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2", "--secagg.threat",
+                                "malicious-server"})
+            .empty());
+  CHECK_THAT(refused(Program::kSim, {"--secagg.threat", "malicious-server"}),
+             Contains("secagg.enabled is not"));
+  CHECK(parse(Program::kServer, {"--secagg.threat", "paranoid"}).rc == 2);
+  // A client reads the threat and the authority (which rounds it takes part in, whose keys it
+  // trusts) from the shared file; the simulator has no authority file to read.
+  auto client = parse(Program::kClient,
+                      {"--secagg.threat", "malicious-server", "--secagg.authority", "a.key"});
+  CHECK(client.s.secagg.threat == apps::SecAggThreat::kMaliciousServer);
+  CHECK(client.s.secagg.authority == "a.key");
+  CHECK(parse(Program::kSim, {"--secagg.authority", "a.key"}).rc == 2);
 }

@@ -120,6 +120,49 @@ TEST_CASE(
   CHECK(countOf(f.log("agg-101"), "sent the ring sum of 4 masked inputs") == 3);
 }
 
+TEST_CASE(
+    "under secagg.threat = malicious-server the clients sign their keys with certified signing "
+    "keys, and a client without one does not start",
+    "[integration][server][secagg]") {
+  Federation f("secagg-signed");
+  f.keygen({"--out", f.path("authority"), "--new-authority"});
+  const std::string authority = f.path("authority") + "/authority.key";
+  f.keygen({"--out", f.keys(), "--clients", "4", "--first-id", "0", "--authority",
+            f.path("authority") + "/authority.key_secret"});
+  f.clientKeys(9, 1);  // a CURVE key the root admits, but no certified signing key
+  const int port = freePort();
+  const std::vector<std::string> threat{"--secagg.threat", "malicious-server", "--secagg.authority",
+                                        authority};
+  std::vector<std::string> root_args{
+      "--train.rounds",         "2",    "--sampling.min_available", "4",
+      "--sampling.min_clients", "4",    "--secagg.enabled",         "true",
+      "--secagg.clip",          "5",    "--state.metrics",          f.path("metrics.jsonl"),
+      "--round.deadline_ms",    "30000"};
+  root_args.insert(root_args.end(), threat.begin(), threat.end());
+  f.root("root", port,
+         f.allowList("allow", {"client-0", "client-1", "client-2", "client-3", "client-9"}),
+         root_args);
+  // Refused before it connects, saying what its key file lacks.
+  f.client(9, port, "server", 10, threat);
+  CHECK(f.proc("client-9").wait(seconds(30)) == 2);
+  CHECK(f.log("client-9").find("no signing-key and certificate lines") != std::string::npos);
+  for (uint64_t c = 0; c < 4; ++c) f.client(c, port, "server", 10, threat);
+  const int rc = f.proc("root").wait(seconds(120));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = metricLines(f);
+  REQUIRE(lines.size() == 2);
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "4");
+    CHECK(field(l, "updates_rejected") == "0");
+  }
+  // The root refuses an advert without the authority's certificate: the rounds above were signed.
+  CHECK(f.log("root").find("threat model malicious-server") != std::string::npos);
+  for (uint64_t c = 0; c < 4; ++c)
+    CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(20)) == 0);
+}
+
 TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
           "[integration][server][scaffold]") {
   Federation f("scaffold-config");

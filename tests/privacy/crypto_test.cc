@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "test_keys.h"
 
 using namespace starling;
 using namespace starling::privacy;
@@ -180,4 +181,29 @@ TEST_CASE("crypto: KeyStream's words are applyMask's, and its draws are uniform"
   CHECK(publicKey("l", 1, 2) == publicKey("l", 1, 2));
   CHECK(publicKey("l", 1, 2) != publicKey("l", 1, 3));
   CHECK(publicKey("l", 1, 2) != publicKey("m", 1, 2));
+}
+
+TEST_CASE("crypto: a seed gives one signing pair, and a credential holds for its id and key only",
+          "[privacy][crypto]") {
+  const Key32 seed = testing::testKey(9, 0x33);
+  const SigningKeyPair a = SigningKeyPair::fromSeed(seed), b = SigningKeyPair::fromSeed(seed);
+  CHECK(a.public_key == b.public_key);
+  CHECK(a.secret_key == b.secret_key);
+  CHECK(SigningKeyPair::fromSeed(testing::testKey(10, 0x33)).public_key != a.public_key);
+  const std::vector<uint8_t> msg{1, 2, 3};
+  CHECK(verify(a.public_key, msg, sign(b, msg)));
+
+  const SigningKeyPair authority = SigningKeyPair::generate(), rogue = SigningKeyPair::generate();
+  const Credential c{a.public_key, certify(authority, 42, a.public_key)};
+  CHECK(credentialValid(authority.public_key, 42, c));
+  CHECK_FALSE(credentialValid(authority.public_key, 43, c));  // another id
+  CHECK_FALSE(credentialValid(rogue.public_key, 42, c));      // another authority
+  Credential other_key = c;
+  other_key.signing_key = SigningKeyPair::generate().public_key;
+  CHECK_FALSE(credentialValid(authority.public_key, 42, other_key));  // another key
+  Credential flipped = c;
+  flipped.certificate[17] ^= 0x04;
+  CHECK_FALSE(credentialValid(authority.public_key, 42, flipped));
+  // The certificate is no signature of the key alone: it cannot pass as one.
+  CHECK_FALSE(verify(authority.public_key, a.public_key, c.certificate));
 }

@@ -39,6 +39,13 @@ SecAggParams params(size_t dim, uint64_t clients, uint32_t k = 4, uint32_t t = 3
 // A round of SecAgg+ among `ids`: each client's input, who drops after which phase, whether the
 // masked inputs reach the server through two aggregators, and hooks where a test plays an
 // attacker. Records what the server saw.
+SecAggSigner certified(const SigningKeyPair& authority, uint64_t id) {
+  SecAggSigner s;
+  s.key = SigningKeyPair::generate();
+  s.credential = {s.key.public_key, certify(authority, id, s.key.public_key)};
+  return s;
+}
+
 struct Round {
   SecAggParams p;
   std::vector<uint64_t> ids;
@@ -50,8 +57,9 @@ struct Round {
   bool tree = false;
   // The clients draw their rounding keys as deployed (a fresh randomKey() each): no expected().
   bool fresh_rounding = false;
-  std::map<uint64_t, SigningKeyPair> signing;
-  std::map<uint64_t, Key32> verify;
+  // Under signed keys: the federation's authority and each client's certified signing key.
+  SigningKeyPair authority = SigningKeyPair::generate();
+  std::map<uint64_t, SecAggSigner> signers;
   std::map<uint64_t, std::unique_ptr<SecAggClient>> clients;
   std::unique_ptr<SecAggServer> server;
   std::map<uint64_t, MaskedInput> masked;             // what the server received, per client
@@ -71,19 +79,16 @@ struct Round {
 
   SecAggServer::Result run() {
     if (p.signed_keys)
-      for (uint64_t c : ids) {
-        signing[c] = SigningKeyPair::generate();
-        verify[c] = signing[c].public_key;
-      }
-    server = std::make_unique<SecAggServer>(p, ids, p.signed_keys ? &verify : nullptr);
+      for (uint64_t c : ids) signers[c] = certified(authority, c);
+    const Key32* trust = p.signed_keys ? &authority.public_key : nullptr;
+    server = std::make_unique<SecAggServer>(p, ids, trust);
     for (uint64_t c : ids)
-      clients[c] = std::make_unique<SecAggClient>(p, c, ids, p.signed_keys ? &signing[c] : nullptr);
+      clients[c] = std::make_unique<SecAggClient>(p, c, ids, p.signed_keys ? &signers[c] : nullptr);
     std::set<uint64_t> alive(ids.begin(), ids.end());
     for (uint64_t c : ids) server->onAdvert(clients[c]->advertise());
     for (uint64_t c : drop_after_advert) alive.erase(c);
     std::map<uint64_t, std::vector<EncryptedShare>> sent;
-    for (uint64_t c : alive)
-      sent[c] = clients[c]->shareKeys(server->advertsFor(c), p.signed_keys ? &verify : nullptr);
+    for (uint64_t c : alive) sent[c] = clients[c]->shareKeys(server->advertsFor(c), trust);
     for (auto& [c, s] : sent) server->onShares(c, s);
     for (uint64_t c : drop_after_shares) alive.erase(c);
     std::vector<MaskedInput> group[2];
@@ -512,33 +517,81 @@ TEST_CASE("secagg: with exactly t shares a lie is caught by the owner's commitme
   }
 }
 
-TEST_CASE("secagg: under the malicious-server threat model a swapped key is caught",
+TEST_CASE("secagg: under the malicious-server threat model a signed round sums as an unsigned one",
+          "[privacy][secagg]") {
+  Round r(params(33, 9, 4, 3, /*signed_keys=*/true), range(0, 9));
+  r.drop_after_shares = {4};  // a dropped client's mask key is rebuilt from certified parties too
+  const auto res = r.run();
+  REQUIRE(res.ok);
+  CHECK(res.sum == r.expected());
+  // Every advert the server holds carries its client's credential and verifies.
+  for (uint64_t c : r.ids) {
+    const KeyAdvert a = r.clients[c]->advertise();
+    CHECK(a.credential.signing_key == r.signers[c].key.public_key);
+    CHECK(advertSigned(a, r.authority.public_key, r.p.run_seed));
+    CHECK_FALSE(advertSigned(a, SigningKeyPair::generate().public_key, r.p.run_seed));
+  }
+}
+
+TEST_CASE("secagg: under the malicious-server threat model a swapped or invented key is caught",
           "[privacy][secagg]") {
   const SecAggParams p = params(8, 6, 4, 3, /*signed_keys=*/true);
   const auto ids = range(0, 6);
-  std::map<uint64_t, SigningKeyPair> signing;
-  std::map<uint64_t, Key32> verify;
-  for (uint64_t id : ids) {
-    signing[id] = SigningKeyPair::generate();
-    verify[id] = signing[id].public_key;
-  }
-  SecAggServer server(p, ids, &verify);
+  const SigningKeyPair authority = SigningKeyPair::generate();
+  std::map<uint64_t, SecAggSigner> signer;
+  for (uint64_t id : ids) signer[id] = certified(authority, id);
+  const Key32* trust = &authority.public_key;
+  SecAggServer server(p, ids, trust);
   std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
   for (uint64_t id : ids) {
-    c[id] = std::make_unique<SecAggClient>(p, id, ids, &signing[id]);
+    c[id] = std::make_unique<SecAggClient>(p, id, ids, &signer[id]);
     server.onAdvert(c[id]->advertise());
   }
-  // The server (or an aggregator relaying) substitutes its own mask key for a neighbour's.
-  std::vector<KeyAdvert> adverts = server.advertsFor(0);
-  adverts[0].mask_pk = DhKeyPair::generate().public_key;
-  CHECK(codeOf([&] { c[0]->shareKeys(adverts, &verify); }) == Errc::kBadSignature);
+  const std::vector<KeyAdvert> honest = server.advertsFor(0);
+  REQUIRE(honest.size() >= 3);
+  const auto refused = [&](const std::vector<KeyAdvert>& adverts) {
+    SecAggClient fresh(p, 0, ids, &signer[0]);
+    return codeOf([&] { fresh.shareKeys(adverts, trust); });
+  };
   // Unaltered, they verify.
-  CHECK_NOTHROW(c[1]->shareKeys(server.advertsFor(1), &verify));
-  // An advert whose signature is not its client's is refused by the server too.
-  KeyAdvert forged = c[2]->advertise();
-  forged.client = 3;
-  SecAggServer other(p, ids, &verify);
-  CHECK(codeOf([&] { other.onAdvert(forged); }) == Errc::kBadSignature);
+  {
+    SecAggClient fresh(p, 0, ids, &signer[0]);
+    CHECK_NOTHROW(fresh.shareKeys(honest, trust));
+  }
+  // The server (or an aggregator relaying) substitutes its own mask key for a neighbour's.
+  std::vector<KeyAdvert> swapped = honest;
+  swapped[0].mask_pk = DhKeyPair::generate().public_key;
+  CHECK(refused(swapped) == Errc::kBadSignature);
+  // ... and signs its own keys with a signing key it certified under an authority of its own.
+  const SigningKeyPair rogue = SigningKeyPair::generate();
+  const SecAggSigner fake = certified(rogue, swapped[0].client);
+  swapped[0].credential = fake.credential;
+  swapped[0].signature = sign(fake.key, advertBytes(swapped[0], p.run_seed));
+  CHECK(refused(swapped) == Errc::kBadSignature);
+  // A client's own certified key used to sign the keys advertised as another's (a colluding
+  // client, or a server that holds one client's key): the certificate is for another id.
+  std::vector<KeyAdvert> borrowed = honest;
+  const uint64_t victim = borrowed[0].client, colluder = borrowed[1].client;
+  borrowed[0].mask_pk = DhKeyPair::generate().public_key;
+  borrowed[0].credential = signer[colluder].credential;
+  borrowed[0].signature = sign(signer[colluder].key, advertBytes(borrowed[0], p.run_seed));
+  CHECK(refused(borrowed) == Errc::kBadSignature);
+  // The advert stripped of its signature and credential.
+  std::vector<KeyAdvert> stripped = honest;
+  stripped[0].signature = {};
+  stripped[0].credential = {};
+  CHECK(refused(stripped) == Errc::kBadSignature);
+  // A client that checks nothing cannot run a signed round (no authority given).
+  {
+    SecAggClient fresh(p, 0, ids, &signer[0]);
+    CHECK(codeOf([&] { fresh.shareKeys(honest, nullptr); }) == Errc::kBadSignature);
+  }
+  // The server refuses the same: another's credential, an invented client's, an unsigned advert.
+  for (const KeyAdvert& bad : {borrowed[0], swapped[0], stripped[0]}) {
+    SecAggServer other(p, ids, trust);
+    INFO("advert of client " << bad.client << " (victim " << victim << ")");
+    CHECK(codeOf([&] { other.onAdvert(bad); }) == Errc::kBadSignature);
+  }
 }
 
 TEST_CASE("secagg: configuration errors", "[privacy][secagg]") {

@@ -179,15 +179,42 @@ class PythonClientTest(unittest.TestCase):
         self.assertAlmostEqual(m[0]["train_loss"], 1.75, places=12)
 
     def test_python_clients_take_part_in_secure_aggregation(self):
+        self.secure_aggregation(signed=False)
+
+    def test_python_clients_sign_their_keys_under_the_malicious_server_threat_model(self):
+        self.secure_aggregation(signed=True)
+
+    def secure_aggregation(self, signed):
         # Three Python clients under SecAgg+ (the runtime runs the protocol, not the user's code):
         # +1, +4 and +7, weighing alike (the root sees only their sum), so round 1 moves the zero
         # model to 4 everywhere, within the ring's rounding; the losses travel in the clear.
+        # Signed: each client's key file carries a signing key the federation's authority
+        # certified, and every party checks every advert against the authority.
         port = free_port()
+        threat = []
+        kw = {}
+        if signed:
+            auth = os.path.join(self.fed.dir, "authority")
+            subprocess.run([os.path.join(BIN, "starling-keygen"), "--out", auth, "--new-authority"],
+                           check=True, stdout=subprocess.DEVNULL)
+            self.fed.keygen("--clients", "3", "--first-id", "0", "--force", "--authority",
+                            os.path.join(auth, "authority.key_secret"))
+            authority = os.path.join(auth, "authority.key")
+            threat = ["--secagg.threat", "malicious-server", "--secagg.authority", authority]
+            kw = dict(secagg_threat="malicious-server", secagg_authority=authority)
+            # Without the authority's key, a client that requires signed rounds does not start.
+            with self.assertRaises(starling.ConfigError) as got:
+                starling.Client(Shifter(1, 1, 1), num_examples=1,
+                                **self.fed.client_kwargs(port, 0, secagg_threat="malicious-server"))
+            self.assertIn("secagg.authority", str(got.exception))
+            with self.assertRaises(ValueError):
+                starling.Client(Shifter(1, 1, 1), num_examples=1,
+                                **self.fed.client_kwargs(port, 0, secagg_threat="paranoid"))
         self.fed.root(port, ["client-0", "client-1", "client-2"], rounds=2,
                       extra=["--sampling.min_available", "3", "--secagg.enabled", "true",
-                             "--secagg.clip", "100"])
+                             "--secagg.clip", "100", *threat])
         users = [Shifter(1.0, 100, 1.0), Shifter(4.0, 300, 2.0), Shifter(7.0, 50, 3.0)]
-        clients = [starling.Client(u, num_examples=u.num_examples, **self.fed.client_kwargs(port, i))
+        clients = [starling.Client(u, num_examples=u.num_examples, **self.fed.client_kwargs(port, i, **kw))
                    for i, u in enumerate(users)]
         runs = [run_in_thread(c) for c in clients]
         join(runs, clients, logs=lambda: self.fed.log("root"))

@@ -3,6 +3,7 @@
 // the applied model is the plain mean within the ring's rounding, dropouts at each step leave the
 // survivors' mean, too few survivors or a cheating client leave the round not applied with the
 // reason, hostile replies are refused with their codes, and what is refused at configuration.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -14,6 +15,8 @@
 #include "compression/registry.h"
 #include "privacy/shamir.h"
 #include "protocol/secagg_wire.h"
+#include "protocol/starling_generated.h"
+#include "protocol/verify.h"
 #include "server/engine.h"
 #include "server/secure_relay.h"
 #include "test_util.h"
@@ -42,6 +45,12 @@ class SecureFleet final : public server::Fleet {
   std::map<uint64_t, SecureStage> drop_at;
   // Replaces a client's reply before the engine gets it (an attacker's).
   std::function<std::vector<uint8_t>(SecureStage, uint64_t, std::vector<uint8_t>)> tamper;
+  // Replaces the engine's request before a client gets it (a malicious root's or aggregator's).
+  std::function<std::vector<uint8_t>(SecureStage, uint64_t, std::vector<uint8_t>)> tamper_request;
+  // Each client's trust (secagg.threat, its credential); empty: semi-honest, unsigned.
+  std::function<client::SecAggTrust(uint64_t)> trust;
+  // The code of each request a client refused (it then answers nothing more this round).
+  std::map<uint64_t, Errc> client_refused;
   std::map<uint64_t, std::vector<uint64_t>> completed;  // round -> masked inputs taken
   uint64_t refused = 0;
 
@@ -61,14 +70,22 @@ class SecureFleet final : public server::Fleet {
         rep.failed.push_back(c.id);
         continue;
       }
-      const auto req = round.request(stage, c.id);
+      auto req = round.request(stage, c.id);
+      if (tamper_request) req = tamper_request(stage, c.id, std::move(req));
       std::vector<uint8_t> ans;
-      if (stage == SecureStage::kAdvertise)
-        ans = parties_.try_emplace(c.id, c.id).first->second.setup(req);
-      else if (stage == SecureStage::kShareKeys)
-        ans = parties_.at(c.id).shareKeys(req);
-      else
-        ans = parties_.at(c.id).unmask(req);
+      try {
+        if (stage == SecureStage::kAdvertise)
+          ans = parties_.try_emplace(c.id, c.id, trust ? trust(c.id) : client::SecAggTrust{})
+                    .first->second.setup(req);
+        else if (stage == SecureStage::kShareKeys)
+          ans = parties_.at(c.id).shareKeys(req);
+        else
+          ans = parties_.at(c.id).unmask(req);
+      } catch (const InputError& e) {  // the client refuses the request: it answers nothing
+        client_refused[c.id] = e.code();
+        rep.failed.push_back(c.id);
+        continue;
+      }
       deliver(stage, round, c.id, std::move(ans), rep);
     }
     return rep;
@@ -183,7 +200,7 @@ TEST_CASE("secure aggregation: the engine applies the clients' mean, within the 
   for (uint64_t c = 0; c < 12; ++c) all[c] = c;
   // The ring's scale for 12 clients of this model: a mean off by more than 12 / (12 scale) per
   // value would be a wrong sum, not rounding.
-  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 12, n);
   const double tol = 1.0 / p.ring.scale + 1e-7;
   CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= tol);
   // Not the plain sum's bits: the model is the ring's mean, so the check above is not vacuous:
@@ -193,6 +210,137 @@ TEST_CASE("secure aggregation: the engine applies the clients' mean, within the 
   // The declared metric is the survivors' plain mean (in the clear).
   REQUIRE(rec.train_loss.has_value());
   CHECK(*rec.train_loss == Approx(1.0 + 5.5));
+}
+
+namespace {
+
+// Client c's trust under the malicious-server threat model: a signing key `authority` certified.
+client::SecAggTrust certifiedTrust(const privacy::SigningKeyPair& authority, uint64_t c,
+                                   bool require_signed = true) {
+  client::SecAggTrust t;
+  t.require_signed = require_signed;
+  t.authority = authority.public_key;
+  privacy::SecAggSigner s;
+  s.key = privacy::SigningKeyPair::generate();
+  s.credential = {s.key.public_key, privacy::certify(authority, c, s.key.public_key)};
+  t.signer = s;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "secure aggregation under the malicious-server threat model: signed rounds apply the mean, "
+    "and the clients refuse a root that swaps a key or does not sign",
+    "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+  std::vector<uint64_t> all(12);
+  for (uint64_t c = 0; c < 12; ++c) all[c] = c;
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 12, n);
+  const double tol = 1.0 / p.ring.scale + 1e-7;
+  server::EngineConfig config = secureConfig(12, 1.0);
+  config.secagg.authority = authority.public_key;
+
+  SECTION("signed, the round is the plain one") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(rec.applied);
+    CHECK(rec.clients_completed == 12);
+    CHECK(fleet.client_refused.empty());
+    CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= tol);
+  }
+  SECTION("a root that swaps a neighbour's key is caught by the client it sends it to") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
+    const uint64_t victim = 7;
+    fleet.tamper_request = [&](SecureStage s, uint64_t c, std::vector<uint8_t> req) {
+      if (s != SecureStage::kShareKeys || c != victim) return req;
+      protocol::SecAggAdvertsMsg m = protocol::decodeSecAggAdverts(req, {});
+      REQUIRE(!m.adverts.empty());
+      m.adverts[0].mask_pk = privacy::DhKeyPair::generate().public_key;  // the root's own key
+      return protocol::encode(m);
+    };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(fleet.client_refused.count(victim));
+    CHECK(fleet.client_refused.at(victim) == Errc::kBadSignature);
+    CHECK(fleet.client_refused.size() == 1);
+    // It shares nothing with the swapped key; the round goes on without it.
+    REQUIRE(rec.applied);
+    CHECK(rec.clients_completed == 11);
+    std::vector<uint64_t> others;
+    for (uint64_t c : all)
+      if (c != victim) others.push_back(c);
+    CHECK(maxDiff(engine.model().server(), meanOf(others, n)) <= tol);
+  }
+  SECTION("a client that answers with keys signed under a key of its own is refused by the root") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    const privacy::SigningKeyPair rogue = privacy::SigningKeyPair::generate();
+    fleet.trust = [&](uint64_t c) {
+      // Client 4's credential is the rogue authority's (an invented client, a Sybil); it trusts
+      // the real authority's for the others.
+      client::SecAggTrust t = certifiedTrust(c == 4 ? rogue : authority, c);
+      if (c == 4) t.authority = rogue.public_key;
+      return t;
+    };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK(fleet.refused == 1);  // its advert, at the root
+    REQUIRE(rec.applied);
+    CHECK(rec.clients_completed == 11);
+  }
+  SECTION("a root that does not sign its rounds is refused by every client that requires it") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
+    server::RoundEngine engine(l, secureConfig(12, 1.0), std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK_FALSE(rec.applied);
+    CHECK(fleet.client_refused.size() == 12);
+    for (const auto& [c, code] : fleet.client_refused) CHECK(code == Errc::kBadSignature);
+    CHECK(std::all_of(engine.model().server().begin(), engine.model().server().end(),
+                      [](float v) { return v == 0.0f; }));
+  }
+  SECTION("a client that does not require signatures still runs them when it can") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c, /*required=*/false); };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    CHECK(engine.runRound(fleet).applied);
+    // ... and one without a credential cannot: it refuses the signed setup.
+    SecureFleet bare(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    server::RoundEngine engine2(l, config, std::vector<float>(n, 0.0f));
+    CHECK_FALSE(engine2.runRound(bare).applied);
+    REQUIRE(bare.client_refused.size() == 12);
+    CHECK(bare.client_refused.begin()->second == Errc::kMissingField);
+  }
+}
+
+TEST_CASE("secure aggregation: a client's trust refuses what cannot protect it", "[secagg]") {
+  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+  client::SecAggTrust t = certifiedTrust(authority, 3);
+  CHECK_NOTHROW(t.validate(3));
+  // Certified for client 3, used by client 4.
+  CHECK_THROWS_MATCHING(t.validate(4), ConfigError,
+                        Contains("not the authority's for client id 4"));
+  CHECK_THROWS_AS(client::SecureParty(4, t), ConfigError);
+  // By another authority.
+  client::SecAggTrust other = t;
+  other.authority = privacy::SigningKeyPair::generate().public_key;
+  CHECK_THROWS_AS(other.validate(3), ConfigError);
+  // A certificate of another key than the one it signs with.
+  client::SecAggTrust mixed = t;
+  mixed.signer->key = privacy::SigningKeyPair::generate();
+  CHECK_THROWS_MATCHING(mixed.validate(3), ConfigError, Contains("not of its signing key"));
+  // Required, without an authority or a signing key.
+  client::SecAggTrust no_authority = t;
+  no_authority.authority.reset();
+  CHECK_THROWS_MATCHING(no_authority.validate(3), ConfigError, Contains("secagg.authority"));
+  client::SecAggTrust no_key = t;
+  no_key.signer.reset();
+  CHECK_THROWS_MATCHING(no_key.validate(3), ConfigError, Contains("signing key"));
 }
 
 TEST_CASE("secure aggregation of a shared support: the compressed mean from k ring words a client",
@@ -233,7 +381,7 @@ TEST_CASE("secure aggregation of a shared support: the compressed mean from k ri
         const auto sent = testing::densify(*l, comp->compress(*l, updateOf(id, n), ctx), nullptr);
         for (size_t i = 0; i < n; ++i) want[i] += sent[i] / 12.0;
       }
-      const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, dim);
+      const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 12, dim);
       const double tol = 1.0 / p.ring.scale + 1e-7;
       CHECK(maxDiff(engine.model().server(), want) <= tol);
       // Off the support nothing moved; on it the mean is not the dense one (the check above is
@@ -267,7 +415,7 @@ TEST_CASE("secure aggregation: dropouts at each step leave the survivors' mean",
       std::vector<uint64_t> in = fleet.completed.at(1);
       CHECK(in.size() == (s == SecureStage::kUnmask ? 12u : 10u));
       CHECK(rec.clients_completed == in.size());
-      const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
+      const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 12, n);
       CHECK(maxDiff(engine.model().server(), meanOf(in, n)) <= 1.0 / p.ring.scale + 1e-7);
     }
   }
@@ -343,14 +491,14 @@ TEST_CASE("secure aggregation: a client revealing wrong shares is decoded around
   CHECK(rec.clients_completed == 12);  // its update is in the sum
   std::vector<uint64_t> all(12);
   for (uint64_t c = 0; c < 12; ++c) all[c] = c;
-  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 12, n);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 12, n);
   CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= 1.0 / p.ring.scale + 1e-7);
 }
 
 TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[secagg]") {
   const auto l = layout();
   const size_t n = l->numel();
-  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 6, n);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 6, n);
   const std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5};
   server::SecureRound round(p, ids, server::SecureMetricRules{{"train_loss"}, 1e9});
   std::map<uint64_t, client::SecureParty> parties;
@@ -441,7 +589,7 @@ TEST_CASE("secure aggregation: hostile replies are refused with their codes", "[
 TEST_CASE("secure aggregation: a low-order advertised key is refused before a neighbour sees it",
           "[secagg]") {
   const size_t n = 40;
-  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 4, n);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 4, n);
   const std::vector<uint64_t> ids{0, 1, 2, 3};
   server::SecureRound round(p, ids);
   client::SecureParty party(2);
@@ -476,7 +624,7 @@ TEST_CASE("secure aggregation: one client's metric beyond the bound drops that c
   CHECK(rec.updates_rejected == 1);
   CHECK(rec.clients_failed == 1);
   const std::vector<uint64_t> in{0, 1, 2, 3, 5, 6, 7};
-  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 8, n);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 8, n);
   CHECK(maxDiff(engine.model().server(), meanOf(in, n)) <= 1.0 / p.ring.scale + 1e-7);
 }
 
@@ -529,7 +677,7 @@ TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed
   CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggMasked(protocol::encode(m), 101); }) ==
         Errc::kDuplicate);
   // A setup whose threshold exceeds its neighbours is refused by the client's decoder.
-  const auto p = server::SecAggConfig{true, 4, 0, 32, 1.0}.paramsFor(5, 1, 10, 100);
+  const auto p = server::SecAggConfig{true, 4, 0, 32, 1.0, {}}.paramsFor(5, 1, 10, 100);
   protocol::SecAggSetupMsg s{1, p, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
   s.params.threshold = 9;
   CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSetup(protocol::encode(s)); }) ==
@@ -538,6 +686,49 @@ TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed
   s.params.threshold = 3;
   client::SecureParty outsider(42);
   CHECK(testing::codeOf([&] { (void)outsider.setup(protocol::encode(s)); }) == Errc::kWrongSender);
+}
+
+TEST_CASE("secure aggregation: a signed advert carries its credential whole on the wire",
+          "[secagg]") {
+  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+  const auto p =
+      server::SecAggConfig{true, 4, 0, 32, 1.0, authority.public_key}.paramsFor(5, 1, 10, 100);
+  REQUIRE(p.signed_keys);
+  const std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const privacy::SecAggSigner signer = certifiedTrust(authority, 3).signer.value();
+  privacy::SecAggClient c(p, 3, ids, &signer);
+  const protocol::SecAggKeysMsg m{77, c.advertise()};
+  const protocol::SecAggKeysMsg back = protocol::decodeSecAggKeys(protocol::encode(m));
+  CHECK(back.advert.signature == m.advert.signature);
+  CHECK(back.advert.credential.signing_key == signer.key.public_key);
+  CHECK(back.advert.credential.certificate == signer.credential.certificate);
+  CHECK(privacy::advertSigned(back.advert, authority.public_key, p.run_seed));
+  // A signature without its credential, or a credential without its signature, is refused.
+  const auto raw = [&](bool sig, bool key, bool cert) {
+    flatbuffers::FlatBufferBuilder b(512);
+    const auto& a = m.advert;
+    const auto vec = [&](const auto& x) { return b.CreateVector(x.data(), x.size()); };
+    auto ck = vec(a.cipher_pk), mk = vec(a.mask_pk), h = vec(a.self_mask_hash);
+    flatbuffers::Offset<flatbuffers::Vector<uint8_t>> sv, kv, cv;
+    if (sig) sv = vec(a.signature);
+    if (key) kv = vec(a.credential.signing_key);
+    if (cert) cv = vec(a.credential.certificate);
+    auto k = wire::CreateSecAggKeys(b, a.client, a.round, 77, ck, mk, h, sv, kv, cv);
+    return protocol::detail::finish(b, wire::Body::SecAggKeys, k.Union());
+  };
+  CHECK(protocol::decodeSecAggKeys(raw(true, true, true)).advert.credential.certificate ==
+        signer.credential.certificate);
+  {  // unsigned: decodes, with no signature and no credential
+    const privacy::KeyAdvert u = protocol::decodeSecAggKeys(raw(false, false, false)).advert;
+    CHECK(u.signature == privacy::Signature{});
+    CHECK(u.credential.signing_key == privacy::Key32{});
+    CHECK(u.credential.certificate == privacy::Signature{});
+  }
+  for (const auto& [sig, key, cert] :
+       {std::tuple{true, false, false}, std::tuple{true, true, false},
+        std::tuple{false, true, true}, std::tuple{false, false, true}})
+    CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggKeys(raw(sig, key, cert)); }) ==
+          Errc::kMissingField);
 }
 
 TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[secagg]") {
@@ -613,7 +804,7 @@ TEST_CASE("secure aggregation: a curious root sees masked inputs that look unifo
   server::RoundEngine engine(l, secureConfig(10, 1.0), std::vector<float>(n, 0.0f));
   REQUIRE(engine.runRound(fleet).applied);
   REQUIRE(seen.size() == 10);
-  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 10, n);
+  const auto p = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 10, n);
   // Each masked input looks like uniform words, by two simple tests: its bits are balanced (144 x
   // 32 bits, the share of ones within 5 standard errors of 1/2), and few of its words have
   // their top 9 bits all equal (a uniform word does with probability 2^-8: 0.56 of 144 expected;
@@ -651,7 +842,8 @@ namespace {
 struct RelayedRound {
   static constexpr uint64_t kDim = 100;
   std::map<uint64_t, std::vector<uint64_t>> relayed{{100, {0, 1, 2}}, {101, {3, 4, 5}}};
-  privacy::SecAggParams params = server::SecAggConfig{true, 0, 0, 32, 1.0}.paramsFor(5, 1, 8, kDim);
+  privacy::SecAggParams params =
+      server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 8, kDim);
   std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5, 6, 7};
   server::SecureMetricRules rules{{"train_loss"}, 10.0};
   server::SecureRound round{params, ids, rules, {}, relayed};

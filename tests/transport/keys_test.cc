@@ -207,3 +207,73 @@ TEST_CASE("security and limits are validated with clear messages", "[transport]"
   l.chunk_bytes = 0;
   CHECK_THROWS_MATCHING(l.validate(), ConfigError, Contains("chunk_bytes"));
 }
+
+TEST_CASE("key files carry signing lines, and an authority's files have no CURVE key",
+          "[transport]") {
+  TempDir dir;
+  const CurveKeyPair pair = generateKeyPair();
+  SigningLines lines;
+  for (size_t i = 0; i < 32; ++i) {
+    lines.public_key[i] = static_cast<uint8_t>(i * 7 + 1);
+    (*(lines.seed = std::array<uint8_t, 32>{}))[i] = static_cast<uint8_t>(255 - i);
+  }
+  std::array<uint8_t, 64> cert{};
+  for (size_t i = 0; i < 64; ++i) cert[i] = static_cast<uint8_t>(i * 3);
+  lines.certificate = cert;
+  writeKeyFiles(dir.path, "c", pair, 5, false, &lines);
+  const KeyFile sec = loadKeyFile(dir.path / "c.key_secret"), pub = loadKeyFile(dir.path / "c.key");
+  REQUIRE(sec.signing);
+  CHECK(sec.signing->public_key == lines.public_key);
+  CHECK(sec.signing->seed == lines.seed);
+  CHECK(sec.signing->certificate == cert);
+  REQUIRE(pub.signing);
+  CHECK_FALSE(pub.signing->seed);  // the secret seed stays in the .key_secret
+  CHECK(pub.signing->certificate == cert);
+  CHECK(readText(dir.path / "c.key").find("signing-key") == std::string::npos);
+  // A client's file is no authority's.
+  CHECK_THROWS_MATCHING(loadAuthorityKey(dir.path / "c.key"), ConfigError,
+                        Contains("not the authority's"));
+  // The allow-list still reads the client's public file.
+  CHECK(AllowList::load(dir.path).size() == 1);
+
+  SigningLines auth;
+  auth.public_key = lines.public_key;
+  auth.seed = lines.seed;
+  writeAuthorityFiles(dir.path / "auth", "authority", auth, false);
+  CHECK(loadAuthorityKey(dir.path / "auth/authority.key") == auth.public_key);
+  CHECK_FALSE(loadKeyFile(dir.path / "auth/authority.key").signing->seed);
+  CHECK(loadKeyFile(dir.path / "auth/authority.key_secret").signing->seed == auth.seed);
+  CHECK(loadKeyFile(dir.path / "auth/authority.key").public_key.empty());
+  // Where a CURVE key is needed, an authority's file is refused by name.
+  CHECK_THROWS_MATCHING(loadPublicKey(dir.path / "auth/authority.key"), ConfigError,
+                        Contains("an authority's key file"));
+  CHECK_THROWS_AS(loadKeyPair(dir.path / "auth/authority.key_secret"), ConfigError);
+  fs::copy_file(dir.path / "auth/authority.key", dir.path / "authority.key");
+  CHECK_THROWS_MATCHING(AllowList::load(dir.path), ConfigError,
+                        Contains("authority.key") && Contains("an authority's key file"));
+  CHECK_THROWS_AS(writeAuthorityFiles(dir.path / "auth2", "authority", lines, false),
+                  ConfigError);  // a certificate: a client's lines
+
+  // Malformed signing lines: the file and line named.
+  const std::string bad = (dir.path / "bad.key").string();
+  const std::string pk = readText(dir.path / "c.key")
+                             .substr(readText(dir.path / "c.key").find("signing-public-key = \""));
+  const std::string spk = pk.substr(0, pk.find('\n'));
+  struct Case {
+    std::string text, expect;
+  };
+  const std::vector<Case> cases = {
+      {"signing-public-key = \"abc\"\n", ":1: signing-public-key is not a 40-character Z85"},
+      {"certificate = \"" + pair.public_key + "\"\n", ":1: certificate is not a 80-character"},
+      {"signing-key = \"" + pair.public_key + "\"\n", "signing-key without a signing-public-key"},
+      {spk + "\n" + spk + "\n", ":2: second signing-public-key"},
+      {spk + "\nid = 3\n", "only an authority's file has none"},
+      {"public-key = \"" + pair.public_key + "\"\ncertificate = " + pair.public_key + "\n",
+       ":2: certificate must be a quoted"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.text);
+    writeText(bad, c.text);
+    CHECK_THROWS_MATCHING(loadKeyFile(bad), ConfigError, Contains(bad) && Contains(c.expect));
+  }
+}
