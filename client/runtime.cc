@@ -282,6 +282,10 @@ struct ClientRuntime::Impl {
     if (t.secure && (!party || shares_round != t.round || party->round() != t.round))
       failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
                 " without that round's shares; nothing trained or sent");
+    if (!t.secure && t.kind == pr::TaskKind::kFit && config.secagg_trust.require_signed)
+      failInput(Errc::kUnsignedRound, "a fit task in the clear for round ", t.round,
+                ", which this client refuses (secagg.threat = malicious-server: its update leaves "
+                "it masked or not at all); nothing trained or sent");
     if (!t.secure && party && party->round() == t.round && t.kind == pr::TaskKind::kFit)
       failInput(Errc::kUnexpectedMessage, "a fit task in the clear for round ", t.round,
                 ", which runs secure aggregation; nothing trained or sent");

@@ -94,11 +94,11 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
   // Which rounds it runs: signed ones only under the malicious-server threat model (a server that
   // does not sign could swap its neighbours' keys), and signed ones only with its credential.
   if (trust_.require_signed && !m.params.signed_keys)
-    throw InputError(Errc::kBadSignature,
+    throw InputError(Errc::kUnsignedRound,
                      "secagg: a round whose keys are not signed, which this client refuses "
                      "(secagg.threat = malicious-server: an unsigned key could be a server's)");
   if (m.params.signed_keys && (!trust_.signer || !trust_.authority))
-    throw InputError(Errc::kMissingField,
+    throw InputError(Errc::kNoCredential,
                      "secagg: a round with signed keys, and this client has no signing key or "
                      "no secagg.authority (docs/privacy.md)");
   // A new round: whatever the last one held goes (a restarted root runs a round again with new

@@ -31,9 +31,12 @@ namespace starling::client {
 // credential of its key file (transport/keys.h). Under the malicious-server threat model the
 // client takes part only in rounds whose adverts are signed, and checks each neighbour's against
 // the authority (privacy/crypto.h's Credential): a root or aggregator that swaps a key, or answers
-// for a client it invents, is refused (kBadSignature).
+// for a client it invents, is refused (kBadSignature). A signed round without a credential of its
+// own is refused (kNoCredential).
 struct SecAggTrust {
-  // secagg.threat = malicious-server: a setup whose keys are not signed is refused (kBadSignature).
+  // secagg.threat = malicious-server: a setup whose keys are not signed is refused
+  // (kUnsignedRound), and so is any fit task in the clear (client/runtime.h): its update leaves
+  // it masked or not at all.
   bool require_signed = false;
   std::optional<privacy::Key32> authority;      // whose credentials it accepts
   std::optional<privacy::SecAggSigner> signer;  // its own signing key and credential

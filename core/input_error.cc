@@ -86,6 +86,10 @@ const char* errcName(Errc c) {
       return "asked to reveal both shares";
     case Errc::kTooFewSurvivors:
       return "too few survivors";
+    case Errc::kUnsignedRound:
+      return "unsigned round";
+    case Errc::kNoCredential:
+      return "no credential";
   }
   return "unknown";
 }

@@ -59,9 +59,11 @@ enum class Errc : uint8_t {
   kInconsistentShares,  // shares that rebuild no secret, or not the one its owner committed to
   kRevealBoth,          // a request for both shares of one client, or a second request
   kTooFewSurvivors,     // fewer than the threshold of neighbours to share with or rebuild from
+  kUnsignedRound,  // a round whose keys are not signed, to a client that requires it (its threat)
+  kNoCredential,   // a signed round, and this client has no certified signing key or authority
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kTooFewSurvivors;
+inline constexpr Errc kLastErrc = Errc::kNoCredential;
 
 const char* errcName(Errc c);
 

@@ -41,6 +41,18 @@ void putU64(crypto_generichash_state& st, uint64_t v) {
 }
 }  // namespace
 
+Key32 hashWords(const std::string& domain, std::span<const uint64_t> words) {
+  ensureSodium();
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, 32);
+  crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(domain.data()), domain.size());
+  putU64(st, words.size());
+  for (uint64_t w : words) putU64(st, w);
+  Key32 out{};
+  crypto_generichash_final(&st, out.data(), out.size());
+  return out;
+}
+
 Key32 agree(const DhKeyPair& mine, const Key32& their_public, uint64_t run, uint64_t round,
             KeyPurpose purpose) {
   ensureSodium();

@@ -129,6 +129,9 @@ struct Credential {
 Signature certify(const SigningKeyPair& authority, uint64_t id, const Key32& signing_key);
 bool credentialValid(const Key32& authority, uint64_t id, const Credential& c);
 
+// BLAKE2b of `domain` and the little-endian words: a digest every party computes alike.
+Key32 hashWords(const std::string& domain, std::span<const uint64_t> words);
+
 // Compares in constant time.
 bool equalKeys(const Key32& a, const Key32& b);
 

@@ -64,6 +64,12 @@ void checkRound(uint64_t got, uint64_t want, const char* what) {
   if (got != want) failInput(Errc::kWrongRound, what, " of round ", got, " in round ", want);
 }
 
+Key32 sortedRoster(std::span<const uint64_t> clients) {
+  std::vector<uint64_t> sorted(clients.begin(), clients.end());
+  std::sort(sorted.begin(), sorted.end());
+  return rosterHash(sorted);
+}
+
 }  // namespace
 
 void SecAggParams::validate() const {
@@ -76,11 +82,17 @@ void SecAggParams::validate() const {
   ring.validate();
 }
 
-std::vector<uint8_t> advertBytes(const KeyAdvert& a, uint64_t run_seed) {
-  static constexpr char kDomain[] = "starling secagg advert v1";
+Key32 rosterHash(std::span<const uint64_t> sorted_clients) {
+  return hashWords("starling secagg roster v1", sorted_clients);
+}
+
+std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, const Key32& roster) {
+  static constexpr char kDomain[] = "starling secagg advert v2";
   std::vector<uint8_t> b(kDomain, kDomain + sizeof kDomain - 1);
-  putU64(b, run_seed);
+  putU64(b, p.run_seed);
   putU64(b, a.round);
+  putU64(b, p.session);
+  b.insert(b.end(), roster.begin(), roster.end());
   putU64(b, a.client);
   b.insert(b.end(), a.cipher_pk.begin(), a.cipher_pk.end());
   b.insert(b.end(), a.mask_pk.begin(), a.mask_pk.end());
@@ -88,9 +100,10 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, uint64_t run_seed) {
   return b;
 }
 
-bool advertSigned(const KeyAdvert& a, const Key32& authority, uint64_t run_seed) {
+bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams& p,
+                  const Key32& roster) {
   return credentialValid(authority, a.client, a.credential) &&
-         verify(a.credential.signing_key, advertBytes(a, run_seed), a.signature);
+         verify(a.credential.signing_key, advertBytes(a, p, roster), a.signature);
 }
 
 // ---------------------------------------------------------------- client
@@ -99,6 +112,7 @@ SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uin
                            const SecAggSigner* signer)
     : p_((params.validate(), std::move(params))),
       id_(id),
+      roster_(sortedRoster(clients)),
       neighbours_(
           (checkIds(clients), hararyNeighbours(clients, p_.neighbours, p_.run_seed, p_.round, id))),
       cipher_(DhKeyPair::generate()),
@@ -112,7 +126,7 @@ SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uin
   advert_.mask_pk = mask_.public_key;
   advert_.self_mask_hash = hashKey(self_seed_);
   if (p_.signed_keys) {
-    advert_.signature = sign(signer->key, advertBytes(advert_, p_.run_seed));
+    advert_.signature = sign(signer->key, advertBytes(advert_, p_, roster_));
     advert_.credential = signer->credential;
   }
 }
@@ -128,7 +142,7 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
     if (a.client == id_) failInput(Errc::kWrongSender, "client ", id_, " was sent its own key");
     if (!std::binary_search(neighbours_.begin(), neighbours_.end(), a.client))
       failInput(Errc::kNotNeighbour, "client ", a.client, " is not a neighbour of client ", id_);
-    if (p_.signed_keys && (!authority || !advertSigned(a, *authority, p_.run_seed)))
+    if (p_.signed_keys && (!authority || !advertSigned(a, *authority, p_, roster_)))
       failInput(Errc::kBadSignature, "the key advertised for client ", a.client,
                 " is not signed with a key the authority certified for it (a server that "
                 "substituted it, or a client it invented?)");
@@ -261,11 +275,18 @@ SecAggServer::SecAggServer(SecAggParams params, std::span<const uint64_t> client
                            const Key32* authority)
     : p_((params.validate(), std::move(params))),
       graph_((checkIds(clients), harary(clients, p_.neighbours, p_.run_seed, p_.round))),
+      roster_(rosterHash(graph_.clients)),
       sum_(p_.dim, 0) {
   if (p_.signed_keys) {
     if (!authority) STARLING_THROW(ConfigError, "secagg with signed keys: no authority's key");
     authority_ = *authority;
   }
+}
+
+void SecAggServer::setSession(uint64_t session) {
+  STARLING_CHECK_ARG(adverts_.empty() && !adverts_closed_,
+                     "secagg: the session is set before the first advert");
+  p_.session = session;
 }
 
 void SecAggServer::onAdvert(const KeyAdvert& a) {
@@ -277,7 +298,7 @@ void SecAggServer::onAdvert(const KeyAdvert& a) {
   if (adverts_.count(a.client))
     failInput(Errc::kDuplicate, "client ", a.client, " advertised twice");
   if (p_.signed_keys) {
-    if (!advertSigned(a, authority_, p_.run_seed))
+    if (!advertSigned(a, authority_, p_, roster_))
       failInput(Errc::kBadSignature, "client ", a.client,
                 "'s advertised keys are not signed with a key the authority certified for it");
   }

@@ -57,11 +57,21 @@
 
 namespace starling::privacy {
 
+// The version of how this build derives what the parties must agree on: the pairwise and share
+// keys (crypto.h agree), the mask streams, the Shamir points and shares, the graph and the ring's
+// encoding. Bumped whenever any of them changes; a setup of another derivation is refused
+// (protocol/secagg_wire.h), so that a root and a client of builds that would disagree fail loudly
+// instead of summing to a wrong model.
+inline constexpr uint32_t kSecAggDerivation = 1;
+
 // Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
 inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;
 
 struct SecAggParams {
   uint64_t run_seed = 0, round = 0;
+  // The setup's nonce (the exchange's): a signed advert of another attempt at the round does not
+  // verify in this one.
+  uint64_t session = 0;
   uint32_t neighbours = 8;  // k: even; n <= k + 1 is the complete graph (SecAgg)
   uint32_t threshold = 5;   // t: shares that rebuild a secret, in 2 .. k
   RingSpec ring;
@@ -111,11 +121,16 @@ struct UnmaskResponse {
   std::vector<RevealedShare> shares;
 };
 
-// What a signature covers: the advert's fields and the run (bytes, for sign/verify).
-std::vector<uint8_t> advertBytes(const KeyAdvert& a, uint64_t run_seed);
-// Whether a signed advert is its client's: its credential certified by `authority` for a.client,
-// and its signature made with the credential's key.
-bool advertSigned(const KeyAdvert& a, const Key32& authority, uint64_t run_seed);
+// The digest of a round's clients (ascending) that every signed advert binds: parties that were
+// given different client lists (so different graphs) do not verify each other's adverts.
+Key32 rosterHash(std::span<const uint64_t> sorted_clients);
+// What a signature covers (bytes, for sign/verify): the advert's fields, the run, the round, the
+// setup's session and the roster.
+std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, const Key32& roster);
+// Whether a signed advert is its client's in this exchange: its credential certified by
+// `authority` for a.client, and its signature, over advertBytes, made with the credential's key.
+bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams& p,
+                  const Key32& roster);
 
 class SecAggClient {
  public:
@@ -146,6 +161,7 @@ class SecAggClient {
  private:
   SecAggParams p_;
   uint64_t id_;
+  Key32 roster_{};  // rosterHash of the round's clients
   std::vector<uint64_t> neighbours_;
   DhKeyPair cipher_, mask_;
   Key32 self_seed_{};
@@ -165,6 +181,9 @@ class SecAggServer {
   // first sharesFor() or masked input closes the shares (U2), the first unmaskRequestFor() or
   // finish() the masked inputs (U3); what comes for a closed phase is kLate. So every client is
   // given the same U1 and U2, and the server's unmasking counts on exactly the masks they added.
+  // The exchange's session (SecAggParams::session: the setup's nonce), before the first advert
+  // (InvalidArgument after).
+  void setSession(uint64_t session);
   void onAdvert(const KeyAdvert& a);
   // The adverts of `client`'s neighbours that advertised.
   std::vector<KeyAdvert> advertsFor(uint64_t client);
@@ -199,6 +218,7 @@ class SecAggServer {
 
   SecAggParams p_;
   Neighbourhoods graph_;
+  Key32 roster_{};
   Key32 authority_{};
   std::map<uint64_t, KeyAdvert> adverts_;                   // U1
   std::map<uint64_t, std::vector<EncryptedShare>> shares_;  // U2: by sender

@@ -132,7 +132,7 @@ std::vector<uint8_t> encode(const SecAggSetupMsg& m) {
   auto clients = b.CreateVector(m.clients);
   auto body = fb::CreateSecAggSetup(b, p.round, m.nonce, p.run_seed, p.neighbours, p.threshold,
                                     p.ring.bits, p.ring.scale, p.ring.clip, p.ring.max_clients,
-                                    p.ring.dim, p.signed_keys, clients);
+                                    p.ring.dim, p.signed_keys, clients, pv::kSecAggDerivation);
   return finish(b, fb::Body::SecAggSetup, body.Union());
 }
 
@@ -235,8 +235,14 @@ size_t secAggMaskedBytes(uint64_t dim, uint32_t bits, uint64_t client,
 SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLimits& l) {
   std::vector<uint64_t> aligned;
   const auto* m = body<fb::SecAggSetup>(bytes, l.max_bytes, fb::Body::SecAggSetup, 8, aligned);
+  if (m->derivation() != pv::kSecAggDerivation)
+    fail(Errc::kUnsupportedVersion,
+         "secagg setup: keys and masks derived by version " + std::to_string(m->derivation()) +
+             ", this build derives them by version " + std::to_string(pv::kSecAggDerivation) +
+             " (run one Starling release at the root and its clients)");
   SecAggSetupMsg out;
   out.nonce = m->nonce();
+  out.params.session = m->nonce();  // what a signed advert binds
   auto& p = out.params;
   p.run_seed = m->run_seed();
   p.round = m->round();

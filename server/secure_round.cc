@@ -206,6 +206,8 @@ SecureRound::SecureRound(pv::SecAggParams params, std::span<const uint64_t> clie
       server_(atLeastThree(params_, clients), clients, authority),
       clients_(clients.begin(), clients.end()),
       relayed_(std::move(relayed)) {
+  params_.session = nonce_;
+  server_.setSession(nonce_);
   std::set<uint64_t> seen;
   for (auto& [peer, cs] : relayed_) {
     std::sort(cs.begin(), cs.end());
@@ -243,6 +245,8 @@ bool SecureRound::inStep(SecureStage stage, uint64_t client) const {
 void SecureRound::setNonce(uint64_t nonce) {
   STARLING_CHECK_ARG(open_ == -1, "secagg: the nonce is set before the exchange's first request");
   nonce_ = nonce;
+  params_.session = nonce;
+  server_.setSession(nonce);
 }
 
 std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {

@@ -116,6 +116,10 @@ std::array<uint8_t, 32> loadAuthorityKey(const fs::path& path) {
     STARLING_THROW(ConfigError, path.string(),
                    ": a client's key file, not the authority's (starling-keygen --authority "
                    "writes it)");
+  if (k.signing->seed)
+    STARLING_THROW(ConfigError, path.string(),
+                   ": the authority's SECRET file (it has a signing-key line): give its public "
+                   "file authority.key, and keep this one off the root and the clients");
   return k.signing->public_key;
 }
 

@@ -73,8 +73,9 @@ KeyFile loadKeyFile(const std::filesystem::path& path);
 CurveKeyPair loadKeyPair(const std::filesystem::path& key_secret_path);
 // Any key file's public key (NAME.key or NAME.key_secret).
 std::string loadPublicKey(const std::filesystem::path& key_path);
-// An authority's public signing key (its NAME.key, or any file with signing-public-key and no
-// certificate); ConfigError for a client's file or one without it.
+// An authority's public signing key (its NAME.key: signing-public-key, no certificate, no seed);
+// ConfigError for a client's file, one without it, or the authority's secret file (which must not
+// travel to the root or the clients).
 std::array<uint8_t, 32> loadAuthorityKey(const std::filesystem::path& path);
 
 // Writes dir/NAME.key and dir/NAME.key_secret (creating dir if needed). Refuses (ConfigError)

@@ -11,6 +11,7 @@
 #include "data/partition.h"
 #include "integration/inproc_federation.h"
 #include "model_diff.h"
+#include "privacy/secagg.h"
 #include "server/inproc_fleet.h"
 #include "temp_dir.h"
 
@@ -1488,6 +1489,48 @@ TEST_CASE(
   CHECK(r.clients_selected == 4);
   CHECK(r.clients_completed == 3);
   CHECK(r.clients_failed == 1);
+}
+
+TEST_CASE(
+    "in process: a client under the malicious-server threat model trains nothing for a root that "
+    "asks for its update in the clear",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 800);
+  InprocFederation f("logreg", train, iid(train, 4));
+  server::EngineConfig ec = secureEngine(1, 4, 3);
+  ec.secagg.enabled = false;  // the root skips secure aggregation: plain fit tasks
+  ec.round_deadline_ms = 60'000;
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 600'000;
+  f.root(ec, fc);
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
+  // Client 3 requires signed secure rounds (a certified key, the authority's public key).
+  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+  client::RuntimeConfig rc;
+  rc.secagg_trust.require_signed = true;
+  rc.secagg_trust.authority = authority.public_key;
+  privacy::SecAggSigner signer;
+  signer.key = privacy::SigningKeyPair::generate();
+  signer.credential = {signer.key.public_key,
+                       privacy::certify(authority, 3, signer.key.public_key)};
+  rc.secagg_trust.signer = signer;
+  f.client(3, "inproc://root", rc);
+  const bool others = f.waitFor(
+      [&, sent = std::vector{f.updatesSent(0, 1), f.updatesSent(1, 1), f.updatesSent(2, 1)}] {
+        return std::all_of(sent.begin(), sent.end(), [](const auto& c) { return c(); });
+      },
+      seconds(60));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(others);
+  f.clock().advance(std::chrono::milliseconds(61'000));  // past the fit phase's deadline
+  REQUIRE(f.waitRounds(1, seconds(60)));
+  const server::RoundRecord r = f.records()[0];
+  CHECK(r.applied);
+  CHECK(r.clients_completed == 3);
+  CHECK(r.clients_failed == 1);
+  CHECK(f.liveStats(3).updates_sent == 0);
+  CHECK(f.logs().find("which this client refuses (secagg.threat = malicious-server") !=
+        std::string::npos);
 }
 
 namespace {

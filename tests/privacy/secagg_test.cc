@@ -528,8 +528,15 @@ TEST_CASE("secagg: under the malicious-server threat model a signed round sums a
   for (uint64_t c : r.ids) {
     const KeyAdvert a = r.clients[c]->advertise();
     CHECK(a.credential.signing_key == r.signers[c].key.public_key);
-    CHECK(advertSigned(a, r.authority.public_key, r.p.run_seed));
-    CHECK_FALSE(advertSigned(a, SigningKeyPair::generate().public_key, r.p.run_seed));
+    const Key32 roster = rosterHash(r.ids);
+    CHECK(advertSigned(a, r.authority.public_key, r.p, roster));
+    CHECK_FALSE(advertSigned(a, SigningKeyPair::generate().public_key, r.p, roster));
+    // Bound to its exchange: another attempt at the round (another session), another roster.
+    SecAggParams again = r.p;
+    again.session = 1;
+    CHECK_FALSE(advertSigned(a, r.authority.public_key, again, roster));
+    std::vector<uint64_t> fewer(r.ids.begin(), r.ids.end() - 1);
+    CHECK_FALSE(advertSigned(a, r.authority.public_key, r.p, rosterHash(fewer)));
   }
 }
 
@@ -566,7 +573,7 @@ TEST_CASE("secagg: under the malicious-server threat model a swapped or invented
   const SigningKeyPair rogue = SigningKeyPair::generate();
   const SecAggSigner fake = certified(rogue, swapped[0].client);
   swapped[0].credential = fake.credential;
-  swapped[0].signature = sign(fake.key, advertBytes(swapped[0], p.run_seed));
+  swapped[0].signature = sign(fake.key, advertBytes(swapped[0], p, rosterHash(ids)));
   CHECK(refused(swapped) == Errc::kBadSignature);
   // A client's own certified key used to sign the keys advertised as another's (a colluding
   // client, or a server that holds one client's key): the certificate is for another id.
@@ -574,8 +581,18 @@ TEST_CASE("secagg: under the malicious-server threat model a swapped or invented
   const uint64_t victim = borrowed[0].client, colluder = borrowed[1].client;
   borrowed[0].mask_pk = DhKeyPair::generate().public_key;
   borrowed[0].credential = signer[colluder].credential;
-  borrowed[0].signature = sign(signer[colluder].key, advertBytes(borrowed[0], p.run_seed));
+  borrowed[0].signature = sign(signer[colluder].key, advertBytes(borrowed[0], p, rosterHash(ids)));
   CHECK(refused(borrowed) == Errc::kBadSignature);
+  // An advert of another attempt at the round (its session), signed by its own client, replayed:
+  // the root could have learnt that attempt's secrets.
+  {
+    SecAggParams earlier = p;
+    earlier.session = 99;
+    SecAggClient old_self(earlier, honest[0].client, ids, &signer[honest[0].client]);
+    std::vector<KeyAdvert> replayed = honest;
+    replayed[0] = old_self.advertise();
+    CHECK(refused(replayed) == Errc::kBadSignature);
+  }
   // The advert stripped of its signature and credential.
   std::vector<KeyAdvert> stripped = honest;
   stripped[0].signature = {};

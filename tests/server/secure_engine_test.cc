@@ -300,7 +300,7 @@ TEST_CASE(
     const server::RoundRecord rec = engine.runRound(fleet);
     CHECK_FALSE(rec.applied);
     CHECK(fleet.client_refused.size() == 12);
-    for (const auto& [c, code] : fleet.client_refused) CHECK(code == Errc::kBadSignature);
+    for (const auto& [c, code] : fleet.client_refused) CHECK(code == Errc::kUnsignedRound);
     CHECK(std::all_of(engine.model().server().begin(), engine.model().server().end(),
                       [](float v) { return v == 0.0f; }));
   }
@@ -314,7 +314,7 @@ TEST_CASE(
     server::RoundEngine engine2(l, config, std::vector<float>(n, 0.0f));
     CHECK_FALSE(engine2.runRound(bare).applied);
     REQUIRE(bare.client_refused.size() == 12);
-    CHECK(bare.client_refused.begin()->second == Errc::kMissingField);
+    CHECK(bare.client_refused.begin()->second == Errc::kNoCredential);
   }
 }
 
@@ -682,8 +682,25 @@ TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed
   s.params.threshold = 9;
   CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSetup(protocol::encode(s)); }) ==
         Errc::kMissingField);
-  // A client left out of the round's clients refuses its setup.
+  // A setup of another derivation of the keys and masks (another build's) is refused, not run to
+  // a wrong sum; an older root's, which names none, too.
   s.params.threshold = 3;
+  REQUIRE_NOTHROW(protocol::decodeSecAggSetup(protocol::encode(s)));
+  for (const uint32_t derivation : {0u, privacy::kSecAggDerivation + 1}) {
+    flatbuffers::FlatBufferBuilder b(512);
+    const auto& q = s.params;
+    auto clients = b.CreateVector(s.clients);
+    auto body = wire::CreateSecAggSetup(b, q.round, s.nonce, q.run_seed, q.neighbours, q.threshold,
+                                        q.ring.bits, q.ring.scale, q.ring.clip, q.ring.max_clients,
+                                        q.ring.dim, q.signed_keys, clients, derivation);
+    const auto other = protocol::detail::finish(b, wire::Body::SecAggSetup, body.Union());
+    INFO(derivation);
+    CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSetup(other); }) ==
+          Errc::kUnsupportedVersion);
+    client::SecureParty party(3);
+    CHECK(testing::codeOf([&] { (void)party.setup(other); }) == Errc::kUnsupportedVersion);
+  }
+  // A client left out of the round's clients refuses its setup.
   client::SecureParty outsider(42);
   CHECK(testing::codeOf([&] { (void)outsider.setup(protocol::encode(s)); }) == Errc::kWrongSender);
 }
@@ -702,7 +719,7 @@ TEST_CASE("secure aggregation: a signed advert carries its credential whole on t
   CHECK(back.advert.signature == m.advert.signature);
   CHECK(back.advert.credential.signing_key == signer.key.public_key);
   CHECK(back.advert.credential.certificate == signer.credential.certificate);
-  CHECK(privacy::advertSigned(back.advert, authority.public_key, p.run_seed));
+  CHECK(privacy::advertSigned(back.advert, authority.public_key, p, privacy::rosterHash(ids)));
   // A signature without its credential, or a credential without its signature, is refused.
   const auto raw = [&](bool sig, bool key, bool cert) {
     flatbuffers::FlatBufferBuilder b(512);

@@ -241,6 +241,9 @@ TEST_CASE("key files carry signing lines, and an authority's files have no CURVE
   auth.seed = lines.seed;
   writeAuthorityFiles(dir.path / "auth", "authority", auth, false);
   CHECK(loadAuthorityKey(dir.path / "auth/authority.key") == auth.public_key);
+  // Its secret file is refused where the public one belongs (it must not reach the root).
+  CHECK_THROWS_MATCHING(loadAuthorityKey(dir.path / "auth/authority.key_secret"), ConfigError,
+                        Contains("SECRET file"));
   CHECK_FALSE(loadKeyFile(dir.path / "auth/authority.key").signing->seed);
   CHECK(loadKeyFile(dir.path / "auth/authority.key_secret").signing->seed == auth.seed);
   CHECK(loadKeyFile(dir.path / "auth/authority.key").public_key.empty());
