@@ -260,11 +260,29 @@ UnmaskResponse SecAggClient::unmask(const UnmaskRequest& request) {
         failInput(Errc::kNotNeighbour, "asked about client ", v, ", whose shares client ", id_,
                   " does not hold");
     }
+  // Signed rounds: at most (masking neighbours - t) of them dropped. A server that wants this
+  // client's input must remove every pairwise mask in it, each revealed by this client (for a
+  // neighbour said to have dropped) or by that neighbour (told this one dropped), and rebuild its
+  // self-mask seed from t neighbours told it survived, which then reveal nothing else about it:
+  // (m - t) + (m - t) < m for t > m / 2.
+  if (p_.signed_keys && dropped.size() + p_.threshold > held_.size())
+    failInput(Errc::kTooFewSurvivors, "asked to reveal its pairwise keys with ", dropped.size(),
+              " of the ", held_.size(), " neighbours client ", id_, " masked with; at most ",
+              held_.size() - p_.threshold,
+              " may have dropped (more would let the server unmask its input)");
   UnmaskResponse r;
   r.client = id_;
   r.round = p_.round;
-  for (uint64_t v : dropped) r.shares.push_back({v, true, held_.at(v).first});
-  for (uint64_t v : survived) r.shares.push_back({v, false, held_.at(v).second});
+  for (uint64_t v : dropped) {
+    RevealedShare s{v, true, held_.at(v).first, std::nullopt};
+    if (p_.signed_keys) {
+      s.share = Share{};
+      s.pairwise =
+          agree(mask_, advertised_.at(v).mask_pk, p_.run_seed, p_.round, KeyPurpose::kMask);
+    }
+    r.shares.push_back(std::move(s));
+  }
+  for (uint64_t v : survived) r.shares.push_back({v, false, held_.at(v).second, std::nullopt});
   answered_ = true;
   return r;
 }
@@ -415,7 +433,13 @@ void SecAggServer::onUnmask(const UnmaskResponse& r) {
                 " it was not asked for");
     if (!got.insert({s.of, s.mask_key}).second)
       failInput(Errc::kDuplicate, "client ", r.client, " revealed client ", s.of, "'s share twice");
-    if (s.share.x != point(r.client))
+    // A signed round's dropped neighbour is answered with a pairwise key, all else with a share.
+    const bool pairwise = p_.signed_keys && s.mask_key;
+    if (s.pairwise.has_value() != pairwise)
+      failInput(Errc::kInconsistentShares, "client ", r.client, " revealed ",
+                pairwise ? "a share of dropped client " : "a pairwise key for client ", s.of,
+                pairwise ? " where this round takes their pairwise key" : "");
+    if (!pairwise && s.share.x != point(r.client))
       failInput(Errc::kInconsistentShares, "client ", r.client,
                 " revealed a share at another point");
   }
@@ -434,7 +458,8 @@ SecAggServer::Result SecAggServer::finish() {
   // Shares revealed, per (owner, kind).
   std::map<std::pair<uint64_t, bool>, std::vector<Share>> revealed;
   for (const auto& [c, r] : answers_)
-    for (const RevealedShare& s : r.shares) revealed[{s.of, s.mask_key}].push_back(s.share);
+    for (const RevealedShare& s : r.shares)
+      if (!s.pairwise) revealed[{s.of, s.mask_key}].push_back(s.share);
   std::vector<uint64_t> sum = sum_;
   // A revealer whose share is off the polynomial the others define lied (or its share was
   // damaged): the secret is decoded without it (shamirRecover) and it is named.
@@ -472,6 +497,23 @@ SecAggServer::Result SecAggServer::finish() {
     for (uint64_t w : graph_.neighbours(v))
       if (masked_.count(w)) partners.push_back(w);
     if (partners.empty()) continue;  // no survivor masked with it
+    if (p_.signed_keys) {
+      // Each partner revealed its pairwise key with v (unverifiable: a wrong one leaves noise in
+      // the sum, which the caller's norm check refuses).
+      for (uint64_t w : partners) {
+        const Key32* key = nullptr;
+        if (const auto a = answers_.find(w); a != answers_.end())
+          for (const RevealedShare& s : a->second.shares)
+            if (s.of == v && s.mask_key && s.pairwise) key = &*s.pairwise;
+        if (!key)
+          return fail("client " + std::to_string(w) + " did not reveal its pairwise key with " +
+                      "dropped client " + std::to_string(v) +
+                      " (a signed round needs every survivor beside a dropped client to answer)");
+        applyMask(sum, *key, p_.round, MaskStream::kPairwiseMask, 0, p_.ring.bits,
+                  /*subtract=*/w < v);
+      }
+      continue;
+    }
     const auto& shares = revealed[{v, true}];
     if (shares.size() < p_.threshold)
       return fail("dropped client " + std::to_string(v) +

@@ -112,8 +112,11 @@ struct UnmaskRequest {
 
 struct RevealedShare {
   uint64_t of = 0;        // whose secret
-  bool mask_key = false;  // its mask key's share (it dropped), else its self-mask seed's
-  Share share;
+  bool mask_key = false;  // about a neighbour that dropped, else one that survived (its seed's)
+  Share share;            // the share (not for a signed round's dropped neighbour)
+  // A signed round's dropped neighbour: not a share of its mask key but the pairwise mask key
+  // the revealer shares with it (see SecAggClient::unmask).
+  std::optional<Key32> pairwise;
 };
 
 struct UnmaskResponse {
@@ -151,7 +154,12 @@ class SecAggClient {
   // The same with the rounding stream of `rounding_key`: a test's fixed key reproduces a rounding.
   MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x,
                           const Key32& rounding_key);
-  // Phase 3: answered once; refuses a request for both shares of one client.
+  // Phase 3: answered once; refuses a request for both shares of one client. In a signed round
+  // (the malicious-server model) a dropped neighbour v is answered with the pairwise mask key of
+  // this client and v, never a share of v's mask key, and a request that declares more than
+  // (its masking neighbours - t) of them dropped is refused (kTooFewSurvivors): then no server
+  // can remove every pairwise mask of one client's input while it also rebuilds that client's
+  // self-mask seed, whatever it tells whom (docs/privacy.md has the count).
   UnmaskResponse unmask(const UnmaskRequest& request);
 
   uint64_t id() const { return id_; }

@@ -192,6 +192,11 @@ std::vector<uint8_t> encode(const SecAggRevealMsg& m) {
   flatbuffers::FlatBufferBuilder b(256 + 96 * m.response.shares.size());
   std::vector<flatbuffers::Offset<fb::SecAggRevealed>> v;
   for (const auto& s : m.response.shares) {
+    if (s.pairwise) {  // a signed round's dropped neighbour: the key, no share
+      v.push_back(fb::CreateSecAggRevealed(b, s.of, s.mask_key, 0,
+                                           b.CreateVector(s.pairwise->data(), s.pairwise->size())));
+      continue;
+    }
     const auto bytes = s.share.bytes();
     v.push_back(
         fb::CreateSecAggRevealed(b, s.of, s.mask_key, b.CreateVector(bytes.data(), bytes.size())));
@@ -376,10 +381,19 @@ SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggL
   for (flatbuffers::uoffset_t i = 0; i < m->shares()->size(); ++i) {
     const fb::SecAggRevealed* s = m->shares()->Get(i);
     if (!s) fail(Errc::kMissingField, "secagg: an empty revealed share");
-    const auto raw = fixed<pv::Share::kBytes>(s->share(), "revealed share");
     pv::RevealedShare r;
     r.of = s->of();
     r.mask_key = s->mask_key();
+    // A pairwise key (about a dropped neighbour) or a share: exactly one of them.
+    if (s->pairwise()) {
+      if (s->share() || !r.mask_key)
+        fail(Errc::kInconsistentShares,
+             "secagg: a revealed pairwise key beside a share, or for a survivor");
+      r.pairwise = fixed<32>(s->pairwise(), "revealed pairwise key");
+      out.response.shares.push_back(r);
+      continue;
+    }
+    const auto raw = fixed<pv::Share::kBytes>(s->share(), "revealed share");
     try {
       r.share = pv::Share::fromBytes(raw);
     } catch (const InvalidArgument& e) {

@@ -257,8 +257,11 @@ std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
   open_ = static_cast<int>(stage);
   switch (stage) {
     case SecureStage::kAdvertise:
-      return pr::encode(pr::SecAggSetupMsg{
-          nonce_, params_, std::vector<uint64_t>(clients_.begin(), clients_.end())});
+      // The same setup for every client: encoded once (n clients each, O(n) bytes).
+      if (setup_.empty())
+        setup_ = pr::encode(pr::SecAggSetupMsg{
+            nonce_, params_, std::vector<uint64_t>(clients_.begin(), clients_.end())});
+      return setup_;
     case SecureStage::kShareKeys:
       return pr::encode(pr::SecAggAdvertsMsg{params_.round, nonce_, server_.advertsFor(client)});
     case SecureStage::kMaskedInput:

@@ -611,6 +611,115 @@ TEST_CASE("secagg: under the malicious-server threat model a swapped or invented
   }
 }
 
+// The attack an attacker's review found against the first signed rounds: a server that tells u's
+// neighbours that u survived (they reveal its self-mask seed) and each of u's neighbours' other
+// neighbours that that neighbour dropped (they reveal its mask key), so that every pairwise mask
+// in u's input can be removed. Unsigned, it reads u's input exactly; signed, the dropped
+// neighbours are answered with pairwise keys (never a mask key), only u or its neighbour knows
+// their pairwise key, and u refuses to reveal more of its own than leaves t masks in place.
+TEST_CASE(
+    "secagg: a server that lies about who dropped unmasks a client unless the round is "
+    "signed",
+    "[privacy][secagg]") {
+  for (const bool signed_keys : {false, true}) {
+    INFO((signed_keys ? "signed" : "unsigned"));
+    const SecAggParams p = params(16, 10, 4, 3, signed_keys);
+    const auto ids = range(0, 10);
+    const SigningKeyPair authority = SigningKeyPair::generate();
+    std::map<uint64_t, SecAggSigner> signer;
+    for (uint64_t id : ids) signer[id] = certified(authority, id);
+    const Key32* trust = signed_keys ? &authority.public_key : nullptr;
+    SecAggServer server(p, ids, trust);
+    std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
+    std::map<uint64_t, std::vector<float>> x;
+    for (uint64_t id : ids) {
+      c[id] = std::make_unique<SecAggClient>(p, id, ids, signed_keys ? &signer[id] : nullptr);
+      server.onAdvert(c[id]->advertise());
+      x[id].assign(p.dim, 0.0f);
+      for (size_t i = 0; i < p.dim; ++i) x[id][i] = 0.1f * std::sin(static_cast<float>(id + i));
+    }
+    std::map<uint64_t, std::vector<EncryptedShare>> sent;
+    for (uint64_t id : ids) sent[id] = c[id]->shareKeys(server.advertsFor(id), trust);
+    for (auto& [id, sh] : sent) server.onShares(id, sh);
+    std::map<uint64_t, MaskedInput> y;
+    for (uint64_t id : ids)
+      y[id] = c[id]->maskedInput(server.sharesFor(id), x[id], testing::testKey(id, 0x5a));
+    const uint64_t u = 0;
+    const auto nu = server.graph().neighbours(u);
+    const std::set<uint64_t> n_u(nu.begin(), nu.end());
+    // The lying requests, straight to the clients: u survived (to u's neighbours), and every
+    // neighbour v of u dropped (to v's other neighbours).
+    std::vector<RevealedShare> got;
+    for (uint64_t w : ids) {
+      if (w == u) continue;
+      UnmaskRequest r;
+      r.round = p.round;
+      if (n_u.count(w)) r.survived.push_back(u);
+      // (Signed, u's neighbours are asked about u alone: with more dropped neighbours than their
+      // bound allows they would refuse, and the server would not even have u's seed.)
+      if (!signed_keys || !n_u.count(w))
+        for (uint64_t v : server.graph().neighbours(w))
+          if (v != u && n_u.count(v)) r.dropped.push_back(v);
+      if (r.survived.empty() && r.dropped.empty()) continue;
+      try {
+        const UnmaskResponse resp = c[w]->unmask(r);
+        got.insert(got.end(), resp.shares.begin(), resp.shares.end());
+      } catch (const InputError& e) {  // signed: a client asked about too many dropped refuses
+        if (!signed_keys) FAIL_CHECK("client " << w << " refused: " << e.what());
+        CHECK(e.code() == Errc::kTooFewSurvivors);
+      }
+    }
+    // What the server makes of it: u's seed, then every pairwise mask it can remove.
+    std::vector<Share> seed_shares;
+    std::map<uint64_t, std::vector<Share>> key_shares;
+    for (const RevealedShare& s : got) {
+      if (!s.mask_key && s.of == u) seed_shares.push_back(s.share);
+      if (s.mask_key && !s.pairwise) key_shares[s.of].push_back(s.share);
+    }
+    REQUIRE(seed_shares.size() >= p.threshold);  // u's seed it has, either way
+    std::vector<uint64_t> words = y[u].words;
+    applyMask(words, shamirRecover(seed_shares, p.threshold).secret, p.round, MaskStream::kSelfMask,
+              0, p.ring.bits, /*subtract=*/true);
+    size_t removed = 0;
+    for (uint64_t v : n_u) {
+      if (key_shares[v].size() < p.threshold) continue;
+      DhKeyPair mask_v;
+      mask_v.secret_key = shamirRecover(key_shares[v], p.threshold).secret;
+      mask_v.public_key = c[v]->advertise().mask_pk;
+      const Key32 s_uv =
+          agree(mask_v, c[u]->advertise().mask_pk, p.run_seed, p.round, KeyPurpose::kMask);
+      applyMask(words, s_uv, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits,
+                /*subtract=*/u < v);
+      ++removed;
+    }
+    std::vector<uint64_t> want(p.dim);
+    encode(p.ring, x[u], testing::testKey(u, 0x5a), p.round, want);
+    if (!signed_keys) {
+      // Every neighbour's mask key rebuilt: the server reads u's input exactly (the semi-honest
+      // model's limit, docs/privacy.md).
+      CHECK(removed == n_u.size());
+      CHECK(words == want);
+    } else {
+      // No mask key of anyone was revealed, none of the revealed pairwise keys is u's, and u's
+      // input stays masked.
+      CHECK(removed == 0);
+      CHECK(words != want);
+      for (const RevealedShare& s : got) CHECK((s.of != u || !s.mask_key));
+      // Asking u itself for its pairwise keys with all its neighbours is refused; the most it
+      // answers leaves t of its masks in place.
+      UnmaskRequest all;
+      all.round = p.round;
+      all.dropped.assign(n_u.begin(), n_u.end());
+      CHECK(codeOf([&] { c[u]->unmask(all); }) == Errc::kTooFewSurvivors);
+      UnmaskRequest most = all;
+      most.dropped.resize(n_u.size() - p.threshold);
+      const UnmaskResponse mine = c[u]->unmask(most);
+      CHECK(mine.shares.size() == n_u.size() - p.threshold);
+      for (const RevealedShare& s : mine.shares) CHECK(s.pairwise.has_value());
+    }
+  }
+}
+
 TEST_CASE("secagg: configuration errors", "[privacy][secagg]") {
   SecAggParams p = params(8, 6);
   p.neighbours = 3;

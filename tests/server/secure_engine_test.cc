@@ -253,6 +253,32 @@ TEST_CASE(
     CHECK(fleet.client_refused.empty());
     CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= tol);
   }
+  SECTION(
+      "signed, a client lost after sharing its keys: its neighbours reveal their pairwise "
+      "keys with it, and the round is the others' mean") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
+    fleet.drop_at[5] = SecureStage::kMaskedInput;
+    // The unmask requests carry pairwise keys for client 5, never a share of its mask key.
+    size_t pairwise = 0;
+    fleet.tamper = [&](SecureStage st, uint64_t, std::vector<uint8_t> ans) {
+      if (st == SecureStage::kUnmask)
+        for (const auto& r : protocol::decodeSecAggReveal(ans).response.shares) {
+          if (r.of == 5) CHECK(r.pairwise.has_value());
+          pairwise += r.pairwise.has_value();
+        }
+      return ans;
+    };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(rec.applied);
+    CHECK(rec.clients_completed == 11);
+    CHECK(pairwise > 0);
+    std::vector<uint64_t> others;
+    for (uint64_t c : all)
+      if (c != 5) others.push_back(c);
+    CHECK(maxDiff(engine.model().server(), meanOf(others, n)) <= tol);
+  }
   SECTION("a root that swaps a neighbour's key is caught by the client it sends it to") {
     SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
     fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
@@ -735,6 +761,21 @@ TEST_CASE("secure aggregation: a signed advert carries its credential whole on t
   };
   CHECK(protocol::decodeSecAggKeys(raw(true, true, true)).advert.credential.certificate ==
         signer.credential.certificate);
+  {  // a revealed pairwise key beside a share, or for a survivor, is refused
+    protocol::SecAggRevealMsg rv;
+    rv.nonce = 5;
+    rv.response.client = 2;
+    rv.response.round = 1;
+    privacy::RevealedShare key{4, true, {}, privacy::Key32{}};
+    key.pairwise->fill(7);
+    rv.response.shares = {key};
+    const auto ok = protocol::decodeSecAggReveal(protocol::encode(rv));
+    REQUIRE(ok.response.shares.size() == 1);
+    CHECK(ok.response.shares[0].pairwise == key.pairwise);
+    rv.response.shares[0].mask_key = false;
+    CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggReveal(protocol::encode(rv)); }) ==
+          Errc::kInconsistentShares);
+  }
   {  // unsigned: decodes, with no signature and no credential
     const privacy::KeyAdvert u = protocol::decodeSecAggKeys(raw(false, false, false)).advert;
     CHECK(u.signature == privacy::Signature{});
