@@ -365,8 +365,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "malicious-server (each client signs its advertised keys with a signing key the "
         "federation authority certified, and every party checks them: a root or aggregator "
         "that swaps a key or invents a client is caught; a client refuses rounds that do not "
-        "sign and updates in the clear, and a dropped client's masks are removed with pairwise "
-        "keys, not its rebuilt mask key; docs/privacy.md)",
+        "sign, updates in the clear and a round run twice, and a dropped client's masks are "
+        "removed with pairwise keys, not its rebuilt mask key; a root that equivocates about "
+        "dropouts can still read sums of small groups of clients: docs/privacy.md)",
         secaggThreats());
   use(kDeploy);
   o.add("secagg.authority", &s.secagg.authority,

@@ -101,6 +101,12 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
     throw InputError(Errc::kNoCredential,
                      "secagg: a round with signed keys, and this client has no signing key or "
                      "no secagg.authority (docs/privacy.md)");
+  if (trust_.require_signed && masked_ && m.params.round <= *masked_)
+    throw InputError(Errc::kWrongRound,
+                     "secagg: a setup of round " + std::to_string(m.params.round) +
+                         " after this client sent its masked input of round " +
+                         std::to_string(*masked_) +
+                         ": a round run twice could give the server the difference of two sums");
   // A new round: whatever the last one held goes (a restarted root runs a round again with new
   // keys; nothing of the old one is kept to be asked about).
   client_.reset();
@@ -142,6 +148,7 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
   out.bits = params_.ring.bits;
   out.input = rounding_key ? client_->maskedInput(m.shares, clipped, *rounding_key)
                            : client_->maskedInput(m.shares, clipped);
+  masked_ = params_.round;
   out.metrics.assign(metrics.begin(), metrics.end());
   return pr::encode(out);
 }

@@ -81,6 +81,11 @@ class SecureParty {
   protocol::SecAggLimits limits_;
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;
+  // Under require_signed: the round of the last masked input it sent. A setup of that round or
+  // an earlier one is refused, whatever run seed it names (the server chooses that too): a server
+  // that ran a round twice, with and without this client, could subtract the two sums. Kept for
+  // the party's life (a client process serves one federation run).
+  std::optional<uint64_t> masked_;
 };
 
 // What a client's update adds to a secure round: its coordinates on the round's shared support

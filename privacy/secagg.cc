@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "core/error.h"
 
@@ -93,6 +94,15 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
   putU64(b, a.round);
   putU64(b, p.session);
   b.insert(b.end(), roster.begin(), roster.end());
+  // The round's parameters: a server that gives neighbours different k, t, rings or sizes is
+  // caught as a swapped key is.
+  putU64(b, p.neighbours);
+  putU64(b, p.threshold);
+  putU64(b, p.ring.bits);
+  putU64(b, std::bit_cast<uint64_t>(p.ring.scale));
+  putU64(b, std::bit_cast<uint64_t>(p.ring.clip));
+  putU64(b, p.ring.max_clients);
+  putU64(b, p.dim);
   putU64(b, a.client);
   b.insert(b.end(), a.cipher_pk.begin(), a.cipher_pk.end());
   b.insert(b.end(), a.mask_pk.begin(), a.mask_pk.end());
@@ -120,6 +130,10 @@ SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uin
       self_seed_(randomKey()) {
   if (p_.signed_keys && signer == nullptr)
     STARLING_THROW(ConfigError, "secagg with signed keys: client ", id, " has no signing key");
+  // The unmask step's bound (unmask) counts on t above half of the neighbours it can have.
+  if (p_.signed_keys && 2 * static_cast<size_t>(p_.threshold) <= neighbours_.size())
+    STARLING_THROW(InvalidArgument, "secagg: threshold ", p_.threshold, " of ", neighbours_.size(),
+                   " neighbours: a signed round needs more than half");
   advert_.client = id;
   advert_.round = p_.round;
   advert_.cipher_pk = cipher_.public_key;

@@ -537,6 +537,14 @@ TEST_CASE("secagg: under the malicious-server threat model a signed round sums a
     CHECK_FALSE(advertSigned(a, r.authority.public_key, again, roster));
     std::vector<uint64_t> fewer(r.ids.begin(), r.ids.end() - 1);
     CHECK_FALSE(advertSigned(a, r.authority.public_key, r.p, rosterHash(fewer)));
+    // ... and to the round's parameters: another threshold, ring or size does not verify.
+    for (const auto& change : std::vector<std::function<void(SecAggParams&)>>{
+             [](SecAggParams& q) { q.threshold += 1; }, [](SecAggParams& q) { q.neighbours += 2; },
+             [](SecAggParams& q) { q.ring.scale *= 2; }, [](SecAggParams& q) { q.dim += 1; }}) {
+      SecAggParams q = r.p;
+      change(q);
+      CHECK_FALSE(advertSigned(a, r.authority.public_key, q, roster));
+    }
   }
 }
 

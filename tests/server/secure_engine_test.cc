@@ -344,6 +344,51 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "secure aggregation: a client under the malicious-server model takes no round twice once it "
+    "sent its masked input",
+    "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+  const std::vector<uint64_t> ids{0, 1, 2, 3, 4};
+  std::map<uint64_t, client::SecureParty> parties;
+  for (uint64_t c : ids) parties.try_emplace(c, c, certifiedTrust(authority, c));
+  // A signed round of 5 clients, driven by hand through the root's side (server/secure_round.h).
+  const auto run = [&](uint64_t round) {
+    server::SecureRound sr(
+        server::SecAggConfig{true, 4, 3, 32, 1.0, authority.public_key}.paramsFor(5, round,
+                                                                                  ids.size(), n),
+        ids, {}, {}, {}, &authority.public_key);
+    std::map<uint64_t, Errc> refused;
+    const auto step = [&](SecureStage st, auto&& answer) {
+      for (uint64_t c : ids) {
+        if (refused.count(c) || !sr.inStep(st, c)) continue;
+        try {
+          sr.reply(st, c, answer(c, sr.request(st, c)));
+        } catch (const InputError& e) {
+          refused[c] = e.code();
+        }
+      }
+    };
+    step(SecureStage::kAdvertise, [&](uint64_t c, auto req) { return parties.at(c).setup(req); });
+    step(SecureStage::kShareKeys,
+         [&](uint64_t c, auto req) { return parties.at(c).shareKeys(req); });
+    step(SecureStage::kMaskedInput, [&](uint64_t c, auto req) {
+      return parties.at(c).mask(req, std::vector<float>(n, 0.01f * static_cast<float>(c)));
+    });
+    return refused;
+  };
+  CHECK(run(7).empty());
+  // The same round again (a new nonce: another attempt), and an earlier one: refused by all.
+  for (const uint64_t again : {7u, 6u}) {
+    const auto refused = run(again);
+    CHECK(refused.size() == ids.size());
+    for (const auto& [c, code] : refused) CHECK(code == Errc::kWrongRound);
+  }
+  CHECK(run(8).empty());  // the next round is taken
+}
+
 TEST_CASE("secure aggregation: a client's trust refuses what cannot protect it", "[secagg]") {
   const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
   client::SecAggTrust t = certifiedTrust(authority, 3);
