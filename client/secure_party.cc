@@ -16,7 +16,7 @@ void SecAggTrust::validate(uint64_t id) const {
   if (require_signed && !authority)
     STARLING_THROW(ConfigError,
                    "secagg.threat = malicious-server needs secagg.authority: the federation "
-                   "authority's public key file (starling-keygen --authority)");
+                   "authority's public key file (starling-keygen --new-authority writes it)");
   if (require_signed && !signer)
     STARLING_THROW(ConfigError,
                    "secagg.threat = malicious-server needs a signing key and its certificate in "
@@ -25,11 +25,15 @@ void SecAggTrust::validate(uint64_t id) const {
     STARLING_THROW(ConfigError,
                    "the certificate in this client's key file is not the authority's "
                    "for client id ",
-                   id, " (certified for another id, or by another authority)");
+                   id,
+                   " (certified for another id, or by another authority): write its keys again "
+                   "with starling-keygen --name NAME --id ",
+                   id, " --authority authority.key_secret");
   if (signer && !pv::equalKeys(signer->key.public_key, signer->credential.signing_key))
     STARLING_THROW(ConfigError,
-                   "the certificate in this client's key file is not of its "
-                   "signing key");
+                   "the certificate in this client's key file is not of its signing key (a "
+                   "file put together by hand?): write its keys again with starling-keygen "
+                   "--authority");
 }
 
 SecAggTrust loadSecAggTrust(bool require_signed, const std::string& authority_file,
@@ -108,7 +112,8 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
                          std::to_string(*masked_) +
                          ": a round run twice could give the server the difference of two sums");
   // A new round: whatever the last one held goes (a restarted root runs a round again with new
-  // keys; nothing of the old one is kept to be asked about).
+  // keys, which a client under require_signed refuses once it masked in it, above; nothing of the
+  // old one is kept to be asked about).
   client_.reset();
   client_.emplace(m.params, id_, m.clients, trust_.signer ? &*trust_.signer : nullptr);
   params_ = m.params;

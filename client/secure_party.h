@@ -2,14 +2,22 @@
 // A client's side of secure aggregation (SecAgg+, privacy/secagg.h) on the wire messages of
 // protocol/secagg_wire.h: the one implementation the simulator's clients and a deployed client
 // run. One party per client; each round's setup starts it afresh (fresh keys, every earlier
-// round's secrets forgotten).
+// round's secrets forgotten), except that under SecAggTrust::require_signed it remembers the last
+// round it sent a masked input for, and refuses that round or an earlier one again.
 //
-//   setup(SecAggSetup)      -> SecAggKeys     its advertised keys
+//   setup(SecAggSetup)      -> SecAggKeys     its advertised keys (signed with its certified key
+//                                             in a signed round); refused: another derivation
+//                                             (kUnsupportedVersion), an unsigned round under
+//                                             require_signed (kUnsignedRound), a signed one
+//                                             without a credential (kNoCredential), a round it
+//                                             masked in already (kWrongRound)
 //   shareKeys(SecAggAdverts) -> SecAggShares  its key and seed shared among its neighbours
 //   mask(SecAggShares, x)   -> SecAggMasked   x clipped to the ring's clip in L2, then each
 //                                             coordinate to [-clip, clip], rounded into the
 //                                             ring and masked
-//   unmask(SecAggUnmask)    -> SecAggReveal   answered once; both shares of one client refused
+//   unmask(SecAggUnmask)    -> SecAggReveal   answered once; both shares of one client refused;
+//                                             a signed round's dropped neighbours answered with
+//                                             pairwise keys, at most (neighbours - t) of them
 //
 // Every message is checked before its state changes: a message of another round (kWrongRound),
 // shares addressed to another client (kWrongSender), a step out of order (kUnexpectedMessage),

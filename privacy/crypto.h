@@ -119,9 +119,9 @@ bool verify(const Key32& public_key, std::span<const uint8_t> message, const Sig
 // A client's credential under the malicious-server threat model: its long-term signing key, and
 // the federation authority's signature over it and the client's id ("starling client credential
 // v1" || id || signing key). The authority is an Ed25519 key its operator keeps off the root
-// (starling-keygen --authority); every party holds its public half. A root or an aggregator that
-// swaps a client's advertised keys, or answers for a client it invents, would need the authority's
-// secret key to certify the signing key it signs them with.
+// (starling-keygen --new-authority); every party holds its public half. A root or an aggregator
+// that swaps a client's advertised keys, or answers for a client it invents, would need the
+// authority's secret key to certify the signing key it signs them with.
 struct Credential {
   Key32 signing_key{};
   Signature certificate{};

@@ -522,7 +522,8 @@ SecAggServer::Result SecAggServer::finish() {
         if (!key)
           return fail("client " + std::to_string(w) + " did not reveal its pairwise key with " +
                       "dropped client " + std::to_string(v) +
-                      " (a signed round needs every survivor beside a dropped client to answer)");
+                      " (a signed round needs every survivor beside a dropped client to answer; "
+                      "one that lost more than its neighbours - t refuses, kTooFewSurvivors)");
         applyMask(sum, *key, p_.round, MaskStream::kPairwiseMask, 0, p_.ring.bits,
                   /*subtract=*/w < v);
       }

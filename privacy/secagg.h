@@ -22,11 +22,14 @@
 //   3 unmask       the server closes the masked inputs (U3) and asks each survivor for, per
 //                  neighbour, the share of b_v (v survived) or of s_v's key (v dropped after
 //                  sending its shares) -- never both for one v: an honest client refuses that,
-//                  and answers one request only.
+//                  and answers one request only. A signed round asks, for a dropped v, the
+//                  pairwise key s_uv itself (no share of s_v's key), and a client reveals at most
+//                  (its masking neighbours - t) of them (SecAggClient::unmask).
 //   finish         the server rebuilds each survivor's b_u (checked against its advertised hash)
-//                  and each dropped client's mask key (checked against its advertised public key),
-//                  removes the self masks and the pairwise masks the dropped left behind, and has
-//                  the sum of the survivors' inputs, or says why not (fewer than t shares).
+//                  and each dropped client's mask key (checked against its advertised public key;
+//                  a signed round takes the revealed pairwise keys instead, unchecked), removes
+//                  the self masks and the pairwise masks the dropped left behind, and has the sum
+//                  of the survivors' inputs, or says why not (fewer than t shares).
 //
 // What the server sees: each y_u, which is uniform in Z_2^b to anyone without b_u and the pairwise
 // keys; the sum; who dropped when. Up to t - 1 colluding clients learn nothing of another's input.
@@ -128,7 +131,7 @@ struct UnmaskResponse {
 // given different client lists (so different graphs) do not verify each other's adverts.
 Key32 rosterHash(std::span<const uint64_t> sorted_clients);
 // What a signature covers (bytes, for sign/verify): the advert's fields, the run, the round, the
-// setup's session and the roster.
+// setup's session, the roster, and the round's k, t, ring and size.
 std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, const Key32& roster);
 // Whether a signed advert is its client's in this exchange: its credential certified by
 // `authority` for a.client, and its signature, over advertBytes, made with the credential's key.
@@ -216,7 +219,9 @@ class SecAggServer {
     // the later secrets that have enough without them (each liar costs one decoding).
     std::vector<uint64_t> liars;
   };
-  // Rebuilds the secrets and unmasks; a result that is not ok reveals nothing.
+  // Rebuilds the secrets and unmasks; a result that is not ok reveals nothing. In a signed round a
+  // wrong revealed pairwise key cannot be told from a right one: the result is ok and its sum is
+  // noise, which the caller's norm check must refuse (server::SecureRound::finish does).
   Result finish();
 
   const Neighbourhoods& graph() const { return graph_; }

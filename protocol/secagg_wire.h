@@ -17,11 +17,12 @@
 //
 // Decoders treat the bytes as hostile: the FlatBuffers structure with a table budget from the
 // limits, every field present and of its exact size (keys 32 bytes, signatures 64, shares
-// privacy::Share::kBytes, the packed words exactly ceil(dim * bits / 8) bytes), counts within
-// the limits, client lists ascending without repeats, metrics finite with printable names.
+// privacy::Share::kBytes, a revealed pairwise key 32 and only instead of a share, the packed
+// words exactly ceil(dim * bits / 8) bytes), counts within the limits, client lists ascending
+// without repeats, metrics finite with printable names, a setup of this build's derivation.
 // InputError with its own code (kMissingField, kSizeMismatch, kUnexpectedMessage, kNonFinite,
-// kDuplicate) on any failure; nothing partial is returned. What the protocol then checks (a
-// neighbour, the round, a replay) is privacy/secagg.h's.
+// kDuplicate, kInconsistentShares, kUnsupportedVersion) on any failure; nothing partial is
+// returned. What the protocol then checks (a neighbour, the round, a replay) is privacy/secagg.h's.
 #include <cstdint>
 #include <span>
 #include <vector>

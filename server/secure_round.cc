@@ -405,7 +405,8 @@ SecureRound::Outcome SecureRound::finish() {
   if (!(std::sqrt(sq) <= bound * (1 + 1e-6))) {
     out.reason = "secure aggregation: the unmasked sum's norm " + std::to_string(std::sqrt(sq)) +
                  " exceeds the survivors' count times the clip (" + std::to_string(bound) +
-                 "): a client masked an update it had not clipped";
+                 "): a client masked an update it had not clipped, or (a signed round) revealed "
+                 "a wrong pairwise key";
     out.sum.clear();
     return out;
   }

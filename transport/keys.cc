@@ -111,10 +111,10 @@ std::array<uint8_t, 32> loadAuthorityKey(const fs::path& path) {
   if (!k.signing)
     STARLING_THROW(ConfigError, path.string(),
                    ": no signing-public-key line (give the authority's public file, written by "
-                   "starling-keygen --authority)");
+                   "starling-keygen --new-authority)");
   if (k.signing->certificate || !k.public_key.empty())
     STARLING_THROW(ConfigError, path.string(),
-                   ": a client's key file, not the authority's (starling-keygen --authority "
+                   ": a client's key file, not the authority's (starling-keygen --new-authority "
                    "writes it)");
   if (k.signing->seed)
     STARLING_THROW(ConfigError, path.string(),

@@ -12,7 +12,7 @@
 //   signing-key        = "..."   (Z85, 40: the 32-byte seed of its signing key; NAME.key_secret)
 //   certificate        = "..."   (Z85, 80: 64 bytes, the authority's certificate of a client's
 //                                 signing key for its id)
-// An authority's files (starling-keygen --authority) hold the signing lines only, no CURVE key.
+// An authority's files (starling-keygen --new-authority) hold the signing lines only, no CURVE key.
 // A name may appear once; any other name, a missing `=`, an unquoted key, text after the value or
 // a key that is not valid Z85 is a ConfigError naming the file and the line.
 //

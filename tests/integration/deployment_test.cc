@@ -157,7 +157,8 @@ TEST_CASE(
     CHECK(field(l, "clients_completed") == "4");
     CHECK(field(l, "updates_rejected") == "0");
   }
-  // The root refuses an advert without the authority's certificate: the rounds above were signed.
+  // The root ran its rounds signed (its start-up line; every client required signed rounds and
+  // would have refused unsigned ones, so the applied rounds above were signed).
   CHECK(f.log("root").find("threat model malicious-server") != std::string::npos);
   for (uint64_t c = 0; c < 4; ++c)
     CHECK(f.proc("client-" + std::to_string(c)).wait(seconds(20)) == 0);

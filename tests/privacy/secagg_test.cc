@@ -520,7 +520,7 @@ TEST_CASE("secagg: with exactly t shares a lie is caught by the owner's commitme
 TEST_CASE("secagg: under the malicious-server threat model a signed round sums as an unsigned one",
           "[privacy][secagg]") {
   Round r(params(33, 9, 4, 3, /*signed_keys=*/true), range(0, 9));
-  r.drop_after_shares = {4};  // a dropped client's mask key is rebuilt from certified parties too
+  r.drop_after_shares = {4};  // a dropped client's masks removed with its neighbours' pairwise keys
   const auto res = r.run();
   REQUIRE(res.ok);
   CHECK(res.sum == r.expected());
@@ -657,12 +657,18 @@ TEST_CASE(
     const std::set<uint64_t> n_u(nu.begin(), nu.end());
     // The lying requests, straight to the clients: u survived (to u's neighbours), and every
     // neighbour v of u dropped (to v's other neighbours).
+    // Signed, the server adapts to the new rule instead: t of u's neighbours (W) are told u
+    // survived (u's seed), the others (P) that u dropped (their pairwise keys with u), and u
+    // itself, below, that the neighbours in W dropped (its pairwise keys with them).
+    const std::vector<uint64_t> w_set(nu.begin(), nu.begin() + p.threshold);
     std::vector<RevealedShare> got;
+    std::vector<uint64_t> by;  // who revealed got[i]
     for (uint64_t w : ids) {
       if (w == u) continue;
       UnmaskRequest r;
       r.round = p.round;
-      if (n_u.count(w)) r.survived.push_back(u);
+      const bool in_w = std::find(w_set.begin(), w_set.end(), w) != w_set.end();
+      if (n_u.count(w)) (!signed_keys || in_w ? r.survived : r.dropped).push_back(u);
       // (Signed, u's neighbours are asked about u alone: with more dropped neighbours than their
       // bound allows they would refuse, and the server would not even have u's seed.)
       if (!signed_keys || !n_u.count(w))
@@ -672,6 +678,7 @@ TEST_CASE(
       try {
         const UnmaskResponse resp = c[w]->unmask(r);
         got.insert(got.end(), resp.shares.begin(), resp.shares.end());
+        by.insert(by.end(), resp.shares.size(), w);
       } catch (const InputError& e) {  // signed: a client asked about too many dropped refuses
         if (!signed_keys) FAIL_CHECK("client " << w << " refused: " << e.what());
         CHECK(e.code() == Errc::kTooFewSurvivors);
@@ -708,22 +715,35 @@ TEST_CASE(
       CHECK(removed == n_u.size());
       CHECK(words == want);
     } else {
-      // No mask key of anyone was revealed, none of the revealed pairwise keys is u's, and u's
-      // input stays masked.
+      // No mask key of anyone was revealed. The pairwise keys of u it holds: P's, and what u
+      // gives. u refuses to call all of W dropped; the most it answers is m - t of them.
       CHECK(removed == 0);
-      CHECK(words != want);
-      for (const RevealedShare& s : got) CHECK((s.of != u || !s.mask_key));
-      // Asking u itself for its pairwise keys with all its neighbours is refused; the most it
-      // answers leaves t of its masks in place.
+      std::set<uint64_t> partners;  // u's neighbours whose pairwise key with u the server holds
+      for (size_t i = 0; i < got.size(); ++i)
+        if (got[i].of == u && got[i].pairwise) {
+          applyMask(words, *got[i].pairwise, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits,
+                    /*subtract=*/u < by[i]);
+          partners.insert(by[i]);
+        }
+      CHECK(partners.size() == n_u.size() - p.threshold);  // P
       UnmaskRequest all;
       all.round = p.round;
-      all.dropped.assign(n_u.begin(), n_u.end());
+      all.dropped = w_set;
       CHECK(codeOf([&] { c[u]->unmask(all); }) == Errc::kTooFewSurvivors);
       UnmaskRequest most = all;
       most.dropped.resize(n_u.size() - p.threshold);
       const UnmaskResponse mine = c[u]->unmask(most);
       CHECK(mine.shares.size() == n_u.size() - p.threshold);
-      for (const RevealedShare& s : mine.shares) CHECK(s.pairwise.has_value());
+      for (const RevealedShare& s : mine.shares) {
+        REQUIRE(s.pairwise.has_value());
+        applyMask(words, *s.pairwise, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits,
+                  /*subtract=*/u < s.of);
+        partners.insert(s.of);
+      }
+      // 2 (m - t) of u's m pairwise masks removed, with its seed: the rest keep it masked.
+      CHECK(partners.size() == 2 * (n_u.size() - p.threshold));
+      CHECK(partners.size() < n_u.size());
+      CHECK(words != want);
     }
   }
 }

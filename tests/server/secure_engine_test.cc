@@ -806,7 +806,8 @@ TEST_CASE("secure aggregation: a signed advert carries its credential whole on t
   };
   CHECK(protocol::decodeSecAggKeys(raw(true, true, true)).advert.credential.certificate ==
         signer.credential.certificate);
-  {  // a revealed pairwise key beside a share, or for a survivor, is refused
+  {  // a revealed pairwise key round-trips; one for a survivor is refused (the encoder cannot
+     // write one beside a share, and the decoder refuses that too: decodeSecAggReveal)
     protocol::SecAggRevealMsg rv;
     rv.nonce = 5;
     rv.response.client = 2;
