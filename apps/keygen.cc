@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "privacy/crypto.h"
+#include "privacy/secagg.h"
 #include "transport/keys.h"
 
 namespace {
@@ -61,11 +62,11 @@ starling::transport::SigningLines certifiedKey(const starling::privacy::SigningK
                                                uint64_t id) {
   namespace pv = starling::privacy;
   const pv::Key32 seed = pv::randomKey();
-  const pv::SigningKeyPair key = pv::SigningKeyPair::fromSeed(seed);
+  const pv::SecAggSigner signer = pv::SecAggSigner::certified(authority, id, seed);
   starling::transport::SigningLines s;
-  s.public_key = key.public_key;
+  s.public_key = signer.key.public_key;
   s.seed = seed;
-  s.certificate = pv::certify(authority, id, key.public_key);
+  s.certificate = signer.credential.certificate;
   return s;
 }
 

@@ -110,6 +110,14 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
   return b;
 }
 
+SecAggSigner SecAggSigner::certified(const SigningKeyPair& authority, uint64_t id,
+                                     const Key32& seed) {
+  SecAggSigner s;
+  s.key = SigningKeyPair::fromSeed(seed);
+  s.credential = {s.key.public_key, certify(authority, id, s.key.public_key)};
+  return s;
+}
+
 bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams& p,
                   const Key32& roster) {
   return credentialValid(authority, a.client, a.credential) &&

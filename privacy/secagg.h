@@ -94,6 +94,9 @@ struct KeyAdvert {
 struct SecAggSigner {
   SigningKeyPair key;
   Credential credential;
+  // The signing key of `seed`, certified by `authority` for client `id` (starling-keygen's, the
+  // simulator's, the tests').
+  static SecAggSigner certified(const SigningKeyPair& authority, uint64_t id, const Key32& seed);
 };
 
 struct EncryptedShare {

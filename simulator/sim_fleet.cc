@@ -65,6 +65,7 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
       cost_(collectives.size(), config.reference_seconds_per_example),
       state_(trainer.layout().fingerprint()) {
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
+  if (config_.secure_signed) authority_ = simAuthority(config_.seed);
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
   if (!config_.homes_file.empty() && std::filesystem::exists(config_.homes_file)) {
@@ -599,9 +600,9 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
     try {
       if (stage == server::SecureStage::kAdvertise) {
         answer = parties_
-                     .try_emplace(
-                         id, id,
-                         config_.secure_signed ? simTrust(config_.seed, id) : client::SecAggTrust{})
+                     .try_emplace(id, id,
+                                  authority_ ? simTrust(*authority_, config_.seed, id)
+                                             : client::SecAggTrust{})
                      .first->second.setup(req);
       } else {
         client::SecureParty& party = parties_.at(id);
@@ -844,17 +845,13 @@ privacy::SigningKeyPair simAuthority(uint64_t run_seed) {
       privacy::publicKey("starling simulated authority", run_seed, 0));
 }
 
-client::SecAggTrust simTrust(uint64_t run_seed, uint64_t client) {
-  const privacy::SigningKeyPair authority = simAuthority(run_seed);
+client::SecAggTrust simTrust(const privacy::SigningKeyPair& authority, uint64_t run_seed,
+                             uint64_t client) {
   client::SecAggTrust t;
   t.require_signed = true;
   t.authority = authority.public_key;
-  privacy::SecAggSigner signer;
-  signer.key = privacy::SigningKeyPair::fromSeed(
-      privacy::publicKey("starling simulated signing key", run_seed, client));
-  signer.credential = {signer.key.public_key,
-                       privacy::certify(authority, client, signer.key.public_key)};
-  t.signer = signer;
+  t.signer = privacy::SecAggSigner::certified(
+      authority, client, privacy::publicKey("starling simulated signing key", run_seed, client));
   return t;
 }
 

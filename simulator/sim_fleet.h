@@ -34,6 +34,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -82,7 +83,10 @@ struct SimFleetConfig {
 // its key, and each client's signing key and certificate, derived from the run seed (a
 // simulation keeps no secret from itself; what it measures is the protocol's bytes and work).
 privacy::SigningKeyPair simAuthority(uint64_t run_seed);
-client::SecAggTrust simTrust(uint64_t run_seed, uint64_t client);
+// Client `client`'s trust: its signing key (from the run seed) certified by `authority`
+// (simAuthority's, derived once a fleet), and the authority's public key.
+client::SecAggTrust simTrust(const privacy::SigningKeyPair& authority, uint64_t run_seed,
+                             uint64_t client);
 
 // The simulated population: data shards and devices (identical on every worker).
 struct SimClients {
@@ -234,6 +238,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   // Secure aggregation: the round's clients' own sides, made at its advertise step (on several
   // workers, only those this worker owns), and every participant's owner.
   std::map<uint64_t, client::SecureParty> parties_;
+  std::optional<privacy::SigningKeyPair> authority_;  // config_.secure_signed: simAuthority's
   std::map<uint64_t, int> secure_owner_;
   bool ownsSecure(uint64_t id) const;
   // The masked inputs this worker made (client, message), to every worker's engine in batches

@@ -15,6 +15,7 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -327,6 +328,13 @@ class InprocFederation {
       const auto it = live_.find(id);
       return it != live_.end() && it->second.updates_sent >= n;
     };
+  }
+  // A condition for waitFor: every client of `ids` sent at least `n` updates.
+  std::function<bool()> updatesSent(const std::vector<uint64_t>& ids, uint64_t n) {
+    std::vector<std::function<bool()>> each;
+    for (uint64_t id : ids) each.push_back(updatesSent(id, n));
+    return
+        [each] { return std::all_of(each.begin(), each.end(), [](const auto& c) { return c(); }); };
   }
   // A client's statistics as of the last message it sent.
   client::RuntimeStats liveStats(uint64_t id) {

@@ -1474,11 +1474,7 @@ TEST_CASE(
   // Client 3 takes part in the first two steps, then trains for ever (its fit waits on the
   // federation's clock): it drops out after sharing its keys.
   f.client(3, "inproc://root", SlowDevice{std::chrono::milliseconds(1'000'000'000)});
-  const bool masked = f.waitFor(
-      [&, sent = std::vector{f.updatesSent(0, 1), f.updatesSent(1, 1), f.updatesSent(2, 1)}] {
-        return std::all_of(sent.begin(), sent.end(), [](const auto& c) { return c(); });
-      },
-      seconds(60));
+  const bool masked = f.waitFor(f.updatesSent({0, 1, 2}, 1), seconds(60));
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(masked);
   f.clock().advance(std::chrono::milliseconds(61'000));  // past the masked-input step's deadline
@@ -1509,17 +1505,9 @@ TEST_CASE(
   client::RuntimeConfig rc;
   rc.secagg_trust.require_signed = true;
   rc.secagg_trust.authority = authority.public_key;
-  privacy::SecAggSigner signer;
-  signer.key = privacy::SigningKeyPair::generate();
-  signer.credential = {signer.key.public_key,
-                       privacy::certify(authority, 3, signer.key.public_key)};
-  rc.secagg_trust.signer = signer;
+  rc.secagg_trust.signer = privacy::SecAggSigner::certified(authority, 3, privacy::randomKey());
   f.client(3, "inproc://root", rc);
-  const bool others = f.waitFor(
-      [&, sent = std::vector{f.updatesSent(0, 1), f.updatesSent(1, 1), f.updatesSent(2, 1)}] {
-        return std::all_of(sent.begin(), sent.end(), [](const auto& c) { return c(); });
-      },
-      seconds(60));
+  const bool others = f.waitFor(f.updatesSent({0, 1, 2}, 1), seconds(60));
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(others);
   f.clock().advance(std::chrono::milliseconds(61'000));  // past the fit phase's deadline
@@ -1575,12 +1563,10 @@ TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent 
       f.client(id, to, rc);
   }
   if (silent) {
-    std::vector<std::function<bool()>> sent;
+    std::vector<uint64_t> others;
     for (uint64_t id = 0; id < 6; ++id)
-      if (id != *silent) sent.push_back(f.updatesSent(id, 1));
-    const bool masked = f.waitFor(
-        [&] { return std::all_of(sent.begin(), sent.end(), [](const auto& c) { return c(); }); },
-        seconds(60));
+      if (id != *silent) others.push_back(id);
+    const bool masked = f.waitFor(f.updatesSent(others, 1), seconds(60));
     INFO(f.error() << "\n" << f.logs());
     REQUIRE(masked);
     // Past the deadline of the masked-input step where the client is waited for: the flat

@@ -40,10 +40,7 @@ SecAggParams params(size_t dim, uint64_t clients, uint32_t k = 4, uint32_t t = 3
 // masked inputs reach the server through two aggregators, and hooks where a test plays an
 // attacker. Records what the server saw.
 SecAggSigner certified(const SigningKeyPair& authority, uint64_t id) {
-  SecAggSigner s;
-  s.key = SigningKeyPair::generate();
-  s.credential = {s.key.public_key, certify(authority, id, s.key.public_key)};
-  return s;
+  return SecAggSigner::certified(authority, id, randomKey());
 }
 
 struct Round {

@@ -220,10 +220,7 @@ client::SecAggTrust certifiedTrust(const privacy::SigningKeyPair& authority, uin
   client::SecAggTrust t;
   t.require_signed = require_signed;
   t.authority = authority.public_key;
-  privacy::SecAggSigner s;
-  s.key = privacy::SigningKeyPair::generate();
-  s.credential = {s.key.public_key, privacy::certify(authority, c, s.key.public_key)};
-  t.signer = s;
+  t.signer = privacy::SecAggSigner::certified(authority, c, privacy::randomKey());
   return t;
 }
 
