@@ -3,7 +3,10 @@
 // and the deployment tests' starling-test-slow-client): a trainer that waits before it trains.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -62,6 +65,71 @@ class WaitTrainer final : public WrappedTrainer {
  private:
   const Clock& clock_;
   std::chrono::nanoseconds wait_;
+};
+
+// Fits that finish together, in waves of `width`: each fit trains, then waits until `width` fits
+// have trained, and all of them return at once. A test whose server keeps `width` tasks in flight
+// then sees its updates arrive wave by wave, whatever the threads' scheduling: no client can
+// finish several fits while another's task waits for a core, so the staleness an asynchronous
+// server sees follows from the configuration, not from the machine's load.
+class FitWaves {
+ public:
+  explicit FitWaves(size_t width) : width_(width) {}
+  // Waits for the wave `this` fit belongs to; a stop (FitConfig::stop) ends the wait.
+  void arrive(const std::atomic<bool>* stop) {
+    std::unique_lock lock(mu_);
+    if (open_) return;
+    const uint64_t wave = wave_;
+    if (++waiting_ == width_) {
+      waiting_ = 0;
+      ++wave_;
+      cv_.notify_all();
+      return;
+    }
+    while (wave_ == wave && !open_) {
+      if (stop && stop->load()) {
+        --waiting_;
+        throw client::TrainingStopped("a fit stopped while it waited for its wave");
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+  }
+  // From now on every fit returns at once (the run is over: the clients' last fits end, and they
+  // read the server's Shutdown).
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Waves completed.
+  uint64_t waves() const {
+    std::lock_guard lock(mu_);
+    return wave_;
+  }
+
+ private:
+  const size_t width_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  size_t waiting_ = 0;
+  uint64_t wave_ = 0;
+  bool open_ = false;
+};
+
+// A device whose fits finish in `waves` (above): it trains, then waits for its wave.
+class WaveTrainer final : public WrappedTrainer {
+ public:
+  WaveTrainer(std::unique_ptr<client::Trainer> inner, FitWaves& waves)
+      : WrappedTrainer(std::move(inner)), waves_(waves) {}
+  client::FitResult fit(std::span<float> params, const client::DataView& data,
+                        const client::FitConfig& cfg, RngStream& rng) override {
+    client::FitResult r = WrappedTrainer::fit(params, data, cfg, rng);
+    waves_.arrive(cfg.stop);
+    return r;
+  }
+
+ private:
+  FitWaves& waves_;
 };
 
 }  // namespace starling::testing

@@ -231,9 +231,11 @@ class InprocFederation {
 
   // Client `id` (shard id) connecting to `server`; every fit takes `fit_time` of the federation's
   // clock (SlowTrainer, which moves the clock) when it is not zero, and first waits `wait` of it
-  // (WaitTrainer, which waits for others to move it) when that is not zero.
+  // (WaitTrainer, which waits for others to move it) when that is not zero; with `waves`, its fits
+  // finish in those waves (WaveTrainer).
   void client(uint64_t id, const std::string& server, client::RuntimeConfig rc = {},
-              std::chrono::nanoseconds fit_time = {}, std::chrono::nanoseconds wait = {}) {
+              std::chrono::nanoseconds fit_time = {}, std::chrono::nanoseconds wait = {},
+              FitWaves* waves = nullptr) {
     const std::string name = "client-" + std::to_string(id);
     Node& n = node(name);
     rc.server = server;
@@ -245,13 +247,14 @@ class InprocFederation {
       live_[id] = st;
       cv_.notify_all();
     };
-    n.thread = std::thread([this, &n, rc, id, name, fit_time, wait] {
+    n.thread = std::thread([this, &n, rc, id, name, fit_time, wait, waves] {
       guard(name, [&] {
         std::unique_ptr<client::Trainer> trainer = makeTrainer();
         if (fit_time.count() > 0)
           trainer = std::make_unique<SlowTrainer>(std::move(trainer), clock_, fit_time);
         if (wait.count() > 0)
           trainer = std::make_unique<WaitTrainer>(std::move(trainer), clock_, wait);
+        if (waves) trainer = std::make_unique<WaveTrainer>(std::move(trainer), *waves);
         const client::DataView tv{&train_, shards_.at(id)};
         const client::DataView ev = test_ && id < test_shards_.size()
                                         ? client::DataView{test_, test_shards_[id]}

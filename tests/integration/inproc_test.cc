@@ -784,10 +784,14 @@ TEST_CASE(
   const data::Dataset& train = fashion("train", 1200);
   InprocFederation f("logreg", train, iid(train, 6));
   // Four clients train at once and a step takes three: the fourth update of each wave lands on a
-  // newer version than it trained from.
+  // newer version than it trained from. The four fits in flight finish together (FitWaves), so
+  // that a client whose thread waits for a core under load cannot be overtaken by the others'
+  // next fits and come back more stale than the bound.
   f.asyncRoot(asyncServerConfig(3, 4), asyncRootConfig(8, 4, 6));
-  for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
+  starling::testing::FitWaves waves(4);
+  for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root", {}, {}, {}, &waves);
   const bool done = f.waitRootDone(seconds(120));
+  waves.open();
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(done);
   const auto records = f.records();
@@ -807,6 +811,7 @@ TEST_CASE(
     tasks += records[i].clients_selected;
   }
   CHECK(stale_steps >= 1);
+  CHECK(waves.waves() >= 6);  // 24 updates, four a wave
   CHECK(tasks >= 8 * 3);
   CHECK(records.back().train_loss.value() < records.front().train_loss.value());
   uint64_t sent = 0;
