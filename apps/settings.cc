@@ -366,8 +366,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "federation authority certified, and every party checks them: a root or aggregator "
         "that swaps a key or invents a client is caught; a client refuses rounds that do not "
         "sign, updates in the clear and a round run twice, and a dropped client's masks are "
-        "removed with pairwise keys, not its rebuilt mask key; a root that equivocates about "
-        "dropouts can still read sums of small groups of clients: docs/privacy.md)",
+        "removed with pairwise keys, not its rebuilt mask key; clients sign the round's "
+        "survivors and reveal only under a list t neighbours signed alike, so a root that "
+        "equivocates about dropouts reads at most one sum a round, over more than half of its "
+        "clients: docs/privacy.md)",
         secaggThreats());
   use(kDeploy);
   o.add("secagg.authority", &s.secagg.authority,

@@ -238,6 +238,9 @@ struct ClientRuntime::Impl {
         shares_round = m.round;
         return;
       }
+      case pr::MessageKind::kSecAggSurvivors:
+        link.send(party->signSurvivors(bytes));
+        return;
       case pr::MessageKind::kSecAggUnmask:
         link.send(party->unmask(bytes));
         return;
@@ -369,6 +372,7 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
         case pr::MessageKind::kSecAggSetup:
         case pr::MessageKind::kSecAggAdverts:
         case pr::MessageKind::kSecAggShares:
+        case pr::MessageKind::kSecAggSurvivors:
         case pr::MessageKind::kSecAggUnmask:
           s.onSecure(*kind, r->bytes());
           break;

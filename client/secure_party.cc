@@ -158,6 +158,12 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
   return pr::encode(out);
 }
 
+std::vector<uint8_t> SecureParty::signSurvivors(std::span<const uint8_t> bytes) {
+  pr::SecAggSurvivorsMsg m = pr::decodeSecAggSurvivors(bytes, limits_);
+  checkRound(m.request.round, "a survivors list");
+  return pr::encode(pr::SecAggSignedMsg{m.nonce, client_->signSurvivors(m.request)});
+}
+
 std::vector<uint8_t> SecureParty::unmask(std::span<const uint8_t> bytes) {
   pr::SecAggUnmaskMsg m = pr::decodeSecAggUnmask(bytes, limits_);
   checkRound(m.request.round, "an unmask request");

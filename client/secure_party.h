@@ -15,9 +15,15 @@
 //   mask(SecAggShares, x)   -> SecAggMasked   x clipped to the ring's clip in L2, then each
 //                                             coordinate to [-clip, clip], rounded into the
 //                                             ring and masked
+//   signSurvivors(SecAggSurvivors) -> SecAggSigned   a signed round only: its signature of who
+//                                             survived, once a round; refused when the list
+//                                             says it is absent (kInconsistentSurvivors) or
+//                                             leaves fewer than t of its neighbours
 //   unmask(SecAggUnmask)    -> SecAggReveal   answered once; both shares of one client refused;
 //                                             a signed round's dropped neighbours answered with
-//                                             pairwise keys, at most (neighbours - t) of them
+//                                             pairwise keys, at most (neighbours - t) of them,
+//                                             and only with t of its neighbours' signatures of
+//                                             the list it signed (kInconsistentSurvivors)
 //
 // Every message is checked before its state changes: a message of another round (kWrongRound),
 // shares addressed to another client (kWrongSender), a step out of order (kUnexpectedMessage),
@@ -74,6 +80,8 @@ class SecureParty {
   std::vector<uint8_t> mask(std::span<const uint8_t> shares_msg, std::span<const float> x,
                             std::span<const Metric> metrics = {},
                             const privacy::Key32* rounding_key = nullptr);
+  // A signed round's survivors (the consistency step), signed once.
+  std::vector<uint8_t> signSurvivors(std::span<const uint8_t> survivors_msg);
   std::vector<uint8_t> unmask(std::span<const uint8_t> unmask_msg);
 
   uint64_t id() const { return id_; }

@@ -231,6 +231,7 @@ std::optional<transport::Received> UpstreamLink::dispatch(transport::Received r)
       case pr::MessageKind::kSecAggSetup:  // secure aggregation's steps: the owner's
       case pr::MessageKind::kSecAggAdverts:
       case pr::MessageKind::kSecAggShares:
+      case pr::MessageKind::kSecAggSurvivors:
       case pr::MessageKind::kSecAggUnmask:
       case pr::MessageKind::kSecAggRelay:  // an edge aggregator's relay of them
         return r;

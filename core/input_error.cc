@@ -90,6 +90,8 @@ const char* errcName(Errc c) {
       return "unsigned round";
     case Errc::kNoCredential:
       return "no credential";
+    case Errc::kInconsistentSurvivors:
+      return "inconsistent survivors";
   }
   return "unknown";
 }

@@ -61,9 +61,10 @@ enum class Errc : uint8_t {
   kTooFewSurvivors,     // fewer than the threshold of neighbours to share with or rebuild from
   kUnsignedRound,  // a round whose keys are not signed, to a client that requires it (its threat)
   kNoCredential,   // a signed round, and this client has no certified signing key or authority
+  kInconsistentSurvivors,  // a signed round's survivors that fewer than t neighbours signed alike
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kNoCredential;
+inline constexpr Errc kLastErrc = Errc::kInconsistentSurvivors;
 
 const char* errcName(Errc c);
 

@@ -124,6 +124,19 @@ bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams
          verify(a.credential.signing_key, advertBytes(a, p, roster), a.signature);
 }
 
+std::vector<uint8_t> survivorsBytes(const SecAggParams& p, const Key32& roster,
+                                    std::span<const uint64_t> absent) {
+  static constexpr char kDomain[] = "starling secagg survivors v1";
+  std::vector<uint8_t> b(kDomain, kDomain + sizeof kDomain - 1);
+  putU64(b, p.run_seed);
+  putU64(b, p.round);
+  putU64(b, p.session);
+  b.insert(b.end(), roster.begin(), roster.end());
+  const Key32 h = hashWords("starling secagg absent v1", absent);
+  b.insert(b.end(), h.begin(), h.end());
+  return b;
+}
+
 // ---------------------------------------------------------------- client
 
 SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uint64_t> clients,
@@ -150,6 +163,7 @@ SecAggClient::SecAggClient(SecAggParams params, uint64_t id, std::span<const uin
   if (p_.signed_keys) {
     advert_.signature = sign(signer->key, advertBytes(advert_, p_, roster_));
     advert_.credential = signer->credential;
+    signing_ = signer->key;
   }
 }
 
@@ -260,12 +274,43 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
   return m;
 }
 
+SurvivorsSigned SecAggClient::signSurvivors(const SurvivorsRequest& request) {
+  if (!p_.signed_keys)
+    failInput(Errc::kUnexpectedMessage, "client ", id_,
+              " was sent a survivors list in a round that does not sign its keys");
+  checkRound(request.round, p_.round, "a survivors list");
+  if (!masked_)
+    failInput(Errc::kWrongRound, "client ", id_, ": a survivors list before its masked input");
+  if (absent_)
+    failInput(Errc::kDuplicate, "client ", id_,
+              " already signed the round's survivors (a second list could tell its neighbours "
+              "another story)");
+  const std::vector<uint64_t>& absent = request.absent;
+  for (size_t i = 1; i < absent.size(); ++i)
+    if (absent[i] <= absent[i - 1])
+      failInput(Errc::kDuplicate, "a survivors list whose absent clients are not ascending");
+  if (std::binary_search(absent.begin(), absent.end(), id_))
+    failInput(Errc::kInconsistentSurvivors, "client ", id_,
+              " is told its own masked input is absent, which it sent");
+  size_t survived = 0;
+  for (const auto& [v, shares] : held_)
+    if (!std::binary_search(absent.begin(), absent.end(), v)) ++survived;
+  if (survived < p_.threshold)
+    failInput(Errc::kTooFewSurvivors, "the survivors list leaves ", survived, " of the ",
+              held_.size(), " neighbours client ", id_, " masked with; the round needs ",
+              p_.threshold);
+  SurvivorsSigned out{id_, p_.round, sign(*signing_, survivorsBytes(p_, roster_, absent))};
+  absent_ = absent;
+  return out;
+}
+
 UnmaskResponse SecAggClient::unmask(const UnmaskRequest& request) {
   checkRound(request.round, p_.round, "an unmask request");
   if (!masked_) failInput(Errc::kWrongRound, "client ", id_, ": unmask before its masked input");
   if (answered_)
     failInput(Errc::kRevealBoth, "client ", id_,
               " already answered an unmask request (a second could ask for the other share)");
+  if (p_.signed_keys) checkSurvivors(request);
   std::set<uint64_t> dropped(request.dropped.begin(), request.dropped.end()),
       survived(request.survived.begin(), request.survived.end());
   if (dropped.size() != request.dropped.size() || survived.size() != request.survived.size())
@@ -307,6 +352,41 @@ UnmaskResponse SecAggClient::unmask(const UnmaskRequest& request) {
   for (uint64_t v : survived) r.shares.push_back({v, false, held_.at(v).second, std::nullopt});
   answered_ = true;
   return r;
+}
+
+void SecAggClient::checkSurvivors(const UnmaskRequest& request) const {
+  if (!absent_)
+    failInput(Errc::kInconsistentSurvivors, "client ", id_,
+              " was asked to unmask before it signed the round's survivors");
+  const std::vector<uint64_t>& absent = *absent_;
+  std::vector<uint64_t> dropped, survived;  // ascending, as held_
+  for (const auto& [v, shares] : held_)
+    (std::binary_search(absent.begin(), absent.end(), v) ? dropped : survived).push_back(v);
+  std::vector<uint64_t> asked_dropped = request.dropped, asked_survived = request.survived;
+  std::sort(asked_dropped.begin(), asked_dropped.end());
+  std::sort(asked_survived.begin(), asked_survived.end());
+  if (asked_dropped != dropped || asked_survived != survived)
+    failInput(Errc::kInconsistentSurvivors, "client ", id_,
+              " was asked about neighbours other than the survivors list it signed names (",
+              request.dropped.size(), " dropped, ", request.survived.size(),
+              " survived, where the list gives ", dropped.size(), " and ", survived.size(), ")");
+  const std::vector<uint8_t> bytes = survivorsBytes(p_, roster_, absent);
+  std::set<uint64_t> signers;
+  for (const SurvivorsSigned& s : request.signatures) {
+    checkRound(s.round, p_.round, "a survivors signature");
+    if (s.client == id_ || !std::binary_search(survived.begin(), survived.end(), s.client))
+      failInput(Errc::kNotNeighbour, "a survivors signature of client ", s.client,
+                ", not a surviving neighbour client ", id_, " masked with");
+    if (!signers.insert(s.client).second)
+      failInput(Errc::kDuplicate, "two survivors signatures of client ", s.client);
+    if (!verify(advertised_.at(s.client).credential.signing_key, bytes, s.signature))
+      failInput(Errc::kBadSignature, "client ", s.client,
+                "'s signature is not of the survivors list client ", id_, " signed");
+  }
+  if (signers.size() < p_.threshold)
+    failInput(Errc::kInconsistentSurvivors, signers.size(), " of client ", id_,
+              "'s neighbours signed the survivors list it signed; it reveals nothing without ",
+              p_.threshold);
 }
 
 // ---------------------------------------------------------------- server
@@ -418,6 +498,8 @@ void SecAggServer::onMaskedInput(const MaskedInput& m) {
 void SecAggServer::closeInputs() {
   if (closed_) return;
   closed_ = true;
+  for (uint64_t c : graph_.clients)
+    if (!masked_.count(c)) absent_.push_back(c);
   for (uint64_t u : masked_) {
     UnmaskRequest r;
     r.round = p_.round;
@@ -431,18 +513,53 @@ void SecAggServer::closeInputs() {
   }
 }
 
+SurvivorsRequest SecAggServer::survivorsFor(uint64_t client) {
+  if (!p_.signed_keys)
+    failInput(Errc::kUnexpectedMessage, "a survivors list in a round that does not sign its keys");
+  closeInputs();
+  if (!masked_.count(client))
+    failInput(Errc::kWrongSender, "client ", client, " sent no masked input: nothing to ask it");
+  return {p_.round, absent_};
+}
+
+void SecAggServer::onSurvivorsSigned(const SurvivorsSigned& r) {
+  if (!p_.signed_keys)
+    failInput(Errc::kUnexpectedMessage, "a survivors signature in a round that does not sign");
+  checkRound(r.round, p_.round, "a survivors signature");
+  if (!closed_ || !masked_.count(r.client))
+    failInput(Errc::kWrongSender, "a survivors signature from client ", r.client, ", not asked");
+  if (signatures_closed_)
+    failInput(Errc::kLate, "client ", r.client, "'s survivors signature after the step closed");
+  if (signed_.count(r.client))
+    failInput(Errc::kDuplicate, "client ", r.client, " signed the survivors twice");
+  if (!verify(adverts_.at(r.client).credential.signing_key, survivorsBytes(p_, roster_, absent_),
+              r.signature))
+    failInput(Errc::kBadSignature, "client ", r.client,
+              "'s signature of the survivors does not verify with its certified key");
+  signed_.emplace(r.client, r);
+}
+
 UnmaskRequest SecAggServer::unmaskRequestFor(uint64_t client) {
   closeInputs();
   const auto it = asked_.find(client);
   if (it == asked_.end())
     failInput(Errc::kWrongSender, "client ", client, " sent no masked input: nothing to ask it");
-  return it->second;
+  if (!p_.signed_keys) return it->second;
+  signatures_closed_ = true;
+  if (!signed_.count(client))
+    failInput(Errc::kWrongSender, "client ", client,
+              " did not sign the round's survivors: nothing to ask it");
+  UnmaskRequest r = it->second;
+  for (uint64_t v : graph_.neighbours(client))
+    if (const auto s = signed_.find(v); s != signed_.end()) r.signatures.push_back(s->second);
+  return r;
 }
 
 void SecAggServer::onUnmask(const UnmaskResponse& r) {
   checkRound(r.round, p_.round, "an unmask response");
   const auto it = asked_.find(r.client);
-  if (!closed_ || it == asked_.end())
+  if (!closed_ || it == asked_.end() ||
+      (p_.signed_keys && (!signatures_closed_ || !signed_.count(r.client))))
     failInput(Errc::kWrongSender, "an unmask response from client ", r.client, ", not asked");
   if (answers_.count(r.client)) failInput(Errc::kDuplicate, "client ", r.client, " answered twice");
   const UnmaskRequest& asked = it->second;

@@ -19,7 +19,15 @@
 //   sends
 //                  y_u = encode(x_u) + PRG(b_u) + sum over those neighbours v of +-PRG(s_uv) in
 //                  Z_2^b (+ when u < v), s_uv agreed from s_u and s_v.
-//   3 unmask       the server closes the masked inputs (U3) and asks each survivor for, per
+//   2b survivors   a signed round only (the consistency step, Bonawitz et al. 2017, section 4,
+//                  on the SecAgg+ graph): the server closes the masked inputs (U3) and tells each
+//                  survivor which of the round's clients are absent from them; each signs that
+//                  list, once a round, and at the unmask step reveals anything only when t of
+//                  the neighbours it masked with signed the same list. An honest client thus
+//                  tells no two stories: clients the server told different lists form groups
+//                  in which each reveals only when t of its own neighbours are in its group.
+//   3 unmask       (a signed round: each signer, with its neighbours' signatures of the list)
+//                  the server closes the masked inputs (U3) and asks each survivor for, per
 //                  neighbour, the share of b_v (v survived) or of s_v's key (v dropped after
 //                  sending its shares) -- never both for one v: an honest client refuses that,
 //                  and answers one request only. A signed round asks, for a dropped v, the
@@ -38,12 +46,11 @@
 // through any tree of aggregators.
 //
 // Errors: InputError with a code per attack (docs/privacy.md): kNotNeighbour, kBadSignature,
-// kInconsistentShares, kRevealBoth, kTooFewSurvivors; kSizeMismatch (a masked input of the wrong
-// length, or words beyond the ring), kWrongRound (a message of another round: a replay),
-// kDuplicate, kWrongSender (a client's share addressed to itself, a message naming another),
-// kLate (a message for a phase the server closed). Client ids are below 2^61 - 2 (Shamir's
-// points are ids + 1).
-// Nothing a party refuses changes its state.
+// kInconsistentShares, kRevealBoth, kTooFewSurvivors, kInconsistentSurvivors; kSizeMismatch (a
+// masked input of the wrong length, or words beyond the ring), kWrongRound (a message of another
+// round: a replay), kDuplicate, kWrongSender (a client's share addressed to itself, a message
+// naming another), kLate (a message for a phase the server closed). Client ids are below 2^61 - 2
+// (Shamir's points are ids + 1). Nothing a party refuses changes its state.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -111,9 +118,26 @@ struct MaskedInput {
   std::vector<uint64_t> words;    // dim ring elements
 };
 
+// A signed round's consistency step: who the server says is absent from the masked inputs.
+struct SurvivorsRequest {
+  uint64_t round = 0;
+  // The round's clients whose masked input the server does not hold (ascending); the survivors
+  // are the others. It grows with the dropouts, not with the round.
+  std::vector<uint64_t> absent;
+};
+
+// A client's signature of a round's survivors (survivorsBytes), with its signing key.
+struct SurvivorsSigned {
+  uint64_t client = 0, round = 0;
+  Signature signature{};
+};
+
 struct UnmaskRequest {
   uint64_t round = 0;
   std::vector<uint64_t> dropped, survived;  // the client's neighbours, by what the server needs
+  // A signed round: its neighbours' signatures of the survivors (ascending by client); empty
+  // otherwise.
+  std::vector<SurvivorsSigned> signatures;
 };
 
 struct RevealedShare {
@@ -140,6 +164,10 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
 // `authority` for a.client, and its signature, over advertBytes, made with the credential's key.
 bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams& p,
                   const Key32& roster);
+// What a survivors signature covers (bytes): the run, the round, the setup's session, the roster
+// and the absent clients (ascending).
+std::vector<uint8_t> survivorsBytes(const SecAggParams& p, const Key32& roster,
+                                    std::span<const uint64_t> absent);
 
 class SecAggClient {
  public:
@@ -160,12 +188,22 @@ class SecAggClient {
   // The same with the rounding stream of `rounding_key`: a test's fixed key reproduces a rounding.
   MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x,
                           const Key32& rounding_key);
+  // Phase 2b, a signed round only (kUnexpectedMessage otherwise): signs the survivors the server
+  // names, once (kDuplicate after), after its masked input (kWrongRound before). Refused when the
+  // list says its own input is absent (kInconsistentSurvivors), or leaves fewer than t of the
+  // neighbours it masked with (kTooFewSurvivors): no unmask request could then be answered.
+  SurvivorsSigned signSurvivors(const SurvivorsRequest& request);
   // Phase 3: answered once; refuses a request for both shares of one client. In a signed round
   // (the malicious-server model) a dropped neighbour v is answered with the pairwise mask key of
   // this client and v, never a share of v's mask key, and a request that declares more than
   // (its masking neighbours - t) of them dropped is refused (kTooFewSurvivors): then no server
   // can remove every pairwise mask of one client's input while it also rebuilds that client's
-  // self-mask seed, whatever it tells whom (docs/privacy.md has the count).
+  // self-mask seed, whatever it tells whom (docs/privacy.md has the count). A signed round's
+  // request must also follow the survivors this client signed (its dropped neighbours exactly
+  // those the list says are absent) and carry t valid signatures of that list from distinct
+  // neighbours it masked with and the list says survived (kInconsistentSurvivors; a signature
+  // that does not verify, kBadSignature; one of a client that is no such neighbour,
+  // kNotNeighbour).
   UnmaskResponse unmask(const UnmaskRequest& request);
 
   uint64_t id() const { return id_; }
@@ -182,6 +220,10 @@ class SecAggClient {
   KeyAdvert advert_;
   std::map<uint64_t, KeyAdvert> advertised_;          // neighbours that advertised
   std::map<uint64_t, std::pair<Share, Share>> held_;  // v -> (its mask key's, its seed's)
+  std::optional<SigningKeyPair> signing_;             // a signed round's
+  std::optional<std::vector<uint64_t>> absent_;       // the survivors list it signed
+  // A signed round's unmask request against the survivors it signed (unmask's checks).
+  void checkSurvivors(const UnmaskRequest& request) const;
   bool shared_ = false, masked_ = false, answered_ = false;
 };
 
@@ -205,7 +247,16 @@ class SecAggServer {
   // The shares addressed to `client` by its neighbours that sent theirs.
   std::vector<EncryptedShare> sharesFor(uint64_t client);
   void onMaskedInput(const MaskedInput& m);
+  // A signed round's consistency step (kUnexpectedMessage in another): closes the masked inputs
+  // on the first call, and tells `client` (one of them) who is absent, every client alike.
+  SurvivorsRequest survivorsFor(uint64_t client);
+  // `r.client`'s signature of the survivors: refused when it is not one (kWrongSender), twice
+  // (kDuplicate), after the first unmask request (kLate), or when it does not verify with its
+  // certified key (kBadSignature).
+  void onSurvivorsSigned(const SurvivorsSigned& r);
   // Closes the masked inputs on the first call: what `client` (one of them) is asked to reveal.
+  // A signed round closes the signatures too, asks only the clients that signed (kWrongSender
+  // otherwise) and hands each its neighbours' signatures.
   UnmaskRequest unmaskRequestFor(uint64_t client);
   void onUnmask(const UnmaskResponse& r);
 
@@ -240,7 +291,9 @@ class SecAggServer {
   std::map<uint64_t, std::vector<EncryptedShare>> shares_;  // U2: by sender
   std::vector<uint64_t> sum_;                               // the masked inputs' sum
   std::set<uint64_t> masked_;                               // U3 (as received)
-  bool adverts_closed_ = false, shares_closed_ = false, closed_ = false;
+  std::vector<uint64_t> absent_;                            // the round's clients not in U3
+  std::map<uint64_t, SurvivorsSigned> signed_;              // a signed round's U3 signatures
+  bool adverts_closed_ = false, shares_closed_ = false, closed_ = false, signatures_closed_ = false;
   std::map<uint64_t, UnmaskRequest> asked_;     // by client
   std::map<uint64_t, UnmaskResponse> answers_;  // U4
 };

@@ -30,7 +30,9 @@ static_assert(static_cast<int>(MessageKind::kSplitAverage) ==
               static_cast<int>(fb::Body::SplitAverage));
 static_assert(static_cast<int>(MessageKind::kSecAggSetup) ==
               static_cast<int>(fb::Body::SecAggSetup));
-static_assert(static_cast<int>(MessageKind::kSecAggRelay) == static_cast<int>(fb::Body::MAX));
+static_assert(static_cast<int>(MessageKind::kSecAggSurvivors) ==
+              static_cast<int>(fb::Body::SecAggSurvivors));
+static_assert(static_cast<int>(MessageKind::kSecAggSigned) == static_cast<int>(fb::Body::MAX));
 
 namespace {
 
@@ -117,7 +119,7 @@ std::optional<MessageKind> peekKind(std::span<const uint8_t> bytes) {
   if (field == 0 || field >= obj_size || root + field >= n) return std::nullopt;
   const uint8_t type = p[root + field];
   if (type < static_cast<uint8_t>(MessageKind::kUpdate) ||
-      type > static_cast<uint8_t>(MessageKind::kSecAggRelay))
+      type > static_cast<uint8_t>(MessageKind::kSecAggSigned))
     return std::nullopt;
   return static_cast<MessageKind>(type);
 }

@@ -45,6 +45,8 @@ enum class MessageKind : uint8_t {
   kSecAggUnmask = 21,
   kSecAggReveal = 22,
   kSecAggRelay = 23,
+  kSecAggSurvivors = 24,
+  kSecAggSigned = 25,
 };
 const char* kindName(MessageKind k);
 

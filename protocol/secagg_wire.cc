@@ -181,11 +181,34 @@ std::vector<uint8_t> encode(const SecAggMaskedMsg& m) {
 }
 
 std::vector<uint8_t> encode(const SecAggUnmaskMsg& m) {
-  flatbuffers::FlatBufferBuilder b(256);
+  flatbuffers::FlatBufferBuilder b(256 + 112 * m.request.signatures.size());
   auto dropped = b.CreateVector(m.request.dropped);
   auto survived = b.CreateVector(m.request.survived);
-  auto body = fb::CreateSecAggUnmask(b, m.request.round, m.nonce, dropped, survived);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::SecAggSigned>>> sigs;
+  if (!m.request.signatures.empty()) {
+    std::vector<flatbuffers::Offset<fb::SecAggSigned>> v;
+    for (const auto& s : m.request.signatures)
+      v.push_back(fb::CreateSecAggSigned(b, s.client, s.round, m.nonce,
+                                         b.CreateVector(s.signature.data(), s.signature.size())));
+    sigs = b.CreateVector(v);
+  }
+  auto body = fb::CreateSecAggUnmask(b, m.request.round, m.nonce, dropped, survived, sigs);
   return finish(b, fb::Body::SecAggUnmask, body.Union());
+}
+
+std::vector<uint8_t> encode(const SecAggSurvivorsMsg& m) {
+  flatbuffers::FlatBufferBuilder b(256 + 8 * m.request.absent.size());
+  auto absent = b.CreateVector(m.request.absent);
+  auto body = fb::CreateSecAggSurvivors(b, m.request.round, m.nonce, absent);
+  return finish(b, fb::Body::SecAggSurvivors, body.Union());
+}
+
+std::vector<uint8_t> encode(const SecAggSignedMsg& m) {
+  flatbuffers::FlatBufferBuilder b(256);
+  const auto& s = m.signed_survivors;
+  auto body = fb::CreateSecAggSigned(b, s.client, s.round, m.nonce,
+                                     b.CreateVector(s.signature.data(), s.signature.size()));
+  return finish(b, fb::Body::SecAggSigned, body.Union());
 }
 
 std::vector<uint8_t> encode(const SecAggRevealMsg& m) {
@@ -360,13 +383,43 @@ SecAggMaskedMsg decodeSecAggMasked(std::span<const uint8_t> bytes, uint64_t dim,
 
 SecAggUnmaskMsg decodeSecAggUnmask(std::span<const uint8_t> bytes, const SecAggLimits& l) {
   std::vector<uint64_t> aligned;
-  const auto* m = body<fb::SecAggUnmask>(bytes, l.max_bytes, fb::Body::SecAggUnmask, 8, aligned);
+  const auto* m = body<fb::SecAggUnmask>(bytes, l.max_bytes, fb::Body::SecAggUnmask,
+                                         8 + size_t{l.max_neighbours}, aligned);
   SecAggUnmaskMsg out;
   out.nonce = m->nonce();
   out.request.round = m->round();
   out.request.dropped = ids(m->dropped(), l.max_neighbours, "dropped neighbours", true);
   out.request.survived = ids(m->survived(), l.max_neighbours, "surviving neighbours", true);
+  if (const auto* sigs = m->signatures()) {
+    countWithin(sigs, l.max_neighbours, "survivors signatures");
+    for (flatbuffers::uoffset_t i = 0; i < sigs->size(); ++i) {
+      const fb::SecAggSigned* s = sigs->Get(i);
+      if (!s) fail(Errc::kMissingField, "secagg: an empty survivors signature");
+      if (!out.request.signatures.empty() && s->client_id() <= out.request.signatures.back().client)
+        fail(Errc::kDuplicate, "secagg: survivors signatures not by ascending client");
+      out.request.signatures.push_back(
+          {s->client_id(), s->round(), fixed<64>(s->signature(), "survivors signature")});
+    }
+  }
   return out;
+}
+
+SecAggSurvivorsMsg decodeSecAggSurvivors(std::span<const uint8_t> bytes, const SecAggLimits& l) {
+  std::vector<uint64_t> aligned;
+  const auto* m =
+      body<fb::SecAggSurvivors>(bytes, l.max_bytes, fb::Body::SecAggSurvivors, 8, aligned);
+  SecAggSurvivorsMsg out;
+  out.nonce = m->nonce();
+  out.request.round = m->round();
+  out.request.absent = ids(m->absent(), l.max_clients, "absent clients", true);
+  return out;
+}
+
+SecAggSignedMsg decodeSecAggSigned(std::span<const uint8_t> bytes, const SecAggLimits& l) {
+  std::vector<uint64_t> aligned;
+  const auto* m = body<fb::SecAggSigned>(bytes, l.max_bytes, fb::Body::SecAggSigned, 8, aligned);
+  return SecAggSignedMsg{
+      m->nonce(), {m->client_id(), m->round(), fixed<64>(m->signature(), "survivors signature")}};
 }
 
 SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggLimits& l) {
@@ -413,9 +466,9 @@ SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLim
   out.round = m->round();
   out.nonce = m->nonce();
   out.deadline_ms = m->deadline_ms();
-  if (m->stage() > static_cast<uint8_t>(RelayStage::kUnmask))
+  if (m->stage() > static_cast<uint8_t>(RelayStage::kSurvivors))
     fail(Errc::kUnexpectedEncoding,
-         "secagg relay: stage " + std::to_string(m->stage()) + " is none of 0 to 4");
+         "secagg relay: stage " + std::to_string(m->stage()) + " is none of 0 to 5");
   out.stage = static_cast<RelayStage>(m->stage());
   const bool roster = out.stage == RelayStage::kRoster;
   if (m->common() && m->common()->size() > 0) {

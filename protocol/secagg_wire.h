@@ -1,6 +1,6 @@
 #pragma once
 // The wire messages of secure aggregation (SecAgg+, privacy/secagg.h) in the round: encode and
-// decode of the seven tables of protocol/starling.fbs that carry its four steps.
+// decode of the nine tables of protocol/starling.fbs that carry its steps.
 //
 //   step 0 advertise    server -> client  SecAggSetup    (the round's parameters and clients)
 //                       client -> server  SecAggKeys     (its KeyAdvert)
@@ -8,7 +8,10 @@
 //                       client -> server  SecAggShares   (one sealed share pair per neighbour)
 //   step 2 masked input server -> client  SecAggShares   (the shares addressed to it)
 //                       client -> server  SecAggMasked   (its masked input, packed to b bits)
-//   step 3 unmask       server -> client  SecAggUnmask
+//   step 2b survivors   server -> client  SecAggSurvivors (signed rounds: who is absent)
+//                       client -> server  SecAggSigned   (its signature of the survivors)
+//   step 3 unmask       server -> client  SecAggUnmask   (with its neighbours' SecAggSigned in a
+//                                                         signed round)
 //                       client -> server  SecAggReveal
 //
 // Through an edge aggregator (one level), SecAggRelay carries a step's messages for the
@@ -70,6 +73,14 @@ struct SecAggRevealMsg {
   uint64_t nonce = 0;
   privacy::UnmaskResponse response;
 };
+struct SecAggSurvivorsMsg {
+  uint64_t nonce = 0;
+  privacy::SurvivorsRequest request;
+};
+struct SecAggSignedMsg {
+  uint64_t nonce = 0;
+  privacy::SurvivorsSigned signed_survivors;
+};
 
 // What a SecAggRelay carries: the clients an aggregator brings (kRoster, no messages), or one
 // step's messages (the root's requests, the clients' answers).
@@ -79,6 +90,7 @@ enum class RelayStage : uint8_t {
   kShareKeys = 2,
   kMaskedInput = 3,  // the shares, before the secure task (answered by a SecAggMasked)
   kUnmask = 4,
+  kSurvivors = 5,  // a signed round's survivors, between the masked inputs and the unmask step
 };
 struct SecAggRelayMsg {
   uint64_t from = 0;  // the aggregator on its answers, 0 from the root
@@ -102,6 +114,8 @@ std::vector<uint8_t> encode(const SecAggSharesMsg& m);
 std::vector<uint8_t> encode(const SecAggMaskedMsg& m);
 std::vector<uint8_t> encode(const SecAggUnmaskMsg& m);
 std::vector<uint8_t> encode(const SecAggRevealMsg& m);
+std::vector<uint8_t> encode(const SecAggSurvivorsMsg& m);
+std::vector<uint8_t> encode(const SecAggSignedMsg& m);
 std::vector<uint8_t> encode(const SecAggRelayMsg& m);
 
 SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
@@ -113,6 +127,11 @@ SecAggMaskedMsg decodeSecAggMasked(std::span<const uint8_t> bytes, uint64_t dim,
                                    const SecAggLimits& l = {});
 SecAggUnmaskMsg decodeSecAggUnmask(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 SecAggRevealMsg decodeSecAggReveal(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
+// The absent clients within max_clients, strictly ascending (they may be none).
+SecAggSurvivorsMsg decodeSecAggSurvivors(std::span<const uint8_t> bytes,
+                                         const SecAggLimits& l = {});
+// A signature of 64 bytes.
+SecAggSignedMsg decodeSecAggSigned(std::span<const uint8_t> bytes, const SecAggLimits& l = {});
 // Items within max_clients, clients strictly ascending, a stage of RelayStage; kRoster's items
 // without messages and no common message; kAdvertise either the root's (a common setup, items
 // without messages) or an aggregator's (a message in each item, no common one); the others' items

@@ -867,8 +867,11 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     const size_t want = aggregators.empty() ? std::min(target, active.size()) : active.size();
     account(fleet.runPhase(task, active, want, agg));
   }
-  if (!active.empty())
-    account(fleet.exchange(SecureStage::kUnmask, *sr, active, config_.round_deadline_ms));
+  for (const SecureStage stage : {SecureStage::kSurvivors, SecureStage::kUnmask}) {
+    if (active.empty()) break;
+    if (runsStage(sr->params(), stage))
+      account(fleet.exchange(stage, *sr, active, config_.round_deadline_ms));
+  }
   SecureRound::Outcome out = sr->finish();
   // The failed: the round's clients whose input is not in the sum (a client lost after its
   // masked input is in it, unmasked by its neighbours: not failed), or, with no sum, whose input

@@ -111,6 +111,10 @@ void SecureRelay::reply(SecureStage stage, uint64_t client, std::span<const uint
     } else if (stage == SecureStage::kShareKeys) {
       const auto k = pr::decodeSecAggShares(bytes, l);
       std::tie(from, round, nonce) = std::tuple{k.client, k.round, k.nonce};
+    } else if (stage == SecureStage::kSurvivors) {
+      const auto k = pr::decodeSecAggSigned(bytes, l);
+      std::tie(from, round, nonce) =
+          std::tuple{k.signed_survivors.client, k.signed_survivors.round, k.nonce};
     } else {
       const auto k = pr::decodeSecAggReveal(bytes, l);
       std::tie(from, round, nonce) = std::tuple{k.response.client, k.response.round, k.nonce};

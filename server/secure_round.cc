@@ -96,10 +96,16 @@ const char* stageName(SecureStage s) {
       return "share keys";
     case SecureStage::kMaskedInput:
       return "masked input";
+    case SecureStage::kSurvivors:
+      return "survivors";
     case SecureStage::kUnmask:
       return "unmask";
   }
   return "unknown";
+}
+
+bool runsStage(const pv::SecAggParams& params, SecureStage s) {
+  return s != SecureStage::kSurvivors || params.signed_keys;
 }
 
 pr::MessageKind answerKind(SecureStage s) {
@@ -110,28 +116,46 @@ pr::MessageKind answerKind(SecureStage s) {
       return pr::MessageKind::kSecAggShares;
     case SecureStage::kMaskedInput:
       return pr::MessageKind::kSecAggMasked;
+    case SecureStage::kSurvivors:
+      return pr::MessageKind::kSecAggSigned;
     case SecureStage::kUnmask:
       return pr::MessageKind::kSecAggReveal;
   }
   return pr::MessageKind::kSecAggKeys;
 }
 
-static_assert(static_cast<int>(pr::RelayStage::kAdvertise) ==
-              static_cast<int>(SecureStage::kAdvertise) + 1);
-static_assert(static_cast<int>(pr::RelayStage::kShareKeys) ==
-              static_cast<int>(SecureStage::kShareKeys) + 1);
-static_assert(static_cast<int>(pr::RelayStage::kMaskedInput) ==
-              static_cast<int>(SecureStage::kMaskedInput) + 1);
-static_assert(static_cast<int>(pr::RelayStage::kUnmask) ==
-              static_cast<int>(SecureStage::kUnmask) + 1);
-
 pr::RelayStage relayStageOf(SecureStage s) {
-  return static_cast<pr::RelayStage>(static_cast<uint8_t>(s) + 1);
+  switch (s) {
+    case SecureStage::kAdvertise:
+      return pr::RelayStage::kAdvertise;
+    case SecureStage::kShareKeys:
+      return pr::RelayStage::kShareKeys;
+    case SecureStage::kMaskedInput:
+      return pr::RelayStage::kMaskedInput;
+    case SecureStage::kSurvivors:
+      return pr::RelayStage::kSurvivors;
+    case SecureStage::kUnmask:
+      return pr::RelayStage::kUnmask;
+  }
+  STARLING_THROW(InvalidArgument, "secagg: no such step");
 }
 
 SecureStage secureStageOf(pr::RelayStage s) {
-  STARLING_CHECK_ARG(s != pr::RelayStage::kRoster, "secagg relay: the roster is no secure step");
-  return static_cast<SecureStage>(static_cast<uint8_t>(s) - 1);
+  switch (s) {
+    case pr::RelayStage::kRoster:
+      break;
+    case pr::RelayStage::kAdvertise:
+      return SecureStage::kAdvertise;
+    case pr::RelayStage::kShareKeys:
+      return SecureStage::kShareKeys;
+    case pr::RelayStage::kMaskedInput:
+      return SecureStage::kMaskedInput;
+    case pr::RelayStage::kSurvivors:
+      return SecureStage::kSurvivors;
+    case pr::RelayStage::kUnmask:
+      return SecureStage::kUnmask;
+  }
+  STARLING_THROW(InvalidArgument, "secagg relay: the roster is no secure step");
 }
 
 void checkMaskedInput(const pr::SecAggMaskedMsg& m, const pv::SecAggParams& params, uint64_t nonce,
@@ -236,9 +260,10 @@ std::span<const uint64_t> SecureRound::relayedBy(uint64_t peer) const {
 }
 
 bool SecureRound::inStep(SecureStage stage, uint64_t client) const {
-  if (!clients_.count(client)) return false;
+  if (!clients_.count(client) || !runsStage(params_, stage)) return false;
   for (int s = 0; s < static_cast<int>(stage); ++s)
-    if (!answered_[s].count(client)) return false;
+    if (runsStage(params_, static_cast<SecureStage>(s)) && !answered_[s].count(client))
+      return false;
   return true;
 }
 
@@ -254,6 +279,8 @@ std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
                      ", which is not a client of the round");
   STARLING_CHECK_ARG(static_cast<int>(stage) >= open_, "secagg: step ", stageName(stage),
                      " requested after a later one");
+  STARLING_CHECK_ARG(runsStage(params_, stage), "secagg: step ", stageName(stage),
+                     " requested in a round that does not run it");
   open_ = static_cast<int>(stage);
   switch (stage) {
     case SecureStage::kAdvertise:
@@ -267,6 +294,8 @@ std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
     case SecureStage::kMaskedInput:
       return pr::encode(
           pr::SecAggSharesMsg{client, params_.round, nonce_, server_.sharesFor(client)});
+    case SecureStage::kSurvivors:
+      return pr::encode(pr::SecAggSurvivorsMsg{nonce_, server_.survivorsFor(client)});
     case SecureStage::kUnmask:
       return pr::encode(pr::SecAggUnmaskMsg{nonce_, server_.unmaskRequestFor(client)});
   }
@@ -325,6 +354,12 @@ void SecureRound::reply(SecureStage stage, uint64_t client, std::span<const uint
       checkMaskedInput(m, params_, nonce_, rules_, "client " + std::to_string(client), 1.0);
       server_.onMaskedInput(m.input);
       for (const auto& x : m.metrics) metrics_[x.name][client] = {x.value, 1.0};
+      break;
+    }
+    case SecureStage::kSurvivors: {
+      const pr::SecAggSignedMsg m = pr::decodeSecAggSigned(bytes, limits_);
+      check(m.signed_survivors.client, m.signed_survivors.round, m.nonce);
+      server_.onSurvivorsSigned(m.signed_survivors);
       break;
     }
     case SecureStage::kUnmask: {

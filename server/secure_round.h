@@ -8,7 +8,10 @@
 //   kMaskedInput  Fleet::runPhase with PhaseTask::secure: the client trains; request is the
 //                 shares addressed to it, reply its masked input (its update clipped to the
 //                 ring's clip, client/secure_party.h) instead of an update
-//   kUnmask       Fleet::exchange: what it must reveal, reply the shares
+//   kSurvivors    a signed round only (secagg.threat = malicious-server), Fleet::exchange: who
+//                 is absent from the masked inputs, reply the client's signature of that list
+//   kUnmask       Fleet::exchange: what it must reveal (and, signed, its neighbours' signatures
+//                 of the survivors), reply the shares
 //
 // then finish(): the survivors' sum, decoded from the ring, checked against n times the clip (which
 // catches a gross cheat only: a client may still move the mean anywhere within that bound), or
@@ -51,7 +54,17 @@ struct SecAggConfig {
                                   uint64_t dim) const;
 };
 
-enum class SecureStage : uint8_t { kAdvertise = 0, kShareKeys = 1, kMaskedInput = 2, kUnmask = 3 };
+// The steps in the order they run; kSurvivors only in a signed round (SecAggParams::signed_keys).
+enum class SecureStage : uint8_t {
+  kAdvertise = 0,
+  kShareKeys = 1,
+  kMaskedInput = 2,
+  kSurvivors = 3,
+  kUnmask = 4,
+};
+inline constexpr size_t kSecureStages = 5;
+// Whether a round of `params` runs step `s`.
+bool runsStage(const privacy::SecAggParams& params, SecureStage s);
 const char* stageName(SecureStage s);
 // The kind of message a client answers step `s` with.
 protocol::MessageKind answerKind(SecureStage s);
@@ -181,7 +194,7 @@ class SecureRound final : public SecureSteps {
   std::vector<uint8_t> setup_;  // the advertise step's request, every client's alike
   std::set<uint64_t> clients_;
   std::map<uint64_t, std::vector<uint64_t>> relayed_;
-  std::set<uint64_t> answered_[4];
+  std::set<uint64_t> answered_[kSecureStages];
   // Per metric, each sender's (sum, count) by sender id (a client, or an aggregator for its
   // ring sum): summed in id order at finish(), so that the order the replies came in (the
   // network's, or the simulator's workers') does not change the round's bits.

@@ -213,6 +213,7 @@ void ZmqFleet::handle(const transport::Received& r) {
       case pr::MessageKind::kSecAggShares:
       case pr::MessageKind::kSecAggMasked:
       case pr::MessageKind::kSecAggReveal:
+      case pr::MessageKind::kSecAggSigned:
         handleSecure(r, *peer, *kind);
         return;
       case pr::MessageKind::kSecAggRelay:

@@ -606,8 +606,16 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
                      .first->second.setup(req);
       } else {
         client::SecureParty& party = parties_.at(id);
-        answer =
-            stage == server::SecureStage::kShareKeys ? party.shareKeys(req) : party.unmask(req);
+        switch (stage) {
+          case server::SecureStage::kShareKeys:
+            answer = party.shareKeys(req);
+            break;
+          case server::SecureStage::kSurvivors:
+            answer = party.signSurvivors(req);
+            break;
+          default:
+            answer = party.unmask(req);
+        }
       }
     } catch (const Error&) {  // the client refused the request (InputError, InvalidArgument)
       answer.clear();

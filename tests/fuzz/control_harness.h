@@ -398,6 +398,8 @@ inline void othersRefuse(std::span<const uint8_t> bytes, std::optional<pr::Messa
   refuses(K::kSecAggUnmask, [&] { pr::decodeSecAggUnmask(bytes); });
   refuses(K::kSecAggReveal, [&] { pr::decodeSecAggReveal(bytes); });
   refuses(K::kSecAggRelay, [&] { pr::decodeSecAggRelay(bytes); });
+  refuses(K::kSecAggSurvivors, [&] { pr::decodeSecAggSurvivors(bytes); });
+  refuses(K::kSecAggSigned, [&] { pr::decodeSecAggSigned(bytes); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().small); });
   refuses(K::kTask, [&] { pr::decodeTask(bytes, layouts().softmax); });
 }
@@ -504,6 +506,8 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
     case K::kSecAggUnmask:
     case K::kSecAggReveal:
     case K::kSecAggRelay:
+    case K::kSecAggSurvivors:
+    case K::kSecAggSigned:
       try {
         const pr::SecAggLimits l{n};
         if (kind == K::kSecAggSetup) (void)pr::decodeSecAggSetup(bytes, l);
@@ -513,6 +517,13 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
         if (kind == K::kSecAggMasked) (void)pr::decodeSecAggMasked(bytes, 16, l);
         if (kind == K::kSecAggUnmask) (void)pr::decodeSecAggUnmask(bytes, l);
         if (kind == K::kSecAggReveal) (void)pr::decodeSecAggReveal(bytes, l);
+        if (kind == K::kSecAggSurvivors) {
+          const auto m = pr::decodeSecAggSurvivors(bytes, l);
+          for (size_t i = 1; i < m.request.absent.size(); ++i)
+            require(m.request.absent[i] > m.request.absent[i - 1],
+                    "secagg survivors: absent clients unordered");
+        }
+        if (kind == K::kSecAggSigned) (void)pr::decodeSecAggSigned(bytes, l);
         if (kind == K::kSecAggRelay) {
           const pr::SecAggRelayMsg m = pr::decodeSecAggRelay(bytes, l);
           for (size_t i = 1; i < m.items.size(); ++i)

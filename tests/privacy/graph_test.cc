@@ -2,6 +2,8 @@
 // party from the round's seed, another each round.
 #include "privacy/graph.h"
 
+#include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <set>
 #include <vector>
@@ -92,4 +94,44 @@ TEST_CASE("graph: a client's own neighbours alone are its row of the whole graph
     CHECK((n <= k + 1 ? differ == 0 : differ > 0));
   }
   CHECK_THROWS_AS(hararyNeighbours(std::vector<uint64_t>{1, 2, 3}, 2, 1, 1, 4), InvalidArgument);
+}
+
+// What a signed round's survivors step leaves an equivocating server (privacy/secagg.h): clients
+// reveal only under a survivors list that t of their neighbours signed alike, so the most it reads
+// is the sum of a group in which every member has t neighbours (t > k / 2). In the Harary graph on
+// any order (the server may choose the order through the round's seed, not the graph's shape),
+// every such group holds more than half of the round's clients: so at most one per round, and
+// never a small one. Every subset checked, on the graph the parties derive.
+TEST_CASE("graph: a group whose every member has t > k / 2 neighbours in it is most of the round",
+          "[privacy][graph][secagg]") {
+  struct Case {
+    size_t n;
+    uint32_t k, t;
+    size_t least;  // the smallest such group (worked out by hand for k = 4: a client outside it
+                   // needs all its neighbours inside, so outsiders are at least 5 apart)
+  };
+  for (const Case c : {Case{10, 4, 3, 8}, Case{12, 4, 3, 10}, Case{14, 6, 4, 0}, Case{16, 8, 5, 0},
+                       Case{9, 8, 5, 6}}) {
+    INFO(c.n << " clients, k = " << c.k << ", t = " << c.t);
+    for (const uint64_t round : {1u, 2u}) {
+      const Neighbourhoods g = harary(ids(c.n), c.k, 42, round);
+      std::vector<uint32_t> adj(c.n, 0);  // bitmask of each client's neighbours, by index
+      for (size_t i = 0; i < c.n; ++i)
+        for (uint64_t d : g.neighbours(g.clients[i])) {
+          const auto j =
+              std::lower_bound(g.clients.begin(), g.clients.end(), d) - g.clients.begin();
+          adj[i] |= uint32_t{1} << j;
+        }
+      size_t smallest = c.n;
+      for (uint32_t s = 1; s < (uint32_t{1} << c.n); ++s) {
+        bool closed = true;
+        for (size_t i = 0; i < c.n && closed; ++i)
+          if ((s >> i & 1) && static_cast<uint32_t>(std::popcount(adj[i] & s)) < c.t)
+            closed = false;
+        if (closed) smallest = std::min<size_t>(smallest, static_cast<size_t>(std::popcount(s)));
+      }
+      CHECK(2 * smallest > c.n);
+      if (c.least) CHECK(smallest == c.least);
+    }
+  }
 }

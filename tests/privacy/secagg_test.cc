@@ -47,7 +47,7 @@ struct Round {
   SecAggParams p;
   std::vector<uint64_t> ids;
   std::map<uint64_t, std::vector<float>> inputs;
-  std::set<uint64_t> drop_after_advert, drop_after_shares, drop_after_masked;
+  std::set<uint64_t> drop_after_advert, drop_after_shares, drop_after_masked, drop_after_sign;
   // Clients that reveal wrong shares at the unmask step (limb `lie_limb` of each moved).
   std::set<uint64_t> liars;
   size_t lie_limb = 3;
@@ -102,6 +102,7 @@ struct Round {
       group[c % 2].push_back(std::move(m));
     }
     for (uint64_t c : drop_after_masked) alive.erase(c);
+    for (uint64_t c : drop_after_sign) alive.erase(c);
     if (tree) {
       // Two edge aggregators add their clients' masked inputs in the ring and send one each.
       for (auto& g : group) {
@@ -120,6 +121,12 @@ struct Round {
       for (auto& g : group)
         for (const MaskedInput& m : g) server->onMaskedInput(m);
     }
+    // A signed round's consistency step: every survivor signs who survived (drop_after_sign
+    // sign, then go).
+    if (p.signed_keys)
+      for (uint64_t c : ids)
+        if (masked.count(c) && (alive.count(c) || drop_after_sign.count(c)))
+          server->onSurvivorsSigned(clients[c]->signSurvivors(server->survivorsFor(c)));
     for (uint64_t c : alive)
       if (masked.count(c)) {
         UnmaskResponse resp = clients[c]->unmask(server->unmaskRequestFor(c));
@@ -516,11 +523,25 @@ TEST_CASE("secagg: with exactly t shares a lie is caught by the owner's commitme
 
 TEST_CASE("secagg: under the malicious-server threat model a signed round sums as an unsigned one",
           "[privacy][secagg]") {
-  Round r(params(33, 9, 4, 3, /*signed_keys=*/true), range(0, 9));
+  // k = 8, t = 5: with three clients lost, each survivor keeps t neighbours that sign and
+  // reveal, wherever the three are.
+  Round r(params(33, 12, 8, 5, /*signed_keys=*/true), range(0, 12));
   r.drop_after_shares = {4};  // a dropped client's masks removed with its neighbours' pairwise keys
+  // Lost after its masked input (before it signed the survivors), and after it signed: in the
+  // sum, their self masks removed. Neither beside 4: a signed round needs every survivor beside a
+  // dropped client to reveal their pairwise key (docs/privacy.md).
+  const Neighbourhoods g = harary(r.ids, r.p.neighbours, r.p.run_seed, r.p.round);
+  std::vector<uint64_t> far;
+  for (uint64_t c : r.ids)
+    if (c != 4 && !g.adjacent(c, 4)) far.push_back(c);
+  REQUIRE(far.size() >= 2);
+  r.drop_after_masked = {far[0]};
+  r.drop_after_sign = {far[1]};
   const auto res = r.run();
+  INFO(res.reason);
   REQUIRE(res.ok);
   CHECK(res.sum == r.expected());
+  CHECK(res.survivors == std::vector<uint64_t>{0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11});
   // Every advert the server holds carries its client's credential and verifies.
   for (uint64_t c : r.ids) {
     const KeyAdvert a = r.clients[c]->advertise();
@@ -619,129 +640,242 @@ TEST_CASE("secagg: under the malicious-server threat model a swapped or invented
 // The attack an attacker's review found against the first signed rounds: a server that tells u's
 // neighbours that u survived (they reveal its self-mask seed) and each of u's neighbours' other
 // neighbours that that neighbour dropped (they reveal its mask key), so that every pairwise mask
-// in u's input can be removed. Unsigned, it reads u's input exactly; signed, the dropped
-// neighbours are answered with pairwise keys (never a mask key), only u or its neighbour knows
-// their pairwise key, and u refuses to reveal more of its own than leaves t masks in place.
-TEST_CASE(
-    "secagg: a server that lies about who dropped unmasks a client unless the round is "
-    "signed",
-    "[privacy][secagg]") {
-  for (const bool signed_keys : {false, true}) {
-    INFO((signed_keys ? "signed" : "unsigned"));
-    const SecAggParams p = params(16, 10, 4, 3, signed_keys);
-    const auto ids = range(0, 10);
-    const SigningKeyPair authority = SigningKeyPair::generate();
-    std::map<uint64_t, SecAggSigner> signer;
+// in u's input can be removed. Unsigned, it reads u's input exactly. Signed, a dropped neighbour
+// is answered with a pairwise key (never a mask key), which only u or that neighbour knows, and
+// every client reveals only what follows from a survivors list that t of its neighbours signed
+// alike (the consistency step): a server that tells u's neighbours different stories about u
+// finds each story short of signatures.
+namespace {
+
+struct LyingRound {
+  SecAggParams p;
+  std::vector<uint64_t> ids = range(0, 10);
+  SigningKeyPair authority = SigningKeyPair::generate();
+  std::map<uint64_t, SecAggSigner> signer;
+  std::unique_ptr<SecAggServer> server;
+  std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
+  std::map<uint64_t, std::vector<float>> x;
+  std::map<uint64_t, MaskedInput> y;
+
+  explicit LyingRound(bool signed_keys) : p(params(16, 10, 4, 3, signed_keys)) {
     for (uint64_t id : ids) signer[id] = certified(authority, id);
     const Key32* trust = signed_keys ? &authority.public_key : nullptr;
-    SecAggServer server(p, ids, trust);
-    std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
-    std::map<uint64_t, std::vector<float>> x;
+    server = std::make_unique<SecAggServer>(p, ids, trust);
     for (uint64_t id : ids) {
       c[id] = std::make_unique<SecAggClient>(p, id, ids, signed_keys ? &signer[id] : nullptr);
-      server.onAdvert(c[id]->advertise());
+      server->onAdvert(c[id]->advertise());
       x[id].assign(p.dim, 0.0f);
       for (size_t i = 0; i < p.dim; ++i) x[id][i] = 0.1f * std::sin(static_cast<float>(id + i));
     }
     std::map<uint64_t, std::vector<EncryptedShare>> sent;
-    for (uint64_t id : ids) sent[id] = c[id]->shareKeys(server.advertsFor(id), trust);
-    for (auto& [id, sh] : sent) server.onShares(id, sh);
-    std::map<uint64_t, MaskedInput> y;
+    for (uint64_t id : ids) sent[id] = c[id]->shareKeys(server->advertsFor(id), trust);
+    for (auto& [id, sh] : sent) server->onShares(id, sh);
     for (uint64_t id : ids)
-      y[id] = c[id]->maskedInput(server.sharesFor(id), x[id], testing::testKey(id, 0x5a));
-    const uint64_t u = 0;
-    const auto nu = server.graph().neighbours(u);
-    const std::set<uint64_t> n_u(nu.begin(), nu.end());
-    // The lying requests, straight to the clients: u survived (to u's neighbours), and every
-    // neighbour v of u dropped (to v's other neighbours).
-    // Signed, the server adapts to the new rule instead: t of u's neighbours (W) are told u
-    // survived (u's seed), the others (P) that u dropped (their pairwise keys with u), and u
-    // itself, below, that the neighbours in W dropped (its pairwise keys with them).
-    const std::vector<uint64_t> w_set(nu.begin(), nu.begin() + p.threshold);
-    std::vector<RevealedShare> got;
-    std::vector<uint64_t> by;  // who revealed got[i]
-    for (uint64_t w : ids) {
-      if (w == u) continue;
-      UnmaskRequest r;
-      r.round = p.round;
-      const bool in_w = std::find(w_set.begin(), w_set.end(), w) != w_set.end();
-      if (n_u.count(w)) (!signed_keys || in_w ? r.survived : r.dropped).push_back(u);
-      // (Signed, u's neighbours are asked about u alone: with more dropped neighbours than their
-      // bound allows they would refuse, and the server would not even have u's seed.)
-      if (!signed_keys || !n_u.count(w))
-        for (uint64_t v : server.graph().neighbours(w))
-          if (v != u && n_u.count(v)) r.dropped.push_back(v);
-      if (r.survived.empty() && r.dropped.empty()) continue;
-      try {
-        const UnmaskResponse resp = c[w]->unmask(r);
-        got.insert(got.end(), resp.shares.begin(), resp.shares.end());
-        by.insert(by.end(), resp.shares.size(), w);
-      } catch (const InputError& e) {  // signed: a client asked about too many dropped refuses
-        if (!signed_keys) FAIL_CHECK("client " << w << " refused: " << e.what());
-        CHECK(e.code() == Errc::kTooFewSurvivors);
-      }
-    }
-    // What the server makes of it: u's seed, then every pairwise mask it can remove.
-    std::vector<Share> seed_shares;
-    std::map<uint64_t, std::vector<Share>> key_shares;
-    for (const RevealedShare& s : got) {
-      if (!s.mask_key && s.of == u) seed_shares.push_back(s.share);
-      if (s.mask_key && !s.pairwise) key_shares[s.of].push_back(s.share);
-    }
-    REQUIRE(seed_shares.size() >= p.threshold);  // u's seed it has, either way
-    std::vector<uint64_t> words = y[u].words;
+      y[id] = c[id]->maskedInput(server->sharesFor(id), x[id], testing::testKey(id, 0x5a));
+  }
+  std::vector<uint64_t> want(uint64_t u) const {
+    std::vector<uint64_t> w(p.dim);
+    encode(p.ring, x.at(u), testing::testKey(u, 0x5a), p.round, w);
+    return w;
+  }
+  // u's masked input less its self mask (from `seed_shares`) and the pairwise masks of `keys`
+  // (u's neighbour -> their pairwise key).
+  std::vector<uint64_t> unmasked(uint64_t u, const std::vector<Share>& seed_shares,
+                                 const std::map<uint64_t, Key32>& keys) const {
+    std::vector<uint64_t> words = y.at(u).words;
     applyMask(words, shamirRecover(seed_shares, p.threshold).secret, p.round, MaskStream::kSelfMask,
               0, p.ring.bits, /*subtract=*/true);
-    size_t removed = 0;
+    for (const auto& [v, k] : keys)
+      applyMask(words, k, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits, /*subtract=*/u < v);
+    return words;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "secagg: a server that lies about who dropped unmasks a client unless the round is "
+    "signed",
+    "[privacy][secagg]") {
+  const uint64_t u = 0;
+  SECTION("unsigned: it reads the client's input exactly (the semi-honest model's limit)") {
+    LyingRound r(false);
+    const auto nu = r.server->graph().neighbours(u);
+    const std::set<uint64_t> n_u(nu.begin(), nu.end());
+    std::vector<Share> seed_shares;
+    std::map<uint64_t, std::vector<Share>> key_shares;
+    for (uint64_t w : r.ids) {
+      if (w == u) continue;
+      UnmaskRequest q;
+      q.round = r.p.round;
+      if (n_u.count(w)) q.survived.push_back(u);  // u survived, to u's neighbours
+      for (uint64_t v : r.server->graph().neighbours(w))
+        if (v != u && n_u.count(v)) q.dropped.push_back(v);  // u's neighbours dropped, to theirs
+      if (q.survived.empty() && q.dropped.empty()) continue;
+      for (const RevealedShare& s : r.c[w]->unmask(q).shares)
+        (s.mask_key ? key_shares[s.of] : seed_shares).push_back(s.share);
+    }
+    REQUIRE(seed_shares.size() >= r.p.threshold);
+    std::map<uint64_t, Key32> keys;
     for (uint64_t v : n_u) {
-      if (key_shares[v].size() < p.threshold) continue;
+      REQUIRE(key_shares[v].size() >= r.p.threshold);
       DhKeyPair mask_v;
-      mask_v.secret_key = shamirRecover(key_shares[v], p.threshold).secret;
-      mask_v.public_key = c[v]->advertise().mask_pk;
-      const Key32 s_uv =
-          agree(mask_v, c[u]->advertise().mask_pk, p.run_seed, p.round, KeyPurpose::kMask);
-      applyMask(words, s_uv, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits,
-                /*subtract=*/u < v);
-      ++removed;
+      mask_v.secret_key = shamirRecover(key_shares[v], r.p.threshold).secret;
+      mask_v.public_key = r.c[v]->advertise().mask_pk;
+      keys[v] =
+          agree(mask_v, r.c[u]->advertise().mask_pk, r.p.run_seed, r.p.round, KeyPurpose::kMask);
     }
-    std::vector<uint64_t> want(p.dim);
-    encode(p.ring, x[u], testing::testKey(u, 0x5a), p.round, want);
-    if (!signed_keys) {
-      // Every neighbour's mask key rebuilt: the server reads u's input exactly (the semi-honest
-      // model's limit, docs/privacy.md).
-      CHECK(removed == n_u.size());
-      CHECK(words == want);
-    } else {
-      // No mask key of anyone was revealed. The pairwise keys of u it holds: P's, and what u
-      // gives. u refuses to call all of W dropped; the most it answers is m - t of them.
-      CHECK(removed == 0);
-      std::set<uint64_t> partners;  // u's neighbours whose pairwise key with u the server holds
-      for (size_t i = 0; i < got.size(); ++i)
-        if (got[i].of == u && got[i].pairwise) {
-          applyMask(words, *got[i].pairwise, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits,
-                    /*subtract=*/u < by[i]);
-          partners.insert(by[i]);
-        }
-      CHECK(partners.size() == n_u.size() - p.threshold);  // P
-      UnmaskRequest all;
-      all.round = p.round;
-      all.dropped = w_set;
-      CHECK(codeOf([&] { c[u]->unmask(all); }) == Errc::kTooFewSurvivors);
-      UnmaskRequest most = all;
-      most.dropped.resize(n_u.size() - p.threshold);
-      const UnmaskResponse mine = c[u]->unmask(most);
-      CHECK(mine.shares.size() == n_u.size() - p.threshold);
-      for (const RevealedShare& s : mine.shares) {
-        REQUIRE(s.pairwise.has_value());
-        applyMask(words, *s.pairwise, p.round, MaskStream::kPairwiseMask, 0, p.ring.bits,
-                  /*subtract=*/u < s.of);
-        partners.insert(s.of);
+    CHECK(r.unmasked(u, seed_shares, keys) == r.want(u));
+  }
+  SECTION("signed: no story gets both u's seed and its pairwise keys") {
+    LyingRound r(true);
+    const auto nu = r.server->graph().neighbours(u);
+    const std::set<uint64_t> n_u(nu.begin(), nu.end());
+    const size_t m = n_u.size(), t = r.p.threshold;
+    // The adaptive server: t of u's neighbours (W) and every client outside u's neighbourhood are
+    // told nobody dropped (W then reveals u's seed); u's other neighbours (P) that u dropped (they
+    // reveal their pairwise keys with u); u that m - t of W dropped (its pairwise keys with them,
+    // the most its bound allows). Each client signs the list it is told; each request then carries
+    // every signature the server holds of that client's list from its neighbours.
+    const std::vector<uint64_t> w_set(nu.begin(), nu.begin() + static_cast<std::ptrdiff_t>(t));
+    const std::vector<uint64_t> p_set(nu.begin() + static_cast<std::ptrdiff_t>(t), nu.end());
+    const std::vector<uint64_t> u_absent(w_set.begin(),
+                                         w_set.begin() + static_cast<std::ptrdiff_t>(m - t));
+    std::map<uint64_t, std::vector<uint64_t>> story;
+    std::map<uint64_t, SurvivorsSigned> sig;
+    for (uint64_t w : r.ids) {
+      story[w] = w == u ? u_absent
+                 : std::find(p_set.begin(), p_set.end(), w) != p_set.end()
+                     ? std::vector<uint64_t>{u}
+                     : std::vector<uint64_t>{};
+      sig[w] = r.c[w]->signSurvivors({r.p.round, story[w]});
+    }
+    std::vector<Share> seed_shares;
+    std::map<uint64_t, Key32> keys;
+    std::map<uint64_t, Errc> refused;
+    for (uint64_t w : r.ids) {
+      UnmaskRequest q;
+      q.round = r.p.round;
+      for (uint64_t v : r.server->graph().neighbours(w)) {
+        const bool absent = std::binary_search(story[w].begin(), story[w].end(), v);
+        (absent ? q.dropped : q.survived).push_back(v);
+        if (!absent && story[v] == story[w]) q.signatures.push_back(sig[v]);
       }
-      // 2 (m - t) of u's m pairwise masks removed, with its seed: the rest keep it masked.
-      CHECK(partners.size() == 2 * (n_u.size() - p.threshold));
-      CHECK(partners.size() < n_u.size());
-      CHECK(words != want);
+      try {
+        for (const RevealedShare& s : r.c[w]->unmask(q).shares) {
+          if (s.of == u && !s.mask_key) seed_shares.push_back(s.share);
+          if (s.pairwise && (w == u || s.of == u)) keys[w == u ? s.of : w] = *s.pairwise;
+        }
+      } catch (const InputError& e) {
+        refused[w] = e.code();
+      }
     }
+    // W may find its signatures among the clients outside u's neighbourhood and reveal u's seed
+    // (as the graph has it); but P, told another story, and u, told a third, are short of
+    // signatures: none of u's pairwise keys leaves anyone.
+    CHECK(keys.empty());
+    for (uint64_t v : p_set) {
+      INFO("P's client " << v);
+      CHECK(refused[v] == Errc::kInconsistentSurvivors);
+    }
+    CHECK(refused[u] == Errc::kInconsistentSurvivors);
+    if (seed_shares.size() >= t) CHECK(r.unmasked(u, seed_shares, keys) != r.want(u));
+  }
+}
+
+// The consistency step's refusals, at the client and at the server: each with its code, nothing
+// changed.
+TEST_CASE("secagg: a signed round's survivors step refuses what a lying server or client sends",
+          "[privacy][secagg]") {
+  LyingRound r(true);
+  const uint64_t u = 0;
+  const auto nu = r.server->graph().neighbours(u);
+  const std::vector<uint64_t> n_u(nu.begin(), nu.end());
+  SECTION("the client") {
+    // Before its masked input, in an unsigned round, with itself absent, leaving fewer than t.
+    {
+      SecAggClient early(r.p, u, r.ids, &r.signer[u]);
+      CHECK(codeOf([&] { early.signSurvivors({r.p.round, {}}); }) == Errc::kWrongRound);
+      LyingRound plain(false);
+      CHECK(codeOf([&] {
+              plain.c[u]->signSurvivors({plain.p.round, {}});
+            }) == Errc::kUnexpectedMessage);
+    }
+    CHECK(codeOf([&] { r.c[u]->signSurvivors({r.p.round, {u}}); }) == Errc::kInconsistentSurvivors);
+    CHECK(codeOf([&] {
+            r.c[u]->signSurvivors({r.p.round, {n_u[0], n_u[1]}});
+          }) == Errc::kTooFewSurvivors);
+    CHECK(codeOf([&] { r.c[u]->signSurvivors({r.p.round + 1, {}}); }) == Errc::kWrongRound);
+    CHECK(codeOf([&] { r.c[u]->signSurvivors({r.p.round, {5, 5}}); }) == Errc::kDuplicate);
+    // Asked to unmask before it signed anything.
+    UnmaskRequest before;
+    before.round = r.p.round;
+    before.survived = n_u;
+    CHECK(codeOf([&] { r.c[u]->unmask(before); }) == Errc::kInconsistentSurvivors);
+    // Every client signs the true list (nobody dropped); u then refuses a second list.
+    std::map<uint64_t, SurvivorsSigned> sig;
+    for (uint64_t w : r.ids) sig[w] = r.c[w]->signSurvivors({r.p.round, {}});
+    CHECK(codeOf([&] { r.c[u]->signSurvivors({r.p.round, {n_u[0]}}); }) == Errc::kDuplicate);
+    UnmaskRequest honest;
+    honest.round = r.p.round;
+    honest.survived = n_u;
+    for (uint64_t v : n_u) honest.signatures.push_back(sig[v]);
+    // A request that calls a neighbour dropped, where the list it signed says it survived.
+    UnmaskRequest q = honest;
+    q.survived.erase(q.survived.begin());
+    q.dropped = {n_u[0]};
+    CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kInconsistentSurvivors);
+    // Fewer than t signatures; a signature altered, or of another list; one of a client that is
+    // not its neighbour, or its own; the same signer twice.
+    q = honest;
+    q.signatures.resize(r.p.threshold - 1);
+    CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kInconsistentSurvivors);
+    q = honest;
+    q.signatures[0].signature[5] ^= 1;
+    CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kBadSignature);
+    {  // the neighbour's signature of the same list in another exchange (another session)
+      SecAggParams later = r.p;
+      later.session = 77;
+      q = honest;
+      q.signatures[0].signature =
+          sign(r.signer[n_u[0]].key, survivorsBytes(later, rosterHash(r.ids), {}));
+      CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kBadSignature);
+    }
+    uint64_t stranger = 0;
+    for (uint64_t w : r.ids)
+      if (w != u && std::find(n_u.begin(), n_u.end(), w) == n_u.end()) stranger = w;
+    q = honest;
+    q.signatures[0] = sig[stranger];
+    CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kNotNeighbour);
+    q = honest;
+    q.signatures[0] = sig[u];
+    CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kNotNeighbour);
+    q = honest;
+    q.signatures[1] = q.signatures[0];
+    CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kDuplicate);
+    // Refused requests changed nothing: the honest one is answered.
+    CHECK(r.c[u]->unmask(honest).shares.size() == n_u.size());
+  }
+  SECTION("the server") {
+    // Before the masked inputs close nothing is asked; a client's signature that does not verify,
+    // of another list, twice, from a client it did not ask, or after the unmask step opened.
+    SurvivorsSigned forged{u, r.p.round, {}};
+    CHECK(codeOf([&] { r.server->onSurvivorsSigned(forged); }) == Errc::kWrongSender);
+    for (uint64_t w : r.ids) r.server->onMaskedInput(r.y[w]);
+    const SurvivorsRequest list = r.server->survivorsFor(u);
+    CHECK(list.absent.empty());
+    CHECK(codeOf([&] { r.server->onSurvivorsSigned(forged); }) == Errc::kBadSignature);
+    SurvivorsSigned other_list{
+        u, r.p.round,
+        sign(r.signer[u].key, survivorsBytes(r.p, rosterHash(r.ids), std::vector<uint64_t>{9}))};
+    CHECK(codeOf([&] { r.server->onSurvivorsSigned(other_list); }) == Errc::kBadSignature);
+    const SurvivorsSigned mine = r.c[u]->signSurvivors(list);
+    r.server->onSurvivorsSigned(mine);
+    CHECK(codeOf([&] { r.server->onSurvivorsSigned(mine); }) == Errc::kDuplicate);
+    // A client that did not sign is not asked to unmask; once asked, signatures are late.
+    CHECK(codeOf([&] { r.server->unmaskRequestFor(n_u[0]); }) == Errc::kWrongSender);
+    const SurvivorsSigned late = r.c[n_u[0]]->signSurvivors(r.server->survivorsFor(n_u[0]));
+    CHECK(codeOf([&] { r.server->onSurvivorsSigned(late); }) == Errc::kLate);
   }
 }
 

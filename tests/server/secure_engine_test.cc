@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "check_throws.h"
@@ -79,6 +80,8 @@ class SecureFleet final : public server::Fleet {
                     .first->second.setup(req);
         else if (stage == SecureStage::kShareKeys)
           ans = parties_.at(c.id).shareKeys(req);
+        else if (stage == SecureStage::kSurvivors)
+          ans = parties_.at(c.id).signSurvivors(req);
         else
           ans = parties_.at(c.id).unmask(req);
       } catch (const InputError& e) {  // the client refuses the request: it answers nothing
@@ -275,6 +278,61 @@ TEST_CASE(
     for (uint64_t c : all)
       if (c != 5) others.push_back(c);
     CHECK(maxDiff(engine.model().server(), meanOf(others, n)) <= tol);
+  }
+  SECTION(
+      "signed, a client lost after its masked input, before it signs the survivors: in the mean, "
+      "its self mask removed by its neighbours") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
+    fleet.drop_at[5] = SecureStage::kSurvivors;
+    size_t lists = 0, signatures = 0;
+    fleet.tamper_request = [&](SecureStage st, uint64_t, std::vector<uint8_t> req) {
+      if (st == SecureStage::kSurvivors) {
+        CHECK(protocol::decodeSecAggSurvivors(req).request.absent.empty());  // 5's input came
+        ++lists;
+      }
+      if (st == SecureStage::kUnmask)
+        for (const auto& sg : protocol::decodeSecAggUnmask(req).request.signatures) {
+          CHECK(sg.client != 5);
+          ++signatures;
+        }
+      return req;
+    };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(rec.applied);
+    CHECK(lists == 11);
+    CHECK(signatures >= 11 * p.threshold);
+    CHECK(rec.clients_completed == 12);
+    CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= tol);
+  }
+  SECTION(
+      "a root that tells one client another survivors list: its signature is not of the "
+      "others' list, it is asked nothing more, and the round goes on") {
+    SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) { return certifiedTrust(authority, c); };
+    const uint64_t victim = 4;
+    fleet.tamper_request = [&](SecureStage s, uint64_t c, std::vector<uint8_t> req) {
+      if (s != SecureStage::kSurvivors || c != victim) return req;
+      protocol::SecAggSurvivorsMsg m = protocol::decodeSecAggSurvivors(req);
+      m.request.absent = {victim == 0 ? 1u : 0u};  // "client 0 dropped", to the victim alone
+      return protocol::encode(m);
+    };
+    size_t unmasked = 0;
+    fleet.tamper = [&](SecureStage s, uint64_t c, std::vector<uint8_t> ans) {
+      if (s == SecureStage::kUnmask) {
+        CHECK(c != victim);
+        ++unmasked;
+      }
+      return ans;
+    };
+    server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK(fleet.refused == 1);  // the victim's signature, by the root
+    CHECK(unmasked == 11);
+    REQUIRE(rec.applied);
+    CHECK(rec.clients_completed == 12);  // its masked input is in the sum
+    CHECK(maxDiff(engine.model().server(), meanOf(all, n)) <= tol);
   }
   SECTION("a root that swaps a neighbour's key is caught by the client it sends it to") {
     SecureFleet fleet(l, 12, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
@@ -832,6 +890,62 @@ TEST_CASE("secure aggregation: a signed advert carries its credential whole on t
           Errc::kMissingField);
 }
 
+TEST_CASE("secure aggregation: the survivors step's messages round-trip and refuse malformed ones",
+          "[secagg]") {
+  const protocol::SecAggSurvivorsMsg list{77, {3, {2, 5, 9}}};
+  const auto back = protocol::decodeSecAggSurvivors(protocol::encode(list));
+  CHECK(back.nonce == 77);
+  CHECK(back.request.round == 3);
+  CHECK(back.request.absent == std::vector<uint64_t>{2, 5, 9});
+  CHECK(protocol::decodeSecAggSurvivors(protocol::encode(protocol::SecAggSurvivorsMsg{77, {3, {}}}))
+            .request.absent.empty());  // nobody absent
+  protocol::SecAggSurvivorsMsg bad = list;
+  bad.request.absent = {5, 2};
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSurvivors(protocol::encode(bad)); }) ==
+        Errc::kDuplicate);
+  bad.request.absent = {1, 2, 3, 4, 5};
+  CHECK(testing::codeOf([&] {
+          (void)protocol::decodeSecAggSurvivors(protocol::encode(bad),
+                                                protocol::SecAggLimits{1 << 20, 4});
+        }) == Errc::kSizeMismatch);
+
+  privacy::SurvivorsSigned sg{4, 3, {}};
+  for (size_t i = 0; i < sg.signature.size(); ++i) sg.signature[i] = static_cast<uint8_t>(i);
+  const auto sb = protocol::decodeSecAggSigned(protocol::encode(protocol::SecAggSignedMsg{77, sg}));
+  CHECK(sb.nonce == 77);
+  CHECK(sb.signed_survivors.client == 4);
+  CHECK(sb.signed_survivors.round == 3);
+  CHECK(sb.signed_survivors.signature == sg.signature);
+  {  // a signature of 63 bytes
+    flatbuffers::FlatBufferBuilder b(256);
+    auto body = wire::CreateSecAggSigned(b, 4, 3, 77, b.CreateVector(sg.signature.data(), 63));
+    const auto short_sig = protocol::detail::finish(b, wire::Body::SecAggSigned, body.Union());
+    CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSigned(short_sig); }) ==
+          Errc::kSizeMismatch);
+  }
+  // The unmask request carries its neighbours' signatures, by ascending client.
+  protocol::SecAggUnmaskMsg u{77, {3, {1}, {4, 6}, {}}};
+  CHECK(protocol::decodeSecAggUnmask(protocol::encode(u)).request.signatures.empty());
+  privacy::SurvivorsSigned sg6 = sg;
+  sg6.client = 6;
+  u.request.signatures = {sg, sg6};
+  const auto ub = protocol::decodeSecAggUnmask(protocol::encode(u));
+  REQUIRE(ub.request.signatures.size() == 2);
+  CHECK(ub.request.signatures[1].client == 6);
+  CHECK(ub.request.signatures[1].signature == sg.signature);
+  u.request.signatures = {sg6, sg};
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggUnmask(protocol::encode(u)); }) ==
+        Errc::kDuplicate);
+  // The relay's survivors stage, and none beyond it.
+  protocol::SecAggRelayMsg r{0, 3, 77, protocol::RelayStage::kSurvivors, 100, {{1, {1}}}, {}};
+  CHECK(protocol::decodeSecAggRelay(protocol::encode(r)).stage == protocol::RelayStage::kSurvivors);
+  CHECK(server::secureStageOf(protocol::RelayStage::kSurvivors) == SecureStage::kSurvivors);
+  CHECK(server::relayStageOf(SecureStage::kSurvivors) == protocol::RelayStage::kSurvivors);
+  r.stage = static_cast<protocol::RelayStage>(6);
+  CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggRelay(protocol::encode(r)); }) ==
+        Errc::kUnexpectedEncoding);
+}
+
 TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[secagg]") {
   const auto l = layout();
   const auto refused = [&](server::EngineConfig c) {
@@ -940,24 +1054,43 @@ namespace {
 // One round of 8 clients, 0-2 relayed by edge aggregator 100 and 3-5 by 101 (server::SecureRelay),
 // 6 and 7 the root's own, each client's rounding fixed: the protocol driven by hand, as the
 // fleets drive it (server/zmq_fleet.cc).
+// With `authority`, a signed round (the malicious-server model), its survivors step relayed too.
 struct RelayedRound {
   static constexpr uint64_t kDim = 100;
   std::map<uint64_t, std::vector<uint64_t>> relayed{{100, {0, 1, 2}}, {101, {3, 4, 5}}};
-  privacy::SecAggParams params =
-      server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(5, 1, 8, kDim);
+  std::optional<privacy::SigningKeyPair> authority;
+  privacy::SecAggParams params;
   std::vector<uint64_t> ids{0, 1, 2, 3, 4, 5, 6, 7};
   server::SecureMetricRules rules{{"train_loss"}, 10.0};
-  server::SecureRound round{params, ids, rules, {}, relayed};
+  server::SecureRound round;
   std::map<uint64_t, server::SecureRelay> relays;
   std::map<uint64_t, client::SecureParty> parties;
 
-  RelayedRound() {
+  explicit RelayedRound(std::optional<privacy::SigningKeyPair> signing = std::nullopt)
+      : authority(std::move(signing)),
+        params(server::SecAggConfig{true, 0, 0, 32, 1.0,
+                                    authority ? std::optional(authority->public_key) : std::nullopt}
+                   .paramsFor(5, 1, 8, kDim)),
+        round(params, ids, rules, {}, relayed, authority ? &authority->public_key : nullptr) {
     for (uint64_t a : {100, 101}) relays.try_emplace(a, a);
   }
+  // The steps this round runs, in order.
+  std::vector<SecureStage> stages() const {
+    std::vector<SecureStage> out;
+    for (const SecureStage s :
+         {SecureStage::kAdvertise, SecureStage::kShareKeys, SecureStage::kMaskedInput,
+          SecureStage::kSurvivors, SecureStage::kUnmask})
+      if (server::runsStage(params, s)) out.push_back(s);
+    return out;
+  }
   std::vector<uint8_t> answer(SecureStage s, uint64_t c, const std::vector<uint8_t>& req) {
-    if (s == SecureStage::kAdvertise) return parties.try_emplace(c, c).first->second.setup(req);
+    if (s == SecureStage::kAdvertise)
+      return parties
+          .try_emplace(c, c, authority ? certifiedTrust(*authority, c) : client::SecAggTrust{})
+          .first->second.setup(req);
     auto& p = parties.at(c);
     if (s == SecureStage::kShareKeys) return p.shareKeys(req);
+    if (s == SecureStage::kSurvivors) return p.signSurvivors(req);
     if (s == SecureStage::kUnmask) return p.unmask(req);
     const privacy::Key32 key = privacy::publicKey("relay test rounding", c, 1);
     const std::vector<Metric> metrics{{"train_loss", 1.0 + static_cast<double>(c)}};
@@ -993,17 +1126,21 @@ struct RelayedRound {
 TEST_CASE(
     "secure aggregation through edge aggregators: their ring sums give the flat sum bit for bit",
     "[secagg]") {
-  RelayedRound tree;
-  for (const SecureStage s : {SecureStage::kAdvertise, SecureStage::kShareKeys,
-                              SecureStage::kMaskedInput, SecureStage::kUnmask}) {
+  const bool signed_keys = GENERATE(false, true);
+  INFO((signed_keys ? "signed (malicious-server)" : "semi-honest"));
+  const auto authority = signed_keys ? std::optional(privacy::SigningKeyPair::generate())
+                                     : std::optional<privacy::SigningKeyPair>();
+  RelayedRound tree(authority);
+  CHECK(tree.stages().size() == (signed_keys ? 5u : 4u));
+  for (const SecureStage s : tree.stages()) {
     tree.direct(s);
     for (uint64_t a : {100, 101}) tree.up(a, s, tree.relay(a, s));
   }
   // The same clients, roundings and updates, every one answering the root itself.
-  RelayedRound flat;
-  server::SecureRound plain(flat.params, flat.ids, flat.rules);
-  for (const SecureStage s : {SecureStage::kAdvertise, SecureStage::kShareKeys,
-                              SecureStage::kMaskedInput, SecureStage::kUnmask})
+  RelayedRound flat(authority);
+  server::SecureRound plain(flat.params, flat.ids, flat.rules, {}, {},
+                            authority ? &authority->public_key : nullptr);
+  for (const SecureStage s : flat.stages())
     for (uint64_t c : flat.ids) plain.reply(s, c, flat.answer(s, c, plain.request(s, c)));
   const auto t = tree.round.finish(), f = plain.finish();
   INFO(t.reason << f.reason);
