@@ -125,7 +125,7 @@ bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams
 }
 
 std::vector<uint8_t> survivorsBytes(const SecAggParams& p, const Key32& roster,
-                                    std::span<const uint64_t> absent) {
+                                    std::span<const uint64_t> absent, const KeyAdvert& signer) {
   static constexpr char kDomain[] = "starling secagg survivors v1";
   std::vector<uint8_t> b(kDomain, kDomain + sizeof kDomain - 1);
   putU64(b, p.run_seed);
@@ -134,6 +134,10 @@ std::vector<uint8_t> survivorsBytes(const SecAggParams& p, const Key32& roster,
   b.insert(b.end(), roster.begin(), roster.end());
   const Key32 h = hashWords("starling secagg absent v1", absent);
   b.insert(b.end(), h.begin(), h.end());
+  putU64(b, signer.client);
+  b.insert(b.end(), signer.cipher_pk.begin(), signer.cipher_pk.end());
+  b.insert(b.end(), signer.mask_pk.begin(), signer.mask_pk.end());
+  b.insert(b.end(), signer.self_mask_hash.begin(), signer.self_mask_hash.end());
   return b;
 }
 
@@ -299,7 +303,7 @@ SurvivorsSigned SecAggClient::signSurvivors(const SurvivorsRequest& request) {
     failInput(Errc::kTooFewSurvivors, "the survivors list leaves ", survived, " of the ",
               held_.size(), " neighbours client ", id_, " masked with; the round needs ",
               p_.threshold);
-  SurvivorsSigned out{id_, p_.round, sign(*signing_, survivorsBytes(p_, roster_, absent))};
+  SurvivorsSigned out{id_, p_.round, sign(*signing_, survivorsBytes(p_, roster_, absent, advert_))};
   absent_ = absent;
   return out;
 }
@@ -370,7 +374,6 @@ void SecAggClient::checkSurvivors(const UnmaskRequest& request) const {
               " was asked about neighbours other than the survivors list it signed names (",
               request.dropped.size(), " dropped, ", request.survived.size(),
               " survived, where the list gives ", dropped.size(), " and ", survived.size(), ")");
-  const std::vector<uint8_t> bytes = survivorsBytes(p_, roster_, absent);
   std::set<uint64_t> signers;
   for (const SurvivorsSigned& s : request.signatures) {
     checkRound(s.round, p_.round, "a survivors signature");
@@ -379,7 +382,8 @@ void SecAggClient::checkSurvivors(const UnmaskRequest& request) const {
                 ", not a surviving neighbour client ", id_, " masked with");
     if (!signers.insert(s.client).second)
       failInput(Errc::kDuplicate, "two survivors signatures of client ", s.client);
-    if (!verify(advertised_.at(s.client).credential.signing_key, bytes, s.signature))
+    const KeyAdvert& a = advertised_.at(s.client);
+    if (!verify(a.credential.signing_key, survivorsBytes(p_, roster_, absent, a), s.signature))
       failInput(Errc::kBadSignature, "client ", s.client,
                 "'s signature is not of the survivors list client ", id_, " signed");
   }
@@ -532,8 +536,8 @@ void SecAggServer::onSurvivorsSigned(const SurvivorsSigned& r) {
     failInput(Errc::kLate, "client ", r.client, "'s survivors signature after the step closed");
   if (signed_.count(r.client))
     failInput(Errc::kDuplicate, "client ", r.client, " signed the survivors twice");
-  if (!verify(adverts_.at(r.client).credential.signing_key, survivorsBytes(p_, roster_, absent_),
-              r.signature))
+  const KeyAdvert& a = adverts_.at(r.client);
+  if (!verify(a.credential.signing_key, survivorsBytes(p_, roster_, absent_, a), r.signature))
     failInput(Errc::kBadSignature, "client ", r.client,
               "'s signature of the survivors does not verify with its certified key");
   signed_.emplace(r.client, r);
@@ -545,10 +549,10 @@ UnmaskRequest SecAggServer::unmaskRequestFor(uint64_t client) {
   if (it == asked_.end())
     failInput(Errc::kWrongSender, "client ", client, " sent no masked input: nothing to ask it");
   if (!p_.signed_keys) return it->second;
-  signatures_closed_ = true;
   if (!signed_.count(client))
     failInput(Errc::kWrongSender, "client ", client,
               " did not sign the round's survivors: nothing to ask it");
+  signatures_closed_ = true;
   UnmaskRequest r = it->second;
   for (uint64_t v : graph_.neighbours(client))
     if (const auto s = signed_.find(v); s != signed_.end()) r.signatures.push_back(s->second);

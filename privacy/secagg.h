@@ -164,10 +164,12 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
 // `authority` for a.client, and its signature, over advertBytes, made with the credential's key.
 bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams& p,
                   const Key32& roster);
-// What a survivors signature covers (bytes): the run, the round, the setup's session, the roster
-// and the absent clients (ascending).
+// What a survivors signature covers (bytes): the run, the round, the setup's session, the roster,
+// the absent clients (ascending) and the signer's advert of this exchange (its client and its
+// fresh keys): a signature made in another attempt at the round, whose session and roster a root
+// can give again, does not verify beside the signer's keys of this one.
 std::vector<uint8_t> survivorsBytes(const SecAggParams& p, const Key32& roster,
-                                    std::span<const uint64_t> absent);
+                                    std::span<const uint64_t> absent, const KeyAdvert& signer);
 
 class SecAggClient {
  public:

@@ -783,6 +783,105 @@ TEST_CASE(
   }
 }
 
+// The second attacker's review: without the survivors step, a server that tells each client a
+// story within its bound reads the sum of three adjacent clients G (the pairwise masks inside G
+// cancel): each g in G is told that one outside neighbour w1 dropped (g reveals their pairwise
+// key) and w1 that g survived (w1 reveals a share of g's seed), and g's other outside neighbour
+// that g dropped (it reveals their pairwise key). Signed, each client signs one list, and g
+// reveals only with t of its neighbours' signatures of the list it signed.
+TEST_CASE("secagg: a signed round's survivors step keeps three adjacent clients' sum masked",
+          "[privacy][secagg]") {
+  LyingRound r(true);
+  const Neighbourhoods& g = r.server->graph();
+  std::vector<uint64_t> group;  // three mutually adjacent clients (consecutive in the order)
+  for (uint64_t a : r.ids)
+    for (uint64_t b : g.neighbours(a))
+      for (uint64_t c : g.neighbours(b))
+        if (group.empty() && a < b && b < c && g.adjacent(a, c)) group = {a, b, c};
+  REQUIRE(group.size() == 3);
+  const auto in_group = [&](uint64_t v) {
+    return std::find(group.begin(), group.end(), v) != group.end();
+  };
+  std::map<uint64_t, std::vector<uint64_t>> story;
+  std::set<uint64_t> told_dropped;  // w1 of each member (its story: nobody dropped)
+  std::vector<uint64_t> x_list;     // what G is told: every member's w1 dropped
+  std::set<uint64_t> w2s;           // told that G dropped
+  for (uint64_t m : group) {
+    std::vector<uint64_t> out;
+    for (uint64_t v : g.neighbours(m))
+      if (!in_group(v)) out.push_back(v);
+    REQUIRE(out.size() == 2);
+    x_list.push_back(out[0]);
+    told_dropped.insert(out[0]);
+    w2s.insert(out[1]);
+  }
+  std::sort(x_list.begin(), x_list.end());
+  x_list.erase(std::unique(x_list.begin(), x_list.end()), x_list.end());
+  for (uint64_t w : r.ids)
+    story[w] = in_group(w)                              ? x_list
+               : w2s.count(w) && !told_dropped.count(w) ? group
+                                                        : std::vector<uint64_t>{};
+  std::map<uint64_t, SurvivorsSigned> sig;
+  std::map<uint64_t, Errc> refused;
+  for (uint64_t w : r.ids) {
+    try {
+      sig[w] = r.c[w]->signSurvivors({r.p.round, story[w]});
+    } catch (const InputError& e) {
+      refused[w] = e.code();
+    }
+  }
+  // Each client is asked what its story gives, with every signature of that story the server
+  // holds from its neighbours.
+  std::map<uint64_t, std::vector<Share>> seed_shares;       // of G's members
+  std::map<std::pair<uint64_t, uint64_t>, Key32> pairwise;  // (member, outsider) -> key
+  for (uint64_t w : r.ids) {
+    if (refused.count(w)) continue;
+    UnmaskRequest q;
+    q.round = r.p.round;
+    for (uint64_t v : g.neighbours(w)) {
+      const bool absent = std::binary_search(story[w].begin(), story[w].end(), v);
+      (absent ? q.dropped : q.survived).push_back(v);
+      if (!absent && sig.count(v) && story[v] == story[w]) q.signatures.push_back(sig[v]);
+    }
+    try {
+      for (const RevealedShare& s : r.c[w]->unmask(q).shares) {
+        if (!s.mask_key && in_group(s.of)) seed_shares[s.of].push_back(s.share);
+        if (s.pairwise && in_group(w) != in_group(s.of))
+          pairwise[in_group(w) ? std::pair{w, s.of} : std::pair{s.of, w}] = *s.pairwise;
+      }
+    } catch (const InputError& e) {
+      refused[w] = e.code();
+    }
+  }
+  // No member of G reveals anything: its story has at most two signers (the other members).
+  for (uint64_t m : group) {
+    INFO("member " << m);
+    REQUIRE(refused.count(m));
+    CHECK((refused[m] == Errc::kInconsistentSurvivors || refused[m] == Errc::kTooFewSurvivors));
+  }
+  // The group's sum, less every mask the server can remove, is not the group's inputs.
+  std::vector<uint64_t> sum(r.p.dim, 0), want(r.p.dim, 0);
+  for (uint64_t m : group) {
+    add(r.p.ring, sum, r.y[m].words);
+    add(r.p.ring, want, r.want(m));
+    if (seed_shares[m].size() >= r.p.threshold)
+      applyMask(sum, shamirRecover(seed_shares[m], r.p.threshold).secret, r.p.round,
+                MaskStream::kSelfMask, 0, r.p.ring.bits, /*subtract=*/true);
+  }
+  size_t boundary = 0;
+  for (uint64_t m : group)
+    for (uint64_t v : g.neighbours(m)) {
+      if (in_group(v)) continue;
+      ++boundary;
+      const auto k = pairwise.find({m, v});
+      if (k != pairwise.end())
+        applyMask(sum, k->second, r.p.round, MaskStream::kPairwiseMask, 0, r.p.ring.bits,
+                  /*subtract=*/m < v);
+    }
+  CHECK(pairwise.size() < boundary);
+  CHECK(sum != want);
+}
+
 // The consistency step's refusals, at the client and at the server: each with its code, nothing
 // changed.
 TEST_CASE("secagg: a signed round's survivors step refuses what a lying server or client sends",
@@ -838,7 +937,16 @@ TEST_CASE("secagg: a signed round's survivors step refuses what a lying server o
       later.session = 77;
       q = honest;
       q.signatures[0].signature =
-          sign(r.signer[n_u[0]].key, survivorsBytes(later, rosterHash(r.ids), {}));
+          sign(r.signer[n_u[0]].key,
+               survivorsBytes(later, rosterHash(r.ids), {}, r.c[n_u[0]]->advertise()));
+      CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kBadSignature);
+    }
+    {  // ... and in another attempt at the round that a root ran with the same session and
+       // roster (an attacker's review: the signer then had other fresh keys)
+      const SecAggClient earlier(r.p, n_u[0], r.ids, &r.signer[n_u[0]]);
+      q = honest;
+      q.signatures[0].signature = sign(
+          r.signer[n_u[0]].key, survivorsBytes(r.p, rosterHash(r.ids), {}, earlier.advertise()));
       CHECK(codeOf([&] { r.c[u]->unmask(q); }) == Errc::kBadSignature);
     }
     uint64_t stranger = 0;
@@ -867,13 +975,16 @@ TEST_CASE("secagg: a signed round's survivors step refuses what a lying server o
     CHECK(codeOf([&] { r.server->onSurvivorsSigned(forged); }) == Errc::kBadSignature);
     SurvivorsSigned other_list{
         u, r.p.round,
-        sign(r.signer[u].key, survivorsBytes(r.p, rosterHash(r.ids), std::vector<uint64_t>{9}))};
+        sign(r.signer[u].key, survivorsBytes(r.p, rosterHash(r.ids), std::vector<uint64_t>{9},
+                                             r.c[u]->advertise()))};
     CHECK(codeOf([&] { r.server->onSurvivorsSigned(other_list); }) == Errc::kBadSignature);
     const SurvivorsSigned mine = r.c[u]->signSurvivors(list);
     r.server->onSurvivorsSigned(mine);
     CHECK(codeOf([&] { r.server->onSurvivorsSigned(mine); }) == Errc::kDuplicate);
-    // A client that did not sign is not asked to unmask; once asked, signatures are late.
+    // A client that did not sign is not asked to unmask; once a signer is asked, signatures are
+    // late.
     CHECK(codeOf([&] { r.server->unmaskRequestFor(n_u[0]); }) == Errc::kWrongSender);
+    CHECK(r.server->unmaskRequestFor(u).signatures.empty());  // no neighbour of u signed
     const SurvivorsSigned late = r.c[n_u[0]]->signSurvivors(r.server->survivorsFor(n_u[0]));
     CHECK(codeOf([&] { r.server->onSurvivorsSigned(late); }) == Errc::kLate);
   }
