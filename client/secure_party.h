@@ -15,10 +15,12 @@
 //   mask(SecAggShares, x)   -> SecAggMasked   x clipped to the ring's clip in L2, then each
 //                                             coordinate to [-clip, clip], rounded into the
 //                                             ring and masked
-//   signSurvivors(SecAggSurvivors) -> SecAggSigned   a signed round only: its signature of who
-//                                             survived, once a round; refused when the list
+//   signSurvivors(SecAggSurvivors) -> SecAggSigned   a signed round only (kUnexpectedMessage
+//                                             otherwise): its signature of who survived, once
+//                                             a round (kDuplicate after); refused when the list
 //                                             says it is absent (kInconsistentSurvivors) or
 //                                             leaves fewer than t of its neighbours
+//                                             (kTooFewSurvivors)
 //   unmask(SecAggUnmask)    -> SecAggReveal   answered once; both shares of one client refused;
 //                                             a signed round's dropped neighbours answered with
 //                                             pairwise keys, at most (neighbours - t) of them,

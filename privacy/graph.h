@@ -4,7 +4,8 @@
 // O(k) = O(log n). The graph is the Harary graph H(k, n) laid on a random cyclic order of the
 // clients: client at position p is a neighbour of the k/2 before and the k/2 after it. The order is
 // drawn from the round's public seed (the run seed and the round: every party computes the same
-// graph, and the server chooses nothing). k is even and below n; with n <= k + 1 every client is a
+// graph; a server that chooses the run seed or the round's clients chooses the order, not the
+// graph's shape). k is even and below n; with n <= k + 1 every client is a
 // neighbour of every other (the complete graph: SecAgg).
 #include <cstdint>
 #include <span>

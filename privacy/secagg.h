@@ -191,7 +191,8 @@ class SecAggClient {
   MaskedInput maskedInput(std::span<const EncryptedShare> to_me, std::span<const float> x,
                           const Key32& rounding_key);
   // Phase 2b, a signed round only (kUnexpectedMessage otherwise): signs the survivors the server
-  // names, once (kDuplicate after), after its masked input (kWrongRound before). Refused when the
+  // names, once (kDuplicate after), after its masked input (kWrongRound before; a list of another
+  // round too). Refused when the absent clients are not strictly ascending (kDuplicate), when the
   // list says its own input is absent (kInconsistentSurvivors), or leaves fewer than t of the
   // neighbours it masked with (kTooFewSurvivors): no unmask request could then be answered.
   SurvivorsSigned signSurvivors(const SurvivorsRequest& request);
@@ -204,8 +205,8 @@ class SecAggClient {
   // request must also follow the survivors this client signed (its dropped neighbours exactly
   // those the list says are absent) and carry t valid signatures of that list from distinct
   // neighbours it masked with and the list says survived (kInconsistentSurvivors; a signature
-  // that does not verify, kBadSignature; one of a client that is no such neighbour,
-  // kNotNeighbour).
+  // that does not verify, kBadSignature; one of a client that is no such neighbour, or its own,
+  // kNotNeighbour; one signer twice, kDuplicate; a signature of another round, kWrongRound).
   UnmaskResponse unmask(const UnmaskRequest& request);
 
   uint64_t id() const { return id_; }
@@ -250,11 +251,13 @@ class SecAggServer {
   std::vector<EncryptedShare> sharesFor(uint64_t client);
   void onMaskedInput(const MaskedInput& m);
   // A signed round's consistency step (kUnexpectedMessage in another): closes the masked inputs
-  // on the first call, and tells `client` (one of them) who is absent, every client alike.
+  // on the first call, and tells `client` (one of them; kWrongSender for another) who is absent,
+  // every client alike.
   SurvivorsRequest survivorsFor(uint64_t client);
-  // `r.client`'s signature of the survivors: refused when it is not one (kWrongSender), twice
-  // (kDuplicate), after the first unmask request (kLate), or when it does not verify with its
-  // certified key (kBadSignature).
+  // `r.client`'s signature of the survivors: refused in an unsigned round (kUnexpectedMessage), of
+  // another round (kWrongRound), when it is not one (kWrongSender), twice (kDuplicate), after the
+  // first unmask request (kLate), or when it does not verify with its certified key
+  // (kBadSignature).
   void onSurvivorsSigned(const SurvivorsSigned& r);
   // Closes the masked inputs on the first call: what `client` (one of them) is asked to reveal.
   // A signed round closes the signatures too, asks only the clients that signed (kWrongSender

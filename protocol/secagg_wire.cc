@@ -466,9 +466,10 @@ SecAggRelayMsg decodeSecAggRelay(std::span<const uint8_t> bytes, const SecAggLim
   out.round = m->round();
   out.nonce = m->nonce();
   out.deadline_ms = m->deadline_ms();
-  if (m->stage() > static_cast<uint8_t>(RelayStage::kSurvivors))
-    fail(Errc::kUnexpectedEncoding,
-         "secagg relay: stage " + std::to_string(m->stage()) + " is none of 0 to 5");
+  if (m->stage() > static_cast<uint8_t>(kLastRelayStage))
+    fail(Errc::kUnexpectedEncoding, "secagg relay: stage " + std::to_string(m->stage()) +
+                                        " is none of 0 to " +
+                                        std::to_string(static_cast<int>(kLastRelayStage)));
   out.stage = static_cast<RelayStage>(m->stage());
   const bool roster = out.stage == RelayStage::kRoster;
   if (m->common() && m->common()->size() > 0) {

@@ -92,6 +92,7 @@ enum class RelayStage : uint8_t {
   kUnmask = 4,
   kSurvivors = 5,  // a signed round's survivors, between the masked inputs and the unmask step
 };
+inline constexpr RelayStage kLastRelayStage = RelayStage::kSurvivors;
 struct SecAggRelayMsg {
   uint64_t from = 0;  // the aggregator on its answers, 0 from the root
   uint64_t round = 0, nonce = 0;

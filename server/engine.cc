@@ -790,7 +790,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   return finishRecord();
 }
 
-// Secure aggregation's four steps for the sampled clients (server/secure_round.h), then the
+// Secure aggregation's steps for the sampled clients (server/secure_round.h), then the
 // survivors' sum merged into `agg` as one partial of uniform weights (the bound n C checked).
 // False, with rec.reason, when the round has no sum to apply.
 bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,

@@ -105,19 +105,31 @@ void SecureRelay::reply(SecureStage stage, uint64_t client, std::span<const uint
     pr::SecAggLimits l = limits_;
     l.max_neighbours = std::min<uint32_t>(l.max_neighbours, params_.neighbours);
     uint64_t from = 0, round = 0, nonce = 0;
-    if (stage == SecureStage::kAdvertise) {
-      const auto k = pr::decodeSecAggKeys(bytes, l);
-      std::tie(from, round, nonce) = std::tuple{k.advert.client, k.advert.round, k.nonce};
-    } else if (stage == SecureStage::kShareKeys) {
-      const auto k = pr::decodeSecAggShares(bytes, l);
-      std::tie(from, round, nonce) = std::tuple{k.client, k.round, k.nonce};
-    } else if (stage == SecureStage::kSurvivors) {
-      const auto k = pr::decodeSecAggSigned(bytes, l);
-      std::tie(from, round, nonce) =
-          std::tuple{k.signed_survivors.client, k.signed_survivors.round, k.nonce};
-    } else {
-      const auto k = pr::decodeSecAggReveal(bytes, l);
-      std::tie(from, round, nonce) = std::tuple{k.response.client, k.response.round, k.nonce};
+    switch (stage) {  // every step but the masked input's (below); no default: a new step is a
+                      // -Wswitch error here
+      case SecureStage::kAdvertise: {
+        const auto k = pr::decodeSecAggKeys(bytes, l);
+        std::tie(from, round, nonce) = std::tuple{k.advert.client, k.advert.round, k.nonce};
+        break;
+      }
+      case SecureStage::kShareKeys: {
+        const auto k = pr::decodeSecAggShares(bytes, l);
+        std::tie(from, round, nonce) = std::tuple{k.client, k.round, k.nonce};
+        break;
+      }
+      case SecureStage::kMaskedInput:
+        break;
+      case SecureStage::kSurvivors: {
+        const auto k = pr::decodeSecAggSigned(bytes, l);
+        std::tie(from, round, nonce) =
+            std::tuple{k.signed_survivors.client, k.signed_survivors.round, k.nonce};
+        break;
+      }
+      case SecureStage::kUnmask: {
+        const auto k = pr::decodeSecAggReveal(bytes, l);
+        std::tie(from, round, nonce) = std::tuple{k.response.client, k.response.round, k.nonce};
+        break;
+      }
     }
     if (from != client)
       throw InputError(Errc::kWrongSender, "secagg relay: " + who + " sent an answer of client " +

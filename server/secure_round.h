@@ -1,7 +1,8 @@
 #pragma once
 // Secure aggregation (SecAgg+, privacy/secagg.h) as the round engine runs it: the server's side
 // of one round over the wire messages of protocol/secagg_wire.h. The engine makes one per round
-// for its sampled clients and drives its four steps through the fleet (server/engine.h):
+// for its sampled clients and drives its steps through the fleet (server/engine.h), four, or five
+// in a signed round:
 //
 //   kAdvertise    Fleet::exchange: request(kAdvertise, c) is the round's setup, reply its keys
 //   kShareKeys    Fleet::exchange: the neighbours' adverts, reply the client's sealed shares
@@ -55,6 +56,9 @@ struct SecAggConfig {
 };
 
 // The steps in the order they run; kSurvivors only in a signed round (SecAggParams::signed_keys).
+// One step has several numbers: the survivors step is SecureStage 3, "2b" in privacy/secagg.h,
+// protocol::RelayStage::kSurvivors (5, appended to the relay's stages) and message kinds 24 and
+// 25; relayStageOf and secureStageOf map the stages both ways.
 enum class SecureStage : uint8_t {
   kAdvertise = 0,
   kShareKeys = 1,
@@ -63,6 +67,7 @@ enum class SecureStage : uint8_t {
   kUnmask = 4,
 };
 inline constexpr size_t kSecureStages = 5;
+static_assert(kSecureStages == static_cast<size_t>(SecureStage::kUnmask) + 1);
 // Whether a round of `params` runs step `s`.
 bool runsStage(const privacy::SecAggParams& params, SecureStage s);
 const char* stageName(SecureStage s);
@@ -111,7 +116,9 @@ class SecureSteps {
   virtual uint64_t round() const = 0;
   virtual uint64_t nonce() const = 0;
   // Whether `client` is sent `stage`'s request: at the root, a client of the round that answered
-  // every step before it; at an aggregator, one its upstream sent a message of the step for.
+  // every step the round ran before it (in a signed round, the unmask step only to the clients
+  // whose survivors signature it took: this is where that is decided; privacy::SecAggServer
+  // refuses the others too); at an aggregator, one its upstream sent a message of the step for.
   virtual bool inStep(SecureStage stage, uint64_t client) const = 0;
   // The clients peer `peer` relays (empty: none; an edge aggregator's below the root).
   virtual std::span<const uint64_t> relayedBy(uint64_t peer) const;

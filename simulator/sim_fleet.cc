@@ -606,15 +606,19 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
                      .first->second.setup(req);
       } else {
         client::SecureParty& party = parties_.at(id);
-        switch (stage) {
+        switch (stage) {                         // no default: a new step is a -Wswitch error here
+          case server::SecureStage::kAdvertise:  // above
+          case server::SecureStage::kMaskedInput:  // runPhase's, never exchanged
+            break;
           case server::SecureStage::kShareKeys:
             answer = party.shareKeys(req);
             break;
           case server::SecureStage::kSurvivors:
             answer = party.signSurvivors(req);
             break;
-          default:
+          case server::SecureStage::kUnmask:
             answer = party.unmask(req);
+            break;
         }
       }
     } catch (const Error&) {  // the client refused the request (InputError, InvalidArgument)

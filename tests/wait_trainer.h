@@ -12,6 +12,7 @@
 
 #include "client/trainer.h"
 #include "core/clock.h"
+#include "core/error.h"
 
 namespace starling::testing {
 
@@ -72,9 +73,15 @@ class WaitTrainer final : public WrappedTrainer {
 // then sees its updates arrive wave by wave, whatever the threads' scheduling: no client can
 // finish several fits while another's task waits for a core, so the staleness an asynchronous
 // server sees follows from the configuration, not from the machine's load.
+// What the test must keep: exactly `width` fits in flight whenever one waits (with fewer, they
+// wait until a stop or open(); a server's Shutdown does not release them, as fit() does not read
+// it), open() before it waits for the clients to end (their last fits wait for a wave that will
+// not come), and the object alive until the clients' threads have ended.
 class FitWaves {
  public:
-  explicit FitWaves(size_t width) : width_(width) {}
+  explicit FitWaves(size_t width) : width_(width) {
+    STARLING_CHECK_ARG(width >= 1, "FitWaves: a wave of no fits");
+  }
   // Waits for the wave `this` fit belongs to; a stop (FitConfig::stop) ends the wait.
   void arrive(const std::atomic<bool>* stop) {
     std::unique_lock lock(mu_);

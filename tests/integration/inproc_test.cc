@@ -782,13 +782,13 @@ TEST_CASE(
     "once, weigh the stale ones, and learn",
     "[integration][inproc][async]") {
   const data::Dataset& train = fashion("train", 1200);
-  InprocFederation f("logreg", train, iid(train, 6));
   // Four clients train at once and a step takes three: the fourth update of each wave lands on a
   // newer version than it trained from. The four fits in flight finish together (FitWaves), so
   // that a client whose thread waits for a core under load cannot be overtaken by the others'
-  // next fits and come back more stale than the bound.
-  f.asyncRoot(asyncServerConfig(3, 4), asyncRootConfig(8, 4, 6));
+  // next fits and come back more stale than the bound. Declared first: it outlives the clients.
   starling::testing::FitWaves waves(4);
+  InprocFederation f("logreg", train, iid(train, 6));
+  f.asyncRoot(asyncServerConfig(3, 4), asyncRootConfig(8, 4, 6));
   for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root", {}, {}, {}, &waves);
   const bool done = f.waitRootDone(seconds(120));
   waves.open();

@@ -779,7 +779,6 @@ TEST_CASE(
       CHECK(refused[v] == Errc::kInconsistentSurvivors);
     }
     CHECK(refused[u] == Errc::kInconsistentSurvivors);
-    if (seed_shares.size() >= t) CHECK(r.unmasked(u, seed_shares, keys) != r.want(u));
   }
 }
 
@@ -787,8 +786,10 @@ TEST_CASE(
 // story within its bound reads the sum of three adjacent clients G (the pairwise masks inside G
 // cancel): each g in G is told that one outside neighbour w1 dropped (g reveals their pairwise
 // key) and w1 that g survived (w1 reveals a share of g's seed), and g's other outside neighbour
-// that g dropped (it reveals their pairwise key). Signed, each client signs one list, and g
-// reveals only with t of its neighbours' signatures of the list it signed.
+// that g dropped (it reveals their pairwise key). Signed, each client signs one list: G's list
+// names, of the outside neighbours, a set X that leaves each member exactly t neighbours (so each
+// signs it, and its own bound would let it answer); g then reveals only with t of its neighbours'
+// signatures of that list, and only G's other two members hold it.
 TEST_CASE("secagg: a signed round's survivors step keeps three adjacent clients' sum masked",
           "[privacy][secagg]") {
   LyingRound r(true);
@@ -802,25 +803,27 @@ TEST_CASE("secagg: a signed round's survivors step keeps three adjacent clients'
   const auto in_group = [&](uint64_t v) {
     return std::find(group.begin(), group.end(), v) != group.end();
   };
-  std::map<uint64_t, std::vector<uint64_t>> story;
-  std::set<uint64_t> told_dropped;  // w1 of each member (its story: nobody dropped)
-  std::vector<uint64_t> x_list;     // what G is told: every member's w1 dropped
-  std::set<uint64_t> w2s;           // told that G dropped
-  for (uint64_t m : group) {
-    std::vector<uint64_t> out;
+  std::set<uint64_t> outside;  // G's outside neighbours
+  for (uint64_t m : group)
     for (uint64_t v : g.neighbours(m))
-      if (!in_group(v)) out.push_back(v);
-    REQUIRE(out.size() == 2);
-    x_list.push_back(out[0]);
-    told_dropped.insert(out[0]);
-    w2s.insert(out[1]);
-  }
-  std::sort(x_list.begin(), x_list.end());
-  x_list.erase(std::unique(x_list.begin(), x_list.end()), x_list.end());
+      if (!in_group(v)) outside.insert(v);
+  // X: two of them, each member beside exactly one (its w1; the others are its w2s).
+  std::vector<uint64_t> x_list;
+  for (uint64_t a : outside)
+    for (uint64_t b : outside) {
+      if (!x_list.empty() || a >= b) continue;
+      bool one_each = true;
+      for (uint64_t m : group)
+        one_each &= (g.adjacent(m, a) ? 1 : 0) + (g.adjacent(m, b) ? 1 : 0) == 1;
+      if (one_each) x_list = {a, b};
+    }
+  REQUIRE(x_list.size() == 2);
+  std::map<uint64_t, std::vector<uint64_t>> story;  // G: X; X: nobody dropped; the w2s: G dropped
   for (uint64_t w : r.ids)
-    story[w] = in_group(w)                              ? x_list
-               : w2s.count(w) && !told_dropped.count(w) ? group
-                                                        : std::vector<uint64_t>{};
+    story[w] = in_group(w) ? x_list
+               : outside.count(w) && !std::binary_search(x_list.begin(), x_list.end(), w)
+                   ? group
+                   : std::vector<uint64_t>{};
   std::map<uint64_t, SurvivorsSigned> sig;
   std::map<uint64_t, Errc> refused;
   for (uint64_t w : r.ids) {
@@ -853,11 +856,13 @@ TEST_CASE("secagg: a signed round's survivors step keeps three adjacent clients'
       refused[w] = e.code();
     }
   }
-  // No member of G reveals anything: its story has at most two signers (the other members).
+  // Every member signed its list (it keeps t neighbours), and none reveals anything: its story
+  // has two signers, the other members.
   for (uint64_t m : group) {
     INFO("member " << m);
+    CHECK(sig.count(m));
     REQUIRE(refused.count(m));
-    CHECK((refused[m] == Errc::kInconsistentSurvivors || refused[m] == Errc::kTooFewSurvivors));
+    CHECK(refused[m] == Errc::kInconsistentSurvivors);
   }
   // The group's sum, less every mask the server can remove, is not the group's inputs.
   std::vector<uint64_t> sum(r.p.dim, 0), want(r.p.dim, 0);
@@ -964,6 +969,20 @@ TEST_CASE("secagg: a signed round's survivors step refuses what a lying server o
     // Refused requests changed nothing: the honest one is answered.
     CHECK(r.c[u]->unmask(honest).shares.size() == n_u.size());
   }
+  SECTION("the server: who is asked to sign") {
+    const uint64_t late = 9;  // its masked input never comes
+    REQUIRE(late != u);
+    for (uint64_t w : r.ids)
+      if (w != late) r.server->onMaskedInput(r.y[w]);
+    CHECK(codeOf([&] { r.server->survivorsFor(late); }) == Errc::kWrongSender);
+    CHECK(r.server->survivorsFor(u).absent == std::vector<uint64_t>{late});
+    LyingRound plain(false);  // no survivors step in an unsigned round
+    for (uint64_t w : plain.ids) plain.server->onMaskedInput(plain.y[w]);
+    CHECK(codeOf([&] { plain.server->survivorsFor(u); }) == Errc::kUnexpectedMessage);
+    CHECK(codeOf([&] {
+            plain.server->onSurvivorsSigned({u, plain.p.round, {}});
+          }) == Errc::kUnexpectedMessage);
+  }
   SECTION("the server") {
     // Before the masked inputs close nothing is asked; a client's signature that does not verify,
     // of another list, twice, from a client it did not ask, or after the unmask step opened.
@@ -985,6 +1004,11 @@ TEST_CASE("secagg: a signed round's survivors step refuses what a lying server o
     // late.
     CHECK(codeOf([&] { r.server->unmaskRequestFor(n_u[0]); }) == Errc::kWrongSender);
     CHECK(r.server->unmaskRequestFor(u).signatures.empty());  // no neighbour of u signed
+    // An unmask answer from a client that did not sign (asked nothing), refused.
+    UnmaskResponse unasked;
+    unasked.client = n_u[0];
+    unasked.round = r.p.round;
+    CHECK(codeOf([&] { r.server->onUnmask(unasked); }) == Errc::kWrongSender);
     const SurvivorsSigned late = r.c[n_u[0]]->signSurvivors(r.server->survivorsFor(n_u[0]));
     CHECK(codeOf([&] { r.server->onSurvivorsSigned(late); }) == Errc::kLate);
   }

@@ -54,6 +54,7 @@ class SecureFleet final : public server::Fleet {
   std::map<uint64_t, Errc> client_refused;
   std::map<uint64_t, std::vector<uint64_t>> completed;  // round -> masked inputs taken
   uint64_t refused = 0;
+  std::map<uint64_t, Errc> root_refused;  // the code of each client's answer the round refused
 
   std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
                                                  uint64_t) override {
@@ -135,9 +136,10 @@ class SecureFleet final : public server::Fleet {
     try {
       round.reply(stage, id, ans);
       rep.completed.push_back(id);
-    } catch (const InputError&) {
+    } catch (const InputError& e) {
       ++rep.refused;
       ++refused;
+      root_refused[id] = e.code();
       rep.failed.push_back(id);
     }
   }
@@ -329,6 +331,8 @@ TEST_CASE(
     server::RoundEngine engine(l, config, std::vector<float>(n, 0.0f));
     const server::RoundRecord rec = engine.runRound(fleet);
     CHECK(fleet.refused == 1);  // the victim's signature, by the root
+    CHECK(fleet.root_refused.at(victim) == Errc::kBadSignature);
+    CHECK(fleet.client_refused.empty());
     CHECK(unmasked == 11);
     REQUIRE(rec.applied);
     CHECK(rec.clients_completed == 12);  // its masked input is in the sum

@@ -1088,7 +1088,8 @@ TEST_CASE(
   runSecureOrPlain(dir, "sec", 3, "none", true);
   runSecureOrPlain(dir, "again", 3, "none", true);
   // Under the malicious-server threat model (signed, certified keys): the same model to the bit,
-  // each client's advert 160 bytes more (its signature, signing key and certificate).
+  // each client's advert 160 bytes more (its signature, signing key and certificate), and its
+  // signature of the survivors (the survivors step) on top.
   runSecureOrPlain(dir, "signed", 3, "none", true, 1, {"--secagg.threat", "malicious-server"});
   runSecureOrPlain(dir, "resumed", 2, "none", true);
   runSecureOrPlain(dir, "resumed", 3, "none", true);  // the same checkpoint, one round more
