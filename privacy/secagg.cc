@@ -41,8 +41,11 @@ std::vector<uint8_t> shareContext(uint64_t from, uint64_t to, uint64_t run, uint
   return c;
 }
 
-// The plaintext of a sealed pair of shares: from, to, round, then the two shares.
+// The plaintext of a sealed pair of shares: from, to, round, then the two shares (the mask key's,
+// then the self-mask seed's). A signed round deals the seed's only: it never rebuilds a mask key
+// (SecAggClient::unmask), so t colluding neighbours hold nothing of one.
 constexpr size_t kSharePlain = 3 * 8 + 2 * Share::kBytes;
+constexpr size_t kSeedSharePlain = 3 * 8 + Share::kBytes;
 
 uint64_t point(uint64_t client) { return client + 1; }  // Shamir points start at 1
 
@@ -194,7 +197,8 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
               "'s neighbours advertised keys; its secrets need ", p_.threshold);
   std::vector<uint64_t> points;
   for (const auto& [v, a] : got) points.push_back(point(v));
-  const std::vector<Share> key_shares = shamirSplit(mask_.secret_key, p_.threshold, points);
+  const std::vector<Share> key_shares =
+      p_.signed_keys ? std::vector<Share>{} : shamirSplit(mask_.secret_key, p_.threshold, points);
   const std::vector<Share> seed_shares = shamirSplit(self_seed_, p_.threshold, points);
   std::vector<EncryptedShare> out;
   size_t i = 0;
@@ -203,8 +207,11 @@ std::vector<EncryptedShare> SecAggClient::shareKeys(std::span<const KeyAdvert> a
     putU64(plain, id_);
     putU64(plain, v);
     putU64(plain, p_.round);
-    const auto ks = key_shares[i].bytes(), ss = seed_shares[i].bytes();
-    plain.insert(plain.end(), ks.begin(), ks.end());
+    if (!p_.signed_keys) {
+      const auto ks = key_shares[i].bytes();
+      plain.insert(plain.end(), ks.begin(), ks.end());
+    }
+    const auto ss = seed_shares[i].bytes();
     plain.insert(plain.end(), ss.begin(), ss.end());
     const Key32 k =
         agree(cipher_, a.cipher_pk, p_.run_seed, p_.round, KeyPurpose::kShareEncryption);
@@ -240,19 +247,20 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
     const Key32 k =
         agree(cipher_, a->second.cipher_pk, p_.run_seed, p_.round, KeyPurpose::kShareEncryption);
     const auto plain = open(k, e.ciphertext, shareContext(e.from, id_, p_.run_seed, p_.round));
-    if (!plain || plain->size() != kSharePlain || getU64(*plain, 0) != e.from ||
+    const size_t want = p_.signed_keys ? kSeedSharePlain : kSharePlain;
+    if (!plain || plain->size() != want || getU64(*plain, 0) != e.from ||
         getU64(*plain, 8) != id_ || getU64(*plain, 16) != p_.round)
       failInput(Errc::kInconsistentShares, "the share from client ", e.from, " to client ", id_,
                 " does not open");
     const std::span<const uint8_t> body(*plain);
-    Share ks, ss;
+    Share ks, ss;  // a signed round's ks stays empty: no mask key is shared
     try {
-      ks = Share::fromBytes(body.subspan(24, Share::kBytes));
-      ss = Share::fromBytes(body.subspan(24 + Share::kBytes, Share::kBytes));
+      if (!p_.signed_keys) ks = Share::fromBytes(body.subspan(24, Share::kBytes));
+      ss = Share::fromBytes(body.subspan(want - Share::kBytes, Share::kBytes));
     } catch (const InvalidArgument& err) {
       failInput(Errc::kInconsistentShares, "the share from client ", e.from, ": ", err.what());
     }
-    if (ks.x != point(id_) || ss.x != point(id_))
+    if ((!p_.signed_keys && ks.x != point(id_)) || ss.x != point(id_))
       failInput(Errc::kInconsistentShares, "the share from client ", e.from, " is not at client ",
                 id_, "'s point");
     if (!held.emplace(e.from, std::make_pair(ks, ss)).second)

@@ -15,6 +15,8 @@
 //   1 share keys   u receives its advertising neighbours' keys (>= t of them), splits s_u's secret
 //                  key and b_u t-of-n among them (Shamir, privacy/shamir.h; recipient v's point is
 //                  v + 1) and sends each pair of shares sealed to its recipient (privacy/crypto.h).
+//                  A signed round shares b_u only: it never rebuilds a mask key (step 3), so no
+//                  t neighbours together hold u's.
 //   2 masked input u receives the sealed shares of the neighbours that sent theirs (>= t), and
 //   sends
 //                  y_u = encode(x_u) + PRG(b_u) + sum over those neighbours v of +-PRG(s_uv) in
@@ -72,7 +74,8 @@ namespace starling::privacy {
 // encoding. Bumped whenever any of them changes; a setup of another derivation is refused
 // (protocol/secagg_wire.h), so that a root and a client of builds that would disagree fail loudly
 // instead of summing to a wrong model.
-inline constexpr uint32_t kSecAggDerivation = 1;
+// 2: a signed round deals shares of the self-mask seed only (no mask key's).
+inline constexpr uint32_t kSecAggDerivation = 2;
 
 // Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
 inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;

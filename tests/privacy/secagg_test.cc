@@ -566,6 +566,36 @@ TEST_CASE("secagg: under the malicious-server threat model a signed round sums a
   }
 }
 
+TEST_CASE("secagg: a signed round deals shares of the self-mask seed only, no mask key's",
+          "[privacy][secagg]") {
+  std::map<bool, std::vector<size_t>> sealed;  // signed -> each share's ciphertext bytes
+  for (const bool signed_keys : {false, true}) {
+    const SecAggParams p = params(8, 6, 4, 3, signed_keys);
+    const auto ids = range(0, 6);
+    const SigningKeyPair authority = SigningKeyPair::generate();
+    std::map<uint64_t, SecAggSigner> signer;
+    for (uint64_t id : ids) signer[id] = certified(authority, id);
+    const Key32* trust = signed_keys ? &authority.public_key : nullptr;
+    SecAggServer server(p, ids, trust);
+    std::map<uint64_t, std::unique_ptr<SecAggClient>> c;
+    for (uint64_t id : ids) {
+      c[id] = std::make_unique<SecAggClient>(p, id, ids, signed_keys ? &signer[id] : nullptr);
+      server.onAdvert(c[id]->advertise());
+    }
+    for (uint64_t id : ids) {
+      const auto shares = c[id]->shareKeys(server.advertsFor(id), trust);
+      for (const EncryptedShare& e : shares) sealed[signed_keys].push_back(e.ciphertext.size());
+      server.onShares(id, shares);
+    }
+    // Each opens at its recipient (a share of the other layout would not).
+    for (uint64_t id : ids)
+      CHECK_NOTHROW(c[id]->maskedInput(server.sharesFor(id), std::vector<float>(p.dim, 0.1f)));
+  }
+  REQUIRE(sealed[false].size() == sealed[true].size());
+  for (size_t i = 0; i < sealed[true].size(); ++i)
+    CHECK(sealed[true][i] + Share::kBytes == sealed[false][i]);
+}
+
 TEST_CASE("secagg: under the malicious-server threat model a swapped or invented key is caught",
           "[privacy][secagg]") {
   const SecAggParams p = params(8, 6, 4, 3, /*signed_keys=*/true);
