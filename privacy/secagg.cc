@@ -87,6 +87,10 @@ void SecAggParams::validate() const {
 }
 
 Key32 rosterHash(std::span<const uint64_t> sorted_clients) {
+  for (size_t i = 1; i < sorted_clients.size(); ++i)
+    STARLING_CHECK_ARG(sorted_clients[i] > sorted_clients[i - 1],
+                       "secagg: a roster not strictly ascending (", sorted_clients[i - 1],
+                       ", then ", sorted_clients[i], ")");
   return hashWords("starling secagg roster v1", sorted_clients);
 }
 

@@ -157,8 +157,9 @@ struct UnmaskResponse {
   std::vector<RevealedShare> shares;
 };
 
-// The digest of a round's clients (ascending) that every signed advert binds: parties that were
-// given different client lists (so different graphs) do not verify each other's adverts.
+// The digest of a round's clients (strictly ascending: InvalidArgument otherwise, since another
+// order of the same clients would give another digest) that every signed advert binds: parties
+// that were given different client lists (so different graphs) do not verify each other's adverts.
 Key32 rosterHash(std::span<const uint64_t> sorted_clients);
 // What a signature covers (bytes, for sign/verify): the advert's fields, the run, the round, the
 // setup's session, the roster, and the round's k, t, ring and size.

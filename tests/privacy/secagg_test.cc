@@ -555,6 +555,10 @@ TEST_CASE("secagg: under the malicious-server threat model a signed round sums a
     CHECK_FALSE(advertSigned(a, r.authority.public_key, again, roster));
     std::vector<uint64_t> fewer(r.ids.begin(), r.ids.end() - 1);
     CHECK_FALSE(advertSigned(a, r.authority.public_key, r.p, rosterHash(fewer)));
+    // The same clients in another order are no roster: refused, not hashed to another digest.
+    std::vector<uint64_t> unordered = r.ids;
+    std::swap(unordered[0], unordered[1]);
+    CHECK_THROWS_AS(rosterHash(unordered), InvalidArgument);
     // ... and to the round's parameters: another threshold, ring or size does not verify.
     for (const auto& change : std::vector<std::function<void(SecAggParams&)>>{
              [](SecAggParams& q) { q.threshold += 1; }, [](SecAggParams& q) { q.neighbours += 2; },
