@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -94,13 +95,32 @@ Key32 rosterHash(std::span<const uint64_t> sorted_clients) {
   return hashWords("starling secagg roster v1", sorted_clients);
 }
 
-std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, const Key32& roster) {
-  static constexpr char kDomain[] = "starling secagg advert v2";
-  std::vector<uint8_t> b(kDomain, kDomain + sizeof kDomain - 1);
+namespace {
+
+// What every signature of a round's exchange starts with: its domain, the run, the round, the
+// setup's session and the roster.
+std::vector<uint8_t> exchangeBytes(std::string_view domain, const SecAggParams& p, uint64_t round,
+                                   const Key32& roster) {
+  std::vector<uint8_t> b(domain.begin(), domain.end());
   putU64(b, p.run_seed);
-  putU64(b, a.round);
+  putU64(b, round);
   putU64(b, p.session);
   b.insert(b.end(), roster.begin(), roster.end());
+  return b;
+}
+
+// An advert's client and its fresh keys.
+void appendAdvertKeys(std::vector<uint8_t>& b, const KeyAdvert& a) {
+  putU64(b, a.client);
+  b.insert(b.end(), a.cipher_pk.begin(), a.cipher_pk.end());
+  b.insert(b.end(), a.mask_pk.begin(), a.mask_pk.end());
+  b.insert(b.end(), a.self_mask_hash.begin(), a.self_mask_hash.end());
+}
+
+}  // namespace
+
+std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, const Key32& roster) {
+  std::vector<uint8_t> b = exchangeBytes("starling secagg advert v2", p, a.round, roster);
   // The round's parameters: a server that gives neighbours different k, t, rings or sizes is
   // caught as a swapped key is.
   putU64(b, p.neighbours);
@@ -110,10 +130,7 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
   putU64(b, std::bit_cast<uint64_t>(p.ring.clip));
   putU64(b, p.ring.max_clients);
   putU64(b, p.dim);
-  putU64(b, a.client);
-  b.insert(b.end(), a.cipher_pk.begin(), a.cipher_pk.end());
-  b.insert(b.end(), a.mask_pk.begin(), a.mask_pk.end());
-  b.insert(b.end(), a.self_mask_hash.begin(), a.self_mask_hash.end());
+  appendAdvertKeys(b, a);
   return b;
 }
 
@@ -133,18 +150,10 @@ bool advertSigned(const KeyAdvert& a, const Key32& authority, const SecAggParams
 
 std::vector<uint8_t> survivorsBytes(const SecAggParams& p, const Key32& roster,
                                     std::span<const uint64_t> absent, const KeyAdvert& signer) {
-  static constexpr char kDomain[] = "starling secagg survivors v1";
-  std::vector<uint8_t> b(kDomain, kDomain + sizeof kDomain - 1);
-  putU64(b, p.run_seed);
-  putU64(b, p.round);
-  putU64(b, p.session);
-  b.insert(b.end(), roster.begin(), roster.end());
+  std::vector<uint8_t> b = exchangeBytes("starling secagg survivors v1", p, p.round, roster);
   const Key32 h = hashWords("starling secagg absent v1", absent);
   b.insert(b.end(), h.begin(), h.end());
-  putU64(b, signer.client);
-  b.insert(b.end(), signer.cipher_pk.begin(), signer.cipher_pk.end());
-  b.insert(b.end(), signer.mask_pk.begin(), signer.mask_pk.end());
-  b.insert(b.end(), signer.self_mask_hash.begin(), signer.self_mask_hash.end());
+  appendAdvertKeys(b, signer);
   return b;
 }
 

@@ -294,8 +294,13 @@ std::vector<uint8_t> SecureRound::request(SecureStage stage, uint64_t client) {
     case SecureStage::kMaskedInput:
       return pr::encode(
           pr::SecAggSharesMsg{client, params_.round, nonce_, server_.sharesFor(client)});
-    case SecureStage::kSurvivors:
-      return pr::encode(pr::SecAggSurvivorsMsg{nonce_, server_.survivorsFor(client)});
+    case SecureStage::kSurvivors: {
+      // One list for every client (survivorsFor refuses one without a masked input): encoded
+      // once, as the setup is, not n times its absent clients.
+      const pv::SurvivorsRequest list = server_.survivorsFor(client);
+      if (survivors_.empty()) survivors_ = pr::encode(pr::SecAggSurvivorsMsg{nonce_, list});
+      return survivors_;
+    }
     case SecureStage::kUnmask:
       return pr::encode(pr::SecAggUnmaskMsg{nonce_, server_.unmaskRequestFor(client)});
   }

@@ -197,8 +197,9 @@ class SecureRound final : public SecureSteps {
   uint64_t nonce_;
   privacy::DhKeyPair probe_;  // agrees with every advertised key once: a low-order one is refused
   privacy::SecAggServer server_;
-  int open_ = -1;               // the step open (SecureStage), -1 before the first request
-  std::vector<uint8_t> setup_;  // the advertise step's request, every client's alike
+  int open_ = -1;                   // the step open (SecureStage), -1 before the first request
+  std::vector<uint8_t> setup_;      // the advertise step's request, every client's alike
+  std::vector<uint8_t> survivors_;  // the survivors step's request, every client's alike too
   std::set<uint64_t> clients_;
   std::map<uint64_t, std::vector<uint64_t>> relayed_;
   std::set<uint64_t> answered_[kSecureStages];
