@@ -92,6 +92,8 @@ const char* errcName(Errc c) {
       return "no credential";
     case Errc::kInconsistentSurvivors:
       return "inconsistent survivors";
+    case Errc::kPeerRoutingId:
+      return "routing id named by the peer";
   }
   return "unknown";
 }

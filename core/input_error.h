@@ -62,9 +62,11 @@ enum class Errc : uint8_t {
   kUnsignedRound,  // a round whose keys are not signed, to a client that requires it (its threat)
   kNoCredential,   // a signed round, and this client has no certified signing key or authority
   kInconsistentSurvivors,  // a signed round's survivors that fewer than t neighbours signed alike
+  // the connection (transport/)
+  kPeerRoutingId,  // a connection whose ZeroMQ routing id its peer named (not the server's own)
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kInconsistentSurvivors;
+inline constexpr Errc kLastErrc = Errc::kPeerRoutingId;
 
 const char* errcName(Errc c);
 

@@ -386,6 +386,8 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   const auto bytes = r.bytes();
   // The nonce tells a late answer to a closed task from a replay or a forgery.
   auto checkNonce = [&](uint64_t nonce) {
+    if (auto ex = expired_.find(id); ex != expired_.end() && ex->second.answeredWith(nonce))
+      failInput(Errc::kDuplicate, "a second answer to a task already answered");
     if (auto ex = expired_.find(id); ex != expired_.end() && ex->second.has(nonce))
       failInput(Errc::kLate, "an answer to a task whose phase already closed");
     if (!open) failInput(Errc::kWrongSender, "an update without a task");
@@ -411,7 +413,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   if (phase_->async) {
     // The task's answer, whatever becomes of it: the peer is idle again.
     const Pending task = pend->second;
-    expired_[id].add(nonce);
+    closeAnswered(id, nonce);
     pending_.erase(pend);
     // Refused here (before the buffer): the task failed. Refused by the buffer (take() throws,
     // counted as refused): answered the same way, not a failure.
@@ -445,7 +447,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   phase_->report->uplink_bytes += bytes.size();
   phase_->report->completed.push_back(id);
   ++phase_->accepted;
-  expired_[id].add(nonce);
+  closeAnswered(id, nonce);
   pending_.erase(pend);
 }
 
@@ -465,7 +467,7 @@ void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::Messag
     failInput(Errc::kLate, "a ", pr::kindName(kind), " after its step closed for client ", id);
   const uint64_t nonce = pend->second.nonce;
   // Whatever the round makes of it, the client's step is over: an answer refused fails it.
-  expired_[id].add(nonce);
+  closeAnswered(id, nonce);
   pending_.erase(pend);
   try {
     if (relays) {
@@ -521,7 +523,7 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
                   ", which it cannot relay (the root's own, an aggregator, or an id beyond ",
                   privacy::kMaxSecAggId, ")");
   }
-  expired_[id].add(pend->second.nonce);
+  closeAnswered(id, pend->second.nonce);
   pending_.erase(pend);
   phase_->report->uplink_bytes += r.bytes().size();
   phase_->report->completed.push_back(id);
@@ -593,10 +595,13 @@ std::map<uint64_t, std::vector<uint64_t>> ZmqFleet::secureRoster(
 void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
   const uint64_t id = peer.info.id;
   auto pend = pending_.find(id);
-  if (!phase_ || !phase_->eval || pend == pending_.end() || !pend->second.evaluate)
+  const pr::EvaluationMsg e = pr::decodeEvaluation(r.bytes());
+  if (!phase_ || !phase_->eval || pend == pending_.end() || !pend->second.evaluate) {
+    if (auto ex = expired_.find(id); ex != expired_.end() && ex->second.answeredWith(e.nonce))
+      failInput(Errc::kDuplicate, "a second answer to an evaluation task already answered");
     failInput(expired_.count(id) ? Errc::kLate : Errc::kWrongSender,
               "an evaluation without an evaluation task");
-  const pr::EvaluationMsg e = pr::decodeEvaluation(r.bytes());
+  }
   if (e.client_id != id)
     failInput(Errc::kWrongSender, "an evaluation claiming to be client ", e.client_id);
   if (e.nonce != pend->second.nonce)
@@ -608,7 +613,7 @@ void ZmqFleet::handleEvaluation(const transport::Received& r, Peer& peer) {
   ev.add(e.num_examples, e.loss,
          e.accuracy);  // losses bounded by the decoder, examples by registration
   ev.uplink_bytes += r.bytes().size();
-  expired_[id].add(e.nonce);
+  closeAnswered(id, e.nonce);
   pending_.erase(pend);
   ++phase_->accepted;
 }
@@ -704,7 +709,46 @@ void ZmqFleet::poll(milliseconds timeout) {
   }
   refused_handshakes_ += dropped;
   refusals_unlisted_ += dropped;
+  logConnections();
   if (idle_) idle_();
+}
+
+// What ZeroMQ's events say of the connections since the last line: a plaintext or broken
+// handshake never reaches receive() or the ZAP handler, and a connection dropped for a frame over
+// the socket's ceiling leaves no message behind, so these lines are the only trace of either.
+void ZmqFleet::logConnections() {
+  const transport::ConnectionCounts& now = socket_.connections();
+  transport::ConnectionCounts& was = connections_logged_;
+  const uint64_t mechanism = now.refused_mechanism - was.refused_mechanism;
+  const uint64_t protocol = now.refused_protocol - was.refused_protocol;
+  const uint64_t unfinished = now.failed_handshake - was.failed_handshake;
+  const uint64_t dropped = now.dropped() - std::min(was.dropped(), now.dropped());
+  if (mechanism + protocol + unfinished + dropped == 0) return;
+  const auto t = config_.clock->now();
+  if (t - connections_log_ < std::chrono::seconds(1)) return;  // the rest comes in the next line
+  connections_log_ = t;
+  if (mechanism)
+    log_->warn(
+        "refused {} connection(s) of another security mechanism: plain TCP (ZMTP's NULL "
+        "mechanism) on this {} port, or the reverse ({} in all)",
+        mechanism, socket_.secure() ? "CURVE" : "plain TCP", now.refused_mechanism);
+  if (protocol)
+    log_->warn(
+        "refused {} connection(s) for a ZMTP or CURVE protocol error: not a ZeroMQ peer, or "
+        "one holding another server key ({} in all)",
+        protocol, now.refused_protocol);
+  if (unfinished)
+    log_->warn(
+        "{} connection(s) dropped before their handshake finished: reset, or silent past "
+        "the handshake timeout ({} in all)",
+        unfinished, now.failed_handshake);
+  if (dropped)
+    log_->info(
+        "{} connection(s) closed after their handshake: the peer left, its heartbeats "
+        "stopped, or it sent a frame over {} bytes, which ZeroMQ drops a connection for "
+        "unread ({} in all)",
+        dropped, socket_.limits().frameCeiling(), now.dropped());
+  was = now;
 }
 
 void ZmqFleet::service(milliseconds timeout) {

@@ -132,6 +132,10 @@ class ZmqFleet final : public Fleet {
   uint64_t refusedTotal() const;
   // CURVE handshakes refused (logged with the peer's address), over the fleet's life.
   uint64_t refusedHandshakes() const { return refused_handshakes_; }
+  // The socket's connections as ZeroMQ reported them (accepted, refused by kind, dropped); what
+  // changed is logged, at most a line a second.
+  const transport::ConnectionCounts& connections() const { return socket_.connections(); }
+  const transport::TransportStats& transportStats() const { return socket_.stats(); }
 
  private:
   struct Peer {
@@ -201,15 +205,27 @@ class ZmqFleet final : public Fleet {
   std::unordered_map<std::string, uint64_t> by_routing_;
   std::unordered_map<uint64_t, Pending> pending_;
   // Client -> the nonces of its last few closed tasks: an answer carrying one is late, not forged
-  // (a slow straggler may answer a task several rounds old).
+  // (a slow straggler may answer a task several rounds old), or a duplicate when the task closed
+  // because it was answered (its phase may still be open).
   struct Expired {
     std::array<uint64_t, 4> nonces{};
+    std::array<bool, 4> answered{};
     size_t next = 0;
-    void add(uint64_t n) { nonces[next++ % nonces.size()] = n; }
+    void add(uint64_t n, bool was_answered = false) {
+      answered[next % nonces.size()] = was_answered;
+      nonces[next++ % nonces.size()] = n;
+    }
     bool has(uint64_t n) const {
       return n != 0 && std::find(nonces.begin(), nonces.end(), n) != nonces.end();
     }
+    bool answeredWith(uint64_t n) const {
+      for (size_t i = 0; i < nonces.size(); ++i)
+        if (n != 0 && nonces[i] == n && answered[i]) return true;
+      return false;
+    }
   };
+  // Closes `id`'s task of `nonce` because it was answered (a second answer is a duplicate).
+  void closeAnswered(uint64_t id, uint64_t nonce) { expired_[id].add(nonce, true); }
   std::unordered_map<uint64_t, Expired> expired_;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
@@ -220,6 +236,10 @@ class ZmqFleet final : public Fleet {
   std::chrono::steady_clock::time_point refusal_window_{};
   size_t refusal_lines_ = 0;
   uint64_t refusals_unlisted_ = 0;
+  // Connection events logged so far, and when last.
+  transport::ConnectionCounts connections_logged_;
+  std::chrono::steady_clock::time_point connections_log_{};
+  void logConnections();
   std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> refused_{};
 };
 

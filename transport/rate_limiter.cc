@@ -5,7 +5,7 @@
 namespace starling::transport::detail {
 
 bool RateLimiter::allow(const std::string& peer, Steady::time_point now) {
-  auto [it, fresh] = buckets_.try_emplace(peer, Bucket{burst_, now, now});
+  auto [it, fresh] = buckets_.try_emplace(peer, Bucket{burst_, now});
   Bucket& b = it->second;
   if (!fresh) {
     const double dt = std::chrono::duration<double>(now - b.last).count();
@@ -17,13 +17,14 @@ bool RateLimiter::allow(const std::string& peer, Steady::time_point now) {
   return true;
 }
 
-bool RateLimiter::reportDue(const std::string& peer, Steady::time_point now) {
+bool RateLimiter::reportDue(const std::string& peer, Steady::time_point now, Report kind) {
   auto it = buckets_.find(peer);
   if (it == buckets_.end()) return true;
   Bucket& b = it->second;
-  if (b.reported && now - b.last_report < std::chrono::seconds(1)) return false;
-  b.reported = true;
-  b.last_report = now;
+  const size_t k = static_cast<size_t>(kind);
+  if (b.reported[k] && now - b.last_report[k] < std::chrono::seconds(1)) return false;
+  b.reported[k] = true;
+  b.last_report[k] = now;
   return true;
 }
 

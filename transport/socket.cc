@@ -80,6 +80,39 @@ void TransportLimits::validate() const {
   if (send_timeout_ms < 0) bad("send_timeout_ms = ", send_timeout_ms, " (must be >= 0)");
 }
 
+namespace {
+
+// Opens a ZeroMQ monitor of `sock`'s `events` on an inproc PAIR of this context (a name of its own
+// per socket). libzmq's I/O thread sends each event with a blocking send (libzmq's GitHub issue
+// 3575): an unread monitor with a bounded pipe would freeze the context. No high-water mark here
+// makes the pipe unbounded; events are a few per connection, and the owner's receive() drains them.
+std::unique_ptr<zmq::socket_t> openMonitor(zmq::context_t& ctx, zmq::socket_t& sock, int events) {
+  static std::atomic<uint64_t> monitors{0};
+  const std::string addr = "inproc://starling-monitor-" + std::to_string(monitors++);
+  if (zmq_socket_monitor(sock.handle(), addr.c_str(), events) != 0) throw zmq::error_t();
+  auto monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
+  monitor->set(zmq::sockopt::linger, 0);
+  monitor->set(zmq::sockopt::rcvhwm, 0);
+  monitor->connect(addr);
+  return monitor;
+}
+
+// The next event on `monitor` without waiting: each is two frames, 2 bytes of event and 4 of
+// value, then the endpoint. False when none is queued.
+bool nextEvent(zmq::socket_t& monitor, uint16_t& event, uint32_t& value) {
+  for (;;) {
+    zmq::message_t head, address;
+    if (!monitor.recv(head, zmq::recv_flags::dontwait)) return false;
+    if (head.more()) (void)monitor.recv(address, zmq::recv_flags::dontwait);
+    if (head.size() < 6) continue;
+    std::memcpy(&event, head.data(), 2);
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, 4);
+    return true;
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- ServerSocket
 
 std::vector<Context::Refusal> ServerSocket::takeRefusedHandshakes(uint64_t* dropped) {
@@ -112,6 +145,11 @@ ServerSocket::ServerSocket(Context& context, const std::string& bind_endpoint,
       zap_domain_ = context.impl().registerDomain(security.allow);  // the handler is bound first
       core_->sock.set(zmq::sockopt::zap_domain, zap_domain_);
     }
+    monitor_ =
+        openMonitor(context.impl().ctx, core_->sock,
+                    ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     core_->sock.bind(bind_endpoint);
   } catch (const zmq::error_t& e) {
     release();  // the destructor will not run: give back what was taken
@@ -126,6 +164,10 @@ ServerSocket::~ServerSocket() { release(); }
 
 void ServerSocket::release() {
   if (!core_) return;
+  if (monitor_) {
+    zmq_socket_monitor(core_->sock.handle(), nullptr, 0);  // stops the events
+    monitor_.reset();
+  }
   core_.reset();  // closes the socket (linger applies)
   if (!zap_domain_.empty()) context_.impl().unregisterDomain(zap_domain_);
   context_.impl().live_sockets.fetch_sub(1);
@@ -133,7 +175,39 @@ void ServerSocket::release() {
 
 std::string ServerSocket::endpoint() const { return core_->sock.get(zmq::sockopt::last_endpoint); }
 std::optional<Received> ServerSocket::receive(std::chrono::milliseconds timeout) {
+  readMonitor();
   return core_->receive(timeout);
+}
+
+void ServerSocket::readMonitor() {
+  if (!monitor_) return;
+  uint16_t event = 0;
+  uint32_t value = 0;
+  while (nextEvent(*monitor_, event, value)) {
+    switch (event) {
+      case ZMQ_EVENT_ACCEPTED:
+        ++connections_.accepted;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        ++connections_.handshakes;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        ++connections_.refused_auth;
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        ++(value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? connections_.refused_mechanism
+                                                               : connections_.refused_protocol);
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        ++connections_.failed_handshake;
+        break;
+      case ZMQ_EVENT_DISCONNECTED:
+        ++connections_.closed;
+        break;
+      default:
+        break;
+    }
+  }
 }
 bool ServerSocket::send(const std::string& peer, std::span<const uint8_t> bytes) {
   return core_->send(peer, bytes);
@@ -144,34 +218,22 @@ const TransportLimits& ServerSocket::limits() const { return core_->limits; }
 // ---------------------------------------------------------------- ClientSocket
 
 ClientSocket::ClientSocket(Context& context, const std::string& connect_endpoint,
-                           SecurityConfig security, TransportLimits limits, std::string routing_id)
+                           SecurityConfig security, TransportLimits limits)
     : context_(context) {
   limits.validate();
   security.validate(/*server_side=*/false);
-  if (routing_id.size() > 255 || (!routing_id.empty() && routing_id[0] == '\0'))
-    STARLING_THROW(ConfigError, "routing id must be 1..255 bytes not starting with a zero byte (",
-                   routing_id.size(), " bytes given)");
   core_ = std::make_unique<detail::SocketCore>(context.impl().ctx, /*router=*/false, limits);
   context.impl().live_sockets.fetch_add(1);
   try {
     core_->applyCommonOptions(security, false);
     core_->sock.set(zmq::sockopt::reconnect_ivl, limits.reconnect_ivl_ms);
     core_->sock.set(zmq::sockopt::reconnect_ivl_max, limits.reconnect_ivl_max_ms);
-    if (!routing_id.empty()) core_->sock.set(zmq::sockopt::routing_id, routing_id);
-    // The connection's events, on an inproc pair of this context (a name of its own per socket).
-    static std::atomic<uint64_t> monitors{0};
-    const std::string addr = "inproc://starling-client-monitor-" + std::to_string(monitors++);
-    constexpr int kEvents = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
-                            ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-    if (zmq_socket_monitor(core_->sock.handle(), addr.c_str(), kEvents) != 0) throw zmq::error_t();
-    monitor_ = std::make_unique<zmq::socket_t>(context.impl().ctx, zmq::socket_type::pair);
-    monitor_->set(zmq::sockopt::linger, 0);
-    // libzmq's I/O thread sends each event with a blocking send (libzmq's GitHub issue 3575): an
-    // unread monitor with a bounded pipe would freeze the context. No high-water mark here makes
-    // the pipe unbounded; events are a few per reconnection, and receive() drains them.
-    monitor_->set(zmq::sockopt::rcvhwm, 0);
-    monitor_->connect(addr);
+    // The connection's events.
+    monitor_ =
+        openMonitor(context.impl().ctx, core_->sock,
+                    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     secure_ = !security.insecure;
     core_->sock.connect(connect_endpoint);
   } catch (const zmq::error_t& e) {
@@ -200,18 +262,11 @@ std::optional<Received> ClientSocket::receive(std::chrono::milliseconds timeout)
   return core_->receive(timeout);
 }
 
-// Each event is two frames: 2 bytes of event, 4 of value, then the endpoint.
 void ClientSocket::readMonitor() {
   if (!monitor_) return;
-  for (;;) {
-    zmq::message_t head, address;
-    if (!monitor_->recv(head, zmq::recv_flags::dontwait)) return;
-    if (head.more()) (void)monitor_->recv(address, zmq::recv_flags::dontwait);
-    if (head.size() < 6) continue;
-    uint16_t event = 0;
-    uint32_t value = 0;
-    std::memcpy(&event, head.data(), 2);
-    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, 4);
+  uint16_t event = 0;
+  uint32_t value = 0;
+  while (nextEvent(*monitor_, event, value)) {
     using F = HandshakeReport::Failure;
     // One failure per connection: a handshake failure that comes after the connection's
     // DISCONNECTED (the order libzmq reports them in varies: seen under qemu) names the failure

@@ -20,6 +20,7 @@
 //
 // Threading: one thread owns each socket object (construct, send, receive, destroy). Other threads
 // hand work to that thread through a queue or an inproc socket. The Context must outlive it.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,12 @@ struct TransportLimits {
   std::chrono::milliseconds transferTimeout() const {
     return std::chrono::milliseconds(4LL * heartbeat_timeout_ms);
   }
+  // The largest frame ZeroMQ reads (ZMQ_MAXMSGSIZE): max_message_bytes or a chunk, whichever is
+  // larger, plus 64 KiB for a chunk's header. A frame between max_message_bytes and this is read
+  // and refused (kTooLarge); a larger one makes libzmq drop the connection unread.
+  uint64_t frameCeiling() const {
+    return std::max<uint64_t>(max_message_bytes, chunk_bytes) + 64 * 1024;
+  }
 };
 
 // One received message or one refusal. bytes() is always 8-byte aligned (FlatBuffers reads in
@@ -127,6 +134,30 @@ struct TransportStats {
   uint64_t send_failed = 0;
   // Bytes copied because libzmq's data was not 8-aligned (frames of at most 8 KiB).
   uint64_t realigned_bytes = 0;
+  // Messages dropped unread from a connection whose routing id its peer named (server).
+  uint64_t refused_routing_id = 0;
+};
+
+// A server socket's connections, counted from ZeroMQ's events since the socket was bound. libzmq
+// says what ended a connection only while its handshake runs; of an established one it says only
+// that it closed: the peer left, its heartbeats stopped, or it sent a frame over the socket's
+// largest (max_message_bytes, or a chunk, plus 64 KiB), which libzmq drops the connection for
+// without reading it (smaller frames over max_message_bytes are read and refused, kTooLarge).
+struct ConnectionCounts {
+  uint64_t accepted = 0;           // TCP connections accepted
+  uint64_t handshakes = 0;         // handshakes that succeeded
+  uint64_t refused_mechanism = 0;  // plain TCP (ZMTP's NULL mechanism) on a CURVE port, or the
+                                   // reverse
+  uint64_t refused_protocol = 0;   // another ZMTP or CURVE protocol error (not a ZMTP peer, a
+                                   // wrong server key)
+  uint64_t refused_auth = 0;       // refused by the ZAP handler (takeRefusedHandshakes says why)
+  uint64_t failed_handshake = 0;   // dropped before a handshake finished (a timeout, a reset)
+  uint64_t closed = 0;             // every closed connection, whatever ended it
+  // Established connections that closed: `closed` less those whose handshake failed.
+  uint64_t dropped() const {
+    const uint64_t failed = refused_mechanism + refused_protocol + refused_auth + failed_handshake;
+    return closed > failed ? closed - failed : 0;
+  }
 };
 
 namespace detail {
@@ -136,16 +167,20 @@ class SocketCore;
 // ROUTER, bound. Each connection has its own routing id: one ZeroMQ makes (a zero byte, then a
 // counter from a random start) unless the peer names one; a connection naming an id in use takes
 // it over (ROUTER_HANDOVER: the alternative, libzmq parking such a connection unread, lets one
-// peer hold unbounded memory). Starling's peers name none, so an intruder must guess an id, and
-// the ZAP handler rations each key's handshakes (20, then 5 a second), which makes that guessing
-// take far longer than a federation; under CURVE every message carries the authenticated id, so
-// a taken-over connection is known. A restarted client is a new connection with a new id; who it
-// is, the protocol says (Register, and under CURVE its key). Sending to an unknown or gone peer, or
-// one whose queue is full, returns false at once (ROUTER_MANDATORY with non-blocking sends). Rate
-// limiting per peer (token bucket; under CURVE per authenticated key, so a key opening many
-// connections shares one rate) drops a frame before any decoding or reassembly, and reports it as
-// an Errc::kRateLimited Received at most once per second per peer. One thread owns it (see the top
-// of this file).
+// peer hold unbounded memory). Every message of a connection whose id is not of ZeroMQ's form (five
+// bytes, a zero byte first) is dropped unread and reported as an Errc::kPeerRoutingId Received
+// (at most once per second per peer; TransportStats::refused_routing_id counts them all): no
+// client whose id could be copied takes part, so a listed client naming another's id finds none
+// to take over. libzmq lets a peer name an id of ZeroMQ's form too: it must guess one in use (a
+// counter from a random start), and the ZAP handler rations each key's handshakes (20, then 5 a
+// second), which makes that guessing take far longer than a federation; under CURVE every message
+// carries the authenticated id, so a taken-over connection is known. A restarted client is a new
+// connection with a new id; who it is, the protocol says (Register, and under CURVE its key).
+// Sending to an unknown or gone peer, or one whose queue is full, returns false at once
+// (ROUTER_MANDATORY with non-blocking sends). Rate limiting per peer (token bucket; under CURVE per
+// authenticated key, so a key opening many connections shares one rate) drops a frame before any
+// decoding or reassembly, and reports it as an Errc::kRateLimited Received at most once per second
+// per peer. One thread owns it (see the top of this file).
 class ServerSocket {
  public:
   ServerSocket(Context& context, const std::string& bind_endpoint, SecurityConfig security,
@@ -168,21 +203,26 @@ class ServerSocket {
   // first, at most 64; *dropped gets how many more. Nothing of them reaches receive(): the peer is
   // never connected. Empty for an insecure socket.
   std::vector<Context::Refusal> takeRefusedHandshakes(uint64_t* dropped = nullptr);
+  // The connections' events as of the last receive() (they are read there).
+  const ConnectionCounts& connections() const { return connections_; }
+  // Whether it runs CURVE (not insecure).
+  bool secure() const { return !zap_domain_.empty(); }
 
  private:
   void release();
+  void readMonitor();
   Context& context_;
   std::string zap_domain_;
   std::unique_ptr<detail::SocketCore> core_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // PAIR: the socket's connection events
+  ConnectionCounts connections_;
 };
 
 // DEALER, connects (ZeroMQ reconnects on its own, backing off exponentially from
 // reconnect_ivl_ms to reconnect_ivl_max_ms; heartbeats detect a dead server). Messages sent
-// before the connection is up are queued (up to send_hwm). `routing_id` (1..255 bytes, not
-// starting with a zero byte; empty, the default and what Starling's programs use: the server's
-// ZeroMQ picks one) names the connection on the server; a named id can be taken over by another
-// connection naming it, so a client should name none. One thread owns it (see the top of this
-// file).
+// before the connection is up are queued (up to send_hwm). It names no routing id: the server's
+// ZeroMQ picks one (a ServerSocket refuses a connection whose peer named its own). One thread owns
+// it (see the top of this file).
 //
 // Handshakes: ZeroMQ retries a refused connection forever and tells the socket's owner nothing, so
 // a client whose key the server does not admit, or that runs without CURVE against a CURVE server,
@@ -211,7 +251,7 @@ struct HandshakeReport {
 class ClientSocket {
  public:
   ClientSocket(Context& context, const std::string& connect_endpoint, SecurityConfig security,
-               TransportLimits limits = {}, std::string routing_id = {});
+               TransportLimits limits = {});
   ~ClientSocket();
   ClientSocket(const ClientSocket&) = delete;
   ClientSocket& operator=(const ClientSocket&) = delete;

@@ -15,9 +15,10 @@ namespace {
 
 constexpr auto kHousekeepingEvery = std::chrono::milliseconds(100);
 constexpr auto kLongestPoll = std::chrono::milliseconds(500);  // so housekeeping runs while idle
-constexpr size_t kFrameSlack = 64 * 1024;  // chunk header + FlatBuffers overhead
 
 bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+bool isServerRoutingId(const std::string& id) { return id.size() == 5 && id[0] == '\0'; }
 
 // The client id the ZAP handler attached to the connection (CURVE only).
 std::optional<uint64_t> userId(zmq::message_t& msg) {
@@ -52,9 +53,7 @@ void SocketCore::applyCommonOptions(const SecurityConfig& security, bool server_
   sock.set(zmq::sockopt::rcvhwm, limits.recv_hwm);
   // Above both the largest single frame we accept and a chunk frame: libzmq drops a connection
   // that sends more; frames between max_message_bytes and this are refused by onFrame().
-  sock.set(
-      zmq::sockopt::maxmsgsize,
-      static_cast<int64_t>(std::max(limits.max_message_bytes, limits.chunk_bytes) + kFrameSlack));
+  sock.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(limits.frameCeiling()));
   sock.set(zmq::sockopt::heartbeat_ivl, limits.heartbeat_ivl_ms);
   sock.set(zmq::sockopt::heartbeat_timeout, limits.heartbeat_timeout_ms);
   sock.set(zmq::sockopt::heartbeat_ttl, std::min(limits.heartbeat_timeout_ms, 6553500));
@@ -137,6 +136,20 @@ bool SocketCore::readOne(Steady::time_point now) {
            InputError(Errc::kRateLimited, "over " + std::to_string(limits.max_messages_per_second) +
                                               " messages/s (burst " + std::to_string(limits.burst) +
                                               "): dropped unread"));
+    return true;
+  }
+  // ZeroMQ's own routing ids are five bytes, a zero byte first (then a counter from a random
+  // start). Any other id was named by the peer, and a peer naming an id in use takes that
+  // connection over (ROUTER_HANDOVER): refused, never read. (A peer naming an id of ZeroMQ's form
+  // must guess one in use: socket.h.)
+  if (router_ && !isServerRoutingId(peer)) {
+    ++stats.refused_routing_id;
+    if (rate_.reportDue(bucket, now, RateLimiter::Report::kRoutingId))
+      fail(peer, uid,
+           InputError(Errc::kPeerRoutingId,
+                      "a connection whose routing id (" + std::to_string(peer.size()) +
+                          " bytes) its peer named; Starling's clients name none, and a named id "
+                          "could take over another client's connection: dropped unread"));
     return true;
   }
   if (frames != 1) {

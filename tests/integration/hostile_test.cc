@@ -41,10 +41,12 @@ const ParamLayout& serverLayout() {
 // A raw DEALER with hand-set CURVE options, speaking the protocol by hand.
 class Attacker {
  public:
+  // `routing_id`: one this connection names itself (none: ZeroMQ's own, as Starling's clients).
   Attacker(const std::string& endpoint, const std::string& key_secret,
-           const std::string& server_key)
+           const std::string& server_key, const std::string& routing_id = {})
       : sock_(ctx_, zmq::socket_type::dealer) {
     const transport::CurveKeyPair own = transport::loadKeyPair(key_secret);
+    if (!routing_id.empty()) sock_.set(zmq::sockopt::routing_id, routing_id);
     sock_.set(zmq::sockopt::curve_serverkey, transport::loadPublicKey(server_key));
     sock_.set(zmq::sockopt::curve_publickey, own.public_key);
     sock_.set(zmq::sockopt::curve_secretkey, own.secret_key);
@@ -370,7 +372,6 @@ TEST_CASE(
   const auto attack_time = Steady::now() - t_attack;
   CHECK(attack_time <
         milliseconds(9000));  // every attack of round 1 landed inside its phase (10 s)
-
   // 15. Round 2: its honest-looking round-1 update, replayed.
   const bool tasked2 = a.pump(seconds(30), [&](pr::MessageKind k) {
     return k == pr::MessageKind::kTask && a.tasks.back().round == 2;
@@ -379,6 +380,41 @@ TEST_CASE(
   REQUIRE(tasked2);
   CHECK(a.tasks.back().nonce != task.nonce);
   CHECK(a.expectReject(enc(honestUpdate(task, kAttackerId, 100)), Errc::kLate));
+
+  // 16. Connections of its own beside its registered one (which it keeps alive meanwhile):
+  //   a. the same key on a connection that names its own routing id (a named id in use would take
+  //      that connection over): refused unread, with its own code;
+  {
+    Attacker named(Federation::endpoint(port), f.keys() + "/client-3.key_secret",
+                   f.keys() + "/server.key", "client-0");
+    named.send(pr::encode(reg));
+    for (int i = 0; i < 60 && named.rejects.empty(); ++i) {
+      a.pump(milliseconds(50));
+      named.pump(milliseconds(50), [](pr::MessageKind k) { return k == pr::MessageKind::kReject; });
+    }
+    REQUIRE(named.rejects.size() == 1);
+    CHECK(named.rejects[0].code == static_cast<uint32_t>(Errc::kPeerRoutingId));
+    CHECK(named.session() == 0);  // never welcomed
+  }
+  //   b. a frame past the limit by more than libzmq's slack (2 MB + 64 KiB): libzmq drops the
+  //      connection unread; the server logs and counts the drop;
+  {
+    Attacker huge(Federation::endpoint(port), f.keys() + "/client-3.key_secret",
+                  f.keys() + "/server.key");
+    std::vector<uint8_t> big(2'000'000 + 64 * 1024 + 4096, 0x5a);
+    CHECK(huge.send(big));
+    a.pump(milliseconds(500));
+  }
+  //   c. plain TCP (no CURVE) on the CURVE port: refused in the handshake, logged and counted.
+  {
+    zmq::context_t plain_ctx;
+    zmq::socket_t plain(plain_ctx, zmq::socket_type::dealer);
+    plain.set(zmq::sockopt::linger, 0);
+    plain.connect(Federation::endpoint(port));
+    const auto hb = pr::encode(pr::HeartbeatMsg{kAttackerId, a.session(), 0});
+    (void)plain.send(zmq::buffer(hb.data(), hb.size()), zmq::send_flags::dontwait);
+    a.pump(milliseconds(500));
+  }
 
   // It stays connected, heartbeating, answering nothing, until the federation ends.
   awaitShutdown(a, f.proc("root"), seconds(60));
@@ -404,12 +440,17 @@ TEST_CASE(
         "index out of range", "non-finite", "norm too large", "bad weight", "wrong round",
         "bad nonce", "wrong sender: an update claiming to be client 0",
         "registration refused: wrong sender", "rate limited",
-        "wrong sender: a partial aggregate from a client", "late: an answer to a task"}) {
+        "wrong sender: a partial aggregate from a client", "late: an answer to a task",
+        "routing id named by the peer", "closed after their handshake"}) {
     INFO("refusal reason: " << why);
     CHECK(log.find(why) != std::string::npos);
   }
   CHECK(countOf(log, "client 0 registered (") ==
         1);  // the attacker's Register as client 0 changed nothing
+  // The plaintext connection: the server saw the mechanisms differ, or the client (seeing it
+  // first) close before its handshake finished.
+  CHECK((log.find("of another security mechanism") != std::string::npos ||
+         log.find("before their handshake finished") != std::string::npos));
 
   // The model is the honest federation's, up to float summation order.
   const Checkpoint ck = readCheckpoint(f.path("ck.bin"));

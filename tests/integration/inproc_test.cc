@@ -897,11 +897,12 @@ TEST_CASE(
   t = nextTask();
   CHECK(answer(liar.partial(t, t.round, 1, 100, 0.0f)) == Errc::kWrongSender);
   CHECK(answer(update(t, t.round, 9, 1000, 0.0f)) == Errc::kBadWeight);
-  // An honest update is taken; sent again, it is a late answer to a closed task.
+  // An honest update is taken; sent again, it is a duplicate (its own code: not "late", which
+  // says the task's phase closed before it came).
   t = nextTask();
   const std::vector<uint8_t> honest = update(t, t.round, 9, 100, 0.0f);
   CHECK_FALSE(answer(honest).has_value());
-  CHECK(answer(honest) == Errc::kLate);
+  CHECK(answer(honest) == Errc::kDuplicate);
 
   const bool done = f.waitRootDone(seconds(120));
   INFO(f.error() << "\n" << f.logs());
@@ -1041,11 +1042,11 @@ TEST_CASE(
   t = liar.nextTask();
   CHECK(liar.answer(liar.partial(t, t.round, 2, 50, std::numeric_limits<float>::quiet_NaN())) ==
         Errc::kNonFinite);
-  // An honest partial of two updates is taken; sent again, it is a late answer to a closed task.
+  // An honest partial of two updates is taken; sent again, it is a duplicate.
   t = liar.nextTask();
   const std::vector<uint8_t> honest = liar.partial(t, t.round, 2, 50, 0.0f);
   CHECK_FALSE(liar.answer(honest).has_value());
-  CHECK(liar.answer(honest) == Errc::kLate);
+  CHECK(liar.answer(honest) == Errc::kDuplicate);
 
   const bool done = f.waitRootDone(seconds(120));
   INFO(f.error() << "\n" << f.logs());

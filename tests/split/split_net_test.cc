@@ -141,7 +141,7 @@ EdgeClientConfig edgeConfig(const SplitModel& sm, const std::string& endpoint, u
 // A raw peer speaking the protocol by hand (the attacker).
 struct RawPeer {
   RawPeer(transport::Context& ctx, const std::string& endpoint)
-      : socket(ctx, endpoint, insecure(), transport::TransportLimits{}, "raw-peer") {}
+      : socket(ctx, endpoint, insecure(), transport::TransportLimits{}) {}
   // The answer to `bytes`: a Reject's code, "reply" for a SplitReply, "none" without an answer.
   std::string ask(const std::vector<uint8_t>& bytes, pr::SplitReplyMsg* reply = nullptr) {
     socket.send(bytes);

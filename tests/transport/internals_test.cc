@@ -24,6 +24,13 @@ TEST_CASE("token bucket: burst, refill, report throttling, and idle peers are fo
   CHECK(rl.reportDue("a", t0));
   CHECK_FALSE(rl.reportDue("a", t0 + 999ms));
   CHECK(rl.reportDue("a", t0 + 1001ms));
+  // Each kind of report has its own allowance: a rate limit's report does not silence a refused
+  // routing id's.
+  using Report = RateLimiter::Report;
+  CHECK(rl.reportDue("a", t0 + 1001ms, Report::kRoutingId));
+  CHECK_FALSE(rl.reportDue("a", t0 + 1500ms, Report::kRoutingId));
+  CHECK_FALSE(rl.reportDue("a", t0 + 1500ms, Report::kRate));
+  CHECK(rl.reportDue("a", t0 + 2002ms, Report::kRoutingId));
 
   for (int i = 0; i < 10000; ++i) rl.allow("peer-" + std::to_string(i), t0 + 2s);
   CHECK(rl.peers() == 10002);

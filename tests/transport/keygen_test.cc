@@ -49,7 +49,7 @@ TEST_CASE("starling-keygen writes key files the sockets use", "[transport]") {
                                   {client_file.public_key, *client_file.secret_key},
                                   loadPublicKey(dir.path / "server/server.key"),
                                   {}};
-  ClientSocket client(client_ctx, server.endpoint(), client_sec, testLimits(), "client-11");
+  ClientSocket client(client_ctx, server.endpoint(), client_sec, testLimits());
   REQUIRE(client.send(pattern(32, 1)));
   auto r = receiveMessage(server);
   REQUIRE(r);

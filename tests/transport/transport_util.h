@@ -113,13 +113,21 @@ std::optional<Received> receiveError(Sock& s, std::chrono::milliseconds timeout 
       s, [](const Received& r) { return !r.ok(); }, timeout);
 }
 
-// A raw DEALER on its own zmq context: sends whatever frames a hostile client would.
+// A raw DEALER on its own zmq context: sends whatever frames a hostile client would. It names no
+// routing id (as Starling's clients) unless given one (then the server refuses it); `curve`, when
+// given, is a client side's keys.
 struct RawDealer {
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::dealer};
-  RawDealer(const std::string& endpoint, const std::string& routing_id) {
+  explicit RawDealer(const std::string& endpoint, const std::string& routing_id = {},
+                     const SecurityConfig* curve = nullptr) {
     sock.set(zmq::sockopt::linger, 0);
-    sock.set(zmq::sockopt::routing_id, routing_id);
+    if (!routing_id.empty()) sock.set(zmq::sockopt::routing_id, routing_id);
+    if (curve) {
+      sock.set(zmq::sockopt::curve_serverkey, curve->server_public_key);
+      sock.set(zmq::sockopt::curve_publickey, curve->own.public_key);
+      sock.set(zmq::sockopt::curve_secretkey, curve->own.secret_key);
+    }
     sock.connect(endpoint);
   }
   void send(std::span<const uint8_t> bytes) {
