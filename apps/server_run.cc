@@ -20,9 +20,11 @@
 #include "compression/registry.h"
 #include "core/error.h"
 #include "data/source.h"
+#include "ops/status_server.h"
 #include "server/aggregator.h"
 #include "server/async_root.h"
 #include "server/engine.h"
+#include "server/fleet_metrics.h"
 #include "server/zmq_fleet.h"
 #include "transport/keys.h"
 
@@ -125,7 +127,8 @@ std::unique_ptr<RootEvaluation> setUpRootEvaluation(const apps::Settings& c,
 
 int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
                  const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
-                 client::Trainer& trainer, server::ZmqFleet& fleet, spdlog::logger& log) {
+                 client::Trainer& trainer, server::ZmqFleet& fleet, spdlog::logger& log,
+                 server::FleetMetrics* metrics) {
   server::AsyncRootConfig rc;
   rc.steps = ec.rounds;
   rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
@@ -177,6 +180,10 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
         srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
   try {
     root.run(fleet, [&](const server::RoundRecord& r) {
+      if (metrics) {
+        metrics->roundRecorded(r);
+        metrics->roundStarted(r.round + 1);
+      }
       const auto m = [&](const char* k) {
         const auto it = r.metrics.find(k);
         return it == r.metrics.end() ? 0.0 : it->second;
@@ -312,7 +319,7 @@ int runAggregator(const apps::Settings& c, const server::EngineConfig& ec, trans
 // The root's synchronous rounds: the round engine over the ZeroMQ fleet, a line per round.
 int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
             const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
-            server::ZmqFleet& fleet, spdlog::logger& log) {
+            server::ZmqFleet& fleet, spdlog::logger& log, server::FleetMetrics* metrics) {
   server::RoundEngine engine(layout, ec, std::move(init));
   if (engine.resumed())
     log.info("resumed from {} at round {} (model version {})", ec.checkpoint, engine.nextRound(),
@@ -348,6 +355,7 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;
     const uint64_t round = engine.nextRound();
+    if (metrics) metrics->roundStarted(round);
     try {
       r = engine.runRound(fleet);
     } catch (const server::Stopped&) {
@@ -367,6 +375,7 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
                                   : " from its checkpoint");
       return 0;
     }
+    if (metrics) metrics->roundRecorded(r);
     std::string acc =
         r.test_accuracy ? fmt::format("  test accuracy {:5.1f}%", 100 * *r.test_accuracy) : "";
     if (r.applied)
@@ -392,12 +401,30 @@ int runServer(const apps::Settings& c) {
         "!!! INSECURE: CURVE is off; anyone who reaches {} can join and read every message !!!",
         c.server.bind);
   const server::EngineConfig ec = checkServer(c);
+  const ops::StatusConfig status_config{c.status.listen, c.status.token_file};
+  status_config.validate();  // before anything is bound
   const std::unique_ptr<client::Trainer> trainer = serverTrainer(c, ec, *log);
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
+  // The operator's metrics (status.listen): read from the fleet on this thread, served on the
+  // status server's (both outlive the fleet, which holds the observer).
+  std::unique_ptr<server::FleetMetrics> metrics;
+  std::unique_ptr<ops::StatusServer> status;
   transport::Context ctx;
   server::ZmqFleet fleet(ctx, fleetConfig(c, ec), layout, log);
   log->info("listening on {} | model {} ({} parameters, fingerprint {})", fleet.endpoint(),
             trainer->spec(), layout->numel(), hexFingerprint(layout->fingerprint()));
+  if (!c.status.listen.empty()) {
+    auto registry = std::make_shared<ops::Registry>();
+    metrics = std::make_unique<server::FleetMetrics>(registry, aggregator ? "aggregator" : "root",
+                                                     trainer->spec(),
+                                                     hexFingerprint(layout->fingerprint()));
+    fleet.setObserver([m = metrics.get()](const server::ZmqFleet& f) { m->observe(f); });
+    status = std::make_unique<ops::StatusServer>(
+        status_config, registry,
+        fmt::format("starling-server {} on {}", aggregator ? "edge aggregator" : "root",
+                    fleet.endpoint()),
+        log);
+  }
   apps::installStopHandlers();
   // SIGINT / SIGTERM end a wait or a phase within about 100 ms (server::Stopped), not when it
   // times out, and the round in progress is left for the restart.
@@ -406,8 +433,8 @@ int runServer(const apps::Settings& c) {
   std::vector<float> init(layout->numel());
   trainer->initParameters(init, c.model.seed);
   if (buffered(c.round.mode))
-    return runAsyncRoot(c, ec, layout, std::move(init), *trainer, fleet, *log);
-  return runRoot(c, ec, layout, std::move(init), fleet, *log);
+    return runAsyncRoot(c, ec, layout, std::move(init), *trainer, fleet, *log, metrics.get());
+  return runRoot(c, ec, layout, std::move(init), fleet, *log, metrics.get());
 }
 
 }  // namespace

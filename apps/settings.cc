@@ -562,6 +562,14 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   use(kDeploy | kSplit);
   o.add("log.level", &s.log_level,
         "trace, debug, info, warn, error (starling-split: --role cloud and edge)");
+  use(kServer);
+  o.add("status.listen", &s.status.listen,
+        "HOST:PORT on which to serve Prometheus metrics (GET /metrics) while the root or edge "
+        "aggregator runs, e.g. 127.0.0.1:9464 (port 0: a free one, logged); empty: off. An "
+        "address that is not loopback needs status.token_file (docs/deployment.md, Operating)");
+  o.add("status.token_file", &s.status.token_file,
+        "a file whose first line is a bearer token (at least 16 characters; chmod 600) that every "
+        "request to status.listen must carry (Authorization: Bearer TOKEN)");
 
   // Split fine-tuning (starling-split, docs/split.md).
   use(kSplit);

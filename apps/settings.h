@@ -186,6 +186,11 @@ struct Settings {
     uint64_t id = 0;
   } client;
   std::string log_level = "info";
+  // The operator's HTTP endpoint (ops/status_server.h): off unless status.listen is given.
+  struct Status {
+    std::string listen;      // HOST:PORT
+    std::string token_file;  // a bearer token; required off loopback
+  } status;
   // starling-split's own keys (docs/split.md); it shares model.spec, model.seed, data.dir,
   // train.epochs, train.batch_size, train.lr, state.metrics, sim.threads, log.level, security.*
   // and net.* with the other programs.

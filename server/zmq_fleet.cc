@@ -84,6 +84,13 @@ ZmqFleet::~ZmqFleet() = default;
 
 std::string ZmqFleet::endpoint() const { return socket_.endpoint(); }
 
+size_t ZmqFleet::onlineCount() const {
+  const auto cutoff = config_.clock->now() - milliseconds(config_.silence_ms);
+  size_t n = 0;
+  for (const auto& [id, p] : clients_) n += p.last_seen >= cutoff;
+  return n;
+}
+
 uint64_t ZmqFleet::refusedTotal() const {
   uint64_t n = 0;
   for (uint64_t c : refused_) n += c;
@@ -710,6 +717,10 @@ void ZmqFleet::poll(milliseconds timeout) {
   refused_handshakes_ += dropped;
   refusals_unlisted_ += dropped;
   logConnections();
+  if (observer_ && now - observed_ >= observe_every_) {
+    observed_ = now;
+    observer_(*this);
+  }
   if (idle_) idle_();
 }
 

@@ -99,6 +99,13 @@ class ZmqFleet final : public Fleet {
   // Called on every turn of the fleet's receive loops (about every 100 ms at most), on the
   // owning thread: an aggregator heartbeats its upstream from here while a phase runs.
   void setIdleHook(std::function<void()> hook) { idle_ = std::move(hook); }
+  // Called at most every `period` from the same loops, on the owning thread, with the fleet (what
+  // an operator's metrics read: server::FleetMetrics).
+  void setObserver(std::function<void(const ZmqFleet&)> observer,
+                   std::chrono::milliseconds period = std::chrono::milliseconds(250)) {
+    observer_ = std::move(observer);
+    observe_every_ = period;
+  }
   // Once `*stop` is true, every receive loop (waiting for clients, a phase, an evaluation,
   // service()) throws server::Stopped within about 100 ms instead of waiting out its timeout.
   void setStopFlag(const std::atomic<bool>* stop) { stop_ = stop; }
@@ -123,6 +130,11 @@ class ZmqFleet final : public Fleet {
   void service(std::chrono::milliseconds timeout);
   // Clients heard from within silence_ms, by id.
   std::vector<ClientInfo> available() const;
+  // Peers registered (heard from or not), and tasks or steps open now (a peer's each).
+  size_t registeredCount() const { return clients_.size(); }
+  size_t openTasks() const { return pending_.size(); }
+  // Peers heard from within silence_ms (available().size(), without the list).
+  size_t onlineCount() const;
   // The sum of the registered clients' training examples (an aggregator registers this upstream).
   uint64_t totalExamples() const;
   uint64_t totalEvalExamples() const;
@@ -229,6 +241,9 @@ class ZmqFleet final : public Fleet {
   std::unordered_map<uint64_t, Expired> expired_;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
+  std::function<void(const ZmqFleet&)> observer_;
+  std::chrono::milliseconds observe_every_{250};
+  std::chrono::steady_clock::time_point observed_{};
   const std::atomic<bool>* stop_ = nullptr;
   uint64_t refused_handshakes_ = 0;
   static constexpr size_t kRefusalLines = 10;

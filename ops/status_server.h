@@ -1,0 +1,68 @@
+#pragma once
+// The HTTP endpoint a running program serves for its operators (`status.listen`): GET /metrics
+// (a Registry in Prometheus's text format) and GET / (what is served, as plain text). Served by
+// cpp-httplib (Debian's libcpp-httplib-dev; no HTTP parsing of our own) on threads of its own, so
+// nothing an HTTP client does reaches the thread that runs the rounds: the program's loop only
+// changes metrics (atomics).
+//
+// Bounded by construction: `threads` workers; at most `max_queued` accepted connections wait for
+// one (past that the listener serves the connection itself, so it accepts no more until then and
+// the kernel's backlog holds the rest); each read and write waits at most `timeout_ms`; a request
+// line or header over 8 KiB is refused (cpp-httplib's limits); no request carries a body; a
+// connection serves at most 10 requests.
+//
+// Security: loopback by default. An address that is not loopback is refused unless a bearer token
+// file is given (`status.token_file`: one line of at least 16 characters, readable by its owner
+// only); with a token every request must carry `Authorization: Bearer TOKEN` (compared in
+// constant time), else 401. Nothing served holds a secret, an update or a client's data.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ops/metrics.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace starling::ops {
+
+struct StatusConfig {
+  std::string listen;      // HOST:PORT (PORT 0: any free port); empty: no server
+  std::string token_file;  // required for a HOST that is not loopback
+  int threads = 2;
+  int max_queued = 16;
+  int timeout_ms = 2000;
+  // ConfigError naming the setting: a malformed address, a non-loopback one without a token file,
+  // a token file that is missing, too short, or readable by others; limits out of range.
+  void validate() const;
+};
+
+// Whether HOST (an IPv4 or IPv6 literal, or "localhost") is a loopback address.
+bool isLoopback(const std::string& host);
+
+class StatusServer {
+ public:
+  // Binds and starts serving (IoError when the address cannot be bound; ConfigError as
+  // StatusConfig::validate). `what` names the program in GET / ("starling-server root", ...).
+  // The server counts its own requests in `registry` (starling_http_requests_total{code}).
+  StatusServer(StatusConfig config, std::shared_ptr<Registry> registry, std::string what,
+               std::shared_ptr<spdlog::logger> log = nullptr);
+  ~StatusServer();  // stops serving and joins its threads
+  StatusServer(const StatusServer&) = delete;
+  StatusServer& operator=(const StatusServer&) = delete;
+
+  int port() const { return port_; }
+  // http://HOST:PORT (IPv6 hosts in brackets).
+  std::string url() const;
+  // Requests answered, and refused for a missing or wrong token, so far.
+  uint64_t served() const;
+  uint64_t unauthorized() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace starling::ops

@@ -1,0 +1,177 @@
+"""Operating a live federation (docs/deployment.md, "Operating"): a root's /metrics read by
+Prometheus's own Python parser, and scraped by a real Prometheus server (Debian's `prometheus`)
+whose HTTP query API must return the federation's values as its rounds advance.
+
+Run by /usr/bin/python3 (ctest test_python_operations) with PYTHONPATH=<build>/python and
+STARLING_BIN_DIR=<build>/bin. Every process listens on 127.0.0.1, is started by this file and
+killed by its pid; every wait is bounded. Without a `prometheus` binary the real-server test is
+skipped (the parser test still runs); `make test` installs it (scripts/bootstrap.sh).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import unittest
+import urllib.parse
+import urllib.request
+
+import numpy as np
+
+from prometheus_client.parser import text_string_to_metric_families
+
+import starling
+from test_client import Federation, free_port, run_in_thread, join
+
+ROUNDS = 12
+FIT_SECONDS = 0.4  # so that a scrape a second sees the rounds advance
+
+
+class SlowClient(starling.NumPyClient):
+    def __init__(self, shift):
+        self.shift = shift
+
+    def fit(self, parameters, config):
+        time.sleep(FIT_SECONDS)
+        return [p + np.float32(self.shift) for p in parameters], 10, {"train_loss": 1.0}
+
+
+def wait_for(predicate, timeout, step=0.1):
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+def http_get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+
+class Operations(unittest.TestCase):
+    def setUp(self):
+        self.fed = Federation()
+
+    def tearDown(self):
+        self.fed.close()
+
+    def start_root(self, extra=()):
+        port = free_port()
+        self.fed.root(port, ["client-0", "client-1"], ROUNDS,
+                      ["--status.listen", "127.0.0.1:0", "--sampling.min_available", "2",
+                       "--sampling.wait_ms", "30000", *extra])
+        # The root logs the address it serves (port 0: a free one).
+        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
+                                          self.fed.log("root")) or [None, None])[1], 30)
+        self.assertIsNotNone(url, self.fed.log("root"))
+        return port, url
+
+    def start_clients(self, port):
+        clients = [starling.Client(SlowClient(0.01 * (i + 1)), num_examples=10,
+                                   **self.fed.client_kwargs(port, i)) for i in range(2)]
+        return clients, [run_in_thread(c) for c in clients]
+
+    def test_metrics_parse_with_prometheus_client_and_follow_the_rounds(self):
+        port, url = self.start_root()
+        clients, runs = self.start_clients(port)
+        seen_rounds = []
+
+        def scrape():
+            status, ctype, body = http_get(url + "/metrics")
+            self.assertEqual(status, 200)
+            self.assertTrue(ctype.startswith("text/plain; version=0.0.4"), ctype)
+            families = {f.name: f for f in text_string_to_metric_families(body)}
+            return families
+
+        def progressed():
+            f = scrape()
+            seen_rounds.append(f["starling_round"].samples[0].value)
+            return f if seen_rounds[-1] >= 3 else None
+
+        families = wait_for(progressed, 60, step=0.2)
+        self.assertIsNotNone(families, self.fed.log("root"))
+        join(runs, clients, timeout=120, logs=lambda: self.fed.log("root"))
+        # The reference parser read every family, with the types Prometheus's conventions give.
+        types = {n: f.type for n, f in families.items()}
+        for name, kind in [("starling_round", "gauge"), ("starling_model_version", "gauge"),
+                           ("starling_rounds", "counter"), ("starling_updates", "counter"),
+                           ("starling_round_duration_seconds", "histogram"),
+                           ("starling_clients", "gauge"), ("starling_transport_bytes", "counter"),
+                           ("starling_connections", "counter"), ("starling_info", "gauge"),
+                           ("process_cpu_seconds", "counter"),
+                           ("process_resident_memory_bytes", "gauge")]:
+            self.assertEqual(types.get(name), kind, name)
+
+        def value(name, **labels):
+            for s in families[name].samples:
+                if s.name.startswith(name) and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+            return None
+
+        self.assertEqual(value("starling_clients", state="registered"), 2)
+        self.assertGreaterEqual(value("starling_updates", result="accepted"), 2)
+        self.assertGreater(value("starling_transport_bytes", direction="in"), 0)
+        self.assertEqual(value("starling_info", role="root"), 1)
+        # The rounds only moved forward between scrapes.
+        self.assertEqual(seen_rounds, sorted(seen_rounds))
+        # What the metrics said agrees with the run's own record.
+        records = self.fed.metrics()
+        self.assertEqual(len(records), ROUNDS)
+        applied = value("starling_rounds", applied="true")
+        self.assertLessEqual(applied, ROUNDS)
+        self.assertGreaterEqual(applied, 2)
+
+    @unittest.skipUnless(shutil.which("prometheus"), "no prometheus binary (Debian's prometheus)")
+    def test_a_real_prometheus_server_scrapes_the_root_as_rounds_advance(self):
+        port, url = self.start_root()
+        target = url[len("http://"):]
+        prom_port = free_port()
+        prom_dir = os.path.join(self.fed.dir, "prometheus")
+        os.makedirs(prom_dir)
+        config = os.path.join(prom_dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+                    "scrape_configs:\n  - job_name: starling\n    static_configs:\n"
+                    f"      - targets: ['{target}']\n")
+        self.fed.start("prometheus", [
+            shutil.which("prometheus"), f"--config.file={config}",
+            f"--storage.tsdb.path={os.path.join(prom_dir, 'data')}",
+            f"--web.listen-address=127.0.0.1:{prom_port}"])
+        api = f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+
+        def query(expr):
+            try:
+                _, _, body = http_get(api + urllib.parse.quote(expr), timeout=2)
+            except OSError:
+                return None
+            answer = json.loads(body)
+            if answer.get("status") != "success" or not answer["data"]["result"]:
+                return None
+            return float(answer["data"]["result"][0]["value"][1])
+
+        # Prometheus is up and sees the root before any client comes.
+        self.assertIsNotNone(wait_for(lambda: query('up{job="starling"}') == 1, 60),
+                             self.fed.log("prometheus") + self.fed.log("root"))
+        clients, runs = self.start_clients(port)
+        # As rounds advance, the query API returns them: one value, then a later, higher one.
+        first = wait_for(lambda: (v := query("starling_round")) is not None and v >= 2 and v, 60)
+        self.assertIsNotNone(first, self.fed.log("root"))
+        later = wait_for(lambda: (v := query("starling_round")) is not None and v > first and v,
+                         60)
+        self.assertIsNotNone(later, self.fed.log("root"))
+        applied = query('starling_rounds_total{applied="true"}')
+        self.assertIsNotNone(applied)
+        self.assertGreaterEqual(applied, 1)
+        self.assertEqual(query('starling_clients{state="registered"}'), 2)
+        self.assertGreater(query('starling_transport_bytes_total{direction="in"}'), 0)
+        join(runs, clients, timeout=120, logs=lambda: self.fed.log("root"))
+
+
+if __name__ == "__main__":
+    unittest.main()
