@@ -56,8 +56,19 @@ std::string deviceRoundNote(const client::DeviceUpdate* d) {
   return d ? "; " + std::to_string(d->updates()) + " updates formed on the device" : "";
 }
 
-std::string accuracyNote(const std::optional<double>& acc) {
-  return acc ? std::to_string(100 * *acc).substr(0, 5) + "%" : "n/a";
+// The last test accuracy measured, at `measured` (a round or step); when that is not `now`, marked
+// with it: a value carried over from an earlier evaluation is not this round's (the demo once
+// printed "acc 65.6%" on rounds 15 to 19 as if each had measured it).
+std::string accuracyNote(const std::optional<double>& acc, uint64_t measured, uint64_t now,
+                         const char* unit) {
+  if (!acc) return "n/a";
+  char buf[64];
+  if (measured == now)
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100 * *acc);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f%% (%s %llu)", 100 * *acc, unit,
+                  static_cast<unsigned long long>(measured));
+  return buf;
 }
 
 // What a simulation is before anything is loaded: the round engine's configuration, the launch
@@ -280,23 +291,28 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = isatty(STDOUT_FILENO);
   std::optional<double> last_acc;
+  uint64_t acc_at = 0, last_step = 0;
   const auto metric = [](const server::RoundRecord& r, const char* name) {
     const auto it = r.metrics.find(name);
     return it == r.metrics.end() ? 0.0 : it->second;  // a round where nothing arrived has none
   };
   simulation.run([&](const server::RoundRecord& r) {
-    if (r.test_accuracy) last_acc = r.test_accuracy;
+    if (r.test_accuracy) {
+      last_acc = r.test_accuracy;
+      acc_at = r.round;
+    }
+    last_step = r.round;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double left =
         elapsed / static_cast<double>(r.round) * static_cast<double>(ac.steps - r.round);
-    char acc[32] = "";
-    if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
+    const std::string acc =
+        last_acc ? "  acc " + accuracyNote(last_acc, acc_at, r.round, "step") : std::string();
     std::printf(
         "%sstep %4llu/%llu%s  loss %.4f  staleness %.1f (max %.0f)  refused %llu  sim %.1f s  ETA "
         "%s%s",
         tty ? "\r" : "", static_cast<unsigned long long>(r.round),
-        static_cast<unsigned long long>(ac.steps), acc, r.train_loss.value_or(0.0),
+        static_cast<unsigned long long>(ac.steps), acc.c_str(), r.train_loss.value_or(0.0),
         metric(r, "staleness_mean"), metric(r, "staleness_max"),
         static_cast<unsigned long long>(r.updates_rejected), simulation.now(), eta(left).c_str(),
         tty ? "" : "\n");
@@ -308,7 +324,7 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
       "clients trained%s\n",
       static_cast<unsigned long long>(ac.steps),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-      simulation.now(), accuracyNote(last_acc).c_str(),
+      simulation.now(), accuracyNote(last_acc, acc_at, last_step, "step").c_str(),
       static_cast<unsigned long long>(simulation.clientsTrained()),
       deviceRoundNote(parts.device_round.get()).c_str());
 }
@@ -353,16 +369,22 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
         dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds),
         static_cast<unsigned long long>(ec.rounds), dp->config().delta);
   std::optional<double> last_acc;
+  uint64_t acc_at = 0, last_round = 0;
   while (!engine.done()) {
     const server::RoundRecord r = engine.runRound(fleet);
     if (!lead) continue;
-    if (r.test_accuracy) last_acc = r.test_accuracy;
+    if (r.test_accuracy) {
+      last_acc = r.test_accuracy;
+      acc_at = r.round;
+    }
+    last_round = r.round;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double per_round = elapsed / static_cast<double>(r.round - first + 1);
     const double left = per_round * static_cast<double>(ec.rounds - r.round);
-    char acc[32] = "", ef[80] = "";
-    if (last_acc) std::snprintf(acc, sizeof acc, "  acc %5.1f%%", 100 * *last_acc);
+    const std::string acc =
+        last_acc ? "  acc " + accuracyNote(last_acc, acc_at, r.round, "round") : std::string();
+    char ef[80] = "";
     if (auto g = r.metrics.find("ef_gain"); g != r.metrics.end())
       std::snprintf(ef, sizeof ef, "  EF gain %.2f", g->second);
     if (r.dp_epsilon)
@@ -372,7 +394,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
         "%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA "
         "%s%s",
         tty ? "\r" : "", static_cast<unsigned long long>(r.round),
-        static_cast<unsigned long long>(ec.rounds), acc, r.train_loss.value_or(0.0), ef,
+        static_cast<unsigned long long>(ec.rounds), acc.c_str(), r.train_loss.value_or(0.0), ef,
         r.clients_completed ? static_cast<double>(r.uplink_bytes) / 1024.0 /
                                   static_cast<double>(r.clients_completed)
                             : 0.0,
@@ -389,7 +411,8 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
         "this worker; "
         "%llu client states moved between workers%s\n",
         static_cast<unsigned long long>(ec.rounds - first + 1), secs,
-        accuracyNote(last_acc).c_str(), static_cast<unsigned long long>(fleet.clientsTrained()),
+        accuracyNote(last_acc, acc_at, last_round, "round").c_str(),
+        static_cast<unsigned long long>(fleet.clientsTrained()),
         static_cast<unsigned long long>(fleet.statesMigrated()),
         deviceRoundNote(parts.device_round.get()).c_str());
   }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "emulated.h"
@@ -1075,6 +1076,41 @@ TEST_CASE("model.spec softmax runs in the simulator, as on a deployed client, fr
   const Checkpoint ck = readCheckpoint(dir / "s.ckpt");
   CHECK(std::any_of(ck.model.begin(), ck.model.end(), [](float v) { return v != 0.0f; }));
   CHECK(std::stod(field(lines.back(), "test_accuracy")) > 0.2);
+}
+
+TEST_CASE("the progress line marks an accuracy carried over from an earlier round",
+          "[simulator][integration]") {
+  // Evaluated every 2 rounds: rounds 3 and 5 show the accuracy of rounds 2 and 4, and say so (the
+  // demo once printed one accuracy on rounds 15 to 19 as if each had measured it).
+  TempDir dir("sim-progress");
+  Proc p(with(simArgs(dir, "p", 1, 5), {"--model.spec", "softmax", "--eval.every", "2"}),
+         dir / "p.log");
+  const int rc = p.wait(seconds(300));
+  const std::string log = readText(dir / "p.log");
+  INFO(log);
+  REQUIRE(rc == 0);
+  std::map<int, std::string> line;  // round -> its progress line
+  std::istringstream in(log);
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind("round ", 0) == 0) line[std::stoi(l.substr(6))] = l;
+  REQUIRE(line.size() == 5);
+  const auto jsonl = readLines(dir / "p.jsonl");
+  REQUIRE(jsonl.size() == 5);
+  CHECK(line[1].find(" acc ") == std::string::npos);  // nothing measured yet
+  for (int r : {2, 4}) {
+    INFO(line[r]);
+    REQUIRE(jsonl[r - 1].find("test_accuracy") != std::string::npos);  // measured this round
+    CHECK(line[r].find(" acc ") != std::string::npos);
+    CHECK(line[r].find("(round") == std::string::npos);
+  }
+  const auto accOf = [](const std::string& l) { return l.substr(l.find(" acc ") + 5, 5); };
+  for (int r : {3, 5}) {
+    INFO(line[r]);
+    CHECK(jsonl[r - 1].find("test_accuracy") == std::string::npos);  // not measured
+    CHECK(line[r].find("(round " + std::to_string(r - 1) + ")") != std::string::npos);
+    CHECK(accOf(line[r]) == accOf(line[r - 1]));  // the earlier round's value, with its round
+  }
+  CHECK(log.find("final test accuracy " + accOf(line[4]) + " (round 4)") != std::string::npos);
 }
 
 // Secure aggregation among the simulated clients (the real protocol, server/secure_round.h):
