@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "data/source.h"
 #include "ops/status_server.h"
+#include "server/admin.h"
 #include "server/aggregator.h"
 #include "server/async_root.h"
 #include "server/engine.h"
@@ -319,7 +320,8 @@ int runAggregator(const apps::Settings& c, const server::EngineConfig& ec, trans
 // The root's synchronous rounds: the round engine over the ZeroMQ fleet, a line per round.
 int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
             const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
-            server::ZmqFleet& fleet, spdlog::logger& log, server::FleetMetrics* metrics) {
+            server::ZmqFleet& fleet, spdlog::logger& log, server::FleetMetrics* metrics,
+            server::Admin* admin) {
   server::RoundEngine engine(layout, ec, std::move(init));
   if (engine.resumed())
     log.info("resumed from {} at round {} (model version {})", ec.checkpoint, engine.nextRound(),
@@ -355,6 +357,25 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;
     const uint64_t round = engine.nextRound();
+    if (admin) {
+      // An operator's drain or pause (starling-admin) takes effect between rounds; while paused
+      // the fleet is served (heartbeats, registrations, the operator's commands).
+      admin->setRound(round);
+      try {
+        while (admin->paused() && !admin->draining() && !apps::stopFlag().load())
+          fleet.service(std::chrono::milliseconds(200));
+      } catch (const server::Stopped&) {
+        log.info("stopped while paused before round {}", round);
+        return 0;
+      }
+      if (admin->draining()) {
+        log.warn(
+            "drained: stopping before round {} (the checkpoint holds round {}); clients "
+            "wait for the root to come back",
+            round, round - 1);
+        return 0;
+      }
+    }
     if (metrics) metrics->roundStarted(round);
     try {
       r = engine.runRound(fleet);
@@ -406,9 +427,15 @@ int runServer(const apps::Settings& c) {
   const std::unique_ptr<client::Trainer> trainer = serverTrainer(c, ec, *log);
   const auto layout = std::make_shared<const ParamLayout>(trainer->layout());
   // The operator's metrics (status.listen): read from the fleet on this thread, served on the
-  // status server's (both outlive the fleet, which holds the observer).
+  // status server's; the control socket (admin.socket) for starling-admin, answered on this
+  // thread. All outlive the fleet, which holds the observer.
   std::unique_ptr<server::FleetMetrics> metrics;
   std::unique_ptr<ops::StatusServer> status;
+  std::unique_ptr<ops::ControlSocket> control;
+  std::unique_ptr<server::Admin> admin;
+  if (!c.admin_socket.empty() && aggregator)
+    STARLING_THROW(ConfigError, "admin.socket: only the root takes starling-admin's commands");
+  if (!c.admin_socket.empty()) control = std::make_unique<ops::ControlSocket>(c.admin_socket);
   transport::Context ctx;
   server::ZmqFleet fleet(ctx, fleetConfig(c, ec), layout, log);
   log->info("listening on {} | model {} ({} parameters, fingerprint {})", fleet.endpoint(),
@@ -418,7 +445,6 @@ int runServer(const apps::Settings& c) {
     metrics = std::make_unique<server::FleetMetrics>(registry, aggregator ? "aggregator" : "root",
                                                      trainer->spec(),
                                                      hexFingerprint(layout->fingerprint()));
-    fleet.setObserver([m = metrics.get()](const server::ZmqFleet& f) { m->observe(f); });
     status = std::make_unique<ops::StatusServer>(
         status_config, registry,
         fmt::format("starling-server {} on {}", aggregator ? "edge aggregator" : "root",
@@ -429,12 +455,29 @@ int runServer(const apps::Settings& c) {
   // SIGINT / SIGTERM end a wait or a phase within about 100 ms (server::Stopped), not when it
   // times out, and the round in progress is left for the restart.
   fleet.setStopFlag(&apps::stopFlag());
+  if (control) {
+    admin = std::make_unique<server::Admin>(fleet, c.net.insecure ? std::string() : c.net.clients,
+                                            buffered(c.round.mode), log);
+    log->info(
+        "admin: starling-admin --socket {} takes status, reload, revoke ID, drain, pause, "
+        "resume",
+        control->path());
+  }
+  if (metrics || control)
+    fleet.setObserver(
+        [m = metrics.get(), ctl = control.get(), adm = admin.get()](const server::ZmqFleet& f) {
+          if (m) m->observe(f);
+          if (ctl)
+            ctl->poll([adm](const std::string& line, const ops::Caller& who) {
+              return adm->handle(line, who);
+            });
+        });
   if (aggregator) return runAggregator(c, ec, ctx, fleet, layout, log);
   std::vector<float> init(layout->numel());
   trainer->initParameters(init, c.model.seed);
   if (buffered(c.round.mode))
     return runAsyncRoot(c, ec, layout, std::move(init), *trainer, fleet, *log, metrics.get());
-  return runRoot(c, ec, layout, std::move(init), fleet, *log, metrics.get());
+  return runRoot(c, ec, layout, std::move(init), fleet, *log, metrics.get(), admin.get());
 }
 
 }  // namespace

@@ -567,6 +567,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "HOST:PORT on which to serve Prometheus metrics (GET /metrics) while the root or edge "
         "aggregator runs, e.g. 127.0.0.1:9464 (port 0: a free one, logged); empty: off. An "
         "address that is not loopback needs status.token_file (docs/deployment.md, Operating)");
+  o.add("admin.socket", &s.admin_socket,
+        "a Unix socket path (made 0600) on which the root takes starling-admin's commands: status, "
+        "reload (admit the keys added to security.clients), revoke ID, drain, pause, resume; "
+        "empty: none (docs/deployment.md, Operating)");
   o.add("status.token_file", &s.status.token_file,
         "a file whose first line is a bearer token (at least 16 characters; chmod 600) that every "
         "request to status.listen must carry (Authorization: Bearer TOKEN)");

@@ -191,6 +191,8 @@ struct Settings {
     std::string listen;      // HOST:PORT
     std::string token_file;  // a bearer token; required off loopback
   } status;
+  // The root's control socket for starling-admin (server/admin.h); empty: none.
+  std::string admin_socket;
   // starling-split's own keys (docs/split.md); it shares model.spec, model.seed, data.dir,
   // train.epochs, train.batch_size, train.lr, state.metrics, sim.threads, log.level, security.*
   // and net.* with the other programs.

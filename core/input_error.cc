@@ -94,6 +94,8 @@ const char* errcName(Errc c) {
       return "inconsistent survivors";
     case Errc::kPeerRoutingId:
       return "routing id named by the peer";
+    case Errc::kRevoked:
+      return "revoked";
   }
   return "unknown";
 }

@@ -64,9 +64,10 @@ enum class Errc : uint8_t {
   kInconsistentSurvivors,  // a signed round's survivors that fewer than t neighbours signed alike
   // the connection (transport/)
   kPeerRoutingId,  // a connection whose ZeroMQ routing id its peer named (not the server's own)
+  kRevoked,        // a client an operator revoked (starling-admin): nothing of it is taken
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kPeerRoutingId;
+inline constexpr Errc kLastErrc = Errc::kRevoked;
 
 const char* errcName(Errc c);
 

@@ -86,6 +86,12 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
       .set(static_cast<double>(fleet.onlineCount()));
   r.gauge("starling_clients", clients_help, {{"state", "in_round"}})
       .set(static_cast<double>(fleet.openTasks()));
+  r.gauge("starling_clients", clients_help, {{"state", "revoked"}})
+      .set(static_cast<double>(fleet.revokedIds().size()));
+  r.counter("starling_revoked_tasks_total",
+            "Open tasks failed because an operator revoked their client (an answer on its way is "
+            "refused when it comes).")
+      .raiseTo(static_cast<double>(fleet.revokedInFlight()));
 }
 
 void FleetMetrics::roundStarted(uint64_t round) { round_.set(static_cast<double>(round)); }

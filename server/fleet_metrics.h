@@ -10,7 +10,9 @@
 //   starling_round_duration_seconds                        histogram of a round's wall time
 //   starling_updates_total{result}                         accepted / refused by the round
 //   starling_round_bytes_total{direction}                  the rounds' update bytes, up / down
-//   starling_clients{state}                                registered / online / in_round
+//   starling_clients{state}                                registered / online / in_round /
+//                                                          revoked
+//   starling_revoked_tasks_total                           open tasks failed by a revocation
 //   starling_refused_messages_total{code}                  every refused message, by error code
 //   starling_transport_bytes_total{direction}              every byte in / out of the socket
 //   starling_transport_messages_total{direction}

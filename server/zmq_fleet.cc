@@ -84,6 +84,33 @@ ZmqFleet::~ZmqFleet() = default;
 
 std::string ZmqFleet::endpoint() const { return socket_.endpoint(); }
 
+void ZmqFleet::setAllowList(std::shared_ptr<const transport::AllowList> allow) {
+  socket_.setAllowList(std::move(allow));
+}
+
+bool ZmqFleet::revoke(uint64_t id) {
+  if (!socket_.secure())
+    STARLING_THROW(ConfigError,
+                   "revoking a client needs CURVE: an insecure server cannot tell who sends");
+  if (!revoked_.insert(id).second) return false;
+  if (auto pend = pending_.find(id); pend != pending_.end()) {
+    // Its task or step fails now; an answer already on its way is refused when it comes.
+    ++revoked_in_flight_;
+    if (phase_ && phase_->report) phase_->report->failed.push_back(id);
+    if (phase_ && phase_->async) {
+      phase_->async->failed(id);
+      phase_->event = true;
+    }
+    expired_[id].add(pend->second.nonce);
+    pending_.erase(pend);
+  }
+  if (auto c = clients_.find(id); c != clients_.end()) {
+    by_routing_.erase(c->second.routing);
+    clients_.erase(c);
+  }
+  return true;
+}
+
 size_t ZmqFleet::onlineCount() const {
   const auto cutoff = config_.clock->now() - milliseconds(config_.silence_ms);
   size_t n = 0;
@@ -180,6 +207,25 @@ void ZmqFleet::handle(const transport::Received& r) {
   }
   const auto bytes = r.bytes();
   const auto kind = pr::peekKind(bytes);
+  // A revoked key: nothing of it is read. Its client is told it is not registered, registers
+  // again, and that Register is refused for good (RegistrationRefused), on which it stops. Logged
+  // once a second per client at most (a revoked client may not stop).
+  if (r.authenticated_id && revoked_.count(*r.authenticated_id)) {
+    const uint64_t id = *r.authenticated_id;
+    ++refused_[static_cast<size_t>(Errc::kRevoked)];
+    const auto now = config_.clock->now();
+    if (auto& last = revoked_said_[id]; now - last >= std::chrono::seconds(1)) {
+      last = now;
+      log_->warn("refused a message: client {} was revoked by an operator", id);
+    }
+    pr::RejectMsg m;
+    m.kind = kind == pr::MessageKind::kRegister ? pr::RejectKind::kRegistrationRefused
+                                                : pr::RejectKind::kNotRegistered;
+    m.code = static_cast<uint32_t>(Errc::kRevoked);
+    m.message = "client " + std::to_string(id) + " was revoked by the federation's operator";
+    socket_.send(r.peer, pr::encode(m));
+    return;
+  }
   if (!kind) {
     refuse(r.peer, Errc::kMalformed,
            "not a Starling message (" + std::to_string(bytes.size()) + " bytes)");

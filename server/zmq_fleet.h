@@ -144,6 +144,20 @@ class ZmqFleet final : public Fleet {
   uint64_t refusedTotal() const;
   // CURVE handshakes refused (logged with the peer's address), over the fleet's life.
   uint64_t refusedHandshakes() const { return refused_handshakes_; }
+
+  // Administration without a restart (server/admin.h). The clients the ZAP handler admits from
+  // the next handshake on (ConfigError for an insecure fleet or an empty list).
+  void setAllowList(std::shared_ptr<const transport::AllowList> allow);
+  // Revokes client `id` now: its registration is forgotten, its open task or step fails (an
+  // answer in flight is dropped, counted in revokedInFlight()), and every later message whose key
+  // says it is `id` is refused (kRevoked, a RegistrationRefused its client stops on). Only under
+  // CURVE, where a message's sender is known (ConfigError otherwise). False when it was revoked
+  // already.
+  bool revoke(uint64_t id);
+  bool revoked(uint64_t id) const { return revoked_.count(id) != 0; }
+  std::vector<uint64_t> revokedIds() const { return {revoked_.begin(), revoked_.end()}; }
+  uint64_t revokedInFlight() const { return revoked_in_flight_; }
+  bool secure() const { return socket_.secure(); }
   // The socket's connections as ZeroMQ reported them (accepted, refused by kind, dropped); what
   // changed is logged, at most a line a second.
   const transport::ConnectionCounts& connections() const { return socket_.connections(); }
@@ -239,6 +253,9 @@ class ZmqFleet final : public Fleet {
   // Closes `id`'s task of `nonce` because it was answered (a second answer is a duplicate).
   void closeAnswered(uint64_t id, uint64_t nonce) { expired_[id].add(nonce, true); }
   std::unordered_map<uint64_t, Expired> expired_;
+  std::set<uint64_t> revoked_;
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> revoked_said_;
+  uint64_t revoked_in_flight_ = 0;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
   std::function<void(const ZmqFleet&)> observer_;

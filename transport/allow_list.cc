@@ -105,4 +105,23 @@ std::optional<uint64_t> AllowList::find(std::string_view key) const {
   return it->second.id;
 }
 
+std::vector<uint64_t> AllowList::ids() const {
+  std::vector<uint64_t> out;
+  out.reserve(id_origin_.size());
+  for (const auto& [id, origin] : id_origin_) out.push_back(id);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string AllowList::origin(uint64_t id) const {
+  const auto it = id_origin_.find(id);
+  return it == id_origin_.end() ? std::string() : it->second;
+}
+
+bool AllowList::remove(uint64_t id) {
+  if (!id_origin_.erase(id)) return false;
+  std::erase_if(by_key_, [id](const auto& kv) { return kv.second.id == id; });
+  return true;
+}
+
 }  // namespace starling::transport

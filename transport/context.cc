@@ -74,6 +74,15 @@ void Context::Impl::unregisterDomain(const std::string& domain) {
     it = handshakes_.erase(it);
 }
 
+void Context::Impl::replaceDomain(const std::string& domain,
+                                  std::shared_ptr<const AllowList> allow) {
+  STARLING_ENFORCE(allow != nullptr);
+  std::lock_guard lock(mu_);
+  const auto it = domains_.find(domain);
+  STARLING_ENFORCE(it != domains_.end(), "no ZAP domain ", domain);
+  it->second = std::move(allow);
+}
+
 std::shared_ptr<const AllowList> Context::Impl::lookup(const std::string& domain) {
   std::lock_guard lock(mu_);
   const auto it = domains_.find(domain);

@@ -24,6 +24,8 @@ struct Context::Impl {
   // under a fresh ZAP domain, which it returns. Thread-safe.
   std::string registerDomain(std::shared_ptr<const AllowList> allow);
   void unregisterDomain(const std::string& domain);
+  // Puts `allow` in place of `domain`'s list: the next handshake is judged by it. Thread-safe.
+  void replaceDomain(const std::string& domain, std::shared_ptr<const AllowList> allow);
   // The list of a domain, or null. Thread-safe (the ZAP thread calls it).
   std::shared_ptr<const AllowList> lookup(const std::string& domain);
   void stopZap();

@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace starling::transport {
 
@@ -106,6 +107,12 @@ class AllowList {
   // The id of a public key given as Z85 (40 characters) or binary (32 bytes); nullopt otherwise.
   std::optional<uint64_t> find(std::string_view z85_or_binary32) const;
   size_t size() const { return by_key_.size(); }
+  // The listed ids, ascending; whether `id` is listed; where it was listed (empty if not).
+  std::vector<uint64_t> ids() const;
+  bool has(uint64_t id) const { return id_origin_.count(id) != 0; }
+  std::string origin(uint64_t id) const;
+  // Drops client `id` (its key with it); false when it was not listed.
+  bool remove(uint64_t id);
 
  private:
   struct Entry {

@@ -173,6 +173,14 @@ void ServerSocket::release() {
   context_.impl().live_sockets.fetch_sub(1);
 }
 
+void ServerSocket::setAllowList(std::shared_ptr<const AllowList> allow) {
+  if (zap_domain_.empty())
+    STARLING_THROW(ConfigError, "an insecure server has no allow-list to change");
+  if (!allow || allow->size() == 0)
+    STARLING_THROW(ConfigError, "an empty allow-list would admit no client");
+  context_.impl().replaceDomain(zap_domain_, std::move(allow));
+}
+
 std::string ServerSocket::endpoint() const { return core_->sock.get(zmq::sockopt::last_endpoint); }
 std::optional<Received> ServerSocket::receive(std::chrono::milliseconds timeout) {
   readMonitor();

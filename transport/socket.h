@@ -205,6 +205,10 @@ class ServerSocket {
   std::vector<Context::Refusal> takeRefusedHandshakes(uint64_t* dropped = nullptr);
   // The connections' events as of the last receive() (they are read there).
   const ConnectionCounts& connections() const { return connections_; }
+  // Admits the clients of `allow` from the next handshake on, without a restart (connections
+  // already made stay: their messages still carry the id they were admitted with, which the
+  // owner must judge). ConfigError for an insecure socket or an empty list.
+  void setAllowList(std::shared_ptr<const AllowList> allow);
   // Whether it runs CURVE (not insecure).
   bool secure() const { return !zap_domain_.empty(); }
 

@@ -24,7 +24,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 import starling
-from test_client import Federation, free_port, run_in_thread, join
+from test_client import BIN, Federation, free_port, run_in_thread, join
 
 ROUNDS = 12
 FIT_SECONDS = 0.4  # so that a scrape a second sees the rounds advance
@@ -171,6 +171,130 @@ class Operations(unittest.TestCase):
         self.assertEqual(query('starling_clients{state="registered"}'), 2)
         self.assertGreater(query('starling_transport_bytes_total{direction="in"}'), 0)
         join(runs, clients, timeout=120, logs=lambda: self.fed.log("root"))
+
+
+def admin(socket_path, *command):
+    p = subprocess.run([os.path.join(BIN, "starling-admin"), "--socket", socket_path, *command],
+                       capture_output=True, text=True, timeout=30)
+    return p.returncode, p.stdout + p.stderr
+
+
+class Administration(unittest.TestCase):
+    """starling-admin against a live root: admit a key without a restart, revoke a client, pause,
+    resume and drain, each logged with who asked."""
+
+    def setUp(self):
+        self.fed = Federation()
+
+    def tearDown(self):
+        self.fed.close()
+
+    def records(self):
+        return self.fed.metrics()
+
+    def test_admit_revoke_pause_resume_and_drain_a_running_root(self):
+        sock = os.path.join(self.fed.dir, "admin.sock")
+        port = free_port()
+        self.fed.root(port, ["client-0", "client-1"], 500,
+                      ["--admin.socket", sock, "--sampling.min_available", "2",
+                       "--sampling.wait_ms", "60000", "--status.listen", "127.0.0.1:0"])
+        self.assertTrue(wait_for(lambda: os.path.exists(sock), 30), self.fed.log("root"))
+        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
+                                          self.fed.log("root")) or [None, None])[1], 30)
+        self.assertIsNotNone(url)
+
+        def metric(name, **labels):
+            body = http_get(url + "/metrics")[2]
+            for f in text_string_to_metric_families(body):
+                for smp in f.samples:
+                    if smp.name == name and all(smp.labels.get(k) == v for k, v in labels.items()):
+                        return smp.value
+            return None
+        self.assertEqual(oct(os.stat(sock).st_mode & 0o777), "0o600")
+        clients = {}
+        runs = {}
+
+        def start(i):
+            clients[i] = starling.Client(SlowClient(0.01), num_examples=10,
+                                         **self.fed.client_kwargs(port, i))
+            runs[i] = run_in_thread(clients[i])
+
+        try:
+            start(0)
+            start(1)
+            self.assertTrue(wait_for(lambda: len(self.records()) >= 2, 60), self.fed.log("root"))
+            rc, out = admin(sock, "bogus")
+            self.assertEqual(rc, 1, out)
+            self.assertTrue(out.startswith("error:"), out)
+
+            # Admit client 2: its key goes into the allow-list folder, and a reload admits it.
+            shutil.copy(os.path.join(self.fed.keys, "client-2.key"),
+                        os.path.join(self.fed.dir, "allow-root"))
+            rc, out = admin(sock, "reload")
+            self.assertEqual(rc, 0, out)
+            self.assertIn("admitted 2", out)
+            start(2)
+            self.assertTrue(wait_for(lambda: any(r["clients_completed"] == 3
+                                                 for r in self.records()), 60),
+                            self.fed.log("root"))
+
+            # Revoke client 1: it is told to stop (and does), the rounds go on with 0 and 2.
+            rc, out = admin(sock, "revoke", "1")
+            self.assertEqual(rc, 0, out)
+            self.assertIn("revoked client 1", out)
+            runs[1]["thread"].join(60)
+            self.assertFalse(runs[1]["thread"].is_alive(), "the revoked client did not stop")
+            self.assertIsInstance(runs[1].get("error"), starling.UpstreamRefused, runs[1])
+            self.assertIn("revoked", str(runs[1]["error"]))
+            n = len(self.records())
+            self.assertTrue(wait_for(lambda: len(self.records()) >= n + 2, 60))
+            self.assertEqual(self.records()[-1]["clients_completed"], 2)
+            rc, out = admin(sock, "revoke", "1")
+            self.assertEqual(rc, 0, out)
+            self.assertIn("already", out)
+            rc, out = admin(sock, "status")
+            self.assertEqual(rc, 0, out)
+            status = json.loads(out)
+            self.assertEqual(status["revoked"], [1])
+            # The operator's metrics say it too (read every 250 ms).
+            self.assertTrue(wait_for(lambda: metric("starling_clients", state="revoked") == 1, 10))
+            self.assertGreaterEqual(metric("starling_refused_messages_total", code="revoked"), 1)
+            self.assertEqual(status["registered"], 2)
+            self.assertFalse(status["paused"])
+
+            # Pause: no round starts (the one running may finish); resume: they go on.
+            rc, out = admin(sock, "pause")
+            self.assertEqual(rc, 0, out)
+            time.sleep(1.0)
+            paused_at = len(self.records())
+            time.sleep(2.0)
+            self.assertLessEqual(len(self.records()), paused_at + 1)
+            self.assertTrue(json.loads(admin(sock, "status")[1])["paused"])
+            rc, out = admin(sock, "resume")
+            self.assertEqual(rc, 0, out)
+            self.assertTrue(wait_for(lambda: len(self.records()) >= paused_at + 3, 60))
+
+            # Drain: the round in progress finishes, the root stops before the last of its 500.
+            rc, out = admin(sock, "drain")
+            self.assertEqual(rc, 0, out)
+            root = [p for name, p, _ in self.fed.procs if name == "root"][0]
+            self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
+            self.assertLess(len(self.records()), 500)
+            self.assertFalse(os.path.exists(sock))  # removed when the root ended
+            rc, out = admin(sock, "status")
+            self.assertEqual(rc, 2, out)  # nobody there
+
+            log = self.fed.log("root")
+            uid = str(os.getuid())
+            for line in ("allow-list reloaded", "client 1 revoked by uid " + uid, "paused by uid",
+                         "resumed by uid", "drain asked by uid", "drained: stopping before round",
+                         "refused 'bogus' from uid", "client 1 was revoked by an operator"):
+                self.assertIn(line, log)
+        finally:
+            for c in clients.values():
+                c.stop()
+            for r in runs.values():
+                r["thread"].join(30)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+#pragma once
+// Administration of a running root without a restart: the commands starling-admin sends over the
+// control socket (ops/control_socket.h), answered on the rounds' thread, each logged with who
+// asked (the caller's uid and pid, from the kernel).
+//
+//   status          one JSON object: round, paused, draining, clients registered and online,
+//                   the allow-list's size, the revoked clients
+//   reload          reads security.clients again: keys added are admitted from their next
+//                   handshake; keys gone are revoked (below)
+//   revoke ID       client ID: its registration forgotten, its open task failed (an update in
+//                   flight dropped and counted), every later message refused (kRevoked; its
+//                   client stops), its handshakes refused from then on; until the root restarts
+//                   (remove its key file too, or the restart admits it again)
+//   drain           finish the round in progress, then stop (the checkpoint is the last round's)
+//   pause, resume   no new round starts while paused (heartbeats are answered, commands taken)
+//
+// What a command cannot do is an answer beginning "error: ", and changes nothing.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ops/control_socket.h"
+
+namespace spdlog {
+class logger;
+}
+namespace starling::transport {
+class AllowList;
+}
+
+namespace starling::server {
+
+class ZmqFleet;
+
+class Admin {
+ public:
+  // `allow_path`: security.clients (reload reads it; empty for an insecure root, where reload and
+  // revoke are refused); `asynchronous`: drain and pause are refused (not built there yet).
+  Admin(ZmqFleet& fleet, std::string allow_path, bool asynchronous,
+        std::shared_ptr<spdlog::logger> log);
+
+  // One command line; the answer to send back.
+  std::string handle(const std::string& line, const ops::Caller& caller);
+
+  // For the program's loop.
+  bool paused() const { return paused_; }
+  bool draining() const { return draining_; }
+  void setRound(uint64_t round) { round_ = round; }
+
+ private:
+  std::string status() const;
+  std::string reload(const ops::Caller& caller);
+  std::string revoke(uint64_t id, const ops::Caller& caller);
+  ZmqFleet& fleet_;
+  std::string allow_path_;
+  bool async_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::shared_ptr<const transport::AllowList> allow_;  // what the fleet admits now
+  bool paused_ = false, draining_ = false;
+  uint64_t round_ = 0;
+};
+
+}  // namespace starling::server
