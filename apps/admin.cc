@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string answer = starling::ops::sendControl(socket, line, timeout_ms);
+    if (answer.empty()) {
+      std::fprintf(stderr, "starling-admin: %s closed without an answer (did the root stop?)\n",
+                   socket.c_str());
+      return 2;
+    }
     std::fputs(answer.c_str(), stdout);
     return answer.rfind("error:", 0) == 0 ? 1 : 0;
   } catch (const starling::Error& e) {

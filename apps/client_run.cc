@@ -19,7 +19,8 @@ using namespace starling;
 namespace {
 
 int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
-  auto log = apps::makeLogger("client-" + std::to_string(c.client.id), c.log_level, c.net.insecure);
+  auto log = apps::makeLogger("client-" + std::to_string(c.client.id), c.log_level, c.net.insecure,
+                              c.log_format);
   const auto partitioner = data::makePartitioner(c.data.partition);
   client::RuntimeConfig rc;
   rc.server = c.client.server;

@@ -6,12 +6,17 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <ctime>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "apps/settings.h"
 #include "core/error.h"
+#include "core/log_fields.h"
 #include "transport/socket.h"
 
 namespace starling::apps {
@@ -51,12 +56,89 @@ inline transport::SecurityConfig security(const Settings::Net& n, bool server_si
   return s;
 }
 
-// A console logger; under --security.insecure every line says so.
+// log.format = json: one JSON object per line, {"ts", "level", "program", "msg"} and, where the
+// logging thread set them (core/log_fields.h), "round", "peer" and "code" (an error code's name,
+// as docs/errors.md and the metrics' `code` label spell it); "insecure": true under
+// --security.insecure.
+class JsonLogFormatter : public spdlog::formatter {
+ public:
+  explicit JsonLogFormatter(bool insecure) : insecure_(insecure) {}
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    const auto t = msg.time.time_since_epoch();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t).count();
+    const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char ts[96];  // room for any int the compiler cannot bound
+    std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<int>(ms % 1000));
+    std::string out = std::string("{\"ts\":\"") + ts + "\",\"level\":\"";
+    const auto level = spdlog::level::to_string_view(msg.level);
+    out.append(level.data(), level.size());
+    out += "\",\"program\":";
+    appendString(out, std::string_view(msg.logger_name.data(), msg.logger_name.size()));
+    out += ",\"msg\":";
+    appendString(out, std::string_view(msg.payload.data(), msg.payload.size()));
+    const LogFields& f = logFields();
+    if (f.round) out += ",\"round\":" + std::to_string(*f.round);
+    if (f.peer) out += ",\"peer\":" + std::to_string(*f.peer);
+    if (f.code) {
+      out += ",\"code\":";
+      appendString(out, errcLabel(f.code));
+    }
+    if (insecure_) out += ",\"insecure\":true";
+    out += "}\n";
+    dest.append(out.data(), out.data() + out.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonLogFormatter>(insecure_);
+  }
+  // A JSON string: quotes, backslashes and control characters escaped (bytes from 0x80 up are
+  // passed as they are: the messages are UTF-8 text).
+  static void appendString(std::string& out, std::string_view s) {
+    out += '"';
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += ch;
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (c < 0x20 || c == 0x7f) {
+        char u[8];
+        std::snprintf(u, sizeof u, "\\u%04x", c);
+        out += u;
+      } else {
+        out += ch;
+      }
+    }
+    out += '"';
+  }
+  // An error code's name with blanks as underscores ("bad nonce" -> "bad_nonce").
+  static std::string errcLabel(const char* name) {
+    std::string s = name;
+    for (char& c : s)
+      if (c == ' ') c = '_';
+    return s;
+  }
+
+ private:
+  bool insecure_;
+};
+
+// A console logger; under --security.insecure every line says so. `format`: text or json.
 inline std::shared_ptr<spdlog::logger> makeLogger(const std::string& name, const std::string& level,
-                                                  bool insecure) {
+                                                  bool insecure,
+                                                  LogFormat format = LogFormat::kText) {
   auto log = spdlog::stderr_color_mt(name);
-  log->set_pattern(insecure ? "[%H:%M:%S.%e] [%n] [INSECURE] [%^%l%$] %v"
-                            : "[%H:%M:%S.%e] [%n] [%^%l%$] %v");
+  if (format == LogFormat::kJson)
+    log->set_formatter(std::make_unique<JsonLogFormatter>(insecure));
+  else
+    log->set_pattern(insecure ? "[%H:%M:%S.%e] [%n] [INSECURE] [%^%l%$] %v"
+                              : "[%H:%M:%S.%e] [%n] [%^%l%$] %v");
   log->set_level(spdlog::level::from_str(level));
   return log;
 }

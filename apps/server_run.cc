@@ -129,7 +129,7 @@ std::unique_ptr<RootEvaluation> setUpRootEvaluation(const apps::Settings& c,
 int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
                  const std::shared_ptr<const ParamLayout>& layout, std::vector<float> init,
                  client::Trainer& trainer, server::ZmqFleet& fleet, spdlog::logger& log,
-                 server::FleetMetrics* metrics) {
+                 server::FleetMetrics* metrics, server::Admin* admin) {
   server::AsyncRootConfig rc;
   rc.steps = ec.rounds;
   rc.fleet.concurrency = c.async.concurrency ? c.async.concurrency : c.sampling.clients_per_round;
@@ -185,6 +185,7 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
         metrics->roundRecorded(r);
         metrics->roundStarted(r.round + 1);
       }
+      if (admin) admin->setRound(r.round + 1);
       const auto m = [&](const char* k) {
         const auto it = r.metrics.find(k);
         return it == r.metrics.end() ? 0.0 : it->second;
@@ -377,9 +378,17 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
       }
     }
     if (metrics) metrics->roundStarted(round);
+    const ScopedLogFields in_round(round, std::nullopt);  // every line of the round says which
     try {
       r = engine.runRound(fleet);
     } catch (const server::Stopped&) {
+      if (admin && admin->draining() && engine.nextRound() == round) {
+        log.warn(
+            "drained: round {} was waiting for its clients and had not started; it runs "
+            "when the root is back (the checkpoint holds round {}); clients wait for it",
+            round, round - 1);
+        return 0;
+      }
       if (engine.nextRound() > round)  // stopped in its evaluation: the round was applied and kept
         log.info(
             "stopped during round {}'s evaluation: the round was recorded (without test metrics); "
@@ -416,7 +425,8 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
 
 int runServer(const apps::Settings& c) {
   const bool aggregator = c.server.role == apps::ServerRole::kAggregator;
-  auto log = apps::makeLogger(aggregator ? "aggregator" : "server", c.log_level, c.net.insecure);
+  auto log = apps::makeLogger(aggregator ? "aggregator" : "server", c.log_level, c.net.insecure,
+                              c.log_format);
   if (c.net.insecure)
     log->warn(
         "!!! INSECURE: CURVE is off; anyone who reaches {} can join and read every message !!!",
@@ -476,7 +486,8 @@ int runServer(const apps::Settings& c) {
   std::vector<float> init(layout->numel());
   trainer->initParameters(init, c.model.seed);
   if (buffered(c.round.mode))
-    return runAsyncRoot(c, ec, layout, std::move(init), *trainer, fleet, *log, metrics.get());
+    return runAsyncRoot(c, ec, layout, std::move(init), *trainer, fleet, *log, metrics.get(),
+                        admin.get());
   return runRoot(c, ec, layout, std::move(init), fleet, *log, metrics.get(), admin.get());
 }
 

@@ -39,6 +39,10 @@ const Spellings<DpAccountantKind>& dpAccountants() {
                                              {"rdp", DpAccountantKind::kRdp}};
   return t;
 }
+const Spellings<LogFormat>& logFormats() {
+  static const Spellings<LogFormat> t{{"text", LogFormat::kText}, {"json", LogFormat::kJson}};
+  return t;
+}
 const Spellings<SplitRole>& splitRoles() {
   static const Spellings<SplitRole> t{{"pretrain", SplitRole::kPretrain},
                                       {"inproc", SplitRole::kInproc},
@@ -62,6 +66,7 @@ const char* name(ServerRole r) { return spellingOf(serverRoles(), r); }
 const char* name(DeviceRound d) { return spellingOf(deviceRounds(), d); }
 const char* name(SplitRole r) { return spellingOf(splitRoles(), r); }
 const char* name(SplitShift x) { return spellingOf(splitShifts(), x); }
+const char* name(LogFormat f) { return spellingOf(logFormats(), f); }
 namespace {
 
 // The programs of `mask`.
@@ -562,6 +567,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   use(kDeploy | kSplit);
   o.add("log.level", &s.log_level,
         "trace, debug, info, warn, error (starling-split: --role cloud and edge)");
+  o.add("log.format", &s.log_format,
+        "text, or json: one object per line with ts, level, program, msg and, where known, round, "
+        "peer and code (an error code's name: docs/errors.md)",
+        logFormats());
   use(kServer);
   o.add("status.listen", &s.status.listen,
         "HOST:PORT on which to serve Prometheus metrics (GET /metrics) while the root or edge "

@@ -52,6 +52,10 @@ const char* name(SecAggThreat t);
 enum class DpAccountantKind { kPld, kRdp };
 const char* name(DpAccountantKind a);
 
+// log.format: the programs' log lines as text, or one JSON object each (apps/common.h).
+enum class LogFormat { kText, kJson };
+const char* name(LogFormat f);
+
 // starling-split's role: pretrain (writes the pre-trained model), inproc (edge and cloud in one
 // process), cloud (serves the top part over ZeroMQ) or edge (fine-tunes through a cloud).
 enum class SplitRole { kPretrain, kInproc, kCloud, kEdge };
@@ -186,6 +190,7 @@ struct Settings {
     uint64_t id = 0;
   } client;
   std::string log_level = "info";
+  LogFormat log_format = LogFormat::kText;
   // The operator's HTTP endpoint (ops/status_server.h): off unless status.listen is given.
   struct Status {
     std::string listen;      // HOST:PORT

@@ -115,7 +115,7 @@ std::vector<float> loadPretrained(const std::string& path, const ParamLayout& la
 // goodbyes); its checkpoint is loaded at start when it exists.
 int runCloud(const Settings& c, const split::SplitTrainConfig& t, split::SplitModel& sm) {
   apps::installStopHandlers();
-  auto log = apps::makeLogger("split-cloud", c.log_level, c.net.insecure);
+  auto log = apps::makeLogger("split-cloud", c.log_level, c.net.insecure, c.log_format);
   const uint64_t fp = split::sessionFingerprint(sm, t.up, t.down);
   std::vector<float> top;
   uint64_t steps_done = 0;
@@ -186,7 +186,7 @@ int runEdge(const Settings& c, const split::SplitTrainConfig& t, split::SplitMod
             const data::Dataset& priv_train, const std::vector<size_t>& idx,
             const data::Dataset& priv_test, const std::vector<size_t>& test_idx) {
   apps::installStopHandlers();
-  auto log = apps::makeLogger("split-edge", c.log_level, c.net.insecure);
+  auto log = apps::makeLogger("split-edge", c.log_level, c.net.insecure, c.log_format);
   if (c.split.edge.shard >= c.split.edges)
     STARLING_THROW(ConfigError, "edge.shard (", c.split.edge.shard, ") must be below split.edges (",
                    c.split.edges, ")");

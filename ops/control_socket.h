@@ -30,7 +30,8 @@ class ControlSocket {
 
   // Answers the commands waiting now (at most `max` of them), each with `handler(line, caller)`,
   // whose return is sent back. Never waits for a connection; a connection that sends no full line
-  // within 250 ms, or one over 1 KiB, is answered with an error and closed.
+  // within 250 ms, or one over 1 KiB, is answered with an error and closed; one whose caller has
+  // hung up already (it gave up waiting) is closed without running its command.
   using Handler = std::function<std::string(const std::string& line, const Caller& caller)>;
   size_t poll(const Handler& handler, size_t max = 4);
 

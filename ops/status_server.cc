@@ -1,19 +1,14 @@
 #include "ops/status_server.h"
 
 #include <arpa/inet.h>
-#include <httplib.h>
+#include <civetweb.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <deque>
+#include <cstring>
 #include <fstream>
-#include <functional>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -83,54 +78,27 @@ bool constantTimeEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-// cpp-httplib's thread pool, bounded: at most `max_queued` connections wait; past that the
-// listener thread serves the next itself (and so accepts nothing until it is done).
-class BoundedPool : public httplib::TaskQueue {
- public:
-  BoundedPool(size_t threads, size_t max_queued) : max_queued_(max_queued) {
-    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+const char* reason(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Payload Too Large";
+    default:
+      return "Error";
   }
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (jobs_.size() < max_queued_) {
-        jobs_.push_back(std::move(fn));
-        cv_.notify_one();
-        return;
-      }
-    }
-    fn();
-  }
-  void shutdown() override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
+}
 
- private:
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;  // stopping, nothing left
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      fn();
-    }
-  }
-  size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> workers_;
-  bool stop_ = false;
-};
+void initLibrary() {
+  static std::once_flag once;
+  std::call_once(once, [] { mg_init_library(0); });
+}
 
 }  // namespace
 
@@ -157,18 +125,63 @@ void StatusConfig::validate() const {
   if (!token_file.empty()) (void)readToken(token_file);
   if (threads < 1 || threads > 64)
     STARLING_THROW(ConfigError, "status threads = ", threads, " (1..64)");
-  if (max_queued < 0 || max_queued > 10000)
-    STARLING_THROW(ConfigError, "status max_queued = ", max_queued, " (0..10000)");
+  if (max_queued < 1 || max_queued > 10000)
+    STARLING_THROW(ConfigError, "status max_queued = ", max_queued, " (1..10000)");
   if (timeout_ms < 10 || timeout_ms > 600000)
     STARLING_THROW(ConfigError, "status timeout_ms = ", timeout_ms, " (10..600000)");
 }
 
 struct StatusServer::Impl {
-  std::shared_ptr<Registry> registry;  // held: the handlers read it
-  httplib::Server http;
-  std::thread thread;
-  std::string host;
+  std::shared_ptr<Registry> registry;  // held: the handler reads it
+  std::string what, token, host;
+  mg_context* ctx = nullptr;
   std::atomic<uint64_t> served{0}, unauthorized{0};
+
+  void count(int status) {
+    served.fetch_add(1, std::memory_order_relaxed);
+    registry
+        ->counter("starling_http_requests_total", "HTTP requests answered, by status code.",
+                  {{"code", std::to_string(status)}})
+        .inc();
+  }
+  int answer(mg_connection* c, int status, const std::string& type, const std::string& body,
+             bool head, const char* extra = "") {
+    mg_printf(c,
+              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+              "Cache-Control: no-store\r\nConnection: close\r\n%s\r\n",
+              status, reason(status), type.c_str(), body.size(), extra);
+    if (!head) mg_write(c, body.data(), body.size());
+    count(status);
+    return status;
+  }
+  // Every request: the method, a body, the token, then the path.
+  int handle(mg_connection* c) {
+    const mg_request_info* ri = mg_get_request_info(c);
+    const std::string method = ri->request_method ? ri->request_method : "";
+    const bool head = method == "HEAD";
+    if (method != "GET" && !head)
+      return answer(c, 405, "text/plain", "only GET and HEAD\n", false, "Allow: GET, HEAD\r\n");
+    // Nothing here takes a body: one announced is refused unread.
+    if (ri->content_length > 0 || mg_get_header(c, "Transfer-Encoding"))
+      return answer(c, 413, "text/plain", "no request body is taken\n", head);
+    if (!token.empty()) {
+      const char* auth = mg_get_header(c, "Authorization");
+      const std::string prefix = "Bearer ";
+      const std::string a = auth ? auth : "";
+      if (a.rfind(prefix, 0) != 0 || !constantTimeEqual(a.substr(prefix.size()), token)) {
+        unauthorized.fetch_add(1, std::memory_order_relaxed);
+        return answer(c, 401, "text/plain", "a bearer token is required (status.token_file)\n",
+                      head, "WWW-Authenticate: Bearer\r\n");
+      }
+    }
+    const std::string uri = ri->local_uri ? ri->local_uri : "";
+    if (uri == "/metrics")
+      return answer(c, 200, "text/plain; version=0.0.4; charset=utf-8", registry->render(), head);
+    if (uri == "/")
+      return answer(c, 200, "text/plain; charset=utf-8",
+                    what + "\n/metrics: Prometheus metrics (text format 0.0.4)\n", head);
+    return answer(c, 404, "text/plain", "not found\n", head);
+  }
 };
 
 StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> registry,
@@ -177,84 +190,60 @@ StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> regist
   config.validate();
   STARLING_CHECK_ARG(!config.listen.empty(), "StatusServer: no status.listen address");
   STARLING_CHECK_ARG(registry != nullptr, "StatusServer: no registry");
+  initLibrary();
   const HostPort hp = splitListen(config.listen);
-  impl_->host = hp.host == "localhost" ? "127.0.0.1" : hp.host;
-  const std::string token = config.token_file.empty() ? "" : readToken(config.token_file);
-  httplib::Server& http = impl_->http;
-  const size_t threads = static_cast<size_t>(config.threads);
-  const size_t queued = static_cast<size_t>(config.max_queued);
-  http.new_task_queue = [threads, queued] { return new BoundedPool(threads, queued); };
-  const time_t sec = config.timeout_ms / 1000;
-  const time_t usec = static_cast<time_t>(config.timeout_ms % 1000) * 1000;
-  http.set_read_timeout(sec, usec);
-  http.set_write_timeout(sec, usec);
-  http.set_keep_alive_timeout(std::max<time_t>(1, sec));
-  http.set_keep_alive_max_count(10);
-  http.set_payload_max_length(0);
-  // cpp-httplib's default sets SO_REUSEPORT too, which would let a second process bind the same
-  // port beside this one and answer some of its scrapes: SO_REUSEADDR only.
-  http.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
   impl_->registry = std::move(registry);
-  Impl* impl = impl_.get();
-  Registry* reg = impl_->registry.get();
-  // Every request: the token first when there is one.
-  http.set_pre_routing_handler(
-      [impl, token, reg](const httplib::Request& req, httplib::Response& res) {
-        if (token.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        const std::string auth = req.get_header_value("Authorization");
-        const std::string prefix = "Bearer ";
-        if (auth.rfind(prefix, 0) == 0 && constantTimeEqual(auth.substr(prefix.size()), token))
-          return httplib::Server::HandlerResponse::Unhandled;
-        impl->unauthorized.fetch_add(1, std::memory_order_relaxed);
-        reg->counter("starling_http_requests_total", "HTTP requests answered, by status code.",
-                     {{"code", "401"}})
-            .inc();
-        res.status = 401;
-        res.set_header("WWW-Authenticate", "Bearer");
-        res.set_content("a bearer token is required (status.token_file)\n", "text/plain");
-        return httplib::Server::HandlerResponse::Handled;
-      });
-  http.Get("/metrics", [reg](const httplib::Request&, httplib::Response& res) {
-    res.set_content(reg->render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  http.Get("/", [what](const httplib::Request&, httplib::Response& res) {
-    res.set_content(what + "\n/metrics: Prometheus metrics (text format 0.0.4)\n",
-                    "text/plain; charset=utf-8");
-  });
-  http.set_logger([impl, reg](const httplib::Request&, const httplib::Response& res) {
-    impl->served.fetch_add(1, std::memory_order_relaxed);
-    if (res.status != 401)
-      reg->counter("starling_http_requests_total", "HTTP requests answered, by status code.",
-                   {{"code", std::to_string(res.status)}})
-          .inc();
-  });
-  if (hp.port == 0) {
-    port_ = http.bind_to_any_port(impl_->host);
-  } else if (http.bind_to_port(impl_->host, hp.port)) {
-    port_ = hp.port;
-  } else {
-    port_ = -1;
-  }
-  if (port_ <= 0)
+  impl_->what = std::move(what);
+  impl_->host = hp.host == "localhost" ? "127.0.0.1" : hp.host;
+  impl_->token = config.token_file.empty() ? "" : readToken(config.token_file);
+  const bool v6 = impl_->host.find(':') != std::string::npos;
+  const std::string ports =
+      (v6 ? "[" + impl_->host + "]" : impl_->host) + ":" + std::to_string(hp.port);
+  const std::string threads = std::to_string(config.threads);
+  const std::string queued = std::to_string(config.max_queued);
+  const std::string timeout = std::to_string(config.timeout_ms);
+  // No document_root: nothing but the handler below is served (no files, no directories).
+  const char* options[] = {"listening_ports",
+                           ports.c_str(),
+                           "num_threads",
+                           threads.c_str(),
+                           "connection_queue",
+                           queued.c_str(),
+                           "listen_backlog",
+                           queued.c_str(),
+                           "request_timeout_ms",
+                           timeout.c_str(),
+                           "max_request_size",
+                           "16384",
+                           "enable_keep_alive",
+                           "no",
+                           nullptr};
+  mg_callbacks callbacks{};
+  // civetweb's own complaints (a malformed request, a timeout) are not the program's log.
+  callbacks.log_message = [](const mg_connection*, const char*) { return 1; };
+  impl_->ctx = mg_start(&callbacks, nullptr, options);
+  if (!impl_->ctx)
     STARLING_THROW(IoError, "status.listen = '", config.listen,
                    "': cannot bind (in use, or not an address of this machine)");
-  impl_->thread = std::thread([impl] { impl->http.listen_after_bind(); });
-  // stop() does nothing to a server not yet listening: wait until it is, so the destructor's
-  // stop() always ends it.
-  for (int i = 0; i < 5000 && !http.is_running(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  mg_server_port sp[4] = {};
+  const int n = mg_get_server_ports(impl_->ctx, 4, sp);
+  port_ = n > 0 ? sp[0].port : -1;
+  if (port_ <= 0) {
+    mg_stop(impl_->ctx);
+    impl_->ctx = nullptr;
+    STARLING_THROW(IoError, "status.listen = '", config.listen, "': no port was bound");
+  }
+  mg_set_request_handler(
+      impl_->ctx, "/",
+      [](mg_connection* c, void* self) { return static_cast<Impl*>(self)->handle(c); },
+      impl_.get());
   if (log)
     log->info("status: {} serves /metrics{}", url(),
-              token.empty() ? "" : " (a bearer token is required)");
+              impl_->token.empty() ? "" : " (a bearer token is required)");
 }
 
 StatusServer::~StatusServer() {
-  if (!impl_) return;
-  impl_->http.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_ && impl_->ctx) mg_stop(impl_->ctx);  // joins its threads (each read waits timeout_ms)
 }
 
 std::string StatusServer::url() const {

@@ -1,20 +1,23 @@
 #pragma once
 // The HTTP endpoint a running program serves for its operators (`status.listen`): GET /metrics
 // (a Registry in Prometheus's text format) and GET / (what is served, as plain text). Served by
-// cpp-httplib (Debian's libcpp-httplib-dev; no HTTP parsing of our own) on threads of its own, so
-// nothing an HTTP client does reaches the thread that runs the rounds: the program's loop only
-// changes metrics (atomics).
+// civetweb (Debian's libcivetweb-dev; no HTTP parsing of our own) on threads of its own, so nothing
+// an HTTP client does reaches the thread that runs the rounds: the program's loop only changes
+// metrics (atomics).
 //
 // Bounded by construction: `threads` workers; at most `max_queued` accepted connections wait for
-// one (past that the listener serves the connection itself, so it accepts no more until then and
-// the kernel's backlog holds the rest); each read and write waits at most `timeout_ms`; a request
-// line or header over 8 KiB is refused (cpp-httplib's limits); no request carries a body; a
-// connection serves at most 10 requests.
+// one (then the listener waits, and the kernel's backlog of as many holds the rest); a request's
+// line and headers together at most 16 KiB (civetweb's max_request_size), or it is refused; each
+// read and write waits at most `timeout_ms`; GET and HEAD only (405 otherwise); a request that
+// announces a body is refused unread (413); one request per connection; no files are served
+// (civetweb has no document root here). Stopping waits for the workers, each at most `timeout_ms`
+// into what it reads.
 //
 // Security: loopback by default. An address that is not loopback is refused unless a bearer token
 // file is given (`status.token_file`: one line of at least 16 characters, readable by its owner
 // only); with a token every request must carry `Authorization: Bearer TOKEN` (compared in
-// constant time), else 401. Nothing served holds a secret, an update or a client's data.
+// constant time), else 401. Nothing served holds a secret, an update or a client's data. Plain
+// HTTP: off loopback, put TLS in front (a reverse proxy) so the token does not travel in the clear.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,7 +34,7 @@ struct StatusConfig {
   std::string listen;      // HOST:PORT (PORT 0: any free port); empty: no server
   std::string token_file;  // required for a HOST that is not loopback
   int threads = 2;
-  int max_queued = 16;
+  int max_queued = 16;  // 1..10000
   int timeout_ms = 2000;
   // ConfigError naming the setting: a malformed address, a non-loopback one without a token file,
   // a token file that is missing, too short, or readable by others; limits out of range.

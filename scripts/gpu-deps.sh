@@ -27,8 +27,9 @@ fi
 # What the build needs besides LibTorch, CUDA and the compiler, as runtime libraries and -dev
 # packages: ZeroMQ (with libsodium for CURVE and its own dependencies: PGM, NORM, GSSAPI),
 # FlatBuffers (flatc too), Eigen, toml++, CLI11, spdlog and fmt, LMDB, Catch2, Google Benchmark,
-# Gloo (c10d's CPU collectives; its own dependencies hiredis and ibverbs), cpp-httplib (the status
-# server; with brotli and OpenSSL, which it was built with). zlib is in every Linux.
+# Gloo (c10d's CPU collectives; its own dependencies hiredis and ibverbs), civetweb (the status
+# server), cpp-httplib (its tests' HTTP client; with brotli and OpenSSL, which it was built with).
+# zlib is in every Linux.
 PACKAGES=(
   libzmq3-dev libzmq5 cppzmq-dev libsodium-dev libsodium23 libpgm-5.3-0 libnorm1 libbsd0 libmd0
   libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1
@@ -38,7 +39,8 @@ PACKAGES=(
   liblmdb-dev liblmdb0 catch2 libbenchmark-dev libbenchmark1debian
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
   zlib1g-dev
-  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 libssl-dev libssl3
+  libcivetweb-dev libcivetweb1 libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1
+  libssl-dev libssl3
 )
 
 if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then

@@ -38,8 +38,9 @@ Admin::Admin(ZmqFleet& fleet, std::string allow_path, bool asynchronous,
       allow_path_(std::move(allow_path)),
       async_(asynchronous),
       log_(std::move(log)) {
-  if (!allow_path_.empty())
-    allow_ = std::make_shared<const transport::AllowList>(transport::AllowList::load(allow_path_));
+  if (!allow_path_.empty()) allow_ = fleet_.allowList();  // the one the ZAP handler admits by
+  if (!allow_path_.empty() && !allow_)
+    STARLING_THROW(ConfigError, "admin: the server has no allow-list (is it insecure?)");
 }
 
 std::string Admin::handle(const std::string& line, const ops::Caller& caller) {
@@ -71,6 +72,7 @@ std::string Admin::handle(const std::string& line, const ops::Caller& caller) {
     if (async_) return refused(cmd + " is not built for asynchronous rounds yet");
     if (cmd == "drain") {
       draining_ = true;
+      fleet_.drainWaits();
       log_->warn("admin: drain asked by {}: round {} finishes, then the root stops", who, round_);
       return "draining: round " + std::to_string(round_) + " finishes, then the root stops";
     }
@@ -98,8 +100,18 @@ std::string Admin::reload(const ops::Caller& caller) {
   // A revoked client stays revoked whatever the folder holds (until the root restarts).
   for (uint64_t id : fleet_.revokedIds()) next->remove(id);
   std::vector<uint64_t> added, removed;
-  for (uint64_t id : next->ids())
-    if (!allow_->has(id)) added.push_back(id);
+  for (uint64_t id : next->ids()) {
+    if (!allow_->has(id)) {
+      added.push_back(id);
+    } else if (next->keyOf(id) != allow_->keyOf(id)) {
+      // ZAP names a connection by its id, not its key: a running root cannot tell the old key's
+      // connection from the new one's, so a key is not replaced under it.
+      STARLING_THROW(ConfigError, "client ", id, "'s key changed (", next->origin(id),
+                     "): replace a key by restarting the root, or list the new key under "
+                     "another id and revoke ",
+                     id);
+    }
+  }
   for (uint64_t id : allow_->ids())
     if (!next->has(id) && !fleet_.revoked(id)) removed.push_back(id);
   std::shared_ptr<const transport::AllowList> now = next;

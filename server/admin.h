@@ -11,7 +11,8 @@
 //                   flight dropped and counted), every later message refused (kRevoked; its
 //                   client stops), its handshakes refused from then on; until the root restarts
 //                   (remove its key file too, or the restart admits it again)
-//   drain           finish the round in progress, then stop (the checkpoint is the last round's)
+//   drain           finish the round in progress, then stop (the checkpoint is the last round's);
+//                   a round still waiting for its clients is not in progress: it stops at once
 //   pause, resume   no new round starts while paused (heartbeats are answered, commands taken)
 //
 // What a command cannot do is an answer beginning "error: ", and changes nothing.

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/log_fields.h"
 #include "server/secure_relay.h"
 
 namespace starling::server {
@@ -153,7 +154,13 @@ uint64_t ZmqFleet::totalEvalExamples() const {
 void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& what,
                       uint64_t round, uint64_t nonce, bool registration) {
   ++refused_[static_cast<size_t>(code)];
-  log_->warn("refused a message: {}", what);
+  {
+    // For JSON logs: the code, and the peer when its connection is registered.
+    std::optional<uint64_t> peer;
+    if (const auto it = by_routing_.find(routing); it != by_routing_.end()) peer = it->second;
+    const ScopedLogFields fields(std::nullopt, peer, errcName(code));
+    log_->warn("refused a message: {}", what);
+  }
   if (routing.empty()) return;
   pr::RejectMsg m;
   m.kind = registration                   ? pr::RejectKind::kRegistrationRefused
@@ -216,6 +223,7 @@ void ZmqFleet::handle(const transport::Received& r) {
     const auto now = config_.clock->now();
     if (auto& last = revoked_said_[id]; now - last >= std::chrono::seconds(1)) {
       last = now;
+      const ScopedLogFields fields(std::nullopt, id, errcName(Errc::kRevoked));
       log_->warn("refused a message: client {} was revoked by an operator", id);
     }
     pr::RejectMsg m;
@@ -822,6 +830,11 @@ std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeou
     auto avail = available();
     if (avail.size() >= min || config_.clock->now() >= until) return avail;
     poll(milliseconds(50));
+    // A drain (server/admin.h) ends a round that is only waiting for its clients: nothing of it
+    // has started, so it runs again when the root is back.
+    if (drain_waits_)
+      STARLING_THROW(Stopped, "drained while round waited for clients (", avail.size(), " of ", min,
+                     ")");
   }
 }
 

@@ -148,6 +148,7 @@ class ZmqFleet final : public Fleet {
   // Administration without a restart (server/admin.h). The clients the ZAP handler admits from
   // the next handshake on (ConfigError for an insecure fleet or an empty list).
   void setAllowList(std::shared_ptr<const transport::AllowList> allow);
+  std::shared_ptr<const transport::AllowList> allowList() const { return socket_.allowList(); }
   // Revokes client `id` now: its registration is forgotten, its open task or step fails (an
   // answer in flight is dropped, counted in revokedInFlight()), and every later message whose key
   // says it is `id` is refused (kRevoked, a RegistrationRefused its client stops on). Only under
@@ -158,6 +159,9 @@ class ZmqFleet final : public Fleet {
   std::vector<uint64_t> revokedIds() const { return {revoked_.begin(), revoked_.end()}; }
   uint64_t revokedInFlight() const { return revoked_in_flight_; }
   bool secure() const { return socket_.secure(); }
+  // From now on a wait for clients (waitForClients) ends with server::Stopped: an operator's drain
+  // stops a round that has not started instead of waiting sampling.wait_ms for it.
+  void drainWaits() { drain_waits_ = true; }
   // The socket's connections as ZeroMQ reported them (accepted, refused by kind, dropped); what
   // changed is logged, at most a line a second.
   const transport::ConnectionCounts& connections() const { return socket_.connections(); }
@@ -256,6 +260,7 @@ class ZmqFleet final : public Fleet {
   std::set<uint64_t> revoked_;
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> revoked_said_;
   uint64_t revoked_in_flight_ = 0;
+  bool drain_waits_ = false;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
   std::function<void(const ZmqFleet&)> observer_;

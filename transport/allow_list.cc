@@ -118,6 +118,12 @@ std::string AllowList::origin(uint64_t id) const {
   return it == id_origin_.end() ? std::string() : it->second;
 }
 
+std::string AllowList::keyOf(uint64_t id) const {
+  for (const auto& [key, e] : by_key_)
+    if (e.id == id) return key;
+  return {};
+}
+
 bool AllowList::remove(uint64_t id) {
   if (!id_origin_.erase(id)) return false;
   std::erase_if(by_key_, [id](const auto& kv) { return kv.second.id == id; });

@@ -111,6 +111,8 @@ class AllowList {
   std::vector<uint64_t> ids() const;
   bool has(uint64_t id) const { return id_origin_.count(id) != 0; }
   std::string origin(uint64_t id) const;
+  // Client `id`'s public key (32 bytes), empty if it is not listed.
+  std::string keyOf(uint64_t id) const;
   // Drops client `id` (its key with it); false when it was not listed.
   bool remove(uint64_t id);
 

@@ -173,6 +173,10 @@ void ServerSocket::release() {
   context_.impl().live_sockets.fetch_sub(1);
 }
 
+std::shared_ptr<const AllowList> ServerSocket::allowList() const {
+  return zap_domain_.empty() ? nullptr : context_.impl().lookup(zap_domain_);
+}
+
 void ServerSocket::setAllowList(std::shared_ptr<const AllowList> allow) {
   if (zap_domain_.empty())
     STARLING_THROW(ConfigError, "an insecure server has no allow-list to change");

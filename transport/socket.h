@@ -209,6 +209,8 @@ class ServerSocket {
   // already made stay: their messages still carry the id they were admitted with, which the
   // owner must judge). ConfigError for an insecure socket or an empty list.
   void setAllowList(std::shared_ptr<const AllowList> allow);
+  // The list the ZAP handler admits by now (null for an insecure socket).
+  std::shared_ptr<const AllowList> allowList() const;
   // Whether it runs CURVE (not insecure).
   bool secure() const { return !zap_domain_.empty(); }
 

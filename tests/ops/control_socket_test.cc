@@ -102,6 +102,15 @@ TEST_CASE("silence, an endless line and a taken path are refused", "[ops]") {
     CHECK(readAll(fd).rfind("error:", 0) == 0);
     ::close(fd);
   }
+  {
+    // A caller that gave up (hung up) before its turn: its command is not run.
+    const int fd = rawConnect(path);
+    const std::string line = "drain\n";
+    (void)!::write(fd, line.data(), line.size());
+    ::close(fd);
+    std::this_thread::sleep_for(50ms);
+    CHECK(server.poll(handler) == 1);
+  }
   CHECK(handled == 0);
   // The path is served: a second server is refused, and so is a path that is not a socket.
   CHECK_THROWS_AS(ControlSocket(path), ConfigError);
@@ -112,7 +121,7 @@ TEST_CASE("silence, an endless line and a taken path are refused", "[ops]") {
   CHECK_THROWS_AS(sendControl((dir.path / "nobody.sock").string(), "status"), IoError);
 }
 
-TEST_CASE("a socket left by a program that died is replaced; a closed one removes its file",
+TEST_CASE("a socket left by a program that died is replaced and a closed one removes its file",
           "[ops]") {
   testing::TempDir dir;
   const std::string path = (dir.path / "admin.sock").string();

@@ -68,7 +68,7 @@ TEST_CASE("metrics render in Prometheus's text format, one family per name", "[o
   CHECK(t.find("process_") == std::string::npos);  // without the process's own
 }
 
-TEST_CASE("label values and help text are escaped; values are written as the format reads them",
+TEST_CASE("label values and help text are escaped and values written as the format reads them",
           "[ops]") {
   Registry r;
   r.gauge("g", "a \\ backslash\nand a newline", {{"l", "quote \" back \\ new\nline"}}).set(1);

@@ -238,6 +238,22 @@ class Administration(unittest.TestCase):
                                                  for r in self.records()), 60),
                             self.fed.log("root"))
 
+            # A key replaced under a running root is refused (ZAP names a connection by its id,
+            # so the old key's connection could not be told from the new one's).
+            other = os.path.join(self.fed.dir, "other")
+            subprocess.run([os.path.join(BIN, "starling-keygen"), "--out", other, "--name", "rot",
+                            "--id", "0"], check=True, capture_output=True, timeout=30)
+            listed = os.path.join(self.fed.dir, "allow-root", "client-0.key")
+            shutil.copy(listed, os.path.join(self.fed.dir, "client-0.key.saved"))
+            shutil.copy(os.path.join(other, "rot.key"), listed)
+            rc, out = admin(sock, "reload")
+            self.assertEqual(rc, 1, out)
+            self.assertIn("client 0's key changed", out)
+            shutil.copy(os.path.join(self.fed.dir, "client-0.key.saved"), listed)
+            rc, out = admin(sock, "reload")
+            self.assertEqual(rc, 0, out)
+            self.assertIn("admitted none; revoked none", out)
+
             # Revoke client 1: it is told to stop (and does), the rounds go on with 0 and 2.
             rc, out = admin(sock, "revoke", "1")
             self.assertEqual(rc, 0, out)
@@ -295,6 +311,62 @@ class Administration(unittest.TestCase):
                 c.stop()
             for r in runs.values():
                 r["thread"].join(30)
+
+
+class JsonLogs(unittest.TestCase):
+    """log.format = json: every line of the root's log one JSON object, the round, peer and error
+    code where the root knows them."""
+
+    def setUp(self):
+        self.fed = Federation()
+
+    def tearDown(self):
+        self.fed.close()
+
+    def test_the_roots_log_is_one_json_object_a_line_with_round_peer_and_code(self):
+        sock = os.path.join(self.fed.dir, "admin.sock")
+        port = free_port()
+        self.fed.root(port, ["client-0", "client-1"], 500,
+                      ["--admin.socket", sock, "--sampling.min_available", "2",
+                       "--sampling.wait_ms", "60000", "--log.format", "json"])
+        self.assertTrue(wait_for(lambda: os.path.exists(sock), 30), self.fed.log("root"))
+        clients = [starling.Client(SlowClient(0.01), num_examples=10,
+                                   **self.fed.client_kwargs(port, i)) for i in range(2)]
+        runs = [run_in_thread(c) for c in clients]
+        try:
+            self.assertTrue(wait_for(lambda: len(self.fed.metrics()) >= 2, 60), self.fed.log("root"))
+            self.assertEqual(admin(sock, "revoke", "1")[0], 0)
+            runs[1]["thread"].join(60)
+            self.assertIsInstance(runs[1].get("error"), starling.UpstreamRefused)
+            # Client 1 gone, the next round waits for a second client (sampling.wait_ms, 60 s): a
+            # drain does not wait for a round that has not started.
+            self.assertEqual(admin(sock, "drain")[0], 0)
+            root = [p for name, p, _ in self.fed.procs if name == "root"][0]
+            t0 = time.monotonic()
+            self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
+            self.assertLess(time.monotonic() - t0, 20, "the drain waited for the clients")
+            self.assertIn("was waiting for its clients and had not started", self.fed.log("root"))
+        finally:
+            for c in clients:
+                c.stop()
+            for r in runs:
+                r["thread"].join(30)
+        lines = [l for l in self.fed.log("root").splitlines() if l.strip()]
+        self.assertGreater(len(lines), 5)
+        objects = [json.loads(l) for l in lines]  # every line parses
+        for o in objects:
+            self.assertEqual(o["program"], "server")
+            self.assertIn(o["level"], ("trace", "debug", "info", "warning", "error", "critical"))
+            self.assertTrue(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", o["ts"]), o)
+            self.assertIsInstance(o["msg"], str)
+        # The round lines carry their round; the revocation's refusals their peer and code.
+        rounds = [o for o in objects if o["msg"].startswith("round ")]
+        self.assertTrue(rounds)
+        for o in rounds:
+            self.assertEqual(o.get("round"), int(o["msg"].split()[1].split("/")[0]), o)
+        refused = [o for o in objects if o.get("code") == "revoked"]
+        self.assertTrue(refused, "no line with code revoked")
+        self.assertTrue(all(o.get("peer") == 1 for o in refused), refused)
 
 
 if __name__ == "__main__":
