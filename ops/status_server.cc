@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -219,12 +220,25 @@ StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> regist
                            "no",
                            nullptr};
   mg_callbacks callbacks{};
-  // civetweb's own complaints (a malformed request, a timeout) are not the program's log.
-  callbacks.log_message = [](const mg_connection*, const char*) { return 1; };
+  // civetweb's own complaints (a malformed request, a timeout) are not the program's log; the
+  // first one while it starts says why it could not.
+  static thread_local std::string start_error;
+  start_error.clear();
+  callbacks.log_message = [](const mg_connection*, const char* m) {
+    if (start_error.empty() && m) start_error = m;
+    return 1;
+  };
   impl_->ctx = mg_start(&callbacks, nullptr, options);
-  if (!impl_->ctx)
-    STARLING_THROW(IoError, "status.listen = '", config.listen,
-                   "': cannot bind (in use, or not an address of this machine)");
+  if (!impl_->ctx) {
+    const bool no_threads = start_error.find("threads") != std::string::npos;
+    STARLING_THROW(IoError, "status.listen = '", config.listen, "': the HTTP server (civetweb) ",
+                   "did not start: ", start_error.empty() ? "cannot bind" : start_error,
+                   no_threads ? " (seen in programs linked with LibTorch, starling-sim: civetweb's "
+                                "fixed thread stack is refused by pthread_create there, likely too "
+                                "small for LibTorch's thread-local storage; the status server runs "
+                                "in starling-server)"
+                              : " (the port in use, or not an address of this machine)");
+  }
   mg_server_port sp[4] = {};
   const int n = mg_get_server_ports(impl_->ctx, 4, sp);
   port_ = n > 0 ? sp[0].port : -1;
