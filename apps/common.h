@@ -85,7 +85,7 @@ class JsonLogFormatter : public spdlog::formatter {
     if (f.peer) out += ",\"peer\":" + std::to_string(*f.peer);
     if (f.code) {
       out += ",\"code\":";
-      appendString(out, errcLabel(f.code));
+      appendString(out, errcLabel(*f.code));
     }
     if (insecure_) out += ",\"insecure\":true";
     out += "}\n";
@@ -116,13 +116,6 @@ class JsonLogFormatter : public spdlog::formatter {
       }
     }
     out += '"';
-  }
-  // An error code's name with blanks as underscores ("bad nonce" -> "bad_nonce").
-  static std::string errcLabel(const char* name) {
-    std::string s = name;
-    for (char& c : s)
-      if (c == ' ') c = '_';
-    return s;
   }
 
  private:

@@ -363,8 +363,11 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
       // the fleet is served (heartbeats, registrations, the operator's commands).
       admin->setRound(round);
       try {
-        while (admin->paused() && !admin->draining() && !apps::stopFlag().load())
+        while (admin->paused() && !admin->draining() && !apps::stopFlag().load()) {
+          admin->setParked(true);
           fleet.service(std::chrono::milliseconds(200));
+        }
+        admin->setParked(false);
       } catch (const server::Stopped&) {
         log.info("stopped while paused before round {}", round);
         return 0;

@@ -2,6 +2,13 @@
 
 namespace starling {
 
+std::string errcLabel(Errc c) {
+  std::string s = errcName(c);
+  for (char& ch : s)
+    if (ch == ' ') ch = '_';
+  return s;
+}
+
 const char* errcName(Errc c) {
   switch (c) {
     case Errc::kTruncated:

@@ -70,6 +70,8 @@ enum class Errc : uint8_t {
 inline constexpr Errc kLastErrc = Errc::kRevoked;
 
 const char* errcName(Errc c);
+// Its name as a label (metrics, JSON logs): blanks as underscores ("bad nonce" -> "bad_nonce").
+std::string errcLabel(Errc c);
 
 class InputError : public InvalidArgument {
  public:

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <optional>
 
+#include "core/input_error.h"
+
 namespace starling {
 
 struct LogFields {
   std::optional<uint64_t> round;  // the round (or asynchronous step) in progress
   std::optional<uint64_t> peer;   // the client or aggregator id the line is about
-  const char* code = nullptr;     // an error code's name (errcName), for refusals
+  std::optional<Errc> code;       // the error code of a refusal
 };
 
 // This thread's fields.
@@ -24,7 +26,7 @@ inline LogFields& logFields() {
 class ScopedLogFields {
  public:
   ScopedLogFields(std::optional<uint64_t> round, std::optional<uint64_t> peer,
-                  const char* code = nullptr)
+                  std::optional<Errc> code = std::nullopt)
       : saved_(logFields()) {
     LogFields& f = logFields();
     if (round) f.round = round;

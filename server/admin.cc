@@ -87,6 +87,7 @@ std::string Admin::status() const {
   size_t n = 0;
   std::ostringstream o;
   o << "{\"round\":" << round_ << ",\"paused\":" << (paused_ ? "true" : "false")
+    << ",\"parked\":" << (parked_ ? "true" : "false")
     << ",\"draining\":" << (draining_ ? "true" : "false")
     << ",\"registered\":" << fleet_.registeredCount() << ",\"online\":" << fleet_.onlineCount()
     << ",\"allowed\":" << (allow_ ? allow_->size() : 0) << ",\"revoked\":[";

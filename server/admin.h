@@ -3,8 +3,9 @@
 // control socket (ops/control_socket.h), answered on the rounds' thread, each logged with who
 // asked (the caller's uid and pid, from the kernel).
 //
-//   status          one JSON object: round, paused, draining, clients registered and online,
-//                   the allow-list's size, the revoked clients
+//   status          one JSON object: round, paused, parked (paused and no round running),
+//                   draining, clients registered and online, the allow-list's size, the revoked
+//                   clients
 //   reload          reads security.clients again: keys added are admitted from their next
 //                   handshake; keys gone are revoked (below)
 //   revoke ID       client ID: its registration forgotten, its open task failed (an update in
@@ -47,6 +48,8 @@ class Admin {
   bool paused() const { return paused_; }
   bool draining() const { return draining_; }
   void setRound(uint64_t round) { round_ = round; }
+  // The loop waits, paused, before round_ (status says "parked": no round runs).
+  void setParked(bool parked) { parked_ = parked; }
 
  private:
   std::string status() const;
@@ -57,7 +60,7 @@ class Admin {
   bool async_;
   std::shared_ptr<spdlog::logger> log_;
   std::shared_ptr<const transport::AllowList> allow_;  // what the fleet admits now
-  bool paused_ = false, draining_ = false;
+  bool paused_ = false, draining_ = false, parked_ = false;
   uint64_t round_ = 0;
 };
 

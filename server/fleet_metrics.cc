@@ -8,13 +8,6 @@
 
 namespace starling::server {
 
-std::string errcLabel(Errc c) {
-  std::string s = errcName(c);
-  for (char& ch : s)
-    if (ch == ' ') ch = '_';
-  return s;
-}
-
 FleetMetrics::FleetMetrics(std::shared_ptr<ops::Registry> registry, const std::string& role,
                            const std::string& model, const std::string& fingerprint)
     : registry_(std::move(registry)),

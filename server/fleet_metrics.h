@@ -56,7 +56,4 @@ class FleetMetrics {
   ops::Histogram& duration_;
 };
 
-// An error code as a label value: its name, blanks as underscores ("late", "bad_nonce").
-std::string errcLabel(Errc c);
-
 }  // namespace starling::server

@@ -158,7 +158,7 @@ void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& 
     // For JSON logs: the code, and the peer when its connection is registered.
     std::optional<uint64_t> peer;
     if (const auto it = by_routing_.find(routing); it != by_routing_.end()) peer = it->second;
-    const ScopedLogFields fields(std::nullopt, peer, errcName(code));
+    const ScopedLogFields fields(std::nullopt, peer, code);
     log_->warn("refused a message: {}", what);
   }
   if (routing.empty()) return;
@@ -223,7 +223,7 @@ void ZmqFleet::handle(const transport::Received& r) {
     const auto now = config_.clock->now();
     if (auto& last = revoked_said_[id]; now - last >= std::chrono::seconds(1)) {
       last = now;
-      const ScopedLogFields fields(std::nullopt, id, errcName(Errc::kRevoked));
+      const ScopedLogFields fields(std::nullopt, id, Errc::kRevoked);
       log_->warn("refused a message: client {} was revoked by an operator", id);
     }
     pr::RejectMsg m;

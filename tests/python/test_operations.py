@@ -27,25 +27,42 @@ import starling
 from test_client import BIN, Federation, free_port, run_in_thread, join
 
 ROUNDS = 12
-FIT_SECONDS = 0.4  # so that a scrape a second sees the rounds advance
 
 
-class SlowClient(starling.NumPyClient):
-    def __init__(self, shift):
-        self.shift = shift
+class Gate:
+    """The test lets the federation's fits through: each fit takes one permit (waiting for it at
+    most 60 s), so rounds advance when, and as far as, the test says."""
+
+    def __init__(self):
+        self.permits = threading.Semaphore(0)
+
+    def open(self, fits):
+        self.permits.release(fits)
+
+    def take(self):
+        if not self.permits.acquire(timeout=60):
+            raise RuntimeError("no permit to fit within 60 s")
+
+
+class GatedClient(starling.NumPyClient):
+    def __init__(self, gate, shift):
+        self.gate, self.shift = gate, shift
 
     def fit(self, parameters, config):
-        time.sleep(FIT_SECONDS)
+        self.gate.take()
         return [p + np.float32(self.shift) for p in parameters], 10, {"train_loss": 1.0}
 
 
 def wait_for(predicate, timeout, step=0.1):
+    """Polls `predicate` (a file, a log, an HTTP answer: what the processes expose) until it holds
+    or `timeout` passes; its value, or None."""
     until = time.monotonic() + timeout
+    idle = threading.Event()  # never set: a bounded pause between polls
     while time.monotonic() < until:
         value = predicate()
         if value:
             return value
-        time.sleep(step)
+        idle.wait(step)
     return None
 
 
@@ -57,8 +74,10 @@ def http_get(url, timeout=5):
 class Operations(unittest.TestCase):
     def setUp(self):
         self.fed = Federation()
+        self.gate = Gate()
 
     def tearDown(self):
+        self.gate.open(1000)  # no client is left waiting for a permit
         self.fed.close()
 
     def start_root(self, extra=()):
@@ -73,7 +92,7 @@ class Operations(unittest.TestCase):
         return port, url
 
     def start_clients(self, port):
-        clients = [starling.Client(SlowClient(0.01 * (i + 1)), num_examples=10,
+        clients = [starling.Client(GatedClient(self.gate, 0.01 * (i + 1)), num_examples=10,
                                    **self.fed.client_kwargs(port, i)) for i in range(2)]
         return clients, [run_in_thread(c) for c in clients]
 
@@ -89,13 +108,22 @@ class Operations(unittest.TestCase):
             families = {f.name: f for f in text_string_to_metric_families(body)}
             return families
 
+        def registered(f):
+            return [x.value for x in f["starling_clients"].samples
+                    if x.labels.get("state") == "registered"]
+
         def progressed():
+            # The fleet's counts are read every 250 ms: wait for both the round and the clients.
             f = scrape()
             seen_rounds.append(f["starling_round"].samples[0].value)
-            return f if seen_rounds[-1] >= 3 else None
+            return f if seen_rounds[-1] >= 3 and registered(f) == [2] else None
 
+        # Rounds 1 and 2 may run (two fits each); round 3 starts and waits at the gate.
+        self.gate.open(2 * 2)
         families = wait_for(progressed, 60, step=0.2)
         self.assertIsNotNone(families, self.fed.log("root"))
+        self.assertEqual(seen_rounds[-1], 3)  # held at the gate: no further
+        self.gate.open(2 * (ROUNDS - 2))
         join(runs, clients, timeout=120, logs=lambda: self.fed.log("root"))
         # The reference parser read every family, with the types Prometheus's conventions give.
         types = {n: f.type for n, f in families.items()}
@@ -159,9 +187,12 @@ class Operations(unittest.TestCase):
         self.assertIsNotNone(wait_for(lambda: query('up{job="starling"}') == 1, 60),
                              self.fed.log("prometheus") + self.fed.log("root"))
         clients, runs = self.start_clients(port)
-        # As rounds advance, the query API returns them: one value, then a later, higher one.
-        first = wait_for(lambda: (v := query("starling_round")) is not None and v >= 2 and v, 60)
-        self.assertIsNotNone(first, self.fed.log("root"))
+        # As rounds advance, the query API returns them: round 3 while the gate holds it, then a
+        # later one once it opens.
+        self.gate.open(2 * 2)
+        first = wait_for(lambda: (v := query("starling_round")) is not None and v >= 3 and v, 60)
+        self.assertEqual(first, 3, self.fed.log("root"))
+        self.gate.open(2)
         later = wait_for(lambda: (v := query("starling_round")) is not None and v > first and v,
                          60)
         self.assertIsNotNone(later, self.fed.log("root"))
@@ -170,6 +201,7 @@ class Operations(unittest.TestCase):
         self.assertGreaterEqual(applied, 1)
         self.assertEqual(query('starling_clients{state="registered"}'), 2)
         self.assertGreater(query('starling_transport_bytes_total{direction="in"}'), 0)
+        self.gate.open(2 * ROUNDS)
         join(runs, clients, timeout=120, logs=lambda: self.fed.log("root"))
 
 
@@ -179,26 +211,48 @@ def admin(socket_path, *command):
     return p.returncode, p.stdout + p.stderr
 
 
-class Administration(unittest.TestCase):
-    """starling-admin against a live root: admit a key without a restart, revoke a client, pause,
-    resume and drain, each logged with who asked."""
+class LiveRoot(unittest.TestCase):
+    """A root of 500 rounds (more than a test lets its clients run: they fit as the gate allows)
+    with an admin socket, and gated Python clients."""
 
     def setUp(self):
         self.fed = Federation()
+        self.gate = Gate()
+        self.clients, self.runs = {}, {}
 
     def tearDown(self):
+        self.gate.open(1000)  # no client is left waiting for a permit
+        for c in self.clients.values():
+            c.stop()
+        for r in self.runs.values():
+            r["thread"].join(30)
         self.fed.close()
 
     def records(self):
         return self.fed.metrics()
 
-    def test_admit_revoke_pause_resume_and_drain_a_running_root(self):
+    def start_root(self, extra=()):
+        """Starts the root; returns its port and admin socket."""
         sock = os.path.join(self.fed.dir, "admin.sock")
         port = free_port()
         self.fed.root(port, ["client-0", "client-1"], 500,
                       ["--admin.socket", sock, "--sampling.min_available", "2",
-                       "--sampling.wait_ms", "60000", "--status.listen", "127.0.0.1:0"])
+                       "--sampling.wait_ms", "60000", *extra])
         self.assertTrue(wait_for(lambda: os.path.exists(sock), 30), self.fed.log("root"))
+        return port, sock
+
+    def start_client(self, port, i):
+        self.clients[i] = starling.Client(GatedClient(self.gate, 0.01), num_examples=10,
+                                          **self.fed.client_kwargs(port, i))
+        self.runs[i] = run_in_thread(self.clients[i])
+
+
+class Administration(LiveRoot):
+    """starling-admin against a live root: admit a key without a restart, revoke a client, pause,
+    resume and drain, each logged with who asked."""
+
+    def test_admit_revoke_pause_resume_and_drain_a_running_root(self):
+        port, sock = self.start_root(["--status.listen", "127.0.0.1:0"])
         url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
                                           self.fed.log("root")) or [None, None])[1], 30)
         self.assertIsNotNone(url)
@@ -211,146 +265,128 @@ class Administration(unittest.TestCase):
                         return smp.value
             return None
         self.assertEqual(oct(os.stat(sock).st_mode & 0o777), "0o600")
-        clients = {}
-        runs = {}
+        runs = self.runs
+        self.start_client(port, 0)
+        self.start_client(port, 1)
+        self.gate.open(20)
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 2, 60), self.fed.log("root"))
+        rc, out = admin(sock, "bogus")
+        self.assertEqual(rc, 1, out)
+        self.assertTrue(out.startswith("error:"), out)
 
-        def start(i):
-            clients[i] = starling.Client(SlowClient(0.01), num_examples=10,
-                                         **self.fed.client_kwargs(port, i))
-            runs[i] = run_in_thread(clients[i])
+        # Admit client 2: its key goes into the allow-list folder, and a reload admits it.
+        shutil.copy(os.path.join(self.fed.keys, "client-2.key"),
+                    os.path.join(self.fed.dir, "allow-root"))
+        rc, out = admin(sock, "reload")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("admitted 2", out)
+        self.start_client(port, 2)
+        self.gate.open(30)
+        self.assertTrue(wait_for(lambda: any(r["clients_completed"] == 3
+                                             for r in self.records()), 60),
+                        self.fed.log("root"))
 
-        try:
-            start(0)
-            start(1)
-            self.assertTrue(wait_for(lambda: len(self.records()) >= 2, 60), self.fed.log("root"))
-            rc, out = admin(sock, "bogus")
-            self.assertEqual(rc, 1, out)
-            self.assertTrue(out.startswith("error:"), out)
+        # A key replaced under a running root is refused (ZAP names a connection by its id,
+        # so the old key's connection could not be told from the new one's).
+        other = os.path.join(self.fed.dir, "other")
+        subprocess.run([os.path.join(BIN, "starling-keygen"), "--out", other, "--name", "rot",
+                        "--id", "0"], check=True, capture_output=True, timeout=30)
+        listed = os.path.join(self.fed.dir, "allow-root", "client-0.key")
+        shutil.copy(listed, os.path.join(self.fed.dir, "client-0.key.saved"))
+        shutil.copy(os.path.join(other, "rot.key"), listed)
+        rc, out = admin(sock, "reload")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("client 0's key changed", out)
+        shutil.copy(os.path.join(self.fed.dir, "client-0.key.saved"), listed)
+        rc, out = admin(sock, "reload")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("admitted none; revoked none", out)
 
-            # Admit client 2: its key goes into the allow-list folder, and a reload admits it.
-            shutil.copy(os.path.join(self.fed.keys, "client-2.key"),
-                        os.path.join(self.fed.dir, "allow-root"))
-            rc, out = admin(sock, "reload")
-            self.assertEqual(rc, 0, out)
-            self.assertIn("admitted 2", out)
-            start(2)
-            self.assertTrue(wait_for(lambda: any(r["clients_completed"] == 3
-                                                 for r in self.records()), 60),
-                            self.fed.log("root"))
+        # Revoke client 1: it is told to stop (and does), the rounds go on with 0 and 2.
+        rc, out = admin(sock, "revoke", "1")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("revoked client 1", out)
+        self.gate.open(30)  # a fit it began ends, and it hears the news
+        runs[1]["thread"].join(60)
+        self.assertFalse(runs[1]["thread"].is_alive(), "the revoked client did not stop")
+        self.assertIsInstance(runs[1].get("error"), starling.UpstreamRefused, runs[1])
+        self.assertIn("revoked", str(runs[1]["error"]))
+        n = len(self.records())
+        self.gate.open(20)
+        self.assertTrue(wait_for(lambda: len(self.records()) >= n + 2, 60))
+        self.assertEqual(self.records()[-1]["clients_completed"], 2)
+        rc, out = admin(sock, "revoke", "1")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("already", out)
+        rc, out = admin(sock, "status")
+        self.assertEqual(rc, 0, out)
+        status = json.loads(out)
+        self.assertEqual(status["revoked"], [1])
+        # The operator's metrics say it too (read every 250 ms).
+        self.assertTrue(wait_for(lambda: metric("starling_clients", state="revoked") == 1, 10))
+        self.assertGreaterEqual(metric("starling_refused_messages_total", code="revoked"), 1)
+        self.assertEqual(status["registered"], 2)
+        self.assertFalse(status["paused"])
 
-            # A key replaced under a running root is refused (ZAP names a connection by its id,
-            # so the old key's connection could not be told from the new one's).
-            other = os.path.join(self.fed.dir, "other")
-            subprocess.run([os.path.join(BIN, "starling-keygen"), "--out", other, "--name", "rot",
-                            "--id", "0"], check=True, capture_output=True, timeout=30)
-            listed = os.path.join(self.fed.dir, "allow-root", "client-0.key")
-            shutil.copy(listed, os.path.join(self.fed.dir, "client-0.key.saved"))
-            shutil.copy(os.path.join(other, "rot.key"), listed)
-            rc, out = admin(sock, "reload")
-            self.assertEqual(rc, 1, out)
-            self.assertIn("client 0's key changed", out)
-            shutil.copy(os.path.join(self.fed.dir, "client-0.key.saved"), listed)
-            rc, out = admin(sock, "reload")
-            self.assertEqual(rc, 0, out)
-            self.assertIn("admitted none; revoked none", out)
+        # Pause: the round running finishes, then the root parks before the next one and
+        # starts none, whatever the clients could do; resume: they go on.
+        rc, out = admin(sock, "pause")
+        self.assertEqual(rc, 0, out)
+        self.gate.open(20)  # the running round can finish; the clients could run many more
+        parked = wait_for(lambda: (st := json.loads(admin(sock, "status")[1]))["parked"] and st,
+                          60)
+        self.assertTrue(parked, self.fed.log("root"))
+        self.assertTrue(parked["paused"])
+        paused_at = len(self.records())
+        self.assertEqual(paused_at, parked["round"] - 1)  # every round before it recorded
+        self.assertTrue(json.loads(admin(sock, "status")[1])["parked"])
+        self.assertEqual(len(self.records()), paused_at)  # none started meanwhile
+        rc, out = admin(sock, "resume")
+        self.assertEqual(rc, 0, out)
+        self.assertTrue(wait_for(lambda: len(self.records()) >= paused_at + 3, 60))
 
-            # Revoke client 1: it is told to stop (and does), the rounds go on with 0 and 2.
-            rc, out = admin(sock, "revoke", "1")
-            self.assertEqual(rc, 0, out)
-            self.assertIn("revoked client 1", out)
-            runs[1]["thread"].join(60)
-            self.assertFalse(runs[1]["thread"].is_alive(), "the revoked client did not stop")
-            self.assertIsInstance(runs[1].get("error"), starling.UpstreamRefused, runs[1])
-            self.assertIn("revoked", str(runs[1]["error"]))
-            n = len(self.records())
-            self.assertTrue(wait_for(lambda: len(self.records()) >= n + 2, 60))
-            self.assertEqual(self.records()[-1]["clients_completed"], 2)
-            rc, out = admin(sock, "revoke", "1")
-            self.assertEqual(rc, 0, out)
-            self.assertIn("already", out)
-            rc, out = admin(sock, "status")
-            self.assertEqual(rc, 0, out)
-            status = json.loads(out)
-            self.assertEqual(status["revoked"], [1])
-            # The operator's metrics say it too (read every 250 ms).
-            self.assertTrue(wait_for(lambda: metric("starling_clients", state="revoked") == 1, 10))
-            self.assertGreaterEqual(metric("starling_refused_messages_total", code="revoked"), 1)
-            self.assertEqual(status["registered"], 2)
-            self.assertFalse(status["paused"])
+        # Drain: the round in progress finishes (its fits let through once the root took the
+        # command), and the root stops before the last of its 500.
+        rc, out = admin(sock, "drain")
+        self.assertEqual(rc, 0, out)
+        self.gate.open(20)
+        root = [p for name, p, _ in self.fed.procs if name == "root"][0]
+        self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
+        self.assertLess(len(self.records()), 500)
+        self.assertFalse(os.path.exists(sock))  # removed when the root ended
+        rc, out = admin(sock, "status")
+        self.assertEqual(rc, 2, out)  # nobody there
 
-            # Pause: no round starts (the one running may finish); resume: they go on.
-            rc, out = admin(sock, "pause")
-            self.assertEqual(rc, 0, out)
-            time.sleep(1.0)
-            paused_at = len(self.records())
-            time.sleep(2.0)
-            self.assertLessEqual(len(self.records()), paused_at + 1)
-            self.assertTrue(json.loads(admin(sock, "status")[1])["paused"])
-            rc, out = admin(sock, "resume")
-            self.assertEqual(rc, 0, out)
-            self.assertTrue(wait_for(lambda: len(self.records()) >= paused_at + 3, 60))
-
-            # Drain: the round in progress finishes, the root stops before the last of its 500.
-            rc, out = admin(sock, "drain")
-            self.assertEqual(rc, 0, out)
-            root = [p for name, p, _ in self.fed.procs if name == "root"][0]
-            self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
-            self.assertLess(len(self.records()), 500)
-            self.assertFalse(os.path.exists(sock))  # removed when the root ended
-            rc, out = admin(sock, "status")
-            self.assertEqual(rc, 2, out)  # nobody there
-
-            log = self.fed.log("root")
-            uid = str(os.getuid())
-            for line in ("allow-list reloaded", "client 1 revoked by uid " + uid, "paused by uid",
-                         "resumed by uid", "drain asked by uid", "drained: stopping before round",
-                         "refused 'bogus' from uid", "client 1 was revoked by an operator"):
-                self.assertIn(line, log)
-        finally:
-            for c in clients.values():
-                c.stop()
-            for r in runs.values():
-                r["thread"].join(30)
+        log = self.fed.log("root")
+        uid = str(os.getuid())
+        for line in ("allow-list reloaded", "client 1 revoked by uid " + uid, "paused by uid",
+                     "resumed by uid", "drain asked by uid", "drained: stopping before round",
+                     "refused 'bogus' from uid", "client 1 was revoked by an operator"):
+            self.assertIn(line, log)
 
 
-class JsonLogs(unittest.TestCase):
+class JsonLogs(LiveRoot):
     """log.format = json: every line of the root's log one JSON object, the round, peer and error
     code where the root knows them."""
 
-    def setUp(self):
-        self.fed = Federation()
-
-    def tearDown(self):
-        self.fed.close()
-
     def test_the_roots_log_is_one_json_object_a_line_with_round_peer_and_code(self):
-        sock = os.path.join(self.fed.dir, "admin.sock")
-        port = free_port()
-        self.fed.root(port, ["client-0", "client-1"], 500,
-                      ["--admin.socket", sock, "--sampling.min_available", "2",
-                       "--sampling.wait_ms", "60000", "--log.format", "json"])
-        self.assertTrue(wait_for(lambda: os.path.exists(sock), 30), self.fed.log("root"))
-        clients = [starling.Client(SlowClient(0.01), num_examples=10,
-                                   **self.fed.client_kwargs(port, i)) for i in range(2)]
-        runs = [run_in_thread(c) for c in clients]
-        try:
-            self.assertTrue(wait_for(lambda: len(self.fed.metrics()) >= 2, 60), self.fed.log("root"))
-            self.assertEqual(admin(sock, "revoke", "1")[0], 0)
-            runs[1]["thread"].join(60)
-            self.assertIsInstance(runs[1].get("error"), starling.UpstreamRefused)
-            # Client 1 gone, the next round waits for a second client (sampling.wait_ms, 60 s): a
-            # drain does not wait for a round that has not started.
-            self.assertEqual(admin(sock, "drain")[0], 0)
-            root = [p for name, p, _ in self.fed.procs if name == "root"][0]
-            t0 = time.monotonic()
-            self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
-            self.assertLess(time.monotonic() - t0, 20, "the drain waited for the clients")
-            self.assertIn("was waiting for its clients and had not started", self.fed.log("root"))
-        finally:
-            for c in clients:
-                c.stop()
-            for r in runs:
-                r["thread"].join(30)
+        port, sock = self.start_root(["--log.format", "json"])
+        self.start_client(port, 0)
+        self.start_client(port, 1)
+        self.gate.open(4)  # two rounds
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 2, 60), self.fed.log("root"))
+        self.assertEqual(admin(sock, "revoke", "1")[0], 0)
+        self.gate.open(2)  # the fits of round 3 end; client 1 hears the news
+        self.runs[1]["thread"].join(60)
+        self.assertIsInstance(self.runs[1].get("error"), starling.UpstreamRefused)
+        # Client 1 gone, the next round waits for a second client (sampling.wait_ms, 60 s): a
+        # drain does not wait for a round that has not started.
+        self.assertEqual(admin(sock, "drain")[0], 0)
+        root = [p for name, p, _ in self.fed.procs if name == "root"][0]
+        t0 = time.monotonic()
+        self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
+        self.assertLess(time.monotonic() - t0, 20, "the drain waited for the clients")
+        self.assertIn("was waiting for its clients and had not started", self.fed.log("root"))
         lines = [l for l in self.fed.log("root").splitlines() if l.strip()]
         self.assertGreater(len(lines), 5)
         objects = [json.loads(l) for l in lines]  # every line parses
