@@ -16,6 +16,7 @@
 
 #include "apps/settings.h"
 #include "core/error.h"
+#include "core/json_text.h"
 #include "core/log_fields.h"
 #include "transport/socket.h"
 
@@ -77,15 +78,15 @@ class JsonLogFormatter : public spdlog::formatter {
     const auto level = spdlog::level::to_string_view(msg.level);
     out.append(level.data(), level.size());
     out += "\",\"program\":";
-    appendString(out, std::string_view(msg.logger_name.data(), msg.logger_name.size()));
+    appendJsonString(out, std::string_view(msg.logger_name.data(), msg.logger_name.size()));
     out += ",\"msg\":";
-    appendString(out, std::string_view(msg.payload.data(), msg.payload.size()));
+    appendJsonString(out, std::string_view(msg.payload.data(), msg.payload.size()));
     const LogFields& f = logFields();
     if (f.round) out += ",\"round\":" + std::to_string(*f.round);
     if (f.peer) out += ",\"peer\":" + std::to_string(*f.peer);
     if (f.code) {
       out += ",\"code\":";
-      appendString(out, errcLabel(*f.code));
+      appendJsonString(out, errcLabel(*f.code));
     }
     if (insecure_) out += ",\"insecure\":true";
     out += "}\n";
@@ -93,29 +94,6 @@ class JsonLogFormatter : public spdlog::formatter {
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
     return std::make_unique<JsonLogFormatter>(insecure_);
-  }
-  // A JSON string: quotes, backslashes and control characters escaped (bytes from 0x80 up are
-  // passed as they are: the messages are UTF-8 text).
-  static void appendString(std::string& out, std::string_view s) {
-    out += '"';
-    for (const char ch : s) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += ch;
-      } else if (c == '\n') {
-        out += "\\n";
-      } else if (c == '\t') {
-        out += "\\t";
-      } else if (c < 0x20 || c == 0x7f) {
-        char u[8];
-        std::snprintf(u, sizeof u, "\\u%04x", c);
-        out += u;
-      } else {
-        out += ch;
-      }
-    }
-    out += '"';
   }
 
  private:

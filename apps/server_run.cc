@@ -458,11 +458,12 @@ int runServer(const apps::Settings& c) {
     metrics = std::make_unique<server::FleetMetrics>(registry, aggregator ? "aggregator" : "root",
                                                      trainer->spec(),
                                                      hexFingerprint(layout->fingerprint()));
+    if (!aggregator) metrics->setPlannedRounds(ec.rounds);
     status = std::make_unique<ops::StatusServer>(
         status_config, registry,
         fmt::format("starling-server {} on {}", aggregator ? "edge aggregator" : "root",
                     fleet.endpoint()),
-        log);
+        log, [m = metrics.get()] { return m->statusJson(); });
   }
   apps::installStopHandlers();
   // SIGINT / SIGTERM end a wait or a phase within about 100 ms (server::Stopped), not when it

@@ -571,18 +571,20 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "text, or json: one object per line with ts, level, program, msg and, where known, round, "
         "peer and code (an error code's name: docs/errors.md)",
         logFormats());
-  use(kServer);
+  use(kServer | kSim);
   o.add("status.listen", &s.status.listen,
-        "HOST:PORT on which to serve Prometheus metrics (GET /metrics) while the root or edge "
-        "aggregator runs, e.g. 127.0.0.1:9464 (port 0: a free one, logged); empty: off. An "
-        "address that is not loopback needs status.token_file (docs/deployment.md, Operating)");
+        "HOST:PORT on which to serve the status page (GET /, /status.json) and Prometheus metrics "
+        "(GET /metrics) while the root, an edge aggregator or starling-sim runs, e.g. "
+        "127.0.0.1:9464 (port 0: a free one, logged); empty: off. An address that is not "
+        "loopback needs status.token_file (docs/deployment.md, Operating)");
+  o.add("status.token_file", &s.status.token_file,
+        "a file whose first line is a bearer token (at least 16 characters; chmod 600) that every "
+        "request to status.listen must carry (Authorization: Bearer TOKEN)");
+  use(kServer);
   o.add("admin.socket", &s.admin_socket,
         "a Unix socket path (made 0600) on which the root takes starling-admin's commands: status, "
         "reload (admit the keys added to security.clients), revoke ID, drain, pause, resume; "
         "empty: none (docs/deployment.md, Operating)");
-  o.add("status.token_file", &s.status.token_file,
-        "a file whose first line is a bearer token (at least 16 characters; chmod 600) that every "
-        "request to status.listen must carry (Authorization: Bearer TOKEN)");
 
   // Split fine-tuning (starling-split, docs/split.md).
   use(kSplit);

@@ -22,8 +22,10 @@
 #include "data/partition.h"
 #include "data/source.h"
 #include "data/stats.h"
+#include "ops/status_server.h"
 #include "server/async_server.h"
 #include "server/engine.h"
+#include "server/fleet_metrics.h"
 #include "simulator/async_sim.h"
 #include "simulator/collectives.h"
 #include "simulator/launch.h"
@@ -243,9 +245,40 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
   std::fflush(stdout);
 }
 
+// status.listen: the status page and metrics of the run (rank 0 only), fed each round's record and
+// the ETA; served on the status server's threads.
+struct SimStatus {
+  std::shared_ptr<ops::Registry> registry = std::make_shared<ops::Registry>();
+  server::FleetMetrics metrics;
+  ops::StatusServer server;
+  SimStatus(const Settings& c, const SimParts& parts, uint64_t rounds)
+      : metrics(registry, "simulation", parts.trainer->spec(),
+                hexFingerprint(parts.layout->fingerprint())),
+        server(ops::StatusConfig{c.status.listen, c.status.token_file}, registry,
+               "starling-sim (" + parts.trainer->spec() + ")", nullptr,
+               [this] { return metrics.statusJson(); }) {
+    metrics.setPlannedRounds(rounds);
+    metrics.setSimulated(parts.clients.shards.size(),
+                         c.sampling.poisson_rate > 0
+                             ? static_cast<uint64_t>(c.sampling.poisson_rate *
+                                                     static_cast<double>(c.data.num_clients))
+                             : c.sampling.clients_per_round);
+    metrics.roundStarted(1);
+    std::printf("status: %s serves /metrics and the status page (/, /status.json)\n",
+                server.url().c_str());
+    std::fflush(stdout);
+  }
+  void record(const server::RoundRecord& r, double eta_seconds) {
+    metrics.roundRecorded(r);
+    metrics.roundStarted(r.round + 1);
+    metrics.setEta(eta_seconds);
+  }
+};
+
 // FedBuff or semi-synchronous rounds: the buffered engine on the simulated event clock.
 void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
-                 sim::ClientStateStore& store, sim::Collectives& workers, bool lead) {
+                 sim::ClientStateStore& store, sim::Collectives& workers, bool lead,
+                 SimStatus* status) {
   const server::EngineConfig& ec = plan.ec;
   client::Trainer& trainer = *parts.trainer;
   std::vector<float> init(parts.layout->numel());
@@ -306,6 +339,7 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double left =
         elapsed / static_cast<double>(r.round) * static_cast<double>(ac.steps - r.round);
+    if (status) status->record(r, left);
     const std::string acc =
         last_acc ? "  acc " + accuracyNote(last_acc, acc_at, r.round, "step") : std::string();
     std::printf(
@@ -332,7 +366,7 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
 // Synchronous rounds: the round engine over the simulated fleet, each worker training its share.
 void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
                     const sim::ClientStatesPlan& states, sim::ClientStateStore& store,
-                    sim::Collectives& workers, bool lead) {
+                    sim::Collectives& workers, bool lead, SimStatus* status) {
   server::EngineConfig& ec = plan.ec;
   const sim::LaunchInfo& launch = plan.launch;
   // Under secure aggregation every worker unmasks the one sum and steps the whole model with it.
@@ -382,6 +416,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double per_round = elapsed / static_cast<double>(r.round - first + 1);
     const double left = per_round * static_cast<double>(ec.rounds - r.round);
+    if (status) status->record(r, left);
     const std::string acc =
         last_acc ? "  acc " + accuracyNote(last_acc, acc_at, r.round, "round") : std::string();
     char ef[80] = "";
@@ -420,6 +455,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
 
 int runSim(int argc, char** argv, const Settings& c) {
   SimPlan plan = planSimulation(c);
+  ops::StatusConfig{c.status.listen, c.status.token_file}.validate();  // before the data loads
   sim::LaunchInfo& launch = plan.launch;
   // Without a launcher, this process is rank 0 of sim.workers and starts the others.
   sim::LocalWorld local;
@@ -455,10 +491,13 @@ int runSim(int argc, char** argv, const Settings& c) {
   const sim::ClientStatesPlan states = sim::planClientStates(site);
   sim::ClientStateStore store(states.options, parts->layout->fingerprint());
   sim::checkClientStates(site, states, store);
+  std::unique_ptr<SimStatus> page;
+  if (lead && !c.status.listen.empty())
+    page = std::make_unique<SimStatus>(c, *parts, plan.ec.rounds);
   if (plan.buffered)
-    runBuffered(c, plan, *parts, store, *workers, lead);
+    runBuffered(c, plan, *parts, store, *workers, lead, page.get());
   else
-    runSynchronous(c, plan, *parts, states, store, *workers, lead);
+    runSynchronous(c, plan, *parts, states, store, *workers, lead, page.get());
   int rc = 0;
   for (const auto& [pid, status] : sim::waitLocalWorld(local)) {
     std::fprintf(stderr, "starling-sim: worker %d failed (%s %d)\n", pid,

@@ -16,9 +16,10 @@
 //   ingest/fleet-scraped/curve/<kind>/<N>c
 //                                    ingest/fleet with the operator's metrics on (FleetMetrics on
 //                                    the fleet's observer, a StatusServer on 127.0.0.1) and a
-//                                    thread scraping /metrics every 100 ms (ten times the once a
-//                                    second of issue 41's target) throughout; its counters give
-//                                    the scrapes' latency.
+//                                    thread scraping /metrics and the status page's
+//                                    /status.json every 100 ms (ten times the once a second of
+//                                    issue 41's target) throughout; its counters give the
+//                                    scrapes' latency.
 //   round/engine/<sec>/<kind>/<N>c   one whole RoundEngine::runRound over the ZmqFleet: dense
 //                                    downlink of the 1M model (the task the clients decode and
 //                                    apply), the pre-encoded update up, aggregation, optimizer
@@ -47,6 +48,10 @@
 //                           phase, as one JSON object.
 //   --memory_task=dense     with either: each task carries the whole model (4 MB, a first round's
 //                           dense downlink) instead of an empty delta.
+//
+// The status page (not a Google Benchmark case either; bench/status_page_load.py drives it):
+//   --serve_status=N        a root's status page with N registered clients and three recorded
+//                           rounds, served until stdin closes (its URL the first line out).
 #include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -466,14 +471,27 @@ class Scraper {
           while (!stop_.load()) {
             const auto t0 = std::chrono::steady_clock::now();
             auto r = c.Get("/metrics");
-            const double ms =
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+            const auto t1 = std::chrono::steady_clock::now();
+            const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
             if (r && r->status == 200) {
               ++scrapes_;
               bytes_ = r->body.size();
               total_ms_ += ms;
               max_ms_ = std::max(max_ms_.load(), ms);
+            } else {
+              ++failed_;
+            }
+            // And the status page's JSON, as an open page asks for it (every 2 s; here as often
+            // as /metrics).
+            auto j = c.Get("/status.json");
+            const double jms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1)
+                    .count();
+            if (j && j->status == 200) {
+              ++json_scrapes_;
+              json_bytes_ = j->body.size();
+              json_total_ms_ += jms;
+              json_max_ms_ = std::max(json_max_ms_.load(), jms);
             } else {
               ++failed_;
             }
@@ -490,12 +508,16 @@ class Scraper {
     st.counters["scrape_ms_mean"] = scrapes_ ? total_ms_.load() / scrapes_.load() : 0.0;
     st.counters["scrape_ms_max"] = max_ms_.load();
     st.counters["metrics_bytes"] = static_cast<double>(bytes_.load());
+    st.counters["json_ms_mean"] =
+        json_scrapes_ ? json_total_ms_.load() / json_scrapes_.load() : 0.0;
+    st.counters["json_ms_max"] = json_max_ms_.load();
+    st.counters["json_bytes"] = static_cast<double>(json_bytes_.load());
   }
 
  private:
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> scrapes_{0}, failed_{0}, bytes_{0};
-  std::atomic<double> total_ms_{0}, max_ms_{0};
+  std::atomic<uint64_t> scrapes_{0}, failed_{0}, bytes_{0}, json_scrapes_{0}, json_bytes_{0};
+  std::atomic<double> total_ms_{0}, max_ms_{0}, json_total_ms_{0}, json_max_ms_{0};
   std::thread thread_;
 };
 
@@ -515,7 +537,8 @@ void ingestFleet(benchmark::State& st, bool insecure, Kind kind, bool scraped = 
     fleet.setObserver([m = metrics.get()](const sv::ZmqFleet& f) { m->observe(f); });
     ops::StatusConfig sc;
     sc.listen = "127.0.0.1:0";
-    status = std::make_unique<ops::StatusServer>(sc, registry, "bench");
+    status = std::make_unique<ops::StatusServer>(sc, registry, "bench", nullptr,
+                                                 [m = metrics.get()] { return m->statusJson(); });
     scraper = std::make_unique<Scraper>(status->port(), std::chrono::milliseconds(100));
   }
   ag::RoundSchemeOptions so;
@@ -764,6 +787,84 @@ int memoryOne(size_t n, bool dense_task) {
   return completed == n ? 0 : 1;
 }
 
+// --serve_status=N: a root's status page with N registered clients (0: none) that answered three
+// phases, and three rounds recorded (accuracy, loss, bytes), served on 127.0.0.1 until stdin
+// closes; the first line on stdout is its URL. bench/status_page_load.py times the page in
+// Chromium against the same page of an empty federation.
+int serveStatus(size_t n) {
+  const auto layout = layout1M();
+  const Keys keys = makeKeys(std::max<size_t>(n, 1));
+  auto registry = std::make_shared<ops::Registry>();
+  sv::FleetMetrics metrics(registry, "root", "bench 1000x1000", "0");
+  std::unique_ptr<ops::StatusServer> status;
+  tr::Context ctx(1);
+  sv::ZmqFleet fleet(ctx, fleetConfig(false, keys), layout, quietLogger());
+  fleet.setObserver([&metrics](const sv::ZmqFleet& f) { metrics.observe(f); });
+  ops::StatusConfig sc;
+  sc.listen = "127.0.0.1:0";
+  sc.threads = 4;
+  status = std::make_unique<ops::StatusServer>(sc, registry, "bench", nullptr,
+                                               [&metrics] { return metrics.statusJson(); });
+  std::unique_ptr<Farm> farm;
+  std::vector<sv::ClientInfo> clients;
+  if (n > 0) {
+    farm = std::make_unique<Farm>(FarmConfig{fleet.endpoint(), false, &keys, n, Kind::kTopK, 1});
+    clients = fleet.waitForClients(n, 120s);
+    if (clients.size() != n || !farm->waitWelcomed(120s)) {
+      std::cerr << "registration failed: " << farm->error() << "\n";
+      return 1;
+    }
+  }
+  ag::RoundSchemeOptions so;
+  so.compressor = compressorOf(Kind::kTopK);
+  ag::RoundScheme scheme(layout, so);
+  sv::ModelStore store(layout, 2);
+  store.set(std::vector<float>(layout->numel(), 0.0f), 1);
+  constexpr int kRounds = 3;
+  metrics.setPlannedRounds(kRounds + 1);
+  for (int r = 1; r <= kRounds; ++r) {
+    store.set(std::vector<float>(layout->numel(), 0.0f), static_cast<uint64_t>(r) + 1);
+    sv::RoundRecord rec;
+    rec.round = static_cast<uint64_t>(r);
+    rec.applied = true;
+    rec.model_version = static_cast<uint64_t>(r);
+    if (n > 0) {
+      metrics.roundStarted(rec.round);
+      auto round = scheme.begin(rec.round, scheme.initialCarry());
+      pr::TaskMsg h;
+      h.round = rec.round;
+      h.compressor = scheme.compressor().spec();
+      h.model_version = store.version();
+      h.deadline_ms = 60000;
+      const sv::PhaseTask task{round->broadcast(), h, store, sv::Downlink::kDelta};
+      const sv::PhaseReport rep = fleet.runPhase(task, clients, n, round->current());
+      rec.clients_selected = n;
+      rec.clients_completed = rep.completed.size();
+      rec.uplink_bytes = rep.uplink_bytes;
+      rec.downlink_bytes = rep.downlink_bytes;
+    }
+    rec.test_accuracy = 0.5 + 0.1 * r;
+    rec.test_loss = 1.0 / r;
+    rec.train_loss = 1.2 / r;
+    metrics.roundRecorded(rec);
+  }
+  metrics.roundStarted(kRounds + 1);
+  std::cout << status->url() << std::endl;
+  std::atomic<bool> stop{false};
+  std::thread stdin_watch([&stop] {
+    while (std::cin.get() != EOF) {
+    }
+    stop = true;
+  });
+  fleet.setStopFlag(&stop);
+  try {
+    for (;;) fleet.service(1000ms);  // heartbeats answered, the observer fed
+  } catch (const sv::Stopped&) {
+  }
+  stdin_watch.join();
+  return 0;
+}
+
 long jsonField(const std::string& js, const std::string& key) {
   const auto at = js.find("\"" + key + "\": ");
   return at == std::string::npos ? -1 : std::stol(js.substr(at + key.size() + 4));
@@ -819,6 +920,7 @@ int main(int argc, char** argv) {
   size_t memory_one = 0;
   std::string memory_out;
   bool dense_task = false;
+  long serve_status = -1;
   const bool ok = starling::bench::initBenchmarks(argc, argv, cl, [&](const std::string& a) {
     if (a.rfind("--clients=", 0) == 0)
       g_clients = std::stoul(a.substr(10));
@@ -830,10 +932,13 @@ int main(int argc, char** argv) {
       memory_out = a.substr(13);
     else if (a == "--memory_task=dense")
       dense_task = true;
+    else if (a.rfind("--serve_status=", 0) == 0)
+      serve_status = std::stol(a.substr(15));
     else
       return false;
     return true;
   });
+  if (serve_status >= 0) return serveStatus(static_cast<size_t>(serve_status));
   if (memory_one) return memoryOne(memory_one, dense_task);
   if (!memory_out.empty()) return memoryOut(memory_out, dense_task);
   if (!ok) return 1;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/status_assets.h"
 
 namespace starling::ops {
 
@@ -132,8 +133,18 @@ void StatusConfig::validate() const {
     STARLING_THROW(ConfigError, "status timeout_ms = ", timeout_ms, " (10..600000)");
 }
 
+namespace {
+// The page's headers: its own script, style and JSON only; not framed; types as sent.
+constexpr const char* kPageHeaders =
+    "Content-Security-Policy: default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'\r\nX-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\n"
+    "Referrer-Policy: no-referrer\r\n";
+}  // namespace
+
 struct StatusServer::Impl {
   std::shared_ptr<Registry> registry;  // held: the handler reads it
+  std::function<std::string()> status_json;
   std::string what, token, host;
   mg_context* ctx = nullptr;
   std::atomic<uint64_t> served{0}, unauthorized{0};
@@ -147,12 +158,14 @@ struct StatusServer::Impl {
   }
   int answer(mg_connection* c, int status, const std::string& type, const std::string& body,
              bool head, const char* extra = "") {
+    // Counted before it is sent: once a client has an answer, a scrape it makes next sees it
+    // (counted after, another thread could serve that scrape first).
+    count(status);
     mg_printf(c,
               "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
               "Cache-Control: no-store\r\nConnection: close\r\n%s\r\n",
               status, reason(status), type.c_str(), body.size(), extra);
     if (!head) mg_write(c, body.data(), body.size());
-    count(status);
     return status;
   }
   // Every request: the method, a body, the token, then the path.
@@ -178,6 +191,16 @@ struct StatusServer::Impl {
     const std::string uri = ri->local_uri ? ri->local_uri : "";
     if (uri == "/metrics")
       return answer(c, 200, "text/plain; version=0.0.4; charset=utf-8", registry->render(), head);
+    if (status_json) {
+      if (uri == "/")
+        return answer(c, 200, "text/html; charset=utf-8", kStatusHtml, head, kPageHeaders);
+      if (uri == "/status.js")
+        return answer(c, 200, "text/javascript; charset=utf-8", kStatusJs, head, kPageHeaders);
+      if (uri == "/status.css")
+        return answer(c, 200, "text/css; charset=utf-8", kStatusCss, head, kPageHeaders);
+      if (uri == "/status.json")
+        return answer(c, 200, "application/json", status_json(), head, kPageHeaders);
+    }
     if (uri == "/")
       return answer(c, 200, "text/plain; charset=utf-8",
                     what + "\n/metrics: Prometheus metrics (text format 0.0.4)\n", head);
@@ -186,7 +209,8 @@ struct StatusServer::Impl {
 };
 
 StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> registry,
-                           std::string what, std::shared_ptr<spdlog::logger> log)
+                           std::string what, std::shared_ptr<spdlog::logger> log,
+                           std::function<std::string()> status_json)
     : impl_(std::make_unique<Impl>()) {
   config.validate();
   STARLING_CHECK_ARG(!config.listen.empty(), "StatusServer: no status.listen address");
@@ -195,6 +219,7 @@ StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> regist
   const HostPort hp = splitListen(config.listen);
   impl_->registry = std::move(registry);
   impl_->what = std::move(what);
+  impl_->status_json = std::move(status_json);
   impl_->host = hp.host == "localhost" ? "127.0.0.1" : hp.host;
   impl_->token = config.token_file.empty() ? "" : readToken(config.token_file);
   const bool v6 = impl_->host.find(':') != std::string::npos;
@@ -233,10 +258,10 @@ StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> regist
     const bool no_threads = start_error.find("threads") != std::string::npos;
     STARLING_THROW(IoError, "status.listen = '", config.listen, "': the HTTP server (civetweb) ",
                    "did not start: ", start_error.empty() ? "cannot bind" : start_error,
-                   no_threads ? " (seen in programs linked with LibTorch, starling-sim: civetweb's "
-                                "fixed thread stack is refused by pthread_create there, likely too "
-                                "small for LibTorch's thread-local storage; the status server runs "
-                                "in starling-server)"
+                   no_threads ? " (civetweb's fixed 100 KiB thread stack is refused by "
+                                "pthread_create in a program whose libraries' thread-local storage "
+                                "is larger, LibTorch's: such a program must link "
+                                "ops/thread_stack_floor.cc)"
                               : " (the port in use, or not an address of this machine)");
   }
   mg_server_port sp[4] = {};
@@ -252,7 +277,8 @@ StatusServer::StatusServer(StatusConfig config, std::shared_ptr<Registry> regist
       [](mg_connection* c, void* self) { return static_cast<Impl*>(self)->handle(c); },
       impl_.get());
   if (log)
-    log->info("status: {} serves /metrics{}", url(),
+    log->info("status: {} serves /metrics{}{}", url(),
+              impl_->status_json ? " and the status page (/, /status.json)" : "",
               impl_->token.empty() ? "" : " (a bearer token is required)");
 }
 

@@ -1,6 +1,10 @@
 #pragma once
 // The HTTP endpoint a running program serves for its operators (`status.listen`): GET /metrics
-// (a Registry in Prometheus's text format) and GET / (what is served, as plain text). Served by
+// (a Registry in Prometheus's text format) and, given a source of the status page's facts, the
+// page: GET / (ops/status_page/, embedded; it fetches /status.json every 2 s and draws it),
+// /status.js, /status.css and /status.json; without one, GET / says what is served, as plain
+// text. The page's responses forbid anything but this server's own script, style and JSON
+// (Content-Security-Policy), framing and content sniffing. Served by
 // civetweb (Debian's libcivetweb-dev; no HTTP parsing of our own) on threads of its own, so nothing
 // an HTTP client does reaches the thread that runs the rounds: the program's loop only changes
 // metrics (atomics).
@@ -19,6 +23,7 @@
 // constant time), else 401. Nothing served holds a secret, an update or a client's data. Plain
 // HTTP: off loopback, put TLS in front (a reverse proxy) so the token does not travel in the clear.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,8 +54,11 @@ class StatusServer {
   // Binds and starts serving (IoError when the address cannot be bound; ConfigError as
   // StatusConfig::validate). `what` names the program in GET / ("starling-server root", ...).
   // The server counts its own requests in `registry` (starling_http_requests_total{code}).
+  // `status_json`, when given, answers GET /status.json (called on the server's threads, so it
+  // must be safe to call from any thread) and turns GET / into the status page.
   StatusServer(StatusConfig config, std::shared_ptr<Registry> registry, std::string what,
-               std::shared_ptr<spdlog::logger> log = nullptr);
+               std::shared_ptr<spdlog::logger> log = nullptr,
+               std::function<std::string()> status_json = {});
   ~StatusServer();  // stops serving and joins its threads
   StatusServer(const StatusServer&) = delete;
   StatusServer& operator=(const StatusServer&) = delete;

@@ -143,8 +143,17 @@ std::vector<uint8_t> encode(const WelcomeMsg& m) {
 }
 
 std::vector<uint8_t> encode(const HeartbeatMsg& m) {
-  flatbuffers::FlatBufferBuilder b(96);
-  auto body = fb::CreateHeartbeat(b, m.client_id, m.session, m.round);
+  flatbuffers::FlatBufferBuilder b(96 + (m.subtree ? m.subtree->size() * 64 : 0));
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::SubtreePeer>>> subtree = 0;
+  if (m.subtree) {
+    std::vector<flatbuffers::Offset<fb::SubtreePeer>> peers;
+    peers.reserve(m.subtree->size());
+    for (const SubtreePeer& p : *m.subtree)
+      peers.push_back(fb::CreateSubtreePeer(b, p.id, p.online, p.in_round, p.seen_ms, p.updates,
+                                            p.refused, p.last_refusal));
+    subtree = b.CreateVector(peers);
+  }
+  auto body = fb::CreateHeartbeat(b, m.client_id, m.session, m.round, subtree);
   return finish(b, fb::Body::Heartbeat, body.Union());
 }
 
@@ -290,8 +299,24 @@ WelcomeMsg decodeWelcome(std::span<const uint8_t> bytes, const ControlLimits& li
 
 HeartbeatMsg decodeHeartbeat(std::span<const uint8_t> bytes, const ControlLimits& limits) {
   std::vector<uint64_t> aligned;
-  const auto* h = body<fb::Heartbeat>(bytes, limits.max_bytes, fb::Body::Heartbeat, 8, aligned);
-  return HeartbeatMsg{h->client_id(), h->session(), h->round()};
+  const auto* h =
+      body<fb::Heartbeat>(bytes, limits.max_bytes, fb::Body::Heartbeat, 8 + kMaxSubtree, aligned);
+  HeartbeatMsg m{h->client_id(), h->session(), h->round()};
+  if (const auto* sub = h->subtree()) {
+    if (sub->size() > kMaxSubtree)
+      fail(Errc::kSizeMismatch, "heartbeat with a subtree of " + std::to_string(sub->size()) +
+                                    " clients (at most " + std::to_string(kMaxSubtree) + ")");
+    m.subtree.emplace();
+    m.subtree->reserve(sub->size());
+    for (const fb::SubtreePeer* p : *sub) {
+      if (p->last_refusal() > static_cast<uint32_t>(kLastErrc) + 1)
+        fail(Errc::kMalformed, "heartbeat's subtree names error code " +
+                                   std::to_string(p->last_refusal() - 1) + ", which is none");
+      m.subtree->push_back(SubtreePeer{p->id(), p->online(), p->in_round(), p->seen_ms(),
+                                       p->updates(), p->refused(), p->last_refusal()});
+    }
+  }
+  return m;
 }
 
 EvaluationMsg decodeEvaluation(std::span<const uint8_t> bytes, const ControlLimits& limits) {

@@ -75,11 +75,26 @@ struct WelcomeMsg {
   uint64_t chunk_bytes = 0;
 };
 
+// One client behind an edge aggregator, as that aggregator's fleet sees it (the root's status
+// page shows it; no round reads it).
+struct SubtreePeer {
+  uint64_t id = 0;
+  bool online = false, in_round = false;
+  uint32_t seen_ms = 0;
+  uint64_t updates = 0, refused = 0;
+  uint32_t last_refusal = 0;  // an Errc (core/input_error.h) plus one; 0: none
+  bool operator==(const SubtreePeer&) const = default;
+};
+
 struct HeartbeatMsg {
   uint64_t client_id = 0;
   uint64_t session = 0;
   uint64_t round = 0;
+  // An edge aggregator's clients (absent: no news in this heartbeat). At most kMaxSubtree; a
+  // decoder refuses more (kSizeMismatch) and a last_refusal that is no error code (kMalformed).
+  std::optional<std::vector<SubtreePeer>> subtree = std::nullopt;
 };
+constexpr size_t kMaxSubtree = 10'000;
 
 enum class TaskKind : uint8_t { kFit = 0, kEvaluate = 1 };
 

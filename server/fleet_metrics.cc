@@ -4,13 +4,25 @@
 #include <cmath>
 #include <limits>
 
-#include "server/zmq_fleet.h"
+#include "core/json_text.h"
 
 namespace starling::server {
 
+namespace {
+constexpr const char* kClientsHelp =
+    "Peers registered, online (heard from within net.silence_ms) and in the round (holding an "
+    "open task).";
+double unixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 FleetMetrics::FleetMetrics(std::shared_ptr<ops::Registry> registry, const std::string& role,
                            const std::string& model, const std::string& fingerprint)
-    : registry_(std::move(registry)),
+    : role_(role),
+      model_(model),
+      fingerprint_(fingerprint),
+      registry_(std::move(registry)),
       round_(
           registry_->gauge("starling_round", "The round (or asynchronous step) running or next.")),
       version_(registry_->gauge("starling_model_version",
@@ -70,24 +82,65 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
   for (const auto& [event, n] : events)
     r.counter("starling_connections_total", conn_help, {{"event", event}})
         .raiseTo(static_cast<double>(n));
-  const char* clients_help =
-      "Peers registered, online (heard from within net.silence_ms) and in the round (holding an "
-      "open task).";
-  r.gauge("starling_clients", clients_help, {{"state", "registered"}})
+  r.gauge("starling_clients", kClientsHelp, {{"state", "registered"}})
       .set(static_cast<double>(fleet.registeredCount()));
-  r.gauge("starling_clients", clients_help, {{"state", "online"}})
+  r.gauge("starling_clients", kClientsHelp, {{"state", "online"}})
       .set(static_cast<double>(fleet.onlineCount()));
-  r.gauge("starling_clients", clients_help, {{"state", "in_round"}})
+  r.gauge("starling_clients", kClientsHelp, {{"state", "in_round"}})
       .set(static_cast<double>(fleet.openTasks()));
-  r.gauge("starling_clients", clients_help, {{"state", "revoked"}})
+  r.gauge("starling_clients", kClientsHelp, {{"state", "revoked"}})
       .set(static_cast<double>(fleet.revokedIds().size()));
+  {
+    // The page's snapshot: copied here, rendered on the status server's threads.
+    std::vector<ZmqFleet::PeerView> peers = fleet.peers();
+    std::map<std::string, uint64_t> refusals;
+    for (size_t k = 0; k <= static_cast<size_t>(kLastErrc); ++k)
+      if (const uint64_t n = fleet.refused(static_cast<Errc>(k)); n > 0)
+        refusals[errcLabel(static_cast<Errc>(k))] = n;
+    const std::lock_guard lock(mu_);
+    peers_ = std::move(peers);
+    refusals_ = std::move(refusals);
+    progress_ = fleet.progress();
+    registered_ = fleet.registeredCount();
+    online_ = fleet.onlineCount();
+    in_round_ = fleet.openTasks();
+    bytes_in_ = t.bytes_in;
+    bytes_out_ = t.bytes_out;
+    observed_at_ = unixNow();
+  }
   r.counter("starling_revoked_tasks_total",
             "Open tasks failed because an operator revoked their client (an answer on its way is "
             "refused when it comes).")
       .raiseTo(static_cast<double>(fleet.revokedInFlight()));
 }
 
-void FleetMetrics::roundStarted(uint64_t round) { round_.set(static_cast<double>(round)); }
+void FleetMetrics::roundStarted(uint64_t round) {
+  round_.set(static_cast<double>(round));
+  const std::lock_guard lock(mu_);
+  round_now_ = round;
+}
+
+void FleetMetrics::setSimulated(uint64_t pool, uint64_t per_round) {
+  registry_->gauge("starling_clients", kClientsHelp, {{"state", "registered"}})
+      .set(static_cast<double>(pool));
+  registry_->gauge("starling_clients", kClientsHelp, {{"state", "in_round"}})
+      .set(static_cast<double>(per_round));
+  const std::lock_guard lock(mu_);
+  registered_ = online_ = pool;
+  in_round_ = per_round;
+}
+
+void FleetMetrics::setEta(double seconds) {
+  registry_->gauge("starling_eta_seconds", "starling-sim: the seconds left, estimated.")
+      .set(seconds);
+  const std::lock_guard lock(mu_);
+  eta_ = seconds;
+}
+
+void FleetMetrics::setPlannedRounds(uint64_t rounds) {
+  const std::lock_guard lock(mu_);
+  planned_ = rounds;
+}
 
 void FleetMetrics::roundRecorded(const RoundRecord& rec) {
   ops::Registry& r = *registry_;
@@ -124,10 +177,192 @@ void FleetMetrics::roundRecorded(const RoundRecord& rec) {
               {{"stat", stat}})
           .set(it->second);
   }
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = unixNow();
   r.gauge("starling_last_round_timestamp_seconds", "When the last round was recorded (Unix time).")
       .set(now);
+  const std::lock_guard lock(mu_);
+  RoundPoint p;
+  p.round = rec.round;
+  p.applied = rec.applied;
+  p.accuracy = rec.test_accuracy;
+  p.loss = rec.test_loss;
+  p.train_loss = rec.train_loss;
+  p.updates = rec.clients_completed;
+  p.refused = rec.updates_rejected;
+  p.up = rec.uplink_bytes;
+  p.down = rec.downlink_bytes;
+  total_bytes_ += rec.uplink_bytes + rec.downlink_bytes;
+  p.total_bytes = total_bytes_;
+  p.seconds = rec.wall_seconds;
+  p.unix_time = now;
+  rounds_.push_back(p);
+  if (rounds_.size() > kMaxRounds) rounds_.pop_front();
+  round_now_ = std::max(round_now_, rec.round);
+}
+
+std::string FleetMetrics::statusJson() const {
+  std::string o;
+  const auto num = [&o](double v) { appendJsonNumber(o, v); };
+  const auto opt = [&o](const std::optional<double>& v) {
+    if (v)
+      appendJsonNumber(o, *v);
+    else
+      o += "null";
+  };
+  const auto str = [&o](std::string_view v) { appendJsonString(o, v); };
+  const auto u = [&o](uint64_t v) { o += std::to_string(v); };
+  const auto flag = [&o](bool v) { o += v ? "true" : "false"; };
+  const std::lock_guard lock(mu_);
+  o.reserve(512 + peers_.size() * 200 + rounds_.size() * 220);
+  o += "{\"role\":";
+  str(role_);
+  o += ",\"model\":";
+  str(model_);
+  o += ",\"fingerprint\":";
+  str(fingerprint_);
+  o += ",\"time\":";
+  num(unixNow());
+  o += ",\"observed\":";
+  num(observed_at_);
+  o += ",\"round\":{\"number\":";
+  u(round_now_);
+  o += ",\"planned\":";
+  u(planned_);
+  o += ",\"step\":";
+  str(progress_.step);
+  o += ",\"step_round\":";
+  u(progress_.round);
+  o += ",\"phase\":";
+  u(progress_.phase);
+  o += ",\"sent\":";
+  u(progress_.sent);
+  o += ",\"accepted\":";
+  u(progress_.accepted);
+  o += ",\"target\":";
+  u(progress_.target);
+  o += ",\"open\":";
+  u(progress_.open);
+  o += ",\"seconds_left\":";
+  num(progress_.seconds_left);
+  o += ",\"eta_seconds\":";
+  if (eta_)
+    num(*eta_);
+  else
+    o += "null";
+  o += "},\"clients\":{\"registered\":";
+  u(registered_);
+  o += ",\"online\":";
+  u(online_);
+  o += ",\"in_round\":";
+  u(in_round_);
+  o += "},\"bytes\":{\"in\":";
+  u(bytes_in_);
+  o += ",\"out\":";
+  u(bytes_out_);
+  o += ",\"rounds\":";
+  u(total_bytes_);
+  o += "},\"refusals\":{";
+  bool first = true;
+  for (const auto& [code, n] : refusals_) {
+    if (!first) o += ',';
+    first = false;
+    str(code);
+    o += ':';
+    u(n);
+  }
+  o += "},\"peers\":[";
+  first = true;
+  for (const ZmqFleet::PeerView& p : peers_) {
+    if (!first) o += ',';
+    first = false;
+    o += "{\"id\":\"";  // a string: JavaScript's numbers hold 53 bits, ids 64
+    u(p.id);
+    o += "\",\"role\":";
+    str(p.aggregator ? "aggregator" : "client");
+    o += ",\"registered\":";
+    flag(p.registered);
+    o += ",\"online\":";
+    flag(p.online);
+    o += ",\"in_round\":";
+    flag(p.in_round);
+    o += ",\"revoked\":";
+    flag(p.revoked);
+    o += ",\"seen_seconds_ago\":";
+    num(std::round(p.seen_seconds_ago * 10) / 10);
+    o += ",\"updates\":";
+    u(p.updates);
+    o += ",\"refused\":";
+    u(p.refused);
+    o += ",\"last_refusal\":";
+    if (p.last_refusal)
+      str(errcLabel(*p.last_refusal));
+    else
+      o += "null";
+    if (p.aggregator) {
+      // Its clients as it last told (their ids its own, so strings too).
+      o += ",\"subtree_seconds_ago\":";
+      num(std::round(p.subtree_seconds_ago * 10) / 10);
+      o += ",\"subtree\":[";
+      bool first_client = true;
+      for (const protocol::SubtreePeer& c : p.subtree) {
+        if (!first_client) o += ',';
+        first_client = false;
+        o += "{\"id\":\"";
+        u(c.id);
+        o += "\",\"online\":";
+        flag(c.online);
+        o += ",\"in_round\":";
+        flag(c.in_round);
+        o += ",\"seen_seconds_ago\":";
+        num(c.seen_ms / 1000.0);
+        o += ",\"updates\":";
+        u(c.updates);
+        o += ",\"refused\":";
+        u(c.refused);
+        o += ",\"last_refusal\":";
+        if (c.last_refusal)
+          str(errcLabel(static_cast<Errc>(c.last_refusal - 1)));
+        else
+          o += "null";
+        o += '}';
+      }
+      o += ']';
+    }
+    o += '}';
+  }
+  o += "],\"rounds\":[";
+  first = true;
+  for (const RoundPoint& p : rounds_) {
+    if (!first) o += ',';
+    first = false;
+    o += "{\"round\":";
+    u(p.round);
+    o += ",\"applied\":";
+    flag(p.applied);
+    o += ",\"accuracy\":";
+    opt(p.accuracy);
+    o += ",\"loss\":";
+    opt(p.loss);
+    o += ",\"train_loss\":";
+    opt(p.train_loss);
+    o += ",\"updates\":";
+    u(p.updates);
+    o += ",\"refused\":";
+    u(p.refused);
+    o += ",\"up\":";
+    u(p.up);
+    o += ",\"down\":";
+    u(p.down);
+    o += ",\"total_bytes\":";
+    u(p.total_bytes);
+    o += ",\"seconds\":";
+    num(p.seconds);
+    o += ",\"time\":";
+    num(p.unix_time);
+    o += '}';
+  }
+  o += "]}";
+  return o;
 }
 
 }  // namespace starling::server

@@ -24,15 +24,28 @@
 //   starling_dp_epsilon                                    central DP: epsilon spent so far
 //   starling_staleness{stat}                               asynchronous steps: mean / max
 //   starling_last_round_timestamp_seconds                  when the last record came (Unix time)
+//   starling_eta_seconds                                   starling-sim: the time left, estimated
+//
+// And the status page's facts (statusJson(), served as GET /status.json by ops::StatusServer):
+// the fleet's peers (ZmqFleet::peers: online, last seen, updates taken, refusals), the phase
+// running and its progress, the counts, refusals by code, and each recorded round (accuracy,
+// loss, bytes up and down and their running total, wall time; the last kMaxRounds kept). Written
+// on the rounds' thread into a snapshot under a mutex, rendered on the status server's threads:
+// an HTTP client never reaches the fleet.
+#include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ops/metrics.h"
 #include "server/engine.h"
+#include "server/zmq_fleet.h"
 
 namespace starling::server {
-
-class ZmqFleet;
 
 class FleetMetrics {
  public:
@@ -49,7 +62,37 @@ class FleetMetrics {
 
   ops::Registry& registry() { return *registry_; }
 
+  // The run's length (rounds or asynchronous steps), shown beside the round; 0: not known.
+  void setPlannedRounds(uint64_t rounds);
+  // The simulator's (there is no fleet to observe): its pool of simulated clients and how many a
+  // round (or at once) trains, and the estimated seconds left (starling_eta_seconds).
+  void setSimulated(uint64_t pool, uint64_t per_round);
+  void setEta(double seconds);
+  // GET /status.json: any thread. The fields are documented in docs/deployment.md ("The status
+  // page"); no key, update or client data is in it.
+  std::string statusJson() const;
+  static constexpr size_t kMaxRounds = 10'000;
+
  private:
+  struct RoundPoint {
+    uint64_t round = 0;
+    bool applied = false;
+    std::optional<double> accuracy, loss, train_loss;
+    uint64_t updates = 0, refused = 0, up = 0, down = 0;
+    uint64_t total_bytes = 0;  // up and down, every round so far (this one included)
+    double seconds = 0, unix_time = 0;
+  };
+  const std::string role_, model_, fingerprint_;
+  mutable std::mutex mu_;  // guards what follows: the rounds' thread writes, HTTP threads read
+  std::vector<ZmqFleet::PeerView> peers_;
+  ZmqFleet::Progress progress_;
+  size_t registered_ = 0, online_ = 0, in_round_ = 0;
+  std::map<std::string, uint64_t> refusals_;
+  uint64_t bytes_in_ = 0, bytes_out_ = 0, planned_ = 0, round_now_ = 0, total_bytes_ = 0;
+  std::optional<double> eta_;
+  std::deque<RoundPoint> rounds_;
+  double observed_at_ = 0;
+
   std::shared_ptr<ops::Registry> registry_;
   ops::Gauge& round_;
   ops::Gauge& version_;

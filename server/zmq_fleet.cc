@@ -32,6 +32,9 @@ struct ZmqFleet::Phase {
   std::map<uint64_t, std::vector<uint64_t>>* roster = nullptr;
   uint64_t roster_round = 0, roster_nonce = 0;
   bool closing = false;  // past its deadline, taking what is queued (takeQueued)
+  // For progress(): tasks sent, answers wanted, and the deadline.
+  size_t sent = 0, target = 0;
+  std::chrono::steady_clock::time_point deadline{};
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -112,6 +115,91 @@ bool ZmqFleet::revoke(uint64_t id) {
   return true;
 }
 
+ZmqFleet::Tally& ZmqFleet::tally(uint64_t id) {
+  if (const auto it = tallies_.find(id); it != tallies_.end()) return it->second;
+  if (tallies_.size() >= kMaxTallies) {
+    // Full: the peer seen longest ago makes room (a scan, only once this many ids registered).
+    auto oldest = tallies_.begin();
+    for (auto it = tallies_.begin(); it != tallies_.end(); ++it)
+      if (it->second.last_seen < oldest->second.last_seen) oldest = it;
+    tallies_.erase(oldest);
+  }
+  return tallies_[id];
+}
+
+std::vector<ZmqFleet::PeerView> ZmqFleet::peers() const {
+  const auto now = config_.clock->now();
+  const auto cutoff = now - milliseconds(config_.silence_ms);
+  std::vector<PeerView> out;
+  out.reserve(tallies_.size());
+  for (const auto& [id, t] : tallies_) {
+    PeerView v;
+    v.id = id;
+    v.aggregator = t.aggregator;
+    const auto c = clients_.find(id);
+    v.registered = c != clients_.end();
+    v.online = v.registered && c->second.last_seen >= cutoff;
+    v.in_round = pending_.count(id) != 0;
+    v.revoked = revoked_.count(id) != 0;
+    v.seen_seconds_ago = std::max(0.0, std::chrono::duration<double>(now - t.last_seen).count());
+    v.updates = t.updates;
+    v.refused = t.refused;
+    v.last_refusal = t.last_refusal;
+    v.subtree = t.subtree;
+    if (!t.subtree.empty())
+      v.subtree_seconds_ago =
+          std::max(0.0, std::chrono::duration<double>(now - t.subtree_at).count());
+    out.push_back(std::move(v));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const PeerView& a, const PeerView& b) { return a.id < b.id; });
+  return out;
+}
+
+std::vector<pr::SubtreePeer> ZmqFleet::subtree() const {
+  std::vector<pr::SubtreePeer> out;
+  for (const PeerView& v : peers()) {
+    if (out.size() == pr::kMaxSubtree) break;
+    if (v.aggregator || v.revoked) continue;
+    pr::SubtreePeer p;
+    p.id = v.id;
+    p.online = v.online;
+    p.in_round = v.in_round;
+    p.seen_ms = static_cast<uint32_t>(std::min(v.seen_seconds_ago * 1000.0, 4.0e9));
+    p.updates = v.updates;
+    p.refused = v.refused;
+    p.last_refusal = v.last_refusal ? static_cast<uint32_t>(*v.last_refusal) + 1 : 0;
+    out.push_back(p);
+  }
+  return out;
+}
+
+ZmqFleet::Progress ZmqFleet::progress() const {
+  Progress p;
+  p.open = pending_.size();
+  if (!phase_) return p;
+  if (phase_->async) {
+    p.step = "async";
+    p.round = phase_->encoded_for;
+    return p;
+  }
+  p.step = phase_->eval ? "evaluate" : phase_->task ? "fit" : "secure";
+  if (phase_->task) {
+    p.round = phase_->task->header.round;
+    p.phase = phase_->task->header.phase;
+  } else if (phase_->secure) {
+    p.round = phase_->secure->round();
+  } else if (phase_->roster) {
+    p.round = phase_->roster_round;
+  }
+  p.sent = phase_->sent;
+  p.accepted = phase_->accepted;
+  p.target = phase_->target;
+  p.seconds_left =
+      std::max(0.0, std::chrono::duration<double>(phase_->deadline - config_.clock->now()).count());
+  return p;
+}
+
 size_t ZmqFleet::onlineCount() const {
   const auto cutoff = config_.clock->now() - milliseconds(config_.silence_ms);
   size_t n = 0;
@@ -158,6 +246,11 @@ void ZmqFleet::refuse(const std::string& routing, Errc code, const std::string& 
     // For JSON logs: the code, and the peer when its connection is registered.
     std::optional<uint64_t> peer;
     if (const auto it = by_routing_.find(routing); it != by_routing_.end()) peer = it->second;
+    if (peer) {
+      Tally& t = tally(*peer);
+      ++t.refused;
+      t.last_refusal = code;
+    }
     const ScopedLogFields fields(std::nullopt, peer, code);
     log_->warn("refused a message: {}", what);
   }
@@ -220,6 +313,10 @@ void ZmqFleet::handle(const transport::Received& r) {
   if (r.authenticated_id && revoked_.count(*r.authenticated_id)) {
     const uint64_t id = *r.authenticated_id;
     ++refused_[static_cast<size_t>(Errc::kRevoked)];
+    if (auto t = tallies_.find(id); t != tallies_.end()) {
+      ++t->second.refused;
+      t->second.last_refusal = Errc::kRevoked;
+    }
     const auto now = config_.clock->now();
     if (auto& last = revoked_said_[id]; now - last >= std::chrono::seconds(1)) {
       last = now;
@@ -250,12 +347,22 @@ void ZmqFleet::handle(const transport::Received& r) {
     return;
   }
   peer->last_seen = config_.clock->now();
+  tally(peer->info.id).last_seen = peer->last_seen;
   try {
     switch (*kind) {
       case pr::MessageKind::kHeartbeat: {
-        const auto h = pr::decodeHeartbeat(bytes);
+        auto h = pr::decodeHeartbeat(bytes);
         if (h.client_id != peer->info.id)
           failInput(Errc::kWrongSender, "heartbeat names client ", h.client_id);
+        if (h.subtree) {
+          // An edge aggregator's clients, for the status page; a client has none to tell.
+          if (peer->info.role != pr::Role::kAggregator)
+            failInput(Errc::kUnexpectedMessage, "client ", peer->info.id,
+                      " sent a heartbeat with a subtree (only an edge aggregator has one)");
+          Tally& t = tally(peer->info.id);
+          t.subtree = std::move(*h.subtree);
+          t.subtree_at = peer->last_seen;
+        }
         socket_.send(peer->routing, pr::encode(pr::HeartbeatMsg{
                                         peer->info.id, session_,
                                         phase_ && phase_->task ? phase_->task->header.round : 0}));
@@ -337,6 +444,9 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
                                   kStcDownlinkCapability) != m.capabilities.end();
   p.last_seen = config_.clock->now();
   by_routing_[r.peer] = m.client_id;
+  Tally& t = tally(m.client_id);
+  t.aggregator = m.role == pr::Role::kAggregator;
+  t.last_seen = p.last_seen;
   if (!same_connection)
     log_->info("{} {} registered ({} examples{})",
                m.role == pr::Role::kAggregator ? "aggregator" : "client", m.client_id,
@@ -497,6 +607,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
     a.message = bytes;
     a.bytes = bytes.size();
     phase_->async->take(a);
+    ++tally(id).updates;
     return;
   }
   if (p) {
@@ -508,6 +619,7 @@ void ZmqFleet::handleUpdate(const transport::Received& r, Peer& peer, bool parti
   phase_->report->uplink_bytes += bytes.size();
   phase_->report->completed.push_back(id);
   ++phase_->accepted;
+  ++tally(id).updates;
   closeAnswered(id, nonce);
   pending_.erase(pend);
 }
@@ -543,6 +655,7 @@ void ZmqFleet::handleSecure(const transport::Received& r, Peer& peer, pr::Messag
   phase_->report->uplink_bytes += r.bytes().size();
   phase_->report->completed.push_back(id);
   ++phase_->accepted;
+  if (phase_->task) ++tally(id).updates;  // the masked input: runPhase's step
 }
 
 // An edge aggregator's relayed answers: the clients it brings (secureRoster), or its clients'
@@ -861,6 +974,8 @@ PhaseReport ZmqFleet::exchange(SecureStage stage, SecureSteps& round,
     }
     pending_[c.id] = pendingOf(it->second, randomNonZero(rng));
   }
+  ph.sent = ph.target = pending_.size();
+  ph.deadline = config_.clock->now() + milliseconds(deadline_ms);
   awaitAnswers(deadline_ms, report, [&](uint64_t id) {
     log_->info("client {} did not answer secure aggregation's {} step of round {} in time", id,
                stageName(stage), round.round());
@@ -901,6 +1016,9 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
   }
   const uint64_t refused_before = refusedTotal();
   const auto deadline = config_.clock->now() + milliseconds(task.header.deadline_ms);
+  ph.sent = pending_.size();
+  ph.target = target;
+  ph.deadline = deadline;
   while (!pending_.empty() && ph.accepted < target && config_.clock->now() < deadline) {
     poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();
@@ -931,6 +1049,8 @@ EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo>
       pending_[c.id] = pendingOf(it->second, nonce, true);
   }
   const auto deadline = config_.clock->now() + milliseconds(task.header.deadline_ms);
+  ph.sent = ph.target = pending_.size();
+  ph.deadline = deadline;
   while (!pending_.empty() && config_.clock->now() < deadline) {
     poll(std::chrono::duration_cast<milliseconds>(deadline - config_.clock->now()));
     expireSilent();

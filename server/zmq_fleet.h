@@ -19,9 +19,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/clock.h"
 #include "protocol/codec.h"
@@ -167,6 +169,40 @@ class ZmqFleet final : public Fleet {
   const transport::ConnectionCounts& connections() const { return socket_.connections(); }
   const transport::TransportStats& transportStats() const { return socket_.stats(); }
 
+  // What the status page shows of each peer this fleet has heard register (at most kMaxTallies,
+  // the most recently seen kept): registered now or forgotten (silent for 10 x silence_ms, or
+  // revoked), online, holding a task, its accepted updates and its refused messages, and the
+  // last refusal's code. Sorted by id.
+  struct PeerView {
+    uint64_t id = 0;
+    bool aggregator = false;
+    bool registered = false, online = false, in_round = false, revoked = false;
+    double seen_seconds_ago = 0;
+    uint64_t updates = 0;  // updates (or partials) accepted: the rounds it took part in
+    uint64_t refused = 0;
+    std::optional<Errc> last_refusal;
+    // An edge aggregator's clients, as its last subtree heartbeat said (protocol::HeartbeatMsg),
+    // and how long ago that came; empty for a client, or before the first.
+    std::vector<protocol::SubtreePeer> subtree;
+    double subtree_seconds_ago = 0;
+  };
+  std::vector<PeerView> peers() const;
+  // The clients of this fleet's peers as a subtree an edge aggregator tells upstream (at most
+  // protocol::kMaxSubtree, the lowest ids).
+  std::vector<protocol::SubtreePeer> subtree() const;
+  static constexpr size_t kMaxTallies = 100'000;
+  // The phase running now, for the status page: what it is ("idle" between phases, "fit",
+  // "evaluate", "secure" for a secure aggregation step, "async" while buffered rounds run), the
+  // round and phase, tasks sent and answers accepted and wanted, and the seconds to its deadline.
+  struct Progress {
+    const char* step = "idle";
+    uint64_t round = 0;
+    uint32_t phase = 0;
+    size_t sent = 0, accepted = 0, target = 0, open = 0;
+    double seconds_left = 0;
+  };
+  Progress progress() const;
+
  private:
   struct Peer {
     std::string routing;
@@ -278,6 +314,17 @@ class ZmqFleet final : public Fleet {
   std::chrono::steady_clock::time_point connections_log_{};
   void logConnections();
   std::array<uint64_t, static_cast<size_t>(kLastErrc) + 1> refused_{};
+  // Per peer, what peers() shows; bounded by kMaxTallies (the peer seen longest ago goes).
+  struct Tally {
+    bool aggregator = false;
+    std::chrono::steady_clock::time_point last_seen{};
+    uint64_t updates = 0, refused = 0;
+    std::optional<Errc> last_refusal;
+    std::vector<protocol::SubtreePeer> subtree;  // an aggregator's, as last told
+    std::chrono::steady_clock::time_point subtree_at{};
+  };
+  Tally& tally(uint64_t id);
+  std::unordered_map<uint64_t, Tally> tallies_;
 };
 
 }  // namespace starling::server

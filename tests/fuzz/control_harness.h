@@ -437,6 +437,15 @@ inline bool checkKind(std::span<const uint8_t> bytes, pr::MessageKind kind) {
     case K::kHeartbeat:
       ok = common([&](auto b, size_t max) { return pr::decodeHeartbeat(b, limits(max)); },
                   [](const auto& m) { return pr::encode(m); }, "heartbeat");
+      if (ok) {
+        const auto h = pr::decodeHeartbeat(bytes);
+        if (h.subtree) {
+          require(h.subtree->size() <= pr::kMaxSubtree, "heartbeat: a subtree over the bound");
+          for (const auto& p : *h.subtree)
+            require(p.last_refusal <= static_cast<uint32_t>(kLastErrc) + 1,
+                    "heartbeat: a subtree's refusal that is no error code");
+        }
+      }
       break;
     case K::kEvaluation:
       ok = common([&](auto b, size_t max) { return pr::decodeEvaluation(b, limits(max)); },
@@ -631,6 +640,12 @@ inline std::vector<Seed> controlSeeds() {
                  pr::encode(pr::RegisterMsg{9, pr::Role::kAggregator, 0x1234, 600, 100, 0, {}})});
   out.push_back({"welcome", pr::encode(pr::WelcomeMsg{7, 99, 500, 1u << 26, 1u << 20})});
   out.push_back({"heartbeat", pr::encode(pr::HeartbeatMsg{7, 99, 3})});
+  {
+    pr::HeartbeatMsg h{7, 99, 3};
+    h.subtree =
+        std::vector<pr::SubtreePeer>{{1, true, false, 250, 12, 3, 0}, {2, false, true, 0, 0, 1, 5}};
+    out.push_back({"heartbeat-subtree", pr::encode(h)});
+  }
   out.push_back({"evaluation", pr::encode(pr::EvaluationMsg{7, 3, 41, 60, 0.25, 0.875})});
   out.push_back(
       {"reject", pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, 4, 3, 41, "stale round"})});

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
@@ -116,6 +117,60 @@ TEST_CASE("the status server serves /metrics in the text format on a free loopba
   CHECK(m3->body.find("starling_http_requests_total{code=\"404\"} 1") != std::string::npos);
   CHECK(m3->body.find("starling_http_requests_total{code=\"405\"} 1") != std::string::npos);
   CHECK(s.served() >= 5);
+}
+
+TEST_CASE("given the status page's facts, the server serves the page, its files and the JSON",
+          "[ops]") {
+  std::atomic<int> asked{0};
+  StatusServer s(loopback(), registryWithRound(1), "starling-server root", nullptr,
+                 [&asked] { return "{\"round\":{\"number\":" + std::to_string(++asked) + "}}"; });
+  httplib::Client c("127.0.0.1", s.port());
+  // Each GET of the JSON asks the source again (the program's snapshot of the moment).
+  for (int i = 1; i <= 2; ++i) {
+    auto j = c.Get("/status.json");
+    REQUIRE(j);
+    CHECK(j->status == 200);
+    CHECK(j->get_header_value("Content-Type") == "application/json");
+    CHECK(j->body == "{\"round\":{\"number\":" + std::to_string(i) + "}}");
+  }
+  struct Asset {
+    const char* path;
+    const char* type;
+    const char* holds;  // something only that file has
+  };
+  for (const Asset& a : {Asset{"/", "text/html; charset=utf-8", "<script src=\"/status.js\""},
+                         Asset{"/status.js", "text/javascript; charset=utf-8", "/status.json"},
+                         Asset{"/status.css", "text/css; charset=utf-8", ".card"}}) {
+    INFO(a.path);
+    auto r = c.Get(a.path);
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(r->get_header_value("Content-Type") == a.type);
+    CHECK(r->body.find(a.holds) != std::string::npos);
+    // Nothing but this server's own script, style and JSON; never framed; no sniffing.
+    const std::string csp = r->get_header_value("Content-Security-Policy");
+    CHECK(csp.find("default-src 'none'") != std::string::npos);
+    CHECK(csp.find("script-src 'self'") != std::string::npos);
+    CHECK(csp.find("frame-ancestors 'none'") != std::string::npos);
+    CHECK(r->get_header_value("X-Content-Type-Options") == "nosniff");
+  }
+  // The page has no inline script or style for the policy to refuse, and fetches nothing else.
+  auto page = c.Get("/");
+  REQUIRE(page);
+  CHECK(page->body.find("<script>") == std::string::npos);
+  CHECK(page->body.find("style=") == std::string::npos);
+  CHECK(page->body.find("http") == std::string::npos);
+  CHECK(asked == 2);
+
+  // Without a source, there is no page: / says what is served, /status.json is not there.
+  StatusServer plain(loopback(), registryWithRound(1), "starling-server root");
+  httplib::Client p("127.0.0.1", plain.port());
+  auto root = p.Get("/");
+  REQUIRE(root);
+  CHECK(root->get_header_value("Content-Type") == "text/plain; charset=utf-8");
+  auto json = p.Get("/status.json");
+  REQUIRE(json);
+  CHECK(json->status == 404);
 }
 
 TEST_CASE("status settings that would expose it or cannot work are refused", "[ops]") {

@@ -101,6 +101,28 @@ TEST_CASE("control messages round-trip and peekKind names them", "[protocol]") {
   CHECK(std::vector<uint8_t>(c.data.begin(), c.data.end()) == data);
 }
 
+TEST_CASE("a heartbeat carries an edge aggregator's subtree, bounded", "[protocol]") {
+  HeartbeatMsg m{7, 77, 3};
+  CHECK(!decodeHeartbeat(encode(m)).subtree);  // absent: no news
+  m.subtree.emplace();
+  REQUIRE(decodeHeartbeat(encode(m)).subtree);  // present and empty: no clients
+  CHECK(decodeHeartbeat(encode(m)).subtree->empty());
+  m.subtree->push_back(SubtreePeer{1, true, false, 250, 12, 3, 0});
+  m.subtree->push_back(SubtreePeer{UINT64_MAX, false, true, UINT32_MAX, UINT64_MAX, 0,
+                                   static_cast<uint32_t>(kLastErrc) + 1});
+  const HeartbeatMsg h = decodeHeartbeat(encode(m));
+  CHECK((h.client_id == 7 && h.session == 77 && h.round == 3));
+  REQUIRE(h.subtree);
+  CHECK(*h.subtree == *m.subtree);
+  // An error code past the last one (the field is the code plus one), and too many clients.
+  m.subtree->back().last_refusal = static_cast<uint32_t>(kLastErrc) + 2;
+  CHECK(errcOf([&] { decodeHeartbeat(encode(m)); }) == errcName(Errc::kMalformed));
+  m.subtree->assign(kMaxSubtree + 1, SubtreePeer{});
+  CHECK(errcOf([&] { decodeHeartbeat(encode(m)); }) == errcName(Errc::kSizeMismatch));
+  m.subtree->resize(kMaxSubtree);
+  CHECK(decodeHeartbeat(encode(m)).subtree->size() == kMaxSubtree);
+}
+
 TEST_CASE("a decoder refuses another message type, truncation and lies", "[protocol]") {
   const auto hb = encode(HeartbeatMsg{1, 2, 3});
   CHECK(errcOf([&] { decodeRegister(hb); }) == errcName(Errc::kUnexpectedMessage));

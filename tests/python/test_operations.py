@@ -8,11 +8,14 @@ killed by its pid; every wait is bounded. Without a `prometheus` binary the real
 skipped (the parser test still runs); `make test` installs it (scripts/bootstrap.sh).
 """
 
+import html.parser
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -363,6 +366,244 @@ class Administration(LiveRoot):
                      "resumed by uid", "drain asked by uid", "drained: stopping before round",
                      "refused 'bogus' from uid", "client 1 was revoked by an operator"):
             self.assertIn(line, log)
+
+
+class EvaluatedClient(GatedClient):
+    """A gated client whose held-out accuracy climbs with the round (0.1 a round, up to 0.9)."""
+
+    def evaluate(self, parameters, config):
+        r = int(config["round"])
+        return 1.0 / r, 5, {"accuracy": min(0.9, 0.1 * r)}
+
+
+CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+ARTIFACTS = os.environ.get("STARLING_TEST_ARTIFACTS",
+                           os.path.join(os.path.dirname(BIN.rstrip("/")), "test-artifacts"))
+
+
+def chromium(url, *args):
+    """Headless Chromium on `url` (its scripts run until the network and timers settle, at most
+    5 s of virtual time); its stdout."""
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--user-data-dir=" + tempfile.mkdtemp(prefix="starling-chromium-"),
+         "--virtual-time-budget=5000", *args, url],
+        capture_output=True, text=True, timeout=120).stdout
+
+
+class DomReader(html.parser.HTMLParser):
+    """The dumped DOM's elements: by id, their text; every element's attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.elements, self.open = {}, [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.elements.append((tag, a))
+        if tag not in ("br", "img", "meta", "link", "input", "path", "line", "rect"):
+            self.open.append(a.get("id"))
+            if a.get("id"):
+                self.text[a["id"]] = ""
+
+    def handle_endtag(self, tag):
+        if self.open and tag not in ("br", "img", "meta", "link", "input", "path", "line", "rect"):
+            self.open.pop()
+
+    def handle_data(self, data):
+        for i in self.open:
+            if i:
+                self.text[i] += data
+
+
+@unittest.skipUnless(CHROMIUM, "no headless Chromium (Debian's chromium-headless-shell)")
+class StatusPage(LiveRoot):
+    """The root's status page in a real browser: Debian's headless Chromium loads it from a live
+    federation (root <- client 0 and edge aggregator 7 <- clients 1 and 2), the DOM shows the
+    round, the tree of clients and the accuracy curve the root recorded, and a screenshot is kept
+    (test-artifacts/status-page.png in the build folder)."""
+
+    def start_client(self, port, i, server_key=None):
+        kw = self.fed.client_kwargs(port, i)
+        if server_key:
+            kw["server_key"] = server_key
+        self.clients[i] = starling.Client(EvaluatedClient(self.gate, 0.01), num_examples=10,
+                                          eval_examples=5, **kw)
+        self.runs[i] = run_in_thread(self.clients[i])
+
+    def status_url(self, name):
+        return wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
+                                           self.fed.log(name)) or [None, None])[1], 30)
+
+    def test_chromium_shows_the_round_the_tree_and_the_curve(self):
+        port, agg_port = free_port(), free_port()
+        self.fed.root(port, ["client-0", "agg-7"], 500,
+                      ["--status.listen", "127.0.0.1:0", "--eval.every", "1",
+                       "--security.aggregator_ids", "7", "--sampling.min_available", "2",
+                       "--sampling.wait_ms", "60000"])
+        self.fed.start("aggregator", [
+            "starling-server", "--server.role", "aggregator", "--server.id", "7",
+            "--server.bind", f"tcp://127.0.0.1:{agg_port}",
+            "--server.upstream", f"tcp://127.0.0.1:{port}",
+            "--security.key", os.path.join(self.fed.keys, "agg-7.key_secret"),
+            "--security.server_key", os.path.join(self.fed.keys, "server.key"),
+            "--security.clients", self.fed.allow("allow-agg", ["client-1", "client-2"]),
+            "--model.spec", "softmax", "--model.rows", "1", "--model.cols", "4",
+            "--model.classes", "3", "--aggregator.min_clients", "2", "--net.heartbeat_ms", "200",
+            "--status.listen", "127.0.0.1:0"])
+        url, agg_url = self.status_url("root"), self.status_url("aggregator")
+        self.assertIsNotNone(url, self.fed.log("root"))
+        self.assertIsNotNone(agg_url, self.fed.log("aggregator"))
+        self.start_client(port, 0)
+        agg_key = os.path.join(self.fed.keys, "agg-7.key")
+        self.start_client(agg_port, 1, agg_key)
+        self.start_client(agg_port, 2, agg_key)
+        self.gate.open(12)  # four rounds of three fits; the fifth waits while the browser looks
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 4, 60), self.fed.log("root"))
+        records = self.records()[:4]
+
+        # The JSON endpoint: what the root's run records say, its two peers, and the aggregator's
+        # two clients as the aggregator told (a subtree heartbeat at most every 2 s).
+        def status():
+            return json.loads(http_get(url + "/status.json")[2])
+
+        def settled(j):
+            agg = [p for p in j["peers"] if p["id"] == "7"]
+            return (j["round"]["number"] == 5 and j["round"]["step"] == "fit" and agg and
+                    [c["updates"] for c in agg[0]["subtree"]] == [4, 4])
+        s = wait_for(lambda: (lambda j: j if settled(j) else None)(status()), 30)
+        self.assertIsNotNone(s, status())
+        self.assertEqual(s["role"], "root")
+        self.assertEqual(s["round"]["planned"], 500)
+        self.assertEqual((s["round"]["sent"], s["round"]["accepted"]), (2, 0))
+        self.assertEqual([r["round"] for r in s["rounds"]], [1, 2, 3, 4])
+        for mine, rec in zip(s["rounds"], records):
+            self.assertAlmostEqual(mine["accuracy"], rec["test_accuracy"], places=6)
+            self.assertEqual(mine["up"], rec["uplink_bytes"])
+        self.assertEqual(s["rounds"][-1]["total_bytes"],
+                         sum(r["uplink_bytes"] + r["downlink_bytes"] for r in records))
+        peers = {p["id"]: p for p in s["peers"]}
+        self.assertEqual(set(peers), {"0", "7"})
+        self.assertEqual((peers["0"]["role"], peers["0"]["online"], peers["0"]["updates"]),
+                         ("client", True, 4))
+        self.assertEqual((peers["7"]["role"], peers["7"]["updates"]), ("aggregator", 4))
+        self.assertEqual([(c["id"], c["online"], c["in_round"]) for c in peers["7"]["subtree"]],
+                         [("1", True, True), ("2", True, True)])
+        self.assertEqual(s["clients"]["online"], 2)
+        # The aggregator's own page: its subtree, no curves (the root's page has them).
+        a = json.loads(http_get(agg_url + "/status.json")[2])
+        self.assertEqual(a["role"], "aggregator")
+        self.assertEqual([(p["id"], p["updates"]) for p in a["peers"]], [("1", 4), ("2", 4)])
+
+        # The page itself: served with a policy that lets nothing but its own files run.
+        status_code, ctype, _ = http_get(url + "/")
+        self.assertEqual((status_code, ctype), (200, "text/html; charset=utf-8"))
+        with urllib.request.urlopen(url + "/") as r:
+            csp = r.headers.get("Content-Security-Policy", "")
+        self.assertIn("default-src 'none'", csp)
+        self.assertIn("script-src 'self'", csp)
+
+        # In Chromium: the DOM after the page's script drew /status.json.
+        dom = chromium(url + "/", "--dump-dom")
+        reader = DomReader()
+        reader.feed(dom)
+        body_attrs = [a for tag, a in reader.elements if tag == "body"][0]
+        self.assertEqual(body_attrs.get("data-loaded"), "yes", dom[:2000])
+        self.assertEqual(reader.text["round"].strip(), "5 / 500")
+        self.assertIn("training: 0 of 2 answered", reader.text["progress"])
+        self.assertEqual(reader.text["clients-online"].strip(), "2")
+        self.assertIn("behind aggregators 2 of 2 online", reader.text["clients-detail"])
+        self.assertEqual(reader.text["accuracy"].strip(), "40.0%")  # round 4's, as recorded
+        rows = [(a["data-id"], a.get("data-via")) for tag, a in reader.elements
+                if tag == "tr" and "data-id" in a]
+        self.assertEqual(rows, [("0", None), ("7", None), ("1", "7"), ("2", "7")])
+        tree = [a["data-id"] for tag, a in reader.elements
+                if tag in ("li", "span") and "data-id" in a]
+        self.assertEqual(tree, ["7", "1", "2", "0"])  # aggregator 7 and its clients, then client 0
+        curves = [(a.get("class"), int(a["data-points"])) for tag, a in reader.elements
+                  if tag == "path" and "data-points" in a]
+        # Accuracy and loss, by round and by bytes: one point a round.
+        self.assertEqual(sorted(curves), [("accuracy", 4)] * 2 + [("loss", 4)] * 2)
+
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        shot = os.path.join(ARTIFACTS, "status-page.png")
+        if os.path.exists(shot):
+            os.remove(shot)
+        chromium(url + "/", "--screenshot=" + shot, "--window-size=1280,900",
+                 "--hide-scrollbars")
+        with open(shot, "rb") as f:
+            png = f.read()
+        self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertEqual(struct.unpack(">II", png[16:24]), (1280, 900))
+
+
+class SimStatusPage(unittest.TestCase):
+    """starling-sim serves the same page and metrics while it runs: its rounds, the ETA, the
+    curves, and its pool of simulated clients (LibTorch-linked: ops/thread_stack_floor.cc lets the
+    status server's threads start there)."""
+
+    def setUp(self):
+        self.fed = Federation()
+
+    def tearDown(self):
+        self.fed.close()
+
+    def test_the_simulator_serves_rounds_eta_and_curves(self):
+        rng = np.random.default_rng(1)
+        with open(os.path.join(self.fed.dir, "data.csv"), "w") as f:
+            f.write("label,a,b,c,d\n")
+            for _ in range(400):
+                y = int(rng.integers(3))
+                x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
+                f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+        # More rounds than the test waits for: it stops the simulator (by pid) when it has seen.
+        sim = self.fed.start("sim", [
+            "starling-sim", "--model.spec", "softmax", "--data.format", "csv",
+            "--data.dir", self.fed.dir, "--data.train", "data.csv", "--data.test", "data.csv",
+            "--data.num_clients", "20", "--sampling.clients_per_round", "5",
+            "--train.rounds", "100000", "--eval.every", "5", "--status.listen", "127.0.0.1:0"])
+        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
+                                          self.fed.log("sim")) or [None, None])[1], 60)
+        self.assertIsNotNone(url, self.fed.log("sim"))
+
+        def status():
+            return json.loads(http_get(url + "/status.json")[2])
+        s = wait_for(lambda: (lambda j: j if len([r for r in j["rounds"] if r["accuracy"]]) >= 3
+                              else None)(status()), 60)
+        self.assertIsNotNone(s, self.fed.log("sim")[-2000:])
+        self.assertEqual(s["role"], "simulation")
+        self.assertEqual(s["round"]["planned"], 100000)
+        self.assertEqual((s["clients"]["registered"], s["clients"]["in_round"]), (20, 5))
+        self.assertGreater(s["round"]["eta_seconds"], 0)
+        rounds = [r["round"] for r in s["rounds"]]
+        self.assertEqual(rounds, list(range(1, len(rounds) + 1)))
+        self.assertEqual([r["round"] for r in s["rounds"] if r["accuracy"] is not None],
+                         [r for r in rounds if r % 5 == 0])
+        # The progress lines the simulator printed say the same accuracy, to their 0.1%.
+        printed = {int(m.group(1)): float(m.group(2)) for m in re.finditer(
+            r"round +(\d+)/100000  acc (\d+\.\d)%  ", self.fed.log("sim"))}
+        compared = [r for r in s["rounds"] if r["accuracy"] is not None and r["round"] in printed]
+        self.assertGreaterEqual(len(compared), 3, printed)
+        for r in compared:
+            self.assertAlmostEqual(100 * r["accuracy"], printed[r["round"]], delta=0.051)
+        later = wait_for(lambda: (lambda j: j if j["rounds"][-1]["round"] > rounds[-1] else None)(
+            status()), 30)
+        self.assertIsNotNone(later, "the rounds did not advance on the page")
+        metrics = {smp.name: smp.value for f in text_string_to_metric_families(
+            http_get(url + "/metrics")[2]) for smp in f.samples}
+        self.assertGreater(metrics["starling_round"], rounds[-1])
+        self.assertGreater(metrics["starling_eta_seconds"], 0)
+        if CHROMIUM:
+            reader = DomReader()
+            reader.feed(chromium(url + "/", "--dump-dom"))
+            self.assertEqual(reader.text["role"].strip(), "simulation")
+            self.assertEqual(reader.text["clients-label"].strip(), "Simulated clients")
+            self.assertEqual(reader.text["clients-online"].strip(), "20")
+            self.assertIn("ETA", reader.text["progress"])
+            self.assertTrue([a for tag, a in reader.elements if tag == "path" and
+                             a.get("class") == "accuracy" and int(a["data-points"]) >= 3])
+        sim.kill()
+        sim.wait(timeout=30)
 
 
 class JsonLogs(LiveRoot):
