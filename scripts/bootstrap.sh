@@ -16,8 +16,8 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libsodium-dev
   # operations: the status server's HTTP (civetweb, ops/status_server.h); the HTTP client of its
   # tests and benchmarks (cpp-httplib); its tests read /metrics with Prometheus's own parser and
-  # a real Prometheus server
-  libcivetweb-dev libcpp-httplib-dev python3-prometheus-client prometheus
+  # a real Prometheus server, and the status page in a real browser (headless Chromium)
+  libcivetweb-dev libcpp-httplib-dev python3-prometheus-client prometheus chromium-headless-shell
   # configuration, command lines, logging
   libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev
   # simulator / split (LibTorch 1.13 CPU, a fast BLAS for it, Gloo for c10d)
