@@ -181,6 +181,7 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
         srv.scheme().compressor().spec(), ec.server_opt, c.downlink.mode, rc.steps);
   try {
     root.run(fleet, [&](const server::RoundRecord& r) {
+      const ScopedLogFields in_step(r.round, std::nullopt);  // the step's line says which
       if (metrics) {
         metrics->roundRecorded(r);
         metrics->roundStarted(r.round + 1);
