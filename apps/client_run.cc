@@ -3,6 +3,8 @@
 // program links), and the client runtime until the federation ends or SIGTERM.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "apps/client_main.h"
 #include "apps/common.h"
@@ -13,10 +15,40 @@
 #include "core/error.h"
 #include "data/partition.h"
 #include "data/source.h"
+#if STARLING_CLIENT_STATUS
+#include "ops/status_server.h"
+#endif
 
 using namespace starling;
 
 namespace {
+
+#if STARLING_CLIENT_STATUS
+// status.listen: the client's runtime statistics as Prometheus metrics, updated on the runtime's
+// thread after every message it sends (a heartbeat at least every net.heartbeat_ms).
+void exportStats(ops::Registry& r, const client::RuntimeStats& s) {
+  const auto count = [&r](const char* name, const char* help, uint64_t v,
+                          ops::Labels labels = {}) {
+    r.counter(name, help, std::move(labels)).raiseTo(static_cast<double>(v));
+  };
+  count("starling_client_tasks_total", "Tasks received (fit and evaluate).", s.tasks);
+  count("starling_client_updates_total", "Updates sent (each once; resends not counted).",
+        s.updates_sent);
+  count("starling_client_evaluations_total", "Evaluations sent.", s.evaluations_sent);
+  count("starling_client_resent_total", "Answers sent again (after Busy or a new session).",
+        s.resent);
+  count("starling_client_rejects_total", "Reject messages received from the server.", s.rejects);
+  count("starling_client_registrations_total", "Register messages sent.", s.registrations);
+  count("starling_client_heartbeats_total", "Heartbeats sent.", s.heartbeats);
+  const char* bytes_help = "Bytes of every message sent (up) and received (down).";
+  count("starling_client_bytes_total", bytes_help, s.uplink_bytes, {{"direction", "up"}});
+  count("starling_client_bytes_total", bytes_help, s.downlink_bytes, {{"direction", "down"}});
+  count("starling_client_update_bytes_total", "Bytes of the updates made, each counted once.",
+        s.update_bytes);
+  r.gauge("starling_client_round", "The last round this client trained for.")
+      .set(static_cast<double>(s.last_round));
+}
+#endif
 
 int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
   auto log = apps::makeLogger("client-" + std::to_string(c.client.id), c.log_level, c.net.insecure,
@@ -35,6 +67,14 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
       c.secagg.threat == apps::SecAggThreat::kMaliciousServer, c.secagg.authority,
       c.net.insecure ? std::string() : c.net.key, c.client.id);
   rc.validate();
+#if STARLING_CLIENT_STATUS
+  ops::StatusConfig{c.status.listen, c.status.token_file}.validate();  // before the data loads
+#else
+  if (!c.status.listen.empty())
+    STARLING_THROW(ConfigError, "status.listen = '", c.status.listen,
+                   "': this build of starling-client has no status server (the arm64 edge build "
+                   "leaves out the operations library and its HTTP server)");
+#endif
   // Its training shard (the same split every client computes, from the labels) and an IID share of
   // the test set: only those examples are kept, never the whole data set. A shard
   // drawn with replacement may repeat an example: the file's example is kept once and the view
@@ -66,6 +106,24 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
   log->info("model {} (fingerprint {}) | {} training and {} test examples | server {}",
             trainer->spec(), hexFingerprint(trainer->layout().fingerprint()), tv.size(), ev.size(),
             c.client.server);
+  // Its metrics (status.listen): declared before the runtime, whose callback writes them.
+#if STARLING_CLIENT_STATUS
+  std::unique_ptr<ops::StatusServer> status;
+  if (!c.status.listen.empty()) {
+    auto registry = std::make_shared<ops::Registry>();
+    registry
+        ->gauge("starling_client_info", "This client's id and model.",
+                {{"id", std::to_string(c.client.id)},
+                 {"model", trainer->spec()},
+                 {"fingerprint", hexFingerprint(trainer->layout().fingerprint())}})
+        .set(1);
+    exportStats(*registry, client::RuntimeStats{});  // every family from the first scrape
+    status = std::make_unique<ops::StatusServer>(
+        ops::StatusConfig{c.status.listen, c.status.token_file}, registry,
+        "starling-client " + std::to_string(c.client.id), log);
+    rc.on_sent = [reg = registry](const client::RuntimeStats& st) { exportStats(*reg, st); };
+  }
+#endif
   transport::Context ctx;
   client::ClientRuntime runtime(ctx, rc, *trainer, tv, ev, log);
   apps::installStopHandlers();

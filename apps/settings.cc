@@ -571,10 +571,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "text, or json: one object per line with ts, level, program, msg and, where known, round, "
         "peer and code (an error code's name: docs/errors.md)",
         logFormats());
-  use(kServer | kSim);
+  use(kServer | kSim | kClient);
   o.add("status.listen", &s.status.listen,
-        "HOST:PORT on which to serve the status page (GET /, /status.json) and Prometheus metrics "
-        "(GET /metrics) while the root, an edge aggregator or starling-sim runs, e.g. "
+        "HOST:PORT on which to serve Prometheus metrics (GET /metrics) and, at the root, an edge "
+        "aggregator or starling-sim, the status page (GET /, /status.json) while it runs, e.g. "
         "127.0.0.1:9464 (port 0: a free one, logged); empty: off. An address that is not "
         "loopback needs status.token_file (docs/deployment.md, Operating)");
   o.add("status.token_file", &s.status.token_file,

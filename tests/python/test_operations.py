@@ -537,6 +537,70 @@ class StatusPage(LiveRoot):
         self.assertEqual(struct.unpack(">II", png[16:24]), (1280, 900))
 
 
+class ClientMetrics(unittest.TestCase):
+    """starling-client --status.listen: its runtime's statistics as Prometheus metrics, which agree
+    with what the root recorded of it."""
+
+    def setUp(self):
+        self.fed = Federation()
+
+    def tearDown(self):
+        self.fed.close()
+
+    def test_a_clients_metrics_follow_its_rounds(self):
+        rng = np.random.default_rng(2)
+        with open(os.path.join(self.fed.dir, "data.csv"), "w") as f:
+            f.write("label,a,b,c,d\n")
+            for _ in range(200):
+                y = int(rng.integers(3))
+                x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
+                f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+        port = free_port()
+        sock = os.path.join(self.fed.dir, "admin.sock")
+        self.fed.root(port, ["client-1"], 100000,
+                      ["--sampling.min_available", "1", "--admin.socket", sock])
+        self.assertTrue(wait_for(lambda: os.path.exists(sock), 30), self.fed.log("root"))
+        client = self.fed.start("client", [
+            "starling-client", "--client.server", f"tcp://127.0.0.1:{port}", "--client.id", "1",
+            "--security.key", os.path.join(self.fed.keys, "client-1.key_secret"),
+            "--security.server_key", os.path.join(self.fed.keys, "server.key"),
+            "--model.spec", "softmax", "--data.format", "csv", "--data.dir", self.fed.dir,
+            "--data.train", "data.csv", "--data.test", "data.csv", "--data.num_clients", "2",
+            "--data.partition", "iid", "--status.listen", "127.0.0.1:0"])
+        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
+                                          self.fed.log("client")) or [None, None])[1], 30)
+        self.assertIsNotNone(url, self.fed.log("client"))
+
+        def scrape():
+            out = {}
+            for f in text_string_to_metric_families(http_get(url + "/metrics")[2]):
+                for smp in f.samples:
+                    out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+            return out
+        # A few rounds, then the root pauses between two: what the client says it did can be
+        # compared with what the root recorded.
+        self.assertTrue(wait_for(lambda: len(self.fed.metrics()) >= 3, 60), self.fed.log("root"))
+        self.assertEqual(admin(sock, "pause")[0], 0)
+        self.assertTrue(wait_for(lambda: json.loads(admin(sock, "status")[1])["parked"], 30))
+        records = self.fed.metrics()
+        n = len(records)
+        m = wait_for(lambda: (lambda x: x if x.get(("starling_client_updates_total", ())) == n
+                              else None)(scrape()), 30)
+        self.assertIsNotNone(m, (n, scrape()))
+        self.assertEqual(m[("starling_client_round", ())], n)
+        self.assertEqual(m[("starling_client_info", (("fingerprint", "9b95addb47c49e07"),
+                                                      ("id", "1"), ("model", "softmax")))], 1)
+        self.assertGreaterEqual(m[("starling_client_tasks_total", ())], 3)
+        self.assertEqual(m[("starling_client_registrations_total", ())], 1)
+        # Its updates' bytes are the root's uplink: it was the only client of each round.
+        self.assertEqual(m[("starling_client_update_bytes_total", ())],
+                         sum(r["uplink_bytes"] for r in records))
+        self.assertGreater(m[("starling_client_bytes_total", (("direction", "down"),))],
+                           sum(r["downlink_bytes"] for r in records) - 1)
+        client.kill()
+        client.wait(timeout=30)
+
+
 class SimStatusPage(unittest.TestCase):
     """starling-sim serves the same page and metrics while it runs: its rounds, the ETA, the
     curves, and its pool of simulated clients (LibTorch-linked: ops/thread_stack_floor.cc lets the
