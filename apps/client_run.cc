@@ -27,8 +27,7 @@ namespace {
 // status.listen: the client's runtime statistics as Prometheus metrics, updated on the runtime's
 // thread after every message it sends (a heartbeat at least every net.heartbeat_ms).
 void exportStats(ops::Registry& r, const client::RuntimeStats& s) {
-  const auto count = [&r](const char* name, const char* help, uint64_t v,
-                          ops::Labels labels = {}) {
+  const auto count = [&r](const char* name, const char* help, uint64_t v, ops::Labels labels = {}) {
     r.counter(name, help, std::move(labels)).raiseTo(static_cast<double>(v));
   };
   count("starling_client_tasks_total", "Tasks received (fit and evaluate).", s.tasks);
