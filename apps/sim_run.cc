@@ -258,11 +258,13 @@ struct SimStatus {
                "starling-sim (" + parts.trainer->spec() + ")", nullptr,
                [this] { return metrics.statusJson(); }) {
     metrics.setPlannedRounds(rounds);
-    metrics.setSimulated(parts.clients.shards.size(),
-                         c.sampling.poisson_rate > 0
-                             ? static_cast<uint64_t>(c.sampling.poisson_rate *
-                                                     static_cast<double>(c.data.num_clients))
-                             : c.sampling.clients_per_round);
+    // A round's clients; in buffered rounds, those training at once (async.concurrency).
+    const uint64_t per_round = buffered(c.round.mode) && c.async.concurrency ? c.async.concurrency
+                               : c.sampling.poisson_rate > 0
+                                   ? static_cast<uint64_t>(c.sampling.poisson_rate *
+                                                           static_cast<double>(c.data.num_clients))
+                                   : c.sampling.clients_per_round;
+    metrics.setSimulated(parts.clients.shards.size(), per_round);
     metrics.roundStarted(1);
     std::printf("status: %s serves /metrics and the status page (/, /status.json)\n",
                 server.url().c_str());

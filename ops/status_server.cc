@@ -92,6 +92,10 @@ const char* reason(int status) {
       return "Method Not Allowed";
     case 413:
       return "Payload Too Large";
+    case 421:
+      return "Misdirected Request";
+    case 500:
+      return "Internal Server Error";
     default:
       return "Error";
   }
@@ -168,8 +172,31 @@ struct StatusServer::Impl {
     if (!head) mg_write(c, body.data(), body.size());
     return status;
   }
-  // Every request: the method, a body, the token, then the path.
+  // A Host header naming a loopback address or localhost (with any port), or this server's own
+  // listening address. Absent (HTTP/1.0): allowed.
+  bool hostAllowed(const char* header) const {
+    if (!header) return true;
+    std::string h = header;
+    if (!h.empty() && h.front() == '[') {  // [v6]:port
+      const auto end = h.find(']');
+      if (end == std::string::npos) return false;
+      h = h.substr(1, end - 1);
+    } else if (const auto colon = h.rfind(':'); colon != std::string::npos) {
+      h = h.substr(0, colon);
+    }
+    return isLoopback(h) || h == host;
+  }
+  // Every request, within a guard: an exception (memory, a bug) is a 500, never through civetweb's
+  // C frames.
   int handle(mg_connection* c) {
+    try {
+      return handleRequest(c);
+    } catch (const std::exception& e) {
+      return answer(c, 500, "text/plain", std::string("internal error: ") + e.what() + "\n", false);
+    }
+  }
+  // The method, a body, the host, the token, then the path.
+  int handleRequest(mg_connection* c) {
     const mg_request_info* ri = mg_get_request_info(c);
     const std::string method = ri->request_method ? ri->request_method : "";
     const bool head = method == "HEAD";
@@ -178,6 +205,14 @@ struct StatusServer::Impl {
     // Nothing here takes a body: one announced is refused unread.
     if (ri->content_length > 0 || mg_get_header(c, "Transfer-Encoding"))
       return answer(c, 413, "text/plain", "no request body is taken\n", head);
+    if (token.empty() && !hostAllowed(mg_get_header(c, "Host"))) {
+      // Without a token only a loopback name is answered: a web page the operator visits cannot
+      // have a name of its own resolve to 127.0.0.1 (DNS rebinding) and read what is served.
+      return answer(c, 421, "text/plain",
+                    "this server answers requests for a loopback host only (Host: 127.0.0.1, "
+                    "localhost or [::1]); give status.token_file to serve other names\n",
+                    head);
+    }
     if (!token.empty()) {
       const char* auth = mg_get_header(c, "Authorization");
       const std::string prefix = "Bearer ";

@@ -12,8 +12,9 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 
 namespace {
 constexpr size_t kStackFloor = size_t{1} << 20;
@@ -21,7 +22,14 @@ constexpr size_t kStackFloor = size_t{1} << 20;
 
 extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
   using Fn = int (*)(pthread_attr_t*, size_t);
-  static const Fn libc = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  if (!libc) return ENOSYS;
+  static const Fn libc = [] {
+    const auto fn = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+    if (!fn) {
+      std::fprintf(stderr, "starling: libc's pthread_attr_setstacksize not found (%s)\n",
+                   dlerror());
+      std::abort();
+    }
+    return fn;
+  }();
   return libc(attr, std::max(size, kStackFloor));
 }

@@ -86,12 +86,23 @@ struct SubtreePeer {
   bool operator==(const SubtreePeer&) const = default;
 };
 
+// SubtreePeer::last_refusal from an error code and back (0: none; a code this build does not know,
+// from a newer aggregator, reads as none).
+inline uint32_t refusalField(std::optional<Errc> code) {
+  return code ? static_cast<uint32_t>(*code) + 1 : 0;
+}
+inline std::optional<Errc> refusalOf(uint32_t field) {
+  if (field == 0 || field > static_cast<uint32_t>(kLastErrc) + 1) return std::nullopt;
+  return static_cast<Errc>(field - 1);
+}
+
 struct HeartbeatMsg {
   uint64_t client_id = 0;
   uint64_t session = 0;
   uint64_t round = 0;
-  // An edge aggregator's clients (absent: no news in this heartbeat). At most kMaxSubtree; a
-  // decoder refuses more (kSizeMismatch) and a last_refusal that is no error code (kMalformed).
+  // An edge aggregator's clients (absent: no news in this heartbeat). At most kMaxSubtree: a
+  // decoder refuses more (kSizeMismatch, or kMalformed where the verifier's table budget, set for
+  // kMaxSubtree, runs out first).
   std::optional<std::vector<SubtreePeer>> subtree = std::nullopt;
 };
 constexpr size_t kMaxSubtree = 10'000;
@@ -244,6 +255,9 @@ struct ControlLimits {
   // mean of such values stays far from overflow (1.7e308 was once accepted and the weighted
   // sum became inf, then null in the metrics).
   double max_eval_loss = 1e9;
+  // The most clients a Heartbeat's subtree may name (kMaxSubtree; 0 where the sender is a client,
+  // which has none: kUnexpectedMessage before anything of it is read).
+  size_t max_subtree = kMaxSubtree;
 };
 
 RegisterMsg decodeRegister(std::span<const uint8_t> bytes, const ControlLimits& limits = {});

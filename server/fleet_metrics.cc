@@ -91,22 +91,24 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
   r.gauge("starling_clients", kClientsHelp, {{"state", "revoked"}})
       .set(static_cast<double>(fleet.revokedIds().size()));
   {
-    // The page's snapshot: copied here, rendered on the status server's threads.
-    std::vector<ZmqFleet::PeerView> peers = fleet.peers();
-    std::map<std::string, uint64_t> refusals;
+    // The page's snapshot: built here, published whole, rendered on the status server's threads.
+    auto snap = std::make_shared<Snapshot>();
+    snap->peers = fleet.peers();
     for (size_t k = 0; k <= static_cast<size_t>(kLastErrc); ++k)
       if (const uint64_t n = fleet.refused(static_cast<Errc>(k)); n > 0)
-        refusals[errcLabel(static_cast<Errc>(k))] = n;
+        snap->refusals[errcLabel(static_cast<Errc>(k))] = n;
+    snap->progress = fleet.progress();
+    snap->registered = fleet.registeredCount();
+    snap->online = fleet.onlineCount();
+    snap->in_round = fleet.openTasks();
+    snap->bytes_in = t.bytes_in;
+    snap->bytes_out = t.bytes_out;
+    snap->observed_at = unixNow();
+    const uint64_t running = snap->progress.round;
     const std::lock_guard lock(mu_);
-    peers_ = std::move(peers);
-    refusals_ = std::move(refusals);
-    progress_ = fleet.progress();
-    registered_ = fleet.registeredCount();
-    online_ = fleet.onlineCount();
-    in_round_ = fleet.openTasks();
-    bytes_in_ = t.bytes_in;
-    bytes_out_ = t.bytes_out;
-    observed_at_ = unixNow();
+    snapshot_ = std::move(snap);
+    // An edge aggregator records no rounds: the round it relays is the one it shows.
+    round_now_ = std::max(round_now_, running);
   }
   r.counter("starling_revoked_tasks_total",
             "Open tasks failed because an operator revoked their client (an answer on its way is "
@@ -126,8 +128,10 @@ void FleetMetrics::setSimulated(uint64_t pool, uint64_t per_round) {
   registry_->gauge("starling_clients", kClientsHelp, {{"state", "in_round"}})
       .set(static_cast<double>(per_round));
   const std::lock_guard lock(mu_);
-  registered_ = online_ = pool;
-  in_round_ = per_round;
+  auto snap = std::make_shared<Snapshot>(*snapshot_);
+  snap->registered = snap->online = pool;
+  snap->in_round = per_round;
+  snapshot_ = std::move(snap);
 }
 
 void FleetMetrics::setEta(double seconds) {
@@ -195,12 +199,80 @@ void FleetMetrics::roundRecorded(const RoundRecord& rec) {
   p.total_bytes = total_bytes_;
   p.seconds = rec.wall_seconds;
   p.unix_time = now;
-  rounds_.push_back(p);
-  if (rounds_.size() > kMaxRounds) rounds_.pop_front();
+  // Appended to the last chunk (a copy of at most kRoundChunk points: a reader may hold the old
+  // one), or to a new one; the oldest chunk goes once the others hold kMaxRounds.
+  if (rounds_.empty() || rounds_.back()->size() == kRoundChunk) {
+    rounds_.push_back(std::make_shared<const Chunk>(Chunk{p}));
+  } else {
+    auto last = std::make_shared<Chunk>(*rounds_.back());
+    last->push_back(p);
+    rounds_.back() = std::move(last);
+  }
+  size_t kept = 0;
+  for (const auto& c : rounds_) kept += c->size();
+  if (kept - rounds_.front()->size() >= kMaxRounds) rounds_.erase(rounds_.begin());
   round_now_ = std::max(round_now_, rec.round);
 }
 
+namespace {
+
+// One peer's fields of /status.json (a peer of this fleet, or a client behind an aggregator).
+struct PeerFields {
+  uint64_t id = 0;
+  const char* role = "client";
+  std::optional<bool> registered, revoked;  // not known of a client behind an aggregator
+  bool online = false, in_round = false;
+  double seen_seconds_ago = 0;
+  uint64_t updates = 0, refused = 0;
+  std::optional<Errc> last_refusal;
+};
+
+void appendPeer(std::string& o, const PeerFields& p) {
+  const auto flag = [&o](bool v) { o += v ? "true" : "false"; };
+  o += "{\"id\":\"";  // a string: JavaScript's numbers hold 53 bits, ids 64
+  o += std::to_string(p.id);
+  o += "\",\"role\":";
+  appendJsonString(o, p.role);
+  if (p.registered) {
+    o += ",\"registered\":";
+    flag(*p.registered);
+  }
+  o += ",\"online\":";
+  flag(p.online);
+  o += ",\"in_round\":";
+  flag(p.in_round);
+  if (p.revoked) {
+    o += ",\"revoked\":";
+    flag(*p.revoked);
+  }
+  o += ",\"seen_seconds_ago\":";
+  appendJsonNumber(o, std::round(p.seen_seconds_ago * 10) / 10);
+  o += ",\"updates\":" + std::to_string(p.updates);
+  o += ",\"refused\":" + std::to_string(p.refused);
+  o += ",\"last_refusal\":";
+  if (p.last_refusal)
+    appendJsonString(o, errcLabel(*p.last_refusal));
+  else
+    o += "null";
+}
+
+}  // namespace
+
 std::string FleetMetrics::statusJson() const {
+  // What the rounds' thread published, taken under the lock; rendered after it.
+  std::shared_ptr<const Snapshot> snap;
+  std::vector<std::shared_ptr<const Chunk>> rounds;
+  uint64_t planned = 0, round_now = 0, total_bytes = 0;
+  std::optional<double> eta;
+  {
+    const std::lock_guard lock(mu_);
+    snap = snapshot_;
+    rounds = rounds_;
+    planned = planned_;
+    round_now = round_now_;
+    total_bytes = total_bytes_;
+    eta = eta_;
+  }
   std::string o;
   const auto num = [&o](double v) { appendJsonNumber(o, v); };
   const auto opt = [&o](const std::optional<double>& v) {
@@ -212,8 +284,9 @@ std::string FleetMetrics::statusJson() const {
   const auto str = [&o](std::string_view v) { appendJsonString(o, v); };
   const auto u = [&o](uint64_t v) { o += std::to_string(v); };
   const auto flag = [&o](bool v) { o += v ? "true" : "false"; };
-  const std::lock_guard lock(mu_);
-  o.reserve(512 + peers_.size() * 200 + rounds_.size() * 220);
+  size_t clients = snap->peers.size();
+  for (const ZmqFleet::PeerView& p : snap->peers) clients += p.subtree ? p.subtree->size() : 0;
+  o.reserve(512 + clients * 200 + rounds.size() * kRoundChunk * 220);
   o += "{\"role\":";
   str(role_);
   o += ",\"model\":";
@@ -223,47 +296,45 @@ std::string FleetMetrics::statusJson() const {
   o += ",\"time\":";
   num(unixNow());
   o += ",\"observed\":";
-  num(observed_at_);
+  num(snap->observed_at);
+  const ZmqFleet::Progress& pr = snap->progress;
   o += ",\"round\":{\"number\":";
-  u(round_now_);
+  u(round_now);
   o += ",\"planned\":";
-  u(planned_);
+  u(planned);
   o += ",\"step\":";
-  str(progress_.step);
+  str(pr.step);
   o += ",\"step_round\":";
-  u(progress_.round);
+  u(pr.round);
   o += ",\"phase\":";
-  u(progress_.phase);
+  u(pr.phase);
   o += ",\"sent\":";
-  u(progress_.sent);
+  u(pr.sent);
   o += ",\"accepted\":";
-  u(progress_.accepted);
+  u(pr.accepted);
   o += ",\"target\":";
-  u(progress_.target);
+  u(pr.target);
   o += ",\"open\":";
-  u(progress_.open);
+  u(pr.open);
   o += ",\"seconds_left\":";
-  num(progress_.seconds_left);
+  num(pr.seconds_left);
   o += ",\"eta_seconds\":";
-  if (eta_)
-    num(*eta_);
-  else
-    o += "null";
+  opt(eta);
   o += "},\"clients\":{\"registered\":";
-  u(registered_);
+  u(snap->registered);
   o += ",\"online\":";
-  u(online_);
+  u(snap->online);
   o += ",\"in_round\":";
-  u(in_round_);
+  u(snap->in_round);
   o += "},\"bytes\":{\"in\":";
-  u(bytes_in_);
+  u(snap->bytes_in);
   o += ",\"out\":";
-  u(bytes_out_);
+  u(snap->bytes_out);
   o += ",\"rounds\":";
-  u(total_bytes_);
+  u(total_bytes);
   o += "},\"refusals\":{";
   bool first = true;
-  for (const auto& [code, n] : refusals_) {
+  for (const auto& [code, n] : snap->refusals) {
     if (!first) o += ',';
     first = false;
     str(code);
@@ -272,95 +343,80 @@ std::string FleetMetrics::statusJson() const {
   }
   o += "},\"peers\":[";
   first = true;
-  for (const ZmqFleet::PeerView& p : peers_) {
+  for (const ZmqFleet::PeerView& p : snap->peers) {
     if (!first) o += ',';
     first = false;
-    o += "{\"id\":\"";  // a string: JavaScript's numbers hold 53 bits, ids 64
-    u(p.id);
-    o += "\",\"role\":";
-    str(p.aggregator ? "aggregator" : "client");
-    o += ",\"registered\":";
-    flag(p.registered);
-    o += ",\"online\":";
-    flag(p.online);
-    o += ",\"in_round\":";
-    flag(p.in_round);
-    o += ",\"revoked\":";
-    flag(p.revoked);
-    o += ",\"seen_seconds_ago\":";
-    num(std::round(p.seen_seconds_ago * 10) / 10);
-    o += ",\"updates\":";
-    u(p.updates);
-    o += ",\"refused\":";
-    u(p.refused);
-    o += ",\"last_refusal\":";
-    if (p.last_refusal)
-      str(errcLabel(*p.last_refusal));
-    else
-      o += "null";
+    appendPeer(o, PeerFields{.id = p.id,
+                             .role = p.aggregator ? "aggregator" : "client",
+                             .registered = p.registered,
+                             .revoked = p.revoked,
+                             .online = p.online,
+                             .in_round = p.in_round,
+                             .seen_seconds_ago = p.seen_seconds_ago,
+                             .updates = p.updates,
+                             .refused = p.refused,
+                             .last_refusal = p.last_refusal});
     if (p.aggregator) {
-      // Its clients as it last told (their ids its own, so strings too).
+      // Its clients as it last told; all offline once that is stale or the aggregator is.
+      const bool stale = !p.online || p.subtree_seconds_ago > kSubtreeStaleSeconds;
       o += ",\"subtree_seconds_ago\":";
       num(std::round(p.subtree_seconds_ago * 10) / 10);
+      o += ",\"subtree_stale\":";
+      flag(stale);
       o += ",\"subtree\":[";
       bool first_client = true;
-      for (const protocol::SubtreePeer& c : p.subtree) {
-        if (!first_client) o += ',';
-        first_client = false;
-        o += "{\"id\":\"";
-        u(c.id);
-        o += "\",\"online\":";
-        flag(c.online);
-        o += ",\"in_round\":";
-        flag(c.in_round);
-        o += ",\"seen_seconds_ago\":";
-        num(c.seen_ms / 1000.0);
-        o += ",\"updates\":";
-        u(c.updates);
-        o += ",\"refused\":";
-        u(c.refused);
-        o += ",\"last_refusal\":";
-        if (c.last_refusal)
-          str(errcLabel(static_cast<Errc>(c.last_refusal - 1)));
-        else
-          o += "null";
-        o += '}';
-      }
+      if (p.subtree)
+        for (const protocol::SubtreePeer& c : *p.subtree) {
+          if (!first_client) o += ',';
+          first_client = false;
+          appendPeer(o, PeerFields{.id = c.id,
+                                   .role = "client",
+                                   .registered = std::nullopt,  // not known behind it
+                                   .revoked = std::nullopt,
+                                   .online = c.online && !stale,
+                                   .in_round = c.in_round && !stale,
+                                   .seen_seconds_ago = c.seen_ms / 1000.0 + p.subtree_seconds_ago,
+                                   .updates = c.updates,
+                                   .refused = c.refused,
+                                   .last_refusal = protocol::refusalOf(c.last_refusal)});
+          o += '}';
+        }
       o += ']';
     }
     o += '}';
   }
   o += "],\"rounds\":[";
   first = true;
-  for (const RoundPoint& p : rounds_) {
-    if (!first) o += ',';
-    first = false;
-    o += "{\"round\":";
-    u(p.round);
-    o += ",\"applied\":";
-    flag(p.applied);
-    o += ",\"accuracy\":";
-    opt(p.accuracy);
-    o += ",\"loss\":";
-    opt(p.loss);
-    o += ",\"train_loss\":";
-    opt(p.train_loss);
-    o += ",\"updates\":";
-    u(p.updates);
-    o += ",\"refused\":";
-    u(p.refused);
-    o += ",\"up\":";
-    u(p.up);
-    o += ",\"down\":";
-    u(p.down);
-    o += ",\"total_bytes\":";
-    u(p.total_bytes);
-    o += ",\"seconds\":";
-    num(p.seconds);
-    o += ",\"time\":";
-    num(p.unix_time);
-    o += '}';
-  }
+  for (const auto& chunk : rounds)
+    for (const RoundPoint& p : *chunk) {
+      if (!first) o += ',';
+      first = false;
+      o += "{\"round\":";
+      u(p.round);
+      o += ",\"applied\":";
+      flag(p.applied);
+      o += ",\"accuracy\":";
+      opt(p.accuracy);
+      o += ",\"loss\":";
+      opt(p.loss);
+      o += ",\"train_loss\":";
+      opt(p.train_loss);
+      o += ",\"updates\":";
+      u(p.updates);
+      o += ",\"refused\":";
+      u(p.refused);
+      o += ",\"up\":";
+      u(p.up);
+      o += ",\"down\":";
+      u(p.down);
+      o += ",\"total_bytes\":";
+      u(p.total_bytes);
+      o += ",\"seconds\":";
+      num(p.seconds);
+      o += ",\"time\":";
+      num(p.unix_time);
+      o += '}';
+    }
   o += "]}";
   return o;
 }

@@ -33,7 +33,6 @@
 // on the rounds' thread into a snapshot under a mutex, rendered on the status server's threads:
 // an HTTP client never reaches the fleet.
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,9 +68,14 @@ class FleetMetrics {
   void setSimulated(uint64_t pool, uint64_t per_round);
   void setEta(double seconds);
   // GET /status.json: any thread. The fields are documented in docs/deployment.md ("The status
-  // page"); no key, update or client data is in it.
+  // page"); no key, update or client data is in it. Rendered from what the rounds' thread last
+  // published, outside the lock (the rounds' thread only ever waits for pointers to be swapped).
   std::string statusJson() const;
-  static constexpr size_t kMaxRounds = 10'000;
+  // The rounds kept: the last kMaxRounds (up to kRoundChunk - 1 more).
+  static constexpr size_t kMaxRounds = 10'000, kRoundChunk = 256;
+  // An edge aggregator's clients count as offline once its subtree is older than this (it tells
+  // it every 2 s), or when the aggregator is offline.
+  static constexpr double kSubtreeStaleSeconds = 6.0;
 
  private:
   struct RoundPoint {
@@ -82,16 +86,22 @@ class FleetMetrics {
     uint64_t total_bytes = 0;  // up and down, every round so far (this one included)
     double seconds = 0, unix_time = 0;
   };
+  // The fleet as last observed: replaced whole, never changed once published.
+  struct Snapshot {
+    std::vector<ZmqFleet::PeerView> peers;
+    ZmqFleet::Progress progress;
+    size_t registered = 0, online = 0, in_round = 0;
+    std::map<std::string, uint64_t> refusals;
+    uint64_t bytes_in = 0, bytes_out = 0;
+    double observed_at = 0;
+  };
+  using Chunk = std::vector<RoundPoint>;  // at most kRoundChunk; a full one is never changed
   const std::string role_, model_, fingerprint_;
   mutable std::mutex mu_;  // guards what follows: the rounds' thread writes, HTTP threads read
-  std::vector<ZmqFleet::PeerView> peers_;
-  ZmqFleet::Progress progress_;
-  size_t registered_ = 0, online_ = 0, in_round_ = 0;
-  std::map<std::string, uint64_t> refusals_;
-  uint64_t bytes_in_ = 0, bytes_out_ = 0, planned_ = 0, round_now_ = 0, total_bytes_ = 0;
+  std::shared_ptr<const Snapshot> snapshot_ = std::make_shared<const Snapshot>();
+  std::vector<std::shared_ptr<const Chunk>> rounds_;
+  uint64_t planned_ = 0, round_now_ = 0, total_bytes_ = 0;
   std::optional<double> eta_;
-  std::deque<RoundPoint> rounds_;
-  double observed_at_ = 0;
 
   std::shared_ptr<ops::Registry> registry_;
   ops::Gauge& round_;

@@ -118,11 +118,19 @@ bool ZmqFleet::revoke(uint64_t id) {
 ZmqFleet::Tally& ZmqFleet::tally(uint64_t id) {
   if (const auto it = tallies_.find(id); it != tallies_.end()) return it->second;
   if (tallies_.size() >= kMaxTallies) {
-    // Full: the peer seen longest ago makes room (a scan, only once this many ids registered).
-    auto oldest = tallies_.begin();
-    for (auto it = tallies_.begin(); it != tallies_.end(); ++it)
-      if (it->second.last_seen < oldest->second.last_seen) oldest = it;
-    tallies_.erase(oldest);
+    // Full: the 1% of peers not registered now that were seen longest ago go at once (one scan
+    // per thousand new peers). A registered peer's tally is kept; while all are, a new peer is not
+    // tracked (its counts go to a scratch tally, shown nowhere).
+    std::vector<std::pair<std::chrono::steady_clock::time_point, uint64_t>> gone;
+    for (const auto& [other, t] : tallies_)
+      if (!clients_.count(other)) gone.emplace_back(t.last_seen, other);
+    if (gone.empty()) {
+      untracked_ = Tally{};
+      return untracked_;
+    }
+    const size_t n = std::min(gone.size(), std::max<size_t>(1, kMaxTallies / 100));
+    std::nth_element(gone.begin(), gone.begin() + static_cast<std::ptrdiff_t>(n - 1), gone.end());
+    for (size_t i = 0; i < n; ++i) tallies_.erase(gone[i].second);
   }
   return tallies_[id];
 }
@@ -146,7 +154,7 @@ std::vector<ZmqFleet::PeerView> ZmqFleet::peers() const {
     v.refused = t.refused;
     v.last_refusal = t.last_refusal;
     v.subtree = t.subtree;
-    if (!t.subtree.empty())
+    if (t.subtree)
       v.subtree_seconds_ago =
           std::max(0.0, std::chrono::duration<double>(now - t.subtree_at).count());
     out.push_back(std::move(v));
@@ -157,8 +165,12 @@ std::vector<ZmqFleet::PeerView> ZmqFleet::peers() const {
 }
 
 std::vector<pr::SubtreePeer> ZmqFleet::subtree() const {
+  std::vector<PeerView> views = peers();  // by id
+  std::stable_sort(views.begin(), views.end(), [](const PeerView& a, const PeerView& b) {
+    return std::pair(a.online, a.registered) > std::pair(b.online, b.registered);
+  });
   std::vector<pr::SubtreePeer> out;
-  for (const PeerView& v : peers()) {
+  for (const PeerView& v : views) {
     if (out.size() == pr::kMaxSubtree) break;
     if (v.aggregator || v.revoked) continue;
     pr::SubtreePeer p;
@@ -168,7 +180,7 @@ std::vector<pr::SubtreePeer> ZmqFleet::subtree() const {
     p.seen_ms = static_cast<uint32_t>(std::min(v.seen_seconds_ago * 1000.0, 4.0e9));
     p.updates = v.updates;
     p.refused = v.refused;
-    p.last_refusal = v.last_refusal ? static_cast<uint32_t>(*v.last_refusal) + 1 : 0;
+    p.last_refusal = pr::refusalField(v.last_refusal);
     out.push_back(p);
   }
   return out;
@@ -347,21 +359,28 @@ void ZmqFleet::handle(const transport::Received& r) {
     return;
   }
   peer->last_seen = config_.clock->now();
-  tally(peer->info.id).last_seen = peer->last_seen;
+  {
+    Tally& t = tally(peer->info.id);
+    t.last_seen = peer->last_seen;
+    t.aggregator = peer->info.role == pr::Role::kAggregator;
+  }
   try {
     switch (*kind) {
       case pr::MessageKind::kHeartbeat: {
-        auto h = pr::decodeHeartbeat(bytes);
+        // An edge aggregator's clients come with it, for the status page; a client has none to
+        // tell (refused before its entries are read).
+        const bool aggregator = peer->info.role == pr::Role::kAggregator;
+        pr::ControlLimits limits;
+        limits.max_subtree = aggregator ? pr::kMaxSubtree : 0;
+        auto h = pr::decodeHeartbeat(bytes, limits);
         if (h.client_id != peer->info.id)
           failInput(Errc::kWrongSender, "heartbeat names client ", h.client_id);
         if (h.subtree) {
-          // An edge aggregator's clients, for the status page; a client has none to tell.
-          if (peer->info.role != pr::Role::kAggregator)
-            failInput(Errc::kUnexpectedMessage, "client ", peer->info.id,
-                      " sent a heartbeat with a subtree (only an edge aggregator has one)");
           Tally& t = tally(peer->info.id);
-          t.subtree = std::move(*h.subtree);
-          t.subtree_at = peer->last_seen;
+          if (!t.subtree || peer->last_seen - t.subtree_at >= kSubtreeEvery) {
+            t.subtree = std::make_shared<const std::vector<pr::SubtreePeer>>(std::move(*h.subtree));
+            t.subtree_at = peer->last_seen;
+          }
         }
         socket_.send(peer->routing, pr::encode(pr::HeartbeatMsg{
                                         peer->info.id, session_,

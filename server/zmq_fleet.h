@@ -169,27 +169,32 @@ class ZmqFleet final : public Fleet {
   const transport::ConnectionCounts& connections() const { return socket_.connections(); }
   const transport::TransportStats& transportStats() const { return socket_.stats(); }
 
-  // What the status page shows of each peer this fleet has heard register (at most kMaxTallies,
-  // the most recently seen kept): registered now or forgotten (silent for 10 x silence_ms, or
-  // revoked), online, holding a task, its accepted updates and its refused messages, and the
-  // last refusal's code. Sorted by id.
+  // What the status page shows of each peer this fleet has heard register (at most kMaxTallies:
+  // when full, the 1% of peers not registered now that were seen longest ago are forgotten, and
+  // while every tracked peer is registered a new one is not tracked): registered now or forgotten
+  // (silent for 10 x silence_ms, or revoked), online, holding a task, its accepted updates (or
+  // partials, or masked inputs: one a phase) and its refused messages, and the last refusal's
+  // code. Sorted by id.
   struct PeerView {
     uint64_t id = 0;
     bool aggregator = false;
     bool registered = false, online = false, in_round = false, revoked = false;
     double seen_seconds_ago = 0;
-    uint64_t updates = 0;  // updates (or partials) accepted: the rounds it took part in
+    uint64_t updates = 0;  // updates (or partials, masked inputs) accepted, one a phase
     uint64_t refused = 0;
     std::optional<Errc> last_refusal;
-    // An edge aggregator's clients, as its last subtree heartbeat said (protocol::HeartbeatMsg),
-    // and how long ago that came; empty for a client, or before the first.
-    std::vector<protocol::SubtreePeer> subtree;
+    // An edge aggregator's clients, as its last subtree heartbeat said (protocol::HeartbeatMsg;
+    // shared, not copied), and how long ago that came; null for a client, or before the first.
+    std::shared_ptr<const std::vector<protocol::SubtreePeer>> subtree;
     double subtree_seconds_ago = 0;
   };
   std::vector<PeerView> peers() const;
-  // The clients of this fleet's peers as a subtree an edge aggregator tells upstream (at most
-  // protocol::kMaxSubtree, the lowest ids).
+  // The clients of this fleet's peers as a subtree an edge aggregator tells upstream: at most
+  // protocol::kMaxSubtree, the online ones first, then the registered, then the others, each by
+  // id. An aggregator's subtree is taken at most once a second (kSubtreeEvery; one sooner is read
+  // and dropped).
   std::vector<protocol::SubtreePeer> subtree() const;
+  static constexpr std::chrono::seconds kSubtreeEvery{1};
   static constexpr size_t kMaxTallies = 100'000;
   // The phase running now, for the status page: what it is ("idle" between phases, "fit",
   // "evaluate", "secure" for a secure aggregation step, "async" while buffered rounds run), the
@@ -320,11 +325,12 @@ class ZmqFleet final : public Fleet {
     std::chrono::steady_clock::time_point last_seen{};
     uint64_t updates = 0, refused = 0;
     std::optional<Errc> last_refusal;
-    std::vector<protocol::SubtreePeer> subtree;  // an aggregator's, as last told
+    std::shared_ptr<const std::vector<protocol::SubtreePeer>> subtree;  // an aggregator's
     std::chrono::steady_clock::time_point subtree_at{};
   };
   Tally& tally(uint64_t id);
   std::unordered_map<uint64_t, Tally> tallies_;
+  Tally untracked_;  // a peer's while every tracked one is registered (kMaxTallies)
 };
 
 }  // namespace starling::server

@@ -148,7 +148,8 @@ function drawTree(s) {
     const online = sub.filter((c) => c.online).length;
     li.appendChild(el('span', 'dim', ' ' + STATE_TEXT[stateOf(a)] + ', ' + a.updates +
       ' partial aggregates; ' + online + ' of ' + sub.length + ' clients online' +
-      (sub.length ? ' (as told ' + ago(a.subtree_seconds_ago) + ')' : '')));
+      (sub.length ? ' (as told ' + ago(a.subtree_seconds_ago) +
+        (a.subtree_stale ? ': stale, shown offline' : '') + ')' : '')));
     if (sub.length) {
       const ul = el('ul');
       const inner = el('li');
@@ -173,10 +174,10 @@ function draw(s) {
   document.title = 'Starling ' + s.role + ': round ' + s.round.number;
   const ROLE = { root: 'root', aggregator: 'edge aggregator', simulation: 'simulation' };
   text('role', ROLE[s.role] || s.role);
-  text('clients-label', s.role === 'simulation' ? 'Simulated clients' : 'Clients online');
+  text('clients-label', s.role === 'simulation' ? 'Simulated clients' : 'Peers online');
   text('model', s.model + ' \u00b7 fingerprint ' + s.fingerprint);
   const r = s.round;
-  text('round', r.planned ? r.number + ' / ' + r.planned : String(r.number));
+  text('round', r.planned ? r.number + ' / ' + r.planned : String(r.number || '\u2013'));
   let progress = 'waiting for clients';
   let frac = 0;
   if (r.step === 'fit' || r.step === 'evaluate' || r.step === 'secure') {

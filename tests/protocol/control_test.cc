@@ -114,9 +114,20 @@ TEST_CASE("a heartbeat carries an edge aggregator's subtree, bounded", "[protoco
   CHECK((h.client_id == 7 && h.session == 77 && h.round == 3));
   REQUIRE(h.subtree);
   CHECK(*h.subtree == *m.subtree);
-  // An error code past the last one (the field is the code plus one), and too many clients.
+  // The refusal field: the code plus one, 0 none; a code past the last (a newer aggregator's)
+  // travels and reads as none.
+  CHECK(refusalOf(h.subtree->back().last_refusal) == kLastErrc);
+  CHECK(refusalOf(refusalField(Errc::kTruncated)) == Errc::kTruncated);
+  CHECK(refusalField(std::nullopt) == 0);
+  CHECK(!refusalOf(0));
   m.subtree->back().last_refusal = static_cast<uint32_t>(kLastErrc) + 2;
-  CHECK(errcOf([&] { decodeHeartbeat(encode(m)); }) == errcName(Errc::kMalformed));
+  REQUIRE(decodeHeartbeat(encode(m)).subtree);
+  CHECK(!refusalOf(decodeHeartbeat(encode(m)).subtree->back().last_refusal));
+  // A client's (a decoder told it may have none) is refused; too many clients are refused.
+  ControlLimits client_limits;
+  client_limits.max_subtree = 0;
+  CHECK(errcOf([&] { decodeHeartbeat(encode(m), client_limits); }) ==
+        errcName(Errc::kUnexpectedMessage));
   m.subtree->assign(kMaxSubtree + 1, SubtreePeer{});
   CHECK(errcOf([&] { decodeHeartbeat(encode(m)); }) == errcName(Errc::kSizeMismatch));
   m.subtree->resize(kMaxSubtree);

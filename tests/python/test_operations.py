@@ -491,8 +491,11 @@ class StatusPage(LiveRoot):
                          [("1", True, True), ("2", True, True)])
         self.assertEqual(s["clients"]["online"], 2)
         # The aggregator's own page: its subtree, no curves (the root's page has them).
-        a = json.loads(http_get(agg_url + "/status.json")[2])
+        a = wait_for(lambda: (lambda j: j if j["round"]["number"] == 5 else None)(
+            json.loads(http_get(agg_url + "/status.json")[2])), 30)
+        self.assertIsNotNone(a, "the aggregator's page does not show the round it relays")
         self.assertEqual(a["role"], "aggregator")
+        self.assertEqual((a["round"]["step"], a["round"]["sent"]), ("fit", 2))
         self.assertEqual([(p["id"], p["updates"]) for p in a["peers"]], [("1", 4), ("2", 4)])
 
         # The page itself: served with a policy that lets nothing but its own files run.
