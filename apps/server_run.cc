@@ -204,9 +204,17 @@ int runAsyncRoot(const apps::Settings& c, const server::EngineConfig& ec,
         log.warn("step {:4}/{}  not applied: {}", r.round, rc.steps, r.reason);
     });
   } catch (const server::Stopped&) {
-    log.info("stopped at step {} with {} buffered updates{}", srv.steps() + 1, srv.buffered(),
-             rc.checkpoint.empty() ? " (no state.checkpoint: they are lost)"
-                                   : ", kept in the checkpoint's journal");
+    if (admin && admin->draining())
+      log.warn(
+          "drained: every open task finished; stopping at step {} with {} buffered updates{}; "
+          "clients wait for the root to come back",
+          srv.steps() + 1, srv.buffered(),
+          rc.checkpoint.empty() ? " (no state.checkpoint: they are lost)"
+                                : ", kept in the checkpoint's journal");
+    else
+      log.info("stopped at step {} with {} buffered updates{}", srv.steps() + 1, srv.buffered(),
+               rc.checkpoint.empty() ? " (no state.checkpoint: they are lost)"
+                                     : ", kept in the checkpoint's journal");
   }
   return 0;
 }
@@ -447,8 +455,6 @@ int runServer(const apps::Settings& c) {
   std::unique_ptr<ops::StatusServer> status;
   std::unique_ptr<ops::ControlSocket> control;
   std::unique_ptr<server::Admin> admin;
-  if (!c.admin_socket.empty() && aggregator)
-    STARLING_THROW(ConfigError, "admin.socket: only the root takes starling-admin's commands");
   if (!c.admin_socket.empty()) control = std::make_unique<ops::ControlSocket>(c.admin_socket);
   transport::Context ctx;
   server::ZmqFleet fleet(ctx, fleetConfig(c, ec), layout, log);
@@ -472,11 +478,12 @@ int runServer(const apps::Settings& c) {
   fleet.setStopFlag(&apps::stopFlag());
   if (control) {
     admin = std::make_unique<server::Admin>(fleet, c.net.insecure ? std::string() : c.net.clients,
-                                            buffered(c.round.mode), log);
-    log->info(
-        "admin: starling-admin --socket {} takes status, reload, revoke ID, drain, pause, "
-        "resume",
-        control->path());
+                                            buffered(c.round.mode), log, aggregator);
+    log->info("admin: starling-admin --socket {} takes status, reload, revoke ID{}",
+              control->path(),
+              aggregator               ? " (drain and pause are the root's)"
+              : buffered(c.round.mode) ? ", drain"
+                                       : ", drain, pause, resume");
   }
   if (metrics || control)
     fleet.setObserver(

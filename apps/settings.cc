@@ -567,6 +567,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   use(kDeploy | kSplit);
   o.add("log.level", &s.log_level,
         "trace, debug, info, warn, error (starling-split: --role cloud and edge)");
+  use(kDeploy | kSplit | kSim);
   o.add("log.format", &s.log_format,
         "text, or json: one object per line with ts, level, program, msg and, where known, round, "
         "peer and code (an error code's name: docs/errors.md)",
@@ -582,9 +583,10 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "request to status.listen must carry (Authorization: Bearer TOKEN)");
   use(kServer);
   o.add("admin.socket", &s.admin_socket,
-        "a Unix socket path (made 0600) on which the root takes starling-admin's commands: status, "
-        "reload (admit the keys added to security.clients), revoke ID, drain, pause, resume; "
-        "empty: none (docs/deployment.md, Operating)");
+        "a Unix socket path (made 0600) on which the root (or an edge aggregator) takes "
+        "starling-admin's commands: status, reload (admit the keys added to security.clients), "
+        "revoke ID, and at the root drain, pause, resume; empty: none (docs/deployment.md, "
+        "Operating)");
 
   // Split fine-tuning (starling-split, docs/split.md).
   use(kSplit);

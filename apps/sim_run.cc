@@ -1,17 +1,22 @@
 // starling-sim's main (apps/sim_run.h): a simulation built from the settings, step by step.
 #include "apps/sim_run.h"
 
+#include <spdlog/sinks/stdout_sinks.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "aggregation/rule.h"
 #include "aggregation/server_optimizer.h"
+#include "apps/common.h"
 #include "apps/engine_settings.h"
 #include "apps/settings.h"
 #include "client/algorithm.h"
@@ -39,6 +44,46 @@
 namespace starling::apps {
 namespace {
 namespace sim = starling::simulator;
+
+// log.format: what the simulator prints. Text (the default): as it is, on stdout, a round's line
+// refreshed in place on a terminal. JSON: each line one object on stdout in the deployed programs'
+// format (apps::JsonLogFormatter: ts, level, program "sim", msg, and round on a round's line).
+std::shared_ptr<spdlog::logger>& jsonOut() {
+  static std::shared_ptr<spdlog::logger> out;
+  return out;
+}
+
+[[gnu::format(printf, 1, 2)]] void say(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::va_list again;
+  va_copy(again, args);
+  char small[1024];
+  const int n = std::vsnprintf(small, sizeof small, format, args);
+  va_end(args);
+  std::string text;
+  if (n >= 0 && static_cast<size_t>(n) < sizeof small) {
+    text.assign(small, static_cast<size_t>(n));
+  } else if (n >= 0) {
+    text.resize(static_cast<size_t>(n) + 1);
+    std::vsnprintf(text.data(), text.size(), format, again);
+    text.resize(static_cast<size_t>(n));
+  }
+  va_end(again);
+  const std::shared_ptr<spdlog::logger>& json = jsonOut();
+  if (!json) {
+    std::fputs(text.c_str(), stdout);
+    return;
+  }
+  for (size_t at = 0; at <= text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    line.erase(std::remove(line.begin(), line.end(), '\r'), line.end());
+    if (!line.empty()) json->info("{}", line);
+    at = end + 1;
+  }
+}
 
 std::string eta(double seconds) {
   char buf[32];
@@ -205,8 +250,7 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
   const server::EngineConfig& ec = plan.ec;
   const data::Dataset& train = parts.loaded.train;
   const int world = plan.launch.world_size;
-  std::printf(
-      "starling-sim: %s (%zu parameters) | %llu clients, %s | %s | %s | %s | %d "
+  say("starling-sim: %s (%zu parameters) | %llu clients, %s | %s | %s | %s | %d "
       "worker%s (%s, %s) on %s\n",
       parts.trainer->spec().c_str(), parts.layout->numel(),
       static_cast<unsigned long long>(c.data.num_clients), c.data.partition.c_str(),
@@ -217,14 +261,12 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
       ec.scheme.compressor.c_str(), ec.scheme.rule.c_str(), world, world == 1 ? "" : "s",
       c.sim.backend.c_str(), plan.launch.source.c_str(),
       plan.device.cuda() ? (plan.device.str() + (world > 1 ? " (rank 0)" : "")).c_str() : "cpu");
-  std::printf("data: train %s (%s); test %s\n", data::describe(train).c_str(),
-              parts.loaded.train_path.c_str(),
-              parts.test()
-                  ? (data::describe(*parts.test()) + " (" + parts.loaded.test_path + ")").c_str()
-                  : "none");
+  say("data: train %s (%s); test %s\n", data::describe(train).c_str(),
+      parts.loaded.train_path.c_str(),
+      parts.test() ? (data::describe(*parts.test()) + " (" + parts.loaded.test_path + ")").c_str()
+                   : "none");
   if (parts.device_round)
-    std::printf(
-        "round on the device (sim.device_round = %s): %s\n", name(c.sim.device_round),
+    say("round on the device (sim.device_round = %s): %s\n", name(c.sim.device_round),
         parts.device_round->serves(*compression::makeCompressor(ec.scheme.compressor))
             ? (ec.scheme.scaffold ? "each update formed and compressed where it trains, "
                                     "with SCAFFOLD's control change"
@@ -234,7 +276,7 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
   if (c.data.stats || !c.data.stats_file.empty()) {
     const data::PartitionStats st =
         data::partitionStats(train.labels, train.num_classes, parts.clients.shards);
-    if (c.data.stats) std::printf("%s\n", data::summary(st).c_str());
+    if (c.data.stats) say("%s\n", data::summary(st).c_str());
     if (!c.data.stats_file.empty()) data::writeStatsCsv(st, c.data.stats_file);
   }
   if (!c.data.split_file.empty())
@@ -266,8 +308,7 @@ struct SimStatus {
                                    : c.sampling.clients_per_round;
     metrics.setSimulated(parts.clients.shards.size(), per_round);
     metrics.roundStarted(1);
-    std::printf("status: %s serves /metrics and the status page (/, /status.json)\n",
-                server.url().c_str());
+    say("status: %s serves /metrics and the status page (/, /status.json)\n", server.url().c_str());
     std::fflush(stdout);
   }
   void record(const server::RoundRecord& r, double eta_seconds) {
@@ -304,27 +345,24 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
     return;
   }
   if (simulation.resumed())
-    std::printf(
-        "resumed at step %llu (model version %llu, %llu updates buffered, %.1f simulated s)\n",
+    say("resumed at step %llu (model version %llu, %llu updates buffered, %.1f simulated s)\n",
         static_cast<unsigned long long>(server.steps() + 1),
         static_cast<unsigned long long>(server.version()),
         static_cast<unsigned long long>(server.buffered()), simulation.now());
   if (ac.round_seconds > 0)
-    std::printf(
-        "semi-synchronous rounds of %g simulated s: up to %llu clients training at once, late "
+    say("semi-synchronous rounds of %g simulated s: up to %llu clients training at once, late "
         "updates weighted by staleness %s up to %llu\n",
         ac.round_seconds, static_cast<unsigned long long>(ac.concurrency),
         c.async.staleness.c_str(), static_cast<unsigned long long>(c.async.max_staleness));
   else
-    std::printf(
-        "async (FedBuff): %llu clients training at once, a step every %llu updates, staleness %s "
+    say("async (FedBuff): %llu clients training at once, a step every %llu updates, staleness %s "
         "up to %llu\n",
         static_cast<unsigned long long>(ac.concurrency),
         static_cast<unsigned long long>(c.async.buffer_size), c.async.staleness.c_str(),
         static_cast<unsigned long long>(c.async.max_staleness));
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
-  const bool tty = isatty(STDOUT_FILENO);
+  const bool tty = !jsonOut() && isatty(STDOUT_FILENO);
   std::optional<double> last_acc;
   uint64_t acc_at = 0, last_step = 0;
   const auto metric = [](const server::RoundRecord& r, const char* name) {
@@ -342,21 +380,20 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
     const double left =
         elapsed / static_cast<double>(r.round) * static_cast<double>(ac.steps - r.round);
     if (status) status->record(r, left);
+    const ScopedLogFields in_step(r.round, std::nullopt);  // JSON: the line's round
     const std::string acc =
         last_acc ? "  acc " + accuracyNote(last_acc, acc_at, r.round, "step") : std::string();
-    std::printf(
-        "%sstep %4llu/%llu%s  loss %.4f  staleness %.1f (max %.0f)  refused %llu  sim %.1f s  ETA "
+    say("%sstep %4llu/%llu%s  loss %.4f  staleness %.1f (max %.0f)  refused %llu  sim %.1f s  ETA "
         "%s%s",
         tty ? "\r" : "", static_cast<unsigned long long>(r.round),
         static_cast<unsigned long long>(ac.steps), acc.c_str(), r.train_loss.value_or(0.0),
         metric(r, "staleness_mean"), metric(r, "staleness_max"),
         static_cast<unsigned long long>(r.updates_rejected), simulation.now(), eta(left).c_str(),
         tty ? "" : "\n");
-    if (tty && r.test_accuracy) std::printf("\n");
+    if (tty && r.test_accuracy) say("\n");
     std::fflush(stdout);
   });
-  std::printf(
-      "\nstarling-sim: %llu steps in %.1f s (%.1f simulated s); final test accuracy %s; %llu "
+  say("\nstarling-sim: %llu steps in %.1f s (%.1f simulated s); final test accuracy %s; %llu "
       "clients trained%s\n",
       static_cast<unsigned long long>(ac.steps),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
@@ -394,13 +431,12 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   }
   server::RoundEngine engine(parts.layout, ec, std::move(init));
   const auto t0 = std::chrono::steady_clock::now();
-  const bool tty = isatty(STDOUT_FILENO);
+  const bool tty = !jsonOut() && isatty(STDOUT_FILENO);
   const uint64_t first = engine.nextRound();
   if (lead && engine.resumed())
-    std::printf("resumed at round %llu\n", static_cast<unsigned long long>(first));
+    say("resumed at round %llu\n", static_cast<unsigned long long>(first));
   if (const privacy::CentralDp* dp = engine.dp(); lead && dp)
-    std::printf(
-        "central DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
+    say("central DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
         "(delta %g; noise from the run seed)\n",
         dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds),
         static_cast<unsigned long long>(ec.rounds), dp->config().delta);
@@ -419,6 +455,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
     const double per_round = elapsed / static_cast<double>(r.round - first + 1);
     const double left = per_round * static_cast<double>(ec.rounds - r.round);
     if (status) status->record(r, left);
+    const ScopedLogFields in_round(r.round, std::nullopt);  // JSON: the line's round
     const std::string acc =
         last_acc ? "  acc " + accuracyNote(last_acc, acc_at, r.round, "round") : std::string();
     char ef[80] = "";
@@ -427,8 +464,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
     if (r.dp_epsilon)
       std::snprintf(ef + std::strlen(ef), sizeof ef - std::strlen(ef), "  epsilon %.3f",
                     *r.dp_epsilon);
-    std::printf(
-        "%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA "
+    say("%sround %4llu/%llu%s  loss %.4f%s  up %6.1f KB/client  makespan %.2f s  sim %.1f s  ETA "
         "%s%s",
         tty ? "\r" : "", static_cast<unsigned long long>(r.round),
         static_cast<unsigned long long>(ec.rounds), acc.c_str(), r.train_loss.value_or(0.0), ef,
@@ -437,14 +473,13 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
                             : 0.0,
         r.makespan_seconds.value_or(0.0), r.sim_seconds.value_or(0.0), eta(left).c_str(),
         tty ? "" : "\n");
-    if (tty && r.test_accuracy) std::printf("\n");
+    if (tty && r.test_accuracy) say("\n");
     std::fflush(stdout);
   }
   if (lead) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf(
-        "\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
+    say("\nstarling-sim: %llu rounds in %.1f s; final test accuracy %s; %llu clients trained on "
         "this worker; "
         "%llu client states moved between workers%s\n",
         static_cast<unsigned long long>(ec.rounds - first + 1), secs,
@@ -458,6 +493,11 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
 int runSim(int argc, char** argv, const Settings& c) {
   SimPlan plan = planSimulation(c);
   ops::StatusConfig{c.status.listen, c.status.token_file}.validate();  // before the data loads
+  if (c.log_format == LogFormat::kJson) {
+    jsonOut() = spdlog::stdout_logger_mt("sim");
+    jsonOut()->set_formatter(std::make_unique<JsonLogFormatter>(false));
+    jsonOut()->flush_on(spdlog::level::info);
+  }
   sim::LaunchInfo& launch = plan.launch;
   // Without a launcher, this process is rank 0 of sim.workers and starts the others.
   sim::LocalWorld local;

@@ -11,8 +11,9 @@
 //
 // Bounded by construction: `threads` workers; at most `max_queued` accepted connections wait for
 // one (then the listener waits, and the kernel's backlog of as many holds the rest); a request's
-// line and headers together at most 16 KiB (civetweb's max_request_size), or it is refused; each
-// read and write waits at most `timeout_ms`; GET and HEAD only (405 otherwise); a request that
+// line and headers together at most 16 KiB (civetweb's max_request_size), or it is refused, and
+// all of them within `timeout_ms` of the request's start (a trickle is answered 400 and closed);
+// each read and write waits at most `timeout_ms`; GET and HEAD only (405 otherwise); a request that
 // announces a body is refused unread (413); one request per connection; no files are served
 // (civetweb has no document root here). Stopping waits for the workers, each at most `timeout_ms`
 // into what it reads.

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -33,11 +34,12 @@ bool parseId(const std::string& s, uint64_t& id) {
 }  // namespace
 
 Admin::Admin(ZmqFleet& fleet, std::string allow_path, bool asynchronous,
-             std::shared_ptr<spdlog::logger> log)
+             std::shared_ptr<spdlog::logger> log, bool relays)
     : fleet_(fleet),
       allow_path_(std::move(allow_path)),
       async_(asynchronous),
-      log_(std::move(log)) {
+      log_(std::move(log)),
+      relays_(relays) {
   if (!allow_path_.empty()) allow_ = fleet_.allowList();  // the one the ZAP handler admits by
   if (!allow_path_.empty() && !allow_)
     STARLING_THROW(ConfigError, "admin: the server has no allow-list (is it insecure?)");
@@ -69,7 +71,24 @@ std::string Admin::handle(const std::string& line, const ops::Caller& caller) {
     return revoke(id, caller);
   }
   if ((cmd == "drain" || cmd == "pause" || cmd == "resume") && w.size() == 1) {
-    if (async_) return refused(cmd + " is not built for asynchronous rounds yet");
+    if (relays_)
+      return refused(cmd +
+                     " is the root's: an edge aggregator relays the root's rounds (stop it with "
+                     "SIGTERM; its clients wait for it)");
+    if (async_ && cmd == "drain") {
+      draining_ = true;
+      fleet_.drainWaits();
+      log_->warn(
+          "admin: drain asked by {} at step {}: no new task; the open ones finish, then the root "
+          "stops",
+          who, round_);
+      return "draining: no task is handed out; the open ones finish (each at most its deadline), "
+             "their updates kept in the journal, then the root stops";
+    }
+    if (async_)
+      return refused(cmd +
+                     " is not built for asynchronous rounds yet (drain is: it stops the root "
+                     "once the open tasks finish)");
     if (cmd == "drain") {
       draining_ = true;
       fleet_.drainWaits();
@@ -86,7 +105,9 @@ std::string Admin::handle(const std::string& line, const ops::Caller& caller) {
 std::string Admin::status() const {
   size_t n = 0;
   std::ostringstream o;
-  o << "{\"round\":" << round_ << ",\"paused\":" << (paused_ ? "true" : "false")
+  o << "{\"role\":\"" << (relays_ ? "aggregator" : "root")
+    << "\",\"round\":" << std::max<uint64_t>(round_, fleet_.progress().round)
+    << ",\"paused\":" << (paused_ ? "true" : "false")
     << ",\"parked\":" << (parked_ ? "true" : "false")
     << ",\"draining\":" << (draining_ ? "true" : "false")
     << ",\"registered\":" << fleet_.registeredCount() << ",\"online\":" << fleet_.onlineCount()

@@ -1,7 +1,9 @@
 #pragma once
-// Administration of a running root without a restart: the commands starling-admin sends over the
-// control socket (ops/control_socket.h), answered on the rounds' thread, each logged with who
-// asked (the caller's uid and pid, from the kernel).
+// Administration of a running root, or edge aggregator, without a restart: the commands
+// starling-admin sends over the control socket (ops/control_socket.h), answered on the rounds'
+// thread, each logged with who asked (the caller's uid and pid, from the kernel). An edge
+// aggregator takes status, reload and revoke for its own clients (its security.clients); drain,
+// pause and resume are the root's (the aggregator relays the root's rounds).
 //
 //   status          one JSON object: round, paused, parked (paused and no round running),
 //                   draining, clients registered and online, the allow-list's size, the revoked
@@ -37,9 +39,10 @@ class ZmqFleet;
 class Admin {
  public:
   // `allow_path`: security.clients (reload reads it; empty for an insecure root, where reload and
-  // revoke are refused); `asynchronous`: drain and pause are refused (not built there yet).
+  // revoke are refused); `asynchronous`: pause and resume are refused (not built there yet);
+  // `relays`: an edge aggregator's (drain, pause and resume refused).
   Admin(ZmqFleet& fleet, std::string allow_path, bool asynchronous,
-        std::shared_ptr<spdlog::logger> log);
+        std::shared_ptr<spdlog::logger> log, bool relays = false);
 
   // One command line; the answer to send back.
   std::string handle(const std::string& line, const ops::Caller& caller);
@@ -59,6 +62,7 @@ class Admin {
   std::string allow_path_;
   bool async_;
   std::shared_ptr<spdlog::logger> log_;
+  bool relays_;
   std::shared_ptr<const transport::AllowList> allow_;  // what the fleet admits now
   bool paused_ = false, draining_ = false, parked_ = false;
   uint64_t round_ = 0;

@@ -1106,6 +1106,7 @@ class ZmqFleet::Async final : public AsyncFleet {
   size_t start(size_t n, AsyncIntake& in) override {
     ph_.async = &in;
     ph_.task = &in.task();
+    if (f_.drain_waits_) return 0;  // drained: the open tasks finish, no new one starts
     const auto now = f_.config_.clock->now();
     const size_t room =
         f_.pending_.size() < opt_.concurrency ? opt_.concurrency - f_.pending_.size() : 0;
@@ -1155,6 +1156,8 @@ class ZmqFleet::Async final : public AsyncFleet {
     ph_.async = &in;
     ph_.task = &in.task();
     ph_.event = false;
+    if (f_.drain_waits_ && f_.pending_.empty() && !draining_)
+      STARLING_THROW(Stopped, "drained: every open task was answered or failed");
     if (!draining_) {
       const double wait_ms = (until - now()) * 1000.0;
       // Asked for what is due now: the turn's queue was taken already (the engine drains after

@@ -162,7 +162,9 @@ class ZmqFleet final : public Fleet {
   uint64_t revokedInFlight() const { return revoked_in_flight_; }
   bool secure() const { return socket_.secure(); }
   // From now on a wait for clients (waitForClients) ends with server::Stopped: an operator's drain
-  // stops a round that has not started instead of waiting sampling.wait_ms for it.
+  // stops a round that has not started instead of waiting sampling.wait_ms for it. In asynchronous
+  // rounds (asyncFleet) no task is handed out from then on, and once every open task was answered
+  // or failed (its deadline, its client's silence) next() throws server::Stopped.
   void drainWaits() { drain_waits_ = true; }
   // The socket's connections as ZeroMQ reported them (accepted, refused by kind, dropped); what
   // changed is logged, at most a line a second.

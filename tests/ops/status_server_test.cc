@@ -341,6 +341,44 @@ TEST_CASE("hostile HTTP clients are bounded and the server goes on serving", "[o
   CHECK(after->body.find("\nstarling_round 9\n") != std::string::npos);
 }
 
+TEST_CASE("a request trickled a byte at a time is cut off, and the others are served meanwhile",
+          "[ops]") {
+  // civetweb bounds the whole of a request's line and headers by request_timeout_ms (not only
+  // each read): a client that sends a byte every 100 ms, each read well within the timeout, is
+  // answered 400 and closed once the request has taken longer than that.
+  StatusServer s(loopback(/*timeout_ms=*/500), registryWithRound(2), "root");
+  const std::string request =
+      "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + std::string(100, 's') + "\r\n\r\n";
+  RawConnection slow(s.port());
+  REQUIRE(slow.fd >= 0);
+  size_t sent = 0;
+  bool cut = false;
+  std::string answer;
+  httplib::Client c("127.0.0.1", s.port());
+  bool served_meanwhile = false;
+  for (; sent < request.size() && !cut; ++sent) {
+    if (::send(slow.fd, request.data() + sent, 1, MSG_NOSIGNAL) != 1) {
+      cut = true;
+      break;
+    }
+    // The attack's pace, not a wait for the server: a byte every 100 ms.
+    std::this_thread::sleep_for(100ms);
+    char buf[512];
+    const ssize_t n = ::recv(slow.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) answer.append(buf, static_cast<size_t>(n));
+    if (n == 0 || n > 0) cut = true;
+    if (sent == 3) {
+      auto m = c.Get("/metrics");  // another client, while the trickle holds a thread
+      served_meanwhile = m && m->status == 200;
+    }
+  }
+  INFO("sent " << sent << " of " << request.size() << " bytes; answer: " << answer);
+  CHECK(cut);
+  CHECK(sent < request.size() / 2);  // cut off long before it could finish
+  CHECK(answer.find("starling_round") == std::string::npos);
+  CHECK(served_meanwhile);
+}
+
 TEST_CASE("a status server that was never asked anything stops at once", "[ops]") {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 5; ++i) StatusServer s(loopback(), registryWithRound(1), "root");

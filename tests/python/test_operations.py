@@ -38,12 +38,21 @@ class Gate:
 
     def __init__(self):
         self.permits = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        self.waiting = 0  # fits waiting for a permit now
+        self.taken = 0  # permits taken: fits let through
 
     def open(self, fits):
         self.permits.release(fits)
 
     def take(self):
-        if not self.permits.acquire(timeout=60):
+        with self.lock:
+            self.waiting += 1
+        got = self.permits.acquire(timeout=60)
+        with self.lock:
+            self.waiting -= 1
+            self.taken += got
+        if not got:
             raise RuntimeError("no permit to fit within 60 s")
 
 
@@ -368,6 +377,38 @@ class Administration(LiveRoot):
             self.assertIn(line, log)
 
 
+class AsyncDrain(LiveRoot):
+    """starling-admin drain in asynchronous rounds (FedBuff): no task is handed out from then on,
+    the open ones finish and are taken into the buffer, then the root stops."""
+
+    def test_drain_lets_the_open_tasks_finish_then_stops(self):
+        ck = os.path.join(self.fed.dir, "ck.bin")
+        port, sock = self.start_root(["--round.mode", "async", "--async.buffer_size", "2",
+                                      "--async.concurrency", "2", "--state.checkpoint", ck])
+        self.start_client(port, 0)
+        self.start_client(port, 1)
+        self.gate.open(4)  # two steps of two updates
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 2, 60), self.fed.log("root"))
+        # Both clients hold their third task, waiting at the gate.
+        self.assertTrue(wait_for(lambda: self.gate.waiting == 2, 30), self.fed.log("root"))
+        self.assertEqual(self.gate.taken, 4)
+        rc, out = admin(sock, "drain")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("draining", out)
+        root = [p for name, p, _ in self.fed.procs if name == "root"][0]
+        self.assertIsNone(root.poll(), "the root stopped with tasks open")
+        self.assertEqual(admin(sock, "pause")[0], 1)  # not built for asynchronous rounds
+        self.gate.open(20)  # more than they need: only the two open tasks may take one
+        self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
+        log = self.fed.log("root")
+        self.assertIn("drained: every open task finished", log)
+        self.assertIn("kept in the checkpoint's journal", log)
+        records = self.records()
+        self.assertEqual(len(records), 3, log)  # the third step: the two open tasks' updates
+        self.assertTrue(all(r["applied"] for r in records))
+        self.assertEqual(self.gate.taken, 6)  # no task after the drain
+
+
 class EvaluatedClient(GatedClient):
     """A gated client whose held-out accuracy climbs with the round (0.1 a round, up to 0.9)."""
 
@@ -437,6 +478,7 @@ class StatusPage(LiveRoot):
 
     def test_chromium_shows_the_round_the_tree_and_the_curve(self):
         port, agg_port = free_port(), free_port()
+        agg_sock = os.path.join(self.fed.dir, "agg-admin.sock")
         self.fed.root(port, ["client-0", "agg-7"], 500,
                       ["--status.listen", "127.0.0.1:0", "--eval.every", "1",
                        "--security.aggregator_ids", "7", "--sampling.min_available", "2",
@@ -450,7 +492,7 @@ class StatusPage(LiveRoot):
             "--security.clients", self.fed.allow("allow-agg", ["client-1", "client-2"]),
             "--model.spec", "softmax", "--model.rows", "1", "--model.cols", "4",
             "--model.classes", "3", "--aggregator.min_clients", "2", "--net.heartbeat_ms", "200",
-            "--status.listen", "127.0.0.1:0"])
+            "--status.listen", "127.0.0.1:0", "--admin.socket", agg_sock])
         url, agg_url = self.status_url("root"), self.status_url("aggregator")
         self.assertIsNotNone(url, self.fed.log("root"))
         self.assertIsNotNone(agg_url, self.fed.log("aggregator"))
@@ -538,6 +580,29 @@ class StatusPage(LiveRoot):
             png = f.read()
         self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
         self.assertEqual(struct.unpack(">II", png[16:24]), (1280, 900))
+
+        # The edge aggregator takes starling-admin's status, reload and revoke for its own
+        # clients; drain and pause are the root's.
+        rc, out = admin(agg_sock, "status")
+        self.assertEqual(rc, 0, out)
+        st = json.loads(out)
+        self.assertEqual((st["role"], st["round"], st["registered"]), ("aggregator", 5, 2))
+        self.assertEqual(admin(agg_sock, "drain")[0], 1)
+        self.assertEqual(admin(agg_sock, "pause")[0], 1)
+        shutil.copy(os.path.join(self.fed.keys, "client-3.key"),
+                    os.path.join(self.fed.dir, "allow-agg"))
+        self.assertEqual(admin(agg_sock, "reload")[0], 0)
+        self.start_client(agg_port, 3, agg_key)  # admitted behind the aggregator, no restart
+        self.assertTrue(wait_for(lambda: "3" in {p["id"] for p in json.loads(
+            http_get(agg_url + "/status.json")[2])["peers"] if p["registered"]}, 30),
+            self.fed.log("aggregator"))
+        self.assertEqual(admin(agg_sock, "revoke", "2")[0], 0)
+        self.gate.open(3)  # round 5's three fits end; client 2's answer is refused, it stops
+        self.runs[2]["thread"].join(60)
+        self.assertIsInstance(self.runs[2].get("error"), starling.UpstreamRefused)
+        self.assertTrue(wait_for(lambda: [p for p in json.loads(http_get(
+            agg_url + "/status.json")[2])["peers"] if p["id"] == "2" and p["revoked"]], 30))
+        self.assertIn("client 2 revoked by uid", self.fed.log("aggregator"))
 
 
 class ClientMetrics(unittest.TestCase):
@@ -671,6 +736,44 @@ class SimStatusPage(unittest.TestCase):
                              a.get("class") == "accuracy" and int(a["data-points"]) >= 3])
         sim.kill()
         sim.wait(timeout=30)
+
+
+class SimJsonLog(unittest.TestCase):
+    """starling-sim --log.format json: every line it prints one JSON object in the deployed
+    programs' format, a round's line with its round."""
+
+    def test_every_line_of_the_simulator_is_an_object_and_rounds_say_which(self):
+        d = tempfile.mkdtemp(prefix="starling-simlog-")
+        try:
+            rng = np.random.default_rng(3)
+            with open(os.path.join(d, "data.csv"), "w") as f:
+                f.write("label,a,b,c,d\n")
+                for _ in range(200):
+                    y = int(rng.integers(3))
+                    x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
+                    f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+            out = subprocess.run([
+                os.path.join(BIN, "starling-sim"), "--model.spec", "softmax", "--data.format", "csv",
+                "--data.dir", d, "--data.train", "data.csv", "--data.test", "data.csv",
+                "--data.num_clients", "10", "--sampling.clients_per_round", "3",
+                "--train.rounds", "12", "--eval.every", "5", "--log.format", "json"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(out.returncode, 0, out.stderr)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        lines = [l for l in out.stdout.splitlines() if l.strip()]
+        objects = [json.loads(l) for l in lines]  # every line parses
+        self.assertTrue(all(o["program"] == "sim" and o["level"] == "info" for o in objects))
+        self.assertTrue(objects[0]["msg"].startswith("starling-sim: softmax"), objects[0])
+        rounds = [o for o in objects if re.match(r"round +\d+/12", o["msg"])]
+        self.assertEqual([o["round"] for o in rounds], list(range(1, 13)))
+        for o in rounds:
+            self.assertEqual(o["round"], int(o["msg"].split()[1].split("/")[0]))
+            self.assertNotIn("\r", o["msg"])
+        # A round without an evaluation says which round its accuracy was measured at.
+        self.assertIn("(round 5)", rounds[5]["msg"])
+        self.assertTrue(objects[-1]["msg"].startswith("starling-sim: 12 rounds"), objects[-1])
+        self.assertNotIn("round", objects[-1])
 
 
 class JsonLogs(LiveRoot):
