@@ -165,10 +165,12 @@ std::string Admin::revoke(uint64_t id, const ops::Caller& caller) {
   const uint64_t in_flight = fleet_.revokedInFlight();
   fleet_.revoke(id);
   const bool dropped = fleet_.revokedInFlight() > in_flight;
-  log_->warn("admin: client {} revoked by {}{}", id, caller.describe(),
+  log_->warn("admin: client {} revoked by {}{}; its connections close within a second", id,
+             caller.describe(),
              dropped ? "; its open task failed (an answer on its way will be refused)" : "");
   return "revoked client " + std::to_string(id) +
-         (dropped ? " (its open task failed)" : " (it held no open task)");
+         (dropped ? " (its open task failed)" : " (it held no open task)") +
+         "; its connections close within a second";
 }
 
 }  // namespace starling::server

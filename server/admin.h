@@ -12,8 +12,9 @@
 //                   handshake; keys gone are revoked (below)
 //   revoke ID       client ID: its registration forgotten, its open task failed (an update in
 //                   flight dropped and counted), every later message refused (kRevoked; its
-//                   client stops), its handshakes refused from then on; until the root restarts
-//                   (remove its key file too, or the restart admits it again)
+//                   client stops), its connections closed a second later, its handshakes refused
+//                   from then on; until the root restarts (remove its key file too, or the
+//                   restart admits it again)
 //   drain           finish the round in progress, then stop (the checkpoint is the last round's);
 //                   a round still waiting for its clients is not in progress: it stops at once
 //   pause, resume   no new round starts while paused (heartbeats are answered, commands taken)

@@ -110,6 +110,9 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
     // An edge aggregator records no rounds: the round it relays is the one it shows.
     round_now_ = std::max(round_now_, running);
   }
+  r.counter("starling_revoked_connections_total",
+            "TCP connections closed because an operator revoked their client.")
+      .raiseTo(static_cast<double>(fleet.revokedConnectionsCut()));
   r.counter("starling_revoked_tasks_total",
             "Open tasks failed because an operator revoked their client (an answer on its way is "
             "refused when it comes).")

@@ -13,6 +13,7 @@
 //   starling_clients{state}                                registered / online / in_round /
 //                                                          revoked
 //   starling_revoked_tasks_total                           open tasks failed by a revocation
+//   starling_revoked_connections_total                     connections closed by a revocation
 //   starling_refused_messages_total{code}                  every refused message, by error code
 //   starling_transport_bytes_total{direction}              every byte in / out of the socket
 //   starling_transport_messages_total{direction}

@@ -109,9 +109,19 @@ bool ZmqFleet::revoke(uint64_t id) {
     pending_.erase(pend);
   }
   if (auto c = clients_.find(id); c != clients_.end()) {
+    // Told at once why: an honest client registers again, is refused for good (kRevoked,
+    // RegistrationRefused), stops and closes its connection.
+    pr::RejectMsg m;
+    m.kind = pr::RejectKind::kNotRegistered;
+    m.code = static_cast<uint32_t>(Errc::kRevoked);
+    m.message = "client " + std::to_string(id) + " was revoked by the federation's operator";
+    socket_.send(c->second.routing, pr::encode(m));
     by_routing_.erase(c->second.routing);
     clients_.erase(c);
   }
+  // Its connections closed kRevokeGrace later, whether or not it listened (the owner took its key
+  // off the ZAP handler's list first, so it cannot handshake again).
+  cut_due_[id] = config_.clock->now() + kRevokeGrace;
   return true;
 }
 
@@ -210,6 +220,25 @@ ZmqFleet::Progress ZmqFleet::progress() const {
   p.seconds_left =
       std::max(0.0, std::chrono::duration<double>(phase_->deadline - config_.clock->now()).count());
   return p;
+}
+
+void ZmqFleet::cutRevoked() {
+  const auto now = config_.clock->now();
+  for (auto it = cut_due_.begin(); it != cut_due_.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    const size_t n = socket_.cutConnections(it->first);
+    revoked_cut_ += n;
+    const ScopedLogFields fields(std::nullopt, it->first, Errc::kRevoked);
+    if (n > 0)
+      log_->warn("closed {} connection{} of revoked client {} (it did not close {})", n,
+                 n == 1 ? "" : "s", it->first, n == 1 ? "it" : "them");
+    else
+      log_->info("revoked client {} has no connection left open", it->first);
+    it = cut_due_.erase(it);
+  }
 }
 
 size_t ZmqFleet::onlineCount() const {
@@ -874,6 +903,7 @@ void ZmqFleet::takeQueued(size_t target) {
 void ZmqFleet::poll(milliseconds timeout) {
   if (stop_ && stop_->load()) STARLING_THROW(Stopped, "asked to stop");
   if (auto r = socket_.receive(std::clamp(timeout, milliseconds(0), milliseconds(100)))) handle(*r);
+  if (!cut_due_.empty()) cutRevoked();
   // Refused handshakes never reach receive(): say who knocked (an unknown key once left
   // nothing in the log).
   // At most kRefusalLines lines per kRefusalWindow, then one count for the rest of the window, so

@@ -152,14 +152,19 @@ class ZmqFleet final : public Fleet {
   void setAllowList(std::shared_ptr<const transport::AllowList> allow);
   std::shared_ptr<const transport::AllowList> allowList() const { return socket_.allowList(); }
   // Revokes client `id` now: its registration is forgotten, its open task or step fails (an
-  // answer in flight is dropped, counted in revokedInFlight()), and every later message whose key
-  // says it is `id` is refused (kRevoked, a RegistrationRefused its client stops on). Only under
-  // CURVE, where a message's sender is known (ConfigError otherwise). False when it was revoked
-  // already.
+  // answer in flight is dropped, counted in revokedInFlight()), it is told (NotRegistered,
+  // kRevoked) and every later message whose key says it is `id` is refused (kRevoked; its
+  // Register with RegistrationRefused, on which its client stops), and kRevokeGrace later the TCP
+  // connections its messages came on are closed if it has not closed them
+  // (ServerSocket::cutConnections; counted in revokedConnectionsCut()). Only under CURVE, where a
+  // message's sender is known (ConfigError otherwise). False when it was revoked already. Take
+  // its key off the allow-list first (setAllowList), or it handshakes again at once.
   bool revoke(uint64_t id);
   bool revoked(uint64_t id) const { return revoked_.count(id) != 0; }
   std::vector<uint64_t> revokedIds() const { return {revoked_.begin(), revoked_.end()}; }
   uint64_t revokedInFlight() const { return revoked_in_flight_; }
+  uint64_t revokedConnectionsCut() const { return revoked_cut_; }
+  static constexpr std::chrono::seconds kRevokeGrace{1};
   bool secure() const { return socket_.secure(); }
   // From now on a wait for clients (waitForClients) ends with server::Stopped: an operator's drain
   // stops a round that has not started instead of waiting sampling.wait_ms for it. In asynchronous
@@ -302,7 +307,10 @@ class ZmqFleet final : public Fleet {
   std::unordered_map<uint64_t, Expired> expired_;
   std::set<uint64_t> revoked_;
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> revoked_said_;
-  uint64_t revoked_in_flight_ = 0;
+  uint64_t revoked_in_flight_ = 0, revoked_cut_ = 0;
+  // Revoked clients whose connections are closed at that time (kRevokeGrace after), in poll().
+  std::map<uint64_t, std::chrono::steady_clock::time_point> cut_due_;
+  void cutRevoked();
   bool drain_waits_ = false;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;

@@ -221,6 +221,8 @@ void ServerSocket::readMonitor() {
     }
   }
 }
+size_t ServerSocket::cutConnections(uint64_t id) { return core_->cutConnections(id); }
+
 bool ServerSocket::send(const std::string& peer, std::span<const uint8_t> bytes) {
   return core_->send(peer, bytes);
 }

@@ -211,6 +211,10 @@ class ServerSocket {
   void setAllowList(std::shared_ptr<const AllowList> allow);
   // The list the ZAP handler admits by now (null for an insecure socket).
   std::shared_ptr<const AllowList> allowList() const;
+  // Closes the TCP connections that client `id`'s messages came on (CURVE; a revoked client's):
+  // each is shut down if its descriptor is still that connection (libzmq gives a ROUTER no way to
+  // close one peer; it sees the connection end and drops it). How many were; 0 insecure.
+  size_t cutConnections(uint64_t id);
   // Whether it runs CURVE (not insecure).
   bool secure() const { return !zap_domain_.empty(); }
 

@@ -128,6 +128,7 @@ bool SocketCore::readOne(Steady::time_point now) {
   // The bucket belongs to the authenticated key when there is one (one key opening many
   // connections shares one rate), to the connection's routing id otherwise.
   const auto uid = router_ ? userId(payload) : std::optional<uint64_t>{};
+  if (uid) noteConnection(*uid, payload);
   const std::string bucket = uid ? "key:" + std::to_string(*uid) : peer;
   if (router_ && !rate_.allow(bucket, now)) {
     ++stats.refused_rate;
@@ -161,6 +162,40 @@ bool SocketCore::readOne(Steady::time_point now) {
   }
   onFrame(peer, std::move(payload), now);
   return true;
+}
+
+void SocketCore::noteConnection(uint64_t id, zmq::message_t& msg) {
+  const int fd = zmq_msg_get(msg.handle(), ZMQ_SRCFD);
+  if (fd < 0) return;
+  std::vector<Connection>& known = connections_[id];
+  for (const Connection& c : known)
+    if (c.fd == fd) return;  // the usual case: one lookup, no system call
+  Connection c;
+  c.fd = fd;
+  c.peer_len = sizeof c.peer;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&c.peer), &c.peer_len) != 0) return;
+  if (known.size() == kConnectionsPerKey) known.erase(known.begin());
+  known.push_back(c);
+  if (connections_.size() > kKeysTracked) {
+    std::vector<Connection> mine = std::move(known);
+    connections_.clear();
+    connections_[id] = std::move(mine);
+  }
+}
+
+size_t SocketCore::cutConnections(uint64_t id) {
+  const auto it = connections_.find(id);
+  if (it == connections_.end()) return 0;
+  size_t cut = 0;
+  for (const Connection& c : it->second) {
+    sockaddr_storage now{};
+    socklen_t len = sizeof now;
+    if (getpeername(c.fd, reinterpret_cast<sockaddr*>(&now), &len) != 0) continue;  // gone
+    if (len != c.peer_len || std::memcmp(&now, &c.peer, len) != 0) continue;  // reused: not it
+    if (shutdown(c.fd, SHUT_RDWR) == 0) ++cut;
+  }
+  connections_.erase(it);
+  return cut;
 }
 
 void SocketCore::onFrame(const std::string& peer, zmq::message_t&& msg, Steady::time_point now) {

@@ -2,11 +2,15 @@
 // Internal to transport/: what ServerSocket and ClientSocket share: the zmq socket and its
 // options, framing (single frames and chunks), reassembly, rate limiting, stats. Owned by the
 // thread that owns the public socket object.
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <deque>
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <vector>
 #include <zmq.hpp>
 
 #include "transport/rate_limiter.h"
@@ -44,6 +48,26 @@ class SocketCore {
   bool sendFrame(const std::string& peer, zmq::message_t&& frame,
                  std::optional<Steady::time_point> deadline);
 
+  // Under CURVE, the TCP connections each key's messages came on (their file descriptor, from
+  // libzmq's ZMQ_SRCFD, and the peer's address then), for cutConnections(): at most
+  // kConnectionsPerKey a key (the oldest forgotten), at most kKeysTracked keys (the map is cleared
+  // past that; a key's next message brings it back).
+  struct Connection {
+    int fd = -1;
+    sockaddr_storage peer{};
+    socklen_t peer_len = 0;
+  };
+  static constexpr size_t kConnectionsPerKey = 8, kKeysTracked = 200'000;
+  std::unordered_map<uint64_t, std::vector<Connection>> connections_;
+  void noteConnection(uint64_t id, zmq::message_t& msg);
+
+ public:
+  // Shuts down (SHUT_RDWR) every TCP connection key `id`'s messages came on that is still that
+  // connection (the descriptor's peer address unchanged: a descriptor libzmq closed and reused for
+  // another peer is left alone); libzmq then sees it closed. How many were cut.
+  size_t cutConnections(uint64_t id);
+
+ private:
   bool router_;
   Reassembler reasm_;
   RateLimiter rate_;

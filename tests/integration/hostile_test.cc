@@ -7,9 +7,11 @@
 // update replayed in the next round. The server must refuse each one (and say why), stay up,
 // apply every round with the honest clients, and end with the model the same federation reaches
 // without the attacker. Each wait is bounded; only processes this test started are killed (by pid).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <zmq.hpp>
@@ -516,6 +518,47 @@ TEST_CASE(
 // A malicious SERVER: a raw ROUTER holding the server's key welcomes a real starling-client, then
 // sends a Task whose compressor spec is unknown. The client must drop that task (not exit), and
 // still train the next, valid task and end on Shutdown.
+TEST_CASE("a revoked client that ignores every refusal has its connection closed by the root",
+          "[integration][server][attack]") {
+  Federation f("hostile-revoke");
+  f.clientKeys(0, 4);
+  const int port = freePort();
+  const std::string sock = f.path("admin.sock");
+  // The round waits for ten clients that never come: the root only serves.
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1", "client-2", "client-3"}),
+         rootArgs(f, "10", "10000", {"--admin.socket", sock}));
+  Attacker a(Federation::endpoint(port), f.keys() + "/client-3.key_secret",
+             f.keys() + "/server.key");
+  a.setId(kAttackerId);
+  pr::RegisterMsg reg;
+  reg.client_id = kAttackerId;
+  reg.layout_fingerprint = serverLayout().fingerprint();
+  reg.num_examples = 100;
+  a.send(pr::encode(reg));
+  INFO(f.allLogs());
+  REQUIRE(a.pump(seconds(20), [](pr::MessageKind k) { return k == pr::MessageKind::kWelcome; }));
+  REQUIRE(f.waitFor([&] { return std::filesystem::exists(sock); }, seconds(20)));
+  Proc& admin = f.start("admin", {binDir() + "/starling-admin", "--socket", sock, "revoke",
+                                  std::to_string(kAttackerId)});
+  REQUIRE(admin.wait(seconds(20)) == 0);
+  // It goes on heartbeating as if nothing happened: told it was revoked, then its connection is
+  // closed, and its key's next handshake refused.
+  const auto until = Steady::now() + seconds(15);
+  const auto closed = [&] {
+    return f.log("root").find("closed 1 connection of revoked client 3") != std::string::npos;
+  };
+  const auto refused_again = [&] {
+    return f.log("root").find("not on the allow-list") != std::string::npos;
+  };
+  while (Steady::now() < until && !(closed() && refused_again())) a.pump(milliseconds(200));
+  CHECK(closed());
+  CHECK(refused_again());
+  CHECK(std::any_of(a.rejects.begin(), a.rejects.end(), [](const pr::RejectMsg& r) {
+    return r.code == static_cast<uint32_t>(Errc::kRevoked);
+  }));
+  CHECK(f.log("admin").find("revoked client 3") != std::string::npos);
+}
+
 TEST_CASE("a client survives a task with an unknown compressor spec from its server",
           "[integration][client][attack]") {
   Federation f("hostile-server");

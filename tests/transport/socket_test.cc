@@ -342,6 +342,48 @@ TEST_CASE("a server's allow-list changes without a restart, from the next handsh
   CHECK_THROWS_AS(plain.setAllowList(both), ConfigError);  // no allow-list to change
 }
 
+TEST_CASE("a revoked client's connection is closed by the server and its key cannot come back",
+          "[transport]") {
+  const Keys keys(2);
+  Context server_ctx, first_ctx, second_ctx;
+  auto both = std::make_shared<AllowList>();
+  both->add(100, keys.clients[0].public_key, "first");
+  both->add(101, keys.clients[1].public_key, "second");
+  SecurityConfig sec = keys.serverSide();
+  sec.allow = both;
+  ServerSocket server(server_ctx, kAnyPort, sec, testLimits());
+  ClientSocket first(first_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
+  ClientSocket second(second_ctx, server.endpoint(), keys.clientSide(keys.clients[1]),
+                      testLimits());
+  REQUIRE(first.send(pattern(16, 1)));
+  REQUIRE(second.send(pattern(16, 2)));
+  for (int i = 0; i < 2; ++i) REQUIRE(receiveMessage(server));
+  CHECK(server.cutConnections(999) == 0);  // a key that sent nothing: nothing to close
+  // Client 100 revoked: off the list first (no new handshake), then its connection cut.
+  auto without = std::make_shared<AllowList>(*both);
+  REQUIRE(without->remove(100));
+  server.setAllowList(without);
+  const uint64_t closed_before = server.connections().closed;
+  CHECK(server.cutConnections(100) == 1);
+  CHECK(server.cutConnections(100) == 0);  // forgotten once cut
+  // The server sees it closed; the client's ZeroMQ reconnects, and its handshake is refused.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < until &&
+         (server.connections().closed == closed_before || first.handshakes().failed == 0)) {
+    (void)server.receive(50ms);
+    (void)first.receive(50ms);
+  }
+  CHECK(server.connections().closed > closed_before);
+  CHECK(first.handshakes().failed >= 1);
+  CHECK(first.handshakes().last == HandshakeReport::Failure::kAuth);
+  // The other client's connection was left alone.
+  REQUIRE(second.send(pattern(16, 3)));
+  auto r = receiveMessage(server);
+  REQUIRE(r);
+  CHECK(r->authenticated_id == 101u);
+  CHECK(server.cutConnections(101) == 1);  // and it can be cut as well
+}
+
 TEST_CASE("two servers and their clients live in one process on separate contexts", "[transport]") {
   const Keys keys_a(1), keys_b(1);
   Context ctx_a, ctx_b, ctx_clients;
