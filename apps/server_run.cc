@@ -481,9 +481,7 @@ int runServer(const apps::Settings& c) {
                                             buffered(c.round.mode), log, aggregator);
     log->info("admin: starling-admin --socket {} takes status, reload, revoke ID{}",
               control->path(),
-              aggregator               ? " (drain and pause are the root's)"
-              : buffered(c.round.mode) ? ", drain"
-                                       : ", drain, pause, resume");
+              aggregator ? " (drain and pause are the root's)" : ", drain, pause, resume");
   }
   if (metrics || control)
     fleet.setObserver(

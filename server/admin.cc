@@ -85,10 +85,15 @@ std::string Admin::handle(const std::string& line, const ops::Caller& caller) {
       return "draining: no task is handed out; the open ones finish (each at most its deadline), "
              "their updates kept in the journal, then the root stops";
     }
-    if (async_)
-      return refused(cmd +
-                     " is not built for asynchronous rounds yet (drain is: it stops the root "
-                     "once the open tasks finish)");
+    if (async_) {
+      // Buffered rounds have no boundary to wait at: pause hands out no task, the open ones
+      // finish (their updates taken, a step made when the buffer fills); resume hands out again.
+      paused_ = cmd == "pause";
+      fleet_.holdTasks(paused_);
+      log_->warn("admin: {} by {} (step {})", paused_ ? "paused" : "resumed", who, round_);
+      return paused_ ? "paused: no task is handed out until resume (the open ones finish)"
+                     : "resumed";
+    }
     if (cmd == "drain") {
       draining_ = true;
       fleet_.drainWaits();
@@ -107,8 +112,8 @@ std::string Admin::status() const {
   std::ostringstream o;
   o << "{\"role\":\"" << (relays_ ? "aggregator" : "root")
     << "\",\"round\":" << std::max<uint64_t>(round_, fleet_.progress().round)
-    << ",\"paused\":" << (paused_ ? "true" : "false")
-    << ",\"parked\":" << (parked_ ? "true" : "false")
+    << ",\"paused\":" << (paused_ ? "true" : "false") << ",\"parked\":"
+    << ((async_ ? paused_ && fleet_.openTasks() == 0 : parked_) ? "true" : "false")
     << ",\"draining\":" << (draining_ ? "true" : "false")
     << ",\"registered\":" << fleet_.registeredCount() << ",\"online\":" << fleet_.onlineCount()
     << ",\"allowed\":" << (allow_ ? allow_->size() : 0) << ",\"revoked\":[";

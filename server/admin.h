@@ -17,7 +17,9 @@
 //                   restart admits it again)
 //   drain           finish the round in progress, then stop (the checkpoint is the last round's);
 //                   a round still waiting for its clients is not in progress: it stops at once
-//   pause, resume   no new round starts while paused (heartbeats are answered, commands taken)
+//   pause, resume   no new round starts while paused (heartbeats are answered, commands taken);
+//                   in asynchronous rounds no task is handed out (the open ones finish, their
+//                   updates taken; parked once none is open)
 //
 // What a command cannot do is an answer beginning "error: ", and changes nothing.
 #include <cstdint>
@@ -40,8 +42,8 @@ class ZmqFleet;
 class Admin {
  public:
   // `allow_path`: security.clients (reload reads it; empty for an insecure root, where reload and
-  // revoke are refused); `asynchronous`: pause and resume are refused (not built there yet);
-  // `relays`: an edge aggregator's (drain, pause and resume refused).
+  // revoke are refused); `asynchronous`: buffered rounds (drain, pause and resume act on the
+  // fleet's hand-outs); `relays`: an edge aggregator's (drain, pause and resume refused).
   Admin(ZmqFleet& fleet, std::string allow_path, bool asynchronous,
         std::shared_ptr<spdlog::logger> log, bool relays = false);
 

@@ -1136,7 +1136,8 @@ class ZmqFleet::Async final : public AsyncFleet {
   size_t start(size_t n, AsyncIntake& in) override {
     ph_.async = &in;
     ph_.task = &in.task();
-    if (f_.drain_waits_) return 0;  // drained: the open tasks finish, no new one starts
+    // Drained or paused: the open tasks finish, no new one starts.
+    if (f_.drain_waits_ || f_.hold_tasks_) return 0;
     const auto now = f_.config_.clock->now();
     const size_t room =
         f_.pending_.size() < opt_.concurrency ? opt_.concurrency - f_.pending_.size() : 0;

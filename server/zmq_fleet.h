@@ -171,6 +171,9 @@ class ZmqFleet final : public Fleet {
   // rounds (asyncFleet) no task is handed out from then on, and once every open task was answered
   // or failed (its deadline, its client's silence) next() throws server::Stopped.
   void drainWaits() { drain_waits_ = true; }
+  // Asynchronous rounds: while held, no task is handed out (an operator's pause; the open ones
+  // finish and their updates are taken as ever).
+  void holdTasks(bool hold) { hold_tasks_ = hold; }
   // The socket's connections as ZeroMQ reported them (accepted, refused by kind, dropped); what
   // changed is logged, at most a line a second.
   const transport::ConnectionCounts& connections() const { return socket_.connections(); }
@@ -311,7 +314,7 @@ class ZmqFleet final : public Fleet {
   // Revoked clients whose connections are closed at that time (kRevokeGrace after), in poll().
   std::map<uint64_t, std::chrono::steady_clock::time_point> cut_due_;
   void cutRevoked();
-  bool drain_waits_ = false;
+  bool drain_waits_ = false, hold_tasks_ = false;
   Phase* phase_ = nullptr;
   std::function<void()> idle_;
   std::function<void(const ZmqFleet&)> observer_;

@@ -397,7 +397,6 @@ class AsyncDrain(LiveRoot):
         self.assertIn("draining", out)
         root = [p for name, p, _ in self.fed.procs if name == "root"][0]
         self.assertIsNone(root.poll(), "the root stopped with tasks open")
-        self.assertEqual(admin(sock, "pause")[0], 1)  # not built for asynchronous rounds
         self.gate.open(20)  # more than they need: only the two open tasks may take one
         self.assertEqual(root.wait(timeout=60), 0, self.fed.log("root"))
         log = self.fed.log("root")
@@ -407,6 +406,37 @@ class AsyncDrain(LiveRoot):
         self.assertEqual(len(records), 3, log)  # the third step: the two open tasks' updates
         self.assertTrue(all(r["applied"] for r in records))
         self.assertEqual(self.gate.taken, 6)  # no task after the drain
+
+
+class AsyncPause(LiveRoot):
+    """starling-admin pause and resume in asynchronous rounds (FedBuff): while paused no task is
+    handed out, the open ones finish into the buffer; resume hands out again."""
+
+    def test_pause_holds_the_hand_outs_and_resume_gives_them_again(self):
+        port, sock = self.start_root(["--round.mode", "async", "--async.buffer_size", "2",
+                                      "--async.concurrency", "2"])
+        self.start_client(port, 0)
+        self.start_client(port, 1)
+        self.gate.open(4)  # two steps of two updates
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 2, 60), self.fed.log("root"))
+        self.assertTrue(wait_for(lambda: self.gate.waiting == 2, 30))  # third tasks, held
+        rc, out = admin(sock, "pause")
+        self.assertEqual(rc, 0, out)
+        self.assertFalse(json.loads(admin(sock, "status")[1])["parked"])  # two tasks open
+        self.gate.open(2)  # the open tasks finish: the third step
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 3, 60), self.fed.log("root"))
+        parked = wait_for(lambda: json.loads(admin(sock, "status")[1])["parked"], 30)
+        self.assertTrue(parked, self.fed.log("root"))
+        # Parked: no task open and none handed out (the clients are idle, not at the gate).
+        self.assertEqual((self.gate.waiting, self.gate.taken, len(self.records())), (0, 6, 3))
+        self.assertEqual(admin(sock, "resume")[0], 0)
+        self.assertTrue(wait_for(lambda: self.gate.waiting == 2, 30), self.fed.log("root"))
+        self.gate.open(2)
+        self.assertTrue(wait_for(lambda: len(self.records()) >= 4, 60), self.fed.log("root"))
+        self.assertTrue(all(r["applied"] for r in self.records()))
+        log = self.fed.log("root")
+        self.assertIn("admin: paused by uid", log)
+        self.assertIn("admin: resumed by uid", log)
 
 
 class EvaluatedClient(GatedClient):
