@@ -90,6 +90,30 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
       .set(static_cast<double>(fleet.openTasks()));
   r.gauge("starling_clients", kClientsHelp, {{"state", "revoked"}})
       .set(static_cast<double>(fleet.revokedIds().size()));
+  // The phases that ended since the last look, their wall times; the one running, its tasks.
+  for (const ZmqFleet::PhaseTime& pt : fleet.phaseTimes()) {
+    if (pt.seq <= phases_seen_) continue;
+    r.histogram("starling_phase_duration_seconds",
+                "Wall time of each phase (fit, evaluate, a secure aggregation step, the roster), "
+                "in seconds: the clients' work and the streaming aggregation of their answers.",
+                ops::exponentialBuckets(0.01, 2.0, 16), {{"step", pt.step}})
+        .observe(pt.seconds);
+    phases_seen_ = pt.seq;
+  }
+  const ZmqFleet::Progress progress = fleet.progress();
+  const char* tasks_help =
+      "The phase running: tasks sent, answers accepted, answers wanted, tasks open (0 between "
+      "phases).";
+  r.gauge("starling_phase_tasks", tasks_help, {{"state", "sent"}})
+      .set(static_cast<double>(progress.sent));
+  r.gauge("starling_phase_tasks", tasks_help, {{"state", "accepted"}})
+      .set(static_cast<double>(progress.accepted));
+  r.gauge("starling_phase_tasks", tasks_help, {{"state", "wanted"}})
+      .set(static_cast<double>(progress.target));
+  r.gauge("starling_phase_tasks", tasks_help, {{"state", "open"}})
+      .set(static_cast<double>(progress.open));
+  r.gauge("starling_phase", "The phase of the round running (0, or 1 for PowerSGD's second).")
+      .set(static_cast<double>(progress.phase));
   {
     // The page's snapshot: built here, published whole, rendered on the status server's threads.
     auto snap = std::make_shared<Snapshot>();
@@ -97,13 +121,33 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
     for (size_t k = 0; k <= static_cast<size_t>(kLastErrc); ++k)
       if (const uint64_t n = fleet.refused(static_cast<Errc>(k)); n > 0)
         snap->refusals[errcLabel(static_cast<Errc>(k))] = n;
-    snap->progress = fleet.progress();
+    snap->progress = progress;
     snap->registered = fleet.registeredCount();
     snap->online = fleet.onlineCount();
     snap->in_round = fleet.openTasks();
     snap->bytes_in = t.bytes_in;
     snap->bytes_out = t.bytes_out;
     snap->observed_at = unixNow();
+    // Each edge aggregator's clients, as it last told (offline once that is stale).
+    for (const ZmqFleet::PeerView& p : snap->peers) {
+      if (!p.aggregator) continue;
+      const bool stale = !p.online || p.subtree_seconds_ago > kSubtreeStaleSeconds;
+      size_t online = 0, in_round = 0, all = p.subtree ? p.subtree->size() : 0;
+      if (p.subtree && !stale)
+        for (const protocol::SubtreePeer& sub : *p.subtree) {
+          online += sub.online;
+          in_round += sub.in_round;
+        }
+      const char* help =
+          "An edge aggregator's clients as it last told: registered with it, online, in the round.";
+      const std::string agg = std::to_string(p.id);
+      r.gauge("starling_subtree_clients", help, {{"aggregator", agg}, {"state", "registered"}})
+          .set(static_cast<double>(all));
+      r.gauge("starling_subtree_clients", help, {{"aggregator", agg}, {"state", "online"}})
+          .set(static_cast<double>(online));
+      r.gauge("starling_subtree_clients", help, {{"aggregator", agg}, {"state", "in_round"}})
+          .set(static_cast<double>(in_round));
+    }
     const uint64_t running = snap->progress.round;
     const std::lock_guard lock(mu_);
     snapshot_ = std::move(snap);

@@ -8,6 +8,13 @@
 //   starling_model_version                                 the model's version after the last
 //   starling_rounds_total{applied}                         rounds recorded, applied or not
 //   starling_round_duration_seconds                        histogram of a round's wall time
+//   starling_phase_duration_seconds{step}                  histogram of each phase's (fit,
+//                                                          evaluate, secure, roster): the
+//                                                          clients' work and the streaming
+//                                                          aggregation
+//   starling_phase, starling_phase_tasks{state}            the phase running: its number, tasks
+//                                                          sent / accepted / wanted / open
+//   starling_subtree_clients{aggregator,state}             an edge aggregator's clients, as told
 //   starling_updates_total{result}                         accepted / refused by the round
 //   starling_round_bytes_total{direction}                  the rounds' update bytes, up / down
 //   starling_clients{state}                                registered / online / in_round /
@@ -103,6 +110,7 @@ class FleetMetrics {
   std::vector<std::shared_ptr<const Chunk>> rounds_;
   uint64_t planned_ = 0, round_now_ = 0, total_bytes_ = 0;
   std::optional<double> eta_;
+  uint64_t phases_seen_ = 0;  // the rounds' thread's only (observe)
 
   std::shared_ptr<ops::Registry> registry_;
   ops::Gauge& round_;

@@ -35,6 +35,8 @@ struct ZmqFleet::Phase {
   // For progress(): tasks sent, answers wanted, and the deadline.
   size_t sent = 0, target = 0;
   std::chrono::steady_clock::time_point deadline{};
+  // For phaseTimes(): when it began (real time).
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
 // Ends a phase or an evaluation however it leaves (a return, server::Stopped): no phase, and every
@@ -42,6 +44,15 @@ struct ZmqFleet::Phase {
 struct ZmqFleet::PhaseReset {
   ZmqFleet* f;
   ~PhaseReset() {
+    if (const Phase* ph = f->phase_; ph && !ph->async) {
+      PhaseTime t;
+      t.seq = ++f->phase_seq_;
+      t.step = ph->eval ? "evaluate" : ph->task ? "fit" : ph->roster ? "roster" : "secure";
+      t.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - ph->started).count();
+      f->phase_times_.push_back(t);
+      if (f->phase_times_.size() > kPhaseTimesKept) f->phase_times_.pop_front();
+    }
     f->phase_ = nullptr;
     for (const auto& [id, p] : f->pending_) f->expired_[id].add(p.nonce);
     f->pending_.clear();

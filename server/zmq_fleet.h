@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -217,6 +218,15 @@ class ZmqFleet final : public Fleet {
     double seconds_left = 0;
   };
   Progress progress() const;
+  // The phases run (not asynchronous rounds'), each with its wall time, numbered from 1: the last
+  // kPhaseTimesKept (an observer reads those after the last number it saw).
+  struct PhaseTime {
+    uint64_t seq = 0;
+    const char* step = "fit";  // fit, evaluate, secure, roster
+    double seconds = 0;
+  };
+  const std::deque<PhaseTime>& phaseTimes() const { return phase_times_; }
+  static constexpr size_t kPhaseTimesKept = 1000;
 
  private:
   struct Peer {
@@ -344,6 +354,8 @@ class ZmqFleet final : public Fleet {
   Tally& tally(uint64_t id);
   std::unordered_map<uint64_t, Tally> tallies_;
   Tally untracked_;  // a peer's while every tracked one is registered (kMaxTallies)
+  std::deque<PhaseTime> phase_times_;
+  uint64_t phase_seq_ = 0;
 };
 
 }  // namespace starling::server

@@ -562,6 +562,19 @@ class StatusPage(LiveRoot):
         self.assertEqual([(c["id"], c["online"], c["in_round"]) for c in peers["7"]["subtree"]],
                          [("1", True, True), ("2", True, True)])
         self.assertEqual(s["clients"]["online"], 2)
+        # The same in the root's metrics: the phase running, its aggregator's clients, and the
+        # wall time of every phase so far (four fits and four evaluations).
+        samples = {}
+        for fam in text_string_to_metric_families(http_get(url + "/metrics")[2]):
+            for smp in fam.samples:
+                samples[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+        self.assertEqual(samples[("starling_phase_tasks", (("state", "sent"),))], 2)
+        self.assertEqual(samples[("starling_phase_tasks", (("state", "accepted"),))], 0)
+        self.assertEqual(samples[("starling_subtree_clients",
+                                  (("aggregator", "7"), ("state", "online")))], 2)
+        self.assertEqual(samples[("starling_phase_duration_seconds_count", (("step", "fit"),))], 4)
+        self.assertEqual(
+            samples[("starling_phase_duration_seconds_count", (("step", "evaluate"),))], 4)
         # The aggregator's own page: its subtree, no curves (the root's page has them).
         a = wait_for(lambda: (lambda j: j if j["round"]["number"] == 5 else None)(
             json.loads(http_get(agg_url + "/status.json")[2])), 30)
