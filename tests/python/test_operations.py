@@ -83,6 +83,23 @@ def http_get(url, timeout=5):
         return r.status, r.headers.get("Content-Type", ""), r.read().decode()
 
 
+def write_csv(path, rows, seed):
+    """A CSV of the softmax model's shape: `rows` examples of 4 features, 3 separable classes."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        f.write("label,a,b,c,d\n")
+        for _ in range(rows):
+            y = int(rng.integers(3))
+            x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
+            f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+
+
+def status_url(fed, name, timeout=30):
+    """The status server's URL, as process `name` logged it ("status: URL serves /metrics")."""
+    return wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
+                                       fed.log(name)) or [None, None])[1], timeout)
+
+
 class Operations(unittest.TestCase):
     def setUp(self):
         self.fed = Federation()
@@ -98,8 +115,7 @@ class Operations(unittest.TestCase):
                       ["--status.listen", "127.0.0.1:0", "--sampling.min_available", "2",
                        "--sampling.wait_ms", "30000", *extra])
         # The root logs the address it serves (port 0: a free one).
-        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
-                                          self.fed.log("root")) or [None, None])[1], 30)
+        url = status_url(self.fed, "root", 30)
         self.assertIsNotNone(url, self.fed.log("root"))
         return port, url
 
@@ -265,8 +281,7 @@ class Administration(LiveRoot):
 
     def test_admit_revoke_pause_resume_and_drain_a_running_root(self):
         port, sock = self.start_root(["--status.listen", "127.0.0.1:0"])
-        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
-                                          self.fed.log("root")) or [None, None])[1], 30)
+        url = status_url(self.fed, "root", 30)
         self.assertIsNotNone(url)
 
         def metric(name, **labels):
@@ -502,10 +517,6 @@ class StatusPage(LiveRoot):
                                           eval_examples=5, **kw)
         self.runs[i] = run_in_thread(self.clients[i])
 
-    def status_url(self, name):
-        return wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
-                                           self.fed.log(name)) or [None, None])[1], 30)
-
     def test_chromium_shows_the_round_the_tree_and_the_curve(self):
         port, agg_port = free_port(), free_port()
         agg_sock = os.path.join(self.fed.dir, "agg-admin.sock")
@@ -523,7 +534,7 @@ class StatusPage(LiveRoot):
             "--model.spec", "softmax", "--model.rows", "1", "--model.cols", "4",
             "--model.classes", "3", "--aggregator.min_clients", "2", "--net.heartbeat_ms", "200",
             "--status.listen", "127.0.0.1:0", "--admin.socket", agg_sock])
-        url, agg_url = self.status_url("root"), self.status_url("aggregator")
+        url, agg_url = status_url(self.fed, "root"), status_url(self.fed, "aggregator")
         self.assertIsNotNone(url, self.fed.log("root"))
         self.assertIsNotNone(agg_url, self.fed.log("aggregator"))
         self.start_client(port, 0)
@@ -659,13 +670,7 @@ class ClientMetrics(unittest.TestCase):
         self.fed.close()
 
     def test_a_clients_metrics_follow_its_rounds(self):
-        rng = np.random.default_rng(2)
-        with open(os.path.join(self.fed.dir, "data.csv"), "w") as f:
-            f.write("label,a,b,c,d\n")
-            for _ in range(200):
-                y = int(rng.integers(3))
-                x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
-                f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+        write_csv(os.path.join(self.fed.dir, "data.csv"), 200, 2)
         port = free_port()
         sock = os.path.join(self.fed.dir, "admin.sock")
         self.fed.root(port, ["client-1"], 100000,
@@ -678,8 +683,7 @@ class ClientMetrics(unittest.TestCase):
             "--model.spec", "softmax", "--data.format", "csv", "--data.dir", self.fed.dir,
             "--data.train", "data.csv", "--data.test", "data.csv", "--data.num_clients", "2",
             "--data.partition", "iid", "--status.listen", "127.0.0.1:0"])
-        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
-                                          self.fed.log("client")) or [None, None])[1], 30)
+        url = status_url(self.fed, "client", 30)
         self.assertIsNotNone(url, self.fed.log("client"))
 
         def scrape():
@@ -724,21 +728,14 @@ class SimStatusPage(unittest.TestCase):
         self.fed.close()
 
     def test_the_simulator_serves_rounds_eta_and_curves(self):
-        rng = np.random.default_rng(1)
-        with open(os.path.join(self.fed.dir, "data.csv"), "w") as f:
-            f.write("label,a,b,c,d\n")
-            for _ in range(400):
-                y = int(rng.integers(3))
-                x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
-                f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+        write_csv(os.path.join(self.fed.dir, "data.csv"), 400, 1)
         # More rounds than the test waits for: it stops the simulator (by pid) when it has seen.
         sim = self.fed.start("sim", [
             "starling-sim", "--model.spec", "softmax", "--data.format", "csv",
             "--data.dir", self.fed.dir, "--data.train", "data.csv", "--data.test", "data.csv",
             "--data.num_clients", "20", "--sampling.clients_per_round", "5",
             "--train.rounds", "100000", "--eval.every", "5", "--status.listen", "127.0.0.1:0"])
-        url = wait_for(lambda: (re.search(r"status: (http://127\.0\.0\.1:\d+) serves /metrics",
-                                          self.fed.log("sim")) or [None, None])[1], 60)
+        url = status_url(self.fed, "sim", 60)
         self.assertIsNotNone(url, self.fed.log("sim"))
 
         def status():
@@ -788,13 +785,7 @@ class SimJsonLog(unittest.TestCase):
     def test_every_line_of_the_simulator_is_an_object_and_rounds_say_which(self):
         d = tempfile.mkdtemp(prefix="starling-simlog-")
         try:
-            rng = np.random.default_rng(3)
-            with open(os.path.join(d, "data.csv"), "w") as f:
-                f.write("label,a,b,c,d\n")
-                for _ in range(200):
-                    y = int(rng.integers(3))
-                    x = rng.normal(size=4) + np.eye(3, 4)[y] * 2
-                    f.write(f"{y}," + ",".join(f"{v:.4f}" for v in x) + "\n")
+            write_csv(os.path.join(d, "data.csv"), 200, 3)
             out = subprocess.run([
                 os.path.join(BIN, "starling-sim"), "--model.spec", "softmax", "--data.format", "csv",
                 "--data.dir", d, "--data.train", "data.csv", "--data.test", "data.csv",
