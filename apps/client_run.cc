@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "data/partition.h"
 #include "data/source.h"
-#if STARLING_CLIENT_STATUS
+#if defined(STARLING_CLIENT_STATUS)
 #include "ops/status_server.h"
 #endif
 
@@ -23,7 +23,7 @@ using namespace starling;
 
 namespace {
 
-#if STARLING_CLIENT_STATUS
+#if defined(STARLING_CLIENT_STATUS)
 // status.listen: the client's runtime statistics as Prometheus metrics, updated on the runtime's
 // thread after every message it sends (a heartbeat at least every net.heartbeat_ms).
 void exportStats(ops::Registry& r, const client::RuntimeStats& s) {
@@ -66,7 +66,7 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
       c.secagg.threat == apps::SecAggThreat::kMaliciousServer, c.secagg.authority,
       c.net.insecure ? std::string() : c.net.key, c.client.id);
   rc.validate();
-#if STARLING_CLIENT_STATUS
+#if defined(STARLING_CLIENT_STATUS)
   ops::StatusConfig{c.status.listen, c.status.token_file}.validate();  // before the data loads
 #else
   if (!c.status.listen.empty())
@@ -106,7 +106,7 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
             trainer->spec(), hexFingerprint(trainer->layout().fingerprint()), tv.size(), ev.size(),
             c.client.server);
   // Its metrics (status.listen): declared before the runtime, whose callback writes them.
-#if STARLING_CLIENT_STATUS
+#if defined(STARLING_CLIENT_STATUS)
   std::unique_ptr<ops::StatusServer> status;
   if (!c.status.listen.empty()) {
     auto registry = std::make_shared<ops::Registry>();

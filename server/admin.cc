@@ -83,7 +83,8 @@ std::string Admin::handle(const std::string& line, const ops::Caller& caller) {
           "stops",
           who, round_);
       return "draining: no task is handed out; the open ones finish (each at most its deadline), "
-             "their updates kept in the journal, then the root stops";
+             "their updates kept in the checkpoint's journal (lost without state.checkpoint), "
+             "then the root stops";
     }
     if (async_) {
       // Buffered rounds have no boundary to wait at: pause hands out no task, the open ones

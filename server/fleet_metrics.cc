@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "core/json_text.h"
@@ -91,8 +92,11 @@ void FleetMetrics::observe(const ZmqFleet& fleet) {
   r.gauge("starling_clients", kClientsHelp, {{"state", "revoked"}})
       .set(static_cast<double>(fleet.revokedIds().size()));
   // The phases that ended since the last look, their wall times; the one running, its tasks.
-  for (const ZmqFleet::PhaseTime& pt : fleet.phaseTimes()) {
-    if (pt.seq <= phases_seen_) continue;
+  const std::deque<ZmqFleet::PhaseTime>& times = fleet.phaseTimes();
+  auto unseen = times.end();  // the first not yet observed, found from the back
+  while (unseen != times.begin() && std::prev(unseen)->seq > phases_seen_) --unseen;
+  for (auto it = unseen; it != times.end(); ++it) {
+    const ZmqFleet::PhaseTime& pt = *it;
     r.histogram("starling_phase_duration_seconds",
                 "Wall time of each phase (fit, evaluate, a secure aggregation step, the roster), "
                 "in seconds: the clients' work and the streaming aggregation of their answers.",

@@ -374,6 +374,13 @@ void ZmqFleet::handle(const transport::Received& r) {
       last = now;
       const ScopedLogFields fields(std::nullopt, id, Errc::kRevoked);
       log_->warn("refused a message: client {} was revoked by an operator", id);
+      // Past its grace, a connection it still speaks on (one it kept silent until now, or made
+      // before its key came off the list) is closed too, once a second at most.
+      if (!cut_due_.count(id))
+        if (const size_t n = socket_.cutConnections(id); n > 0) {
+          revoked_cut_ += n;
+          log_->warn("closed {} more connection{} of revoked client {}", n, n == 1 ? "" : "s", id);
+        }
     }
     pr::RejectMsg m;
     m.kind = kind == pr::MessageKind::kRegister ? pr::RejectKind::kRegistrationRefused

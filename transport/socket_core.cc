@@ -128,7 +128,7 @@ bool SocketCore::readOne(Steady::time_point now) {
   // The bucket belongs to the authenticated key when there is one (one key opening many
   // connections shares one rate), to the connection's routing id otherwise.
   const auto uid = router_ ? userId(payload) : std::optional<uint64_t>{};
-  if (uid) noteConnection(*uid, payload);
+  if (uid) noteConnection(*uid, peer, payload);
   const std::string bucket = uid ? "key:" + std::to_string(*uid) : peer;
   if (router_ && !rate_.allow(bucket, now)) {
     ++stats.refused_rate;
@@ -164,14 +164,20 @@ bool SocketCore::readOne(Steady::time_point now) {
   return true;
 }
 
-void SocketCore::noteConnection(uint64_t id, zmq::message_t& msg) {
+void SocketCore::noteConnection(uint64_t id, const std::string& routing, zmq::message_t& msg) {
   const int fd = zmq_msg_get(msg.handle(), ZMQ_SRCFD);
   if (fd < 0) return;
   std::vector<Connection>& known = connections_[id];
   for (const Connection& c : known)
-    if (c.fd == fd) return;  // the usual case: one lookup, no system call
+    if (c.fd == fd && c.routing == routing) return;  // the usual case: no system call
+  // A new connection, or one that took a closed one's descriptor number (Linux gives the lowest
+  // free one): its address read now replaces what that number was.
+  known.erase(
+      std::remove_if(known.begin(), known.end(), [fd](const Connection& c) { return c.fd == fd; }),
+      known.end());
   Connection c;
   c.fd = fd;
+  c.routing = routing;
   c.peer_len = sizeof c.peer;
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&c.peer), &c.peer_len) != 0) return;
   if (known.size() == kConnectionsPerKey) known.erase(known.begin());

@@ -54,12 +54,13 @@ class SocketCore {
   // past that; a key's next message brings it back).
   struct Connection {
     int fd = -1;
+    std::string routing;  // libzmq's id of the connection (a new one for every connection)
     sockaddr_storage peer{};
     socklen_t peer_len = 0;
   };
   static constexpr size_t kConnectionsPerKey = 8, kKeysTracked = 200'000;
   std::unordered_map<uint64_t, std::vector<Connection>> connections_;
-  void noteConnection(uint64_t id, zmq::message_t& msg);
+  void noteConnection(uint64_t id, const std::string& routing, zmq::message_t& msg);
 
  public:
   // Shuts down (SHUT_RDWR) every TCP connection key `id`'s messages came on that is still that

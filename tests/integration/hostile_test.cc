@@ -515,9 +515,8 @@ TEST_CASE(
   for (const auto& l : lines) CHECK(field(l, "applied") == "true");
 }
 
-// A malicious SERVER: a raw ROUTER holding the server's key welcomes a real starling-client, then
-// sends a Task whose compressor spec is unknown. The client must drop that task (not exit), and
-// still train the next, valid task and end on Shutdown.
+// An operator revokes a listed client that ignores every refusal: the root closes its connection
+// itself (after a second's grace) and refuses its key's next handshake.
 TEST_CASE("a revoked client that ignores every refusal has its connection closed by the root",
           "[integration][server][attack]") {
   Federation f("hostile-revoke");
@@ -559,6 +558,9 @@ TEST_CASE("a revoked client that ignores every refusal has its connection closed
   CHECK(f.log("admin").find("revoked client 3") != std::string::npos);
 }
 
+// A malicious SERVER: a raw ROUTER holding the server's key welcomes a real starling-client, then
+// sends a Task whose compressor spec is unknown. The client must drop that task (not exit), and
+// still train the next, valid task and end on Shutdown.
 TEST_CASE("a client survives a task with an unknown compressor spec from its server",
           "[integration][client][attack]") {
   Federation f("hostile-server");

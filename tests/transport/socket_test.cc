@@ -352,6 +352,14 @@ TEST_CASE("a revoked client's connection is closed by the server and its key can
   SecurityConfig sec = keys.serverSide();
   sec.allow = both;
   ServerSocket server(server_ctx, kAnyPort, sec, testLimits());
+  {
+    // Client 100's first connection, gone: its descriptor number is free for the next one (Linux
+    // gives the lowest), which must be told from it.
+    Context gone_ctx;
+    ClientSocket gone(gone_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
+    REQUIRE(gone.send(pattern(16, 9)));
+    REQUIRE(receiveMessage(server));
+  }
   ClientSocket first(first_ctx, server.endpoint(), keys.clientSide(keys.clients[0]), testLimits());
   ClientSocket second(second_ctx, server.endpoint(), keys.clientSide(keys.clients[1]),
                       testLimits());
