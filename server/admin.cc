@@ -127,18 +127,12 @@ std::string Admin::reload(const ops::Caller& caller) {
   auto next = std::make_shared<transport::AllowList>(transport::AllowList::load(allow_path_));
   // A revoked client stays revoked whatever the folder holds (until the root restarts).
   for (uint64_t id : fleet_.revokedIds()) next->remove(id);
-  std::vector<uint64_t> added, removed;
+  std::vector<uint64_t> added, removed, replaced;
   for (uint64_t id : next->ids()) {
-    if (!allow_->has(id)) {
+    if (!allow_->has(id))
       added.push_back(id);
-    } else if (next->keyOf(id) != allow_->keyOf(id)) {
-      // ZAP names a connection by its id, not its key: a running root cannot tell the old key's
-      // connection from the new one's, so a key is not replaced under it.
-      STARLING_THROW(ConfigError, "client ", id, "'s key changed (", next->origin(id),
-                     "): replace a key by restarting the root, or list the new key under "
-                     "another id and revoke ",
-                     id);
-    }
+    else if (next->keyOf(id) != allow_->keyOf(id))
+      replaced.push_back(id);  // the old key's connections are closed once the new list is in
   }
   for (uint64_t id : allow_->ids())
     if (!next->has(id) && !fleet_.revoked(id)) removed.push_back(id);
@@ -146,6 +140,9 @@ std::string Admin::reload(const ops::Caller& caller) {
   fleet_.setAllowList(now);
   allow_ = now;
   for (uint64_t id : removed) fleet_.revoke(id);
+  // ZAP names a connection by its id, not its key: the old key's connections are closed (what
+  // they queued dropped unread), so only the new key speaks as the client from now on.
+  for (uint64_t id : replaced) (void)fleet_.replacedKey(id);
   const auto list = [](const std::vector<uint64_t>& v) {
     std::string s;
     for (uint64_t id : v) {
@@ -154,10 +151,12 @@ std::string Admin::reload(const ops::Caller& caller) {
     }
     return s.empty() ? std::string("none") : s;
   };
-  log_->warn("admin: allow-list reloaded from {} by {}: {} keys; admitted {}; revoked {}",
-             allow_path_, caller.describe(), now->size(), list(added), list(removed));
+  log_->warn(
+      "admin: allow-list reloaded from {} by {}: {} keys; admitted {}; revoked {}; keys "
+      "replaced {}",
+      allow_path_, caller.describe(), now->size(), list(added), list(removed), list(replaced));
   return "reloaded: " + std::to_string(now->size()) + " keys; admitted " + list(added) +
-         "; revoked " + list(removed);
+         "; revoked " + list(removed) + "; keys replaced " + list(replaced);
 }
 
 std::string Admin::revoke(uint64_t id, const ops::Caller& caller) {

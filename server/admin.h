@@ -9,7 +9,8 @@
 //                   draining, clients registered and online, the allow-list's size, the revoked
 //                   clients
 //   reload          reads security.clients again: keys added are admitted from their next
-//                   handshake; keys gone are revoked (below)
+//                   handshake; keys gone are revoked (below); a key replaced takes over its id
+//                   (the old key's connections closed, ZmqFleet::replacedKey)
 //   revoke ID       client ID: its registration forgotten, its open task failed (an update in
 //                   flight dropped and counted), every later message refused (kRevoked; its
 //                   client stops), its connections closed a second later, its handshakes refused

@@ -233,6 +233,26 @@ ZmqFleet::Progress ZmqFleet::progress() const {
   return p;
 }
 
+size_t ZmqFleet::replacedKey(uint64_t id) {
+  if (auto pend = pending_.find(id); pend != pending_.end()) {
+    if (phase_ && phase_->report) phase_->report->failed.push_back(id);
+    if (phase_ && phase_->async) {
+      phase_->async->failed(id);
+      phase_->event = true;
+    }
+    expired_[id].add(pend->second.nonce);
+    pending_.erase(pend);
+  }
+  if (auto c = clients_.find(id); c != clients_.end()) {
+    by_routing_.erase(c->second.routing);
+    clients_.erase(c);
+  }
+  const size_t n = socket_.cutConnections(id);
+  log_->warn("client {}'s key was replaced: {} connection{} of the old key closed", id, n,
+             n == 1 ? "" : "s");
+  return n;
+}
+
 void ZmqFleet::cutRevoked() {
   const auto now = config_.clock->now();
   for (auto it = cut_due_.begin(); it != cut_due_.end();) {

@@ -162,6 +162,11 @@ class ZmqFleet final : public Fleet {
   // its key off the allow-list first (setAllowList), or it handshakes again at once.
   bool revoke(uint64_t id);
   bool revoked(uint64_t id) const { return revoked_.count(id) != 0; }
+  // Client `id`'s key was replaced (the owner listed the new one with setAllowList first): its
+  // registration is forgotten, its open task or step fails, and its connections, the old key's,
+  // are closed now, what they queued dropped unread; the new key's client registers as any. How
+  // many connections were closed.
+  size_t replacedKey(uint64_t id);
   std::vector<uint64_t> revokedIds() const { return {revoked_.begin(), revoked_.end()}; }
   uint64_t revokedInFlight() const { return revoked_in_flight_; }
   uint64_t revokedConnectionsCut() const { return revoked_cut_; }

@@ -136,6 +136,9 @@ struct TransportStats {
   uint64_t realigned_bytes = 0;
   // Messages dropped unread from a connection whose routing id its peer named (server).
   uint64_t refused_routing_id = 0;
+  // Messages from a connection the owner had closed (cutConnections), queued before it closed:
+  // dropped unread.
+  uint64_t dropped_after_cut = 0;
 };
 
 // A server socket's connections, counted from ZeroMQ's events since the socket was bound. libzmq
@@ -211,9 +214,11 @@ class ServerSocket {
   void setAllowList(std::shared_ptr<const AllowList> allow);
   // The list the ZAP handler admits by now (null for an insecure socket).
   std::shared_ptr<const AllowList> allowList() const;
-  // Closes the TCP connections that client `id`'s messages came on (CURVE; a revoked client's):
-  // each is shut down if its descriptor is still that connection (libzmq gives a ROUTER no way to
-  // close one peer; it sees the connection end and drops it). How many were; 0 insecure.
+  // Closes the TCP connections that client `id`'s messages came on (CURVE; a revoked client's, or
+  // one whose key was replaced): each is shut down if its descriptor is still that connection
+  // (libzmq gives a ROUTER no way to close one peer; it sees the connection end and drops it), and
+  // whatever it queued before it closed is dropped unread (its routing id is never reused). How
+  // many were; 0 insecure.
   size_t cutConnections(uint64_t id);
   // Whether it runs CURVE (not insecure).
   bool secure() const { return !zap_domain_.empty(); }

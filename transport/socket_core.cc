@@ -127,6 +127,10 @@ bool SocketCore::readOne(Steady::time_point now) {
   }
   // The bucket belongs to the authenticated key when there is one (one key opening many
   // connections shares one rate), to the connection's routing id otherwise.
+  if (router_ && !dead_.empty() && dead_.count(peer)) {
+    ++stats.dropped_after_cut;  // queued by a connection cut since: nobody to answer
+    return true;
+  }
   const auto uid = router_ ? userId(payload) : std::optional<uint64_t>{};
   if (uid) noteConnection(*uid, peer, payload);
   const std::string bucket = uid ? "key:" + std::to_string(*uid) : peer;
@@ -199,6 +203,14 @@ size_t SocketCore::cutConnections(uint64_t id) {
     if (getpeername(c.fd, reinterpret_cast<sockaddr*>(&now), &len) != 0) continue;  // gone
     if (len != c.peer_len || std::memcmp(&now, &c.peer, len) != 0) continue;  // reused: not it
     if (shutdown(c.fd, SHUT_RDWR) == 0) ++cut;
+    // Its routing id is never given again: what it queued before the cut is dropped.
+    if (dead_.insert(c.routing).second) {
+      dead_order_.push_back(c.routing);
+      if (dead_order_.size() > kDeadKept) {
+        dead_.erase(dead_order_.front());
+        dead_order_.pop_front();
+      }
+    }
   }
   connections_.erase(it);
   return cut;

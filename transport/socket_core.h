@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 #include <zmq.hpp>
 
@@ -60,6 +61,10 @@ class SocketCore {
   };
   static constexpr size_t kConnectionsPerKey = 8, kKeysTracked = 200'000;
   std::unordered_map<uint64_t, std::vector<Connection>> connections_;
+  // The routing ids of the connections cut (the last kDeadKept): what they queued is dropped.
+  static constexpr size_t kDeadKept = 100'000;
+  std::unordered_set<std::string> dead_;
+  std::deque<std::string> dead_order_;
   void noteConnection(uint64_t id, const std::string& routing, zmq::message_t& msg);
 
  public:

@@ -313,21 +313,32 @@ class Administration(LiveRoot):
                                              for r in self.records()), 60),
                         self.fed.log("root"))
 
-        # A key replaced under a running root is refused (ZAP names a connection by its id,
-        # so the old key's connection could not be told from the new one's).
+        # Client 0's key replaced under the running root: the old key's connection is closed
+        # (what it queued dropped unread), its next handshake refused, and a client holding the
+        # new key takes its place.
         other = os.path.join(self.fed.dir, "other")
         subprocess.run([os.path.join(BIN, "starling-keygen"), "--out", other, "--name", "rot",
                         "--id", "0"], check=True, capture_output=True, timeout=30)
-        listed = os.path.join(self.fed.dir, "allow-root", "client-0.key")
-        shutil.copy(listed, os.path.join(self.fed.dir, "client-0.key.saved"))
-        shutil.copy(os.path.join(other, "rot.key"), listed)
-        rc, out = admin(sock, "reload")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("client 0's key changed", out)
-        shutil.copy(os.path.join(self.fed.dir, "client-0.key.saved"), listed)
+        shutil.copy(os.path.join(other, "rot.key"),
+                    os.path.join(self.fed.dir, "allow-root", "client-0.key"))
         rc, out = admin(sock, "reload")
         self.assertEqual(rc, 0, out)
-        self.assertIn("admitted none; revoked none", out)
+        self.assertIn("admitted none; revoked none; keys replaced 0", out)
+        self.gate.open(10)  # a fit the old client 0 began ends; it finds its connection gone
+        runs[0]["thread"].join(60)
+        self.assertFalse(runs[0]["thread"].is_alive(), "the old key's client did not stop")
+        self.assertIsInstance(runs[0].get("error"), starling.UpstreamRefused, runs[0])
+        self.assertIn("client 0's key was replaced: 1 connection of the old key closed",
+                      self.fed.log("root"))
+        n = len(self.records())
+        self.clients[0] = starling.Client(
+            GatedClient(self.gate, 0.01), num_examples=10,
+            **{**self.fed.client_kwargs(port, 0), "key": os.path.join(other, "rot.key_secret")})
+        runs[0] = run_in_thread(self.clients[0])
+        self.gate.open(30)
+        self.assertTrue(wait_for(lambda: any(r["clients_completed"] == 3
+                                             for r in self.records()[n:]), 60),
+                        self.fed.log("root"))  # 0 with its new key, 1 and 2
 
         # Revoke client 1: it is told to stop (and does), the rounds go on with 0 and 2.
         rc, out = admin(sock, "revoke", "1")
