@@ -108,28 +108,14 @@ bool ZmqFleet::revoke(uint64_t id) {
     STARLING_THROW(ConfigError,
                    "revoking a client needs CURVE: an insecure server cannot tell who sends");
   if (!revoked_.insert(id).second) return false;
-  if (auto pend = pending_.find(id); pend != pending_.end()) {
-    // Its task or step fails now; an answer already on its way is refused when it comes.
-    ++revoked_in_flight_;
-    if (phase_ && phase_->report) phase_->report->failed.push_back(id);
-    if (phase_ && phase_->async) {
-      phase_->async->failed(id);
-      phase_->event = true;
-    }
-    expired_[id].add(pend->second.nonce);
-    pending_.erase(pend);
-  }
-  if (auto c = clients_.find(id); c != clients_.end()) {
-    // Told at once why: an honest client registers again, is refused for good (kRevoked,
-    // RegistrationRefused), stops and closes its connection.
-    pr::RejectMsg m;
-    m.kind = pr::RejectKind::kNotRegistered;
-    m.code = static_cast<uint32_t>(Errc::kRevoked);
-    m.message = "client " + std::to_string(id) + " was revoked by the federation's operator";
-    socket_.send(c->second.routing, pr::encode(m));
-    by_routing_.erase(c->second.routing);
-    clients_.erase(c);
-  }
+  // Told at once why: an honest client registers again, is refused for good (kRevoked,
+  // RegistrationRefused), stops and closes its connection. An answer already on its way to the
+  // task that fails now is refused when it comes.
+  pr::RejectMsg m;
+  m.kind = pr::RejectKind::kNotRegistered;
+  m.code = static_cast<uint32_t>(Errc::kRevoked);
+  m.message = "client " + std::to_string(id) + " was revoked by the federation's operator";
+  if (forget(id, pr::encode(m))) ++revoked_in_flight_;
   // Its connections closed kRevokeGrace later, whether or not it listened (the owner took its key
   // off the ZAP handler's list first, so it cannot handshake again).
   cut_due_[id] = config_.clock->now() + kRevokeGrace;
@@ -233,8 +219,10 @@ ZmqFleet::Progress ZmqFleet::progress() const {
   return p;
 }
 
-size_t ZmqFleet::replacedKey(uint64_t id) {
+bool ZmqFleet::forget(uint64_t id, const std::vector<uint8_t>& tell) {
+  bool had_task = false;
   if (auto pend = pending_.find(id); pend != pending_.end()) {
+    had_task = true;
     if (phase_ && phase_->report) phase_->report->failed.push_back(id);
     if (phase_ && phase_->async) {
       phase_->async->failed(id);
@@ -244,9 +232,15 @@ size_t ZmqFleet::replacedKey(uint64_t id) {
     pending_.erase(pend);
   }
   if (auto c = clients_.find(id); c != clients_.end()) {
+    if (!tell.empty()) socket_.send(c->second.routing, tell);
     by_routing_.erase(c->second.routing);
     clients_.erase(c);
   }
+  return had_task;
+}
+
+size_t ZmqFleet::replacedKey(uint64_t id) {
+  (void)forget(id);
   const size_t n = socket_.cutConnections(id);
   log_->warn("client {}'s key was replaced: {} connection{} of the old key closed", id, n,
              n == 1 ? "" : "s");

@@ -357,6 +357,9 @@ class ZmqFleet final : public Fleet {
     std::chrono::steady_clock::time_point subtree_at{};
   };
   Tally& tally(uint64_t id);
+  // Client `id`'s open task or step fails now (true when it had one) and its registration is
+  // forgotten; `tell`, when not empty, is sent to it first (revoke, replacedKey).
+  bool forget(uint64_t id, const std::vector<uint8_t>& tell = {});
   std::unordered_map<uint64_t, Tally> tallies_;
   Tally untracked_;  // a peer's while every tracked one is registered (kMaxTallies)
   std::deque<PhaseTime> phase_times_;
