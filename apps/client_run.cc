@@ -52,7 +52,8 @@ void exportStats(ops::Registry& r, const client::RuntimeStats& s) {
 int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
   auto log = apps::makeLogger("client-" + std::to_string(c.client.id), c.log_level, c.net.insecure,
                               c.log_format);
-  const auto partitioner = data::makePartitioner(c.data.partition);
+  const std::shared_ptr<const data::Partitioner> partitioner =
+      data::makePartitioner(c.data.partition);
   client::RuntimeConfig rc;
   rc.server = c.client.server;
   rc.client_id = c.client.id;
@@ -77,17 +78,23 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
   // Its training shard (the same split every client computes, from the labels) and an IID share of
   // the test set: only those examples are kept, never the whole data set. A shard
   // drawn with replacement may repeat an example: the file's example is kept once and the view
-  // names it as often as the shard does.
+  // names it as often as the shard does. A rule that draws each client's shard on its own
+  // (sampled) draws this client's alone.
   std::vector<size_t> train_shard, test_shard;
-  const auto shard = [&](const data::Partitioner& p, std::vector<size_t>& out) {
+  const auto shard = [&](const std::shared_ptr<const data::Partitioner>& p,
+                         std::vector<size_t>& out) {
     return [&p, &c, &out](const std::vector<uint8_t>& labels, uint32_t classes) {
-      out = p.split(labels, classes, c.data.num_clients, c.model.seed)[c.client.id];
+      const auto shards =
+          data::ClientShards::make(p, labels, classes, c.data.num_clients, c.model.seed);
+      std::vector<size_t> scratch;
+      const std::span<const size_t> mine = shards.shard(c.client.id, scratch);
+      out.assign(mine.begin(), mine.end());
       return out;
     };
   };
-  const auto iid = data::makePartitioner("iid");
-  const data::LoadedData loaded = data::loadDataSubset(
-      c.data.source, shard(*partitioner, train_shard), shard(*iid, test_shard));
+  const std::shared_ptr<const data::Partitioner> iid = data::makePartitioner("iid");
+  const data::LoadedData loaded =
+      data::loadDataSubset(c.data.source, shard(partitioner, train_shard), shard(iid, test_shard));
   const data::Dataset& train = loaded.train;
   const data::Dataset empty;
   const data::Dataset& test = loaded.test ? *loaded.test : empty;

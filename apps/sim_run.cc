@@ -218,8 +218,9 @@ std::unique_ptr<SimParts> loadSimulation(const Settings& c, SimPlan& plan) {
   const uint64_t n = c.data.num_clients;
   sim::SimClients& clients = parts->clients;
   clients.train = &train;
-  clients.shards = data::makePartitioner(c.data.partition)
-                       ->split(train.labels, train.num_classes, n, c.model.seed);
+  // A rule that draws each client's shard on its own (sampled) holds nothing per client.
+  clients.shards = data::ClientShards::make(data::makePartitioner(c.data.partition), train.labels,
+                                            train.num_classes, n, c.model.seed);
   clients.devices = c.devices.trace.empty()
                         ? sim::DevicePopulation::sample(n, plan.devices, c.model.seed)
                         : sim::DevicePopulation::fromCsv(c.devices.trace, n);
@@ -244,6 +245,9 @@ std::unique_ptr<SimParts> loadSimulation(const Settings& c, SimPlan& plan) {
   plan.ec.scaffold_population = plan.ec.scheme.scaffold ? n : 0;
   return parts;
 }
+
+// The most memory describe() spends on the pool's statistics or split file.
+constexpr double kMaxDescribeBytes = 2e9;
 
 // The first worker's account of the run before it starts, and the data files it was asked for.
 void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
@@ -273,6 +277,26 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
                                   : "each update formed and compressed where it trains")
             : "this compressor is compressed on the host (top-k, stc, rand-k, random-block, "
               "sign, QSGD, PowerSGD and ACP-SGD are served)");
+  // Both describe every client of the pool in memory: a drawn pool of millions is refused with
+  // what it would take.
+  const data::ClientShards& shards = parts.clients.shards;
+  const auto refuseHuge = [&](const char* key, double bytes) {
+    if (bytes > kMaxDescribeBytes)
+      STARLING_THROW(ConfigError, key, " describes every client of the pool in memory: about ",
+                     static_cast<uint64_t>(bytes / 1e6), " MB for ", shards.size(),
+                     " clients (at most ", static_cast<uint64_t>(kMaxDescribeBytes / 1e6),
+                     " MB); ask for it with a smaller data.num_clients (a drawn client's shard "
+                     "depends only on model.seed and its id, not on the pool's size)");
+  };
+  const double clients = static_cast<double>(shards.size()),
+               per_client = shards.size() ? static_cast<double>(shards.examples(0)) : 0.0;
+  if (shards.drawn()) {
+    if (c.data.stats || !c.data.stats_file.empty())
+      refuseHuge(c.data.stats ? "data.stats" : "data.stats_file",
+                 clients * (8.0 * train.num_classes + 80.0));
+    if (!c.data.split_file.empty())
+      refuseHuge("data.split_file", clients * (per_client * 7.0 + 1.0));
+  }
   if (c.data.stats || !c.data.stats_file.empty()) {
     const data::PartitionStats st =
         data::partitionStats(train.labels, train.num_classes, parts.clients.shards);

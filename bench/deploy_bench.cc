@@ -549,7 +549,7 @@ void ingestFleet(benchmark::State& st, bool insecure, Kind kind, bool scraped = 
   store.set(std::vector<float>(layout->numel(), 0.0f), 1);
   store.set(std::vector<float>(layout->numel(), 0.0f), 2);
   Farm farm({fleet.endpoint(), insecure, &keys, n, kind, 1, false});
-  const auto clients = fleet.waitForClients(n, 60s);
+  const auto clients = fleet.waitForClients(n, 60s).list();
   if (clients.size() != n || !farm.waitWelcomed(60s)) {
     st.SkipWithError(("registration failed: " + farm.error()).c_str());
     return;
@@ -741,7 +741,7 @@ int memoryOne(size_t n, bool dense_task) {
     sv::ModelStore store(layout, 2);
     store.set(std::vector<float>(layout->numel(), 0.0f), 1);
     store.set(std::vector<float>(layout->numel(), 0.0f), 2);
-    const auto clients = fleet.waitForClients(n, 120s);
+    const auto clients = fleet.waitForClients(n, 120s).list();
     fleet.service(500ms);  // the last Welcomes out
     rss_registered = statusKb("VmRSS");
     auto round = scheme.begin(1, scheme.initialCarry());
@@ -809,7 +809,7 @@ int serveStatus(size_t n) {
   std::vector<sv::ClientInfo> clients;
   if (n > 0) {
     farm = std::make_unique<Farm>(FarmConfig{fleet.endpoint(), false, &keys, n, Kind::kTopK, 1});
-    clients = fleet.waitForClients(n, 120s);
+    clients = fleet.waitForClients(n, 120s).list();
     if (clients.size() != n || !farm->waitWelcomed(120s)) {
       std::cerr << "registration failed: " << farm->error() << "\n";
       return 1;

@@ -261,16 +261,22 @@ class SampledPartitioner final : public Partitioner {
   std::string name() const override { return "sampled"; }
   std::string spec() const override { return "sampled:size=" + std::to_string(size_); }
   bool withReplacement() const override { return true; }
+  bool drawsEachClient() const override { return true; }
+  uint64_t drawnSize() const override { return size_; }
+  void drawShard(size_t examples, uint64_t client, uint64_t seed,
+                 std::vector<size_t>& out) const override {
+    STARLING_CHECK_ARG(examples > 0, spec(), ": no examples to draw from");
+    RngStream rng(StreamKey{seed, 0, client, StreamPurpose::kDataPartition, 0});
+    out.resize(size_);
+    for (size_t& i : out) i = static_cast<size_t>(rng.below(examples));
+    std::sort(out.begin(), out.end());
+  }
 
  protected:
   Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients,
                    uint64_t seed) const override {
     Partition shards(clients);
-    for (size_t k = 0; k < clients; ++k) {
-      RngStream rng(StreamKey{seed, 0, k, StreamPurpose::kDataPartition, 0});
-      shards[k].resize(size_);
-      for (size_t& i : shards[k]) i = static_cast<size_t>(rng.below(labels.size()));
-    }
+    for (size_t k = 0; k < clients; ++k) drawShard(labels.size(), k, seed, shards[k]);
     return shards;
   }
 
@@ -280,8 +286,12 @@ class SampledPartitioner final : public Partitioner {
 
 }  // namespace
 
-Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
-                             uint64_t seed) const {
+void Partitioner::drawShard(size_t, uint64_t, uint64_t, std::vector<size_t>&) const {
+  STARLING_THROW(InvalidArgument, spec(), " does not draw each client's shard on its own");
+}
+
+void Partitioner::check(std::span<const uint8_t> labels, uint32_t num_classes,
+                        size_t clients) const {
   if (clients == 0)
     STARLING_THROW(ConfigError, spec(), ": cannot split a data set among 0 clients");
   if (labels.empty()) STARLING_THROW(ConfigError, spec(), ": the data set has no examples");
@@ -294,6 +304,11 @@ Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_class
   for (size_t i = 0; i < labels.size(); ++i)
     STARLING_CHECK_ARG(labels[i] < num_classes, spec(), ": label ", int{labels[i]}, " of example ",
                        i, " is not below num_classes ", num_classes);
+}
+
+Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                             uint64_t seed) const {
+  check(labels, num_classes, clients);
   Partition shards = assign(labels, num_classes, clients, seed);
   STARLING_ENFORCE(shards.size() == clients, spec(), " returned ", shards.size(), " shards for ",
                    clients, " clients");
@@ -307,6 +322,33 @@ Partition Partitioner::split(std::span<const uint8_t> labels, uint32_t num_class
   STARLING_ENFORCE(withReplacement() || total == labels.size(), spec(), " assigned ", total, " of ",
                    labels.size(), " examples");
   return shards;
+}
+
+ClientShards ClientShards::make(std::shared_ptr<const Partitioner> rule,
+                                std::span<const uint8_t> labels, uint32_t num_classes,
+                                size_t clients, uint64_t seed) {
+  STARLING_CHECK_ARG(rule != nullptr, "ClientShards::make: no partitioner");
+  if (!rule->drawsEachClient())
+    return ClientShards(rule->split(labels, num_classes, clients, seed));
+  rule->check(labels, num_classes, clients);
+  ClientShards s;
+  s.rule_ = std::move(rule);
+  s.clients_ = clients;
+  s.examples_ = labels.size();
+  s.seed_ = seed;
+  return s;
+}
+
+uint64_t ClientShards::examples(uint64_t client) const {
+  STARLING_CHECK_ARG(client < clients_, "client ", client, " of only ", clients_);
+  return rule_ ? rule_->drawnSize() : held_[client].size();
+}
+
+std::span<const size_t> ClientShards::shard(uint64_t client, std::vector<size_t>& scratch) const {
+  STARLING_CHECK_ARG(client < clients_, "client ", client, " of only ", clients_);
+  if (!rule_) return held_[client];
+  rule_->drawShard(examples_, client, seed_, scratch);
+  return scratch;
 }
 
 const Registry<Partitioner>& partitioners() {

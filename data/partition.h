@@ -41,6 +41,16 @@ class Partitioner {
   // overlap, need not cover the data set, and there may be more clients than examples.
   virtual bool withReplacement() const { return false; }
 
+  // True for a rule that draws each client's shard on its own (sampled): client k's shard is a
+  // function of the data set's size, the seed and k alone, so it can be drawn whenever it is asked
+  // for and a pool of any size holds nothing per client (ClientShards).
+  virtual bool drawsEachClient() const { return false; }
+  // Such a rule's shard of `client` among `examples` examples, ascending, into `out` (replaced);
+  // its size is drawnSize(). InvalidArgument for a rule that does not draw each client.
+  virtual void drawShard(size_t examples, uint64_t client, uint64_t seed,
+                         std::vector<size_t>& out) const;
+  virtual uint64_t drawnSize() const { return 0; }
+
   // Splits examples 0 .. labels.size() - 1 among `clients` clients.
   // Guarantees: exactly `clients` shards, each sorted ascending, every index below labels.size().
   // Unless withReplacement(): the shards are disjoint and together hold every index once.
@@ -51,12 +61,43 @@ class Partitioner {
   // num_classes.
   Partition split(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
                   uint64_t seed) const;
+  // split()'s checks of its arguments alone (the same errors), without splitting.
+  void check(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients) const;
 
  protected:
   // The rule itself, called by split() with checked arguments. It may return shards in any
   // order within each shard; split() sorts them.
   virtual Partition assign(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
                            uint64_t seed) const = 0;
+};
+
+// The shards of a population of clients: held (split() once, for the rules that split the data
+// set among its clients), or drawn again each time a client's is asked for (a rule that
+// drawsEachClient(): nothing is held per client, so a pool of ten million clients costs what a
+// pool of one does). Immutable once made: one object may be read from many threads.
+class ClientShards {
+ public:
+  ClientShards() = default;
+  // Held: `shards` as split() gives them (each ascending).
+  explicit ClientShards(Partition shards) : held_(std::move(shards)), clients_(held_.size()) {}
+  // `clients` clients of `rule` over the data set's `labels`: drawn when the rule draws each
+  // client on its own, else split() once and held. split()'s checks and errors either way.
+  static ClientShards make(std::shared_ptr<const Partitioner> rule, std::span<const uint8_t> labels,
+                           uint32_t num_classes, size_t clients, uint64_t seed);
+
+  size_t size() const { return clients_; }
+  bool drawn() const { return rule_ != nullptr; }
+  // How many examples `client` holds (with repeats); client < size().
+  uint64_t examples(uint64_t client) const;
+  // Its example indices, ascending: the held shard, or drawn into `scratch` (the span is valid
+  // until `scratch` changes).
+  std::span<const size_t> shard(uint64_t client, std::vector<size_t>& scratch) const;
+
+ private:
+  Partition held_;
+  std::shared_ptr<const Partitioner> rule_;  // drawn: the rule, and what it draws from
+  size_t clients_ = 0, examples_ = 0;
+  uint64_t seed_ = 0;
 };
 
 // The registered partitioners (iid, dirichlet, quantity, shards, sampled).

@@ -68,27 +68,45 @@ double PartitionStats::labelSkew(size_t k) const {
   return skewAgainst(*this, k, pooledHistogram(), static_cast<double>(total()));
 }
 
-PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_classes,
-                              const Partition& shards) {
-  STARLING_CHECK_ARG(!shards.empty(), "partitionStats: the partition has no clients");
+namespace {
+// The statistics of `clients` shards, client k's given by shardOf(k).
+template <class ShardOf>
+PartitionStats statsOf(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
+                       const ShardOf& shardOf) {
+  STARLING_CHECK_ARG(clients > 0, "partitionStats: the partition has no clients");
   STARLING_CHECK_ARG(num_classes >= 1 && num_classes <= 256, "partitionStats: num_classes ",
                      num_classes, " is not in [1, 256]");
   PartitionStats st;
   st.num_classes = num_classes;
-  st.histograms.assign(shards.size(), std::vector<size_t>(num_classes, 0));
-  for (size_t k = 0; k < shards.size(); ++k) {
-    for (size_t i : shards[k]) {
+  st.histograms.assign(clients, std::vector<size_t>(num_classes, 0));
+  for (size_t k = 0; k < clients; ++k) {
+    const std::span<const size_t> shard = shardOf(k);
+    for (size_t i : shard) {
       STARLING_CHECK_ARG(i < labels.size(), "partitionStats: client ", k, " holds example ", i,
                          " of only ", labels.size());
       STARLING_CHECK_ARG(labels[i] < num_classes, "partitionStats: label ", int{labels[i]},
                          " of example ", i, " is not below num_classes ", num_classes);
       ++st.histograms[k][labels[i]];
     }
-    st.sizes.push_back(shards[k].size());
+    st.sizes.push_back(shard.size());
     st.classes_held.push_back(static_cast<uint32_t>(std::count_if(
         st.histograms[k].begin(), st.histograms[k].end(), [](size_t c) { return c > 0; })));
   }
   return st;
+}
+}  // namespace
+
+PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_classes,
+                              const Partition& shards) {
+  return statsOf(labels, num_classes, shards.size(),
+                 [&](size_t k) { return std::span<const size_t>(shards[k]); });
+}
+
+PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_classes,
+                              const ClientShards& shards) {
+  std::vector<size_t> scratch;
+  return statsOf(labels, num_classes, shards.size(),
+                 [&](size_t k) { return shards.shard(k, scratch); });
 }
 
 std::string summary(const PartitionStats& st) {
@@ -133,10 +151,17 @@ void writeStatsCsv(const PartitionStats& st, const std::string& path) {
 
 void writeSplit(const Partition& shards, size_t num_examples, const std::string& what,
                 const std::string& path) {
+  writeSplit(ClientShards(shards), num_examples, what, path);
+}
+
+void writeSplit(const ClientShards& shards, size_t num_examples, const std::string& what,
+                const std::string& path) {
   std::string out = "# starling split: " + std::to_string(shards.size()) + " clients, " +
                     std::to_string(num_examples) + " training examples; " + what + "\n";
   out += "# line k after these comments: client k's example indices (rows of the training file)\n";
-  for (const auto& shard : shards) {
+  std::vector<size_t> scratch;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const std::span<const size_t> shard = shards.shard(k, scratch);
     for (size_t i = 0; i < shard.size(); ++i) {
       if (i) out += ' ';
       out += std::to_string(shard[i]);

@@ -38,6 +38,9 @@ struct PartitionStats {
 // Does not require a disjoint cover: it describes whatever it is given.
 PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_classes,
                               const Partition& shards);
+// The same of a population's shards, a drawn one's drawn client by client.
+PartitionStats partitionStats(std::span<const uint8_t> labels, uint32_t num_classes,
+                              const ClientShards& shards);
 
 // One line, e.g. "10 clients, 60000 examples; per client: 5212 / 6004 / 6953 examples
 // (min / median / max), 3.4 of 10 classes on average".
@@ -57,6 +60,8 @@ void writeStatsCsv(const PartitionStats& stats, const std::string& path);
 // training file, ascending, space-separated; an empty line for an empty shard). IoError when
 // the file cannot be written; it is written whole or not at all (core/file_io.h).
 void writeSplit(const Partition& shards, size_t num_examples, const std::string& what,
+                const std::string& path);
+void writeSplit(const ClientShards& shards, size_t num_examples, const std::string& what,
                 const std::string& path);
 
 }  // namespace starling::data

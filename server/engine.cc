@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -578,36 +579,106 @@ void RoundEngine::loadCheckpoint() {
   fleet_state_pending_ = true;
 }
 
-std::vector<ClientInfo> RoundEngine::sample(const std::vector<ClientInfo>& available,
-                                            uint64_t round, size_t* target) const {
-  std::vector<ClientInfo> pool = available;
-  std::sort(pool.begin(), pool.end(),
+ClientPool::ClientPool(std::vector<ClientInfo> list) : list_(std::move(list)) {
+  std::sort(list_.begin(), list_.end(),
             [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
-  const auto& s = config_.sampling;
+}
+
+ClientPool ClientPool::generated(uint64_t n, Make make) {
+  STARLING_CHECK_ARG(make != nullptr, "a generated pool needs a function that makes its clients");
+  ClientPool p;
+  p.generated_ = true;
+  p.n_ = n;
+  p.make_ = std::move(make);
+  return p;
+}
+
+ClientPool ClientPool::generated(std::vector<uint32_t> ids, Make make) {
+  STARLING_CHECK_ARG(std::is_sorted(ids.begin(), ids.end()) &&
+                         std::adjacent_find(ids.begin(), ids.end()) == ids.end(),
+                     "a generated pool's ids ascend");
+  ClientPool p = generated(ids.size(), std::move(make));
+  p.ids_ = std::make_shared<const std::vector<uint32_t>>(std::move(ids));
+  return p;
+}
+
+ClientInfo ClientPool::operator[](size_t i) const {
+  STARLING_CHECK_ARG(i < size(), "client ", i, " of a pool of ", size());
+  if (!generated_) return list_[i];
+  return make_(ids_ ? uint64_t{(*ids_)[i]} : uint64_t{i});
+}
+
+ClientPool ClientPool::clients() const {
+  if (generated_) return *this;
+  std::vector<ClientInfo> out;
+  for (const ClientInfo& c : list_)
+    if (c.role == protocol::Role::kClient) out.push_back(c);
+  return ClientPool(std::move(out));
+}
+
+std::vector<ClientInfo> ClientPool::list() const {
+  if (!generated_) return list_;
+  std::vector<ClientInfo> out;
+  out.reserve(size());
+  for (const ClientInfo c : *this) out.push_back(c);
+  return out;
+}
+
+ClientPool ClientPool::evaluators() const {
+  if (generated_) return *this;
+  std::vector<ClientInfo> out;
+  for (const ClientInfo& c : list_)
+    if (c.eval_examples > 0) out.push_back(c);
+  return ClientPool(std::move(out));
+}
+
+namespace {
+// The pool's positions 0..n-1 shuffled as data::shuffleInPlace shuffles n elements (the same
+// draws, the same permutation), the first `chosen` kept: the clients a shuffle of the pool itself
+// would put first, without copying a client. I is uint32_t below 2^32 clients.
+template <class I>
+std::vector<ClientInfo> firstOfShuffle(const ClientPool& pool, size_t chosen, RngStream& rng) {
+  std::vector<I> order(pool.size());
+  std::iota(order.begin(), order.end(), I{0});
+  data::shuffleInPlace(std::span<I>(order), rng);
+  order.resize(chosen);
+  std::sort(order.begin(), order.end());  // the pool ascends by id
+  std::vector<ClientInfo> out;
+  out.reserve(chosen);
+  for (I i : order) out.push_back(pool[i]);
+  return out;
+}
+}  // namespace
+
+std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConfig& s,
+                                      uint64_t run_seed, const privacy::Key32& poisson_key,
+                                      uint64_t round, size_t* target) {
   const size_t n = pool.size();
   if (s.poisson_rate > 0) {
     // Poisson sampling: each client on a draw of its own, a function of its id and the round.
-    const privacy::Key32 key =
-        dp_ ? dp_->samplingKey()
-            : privacy::publicKey("starling poisson sampling", config_.scheme.run_seed, 0);
-    std::erase_if(pool, [&](const ClientInfo& c) {
-      return !(privacy::keyedUniform(key, round, privacy::MaskStream::kSampling, c.id) <
-               s.poisson_rate);
-    });
-    *target = pool.size();
-    return pool;
+    std::vector<ClientInfo> out;
+    for (const ClientInfo c : pool)
+      if (privacy::keyedUniform(poisson_key, round, privacy::MaskStream::kSampling, c.id) <
+          s.poisson_rate)
+        out.push_back(c);
+    *target = out.size();
+    return out;
   }
   const size_t wanted = s.clients_per_round > 0 ? s.clients_per_round : ceilFraction(s.fraction, n);
   *target = std::min(n, std::max(s.min_clients, wanted));
   const size_t chosen = std::min(n, ceilFraction(s.overcommit, *target));
   // Sampling is a pure function of (seed, round): the round number is the RNG position.
-  RngStream rng(
-      StreamKey{config_.scheme.run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});
-  data::shuffleInPlace(std::span<ClientInfo>(pool), rng);
-  pool.resize(chosen);
-  std::sort(pool.begin(), pool.end(),
-            [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
-  return pool;
+  RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});
+  return n <= UINT32_MAX ? firstOfShuffle<uint32_t>(pool, chosen, rng)
+                         : firstOfShuffle<uint64_t>(pool, chosen, rng);
+}
+
+std::vector<ClientInfo> RoundEngine::sample(const ClientPool& available, uint64_t round,
+                                            size_t* target) const {
+  const privacy::Key32 key =
+      dp_ ? dp_->samplingKey()
+          : privacy::publicKey("starling poisson sampling", config_.scheme.run_seed, 0);
+  return sampleClients(available, config_.sampling, config_.scheme.run_seed, key, round, target);
 }
 
 RoundRecord RoundEngine::runRound(Fleet& fleet) {
@@ -650,7 +721,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     fleet_state_pending_ = false;
   }
   const auto& s = config_.sampling;
-  const std::vector<ClientInfo> available =
+  const ClientPool available =
       fleet.waitForClients(s.min_available, std::chrono::milliseconds(s.wait_ms), rec.round);
   if (available.size() < s.min_available) {
     rec.reason = "only " + std::to_string(available.size()) + " clients available, " +
@@ -662,9 +733,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   if (dp_) {
     // Central DP samples clients only: an edge aggregator's partial holds updates the root
     // cannot clip (under secure aggregation too: its sampling is of clients).
-    std::vector<ClientInfo> clients = available;
-    std::erase_if(clients, [](const ClientInfo& c) { return c.role != protocol::Role::kClient; });
-    active = sample(clients, rec.round, &target);
+    active = sample(available.clients(), rec.round, &target);
   } else {
     active = sample(available, rec.round, &target);
   }
@@ -758,9 +827,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     // during it cannot make the round run again with another sample and other noise.
     if (dp_) persist();
     try {
-      std::vector<ClientInfo> evaluators;
-      for (const auto& c : fleet.waitForClients(1, std::chrono::milliseconds(0), rec.round))
-        if (c.eval_examples > 0) evaluators.push_back(c);
+      const ClientPool evaluators =
+          fleet.waitForClients(1, std::chrono::milliseconds(0), rec.round).evaluators();
       if (!evaluators.empty()) {
         protocol::TaskMsg eh = header;
         eh.kind = protocol::TaskKind::kEvaluate;

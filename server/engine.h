@@ -49,6 +49,57 @@ struct ClientInfo {
   bool stc_downlink = false;
 };
 
+// The clients available to a round, by ascending id. A root's registry gives them as a list; a
+// simulated pool gives how many there are and a function that makes any one's ClientInfo, so that
+// a pool of ten million holds nothing per client (the ids 0..n-1, or, when some are offline, the
+// ascending ids of those online, 4 bytes each).
+class ClientPool {
+ public:
+  using Make = std::function<ClientInfo(uint64_t id)>;
+  ClientPool() = default;
+  // A list, in any order (sorted by id here). Implicit: a fleet returns its list.
+  ClientPool(std::vector<ClientInfo> list);  // NOLINT(google-explicit-constructor)
+  // Clients 0..n-1 / those listed (ascending, each below 2^32), each one's info made by `make`:
+  // a client (not an edge aggregator) with training and evaluation examples.
+  static ClientPool generated(uint64_t n, Make make);
+  static ClientPool generated(std::vector<uint32_t> ids, Make make);
+
+  size_t size() const { return generated_ ? (ids_ ? ids_->size() : n_) : list_.size(); }
+  bool empty() const { return size() == 0; }
+  // The i-th by ascending id (i < size()).
+  ClientInfo operator[](size_t i) const;
+  // Those that are clients (not edge aggregators) / that have evaluation examples (a generated
+  // pool: all of them, without a copy).
+  ClientPool clients() const;
+  ClientPool evaluators() const;
+  // Every client, ascending by id (a list's copy; a generated pool's made one by one).
+  std::vector<ClientInfo> list() const;
+
+  class Iterator {
+   public:
+    Iterator(const ClientPool* pool, size_t i) : pool_(pool), i_(i) {}
+    ClientInfo operator*() const { return (*pool_)[i_]; }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const Iterator& o) const { return i_ != o.i_; }
+
+   private:
+    const ClientPool* pool_;
+    size_t i_;
+  };
+  Iterator begin() const { return Iterator(this, 0); }
+  Iterator end() const { return Iterator(this, size()); }
+
+ private:
+  std::vector<ClientInfo> list_;
+  bool generated_ = false;
+  uint64_t n_ = 0;
+  std::shared_ptr<const std::vector<uint32_t>> ids_;  // null: 0..n_-1
+  Make make_;
+};
+
 struct SamplingConfig {
   double fraction = 1.0;  // of the available clients, per round
   size_t clients_per_round =
@@ -128,6 +179,14 @@ std::string secureCompressorRefusal(const compression::Compressor& compressor);
 // support's size (the model's numel when dense).
 uint64_t secureDim(const compression::Compressor& compressor, const ParamLayout& layout,
                    uint64_t run_seed, uint64_t round);
+// Round `round`'s clients from `pool`, ascending by id, and in `target` the results the round
+// wants. By count (fraction or clients_per_round, over-committed): a shuffle of the pool keyed by
+// (run_seed, round), the same clients whatever the pool's form (a list or generated), O(pool) time
+// and 4 bytes a client of it while it runs. By Poisson: each client kept on a draw of its own,
+// keyed by `poisson_key`.
+std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConfig& s,
+                                      uint64_t run_seed, const privacy::Key32& poisson_key,
+                                      uint64_t round, size_t* target);
 // The most clients a round of this sampling can have when it says (a count, over-committed);
 // 1 when each round's own count decides (Poisson sampling, a fraction).
 uint64_t secureMaxClients(const SamplingConfig& s);
@@ -245,8 +304,8 @@ class Fleet {
   virtual ~Fleet() = default;
   // The clients available for round `round` now, after waiting up to `timeout` until there are at
   // least `min` (a simulated fleet also applies its devices' availability in that round).
-  virtual std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout,
-                                                 uint64_t round) = 0;
+  virtual ClientPool waitForClients(size_t min, std::chrono::milliseconds timeout,
+                                    uint64_t round) = 0;
   // Delivers the phase's task to `participants` and adds what comes back to `agg` as it streams
   // in (never holding one update per client), until `target` results were accepted, every
   // participant answered or failed, or the task's deadline passed.
@@ -269,7 +328,7 @@ class Fleet {
       std::span<const ClientInfo> aggregators, uint64_t round, uint32_t deadline_ms,
       PhaseReport& report);
   // Federated evaluation of the current model on the participants' held-out data.
-  virtual EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) = 0;
+  virtual EvalReport evaluate(const PhaseTask& task, const ClientPool& participants) = 0;
   // The federation is over: tell the clients.
   virtual void finish(const std::string& reason) = 0;
   // A fleet of workers that keep client state and share the server step (the simulator's) says so
@@ -352,8 +411,7 @@ class RoundEngine {
   void loadCheckpoint();
   void saveOptimizerShard();
   void loadOptimizerShard(uint64_t next_round);
-  std::vector<ClientInfo> sample(const std::vector<ClientInfo>& available, uint64_t round,
-                                 size_t* target) const;
+  std::vector<ClientInfo> sample(const ClientPool& available, uint64_t round, size_t* target) const;
   bool secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
                  size_t target, aggregation::PhaseAggregator& agg, RoundRecord& rec,
                  std::set<uint64_t>& failed);

@@ -1017,8 +1017,7 @@ void ZmqFleet::service(milliseconds timeout) {
   } while (config_.clock->now() < until);
 }
 
-std::vector<ClientInfo> ZmqFleet::waitForClients(size_t min, milliseconds timeout,
-                                                 uint64_t /*round*/) {
+ClientPool ZmqFleet::waitForClients(size_t min, milliseconds timeout, uint64_t /*round*/) {
   const auto until = config_.clock->now() + timeout;
   for (;;) {
     auto avail = available();
@@ -1114,7 +1113,7 @@ PhaseReport ZmqFleet::runPhase(const PhaseTask& task, std::span<const ClientInfo
   return report;
 }
 
-EvalReport ZmqFleet::evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) {
+EvalReport ZmqFleet::evaluate(const PhaseTask& task, const ClientPool& participants) {
   EvalReport ev;
   auto rng = seededRng();
   Phase ph;

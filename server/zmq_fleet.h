@@ -69,11 +69,11 @@ class ZmqFleet final : public Fleet {
   std::string endpoint() const;
   uint64_t session() const { return session_; }
 
-  std::vector<ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout,
-                                         uint64_t round = 0) override;
+  ClientPool waitForClients(size_t min, std::chrono::milliseconds timeout,
+                            uint64_t round = 0) override;
   PhaseReport runPhase(const PhaseTask& task, std::span<const ClientInfo> participants,
                        size_t target, aggregation::PhaseAggregator& agg) override;
-  EvalReport evaluate(const PhaseTask& task, std::span<const ClientInfo> participants) override;
+  EvalReport evaluate(const PhaseTask& task, const ClientPool& participants) override;
   // Secure aggregation's exchange steps (server/secure_round.h): each participant is sent its
   // request, and its answer (of that step's kind only, from it, while the step is open) goes to
   // the round; an answer the round refuses fails the client for the step, as silence or the

@@ -66,8 +66,9 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
   // A client trains at most once on a version (a second update from it would be a duplicate), so
   // a step needs K clients with data.
   const uint64_t k = server.config().async.buffer_size;
-  const auto with_data = static_cast<uint64_t>(std::count_if(
-      clients.shards.begin(), clients.shards.end(), [](const auto& s) { return !s.empty(); }));
+  uint64_t with_data = 0;
+  for (uint64_t c = 0; c < clients.shards.size() && with_data < k; ++c)
+    with_data += clients.shards.examples(c) > 0 ? 1 : 0;
   if (config_.round_seconds == 0 && with_data < k)
     STARLING_THROW(ConfigError, "async.buffer_size = ", k, " needs at least ", k,
                    " clients with data (a client trains once per model version); there are ",
@@ -84,16 +85,22 @@ constexpr FileFormat kSimFile{0x4d495341 /* "ASIM" */,
                               "semisync)",
                               3, 4, 4};
 
-// What the run's clients are: the training set's size and every shard's indices (FNV-1a).
+// What the run's clients are: the training set's size and every shard's indices (FNV-1a over
+// their little-endian words, client by client: a drawn pool is never held whole).
 uint64_t clientsFingerprint(const SimClients& c) {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
   w.u64(c.train->size());
-  for (const auto& shard : c.shards) {
+  uint64_t h = fnv1a(bytes);
+  std::vector<size_t> scratch;
+  for (uint64_t k = 0; k < c.shards.size(); ++k) {
+    const std::span<const size_t> shard = c.shards.shard(k, scratch);
+    bytes.clear();
     w.u64(shard.size());
     for (size_t i : shard) w.u64(i);
+    h = fnv1a(bytes, h);
   }
-  return fnv1a(bytes);
+  return h;
 }
 
 // The step a checkpoint file was written at (read from its head: the frame's magic and version,
@@ -309,7 +316,7 @@ void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
     busy[id] = 1;
     InFlight job;
     job.version = r.u64();
-    job.examples = clients_.shards[id].size();
+    job.examples = clients_.shards.examples(id);
     job.down = r.u64();
     job.up = r.u64();
     if (job.version == 0 || job.version > version)
@@ -411,7 +418,7 @@ void AsyncSimulation::startClient(uint64_t id, server::AsyncIntake& in) {
   w.start = now_;
   w.held_before = held_[id];
   w.job.version = v;
-  w.job.examples = clients_.shards[id].size();
+  w.job.examples = clients_.shards.examples(id);
   w.job.down = taskBytes(held_[id], in.task());
   held_[id] = v;  // it downloads the version (a dropout too)
   w.previous = last_version_[id];
@@ -438,7 +445,7 @@ void AsyncSimulation::startClient(uint64_t id, server::AsyncIntake& in) {
 // caller only on success). No update: a compressor's refusal or a diverged training.
 bool AsyncSimulation::train(Waiting& w, ClientState& state) {
   try {
-    const client::DataView data{clients_.train, clients_.shards[w.id]};
+    const client::DataView data{clients_.train, clients_.shards.shard(w.id, shard_)};
     const compression::PhaseBroadcast broadcast = server_.broadcast(w.job.version);
     const client::TurnRequest turn{
         broadcast, server_.model().clientModel(w.held_before, server_.config().downlink, whole_),
@@ -683,7 +690,7 @@ double AsyncSimulation::nextStart() const {
   double next = std::numeric_limits<double>::infinity();
   const uint64_t v = server_.version();
   for (uint64_t c = 0; c < clients_.shards.size(); ++c) {
-    if (busy_[c] || last_version_[c] == v || clients_.shards[c].empty()) continue;
+    if (busy_[c] || last_version_[c] == v || clients_.shards.examples(c) == 0) continue;
     if (!clients_.devices.hasWindows()) {
       if (online(c)) return now_;
       continue;
@@ -706,7 +713,7 @@ size_t AsyncSimulation::fill(server::AsyncIntake& in) {
   const uint64_t v = server_.version();
   std::vector<uint64_t> idle;
   for (uint64_t c = 0; c < clients_.shards.size(); ++c)
-    if (!busy_[c] && last_version_[c] != v && !clients_.shards[c].empty() && online(c))
+    if (!busy_[c] && last_version_[c] != v && !clients_.shards.examples(c) == 0 && online(c))
       idle.push_back(c);
   while (flying() < config_.concurrency && !idle.empty()) {
     const auto k = static_cast<size_t>(picker_.uniform() * static_cast<double>(idle.size()));

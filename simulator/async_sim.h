@@ -225,7 +225,8 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
   server::ModelStore::WholeModelCache
       whole_;  // a quantised downlink's whole model, decoded (what a client trains from)
   std::vector<uint64_t> accepted_;
-  ClientState state_;  // reused for every client
+  ClientState state_;          // reused for every client
+  std::vector<size_t> shard_;  // a drawn client's shard, reused for every client
   std::vector<std::string> declared_;
   std::map<uint64_t, uint64_t> task_bytes_;  // of the current version, per version held
   uint64_t task_version_ = 0;

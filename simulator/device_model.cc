@@ -108,19 +108,27 @@ void DeviceDistributions::validate() const {
 DevicePopulation DevicePopulation::sample(size_t n, const DeviceDistributions& d, uint64_t seed) {
   d.validate();
   DevicePopulation p;
-  p.devices_.resize(n);
-  for (size_t c = 0; c < n; ++c) {
-    // One stream per client: a population of n + 1 clients extends, never reshuffles, one of n.
-    RngStream rng(StreamKey{seed, 0, c, StreamPurpose::kClientSampling, 2});
-    DeviceProfile& dev = p.devices_[c];
-    dev.speed = d.speed_median * std::exp(d.speed_sigma * rng.normal());
-    dev.bandwidth = d.bandwidth_median * std::exp(d.bandwidth_sigma * rng.normal());
-    dev.availability = d.availability;
-  }
+  p.drawn_ = d;
+  p.seed_ = seed;
+  p.size_ = n;
+  p.always_ = d.availability >= 1.0;
   return p;
 }
 
+DeviceProfile DevicePopulation::operator[](uint64_t client) const {
+  STARLING_CHECK_ARG(client < size_, "device of client ", client, " of only ", size_);
+  if (!devices_.empty()) return devices_[client];
+  // One stream per client: a population of n + 1 clients extends, never reshuffles, one of n.
+  RngStream rng(StreamKey{seed_, 0, client, StreamPurpose::kClientSampling, 2});
+  DeviceProfile dev;
+  dev.speed = drawn_.speed_median * std::exp(drawn_.speed_sigma * rng.normal());
+  dev.bandwidth = drawn_.bandwidth_median * std::exp(drawn_.bandwidth_sigma * rng.normal());
+  dev.availability = drawn_.availability;
+  return dev;
+}
+
 uint64_t DevicePopulation::fingerprint() const {
+  if (fingerprint_) return *fingerprint_;
   // SplitMix64's finaliser over each field in turn, with the counts, so that no two populations
   // of different shape share a sequence of words.
   uint64_t h = 0x6465766963657321ull;  // "devices!"
@@ -131,8 +139,9 @@ uint64_t DevicePopulation::fingerprint() const {
     h = z ^ (z >> 31);
   };
   const auto bits = [](double x) { return std::bit_cast<uint64_t>(x); };
-  mix(devices_.size());
-  for (const DeviceProfile& d : devices_) {
+  mix(size_);
+  for (uint64_t c = 0; c < size_; ++c) {
+    const DeviceProfile d = (*this)[c];
     mix(bits(d.speed));
     mix(bits(d.bandwidth));
     mix(bits(d.availability));
@@ -146,6 +155,7 @@ uint64_t DevicePopulation::fingerprint() const {
       mix(bits(end));
     }
   }
+  fingerprint_ = h;
   return h;
 }
 
@@ -154,6 +164,7 @@ DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {
       readCsv(path, "device trace", "client,speed,bandwidth,availability", 4);
   DevicePopulation p;
   p.devices_.resize(n);
+  p.size_ = n;
   std::vector<bool> seen(n, false);
   for (const CsvRow& row : rows) {
     const uint64_t id = csvClient(path, row, n);
@@ -166,6 +177,7 @@ DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {
     if (!(av >= 0 && av <= 1)) throw bad("availability must be in [0, 1]");
     seen[id] = true;
     p.devices_[id] = DeviceProfile{speed, bw, av};
+    p.always_ = p.always_ && av >= 1.0;
   }
   if (rows.size() != n) {
     const auto missing = std::find(seen.begin(), seen.end(), false) - seen.begin();
@@ -176,7 +188,7 @@ DevicePopulation DevicePopulation::fromCsv(const std::string& path, size_t n) {
 }
 
 void DevicePopulation::loadWindows(const std::string& path) {
-  const size_t n = devices_.size();
+  const size_t n = size_;
   const std::vector<CsvRow> rows =
       readCsv(path, "availability trace", "client,period,start,end", 4);
   std::vector<Windows> w(n);
@@ -202,12 +214,12 @@ void DevicePopulation::loadWindows(const std::string& path) {
                      " must appear)");
     std::sort(w[c].active.begin(), w[c].active.end());
   }
-  for (const auto& d : devices_)
-    if (d.availability < 1.0)
-      STARLING_THROW(ConfigError, path,
-                     ": availability over time replaces the availability probabilities, which must "
-                     "be 1 (devices.availability, or the device trace's column)");
+  if (!always_)
+    STARLING_THROW(ConfigError, path,
+                   ": availability over time replaces the availability probabilities, which must "
+                   "be 1 (devices.availability, or the device trace's column)");
   windows_ = std::move(w);
+  fingerprint_.reset();
 }
 
 bool DevicePopulation::onlineAt(uint64_t client, double t) const {
@@ -273,7 +285,8 @@ double DevicePopulation::nextOffline(uint64_t client, double t) const {
 }
 
 bool DevicePopulation::available(uint64_t client, uint64_t round, uint64_t seed) const {
-  const double a = devices_.at(client).availability;
+  if (always_) return true;
+  const double a = (*this)[client].availability;
   if (a >= 1.0) return true;
   if (a <= 0.0) return false;
   RngStream rng(StreamKey{seed, round, client, StreamPurpose::kClientSampling, 1});

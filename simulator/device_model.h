@@ -16,6 +16,7 @@
 // from the stream (seed, r, client, kClientSampling, sub 1). Or availability follows the
 // simulated clock through windows of time (loadWindows(): FedScale's behaviour traces).
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,19 +39,26 @@ struct DeviceDistributions {
 
 class DevicePopulation {
  public:
-  // `n` clients drawn from `d` with the run seed.
+  // `n` clients drawn from `d` with the run seed: each client's profile from a stream of its own,
+  // drawn again whenever it is asked for (nothing held per client: a pool of ten million costs
+  // what one of ten does).
   static DevicePopulation sample(size_t n, const DeviceDistributions& d, uint64_t seed);
   // From a trace file; IoError for an unreadable file, ConfigError naming the line for a bad row,
   // a missing client, a duplicate, or a row count other than `n`.
   static DevicePopulation fromCsv(const std::string& path, size_t n);
 
-  size_t size() const { return devices_.size(); }
+  size_t size() const { return size_; }
   // A hash of every client's speed, bandwidth and availability and of the windows of time (their
-  // bits): a checkpoint keeps it, and a run resumed with another population is refused.
+  // bits): a checkpoint keeps it, and a run resumed with another population is refused. Computed
+  // on the first call (O(clients); the first call is not safe beside another) and kept.
   uint64_t fingerprint() const;
-  const DeviceProfile& operator[](uint64_t client) const { return devices_.at(client); }
+  // `client`'s profile (client < size(); InvalidArgument otherwise).
+  DeviceProfile operator[](uint64_t client) const;
   // Whether `client` can be sampled in `round` (its availability probability, drawn per round).
   bool available(uint64_t client, uint64_t round, uint64_t seed) const;
+  // Whether every client can be sampled in every round (no windows of time, every availability
+  // 1): a fleet then need not ask client by client.
+  bool alwaysAvailable() const { return windows_.empty() && always_; }
 
   // Availability over simulated time instead (FedScale's behaviour traces, converted by
   // tools/fedscale_traces.py): per client a period P and the intervals [start, end] within it when
@@ -77,8 +85,13 @@ class DevicePopulation {
     double period = 0.0;
     std::vector<std::pair<double, double>> active;  // sorted by start
   };
-  std::vector<DeviceProfile> devices_;
+  std::vector<DeviceProfile> devices_;  // from a trace; empty when drawn
+  DeviceDistributions drawn_;           // what a drawn population's profiles come from
+  uint64_t seed_ = 0;
+  size_t size_ = 0;
+  bool always_ = true;            // every availability is 1
   std::vector<Windows> windows_;  // per client; empty: none loaded
+  mutable std::optional<uint64_t> fingerprint_;
 };
 
 struct ClientTiming {

@@ -95,9 +95,7 @@ const cz::Compressor& SimFleet::compressor(const std::string& spec) {
   return *c;
 }
 
-std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::milliseconds,
-                                                         uint64_t round) {
-  std::vector<server::ClientInfo> out;
+server::ClientPool SimFleet::waitForClients(size_t, std::chrono::milliseconds, uint64_t round) {
   // With windows of time: the engine's first call for a round samples its clients among those
   // online, and when none is, the clock moves on to the first that comes online (the same on every
   // worker). A second call for the round is its evaluation's, which is central: every client
@@ -105,25 +103,33 @@ std::vector<server::ClientInfo> SimFleet::waitForClients(size_t, std::chrono::mi
   const bool windows = clients_.devices.hasWindows();
   const bool sampling = windows && round != waited_round_;
   waited_round_ = round;
+  const uint64_t n = clients_.shards.size();
   if (sampling) {
     double next = std::numeric_limits<double>::infinity();
-    for (uint64_t c = 0; c < clients_.shards.size(); ++c)
-      if (!clients_.shards[c].empty())
+    for (uint64_t c = 0; c < n; ++c)
+      if (clients_.shards.examples(c) > 0)
         next = std::min(next, clients_.devices.nextOnline(c, clock_));
     if (next > clock_ && next < std::numeric_limits<double>::infinity()) {
       wait_ = next - clock_;  // part of the round's simulated duration (runPhase reports it)
       clock_ = next;
     }
   }
-  for (uint64_t c = 0; c < clients_.shards.size(); ++c) {
-    const uint64_t n = clients_.shards[c].size();
+  // eval_examples > 0 lets the engine ask for an evaluation; this fleet evaluates centrally.
+  const SimClients* clients = &clients_;
+  auto make = [clients](uint64_t c) {
+    const uint64_t e = clients->shards.examples(c);
+    return server::ClientInfo{c, pr::Role::kClient, e, e, 0, false, false};
+  };
+  // A drawn pool whose every device is always available: every client, none held.
+  if (clients_.shards.drawn() && clients_.devices.alwaysAvailable())
+    return server::ClientPool::generated(n, make);
+  std::vector<uint32_t> ids;  // data.num_clients <= 10,000,000
+  for (uint64_t c = 0; c < n; ++c) {
     const bool online = windows ? !sampling || clients_.devices.onlineAt(c, clock_)
                                 : clients_.devices.available(c, round, config_.seed);
-    if (n == 0 || !online) continue;
-    // eval_examples > 0 lets the engine ask for an evaluation; this fleet evaluates centrally.
-    out.push_back(server::ClientInfo{c, pr::Role::kClient, n, n, 0});
+    if (clients_.shards.examples(c) > 0 && online) ids.push_back(static_cast<uint32_t>(c));
   }
-  return out;
+  return server::ClientPool::generated(std::move(ids), make);
 }
 
 void SimFleet::allReduceCounts(std::vector<uint64_t>& counts) {
@@ -252,7 +258,7 @@ std::set<uint64_t> SimFleet::timeClients(const server::PhaseTask& task,
 void SimFleet::assign(std::vector<uint64_t> ids, uint32_t epochs, uint64_t round) {
   std::sort(ids.begin(), ids.end());
   std::vector<ClientJob> jobs;
-  for (uint64_t id : ids) jobs.push_back(ClientJob{id, clients_.shards[id].size()});
+  for (uint64_t id : ids) jobs.push_back(ClientJob{id, clients_.shards.examples(id)});
   assignment_ = schedule(jobs, cost_, epochs, config_.schedule);
   assignment_round_ = round;
   migrateStates();
@@ -319,7 +325,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
     for (auto& [id, st] : pending_states)
       if (counts.outcome(index.at(id)) == PhaseCounts::kCompleted) {
         store_.store(id, st);
-        if (h.phase == 0) work += clients_.shards[id].size() * h.fit.epochs;
+        if (h.phase == 0) work += clients_.shards.examples(id) * h.fit.epochs;
         ++trained_;
       }
     pending.clear();
@@ -331,7 +337,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   for (uint64_t id : mine) {
     if (pooled && at > 0 && at % per_batch == 0) flush();
     ++at;
-    const client::DataView data{clients_.train, clients_.shards[id]};
+    const client::DataView data{clients_.train, clients_.shards.shard(id, shard_)};
     try {
       store_.load(id, state_);
     } catch (const IoError& e) {  // its stored state does not read back: it fails this round
@@ -515,7 +521,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
       if (failed.count(c.id)) continue;
       added.uplink() += c.bytes;
       try {
-        agg.add(cz::view(c.update), aggregation::ClientLimits{clients_.shards[c.id].size()});
+        agg.add(cz::view(c.update), aggregation::ClientLimits{clients_.shards.examples(c.id)});
       } catch (const InvalidArgument&) {
         added.outcome(c.index) = PhaseCounts::kFailed;
         continue;
@@ -825,8 +831,7 @@ void SimFleet::migrateStates() {
   }
 }
 
-server::EvalReport SimFleet::evaluate(const server::PhaseTask& task,
-                                      std::span<const server::ClientInfo>) {
+server::EvalReport SimFleet::evaluate(const server::PhaseTask& task, const server::ClientPool&) {
   server::EvalReport ev;
   if (!test_ || test_->size() == 0) return ev;
   const size_t n = test_->size(), workers = static_cast<size_t>(coll_.size()),

@@ -42,6 +42,7 @@
 #include "client/secure_party.h"
 #include "client/trainer.h"
 #include "compression/compressor.h"
+#include "data/partition.h"
 #include "server/engine.h"
 #include "simulator/collectives.h"
 #include "simulator/device_model.h"
@@ -91,7 +92,7 @@ client::SecAggTrust simTrust(const privacy::SigningKeyPair& authority, uint64_t 
 // The simulated population: data shards and devices (identical on every worker).
 struct SimClients {
   const data::Dataset* train = nullptr;
-  std::vector<std::vector<size_t>> shards;  // per client id
+  data::ClientShards shards;  // per client id: held, or drawn whenever asked (a pool of millions)
   DevicePopulation devices;
 };
 
@@ -115,8 +116,8 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer,
            ClientStateStore& store, Collectives& collectives, const data::Dataset* test);
 
-  std::vector<server::ClientInfo> waitForClients(size_t min, std::chrono::milliseconds timeout,
-                                                 uint64_t round) override;
+  server::ClientPool waitForClients(size_t min, std::chrono::milliseconds timeout,
+                                    uint64_t round) override;
   server::PhaseReport runPhase(const server::PhaseTask& task,
                                std::span<const server::ClientInfo> participants, size_t target,
                                aggregation::PhaseAggregator& agg) override;
@@ -133,7 +134,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
                                uint32_t deadline_ms) override;
   // Central evaluation of the task's model on the test set, split among the workers.
   server::EvalReport evaluate(const server::PhaseTask& task,
-                              std::span<const server::ClientInfo> participants) override;
+                              const server::ClientPool& participants) override;
   void finish(const std::string&) override {}
   server::FleetWorkers* workers() override { return this; }
   // Makes every client state durable, and where it is (before the engine writes its checkpoint).
@@ -234,6 +235,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   uint64_t waited_round_ = 0;  // the round of the last waitForClients call
   double wait_ = 0.0;          // the clock's wait for a client to come online, not yet reported
   ClientState state_;          // reused for every client
+  std::vector<size_t> shard_;  // a drawn client's shard, reused for every client
   uint64_t trained_ = 0, migrated_ = 0;
   // Secure aggregation: the round's clients' own sides, made at its advertise step (on several
   // workers, only those this worker owns), and every participant's owner.

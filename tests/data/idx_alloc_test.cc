@@ -10,6 +10,7 @@
 #include "counting_new.h"
 #include "data/idx.h"
 #include "data/idx_files.h"
+#include "data/partition.h"
 
 namespace alloc = starling::testing::alloc;
 
@@ -64,4 +65,19 @@ TEST_CASE("a subset costs memory for the examples it keeps, not for the whole fi
         2 * kept + (4L << 20));  // all allocations together: the kept images, labels, buffers
   CHECK(bytes <
         static_cast<long>(size_t{n} * 784 * sizeof(float)) / 4);  // far below the whole file
+}
+
+TEST_CASE("a pool of ten million drawn clients holds nothing per client", "[data]") {
+  std::vector<uint8_t> labels(1000);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>(i % 10);
+  const std::shared_ptr<const data::Partitioner> rule = data::makePartitioner("sampled:size=60");
+  alloc::bytes = 0;
+  const data::ClientShards pool = data::ClientShards::make(rule, labels, 10, 10'000'000, 3);
+  const long made = alloc::bytes.load();
+  std::vector<size_t> scratch;
+  for (uint64_t k : {uint64_t{0}, uint64_t{4'999'999}, uint64_t{9'999'999}}) pool.shard(k, scratch);
+  const long drawn = alloc::bytes.load() - made;  // before Catch's macros allocate
+  CHECK(pool.size() == 10'000'000);
+  CHECK(made < 1024);              // held, the shards would be 10^7 x 60 x 8 bytes
+  CHECK(drawn <= 4 * 60 * 8 * 2);  // the scratch shard, grown at most a few times
 }

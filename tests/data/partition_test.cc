@@ -268,6 +268,64 @@ TEST_CASE(
   CHECK(meanClassesHeld(y, classes, a) > 4.5);
 }
 
+TEST_CASE(
+    "a population's shards: a rule that draws each client's shard alone is drawn whenever asked, "
+    "the same as split() gives, and the others are held",
+    "[data]") {
+  const uint32_t classes = 5;
+  const auto y = randomLabels(200, classes, 11);
+  const std::shared_ptr<const Partitioner> sampled = makePartitioner("sampled:size=40");
+  CHECK(sampled->drawsEachClient());
+  CHECK(sampled->drawnSize() == 40);
+  const size_t clients = 700;
+  const ClientShards drawn = ClientShards::make(sampled, y, classes, clients, 7);
+  CHECK(drawn.drawn());
+  REQUIRE(drawn.size() == clients);
+  const Partition whole = sampled->split(y, classes, clients, 7);
+  std::vector<size_t> scratch;
+  for (size_t k = 0; k < clients; ++k) {
+    const auto got = drawn.shard(k, scratch);
+    REQUIRE(std::vector<size_t>(got.begin(), got.end()) == whole[k]);
+    CHECK(drawn.examples(k) == 40);
+  }
+  // The statistics and the split file of a drawn pool are those of the partition it draws.
+  const PartitionStats a = partitionStats(y, classes, drawn), b = partitionStats(y, classes, whole);
+  CHECK(a.histograms == b.histograms);
+  CHECK(a.sizes == b.sizes);
+  // A rule that splits the data set is split once and held.
+  for (const char* spec : {"iid", "dirichlet:alpha=0.5"}) {
+    INFO(spec);
+    const std::shared_ptr<const Partitioner> rule = makePartitioner(spec);
+    CHECK_FALSE(rule->drawsEachClient());
+    CHECK_THROWS_AS(rule->drawShard(y.size(), 0, 7, scratch), InvalidArgument);
+    const ClientShards held = ClientShards::make(rule, y, classes, 20, 7);
+    CHECK_FALSE(held.drawn());
+    const Partition want = rule->split(y, classes, 20, 7);
+    for (size_t k = 0; k < 20; ++k) {
+      const auto got = held.shard(k, scratch);
+      CHECK(std::vector<size_t>(got.begin(), got.end()) == want[k]);
+      CHECK(held.examples(k) == want[k].size());
+    }
+  }
+  // split()'s checks either way; a client past the pool is refused.
+  CHECK_THROWS_MATCHING(ClientShards::make(sampled, y, classes, 0, 7), ConfigError,
+                        Contains("0 clients"));
+  CHECK_THROWS_MATCHING(ClientShards::make(sampled, {}, classes, 5, 7), ConfigError,
+                        Contains("no examples"));
+  CHECK_THROWS_AS(ClientShards::make(sampled, y, 2, 5, 7), InvalidArgument);  // labels up to 4
+  CHECK_THROWS_MATCHING(ClientShards::make(makePartitioner("iid"), y, classes, 201, 7), ConfigError,
+                        Contains("201 clients but only 200 examples"));
+  CHECK_THROWS_AS(drawn.shard(clients, scratch), InvalidArgument);
+  CHECK_THROWS_AS(drawn.examples(clients), InvalidArgument);
+  // Ten million clients: any one's shard, the same as a pool of one more client gives it.
+  const ClientShards huge = ClientShards::make(sampled, y, classes, 10'000'000, 7);
+  const auto last = huge.shard(9'999'999, scratch);
+  std::vector<size_t> alone;
+  sampled->drawShard(y.size(), 9'999'999, 7, alone);
+  CHECK(std::vector<size_t>(last.begin(), last.end()) == alone);
+  CHECK(alone.size() == 40);
+}
+
 TEST_CASE("sampled: options and arguments are checked", "[data]") {
   CHECK_THROWS_MATCHING(makePartitioner("sampled"), ConfigError, Contains("size=N is required"));
   CHECK_THROWS_MATCHING(makePartitioner("sampled:size=0"), ConfigError,

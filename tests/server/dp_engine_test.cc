@@ -40,8 +40,7 @@ class VectorFleet final : public server::Fleet {
   // edge aggregator's way past the root's clip).
   bool as_partial = false;
 
-  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
-                                                 uint64_t) override {
+  server::ClientPool waitForClients(size_t, std::chrono::milliseconds, uint64_t) override {
     std::vector<server::ClientInfo> out;
     for (uint64_t c = 0; c < n_; ++c)
       out.push_back({c,
@@ -80,8 +79,7 @@ class VectorFleet final : public server::Fleet {
   }
   // Called in evaluate() (a probe of what is durable then); may throw to stop the run.
   std::function<void(uint64_t round)> on_evaluate;
-  server::EvalReport evaluate(const server::PhaseTask& task,
-                              std::span<const server::ClientInfo>) override {
+  server::EvalReport evaluate(const server::PhaseTask& task, const server::ClientPool&) override {
     if (on_evaluate) on_evaluate(task.header.round);
     return {};
   }

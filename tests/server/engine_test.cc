@@ -12,7 +12,9 @@
 #include "core/file_io.h"
 #include "core/framed_file.h"
 #include "data/partition.h"
+#include "data/sampling.h"
 #include "pre_frame.h"
+#include "privacy/crypto.h"
 #include "server/async_server.h"
 #include "server/inproc_fleet.h"
 #include "temp_dir.h"
@@ -930,8 +932,7 @@ class StoppingFleet final : public server::Fleet {
   enum class At { kNowhere, kWait, kPhase, kEvaluate };
   explicit StoppingFleet(server::Fleet& inner) : inner_(inner) {}
   At at = At::kNowhere;
-  std::vector<server::ClientInfo> waitForClients(size_t m, std::chrono::milliseconds t,
-                                                 uint64_t r) override {
+  server::ClientPool waitForClients(size_t m, std::chrono::milliseconds t, uint64_t r) override {
     if (at == At::kWait) STARLING_THROW(server::Stopped, "asked to stop");
     return inner_.waitForClients(m, t, r);
   }
@@ -940,8 +941,7 @@ class StoppingFleet final : public server::Fleet {
     if (at == At::kPhase) STARLING_THROW(server::Stopped, "asked to stop");
     return inner_.runPhase(task, p, target, agg);
   }
-  server::EvalReport evaluate(const server::PhaseTask& task,
-                              std::span<const server::ClientInfo> p) override {
+  server::EvalReport evaluate(const server::PhaseTask& task, const server::ClientPool& p) override {
     if (at == At::kEvaluate) STARLING_THROW(server::Stopped, "asked to stop");
     return inner_.evaluate(task, p);
   }
@@ -1151,4 +1151,88 @@ TEST_CASE("the metrics file: one line per record, completed once after a kill", 
   std::filesystem::create_directory(folder);
   CHECK_THROWS_MATCHING(server::MetricsLog(folder).append(r1), IoError,
                         Catch::Matchers::Contains(folder));
+}
+
+TEST_CASE(
+    "sampling takes the same clients from a listed pool and from a generated one, those a shuffle "
+    "of the whole pool puts first, and samples a pool of ten million without holding it",
+    "[server]") {
+  using server::ClientInfo;
+  using server::ClientPool;
+  // 5,000 clients with ids 3i + 1 (a generated pool of listed ids), the list given backwards.
+  const auto make = [](uint64_t id) {
+    const uint64_t e = 10 + (id / 3) % 7;
+    return ClientInfo{id, protocol::Role::kClient, e, e, 0, false, false};
+  };
+  std::vector<ClientInfo> list;
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < 5000; ++i) ids.push_back(3 * i + 1);
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) list.push_back(make(*it));
+  const ClientPool listed(list), generated = ClientPool::generated(ids, make);
+  REQUIRE(listed.size() == 5000);
+  REQUIRE(generated.size() == 5000);
+  CHECK(listed[0].id == 1);  // sorted by id
+  const auto idsOf = [](const std::vector<ClientInfo>& v) {
+    std::vector<uint64_t> out;
+    for (const auto& c : v) out.push_back(c.id);
+    return out;
+  };
+  const privacy::Key32 key = privacy::publicKey("test sampling", 9, 0);
+  server::SamplingConfig s;
+  s.clients_per_round = 50;
+  s.overcommit = 1.3;
+  for (uint64_t round = 1; round <= 4; ++round) {
+    INFO("round " << round);
+    size_t ta = 0, tb = 0;
+    const auto a = server::sampleClients(listed, s, 9, key, round, &ta);
+    const auto b = server::sampleClients(generated, s, 9, key, round, &tb);
+    CHECK(ta == 50);
+    CHECK(tb == 50);
+    REQUIRE(a.size() == 65);
+    CHECK(idsOf(a) == idsOf(b));
+    for (const auto& c : b) CHECK(c.num_examples == make(c.id).num_examples);
+    // What sampling is defined as: the pool, by id, shuffled on the stream (seed, round), its
+    // first 65.
+    std::vector<ClientInfo> ref(list.rbegin(), list.rend());
+    RngStream rng(StreamKey{9, round, kAnyClient, StreamPurpose::kClientSampling, 0});
+    data::shuffleInPlace(std::span<ClientInfo>(ref), rng);
+    ref.resize(65);
+    std::sort(ref.begin(), ref.end(),
+              [](const ClientInfo& x, const ClientInfo& y) { return x.id < y.id; });
+    CHECK(idsOf(a) == idsOf(ref));
+  }
+  // Poisson sampling keeps the same clients of either form.
+  server::SamplingConfig p;
+  p.poisson_rate = 0.01;
+  size_t ta = 0, tb = 0;
+  const auto pa = server::sampleClients(listed, p, 9, key, 3, &ta);
+  CHECK(idsOf(pa) == idsOf(server::sampleClients(generated, p, 9, key, 3, &tb)));
+  CHECK(ta == pa.size());
+  CHECK(pa.size() > 15);  // Binomial(5000, 0.01): 50 expected, sd 7
+  CHECK(pa.size() < 100);
+  // A generated pool of ten million clients: a thousand distinct ones, ascending, the same each
+  // time, others in another round.
+  const ClientPool huge = ClientPool::generated(10'000'000, make);
+  server::SamplingConfig t;
+  t.clients_per_round = 1000;
+  size_t th = 0;
+  const auto h1 = idsOf(server::sampleClients(huge, t, 9, key, 1, &th));
+  REQUIRE(h1.size() == 1000);
+  CHECK(th == 1000);
+  CHECK(std::adjacent_find(h1.begin(), h1.end(), std::greater_equal<>()) == h1.end());
+  CHECK(h1.back() < 10'000'000);
+  CHECK(h1 == idsOf(server::sampleClients(huge, t, 9, key, 1, &th)));
+  CHECK(h1 != idsOf(server::sampleClients(huge, t, 9, key, 2, &th)));
+  // A list's clients and evaluators leave out edge aggregators and clients without test data; a
+  // generated pool's are all of it.
+  const ClientPool mixed(
+      std::vector<ClientInfo>{ClientInfo{5, protocol::Role::kClient, 10, 0, 0, false, false},
+                              ClientInfo{2, protocol::Role::kAggregator, 40, 40, 0, false, false},
+                              ClientInfo{7, protocol::Role::kClient, 10, 10, 0, false, false}});
+  CHECK(idsOf(mixed.clients().list()) == std::vector<uint64_t>{5, 7});
+  CHECK(idsOf(mixed.evaluators().list()) == std::vector<uint64_t>{2, 7});
+  CHECK(generated.clients().size() == 5000);
+  CHECK(generated.evaluators().size() == 5000);
+  CHECK_THROWS_AS(generated[5000], InvalidArgument);
+  CHECK_THROWS_AS(ClientPool::generated(std::vector<uint32_t>{4, 2}, make), InvalidArgument);
 }

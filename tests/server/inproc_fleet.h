@@ -43,8 +43,7 @@ class InProcFleet final : public server::Fleet {
   std::optional<uint64_t> crash_at_round;
   uint64_t tasks_sent = 0;
 
-  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
-                                                 uint64_t) override {
+  server::ClientPool waitForClients(size_t, std::chrono::milliseconds, uint64_t) override {
     std::vector<server::ClientInfo> out;
     for (const auto& c : clients_)
       out.push_back(server::ClientInfo{c.id, protocol::Role::kClient, c.shard.size(),
@@ -81,7 +80,7 @@ class InProcFleet final : public server::Fleet {
   }
 
   server::EvalReport evaluate(const server::PhaseTask& task,
-                              std::span<const server::ClientInfo> participants) override {
+                              const server::ClientPool& participants) override {
     server::EvalReport ev;
     for (const auto& info : participants) {
       Client& c = clients_.at(info.id);

@@ -56,8 +56,7 @@ class SecureFleet final : public server::Fleet {
   uint64_t refused = 0;
   std::map<uint64_t, Errc> root_refused;  // the code of each client's answer the round refused
 
-  std::vector<server::ClientInfo> waitForClients(size_t, std::chrono::milliseconds,
-                                                 uint64_t) override {
+  server::ClientPool waitForClients(size_t, std::chrono::milliseconds, uint64_t) override {
     std::vector<server::ClientInfo> out;
     for (uint64_t c = 0; c < n_; ++c) out.push_back({c, protocol::Role::kClient, 100, 10, 0});
     return out;
@@ -117,8 +116,7 @@ class SecureFleet final : public server::Fleet {
     for (uint64_t id : rep.completed) completed[task.header.round].push_back(id);
     return rep;
   }
-  server::EvalReport evaluate(const server::PhaseTask&,
-                              std::span<const server::ClientInfo>) override {
+  server::EvalReport evaluate(const server::PhaseTask&, const server::ClientPool&) override {
     return {};
   }
   void finish(const std::string&) override {}

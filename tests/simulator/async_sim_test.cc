@@ -40,10 +40,12 @@ struct Setup {
       : train(testing::separableData(n * per_client, features, 3, 17)),
         trainer(client::makeTrainer("softmax", features, 3)) {
     clients.train = &train;
+    data::Partition shards;
     for (size_t c = 0; c < n; ++c) {
-      clients.shards.emplace_back(empty_first && c == 0 ? 0 : per_client);
-      std::iota(clients.shards.back().begin(), clients.shards.back().end(), c * per_client);
+      shards.emplace_back(empty_first && c == 0 ? 0 : per_client);
+      std::iota(shards.back().begin(), shards.back().end(), c * per_client);
     }
+    clients.shards = data::ClientShards(std::move(shards));
     clients.devices = std::move(devices);
   }
   server::AsyncServerConfig serverConfig(uint64_t k, uint64_t max_staleness,

@@ -138,6 +138,21 @@ TEST_CASE("device populations: sampled deterministically, or read from a trace w
   CHECK(avail > 30);
   CHECK(avail < 90);  // about 30% of 200
   CHECK(p.available(3, 5, 9) == p.available(3, 5, 9));
+  CHECK_FALSE(p.alwaysAvailable());
+  CHECK(DevicePopulation::sample(3, DeviceDistributions{}, 1).alwaysAvailable());
+  // Ten million devices, none held: each client's profile is its own stream's, whatever the
+  // population's size or availability.
+  DeviceDistributions always = d;
+  always.availability = 1.0;
+  const auto big = DevicePopulation::sample(10'000'000, always, 9);
+  CHECK(big.size() == 10'000'000);
+  CHECK(big.alwaysAvailable());
+  for (uint64_t c : {0, 17, 199}) {
+    CHECK(big[c].speed == p[c].speed);
+    CHECK(big[c].bandwidth == p[c].bandwidth);
+  }
+  CHECK(big[9'999'999].speed != big[9'999'998].speed);
+  CHECK_THROWS_AS(big[10'000'000], InvalidArgument);
   d.availability = 0;
   CHECK_THROWS_AS(DevicePopulation::sample(3, d, 1), ConfigError);
 
@@ -155,6 +170,7 @@ TEST_CASE("device populations: sampled deterministically, or read from a trace w
   CHECK(t[0].bandwidth == 5e5);
   CHECK_FALSE(t.available(0, 1, 1));
   CHECK(t.available(1, 1, 1));
+  CHECK_FALSE(t.alwaysAvailable());  // client 0's availability is 0
   CHECK_THROWS_WITH(DevicePopulation::fromCsv(good, 3), Catch::Contains("client 2 is missing"));
   CHECK_THROWS_WITH(
       DevicePopulation::fromCsv(

@@ -6,6 +6,7 @@
 #include "simulator/sim_fleet.h"
 
 #include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 
 #include "check_throws.h"
@@ -23,11 +24,17 @@ using Catch::Matchers::Contains;
 namespace {
 
 struct Federation {
-  explicit Federation(size_t n_clients, bool with_scaffold)
+  // The clients' shards by `spec`, held; with `drawn`, drawn whenever asked (a rule that draws
+  // each client's shard on its own).
+  explicit Federation(size_t n_clients, bool with_scaffold,
+                      const std::string& spec = "dirichlet:alpha=0.3", bool drawn = false)
       : train(testing::gaussianData(400, 6, 3, 17)), scaffold(with_scaffold) {
     clients.train = &train;
-    clients.shards = data::makePartitioner("dirichlet:alpha=0.3")
-                         ->split(train.labels, train.num_classes, n_clients, 3);
+    const std::shared_ptr<const data::Partitioner> rule = data::makePartitioner(spec);
+    partition = rule->split(train.labels, train.num_classes, n_clients, 3);
+    clients.shards =
+        drawn ? data::ClientShards::make(rule, train.labels, train.num_classes, n_clients, 3)
+              : data::ClientShards(partition);
     clients.devices = sim::DevicePopulation::sample(n_clients, sim::DeviceDistributions{}, 3);
     fleet = std::make_unique<sim::SimFleet>(sim::SimFleetConfig{}, clients, *trainer, store, *coll,
                                             nullptr);
@@ -44,6 +51,7 @@ struct Federation {
     return ec;
   }
   data::Dataset train;
+  data::Partition partition;
   sim::SimClients clients;
   std::unique_ptr<client::Trainer> trainer = client::makeTrainer("softmax", 6, 3);
   sim::ClientStateStore store{sim::StateStoreOptions{}, trainer->layout().fingerprint()};
@@ -53,6 +61,42 @@ struct Federation {
 };
 
 }  // namespace
+
+TEST_CASE(
+    "a pool whose shards are drawn whenever asked trains as the same pool held: the same clients, "
+    "times and model, bit for bit, with every device available and with some offline",
+    "[simulator]") {
+  for (const double availability : {1.0, 0.6}) {
+    INFO("availability " << availability);
+    Federation held(60, false, "sampled:size=12"), drawn(60, false, "sampled:size=12", true);
+    REQUIRE(drawn.clients.shards.drawn());
+    REQUIRE_FALSE(held.clients.shards.drawn());
+    sim::DeviceDistributions d;
+    d.speed_sigma = 0.5;
+    d.availability = availability;
+    held.clients.devices = drawn.clients.devices = sim::DevicePopulation::sample(60, d, 3);
+    const auto layout = std::make_shared<const ParamLayout>(held.trainer->layout());
+    std::vector<float> init(layout->numel());
+    held.trainer->initParameters(init, 1);
+    server::EngineConfig ec = held.engineConfig(10);
+    ec.sampling.clients_per_round = 10;  // of the clients online, whatever their number
+    server::RoundEngine a(layout, ec, init), b(layout, ec, init);
+    for (int r = 0; r < 3; ++r) {
+      const server::RoundRecord ra = a.runRound(*held.fleet), rb = b.runRound(*drawn.fleet);
+      REQUIRE(ra.applied);
+      CHECK(ra.clients_completed == 10);
+      CHECK(rb.clients_completed == ra.clients_completed);
+      CHECK(rb.train_loss == ra.train_loss);
+      CHECK(rb.sim_seconds == ra.sim_seconds);
+      CHECK(rb.uplink_bytes == ra.uplink_bytes);
+    }
+    CHECK(std::equal(a.model().current().begin(), a.model().current().end(),
+                     b.model().current().begin(), b.model().current().end(), [](float x, float y) {
+                       return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y);
+                     }));
+    CHECK(held.fleet->clientsTrained() == 30);
+  }
+}
 
 TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", "[simulator]") {
   const size_t n = 8;
@@ -155,7 +199,7 @@ TEST_CASE("SCAFFOLD simulated equals SCAFFOLD over the protocol", "[simulator][s
   std::vector<float> init(layout->numel());
   sim_side.trainer->initParameters(init, 1);
   std::unique_ptr<client::Trainer> deployed_trainer = client::makeTrainer("softmax", 6, 3);
-  testing::InProcFleet deployed(*deployed_trainer, sim_side.train, sim_side.clients.shards);
+  testing::InProcFleet deployed(*deployed_trainer, sim_side.train, sim_side.partition);
   server::EngineConfig ec = sim_side.engineConfig(3);
   server::RoundEngine simulated(layout, ec, init), over_protocol(layout, ec, init);
   for (int r = 0; r < 4; ++r) {

@@ -710,6 +710,18 @@ TEST_CASE(
   INFO(cnn_log);
   CHECK(cnn_log.find("model.spec = 'cnn' does not fit data.train") != std::string::npos);
   CHECK(cnn_log.find("data.shape") != std::string::npos);
+  // A drawn pool of ten million costs nothing, but its split file would be GBs built in memory:
+  // refused before round 1, with the size.
+  Proc huge(args({"--data.partition", "sampled:size=60", "--data.num_clients", "10000000",
+                  "--data.split_file", dir / "huge.txt"}),
+            dir / "huge.log");
+  CHECK(huge.wait(seconds(60)) == 2);
+  const std::string huge_log = readText(dir / "huge.log");
+  INFO(huge_log);
+  CHECK(huge_log.find("data.split_file describes every client of the pool in memory: about "
+                      "4210 MB for 10000000 clients") != std::string::npos);
+  CHECK(huge_log.find("round    1/") == std::string::npos);  // no round ran
+  CHECK_FALSE(std::filesystem::exists(dir / "huge.txt"));
 }
 
 TEST_CASE("SCAFFOLD and FedProx reduce to FedAvg at their neutral settings",

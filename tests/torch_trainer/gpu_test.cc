@@ -139,8 +139,8 @@ TEST_CASE("one simulated round on cuda equals the round on cpu within 1e-3", "[g
   const data::Dataset train = testing::blobImages(400, 28, 28, 10, 9);
   sim::SimClients clients;
   clients.train = &train;
-  clients.shards =
-      data::makePartitioner("dirichlet:alpha=0.5")->split(train.labels, train.num_classes, 20, 3);
+  clients.shards = data::ClientShards(
+      data::makePartitioner("dirichlet:alpha=0.5")->split(train.labels, train.num_classes, 20, 3));
   clients.devices = sim::DevicePopulation::sample(20, sim::DeviceDistributions{}, 3);
   const auto round = [&](const Device& device, const std::string& compressor) {
     auto trainer = makeTorchTrainer("cnn", train, device);
