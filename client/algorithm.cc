@@ -1,6 +1,7 @@
 #include "client/algorithm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 
@@ -193,16 +194,23 @@ PhaseResult ClientAlgorithm::runPhase(const compression::PhaseBroadcast& b, uint
     staged.emplace_back(kControlVariate, nextControl(ci, out.control_delta, client_id, b.round,
                                                      control_ack.has_value()));
   };
+  const auto fit_start = std::chrono::steady_clock::now();
+  const auto fitDone = [&] {
+    fit_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
+  };
   if (device_ && device_->serves(compressor_)) {
     const ControlChange change{server_control, steps_lr, &out.control_delta, stageControl};
     out.update.tensors = device_->fitAndCompress(compressor_, start, data, cfg, rng, out.fit, state,
                                                  ctx, want_stats, scaffold ? &change : nullptr);
+    fitDone();  // the update's forming and compression on the device with it
     STARLING_ENFORCE(staged.size() == (scaffold ? 1u : 0u),
                      "the round on the device staged SCAFFOLD's c_i+ ", staged.size(),
                      " times, not once");
   } else {
     params_.assign(start.begin(), start.end());
     out.fit = trainer_.fit(params_, data, cfg, rng);
+    fitDone();
     for (size_t i = 0; i < params_.size(); ++i) params_[i] -= start[i];  // the update
     if (scaffold) {
       controlChange(server_control, params_, steps_lr, out.control_delta);

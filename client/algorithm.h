@@ -172,6 +172,9 @@ class ClientAlgorithm {
                        ClientState& state);
 
   const FitConfig& config() const { return config_; }
+  // Wall seconds spent in the trainer's fit so far (with a DeviceUpdate, its fitAndCompress), the
+  // rest of a turn being the update's forming and compression: a driver's breakdown of its time.
+  double fitSeconds() const { return fit_seconds_; }
 
   // Phase 0 on the device when `device` serves the compressor (SCAFFOLD rounds too: the control
   // change is formed there): the same result as the host path.
@@ -186,6 +189,7 @@ class ClientAlgorithm {
   std::vector<float> params_, correction_, start_;
   compression::Workspace workspace_;
   DeviceUpdate* device_ = nullptr;
+  double fit_seconds_ = 0.0;
 
   // Phase 0's metrics (the fit's, and error feedback's diagnostics) and weight.
   void finish(PhaseResult& out, const compression::FeedbackStats& stats) const;

@@ -44,6 +44,11 @@ void addPhase(RoundRecord& rec, const PhaseReport& rep, uint64_t rejected,
   if (rep.sim_seconds) rec.sim_seconds = rec.sim_seconds.value_or(0.0) + *rep.sim_seconds;
   if (rep.makespan_seconds)
     rec.makespan_seconds = rec.makespan_seconds.value_or(0.0) + *rep.makespan_seconds;
+  if (!rep.stage_seconds.empty()) {
+    rec.stage_seconds.resize(kStages, 0.0);
+    for (size_t i = 0; i < kStages && i < rep.stage_seconds.size(); ++i)
+      rec.stage_seconds[i] += rep.stage_seconds[i];
+  }
   failed.insert(rep.failed.begin(), rep.failed.end());
 }
 
@@ -134,6 +139,9 @@ void EngineConfig::validate() const {
           "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
           "test_loss", "sim_seconds", "makespan_seconds", "dp_epsilon", "wall_seconds",
           "secagg_wrong_shares"})
+      if (m == fixed)
+        STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
+    for (const char* fixed : kStageKeys)
       if (m == fixed)
         STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
   }
@@ -304,6 +312,8 @@ std::string RoundRecord::json() const {
   if (test_loss) jsonNumber(o, "test_loss", *test_loss);
   if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
   if (makespan_seconds) jsonNumber(o, "makespan_seconds", *makespan_seconds);
+  for (size_t i = 0; i < stage_seconds.size() && i < kStages; ++i)
+    jsonNumber(o, kStageKeys[i], stage_seconds[i]);
   if (dp_epsilon) jsonNumber(o, "dp_epsilon", *dp_epsilon);
   if (!secagg_wrong_shares.empty()) {
     o << ",\"secagg_wrong_shares\":[";

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -238,7 +239,18 @@ struct PhaseReport {
   // A simulated fleet's clock: the phase's simulated duration and its workers' makespan (wall
   // seconds of the busiest worker); nullopt for a real fleet.
   std::optional<double> sim_seconds, makespan_seconds;
+  // A simulated fleet's breakdown of where its workers' time went (seconds summed over the
+  // workers, by stage: kStageKeys' order); empty for a real fleet.
+  std::vector<double> stage_seconds;
 };
+
+// The stages of a simulated round's time, as the metrics line's keys: the clients' states loaded
+// (and drawn shards), their training, the rest of their turn (the update formed, compressed with
+// error feedback, encoded), their updates added to the aggregate (or masked), and their states
+// stored. (The workers' reduction of the aggregate is the rest of the round's wall time.)
+inline constexpr const char* kStageKeys[] = {"time_load_s", "time_train_s", "time_update_s",
+                                             "time_aggregate_s", "time_store_s"};
+inline constexpr size_t kStages = std::size(kStageKeys);
 
 struct EvalReport {
   uint64_t clients = 0;
@@ -347,7 +359,8 @@ struct RoundRecord {
       metrics;  // the other declared metrics (weighted means), e.g. ef_gain
   std::optional<double> test_accuracy, test_loss;
   std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
-  std::optional<double> dp_epsilon;  // central DP: epsilon spent after this round (all so far)
+  std::vector<double> stage_seconds;  // simulated fleets only: kStageKeys, summed over the phases
+  std::optional<double> dp_epsilon;   // central DP: epsilon spent after this round (all so far)
   // Secure aggregation: the clients whose revealed share was wrong and decoded around (each the
   // revealer or the secret's owner, which dealt it; their updates are in the sum). In the JSON
   // line when there are some.

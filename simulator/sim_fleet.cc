@@ -333,13 +333,24 @@ void SimFleet::trainMine(const server::PhaseTask& task,
     ++sent_batches;
   };
   const auto t_start = Steady::now();
+  // Each stage's time (PhaseCounts::Stage), lap by lap.
+  auto mark = t_start;
+  const auto elapsed = [&mark] {  // microseconds since the last lap
+    const auto now = Steady::now();
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - mark).count();
+    mark = now;
+    return static_cast<uint64_t>(us);
+  };
+  const auto lap = [&](PhaseCounts::Stage s) { counts.stage(s) += elapsed(); };
   size_t at = 0;
   for (uint64_t id : mine) {
     if (pooled && at > 0 && at % per_batch == 0) flush();
     ++at;
+    mark = Steady::now();
     const client::DataView data{clients_.train, clients_.shards.shard(id, shard_)};
     try {
       store_.load(id, state_);
+      lap(PhaseCounts::kLoad);
     } catch (const IoError& e) {  // its stored state does not read back: it fails this round
       std::fprintf(stderr, "starling-sim: client %llu fails round %llu: %s\n",
                    static_cast<unsigned long long>(id), static_cast<unsigned long long>(h.round),
@@ -349,8 +360,15 @@ void SimFleet::trainMine(const server::PhaseTask& task,
     }
     try {
       const client::TurnRequest turn{task.broadcast, modelOf(id), h.metrics, 1, h.control};
+      const double fit_before = algorithm.fitSeconds();
       client::PhaseResult res = algorithm.takeTurn(turn, id, data, state_);
       const uint64_t size = pr::encodedSize(res.update);
+      // The turn: its fit's time, and the rest (the update formed, compressed, encoded).
+      const uint64_t turn_us = elapsed(),
+                     fit_us = std::min(turn_us, static_cast<uint64_t>(
+                                                    (algorithm.fitSeconds() - fit_before) * 1e6));
+      counts.stage(PhaseCounts::kTrain) += fit_us;
+      counts.stage(PhaseCounts::kUpdate) += turn_us - fit_us;
       counts.size(index[id]) = size;
       if (held) {
         held->push_back(Held{id, index[id], size, std::move(res.update), std::move(state_)});
@@ -377,15 +395,19 @@ void SimFleet::trainMine(const server::PhaseTask& task,
             continue;
           }
           task.secure->reply(server::SecureStage::kMaskedInput, id, masked);
+          lap(PhaseCounts::kAggregate);
         } catch (const InputError&) {  // its side or the server's refused: it drops out
           counts.outcome(index[id]) = PhaseCounts::kFailed;
           continue;
         }
         store_.store(id, state_);
+        lap(PhaseCounts::kStore);
       } else {
         counts.uplink() += size;
         agg.add(cz::view(res.update), aggregation::ClientLimits{data.size()});
+        lap(PhaseCounts::kAggregate);
         store_.store(id, state_);
+        lap(PhaseCounts::kStore);
       }
       counts.outcome(index[id]) = PhaseCounts::kCompleted;
       if (h.phase == 0) work += data.size() * h.fit.epochs;
@@ -517,16 +539,24 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
     // The accepted ones, in id order as trainMine's; a straggler's state stays as it was. An
     // update the aggregator refuses was sent: its bytes count, as in the other path.
     PhaseCounts added(participants.size(), coll_.size());
+    const auto since = [](Steady::time_point t) {
+      return static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(Steady::now() - t).count());
+    };
     for (Held& c : held) {
       if (failed.count(c.id)) continue;
       added.uplink() += c.bytes;
+      const auto t0 = Steady::now();
       try {
         agg.add(cz::view(c.update), aggregation::ClientLimits{clients_.shards.examples(c.id)});
       } catch (const InvalidArgument&) {
         added.outcome(c.index) = PhaseCounts::kFailed;
         continue;
       }
+      added.stage(PhaseCounts::kAggregate) += since(t0);
+      const auto t1 = Steady::now();
       store_.store(c.id, c.state);
+      added.stage(PhaseCounts::kStore) += since(t1);
       added.outcome(c.index) = PhaseCounts::kCompleted;
     }
     held.clear();
@@ -534,6 +564,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
     for (size_t i = 0; i < participants.size(); ++i)
       if (counts.outcome(i) != PhaseCounts::kFailed) counts.outcome(i) = added.outcome(i);
     counts.uplink() = added.uplink();
+    for (size_t s = 0; s < server::kStages; ++s) counts.stage(s) += added.stage(s);
   }
   reduceGlobal(task, comp, agg);
   if (!measure) allReduceCounts(counts.values);
@@ -554,6 +585,8 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
     if (h.phase == 0) cost_.observe(w, counts.work(w), 1, sec);  // identical on every worker
   }
   rep.makespan_seconds = makespan;
+  for (size_t s = 0; s < server::kStages; ++s)
+    rep.stage_seconds.push_back(static_cast<double>(counts.stage(s)) * 1e-6);
   return rep;
 }
 

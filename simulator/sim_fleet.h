@@ -164,18 +164,23 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   };
   // The counters the workers sum after a phase (allReduceCounts): per participant its outcome and
   // its update's bytes (when measured), then the bytes up, then per worker the work it did
-  // (examples x epochs) and its microseconds.
+  // (examples x epochs) and its microseconds, then the microseconds of each stage of the clients'
+  // turns (server::kStageKeys), summed over the workers.
   struct PhaseCounts {
     static constexpr uint64_t kCompleted = 1, kFailed = 2;
+    enum Stage : size_t { kLoad, kTrain, kUpdate, kAggregate, kStore };
     PhaseCounts(size_t participants, int workers)
-        : values(2 * participants + 1 + 2 * static_cast<size_t>(workers), 0), np(participants) {}
+        : values(2 * participants + 1 + 2 * static_cast<size_t>(workers) + server::kStages, 0),
+          np(participants),
+          nw(static_cast<size_t>(workers)) {}
     uint64_t& outcome(size_t i) { return values[i]; }
     uint64_t& size(size_t i) { return values[np + i]; }
     uint64_t& uplink() { return values[2 * np]; }
     uint64_t& work(int w) { return values[2 * np + 1 + 2 * static_cast<size_t>(w)]; }
     uint64_t& micros(int w) { return values[2 * np + 2 + 2 * static_cast<size_t>(w)]; }
+    uint64_t& stage(size_t s) { return values[2 * np + 1 + 2 * nw + s]; }
     std::vector<uint64_t> values;
-    size_t np;
+    size_t np, nw;
   };
   // A client trained before the clock decided whether it is accepted (updateSizeVaries()).
   struct Held {

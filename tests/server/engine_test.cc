@@ -888,7 +888,7 @@ TEST_CASE("a client holding the current version gets an empty delta, so evaluati
 TEST_CASE("metric names that would break or repeat a key of the metrics file are refused",
           "[server]") {
   World w;
-  for (const char* bad : {"round", "wall_seconds", "a\"b", "x y", "tab\t"}) {
+  for (const char* bad : {"round", "wall_seconds", "time_train_s", "a\"b", "x y", "tab\t"}) {
     auto cfg = w.config("none", 1);
     cfg.scheme.metrics = {"train_loss", bad};
     CHECK_THROWS_AS(server::RoundEngine(w.layout, cfg, w.init()), ConfigError);

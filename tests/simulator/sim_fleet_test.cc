@@ -98,6 +98,37 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a simulated round says where its time went: the clients' state loads, training, the rest of "
+    "their turns, aggregation and state stores, within the workers' time",
+    "[simulator]") {
+  Federation f(12, false);
+  const auto layout = std::make_shared<const ParamLayout>(f.trainer->layout());
+  std::vector<float> init(layout->numel());
+  f.trainer->initParameters(init, 1);
+  server::EngineConfig ec = f.engineConfig(6);
+  ec.scheme.compressor = "topk:density=0.1";  // stateful: a residual loaded and stored
+  server::RoundEngine engine(layout, ec, init);
+  for (int r = 0; r < 2; ++r) {
+    const server::RoundRecord rec = engine.runRound(*f.fleet);
+    REQUIRE(rec.applied);
+    REQUIRE(rec.stage_seconds.size() == server::kStages);
+    double sum = 0.0;
+    for (double s : rec.stage_seconds) {
+      CHECK(s >= 0.0);
+      sum += s;
+    }
+    CHECK(rec.stage_seconds[1] > 0.0);  // six clients trained
+    // Laps within the one worker's training time (each rounded down to a microsecond).
+    REQUIRE(rec.makespan_seconds);
+    CHECK(sum <= *rec.makespan_seconds + 1e-6);
+    // In the metrics line under their keys.
+    const std::string line = rec.json();
+    for (const char* key : server::kStageKeys)
+      CHECK(line.find("\"" + std::string(key) + "\":") != std::string::npos);
+  }
+}
+
 TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", "[simulator]") {
   const size_t n = 8;
   Federation f(n, true);
