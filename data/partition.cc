@@ -247,46 +247,114 @@ class QuantityPartitioner final : public Partitioner {
   uint32_t min_size_;
 };
 
-// A pool larger than the data set: client k draws `size` examples uniformly with replacement from
-// its own stream {seed, round 0, client k, kDataPartition}, so its data depend only on the seed
-// and k (not on the pool size), and any client's shard can be drawn alone.
-class SampledPartitioner final : public Partitioner {
+// A pool larger than the data set: client k draws `size` examples with replacement from its own
+// stream {seed, round 0, client k, kDataPartition}, so its data depend only on the seed and k (not
+// on the pool size), and any client's shard can be drawn alone. Uniformly over the data set; with
+// alpha, first its class proportions p ~ Dirichlet(alpha) over the classes that have examples,
+// then each example's class from p; with classes=m, first m distinct classes of those, then each
+// example's class uniformly among them; an example of a class uniformly among the class's.
+struct SampledOptions {
+  uint32_t size = 0;
+  double alpha = 0.0;    // 0: no label skew
+  uint32_t classes = 0;  // 0: every class
+};
+
+class SampledDrawer final : public Partitioner::Drawer {
  public:
-  explicit SampledPartitioner(uint32_t size) : size_(size) {
-    if (size_ == 0)
-      STARLING_THROW(
-          ConfigError,
-          "partitioner 'sampled': size=N is required (examples each client draws, >= 1)");
+  SampledDrawer(const SampledOptions& o, const std::string& spec, std::span<const uint8_t> labels,
+                uint32_t num_classes, uint64_t seed)
+      : o_(o), examples_(labels.size()), seed_(seed) {
+    if (o_.alpha == 0.0 && o_.classes == 0) return;  // uniform: the labels are not needed
+    for (auto& c : byClass(labels, num_classes))
+      if (!c.empty()) classes_.push_back(std::move(c));
+    if (o_.classes > classes_.size())
+      STARLING_THROW(ConfigError, spec, ": classes=", o_.classes, " but the data set has ",
+                     classes_.size(), " classes with examples");
   }
-  std::string name() const override { return "sampled"; }
-  std::string spec() const override { return "sampled:size=" + std::to_string(size_); }
-  bool withReplacement() const override { return true; }
-  bool drawsEachClient() const override { return true; }
-  uint64_t drawnSize() const override { return size_; }
-  void drawShard(size_t examples, uint64_t client, uint64_t seed,
-                 std::vector<size_t>& out) const override {
-    STARLING_CHECK_ARG(examples > 0, spec(), ": no examples to draw from");
-    RngStream rng(StreamKey{seed, 0, client, StreamPurpose::kDataPartition, 0});
-    out.resize(size_);
-    for (size_t& i : out) i = static_cast<size_t>(rng.below(examples));
+  uint64_t size() const override { return o_.size; }
+  void draw(uint64_t client, std::vector<size_t>& out) const override {
+    RngStream rng(StreamKey{seed_, 0, client, StreamPurpose::kDataPartition, 0});
+    out.resize(o_.size);
+    if (classes_.empty()) {
+      for (size_t& i : out) i = static_cast<size_t>(rng.below(examples_));
+    } else if (o_.classes > 0) {
+      // m distinct classes: the first m of a partial Fisher-Yates shuffle of their positions.
+      std::vector<uint32_t> pick(classes_.size());
+      std::iota(pick.begin(), pick.end(), 0u);
+      for (uint32_t j = 0; j < o_.classes; ++j)
+        std::swap(pick[j], pick[j + rng.below(pick.size() - j)]);
+      for (size_t& i : out) {
+        const auto& c = classes_[pick[rng.below(o_.classes)]];
+        i = c[rng.below(c.size())];
+      }
+    } else {
+      std::vector<double> p(classes_.size());
+      sampleDirichlet(rng, o_.alpha, p);
+      for (size_t k = 1; k < p.size(); ++k) p[k] += p[k - 1];  // cumulative
+      for (size_t& i : out) {
+        const double u = rng.uniform() * p.back();
+        const size_t k = std::min<size_t>(
+            static_cast<size_t>(std::upper_bound(p.begin(), p.end(), u) - p.begin()), p.size() - 1);
+        i = classes_[k][rng.below(classes_[k].size())];
+      }
+    }
     std::sort(out.begin(), out.end());
   }
 
+ private:
+  SampledOptions o_;
+  size_t examples_;
+  uint64_t seed_;
+  std::vector<std::vector<size_t>> classes_;  // with skew: the examples of each class that has any
+};
+
+class SampledPartitioner final : public Partitioner {
+ public:
+  explicit SampledPartitioner(const SampledOptions& o) : o_(o) {
+    if (o_.size == 0)
+      STARLING_THROW(
+          ConfigError,
+          "partitioner 'sampled': size=N is required (examples each client draws, >= 1)");
+    if (!(o_.alpha >= 0) || !std::isfinite(o_.alpha))
+      STARLING_THROW(ConfigError, "partitioner 'sampled': alpha=", o_.alpha,
+                     " must be a finite number >= 0 (0: no label skew; small: strong skew)");
+    if (o_.alpha > 0 && o_.classes > 0)
+      STARLING_THROW(ConfigError,
+                     "partitioner 'sampled': alpha and classes are two kinds of label skew; give "
+                     "one");
+  }
+  std::string name() const override { return "sampled"; }
+  std::string spec() const override {
+    std::string s = "sampled:size=" + std::to_string(o_.size);
+    if (o_.alpha > 0) s += ",alpha=" + formatNumber(o_.alpha);
+    if (o_.classes > 0) s += ",classes=" + std::to_string(o_.classes);
+    return s;
+  }
+  bool withReplacement() const override { return true; }
+  bool drawsEachClient() const override { return true; }
+  std::shared_ptr<const Drawer> drawer(std::span<const uint8_t> labels, uint32_t num_classes,
+                                       uint64_t seed) const override {
+    check(labels, num_classes, 1);  // examples to draw, labels below num_classes
+    return std::make_shared<const SampledDrawer>(o_, spec(), labels, num_classes, seed);
+  }
+
  protected:
-  Partition assign(std::span<const uint8_t> labels, uint32_t, size_t clients,
+  Partition assign(std::span<const uint8_t> labels, uint32_t num_classes, size_t clients,
                    uint64_t seed) const override {
+    const auto d = drawer(labels, num_classes, seed);
     Partition shards(clients);
-    for (size_t k = 0; k < clients; ++k) drawShard(labels.size(), k, seed, shards[k]);
+    for (size_t k = 0; k < clients; ++k) d->draw(k, shards[k]);
     return shards;
   }
 
  private:
-  uint32_t size_;
+  SampledOptions o_;
 };
 
 }  // namespace
 
-void Partitioner::drawShard(size_t, uint64_t, uint64_t, std::vector<size_t>&) const {
+std::shared_ptr<const Partitioner::Drawer> Partitioner::drawer(std::span<const uint8_t>, uint32_t,
+                                                               uint64_t) const {
   STARLING_THROW(InvalidArgument, spec(), " does not draw each client's shard on its own");
 }
 
@@ -332,22 +400,20 @@ ClientShards ClientShards::make(std::shared_ptr<const Partitioner> rule,
     return ClientShards(rule->split(labels, num_classes, clients, seed));
   rule->check(labels, num_classes, clients);
   ClientShards s;
-  s.rule_ = std::move(rule);
+  s.drawer_ = rule->drawer(labels, num_classes, seed);
   s.clients_ = clients;
-  s.examples_ = labels.size();
-  s.seed_ = seed;
   return s;
 }
 
 uint64_t ClientShards::examples(uint64_t client) const {
   STARLING_CHECK_ARG(client < clients_, "client ", client, " of only ", clients_);
-  return rule_ ? rule_->drawnSize() : held_[client].size();
+  return drawer_ ? drawer_->size() : held_[client].size();
 }
 
 std::span<const size_t> ClientShards::shard(uint64_t client, std::vector<size_t>& scratch) const {
   STARLING_CHECK_ARG(client < clients_, "client ", client, " of only ", clients_);
-  if (!rule_) return held_[client];
-  rule_->drawShard(examples_, client, seed_, scratch);
+  if (!drawer_) return held_[client];
+  drawer_->draw(client, scratch);
   return scratch;
 }
 
@@ -391,11 +457,18 @@ const Registry<Partitioner>& partitioners() {
                   return std::make_unique<ShardsPartitioner>(r.count("per_client", 2));
                 }},
           Entry{"sampled",
-                "a pool larger than the data set: each client draws size examples uniformly with "
-                "replacement (from its own seeded stream; labels iid)",
-                "size=N (required: examples per client, >= 1)",
+                "a pool larger than the data set: each client draws size examples with "
+                "replacement from its own seeded stream (labels iid, or skewed by alpha or "
+                "classes), drawn whenever asked: a pool of millions holds nothing per client",
+                "size=N (required: examples per client, >= 1), alpha=0 (> 0: each client's "
+                "classes in Dirichlet(alpha) proportions of its own), classes=0 (> 0: each "
+                "client draws from that many classes of its own)",
                 [](OptionReader& r) -> std::unique_ptr<Partitioner> {
-                  return std::make_unique<SampledPartitioner>(r.count("size", 0));
+                  SampledOptions o;
+                  o.size = r.count("size", 0);
+                  o.alpha = r.number("alpha", 0.0);
+                  o.classes = r.count("classes", 0);
+                  return std::make_unique<SampledPartitioner>(o);
                 }},
       });
   return registry;

@@ -7,7 +7,9 @@
 //   shards:per_client=2          McMahan et al.'s pathological split: label-sorted shards
 //   quantity:alpha=0.5           client sizes in Dirichlet(alpha) proportions, labels iid
 //   sampled:size=600             each client draws `size` examples with replacement: a pool of
-//                                clients larger than the data set
+//                                clients larger than the data set; with alpha=0.5 its classes in
+//                                Dirichlet(alpha) proportions of its own, with classes=2 from that
+//                                many classes of its own (label skew in a pool of any size)
 //
 // docs/data-and-training.md gives the exact definitions. Every result is a pure function of
 // (labels, num_classes, clients, seed, options): randomness comes only from the RngStream
@@ -42,14 +44,23 @@ class Partitioner {
   virtual bool withReplacement() const { return false; }
 
   // True for a rule that draws each client's shard on its own (sampled): client k's shard is a
-  // function of the data set's size, the seed and k alone, so it can be drawn whenever it is asked
-  // for and a pool of any size holds nothing per client (ClientShards).
+  // function of the data set's labels, the seed and k alone, so it can be drawn whenever it is
+  // asked for and a pool of any size holds nothing per client (ClientShards).
   virtual bool drawsEachClient() const { return false; }
-  // Such a rule's shard of `client` among `examples` examples, ascending, into `out` (replaced);
-  // its size is drawnSize(). InvalidArgument for a rule that does not draw each client.
-  virtual void drawShard(size_t examples, uint64_t client, uint64_t seed,
-                         std::vector<size_t>& out) const;
-  virtual uint64_t drawnSize() const { return 0; }
+  // What draws such a rule's shards from one data set (what it needs of the labels prepared once,
+  // e.g. the examples of each class): draw(k) is client k's shard, ascending, into `out`
+  // (replaced), of size() examples. Immutable: one may draw from many threads.
+  class Drawer {
+   public:
+    virtual ~Drawer() = default;
+    virtual uint64_t size() const = 0;
+    virtual void draw(uint64_t client, std::vector<size_t>& out) const = 0;
+  };
+  // The drawer of this rule over `labels` (split()'s checks of them, as check() does), which it
+  // does not keep. InvalidArgument for a rule that does not draw each client; ConfigError for
+  // options the data set cannot meet (more classes a client than it has with examples).
+  virtual std::shared_ptr<const Drawer> drawer(std::span<const uint8_t> labels,
+                                               uint32_t num_classes, uint64_t seed) const;
 
   // Splits examples 0 .. labels.size() - 1 among `clients` clients.
   // Guarantees: exactly `clients` shards, each sorted ascending, every index below labels.size().
@@ -86,7 +97,7 @@ class ClientShards {
                            uint32_t num_classes, size_t clients, uint64_t seed);
 
   size_t size() const { return clients_; }
-  bool drawn() const { return rule_ != nullptr; }
+  bool drawn() const { return drawer_ != nullptr; }
   // How many examples `client` holds (with repeats); client < size().
   uint64_t examples(uint64_t client) const;
   // Its example indices, ascending: the held shard, or drawn into `scratch` (the span is valid
@@ -95,9 +106,8 @@ class ClientShards {
 
  private:
   Partition held_;
-  std::shared_ptr<const Partitioner> rule_;  // drawn: the rule, and what it draws from
-  size_t clients_ = 0, examples_ = 0;
-  uint64_t seed_ = 0;
+  std::shared_ptr<const Partitioner::Drawer> drawer_;  // drawn: what draws a client's shard
+  size_t clients_ = 0;
 };
 
 // The registered partitioners (iid, dirichlet, quantity, shards, sampled).

@@ -713,7 +713,7 @@ size_t AsyncSimulation::fill(server::AsyncIntake& in) {
   const uint64_t v = server_.version();
   std::vector<uint64_t> idle;
   for (uint64_t c = 0; c < clients_.shards.size(); ++c)
-    if (!busy_[c] && last_version_[c] != v && !clients_.shards.examples(c) == 0 && online(c))
+    if (!busy_[c] && last_version_[c] != v && clients_.shards.examples(c) > 0 && online(c))
       idle.push_back(c);
   while (flying() < config_.concurrency && !idle.empty()) {
     const auto k = static_cast<size_t>(picker_.uniform() * static_cast<double>(idle.size()));

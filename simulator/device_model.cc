@@ -286,7 +286,9 @@ double DevicePopulation::nextOffline(uint64_t client, double t) const {
 
 bool DevicePopulation::available(uint64_t client, uint64_t round, uint64_t seed) const {
   if (always_) return true;
-  const double a = (*this)[client].availability;
+  STARLING_CHECK_ARG(client < size_, "device of client ", client, " of only ", size_);
+  // A drawn population's availability is the distribution's, the same for every client.
+  const double a = devices_.empty() ? drawn_.availability : devices_[client].availability;
   if (a >= 1.0) return true;
   if (a <= 0.0) return false;
   RngStream rng(StreamKey{seed, round, client, StreamPurpose::kClientSampling, 1});

@@ -68,6 +68,9 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
   if (config_.secure_signed) authority_ = simAuthority(config_.seed);
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
+  // The pool's ids travel as 4 bytes (waitForClients' list of those online).
+  STARLING_CHECK_ARG(clients.shards.size() <= UINT32_MAX, "a pool of ", clients.shards.size(),
+                     " clients: at most 2^32 - 1");
   if (!config_.homes_file.empty() && std::filesystem::exists(config_.homes_file)) {
     const std::vector<uint8_t> file = readFile(config_.homes_file, uint64_t{1} << 32);
     // Before the frame the file was the list alone (no client count's low word is the magic).
@@ -320,18 +323,6 @@ void SimFleet::trainMine(const server::PhaseTask& task,
       batches = std::max(batches, (n + per_batch - 1) / per_batch);
     }
   }
-  const auto flush = [&] {
-    replyMasked(*task.secure, pending, index, counts);
-    for (auto& [id, st] : pending_states)
-      if (counts.outcome(index.at(id)) == PhaseCounts::kCompleted) {
-        store_.store(id, st);
-        if (h.phase == 0) work += clients_.shards.examples(id) * h.fit.epochs;
-        ++trained_;
-      }
-    pending.clear();
-    pending_states.clear();
-    ++sent_batches;
-  };
   const auto t_start = Steady::now();
   // Each stage's time (PhaseCounts::Stage), lap by lap.
   auto mark = t_start;
@@ -342,6 +333,21 @@ void SimFleet::trainMine(const server::PhaseTask& task,
     return static_cast<uint64_t>(us);
   };
   const auto lap = [&](PhaseCounts::Stage s) { counts.stage(s) += elapsed(); };
+  const auto flush = [&] {
+    mark = Steady::now();
+    replyMasked(*task.secure, pending, index, counts);
+    lap(PhaseCounts::kAggregate);
+    for (auto& [id, st] : pending_states)
+      if (counts.outcome(index.at(id)) == PhaseCounts::kCompleted) {
+        store_.store(id, st);
+        if (h.phase == 0) work += clients_.shards.examples(id) * h.fit.epochs;
+        ++trained_;
+      }
+    lap(PhaseCounts::kStore);
+    pending.clear();
+    pending_states.clear();
+    ++sent_batches;
+  };
   size_t at = 0;
   for (uint64_t id : mine) {
     if (pooled && at > 0 && at % per_batch == 0) flush();
@@ -392,6 +398,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
             pending.emplace_back(id, masked);
             pending_states.emplace(id, std::move(state_));
             state_ = ClientState(trainer_.layout().fingerprint());
+            lap(PhaseCounts::kAggregate);  // its masking
             continue;
           }
           task.secure->reply(server::SecureStage::kMaskedInput, id, masked);

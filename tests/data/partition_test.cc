@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <set>
 
 #include "check_throws.h"
 #include "core/rng.h"
@@ -276,7 +277,7 @@ TEST_CASE(
   const auto y = randomLabels(200, classes, 11);
   const std::shared_ptr<const Partitioner> sampled = makePartitioner("sampled:size=40");
   CHECK(sampled->drawsEachClient());
-  CHECK(sampled->drawnSize() == 40);
+  CHECK(sampled->drawer(y, classes, 7)->size() == 40);
   const size_t clients = 700;
   const ClientShards drawn = ClientShards::make(sampled, y, classes, clients, 7);
   CHECK(drawn.drawn());
@@ -297,7 +298,7 @@ TEST_CASE(
     INFO(spec);
     const std::shared_ptr<const Partitioner> rule = makePartitioner(spec);
     CHECK_FALSE(rule->drawsEachClient());
-    CHECK_THROWS_AS(rule->drawShard(y.size(), 0, 7, scratch), InvalidArgument);
+    CHECK_THROWS_AS(rule->drawer(y, classes, 7), InvalidArgument);
     const ClientShards held = ClientShards::make(rule, y, classes, 20, 7);
     CHECK_FALSE(held.drawn());
     const Partition want = rule->split(y, classes, 20, 7);
@@ -317,13 +318,64 @@ TEST_CASE(
                         Contains("201 clients but only 200 examples"));
   CHECK_THROWS_AS(drawn.shard(clients, scratch), InvalidArgument);
   CHECK_THROWS_AS(drawn.examples(clients), InvalidArgument);
-  // Ten million clients: any one's shard, the same as a pool of one more client gives it.
+  // Ten million clients: any one's shard, as the rule's drawer draws it alone.
   const ClientShards huge = ClientShards::make(sampled, y, classes, 10'000'000, 7);
   const auto last = huge.shard(9'999'999, scratch);
   std::vector<size_t> alone;
-  sampled->drawShard(y.size(), 9'999'999, 7, alone);
+  sampled->drawer(y, classes, 7)->draw(9'999'999, alone);
   CHECK(std::vector<size_t>(last.begin(), last.end()) == alone);
   CHECK(alone.size() == 40);
+}
+
+TEST_CASE(
+    "sampled with label skew: classes=m draws each client's examples from m classes of its own, "
+    "alpha from its own Dirichlet proportions; drawn alone as split() draws them",
+    "[data]") {
+  const uint32_t classes = 10;
+  const auto y = randomLabels(3000, classes, 5);
+  const size_t clients = 2000;
+  std::vector<size_t> scratch;
+  // classes=2: at most two classes a client, every class somewhere in the pool.
+  {
+    const std::shared_ptr<const Partitioner> rule = makePartitioner("sampled:size=50,classes=2");
+    const Partition a = rule->split(y, classes, clients, 3);
+    const ClientShards drawn = ClientShards::make(rule, y, classes, clients, 3);
+    std::vector<size_t> pool_classes(classes, 0);
+    for (size_t k = 0; k < clients; ++k) {
+      REQUIRE(a[k].size() == 50);
+      std::set<uint8_t> held;
+      for (size_t i : a[k]) held.insert(y[i]);
+      CHECK(held.size() <= 2);
+      for (uint8_t c : held) ++pool_classes[c];
+      const auto d = drawn.shard(k, scratch);
+      REQUIRE(std::vector<size_t>(d.begin(), d.end()) == a[k]);
+    }
+    // Each class is one of a client's two with probability 1/5: 400 of 2,000 expected.
+    for (size_t c : pool_classes) CHECK(c > 250);
+    CHECK(meanClassesHeld(y, classes, a) > 1.8);  // two, or one when 50 draws missed the other
+    CHECK_THROWS_MATCHING(makePartitioner("sampled:size=5,classes=11")->split(y, classes, 4, 3),
+                          ConfigError, Contains("classes=11 but the data set has 10 classes"));
+  }
+  // alpha: small, a few classes dominate each client; large, close to the pool's mix.
+  const auto skew = [&](const std::string& spec) {
+    const Partition p = makePartitioner(spec)->split(y, classes, clients, 3);
+    const PartitionStats st = partitionStats(y, classes, p);
+    double mean = 0;
+    for (size_t k = 0; k < clients; ++k) mean += st.labelSkew(k) / clients;
+    return mean;
+  };
+  const double strong = skew("sampled:size=50,alpha=0.1"), weak = skew("sampled:size=50,alpha=100"),
+               none = skew("sampled:size=50");
+  CHECK(strong > 0.6);  // Dirichlet(0.1) over 10 classes: one or two classes a client
+  CHECK(weak < 0.25);   // 50 draws of a near-uniform mix: sampling noise only
+  CHECK(none < 0.25);
+  const std::shared_ptr<const Partitioner> rule = makePartitioner("sampled:size=50,alpha=0.1");
+  const ClientShards drawn = ClientShards::make(rule, y, classes, clients, 3);
+  const Partition a = rule->split(y, classes, clients, 3);
+  for (size_t k : {size_t{0}, size_t{999}, clients - 1}) {
+    const auto d = drawn.shard(k, scratch);
+    CHECK(std::vector<size_t>(d.begin(), d.end()) == a[k]);
+  }
 }
 
 TEST_CASE("sampled: options and arguments are checked", "[data]") {
@@ -331,8 +383,13 @@ TEST_CASE("sampled: options and arguments are checked", "[data]") {
   CHECK_THROWS_MATCHING(makePartitioner("sampled:size=0"), ConfigError,
                         Contains("size=N is required"));
   CHECK_THROWS_AS(makePartitioner("sampled:size=-3"), ConfigError);
-  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=4,alpha=1"), ConfigError,
+  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=4,beta=1"), ConfigError,
                         Contains("unknown option"));
+  CHECK(makePartitioner("sampled:size=4,alpha=1")->spec() == "sampled:size=4,alpha=1");
+  CHECK(makePartitioner("sampled:size=4,classes=2")->spec() == "sampled:size=4,classes=2");
+  CHECK_THROWS_MATCHING(makePartitioner("sampled:size=4,alpha=1,classes=2"), ConfigError,
+                        Contains("give one"));
+  CHECK_THROWS_AS(makePartitioner("sampled:size=4,alpha=-1"), ConfigError);
   const auto part = makePartitioner("sampled:size=3");
   CHECK(part->spec() == "sampled:size=3");
   const std::vector<uint8_t> y{0, 1, 1};

@@ -114,10 +114,7 @@ TEST_CASE(
     REQUIRE(rec.applied);
     REQUIRE(rec.stage_seconds.size() == server::kStages);
     double sum = 0.0;
-    for (double s : rec.stage_seconds) {
-      CHECK(s >= 0.0);
-      sum += s;
-    }
+    for (double s : rec.stage_seconds) sum += s;
     CHECK(rec.stage_seconds[1] > 0.0);  // six clients trained
     // Laps within the one worker's training time (each rounded down to a microsecond).
     REQUIRE(rec.makespan_seconds);

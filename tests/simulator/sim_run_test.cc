@@ -718,8 +718,9 @@ TEST_CASE(
   CHECK(huge.wait(seconds(60)) == 2);
   const std::string huge_log = readText(dir / "huge.log");
   INFO(huge_log);
-  CHECK(huge_log.find("data.split_file describes every client of the pool in memory: about "
-                      "4210 MB for 10000000 clients") != std::string::npos);
+  CHECK(huge_log.find("data.split_file describes every client of the pool in memory") !=
+        std::string::npos);
+  CHECK(huge_log.find("MB for 10000000 clients") != std::string::npos);
   CHECK(huge_log.find("round    1/") == std::string::npos);  // no round ran
   CHECK_FALSE(std::filesystem::exists(dir / "huge.txt"));
 }
