@@ -217,6 +217,11 @@ def make_cnn(classes=NUM_CLASSES):
     return fedavg_loop.make_cnn(classes)
 
 
+def make_model(name):
+    """The module of --model: "cnn" (make_cnn) or "mlp" (make_mlp)."""
+    return make_mlp() if name == "mlp" else make_cnn()
+
+
 def make_mlp(hidden=200, classes=NUM_CLASSES, features=28 * 28):
     """torch_trainer/models.cc's "mlp" (mlp:hidden=200): flatten, fc1 features->hidden, ReLU,
     fc2 hidden->classes (159,010 parameters at the defaults), PyTorch's default initialisation;
@@ -284,6 +289,8 @@ def add_common_args(p):
     p.add_argument("--data-dir", default=DATA_DIR)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--clients-per-round", type=int, default=10)
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
+                   help="the task's CNN, or Starling's mlp:hidden=200 (bench/peers/scale.py's cross-device runs)")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--setting", choices=["default", "best"], default="default")

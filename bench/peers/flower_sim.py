@@ -222,7 +222,8 @@ def main_cli():
     run_config = {"split": os.path.abspath(a.split), "data-dir": os.path.abspath(a.data_dir),
                   "num-clients": num_clients, "rounds": a.rounds, "clients-per-round": a.clients_per_round,
                   "eval-every": a.eval_every, "seed": a.seed, "client-threads": client_threads,
-                  "eval-threads": a.eval_threads, "stateful": a.stateful, "result-file": inside}
+                  "eval-threads": a.eval_threads, "stateful": a.stateful, "model": a.model,
+                  "result-file": inside}
     run_config_file = os.path.join(work, "run-config.toml")
     with open(run_config_file, "w") as f:
         f.writelines(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items())

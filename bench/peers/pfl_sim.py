@@ -229,7 +229,7 @@ def main():
 
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)
-    module = make_module()
+    module = make_module(common.make_model(a.model))
     model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
     numel = sum(t.numel() for t in module.state_dict().values())

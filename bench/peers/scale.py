@@ -5,7 +5,8 @@ fails.
 
 The task is the demo's (bench/peers/common.py): Fashion-MNIST, McMahan's CNN, 10 clients per
 round, 1 local epoch of SGD (lr 0.05, batch 32); --rounds rounds (5), no evaluation (identical in
-all three). The pools:
+all three). The cross-device regime (issue 42): --clients-per-round 1000, and --model mlp for
+Starling's mlp:hidden=200 in all three (bench/peers/common.py's make_mlp). The pools:
   1000     --data.num_clients 1000 --data.partition dirichlet:alpha=0.5
   100000   --data.num_clients 100000 --data.partition sampled:size=60 (Fashion-MNIST has 60,000
            examples: each client draws 60 with replacement)
@@ -33,7 +34,7 @@ the exit status, the log's last error line, whether the time limit (--timeout) o
 
   $VENV/bin/python bench/peers/scale.py --starling-bin build/bin [--pools 1000,100000]
       [--modes stateless,stateful] [--systems starling,flower,pfl] [--rounds 5] [--timeout 1200]
-      [--out build/peers-scale.json]
+      [--clients-per-round 10] [--model cnn] [--out build/peers-scale.json]
 """
 import argparse
 import json
@@ -136,7 +137,8 @@ def starling_cmd(sim, a, n, mode, work):
         os.remove(metrics)
     cmd = [sim, "--config", DEMO, "--data.dir", a.data_dir, "--data.num_clients", str(n),
            "--data.partition", partition_for(n), "--train.rounds", str(a.rounds), "--eval.every", "0",
-           "--state.metrics", metrics,
+           "--state.metrics", metrics, "--sampling.clients_per_round", str(a.clients_per_round),
+           "--model.spec", "cnn" if a.model == "cnn" else "mlp:hidden=200",
            "--compression.compressor", "none" if mode == "stateless" else "topk:density=0.01"]
     cmd += shlex.split(a.starling_args)
 
@@ -156,7 +158,7 @@ def peer_cmd(a, system, n, mode, split, work):
     if os.path.exists(out):
         os.remove(out)
     cmd = [sys.executable, os.path.join(HERE, f"{system}_sim.py"), "--split", split, "--data-dir", a.data_dir,
-           "--rounds", str(a.rounds), "--clients-per-round", str(CLIENTS_PER_ROUND),
+           "--rounds", str(a.rounds), "--clients-per-round", str(a.clients_per_round), "--model", a.model,
            # no evaluation within the run (pfl's evaluation_frequency must be > 0: rounds + 1 never comes)
            "--eval-every", str(a.rounds + 1),
            "--setting", "best", "--out", out]
@@ -185,13 +187,15 @@ def fmt(v, spec, none="-"):
     return none if v is None else format(v, spec)
 
 
-def table(runs):
-    out = ["| pool | mode | system | status | startup s | s/round (median r2..) | peak RSS GiB | rounds done |",
-           "|---:|---|---|---|---:|---:|---:|---:|"]
+def table(runs, per_round):
+    out = ["| pool | mode | system | status | startup s | s/round (median r2..) | clients/s | peak RSS GiB | rounds done |",
+           "|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for r in runs:
         status = "ok" if r["ok"] else f"FAILED: {r['failure']}"
+        rate = per_round / r["seconds_per_round"] if r["seconds_per_round"] else None
         out.append(f"| {r['pool']:,} | {r['mode']} | {r['system']} | {status} | {fmt(r['startup_seconds'], '.1f')} | "
-                   f"{fmt(r['seconds_per_round'], '.2f')} | {r['peak_rss_bytes'] / 2**30:.2f} | {r['rounds_done']} |")
+                   f"{fmt(r['seconds_per_round'], '.2f')} | {fmt(rate, '.0f')} | {r['peak_rss_bytes'] / 2**30:.2f} | "
+                   f"{r['rounds_done']} |")
     return "\n".join(out)
 
 
@@ -203,6 +207,10 @@ def main():
     p.add_argument("--modes", default="stateless,stateful")
     p.add_argument("--systems", default="starling,flower,pfl")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--clients-per-round", type=int, default=CLIENTS_PER_ROUND,
+                   help="clients a round (the cross-device regime of issue 42: 1000)")
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
+                   help="every system's model: the task's CNN, or Starling's mlp:hidden=200")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per run before it counts as failed")
     p.add_argument("--max-rss-gb", type=float, default=18.0,
                    help="the process tree is killed (and the run failed) past this summed RSS")
@@ -285,9 +293,9 @@ def main():
             if s and f:
                 ratios[f"{n}-{mode}"] = {"flower_over_starling_peak_rss": f[0]["peak_rss_bytes"] / s[0]["peak_rss_bytes"],
                                          "flower_ok": f[0]["ok"]}
-    md = table(runs)
+    md = table(runs, a.clients_per_round)
     result = {"runs": runs, "flower_over_starling_rss": ratios, "rounds": a.rounds,
-              "clients_per_round": CLIENTS_PER_ROUND, "timeout_seconds": a.timeout, "max_rss_gb": a.max_rss_gb,
+              "clients_per_round": a.clients_per_round, "model": a.model, "timeout_seconds": a.timeout, "max_rss_gb": a.max_rss_gb,
               "machine": {"cpus": os.cpu_count(), "mem_total_bytes": psutil.virtual_memory().total,
                           "loadavg_at_end": os.getloadavg()},
               "versions": peers_run.versions(sim) if any(s != "starling" for s in systems) else {},

@@ -43,7 +43,7 @@ def train(msg: Message, context: Context):
     pid = int(context.node_config["partition-id"])
     x, y = _client_data(pid, cfg)
     if "model" not in _cache:  # one module per actor, loaded with each message's arrays (as Starling's workers)
-        _cache["model"] = common.make_cnn()
+        _cache["model"] = common.make_model(str(cfg["model"]))
     model = _cache["model"]
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     rnd = int(msg.content["config"]["server-round"])

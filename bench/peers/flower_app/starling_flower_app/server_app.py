@@ -37,7 +37,7 @@ def main(grid: Grid, context: Context):
     common.set_threads(int(cfg["eval-threads"]))
     common.note_threads("flower-serverapp")
     torch.manual_seed(int(cfg["seed"]))
-    model = common.make_cnn()
+    model = common.make_model(str(cfg["model"]))
     initial = ArrayRecord(model.state_dict())
     x_test, y_test = common.load_fashion_mnist("t10k", str(cfg["data-dir"]), PROG)
     x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64))
