@@ -7,7 +7,8 @@ the clients one after another with their own parameter tensors; "batched" stacks
 parameters and trains them as one computation: batched matrix products (torch.baddbmm) for the
 fully connected layers, grouped convolutions (groups = B) for the convolutions, the loss the sum of
 each client's mean, so that each client's gradient is its own. Before timing, both are checked to
-give each client the same parameters after its epoch within float rounding (max |a - b| printed).
+give each client the same parameters after its epoch (max |a - b| printed; past --tolerance the
+script fails).
 
 Usage: /usr/bin/python3 bench/batched_training.py [--clients 10,100] [--examples 60] [--device cpu]
        [--threads 1] [--models mlp,cnn] [--repeats 3]
@@ -116,6 +117,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tolerance", type=float, default=1e-3,
+                    help="the largest parameter difference between the two ways accepted (else exit 1)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
@@ -129,6 +132,9 @@ def main():
             Y = torch.randint(0, 10, (b, a.examples), generator=g).to(dev)
             s_out, b_out = sequential(params, one, X, Y), batched(params, many, X, Y)
             diff = max(float((u - v).abs().max()) for cs, cb in zip(s_out, b_out) for u, v in zip(cs, cb))
+            if not diff <= a.tolerance:
+                raise SystemExit(f"batched_training: {name} with {b} clients: the two ways differ by {diff} "
+                                 f"(more than --tolerance {a.tolerance})")
             ts = best(lambda: sequential(params, one, X, Y), a.repeats, dev)
             tb = best(lambda: batched(params, many, X, Y), a.repeats, dev)
             print(json.dumps({"model": name, "clients": b, "examples": a.examples, "device": a.device,

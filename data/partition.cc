@@ -315,9 +315,10 @@ class SampledPartitioner final : public Partitioner {
       STARLING_THROW(
           ConfigError,
           "partitioner 'sampled': size=N is required (examples each client draws, >= 1)");
-    if (!(o_.alpha >= 0) || !std::isfinite(o_.alpha))
+    if (!(o_.alpha >= 0) || !std::isfinite(o_.alpha) || (o_.alpha > 0 && o_.alpha < 1e-100))
       STARLING_THROW(ConfigError, "partitioner 'sampled': alpha=", o_.alpha,
-                     " must be a finite number >= 0 (0: no label skew; small: strong skew)");
+                     " must be 0 (no label skew) or a finite number from 1e-100 (small: strong "
+                     "skew; below, the Dirichlet draws underflow)");
     if (o_.alpha > 0 && o_.classes > 0)
       STARLING_THROW(ConfigError,
                      "partitioner 'sampled': alpha and classes are two kinds of label skew; give "
@@ -334,7 +335,9 @@ class SampledPartitioner final : public Partitioner {
   bool drawsEachClient() const override { return true; }
   std::shared_ptr<const Drawer> drawer(std::span<const uint8_t> labels, uint32_t num_classes,
                                        uint64_t seed) const override {
-    check(labels, num_classes, 1);  // examples to draw, labels below num_classes
+    // Examples to draw, labels below num_classes (byClass indexes by them). ClientShards::make and
+    // split() checked already: a second O(labels) pass, once per data set.
+    check(labels, num_classes, 1);
     return std::make_shared<const SampledDrawer>(o_, spec(), labels, num_classes, seed);
   }
 

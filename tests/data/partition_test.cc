@@ -329,7 +329,7 @@ TEST_CASE(
 
 TEST_CASE(
     "sampled with label skew: classes=m draws each client's examples from m classes of its own, "
-    "alpha from its own Dirichlet proportions; drawn alone as split() draws them",
+    "alpha from its own Dirichlet proportions, each drawn alone as split() draws it",
     "[data]") {
   const uint32_t classes = 10;
   const auto y = randomLabels(3000, classes, 5);
@@ -355,6 +355,19 @@ TEST_CASE(
     CHECK(meanClassesHeld(y, classes, a) > 1.8);  // two, or one when 50 draws missed the other
     CHECK_THROWS_MATCHING(makePartitioner("sampled:size=5,classes=11")->split(y, classes, 4, 3),
                           ConfigError, Contains("classes=11 but the data set has 10 classes"));
+    // A class without examples is never drawn: nine classes present of ten, all nine a client.
+    std::vector<uint8_t> nine = y;
+    for (auto& l : nine) l = l == 9 ? 0 : l;
+    const Partition p9 = makePartitioner("sampled:size=400,classes=9")->split(nine, classes, 20, 3);
+    for (const auto& s : p9) {
+      std::set<uint8_t> held;
+      for (size_t i : s) held.insert(nine[i]);
+      CHECK(held.size() == 9);
+      CHECK_FALSE(held.count(9));
+    }
+    CHECK_THROWS_MATCHING(makePartitioner("sampled:size=5,classes=10")->split(nine, classes, 4, 3),
+                          ConfigError, Contains("the data set has 9 classes with examples"));
+    CHECK_THROWS_AS(makePartitioner("sampled:size=5,alpha=1e-200"), ConfigError);
   }
   // alpha: small, a few classes dominate each client; large, close to the pool's mix.
   const auto skew = [&](const std::string& spec) {
