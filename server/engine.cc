@@ -141,9 +141,8 @@ void EngineConfig::validate() const {
           "secagg_wrong_shares"})
       if (m == fixed)
         STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
-    for (const char* fixed : kStageKeys)
-      if (m == fixed)
-        STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
+    if (std::find(std::begin(kStageKeys), std::end(kStageKeys), m) != std::end(kStageKeys))
+      STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
   }
   if (!(downlink_density > 0.0 && downlink_density <= 1.0))
     STARLING_THROW(ConfigError, "downlink.density must be in (0, 1], got ", downlink_density);
@@ -618,12 +617,20 @@ ClientInfo ClientPool::operator[](size_t i) const {
   return make_(ids_ ? uint64_t{(*ids_)[i]} : uint64_t{i});
 }
 
-ClientPool ClientPool::clients() const {
-  if (generated_) return *this;
+ClientPool ClientPool::filtered(bool (*keep)(const ClientInfo&)) const {
+  if (generated_) return *this;  // a generated pool's are clients with evaluation examples
   std::vector<ClientInfo> out;
   for (const ClientInfo& c : list_)
-    if (c.role == protocol::Role::kClient) out.push_back(c);
+    if (keep(c)) out.push_back(c);
   return ClientPool(std::move(out));
+}
+
+ClientPool ClientPool::clients() const {
+  return filtered([](const ClientInfo& c) { return c.role == protocol::Role::kClient; });
+}
+
+ClientPool ClientPool::evaluators() const {
+  return filtered([](const ClientInfo& c) { return c.eval_examples > 0; });
 }
 
 std::vector<ClientInfo> ClientPool::list() const {
@@ -632,14 +639,6 @@ std::vector<ClientInfo> ClientPool::list() const {
   out.reserve(size());
   for (const ClientInfo c : *this) out.push_back(c);
   return out;
-}
-
-ClientPool ClientPool::evaluators() const {
-  if (generated_) return *this;
-  std::vector<ClientInfo> out;
-  for (const ClientInfo& c : list_)
-    if (c.eval_examples > 0) out.push_back(c);
-  return ClientPool(std::move(out));
 }
 
 namespace {

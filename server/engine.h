@@ -94,6 +94,8 @@ class ClientPool {
   Iterator end() const { return Iterator(this, size()); }
 
  private:
+  ClientPool filtered(bool (*keep)(const ClientInfo&)) const;
+
   std::vector<ClientInfo> list_;
   bool generated_ = false;
   uint64_t n_ = 0;

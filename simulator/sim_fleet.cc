@@ -54,6 +54,14 @@ namespace cz = starling::compression;
 namespace pr = starling::protocol;
 using Steady = std::chrono::steady_clock;  // not the injectable starling::Clock
 
+namespace {
+// Whole microseconds from `from` to now (a stage's time, PhaseCounts::stage).
+uint64_t microsSince(Steady::time_point from) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Steady::now() - from).count());
+}
+}  // namespace
+
 SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Trainer& trainer,
                    ClientStateStore& store, Collectives& collectives, const data::Dataset* test)
     : config_(config),
@@ -327,10 +335,9 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   // Each stage's time (PhaseCounts::Stage), lap by lap.
   auto mark = t_start;
   const auto elapsed = [&mark] {  // microseconds since the last lap
-    const auto now = Steady::now();
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now - mark).count();
-    mark = now;
-    return static_cast<uint64_t>(us);
+    const uint64_t us = microsSince(mark);
+    mark = Steady::now();
+    return us;
   };
   const auto lap = [&](PhaseCounts::Stage s) { counts.stage(s) += elapsed(); };
   const auto flush = [&] {
@@ -546,10 +553,6 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
     // The accepted ones, in id order as trainMine's; a straggler's state stays as it was. An
     // update the aggregator refuses was sent: its bytes count, as in the other path.
     PhaseCounts added(participants.size(), coll_.size());
-    const auto since = [](Steady::time_point t) {
-      return static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::microseconds>(Steady::now() - t).count());
-    };
     for (Held& c : held) {
       if (failed.count(c.id)) continue;
       added.uplink() += c.bytes;
@@ -560,10 +563,10 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
         added.outcome(c.index) = PhaseCounts::kFailed;
         continue;
       }
-      added.stage(PhaseCounts::kAggregate) += since(t0);
+      added.stage(PhaseCounts::kAggregate) += microsSince(t0);
       const auto t1 = Steady::now();
       store_.store(c.id, c.state);
-      added.stage(PhaseCounts::kStore) += since(t1);
+      added.stage(PhaseCounts::kStore) += microsSince(t1);
       added.outcome(c.index) = PhaseCounts::kCompleted;
     }
     held.clear();
