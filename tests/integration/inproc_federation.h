@@ -299,7 +299,11 @@ class InprocFederation {
     return true;
   }
   bool waitRounds(size_t n, std::chrono::milliseconds timeout) {
-    return waitFor([&] { return records_.size() >= n; }, timeout);
+    return waitFor(roundsDone(n), timeout);
+  }
+  // A condition for waitFor and fastForward: the root has recorded `n` rounds.
+  std::function<bool()> roundsDone(size_t n) {
+    return [this, n] { return records_.size() >= n; };
   }
   // A condition for waitFor and fastForward: the root has finished its rounds or steps.
   std::function<bool()> rootDone() {

@@ -256,10 +256,15 @@ TEST_CASE("in process: a client gone silent is failed at net.silence_ms, on the 
   f.root(ec, fc);
   client::RuntimeConfig rc;
   rc.server_silence_ms = 3'600'000;  // the clients do not take the jump for a silent server
-  for (uint64_t id = 0; id < 4; ++id) f.client(id, "inproc://root", rc);
-  REQUIRE(f.waitRounds(1, seconds(60)));
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root", rc);
+  // Client 3's every fit first waits 100 ms of the clock's time. The test moves the clock 5 ms at
+  // a time until round 1 ends, then no more until client 3 is stopped: its fit in round 2 (which
+  // starts at once) cannot finish first, however the threads run. Without the wait it could, and
+  // round 2 then completed with four clients.
+  f.client(3, "inproc://root", rc, {}, std::chrono::milliseconds(100));
+  REQUIRE(f.fastForward(f.roundsDone(1), std::chrono::milliseconds(5), seconds(60)));
   CHECK(f.records()[0].clients_completed == 4);
-  f.stopClient(3);  // its socket closes: the root hears nothing more from it
+  f.stopClient(3);  // its socket closes while it holds round 2's task: the root hears no more
   // Just short of the silence: the others heartbeat every 100 ms and stay well inside it; client 3
   // crosses it within about half a second of real time, or at the next advance when a message of
   // its the root took after this one restarted its silence there.
@@ -1390,8 +1395,11 @@ TEST_CASE(
   f.root(ec, fc);
   client::RuntimeConfig rc;
   rc.server_silence_ms = 3'600'000;
-  for (uint64_t id = 0; id < 4; ++id) f.client(id, "inproc://root", rc);
-  REQUIRE(f.waitRounds(1, seconds(60)));
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root", rc);
+  // Client 3's fits wait 100 ms of the clock's time, which moves only until round 1 ends: it
+  // cannot finish round 2 before it is stopped (the test above says why).
+  f.client(3, "inproc://root", rc, {}, std::chrono::milliseconds(100));
+  REQUIRE(f.fastForward(f.roundsDone(1), std::chrono::milliseconds(5), seconds(60)));
   CHECK(f.records()[0].clients_completed == 4);
   f.stopClient(3);  // still listed: round 2 samples it, and it answers no step
   // Its silence unlists it (120 s of the federation's clock): the clock moves 119.5 s at a time
