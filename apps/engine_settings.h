@@ -39,8 +39,11 @@ inline server::EngineConfig engineConfig(const Settings& s) {
   e.sampling.overcommit = s.sampling.overcommit;
   e.sampling.wait_ms = s.sampling.wait_ms;
   e.sampling.poisson_rate = s.sampling.poisson_rate;
-  if (s.privacy.dp == DpMode::kCentral) {
+  if (s.privacy.dp != DpMode::kOff) {
     e.dp.enabled = true;
+    e.dp.mechanism = s.privacy.dp == DpMode::kDistributed ? privacy::DpMechanism::kDistributed
+                                                          : privacy::DpMechanism::kCentral;
+    e.dp.min_clients = s.privacy.min_clients;
     e.dp.clip = s.privacy.clip;
     e.dp.noise_multiplier = s.privacy.noise_multiplier;
     e.dp.target_epsilon = s.privacy.target_epsilon;
@@ -87,15 +90,13 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
   const char* mode = name(s.round.mode);
   if (e.dp.enabled) {
     if (buffered(s.round.mode))
-      STARLING_THROW(ConfigError,
-                     "privacy.dp = central runs in synchronous rounds only: round.mode "
-                     "= ",
-                     mode,
+      STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
+                     " runs in synchronous rounds only: round.mode = ", mode,
                      " steps on whatever arrived, mixing model versions, and samples "
                      "no one by Poisson, so the accountant could not say what it guarantees");
     if (!sim && (s.server.role == ServerRole::kAggregator || !s.server.aggregator_ids.empty()))
-      STARLING_THROW(ConfigError,
-                     "privacy.dp = central does not run through edge aggregators yet: "
+      STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
+                     " does not run through edge aggregators yet: "
                      "an aggregator relays each task to all its clients, so the root's Poisson "
                      "sampling would sample aggregators, not clients (docs/privacy.md)");
   }

@@ -357,13 +357,15 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
              ec.secagg.authority
                  ? "malicious-server (adverts signed, certified by " + c.secagg.authority + ")"
                  : std::string("semi-honest"));
-  if (const privacy::CentralDp* dp = engine.dp())
-    log.info(
-        "central DP: clip {}, noise multiplier {:.4f}, epsilon {:.3f} after {} rounds "
-        "(delta {}){}",
-        dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds), ec.rounds,
-        dp->config().delta,
-        dp->config().seeded_noise ? " | seeded noise: anyone with model.seed can remove it" : "");
+  if (const privacy::ClientDp* dp = engine.dp())
+    log.info("{} DP: clip {}, noise multiplier {:.4f}, epsilon {:.3f} after {} rounds (delta {}){}",
+             dp->distributed() ? "distributed" : "central", dp->config().clip,
+             dp->noiseMultiplier(), dp->epsilon(ec.rounds), ec.rounds, dp->config().delta,
+             dp->distributed()
+                 ? " | each client adds its noise in the ring; a sum holds at least " +
+                       std::to_string(dp->minClients()) + " clients' noise"
+             : dp->config().seeded_noise ? " | seeded noise: anyone with model.seed can remove it"
+                                         : "");
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;
     const uint64_t round = engine.nextRound();

@@ -26,7 +26,8 @@ const Spellings<DeviceRound>& deviceRounds() {
   return t;
 }
 const Spellings<DpMode>& dpModes() {
-  static const Spellings<DpMode> t{{"off", DpMode::kOff}, {"central", DpMode::kCentral}};
+  static const Spellings<DpMode> t{
+      {"off", DpMode::kOff}, {"central", DpMode::kCentral}, {"distributed", DpMode::kDistributed}};
   return t;
 }
 const Spellings<SecAggThreat>& secaggThreats() {
@@ -325,8 +326,16 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "differential privacy: off, or central (DP-FedAvg: each update clipped to privacy.clip, "
         "every update weighing alike, Gaussian noise of privacy.noise_multiplier x clip added to "
         "the sum at the root, which is trusted, divided by sampling.poisson_rate x "
-        "data.num_clients; synchronous rounds with sampling.poisson_rate; docs/privacy.md)",
+        "data.num_clients; synchronous rounds with sampling.poisson_rate; docs/privacy.md), or "
+        "distributed (the same, but under secagg.enabled each client adds its share of discrete "
+        "Gaussian noise in the ring before masking, so that no party sees a sum without noise)",
         dpModes());
+  o.add("privacy.min_clients", &s.privacy.min_clients,
+        "privacy.dp = distributed: the fewest clients whose noise a round's sum holds; each adds "
+        "noise_multiplier x clip / sqrt(min_clients), and a round with fewer masked inputs is "
+        "stopped before its unmask (0: half of sampling.poisson_rate x data.num_clients, at "
+        "least 3)",
+        0, uint64_t{1} << 40);
   o.add("privacy.clip", &s.privacy.clip,
         "privacy.dp: the L2 norm every update is clipped to (the root clips what it decodes)", 0,
         1e30);
@@ -342,7 +351,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         0.5);
   o.add("privacy.accountant", &s.privacy.accountant,
         "privacy.dp: pld (privacy loss distributions: the tight epsilon, less noise for a budget) "
-        "or rdp (Renyi DP: an upper bound, as Opacus and TF Privacy report)",
+        "or rdp (Renyi DP: an upper bound, as Opacus and TF Privacy report); privacy.dp = "
+        "distributed is accounted by its own RDP bound, and takes rdp only (its default)",
         dpAccountants());
   o.add("secagg.enabled", &s.secagg.enabled,
         "secure aggregation (SecAgg+): each client masks its update, clipped to secagg.clip, in "
@@ -641,14 +651,28 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      "leave aggregation.rule out (it is ",
                      s.aggregation.rule, ")");
   } else if (self != kClient) {
-    for (const char* k : {"privacy.clip", "privacy.noise_multiplier", "privacy.target_epsilon",
-                          "privacy.delta", "privacy.seeded_noise", "privacy.accountant"})
+    for (const char* k :
+         {"privacy.clip", "privacy.noise_multiplier", "privacy.target_epsilon", "privacy.delta",
+          "privacy.seeded_noise", "privacy.accountant", "privacy.min_clients"})
       if (o.given(k))
         STARLING_THROW(ConfigError, k,
-                       " is set but privacy.dp is off: set privacy.dp = central "
+                       " is set but privacy.dp is off: set privacy.dp = central or distributed "
                        "(or leave ",
                        k, " out)");
   }
+  if (self != kClient && s.privacy.dp == DpMode::kDistributed) {
+    if (!s.secagg.enabled)
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = distributed has each client add its noise in secure "
+                     "aggregation's ring: set secagg.enabled = true (or privacy.dp = central)");
+    // Its accountant is its own RDP bound: rdp unless the file asks for pld (then refused by
+    // the engine, with the reason).
+    if (!o.given("privacy.accountant")) s.privacy.accountant = DpAccountantKind::kRdp;
+  }
+  if (self != kClient && s.privacy.dp == DpMode::kCentral && o.given("privacy.min_clients"))
+    STARLING_THROW(ConfigError,
+                   "privacy.min_clients is set but privacy.dp is central: it is the fewest "
+                   "clients whose noise a sum holds under privacy.dp = distributed");
   // The masked words replace the update: the compressor none, unless a file says otherwise
   // (which the engine then refuses with the reason).
   if (s.secagg.enabled && !o.given("compression.compressor")) s.compression.compressor = "none";

@@ -41,7 +41,7 @@ const char* name(ServerRole r);
 enum class DeviceRound { kAuto, kOn, kOff };
 const char* name(DeviceRound d);
 // privacy.dp: no differential privacy, or client-level DP with a trusted server (privacy/dp.h).
-enum class DpMode { kOff, kCentral };
+enum class DpMode { kOff, kCentral, kDistributed };
 const char* name(DpMode m);
 // secagg.threat: what secure aggregation defends against (docs/privacy.md): a server that follows
 // the protocol while it looks (semi-honest), or one that may swap clients' keys or invent clients
@@ -117,12 +117,13 @@ struct Settings {
     uint64_t history = 4;
   } downlink;
   uint32_t eval_every = 5;
-  // Differential privacy (docs/privacy.md; privacy::CentralDpConfig's defaults).
+  // Differential privacy (docs/privacy.md; privacy::DpConfig's defaults).
   struct Privacy {
     DpMode dp = DpMode::kOff;
     DpAccountantKind accountant = DpAccountantKind::kPld;
     double clip = 0.0, noise_multiplier = 0.0, target_epsilon = 0.0, delta = 1e-5;
     bool seeded_noise = false;  // the root's; a simulation's noise is always seeded
+    uint64_t min_clients = 0;   // distributed: 0 derives it (privacy::DpConfig)
   } privacy;
   // Secure aggregation (SecAgg+; server/secure_round.h): synchronous rounds of the simulator.
   struct SecAgg {

@@ -459,11 +459,12 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   const uint64_t first = engine.nextRound();
   if (lead && engine.resumed())
     say("resumed at round %llu\n", static_cast<unsigned long long>(first));
-  if (const privacy::CentralDp* dp = engine.dp(); lead && dp)
-    say("central DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
-        "(delta %g; noise from the run seed)\n",
-        dp->config().clip, dp->noiseMultiplier(), dp->epsilon(ec.rounds),
-        static_cast<unsigned long long>(ec.rounds), dp->config().delta);
+  if (const privacy::ClientDp* dp = engine.dp(); lead && dp)
+    say("%s DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
+        "(delta %g; noise from the run seed%s)\n",
+        dp->distributed() ? "distributed" : "central", dp->config().clip, dp->noiseMultiplier(),
+        dp->epsilon(ec.rounds), static_cast<unsigned long long>(ec.rounds), dp->config().delta,
+        dp->distributed() ? ", each client's in the ring" : "");
   std::optional<double> last_acc;
   uint64_t acc_at = 0, last_round = 0;
   while (!engine.done()) {

@@ -10,6 +10,9 @@
 #   dense-eps1  central DP at epsilon 1, delta 1e-5  (under SecAgg the root adds the noise to the
 #               unmasked sum)
 #   block-m     block with server momentum (fedavgm, eta 1, beta1 0.9) on the round's mean
+#   ddg-eps1    distributed DP at epsilon 1, delta 1e-5: each client adds its share of discrete
+#               Gaussian noise in the ring (under SecAgg only: there is no plain run of it);
+#               MIN_CLIENTS sets privacy.min_clients (default: half of Q POOL)
 # Every run writes OUT/<variant>-<plain|secagg>.jsonl and is skipped when that file already has
 # ROUNDS lines (the script resumes). Then one table row per run: the mean of the last five
 # evaluations, the final one, and the mean uplink bytes per client a round.
@@ -18,7 +21,8 @@
 #   OUT  folder of the metrics files (default secagg-accuracy)
 #   BIN  starling-sim (default build/bin/starling-sim)
 # Environment: POOL (10000), Q (0.01), ROUNDS (300), CLIP (0.3), MODEL (mlp), SEED (1),
-# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), VARIANTS ("dense block dense-eps1 block-m").
+# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), VARIANTS ("dense block dense-eps1 block-m"; add
+# ddg-eps1 for distributed DP), MIN_CLIENTS (ddg-eps1's privacy.min_clients; default derived).
 set -euo pipefail
 out=${1:-secagg-accuracy}
 bin=${2:-build/bin/starling-sim}
@@ -37,6 +41,7 @@ mkdir -p "$out"
 
 for v in $variants; do
   for mode in plain secagg; do
+    [ "$v" = ddg-eps1 ] && [ "$mode" = plain ] && continue
     f="$out/$v-$mode.jsonl"
     if [ -f "$f" ] && [ "$(wc -l < "$f")" -ge "$rounds" ]; then continue; fi
     rm -f "$f"
@@ -47,7 +52,9 @@ for v in $variants; do
       block) comp="randblock:density=$block" ;;
       block-m) comp="randblock:density=$block"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       dense-eps1) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5) ;;
-      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m)" >&2; exit 2 ;;
+      ddg-eps1) extra=(--privacy.dp distributed --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5)
+                [ -n "${MIN_CLIENTS:-}" ] && extra+=(--privacy.min_clients "$MIN_CLIENTS") ;;
+      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1)" >&2; exit 2 ;;
     esac
     if [ "$mode" = secagg ]; then
       extra+=(--secagg.enabled true --secagg.clip "$clip")

@@ -184,6 +184,111 @@ double noiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double 
   return hi;
 }
 
+double rdpPoissonSubsampled(double q, const std::function<double(uint64_t)>& eps, uint64_t alpha,
+                            bool tight) {
+  STARLING_CHECK_ARG(q >= 0 && q <= 1 && alpha >= 2, "subsampled RDP: q ", q, ", order ", alpha);
+  if (q == 0) return 0;
+  const double a = static_cast<double>(alpha);
+  const double whole = eps(alpha);
+  if (q == 1) return whole;
+  const double lq = std::log(q), l1mq = std::log1p(-q);
+  // l = 0 and 1 together: (1-q)^(a-1) (a q - q + 1).
+  double acc = (a - 1) * l1mq + std::log1p((a - 1) * q);
+  for (uint64_t l = 2; l <= alpha; ++l) {
+    const double dl = static_cast<double>(l);
+    const double e = eps(l);
+    if (std::isinf(e)) return tight ? kInf : whole;
+    const double coef = tight || l == 2 ? 0.0 : std::log(3.0);
+    acc = logAdd(acc, coef + logComb(a, dl) + dl * lq + (a - dl) * l1mq + (dl - 1) * e);
+  }
+  const double bound = acc / (a - 1);
+  return tight ? bound : std::min(bound, whole);
+}
+
+double ddgTau(double sigma_c, uint64_t m) {
+  STARLING_CHECK_ARG(sigma_c > 0 && std::isfinite(sigma_c), "ddgTau: sigma ", sigma_c);
+  constexpr uint64_t kExact = 1'000'000;
+  double tau = 0;
+  const double c = 2 * M_PI * M_PI * sigma_c * sigma_c;
+  const uint64_t last = std::min<uint64_t>(m > 0 ? m - 1 : 0, kExact);
+  for (uint64_t k = 1; k <= last; ++k) {
+    const double dk = static_cast<double>(k);
+    tau += std::exp(-c * dk / (dk + 1));
+  }
+  // Past k = 10^6 each term is below exp(-c K / (K + 1)): the rest bounded by their count times it.
+  if (m > kExact + 1) {
+    const double dk = static_cast<double>(kExact);
+    tau += static_cast<double>(m - 1 - kExact) * std::exp(-c * dk / (dk + 1));
+  }
+  return 10 * tau;
+}
+
+double rdpDistributedDiscreteGaussian(double s, double tau, uint64_t dim, uint64_t alpha) {
+  STARLING_CHECK_ARG(s >= 0 && tau >= 0 && dim > 0 && alpha >= 1,
+                     "distributed discrete Gaussian: s ", s, ", tau ", tau, ", dim ", dim,
+                     ", order ", alpha);
+  const double a = static_cast<double>(alpha), d = static_cast<double>(dim);
+  const double one = a * s * s / 2 + tau * d;
+  const double two = a / 2 * (s + std::sqrt(d) * tau) * (s + std::sqrt(d) * tau);
+  return std::min(one, two);
+}
+
+const std::vector<double>& ddgOrders() {
+  static const std::vector<double> orders = [] {
+    std::vector<double> o;
+    for (int a = 2; a < 64; ++a) o.push_back(a);
+    o.push_back(128);
+    o.push_back(256);
+    return o;
+  }();
+  return orders;
+}
+
+DdgAccountant::DdgAccountant(double q, double z, double tau, uint64_t dim, double delta)
+    : delta_(delta) {
+  STARLING_CHECK_ARG(q >= 0 && q <= 1, "the sampling rate must be in [0, 1], got ", q);
+  STARLING_CHECK_ARG(z > 0 && std::isfinite(z), "the noise multiplier must be > 0, got ", z);
+  STARLING_CHECK_ARG(tau >= 0 && std::isfinite(tau) && dim > 0, "tau ", tau, " and dim ", dim);
+  STARLING_CHECK_ARG(delta > 0 && delta < 1, "delta must be in (0, 1), got ", delta);
+  const auto eps = [&](uint64_t a) { return rdpDistributedDiscreteGaussian(1 / z, tau, dim, a); };
+  for (double a : ddgOrders())
+    rdp_.push_back(rdpPoissonSubsampled(q, eps, static_cast<uint64_t>(a), false));
+}
+
+double DdgAccountant::epsilon(uint64_t rounds) const {
+  if (rounds == 0) return 0;
+  std::vector<double> composed(rdp_.size());
+  for (size_t i = 0; i < rdp_.size(); ++i) composed[i] = rdp_[i] * static_cast<double>(rounds);
+  return epsilonFromRdp(ddgOrders(), composed, delta_);
+}
+
+uint64_t DdgAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
+  return lastRoundWithin([&](uint64_t t) { return epsilon(t); }, budget, max_rounds);
+}
+
+double ddgNoiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double tau,
+                          uint64_t dim, double delta, double rel_tol) {
+  if (!(target_epsilon > 0 && std::isfinite(target_epsilon)))
+    STARLING_THROW(ConfigError, "privacy.target_epsilon must be finite and > 0, got ",
+                   target_epsilon);
+  const auto eps = [&](double z) { return DdgAccountant(q, z, tau, dim, delta).epsilon(rounds); };
+  double hi = 1.0;
+  while (eps(hi) > target_epsilon) {
+    hi *= 2;
+    if (hi > 1e4)
+      STARLING_THROW(ConfigError,
+                     "no noise multiplier up to 1e4 gives distributed epsilon <= ", target_epsilon,
+                     " after ", rounds, " rounds at sampling rate ", q, " and delta ", delta,
+                     ": raise privacy.target_epsilon or lower the rounds");
+  }
+  double lo = 0;
+  while (hi - lo > rel_tol * hi) {
+    const double mid = 0.5 * (lo + hi);
+    (mid > 0 && eps(mid) <= target_epsilon ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 std::vector<double> rdpDiscreteGaussian(double sigma, double sensitivity,
                                         std::span<const double> orders) {
   STARLING_CHECK_ARG(sigma > 0 && sensitivity >= 0, "discrete Gaussian: sigma ", sigma,

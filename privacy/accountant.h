@@ -64,6 +64,58 @@ uint64_t lastRoundWithin(const std::function<double(uint64_t)>& epsilon, double 
 double noiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double delta,
                        double rel_tol = 1e-4);
 
+// ---- Distributed DP: the sum of clients' discrete Gaussians (privacy/dp.h, privacy.dp =
+// distributed)
+//
+// RDP of a mechanism under Poisson subsampling at rate q, from the mechanism's RDP `eps` at
+// integer orders (Zhu and Wang, ICML 2019, "Poisson subsampled Rényi differential privacy"), at an
+// integer order alpha >= 2:
+//   general (Theorem 6, any mechanism): log((1-q)^(a-1) (a q - q + 1)
+//       + C(a,2) q^2 (1-q)^(a-2) e^eps(2) + 3 sum_{l=3..a} C(a,l) q^l (1-q)^(a-l) e^((l-1) eps(l)))
+//       / (a - 1), and never above eps(alpha) itself;
+//   tight (the same sum with every coefficient 1, the l = 2 term included): exact for mechanisms
+//       such as the Gaussian, whose subsampled RDP it equals (Mironov, Talwar, Zhang's A_alpha;
+//       tested against logA), and not a bound for others.
+double rdpPoissonSubsampled(double q, const std::function<double(uint64_t)>& eps, uint64_t alpha,
+                            bool tight);
+
+// The sum of m clients' discrete Gaussian noise, each of standard deviation sigma_c, released
+// with a signal of L2 sensitivity Delta (Kairouz, Liu, Steinke, ICML 2021, Proposition 14 /
+// their code's Eq. 17): at order alpha the RDP is at most
+//   min(alpha s^2 / 2 + tau d, alpha / 2 (s + sqrt(d) tau)^2),
+// s = Delta / (sqrt(m) sigma_c) (one over the sum's noise multiplier), d values, and
+//   tau = 10 sum_{k=1..m-1} exp(-2 pi^2 sigma_c^2 k / (k + 1)),
+// the price of a sum of discrete Gaussians not being one. ddgTau computes tau (exactly up to
+// m = 10^6 + 1; beyond, the terms past k = 10^6 are each bounded by their largest: an upper bound).
+double ddgTau(double sigma_c, uint64_t m);
+double rdpDistributedDiscreteGaussian(double s, double tau, uint64_t dim, uint64_t alpha);
+// The integer orders the distributed accountant searches: 2 .. 63, 128, 256.
+const std::vector<double>& ddgOrders();
+
+// The accountant of a run under distributed DP: every round samples by Poisson at rate q, and its
+// sum carries the discrete Gaussian noise of at least m clients at noise multiplier z (the sum's
+// noise standard deviation over its sensitivity, both in ring units); `tau` (ddgTau) is an upper
+// bound for every round of the run, over `dim` values (privacy/dp.h says how the run bounds it).
+// Each round's RDP is rdpDistributedDiscreteGaussian's at s = 1 / z, subsampled by the general
+// bound above; composed over rounds and converted as RdpAccountant does.
+class DdgAccountant {
+ public:
+  // InvalidArgument for q outside [0, 1], z not positive and finite, tau negative or not finite,
+  // dim 0, delta outside (0, 1).
+  DdgAccountant(double q, double z, double tau, uint64_t dim, double delta);
+  double epsilon(uint64_t rounds) const;
+  uint64_t roundsWithin(double budget, uint64_t max_rounds) const;
+
+ private:
+  double delta_;
+  std::vector<double> rdp_;  // one round, at ddgOrders()
+};
+
+// The smallest z (within rel_tol) whose distributed epsilon after `rounds` rounds is at most
+// `target_epsilon`; ConfigError when none up to 1e4 is.
+double ddgNoiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double tau,
+                          uint64_t dim, double delta, double rel_tol = 1e-4);
+
 // The discrete Gaussian mechanism's RDP at each order: rho alpha, rho = sensitivity^2 /
 // (2 sigma^2) (Canonne, Kamath, Steinke 2020, Proposition 5).
 std::vector<double> rdpDiscreteGaussian(double sigma, double sensitivity,

@@ -1,12 +1,13 @@
 #include "privacy/dp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "core/error.h"
 
 namespace starling::privacy {
-void CentralDpConfig::validate() const {
+void DpConfig::validate() const {
   if (!enabled) return;
   if (!(std::isfinite(clip) && clip > 0))
     STARLING_THROW(ConfigError, "privacy.clip must be a finite L2 norm > 0, got ", clip);
@@ -26,6 +27,30 @@ void CentralDpConfig::validate() const {
     STARLING_THROW(ConfigError,
                    "differential privacy needs the population (data.num_clients): the public "
                    "number of clients whose sampled part the sum is divided by");
+  if (mechanism == DpMechanism::kDistributed && accountant == DpAccountant::kPld)
+    STARLING_THROW(ConfigError,
+                   "privacy.dp = distributed is accounted by its own RDP bound (the sum of "
+                   "clients' discrete Gaussians, subsampled): privacy.accountant = pld is not "
+                   "built for it; leave privacy.accountant out or set it to rdp");
+  if (mechanism == DpMechanism::kCentral && min_clients != 0)
+    STARLING_THROW(ConfigError,
+                   "privacy.min_clients is set but privacy.dp is central: it is the fewest "
+                   "clients whose noise a sum holds under privacy.dp = distributed");
+}
+
+int64_t discreteGaussian(KeyStream& s, double sigma) {
+  STARLING_CHECK_ARG(sigma > 0 && sigma <= 0x1p40, "discreteGaussian: sigma ", sigma);
+  const double t = std::floor(sigma) + 1;
+  const double s2 = sigma * sigma;
+  for (;;) {
+    // Two floored exponentials of mean t: geometric with P(g) = (1 - e^(-1/t)) e^(-g/t); their
+    // difference is the discrete Laplace, P(y) proportional to e^(-|y|/t). 1 - u is in (0, 1].
+    const double g1 = std::floor(-t * std::log(1.0 - s.uniform()));
+    const double g2 = std::floor(-t * std::log(1.0 - s.uniform()));
+    const double y = g1 - g2;
+    const double excess = std::abs(y) - s2 / t;
+    if (s.uniform() < std::exp(-excess * excess / (2 * s2))) return static_cast<int64_t>(y);
+  }
 }
 
 double standardNormal(KeyStream& s) {
@@ -34,7 +59,7 @@ double standardNormal(KeyStream& s) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-double CentralDp::resolveSigma(const CentralDpConfig& c, double q, uint64_t rounds) {
+double ClientDp::resolveSigma(const DpConfig& c, double q, uint64_t rounds) {
   c.validate();
   if (!(q > 0 && q <= 1))
     STARLING_THROW(ConfigError,
@@ -44,18 +69,29 @@ double CentralDp::resolveSigma(const CentralDpConfig& c, double q, uint64_t roun
                    " expects ", q * static_cast<double>(c.population),
                    " clients a round, fewer than one: the mean would be one update magnified");
   const bool pld = c.accountant == DpAccountant::kPld;
+  const bool ddg = c.mechanism == DpMechanism::kDistributed;
+  if (ddg) {
+    const double expected = q * static_cast<double>(c.population);
+    if (static_cast<double>(resolveMinClients(c, q)) > expected)
+      STARLING_THROW(ConfigError, "privacy.min_clients = ", resolveMinClients(c, q),
+                     " exceeds the ", expected,
+                     " clients a round sampling.poisson_rate expects of the population: most "
+                     "rounds would have too few clients' noise to be applied");
+  }
   const auto derive = [&] {
-    return pld ? pldNoiseForEpsilon(c.target_epsilon, q, rounds, c.delta, 1e-4, kRunPldGrid)
-               : noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
+    return ddg   ? ddgNoiseForEpsilon(c.target_epsilon, q, rounds,
+                                      ddgTau(kMinClientNoise, c.population),
+                                    c.dim != 0 ? c.dim : kMaxDdgDim, c.delta)
+           : pld ? pldNoiseForEpsilon(c.target_epsilon, q, rounds, c.delta, 1e-4, kRunPldGrid)
+                 : noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
   };
   const double sigma = c.noise_multiplier > 0 ? c.noise_multiplier : derive();
   const double spent = accountantEpsilon(c, q, sigma, rounds);
   // The accountant's epsilon carries its own rounding: a sigma derived for exactly this budget
   // may land a hair above it.
   if (c.target_epsilon > 0 && spent > c.target_epsilon * (1 + 1e-9)) {
-    const uint64_t fit =
-        pld ? PldAccountant(q, sigma, c.delta, kRunPldGrid).roundsWithin(c.target_epsilon, rounds)
-            : RdpAccountant(q, sigma, c.delta).roundsWithin(c.target_epsilon, rounds);
+    const uint64_t fit = lastRoundWithin(
+        [&](uint64_t t) { return accountantEpsilon(c, q, sigma, t); }, c.target_epsilon, rounds);
     std::string derived = "none does";
     try {
       derived = std::to_string(derive());
@@ -63,41 +99,71 @@ double CentralDp::resolveSigma(const CentralDpConfig& c, double q, uint64_t roun
     }
     STARLING_THROW(ConfigError, rounds, " rounds at noise multiplier ", sigma,
                    " and sampling rate ", q, " spend epsilon ", spent, " (delta ", c.delta, ", ",
-                   pld ? "PLD" : "RDP", " accountant), more than privacy.target_epsilon ",
-                   c.target_epsilon, ": ", fit, " rounds fit that budget; for ", rounds,
+                   ddg   ? "distributed discrete Gaussian"
+                   : pld ? "PLD"
+                         : "RDP",
+                   " accountant), more than privacy.target_epsilon ", c.target_epsilon, ": ", fit,
+                   " rounds fit that budget; for ", rounds,
                    " rounds leave privacy.noise_multiplier out to derive one (", derived, ")");
   }
   return sigma;
 }
 
-double CentralDp::accountantEpsilon(const CentralDpConfig& c, double q, double sigma,
-                                    uint64_t rounds) {
+double ClientDp::accountantEpsilon(const DpConfig& c, double q, double sigma, uint64_t rounds) {
+  if (c.mechanism == DpMechanism::kDistributed)
+    return DdgAccountant(q, sigma, ddgTau(kMinClientNoise, c.population),
+                         c.dim != 0 ? c.dim : kMaxDdgDim, c.delta)
+        .epsilon(rounds);
   return c.accountant == DpAccountant::kPld
              ? PldAccountant(q, sigma, c.delta, kRunPldGrid).epsilon(rounds)
              : RdpAccountant(q, sigma, c.delta).epsilon(rounds);
 }
 
-CentralDp::CentralDp(const CentralDpConfig& config, double q, uint64_t rounds, uint64_t run_seed)
-    : config_(config), q_(q), sigma_(resolveSigma(config, q, rounds)) {
-  if (config_.accountant == DpAccountant::kPld)
+ClientDp::ClientDp(const DpConfig& config, double q, uint64_t rounds, uint64_t run_seed)
+    : config_(config),
+      q_(q),
+      sigma_(resolveSigma(config, q, rounds)),
+      min_clients_(resolveMinClients(config, q)) {
+  if (distributed())
+    ddg_.emplace(q_, sigma_, ddgTau(kMinClientNoise, config_.population),
+                 config_.dim != 0 ? config_.dim : kMaxDdgDim, config_.delta);
+  else if (config_.accountant == DpAccountant::kPld)
     pld_.emplace(q_, sigma_, config_.delta, kRunPldGrid);
   else
     rdp_.emplace(q_, sigma_, config_.delta);
   key_ = config_.seeded_noise ? publicKey("starling central dp noise", run_seed, 0) : randomKey();
 }
 
-double CentralDp::epsilon(uint64_t rounds) const {
-  return pld_ ? pld_->epsilon(rounds) : rdp_->epsilon(rounds);
+double ClientDp::epsilon(uint64_t rounds) const {
+  return ddg_ ? ddg_->epsilon(rounds) : pld_ ? pld_->epsilon(rounds) : rdp_->epsilon(rounds);
 }
 
-double CentralDp::expectedWeight() const { return q_ * static_cast<double>(config_.population); }
+uint64_t ClientDp::resolveMinClients(const DpConfig& c, double q) {
+  if (c.mechanism != DpMechanism::kDistributed) return 0;
+  if (c.min_clients != 0) return c.min_clients;
+  const double half = std::ceil(q * static_cast<double>(c.population) / 2);
+  return std::max<uint64_t>(3, static_cast<uint64_t>(half));
+}
 
-void CentralDp::privatize(std::span<float> mean, double total_weight, double expected_weight,
-                          uint64_t round) const {
+double ClientDp::clientNoise(double delta) const {
+  STARLING_CHECK_ARG(distributed() && delta > 0 && std::isfinite(delta),
+                     "clientNoise: a sensitivity of ", delta, " under central DP or none");
+  return sigma_ * delta / std::sqrt(static_cast<double>(min_clients_));
+}
+
+double ClientDp::expectedWeight() const { return q_ * static_cast<double>(config_.population); }
+
+void ClientDp::privatize(std::span<float> mean, double total_weight, double expected_weight,
+                         uint64_t round) const {
   if (!(std::isfinite(expected_weight) && expected_weight > 0 && std::isfinite(total_weight) &&
         total_weight >= 0))
     STARLING_THROW(InvalidArgument, "differential privacy: an expected weight of ", expected_weight,
                    " and a total weight of ", total_weight, " cannot be privatised");
+  if (distributed()) {
+    for (float& x : mean)
+      x = static_cast<float>(static_cast<double>(x) * total_weight / expected_weight);
+    return;
+  }
   KeyStream s(key_, round, MaskStream::kNoise, 0);
   const double sd = sigma_ * config_.clip;
   for (float& x : mean)

@@ -1,7 +1,9 @@
 #pragma once
-// Client-level differential privacy with a trusted server (DP-FedAvg, McMahan, Ramage, Talwar,
-// Zhang 2018): each round samples every available client independently with probability q
-// (Poisson sampling), clips each update to L2 norm C, weighs every update alike, and releases
+// Client-level differential privacy, central (a trusted server adds the noise) or distributed (each
+// client adds its share in secure aggregation's ring; DpMechanism below). Central (DP-FedAvg,
+// McMahan, Ramage, Talwar, Zhang 2018): each round samples every available client independently
+// with probability q (Poisson sampling), clips each update to L2 norm C, weighs every update alike,
+// and releases
 //
 //   delta_t = (sum of the clipped updates + N(0, (sigma C)^2 I)) / (q N)
 //
@@ -38,6 +40,27 @@
 
 namespace starling::privacy {
 
+// Where the noise is added. Central: by the root, to the sum it decodes (it sees the sum without
+// noise). Distributed (Kairouz, Liu, Steinke 2021, under secure aggregation only): each client adds
+// discrete Gaussian noise to its encoded update in the ring before masking (privacy/ring.h
+// addNoise), so that no party ever sees a sum without noise. Every round's sum then holds the
+// noise of at least min_clients clients (a round with fewer survivors is not applied), each of
+// standard deviation z Delta / sqrt(min_clients) ring units: the sum's is at least z Delta, Delta
+// = scale C + sqrt(d) the L2 sensitivity of one client's encoded update (its stochastic rounding
+// moves each of d values by less than 1). Accounted by DdgAccountant (accountant.h), under
+// zero-out adjacency (a client's data replaced by a client that sends a zero update and its
+// noise; Kairouz et al. 2021 and Google's deployments use it): the sampled clients, and so the
+// noise shares, are the same on both sides, so whether a round is applied reveals nothing.
+enum class DpMechanism { kCentral, kDistributed };
+
+// Each client's noise under distributed DP is at least this many ring units (a round that would
+// draw less is not applied): tau (accountant.h) is then below 10 N exp(-pi^2 16) = N 10^-67 for a
+// population of N, and the run's accountant takes tau at this floor over the whole population.
+inline constexpr double kMinClientNoise = 4.0;
+// The largest model the distributed accountant is checked for before the model is known (its
+// bound grows with the size; once known, the model's own).
+inline constexpr uint64_t kMaxDdgDim = uint64_t{1} << 40;
+
 // Which accountant says what a run spends: the PLD one (privacy/pld.h, tight: less noise for a
 // budget) or the RDP one (privacy/accountant.h, an upper bound, Opacus' and TF Privacy's).
 enum class DpAccountant { kPld, kRdp };
@@ -46,7 +69,7 @@ enum class DpAccountant { kPld, kRdp };
 // epsilon 0.1 up, and up to 3% above it at epsilons of a few thousandths (docs/privacy.md).
 inline constexpr double kRunPldGrid = 2e-4;
 
-struct CentralDpConfig {
+struct DpConfig {
   bool enabled = false;
   DpAccountant accountant = DpAccountant::kPld;
   double clip = 0.0;              // C: each update's L2 norm is clipped to it
@@ -55,39 +78,63 @@ struct CentralDpConfig {
   double delta = 1e-5;
   bool seeded_noise = false;
   uint64_t population = 0;  // N: the sum is divided by q N
+  DpMechanism mechanism = DpMechanism::kCentral;
+  // Distributed: the fewest clients whose noise an applied round's sum holds (0: half the
+  // expected q N, rounded up, and at least 3).
+  uint64_t min_clients = 0;
+  // Distributed: the values of each noised sum (the model's size); 0 until known (kMaxDdgDim then
+  // bounds it).
+  uint64_t dim = 0;
   // ConfigError naming the privacy.* key: C not positive, a negative or non-finite sigma or
-  // target, no noise at all (epsilon would be infinite), delta outside (0, 1), no population.
+  // target, no noise at all (epsilon would be infinite), delta outside (0, 1), no population;
+  // distributed DP with the PLD accountant (its accountant is its own RDP bound).
   void validate() const;
 };
+
+// One draw of the discrete Gaussian N_Z(0, sigma^2) (P(y) proportional to exp(-y^2 / (2 sigma^2))
+// over the integers; Canonne, Kamath, Steinke 2020, Algorithm 3: a discrete Laplace of scale
+// floor(sigma) + 1 as the difference of two floored exponentials, accepted with probability
+// exp(-(|y| - sigma^2 / t)^2 / (2 sigma^2))). The probabilities are computed in double from
+// `s`'s 53-bit uniforms (not the exact rational arithmetic of the paper): docs/privacy.md says
+// what that means. sigma in (0, 2^40].
+int64_t discreteGaussian(KeyStream& s, double sigma);
 
 // One standard normal draw from `s` (Box-Muller, two uniforms per draw).
 double standardNormal(KeyStream& s);
 
-class CentralDp {
+class ClientDp {
  public:
   // The noise multiplier a run of `rounds` rounds at sampling rate `q` takes: the configured one,
   // or the smallest that keeps the target. ConfigError (with the numbers and what would fit) for a
   // bad configuration, a rate outside (0, 1], q N below 1, or rounds that would exceed the target.
-  static double resolveSigma(const CentralDpConfig& config, double q, uint64_t rounds);
+  static double resolveSigma(const DpConfig& config, double q, uint64_t rounds);
   // `q`: the Poisson sampling rate in (0, 1]; `rounds`: the run's rounds; `run_seed`: for
   // seeded_noise. Sigma is resolveSigma()'s (its refusals too). A run never spends past its
   // target: one whose rounds would is refused here, before round 1.
-  CentralDp(const CentralDpConfig& config, double q, uint64_t rounds, uint64_t run_seed);
+  ClientDp(const DpConfig& config, double q, uint64_t rounds, uint64_t run_seed);
 
-  const CentralDpConfig& config() const { return config_; }
+  const DpConfig& config() const { return config_; }
   double noiseMultiplier() const { return sigma_; }
   double q() const { return q_; }
   // Epsilon spent after `rounds` rounds (every round counts, applied or not), by the configured
   // accountant.
   double epsilon(uint64_t rounds) const;
   // The configured accountant's epsilon for (q, sigma) after `rounds` rounds.
-  static double accountantEpsilon(const CentralDpConfig& config, double q, double sigma,
-                                  uint64_t rounds);
+  static double accountantEpsilon(const DpConfig& config, double q, double sigma, uint64_t rounds);
 
   // q N, what privatize() divides the sum by.
   double expectedWeight() const;
+  bool distributed() const { return config_.mechanism == DpMechanism::kDistributed; }
+  // Distributed: the fewest clients whose noise an applied round holds (config's, or resolved).
+  uint64_t minClients() const { return min_clients_; }
+  // Distributed: the noise each client adds for an encoded update of L2 sensitivity `delta` ring
+  // units: sigma delta / sqrt(minClients()).
+  double clientNoise(double delta) const;
+  // The min_clients a configuration resolves to at rate q (distributed; 0 for central).
+  static uint64_t resolveMinClients(const DpConfig& config, double q);
   // `mean` (the clipped updates' uniform mean, total weight `total_weight`, i.e. their count)
   // becomes (mean * total_weight + N(0, (sigma C)^2 I)) / expected_weight: round `round`'s noise.
+  // Under distributed DP the noise is already in the sum: (mean * total_weight) / expected_weight.
   // InvalidArgument unless expected_weight > 0 and total_weight >= 0, both finite.
   void privatize(std::span<float> mean, double total_weight, double expected_weight,
                  uint64_t round) const;
@@ -96,10 +143,12 @@ class CentralDp {
   const Key32& samplingKey() const { return key_; }
 
  private:
-  CentralDpConfig config_;
+  DpConfig config_;
   double q_ = 0.0, sigma_ = 0.0;
-  std::optional<PldAccountant> pld_;  // the accountant, one of the two
+  uint64_t min_clients_ = 0;
+  std::optional<PldAccountant> pld_;  // the accountant, one of the three
   std::optional<RdpAccountant> rdp_;
+  std::optional<DdgAccountant> ddg_;
   Key32 key_{};
 };
 

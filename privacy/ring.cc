@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "privacy/dp.h"
 
 namespace starling::privacy {
 namespace {
@@ -12,25 +13,48 @@ double minScaledClip(uint64_t dim) {
   return std::ldexp(std::sqrt(static_cast<double>(dim)), RingSpec::kPrecisionBits);
 }
 
-// The largest scale * clip a sum of n values may have in b bits: n (s C + 1) <= 2^(b-1) - 1, in
-// long double (2^63 - 1 is exact there, not in double), then rounded down to a double.
-double maxScaledClip(uint32_t bits, uint64_t n) {
+// a: the noise's share of the bound, kNoiseTails sqrt(n) times each client's noise over
+// (s C + sqrt(d)): kNoiseTails z sqrt(n / m).
+long double noiseFactor(uint64_t n, const RingNoise* noise) {
+  if (!noise) return 0;
+  return static_cast<long double>(RingSpec::kNoiseTails) * noise->multiplier *
+         std::sqrt(static_cast<long double>(n) / static_cast<long double>(noise->min_clients));
+}
+
+// The largest scale * clip a sum of n values may have in b bits: n (s C + 1) <= 2^(b-1) - 1, and
+// with noise n (s C + 1) + a (s C + sqrt(d)) <= 2^(b-1) - 1, in long double (2^63 - 1 is exact
+// there, not in double), then rounded down to a double (negative: none fits).
+double maxScaledClip(uint32_t bits, uint64_t n, uint64_t dim, const RingNoise* noise) {
   const long double room = std::ldexp(1.0L, static_cast<int>(bits) - 1) - 1.0L;
-  const long double v = room / static_cast<long double>(n) - 1.0L;
+  const long double a = noiseFactor(n, noise);
+  const long double nn = static_cast<long double>(n);
+  const long double v = (room - nn - a * std::sqrt(static_cast<long double>(dim))) / (nn + a);
   double d = static_cast<double>(v);
-  if (static_cast<long double>(d) > v) d = std::nextafter(d, 0.0);
+  if (static_cast<long double>(d) > v) d = std::nextafter(d, -1.0);
   return d;
+}
+
+void checkNoise(const RingNoise* noise) {
+  if (noise &&
+      !(std::isfinite(noise->multiplier) && noise->multiplier > 0 && noise->min_clients > 0))
+    STARLING_THROW(ConfigError, "ring noise: a multiplier of ", noise->multiplier, " over ",
+                   noise->min_clients, " clients (both must be > 0)");
 }
 
 }  // namespace
 
-uint32_t RingSpec::bitsNeeded(uint64_t max_clients, uint64_t dim) {
+uint32_t RingSpec::bitsNeeded(uint64_t max_clients, uint64_t dim, const RingNoise* noise) {
+  checkNoise(noise);
   for (uint32_t b = kMinBits; b <= kMaxBits; ++b)
-    if (maxScaledClip(b, max_clients) >= minScaledClip(dim)) return b;
+    if (maxScaledClip(b, max_clients, dim, noise) >= minScaledClip(dim)) return b;
   return kMaxBits + 1;
 }
 
-RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_t dim) {
+double RingSpec::sensitivity() const { return scale * clip + std::sqrt(static_cast<double>(dim)); }
+
+RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_t dim,
+                       const RingNoise* noise) {
+  checkNoise(noise);
   if (bits < kMinBits || bits > kMaxBits)
     STARLING_THROW(ConfigError, "secagg.bits = ", bits, " must be in [", kMinBits, ", ", kMaxBits,
                    "]");
@@ -41,12 +65,19 @@ RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_
                    clip);
   if (max_clients == 0) STARLING_THROW(ConfigError, "secure aggregation of 0 clients");
   if (dim == 0) STARLING_THROW(ConfigError, "secure aggregation of a model of 0 values");
-  const double scaled = maxScaledClip(bits, max_clients);
+  double scaled = maxScaledClip(bits, max_clients, dim, noise);
+  // discreteGaussian draws up to 2^40: the scale is lowered to keep each client's noise there.
+  if (noise)
+    scaled = std::min(
+        scaled, 0x1p40 * std::sqrt(static_cast<double>(noise->min_clients)) / noise->multiplier -
+                    std::sqrt(static_cast<double>(dim)));
   if (!(scaled >= minScaledClip(dim))) {
-    const uint32_t need = bitsNeeded(max_clients, dim);
+    const uint32_t need = bitsNeeded(max_clients, dim, noise);
     STARLING_THROW(ConfigError, "secagg.bits = ", bits, " cannot hold the sum of ", max_clients,
-                   " clipped updates of ", dim, " values: scaled to keep that sum below 2^",
-                   bits - 1, ", each update's rounding would cost ",
+                   " clipped updates of ", dim, " values",
+                   noise ? " and their noise (privacy.dp = distributed)" : "",
+                   ": scaled to keep that sum below 2^", bits - 1,
+                   ", each update's rounding would cost ",
                    std::sqrt(static_cast<double>(dim)) / std::max(scaled, 1e-300),
                    " of its norm (at most 2^-", kPrecisionBits, " allowed); ",
                    need <= kMaxBits ? "it takes secagg.bits = " + std::to_string(need)
@@ -62,6 +93,21 @@ RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_
   // scale * clip may round up past `scaled`: step down until the bound holds exactly.
   while (static_cast<long double>(r.scale) * clip > static_cast<long double>(scaled))
     r.scale = std::nextafter(r.scale, 0.0);
+  if (noise)
+    r.noise =
+        noise->multiplier * r.sensitivity() / std::sqrt(static_cast<double>(noise->min_clients));
+  // The noise's own rounding may put the bound a hair past the ring: step the scale down.
+  for (int i = 0; i < 64; ++i) {
+    try {
+      r.validate();
+      return r;
+    } catch (const ConfigError&) {
+      if (!noise) throw;
+      r.scale *= 1 - 1e-12;
+      r.noise =
+          noise->multiplier * r.sensitivity() / std::sqrt(static_cast<double>(noise->min_clients));
+    }
+  }
   r.validate();
   return r;
 }
@@ -74,15 +120,34 @@ void RingSpec::validate() const {
       max_clients == 0)
     STARLING_THROW(ConfigError, "ring: scale ", scale, ", clip ", clip, " and max_clients ",
                    max_clients, " must be > 0 and finite");
-  // The bound in long double: n (s C + 1) against 2^(b-1) - 1, each exactly representable up to
-  // 2^64.
+  if (!(std::isfinite(noise) && noise >= 0 && noise <= 0x1p40))
+    STARLING_THROW(ConfigError, "ring: a noise of ", noise, " (must be finite, >= 0 and <= 2^40)");
+  if (noise > 0 && noise < kMinClientNoise)
+    STARLING_THROW(ConfigError, "ring: each client's noise would be ", noise,
+                   " ring units, below the ", kMinClientNoise,
+                   " the distributed accountant assumes (privacy/dp.h): a larger "
+                   "privacy.noise_multiplier, fewer privacy.min_clients, or more secagg.bits");
+  // The bound in long double: n (s C + 1) + kNoiseTails sqrt(n) noise against 2^(b-1) - 1, each
+  // exactly representable up to 2^64.
   const long double worst =
-      static_cast<long double>(max_clients) * (static_cast<long double>(scale) * clip + 1.0L);
+      static_cast<long double>(max_clients) * (static_cast<long double>(scale) * clip + 1.0L) +
+      static_cast<long double>(kNoiseTails) * std::sqrt(static_cast<long double>(max_clients)) *
+          static_cast<long double>(noise);
   if (worst > static_cast<long double>(maxMagnitude()))
     STARLING_THROW(ConfigError, "ring: ", max_clients, " values of up to ", scale * clip + 1,
-                   " (scale ", scale, " x clip ", clip, ", + 1 for rounding) can sum to ",
-                   static_cast<double>(worst), ", beyond the ", bits, "-bit ring's signed range (",
-                   maxMagnitude(), "): the sum would wrap");
+                   " (scale ", scale, " x clip ", clip, ", + 1 for rounding)",
+                   noise > 0 ? " and their noise out to 12 standard deviations" : "",
+                   " can sum to ", static_cast<double>(worst), ", beyond the ", bits,
+                   "-bit ring's signed range (", maxMagnitude(), "): the sum would wrap");
+}
+
+void addNoise(const RingSpec& r, std::span<uint64_t> words, const Key32& noise_key,
+              uint64_t round) {
+  if (r.noise == 0) return;
+  STARLING_CHECK_ARG(std::isfinite(r.noise) && r.noise > 0, "addNoise: a noise of ", r.noise);
+  const uint64_t m = r.mask();
+  KeyStream s(noise_key, round, MaskStream::kNoise, 0);
+  for (uint64_t& w : words) w = (w + static_cast<uint64_t>(discreteGaussian(s, r.noise))) & m;
 }
 
 void encode(const RingSpec& r, std::span<const float> x, const Key32& rounding_key, uint64_t round,

@@ -24,26 +24,47 @@
 
 namespace starling::privacy {
 
+// Distributed DP's noise in the ring (privacy/dp.h): each client adds discrete Gaussian noise of
+// standard deviation multiplier (scale clip + sqrt(dim)) / sqrt(min_clients) ring units.
+struct RingNoise {
+  double multiplier = 0;     // z: the sum's noise over one client's L2 sensitivity
+  uint64_t min_clients = 1;  // m: the fewest clients whose noise a sum holds
+};
+
 struct RingSpec {
   uint32_t bits = 32;  // the ring is Z_{2^bits}
   double scale = 1.0;  // a value v is encoded as round(v * scale)
   double clip = 1.0;   // |v| <= clip for every encoded value (the L2 clip bounds each coordinate)
   uint64_t max_clients = 1;  // the most values one sum adds
   uint64_t dim = 1;          // values per update (the model's size)
+  // Distributed DP: the standard deviation of the discrete Gaussian each client adds to every
+  // value after rounding, in ring units (0: none).
+  double noise = 0;
 
   static constexpr uint32_t kMinBits = 8, kMaxBits = 64;
   // Rounding may cost at most 2^-kPrecisionBits of an update's norm (see the top of the file).
   static constexpr uint32_t kPrecisionBits = 10;
+  // The ring holds the noise of a sum out to this many of its standard deviations: the sum of
+  // discrete Gaussians is sub-Gaussian (Canonne, Kamath, Steinke 2020), so a value passes it with
+  // probability below 2 exp(-72), about 10^-31.
+  static constexpr double kNoiseTails = 12;
 
-  // The largest scale that keeps a sum of `max_clients` values within `bits`; ConfigError naming
-  // bits, clip, max_clients and dim (and the bits it would take) when rounding would then cost
-  // more than 2^-kPrecisionBits of an update's norm.
-  static RingSpec fit(uint32_t bits, double clip, uint64_t max_clients, uint64_t dim);
+  // The largest scale that keeps a sum of `max_clients` values (and, with `noise`, their noise
+  // out to kNoiseTails standard deviations) within `bits`; ConfigError naming bits, clip,
+  // max_clients and dim (and the bits it would take) when rounding would then cost more than
+  // 2^-kPrecisionBits of an update's norm. With `noise`, the spec's noise is its client noise at
+  // that scale.
+  static RingSpec fit(uint32_t bits, double clip, uint64_t max_clients, uint64_t dim,
+                      const RingNoise* noise = nullptr);
   // The fewest bits fit() accepts for these (the clip cancels out: only the ratio matters);
   // kMaxBits + 1 when even 64 bits do not.
-  static uint32_t bitsNeeded(uint64_t max_clients, uint64_t dim);
-  // ConfigError unless the sum of max_clients values of magnitude clip cannot wrap.
+  static uint32_t bitsNeeded(uint64_t max_clients, uint64_t dim, const RingNoise* noise = nullptr);
+  // ConfigError unless the sum of max_clients values of magnitude clip, and their noise out to
+  // kNoiseTails standard deviations, cannot wrap; or the noise is negative or not finite.
   void validate() const;
+  // One client's L2 sensitivity in ring units: scale clip + sqrt(dim) (rounding moves each value
+  // by less than 1).
+  double sensitivity() const;
 
   uint64_t mask() const { return bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1; }
   // The largest |sum| the ring holds as a signed integer: 2^(b-1) - 1.
@@ -56,6 +77,10 @@ struct RingSpec {
 // or the sizes differ.
 void encode(const RingSpec& r, std::span<const float> x, const Key32& rounding_key, uint64_t round,
             std::span<uint64_t> out);
+// words[i] += a discrete Gaussian of standard deviation r.noise (privacy/dp.h discreteGaussian),
+// mod 2^b, drawn from the ChaCha20 stream of (noise_key, round, MaskStream::kNoise); nothing when
+// r.noise is 0.
+void addNoise(const RingSpec& r, std::span<uint64_t> words, const Key32& noise_key, uint64_t round);
 // out[i] = signed(sum[i]) / scale: the sum of encoded values read back (InvalidArgument for a
 // word at or above 2^b, which no sum of ring elements holds).
 void decode(const RingSpec& r, std::span<const uint64_t> sum, std::span<float> out);

@@ -120,7 +120,7 @@ void appendAdvertKeys(std::vector<uint8_t>& b, const KeyAdvert& a) {
 }  // namespace
 
 std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, const Key32& roster) {
-  std::vector<uint8_t> b = exchangeBytes("starling secagg advert v2", p, a.round, roster);
+  std::vector<uint8_t> b = exchangeBytes("starling secagg advert v3", p, a.round, roster);
   // The round's parameters: a server that gives neighbours different k, t, rings or sizes is
   // caught as a swapped key is.
   putU64(b, p.neighbours);
@@ -130,6 +130,7 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
   putU64(b, std::bit_cast<uint64_t>(p.ring.clip));
   putU64(b, p.ring.max_clients);
   putU64(b, p.dim);
+  putU64(b, std::bit_cast<uint64_t>(p.ring.noise));  // derivation 3
   appendAdvertKeys(b, a);
   return b;
 }
@@ -287,6 +288,7 @@ MaskedInput SecAggClient::maskedInput(std::span<const EncryptedShare> to_me,
   m.clients = {id_};
   m.words.assign(p_.dim, 0);
   encode(p_.ring, x, rounding_key, p_.round, m.words);
+  addNoise(p_.ring, m.words, rounding_key, p_.round);  // distributed DP's share (ring.noise > 0)
   applyMask(m.words, self_seed_, p_.round, MaskStream::kSelfMask, 0, p_.ring.bits, false);
   for (const auto& [v, shares] : held) {
     const Key32 s =

@@ -75,7 +75,9 @@ namespace starling::privacy {
 // (protocol/secagg_wire.h), so that a root and a client of builds that would disagree fail loudly
 // instead of summing to a wrong model.
 // 2: a signed round deals shares of the self-mask seed only (no mask key's).
-inline constexpr uint32_t kSecAggDerivation = 2;
+// 3: the setup names each client's discrete Gaussian noise (RingSpec::noise; distributed DP),
+// which a client adds after rounding: a client of derivation 2 would ignore it and send no noise.
+inline constexpr uint32_t kSecAggDerivation = 3;
 
 // Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
 inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;

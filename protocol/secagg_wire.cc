@@ -130,9 +130,10 @@ std::vector<uint8_t> encode(const SecAggSetupMsg& m) {
   flatbuffers::FlatBufferBuilder b(256 + 8 * m.clients.size());
   const auto& p = m.params;
   auto clients = b.CreateVector(m.clients);
-  auto body = fb::CreateSecAggSetup(b, p.round, m.nonce, p.run_seed, p.neighbours, p.threshold,
-                                    p.ring.bits, p.ring.scale, p.ring.clip, p.ring.max_clients,
-                                    p.ring.dim, p.signed_keys, clients, pv::kSecAggDerivation);
+  auto body =
+      fb::CreateSecAggSetup(b, p.round, m.nonce, p.run_seed, p.neighbours, p.threshold, p.ring.bits,
+                            p.ring.scale, p.ring.clip, p.ring.max_clients, p.ring.dim,
+                            p.signed_keys, clients, pv::kSecAggDerivation, p.ring.noise);
   return finish(b, fb::Body::SecAggSetup, body.Union());
 }
 
@@ -281,6 +282,7 @@ SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLim
   p.ring.clip = m->clip();
   p.ring.max_clients = m->max_clients();
   p.ring.dim = m->dim();
+  p.ring.noise = m->noise();
   p.dim = m->dim();
   p.signed_keys = m->signed_keys();
   if (p.neighbours > l.max_neighbours)

@@ -153,6 +153,11 @@ void EngineConfig::validate() const {
     STARLING_THROW(ConfigError,
                    "a sharded server step with a checkpoint needs an optimizer shard file");
   dp.validate();
+  if (dp.enabled && dp.mechanism == privacy::DpMechanism::kDistributed && !secagg.enabled)
+    STARLING_THROW(ConfigError,
+                   "privacy.dp = distributed has each client add its noise in secure "
+                   "aggregation's ring: it needs secagg.enabled (without it, use privacy.dp = "
+                   "central)");
   if (dp.enabled) {
     if (sampling.poisson_rate == 0)
       STARLING_THROW(
@@ -180,7 +185,7 @@ void EngineConfig::validate() const {
                                      : "it shares factors across rounds, so a round's release "
                                        "depends on the last");
     // The budget (and sigma from the target), refused with the numbers before round 1.
-    privacy::CentralDp::resolveSigma(dp, sampling.poisson_rate, rounds);
+    privacy::ClientDp::resolveSigma(dp, sampling.poisson_rate, rounds);
   }
   if (secagg.enabled) {
     if (const std::string why =
@@ -209,12 +214,16 @@ void EngineConfig::validate() const {
     if (dp.enabled && secagg.clip != dp.clip)
       STARLING_THROW(ConfigError, "secagg.clip (", secagg.clip, ") must equal privacy.clip (",
                      dp.clip,
-                     ") under central DP: the clients clip, and the noise is "
+                     ") under differential privacy: the clients clip, and the noise is "
                      "calibrated to that clip");
     // The ring is checked against the most clients a round can sample when the sampling says
     // (a count); with Poisson sampling or a fraction, each round's own count is (a round whose
-    // sum would not fit is not applied, with the reason).
-    secagg.validate(secureMaxClients(sampling), 1);
+    // sum would not fit is not applied, with the reason). Under distributed DP with the noise.
+    SecAggConfig sc = secagg;
+    if (dp.enabled && dp.mechanism == privacy::DpMechanism::kDistributed)
+      sc.noise = {privacy::ClientDp::resolveSigma(dp, sampling.poisson_rate, rounds),
+                  privacy::ClientDp::resolveMinClients(dp, sampling.poisson_rate)};
+    sc.validate(secureMaxClients(sampling), 1);
   }
 }
 
@@ -341,13 +350,19 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
   optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
   if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
-  if (config_.secagg.enabled)  // the ring for the most clients a round samples, when known
-    config_.secagg.validate(secureMaxClients(config_.sampling),
-                            secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, 1));
+  const uint64_t secure_dim =
+      config_.secagg.enabled ? secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, 1)
+                             : 0;
   if (config_.dp.enabled) {
-    dp_ = std::make_unique<privacy::CentralDp>(config_.dp, config_.sampling.poisson_rate,
-                                               config_.rounds, config_.scheme.run_seed);
+    // Distributed DP's accountant bounds tau over the noised sum's values: the shared support's
+    // (which is the same every round: the support's size does not depend on the round).
+    if (config_.dp.mechanism == privacy::DpMechanism::kDistributed) config_.dp.dim = secure_dim;
+    dp_ = std::make_unique<privacy::ClientDp>(config_.dp, config_.sampling.poisson_rate,
+                                              config_.rounds, config_.scheme.run_seed);
+    if (dp_->distributed()) config_.secagg.noise = {dp_->noiseMultiplier(), dp_->minClients()};
   }
+  if (config_.secagg.enabled)  // the ring for the most clients a round samples, when known
+    config_.secagg.validate(secureMaxClients(config_.sampling), secure_dim);
   if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
     loadCheckpoint();
     resumed_ = true;
@@ -384,8 +399,9 @@ void RoundEngine::saveCheckpoint() const {
   // Format 6: the quantised or stc downlink's refreshes (ModelStore::saveRefreshes; 0 bytes for
   // the other downlinks).
   model_.writeRefreshes(w);
-  // Format 7: central DP's accounting, (q, sigma, delta) of every round so far (a flag 0 without).
-  w.u8(dp_ ? 1 : 0);
+  // Format 7: DP's accounting, (q, sigma, delta) of every round so far (a flag 0 without, 1
+  // central, 2 distributed).
+  w.u8(dp_ ? (dp_->distributed() ? 2 : 1) : 0);
   if (dp_) {
     w.f64(dp_->q());
     w.f64(dp_->noiseMultiplier());
@@ -517,9 +533,10 @@ void RoundEngine::loadCheckpoint() {
   const std::vector<uint8_t> refreshes =
       format >= 6 ? ModelStore::readRefreshes(r) : std::vector<uint8_t>();
   std::optional<std::array<double, 3>> accounted;  // its rounds' (q, sigma, delta)
+  uint8_t flag = 0;                                // 1: central DP, 2: distributed
   if (format >= 7) {
-    const uint8_t flag = r.u8();
-    if (flag > 1) r.fail("central DP's flag is ", static_cast<int>(flag));
+    flag = r.u8();
+    if (flag > 2) r.fail("the DP flag is ", static_cast<int>(flag));
     if (flag) accounted = std::array<double, 3>{r.f64(), r.f64(), r.f64()};
   }
   r.finish();
@@ -530,9 +547,12 @@ void RoundEngine::loadCheckpoint() {
            "kept no DP accounting): this run's epsilon would not count them; start a new run, or "
            "resume without privacy.dp");
   if (!dp_ && accounted)
-    r.fail(
-        "its rounds ran under central DP: resume with the same privacy.* settings (a resume "
-        "without them would release models without noise)");
+    r.fail("its rounds ran under ", flag == 2 ? "distributed" : "central",
+           " DP: resume with the same privacy.* settings (a resume without them would release "
+           "models without noise)");
+  if (dp_ && accounted && (flag == 2) != dp_->distributed())
+    r.fail("its rounds ran under ", flag == 2 ? "distributed" : "central",
+           " DP: resume with the same privacy.dp (the two are accounted differently)");
   if (dp_ && accounted) {
     const std::array<double, 3> now{dp_->q(), dp_->noiseMultiplier(), dp_->config().delta};
     // A noise multiplier derived from a target comes out of a bisection on libm's functions: on
@@ -918,6 +938,10 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      "secure aggregation needs at least 3 clients a round (with "
                      "2, each would learn the other's update from the sum), got ",
                      ids.size());
+    if (dp_ && dp_->distributed() && ids.size() < dp_->minClients())
+      STARLING_THROW(InvalidArgument, "distributed DP: ", ids.size(),
+                     " clients sampled, and a sum needs the noise of privacy.min_clients = ",
+                     dp_->minClients());
     const std::vector<uint64_t> all(ids.begin(), ids.end());
     sr = std::make_unique<SecureRound>(
         config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
@@ -944,6 +968,19 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     const size_t want = aggregators.empty() ? std::min(target, active.size()) : active.size();
     account(fleet.runPhase(task, active, want, agg));
   }
+  // Distributed DP: a sum with fewer clients' noise than the accountant assumes is never
+  // unmasked (the server would see it with too little noise): the round stops before the unmask.
+  if (dp_ && dp_->distributed()) {
+    const std::set<uint64_t> masked = sr->answered(SecureStage::kMaskedInput);
+    if (masked.size() < dp_->minClients()) {
+      for (uint64_t id : ids)
+        if (!masked.count(id)) failed.insert(id);
+      rec.reason = "distributed DP: " + std::to_string(masked.size()) +
+                   " masked inputs arrived, and a sum needs the noise of privacy.min_clients = " +
+                   std::to_string(dp_->minClients()) + ": nothing is unmasked";
+      return false;
+    }
+  }
   for (const SecureStage stage : {SecureStage::kSurvivors, SecureStage::kUnmask}) {
     if (active.empty()) break;
     if (runsStage(sr->params(), stage))
@@ -964,6 +1001,14 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   }
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
   rec.secagg_wrong_shares = out.liars;
+  // (Checked before the unmask too; a signed round's survivors step may drop more.)
+  if (dp_ && dp_->distributed() && out.survivors.size() < dp_->minClients()) {
+    rec.reason = "distributed DP: the sum holds the noise of " +
+                 std::to_string(out.survivors.size()) +
+                 " clients, privacy.min_clients = " + std::to_string(dp_->minClients()) +
+                 " needed; the round is not applied";
+    return false;
+  }
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,

@@ -161,9 +161,12 @@ struct EngineConfig {
   // privatised before the server step, and the round is checkpointed before its model is sent out
   // to be evaluated (a crash then cannot make the round run again with other noise); every record
   // carries the epsilon spent after it; a run whose rounds would exceed dp.target_epsilon is
-  // refused at construction. The checkpoint keeps (q, sigma, delta): a resume under other privacy
-  // settings, or a DP run from a checkpoint of rounds without DP, is refused.
-  privacy::CentralDpConfig dp;
+  // refused at construction. The checkpoint keeps (q, sigma, delta) and the mechanism: a resume
+  // under other privacy settings, or a DP run from a checkpoint of rounds without DP, is refused.
+  // Distributed (dp.mechanism; needs secagg): the clients add the noise in the ring (secagg.noise,
+  // set from it), a round with fewer masked inputs than dp.min_clients stops before its unmask,
+  // and the mean is only divided by q N.
+  privacy::DpConfig dp;
   // Secure aggregation, SecAgg+ (server/secure_round.h): each round's clients mask their clipped
   // updates in a ring, and the engine (through the fleet's exchange()) learns only their sum. It
   // needs the rule fedavg with uniform weights (the sum is of unweighted updates), the dense
@@ -415,8 +418,8 @@ class RoundEngine {
   // Runs round nextRound(). A round without enough clients, or one the completion policy
   // refuses, is recorded as not applied; the round number advances either way.
   RoundRecord runRound(Fleet& fleet);
-  // Central DP's mechanism and accountant (null without privacy.dp).
-  const privacy::CentralDp* dp() const { return dp_.get(); }
+  // DP's mechanism and accountant, central or distributed (null without privacy.dp).
+  const privacy::ClientDp* dp() const { return dp_.get(); }
 
   // Rounds until done(), calling `progress` after each; then fleet.finish().
   void run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
@@ -447,7 +450,7 @@ class RoundEngine {
   aggregation::RoundCarry carry_;
   std::vector<float> control_;  // SCAFFOLD's c
   ControlAcks control_acks_;
-  std::unique_ptr<privacy::CentralDp> dp_;
+  std::unique_ptr<privacy::ClientDp> dp_;
   uint64_t next_round_ = 1;
   bool resumed_ = false;
 };

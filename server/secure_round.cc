@@ -64,7 +64,8 @@ void SecAggConfig::validate(uint64_t max_clients, uint64_t dim) const {
                    "secagg.clip must be finite and > 0 (the L2 bound each client "
                    "clips its update to before masking), got ",
                    clip);
-  (void)pv::RingSpec::fit(bits, clip, std::max<uint64_t>(max_clients, 1), dim);
+  (void)pv::RingSpec::fit(bits, clip, std::max<uint64_t>(max_clients, 1), dim,
+                          noise.multiplier > 0 ? &noise : nullptr);
 }
 
 pv::SecAggParams SecAggConfig::paramsFor(uint64_t run_seed, uint64_t round, uint64_t n,
@@ -82,7 +83,7 @@ pv::SecAggParams SecAggConfig::paramsFor(uint64_t run_seed, uint64_t round, uint
     STARLING_THROW(InvalidArgument, "secagg.threshold = ", p.threshold, " does not fit a round of ",
                    n, " clients, where each has ", have,
                    " neighbours: it must exceed half of them and not exceed them");
-  p.ring = pv::RingSpec::fit(bits, clip, n, dim);
+  p.ring = pv::RingSpec::fit(bits, clip, n, dim, noise.multiplier > 0 ? &noise : nullptr);
   p.dim = dim;
   p.signed_keys = authority.has_value();
   return p;
@@ -436,12 +437,18 @@ SecureRound::Outcome SecureRound::finish() {
   out.sum.resize(params_.dim);
   pv::decode(params_.ring, r.sum, out.sum);
   // The one bound the server can still check: each survivor clipped to C, so the sum's norm is
-  // at most n C, plus each coordinate's rounding (at most n / scale).
+  // at most n C, plus each coordinate's rounding (at most n / scale), plus under distributed DP
+  // the noise: n clients' discrete Gaussians, sub-Gaussian with sqrt(n) noise per value, whose
+  // norm is about sqrt(n d) noise; the check allows sqrt(n) noise (2 sqrt(d) + kNoiseTails), which
+  // a sum of honest clients passes but for a vanishing chance, and which still catches a gross
+  // cheat.
   const double n = static_cast<double>(out.survivors.size());
   double sq = 0.0;
   for (float v : out.sum) sq += static_cast<double>(v) * v;
-  const double bound =
-      n * (params_.ring.clip + std::sqrt(static_cast<double>(params_.dim)) / params_.ring.scale);
+  const double root_d = std::sqrt(static_cast<double>(params_.dim));
+  const double bound = n * (params_.ring.clip + root_d / params_.ring.scale) +
+                       std::sqrt(n) * params_.ring.noise *
+                           (2 * root_d + pv::RingSpec::kNoiseTails) / params_.ring.scale;
   if (!(std::sqrt(sq) <= bound * (1 + 1e-6))) {
     out.reason = "secure aggregation: the unmasked sum's norm " + std::to_string(std::sqrt(sq)) +
                  " exceeds the survivors' count times the clip (" + std::to_string(bound) +

@@ -46,6 +46,9 @@ struct SecAggConfig {
   // Rounds then sign their advertised keys, and every party checks each advert's credential
   // against it (privacy/crypto.h); empty: semi-honest, unsigned.
   std::optional<privacy::Key32> authority;
+  // Distributed DP (privacy/dp.h; the round engine sets it from privacy.*): each client's noise
+  // in the ring, sized per round by RingSpec::fit; multiplier 0: none.
+  privacy::RingNoise noise{};
   // ConfigError naming the key; with `max_clients` (the most clients a round may sample) and the
   // model's `dim`, also a ring in which their sum could wrap or rounding would cost more than
   // privacy::RingSpec allows, with the bits it would take.

@@ -687,3 +687,67 @@ TEST_CASE("secagg.*: the simulator composes its rule, and the refusals name the 
   CHECK(client.s.secagg.authority == "a.key");
   CHECK(parse(Program::kSim, {"--secagg.authority", "a.key"}).rc == 2);
 }
+
+TEST_CASE("settings: privacy.dp = distributed runs under secure aggregation, accounted by RDP",
+          "[apps][settings][ddg]") {
+  using Catch::Matchers::Contains;
+  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
+    auto p = parse(self, std::move(args));
+    REQUIRE(p.rc == -1);
+    try {
+      apps::resolveSettings(*p.o, p.s, self);
+      const server::EngineConfig e = apps::engineConfig(p.s);
+      apps::checkRoundMode(p.s, self, e);
+      e.validate();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return {};
+  };
+  const std::vector<std::string> base{"--secagg.enabled",
+                                      "true",
+                                      "--privacy.dp",
+                                      "distributed",
+                                      "--privacy.clip",
+                                      "0.5",
+                                      "--privacy.noise_multiplier",
+                                      "1",
+                                      "--sampling.poisson_rate",
+                                      "0.2",
+                                      "--data.num_clients",
+                                      "100"};
+  auto p = parse(Program::kSim, base);
+  REQUIRE(p.rc == -1);
+  apps::resolveSettings(*p.o, p.s, Program::kSim);
+  const server::EngineConfig e = apps::engineConfig(p.s);
+  CHECK(e.dp.enabled);
+  CHECK(e.dp.mechanism == privacy::DpMechanism::kDistributed);
+  CHECK(e.dp.accountant == privacy::DpAccountant::kRdp);  // its default, pld's elsewhere
+  CHECK(e.secagg.clip == 0.5);
+  CHECK(e.scheme.rule == "fedavg:weight=uniform,clip=0.5");
+  CHECK(refused(Program::kSim, base).empty());
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  CHECK(refused(Program::kSim, with({"--privacy.min_clients", "10"})).empty());
+  CHECK_THAT(refused(Program::kSim, with({"--privacy.min_clients", "30"})),
+             Contains("privacy.min_clients = 30"));
+  CHECK_THAT(refused(Program::kSim, with({"--privacy.accountant", "pld"})),
+             Contains("privacy.accountant"));
+  CHECK_THAT(
+      refused(Program::kSim, {"--privacy.dp", "distributed", "--privacy.clip", "0.5",
+                              "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.2"}),
+      Contains("set secagg.enabled = true"));
+  CHECK_THAT(refused(Program::kSim, with({"--round.mode", "async"})),
+             Contains("synchronous rounds only"));
+  CHECK_THAT(refused(Program::kServer, with({"--security.aggregator_ids", "100"})),
+             Contains("privacy.dp = distributed does not run through edge aggregators"));
+  CHECK_THAT(refused(Program::kSim, {"--privacy.min_clients", "10"}),
+             Contains("privacy.dp is off"));
+  CHECK_THAT(refused(Program::kSim, {"--privacy.dp", "central", "--privacy.clip", "0.5",
+                                     "--privacy.noise_multiplier", "1", "--sampling.poisson_rate",
+                                     "0.2", "--privacy.min_clients", "10"}),
+             Contains("privacy.dp is central"));
+}

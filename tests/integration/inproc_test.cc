@@ -11,8 +11,10 @@
 #include "data/partition.h"
 #include "integration/inproc_federation.h"
 #include "model_diff.h"
+#include "privacy/dp.h"
 #include "privacy/secagg.h"
 #include "server/inproc_fleet.h"
+#include "server/secure_round.h"
 #include "temp_dir.h"
 
 using namespace starling;
@@ -1357,6 +1359,54 @@ TEST_CASE(
   CHECK(scale > 0);
   CHECK(diff <= 1e-4 * scale);
   CHECK(diff > 0);  // the ring's rounding: the root never had the plain sum
+}
+
+TEST_CASE(
+    "in process: under distributed DP each deployed client adds its share of the noise, and the "
+    "model carries the sum's",
+    "[integration][inproc][secagg][ddg]") {
+  // The same six clients and round twice, clipped to 1 and weighing alike: under SecAgg+ alone,
+  // and with distributed DP (every client sampled, min_clients 3, noise multiplier 1). The two
+  // models differ by the six clients' discrete Gaussians, decoded and divided by q N = 6 (the
+  // training is the same: the same model, data and seeds).
+  const auto run = [](bool dp) {
+    const data::Dataset& train = fashion("train", 1200);
+    InprocFederation f("logreg", train, iid(train, 6));
+    server::EngineConfig ec = secureEngine(1, 6, 6);
+    ec.secagg.clip = 1;
+    ec.scheme.rule = "fedavg:weight=uniform,clip=1";
+    if (dp) {
+      ec.sampling.clients_per_round = 0;
+      ec.sampling.poisson_rate = 1.0;
+      ec.dp.enabled = true;
+      ec.dp.mechanism = privacy::DpMechanism::kDistributed;
+      ec.dp.accountant = privacy::DpAccountant::kRdp;
+      ec.dp.clip = 1;
+      ec.dp.noise_multiplier = 1;
+      ec.dp.population = 6;
+      ec.dp.min_clients = 3;
+    }
+    f.root(ec);
+    for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
+    return secureRun(f, 6, 1);
+  };
+  const TreeRun plain = run(false), noisy = run(true);
+  REQUIRE(noisy.records.size() == 1);
+  CHECK(noisy.records[0].applied);
+  CHECK(noisy.records[0].clients_completed == 6);
+  REQUIRE(noisy.records[0].dp_epsilon.has_value());
+  // The ring the root sized for 6 clients, and each client's noise in it.
+  server::SecAggConfig sc{true, 0, 0, 32, 1.0, {}, privacy::RingNoise{1.0, 3}};
+  const privacy::RingSpec ring = sc.paramsFor(5, 1, 6, plain.model.size()).ring;
+  const double want = 6 * ring.noise * ring.noise / std::pow(ring.scale * 6, 2);
+  double sq = 0;
+  for (size_t i = 0; i < plain.model.size(); ++i) {
+    const double dv = double(noisy.model[i]) - plain.model[i];
+    sq += dv * dv;
+  }
+  const double var = sq / double(plain.model.size());
+  INFO("variance " << var << ", the noise's " << want);
+  CHECK(std::fabs(var / want - 1) < 5 * std::sqrt(2.0 / double(plain.model.size())) + 1e-3);
 }
 
 TEST_CASE(

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "privacy/dp.h"
 
 using namespace starling;
 using namespace starling::privacy;
@@ -123,4 +124,88 @@ TEST_CASE("accountant: the discrete Gaussian is rho-zCDP", "[privacy][accountant
   const std::vector<double> orders{2, 10, 100};
   const auto r = rdpDiscreteGaussian(4.0, 2.0, orders);
   for (size_t i = 0; i < orders.size(); ++i) CHECK(r[i] == Approx(orders[i] * 4.0 / 32.0));
+}
+
+TEST_CASE(
+    "accountant: the tight Poisson-subsampled sum at the Gaussian's RDP is Mironov's exact "
+    "A_alpha, and the general bound lies between it and no subsampling",
+    "[privacy][accountant][ddg]") {
+  for (double q : {0.001, 0.01, 0.1, 0.5})
+    for (double sigma : {0.7, 1.0, 2.0, 5.0})
+      for (uint64_t a : {2u, 3u, 5u, 10u, 32u, 64u}) {
+        CAPTURE(q, sigma, a);
+        const auto gauss = [&](uint64_t l) { return static_cast<double>(l) / (2 * sigma * sigma); };
+        // logA is checked against dp-accounting above: the generic sum must agree with it.
+        const double exact = logA(q, sigma, static_cast<double>(a)) / static_cast<double>(a - 1);
+        const double tight = rdpPoissonSubsampled(q, gauss, a, true);
+        CHECK(tight == Approx(exact).epsilon(1e-9).margin(1e-15));
+        const double general = rdpPoissonSubsampled(q, gauss, a, false);
+        CHECK(general >= exact * (1 - 1e-12));
+        CHECK(general <= gauss(a) * (1 + 1e-12));
+      }
+  // At rate 1 it is the mechanism itself; at rate 0, nothing.
+  const auto e = [](uint64_t l) { return 0.3 * static_cast<double>(l); };
+  CHECK(rdpPoissonSubsampled(1.0, e, 7, false) == Approx(2.1));
+  CHECK(rdpPoissonSubsampled(0.0, e, 7, false) == 0.0);
+}
+
+TEST_CASE("accountant: tau of a sum of discrete Gaussians, and the distributed accountant",
+          "[privacy][accountant][ddg]") {
+  // tau = 10 sum_{k=1}^{m-1} exp(-2 pi^2 sigma^2 k / (k + 1)), summed here in long double.
+  for (double sigma : {0.3, 0.5, 1.0})
+    for (uint64_t m : {2u, 3u, 10u, 1000u}) {
+      long double want = 0;
+      for (uint64_t k = 1; k < m; ++k)
+        want += std::exp(-2.0L * M_PI * M_PI * sigma * sigma * k / (k + 1.0L));
+      CHECK(ddgTau(sigma, m) == Approx(static_cast<double>(10 * want)).epsilon(1e-12));
+    }
+  CHECK(ddgTau(1.0, 1) == 0.0);  // one client's noise is a discrete Gaussian: no price
+  // Past 10^6 clients the rest is bounded above: never below the exact part, never above the
+  // bound 10 (m - 1) exp(-pi^2 sigma^2) (k / (k + 1) >= 1/2).
+  const uint64_t big = 3'000'000;
+  CHECK(ddgTau(0.3, big) >= ddgTau(0.3, 1'000'001));
+  CHECK(ddgTau(0.3, big) <= 10.0 * (big - 1) * std::exp(-M_PI * M_PI * 0.09));
+  // The floor the run assumes (privacy/dp.h): tau over a billion clients is below 1e-57, so tau d
+  // is nothing for any model.
+  CHECK(ddgTau(kMinClientNoise, 1'000'000'000) < 1e-57);
+
+  // With tau 0 and every client sampled it is the Gaussian mechanism's RDP on integer orders:
+  // never below the Gaussian accountant's (which also searches fractional orders), and close
+  // where epsilon is of a size a run would use (at epsilon in the hundreds the best order is
+  // below 2, which the integer orders miss).
+  for (double z : {2.0, 4.0, 8.0})
+    for (uint64_t t : {1u, 10u, 100u}) {
+      CAPTURE(z, t);
+      const double ddg = DdgAccountant(1.0, z, 0.0, 1000, 1e-5).epsilon(t);
+      const double gauss = RdpAccountant(1.0, z, 1e-5).epsilon(t);
+      CHECK(ddg >= gauss * (1 - 1e-12));
+      CHECK(ddg <= gauss * 1.05);
+    }
+  // Subsampled, the general bound costs something over the Gaussian's exact accountant, never
+  // less, and tau enters: a larger tau never gives a smaller epsilon.
+  for (double q : {0.01, 0.1}) {
+    CAPTURE(q);
+    const double ddg = DdgAccountant(q, 1.0, 0.0, 1000, 1e-5).epsilon(100);
+    const double gauss = RdpAccountant(q, 1.0, 1e-5).epsilon(100);
+    CHECK(ddg >= gauss);
+    CHECK(ddg <= 2 * gauss);
+    CHECK(DdgAccountant(q, 1.0, 1e-4, 1000, 1e-5).epsilon(100) > ddg);
+  }
+  CHECK(DdgAccountant(0.1, 1.0, 0.0, 10, 1e-5).epsilon(0) == 0.0);
+  // Epsilon grows with the rounds and shrinks with the noise.
+  const DdgAccountant a(0.05, 1.2, 0.0, 100, 1e-5);
+  CHECK(a.epsilon(10) < a.epsilon(100));
+  CHECK(DdgAccountant(0.05, 1.5, 0.0, 100, 1e-5).epsilon(100) < a.epsilon(100));
+  CHECK(a.roundsWithin(a.epsilon(50), 1000) == 50);
+}
+
+TEST_CASE("accountant: the distributed noise for a target reaches it and 1% less does not",
+          "[privacy][accountant][ddg]") {
+  for (double target : {1.0, 4.0}) {
+    CAPTURE(target);
+    const double z = ddgNoiseForEpsilon(target, 0.01, 500, 0.0, 1000, 1e-5);
+    CHECK(DdgAccountant(0.01, z, 0.0, 1000, 1e-5).epsilon(500) <= target);
+    CHECK(DdgAccountant(0.01, 0.99 * z, 0.0, 1000, 1e-5).epsilon(500) > target);
+  }
+  CHECK_THROWS_AS(ddgNoiseForEpsilon(1e-9, 0.5, 100000, 0.0, 1000, 1e-5), ConfigError);
 }

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-CentralDpConfig config(double clip, double sigma, double target = 0.0) {
-  CentralDpConfig c;
+DpConfig config(double clip, double sigma, double target = 0.0) {
+  DpConfig c;
   c.enabled = true;
   c.clip = clip;
   c.noise_multiplier = sigma;
@@ -65,7 +66,7 @@ TEST_CASE("dp: the Gaussian draws are standard normal", "[privacy][dp]") {
 TEST_CASE("dp: the noise has standard deviation sigma x clip over the expected weight",
           "[privacy][dp]") {
   const double clip = 0.5, sigma = 2.0, expected = 4.0;
-  const CentralDp dp(config(clip, sigma), 0.5, 10, 3);
+  const ClientDp dp(config(clip, sigma), 0.5, 10, 3);
   CHECK(dp.noiseMultiplier() == sigma);
   // A sum of zero: what comes out is the noise alone, over the expected weight.
   std::vector<float> zero(100'000, 0.0f);
@@ -99,19 +100,19 @@ TEST_CASE("dp: the noise has standard deviation sigma x clip over the expected w
 
 TEST_CASE("dp: seeded noise is the run seed's and the round's, random noise is neither",
           "[privacy][dp]") {
-  const auto draw = [](const CentralDp& dp, uint64_t round) {
+  const auto draw = [](const ClientDp& dp, uint64_t round) {
     std::vector<float> v(64, 0.0f);
     dp.privatize(v, 0.0, 1.0, round);
     return v;
   };
-  const CentralDp a(config(1, 1), 0.1, 10, 5), b(config(1, 1), 0.1, 10, 5),
+  const ClientDp a(config(1, 1), 0.1, 10, 5), b(config(1, 1), 0.1, 10, 5),
       other_seed(config(1, 1), 0.1, 10, 6);
   CHECK(draw(a, 3) == draw(b, 3));
   CHECK(draw(a, 3) != draw(a, 4));
   CHECK(draw(a, 3) != draw(other_seed, 3));
-  CentralDpConfig r = config(1, 1);
+  DpConfig r = config(1, 1);
   r.seeded_noise = false;
-  const CentralDp x(r, 0.1, 10, 5), y(r, 0.1, 10, 5);
+  const ClientDp x(r, 0.1, 10, 5), y(r, 0.1, 10, 5);
   CHECK(draw(x, 3) != draw(y, 3));
   CHECK(draw(x, 3) != draw(a, 3));
   // The sampling key is the noise's: seeded ones agree, random ones do not.
@@ -138,14 +139,14 @@ TEST_CASE("dp: sigma from a target keeps the budget, and a budget the rounds exc
       return pld ? PldAccountant(q, sigma, delta, kRunPldGrid).epsilon(t)
                  : RdpAccountant(q, sigma, delta).epsilon(t);
     };
-    CentralDpConfig c = config(1.0, 0.0, target);
+    DpConfig c = config(1.0, 0.0, target);
     c.delta = delta;
     c.accountant = kind;
-    const CentralDp dp(c, q, rounds, 1);
+    const ClientDp dp(c, q, rounds, 1);
     const double sigma = dp.noiseMultiplier();
     CHECK(sigma > 0.3);
     CHECK(dp.epsilon(rounds) <= target * (1 + 1e-9));
-    CHECK(CentralDp::resolveSigma(c, q, rounds) == sigma);
+    CHECK(ClientDp::resolveSigma(c, q, rounds) == sigma);
     // The smallest such sigma (within the calibration's tolerance): 1% less spends too much.
     CHECK(spent(sigma * 0.99, rounds) > target);
     // Epsilon is the accountant's, round by round.
@@ -166,28 +167,28 @@ TEST_CASE("dp: sigma from a target keeps the budget, and a budget the rounds exc
     }
     REQUIRE(fit > 0);
     REQUIRE(fit < rounds);
-    CentralDpConfig half = c;
+    DpConfig half = c;
     half.noise_multiplier = less;
-    CHECK_THROWS_MATCHING(CentralDp(half, q, rounds, 1), ConfigError,
+    CHECK_THROWS_MATCHING(ClientDp(half, q, rounds, 1), ConfigError,
                           Contains(std::to_string(fit) + " rounds fit that budget"));
     // Those rounds are accepted, one more is not.
-    CHECK(CentralDp::resolveSigma(half, q, fit) == less);
-    CHECK_THROWS_MATCHING(CentralDp::resolveSigma(half, q, fit + 1), ConfigError,
+    CHECK(ClientDp::resolveSigma(half, q, fit) == less);
+    CHECK_THROWS_MATCHING(ClientDp::resolveSigma(half, q, fit + 1), ConfigError,
                           Contains(std::to_string(fit) + " rounds fit that budget"));
     // A noise multiplier with no target: any number of rounds, epsilon reported.
-    CentralDpConfig open = config(1.0, 0.5);
+    DpConfig open = config(1.0, 0.5);
     open.accountant = kind;
     const uint64_t many = testing::kReduced ? 2000 : 100000;
-    const CentralDp unbounded(open, q, many, 1);
+    const ClientDp unbounded(open, q, many, 1);
     CHECK(std::isfinite(unbounded.epsilon(many)));
     CHECK(unbounded.epsilon(many) > unbounded.epsilon(many / 100));
   }
   // PLD is the tight one: less noise for the same budget.
   if (!testing::kReduced) {
-    CentralDpConfig c = config(1.0, 0.0, target);
-    CentralDpConfig r = c;
+    DpConfig c = config(1.0, 0.0, target);
+    DpConfig r = c;
     r.accountant = DpAccountant::kRdp;
-    CHECK(CentralDp::resolveSigma(c, q, rounds) < 0.95 * CentralDp::resolveSigma(r, q, rounds));
+    CHECK(ClientDp::resolveSigma(c, q, rounds) < 0.95 * ClientDp::resolveSigma(r, q, rounds));
   }
 }
 
@@ -204,28 +205,146 @@ TEST_CASE("dp: configurations without a finite epsilon are refused", "[privacy][
   CHECK_THROWS_MATCHING(config(1.0, 0.0, -2.0).validate(), ConfigError,
                         Contains("privacy.target_epsilon"));
   for (double d : {0.0, 1.0, -1e-5, double(NAN)}) {
-    CentralDpConfig c = config(1.0, 1.0);
+    DpConfig c = config(1.0, 1.0);
     c.delta = d;
     CHECK_THROWS_MATCHING(c.validate(), ConfigError, Contains("privacy.delta"));
   }
-  CHECK_THROWS_MATCHING(CentralDp(config(1.0, 1.0), 0.0, 10, 1), ConfigError,
+  CHECK_THROWS_MATCHING(ClientDp(config(1.0, 1.0), 0.0, 10, 1), ConfigError,
                         Contains("sampling rate"));
-  CHECK_THROWS_MATCHING(CentralDp(config(1.0, 1.0), 1.5, 10, 1), ConfigError,
+  CHECK_THROWS_MATCHING(ClientDp(config(1.0, 1.0), 1.5, 10, 1), ConfigError,
                         Contains("sampling rate"));
   // No population, or one whose sampled part is under one client a round.
-  CentralDpConfig nobody = config(1.0, 1.0);
+  DpConfig nobody = config(1.0, 1.0);
   nobody.population = 0;
   CHECK_THROWS_MATCHING(nobody.validate(), ConfigError, Contains("population"));
   nobody.population = 50;
-  CHECK_THROWS_MATCHING(CentralDp(nobody, 0.01, 10, 1), ConfigError, Contains("fewer than one"));
-  CHECK(CentralDp(nobody, 0.02, 10, 1).expectedWeight() == 0.02 * 50);
+  CHECK_THROWS_MATCHING(ClientDp(nobody, 0.01, 10, 1), ConfigError, Contains("fewer than one"));
+  CHECK(ClientDp(nobody, 0.02, 10, 1).expectedWeight() == 0.02 * 50);
   // A target no noise up to 1e4 keeps.
-  CHECK_THROWS_AS(CentralDp(config(1.0, 0.0, 1e-6), 1.0, 10, 1), ConfigError);
+  CHECK_THROWS_AS(ClientDp(config(1.0, 0.0, 1e-6), 1.0, 10, 1), ConfigError);
   // Bad weights are refused, the vector unchanged.
-  const CentralDp dp(config(1.0, 1.0), 0.5, 10, 1);
+  const ClientDp dp(config(1.0, 1.0), 0.5, 10, 1);
   std::vector<float> v(4, 1.0f);
   for (auto [w, e] :
        {std::pair{1.0, 0.0}, {1.0, -1.0}, {double(NAN), 1.0}, {-1.0, 1.0}, {1.0, double(INFINITY)}})
     CHECK_THROWS_AS(dp.privatize(v, w, e, 1), InvalidArgument);
   CHECK(v == std::vector<float>(4, 1.0f));
+}
+
+namespace {
+
+// P(y) of N_Z(0, sigma^2), normalised over |y| <= 40 sigma + 40 (the rest is below 1e-300).
+std::map<int64_t, double> discreteGaussianPmf(double sigma) {
+  std::map<int64_t, double> p;
+  const auto r = static_cast<int64_t>(40 * sigma + 40);
+  double total = 0;
+  for (int64_t y = -r; y <= r; ++y) {
+    const double dy = static_cast<double>(y);
+    total += p[y] = std::exp(-dy * dy / (2 * sigma * sigma));
+  }
+  for (auto& [y, v] : p) v /= total;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("dp: the discrete Gaussian draws follow its distribution", "[privacy][dp][ddg]") {
+  // Small sigmas against the exact probabilities by a chi-square test (cells of expected count
+  // at least 20, the tails pooled); at 10^-4 the statistic of a right sampler passes this bound
+  // (the Wilson-Hilferty quantile) but one time in 10^4, and a sampler off by 2% in one cell's
+  // probability does not.
+  for (double sigma : {0.5, 1.5, 4.0}) {
+    CAPTURE(sigma);
+    KeyStream s(testing::testKey(11), 3, MaskStream::kNoise, 0);
+    const size_t n = 400'000;
+    std::map<int64_t, size_t> seen;
+    for (size_t i = 0; i < n; ++i) ++seen[discreteGaussian(s, sigma)];
+    const auto pmf = discreteGaussianPmf(sigma);
+    double chi2 = 0, pooled_p = 0, pooled_seen = 0;
+    size_t cells = 0;
+    for (const auto& [y, p] : pmf) {
+      const double expected = p * n, got = seen.count(y) ? double(seen[y]) : 0.0;
+      if (expected >= 20) {
+        chi2 += (got - expected) * (got - expected) / expected;
+        ++cells;
+      } else {
+        pooled_p += p;
+        pooled_seen += got;
+      }
+    }
+    if (pooled_p * n >= 20) {
+      chi2 += (pooled_seen - pooled_p * n) * (pooled_seen - pooled_p * n) / (pooled_p * n);
+      ++cells;
+    }
+    REQUIRE(cells >= 3);
+    const double df = double(cells - 1), z = 3.719;  // the normal's 1 - 1e-4 quantile
+    const double bound = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
+    INFO("chi2 " << chi2 << " over " << df << " degrees of freedom, bound " << bound);
+    CHECK(chi2 < bound);
+  }
+  // Large sigmas (the ring's): mean 0 and the distribution's own variance (just under sigma^2),
+  // within six standard errors.
+  for (double sigma : {37.5, 1e4, 3e8}) {
+    CAPTURE(sigma);
+    KeyStream s(testing::testKey(12), 4, MaskStream::kNoise, 0);
+    const size_t n = 200'000;
+    double sum = 0, sq = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double y = static_cast<double>(discreteGaussian(s, sigma));
+      sum += y;
+      sq += y * y;
+    }
+    const double mean = sum / n, var = sq / n - mean * mean;
+    CHECK(std::fabs(mean) < 6 * sigma / std::sqrt(double(n)));
+    CHECK(std::fabs(var / (sigma * sigma) - 1) < 6 * std::sqrt(2.0 / n));
+  }
+  KeyStream s(testing::testKey(1), 1, MaskStream::kNoise, 0);
+  CHECK_THROWS_AS(discreteGaussian(s, 0.0), InvalidArgument);
+  CHECK_THROWS_AS(discreteGaussian(s, double(NAN)), InvalidArgument);
+  CHECK_THROWS_AS(discreteGaussian(s, 0x1p41), InvalidArgument);
+}
+
+TEST_CASE(
+    "dp: distributed DP adds no noise at the root, derives min_clients, and refuses what it "
+    "cannot account",
+    "[privacy][dp][ddg]") {
+  DpConfig c = config(1.0, 1.0);
+  c.mechanism = DpMechanism::kDistributed;
+  c.accountant = DpAccountant::kRdp;
+  const ClientDp dp(c, 0.1, 50, 1);  // 100 clients expected a round
+  REQUIRE(dp.distributed());
+  CHECK(dp.minClients() == 50);  // half of q N
+  CHECK(dp.clientNoise(1000.0) == Approx(1000.0 / std::sqrt(50.0)));
+  // The noise is in the ring sum already: the root only divides by q N.
+  std::vector<float> v{1.0f, -2.0f, 0.5f};
+  dp.privatize(v, 40.0, dp.expectedWeight(), 1);
+  CHECK(v[0] == Approx(40.0 / 100));
+  CHECK(v[1] == Approx(-80.0 / 100));
+  // Its epsilon is the distributed accountant's, with tau at the floor over the population and
+  // the largest model (the model's size is not known here).
+  CHECK(
+      dp.epsilon(50) ==
+      Approx(DdgAccountant(0.1, 1.0, ddgTau(kMinClientNoise, 1000), kMaxDdgDim, 1e-5).epsilon(50)));
+  // From a target: reached, and 1% less noise would pass it.
+  DpConfig t = c;
+  t.noise_multiplier = 0;
+  t.target_epsilon = 3.0;
+  const ClientDp from_target(t, 0.1, 50, 1);
+  CHECK(from_target.epsilon(50) <= 3.0);
+  CHECK(ClientDp::accountantEpsilon(t, 0.1, 0.99 * from_target.noiseMultiplier(), 50) > 3.0);
+  // Small populations: at least 3 clients' noise.
+  DpConfig few = c;
+  few.population = 20;
+  CHECK(ClientDp(few, 0.2, 5, 1).minClients() == 3);
+  // Refused: the PLD accountant, min_clients under central DP or above the expected count.
+  DpConfig pld = c;
+  pld.accountant = DpAccountant::kPld;
+  CHECK_THROWS_MATCHING(pld.validate(), ConfigError, Contains("privacy.accountant"));
+  DpConfig central = config(1.0, 1.0);
+  central.min_clients = 10;
+  CHECK_THROWS_MATCHING(central.validate(), ConfigError, Contains("privacy.min_clients"));
+  DpConfig many = c;
+  many.min_clients = 101;
+  CHECK_THROWS_MATCHING(ClientDp(many, 0.1, 50, 1), ConfigError, Contains("privacy.min_clients"));
+  CHECK_THROWS_AS(ClientDp(config(1.0, 1.0), 0.1, 50, 1).clientNoise(1.0), InvalidArgument);
 }

@@ -2,12 +2,14 @@
 // unbiased stochastic rounding, exact sums of masked values, and the refusals.
 #include "privacy/ring.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
 #include "core/error.h"
 #include "privacy/crypto.h"
+#include "privacy/dp.h"
 #include "test_keys.h"
 
 using namespace starling;
@@ -199,4 +201,78 @@ TEST_CASE("ring: the rounding is the key's stream: the same key and round, the s
     const int64_t want = lo + (words.uniform() < scaled - static_cast<double>(lo) ? 1 : 0);
     CHECK(got[i] == (static_cast<uint64_t>(want) & r.mask()));
   }
+}
+
+TEST_CASE("ring: with distributed DP's noise the sum and its noise out to 12 deviations fit",
+          "[privacy][ring][ddg]") {
+  for (uint32_t bits : {32u, 48u, 64u})
+    for (uint64_t n : {uint64_t{3}, uint64_t{100}, uint64_t{1000}})
+      for (double z : {0.5, 1.0, 4.0}) {
+        CAPTURE(bits, n, z);
+        const RingNoise noise{z, std::max<uint64_t>(3, n / 2)};
+        const RingSpec plain = RingSpec::fit(bits, 2.5, n, 1000);
+        const RingSpec r = RingSpec::fit(bits, 2.5, n, 1000, &noise);
+        // Each client's noise: z (scale clip + sqrt(d)) / sqrt(m).
+        CHECK(r.noise == Approx(z * (r.scale * 2.5 + std::sqrt(1000.0)) /
+                                std::sqrt(double(noise.min_clients))));
+        CHECK(r.noise >= kMinClientNoise);
+        CHECK(r.scale < plain.scale);  // room was made for the noise
+        // The bound: n clients at the clip, rounded up, and the sum's noise at 12 deviations.
+        const long double worst = static_cast<long double>(n) * (r.scale * 2.5L + 1) +
+                                  12.0L * std::sqrt(static_cast<long double>(n)) * r.noise;
+        CHECK(worst <= static_cast<long double>(r.maxMagnitude()));
+        // ... and the scale is close to the largest that keeps it (0.1% more does not).
+        const RingSpec bigger{bits, r.scale * 1.001, 2.5, n, 1000, r.noise * 1.001};
+        CHECK_THROWS_AS(bigger.validate(), ConfigError);
+      }
+  // A noise under the floor the accountant assumes, or not finite, is refused; so is a ring too
+  // small for the noise.
+  RingSpec low = RingSpec::fit(32, 1.0, 10, 100);
+  low.noise = 1.0;
+  CHECK_THROWS_AS(low.validate(), ConfigError);
+  low.noise = std::nan("");
+  CHECK_THROWS_AS(low.validate(), ConfigError);
+  const RingNoise loud{1e6, 3};
+  CHECK_THROWS_AS(RingSpec::fit(24, 1.0, 100, 1000, &loud), ConfigError);
+  CHECK(RingSpec::bitsNeeded(100, 1000, &loud) > RingSpec::bitsNeeded(100, 1000));
+}
+
+TEST_CASE("ring: the clients' noise in the ring sum has the variance the spec states",
+          "[privacy][ring][ddg]") {
+  // n clients encode zeros and add their noise: the decoded sum is the noise alone, each value's
+  // variance n noise^2 / scale^2 (the discrete Gaussian's variance is within 1e-6 of sigma^2 at
+  // these sigmas).
+  const uint64_t n = 20;
+  const size_t d = 20'000;
+  const RingNoise noise{1.0, 10};
+  const RingSpec r = RingSpec::fit(32, 1.0, n, d, &noise);
+  std::vector<uint64_t> acc(d, 0), words(d);
+  const std::vector<float> zeros(d, 0.0f);
+  for (uint64_t c = 0; c < n; ++c) {
+    encode(r, zeros, testKey(100 + c), 1, words);
+    addNoise(r, words, testKey(100 + c), 1);
+    add(r, acc, words);
+  }
+  std::vector<float> sum(d);
+  decode(r, acc, sum);
+  double sq = 0, mean = 0;
+  for (float v : sum) {
+    mean += v;
+    sq += double(v) * v;
+  }
+  mean /= d;
+  const double var = sq / d - mean * mean;
+  const double want = double(n) * r.noise * r.noise / (r.scale * r.scale);
+  CHECK(std::fabs(var / want - 1) < 6 * std::sqrt(2.0 / d));
+  CHECK(std::fabs(mean) < 6 * std::sqrt(want / d));
+  // Without noise the zeros sum to zero exactly.
+  RingSpec quiet = r;
+  quiet.noise = 0;
+  std::fill(acc.begin(), acc.end(), 0);
+  for (uint64_t c = 0; c < n; ++c) {
+    encode(quiet, zeros, testKey(100 + c), 1, words);
+    addNoise(quiet, words, testKey(100 + c), 1);
+    add(quiet, acc, words);
+  }
+  CHECK(std::all_of(acc.begin(), acc.end(), [](uint64_t w) { return w == 0; }));
 }

@@ -14,12 +14,15 @@
 #include "check_throws.h"
 #include "client/secure_party.h"
 #include "compression/registry.h"
+#include "privacy/accountant.h"
+#include "privacy/dp.h"
 #include "privacy/shamir.h"
 #include "protocol/secagg_wire.h"
 #include "protocol/starling_generated.h"
 #include "protocol/verify.h"
 #include "server/engine.h"
 #include "server/secure_relay.h"
+#include "temp_dir.h"
 #include "test_util.h"
 
 using namespace starling;
@@ -1288,4 +1291,180 @@ TEST_CASE("secure aggregation's relay message: round trip and hostile bytes", "[
           (void)protocol::decodeSecAggRelay(protocol::encode(bad),
                                             protocol::SecAggLimits{1 << 20, 4});
         }) == Errc::kSizeMismatch);
+}
+
+namespace {
+
+// Distributed DP (privacy/dp.h) over secure aggregation: Poisson sampling at `rate` of `n`
+// clients, clip 1, noise multiplier z, each client adding its share of the noise.
+server::EngineConfig distributedConfig(uint64_t n, double rate, double z, uint64_t min_clients) {
+  server::EngineConfig c = secureConfig(0, 1.0);
+  c.sampling.clients_per_round = 0;
+  c.sampling.poisson_rate = rate;
+  c.scheme.rule = "fedavg:weight=uniform,clip=1";
+  c.dp.enabled = true;
+  c.dp.mechanism = privacy::DpMechanism::kDistributed;
+  c.dp.accountant = privacy::DpAccountant::kRdp;
+  c.dp.clip = 1.0;
+  c.dp.noise_multiplier = z;
+  c.dp.population = n;
+  c.dp.min_clients = min_clients;
+  c.dp.seeded_noise = true;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "distributed DP: each client's noise is in the ring sum, and the model moves by the sum's "
+    "noise over q N",
+    "[secagg][ddg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  // Every client sends zeros: the applied model is the survivors' noise alone, over q N.
+  SecureFleet fleet(l, 40, [&](uint64_t, uint64_t) { return std::vector<float>(n, 0.0f); });
+  std::set<SecureStage> asked;
+  fleet.tamper_request = [&](SecureStage s, uint64_t, std::vector<uint8_t> req) {
+    asked.insert(s);
+    return req;
+  };
+  const double z = 1.0, q = 0.5;
+  server::RoundEngine engine(l, distributedConfig(40, q, z, 10), std::vector<float>(n, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  INFO(rec.reason);
+  REQUIRE(rec.applied);
+  const double survivors = static_cast<double>(rec.clients_completed);
+  REQUIRE(survivors >= 10);
+  // What each client was told to add: z times one client's sensitivity, over sqrt(min_clients).
+  const privacy::RingSpec& ring = fleet.parties().begin()->second.params().ring;
+  CHECK(ring.noise == Approx(z * (ring.scale * 1.0 + std::sqrt(double(n))) / std::sqrt(10.0)));
+  // Each value of the model: the sum of the survivors' discrete Gaussians, decoded and divided by
+  // q N: variance survivors noise^2 / (scale q N)^2. 144 values: within 5 standard errors of the
+  // sample variance (sqrt(2 / 144) each).
+  double sq = 0;
+  for (float v : engine.model().server()) sq += double(v) * v;
+  const double var = sq / double(n);
+  const double want = survivors * ring.noise * ring.noise / std::pow(ring.scale * q * 40, 2);
+  CHECK(std::fabs(var / want - 1) < 5 * std::sqrt(2.0 / double(n)));
+  // The sum's noise is z times the clip over q N at least (z C / (q N) in every value's deviation).
+  CHECK(std::sqrt(want) >= z * 1.0 / (q * 40) * (1 - 1e-9));
+  // Epsilon is the distributed accountant's, over the shared support's size.
+  REQUIRE(rec.dp_epsilon.has_value());
+  CHECK(*rec.dp_epsilon ==
+        Approx(privacy::DdgAccountant(q, z, privacy::ddgTau(privacy::kMinClientNoise, 40), n, 1e-5)
+                   .epsilon(1)));
+  CHECK(asked.count(SecureStage::kUnmask));
+}
+
+TEST_CASE(
+    "distributed DP: a round with fewer masked inputs than privacy.min_clients is stopped before "
+    "its unmask",
+    "[secagg][ddg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  SecureFleet fleet(l, 40, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+  std::set<SecureStage> asked;
+  fleet.tamper_request = [&](SecureStage s, uint64_t, std::vector<uint8_t> req) {
+    asked.insert(s);
+    return req;
+  };
+  // All but 5 of the 40 drop before their masked input; 10 are needed.
+  for (uint64_t c = 5; c < 40; ++c) fleet.drop_at[c] = SecureStage::kMaskedInput;
+  server::RoundEngine engine(l, distributedConfig(40, 1.0, 1.0, 10), std::vector<float>(n, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  CHECK_FALSE(rec.applied);
+  CHECK_THAT(rec.reason, Contains("privacy.min_clients = 10") && Contains("nothing is unmasked"));
+  CHECK_FALSE(asked.count(SecureStage::kUnmask));  // no client was asked to reveal anything
+  CHECK(engine.model().version() == 1);
+  for (float v : engine.model().server()) REQUIRE(v == 0.0f);
+  REQUIRE(rec.dp_epsilon.has_value());  // the round is counted all the same
+  CHECK(*rec.dp_epsilon > 0);
+}
+
+TEST_CASE("distributed DP: what the engine refuses, with the reason", "[secagg][ddg]") {
+  const auto l = layout();
+  const auto refused = [&](server::EngineConfig c) {
+    try {
+      server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0.0f));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refused(distributedConfig(40, 0.5, 1.0, 10)) == "accepted");
+  auto c = distributedConfig(40, 0.5, 1.0, 10);
+  c.secagg.enabled = false;
+  CHECK_THAT(refused(c), Contains("needs secagg.enabled"));
+  c = distributedConfig(40, 0.5, 1.0, 10);
+  c.dp.accountant = privacy::DpAccountant::kPld;
+  CHECK_THAT(refused(c), Contains("privacy.accountant"));
+  c = distributedConfig(40, 0.5, 1.0, 25);  // 20 expected a round
+  CHECK_THAT(refused(c), Contains("privacy.min_clients = 25"));
+  // A ring too narrow for the sum and its noise: the bits it takes.
+  c = distributedConfig(40, 0.5, 1.0, 10);
+  c.secagg.bits = 16;
+  CHECK_THAT(refused(c), Contains("and their noise") && Contains("it takes secagg.bits"));
+}
+
+TEST_CASE("distributed DP's mechanism is in the checkpoint: a resume as central DP is refused",
+          "[secagg][ddg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  testing::TempDir dir;
+  server::EngineConfig c = distributedConfig(20, 1.0, 1.0, 10);
+  c.checkpoint = (dir.path / "ck.bin").string();
+  {
+    SecureFleet fleet(l, 20, [&](uint64_t cl, uint64_t) { return updateOf(cl, n); });
+    server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+    REQUIRE(engine.runRound(fleet).applied);
+  }
+  {
+    // The same settings resume, epsilon going on from round 2.
+    SecureFleet fleet(l, 20, [&](uint64_t cl, uint64_t) { return updateOf(cl, n); });
+    server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+    REQUIRE(engine.resumed());
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK(rec.round == 2);
+    CHECK(*rec.dp_epsilon ==
+          Approx(privacy::DdgAccountant(1.0, 1.0, privacy::ddgTau(privacy::kMinClientNoise, 20), n,
+                                        1e-5)
+                     .epsilon(2)));
+  }
+  auto central = c;
+  central.dp.mechanism = privacy::DpMechanism::kCentral;
+  central.dp.min_clients = 0;
+  CHECK_THROWS_MATCHING(server::RoundEngine(l, central, std::vector<float>(n, 0.0f)), IoError,
+                        Contains("ran under distributed DP"));
+  auto without = c;
+  without.dp.enabled = false;
+  without.scheme.rule = "fedavg:weight=uniform";
+  CHECK_THROWS_MATCHING(server::RoundEngine(l, without, std::vector<float>(n, 0.0f)), IoError,
+                        Contains("ran under distributed DP"));
+}
+
+TEST_CASE("distributed DP: a setup's noise round-trips, and a noise a client cannot use is refused",
+          "[secagg][ddg]") {
+  server::SecAggConfig sc{true, 0, 0, 32, 1.0, {}, privacy::RingNoise{1.0, 5}};
+  protocol::SecAggSetupMsg m;
+  m.nonce = 3;
+  m.params = sc.paramsFor(5, 2, 10, 144);
+  m.params.session = 3;
+  for (uint64_t c = 0; c < 10; ++c) m.clients.push_back(c);
+  REQUIRE(m.params.ring.noise > privacy::kMinClientNoise);
+  const auto back = protocol::decodeSecAggSetup(protocol::encode(m), {});
+  CHECK(back.params.ring.noise == m.params.ring.noise);
+  CHECK(back.params.ring.scale == m.params.ring.scale);
+  // Negative, not a number, under the floor the accountant assumes, beyond what the ring holds
+  // beside the sum: each refused with its code, as a malformed setup.
+  for (double bad : {-1.0, double(NAN), double(INFINITY), 1.0, 1e15}) {
+    CAPTURE(bad);
+    protocol::SecAggSetupMsg x = m;
+    x.params.ring.noise = bad;
+    try {
+      protocol::decodeSecAggSetup(protocol::encode(x), {});
+      FAIL("accepted a noise of " << bad);
+    } catch (const InputError& e) {
+      CHECK(e.code() == Errc::kMissingField);
+    }
+  }
 }
