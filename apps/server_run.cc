@@ -3,6 +3,7 @@
 // docs/deployment.md shows how to run one; docs/protocol.md what travels.
 #include "apps/server_run.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -366,6 +367,16 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
                        std::to_string(dp->minClients()) + " clients' noise"
              : dp->config().seeded_noise ? " | seeded noise: anyone with model.seed can remove it"
                                          : "");
+  if (const privacy::ClientDp* dp = engine.dp(); dp && dp->distributed()) {
+    // The epsilon above is against the models' recipients; the root drew the sample.
+    const auto expected =
+        static_cast<uint64_t>(std::ceil(dp->q() * static_cast<double>(ec.rounds)));
+    log.info(
+        "distributed DP against this root, which knows who took part: epsilon {:.3f} for a "
+        "client in {} rounds (the expected count), {:.3f} in {} (docs/privacy.md)",
+        dp->epsilonKnownSample(expected), expected, dp->epsilonKnownSample(2 * expected),
+        2 * expected);
+  }
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;
     const uint64_t round = engine.nextRound();

@@ -332,7 +332,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         dpModes());
   o.add("privacy.min_clients", &s.privacy.min_clients,
         "privacy.dp = distributed: the fewest clients whose noise a round's sum holds; each adds "
-        "noise_multiplier x clip / sqrt(min_clients), and a round with fewer masked inputs is "
+        "noise_multiplier x its sensitivity / sqrt(min_clients) (about clip, plus its rounding), "
+        "and a round with fewer masked inputs is "
         "stopped before its unmask (0: half of sampling.poisson_rate x data.num_clients, at "
         "least 3)",
         0, uint64_t{1} << 40);
@@ -668,6 +669,19 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
     // Its accountant is its own RDP bound: rdp unless the file asks for pld (then refused by
     // the engine, with the reason).
     if (!o.given("privacy.accountant")) s.privacy.accountant = DpAccountantKind::kRdp;
+    // Declared metrics travel in the clear beside each masked input: under distributed DP the
+    // root, which it protects against, would read each client's. None, unless asked (refused).
+    if (o.given("aggregation.metrics") && !s.aggregation.metrics.empty())
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = distributed takes no aggregation.metrics: each client's "
+                     "metrics travel in the clear beside its masked update, and the root would "
+                     "read them (leave aggregation.metrics out; the records then carry no "
+                     "train_loss)");
+    s.aggregation.metrics.clear();
+    if (s.compression.diagnostics)
+      STARLING_THROW(ConfigError,
+                     "privacy.dp = distributed takes no compression.diagnostics: they are "
+                     "per-client metrics in the clear");
   }
   if (self != kClient && s.privacy.dp == DpMode::kCentral && o.given("privacy.min_clients"))
     STARLING_THROW(ConfigError,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
@@ -465,6 +466,14 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
         dp->distributed() ? "distributed" : "central", dp->config().clip, dp->noiseMultiplier(),
         dp->epsilon(ec.rounds), static_cast<unsigned long long>(ec.rounds), dp->config().delta,
         dp->distributed() ? ", each client's in the ring" : "");
+  if (const privacy::ClientDp* dp = engine.dp(); lead && dp && dp->distributed()) {
+    const auto expected =
+        static_cast<unsigned long long>(std::ceil(dp->q() * static_cast<double>(ec.rounds)));
+    say("distributed DP against the root, which knows who took part: epsilon %.3f for a client "
+        "in %llu rounds (the expected count), %.3f in %llu\n",
+        dp->epsilonKnownSample(expected), expected, dp->epsilonKnownSample(2 * expected),
+        2 * expected);
+  }
   std::optional<double> last_acc;
   uint64_t acc_at = 0, last_round = 0;
   while (!engine.done()) {

@@ -213,7 +213,9 @@ double ddgTau(double sigma_c, uint64_t m) {
   const uint64_t last = std::min<uint64_t>(m > 0 ? m - 1 : 0, kExact);
   for (uint64_t k = 1; k <= last; ++k) {
     const double dk = static_cast<double>(k);
-    tau += std::exp(-c * dk / (dk + 1));
+    const double term = std::exp(-c * dk / (dk + 1));
+    if (term == 0) return 10 * tau;  // the terms shrink with k: every later one is 0 too
+    tau += term;
   }
   // Past k = 10^6 each term is below exp(-c K / (K + 1)): the rest bounded by their count times it.
   if (m > kExact + 1) {
@@ -251,8 +253,18 @@ DdgAccountant::DdgAccountant(double q, double z, double tau, uint64_t dim, doubl
   STARLING_CHECK_ARG(tau >= 0 && std::isfinite(tau) && dim > 0, "tau ", tau, " and dim ", dim);
   STARLING_CHECK_ARG(delta > 0 && delta < 1, "delta must be in (0, 1), got ", delta);
   const auto eps = [&](uint64_t a) { return rdpDistributedDiscreteGaussian(1 / z, tau, dim, a); };
-  for (double a : ddgOrders())
+  for (double a : ddgOrders()) {
     rdp_.push_back(rdpPoissonSubsampled(q, eps, static_cast<uint64_t>(a), false));
+    rdp_whole_.push_back(eps(static_cast<uint64_t>(a)));
+  }
+}
+
+double DdgAccountant::epsilonKnownSample(uint64_t participations) const {
+  if (participations == 0) return 0;
+  std::vector<double> composed(rdp_whole_.size());
+  for (size_t i = 0; i < rdp_whole_.size(); ++i)
+    composed[i] = rdp_whole_[i] * static_cast<double>(participations);
+  return epsilonFromRdp(ddgOrders(), composed, delta_);
 }
 
 double DdgAccountant::epsilon(uint64_t rounds) const {

@@ -103,12 +103,17 @@ class DdgAccountant {
   // InvalidArgument for q outside [0, 1], z not positive and finite, tau negative or not finite,
   // dim 0, delta outside (0, 1).
   DdgAccountant(double q, double z, double tau, uint64_t dim, double delta);
+  // Against whoever receives the models: the sample is secret, and amplifies.
   double epsilon(uint64_t rounds) const;
   uint64_t roundsWithin(double budget, uint64_t max_rounds) const;
+  // Against a party that knows the sample (the root draws it and sends each round's clients the
+  // roster): a client's epsilon after it took part in `participations` rounds, no amplification.
+  double epsilonKnownSample(uint64_t participations) const;
 
  private:
   double delta_;
-  std::vector<double> rdp_;  // one round, at ddgOrders()
+  std::vector<double> rdp_;        // one round, at ddgOrders()
+  std::vector<double> rdp_whole_;  // one participation, not subsampled
 };
 
 // The smallest z (within rel_tol) whose distributed epsilon after `rounds` rounds is at most

@@ -39,7 +39,7 @@ void DpConfig::validate() const {
 }
 
 int64_t discreteGaussian(KeyStream& s, double sigma) {
-  STARLING_CHECK_ARG(sigma > 0 && sigma <= 0x1p40, "discreteGaussian: sigma ", sigma);
+  STARLING_CHECK_ARG(sigma > 0 && sigma <= kMaxClientNoise, "discreteGaussian: sigma ", sigma);
   const double t = std::floor(sigma) + 1;
   const double s2 = sigma * sigma;
   for (;;) {
@@ -74,9 +74,11 @@ double ClientDp::resolveSigma(const DpConfig& c, double q, uint64_t rounds) {
     const double expected = q * static_cast<double>(c.population);
     if (static_cast<double>(resolveMinClients(c, q)) > expected)
       STARLING_THROW(ConfigError, "privacy.min_clients = ", resolveMinClients(c, q),
+                     c.min_clients == 0 ? " (derived: half the expected count, at least 3)" : "",
                      " exceeds the ", expected,
                      " clients a round sampling.poisson_rate expects of the population: most "
-                     "rounds would have too few clients' noise to be applied");
+                     "rounds would have too few clients' noise to be applied (a larger "
+                     "sampling.poisson_rate, or a smaller privacy.min_clients)");
   }
   const auto derive = [&] {
     return ddg   ? ddgNoiseForEpsilon(c.target_epsilon, q, rounds,
@@ -138,17 +140,16 @@ double ClientDp::epsilon(uint64_t rounds) const {
   return ddg_ ? ddg_->epsilon(rounds) : pld_ ? pld_->epsilon(rounds) : rdp_->epsilon(rounds);
 }
 
+double ClientDp::epsilonKnownSample(uint64_t participations) const {
+  STARLING_CHECK_ARG(ddg_.has_value(), "epsilonKnownSample: distributed DP only");
+  return ddg_->epsilonKnownSample(participations);
+}
+
 uint64_t ClientDp::resolveMinClients(const DpConfig& c, double q) {
   if (c.mechanism != DpMechanism::kDistributed) return 0;
   if (c.min_clients != 0) return c.min_clients;
   const double half = std::ceil(q * static_cast<double>(c.population) / 2);
   return std::max<uint64_t>(3, static_cast<uint64_t>(half));
-}
-
-double ClientDp::clientNoise(double delta) const {
-  STARLING_CHECK_ARG(distributed() && delta > 0 && std::isfinite(delta),
-                     "clientNoise: a sensitivity of ", delta, " under central DP or none");
-  return sigma_ * delta / std::sqrt(static_cast<double>(min_clients_));
 }
 
 double ClientDp::expectedWeight() const { return q_ * static_cast<double>(config_.population); }

@@ -57,6 +57,9 @@ enum class DpMechanism { kCentral, kDistributed };
 // draw less is not applied): tau (accountant.h) is then below 10 N exp(-pi^2 16) = N 10^-67 for a
 // population of N, and the run's accountant takes tau at this floor over the whole population.
 inline constexpr double kMinClientNoise = 4.0;
+// ... and at most this many: discreteGaussian's draws come from 53-bit uniforms, which leave its
+// probabilities a relative error near 2^-20 here (more above; the ring lowers its scale instead).
+inline constexpr double kMaxClientNoise = 0x1p30;
 // The largest model the distributed accountant is checked for before the model is known (its
 // bound grows with the size; once known, the model's own).
 inline constexpr uint64_t kMaxDdgDim = uint64_t{1} << 40;
@@ -96,7 +99,7 @@ struct DpConfig {
 // floor(sigma) + 1 as the difference of two floored exponentials, accepted with probability
 // exp(-(|y| - sigma^2 / t)^2 / (2 sigma^2))). The probabilities are computed in double from
 // `s`'s 53-bit uniforms (not the exact rational arithmetic of the paper): docs/privacy.md says
-// what that means. sigma in (0, 2^40].
+// what that means. sigma in (0, kMaxClientNoise].
 int64_t discreteGaussian(KeyStream& s, double sigma);
 
 // One standard normal draw from `s` (Box-Muller, two uniforms per draw).
@@ -117,8 +120,11 @@ class ClientDp {
   double noiseMultiplier() const { return sigma_; }
   double q() const { return q_; }
   // Epsilon spent after `rounds` rounds (every round counts, applied or not), by the configured
-  // accountant.
+  // accountant: against whoever receives the models (the sample amplifies).
   double epsilon(uint64_t rounds) const;
+  // Distributed DP, against the root (which draws the sample and so knows who took part): a
+  // client's epsilon after `participations` rounds it took part in, without amplification.
+  double epsilonKnownSample(uint64_t participations) const;
   // The configured accountant's epsilon for (q, sigma) after `rounds` rounds.
   static double accountantEpsilon(const DpConfig& config, double q, double sigma, uint64_t rounds);
 
@@ -127,9 +133,6 @@ class ClientDp {
   bool distributed() const { return config_.mechanism == DpMechanism::kDistributed; }
   // Distributed: the fewest clients whose noise an applied round holds (config's, or resolved).
   uint64_t minClients() const { return min_clients_; }
-  // Distributed: the noise each client adds for an encoded update of L2 sensitivity `delta` ring
-  // units: sigma delta / sqrt(minClients()).
-  double clientNoise(double delta) const;
   // The min_clients a configuration resolves to at rate q (distributed; 0 for central).
   static uint64_t resolveMinClients(const DpConfig& config, double q);
   // `mean` (the clipped updates' uniform mean, total weight `total_weight`, i.e. their count)

@@ -22,13 +22,15 @@ long double noiseFactor(uint64_t n, const RingNoise* noise) {
 }
 
 // The largest scale * clip a sum of n values may have in b bits: n (s C + 1) <= 2^(b-1) - 1, and
-// with noise n (s C + 1) + a (s C + sqrt(d)) <= 2^(b-1) - 1, in long double (2^63 - 1 is exact
+// with noise n (s C + 1) + a (s C (1 + kClipMargin) + sqrt(d)) <= 2^(b-1) - 1, in long double
+// (2^63 - 1 is exact
 // there, not in double), then rounded down to a double (negative: none fits).
 double maxScaledClip(uint32_t bits, uint64_t n, uint64_t dim, const RingNoise* noise) {
   const long double room = std::ldexp(1.0L, static_cast<int>(bits) - 1) - 1.0L;
   const long double a = noiseFactor(n, noise);
   const long double nn = static_cast<long double>(n);
-  const long double v = (room - nn - a * std::sqrt(static_cast<long double>(dim))) / (nn + a);
+  const long double v = (room - nn - a * std::sqrt(static_cast<long double>(dim))) /
+                        (nn + a * (1.0L + RingSpec::kClipMargin));
   double d = static_cast<double>(v);
   if (static_cast<long double>(d) > v) d = std::nextafter(d, -1.0);
   return d;
@@ -50,7 +52,10 @@ uint32_t RingSpec::bitsNeeded(uint64_t max_clients, uint64_t dim, const RingNois
   return kMaxBits + 1;
 }
 
-double RingSpec::sensitivity() const { return scale * clip + std::sqrt(static_cast<double>(dim)); }
+double RingSpec::sensitivity() const {
+  // The clip in float may leave a norm 2^-24 over it (clipForRing): 2^-20 covers it.
+  return scale * clip * (1 + kClipMargin) + std::sqrt(static_cast<double>(dim));
+}
 
 RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_t dim,
                        const RingNoise* noise) {
@@ -66,11 +71,14 @@ RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_
   if (max_clients == 0) STARLING_THROW(ConfigError, "secure aggregation of 0 clients");
   if (dim == 0) STARLING_THROW(ConfigError, "secure aggregation of a model of 0 values");
   double scaled = maxScaledClip(bits, max_clients, dim, noise);
-  // discreteGaussian draws up to 2^40: the scale is lowered to keep each client's noise there.
+  // discreteGaussian draws up to kMaxClientNoise: the scale is lowered to keep each client's noise
+  // there.
   if (noise)
     scaled = std::min(
-        scaled, 0x1p40 * std::sqrt(static_cast<double>(noise->min_clients)) / noise->multiplier -
-                    std::sqrt(static_cast<double>(dim)));
+        scaled,
+        (kMaxClientNoise * std::sqrt(static_cast<double>(noise->min_clients)) / noise->multiplier -
+         std::sqrt(static_cast<double>(dim))) /
+            (1 + kClipMargin) * (1 - 1e-12));
   if (!(scaled >= minScaledClip(dim))) {
     const uint32_t need = bitsNeeded(max_clients, dim, noise);
     STARLING_THROW(ConfigError, "secagg.bits = ", bits, " cannot hold the sum of ", max_clients,
@@ -93,22 +101,26 @@ RingSpec RingSpec::fit(uint32_t bits, double clip, uint64_t max_clients, uint64_
   // scale * clip may round up past `scaled`: step down until the bound holds exactly.
   while (static_cast<long double>(r.scale) * clip > static_cast<long double>(scaled))
     r.scale = std::nextafter(r.scale, 0.0);
-  if (noise)
-    r.noise =
-        noise->multiplier * r.sensitivity() / std::sqrt(static_cast<double>(noise->min_clients));
-  // The noise's own rounding may put the bound a hair past the ring: step the scale down.
-  for (int i = 0; i < 64; ++i) {
-    try {
-      r.validate();
-      return r;
-    } catch (const ConfigError&) {
-      if (!noise) throw;
+  if (noise) {
+    const auto noiseAt = [&] {
+      return noise->multiplier * r.sensitivity() /
+             std::sqrt(static_cast<double>(noise->min_clients));
+    };
+    r.noise = noiseAt();
+    // The noise's own rounding may put the bound a hair past the ring: step the scale down.
+    const auto wraps = [&] {
+      const long double n = static_cast<long double>(max_clients);
+      return n * (static_cast<long double>(r.scale) * clip + 1.0L) +
+                 static_cast<long double>(kNoiseTails) * std::sqrt(n) *
+                     static_cast<long double>(r.noise) >
+             static_cast<long double>(r.maxMagnitude());
+    };
+    for (int i = 0; i < 64 && wraps(); ++i) {
       r.scale *= 1 - 1e-12;
-      r.noise =
-          noise->multiplier * r.sensitivity() / std::sqrt(static_cast<double>(noise->min_clients));
+      r.noise = noiseAt();
     }
   }
-  r.validate();
+  r.validate();  // a noise below kMinClientNoise is refused here, with the reason
   return r;
 }
 
@@ -120,8 +132,8 @@ void RingSpec::validate() const {
       max_clients == 0)
     STARLING_THROW(ConfigError, "ring: scale ", scale, ", clip ", clip, " and max_clients ",
                    max_clients, " must be > 0 and finite");
-  if (!(std::isfinite(noise) && noise >= 0 && noise <= 0x1p40))
-    STARLING_THROW(ConfigError, "ring: a noise of ", noise, " (must be finite, >= 0 and <= 2^40)");
+  if (!(std::isfinite(noise) && noise >= 0 && noise <= kMaxClientNoise))
+    STARLING_THROW(ConfigError, "ring: a noise of ", noise, " (must be finite, >= 0 and <= 2^30)");
   if (noise > 0 && noise < kMinClientNoise)
     STARLING_THROW(ConfigError, "ring: each client's noise would be ", noise,
                    " ring units, below the ", kMinClientNoise,

@@ -48,6 +48,8 @@ struct RingSpec {
   // discrete Gaussians is sub-Gaussian (Canonne, Kamath, Steinke 2020), so a value passes it with
   // probability below 2 exp(-72), about 10^-31.
   static constexpr double kNoiseTails = 12;
+  // sensitivity()'s margin over scale clip (a clip computed in float may leave a norm 2^-24 over).
+  static constexpr double kClipMargin = 0x1p-20;
 
   // The largest scale that keeps a sum of `max_clients` values (and, with `noise`, their noise
   // out to kNoiseTails standard deviations) within `bits`; ConfigError naming bits, clip,
@@ -62,8 +64,8 @@ struct RingSpec {
   // ConfigError unless the sum of max_clients values of magnitude clip, and their noise out to
   // kNoiseTails standard deviations, cannot wrap; or the noise is negative or not finite.
   void validate() const;
-  // One client's L2 sensitivity in ring units: scale clip + sqrt(dim) (rounding moves each value
-  // by less than 1).
+  // One client's L2 sensitivity in ring units: scale clip (1 + 2^-20) + sqrt(dim) (rounding moves
+  // each value by less than 1; the margin covers a clip computed in float).
   double sensitivity() const;
 
   uint64_t mask() const { return bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1; }

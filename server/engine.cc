@@ -158,6 +158,11 @@ void EngineConfig::validate() const {
                    "privacy.dp = distributed has each client add its noise in secure "
                    "aggregation's ring: it needs secagg.enabled (without it, use privacy.dp = "
                    "central)");
+  if (dp.enabled && dp.mechanism == privacy::DpMechanism::kDistributed && !scheme.metrics.empty())
+    STARLING_THROW(ConfigError, "privacy.dp = distributed takes no declared metrics (",
+                   scheme.metrics.front(),
+                   ", ...): each client's travel in the clear beside its masked update, and the "
+                   "root it protects against would read them");
   if (dp.enabled) {
     if (sampling.poisson_rate == 0)
       STARLING_THROW(
@@ -223,15 +228,21 @@ void EngineConfig::validate() const {
     if (dp.enabled && dp.mechanism == privacy::DpMechanism::kDistributed)
       sc.noise = {privacy::ClientDp::resolveSigma(dp, sampling.poisson_rate, rounds),
                   privacy::ClientDp::resolveMinClients(dp, sampling.poisson_rate)};
-    sc.validate(secureMaxClients(sampling), 1);
+    sc.validate(secureMaxClients(sampling, dp.enabled ? dp.population : 0), 1);
   }
 }
 
-uint64_t secureMaxClients(const SamplingConfig& s) {
-  return s.poisson_rate == 0 && s.clients_per_round > 0
-             ? static_cast<uint64_t>(
-                   std::ceil(static_cast<double>(s.clients_per_round) * s.overcommit))
-             : 1;
+uint64_t secureMaxClients(const SamplingConfig& s, uint64_t population) {
+  if (s.poisson_rate == 0 && s.clients_per_round > 0)
+    return static_cast<uint64_t>(
+        std::ceil(static_cast<double>(s.clients_per_round) * s.overcommit));
+  // Poisson sampling of a known population (under DP): its expected count and seven of its
+  // standard deviations, which a round passes with probability below 10^-11.
+  if (s.poisson_rate > 0 && population > 0) {
+    const double mean = s.poisson_rate * static_cast<double>(population);
+    return std::min(population, static_cast<uint64_t>(std::ceil(mean + 7 * std::sqrt(mean) + 1)));
+  }
+  return 1;
 }
 
 std::string secureCompressorRefusal(const cz::Compressor& c) {
@@ -362,7 +373,9 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
     if (dp_->distributed()) config_.secagg.noise = {dp_->noiseMultiplier(), dp_->minClients()};
   }
   if (config_.secagg.enabled)  // the ring for the most clients a round samples, when known
-    config_.secagg.validate(secureMaxClients(config_.sampling), secure_dim);
+    config_.secagg.validate(
+        secureMaxClients(config_.sampling, config_.dp.enabled ? config_.dp.population : 0),
+        secure_dim);
   if (!config_.checkpoint.empty() && std::filesystem::exists(config_.checkpoint)) {
     loadCheckpoint();
     resumed_ = true;
@@ -970,6 +983,9 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   }
   // Distributed DP: a sum with fewer clients' noise than the accountant assumes is never
   // unmasked (the server would see it with too little noise): the round stops before the unmask.
+  // The unmasked sum holds exactly these masked inputs (SecAggServer::finish: its survivors are
+  // the masked inputs; a client lost later is unmasked by its neighbours), so this one check
+  // bounds every released sum.
   if (dp_ && dp_->distributed()) {
     const std::set<uint64_t> masked = sr->answered(SecureStage::kMaskedInput);
     if (masked.size() < dp_->minClients()) {
@@ -981,6 +997,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
       return false;
     }
   }
+  if (dp_ && dp_->distributed()) markRoundSpent();
   for (const SecureStage stage : {SecureStage::kSurvivors, SecureStage::kUnmask}) {
     if (active.empty()) break;
     if (runsStage(sr->params(), stage))
@@ -1001,14 +1018,6 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   }
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
   rec.secagg_wrong_shares = out.liars;
-  // (Checked before the unmask too; a signed round's survivors step may drop more.)
-  if (dp_ && dp_->distributed() && out.survivors.size() < dp_->minClients()) {
-    rec.reason = "distributed DP: the sum holds the noise of " +
-                 std::to_string(out.survivors.size()) +
-                 " clients, privacy.min_clients = " + std::to_string(dp_->minClients()) +
-                 " needed; the round is not applied";
-    return false;
-  }
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,
@@ -1037,6 +1046,19 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     return false;
   }
   return true;
+}
+
+void RoundEngine::markRoundSpent() {
+  // The last round's state with the next round past this one: a restart from it counts this round
+  // (epsilon is by round number) and does not run it again. The round's end overwrites it.
+  ++next_round_;
+  try {
+    saveCheckpoint();
+  } catch (...) {
+    --next_round_;
+    throw;
+  }
+  --next_round_;
 }
 
 // SCAFFOLD, option II: c += (1/N) sum over the clients whose update was accepted of

@@ -193,9 +193,11 @@ uint64_t secureDim(const compression::Compressor& compressor, const ParamLayout&
 std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConfig& s,
                                       uint64_t run_seed, const privacy::Key32& poisson_key,
                                       uint64_t round, size_t* target);
-// The most clients a round of this sampling can have when it says (a count, over-committed);
-// 1 when each round's own count decides (Poisson sampling, a fraction).
-uint64_t secureMaxClients(const SamplingConfig& s);
+// The most clients a round of this sampling can have when it says (a count, over-committed); with
+// Poisson sampling of a known `population` (under DP), its expected count and 7 standard deviations
+// (rarer rounds are not applied, with the reason); 1 when each round's own count decides
+// (Poisson sampling of an unknown population, a fraction).
+uint64_t secureMaxClients(const SamplingConfig& s, uint64_t population = 0);
 // The source id under which the engine merges a secure round's unmasked sum.
 inline constexpr uint64_t kSecureSource = ~uint64_t{0};
 
@@ -433,6 +435,10 @@ class RoundEngine {
   bool secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
                  size_t target, aggregation::PhaseAggregator& agg, RoundRecord& rec,
                  std::set<uint64_t>& failed);
+  // Under distributed DP, before a round's unmask: the checkpoint says the round is spent (the
+  // model as before it), so that a root that crashes after the unmask does not run the round again
+  // and release a second noisy sum the accountant does not count.
+  void markRoundSpent();
   void updateControl(const aggregation::PartialAggregate& phase0, size_t available, uint64_t round,
                      const std::vector<uint64_t>& counted);
 

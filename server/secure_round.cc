@@ -439,16 +439,16 @@ SecureRound::Outcome SecureRound::finish() {
   // The one bound the server can still check: each survivor clipped to C, so the sum's norm is
   // at most n C, plus each coordinate's rounding (at most n / scale), plus under distributed DP
   // the noise: n clients' discrete Gaussians, sub-Gaussian with sqrt(n) noise per value, whose
-  // norm is about sqrt(n d) noise; the check allows sqrt(n) noise (2 sqrt(d) + kNoiseTails), which
-  // a sum of honest clients passes but for a vanishing chance, and which still catches a gross
-  // cheat.
+  // norm is about sqrt(n d) noise; the check allows sqrt(n) noise (1.05 sqrt(d) + kNoiseTails)
+  // (Laurent and Massart's bound for a Gaussian vector at e^-72 needs sqrt(d) + 12), which a sum of
+  // honest clients passes but for a vanishing chance, and which still catches a gross cheat.
   const double n = static_cast<double>(out.survivors.size());
   double sq = 0.0;
   for (float v : out.sum) sq += static_cast<double>(v) * v;
   const double root_d = std::sqrt(static_cast<double>(params_.dim));
   const double bound = n * (params_.ring.clip + root_d / params_.ring.scale) +
                        std::sqrt(n) * params_.ring.noise *
-                           (2 * root_d + pv::RingSpec::kNoiseTails) / params_.ring.scale;
+                           (1.05 * root_d + pv::RingSpec::kNoiseTails) / params_.ring.scale;
   if (!(std::sqrt(sq) <= bound * (1 + 1e-6))) {
     out.reason = "secure aggregation: the unmasked sum's norm " + std::to_string(std::sqrt(sq)) +
                  " exceeds the survivors' count times the clip (" + std::to_string(bound) +

@@ -736,6 +736,10 @@ TEST_CASE("settings: privacy.dp = distributed runs under secure aggregation, acc
              Contains("privacy.min_clients = 30"));
   CHECK_THAT(refused(Program::kSim, with({"--privacy.accountant", "pld"})),
              Contains("privacy.accountant"));
+  // No per-client metrics in the clear: none by default, refused when asked.
+  CHECK(e.scheme.metrics.empty());
+  CHECK_THAT(refused(Program::kSim, with({"--aggregation.metrics", "train_loss"})),
+             Contains("takes no aggregation.metrics"));
   CHECK_THAT(
       refused(Program::kSim, {"--privacy.dp", "distributed", "--privacy.clip", "0.5",
                               "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.2"}),

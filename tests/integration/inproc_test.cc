@@ -1385,6 +1385,7 @@ TEST_CASE(
       ec.dp.noise_multiplier = 1;
       ec.dp.population = 6;
       ec.dp.min_clients = 3;
+      ec.scheme.metrics.clear();
     }
     f.root(ec);
     for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");

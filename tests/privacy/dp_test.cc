@@ -301,7 +301,7 @@ TEST_CASE("dp: the discrete Gaussian draws follow its distribution", "[privacy][
   KeyStream s(testing::testKey(1), 1, MaskStream::kNoise, 0);
   CHECK_THROWS_AS(discreteGaussian(s, 0.0), InvalidArgument);
   CHECK_THROWS_AS(discreteGaussian(s, double(NAN)), InvalidArgument);
-  CHECK_THROWS_AS(discreteGaussian(s, 0x1p41), InvalidArgument);
+  CHECK_THROWS_AS(discreteGaussian(s, 2 * kMaxClientNoise), InvalidArgument);
 }
 
 TEST_CASE(
@@ -314,7 +314,6 @@ TEST_CASE(
   const ClientDp dp(c, 0.1, 50, 1);  // 100 clients expected a round
   REQUIRE(dp.distributed());
   CHECK(dp.minClients() == 50);  // half of q N
-  CHECK(dp.clientNoise(1000.0) == Approx(1000.0 / std::sqrt(50.0)));
   // The noise is in the ring sum already: the root only divides by q N.
   std::vector<float> v{1.0f, -2.0f, 0.5f};
   dp.privatize(v, 40.0, dp.expectedWeight(), 1);
@@ -346,5 +345,4 @@ TEST_CASE(
   DpConfig many = c;
   many.min_clients = 101;
   CHECK_THROWS_MATCHING(ClientDp(many, 0.1, 50, 1), ConfigError, Contains("privacy.min_clients"));
-  CHECK_THROWS_AS(ClientDp(config(1.0, 1.0), 0.1, 50, 1).clientNoise(1.0), InvalidArgument);
 }
