@@ -66,6 +66,8 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
   rc.secagg_trust = client::loadSecAggTrust(
       c.secagg.threat == apps::SecAggThreat::kMaliciousServer, c.secagg.authority,
       c.net.insecure ? std::string() : c.net.key, c.client.id);
+  rc.secagg_trust.min_noise = c.secagg.min_noise;
+  rc.secagg_trust.validate(c.client.id);
   rc.validate();
 #if defined(STARLING_CLIENT_STATUS)
   ops::StatusConfig{c.status.listen, c.status.token_file}.validate();  // before the data loads

@@ -373,9 +373,11 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
         static_cast<uint64_t>(std::ceil(dp->q() * static_cast<double>(ec.rounds)));
     log.info(
         "distributed DP against this root, which knows who took part: epsilon {:.3f} for a "
-        "client in {} rounds (the expected count), {:.3f} in {} (docs/privacy.md)",
+        "client in {} rounds (the expected count), {:.3f} in {} (docs/privacy.md); clients may "
+        "hold the root to its noise with secagg.min_noise = {:.6g}",
         dp->epsilonKnownSample(expected), expected, dp->epsilonKnownSample(2 * expected),
-        2 * expected);
+        2 * expected,
+        dp->noiseMultiplier() / std::sqrt(static_cast<double>(dp->minClients())) * (1 - 1e-6));
   }
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;

@@ -391,6 +391,13 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
   o.add("secagg.authority", &s.secagg.authority,
         "secagg.threat = malicious-server: the federation authority's public key file "
         "(starling-keygen --new-authority; its .key_secret stays off the root)");
+  use(kClient);
+  o.add("secagg.min_noise", &s.secagg.min_noise,
+        "a client's floor under privacy.dp = distributed: it refuses a secure round that asks it "
+        "for less noise than this times its update's L2 sensitivity in the ring (the root's "
+        "noise multiplier over sqrt(privacy.min_clients), which the root logs); 0: any, including "
+        "none (docs/privacy.md)",
+        0, 1e6);
   use(kServer);
   o.add("privacy.seeded_noise", &s.privacy.seeded_noise,
         "privacy.dp at the root: draw the noise and the sample from the run seed (model.seed), "

@@ -132,6 +132,7 @@ struct Settings {
     double clip = 0.0;  // 0 under privacy.dp: privacy.clip
     SecAggThreat threat = SecAggThreat::kSemiHonest;
     std::string authority;  // the authority's public key file (malicious-server; deployed)
+    double min_noise = 0;   // a client's floor on distributed DP's noise (client::SecAggTrust)
   } secagg;
   struct Round {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits

@@ -13,6 +13,8 @@ namespace pr = starling::protocol;
 namespace pv = starling::privacy;
 
 void SecAggTrust::validate(uint64_t id) const {
+  if (!(std::isfinite(min_noise) && min_noise >= 0))
+    STARLING_THROW(ConfigError, "secagg.min_noise must be finite and >= 0, got ", min_noise);
   if (require_signed && !authority)
     STARLING_THROW(ConfigError,
                    "secagg.threat = malicious-server needs secagg.authority: the federation "
@@ -105,6 +107,16 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
     throw InputError(Errc::kNoCredential,
                      "secagg: a round with signed keys, and this client has no signing key or "
                      "no secagg.authority (docs/privacy.md)");
+  // Distributed DP: the noise this client adds is the root's to ask; its floor is the client's.
+  if (trust_.min_noise > 0) {
+    const double need = trust_.min_noise * m.params.ring.sensitivity();
+    if (!(m.params.ring.noise >= need * (1 - 1e-9)))
+      throw InputError(Errc::kTooLittleNoise,
+                       "secagg: a round asking for noise " + std::to_string(m.params.ring.noise) +
+                           " in its ring, below secagg.min_noise = " +
+                           std::to_string(trust_.min_noise) + " x the update's sensitivity (" +
+                           std::to_string(need) + "): this client adds at least that");
+  }
   if (trust_.require_signed && masked_ && m.params.round <= *masked_)
     throw InputError(Errc::kWrongRound,
                      "secagg: a setup of round " + std::to_string(m.params.round) +

@@ -56,6 +56,11 @@ struct SecAggTrust {
   bool require_signed = false;
   std::optional<privacy::Key32> authority;      // whose credentials it accepts
   std::optional<privacy::SecAggSigner> signer;  // its own signing key and credential
+  // secagg.min_noise (distributed DP, privacy/dp.h): the least noise this client adds, over its
+  // L2 sensitivity in the round's ring (RingSpec::sensitivity): a setup that asks for less (a
+  // root's noise multiplier over sqrt(min_clients) below it, or no noise) is refused
+  // (kTooLittleNoise). 0: any.
+  double min_noise = 0;
   // ConfigError when require_signed lacks the authority or the signer, or the signer's
   // credential is not the authority's for `id` (a key file certified for another id, or by
   // another authority).

@@ -95,6 +95,8 @@ const char* errcName(Errc c) {
       return "too few survivors";
     case Errc::kUnsignedRound:
       return "unsigned round";
+    case Errc::kTooLittleNoise:
+      return "too little noise";
     case Errc::kNoCredential:
       return "no credential";
     case Errc::kInconsistentSurvivors:

@@ -65,9 +65,11 @@ enum class Errc : uint8_t {
   // the connection (transport/)
   kPeerRoutingId,  // a connection whose ZeroMQ routing id its peer named (not the server's own)
   kRevoked,        // a client an operator revoked (starling-admin): nothing of it is taken
+  // distributed DP (privacy/dp.h)
+  kTooLittleNoise,  // a secure round asking a client for less noise than its secagg.min_noise
 };
 // The last code: per-code counters are sized by it (update when adding a code).
-inline constexpr Errc kLastErrc = Errc::kRevoked;
+inline constexpr Errc kLastErrc = Errc::kTooLittleNoise;
 
 const char* errcName(Errc c);
 // Its name as a label (metrics, JSON logs): blanks as underscores ("bad nonce" -> "bad_nonce").

@@ -750,6 +750,12 @@ TEST_CASE("settings: privacy.dp = distributed runs under secure aggregation, acc
              Contains("privacy.dp = distributed does not run through edge aggregators"));
   CHECK_THAT(refused(Program::kSim, {"--privacy.min_clients", "10"}),
              Contains("privacy.dp is off"));
+  // A client's floor on the noise it adds: the client's key, not the simulator's.
+  auto client = parse(Program::kClient, {"--secagg.min_noise", "0.3"});
+  REQUIRE(client.rc == -1);
+  CHECK(client.s.secagg.min_noise == 0.3);
+  CHECK(parse(Program::kSim, {"--secagg.min_noise", "0.3"}).rc == 2);
+  CHECK(parse(Program::kClient, {"--secagg.min_noise", "-1"}).rc == 2);
   CHECK_THAT(refused(Program::kSim, {"--privacy.dp", "central", "--privacy.clip", "0.5",
                                      "--privacy.noise_multiplier", "1", "--sampling.poisson_rate",
                                      "0.2", "--privacy.min_clients", "10"}),

@@ -233,6 +233,19 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual([r["clients_completed"] for r in m], [3, 3])
         self.assertAlmostEqual(m[0]["train_loss"], 2.0, places=9)
 
+    def test_a_python_clients_floor_on_distributed_dp_noise_is_checked_before_it_connects(self):
+        # secagg_min_noise (the C++ client's secagg.min_noise): a number >= 0, checked when the
+        # client is built; the protocol's refusal of a round asking for less is the runtime's
+        # (test_server [ddg]).
+        port = free_port()
+        starling.Client(Shifter(1, 1, 1), num_examples=1,
+                        **self.fed.client_kwargs(port, 0, secagg_min_noise=0.3))
+        for bad in (-1.0, float("nan")):
+            with self.assertRaises(starling.ConfigError) as got:
+                starling.Client(Shifter(1, 1, 1), num_examples=1,
+                                **self.fed.client_kwargs(port, 0, secagg_min_noise=bad))
+            self.assertIn("secagg.min_noise", str(got.exception))
+
     def test_the_servers_compressor_and_error_feedback_apply_to_a_python_client(self):
         # Top-k with error feedback, one client adding 1 to every parameter each round. Round 1
         # sends k of the 15 ones; round 2's delta is 1 everywhere plus the residual (1 where

@@ -1517,3 +1517,47 @@ TEST_CASE(
             privacy::DdgAccountant(1.0, 1.0, privacy::ddgTau(privacy::kMinClientNoise, 20), n, 1e-5)
                 .epsilon(2)));
 }
+
+TEST_CASE(
+    "distributed DP: a client's secagg.min_noise holds the root to its noise: less, or none, is "
+    "refused",
+    "[secagg][ddg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  // The root asks each client for z / sqrt(m) = 1 / sqrt(10) of its sensitivity.
+  const double asked = 1.0 / std::sqrt(10.0);
+  const auto runWith = [&](double floor, bool dp) {
+    SecureFleet fleet(l, 20, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [floor](uint64_t) {
+      client::SecAggTrust t;
+      t.min_noise = floor;
+      return t;
+    };
+    server::EngineConfig c = dp ? distributedConfig(20, 1.0, 1.0, 10) : secureConfig(20, 1.0);
+    server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    return std::make_pair(rec, fleet.client_refused);
+  };
+  {
+    const auto [rec, refused] = runWith(asked * (1 - 1e-6), true);
+    CHECK(rec.applied);
+    CHECK(refused.empty());
+  }
+  {
+    // A root that asks for 60% of what its clients hold it to: every client refuses at the setup.
+    const auto [rec, refused] = runWith(asked / 0.6, true);
+    CHECK_FALSE(rec.applied);
+    REQUIRE(refused.size() == 20);
+    for (const auto& [c, code] : refused) CHECK(code == Errc::kTooLittleNoise);
+  }
+  {
+    // A round without distributed DP asks for no noise: refused by a client that wants some.
+    const auto [rec, refused] = runWith(0.01, false);
+    CHECK_FALSE(rec.applied);
+    REQUIRE(refused.size() == 20);
+    for (const auto& [c, code] : refused) CHECK(code == Errc::kTooLittleNoise);
+  }
+  client::SecAggTrust bad;
+  bad.min_noise = -1;
+  CHECK_THROWS_AS(bad.validate(1), ConfigError);
+}
