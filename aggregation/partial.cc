@@ -99,6 +99,15 @@ std::vector<std::span<const float>> PartialAggregate::factorSums() const {
   return out;
 }
 
+void PartialAggregate::addMetric(std::string_view name, double value, double weight) {
+  const auto i = layout_->metricIndex(name);
+  STARLING_CHECK_ARG(i.has_value(), "aggregation: no metric '", name, "' in this layout");
+  STARLING_CHECK_ARG(std::isfinite(value) && std::isfinite(weight) && weight >= 0,
+                     "aggregation: metric '", name, "' of ", value, " with weight ", weight);
+  buf_[layout_->metricOffset(*i)] += static_cast<float>(weight * value);
+  buf_[layout_->metricOffset(*i) + 1] += static_cast<float>(weight);
+}
+
 void PartialAggregate::addValidated(const UpdateView& u, double weight, double scale) {
   const AggregateLayout& L = *layout_;
   const ParamLayout& m = L.model();

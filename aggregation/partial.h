@@ -135,6 +135,9 @@ class PartialAggregate {
   // tensor, what memory safety needs (tensor count, factor slots), and throws InvalidArgument
   // before changing anything if that fails.
   void addValidated(const UpdateView& u, double weight, double scale = 1.0);
+  // Adds `value` with `weight` to the declared metric `name`'s slot (the server's own metrics:
+  // adaptive clipping's count). InvalidArgument for a name the layout does not declare.
+  void addMetric(std::string_view name, double value, double weight);
 
   // Adds everything `other` holds. Throws InvalidArgument if it has another layout tag.
   void merge(const PartialAggregate& other);

@@ -1,5 +1,6 @@
 #include "aggregation/round_scheme.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <unordered_map>
@@ -95,6 +96,7 @@ PhaseAggregator::PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, Ro
     : scheme_(scheme),
       broadcast_(std::move(b)),
       partial_(scheme.aggregateLayout(broadcast_)),
+      clip_(scheme.rule_->clipNorm()),
       robust_(robust),
       allowed_(allowed) {}
 
@@ -164,12 +166,16 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
   if (!(norm <= bounds.max_update_norm))
     failInput(Errc::kNormTooLarge, "client ", h.client_id, ": update norm ", norm,
               " exceeds the bound ", bounds.max_update_norm);
-  for (const auto& m : u.metrics)
+  for (const auto& m : u.metrics) {
     if (!(std::fabs(m.value) <= bounds.max_metric_abs))
       failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name, "' = ", m.value,
                 " exceeds the bound ", bounds.max_metric_abs);
+    if (!scheme_.opt_.clip_indicator.empty() && m.name == scheme_.opt_.clip_indicator)
+      failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name,
+                "' is the server's own (adaptive clipping's count)");
+  }
   checkControl(u.control, 1.0, "client", h.client_id);
-  const double clip = scheme_.rule_->clipNorm();
+  const double clip = clip_;
   // The clip, then the staleness weight of an asynchronous update (1 in a synchronous round).
   const double scale = ((clip > 0 && norm > clip) ? clip / norm : 1.0) * staleness;
 
@@ -193,6 +199,9 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
       e.phases |= 1u << h.phase;
     }
     partial_.addValidated(u, weight, scale);
+    if (!scheme_.opt_.clip_indicator.empty())
+      partial_.addMetric(scheme_.opt_.clip_indicator, (clip > 0 && norm > clip) ? 0.0 : 1.0,
+                         weight);
   } catch (...) {
     seen_.erase(h.client_id);
     if (created) robust_->clients.erase(h.client_id);
@@ -337,6 +346,10 @@ RoundScheme::RoundScheme(std::shared_ptr<const ParamLayout> layout, RoundSchemeO
   STARLING_CHECK_ARG(layout_ != nullptr && !layout_->empty(),
                      "round scheme: the model layout is empty");
   opt_.bounds.validate();
+  if (!opt_.clip_indicator.empty() && std::find(opt_.metrics.begin(), opt_.metrics.end(),
+                                                opt_.clip_indicator) != opt_.metrics.end())
+    STARLING_THROW(ConfigError, "round scheme: metric '", opt_.clip_indicator,
+                   "' is the clip indicator, which clients do not send");
   for (size_t i = 0; i < opt_.metrics.size(); ++i) {
     const auto& n = opt_.metrics[i];
     if (n.empty() || n.size() > 64)
@@ -357,7 +370,9 @@ RoundCarry RoundScheme::initialCarry() const {
 }
 
 std::shared_ptr<const AggregateLayout> RoundScheme::aggregateLayout(const PhaseBroadcast& b) const {
-  return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, opt_.metrics,
+  std::vector<std::string> metrics = opt_.metrics;
+  if (!opt_.clip_indicator.empty()) metrics.push_back(opt_.clip_indicator);
+  return std::make_shared<const AggregateLayout>(layout_, b.round, b.phase, b.shared, metrics,
                                                  opt_.scaffold && b.phase == 0);
 }
 
@@ -431,6 +446,15 @@ void Round::nextPhase() {
   if (next.any()) b.shared = std::make_shared<const cz::SharedFactors>(std::move(next));
   phases_.push_back(std::unique_ptr<PhaseAggregator>(
       new PhaseAggregator(scheme_, std::move(b), robust_.get(), &cur.clients())));
+  if (clip_ > 0) phases_.back()->clip_ = clip_;
+}
+
+void Round::setClip(double clip) {
+  STARLING_CHECK_ARG(std::isfinite(clip) && clip > 0, "round ", number_, ": a clip of ", clip);
+  STARLING_CHECK_ARG(current().partial().empty(), "round ", number_,
+                     ": the clip is set before any update is added");
+  clip_ = clip;
+  current().clip_ = clip;
 }
 
 RoundResult Round::finish() {

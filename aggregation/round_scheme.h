@@ -56,6 +56,11 @@ struct RoundSchemeOptions {
   // for the server's c += sum / N. Every party of a federation must agree (the partials' tags
   // differ otherwise).
   bool scaffold = false;
+  // Adaptive clipping (privacy/dp.h): the name of a metric slot each aggregation point fills
+  // itself, 1 for an update within the round's clip and 0 for one it clipped, so that the slot's
+  // sum counts the unclipped updates across workers. Clients are not asked for it, and one that
+  // sends it is refused (kBadMetric). Empty: none.
+  std::string clip_indicator;
 };
 
 // What a round hands to the next: the shared factors of the next round's first phase (empty for
@@ -143,6 +148,7 @@ class PhaseAggregator {
   const RoundScheme& scheme_;
   PhaseBroadcast broadcast_;
   PartialAggregate partial_;
+  double clip_;  // the rule's, or the round's (Round::setClip)
   RobustStore* robust_;
   const std::unordered_set<uint64_t>* allowed_;
   std::unordered_set<uint64_t> seen_, sources_;
@@ -208,6 +214,9 @@ class Round {
   const PhaseAggregator& current() const { return *phases_.back(); }
   // Every phase so far, for logs and metrics (accepted clients, per-code rejections).
   size_t phasesStarted() const { return phases_.size(); }
+  // This round's clip, in place of the rule's (adaptive clipping: privacy/dp.h), for the current
+  // phase and the next ones; before any update is added. InvalidArgument unless finite and > 0.
+  void setClip(double clip);
   const PhaseAggregator& phaseAt(size_t p) const { return *phases_.at(p); }
 
   // Ends the current phase, which must not be the last, and starts the next with the shared
@@ -226,6 +235,7 @@ class Round {
   uint64_t number_;
   std::unique_ptr<PhaseAggregator::RobustStore> robust_;
   std::vector<std::unique_ptr<PhaseAggregator>> phases_;
+  double clip_ = 0.0;  // setClip's, 0: the rule's
 };
 
 }  // namespace starling::aggregation

@@ -44,6 +44,10 @@ inline server::EngineConfig engineConfig(const Settings& s) {
     e.dp.mechanism = s.privacy.dp == DpMode::kDistributed ? privacy::DpMechanism::kDistributed
                                                           : privacy::DpMechanism::kCentral;
     e.dp.min_clients = s.privacy.min_clients;
+    e.dp.adaptive_clip = s.privacy.adaptive_clip;
+    e.dp.target_quantile = s.privacy.target_quantile;
+    e.dp.clip_lr = s.privacy.clip_lr;
+    e.dp.count_noise = s.privacy.clip_count_noise;
     e.dp.clip = s.privacy.clip;
     e.dp.noise_multiplier = s.privacy.noise_multiplier;
     e.dp.target_epsilon = s.privacy.target_epsilon;

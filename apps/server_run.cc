@@ -367,6 +367,12 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
                        std::to_string(dp->minClients()) + " clients' noise"
              : dp->config().seeded_noise ? " | seeded noise: anyone with model.seed can remove it"
                                          : "");
+  if (const privacy::ClientDp* dp = engine.dp(); dp && dp->config().adaptive_clip)
+    log.info(
+        "adaptive clipping: the clip ({:.4g} now) follows the {} quantile of the update norms, "
+        "steps of {}; the count's noise {:.4g}, the sum's noise multiplier {:.4f}",
+        dp->clip(), dp->config().target_quantile, dp->config().clip_lr, dp->countNoise(),
+        dp->sumNoiseMultiplier());
   if (const privacy::ClientDp* dp = engine.dp(); dp && dp->distributed()) {
     // The epsilon above is against the models' recipients; the root drew the sample.
     const auto expected =

@@ -338,8 +338,23 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "least 3)",
         0, uint64_t{1} << 40);
   o.add("privacy.clip", &s.privacy.clip,
-        "privacy.dp: the L2 norm every update is clipped to (the root clips what it decodes)", 0,
-        1e30);
+        "privacy.dp: the L2 norm every update is clipped to (the root clips what it decodes); "
+        "with privacy.adaptive_clip, the first round's",
+        0, 1e30);
+  o.add("privacy.adaptive_clip", &s.privacy.adaptive_clip,
+        "privacy.dp = central: the clip follows privacy.target_quantile of the update norms "
+        "(Andrew et al. 2021): each round the root counts the updates within its clip, adds "
+        "noise to the count, and moves the clip by privacy.clip_lr; part of the noise budget "
+        "goes to the count (docs/privacy.md); not under secagg.enabled");
+  o.add("privacy.target_quantile", &s.privacy.target_quantile,
+        "privacy.adaptive_clip: the quantile of the update norms the clip follows", 1e-6, 1 - 1e-6);
+  o.add("privacy.clip_lr", &s.privacy.clip_lr,
+        "privacy.adaptive_clip: the clip's geometric step (C <- C exp(-clip_lr (b - quantile)))",
+        1e-6, 10);
+  o.add("privacy.clip_count_noise", &s.privacy.clip_count_noise,
+        "privacy.adaptive_clip: the count's noise standard deviation (0: sampling.poisson_rate x "
+        "data.num_clients / 20); it must exceed half the noise multiplier",
+        0, 1e12);
   o.add("privacy.noise_multiplier", &s.privacy.noise_multiplier,
         "privacy.dp: the noise's standard deviation over privacy.clip (0: the smallest that keeps "
         "privacy.target_epsilon over train.rounds)",
@@ -659,9 +674,10 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      "leave aggregation.rule out (it is ",
                      s.aggregation.rule, ")");
   } else if (self != kClient) {
-    for (const char* k :
-         {"privacy.clip", "privacy.noise_multiplier", "privacy.target_epsilon", "privacy.delta",
-          "privacy.seeded_noise", "privacy.accountant", "privacy.min_clients"})
+    for (const char* k : {"privacy.clip", "privacy.noise_multiplier", "privacy.target_epsilon",
+                          "privacy.delta", "privacy.seeded_noise", "privacy.accountant",
+                          "privacy.min_clients", "privacy.adaptive_clip", "privacy.target_quantile",
+                          "privacy.clip_lr", "privacy.clip_count_noise"})
       if (o.given(k))
         STARLING_THROW(ConfigError, k,
                        " is set but privacy.dp is off: set privacy.dp = central or distributed "
@@ -690,6 +706,13 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
                      "privacy.dp = distributed takes no compression.diagnostics: they are "
                      "per-client metrics in the clear");
   }
+  if (self != kClient && !s.privacy.adaptive_clip)
+    for (const char* k : {"privacy.target_quantile", "privacy.clip_lr", "privacy.clip_count_noise"})
+      if (o.given(k))
+        STARLING_THROW(ConfigError, k,
+                       " is set but privacy.adaptive_clip is not: set privacy.adaptive_clip = "
+                       "true (or leave ",
+                       k, " out)");
   if (self != kClient && s.privacy.dp == DpMode::kCentral && o.given("privacy.min_clients"))
     STARLING_THROW(ConfigError,
                    "privacy.min_clients is set but privacy.dp is central: it is the fewest "

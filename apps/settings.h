@@ -122,8 +122,10 @@ struct Settings {
     DpMode dp = DpMode::kOff;
     DpAccountantKind accountant = DpAccountantKind::kPld;
     double clip = 0.0, noise_multiplier = 0.0, target_epsilon = 0.0, delta = 1e-5;
-    bool seeded_noise = false;  // the root's; a simulation's noise is always seeded
-    uint64_t min_clients = 0;   // distributed: 0 derives it (privacy::DpConfig)
+    bool seeded_noise = false;   // the root's; a simulation's noise is always seeded
+    uint64_t min_clients = 0;    // distributed: 0 derives it (privacy::DpConfig)
+    bool adaptive_clip = false;  // central: the clip follows a quantile (privacy::DpConfig)
+    double target_quantile = 0.5, clip_lr = 0.2, clip_count_noise = 0.0;
   } privacy;
   // Secure aggregation (SecAgg+; server/secure_round.h): synchronous rounds of the simulator.
   struct SecAgg {

@@ -466,6 +466,11 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
         dp->distributed() ? "distributed" : "central", dp->config().clip, dp->noiseMultiplier(),
         dp->epsilon(ec.rounds), static_cast<unsigned long long>(ec.rounds), dp->config().delta,
         dp->distributed() ? ", each client's in the ring" : "");
+  if (const privacy::ClientDp* dp = engine.dp(); lead && dp && dp->config().adaptive_clip)
+    say("adaptive clipping: the clip (%.4g now) follows the %g quantile of the update norms, "
+        "steps of %g; the count's noise %.4g, the sum's noise multiplier %.4f\n",
+        dp->clip(), dp->config().target_quantile, dp->config().clip_lr, dp->countNoise(),
+        dp->sumNoiseMultiplier());
   if (const privacy::ClientDp* dp = engine.dp(); lead && dp && dp->distributed()) {
     const auto expected =
         static_cast<unsigned long long>(std::ceil(dp->q() * static_cast<double>(ec.rounds)));

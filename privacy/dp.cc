@@ -32,6 +32,20 @@ void DpConfig::validate() const {
                    "privacy.dp = distributed is accounted by its own RDP bound (the sum of "
                    "clients' discrete Gaussians, subsampled): privacy.accountant = pld is not "
                    "built for it; leave privacy.accountant out or set it to rdp");
+  if (adaptive_clip) {
+    if (mechanism == DpMechanism::kDistributed)
+      STARLING_THROW(ConfigError,
+                     "privacy.adaptive_clip needs privacy.dp = central: the root counts the "
+                     "updates within the clip, which under distributed DP it cannot see");
+    if (!(target_quantile > 0 && target_quantile < 1))
+      STARLING_THROW(ConfigError, "privacy.target_quantile must be in (0, 1), got ",
+                     target_quantile);
+    if (!(std::isfinite(clip_lr) && clip_lr > 0))
+      STARLING_THROW(ConfigError, "privacy.clip_lr must be finite and > 0, got ", clip_lr);
+    if (!(std::isfinite(count_noise) && count_noise >= 0))
+      STARLING_THROW(ConfigError, "privacy.clip_count_noise must be finite and >= 0, got ",
+                     count_noise);
+  }
   if (mechanism == DpMechanism::kCentral && min_clients != 0)
     STARLING_THROW(ConfigError,
                    "privacy.min_clients is set but privacy.dp is central: it is the fewest "
@@ -126,6 +140,20 @@ ClientDp::ClientDp(const DpConfig& config, double q, uint64_t rounds, uint64_t r
       q_(q),
       sigma_(resolveSigma(config, q, rounds)),
       min_clients_(resolveMinClients(config, q)) {
+  sigma_sum_ = sigma_;
+  clip_ = config_.clip;
+  if (config_.adaptive_clip) {
+    count_noise_ = config_.count_noise > 0 ? config_.count_noise
+                                           : q_ * static_cast<double>(config_.population) / 20;
+    const double rest = 1 / (sigma_ * sigma_) - 1 / (4 * count_noise_ * count_noise_);
+    if (!(rest > 0))
+      STARLING_THROW(ConfigError, "privacy.adaptive_clip: the count's noise ", count_noise_,
+                     " must exceed half the noise multiplier ", sigma_,
+                     " (2 count_noise > z), or the count would take the whole budget; raise "
+                     "privacy.clip_count_noise (default q N / 20 = ",
+                     q_ * static_cast<double>(config_.population) / 20, ")");
+    sigma_sum_ = 1 / std::sqrt(rest);
+  }
   if (distributed())
     ddg_.emplace(q_, sigma_, ddgTau(kMinClientNoise, config_.population),
                  config_.dim != 0 ? config_.dim : kMaxDdgDim, config_.delta);
@@ -143,6 +171,27 @@ double ClientDp::epsilon(uint64_t rounds) const {
 double ClientDp::epsilonKnownSample(uint64_t participations) const {
   STARLING_CHECK_ARG(ddg_.has_value(), "epsilonKnownSample: distributed DP only");
   return ddg_->epsilonKnownSample(participations);
+}
+
+void ClientDp::setClip(double clip) {
+  STARLING_CHECK_ARG(std::isfinite(clip) && clip > 0, "DP: a clip of ", clip);
+  clip_ = clip;
+}
+
+double ClientDp::adaptClip(double unclipped, double count, uint64_t round) {
+  STARLING_CHECK_ARG(config_.adaptive_clip, "adaptClip without privacy.adaptive_clip");
+  STARLING_CHECK_ARG(std::isfinite(unclipped) && std::isfinite(count) && unclipped >= 0 &&
+                         unclipped <= count + 1e-3,
+                     "adaptClip: ", unclipped, " of ", count, " updates within the clip");
+  // Index 1 of the round's noise stream: the sum's draws are index 0.
+  KeyStream s(key_, round, MaskStream::kNoise, 1);
+  const double noised = unclipped - count / 2 + count_noise_ * standardNormal(s);
+  const double b = noised / expectedWeight() + 0.5;
+  clip_ *= std::exp(-config_.clip_lr * (b - config_.target_quantile));
+  // A clip that underflows or overflows would end the run's learning or its privacy: kept within
+  // [1e-30, 1e30] (reached only after thousands of rounds at the default step).
+  clip_ = std::clamp(clip_, 1e-30, 1e30);
+  return clip_;
 }
 
 uint64_t ClientDp::resolveMinClients(const DpConfig& c, double q) {
@@ -166,7 +215,7 @@ void ClientDp::privatize(std::span<float> mean, double total_weight, double expe
     return;
   }
   KeyStream s(key_, round, MaskStream::kNoise, 0);
-  const double sd = sigma_ * config_.clip;
+  const double sd = sigma_sum_ * clip_;
   for (float& x : mean)
     x = static_cast<float>((static_cast<double>(x) * total_weight + sd * standardNormal(s)) /
                            expected_weight);

@@ -88,9 +88,23 @@ struct DpConfig {
   // Distributed: the values of each noised sum (the model's size); 0 until known (kMaxDdgDim then
   // bounds it).
   uint64_t dim = 0;
+  // Adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021), central only: the clip
+  // starts at `clip` and follows the target_quantile of the update norms. Each round the root
+  // counts the updates within the round's clip C_t (b_i = 1) and releases
+  //   b = (sum (b_i - 1/2) + N(0, count_noise^2)) / (q N) + 1/2,
+  // then C_{t+1} = C_t exp(-clip_lr (b - target_quantile)). The count's sensitivity is 1/2, so
+  // the round is a Gaussian mechanism of noise multiplier z for (sum, count) together when the
+  // sum's noise multiplier is (z^-2 - (2 count_noise)^-2)^(-1/2): the accountant's z is the
+  // configured (or derived) one, and the sum takes a little more noise.
+  bool adaptive_clip = false;
+  double target_quantile = 0.5;  // gamma in (0, 1)
+  double clip_lr = 0.2;          // eta_C > 0 (geometric steps)
+  double count_noise = 0;        // sigma_b; 0: q N / 20, the paper's choice
   // ConfigError naming the privacy.* key: C not positive, a negative or non-finite sigma or
   // target, no noise at all (epsilon would be infinite), delta outside (0, 1), no population;
-  // distributed DP with the PLD accountant (its accountant is its own RDP bound).
+  // distributed DP with the PLD accountant (its accountant is its own RDP bound); adaptive
+  // clipping under distributed DP, or with a quantile outside (0, 1), a clip_lr not positive, a
+  // count_noise negative.
   void validate() const;
 };
 
@@ -133,6 +147,16 @@ class ClientDp {
   bool distributed() const { return config_.mechanism == DpMechanism::kDistributed; }
   // Distributed: the fewest clients whose noise an applied round holds (config's, or resolved).
   uint64_t minClients() const { return min_clients_; }
+  // The clip of the next round: config().clip, or adaptive clipping's current one.
+  double clip() const { return clip_; }
+  void setClip(double clip);  // a resumed run's (checkpoint); InvalidArgument unless > 0, finite
+  // The sum's noise multiplier: noiseMultiplier(), or with adaptive clipping the part of it the
+  // sum takes, (z^-2 - (2 count_noise)^-2)^(-1/2).
+  double sumNoiseMultiplier() const { return sigma_sum_; }
+  double countNoise() const { return count_noise_; }
+  // Adaptive clipping after an applied round `round` whose sum held `count` updates, `unclipped`
+  // of them within its clip: the noised quantile estimate, and the next clip (returned).
+  double adaptClip(double unclipped, double count, uint64_t round);
   // The min_clients a configuration resolves to at rate q (distributed; 0 for central).
   static uint64_t resolveMinClients(const DpConfig& config, double q);
   // `mean` (the clipped updates' uniform mean, total weight `total_weight`, i.e. their count)
@@ -148,6 +172,7 @@ class ClientDp {
  private:
   DpConfig config_;
   double q_ = 0.0, sigma_ = 0.0;
+  double sigma_sum_ = 0.0, count_noise_ = 0.0, clip_ = 0.0;
   uint64_t min_clients_ = 0;
   std::optional<PldAccountant> pld_;  // the accountant, one of the three
   std::optional<RdpAccountant> rdp_;

@@ -137,8 +137,8 @@ void EngineConfig::validate() const {
     for (const char* fixed :
          {"round", "applied", "reason", "clients_selected", "clients_completed", "clients_failed",
           "updates_rejected", "uplink_bytes", "downlink_bytes", "model_version", "test_accuracy",
-          "test_loss", "sim_seconds", "makespan_seconds", "dp_epsilon", "wall_seconds",
-          "secagg_wrong_shares"})
+          "test_loss", "sim_seconds", "makespan_seconds", "dp_epsilon", "dp_clip", "wall_seconds",
+          "secagg_wrong_shares", kClipIndicator})
       if (m == fixed)
         STARLING_THROW(ConfigError, "metric name '", m, "' is a key of the round record already");
     if (std::find(std::begin(kStageKeys), std::end(kStageKeys), m) != std::end(kStageKeys))
@@ -158,6 +158,10 @@ void EngineConfig::validate() const {
                    "privacy.dp = distributed has each client add its noise in secure "
                    "aggregation's ring: it needs secagg.enabled (without it, use privacy.dp = "
                    "central)");
+  if (dp.enabled && dp.adaptive_clip && secagg.enabled)
+    STARLING_THROW(ConfigError,
+                   "privacy.adaptive_clip does not run under secagg.enabled yet: the clients clip "
+                   "to secagg.clip before masking, and the root cannot count who was within it");
   if (dp.enabled && dp.mechanism == privacy::DpMechanism::kDistributed && !scheme.metrics.empty())
     STARLING_THROW(ConfigError, "privacy.dp = distributed takes no declared metrics (",
                    scheme.metrics.front(),
@@ -230,6 +234,12 @@ void EngineConfig::validate() const {
                   privacy::ClientDp::resolveMinClients(dp, sampling.poisson_rate)};
     sc.validate(secureMaxClients(sampling, dp.enabled ? dp.population : 0), 1);
   }
+}
+
+aggregation::RoundSchemeOptions withClipIndicator(const EngineConfig& c) {
+  aggregation::RoundSchemeOptions o = c.scheme;
+  if (c.dp.enabled && c.dp.adaptive_clip) o.clip_indicator = kClipIndicator;
+  return o;
 }
 
 uint64_t secureMaxClients(const SamplingConfig& s, uint64_t population) {
@@ -334,6 +344,7 @@ std::string RoundRecord::json() const {
   for (size_t i = 0; i < stage_seconds.size() && i < kStages; ++i)
     jsonNumber(o, kStageKeys[i], stage_seconds[i]);
   if (dp_epsilon) jsonNumber(o, "dp_epsilon", *dp_epsilon);
+  if (dp_clip) jsonNumber(o, "dp_clip", *dp_clip);
   if (!secagg_wrong_shares.empty()) {
     o << ",\"secagg_wrong_shares\":[";
     for (size_t i = 0; i < secagg_wrong_shares.size(); ++i)
@@ -349,7 +360,7 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
                          std::vector<float> initial)
     : layout_(std::move(layout)),
       config_((config.validate(), std::move(config))),
-      scheme_(layout_, config_.scheme),
+      scheme_(layout_, withClipIndicator(config_)),
       model_(ModelStore::forDownlink(layout_, config_.downlink, config_.delta_history,
                                      config_.downlink_density)),
       carry_(scheme_.initialCarry()) {
@@ -414,12 +425,15 @@ void RoundEngine::saveCheckpoint() const {
   model_.writeRefreshes(w);
   // Format 7: DP's accounting, (q, sigma, delta) of every round so far (a flag 0 without, 1
   // central, 2 distributed).
-  w.u8(dp_ ? (dp_->distributed() ? 2 : 1) : 0);
+  // Bit 4: adaptive clipping, the next round's clip after them.
+  const bool adaptive = dp_ && dp_->config().adaptive_clip;
+  w.u8(static_cast<uint8_t>((dp_ ? (dp_->distributed() ? 2 : 1) : 0) | (adaptive ? 4 : 0)));
   if (dp_) {
     w.f64(dp_->q());
     w.f64(dp_->noiseMultiplier());
     w.f64(dp_->config().delta);
   }
+  if (adaptive) w.f64(dp_->clip());
   writeFramed(config_.checkpoint, kCheckpointFile, bytes);
 }
 
@@ -547,10 +561,17 @@ void RoundEngine::loadCheckpoint() {
       format >= 6 ? ModelStore::readRefreshes(r) : std::vector<uint8_t>();
   std::optional<std::array<double, 3>> accounted;  // its rounds' (q, sigma, delta)
   uint8_t flag = 0;                                // 1: central DP, 2: distributed
+  std::optional<double> adaptive_clip;             // the next round's, under adaptive clipping
   if (format >= 7) {
     flag = r.u8();
-    if (flag > 2) r.fail("the DP flag is ", static_cast<int>(flag));
-    if (flag) accounted = std::array<double, 3>{r.f64(), r.f64(), r.f64()};
+    if ((flag & 3) > 2 || flag > 6 || flag == 4) r.fail("the DP flag is ", static_cast<int>(flag));
+    if (flag & 3) accounted = std::array<double, 3>{r.f64(), r.f64(), r.f64()};
+    if (flag & 4) {
+      adaptive_clip = r.f64();
+      if (!(std::isfinite(*adaptive_clip) && *adaptive_clip > 0))
+        r.fail("adaptive clipping's clip is ", *adaptive_clip);
+    }
+    flag &= 3;
   }
   r.finish();
   // Epsilon in the records assumes every round so far ran with this run's (q, sigma, delta).
@@ -581,6 +602,11 @@ void RoundEngine::loadCheckpoint() {
              ": resume with the same sampling.poisson_rate, privacy.* and train.rounds (a "
              "noise multiplier derived from a target depends on the rounds)");
   }
+  if (dp_ && dp_->config().adaptive_clip != adaptive_clip.has_value())
+    r.fail(adaptive_clip
+               ? "its rounds adapted their clip (privacy.adaptive_clip): resume with it"
+               : "its rounds ran with a fixed clip: resume without privacy.adaptive_clip");
+  if (dp_ && adaptive_clip) dp_->setClip(*adaptive_clip);  // where the last round left it
   if (control.size() != control_.size()) {
     if (format < 4)
       r.fail("it was written by an older build (format ", format,
@@ -790,6 +816,10 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
       fitTaskHeader(scheme_, rec.round, model_.version(), config_.fit, config_.round_deadline_ms);
 
   auto round = scheme_.begin(rec.round, carry_);
+  if (dp_ && dp_->config().adaptive_clip) {
+    round->setClip(dp_->clip());
+    rec.dp_clip = dp_->clip();
+  }
   std::set<uint64_t> failed;
   std::vector<uint64_t>
       counted;  // phase 0's accepted clients: their control changes are in the sum
@@ -839,7 +869,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   if (auto it = result.metrics.find("train_loss"); it != result.metrics.end())
     rec.train_loss = it->second;
   for (const auto& [name, value] : result.metrics)
-    if (name != "train_loss") rec.metrics[name] = value;
+    if (name != "train_loss" && name != kClipIndicator) rec.metrics[name] = value;
   const ag::RoundDecision d = ag::decideRound(
       config_.completion, result.count,
       rec.clients_selected - std::min<uint64_t>(result.count, rec.clients_selected));
@@ -848,6 +878,14 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return finishRecord();
   }
   if (dp_) dp_->privatize(result.delta, result.total_weight, dp_->expectedWeight(), rec.round);
+  if (dp_ && dp_->config().adaptive_clip) {
+    // The count of updates within this round's clip: the indicator's mean over the round's
+    // updates (each weighs 1), released with its noise only.
+    const auto it = result.metrics.find(kClipIndicator);
+    const double within =
+        it == result.metrics.end() ? 0.0 : it->second * static_cast<double>(result.count);
+    dp_->adaptClip(std::round(within), static_cast<double>(result.count), rec.round);
+  }
   std::vector<float> next(model_.server().begin(), model_.server().end());
   const size_t shard_n = shard_end_ - shard_begin_;
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),

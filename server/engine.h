@@ -198,6 +198,12 @@ std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConf
 // (rarer rounds are not applied, with the reason); 1 when each round's own count decides
 // (Poisson sampling of an unknown population, a fraction).
 uint64_t secureMaxClients(const SamplingConfig& s, uint64_t population = 0);
+// The round scheme's options of `c`: its scheme's, with adaptive clipping's indicator under
+// privacy.adaptive_clip.
+aggregation::RoundSchemeOptions withClipIndicator(const EngineConfig& c);
+// Adaptive clipping's count (aggregation::RoundSchemeOptions::clip_indicator): a reserved metric
+// name, never in a round record.
+inline constexpr const char* kClipIndicator = "dp_within_clip";
 // The source id under which the engine merges a secure round's unmasked sum.
 inline constexpr uint64_t kSecureSource = ~uint64_t{0};
 
@@ -368,6 +374,7 @@ struct RoundRecord {
   std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
   std::vector<double> stage_seconds;  // simulated fleets only: kStageKeys, summed over the phases
   std::optional<double> dp_epsilon;   // central DP: epsilon spent after this round (all so far)
+  std::optional<double> dp_clip;      // adaptive clipping: the clip this round used
   // Secure aggregation: the clients whose revealed share was wrong and decoded around (each the
   // revealer or the secret's owner, which dealt it; their updates are in the sum). In the JSON
   // line when there are some.

@@ -224,7 +224,10 @@ void FleetMetrics::roundRecorded(const RoundRecord& rec) {
   if (rec.train_loss)
     r.gauge("starling_train_loss", "The last round's mean training loss.").set(*rec.train_loss);
   if (rec.dp_epsilon)
-    r.gauge("starling_dp_epsilon", "Central DP: the epsilon spent so far.").set(*rec.dp_epsilon);
+    r.gauge("starling_dp_epsilon", "DP: the epsilon spent so far (against the models' recipients).")
+        .set(*rec.dp_epsilon);
+  if (rec.dp_clip)
+    r.gauge("starling_dp_clip", "Adaptive clipping: the clip of the last round.").set(*rec.dp_clip);
   for (const char* stat : {"mean", "max"}) {
     const auto it = rec.metrics.find(std::string("staleness_") + stat);
     if (it != rec.metrics.end())

@@ -29,7 +29,8 @@
 //                                                          failed_handshake, dropped
 //   starling_eval_accuracy, starling_eval_loss             the last evaluation (NaN before one)
 //   starling_train_loss                                    the last round's mean training loss
-//   starling_dp_epsilon                                    central DP: epsilon spent so far
+//   starling_dp_epsilon                                    DP: epsilon spent so far
+//   starling_dp_clip                                       adaptive clipping: the last round's clip
 //   starling_staleness{stat}                               asynchronous steps: mean / max
 //   starling_last_round_timestamp_seconds                  when the last record came (Unix time)
 //   starling_eta_seconds                                   starling-sim: the time left, estimated

@@ -531,3 +531,67 @@ TEST_CASE("an edge aggregator admits to phase Q only the clients it took in phas
   CHECK_THROWS_WITH(scheme.phaseAggregator(round->broadcast(), q_edge.get()),
                     Catch::Contains("not of the phase before"));
 }
+
+namespace {
+
+// A dense update of `values` from `client` for round `round`, with `metrics`.
+compression::Update denseUpdate(const ParamLayout& l, uint64_t client, uint64_t round,
+                                const std::vector<float>& values, std::vector<Metric> metrics) {
+  compression::Update u;
+  u.header = {l.fingerprint(), round, 0, client, 10};
+  for (size_t t = 0; t < l.size(); ++t) {
+    const auto s = l.slice(std::span<const float>(values), t);
+    u.tensors.push_back(compression::DenseF32{{s.begin(), s.end()}});
+  }
+  u.metrics = std::move(metrics);
+  return u;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "adaptive clipping's indicator: the aggregator counts the updates within the round's clip "
+    "itself, and refuses a client that sends the count",
+    "[aggregation][dp]") {
+  auto l = std::make_shared<ParamLayout>();
+  l->add("w", {4});
+  RoundSchemeOptions o;
+  o.rule = "fedavg:weight=uniform,clip=1";
+  o.clip_indicator = "within";
+  const RoundScheme scheme(l, o);
+  // Norms 0.5, 1.5 and 3: with the rule's clip 1, one within; with a round clip of 2, two.
+  const std::vector<std::vector<float>> x{{0.5f, 0, 0, 0}, {0, 1.5f, 0, 0}, {0, 0, 3.0f, 0}};
+  for (const auto& [clip, within] : std::vector<std::pair<double, double>>{{0, 1}, {2.0, 2}}) {
+    CAPTURE(clip);
+    auto round = scheme.begin(1, scheme.initialCarry());
+    if (clip > 0) round->setClip(clip);
+    for (uint64_t c = 0; c < 3; ++c) {
+      const auto u = denseUpdate(*l, c, 1, x[c], {{"train_loss", 1.0}});
+      round->current().add(compression::view(u));
+    }
+    // A client claiming to be within the clip through the server's own slot: refused.
+    const auto liar = denseUpdate(*l, 7, 1, {0, 0, 0, 9.0f}, {{"within", 1.0}});
+    try {
+      round->current().add(compression::view(liar));
+      FAIL("the server's own metric was taken from a client");
+    } catch (const InputError& e) {
+      CHECK(e.code() == Errc::kBadMetric);
+    }
+    const RoundResult r = round->finish();
+    REQUIRE(r.count == 3);
+    CHECK(r.metrics.at("within") * 3 == Approx(within));
+    // The clip the round used: the third update enters scaled to it.
+    const double c = clip > 0 ? clip : 1.0;
+    CHECK(r.delta[2] == Approx(c / 3).epsilon(1e-6));
+    CHECK(r.delta[1] == Approx(std::min(1.5, c) / 3).epsilon(1e-6));
+  }
+  // Not a metric clients may be asked for, and the clip set once, before any update.
+  RoundSchemeOptions twice = o;
+  twice.metrics = {"within"};
+  CHECK_THROWS_AS(RoundScheme(l, twice), ConfigError);
+  auto round = scheme.begin(2, scheme.initialCarry());
+  const auto u = denseUpdate(*l, 1, 2, x[0], {});
+  round->current().add(compression::view(u));
+  CHECK_THROWS_AS(round->setClip(2.0), InvalidArgument);
+  CHECK_THROWS_AS(scheme.begin(3, scheme.initialCarry())->setClip(0.0), InvalidArgument);
+}

@@ -750,6 +750,31 @@ TEST_CASE("settings: privacy.dp = distributed runs under secure aggregation, acc
              Contains("privacy.dp = distributed does not run through edge aggregators"));
   CHECK_THAT(refused(Program::kSim, {"--privacy.min_clients", "10"}),
              Contains("privacy.dp is off"));
+  // Adaptive clipping: central DP in the clear only; its knobs only with it.
+  {
+    auto a = parse(Program::kSim, {"--privacy.dp", "central", "--privacy.clip", "0.5",
+                                   "--privacy.noise_multiplier", "1", "--sampling.poisson_rate",
+                                   "0.2", "--privacy.adaptive_clip", "true",
+                                   "--privacy.target_quantile", "0.7", "--privacy.clip_lr", "0.1"});
+    REQUIRE(a.rc == -1);
+    apps::resolveSettings(*a.o, a.s, Program::kSim);
+    const server::EngineConfig ae = apps::engineConfig(a.s);
+    CHECK(ae.dp.adaptive_clip);
+    CHECK(ae.dp.target_quantile == 0.7);
+    CHECK(ae.dp.clip_lr == 0.1);
+    CHECK(ae.dp.count_noise == 0);  // derived: q N / 20
+  }
+  CHECK_THAT(refused(Program::kSim, with({"--privacy.adaptive_clip", "true"})),
+             Contains("privacy.adaptive_clip needs privacy.dp = central"));
+  CHECK_THAT(
+      refused(Program::kSim, {"--secagg.enabled", "true", "--privacy.dp", "central",
+                              "--privacy.clip", "0.5", "--privacy.noise_multiplier", "1",
+                              "--sampling.poisson_rate", "0.2", "--privacy.adaptive_clip", "true"}),
+      Contains("does not run under secagg.enabled"));
+  CHECK_THAT(refused(Program::kSim, {"--privacy.dp", "central", "--privacy.clip", "0.5",
+                                     "--privacy.noise_multiplier", "1", "--sampling.poisson_rate",
+                                     "0.2", "--privacy.clip_lr", "0.1"}),
+             Contains("privacy.adaptive_clip is not"));
   // A client's floor on the noise it adds: the client's key, not the simulator's.
   auto client = parse(Program::kClient, {"--secagg.min_noise", "0.3"});
   REQUIRE(client.rc == -1);

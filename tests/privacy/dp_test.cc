@@ -346,3 +346,63 @@ TEST_CASE(
   many.min_clients = 101;
   CHECK_THROWS_MATCHING(ClientDp(many, 0.1, 50, 1), ConfigError, Contains("privacy.min_clients"));
 }
+
+TEST_CASE(
+    "dp: adaptive clipping splits the noise between the sum and the count, and moves the clip "
+    "toward the quantile",
+    "[privacy][dp][adaptive]") {
+  DpConfig c = config(1.0, 1.0);
+  c.population = 100'000;
+  c.adaptive_clip = true;
+  c.target_quantile = 0.5;
+  c.clip_lr = 0.2;
+  ClientDp dp(c, 0.1, 50, 1);  // q N = 10,000: the count's default noise is 500
+  CHECK(dp.countNoise() == Approx(500));
+  // Andrew et al.: z^-2 = z_sum^-2 + (2 sigma_b)^-2.
+  const double zs = dp.sumNoiseMultiplier();
+  CHECK(1 / (zs * zs) + 1 / (4 * 500.0 * 500.0) == Approx(1.0));
+  CHECK(zs > 1.0);
+  CHECK(dp.clip() == 1.0);
+  // Every update within the clip (b about 1): the clip shrinks by about exp(-0.2 x 0.5); none
+  // (b about 0): it grows by about exp(0.1). The count's noise over q N is 0.05 here: within 6 of
+  // those on b.
+  const double all = dp.adaptClip(10'000, 10'000, 1);
+  CHECK(all < 1.0);
+  CHECK(std::fabs(std::log(all) / -0.2 - 0.5) < 6 * 0.05);
+  ClientDp fresh(c, 0.1, 50, 1);
+  const double none = fresh.adaptClip(0, 10'000, 1);
+  CHECK(none > 1.0);
+  CHECK(std::fabs(std::log(none) / -0.2 + 0.5) < 6 * 0.05);
+  // The count is noised: the same count in two rounds moves the clip by different steps.
+  ClientDp a(c, 0.1, 50, 1);
+  const double r1 = a.adaptClip(5'000, 10'000, 1), r2 = a.adaptClip(5'000, 10'000, 2) / r1;
+  CHECK(r1 != r2);
+  // The noise on the sum is the sum's multiplier times the current clip.
+  ClientDp n(c, 0.1, 50, 1);
+  n.setClip(0.25);
+  std::vector<float> v(200'000, 0.0f);
+  n.privatize(v, 10'000, n.expectedWeight(), 3);
+  double sq = 0;
+  for (float x : v) sq += double(x) * x;
+  const double sd = std::sqrt(sq / v.size()), want = zs * 0.25 / n.expectedWeight();
+  CHECK(std::fabs(sd / want - 1) < 6 / std::sqrt(2.0 * v.size()));
+  // Refused: a count too quiet to leave the sum any budget, a bad quantile or step, under
+  // distributed DP, and a clip that is not a number.
+  DpConfig quiet = c;
+  quiet.count_noise = 0.4;  // 2 x 0.4 < z = 1
+  CHECK_THROWS_MATCHING(ClientDp(quiet, 0.1, 50, 1), ConfigError, Contains("clip_count_noise"));
+  for (double qt : {0.0, 1.0, -0.1}) {
+    DpConfig b = c;
+    b.target_quantile = qt;
+    CHECK_THROWS_MATCHING(b.validate(), ConfigError, Contains("privacy.target_quantile"));
+  }
+  DpConfig lr = c;
+  lr.clip_lr = 0;
+  CHECK_THROWS_MATCHING(lr.validate(), ConfigError, Contains("privacy.clip_lr"));
+  DpConfig ddg = c;
+  ddg.mechanism = DpMechanism::kDistributed;
+  ddg.accountant = DpAccountant::kRdp;
+  CHECK_THROWS_MATCHING(ddg.validate(), ConfigError, Contains("privacy.adaptive_clip"));
+  CHECK_THROWS_AS(dp.setClip(double(NAN)), InvalidArgument);
+  CHECK_THROWS_AS(ClientDp(config(1.0, 1.0), 0.5, 10, 1).adaptClip(1, 2, 1), InvalidArgument);
+}

@@ -495,3 +495,64 @@ TEST_CASE("central DP: the round is checkpointed before its model is evaluated",
   server::RoundEngine resumed(l, c, std::vector<float>(l->numel(), 0));
   CHECK(resumed.nextRound() == 4);
 }
+
+TEST_CASE(
+    "central DP with adaptive clipping: the clip follows the median update norm, each record "
+    "says it, and a resume goes on from it",
+    "[server][dp][adaptive]") {
+  const auto l = layout();
+  const size_t n = 40;
+  // Client c's update: norm (c + 1) / 20, from 0.05 to 2; its median is about 1.
+  const auto normed = [&](uint64_t c, uint64_t) {
+    std::vector<float> x(l->numel(), 0.0f);
+    x[c % l->numel()] = static_cast<float>((c + 1) / 20.0);
+    return x;
+  };
+  testing::TempDir dir;
+  server::EngineConfig c = dpConfig(1.0, 0.05, 1.0, 80, n);
+  c.dp.adaptive_clip = true;
+  c.checkpoint = (dir.path / "ck.bin").string();
+  std::vector<double> clips;
+  double after = 0;
+  {
+    VectorFleet fleet(l, n, normed);
+    server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0));
+    for (int r = 0; r < 60; ++r) {
+      const server::RoundRecord rec = engine.runRound(fleet);
+      REQUIRE(rec.applied);
+      REQUIRE(rec.dp_clip.has_value());
+      clips.push_back(*rec.dp_clip);
+      CHECK(rec.metrics.count(server::kClipIndicator) == 0);  // the exact count is not released
+    }
+    after = engine.dp()->clip();
+  }
+  CHECK(clips.front() == 0.05);
+  // Nearly every update over the clip at first: it grows every round until it nears the median.
+  for (size_t i = 1; i < 15; ++i) CHECK(clips[i] > clips[i - 1]);
+  // Then it stays near it: the count's noise (q N / 20 = 2 over 40 updates) and the steps of 0.2
+  // keep it within about 30% of the median.
+  for (size_t i = 45; i < 60; ++i) {
+    CHECK(clips[i] > 0.7);
+    CHECK(clips[i] < 1.4);
+  }
+  {
+    VectorFleet fleet(l, n, normed);
+    server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0));
+    REQUIRE(engine.resumed());
+    const server::RoundRecord rec = engine.runRound(fleet);
+    CHECK(rec.round == 61);
+    CHECK(*rec.dp_clip == after);  // where round 60 left it, not privacy.clip
+  }
+  auto fixed = c;
+  fixed.dp.adaptive_clip = false;
+  CHECK_THROWS_MATCHING(server::RoundEngine(l, fixed, std::vector<float>(l->numel(), 0)), IoError,
+                        Contains("resume with it"));
+  // Under secure aggregation the root cannot count: refused before round 1.
+  auto secure = dpConfig(1.0, 0.05, 1.0, 80, n);
+  secure.dp.adaptive_clip = true;
+  secure.secagg.enabled = true;
+  secure.secagg.clip = 0.05;
+  secure.scheme.rule = "fedavg:weight=uniform,clip=0.05";
+  CHECK_THROWS_MATCHING(server::RoundEngine(l, secure, std::vector<float>(l->numel(), 0)),
+                        ConfigError, Contains("privacy.adaptive_clip does not run under secagg"));
+}

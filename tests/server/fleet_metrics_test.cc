@@ -113,3 +113,21 @@ TEST_CASE("the status page keeps the last rounds, their running bytes, and the s
             .gauge("starling_eta_seconds", "starling-sim: the seconds left, estimated.")
             .value() == 12.5);
 }
+
+TEST_CASE("DP's gauges come with their record's fields only", "[server][ops]") {
+  server::FleetMetrics m(std::make_shared<ops::Registry>(), "root", "mlp", "00ff");
+  server::RoundRecord plain;
+  plain.round = 1;
+  m.roundRecorded(plain);
+  std::string t = m.registry().render(false);
+  CHECK(t.find("starling_dp_epsilon") == std::string::npos);
+  CHECK(t.find("starling_dp_clip") == std::string::npos);
+  server::RoundRecord dp;
+  dp.round = 2;
+  dp.dp_epsilon = 0.25;
+  dp.dp_clip = 0.75;
+  m.roundRecorded(dp);
+  t = m.registry().render(false);
+  CHECK(t.find("starling_dp_epsilon 0.25") != std::string::npos);
+  CHECK(t.find("starling_dp_clip 0.75") != std::string::npos);
+}
