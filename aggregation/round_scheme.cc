@@ -323,11 +323,16 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source, do
               ", more than updates of total weight ", h.total_weight, " can sum to (", norm_bound,
               ")");
   checkControl(p.control, static_cast<double>(h.count), "partial from", source);
-  for (const auto& m : p.metrics)
+  for (const auto& m : p.metrics) {
     if (!(m.weight >= 0 && m.weight <= h.total_weight * (1 + 1e-6) &&
           std::fabs(m.weighted_sum) <= m.weight * bounds.max_metric_abs * (1 + 1e-6)))
       failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name, "' sums ",
                 m.weighted_sum, " over weight ", m.weight, ", outside the bounds");
+    // Adaptive clipping's count is each point's own, never a child's.
+    if (!scheme_.opt_.clip_indicator.empty() && m.name == scheme_.opt_.clip_indicator)
+      failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name,
+                "' is the server's own (adaptive clipping's count)");
+  }
   sources_.insert(source);
   partial_.mergeValidated(p, staleness);
   ++accepted_;

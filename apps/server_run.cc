@@ -380,10 +380,9 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
     log.info(
         "distributed DP against this root, which knows who took part: epsilon {:.3f} for a "
         "client in {} rounds (the expected count), {:.3f} in {} (docs/privacy.md); clients may "
-        "hold the root to its noise with secagg.min_noise = {:.6g}",
+        "hold the root to its noise with secagg.min_noise = {}",
         dp->epsilonKnownSample(expected), expected, dp->epsilonKnownSample(2 * expected),
-        2 * expected,
-        dp->noiseMultiplier() / std::sqrt(static_cast<double>(dp->minClients())) * (1 - 1e-6));
+        2 * expected, privacy::minNoiseText(*dp));
   }
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;

@@ -289,6 +289,10 @@ struct ClientRuntime::Impl {
       failInput(Errc::kUnsignedRound, "a fit task in the clear for round ", t.round,
                 ", which this client refuses (secagg.threat = malicious-server: its update leaves "
                 "it masked or not at all); nothing trained or sent");
+    if (!t.secure && t.kind == pr::TaskKind::kFit && config.secagg_trust.min_noise > 0)
+      failInput(Errc::kTooLittleNoise, "a fit task in the clear for round ", t.round,
+                ", which this client refuses (secagg.min_noise: its update leaves it with its "
+                "noise, masked, or not at all); nothing trained or sent");
     if (!t.secure && party && party->round() == t.round && t.kind == pr::TaskKind::kFit)
       failInput(Errc::kUnexpectedMessage, "a fit task in the clear for round ", t.round,
                 ", which runs secure aggregation; nothing trained or sent");

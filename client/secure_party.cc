@@ -117,7 +117,9 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
                            std::to_string(trust_.min_noise) + " x the update's sensitivity (" +
                            std::to_string(need) + "): this client adds at least that");
   }
-  if (trust_.require_signed && masked_ && m.params.round <= *masked_)
+  // (Under secagg.min_noise too: averaging a round's sums over several runs would average away
+  // the noise.)
+  if ((trust_.require_signed || trust_.min_noise > 0) && masked_ && m.params.round <= *masked_)
     throw InputError(Errc::kWrongRound,
                      "secagg: a setup of round " + std::to_string(m.params.round) +
                          " after this client sent its masked input of round " +

@@ -59,7 +59,8 @@ struct SecAggTrust {
   // secagg.min_noise (distributed DP, privacy/dp.h): the least noise this client adds, over its
   // L2 sensitivity in the round's ring (RingSpec::sensitivity): a setup that asks for less (a
   // root's noise multiplier over sqrt(min_clients) below it, or no noise) is refused
-  // (kTooLittleNoise). 0: any.
+  // (kTooLittleNoise), and so are a fit task in the clear (client/runtime.h) and a setup of a
+  // round it already masked in (a round run again with fresh noise). 0: any.
   double min_noise = 0;
   // ConfigError when require_signed lacks the authority or the signer, or the signer's
   // credential is not the authority's for `id` (a key file certified for another id, or by

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "core/error.h"
@@ -166,6 +167,20 @@ ClientDp::ClientDp(const DpConfig& config, double q, uint64_t rounds, uint64_t r
 
 double ClientDp::epsilon(uint64_t rounds) const {
   return ddg_ ? ddg_->epsilon(rounds) : pld_ ? pld_->epsilon(rounds) : rdp_->epsilon(rounds);
+}
+
+std::string minNoiseText(const ClientDp& dp) {
+  if (!dp.distributed()) return "0";
+  const double v =
+      dp.noiseMultiplier() / std::sqrt(static_cast<double>(dp.minClients())) * (1 - 1e-6);
+  // Down to 6 significant digits, then printed with them (the decimal is exact at that length).
+  const double p = std::pow(10.0, std::floor(std::log10(v)) - 5);
+  const double down = std::floor(v / p) * p;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", down);
+  // The printed decimal reads back at most one ulp from `down`, which is 1e-6 below the floor's
+  // value: never above what the root asks.
+  return buf;
 }
 
 double ClientDp::epsilonKnownSample(uint64_t participations) const {

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "privacy/accountant.h"
 #include "privacy/crypto.h"
@@ -118,6 +119,12 @@ int64_t discreteGaussian(KeyStream& s, double sigma);
 
 // One standard normal draw from `s` (Box-Muller, two uniforms per draw).
 double standardNormal(KeyStream& s);
+
+class ClientDp;
+// The client floor (client::SecAggTrust::min_noise, secagg.min_noise) matching a distributed
+// run: z / sqrt(m), made 1e-6 smaller and written rounded down to 6 significant digits, so that a
+// client configured with the text accepts the root's rounds. "0" under central DP.
+std::string minNoiseText(const ClientDp& dp);
 
 class ClientDp {
  public:

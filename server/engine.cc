@@ -564,7 +564,8 @@ void RoundEngine::loadCheckpoint() {
   std::optional<double> adaptive_clip;             // the next round's, under adaptive clipping
   if (format >= 7) {
     flag = r.u8();
-    if ((flag & 3) > 2 || flag > 6 || flag == 4) r.fail("the DP flag is ", static_cast<int>(flag));
+    // 0, 1, 2 (none, central, distributed), 5 (central with adaptive clipping).
+    if (flag > 2 && flag != 5) r.fail("the DP flag is ", static_cast<int>(flag));
     if (flag & 3) accounted = std::array<double, 3>{r.f64(), r.f64(), r.f64()};
     if (flag & 4) {
       adaptive_clip = r.f64();
@@ -878,14 +879,6 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     return finishRecord();
   }
   if (dp_) dp_->privatize(result.delta, result.total_weight, dp_->expectedWeight(), rec.round);
-  if (dp_ && dp_->config().adaptive_clip) {
-    // The count of updates within this round's clip: the indicator's mean over the round's
-    // updates (each weighs 1), released with its noise only.
-    const auto it = result.metrics.find(kClipIndicator);
-    const double within =
-        it == result.metrics.end() ? 0.0 : it->second * static_cast<double>(result.count);
-    dp_->adaptClip(std::round(within), static_cast<double>(result.count), rec.round);
-  }
   std::vector<float> next(model_.server().begin(), model_.server().end());
   const size_t shard_n = shard_end_ - shard_begin_;
   optimizer_->step(std::span<float>(next).subspan(shard_begin_, shard_n),
@@ -896,6 +889,14 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   if (!allFinite(next)) {
     rec.reason = "the server optimizer's step made the model non-finite; the round is not applied";
     return finishRecord();
+  }
+  if (dp_ && dp_->config().adaptive_clip) {
+    // The count of updates within this round's clip: the indicator's mean over the round's
+    // updates (each weighs 1), released with its noise only, after an applied round.
+    const auto it = result.metrics.find(kClipIndicator);
+    const double within =
+        it == result.metrics.end() ? 0.0 : it->second * static_cast<double>(result.count);
+    dp_->adaptClip(std::round(within), static_cast<double>(result.count), rec.round);
   }
   model_.set(std::move(next), model_.version() + 1);
   carry_ = std::move(result.next);

@@ -1553,37 +1553,46 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "in process: a client under the malicious-server threat model trains nothing for a root that "
-    "asks for its update in the clear",
+    "in process: a client under the malicious-server threat model, or with a floor on its noise, "
+    "trains nothing for a root that asks for its update in the clear",
     "[integration][inproc][secagg]") {
-  const data::Dataset& train = fashion("train", 800);
-  InprocFederation f("logreg", train, iid(train, 4));
-  server::EngineConfig ec = secureEngine(1, 4, 3);
-  ec.secagg.enabled = false;  // the root skips secure aggregation: plain fit tasks
-  ec.round_deadline_ms = 60'000;
-  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
-  fc.silence_ms = 600'000;
-  f.root(ec, fc);
-  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
-  // Client 3 requires signed secure rounds (a certified key, the authority's public key).
-  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
-  client::RuntimeConfig rc;
-  rc.secagg_trust.require_signed = true;
-  rc.secagg_trust.authority = authority.public_key;
-  rc.secagg_trust.signer = privacy::SecAggSigner::certified(authority, 3, privacy::randomKey());
-  f.client(3, "inproc://root", rc);
-  const bool others = f.waitFor(f.updatesSent({0, 1, 2}, 1), seconds(60));
-  INFO(f.error() << "\n" << f.logs());
-  REQUIRE(others);
-  f.clock().advance(std::chrono::milliseconds(61'000));  // past the fit phase's deadline
-  REQUIRE(f.waitRounds(1, seconds(60)));
-  const server::RoundRecord r = f.records()[0];
-  CHECK(r.applied);
-  CHECK(r.clients_completed == 3);
-  CHECK(r.clients_failed == 1);
-  CHECK(f.liveStats(3).updates_sent == 0);
-  CHECK(f.logs().find("which this client refuses (secagg.threat = malicious-server") !=
-        std::string::npos);
+  // Client 3 requires signed secure rounds (a certified key, the authority's public key), or
+  // distributed DP's noise (secagg.min_noise).
+  for (const bool signed_rounds : {true, false}) {
+    CAPTURE(signed_rounds);
+    const data::Dataset& train = fashion("train", 800);
+    InprocFederation f("logreg", train, iid(train, 4));
+    server::EngineConfig ec = secureEngine(1, 4, 3);
+    ec.secagg.enabled = false;  // the root skips secure aggregation: plain fit tasks
+    ec.round_deadline_ms = 60'000;
+    server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+    fc.silence_ms = 600'000;
+    f.root(ec, fc);
+    for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
+    client::RuntimeConfig rc;
+    if (signed_rounds) {
+      const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+      rc.secagg_trust.require_signed = true;
+      rc.secagg_trust.authority = authority.public_key;
+      rc.secagg_trust.signer = privacy::SecAggSigner::certified(authority, 3, privacy::randomKey());
+    } else {
+      rc.secagg_trust.min_noise = 0.3;
+    }
+    f.client(3, "inproc://root", rc);
+    const bool others = f.waitFor(f.updatesSent({0, 1, 2}, 1), seconds(60));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(others);
+    f.clock().advance(std::chrono::milliseconds(61'000));  // past the fit phase's deadline
+    REQUIRE(f.waitRounds(1, seconds(60)));
+    const server::RoundRecord r = f.records()[0];
+    CHECK(r.applied);
+    CHECK(r.clients_completed == 3);
+    CHECK(r.clients_failed == 1);
+    CHECK(f.liveStats(3).updates_sent == 0);
+    CHECK(f.logs().find(signed_rounds
+                            ? "which this client refuses (secagg.threat = malicious-server"
+                            : "which this client refuses (secagg.min_noise") != std::string::npos);
+  }
 }
 
 namespace {

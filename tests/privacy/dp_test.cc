@@ -406,3 +406,27 @@ TEST_CASE(
   CHECK_THROWS_AS(dp.setClip(double(NAN)), InvalidArgument);
   CHECK_THROWS_AS(ClientDp(config(1.0, 1.0), 0.5, 10, 1).adaptClip(1, 2, 1), InvalidArgument);
 }
+
+TEST_CASE("dp: the floor a root logs for its clients never exceeds the noise it asks for",
+          "[privacy][dp][ddg]") {
+  // secagg.min_noise = minNoiseText(dp): at most z / sqrt(m), so a client configured with it
+  // takes the root's rounds, and within 2e-5 of it, so the floor holds the root to its noise.
+  size_t cases = 0;
+  for (double z = 0.3; z < 20; z *= 1.37)
+    for (uint64_t m : {3u, 7u, 20u, 50u, 101u, 999u, 12345u}) {
+      DpConfig c = config(1.0, z);
+      c.mechanism = DpMechanism::kDistributed;
+      c.accountant = DpAccountant::kRdp;
+      c.population = 1'000'000;
+      c.min_clients = m;
+      const ClientDp dp(c, 0.1, 1, 1);
+      const double asked = z / std::sqrt(double(m));
+      const double logged = std::stod(minNoiseText(dp));
+      CAPTURE(z, m, minNoiseText(dp));
+      CHECK(logged <= asked);
+      CHECK(logged >= asked * (1 - 2e-5));
+      ++cases;
+    }
+  CHECK(cases > 50);
+  CHECK(minNoiseText(ClientDp(config(1.0, 1.0), 0.5, 10, 1)) == "0");
+}
