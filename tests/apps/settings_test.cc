@@ -34,6 +34,22 @@ Parsed parse(Program self, std::vector<std::string> args) {
   return p;
 }
 
+// Parses, resolves, converts and checks `args` as `self` does before reading data: the error, or
+// "" when accepted.
+std::string refusal(Program self, std::vector<std::string> args) {
+  auto p = parse(self, std::move(args));
+  REQUIRE(p.rc == -1);
+  try {
+    apps::resolveSettings(*p.o, p.s, self);
+    const server::EngineConfig e = apps::engineConfig(p.s);
+    apps::checkRoundMode(p.s, self, e);
+    e.validate();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 std::string write(const testing::TempDir& dir, const std::string& name, const std::string& text) {
   const std::string path = (dir.path / name).string();
   std::ofstream(path) << text;
@@ -478,20 +494,7 @@ TEST_CASE("round.mode's refusals are written once for the simulation and the roo
 TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the keys",
           "[apps][settings][dp]") {
   using Catch::Matchers::Contains;
-  // Parse, resolve, convert and check as a program does before reading data; the error, or "".
-  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
-    auto p = parse(self, std::move(args));
-    REQUIRE(p.rc == -1);
-    try {
-      apps::resolveSettings(*p.o, p.s, self);
-      const server::EngineConfig e = apps::engineConfig(p.s);
-      apps::checkRoundMode(p.s, self, e);
-      e.validate();
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return {};
-  };
+  const auto refused = refusal;
   const std::vector<std::string> dp{"--privacy.dp",
                                     "central",
                                     "--privacy.clip",
@@ -596,19 +599,7 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
 TEST_CASE("secagg.*: the simulator composes its rule, and the refusals name the keys",
           "[apps][settings][secagg]") {
   using Catch::Matchers::Contains;
-  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
-    auto p = parse(self, std::move(args));
-    REQUIRE(p.rc == -1);
-    try {
-      apps::resolveSettings(*p.o, p.s, self);
-      const server::EngineConfig e = apps::engineConfig(p.s);
-      apps::checkRoundMode(p.s, self, e);
-      e.validate();
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return {};
-  };
+  const auto refused = refusal;
   auto p = parse(Program::kSim, {"--secagg.enabled", "true", "--secagg.clip", "2"});
   REQUIRE(p.rc == -1);
   apps::resolveSettings(*p.o, p.s, Program::kSim);
@@ -691,19 +682,7 @@ TEST_CASE("secagg.*: the simulator composes its rule, and the refusals name the 
 TEST_CASE("settings: privacy.dp = distributed runs under secure aggregation, accounted by RDP",
           "[apps][settings][ddg]") {
   using Catch::Matchers::Contains;
-  const auto refused = [](Program self, std::vector<std::string> args) -> std::string {
-    auto p = parse(self, std::move(args));
-    REQUIRE(p.rc == -1);
-    try {
-      apps::resolveSettings(*p.o, p.s, self);
-      const server::EngineConfig e = apps::engineConfig(p.s);
-      apps::checkRoundMode(p.s, self, e);
-      e.validate();
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return {};
-  };
+  const auto refused = refusal;
   const std::vector<std::string> base{"--secagg.enabled",
                                       "true",
                                       "--privacy.dp",

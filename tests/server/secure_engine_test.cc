@@ -169,6 +169,17 @@ server::EngineConfig secureConfig(uint64_t clients_per_round, double clip) {
   return c;
 }
 
+// The ConfigError an engine of `c` is refused with at construction, or "accepted".
+std::string engineRefusal(const std::shared_ptr<const ParamLayout>& l,
+                          const server::EngineConfig& c) {
+  try {
+    server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0.0f));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 // Client c's update: distinct values of either sign, norm below 1.
 std::vector<float> updateOf(uint64_t c, size_t n) {
   std::vector<float> x(n);
@@ -957,14 +968,7 @@ TEST_CASE("secure aggregation: the survivors step's messages round-trip and refu
 
 TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[secagg]") {
   const auto l = layout();
-  const auto refused = [&](server::EngineConfig c) {
-    try {
-      server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0.0f));
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  const auto refused = [&](const server::EngineConfig& c) { return engineRefusal(l, c); };
   auto c = secureConfig(10, 1.0);
   c.scheme.compressor = "topk:density=0.1";
   CHECK_THAT(refused(c), Contains("a coordinate only one client touched"));
@@ -1387,14 +1391,7 @@ TEST_CASE(
 
 TEST_CASE("distributed DP: what the engine refuses, with the reason", "[secagg][ddg]") {
   const auto l = layout();
-  const auto refused = [&](server::EngineConfig c) {
-    try {
-      server::RoundEngine engine(l, c, std::vector<float>(l->numel(), 0.0f));
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  const auto refused = [&](const server::EngineConfig& c) { return engineRefusal(l, c); };
   CHECK(refused(distributedConfig(40, 0.5, 1.0, 10)) == "accepted");
   auto c = distributedConfig(40, 0.5, 1.0, 10);
   c.secagg.enabled = false;
