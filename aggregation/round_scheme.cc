@@ -91,6 +91,19 @@ void checkRoundAndPhase(uint64_t round, uint32_t phase, const PhaseBroadcast& b,
 
 }  // namespace
 
+namespace {
+
+// Adaptive clipping's count is filled by each aggregation point itself: a metric of that name from
+// a client or a child's partial is refused (kBadMetric).
+void refuseClipIndicator(const RoundSchemeOptions& o, std::string_view name, const char* who,
+                         uint64_t id) {
+  if (!o.clip_indicator.empty() && name == o.clip_indicator)
+    failInput(Errc::kBadMetric, who, " ", id, ": metric '", name,
+              "' is the server's own (adaptive clipping's count)");
+}
+
+}  // namespace
+
 PhaseAggregator::PhaseAggregator(const RoundScheme& scheme, PhaseBroadcast b, RobustStore* robust,
                                  const std::unordered_set<uint64_t>* allowed)
     : scheme_(scheme),
@@ -170,9 +183,7 @@ void PhaseAggregator::addChecked(const cz::UpdateView& u, const ClientLimits& li
     if (!(std::fabs(m.value) <= bounds.max_metric_abs))
       failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name, "' = ", m.value,
                 " exceeds the bound ", bounds.max_metric_abs);
-    if (!scheme_.opt_.clip_indicator.empty() && m.name == scheme_.opt_.clip_indicator)
-      failInput(Errc::kBadMetric, "client ", h.client_id, ": metric '", m.name,
-                "' is the server's own (adaptive clipping's count)");
+    refuseClipIndicator(scheme_.opt_, m.name, "client", h.client_id);
   }
   checkControl(u.control, 1.0, "client", h.client_id);
   const double clip = clip_;
@@ -328,10 +339,7 @@ void PhaseAggregator::mergeChecked(const cz::PartialView& p, uint64_t source, do
           std::fabs(m.weighted_sum) <= m.weight * bounds.max_metric_abs * (1 + 1e-6)))
       failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name, "' sums ",
                 m.weighted_sum, " over weight ", m.weight, ", outside the bounds");
-    // Adaptive clipping's count is each point's own, never a child's.
-    if (!scheme_.opt_.clip_indicator.empty() && m.name == scheme_.opt_.clip_indicator)
-      failInput(Errc::kBadMetric, "partial from ", source, ": metric '", m.name,
-                "' is the server's own (adaptive clipping's count)");
+    refuseClipIndicator(scheme_.opt_, m.name, "partial from", source);  // each point's own
   }
   sources_.insert(source);
   partial_.mergeValidated(p, staleness);

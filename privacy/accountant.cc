@@ -62,6 +62,39 @@ double logAFrac(double q, double sigma, double alpha) {
   return kInf;  // did not converge: the order is left out (infinite RDP)
 }
 
+// Epsilon at delta after `times` compositions of one step's RDP `rdp` at `orders` (0 times: 0).
+double composedEpsilon(std::span<const double> orders, std::span<const double> rdp, uint64_t times,
+                       double delta) {
+  if (times == 0) return 0;
+  std::vector<double> composed(rdp.size());
+  for (size_t i = 0; i < rdp.size(); ++i) composed[i] = rdp[i] * static_cast<double>(times);
+  return epsilonFromRdp(orders, composed, delta);
+}
+
+// The smallest noise multiplier (within rel_tol) whose `eps` is at most the target, an epsilon
+// that shrinks as the noise grows: doubling from 1, then bisection. ConfigError naming `what`
+// when none up to 1e4 is.
+double smallestNoise(const std::function<double(double)>& eps, double target_epsilon, double q,
+                     uint64_t rounds, double delta, double rel_tol, const char* what) {
+  if (!(target_epsilon > 0 && std::isfinite(target_epsilon)))
+    STARLING_THROW(ConfigError, "privacy.target_epsilon must be finite and > 0, got ",
+                   target_epsilon);
+  double hi = 1.0;
+  while (eps(hi) > target_epsilon) {
+    hi *= 2;
+    if (hi > 1e4)
+      STARLING_THROW(ConfigError, "no noise multiplier up to 1e4 gives ", what,
+                     " <= ", target_epsilon, " after ", rounds, " rounds at sampling rate ", q,
+                     " and delta ", delta, ": raise privacy.target_epsilon or lower the rounds");
+  }
+  double lo = 0;
+  while (hi - lo > rel_tol * hi) {
+    const double mid = 0.5 * (lo + hi);
+    (eps(mid) > target_epsilon ? lo : hi) = mid;
+  }
+  return hi;
+}
+
 }  // namespace
 
 // log(erfc(x)), accurate where erfc underflows: for large x, erfc(x) = exp(-x^2) / (x sqrt(pi))
@@ -140,10 +173,7 @@ RdpAccountant::RdpAccountant(double q, double sigma, double delta)
 }
 
 double RdpAccountant::epsilon(uint64_t rounds) const {
-  if (rounds == 0) return 0;
-  std::vector<double> composed(rdp_.size());
-  for (size_t i = 0; i < rdp_.size(); ++i) composed[i] = rdp_[i] * static_cast<double>(rounds);
-  return epsilonFromRdp(defaultOrders(), composed, delta_);
+  return composedEpsilon(defaultOrders(), rdp_, rounds, delta_);
 }
 
 uint64_t lastRoundWithin(const std::function<double(uint64_t)>& epsilon, double budget,
@@ -164,24 +194,8 @@ uint64_t RdpAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
 
 double noiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double delta,
                        double rel_tol) {
-  if (!(target_epsilon > 0 && std::isfinite(target_epsilon)))
-    STARLING_THROW(ConfigError, "privacy.target_epsilon must be finite and > 0, got ",
-                   target_epsilon);
-  const auto eps = [&](double sigma) { return RdpAccountant(q, sigma, delta).epsilon(rounds); };
-  double hi = 1.0;
-  while (eps(hi) > target_epsilon) {
-    hi *= 2;
-    if (hi > 1e4)
-      STARLING_THROW(ConfigError, "no noise multiplier up to 1e4 gives epsilon <= ", target_epsilon,
-                     " after ", rounds, " rounds at sampling rate ", q, " and delta ", delta,
-                     ": raise privacy.target_epsilon or lower the rounds");
-  }
-  double lo = 0;
-  while (hi - lo > rel_tol * hi) {
-    const double mid = 0.5 * (lo + hi);
-    (eps(mid) > target_epsilon ? lo : hi) = mid;
-  }
-  return hi;
+  return smallestNoise([&](double sigma) { return RdpAccountant(q, sigma, delta).epsilon(rounds); },
+                       target_epsilon, q, rounds, delta, rel_tol, "epsilon");
 }
 
 double rdpPoissonSubsampled(double q, const std::function<double(uint64_t)>& eps, uint64_t alpha,
@@ -260,18 +274,11 @@ DdgAccountant::DdgAccountant(double q, double z, double tau, uint64_t dim, doubl
 }
 
 double DdgAccountant::epsilonKnownSample(uint64_t participations) const {
-  if (participations == 0) return 0;
-  std::vector<double> composed(rdp_whole_.size());
-  for (size_t i = 0; i < rdp_whole_.size(); ++i)
-    composed[i] = rdp_whole_[i] * static_cast<double>(participations);
-  return epsilonFromRdp(ddgOrders(), composed, delta_);
+  return composedEpsilon(ddgOrders(), rdp_whole_, participations, delta_);
 }
 
 double DdgAccountant::epsilon(uint64_t rounds) const {
-  if (rounds == 0) return 0;
-  std::vector<double> composed(rdp_.size());
-  for (size_t i = 0; i < rdp_.size(); ++i) composed[i] = rdp_[i] * static_cast<double>(rounds);
-  return epsilonFromRdp(ddgOrders(), composed, delta_);
+  return composedEpsilon(ddgOrders(), rdp_, rounds, delta_);
 }
 
 uint64_t DdgAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
@@ -280,25 +287,9 @@ uint64_t DdgAccountant::roundsWithin(double budget, uint64_t max_rounds) const {
 
 double ddgNoiseForEpsilon(double target_epsilon, double q, uint64_t rounds, double tau,
                           uint64_t dim, double delta, double rel_tol) {
-  if (!(target_epsilon > 0 && std::isfinite(target_epsilon)))
-    STARLING_THROW(ConfigError, "privacy.target_epsilon must be finite and > 0, got ",
-                   target_epsilon);
-  const auto eps = [&](double z) { return DdgAccountant(q, z, tau, dim, delta).epsilon(rounds); };
-  double hi = 1.0;
-  while (eps(hi) > target_epsilon) {
-    hi *= 2;
-    if (hi > 1e4)
-      STARLING_THROW(ConfigError,
-                     "no noise multiplier up to 1e4 gives distributed epsilon <= ", target_epsilon,
-                     " after ", rounds, " rounds at sampling rate ", q, " and delta ", delta,
-                     ": raise privacy.target_epsilon or lower the rounds");
-  }
-  double lo = 0;
-  while (hi - lo > rel_tol * hi) {
-    const double mid = 0.5 * (lo + hi);
-    (mid > 0 && eps(mid) <= target_epsilon ? hi : lo) = mid;
-  }
-  return hi;
+  return smallestNoise(
+      [&](double z) { return DdgAccountant(q, z, tau, dim, delta).epsilon(rounds); },
+      target_epsilon, q, rounds, delta, rel_tol, "distributed epsilon");
 }
 
 std::vector<double> rdpDiscreteGaussian(double sigma, double sensitivity,

@@ -8,6 +8,15 @@
 #include "core/error.h"
 
 namespace starling::privacy {
+namespace {
+
+// Distributed DP's tau and dimension for a run of `c`: tau at the floor on each client's noise over
+// the whole population, and the model's size (or the largest one, before it is known).
+double runTau(const DpConfig& c) { return ddgTau(kMinClientNoise, c.population); }
+uint64_t runDim(const DpConfig& c) { return c.dim != 0 ? c.dim : kMaxDdgDim; }
+
+}  // namespace
+
 void DpConfig::validate() const {
   if (!enabled) return;
   if (!(std::isfinite(clip) && clip > 0))
@@ -96,9 +105,7 @@ double ClientDp::resolveSigma(const DpConfig& c, double q, uint64_t rounds) {
                      "sampling.poisson_rate, or a smaller privacy.min_clients)");
   }
   const auto derive = [&] {
-    return ddg   ? ddgNoiseForEpsilon(c.target_epsilon, q, rounds,
-                                      ddgTau(kMinClientNoise, c.population),
-                                    c.dim != 0 ? c.dim : kMaxDdgDim, c.delta)
+    return ddg   ? ddgNoiseForEpsilon(c.target_epsilon, q, rounds, runTau(c), runDim(c), c.delta)
            : pld ? pldNoiseForEpsilon(c.target_epsilon, q, rounds, c.delta, 1e-4, kRunPldGrid)
                  : noiseForEpsilon(c.target_epsilon, q, rounds, c.delta);
   };
@@ -128,9 +135,7 @@ double ClientDp::resolveSigma(const DpConfig& c, double q, uint64_t rounds) {
 
 double ClientDp::accountantEpsilon(const DpConfig& c, double q, double sigma, uint64_t rounds) {
   if (c.mechanism == DpMechanism::kDistributed)
-    return DdgAccountant(q, sigma, ddgTau(kMinClientNoise, c.population),
-                         c.dim != 0 ? c.dim : kMaxDdgDim, c.delta)
-        .epsilon(rounds);
+    return DdgAccountant(q, sigma, runTau(c), runDim(c), c.delta).epsilon(rounds);
   return c.accountant == DpAccountant::kPld
              ? PldAccountant(q, sigma, c.delta, kRunPldGrid).epsilon(rounds)
              : RdpAccountant(q, sigma, c.delta).epsilon(rounds);
@@ -156,8 +161,7 @@ ClientDp::ClientDp(const DpConfig& config, double q, uint64_t rounds, uint64_t r
     sigma_sum_ = 1 / std::sqrt(rest);
   }
   if (distributed())
-    ddg_.emplace(q_, sigma_, ddgTau(kMinClientNoise, config_.population),
-                 config_.dim != 0 ? config_.dim : kMaxDdgDim, config_.delta);
+    ddg_.emplace(q_, sigma_, runTau(config_), runDim(config_), config_.delta);
   else if (config_.accountant == DpAccountant::kPld)
     pld_.emplace(q_, sigma_, config_.delta, kRunPldGrid);
   else
