@@ -98,11 +98,13 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
                      " runs in synchronous rounds only: round.mode = ", mode,
                      " steps on whatever arrived, mixing model versions, and samples "
                      "no one by Poisson, so the accountant could not say what it guarantees");
-    if (!sim && (s.server.role == ServerRole::kAggregator || !s.server.aggregator_ids.empty()))
+    if (!sim && !s.secagg.enabled &&
+        (s.server.role == ServerRole::kAggregator || !s.server.aggregator_ids.empty()))
       STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
-                     " does not run through edge aggregators yet: "
-                     "an aggregator relays each task to all its clients, so the root's Poisson "
-                     "sampling would sample aggregators, not clients (docs/privacy.md)");
+                     " through edge aggregators needs secagg.enabled = true: a plain round "
+                     "relays each task to all of an aggregator's clients and takes their sum, "
+                     "which the root can neither sample by Poisson nor clip; a secure round asks "
+                     "each aggregator for its clients and samples each one (docs/privacy.md)");
   }
   if (!buffered(s.round.mode)) return;
   if (!sim && s.server.role == ServerRole::kAggregator)

@@ -254,6 +254,10 @@ std::unique_ptr<client::Trainer> serverTrainer(const apps::Settings& c,
     log.info(
         "secagg.enabled is the root's setting: this aggregator relays the root's secure "
         "aggregation (its steps to its clients, their masked inputs' ring sum up)");
+  if (c.privacy.dp != apps::DpMode::kOff && aggregator)
+    log.info(
+        "privacy.dp is the root's setting: the root samples this aggregator's clients one by "
+        "one in its secure rounds, and adds or asks for the noise");
   if (ec.scheme.scaffold && aggregator) {
     // One file serves the root, its aggregators and its clients: the setting is the
     // root's, and an aggregator relays what the root's tasks carry.

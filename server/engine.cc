@@ -727,9 +727,7 @@ std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConf
     // Poisson sampling: each client on a draw of its own, a function of its id and the round.
     std::vector<ClientInfo> out;
     for (const ClientInfo c : pool)
-      if (privacy::keyedUniform(poisson_key, round, privacy::MaskStream::kSampling, c.id) <
-          s.poisson_rate)
-        out.push_back(c);
+      if (poissonSampled(poisson_key, round, c.id, s.poisson_rate)) out.push_back(c);
     *target = out.size();
     return out;
   }
@@ -740,6 +738,10 @@ std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConf
   RngStream rng(StreamKey{run_seed, round, kAnyClient, StreamPurpose::kClientSampling, 0});
   return n <= UINT32_MAX ? firstOfShuffle<uint32_t>(pool, chosen, rng)
                          : firstOfShuffle<uint64_t>(pool, chosen, rng);
+}
+
+bool poissonSampled(const privacy::Key32& poisson_key, uint64_t round, uint64_t id, double rate) {
+  return privacy::keyedUniform(poisson_key, round, privacy::MaskStream::kSampling, id) < rate;
 }
 
 std::vector<ClientInfo> RoundEngine::sample(const ClientPool& available, uint64_t round,
@@ -800,9 +802,16 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   size_t target = 0;
   std::vector<ClientInfo> active;
   if (dp_) {
-    // Central DP samples clients only: an edge aggregator's partial holds updates the root
-    // cannot clip (under secure aggregation too: its sampling is of clients).
+    // DP samples clients only: an edge aggregator's partial holds updates the root cannot clip.
+    // Under secure aggregation every edge aggregator takes part: it tells the round its clients,
+    // each of which is kept on its own Poisson draw (secureSum), as the root's own are here.
     active = sample(available.clients(), rec.round, &target);
+    if (config_.secagg.enabled) {
+      for (const ClientInfo c : available)
+        if (c.role == protocol::Role::kAggregator) active.push_back(c);
+      std::sort(active.begin(), active.end(),
+                [](const ClientInfo& a, const ClientInfo& b) { return a.id < b.id; });
+    }
   } else {
     active = sample(available, rec.round, &target);
   }
@@ -971,8 +980,15 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     std::map<uint64_t, int> named;
     for (const auto& [peer, cs] : relayed)
       for (uint64_t c : cs) ++named[c];
+    // Under DP an aggregator's client is in the round on its own Poisson draw, the draw a client
+    // of the root's has: sampled alike wherever it connects (a client the root sampled itself is
+    // left out of the aggregator's list below).
+    const auto unsampled = [&](uint64_t c) {
+      return dp_ &&
+             !poissonSampled(dp_->samplingKey(), rec.round, c, config_.sampling.poisson_rate);
+    };
     for (auto& [peer, cs] : relayed) {
-      std::erase_if(cs, [&](uint64_t c) { return named[c] > 1 || ids.count(c); });
+      std::erase_if(cs, [&](uint64_t c) { return named[c] > 1 || ids.count(c) || unsampled(c); });
       for (uint64_t c : cs) ids.insert(c);
     }
     std::erase_if(relayed, [](const auto& r) { return r.second.empty(); });

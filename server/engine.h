@@ -157,7 +157,9 @@ struct EngineConfig {
   // and the rule fedavg with uniform weights and clip = dp.clip (the settings compose it), a
   // compressor of one phase that shares no factors, no SCAFFOLD, and dp.population; refused
   // otherwise, with the reason. Only clients are sampled (an edge aggregator's partial holds
-  // updates the root cannot clip: a round with one is not applied). Each applied round's mean is
+  // updates the root cannot clip: a round with one is not applied); under secagg every edge
+  // aggregator takes part, and each client it names is kept on its own Poisson draw
+  // (poissonSampled), as the root's own clients are. Each applied round's mean is
   // privatised before the server step, and the round is checkpointed before its model is sent out
   // to be evaluated (a crash then cannot make the round run again with other noise); every record
   // carries the epsilon spent after it; a run whose rounds would exceed dp.target_epsilon is
@@ -193,6 +195,10 @@ uint64_t secureDim(const compression::Compressor& compressor, const ParamLayout&
 std::vector<ClientInfo> sampleClients(const ClientPool& pool, const SamplingConfig& s,
                                       uint64_t run_seed, const privacy::Key32& poisson_key,
                                       uint64_t round, size_t* target);
+// Poisson sampling's draw for one client: whether client `id` is in round `round`'s sample at
+// `rate`. A function of the key, the round and the id alone, so a client is sampled alike whether
+// the root or an edge aggregator reaches it.
+bool poissonSampled(const privacy::Key32& poisson_key, uint64_t round, uint64_t id, double rate);
 // The most clients a round of this sampling can have when it says (a count, over-committed); with
 // Poisson sampling of a known `population` (under DP), its expected count and 7 standard deviations
 // (rarer rounds are not applied, with the reason); 1 when each round's own count decides

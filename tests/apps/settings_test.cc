@@ -43,7 +43,8 @@ std::string refusal(Program self, std::vector<std::string> args) {
     apps::resolveSettings(*p.o, p.s, self);
     const server::EngineConfig e = apps::engineConfig(p.s);
     apps::checkRoundMode(p.s, self, e);
-    e.validate();
+    // An edge aggregator runs no engine (starling-server's checkServer validates the root's).
+    if (!(self == apps::kServer && p.s.server.role == apps::ServerRole::kAggregator)) e.validate();
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -576,10 +577,11 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
                               "--privacy.noise_multiplier", "1", "--sampling.poisson_rate", "0.5"}),
       Contains("needs data.num_clients"));
   CHECK_THAT(refused(apps::kServer, with({"--sampling.fraction", "0.5"})), Contains("both set"));
+  // Through edge aggregators only in secure rounds (their clients then sampled one by one).
   CHECK_THAT(refused(apps::kServer, with({"--security.aggregator_ids", "7"})),
-             Contains("edge aggregators"));
+             Contains("through edge aggregators needs secagg.enabled = true"));
   CHECK_THAT(refused(apps::kServer, with({"--server.role", "aggregator"})),
-             Contains("edge aggregators"));
+             Contains("through edge aggregators needs secagg.enabled = true"));
   // A client ignores the privacy keys of a shared file (they are the root's and the simulator's).
   {
     testing::TempDir dir;
@@ -624,17 +626,32 @@ TEST_CASE("secagg.*: the simulator composes its rule, and the refusals name the 
   apps::resolveSettings(*r.o, r.s, Program::kServer);
   CHECK(apps::engineConfig(r.s).scheme.rule == "fedavg:weight=uniform");
   CHECK(apps::engineConfig(r.s).scheme.compressor == "none");
-  // Through edge aggregators (they relay its steps), but not under central DP (its sampling is of
-  // clients).
+  // Through edge aggregators (they relay its steps), with central or distributed DP too (the
+  // root samples each of their clients by Poisson); an aggregator given the root's DP keys relays.
   CHECK(refused(Program::kServer, {"--secagg.enabled", "true", "--secagg.clip", "2",
                                    "--security.aggregator_ids", "100"})
             .empty());
-  CHECK_THAT(
-      refused(Program::kServer,
-              {"--secagg.enabled", "true", "--security.aggregator_ids", "100", "--privacy.dp",
-               "central", "--privacy.clip", "1", "--privacy.noise_multiplier", "1",
-               "--sampling.poisson_rate", "0.5", "--data.num_clients", "10"}),
-      Contains("edge aggregators"));
+  for (const char* mechanism : {"central", "distributed"}) {
+    INFO(mechanism);
+    const std::vector<std::string> dp_keys{"--secagg.enabled",
+                                           "true",
+                                           "--privacy.dp",
+                                           mechanism,
+                                           "--privacy.clip",
+                                           "1",
+                                           "--privacy.noise_multiplier",
+                                           "1",
+                                           "--sampling.poisson_rate",
+                                           "0.5",
+                                           "--data.num_clients",
+                                           "10"};
+    auto at = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), dp_keys.begin(), dp_keys.end());
+      return refused(Program::kServer, more);
+    };
+    CHECK(at({"--security.aggregator_ids", "100"}).empty());
+    CHECK(at({"--server.role", "aggregator", "--server.upstream", "tcp://127.0.0.1:7700"}).empty());
+  }
   // An edge aggregator reading the root's file relays its secure aggregation: the keys are not
   // refused there (nor checked: the root's are).
   CHECK(
@@ -725,8 +742,8 @@ TEST_CASE("settings: privacy.dp = distributed runs under secure aggregation, acc
       Contains("set secagg.enabled = true"));
   CHECK_THAT(refused(Program::kSim, with({"--round.mode", "async"})),
              Contains("synchronous rounds only"));
-  CHECK_THAT(refused(Program::kServer, with({"--security.aggregator_ids", "100"})),
-             Contains("privacy.dp = distributed does not run through edge aggregators"));
+  // Through edge aggregators: their clients sampled one by one in the secure round.
+  CHECK(refused(Program::kServer, with({"--security.aggregator_ids", "100"})).empty());
   CHECK_THAT(refused(Program::kSim, {"--privacy.min_clients", "10"}),
              Contains("privacy.dp is off"));
   // Adaptive clipping: central DP in the clear only; its knobs only with it.

@@ -1600,13 +1600,33 @@ namespace {
 // Six clients under secure aggregation for `rounds` rounds, flat (all on the root) or through two
 // edge aggregators of three each, the clients' roundings into the ring fixed by the round
 // (RuntimeConfig::secagg_rounding). `silent`: a client (behind aggregator 100 in the tree) that
-// trains for ever in round 1, so it drops out after sharing its keys.
-TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent = std::nullopt) {
+// trains for ever in round 1, so it drops out after sharing its keys. `dp`: under central or
+// distributed DP (noise multiplier 1, clip 1, N = 6), each client sampled by Poisson at
+// kSixDpRate, the noise drawn from the run seed (seeded_noise).
+constexpr double kSixDpRate = 0.6;
+TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent = std::nullopt,
+                     std::optional<privacy::DpMechanism> dp = std::nullopt) {
   const data::Dataset& train = fashion("train", 1200);
   InprocFederation f("logreg", train, iid(train, 6));
   server::EngineConfig ec = secureEngine(rounds, tree ? 2 : 6, tree ? 2 : 6);
   ec.scheme.metrics = {"train_loss"};
   ec.completion.min_results = 1;
+  if (dp) {
+    ec.sampling.clients_per_round = 0;
+    ec.sampling.min_clients = 1;
+    ec.sampling.poisson_rate = kSixDpRate;
+    ec.secagg.clip = 1;
+    ec.scheme.rule = "fedavg:weight=uniform,clip=1";
+    ec.scheme.metrics.clear();  // distributed DP's clients send no metric in the clear
+    ec.dp.enabled = true;
+    ec.dp.mechanism = *dp;
+    ec.dp.accountant = privacy::DpAccountant::kRdp;
+    ec.dp.clip = 1;
+    ec.dp.noise_multiplier = 1;
+    ec.dp.population = 6;
+    ec.dp.seeded_noise = true;
+    if (*dp == privacy::DpMechanism::kDistributed) ec.dp.min_clients = 3;
+  }
   server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
   if (silent) {
     ec.round_deadline_ms = 600'000;
@@ -1624,11 +1644,13 @@ TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent 
     f.aggregator(101, "inproc://root", ac, {}, silent ? 3'600'000 : 3000);
   }
   client::RuntimeConfig rc;
-  rc.secagg_rounding = [](uint64_t round) {
-    return privacy::publicKey("inproc test rounding", 7, round);
-  };
   if (silent) rc.server_silence_ms = 3'600'000;
   for (uint64_t id = 0; id < 6; ++id) {
+    // Each client's own key a round (distributed DP's noise draws from it too: one key for all
+    // would give every client the same noise, which then adds up n times, not sqrt(n) times).
+    rc.secagg_rounding = [id](uint64_t round) {
+      return privacy::publicKey("inproc test rounding", id, round);
+    };
     const std::string to =
         tree ? (id < 3 ? "inproc://agg-100" : "inproc://agg-101") : "inproc://root";
     if (silent && id == *silent)
@@ -1678,6 +1700,44 @@ TEST_CASE(
   // The ring sum is exact: grouped by aggregator or not, the same integers, the same model.
   CHECK(tree.model == flat.model);
   // And not a model that did not move: the rounds were applied from the clients' updates.
+  CHECK(std::any_of(tree.model.begin(), tree.model.end(), [](float v) { return v != 0.0f; }));
+}
+
+TEST_CASE(
+    "in process: central and distributed DP through two edge aggregators sample each client by "
+    "its own Poisson draw and give the flat federation's model bit for bit",
+    "[integration][inproc][secagg][ddg]") {
+  const auto mechanism =
+      GENERATE(privacy::DpMechanism::kCentral, privacy::DpMechanism::kDistributed);
+  const bool central = mechanism == privacy::DpMechanism::kCentral;
+  INFO((central ? "central" : "distributed"));
+  const uint64_t rounds = 4;
+  const TreeRun tree = runSecureSix(true, rounds, std::nullopt, mechanism),
+                flat = runSecureSix(false, rounds, std::nullopt, mechanism);
+  REQUIRE(tree.records.size() == rounds);
+  REQUIRE(flat.records.size() == rounds);
+  // Each round's sample computed here from the run seed's key: client c is in round r when its
+  // keyed draw is below the rate, whether it connects to the root or to an aggregator.
+  const privacy::Key32 key = privacy::publicKey("starling central dp noise", 5, 0);
+  size_t partial_rounds = 0;
+  for (uint64_t r = 1; r <= rounds; ++r) {
+    uint64_t sampled = 0;
+    for (uint64_t c = 0; c < 6; ++c)
+      if (privacy::keyedUniform(key, r, privacy::MaskStream::kSampling, c) < kSixDpRate) ++sampled;
+    const server::RoundRecord &t = tree.records[r - 1], &fl = flat.records[r - 1];
+    INFO("round " << r << ": " << t.reason << " / flat: " << fl.reason);
+    CHECK(t.clients_selected == sampled);
+    CHECK(fl.clients_selected == sampled);
+    CHECK(t.applied == (sampled >= 3));  // a secure sum needs 3 (and min_clients 3)
+    CHECK(fl.applied == t.applied);
+    if (t.applied) CHECK(t.clients_completed == sampled);
+    if (t.applied && sampled < 6) ++partial_rounds;
+    REQUIRE(t.dp_epsilon.has_value());
+    CHECK(*t.dp_epsilon == *fl.dp_epsilon);
+  }
+  CHECK(partial_rounds > 0);  // the sample left clients out of an applied round
+  // The same sampled clients, the same noise, the same integers summed in another grouping.
+  CHECK(tree.model == flat.model);
   CHECK(std::any_of(tree.model.begin(), tree.model.end(), [](float v) { return v != 0.0f; }));
 }
 
