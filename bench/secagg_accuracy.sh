@@ -10,6 +10,8 @@
 #   dense-eps1  central DP at epsilon 1, delta 1e-5  (under SecAgg the root adds the noise to the
 #               unmasked sum)
 #   block-m     block with server momentum (fedavgm, eta 1, beta1 0.9) on the round's mean
+#   acp         compressor acpsgd:rank=ACP_RANK (one low-rank factor a round against the shared
+#               side, error feedback; under SecAgg each client masks its factor)
 #   ddg-eps1    distributed DP at epsilon 1, delta 1e-5: each client adds its share of discrete
 #               Gaussian noise in the ring (under SecAgg only: there is no plain run of it);
 #               MIN_CLIENTS sets privacy.min_clients (default: half of Q POOL)
@@ -21,8 +23,9 @@
 #   OUT  folder of the metrics files (default secagg-accuracy)
 #   BIN  starling-sim (default build/bin/starling-sim)
 # Environment: POOL (10000), Q (0.01), ROUNDS (300), CLIP (0.3), MODEL (mlp), SEED (1),
-# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), VARIANTS ("dense block dense-eps1 block-m"; add
-# ddg-eps1 for distributed DP), MIN_CLIENTS (ddg-eps1's privacy.min_clients; default derived).
+# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), ACP_RANK (4), VARIANTS ("dense block dense-eps1
+# block-m"; add ddg-eps1 for distributed DP, acp for ACP-SGD), MIN_CLIENTS (ddg-eps1's
+# privacy.min_clients; default derived).
 set -euo pipefail
 out=${1:-secagg-accuracy}
 bin=${2:-build/bin/starling-sim}
@@ -35,6 +38,7 @@ seed=${SEED:-1}
 eval_every=${EVAL_EVERY:-10}
 block=${BLOCK:-0.05}
 block_bits=${BLOCK_BITS:-26}
+acp_rank=${ACP_RANK:-4}
 variants=${VARIANTS:-dense block dense-eps1 block-m}
 [ -x "$bin" ] || { echo "secagg_accuracy: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
 mkdir -p "$out"
@@ -51,10 +55,11 @@ for v in $variants; do
       dense) ;;
       block) comp="randblock:density=$block" ;;
       block-m) comp="randblock:density=$block"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
+      acp) comp="acpsgd:rank=$acp_rank" ;;
       dense-eps1) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5) ;;
       ddg-eps1) extra=(--privacy.dp distributed --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5)
                 [ -n "${MIN_CLIENTS:-}" ] && extra+=(--privacy.min_clients "$MIN_CLIENTS") ;;
-      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1)" >&2; exit 2 ;;
+      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1, acp)" >&2; exit 2 ;;
     esac
     if [ "$mode" = secagg ]; then
       extra+=(--secagg.enabled true --secagg.clip "$clip")

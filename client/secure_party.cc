@@ -187,13 +187,7 @@ std::vector<uint8_t> SecureParty::unmask(std::span<const uint8_t> bytes) {
 std::vector<float> secureInput(const ParamLayout& layout, const compression::Compressor& compressor,
                                const compression::RoundContext& ctx,
                                const std::vector<compression::Payload>& update) {
-  const compression::SharedSupport support = compressor.sharedSupport(layout, ctx);
-  std::vector<float> dense(layout.numel());
-  compression::densifyUpdate(layout, update, dense);
-  if (support.all) return dense;
-  std::vector<float> out(support.size(dense.size()));
-  support.gather(dense, out);
-  return out;
+  return compressor.secureValues(layout, ctx, update);
 }
 
 std::vector<float> clipForRing(std::span<const float> x, double clip) {

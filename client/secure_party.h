@@ -112,11 +112,12 @@ class SecureParty {
   std::optional<uint64_t> masked_;
 };
 
-// What a client's update adds to a secure round: its coordinates on the round's shared support
-// (compression::SharedSupport), in the support's order, from `update`'s phase-0 payloads as
-// `compressor` sent them in `ctx`'s round. The masked input is this many values, so a shared
-// support of k coordinates sends k ring words, not the model's numel. InvalidArgument when the
-// compressor shares no support.
+// What a client's update adds to a secure round (compression::Compressor::secureValues): its
+// coordinates on the round's shared support (compression::SharedSupport), in the support's order,
+// or acpsgd's one factor a tensor, from `update`'s phase-0 payloads as `compressor` sent them in
+// `ctx`'s round. The masked input is this many values, so a shared support of k coordinates sends
+// k ring words, not the model's numel. InvalidArgument when the compressor composes with no
+// secure sum.
 std::vector<float> secureInput(const ParamLayout& layout, const compression::Compressor& compressor,
                                const compression::RoundContext& ctx,
                                const std::vector<compression::Payload>& update);

@@ -150,6 +150,35 @@ std::string Compressor::secureRefusal() const {
          "securely";
 }
 
+size_t Compressor::secureSize(const ParamLayout& layout, const RoundContext& ctx) const {
+  return sharedSupport(layout, ctx).size(layout.numel());
+}
+
+std::vector<float> Compressor::secureValues(const ParamLayout& layout, const RoundContext& ctx,
+                                            const std::vector<Payload>& update) const {
+  const SharedSupport support = sharedSupport(layout, ctx);
+  std::vector<float> dense(layout.numel());
+  densifyUpdate(layout, update, dense);
+  if (support.all) return dense;
+  std::vector<float> out(support.size(dense.size()));
+  support.gather(dense, out);
+  return out;
+}
+
+std::vector<Payload> Compressor::securePayloads(const ParamLayout& layout, const RoundContext& ctx,
+                                                std::span<const float> sum) const {
+  // The sum on the round's shared support, every other coordinate 0 (no client sent one).
+  std::vector<float> dense(layout.numel());
+  sharedSupport(layout, ctx).scatter(sum, dense);
+  std::vector<Payload> out;
+  out.reserve(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const auto v = layout.slice(std::span<const float>(dense), t);
+    out.emplace_back(DenseF32{std::vector<float>(v.begin(), v.end())});
+  }
+  return out;
+}
+
 SharedSupport Compressor::sharedSupport(const ParamLayout&, const RoundContext&) const {
   STARLING_THROW(InvalidArgument, spec(),
                  " chooses each client's support (or scale): no support is shared by the round");

@@ -589,6 +589,94 @@ void AcpSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& 
                      ctx.shared ? ctx.shared->fixed : SharedFactors::Side::kQ, "acpsgd");
 }
 
+namespace {
+// Secure aggregation's view of an acpsgd round: per tensor, the values its payload carries (the
+// one factor, or the tensor whole) and the factor's shape; `shared` from the round (required for
+// a layout with a tensor to factor, as encode's checkRound requires it).
+struct SecurePart {
+  size_t values = 0;
+  bool factor = false;
+  uint32_t rows = 0, cols = 0, rank = 0;
+};
+std::vector<SecurePart> secureParts(const ParamLayout& layout, const LowRankOptions& o,
+                                    const RoundContext& ctx) {
+  std::vector<SecurePart> out(layout.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const TensorSpec& spec = layout[t];
+    const bool factor =
+        ctx.shared && t < ctx.shared->factors.size() && !ctx.shared->factors[t].empty();
+    if (!factor) {
+      STARLING_CHECK_ARG(!lowRankCompressible(spec, o.rank, o.min_compression_rate),
+                         "acpsgd: tensor ", t, " '", spec.name,
+                         "' is factored, and the round gives no shared factor for it");
+      out[t].values = spec.numel;
+      continue;
+    }
+    const uint32_t r = effectiveRank(spec, o.rank);
+    const bool fixed_q = ctx.shared->fixed == SharedFactors::Side::kQ;
+    out[t] = {(fixed_q ? spec.rows() : spec.cols()) * r, true, static_cast<uint32_t>(spec.rows()),
+              static_cast<uint32_t>(spec.cols()), r};
+  }
+  return out;
+}
+}  // namespace
+
+size_t AcpSgdCompressor::secureSize(const ParamLayout& layout, const RoundContext& ctx) const {
+  size_t n = 0;
+  for (const SecurePart& p : secureParts(layout, opt_, ctx)) n += p.values;
+  return n;
+}
+
+std::vector<float> AcpSgdCompressor::secureValues(const ParamLayout& layout,
+                                                  const RoundContext& ctx,
+                                                  const std::vector<Payload>& update) const {
+  const std::vector<SecurePart> parts = secureParts(layout, opt_, ctx);
+  STARLING_CHECK_ARG(update.size() == parts.size(), "acpsgd: an update of ", update.size(),
+                     " tensors for a layout of ", parts.size());
+  std::vector<float> out;
+  out.reserve(secureSize(layout, ctx));
+  for (size_t t = 0; t < parts.size(); ++t) {
+    std::span<const float> v;
+    if (const auto* l = std::get_if<LowRank>(&update[t]); l && parts[t].factor)
+      v = l->p.empty() ? std::span<const float>(l->q) : std::span<const float>(l->p);
+    else if (const auto* d = std::get_if<DenseF32>(&update[t]); d && !parts[t].factor)
+      v = d->values;
+    STARLING_CHECK_ARG(v.size() == parts[t].values && (!parts[t].factor || v.size() > 0),
+                       "acpsgd: tensor ", t, "'s payload is not this round's ",
+                       parts[t].factor ? "one factor" : "dense tensor", " of ", parts[t].values,
+                       " values");
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+std::vector<Payload> AcpSgdCompressor::securePayloads(const ParamLayout& layout,
+                                                      const RoundContext& ctx,
+                                                      std::span<const float> sum) const {
+  const std::vector<SecurePart> parts = secureParts(layout, opt_, ctx);
+  size_t n = 0;
+  for (const SecurePart& p : parts) n += p.values;
+  STARLING_CHECK_ARG(sum.size() == n, "acpsgd: a secure sum of ", sum.size(),
+                     " values for a round of ", n);
+  const bool fixed_q = ctx.shared && ctx.shared->fixed == SharedFactors::Side::kQ;
+  std::vector<Payload> out;
+  out.reserve(parts.size());
+  size_t at = 0;
+  for (const SecurePart& p : parts) {
+    std::vector<float> v(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                         sum.begin() + static_cast<std::ptrdiff_t>(at + p.values));
+    at += p.values;
+    if (!p.factor) {
+      out.emplace_back(DenseF32{std::move(v)});
+    } else if (fixed_q) {
+      out.emplace_back(LowRank{p.rows, p.cols, p.rank, std::move(v), {}});
+    } else {
+      out.emplace_back(LowRank{p.rows, p.cols, p.rank, {}, std::move(v)});
+    }
+  }
+  return out;
+}
+
 std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout,
                                               std::span<const float> input,
                                               std::span<float> residual,

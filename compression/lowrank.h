@@ -92,8 +92,11 @@ class PowerSgdCompressor final : public Compressor {
   explicit PowerSgdCompressor(LowRankOptions o);
   std::string name() const override { return "powersgd"; }
   std::string secureRefusal() const override {
-    return "its update is formed from factor sums phase by phase, and secure aggregation does "
-           "not run a round's phases yet";
+    return opt_.two_phase
+               ? "its phase Q's factors are formed from phase P's sum, and secure aggregation "
+                 "runs one phase a round yet (acpsgd, one factor a round, composes)"
+               : "mode=local sends each client's own two factors, whose product is no sum (acpsgd, "
+                 "one factor a round against the shared one, composes)";
   }
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
@@ -132,10 +135,14 @@ class AcpSgdCompressor final : public Compressor {
  public:
   explicit AcpSgdCompressor(LowRankOptions o);
   std::string name() const override { return "acpsgd"; }
-  std::string secureRefusal() const override {
-    return "its update is formed from factor sums phase by phase, and secure aggregation does "
-           "not run a round's phases yet";
-  }
+  // Each round's one factor against the shared side is a sum: it composes with secure
+  // aggregation, each tensor's factor (or dense values) masked (secureValues).
+  std::string secureRefusal() const override { return {}; }
+  size_t secureSize(const ParamLayout& layout, const RoundContext& ctx) const override;
+  std::vector<float> secureValues(const ParamLayout& layout, const RoundContext& ctx,
+                                  const std::vector<Payload>& update) const override;
+  std::vector<Payload> securePayloads(const ParamLayout& layout, const RoundContext& ctx,
+                                      std::span<const float> sum) const override;
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }

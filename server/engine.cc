@@ -258,15 +258,21 @@ uint64_t secureMaxClients(const SamplingConfig& s, uint64_t population) {
 std::string secureCompressorRefusal(const cz::Compressor& c) {
   const std::string why = c.secureRefusal();
   if (why.empty()) return why;
-  return "secagg.enabled takes a compressor whose support the round shares (none, "
-         "randblock, randk:positions=shared), not " +
+  return "secagg.enabled takes a compressor whose values sum alike for every client (none, "
+         "randblock, randk:positions=shared, acpsgd), not " +
          c.spec() + ": " + why;
 }
 
 uint64_t secureDim(const cz::Compressor& c, const ParamLayout& layout, uint64_t run_seed,
                    uint64_t round) {
-  return c.sharedSupport(layout, cz::RoundContext{run_seed, round, 0, 0, nullptr})
-      .size(layout.numel());
+  if (!c.sharesFactors())
+    return c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, nullptr});
+  // A factor's side alternates from round to round (acpsgd): the larger of the two.
+  cz::SharedFactors s = c.initialShared(layout, run_seed);
+  const uint64_t first = c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, &s});
+  s.fixed = s.fixed == cz::SharedFactors::Side::kQ ? cz::SharedFactors::Side::kP
+                                                   : cz::SharedFactors::Side::kQ;
+  return std::max(first, c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, &s}));
 }
 
 PhaseReport Fleet::exchange(SecureStage, SecureSteps&, std::span<const ClientInfo>, uint32_t) {
@@ -997,8 +1003,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     });
   }
   rec.clients_selected = ids.size();
-  const cz::SharedSupport support = scheme_.compressor().sharedSupport(
-      *layout_, cz::RoundContext{config_.scheme.run_seed, rec.round, 0, 0, nullptr});
+  // What each client masks: its update on the round's shared support, or acpsgd's one factor.
+  const cz::RoundContext context = plain.broadcast.context(0);
   std::unique_ptr<SecureRound> sr;
   try {
     if (ids.size() < 3)
@@ -1013,7 +1019,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     const std::vector<uint64_t> all(ids.begin(), ids.end());
     sr = std::make_unique<SecureRound>(
         config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
-                                 support.size(layout_->numel())),
+                                 scheme_.compressor().secureSize(*layout_, context)),
         all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
         protocol::SecAggLimits{}, std::move(relayed),
         config_.secagg.authority ? &*config_.secagg.authority : nullptr);
@@ -1081,14 +1087,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                out.survivors.size(),
                static_cast<double>(out.survivors.size()),
                0};
-  // The sum on the round's shared support, every other coordinate 0 (no client sent one).
-  std::vector<float> dense(layout_->numel());
-  support.scatter(out.sum, dense);
-  for (const auto& t : layout_->tensors()) {
-    const auto first = dense.begin() + static_cast<std::ptrdiff_t>(t.offset);
-    pm.tensors.push_back(
-        cz::DenseF32{std::vector<float>(first, first + static_cast<std::ptrdiff_t>(t.numel))});
-  }
+  // The sum as the round's payloads: dense on the shared support, or acpsgd's factor sums.
+  pm.tensors = scheme_.compressor().securePayloads(*layout_, context, out.sum);
   for (const auto& [name, v] : out.metrics)
     if (std::find(config_.scheme.metrics.begin(), config_.scheme.metrics.end(), name) !=
         config_.scheme.metrics.end())

@@ -183,8 +183,9 @@ struct EngineConfig {
 // Secure aggregation: why `compressor` is refused with it, for the ConfigError; empty when it
 // composes (a support the round shares, compression::Compressor::supportIsShared, in one phase).
 std::string secureCompressorRefusal(const compression::Compressor& compressor);
-// The values one client's masked input carries in `round` of this compressor: its shared
-// support's size (the model's numel when dense).
+// The most values one client's masked input carries in `round` of this compressor: its shared
+// support's size (the model's numel when dense), or the larger side's factors (acpsgd, whose
+// shared side alternates).
 uint64_t secureDim(const compression::Compressor& compressor, const ParamLayout& layout,
                    uint64_t run_seed, uint64_t round);
 // Round `round`'s clients from `pool`, ascending by id, and in `target` the results the round

@@ -1435,6 +1435,32 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "in process: secure aggregation of acpsgd at a deployed root: the plain acpsgd model from one "
+    "masked factor a client and round",
+    "[integration][inproc][secagg]") {
+  // logreg's weight (10 x 784) at rank 2: P (10 x 2) in odd rounds, Q (784 x 2) in even ones,
+  // the bias whole; every client's factor summed in the ring, the shared side formed from it.
+  const std::string spec = "acpsgd:rank=2";
+  const TreeRun plain = runSecure(false, 3, spec), secure = runSecure(true, 3, spec),
+                dense = runSecure(true, 3);
+  REQUIRE(secure.records.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("round " << i + 1 << ": " << secure.records[i].reason);
+    CHECK(secure.records[i].applied);
+    CHECK(secure.records[i].clients_completed == 6);
+    // A factor's words (30 or 1,578) where a dense secure round masks the model's 7,850; the
+    // keys and shares (about 2 KB a client of six) come on top of the plain round's factors.
+    CHECK(secure.records[i].uplink_bytes < 0.3 * dense.records[i].uplink_bytes);
+    CHECK(secure.records[i].uplink_bytes < plain.records[i].uplink_bytes + 2500 * 6);
+  }
+  const auto [diff, scale] = starling::testing::modelDiff(plain.model, secure.model);
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-4 * scale);
+  CHECK(diff > 0);  // the ring's rounding: the root never had the plain factor sums
+  CHECK(starling::testing::modelDiff(dense.model, secure.model).diff > 1e-2 * scale);
+}
+
+TEST_CASE(
     "in process: under secure aggregation a client gone silent drops out of the round, which the "
     "others finish",
     "[integration][inproc][secagg]") {

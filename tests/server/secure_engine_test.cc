@@ -542,6 +542,80 @@ TEST_CASE("secure aggregation of a shared support: the compressed mean from k ri
   }
 }
 
+TEST_CASE(
+    "secure aggregation of acpsgd: each round's one factor a client, summed securely, moves the "
+    "model as the factor sums in the clear do",
+    "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const std::string spec = "acpsgd:rank=2,ef=false";
+  const auto comp = compression::makeCompressor(spec);
+  const auto update = [&](uint64_t c, uint64_t r) {
+    auto x = updateOf(c + 7 * r, n);
+    for (float& v : x) v *= 10;  // a factor of norm about 1
+    return x;
+  };
+  SecureFleet fleet(l, 12, update);
+  std::map<uint64_t, std::vector<uint8_t>> last;  // per client, its last masked input
+  fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
+    if (s == SecureStage::kMaskedInput) last[id] = ans;
+    return ans;
+  };
+  auto c = secureConfig(12, 5.0);
+  c.scheme.compressor = spec;
+  c.rounds = 3;
+  server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+  // w (16 x 8) is factored at rank 2, b (16) goes whole: the shared side alternates, Q first.
+  CHECK(server::secureDim(*comp, *l, 5, 1) == 16 * 2 + 16);
+  // The same three rounds in the clear, in double: each client's factor against the round's
+  // shared one (the compressor's own encoding), their mean applied, their sum the next shared.
+  compression::SharedFactors shared = comp->initialShared(*l, 5);
+  std::vector<double> want(n, 0.0);
+  for (uint64_t r = 1; r <= 3; ++r) {
+    INFO("round " << r);
+    last.clear();
+    const server::RoundRecord rec = engine.runRound(fleet);
+    REQUIRE(rec.applied);
+    const compression::RoundContext ctx{5, r, 0, 0, &shared};
+    const size_t dim = comp->secureSize(*l, ctx);
+    CHECK(dim == (r % 2 == 1 ? 16 * 2 + 16 : 8 * 2 + 16));  // P (16 x 2), then Q (8 x 2)
+    REQUIRE(last.size() == 12);
+    for (const auto& [id, bytes] : last)
+      CHECK(protocol::decodeSecAggMasked(bytes, dim).input.words.size() == dim);
+    std::vector<double> sum(dim, 0.0);
+    for (uint64_t id = 0; id < 12; ++id) {
+      const compression::RoundContext cc{5, r, 0, id, &shared};
+      const auto sent = comp->compress(*l, update(id, r), cc);
+      const auto x = comp->secureValues(*l, cc, sent);
+      for (size_t i = 0; i < dim; ++i) sum[i] += x[i];
+      const auto dense = testing::densify(*l, sent, &shared);
+      for (size_t i = 0; i < n; ++i) want[i] += dense[i] / 12.0;
+    }
+    // The engine's model: the mean of the clients' P Q-hat^T (or P-hat Q^T), within the ring's
+    // rounding carried through the factors.
+    double scale = 0;
+    for (double v : want) scale = std::max(scale, std::fabs(v));
+    REQUIRE(scale > 0);
+    CHECK(maxDiff(engine.model().server(), want) <= 1e-4 * scale);
+    std::vector<float> fsum(sum.begin(), sum.end());
+    const auto payloads = comp->securePayloads(*l, ctx, fsum);
+    std::vector<std::vector<float>> factor_sums(l->size());
+    for (size_t t = 0; t < l->size(); ++t)
+      if (const auto* lr = std::get_if<compression::LowRank>(&payloads[t]))
+        factor_sums[t] = lr->p.empty() ? lr->q : lr->p;
+    std::vector<std::span<const float>> spans(factor_sums.begin(), factor_sums.end());
+    shared = comp->nextShared(*l, ctx, shared, spans, 12.0);
+  }
+  // Not the dense mean: the model moved within the factors' span only.
+  std::vector<double> dense_mean(n, 0.0);
+  for (uint64_t r = 1; r <= 3; ++r)
+    for (uint64_t id = 0; id < 12; ++id) {
+      const auto x = update(id, r);
+      for (size_t i = 0; i < n; ++i) dense_mean[i] += x[i] / 12.0;
+    }
+  CHECK(maxDiff(engine.model().server(), dense_mean) > 1e-2);
+}
+
 TEST_CASE("secure aggregation: dropouts at each step leave the survivors' mean", "[secagg]") {
   const auto l = layout();
   const size_t n = l->numel();
@@ -979,15 +1053,16 @@ TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[seca
            {"randk:density=0.1", "use randk:positions=shared"},
            {"stc:density=0.1", "a coordinate only one client touched"},
            {"sign", "a coordinate only one client touched"},
-           {"powersgd:rank=2", "phase by phase"},
-           {"acpsgd:rank=2", "phase by phase"},
+           {"powersgd:rank=2", "runs one phase a round yet"},
+           {"powersgd:rank=2,mode=local", "whose product is no sum"},
            {"fp16", "lower secagg.bits"}}) {
     INFO(spec);
     c = secureConfig(10, 1.0);
     c.scheme.compressor = spec;
     CHECK_THAT(refused(c), Contains(why));
   }
-  for (const char* spec : {"randblock:density=0.1", "randk:density=0.1,positions=shared"}) {
+  for (const char* spec :
+       {"randblock:density=0.1", "randk:density=0.1,positions=shared", "acpsgd:rank=2"}) {
     c = secureConfig(10, 1.0);
     c.scheme.compressor = spec;
     CHECK(refused(c) == "accepted");

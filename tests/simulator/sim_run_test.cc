@@ -1271,6 +1271,40 @@ TEST_CASE("starling-sim runs secure aggregation over random-block: k words a cli
   CHECK(far > 1e-2 * dense_scale);
 }
 
+// Secure aggregation of ACP-SGD's factors (one a round against the shared side, with error
+// feedback): the plain acpsgd run's model within the ring's rounding, the same run to the bit on
+// two workers, the masked words a factor's.
+TEST_CASE("starling-sim runs secure aggregation over acpsgd: one factor a client, its model",
+          "[simulator][integration][secagg]") {
+  TempDir dir("simsecaggacp");
+  const std::string spec = "acpsgd:rank=2";
+  runSecureOrPlain(dir, "plain", 3, spec, false);
+  runSecureOrPlain(dir, "sec", 3, spec, true);
+  runSecureOrPlain(dir, "sec2", 3, spec, true, 2, {"--sim.secagg_batch_bytes", "1"});
+  runSecureOrPlain(dir, "dense", 3, "none", true);
+  CHECK(modelDiff(dir / "sec.ckpt", dir / "sec2.ckpt").first == 0.0);
+  const auto p = readLines(dir / "plain.jsonl"), s = readLines(dir / "sec.jsonl"),
+             s2 = readLines(dir / "sec2.jsonl"), d = readLines(dir / "dense.jsonl");
+  REQUIRE(p.size() == 3);
+  REQUIRE(s.size() == 3);
+  REQUIRE(s2.size() == 3);
+  REQUIRE(d.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("round " << i + 1);
+    CHECK(field(s[i], "applied") == "true");
+    CHECK(field(s[i], "clients_completed") == field(p[i], "clients_completed"));
+    CHECK(field(s2[i], "uplink_bytes") == field(s[i], "uplink_bytes"));
+    // A factor's words, not the model's: well under the dense secure round's uplink.
+    CHECK(std::stod(field(s[i], "uplink_bytes")) < 0.3 * std::stod(field(d[i], "uplink_bytes")));
+  }
+  const auto [diff, scale] = modelDiff(dir / "plain.ckpt", dir / "sec.ckpt");
+  CHECK(scale > 0);
+  CHECK(diff <= 1e-4 * scale);
+  CHECK(diff > 0);  // the ring's rounding, not the plain sums' bits
+  const auto [far, dense_scale] = modelDiff(dir / "dense.ckpt", dir / "sec.ckpt");
+  CHECK(far > 1e-2 * dense_scale);
+}
+
 // Distributed DP (privacy.dp = distributed): each simulated client adds its discrete Gaussian in
 // the ring, from a key of the run seed, so the run is a function of its seed on any number of
 // workers; epsilon in every record is the distributed accountant's; the noise is in the model.
