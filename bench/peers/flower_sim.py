@@ -41,6 +41,11 @@ RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray's services on 127.0.0.1 only: Ray then 
 address as the node's; a network setting, no performance knob), PYTHONPATH=bench/peers (the app
 imports common.py; Flower passes PYTHONPATH on to Ray's workers), PYTHONDONTWRITEBYTECODE=1.
 
+Secure aggregation (--secagg): bench/peers/flower_secagg_app instead, the same training under
+Flower's SecAgg+ (SecAggPlusWorkflow around the legacy FedAvg, secaggplus_mod around a NumPyClient:
+the only form flwr 1.42 runs it in), --num-shares (k + 1) and --threshold (t) in its run config;
+bench/peers/secagg.py compares it with starling-sim's SecAgg+ (docs/peers.md).
+
 Compression: Flower has no built-in update compression (no top-k, no error feedback; its mods are
 clipping, differential privacy, secure aggregation and size logging), so only dense FedAvg runs
 here; --stateful (bench/peers/scale.py) is our top-k with error feedback, kept in Context.state.
@@ -61,11 +66,13 @@ import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 PROG = "flower_sim.py"
 APP_DIR = os.path.join(HERE, "flower_app")
+SECAGG_APP_DIR = os.path.join(HERE, "flower_secagg_app")
 FLOWER_CONFIG = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -174,10 +181,19 @@ def main_cli():
     p.add_argument("--stateful", action="store_true",
                    help="per-node state (bench/peers/scale.py): each client keeps a model-sized float32 residual "
                         "in Context.state and sends top-k 1%% with error feedback (our code)")
+    p.add_argument("--secagg", action="store_true",
+                   help="Flower's SecAgg+ (bench/peers/flower_secagg_app): SecAggPlusWorkflow and secaggplus_mod")
+    p.add_argument("--num-shares", type=int, default=15,
+                   help="--secagg: SecAgg+'s shares of each client's secrets, its own included (k + 1)")
+    p.add_argument("--threshold", type=int, default=8, help="--secagg: the shares that rebuild a secret (t)")
     p.add_argument("--work", default=None,
                    help="work folder (FLWR_HOME, run config, probe log), emptied first; default: OUT.flwr "
                         "next to --out")
     a = p.parse_args()
+    if a.secagg and a.stateful:
+        common.die(PROG, "--secagg takes no --stateful: SecAgg+ sums whole models, not top-k updates")
+    if a.secagg and not (1 <= a.threshold <= a.num_shares):
+        common.die(PROG, f"--threshold must be in [1, --num-shares = {a.num_shares}], got {a.threshold}")
     # Errors before anything starts, without loading the data set here (this process stays small:
     # its memory counts in the measured tree).
     num_examples = common.count_examples("train", a.data_dir, PROG)
@@ -224,6 +240,13 @@ def main_cli():
                   "eval-every": a.eval_every, "seed": a.seed, "client-threads": client_threads,
                   "eval-threads": a.eval_threads, "stateful": a.stateful, "model": a.model,
                   "result-file": inside}
+    if a.secagg:
+        # SecAgg+ masks each update weighted by its examples: max-weight (Flower's default 1000
+        # warns of overflow past it) is the largest shard's.
+        largest = max(len(s) for s in common.read_split(a.split, num_examples, PROG))
+        run_config.update({"num-shares": a.num_shares, "reconstruction-threshold": a.threshold,
+                           "max-weight": float(largest)})
+    app_dir = SECAGG_APP_DIR if a.secagg else APP_DIR
     run_config_file = os.path.join(work, "run-config.toml")
     with open(run_config_file, "w") as f:
         f.writelines(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items())
@@ -243,7 +266,7 @@ def main_cli():
         "PYTHONDONTWRITEBYTECODE": "1",
         "STARLING_PEERS_PROBE_LOG": probe,
     })
-    cmd = [flwr, "run", APP_DIR, "local", "--stream", "--federation-config", fed, "--run-config", run_config_file]
+    cmd = [flwr, "run", app_dir, "local", "--stream", "--federation-config", fed, "--run-config", run_config_file]
 
     # Orphans (the SuperLink `flwr run` detaches) re-parent to this process: they stay in the tree.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -287,7 +310,8 @@ def main_cli():
     result = {
         "system": "flower",
         "setting": a.setting,
-        "launcher": "flwr run (local SuperLink, simulation mode, Ray backend) of bench/peers/flower_app",
+        "launcher": "flwr run (local SuperLink, simulation mode, Ray backend) of " + os.path.relpath(app_dir, ROOT),
+        "secagg": a.secagg,
         "command": cmd,
         "federation_config": federation,
         "run_config": run_config,
@@ -300,7 +324,9 @@ def main_cli():
         "stop_seconds": t3 - t2,
         "data_loads": probes,
         "max_train_loads_per_process": probes["max_train_loads_per_process"],
-        "bytes_note": "serialized Array payloads (Array.data) of the ArrayRecords, without message framing",
+        "bytes_note": ("not measured under SecAgg+ (its messages are records of several kinds): the dense "
+                       "model each way, for scale" if a.secagg else
+                       "serialized Array payloads (Array.data) of the ArrayRecords, without message framing"),
         **r,
     }
     common.write_result(out, result)

@@ -8,6 +8,8 @@
 #   - the training processes on 1 PyTorch and 1 OpenBLAS thread each (as Starling bounds its
 #     workers), Flower's central evaluation on 2 of each (its actors are idle then);
 #   - the result JSON with every field run.py reads, and nothing left running afterwards.
+# The same for Flower under its SecAgg+ (flower_sim.py --secagg: bench/peers/flower_secagg_app), the
+# app bench/peers/secagg.py compares with starling-sim's secure aggregation.
 # Needs the peers' virtual environment (bash scripts/peers-venv.sh) and the Fashion-MNIST data set;
 # without either it exits 77, which ctest reports as skipped (SKIP_RETURN_CODE 77).
 set -euo pipefail
@@ -37,6 +39,9 @@ common=(--split "$tmp/split.txt" --data-dir "$data" --rounds 2 --clients-per-rou
 status=0
 "$venv/bin/python" "$peers/flower_sim.py" "${common[@]}" --out "$tmp/flower.json" > "$tmp/flower.log" 2>&1 || status=$?
 if [[ $status -ne 0 ]]; then tail -30 "$tmp/flower.log"; echo "peers_loads: flower_sim.py exited with $status"; exit 1; fi
+"$venv/bin/python" "$peers/flower_sim.py" "${common[@]}" --secagg --num-shares 3 --threshold 2 \
+  --out "$tmp/flower-secagg.json" > "$tmp/flower-secagg.log" 2>&1 || status=$?
+if [[ $status -ne 0 ]]; then tail -30 "$tmp/flower-secagg.log"; echo "peers_loads: flower_sim.py --secagg exited with $status"; exit 1; fi
 "$venv/bin/python" "$peers/pfl_sim.py" "${common[@]}" --out "$tmp/pfl.json" > "$tmp/pfl.log" 2>&1 || status=$?
 if [[ $status -ne 0 ]]; then tail -30 "$tmp/pfl.log"; echo "peers_loads: pfl_sim.py exited with $status"; exit 1; fi
 
@@ -50,7 +55,8 @@ def check(ok, what):
     if not ok:
         failed.append(what)
 
-for system, train_role in (("flower", "flower-clientapp"), ("pfl", "pfl-worker")):
+for system, train_role in (("flower", "flower-clientapp"), ("flower-secagg", "flower-clientapp"),
+                           ("pfl", "pfl-worker")):
     with open(os.path.join(tmp, f"{system}.json")) as f:
         r = json.load(f)
     loads = r["data_loads"]
@@ -72,12 +78,17 @@ for system, train_role in (("flower", "flower-clientapp"), ("pfl", "pfl-worker")
     check([e["round"] for e in r["evals"]] == [2] and 0 <= r["evals"][0]["accuracy"] <= 1,
           f"{system}: one evaluation, after round 2")
 
-with open(os.path.join(tmp, "flower.json")) as f:
-    r = json.load(f)
-server = [p for p in r["data_loads"]["processes"].values() if "flower-serverapp" in p["roles"]]
-check(len(server) == 1 and server[0]["torch_threads"] == 2 and server[0]["blas_threads"] in (2, None),
-      "flower: central evaluation on 2 PyTorch and 2 OpenBLAS threads")
-check(os.path.basename(r["command"][0]) == "flwr" and r["command"][1] == "run", "flower: launched with flwr run")
+for system in ("flower", "flower-secagg"):
+    with open(os.path.join(tmp, f"{system}.json")) as f:
+        r = json.load(f)
+    server = [p for p in r["data_loads"]["processes"].values() if "flower-serverapp" in p["roles"]]
+    check(len(server) == 1 and server[0]["torch_threads"] == 2 and server[0]["blas_threads"] in (2, None),
+          f"{system}: central evaluation on 2 PyTorch and 2 OpenBLAS threads")
+    check(os.path.basename(r["command"][0]) == "flwr" and r["command"][1] == "run",
+          f"{system}: launched with flwr run")
+    check(r["secagg"] == (system == "flower-secagg") and
+          r["command"][2].endswith("flower_secagg_app" if r["secagg"] else "flower_app"),
+          f"{system}: the app of its kind")
 # Nothing that flower_sim.py started is still running (the SuperLink, Ray): no live process names
 # the work folder (the SuperLink's log file and FLWR_HOME are in it).
 left = []
