@@ -67,6 +67,7 @@ int runClient(const apps::Settings& c, const apps::TrainerWrap& wrap) {
       c.secagg.threat == apps::SecAggThreat::kMaliciousServer, c.secagg.authority,
       c.net.insecure ? std::string() : c.net.key, c.client.id);
   rc.secagg_trust.min_noise = c.secagg.min_noise;
+  rc.secagg_trust.min_clients = c.secagg.min_clients;
   rc.secagg_trust.validate(c.client.id);
   rc.validate();
 #if defined(STARLING_CLIENT_STATUS)

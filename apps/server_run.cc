@@ -384,9 +384,10 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
     log.info(
         "distributed DP against this root, which knows who took part: epsilon {:.3f} for a "
         "client in {} rounds (the expected count), {:.3f} in {} (docs/privacy.md); clients may "
-        "hold the root to its noise with secagg.min_noise = {}",
+        "hold the root to its noise with secagg.min_noise = {} and, in signed rounds, to its m "
+        "with secagg.min_clients = {}",
         dp->epsilonKnownSample(expected), expected, dp->epsilonKnownSample(2 * expected),
-        2 * expected, privacy::minNoiseText(*dp));
+        2 * expected, privacy::minNoiseText(*dp), dp->minClients());
   }
   while (!engine.done() && !apps::stopFlag().load()) {
     server::RoundRecord r;

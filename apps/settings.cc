@@ -413,6 +413,13 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "noise multiplier over sqrt(privacy.min_clients), which the root logs); 0: any, including "
         "none (docs/privacy.md)",
         0, 1e6);
+  o.add("secagg.min_clients", &s.secagg.min_clients,
+        "a client's floor on the clients of a sum it helps release (secagg.threat = "
+        "malicious-server only): it refuses a secure round of fewer clients, and signs no "
+        "survivors list that leaves fewer masked inputs, so no sum of fewer is unmasked with its "
+        "help; set it to the root's privacy.min_clients under distributed DP (the root logs it); "
+        "0: any (docs/privacy.md)",
+        0, 100'000'000);
   use(kServer);
   o.add("privacy.seeded_noise", &s.privacy.seeded_noise,
         "privacy.dp at the root: draw the noise and the sample from the run seed (model.seed), "

@@ -133,8 +133,9 @@ struct Settings {
     uint32_t neighbours = 0, threshold = 0, bits = 32;
     double clip = 0.0;  // 0 under privacy.dp: privacy.clip
     SecAggThreat threat = SecAggThreat::kSemiHonest;
-    std::string authority;  // the authority's public key file (malicious-server; deployed)
-    double min_noise = 0;   // a client's floor on distributed DP's noise (client::SecAggTrust)
+    std::string authority;     // the authority's public key file (malicious-server; deployed)
+    double min_noise = 0;      // a client's floor on distributed DP's noise (client::SecAggTrust)
+    uint64_t min_clients = 0;  // a client's floor on the clients of a sum (client::SecAggTrust)
   } secagg;
   struct Round {
     uint32_t deadline_ms = 60000;  // deployment: how long a phase waits

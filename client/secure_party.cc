@@ -15,6 +15,11 @@ namespace pv = starling::privacy;
 void SecAggTrust::validate(uint64_t id) const {
   if (!(std::isfinite(min_noise) && min_noise >= 0))
     STARLING_THROW(ConfigError, "secagg.min_noise must be finite and >= 0, got ", min_noise);
+  if (min_clients > 0 && !require_signed)
+    STARLING_THROW(ConfigError,
+                   "secagg.min_clients needs secagg.threat = malicious-server: only a signed "
+                   "round tells each client who survived before it unmasks, so only there can it "
+                   "count the inputs of the sum it would help release");
   if (require_signed && !authority)
     STARLING_THROW(ConfigError,
                    "secagg.threat = malicious-server needs secagg.authority: the federation "
@@ -117,6 +122,13 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
                            std::to_string(trust_.min_noise) + " x the update's sensitivity (" +
                            std::to_string(need) + "): this client adds at least that");
   }
+  // Its floor on the clients of a sum: a round of fewer cannot reach it.
+  if (trust_.min_clients > 0 && m.clients.size() < trust_.min_clients)
+    throw InputError(
+        Errc::kTooLittleNoise,
+        "secagg: a round of " + std::to_string(m.clients.size()) +
+            " clients, below secagg.min_clients = " + std::to_string(trust_.min_clients) +
+            ": this client helps release no sum of fewer clients' inputs");
   // (Under secagg.min_noise too: averaging a round's sums over several runs would average away
   // the noise.)
   if ((trust_.require_signed || trust_.min_noise > 0) && masked_ && m.params.round <= *masked_)
@@ -131,6 +143,7 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
   client_.reset();
   client_.emplace(m.params, id_, m.clients, trust_.signer ? &*trust_.signer : nullptr);
   params_ = m.params;
+  round_clients_ = m.clients.size();
   return pr::encode(pr::SecAggKeysMsg{m.nonce, client_->advertise()});
 }
 
@@ -175,6 +188,17 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
 std::vector<uint8_t> SecureParty::signSurvivors(std::span<const uint8_t> bytes) {
   pr::SecAggSurvivorsMsg m = pr::decodeSecAggSurvivors(bytes, limits_);
   checkRound(m.request.round, "a survivors list");
+  // The sum it would help unmask holds the round's clients but the absent (the list is checked
+  // for order and membership when signed; an absent id outside the round only lowers the count,
+  // and is refused there).
+  if (trust_.min_clients > 0 && (m.request.absent.size() >= round_clients_ ||
+                                 round_clients_ - m.request.absent.size() < trust_.min_clients))
+    throw InputError(
+        Errc::kTooLittleNoise,
+        "secagg: a survivors list of " +
+            std::to_string(round_clients_ - std::min(round_clients_, m.request.absent.size())) +
+            " masked inputs, below secagg.min_clients = " + std::to_string(trust_.min_clients) +
+            ": this client signs for no sum of fewer clients' inputs");
   return pr::encode(pr::SecAggSignedMsg{m.nonce, client_->signSurvivors(m.request)});
 }
 

@@ -62,9 +62,15 @@ struct SecAggTrust {
   // (kTooLittleNoise), and so are a fit task in the clear (client/runtime.h) and a setup of a
   // round it already masked in (a round run again with fresh noise). 0: any.
   double min_noise = 0;
+  // secagg.min_clients: the fewest clients whose inputs a sum this client helps release holds
+  // (under distributed DP, whose noise it carries): a setup of fewer clients, or a survivors list
+  // that leaves fewer masked inputs, is refused (kTooLittleNoise) before the client signs or
+  // reveals anything. Needs require_signed: only a signed round lists who survived before the
+  // unmask, so only there can a client count the inputs of the sum it would unmask. 0: any.
+  uint64_t min_clients = 0;
   // ConfigError when require_signed lacks the authority or the signer, or the signer's
   // credential is not the authority's for `id` (a key file certified for another id, or by
-  // another authority).
+  // another authority), or min_clients is set without require_signed.
   void validate(uint64_t id) const;
 };
 
@@ -102,6 +108,7 @@ class SecureParty {
 
   uint64_t id_;
   SecAggTrust trust_;
+  uint64_t round_clients_ = 0;  // the clients the last setup named
   protocol::SecAggLimits limits_;
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;

@@ -366,7 +366,7 @@ class Client {
          uint64_t num_examples, uint64_t eval_examples, bool insecure, std::string key,
          std::string server_key, std::string state_file, const std::string& log_level,
          uint32_t register_retry_ms, uint32_t server_silence_ms, const std::string& secagg_threat,
-         const std::string& secagg_authority, double secagg_min_noise)
+         const std::string& secagg_authority, double secagg_min_noise, uint64_t secagg_min_clients)
       : trainer_(std::move(client), makeLayout(layout), python_) {
     if (num_examples == 0) throw py::value_error("num_examples must be at least 1");
     if (num_examples > kMaxExamples || eval_examples > kMaxExamples)
@@ -401,7 +401,8 @@ class Client {
     config_.secagg_trust =
         client::loadSecAggTrust(secagg_threat == "malicious-server", secagg_authority,
                                 insecure ? std::string() : key, client_id);
-    config_.secagg_trust.min_noise = secagg_min_noise;  // distributed DP's floor
+    config_.secagg_trust.min_noise = secagg_min_noise;      // distributed DP's floor
+    config_.secagg_trust.min_clients = secagg_min_clients;  // and the clients of a sum
     config_.secagg_trust.validate(client_id);
     config_.validate();
     auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
@@ -593,12 +594,12 @@ PYBIND11_MODULE(_starling, m) {
   py::class_<Client>(m, "Client")
       .def(py::init<py::object, std::string, uint64_t, const LayoutList&, uint64_t, uint64_t, bool,
                     std::string, std::string, std::string, std::string, uint32_t, uint32_t,
-                    std::string, std::string, double>(),
+                    std::string, std::string, double, uint64_t>(),
            py::arg("client"), py::arg("server"), py::arg("client_id"), py::arg("layout"),
            py::arg("num_examples"), py::arg("eval_examples"), py::arg("insecure"), py::arg("key"),
            py::arg("server_key"), py::arg("state_file"), py::arg("log_level"),
            py::arg("register_retry_ms"), py::arg("server_silence_ms"), py::arg("secagg_threat"),
-           py::arg("secagg_authority"), py::arg("secagg_min_noise"))
+           py::arg("secagg_authority"), py::arg("secagg_min_noise"), py::arg("secagg_min_clients"))
       .def("run", &Client::run)
       .def("stop", &Client::stop)
       .def_property_readonly("stats", &Client::stats)

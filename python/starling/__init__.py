@@ -159,6 +159,9 @@ class Client:
     secagg_min_noise: under distributed DP (privacy.dp = distributed at the root), the least
         noise this client adds, as the C++ client's secagg.min_noise: a round that asks for less
         is refused. 0: any.
+    secagg_min_clients: the fewest clients a sum this client helps release may hold, as the C++
+        client's secagg.min_clients (secagg_threat="malicious-server" only): a round of fewer
+        clients, or a survivors list leaving fewer masked inputs, is refused. 0: any.
 
     Everything is checked here, before anything connects. run() raises UpstreamRefused (a
     ConnectionRefusedError) when the server will not take this client: its key is not on the
@@ -169,7 +172,7 @@ class Client:
     def __init__(self, client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
                  server_key=None, insecure=False, state_file=None, log_level="info",
                  register_retry_ms=1000, server_silence_ms=15000, secagg_threat="semi-honest",
-                 secagg_authority=None, secagg_min_noise=0.0):
+                 secagg_authority=None, secagg_min_noise=0.0, secagg_min_clients=0):
         if not callable(getattr(client, "fit", None)):
             raise TypeError("client must have a fit(parameters, config) method (see starling.NumPyClient)")
         client_id = _count("client_id", client_id, 0, 2**64 - 1)
@@ -177,6 +180,7 @@ class Client:
         eval_examples = _count("eval_examples", eval_examples, 0)
         register_retry_ms = _count("register_retry_ms", register_retry_ms, 10, 2**32 - 1)
         server_silence_ms = _count("server_silence_ms", server_silence_ms, 100, 2**32 - 1)
+        secagg_min_clients = _count("secagg_min_clients", secagg_min_clients, 0, 2**64 - 1)
         if not isinstance(server, str):
             raise TypeError(f"server must be a str such as 'tcp://127.0.0.1:7700', not {type(server).__name__}")
         if eval_examples and not callable(getattr(client, "evaluate", None)):
@@ -186,7 +190,8 @@ class Client:
                                         int(eval_examples), bool(insecure), key or "", server_key or "",
                                         state_file or "", log_level, int(register_retry_ms),
                                         int(server_silence_ms), str(secagg_threat),
-                                        secagg_authority or "", float(secagg_min_noise))
+                                        secagg_authority or "", float(secagg_min_noise),
+                                        int(secagg_min_clients))
 
     def run(self):
         """Serves the federation until the server ends it (returns True), stop() (False) or
@@ -217,7 +222,7 @@ class Client:
 def start_client(client, *, server, client_id, layout, num_examples, eval_examples=0, key=None,
                  server_key=None, insecure=False, state_file=None, log_level="info",
                  register_retry_ms=1000, server_silence_ms=15000, secagg_threat="semi-honest",
-                 secagg_authority=None, secagg_min_noise=0.0):
+                 secagg_authority=None, secagg_min_noise=0.0, secagg_min_clients=0):
     """Builds a Client (its arguments, described there) and runs it: serves the federation until
     the server ends it (returns True), Ctrl-C (KeyboardInterrupt) or an error. Raises what fit()
     or evaluate() raised, UpstreamRefused when the server will not take this client, and
@@ -230,4 +235,5 @@ def start_client(client, *, server, client_id, layout, num_examples, eval_exampl
                   eval_examples=eval_examples, key=key, server_key=server_key, insecure=insecure,
                   state_file=state_file, log_level=log_level, register_retry_ms=register_retry_ms,
                   server_silence_ms=server_silence_ms, secagg_threat=secagg_threat,
-                  secagg_authority=secagg_authority, secagg_min_noise=secagg_min_noise).run()
+                  secagg_authority=secagg_authority, secagg_min_noise=secagg_min_noise,
+                  secagg_min_clients=secagg_min_clients).run()

@@ -245,6 +245,15 @@ class PythonClientTest(unittest.TestCase):
                 starling.Client(Shifter(1, 1, 1), num_examples=1,
                                 **self.fed.client_kwargs(port, 0, secagg_min_noise=bad))
             self.assertIn("secagg.min_noise", str(got.exception))
+        # secagg_min_clients (secagg.min_clients): a count, and only under the malicious-server
+        # threat model (only a signed round lists who survived before the unmask).
+        with self.assertRaises(starling.ConfigError) as got:
+            starling.Client(Shifter(1, 1, 1), num_examples=1,
+                            **self.fed.client_kwargs(port, 0, secagg_min_clients=10))
+        self.assertIn("secagg.min_clients needs secagg.threat = malicious-server", str(got.exception))
+        with self.assertRaises(ValueError):
+            starling.Client(Shifter(1, 1, 1), num_examples=1,
+                            **self.fed.client_kwargs(port, 0, secagg_min_clients=-1))
 
     def test_the_servers_compressor_and_error_feedback_apply_to_a_python_client(self):
         # Top-k with error feedback, one client adding 1 to every parameter each round. Round 1

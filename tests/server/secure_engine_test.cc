@@ -1633,3 +1633,71 @@ TEST_CASE(
   bad.min_noise = -1;
   CHECK_THROWS_AS(bad.validate(1), ConfigError);
 }
+
+TEST_CASE(
+    "distributed DP: in signed rounds a client's secagg.min_clients holds the root to its m: no "
+    "sum of fewer masked inputs is unmasked with its help",
+    "[secagg][ddg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const privacy::SigningKeyPair authority = privacy::SigningKeyPair::generate();
+  // A root that runs m = 3 (it would unmask a sum of three clients' noise), clients whose floor
+  // is `floor`; `lost` clients drop before their masked input.
+  const auto runWith = [&](uint64_t floor, uint64_t lost) {
+    SecureFleet fleet(l, 20, [&](uint64_t c, uint64_t) { return updateOf(c, n); });
+    fleet.trust = [&](uint64_t c) {
+      client::SecAggTrust t = certifiedTrust(authority, c);
+      t.min_clients = floor;
+      return t;
+    };
+    for (uint64_t c = 0; c < lost; ++c) fleet.drop_at[c] = SecureStage::kMaskedInput;
+    std::set<SecureStage> asked;
+    fleet.tamper_request = [&](SecureStage s, uint64_t, std::vector<uint8_t> req) {
+      asked.insert(s);
+      return req;
+    };
+    server::EngineConfig c = distributedConfig(20, 1.0, 1.0, 3);
+    c.secagg.authority = authority.public_key;
+    server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+    const server::RoundRecord rec = engine.runRound(fleet);
+    bool moved = false;
+    for (float v : engine.model().server()) moved = moved || v != 0.0f;
+    return std::make_tuple(rec, fleet.client_refused, asked.count(SecureStage::kUnmask) > 0, moved);
+  };
+  {
+    // 17 masked inputs, floor 15: signed, unmasked, applied.
+    const auto [rec, refused, unmasked, moved] = runWith(15, 3);
+    INFO(rec.reason);
+    CHECK(rec.applied);
+    CHECK(rec.clients_completed == 17);
+    CHECK(refused.empty());
+    CHECK(unmasked);
+    CHECK(moved);
+  }
+  {
+    // 14 masked inputs: the root's m = 3 lets it go on, but every survivor refuses to sign a list
+    // of 14 against its floor of 15, so no one is asked to unmask and nothing is applied.
+    const auto [rec, refused, unmasked, moved] = runWith(15, 6);
+    CHECK_FALSE(rec.applied);
+    REQUIRE(refused.size() == 14);
+    for (const auto& [id, code] : refused) {
+      CHECK(id >= 6);
+      CHECK(code == Errc::kTooLittleNoise);
+    }
+    CHECK_FALSE(unmasked);
+    CHECK_FALSE(moved);
+  }
+  {
+    // A round of 20 clients, a floor of 25: refused at the setup by every client.
+    const auto [rec, refused, unmasked, moved] = runWith(25, 0);
+    CHECK_FALSE(rec.applied);
+    REQUIRE(refused.size() == 20);
+    for (const auto& [id, code] : refused) CHECK(code == Errc::kTooLittleNoise);
+    CHECK_FALSE(moved);
+  }
+  // Only a signed round lists who survived: the floor without the threat model is refused.
+  client::SecAggTrust unsigned_floor;
+  unsigned_floor.min_clients = 10;
+  CHECK_THROWS_MATCHING(unsigned_floor.validate(1), ConfigError,
+                        Catch::Matchers::Contains("needs secagg.threat = malicious-server"));
+}
