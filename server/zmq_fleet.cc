@@ -553,6 +553,7 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
       if (socket_.send(p.routing, phase_->secure->request(SecureStage::kAdvertise, m.client_id))) {
         q.sent_to = p.routing;
         q.sent_version = p.info.model_version;
+        if (phase_->secure->nonce() == secure_exchange_) secure_routing_[m.client_id] = p.routing;
       }
       return;
     }
@@ -800,6 +801,23 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
 
 bool ZmqFleet::sendStep(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
                         uint64_t& bytes) {
+  if (stage == SecureStage::kAdvertise) {
+    if (round.nonce() != secure_exchange_) {
+      secure_exchange_ = round.nonce();
+      secure_routing_.clear();
+    }
+    secure_routing_[peer.info.id] = peer.routing;
+  } else if (round.nonce() == secure_exchange_) {
+    const auto at = secure_routing_.find(peer.info.id);
+    if (at != secure_routing_.end() && at->second != peer.routing) {
+      log_->info(
+          "{} {} registered again on another connection since round {}'s setup (a restart): it "
+          "has lost its side of the round and drops out of the {} step",
+          peer.info.role == pr::Role::kAggregator ? "aggregator" : "client", peer.info.id,
+          round.round(), stageName(stage));
+      return false;
+    }
+  }
   std::vector<uint8_t> msg;
   if (!round.relayedBy(peer.info.id).empty()) {
     const pr::SecAggRelayMsg m = relayRequest(round, peer.info.id, stage, deadline_ms);

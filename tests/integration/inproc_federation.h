@@ -238,6 +238,13 @@ class InprocFederation {
               FitWaves* waves = nullptr) {
     const std::string name = "client-" + std::to_string(id);
     Node& n = node(name);
+    {
+      // A client started again (after stopClient) is counted afresh: the conditions below read
+      // the running one's statistics, not those of the one stopped.
+      std::lock_guard lock(mu_);
+      live_.erase(id);
+      stats_.erase(id);
+    }
     rc.server = server;
     rc.client_id = id;
     rc.security.insecure = true;

@@ -1497,6 +1497,50 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "in process: under secure aggregation a client restarted after its masked input is unmasked "
+    "by its neighbours, and the later steps do not wait for it",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 1200);
+  InprocFederation f("logreg", train, iid(train, 6));
+  server::EngineConfig ec = secureEngine(1, 6, 6);
+  ec.round_deadline_ms = 600'000;  // the clock never gets there: no step may wait it out
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 3'600'000;
+  f.root(ec, fc);
+  client::RuntimeConfig rc;
+  rc.server_silence_ms = 3'600'000;
+  for (uint64_t id = 0; id < 5; ++id) f.client(id, "inproc://root", rc);
+  // Client 5's fit waits 1 s of the federation's clock: the masked-input step stays open while
+  // client 3 restarts.
+  f.client(5, "inproc://root", rc, {}, std::chrono::milliseconds(1000));
+  {
+    const bool masked = f.waitFor(f.updatesSent(3, 1), seconds(60));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(masked);
+  }
+  // A device that crashes and comes back: a fresh runtime on a new connection, with no side of
+  // the round. Once it heartbeats, the root has taken its registration.
+  f.stopClient(3);
+  f.client(3, "inproc://root", rc);
+  {
+    const bool back =
+        f.fastForward(f.heartbeatsSent(3, 1), std::chrono::milliseconds(5), seconds(60));
+    INFO(f.error() << "\n" << f.logs());
+    REQUIRE(back);
+  }
+  // Client 5 finishes, the masked inputs close, and the unmask step fails client 3 at once (it
+  // could never answer) instead of waiting for the deadline; its neighbours' shares unmask it.
+  const bool done = f.fastForward(f.roundsDone(1), std::chrono::milliseconds(5), seconds(60));
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(done);
+  const server::RoundRecord r = f.records()[0];
+  CHECK(r.applied);
+  CHECK(r.clients_selected == 6);
+  CHECK(r.clients_completed == 6);  // its masked input is in the sum
+  CHECK(r.clients_failed == 0);
+}
+
+TEST_CASE(
     "in process: under secure aggregation a lying client's keys, its update in the clear and an "
     "answer of another step are refused, and the honest clients' round is applied",
     "[integration][inproc][secagg]") {
