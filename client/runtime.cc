@@ -401,6 +401,15 @@ bool ClientRuntime::run(const std::atomic<bool>& stop) {
       return false;
     } catch (const InputError& e) {
       s.log->warn("client {}: ignored a message from the server: {}", s.config.client_id, e.what());
+      // A task or secure step it refuses: the server is told, with the code, so that it does not
+      // wait for an answer that will not come (a floor of its own, a step of a round it has no
+      // side of after a restart).
+      if (*kind == pr::MessageKind::kTask || *kind == pr::MessageKind::kSecAggSetup ||
+          *kind == pr::MessageKind::kSecAggAdverts || *kind == pr::MessageKind::kSecAggShares ||
+          *kind == pr::MessageKind::kSecAggSurvivors || *kind == pr::MessageKind::kSecAggUnmask)
+        s.link.send(
+            pr::encode(pr::RejectMsg{pr::RejectKind::kRefused, static_cast<uint32_t>(e.code()), 0,
+                                     0, std::string(e.what()).substr(0, 1000)}));
     } catch (const DivergenceError& e) {
       s.log->error("client {}: training diverged, task dropped: {}", s.config.client_id, e.what());
     } catch (const InvalidArgument& e) {

@@ -188,9 +188,9 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
 std::vector<uint8_t> SecureParty::signSurvivors(std::span<const uint8_t> bytes) {
   pr::SecAggSurvivorsMsg m = pr::decodeSecAggSurvivors(bytes, limits_);
   checkRound(m.request.round, "a survivors list");
-  // The sum it would help unmask holds the round's clients but the absent (the list is checked
-  // for order and membership when signed; an absent id outside the round only lowers the count,
-  // and is refused there).
+  // The sum it would help unmask holds the round's clients but the absent (an absent id outside
+  // the round, which SecAggClient::signSurvivors does not look for, only lowers the count: the
+  // floor errs on the side of refusing).
   if (trust_.min_clients > 0 && (m.request.absent.size() >= round_clients_ ||
                                  round_clients_ - m.request.absent.size() < trust_.min_clients))
     throw InputError(

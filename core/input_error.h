@@ -66,7 +66,8 @@ enum class Errc : uint8_t {
   kPeerRoutingId,  // a connection whose ZeroMQ routing id its peer named (not the server's own)
   kRevoked,        // a client an operator revoked (starling-admin): nothing of it is taken
   // distributed DP (privacy/dp.h)
-  kTooLittleNoise,  // a secure round asking a client for less noise than its secagg.min_noise
+  kTooLittleNoise,  // a secure round asking a client for less noise than its secagg.min_noise,
+                    // or holding fewer clients than its secagg.min_clients
 };
 // The last code: per-code counters are sized by it (update when adding a code).
 inline constexpr Errc kLastErrc = Errc::kTooLittleNoise;

@@ -467,6 +467,9 @@ void ZmqFleet::handle(const transport::Received& r) {
       case pr::MessageKind::kSecAggRelay:
         handleRelay(r, *peer);
         return;
+      case pr::MessageKind::kReject:
+        handleDecline(r, *peer);
+        return;
       default:
         failInput(Errc::kUnexpectedMessage, "a client may not send ", pr::kindName(*kind));
     }
@@ -553,7 +556,6 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
       if (socket_.send(p.routing, phase_->secure->request(SecureStage::kAdvertise, m.client_id))) {
         q.sent_to = p.routing;
         q.sent_version = p.info.model_version;
-        if (phase_->secure->nonce() == secure_exchange_) secure_routing_[m.client_id] = p.routing;
       }
       return;
     }
@@ -799,25 +801,39 @@ void ZmqFleet::handleRelay(const transport::Received& r, Peer& peer) {
   }
 }
 
+void ZmqFleet::handleDecline(const transport::Received& r, Peer& peer) {
+  pr::RejectMsg m;
+  try {
+    m = pr::decodeReject(r.bytes());
+  } catch (const InputError&) {
+    return;  // a malformed Reject is dropped unanswered, as every Reject is
+  }
+  const uint64_t id = peer.info.id;
+  const auto pend = pending_.find(id);
+  if (pend == pending_.end() || !phase_ || phase_->closing || pend->second.evaluate) return;
+  // The round its open request is of: a secure step's, or its task's.
+  const uint64_t round = phase_->secure  ? phase_->secure->round()
+                         : phase_->task  ? phase_->task->header.round
+                         : phase_->async ? phase_->async->task().header.round
+                                         : 0;
+  if (m.round != 0 && m.round != round) return;  // about another round's request: late
+  const Errc code = static_cast<Errc>(std::min<uint32_t>(m.code, static_cast<uint32_t>(kLastErrc)));
+  log_->info("client {} declined {} of round {} ({}: {}); it drops out of it now", id,
+             phase_->secure
+                 ? std::string("secure aggregation's ") + stageName(phase_->stage) + " step"
+                 : std::string("its task"),
+             round, errcLabel(code), m.message.substr(0, 200));
+  expired_[id].add(pend->second.nonce);
+  pending_.erase(pend);
+  if (phase_->report) phase_->report->failed.push_back(id);
+  if (phase_->async) {
+    phase_->async->failed(id);
+    phase_->event = true;
+  }
+}
+
 bool ZmqFleet::sendStep(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
                         uint64_t& bytes) {
-  if (stage == SecureStage::kAdvertise) {
-    if (round.nonce() != secure_exchange_) {
-      secure_exchange_ = round.nonce();
-      secure_routing_.clear();
-    }
-    secure_routing_[peer.info.id] = peer.routing;
-  } else if (round.nonce() == secure_exchange_) {
-    const auto at = secure_routing_.find(peer.info.id);
-    if (at != secure_routing_.end() && at->second != peer.routing) {
-      log_->info(
-          "{} {} registered again on another connection since round {}'s setup (a restart): it "
-          "has lost its side of the round and drops out of the {} step",
-          peer.info.role == pr::Role::kAggregator ? "aggregator" : "client", peer.info.id,
-          round.round(), stageName(stage));
-      return false;
-    }
-  }
   std::vector<uint8_t> msg;
   if (!round.relayedBy(peer.info.id).empty()) {
     const pr::SecAggRelayMsg m = relayRequest(round, peer.info.id, stage, deadline_ms);

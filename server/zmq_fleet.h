@@ -266,12 +266,16 @@ class ZmqFleet final : public Fleet {
   void handleRelay(const transport::Received& r, Peer& peer);
   // Sends `peer` its message of `stage`: an edge aggregator that relays clients of the round the
   // requests of those in the step (relayRequest), a client its request; false (nothing sent) when
-  // it has none, when it registered again on another connection since the round's setup went to
-  // it (it lost its side of the round: logged), or when the send failed. Adds the bytes sent to
-  // `bytes`.
+  // it has none or the send failed. Adds the bytes sent to `bytes`.
   bool sendStep(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
                 uint64_t& bytes);
   void handleEvaluation(const transport::Received& r, Peer& peer);
+  // A peer's Reject: it refuses the task or secure step it was sent (client/runtime.h: a floor of
+  // its own, a round it will not take part in, a step of a round it has no side of after a
+  // restart). The open task or step fails at once, logged with the peer's code, instead of at its
+  // deadline; a Reject with nothing open for it (late, or another round's) is dropped. Never
+  // answered (a Reject is not refused with a Reject).
+  void handleDecline(const transport::Received& r, Peer& peer);
   // Who sent `r`, for a log line: the client its key is listed as, the client registered on its
   // connection, or neither.
   std::string describePeer(const transport::Received& r) const;
@@ -300,12 +304,6 @@ class ZmqFleet final : public Fleet {
   protocol::Decoder decoder_;
   uint64_t session_;
   std::unordered_map<uint64_t, Peer> clients_;
-  // The secure round whose setup went out last (its exchange nonce), and the connection each of
-  // its peers had then: a peer that registered again since on another connection (a restarted
-  // process) has lost its side of the round, and sendStep fails it at once at a later step
-  // instead of leaving the step to wait for an answer that cannot come.
-  uint64_t secure_exchange_ = 0;
-  std::unordered_map<uint64_t, std::string> secure_routing_;
   std::unordered_map<std::string, uint64_t> by_routing_;
   std::unordered_map<uint64_t, Pending> pending_;
   // Client -> the nonces of its last few closed tasks: an answer carrying one is late, not forged

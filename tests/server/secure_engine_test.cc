@@ -567,6 +567,15 @@ TEST_CASE(
   server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
   // w (16 x 8) is factored at rank 2, b (16) goes whole: the shared side alternates, Q first.
   CHECK(server::secureDim(*comp, *l, 5, 1) == 16 * 2 + 16);
+  {
+    // A wider matrix (8 x 16): the second side is the larger, and the one the ring must hold.
+    auto wide = std::make_shared<ParamLayout>();
+    wide->add("w", {8, 16});
+    wide->add("b", {16});
+    CHECK(server::secureDim(*comp, *wide, 5, 1) == 16 * 2 + 16);
+    compression::SharedFactors first = comp->initialShared(*wide, 5);
+    CHECK(comp->secureSize(*wide, compression::RoundContext{5, 1, 0, 0, &first}) == 8 * 2 + 16);
+  }
   // The same three rounds in the clear, in double: each client's factor against the round's
   // shared one (the compressor's own encoding), their mean applied, their sum the next shared.
   compression::SharedFactors shared = comp->initialShared(*l, 5);
@@ -1664,12 +1673,12 @@ TEST_CASE(
     for (float v : engine.model().server()) moved = moved || v != 0.0f;
     return std::make_tuple(rec, fleet.client_refused, asked.count(SecureStage::kUnmask) > 0, moved);
   };
-  {
-    // 17 masked inputs, floor 15: signed, unmasked, applied.
-    const auto [rec, refused, unmasked, moved] = runWith(15, 3);
-    INFO(rec.reason);
+  for (const uint64_t lost : {3, 5}) {
+    // 17 and 15 masked inputs, floor 15 (a sum of exactly the floor is allowed): applied.
+    const auto [rec, refused, unmasked, moved] = runWith(15, lost);
+    INFO(lost << " lost: " << rec.reason);
     CHECK(rec.applied);
-    CHECK(rec.clients_completed == 17);
+    CHECK(rec.clients_completed == 20 - lost);
     CHECK(refused.empty());
     CHECK(unmasked);
     CHECK(moved);
@@ -1688,12 +1697,18 @@ TEST_CASE(
     CHECK_FALSE(moved);
   }
   {
-    // A round of 20 clients, a floor of 25: refused at the setup by every client.
-    const auto [rec, refused, unmasked, moved] = runWith(25, 0);
+    // A round of 20 clients, a floor of 21: refused at the setup by every client.
+    const auto [rec, refused, unmasked, moved] = runWith(21, 0);
     CHECK_FALSE(rec.applied);
     REQUIRE(refused.size() == 20);
     for (const auto& [id, code] : refused) CHECK(code == Errc::kTooLittleNoise);
     CHECK_FALSE(moved);
+  }
+  {
+    // A floor of 20 the round of 20 meets: no refusal.
+    const auto [rec, refused, unmasked, moved] = runWith(20, 0);
+    CHECK(rec.applied);
+    CHECK(refused.empty());
   }
   // Only a signed round lists who survived: the floor without the threat model is refused.
   client::SecAggTrust unsigned_floor;
