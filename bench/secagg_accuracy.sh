@@ -12,6 +12,7 @@
 #   block-m     block with server momentum (fedavgm, eta 1, beta1 0.9) on the round's mean
 #   acp         compressor acpsgd:rank=ACP_RANK (one low-rank factor a round against the shared
 #               side, error feedback; under SecAgg each client masks its factor)
+#   acp-m       acp with server momentum (fedavgm, eta 1, beta1 0.9)
 #   ddg-eps1    distributed DP at epsilon 1, delta 1e-5: each client adds its share of discrete
 #               Gaussian noise in the ring (under SecAgg only: there is no plain run of it);
 #               MIN_CLIENTS sets privacy.min_clients (default: half of Q POOL)
@@ -56,10 +57,11 @@ for v in $variants; do
       block) comp="randblock:density=$block" ;;
       block-m) comp="randblock:density=$block"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       acp) comp="acpsgd:rank=$acp_rank" ;;
+      acp-m) comp="acpsgd:rank=$acp_rank"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       dense-eps1) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5) ;;
       ddg-eps1) extra=(--privacy.dp distributed --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5)
                 [ -n "${MIN_CLIENTS:-}" ] && extra+=(--privacy.min_clients "$MIN_CLIENTS") ;;
-      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1, acp)" >&2; exit 2 ;;
+      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1, acp, acp-m)" >&2; exit 2 ;;
     esac
     if [ "$mode" = secagg ]; then
       extra+=(--secagg.enabled true --secagg.clip "$clip")

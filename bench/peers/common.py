@@ -305,3 +305,37 @@ def write_result(path, result):
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1)
     os.replace(tmp, path)
+
+
+# ---- the two Flower Apps' shared steps (bench/peers/flower_app, bench/peers/flower_secagg_app)
+
+def flower_client_shard(cache, pid, cfg, prog):
+    """Client `pid`'s shard as float32 torch tensors, cut from this process's copy of the training
+    set, which `cache` (a Ray actor's module-level dict) loads once, on the process's first
+    message, with the run config's client-threads (0: as Ray and PyTorch set them)."""
+    import numpy as np
+    import torch
+
+    if "train" not in cache:
+        set_threads(int(cfg["client-threads"]))
+        note_threads("flower-clientapp")
+        x, y = load_fashion_mnist("train", str(cfg["data-dir"]), prog, as_float=False)
+        cache["train"] = (x, y)
+        cache["split"] = read_split(str(cfg["split"]), len(y), prog)
+    x, y = cache["train"]
+    idx = cache["split"][pid]
+    return torch.from_numpy(to_float(x[idx])), torch.from_numpy(y[idx].astype(np.int64))
+
+
+def flower_server_start(cfg, prog):
+    """A Flower ServerApp's start: the central evaluation's threads (eval-threads), the seeded
+    initial model, and the test set as torch tensors. Returns (model, x_test, y_test)."""
+    import numpy as np
+    import torch
+
+    set_threads(int(cfg["eval-threads"]))
+    note_threads("flower-serverapp")
+    torch.manual_seed(int(cfg["seed"]))
+    model = make_model(str(cfg["model"]))
+    x_test, y_test = load_fashion_mnist("t10k", str(cfg["data-dir"]), prog)
+    return model, torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64))

@@ -9,7 +9,6 @@ training set once, on its first message (bench/peers/common.py notes every load 
 flower_sim.py reports them per process, and tests/tools/peers_loads_test.sh fails when a process
 loads it twice).
 """
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -21,19 +20,6 @@ PROG = "flower ClientApp"
 _cache = {}  # this process's (Ray actor's) training set (uint8), split and CNN, from its first message on
 
 
-def _client_data(pid, cfg):
-    """The shard of client `pid` as float32 tensors, cut from this actor's copy of the training set."""
-    if "train" not in _cache:
-        common.set_threads(int(cfg["client-threads"]))  # 0: the threads Ray and PyTorch give the actor
-        common.note_threads("flower-clientapp")
-        x, y = common.load_fashion_mnist("train", str(cfg["data-dir"]), PROG, as_float=False)
-        _cache["train"] = (x, y)
-        _cache["split"] = common.read_split(str(cfg["split"]), len(y), PROG)
-    x, y = _cache["train"]
-    idx = _cache["split"][pid]
-    return torch.from_numpy(common.to_float(x[idx])), torch.from_numpy(y[idx].astype(np.int64))
-
-
 app = ClientApp()
 
 
@@ -41,7 +27,7 @@ app = ClientApp()
 def train(msg: Message, context: Context):
     cfg = context.run_config
     pid = int(context.node_config["partition-id"])
-    x, y = _client_data(pid, cfg)
+    x, y = common.flower_client_shard(_cache, pid, cfg, PROG)
     if "model" not in _cache:  # one module per actor, loaded with each message's arrays (as Starling's workers)
         _cache["model"] = common.make_model(str(cfg["model"]))
     model = _cache["model"]

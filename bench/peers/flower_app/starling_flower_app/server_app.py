@@ -34,13 +34,8 @@ def main(grid: Grid, context: Context):
     cfg = context.run_config
     rounds, per_round, every = int(cfg["rounds"]), int(cfg["clients-per-round"]), int(cfg["eval-every"])
     num_clients = int(cfg["num-clients"])
-    common.set_threads(int(cfg["eval-threads"]))
-    common.note_threads("flower-serverapp")
-    torch.manual_seed(int(cfg["seed"]))
-    model = common.make_model(str(cfg["model"]))
+    model, x_test, y_test = common.flower_server_start(cfg, PROG)
     initial = ArrayRecord(model.state_dict())
-    x_test, y_test = common.load_fashion_mnist("t10k", str(cfg["data-dir"]), PROG)
-    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64))
     log = {"rounds": [], "evals": [], "eval_seconds": []}
 
     def central_eval(server_round: int, arrays: ArrayRecord):

@@ -17,24 +17,12 @@ PROG = "flower SecAgg+ ClientApp"
 _cache = {}
 
 
-def _client_data(pid, cfg):
-    if "train" not in _cache:
-        common.set_threads(int(cfg["client-threads"]))
-        common.note_threads("flower-clientapp")
-        x, y = common.load_fashion_mnist("train", str(cfg["data-dir"]), PROG, as_float=False)
-        _cache["train"] = (x, y)
-        _cache["split"] = common.read_split(str(cfg["split"]), len(y), PROG)
-    x, y = _cache["train"]
-    idx = _cache["split"][pid]
-    return torch.from_numpy(common.to_float(x[idx])), torch.from_numpy(y[idx].astype(np.int64))
-
-
 class Trainer(NumPyClient):
     def __init__(self, pid, cfg):
         self.pid, self.cfg = pid, cfg
 
     def fit(self, parameters, config):
-        x, y = _client_data(self.pid, self.cfg)
+        x, y = common.flower_client_shard(_cache, self.pid, self.cfg, PROG)
         if "model" not in _cache:
             _cache["model"] = common.make_model(str(self.cfg["model"]))
         model = _cache["model"]

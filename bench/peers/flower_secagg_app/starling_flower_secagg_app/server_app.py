@@ -30,14 +30,9 @@ def main(grid: Grid, context: Context):
     cfg = context.run_config
     rounds, per_round, every = int(cfg["rounds"]), int(cfg["clients-per-round"]), int(cfg["eval-every"])
     num_clients = int(cfg["num-clients"])
-    common.set_threads(int(cfg["eval-threads"]))
-    common.note_threads("flower-serverapp")
-    torch.manual_seed(int(cfg["seed"]))
-    model = common.make_model(str(cfg["model"]))
+    model, x_test, y_test = common.flower_server_start(cfg, PROG)
     keys = list(model.state_dict().keys())
     initial = [v.detach().numpy().copy() for v in model.state_dict().values()]
-    x_test, y_test = common.load_fashion_mnist("t10k", str(cfg["data-dir"]), PROG)
-    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64))
     log = {"rounds": [], "evals": [], "eval_seconds": []}
 
     def central_eval(server_round, ndarrays, _config):
