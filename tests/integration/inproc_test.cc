@@ -1664,6 +1664,48 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "in process: a peer's Reject fails only its own open step, only for the round it names, and "
+    "is never answered",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 800);
+  InprocFederation f("logreg", train, iid(train, 3));
+  server::EngineConfig ec = secureEngine(1, 4, 3);
+  ec.round_deadline_ms = 600'000;  // the clock stands still: only the Reject can end its wait
+  server::FleetConfig fc = InprocFederation::fleetConfig("inproc://root");
+  fc.silence_ms = 3'600'000;
+  f.root(ec, fc);
+  client::RuntimeConfig rc;
+  rc.server_silence_ms = 3'600'000;
+  for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root", rc);
+  auto layout = std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
+  ByHand peer(f, layout, 3, 200, protocol::Role::kClient);
+  protocol::SecAggSetupMsg setup;
+  const bool got = peer.pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
+    if (k != protocol::MessageKind::kSecAggSetup) return false;
+    setup = protocol::decodeSecAggSetup(b);
+    return true;
+  });
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(got);
+  const auto reject = [](uint64_t round) {
+    return protocol::encode(protocol::RejectMsg{protocol::RejectKind::kRefused,
+                                                static_cast<uint32_t>(Errc::kTooLittleNoise), round,
+                                                0, "a floor of its own"});
+  };
+  // Another round's: dropped unanswered, and its advertise step still waits for it.
+  CHECK_FALSE(peer.answer(reject(setup.params.round + 7)).has_value());
+  CHECK_FALSE(f.waitRounds(1, seconds(1)));
+  // Its round's: unanswered, and the round goes on at once with the other three.
+  CHECK_FALSE(peer.answer(reject(setup.params.round)).has_value());
+  REQUIRE(f.waitRounds(1, seconds(60)));
+  const server::RoundRecord r = f.records()[0];
+  CHECK(r.applied);
+  CHECK(r.clients_selected == 4);
+  CHECK(r.clients_completed == 3);
+  CHECK(r.clients_failed == 1);
+}
+
+TEST_CASE(
     "in process: a client whose secagg.min_clients the round cannot meet declines the setup, and "
     "the signed round goes on without waiting for it",
     "[integration][inproc][secagg]") {
