@@ -223,13 +223,7 @@ bool ZmqFleet::forget(uint64_t id, const std::vector<uint8_t>& tell) {
   bool had_task = false;
   if (auto pend = pending_.find(id); pend != pending_.end()) {
     had_task = true;
-    if (phase_ && phase_->report) phase_->report->failed.push_back(id);
-    if (phase_ && phase_->async) {
-      phase_->async->failed(id);
-      phase_->event = true;
-    }
-    expired_[id].add(pend->second.nonce);
-    pending_.erase(pend);
+    failPending(pend);
   }
   if (auto c = clients_.find(id); c != clients_.end()) {
     if (!tell.empty()) socket_.send(c->second.routing, tell);
@@ -817,19 +811,29 @@ void ZmqFleet::handleDecline(const transport::Received& r, Peer& peer) {
                          : phase_->async ? phase_->async->task().header.round
                                          : 0;
   if (m.round != 0 && m.round != round) return;  // about another round's request: late
-  const Errc code = static_cast<Errc>(std::min<uint32_t>(m.code, static_cast<uint32_t>(kLastErrc)));
+  // A code this build does not know (a newer client's) is named by its number.
+  const std::string code = m.code <= static_cast<uint32_t>(kLastErrc)
+                               ? errcLabel(static_cast<Errc>(m.code))
+                               : "code " + std::to_string(m.code);
   log_->info("client {} declined {} of round {} ({}: {}); it drops out of it now", id,
              phase_->secure
                  ? std::string("secure aggregation's ") + stageName(phase_->stage) + " step"
                  : std::string("its task"),
-             round, errcLabel(code), m.message.substr(0, 200));
-  expired_[id].add(pend->second.nonce);
-  pending_.erase(pend);
-  if (phase_->report) phase_->report->failed.push_back(id);
-  if (phase_->async) {
+             round, code, m.message.substr(0, 200));
+  failPending(pend);
+}
+
+std::unordered_map<uint64_t, ZmqFleet::Pending>::iterator ZmqFleet::failPending(
+    std::unordered_map<uint64_t, Pending>::iterator it) {
+  const uint64_t id = it->first;
+  expired_[id].add(it->second.nonce);
+  it = pending_.erase(it);
+  if (phase_ && phase_->report) phase_->report->failed.push_back(id);
+  if (phase_ && phase_->async) {
     phase_->async->failed(id);
     phase_->event = true;
   }
+  return it;
 }
 
 bool ZmqFleet::sendStep(Peer& peer, SecureSteps& round, SecureStage stage, uint32_t deadline_ms,
@@ -912,13 +916,7 @@ void ZmqFleet::expireSilent() {
     auto c = clients_.find(it->first);
     if (c == clients_.end() || c->second.last_seen < cutoff) {
       log_->warn("client {} went silent; failed for this phase", it->first);
-      if (phase_ && phase_->report) phase_->report->failed.push_back(it->first);
-      if (phase_ && phase_->async) {
-        phase_->async->failed(it->first);
-        phase_->event = true;
-      }
-      expired_[it->first].add(it->second.nonce);
-      it = pending_.erase(it);
+      it = failPending(it);
     } else {
       ++it;
     }

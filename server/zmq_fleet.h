@@ -283,6 +283,11 @@ class ZmqFleet final : public Fleet {
               uint64_t nonce = 0, bool registration = false);
   bool sendTask(Peer& peer, uint64_t nonce);
   void expireSilent();
+  // Fails the open task or step `it` (of pending_): its nonce expired (a late answer is refused),
+  // the peer in the phase's report and, in asynchronous rounds, told to the engine. Returns the
+  // next pending entry.
+  std::unordered_map<uint64_t, Pending>::iterator failPending(
+      std::unordered_map<uint64_t, Pending>::iterator it);
   Peer* peerOf(const transport::Received& r);
   void poll(std::chrono::milliseconds timeout);
   // At a step's deadline, what is already queued for it (at most 1,000 messages, until `target`
