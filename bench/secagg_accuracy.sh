@@ -13,6 +13,10 @@
 #   acp         compressor acpsgd:rank=ACP_RANK (one low-rank factor a round against the shared
 #               side, error feedback; under SecAgg each client masks its factor)
 #   acp-m       acp with server momentum (fedavgm, eta 1, beta1 0.9)
+#   psgd        compressor powersgd:rank=PSGD_RANK (two-phase PowerSGD: P against the shared Q,
+#               then Q against P-hat, error feedback; under SecAgg each phase a secure sum of its
+#               own, with fresh keys)
+#   psgd-m      psgd with server momentum (fedavgm, eta 1, beta1 0.9)
 #   ddg-eps1    distributed DP at epsilon 1, delta 1e-5: each client adds its share of discrete
 #               Gaussian noise in the ring (under SecAgg only: there is no plain run of it);
 #               MIN_CLIENTS sets privacy.min_clients (default: half of Q POOL)
@@ -24,9 +28,9 @@
 #   OUT  folder of the metrics files (default secagg-accuracy)
 #   BIN  starling-sim (default build/bin/starling-sim)
 # Environment: POOL (10000), Q (0.01), ROUNDS (300), CLIP (0.3), MODEL (mlp), SEED (1),
-# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), ACP_RANK (4), VARIANTS ("dense block dense-eps1
-# block-m"; add ddg-eps1 for distributed DP, acp for ACP-SGD), MIN_CLIENTS (ddg-eps1's
-# privacy.min_clients; default derived).
+# EVAL_EVERY (10), BLOCK (0.05), BLOCK_BITS (26), ACP_RANK (4), PSGD_RANK (4), VARIANTS ("dense
+# block dense-eps1 block-m"; add ddg-eps1 for distributed DP, acp for ACP-SGD, psgd for PowerSGD),
+# MIN_CLIENTS (ddg-eps1's privacy.min_clients; default derived).
 set -euo pipefail
 out=${1:-secagg-accuracy}
 bin=${2:-build/bin/starling-sim}
@@ -40,6 +44,7 @@ eval_every=${EVAL_EVERY:-10}
 block=${BLOCK:-0.05}
 block_bits=${BLOCK_BITS:-26}
 acp_rank=${ACP_RANK:-4}
+psgd_rank=${PSGD_RANK:-4}
 variants=${VARIANTS:-dense block dense-eps1 block-m}
 [ -x "$bin" ] || { echo "secagg_accuracy: $bin is not an executable (cmake --build build --target starling-sim)" >&2; exit 2; }
 mkdir -p "$out"
@@ -58,10 +63,12 @@ for v in $variants; do
       block-m) comp="randblock:density=$block"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       acp) comp="acpsgd:rank=$acp_rank" ;;
       acp-m) comp="acpsgd:rank=$acp_rank"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
+      psgd) comp="powersgd:rank=$psgd_rank" ;;
+      psgd-m) comp="powersgd:rank=$psgd_rank"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       dense-eps1) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5) ;;
       ddg-eps1) extra=(--privacy.dp distributed --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5)
                 [ -n "${MIN_CLIENTS:-}" ] && extra+=(--privacy.min_clients "$MIN_CLIENTS") ;;
-      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1, acp, acp-m)" >&2; exit 2 ;;
+      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1, acp, acp-m, psgd, psgd-m)" >&2; exit 2 ;;
     esac
     if [ "$mode" = secagg ]; then
       extra+=(--secagg.enabled true --secagg.clip "$clip")

@@ -285,6 +285,9 @@ struct ClientRuntime::Impl {
     if (t.secure && (!party || shares_round != t.round || party->round() != t.round))
       failInput(Errc::kUnexpectedMessage, "a secure task of round ", t.round,
                 " without that round's shares; nothing trained or sent");
+    if (t.secure && party->phase() != t.phase)
+      failInput(Errc::kRoundMismatch, "a secure task of round ", t.round, " phase ", t.phase,
+                ", and the shares are of phase ", party->phase(), "; nothing trained or sent");
     if (!t.secure && t.kind == pr::TaskKind::kFit && config.secagg_trust.require_signed)
       failInput(Errc::kUnsignedRound, "a fit task in the clear for round ", t.round,
                 ", which this client refuses (secagg.threat = malicious-server: its update leaves "

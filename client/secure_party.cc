@@ -131,12 +131,14 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
             ": this client helps release no sum of fewer clients' inputs");
   // (Under secagg.min_noise too: averaging a round's sums over several runs would average away
   // the noise.)
-  if ((trust_.require_signed || trust_.min_noise > 0) && masked_ && m.params.round <= *masked_)
-    throw InputError(Errc::kWrongRound,
-                     "secagg: a setup of round " + std::to_string(m.params.round) +
-                         " after this client sent its masked input of round " +
-                         std::to_string(*masked_) +
-                         ": a round run twice could give the server the difference of two sums");
+  if ((trust_.require_signed || trust_.min_noise > 0) && masked_ &&
+      std::pair(m.params.round, m.params.phase) <= *masked_)
+    throw InputError(
+        Errc::kWrongRound,
+        "secagg: a setup of round " + std::to_string(m.params.round) + " phase " +
+            std::to_string(m.params.phase) + " after this client sent its masked input of round " +
+            std::to_string(masked_->first) + " phase " + std::to_string(masked_->second) +
+            ": a phase run twice could give the server the difference of two sums");
   // A new round: whatever the last one held goes (a restarted root runs a round again with new
   // keys, which a client under require_signed refuses once it masked in it, above; nothing of the
   // old one is kept to be asked about).
@@ -180,7 +182,7 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
   out.bits = params_.ring.bits;
   out.input = rounding_key ? client_->maskedInput(m.shares, clipped, *rounding_key)
                            : client_->maskedInput(m.shares, clipped);
-  masked_ = params_.round;
+  masked_ = std::pair(params_.round, params_.phase);
   out.metrics.assign(metrics.begin(), metrics.end());
   return pr::encode(out);
 }

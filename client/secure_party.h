@@ -1,16 +1,18 @@
 #pragma once
 // A client's side of secure aggregation (SecAgg+, privacy/secagg.h) on the wire messages of
 // protocol/secagg_wire.h: the one implementation the simulator's clients and a deployed client
-// run. One party per client; each round's setup starts it afresh (fresh keys, every earlier
-// round's secrets forgotten), except that under SecAggTrust::require_signed it remembers the last
-// round it sent a masked input for, and refuses that round or an earlier one again.
+// run. One party per client; each setup starts it afresh (fresh keys, every earlier exchange's
+// secrets forgotten), except that under SecAggTrust::require_signed (or min_noise) it remembers the
+// last round and phase it sent a masked input for, and refuses that phase or an earlier one again
+// (a round of two-phase PowerSGD has an exchange per phase: its phase 1 after its phase 0 is
+// taken).
 //
 //   setup(SecAggSetup)      -> SecAggKeys     its advertised keys (signed with its certified key
 //                                             in a signed round); refused: another derivation
 //                                             (kUnsupportedVersion), an unsigned round under
 //                                             require_signed (kUnsignedRound), a signed one
-//                                             without a credential (kNoCredential), a round it
-//                                             masked in already (kWrongRound)
+//                                             without a credential (kNoCredential), a round
+//                                             and phase it masked in already (kWrongRound)
 //   shareKeys(SecAggAdverts) -> SecAggShares  its key and seed shared among its neighbours
 //   mask(SecAggShares, x)   -> SecAggMasked   x clipped to the ring's clip in L2, then each
 //                                             coordinate to [-clip, clip], rounded into the
@@ -33,6 +35,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "compression/compressor.h"
@@ -99,8 +102,9 @@ class SecureParty {
   std::vector<uint8_t> unmask(std::span<const uint8_t> unmask_msg);
 
   uint64_t id() const { return id_; }
-  // The round of the last setup (0: none).
+  // The round and phase of the last setup (round 0: none).
   uint64_t round() const { return params_.round; }
+  uint32_t phase() const { return params_.phase; }
   const privacy::SecAggParams& params() const { return params_; }
 
  private:
@@ -112,11 +116,11 @@ class SecureParty {
   protocol::SecAggLimits limits_;
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;
-  // Under require_signed: the round of the last masked input it sent. A setup of that round or
-  // an earlier one is refused, whatever run seed it names (the server chooses that too): a server
-  // that ran a round twice, with and without this client, could subtract the two sums. Kept for
-  // the party's life (a client process serves one federation run).
-  std::optional<uint64_t> masked_;
+  // Under require_signed: the round and phase of the last masked input it sent. A setup of that
+  // phase or an earlier one is refused, whatever run seed it names (the server chooses that too):
+  // a server that ran a phase twice, with and without this client, could subtract the two sums.
+  // Kept for the party's life (a client process serves one federation run).
+  std::optional<std::pair<uint64_t, uint32_t>> masked_;
 };
 
 // What a client's update adds to a secure round (compression::Compressor::secureValues): its

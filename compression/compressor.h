@@ -200,17 +200,20 @@ class Compressor {
   virtual SharedSupport sharedSupport(const ParamLayout& layout, const RoundContext& ctx) const;
   // Why a secure sum (SecAgg+: masked vectors added coordinate by coordinate) cannot take this
   // compressor's updates, and what to use instead; empty when it can (a shared support, one
-  // phase; or acpsgd's one factor a round against the shared one). The default: a support or
+  // phase; or a low-rank compressor's factor against the shared one). The default: a support or
   // scale of each client's own.
   virtual std::string secureRefusal() const;
-  // Secure aggregation's view of a client's phase-0 update in ctx's round (for a compressor whose
+  // Secure aggregation's view of a client's update in ctx's round and phase (for a compressor whose
   // secureRefusal() is empty): a vector whose every position means the same for every client of
   // the round, so that masked vectors add up to the round's sum; and that sum back as one payload
   // per tensor, a partial aggregate's. The default: the update's coordinates on the shared support
   // (sharedSupport, in its order), the sum scattered into each tensor dense. ACP-SGD: each
   // tensor's one factor (rows x r with Q shared, cols x r with P shared; a tensor it does not
   // factor whole), in layout order; the sum is the factor sum, a one-factor LowRank payload a
-  // tensor. InvalidArgument on sizes that do not agree with the layout and the round.
+  // tensor. Two-phase PowerSGD: phase P's factors and the unfactored tensors whole, then phase Q's
+  // factors alone (an unfactored tensor is an empty Sparse payload there, as in the clear); each
+  // phase is a secure sum of its own. InvalidArgument on sizes that do not agree with the layout
+  // and the round.
   virtual size_t secureSize(const ParamLayout& layout, const RoundContext& ctx) const;
   virtual std::vector<float> secureValues(const ParamLayout& layout, const RoundContext& ctx,
                                           const std::vector<Payload>& update) const;

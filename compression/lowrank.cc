@@ -590,59 +590,67 @@ void AcpSgdCompressor::checkRound(const ParamLayout& layout, const ClientState& 
 }
 
 namespace {
-// Secure aggregation's view of an acpsgd round: per tensor, the values its payload carries (the
-// one factor, or the tensor whole) and the factor's shape; `shared` from the round (required for
-// a layout with a tensor to factor, as encode's checkRound requires it).
+// Secure aggregation's view of a low-rank round: per tensor, the values its payload carries (the
+// one factor, the tensor whole, or nothing) and the factor's shape; `ctx.shared` from the round
+// (required for a layout with a tensor to factor, as encode's checkRound requires it). `p_side`:
+// the factor sent is P (rows x r), else Q (cols x r); `dense_whole`: a tensor too small to factor
+// travels whole (else as nothing, two-phase PowerSGD's phase Q).
 struct SecurePart {
   size_t values = 0;
   bool factor = false;
   uint32_t rows = 0, cols = 0, rank = 0;
 };
 std::vector<SecurePart> secureParts(const ParamLayout& layout, const LowRankOptions& o,
-                                    const RoundContext& ctx) {
+                                    const RoundContext& ctx, const char* name, bool p_side,
+                                    bool dense_whole) {
   std::vector<SecurePart> out(layout.size());
   for (size_t t = 0; t < layout.size(); ++t) {
     const TensorSpec& spec = layout[t];
     const bool factor =
         ctx.shared && t < ctx.shared->factors.size() && !ctx.shared->factors[t].empty();
     if (!factor) {
-      STARLING_CHECK_ARG(!lowRankCompressible(spec, o.rank, o.min_compression_rate),
-                         "acpsgd: tensor ", t, " '", spec.name,
+      STARLING_CHECK_ARG(!lowRankCompressible(spec, o.rank, o.min_compression_rate), name,
+                         ": tensor ", t, " '", spec.name,
                          "' is factored, and the round gives no shared factor for it");
-      out[t].values = spec.numel;
+      out[t].values = dense_whole ? spec.numel : 0;
       continue;
     }
     const uint32_t r = effectiveRank(spec, o.rank);
-    const bool fixed_q = ctx.shared->fixed == SharedFactors::Side::kQ;
-    out[t] = {(fixed_q ? spec.rows() : spec.cols()) * r, true, static_cast<uint32_t>(spec.rows()),
+    out[t] = {(p_side ? spec.rows() : spec.cols()) * r, true, static_cast<uint32_t>(spec.rows()),
               static_cast<uint32_t>(spec.cols()), r};
   }
   return out;
 }
-}  // namespace
 
-size_t AcpSgdCompressor::secureSize(const ParamLayout& layout, const RoundContext& ctx) const {
+size_t secureCount(const std::vector<SecurePart>& parts) {
   size_t n = 0;
-  for (const SecurePart& p : secureParts(layout, opt_, ctx)) n += p.values;
+  for (const SecurePart& p : parts) n += p.values;
   return n;
 }
 
-std::vector<float> AcpSgdCompressor::secureValues(const ParamLayout& layout,
-                                                  const RoundContext& ctx,
-                                                  const std::vector<Payload>& update) const {
-  const std::vector<SecurePart> parts = secureParts(layout, opt_, ctx);
-  STARLING_CHECK_ARG(update.size() == parts.size(), "acpsgd: an update of ", update.size(),
+// The values `update` (as the compressor sent it) carries on `parts`, in layout order.
+std::vector<float> secureValuesOf(const std::vector<SecurePart>& parts,
+                                  const std::vector<Payload>& update, const char* name) {
+  STARLING_CHECK_ARG(update.size() == parts.size(), name, ": an update of ", update.size(),
                      " tensors for a layout of ", parts.size());
   std::vector<float> out;
-  out.reserve(secureSize(layout, ctx));
+  out.reserve(secureCount(parts));
   for (size_t t = 0; t < parts.size(); ++t) {
     std::span<const float> v;
-    if (const auto* l = std::get_if<LowRank>(&update[t]); l && parts[t].factor)
+    bool kind_ok = false;
+    if (const auto* l = std::get_if<LowRank>(&update[t]); l && parts[t].factor) {
       v = l->p.empty() ? std::span<const float>(l->q) : std::span<const float>(l->p);
-    else if (const auto* d = std::get_if<DenseF32>(&update[t]); d && !parts[t].factor)
+      kind_ok = l->p.empty() != l->q.empty();
+    } else if (const auto* d = std::get_if<DenseF32>(&update[t]);
+               d && !parts[t].factor && parts[t].values > 0) {
       v = d->values;
-    STARLING_CHECK_ARG(v.size() == parts[t].values && (!parts[t].factor || v.size() > 0),
-                       "acpsgd: tensor ", t, "'s payload is not this round's ",
+      kind_ok = true;
+    } else if (const auto* s = std::get_if<Sparse>(&update[t]);
+               s && !parts[t].factor && parts[t].values == 0) {
+      kind_ok = s->indices.empty();
+    }
+    STARLING_CHECK_ARG(kind_ok && v.size() == parts[t].values && (!parts[t].factor || !v.empty()),
+                       name, ": tensor ", t, "'s payload is not this round's ",
                        parts[t].factor ? "one factor" : "dense tensor", " of ", parts[t].values,
                        " values");
     out.insert(out.end(), v.begin(), v.end());
@@ -650,15 +658,12 @@ std::vector<float> AcpSgdCompressor::secureValues(const ParamLayout& layout,
   return out;
 }
 
-std::vector<Payload> AcpSgdCompressor::securePayloads(const ParamLayout& layout,
-                                                      const RoundContext& ctx,
-                                                      std::span<const float> sum) const {
-  const std::vector<SecurePart> parts = secureParts(layout, opt_, ctx);
-  size_t n = 0;
-  for (const SecurePart& p : parts) n += p.values;
-  STARLING_CHECK_ARG(sum.size() == n, "acpsgd: a secure sum of ", sum.size(),
-                     " values for a round of ", n);
-  const bool fixed_q = ctx.shared && ctx.shared->fixed == SharedFactors::Side::kQ;
+// `sum` (secureCount values) back as one payload per tensor: a one-factor LowRank (P when
+// `p_side`), the tensor dense, or an empty Sparse where the phase sends nothing.
+std::vector<Payload> securePayloadsOf(const std::vector<SecurePart>& parts,
+                                      std::span<const float> sum, bool p_side, const char* name) {
+  STARLING_CHECK_ARG(sum.size() == secureCount(parts), name, ": a secure sum of ", sum.size(),
+                     " values for a round of ", secureCount(parts));
   std::vector<Payload> out;
   out.reserve(parts.size());
   size_t at = 0;
@@ -666,15 +671,68 @@ std::vector<Payload> AcpSgdCompressor::securePayloads(const ParamLayout& layout,
     std::vector<float> v(sum.begin() + static_cast<std::ptrdiff_t>(at),
                          sum.begin() + static_cast<std::ptrdiff_t>(at + p.values));
     at += p.values;
-    if (!p.factor) {
+    if (!p.factor && p.values == 0) {
+      out.emplace_back(Sparse{});
+    } else if (!p.factor) {
       out.emplace_back(DenseF32{std::move(v)});
-    } else if (fixed_q) {
+    } else if (p_side) {
       out.emplace_back(LowRank{p.rows, p.cols, p.rank, std::move(v), {}});
     } else {
       out.emplace_back(LowRank{p.rows, p.cols, p.rank, {}, std::move(v)});
     }
   }
   return out;
+}
+
+// acpsgd's one factor a round: P against a shared Q, or Q against a shared P.
+bool acpSendsP(const RoundContext& ctx) {
+  return ctx.shared && ctx.shared->fixed == SharedFactors::Side::kQ;
+}
+}  // namespace
+
+size_t AcpSgdCompressor::secureSize(const ParamLayout& layout, const RoundContext& ctx) const {
+  return secureCount(secureParts(layout, opt_, ctx, "acpsgd", acpSendsP(ctx), true));
+}
+
+std::vector<float> AcpSgdCompressor::secureValues(const ParamLayout& layout,
+                                                  const RoundContext& ctx,
+                                                  const std::vector<Payload>& update) const {
+  return secureValuesOf(secureParts(layout, opt_, ctx, "acpsgd", acpSendsP(ctx), true), update,
+                        "acpsgd");
+}
+
+std::vector<Payload> AcpSgdCompressor::securePayloads(const ParamLayout& layout,
+                                                      const RoundContext& ctx,
+                                                      std::span<const float> sum) const {
+  return securePayloadsOf(secureParts(layout, opt_, ctx, "acpsgd", acpSendsP(ctx), true), sum,
+                          acpSendsP(ctx), "acpsgd");
+}
+
+// Two-phase PowerSGD: phase P sends P = M Q and the small tensors whole, phase Q sends Q = M^T
+// P-hat alone.
+size_t PowerSgdCompressor::secureSize(const ParamLayout& layout, const RoundContext& ctx) const {
+  STARLING_CHECK_ARG(opt_.two_phase && ctx.phase < 2,
+                     "powersgd: a secure sum of mode=two_phase's phase 0 or 1 only");
+  return secureCount(secureParts(layout, opt_, ctx, "powersgd", ctx.phase == 0, ctx.phase == 0));
+}
+
+std::vector<float> PowerSgdCompressor::secureValues(const ParamLayout& layout,
+                                                    const RoundContext& ctx,
+                                                    const std::vector<Payload>& update) const {
+  STARLING_CHECK_ARG(opt_.two_phase && ctx.phase < 2,
+                     "powersgd: a secure sum of mode=two_phase's phase 0 or 1 only");
+  return secureValuesOf(secureParts(layout, opt_, ctx, "powersgd", ctx.phase == 0, ctx.phase == 0),
+                        update, "powersgd");
+}
+
+std::vector<Payload> PowerSgdCompressor::securePayloads(const ParamLayout& layout,
+                                                        const RoundContext& ctx,
+                                                        std::span<const float> sum) const {
+  STARLING_CHECK_ARG(opt_.two_phase && ctx.phase < 2,
+                     "powersgd: a secure sum of mode=two_phase's phase 0 or 1 only");
+  return securePayloadsOf(
+      secureParts(layout, opt_, ctx, "powersgd", ctx.phase == 0, ctx.phase == 0), sum,
+      ctx.phase == 0, "powersgd");
 }
 
 std::vector<Payload> AcpSgdCompressor::encode(const ParamLayout& layout,

@@ -91,13 +91,19 @@ class PowerSgdCompressor final : public Compressor {
  public:
   explicit PowerSgdCompressor(LowRankOptions o);
   std::string name() const override { return "powersgd"; }
+  // Two-phase: each phase's factor is a sum (P against the shared Q, then Q against P-hat), so
+  // each phase is a secure sum of its own (the round engine runs one exchange per phase).
   std::string secureRefusal() const override {
     return opt_.two_phase
-               ? "its phase Q's factors are formed from phase P's sum, and secure aggregation "
-                 "runs one phase a round yet (acpsgd, one factor a round, composes)"
-               : "mode=local sends each client's own two factors, whose product is no sum (acpsgd, "
-                 "one factor a round against the shared one, composes)";
+               ? std::string()
+               : "mode=local sends each client's own two factors, whose product is no sum "
+                 "(mode=two_phase, or acpsgd, one factor a round against the shared one, composes)";
   }
+  size_t secureSize(const ParamLayout& layout, const RoundContext& ctx) const override;
+  std::vector<float> secureValues(const ParamLayout& layout, const RoundContext& ctx,
+                                  const std::vector<Payload>& update) const override;
+  std::vector<Payload> securePayloads(const ParamLayout& layout, const RoundContext& ctx,
+                                      std::span<const float> sum) const override;
   std::string spec() const override;
   const ErrorFeedback& feedback() const override { return opt_.ef; }
   const LowRankOptions& options() const { return opt_; }

@@ -84,6 +84,9 @@ inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;
 
 struct SecAggParams {
   uint64_t run_seed = 0, round = 0;
+  // The round's phase whose sum this exchange is (two-phase PowerSGD runs an exchange per phase,
+  // each with fresh keys); a client masks one input per round and phase at most.
+  uint32_t phase = 0;
   // The setup's nonce (the exchange's): a signed advert of another attempt at the round does not
   // verify in this one.
   uint64_t session = 0;

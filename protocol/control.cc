@@ -487,8 +487,9 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout,
                                   std::to_string(m.fit.lr) + ", prox_mu " +
                                   std::to_string(m.fit.prox_mu) + ")");
   m.secure = t->secure();
-  if (m.secure && (m.kind != TaskKind::kFit || m.phase != 0))
-    fail(Errc::kUnexpectedMessage, "a secure-aggregation flag on a task other than a phase-0 fit");
+  // (Any phase: two-phase PowerSGD's phase Q is a secure sum of its own.)
+  if (m.secure && m.kind != TaskKind::kFit)
+    fail(Errc::kUnexpectedMessage, "a secure-aggregation flag on a task other than a fit");
   // SCAFFOLD's server control variate: a phase-0 Fit task's, numel finite values.
   if (const auto* c = t->control()) {
     if (m.kind != TaskKind::kFit || m.phase != 0)

@@ -143,7 +143,8 @@ struct TaskMsg {
   std::optional<uint64_t> control_ack;
   // Secure aggregation's masked-input step (server/secure_round.h): the client answers with its
   // masked input (client/secure_party.h), made with the shares the server sent just before,
-  // never with its update in the clear. A phase-0 fit task only.
+  // never with its update in the clear. A fit task only, of any phase (two-phase PowerSGD masks
+  // each phase in an exchange of its own).
   bool secure = false;
 };
 

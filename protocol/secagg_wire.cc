@@ -133,7 +133,7 @@ std::vector<uint8_t> encode(const SecAggSetupMsg& m) {
   auto body =
       fb::CreateSecAggSetup(b, p.round, m.nonce, p.run_seed, p.neighbours, p.threshold, p.ring.bits,
                             p.ring.scale, p.ring.clip, p.ring.max_clients, p.ring.dim,
-                            p.signed_keys, clients, pv::kSecAggDerivation, p.ring.noise);
+                            p.signed_keys, clients, pv::kSecAggDerivation, p.ring.noise, p.phase);
   return finish(b, fb::Body::SecAggSetup, body.Union());
 }
 
@@ -275,6 +275,7 @@ SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLim
   auto& p = out.params;
   p.run_seed = m->run_seed();
   p.round = m->round();
+  p.phase = m->phase();
   p.neighbours = m->neighbours();
   p.threshold = m->threshold();
   p.ring.bits = m->bits();

@@ -267,12 +267,17 @@ uint64_t secureDim(const cz::Compressor& c, const ParamLayout& layout, uint64_t 
                    uint64_t round) {
   if (!c.sharesFactors())
     return c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, nullptr});
-  // A factor's side alternates from round to round (acpsgd): the larger of the two.
+  // A factor's side alternates from round to round (acpsgd) or from phase to phase (powersgd):
+  // the largest of each phase's with either side shared.
   cz::SharedFactors s = c.initialShared(layout, run_seed);
-  const uint64_t first = c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, &s});
-  s.fixed = s.fixed == cz::SharedFactors::Side::kQ ? cz::SharedFactors::Side::kP
-                                                   : cz::SharedFactors::Side::kQ;
-  return std::max(first, c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, &s}));
+  uint64_t most = 0;
+  for (uint32_t phase = 0; phase < c.phases(); ++phase)
+    for (const auto side : {cz::SharedFactors::Side::kQ, cz::SharedFactors::Side::kP}) {
+      s.fixed = side;
+      most = std::max<uint64_t>(
+          most, c.secureSize(layout, cz::RoundContext{run_seed, round, phase, 0, &s}));
+    }
+  return most;
 }
 
 PhaseReport Fleet::exchange(SecureStage, SecureSteps&, std::span<const ClientInfo>, uint32_t) {
@@ -839,12 +844,31 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   std::set<uint64_t> failed;
   std::vector<uint64_t>
       counted;  // phase 0's accepted clients: their control changes are in the sum
-  if (config_.secagg.enabled) {
-    const PhaseTask task{round->broadcast(), header, model_, config_.downlink};
-    if (!secureSum(fleet, task, active, target, round->current(), rec, failed)) {
+  // Secure aggregation: each phase a secure sum of its own (two-phase powersgd's P, then its Q
+  // against P-hat), the later phases among the clients whose input is in the phase before's sum.
+  std::set<uint64_t> in_sum;
+  for (bool first = true; config_.secagg.enabled; first = false) {
+    header.phase = round->phase();
+    // A later phase trains nothing: its clients report no metric (an edge aggregator requires
+    // every declared one of each masked input).
+    protocol::TaskMsg h = header;
+    if (!first) h.metrics.clear();
+    const PhaseTask task{round->broadcast(), h, model_, config_.downlink};
+    const std::set<uint64_t> before = std::move(in_sum);
+    in_sum.clear();
+    if (!secureSum(fleet, task, active, target, round->current(), rec, failed,
+                   first ? nullptr : &before, in_sum)) {
       rec.clients_failed = failed.size();
+      if (!first) rec.reason = "phase " + std::to_string(header.phase) + ": " + rec.reason;
       return finishRecord();
     }
+    if (round->lastPhase()) break;
+    round->nextPhase();
+    // The next phase's participants: the edge aggregators still here, and the root's own
+    // clients whose input is in this phase's sum.
+    std::erase_if(active, [&](const ClientInfo& c) {
+      return c.role != protocol::Role::kAggregator && !in_sum.count(c.id);
+    });
   }
   for (; !config_.secagg.enabled;) {
     header.phase = round->phase();
@@ -959,7 +983,8 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 // False, with rec.reason, when the round has no sum to apply.
 bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
                             size_t target, ag::PhaseAggregator& agg, RoundRecord& rec,
-                            std::set<uint64_t>& failed) {
+                            std::set<uint64_t>& failed, const std::set<uint64_t>* only,
+                            std::set<uint64_t>& in_sum) {
   // Failures are the round's clients' (below); a step's report says which peers failed it, an
   // edge aggregator among them.
   std::set<uint64_t> peers_failed;
@@ -974,9 +999,10 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   for (const auto& c : active) {
     if (c.role == protocol::Role::kAggregator)
       aggregators.push_back(c);
-    else
+    else if (!only || only->count(c.id))
       ids.insert(c.id);
   }
+  const auto outside = [&](uint64_t c) { return only && !only->count(c); };
   std::map<uint64_t, std::vector<uint64_t>> relayed;
   if (!aggregators.empty()) {
     // The roster is answered at once (no client is asked): a quarter of the deadline.
@@ -994,7 +1020,9 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
              !poissonSampled(dp_->samplingKey(), rec.round, c, config_.sampling.poisson_rate);
     };
     for (auto& [peer, cs] : relayed) {
-      std::erase_if(cs, [&](uint64_t c) { return named[c] > 1 || ids.count(c) || unsampled(c); });
+      std::erase_if(cs, [&](uint64_t c) {
+        return named[c] > 1 || ids.count(c) || unsampled(c) || outside(c);
+      });
       for (uint64_t c : cs) ids.insert(c);
     }
     std::erase_if(relayed, [](const auto& r) { return r.second.empty(); });
@@ -1002,8 +1030,8 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
       return c.role == protocol::Role::kAggregator && !relayed.count(c.id);
     });
   }
-  rec.clients_selected = ids.size();
-  // What each client masks: its update on the round's shared support, or acpsgd's one factor.
+  if (!only) rec.clients_selected = ids.size();
+  // What each client masks: its update on the round's shared support, or a low-rank factor.
   const cz::RoundContext context = plain.broadcast.context(0);
   std::unique_ptr<SecureRound> sr;
   try {
@@ -1017,10 +1045,13 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      " clients sampled, and a sum needs the noise of privacy.min_clients = ",
                      dp_->minClients());
     const std::vector<uint64_t> all(ids.begin(), ids.end());
-    sr = std::make_unique<SecureRound>(
+    privacy::SecAggParams params =
         config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
-                                 scheme_.compressor().secureSize(*layout_, context)),
-        all, SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
+                                 scheme_.compressor().secureSize(*layout_, context));
+    params.phase = plain.header.phase;
+    sr = std::make_unique<SecureRound>(
+        std::move(params), all,
+        SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
         protocol::SecAggLimits{}, std::move(relayed),
         config_.secagg.authority ? &*config_.secagg.authority : nullptr);
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
@@ -1038,8 +1069,10 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     PhaseTask task = plain;
     task.secure = sr.get();
     task.header.secure = true;
-    // An edge aggregator's subtree answers as one: with one, every peer is waited for.
-    const size_t want = aggregators.empty() ? std::min(target, active.size()) : active.size();
+    // An edge aggregator's subtree answers as one: with one, every peer is waited for; so is
+    // every client of a later phase (as in the clear).
+    const size_t want =
+        aggregators.empty() && !only ? std::min(target, active.size()) : active.size();
     account(fleet.runPhase(task, active, want, agg));
   }
   // Distributed DP: a sum with fewer clients' noise than the accountant assumes is never
@@ -1077,17 +1110,18 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     rec.reason = out.reason;
     return false;
   }
+  in_sum.insert(out.survivors.begin(), out.survivors.end());
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
-  rec.secagg_wrong_shares = out.liars;
+  rec.secagg_wrong_shares.insert(rec.secagg_wrong_shares.end(), out.liars.begin(), out.liars.end());
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,
-               0,
+               plain.header.phase,
                agg.partial().layout().sharedTag(),
                out.survivors.size(),
                static_cast<double>(out.survivors.size()),
                0};
-  // The sum as the round's payloads: dense on the shared support, or acpsgd's factor sums.
+  // The sum as the round's payloads: dense on the shared support, or the phase's factor sums.
   pm.tensors = scheme_.compressor().securePayloads(*layout_, context, out.sum);
   for (const auto& [name, v] : out.metrics)
     if (std::find(config_.scheme.metrics.begin(), config_.scheme.metrics.end(), name) !=

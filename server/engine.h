@@ -181,11 +181,12 @@ struct EngineConfig {
 };
 
 // Secure aggregation: why `compressor` is refused with it, for the ConfigError; empty when it
-// composes (a support the round shares, compression::Compressor::supportIsShared, in one phase).
+// composes (a support the round shares, compression::Compressor::supportIsShared, or a low-rank
+// factor against a shared one: acpsgd, two-phase powersgd with a secure sum per phase).
 std::string secureCompressorRefusal(const compression::Compressor& compressor);
 // The most values one client's masked input carries in `round` of this compressor: its shared
-// support's size (the model's numel when dense), or the larger side's factors (acpsgd, whose
-// shared side alternates).
+// support's size (the model's numel when dense), or the largest of its factors' (acpsgd, whose
+// shared side alternates; two-phase powersgd, whose phases send P, then Q).
 uint64_t secureDim(const compression::Compressor& compressor, const ParamLayout& layout,
                    uint64_t run_seed, uint64_t round);
 // Round `round`'s clients from `pool`, ascending by id, and in `target` the results the round
@@ -446,9 +447,14 @@ class RoundEngine {
   void saveOptimizerShard();
   void loadOptimizerShard(uint64_t next_round);
   std::vector<ClientInfo> sample(const ClientPool& available, uint64_t round, size_t* target) const;
+  // One phase's secure sum (an exchange of its own: fresh keys, masks and shares), merged into
+  // `agg`. `only`: after the round's first phase, the clients whose input is in its sum (a later
+  // phase continues from their state; no one else joins). `in_sum`: the clients whose input is in
+  // this phase's sum, when it has one.
   bool secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
                  size_t target, aggregation::PhaseAggregator& agg, RoundRecord& rec,
-                 std::set<uint64_t>& failed);
+                 std::set<uint64_t>& failed, const std::set<uint64_t>* only,
+                 std::set<uint64_t>& in_sum);
   // Under distributed DP, before a round's unmask: the checkpoint says the round is spent (the
   // model as before it), so that a root that crashes after the unmask does not run the round again
   // and release a second noisy sum the accountant does not count.

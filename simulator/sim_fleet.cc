@@ -393,8 +393,11 @@ void SimFleet::trainMine(const server::PhaseTask& task,
             trainer_.layout(), comp, task.broadcast.context(id), res.update.tensors);
         // Rounded by a key from the run seed: the simulated run is a function of its seed (the
         // sum in the ring is the roundings' alone; the masks cancel exactly).
+        // (A later phase's, two-phase powersgd's phase Q, from a key of its own.)
         const privacy::Key32 rounding = privacy::publicKey(
-            "starling sim secagg rounding " + std::to_string(id), h.run_seed, h.round);
+            "starling sim secagg rounding " + std::to_string(id) +
+                (h.phase == 0 ? std::string() : " phase " + std::to_string(h.phase)),
+            h.run_seed, h.round);
         try {
           const std::vector<uint8_t> masked =
               parties_.at(id).mask(task.secure->request(server::SecureStage::kMaskedInput, id), x,
@@ -515,21 +518,30 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   PhaseCounts counts(participants.size(), coll_.size());
   std::set<uint64_t> failed;
   std::vector<Held> held;
+  // Secure aggregation on several workers: each client trains and masks where its side of the
+  // exchange lives (a later phase's exchange is one of its own, its sides placed anew).
+  const auto secureAssign = [&](const std::vector<uint64_t>& ids) {
+    assignment_ = Assignment{};
+    assignment_.per_worker.resize(static_cast<size_t>(coll_.size()));
+    for (uint64_t id : ids)
+      assignment_.per_worker.at(static_cast<size_t>(secure_owner_.at(id))).push_back(id);
+    assignment_round_ = h.round;
+    migrateStates();
+  };
   if (later) {
     rep.sim_seconds = laterPhaseSeconds(participants, bytes);
+    if (task.secure && coll_.size() > 1) {
+      std::vector<uint64_t> ids;
+      for (const auto& c : participants) ids.push_back(c.id);
+      secureAssign(ids);
+    }
   } else if (!measure) {
     failed = timeClients(task, participants, target, bytes, rep);
     std::vector<uint64_t> accepted;
     for (const auto& c : participants)
       if (!failed.count(c.id)) accepted.push_back(c.id);
     if (task.secure && coll_.size() > 1) {
-      // Each client trains and masks where its side of the round lives.
-      assignment_ = Assignment{};
-      assignment_.per_worker.resize(static_cast<size_t>(coll_.size()));
-      for (uint64_t id : accepted)
-        assignment_.per_worker.at(static_cast<size_t>(secure_owner_.at(id))).push_back(id);
-      assignment_round_ = h.round;
-      migrateStates();
+      secureAssign(accepted);
     } else {
       assign(std::move(accepted), h.fit.epochs, h.round);
     }

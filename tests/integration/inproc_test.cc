@@ -7,6 +7,7 @@
 #include <limits>
 #include <thread>
 
+#include "client/secure_party.h"
 #include "compression/registry.h"
 #include "data/partition.h"
 #include "integration/inproc_federation.h"
@@ -474,10 +475,12 @@ struct ScriptedRoot {
     s.insecure = true;
     return s;
   }
-  // A phase-0 fit task of `round` (SCAFFOLD's when `control` is given), with `nonce`.
+  // A phase-0 fit task of `round` (SCAFFOLD's when `control` is given), with `nonce`; `secure`:
+  // a secure round's (its update masked with the shares sent before it).
   std::vector<uint8_t> task(uint64_t round, uint64_t nonce, std::vector<float> control = {},
-                            std::optional<uint64_t> ack = std::nullopt) const {
+                            std::optional<uint64_t> ack = std::nullopt, bool secure = false) const {
     protocol::TaskMsg h;
+    h.secure = secure;
     h.round = round;
     h.run_seed = 5;
     h.compressor = "none";
@@ -509,6 +512,23 @@ struct ScriptedRoot {
     }
     return {};
   }
+  // The next message of `kind` from the peer (a registration is welcomed on the way); empty
+  // after a minute without one.
+  std::vector<uint8_t> next(protocol::MessageKind kind) {
+    const auto give_up = std::chrono::steady_clock::now() + seconds(60);
+    while (std::chrono::steady_clock::now() < give_up) {
+      auto r = socket.receive(std::chrono::milliseconds(50));
+      if (!r || r->error) continue;
+      const auto k = protocol::peekKind(r->bytes());
+      if (k == protocol::MessageKind::kRegister) {
+        peer = r->peer;
+        socket.send(peer,
+                    protocol::encode(protocol::WelcomeMsg{100, 77, 100, 64u << 20, 1u << 20}));
+      }
+      if (k == kind) return std::vector<uint8_t>(r->bytes().begin(), r->bytes().end());
+    }
+    return {};
+  }
   void shutdown() { socket.send(peer, protocol::encode(protocol::ShutdownMsg{0, "test over"})); }
   // Aggregator 100 below this root, and client 0 below it.
   static void aggregatorWithOneClient(InprocFederation& f) {
@@ -520,6 +540,58 @@ struct ScriptedRoot {
 };
 
 }  // namespace
+
+// A secure round of two-phase PowerSGD has an exchange per phase; a client masks what its task's
+// phase sends with the shares of that phase's exchange only. A root that sends phase 0's task
+// against the shares of a phase-1 setup is refused with kRoundMismatch: nothing trained or sent.
+TEST_CASE(
+    "in process: a client refuses a secure task of another phase than its shares' exchange, and "
+    "trains nothing",
+    "[integration][inproc][secagg]") {
+  const data::Dataset& train = fashion("train", 400);
+  InprocFederation f("logreg", train, iid(train, 1));
+  auto trainer = client::makeTrainer("logreg", train);
+  ScriptedRoot root(f, *trainer);
+  f.client(0, "inproc://scripted-root");
+  REQUIRE(!root.next(protocol::MessageKind::kRegister).empty());
+  // Round 1's phase-1 exchange among client 0 and two clients the test plays.
+  const std::vector<uint64_t> ids{0, 1, 2};
+  privacy::SecAggParams params = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(
+      5, 1, ids.size(), root.layout->numel());
+  params.phase = 1;
+  server::SecureRound sr(params, ids);
+  std::map<uint64_t, client::SecureParty> others;
+  others.try_emplace(1, 1);
+  others.try_emplace(2, 2);
+  using server::SecureStage;
+  for (const SecureStage st : {SecureStage::kAdvertise, SecureStage::kShareKeys}) {
+    for (uint64_t c : ids) {
+      const std::vector<uint8_t> req = sr.request(st, c);
+      std::vector<uint8_t> ans;
+      if (c == 0) {
+        REQUIRE(root.socket.send(root.peer, req));
+        ans = root.next(server::answerKind(st));
+        INFO(f.error() << "\n" << f.logs());
+        REQUIRE(!ans.empty());
+      } else {
+        ans = st == SecureStage::kAdvertise ? others.at(c).setup(req) : others.at(c).shareKeys(req);
+      }
+      sr.reply(st, c, ans);
+    }
+  }
+  // Client 0's shares, then a secure task of phase 0 (which compressor none would train).
+  REQUIRE(root.socket.send(root.peer, sr.request(SecureStage::kMaskedInput, 0)));
+  REQUIRE(root.socket.send(root.peer, root.task(1, 0x5eed, {}, std::nullopt, true)));
+  const std::vector<uint8_t> reject = root.next(protocol::MessageKind::kReject);
+  INFO(f.error() << "\n" << f.logs());
+  REQUIRE(!reject.empty());
+  const protocol::RejectMsg r = protocol::decodeReject(reject);
+  CHECK(r.code == static_cast<uint32_t>(Errc::kRoundMismatch));
+  CHECK(r.message.find("phase") != std::string::npos);
+  root.shutdown();
+  REQUIRE(f.waitClientEnded(0, seconds(30)));
+  CHECK(f.stats(0).updates_sent == 0);
+}
 
 // A root resends a pending task when a registration crosses it (the aggregator's registration
 // retry fired before the Welcome came). The aggregator answers the same task again with the same
@@ -1332,7 +1404,8 @@ TreeRun runSecure(bool secure, uint64_t rounds, const std::string& compressor = 
   ec.secagg.enabled = secure;
   f.root(ec);
   for (uint64_t id = 0; id < 6; ++id) f.client(id, "inproc://root");
-  return secureRun(f, 6, rounds);
+  // A masked input a phase (two-phase powersgd: P and Q).
+  return secureRun(f, 6, rounds * compression::makeCompressor(compressor)->phases());
 }
 
 }  // namespace
@@ -1456,6 +1529,17 @@ TEST_CASE(
   // 30 or 1,578 words where a dense secure round masks the model's 7,850; the keys and shares
   // (about 2 KB a client of six) on top of the plain round's factors.
   checkSecureCompressed("acpsgd:rank=2", 3, 0.3, 2500);
+}
+
+TEST_CASE(
+    "in process: secure aggregation of two-phase powersgd at a deployed root: the plain powersgd "
+    "model from a secure sum of P, then one of Q",
+    "[integration][inproc][secagg]") {
+  // logreg's weight (10 x 784) at rank 2: phase P masks P (10 x 2) and the bias whole (30 words),
+  // phase Q masks Q (784 x 2, 1,568 words) against P-hat, each phase an exchange with keys and
+  // shares of its own (about 2 KB a client of six each), where a dense secure round masks the
+  // model's 7,850 words.
+  checkSecureCompressed("powersgd:rank=2", 3, 0.4, 5000);
 }
 
 TEST_CASE(
@@ -1849,13 +1933,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "in process: secure aggregation of acpsgd through two edge aggregators gives the flat "
-    "federation's model bit for bit",
+    "in process: secure aggregation of acpsgd and two-phase powersgd through two edge aggregators "
+    "gives the flat federation's model bit for bit",
     "[integration][inproc][secagg]") {
   // The aggregators add the clients' masked factors in the ring as they add any masked input:
-  // the same integers, the same factor sums, the same shared side and model, round after round.
-  const TreeRun tree = runSecureSix(true, 3, std::nullopt, std::nullopt, "acpsgd:rank=2"),
-                flat = runSecureSix(false, 3, std::nullopt, std::nullopt, "acpsgd:rank=2");
+  // the same integers, the same factor sums, the same shared side and model, round after round
+  // (two-phase powersgd: two exchanges a round, each relayed as any).
+  const std::string spec = GENERATE(std::string("acpsgd:rank=2"), std::string("powersgd:rank=2"));
+  INFO(spec);
+  const TreeRun tree = runSecureSix(true, 3, std::nullopt, std::nullopt, spec),
+                flat = runSecureSix(false, 3, std::nullopt, std::nullopt, spec);
   REQUIRE(tree.records.size() == 3);
   REQUIRE(flat.records.size() == 3);
   for (size_t i = 0; i < 3; ++i) {

@@ -415,6 +415,24 @@ TEST_CASE("decodeTask: SCAFFOLD's control variate only in a phase-0 fit, model-s
   CHECK(decodeTask(encodeTask(t, views(model)), l).control.empty());
 }
 
+TEST_CASE("decodeTask: the secure-aggregation flag on fit tasks of any phase only", "[protocol]") {
+  const ParamLayout l = fuzz::layout();
+  TaskMsg t = sampleTask();  // phase 1 (two-phase PowerSGD's Q): a secure sum of its own
+  t.secure = true;
+  CHECK(decodeTask(encodeTask(t, {}), l).secure);
+  TaskMsg first = t;
+  first.phase = 0;
+  first.shared = {};
+  const auto model = denseModel(l, 1);
+  CHECK(decodeTask(encodeTask(first, views(model)), l).secure);
+  TaskMsg eval = first;
+  eval.kind = TaskKind::kEvaluate;
+  CHECK(errcOf([&] { decodeTask(encodeTask(eval, views(model)), l); }) ==
+        errcName(Errc::kUnexpectedMessage));
+  t.secure = false;
+  CHECK(!decodeTask(encodeTask(t, {}), l).secure);
+}
+
 TEST_CASE("a SCAFFOLD task's acknowledgement is present from encoding, patched per client in place",
           "[protocol][scaffold]") {
   const ParamLayout l = fuzz::layout();

@@ -47,6 +47,8 @@ class SecureFleet final : public server::Fleet {
       : layout_(std::move(l)), n_(n), update_(std::move(update)) {}
 
   std::map<uint64_t, SecureStage> drop_at;
+  // Clients that drop at the first step of a round's later exchange (two-phase PowerSGD's phase Q).
+  std::set<uint64_t> drop_later;
   // Replaces a client's reply before the engine gets it (an attacker's).
   std::function<std::vector<uint8_t>(SecureStage, uint64_t, std::vector<uint8_t>)> tamper;
   // Replaces the engine's request before a client gets it (a malicious root's or aggregator's).
@@ -55,7 +57,8 @@ class SecureFleet final : public server::Fleet {
   std::function<client::SecAggTrust(uint64_t)> trust;
   // The code of each request a client refused (it then answers nothing more this round).
   std::map<uint64_t, Errc> client_refused;
-  std::map<uint64_t, std::vector<uint64_t>> completed;  // round -> masked inputs taken
+  std::map<uint64_t, std::vector<uint64_t>> completed;  // round -> masked inputs taken (phase 0)
+  std::map<uint64_t, std::vector<uint64_t>> completed_later;  // the same, phase 1
   uint64_t refused = 0;
   std::map<uint64_t, Errc> root_refused;  // the code of each client's answer the round refused
 
@@ -68,7 +71,11 @@ class SecureFleet final : public server::Fleet {
                                std::span<const server::ClientInfo> participants,
                                uint32_t) override {
     server::PhaseReport rep;
-    if (stage == SecureStage::kAdvertise) parties_.clear();
+    if (stage == SecureStage::kAdvertise) {
+      parties_.clear();
+      later_ = round.round() == exchange_round_;
+      exchange_round_ = round.round();
+    }
     for (const auto& c : participants) {
       if (dropsAt(c.id, stage)) {
         rep.failed.push_back(c.id);
@@ -113,14 +120,27 @@ class SecureFleet final : public server::Fleet {
           task.header.metrics.end())
         metrics.push_back({"train_loss", 1.0 + static_cast<double>(c.id)});
       // The update as the round's compressor sends it, on the round's shared support.
+      // (A compressor of several phases from the client's state: two-phase PowerSGD keeps M.)
       const auto comp = compression::makeCompressor(task.header.compressor);
       const auto ctx = task.broadcast.context(c.id);
-      const auto x = client::secureInput(
-          *layout_, *comp, ctx, comp->compress(*layout_, update_(c.id, task.header.round), ctx));
+      std::vector<compression::Payload> sent;
+      if (comp->phases() > 1) {
+        auto& st = states_.try_emplace(c.id, layout_->fingerprint()).first->second;
+        sent = comp->compressWithFeedback(
+            *layout_,
+            task.header.phase == 0 ? update_(c.id, task.header.round) : std::vector<float>{}, st,
+            ctx);
+      } else {
+        sent = comp->compress(*layout_, update_(c.id, task.header.round), ctx);
+      }
+      const auto x = client::secureInput(*layout_, *comp, ctx, sent);
       auto ans = parties_.at(c.id).mask(req, x, metrics);
       deliver(SecureStage::kMaskedInput, *task.secure, c.id, std::move(ans), rep);
     }
-    for (uint64_t id : rep.completed) completed[task.header.round].push_back(id);
+    if (task.header.phase == 0)
+      for (uint64_t id : rep.completed) completed[task.header.round].push_back(id);
+    else
+      for (uint64_t id : rep.completed) completed_later[task.header.round].push_back(id);
     return rep;
   }
   server::EvalReport evaluate(const server::PhaseTask&, const server::ClientPool&) override {
@@ -132,6 +152,7 @@ class SecureFleet final : public server::Fleet {
 
  private:
   bool dropsAt(uint64_t id, SecureStage s) const {
+    if (later_ && drop_later.count(id)) return true;
     const auto it = drop_at.find(id);
     return it != drop_at.end() && static_cast<int>(s) >= static_cast<int>(it->second);
   }
@@ -150,6 +171,9 @@ class SecureFleet final : public server::Fleet {
   }
 
   std::shared_ptr<const ParamLayout> layout_;
+  std::map<uint64_t, ClientState> states_;  // a several-phase compressor's, per client
+  uint64_t exchange_round_ = 0;             // the round of the last exchange
+  bool later_ = false;                      // it is not the round's first
   size_t n_;
   std::function<std::vector<float>(uint64_t, uint64_t)> update_;
   std::map<uint64_t, client::SecureParty> parties_;
@@ -420,8 +444,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "secure aggregation: a client under the malicious-server model takes no round twice once it "
-    "sent its masked input",
+    "secure aggregation: a client under the malicious-server model takes no round or phase twice "
+    "once it sent its masked input",
     "[secagg]") {
   const auto l = layout();
   const size_t n = l->numel();
@@ -430,11 +454,12 @@ TEST_CASE(
   std::map<uint64_t, client::SecureParty> parties;
   for (uint64_t c : ids) parties.try_emplace(c, c, certifiedTrust(authority, c));
   // A signed round of 5 clients, driven by hand through the root's side (server/secure_round.h).
-  const auto run = [&](uint64_t round) {
-    server::SecureRound sr(
+  const auto run = [&](uint64_t round, uint32_t phase) {
+    privacy::SecAggParams params =
         server::SecAggConfig{true, 4, 3, 32, 1.0, authority.public_key}.paramsFor(5, round,
-                                                                                  ids.size(), n),
-        ids, {}, {}, {}, &authority.public_key);
+                                                                                  ids.size(), n);
+    params.phase = phase;
+    server::SecureRound sr(params, ids, {}, {}, {}, &authority.public_key);
     std::map<uint64_t, Errc> refused;
     const auto step = [&](SecureStage st, auto&& answer) {
       for (uint64_t c : ids) {
@@ -454,14 +479,19 @@ TEST_CASE(
     });
     return refused;
   };
-  CHECK(run(7).empty());
-  // The same round again (a new nonce: another attempt), and an earlier one: refused by all.
-  for (const uint64_t again : {7u, 6u}) {
-    const auto refused = run(again);
+  CHECK(run(7, 0).empty());
+  // The round's next phase (two-phase PowerSGD's exchange for Q) is taken, once.
+  CHECK(run(7, 1).empty());
+  // The same phase again (a new nonce: another attempt), an earlier phase of the round, and an
+  // earlier round: refused by all.
+  for (const auto& [again, phase] :
+       std::vector<std::pair<uint64_t, uint32_t>>{{7, 1}, {7, 0}, {6, 0}, {6, 1}}) {
+    INFO("round " << again << " phase " << phase);
+    const auto refused = run(again, phase);
     CHECK(refused.size() == ids.size());
     for (const auto& [c, code] : refused) CHECK(code == Errc::kWrongRound);
   }
-  CHECK(run(8).empty());  // the next round is taken
+  CHECK(run(8, 0).empty());  // the next round is taken
 }
 
 TEST_CASE("secure aggregation: a client's trust refuses what cannot protect it", "[secagg]") {
@@ -623,6 +653,131 @@ TEST_CASE(
       for (size_t i = 0; i < n; ++i) dense_mean[i] += x[i] / 12.0;
     }
   CHECK(maxDiff(engine.model().server(), dense_mean) > 1e-2);
+}
+
+TEST_CASE(
+    "secure aggregation of two-phase powersgd: phase P and phase Q each a secure sum of its own, "
+    "the model as the phase sums in the clear move it",
+    "[secagg]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  // Rank 1: every client's update is a sine across the flattened w, of rank 2 as a matrix, so
+  // rank 2 would send it whole and the model would be the dense mean.
+  const std::string spec = "powersgd:rank=1,ef=false";
+  const auto comp = compression::makeCompressor(spec);
+  const auto update = [&](uint64_t c, uint64_t r) {
+    auto x = updateOf(c + 7 * r, n);
+    for (float& v : x) v *= 10;  // factors of norm about 1
+    return x;
+  };
+  // w (16 x 8) is factored at rank 1, b (16) goes whole in phase P: P and b, then Q alone.
+  CHECK(server::secureDim(*comp, *l, 5, 1) == 16 + 16);
+  for (const bool drop : {false, true}) {
+    DYNAMIC_SECTION((drop ? "client 3 is lost between the phases" : "every client in both")) {
+      SecureFleet fleet(l, 12, update);
+      if (drop) fleet.drop_later = {3};
+      // Each exchange's setup, per client: its round and phase, and its nonce.
+      std::map<uint64_t, std::vector<std::pair<uint32_t, uint64_t>>> setups;
+      std::map<std::pair<uint64_t, uint32_t>, size_t> words;  // (client, phase) -> masked words
+      uint32_t phase_now = 0;
+      fleet.tamper_request = [&](SecureStage st, uint64_t id, std::vector<uint8_t> req) {
+        if (st == SecureStage::kAdvertise) {
+          const auto m = protocol::decodeSecAggSetup(req);
+          setups[id].emplace_back(m.params.phase, m.nonce);
+          phase_now = m.params.phase;
+        }
+        return req;
+      };
+      fleet.tamper = [&](SecureStage st, uint64_t id, std::vector<uint8_t> ans) {
+        if (st == SecureStage::kMaskedInput)
+          words[{id, phase_now}] =
+              protocol::decodeSecAggMasked(ans, phase_now == 0 ? 32 : 8).input.words.size();
+        return ans;
+      };
+      auto c = secureConfig(12, 5.0);
+      c.scheme.compressor = spec;
+      c.rounds = 3;
+      server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+      // The same three rounds in the clear, in double: each client's P against the shared Q, their
+      // sum orthonormalized to P-hat; each (but the lost) client's Q against P-hat, their mean
+      // times P-hat, and b's mean, applied; the mean Q, orthonormalized, the next shared.
+      compression::SharedFactors shared = comp->initialShared(*l, 5);
+      std::map<uint64_t, ClientState> states;
+      std::vector<double> want(n, 0.0);
+      for (uint64_t r = 1; r <= 3; ++r) {
+        INFO("round " << r);
+        setups.clear();
+        words.clear();
+        const server::RoundRecord rec = engine.runRound(fleet);
+        REQUIRE(rec.applied);
+        CHECK(rec.clients_failed == (drop ? 1u : 0u));
+        CHECK(rec.clients_completed == (drop ? 11u : 12u));
+        // Two exchanges a round, phase 0 then phase 1, each with a nonce of its own.
+        for (uint64_t id = 0; id < 12; ++id) {
+          INFO("client " << id);
+          const bool both = !(drop && id == 3);
+          REQUIRE(setups[id].size() == (both ? 2u : 1u));
+          CHECK(setups[id][0].first == 0);
+          CHECK(words[{id, 0}] == 16 + 16);
+          if (both) {
+            CHECK(setups[id][1].first == 1);
+            CHECK(setups[id][1].second != setups[id][0].second);
+            CHECK(words[{id, 1}] == 8);
+          }
+        }
+        const compression::RoundContext c0{5, r, 0, 0, &shared};
+        std::vector<double> sum0(comp->secureSize(*l, c0), 0.0);
+        for (uint64_t id = 0; id < 12; ++id) {
+          const compression::RoundContext cc{5, r, 0, id, &shared};
+          auto& st = states.try_emplace(id, l->fingerprint()).first->second;
+          const auto x =
+              comp->secureValues(*l, cc, comp->compressWithFeedback(*l, update(id, r), st, cc));
+          for (size_t i = 0; i < x.size(); ++i) sum0[i] += x[i];
+        }
+        const auto p0 = comp->securePayloads(*l, c0, std::vector<float>(sum0.begin(), sum0.end()));
+        std::vector<std::vector<float>> psums(l->size());
+        for (size_t t = 0; t < l->size(); ++t)
+          if (const auto* lr = std::get_if<compression::LowRank>(&p0[t])) psums[t] = lr->p;
+        std::vector<std::span<const float>> pspans(psums.begin(), psums.end());
+        const compression::SharedFactors phat = comp->nextShared(*l, c0, shared, pspans, 12.0);
+        const compression::RoundContext c1{5, r, 1, 0, &phat};
+        std::vector<double> sum1(comp->secureSize(*l, c1), 0.0);
+        double in1 = 0;
+        for (uint64_t id = 0; id < 12; ++id) {
+          if (drop && id == 3) continue;  // lost: it sends no Q
+          const compression::RoundContext cc{5, r, 1, id, &phat};
+          const auto x =
+              comp->secureValues(*l, cc, comp->compressWithFeedback(*l, {}, states.at(id), cc));
+          for (size_t i = 0; i < x.size(); ++i) sum1[i] += x[i];
+          ++in1;
+        }
+        std::vector<float> mean1(sum1.size());
+        for (size_t i = 0; i < sum1.size(); ++i) mean1[i] = static_cast<float>(sum1[i] / in1);
+        const auto p1 = comp->securePayloads(*l, c1, mean1);
+        const auto step = testing::densify(*l, p1, &phat);  // P-hat times the mean Q; b: nothing
+        for (size_t i = 0; i < n; ++i) want[i] += step[i];
+        const auto& bsum = std::get<compression::DenseF32>(p0[1]).values;
+        for (size_t i = 0; i < bsum.size(); ++i) want[(*l)[1].offset + i] += bsum[i] / 12.0;
+        std::vector<std::vector<float>> qsums(l->size());
+        for (size_t t = 0; t < l->size(); ++t)
+          if (const auto* lr = std::get_if<compression::LowRank>(&p1[t])) qsums[t] = lr->q;
+        std::vector<std::span<const float>> qspans(qsums.begin(), qsums.end());
+        shared = comp->nextShared(*l, c1, phat, qspans, in1);
+        double scale = 0;
+        for (double v : want) scale = std::max(scale, std::fabs(v));
+        REQUIRE(scale > 0);
+        CHECK(maxDiff(engine.model().server(), want) <= 1e-4 * scale);
+      }
+      // Not the dense mean: the model moved within the factors' span only.
+      std::vector<double> dense_mean(n, 0.0);
+      for (uint64_t r = 1; r <= 3; ++r)
+        for (uint64_t id = 0; id < 12; ++id) {
+          const auto x = update(id, r);
+          for (size_t i = 0; i < n; ++i) dense_mean[i] += x[i] / 12.0;
+        }
+      CHECK(maxDiff(engine.model().server(), dense_mean) > 1e-2);
+    }
+  }
 }
 
 TEST_CASE("secure aggregation: dropouts at each step leave the survivors' mean", "[secagg]") {
@@ -908,6 +1063,11 @@ TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed
   // A setup whose threshold exceeds its neighbours is refused by the client's decoder.
   const auto p = server::SecAggConfig{true, 4, 0, 32, 1.0, {}}.paramsFor(5, 1, 10, 100);
   protocol::SecAggSetupMsg s{1, p, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  // The phase travels (two-phase PowerSGD's second exchange of a round); absent, it is 0.
+  s.params.phase = 1;
+  CHECK(protocol::decodeSecAggSetup(protocol::encode(s)).params.phase == 1);
+  s.params.phase = 0;
+  CHECK(protocol::decodeSecAggSetup(protocol::encode(s)).params.phase == 0);
   s.params.threshold = 9;
   CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSetup(protocol::encode(s)); }) ==
         Errc::kMissingField);
@@ -1055,14 +1215,13 @@ TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[seca
   auto c = secureConfig(10, 1.0);
   c.scheme.compressor = "topk:density=0.1";
   CHECK_THAT(refused(c), Contains("a coordinate only one client touched"));
-  // Per-client supports of the shared-support families, each with what to use instead; the
-  // factor families not yet; a dense format that would only round twice.
+  // Per-client supports of the shared-support families, each with what to use instead; PowerSGD's
+  // local mode (each client's own two factors); a dense format that would only round twice.
   for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
            {"randblock:density=0.1,offset=client", "use the default offset=shared"},
            {"randk:density=0.1", "use randk:positions=shared"},
            {"stc:density=0.1", "a coordinate only one client touched"},
            {"sign", "a coordinate only one client touched"},
-           {"powersgd:rank=2", "runs one phase a round yet"},
            {"powersgd:rank=2,mode=local", "whose product is no sum"},
            {"fp16", "lower secagg.bits"}}) {
     INFO(spec);
@@ -1070,8 +1229,8 @@ TEST_CASE("secure aggregation: what the engine refuses, with the reason", "[seca
     c.scheme.compressor = spec;
     CHECK_THAT(refused(c), Contains(why));
   }
-  for (const char* spec :
-       {"randblock:density=0.1", "randk:density=0.1,positions=shared", "acpsgd:rank=2"}) {
+  for (const char* spec : {"randblock:density=0.1", "randk:density=0.1,positions=shared",
+                           "acpsgd:rank=2", "powersgd:rank=2"}) {
     c = secureConfig(10, 1.0);
     c.scheme.compressor = spec;
     CHECK(refused(c) == "accepted");
