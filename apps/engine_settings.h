@@ -93,9 +93,11 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
   const bool sim = self == kSim;
   const char* mode = name(s.round.mode);
   if (e.dp.enabled) {
+    // (round.mode = semisync is resolved to synchronous rounds that close at their deadline:
+    // resolveSettings.)
     if (buffered(s.round.mode))
       STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
-                     " runs in synchronous rounds only: round.mode = ", mode,
+                     " runs in synchronous and semi-synchronous rounds only: round.mode = ", mode,
                      " steps on whatever arrived, mixing model versions, and samples "
                      "no one by Poisson, so the accountant could not say what it guarantees");
     if (!sim && !s.secagg.enabled &&

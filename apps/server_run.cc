@@ -362,6 +362,12 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
              ec.secagg.authority
                  ? "malicious-server (adverts signed, certified by " + c.secagg.authority + ")"
                  : std::string("semi-honest"));
+  if (c.round.semisync_under_dp)
+    log.info(
+        "round.mode = semisync under DP: each round's Poisson sample, the round closing at "
+        "round.deadline_ms ({} ms) with what arrived; a late update is dropped, not carried into "
+        "a later round (docs/privacy.md)",
+        c.round.deadline_ms);
   if (const privacy::ClientDp* dp = engine.dp())
     log.info("{} DP: clip {}, noise multiplier {:.4f}, epsilon {:.3f} after {} rounds (delta {}){}",
              dp->distributed() ? "distributed" : "central", dp->config().clip,

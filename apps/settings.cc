@@ -503,7 +503,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "starling-server's root, an edge aggregator's partial counting its updates); "
         "semisync: rounds closing at round.deadline_seconds (starling-sim, simulated) or "
         "round.deadline_ms (the root) with whatever arrived, late updates joining a later round "
-        "with their staleness weight (docs/simulation.md, docs/deployment.md)",
+        "with their staleness weight (under privacy.dp, each round's Poisson sample, late updates "
+        "dropped; docs/simulation.md, docs/deployment.md, docs/privacy.md)",
         roundModes());
   o.add("state.checkpoint", &s.state.checkpoint,
         "checkpoint file, written atomically after every round; resumed from at start");
@@ -635,6 +636,32 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
 }
 
 void resolveSettings(const Options& o, Settings& s, Program self) {
+  // Semi-synchronous rounds under DP (docs/privacy.md): a round closes at its deadline with what
+  // its sample delivered, and an update that comes later is dropped, not carried into a later
+  // step: the accountant's subsampled Gaussian sums at most one clipped update of each client of
+  // the step's own Poisson sample, and a carried update would be a client's data in a step that
+  // did not sample it (the next to one that did). Without the carry, a semi-synchronous round is
+  // a synchronous round with a deadline, which the round engine runs (round.deadline_seconds in
+  // starling-sim, round.deadline_ms at the root); async.* size the buffered hand-out and the
+  // carry, and do not apply.
+  const bool relays = self == kServer && s.server.role != ServerRole::kRoot;
+  if (self != kClient && !relays && s.privacy.dp != DpMode::kOff &&
+      s.round.mode == RoundMode::kSemisync) {
+    for (const char* k :
+         {"async.concurrency", "async.buffer_size", "async.max_staleness", "async.staleness"})
+      if (o.given(k))
+        STARLING_THROW(ConfigError, k,
+                       " is set, and round.mode = semisync under privacy.dp = ", name(s.privacy.dp),
+                       " samples each round by Poisson (sampling.poisson_rate) and drops a late "
+                       "update instead of carrying it into a later round (docs/privacy.md): "
+                       "leave it out");
+    if (self == kSim && !(s.round.deadline_seconds > 0))
+      STARLING_THROW(ConfigError,
+                     "round.mode = semisync needs round.deadline_seconds > 0: the simulated length "
+                     "of each round");
+    s.round.mode = RoundMode::kSync;
+    s.round.semisync_under_dp = true;
+  }
   if (self == kServer) {
     // Sampling by fraction or by count: a deployment's fraction wins over the shared default.
     if (o.given("sampling.fraction") && o.given("sampling.clients_per_round"))
@@ -729,8 +756,7 @@ void resolveSettings(const Options& o, Settings& s, Program self) {
   if (s.secagg.enabled && !o.given("compression.compressor")) s.compression.compressor = "none";
   // One file serves the root, its aggregators and its clients: secagg.* are the root's (and the
   // simulator's); an edge aggregator relays whatever its root's rounds run (apps/server.cc says
-  // so), as a client does.
-  const bool relays = self == kServer && s.server.role != ServerRole::kRoot;
+  // so), as a client does (`relays`, above).
   if (self != kClient && !relays && s.secagg.enabled) {
     if (buffered(s.round.mode))
       STARLING_THROW(ConfigError,

@@ -142,6 +142,10 @@ struct Settings {
     double min_completion_rate = 0.0;
     double deadline_seconds = 0.0;  // simulation: the simulated clock's deadline
     RoundMode mode = RoundMode::kSync;
+    // round.mode = semisync under privacy.dp, resolved (resolveSettings) to synchronous rounds
+    // that close at the deadline with what their Poisson sample delivered, late updates dropped:
+    // mode is then kSync, and this says why (the programs log it).
+    bool semisync_under_dp = false;
   } round;
   // Buffered asynchronous aggregation (round.mode = async; aggregation/async_buffer.h).
   struct Async {

@@ -460,6 +460,11 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   const uint64_t first = engine.nextRound();
   if (lead && engine.resumed())
     say("resumed at round %llu\n", static_cast<unsigned long long>(first));
+  if (lead && c.round.semisync_under_dp)
+    say("round.mode = semisync under DP: each round's Poisson sample, the round closing at "
+        "round.deadline_seconds (%g simulated seconds) with what arrived; a late update is "
+        "dropped, not carried into a later round (docs/privacy.md)\n",
+        c.round.deadline_seconds);
   if (const privacy::ClientDp* dp = engine.dp(); lead && dp)
     say("%s DP: clip %g, noise multiplier %.4f, epsilon %.3f after %llu rounds "
         "(delta %g; noise from the run seed%s)\n",

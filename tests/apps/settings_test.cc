@@ -547,9 +547,33 @@ TEST_CASE("privacy.*: central DP composes its rule, and its refusals name the ke
     CHECK_THAT(refused(self, {"--privacy.clip", "1"}), Contains("privacy.dp is off"));
     CHECK_THAT(refused(self, {"--privacy.target_epsilon", "1"}), Contains("privacy.dp is off"));
     CHECK_THAT(refused(self, with({"--round.mode", "async"})), Contains("synchronous rounds only"));
+    // Semi-synchronous rounds: each round's Poisson sample, closed at its deadline, late updates
+    // dropped: the round engine's synchronous rounds with that deadline.
     std::vector<std::string> semisync{"--round.mode", "semisync"};
     if (self == apps::kSim) semisync.insert(semisync.end(), {"--round.deadline_seconds", "1"});
-    CHECK_THAT(refused(self, with(semisync)), Contains("synchronous rounds only"));
+    CHECK(refused(self, with(semisync)).empty());
+    {
+      auto q = parse(self, with(semisync));
+      REQUIRE(q.rc == -1);
+      apps::resolveSettings(*q.o, q.s, self);
+      CHECK(q.s.round.mode == apps::RoundMode::kSync);
+      CHECK(q.s.round.semisync_under_dp);
+      CHECK(apps::engineConfig(q.s).sampling.poisson_rate == 0.2);
+      // Without DP it stays semi-synchronous (the buffered engine's, with its carry).
+      auto plain = parse(self, semisync);
+      REQUIRE(plain.rc == -1);
+      apps::resolveSettings(*plain.o, plain.s, self);
+      CHECK(plain.s.round.mode == apps::RoundMode::kSemisync);
+      CHECK_FALSE(plain.s.round.semisync_under_dp);
+    }
+    for (const char* k : {"--async.concurrency", "--async.max_staleness"}) {
+      auto more = semisync;
+      more.insert(more.end(), {k, "4"});
+      CHECK_THAT(refused(self, with(more)), Contains("late update instead of carrying it"));
+    }
+    if (self == apps::kSim)
+      CHECK_THAT(refused(self, with({"--round.mode", "semisync"})),
+                 Contains("round.deadline_seconds > 0"));
     CHECK_THAT(refused(self, with({"--compression.compressor", "powersgd:rank=2"})),
                Contains("several phases"));
     CHECK_THAT(refused(self, with({"--train.scaffold", "true"})), Contains("train.scaffold"));

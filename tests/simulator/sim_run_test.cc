@@ -1372,6 +1372,77 @@ TEST_CASE("starling-sim runs distributed DP: reproducible on any workers, its ep
   CHECK(scale > 0);
 }
 
+// Semi-synchronous rounds under central DP (docs/privacy.md): each round's Poisson sample, the
+// round closing at its deadline with what arrived, a late update dropped rather than carried into
+// a later round (the accountant counts a client's data in the steps that sampled it only). That
+// is the synchronous engine's round with the deadline: the same run to the bit, its epsilon, and
+// the slow half of the clients never in a sum.
+TEST_CASE(
+    "starling-sim under central DP runs semi-synchronous rounds as rounds that close at their "
+    "deadline: late updates dropped, the synchronous run's bits and epsilon",
+    "[simulator][integration][dp]") {
+  TempDir dir("simsemidp");
+  {
+    std::ofstream f(dir / "dp.toml");
+    f << "[data]\nnum_clients = 20\npartition = \"iid\"\n[model]\nspec = \"logreg\"\n"
+         "[sampling]\npoisson_rate = 0.5\n[compression]\ncompressor = \"none\"\n[eval]\nevery = "
+         "1\n[privacy]\ndp = \"central\"\nclip = 1\nnoise_multiplier = 1\n";
+    // The even clients train in milliseconds, the odd ones in minutes (whatever the data's size):
+    // at a deadline of 10 simulated seconds, every odd client's update is late.
+    std::ofstream t(dir / "devices.csv");
+    t << "client,speed,bandwidth,availability\n";
+    for (int c = 0; c < 20; ++c) t << c << "," << (c % 2 == 0 ? 1000 : 0.001) << ",1e7,1\n";
+  }
+  const auto run = [&](const std::string& tag, std::vector<std::string> more) {
+    std::vector<std::string> a{binDir() + "/starling-sim",
+                               "--config",
+                               dir / "dp.toml",
+                               "--sim.device",
+                               "cpu",
+                               "--sim.workers",
+                               "1",
+                               "--train.rounds",
+                               "4",
+                               "--devices.trace",
+                               dir / "devices.csv",
+                               "--round.deadline_seconds",
+                               "10",
+                               "--state.checkpoint",
+                               dir / (tag + ".ckpt"),
+                               "--state.metrics",
+                               dir / (tag + ".jsonl")};
+    a.insert(a.end(), more.begin(), more.end());
+    Proc p(a, dir / (tag + ".log"));
+    const int rc = p.wait(seconds(300));
+    INFO(readText(dir / (tag + ".log")));
+    REQUIRE(rc == 0);
+  };
+  run("semi", {"--round.mode", "semisync"});
+  run("sync", {});
+  CHECK(readText(dir / "semi.log").find("a late update is dropped") != std::string::npos);
+  CHECK(readText(dir / "sync.log").find("a late update is dropped") == std::string::npos);
+  CHECK(modelDiff(dir / "semi.ckpt", dir / "sync.ckpt").first == 0.0);
+  const auto s = readLines(dir / "semi.jsonl"), y = readLines(dir / "sync.jsonl");
+  REQUIRE(s.size() == 4);
+  REQUIRE(y.size() == 4);
+  uint64_t late = 0;
+  for (size_t r = 0; r < 4; ++r) {
+    INFO("round " << r + 1);
+    for (const char* key : {"applied", "clients_selected", "clients_completed", "clients_failed",
+                            "dp_epsilon", "uplink_bytes", "sim_seconds", "test_accuracy"})
+      CHECK(field(s[r], key) == field(y[r], key));
+    REQUIRE(!field(s[r], "dp_epsilon").empty());
+    // Only the fast half's updates are in a sum: each round's failed are its late ones.
+    CHECK(std::stoull(field(s[r], "clients_completed")) +
+              std::stoull(field(s[r], "clients_failed")) ==
+          std::stoull(field(s[r], "clients_selected")));
+    late += std::stoull(field(s[r], "clients_failed"));
+  }
+  CHECK(late > 0);
+  // The epsilon is the synchronous accountant's after 4 rounds at q = 0.5, sigma 1.
+  CHECK(std::stod(field(s[3], "dp_epsilon")) > std::stod(field(s[0], "dp_epsilon")));
+}
+
 // Adaptive clipping in the simulator: each worker counts the updates it clipped into the round's
 // head, which the all-reduce sums, and every worker's engine moves the clip alike (the count's
 // noise is seeded): one worker and two give the same clips, round after round.
