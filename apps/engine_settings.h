@@ -95,7 +95,8 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
   if (e.dp.enabled) {
     // (round.mode = semisync is resolved to synchronous rounds that close at their deadline:
     // resolveSettings.)
-    if (buffered(s.round.mode))
+    // (An edge aggregator given round.mode is told below that the mode is the root's.)
+    if (buffered(s.round.mode) && (sim || s.server.role != ServerRole::kAggregator))
       STARLING_THROW(ConfigError, "privacy.dp = ", name(s.privacy.dp),
                      " runs in synchronous and semi-synchronous rounds only: round.mode = ", mode,
                      " steps on whatever arrived, mixing model versions, and samples "

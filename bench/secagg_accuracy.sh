@@ -20,6 +20,7 @@
 #   ddg-eps1    distributed DP at epsilon 1, delta 1e-5: each client adds its share of discrete
 #               Gaussian noise in the ring (under SecAgg only: there is no plain run of it);
 #               MIN_CLIENTS sets privacy.min_clients (default: half of Q POOL)
+#   dense-epsE, ddg-epsE   the same at epsilon E (dense-eps2, ddg-eps8, ...)
 # Every run writes OUT/<variant>-<plain|secagg>.jsonl and is skipped when that file already has
 # ROUNDS lines (the script resumes). Then one table row per run: the mean of the last five
 # evaluations, the final one, and the mean uplink bytes per client a round.
@@ -51,7 +52,7 @@ mkdir -p "$out"
 
 for v in $variants; do
   for mode in plain secagg; do
-    [ "$v" = ddg-eps1 ] && [ "$mode" = plain ] && continue
+    case "$v" in ddg-eps*) [ "$mode" = plain ] && continue ;; esac
     f="$out/$v-$mode.jsonl"
     if [ -f "$f" ] && [ "$(wc -l < "$f")" -ge "$rounds" ]; then continue; fi
     rm -f "$f"
@@ -65,15 +66,15 @@ for v in $variants; do
       acp-m) comp="acpsgd:rank=$acp_rank"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
       psgd) comp="powersgd:rank=$psgd_rank" ;;
       psgd-m) comp="powersgd:rank=$psgd_rank"; extra=(--aggregation.server_opt "fedavgm:eta=1,beta1=0.9") ;;
-      dense-eps1) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5) ;;
-      ddg-eps1) extra=(--privacy.dp distributed --privacy.clip "$clip" --privacy.target_epsilon 1 --privacy.delta 1e-5)
+      dense-eps*) extra=(--privacy.dp central --privacy.clip "$clip" --privacy.target_epsilon "${v#dense-eps}" --privacy.delta 1e-5) ;;
+      ddg-eps*) extra=(--privacy.dp distributed --privacy.clip "$clip" --privacy.target_epsilon "${v#ddg-eps}" --privacy.delta 1e-5)
                 [ -n "${MIN_CLIENTS:-}" ] && extra+=(--privacy.min_clients "$MIN_CLIENTS") ;;
-      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-eps1, block-m, ddg-eps1, acp, acp-m, psgd, psgd-m)" >&2; exit 2 ;;
+      *) echo "secagg_accuracy: unknown variant '$v' (dense, block, dense-epsE, block-m, ddg-epsE, acp, acp-m, psgd, psgd-m)" >&2; exit 2 ;;
     esac
     if [ "$mode" = secagg ]; then
       extra+=(--secagg.enabled true --secagg.clip "$clip")
       [ "${v%-m}" = block ] && extra+=(--secagg.bits "$block_bits")
-    elif [ "$v" != dense-eps1 ]; then
+    elif [ "${v#dense-eps}" = "$v" ]; then
       extra+=(--aggregation.rule "fedavg:weight=uniform,clip=$clip")
     fi
     echo "secagg_accuracy: $v, $mode, $rounds rounds" >&2

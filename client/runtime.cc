@@ -330,7 +330,7 @@ struct ClientRuntime::Impl {
         const std::vector<float> x =
             secureInput(layout, comp, b.context(config.client_id), res.update.tensors);
         if (config.secagg_rounding) {
-          const privacy::Key32 key = config.secagg_rounding(t.round);
+          const privacy::Key32 key = config.secagg_rounding(t.round, t.phase);
           return party->mask(shares, x, res.update.metrics, &key);
         }
         return party->mask(shares, x, res.update.metrics);

@@ -67,7 +67,7 @@ struct RuntimeConfig {
   // Secure aggregation: the key of round r's stochastic rounding into the ring. Empty (the
   // default): a fresh random key each round, as the privacy of distributed noise needs; a test
   // gives one fixed by the round to compare two federations' sums bit for bit.
-  std::function<privacy::Key32(uint64_t round)> secagg_rounding;
+  std::function<privacy::Key32(uint64_t round, uint32_t phase)> secagg_rounding;
   // Secure aggregation: which rounds it runs and whose keys it trusts (client/secure_party.h).
   SecAggTrust secagg_trust;
   void validate() const;

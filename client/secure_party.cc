@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "compression/payload.h"
@@ -129,6 +130,27 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
         "secagg: a round of " + std::to_string(m.clients.size()) +
             " clients, below secagg.min_clients = " + std::to_string(trust_.min_clients) +
             ": this client helps release no sum of fewer clients' inputs");
+  // A later phase of a round (two-phase PowerSGD's Q) continues from this client's masked input
+  // of the phase before it, in this round: without it, its phase would be a sum of stale state
+  // the server chose to ask about. In a signed round its clients must be exactly the survivors of
+  // the phase before that this client signed: a later phase's sum without one of them would
+  // differ from the phase before's by that client's update seen through the shared factors.
+  if (m.params.phase > 0) {
+    if (!masked_ || *masked_ != std::pair(m.params.round, m.params.phase - 1))
+      throw InputError(Errc::kWrongRound,
+                       "secagg: a setup of round " + std::to_string(m.params.round) + " phase " +
+                           std::to_string(m.params.phase) +
+                           " before this client sent its masked input of the phase before it");
+    if (m.params.signed_keys &&
+        (!signed_ || signed_->round != m.params.round || signed_->phase + 1 != m.params.phase ||
+         signed_->clients != m.clients))
+      throw InputError(Errc::kInconsistentSurvivors,
+                       "secagg: a setup of round " + std::to_string(m.params.round) + " phase " +
+                           std::to_string(m.params.phase) +
+                           " whose clients are not the survivors of the phase before, as this "
+                           "client signed them: a sum of other clients would reveal the "
+                           "difference");
+  }
   // (Under secagg.min_noise too: averaging a round's sums over several runs would average away
   // the noise.)
   if ((trust_.require_signed || trust_.min_noise > 0) && masked_ &&
@@ -146,6 +168,7 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
   client_.emplace(m.params, id_, m.clients, trust_.signer ? &*trust_.signer : nullptr);
   params_ = m.params;
   round_clients_ = m.clients.size();
+  round_ids_ = m.clients;
   return pr::encode(pr::SecAggKeysMsg{m.nonce, client_->advertise()});
 }
 
@@ -201,7 +224,23 @@ std::vector<uint8_t> SecureParty::signSurvivors(std::span<const uint8_t> bytes) 
             std::to_string(round_clients_ - std::min(round_clients_, m.request.absent.size())) +
             " masked inputs, below secagg.min_clients = " + std::to_string(trust_.min_clients) +
             ": this client signs for no sum of fewer clients' inputs");
-  return pr::encode(pr::SecAggSignedMsg{m.nonce, client_->signSurvivors(m.request)});
+  // A later phase's survivors are every client of it: its sum must hold each input of the phase
+  // before's (see setup).
+  if (params_.phase > 0 && !m.request.absent.empty())
+    throw InputError(Errc::kInconsistentSurvivors,
+                     "secagg: a survivors list of round " + std::to_string(params_.round) +
+                         " phase " + std::to_string(params_.phase) + " naming " +
+                         std::to_string(m.request.absent.size()) +
+                         " absent: a later phase's sum without an input of the phase before's "
+                         "would reveal the difference");
+  pr::SecAggSignedMsg out{m.nonce, client_->signSurvivors(m.request)};
+  // Who the next phase's setup must name: the round's clients but the absent.
+  SignedSurvivors s{params_.round, params_.phase, {}};
+  const std::set<uint64_t> absent(m.request.absent.begin(), m.request.absent.end());
+  for (uint64_t c : round_ids_)
+    if (!absent.count(c)) s.clients.push_back(c);
+  signed_ = std::move(s);
+  return pr::encode(out);
 }
 
 std::vector<uint8_t> SecureParty::unmask(std::span<const uint8_t> bytes) {

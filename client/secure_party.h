@@ -8,7 +8,11 @@
 // taken).
 //
 //   setup(SecAggSetup)      -> SecAggKeys     its advertised keys (signed with its certified key
-//                                             in a signed round); refused: another derivation
+//                                             in a signed round); refused: a later phase before
+//                                             its masked input of the phase before, in this round
+//                                             (kWrongRound), or in a signed round naming other
+//                                             clients than that phase's survivors it signed
+//                                             (kInconsistentSurvivors); another derivation
 //                                             (kUnsupportedVersion), an unsigned round under
 //                                             require_signed (kUnsignedRound), a signed one
 //                                             without a credential (kNoCredential), a round
@@ -19,7 +23,8 @@
 //                                             ring and masked
 //   signSurvivors(SecAggSurvivors) -> SecAggSigned   a signed round only (kUnexpectedMessage
 //                                             otherwise): its signature of who survived, once
-//                                             a round (kDuplicate after); refused when the list
+//                                             a round (kDuplicate after); refused when a later
+//                                             phase's list names anyone absent, or the list
 //                                             says it is absent (kInconsistentSurvivors) or
 //                                             leaves fewer than t of its neighbours
 //                                             (kTooFewSurvivors)
@@ -112,7 +117,8 @@ class SecureParty {
 
   uint64_t id_;
   SecAggTrust trust_;
-  uint64_t round_clients_ = 0;  // the clients the last setup named
+  uint64_t round_clients_ = 0;       // the clients the last setup named
+  std::vector<uint64_t> round_ids_;  // which, ascending
   protocol::SecAggLimits limits_;
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;
@@ -121,6 +127,14 @@ class SecureParty {
   // a server that ran a phase twice, with and without this client, could subtract the two sums.
   // Kept for the party's life (a client process serves one federation run).
   std::optional<std::pair<uint64_t, uint32_t>> masked_;
+  // The survivors list this client signed last (a signed round's consistency step): its round,
+  // phase and survivors, ascending. A later phase's setup must name exactly them.
+  struct SignedSurvivors {
+    uint64_t round = 0;
+    uint32_t phase = 0;
+    std::vector<uint64_t> clients;
+  };
+  std::optional<SignedSurvivors> signed_;
 };
 
 // What a client's update adds to a secure round (compression::Compressor::secureValues): its

@@ -104,6 +104,7 @@ std::vector<uint8_t> exchangeBytes(std::string_view domain, const SecAggParams& 
   std::vector<uint8_t> b(domain.begin(), domain.end());
   putU64(b, p.run_seed);
   putU64(b, round);
+  putU64(b, p.phase);  // derivation 4
   putU64(b, p.session);
   b.insert(b.end(), roster.begin(), roster.end());
   return b;

@@ -77,7 +77,9 @@ namespace starling::privacy {
 // 2: a signed round deals shares of the self-mask seed only (no mask key's).
 // 3: the setup names each client's discrete Gaussian noise (RingSpec::noise; distributed DP),
 // which a client adds after rounding: a client of derivation 2 would ignore it and send no noise.
-inline constexpr uint32_t kSecAggDerivation = 3;
+// 4: the setup names the round's phase (two-phase PowerSGD runs an exchange per phase), which the
+// signed adverts and survivors lists cover.
+inline constexpr uint32_t kSecAggDerivation = 4;
 
 // Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
 inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;

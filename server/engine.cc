@@ -259,7 +259,7 @@ std::string secureCompressorRefusal(const cz::Compressor& c) {
   const std::string why = c.secureRefusal();
   if (why.empty()) return why;
   return "secagg.enabled takes a compressor whose values sum alike for every client (none, "
-         "randblock, randk:positions=shared, acpsgd), not " +
+         "randblock, randk:positions=shared, acpsgd, powersgd), not " +
          c.spec() + ": " + why;
 }
 
@@ -386,6 +386,17 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
   const uint64_t secure_dim =
       config_.secagg.enabled ? secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, 1)
                              : 0;
+  if (config_.secagg.enabled) {
+    // Each phase a secure sum of something: two-phase PowerSGD's phase Q masks the factored
+    // tensors' Q alone, none for a model with no tensor to factor.
+    const cz::Compressor& c = scheme_.compressor();
+    cz::SharedFactors s = c.initialShared(*layout_, config_.scheme.run_seed);
+    for (uint32_t phase = 0; phase < c.phases(); ++phase)
+      if (c.secureSize(*layout_, cz::RoundContext{config_.scheme.run_seed, 1, phase, 0, &s}) == 0)
+        STARLING_THROW(ConfigError, "secagg.enabled with ", c.spec(), ": phase ", phase,
+                       " of this model masks nothing (no tensor large enough to factor); use "
+                       "compression.compressor = none");
+  }
   if (config_.dp.enabled) {
     // Distributed DP's accountant bounds tau over the noised sum's values: the shared support's
     // (which is the same every round: the support's size does not depend on the round).
@@ -1075,6 +1086,24 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
         aggregators.empty() && !only ? std::min(target, active.size()) : active.size();
     account(fleet.runPhase(task, active, want, agg));
   }
+  // A later phase's sum must hold the input of every client in the phase before's (`only`): with
+  // one missing, the two sums differ by that client's update seen through the shared factors
+  // (two-phase PowerSGD: P-hat^T M_u Q, r x r values of client u's alone). Nothing of such a phase
+  // is unmasked, and the round is not applied (honest clients of a signed round refuse to sign a
+  // later phase's survivors list that names anyone absent, client/secure_party.h).
+  if (only) {
+    const std::set<uint64_t>& masked = sr->answered(SecureStage::kMaskedInput);
+    if (masked.size() != only->size()) {
+      for (uint64_t id : *only)
+        if (!masked.count(id)) failed.insert(id);
+      rec.reason = "secure aggregation: " + std::to_string(only->size() - masked.size()) +
+                   " of the " + std::to_string(only->size()) +
+                   " clients in the phase before's sum sent no masked input of this phase, and a "
+                   "sum of the others would reveal the difference (docs/privacy.md): nothing of it "
+                   "is unmasked";
+      return false;
+    }
+  }
   // Distributed DP: a sum with fewer clients' noise than the accountant assumes is never
   // unmasked (the server would see it with too little noise): the round stops before the unmask.
   // The unmasked sum holds exactly these masked inputs (SecAggServer::finish: its survivors are
@@ -1112,7 +1141,10 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   }
   in_sum.insert(out.survivors.begin(), out.survivors.end());
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
-  rec.secagg_wrong_shares.insert(rec.secagg_wrong_shares.end(), out.liars.begin(), out.liars.end());
+  for (uint64_t liar : out.liars)
+    if (std::find(rec.secagg_wrong_shares.begin(), rec.secagg_wrong_shares.end(), liar) ==
+        rec.secagg_wrong_shares.end())
+      rec.secagg_wrong_shares.push_back(liar);
   cz::PartialMessage pm;
   pm.header = {layout_->fingerprint(),
                rec.round,

@@ -519,7 +519,7 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   std::set<uint64_t> failed;
   std::vector<Held> held;
   // Secure aggregation on several workers: each client trains and masks where its side of the
-  // exchange lives (a later phase's exchange is one of its own, its sides placed anew).
+  // exchange lives (a later phase's sides where the phase before's were).
   const auto secureAssign = [&](const std::vector<uint64_t>& ids) {
     assignment_ = Assignment{};
     assignment_.per_worker.resize(static_cast<size_t>(coll_.size()));
@@ -617,7 +617,13 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
                                        uint32_t /*deadline_ms: the simulated clock's own*/) {
   server::PhaseReport rep;
   double waited = 0.0;
-  if (stage == server::SecureStage::kAdvertise) {
+  // A later phase's exchange of the same round (two-phase PowerSGD's Q) keeps each client's side
+  // where it was: its party remembers its masked input of the phase before, which that setup
+  // requires, and its state is there.
+  const bool later_exchange = stage == server::SecureStage::kAdvertise &&
+                              round.round() == secure_round_ && !secure_owner_.empty();
+  if (stage == server::SecureStage::kAdvertise) secure_round_ = round.round();
+  if (stage == server::SecureStage::kAdvertise && !later_exchange) {
     parties_.clear();
     // Each participant's side lives on one worker for the round: the one holding its state while
     // that worker has fewer than its share (no state moves), the others each to the worker with
@@ -645,6 +651,8 @@ server::PhaseReport SimFleet::exchange(server::SecureStage stage, server::Secure
       secure_owner_[id] = static_cast<int>(w);
       ++owned[w];
     }
+  }
+  if (stage == server::SecureStage::kAdvertise) {
     // A wait for the first client to come online (waitForClients) is part of the round.
     waited = wait_;
     wait_ = 0.0;

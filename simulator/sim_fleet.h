@@ -245,6 +245,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   // Secure aggregation: the round's clients' own sides, made at its advertise step (on several
   // workers, only those this worker owns), and every participant's owner.
   std::map<uint64_t, client::SecureParty> parties_;
+  uint64_t secure_round_ = 0;                         // the round of the last secure exchange
   std::optional<privacy::SigningKeyPair> authority_;  // config_.secure_signed: simAuthority's
   std::map<uint64_t, int> secure_owner_;
   bool ownsSecure(uint64_t id) const;

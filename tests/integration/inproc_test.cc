@@ -475,12 +475,15 @@ struct ScriptedRoot {
     s.insecure = true;
     return s;
   }
-  // A phase-0 fit task of `round` (SCAFFOLD's when `control` is given), with `nonce`; `secure`:
-  // a secure round's (its update masked with the shares sent before it).
+  // A fit task of `round` (SCAFFOLD's when `control` is given), with `nonce`; `secure`: a secure
+  // round's (its update masked with the shares sent before it); `phase`: its phase (the model
+  // travels with phase 0 only).
   std::vector<uint8_t> task(uint64_t round, uint64_t nonce, std::vector<float> control = {},
-                            std::optional<uint64_t> ack = std::nullopt, bool secure = false) const {
+                            std::optional<uint64_t> ack = std::nullopt, bool secure = false,
+                            uint32_t phase = 0) const {
     protocol::TaskMsg h;
     h.secure = secure;
+    h.phase = phase;
     h.round = round;
     h.run_seed = 5;
     h.compressor = "none";
@@ -489,7 +492,7 @@ struct ScriptedRoot {
     h.deadline_ms = 600'000;
     h.control = std::move(control);
     h.control_ack = ack;
-    const compression::PhaseBroadcast b{5, round, 0, nullptr};
+    const compression::PhaseBroadcast b{5, round, phase, nullptr};
     return server::encodeTask(server::PhaseTask{b, h, model, server::Downlink::kDense}, 0, nonce);
   }
   // Sends `task` (once the aggregator registered) and returns the next partial (empty after a
@@ -542,8 +545,8 @@ struct ScriptedRoot {
 }  // namespace
 
 // A secure round of two-phase PowerSGD has an exchange per phase; a client masks what its task's
-// phase sends with the shares of that phase's exchange only. A root that sends phase 0's task
-// against the shares of a phase-1 setup is refused with kRoundMismatch: nothing trained or sent.
+// phase sends with the shares of that phase's exchange only. A root that sends a phase-1 task
+// against the shares of a phase-0 setup is refused with kRoundMismatch: nothing trained or sent.
 TEST_CASE(
     "in process: a client refuses a secure task of another phase than its shares' exchange, and "
     "trains nothing",
@@ -554,12 +557,11 @@ TEST_CASE(
   ScriptedRoot root(f, *trainer);
   f.client(0, "inproc://scripted-root");
   REQUIRE(!root.next(protocol::MessageKind::kRegister).empty());
-  // Round 1's phase-1 exchange among client 0 and two clients the test plays.
+  // Round 1's phase-0 exchange among client 0 and two clients the test plays.
   const std::vector<uint64_t> ids{0, 1, 2};
-  privacy::SecAggParams params = server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(
-      5, 1, ids.size(), root.layout->numel());
-  params.phase = 1;
-  server::SecureRound sr(params, ids);
+  server::SecureRound sr(server::SecAggConfig{true, 0, 0, 32, 1.0, {}}.paramsFor(
+                             5, 1, ids.size(), root.layout->numel()),
+                         ids);
   std::map<uint64_t, client::SecureParty> others;
   others.try_emplace(1, 1);
   others.try_emplace(2, 2);
@@ -579,9 +581,9 @@ TEST_CASE(
       sr.reply(st, c, ans);
     }
   }
-  // Client 0's shares, then a secure task of phase 0 (which compressor none would train).
+  // Client 0's shares, then a secure task of phase 1.
   REQUIRE(root.socket.send(root.peer, sr.request(SecureStage::kMaskedInput, 0)));
-  REQUIRE(root.socket.send(root.peer, root.task(1, 0x5eed, {}, std::nullopt, true)));
+  REQUIRE(root.socket.send(root.peer, root.task(1, 0x5eed, {}, std::nullopt, true, 1)));
   const std::vector<uint8_t> reject = root.next(protocol::MessageKind::kReject);
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(!reject.empty());
@@ -1877,7 +1879,7 @@ TreeRun runSecureSix(bool tree, uint64_t rounds, std::optional<uint64_t> silent 
   for (uint64_t id = 0; id < 6; ++id) {
     // Each client's own key a round (distributed DP's noise draws from it too: one key for all
     // would give every client the same noise, which then adds up n times, not sqrt(n) times).
-    rc.secagg_rounding = [id](uint64_t round) {
+    rc.secagg_rounding = [id](uint64_t round, uint32_t /*phase: no two-phase run here*/) {
       return privacy::publicKey("inproc test rounding", id, round);
     };
     const std::string to =

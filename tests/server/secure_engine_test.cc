@@ -72,9 +72,11 @@ class SecureFleet final : public server::Fleet {
                                uint32_t) override {
     server::PhaseReport rep;
     if (stage == SecureStage::kAdvertise) {
-      parties_.clear();
+      // A later phase's exchange: each client's party remembers its masked input of the phase
+      // before, which that setup requires.
       later_ = round.round() == exchange_round_;
       exchange_round_ = round.round();
+      if (!later_) parties_.clear();
     }
     for (const auto& c : participants) {
       if (dropsAt(c.id, stage)) {
@@ -453,17 +455,21 @@ TEST_CASE(
   const std::vector<uint64_t> ids{0, 1, 2, 3, 4};
   std::map<uint64_t, client::SecureParty> parties;
   for (uint64_t c : ids) parties.try_emplace(c, c, certifiedTrust(authority, c));
-  // A signed round of 5 clients, driven by hand through the root's side (server/secure_round.h).
-  const auto run = [&](uint64_t round, uint32_t phase) {
+  // A signed round of `clients`, driven by hand through the root's side (server/secure_round.h)
+  // to its survivors step; `skip` send no masked input.
+  const auto run = [&](uint64_t round, uint32_t phase, std::vector<uint64_t> clients = {},
+                       std::set<uint64_t> skip = {}) {
+    if (clients.empty()) clients = ids;
     privacy::SecAggParams params =
-        server::SecAggConfig{true, 4, 3, 32, 1.0, authority.public_key}.paramsFor(5, round,
-                                                                                  ids.size(), n);
+        server::SecAggConfig{true, 4, 3, 32, 1.0, authority.public_key}.paramsFor(
+            5, round, clients.size(), n);
     params.phase = phase;
-    server::SecureRound sr(params, ids, {}, {}, {}, &authority.public_key);
+    server::SecureRound sr(params, clients, {}, {}, {}, &authority.public_key);
     std::map<uint64_t, Errc> refused;
     const auto step = [&](SecureStage st, auto&& answer) {
-      for (uint64_t c : ids) {
+      for (uint64_t c : clients) {
         if (refused.count(c) || !sr.inStep(st, c)) continue;
+        if (st == SecureStage::kMaskedInput && skip.count(c)) continue;
         try {
           sr.reply(st, c, answer(c, sr.request(st, c)));
         } catch (const InputError& e) {
@@ -477,21 +483,43 @@ TEST_CASE(
     step(SecureStage::kMaskedInput, [&](uint64_t c, auto req) {
       return parties.at(c).mask(req, std::vector<float>(n, 0.01f * static_cast<float>(c)));
     });
+    step(SecureStage::kSurvivors,
+         [&](uint64_t c, auto req) { return parties.at(c).signSurvivors(req); });
     return refused;
   };
+  const auto all = [](const std::map<uint64_t, Errc>& refused, size_t count, Errc code) {
+    CHECK(refused.size() == count);
+    for (const auto& [c, got] : refused) CHECK(got == code);
+  };
   CHECK(run(7, 0).empty());
-  // The round's next phase (two-phase PowerSGD's exchange for Q) is taken, once.
+  // The round's next phase (two-phase PowerSGD's exchange for Q) among other clients than the
+  // phase before's survivors (all five, as each signed): refused by the four asked.
+  all(run(7, 1, {0, 1, 2, 3}), 4, Errc::kInconsistentSurvivors);
+  // Among them, it is taken, once.
   CHECK(run(7, 1).empty());
   // The same phase again (a new nonce: another attempt), an earlier phase of the round, and an
   // earlier round: refused by all.
   for (const auto& [again, phase] :
        std::vector<std::pair<uint64_t, uint32_t>>{{7, 1}, {7, 0}, {6, 0}, {6, 1}}) {
     INFO("round " << again << " phase " << phase);
-    const auto refused = run(again, phase);
-    CHECK(refused.size() == ids.size());
-    for (const auto& [c, code] : refused) CHECK(code == Errc::kWrongRound);
+    all(run(again, phase), ids.size(), Errc::kWrongRound);
   }
   CHECK(run(8, 0).empty());  // the next round is taken
+  // Its phase Q without client 4's masked input: the others sign no survivors list that names it
+  // absent (a sum of four would differ from phase P's five by client 4's update).
+  all(run(8, 1, ids, {4}), 4, Errc::kInconsistentSurvivors);
+  // A phase-Q setup before the client masked phase P of the round (here, in an unsigned round):
+  // refused, whatever the trust.
+  std::map<uint64_t, client::SecureParty> fresh;
+  for (uint64_t c : ids) fresh.try_emplace(c, c);
+  privacy::SecAggParams p1 =
+      server::SecAggConfig{true, 4, 3, 32, 1.0, {}}.paramsFor(5, 3, ids.size(), n);
+  p1.phase = 1;
+  server::SecureRound sr(p1, ids);
+  for (uint64_t c : ids)
+    CHECK(testing::codeOf([&] {
+            (void)fresh.at(c).setup(sr.request(SecureStage::kAdvertise, c));
+          }) == Errc::kWrongRound);
 }
 
 TEST_CASE("secure aggregation: a client's trust refuses what cannot protect it", "[secagg]") {
@@ -657,7 +685,8 @@ TEST_CASE(
 
 TEST_CASE(
     "secure aggregation of two-phase powersgd: phase P and phase Q each a secure sum of its own, "
-    "the model as the phase sums in the clear move it",
+    "the model as the phase sums in the clear move it; a client lost between the phases voids the "
+    "round before phase Q is unmasked",
     "[secagg]") {
   const auto l = layout();
   const size_t n = l->numel();
@@ -672,10 +701,9 @@ TEST_CASE(
   };
   // w (16 x 8) is factored at rank 1, b (16) goes whole in phase P: P and b, then Q alone.
   CHECK(server::secureDim(*comp, *l, 5, 1) == 16 + 16);
-  for (const bool drop : {false, true}) {
-    DYNAMIC_SECTION((drop ? "client 3 is lost between the phases" : "every client in both")) {
+  {
+    {
       SecureFleet fleet(l, 12, update);
-      if (drop) fleet.drop_later = {3};
       // Each exchange's setup, per client: its round and phase, and its nonce.
       std::map<uint64_t, std::vector<std::pair<uint32_t, uint64_t>>> setups;
       std::map<std::pair<uint64_t, uint32_t>, size_t> words;  // (client, phase) -> masked words
@@ -710,20 +738,17 @@ TEST_CASE(
         words.clear();
         const server::RoundRecord rec = engine.runRound(fleet);
         REQUIRE(rec.applied);
-        CHECK(rec.clients_failed == (drop ? 1u : 0u));
-        CHECK(rec.clients_completed == (drop ? 11u : 12u));
+        CHECK(rec.clients_failed == 0);
+        CHECK(rec.clients_completed == 12);
         // Two exchanges a round, phase 0 then phase 1, each with a nonce of its own.
         for (uint64_t id = 0; id < 12; ++id) {
           INFO("client " << id);
-          const bool both = !(drop && id == 3);
-          REQUIRE(setups[id].size() == (both ? 2u : 1u));
+          REQUIRE(setups[id].size() == 2);
           CHECK(setups[id][0].first == 0);
           CHECK(words[{id, 0}] == 16 + 16);
-          if (both) {
-            CHECK(setups[id][1].first == 1);
-            CHECK(setups[id][1].second != setups[id][0].second);
-            CHECK(words[{id, 1}] == 8);
-          }
+          CHECK(setups[id][1].first == 1);
+          CHECK(setups[id][1].second != setups[id][0].second);
+          CHECK(words[{id, 1}] == 8);
         }
         const compression::RoundContext c0{5, r, 0, 0, &shared};
         std::vector<double> sum0(comp->secureSize(*l, c0), 0.0);
@@ -744,7 +769,6 @@ TEST_CASE(
         std::vector<double> sum1(comp->secureSize(*l, c1), 0.0);
         double in1 = 0;
         for (uint64_t id = 0; id < 12; ++id) {
-          if (drop && id == 3) continue;  // lost: it sends no Q
           const compression::RoundContext cc{5, r, 1, id, &phat};
           const auto x =
               comp->secureValues(*l, cc, comp->compressWithFeedback(*l, {}, states.at(id), cc));
@@ -778,6 +802,32 @@ TEST_CASE(
       CHECK(maxDiff(engine.model().server(), dense_mean) > 1e-2);
     }
   }
+  // Client 3 sends its masked P and is lost before phase Q: a phase-Q sum of the other eleven
+  // would differ from phase P's clients' by P-hat^T M_3 Q, r x r values of client 3's update
+  // alone. The round stops before anything of phase Q is unmasked, and is not applied.
+  SecureFleet fleet(l, 12, update);
+  fleet.drop_later = {3};
+  std::map<uint32_t, int> unmask_requests;  // phase -> unmask requests sent
+  uint32_t phase_now = 0;
+  fleet.tamper_request = [&](SecureStage st, uint64_t, std::vector<uint8_t> req) {
+    if (st == SecureStage::kAdvertise) phase_now = protocol::decodeSecAggSetup(req).params.phase;
+    if (st == SecureStage::kUnmask) ++unmask_requests[phase_now];
+    return req;
+  };
+  auto c = secureConfig(12, 5.0);
+  c.scheme.compressor = spec;
+  c.rounds = 1;
+  server::RoundEngine engine(l, c, std::vector<float>(n, 0.0f));
+  const server::RoundRecord rec = engine.runRound(fleet);
+  INFO(rec.reason);
+  CHECK_FALSE(rec.applied);
+  CHECK_THAT(rec.reason, Contains("phase 1") && Contains("nothing of it is unmasked"));
+  CHECK(rec.clients_failed == 1);
+  CHECK(unmask_requests[0] == 12);  // phase P's sum was unmasked (the P sum alone: A Q)
+  CHECK(unmask_requests[1] == 0);   // phase Q's never
+  CHECK(fleet.completed_later.at(1).size() == 11);
+  CHECK(std::all_of(engine.model().server().begin(), engine.model().server().end(),
+                    [](float v) { return v == 0.0f; }));
 }
 
 TEST_CASE("secure aggregation: dropouts at each step leave the survivors' mean", "[secagg]") {
