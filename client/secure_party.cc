@@ -195,10 +195,20 @@ std::vector<uint8_t> SecureParty::mask(std::span<const uint8_t> bytes, std::span
   if (m.client != id_)
     throw InputError(Errc::kWrongSender, "secagg: shares for client " + std::to_string(m.client) +
                                              " sent to client " + std::to_string(id_));
-  if (x.size() != params_.dim)
+  // (With the clip count, the round's last value is this client's, below.)
+  const size_t values = params_.clip_count ? params_.dim - 1 : params_.dim;
+  if (x.size() != values)
     STARLING_THROW(InvalidArgument, "secagg: an update of ", x.size(), " values, the round has ",
-                   params_.dim);
-  const std::vector<float> clipped = clipForRing(x, params_.ring.clip);
+                   values);
+  std::vector<float> clipped = clipForRing(x, params_.ring.clip);
+  if (params_.clip_count) {
+    // Adaptive clipping (Andrew et al. 2021): whether its update was within the round's clip, as
+    // one more masked value, the clip or 0: the unmasked sum counts the updates within it, and
+    // no one learns this client's (clipForRing refused a non-finite x).
+    double sq = 0.0;
+    for (float v : x) sq += static_cast<double>(v) * v;
+    clipped.push_back(std::sqrt(sq) <= params_.ring.clip ? clipAsFloat(params_.ring.clip) : 0.0f);
+  }
   pr::SecAggMaskedMsg out;
   out.client = id_;
   out.nonce = m.nonce;
@@ -255,6 +265,12 @@ std::vector<float> secureInput(const ParamLayout& layout, const compression::Com
   return compressor.secureValues(layout, ctx, update);
 }
 
+float clipAsFloat(double clip) {
+  float c = static_cast<float>(clip);
+  if (static_cast<double>(c) > clip) c = std::nextafter(c, 0.0f);
+  return c;
+}
+
 std::vector<float> clipForRing(std::span<const float> x, double clip) {
   double sq = 0.0;
   for (float v : x) {
@@ -263,8 +279,7 @@ std::vector<float> clipForRing(std::span<const float> x, double clip) {
   }
   const double norm = std::sqrt(sq);
   const double s = norm > clip ? clip / norm : 1.0;
-  float c = static_cast<float>(clip);
-  if (static_cast<double>(c) > clip) c = std::nextafter(c, 0.0f);
+  const float c = clipAsFloat(clip);
   std::vector<float> out(x.size());
   for (size_t i = 0; i < x.size(); ++i)
     out[i] = std::clamp(static_cast<float>(static_cast<double>(x[i]) * s), -c, c);

@@ -96,7 +96,9 @@ class SecureParty {
 
   std::vector<uint8_t> setup(std::span<const uint8_t> setup_msg);
   std::vector<uint8_t> shareKeys(std::span<const uint8_t> adverts_msg);
-  // `x`: the round's dim values (its update, dense); `metrics` travel in the clear. The rounding
+  // `x`: the round's dim values (its update, dense; with the round's clip count, dim - 1, the
+  // count's value appended here: the clip when x is within it, else 0); `metrics` travel in the
+  // clear. The rounding
   // into the ring draws from a fresh random key, or from `rounding_key` when given (the
   // simulator's, from the run seed: a simulated run is then a function of its seed).
   std::vector<uint8_t> mask(std::span<const uint8_t> shares_msg, std::span<const float> x,
@@ -150,5 +152,7 @@ std::vector<float> secureInput(const ParamLayout& layout, const compression::Com
 // x scaled to L2 norm at most `clip` (unchanged when within it), then each coordinate clamped to
 // [-clip, clip] (the scaled values may pass it by a rounding). Non-finite values: InvalidArgument.
 std::vector<float> clipForRing(std::span<const float> x, double clip);
+// The largest float not above `clip`.
+float clipAsFloat(double clip);
 
 }  // namespace starling::client

@@ -84,6 +84,8 @@ void SecAggParams::validate() const {
     STARLING_THROW(ConfigError, "secagg.threshold must be in [2, secagg.neighbours = ", neighbours,
                    "], got ", threshold);
   if (dim == 0) STARLING_THROW(ConfigError, "secure aggregation of a model of 0 values");
+  if (clip_count && dim < 2)
+    STARLING_THROW(ConfigError, "secure aggregation of a clip count and no update value");
   ring.validate();
 }
 
@@ -132,6 +134,7 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
   putU64(b, p.ring.max_clients);
   putU64(b, p.dim);
   putU64(b, std::bit_cast<uint64_t>(p.ring.noise));  // derivation 3
+  putU64(b, p.clip_count ? 1 : 0);                   // derivation 4
   appendAdvertKeys(b, a);
   return b;
 }

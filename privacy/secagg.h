@@ -78,7 +78,8 @@ namespace starling::privacy {
 // 3: the setup names each client's discrete Gaussian noise (RingSpec::noise; distributed DP),
 // which a client adds after rounding: a client of derivation 2 would ignore it and send no noise.
 // 4: the setup names the round's phase (two-phase PowerSGD runs an exchange per phase), which the
-// signed adverts and survivors lists cover.
+// signed adverts and survivors lists cover, and whether the input's last value is the clip count
+// (adaptive clipping), which the signed adverts cover.
 inline constexpr uint32_t kSecAggDerivation = 4;
 
 // Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
@@ -97,7 +98,11 @@ struct SecAggParams {
   RingSpec ring;
   size_t dim = 0;            // values per input
   bool signed_keys = false;  // malicious-server threat model: adverts signed and certified
-  void validate() const;     // ConfigError naming the field
+  // Adaptive clipping under central DP (privacy.adaptive_clip): the input's last value is whether
+  // the client's update was within ring.clip (the clip, or 0), so that the sum counts the updates
+  // within it and no one else learns a client's; dim counts it.
+  bool clip_count = false;
+  void validate() const;  // ConfigError naming the field
 };
 
 struct KeyAdvert {

@@ -130,10 +130,10 @@ std::vector<uint8_t> encode(const SecAggSetupMsg& m) {
   flatbuffers::FlatBufferBuilder b(256 + 8 * m.clients.size());
   const auto& p = m.params;
   auto clients = b.CreateVector(m.clients);
-  auto body =
-      fb::CreateSecAggSetup(b, p.round, m.nonce, p.run_seed, p.neighbours, p.threshold, p.ring.bits,
-                            p.ring.scale, p.ring.clip, p.ring.max_clients, p.ring.dim,
-                            p.signed_keys, clients, pv::kSecAggDerivation, p.ring.noise, p.phase);
+  auto body = fb::CreateSecAggSetup(b, p.round, m.nonce, p.run_seed, p.neighbours, p.threshold,
+                                    p.ring.bits, p.ring.scale, p.ring.clip, p.ring.max_clients,
+                                    p.ring.dim, p.signed_keys, clients, pv::kSecAggDerivation,
+                                    p.ring.noise, p.phase, p.clip_count);
   return finish(b, fb::Body::SecAggSetup, body.Union());
 }
 
@@ -286,6 +286,7 @@ SecAggSetupMsg decodeSecAggSetup(std::span<const uint8_t> bytes, const SecAggLim
   p.ring.noise = m->noise();
   p.dim = m->dim();
   p.signed_keys = m->signed_keys();
+  p.clip_count = m->clip_count();
   if (p.neighbours > l.max_neighbours)
     fail(Errc::kSizeMismatch, "secagg setup: " + std::to_string(p.neighbours) +
                                   " neighbours (at most " + std::to_string(l.max_neighbours) + ")");

@@ -158,10 +158,8 @@ void EngineConfig::validate() const {
                    "privacy.dp = distributed has each client add its noise in secure "
                    "aggregation's ring: it needs secagg.enabled (without it, use privacy.dp = "
                    "central)");
-  if (dp.enabled && dp.adaptive_clip && secagg.enabled)
-    STARLING_THROW(ConfigError,
-                   "privacy.adaptive_clip does not run under secagg.enabled yet: the clients clip "
-                   "to secagg.clip before masking, and the root cannot count who was within it");
+  // (Adaptive clipping under secure aggregation: with central DP each client masks whether it was
+  // within the round's clip beside its update; distributed DP refuses it, dp.validate().)
   if (dp.enabled && dp.mechanism == privacy::DpMechanism::kDistributed && !scheme.metrics.empty())
     STARLING_THROW(ConfigError, "privacy.dp = distributed takes no declared metrics (",
                    scheme.metrics.front(),
@@ -838,6 +836,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     active = sample(available, rec.round, &target);
   }
   rec.clients_selected = active.size();
+  secure_within_.reset();
   if (active.empty()) {
     rec.reason = "Poisson sampling (rate " + std::to_string(config_.sampling.poisson_rate) +
                  ") chose none of the " + std::to_string(available.size()) + " available clients";
@@ -943,9 +942,12 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   if (dp_ && dp_->config().adaptive_clip) {
     // The count of updates within this round's clip: the indicator's mean over the round's
     // updates (each weighs 1), released with its noise only, after an applied round.
+    // (Under secure aggregation the count came in the unmasked sum: secureSum.)
     const auto it = result.metrics.find(kClipIndicator);
-    const double within =
-        it == result.metrics.end() ? 0.0 : it->second * static_cast<double>(result.count);
+    const double within = secure_within_ ? *secure_within_
+                          : it == result.metrics.end()
+                              ? 0.0
+                              : it->second * static_cast<double>(result.count);
     dp_->adaptClip(std::round(within), static_cast<double>(result.count), rec.round);
   }
   model_.set(std::move(next), model_.version() + 1);
@@ -1056,10 +1058,15 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                      " clients sampled, and a sum needs the noise of privacy.min_clients = ",
                      dp_->minClients());
     const std::vector<uint64_t> all(ids.begin(), ids.end());
+    // Adaptive clipping: the round's clip, and one more value, the count within it.
+    SecAggConfig sc = config_.secagg;
+    const bool count = dp_ && dp_->config().adaptive_clip;
+    if (count) sc.clip = dp_->clip();
     privacy::SecAggParams params =
-        config_.secagg.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
-                                 scheme_.compressor().secureSize(*layout_, context));
+        sc.paramsFor(config_.scheme.run_seed, rec.round, all.size(),
+                     scheme_.compressor().secureSize(*layout_, context) + (count ? 1 : 0));
     params.phase = plain.header.phase;
+    params.clip_count = count;
     sr = std::make_unique<SecureRound>(
         std::move(params), all,
         SecureMetricRules{config_.scheme.metrics, config_.scheme.bounds.max_metric_abs},
@@ -1140,6 +1147,11 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     return false;
   }
   in_sum.insert(out.survivors.begin(), out.survivors.end());
+  if (sr->params().clip_count) {
+    // The count of updates within the clip (an integer times the clip, rounded in the ring).
+    secure_within_ = std::max(0.0, std::round(out.sum.back() / sr->params().ring.clip));
+    out.sum.pop_back();
+  }
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
   for (uint64_t liar : out.liars)
     if (std::find(rec.secagg_wrong_shares.begin(), rec.secagg_wrong_shares.end(), liar) ==

@@ -459,6 +459,9 @@ class RoundEngine {
   // model as before it), so that a root that crashes after the unmask does not run the round again
   // and release a second noisy sum the accountant does not count.
   void markRoundSpent();
+  // Adaptive clipping under secure aggregation: this round's count of updates within the clip,
+  // from the unmasked sum (secureSum); none otherwise.
+  std::optional<double> secure_within_;
   void updateControl(const aggregation::PartialAggregate& phase0, size_t available, uint64_t round,
                      const std::vector<uint64_t>& counted);
 

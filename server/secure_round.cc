@@ -443,9 +443,23 @@ SecureRound::Outcome SecureRound::finish() {
   // (Laurent and Massart's bound for a Gaussian vector at e^-72 needs sqrt(d) + 12), which a sum of
   // honest clients passes but for a vanishing chance, and which still catches a gross cheat.
   const double n = static_cast<double>(out.survivors.size());
+  // With the clip count (adaptive clipping) the last value is the count of updates within the
+  // clip, times the clip: in [0, n C], beside the update's sum.
+  const size_t values = params_.clip_count ? params_.dim - 1 : params_.dim;
+  if (params_.clip_count) {
+    const double count = out.sum.back(), slack = n / params_.ring.scale;
+    if (!(count >= -slack && count <= n * params_.ring.clip + slack)) {
+      out.reason = "secure aggregation: the unmasked clip count " + std::to_string(count) +
+                   " is outside [0, the survivors' count times the clip (" +
+                   std::to_string(n * params_.ring.clip) +
+                   ")]: a client masked a count other than the clip or 0";
+      out.sum.clear();
+      return out;
+    }
+  }
   double sq = 0.0;
-  for (float v : out.sum) sq += static_cast<double>(v) * v;
-  const double root_d = std::sqrt(static_cast<double>(params_.dim));
+  for (size_t i = 0; i < values; ++i) sq += static_cast<double>(out.sum[i]) * out.sum[i];
+  const double root_d = std::sqrt(static_cast<double>(values));
   const double bound = n * (params_.ring.clip + root_d / params_.ring.scale) +
                        std::sqrt(n) * params_.ring.noise *
                            (1.05 * root_d + pv::RingSpec::kNoiseTails) / params_.ring.scale;

@@ -182,9 +182,11 @@ class SecureRound final : public SecureSteps {
 
   struct Outcome {
     bool ok = false;
-    std::string reason;               // why not, when !ok
-    std::vector<float> sum;           // the survivors' clipped updates summed (dim values)
-    std::vector<uint64_t> survivors;  // whose inputs the sum holds
+    std::string reason;  // why not, when !ok
+    // The survivors' clipped updates summed (dim values; with the clip count the last is the
+    // count of updates within the clip times the clip).
+    std::vector<float> sum;
+    std::vector<uint64_t> survivors;                           // whose inputs the sum holds
     std::map<std::string, std::pair<double, double>> metrics;  // name -> (sum, count)
     // Whose revealed share at the unmask step was wrong (decoded around: the sum is the honest
     // one): the revealer, or the owner that dealt it (privacy::SecAggServer::Result::liars).

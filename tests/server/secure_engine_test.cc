@@ -181,6 +181,46 @@ class SecureFleet final : public server::Fleet {
   std::map<uint64_t, client::SecureParty> parties_;
 };
 
+// The same clients in the clear: each update added to the round as it is sent (the root clips).
+class PlainFleet final : public server::Fleet {
+ public:
+  PlainFleet(std::shared_ptr<const ParamLayout> l, size_t n,
+             std::function<std::vector<float>(uint64_t, uint64_t)> update)
+      : layout_(std::move(l)), n_(n), update_(std::move(update)) {}
+  server::ClientPool waitForClients(size_t, std::chrono::milliseconds, uint64_t) override {
+    std::vector<server::ClientInfo> out;
+    for (uint64_t c = 0; c < n_; ++c) out.push_back({c, protocol::Role::kClient, 100, 10, 0});
+    return out;
+  }
+  server::PhaseReport runPhase(const server::PhaseTask& task,
+                               std::span<const server::ClientInfo> participants, size_t,
+                               aggregation::PhaseAggregator& agg) override {
+    REQUIRE(task.secure == nullptr);
+    server::PhaseReport rep;
+    for (const auto& p : participants) {
+      const std::vector<float> x = update_(p.id, task.header.round);
+      compression::Update u;
+      u.header = {layout_->fingerprint(), task.header.round, 0, p.id, 100};
+      for (size_t t = 0; t < layout_->size(); ++t) {
+        const auto sl = layout_->slice(std::span<const float>(x), t);
+        u.tensors.push_back(compression::DenseF32{{sl.begin(), sl.end()}});
+      }
+      agg.add(compression::view(u));
+      rep.completed.push_back(p.id);
+    }
+    return rep;
+  }
+  server::EvalReport evaluate(const server::PhaseTask&, const server::ClientPool&) override {
+    return {};
+  }
+  void finish(const std::string&) override {}
+
+ private:
+  std::shared_ptr<const ParamLayout> layout_;
+  size_t n_;
+  std::function<std::vector<float>(uint64_t, uint64_t)> update_;
+};
+
 server::EngineConfig secureConfig(uint64_t clients_per_round, double clip) {
   server::EngineConfig c;
   c.rounds = 1;
@@ -685,8 +725,8 @@ TEST_CASE(
 
 TEST_CASE(
     "secure aggregation of two-phase powersgd: phase P and phase Q each a secure sum of its own, "
-    "the model as the phase sums in the clear move it; a client lost between the phases voids the "
-    "round before phase Q is unmasked",
+    "the model as the phase sums in the clear move it, and a client lost between the phases voids "
+    "the round before phase Q is unmasked",
     "[secagg]") {
   const auto l = layout();
   const size_t n = l->numel();
@@ -1118,6 +1158,11 @@ TEST_CASE("secure aggregation: the wire messages round-trip and refuse malformed
   CHECK(protocol::decodeSecAggSetup(protocol::encode(s)).params.phase == 1);
   s.params.phase = 0;
   CHECK(protocol::decodeSecAggSetup(protocol::encode(s)).params.phase == 0);
+  // And whether the input's last value is the clip count (adaptive clipping).
+  s.params.clip_count = true;
+  CHECK(protocol::decodeSecAggSetup(protocol::encode(s)).params.clip_count);
+  s.params.clip_count = false;
+  CHECK_FALSE(protocol::decodeSecAggSetup(protocol::encode(s)).params.clip_count);
   s.params.threshold = 9;
   CHECK(testing::codeOf([&] { (void)protocol::decodeSecAggSetup(protocol::encode(s)); }) ==
         Errc::kMissingField);
@@ -1707,6 +1752,71 @@ TEST_CASE("distributed DP: what the engine refuses, with the reason", "[secagg][
   c = distributedConfig(40, 0.5, 1.0, 10);
   c.secagg.bits = 16;
   CHECK_THAT(refused(c), Contains("and their noise") && Contains("it takes secagg.bits"));
+}
+
+TEST_CASE(
+    "central DP with adaptive clipping under secure aggregation: each client masks whether it was "
+    "within the round's clip, and the clip moves as in the clear, round for round",
+    "[secagg][adaptive]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const uint64_t clients = 20;
+  // Client c's update: norm (c + 1) / 10, from 0.1 to 2, on a coordinate of its own.
+  const auto normed = [&](uint64_t c, uint64_t r) {
+    std::vector<float> x(n, 0.0f);
+    x[(c + 7 * r) % n] = static_cast<float>((c + 1) / 10.0);
+    return x;
+  };
+  server::EngineConfig c = distributedConfig(clients, 1.0, 1.0, 0);
+  c.dp.mechanism = privacy::DpMechanism::kCentral;
+  c.dp.clip = 0.2;
+  c.secagg.clip = 0.2;
+  c.scheme.rule = "fedavg:weight=uniform,clip=0.2";
+  c.dp.adaptive_clip = true;
+  c.rounds = 8;
+  SecureFleet secure_fleet(l, clients, normed);
+  std::set<size_t> masked_words;
+  secure_fleet.tamper = [&](SecureStage st, uint64_t, std::vector<uint8_t> ans) {
+    if (st == SecureStage::kMaskedInput)
+      masked_words.insert(protocol::decodeSecAggMasked(ans, n + 1).input.words.size());
+    return ans;
+  };
+  server::RoundEngine secure(l, c, std::vector<float>(n, 0.0f));
+  // The same run in the clear: the root clips each update and counts those within the clip.
+  auto clear_config = c;
+  clear_config.secagg.enabled = false;
+  PlainFleet plain_fleet(l, clients, normed);
+  server::RoundEngine clear(l, clear_config, std::vector<float>(n, 0.0f));
+  std::vector<double> clips;
+  for (uint64_t r = 1; r <= 8; ++r) {
+    INFO("round " << r);
+    const server::RoundRecord a = secure.runRound(secure_fleet), b = clear.runRound(plain_fleet);
+    REQUIRE(a.applied);
+    REQUIRE(b.applied);
+    CHECK(a.clients_completed == clients);
+    REQUIRE(a.dp_clip.has_value());
+    REQUIRE(b.dp_clip.has_value());
+    // The count is exact in the ring: the same count, the same seeded count noise, the same clip.
+    CHECK(*a.dp_clip == *b.dp_clip);
+    CHECK(a.dp_epsilon == b.dp_epsilon);
+    CHECK(a.metrics.count(server::kClipIndicator) == 0);  // the exact count is not released
+    clips.push_back(*a.dp_clip);
+    // The model: the clear run's within the ring's rounding (the seeded noise is the same).
+    double scale = 0;
+    for (float v : clear.model().server()) scale = std::max(scale, std::fabs(double(v)));
+    CHECK(maxDiff(secure.model().server(), std::vector<double>(clear.model().server().begin(),
+                                                               clear.model().server().end())) <=
+          1e-5 * scale);
+  }
+  // Each masked input: the update's 144 values and the count's one.
+  CHECK(masked_words == std::set<size_t>{n + 1});
+  // Most updates are over 0.2 at first: the clip grows, round after round.
+  CHECK(clips.front() == 0.2);
+  for (size_t i = 1; i < clips.size(); ++i) CHECK(clips[i] > clips[i - 1]);
+  // Under distributed DP the root never sees a noiseless count: refused, saying why.
+  auto ddg = distributedConfig(clients, 1.0, 1.0, 5);
+  ddg.dp.adaptive_clip = true;
+  CHECK_THAT(engineRefusal(l, ddg), Contains("privacy.adaptive_clip needs privacy.dp = central"));
 }
 
 TEST_CASE("distributed DP's mechanism is in the checkpoint: a resume as central DP is refused",

@@ -1446,8 +1446,10 @@ TEST_CASE(
 // Adaptive clipping in the simulator: each worker counts the updates it clipped into the round's
 // head, which the all-reduce sums, and every worker's engine moves the clip alike (the count's
 // noise is seeded): one worker and two give the same clips, round after round.
-TEST_CASE("starling-sim's adaptive clipping: one worker and two move the clip alike",
-          "[simulator][integration][adaptive]") {
+TEST_CASE(
+    "starling-sim's adaptive clipping: one worker and two move the clip alike, and under secure "
+    "aggregation as in the clear",
+    "[simulator][integration][adaptive]") {
   TempDir dir("simadaptive");
   {
     std::ofstream f(dir / "a.toml");
@@ -1456,23 +1458,42 @@ TEST_CASE("starling-sim's adaptive clipping: one worker and two move the clip al
          "[eval]\nevery = 0\n[privacy]\ndp = \"central\"\nclip = 0.01\nnoise_multiplier = 1\n"
          "adaptive_clip = true\n";
   }
-  for (int workers : {1, 2}) {
-    const std::string tag = workers == 1 ? "w1" : "w2";
-    Proc p({binDir() + "/starling-sim", "--config", dir / "a.toml", "--sim.device", "cpu",
-            "--sim.workers", std::to_string(workers), "--train.rounds", "12", "--state.metrics",
-            dir / (tag + ".jsonl")},
-           dir / (tag + ".log"));
+  // w1, w2: in the clear on one and two workers; s1, s2: the same under SecAgg+, each client
+  // masking whether it was within the round's clip beside its update.
+  for (const std::string tag : {"w1", "w2", "s1", "s2"}) {
+    std::vector<std::string> a{binDir() + "/starling-sim",
+                               "--config",
+                               dir / "a.toml",
+                               "--sim.device",
+                               "cpu",
+                               "--sim.workers",
+                               tag.substr(1),
+                               "--train.rounds",
+                               "12",
+                               "--state.metrics",
+                               dir / (tag + ".jsonl")};
+    if (tag[0] == 's') a.insert(a.end(), {"--secagg.enabled", "true", "--secagg.clip", "0.01"});
+    Proc p(a, dir / (tag + ".log"));
     const int rc = p.wait(seconds(300));
     INFO(readText(dir / (tag + ".log")));
     REQUIRE(rc == 0);
   }
-  const auto a = readLines(dir / "w1.jsonl"), b = readLines(dir / "w2.jsonl");
+  const auto a = readLines(dir / "w1.jsonl"), b = readLines(dir / "w2.jsonl"),
+             s1 = readLines(dir / "s1.jsonl"), s2 = readLines(dir / "s2.jsonl");
   REQUIRE(a.size() == 12);
   REQUIRE(b.size() == 12);
+  REQUIRE(s1.size() == 12);
+  REQUIRE(s2.size() == 12);
   double first = 0, last = 0;
   for (size_t r = 0; r < 12; ++r) {
+    INFO("round " << r + 1);
     CHECK(field(a[r], "dp_clip") == field(b[r], "dp_clip"));
-    CHECK(a[r].find("dp_within_clip") == std::string::npos);  // the exact count stays inside
+    // The count from the ring is the count in the clear: the same clip, round for round.
+    CHECK(field(s1[r], "dp_clip") == field(a[r], "dp_clip"));
+    CHECK(field(s2[r], "dp_clip") == field(a[r], "dp_clip"));
+    CHECK(field(s1[r], "dp_epsilon") == field(a[r], "dp_epsilon"));
+    for (const auto* line : {&a[r], &s1[r]})
+      CHECK(line->find("dp_within_clip") == std::string::npos);  // the exact count stays inside
     if (r == 0) first = std::stod(field(a[r], "dp_clip"));
     last = std::stod(field(a[r], "dp_clip"));
   }
