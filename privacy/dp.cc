@@ -21,6 +21,9 @@ void DpConfig::validate() const {
   if (!enabled) return;
   if (!(std::isfinite(clip) && clip > 0))
     STARLING_THROW(ConfigError, "privacy.clip must be a finite L2 norm > 0, got ", clip);
+  if (!(max_clip >= clip))
+    STARLING_THROW(ConfigError, "privacy.clip (", clip, ") is above the largest clip allowed (",
+                   max_clip, ": bounds.max_norm and bounds.max_abs under secure aggregation)");
   if (!(std::isfinite(noise_multiplier) && noise_multiplier >= 0))
     STARLING_THROW(ConfigError, "privacy.noise_multiplier must be finite and >= 0, got ",
                    noise_multiplier);
@@ -209,7 +212,7 @@ double ClientDp::adaptClip(double unclipped, double count, uint64_t round) {
   clip_ *= std::exp(-config_.clip_lr * (b - config_.target_quantile));
   // A clip that underflows or overflows would end the run's learning or its privacy: kept within
   // [1e-30, 1e30] (reached only after thousands of rounds at the default step).
-  clip_ = std::clamp(clip_, 1e-30, 1e30);
+  clip_ = std::clamp(clip_, 1e-30, std::min(1e30, config_.max_clip));
   return clip_;
 }
 

@@ -101,6 +101,10 @@ struct DpConfig {
   double target_quantile = 0.5;  // gamma in (0, 1)
   double clip_lr = 0.2;          // eta_C > 0 (geometric steps)
   double count_noise = 0;        // sigma_b; 0: q N / 20, the paper's choice
+  // The largest clip adaptive clipping moves to (besides 1e30): the round engine's, under secure
+  // aggregation, where the clients clip and the unmasked sum of n updates must pass n times the
+  // round's bounds (bounds.max_norm, bounds.max_abs).
+  double max_clip = 1e30;
   // ConfigError naming the privacy.* key: C not positive, a negative or non-finite sigma or
   // target, no noise at all (epsilon would be infinite), delta outside (0, 1), no population;
   // distributed DP with the PLD accountant (its accountant is its own RDP bound); adaptive

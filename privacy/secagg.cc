@@ -134,7 +134,7 @@ std::vector<uint8_t> advertBytes(const KeyAdvert& a, const SecAggParams& p, cons
   putU64(b, p.ring.max_clients);
   putU64(b, p.dim);
   putU64(b, std::bit_cast<uint64_t>(p.ring.noise));  // derivation 3
-  putU64(b, p.clip_count ? 1 : 0);                   // derivation 4
+  putU64(b, p.clip_count ? 1 : 0);                   // derivation 5
   appendAdvertKeys(b, a);
   return b;
 }

@@ -78,9 +78,10 @@ namespace starling::privacy {
 // 3: the setup names each client's discrete Gaussian noise (RingSpec::noise; distributed DP),
 // which a client adds after rounding: a client of derivation 2 would ignore it and send no noise.
 // 4: the setup names the round's phase (two-phase PowerSGD runs an exchange per phase), which the
-// signed adverts and survivors lists cover, and whether the input's last value is the clip count
-// (adaptive clipping), which the signed adverts cover.
-inline constexpr uint32_t kSecAggDerivation = 4;
+// signed adverts and survivors lists cover.
+// 5: the setup says whether the input's last value is the clip count (adaptive clipping), which
+// the signed adverts cover.
+inline constexpr uint32_t kSecAggDerivation = 5;
 
 // Client ids secure aggregation takes are below this (Shamir's points are ids + 1, in GF(2^61-1)).
 inline constexpr uint64_t kMaxSecAggId = (uint64_t{1} << 61) - 2;

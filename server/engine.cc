@@ -395,6 +395,11 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
                        " of this model masks nothing (no tensor large enough to factor); use "
                        "compression.compressor = none");
   }
+  // Adaptive clipping under secure aggregation: the clients clip, and the unmasked sum of n
+  // updates must pass n times the bounds, so the clip grows no further than they allow.
+  if (config_.secagg.enabled && config_.dp.enabled && config_.dp.adaptive_clip)
+    config_.dp.max_clip =
+        std::min(config_.scheme.bounds.max_update_norm, config_.scheme.bounds.max_abs_value);
   if (config_.dp.enabled) {
     // Distributed DP's accountant bounds tau over the noised sum's values: the shared support's
     // (which is the same every round: the support's size does not depend on the round).
@@ -1148,8 +1153,14 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   }
   in_sum.insert(out.survivors.begin(), out.survivors.end());
   if (sr->params().clip_count) {
-    // The count of updates within the clip (an integer times the clip, rounded in the ring).
-    secure_within_ = std::max(0.0, std::round(out.sum.back() / sr->params().ring.clip));
+    // The count of updates within the clip: an integer times the clip, rounded in the ring and to
+    // a float (far below half the clip for any count), clamped to [0, n]. An honest client masks
+    // the clip or 0; a lying one can move the count anywhere in that range (as it can move the
+    // update's sum within n C), which cannot raise an honest client's effect on it above one.
+    const double count = std::round(static_cast<double>(out.sum.back()) / sr->params().ring.clip);
+    secure_within_ = std::isfinite(count)
+                         ? std::clamp(count, 0.0, static_cast<double>(out.survivors.size()))
+                         : 0.0;
     out.sum.pop_back();
   }
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).

@@ -7,9 +7,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "check_throws.h"
 #include "client/secure_party.h"
@@ -1817,6 +1819,109 @@ TEST_CASE(
   auto ddg = distributedConfig(clients, 1.0, 1.0, 5);
   ddg.dp.adaptive_clip = true;
   CHECK_THAT(engineRefusal(l, ddg), Contains("privacy.adaptive_clip needs privacy.dp = central"));
+}
+
+TEST_CASE(
+    "adaptive clipping under secure aggregation: rounds with every client within the clip apply, "
+    "a lying client's count is clamped to the round's clients, and the clip stays within the "
+    "bounds",
+    "[secagg][adaptive]") {
+  const auto l = layout();
+  const size_t n = l->numel();
+  const uint64_t clients = 21;
+  const auto normed = [&](uint64_t c, uint64_t r) {
+    std::vector<float> x(n, 0.0f);
+    x[(c + 7 * r) % n] = static_cast<float>((c + 1) / 10.0);  // norms 0.1 to 2.1
+    return x;
+  };
+  const auto config = [&](double clip) {
+    server::EngineConfig c = distributedConfig(clients, 1.0, 1.0, 0);
+    c.dp.mechanism = privacy::DpMechanism::kCentral;
+    c.dp.clip = clip;
+    c.secagg.clip = clip;
+    std::ostringstream rule;
+    rule << std::setprecision(17) << "fedavg:weight=uniform,clip=" << clip;
+    c.scheme.rule = rule.str();
+    c.dp.adaptive_clip = true;
+    c.rounds = 6;
+    return c;
+  };
+  SECTION("every client within a clip of a full mantissa: as in the clear") {
+    // The count is n C in the ring, and its float may round a little past n C: still n.
+    const double clip = 10.123456789012345;
+    SecureFleet fleet(l, clients, normed);
+    server::RoundEngine secure(l, config(clip), std::vector<float>(n, 0.0f));
+    auto clear_config = config(clip);
+    clear_config.secagg.enabled = false;
+    PlainFleet plain(l, clients, normed);
+    server::RoundEngine clear(l, clear_config, std::vector<float>(n, 0.0f));
+    for (int r = 1; r <= 6; ++r) {
+      INFO("round " << r);
+      const server::RoundRecord a = secure.runRound(fleet), b = clear.runRound(plain);
+      INFO(a.reason);
+      REQUIRE(a.applied);
+      REQUIRE(b.applied);
+      CHECK(*a.dp_clip == *b.dp_clip);
+    }
+    // Every update within the clip: it shrank, round after round, as in the clear.
+    CHECK(secure.dp()->clip() < clip);
+  }
+  SECTION("a lying client's count moves it anywhere the ring holds, clamped to [0, n]") {
+    // Clip 0.25: two clients within (norms 0.1 and 0.2). Client 20 (norm 2.1, outside) takes 5 C
+    // off its count word (the masks cancel, so it can): the sum's count is -3 C. The round applies,
+    // with a count of 0, and says nothing of the exact count; the clip moves as a count of 0 moves
+    // it. One client biases the count as it can bias the update's sum within n C; an honest
+    // client's effect on it stays one.
+    SecureFleet fleet(l, clients, normed);
+    privacy::SecAggParams setup;
+    fleet.tamper_request = [&](SecureStage st, uint64_t, std::vector<uint8_t> req) {
+      if (st == SecureStage::kAdvertise) setup = protocol::decodeSecAggSetup(req).params;
+      return req;
+    };
+    fleet.tamper = [&](SecureStage st, uint64_t id, std::vector<uint8_t> ans) {
+      if (st != SecureStage::kMaskedInput || id != 20) return ans;
+      protocol::SecAggMaskedMsg m = protocol::decodeSecAggMasked(ans, n + 1);
+      const uint64_t mask =
+          setup.ring.bits == 64 ? ~uint64_t{0} : (uint64_t{1} << setup.ring.bits) - 1;
+      m.input.words.back() =
+          (m.input.words.back() -
+           static_cast<uint64_t>(std::llround(5 * setup.ring.clip * setup.ring.scale))) &
+          mask;
+      return protocol::encode(m);
+    };
+    const server::EngineConfig c = config(0.25);
+    server::RoundEngine secure(l, c, std::vector<float>(n, 0.0f));
+    const server::RoundRecord first = secure.runRound(fleet);
+    INFO(first.reason);
+    REQUIRE(first.applied);
+    CHECK(first.reason.empty());
+    // The clip a count of 0 of 21 gives (the engine's accountant replayed: its seeded count noise).
+    privacy::DpConfig replay = c.dp;
+    replay.max_clip = std::min(c.scheme.bounds.max_update_norm, c.scheme.bounds.max_abs_value);
+    privacy::ClientDp dp(replay, 1.0, c.rounds, c.scheme.run_seed);
+    const double want = dp.adaptClip(0, clients, 1);
+    CHECK(secure.dp()->clip() == want);
+    // And not the honest count's (2 of 21).
+    privacy::ClientDp honest(replay, 1.0, c.rounds, c.scheme.run_seed);
+    CHECK(honest.adaptClip(2, clients, 1) != want);
+  }
+  SECTION("a clip that would grow past bounds.max_norm stops there, and every round applies") {
+    auto c = config(0.2);
+    c.scheme.bounds.max_update_norm = 0.5;
+    c.rounds = 30;
+    SecureFleet fleet(l, clients, normed);
+    server::RoundEngine secure(l, c, std::vector<float>(n, 0.0f));
+    double top = 0;
+    for (int r = 1; r <= 30; ++r) {
+      const server::RoundRecord a = secure.runRound(fleet);
+      INFO("round " << r << ": " << a.reason);
+      REQUIRE(a.applied);
+      top = std::max(top, *a.dp_clip);
+    }
+    // The median norm is 1.1: without the cap the clip would pass 0.5 within these rounds.
+    CHECK(top <= 0.5);
+    CHECK(secure.dp()->clip() == 0.5);
+  }
 }
 
 TEST_CASE("distributed DP's mechanism is in the checkpoint: a resume as central DP is refused",
