@@ -256,6 +256,26 @@ std::vector<float> updateOf(uint64_t c, size_t n) {
   return x;
 }
 
+// The low-rank tests' update of client c in round r: updateOf's sine, ten times larger (its
+// factors of norm about 1).
+std::vector<float> factorUpdate(uint64_t c, uint64_t r, size_t n) {
+  auto x = updateOf(c + 7 * r, n);
+  for (float& v : x) v *= 10;
+  return x;
+}
+
+// The model after `rounds` FedAvg steps (server lr 1) of the dense mean of 12 clients'
+// factorUpdates: what the low-rank runs must not reach (they move within the factors' span).
+std::vector<double> denseFactorRuns(uint64_t rounds, size_t n) {
+  std::vector<double> m(n, 0.0);
+  for (uint64_t r = 1; r <= rounds; ++r)
+    for (uint64_t id = 0; id < 12; ++id) {
+      const auto x = factorUpdate(id, r, n);
+      for (size_t i = 0; i < n; ++i) m[i] += x[i] / 12.0;
+    }
+  return m;
+}
+
 // The model after one FedAvg step (server lr 1) from zeros: the mean of `who`'s updates, in double.
 std::vector<double> meanOf(const std::vector<uint64_t>& who, size_t n) {
   std::vector<double> m(n, 0.0);
@@ -650,11 +670,7 @@ TEST_CASE(
   const size_t n = l->numel();
   const std::string spec = "acpsgd:rank=2,ef=false";
   const auto comp = compression::makeCompressor(spec);
-  const auto update = [&](uint64_t c, uint64_t r) {
-    auto x = updateOf(c + 7 * r, n);
-    for (float& v : x) v *= 10;  // a factor of norm about 1
-    return x;
-  };
+  const auto update = [&](uint64_t c, uint64_t r) { return factorUpdate(c, r, n); };
   SecureFleet fleet(l, 12, update);
   std::map<uint64_t, std::vector<uint8_t>> last;  // per client, its last masked input
   fleet.tamper = [&](SecureStage s, uint64_t id, std::vector<uint8_t> ans) {
@@ -716,13 +732,7 @@ TEST_CASE(
     shared = comp->nextShared(*l, ctx, shared, spans, 12.0);
   }
   // Not the dense mean: the model moved within the factors' span only.
-  std::vector<double> dense_mean(n, 0.0);
-  for (uint64_t r = 1; r <= 3; ++r)
-    for (uint64_t id = 0; id < 12; ++id) {
-      const auto x = update(id, r);
-      for (size_t i = 0; i < n; ++i) dense_mean[i] += x[i] / 12.0;
-    }
-  CHECK(maxDiff(engine.model().server(), dense_mean) > 1e-2);
+  CHECK(maxDiff(engine.model().server(), denseFactorRuns(3, n)) > 1e-2);
 }
 
 TEST_CASE(
@@ -736,11 +746,7 @@ TEST_CASE(
   // rank 2 would send it whole and the model would be the dense mean.
   const std::string spec = "powersgd:rank=1,ef=false";
   const auto comp = compression::makeCompressor(spec);
-  const auto update = [&](uint64_t c, uint64_t r) {
-    auto x = updateOf(c + 7 * r, n);
-    for (float& v : x) v *= 10;  // factors of norm about 1
-    return x;
-  };
+  const auto update = [&](uint64_t c, uint64_t r) { return factorUpdate(c, r, n); };
   // w (16 x 8) is factored at rank 1, b (16) goes whole in phase P: P and b, then Q alone.
   CHECK(server::secureDim(*comp, *l, 5, 1) == 16 + 16);
   {
@@ -835,13 +841,7 @@ TEST_CASE(
         CHECK(maxDiff(engine.model().server(), want) <= 1e-4 * scale);
       }
       // Not the dense mean: the model moved within the factors' span only.
-      std::vector<double> dense_mean(n, 0.0);
-      for (uint64_t r = 1; r <= 3; ++r)
-        for (uint64_t id = 0; id < 12; ++id) {
-          const auto x = update(id, r);
-          for (size_t i = 0; i < n; ++i) dense_mean[i] += x[i] / 12.0;
-        }
-      CHECK(maxDiff(engine.model().server(), dense_mean) > 1e-2);
+      CHECK(maxDiff(engine.model().server(), denseFactorRuns(3, n)) > 1e-2);
     }
   }
   // Client 3 sends its masked P and is lost before phase Q: a phase-Q sum of the other eleven

@@ -56,6 +56,15 @@ std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<
   return a;
 }
 
+// starling-sim with `args`, its output in `log`: fails the test, with the log, unless it ends well
+// within five minutes.
+void runSimToEnd(const std::vector<std::string>& args, const std::filesystem::path& log) {
+  Proc p(args, log);
+  const int rc = p.wait(seconds(300));
+  INFO(readText(log));
+  REQUIRE(rc == 0);
+}
+
 // One secure-aggregation comparison's run of quick.toml on `workers` workers: `rounds` rounds
 // with `compressor`, under secagg (clip 100) or in the clear with the same uniform weights; fails
 // the test, with its log, unless it ends well.
@@ -66,10 +75,7 @@ void runSecureOrPlain(const TempDir& dir, const std::string& tag, int rounds,
   a = with(a, more);
   a = secure ? with(a, {"--secagg.enabled", "true", "--secagg.clip", "100"})
              : with(a, {"--aggregation.rule", "fedavg:weight=uniform"});
-  Proc p(a, dir / (tag + ".log"));
-  const int rc = p.wait(seconds(300));
-  INFO(readText(dir / (tag + ".log")));
-  REQUIRE(rc == 0);
+  runSimToEnd(a, dir / (tag + ".log"));
 }
 
 }  // namespace
@@ -1340,10 +1346,7 @@ TEST_CASE("starling-sim runs distributed DP: reproducible on any workers, its ep
                                "--state.metrics",
                                dir / (tag + ".jsonl")};
     a.insert(a.end(), more.begin(), more.end());
-    Proc p(a, dir / (tag + ".log"));
-    const int rc = p.wait(seconds(300));
-    INFO(readText(dir / (tag + ".log")));
-    REQUIRE(rc == 0);
+    runSimToEnd(a, dir / (tag + ".log"));
   };
   const std::vector<std::string> ddg{
       "--privacy.dp", "distributed", "--privacy.clip", "1", "--privacy.noise_multiplier", "1"};
@@ -1412,10 +1415,7 @@ TEST_CASE(
                                "--state.metrics",
                                dir / (tag + ".jsonl")};
     a.insert(a.end(), more.begin(), more.end());
-    Proc p(a, dir / (tag + ".log"));
-    const int rc = p.wait(seconds(300));
-    INFO(readText(dir / (tag + ".log")));
-    REQUIRE(rc == 0);
+    runSimToEnd(a, dir / (tag + ".log"));
   };
   run("semi", {"--round.mode", "semisync"});
   run("sync", {});
@@ -1473,10 +1473,7 @@ TEST_CASE(
                                "--state.metrics",
                                dir / (tag + ".jsonl")};
     if (tag[0] == 's') a.insert(a.end(), {"--secagg.enabled", "true", "--secagg.clip", "0.01"});
-    Proc p(a, dir / (tag + ".log"));
-    const int rc = p.wait(seconds(300));
-    INFO(readText(dir / (tag + ".log")));
-    REQUIRE(rc == 0);
+    runSimToEnd(a, dir / (tag + ".log"));
   }
   const auto a = readLines(dir / "w1.jsonl"), b = readLines(dir / "w2.jsonl"),
              s1 = readLines(dir / "s1.jsonl"), s2 = readLines(dir / "s2.jsonl");
