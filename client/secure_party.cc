@@ -167,7 +167,6 @@ std::vector<uint8_t> SecureParty::setup(std::span<const uint8_t> bytes) {
   client_.reset();
   client_.emplace(m.params, id_, m.clients, trust_.signer ? &*trust_.signer : nullptr);
   params_ = m.params;
-  round_clients_ = m.clients.size();
   round_ids_ = m.clients;
   return pr::encode(pr::SecAggKeysMsg{m.nonce, client_->advertise()});
 }
@@ -226,12 +225,13 @@ std::vector<uint8_t> SecureParty::signSurvivors(std::span<const uint8_t> bytes) 
   // The sum it would help unmask holds the round's clients but the absent (an absent id outside
   // the round, which SecAggClient::signSurvivors does not look for, only lowers the count: the
   // floor errs on the side of refusing).
-  if (trust_.min_clients > 0 && (m.request.absent.size() >= round_clients_ ||
-                                 round_clients_ - m.request.absent.size() < trust_.min_clients))
+  const size_t round_clients = round_ids_.size();
+  if (trust_.min_clients > 0 && (m.request.absent.size() >= round_clients ||
+                                 round_clients - m.request.absent.size() < trust_.min_clients))
     throw InputError(
         Errc::kTooLittleNoise,
         "secagg: a survivors list of " +
-            std::to_string(round_clients_ - std::min(round_clients_, m.request.absent.size())) +
+            std::to_string(round_clients - std::min(round_clients, m.request.absent.size())) +
             " masked inputs, below secagg.min_clients = " + std::to_string(trust_.min_clients) +
             ": this client signs for no sum of fewer clients' inputs");
   // A later phase's survivors are every client of it: its sum must hold each input of the phase

@@ -119,8 +119,7 @@ class SecureParty {
 
   uint64_t id_;
   SecAggTrust trust_;
-  uint64_t round_clients_ = 0;       // the clients the last setup named
-  std::vector<uint64_t> round_ids_;  // which, ascending
+  std::vector<uint64_t> round_ids_;  // the clients the last setup named, ascending
   protocol::SecAggLimits limits_;
   privacy::SecAggParams params_;
   std::optional<privacy::SecAggClient> client_;

@@ -261,21 +261,30 @@ std::string secureCompressorRefusal(const cz::Compressor& c) {
          c.spec() + ": " + why;
 }
 
-uint64_t secureDim(const cz::Compressor& c, const ParamLayout& layout, uint64_t run_seed,
-                   uint64_t round) {
+namespace {
+// The most values one client's masked input carries in each phase of `round`: a factor's side
+// alternates from round to round (acpsgd) or from phase to phase (powersgd), so each phase's
+// largest with either side shared.
+std::vector<uint64_t> securePhaseDims(const cz::Compressor& c, const ParamLayout& layout,
+                                      uint64_t run_seed, uint64_t round) {
   if (!c.sharesFactors())
-    return c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, nullptr});
-  // A factor's side alternates from round to round (acpsgd) or from phase to phase (powersgd):
-  // the largest of each phase's with either side shared.
+    return {c.secureSize(layout, cz::RoundContext{run_seed, round, 0, 0, nullptr})};
   cz::SharedFactors s = c.initialShared(layout, run_seed);
-  uint64_t most = 0;
+  std::vector<uint64_t> dims(c.phases(), 0);
   for (uint32_t phase = 0; phase < c.phases(); ++phase)
     for (const auto side : {cz::SharedFactors::Side::kQ, cz::SharedFactors::Side::kP}) {
       s.fixed = side;
-      most = std::max<uint64_t>(
-          most, c.secureSize(layout, cz::RoundContext{run_seed, round, phase, 0, &s}));
+      dims[phase] = std::max<uint64_t>(
+          dims[phase], c.secureSize(layout, cz::RoundContext{run_seed, round, phase, 0, &s}));
     }
-  return most;
+  return dims;
+}
+}  // namespace
+
+uint64_t secureDim(const cz::Compressor& c, const ParamLayout& layout, uint64_t run_seed,
+                   uint64_t round) {
+  const std::vector<uint64_t> dims = securePhaseDims(c, layout, run_seed, round);
+  return *std::max_element(dims.begin(), dims.end());
 }
 
 PhaseReport Fleet::exchange(SecureStage, SecureSteps&, std::span<const ClientInfo>, uint32_t) {
@@ -381,20 +390,19 @@ RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig
   optimizer_ = ag::makeServerOptimizer(config_.server_opt, shard_end_ - shard_begin_);
   model_.set(std::move(initial), 1);
   if (config_.scheme.scaffold) control_.assign(layout_->numel(), 0.0f);
-  const uint64_t secure_dim =
-      config_.secagg.enabled ? secureDim(scheme_.compressor(), *layout_, config_.scheme.run_seed, 1)
-                             : 0;
-  if (config_.secagg.enabled) {
-    // Each phase a secure sum of something: two-phase PowerSGD's phase Q masks the factored
-    // tensors' Q alone, none for a model with no tensor to factor.
-    const cz::Compressor& c = scheme_.compressor();
-    cz::SharedFactors s = c.initialShared(*layout_, config_.scheme.run_seed);
-    for (uint32_t phase = 0; phase < c.phases(); ++phase)
-      if (c.secureSize(*layout_, cz::RoundContext{config_.scheme.run_seed, 1, phase, 0, &s}) == 0)
-        STARLING_THROW(ConfigError, "secagg.enabled with ", c.spec(), ": phase ", phase,
-                       " of this model masks nothing (no tensor large enough to factor); use "
-                       "compression.compressor = none");
-  }
+  // Each phase a secure sum of something: two-phase PowerSGD's phase Q masks the factored
+  // tensors' Q alone, none for a model with no tensor to factor.
+  const std::vector<uint64_t> phase_dims =
+      config_.secagg.enabled
+          ? securePhaseDims(scheme_.compressor(), *layout_, config_.scheme.run_seed, 1)
+          : std::vector<uint64_t>{0};
+  for (size_t phase = 0; config_.secagg.enabled && phase < phase_dims.size(); ++phase)
+    if (phase_dims[phase] == 0)
+      STARLING_THROW(ConfigError, "secagg.enabled with ", scheme_.compressor().spec(), ": phase ",
+                     phase,
+                     " of this model masks nothing (no tensor large enough to factor); use "
+                     "compression.compressor = none");
+  const uint64_t secure_dim = *std::max_element(phase_dims.begin(), phase_dims.end());
   // Adaptive clipping under secure aggregation: the clients clip, and the unmasked sum of n
   // updates must pass n times the bounds, so the clip grows no further than they allow.
   if (config_.secagg.enabled && config_.dp.enabled && config_.dp.adaptive_clip)
@@ -841,7 +849,6 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     active = sample(available, rec.round, &target);
   }
   rec.clients_selected = active.size();
-  secure_within_.reset();
   if (active.empty()) {
     rec.reason = "Poisson sampling (rate " + std::to_string(config_.sampling.poisson_rate) +
                  ") chose none of the " + std::to_string(available.size()) + " available clients";
@@ -861,20 +868,20 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
       counted;  // phase 0's accepted clients: their control changes are in the sum
   // Secure aggregation: each phase a secure sum of its own (two-phase powersgd's P, then its Q
   // against P-hat), the later phases among the clients whose input is in the phase before's sum.
-  std::set<uint64_t> in_sum;
-  for (bool first = true; config_.secagg.enabled; first = false) {
+  std::optional<SecureSum> secure;  // the last phase's
+  while (config_.secagg.enabled) {
     header.phase = round->phase();
     // A later phase trains nothing: its clients report no metric (an edge aggregator requires
     // every declared one of each masked input).
     protocol::TaskMsg h = header;
-    if (!first) h.metrics.clear();
+    if (header.phase > 0) h.metrics.clear();
     const PhaseTask task{round->broadcast(), h, model_, config_.downlink};
-    const std::set<uint64_t> before = std::move(in_sum);
-    in_sum.clear();
-    if (!secureSum(fleet, task, active, target, round->current(), rec, failed,
-                   first ? nullptr : &before, in_sum)) {
+    secure = secureSum(fleet, task, active, target, round->current(), rec, failed,
+                       secure ? &secure->in_sum : nullptr);
+    if (!secure) {
       rec.clients_failed = failed.size();
-      if (!first) rec.reason = "phase " + std::to_string(header.phase) + ": " + rec.reason;
+      if (header.phase > 0)
+        rec.reason = "phase " + std::to_string(header.phase) + ": " + rec.reason;
       return finishRecord();
     }
     if (round->lastPhase()) break;
@@ -882,7 +889,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     // The next phase's participants: the edge aggregators still here, and the root's own
     // clients whose input is in this phase's sum.
     std::erase_if(active, [&](const ClientInfo& c) {
-      return c.role != protocol::Role::kAggregator && !in_sum.count(c.id);
+      return c.role != protocol::Role::kAggregator && !secure->in_sum.count(c.id);
     });
   }
   for (; !config_.secagg.enabled;) {
@@ -949,7 +956,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     // updates (each weighs 1), released with its noise only, after an applied round.
     // (Under secure aggregation the count came in the unmasked sum: secureSum.)
     const auto it = result.metrics.find(kClipIndicator);
-    const double within = secure_within_ ? *secure_within_
+    const double within = secure && secure->within ? *secure->within
                           : it == result.metrics.end()
                               ? 0.0
                               : it->second * static_cast<double>(result.count);
@@ -998,11 +1005,11 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
 
 // Secure aggregation's steps for the sampled clients (server/secure_round.h), then the
 // survivors' sum merged into `agg` as one partial of uniform weights (the bound n C checked).
-// False, with rec.reason, when the round has no sum to apply.
-bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
-                            size_t target, ag::PhaseAggregator& agg, RoundRecord& rec,
-                            std::set<uint64_t>& failed, const std::set<uint64_t>* only,
-                            std::set<uint64_t>& in_sum) {
+// Nullopt, with rec.reason, when the round has no sum to apply.
+std::optional<RoundEngine::SecureSum> RoundEngine::secureSum(
+    Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active, size_t target,
+    ag::PhaseAggregator& agg, RoundRecord& rec, std::set<uint64_t>& failed,
+    const std::set<uint64_t>* only) {
   // Failures are the round's clients' (below); a step's report says which peers failed it, an
   // edge aggregator among them.
   std::set<uint64_t> peers_failed;
@@ -1080,7 +1087,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   } catch (const Error& e) {  // too few clients, or a ring their sum does not fit
     rec.reason = e.what();
     failed.insert(peers_failed.begin(), peers_failed.end());
-    return false;
+    return std::nullopt;
   }
   // Outside the refusals above: a collective's failure stops every worker, not this one's round.
   if (FleetWorkers* workers = fleet.workers()) sr->setNonce(workers->agreeNonce(sr->nonce()));
@@ -1113,7 +1120,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
                    " clients in the phase before's sum sent no masked input of this phase, and a "
                    "sum of the others would reveal the difference (docs/privacy.md): nothing of it "
                    "is unmasked";
-      return false;
+      return std::nullopt;
     }
   }
   // Distributed DP: a sum with fewer clients' noise than the accountant assumes is never
@@ -1129,7 +1136,7 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
       rec.reason = "distributed DP: " + std::to_string(masked.size()) +
                    " masked inputs arrived, and a sum needs the noise of privacy.min_clients = " +
                    std::to_string(dp_->minClients()) + ": nothing is unmasked";
-      return false;
+      return std::nullopt;
     }
   }
   if (dp_ && dp_->distributed()) markRoundSpent();
@@ -1149,18 +1156,18 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
     if (!in.count(id)) failed.insert(id);
   if (!out.ok) {
     rec.reason = out.reason;
-    return false;
+    return std::nullopt;
   }
-  in_sum.insert(out.survivors.begin(), out.survivors.end());
+  SecureSum result{std::set<uint64_t>(out.survivors.begin(), out.survivors.end()), std::nullopt};
   if (sr->params().clip_count) {
     // The count of updates within the clip: an integer times the clip, rounded in the ring and to
     // a float (far below half the clip for any count), clamped to [0, n]. An honest client masks
     // the clip or 0; a lying one can move the count anywhere in that range (as it can move the
     // update's sum within n C), which cannot raise an honest client's effect on it above one.
     const double count = std::round(static_cast<double>(out.sum.back()) / sr->params().ring.clip);
-    secure_within_ = std::isfinite(count)
-                         ? std::clamp(count, 0.0, static_cast<double>(out.survivors.size()))
-                         : 0.0;
+    result.within = std::isfinite(count)
+                        ? std::clamp(count, 0.0, static_cast<double>(out.survivors.size()))
+                        : 0.0;
     out.sum.pop_back();
   }
   // Revealed shares that were wrong, decoded around: who revealed them (or dealt them).
@@ -1187,9 +1194,9 @@ bool RoundEngine::secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<Cl
   } catch (const InputError& e) {
     ++rec.updates_rejected;
     rec.reason = std::string("secure aggregation: the unmasked sum was refused: ") + e.what();
-    return false;
+    return std::nullopt;
   }
-  return true;
+  return result;
 }
 
 void RoundEngine::markRoundSpent() {

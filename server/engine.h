@@ -447,21 +447,24 @@ class RoundEngine {
   void saveOptimizerShard();
   void loadOptimizerShard(uint64_t next_round);
   std::vector<ClientInfo> sample(const ClientPool& available, uint64_t round, size_t* target) const;
+  // What one phase's secure sum gave: the clients whose input is in it, and under adaptive
+  // clipping the count of updates within the round's clip (from the unmasked sum).
+  struct SecureSum {
+    std::set<uint64_t> in_sum;
+    std::optional<double> within;
+  };
   // One phase's secure sum (an exchange of its own: fresh keys, masks and shares), merged into
-  // `agg`. `only`: after the round's first phase, the clients whose input is in its sum (a later
-  // phase continues from their state; no one else joins). `in_sum`: the clients whose input is in
-  // this phase's sum, when it has one.
-  bool secureSum(Fleet& fleet, const PhaseTask& plain, std::vector<ClientInfo>& active,
-                 size_t target, aggregation::PhaseAggregator& agg, RoundRecord& rec,
-                 std::set<uint64_t>& failed, const std::set<uint64_t>* only,
-                 std::set<uint64_t>& in_sum);
+  // `agg`; nullopt, with rec.reason, when the round has none to apply. `only`: after the round's
+  // first phase, the clients whose input is in its sum (a later phase continues from their state;
+  // no one else joins).
+  std::optional<SecureSum> secureSum(Fleet& fleet, const PhaseTask& plain,
+                                     std::vector<ClientInfo>& active, size_t target,
+                                     aggregation::PhaseAggregator& agg, RoundRecord& rec,
+                                     std::set<uint64_t>& failed, const std::set<uint64_t>* only);
   // Under distributed DP, before a round's unmask: the checkpoint says the round is spent (the
   // model as before it), so that a root that crashes after the unmask does not run the round again
   // and release a second noisy sum the accountant does not count.
   void markRoundSpent();
-  // Adaptive clipping under secure aggregation: this round's count of updates within the clip,
-  // from the unmasked sum (secureSum); none otherwise.
-  std::optional<double> secure_within_;
   void updateControl(const aggregation::PartialAggregate& phase0, size_t available, uint64_t round,
                      const std::vector<uint64_t>& counted);
 

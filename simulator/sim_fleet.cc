@@ -518,30 +518,23 @@ server::PhaseReport SimFleet::runPhase(const server::PhaseTask& task,
   PhaseCounts counts(participants.size(), coll_.size());
   std::set<uint64_t> failed;
   std::vector<Held> held;
-  // Secure aggregation on several workers: each client trains and masks where its side of the
-  // exchange lives (a later phase's sides where the phase before's were).
-  const auto secureAssign = [&](const std::vector<uint64_t>& ids) {
-    assignment_ = Assignment{};
-    assignment_.per_worker.resize(static_cast<size_t>(coll_.size()));
-    for (uint64_t id : ids)
-      assignment_.per_worker.at(static_cast<size_t>(secure_owner_.at(id))).push_back(id);
-    assignment_round_ = h.round;
-    migrateStates();
-  };
+  // (A later phase keeps phase 0's assignment: under secure aggregation each client's side of
+  // the round's exchanges stays where phase 0 placed it, SimFleet::exchange.)
   if (later) {
     rep.sim_seconds = laterPhaseSeconds(participants, bytes);
-    if (task.secure && coll_.size() > 1) {
-      std::vector<uint64_t> ids;
-      for (const auto& c : participants) ids.push_back(c.id);
-      secureAssign(ids);
-    }
   } else if (!measure) {
     failed = timeClients(task, participants, target, bytes, rep);
     std::vector<uint64_t> accepted;
     for (const auto& c : participants)
       if (!failed.count(c.id)) accepted.push_back(c.id);
     if (task.secure && coll_.size() > 1) {
-      secureAssign(accepted);
+      // Each client trains and masks where its side of the round lives.
+      assignment_ = Assignment{};
+      assignment_.per_worker.resize(static_cast<size_t>(coll_.size()));
+      for (uint64_t id : accepted)
+        assignment_.per_worker.at(static_cast<size_t>(secure_owner_.at(id))).push_back(id);
+      assignment_round_ = h.round;
+      migrateStates();
     } else {
       assign(std::move(accepted), h.fit.epochs, h.round);
     }

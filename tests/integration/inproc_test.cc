@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "client/secure_party.h"
@@ -748,6 +749,16 @@ struct ByHand {
     transport::SecurityConfig s;
     s.insecure = true;
     return s;
+  }
+  // The next secure-aggregation setup the root sends it (nullopt after `timeout`).
+  std::optional<protocol::SecAggSetupMsg> awaitSetup(std::chrono::milliseconds timeout) {
+    std::optional<protocol::SecAggSetupMsg> setup;
+    pump(timeout, [&](protocol::MessageKind k, std::span<const uint8_t> b) {
+      if (k != protocol::MessageKind::kSecAggSetup) return false;
+      setup = protocol::decodeSecAggSetup(b);
+      return true;
+    });
+    return setup;
   }
   // Receives (heartbeating) until `stop` says so or `timeout`; whether it stopped.
   bool pump(std::chrono::milliseconds timeout,
@@ -1636,14 +1647,10 @@ TEST_CASE(
   for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root");
   auto layout = std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
   ByHand liar(f, layout, 3, 200, protocol::Role::kClient);
-  protocol::SecAggSetupMsg setup;
-  const bool got = liar.pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
-    if (k != protocol::MessageKind::kSecAggSetup) return false;
-    setup = protocol::decodeSecAggSetup(b);
-    return true;
-  });
+  const std::optional<protocol::SecAggSetupMsg> got = liar.awaitSetup(seconds(30));
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(got);
+  const protocol::SecAggSetupMsg& setup = *got;
   CHECK(setup.clients == std::vector<uint64_t>{0, 1, 2, 3});
   // While its advertise step is open (the round waits for it: the federation's clock stands
   // still, so the deadline never comes), an update in the clear and an answer of another step.
@@ -1765,14 +1772,10 @@ TEST_CASE(
   for (uint64_t id = 0; id < 3; ++id) f.client(id, "inproc://root", rc);
   auto layout = std::make_shared<const ParamLayout>(client::makeTrainer("logreg", train)->layout());
   ByHand peer(f, layout, 3, 200, protocol::Role::kClient);
-  protocol::SecAggSetupMsg setup;
-  const bool got = peer.pump(seconds(30), [&](protocol::MessageKind k, std::span<const uint8_t> b) {
-    if (k != protocol::MessageKind::kSecAggSetup) return false;
-    setup = protocol::decodeSecAggSetup(b);
-    return true;
-  });
+  const std::optional<protocol::SecAggSetupMsg> got = peer.awaitSetup(seconds(30));
   INFO(f.error() << "\n" << f.logs());
   REQUIRE(got);
+  const protocol::SecAggSetupMsg& setup = *got;
   const auto reject = [](uint64_t round) {
     return protocol::encode(protocol::RejectMsg{protocol::RejectKind::kRefused,
                                                 static_cast<uint32_t>(Errc::kTooLittleNoise), round,
