@@ -460,7 +460,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "bits per value with the server's error feedback; a client one version behind gets that "
         "refresh exactly, others the whole model quantised), stc (lossy: every version refreshes "
         "downlink.density of each tensor by +-mu, about a byte each; a client gets the refreshes "
-        "since the version it holds, or the whole model in 8 bits when that is smaller)");
+        "since the version it holds, or the whole model in 8 bits when that is smaller), q3 or q2 "
+        "(lossy, as q8: 3 or 2 bits a value with a power-of-two step per block of 64 values, "
+        "3.125 or 2.125 bits a value in all)");
   o.add("downlink.density", &s.downlink.density,
         "topk and stc downlinks: fraction of the model refreshed per version", 1e-6, 1);
   o.add("downlink.history", &s.downlink.history,

@@ -111,7 +111,7 @@ struct ClientRuntime::Impl {
     m.num_examples = train.size();
     m.eval_examples = eval.size();
     m.model_version = held_version;
-    m.capabilities = {"fp16", "delta", "downlink-qsgd", "downlink-stc"};
+    m.capabilities = {"fp16", "delta", "downlink-qsgd", "downlink-stc", "downlink-blockq"};
     return pr::encode(m);
   }
 

@@ -187,9 +187,9 @@ Errc riceErrc(RiceCheck::Problem p) {
 }  // namespace
 
 const char* encodingName(size_t index) {
-  static constexpr const char* kNames[] = {"dense_f32", "dense_f16", "dense_bf16",
-                                           "sparse",    "randblock", "lowrank",
-                                           "sign",      "qsgd",      "ternary"};
+  static constexpr const char* kNames[] = {"dense_f32", "dense_f16", "dense_bf16", "sparse",
+                                           "randblock", "lowrank",   "sign",       "qsgd",
+                                           "ternary",   "blockq"};
   return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
@@ -222,6 +222,9 @@ PayloadView view(const Payload& p) {
                         [](const Ternary& x) -> PayloadView {
                           return TernaryView{x.count, x.mu, x.rice, x.positions, x.signs};
                         },
+                        [](const BlockQ& q) -> PayloadView {
+                          return BlockQView{q.bits, q.block, q.exps, q.packed};
+                        },
                     },
                     p);
 }
@@ -251,6 +254,9 @@ Payload toOwned(const PayloadView& v) {
                         },
                         [&](const TernaryView& x) -> Payload {
                           return Ternary{x.count, x.mu, x.rice, vec(x.positions), vec(x.signs)};
+                        },
+                        [&](const BlockQView& q) -> Payload {
+                          return BlockQ{q.bits, q.block, vec(q.exps), vec(q.packed)};
                         },
                     },
                     v);
@@ -424,6 +430,45 @@ PayloadStats validatePayload(const PayloadView& payload, const TensorSpec& t,
             const double mu = x.mu;
             return PayloadStats{x.count ? mu : 0.0, mu * mu * static_cast<double>(x.count)};
           },
+          [&](const BlockQView& q) {
+            if (q.bits == 0 || q.bits > 8)
+              fail(Errc::kLevelOutOfRange, t, ti,
+                   "block levels of " + std::to_string(q.bits) + " bits, outside [1, 8]");
+            if (q.block == 0 || q.block > kBlockQMaxBlock)
+              fail(Errc::kSizeMismatch, t, ti,
+                   "blocks of " + std::to_string(q.block) + " values, outside [1, " +
+                       std::to_string(kBlockQMaxBlock) + "]");
+            requireSize(q.exps.size(), (n + q.block - 1) / q.block, t, ti, "block exponents");
+            requireSize(q.packed.size(), packedBytes(n, q.bits), t, ti, "block level bytes");
+            requirePadding(q.packed, n * q.bits, t, ti);
+            const int top = (1 << q.bits) - 1;  // the largest code
+            BitReader r(q.packed.data());
+            double max_abs = 0.0, sq = 0.0;
+            for (size_t b = 0; b < q.exps.size(); ++b) {
+              const int e = q.exps[b];
+              const size_t end = std::min(n, (b + 1) * q.block);
+              if (e == kBlockQZero) {
+                for (size_t i = b * q.block; i < end; ++i)
+                  if (r.get(q.bits) != 0)
+                    fail(Errc::kLevelOutOfRange, t, ti,
+                         "block " + std::to_string(b) + " of zeros has a level at " +
+                             std::to_string(i));
+                continue;
+              }
+              if (e < kBlockQMinExp || e > kBlockQMaxExp)
+                fail(Errc::kValueTooLarge, t, ti,
+                     "block " + std::to_string(b) + "'s exponent " + std::to_string(e) +
+                         " is outside [" + std::to_string(kBlockQMinExp) + ", " +
+                         std::to_string(kBlockQMaxExp) + "]");
+              const double half = std::ldexp(1.0, e - 1);
+              for (size_t i = b * q.block; i < end; ++i) {
+                const double v = (2.0 * r.get(q.bits) - top) * half;
+                max_abs = std::max(max_abs, std::fabs(v));
+                sq += v * v;
+              }
+            }
+            return PayloadStats{max_abs, sq};
+          },
       },
       payload);
 }
@@ -456,73 +501,90 @@ void accumulatePayload(const PayloadView& payload, const TensorSpec& t, std::spa
                    t.numel);
   float* o = out.data();
   const size_t n = t.numel;
-  std::visit(Overloaded{
-                 [&](const DenseF32View& d) {
-                   const float* v = d.values.data();
-                   for (size_t i = 0; i < n; ++i) o[i] += weight * v[i];
-                 },
-                 [&](const DenseF16View& d) {
-                   for (size_t i = 0; i < n; ++i) o[i] += weight * halfToFloat(d.values[i]);
-                 },
-                 [&](const DenseBF16View& d) {
-                   for (size_t i = 0; i < n; ++i) o[i] += weight * bf16ToFloat(d.values[i]);
-                 },
-                 [&](const SparseView& s) {
-                   const size_t k = s.indices.size();
-                   const uint32_t* idx = s.indices.data();
-                   const float* v = s.values.data();
-                   for (size_t i = 0; i < k; ++i) o[idx[i]] += weight * v[i];
-                 },
-                 [&](const RandBlockView& b) {
-                   const size_t len = b.values.size();
-                   const size_t first = std::min(len, n - b.offset);
-                   for (size_t i = 0; i < first; ++i) o[b.offset + i] += weight * b.values[i];
-                   for (size_t i = first; i < len; ++i) o[i - first] += weight * b.values[i];
-                 },
-                 [&](const LowRankView& l) {
-                   RowMatrixMap m(o, l.rows, l.cols);
-                   const auto pv = l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t,
-                                                              ti, l.rows, l.rank)
-                                               : l.p;
-                   const auto qv = l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t,
-                                                              ti, l.cols, l.rank)
-                                               : l.q;
-                   ConstFactor p(pv.data(), l.rows, l.rank);
-                   ConstFactor q(qv.data(), l.cols, l.rank);
-                   m.noalias() += weight * (p * q.transpose());
-                 },
-                 [&](const SignView& s) {
-                   const float pos = weight * s.scale;
-                   for (size_t i = 0; i < n; ++i)
-                     o[i] += ((s.bits[i >> 3] >> (i & 7)) & 1u) ? -pos : pos;
-                 },
-                 [&](const QsgdView& q) {
-                   const uint32_t bits = 1 + qsgdLevelBits(q.s);
-                   // In double: weight * norm may exceed float's range even when every level is
-                   // small.
-                   const auto unit = static_cast<float>(static_cast<double>(weight) * q.norm / q.s);
-                   BitReader r(q.packed.data());
-                   for (size_t i = 0; i < n; ++i) {
-                     const uint32_t field = r.get(bits);
-                     // A zero level adds nothing, whatever the unit (0 * inf would be NaN; the
-                     // bounds keep the unit finite, this keeps a zero a zero).
-                     if ((field >> 1) == 0) continue;
-                     const float v = unit * static_cast<float>(field >> 1);
-                     o[i] += (field & 1u) ? -v : v;
-                   }
-                 },
-                 [&](const TernaryView& x) {
-                   const float pos = weight * x.mu;
-                   size_t j = 0;
-                   const bool ok = riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
-                     o[i] += ((x.signs[j >> 3] >> (j & 7)) & 1u) ? -pos : pos;
-                     ++j;
-                   });
-                   STARLING_ENFORCE(ok, "accumulate: ternary payload of tensor ", ti,
-                                    " was not validated");
-                 },
-             },
-             payload);
+  std::visit(
+      Overloaded{
+          [&](const DenseF32View& d) {
+            const float* v = d.values.data();
+            for (size_t i = 0; i < n; ++i) o[i] += weight * v[i];
+          },
+          [&](const DenseF16View& d) {
+            for (size_t i = 0; i < n; ++i) o[i] += weight * halfToFloat(d.values[i]);
+          },
+          [&](const DenseBF16View& d) {
+            for (size_t i = 0; i < n; ++i) o[i] += weight * bf16ToFloat(d.values[i]);
+          },
+          [&](const SparseView& s) {
+            const size_t k = s.indices.size();
+            const uint32_t* idx = s.indices.data();
+            const float* v = s.values.data();
+            for (size_t i = 0; i < k; ++i) o[idx[i]] += weight * v[i];
+          },
+          [&](const RandBlockView& b) {
+            const size_t len = b.values.size();
+            const size_t first = std::min(len, n - b.offset);
+            for (size_t i = 0; i < first; ++i) o[b.offset + i] += weight * b.values[i];
+            for (size_t i = first; i < len; ++i) o[i - first] += weight * b.values[i];
+          },
+          [&](const LowRankView& l) {
+            RowMatrixMap m(o, l.rows, l.cols);
+            const auto pv =
+                l.p.empty() ? sharedFactor(shared, SharedFactors::Side::kP, t, ti, l.rows, l.rank)
+                            : l.p;
+            const auto qv =
+                l.q.empty() ? sharedFactor(shared, SharedFactors::Side::kQ, t, ti, l.cols, l.rank)
+                            : l.q;
+            ConstFactor p(pv.data(), l.rows, l.rank);
+            ConstFactor q(qv.data(), l.cols, l.rank);
+            m.noalias() += weight * (p * q.transpose());
+          },
+          [&](const SignView& s) {
+            const float pos = weight * s.scale;
+            for (size_t i = 0; i < n; ++i) o[i] += ((s.bits[i >> 3] >> (i & 7)) & 1u) ? -pos : pos;
+          },
+          [&](const QsgdView& q) {
+            const uint32_t bits = 1 + qsgdLevelBits(q.s);
+            // In double: weight * norm may exceed float's range even when every level is
+            // small.
+            const auto unit = static_cast<float>(static_cast<double>(weight) * q.norm / q.s);
+            BitReader r(q.packed.data());
+            for (size_t i = 0; i < n; ++i) {
+              const uint32_t field = r.get(bits);
+              // A zero level adds nothing, whatever the unit (0 * inf would be NaN; the
+              // bounds keep the unit finite, this keeps a zero a zero).
+              if ((field >> 1) == 0) continue;
+              const float v = unit * static_cast<float>(field >> 1);
+              o[i] += (field & 1u) ? -v : v;
+            }
+          },
+          [&](const TernaryView& x) {
+            const float pos = weight * x.mu;
+            size_t j = 0;
+            const bool ok = riceDecode(x.positions, x.count, x.rice, n, [&](uint32_t i) {
+              o[i] += ((x.signs[j >> 3] >> (j & 7)) & 1u) ? -pos : pos;
+              ++j;
+            });
+            STARLING_ENFORCE(ok, "accumulate: ternary payload of tensor ", ti,
+                             " was not validated");
+          },
+          [&](const BlockQView& q) {
+            const int top = (1 << q.bits) - 1;
+            BitReader r(q.packed.data());
+            for (size_t b = 0; b < q.exps.size(); ++b) {
+              const size_t end = std::min(n, (b + 1) * size_t{q.block});
+              if (q.exps[b] == kBlockQZero) {
+                for (size_t i = b * q.block; i < end; ++i) r.get(q.bits);
+                continue;
+              }
+              // The level times the step is exact in float; with weight 1 (a downlink) so
+              // is the product, and each sum is one float addition, as on the server.
+              const float half =
+                  static_cast<float>(static_cast<double>(weight) * std::ldexp(1.0, q.exps[b] - 1));
+              for (size_t i = b * q.block; i < end; ++i)
+                o[i] += static_cast<float>(2 * static_cast<int>(r.get(q.bits)) - top) * half;
+            }
+          },
+      },
+      payload);
 }
 
 void densifyUpdate(const ParamLayout& layout, std::span<const PayloadView> tensors,
@@ -556,6 +618,7 @@ size_t payloadDataBytes(const PayloadView& payload) {
           [](const SignView& s) { return 4 + s.bits.size(); },
           [](const QsgdView& q) { return 8 + q.packed.size(); },
           [](const TernaryView& x) { return 9 + x.positions.size() + x.signs.size(); },
+          [](const BlockQView& q) { return 5 + q.exps.size() + q.packed.size(); },
       },
       payload);
 }

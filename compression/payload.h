@@ -78,8 +78,25 @@ struct Ternary {
   std::vector<uint8_t> signs;
 };
 
-using Payload =
-    std::variant<DenseF32, DenseF16, DenseBF16, Sparse, RandBlock, LowRank, Sign, Qsgd, Ternary>;
+// Block-scaled levels (the q2 and q3 downlinks, server/model_store.h): the tensor in blocks of
+// `block` values (the last may be shorter), each block with its own power-of-two step 2^e. Value j
+// of block b is (2 c_j + 1 - 2^bits) 2^(e_b - 1), c_j in [0, 2^bits) its `bits`-bit code (packed
+// LSB-first): the 2^bits levels spaced 2^e apart and centred on zero, none at zero. Every decoded
+// value is a small odd integer times a power of two, so exact in float. e_b = kBlockQZero marks a
+// block of zeros (its codes 0); otherwise e_b is in [kBlockQMinExp, kBlockQMaxExp], so that no
+// value exceeds 255 x 2^89 < 1e30 and none is subnormal.
+struct BlockQ {
+  uint8_t bits = 0;             // 1 to 8
+  uint32_t block = 0;           // values a block: 1 to kBlockQMaxBlock
+  std::vector<int8_t> exps;     // ceil(numel / block)
+  std::vector<uint8_t> packed;  // numel codes of `bits` bits
+};
+inline constexpr int8_t kBlockQZero = -128;
+inline constexpr int kBlockQMinExp = -100, kBlockQMaxExp = 90;
+inline constexpr uint32_t kBlockQMaxBlock = 1u << 20;
+
+using Payload = std::variant<DenseF32, DenseF16, DenseBF16, Sparse, RandBlock, LowRank, Sign, Qsgd,
+                             Ternary, BlockQ>;
 
 // ---------------------------------------------------------------- views
 
@@ -122,9 +139,17 @@ struct TernaryView {
   std::span<const uint8_t> positions, signs;
 };
 
+struct BlockQView {
+  uint8_t bits = 0;
+  uint32_t block = 0;
+  std::span<const int8_t> exps;
+  std::span<const uint8_t> packed;
+};
+
 // Same alternatives, same order as Payload: index() names the encoding in both.
-using PayloadView = std::variant<DenseF32View, DenseF16View, DenseBF16View, SparseView,
-                                 RandBlockView, LowRankView, SignView, QsgdView, TernaryView>;
+using PayloadView =
+    std::variant<DenseF32View, DenseF16View, DenseBF16View, SparseView, RandBlockView, LowRankView,
+                 SignView, QsgdView, TernaryView, BlockQView>;
 
 PayloadView view(const Payload& p);
 Payload toOwned(const PayloadView& v);

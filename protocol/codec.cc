@@ -86,6 +86,12 @@ flatbuffers::Offset<fb::Tensor> encodeTensor(flatbuffers::FlatBufferBuilder& b,
             return fb::CreateTensor(b, fb::Payload::Ternary,
                                     fb::CreateTernary(b, x.count, x.mu, x.rice, bits).Union());
           },
+          [&](const cz::BlockQView& q) {
+            auto exps = vec(b, q.exps);
+            auto packed = vec(b, q.packed);
+            return fb::CreateTensor(b, fb::Payload::BlockQ,
+                                    fb::CreateBlockQ(b, q.bits, q.block, exps, packed).Union());
+          },
       },
       p);
 }
@@ -313,6 +319,12 @@ void decodeTensors(const flatbuffers::Vector<flatbuffers::Offset<fb::Tensor>>* t
         const size_t sign_bytes = std::min(bits.size(), cz::packedBytes(x->count(), 1));
         out.push_back(cz::TernaryView{x->count(), x->mu(), x->rice(), bits.subspan(sign_bytes),
                                       bits.first(sign_bytes)});
+        break;
+      }
+      case fb::Payload::BlockQ: {
+        const auto* q = t->payload_as_BlockQ();
+        out.push_back(cz::BlockQView{q->bits(), q->block(), need(q->exps(), "block exponents"),
+                                     need(q->packed(), "block levels")});
         break;
       }
       default:

@@ -551,6 +551,15 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout,
                                          std::to_string(q->norm()) + " is outside [0, 1e30]");
         p = cz::Qsgd{q->norm(), q->s(),
                      std::vector<uint8_t>(q->packed()->begin(), q->packed()->end())};
+      } else if (ft->payload_type() == fb::Payload::BlockQ && ft->payload_as_BlockQ() &&
+                 ft->payload_as_BlockQ()->exps() && ft->payload_as_BlockQ()->packed()) {
+        // The block-scaled downlinks (q2, q3: server/model_store.h), the whole model or a refresh
+        // to add; validation bounds every exponent, so no value nor its sum with a model's
+        // overflows.
+        const auto* q = ft->payload_as_BlockQ();
+        p = cz::BlockQ{q->bits(), q->block(),
+                       std::vector<int8_t>(q->exps()->begin(), q->exps()->end()),
+                       std::vector<uint8_t>(q->packed()->begin(), q->packed()->end())};
       } else if (m.base_version != 0 && ft->payload_type() == fb::Payload::Ternary &&
                  ft->payload_as_Ternary() && ft->payload_as_Ternary()->bits()) {
         // The stc downlink's refresh (server/model_store.h), alone or in a chain. Bounded as the
@@ -573,8 +582,8 @@ TaskMsg decodeTask(std::span<const uint8_t> bytes, const ParamLayout& layout,
       } else {
         fail(Errc::kUnexpectedEncoding,
              "model tensor " + std::to_string(i) + " is not " +
-                 (m.base_version == 0 ? "dense f32 or f16, or QSGD levels"
-                                      : "sparse, QSGD levels or ternary (a delta)"));
+                 (m.base_version == 0 ? "dense f32 or f16, QSGD or block levels"
+                                      : "sparse, QSGD or block levels, or ternary (a delta)"));
       }
       cz::validatePayload(cz::view(p), spec, nullptr, i % per);
       m.model.push_back(std::move(p));
@@ -636,6 +645,13 @@ void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                      // The quantised downlink: the whole model (base 0) or a refresh added to the
                      // copy held. Every decoded value is exact (a power-of-two step), so the
                      // copy is the server's broadcast model bit for bit.
+                     const std::span<float> out(dst, t.numel);
+                     if (base_version == 0) std::fill(out.begin(), out.end(), 0.0f);
+                     cz::accumulatePayload(cz::view(cz::Payload(q)), t, out, 1.0f);
+                   },
+                   [&](const cz::BlockQ& q) {
+                     // The block-scaled downlinks, as the QSGD ones: every decoded value and
+                     // its sum with the copy's are exact, so the copy is the server's bit for bit.
                      const std::span<float> out(dst, t.numel);
                      if (base_version == 0) std::fill(out.begin(), out.end(), 0.0f);
                      cz::accumulatePayload(cz::view(cz::Payload(q)), t, out, 1.0f);

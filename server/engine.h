@@ -45,9 +45,11 @@ struct ClientInfo {
   uint64_t eval_examples = 0;
   uint64_t model_version = 0;  // the model version it holds, for the delta downlink
   // It registered the capability "downlink-qsgd": it may be sent the quantised downlinks (q8, q4;
-  // the others get the broadcast model dense); "downlink-stc": the sparse ternary one (stc).
+  // the others get the broadcast model dense); "downlink-stc": the sparse ternary one (stc);
+  // "downlink-blockq": the block-scaled ones (q3, q2).
   bool qsgd_downlink = false;
   bool stc_downlink = false;
+  bool block_downlink = false;
 };
 
 // The clients available to a round, by ascending id. A root's registry gives them as a list; a

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "compression/bitpack.h"
 #include "compression/compressor.h"
@@ -25,23 +26,32 @@ Downlink parseDownlink(std::string_view s) {
   if (s == "q8") return Downlink::kQ8;
   if (s == "q4") return Downlink::kQ4;
   if (s == "stc") return Downlink::kStc;
-  STARLING_THROW(ConfigError, "downlink must be dense, fp16, delta, topk, q8, q4 or stc, got '", s,
-                 "'");
+  if (s == "q3") return Downlink::kQ3;
+  if (s == "q2") return Downlink::kQ2;
+  STARLING_THROW(ConfigError,
+                 "downlink must be dense, fp16, delta, topk, q8, q4, stc, q3 or q2, got '", s, "'");
 }
 
 uint32_t downlinkLevels(Downlink d) {
   return d == Downlink::kQ8 ? 127u : d == Downlink::kQ4 ? 7u : 0u;
 }
 
-bool downlinkPerHeld(Downlink d) {
-  return d == Downlink::kDelta || d == Downlink::kTopK || d == Downlink::kStc ||
-         downlinkLevels(d) > 0;
+uint32_t downlinkBlockBits(Downlink d) {
+  return d == Downlink::kQ3 ? 3u : d == Downlink::kQ2 ? 2u : 0u;
 }
 
-bool wholeModelQuantised(Downlink d) { return downlinkLevels(d) > 0 || d == Downlink::kStc; }
+bool downlinkPerHeld(Downlink d) {
+  return d == Downlink::kDelta || d == Downlink::kTopK || d == Downlink::kStc ||
+         downlinkLevels(d) > 0 || downlinkBlockBits(d) > 0;
+}
 
-bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable) {
+bool wholeModelQuantised(Downlink d) {
+  return downlinkLevels(d) > 0 || downlinkBlockBits(d) > 0 || d == Downlink::kStc;
+}
+
+bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable, bool block_capable) {
   if (mode == Downlink::kStc) return stc_capable;
+  if (downlinkBlockBits(mode) > 0) return block_capable;
   return downlinkLevels(mode) == 0 || qsgd_capable;
 }
 
@@ -73,6 +83,52 @@ cz::Qsgd quantizePow2(std::span<const float> values, uint32_t s) {
   return q;
 }
 
+cz::BlockQ quantizeBlocks(std::span<const float> values, uint32_t bits, uint32_t block) {
+  STARLING_CHECK_ARG(bits >= 1 && bits <= 8 && block >= 1 && block <= cz::kBlockQMaxBlock,
+                     "block levels of ", bits, " bits in blocks of ", block);
+  cz::BlockQ q;
+  q.bits = static_cast<uint8_t>(bits);
+  q.block = block;
+  const size_t n = values.size(), blocks = (n + block - 1) / block;
+  q.exps.assign(blocks, cz::kBlockQZero);
+  std::vector<uint32_t> codes(n, 0);
+  const double count = std::ldexp(1.0, static_cast<int>(bits)), top = count - 1;
+  // The code of v on step u: its level's interval [(c - count/2) u, (c + 1 - count/2) u), the
+  // ends clipped. v / u is exact (u a power of two).
+  const auto code = [&](float v, double u) {
+    return static_cast<uint32_t>(std::clamp(std::floor(v / u + count / 2), 0.0, top));
+  };
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = b * block, hi = std::min(n, lo + block);
+    double max_abs = 0.0;
+    for (size_t i = lo; i < hi; ++i) max_abs = std::max(max_abs, std::fabs(double{values[i]}));
+    if (!(max_abs > 0.0) || !std::isfinite(max_abs)) continue;  // zeros
+    // e0: the smallest e with top 2^(e-1) >= max|v| (no value clipped).
+    int k = 0;
+    const double m = std::frexp(max_abs / top, &k);  // max / top = m 2^k, m in [0.5, 1)
+    const int e0 = m == 0.5 ? k : k + 1;
+    int best_e = 0;
+    double best = std::numeric_limits<double>::infinity();
+    for (int d = 0; d < 4; ++d) {
+      const int e = std::clamp(e0 - d, cz::kBlockQMinExp, cz::kBlockQMaxExp);
+      const double u = std::ldexp(1.0, e), half = u / 2;
+      double sse = 0.0;
+      for (size_t i = lo; i < hi; ++i) {
+        const double err = values[i] - (2.0 * code(values[i], u) - top) * half;
+        sse += err * err;
+      }
+      if (sse < best) best = sse, best_e = e;
+    }
+    q.exps[b] = static_cast<int8_t>(best_e);
+    const double u = std::ldexp(1.0, best_e);
+    for (size_t i = lo; i < hi; ++i) codes[i] = code(values[i], u);
+  }
+  cz::BitWriter w(q.packed, n, bits);
+  for (uint32_t c : codes) w.put(c, bits);
+  w.flush();
+  return q;
+}
+
 const char* downlinkName(Downlink d) {
   switch (d) {
     case Downlink::kDense:
@@ -89,6 +145,10 @@ const char* downlinkName(Downlink d) {
       return "q4";
     case Downlink::kStc:
       return "stc";
+    case Downlink::kQ3:
+      return "q3";
+    case Downlink::kQ2:
+      return "q2";
   }
   return "?";
 }
@@ -120,6 +180,12 @@ ModelStore ModelStore::forDownlink(std::shared_ptr<const ParamLayout> layout, Do
     m.refresh_history_ = history;
     return m;
   }
+  if (const uint32_t bits = downlinkBlockBits(mode); bits > 0) {
+    ModelStore m(std::move(layout), 0, 0.0, 0);
+    m.block_bits_ = bits;
+    m.refresh_history_ = 1;
+    return m;
+  }
   return ModelStore(std::move(layout),
                     mode == Downlink::kDelta || mode == Downlink::kTopK ? history : 0,
                     mode == Downlink::kTopK ? density : 0.0, downlinkLevels(mode));
@@ -135,9 +201,9 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
   std::vector<float> next;
   if (!lossy()) {
     next = std::move(model);
-  } else if (levels_ > 0) {
-    // q8, q4 and stc: x-hat += a refresh of x - x-hat, tensor by tensor (the residual stays in
-    // x - x-hat): the residual quantised, or its stc payload.
+  } else if (levels_ > 0 || block_bits_ > 0) {
+    // q8, q4, q3, q2 and stc: x-hat += a refresh of x - x-hat, tensor by tensor (the residual
+    // stays in x - x-hat): the residual quantised, or its stc payload.
     server_ = std::move(model);
     next = versions_.back().values;
     Refresh r;
@@ -148,7 +214,9 @@ void ModelStore::set(std::vector<float> model, uint64_t version) {
       for (size_t j = 0; j < t.numel; ++j) residual[j] = server_[t.offset + j] - next[t.offset + j];
       cz::Payload p = ternary_ ? cz::Payload(cz::ternaryTopK(
                                      residual, cz::countForDensity(density_, t.numel), version))
-                               : cz::Payload(quantizePow2(residual, levels_));
+                      : block_bits_ > 0
+                          ? cz::Payload(quantizeBlocks(residual, block_bits_, kDownlinkBlock))
+                          : cz::Payload(quantizePow2(residual, levels_));
       cz::accumulatePayload(cz::view(p), t, std::span<float>(next).subspan(t.offset, t.numel),
                             1.0f);
       r.bytes += cz::payloadDataBytes(p) + kTensorOverheadBytes;
@@ -208,6 +276,22 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
     for (const auto& t : tensors)
       out.tensors.push_back(
           quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), levels_));
+    return out;
+  }
+  if (const uint32_t bits = downlinkBlockBits(mode); bits > 0) {
+    STARLING_CHECK_ARG(bits == block_bits_, "a ", downlinkName(mode),
+                       " task from a store of another downlink");
+    if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
+      out.base_version = held;
+      for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
+    } else if (held != 0 && !refreshes_.empty() && held == refreshes_.back().from) {
+      out.base_version = held;  // one version behind: the refresh, exact
+      out.tensors = refreshes_.back().tensors;
+    } else {  // the whole broadcast model, block by block
+      for (const auto& t : tensors)
+        out.tensors.push_back(quantizeBlocks(std::span<const float>(cur).subspan(t.offset, t.numel),
+                                             bits, kDownlinkBlock));
+    }
     return out;
   }
   if (const uint32_t s = downlinkLevels(mode); s > 0) {
@@ -281,7 +365,7 @@ uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
   if (held == 0) return 0;
   if (mode == Downlink::kStc)
     return held == version() || chainStart(held) < refreshes_.size() ? held : 0;
-  if (downlinkLevels(mode) > 0)
+  if (downlinkLevels(mode) > 0 || downlinkBlockBits(mode) > 0)
     return held == version() || (!refreshes_.empty() && held == refreshes_.back().from) ? held : 0;
   if (mode != Downlink::kDelta && mode != Downlink::kTopK) return 0;
   for (const auto& v : versions_)
@@ -306,7 +390,7 @@ std::span<const float> ModelStore::clientModel(uint64_t held, Downlink mode,
 }
 
 namespace {
-constexpr uint8_t kRefreshQsgd = 1, kRefreshTernary = 2;
+constexpr uint8_t kRefreshQsgd = 1, kRefreshTernary = 2, kRefreshBlock = 3;
 }  // namespace
 
 std::vector<uint8_t> ModelStore::saveRefreshes() const {
@@ -323,6 +407,14 @@ std::vector<uint8_t> ModelStore::saveRefreshes() const {
         w.f32(q->norm);
         w.u64(q->packed.size());
         w.bytes(q->packed.data(), q->packed.size());
+      } else if (const auto* b = std::get_if<cz::BlockQ>(&p)) {
+        w.u8(kRefreshBlock);
+        w.u8(b->bits);
+        w.u32(b->block);
+        w.u64(b->exps.size());
+        w.bytes(reinterpret_cast<const uint8_t*>(b->exps.data()), b->exps.size());
+        w.u64(b->packed.size());
+        w.bytes(b->packed.data(), b->packed.size());
       } else {
         const auto& x = std::get<cz::Ternary>(p);
         w.u8(kRefreshTernary);
@@ -355,7 +447,7 @@ std::vector<uint8_t> ModelStore::readRefreshes(ByteReader& r) {
 void ModelStore::loadRefreshes(std::span<const uint8_t> bytes, const std::string& what) {
   if (bytes.empty()) return;
   ByteReader r(bytes, what);
-  const size_t keeps = ternary_ ? refresh_history_ : levels_ > 0 ? 1 : 0;
+  const size_t keeps = ternary_ ? refresh_history_ : levels_ > 0 || block_bits_ > 0 ? 1 : 0;
   const uint64_t count = r.u64();
   if (count > keeps)
     r.fail(count, " downlink refreshes, a store of this downlink keeps ", keeps,
@@ -376,12 +468,23 @@ void ModelStore::loadRefreshes(std::span<const uint8_t> bytes, const std::string
     for (const TensorSpec& t : layout_->tensors()) {
       const uint8_t tag = r.u8();
       cz::Payload p;
-      if (tag == kRefreshQsgd && !ternary_) {
+      if (tag == kRefreshQsgd && !ternary_ && block_bits_ == 0) {
         cz::Qsgd q;
         q.s = r.u32();
         q.norm = r.f32();
         q.packed = blob();
         if (q.s != levels_) r.fail("a refresh of ", q.s, " levels, this downlink's has ", levels_);
+        p = std::move(q);
+      } else if (tag == kRefreshBlock && block_bits_ > 0) {
+        cz::BlockQ q;
+        q.bits = r.u8();
+        q.block = r.u32();
+        const std::vector<uint8_t> exps = blob();
+        q.exps.assign(exps.begin(), exps.end());
+        q.packed = blob();
+        if (q.bits != block_bits_ || q.block != kDownlinkBlock)
+          r.fail("a refresh of ", int{q.bits}, " bits in blocks of ", q.block, ", this downlink's ",
+                 block_bits_, " in blocks of ", kDownlinkBlock);
         p = std::move(q);
       } else if (tag == kRefreshTernary && ternary_) {
         cz::Ternary x;
@@ -392,7 +495,10 @@ void ModelStore::loadRefreshes(std::span<const uint8_t> bytes, const std::string
         x.signs = blob();
         p = std::move(x);
       } else {
-        r.fail("a refresh of kind ", int{tag}, " for the ", ternary_ ? "stc" : "quantised",
+        r.fail("a refresh of kind ", int{tag}, " for the ",
+               ternary_          ? "stc"
+               : block_bits_ > 0 ? "block-scaled"
+                                 : "quantised",
                " downlink (resume with the same downlink.mode)");
       }
       try {

@@ -12,17 +12,27 @@
 // server's residual, nothing is lost, only delayed. Clients train from x-hat and their updates are
 // added to x (x <- x + step), so the round needs nothing else.
 //
-// Quantised downlinks (modes q8 and q4), lossy the same way: each new version refreshes
-// every coordinate of x-hat by the residual x - x-hat quantised per tensor to 8 or 4 bits (a sign
-// and 7 or 3 level bits: QSGD's payload with s = 127 or 7, nearest rounding) on a power-of-two
-// step u = 2^ceil(log2(max|x - x-hat| / s)), so that every decoded value is exact in float and a
-// client adding the refresh to its copy gets x-hat bit for bit on any CPU. The residual left is at
-// most u / 2 per coordinate (the server's error feedback carries it to the next version). A client
-// that holds the version before gets that refresh (a delta: 1 or 1/2 byte per value, exact); any
-// other gets the whole broadcast model quantised the same way (base version 0), its copy then
-// within u_whole / 2 of x-hat, u_whole the step of max|x-hat| per tensor, and later refreshes add
-// to it exactly. Only peers that registered the capability "downlink-qsgd" are sent these; the
-// others get x-hat dense (f32).
+// Quantised downlinks (modes q8 and q4; q3 and q2 with a step per block, below), lossy the same
+// way: each new version refreshes every coordinate of x-hat by the residual x - x-hat quantised per
+// tensor to 8 or 4 bits (a sign and 7 or 3 level bits: QSGD's payload with s = 127 or 7, nearest
+// rounding) on a power-of-two step u = 2^ceil(log2(max|x - x-hat| / s)), so that every decoded
+// value is exact in float and a client adding the refresh to its copy gets x-hat bit for bit on any
+// CPU. The residual left is at most u / 2 per coordinate (the server's error feedback carries it to
+// the next version). A client that holds the version before gets that refresh (a delta: 1 or 1/2
+// byte per value, exact); any other gets the whole broadcast model quantised the same way (base
+// version 0), its copy then within u_whole / 2 of x-hat, u_whole the step of max|x-hat| per tensor,
+// and later refreshes add to it exactly. Only peers that registered the capability "downlink-qsgd"
+// are sent these; the others get x-hat dense (f32).
+//
+// The block-scaled downlinks (modes q3 and q2) do the same with 3 or 2 bits a value and a step of
+// its own for every block of kDownlinkBlock values (compression::BlockQ: 8 or 4 levels spaced u =
+// 2^e apart, centred on zero, a byte for e; 3.125 or 2.125 bits a value in all). A block's step is
+// the one of four candidates (the smallest that clips nothing, and 2, 4 and 8 times finer, which
+// clip its largest values) whose levels are nearest its values in squared error
+// (quantizeBlocks): per block and fitted rather than per tensor and set by the largest value, so
+// 2 bits a value hold the model about as closely as q4's 4. Decoded values are exact as above; the
+// whole model's copy is within the blocks' rounding of x-hat (at most u / 2 a value, or the clip).
+// Only peers that registered "downlink-blockq" are sent these; the others get x-hat dense.
 //
 // The sparse ternary downlink (mode stc: STC's downstream, Sattler et al. 2019), lossy
 // the same way, for a downlink whose cost follows how often a client takes part: each new version
@@ -55,28 +65,42 @@ class ByteWriter;
 
 namespace starling::server {
 
-enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4, kStc };
-// "dense", "fp16", "delta", "topk", "q8", "q4", "stc"; ConfigError otherwise.
+// Appended only: the asynchronous simulation's checkpoint holds the mode as its number.
+enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4, kStc, kQ3, kQ2 };
+// "dense", "fp16", "delta", "topk", "q8", "q4", "stc", "q3", "q2"; ConfigError otherwise.
 Downlink parseDownlink(std::string_view s);
 const char* downlinkName(Downlink d);
 // The QSGD levels of a quantised downlink: 127 (q8), 7 (q4), 0 for the others.
 uint32_t downlinkLevels(Downlink d);
-// Whether a task's encoding depends on the version the client holds (delta, topk, q8, q4, stc):
+// The bits a value of a block-scaled downlink: 3 (q3), 2 (q2), 0 for the others.
+uint32_t downlinkBlockBits(Downlink d);
+// The values of a block-scaled downlink's block (each has a step of its own: a byte).
+inline constexpr uint32_t kDownlinkBlock = 64;
+// Whether a task's encoding depends on the version the client holds (delta, topk, q8, q4, stc, q3,
+// q2):
 // a fleet or a simulator sizes and caches such tasks per version held.
 bool downlinkPerHeld(Downlink d);
 // The capabilities a client registers to be sent the quantised downlinks (q8, q4), and the sparse
 // ternary one (stc); a peer without them gets the broadcast model dense.
 inline constexpr const char* kQsgdDownlinkCapability = "downlink-qsgd";
 inline constexpr const char* kStcDownlinkCapability = "downlink-stc";
-// Whether `mode` sends a client that is not up to date the whole model quantised (q8, q4, stc):
+// The capability of the block-scaled downlinks (q3, q2).
+inline constexpr const char* kBlockDownlinkCapability = "downlink-blockq";
+// Whether `mode` sends a client that is not up to date the whole model quantised (q8, q4, stc, q3,
+// q2):
 // its copy is then that encoding, not the broadcast model. An edge aggregator relays no such mode.
 bool wholeModelQuantised(Downlink d);
 // Whether a peer with these capabilities can decode `mode`'s tasks.
-bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable);
+bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable, bool block_capable);
 
 // A tensor's values quantised on the power-of-two step of the quantised downlinks (above): QSGD's
 // payload with norm = u s, levels round(|v| / u), whose decoding is exact.
 compression::Qsgd quantizePow2(std::span<const float> values, uint32_t s);
+// A tensor's values in blocks of `block`, each on the power-of-two step of the four candidates
+// (above) whose `bits`-bit levels are nearest its values in squared error; a block of zeros (or,
+// never from a finite model, one holding a non-finite value) as zeros. Deterministic: the same
+// values give the same payload on any CPU.
+compression::BlockQ quantizeBlocks(std::span<const float> values, uint32_t bits, uint32_t block);
 
 struct EncodedModel {
   uint64_t base_version = 0;  // 0: whole model
@@ -91,7 +115,8 @@ class ModelStore {
   ModelStore(std::shared_ptr<const ParamLayout> layout, size_t history, double topk_density = 0.0,
              uint32_t quant_levels = 0);
   // The store a downlink mode needs: `history` versions for delta and topk, `density` for topk,
-  // the levels for q8 and q4; for stc `history` refreshes of `density` each.
+  // the levels for q8 and q4, the bits for q3 and q2; for stc `history` refreshes of `density`
+  // each.
   static ModelStore forDownlink(std::shared_ptr<const ParamLayout> layout, Downlink mode,
                                 size_t history, double density);
 
@@ -103,7 +128,7 @@ class ModelStore {
     return lossy() ? std::span<const float>(server_) : current();
   }
   uint64_t version() const { return versions_.back().version; }
-  bool lossy() const { return density_ > 0.0 || levels_ > 0; }
+  bool lossy() const { return density_ > 0.0 || levels_ > 0 || block_bits_ > 0; }
   // The stc downlink's store (forDownlink(..., kStc, ...)).
   bool ternary() const { return ternary_; }
   // What a task spends on each payload besides its data (its Tensor and payload tables, vector
@@ -164,10 +189,11 @@ class ModelStore {
   std::deque<Version> versions_;
   std::vector<float> server_;  // lossy: x
   std::vector<uint32_t> picked_;
-  uint32_t levels_ = 0;  // quantised downlink: s (stc: q8's, for the whole model)
+  uint32_t levels_ = 0;      // quantised downlink: s (stc: q8's, for the whole model)
+  uint32_t block_bits_ = 0;  // block-scaled downlink: bits a value
   // The quantised downlinks' refreshes that made the last versions, oldest first, each the version
-  // it was made from, one payload per tensor (Qsgd; Ternary for stc), and their bytes: the last
-  // one for q8 and q4, `history` of them for stc.
+  // it was made from, one payload per tensor (Qsgd; Ternary for stc; BlockQ for q3 and q2), and
+  // their bytes: the last one for q8, q4, q3 and q2, `history` of them for stc.
   struct Refresh {
     uint64_t from = 0;
     std::vector<compression::Payload> tensors;

@@ -519,6 +519,8 @@ void ZmqFleet::handleRegister(const transport::Received& r) {
                                    kQsgdDownlinkCapability) != m.capabilities.end();
   p.info.stc_downlink = std::find(m.capabilities.begin(), m.capabilities.end(),
                                   kStcDownlinkCapability) != m.capabilities.end();
+  p.info.block_downlink = std::find(m.capabilities.begin(), m.capabilities.end(),
+                                    kBlockDownlinkCapability) != m.capabilities.end();
   p.last_seen = config_.clock->now();
   by_routing_[r.peer] = m.client_id;
   Tally& t = tally(m.client_id);
@@ -583,7 +585,8 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   }
   // A peer that cannot decode a quantised or stc downlink gets the broadcast model dense (keyed
   // apart).
-  const bool dense = !peerDecodes(t.downlink, peer.info.qsgd_downlink, peer.info.stc_downlink);
+  const bool dense = !peerDecodes(t.downlink, peer.info.qsgd_downlink, peer.info.stc_downlink,
+                                  peer.info.block_downlink);
   const uint64_t key = dense ? ~uint64_t{0} : t.model.baseFor(held, t.downlink);
   auto it = ph.encoded.find(key);
   if (it == ph.encoded.end()) {

@@ -120,6 +120,8 @@ inline bool samePayload(const compression::Payload& a, const compression::Payloa
         else if constexpr (std::is_same_v<T, cz::Ternary>)
           return x.count == y.count && std::memcmp(&x.mu, &y.mu, 4) == 0 && x.rice == y.rice &&
                  x.positions == y.positions && x.signs == y.signs;
+        else if constexpr (std::is_same_v<T, cz::BlockQ>)
+          return x.bits == y.bits && x.block == y.block && x.exps == y.exps && x.packed == y.packed;
         else
           return std::memcmp(&x.norm, &y.norm, 4) == 0 && x.s == y.s && x.packed == y.packed;
       },

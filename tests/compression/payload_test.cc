@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "compression/bitpack.h"
 #include "compression/lowrank.h"
 #include "compression/registry.h"
 #include "compression/rice.h"
@@ -73,6 +74,22 @@ std::vector<Sample> samples(const SharedFactors& shared_q, const SharedFactors& 
   out.push_back({"ternary", Ternary{5, 1.25f, 2, riceEncode(pos, 2), {0x19}}});
   out.push_back({"ternary r=3", Ternary{5, 0.5f, 3, riceEncode(pos, 3), {0x19}}});
   out.push_back({"empty ternary", Ternary{0, 0.0f, 0, {}, {}}});
+  // Block levels: 3 bits in blocks of 16 (the last of 12), one block of zeros, the extreme
+  // exponents; and 2 bits in one block of 64 covering all 60 values.
+  BlockQ b3{3, 16, {-2, kBlockQZero, kBlockQMaxExp, kBlockQMinExp}, {}};
+  {
+    BitWriter w(b3.packed, 60, 3);
+    for (uint32_t i = 0; i < 60; ++i) w.put(i >= 16 && i < 32 ? 0 : (i * 5) % 8, 3);
+    w.flush();
+  }
+  out.push_back({"blockq 3 bits", b3});
+  BlockQ b2{2, 64, {1}, {}};
+  {
+    BitWriter w(b2.packed, 60, 2);
+    for (uint32_t i = 0; i < 60; ++i) w.put(static_cast<uint32_t>(rng.below(4)), 2);
+    w.flush();
+  }
+  out.push_back({"blockq 2 bits", b2});
   return out;
 }
 
@@ -127,6 +144,11 @@ TEST_CASE("view and toOwned round-trip every encoding, and a view aliases its pa
             CHECK(std::get<TernaryView>(v).positions.data() == owned.positions.data());
             CHECK(std::get<TernaryView>(v).signs.data() == owned.signs.data());
             CHECK(std::get<TernaryView>(v).count == owned.count);
+          } else if constexpr (std::is_same_v<T, BlockQ>) {
+            CHECK(std::get<BlockQView>(v).packed.data() == owned.packed.data());
+            CHECK(std::get<BlockQView>(v).exps.data() == owned.exps.data());
+            CHECK(std::get<BlockQView>(v).bits == owned.bits);
+            CHECK(std::get<BlockQView>(v).block == owned.block);
           } else if constexpr (std::is_same_v<T, Qsgd>) {
             CHECK(std::get<QsgdView>(v).packed.data() == owned.packed.data());
             CHECK(std::get<QsgdView>(v).s == owned.s);
@@ -146,7 +168,8 @@ TEST_CASE("view and toOwned round-trip every encoding, and a view aliases its pa
   CHECK(std::string(encodingName(size_t{0})) == "dense_f32");
   CHECK(std::string(encodingName(size_t{7})) == "qsgd");
   CHECK(std::string(encodingName(size_t{8})) == "ternary");
-  CHECK(std::string(encodingName(size_t{9})) == "unknown");
+  CHECK(std::string(encodingName(size_t{9})) == "blockq");
+  CHECK(std::string(encodingName(size_t{10})) == "unknown");
 }
 
 TEST_CASE("updates and partial aggregates view and copy back whole", "[compression]") {
@@ -291,6 +314,9 @@ TEST_CASE("accumulatePayload adds weight times the decoded tensor", "[compressio
 
 TEST_CASE("payload data sizes are exact", "[compression]") {
   CHECK(payloadDataBytes(DenseF32{std::vector<float>(60)}) == 240u);
+  // bits and block (1 + 4 bytes), a byte a block, the packed levels.
+  CHECK(payloadDataBytes(BlockQ{2, 16, std::vector<int8_t>(4), std::vector<uint8_t>(15)}) ==
+        5u + 4u + 15u);
   CHECK(payloadDataBytes(DenseF16{std::vector<uint16_t>(60)}) == 120u);
   CHECK(payloadDataBytes(DenseBF16{std::vector<uint16_t>(60)}) == 120u);
   CHECK(payloadDataBytes(Sparse{{1, 2, 3}, {1, 2, 3}}) == 24u);

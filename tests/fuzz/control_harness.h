@@ -227,8 +227,20 @@ inline void checkTaskFields(const pr::TaskMsg& t, const ParamLayout& layout, siz
               });
               require(ok && seen == x.count, "task: ternary positions do not decode");
             },
+            [&](const cz::BlockQ& q) {  // a block-scaled downlink: whole or a refresh to add
+              require(q.bits >= 1 && q.bits <= 8, "task: block levels outside [1, 8] bits");
+              require(q.block >= 1 && q.block <= cz::kBlockQMaxBlock, "task: block size");
+              require(q.exps.size() == (n + q.block - 1) / q.block,
+                      "task: block exponents differ from its tensor");
+              require(q.packed.size() == cz::packedBytes(n, q.bits),
+                      "task: block level bytes differ from its tensor");
+              for (int8_t e : q.exps)
+                require(e == cz::kBlockQZero || (e >= cz::kBlockQMinExp && e <= cz::kBlockQMaxExp),
+                        "task: block exponent out of range");
+            },
             [&](const auto&) {
-              bug("task: a model payload neither dense f32/f16, sparse, QSGD nor ternary");
+              bug("task: a model payload neither dense f32/f16, sparse, QSGD, ternary nor block "
+                  "levels");
             },
         },
         t.model[i]);
@@ -281,6 +293,18 @@ inline void checkApply(const pr::TaskMsg& t, const ParamLayout& layout) {
                            (field >> 1) == 0 ? 0.0f : unit * static_cast<float>(field >> 1);
                        dst[j] = (t.base_version == 0 ? 0.0f : dst[j]) + ((field & 1u) ? -v : v);
                        rounded[spec.offset + j] = 1;
+                     }
+                   },
+                   [&](const cz::BlockQ& q) {  // (2c + 1 - 2^bits) 2^(e-1), exact
+                     const int top = (1 << q.bits) - 1;
+                     cz::BitReader r(q.packed.data());
+                     for (size_t j = 0; j < spec.numel; ++j) {
+                       const int e = q.exps[j / q.block];
+                       const double c = r.get(q.bits);
+                       const float v = e == cz::kBlockQZero
+                                           ? 0.0f
+                                           : static_cast<float>(std::ldexp(2 * c - top, e - 1));
+                       dst[j] = (t.base_version == 0 ? 0.0f : dst[j]) + v;
                      }
                    },
                    [&](const cz::Ternary& x) {  // +-mu added at each position, exactly

@@ -124,6 +124,22 @@ void mutateFloats(cz::Payload& p, RngStream& r) {
                 break;
             }
           },
+          [&](cz::BlockQ& q) {
+            switch (r.below(4)) {
+              case 0:
+                q.bits = static_cast<uint8_t>(r.below(12));
+                break;
+              case 1:
+                q.block = static_cast<uint32_t>(pickCount(r));
+                break;
+              case 2:
+                poke<int8_t>(q.exps, r, static_cast<int8_t>(r.next()));
+                break;
+              default:
+                poke<uint8_t>(q.packed, r, static_cast<uint8_t>(r.next()));
+                break;
+            }
+          },
       },
       p);
 }
@@ -147,6 +163,12 @@ void mutateVectorLength(cz::Payload& p, RngStream& r) {
                      resize(x.positions);
                    else
                      resize(x.signs);
+                 },
+                 [&](cz::BlockQ& q) {
+                   if (r.below(2))
+                     resize(q.exps);
+                   else
+                     resize(q.packed);
                  }},
       p);
 }

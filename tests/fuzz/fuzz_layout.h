@@ -55,6 +55,8 @@ inline std::vector<compression::Update> seedUpdates() {
   // Positions 1, 5, 90 (gaps 1, 3, 84) with Rice parameter 4, signs + - +.
   out.push_back(
       make(cz::Ternary{3, 0.75f, 4, cz::riceEncode(std::vector<uint32_t>{1, 5, 90}, 4), {0x02}}));
+  // Two blocks (64 and 32 values) of 2-bit levels on steps 2^-3 and 2^2.
+  out.push_back(make(cz::BlockQ{2, 64, {-3, 2}, std::vector<uint8_t>(24, 0x1b)}));
   return out;
 }
 

@@ -63,6 +63,41 @@ TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native s
   CHECK(std::filesystem::exists(f.path("client-1.state")));
 }
 
+TEST_CASE(
+    "the arm64 client decodes the block-scaled downlink: the whole model in 2 bits a value, then "
+    "the refresh, beside a native client",
+    "[integration][arm64]") {
+  Federation f("arm64q2");
+  f.clientKeys(0, 2);
+  const int port = freePort();
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
+         {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2",
+          "--round.deadline_ms", "120000", "--net.silence_ms", "20000", "--state.metrics",
+          f.path("metrics.jsonl"), "--downlink.mode", "q2"});
+  f.client(0, port, "server", 3);
+  f.start("client-1",
+          {kQemu, "-L", "/", kArm64Client, "--client.server", Federation::endpoint(port),
+           "--client.id", "1", "--security.key", f.keys() + "/client-1.key_secret",
+           "--security.server_key", f.keys() + "/server.key", "--data.num_clients", "2",
+           "--model.spec", "softmax", "--data.partition", "iid"});
+  const int rc = f.proc("root").wait(seconds(300));
+  INFO(f.allLogs());
+  REQUIRE(rc == 0);
+  const auto lines = readLines(f.path("metrics.jsonl"));
+  REQUIRE(lines.size() == 3);
+  const uint64_t dense = 4 * (28 * 28 * 10 + 10);  // the deployed softmax in f32, a client
+  for (const auto& l : lines) {
+    CHECK(field(l, "applied") == "true");
+    CHECK(field(l, "clients_completed") == "2");
+    // Two tasks of 2.125 bits a value and their framing: under a seventh of two dense ones.
+    CHECK(std::stoull(field(l, "downlink_bytes")) < 2 * dense / 7);
+  }
+  // Neither client refused a task (it would have registered again).
+  CHECK(countOf(f.log("root"), "again") == 0);
+  CHECK(f.proc("client-1").wait(seconds(30)) == 0);
+  CHECK(countOf(f.log("client-1"), "phase 0: training") == 3);
+}
+
 int main(int argc, char** argv) {
   Catch::Session session;
   if (int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;

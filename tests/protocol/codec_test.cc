@@ -38,6 +38,9 @@ std::vector<std::span<const uint8_t>> spansOf(const PayloadView& p) {
         } else if constexpr (std::is_same_v<T, TernaryView>) {
           add(v.positions);
           add(v.signs);
+        } else if constexpr (std::is_same_v<T, BlockQView>) {
+          add(v.packed);
+          add(v.exps);
         } else {
           add(v.values);
         }
@@ -238,9 +241,9 @@ TEST_CASE("decode limits are checked", "[protocol]") {
 }
 
 // Golden encodings: a silent wire-format change fails here. Each value is the size and the 64-bit
-// FNV-1a of encodeUpdate(seed) for the ten seeds of fuzz::seedUpdates() (one per encoding) and of
-// encodePartial(samplePartial()). The bytes were checked by hand once (2026, flatc 2.0.8) against
-// the schema with
+// FNV-1a of encodeUpdate(seed) for the eleven seeds of fuzz::seedUpdates() (one per encoding) and
+// of encodePartial(samplePartial()). The bytes were checked by hand once (2026, flatc 2.0.8)
+// against the schema with
 //   flatc --json --strict-json --raw-binary --size-prefixed -o /tmp/x protocol/starling.fbs --
 //   seed.bin
 // and every field of the JSON compared equal to what fuzz_layout.h / samplePartial() put in:
@@ -265,6 +268,8 @@ TEST_CASE("golden bytes of one message per encoding", "[protocol]") {
       {288, 0x8fedebd89e8da70dull},  // ternary (checked by hand with flatc 2.0.8, 2026-11-22: bits
                                      // 0x02 | 0xc2 0x7c 0x04 are the signs + - + and the Rice-4
                                      // codes of gaps 1, 3, 84: 0 0001, 0 0011, 111110 0100)
+      {320, 0x2de1d3e18058b83dull},  // blockq (checked by hand with flatc 2.0.8, 2026-12-01: bits
+                                     // 2, block 64, exps -3 and 2, 24 bytes 0x1b; the bias dense)
   };
   const Golden want_partial = {440, 0x93c8df3ca46fa381ull};
   const auto seeds = fuzz::seedUpdates();

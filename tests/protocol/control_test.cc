@@ -7,6 +7,7 @@
 #include <random>
 
 #include "check_throws.h"
+#include "compression/bitpack.h"
 #include "compression/sparsify.h"
 #include "core/half.h"
 #include "core/input_error.h"
@@ -360,6 +361,82 @@ TEST_CASE(
   CHECK_THROWS_AS(applyModel(l, 4, 4, mixed, model), InvalidArgument);
   CHECK_THROWS_AS(applyModel(l, 3, 4, chain, model), InvalidArgument);
   CHECK_THROWS_AS(applyModel(l, 4, 0, chain, model), InvalidArgument);
+}
+
+TEST_CASE(
+    "a block-scaled downlink decodes to its levels exactly, whole or added, and each malformed "
+    "one is refused with its code",
+    "[protocol]") {
+  const ParamLayout l = fuzz::layout();  // w: 96 values (blocks of 64 and 32), b: 8
+  TaskMsg t = sampleTask();
+  t.shared = {};
+  t.phase = 0;
+  t.base_version = 0;
+  // w: block 0 on step 2^-3 with codes 0, 1, 2, 3, ...; block 1 zeros. b: step 2^4, codes 3, 2, ...
+  const auto pack = [](const std::vector<uint32_t>& codes, uint32_t bits) {
+    std::vector<uint8_t> out;
+    cz::BitWriter w(out, codes.size(), bits);
+    for (uint32_t c : codes) w.put(c, bits);
+    w.flush();
+    return out;
+  };
+  std::vector<uint32_t> wc(96, 0), bc(8);
+  for (uint32_t i = 0; i < 64; ++i) wc[i] = i % 4;
+  for (uint32_t i = 0; i < 8; ++i) bc[i] = 3 - i % 4;
+  const std::vector<cz::Payload> honest{cz::BlockQ{2, 64, {-3, cz::kBlockQZero}, pack(wc, 2)},
+                                        cz::BlockQ{2, 64, {4}, pack(bc, 2)}};
+  std::vector<float> want(l.numel(), 0.0f);
+  for (size_t i = 0; i < 64; ++i) want[i] = static_cast<float>(2.0 * wc[i] - 3) / 16;
+  for (size_t i = 0; i < 8; ++i) want[96 + i] = static_cast<float>(2.0 * bc[i] - 3) * 8;
+  const TaskMsg d = decodeTask(encodeTask(t, views(honest)), l);
+  REQUIRE(d.model.size() == 2);
+  CHECK(samePayload(d.model[0], honest[0]));
+  CHECK(samePayload(d.model[1], honest[1]));
+  std::vector<float> model(l.numel(), 7.0f);  // a whole model overwrites what was held
+  applyModel(l, 3, 0, d.model, model);
+  CHECK(sameBits(model, want));
+  // As a refresh against the version held: added, value by value.
+  t.base_version = 4;
+  const TaskMsg r = decodeTask(encodeTask(t, views(honest)), l);
+  std::vector<float> held = randomVector(l.numel(), 3), sum = held;
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += want[i];
+  applyModel(l, 4, 4, r.model, held);
+  CHECK(sameBits(held, sum));
+
+  const auto refused = [&](std::vector<cz::Payload> tensors, Errc code) {
+    return errcOf([&] { decodeTask(encodeTask(t, views(tensors)), l); }) == errcName(code);
+  };
+  const auto with = [&](auto change) {
+    auto tensors = honest;
+    change(std::get<cz::BlockQ>(tensors[0]));
+    return tensors;
+  };
+  for (uint64_t base : {uint64_t{0}, uint64_t{4}}) {
+    t.base_version = base;
+    CAPTURE(base);
+    CHECK(refused(with([](cz::BlockQ& q) { q.bits = 0; }), Errc::kLevelOutOfRange));
+    CHECK(refused(with([&](cz::BlockQ& q) { q.bits = 9, q.packed.resize(108); }),
+                  Errc::kLevelOutOfRange));
+    CHECK(refused(with([](cz::BlockQ& q) { q.block = 0; }), Errc::kSizeMismatch));
+    CHECK(refused(with([](cz::BlockQ& q) { q.block = 32; }), Errc::kSizeMismatch));  // 3 blocks
+    CHECK(refused(with([](cz::BlockQ& q) { q.exps.pop_back(); }), Errc::kSizeMismatch));
+    CHECK(refused(with([](cz::BlockQ& q) { q.packed.pop_back(); }), Errc::kSizeMismatch));
+    CHECK(refused(with([](cz::BlockQ& q) { q.exps[0] = cz::kBlockQMaxExp + 1; }),
+                  Errc::kValueTooLarge));
+    CHECK(refused(with([](cz::BlockQ& q) { q.exps[0] = cz::kBlockQMinExp - 1; }),
+                  Errc::kValueTooLarge));
+    // A block of zeros that carries a level.
+    CHECK(refused(with([](cz::BlockQ& q) { q.packed[20] = 1; }), Errc::kLevelOutOfRange));
+  }
+  // The largest exponent is taken: every level stays below 1e30.
+  t.base_version = 0;
+  CHECK_NOTHROW(decodeTask(
+      encodeTask(t, views(with([](cz::BlockQ& q) { q.exps[0] = cz::kBlockQMaxExp; }))), l));
+  // Never in a chain of stc refreshes.
+  t.base_version = 4;
+  std::vector<cz::Payload> chain;
+  for (int rep = 0; rep < 2; ++rep) chain.insert(chain.end(), honest.begin(), honest.end());
+  CHECK(refused(chain, Errc::kUnexpectedEncoding));
 }
 
 TEST_CASE("a task's FedProx mu is bounded: a server cannot make a client's steps blow up",

@@ -280,6 +280,55 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(c.stats["updates_sent"], 3)
         self.assertTrue(os.path.getsize(state) > 0)
 
+    def test_a_python_client_decodes_the_block_scaled_downlink(self):
+        # downlink.mode = q2: the root sends 2-bit levels with a power-of-two step per block of 64
+        # (docs/compression.md). One client adding 1 to every parameter each round, from the
+        # root's zeros: round 2's task is version 1 plus the refresh of x1 - x0 = 1, round 3's
+        # version 2 plus the refresh of x2 - x-hat. The expected models come from the format's
+        # definition, computed here (blockq below), not from Starling's code.
+        def blockq(v, bits=2, block=64):
+            v = np.asarray(v, np.float64)
+            out = np.zeros_like(v)
+            top = 2 ** bits - 1
+            for lo in range(0, len(v), block):
+                blk = v[lo:lo + block]
+                m = np.abs(blk).max()
+                if m == 0:
+                    continue
+                e0 = -130
+                while top * 2.0 ** (e0 - 1) < m:
+                    e0 += 1
+                best = None
+                for e in (e0, e0 - 1, e0 - 2, e0 - 3):  # the least squared error, coarsest on ties
+                    levels = np.array([(2 * c - top) * 2.0 ** (e - 1) for c in range(top + 1)])
+                    # the nearest level, the upper one halfway between two
+                    q = np.array([max(levels, key=lambda lv: (-abs(x - lv), lv)) for x in blk])
+                    sse = float(((blk - q) ** 2).sum())
+                    if best is None or sse < best[0]:
+                        best = (sse, q)
+                out[lo:lo + block] = best[1]
+            return out.astype(np.float32)
+
+        port = free_port()
+        self.fed.root(port, ["client-0"], rounds=3,
+                      extra=["--sampling.min_available", "1", "--downlink.mode", "q2"])
+        a = Shifter(1.0, 10, 1.0)
+        c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
+        runs = [run_in_thread(c)]
+        join(runs, [c])
+        self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+        self.assertEqual(len(a.seen), 3)
+        for p in a.seen[0]:
+            self.assertFalse(p.any())  # the root's first model: zeros, sent whole
+        x1 = [np.ones(p.shape, np.float32) for p in a.seen[0]]
+        for got, x in zip(a.seen[1], x1):
+            np.testing.assert_array_equal(got, blockq(x.ravel()).reshape(x.shape))
+            self.assertFalse(np.array_equal(got, x))  # lossy: 2 bits, not the exact 1.0
+        for got, held, x in zip(a.seen[2], a.seen[1], x1):
+            x2 = x + ((held + np.float32(1)) - held)
+            want = held + blockq((x2 - held).ravel()).reshape(x.shape)
+            np.testing.assert_array_equal(got, want)
+
     def test_a_bad_result_raises_before_anything_is_sent(self):
         zeros = [np.zeros(s, np.float32) for _, s in LAYOUT]
         cases = {
