@@ -16,6 +16,31 @@ using std::chrono::seconds;
 namespace {
 const std::string kArm64Client = STARLING_ARM64_CLIENT;
 const std::string kQemu = STARLING_QEMU_AARCH64;
+
+// Client 1 of `f`: the arm64 client, run by the emulator with the multiarch libc, with the same
+// command line as a native client's (and `extra`).
+void startArm64Client(Federation& f, int port, const std::vector<std::string>& extra) {
+  std::vector<std::string> cmd{kQemu,
+                               "-L",
+                               "/",
+                               kArm64Client,
+                               "--client.server",
+                               Federation::endpoint(port),
+                               "--client.id",
+                               "1",
+                               "--security.key",
+                               f.keys() + "/client-1.key_secret",
+                               "--security.server_key",
+                               f.keys() + "/server.key",
+                               "--data.num_clients",
+                               "2",
+                               "--model.spec",
+                               "softmax",
+                               "--data.partition",
+                               "iid"};
+  cmd.insert(cmd.end(), extra.begin(), extra.end());
+  f.start("client-1", cmd);
+}
 }  // namespace
 
 TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native server",
@@ -28,27 +53,7 @@ TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native s
           "--round.deadline_ms", "120000", "--net.silence_ms", "20000", "--state.metrics",
           f.path("metrics.jsonl"), "--compression.compressor", "topk:density=0.05"});
   f.client(0, port, "server", 2);
-  // The same command line as a native client, run by the emulator with the multiarch libc.
-  f.start("client-1", {kQemu,
-                       "-L",
-                       "/",
-                       kArm64Client,
-                       "--client.server",
-                       Federation::endpoint(port),
-                       "--client.id",
-                       "1",
-                       "--security.key",
-                       f.keys() + "/client-1.key_secret",
-                       "--security.server_key",
-                       f.keys() + "/server.key",
-                       "--data.num_clients",
-                       "2",
-                       "--state.file",
-                       f.path("client-1.state"),
-                       "--model.spec",
-                       "softmax",
-                       "--data.partition",
-                       "iid"});
+  startArm64Client(f, port, {"--state.file", f.path("client-1.state")});
   const int rc = f.proc("root").wait(seconds(300));
   INFO(f.allLogs());
   REQUIRE(rc == 0);
@@ -75,11 +80,7 @@ TEST_CASE(
           "--round.deadline_ms", "120000", "--net.silence_ms", "20000", "--state.metrics",
           f.path("metrics.jsonl"), "--downlink.mode", "q2"});
   f.client(0, port, "server", 3);
-  f.start("client-1",
-          {kQemu, "-L", "/", kArm64Client, "--client.server", Federation::endpoint(port),
-           "--client.id", "1", "--security.key", f.keys() + "/client-1.key_secret",
-           "--security.server_key", f.keys() + "/server.key", "--data.num_clients", "2",
-           "--model.spec", "softmax", "--data.partition", "iid"});
+  startArm64Client(f, port, {});
   const int rc = f.proc("root").wait(seconds(300));
   INFO(f.allLogs());
   REQUIRE(rc == 0);
