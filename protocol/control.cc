@@ -650,8 +650,9 @@ void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,
                      cz::accumulatePayload(cz::view(cz::Payload(q)), t, out, 1.0f);
                    },
                    [&](const cz::BlockQ& q) {
-                     // The block-scaled downlinks, as the QSGD ones: every decoded value and
-                     // its sum with the copy's are exact, so the copy is the server's bit for bit.
+                     // The block-scaled downlinks, as the QSGD ones: every decoded value is
+                     // exact and its sum with the copy's is the one float addition the server
+                     // made, so the copy is the server's bit for bit.
                      const std::span<float> out(dst, t.numel);
                      if (base_version == 0) std::fill(out.begin(), out.end(), 0.0f);
                      cz::accumulatePayload(cz::view(cz::Payload(q)), t, out, 1.0f);

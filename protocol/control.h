@@ -124,7 +124,7 @@ struct TaskMsg {
   uint64_t run_seed = 0;
   std::string compressor;
   uint64_t model_version = 0;
-  uint64_t base_version = 0;  // 0: `model` is whole (dense f32 or f16 per tensor)
+  uint64_t base_version = 0;  // 0: `model` is whole (dense f32 or f16, QSGD or block levels)
   // One payload per tensor, or against a base version a chain of stc refreshes: k x tensors
   // ternary payloads, refresh by refresh (k <= kMaxRefreshChain). Empty in phases > 0.
   std::vector<compression::Payload> model;
@@ -299,8 +299,8 @@ ChunkMsg decodeChunk(std::span<const uint8_t> bytes, size_t max_chunk_bytes);
 inline constexpr size_t kMaxRefreshChain = 1024;
 
 // Applies a task's model to `model` (which holds version `held`): whole models (dense f32 or
-// f16, QSGD levels) overwrite it, deltas patch the coordinates that changed (sparse) or add a
-// quantised refresh (QSGD levels) or a chain of stc refreshes (ternary), in order
+// f16, QSGD or block levels) overwrite it, deltas patch the coordinates that changed (sparse) or
+// add a quantised refresh (QSGD or block levels) or a chain of stc refreshes (ternary), in order
 // (server/model_store.h). Throws InvalidArgument if a
 // delta's base is not `held` or the sizes do not fit (decodeTask validated the payloads).
 void applyModel(const ParamLayout& layout, uint64_t held, uint64_t base_version,

@@ -94,15 +94,20 @@ cz::BlockQ quantizeBlocks(std::span<const float> values, uint32_t bits, uint32_t
   std::vector<uint32_t> codes(n, 0);
   const double count = std::ldexp(1.0, static_cast<int>(bits)), top = count - 1;
   // The code of v on step u: its level's interval [(c - count/2) u, (c + 1 - count/2) u), the
-  // ends clipped. v / u is exact (u a power of two).
+  // ends clipped (the upper level halfway between two). v / u, its floor and the sum are exact (u
+  // a power of two).
   const auto code = [&](float v, double u) {
-    return static_cast<uint32_t>(std::clamp(std::floor(v / u + count / 2), 0.0, top));
+    return static_cast<uint32_t>(std::clamp(std::floor(v / u) + count / 2, 0.0, top));
   };
   for (size_t b = 0; b < blocks; ++b) {
     const size_t lo = b * block, hi = std::min(n, lo + block);
     double max_abs = 0.0;
-    for (size_t i = lo; i < hi; ++i) max_abs = std::max(max_abs, std::fabs(double{values[i]}));
-    if (!(max_abs > 0.0) || !std::isfinite(max_abs)) continue;  // zeros
+    bool finite = true;
+    for (size_t i = lo; i < hi; ++i) {
+      finite = finite && std::isfinite(values[i]);
+      max_abs = std::max(max_abs, std::fabs(double{values[i]}));
+    }
+    if (!finite || !(max_abs > 0.0)) continue;  // zeros
     // e0: the smallest e with top 2^(e-1) >= max|v| (no value clipped).
     int k = 0;
     const double m = std::frexp(max_abs / top, &k);  // max / top = m 2^k, m in [0.5, 1)
@@ -114,8 +119,8 @@ cz::BlockQ quantizeBlocks(std::span<const float> values, uint32_t bits, uint32_t
       const double u = std::ldexp(1.0, e), half = u / 2;
       double sse = 0.0;
       for (size_t i = lo; i < hi; ++i) {
-        const double err = values[i] - (2.0 * code(values[i], u) - top) * half;
-        sse += err * err;
+        const double err = values[i] - (2.0 * code(values[i], u) - top) * half;  // exact product
+        sse = std::fma(err, err, sse);  // one rounding on every CPU and with any -ffp-contract
       }
       if (sse < best) best = sse, best_e = e;
     }

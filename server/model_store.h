@@ -158,9 +158,10 @@ class ModelStore {
   // The model a client holding `held` trains from once it applied encodeFor(held, mode): current()
   // but for a quantised or stc downlink's whole model, decoded into `cache` when it holds another
   // version's (the simulator's clients train from what a deployed client would hold). Not
-  // modelled: after a whole model in 8 or 4 bits, a deployed client's copy keeps that encoding's
-  // rounding (at most half its step per value) under the refreshes it adds; the simulator's client
-  // trains from x-hat itself from its next task on.
+  // modelled: after a whole model in 8, 4, 3 or 2 bits, a deployed client's copy keeps that
+  // encoding's rounding (at most half its step per value; with q3 and q2 also what a block's step
+  // clipped) under the refreshes it adds; the simulator's client trains from x-hat itself from its
+  // next task on (a client one version behind: with 10 of 100 clients a round, few).
   std::span<const float> clientModel(uint64_t held, Downlink mode, WholeModelCache& cache) const;
 
   // The quantised and stc downlinks' refreshes (what encodeFor sends a client one version or a

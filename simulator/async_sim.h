@@ -52,9 +52,9 @@
 // run killed anywhere resumes from a checkpoint and states of one step, and a pair that does not
 // match is refused. A run started again with the same configuration (train.rounds may grow)
 // resumes from it and takes the steps the uninterrupted run would have taken: the same models bit
-// for bit, the same bytes too with dense, fp16, q8, q4 and stc (their refreshes are in the file,
-// ModelStore::saveRefreshes). The delta and top-k downlinks' histories are whole models and are
-// not kept: after a resume a client holding an older version gets the whole model once, as a
+// for bit, the same bytes too with dense, fp16, q8, q4, q3, q2 and stc (their refreshes are in the
+// file, ModelStore::saveRefreshes). The delta and top-k downlinks' histories are whole models and
+// are not kept: after a resume a client holding an older version gets the whole model once, as a
 // restarted root's clients do, so those tasks cost more bytes.
 //
 // Several workers (config.workers, sim.workers): every worker runs this same event loop on the same

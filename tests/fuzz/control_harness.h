@@ -745,6 +745,24 @@ inline std::vector<Seed> controlSeeds() {
     d.model = {levels(96, 7, 4), levels(8, 7, 4)};
     out.push_back({"task-fit-q4-refresh", encodeTaskMsg(d)});
   }
+  {  // the block-scaled downlinks: the whole model in 2 bits (a block of zeros), a 3-bit refresh
+    const auto blocks = [](size_t n, uint32_t bits, std::vector<int8_t> exps) {
+      cz::BlockQ q{static_cast<uint8_t>(bits), 64, std::move(exps), {}};
+      cz::BitWriter w(q.packed, n, bits);
+      for (size_t i = 0; i < n; ++i)
+        w.put(
+            q.exps[i / 64] == cz::kBlockQZero ? 0u : static_cast<uint32_t>((i * 5) % (1u << bits)),
+            bits);
+      w.flush();
+      return q;
+    };
+    pr::TaskMsg t = task(pr::TaskKind::kFit, 0);
+    t.model = {blocks(96, 2, {-3, cz::kBlockQZero}), blocks(8, 2, {1})};
+    out.push_back({"task-fit-q2", encodeTaskMsg(t)});
+    pr::TaskMsg d = task(pr::TaskKind::kFit, 4);
+    d.model = {blocks(96, 3, {-7, -6}), blocks(8, 3, {-9})};
+    out.push_back({"task-fit-q3-refresh", encodeTaskMsg(d)});
+  }
   {  // the stc downlink: a chain of two refreshes of both tensors against version 4
     const auto refresh = [](std::vector<uint32_t> idx, float mu, uint8_t signs) {
       cz::Ternary x;

@@ -684,13 +684,17 @@ TEST_CASE(
 
 namespace {
 // The block-scaled downlinks' levels, computed apart from the store: the level of 2^bits spaced
-// 2^e apart and centred on zero that is nearest v, found by trying each.
+// 2^e apart and centred on zero that is nearest v (the upper one halfway between two), found by
+// trying each from the lowest up. The distances in long double, which tell -1e-20 nearer -1/64
+// than +1/64 where double's cannot.
 double nearestLevel(double v, uint32_t bits, int e) {
   const double top = std::ldexp(1.0, static_cast<int>(bits)) - 1, half = std::ldexp(1.0, e - 1);
-  double best = 0, dist = std::numeric_limits<double>::infinity();
+  double best = 0;
+  long double dist = std::numeric_limits<long double>::infinity();
   for (double c = 0; c <= top; ++c) {
     const double level = (2 * c - top) * half;
-    if (std::fabs(v - level) < dist) dist = std::fabs(v - level), best = level;
+    const long double d = std::fabs(static_cast<long double>(v) - level);
+    if (d <= dist) dist = d, best = level;
   }
   return best;
 }
@@ -712,6 +716,11 @@ TEST_CASE(
   for (size_t i = 0; i < 2050; ++i)
     v1[i] = normal(gen) * 0.01f * static_cast<float>(1 + (i / 64) % 5);
   v1[100] = 0.9f;
+  // Ties: a block of values on the boundaries between levels of one step (k / 32: for q2, at
+  // e = -4 the boundaries are the multiples of 1/16, 0 among them; for q3 at e = -4 the same and
+  // finer), and a tiny negative value, whose nearest level is the negative one.
+  for (size_t i = 1024; i < 1088; ++i) v1[i] = static_cast<float>(int(i % 9) - 4) / 32.0f;
+  v1[1030] = -1e-20f;
   std::vector<float> x = v1;
   for (size_t i = 0; i < 2050; ++i) x[i] += 0.002f * normal(gen);
 
@@ -758,6 +767,7 @@ TEST_CASE(
         const int e = q.exps[b];
         CHECK((e <= e0 && e >= e0 - 3));
         for (int c = e0 - 3; c <= e0; ++c) CHECK(sse(e) <= sse(c));
+        for (int c = e + 1; c <= e0; ++c) CHECK(sse(c) > sse(e));  // the coarsest on a tie
         for (size_t j = lo; j < hi; ++j) REQUIRE(double(dec[j]) == nearestLevel(vals[j], bits, e));
       }
     }
