@@ -264,6 +264,20 @@ TEST_CASE("attack: an encoding the round's compressor never sends", "[aggregatio
   sp.values.pop_back();
   CHECK(rejectedWith(s, v) == Errc::kRoundMismatch);  // not the k the spec fixes
   finishesFinite(s, 2);
+  // The block-scaled downlink's encoding (a valid payload for the tensor) is no compressor's:
+  // refused in an update whatever the round's compressor, QSGD's (its closest kin) included.
+  for (const char* spec : {"none", "qsgd:levels=4", "topk:density=0.05", "sign"}) {
+    INFO(spec);
+    Setup b(spec);
+    Update w = b.honest(1);
+    const size_t n = (*b.layout)[2].numel;
+    compression::BlockQ q{2, 64, std::vector<int8_t>((n + 63) / 64, -3), {}};
+    q.packed.assign(compression::packedBytes(n, 2), 0);
+    compression::validatePayload(compression::view(compression::Payload(q)), (*b.layout)[2]);
+    w.tensors[2] = q;
+    CHECK(rejectedWith(b, w) == Errc::kUnexpectedEncoding);
+    finishesFinite(b, 1);
+  }
 }
 
 TEST_CASE("attack: metrics that lie", "[aggregation][attack]") {
