@@ -5,7 +5,7 @@ put the two side by side.
 The task, as Starling runs it: 10,000 clients of 60 Fashion-MNIST examples each (the split that
 starling-sim writes with --data.partition sampled:size=60 --model.seed 1 --data.split_file), 100
 clients a round, 300 rounds, the MLP (common.make_mlp: 784->200, ReLU, 200->10, PyTorch's default
-initialisation), local training 1 epoch of plain SGD lr 0.1 batch 20, the server step x += mean
+initialisation; --model cnn: common.make_cnn, Starling's "cnn"), local training 1 epoch of plain SGD lr 0.1 batch 20, the server step x += mean
 delta (pfl: central SGD lr 1.0), test accuracy on the 10,000 test images every 10 rounds; every
 update clipped to l2 norm 0.3 and weighing 1, Gaussian noise of stddev sigma * 0.3 on the sum.
 
@@ -32,7 +32,7 @@ pfl still evaluates on iteration 0, as it always does); the central evaluation r
 
   ~/.cache/starling/peers-venv/bin/python bench/peers/pfl_dp.py --split /tmp/pfl-dp/split.txt \\
       --epsilon 1 --out /tmp/pfl-dp/eps1.json [--rounds 300] [--user-sampler random|minimize_reuse]
-      [--accountant pld|rdp]
+      [--accountant pld|rdp] [--model mlp|cnn]
 
 The split: build/bin/starling-sim --model.spec mlp --data.num_clients 10000 --data.partition
 sampled:size=60 --model.seed 1 --data.split_file /tmp/pfl-dp/split.txt --train.rounds 1
@@ -127,6 +127,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--hidden", type=int, default=200)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                   help="mlp (mlp:hidden=--hidden) or cnn (McMahan et al.'s CNN, Starling's cnn)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--user-sampler", choices=["random", "minimize_reuse"], default="random")
@@ -176,7 +178,8 @@ def main():
         print(f"{PROG}: epsilon {eps}: sigma PLD {pld.noise_parameter:.4f} ({pld_s:.1f} s), "
               f"RDP {rdp.noise_parameter:.4f} ({rdp_s:.1f} s); using {a.accountant}", file=sys.stderr, flush=True)
 
-    module = pfl_sim.make_module(common.make_mlp(a.hidden))
+    net = common.make_mlp(a.hidden) if a.model == "mlp" else common.make_cnn()
+    module = pfl_sim.make_module(net)
     model = PyTorchModel(model=module, local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0))
     algorithm_params = NNAlgorithmParams(central_num_iterations=a.rounds,
@@ -202,7 +205,7 @@ def main():
         "system": "pfl",
         "versions": {"pfl": pfl_version, "torch": torch.__version__, "numpy": np.__version__},
         "task": {"population": population, "cohort": a.cohort, "rounds": a.rounds,
-                 "model": f"mlp:hidden={a.hidden}", "lr": a.lr, "batch_size": a.batch_size,
+                 "model": f"mlp:hidden={a.hidden}" if a.model == "mlp" else "cnn", "lr": a.lr, "batch_size": a.batch_size,
                  "epochs": a.epochs, "central_lr": 1.0, "seed": a.seed, "user_sampler": a.user_sampler,
                  "split": os.path.abspath(a.split)},
         "privacy": privacy,
