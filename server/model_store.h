@@ -29,9 +29,9 @@
 // 2^e apart, centred on zero, a byte for e; 3.125 or 2.125 bits a value in all). A block's step is
 // the one of four candidates (the smallest that clips nothing, and 2, 4 and 8 times finer, which
 // clip its largest values) whose levels are nearest its values in squared error
-// (quantizeBlocks): per block and fitted rather than per tensor and set by the largest value, so
-// 2 bits a value hold the model about as closely as q4's 4. Decoded values are exact as above; the
-// whole model's copy is within the blocks' rounding of x-hat (at most u / 2 a value, or the clip).
+// (quantizeBlocks): per block and fitted rather than per tensor and set by the largest value.
+// Decoded values are exact as above; the whole model's copy is within the blocks' rounding of
+// x-hat (at most u / 2 a value, or the clip). docs/results.md measures what each costs.
 // Only peers that registered "downlink-blockq" are sent these; the others get x-hat dense.
 //
 // The sparse ternary downlink (mode stc: STC's downstream, Sattler et al. 2019), lossy
