@@ -41,6 +41,21 @@ void startArm64Client(Federation& f, int port, const std::vector<std::string>& e
   cmd.insert(cmd.end(), extra.begin(), extra.end());
   f.start("client-1", cmd);
 }
+
+// The root of `f` for `rounds` rounds of both clients (and `extra`), then the native client 0
+// (the data split in two, as the arm64 client's).
+void startRootAndNativeClient(Federation& f, int port, int rounds,
+                              const std::vector<std::string>& extra) {
+  std::vector<std::string> args{"--train.rounds",           std::to_string(rounds),
+                                "--sampling.min_available", "2",
+                                "--sampling.min_clients",   "2",
+                                "--round.deadline_ms",      "120000",
+                                "--net.silence_ms",         "20000",
+                                "--state.metrics",          f.path("metrics.jsonl")};
+  args.insert(args.end(), extra.begin(), extra.end());
+  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}), args);
+  f.client(0, port, "server", 2);
+}
 }  // namespace
 
 TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native server",
@@ -48,11 +63,7 @@ TEST_CASE("the arm64 client under qemu-user takes part in rounds of the native s
   Federation f("arm64");
   f.clientKeys(0, 2);
   const int port = freePort();
-  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
-         {"--train.rounds", "2", "--sampling.min_available", "2", "--sampling.min_clients", "2",
-          "--round.deadline_ms", "120000", "--net.silence_ms", "20000", "--state.metrics",
-          f.path("metrics.jsonl"), "--compression.compressor", "topk:density=0.05"});
-  f.client(0, port, "server", 2);
+  startRootAndNativeClient(f, port, 2, {"--compression.compressor", "topk:density=0.05"});
   startArm64Client(f, port, {"--state.file", f.path("client-1.state")});
   const int rc = f.proc("root").wait(seconds(300));
   INFO(f.allLogs());
@@ -75,11 +86,7 @@ TEST_CASE(
   Federation f("arm64q2");
   f.clientKeys(0, 2);
   const int port = freePort();
-  f.root("root", port, f.allowList("allow", {"client-0", "client-1"}),
-         {"--train.rounds", "3", "--sampling.min_available", "2", "--sampling.min_clients", "2",
-          "--round.deadline_ms", "120000", "--net.silence_ms", "20000", "--state.metrics",
-          f.path("metrics.jsonl"), "--downlink.mode", "q2"});
-  f.client(0, port, "server", 3);
+  startRootAndNativeClient(f, port, 3, {"--downlink.mode", "q2"});
   startArm64Client(f, port, {});
   const int rc = f.proc("root").wait(seconds(300));
   INFO(f.allLogs());
