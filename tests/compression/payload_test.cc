@@ -312,6 +312,18 @@ TEST_CASE("accumulatePayload adds weight times the decoded tensor", "[compressio
   }
 }
 
+TEST_CASE("block levels: padding bits after the last level are refused", "[compression]") {
+  // 60 values of 3 bits: 180 bits in 23 bytes, the last byte's top 4 bits padding.
+  const ParamLayout l = tiny();
+  BlockQ q{3, 16, {-2, -2, -2, -2}, std::vector<uint8_t>(23, 0)};
+  CHECK_NOTHROW(validatePayload(view(Payload(q)), l[0]));
+  q.packed[22] = 0x0f;  // the last level bits, set
+  CHECK_NOTHROW(validatePayload(view(Payload(q)), l[0]));
+  q.packed[22] = 0x10;  // the first padding bit
+  CHECK(testing::errcOf([&] { validatePayload(view(Payload(q)), l[0]); }) ==
+        errcName(Errc::kBadPadding));
+}
+
 TEST_CASE("payload data sizes are exact", "[compression]") {
   CHECK(payloadDataBytes(DenseF32{std::vector<float>(60)}) == 240u);
   // bits and block (1 + 4 bytes), a byte a block, the packed levels.
