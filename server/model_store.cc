@@ -283,25 +283,11 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
           quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), levels_));
     return out;
   }
-  if (const uint32_t bits = downlinkBlockBits(mode); bits > 0) {
-    STARLING_CHECK_ARG(bits == block_bits_, "a ", downlinkName(mode),
-                       " task from a store of another downlink");
-    if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
-      out.base_version = held;
-      for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
-    } else if (held != 0 && !refreshes_.empty() && held == refreshes_.back().from) {
-      out.base_version = held;  // one version behind: the refresh, exact
-      out.tensors = refreshes_.back().tensors;
-    } else {  // the whole broadcast model, block by block
-      for (const auto& t : tensors)
-        out.tensors.push_back(quantizeBlocks(std::span<const float>(cur).subspan(t.offset, t.numel),
-                                             bits, kDownlinkBlock));
-    }
-    return out;
-  }
-  if (const uint32_t s = downlinkLevels(mode); s > 0) {
-    STARLING_CHECK_ARG(s == levels_ && !ternary_, "a ", downlinkName(mode),
-                       " task from a store of another downlink");
+  // q8, q4, q3 and q2: the store keeps one refresh.
+  const uint32_t levels = downlinkLevels(mode), bits = downlinkBlockBits(mode);
+  if (levels > 0 || bits > 0) {
+    STARLING_CHECK_ARG(levels == levels_ && bits == block_bits_ && !ternary_, "a ",
+                       downlinkName(mode), " task from a store of another downlink");
     if (held != 0 && held == version()) {  // nothing to refresh: an empty delta
       out.base_version = held;
       for (size_t i = 0; i < tensors.size(); ++i) out.tensors.push_back(cz::Sparse{});
@@ -309,10 +295,12 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
       // One version behind: the refresh, exact.
       out.base_version = held;
       out.tensors = refreshes_.back().tensors;
-    } else {  // the whole broadcast model, quantised
-      for (const auto& t : tensors)
-        out.tensors.push_back(
-            quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), s));
+    } else {  // the whole broadcast model, quantised (block by block for q3 and q2)
+      for (const auto& t : tensors) {
+        const auto values = std::span<const float>(cur).subspan(t.offset, t.numel);
+        out.tensors.push_back(bits > 0 ? cz::Payload(quantizeBlocks(values, bits, kDownlinkBlock))
+                                       : cz::Payload(quantizePow2(values, levels)));
+      }
     }
     return out;
   }
