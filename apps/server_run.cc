@@ -293,6 +293,7 @@ server::FleetConfig fleetConfig(const apps::Settings& c, const server::EngineCon
   fc.heartbeat_ms = c.server.heartbeat_ms;
   fc.silence_ms = c.server.silence_ms;
   fc.max_examples = ec.scheme.bounds.max_examples;
+  fc.downlink_copies = c.downlink.copies;
   for (const auto& s : c.server.aggregator_ids) {
     size_t used = 0;
     uint64_t id = 0;

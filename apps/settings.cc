@@ -462,9 +462,17 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "downlink.density of each tensor by +-mu, about a byte each; a client gets the refreshes "
         "since the version it holds, or the whole model in 8 bits when that is smaller), q3 or q2 "
         "(lossy, as q8: 3 or 2 bits a value with a power-of-two step per block of 64 values, "
-        "3.125 or 2.125 bits a value in all)");
+        "3.125 or 2.125 bits a value in all), q3-mirror or q2-mirror (the same bytes as q3 and "
+        "q2; the server keeps each client's copy and sends it the difference from it, so what a "
+        "block's levels round away is sent the next time: a model's floats kept per client, "
+        "downlink.copies of them at most)");
   o.add("downlink.density", &s.downlink.density,
         "topk and stc downlinks: fraction of the model refreshed per version", 1e-6, 1);
+  o.add("downlink.copies", &s.downlink.copies,
+        "q3-mirror and q2-mirror: the most clients whose copy the server keeps (4 bytes a "
+        "parameter each; past it the least recently sent is dropped and that client's next task "
+        "carries the whole model)",
+        1, 10'000'000);
   o.add("downlink.history", &s.downlink.history,
         "model versions kept for delta and topk downlinks, refreshes kept for stc (a client "
         "holding an older version gets the whole model)",

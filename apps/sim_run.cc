@@ -442,6 +442,8 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   fc.device_update = parts.device_round.get();
   fc.secure_batch_bytes = c.sim.secagg_batch_bytes;
   fc.secure_signed = ec.secagg.authority.has_value();
+  fc.downlink = ec.downlink;
+  fc.downlink_copies = c.downlink.copies;
   sim::SimFleet fleet(fc, parts.clients, *parts.trainer, store, workers, parts.test());
 
   std::vector<float> init(parts.layout->numel());

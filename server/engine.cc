@@ -75,11 +75,15 @@ void jsonNumber(std::ostringstream& o, const char* key, double v) {
 }  // namespace
 
 std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t nonce) {
+  if (task.header.phase != 0) return encodeTask(task, EncodedModel{}, nonce);
+  return encodeTask(task, task.model.encodeFor(held, task.downlink), nonce);
+}
+
+std::vector<uint8_t> encodeTask(const PhaseTask& task, const EncodedModel& m, uint64_t nonce) {
   protocol::TaskMsg h = task.header;
   h.nonce = nonce;
   if (task.broadcast.shared) h.shared = *task.broadcast.shared;
   if (task.header.phase != 0) return protocol::encodeTask(h, {});
-  const EncodedModel m = task.model.encodeFor(held, task.downlink);
   h.base_version = m.base_version;
   std::vector<compression::PayloadView> views;
   views.reserve(m.tensors.size());

@@ -250,6 +250,10 @@ protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t
 // encoding (dense, fp16, or a delta against `held`), later phases the shared factors only. Every
 // fleet encodes its tasks with this.
 std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t nonce = 1);
+// The same with the model encoded by the caller (a mirrored downlink's, against one client's copy:
+// server/client_copies.h); ignored in later phases.
+std::vector<uint8_t> encodeTask(const PhaseTask& task, const EncodedModel& model,
+                                uint64_t nonce = 1);
 
 struct PhaseReport {
   std::vector<uint64_t> completed;  // clients whose update (or partial) was accepted

@@ -28,8 +28,12 @@ Downlink parseDownlink(std::string_view s) {
   if (s == "stc") return Downlink::kStc;
   if (s == "q3") return Downlink::kQ3;
   if (s == "q2") return Downlink::kQ2;
+  if (s == "q3-mirror") return Downlink::kQ3Mirror;
+  if (s == "q2-mirror") return Downlink::kQ2Mirror;
   STARLING_THROW(ConfigError,
-                 "downlink must be dense, fp16, delta, topk, q8, q4, stc, q3 or q2, got '", s, "'");
+                 "downlink must be dense, fp16, delta, topk, q8, q4, stc, q3, q2, q3-mirror or "
+                 "q2-mirror, got '",
+                 s, "'");
 }
 
 uint32_t downlinkLevels(Downlink d) {
@@ -37,8 +41,12 @@ uint32_t downlinkLevels(Downlink d) {
 }
 
 uint32_t downlinkBlockBits(Downlink d) {
-  return d == Downlink::kQ3 ? 3u : d == Downlink::kQ2 ? 2u : 0u;
+  return d == Downlink::kQ3 || d == Downlink::kQ3Mirror   ? 3u
+         : d == Downlink::kQ2 || d == Downlink::kQ2Mirror ? 2u
+                                                          : 0u;
 }
+
+bool downlinkMirrored(Downlink d) { return d == Downlink::kQ3Mirror || d == Downlink::kQ2Mirror; }
 
 bool downlinkPerHeld(Downlink d) {
   return d == Downlink::kDelta || d == Downlink::kTopK || d == Downlink::kStc ||
@@ -154,6 +162,10 @@ const char* downlinkName(Downlink d) {
       return "q3";
     case Downlink::kQ2:
       return "q2";
+    case Downlink::kQ3Mirror:
+      return "q3-mirror";
+    case Downlink::kQ2Mirror:
+      return "q2-mirror";
   }
   return "?";
 }
@@ -185,6 +197,9 @@ ModelStore ModelStore::forDownlink(std::shared_ptr<const ParamLayout> layout, Do
     m.refresh_history_ = history;
     return m;
   }
+  // The mirrored downlinks encode against each client's copy (server/client_copies.h): the
+  // store is the model alone.
+  if (downlinkMirrored(mode)) return ModelStore(std::move(layout), 0);
   if (const uint32_t bits = downlinkBlockBits(mode); bits > 0) {
     ModelStore m(std::move(layout), 0, 0.0, 0);
     m.block_bits_ = bits;
@@ -283,6 +298,16 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
           quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), levels_));
     return out;
   }
+  if (downlinkMirrored(mode)) {
+    // Here only what a client without a copy is sent: the whole model in blocks (base 0).
+    // Against a client's copy: ClientCopies::encode.
+    STARLING_CHECK_ARG(!lossy(), "a ", downlinkName(mode),
+                       " task from a store of another downlink");
+    for (const auto& t : tensors)
+      out.tensors.push_back(quantizeBlocks(std::span<const float>(cur).subspan(t.offset, t.numel),
+                                           downlinkBlockBits(mode), kDownlinkBlock));
+    return out;
+  }
   // q8, q4, q3 and q2: the store keeps one refresh.
   const uint32_t levels = downlinkLevels(mode), bits = downlinkBlockBits(mode);
   if (levels > 0 || bits > 0) {
@@ -355,7 +380,7 @@ size_t ModelStore::chainStart(uint64_t held) const {
 }
 
 uint64_t ModelStore::baseFor(uint64_t held, Downlink mode) const {
-  if (held == 0) return 0;
+  if (held == 0 || downlinkMirrored(mode)) return 0;
   if (mode == Downlink::kStc)
     return held == version() || chainStart(held) < refreshes_.size() ? held : 0;
   if (downlinkLevels(mode) > 0 || downlinkBlockBits(mode) > 0)

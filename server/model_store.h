@@ -66,14 +66,31 @@ class ByteWriter;
 namespace starling::server {
 
 // Appended only: the asynchronous simulation's checkpoint holds the mode as its number.
-enum class Downlink { kDense, kFp16, kDelta, kTopK, kQ8, kQ4, kStc, kQ3, kQ2 };
-// "dense", "fp16", "delta", "topk", "q8", "q4", "stc", "q3", "q2"; ConfigError otherwise.
+enum class Downlink {
+  kDense,
+  kFp16,
+  kDelta,
+  kTopK,
+  kQ8,
+  kQ4,
+  kStc,
+  kQ3,
+  kQ2,
+  kQ3Mirror,
+  kQ2Mirror
+};
+// "dense", "fp16", "delta", "topk", "q8", "q4", "stc", "q3", "q2", "q3-mirror", "q2-mirror";
+// ConfigError otherwise.
 Downlink parseDownlink(std::string_view s);
 const char* downlinkName(Downlink d);
 // The QSGD levels of a quantised downlink: 127 (q8), 7 (q4), 0 for the others.
 uint32_t downlinkLevels(Downlink d);
-// The bits a value of a block-scaled downlink: 3 (q3), 2 (q2), 0 for the others.
+// The bits a value of a block-scaled downlink: 3 (q3, q3-mirror), 2 (q2, q2-mirror), 0 for the
+// others.
 uint32_t downlinkBlockBits(Downlink d);
+// Whether `d` is a mirrored downlink (q3-mirror, q2-mirror: each client sent the difference from
+// its own copy, which the fleet keeps; server/client_copies.h). Its ModelStore is a plain one.
+bool downlinkMirrored(Downlink d);
 // The values of a block-scaled downlink's block (each has a step of its own: a byte).
 inline constexpr uint32_t kDownlinkBlock = 64;
 // Whether a task's encoding depends on the version the client holds (delta, topk, q8, q4, stc, q3,

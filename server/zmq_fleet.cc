@@ -587,17 +587,27 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   // apart).
   const bool dense = !peerDecodes(t.downlink, peer.info.qsgd_downlink, peer.info.stc_downlink,
                                   peer.info.block_downlink);
-  const uint64_t key = dense ? ~uint64_t{0} : t.model.baseFor(held, t.downlink);
-  auto it = ph.encoded.find(key);
-  if (it == ph.encoded.end()) {
-    // One encoding per version held; the nonce is patched per client.
-    PhaseTask as_sent = t;
-    if (dense) as_sent.downlink = Downlink::kDense;
-    it = ph.encoded.emplace(key, encodeTask(as_sent, dense ? 0 : key)).first;
+  std::vector<uint8_t> own;  // a mirrored downlink's task: this client's alone
+  std::vector<uint8_t>* msgp = &own;
+  if (!dense && downlinkMirrored(t.downlink) && t.header.phase == 0) {
+    // Against the copy the fleet keeps of this client's model (its own difference, not cached).
+    if (!copies_) copies_.emplace(*layout_, downlinkBlockBits(t.downlink), config_.downlink_copies);
+    own = encodeTask(
+        t, copies_->encode(peer.info.id, held, t.model.current(), t.header.model_version), nonce);
+  } else {
+    const uint64_t key = dense ? ~uint64_t{0} : t.model.baseFor(held, t.downlink);
+    auto it = ph.encoded.find(key);
+    if (it == ph.encoded.end()) {
+      // One encoding per version held; the nonce is patched per client.
+      PhaseTask as_sent = t;
+      if (dense) as_sent.downlink = Downlink::kDense;
+      it = ph.encoded.emplace(key, encodeTask(as_sent, dense ? 0 : key)).first;
+    }
+    msgp = &it->second;
   }
   // Patched in place: send() copies the bytes into ZeroMQ's messages before it returns, so the
   // cached buffer serves every client without a model-sized copy each.
-  std::vector<uint8_t>& msg = it->second;
+  std::vector<uint8_t>& msg = *msgp;
   pr::setTaskNonce(msg, nonce);
   if (t.control_acks && !t.header.control.empty()) {
     // encodeTask writes the field in every task with a control variate, so this cannot throw.

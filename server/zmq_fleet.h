@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "protocol/codec.h"
 #include "server/async_engine.h"
+#include "server/client_copies.h"
 #include "server/engine.h"
 #include "transport/socket.h"
 
@@ -49,6 +50,10 @@ struct FleetConfig {
   // The ids that may register as edge aggregators (their partial aggregates carry the weight of
   // many clients); every other id may only be a client.
   std::set<uint64_t> aggregator_ids;
+  // A mirrored downlink (q3-mirror, q2-mirror): the most clients whose copy the fleet keeps
+  // (server/client_copies.h; not in the root's checkpoint: after a restart each client's next task
+  // carries the whole model).
+  size_t downlink_copies = 1000;
   // The time deadlines, silence and waits are measured in (core/clock.h; a test moves it forward).
   const Clock* clock = &steadyClock();
   void validate() const;
@@ -67,6 +72,9 @@ class ZmqFleet final : public Fleet {
   ~ZmqFleet() override;
 
   std::string endpoint() const;
+  // A mirrored downlink's copies of the clients' models (null before its first task, or with
+  // another downlink); read between rounds, on the fleet's thread.
+  const ClientCopies* clientCopies() const { return copies_ ? &*copies_ : nullptr; }
   uint64_t session() const { return session_; }
 
   ClientPool waitForClients(size_t min, std::chrono::milliseconds timeout,
@@ -304,6 +312,7 @@ class ZmqFleet final : public Fleet {
 
   FleetConfig config_;
   std::shared_ptr<const ParamLayout> layout_;
+  std::optional<ClientCopies> copies_;  // a mirrored downlink's, made with its first task
   std::shared_ptr<spdlog::logger> log_;
   transport::ServerSocket socket_;
   protocol::Decoder decoder_;

@@ -74,6 +74,9 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
       state_(trainer.layout().fingerprint()) {
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
   if (config_.secure_signed) authority_ = simAuthority(config_.seed);
+  if (server::downlinkMirrored(config_.downlink))
+    copies_.emplace(trainer.layout(), server::downlinkBlockBits(config_.downlink),
+                    config_.downlink_copies);
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
   // The pool's ids travel as 4 bytes (waitForClients' list of those online).
@@ -199,7 +202,19 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
     b.up[i] = participants[i].id == 0 ? b.update_of_zero : b.update;
   const bool per_client = h.phase == 0 && server::downlinkPerHeld(task.downlink);
   held_before_.clear();
-  if (per_client) {
+  if (per_client && server::downlinkMirrored(task.downlink)) {
+    // Each participant's task against its own copy (every worker encodes them all, so the copies
+    // are the same everywhere); the copy is what it trains from.
+    STARLING_CHECK_ARG(copies_.has_value(), "a ", server::downlinkName(task.downlink),
+                       " task to a fleet configured for another downlink");
+    for (size_t i = 0; i < participants.size(); ++i) {
+      const auto it = held_.find(participants[i].id);
+      const uint64_t v = it == held_.end() ? 0 : it->second;
+      b.down[i] = server::encodeTask(task, copies_->encode(participants[i].id, v,
+                                                           task.model.current(), h.model_version))
+                      .size();
+    }
+  } else if (per_client) {
     std::map<uint64_t, uint64_t>
         size_for;  // one encoding per version held, as ZmqFleet caches them
     for (size_t i = 0; i < participants.size(); ++i) {
@@ -209,6 +224,8 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
       if (fresh) pos->second = server::encodeTask(task, v).size();
       b.down[i] = pos->second;
     }
+  }
+  if (per_client) {
     for (const auto& c : participants) {
       const auto it = held_.find(c.id);
       held_before_[c.id] = it == held_.end() ? 0 : it->second;
@@ -297,6 +314,8 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   // model decoded from its task when it was not one version behind (the same for all of them).
   server::ModelStore::WholeModelCache whole;
   const auto modelOf = [&](uint64_t id) {
+    if (copies_ && server::downlinkMirrored(task.downlink) && h.phase == 0)
+      return copies_->copy(id);
     const auto it = held_before_.find(id);
     return task.model.clientModel(it == held_before_.end() ? 0 : it->second, task.downlink, whole);
   };
@@ -740,14 +759,16 @@ void SimFleet::gatherModel(std::span<float> model) {
   coll_.allGather(model);
 }
 
-// The fleet's part of the checkpoint: version 4 | u32 workers | u64 count, then (client, model
+// The fleet's part of the checkpoint: version 6 | u32 workers | u64 count, then (client, model
 // version held) pairs (what delta downlinks cost), then f64 the simulated clock (version 4; the
-// devices' windows of time follow it). Versions 1 and 2 had a SCAFFOLD flag and c after
-// the worker count (the simulator kept c before the round engine did): read without SCAFFOLD.
+// devices' windows of time follow it), the devices' fingerprint (5), and u8 whether the clients'
+// copies of a mirrored downlink follow, then them (6: server::ClientCopies::write). Versions 1 and
+// 2 had a SCAFFOLD flag and c after the worker count (the simulator kept c before the round engine
+// did): read without SCAFFOLD.
 std::vector<uint8_t> SimFleet::saveState() const {
   std::vector<uint8_t> bytes;
   ByteWriter w(bytes);
-  w.u32(5);
+  w.u32(6);
   w.u32(static_cast<uint32_t>(coll_.size()));
   w.u64(held_.size());
   for (const auto& [id, v] : held_) {
@@ -756,13 +777,15 @@ std::vector<uint8_t> SimFleet::saveState() const {
   }
   w.f64(clock_);
   w.u64(clients_.devices.fingerprint());  // version 5
+  w.u8(copies_ ? 1 : 0);                  // version 6
+  if (copies_) copies_->write(w);
   return bytes;
 }
 
 void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   ByteReader r(bytes, "the simulator's state in the checkpoint");
   const uint32_t version = r.u32();
-  if (version < 1 || version > 5) r.fail("version ", version, " is not 1 to 5");
+  if (version < 1 || version > 6) r.fail("version ", version, " is not 1 to 6");
   // Clients' states are where the run's workers left them (homes): the same workers must go on.
   if (const uint32_t w = r.u32(); w != static_cast<uint32_t>(coll_.size()))
     r.fail("the run had ", w, " worker(s), this one has ", coll_.size(),
@@ -791,8 +814,17 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
     r.fail(
         "it was written for another device population (devices.*: the speeds, bandwidths and "
         "availability, their seed, or the trace files): resume with the same");
+  const bool had_copies = version >= 6 && r.u8() != 0;
+  if (had_copies != copies_.has_value())
+    r.fail(had_copies ? "it was written by a run with a mirrored downlink (q3-mirror, q2-mirror)"
+                      : "it was written by a run without a mirrored downlink",
+           ", this one is ", server::downlinkName(config_.downlink),
+           ": resume with the run's downlink.mode");
+  std::optional<server::ClientCopies> copies = copies_;
+  if (copies) copies->read(r);
   r.finish();
   // Only a state read whole changes the fleet.
+  copies_ = std::move(copies);
   held_ = std::move(held);
   clock_ = clock;
   waited_round_ = 0;  // the next call is a round's first

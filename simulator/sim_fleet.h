@@ -43,6 +43,7 @@
 #include "client/trainer.h"
 #include "compression/compressor.h"
 #include "data/partition.h"
+#include "server/client_copies.h"
 #include "server/engine.h"
 #include "simulator/collectives.h"
 #include "simulator/device_model.h"
@@ -78,6 +79,11 @@ struct SimFleetConfig {
   // secagg.threat = malicious-server: the clients sign their advertised keys with signing keys
   // certified by simAuthority(seed), and check their neighbours' (as deployed clients do).
   bool secure_signed = false;
+  // The downlink (server::EngineConfig::downlink): a mirrored one (q3-mirror, q2-mirror) makes the
+  // fleet keep every client's copy (server::ClientCopies, the same on every worker: each encodes
+  // every participant's task) and train each client from its own; at most `downlink_copies`.
+  server::Downlink downlink = server::Downlink::kDense;
+  size_t downlink_copies = 1000;
 };
 
 // Under secagg.threat = malicious-server a simulation plays the federation's authority itself:
@@ -235,6 +241,7 @@ class SimFleet final : public server::Fleet, public server::FleetWorkers {
   // The phase's participants' versions before its task (a quantised downlink's clients train
   // from what their task gives them).
   std::map<uint64_t, uint64_t> held_before_;
+  std::optional<server::ClientCopies> copies_;  // a mirrored downlink's (SimFleetConfig)
   uint64_t assignment_round_ = 0;
   double clock_ = 0.0;         // simulated seconds since the run began (the same everywhere)
   uint64_t waited_round_ = 0;  // the round of the last waitForClients call

@@ -65,6 +65,22 @@ class SlowTrainer final : public WrappedTrainer {
   std::chrono::nanoseconds duration_;
 };
 
+// A trainer that shows each fit's starting model to `seen` first.
+class FitRecorder final : public WrappedTrainer {
+ public:
+  FitRecorder(std::unique_ptr<client::Trainer> inner,
+              std::function<void(std::span<const float>)> seen)
+      : WrappedTrainer(std::move(inner)), seen_(std::move(seen)) {}
+  client::FitResult fit(std::span<float> params, const client::DataView& data,
+                        const client::FitConfig& cfg, RngStream& rng) override {
+    seen_(params);
+    return WrappedTrainer::fit(params, data, cfg, rng);
+  }
+
+ private:
+  std::function<void(std::span<const float>)> seen_;
+};
+
 // A client on a slow device (WaitTrainer): each fit waits `wait` of the federation's clock.
 struct SlowDevice {
   std::chrono::milliseconds wait{0};
@@ -135,6 +151,13 @@ class InprocFederation {
         records_.push_back(std::move(r));
         const auto m = engine.model().current();
         model_.assign(m.begin(), m.end());
+        if (const server::ClientCopies* copies = fleet.clientCopies()) {
+          auto& kept = copies_.emplace_back();
+          for (uint64_t id : copies->ids()) {
+            const auto c = copies->copy(id);
+            kept[id].assign(c.begin(), c.end());
+          }
+        }
         control_ = engine.control();
         cv_.notify_all();
       }
@@ -262,6 +285,11 @@ class InprocFederation {
         if (wait.count() > 0)
           trainer = std::make_unique<WaitTrainer>(std::move(trainer), clock_, wait);
         if (waves) trainer = std::make_unique<WaveTrainer>(std::move(trainer), *waves);
+        if (record_fits_)
+          trainer = std::make_unique<FitRecorder>(std::move(trainer), [this, id](auto params) {
+            std::lock_guard lock(mu_);
+            fits_[id].emplace_back(params.begin(), params.end());
+          });
         const client::DataView tv{&train_, shards_.at(id)};
         const client::DataView ev = test_ && id < test_shards_.size()
                                         ? client::DataView{test_, test_shards_[id]}
@@ -373,6 +401,17 @@ class InprocFederation {
   std::vector<server::RoundRecord> records() {
     std::lock_guard lock(mu_);
     return records_;
+  }
+  // A mirrored downlink's: the root's copy of each client's model after each round.
+  std::vector<std::map<uint64_t, std::vector<float>>> copies() {
+    std::lock_guard lock(mu_);
+    return copies_;
+  }
+  // Every client started after this keeps the model each of its fits began from (fits()).
+  void recordFits() { record_fits_ = true; }
+  std::vector<std::vector<float>> fits(uint64_t id) {
+    std::lock_guard lock(mu_);
+    return fits_[id];
   }
   std::vector<float> model() {
     std::lock_guard lock(mu_);
@@ -486,6 +525,9 @@ class InprocFederation {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<server::RoundRecord> records_;
+  std::vector<std::map<uint64_t, std::vector<float>>> copies_;
+  bool record_fits_ = false;
+  std::map<uint64_t, std::vector<std::vector<float>>> fits_;
   std::vector<float> model_, control_;
   bool root_done_ = false;
   std::optional<uint64_t> resumed_buffered_;

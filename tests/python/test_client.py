@@ -309,25 +309,29 @@ class PythonClientTest(unittest.TestCase):
                 out[lo:lo + block] = best[1]
             return out.astype(np.float32)
 
-        port = free_port()
-        self.fed.root(port, ["client-0"], rounds=3,
-                      extra=["--sampling.min_available", "1", "--downlink.mode", "q2"])
-        a = Shifter(1.0, 10, 1.0)
-        c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
-        runs = [run_in_thread(c)]
-        join(runs, [c])
-        self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
-        self.assertEqual(len(a.seen), 3)
-        for p in a.seen[0]:
-            self.assertFalse(p.any())  # the root's first model: zeros, sent whole
-        x1 = [np.ones(p.shape, np.float32) for p in a.seen[0]]
-        for got, x in zip(a.seen[1], x1):
-            np.testing.assert_array_equal(got, blockq(x.ravel()).reshape(x.shape))
-            self.assertFalse(np.array_equal(got, x))  # lossy: 2 bits, not the exact 1.0
-        for got, held, x in zip(a.seen[2], a.seen[1], x1):
-            x2 = x + ((held + np.float32(1)) - held)
-            want = held + blockq((x2 - held).ravel()).reshape(x.shape)
-            np.testing.assert_array_equal(got, want)
+        # q2-mirror (the root keeps the client's copy and sends the difference from it) sends this
+        # one client, one version behind every round, what q2 sends: the same models.
+        for mode in ("q2", "q2-mirror"):
+            with self.subTest(mode):
+                port = free_port()
+                self.fed.root(port, ["client-0"], rounds=3,
+                              extra=["--sampling.min_available", "1", "--downlink.mode", mode])
+                a = Shifter(1.0, 10, 1.0)
+                c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
+                runs = [run_in_thread(c)]
+                join(runs, [c])
+                self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+                self.assertEqual(len(a.seen), 3)
+                for p in a.seen[0]:
+                    self.assertFalse(p.any())  # the root's first model: zeros, sent whole
+                x1 = [np.ones(p.shape, np.float32) for p in a.seen[0]]
+                for got, x in zip(a.seen[1], x1):
+                    np.testing.assert_array_equal(got, blockq(x.ravel()).reshape(x.shape))
+                    self.assertFalse(np.array_equal(got, x))  # lossy: 2 bits, not the exact 1.0
+                for got, held, x in zip(a.seen[2], a.seen[1], x1):
+                    x2 = x + ((held + np.float32(1)) - held)
+                    want = held + blockq((x2 - held).ravel()).reshape(x.shape)
+                    np.testing.assert_array_equal(got, want)
 
     def test_a_bad_result_raises_before_anything_is_sent(self):
         zeros = [np.zeros(s, np.float32) for _, s in LAYOUT]

@@ -1498,3 +1498,57 @@ TEST_CASE(
   CHECK(first == 0.01);
   CHECK(last > 2 * first);
 }
+
+TEST_CASE(
+    "a mirrored downlink: one worker and two give the same bytes, a resumed run the uninterrupted "
+    "one's, and what cannot take it is refused",
+    "[simulator][integration]") {
+  TempDir dir("simmirror");
+  const auto run = [&](const std::string& tag, int workers, int rounds, const std::string& mode) {
+    runSimToEnd(with(simArgs(dir, tag, workers, rounds), {"--downlink.mode", mode}),
+                dir / (tag + ".log"));
+    return readLines(dir / (tag + ".jsonl"));
+  };
+  const auto one = run("one", 1, 6, "q2-mirror");
+  const auto two = run("two", 2, 6, "q2-mirror");
+  const auto dense = run("dense", 1, 6, "dense");
+  REQUIRE(one.size() == 6);
+  REQUIRE(two.size() == 6);
+  REQUIRE(dense.size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    INFO(i);
+    CHECK(field(one[i], "downlink_bytes") == field(two[i], "downlink_bytes"));
+    CHECK(field(one[i], "uplink_bytes") == field(two[i], "uplink_bytes"));
+    CHECK(std::stod(field(one[i], "train_loss")) ==
+          Approx(std::stod(field(two[i], "train_loss"))).epsilon(1e-5));
+    // 2.125 bits a value and the task's framing, against 32.
+    CHECK(std::stoull(field(one[i], "downlink_bytes")) * 12 <
+          std::stoull(field(dense[i], "downlink_bytes")));
+  }
+  CHECK(std::stod(field(one[5], "test_accuracy")) > 0.5);
+  // Killed after round 3 (the checkpoint and the clients' copies in it), resumed on two workers:
+  // the uninterrupted run, bit for bit.
+  run("resumed", 2, 3, "q2-mirror");
+  const auto resumed = run("resumed", 2, 6, "q2-mirror");
+  REQUIRE(resumed.size() == 6);
+  for (size_t i = 0; i < 6; ++i)
+    for (const char* key : {"downlink_bytes", "uplink_bytes", "train_loss", "test_accuracy"}) {
+      INFO(i << " " << key);
+      CHECK(field(resumed[i], key) == field(two[i], key));
+    }
+  const auto [diff, scale] = modelDiff(dir / "resumed.ckpt", dir / "two.ckpt");
+  CHECK(scale > 0);
+  CHECK(diff == 0);
+  // Resumed with another downlink: refused, the checkpoint kept.
+  Proc other(with(simArgs(dir, "resumed", 2, 8), {"--downlink.mode", "dense"}), dir / "other.log");
+  CHECK(other.wait(seconds(120)) != 0);
+  INFO(readText(dir / "other.log"));
+  CHECK(readText(dir / "other.log").find("mirrored downlink") != std::string::npos);
+  CHECK(readCheckpoint(dir / "resumed.ckpt").next_round == 7);
+  // Buffered rounds keep no copies (yet): refused before anything runs.
+  Proc buffered(with(simArgs(dir, "buffered", 1, 2),
+                     {"--downlink.mode", "q3-mirror", "--round.mode", "async"}),
+                dir / "buffered.log");
+  CHECK(buffered.wait(seconds(120)) == 2);
+  CHECK(readText(dir / "buffered.log").find("downlink.mode = q3-mirror") != std::string::npos);
+}

@@ -1,0 +1,74 @@
+#pragma once
+// The mirrored block-scaled downlinks (modes q3-mirror and q2-mirror): the server keeps a copy of
+// the model each client holds, bit for bit, and sends each client the difference between the
+// server's model and that copy, in the block-scaled levels of q3 and q2 (compression::BlockQ, the
+// same payload and the same bytes), as a refresh against the version the client holds. A client
+// adds it to its copy as it adds any block-scaled refresh (protocol::applyModel), so no client
+// code changes; the server adds the same decoded values to its mirror with the same float
+// additions, so the two copies stay equal.
+//
+// Why: with the shared broadcast model of q3 and q2 (server/model_store.h), a client that was not
+// sampled in the round before gets the whole model in 3 or 2 bits, and with 10 of 100 clients a
+// round that is nearly every task; the levels then span the weights themselves. The difference
+// from the client's own copy spans only what changed since it last took part, and what its
+// levels round away stays in the copy's difference and is sent with the next (error feedback per
+// client). Tasks cost the same bytes as q3's and q2's.
+//
+// The cost is memory: a model's floats per client kept (`capacity` of them at most; past that the
+// least recently sent is dropped, and that client's next task is the whole model in low bits). A
+// client whose copy is not of the version it holds (it restarted, a task was lost, the server
+// restarted without its copies) gets the whole model too: nothing is lost but bytes.
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "core/param_layout.h"
+#include "server/model_store.h"
+
+namespace starling {
+class ByteReader;
+class ByteWriter;
+}  // namespace starling
+
+namespace starling::server {
+
+class ClientCopies {
+ public:
+  // `bits` 1..8 a value (3 or 2 for the modes); `capacity` >= 1 copies kept.
+  ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity);
+
+  // What the task of `version` carries to client `id`, which holds `held` (0: nothing): the
+  // difference between `model` and the client's copy against `held` when the copy kept is of that
+  // version (an empty delta when that is `version` itself), else the whole model (base 0). The copy
+  // is then what the client holds once it applied the task (of `version`).
+  EncodedModel encode(uint64_t id, uint64_t held, std::span<const float> model, uint64_t version);
+  // The copy client `id` holds after its last encode(); empty when none is kept.
+  std::span<const float> copy(uint64_t id) const;
+  // The version of that copy (0: none kept).
+  uint64_t versionOf(uint64_t id) const;
+  size_t size() const { return copies_.size(); }
+  std::vector<uint64_t> ids() const;  // the clients whose copy is kept, ascending
+  size_t capacity() const { return capacity_; }
+
+  // For a checkpoint: every copy kept, with its version and recency. read() replaces them (an
+  // IoError for another model's size, more copies than the capacity, or damaged bytes; the copies
+  // are then as they were).
+  void write(ByteWriter& w) const;
+  void read(ByteReader& r);
+
+ private:
+  struct Copy {
+    uint64_t version = 0;
+    uint64_t used = 0;  // the sends' counter when it was last sent: the least recent goes first
+    std::vector<float> values;
+  };
+  ParamLayout layout_;
+  uint32_t bits_;
+  size_t capacity_;
+  uint64_t sends_ = 0;
+  std::map<uint64_t, Copy> copies_;
+  std::vector<float> diff_;  // reused
+};
+
+}  // namespace starling::server

@@ -1,0 +1,233 @@
+// The mirrored block-scaled downlinks' copies (server/client_copies.h): a client that applies what
+// it is sent, as a deployed one does (protocol::applyModel), holds the server's copy bit for bit;
+// the difference from its own copy closes on the model where the whole model in the same bits
+// cannot; the bounds, the refusals and the checkpoint.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "compression/payload.h"
+#include "core/bytes.h"
+#include "core/error.h"
+#include "protocol/control.h"
+#include "server/client_copies.h"
+#include "server/model_store.h"
+
+namespace {
+using namespace starling;
+namespace cz = starling::compression;
+
+ParamLayout twoTensors() {
+  ParamLayout l;
+  l.add("w", {30, 70});  // 2,100 values: 33 blocks, the last one short
+  l.add("b", {50});
+  return l;
+}
+
+std::vector<float> gaussian(size_t n, uint64_t seed, double sd) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<double> d(0.0, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(d(g));
+  return v;
+}
+
+double sqDist(std::span<const float> a, std::span<const float> b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += std::pow(double(a[i]) - double(b[i]), 2);
+  return s;
+}
+
+bool sameBits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A deployed client's side: its copy and the version it holds, updated as the runtime does.
+struct Client {
+  std::vector<float> model;
+  uint64_t held = 0;
+  void apply(const ParamLayout& layout, const server::EncodedModel& m, uint64_t version) {
+    protocol::applyModel(layout, held, m.base_version, m.tensors, model);
+    held = version;
+  }
+};
+}  // namespace
+
+TEST_CASE("a mirrored downlink's client holds the server's copy bit for bit, and its copy closes on "
+          "the model",
+          "[server][downlink]") {
+  const ParamLayout layout = twoTensors();
+  const size_t n = layout.numel();
+  for (const uint32_t bits : {3u, 2u}) {
+    CAPTURE(bits);
+    server::ClientCopies copies(layout, bits, 8);
+    Client c;
+    c.model.assign(n, 0.0f);
+    // The server's model drifts a little each version, as training moves it.
+    std::vector<float> x = gaussian(n, 1, 0.1);
+    const auto step = [&](uint64_t seed) {
+      const auto d = gaussian(n, seed, 0.002);
+      for (size_t i = 0; i < n; ++i) x[i] += d[i];
+    };
+    // The first task is the whole model, in the blocks' levels.
+    server::EncodedModel m = copies.encode(7, 0, x, 1);
+    CHECK(m.base_version == 0);
+    REQUIRE(m.tensors.size() == 2);
+    for (const auto& p : m.tensors) CHECK(std::holds_alternative<cz::BlockQ>(p));
+    c.apply(layout, m, 1);
+    REQUIRE(sameBits(c.model, copies.copy(7)));
+    CHECK(copies.versionOf(7) == 1);
+    const double whole_error = sqDist(c.model, x);
+    CHECK(whole_error > 0);
+    // Then versions 3, 6, 9, ...: each task the difference from its copy, against the version it
+    // holds; the copies stay equal, and the copy's error falls far below the whole model's.
+    double error = whole_error;
+    for (uint64_t v = 3; v <= 30; v += 3) {
+      step(v);
+      step(v + 1000);
+      step(v + 2000);
+      m = copies.encode(7, c.held, x, v);
+      CHECK(m.base_version == c.held);
+      c.apply(layout, m, v);
+      REQUIRE(sameBits(c.model, copies.copy(7)));
+      error = sqDist(c.model, x);
+    }
+    // The whole model in the same bits at the last version, for comparison.
+    server::ClientCopies fresh(layout, bits, 1);
+    Client w;
+    w.model.assign(n, 0.0f);
+    w.apply(layout, fresh.encode(1, 0, x, 30), 30);
+    const double whole_now = sqDist(w.model, x);
+    CAPTURE(whole_error, whole_now, error);
+    CHECK(error < whole_now / (bits == 3 ? 50 : 10));
+    // The server's model standing still, each task takes more of the remaining gap.
+    double before = error;
+    for (uint64_t v = 31; v <= 34; ++v) {
+      m = copies.encode(7, c.held, x, v);
+      c.apply(layout, m, v);
+      REQUIRE(sameBits(c.model, copies.copy(7)));
+      const double now = sqDist(c.model, x);
+      CHECK(now < before);
+      before = now;
+    }
+    // A client that holds the task's version already gets an empty delta: its copy unchanged
+    // whether it applies it or not (a task sent again).
+    const std::vector<float> held(c.model);
+    m = copies.encode(7, 34, x, 34);
+    CHECK(m.base_version == 34);
+    for (const auto& p : m.tensors) CHECK(std::get<cz::Sparse>(p).indices.empty());
+    c.apply(layout, m, 34);
+    CHECK(sameBits(c.model, held));
+    CHECK(sameBits(copies.copy(7), held));
+    // A client that says it holds another version than its copy's (it restarted, a task was lost)
+    // gets the whole model again, and its copy is that.
+    m = copies.encode(7, 31, x, 35);
+    CHECK(m.base_version == 0);
+    Client restarted;
+    restarted.model.assign(n, 1.0f);  // whatever it held, the whole model replaces it
+    restarted.held = 31;
+    restarted.apply(layout, m, 35);
+    CHECK(sameBits(restarted.model, copies.copy(7)));
+    CHECK(sameBits(restarted.model, w.model));  // the same levels as any whole model of x
+  }
+}
+
+TEST_CASE("a mirrored downlink keeps at most its capacity of copies, the least recently sent "
+          "dropped",
+          "[server][downlink]") {
+  const ParamLayout layout = twoTensors();
+  const auto x = gaussian(layout.numel(), 3, 0.1);
+  server::ClientCopies copies(layout, 2, 2);
+  copies.encode(1, 0, x, 1);
+  copies.encode(2, 0, x, 1);
+  copies.encode(1, 1, x, 2);  // client 1 sent again: client 2 is now the least recent
+  copies.encode(3, 0, x, 2);
+  CHECK(copies.size() == 2);
+  CHECK(copies.versionOf(2) == 0);
+  CHECK(copies.copy(2).empty());
+  CHECK(copies.versionOf(1) == 2);
+  CHECK(copies.versionOf(3) == 2);
+  // Client 2 comes back holding version 1: its copy is gone, so the whole model.
+  CHECK(copies.encode(2, 1, x, 3).base_version == 0);
+  CHECK(copies.versionOf(1) == 0);  // and client 1 went (sent at 3, client 3 at 4)
+  CHECK_THROWS_AS(server::ClientCopies(layout, 2, 0), InvalidArgument);
+  CHECK_THROWS_AS(server::ClientCopies(layout, 9, 1), InvalidArgument);
+  CHECK_THROWS_AS(copies.encode(2, 0, std::vector<float>(5), 4), InvalidArgument);
+}
+
+TEST_CASE("a mirrored downlink's copies come back from a checkpoint, or are refused",
+          "[server][downlink]") {
+  const ParamLayout layout = twoTensors();
+  auto x = gaussian(layout.numel(), 5, 0.1);
+  server::ClientCopies copies(layout, 3, 4);
+  copies.encode(1, 0, x, 1);
+  copies.encode(4, 0, x, 1);
+  x[0] += 0.5f;
+  copies.encode(1, 1, x, 2);
+  std::vector<uint8_t> bytes;
+  ByteWriter w(bytes);
+  copies.write(w);
+  server::ClientCopies resumed(layout, 3, 4);
+  ByteReader r(bytes, "test");
+  resumed.read(r);
+  r.finish();
+  CHECK(resumed.size() == 2);
+  CHECK(resumed.versionOf(1) == 2);
+  CHECK(sameBits(resumed.copy(1), copies.copy(1)));
+  CHECK(sameBits(resumed.copy(4), copies.copy(4)));
+  // The next tasks are the uninterrupted store's, recency included.
+  x[1] -= 0.25f;
+  const auto a = copies.encode(1, 2, x, 3), b = resumed.encode(1, 2, x, 3);
+  CHECK(a.base_version == 2);
+  CHECK(b.base_version == 2);
+  CHECK(sameBits(resumed.copy(1), copies.copy(1)));
+  // Refused, the copies as they were: another bit width, a smaller capacity, another model's
+  // size, cut bytes.
+  const auto refused = [&](server::ClientCopies& into, std::span<const uint8_t> in) {
+    ByteReader rr(in, "test");
+    CHECK_THROWS_AS(into.read(rr), IoError);
+    CHECK(into.size() == 0);
+  };
+  server::ClientCopies q2(layout, 2, 4), small(layout, 3, 1);
+  refused(q2, bytes);
+  refused(small, bytes);
+  ParamLayout other;
+  other.add("w", {10});
+  server::ClientCopies wrong(other, 3, 4);
+  refused(wrong, bytes);
+  server::ClientCopies cut(layout, 3, 4);
+  refused(cut, std::span<const uint8_t>(bytes).first(bytes.size() - 3));
+}
+
+TEST_CASE("the mirrored downlinks' modes, names and store", "[server][downlink]") {
+  using server::Downlink;
+  for (const auto mode : {Downlink::kQ3Mirror, Downlink::kQ2Mirror}) {
+    CHECK(server::parseDownlink(server::downlinkName(mode)) == mode);
+    CHECK(server::downlinkMirrored(mode));
+    CHECK(server::downlinkPerHeld(mode));
+    CHECK(server::wholeModelQuantised(mode));  // refused by an edge aggregator
+    CHECK(server::peerDecodes(mode, true, true, true));
+    CHECK_FALSE(server::peerDecodes(mode, true, true, false));  // the others get it dense
+  }
+  CHECK(server::downlinkBlockBits(Downlink::kQ3Mirror) == 3);
+  CHECK(server::downlinkBlockBits(Downlink::kQ2Mirror) == 2);
+  CHECK_FALSE(server::downlinkMirrored(Downlink::kQ2));
+  // The store is the model alone; what it encodes is a client without a copy's task.
+  const auto layout = std::make_shared<const ParamLayout>(twoTensors());
+  auto store = server::ModelStore::forDownlink(layout, Downlink::kQ2Mirror, 4, 0.01);
+  CHECK_FALSE(store.lossy());
+  const auto x = gaussian(layout->numel(), 9, 0.1);
+  store.set(x, 1);
+  const auto m = store.encodeFor(1, Downlink::kQ2Mirror);
+  CHECK(m.base_version == 0);
+  server::ClientCopies copies(*layout, 2, 1);
+  const auto c = copies.encode(5, 0, x, 1);
+  REQUIRE(m.tensors.size() == c.tensors.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const auto& a = std::get<cz::BlockQ>(m.tensors[i]);
+    const auto& b = std::get<cz::BlockQ>(c.tensors[i]);
+    CHECK(a.exps == b.exps);
+    CHECK(a.packed == b.packed);
+  }
+}
