@@ -128,9 +128,6 @@ inline void checkRoundMode(const Settings& s, Program self, const server::Engine
   }
   if (e.sampling.overcommit != 1.0) no("over-commitment (sampling.overcommit)");
   if (e.sampling.poisson_rate > 0) no("Poisson sampling (sampling.poisson_rate)");
-  if (sim && server::downlinkMirrored(e.downlink))
-    no(std::string("downlink.mode = ") + server::downlinkName(e.downlink) +
-       " (the simulation's clients' copies are kept by its synchronous fleet only)");
   if (sim) {
     const bool semisync = s.round.mode == RoundMode::kSemisync;
     if (!semisync && s.round.deadline_seconds > 0)

@@ -342,6 +342,11 @@ int runRoot(const apps::Settings& c, const server::EngineConfig& ec,
   if (engine.resumed())
     log.info("resumed from {} at round {} (model version {})", ec.checkpoint, engine.nextRound(),
              engine.model().version());
+  if (server::downlinkMirrored(ec.downlink))
+    log.info(
+        "downlink {}: up to {} clients' copies of the model kept, {:.0f} MB", c.downlink.mode,
+        c.downlink.copies,
+        static_cast<double>(c.downlink.copies) * 4.0 * static_cast<double>(layout->numel()) / 1e6);
   log.info("compressor {} | rule {} | server optimizer {} | downlink {} | {} rounds{}",
            engine.scheme().compressor().spec(), engine.scheme().rule().spec(), ec.server_opt,
            c.downlink.mode, ec.rounds,

@@ -172,6 +172,17 @@ SimPlan planSimulation(const Settings& c) {
   p.world = p.launch.world_size > 1 ? static_cast<uint64_t>(p.launch.world_size) : c.sim.workers;
   p.buffered = buffered(c.round.mode);
   checkRoundMode(c, kSim, ec);
+  // A mirrored downlink keeps each participant's copy through its round (Poisson sampling's
+  // rounds are checked as they come: SimFleet).
+  if (server::downlinkMirrored(ec.downlink) && !p.buffered && c.sampling.poisson_rate == 0) {
+    const auto per_round = static_cast<uint64_t>(
+        std::ceil(static_cast<double>(c.sampling.clients_per_round) * c.sampling.overcommit));
+    if (per_round > c.downlink.copies)
+      STARLING_THROW(ConfigError, "downlink.copies = ", c.downlink.copies,
+                     " keeps fewer clients' copies than a round's ", per_round,
+                     " participants (sampling.clients_per_round times sampling.overcommit): "
+                     "raise it to at least that");
+  }
   // A robust rule needs every update in one place: across workers only streaming rules add up
   // (asynchronous workers each add every update).
   if (p.world > 1 && !p.buffered && !aggregation::makeRule(ec.scheme.rule)->streaming())
@@ -266,6 +277,12 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
       ec.scheme.compressor.c_str(), ec.scheme.rule.c_str(), world, world == 1 ? "" : "s",
       c.sim.backend.c_str(), plan.launch.source.c_str(),
       plan.device.cuda() ? (plan.device.str() + (world > 1 ? " (rank 0)" : "")).c_str() : "cpu");
+  if (server::downlinkMirrored(ec.downlink))
+    say("downlink %s: up to %llu clients' copies of the model, %.0f MB on every worker (twice that "
+        "with a checkpoint, which holds them all)\n",
+        server::downlinkName(ec.downlink), static_cast<unsigned long long>(c.downlink.copies),
+        static_cast<double>(c.downlink.copies) * 4.0 * static_cast<double>(parts.layout->numel()) /
+            1e6);
   say("data: train %s (%s); test %s\n", data::describe(train).c_str(),
       parts.loaded.train_path.c_str(),
       parts.test() ? (data::describe(*parts.test()) + " (" + parts.loaded.test_path + ")").c_str()
@@ -364,6 +381,7 @@ void runBuffered(const Settings& c, const SimPlan& plan, SimParts& parts,
   ac.checkpoint = ec.checkpoint;
   ac.device_update = parts.device_round.get();
   ac.workers = &workers;  // only the first one writes metrics and checkpoints
+  ac.downlink_copies = c.downlink.copies;
   sim::AsyncSimulation simulation(ac, parts.clients, trainer, store, server, parts.test());
   if (!lead) {  // the first worker reports
     simulation.run();

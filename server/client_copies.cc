@@ -17,43 +17,89 @@ ClientCopies::ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity)
   STARLING_CHECK_ARG(capacity_ >= 1, "client copies need room for one");
 }
 
+void ClientCopies::touch(uint64_t id, Copy& c) {
+  order_.erase({c.used, id});
+  c.used = ++sends_;
+  order_.insert({c.used, id});
+}
+
+const std::pair<EncodedModel, std::vector<float>>& ClientCopies::whole(std::span<const float> model,
+                                                                       uint64_t version) {
+  if (whole_version_ != version || whole_.second.empty()) {
+    whole_version_ = 0;
+    whole_.first = EncodedModel{};
+    whole_.second.assign(layout_.numel(), 0.0f);  // the client starts from zeros too
+    for (const TensorSpec& t : layout_.tensors()) {
+      cz::Payload p = quantizeBlocks(model.subspan(t.offset, t.numel), bits_, kDownlinkBlock);
+      cz::accumulatePayload(cz::view(p), t,
+                            std::span<float>(whole_.second).subspan(t.offset, t.numel), 1.0f);
+      whole_.first.tensors.push_back(std::move(p));
+    }
+    whole_version_ = version;
+  }
+  return whole_;
+}
+
 EncodedModel ClientCopies::encode(uint64_t id, uint64_t held, std::span<const float> model,
                                   uint64_t version) {
   STARLING_CHECK_ARG(model.size() == layout_.numel(), "a model of ", model.size(),
                      " values for a layout of ", layout_.numel());
+  STARLING_CHECK_ARG(version != 0, "a task of version 0");
   auto it = copies_.find(id);
+  if (it != copies_.end() && it->second.version == version && held == it->second.last_held &&
+      !it->second.last.tensors.empty()) {
+    touch(id, it->second);  // the same claim for the same version: the same task
+    return it->second.last;
+  }
   const bool against = held != 0 && it != copies_.end() && it->second.version == held;
+  if (!against && it != copies_.end() && it->second.version == version) {
+    // Sent again, claiming neither the first task's base nor its version: the client may apply
+    // this one or skip it, so its copy is not known; its next task is whole.
+    order_.erase({it->second.used, id});
+    copies_.erase(it);
+    return whole(model, version).first;
+  }
   if (it == copies_.end()) {
-    if (copies_.size() >= capacity_) {  // the least recently sent goes (the lowest id on a tie)
-      auto oldest = copies_.begin();
-      for (auto c = copies_.begin(); c != copies_.end(); ++c)
-        if (c->second.used < oldest->second.used) oldest = c;
+    if (copies_.size() >= capacity_) {  // the least recently sent goes
+      const uint64_t oldest = order_.begin()->second;
+      order_.erase(order_.begin());
       copies_.erase(oldest);
     }
     it = copies_.emplace(id, Copy{}).first;
+    it->second.used = ++sends_;
+    order_.insert({it->second.used, id});
+  } else {
+    touch(id, it->second);
   }
   Copy& c = it->second;
-  c.used = ++sends_;
   EncodedModel out;
-  out.base_version = against ? held : 0;
-  if (against && held == version) {
-    // It holds this version already (an evaluation task, a round not applied, a task sent
-    // again): an empty delta, its copy unchanged, whether or not it applies the task.
+  c.version = 0;  // until the copy is whole again (an exception leaves it never encoded against)
+  c.last = EncodedModel{};
+  if (!against) {
+    const auto& [task, values] = whole(model, version);
+    out = task;
+    c.values = values;
+  } else if (held == version) {
+    // It holds this version already (an evaluation task, a round not applied): an empty delta,
+    // its copy unchanged whether or not it applies the task.
+    out.base_version = held;
     out.tensors.assign(layout_.size(), cz::Sparse{});
-    return out;
+  } else {
+    out.base_version = held;
+    out.tensors.reserve(layout_.size());
+    for (const TensorSpec& t : layout_.tensors()) {
+      const std::span<float> mine(c.values.data() + t.offset, t.numel);
+      const std::span<const float> target = model.subspan(t.offset, t.numel);
+      diff_.resize(t.numel);
+      for (size_t i = 0; i < t.numel; ++i) diff_[i] = target[i] - mine[i];
+      cz::Payload p = quantizeBlocks(diff_, bits_, kDownlinkBlock);
+      // The client's own addition (protocol::applyModel): the copies stay equal bit for bit.
+      cz::accumulatePayload(cz::view(p), t, mine, 1.0f);
+      out.tensors.push_back(std::move(p));
+    }
   }
-  if (!against) c.values.assign(layout_.numel(), 0.0f);  // the client starts from zeros too
-  out.tensors.reserve(layout_.size());
-  for (const TensorSpec& t : layout_.tensors()) {
-    const std::span<float> mine(c.values.data() + t.offset, t.numel);
-    const std::span<const float> target = model.subspan(t.offset, t.numel);
-    diff_.resize(t.numel);
-    for (size_t i = 0; i < t.numel; ++i) diff_[i] = target[i] - mine[i];
-    cz::Payload p = quantizeBlocks(diff_, bits_, kDownlinkBlock);
-    // The client's own addition (protocol::applyModel): the copies stay equal bit for bit.
-    cz::accumulatePayload(cz::view(p), t, mine, 1.0f);
-    out.tensors.push_back(std::move(p));
-  }
+  c.last = out;
+  c.last_held = held;
   c.version = version;
   return out;
 }
@@ -78,8 +124,12 @@ uint64_t ClientCopies::versionOf(uint64_t id) const {
 void ClientCopies::write(ByteWriter& w) const {
   w.u32(bits_);
   w.u64(sends_);
-  w.u64(copies_.size());
+  // (A copy of version 0 was left by an encode that threw: not written, its client's next task
+  // is whole.)
+  w.u64(static_cast<uint64_t>(std::count_if(
+      copies_.begin(), copies_.end(), [](const auto& kv) { return kv.second.version != 0; })));
   for (const auto& [id, c] : copies_) {
+    if (c.version == 0) continue;
     w.u64(id);
     w.u64(c.version);
     w.u64(c.used);
@@ -110,7 +160,11 @@ void ClientCopies::read(ByteReader& r) {
              sends);
     if (!copies.emplace(id, std::move(c)).second) r.fail("client ", id, "'s copy twice");
   }
+  std::set<std::pair<uint64_t, uint64_t>> order;
+  for (const auto& [id, copy] : copies)
+    if (!order.insert({copy.used, id}).second) r.fail("two copies sent at ", copy.used);
   copies_ = std::move(copies);
+  order_ = std::move(order);
   sends_ = sends;
 }
 

@@ -20,7 +20,9 @@
 // restarted without its copies) gets the whole model too: nothing is lost but bytes.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/param_layout.h"
@@ -38,36 +40,53 @@ class ClientCopies {
   // `bits` 1..8 a value (3 or 2 for the modes); `capacity` >= 1 copies kept.
   ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity);
 
-  // What the task of `version` carries to client `id`, which holds `held` (0: nothing): the
-  // difference between `model` and the client's copy against `held` when the copy kept is of that
-  // version (an empty delta when that is `version` itself), else the whole model (base 0). The copy
-  // is then what the client holds once it applied the task (of `version`).
+  // What the task of `version` (of `model`: one model a version) carries to client `id`, which
+  // says it holds `held` (0: nothing), and the copy is then what the client holds once it applied
+  // the task:
+  // - the same claim as when this version was last encoded for it (a task sent again): the same
+  //   task, the copy unchanged (the client ends with it whether it applies the task or skips it);
+  // - its copy's version: the difference between `model` and the copy (an empty delta when that
+  //   is `version` itself: the copy unchanged);
+  // - anything else: the whole model (base 0), which becomes the copy; or, when the copy is of
+  //   `version` already (the task sent again, claiming neither), no copy is kept, since the client
+  //   may skip the task, and its next task is whole.
   EncodedModel encode(uint64_t id, uint64_t held, std::span<const float> model, uint64_t version);
   // The copy client `id` holds after its last encode(); empty when none is kept.
   std::span<const float> copy(uint64_t id) const;
   // The version of that copy (0: none kept).
   uint64_t versionOf(uint64_t id) const;
   size_t size() const { return copies_.size(); }
-  std::vector<uint64_t> ids() const;  // the clients whose copy is kept, ascending
   size_t capacity() const { return capacity_; }
+  std::vector<uint64_t> ids() const;  // the clients whose copy is kept, ascending
 
-  // For a checkpoint: every copy kept, with its version and recency. read() replaces them (an
-  // IoError for another model's size, more copies than the capacity, or damaged bytes; the copies
-  // are then as they were).
+  // For a checkpoint: every copy kept, with its version and recency (not the last task sent: a
+  // task sent again after a resume is encoded as a new one). read() replaces them (an IoError for
+  // another bit width, more copies than the capacity, another model's size, or damaged bytes; the
+  // copies are then as they were).
   void write(ByteWriter& w) const;
   void read(ByteReader& r);
 
  private:
   struct Copy {
-    uint64_t version = 0;
-    uint64_t used = 0;  // the sends' counter when it was last sent: the least recent goes first
+    uint64_t version = 0;  // 0 while it is being changed: never encoded against
+    uint64_t used = 0;     // the sends' counter when it was last sent: the least recent goes first
     std::vector<float> values;
+    uint64_t last_held = 0;  // what the client claimed when `last` was made for `version`
+    EncodedModel last;       // the task last sent (for a task sent again)
   };
+  void touch(uint64_t id, Copy& c);
+  // The whole model of `version` in blocks, and its decoded values (one encoding a version).
+  const std::pair<EncodedModel, std::vector<float>>& whole(std::span<const float> model,
+                                                           uint64_t version);
+
   ParamLayout layout_;
   uint32_t bits_;
   size_t capacity_;
   uint64_t sends_ = 0;
   std::map<uint64_t, Copy> copies_;
+  std::set<std::pair<uint64_t, uint64_t>> order_;  // (used, id): the least recent first
+  uint64_t whole_version_ = 0;
+  std::pair<EncodedModel, std::vector<float>> whole_;
   std::vector<float> diff_;  // reused
 };
 

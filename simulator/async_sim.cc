@@ -59,6 +59,8 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
       declared_(server.scheme().options().metrics) {
   algorithm_.setDeviceUpdate(config_.device_update);
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
+  if (const server::Downlink d = server.config().downlink; server::downlinkMirrored(d))
+    copies_.emplace(trainer.layout(), server::downlinkBlockBits(d), config_.downlink_copies);
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
   STARLING_CHECK_ARG(trainer.layout().fingerprint() == server.scheme().layout().fingerprint(),
@@ -79,11 +81,11 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
 
 namespace {
 // 3: the device population's fingerprint after the data split's; 4: format 3 in the files' frame
-// (core/framed_file.h).
+// (core/framed_file.h); 5: a mirrored downlink's client copies at the end (a flag, then them).
 constexpr FileFormat kSimFile{0x4d495341 /* "ASIM" */,
                               "checkpoint of an asynchronous simulation (round.mode = async or "
                               "semisync)",
-                              3, 4, 4};
+                              3, 4, 5};
 
 // What the run's clients are: the training set's size and every shard's indices (FNV-1a over
 // their little-endian words, client by client: a drawn pool is never held whole).
@@ -251,13 +253,16 @@ std::vector<uint8_t> AsyncSimulation::checkpointBytes(const std::string& record)
       w.bytes(u.data(), u.size());
     }
   }
+  w.u8(copies_ ? 1 : 0);  // format 5
+  if (copies_) copies_->write(w);
   return bytes;
 }
 
 // Everything is checked before anything changes: the server is loaded into a copy first.
 void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   const std::string what = "checkpoint " + config_.checkpoint;
-  ByteReader r = checkpointFields(bytes, what);
+  const Unframed file = unframe(kSimFile, bytes, what);
+  ByteReader r(file.payload, what);
   const uint64_t step = r.u64();  // the first worker checked it against its store
   const uint64_t n = clients_.shards.size();
   const auto same = [&](auto saved, auto now, const char* key) {
@@ -340,6 +345,16 @@ void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
     }
     in_flight.emplace(std::pair{finish, id}, std::move(job));
   }
+  // (The downlink's mode was checked above: a format 4 file is of a run without copies.)
+  std::optional<server::ClientCopies> copies;
+  if (file.version >= 5 && r.u8() != 0) {
+    if (!copies_) r.fail("it holds a mirrored downlink's client copies, and this run keeps none");
+    copies.emplace(trainer_.layout(), server::downlinkBlockBits(server_.config().downlink),
+                   config_.downlink_copies);
+    copies->read(r);
+  } else if (copies_ && file.version >= 5) {
+    r.fail("it holds no client copies, and this run's downlink keeps them");
+  }
   r.finish();
   server_.load(server, what);  // checked above, on the copy
   now_ = now;
@@ -352,6 +367,7 @@ void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   held_ = std::move(held);
   accepted_ = std::move(accepted);
   in_flight_ = std::move(in_flight);
+  if (copies) copies_ = std::move(copies);
   completeMetrics(step, record);
 }
 
@@ -419,7 +435,17 @@ void AsyncSimulation::startClient(uint64_t id, server::AsyncIntake& in) {
   w.held_before = held_[id];
   w.job.version = v;
   w.job.examples = clients_.shards.examples(id);
-  w.job.down = taskBytes(held_[id], in.task());
+  if (copies_) {
+    // A mirrored downlink: its task against its own copy, which it trains from (kept with it: the
+    // copies may drop it before it trains).
+    w.job.down =
+        server::encodeTask(in.task(), copies_->encode(id, held_[id], server_.model().current(), v))
+            .size();
+    const std::span<const float> copy = copies_->copy(id);
+    w.model.assign(copy.begin(), copy.end());
+  } else {
+    w.job.down = taskBytes(held_[id], in.task());
+  }
   held_[id] = v;  // it downloads the version (a dropout too)
   w.previous = last_version_[id];
   busy_[id] = 1;
@@ -448,7 +474,9 @@ bool AsyncSimulation::train(Waiting& w, ClientState& state) {
     const client::DataView data{clients_.train, clients_.shards.shard(w.id, shard_)};
     const compression::PhaseBroadcast broadcast = server_.broadcast(w.job.version);
     const client::TurnRequest turn{
-        broadcast, server_.model().clientModel(w.held_before, server_.config().downlink, whole_),
+        broadcast,
+        copies_ ? std::span<const float>(w.model)
+                : server_.model().clientModel(w.held_before, server_.config().downlink, whole_),
         declared_};
     client::PhaseResult res = algorithm_.takeTurn(turn, w.id, data, state);
     w.job.up = pr::encodedSize(res.update);

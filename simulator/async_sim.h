@@ -113,6 +113,10 @@ struct AsyncSimConfig {
   // outlive the simulation; every worker constructs and runs its simulation with the same
   // configuration, and only the first one's store holds states.
   Collectives* workers = nullptr;
+  // A mirrored downlink (q3-mirror, q2-mirror; the server's AsyncServerConfig::downlink): the most
+  // clients whose copy is kept (a client past it gets the whole model next time). Every worker
+  // keeps them all, and the checkpoint holds them.
+  size_t downlink_copies = 1000;
   void validate() const;  // ConfigError naming the key
 };
 
@@ -151,6 +155,7 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
     uint64_t timed_up = 0;               // a dropout's update bytes, which time its failure
     double start = 0.0, earliest = 0.0;  // its start, and its finish with an empty update
     InFlight job;
+    std::vector<float> model;  // a mirrored downlink's: its copy as its task left it
   };
   struct Window {  // what happened since the last step (the engine counts the rest)
     double train_seconds = 0.0;
@@ -228,7 +233,8 @@ class AsyncSimulation final : private server::AsyncFleet, private server::AsyncD
   ClientState state_;          // reused for every client
   std::vector<size_t> shard_;  // a drawn client's shard, reused for every client
   std::vector<std::string> declared_;
-  std::map<uint64_t, uint64_t> task_bytes_;  // of the current version, per version held
+  std::map<uint64_t, uint64_t> task_bytes_;     // of the current version, per version held
+  std::optional<server::ClientCopies> copies_;  // a mirrored downlink's (AsyncSimConfig)
   uint64_t task_version_ = 0;
   uint64_t update_bytes_[2] = {0, 0};  // client 0's, every other client's
   double now_ = 0.0, last_step_ = 0.0;

@@ -207,6 +207,10 @@ SimFleet::PhaseBytes SimFleet::phaseBytes(const server::PhaseTask& task,
     // are the same everywhere); the copy is what it trains from.
     STARLING_CHECK_ARG(copies_.has_value(), "a ", server::downlinkName(task.downlink),
                        " task to a fleet configured for another downlink");
+    if (participants.size() > copies_->capacity())
+      STARLING_THROW(ConfigError, "downlink.copies = ", copies_->capacity(),
+                     " keeps fewer clients' copies than round ", h.round, "'s ",
+                     participants.size(), " participants: raise it to at least that");
     for (size_t i = 0; i < participants.size(); ++i) {
       const auto it = held_.find(participants[i].id);
       const uint64_t v = it == held_.end() ? 0 : it->second;

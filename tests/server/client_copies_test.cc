@@ -2,6 +2,8 @@
 // it is sent, as a deployed one does (protocol::applyModel), holds the server's copy bit for bit;
 // the difference from its own copy closes on the model where the whole model in the same bits
 // cannot; the bounds, the refusals and the checkpoint.
+#include "server/client_copies.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -11,7 +13,6 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "protocol/control.h"
-#include "server/client_copies.h"
 #include "server/model_store.h"
 
 namespace {
@@ -54,9 +55,10 @@ struct Client {
 };
 }  // namespace
 
-TEST_CASE("a mirrored downlink's client holds the server's copy bit for bit, and its copy closes on "
-          "the model",
-          "[server][downlink]") {
+TEST_CASE(
+    "a mirrored downlink's client holds the server's copy bit for bit, and its copy closes on "
+    "the model",
+    "[server][downlink]") {
   const ParamLayout layout = twoTensors();
   const size_t n = layout.numel();
   for (const uint32_t bits : {3u, 2u}) {
@@ -133,9 +135,55 @@ TEST_CASE("a mirrored downlink's client holds the server's copy bit for bit, and
   }
 }
 
-TEST_CASE("a mirrored downlink keeps at most its capacity of copies, the least recently sent "
-          "dropped",
+TEST_CASE("a task of a mirrored downlink sent again leaves the client's copy known, applied or not",
           "[server][downlink]") {
+  const ParamLayout layout = twoTensors();
+  const size_t n = layout.numel();
+  auto x = gaussian(n, 11, 0.1);
+  server::ClientCopies copies(layout, 2, 4);
+  Client c;
+  c.model.assign(n, 0.0f);
+  c.apply(layout, copies.encode(3, 0, x, 1), 1);
+  x[5] += 0.25f;
+  // Version 2's task, a delta against 1; then the same task again for a client that says it holds
+  // 1 (its registration crossed the first task): the same bytes, and the copy is the same whether
+  // the client applies the first and skips the second (the runtime's "again"), or gets only the
+  // second.
+  const server::EncodedModel first = copies.encode(3, 1, x, 2);
+  REQUIRE(first.base_version == 1);
+  const server::EncodedModel again = copies.encode(3, 1, x, 2);
+  REQUIRE(again.base_version == 1);
+  REQUIRE(again.tensors.size() == first.tensors.size());
+  for (size_t i = 0; i < first.tensors.size(); ++i) {
+    const auto& a = std::get<cz::BlockQ>(first.tensors[i]);
+    const auto& b = std::get<cz::BlockQ>(again.tensors[i]);
+    CHECK(a.exps == b.exps);
+    CHECK(a.packed == b.packed);
+  }
+  Client skipped = c, second = c;
+  skipped.apply(layout, first, 2);  // and skips `again`
+  second.apply(layout, again, 2);   // the first was lost
+  CHECK(sameBits(skipped.model, copies.copy(3)));
+  CHECK(sameBits(second.model, copies.copy(3)));
+  CHECK(copies.versionOf(3) == 2);
+  // Sent again to a client that says it holds the task's version: an empty delta, the copy kept.
+  const server::EncodedModel held = copies.encode(3, 2, x, 2);
+  CHECK(held.base_version == 2);
+  CHECK(sameBits(skipped.model, copies.copy(3)));
+  // Sent again claiming neither (a registration older still): the whole model, which the client
+  // may apply or skip, so no copy is kept and its next task is whole too.
+  const server::EncodedModel stale = copies.encode(3, 7, x, 2);
+  CHECK(stale.base_version == 0);
+  CHECK(copies.versionOf(3) == 0);
+  CHECK(copies.copy(3).empty());
+  x[6] -= 0.5f;
+  CHECK(copies.encode(3, 2, x, 3).base_version == 0);
+}
+
+TEST_CASE(
+    "a mirrored downlink keeps at most its capacity of copies, the least recently sent "
+    "dropped",
+    "[server][downlink]") {
   const ParamLayout layout = twoTensors();
   const auto x = gaussian(layout.numel(), 3, 0.1);
   server::ClientCopies copies(layout, 2, 2);
@@ -182,21 +230,23 @@ TEST_CASE("a mirrored downlink's copies come back from a checkpoint, or are refu
   CHECK(a.base_version == 2);
   CHECK(b.base_version == 2);
   CHECK(sameBits(resumed.copy(1), copies.copy(1)));
-  // Refused, the copies as they were: another bit width, a smaller capacity, another model's
-  // size, cut bytes.
+  // Refused, the copies as they were (one of client 9's): another bit width, a smaller
+  // capacity, another model's size, cut bytes.
   const auto refused = [&](server::ClientCopies& into, std::span<const uint8_t> in) {
     ByteReader rr(in, "test");
     CHECK_THROWS_AS(into.read(rr), IoError);
-    CHECK(into.size() == 0);
+    CHECK(into.size() == 1);
+    CHECK(into.versionOf(9) == 5);
   };
-  server::ClientCopies q2(layout, 2, 4), small(layout, 3, 1);
-  refused(q2, bytes);
-  refused(small, bytes);
+  server::ClientCopies q2(layout, 2, 4), small(layout, 3, 1), cut(layout, 3, 4);
   ParamLayout other;
   other.add("w", {10});
   server::ClientCopies wrong(other, 3, 4);
+  for (auto* into : {&q2, &small, &cut}) into->encode(9, 0, gaussian(layout.numel(), 2, 0.1), 5);
+  wrong.encode(9, 0, gaussian(10, 2, 0.1), 5);
+  refused(q2, bytes);
+  refused(small, bytes);
   refused(wrong, bytes);
-  server::ClientCopies cut(layout, 3, 4);
   refused(cut, std::span<const uint8_t>(bytes).first(bytes.size() - 3));
 }
 

@@ -672,9 +672,9 @@ TEST_CASE(
   // task decodes to, whole or refreshed (server/model_store.h).
   const size_t n = 12;
   const server::Downlink modes[] = {server::Downlink::kDense, server::Downlink::kQ8,
-                                    server::Downlink::kQ4};
-  double per_start[3] = {0, 0, 0}, accuracy[3] = {0, 0, 0}, before = 0, numel = 0;
-  for (int m = 0; m < 3; ++m) {
+                                    server::Downlink::kQ4, server::Downlink::kQ2Mirror};
+  double per_start[4] = {0, 0, 0, 0}, accuracy[4] = {0, 0, 0, 0}, before = 0, numel = 0;
+  for (int m = 0; m < 4; ++m) {
     Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), false, 200);
     auto sc = s.serverConfig(2, 20);
     sc.downlink = modes[m];
@@ -695,8 +695,10 @@ TEST_CASE(
     accuracy[m] = *r.steps.back().test_accuracy;
   }
   INFO("bytes per task: dense " << per_start[0] << ", q8 " << per_start[1] << ", q4 "
-                                << per_start[2] << "; accuracy before " << before << ", dense "
-                                << accuracy[0] << ", q8 " << accuracy[1] << ", q4 " << accuracy[2]);
+                                << per_start[2] << ", q2-mirror " << per_start[3]
+                                << "; accuracy before " << before << ", dense " << accuracy[0]
+                                << ", q8 " << accuracy[1] << ", q4 " << accuracy[2]
+                                << ", q2-mirror " << accuracy[3]);
   const double header = per_start[0] - 4 * numel;  // every task's bytes beyond its values
   REQUIRE(header > 0);
   INFO("header " << header << " bytes");
@@ -705,7 +707,9 @@ TEST_CASE(
   CHECK(per_start[1] - header > 0.95 * numel);
   CHECK(per_start[2] - header < 0.55 * numel);
   CHECK(per_start[2] - header > 0.45 * numel);
-  for (int m = 1; m < 3; ++m) {
+  // q2-mirror: 2 bits a value, a byte a block of 64 and the block payload's framing: under q4.
+  CHECK(per_start[3] < per_start[2]);
+  for (int m = 1; m < 4; ++m) {
     CHECK(accuracy[m] > before + 0.2);
     CHECK(accuracy[m] > accuracy[0] - 0.05);
   }
@@ -763,6 +767,10 @@ TEST_CASE(
   // values, so that a chain is smaller than the whole model.
   cases.push_back({"fedbuff-stc", sim::DevicePopulation::sample(n, dd, 5), 2, 4, 0.0, false,
                    server::Downlink::kStc, 200});
+  // A mirrored downlink: each client's copy is in the checkpoint, so the tasks after the resume,
+  // and the models their clients train from, are the uninterrupted run's.
+  cases.push_back({"fedbuff-q2-mirror", sim::DevicePopulation::sample(n, dd, 5), 2, 4, 0.0, false,
+                   server::Downlink::kQ2Mirror, 200});
   for (Case& c : cases) {
     INFO(c.name);
     Setup s(n, 30, c.devices, c.empty_first, c.features);
@@ -785,9 +793,14 @@ TEST_CASE(
     CHECK_FALSE(resumed);
     REQUIRE(first.steps.size() == 4);
     if (c.format3) {
-      // Format 3: the magic, the version, then the fields the frame now carries.
+      // Format 3: the magic, the version, then the fields the frame now carries, but format 5's
+      // last (the flag of a mirrored downlink's copies: none here).
       const std::filesystem::path ck = cut / "ck.bin";
-      writeFileAtomic(ck, testing::asPreFrame(readFile(ck, 1 << 24), 0x4d495341 /* "ASIM" */, 3));
+      std::vector<uint8_t> old =
+          testing::asPreFrame(readFile(ck, 1 << 24), 0x4d495341 /* "ASIM" */, 3);
+      REQUIRE(old.back() == 0);
+      old.pop_back();
+      writeFileAtomic(ck, old);
     }
     ac.steps = 9;
     const Run rest = runStored(s, sc, ac, cut, true, true, &resumed);

@@ -1545,10 +1545,26 @@ TEST_CASE(
   INFO(readText(dir / "other.log"));
   CHECK(readText(dir / "other.log").find("mirrored downlink") != std::string::npos);
   CHECK(readCheckpoint(dir / "resumed.ckpt").next_round == 7);
-  // Buffered rounds keep no copies (yet): refused before anything runs.
-  Proc buffered(with(simArgs(dir, "buffered", 1, 2),
-                     {"--downlink.mode", "q3-mirror", "--round.mode", "async"}),
-                dir / "buffered.log");
-  CHECK(buffered.wait(seconds(120)) == 2);
-  CHECK(readText(dir / "buffered.log").find("downlink.mode = q3-mirror") != std::string::npos);
+  // Fewer copies kept than a round's participants (who train from them): refused before
+  // anything runs, naming the key.
+  Proc few(
+      with(simArgs(dir, "few", 1, 2), {"--downlink.mode", "q3-mirror", "--downlink.copies", "4"}),
+      dir / "few.log");
+  CHECK(few.wait(seconds(120)) == 2);
+  CHECK(readText(dir / "few.log")
+            .find("downlink.copies = 4 keeps fewer clients' copies than a "
+                  "round's 5 participants") != std::string::npos);
+  // FedBuff on two workers: its tasks are as small (q3: 3.125 bits a value against 32).
+  runSimToEnd(with(simArgs(dir, "buffered", 2, 4), {"--downlink.mode", "q3-mirror", "--round.mode",
+                                                    "async", "--async.buffer_size", "3"}),
+              dir / "buffered.log");
+  const auto buffered = readLines(dir / "buffered.jsonl");
+  REQUIRE(buffered.size() == 4);
+  const double dense_task =
+      std::stod(field(dense[0], "downlink_bytes")) / std::stod(field(dense[0], "clients_selected"));
+  for (const auto& l : buffered) {
+    const double tasks = std::stod(field(l, "clients_selected"));
+    CHECK(tasks > 0);
+    CHECK(std::stod(field(l, "downlink_bytes")) * 8 < tasks * dense_task);
+  }
 }
