@@ -45,24 +45,34 @@ EncodedModel ClientCopies::encode(uint64_t id, uint64_t held, std::span<const fl
   STARLING_CHECK_ARG(model.size() == layout_.numel(), "a model of ", model.size(),
                      " values for a layout of ", layout_.numel());
   STARLING_CHECK_ARG(version != 0, "a task of version 0");
+  if (version > unknown_version_) {  // a new version's tasks: every client's are fresh
+    unknown_.clear();
+    unknown_version_ = version;
+  }
+  if (const auto u = unknown_.find(id); u != unknown_.end() && u->second == version)
+    return whole(model, version).first;  // still not known: whole, and no copy kept
   auto it = copies_.find(id);
-  if (it != copies_.end() && it->second.version == version && held == it->second.last_held &&
-      !it->second.last.tensors.empty()) {
+  if (it != copies_.end() && it->second.version == version && held != version &&
+      held == it->second.last_held && !it->second.last.tensors.empty()) {
     touch(id, it->second);  // the same claim for the same version: the same task
     return it->second.last;
   }
   const bool against = held != 0 && it != copies_.end() && it->second.version == held;
   if (!against && it != copies_.end() && it->second.version == version) {
     // Sent again, claiming neither the first task's base nor its version: the client may apply
-    // this one or skip it, so its copy is not known; its next task is whole.
+    // this one or skip it, so its copy is not known until its next version's task.
     order_.erase({it->second.used, id});
     copies_.erase(it);
+    unknown_[id] = version;
     return whole(model, version).first;
   }
   if (it == copies_.end()) {
     if (copies_.size() >= capacity_) {  // the least recently sent goes
       const uint64_t oldest = order_.begin()->second;
       order_.erase(order_.begin());
+      // A task of this version may still be sent to it again: not known until the next one.
+      if (const auto o = copies_.find(oldest); o->second.version == version)
+        unknown_[oldest] = version;
       copies_.erase(oldest);
     }
     it = copies_.emplace(id, Copy{}).first;
@@ -102,6 +112,11 @@ EncodedModel ClientCopies::encode(uint64_t id, uint64_t held, std::span<const fl
   c.last_held = held;
   c.version = version;
   return out;
+}
+
+std::span<const float> ClientCopies::sent(uint64_t id) const {
+  const std::span<const float> c = copy(id);
+  return c.empty() ? std::span<const float>(whole_.second) : c;
 }
 
 std::span<const float> ClientCopies::copy(uint64_t id) const {

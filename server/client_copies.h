@@ -48,15 +48,21 @@ class ClientCopies {
   // - its copy's version: the difference between `model` and the copy (an empty delta when that
   //   is `version` itself: the copy unchanged);
   // - anything else: the whole model (base 0), which becomes the copy; or, when the copy is of
-  //   `version` already (the task sent again, claiming neither), no copy is kept, since the client
-  //   may skip the task, and its next task is whole.
+  //   `version` already (the task sent again, claiming neither) or was dropped while of
+  //   `version`, no copy is kept until the next version's task (whole), since the client may
+  //   apply this task or skip it.
   EncodedModel encode(uint64_t id, uint64_t held, std::span<const float> model, uint64_t version);
   // The copy client `id` holds after its last encode(); empty when none is kept.
   std::span<const float> copy(uint64_t id) const;
+  // What client `id` holds once it applied its last task (encoded since the last version's
+  // change): its copy, or the whole model when no copy is kept (what a simulated client trains
+  // from).
+  std::span<const float> sent(uint64_t id) const;
   // The version of that copy (0: none kept).
   uint64_t versionOf(uint64_t id) const;
   size_t size() const { return copies_.size(); }
   size_t capacity() const { return capacity_; }
+  uint32_t bits() const { return bits_; }
   std::vector<uint64_t> ids() const;  // the clients whose copy is kept, ascending
 
   // For a checkpoint: every copy kept, with its version and recency (not the last task sent: a
@@ -85,6 +91,10 @@ class ClientCopies {
   uint64_t sends_ = 0;
   std::map<uint64_t, Copy> copies_;
   std::set<std::pair<uint64_t, uint64_t>> order_;  // (used, id): the least recent first
+  // Clients whose copy is not known (a task of unknown_version_ they may apply or skip), until a
+  // task of a later version.
+  std::map<uint64_t, uint64_t> unknown_;
+  uint64_t unknown_version_ = 0;
   uint64_t whole_version_ = 0;
   std::pair<EncodedModel, std::vector<float>> whole_;
   std::vector<float> diff_;  // reused

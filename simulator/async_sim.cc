@@ -347,11 +347,17 @@ void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   }
   // (The downlink's mode was checked above: a format 4 file is of a run without copies.)
   std::optional<server::ClientCopies> copies;
-  if (file.version >= 5 && r.u8() != 0) {
+  const uint8_t has_copies = file.version >= 5 ? r.u8() : 0;
+  if (has_copies > 1) r.fail("its client copies are marked ", int{has_copies});
+  if (has_copies) {
     if (!copies_) r.fail("it holds a mirrored downlink's client copies, and this run keeps none");
     copies.emplace(trainer_.layout(), server::downlinkBlockBits(server_.config().downlink),
                    config_.downlink_copies);
     copies->read(r);
+    for (uint64_t id : copies->ids())
+      if (id >= n || copies->versionOf(id) != held[id])
+        r.fail("client ", id, "'s copy is of version ", copies->versionOf(id),
+               ", and the client holds ", id < n ? held[id] : 0);
   } else if (copies_ && file.version >= 5) {
     r.fail("it holds no client copies, and this run's downlink keeps them");
   }
@@ -441,7 +447,7 @@ void AsyncSimulation::startClient(uint64_t id, server::AsyncIntake& in) {
     w.job.down =
         server::encodeTask(in.task(), copies_->encode(id, held_[id], server_.model().current(), v))
             .size();
-    const std::span<const float> copy = copies_->copy(id);
+    const std::span<const float> copy = copies_->sent(id);
     w.model.assign(copy.begin(), copy.end());
   } else {
     w.job.down = taskBytes(held_[id], in.task());

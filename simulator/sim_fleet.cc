@@ -319,7 +319,7 @@ void SimFleet::trainMine(const server::PhaseTask& task,
   server::ModelStore::WholeModelCache whole;
   const auto modelOf = [&](uint64_t id) {
     if (copies_ && server::downlinkMirrored(task.downlink) && h.phase == 0)
-      return copies_->copy(id);
+      return copies_->sent(id);
     const auto it = held_before_.find(id);
     return task.model.clientModel(it == held_before_.end() ? 0 : it->second, task.downlink, whole);
   };
@@ -818,14 +818,19 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
     r.fail(
         "it was written for another device population (devices.*: the speeds, bandwidths and "
         "availability, their seed, or the trace files): resume with the same");
-  const bool had_copies = version >= 6 && r.u8() != 0;
+  const uint8_t flag = version >= 6 ? r.u8() : 0;
+  if (flag > 1) r.fail("its client copies are marked ", int{flag});
+  const bool had_copies = flag == 1;
   if (had_copies != copies_.has_value())
     r.fail(had_copies ? "it was written by a run with a mirrored downlink (q3-mirror, q2-mirror)"
                       : "it was written by a run without a mirrored downlink",
            ", this one is ", server::downlinkName(config_.downlink),
            ": resume with the run's downlink.mode");
-  std::optional<server::ClientCopies> copies = copies_;
-  if (copies) copies->read(r);
+  std::optional<server::ClientCopies> copies;
+  if (copies_) {
+    copies.emplace(trainer_.layout(), copies_->bits(), copies_->capacity());
+    copies->read(r);
+  }
   r.finish();
   // Only a state read whole changes the fleet.
   copies_ = std::move(copies);

@@ -176,8 +176,34 @@ TEST_CASE("a task of a mirrored downlink sent again leaves the client's copy kno
   CHECK(stale.base_version == 0);
   CHECK(copies.versionOf(3) == 0);
   CHECK(copies.copy(3).empty());
+  // ... and stays unknown while version 2's task may still be sent again (the client reconnects
+  // claiming 2, and skips the task it answered): whole, no copy.
+  CHECK(copies.encode(3, 2, x, 2).base_version == 0);
+  CHECK(copies.copy(3).empty());
+  // The next version's task is whole, and its copy kept again: the client applies a new task.
   x[6] -= 0.5f;
-  CHECK(copies.encode(3, 2, x, 3).base_version == 0);
+  const server::EncodedModel next = copies.encode(3, 2, x, 3);
+  CHECK(next.base_version == 0);
+  CHECK(copies.versionOf(3) == 3);
+  Client fresh;
+  fresh.model.assign(n, 1.0f);
+  fresh.held = 2;
+  fresh.apply(layout, next, 3);
+  CHECK(sameBits(fresh.model, copies.copy(3)));
+  // A copy dropped while its client's task may be sent again: the same (capacity 1 here).
+  server::ClientCopies one(layout, 2, 1);
+  Client a;
+  a.model.assign(n, 0.0f);
+  a.apply(layout, one.encode(1, 0, x, 3), 3);
+  one.encode(2, 0, x, 3);  // drops client 1's copy of version 3
+  CHECK(one.versionOf(1) == 0);
+  const server::EncodedModel resent = one.encode(1, 3, x, 3);  // which client 1 skips
+  CHECK(resent.base_version == 0);
+  CHECK(one.copy(1).empty());   // not the whole model: client 1 holds its first task's
+  CHECK(!one.sent(1).empty());  // what a client applying it holds: the whole model
+  x[7] += 0.125f;
+  CHECK(one.encode(1, 3, x, 4).base_version == 0);
+  CHECK(one.versionOf(1) == 4);
 }
 
 TEST_CASE(

@@ -204,16 +204,24 @@ TEST_CASE("SCAFFOLD's server control variate stays the mean of every client's", 
                                           0, 0, 0, 1};  // version 2, 1 worker, SCAFFOLD
   CHECK_THROWS_MATCHING(again.fleet->restoreState(old_scaffold), IoError, Contains("older build"));
   // Another device population (slower devices here) is refused: the clock and the clients'
-  // timing would not be the run's. A state of version 4 (no fingerprint) still restores.
+  // timing would not be the run's. A state of version 4 (no fingerprint, no copies' flag) still
+  // restores, and so does one of version 5 (no copies' flag).
   Federation other_devices(n, true);
   sim::DeviceDistributions slower;
   slower.speed_median = 0.5;
   other_devices.clients.devices = sim::DevicePopulation::sample(n, slower, 3);
   CHECK_THROWS_MATCHING(other_devices.fleet->restoreState(saved), IoError,
                         Contains("another device population"));
-  std::vector<uint8_t> v4(saved.begin(), saved.end() - 8);
+  REQUIRE(saved.back() == 0);  // version 6's flag: no mirrored downlink's copies
+  std::vector<uint8_t> v5(saved.begin(), saved.end() - 1);
+  v5[0] = 5;
+  again.fleet->restoreState(v5);
+  std::vector<uint8_t> v4(saved.begin(), saved.end() - 9);
   v4[0] = 4;
   other_devices.fleet->restoreState(v4);
+  std::vector<uint8_t> marked = saved;
+  marked.back() = 2;
+  CHECK_THROWS_MATCHING(again.fleet->restoreState(marked), IoError, Contains("marked 2"));
 }
 
 TEST_CASE("SCAFFOLD simulated equals SCAFFOLD over the protocol", "[simulator][scaffold]") {
