@@ -36,6 +36,7 @@ runs=(
   "fedbuff20|--async.concurrency 20"
   "semisync|--round.mode semisync --round.deadline_seconds 30"
   "fedbuff-eta1.5|--aggregation.server_opt fedavg:eta=1.5"
+  "fedbuff-eta1.5-sign-q2m|--aggregation.server_opt fedavg:eta=1.5 --compression.compressor sign --downlink.mode q2-mirror"
 )
 
 for seed in $seeds; do
