@@ -62,6 +62,7 @@ runs=(
   "dense-q2m|none|--downlink.mode q2-mirror"
   "sign-q2m|sign|--downlink.mode q2-mirror"
   "sign-q2m-eta1.5|sign|--downlink.mode q2-mirror --aggregation.server_opt fedavg:eta=1.5"
+  "dense-eta1.5|none|--aggregation.server_opt fedavg:eta=1.5"
   "sign-q3m|sign|--downlink.mode q3-mirror"
   "stc5-q2m|stc:density=0.05|--downlink.mode q2-mirror"
   "topk5|topk:density=0.05|"
