@@ -294,6 +294,7 @@ server::FleetConfig fleetConfig(const apps::Settings& c, const server::EngineCon
   fc.silence_ms = c.server.silence_ms;
   fc.max_examples = ec.scheme.bounds.max_examples;
   fc.downlink_copies = c.downlink.copies;
+  fc.downlink_density = c.downlink.density;
   for (const auto& s : c.server.aggregator_ids) {
     size_t used = 0;
     uint64_t id = 0;

@@ -465,13 +465,17 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "3.125 or 2.125 bits a value in all), q3-mirror or q2-mirror (the same bytes as q3 and "
         "q2; the server keeps each client's copy and sends it the difference from it, so what a "
         "block's levels round away is sent the next time: a model's floats kept per client, "
-        "downlink.copies of them at most)");
+        "downlink.copies of them at most), stc-mirror (as q2-mirror, the difference sent as stc's "
+        "+-mu on downlink.density of each tensor, the largest first, and the whole model to a "
+        "client without a copy in q3's blocks)");
   o.add("downlink.density", &s.downlink.density,
-        "topk and stc downlinks: fraction of the model refreshed per version", 1e-6, 1);
+        "topk, stc and stc-mirror downlinks: fraction of the model refreshed per version (per "
+        "task for stc-mirror)",
+        1e-6, 1);
   o.add("downlink.copies", &s.downlink.copies,
-        "q3-mirror and q2-mirror: the most clients whose copy the server keeps (4 bytes a "
-        "parameter each; past it the least recently sent is dropped and that client's next task "
-        "carries the whole model)",
+        "q3-mirror, q2-mirror and stc-mirror: the most clients whose copy the server keeps (4 "
+        "bytes a parameter each; past it the least recently sent is dropped and that client's "
+        "next task carries the whole model)",
         1, 10'000'000);
   o.add("downlink.history", &s.downlink.history,
         "model versions kept for delta and topk downlinks, refreshes kept for stc (a client "

@@ -115,7 +115,7 @@ struct Settings {
     std::string mode = "dense";
     double density = 0.01;
     uint64_t history = 4;
-    uint64_t copies = 1000;  // q3-mirror and q2-mirror: the clients' copies kept
+    uint64_t copies = 1000;  // the mirrored downlinks: the clients' copies kept
   } downlink;
   uint32_t eval_every = 5;
   // Differential privacy (docs/privacy.md; privacy::DpConfig's defaults).

@@ -462,6 +462,7 @@ void runSynchronous(const Settings& c, SimPlan& plan, SimParts& parts,
   fc.secure_signed = ec.secagg.authority.has_value();
   fc.downlink = ec.downlink;
   fc.downlink_copies = c.downlink.copies;
+  fc.downlink_density = c.downlink.density;
   sim::SimFleet fleet(fc, parts.clients, *parts.trainer, store, workers, parts.test());
 
   std::vector<float> init(parts.layout->numel());

@@ -2,19 +2,37 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
+#include "compression/compressor.h"
 #include "compression/payload.h"
+#include "compression/sparsify.h"
 #include "core/bytes.h"
 #include "core/error.h"
 
 namespace starling::server {
 namespace cz = starling::compression;
 
-ClientCopies::ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity)
-    : layout_(std::move(layout)), bits_(bits), capacity_(capacity) {
+namespace {
+// In the checkpoint, beside the bits: the differences are ternary, and their density follows.
+constexpr uint32_t kTernaryFlag = 0x100;
+}  // namespace
+
+ClientCopies::ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity, double density)
+    : layout_(std::move(layout)), bits_(bits), capacity_(capacity), density_(density) {
   STARLING_CHECK_ARG(layout_.numel() > 0, "client copies need a model");
   STARLING_CHECK_ARG(bits_ >= 1 && bits_ <= 8, "client copies of ", bits_, " bits a value");
   STARLING_CHECK_ARG(capacity_ >= 1, "client copies need room for one");
+  STARLING_CHECK_ARG(density_ >= 0.0 && density_ <= 1.0,
+                     "client copies' ternary density must be in (0, 1] (0: blocks), got ",
+                     density_);
+}
+
+std::optional<ClientCopies> ClientCopies::forDownlink(ParamLayout layout, Downlink mode,
+                                                      double density, size_t capacity) {
+  if (!downlinkMirrored(mode)) return std::nullopt;
+  return ClientCopies(std::move(layout), downlinkBlockBits(mode), capacity,
+                      mode == Downlink::kStcMirror ? density : 0.0);
 }
 
 void ClientCopies::touch(uint64_t id, Copy& c) {
@@ -27,13 +45,12 @@ const std::pair<EncodedModel, std::vector<float>>& ClientCopies::whole(std::span
                                                                        uint64_t version) {
   if (whole_version_ != version || whole_.second.empty()) {
     whole_version_ = 0;
-    whole_.first = EncodedModel{};
+    whole_.first = wholeInBlocks(model, layout_, bits_);
     whole_.second.assign(layout_.numel(), 0.0f);  // the client starts from zeros too
-    for (const TensorSpec& t : layout_.tensors()) {
-      cz::Payload p = quantizeBlocks(model.subspan(t.offset, t.numel), bits_, kDownlinkBlock);
-      cz::accumulatePayload(cz::view(p), t,
+    for (size_t i = 0; i < layout_.size(); ++i) {
+      const TensorSpec& t = layout_.tensors()[i];
+      cz::accumulatePayload(cz::view(whole_.first.tensors[i]), t,
                             std::span<float>(whole_.second).subspan(t.offset, t.numel), 1.0f);
-      whole_.first.tensors.push_back(std::move(p));
     }
     whole_version_ = version;
   }
@@ -102,7 +119,11 @@ EncodedModel ClientCopies::encode(uint64_t id, uint64_t held, std::span<const fl
       const std::span<const float> target = model.subspan(t.offset, t.numel);
       diff_.resize(t.numel);
       for (size_t i = 0; i < t.numel; ++i) diff_[i] = target[i] - mine[i];
-      cz::Payload p = quantizeBlocks(diff_, bits_, kDownlinkBlock);
+      // (The ternary payload's tie-break seeded by the version, as the stc downlink's.)
+      cz::Payload p =
+          density_ > 0.0
+              ? cz::Payload(cz::ternaryTopK(diff_, cz::countForDensity(density_, t.numel), version))
+              : cz::Payload(quantizeBlocks(diff_, bits_, kDownlinkBlock));
       // The client's own addition (protocol::applyModel): the copies stay equal bit for bit.
       cz::accumulatePayload(cz::view(p), t, mine, 1.0f);
       out.tensors.push_back(std::move(p));
@@ -137,7 +158,9 @@ uint64_t ClientCopies::versionOf(uint64_t id) const {
 }
 
 void ClientCopies::write(ByteWriter& w) const {
-  w.u32(bits_);
+  // (Block-scaled copies write the bits alone, as before stc-mirror.)
+  w.u32(density_ > 0.0 ? bits_ | kTernaryFlag : bits_);
+  if (density_ > 0.0) w.f64(density_);
   w.u64(sends_);
   // (A copy of version 0 was left by an encode that threw: not written, its client's next task
   // is whole.)
@@ -153,9 +176,15 @@ void ClientCopies::write(ByteWriter& w) const {
 }
 
 void ClientCopies::read(ByteReader& r) {
-  if (const uint32_t bits = r.u32(); bits != bits_)
-    r.fail("the clients' copies are of ", bits, " bits a value, this run's of ", bits_,
-           ": resume with the same downlink.mode");
+  const uint32_t tag = r.u32();
+  const uint32_t bits = tag & ~kTernaryFlag;
+  const double density = (tag & kTernaryFlag) != 0 ? r.f64() : 0.0;
+  if (bits != bits_ || density != density_)
+    r.fail("the clients' copies are of ", bits, " bits a value",
+           density > 0.0 ? " with ternary refreshes of density " + std::to_string(density) : "",
+           ", this run's of ", bits_,
+           density_ > 0.0 ? " with ternary refreshes of density " + std::to_string(density_) : "",
+           ": resume with the same downlink.mode and downlink.density");
   const uint64_t sends = r.u64(), n = r.u64();
   if (n > capacity_)
     r.fail("holds ", n, " clients' copies, downlink.copies keeps ", capacity_,

@@ -1,18 +1,23 @@
 #pragma once
-// The mirrored block-scaled downlinks (modes q3-mirror and q2-mirror): the server keeps a copy of
+// The mirrored downlinks (modes q3-mirror, q2-mirror and stc-mirror): the server keeps a copy of
 // the model each client holds, bit for bit, and sends each client the difference between the
-// server's model and that copy, in the block-scaled levels of q3 and q2 (compression::BlockQ, the
-// same payload and the same bytes), as a refresh against the version the client holds. A client
-// adds it to its copy as it adds any block-scaled refresh (protocol::applyModel), so no client
-// code changes; the server adds the same decoded values to its mirror with the same float
-// additions, so the two copies stay equal.
+// server's model and that copy, as a refresh against the version the client holds: in the
+// block-scaled levels of q3 and q2 (compression::BlockQ, the same payload and the same bytes), or
+// (stc-mirror) as STC's ternary payload of the difference's downlink.density largest magnitudes of
+// each tensor, +-mu (compression::Ternary, the stc downlink's refresh; the whole model, for a
+// client without a copy, in q3's blocks). A client adds it to its copy as it adds any
+// block-scaled or ternary refresh (protocol::applyModel), so no client code changes; the server
+// adds the same decoded values to its mirror with the same float additions, so the two copies
+// stay equal.
 //
 // Why: with the shared broadcast model of q3 and q2 (server/model_store.h), a client that was not
 // sampled in the round before gets the whole model in 3 or 2 bits, and with 10 of 100 clients a
 // round that is nearly every task; the levels then span the weights themselves. The difference
 // from the client's own copy spans only what changed since it last took part, and what its
 // levels round away stays in the copy's difference and is sent with the next (error feedback per
-// client). Tasks cost the same bytes as q3's and q2's.
+// client). Tasks cost the same bytes as q3's and q2's. stc-mirror's refreshes move only a fraction
+// of the coordinates, the largest differences first, and what they leave waits in the copy's
+// difference as the levels' rounding does.
 //
 // The cost is memory: a model's floats per client kept (`capacity` of them at most; past that the
 // least recently sent is dropped, and that client's next task is the whole model in low bits). A
@@ -20,6 +25,7 @@
 // restarted without its copies) gets the whole model too: nothing is lost but bytes.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <utility>
@@ -37,8 +43,14 @@ namespace starling::server {
 
 class ClientCopies {
  public:
-  // `bits` 1..8 a value (3 or 2 for the modes); `capacity` >= 1 copies kept.
-  ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity);
+  // `bits` 1..8 a value (3 or 2 for the modes; the whole model's with a density); `capacity` >= 1
+  // copies kept; `density` in (0, 1]: the differences sent as ternary payloads of that fraction of
+  // each tensor (stc-mirror), 0: in blocks of `bits`.
+  ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity, double density = 0.0);
+  // The copies a mirrored downlink `mode` keeps (`density`: downlink.density, stc-mirror's;
+  // capacity: downlink.copies), or none for another mode.
+  static std::optional<ClientCopies> forDownlink(ParamLayout layout, Downlink mode, double density,
+                                                 size_t capacity);
 
   // What the task of `version` (of `model`: one model a version) carries to client `id`, which
   // says it holds `held` (0: nothing), and the copy is then what the client holds once it applied
@@ -63,12 +75,13 @@ class ClientCopies {
   size_t size() const { return copies_.size(); }
   size_t capacity() const { return capacity_; }
   uint32_t bits() const { return bits_; }
+  double density() const { return density_; }
   std::vector<uint64_t> ids() const;  // the clients whose copy is kept, ascending
 
   // For a checkpoint: every copy kept, with its version and recency (not the last task sent: a
   // task sent again after a resume is encoded as a new one). read() replaces them (an IoError for
-  // another bit width, more copies than the capacity, another model's size, or damaged bytes; the
-  // copies are then as they were).
+  // another bit width or density, more copies than the capacity, another model's size, or damaged
+  // bytes; the copies are then as they were).
   void write(ByteWriter& w) const;
   void read(ByteReader& r);
 
@@ -88,6 +101,7 @@ class ClientCopies {
   ParamLayout layout_;
   uint32_t bits_;
   size_t capacity_;
+  double density_;
   uint64_t sends_ = 0;
   std::map<uint64_t, Copy> copies_;
   std::set<std::pair<uint64_t, uint64_t>> order_;  // (used, id): the least recent first

@@ -30,9 +30,10 @@ Downlink parseDownlink(std::string_view s) {
   if (s == "q2") return Downlink::kQ2;
   if (s == "q3-mirror") return Downlink::kQ3Mirror;
   if (s == "q2-mirror") return Downlink::kQ2Mirror;
+  if (s == "stc-mirror") return Downlink::kStcMirror;
   STARLING_THROW(ConfigError,
-                 "downlink must be dense, fp16, delta, topk, q8, q4, stc, q3, q2, q3-mirror or "
-                 "q2-mirror, got '",
+                 "downlink must be dense, fp16, delta, topk, q8, q4, stc, q3, q2, q3-mirror, "
+                 "q2-mirror or stc-mirror, got '",
                  s, "'");
 }
 
@@ -41,12 +42,14 @@ uint32_t downlinkLevels(Downlink d) {
 }
 
 uint32_t downlinkBlockBits(Downlink d) {
-  return d == Downlink::kQ3 || d == Downlink::kQ3Mirror   ? 3u
-         : d == Downlink::kQ2 || d == Downlink::kQ2Mirror ? 2u
-                                                          : 0u;
+  return d == Downlink::kQ3 || d == Downlink::kQ3Mirror || d == Downlink::kStcMirror ? 3u
+         : d == Downlink::kQ2 || d == Downlink::kQ2Mirror                            ? 2u
+                                                                                     : 0u;
 }
 
-bool downlinkMirrored(Downlink d) { return d == Downlink::kQ3Mirror || d == Downlink::kQ2Mirror; }
+bool downlinkMirrored(Downlink d) {
+  return d == Downlink::kQ3Mirror || d == Downlink::kQ2Mirror || d == Downlink::kStcMirror;
+}
 
 bool downlinkPerHeld(Downlink d) {
   return d == Downlink::kDelta || d == Downlink::kTopK || d == Downlink::kStc ||
@@ -59,6 +62,8 @@ bool wholeModelQuantised(Downlink d) {
 
 bool peerDecodes(Downlink mode, bool qsgd_capable, bool stc_capable, bool block_capable) {
   if (mode == Downlink::kStc) return stc_capable;
+  // stc-mirror: ternary refreshes, and the whole model in blocks.
+  if (mode == Downlink::kStcMirror) return stc_capable && block_capable;
   if (downlinkBlockBits(mode) > 0) return block_capable;
   return downlinkLevels(mode) == 0 || qsgd_capable;
 }
@@ -89,6 +94,17 @@ cz::Qsgd quantizePow2(std::span<const float> values, uint32_t s) {
   }
   w.flush();
   return q;
+}
+
+EncodedModel wholeInBlocks(std::span<const float> values, const ParamLayout& layout,
+                           uint32_t bits) {
+  STARLING_CHECK_ARG(values.size() == layout.numel(), "a model of ", values.size(),
+                     " values for a layout of ", layout.numel());
+  EncodedModel out;
+  out.tensors.reserve(layout.size());
+  for (const TensorSpec& t : layout.tensors())
+    out.tensors.push_back(quantizeBlocks(values.subspan(t.offset, t.numel), bits, kDownlinkBlock));
+  return out;
 }
 
 cz::BlockQ quantizeBlocks(std::span<const float> values, uint32_t bits, uint32_t block) {
@@ -166,6 +182,8 @@ const char* downlinkName(Downlink d) {
       return "q3-mirror";
     case Downlink::kQ2Mirror:
       return "q2-mirror";
+    case Downlink::kStcMirror:
+      return "stc-mirror";
   }
   return "?";
 }
@@ -303,10 +321,7 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
     // Against a client's copy: ClientCopies::encode.
     STARLING_CHECK_ARG(!lossy(), "a ", downlinkName(mode),
                        " task from a store of another downlink");
-    for (const auto& t : tensors)
-      out.tensors.push_back(quantizeBlocks(std::span<const float>(cur).subspan(t.offset, t.numel),
-                                           downlinkBlockBits(mode), kDownlinkBlock));
-    return out;
+    return wholeInBlocks(cur, *layout_, downlinkBlockBits(mode));
   }
   // q8, q4, q3 and q2: the store keeps one refresh.
   const uint32_t levels = downlinkLevels(mode), bits = downlinkBlockBits(mode);
@@ -320,12 +335,12 @@ EncodedModel ModelStore::encodeFor(uint64_t held, Downlink mode) const {
       // One version behind: the refresh, exact.
       out.base_version = held;
       out.tensors = refreshes_.back().tensors;
-    } else {  // the whole broadcast model, quantised (block by block for q3 and q2)
-      for (const auto& t : tensors) {
-        const auto values = std::span<const float>(cur).subspan(t.offset, t.numel);
-        out.tensors.push_back(bits > 0 ? cz::Payload(quantizeBlocks(values, bits, kDownlinkBlock))
-                                       : cz::Payload(quantizePow2(values, levels)));
-      }
+    } else if (bits > 0) {  // the whole broadcast model, block by block (q3 and q2)
+      out = wholeInBlocks(cur, *layout_, bits);
+    } else {  // the whole broadcast model, quantised (q8 and q4)
+      for (const auto& t : tensors)
+        out.tensors.push_back(
+            quantizePow2(std::span<const float>(cur).subspan(t.offset, t.numel), levels));
     }
     return out;
   }

@@ -77,24 +77,26 @@ enum class Downlink {
   kQ3,
   kQ2,
   kQ3Mirror,
-  kQ2Mirror
+  kQ2Mirror,
+  kStcMirror
 };
-// "dense", "fp16", "delta", "topk", "q8", "q4", "stc", "q3", "q2", "q3-mirror", "q2-mirror";
-// ConfigError otherwise.
+// "dense", "fp16", "delta", "topk", "q8", "q4", "stc", "q3", "q2", "q3-mirror", "q2-mirror",
+// "stc-mirror"; ConfigError otherwise.
 Downlink parseDownlink(std::string_view s);
 const char* downlinkName(Downlink d);
 // The QSGD levels of a quantised downlink: 127 (q8), 7 (q4), 0 for the others.
 uint32_t downlinkLevels(Downlink d);
-// The bits a value of a block-scaled downlink: 3 (q3, q3-mirror), 2 (q2, q2-mirror), 0 for the
-// others.
+// The bits a value of a block-scaled downlink: 3 (q3, q3-mirror, and stc-mirror's whole model), 2
+// (q2, q2-mirror), 0 for the others.
 uint32_t downlinkBlockBits(Downlink d);
-// Whether `d` is a mirrored downlink (q3-mirror, q2-mirror: each client sent the difference from
-// its own copy, which the fleet keeps; server/client_copies.h). Its ModelStore is a plain one.
+// Whether `d` is a mirrored downlink (q3-mirror, q2-mirror, stc-mirror: each client sent the
+// difference from its own copy, which the fleet keeps; server/client_copies.h). Its ModelStore is
+// a plain one.
 bool downlinkMirrored(Downlink d);
 // The values of a block-scaled downlink's block (each has a step of its own: a byte).
 inline constexpr uint32_t kDownlinkBlock = 64;
 // Whether a task's encoding depends on the version the client holds (delta, topk, q8, q4, stc, q3,
-// q2):
+// q2, and the mirrored ones):
 // a fleet or a simulator sizes and caches such tasks per version held.
 bool downlinkPerHeld(Downlink d);
 // The capabilities a client registers to be sent the quantised downlinks (q8, q4), and the sparse
@@ -123,6 +125,10 @@ struct EncodedModel {
   uint64_t base_version = 0;  // 0: whole model
   std::vector<compression::Payload> tensors;
 };
+// The whole model `values` (laid out by `layout`) in blocks of `bits` a value, a payload a tensor
+// (base 0): what q3 and q2 send a client that is not up to date, and what the mirrored downlinks
+// send a client without a copy.
+EncodedModel wholeInBlocks(std::span<const float> values, const ParamLayout& layout, uint32_t bits);
 
 class ModelStore {
  public:

@@ -591,7 +591,9 @@ bool ZmqFleet::sendTask(Peer& peer, uint64_t nonce) {
   std::vector<uint8_t>* msgp = &own;
   if (!dense && downlinkMirrored(t.downlink) && t.header.phase == 0) {
     // Against the copy the fleet keeps of this client's model (its own difference, not cached).
-    if (!copies_) copies_.emplace(*layout_, downlinkBlockBits(t.downlink), config_.downlink_copies);
+    if (!copies_)
+      copies_ = ClientCopies::forDownlink(*layout_, t.downlink, config_.downlink_density,
+                                          config_.downlink_copies);
     own = encodeTask(
         t, copies_->encode(peer.info.id, held, t.model.current(), t.header.model_version), nonce);
   } else {

@@ -50,10 +50,11 @@ struct FleetConfig {
   // The ids that may register as edge aggregators (their partial aggregates carry the weight of
   // many clients); every other id may only be a client.
   std::set<uint64_t> aggregator_ids;
-  // A mirrored downlink (q3-mirror, q2-mirror): the most clients whose copy the fleet keeps
-  // (server/client_copies.h; not in the root's checkpoint: after a restart each client's next task
-  // carries the whole model).
+  // A mirrored downlink (q3-mirror, q2-mirror, stc-mirror): the most clients whose copy the fleet
+  // keeps (server/client_copies.h; not in the root's checkpoint: after a restart each client's next
+  // task carries the whole model), and stc-mirror's density (downlink.density).
   size_t downlink_copies = 1000;
+  double downlink_density = 0.01;
   // The time deadlines, silence and waits are measured in (core/clock.h; a test moves it forward).
   const Clock* clock = &steadyClock();
   void validate() const;

@@ -59,8 +59,8 @@ AsyncSimulation::AsyncSimulation(AsyncSimConfig config, const SimClients& client
       declared_(server.scheme().options().metrics) {
   algorithm_.setDeviceUpdate(config_.device_update);
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
-  if (const server::Downlink d = server.config().downlink; server::downlinkMirrored(d))
-    copies_.emplace(trainer.layout(), server::downlinkBlockBits(d), config_.downlink_copies);
+  copies_ = server::ClientCopies::forDownlink(trainer.layout(), server.config().downlink,
+                                              server.config().density, config_.downlink_copies);
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
   STARLING_CHECK_ARG(trainer.layout().fingerprint() == server.scheme().layout().fingerprint(),
@@ -351,8 +351,7 @@ void AsyncSimulation::loadCheckpoint(std::span<const uint8_t> bytes) {
   if (has_copies > 1) r.fail("its client copies are marked ", int{has_copies});
   if (has_copies) {
     if (!copies_) r.fail("it holds a mirrored downlink's client copies, and this run keeps none");
-    copies.emplace(trainer_.layout(), server::downlinkBlockBits(server_.config().downlink),
-                   config_.downlink_copies);
+    copies.emplace(trainer_.layout(), copies_->bits(), copies_->capacity(), copies_->density());
     copies->read(r);
     for (uint64_t id : copies->ids())
       if (id >= n || copies->versionOf(id) != held[id])

@@ -113,7 +113,8 @@ struct AsyncSimConfig {
   // outlive the simulation; every worker constructs and runs its simulation with the same
   // configuration, and only the first one's store holds states.
   Collectives* workers = nullptr;
-  // A mirrored downlink (q3-mirror, q2-mirror; the server's AsyncServerConfig::downlink): the most
+  // A mirrored downlink (q3-mirror, q2-mirror, stc-mirror; the server's AsyncServerConfig::downlink
+  // and, for stc-mirror, its density): the most
   // clients whose copy is kept (a client past it gets the whole model next time). Every worker
   // keeps them all, and the checkpoint holds them.
   size_t downlink_copies = 1000;

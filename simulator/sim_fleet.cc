@@ -74,9 +74,8 @@ SimFleet::SimFleet(SimFleetConfig config, const SimClients& clients, client::Tra
       state_(trainer.layout().fingerprint()) {
   STARLING_CHECK_ARG(clients.train != nullptr, "the simulation needs a training set");
   if (config_.secure_signed) authority_ = simAuthority(config_.seed);
-  if (server::downlinkMirrored(config_.downlink))
-    copies_.emplace(trainer.layout(), server::downlinkBlockBits(config_.downlink),
-                    config_.downlink_copies);
+  copies_ = server::ClientCopies::forDownlink(trainer.layout(), config_.downlink,
+                                              config_.downlink_density, config_.downlink_copies);
   STARLING_CHECK_ARG(clients.shards.size() == clients.devices.size(), clients.shards.size(),
                      " shards but ", clients.devices.size(), " devices");
   // The pool's ids travel as 4 bytes (waitForClients' list of those online).
@@ -822,13 +821,15 @@ void SimFleet::restoreState(std::span<const uint8_t> bytes) {
   if (flag > 1) r.fail("its client copies are marked ", int{flag});
   const bool had_copies = flag == 1;
   if (had_copies != copies_.has_value())
-    r.fail(had_copies ? "it was written by a run with a mirrored downlink (q3-mirror, q2-mirror)"
-                      : "it was written by a run without a mirrored downlink",
-           ", this one is ", server::downlinkName(config_.downlink),
-           ": resume with the run's downlink.mode");
+    r.fail(
+        had_copies
+            ? "it was written by a run with a mirrored downlink (q3-mirror, q2-mirror, stc-mirror)"
+            : "it was written by a run without a mirrored downlink",
+        ", this one is ", server::downlinkName(config_.downlink),
+        ": resume with the run's downlink.mode");
   std::optional<server::ClientCopies> copies;
   if (copies_) {
-    copies.emplace(trainer_.layout(), copies_->bits(), copies_->capacity());
+    copies.emplace(trainer_.layout(), copies_->bits(), copies_->capacity(), copies_->density());
     copies->read(r);
   }
   r.finish();

@@ -79,11 +79,13 @@ struct SimFleetConfig {
   // secagg.threat = malicious-server: the clients sign their advertised keys with signing keys
   // certified by simAuthority(seed), and check their neighbours' (as deployed clients do).
   bool secure_signed = false;
-  // The downlink (server::EngineConfig::downlink): a mirrored one (q3-mirror, q2-mirror) makes the
-  // fleet keep every client's copy (server::ClientCopies, the same on every worker: each encodes
-  // every participant's task) and train each client from its own; at most `downlink_copies`.
+  // The downlink (server::EngineConfig::downlink): a mirrored one (q3-mirror, q2-mirror,
+  // stc-mirror) makes the fleet keep every client's copy (server::ClientCopies, the same on every
+  // worker: each encodes every participant's task) and train each client from its own; at most
+  // `downlink_copies`; stc-mirror's density is downlink_density (EngineConfig::downlink_density).
   server::Downlink downlink = server::Downlink::kDense;
   size_t downlink_copies = 1000;
+  double downlink_density = 0.01;
 };
 
 // Under secagg.threat = malicious-server a simulation plays the federation's authority itself:

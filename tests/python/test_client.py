@@ -333,6 +333,41 @@ class PythonClientTest(unittest.TestCase):
                     want = held + blockq((x2 - held).ravel()).reshape(x.shape)
                     np.testing.assert_array_equal(got, want)
 
+        # stc-mirror: the difference from the client's copy as +-mu (mu its mean magnitude) on
+        # downlink.density of each tensor; at density 1 every nonzero difference moves. A client
+        # that adds a ramp: its next model is the ramp's mean, not the ramp (as dense would send).
+        class Ramp(Shifter):
+            def fit(self, parameters, config):
+                self.seen.append([p.copy() for p in parameters])
+                return [p + ramp(p) for p in parameters], self.num_examples, {"train_loss": 1.0}
+
+        def ramp(p):
+            return ((np.arange(p.size, dtype=np.float32) + 1) / 8).reshape(p.shape)
+
+        def ternary(d):  # +-mu where d is not zero
+            mu = np.float32(np.abs(d[d != 0].astype(np.float64)).sum() / np.count_nonzero(d))
+            return np.sign(d).astype(np.float32) * mu
+
+        with self.subTest("stc-mirror"):
+            port = free_port()
+            self.fed.root(port, ["client-0"], rounds=3,
+                          extra=["--sampling.min_available", "1", "--downlink.mode", "stc-mirror",
+                                 "--downlink.density", "1"])
+            a = Ramp(0.0, 10, 1.0)
+            c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
+            runs = [run_in_thread(c)]
+            join(runs, [c])
+            self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+            self.assertEqual(len(a.seen), 3)
+            for p in a.seen[0]:
+                self.assertFalse(p.any())  # zeros, sent whole in q3's blocks
+            for got in a.seen[1]:  # the model is the ramp; its copy the ramp's mean
+                np.testing.assert_array_equal(got, ternary(ramp(got)))
+                self.assertFalse(np.array_equal(got, ramp(got)))
+            for got, held in zip(a.seen[2], a.seen[1]):
+                x2 = ramp(held) + ((held + ramp(held)) - held)
+                np.testing.assert_array_equal(got, held + ternary(x2 - held))
+
     def test_a_bad_result_raises_before_anything_is_sent(self):
         zeros = [np.zeros(s, np.float32) for _, s in LAYOUT]
         cases = {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "compression/compressor.h"
 #include "compression/payload.h"
 #include "core/bytes.h"
 #include "core/error.h"
@@ -230,6 +231,77 @@ TEST_CASE(
   CHECK_THROWS_AS(copies.encode(2, 0, std::vector<float>(5), 4), InvalidArgument);
 }
 
+TEST_CASE(
+    "stc-mirror sends each client the largest differences from its copy as +-mu, and the copies "
+    "stay equal and close on the model",
+    "[server][downlink]") {
+  const ParamLayout layout = twoTensors();
+  const size_t n = layout.numel();
+  const double density = 0.1;
+  auto made = server::ClientCopies::forDownlink(layout, server::Downlink::kStcMirror, density, 8);
+  REQUIRE(made.has_value());
+  server::ClientCopies& copies = *made;
+  CHECK(copies.bits() == 3);
+  CHECK(copies.density() == density);
+  Client c;
+  c.model.assign(n, 0.0f);
+  std::vector<float> x = gaussian(n, 1, 0.1);
+  // The first task is the whole model in q3's blocks.
+  server::EncodedModel m = copies.encode(7, 0, x, 1);
+  CHECK(m.base_version == 0);
+  for (const auto& p : m.tensors) CHECK(std::holds_alternative<cz::BlockQ>(p));
+  c.apply(layout, m, 1);
+  REQUIRE(sameBits(c.model, copies.copy(7)));
+  const std::vector<float> first(c.model);
+  // The model drifts; each task is a ternary refresh of at most the density's count a tensor,
+  // against the version held, far fewer bytes than the same difference in q2's blocks.
+  for (uint64_t v = 2; v <= 12; ++v) {
+    const auto d = gaussian(n, v, 0.003);
+    for (size_t i = 0; i < n; ++i) x[i] += d[i];
+    std::vector<float> diff(n);
+    for (size_t i = 0; i < n; ++i) diff[i] = x[i] - c.model[i];
+    m = copies.encode(7, c.held, x, v);
+    CHECK(m.base_version == c.held);
+    REQUIRE(m.tensors.size() == layout.size());
+    size_t tern_bytes = 0, block_bytes = 0;
+    for (size_t t = 0; t < layout.size(); ++t) {
+      const TensorSpec& spec = layout.tensors()[t];
+      const auto* tern = std::get_if<cz::Ternary>(&m.tensors[t]);
+      REQUIRE(tern != nullptr);
+      CHECK(tern->count > 0);
+      CHECK(tern->count <= cz::countForDensity(density, spec.numel));
+      CHECK(tern->mu > 0.0f);
+      const auto blocks = server::quantizeBlocks(
+          std::span<const float>(diff).subspan(spec.offset, spec.numel), 2, server::kDownlinkBlock);
+      tern_bytes += cz::payloadDataBytes(m.tensors[t]);
+      block_bytes += cz::payloadDataBytes(cz::Payload(blocks));
+    }
+    CHECK(tern_bytes * 2 < block_bytes);
+    c.apply(layout, m, v);
+    REQUIRE(sameBits(c.model, copies.copy(7)));
+  }
+  // The refreshes followed the drift: the copy is nearer the model than the first one left alone.
+  const double error = sqDist(c.model, x), stale = sqDist(first, x);
+  CAPTURE(error, stale);
+  CHECK(error < stale / 2);
+  // The model standing still, every task takes some of the remaining gap (each +-mu step lowers
+  // the squared error by count mu^2).
+  double before = error;
+  for (uint64_t v = 13; v <= 20; ++v) {
+    m = copies.encode(7, c.held, x, v);
+    c.apply(layout, m, v);
+    REQUIRE(sameBits(c.model, copies.copy(7)));
+    const double now = sqDist(c.model, x);
+    CHECK(now < before);
+    before = now;
+  }
+  // Another density, or the blocks, is another store.
+  CHECK_FALSE(server::ClientCopies::forDownlink(layout, server::Downlink::kQ2, density, 8));
+  CHECK(server::ClientCopies::forDownlink(layout, server::Downlink::kQ2Mirror, density, 8)
+            ->density() == 0.0);
+  CHECK_THROWS_AS(server::ClientCopies(layout, 3, 8, 1.5), InvalidArgument);
+}
+
 TEST_CASE("a mirrored downlink's copies come back from a checkpoint, or are refused",
           "[server][downlink]") {
   const ParamLayout layout = twoTensors();
@@ -274,11 +346,32 @@ TEST_CASE("a mirrored downlink's copies come back from a checkpoint, or are refu
   refused(small, bytes);
   refused(wrong, bytes);
   refused(cut, std::span<const uint8_t>(bytes).first(bytes.size() - 3));
+  // stc-mirror's copies carry their density: they resume into the same, and neither into q3's
+  // blocks (the same bits) nor another density, nor q3's into them.
+  server::ClientCopies stc(layout, 3, 4, 0.05);
+  stc.encode(2, 0, x, 1);
+  x[3] += 0.5f;
+  stc.encode(2, 1, x, 2);
+  std::vector<uint8_t> stc_bytes;
+  ByteWriter sw(stc_bytes);
+  stc.write(sw);
+  server::ClientCopies stc_back(layout, 3, 4, 0.05);
+  ByteReader sr(stc_bytes, "test");
+  stc_back.read(sr);
+  sr.finish();
+  CHECK(sameBits(stc_back.copy(2), stc.copy(2)));
+  server::ClientCopies blocks3(layout, 3, 4), other_density(layout, 3, 4, 0.1),
+      stc_for_q3(layout, 3, 4, 0.05);
+  for (auto* into : {&blocks3, &other_density, &stc_for_q3})
+    into->encode(9, 0, gaussian(layout.numel(), 2, 0.1), 5);
+  refused(blocks3, stc_bytes);
+  refused(other_density, stc_bytes);
+  refused(stc_for_q3, bytes);
 }
 
 TEST_CASE("the mirrored downlinks' modes, names and store", "[server][downlink]") {
   using server::Downlink;
-  for (const auto mode : {Downlink::kQ3Mirror, Downlink::kQ2Mirror}) {
+  for (const auto mode : {Downlink::kQ3Mirror, Downlink::kQ2Mirror, Downlink::kStcMirror}) {
     CHECK(server::parseDownlink(server::downlinkName(mode)) == mode);
     CHECK(server::downlinkMirrored(mode));
     CHECK(server::downlinkPerHeld(mode));
@@ -286,6 +379,10 @@ TEST_CASE("the mirrored downlinks' modes, names and store", "[server][downlink]"
     CHECK(server::peerDecodes(mode, true, true, true));
     CHECK_FALSE(server::peerDecodes(mode, true, true, false));  // the others get it dense
   }
+  // stc-mirror's refreshes are ternary: a peer that decodes blocks alone gets it dense.
+  CHECK_FALSE(server::peerDecodes(Downlink::kStcMirror, true, false, true));
+  CHECK(server::peerDecodes(Downlink::kQ2Mirror, true, false, true));
+  CHECK(server::downlinkBlockBits(Downlink::kStcMirror) == 3);
   CHECK(server::downlinkBlockBits(Downlink::kQ3Mirror) == 3);
   CHECK(server::downlinkBlockBits(Downlink::kQ2Mirror) == 2);
   CHECK_FALSE(server::downlinkMirrored(Downlink::kQ2));

@@ -771,6 +771,9 @@ TEST_CASE(
   // and the models their clients train from, are the uninterrupted run's.
   cases.push_back({"fedbuff-q2-mirror", sim::DevicePopulation::sample(n, dd, 5), 2, 4, 0.0, false,
                    server::Downlink::kQ2Mirror, 200});
+  // stc-mirror: the copies, with their ternary refreshes' density (sc.density), likewise.
+  cases.push_back({"fedbuff-stc-mirror", sim::DevicePopulation::sample(n, dd, 5), 2, 4, 0.0, false,
+                   server::Downlink::kStcMirror, 200});
   for (Case& c : cases) {
     INFO(c.name);
     Setup s(n, 30, c.devices, c.empty_first, c.features);

@@ -1504,8 +1504,10 @@ TEST_CASE(
     "one's, and what cannot take it is refused",
     "[simulator][integration]") {
   TempDir dir("simmirror");
-  const auto run = [&](const std::string& tag, int workers, int rounds, const std::string& mode) {
-    runSimToEnd(with(simArgs(dir, tag, workers, rounds), {"--downlink.mode", mode}),
+  const auto run = [&](const std::string& tag, int workers, int rounds, const std::string& mode,
+                       const std::string& density = "0.01") {
+    runSimToEnd(with(simArgs(dir, tag, workers, rounds),
+                     {"--downlink.mode", mode, "--downlink.density", density}),
                 dir / (tag + ".log"));
     return readLines(dir / (tag + ".jsonl"));
   };
@@ -1546,6 +1548,33 @@ TEST_CASE(
   INFO(readText(dir / "other.log"));
   CHECK(readText(dir / "other.log").find("mirrored downlink") != std::string::npos);
   CHECK(readCheckpoint(dir / "resumed.ckpt").next_round == 7);
+  // stc-mirror (ternary refreshes of 5% of each tensor, the whole model in q3's blocks): resumed
+  // is uninterrupted too, its copies' density in the checkpoint; another density is refused.
+  const auto stc = run("stc", 1, 6, "stc-mirror", "0.05");
+  run("stcres", 1, 3, "stc-mirror", "0.05");
+  const auto stc_resumed = run("stcres", 1, 6, "stc-mirror", "0.05");
+  REQUIRE(stc.size() == 6);
+  REQUIRE(stc_resumed.size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    INFO(i);
+    for (const char* key : {"downlink_bytes", "uplink_bytes", "train_loss", "test_accuracy"})
+      CHECK(field(stc_resumed[i], key) == field(stc[i], key));
+    // At most 3.125 bits a value and the task's framing, against 32.
+    CHECK(std::stoull(field(stc[i], "downlink_bytes")) * 8 <
+          std::stoull(field(dense[i], "downlink_bytes")));
+  }
+  CHECK(std::stod(field(stc[5], "test_accuracy")) > 0.5);
+  // Later rounds send clients that held a copy 5% of the values: fewer bytes than q2-mirror's.
+  CHECK(std::stoull(field(stc[5], "downlink_bytes")) <
+        std::stoull(field(one[5], "downlink_bytes")));
+  CHECK(modelDiff(dir / "stcres.ckpt", dir / "stc.ckpt").first == 0);
+  Proc density(with(simArgs(dir, "stcres", 1, 8),
+                    {"--downlink.mode", "stc-mirror", "--downlink.density", "0.1"}),
+               dir / "density.log");
+  CHECK(density.wait(seconds(120)) != 0);
+  INFO(readText(dir / "density.log"));
+  CHECK(readText(dir / "density.log").find("downlink.density") != std::string::npos);
+  CHECK(readCheckpoint(dir / "stcres.ckpt").next_round == 7);
   // Fewer copies kept than a round's participants (who train from them): refused before
   // anything runs, naming the key.
   Proc few(
