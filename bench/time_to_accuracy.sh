@@ -12,9 +12,10 @@
 #   OUT   folder of the metrics files (default tta)
 #   BIN   starling-sim (default build/bin/starling-sim)
 # Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20
-# semisync fedbuff-eta1.5 fedbuff-eta1.5-sign-q2m fedbuff-eta1.5-sign fedbuff-eta1.5-q2m), CLIENTS (the population, default 100) and PER_ROUND (clients per
-# synchronous round, and FedBuff's concurrency and K; default 10): CLIENTS=1000 PER_ROUND=100 is the
-# same number of examples a round at a tenth of the data per client. fedbuff-eta1.5: the server
+# semisync fedbuff-eta1.5 fedbuff-eta1.5-sign-q2m fedbuff-eta1.5-sign fedbuff-eta1.5-q2m), CLIENTS
+# (the population, default 100) and PER_ROUND (clients per synchronous round, and FedBuff's
+# concurrency and K; default 10): CLIENTS=1000 PER_ROUND=100 is the same number of examples a round
+# at a tenth of the data per client. fedbuff-eta1.5: the server
 # step x += 1.5 delta, which gives back what the staleness weights take from FedBuff's mean step
 # (mean staleness 0.9 at these settings: an update weighs (1 + 0.9)^-0.5 = 0.73 on average).
 set -euo pipefail

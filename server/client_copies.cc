@@ -1,7 +1,9 @@
 #include "server/client_copies.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "compression/compressor.h"
@@ -31,6 +33,9 @@ ClientCopies::ClientCopies(ParamLayout layout, uint32_t bits, size_t capacity, d
 std::optional<ClientCopies> ClientCopies::forDownlink(ParamLayout layout, Downlink mode,
                                                       double density, size_t capacity) {
   if (!downlinkMirrored(mode)) return std::nullopt;
+  if (mode == Downlink::kStcMirror && !(density > 0.0 && density <= 1.0))
+    STARLING_THROW(ConfigError, "downlink.mode = stc-mirror needs downlink.density in (0, 1], got ",
+                   density);
   return ClientCopies(std::move(layout), downlinkBlockBits(mode), capacity,
                       mode == Downlink::kStcMirror ? density : 0.0);
 }
@@ -178,13 +183,19 @@ void ClientCopies::write(ByteWriter& w) const {
 void ClientCopies::read(ByteReader& r) {
   const uint32_t tag = r.u32();
   const uint32_t bits = tag & ~kTernaryFlag;
-  const double density = (tag & kTernaryFlag) != 0 ? r.f64() : 0.0;
+  const bool ternary = (tag & kTernaryFlag) != 0;
+  const double density = ternary ? r.f64() : 0.0;
+  if (ternary && !(density > 0.0 && density <= 1.0))
+    r.fail("the clients' copies have ternary refreshes of density ", density, ", not in (0, 1]");
+  const auto what = [](uint32_t b, double d) {
+    std::ostringstream s;
+    s << b << " bits a value";
+    if (d > 0.0) s << " with ternary refreshes of density " << std::setprecision(17) << d;
+    return s.str();
+  };
   if (bits != bits_ || density != density_)
-    r.fail("the clients' copies are of ", bits, " bits a value",
-           density > 0.0 ? " with ternary refreshes of density " + std::to_string(density) : "",
-           ", this run's of ", bits_,
-           density_ > 0.0 ? " with ternary refreshes of density " + std::to_string(density_) : "",
-           ": resume with the same downlink.mode and downlink.density");
+    r.fail("the clients' copies are of ", what(bits, density), ", this run's of ",
+           what(bits_, density_), ": resume with the same downlink.mode and downlink.density");
   const uint64_t sends = r.u64(), n = r.u64();
   if (n > capacity_)
     r.fail("holds ", n, " clients' copies, downlink.copies keeps ", capacity_,

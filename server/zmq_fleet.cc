@@ -82,6 +82,9 @@ void FleetConfig::validate() const {
                    heartbeat_ms, ")");
   if (max_examples == 0) STARLING_THROW(ConfigError, "max_examples must be positive");
   if (clock == nullptr) STARLING_THROW(ConfigError, "the fleet's clock is null");
+  if (downlink_copies == 0) STARLING_THROW(ConfigError, "downlink.copies must be positive");
+  if (!(downlink_density > 0.0 && downlink_density <= 1.0))
+    STARLING_THROW(ConfigError, "downlink.density must be in (0, 1], got ", downlink_density);
 }
 
 ZmqFleet::ZmqFleet(transport::Context& ctx, FleetConfig config,

@@ -295,7 +295,38 @@ TEST_CASE(
     CHECK(now < before);
     before = now;
   }
-  // Another density, or the blocks, is another store.
+  // A model that did not move since the copy was made whole (zeros are exact in any blocks): the
+  // difference is all zeros, each tensor a ternary payload of no values, which a client decodes
+  // from the wire and applies as nothing.
+  const std::vector<float> zeros(n, 0.0f);
+  Client z;
+  z.model.assign(n, 1.0f);
+  z.apply(layout, copies.encode(3, 0, zeros, 21), 21);
+  REQUIRE(sameBits(z.model, zeros));
+  m = copies.encode(3, 21, zeros, 22);
+  protocol::TaskMsg h;
+  h.round = 22;
+  h.model_version = 22;
+  h.base_version = m.base_version;
+  h.compressor = "none";
+  h.nonce = 5;
+  std::vector<cz::PayloadView> views;
+  for (const auto& p : m.tensors) {
+    REQUIRE(std::holds_alternative<cz::Ternary>(p));
+    CHECK(std::get<cz::Ternary>(p).count == 0);
+    views.push_back(cz::view(p));
+  }
+  const protocol::TaskMsg back = protocol::decodeTask(protocol::encodeTask(h, views), layout);
+  CHECK(back.base_version == 21);
+  protocol::applyModel(layout, 21, back.base_version, back.model, z.model);
+  CHECK(sameBits(z.model, copies.copy(3)));
+  CHECK(sameBits(z.model, zeros));
+  // Another density, or the blocks, is another store; stc-mirror without a density is refused.
+  CHECK_THROWS_AS(server::ClientCopies::forDownlink(layout, server::Downlink::kStcMirror, 0.0, 8),
+                  ConfigError);
+  CHECK_THROWS_AS(
+      server::ClientCopies::forDownlink(layout, server::Downlink::kStcMirror, std::nan(""), 8),
+      ConfigError);
   CHECK_FALSE(server::ClientCopies::forDownlink(layout, server::Downlink::kQ2, density, 8));
   CHECK(server::ClientCopies::forDownlink(layout, server::Downlink::kQ2Mirror, density, 8)
             ->density() == 0.0);
@@ -367,6 +398,14 @@ TEST_CASE("a mirrored downlink's copies come back from a checkpoint, or are refu
   refused(blocks3, stc_bytes);
   refused(other_density, stc_bytes);
   refused(stc_for_q3, bytes);
+  // A density out of (0, 1] in the file: refused, naming it.
+  for (const double bad : {0.0, 1.5, std::nan("")}) {
+    std::vector<uint8_t> lying(stc_bytes);
+    std::memcpy(lying.data() + 4, &bad, sizeof bad);  // after the u32 of bits and flag
+    ByteReader lr(lying, "test");
+    CHECK_THROWS_WITH(stc_back.read(lr), Catch::Matchers::Contains("not in (0, 1]"));
+  }
+  CHECK(sameBits(stc_back.copy(2), stc.copy(2)));  // as it was
 }
 
 TEST_CASE("the mirrored downlinks' modes, names and store", "[server][downlink]") {

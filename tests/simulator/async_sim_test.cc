@@ -672,12 +672,14 @@ TEST_CASE(
   // task decodes to, whole or refreshed (server/model_store.h).
   const size_t n = 12;
   const server::Downlink modes[] = {server::Downlink::kDense, server::Downlink::kQ8,
-                                    server::Downlink::kQ4, server::Downlink::kQ2Mirror};
-  double per_start[4] = {0, 0, 0, 0}, accuracy[4] = {0, 0, 0, 0}, before = 0, numel = 0;
-  for (int m = 0; m < 4; ++m) {
+                                    server::Downlink::kQ4, server::Downlink::kQ2Mirror,
+                                    server::Downlink::kStcMirror};
+  double per_start[5] = {}, accuracy[5] = {}, before = 0, numel = 0;
+  for (int m = 0; m < 5; ++m) {
     Setup s(n, 30, sim::DevicePopulation::sample(n, sim::DeviceDistributions{}, 3), false, 200);
     auto sc = s.serverConfig(2, 20);
     sc.downlink = modes[m];
+    sc.density = 0.1;  // stc-mirror's
     sim::AsyncSimConfig ac = s.simConfig(60, 4);
     ac.eval_every = 60;
     std::vector<size_t> all(s.train.size());
@@ -695,10 +697,10 @@ TEST_CASE(
     accuracy[m] = *r.steps.back().test_accuracy;
   }
   INFO("bytes per task: dense " << per_start[0] << ", q8 " << per_start[1] << ", q4 "
-                                << per_start[2] << ", q2-mirror " << per_start[3]
-                                << "; accuracy before " << before << ", dense " << accuracy[0]
-                                << ", q8 " << accuracy[1] << ", q4 " << accuracy[2]
-                                << ", q2-mirror " << accuracy[3]);
+                                << per_start[2] << ", q2-mirror " << per_start[3] << ", stc-mirror "
+                                << per_start[4] << "; accuracy before " << before << ", dense "
+                                << accuracy[0] << ", q8 " << accuracy[1] << ", q4 " << accuracy[2]
+                                << ", q2-mirror " << accuracy[3] << ", stc-mirror " << accuracy[4]);
   const double header = per_start[0] - 4 * numel;  // every task's bytes beyond its values
   REQUIRE(header > 0);
   INFO("header " << header << " bytes");
@@ -709,7 +711,10 @@ TEST_CASE(
   CHECK(per_start[2] - header > 0.45 * numel);
   // q2-mirror: 2 bits a value, a byte a block of 64 and the block payload's framing: under q4.
   CHECK(per_start[3] < per_start[2]);
-  for (int m = 1; m < 4; ++m) {
+  // stc-mirror: a tenth of the values, a few bits each, after each client's first task (q3's
+  // blocks): under q2-mirror.
+  CHECK(per_start[4] < per_start[3]);
+  for (int m = 1; m < 5; ++m) {
     CHECK(accuracy[m] > before + 0.2);
     CHECK(accuracy[m] > accuracy[0] - 0.05);
   }
