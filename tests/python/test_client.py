@@ -309,19 +309,22 @@ class PythonClientTest(unittest.TestCase):
                 out[lo:lo + block] = best[1]
             return out.astype(np.float32)
 
+        def three_rounds(a, *downlink):  # one client, a root with these downlink options
+            port = free_port()
+            self.fed.root(port, ["client-0"], rounds=3,
+                          extra=["--sampling.min_available", "1", *downlink])
+            c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
+            runs = [run_in_thread(c)]
+            join(runs, [c])
+            self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
+            self.assertEqual(len(a.seen), 3)
+
         # q2-mirror (the root keeps the client's copy and sends the difference from it) sends this
         # one client, one version behind every round, what q2 sends: the same models.
         for mode in ("q2", "q2-mirror"):
             with self.subTest(mode):
-                port = free_port()
-                self.fed.root(port, ["client-0"], rounds=3,
-                              extra=["--sampling.min_available", "1", "--downlink.mode", mode])
                 a = Shifter(1.0, 10, 1.0)
-                c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
-                runs = [run_in_thread(c)]
-                join(runs, [c])
-                self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
-                self.assertEqual(len(a.seen), 3)
+                three_rounds(a, "--downlink.mode", mode)
                 for p in a.seen[0]:
                     self.assertFalse(p.any())  # the root's first model: zeros, sent whole
                 x1 = [np.ones(p.shape, np.float32) for p in a.seen[0]]
@@ -349,16 +352,8 @@ class PythonClientTest(unittest.TestCase):
             return np.sign(d).astype(np.float32) * mu
 
         with self.subTest("stc-mirror"):
-            port = free_port()
-            self.fed.root(port, ["client-0"], rounds=3,
-                          extra=["--sampling.min_available", "1", "--downlink.mode", "stc-mirror",
-                                 "--downlink.density", "1"])
             a = Ramp(0.0, 10, 1.0)
-            c = starling.Client(a, num_examples=10, **self.fed.client_kwargs(port, 0))
-            runs = [run_in_thread(c)]
-            join(runs, [c])
-            self.assertNotIn("error", runs[0], msg=self.fed.log("root"))
-            self.assertEqual(len(a.seen), 3)
+            three_rounds(a, "--downlink.mode", "stc-mirror", "--downlink.density", "1")
             for p in a.seen[0]:
                 self.assertFalse(p.any())  # zeros, sent whole in q3's blocks
             for got in a.seen[1]:  # the model is the ramp; its copy the ramp's mean
