@@ -12,7 +12,8 @@
 #   OUT   folder of the metrics files (default tta)
 #   BIN   starling-sim (default build/bin/starling-sim)
 # Environment: ROUNDS (60), SEEDS ("1 2 3"), TARGET (80), ONLY (run names: sync fedbuff fedbuff20
-# semisync fedbuff-eta1.5 fedbuff-eta1.5-sign-q2m fedbuff-eta1.5-sign fedbuff-eta1.5-q2m), CLIENTS
+# semisync fedbuff-eta1.5 fedbuff-eta1.5-sign-q2m fedbuff-eta1.5-sign fedbuff-eta1.5-q2m
+# fedbuff-eta1.5-stc10a-stcm10), CLIENTS
 # (the population, default 100) and PER_ROUND (clients per synchronous round, and FedBuff's
 # concurrency and K; default 10): CLIENTS=1000 PER_ROUND=100 is the same number of examples a round
 # at a tenth of the data per client. fedbuff-eta1.5: the server
@@ -40,6 +41,7 @@ runs=(
   "fedbuff-eta1.5-sign-q2m|--aggregation.server_opt fedavg:eta=1.5 --compression.compressor sign --downlink.mode q2-mirror"
   "fedbuff-eta1.5-sign|--aggregation.server_opt fedavg:eta=1.5 --compression.compressor sign"
   "fedbuff-eta1.5-q2m|--aggregation.server_opt fedavg:eta=1.5 --downlink.mode q2-mirror"
+  "fedbuff-eta1.5-stc10a-stcm10|--aggregation.server_opt fedavg:eta=1.5 --compression.compressor stc:density=0.1,ef_preview=1 --downlink.mode stc-mirror --downlink.density 0.1"
 )
 
 for seed in $seeds; do
