@@ -277,12 +277,14 @@ void describe(const Settings& c, const SimPlan& plan, const SimParts& parts) {
       ec.scheme.compressor.c_str(), ec.scheme.rule.c_str(), world, world == 1 ? "" : "s",
       c.sim.backend.c_str(), plan.launch.source.c_str(),
       plan.device.cuda() ? (plan.device.str() + (world > 1 ? " (rank 0)" : "")).c_str() : "cpu");
-  if (server::downlinkMirrored(ec.downlink))
+  if (server::downlinkMirrored(ec.downlink)) {
+    // A simulation has no more clients than its pool: the bound is the smaller of the two.
+    const std::uint64_t kept = std::min<std::uint64_t>(c.downlink.copies, c.data.num_clients);
     say("downlink %s: up to %llu clients' copies of the model, %.0f MB on every worker (twice that "
         "with a checkpoint, which holds them all)\n",
-        server::downlinkName(ec.downlink), static_cast<unsigned long long>(c.downlink.copies),
-        static_cast<double>(c.downlink.copies) * 4.0 * static_cast<double>(parts.layout->numel()) /
-            1e6);
+        server::downlinkName(ec.downlink), static_cast<unsigned long long>(kept),
+        static_cast<double>(kept) * 4.0 * static_cast<double>(parts.layout->numel()) / 1e6);
+  }
   say("data: train %s (%s); test %s\n", data::describe(train).c_str(),
       parts.loaded.train_path.c_str(),
       parts.test() ? (data::describe(*parts.test()) + " (" + parts.loaded.test_path + ")").c_str()
