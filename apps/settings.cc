@@ -561,7 +561,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "machine",
         1, 256);
   o.add("sim.schedule", &s.sim.schedule,
-        "assigning clients to workers: lpt (by estimated cost) or round_robin");
+        "assigning clients to workers: lpt (longest first by examples; reruns give the same "
+        "bits), lpt_measured (by the workers' measured speeds, for workers of unlike speeds; the "
+        "order of the sums then follows the machine's load) or round_robin");
   o.add("sim.sharded_step", &s.sim.sharded_step,
         "global aggregation as reduce-scatter, server optimizer on each worker's shard, "
         "all-gather (else all-reduce and every worker steps the whole model; under secagg.enabled "

@@ -10,12 +10,21 @@ namespace starling::simulator {
 
 SchedulePolicy parseSchedulePolicy(std::string_view s) {
   if (s == "lpt") return SchedulePolicy::kLpt;
+  if (s == "lpt_measured") return SchedulePolicy::kLptMeasured;
   if (s == "round_robin") return SchedulePolicy::kRoundRobin;
-  STARLING_THROW(ConfigError, "schedule must be lpt or round_robin, got '", s, "'");
+  STARLING_THROW(ConfigError, "schedule must be lpt, lpt_measured or round_robin, got '", s, "'");
 }
 
 const char* schedulePolicyName(SchedulePolicy p) {
-  return p == SchedulePolicy::kLpt ? "lpt" : "round_robin";
+  switch (p) {
+    case SchedulePolicy::kLpt:
+      return "lpt";
+    case SchedulePolicy::kLptMeasured:
+      return "lpt_measured";
+    case SchedulePolicy::kRoundRobin:
+      return "round_robin";
+  }
+  return "?";
 }
 
 CostModel::CostModel(int workers, double prior, double smoothing)
@@ -61,19 +70,35 @@ Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint
       if (jobs[x].examples != jobs[y].examples) return jobs[x].examples > jobs[y].examples;
       return jobs[x].client_id < jobs[y].client_id;
     });
-    for (size_t i : order) {
-      int best = 0;
-      double best_finish = 0.0;
-      for (int k = 0; k < w; ++k) {
-        const double finish = a.predicted_seconds[static_cast<size_t>(k)] +
-                              cost.estimate(k, jobs[i].examples, epochs);
-        if (k == 0 || finish < best_finish) {
-          best = k;
-          best_finish = finish;
-        }
+    if (policy == SchedulePolicy::kLpt) {
+      // Equal workers: loads in examples (integers, so no rounding can tip a choice), the
+      // predicted seconds at the workers' mean speed.
+      double spe = 0.0;
+      for (int k = 0; k < w; ++k) spe += cost.secondsPerExample(k) / static_cast<double>(w);
+      std::vector<uint64_t> load(static_cast<size_t>(w), 0);
+      for (size_t i : order) {
+        const auto best = static_cast<size_t>(std::min_element(load.begin(), load.end()) -
+                                              load.begin());  // the first of equals
+        a.per_worker[best].push_back(jobs[i].client_id);
+        load[best] += jobs[i].examples;
       }
-      a.per_worker[static_cast<size_t>(best)].push_back(jobs[i].client_id);
-      a.predicted_seconds[static_cast<size_t>(best)] = best_finish;
+      for (size_t k = 0; k < load.size(); ++k)
+        a.predicted_seconds[k] = spe * static_cast<double>(load[k]) * static_cast<double>(epochs);
+    } else {
+      for (size_t i : order) {
+        int best = 0;
+        double best_finish = 0.0;
+        for (int k = 0; k < w; ++k) {
+          const double finish = a.predicted_seconds[static_cast<size_t>(k)] +
+                                cost.estimate(k, jobs[i].examples, epochs);
+          if (k == 0 || finish < best_finish) {
+            best = k;
+            best_finish = finish;
+          }
+        }
+        a.per_worker[static_cast<size_t>(best)].push_back(jobs[i].client_id);
+        a.predicted_seconds[static_cast<size_t>(best)] = best_finish;
+      }
     }
   }
   a.predicted_makespan = *std::max_element(a.predicted_seconds.begin(), a.predicted_seconds.end());

@@ -2,13 +2,22 @@
 // Heterogeneity-aware scheduling of a round's sampled clients onto the simulator's workers.
 //
 // A worker trains its clients one after another, so a round's wall time is the largest worker's
-// load (the makespan). A client's cost is estimated as examples x epochs x the seconds per example
-// of the worker that trains it, fitted online from what the worker actually took (CostModel), and
-// the clients are assigned longest job first, each to the worker that would finish it earliest
-// (LPT on uniform machines: within 4/3 of the optimal makespan for identical workers). Round-robin
-// stays selectable for comparison. Assignment is deterministic (ties go to the lower worker index
-// and the lower client id) and never changes a result: every client's training stream is keyed
-// by (run seed, round, client id), whichever worker runs it.
+// load (the makespan). The clients are assigned longest job first, each to the worker that would
+// finish it earliest (LPT: within 4/3 of the optimal makespan for identical workers):
+//   lpt           a job's cost is its examples x epochs, the workers taken as equally fast; the
+//                 assignment is a function of the round's clients alone, so a rerun of a seed adds
+//                 the same updates in the same order on each worker and gives the same bits
+//                 (the default);
+//   lpt_measured  the cost is examples x epochs x the seconds per example of the worker, fitted
+//                 online from what the worker actually took (CostModel; LPT on uniform machines,
+//                 for workers of unlike speeds): measured times change with what else the machine
+//                 runs, so the assignment, and with it the order of the float sums, can differ
+//                 from one run of a seed to the next (the results then agree to the last bits only
+//                 while no assignment differs);
+//   round_robin   the listed order dealt to the workers in turn, for comparison.
+// Ties go to the lower worker index and the lower client id. Which worker trains a client never
+// changes what it sends: every client's training stream is keyed by (run seed, round, client id).
+// Only the order in which the workers' partial sums add up follows the assignment.
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -16,9 +25,9 @@
 
 namespace starling::simulator {
 
-enum class SchedulePolicy { kLpt, kRoundRobin };
+enum class SchedulePolicy { kLpt, kLptMeasured, kRoundRobin };
 SchedulePolicy parseSchedulePolicy(
-    std::string_view s);  // "lpt", "round_robin"; ConfigError otherwise
+    std::string_view s);  // "lpt", "lpt_measured", "round_robin"; ConfigError otherwise
 const char* schedulePolicyName(SchedulePolicy p);
 
 struct ClientJob {
@@ -53,7 +62,8 @@ struct Assignment {
 };
 
 // Assigns every job to a worker. Jobs are trained in the listed order within a worker (LPT:
-// longest first; round-robin: the order given).
+// longest first; round-robin: the order given). predicted_seconds follow `cost` under every policy
+// (under lpt, at the workers' mean seconds per example); only lpt_measured assigns by them.
 Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint32_t epochs,
                     SchedulePolicy policy);
 

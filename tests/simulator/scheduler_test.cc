@@ -38,7 +38,8 @@ TEST_CASE("every job is assigned exactly once, deterministically", "[simulator]"
   std::vector<ClientJob> jobs;
   for (uint64_t c = 0; c < 37; ++c) jobs.push_back({c * 3 + 1, 50 + (c * 7919) % 400});
   CostModel cost(4);
-  for (auto policy : {SchedulePolicy::kLpt, SchedulePolicy::kRoundRobin}) {
+  for (auto policy :
+       {SchedulePolicy::kLpt, SchedulePolicy::kLptMeasured, SchedulePolicy::kRoundRobin}) {
     const Assignment a = schedule(jobs, cost, 2, policy);
     const Assignment b = schedule(jobs, cost, 2, policy);
     CHECK(a.per_worker == b.per_worker);
@@ -49,9 +50,50 @@ TEST_CASE("every job is assigned exactly once, deterministically", "[simulator]"
   }
   CHECK_THROWS_AS(parseSchedulePolicy("fifo"), ConfigError);
   CHECK(parseSchedulePolicy("lpt") == SchedulePolicy::kLpt);
+  CHECK(parseSchedulePolicy("lpt_measured") == SchedulePolicy::kLptMeasured);
+  CHECK(parseSchedulePolicy("round_robin") == SchedulePolicy::kRoundRobin);
+  for (auto p : {SchedulePolicy::kLpt, SchedulePolicy::kLptMeasured, SchedulePolicy::kRoundRobin})
+    CHECK(parseSchedulePolicy(schedulePolicyName(p)) == p);
 }
 
-TEST_CASE("LPT's makespan beats round-robin on a skewed workload", "[simulator]") {
+TEST_CASE("lpt's assignment depends on the clients alone, not on measured times", "[simulator]") {
+  // A simulator's workers fit the cost model from wall times, which change with the machine's
+  // load: under lpt they must not change who trains where (the order of the float sums follows
+  // it, and a rerun of a seed must give the same bits).
+  std::vector<ClientJob> jobs;
+  for (uint64_t c = 0; c < 41; ++c) jobs.push_back({c, 30 + (c * 7919) % 500});
+  CostModel fresh(3), skewed(3);
+  skewed.observe(0, 1000, 1, 0.1);
+  skewed.observe(1, 1000, 1, 0.37);
+  skewed.observe(2, 1000, 1, 0.05);
+  const Assignment a = schedule(jobs, fresh, 2, SchedulePolicy::kLpt);
+  const Assignment b = schedule(jobs, skewed, 2, SchedulePolicy::kLpt);
+  CHECK(a.per_worker == b.per_worker);
+  // Longest first, each to the least loaded worker in examples, ties to the lower index: the
+  // workers' loads differ by at most the largest job.
+  std::vector<uint64_t> load;
+  for (const auto& w : a.per_worker) {
+    uint64_t l = 0;
+    for (uint64_t c : w) l += jobs[c].examples;
+    load.push_back(l);
+  }
+  const auto [lo, hi] = std::minmax_element(load.begin(), load.end());
+  uint64_t largest = 0;
+  for (const auto& j : jobs) largest = std::max(largest, j.examples);
+  CHECK(*hi - *lo <= largest);
+  // Its predicted seconds are at the mean measured speed.
+  const double mean_spe = (1e-4 + 3.7e-4 + 5e-5) / 3;
+  for (size_t k = 0; k < load.size(); ++k)
+    CHECK(b.predicted_seconds[k] == Approx(mean_spe * static_cast<double>(load[k]) * 2));
+  // lpt_measured follows the measured speeds: the slow worker gets less of the work.
+  const Assignment m = schedule(jobs, skewed, 2, SchedulePolicy::kLptMeasured);
+  CHECK(m.per_worker != b.per_worker);
+  uint64_t slow = 0;
+  for (uint64_t c : m.per_worker[1]) slow += jobs[c].examples;
+  CHECK(slow < load[1]);
+}
+
+TEST_CASE("lpt_measured's makespan beats round-robin on workers of unlike speeds", "[simulator]") {
   // Quantity skew: a few clients hold most examples (a Zipf-like pool), two workers, one slower.
   RngStream rng(StreamKey{7, 0, 0, StreamPurpose::kTest, 0});
   std::vector<ClientJob> jobs;
@@ -67,7 +109,8 @@ TEST_CASE("LPT's makespan beats round-robin on a skewed workload", "[simulator]"
   cost.observe(0, 1000, 1, 0.1);
   cost.observe(1, 1000, 1, 0.2);
   CHECK(cost.secondsPerExample(1) == Approx(2e-4));
-  const double lpt = trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kLpt), spe, examples, 1);
+  const double lpt =
+      trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kLptMeasured), spe, examples, 1);
   const double rr =
       trueMakespan(schedule(jobs, cost, 1, SchedulePolicy::kRoundRobin), spe, examples, 1);
   CHECK(lpt < rr);
