@@ -1,23 +1,16 @@
 #include "server/async_engine.h"
 
-#include <chrono>
-
 #include "core/error.h"
 
 namespace starling::server {
-
-namespace {
-double wallNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
 
 AsyncEngine::AsyncEngine(AsyncServer& server, AsyncEngineConfig config, AsyncDurability* durability)
     : server_(server),
       config_(std::move(config)),
       durability_(durability),
-      broadcast_(server.broadcast(server.version())),
-      wall_since_(wallNow()) {
+      recorder_(RecorderConfig{config_.metrics, config_.lead, config_.eval_every,
+                               config_.eval_applied_only}),
+      broadcast_(server.broadcast(server.version())) {
   STARLING_CHECK_ARG(config_.concurrency >= 1, "the engine needs a concurrency of at least 1");
   STARLING_CHECK_ARG(config_.round_seconds >= 0.0, "a round's length is not negative");
   refreshTask();
@@ -71,8 +64,12 @@ void AsyncEngine::failed(uint64_t /*client*/) { ++window_.failed; }
 
 void AsyncEngine::run(AsyncFleet& fleet, const std::function<void(const RoundRecord&)>& progress,
                       const std::function<void()>& accepted) {
-  progress_ = progress;
+  const RunRecorder::Reporting reporting = recorder_.reportTo(progress);
   accepted_ = accepted;
+  struct Forget {  // the caller's callback is not kept past run()
+    std::function<void()>& callback;
+    ~Forget() { callback = {}; }
+  } forget{accepted_};
   if (done()) return;
   if (config_.round_seconds > 0.0)
     runRounds(fleet);
@@ -170,24 +167,21 @@ void AsyncEngine::step(AsyncFleet& fleet) {
   rec.clients_failed = w.failed;
   rec.uplink_bytes = w.uplink;
   rec.downlink_bytes = w.downlink;
-  const double wall = wallNow();
-  rec.wall_seconds = wall - wall_since_;
-  wall_since_ = wall;
   window_ = Window{};
   fleet.record(rec);
-  if (config_.lead) {
-    if (config_.eval_every != 0 && config_.evaluate && rec.round % config_.eval_every == 0 &&
-        (rec.applied || !config_.eval_applied_only)) {
-      if (const auto r = config_.evaluate(server_.model().current())) {
-        rec.test_loss = r->first;
-        rec.test_accuracy = r->second;
-      }
+  if (config_.lead && config_.evaluate && recorder_.evaluationDue(rec)) {
+    if (const auto r = config_.evaluate(server_.model().current())) {
+      rec.test_loss = r->first;
+      rec.test_accuracy = r->second;
     }
-    if (durability_) durability_->stepped(rec);
-    MetricsLog(config_.metrics).append(rec);
   }
-  refreshTask();
-  if (config_.lead && progress_) progress_(rec);
+  // Durable, its line, then the next version's task (which progress sees).
+  recorder_.close(
+      rec,
+      [&] {
+        if (config_.lead && durability_) durability_->stepped(rec);
+      },
+      [&] { refreshTask(); });
 }
 
 // Nothing is in flight and no client can start on this version (every available one trained on

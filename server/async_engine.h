@@ -16,10 +16,12 @@
 // The fleet seam (AsyncFleet) is three questions: start tasks, take the next arrival or failure,
 // and the time on the fleet's clock. The root's is the wall clock (ZmqFleet::asyncFleet), the
 // simulator's its event clock. Each step's record (server::RoundRecord: tasks started, their
-// bytes, the updates' bytes, failures, the step's wall time) is filled here, the fleet adds its
-// own figures (a simulated clock's), then evaluation (every eval_every steps), durability (the
-// root's checkpoint and journal, the simulation's checkpoint), the metrics line and `progress`,
-// in that order, on the lead worker only (the simulator's first; a root is one).
+// bytes, the updates' bytes, failures) is filled here, the fleet adds its own figures (a
+// simulated clock's), the server's own evaluation runs when due (every eval_every steps), and the
+// run recorder (server/run_recorder.h, the synchronous engine's too) closes it: its wall time,
+// durability (the root's checkpoint and journal, the simulation's checkpoint), the metrics line
+// and `progress`, in that order; evaluation, durability, the line and progress on the lead worker
+// only (the simulator's first; a root is one).
 //
 // SCAFFOLD is refused where it is configured (apps::checkRoundMode says why: a buffered step
 // mixes model versions).
@@ -173,12 +175,11 @@ class AsyncEngine final : private AsyncIntake {
   AsyncServer& server_;
   AsyncEngineConfig config_;
   AsyncDurability* durability_;
+  RunRecorder recorder_;  // each step's record closed: durable, its line, progress
   compression::PhaseBroadcast broadcast_;
   std::optional<PhaseTask> task_;
   Window window_;
   bool accepted_pending_ = false;
-  double wall_since_ = 0.0;  // the wall clock at the last step (seconds)
-  std::function<void(const RoundRecord&)> progress_;
   std::function<void()> accepted_;
 };
 

@@ -62,16 +62,6 @@ size_t ceilFraction(double f, size_t n) {
   return static_cast<size_t>(std::ceil(f * static_cast<double>(n) - 1e-9));
 }
 
-void jsonNumber(std::ostringstream& o, const char* key, double v) {
-  o << ",\"" << key << "\":";
-  if (std::isfinite(v)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.9g", v);
-    o << buf;
-  } else {
-    o << "null";
-  }
-}
 }  // namespace
 
 std::vector<uint8_t> encodeTask(const PhaseTask& task, uint64_t held, uint64_t nonce) {
@@ -316,72 +306,12 @@ protocol::TaskMsg fitTaskHeader(const aggregation::RoundScheme& scheme, uint64_t
   return h;
 }
 
-void MetricsLog::appendLine(const std::string& json) const {
-  if (path_.empty()) return;
-  std::ofstream out(path_, std::ios::app);
-  out << json << '\n';
-  if (!out) STARLING_THROW(IoError, "cannot append to the metrics file ", path_);
-}
-
-void MetricsLog::complete(uint64_t round, const std::string& json) const {
-  if (path_.empty() || json.empty()) return;
-  std::string text;
-  if (std::filesystem::exists(path_)) {
-    const std::vector<uint8_t> bytes = readFile(path_, uint64_t{1} << 32);
-    text.assign(bytes.begin(), bytes.end());
-  }
-  const size_t end = text.rfind('\n');
-  const size_t keep = end == std::string::npos ? 0 : end + 1;
-  if (keep != text.size()) std::filesystem::resize_file(path_, keep);
-  uint64_t last = 0;
-  if (keep > 0) {
-    const size_t begin = text.rfind('\n', keep - 2);
-    const std::string line = text.substr(begin == std::string::npos ? 0 : begin + 1, keep);
-    if (const size_t at = line.find("\"round\":"); at != std::string::npos)
-      last = std::strtoull(line.c_str() + at + 8, nullptr, 10);
-  }
-  if (last < round) appendLine(json);
-}
-
-std::string RoundRecord::json() const {
-  std::ostringstream o;
-  o << "{\"round\":" << round << ",\"applied\":" << (applied ? "true" : "false");
-  if (!reason.empty()) {
-    o << ",\"reason\":\"";
-    for (char c : reason)
-      o << (c == '"' || c == '\\' ? '\'' : (static_cast<unsigned char>(c) < 0x20 ? ' ' : c));
-    o << '"';
-  }
-  o << ",\"clients_selected\":" << clients_selected
-    << ",\"clients_completed\":" << clients_completed << ",\"clients_failed\":" << clients_failed
-    << ",\"updates_rejected\":" << updates_rejected << ",\"uplink_bytes\":" << uplink_bytes
-    << ",\"downlink_bytes\":" << downlink_bytes << ",\"model_version\":" << model_version;
-  if (train_loss) jsonNumber(o, "train_loss", *train_loss);
-  for (const auto& [name, value] : metrics)
-    jsonNumber(o, name.c_str(), value);  // names checked by validate()
-  if (test_accuracy) jsonNumber(o, "test_accuracy", *test_accuracy);
-  if (test_loss) jsonNumber(o, "test_loss", *test_loss);
-  if (sim_seconds) jsonNumber(o, "sim_seconds", *sim_seconds);
-  if (makespan_seconds) jsonNumber(o, "makespan_seconds", *makespan_seconds);
-  for (size_t i = 0; i < stage_seconds.size() && i < kStages; ++i)
-    jsonNumber(o, kStageKeys[i], stage_seconds[i]);
-  if (dp_epsilon) jsonNumber(o, "dp_epsilon", *dp_epsilon);
-  if (dp_clip) jsonNumber(o, "dp_clip", *dp_clip);
-  if (!secagg_wrong_shares.empty()) {
-    o << ",\"secagg_wrong_shares\":[";
-    for (size_t i = 0; i < secagg_wrong_shares.size(); ++i)
-      o << (i ? "," : "") << secagg_wrong_shares[i];
-    o << ']';
-  }
-  jsonNumber(o, "wall_seconds", wall_seconds);
-  o << '}';
-  return o.str();
-}
-
 RoundEngine::RoundEngine(std::shared_ptr<const ParamLayout> layout, EngineConfig config,
                          std::vector<float> initial)
     : layout_(std::move(layout)),
       config_((config.validate(), std::move(config))),
+      recorder_(RecorderConfig{config_.metrics, config_.write_files, config_.eval_every,
+                               /*eval_applied_only=*/true}),
       scheme_(layout_, withClipIndicator(config_)),
       model_(ModelStore::forDownlink(layout_, config_.downlink, config_.delta_history,
                                      config_.downlink_density)),
@@ -790,14 +720,14 @@ std::vector<ClientInfo> RoundEngine::sample(const ClientPool& available, uint64_
 }
 
 RoundRecord RoundEngine::runRound(Fleet& fleet) {
-  const auto t0 = std::chrono::steady_clock::now();
+  recorder_.begin();
   RoundRecord rec;
   rec.round = next_round_;
   rec.model_version = model_.version();
   // Every round counts for central DP, whatever becomes of it.
   if (dp_) rec.dp_epsilon = dp_->epsilon(rec.round);
   bool persisted = false;
-  // The round is over: its state made durable (once), then its metrics line.
+  // The round is over: its state made durable (once), then its metrics line (recorder_).
   auto persist = [&] {
     if (persisted) return;
     persisted = true;
@@ -809,9 +739,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
     saveCheckpoint();
   };
   auto finishRecord = [&] {
-    rec.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    persist();
-    if (config_.write_files) MetricsLog(config_.metrics).append(rec);
+    recorder_.close(rec, persist);
     return rec;
   };
 
@@ -971,7 +899,7 @@ RoundRecord RoundEngine::runRound(Fleet& fleet) {
   rec.applied = true;
   rec.model_version = model_.version();
 
-  if (config_.eval_every != 0 && rec.round % config_.eval_every == 0) {
+  if (recorder_.evaluationDue(rec)) {
     // Under central DP the round is durable before its model leaves for evaluation: a crash
     // during it cannot make the round run again with another sample and other noise.
     if (dp_) persist();
@@ -1238,9 +1166,9 @@ void RoundEngine::updateControl(const ag::PartialAggregate& phase0, size_t avail
 }
 
 void RoundEngine::run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress) {
-  while (!done()) {
-    const RoundRecord rec = runRound(fleet);
-    if (progress) progress(rec);
+  {
+    const RunRecorder::Reporting reporting = recorder_.reportTo(progress);
+    while (!done()) runRound(fleet);
   }
   fleet.finish("all " + std::to_string(config_.rounds) + " rounds done");
 }

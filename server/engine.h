@@ -7,8 +7,9 @@
 //
 //   wait for clients -> sample (by count, or by Poisson) -> for each phase:
 //   fleet.runPhase(task, sampled, agg) -> round.finish() -> completion policy
-//   -> (central DP) noise on the mean -> optimizer step -> checkpoint -> metrics line
-//   -> (every eval_every rounds) fleet.evaluate()
+//   -> (central DP) noise on the mean -> optimizer step -> (every eval_every rounds)
+//   fleet.evaluate() -> the run recorder closes the round (server/run_recorder.h, the buffered
+//   engine's too): checkpoint, metrics line, progress
 //
 // Durability: after every round (applied or skipped) the engine writes its checkpoint atomically
 // (core/file_io.h): the global model and its version, the next round number, the server
@@ -34,6 +35,7 @@
 #include "privacy/dp.h"
 #include "protocol/control.h"
 #include "server/model_store.h"
+#include "server/run_recorder.h"
 #include "server/secure_round.h"
 
 namespace starling::server {
@@ -271,14 +273,6 @@ struct PhaseReport {
   std::vector<double> stage_seconds;
 };
 
-// The stages of a simulated round's time, as the metrics line's keys: the clients' states loaded
-// (and drawn shards), their training, the rest of their turn (the update formed, compressed with
-// error feedback, encoded), their updates added to the aggregate (or masked), and their states
-// stored. (The workers' reduction of the aggregate is the rest of the round's wall time.)
-inline constexpr const char* kStageKeys[] = {"time_load_s", "time_train_s", "time_update_s",
-                                             "time_aggregate_s", "time_store_s"};
-inline constexpr size_t kStages = std::size(kStageKeys);
-
 struct EvalReport {
   uint64_t clients = 0;
   uint64_t examples = 0;
@@ -375,49 +369,6 @@ class Fleet {
   virtual FleetWorkers* workers() { return nullptr; }
 };
 
-struct RoundRecord {
-  uint64_t round = 0;
-  bool applied = false;
-  std::string reason;  // why the round was not applied
-  uint64_t clients_selected = 0, clients_completed = 0, clients_failed = 0, updates_rejected = 0;
-  uint64_t uplink_bytes = 0, downlink_bytes = 0;
-  std::optional<double> train_loss;
-  std::map<std::string, double>
-      metrics;  // the other declared metrics (weighted means), e.g. ef_gain
-  std::optional<double> test_accuracy, test_loss;
-  std::optional<double> sim_seconds, makespan_seconds;  // simulated fleets only
-  std::vector<double> stage_seconds;  // simulated fleets only: kStageKeys, summed over the phases
-  std::optional<double> dp_epsilon;   // central DP: epsilon spent after this round (all so far)
-  std::optional<double> dp_clip;      // adaptive clipping: the clip this round used
-  // Secure aggregation: the clients whose revealed share was wrong and decoded around (each the
-  // revealer or the secret's owner, which dealt it; their updates are in the sum). In the JSON
-  // line when there are some.
-  std::vector<uint64_t> secagg_wrong_shares;
-  uint64_t model_version = 0;
-  double wall_seconds = 0.0;
-  std::string json() const;  // one JSON object, no newline
-};
-
-// The run's metrics file: JSON Lines, one RoundRecord per round or server step, appended the same
-// way by both engines (RoundEngine, and AsyncEngine for the root and the simulation). An empty
-// path: none, and every call does nothing.
-class MetricsLog {
- public:
-  explicit MetricsLog(std::string path = {}) : path_(std::move(path)) {}
-  // One line; IoError naming the file when it cannot be appended to.
-  void append(const RoundRecord& rec) const { appendLine(rec.json()); }
-  // For a run resumed from a checkpoint that holds the record `json` of round (or step) `round`
-  // (the asynchronous simulation's does; the round engine's and the root's do not, and a kill
-  // between their checkpoint and their line loses the line):
-  // a partial last line (the kill came in the middle of it) is cut, and the record is appended
-  // unless the file's last line is of that round or a later one.
-  void complete(uint64_t round, const std::string& json) const;
-
- private:
-  void appendLine(const std::string& json) const;
-  std::string path_;
-};
-
 class RoundEngine {
  public:
   // `initial` is the model to start from when there is no checkpoint to resume. Throws
@@ -444,7 +395,9 @@ class RoundEngine {
   // DP's mechanism and accountant, central or distributed (null without privacy.dp).
   const privacy::ClientDp* dp() const { return dp_.get(); }
 
-  // Rounds until done(), calling `progress` after each; then fleet.finish().
+  // Rounds until done(), calling `progress` (on the lead: write_files) with each round recorded,
+  // a round recorded before a stop or a failed evaluation ends the run included; then
+  // fleet.finish().
   void run(Fleet& fleet, const std::function<void(const RoundRecord&)>& progress = {});
 
  private:
@@ -476,6 +429,7 @@ class RoundEngine {
 
   std::shared_ptr<const ParamLayout> layout_;
   EngineConfig config_;
+  RunRecorder recorder_;  // each round's record closed: durable, its line, progress
   aggregation::RoundScheme scheme_;
   std::unique_ptr<aggregation::ServerOptimizer>
       optimizer_;  // of this engine's shard (the whole model unsharded)
