@@ -2,7 +2,10 @@
 // Waiting for what a test cannot be told of through a call, on the event itself, never on a fixed
 // schedule (a loaded CI machine would race a fixed pause):
 // - waitForFiles: another process (or thread) writes a file in a folder: the condition is checked
-//   again each time inotify reports a file there created, written, closed or renamed;
+//   again each time inotify reports a file there created, written, closed or renamed, and, for a
+//   condition that is asked of a process rather than read from a file (a server's status over its
+//   admin socket), at least every `recheck` when one is given: a question that failed once (the
+//   server busy) is asked again even when no file changes;
 // - waitForExit: processes end: a pidfd of each becomes readable when it terminates (a zombie
 //   counts as ended), whoever its parent is.
 // Both return whether the condition held within `timeout`.
@@ -42,7 +45,8 @@ struct Fd {
 }  // namespace wait_detail
 
 inline bool waitForFiles(const std::filesystem::path& dir, const std::function<bool()>& pred,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout,
+                         std::chrono::milliseconds recheck = std::chrono::milliseconds(0)) {
   const auto until = std::chrono::steady_clock::now() + timeout;
   wait_detail::Fd in{::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)};
   if (in.fd < 0) throw std::runtime_error("inotify_init1 failed");
@@ -56,7 +60,9 @@ inline bool waitForFiles(const std::filesystem::path& dir, const std::function<b
     const int left = wait_detail::msLeft(until);
     if (left == 0) return false;
     pollfd p{in.fd, POLLIN, 0};
-    if (::poll(&p, 1, left) < 0 && errno != EINTR) throw std::runtime_error("poll failed");
+    const int wait =
+        recheck.count() > 0 ? std::min<int>(left, static_cast<int>(recheck.count())) : left;
+    if (::poll(&p, 1, wait) < 0 && errno != EINTR) throw std::runtime_error("poll failed");
     while (::read(in.fd, events.data(), events.size()) > 0) {
     }  // drained: the next check sees every change so far
   }

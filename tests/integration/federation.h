@@ -2,12 +2,14 @@
 // A federation of real processes for the deployment tests: keys from starling-keygen, allow-list
 // folders per server, and starling-server / starling-client processes with short timings, all on
 // 127.0.0.1, all killed by pid when the Federation goes out of scope.
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "integration/harness.h"
+#include "ops/control_socket.h"
 
 namespace starling::testing {
 
@@ -105,13 +107,20 @@ class Federation {
         clientArgv({binDir() + "/starling-client"}, id, port, server_key_name, num_clients, extra));
   }
   // The same client on a slow device: each fit first waits `wait_ms` (starling-test-slow-client,
-  // tests/integration/slow_client.cc).
+  // tests/integration/slow_client.cc); fitsStarted() counts its fits begun. With a wait of 0: a
+  // client whose fits a test can see begin.
   Proc& slowClient(uint64_t id, int port, const std::string& server_key_name, uint64_t num_clients,
                    uint64_t wait_ms, std::vector<std::string> extra = {}) {
-    return start("client-" + std::to_string(id),
-                 clientArgv({binDir() + "/starling-test-slow-client", "--test.wait_ms",
-                             std::to_string(wait_ms)},
-                            id, port, server_key_name, num_clients, extra));
+    const std::string name = "client-" + std::to_string(id);
+    return start(name, clientArgv({binDir() + "/starling-test-slow-client", "--test.wait_ms",
+                                   std::to_string(wait_ms), "--test.fits", path(name + ".fits")},
+                                  id, port, server_key_name, num_clients, extra));
+  }
+  // The fits slow client `name` began (its trainer's events: a line each, before the fit's wait),
+  // over every process started under that name (the file is never truncated).
+  size_t fitsStarted(const std::string& name) const {
+    const std::string t = readText(dir_ / (name + ".fits"));
+    return static_cast<size_t>(std::count(t.begin(), t.end(), '\n'));
   }
   std::vector<std::string> clientArgv(std::vector<std::string> a, uint64_t id, int port,
                                       const std::string& server_key_name, uint64_t num_clients,
@@ -134,9 +143,15 @@ class Federation {
   Proc& proc(const std::string& name) { return procs_.at(name); }
   std::string log(const std::string& name) const { return readText(dir_ / (name + ".log")); }
   // Waits until `pred` holds, checking it again whenever a file of the federation's folder (its
-  // processes' logs, metrics, checkpoints) changes; false when `timeout` passed first.
+  // processes' logs, metrics, checkpoints, the slow clients' fits) changes; false when `timeout`
+  // passed first.
   bool waitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout) const {
     return waitForFiles(dir_.path, pred, timeout);
+  }
+  // The same for a server's answer over its admin socket (adminStatus): asked again at least every
+  // 200 ms, since the answer changes without a file changing.
+  bool waitForStatus(const std::function<bool()>& pred, std::chrono::milliseconds timeout) const {
+    return waitForFiles(dir_.path, pred, timeout, std::chrono::milliseconds(200));
   }
   // Every log, for a failing test's output.
   std::string allLogs() const {
@@ -162,6 +177,18 @@ inline std::string field(const std::string& json, const std::string& key) {
   size_t e = b;
   while (e < json.size() && json[e] != ',' && json[e] != '}') ++e;
   return json.substr(b, e - b);
+}
+
+// A number in the status of the server whose admin socket is `sock` (--admin.socket; the answer
+// of starling-admin status, server/admin.h), e.g. "registered" or "round"; -1 while the server
+// does not answer (not listening yet, or gone).
+inline long long adminStatus(const std::string& sock, const std::string& key) {
+  try {
+    const std::string v = field(ops::sendControl(sock, "status", 2000), key);
+    return v.empty() ? -1 : std::stoll(v);
+  } catch (const std::exception&) {
+    return -1;
+  }
 }
 
 }  // namespace starling::testing
