@@ -70,35 +70,29 @@ Assignment schedule(std::span<const ClientJob> jobs, const CostModel& cost, uint
       if (jobs[x].examples != jobs[y].examples) return jobs[x].examples > jobs[y].examples;
       return jobs[x].client_id < jobs[y].client_id;
     });
-    if (policy == SchedulePolicy::kLpt) {
-      // Equal workers: loads in examples (integers, so no rounding can tip a choice), the
-      // predicted seconds at the workers' mean speed.
+    // lpt weighs the workers alike, by a cost model of one second an example that has measured
+    // nothing: every load is a whole number of examples x epochs, exact in a double, so no
+    // measured speed and no rounding can tip a choice; lpt_measured by the fitted speeds.
+    const CostModel equal(w, 1.0);
+    const CostModel& by = policy == SchedulePolicy::kLpt ? equal : cost;
+    for (size_t i : order) {
+      int best = 0;
+      double best_finish = 0.0;
+      for (int k = 0; k < w; ++k) {
+        const double finish =
+            a.predicted_seconds[static_cast<size_t>(k)] + by.estimate(k, jobs[i].examples, epochs);
+        if (k == 0 || finish < best_finish) {
+          best = k;
+          best_finish = finish;
+        }
+      }
+      a.per_worker[static_cast<size_t>(best)].push_back(jobs[i].client_id);
+      a.predicted_seconds[static_cast<size_t>(best)] = best_finish;
+    }
+    if (policy == SchedulePolicy::kLpt) {  // seconds at the workers' mean measured speed
       double spe = 0.0;
       for (int k = 0; k < w; ++k) spe += cost.secondsPerExample(k) / static_cast<double>(w);
-      std::vector<uint64_t> load(static_cast<size_t>(w), 0);
-      for (size_t i : order) {
-        const auto best = static_cast<size_t>(std::min_element(load.begin(), load.end()) -
-                                              load.begin());  // the first of equals
-        a.per_worker[best].push_back(jobs[i].client_id);
-        load[best] += jobs[i].examples;
-      }
-      for (size_t k = 0; k < load.size(); ++k)
-        a.predicted_seconds[k] = spe * static_cast<double>(load[k]) * static_cast<double>(epochs);
-    } else {
-      for (size_t i : order) {
-        int best = 0;
-        double best_finish = 0.0;
-        for (int k = 0; k < w; ++k) {
-          const double finish = a.predicted_seconds[static_cast<size_t>(k)] +
-                                cost.estimate(k, jobs[i].examples, epochs);
-          if (k == 0 || finish < best_finish) {
-            best = k;
-            best_finish = finish;
-          }
-        }
-        a.per_worker[static_cast<size_t>(best)].push_back(jobs[i].client_id);
-        a.predicted_seconds[static_cast<size_t>(best)] = best_finish;
-      }
+      for (double& s : a.predicted_seconds) s *= spe;
     }
   }
   a.predicted_makespan = *std::max_element(a.predicted_seconds.begin(), a.predicted_seconds.end());
