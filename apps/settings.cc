@@ -524,7 +524,8 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "checkpoint file, written atomically after every round; resumed from at start");
   use(kRound | kSplit);
   o.add("state.metrics", &s.state.metrics,
-        "per-round metrics, JSON Lines (appended; starling-split: per epoch)");
+        "per-round metrics, JSON Lines (appended; starling-split: per epoch; an edge "
+        "aggregator: per phase relayed)");
   use(kSim);
   o.add("state.memory_bytes", &s.state.memory_bytes,
         "client-state memory per worker before spilling to LMDB", 1 << 20, uint64_t{1} << 40);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "protocol/control.h"
 #include "protocol/secagg_wire.h"
+#include "server/run_recorder.h"
 #include "server/secure_relay.h"
 
 namespace starling::server {
@@ -59,6 +60,7 @@ struct EdgeAggregator::Impl {
   std::vector<float> residual;  // what re-sparsification dropped, sent in later rounds
   uint64_t answered_nonce = 0;  // the upstream task the link's lastAnswer() answers
   uint64_t partials = 0;
+  MetricsLog records{config.metrics_file};
   uint64_t registered_examples = 0, registered_eval = 0;  // as last registered upstream
   std::chrono::steady_clock::time_point subtree_told{};   // its clients, last told upstream
   // Secure aggregation relayed for the root (server/secure_relay.h): the round's state between
@@ -211,6 +213,7 @@ struct EdgeAggregator::Impl {
     const PhaseReport rep =
         fleet.runPhase(PhaseTask{b, header, *model, config.downlink, &client_acks}, participants,
                        participants.size(), *agg);
+    record(t, false, participants.size(), agg->count(), rep.failed.size(), agg->rejected());
     if (agg->count() == 0) {
       log->warn("round {} phase {}: no update from the subtree; nothing sent up", t.round, t.phase);
     } else {
@@ -269,6 +272,23 @@ struct EdgeAggregator::Impl {
     up.send(relay.answerUp());
   }
 
+  // Its line in state.metrics (AggregatorConfig::metrics_file) for a phase it relayed: `updates`
+  // went up (none: nothing was sent). Written before the answer goes up, so that a line follows
+  // every answer the upstream can have counted.
+  void record(const pr::TaskMsg& t, bool secure, size_t relayed, size_t updates, size_t failed,
+              size_t refused) {
+    if (config.metrics_file.empty()) return;
+    const std::string line =
+        fmt::format(R"({{"round":{},"phase":{},"secure":{},"relayed":{},"updates":{},"failed":{},)"
+                    R"("refused":{},"sent":{}}})",
+                    t.round, t.phase, secure, relayed, updates, failed, refused, updates > 0);
+    try {
+      records.appendLine(line);
+    } catch (const IoError& e) {
+      log->warn("round {} phase {}: {}", t.round, t.phase, e.what());
+    }
+  }
+
   // The masked-input step relayed: its clients train and mask (their shares sent before the
   // task), and their masked inputs' ring sum goes up, as the task's answer.
   void secureTask(const pr::TaskMsg& t, const cz::PhaseBroadcast& b, ag::PhaseAggregator& agg) {
@@ -284,8 +304,9 @@ struct EdgeAggregator::Impl {
     task.secure = &relay;
     log->info("round {}: secure aggregation's masked inputs relayed from {} clients", t.round,
               participants.size());
-    (void)fleet.runPhase(task, participants, participants.size(), agg);
+    const PhaseReport rep = fleet.runPhase(task, participants, participants.size(), agg);
     const auto sum = relay.maskedUp();
+    record(t, true, participants.size(), sum ? relay.masked().size() : 0, rep.failed.size(), 0);
     if (!sum) {
       log->warn("round {}: no masked input from the subtree; nothing sent up", t.round);
       return;

@@ -32,6 +32,11 @@ struct AggregatorConfig {
   std::string rule = "fedavg";  // must match the root's (a streaming rule)
   aggregation::ValidationBounds bounds;
   std::vector<std::string> metrics = {"train_loss"};
+  // state.metrics: one JSON line per phase relayed (empty: none). Fields: round, phase, secure,
+  // relayed (its clients sent the task or step), updates (in the partial or ring sum it sent up;
+  // 0 when it sent none), failed, refused, sent. A line it cannot append is a warning in its log:
+  // the federation goes on.
+  std::string metrics_file;
   Downlink downlink = Downlink::kDense;
   double resparsify_density = 0.0;  // 0: exact dense partials
   size_t min_clients = 1;           // registers upstream once this many of its clients registered

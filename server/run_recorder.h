@@ -70,9 +70,10 @@ class MetricsLog {
   // a partial last line (the kill came in the middle of it) is cut, and the record is appended
   // unless the file's last line is of that round or a later one.
   void complete(uint64_t round, const std::string& json) const;
+  // One line of another record (an edge aggregator's, server/aggregator.h); IoError as append.
+  void appendLine(const std::string& json) const;
 
  private:
-  void appendLine(const std::string& json) const;
   std::string path_;
 };
 

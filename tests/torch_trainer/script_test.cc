@@ -272,9 +272,14 @@ TEST_CASE("the thread count is set by the program, not by trainers", "[torch_tra
   const int before = threads();
   CHECK_THROWS_AS(setThreads(0), InvalidArgument);
   const int blas_before = blasThreadsForTesting();
+  // OpenBLAS (Debian's LibTorch's BLAS) keeps a pool of its own: set alike, when present. Two, then
+  // one, so that the count moves whichever the process started with (OMP_NUM_THREADS=1 starts
+  // both pools at one).
+  setThreads(2);
+  CHECK(threads() == 2);
+  if (blas_before > 0) CHECK(blasThreadsForTesting() == 2);
   setThreads(1);
   CHECK(threads() == 1);
-  // OpenBLAS (Debian's LibTorch's BLAS) keeps a pool of its own: one thread too, when present.
   if (blas_before > 0) CHECK(blasThreadsForTesting() == 1);
   auto t = makeTorchTrainer("logreg", 1, 4, 2);
   const data::Dataset d = testing::separableData(8, 4, 2, 1);
