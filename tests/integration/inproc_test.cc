@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -1082,6 +1083,8 @@ TEST_CASE(
   server::AggregatorConfig ac;
   ac.min_clients = 3;
   ac.upstream_silence_ms = 600'000;
+  starling::testing::TempDir dir("inproc-semisync-agg");
+  ac.metrics_file = (dir.path / "agg.jsonl").string();
   f.aggregator(100, "inproc://root", ac, {}, 600'000);
   const SlowDevice quick{std::chrono::milliseconds(1000)}, late{std::chrono::milliseconds(15'000)};
   for (uint64_t id = 0; id < 5; ++id)
@@ -1103,7 +1106,16 @@ TEST_CASE(
     CHECK(records[i].updates_rejected == 0);
   }
   CHECK(records.back().train_loss.value() < records.front().train_loss.value());
-  CHECK(f.logs().find("sent the partial of 3 updates") != std::string::npos);
+  // The aggregator's own record: every partial it sent held its three clients' updates.
+  std::ifstream in(dir.path / "agg.jsonl");
+  size_t sent = 0;
+  for (std::string l; std::getline(in, l); ++sent) {
+    INFO(l);
+    CHECK(l.find(R"("updates":3,)") != std::string::npos);
+    CHECK(l.find(R"("refused":0,)") != std::string::npos);
+    CHECK(l.find(R"("sent":true})") != std::string::npos);
+  }
+  CHECK(sent >= 2);
 }
 
 TEST_CASE(
