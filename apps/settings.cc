@@ -446,6 +446,9 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         0, 1);
   o.add("aggregator.min_clients", &s.aggregation.min_clients,
         "aggregator: join upstream once this many of its clients registered", 1, 1u << 30);
+  o.add("aggregator.metrics", &s.aggregation.records,
+        "aggregator: its own JSON Lines file, a line per phase it relays (appended; "
+        "docs/deployment.md)");
   use(kRound);
   o.add("bounds.max_abs", &s.bounds.max_abs, "refuse an update with a |value| above this", 1e-30,
         1e30);
@@ -524,8 +527,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         "checkpoint file, written atomically after every round; resumed from at start");
   use(kRound | kSplit);
   o.add("state.metrics", &s.state.metrics,
-        "per-round metrics, JSON Lines (appended; starling-split: per epoch; an edge "
-        "aggregator: per phase relayed)");
+        "per-round metrics, JSON Lines (appended; starling-split: per epoch)");
   use(kSim);
   o.add("state.memory_bytes", &s.state.memory_bytes,
         "client-state memory per worker before spilling to LMDB", 1 << 20, uint64_t{1} << 40);

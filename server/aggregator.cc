@@ -272,16 +272,16 @@ struct EdgeAggregator::Impl {
     up.send(relay.answerUp());
   }
 
-  // Its line in state.metrics (AggregatorConfig::metrics_file) for a phase it relayed: `updates`
-  // went up (none: nothing was sent). Written before the answer goes up, so that a line follows
-  // every answer the upstream can have counted.
+  // Its line in aggregator.metrics (AggregatorConfig::metrics_file) for a phase it relayed:
+  // `updates` went up (none: nothing was sent). Written before the answer is handed to the link,
+  // so that a line precedes every answer the upstream can have counted.
   void record(const pr::TaskMsg& t, bool secure, size_t relayed, size_t updates, size_t failed,
               size_t refused) {
     if (config.metrics_file.empty()) return;
-    const std::string line =
-        fmt::format(R"({{"round":{},"phase":{},"secure":{},"relayed":{},"updates":{},"failed":{},)"
-                    R"("refused":{},"sent":{}}})",
-                    t.round, t.phase, secure, relayed, updates, failed, refused, updates > 0);
+    const std::string line = fmt::format(
+        R"({{"aggregator":{},"round":{},"phase":{},"secure":{},"relayed":{},)"
+        R"("updates":{},"failed":{},"refused":{},"sent":{}}})",
+        config.id, t.round, t.phase, secure, relayed, updates, failed, refused, updates > 0);
     try {
       records.appendLine(line);
     } catch (const IoError& e) {

@@ -32,10 +32,12 @@ struct AggregatorConfig {
   std::string rule = "fedavg";  // must match the root's (a streaming rule)
   aggregation::ValidationBounds bounds;
   std::vector<std::string> metrics = {"train_loss"};
-  // state.metrics: one JSON line per phase relayed (empty: none). Fields: round, phase, secure,
-  // relayed (its clients sent the task or step), updates (in the partial or ring sum it sent up;
-  // 0 when it sent none), failed, refused, sent. A line it cannot append is a warning in its log:
-  // the federation goes on.
+  // aggregator.metrics: one JSON line per phase relayed (empty: none), written before the answer
+  // is handed to the upstream link. Fields: aggregator (its id), round, phase, secure, relayed (its
+  // clients sent the task or step), updates (in the partial or ring sum formed; 0: none was sent),
+  // failed (did not deliver, or their masked input was refused), refused (updates its checks
+  // refused; 0 under secure aggregation), sent (a partial or ring sum was handed to the link). A
+  // line it cannot append is a warning in its log: the federation goes on.
   std::string metrics_file;
   Downlink downlink = Downlink::kDense;
   double resparsify_density = 0.0;  // 0: exact dense partials

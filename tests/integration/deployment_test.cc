@@ -36,18 +36,19 @@ void awaitRounds(Federation& f, size_t n, seconds timeout) {
 }
 
 // The phases aggregator `id` relayed and answered with `updates` updates (or, `secure`, masked
-// inputs), by its state.metrics lines (startTree gives it agg-ID.jsonl).
+// inputs), by its aggregator.metrics lines (startTree gives it agg-ID.jsonl).
 size_t partialsSent(Federation& f, uint64_t id, size_t updates, bool secure = false) {
   size_t n = 0;
   for (const std::string& l : readLines(f.path("agg-" + std::to_string(id) + ".jsonl")))
-    n += field(l, "sent") == "true" && field(l, "updates") == std::to_string(updates) &&
+    n += field(l, "aggregator") == std::to_string(id) && field(l, "sent") == "true" &&
+         field(l, "updates") == std::to_string(updates) &&
          field(l, "secure") == (secure ? "true" : "false");
   return n;
 }
 
 // Builds root + 2 aggregators (ids 100, 101) + 8 clients (0-3 under 100, 4-7 under 101), with
-// CURVE at every level; each aggregator writes its state.metrics to agg-ID.jsonl. (Tree against
-// flat, SCAFFOLD, gTop-k and three levels: test_inproc.)
+// CURVE at every level; each aggregator writes its aggregator.metrics to agg-ID.jsonl. (Tree
+// against flat, SCAFFOLD, gTop-k and three levels: test_inproc.)
 void startTree(Federation& f, int root_port, const std::vector<std::string>& root_args) {
   f.clientKeys(0, 8);
   f.namedKey("agg-100", 100);
@@ -57,7 +58,7 @@ void startTree(Federation& f, int root_port, const std::vector<std::string>& roo
   f.root("root", root_port, f.allowList("allow-root", {"agg-100", "agg-101"}), args);
   const int p100 = freePort(), p101 = freePort();
   const auto agg_args = [&](uint64_t id) {
-    return std::vector<std::string>{"--aggregator.min_clients", "4", "--state.metrics",
+    return std::vector<std::string>{"--aggregator.min_clients", "4", "--aggregator.metrics",
                                     f.path("agg-" + std::to_string(id) + ".jsonl")};
   };
   f.aggregator(100, p100, root_port,

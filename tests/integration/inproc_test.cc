@@ -1111,6 +1111,7 @@ TEST_CASE(
   size_t sent = 0;
   for (std::string l; std::getline(in, l); ++sent) {
     INFO(l);
+    CHECK(l.rfind(R"({"aggregator":100,)", 0) == 0);
     CHECK(l.find(R"("updates":3,)") != std::string::npos);
     CHECK(l.find(R"("refused":0,)") != std::string::npos);
     CHECK(l.find(R"("sent":true})") != std::string::npos);
