@@ -322,7 +322,7 @@ int runAggregator(const apps::Settings& c, const server::EngineConfig& ec, trans
   ac.rule = ec.scheme.rule;
   ac.bounds = ec.scheme.bounds;
   ac.metrics = ec.scheme.metrics;
-  ac.metrics_file = c.aggregation.records;
+  ac.metrics_file = c.aggregation.metrics_file;
   ac.downlink = ec.downlink;
   ac.resparsify_density = c.aggregation.resparsify;
   ac.min_clients = c.aggregation.min_clients;

@@ -446,7 +446,7 @@ void declareSettings(Options& o, Settings& s, Program self, const RegistryHelp& 
         0, 1);
   o.add("aggregator.min_clients", &s.aggregation.min_clients,
         "aggregator: join upstream once this many of its clients registered", 1, 1u << 30);
-  o.add("aggregator.metrics", &s.aggregation.records,
+  o.add("aggregator.metrics", &s.aggregation.metrics_file,
         "aggregator: its own JSON Lines file, a line per phase it relays (appended; "
         "docs/deployment.md)");
   use(kRound);

@@ -105,7 +105,7 @@ struct Settings {
     std::vector<std::string> metrics{"train_loss"};
     double resparsify = 0.0;   // edge aggregator
     uint64_t min_clients = 1;  // edge aggregator: its clients before it joins upstream
-    std::string records;       // edge aggregator: its JSON Lines file (aggregator.metrics)
+    std::string metrics_file;  // edge aggregator: its JSON Lines file (aggregator.metrics)
   } aggregation;
   // aggregation::ValidationBounds' defaults (a test holds them equal).
   struct Bounds {

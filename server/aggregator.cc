@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <optional>
 
@@ -91,7 +92,12 @@ struct EdgeAggregator::Impl {
               }
               return pr::encode(h);
             },
-            log) {}
+            log) {
+    // A path it cannot write is refused at start, not found at the first phase.
+    if (!config.metrics_file.empty() && !std::ofstream(config.metrics_file, std::ios::app))
+      STARLING_THROW(ConfigError, "aggregator.metrics: cannot append to '", config.metrics_file,
+                     "'");
+  }
 
   static client::UpstreamLinkConfig linkConfig(const AggregatorConfig& c) {
     client::UpstreamLinkConfig u;

@@ -37,7 +37,8 @@ struct AggregatorConfig {
   // clients sent the task or step), updates (in the partial or ring sum formed; 0: none was sent),
   // failed (did not deliver, or their masked input was refused), refused (updates its checks
   // refused; 0 under secure aggregation), sent (a partial or ring sum was handed to the link). A
-  // line it cannot append is a warning in its log: the federation goes on.
+  // line it cannot append is a warning in its log: the federation goes on; a file it cannot open
+  // for appending at construction is a ConfigError.
   std::string metrics_file;
   Downlink downlink = Downlink::kDense;
   double resparsify_density = 0.0;  // 0: exact dense partials

@@ -217,6 +217,18 @@ TEST_CASE("the root refuses SCAFFOLD settings that would mean another thing",
   CHECK(f.proc("aggregator").wait(seconds(2)) == -1);
 }
 
+TEST_CASE("an edge aggregator refuses a records file it cannot write, before it relays anything",
+          "[integration][server]") {
+  Federation f("agg-records");
+  f.clientKeys(0, 1);
+  f.namedKey("agg-100", 100);
+  f.aggregator(100, freePort(), freePort(), f.allowList("allow-100", {"client-0"}),
+               {"--aggregator.metrics", f.path("no-such-folder/agg.jsonl")});
+  CHECK(f.proc("agg-100").wait(seconds(20)) == 2);
+  INFO(f.log("agg-100"));
+  CHECK(f.log("agg-100").find("aggregator.metrics: cannot append to") != std::string::npos);
+}
+
 TEST_CASE("the root refuses what its asynchronous rounds do not run, naming it",
           "[integration][server][async]") {
   Federation f("async-config");
